@@ -1,0 +1,137 @@
+# tessera build. `make` builds everything, `make test` runs every cmocka test
+# under ASan+UBSan, `make demo` runs the local cluster, `make bench*` measure.
+#
+# Layout: every directory's non-entry .c files form one static library
+# (proto <- fabric <- tracker/node); files named main_*.c are programs.
+# BUILD=dir lets several builds live side by side; T=name runs one test.
+
+BUILD    ?= build
+CC       ?= cc
+PKGS     := libfabric libsodium libzstd libevent libevent_pthreads jansson
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)
+
+WARN     := -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wno-unused-parameter \
+            -Wmissing-prototypes -Wstrict-prototypes -Wvla \
+            -Wno-format-truncation
+BASEFLAGS := -std=gnu11 -g -pthread -D_GNU_SOURCE -I. $(WARN) $(PKG_CFLAGS)
+OPTFLAGS ?= -O2
+SANFLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
+            -fno-sanitize-recover=undefined
+
+# CUDA: built when nvcc is on PATH, in the toolkit's standard place, or NVCC=.
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) \
+          $(wildcard /usr/local/cuda/bin/nvcc))
+ifneq ($(NVCC),)
+CUDA_HOME   := $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_DEFS   := -DTESSERA_CUDA=1 -I$(CUDA_HOME)/include
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
+CU_SRCS     := $(wildcard node/*.cu)
+endif
+NVCCFLAGS ?= -O2 -std=c++17 -I. -Xcompiler -Wall,-Wextra,-Werror
+
+LIBDIRS  := proto fabric tracker node
+lib_srcs  = $(filter-out $(1)/main_%.c,$(wildcard $(1)/*.c))
+MAINS    := $(wildcard */main_*.c)
+# node/main_tessera.c -> tessera, node/main_node.c -> tessera-node, ...
+bin_name  = $(if $(filter main_tessera,$(1)),tessera,tessera-$(patsubst main_%,%,$(1)))
+BINS     := $(foreach m,$(MAINS),$(BUILD)/bin/$(call bin_name,$(basename $(notdir $(m)))))
+
+TEST_SRCS  := $(wildcard tests/test_*.c)
+BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
+FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
+
+# Link order: dependents first.
+LINK_ORDER := node tracker fabric proto
+
+# ---- object rules for the two flavours: rel (optimised) and asan ----------
+define flavour
+$(BUILD)/$(1)/%.o: %.c
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(BASEFLAGS) $(2) $$(CUDA_DEFS) -MMD -MP -c $$< -o $$@
+$(BUILD)/$(1)/%.cu.o: %.cu
+	@mkdir -p $$(dir $$@)
+	$$(NVCC) $$(NVCCFLAGS) -c $$< -o $$@
+$(foreach d,$(LIBDIRS),
+$(BUILD)/$(1)/lib$(d).a: $$(patsubst %.c,$(BUILD)/$(1)/%.o,$$(call lib_srcs,$(d))) \
+        $(if $(filter node,$(d)),$$(patsubst %.cu,$(BUILD)/$(1)/%.cu.o,$$(CU_SRCS)))
+	@mkdir -p $$(dir $$@)
+	@rm -f $$@
+	ar rcs $$@ $$^
+)
+$(1)_LIBS := $(foreach d,$(LINK_ORDER),$(BUILD)/$(1)/lib$(d).a)
+endef
+$(eval $(call flavour,rel,$(OPTFLAGS)))
+$(eval $(call flavour,asan,$(SANFLAGS)))
+
+ALL_LIBS := $(PKG_LIBS) $(CUDA_LIBS) -lm
+
+.PHONY: all test bench bench-delta demo fuzz clean deps help \
+        check run-bench run-bench-delta run-demo run-fuzz
+all: $(BINS)
+
+# The user-facing targets install missing dependencies first, then re-enter
+# make so that pkg-config sees the freshly installed packages.
+test bench bench-delta demo fuzz: deps
+	@$(MAKE) --no-print-directory $(if $(filter test,$@),check,run-$@)
+
+define program
+$(BUILD)/bin/$(call bin_name,$(basename $(notdir $(1)))): $(BUILD)/rel/$(1:.c=.o) $$(rel_LIBS)
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(BASEFLAGS) $$(OPTFLAGS) $$< $$(rel_LIBS) $$(ALL_LIBS) -o $$@
+endef
+$(foreach m,$(MAINS),$(eval $(call program,$(m))))
+
+# ---- tests: each tests/test_X.c is one cmocka binary under ASan+UBSan -----
+TEST_BINS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(TEST_SRCS))
+$(BUILD)/asan/tests/%: $(BUILD)/asan/tests/%.o $(asan_LIBS)
+	$(CC) $(BASEFLAGS) $(SANFLAGS) $< $(asan_LIBS) $(ALL_LIBS) $(CMOCKA_LIBS) -o $@
+
+T ?=
+RUN_TESTS := $(if $(T),$(filter %/test_$(T),$(TEST_BINS)),$(TEST_BINS))
+# CUDA's runtime maps memory where ASan's shadow gap would be.
+TEST_ENV := ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0:abort_on_error=1 \
+            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+            TESSERA_BIN=$(abspath $(BUILD)/bin) TESSERA_TEST_DATA=$(abspath tests/data)
+
+check: $(RUN_TESTS) $(BINS)
+	@TEST_ENV='$(TEST_ENV)' tests/run.sh $(RUN_TESTS)
+
+# ---- benchmarks and fuzzers -----------------------------------------------
+BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+$(BUILD)/bench/%: $(BUILD)/rel/tests/bench/%.o $(rel_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(BASEFLAGS) $(OPTFLAGS) $< $(rel_LIBS) $(ALL_LIBS) -o $@
+
+run-bench: $(BUILD)/bench/bench_fabric
+	$(BUILD)/bench/bench_fabric
+
+run-bench-delta: $(BUILD)/bench/bench_delta $(BINS)
+	$(BUILD)/bench/bench_delta
+
+FUZZ_CC    ?= clang
+FUZZ_FLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -I. $(PKG_CFLAGS) \
+              -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer
+FUZZ_SECONDS ?= 60
+FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard proto/*.c proto/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(call lib_srcs,proto) $(PKG_LIBS) -lm -o $@
+
+run-fuzz: $(FUZZ_BINS)
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_BINS)
+
+run-demo: $(BINS)
+	$(BUILD)/bin/tessera cluster --report $(BUILD)/demo-report.json
+
+deps:
+	@deploy/install-deps.sh >/dev/null || deploy/install-deps.sh
+
+clean:
+	rm -rf $(BUILD)
+
+help:
+	@sed -n '1,8p' Makefile
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,15 @@
+/* Subcommands of the `tessera` program; each lives in node/cmd_<name>.c and
+ * returns the process exit status. */
+#ifndef NODE_CMD_H
+#define NODE_CMD_H
+
+struct node_cmd {
+	const char *name;
+	const char *summary;
+	int (*run)(int argc, char **argv); /* argv[0] is the subcommand name */
+};
+
+int node_cmd_plan(int argc, char **argv);
+int node_cmd_keygen(int argc, char **argv);
+
+#endif

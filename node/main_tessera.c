@@ -1,0 +1,34 @@
+/* `tessera`: the command-line front door; dispatches to node/cmd_*.c. */
+#include <stdio.h>
+#include <string.h>
+
+#include "node/cmd.h"
+#include "proto/proto.h"
+
+static const struct node_cmd cmds[] = {
+	{"plan", "print the transfer plan between two layouts", node_cmd_plan},
+	{"keygen", "write an Ed25519 trainer key pair or a cluster key", node_cmd_keygen},
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: tessera <command> [options]\n\ncommands:\n");
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(cmds); i++)
+		fprintf(f, "  %-10s %s\n", cmds[i].name, cmds[i].summary);
+	fprintf(f, "\n`tessera <command> --help` describes one command.\n");
+}
+
+int main(int argc, char **argv)
+{
+	proto_log_setup("tessera", -1);
+	if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+		usage(argc < 2 ? stderr : stdout);
+		return argc < 2 ? 2 : 0;
+	}
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(cmds); i++)
+		if (strcmp(argv[1], cmds[i].name) == 0)
+			return cmds[i].run(argc - 1, argv + 1);
+	fprintf(stderr, "tessera: unknown command '%s'\n", argv[1]);
+	usage(stderr);
+	return 2;
+}

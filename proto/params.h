@@ -1,0 +1,52 @@
+/*
+ * Every tunable of tessera in one table: its environment variable, default
+ * and meaning. Read them with proto_param(); nothing else reads getenv() for
+ * tuning.
+ */
+#ifndef PROTO_PARAMS_H
+#define PROTO_PARAMS_H
+
+#include <stdint.h>
+
+/* X(id, environment variable, default, doc) */
+#define PROTO_PARAMS(X)                                                          \
+	/* Bytes per chunk: the unit of hashing, transfer and peer exchange. */ \
+	X(CHUNK_SIZE, "TESSERA_CHUNK_SIZE", 4u << 20,                             \
+	  "bytes per chunk inside a parcel")                                      \
+	/* Chunk reads a node keeps in flight across all its sources. */        \
+	X(INFLIGHT, "TESSERA_INFLIGHT", 16, "chunk transfers in flight per node") \
+	/* Largest manifest a decoder accepts, before any allocation. */        \
+	X(MANIFEST_MAX, "TESSERA_MANIFEST_MAX", 64u << 20,                        \
+	  "largest manifest accepted, bytes")                                     \
+	/* Largest spec (model/layout JSON) file accepted. */                   \
+	X(SPEC_MAX, "TESSERA_SPEC_MAX", 64u << 20, "largest spec file, bytes")    \
+	/* Node lease at the tracker; heartbeats come at a third of it. */      \
+	X(LEASE_MS, "TESSERA_LEASE_MS", 6000, "node lease at the tracker, ms")    \
+	/* Window in which an authenticated request's timestamp is accepted. */ \
+	X(AUTH_WINDOW_S, "TESSERA_AUTH_WINDOW_S", 30,                             \
+	  "accepted clock skew for signed requests, s")                           \
+	/* Long-poll timeout for watching versions. */                          \
+	X(WATCH_MS, "TESSERA_WATCH_MS", 2000, "long-poll wait for new versions, ms") \
+	/* A chunk transfer that takes longer than this is abandoned, retried. */ \
+	X(STALL_MS, "TESSERA_STALL_MS", 3000, "chunk transfer stall timeout, ms") \
+	/* Largest safetensors header (JSON) accepted, before any allocation. */ \
+	X(ST_HEADER_MAX, "TESSERA_ST_HEADER_MAX", 100000000, "largest safetensors header, bytes") \
+	/* Largest delta header (tables and child header) accepted. */ \
+	X(DELTA_HEADER_MAX, "TESSERA_DELTA_HEADER_MAX", 256u << 20, "largest delta header, bytes") \
+	/* Elements per delta chunk: the unit of zstd frames and apply threads. */ \
+	X(DELTA_CHUNK, "TESSERA_DELTA_CHUNK", 1u << 22, "elements per delta chunk") \
+	/* zstd level of delta streams (see proto/delta.h for the measurements). */ \
+	X(DELTA_LEVEL, "TESSERA_DELTA_LEVEL", 19, "zstd level of delta streams")
+
+enum proto_param_id {
+#define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,
+	PROTO_PARAMS(PROTO_PARAM_ENUM)
+#undef PROTO_PARAM_ENUM
+	PROTO_PARAM_COUNT
+};
+
+/* The value of a tunable: the environment's if set and a valid number, else
+ * the default. Cheap after the first call; cannot fail. */
+uint64_t proto_param(enum proto_param_id id);
+
+#endif

@@ -1,0 +1,13 @@
+/* proto: the face other directories include. Specs, plans, manifests,
+ * codecs and shared helpers; knows nothing of fabric, node or tracker. */
+#ifndef PROTO_PROTO_H
+#define PROTO_PROTO_H
+
+#include "proto/log.h"
+#include "proto/manifest.h"
+#include "proto/params.h"
+#include "proto/plan.h"
+#include "proto/spec.h"
+#include "proto/util.h"
+
+#endif

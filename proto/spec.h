@@ -1,0 +1,183 @@
+/*
+ * Model specs and layouts.
+ *
+ * A model spec names the logical tensors (name, dtype, shape). A layout says
+ * how the ranks of one job hold them: each rank has local tensors, each local
+ * tensor is its pieces concatenated along concat_dim and stored row-major.
+ * A piece is a box (half-open [lo,hi) per dimension) of one logical tensor,
+ * or a flat half-open range of the tensor's row-major elements; a local tensor
+ * made of flat pieces is one-dimensional.
+ *
+ * JSON, explicit form:
+ *   model:  {"tensors":[{"name":"W","dtype":"bf16","shape":[4,4]}, ...]}
+ *   layout: {"ranks":[{"tensors":[{"name":"W","concat_dim":0,
+ *             "pieces":[{"tensor":"W","box":[[0,4],[0,2]]}, ...]}]}]}
+ * Shorthand form: {"ranks":P,"tensors":[rule, ...]} where rules are tried in
+ * order and a tensor is placed by the first rule that names it:
+ *   {"tensor":"W" | "match":"glob*", "replicate":true}
+ *   {"tensor"|"match", "split":D}      D-th dim in P chunks (torch.chunk sizes)
+ *   {"tensor"|"match", "flat":true}    P contiguous row-major element ranges
+ *   {"tensor"|"match", "experts":[[3,1],[0,2]], "dim":0}
+ *                                      rank r holds those indices of dim, in order
+ *   {"match":"*.q", "fuse":["*.q","*.k","*.v"], "name":"*.qkv", "split":0}
+ *                                      one local per match: the ranks' shares of
+ *                                      each fused tensor concatenated on dim 0
+ * Every model tensor must be placed by some rule.
+ */
+#ifndef PROTO_SPEC_H
+#define PROTO_SPEC_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/util.h"
+
+#define PROTO_MAX_DIMS 8
+#define PROTO_NAME_MAX 256 /* longest tensor or local name, bytes */
+#define PROTO_MAX_TENSORS (1u << 20)
+#define PROTO_MAX_RANKS 65536
+
+enum proto_dtype {
+	PROTO_DT_BF16,
+	PROTO_DT_FP16,
+	PROTO_DT_FP32,
+	PROTO_DT_FP64,
+	PROTO_DT_FP8_E4M3,
+	PROTO_DT_FP8_E5M2,
+	PROTO_DT_BOOL,
+	PROTO_DT_U8,
+	PROTO_DT_I8,
+	PROTO_DT_U16,
+	PROTO_DT_I16,
+	PROTO_DT_U32,
+	PROTO_DT_I32,
+	PROTO_DT_U64,
+	PROTO_DT_I64,
+	PROTO_DT_COUNT
+};
+
+/* "bf16", "fp32", ... (spec names) and their sizes in bytes. */
+const char *proto_dtype_name(enum proto_dtype dt);
+size_t proto_dtype_size(enum proto_dtype dt);
+/* Accepts spec names ("bf16") and safetensors names ("BF16", "F32"). */
+int proto_dtype_parse(const char *s, enum proto_dtype *out);
+/* The safetensors name of a dtype ("BF16", "F8_E4M3", ...). */
+const char *proto_dtype_st_name(enum proto_dtype dt);
+
+struct proto_tensor {
+	char *name;
+	enum proto_dtype dtype;
+	uint32_t ndim;
+	uint64_t shape[PROTO_MAX_DIMS];
+	uint64_t nelem;
+	uint64_t nbytes;
+};
+
+struct proto_model {
+	uint32_t ntensors;
+	struct proto_tensor *tensors; /* in spec order */
+	uint32_t *sorted;             /* indices sorted by name, for lookup */
+	uint8_t digest[32];           /* BLAKE2b-256 of the canonical JSON */
+};
+
+/* An empty model to fill with proto_model_add() and seal with
+ * proto_model_finish(). */
+void proto_model_init(struct proto_model *m);
+/* Appends a tensor (name copied). -EINVAL on a bad name or shape. */
+int proto_model_add(struct proto_model *m, const char *name,
+		    enum proto_dtype dt, uint32_t ndim, const uint64_t *shape,
+		    struct proto_err *err);
+/* Builds the name index and digest; -EINVAL on duplicate names. */
+int proto_model_finish(struct proto_model *m, struct proto_err *err);
+/* Parses a model spec (what names the source in errors). On failure *out is
+ * left empty (nothing to free). */
+int proto_model_parse(const char *json, size_t len, const char *what,
+		      struct proto_model *out, struct proto_err *err);
+int proto_model_load(const char *path, struct proto_model *out,
+		     struct proto_err *err);
+/* Same, from an already-parsed JSON value. */
+int proto_model_from_json(json_t *root, const char *what,
+			  struct proto_model *out, struct proto_err *err);
+void proto_model_fini(struct proto_model *m);
+/* Index of the tensor called name, or -1. */
+int64_t proto_model_find(const struct proto_model *m, const char *name);
+uint64_t proto_model_bytes(const struct proto_model *m);
+/* The explicit JSON form (new reference; caller decrefs). */
+json_t *proto_model_to_json(const struct proto_model *m);
+
+/* Half-open box; for a flat piece only lo[0]/hi[0] are used (elements). */
+struct proto_box {
+	uint64_t lo[PROTO_MAX_DIMS];
+	uint64_t hi[PROTO_MAX_DIMS];
+};
+
+struct proto_piece {
+	uint32_t tensor; /* index into the model */
+	bool flat;
+	struct proto_box box;
+	uint64_t base; /* element offset of the piece inside its local tensor */
+};
+
+struct proto_local {
+	char *name;
+	enum proto_dtype dtype;
+	uint32_t concat_dim;
+	uint32_t ndim;
+	uint64_t shape[PROTO_MAX_DIMS];
+	uint64_t nelem;
+	uint64_t nbytes;
+	uint64_t offset; /* byte offset of this local tensor in its rank's block */
+	uint32_t npieces;
+	struct proto_piece *pieces;
+};
+
+struct proto_rank {
+	uint32_t nlocals;
+	struct proto_local *locals;
+	uint64_t nbytes; /* all local tensors, laid out back to back */
+};
+
+struct proto_layout {
+	uint32_t nranks;
+	struct proto_rank *ranks;
+	uint8_t digest[32]; /* BLAKE2b-256 of the explicit JSON form */
+};
+
+/* Parses a layout (explicit or shorthand) against a model and validates it:
+ * boxes in range, no overlap inside a local tensor, matching dtypes and
+ * extents. Errors name `what` and the field. On failure *out is empty. */
+int proto_layout_parse(const struct proto_model *m, const char *json,
+		       size_t len, const char *what, struct proto_layout *out,
+		       struct proto_err *err);
+int proto_layout_load(const struct proto_model *m, const char *path,
+		      struct proto_layout *out, struct proto_err *err);
+/* Same, from an already-parsed JSON value. */
+int proto_layout_from_json(const struct proto_model *m, json_t *root,
+			   const char *what, struct proto_layout *out,
+			   struct proto_err *err);
+void proto_layout_fini(struct proto_layout *l);
+/* 0 when the ranks together hold every element of every model tensor (what
+ * a serving replica must do); else -EINVAL naming a missing tensor/box. */
+int proto_layout_check_complete(const struct proto_model *m,
+				const struct proto_layout *l,
+				struct proto_err *err);
+/* The explicit JSON form (new reference). */
+json_t *proto_layout_to_json(const struct proto_model *m,
+			     const struct proto_layout *l);
+
+/* Built-in layouts: "fsdpN" (each rank an equal dim-0 share of every tensor,
+ * as FSDP2 does) and "tpN" (Megatron rules for Llama-style names: fused
+ * qkv_proj and gate_up_proj and embeddings/lm_head split on dim 0, o_proj
+ * and down_proj on dim 1, the rest replicated). */
+int proto_layout_builtin(const struct proto_model *m, const char *name,
+			 struct proto_layout *out, struct proto_err *err);
+
+/* Row-major byte offset of a piece element inside its local tensor. */
+uint64_t proto_local_elem_offset(const struct proto_model *m,
+				 const struct proto_local *l,
+				 const struct proto_piece *p,
+				 const uint64_t *coord);
+
+#endif

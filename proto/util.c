@@ -1,0 +1,169 @@
+/* Shared helpers: one-line errors, bounded whole-file I/O, clocks. */
+#include "proto/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int proto_errf(struct proto_err *err, int code, const char *fmt, ...)
+{
+	if (err != NULL) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+		va_end(ap);
+	}
+	return -code;
+}
+
+void proto_err_prefix(struct proto_err *err, const char *fmt, ...)
+{
+	char old[sizeof(err->msg)];
+	va_list ap;
+	int n;
+
+	if (err == NULL)
+		return;
+	memcpy(old, err->msg, sizeof(old));
+	va_start(ap, fmt);
+	n = vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+	va_end(ap);
+	if (n < 0 || (size_t)n + 2 >= sizeof(err->msg))
+		return;
+	/* Append ": old", truncating to fit. */
+	size_t at = (size_t)n, room = sizeof(err->msg) - at - 3;
+	size_t olen = strnlen(old, sizeof(old));
+	err->msg[at++] = ':';
+	err->msg[at++] = ' ';
+	memcpy(err->msg + at, old, PROTO_MIN(olen, room));
+	err->msg[at + PROTO_MIN(olen, room)] = 0;
+}
+
+int proto_read_file(const char *path, size_t cap, uint8_t **buf, size_t *len,
+		    struct proto_err *err)
+{
+	struct stat st;
+	uint8_t *p = NULL;
+	size_t got = 0;
+	int fd, rc;
+
+	*buf = NULL;
+	*len = 0;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return proto_errf(err, errno, "%s: %s", path, strerror(errno));
+	if (fstat(fd, &st) != 0) {
+		rc = proto_errf(err, errno, "%s: %s", path, strerror(errno));
+		goto fail;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		rc = proto_errf(err, EINVAL, "%s: not a regular file", path);
+		goto fail;
+	}
+	if ((uint64_t)st.st_size > cap) {
+		rc = proto_errf(err, EFBIG, "%s: %lld bytes, more than the %zu allowed",
+				path, (long long)st.st_size, cap);
+		goto fail;
+	}
+	p = malloc((size_t)st.st_size + 1);
+	if (p == NULL) {
+		rc = proto_errf(err, ENOMEM, "%s: out of memory", path);
+		goto fail;
+	}
+	while (got < (size_t)st.st_size) {
+		ssize_t n = read(fd, p + got, (size_t)st.st_size - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			rc = proto_errf(err, n < 0 ? errno : EIO, "%s: short read", path);
+			goto fail;
+		}
+		got += (size_t)n;
+	}
+	p[got] = 0;
+	close(fd);
+	*buf = p;
+	*len = got;
+	return 0;
+fail:
+	free(p);
+	close(fd);
+	return rc;
+}
+
+int proto_write_file_atomic(const char *path, const void *buf, size_t len,
+			    mode_t mode, struct proto_err *err)
+{
+	char tmp[4096];
+	const uint8_t *p = buf;
+	int fd, rc;
+
+	if (snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid()) >=
+	    (int)sizeof(tmp))
+		return proto_errf(err, ENAMETOOLONG, "%s: path too long", path);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+	if (fd < 0)
+		return proto_errf(err, errno, "%s: %s", tmp, strerror(errno));
+	while (len > 0) {
+		ssize_t n = write(fd, p, len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			rc = proto_errf(err, errno, "%s: %s", tmp, strerror(errno));
+			goto fail;
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+	if (fsync(fd) != 0 || close(fd) != 0) {
+		fd = -1;
+		rc = proto_errf(err, errno, "%s: %s", tmp, strerror(errno));
+		goto fail;
+	}
+	fd = -1;
+	if (rename(tmp, path) != 0) {
+		rc = proto_errf(err, errno, "%s: %s", path, strerror(errno));
+		goto fail;
+	}
+	return 0;
+fail:
+	if (fd >= 0)
+		close(fd);
+	unlink(tmp);
+	return rc;
+}
+
+uint64_t proto_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t proto_wall_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
+}
+
+int proto_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+
+	if (s == NULL || *s < '0' || *s > '9')
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno != 0 || *end != 0 || v < min || v > max)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}

@@ -1,0 +1,53 @@
+/* Small shared helpers: one-line errors, bounded file I/O, clocks. */
+#ifndef PROTO_UTIL_H
+#define PROTO_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define PROTO_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define PROTO_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define PROTO_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define proto_container_of(ptr, type, member) \
+	((type *)((char *)(ptr) - offsetof(type, member)))
+
+/*
+ * A one-line, human-readable error. Every parser of outside bytes fills one
+ * (naming the file and field) and returns a negative errno. Functions take a
+ * `struct proto_err *` that may be NULL when the caller does not care.
+ */
+struct proto_err {
+	char msg[512];
+};
+
+/* Formats into err (if not NULL) and returns -code (code > 0, e.g. EINVAL). */
+int proto_errf(struct proto_err *err, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* Prepends "prefix: " to an existing message. Returns nothing; cannot fail. */
+void proto_err_prefix(struct proto_err *err, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/*
+ * Reads a whole file of at most cap bytes into a fresh malloc'ed buffer that
+ * the caller frees (a NUL is appended past len for text parsers). A larger
+ * file is refused before anything is allocated. On failure *buf is NULL.
+ */
+int proto_read_file(const char *path, size_t cap, uint8_t **buf, size_t *len,
+		    struct proto_err *err);
+
+/*
+ * Writes buf to path atomically: a temporary file beside it, fsync, rename.
+ * On failure path is unchanged and no temporary file is left behind.
+ */
+int proto_write_file_atomic(const char *path, const void *buf, size_t len,
+			    mode_t mode, struct proto_err *err);
+
+/* Monotonic clock in nanoseconds; wall clock in milliseconds since epoch. */
+uint64_t proto_now_ns(void);
+uint64_t proto_wall_ms(void);
+
+/* Parses a whole decimal string into [min,max]; -EINVAL otherwise. */
+int proto_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+
+#endif
