@@ -6,6 +6,7 @@
 # BUILD=dir lets several builds live side by side; T=name runs one test.
 
 BUILD    ?= build
+.DEFAULT_GOAL := all
 CC       ?= cc
 PKGS     := libfabric libsodium libzstd libevent libevent_pthreads jansson
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -26,10 +27,12 @@ NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) \
 ifneq ($(NVCC),)
 CUDA_HOME   := $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_DEFS   := -DTESSERA_CUDA=1 -I$(CUDA_HOME)/include
-CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
 CU_SRCS     := $(wildcard node/*.cu)
 endif
-NVCCFLAGS ?= -O2 -std=c++17 -I. -Xcompiler -Wall,-Wextra,-Werror
+NVCCFLAGS ?= -O2 -std=c++17 -I. -Xcompiler -Wall,-Wextra,-Werror \
+             -gencode arch=compute_80,code=sm_80 \
+             -gencode arch=compute_90,code=[sm_90,compute_90]
 
 LIBDIRS  := proto fabric tracker node
 lib_srcs  = $(filter-out $(1)/main_%.c,$(wildcard $(1)/*.c))

@@ -11,5 +11,7 @@ struct node_cmd {
 
 int node_cmd_plan(int argc, char **argv);
 int node_cmd_keygen(int argc, char **argv);
+int node_cmd_cluster(int argc, char **argv);
+int node_cmd_synth(int argc, char **argv);
 
 #endif

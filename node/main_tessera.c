@@ -7,7 +7,9 @@
 
 static const struct node_cmd cmds[] = {
 	{"plan", "print the transfer plan between two layouts", node_cmd_plan},
+	{"cluster", "run a local cluster on loopback and check every byte", node_cmd_cluster},
 	{"keygen", "write an Ed25519 trainer key pair or a cluster key", node_cmd_keygen},
+	{"synth", "write synthetic policy versions (Adam steps, BF16)", node_cmd_synth},
 };
 
 static void usage(FILE *f)

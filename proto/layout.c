@@ -881,3 +881,56 @@ uint64_t proto_local_elem_offset(const struct proto_model *m, const struct proto
 		off = off * l->shape[d] + (coord[d] - p->box.lo[d]);
 	return p->base + off;
 }
+
+void proto_layout_fill_rank(const struct proto_model *m, const struct proto_layout *l,
+			    uint32_t rank, proto_tensor_source source, void *arg, uint8_t *block)
+{
+	const struct proto_rank *rk = &l->ranks[rank];
+	struct proto_boxes bx = {0};
+
+	memset(block, 0, rk->nbytes);
+	for (uint32_t i = 0; i < rk->nlocals; i++) {
+		const struct proto_local *lt = &rk->locals[i];
+		size_t es = proto_dtype_size(lt->dtype);
+		for (uint32_t k = 0; k < lt->npieces; k++) {
+			const struct proto_piece *p = &lt->pieces[k];
+			const struct proto_tensor *t = &m->tensors[p->tensor];
+			uint32_t n = t->ndim;
+			uint64_t x[PROTO_MAX_DIMS];
+
+			/* Each box, walked in runs along its last dimension: those
+			 * are contiguous in the logical tensor and in the local. */
+			bx.n = 0;
+			if (p->flat)
+				proto_flat_to_boxes(t->shape, n, p->box.lo[0], p->box.hi[0], &bx);
+			else
+				proto_boxes_push(&bx, &p->box);
+			for (uint32_t b = 0; b < bx.n; b++) {
+				const struct proto_box *bb = &bx.v[b];
+				uint64_t run = n ? bb->hi[n - 1] - bb->lo[n - 1] : 1;
+				for (uint32_t d = 0; d < n; d++)
+					x[d] = bb->lo[d];
+				for (;;) {
+					uint64_t flat = 0;
+					for (uint32_t d = 0; d < n; d++)
+						flat = flat * t->shape[d] + x[d];
+					source(arg, p->tensor, flat, run,
+					       block + lt->offset + proto_local_elem_offset(m, lt, p, x) * es);
+					uint32_t d = n ? n - 1 : 0;
+					bool done = true;
+					while (d > 0) {
+						d--;
+						if (++x[d] < bb->hi[d]) {
+							done = false;
+							break;
+						}
+						x[d] = bb->lo[d];
+					}
+					if (done)
+						break;
+				}
+			}
+		}
+	}
+	proto_boxes_fini(&bx);
+}

@@ -174,7 +174,20 @@ json_t *proto_layout_to_json(const struct proto_model *m,
 int proto_layout_builtin(const struct proto_model *m, const char *name,
 			 struct proto_layout *out, struct proto_err *err);
 
-/* Row-major byte offset of a piece element inside its local tensor. */
+/*
+ * Fills a rank's block (its local tensors at their offsets; padding zeroed)
+ * from a source of logical tensor bytes: source(arg, tensor, first, count,
+ * out) writes elements [first, first+count) of a tensor, row-major, to out.
+ * Calls are row segments; every byte of every local tensor is written once.
+ */
+typedef void (*proto_tensor_source)(void *arg, uint32_t tensor, uint64_t first,
+				    uint64_t count, uint8_t *out);
+void proto_layout_fill_rank(const struct proto_model *m,
+			    const struct proto_layout *l, uint32_t rank,
+			    proto_tensor_source source, void *arg,
+			    uint8_t *block);
+
+/* Row-major element offset of a piece element inside its local tensor. */
 uint64_t proto_local_elem_offset(const struct proto_model *m,
 				 const struct proto_local *l,
 				 const struct proto_piece *p,

@@ -1,0 +1,1078 @@
+/* The node agent: register, watch, fetch, verify, activate (see agent.h). */
+#include "node/agent.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fabric/fab.h"
+#include "node/fabloop.h"
+#include "node/store.h"
+#include "proto/proto.h"
+#include "tracker/tracker.h"
+
+#define RETRY_MS 500        /* registration and metadata retries */
+#define SOURCES_MIN_MS 300  /* least time between two /sources for a parcel */
+#define BAD_SOURCE_MS 2000  /* a failed source rests this long */
+#define REPORT_MS 500       /* progress reports while fetching */
+#define REPLICA_POLL_MS 100 /* waiting for the rest of the replica */
+
+struct agent_source {
+	struct trk_source info;
+	fi_addr_t fa;
+	bool fa_valid;
+	uint64_t bad_until_ms;
+};
+
+struct agent_parcel {
+	const struct proto_mparcel *mp;
+	const struct proto_parcel *pp;
+	struct agent_source *srcs;
+	size_t nsrcs;
+	uint32_t rr; /* round-robin position among sources */
+	uint32_t src_epoch; /* bumped whenever srcs is replaced */
+	uint64_t sources_ms;
+	bool sources_pending;
+	uint8_t *state; /* per chunk: 0 todo, 1 in flight, 2 done */
+	uint32_t next_todo;
+	uint32_t done;
+};
+
+struct agent_read {
+	struct fab_op op;
+	struct node_agent *a;
+	uint32_t parcel, chunk, slot;
+	uint32_t src_idx, src_epoch; /* srcs[src_idx] while the epoch holds */
+	bool src_peer;
+	uint64_t started_ms;
+	bool abandoned; /* stalled: its slot stays reserved until completion */
+	bool busy;
+	uint64_t gen; /* fetch generation it belongs to */
+};
+
+struct agent_fetch {
+	uint64_t version;
+	struct proto_manifest man;
+	bool have_man;
+	const struct proto_mlayout *ml;
+	struct proto_plan plan;
+	bool have_plan;
+	struct node_slot *slot;
+	struct agent_parcel *parcels;
+	uint32_t nparcels;
+	uint64_t bytes_total, bytes_done, from_trainer, from_peers;
+	uint64_t started_ms;
+	bool verified, reported_verified;
+};
+
+struct node_agent {
+	struct node_agent_opts o;
+	struct event_base *base;
+	struct trk_client *trk;
+	struct proto_model model;
+	struct proto_layout layout;
+	json_t *layout_json;
+	uint8_t trainer_pk[PROTO_PK_BYTES];
+	struct node_store store;
+	struct fab_ctx *fab;
+	struct node_fabloop *fl;
+	char fabric_hex[2 * FAB_ADDR_MAX + 1];
+	char host[256];
+	char node_id[TRK_ID_MAX];
+	bool registered, watching;
+	uint64_t lease_ms;
+
+	/* Bounce buffers: reads land here, are hashed, then scattered. */
+	uint8_t *bounce;
+	struct fab_mr *bounce_mr;
+	struct agent_read *reads;
+	uint32_t nreads, inflight, max_inflight;
+	uint32_t chunk_size;
+
+	uint64_t seen;   /* newest version the tracker told us about */
+	uint64_t failed; /* newest version we gave up on */
+	struct agent_fetch *fetch;
+	uint64_t gen;
+	struct node_slot *active;
+	uint8_t active_digest[PROTO_HASH_BYTES];
+
+	/* Verified parent links: the last manifest we accepted. */
+	uint64_t last_version;
+	uint8_t last_digest[PROTO_HASH_BYTES];
+
+	struct event *retry_ev, *heartbeat_ev, *tick_ev, *replica_ev;
+	uint64_t last_report_ms;
+	int fatal;
+	struct proto_err fatal_err;
+};
+
+static void start_register(struct node_agent *a);
+static void start_watch(struct node_agent *a);
+static void start_fetch(struct node_agent *a, uint64_t v);
+static void pump(struct node_agent *a);
+static void fetch_fail(struct node_agent *a, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static uint64_t now_ms(void)
+{
+	return proto_now_ns() / 1000000;
+}
+
+static void arm(struct event *ev, uint64_t ms)
+{
+	struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+	event_add(ev, &tv);
+}
+
+static void give_up(struct node_agent *a, const char *why)
+{
+	a->fatal = 1;
+	snprintf(a->fatal_err.msg, sizeof(a->fatal_err.msg), "%s", why);
+	event_base_loopexit(a->base, NULL);
+}
+
+/* ---- reporting ---------------------------------------------------------- */
+
+static void ignore_answer(const struct trk_answer *ans, void *arg)
+{
+	if (ans->status < 0 || ans->status >= 400)
+		LOG_DEBUG("tracker: %d %s", ans->status, ans->error);
+}
+
+static void report(struct node_agent *a, uint64_t version, enum trk_rank_state st,
+		   const char *error, trk_client_cb cb)
+{
+	struct agent_fetch *f = a->fetch;
+	struct trk_state_report r = {
+		.id = a->node_id,
+		.version = version,
+		.state = st,
+		.error = error,
+	};
+	if (f != NULL && f->version == version) {
+		r.bytes_done = f->bytes_done;
+		r.bytes_total = f->bytes_total;
+		r.bytes_from_trainer = f->from_trainer;
+		r.bytes_from_peers = f->from_peers;
+	} else if (a->active != NULL && a->active->version == version) {
+		r.bytes_done = r.bytes_total = a->active->len;
+	}
+	if (!a->registered)
+		return;
+	if (trk_client_report_state(a->trk, &r, cb ? cb : ignore_answer, a) != 0)
+		LOG_WARN("node %s: could not report %s for v%" PRIu64, a->node_id,
+			 trk_state_name(st), version);
+}
+
+/* ---- fetch lifecycle ---------------------------------------------------- */
+
+static void fetch_free(struct node_agent *a, struct agent_fetch *f)
+{
+	if (f == NULL)
+		return;
+	for (uint32_t i = 0; i < f->nparcels; i++) {
+		struct agent_parcel *p = &f->parcels[i];
+		for (size_t s = 0; s < p->nsrcs; s++) {
+			if (p->srcs[s].fa_valid && a->fab != NULL)
+				fab_av_remove(a->fab, p->srcs[s].fa);
+			free(p->srcs[s].info.fabric_addr);
+		}
+		free(p->srcs);
+		free(p->state);
+	}
+	free(f->parcels);
+	if (f->slot != NULL)
+		node_slot_free(&a->store, f->slot);
+	if (f->have_plan)
+		proto_plan_fini(&f->plan);
+	if (f->have_man)
+		proto_manifest_fini(&f->man);
+	free(f);
+}
+
+/* Drops the current fetch; reads still in flight finish into their slots
+ * and are ignored (their generation is stale). */
+static void fetch_drop(struct node_agent *a)
+{
+	for (uint32_t i = 0; i < a->nreads; i++)
+		if (a->reads[i].busy)
+			a->reads[i].abandoned = true;
+	fetch_free(a, a->fetch);
+	a->fetch = NULL;
+	a->gen++;
+}
+
+static void fetch_fail(struct node_agent *a, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	uint64_t v = a->fetch ? a->fetch->version : 0;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	LOG_WARN("node %s: v%" PRIu64 " refused: %s", a->node_id, v, msg);
+	report(a, v, TRK_STATE_FAILED, msg, NULL);
+	a->failed = PROTO_MAX(a->failed, v);
+	fetch_drop(a);
+}
+
+static void write_expose(struct node_agent *a)
+{
+	char path[4096];
+	struct proto_err err;
+	json_t *o, *locals;
+	char *txt;
+
+	if (a->o.expose_dir == NULL)
+		return;
+	o = node_slot_describe(&a->store, a->active);
+	locals = json_array();
+	if (o == NULL || locals == NULL)
+		goto out;
+	const struct proto_rank *rk = &a->layout.ranks[a->o.rank];
+	for (uint32_t i = 0; i < rk->nlocals; i++) {
+		const struct proto_local *l = &rk->locals[i];
+		json_t *shape = json_array();
+		for (uint32_t d = 0; d < l->ndim; d++)
+			json_array_append_new(shape, json_integer((json_int_t)l->shape[d]));
+		json_array_append_new(locals, json_pack("{s:s,s:I,s:I,s:s,s:o}", "name", l->name,
+							"offset", (json_int_t)l->offset, "nbytes",
+							(json_int_t)l->nbytes, "dtype",
+							proto_dtype_name(l->dtype), "shape", shape));
+	}
+	char hex[2 * PROTO_HASH_BYTES + 1], mhex[2 * PROTO_HASH_BYTES + 1];
+	sodium_bin2hex(hex, sizeof(hex), a->layout.digest, PROTO_HASH_BYTES);
+	sodium_bin2hex(mhex, sizeof(mhex), a->active_digest, PROTO_HASH_BYTES);
+	json_object_set_new(o, "replica", json_string(a->o.replica));
+	json_object_set_new(o, "rank", json_integer(a->o.rank));
+	json_object_set_new(o, "pid", json_integer(getpid()));
+	json_object_set_new(o, "layout_digest", json_string(hex));
+	json_object_set_new(o, "manifest_digest", json_string(mhex));
+	json_object_set_new(o, "activated_ms", json_integer((json_int_t)proto_wall_ms()));
+	json_object_set_new(o, "locals", locals);
+	locals = NULL;
+	txt = json_dumps(o, JSON_COMPACT);
+	snprintf(path, sizeof(path), "%s/%s-%u.json", a->o.expose_dir, a->o.replica, a->o.rank);
+	if (txt == NULL || proto_write_file_atomic(path, txt, strlen(txt), 0644, &err) != 0)
+		LOG_WARN("node %s: cannot write %s: %s", a->node_id, path, txt ? err.msg : "no memory");
+	free(txt);
+out:
+	json_decref(locals);
+	json_decref(o);
+}
+
+static void activate(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+	struct proto_err err;
+
+	if (node_slot_activate(&a->store, f->slot, &err) != 0) {
+		fetch_fail(a, "activation: %s", err.msg);
+		return;
+	}
+	/* The switch: from here on the new slot is the served one. */
+	struct node_slot *old = a->active;
+	a->active = f->slot;
+	f->slot = NULL;
+	memcpy(a->active_digest, f->man.digest, PROTO_HASH_BYTES);
+	write_expose(a);
+	LOG_INFO("node %s: v%" PRIu64 " active (%" PRIu64 " bytes, %" PRIu64 " from trainer, %" PRIu64
+		 " from peers, %" PRIu64 " ms)",
+		 a->node_id, f->version, f->bytes_done, f->from_trainer, f->from_peers,
+		 now_ms() - f->started_ms);
+	report(a, f->version, TRK_STATE_ACTIVE, NULL, NULL);
+	fetch_drop(a);
+	node_slot_free(&a->store, old);
+	if (a->seen > a->active->version && a->seen > a->failed)
+		start_fetch(a, a->seen); /* something newer is already there */
+}
+
+static void on_replica(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+	json_t *v;
+	size_t i;
+
+	if (f == NULL || !f->verified)
+		return;
+	if (ans->status == 200) {
+		json_array_foreach(json_object_get(ans->json, "complete"), i, v)
+		{
+			if ((uint64_t)json_integer_value(v) == f->version) {
+				activate(a);
+				return;
+			}
+		}
+	}
+	arm(a->replica_ev, REPLICA_POLL_MS);
+}
+
+static void poll_replica(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+	if (a->fetch == NULL || !a->fetch->verified)
+		return;
+	if (trk_client_replica(a->trk, a->o.replica, on_replica, a) != 0)
+		arm(a->replica_ev, REPLICA_POLL_MS);
+}
+
+static void on_verified_report(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+
+	if (f == NULL || !f->verified)
+		return;
+	if (ans->status == 200 && json_is_true(json_object_get(ans->json, "replica_complete"))) {
+		activate(a);
+		return;
+	}
+	if (ans->status != 200)
+		f->reported_verified = false; /* say it again on the next tick */
+	arm(a->replica_ev, REPLICA_POLL_MS);
+}
+
+static void all_verified(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+
+	f->verified = true;
+	f->reported_verified = true;
+	LOG_INFO("node %s: v%" PRIu64 " verified in %" PRIu64 " ms", a->node_id, f->version,
+		 now_ms() - f->started_ms);
+	report(a, f->version, TRK_STATE_VERIFIED, NULL, on_verified_report);
+}
+
+/* ---- transfers ---------------------------------------------------------- */
+
+static void on_sources(const struct trk_answer *ans, void *arg);
+
+struct sources_req {
+	struct node_agent *a;
+	uint64_t gen;
+	uint32_t parcel;
+};
+
+static void want_sources(struct node_agent *a, uint32_t pi)
+{
+	struct agent_fetch *f = a->fetch;
+	struct agent_parcel *p = &f->parcels[pi];
+	struct sources_req *req;
+
+	if (p->sources_pending || now_ms() - p->sources_ms < SOURCES_MIN_MS)
+		return;
+	req = malloc(sizeof(*req));
+	if (req == NULL)
+		return;
+	*req = (struct sources_req){a, a->gen, pi};
+	p->sources_pending = true;
+	p->sources_ms = now_ms();
+	if (trk_client_sources(a->trk, f->version, f->ml->layout_digest, p->mp->src_rank,
+			       p->mp->dst_rank, on_sources, req) != 0) {
+		p->sources_pending = false;
+		free(req);
+	}
+}
+
+static void on_sources(const struct trk_answer *ans, void *arg)
+{
+	struct sources_req *req = arg;
+	struct node_agent *a = req->a;
+	struct agent_fetch *f = a->fetch;
+	struct trk_source *s = NULL;
+	struct proto_err err;
+	size_t n = 0;
+
+	if (f == NULL || req->gen != a->gen) {
+		free(req);
+		return;
+	}
+	struct agent_parcel *p = &f->parcels[req->parcel];
+	free(req);
+	p->sources_pending = false;
+	p->sources_ms = now_ms();
+	if (ans->status != 200 || trk_sources_parse(ans->json, &s, &n, &err) != 0) {
+		LOG_DEBUG("node %s: sources: %s", a->node_id, ans->status != 200 ? ans->error : err.msg);
+		return;
+	}
+	/* Keep what we know of sources still listed (their rest periods and
+	 * fabric handles); add new ones. */
+	struct agent_source *ns = calloc(n + 1, sizeof(*ns));
+	if (ns == NULL) {
+		trk_sources_free(s, n);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		ns[i].info = s[i];
+		for (size_t j = 0; j < p->nsrcs; j++) {
+			struct agent_source *o = &p->srcs[j];
+			if (o->info.fabric_addr_len == s[i].fabric_addr_len &&
+			    memcmp(o->info.fabric_addr, s[i].fabric_addr, s[i].fabric_addr_len) == 0 &&
+			    o->info.key == s[i].key && o->info.addr == s[i].addr) {
+				ns[i].fa = o->fa;
+				ns[i].fa_valid = o->fa_valid;
+				ns[i].bad_until_ms = o->bad_until_ms;
+				o->fa_valid = false;
+			}
+		}
+	}
+	p->src_epoch++; /* reads in flight no longer name a source */
+	for (size_t j = 0; j < p->nsrcs; j++) {
+		if (p->srcs[j].fa_valid)
+			fab_av_remove(a->fab, p->srcs[j].fa);
+		free(p->srcs[j].info.fabric_addr);
+	}
+	free(p->srcs);
+	free(s); /* the strings moved into ns */
+	p->srcs = ns;
+	p->nsrcs = n;
+	pump(a);
+}
+
+/* A usable source for parcel p, round-robin, or NULL. */
+static struct agent_source *pick_source(struct node_agent *a, struct agent_parcel *p)
+{
+	uint64_t now = now_ms();
+
+	for (size_t k = 0; k < p->nsrcs; k++) {
+		struct agent_source *s = &p->srcs[(p->rr + k) % p->nsrcs];
+		if (s->bad_until_ms > now)
+			continue;
+		if (!s->fa_valid) {
+			if (fab_av_insert(a->fab, s->info.fabric_addr, s->info.fabric_addr_len, &s->fa) != 0) {
+				s->bad_until_ms = now + BAD_SOURCE_MS;
+				continue;
+			}
+			s->fa_valid = true;
+		}
+		p->rr = (uint32_t)((p->rr + k + 1) % p->nsrcs);
+		return s;
+	}
+	return NULL;
+}
+
+/* The source a read went to, if the parcel's source list is still the one
+ * it was picked from. */
+static struct agent_source *read_source(struct agent_fetch *f, const struct agent_read *rd)
+{
+	struct agent_parcel *p = &f->parcels[rd->parcel];
+	return rd->src_epoch == p->src_epoch && rd->src_idx < p->nsrcs ? &p->srcs[rd->src_idx] : NULL;
+}
+
+static void source_failed(struct node_agent *a, struct agent_source *s)
+{
+	if (s == NULL)
+		return;
+	s->bad_until_ms = now_ms() + BAD_SOURCE_MS;
+	/* tcp;ofi_rxm drops the connection on an error: start afresh. */
+	if (s->fa_valid) {
+		fab_av_remove(a->fab, s->fa);
+		s->fa_valid = false;
+	}
+}
+
+static void on_read(struct fab_op *op, int status)
+{
+	struct agent_read *rd = proto_container_of(op, struct agent_read, op);
+	struct node_agent *a = rd->a;
+	struct agent_fetch *f = a->fetch;
+
+	rd->busy = false;
+	a->inflight--;
+	if (rd->abandoned || f == NULL || rd->gen != a->gen) {
+		rd->abandoned = false;
+		pump(a);
+		return;
+	}
+	struct agent_parcel *p = &f->parcels[rd->parcel];
+	const struct proto_chunk *c = &p->mp->chunks[rd->chunk];
+	uint8_t *buf = a->bounce + (size_t)rd->slot * a->chunk_size;
+	uint8_t h[PROTO_HASH_BYTES];
+
+	if (status != 0) {
+		LOG_DEBUG("node %s: chunk %u/%u of parcel %u<-%u failed: %d", a->node_id, rd->chunk,
+			  p->mp->nchunks, p->mp->dst_rank, p->mp->src_rank, status);
+		source_failed(a, read_source(f, rd));
+		p->state[rd->chunk] = 0;
+		p->next_todo = PROTO_MIN(p->next_todo, rd->chunk);
+		pump(a);
+		return;
+	}
+	crypto_generichash(h, sizeof(h), buf, c->size, NULL, 0);
+	if (sodium_memcmp(h, c->hash, sizeof(h)) != 0) {
+		/* Never trust the bytes: discard, set the source aside, refetch. */
+		LOG_WARN("node %s: chunk %u of parcel %u<-%u from %s failed its hash; discarded",
+			 a->node_id, rd->chunk, p->mp->dst_rank, p->mp->src_rank,
+			 read_source(f, rd) ? read_source(f, rd)->info.id : "?");
+		source_failed(a, read_source(f, rd));
+		p->state[rd->chunk] = 0;
+		p->next_todo = PROTO_MIN(p->next_todo, rd->chunk);
+		pump(a);
+		return;
+	}
+	proto_parcel_scatter(&f->plan, p->pp, &a->layout, f->slot->host,
+			     (uint64_t)rd->chunk * f->man.chunk_size, c->size, buf);
+	p->state[rd->chunk] = 2;
+	p->done++;
+	f->bytes_done += c->size;
+	if (rd->src_peer)
+		f->from_peers += c->size;
+	else
+		f->from_trainer += c->size;
+	if (f->bytes_done == f->bytes_total) {
+		all_verified(a);
+		return;
+	}
+	pump(a);
+}
+
+static int free_read_slot(struct node_agent *a)
+{
+	for (uint32_t i = 0; i < a->nreads; i++)
+		if (!a->reads[i].busy)
+			return (int)i;
+	return -1;
+}
+
+/* Posts reads until the window is full or nothing can be fetched now. */
+static void pump(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+
+	if (f == NULL || f->verified || f->parcels == NULL)
+		return;
+	for (uint32_t pi = 0; pi < f->nparcels && a->inflight < a->max_inflight; pi++) {
+		struct agent_parcel *p = &f->parcels[pi];
+		while (p->done < p->mp->nchunks && a->inflight < a->max_inflight) {
+			while (p->next_todo < p->mp->nchunks && p->state[p->next_todo] != 0)
+				p->next_todo++;
+			if (p->next_todo >= p->mp->nchunks)
+				break;
+			struct agent_source *s = pick_source(a, p);
+			if (s == NULL) {
+				want_sources(a, pi);
+				break;
+			}
+			int slot = free_read_slot(a);
+			if (slot < 0)
+				return;
+			struct agent_read *rd = &a->reads[slot];
+			uint32_t c = p->next_todo;
+			struct fab_rkey rk = {s->info.addr, s->info.key, s->info.len};
+			*rd = (struct agent_read){.a = a, .parcel = pi, .chunk = c, .slot = (uint32_t)slot,
+						  .src_idx = (uint32_t)(s - p->srcs),
+						  .src_epoch = p->src_epoch, .src_peer = s->info.peer,
+						  .started_ms = now_ms(), .busy = true, .gen = a->gen};
+			int rc = fab_read(a->fab, &rd->op, a->bounce_mr, (size_t)slot * a->chunk_size,
+					  p->mp->chunks[c].size, s->fa, &rk,
+					  (uint64_t)c * f->man.chunk_size, on_read);
+			if (rc != 0) {
+				rd->busy = false;
+				LOG_DEBUG("node %s: read post failed: %d", a->node_id, rc);
+				source_failed(a, s);
+				continue;
+			}
+			a->inflight++;
+			p->state[c] = 1;
+		}
+	}
+	node_fabloop_kick(a->fl);
+}
+
+/* Stalled reads are abandoned (their slot stays reserved until the read
+ * completes or the endpoint closes) and their chunks fetched elsewhere. */
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+	uint64_t now = now_ms(), stall = proto_param(PROTO_PARAM_STALL_MS);
+
+	if (f == NULL || f->parcels == NULL)
+		return;
+	for (uint32_t i = 0; i < a->nreads; i++) {
+		struct agent_read *rd = &a->reads[i];
+		if (!rd->busy || rd->abandoned || rd->gen != a->gen || now - rd->started_ms < stall)
+			continue;
+		LOG_WARN("node %s: chunk %u of parcel %u stalled for %" PRIu64 " ms; fetching it elsewhere",
+			 a->node_id, rd->chunk, rd->parcel, now - rd->started_ms);
+		rd->abandoned = true;
+		source_failed(a, read_source(f, rd));
+		f->parcels[rd->parcel].state[rd->chunk] = 0;
+		f->parcels[rd->parcel].next_todo = PROTO_MIN(f->parcels[rd->parcel].next_todo, rd->chunk);
+	}
+	if (f->verified && !f->reported_verified) {
+		f->reported_verified = true;
+		report(a, f->version, TRK_STATE_VERIFIED, NULL, on_verified_report);
+	} else if (!f->verified && now - a->last_report_ms >= REPORT_MS) {
+		a->last_report_ms = now;
+		report(a, f->version, TRK_STATE_FETCHING, NULL, NULL);
+	}
+	pump(a);
+}
+
+/* ---- metadata: manifest, parent, trainer layout, plan ------------------- */
+
+static int setup_parcels(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+	const struct proto_mlayout *ml = f->ml;
+	struct proto_err err;
+	uint32_t mine = 0;
+
+	for (uint32_t i = 0; i < ml->nparcels; i++)
+		mine += ml->parcels[i].dst_rank == a->o.rank;
+	f->parcels = calloc(mine + 1, sizeof(*f->parcels));
+	if (f->parcels == NULL)
+		return -ENOMEM;
+	/* Every parcel the plan owes this rank must be in the manifest, with
+	 * the plan's size, and nothing else. */
+	uint32_t planned = 0;
+	for (uint32_t i = 0; i < f->plan.nparcels; i++)
+		planned += f->plan.parcels[i].dst_rank == a->o.rank;
+	if (planned != mine) {
+		fetch_fail(a, "manifest lists %u parcels for rank %u, the plan %u", mine, a->o.rank, planned);
+		return -EBADMSG;
+	}
+	for (uint32_t i = 0; i < ml->nparcels; i++) {
+		const struct proto_mparcel *mp = &ml->parcels[i];
+		if (mp->dst_rank != a->o.rank)
+			continue;
+		const struct proto_parcel *pp = proto_plan_parcel(&f->plan, mp->src_rank, mp->dst_rank);
+		if (pp == NULL || pp->bytes != mp->bytes || mp->encoding != PROTO_ENC_RAW ||
+		    mp->wire_bytes != mp->bytes) {
+			fetch_fail(a, "parcel %u<-%u does not match the plan", mp->dst_rank, mp->src_rank);
+			return -EBADMSG;
+		}
+		struct agent_parcel *p = &f->parcels[f->nparcels++];
+		p->mp = mp;
+		p->pp = pp;
+		p->state = calloc(mp->nchunks + 1, 1);
+		if (p->state == NULL)
+			return -ENOMEM;
+		f->bytes_total += mp->bytes;
+	}
+	if (node_slot_new(&a->store, f->version, a->layout.ranks[a->o.rank].nbytes, &f->slot, &err) != 0) {
+		fetch_fail(a, "%s", err.msg);
+		return -ENOMEM;
+	}
+	LOG_INFO("node %s: fetching v%" PRIu64 ": %u parcels, %" PRIu64 " bytes", a->node_id,
+		 f->version, f->nparcels, f->bytes_total);
+	if (f->bytes_total == 0) {
+		all_verified(a);
+		return 0;
+	}
+	for (uint32_t i = 0; i < f->nparcels; i++)
+		want_sources(a, i);
+	return 0;
+}
+
+static void on_layouts(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+	struct proto_layout tl;
+	struct proto_err err;
+	int rc;
+
+	if (f == NULL)
+		return;
+	if (ans->status != 200) {
+		fetch_fail(a, "cannot read the trainer layout: %s", ans->error);
+		return;
+	}
+	rc = proto_layout_from_json(&a->model, json_object_get(ans->json, "trainer_layout"),
+				    "trainer layout", &tl, &err);
+	if (rc != 0) {
+		fetch_fail(a, "%s", err.msg);
+		return;
+	}
+	/* The tracker is not trusted: the signed manifest names the layout. */
+	if (sodium_memcmp(tl.digest, f->man.src_layout_digest, PROTO_HASH_BYTES) != 0) {
+		proto_layout_fini(&tl);
+		fetch_fail(a, "the trainer layout does not match the manifest's digest");
+		return;
+	}
+	rc = proto_plan_build(&a->model, &tl, &a->layout, &f->plan, &err);
+	proto_layout_fini(&tl);
+	if (rc != 0) {
+		fetch_fail(a, "%s", err.msg);
+		return;
+	}
+	f->have_plan = true;
+	if (sodium_memcmp(f->plan.digest, f->ml->plan_digest, PROTO_HASH_BYTES) != 0) {
+		fetch_fail(a, "our plan differs from the one the manifest signed");
+		return;
+	}
+	if (setup_parcels(a) == -ENOMEM && a->fetch != NULL)
+		fetch_fail(a, "out of memory");
+	else
+		pump(a);
+}
+
+/* The manifest is signed and its parent link checked. */
+static void with_manifest(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+
+	a->last_version = f->man.version;
+	memcpy(a->last_digest, f->man.digest, PROTO_HASH_BYTES);
+
+	f->ml = proto_manifest_layout(&f->man, a->layout.digest);
+	if (f->ml == NULL) {
+		/* Published before our layout registered: wait for the next. */
+		LOG_INFO("node %s: v%" PRIu64 " has no parcels for our layout; waiting for a newer version",
+			 a->node_id, f->version);
+		a->failed = PROTO_MAX(a->failed, f->version);
+		fetch_drop(a);
+		return;
+	}
+	if (trk_client_layouts(a->trk, on_layouts, a) != 0)
+		fetch_fail(a, "cannot ask for the trainer layout");
+}
+
+static void on_parent(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+	struct proto_manifest pm;
+	struct proto_err err;
+
+	if (f == NULL)
+		return;
+	if (ans->status != 200) {
+		fetch_fail(a, "parent v%" PRIu64 ": %s", f->man.parent_version, ans->error);
+		return;
+	}
+	if (proto_manifest_decode(ans->body, ans->len, a->trainer_pk, &pm, &err) != 0) {
+		fetch_fail(a, "parent v%" PRIu64 ": %s", f->man.parent_version, err.msg);
+		return;
+	}
+	bool ok = pm.version == f->man.parent_version &&
+		  sodium_memcmp(pm.digest, f->man.parent_digest, PROTO_HASH_BYTES) == 0;
+	proto_manifest_fini(&pm);
+	if (!ok) {
+		fetch_fail(a, "broken parent chain: v%" PRIu64 " is not the parent it names",
+			   f->man.parent_version);
+		return;
+	}
+	with_manifest(a);
+}
+
+static void on_manifest(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+	struct proto_err err;
+
+	if (f == NULL)
+		return;
+	if (ans->status != 200) {
+		fetch_fail(a, "manifest: %s", ans->error);
+		return;
+	}
+	if (proto_manifest_decode(ans->body, ans->len, a->trainer_pk, &f->man, &err) != 0) {
+		fetch_fail(a, "%s", err.msg);
+		return;
+	}
+	f->have_man = true;
+	if (f->man.version != f->version) {
+		fetch_fail(a, "the tracker sent the manifest of v%" PRIu64, f->man.version);
+		return;
+	}
+	if (sodium_memcmp(f->man.model_digest, a->model.digest, PROTO_HASH_BYTES) != 0) {
+		fetch_fail(a, "the manifest is for another model");
+		return;
+	}
+	if (f->man.chunk_size > a->chunk_size) {
+		fetch_fail(a, "chunk size %u exceeds ours (%u)", f->man.chunk_size, a->chunk_size);
+		return;
+	}
+	/* The parent link: checked against the manifest we accepted last when
+	 * it is the parent, else against the parent's own signed manifest. */
+	if (f->man.parent_version == 0) {
+		with_manifest(a);
+	} else if (a->last_version == f->man.parent_version) {
+		if (sodium_memcmp(a->last_digest, f->man.parent_digest, PROTO_HASH_BYTES) != 0) {
+			fetch_fail(a, "broken parent chain: parent digest differs from v%" PRIu64 "'s",
+				   a->last_version);
+			return;
+		}
+		with_manifest(a);
+	} else if (trk_client_get_manifest(a->trk, f->man.parent_version, on_parent, a) != 0) {
+		fetch_fail(a, "cannot fetch the parent manifest");
+	}
+}
+
+static void start_fetch(struct node_agent *a, uint64_t v)
+{
+	struct agent_fetch *f = calloc(1, sizeof(*f));
+
+	if (f == NULL)
+		return;
+	f->version = v;
+	f->started_ms = now_ms();
+	a->fetch = f;
+	a->gen++;
+	report(a, v, TRK_STATE_FETCHING, NULL, NULL);
+	if (trk_client_get_manifest(a->trk, v, on_manifest, a) != 0)
+		fetch_fail(a, "cannot ask for the manifest");
+}
+
+/* ---- watching ------------------------------------------------------------ */
+
+static void on_watch(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct trk_version_info *vs = NULL;
+	struct proto_err err;
+	uint64_t latest = 0;
+	size_t n = 0;
+
+	a->watching = false;
+	if (ans->status == 200 && trk_versions_parse(ans->json, &latest, &vs, &n, &err) == 0) {
+		free(vs);
+		a->seen = PROTO_MAX(a->seen, latest);
+	} else {
+		LOG_DEBUG("node %s: watch: %s", a->node_id, ans->status == 200 ? err.msg : ans->error);
+		arm(a->retry_ev, RETRY_MS);
+		return;
+	}
+	uint64_t active = a->active ? a->active->version : 0;
+	if (a->fetch == NULL && a->seen > active && a->seen > a->failed)
+		start_fetch(a, a->seen);
+	start_watch(a);
+}
+
+static void start_watch(struct node_agent *a)
+{
+	if (!a->registered || a->watching)
+		return;
+	if (trk_client_watch(a->trk, a->seen, (uint32_t)proto_param(PROTO_PARAM_WATCH_MS), on_watch,
+			     a) != 0)
+		arm(a->retry_ev, RETRY_MS);
+	else
+		a->watching = true;
+}
+
+/* ---- registration and lease --------------------------------------------- */
+
+static void on_heartbeat(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+
+	if (ans->status == 404) {
+		/* Expired or the tracker restarted: register again. */
+		LOG_WARN("node %s: lease lost; registering again", a->node_id);
+		a->registered = false;
+		start_register(a);
+		return;
+	}
+	arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
+}
+
+static void heartbeat(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+	if (trk_client_heartbeat(a->trk, a->node_id, on_heartbeat, a) != 0)
+		arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
+}
+
+static void on_register(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	const char *id;
+
+	if (ans->status == 200 || ans->status == 201) {
+		id = json_string_value(json_object_get(ans->json, "node_id"));
+		snprintf(a->node_id, sizeof(a->node_id), "%s", id ? id : a->node_id);
+		a->lease_ms = (uint64_t)json_integer_value(json_object_get(ans->json, "lease_ms"));
+		if (a->lease_ms == 0)
+			a->lease_ms = proto_param(PROTO_PARAM_LEASE_MS);
+		a->registered = true;
+		LOG_INFO("node %s: registered (lease %" PRIu64 " ms)", a->node_id, a->lease_ms);
+		arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
+		/* What we hold is still good: say so again after a re-register. */
+		if (a->active != NULL)
+			report(a, a->active->version, TRK_STATE_ACTIVE, NULL, NULL);
+		start_watch(a);
+		return;
+	}
+	if (ans->status == 400 || ans->status == 401 || ans->status == 403) {
+		char why[600];
+		snprintf(why, sizeof(why), "registration refused: %s", ans->error);
+		give_up(a, why);
+		return;
+	}
+	/* 409 (no model yet) or the tracker is not up: try again. */
+	LOG_DEBUG("node %s: registration: %d %s; retrying", a->node_id, ans->status, ans->error);
+	arm(a->retry_ev, RETRY_MS);
+}
+
+static void start_register(struct node_agent *a)
+{
+	struct trk_node_reg r = {
+		.replica = a->o.replica,
+		.addr = {.rank = a->o.rank, .host = a->host, .provider = fab_provider(a->fab),
+			 .fabric_addr = a->fabric_hex},
+		.layout = a->layout_json,
+		.model_digest = a->model.digest,
+	};
+	if (trk_client_register_node(a->trk, &r, on_register, a) != 0)
+		arm(a->retry_ev, RETRY_MS);
+}
+
+static void on_retry(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+	if (!a->registered)
+		start_register(a);
+	else
+		start_watch(a);
+}
+
+/* ---- setup and teardown ------------------------------------------------- */
+
+static int load_layout(struct node_agent *a, struct proto_err *err)
+{
+	const char *s = a->o.layout;
+	int rc = strchr(s, '/') == NULL && strchr(s, '.') == NULL
+			 ? proto_layout_builtin(&a->model, s, &a->layout, err)
+			 : proto_layout_load(&a->model, s, &a->layout, err);
+	if (rc != 0)
+		return rc;
+	if (a->o.rank >= a->layout.nranks)
+		return proto_errf(err, EINVAL, "rank %u: layout %s has %u ranks", a->o.rank, s,
+				  a->layout.nranks);
+	a->layout_json = proto_layout_to_json(&a->model, &a->layout);
+	return a->layout_json ? 0 : proto_errf(err, ENOMEM, "out of memory");
+}
+
+int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
+		   struct node_agent **out, struct proto_err *err)
+{
+	struct node_agent *a = calloc(1, sizeof(*a));
+	uint8_t ckey[PROTO_CLUSTER_KEY_BYTES], addr[FAB_ADDR_MAX];
+	size_t alen;
+	int rc;
+
+	*out = NULL;
+	if (a == NULL || sodium_init() < 0)
+		return proto_errf(err, ENOMEM, "out of memory");
+	a->o = *o;
+	a->base = base;
+	proto_model_init(&a->model);
+	snprintf(a->node_id, sizeof(a->node_id), "%s/%u", o->replica, o->rank);
+	if (o->host != NULL)
+		snprintf(a->host, sizeof(a->host), "%s", o->host);
+	else if (gethostname(a->host, sizeof(a->host)) != 0)
+		snprintf(a->host, sizeof(a->host), "unknown");
+	rc = proto_model_load(o->model, &a->model, err);
+	if (rc == 0)
+		rc = load_layout(a, err);
+	if (rc == 0)
+		rc = proto_key_load_public(o->trainer_pubkey, a->trainer_pk, err);
+	if (rc == 0 && o->cluster_key != NULL)
+		rc = proto_key_load_cluster(o->cluster_key, ckey, err);
+	if (rc == 0)
+		rc = node_store_open(o->store ? o->store : "auto", &a->store, err);
+	if (rc != 0)
+		goto fail;
+	rc = trk_client_new(base, o->tracker_url, o->cluster_key ? ckey : NULL, &a->trk, err);
+	sodium_memzero(ckey, sizeof(ckey));
+	if (rc != 0)
+		goto fail;
+	rc = fab_open(o->provider, NULL, NULL, &a->fab, err);
+	if (rc != 0)
+		goto fail;
+	rc = fab_getname(a->fab, addr, sizeof(addr), &alen);
+	if (rc != 0) {
+		proto_errf(err, -rc, "fabric: cannot read our address");
+		goto fail;
+	}
+	sodium_bin2hex(a->fabric_hex, sizeof(a->fabric_hex), addr, alen);
+	/* Read window: twice the reads in flight, so stalled reads can keep
+	 * their slots while replacements go out. */
+	a->chunk_size = (uint32_t)PROTO_MIN(proto_param(PROTO_PARAM_CHUNK_SIZE), PROTO_CHUNK_SIZE_MAX);
+	a->max_inflight = (uint32_t)PROTO_MAX(1, PROTO_MIN(proto_param(PROTO_PARAM_INFLIGHT), 256));
+	a->nreads = 2 * a->max_inflight;
+	a->reads = calloc(a->nreads, sizeof(*a->reads));
+	a->bounce = aligned_alloc(4096, ((size_t)a->nreads * a->chunk_size + 4095) / 4096 * 4096);
+	if (a->reads == NULL || a->bounce == NULL) {
+		rc = proto_errf(err, ENOMEM, "out of memory for %u read buffers", a->nreads);
+		goto fail;
+	}
+	rc = fab_mr_reg(a->fab, a->bounce, (size_t)a->nreads * a->chunk_size, FAB_MR_READ,
+			&a->bounce_mr);
+	if (rc != 0) {
+		proto_errf(err, -rc, "fabric: cannot register read buffers");
+		goto fail;
+	}
+	a->fl = node_fabloop_new(base, a->fab, 1000);
+	a->retry_ev = evtimer_new(base, on_retry, a);
+	a->heartbeat_ev = evtimer_new(base, heartbeat, a);
+	a->replica_ev = evtimer_new(base, poll_replica, a);
+	a->tick_ev = event_new(base, -1, EV_PERSIST, on_tick, a);
+	if (a->fl == NULL || a->retry_ev == NULL || a->heartbeat_ev == NULL ||
+	    a->replica_ev == NULL || a->tick_ev == NULL) {
+		rc = proto_errf(err, ENOMEM, "out of memory");
+		goto fail;
+	}
+	struct timeval tick = {0, 100000};
+	event_add(a->tick_ev, &tick);
+	start_register(a);
+	*out = a;
+	return 0;
+fail:
+	node_agent_free(a);
+	return rc;
+}
+
+int node_agent_failed(const struct node_agent *a, struct proto_err *err)
+{
+	if (a->fatal && err != NULL)
+		*err = a->fatal_err;
+	return a->fatal;
+}
+
+uint64_t node_agent_active(const struct node_agent *a)
+{
+	return a->active ? a->active->version : 0;
+}
+
+void node_agent_free(struct node_agent *a)
+{
+	if (a == NULL)
+		return;
+	/* Reverse order: timers, the fetch, fabric (cancels reads), then the
+	 * memory reads could land in, the tracker client, the specs. */
+	if (a->tick_ev)
+		event_free(a->tick_ev);
+	if (a->replica_ev)
+		event_free(a->replica_ev);
+	if (a->heartbeat_ev)
+		event_free(a->heartbeat_ev);
+	if (a->retry_ev)
+		event_free(a->retry_ev);
+	node_fabloop_free(a->fl);
+	struct agent_fetch *f = a->fetch;
+	a->fetch = NULL;
+	fab_close(a->fab); /* read callbacks see no fetch and return */
+	a->fab = NULL;
+	fetch_free(a, f);
+	free(a->bounce);
+	free(a->reads);
+	if (a->active != NULL)
+		node_slot_free(&a->store, a->active);
+	trk_client_free(a->trk);
+	json_decref(a->layout_json);
+	proto_layout_fini(&a->layout);
+	proto_model_fini(&a->model);
+	free(a);
+}

@@ -1,0 +1,56 @@
+/*
+ * The node agent: one rank of one serving replica.
+ *
+ * It registers with the tracker (replica, rank, layout, fabric address),
+ * keeps its lease alive, and long-polls for versions. For the newest version
+ * it fetches and verifies the signed manifest (and its parent link), plans
+ * trainer layout -> its own layout, checks the plan digest the manifest
+ * signed, and pulls exactly its parcels: chunk by chunk, several in flight,
+ * one-sided fabric reads from whoever the tracker lists as a source. Every
+ * chunk is hashed against the manifest before its bytes are scattered into a
+ * fresh slot; a chunk that fails is discarded and fetched again, a source
+ * that fails or stalls is set aside and the tracker asked again. When all
+ * parcels verify it reports "verified", and it activates only once the
+ * tracker says every rank of its replica holds the version verified
+ * (replica-local, all or nothing). Until then the previous version keeps
+ * serving from its own slot.
+ *
+ * Everything runs on one libevent loop; the agent owns its state.
+ */
+#ifndef NODE_AGENT_H
+#define NODE_AGENT_H
+
+#include <event2/event.h>
+#include <stdint.h>
+
+#include "proto/util.h"
+
+struct node_agent_opts {
+	const char *tracker_url;
+	const char *replica;
+	uint32_t rank;
+	const char *layout;        /* layout file, or a built-in (tp2, ...) */
+	const char *model;         /* model spec file */
+	const char *trainer_pubkey;
+	const char *cluster_key;   /* NULL: unsigned requests */
+	const char *provider;      /* NULL: tcp;ofi_rxm */
+	const char *store;         /* "host", "cuda" or "auto" (NULL) */
+	const char *expose_dir;    /* NULL: no activation records */
+	const char *host;          /* host name to report (NULL: gethostname) */
+};
+
+struct node_agent;
+
+/* Loads keys, model and layout, opens the fabric endpoint and starts
+ * registering on base. On failure *out is NULL and err says why. */
+int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
+		   struct node_agent **out, struct proto_err *err);
+/* Non-zero once the agent gave up (e.g. registration refused); err says why.
+ * The agent has then asked its base to exit. */
+int node_agent_failed(const struct node_agent *a, struct proto_err *err);
+/* The version the agent serves now (0: none yet). */
+uint64_t node_agent_active(const struct node_agent *a);
+/* Closes everything in reverse order. NULL is fine. */
+void node_agent_free(struct node_agent *a);
+
+#endif

@@ -1,0 +1,719 @@
+/* `tessera cluster`: a whole tessera cluster on loopback, driven and checked
+ * from the outside: tracker, publisher, node agents as separate processes. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "fabric/fab.h"
+#include "node/cmd.h"
+#include "node/proc.h"
+#include "proto/fixture.h"
+#include "proto/proto.h"
+#include "proto/safetensors.h"
+#include "tracker/tracker.h"
+
+#define MAX_REPLICAS 16
+#define VERSION_TIMEOUT_MS 120000
+
+struct replica {
+	char name[8];
+	char layout_arg[1024];
+	struct proto_layout layout;
+	struct node_proc *procs; /* one per rank */
+	bool activated;
+	uint64_t t_activate_ms;
+	bool digest_ok;
+};
+
+struct cluster {
+	/* options */
+	uint32_t trainer_ranks;
+	const char *trainer_layout;
+	const char *model_dir;
+	uint64_t model_mb, seed, versions;
+	const char *provider, *report, *keep;
+	struct replica reps[MAX_REPLICAS];
+	uint32_t nreps;
+	/* running */
+	char dir[4096], bindir[4096], url[256];
+	struct proto_model model;
+	char **st_files; /* --model DIR: files in version order */
+	size_t nst;
+	struct node_proc tracker, publisher;
+	struct trk_client *trk;
+	int control;
+	json_t *out_versions;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: tessera cluster [--trainer-ranks K] [--trainer-layout FILE]\n"
+		"                       [--replica tpN|FILE]... [--model-mb N | --model DIR]\n"
+		"                       [--versions V] [--provider NAME] [--seed S]\n"
+		"                       [--report FILE] [--keep DIR]\n"
+		"Starts a tracker, a publisher hosting K trainer ranks and one node agent per\n"
+		"replica rank as separate processes on loopback, publishes V versions, checks\n"
+		"every rank's bytes itself, stops everything and writes a JSON report.\n"
+		"Defaults: 2 trainer ranks (fsdp2), replicas tp2 tp2 tp1, a 256 MiB synthetic\n"
+		"model, 3 versions. --model DIR takes v<N>.safetensors files, one per\n"
+		"version, in order of N.\n");
+}
+
+static int path_join(char *out, size_t len, const char *a, const char *b)
+{
+	int n = snprintf(out, len, "%s/%s", a, b);
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+static int write_json(const char *path, json_t *j, struct proto_err *err)
+{
+	char *txt = json_dumps(j, JSON_INDENT(1));
+	int rc = txt ? proto_write_file_atomic(path, txt, strlen(txt), 0644, err)
+		     : proto_errf(err, ENOMEM, "out of memory");
+	free(txt);
+	return rc;
+}
+
+/* ---- model sources ------------------------------------------------------ */
+
+static int cmp_vfile(const void *a, const void *b)
+{
+	unsigned long x = strtoul(*(char *const *)a + 1, NULL, 10);
+	unsigned long y = strtoul(*(char *const *)b + 1, NULL, 10);
+	return x < y ? -1 : x > y;
+}
+
+static int list_model_dir(struct cluster *c, struct proto_err *err)
+{
+	DIR *d = opendir(c->model_dir);
+	struct dirent *e;
+
+	/* v<N>.safetensors, ordered by N. */
+	if (d == NULL)
+		return proto_errf(err, errno, "%s: %s", c->model_dir, strerror(errno));
+	while ((e = readdir(d)) != NULL) {
+		size_t n = strlen(e->d_name);
+		if (e->d_name[0] != 'v' || n < 14 || strcmp(e->d_name + n - 12, ".safetensors") != 0)
+			continue;
+		char **v = realloc(c->st_files, (c->nst + 1) * sizeof(*v));
+		if (v == NULL || (v[c->nst] = strdup(e->d_name)) == NULL) {
+			if (v != NULL)
+				c->st_files = v;
+			closedir(d);
+			return proto_errf(err, ENOMEM, "out of memory");
+		}
+		c->st_files = v;
+		c->nst++;
+	}
+	closedir(d);
+	if (c->nst == 0)
+		return proto_errf(err, ENOENT, "%s: no v<N>.safetensors files", c->model_dir);
+	qsort(c->st_files, c->nst, sizeof(*c->st_files), cmp_vfile);
+	return 0;
+}
+
+static void st_fill(void *arg, uint32_t t, uint64_t first, uint64_t count, uint8_t *out)
+{
+	const struct proto_st *st = arg;
+	size_t es = proto_dtype_size(st->model.tensors[t].dtype);
+	memcpy(out, proto_st_tensor(st, t) + first * es, count * es);
+}
+
+/* The bytes rank `rank` of layout l must hold at version v. */
+static int expected_block(struct cluster *c, const struct proto_layout *l, uint32_t rank,
+			  uint64_t v, uint8_t *block, struct proto_err *err)
+{
+	if (c->model_dir == NULL) {
+		proto_fixture_fill_rank(&c->model, l, rank, c->seed, v, block);
+		return 0;
+	}
+	char path[4200];
+	struct proto_st st;
+	path_join(path, sizeof(path), c->model_dir, c->st_files[v - 1]);
+	int rc = proto_st_open(path, &st, err);
+	if (rc != 0)
+		return rc;
+	/* Same names, dtypes and shapes as the model the nodes use. */
+	if (sodium_memcmp(st.model.digest, c->model.digest, PROTO_HASH_BYTES) != 0) {
+		proto_st_fini(&st);
+		return proto_errf(err, EINVAL, "%s: a different model than the first file", path);
+	}
+	proto_layout_fill_rank(&st.model, l, rank, st_fill, &st, block);
+	proto_st_fini(&st);
+	return 0;
+}
+
+/* ---- checks -------------------------------------------------------------- */
+
+/* Compares what a rank serves (through the memfd its node exposes) with
+ * the bytes computed here. */
+static bool check_rank(struct cluster *c, struct replica *r, uint32_t rank, uint64_t v,
+		       const uint8_t *expect, size_t len)
+{
+	char path[4200], name[64];
+	uint8_t *buf;
+	size_t blen;
+	struct proto_err err;
+	json_t *j;
+	bool ok = false;
+
+	snprintf(name, sizeof(name), "expose/%s-%u.json", r->name, rank);
+	path_join(path, sizeof(path), c->dir, name);
+	if (proto_read_file(path, 1 << 20, &buf, &blen, &err) != 0) {
+		fprintf(stderr, "cluster: replica %s rank %u: %s\n", r->name, rank, err.msg);
+		return false;
+	}
+	j = json_loadb((const char *)buf, blen, 0, NULL);
+	free(buf);
+	const char *memfd = json_string_value(json_object_get(j, "memfd_path"));
+	uint64_t jv = (uint64_t)json_integer_value(json_object_get(j, "version"));
+	uint64_t size = (uint64_t)json_integer_value(json_object_get(j, "size"));
+	if (memfd == NULL || jv != v || size != len) {
+		fprintf(stderr, "cluster: replica %s rank %u exposes v%" PRIu64 " (%" PRIu64
+				" bytes), want v%" PRIu64 " (%zu bytes)\n",
+			r->name, rank, jv, size, v, len);
+		goto out;
+	}
+	int fd = open(memfd, O_RDONLY);
+	if (fd < 0) {
+		fprintf(stderr, "cluster: replica %s rank %u: %s: %s\n", r->name, rank, memfd,
+			strerror(errno));
+		goto out;
+	}
+	void *m = len ? mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0) : NULL;
+	close(fd);
+	if (m == MAP_FAILED)
+		goto out;
+	ok = len == 0 || memcmp(m, expect, len) == 0;
+	if (!ok)
+		fprintf(stderr, "cluster: replica %s rank %u: bytes differ from v%" PRIu64 "\n", r->name,
+			rank, v);
+	if (len)
+		munmap(m, len);
+out:
+	json_decref(j);
+	return ok;
+}
+
+static bool check_digests(struct cluster *c, uint64_t v)
+{
+	bool all = true;
+
+	for (uint32_t i = 0; i < c->nreps; i++) {
+		struct replica *r = &c->reps[i];
+		struct proto_err err;
+		r->digest_ok = true;
+		for (uint32_t k = 0; k < r->layout.nranks; k++) {
+			size_t len = r->layout.ranks[k].nbytes;
+			uint8_t *expect = malloc(len + 1);
+			if (expect == NULL || expected_block(c, &r->layout, k, v, expect, &err) != 0) {
+				fprintf(stderr, "cluster: %s\n", expect ? err.msg : "out of memory");
+				r->digest_ok = false;
+			} else if (!check_rank(c, r, k, v, expect, len)) {
+				r->digest_ok = false;
+			}
+			free(expect);
+		}
+		all &= r->digest_ok;
+	}
+	return all;
+}
+
+/* ---- the run ------------------------------------------------------------- */
+
+static bool children_alive(struct cluster *c)
+{
+	bool ok = node_proc_alive(&c->tracker) && node_proc_alive(&c->publisher);
+	for (uint32_t i = 0; i < c->nreps; i++)
+		for (uint32_t k = 0; k < c->reps[i].layout.nranks; k++)
+			if (!node_proc_alive(&c->reps[i].procs[k])) {
+				fprintf(stderr, "cluster: node %s/%u exited (log %s)\n", c->reps[i].name, k,
+					c->reps[i].procs[k].log);
+				ok = false;
+			}
+	if (!ok && c->publisher.pid == 0)
+		fprintf(stderr, "cluster: publisher exited (log %s)\n", c->publisher.log);
+	return ok;
+}
+
+static int get_status(struct cluster *c, json_t **out)
+{
+	struct trk_reply r;
+	int rc = trk_client_call(c->trk, "GET", TRK_API "/status", NULL, NULL, 0, &r);
+	if (rc == 0 && r.status == 200 && r.json != NULL) {
+		*out = json_incref(r.json);
+		trk_reply_fini(&r);
+		return 0;
+	}
+	trk_reply_fini(&r);
+	return rc ? rc : -EIO;
+}
+
+/* Waits until every node registered (the publisher exports only for
+ * layouts it knows of). */
+static int wait_registered(struct cluster *c)
+{
+	uint32_t want = 0;
+	for (uint32_t i = 0; i < c->nreps; i++)
+		want += c->reps[i].layout.nranks;
+	for (int waited = 0; waited < 30000; waited += 50) {
+		json_t *st;
+		if (!children_alive(c))
+			return -ECHILD;
+		if (get_status(c, &st) == 0) {
+			uint64_t alive = (uint64_t)json_integer_value(json_object_get(st, "nodes_alive"));
+			json_decref(st);
+			if (alive >= want)
+				return 0;
+		}
+		usleep(50000);
+	}
+	return -ETIMEDOUT;
+}
+
+static int control_export(struct cluster *c, uint64_t *v, uint64_t *created_ms)
+{
+	char line[512];
+	size_t n = 0;
+
+	if (write(c->control, "export\n", 7) != 7)
+		return -EIO;
+	while (n < sizeof(line) - 1) {
+		ssize_t k = read(c->control, line + n, 1);
+		if (k <= 0)
+			return -EIO;
+		if (line[n] == '\n')
+			break;
+		n++;
+	}
+	line[n] = 0;
+	unsigned long long vv, cm;
+	if (sscanf(line, "published %llu %llu", &vv, &cm) != 2) {
+		fprintf(stderr, "cluster: publisher said: %s\n", line);
+		return -EIO;
+	}
+	*v = vv;
+	*created_ms = cm;
+	return 0;
+}
+
+/* Publishes one version and waits until every replica is active on it. */
+static int run_version(struct cluster *c, uint64_t want_v)
+{
+	uint64_t v, created, published_ms;
+	json_t *st = NULL;
+	int rc = control_export(c, &v, &created);
+
+	if (rc != 0)
+		return rc;
+	published_ms = proto_wall_ms();
+	if (v != want_v)
+		fprintf(stderr, "cluster: publisher exported v%" PRIu64 ", expected v%" PRIu64 "\n", v,
+			want_v);
+	for (uint32_t i = 0; i < c->nreps; i++)
+		c->reps[i].activated = false;
+	for (int waited = 0;; waited += 20) {
+		bool all = true;
+		json_decref(st);
+		st = NULL;
+		if (!children_alive(c))
+			return -ECHILD;
+		if (get_status(c, &st) == 0) {
+			json_t *a;
+			size_t k;
+			json_array_foreach(json_object_get(st, "activations"), k, a)
+			{
+				const char *name = json_string_value(json_object_get(a, "replica"));
+				if ((uint64_t)json_integer_value(json_object_get(a, "version")) != v)
+					continue;
+				for (uint32_t i = 0; i < c->nreps; i++) {
+					struct replica *r = &c->reps[i];
+					if (name == NULL || strcmp(name, r->name) != 0 || r->activated)
+						continue;
+					r->activated = true;
+					r->t_activate_ms = (uint64_t)json_integer_value(json_object_get(a, "wall_ms")) - created;
+				}
+			}
+		}
+		for (uint32_t i = 0; i < c->nreps; i++)
+			all &= c->reps[i].activated;
+		if (all)
+			break;
+		if (waited > VERSION_TIMEOUT_MS) {
+			fprintf(stderr, "cluster: v%" PRIu64 " not active everywhere after %d s\n", v,
+				VERSION_TIMEOUT_MS / 1000);
+			json_decref(st);
+			return -ETIMEDOUT;
+		}
+		usleep(20000);
+	}
+	/* Bytes each rank pulled for v, by source. */
+	uint64_t from_trainer = 0, from_peers = 0;
+	json_t *rep, *rk;
+	size_t i, k;
+	json_array_foreach(json_object_get(st, "replicas"), i, rep)
+	{
+		json_array_foreach(json_object_get(rep, "ranks"), k, rk)
+		{
+			if ((uint64_t)json_integer_value(json_object_get(rk, "version")) != v)
+				continue;
+			from_trainer += (uint64_t)json_integer_value(json_object_get(rk, "bytes_from_trainer"));
+			from_peers += (uint64_t)json_integer_value(json_object_get(rk, "bytes_from_peers"));
+		}
+	}
+	uint64_t payload = 0;
+	json_t *ver;
+	json_array_foreach(json_object_get(st, "versions"), i, ver)
+	{
+		if ((uint64_t)json_integer_value(json_object_get(ver, "version")) == v)
+			payload = (uint64_t)json_integer_value(json_object_get(ver, "wire_bytes"));
+	}
+	json_decref(st);
+	bool ok = check_digests(c, v);
+	json_t *reps = json_array();
+	for (uint32_t r = 0; r < c->nreps; r++) {
+		struct replica *re = &c->reps[r];
+		json_array_append_new(reps, json_pack("{s:s,s:s,s:b,s:I,s:b}", "replica", re->name,
+						      "layout", re->layout_arg, "activated", re->activated,
+						      "t_activate_ms", (json_int_t)re->t_activate_ms,
+						      "digest_ok", re->digest_ok));
+		printf("  v%" PRIu64 " replica %s (%s): active after %" PRIu64 " ms, bytes %s\n", v,
+		       re->name, re->layout_arg, re->t_activate_ms, re->digest_ok ? "ok" : "WRONG");
+	}
+	json_array_append_new(c->out_versions,
+			      json_pack("{s:I,s:s,s:I,s:I,s:I,s:I,s:o}", "version", (json_int_t)v, "kind",
+					"anchor", "payload_bytes", (json_int_t)payload,
+					"trainer_upload_bytes", (json_int_t)from_trainer,
+					"peer_upload_bytes", (json_int_t)from_peers, "t_published_ms",
+					(json_int_t)(published_ms - created), "replicas", reps));
+	return ok ? 0 : -EBADMSG;
+}
+
+static int start_all(struct cluster *c, struct proto_err *err)
+{
+	char key[4200], pub[4200], ckey[4200], state[4200], model[4200], expose[4200],
+		sock[4200], log[4200], bin[4200], line[512], tlayout[4200];
+	int rc;
+
+	path_join(key, sizeof(key), c->dir, "trainer.key");
+	path_join(pub, sizeof(pub), c->dir, "trainer.pub");
+	path_join(ckey, sizeof(ckey), c->dir, "cluster.key");
+	path_join(state, sizeof(state), c->dir, "tracker-state");
+	path_join(model, sizeof(model), c->dir, "model.json");
+	path_join(expose, sizeof(expose), c->dir, "expose");
+	path_join(sock, sizeof(sock), c->dir, "publisher.sock");
+	if ((rc = proto_keygen(key, pub, err)) != 0 || (rc = proto_cluster_keygen(ckey, err)) != 0)
+		return rc;
+	json_t *mj = proto_model_to_json(&c->model);
+	rc = write_json(model, mj, err);
+	json_decref(mj);
+	if (rc != 0)
+		return rc;
+	mkdir(expose, 0755);
+
+	/* Tracker first; it prints where it listens. */
+	path_join(bin, sizeof(bin), c->bindir, "tessera-tracker");
+	path_join(log, sizeof(log), c->dir, "tracker.log");
+	char *targv[] = {bin, "--listen", "127.0.0.1:0", "--state", state, "--cluster-key", ckey,
+			 "--trainer-pubkey", pub, NULL};
+	if ((rc = node_proc_spawn(&c->tracker, "tracker", targv, log)) != 0)
+		return proto_errf(err, -rc, "cannot start %s", bin);
+	if (node_proc_wait_line(&c->tracker, "listening on ", line, sizeof(line), 10000) != 0)
+		return proto_errf(err, EIO, "the tracker did not start (log %s)", log);
+	snprintf(c->url, sizeof(c->url), "%s", line);
+	uint8_t ck[PROTO_CLUSTER_KEY_BYTES];
+	if ((rc = proto_key_load_cluster(ckey, ck, err)) != 0 ||
+	    (rc = trk_client_new(NULL, c->url, ck, &c->trk, err)) != 0)
+		return rc;
+	printf("tessera cluster: status page %s/\n", c->url);
+	fflush(stdout);
+
+	/* Node agents, one per replica rank. */
+	path_join(bin, sizeof(bin), c->bindir, "tessera-node");
+	for (uint32_t i = 0; i < c->nreps; i++) {
+		struct replica *r = &c->reps[i];
+		r->procs = calloc(r->layout.nranks, sizeof(*r->procs));
+		if (r->procs == NULL)
+			return proto_errf(err, ENOMEM, "out of memory");
+		for (uint32_t k = 0; k < r->layout.nranks; k++) {
+			char rank[16], name[32];
+			snprintf(rank, sizeof(rank), "%u", k);
+			snprintf(name, sizeof(name), "node-%s-%u.log", r->name, k);
+			path_join(log, sizeof(log), c->dir, name);
+			char *nargv[] = {bin, "--tracker", c->url, "--replica", r->name, "--rank", rank,
+					 "--layout", r->layout_arg, "--model", model, "--trainer-pubkey", pub,
+					 "--cluster-key", ckey, "--provider", (char *)c->provider, "--expose",
+					 expose, "--store", "host", NULL};
+			if ((rc = node_proc_spawn(&r->procs[k], name, nargv, log)) != 0)
+				return proto_errf(err, -rc, "cannot start %s", bin);
+		}
+	}
+
+	/* The publisher hosts every trainer rank and takes orders on a socket. */
+	path_join(bin, sizeof(bin), c->bindir, "tessera");
+	path_join(log, sizeof(log), c->dir, "publisher.log");
+	char seed[32], mb[32], tl[64];
+	snprintf(seed, sizeof(seed), "%" PRIu64, c->seed);
+	snprintf(mb, sizeof(mb), "%" PRIu64, c->model_mb);
+	snprintf(tl, sizeof(tl), "fsdp%u", c->trainer_ranks);
+	snprintf(tlayout, sizeof(tlayout), "%s", c->trainer_layout ? c->trainer_layout : tl);
+	char *pargv[24] = {bin, "publish", "--tracker", c->url, "--key", key, "--cluster-key", ckey,
+			   "--layout", tlayout, "--provider", (char *)c->provider, "--control", sock};
+	int n = 14;
+	if (c->model_dir) {
+		pargv[n++] = "--model-dir";
+		pargv[n++] = (char *)c->model_dir;
+	} else {
+		pargv[n++] = "--synthetic-mb";
+		pargv[n++] = mb;
+		pargv[n++] = "--seed";
+		pargv[n++] = seed;
+	}
+	pargv[n] = NULL;
+	if ((rc = node_proc_spawn(&c->publisher, "publisher", pargv, log)) != 0)
+		return proto_errf(err, -rc, "cannot start %s", bin);
+	rc = wait_registered(c);
+	if (rc != 0)
+		return proto_errf(err, -rc, "nodes did not register (logs in %s)", c->dir);
+	/* Connect to the publisher's control socket once it is there. */
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	if (strlen(sock) >= sizeof(sa.sun_path))
+		return proto_errf(err, ENAMETOOLONG, "%s: path too long for a socket", sock);
+	memcpy(sa.sun_path, sock, strlen(sock) + 1);
+	for (int waited = 0;; waited += 50) {
+		c->control = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (c->control >= 0 && connect(c->control, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+			break;
+		if (c->control >= 0)
+			close(c->control);
+		c->control = -1;
+		if (!node_proc_alive(&c->publisher) || waited > 30000)
+			return proto_errf(err, EIO, "the publisher did not open %s (log %s)", sock,
+					  c->publisher.log);
+		usleep(50000);
+	}
+	return 0;
+}
+
+static void stop_all(struct cluster *c)
+{
+	if (c->control >= 0) {
+		if (write(c->control, "quit\n", 5) < 0)
+			LOG_DEBUG("cluster: publisher gone before quit");
+		close(c->control);
+		c->control = -1;
+	}
+	node_proc_stop(&c->publisher, 5000);
+	for (uint32_t i = 0; i < c->nreps; i++) {
+		for (uint32_t k = 0; c->reps[i].procs && k < c->reps[i].layout.nranks; k++)
+			node_proc_stop(&c->reps[i].procs[k], 5000);
+		free(c->reps[i].procs);
+		c->reps[i].procs = NULL;
+	}
+	node_proc_stop(&c->tracker, 5000);
+}
+
+static int parse_args(struct cluster *c, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"trainer-ranks", required_argument, NULL, 'k'},
+		{"trainer-layout", required_argument, NULL, 'T'},
+		{"replica", required_argument, NULL, 'r'},
+		{"model-mb", required_argument, NULL, 'm'},
+		{"model", required_argument, NULL, 'M'},
+		{"versions", required_argument, NULL, 'v'},
+		{"provider", required_argument, NULL, 'p'},
+		{"seed", required_argument, NULL, 's'},
+		{"report", required_argument, NULL, 'o'},
+		{"keep", required_argument, NULL, 'K'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0}};
+	uint64_t k = 2;
+	int ch;
+
+	c->model_mb = 256;
+	c->versions = 3;
+	c->seed = 1;
+	c->provider = FAB_PROVIDER_DEFAULT;
+	while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		int bad = 0;
+		switch (ch) {
+		case 'k': bad = proto_parse_u64(optarg, 1, 1024, &k); break;
+		case 'T': c->trainer_layout = optarg; break;
+		case 'r':
+			if (c->nreps == MAX_REPLICAS) {
+				fprintf(stderr, "tessera cluster: at most %d replicas\n", MAX_REPLICAS);
+				return 2;
+			}
+			snprintf(c->reps[c->nreps].layout_arg, sizeof(c->reps[0].layout_arg), "%s", optarg);
+			c->nreps++;
+			break;
+		case 'm': bad = proto_parse_u64(optarg, 1, 1 << 20, &c->model_mb); break;
+		case 'M': c->model_dir = optarg; break;
+		case 'v': bad = proto_parse_u64(optarg, 1, 1000000, &c->versions); break;
+		case 'p': c->provider = optarg; break;
+		case 's': bad = proto_parse_u64(optarg, 0, UINT64_MAX, &c->seed); break;
+		case 'o': c->report = optarg; break;
+		case 'K': c->keep = optarg; break;
+		case 'h': usage(stdout); return 1;
+		default: usage(stderr); return 2;
+		}
+		if (bad) {
+			fprintf(stderr, "tessera cluster: bad value '%s'\n", optarg);
+			return 2;
+		}
+	}
+	if (optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	c->trainer_ranks = (uint32_t)k;
+	if (c->nreps == 0) {
+		static const char *def[] = {"tp2", "tp2", "tp1"};
+		for (; c->nreps < 3; c->nreps++)
+			snprintf(c->reps[c->nreps].layout_arg, sizeof(c->reps[0].layout_arg), "%s",
+				 def[c->nreps]);
+	}
+	for (uint32_t i = 0; i < c->nreps; i++)
+		snprintf(c->reps[i].name, sizeof(c->reps[i].name), "%c", 'A' + i);
+	return 0;
+}
+
+static int load_model_and_layouts(struct cluster *c, struct proto_err *err)
+{
+	int rc;
+
+	if (c->model_dir != NULL) {
+		char path[4200];
+		struct proto_st st;
+		if ((rc = list_model_dir(c, err)) != 0)
+			return rc;
+		if (c->versions > c->nst)
+			return proto_errf(err, EINVAL, "%s holds %zu versions, --versions asks for %" PRIu64,
+					  c->model_dir, c->nst, c->versions);
+		path_join(path, sizeof(path), c->model_dir, c->st_files[0]);
+		if ((rc = proto_st_open(path, &st, err)) != 0)
+			return rc;
+		/* Keep a copy of the model (the file is closed again). */
+		json_t *mj = proto_model_to_json(&st.model);
+		proto_st_fini(&st);
+		rc = proto_model_from_json(mj, path, &c->model, err);
+		json_decref(mj);
+		if (rc != 0)
+			return rc;
+	} else if ((rc = proto_fixture_model(c->model_mb << 20, &c->model, err)) != 0) {
+		return rc;
+	}
+	for (uint32_t i = 0; i < c->nreps; i++) {
+		struct replica *r = &c->reps[i];
+		const char *s = r->layout_arg;
+		rc = strchr(s, '/') == NULL && strchr(s, '.') == NULL
+			     ? proto_layout_builtin(&c->model, s, &r->layout, err)
+			     : proto_layout_load(&c->model, s, &r->layout, err);
+		if (rc == 0)
+			rc = proto_layout_check_complete(&c->model, &r->layout, err);
+		if (rc != 0)
+			return rc;
+		/* Layout files are handed to the nodes by absolute path. */
+		if (strchr(s, '/') != NULL || strchr(s, '.') != NULL) {
+			char abs[4096];
+			if (realpath(s, abs) != NULL)
+				snprintf(r->layout_arg, sizeof(r->layout_arg), "%s", abs);
+		}
+	}
+	return 0;
+}
+
+int node_cmd_cluster(int argc, char **argv)
+{
+	struct cluster c = {.control = -1};
+	struct proto_err err;
+	uint64_t t0 = proto_now_ns();
+	int rc = parse_args(&c, argc, argv), status = 1;
+	json_t *report;
+
+	if (rc != 0)
+		return rc == 1 ? 0 : rc;
+	signal(SIGPIPE, SIG_IGN);
+	proto_model_init(&c.model);
+	c.out_versions = json_array();
+	if (node_self_dir(c.bindir, sizeof(c.bindir)) != 0) {
+		fprintf(stderr, "tessera cluster: cannot find my own directory\n");
+		goto out;
+	}
+	if (c.keep != NULL) {
+		mkdir(c.keep, 0755);
+		snprintf(c.dir, sizeof(c.dir), "%s", c.keep);
+	} else {
+		const char *t = getenv("TMPDIR");
+		snprintf(c.dir, sizeof(c.dir), "%s/tessera-cluster-XXXXXX", t ? t : "/tmp");
+		if (mkdtemp(c.dir) == NULL) {
+			fprintf(stderr, "tessera cluster: %s: %s\n", c.dir, strerror(errno));
+			goto out;
+		}
+	}
+	if (load_model_and_layouts(&c, &err) != 0) {
+		fprintf(stderr, "tessera cluster: %s\n", err.msg);
+		goto out;
+	}
+	printf("tessera cluster: model %.1f MiB (%u tensors), %u trainer ranks, %u replicas, %" PRIu64
+	       " versions, provider %s\n",
+	       (double)proto_model_bytes(&c.model) / (1 << 20), c.model.ntensors, c.trainer_ranks,
+	       c.nreps, c.versions, c.provider);
+	fflush(stdout);
+	if (start_all(&c, &err) != 0) {
+		fprintf(stderr, "tessera cluster: %s\n", err.msg);
+		goto stop;
+	}
+	status = 0;
+	for (uint64_t v = 1; v <= c.versions; v++) {
+		rc = run_version(&c, v);
+		if (rc != 0) {
+			fprintf(stderr, "tessera cluster: v%" PRIu64 " failed (logs in %s)\n", v, c.dir);
+			status = 1;
+			break;
+		}
+	}
+stop:
+	stop_all(&c);
+	report = json_pack("{s:b,s:I,s:o}", "ok", status == 0, "wall_ms",
+			   (json_int_t)((proto_now_ns() - t0) / 1000000), "versions",
+			   json_incref(c.out_versions));
+	if (c.report != NULL && write_json(c.report, report, &err) != 0) {
+		fprintf(stderr, "tessera cluster: %s\n", err.msg);
+		status = 1;
+	}
+	printf("tessera cluster: %s in %.1f s%s%s\n", status == 0 ? "ok" : "FAILED",
+	       (double)(proto_now_ns() - t0) / 1e9, c.report ? ", report " : "",
+	       c.report ? c.report : "");
+	json_decref(report);
+	if (status == 0 && c.keep == NULL) {
+		char cmd[4200];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", c.dir);
+		if (system(cmd) != 0)
+			LOG_WARN("cluster: could not remove %s", c.dir);
+	}
+out:
+	trk_client_free(c.trk);
+	json_decref(c.out_versions);
+	for (uint32_t i = 0; i < c.nreps; i++)
+		proto_layout_fini(&c.reps[i].layout);
+	for (size_t i = 0; i < c.nst; i++)
+		free(c.st_files[i]);
+	free(c.st_files);
+	proto_model_fini(&c.model);
+	return status;
+}

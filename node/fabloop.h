@@ -1,0 +1,22 @@
+/* Drives a fabric context from a libevent loop: polls on the CQ's wait fd
+ * when the provider has one, and on a short timer in any case, so both sides
+ * of a one-sided transfer make progress. */
+#ifndef NODE_FABLOOP_H
+#define NODE_FABLOOP_H
+
+#include <event2/event.h>
+
+#include "fabric/fab.h"
+
+struct node_fabloop;
+
+/* Starts driving ctx on base (ctx stays the caller's). period_us bounds the
+ * wait between polls when nothing wakes the loop. NULL on ENOMEM. */
+struct node_fabloop *node_fabloop_new(struct event_base *base,
+				      struct fab_ctx *ctx, unsigned period_us);
+/* Polls now (e.g. right after posting). */
+void node_fabloop_kick(struct node_fabloop *fl);
+/* Stops driving; the context is not closed. NULL is fine. */
+void node_fabloop_free(struct node_fabloop *fl);
+
+#endif

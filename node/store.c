@@ -1,0 +1,133 @@
+/* Slots in shared host memory (memfd), and the store selection. */
+#include "node/store.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "proto/log.h"
+
+extern const struct node_store_ops node_store_host_ops;
+#ifdef TESSERA_CUDA
+extern const struct node_store_ops node_store_cuda_ops;
+#endif
+
+int node_store_open(const char *name, struct node_store *out, struct proto_err *err)
+{
+	memset(out, 0, sizeof(*out));
+	out->device = -1;
+	out->ops = &node_store_host_ops;
+	if (strcmp(name, "host") == 0)
+		return 0;
+	if (strcmp(name, "cuda") != 0 && strcmp(name, "auto") != 0)
+		return proto_errf(err, EINVAL, "store %s: want host, cuda or auto", name);
+#ifdef TESSERA_CUDA
+	char why[256];
+	int ndev = 0;
+	if (node_cuda_probe(&ndev, why, sizeof(why)) == 0 && ndev > 0) {
+		out->ops = &node_store_cuda_ops;
+		out->device = 0;
+		return 0;
+	}
+#else
+	const char *why = "tessera was built without CUDA (no nvcc)";
+#endif
+	if (strcmp(name, "cuda") == 0)
+		return proto_errf(err, ENODEV, "store cuda: %s", why);
+	LOG_INFO("store: %s; serving weights stay in host memory", why);
+	return 0;
+}
+
+int node_slot_new(struct node_store *s, uint64_t version, size_t len, struct node_slot **out,
+		  struct proto_err *err)
+{
+	struct node_slot *slot = calloc(1, sizeof(*slot));
+	char name[64];
+	int rc;
+
+	*out = NULL;
+	if (slot == NULL)
+		return proto_errf(err, ENOMEM, "slot: out of memory");
+	slot->version = version;
+	slot->len = len;
+	snprintf(name, sizeof(name), "tessera-v%llu", (unsigned long long)version);
+	slot->memfd = memfd_create(name, MFD_CLOEXEC);
+	if (slot->memfd < 0) {
+		rc = proto_errf(err, errno, "memfd_create: %s", strerror(errno));
+		free(slot);
+		return rc;
+	}
+	if (ftruncate(slot->memfd, (off_t)(len ? len : 1)) != 0) {
+		rc = proto_errf(err, errno, "slot of %zu bytes: %s", len, strerror(errno));
+		goto fail;
+	}
+	slot->host = mmap(NULL, len ? len : 1, PROT_READ | PROT_WRITE, MAP_SHARED, slot->memfd, 0);
+	if (slot->host == MAP_FAILED) {
+		slot->host = NULL;
+		rc = proto_errf(err, errno, "mmap slot of %zu bytes: %s", len, strerror(errno));
+		goto fail;
+	}
+	rc = s->ops->attach ? s->ops->attach(s, slot, err) : 0;
+	if (rc != 0)
+		goto fail;
+	*out = slot;
+	return 0;
+fail:
+	if (slot->host != NULL)
+		munmap(slot->host, len ? len : 1);
+	close(slot->memfd);
+	free(slot);
+	return rc;
+}
+
+void node_slot_free(struct node_store *s, struct node_slot *slot)
+{
+	if (slot == NULL)
+		return;
+	if (s->ops->detach)
+		s->ops->detach(s, slot);
+	munmap(slot->host, slot->len ? slot->len : 1);
+	close(slot->memfd);
+	free(slot);
+}
+
+int node_slot_activate(struct node_store *s, struct node_slot *slot, struct proto_err *err)
+{
+	return s->ops->activate ? s->ops->activate(s, slot, err) : 0;
+}
+
+json_t *node_slot_describe(struct node_store *s, const struct node_slot *slot)
+{
+	char path[64];
+	json_t *o;
+
+	snprintf(path, sizeof(path), "/proc/%ld/fd/%d", (long)getpid(), slot->memfd);
+	o = json_pack("{s:s,s:s,s:I,s:I}", "store", s->ops->name, "memfd_path", path, "size",
+		      (json_int_t)slot->len, "version", (json_int_t)slot->version);
+	if (o != NULL && s->ops->describe != NULL && s->ops->describe(s, slot, o) != 0) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
+}
+
+uint64_t node_host_fold(const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+	uint64_t acc = 0;
+
+	for (size_t i = 0; i * 8 < len; i++) {
+		uint64_t w = 0;
+		memcpy(&w, p + i * 8, PROTO_MIN(8, len - i * 8));
+		acc ^= w * (2 * (uint64_t)i + 1);
+	}
+	return acc;
+}
+
+/* The host store: the memfd slot is what serving maps; nothing more to do. */
+const struct node_store_ops node_store_host_ops = {
+	.name = "host",
+};

@@ -1,0 +1,85 @@
+/*
+ * Where a node keeps serving weights: one slot per (version, rank) holding
+ * the rank's local tensors back to back, as the layout lays them out.
+ *
+ * Slots are filled in host memory that a serving process can map (a memfd,
+ * shared), then activated. The host store serves straight from that memory;
+ * the CUDA store (built when nvcc exists, used when a GPU is visible) copies
+ * the slot into GPU memory at activation and exports a CUDA IPC handle.
+ * Both sit behind node_store_ops so tests run without a GPU.
+ */
+#ifndef NODE_STORE_H
+#define NODE_STORE_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/util.h"
+
+struct node_slot {
+	uint64_t version;
+	uint8_t *host; /* len bytes, mapped shared from memfd */
+	size_t len;
+	int memfd;
+	void *dev;     /* device copy (CUDA store), else NULL */
+};
+
+struct node_store;
+
+struct node_store_ops {
+	const char *name;
+	/* Prepares a slot's backing (the host part is done by the caller). */
+	int (*attach)(struct node_store *s, struct node_slot *slot,
+		      struct proto_err *err);
+	/* Makes the slot's host bytes the served ones (device copy, handles). */
+	int (*activate)(struct node_store *s, struct node_slot *slot,
+			struct proto_err *err);
+	/* Adds what a serving process needs to reach the slot to obj. */
+	int (*describe)(struct node_store *s, const struct node_slot *slot,
+			json_t *obj);
+	void (*detach)(struct node_store *s, struct node_slot *slot);
+};
+
+struct node_store {
+	const struct node_store_ops *ops;
+	int device; /* CUDA device ordinal, -1 for host */
+};
+
+/*
+ * Opens a store by name: "host", "cuda" (fails when built without CUDA or no
+ * device is visible, err says which) or "auto" (cuda when possible, else host
+ * with a log line saying why). *out is a static-lifetime store.
+ */
+int node_store_open(const char *name, struct node_store *out,
+		    struct proto_err *err);
+
+/* Creates a slot of len bytes (zeroed memfd mapping). On failure *out is
+ * NULL and nothing is left open. The caller frees with node_slot_free. */
+int node_slot_new(struct node_store *s, uint64_t version, size_t len,
+		  struct node_slot **out, struct proto_err *err);
+void node_slot_free(struct node_store *s, struct node_slot *slot);
+int node_slot_activate(struct node_store *s, struct node_slot *slot,
+		       struct proto_err *err);
+/* JSON for the activation record: {"store","memfd_path","size",...}. */
+json_t *node_slot_describe(struct node_store *s, const struct node_slot *slot);
+
+#ifdef TESSERA_CUDA
+/* CUDA runtime glue, in node/store_cuda.cu (C linkage). All return 0 or a
+ * negative errno and write a one-line reason into why. */
+int node_cuda_probe(int *ndev, char *why, size_t whylen);
+int node_cuda_alloc(int dev, size_t len, void **out, char *why, size_t whylen);
+int node_cuda_upload(int dev, void *dst, const void *src, size_t len,
+		     char *why, size_t whylen);
+int node_cuda_ipc_handle(void *dptr, uint8_t out[64], char *why, size_t whylen);
+/* Order-independent 64-bit fold of a device buffer, for checking copies. */
+int node_cuda_fold(int dev, const void *dptr, size_t len, uint64_t *out,
+		   char *why, size_t whylen);
+void node_cuda_free(void *dptr);
+#endif
+
+/* The same fold on host memory: XOR over words w_i * (2i+1) of the
+ * zero-padded 8-byte words. */
+uint64_t node_host_fold(const void *buf, size_t len);
+
+#endif

@@ -1,0 +1,107 @@
+/* Node stores: host slots a serving process can map, and the CUDA store,
+ * which needs a visible GPU (skipped, saying so, when there is none). */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <sys/mman.h>
+
+#include "node/store.h"
+#include "tests/testutil.h"
+
+static void test_host_slot_is_mappable(void **state)
+{
+	struct node_store s;
+	struct node_slot *slot;
+	struct proto_err err;
+
+	assert_int_equal(node_store_open("host", &s, &err), 0);
+	assert_int_equal(node_slot_new(&s, 7, 10000, &slot, &err), 0);
+	for (size_t i = 0; i < slot->len; i++)
+		slot->host[i] = (uint8_t)(i * 31 + 7);
+	assert_int_equal(node_slot_activate(&s, slot, &err), 0);
+	json_t *d = node_slot_describe(&s, slot);
+	assert_non_null(d);
+	assert_string_equal(json_string_value(json_object_get(d, "store")), "host");
+	assert_int_equal(json_integer_value(json_object_get(d, "size")), 10000);
+	/* Another process would open this path; so can we. */
+	const char *path = json_string_value(json_object_get(d, "memfd_path"));
+	int fd = open(path, O_RDONLY);
+	assert_true(fd >= 0);
+	uint8_t *m = mmap(NULL, 10000, PROT_READ, MAP_SHARED, fd, 0);
+	assert_true(m != MAP_FAILED);
+	assert_memory_equal(m, slot->host, 10000);
+	munmap(m, 10000);
+	close(fd);
+	json_decref(d);
+	node_slot_free(&s, slot);
+}
+
+static void test_store_names(void **state)
+{
+	struct node_store s;
+	struct proto_err err;
+	assert_int_equal(node_store_open("disk", &s, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, "disk"));
+	/* auto always works: CUDA when there is a GPU, else host. */
+	assert_int_equal(node_store_open("auto", &s, &err), 0);
+}
+
+static void test_fold_matches_on_host(void **state)
+{
+	uint8_t a[13] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, b[13];
+	memcpy(b, a, sizeof(a));
+	assert_true(node_host_fold(a, 13) == node_host_fold(b, 13));
+	b[12] ^= 1;
+	assert_true(node_host_fold(a, 13) != node_host_fold(b, 13));
+	/* Position matters: swapping words changes the fold. */
+	uint64_t w[2] = {1, 2}, v[2] = {2, 1};
+	assert_true(node_host_fold(w, 16) != node_host_fold(v, 16));
+}
+
+static void test_cuda_store(void **state)
+{
+#ifndef TESSERA_CUDA
+	print_message("skipped: tessera was built without CUDA (no nvcc)\n");
+	skip();
+#else
+	struct node_store s;
+	struct node_slot *slot;
+	struct proto_err err;
+	char why[256];
+	int ndev = 0;
+
+	if (node_cuda_probe(&ndev, why, sizeof(why)) != 0) {
+		print_message("skipped: %s\n", why);
+		skip();
+	}
+	assert_int_equal(node_store_open("cuda", &s, &err), 0);
+	assert_int_equal(node_slot_new(&s, 1, (64 << 20) + 5, &slot, &err), 0);
+	for (size_t i = 0; i < slot->len; i++)
+		slot->host[i] = (uint8_t)(i * 2654435761u >> 13);
+	assert_int_equal(node_slot_activate(&s, slot, &err), 0);
+	assert_non_null(slot->dev);
+	uint64_t fold = 0;
+	assert_int_equal(node_cuda_fold(s.device, slot->dev, slot->len, &fold, why, sizeof(why)), 0);
+	assert_true(fold == node_host_fold(slot->host, slot->len));
+	json_t *d = node_slot_describe(&s, slot);
+	assert_non_null(d);
+	assert_int_equal(strlen(json_string_value(json_object_get(d, "cuda_ipc_handle"))), 128);
+	json_decref(d);
+	node_slot_free(&s, slot);
+#endif
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_host_slot_is_mappable),
+		cmocka_unit_test(test_store_names),
+		cmocka_unit_test(test_fold_matches_on_host),
+		cmocka_unit_test(test_cuda_store),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
