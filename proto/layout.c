@@ -574,8 +574,9 @@ static int apply_fuse(struct rule_ctx *c, json_t *rule, uint32_t ti, const char 
 	if (ntmpl == NULL)
 		return proto_errf(c->err, EINVAL, "%s.name: a fused local tensor needs a name",
 				  c->where);
-	if (pat != NULL && !glob_capture(pat, c->m->tensors[ti].name, cap, sizeof(cap)))
-		return proto_errf(c->err, EINVAL, "%s.match: a fuse rule's pattern needs exactly one '*'",
+	if (pat != NULL && strchr(pat, '*') != NULL &&
+	    !glob_capture(pat, c->m->tensors[ti].name, cap, sizeof(cap)))
+		return proto_errf(c->err, EINVAL, "%s.match: a fuse rule's pattern has at most one '*'",
 				  c->where);
 	for (size_t k = 0; k < n; k++) {
 		const char *tmpl = json_string_value(json_array_get(fuse, k));

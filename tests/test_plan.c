@@ -449,6 +449,43 @@ static void test_uncovered_source(void **state)
 	proto_model_fini(&m);
 }
 
+static void elem_source(void *arg, uint32_t tensor, uint64_t first, uint64_t count, uint8_t *out)
+{
+	const struct proto_model *m = arg;
+	size_t es = proto_dtype_size(m->tensors[tensor].dtype);
+	for (uint64_t i = 0; i < count; i++)
+		for (uint32_t b = 0; b < es; b++)
+			out[i * es + b] = elem_byte(tensor, first + i, b);
+}
+
+/* fill_rank writes exactly what the brute-force walk says, for box, fused,
+ * expert and flat pieces. */
+static void test_fill_rank(void **state)
+{
+	struct proto_model m;
+	struct proto_layout l;
+	uint64_t checked = 0;
+
+	model_from(&m, qkv_model);
+	layout_from(&m, &l, "{\"ranks\":3,\"tensors\":[{\"match\":\"l0.q\",\"fuse\":[\"l0.q\",\"l0.k\"],"
+			    "\"name\":\"qk\",\"split\":0},{\"tensor\":\"l0.v\",\"flat\":true},"
+			    "{\"tensor\":\"l1.q\",\"experts\":[[7,0],[3],[1,2,4,5,6]]},"
+			    "{\"match\":\"*\",\"replicate\":true}]}");
+	for (uint32_t r = 0; r < l.nranks; r++) {
+		uint8_t *block = malloc(l.ranks[r].nbytes + 1);
+		proto_layout_fill_rank(&m, &l, r, elem_source, &m, block);
+		struct fill f = {&m, block, &checked};
+		for (uint32_t i = 0; i < l.ranks[r].nlocals; i++)
+			for (uint32_t k = 0; k < l.ranks[r].locals[i].npieces; k++)
+				for_each_elem(&m, &l.ranks[r].locals[i], &l.ranks[r].locals[i].pieces[k],
+					      check_fn, &f);
+		free(block);
+	}
+	assert_true(checked > 0);
+	proto_layout_fini(&l);
+	proto_model_fini(&m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -461,6 +498,7 @@ int main(void)
 		cmocka_unit_test(test_random_layouts),
 		cmocka_unit_test(test_builtin_tp),
 		cmocka_unit_test(test_uncovered_source),
+		cmocka_unit_test(test_fill_rank),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,339 @@
+/* The node agent against a real tracker (built binaries on loopback): a
+ * layout that does not cover the model is refused at registration, a
+ * manifest signed by another key is refused, and a chunk that fails its
+ * hash is discarded and fetched again. This test plays the publisher itself
+ * (fabric endpoint, manifest, offer) so it can serve bad bytes on purpose. */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+
+#include "fabric/fab.h"
+#include "node/proc.h"
+#include "proto/fixture.h"
+#include "proto/proto.h"
+#include "tracker/tracker.h"
+#include "tests/testutil.h"
+
+#define CHUNK 65536
+
+struct env {
+	char dir[256], state[512], model[512], pub[512], key[512], log[512], expose[512];
+	char url[256];
+	struct node_proc tracker, node;
+	struct trk_client *trk;
+	struct proto_model m;
+};
+
+static void start_tracker(struct env *e, bool pin_key)
+{
+	char bin[512], line[256];
+	tu_bin(bin, sizeof(bin), "tessera-tracker");
+	snprintf(e->log, sizeof(e->log), "%s/tracker.log", e->dir);
+	char *argv_pin[] = {bin, "--listen", "127.0.0.1:0", "--state", e->state, "--trainer-pubkey", e->pub, NULL};
+	char *argv_tofu[] = {bin, "--listen", "127.0.0.1:0", "--state", e->state, NULL};
+	assert_int_equal(node_proc_spawn(&e->tracker, "tracker", pin_key ? argv_pin : argv_tofu, e->log), 0);
+	assert_int_equal(node_proc_wait_line(&e->tracker, "listening on ", line, sizeof(line), 10000), 0);
+	snprintf(e->url, sizeof(e->url), "%s", line);
+	struct proto_err err;
+	assert_int_equal(trk_client_new(NULL, e->url, NULL, &e->trk, &err), 0);
+}
+
+static int setup(void **state)
+{
+	struct env *e = calloc(1, sizeof(*e));
+	struct proto_err err;
+	char buf[512];
+
+	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
+	setenv("TESSERA_LEASE_MS", "3000", 1);
+	assert_non_null(tu_mkdtemp(e->dir, sizeof(e->dir)));
+	snprintf(e->state, sizeof(e->state), "%s/state", e->dir);
+	snprintf(e->model, sizeof(e->model), "%s/model.json", e->dir);
+	snprintf(e->expose, sizeof(e->expose), "%s/expose", e->dir);
+	mkdir(e->expose, 0755);
+	snprintf(e->pub, sizeof(e->pub), "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
+	snprintf(e->key, sizeof(e->key), "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
+	assert_int_equal(proto_fixture_model(1 << 20, &e->m, &err), 0);
+	json_t *j = proto_model_to_json(&e->m);
+	char *txt = json_dumps(j, 0);
+	assert_int_equal(proto_write_file_atomic(e->model, txt, strlen(txt), 0644, &err), 0);
+	free(txt);
+	json_decref(j);
+	*state = e;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct env *e = *state;
+	node_proc_stop(&e->node, 3000);
+	trk_client_free(e->trk);
+	node_proc_stop(&e->tracker, 3000);
+	proto_model_fini(&e->m);
+	tu_rmtree(e->dir);
+	free(e);
+	return 0;
+}
+
+static void start_node(struct env *e, const char *layout)
+{
+	char bin[512], log[512];
+	tu_bin(bin, sizeof(bin), "tessera-node");
+	snprintf(log, sizeof(log), "%s/node.log", e->dir);
+	char *argv[] = {bin, "--tracker", e->url, "--replica", "A", "--rank", "0", "--layout", (char *)layout,
+			"--model", e->model, "--trainer-pubkey", e->pub, "--expose", e->expose,
+			"--store", "host", NULL};
+	assert_int_equal(node_proc_spawn(&e->node, "node", argv, log), 0);
+}
+
+static json_t *status(struct env *e)
+{
+	struct trk_reply r;
+	assert_int_equal(trk_client_call(e->trk, "GET", TRK_API "/status", NULL, NULL, 0, &r), 0);
+	assert_int_equal(r.status, 200);
+	json_t *j = json_incref(r.json);
+	trk_reply_fini(&r);
+	return j;
+}
+
+/* A trainer with one rank (fsdp1), registered by this test. */
+struct fake_pub {
+	struct fab_ctx *fab;
+	struct proto_layout tl, sl;
+	struct proto_plan plan;
+	uint8_t *block, *export;
+	struct fab_mr *mr;
+	char id[TRK_ID_MAX];
+	uint8_t sk[PROTO_SK_BYTES];
+};
+
+static void pub_register(struct env *e, struct fake_pub *p)
+{
+	struct proto_err err;
+	uint8_t addr[FAB_ADDR_MAX];
+	char hex[2 * FAB_ADDR_MAX + 1];
+	size_t alen;
+	struct trk_reply r;
+
+	assert_int_equal(fab_open("tcp;ofi_rxm", "127.0.0.1", NULL, &p->fab, &err), 0);
+	assert_int_equal(fab_getname(p->fab, addr, sizeof(addr), &alen), 0);
+	sodium_bin2hex(hex, sizeof(hex), addr, alen);
+	assert_int_equal(proto_layout_builtin(&e->m, "fsdp1", &p->tl, &err), 0);
+	assert_int_equal(proto_key_load_secret(e->key, p->sk, &err), 0);
+	json_t *mj = proto_model_to_json(&e->m), *lj = proto_layout_to_json(&e->m, &p->tl);
+	struct trk_rank_addr ra = {0, "localhost", "tcp;ofi_rxm", hex};
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_register_publisher(e->trk, mj, lj, &ra, 1, trk_reply_cb, &r), 0);
+	trk_client_wait(e->trk, &r);
+	assert_int_equal(r.status / 100, 2);
+	snprintf(p->id, sizeof(p->id), "%s", json_string_value(json_object_get(r.json, "publisher_id")));
+	trk_reply_fini(&r);
+	json_decref(mj);
+	json_decref(lj);
+}
+
+/* Exports v1 for serving layout tp1 and publishes its manifest, signed by sk. */
+static void pub_export(struct env *e, struct fake_pub *p, const uint8_t *sk)
+{
+	struct proto_err err;
+	struct proto_manifest man;
+	struct trk_reply r;
+
+	assert_int_equal(proto_layout_builtin(&e->m, "tp1", &p->sl, &err), 0);
+	assert_int_equal(proto_plan_build(&e->m, &p->tl, &p->sl, &p->plan, &err), 0);
+	assert_int_equal(p->plan.nparcels, 1);
+	p->block = malloc(p->tl.ranks[0].nbytes);
+	proto_fixture_fill_rank(&e->m, &p->tl, 0, 1, 1, p->block);
+	const struct proto_parcel *pc = &p->plan.parcels[0];
+	p->export = malloc(pc->bytes);
+	proto_parcel_gather(&p->plan, pc, &p->tl, p->block, 0, pc->bytes, p->export);
+
+	proto_manifest_init(&man);
+	man.version = 1;
+	man.kind = PROTO_KIND_ANCHOR;
+	man.chunk_size = CHUNK;
+	man.created_ms = proto_wall_ms();
+	memcpy(man.model_digest, e->m.digest, 32);
+	memcpy(man.src_layout_digest, p->tl.digest, 32);
+	struct proto_mlayout *ml = proto_manifest_add_layout(&man, p->sl.digest, p->plan.digest, 1);
+	ml->parcels[0].src_rank = 0;
+	ml->parcels[0].dst_rank = 0;
+	ml->parcels[0].bytes = pc->bytes;
+	ml->parcels[0].encoding = PROTO_ENC_RAW;
+	assert_int_equal(proto_mparcel_alloc_chunks(&man, &ml->parcels[0], pc->bytes), 0);
+	for (uint32_t c = 0; c < ml->parcels[0].nchunks; c++)
+		crypto_generichash(ml->parcels[0].chunks[c].hash, 32, p->export + (size_t)c * CHUNK,
+				   ml->parcels[0].chunks[c].size, NULL, 0);
+	uint8_t *enc;
+	size_t len;
+	assert_int_equal(proto_manifest_sign(&man, sk, &enc, &len, &err), 0);
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_publish(e->trk, enc, len, trk_reply_cb, &r), 0);
+	trk_client_wait(e->trk, &r);
+	assert_int_equal(r.status / 100, 2);
+	trk_reply_fini(&r);
+	free(enc);
+	proto_manifest_fini(&man);
+
+	struct fab_rkey rk;
+	assert_int_equal(fab_mr_reg(p->fab, p->export, pc->bytes, FAB_MR_REMOTE_READ, &p->mr), 0);
+	fab_mr_rkey(p->mr, &rk);
+	struct trk_offer off = {.src_rank = 0, .dst_rank = 0, .addr = rk.addr, .key = rk.key,
+				.len = pc->bytes};
+	memcpy(off.layout, p->sl.digest, 32);
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_offer(e->trk, p->id, 1, &off, 1, trk_reply_cb, &r), 0);
+	trk_client_wait(e->trk, &r);
+	assert_int_equal(r.status / 100, 2);
+	trk_reply_fini(&r);
+}
+
+static void pub_fini(struct fake_pub *p)
+{
+	fab_mr_close(p->mr);
+	fab_close(p->fab);
+	free(p->block);
+	free(p->export);
+	proto_plan_fini(&p->plan);
+	proto_layout_fini(&p->tl);
+	proto_layout_fini(&p->sl);
+	sodium_memzero(p->sk, sizeof(p->sk));
+}
+
+/* Serves (keeps the fabric progressing) until the node's log has `line`
+ * or the tracker shows replica A active at v; returns true on success. */
+static bool serve_until(struct env *e, struct fake_pub *p, const char *line, uint64_t v, int ms)
+{
+	for (int waited = 0; waited < ms; waited += 10) {
+		fab_poll(p->fab, 0);
+		if (line != NULL && waited % 50 == 0 && tu_sh("grep -q '%s' %s", line, e->node.log) == 0)
+			return true;
+		if (v != 0 && waited % 100 == 0) {
+			json_t *st = status(e);
+			json_t *rep = json_array_get(json_object_get(st, "replicas"), 0);
+			uint64_t active = (uint64_t)json_integer_value(json_object_get(rep, "active"));
+			json_decref(st);
+			if (active == v)
+				return true;
+		}
+		usleep(10000);
+	}
+	return false;
+}
+
+static void wait_nodes(struct env *e, int n)
+{
+	for (int waited = 0; waited < 10000; waited += 50) {
+		json_t *st = status(e);
+		int alive = (int)json_integer_value(json_object_get(st, "nodes_alive"));
+		json_decref(st);
+		if (alive >= n)
+			return;
+		usleep(50000);
+	}
+	fail_msg("node did not register");
+}
+
+static void test_uncovering_layout_refused(void **state)
+{
+	struct env *e = *state;
+	struct fake_pub p = {0};
+	char path[600];
+
+	start_tracker(e, true);
+	pub_register(e, &p); /* the tracker learns the model */
+	/* tp2 rank 0 of a layout that drops the lm_head. */
+	snprintf(path, sizeof(path), "%s/partial.json", e->dir);
+	assert_int_equal(tu_write(path, "{\"ranks\":2,\"tensors\":[{\"tensor\":\"lm_head.weight\","
+				       "\"experts\":[[0],[1]]},{\"match\":\"*\",\"replicate\":true}]}"),
+			 0);
+	start_node(e, path);
+	for (int i = 0; i < 200 && node_proc_alive(&e->node); i++)
+		usleep(50000);
+	assert_false(node_proc_alive(&e->node));
+	assert_true(WIFEXITED(e->node.status) && WEXITSTATUS(e->node.status) != 0);
+	assert_int_equal(tu_sh("grep -q 'registration refused: .*does not cover the model' %s", e->node.log), 0);
+	pub_fini(&p);
+}
+
+static void test_foreign_signature_refused(void **state)
+{
+	struct env *e = *state;
+	struct fake_pub p = {0};
+	uint8_t pk[32], other[64];
+
+	/* The tracker pins whatever key signs first; the node trusts only the
+	 * test trainer key, so a manifest by another key reaches the node and
+	 * must be refused there. */
+	start_tracker(e, false);
+	pub_register(e, &p);
+	start_node(e, "tp1");
+	wait_nodes(e, 1);
+	crypto_sign_keypair(pk, other);
+	pub_export(e, &p, other);
+	assert_true(serve_until(e, &p, "refused: manifest", 0, 10000));
+	json_t *st = status(e);
+	json_t *rank = json_array_get(json_object_get(json_array_get(json_object_get(st, "replicas"), 0), "ranks"), 0);
+	assert_string_equal(json_string_value(json_object_get(rank, "state")), "failed");
+	assert_int_equal(json_integer_value(json_object_get(json_array_get(json_object_get(st, "replicas"), 0), "active")), 0);
+	json_decref(st);
+	pub_fini(&p);
+}
+
+static void test_bad_chunk_refetched(void **state)
+{
+	struct env *e = *state;
+	struct fake_pub p = {0};
+	char path[600];
+
+	start_tracker(e, true);
+	pub_register(e, &p);
+	start_node(e, "tp1");
+	wait_nodes(e, 1);
+	pub_export(e, &p, p.sk);
+	/* Serve a corrupted chunk 3 until the node noticed, then the truth. */
+	const struct proto_parcel *pc = &p.plan.parcels[0];
+	assert_true(pc->bytes > 4 * CHUNK);
+	p.export[3 * CHUNK + 17] ^= 0x40;
+	assert_true(serve_until(e, &p, "failed its hash; discarded", 0, 15000));
+	p.export[3 * CHUNK + 17] ^= 0x40;
+	assert_true(serve_until(e, &p, NULL, 1, 20000));
+	/* What the node serves is exactly tp1's bytes of v1. */
+	uint8_t *buf, *expect = malloc(p.sl.ranks[0].nbytes);
+	size_t len;
+	struct proto_err err;
+	snprintf(path, sizeof(path), "%s/A-0.json", e->expose);
+	assert_int_equal(proto_read_file(path, 1 << 20, &buf, &len, &err), 0);
+	json_t *j = json_loadb((char *)buf, len, 0, NULL);
+	free(buf);
+	assert_int_equal(json_integer_value(json_object_get(j, "version")), 1);
+	int fd = open(json_string_value(json_object_get(j, "memfd_path")), O_RDONLY);
+	assert_true(fd >= 0);
+	uint8_t *m = mmap(NULL, p.sl.ranks[0].nbytes, PROT_READ, MAP_SHARED, fd, 0);
+	assert_true(m != MAP_FAILED);
+	proto_fixture_fill_rank(&e->m, &p.sl, 0, 1, 1, expect);
+	assert_memory_equal(m, expect, p.sl.ranks[0].nbytes);
+	munmap(m, p.sl.ranks[0].nbytes);
+	close(fd);
+	free(expect);
+	json_decref(j);
+	pub_fini(&p);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_uncovering_layout_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_foreign_signature_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_bad_chunk_refetched, setup, teardown),
+	};
+	signal(SIGPIPE, SIG_IGN);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
