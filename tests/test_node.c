@@ -21,6 +21,11 @@
 #include "tracker/tracker.h"
 #include "tests/testutil.h"
 
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <event2/thread.h>
+#include <pthread.h>
+
 #define CHUNK 65536
 
 struct env {
@@ -77,7 +82,10 @@ static int teardown(void **state)
 	trk_client_free(e->trk);
 	node_proc_stop(&e->tracker, 3000);
 	proto_model_fini(&e->m);
-	tu_rmtree(e->dir);
+	if (getenv("TESSERA_TEST_KEEP") != NULL)
+		print_message("kept %s\n", e->dir);
+	else
+		tu_rmtree(e->dir);
 	free(e);
 	return 0;
 }
@@ -213,6 +221,13 @@ static bool serve_until(struct env *e, struct fake_pub *p, const char *line, uin
 {
 	for (int waited = 0; waited < ms; waited += 10) {
 		fab_poll(p->fab, 0);
+		if (waited % 500 == 0) { /* keep the publisher's lease */
+			struct trk_reply r;
+			trk_reply_init(&r);
+			if (trk_client_heartbeat(e->trk, p->id, trk_reply_cb, &r) == 0)
+				trk_client_wait(e->trk, &r);
+			trk_reply_fini(&r);
+		}
 		if (line != NULL && waited % 50 == 0 && tu_sh("grep -q '%s' %s", line, e->node.log) == 0)
 			return true;
 		if (v != 0 && waited % 100 == 0) {
@@ -327,12 +342,155 @@ static void test_bad_chunk_refetched(void **state)
 	pub_fini(&p);
 }
 
+/*
+ * A lying tracker: it serves a v2 whose parent link does not match v1 (a real
+ * tracker refuses such a chain; a node must not rely on that). Runs its own
+ * event loop on a thread and records the state reports it gets.
+ */
+struct liar {
+	struct event_base *base;
+	struct evhttp *http;
+	uint16_t port;
+	uint8_t *man[3];
+	size_t len[3];
+	pthread_mutex_t mu;
+	char last_state[64], last_error[512];
+	pthread_t thr;
+};
+
+static void liar_reply(struct evhttp_request *req, int code, const void *body, size_t len,
+		       const char *ctype)
+{
+	struct evbuffer *b = evbuffer_new();
+	evbuffer_add(b, body, len);
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", ctype);
+	evhttp_send_reply(req, code, "x", b);
+	evbuffer_free(b);
+}
+
+static void liar_cb(struct evhttp_request *req, void *arg)
+{
+	struct liar *l = arg;
+	const char *uri = evhttp_request_get_uri(req);
+	char buf[4096];
+
+	if (strncmp(uri, "/api/v1/nodes/state", 19) == 0) {
+		struct evbuffer *in = evhttp_request_get_input_buffer(req);
+		size_t n = PROTO_MIN(evbuffer_get_length(in), sizeof(buf) - 1);
+		evbuffer_remove(in, buf, n);
+		buf[n] = 0;
+		json_t *j = json_loads(buf, 0, NULL);
+		pthread_mutex_lock(&l->mu);
+		snprintf(l->last_state, sizeof(l->last_state), "%s",
+			 json_string_value(json_object_get(j, "state")) ?: "");
+		snprintf(l->last_error, sizeof(l->last_error), "%s",
+			 json_string_value(json_object_get(j, "error")) ?: "");
+		pthread_mutex_unlock(&l->mu);
+		json_decref(j);
+		const char *ok = "{\"replica\":\"A\",\"replica_complete\":false,\"replica_active\":0}";
+		liar_reply(req, 200, ok, strlen(ok), "application/json");
+	} else if (strncmp(uri, "/api/v1/nodes", 13) == 0) {
+		const char *ok = "{\"node_id\":\"A/0\",\"lease_ms\":60000,\"layout_digest\":\"00\"}";
+		liar_reply(req, 200, ok, strlen(ok), "application/json");
+	} else if (strncmp(uri, "/api/v1/heartbeat", 17) == 0) {
+		liar_reply(req, 200, "{\"lease_ms\":60000}", 18, "application/json");
+	} else if (strncmp(uri, "/api/v1/versions/1/manifest", 27) == 0) {
+		liar_reply(req, 200, l->man[1], l->len[1], "application/octet-stream");
+	} else if (strncmp(uri, "/api/v1/versions/2/manifest", 27) == 0) {
+		liar_reply(req, 200, l->man[2], l->len[2], "application/octet-stream");
+	} else if (strncmp(uri, "/api/v1/versions", 16) == 0) {
+		const char *v = "{\"latest\":2,\"versions\":[{\"version\":2,\"parent\":1,\"kind\":\"anchor\","
+				"\"digest\":\"0000000000000000000000000000000000000000000000000000000000000000\","
+				"\"wire_bytes\":0,\"created_ms\":1,\"published_ms\":1,\"retain\":true}]}";
+		liar_reply(req, 200, v, strlen(v), "application/json");
+	} else {
+		liar_reply(req, 404, "{\"error\":\"no\"}", 14, "application/json");
+	}
+}
+
+static void *liar_main(void *arg)
+{
+	struct liar *l = arg;
+	event_base_dispatch(l->base);
+	return NULL;
+}
+
+static uint8_t *signed_manifest(const struct proto_model *m, uint64_t v, uint64_t parent,
+				const uint8_t *parent_digest, const uint8_t *sk, size_t *len,
+				uint8_t digest[32])
+{
+	struct proto_manifest man;
+	struct proto_err err;
+	uint8_t *enc;
+
+	proto_manifest_init(&man);
+	man.version = v;
+	man.parent_version = parent;
+	if (parent_digest)
+		memcpy(man.parent_digest, parent_digest, 32);
+	man.kind = PROTO_KIND_ANCHOR;
+	man.created_ms = 1;
+	memcpy(man.model_digest, m->digest, 32);
+	assert_int_equal(proto_manifest_sign(&man, sk, &enc, len, &err), 0);
+	memcpy(digest, man.digest, 32);
+	proto_manifest_fini(&man);
+	return enc;
+}
+
+static void test_broken_parent_chain_refused(void **state)
+{
+	struct env *e = *state;
+	struct liar l = {0};
+	uint8_t sk[64], d1[32], d2[32], wrong[32];
+	struct proto_err err;
+	bool refused = false;
+
+	assert_int_equal(proto_key_load_secret(e->key, sk, &err), 0);
+	l.man[1] = signed_manifest(&e->m, 1, 0, NULL, sk, &l.len[1], d1);
+	memset(wrong, 0x5a, sizeof(wrong));
+	l.man[2] = signed_manifest(&e->m, 2, 1, wrong, sk, &l.len[2], d2);
+	pthread_mutex_init(&l.mu, NULL);
+	evthread_use_pthreads(); /* loopbreak comes from this thread */
+	l.base = event_base_new();
+	l.http = evhttp_new(l.base);
+	struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(l.http, "127.0.0.1", 0);
+	assert_non_null(bs);
+	struct sockaddr_in sa;
+	socklen_t sl = sizeof(sa);
+	getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&sa, &sl);
+	l.port = ntohs(sa.sin_port);
+	evhttp_set_gencb(l.http, liar_cb, &l);
+	assert_int_equal(pthread_create(&l.thr, NULL, liar_main, &l), 0);
+	snprintf(e->url, sizeof(e->url), "http://127.0.0.1:%u", l.port);
+	start_node(e, "tp1");
+	for (int i = 0; i < 200 && !refused; i++) {
+		usleep(50000);
+		pthread_mutex_lock(&l.mu);
+		refused = strcmp(l.last_state, "failed") == 0;
+		if (refused)
+			assert_non_null(strstr(l.last_error, "broken parent chain"));
+		pthread_mutex_unlock(&l.mu);
+	}
+	assert_true(refused);
+	assert_true(node_proc_alive(&e->node)); /* refusing is not dying */
+	node_proc_stop(&e->node, 3000);
+	event_base_loopbreak(l.base);
+	pthread_join(l.thr, NULL);
+	evhttp_free(l.http);
+	event_base_free(l.base);
+	free(l.man[1]);
+	free(l.man[2]);
+	pthread_mutex_destroy(&l.mu);
+	sodium_memzero(sk, sizeof(sk));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_uncovering_layout_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_foreign_signature_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_chunk_refetched, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_broken_parent_chain_refused, setup, teardown),
 	};
 	signal(SIGPIPE, SIG_IGN);
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,1908 @@
+/* Tests of the tracker against a real evhttp server on loopback: auth, bad
+ * input (and the tests/data/tracker-bad-* corpus), registration, leases,
+ * the version log and its restart, long-polls, derived replica state,
+ * offers and sources, the status page and metrics, the client, the binary. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <errno.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <regex.h>
+#include <signal.h>
+#include <sodium.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "proto/proto.h"
+#include "tests/testutil.h"
+#include "tracker/tracker.h"
+
+/* ---- the model and layouts every test uses --------------------------------- */
+
+static const char MODEL[] =
+	"{\"tensors\":[{\"name\":\"W\",\"dtype\":\"bf16\",\"shape\":[8,8]},"
+	"{\"name\":\"b\",\"dtype\":\"bf16\",\"shape\":[8]}]}";
+static const char TRAINER[] = "{\"ranks\":2,\"tensors\":[{\"match\":\"*\",\"split\":0}]}";
+static const char TP2[] = "{\"ranks\":2,\"tensors\":[{\"tensor\":\"W\",\"split\":1},"
+			  "{\"tensor\":\"b\",\"replicate\":true}]}";
+static const char TP2_ROWS[] = "{\"ranks\":2,\"tensors\":[{\"tensor\":\"W\",\"split\":0},"
+			       "{\"tensor\":\"b\",\"replicate\":true}]}";
+static const char TP1[] = "{\"ranks\":1,\"tensors\":[{\"match\":\"*\",\"replicate\":true}]}";
+/* Half of W and no b: parses, but does not cover the model. */
+static const char PARTIAL[] =
+	"{\"ranks\":[{\"tensors\":[{\"name\":\"W\",\"concat_dim\":0,"
+	"\"pieces\":[{\"tensor\":\"W\",\"box\":[[0,4],[0,8]]}]}]}]}";
+
+#define HEX(b) hex_of(b, PROTO_HASH_BYTES)
+
+static const char *hex_of(const uint8_t *b, size_t n)
+{
+	static char bufs[8][2 * 64 + 1];
+	static int at;
+	char *s = bufs[at++ % 8];
+	sodium_bin2hex(s, 2 * n + 1, b, n);
+	return s;
+}
+
+/* ---- a tracker on its own thread --------------------------------------------- */
+
+struct srv {
+	pthread_t th;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool ready;
+	int rc;
+	struct proto_err err;
+	struct event_base *base;
+	struct trk_server *s;
+	char url[300];
+	char state[4096];
+	bool with_key, with_pk;
+	uint8_t ckey[PROTO_CLUSTER_KEY_BYTES];
+	uint8_t pk[PROTO_PK_BYTES];
+};
+
+static void *srv_main(void *arg)
+{
+	struct srv *v = arg;
+	struct trk_server_opts o = {.listen = "127.0.0.1:0", .state_dir = v->state};
+	struct trk_server *s = NULL;
+	int rc;
+
+	o.cluster_key = v->with_key ? v->ckey : NULL;
+	o.trainer_pk = v->with_pk ? v->pk : NULL;
+	v->base = event_base_new();
+	rc = v->base ? trk_server_new(v->base, &o, &s, &v->err) : -ENOMEM;
+	pthread_mutex_lock(&v->mu);
+	v->rc = rc;
+	v->s = s;
+	if (s != NULL)
+		snprintf(v->url, sizeof(v->url), "%s", trk_server_url(s));
+	v->ready = true;
+	pthread_cond_signal(&v->cv);
+	pthread_mutex_unlock(&v->mu);
+	if (rc == 0)
+		event_base_dispatch(v->base);
+	trk_server_free(s);
+	if (v->base != NULL)
+		event_base_free(v->base);
+	v->base = NULL;
+	return NULL;
+}
+
+/* Starts a tracker on state; returns its trk_server_new result. */
+static int srv_start(struct srv *v)
+{
+	v->ready = false;
+	pthread_mutex_init(&v->mu, NULL);
+	pthread_cond_init(&v->cv, NULL);
+	assert_int_equal(pthread_create(&v->th, NULL, srv_main, v), 0);
+	pthread_mutex_lock(&v->mu);
+	while (!v->ready)
+		pthread_cond_wait(&v->cv, &v->mu);
+	pthread_mutex_unlock(&v->mu);
+	if (v->rc != 0)
+		pthread_join(v->th, NULL);
+	return v->rc;
+}
+
+static void srv_stop(struct srv *v)
+{
+	event_base_loopbreak(v->base); /* thread-safe: evthread_use_pthreads */
+	pthread_join(v->th, NULL);
+	pthread_mutex_destroy(&v->mu);
+	pthread_cond_destroy(&v->cv);
+}
+
+/* ---- the fixture --------------------------------------------------------------- */
+
+struct fx {
+	char dir[4096];
+	struct srv srv;
+	struct trk_client *c;
+	struct proto_model model;
+	struct proto_layout tl, tp2, tp1;
+	uint8_t sk[PROTO_SK_BYTES], pk[PROTO_PK_BYTES];
+	char pub_id[TRK_ID_MAX];
+	uint8_t d1[PROTO_HASH_BYTES], d2[PROTO_HASH_BYTES]; /* version digests */
+};
+
+static int fx_setup(void **state, bool with_key)
+{
+	struct fx *f = calloc(1, sizeof(*f));
+	struct proto_err err = {{0}};
+
+	if (f == NULL || tu_mkdtemp(f->dir, sizeof(f->dir)) == NULL)
+		return -1;
+	snprintf(f->srv.state, sizeof(f->srv.state), "%s/state", f->dir);
+	if (with_key) {
+		crypto_auth_keygen(f->srv.ckey);
+		f->srv.with_key = true;
+	}
+	crypto_sign_keypair(f->pk, f->sk);
+	if (proto_model_parse(MODEL, strlen(MODEL), "model", &f->model, &err) != 0 ||
+	    proto_layout_parse(&f->model, TRAINER, strlen(TRAINER), "tl", &f->tl, &err) != 0 ||
+	    proto_layout_parse(&f->model, TP2, strlen(TP2), "tp2", &f->tp2, &err) != 0 ||
+	    proto_layout_parse(&f->model, TP1, strlen(TP1), "tp1", &f->tp1, &err) != 0) {
+		fprintf(stderr, "fixture: %s\n", err.msg);
+		return -1;
+	}
+	if (srv_start(&f->srv) != 0) {
+		fprintf(stderr, "tracker: %s\n", f->srv.err.msg);
+		return -1;
+	}
+	if (trk_client_new(NULL, f->srv.url, with_key ? f->srv.ckey : NULL, &f->c, &err) != 0)
+		return -1;
+	*state = f;
+	return 0;
+}
+
+static int setup_open(void **state)
+{
+	return fx_setup(state, false);
+}
+
+static int setup_keyed(void **state)
+{
+	return fx_setup(state, true);
+}
+
+static int teardown(void **state)
+{
+	struct fx *f = *state;
+
+	trk_client_free(f->c);
+	if (f->srv.base != NULL)
+		srv_stop(&f->srv);
+	proto_layout_fini(&f->tl);
+	proto_layout_fini(&f->tp2);
+	proto_layout_fini(&f->tp1);
+	proto_model_fini(&f->model);
+	tu_rmtree(f->dir);
+	free(f);
+	return 0;
+}
+
+/* ---- calls ---------------------------------------------------------------------- */
+
+/* Every error answer is a one-line JSON object {"error":"..."}. */
+static void check_error_body(const struct trk_reply *r)
+{
+	assert_non_null(r->json);
+	assert_true(json_is_object(r->json));
+	const char *e = json_string_value(json_object_get(r->json, "error"));
+	assert_non_null(e);
+	assert_true(strlen(e) > 0);
+	assert_null(strchr(e, '\n'));
+	assert_int_equal(json_object_size(r->json), 1);
+}
+
+/* POST a JSON text through the client; returns the HTTP status. */
+static int post(struct fx *f, const char *path, const char *body, struct trk_reply *r)
+{
+	assert_int_equal(trk_client_call(f->c, "POST", path, NULL, body, strlen(body), r), 0);
+	if (r->status >= 400)
+		check_error_body(r);
+	return r->status;
+}
+
+static int get(struct fx *f, const char *path, struct trk_reply *r)
+{
+	assert_int_equal(trk_client_call(f->c, "GET", path, NULL, NULL, 0, r), 0);
+	if (r->status >= 400)
+		check_error_body(r);
+	return r->status;
+}
+
+/* Status JSON without the clock, to compare before/after a refused call. */
+static char *status_snapshot(struct fx *f)
+{
+	struct trk_reply r;
+	char *s;
+
+	assert_int_equal(get(f, TRK_API "/status", &r), 200);
+	json_object_del(r.json, "now_ms");
+	s = json_dumps(r.json, JSON_SORT_KEYS | JSON_COMPACT);
+	trk_reply_fini(&r);
+	/* Lease expiry times are not in the status; replay/auth counters are
+	 * not either, so equal snapshots mean nothing changed. */
+	return s;
+}
+
+static uint64_t jget_u64(json_t *o, const char *key)
+{
+	json_t *v = json_object_get(o, key);
+	assert_true(json_is_integer(v));
+	return (uint64_t)json_integer_value(v);
+}
+
+/* ---- raw HTTP for what the client will not send -------------------------------- */
+
+static int url_port(const char *url)
+{
+	const char *c = strrchr(url, ':');
+	return c ? atoi(c + 1) : 0;
+}
+
+static int tcp_connect(const char *url)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	sa.sin_port = htons((uint16_t)url_port(url));
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_true(fd >= 0);
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	return fd;
+}
+
+static void write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+	while (len > 0) {
+		ssize_t n = write(fd, p, len);
+		if (n <= 0)
+			return; /* the server may close early (413) */
+		p += n;
+		len -= (size_t)n;
+	}
+}
+
+/* Sends a request (extra headers lines end in \r\n), reads the whole answer;
+ * returns the status and the parsed JSON body (or NULL). */
+static int raw(struct fx *f, const char *method, const char *uri, const char *headers,
+	       const void *body, size_t len, json_t **json)
+{
+	int fd = tcp_connect(f->srv.url);
+	size_t hcap = strlen(uri) + (headers ? strlen(headers) : 0) + 256;
+	char *head = malloc(hcap), *resp = NULL;
+	size_t got = 0, cap = 0;
+	int code = -1, n;
+
+	assert_non_null(head);
+	n = snprintf(head, hcap,
+		     "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s"
+		     "Content-Length: %zu\r\n\r\n",
+		     method, uri, headers ? headers : "", len);
+	assert_true(n > 0 && (size_t)n < hcap);
+	write_all(fd, head, (size_t)n);
+	free(head);
+	write_all(fd, body, len);
+	for (;;) {
+		if (got + 4096 + 1 > cap) {
+			cap = cap ? 2 * cap : 16384;
+			resp = realloc(resp, cap);
+			assert_non_null(resp);
+		}
+		ssize_t k = read(fd, resp + got, cap - got - 1);
+		if (k <= 0)
+			break;
+		got += (size_t)k;
+	}
+	close(fd);
+	if (resp == NULL)
+		return -1;
+	resp[got] = 0;
+	sscanf(resp, "HTTP/1.%*d %d", &code);
+	if (json != NULL) {
+		char *b = strstr(resp, "\r\n\r\n");
+		*json = b ? json_loads(b + 4, 0, NULL) : NULL;
+	}
+	free(resp);
+	return code;
+}
+
+static int raw_signed(struct fx *f, const char *uri, const uint8_t *key, uint64_t ts,
+		      const char *body, json_t **json)
+{
+	char auth[256], hdr[320];
+
+	assert_int_equal(trk_auth_header(key, "POST", uri, ts, (const uint8_t *)body,
+					 strlen(body), auth, sizeof(auth)),
+			 0);
+	snprintf(hdr, sizeof(hdr), "Authorization: %s\r\n", auth);
+	return raw(f, "POST", uri, hdr, body, strlen(body), json);
+}
+
+/* ---- building requests ---------------------------------------------------------- */
+
+static char *publisher_body(const char *model, const char *layout, const char *ranks)
+{
+	size_t n = strlen(model) + strlen(layout) + strlen(ranks) + 64;
+	char *b = malloc(n);
+	assert_non_null(b);
+	snprintf(b, n, "{\"model\":%s,\"layout\":%s,\"ranks\":%s}", model, layout, ranks);
+	return b;
+}
+
+static const char RANKS01[] =
+	"[{\"rank\":0,\"host\":\"t0\",\"provider\":\"tcp;ofi_rxm\",\"fabric_addr\":\"aa00\"},"
+	"{\"rank\":1,\"host\":\"t1\",\"provider\":\"tcp;ofi_rxm\",\"fabric_addr\":\"aa01\"}]";
+
+static void register_publisher(struct fx *f)
+{
+	struct trk_reply r;
+	char *b = publisher_body(MODEL, TRAINER, RANKS01);
+
+	assert_int_equal(post(f, TRK_API "/publishers", b, &r), 200);
+	free(b);
+	snprintf(f->pub_id, sizeof(f->pub_id), "%s",
+		 json_string_value(json_object_get(r.json, "publisher_id")));
+	assert_string_equal(json_string_value(json_object_get(r.json, "model_digest")),
+			    HEX(f->model.digest));
+	assert_string_equal(json_string_value(json_object_get(r.json, "layout_digest")),
+			    HEX(f->tl.digest));
+	assert_true(jget_u64(r.json, "lease_ms") > 0);
+	trk_reply_fini(&r);
+}
+
+static char *node_body(struct fx *f, const char *replica, int rank, const char *host,
+		       const char *layout, const uint8_t *model_digest)
+{
+	size_t n = strlen(layout) + strlen(host) + 512;
+	char *b = malloc(n);
+	assert_non_null(b);
+	snprintf(b, n,
+		 "{\"replica\":\"%s\",\"rank\":%d,\"host\":\"%s\",\"provider\":\"tcp;ofi_rxm\","
+		 "\"fabric_addr\":\"%02x%02x\",\"layout\":%s,\"model_digest\":\"%s\"}",
+		 replica, rank, host, (unsigned)replica[0], (unsigned)rank, layout,
+		 HEX(model_digest ? model_digest : f->model.digest));
+	return b;
+}
+
+static int register_node(struct fx *f, const char *replica, int rank, const char *layout,
+			 struct trk_reply *r)
+{
+	char *b = node_body(f, replica, rank, "h", layout, NULL);
+	int code = post(f, TRK_API "/nodes", b, r);
+	free(b);
+	return code;
+}
+
+static void register_node_ok(struct fx *f, const char *replica, int rank, const char *layout)
+{
+	struct trk_reply r;
+	assert_int_equal(register_node(f, replica, rank, layout, &r), 200);
+	trk_reply_fini(&r);
+}
+
+struct mopts {
+	uint64_t version, parent;
+	const uint8_t *parent_digest;
+	uint64_t created_ms;
+	const uint8_t *model_digest, *tl_digest; /* NULL: the fixture's */
+	const uint8_t *sk;                       /* NULL: the fixture's */
+};
+
+/* A signed anchor manifest for the TP2 layout: parcels (s,d) for s,d in 0..1
+ * with 100 + 2s + d wire bytes. */
+static void make_manifest(struct fx *f, const struct mopts *o, uint8_t **buf, size_t *len,
+			  uint8_t digest[PROTO_HASH_BYTES])
+{
+	struct proto_manifest m;
+	struct proto_mlayout *l;
+	struct proto_err err = {{0}};
+	uint8_t plan[PROTO_HASH_BYTES] = {0};
+
+	proto_manifest_init(&m);
+	m.version = o->version;
+	m.parent_version = o->parent;
+	if (o->parent != 0)
+		memcpy(m.parent_digest, o->parent_digest, PROTO_HASH_BYTES);
+	m.kind = PROTO_KIND_ANCHOR;
+	memcpy(m.model_digest, o->model_digest ? o->model_digest : f->model.digest,
+	       PROTO_HASH_BYTES);
+	memcpy(m.src_layout_digest, o->tl_digest ? o->tl_digest : f->tl.digest,
+	       PROTO_HASH_BYTES);
+	m.created_ms = o->created_ms ? o->created_ms : 1700000000000ull + o->version;
+	m.chunk_size = 64;
+	l = proto_manifest_add_layout(&m, f->tp2.digest, plan, 4);
+	assert_non_null(l);
+	for (uint32_t i = 0; i < 4; i++) {
+		struct proto_mparcel *p = &l->parcels[i];
+		p->src_rank = i / 2;
+		p->dst_rank = i % 2;
+		p->encoding = PROTO_ENC_RAW;
+		p->bytes = 100 + i;
+		assert_int_equal(proto_mparcel_alloc_chunks(&m, p, 100 + i), 0);
+		for (uint32_t c = 0; c < p->nchunks; c++)
+			randombytes_buf(p->chunks[c].hash, PROTO_HASH_BYTES);
+	}
+	if (proto_manifest_sign(&m, o->sk ? o->sk : f->sk, buf, len, &err) != 0) {
+		fprintf(stderr, "sign: %s\n", err.msg);
+		fail();
+	}
+	if (digest != NULL)
+		memcpy(digest, m.digest, PROTO_HASH_BYTES);
+	proto_manifest_fini(&m);
+}
+
+static int publish(struct fx *f, const uint8_t *buf, size_t len, struct trk_reply *r)
+{
+	assert_int_equal(trk_client_call(f->c, "POST", TRK_API "/versions",
+					 "application/octet-stream", buf, len, r),
+			 0);
+	if (r->status >= 400)
+		check_error_body(r);
+	return r->status;
+}
+
+/* Publishes v1 (parent 0) and v2 (parent v1) into f->d1, f->d2. */
+static void publish_two(struct fx *f)
+{
+	struct trk_reply r;
+	uint8_t *buf;
+	size_t len;
+
+	make_manifest(f, &(struct mopts){.version = 1}, &buf, &len, f->d1);
+	assert_int_equal(publish(f, buf, len, &r), 201);
+	assert_int_equal(jget_u64(r.json, "version"), 1);
+	trk_reply_fini(&r);
+	free(buf);
+	make_manifest(f, &(struct mopts){.version = 2, .parent = 1, .parent_digest = f->d1},
+		      &buf, &len, f->d2);
+	assert_int_equal(publish(f, buf, len, &r), 201);
+	trk_reply_fini(&r);
+	free(buf);
+}
+
+static int report(struct fx *f, const char *id, uint64_t v, const char *state,
+		  uint64_t from_trainer, struct trk_reply *r)
+{
+	char b[512];
+	snprintf(b, sizeof(b),
+		 "{\"id\":\"%s\",\"version\":%llu,\"state\":\"%s\",\"bytes_done\":50,"
+		 "\"bytes_total\":100,\"bytes_from_trainer\":%llu,\"bytes_from_peers\":0}",
+		 id, (unsigned long long)v, state, (unsigned long long)from_trainer);
+	return post(f, TRK_API "/nodes/state", b, r);
+}
+
+static void report_ok(struct fx *f, const char *id, uint64_t v, const char *state)
+{
+	struct trk_reply r;
+	assert_int_equal(report(f, id, v, state, 0, &r), 200);
+	trk_reply_fini(&r);
+}
+
+/* One-parcel offer body. */
+static void offer_body(char *b, size_t n, const char *id, int version, const char *layout,
+		       int src, int dst, int len)
+{
+	snprintf(b, n,
+		 "{\"id\":\"%s\",\"version\":%d,\"parcels\":[{\"layout\":\"%s\","
+		 "\"src_rank\":%d,\"dst_rank\":%d,\"addr\":\"1\",\"key\":\"2\",\"len\":%d}]}",
+		 id, version, layout, src, dst, len);
+}
+
+static void msleep(unsigned ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+/* ---- auth ------------------------------------------------------------------------- */
+
+static void test_auth(void **state)
+{
+	struct fx *f = *state;
+	uint8_t wrong[PROTO_CLUSTER_KEY_BYTES];
+	char *body = publisher_body(MODEL, TRAINER, RANKS01), *before, *after;
+	const char *uri = TRK_API "/publishers";
+	uint64_t now = (uint64_t)time(NULL);
+	json_t *j = NULL;
+	struct trk_reply r;
+	static const char *bad_headers[] = {
+		"Authorization: Basic dXNlcjpwYXNz\r\n",
+		"Authorization: Tessera\r\n",
+		"Authorization: Tessera ts=abc,mac=00\r\n",
+		"Authorization: Tessera mac=0000000000000000000000000000000000000000000000000000000000000000\r\n",
+		"Authorization: Tessera ts=1,mac=zz\r\n",
+		"Authorization: Tessera ts=1,ts=2,mac=00\r\n",
+		"Authorization: Tessera ts=1,mac=00,extra=1\r\n",
+	};
+
+	crypto_auth_keygen(wrong);
+	before = status_snapshot(f);
+	/* No header. */
+	assert_int_equal(raw(f, "POST", uri, NULL, body, strlen(body), &j), 401);
+	assert_non_null(strstr(json_string_value(json_object_get(j, "error")), "authorization"));
+	json_decref(j);
+	/* Malformed headers. */
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad_headers); i++) {
+		assert_int_equal(raw(f, "POST", uri, bad_headers[i], body, strlen(body), &j), 401);
+		assert_non_null(json_object_get(j, "error"));
+		json_decref(j);
+	}
+	/* Wrong key, stale and future timestamps, a mac over another URI. */
+	assert_int_equal(raw_signed(f, uri, wrong, now, body, NULL), 401);
+	assert_int_equal(raw_signed(f, uri, f->srv.ckey, now - 1000, body, &j), 401);
+	assert_non_null(strstr(json_string_value(json_object_get(j, "error")), "timestamp"));
+	json_decref(j);
+	assert_int_equal(raw_signed(f, uri, f->srv.ckey, now + 1000, body, NULL), 401);
+	{
+		char auth[256], hdr[320];
+		trk_auth_header(f->srv.ckey, "POST", TRK_API "/nodes", now,
+				(const uint8_t *)body, strlen(body), auth, sizeof(auth));
+		snprintf(hdr, sizeof(hdr), "Authorization: %s\r\n", auth);
+		assert_int_equal(raw(f, "POST", uri, hdr, body, strlen(body), NULL), 401);
+		/* The body is covered too. */
+		assert_int_equal(raw(f, "POST", TRK_API "/nodes", hdr, "{}", 2, NULL), 401);
+	}
+	after = status_snapshot(f);
+	assert_string_equal(before, after);
+	free(after);
+
+	/* A good signature is accepted once; the same request again is a replay. */
+	assert_int_equal(raw_signed(f, TRK_API "/publishers?n=1", f->srv.ckey, now, body, &j), 200);
+	json_decref(j);
+	free(before);
+	before = status_snapshot(f);
+	assert_int_equal(raw_signed(f, TRK_API "/publishers?n=1", f->srv.ckey, now, body, &j), 401);
+	assert_non_null(strstr(json_string_value(json_object_get(j, "error")), "replay"));
+	json_decref(j);
+	after = status_snapshot(f);
+	assert_string_equal(before, after);
+	free(after);
+	free(before);
+
+	/* Reads are open; the client signs POSTs (twice the same call in one
+	 * second is no replay: the client adds a nonce). */
+	assert_int_equal(raw(f, "GET", TRK_API "/status", NULL, "", 0, NULL), 200);
+	register_publisher(f);
+	assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"nobody\"}", &r), 404);
+	trk_reply_fini(&r);
+	assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"nobody\"}", &r), 404);
+	trk_reply_fini(&r);
+
+	/* A client with the wrong key is refused. */
+	struct trk_client *bad;
+	struct proto_err err = {{0}};
+	assert_int_equal(trk_client_new(NULL, f->srv.url, wrong, &bad, &err), 0);
+	assert_int_equal(trk_client_call(bad, "POST", TRK_API "/heartbeat", NULL, "{}", 2, &r), 0);
+	assert_int_equal(r.status, 401);
+	assert_non_null(strstr(r.error, "401"));
+	trk_reply_fini(&r);
+	trk_client_free(bad);
+
+	/* Counted in the metrics. */
+	assert_int_equal(get(f, "/metrics", &r), 200);
+	assert_null(strstr((char *)r.body, "tessera_auth_refused_total 0\n"));
+	trk_reply_fini(&r);
+	free(body);
+}
+
+/* ---- bad input ------------------------------------------------------------------- */
+
+/* Replaces each "@NAME@" in s by its value. Returns a new string. */
+static char *subst(const char *s, const char *const *kv, size_t nkv)
+{
+	size_t cap = strlen(s) * 4 + 1024, at = 0;
+	char *o = malloc(cap);
+	assert_non_null(o);
+	while (*s) {
+		bool done = false;
+		for (size_t i = 0; i + 1 < nkv && !done; i += 2) {
+			size_t kl = strlen(kv[i]);
+			if (strncmp(s, kv[i], kl) == 0) {
+				size_t vl = strlen(kv[i + 1]);
+				assert_true(at + vl < cap);
+				memcpy(o + at, kv[i + 1], vl);
+				at += vl;
+				s += kl;
+				done = true;
+			}
+		}
+		if (!done) {
+			assert_true(at + 1 < cap);
+			o[at++] = *s++;
+		}
+	}
+	o[at] = 0;
+	return o;
+}
+
+/* A tracker with a model, two versions, replica A (TP2) and a publisher. */
+static void populate(struct fx *f)
+{
+	register_publisher(f);
+	publish_two(f);
+	register_node_ok(f, "A", 0, TP2);
+	register_node_ok(f, "A", 1, TP2);
+}
+
+/*
+ * tests/data/tracker-bad-<route>-<case>.json: bodies every route must refuse
+ * with 400 and a one-line error, changing nothing. <route> is publishers,
+ * nodes, heartbeat, state (nodes/state) or offers. @MODEL@, @TL@, @TP2@ and
+ * @PUB@ stand for the model and layout digests and the publisher id.
+ */
+static void test_bad_corpus(void **state)
+{
+	struct fx *f = *state;
+	static const struct {
+		const char *prefix, *path;
+	} routes[] = {
+		{"tracker-bad-publishers-", TRK_API "/publishers"},
+		{"tracker-bad-nodes-", TRK_API "/nodes"},
+		{"tracker-bad-heartbeat-", TRK_API "/heartbeat"},
+		{"tracker-bad-state-", TRK_API "/nodes/state"},
+		{"tracker-bad-offers-", TRK_API "/offers"},
+	};
+	char dir[4096], p[4096], *before;
+	struct dirent *e;
+	size_t seen[PROTO_ARRAY_LEN(routes)] = {0};
+	DIR *d;
+
+	populate(f);
+	const char *kv[] = {"@MODEL@", HEX(f->model.digest), "@TL@", HEX(f->tl.digest),
+			    "@TP2@", HEX(f->tp2.digest), "@PUB@", f->pub_id};
+	before = status_snapshot(f);
+	d = opendir(tu_data(dir, sizeof(dir), ""));
+	assert_non_null(d);
+	while ((e = readdir(d)) != NULL) {
+		for (size_t i = 0; i < PROTO_ARRAY_LEN(routes); i++) {
+			uint8_t *buf;
+			size_t len;
+			struct proto_err err = {{0}};
+			struct trk_reply r;
+			char *body;
+			if (strncmp(e->d_name, routes[i].prefix, strlen(routes[i].prefix)) != 0)
+				continue;
+			snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+			assert_int_equal(proto_read_file(p, 1 << 20, &buf, &len, &err), 0);
+			body = subst((char *)buf, kv, PROTO_ARRAY_LEN(kv));
+			if (post(f, routes[i].path, body, &r) != 400)
+				fail_msg("%s: got %d (%s), want 400", e->d_name, r.status, r.body);
+			trk_reply_fini(&r);
+			free(body);
+			free(buf);
+			seen[i]++;
+		}
+	}
+	closedir(d);
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(routes); i++)
+		if (seen[i] < 3)
+			fail_msg("too few corpus files for %s", routes[i].prefix);
+	char *after = status_snapshot(f);
+	assert_string_equal(before, after);
+	free(after);
+	free(before);
+}
+
+/* Bodies that are not JSON objects, too big, or broken in transport. */
+static void test_bad_bodies(void **state)
+{
+	struct fx *f = *state;
+	static const char *bodies[] = {
+		"", "not json", "[]", "[1,2]", "\"s\"", "42", "null", "{", "{\"a\":1,\"a\":2}",
+		"{\"id\":\"x\"} trailing", "{\"id\":\"\xff\xfe\"}",
+	};
+	static const char *paths[] = {TRK_API "/publishers", TRK_API "/nodes",
+				      TRK_API "/heartbeat", TRK_API "/nodes/state",
+				      TRK_API "/offers"};
+	char *before, *after, *big;
+	struct trk_reply r;
+	json_t *j;
+
+	populate(f);
+	before = status_snapshot(f);
+	for (size_t p = 0; p < PROTO_ARRAY_LEN(paths); p++)
+		for (size_t i = 0; i < PROTO_ARRAY_LEN(bodies); i++) {
+			assert_int_equal(trk_client_call(f->c, "POST", paths[p], NULL, bodies[i],
+							 strlen(bodies[i]), &r),
+					 0);
+			if (r.status != 400)
+				fail_msg("%s %s: got %d", paths[p], bodies[i], r.status);
+			check_error_body(&r);
+			trk_reply_fini(&r);
+		}
+	/* Over the JSON cap: 413 before anything is parsed. */
+	big = malloc(TRK_JSON_MAX + 2);
+	assert_non_null(big);
+	memset(big, ' ', TRK_JSON_MAX + 1);
+	big[0] = '{';
+	big[TRK_JSON_MAX] = '}';
+	big[TRK_JSON_MAX + 1] = 0;
+	assert_int_equal(trk_client_call(f->c, "POST", TRK_API "/nodes", NULL, big,
+					 TRK_JSON_MAX + 1, &r),
+			 0);
+	assert_int_equal(r.status, 413);
+	check_error_body(&r);
+	trk_reply_fini(&r);
+	free(big);
+	/* Garbage instead of a manifest. */
+	assert_int_equal(publish(f, (const uint8_t *)"garbage", 7, &r), 400);
+	trk_reply_fini(&r);
+	/* Unknown endpoints, wrong methods, bad queries and path parameters. */
+	assert_int_equal(get(f, TRK_API "/nope", &r), 404);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/nodes", &r), 405);
+	trk_reply_fini(&r);
+	assert_int_equal(post(f, TRK_API "/status", "{}", &r), 405);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions?after=abc", &r), 400);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions?after=-1", &r), 400);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions/abc/manifest", &r), 400);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions/0/manifest", &r), 400);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions/99/manifest", &r), 404);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions/1/other", &r), 404);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/replicas/Z", &r), 404);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/replicas/%3Cx%3E", &r), 404);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/sources?version=1", &r), 400);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/sources?version=1&layout=zz&src_rank=0&dst_rank=0", &r),
+			 400);
+	trk_reply_fini(&r);
+	/* Raw protocol abuse: bad method, header flood; the server survives. */
+	assert_int_equal(raw(f, "DELETE", TRK_API "/status", NULL, "", 0, NULL), 405);
+	{
+		size_t n = 40000;
+		char *h = malloc(n + 32);
+		assert_non_null(h);
+		memcpy(h, "X-Big: ", 7);
+		memset(h + 7, 'a', n);
+		memcpy(h + 7 + n, "\r\n", 3);
+		int code = raw(f, "GET", TRK_API "/status", h, "", 0, NULL);
+		assert_true(code == -1 || code >= 400);
+		free(h);
+	}
+	assert_int_equal(raw(f, "GET", TRK_API "/status", NULL, "", 0, &j), 200);
+	json_decref(j);
+	after = status_snapshot(f);
+	assert_string_equal(before, after);
+	free(after);
+	free(before);
+}
+
+/* ---- registration ----------------------------------------------------------------- */
+
+static void test_register(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	uint8_t other[PROTO_HASH_BYTES];
+	char *b;
+
+	/* No model yet: nodes are told to retry. */
+	assert_int_equal(register_node(f, "A", 0, TP2, &r), 409);
+	assert_non_null(strstr(r.error, "no model"));
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/layouts", &r), 404);
+	trk_reply_fini(&r);
+	register_publisher(f);
+
+	/* A layout that does not cover the model. */
+	assert_int_equal(register_node(f, "A", 0, PARTIAL, &r), 400);
+	assert_non_null(strstr(r.error, "does not cover"));
+	trk_reply_fini(&r);
+	/* Another model. */
+	memset(other, 0x42, sizeof(other));
+	b = node_body(f, "A", 0, "h", TP2, other);
+	assert_int_equal(post(f, TRK_API "/nodes", b, &r), 409);
+	assert_non_null(strstr(r.error, "model_digest"));
+	trk_reply_fini(&r);
+	free(b);
+	/* A layout that does not parse against the model. */
+	assert_int_equal(register_node(f, "A", 0, "{\"ranks\":2,\"tensors\":[{\"tensor\":\"nope\",\"split\":0}]}",
+				       &r),
+			 400);
+	trk_reply_fini(&r);
+	/* Rank out of range. */
+	assert_int_equal(register_node(f, "A", 2, TP2, &r), 400);
+	assert_non_null(strstr(r.error, "rank"));
+	trk_reply_fini(&r);
+
+	register_node_ok(f, "A", 0, TP2);
+	assert_int_equal(register_node(f, "A", 0, TP2, &r), 200);
+	assert_string_equal(json_string_value(json_object_get(r.json, "node_id")), "A/0");
+	assert_string_equal(json_string_value(json_object_get(r.json, "layout_digest")),
+			    HEX(f->tp2.digest));
+	trk_reply_fini(&r);
+	/* Rank 1 of A with another layout. */
+	assert_int_equal(register_node(f, "A", 1, TP2_ROWS, &r), 409);
+	assert_non_null(strstr(r.error, "another layout"));
+	trk_reply_fini(&r);
+	register_node_ok(f, "A", 1, TP2);
+	register_node_ok(f, "B", 0, TP1);
+	/* Shorthand and explicit forms of one layout are one layout. */
+	json_t *explicit = proto_layout_to_json(&f->model, &f->tp1);
+	char *etxt = json_dumps(explicit, JSON_COMPACT);
+	register_node_ok(f, "C", 0, etxt);
+	free(etxt);
+	json_decref(explicit);
+
+	assert_int_equal(get(f, TRK_API "/layouts", &r), 200);
+	assert_string_equal(json_string_value(json_object_get(r.json, "model_digest")),
+			    HEX(f->model.digest));
+	assert_string_equal(json_string_value(json_object_get(r.json, "trainer_layout_digest")),
+			    HEX(f->tl.digest));
+	assert_true(json_is_object(json_object_get(r.json, "model")));
+	assert_true(json_is_array(json_object_get(json_object_get(r.json, "trainer_layout"),
+						  "ranks")));
+	json_t *ls = json_object_get(r.json, "layouts"), *e;
+	size_t i;
+	assert_int_equal(json_array_size(ls), 2);
+	json_array_foreach(ls, i, e) {
+		const char *d = json_string_value(json_object_get(e, "digest"));
+		size_t nrep = json_array_size(json_object_get(e, "replicas"));
+		if (strcmp(d, HEX(f->tp2.digest)) == 0)
+			assert_int_equal(nrep, 1);
+		else
+			assert_string_equal(d, HEX(f->tp1.digest)), assert_int_equal(nrep, 2);
+		/* The layout is given in explicit form and parses back. */
+		struct proto_layout back;
+		struct proto_err err = {{0}};
+		assert_int_equal(proto_layout_from_json(&f->model, json_object_get(e, "layout"),
+							"l", &back, &err),
+				 0);
+		assert_string_equal(HEX(back.digest), d);
+		proto_layout_fini(&back);
+	}
+	trk_reply_fini(&r);
+
+	assert_int_equal(get(f, TRK_API "/replicas/A", &r), 200);
+	assert_int_equal(jget_u64(r.json, "nranks"), 2);
+	assert_int_equal(json_array_size(json_object_get(r.json, "ranks")), 2);
+	assert_string_equal(json_string_value(json_object_get(
+				    json_array_get(json_object_get(r.json, "ranks"), 1), "id")),
+			    "A/1");
+	trk_reply_fini(&r);
+
+	/* A second publisher process serving other ranks of the same trainer. */
+	b = publisher_body(MODEL, TRAINER,
+			   "[{\"rank\":1,\"host\":\"t1b\",\"provider\":\"tcp\",\"fabric_addr\":\"bb\"}]");
+	assert_int_equal(post(f, TRK_API "/publishers", b, &r), 200);
+	trk_reply_fini(&r);
+	free(b);
+	/* A different trainer layout while publishers are live. */
+	b = publisher_body(MODEL, "{\"ranks\":1,\"tensors\":[{\"match\":\"*\",\"replicate\":true}]}",
+			   "[{\"rank\":0,\"host\":\"t\",\"provider\":\"tcp\",\"fabric_addr\":\"bb\"}]");
+	assert_int_equal(post(f, TRK_API "/publishers", b, &r), 409);
+	trk_reply_fini(&r);
+	free(b);
+	/* Publisher rank out of the trainer layout's range. */
+	b = publisher_body(MODEL, TRAINER,
+			   "[{\"rank\":2,\"host\":\"t\",\"provider\":\"tcp\",\"fabric_addr\":\"bb\"}]");
+	assert_int_equal(post(f, TRK_API "/publishers", b, &r), 400);
+	trk_reply_fini(&r);
+	free(b);
+}
+
+/* ---- leases ------------------------------------------------------------------------- */
+
+static int setup_short_lease(void **state)
+{
+	int rc;
+	setenv("TESSERA_LEASE_MS", "500", 1);
+	rc = fx_setup(state, false);
+	unsetenv("TESSERA_LEASE_MS");
+	return rc;
+}
+
+static void test_lease_expiry(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	char hb[256], path[256];
+
+	register_publisher(f);
+	publish_two(f);
+	register_node_ok(f, "A", 0, TP2);
+	register_node_ok(f, "A", 1, TP2);
+	report_ok(f, "A/1", 1, "verified");
+	snprintf(hb, sizeof(hb), "{\"id\":\"%s\"}", f->pub_id);
+	/* Heartbeats keep both alive past one lease. */
+	for (int i = 0; i < 4; i++) {
+		msleep(200);
+		assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"A/1\"}", &r), 200);
+		assert_int_equal(jget_u64(r.json, "lease_ms"), 500);
+		trk_reply_fini(&r);
+		assert_int_equal(post(f, TRK_API "/heartbeat", hb, &r), 200);
+		trk_reply_fini(&r);
+	}
+	/* A/1 and the publisher offer parcel (0 -> 1) of v1. */
+	char ob[1200];
+	offer_body(ob, sizeof(ob), "A/1", 1, HEX(f->tp2.digest), 0, 1, 101);
+	assert_int_equal(post(f, TRK_API "/offers", ob, &r), 200);
+	trk_reply_fini(&r);
+	offer_body(ob, sizeof(ob), f->pub_id, 1, HEX(f->tp2.digest), 0, 1, 101);
+	assert_int_equal(post(f, TRK_API "/offers", ob, &r), 200);
+	trk_reply_fini(&r);
+	snprintf(path, sizeof(path), TRK_API "/sources?version=1&layout=%s&src_rank=0&dst_rank=1",
+		 HEX(f->tp2.digest));
+	assert_int_equal(get(f, path, &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 2);
+	trk_reply_fini(&r);
+
+	/* A/0 never heartbeats: it is gone, A/1 and the publisher still alive. */
+	assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"A/0\"}", &r), 404);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/replicas/A", &r), 200);
+	json_t *ranks = json_object_get(r.json, "ranks");
+	assert_false(json_is_true(json_object_get(json_array_get(ranks, 0), "alive")));
+	assert_true(json_is_true(json_object_get(json_array_get(ranks, 1), "alive")));
+	trk_reply_fini(&r);
+	/* A gone node's reports and offers are refused: it must register again. */
+	assert_int_equal(report(f, "A/0", 1, "verified", 0, &r), 404);
+	trk_reply_fini(&r);
+
+	/* Now let everything expire. */
+	msleep(700);
+	assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"A/1\"}", &r), 404);
+	trk_reply_fini(&r);
+	assert_int_equal(post(f, TRK_API "/heartbeat", hb, &r), 404);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, path, &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 0);
+	trk_reply_fini(&r);
+	/* Gone, but shown on the status page and JSON. */
+	assert_int_equal(get(f, TRK_API "/status", &r), 200);
+	assert_int_equal(jget_u64(r.json, "nodes_alive"), 0);
+	json_t *rep = json_array_get(json_object_get(r.json, "replicas"), 0);
+	assert_string_equal(json_string_value(json_object_get(rep, "replica")), "A");
+	assert_false(json_is_true(json_object_get(rep, "alive")));
+	json_t *pub = json_array_get(json_object_get(r.json, "publishers"), 0);
+	assert_false(json_is_true(json_object_get(pub, "alive")));
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, "/", &r), 200);
+	assert_non_null(strstr((char *)r.body, "gone"));
+	trk_reply_fini(&r);
+	/* Re-registration brings it back. */
+	register_node_ok(f, "A", 1, TP2);
+	assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"A/1\"}", &r), 200);
+	trk_reply_fini(&r);
+}
+
+/* ---- versions ------------------------------------------------------------------------ */
+
+static void test_versions(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	uint8_t *buf, *buf1, osk[PROTO_SK_BYTES], opk[PROTO_PK_BYTES], bad_digest[32];
+	size_t len, len1;
+	char *before, *after;
+
+	crypto_sign_keypair(opk, osk);
+	register_publisher(f);
+	/* A first version must have no parent. */
+	memset(bad_digest, 0x33, sizeof(bad_digest));
+	make_manifest(f, &(struct mopts){.version = 1, .parent = 0}, &buf1, &len1, f->d1);
+	make_manifest(f, &(struct mopts){.version = 2, .parent = 1, .parent_digest = bad_digest},
+		      &buf, &len, NULL);
+	assert_int_equal(publish(f, buf, len, &r), 409);
+	trk_reply_fini(&r);
+	free(buf);
+
+	assert_int_equal(publish(f, buf1, len1, &r), 201);
+	assert_string_equal(json_string_value(json_object_get(r.json, "digest")), HEX(f->d1));
+	trk_reply_fini(&r);
+	/* Idempotent. */
+	assert_int_equal(publish(f, buf1, len1, &r), 200);
+	trk_reply_fini(&r);
+	/* The manifest comes back byte for byte. */
+	assert_int_equal(get(f, TRK_API "/versions/1/manifest", &r), 200);
+	assert_int_equal(r.len, len1);
+	assert_memory_equal(r.body, buf1, len1);
+	trk_reply_fini(&r);
+
+	before = status_snapshot(f);
+	/* Another manifest for version 1. */
+	make_manifest(f, &(struct mopts){.version = 1, .created_ms = 5}, &buf, &len, NULL);
+	assert_int_equal(publish(f, buf, len, &r), 409);
+	trk_reply_fini(&r);
+	free(buf);
+	/* A bad signature: one flipped bit. */
+	make_manifest(f, &(struct mopts){.version = 2, .parent = 1, .parent_digest = f->d1},
+		      &buf, &len, NULL);
+	buf[len - 1] ^= 1;
+	assert_int_equal(publish(f, buf, len, &r), 400);
+	trk_reply_fini(&r);
+	buf[len - 1] ^= 1;
+	buf[40] ^= 1; /* a signed byte */
+	assert_int_equal(publish(f, buf, len, &r), 400);
+	trk_reply_fini(&r);
+	free(buf);
+	/* Another signer than the pinned one. */
+	make_manifest(f, &(struct mopts){.version = 2, .parent = 1, .parent_digest = f->d1,
+					 .sk = osk},
+		      &buf, &len, NULL);
+	assert_int_equal(publish(f, buf, len, &r), 400);
+	trk_reply_fini(&r);
+	free(buf);
+	/* Broken chains: wrong parent digest, unknown parent, no parent. */
+	make_manifest(f, &(struct mopts){.version = 2, .parent = 1, .parent_digest = bad_digest},
+		      &buf, &len, NULL);
+	assert_int_equal(publish(f, buf, len, &r), 409);
+	assert_non_null(strstr(r.error, "parent digest"));
+	trk_reply_fini(&r);
+	free(buf);
+	make_manifest(f, &(struct mopts){.version = 3, .parent = 2, .parent_digest = f->d1},
+		      &buf, &len, NULL);
+	assert_int_equal(publish(f, buf, len, &r), 409);
+	trk_reply_fini(&r);
+	free(buf);
+	make_manifest(f, &(struct mopts){.version = 2}, &buf, &len, NULL);
+	assert_int_equal(publish(f, buf, len, &r), 409);
+	trk_reply_fini(&r);
+	free(buf);
+	/* Another model or trainer layout than the registered publishers'. */
+	make_manifest(f, &(struct mopts){.version = 2, .parent = 1, .parent_digest = f->d1,
+					 .model_digest = bad_digest},
+		      &buf, &len, NULL);
+	assert_int_equal(publish(f, buf, len, &r), 409);
+	trk_reply_fini(&r);
+	free(buf);
+	make_manifest(f, &(struct mopts){.version = 2, .parent = 1, .parent_digest = f->d1,
+					 .tl_digest = bad_digest},
+		      &buf, &len, NULL);
+	assert_int_equal(publish(f, buf, len, &r), 409);
+	trk_reply_fini(&r);
+	free(buf);
+	after = status_snapshot(f);
+	assert_string_equal(before, after);
+	free(after);
+	free(before);
+
+	make_manifest(f, &(struct mopts){.version = 2, .parent = 1, .parent_digest = f->d1},
+		      &buf, &len, f->d2);
+	assert_int_equal(publish(f, buf, len, &r), 201);
+	trk_reply_fini(&r);
+	free(buf);
+	/* Older than the latest. */
+	assert_int_equal(publish(f, buf1, len1, &r), 200); /* identical: still fine */
+	trk_reply_fini(&r);
+
+	assert_int_equal(get(f, TRK_API "/versions?after=0", &r), 200);
+	assert_int_equal(jget_u64(r.json, "latest"), 2);
+	json_t *vs = json_object_get(r.json, "versions");
+	assert_int_equal(json_array_size(vs), 2);
+	json_t *v2 = json_array_get(vs, 1);
+	assert_int_equal(jget_u64(v2, "version"), 2);
+	assert_int_equal(jget_u64(v2, "parent"), 1);
+	assert_string_equal(json_string_value(json_object_get(v2, "kind")), "anchor");
+	assert_string_equal(json_string_value(json_object_get(v2, "digest")), HEX(f->d2));
+	assert_int_equal(jget_u64(v2, "wire_bytes"), 100 + 101 + 102 + 103);
+	assert_int_equal(jget_u64(v2, "created_ms"), 1700000000002ull);
+	assert_true(jget_u64(v2, "published_ms") > 1700000000000ull);
+	assert_true(json_is_true(json_object_get(v2, "retain")));
+	/* Through the typed parser too. */
+	{
+		uint64_t latest;
+		struct trk_version_info *vi;
+		size_t n;
+		struct proto_err err = {{0}};
+		assert_int_equal(trk_versions_parse(r.json, &latest, &vi, &n, &err), 0);
+		assert_int_equal(n, 2);
+		assert_int_equal(vi[1].version, 2);
+		assert_memory_equal(vi[1].digest, f->d2, PROTO_HASH_BYTES);
+		free(vi);
+	}
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions?after=1", &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "versions")), 1);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions?after=2", &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "versions")), 0);
+	trk_reply_fini(&r);
+
+	/* A publisher of another model, now that versions exist. */
+	char *b = publisher_body("{\"tensors\":[{\"name\":\"X\",\"dtype\":\"fp32\",\"shape\":[4]}]}",
+				 "{\"ranks\":1,\"tensors\":[{\"match\":\"*\",\"replicate\":true}]}",
+				 "[{\"rank\":0,\"host\":\"t\",\"provider\":\"tcp\",\"fabric_addr\":\"bb\"}]");
+	assert_int_equal(post(f, TRK_API "/publishers", b, &r), 409);
+	trk_reply_fini(&r);
+	free(b);
+	free(buf1);
+}
+
+/* ---- restart -------------------------------------------------------------------------- */
+
+static void test_restart(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	uint8_t *m1, *buf, osk[PROTO_SK_BYTES], opk[PROTO_PK_BYTES];
+	size_t l1, len;
+	struct proto_err err = {{0}};
+	char *list_before, path[4096];
+
+	crypto_sign_keypair(opk, osk);
+	register_publisher(f);
+	publish_two(f);
+	assert_int_equal(get(f, TRK_API "/versions/1/manifest", &r), 200);
+	m1 = malloc(r.len);
+	l1 = r.len;
+	memcpy(m1, r.body, r.len);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions", &r), 200);
+	list_before = json_dumps(json_object_get(r.json, "versions"), JSON_SORT_KEYS);
+	trk_reply_fini(&r);
+
+	/* Stop and start on the same state directory. */
+	srv_stop(&f->srv);
+	trk_client_free(f->c);
+	assert_int_equal(srv_start(&f->srv), 0);
+	assert_int_equal(trk_client_new(NULL, f->srv.url, NULL, &f->c, &err), 0);
+
+	assert_int_equal(get(f, TRK_API "/versions?after=0", &r), 200);
+	assert_int_equal(jget_u64(r.json, "latest"), 2);
+	char *list_after = json_dumps(json_object_get(r.json, "versions"), JSON_SORT_KEYS);
+	assert_string_equal(list_before, list_after);
+	free(list_after);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions/1/manifest", &r), 200);
+	assert_int_equal(r.len, l1);
+	assert_memory_equal(r.body, m1, l1);
+	trk_reply_fini(&r);
+	/* Soft state is gone; the pinned key is not. */
+	assert_int_equal(get(f, TRK_API "/layouts", &r), 404);
+	trk_reply_fini(&r);
+	make_manifest(f, &(struct mopts){.version = 3, .parent = 2, .parent_digest = f->d2,
+					 .sk = osk},
+		      &buf, &len, NULL);
+	assert_int_equal(publish(f, buf, len, &r), 400);
+	trk_reply_fini(&r);
+	free(buf);
+	/* The chain goes on from the log (no publisher registered: no model check). */
+	make_manifest(f, &(struct mopts){.version = 3, .parent = 2, .parent_digest = f->d2},
+		      &buf, &len, NULL);
+	assert_int_equal(publish(f, buf, len, &r), 201);
+	trk_reply_fini(&r);
+	free(buf);
+	/* A different model is refused now that versions exist. */
+	char *b = publisher_body("{\"tensors\":[{\"name\":\"X\",\"dtype\":\"fp32\",\"shape\":[4]}]}",
+				 "{\"ranks\":1,\"tensors\":[{\"match\":\"*\",\"replicate\":true}]}",
+				 "[{\"rank\":0,\"host\":\"t\",\"provider\":\"tcp\",\"fabric_addr\":\"bb\"}]");
+	assert_int_equal(post(f, TRK_API "/publishers", b, &r), 409);
+	trk_reply_fini(&r);
+	free(b);
+	register_publisher(f);
+
+	/* A damaged log refuses to start, saying which file. */
+	srv_stop(&f->srv);
+	snprintf(path, sizeof(path), "%s/versions/%020d.manifest", f->srv.state, 2);
+	FILE *fp = fopen(path, "r+b");
+	assert_non_null(fp);
+	fseek(fp, 50, SEEK_SET);
+	fputc(0x5a ^ 0xff, fp);
+	fclose(fp);
+	assert_int_not_equal(srv_start(&f->srv), 0);
+	assert_non_null(strstr(f->srv.err.msg, "00000000000000000002.manifest"));
+	f->srv.base = NULL;
+	pthread_mutex_destroy(&f->srv.mu);
+	pthread_cond_destroy(&f->srv.cv);
+	free(list_before);
+	free(m1);
+}
+
+/* With --trainer-pubkey, only that key signs; nothing is pinned. */
+static int setup_with_pk(void **state)
+{
+	struct fx *f;
+	uint8_t pk[PROTO_PK_BYTES], sk[PROTO_SK_BYTES];
+
+	/* Start once to learn the fixture key, then restart with it. */
+	if (fx_setup(state, false) != 0)
+		return -1;
+	f = *state;
+	memcpy(pk, f->pk, sizeof(pk));
+	memcpy(sk, f->sk, sizeof(sk));
+	trk_client_free(f->c);
+	srv_stop(&f->srv);
+	memcpy(f->srv.pk, pk, sizeof(pk));
+	f->srv.with_pk = true;
+	if (srv_start(&f->srv) != 0)
+		return -1;
+	return trk_client_new(NULL, f->srv.url, NULL, &f->c, NULL);
+}
+
+static void test_trainer_pubkey(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	uint8_t *buf, osk[PROTO_SK_BYTES], opk[PROTO_PK_BYTES];
+	size_t len;
+	char pin[4096];
+	struct stat st;
+
+	crypto_sign_keypair(opk, osk);
+	/* Another key's first version is refused: the key is not a pin. */
+	make_manifest(f, &(struct mopts){.version = 1, .sk = osk}, &buf, &len, NULL);
+	assert_int_equal(publish(f, buf, len, &r), 400);
+	trk_reply_fini(&r);
+	free(buf);
+	make_manifest(f, &(struct mopts){.version = 1}, &buf, &len, NULL);
+	assert_int_equal(publish(f, buf, len, &r), 201);
+	trk_reply_fini(&r);
+	free(buf);
+	snprintf(pin, sizeof(pin), "%s/trainer.pub", f->srv.state);
+	assert_int_not_equal(stat(pin, &st), 0);
+}
+
+/* ---- long-poll --------------------------------------------------------------------------- */
+
+struct both {
+	struct trk_reply watch, pub;
+	uint64_t t_watch_ns;
+};
+
+static void watch_done(const struct trk_answer *a, void *arg)
+{
+	struct both *b = arg;
+	b->t_watch_ns = proto_now_ns();
+	trk_reply_cb(a, &b->watch);
+}
+
+static void publish_later(evutil_socket_t fd, short what, void *arg)
+{
+	void **ctx = arg;
+	struct fx *f = ctx[0];
+	struct both *b = ctx[1];
+	assert_int_equal(trk_client_publish(f->c, ctx[2], (size_t)(uintptr_t)ctx[3],
+					    trk_reply_cb, &b->pub),
+			 0);
+}
+
+static void test_longpoll(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	struct both b;
+	uint8_t *buf;
+	size_t len;
+	uint64_t t0;
+
+	register_publisher(f);
+	publish_two(f);
+	/* Versions after 0 exist: the answer is immediate. */
+	t0 = proto_now_ns();
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_watch(f->c, 0, 10000, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "versions")), 2);
+	assert_true(proto_now_ns() - t0 < 2000000000ull);
+	trk_reply_fini(&r);
+	/* None after 2: it times out empty after wait_ms. */
+	t0 = proto_now_ns();
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_watch(f->c, 2, 200, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "versions")), 0);
+	assert_true(proto_now_ns() - t0 >= 180000000ull);
+	trk_reply_fini(&r);
+
+	/* A client that hangs up during a long-poll leaves nothing behind. */
+	{
+		int fd = tcp_connect(f->srv.url);
+		const char req[] = "GET " TRK_API "/versions?after=2&wait_ms=20000 HTTP/1.1\r\n"
+				   "Host: x\r\n\r\n";
+		write_all(fd, req, sizeof(req) - 1);
+		msleep(50);
+		close(fd);
+		msleep(50);
+	}
+
+	/* Watch after 2, publish 3 100 ms later: the watch wakes at once. */
+	make_manifest(f, &(struct mopts){.version = 3, .parent = 2, .parent_digest = f->d2},
+		      &buf, &len, NULL);
+	trk_reply_init(&b.watch);
+	trk_reply_init(&b.pub);
+	void *ctx[4] = {f, &b, buf, (void *)(uintptr_t)len};
+	struct event *later = evtimer_new(trk_client_base(f->c), publish_later, ctx);
+	struct timeval tv = {0, 100000};
+	t0 = proto_now_ns();
+	assert_int_equal(trk_client_watch(f->c, 2, 20000, watch_done, &b), 0);
+	evtimer_add(later, &tv);
+	trk_client_wait(f->c, &b.watch);
+	trk_client_wait(f->c, &b.pub);
+	event_free(later);
+	assert_int_equal(b.pub.status, 201);
+	assert_int_equal(b.watch.status, 200);
+	json_t *vs = json_object_get(b.watch.json, "versions");
+	assert_int_equal(json_array_size(vs), 1);
+	assert_int_equal(jget_u64(json_array_get(vs, 0), "version"), 3);
+	assert_true(b.t_watch_ns - t0 < 3000000000ull);
+	trk_reply_fini(&b.watch);
+	trk_reply_fini(&b.pub);
+	free(buf);
+}
+
+/* ---- replica state ----------------------------------------------------------------------- */
+
+static bool retained(struct fx *f, uint64_t v)
+{
+	struct trk_reply r;
+	json_t *e;
+	size_t i;
+	bool ret = false, found = false;
+
+	assert_int_equal(get(f, TRK_API "/versions?after=0", &r), 200);
+	json_array_foreach(json_object_get(r.json, "versions"), i, e)
+		if (jget_u64(e, "version") == v) {
+			found = true;
+			ret = json_is_true(json_object_get(e, "retain"));
+		}
+	trk_reply_fini(&r);
+	assert_true(found);
+	return ret;
+}
+
+static void test_replica_state(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+
+	register_publisher(f);
+	publish_two(f);
+	register_node_ok(f, "A", 0, TP2);
+	register_node_ok(f, "A", 1, TP2);
+	register_node_ok(f, "B", 0, TP1);
+	/* Nothing complete anywhere: every version is still needed. */
+	assert_true(retained(f, 1));
+
+	/* A is complete at 1 only when both its ranks hold it. */
+	assert_int_equal(report(f, "A/0", 1, "fetching", 40, &r), 200);
+	assert_false(json_is_true(json_object_get(r.json, "replica_complete")));
+	trk_reply_fini(&r);
+	assert_int_equal(report(f, "A/0", 1, "verified", 100, &r), 200);
+	assert_string_equal(json_string_value(json_object_get(r.json, "replica")), "A");
+	assert_false(json_is_true(json_object_get(r.json, "replica_complete")));
+	trk_reply_fini(&r);
+	assert_int_equal(report(f, "A/1", 1, "verified", 30, &r), 200);
+	assert_true(json_is_true(json_object_get(r.json, "replica_complete")));
+	assert_int_equal(jget_u64(r.json, "replica_active"), 0);
+	trk_reply_fini(&r);
+	/* Activation is replica-local and all-or-nothing. */
+	report_ok(f, "A/0", 1, "active");
+	assert_int_equal(get(f, TRK_API "/replicas/A", &r), 200);
+	assert_int_equal(jget_u64(r.json, "active"), 0);
+	trk_reply_fini(&r);
+	assert_int_equal(report(f, "A/1", 1, "active", 30, &r), 200);
+	assert_int_equal(jget_u64(r.json, "replica_active"), 1);
+	trk_reply_fini(&r);
+	/* B (one rank) verified 1 and 2, active on 2; A behind on 1. */
+	report_ok(f, "B/0", 1, "verified");
+	report_ok(f, "B/0", 2, "verified");
+	report_ok(f, "B/0", 2, "active");
+	/* A live replica (A) is complete at 1 but not 2: 2 is retained (and
+	 * the latest anyway); 1 is not needed by anyone. */
+	assert_false(retained(f, 1));
+	assert_true(retained(f, 2));
+	/* A rank of A that failed v2. */
+	assert_int_equal(post(f, TRK_API "/nodes/state",
+			      "{\"id\":\"A/0\",\"version\":2,\"state\":\"failed\","
+			      "\"error\":\"hash mismatch\\nsecond line\"}",
+			      &r),
+			 200);
+	assert_false(json_is_true(json_object_get(r.json, "replica_complete")));
+	assert_int_equal(jget_u64(r.json, "replica_active"), 1);
+	trk_reply_fini(&r);
+
+	assert_int_equal(get(f, TRK_API "/replicas/A", &r), 200);
+	assert_string_equal(json_string_value(json_object_get(r.json, "layout_digest")),
+			    HEX(f->tp2.digest));
+	assert_int_equal(jget_u64(r.json, "active"), 1);
+	json_t *complete = json_object_get(r.json, "complete");
+	assert_int_equal(json_array_size(complete), 1);
+	assert_int_equal(json_integer_value(json_array_get(complete, 0)), 1);
+	json_t *r0 = json_array_get(json_object_get(r.json, "ranks"), 0);
+	assert_string_equal(json_string_value(json_object_get(r0, "state")), "failed");
+	assert_int_equal(jget_u64(r0, "version"), 2);
+	trk_reply_fini(&r);
+
+	/* Unknown node, unpublished version. */
+	assert_int_equal(report(f, "Q/0", 1, "verified", 0, &r), 404);
+	trk_reply_fini(&r);
+	assert_int_equal(report(f, "A/0", 9, "verified", 0, &r), 409);
+	trk_reply_fini(&r);
+
+	/* The status: per-version replicas, bytes, the activation log. */
+	assert_int_equal(get(f, TRK_API "/status", &r), 200);
+	assert_int_equal(jget_u64(r.json, "bytes_from_trainer"), 100 + 30);
+	assert_int_equal(jget_u64(r.json, "latest"), 2);
+	json_t *vs = json_object_get(r.json, "versions"), *v1 = json_array_get(vs, 1);
+	assert_int_equal(jget_u64(v1, "version"), 1);
+	assert_int_equal(jget_u64(v1, "bytes_from_trainer"), 130);
+	assert_int_equal(json_array_size(json_object_get(v1, "complete")), 2);
+	assert_string_equal(json_string_value(json_array_get(json_object_get(v1, "active"), 0)),
+			    "A");
+	json_t *acts = json_object_get(r.json, "activations");
+	assert_int_equal(json_array_size(acts), 2);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(acts, 0), "replica")),
+			    "B");
+	assert_int_equal(jget_u64(json_array_get(acts, 1), "version"), 1);
+	assert_true(jget_u64(json_array_get(acts, 1), "wall_ms") > 1700000000000ull);
+	json_t *ra = json_array_get(json_object_get(r.json, "replicas"), 0);
+	const char *err0 = json_string_value(json_object_get(
+		json_array_get(json_object_get(ra, "ranks"), 0), "error"));
+	assert_non_null(err0);
+	assert_null(strchr(err0, '\n'));
+	trk_reply_fini(&r);
+}
+
+/* ---- offers and sources -------------------------------------------------------------------- */
+
+static void test_sources(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	char b[2048], path[256];
+	struct trk_source *src;
+	size_t n;
+	struct proto_err err = {{0}};
+
+	register_publisher(f);
+	publish_two(f);
+	register_node_ok(f, "A", 0, TP2);
+	register_node_ok(f, "A", 1, TP2);
+	snprintf(path, sizeof(path), TRK_API "/sources?version=1&layout=%s&src_rank=0&dst_rank=1",
+		 HEX(f->tp2.digest));
+	assert_int_equal(get(f, path, &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 0);
+	trk_reply_fini(&r);
+
+	/* The publisher offers all its parcels of v1 through the client. */
+	struct trk_offer offers[4];
+	for (int i = 0; i < 4; i++) {
+		memcpy(offers[i].layout, f->tp2.digest, PROTO_HASH_BYTES);
+		offers[i].src_rank = (uint32_t)(i / 2);
+		offers[i].dst_rank = (uint32_t)(i % 2);
+		offers[i].addr = 0xfffffffffffff000ull + (uint64_t)i; /* above INT64_MAX */
+		offers[i].key = 1000 + (uint64_t)i;
+		offers[i].len = 100 + (uint64_t)i;
+	}
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_offer(f->c, f->pub_id, 1, offers, 4, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, path, &r), 200);
+	assert_int_equal(trk_sources_parse(r.json, &src, &n, &err), 0);
+	assert_int_equal(n, 1);
+	assert_false(src[0].peer);
+	assert_string_equal(src[0].id, f->pub_id);
+	assert_string_equal(src[0].host, "t0");
+	assert_string_equal(src[0].provider, "tcp;ofi_rxm");
+	assert_int_equal(src[0].fabric_addr_len, 2);
+	assert_int_equal(src[0].fabric_addr[0], 0xaa);
+	assert_true(src[0].addr == 0xfffffffffffff001ull);
+	assert_int_equal(src[0].key, 1001);
+	assert_int_equal(src[0].len, 101);
+	trk_sources_free(src, n);
+	trk_reply_fini(&r);
+
+	/* Refused offers: wrong length, a parcel or layout the manifest lacks,
+	 * an unpublished version, an unknown id, a rank the publisher lacks,
+	 * a node offering another rank's parcel. */
+	struct {
+		const char *id;
+		int version, src, dst, len, want;
+		bool other_layout;
+	} bad[] = {
+		{f->pub_id, 1, 0, 1, 999, 400, false}, {f->pub_id, 1, 0, 5, 101, 400, false},
+		{f->pub_id, 1, 0, 1, 101, 400, true},  {f->pub_id, 9, 0, 1, 101, 409, false},
+		{"nobody", 1, 0, 1, 101, 404, false},  {"A/0", 1, 0, 1, 101, 400, false},
+	};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad); i++) {
+		offer_body(b, sizeof(b), bad[i].id, bad[i].version,
+			   bad[i].other_layout ? HEX(f->tp1.digest) : HEX(f->tp2.digest), bad[i].src,
+			   bad[i].dst, bad[i].len);
+		if (post(f, TRK_API "/offers", b, &r) != bad[i].want)
+			fail_msg("bad offer %zu: got %d (%s)", i, r.status, r.error);
+		trk_reply_fini(&r);
+	}
+	/* A peer offers its parcel (0 -> 1) of v1; it counts only once verified. */
+	offer_body(b, sizeof(b), "A/1", 1, HEX(f->tp2.digest), 0, 1, 101);
+	assert_int_equal(post(f, TRK_API "/offers", b, &r), 200);
+	trk_reply_fini(&r);
+	report_ok(f, "A/1", 1, "fetching");
+	assert_int_equal(get(f, path, &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 1);
+	trk_reply_fini(&r);
+	report_ok(f, "A/1", 1, "verified");
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_sources(f->c, 1, f->tp2.digest, 0, 1, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	assert_int_equal(trk_sources_parse(r.json, &src, &n, &err), 0);
+	assert_int_equal(n, 2);
+	assert_true(src[0].peer); /* peers first */
+	assert_string_equal(src[0].id, "A/1");
+	assert_int_equal(src[0].addr, 1);
+	assert_false(src[1].peer);
+	trk_sources_free(src, n);
+	trk_reply_fini(&r);
+	/* Other parcels are unaffected; withdrawing empties the publisher's. */
+	snprintf(path, sizeof(path), TRK_API "/sources?version=1&layout=%s&src_rank=1&dst_rank=0",
+		 HEX(f->tp2.digest));
+	assert_int_equal(get(f, path, &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 1);
+	trk_reply_fini(&r);
+	snprintf(b, sizeof(b), "{\"id\":\"%s\",\"version\":1,\"parcels\":[]}", f->pub_id);
+	assert_int_equal(post(f, TRK_API "/offers", b, &r), 200);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, path, &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 0);
+	trk_reply_fini(&r);
+	/* Unknown version. */
+	assert_int_equal(get(f, TRK_API "/sources?version=7&layout=00000000000000000000000000000000"
+				    "00000000000000000000000000000000&src_rank=0&dst_rank=0",
+			     &r),
+			 404);
+	trk_reply_fini(&r);
+
+	/* A publisher process re-registering rank 1 replaces the old one (it
+	 * served ranks 0 and 1: its offers go), and may not offer rank 0. */
+	{
+		char *pb = publisher_body(MODEL, TRAINER,
+					  "[{\"rank\":1,\"host\":\"t1b\",\"provider\":\"tcp\","
+					  "\"fabric_addr\":\"bb\"}]");
+		assert_int_equal(post(f, TRK_API "/publishers", pb, &r), 200);
+		char id2[TRK_ID_MAX];
+		snprintf(id2, sizeof(id2), "%s",
+			 json_string_value(json_object_get(r.json, "publisher_id")));
+		trk_reply_fini(&r);
+		free(pb);
+		offer_body(b, sizeof(b), id2, 1, HEX(f->tp2.digest), 0, 1, 101);
+		assert_int_equal(post(f, TRK_API "/offers", b, &r), 400);
+		trk_reply_fini(&r);
+		snprintf(path, sizeof(path),
+			 TRK_API "/sources?version=1&layout=%s&src_rank=0&dst_rank=1",
+			 HEX(f->tp2.digest));
+		assert_int_equal(get(f, path, &r), 200);
+		json_t *only = json_object_get(r.json, "sources");
+		assert_int_equal(json_array_size(only), 1);
+		assert_string_equal(json_string_value(json_object_get(json_array_get(only, 0),
+								       "kind")),
+				    "peer");
+		trk_reply_fini(&r);
+	}
+
+	/* Malformed answers are refused by the parser. */
+	static const char *bad_answers[] = {
+		"{}", "{\"sources\":3}", "{\"sources\":[{}]}",
+		"{\"sources\":[{\"kind\":\"peer\",\"id\":\"a\",\"host\":\"h\",\"provider\":\"p\","
+		"\"fabric_addr\":\"zz\",\"addr\":\"1\",\"key\":\"1\",\"len\":1}]}",
+		"{\"sources\":[{\"kind\":\"peer\",\"id\":\"a\",\"host\":\"h\",\"provider\":\"p\","
+		"\"fabric_addr\":\"aa\",\"addr\":1,\"key\":\"1\",\"len\":1}]}",
+		"{\"sources\":[{\"kind\":\"alien\",\"id\":\"a\",\"host\":\"h\",\"provider\":\"p\","
+		"\"fabric_addr\":\"aa\",\"addr\":\"1\",\"key\":\"1\",\"len\":1}]}",
+	};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad_answers); i++) {
+		json_t *j = json_loads(bad_answers[i], 0, NULL);
+		assert_non_null(j);
+		assert_int_equal(trk_sources_parse(j, &src, &n, &err), -EINVAL);
+		assert_null(src);
+		json_decref(j);
+	}
+	static const char *bad_versions[] = {
+		"{}", "{\"latest\":-1,\"versions\":[]}", "{\"latest\":1}",
+		"{\"latest\":1,\"versions\":[{\"version\":1}]}",
+		"{\"latest\":1,\"versions\":[{\"version\":1,\"parent\":0,\"wire_bytes\":1,"
+		"\"created_ms\":1,\"published_ms\":1,\"kind\":\"anchor\",\"digest\":\"00\"}]}",
+	};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad_versions); i++) {
+		json_t *j = json_loads(bad_versions[i], 0, NULL);
+		struct trk_version_info *vi;
+		uint64_t latest;
+		assert_non_null(j);
+		assert_int_equal(trk_versions_parse(j, &latest, &vi, &n, &err), -EINVAL);
+		assert_null(vi);
+		json_decref(j);
+	}
+}
+
+/* ---- status page and metrics ------------------------------------------------------------- */
+
+static void test_status_outputs(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	regex_t re;
+	char *b;
+
+	register_publisher(f);
+	publish_two(f);
+	b = node_body(f, "A", 0, "<script>alert(1)</script>&\\\"", TP1, NULL);
+	assert_int_equal(post(f, TRK_API "/nodes", b, &r), 200);
+	trk_reply_fini(&r);
+	free(b);
+	report_ok(f, "A/0", 2, "active");
+
+	/* JSON. */
+	assert_int_equal(get(f, TRK_API "/status", &r), 200);
+	static const char *keys[] = {"versions", "replicas", "publishers", "activations",
+				     "bytes_from_trainer", "bytes_from_peers", "latest",
+				     "nodes_alive", "model_digest"};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(keys); i++)
+		assert_non_null(json_object_get(r.json, keys[i]));
+	trk_reply_fini(&r);
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_status(f->c, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	trk_reply_fini(&r);
+
+	/* The page: HTML, refreshing itself, outside text escaped. */
+	assert_int_equal(get(f, "/", &r), 200);
+	b = (char *)r.body;
+	assert_non_null(strstr(b, "<!doctype html>"));
+	assert_non_null(strstr(b, "http-equiv=\"refresh\""));
+	assert_non_null(strstr(b, "&lt;script&gt;alert(1)&lt;/script&gt;&amp;&quot;"));
+	assert_null(strstr(b, "<script>alert"));
+	assert_non_null(strstr(b, "</html>"));
+	trk_reply_fini(&r);
+
+	/* Metrics: every line a comment or `name{labels} value`. */
+	assert_int_equal(get(f, "/metrics", &r), 200);
+	assert_int_equal(regcomp(&re, "^[a-z_]+(\\{[a-z_]+=\"[^\"]*\"\\})? [0-9]+$",
+				 REG_EXTENDED | REG_NOSUB),
+			 0);
+	char *save = NULL;
+	for (char *line = strtok_r((char *)r.body, "\n", &save); line;
+	     line = strtok_r(NULL, "\n", &save)) {
+		if (line[0] == '#') {
+			assert_true(strncmp(line, "# HELP ", 7) == 0 ||
+				    strncmp(line, "# TYPE ", 7) == 0);
+			continue;
+		}
+		if (regexec(&re, line, 0, NULL, 0) != 0)
+			fail_msg("bad metrics line: %s", line);
+	}
+	regfree(&re);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, "/metrics", &r), 200);
+	b = (char *)r.body;
+	assert_non_null(strstr(b, "tessera_versions_total 2\n"));
+	assert_non_null(strstr(b, "tessera_latest_version 2\n"));
+	assert_non_null(strstr(b, "tessera_replicas{state=\"current\"} 1\n"));
+	assert_non_null(strstr(b, "tessera_nodes_alive 1\n"));
+	assert_non_null(strstr(b, "tessera_bytes_from_trainer_total 0\n"));
+	assert_non_null(strstr(b, "tessera_bytes_from_peers_total 0\n"));
+	trk_reply_fini(&r);
+}
+
+/* ---- the client on its own ----------------------------------------------------------------- */
+
+static int cb_calls;
+static void count_cb(const struct trk_answer *a, void *arg)
+{
+	cb_calls++;
+}
+
+static void test_client(void **state)
+{
+	struct fx *f = *state;
+	struct trk_client *c;
+	struct trk_reply r;
+	struct proto_err err = {{0}};
+	int fd, port;
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t sl = sizeof(sa);
+	char url[64];
+
+	/* Bad URLs. */
+	assert_int_equal(trk_client_new(NULL, "ftp://x:1", NULL, &c, &err), -EINVAL);
+	assert_null(c);
+	assert_int_equal(trk_client_new(NULL, "not a url", NULL, &c, &err), -EINVAL);
+	/* A request that cannot be sent never calls back. */
+	cb_calls = 0;
+	assert_int_equal(trk_client_request(f->c, "PUT", "/x", NULL, NULL, 0, 0, count_cb, NULL),
+			 -EINVAL);
+	assert_int_equal(trk_client_request(f->c, "GET", "no-slash", NULL, NULL, 0, 0, count_cb,
+					    NULL),
+			 -EINVAL);
+	assert_int_equal(trk_client_replica(f->c, "a/b", count_cb, NULL), -EINVAL);
+	assert_int_equal(cb_calls, 0);
+
+	/* Nobody listening: a transport error, not an HTTP status. */
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+	port = ntohs(sa.sin_port);
+	close(fd);
+	snprintf(url, sizeof(url), "http://127.0.0.1:%d", port);
+	assert_int_equal(trk_client_new(NULL, url, NULL, &c, &err), 0);
+	assert_true(trk_client_call(c, "GET", TRK_API "/status", NULL, NULL, 0, &r) < 0);
+	assert_true(r.status < 0);
+	assert_true(strlen(r.error) > 0);
+	trk_reply_fini(&r);
+	/* Freeing with requests pending calls no callback. */
+	cb_calls = 0;
+	assert_int_equal(trk_client_status(c, count_cb, NULL), 0);
+	trk_client_free(c);
+	assert_int_equal(cb_calls, 0);
+
+	/* A timeout: a listener that never answers. */
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	sa.sin_port = 0;
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(fd, 4), 0);
+	sl = sizeof(sa);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+	snprintf(url, sizeof(url), "http://127.0.0.1:%d", ntohs(sa.sin_port));
+	assert_int_equal(trk_client_new(NULL, url, NULL, &c, &err), 0);
+	trk_client_set_timeout(c, 200);
+	assert_int_equal(trk_client_call(c, "GET", TRK_API "/status", NULL, NULL, 0, &r),
+			 -ETIMEDOUT);
+	trk_reply_fini(&r);
+	trk_client_free(c);
+	close(fd);
+
+	/* Typed helpers against the real tracker. */
+	register_publisher(f);
+	publish_two(f);
+	json_t *layout = json_loads(TP2, 0, NULL);
+	struct trk_node_reg reg = {
+		.replica = "A",
+		.addr = {.rank = 0, .host = "h0", .provider = "tcp", .fabric_addr = "0a0b"},
+		.layout = layout,
+		.model_digest = f->model.digest,
+	};
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_register_node(f->c, &reg, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	trk_reply_fini(&r);
+	json_decref(layout);
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_heartbeat(f->c, "A/0", trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	trk_reply_fini(&r);
+	struct trk_state_report rep = {.id = "A/0", .version = 1, .state = TRK_STATE_VERIFIED,
+				       .bytes_done = 5, .bytes_total = 5, .bytes_from_trainer = 5};
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_report_state(f->c, &rep, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	assert_false(json_is_true(json_object_get(r.json, "replica_complete")));
+	trk_reply_fini(&r);
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_get_manifest(f->c, 2, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	uint8_t d[PROTO_HASH_BYTES];
+	crypto_generichash(d, sizeof(d), r.body, r.len, NULL, 0);
+	assert_memory_equal(d, f->d2, PROTO_HASH_BYTES);
+	trk_reply_fini(&r);
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_layouts(f->c, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	trk_reply_fini(&r);
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_replica(f->c, "A", trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	trk_reply_fini(&r);
+	/* Register a publisher through the typed helper. */
+	json_t *jm = proto_model_to_json(&f->model), *jl = proto_layout_to_json(&f->model, &f->tl);
+	struct trk_rank_addr ra = {.rank = 0, .host = "t", .provider = "tcp", .fabric_addr = "ff"};
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_register_publisher(f->c, jm, jl, &ra, 1, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	trk_reply_fini(&r);
+	json_decref(jm);
+	json_decref(jl);
+}
+
+/* ---- the program ------------------------------------------------------------------------ */
+
+static void test_binary(void **state)
+{
+	struct fx *f = *state;
+	char bin[4096], sdir[4096], line[512] = "";
+	int out[2], status;
+	pid_t pid;
+	FILE *fp;
+
+	tu_bin(bin, sizeof(bin), "tessera-tracker");
+	if (access(bin, X_OK) != 0) {
+		fprintf(stderr, "skipping: %s not built\n", bin);
+		skip();
+	}
+	snprintf(sdir, sizeof(sdir), "%s/bin-state", f->dir);
+	assert_int_equal(pipe(out), 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		dup2(out[1], 1);
+		close(out[0]);
+		close(out[1]);
+		execl(bin, bin, "--listen", "127.0.0.1:0", "--state", sdir, (char *)NULL);
+		_exit(127);
+	}
+	close(out[1]);
+	fp = fdopen(out[0], "r");
+	assert_non_null(fp);
+	assert_non_null(fgets(line, sizeof(line), fp));
+	assert_true(strncmp(line, "listening on http://127.0.0.1:", 30) == 0);
+	line[strcspn(line, "\n")] = 0;
+
+	struct trk_client *c;
+	struct trk_reply r;
+	assert_int_equal(trk_client_new(NULL, line + strlen("listening on "), NULL, &c, NULL), 0);
+	assert_int_equal(trk_client_call(c, "GET", TRK_API "/status", NULL, NULL, 0, &r), 0);
+	assert_int_equal(r.status, 200);
+	trk_reply_fini(&r);
+	trk_client_free(c);
+
+	assert_int_equal(kill(pid, SIGTERM), 0);
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+	fclose(fp);
+
+	/* Bad arguments fail with a message, not a crash. */
+	assert_int_equal(tu_sh("'%s' --listen nowhere --state '%s' 2>/dev/null", bin, sdir), 1);
+	assert_int_equal(tu_sh("'%s' --state '%s' 2>/dev/null", bin, sdir), 2);
+	assert_int_equal(tu_sh("'%s' --listen 127.0.0.1:0 --state '%s' --cluster-key /nonexistent "
+			       "2>/dev/null",
+			       bin, sdir),
+			 1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_auth, setup_keyed, teardown),
+		cmocka_unit_test_setup_teardown(test_bad_corpus, setup_keyed, teardown),
+		cmocka_unit_test_setup_teardown(test_bad_bodies, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_register, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_lease_expiry, setup_short_lease, teardown),
+		cmocka_unit_test_setup_teardown(test_versions, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_restart, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_trainer_pubkey, setup_with_pk, teardown),
+		cmocka_unit_test_setup_teardown(test_longpoll, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_replica_state, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_sources, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_status_outputs, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_client, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_binary, setup_open, teardown),
+	};
+
+	if (sodium_init() < 0 || evthread_use_pthreads() != 0)
+		return 1;
+	signal(SIGPIPE, SIG_IGN);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

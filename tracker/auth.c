@@ -1,0 +1,209 @@
+/* Request signatures with the cluster key, and the replay cache. */
+#include <errno.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tracker/internal.h"
+
+#define NBUCKETS 4096 /* power of two */
+
+/*
+ * A mac seen recently. Entries sit in a hash bucket (for lookup) and in a
+ * FIFO by arrival (for expiry). A replay can only pass the timestamp check
+ * until ts + window <= arrival + 2 * window, so an entry is kept that long.
+ */
+struct seen {
+	uint8_t mac[TRK_AUTH_MAC_BYTES];
+	uint64_t expires_s;
+	struct seen *bucket_next;
+	struct seen *fifo_next;
+};
+
+struct trk_auth {
+	uint8_t key[PROTO_CLUSTER_KEY_BYTES];
+	uint64_t window_s;
+	struct seen *buckets[NBUCKETS];
+	struct seen *head, *tail; /* FIFO, oldest first */
+};
+
+static void mac_state(crypto_auth_hmacsha512256_state *st,
+		      const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
+		      const char *method, const char *uri, uint64_t ts,
+		      const uint8_t *body, size_t len)
+{
+	char tsbuf[32];
+	int n = snprintf(tsbuf, sizeof(tsbuf), "%llu", (unsigned long long)ts);
+
+	crypto_auth_hmacsha512256_init(st, key, PROTO_CLUSTER_KEY_BYTES);
+	crypto_auth_hmacsha512256_update(st, (const uint8_t *)method, strlen(method));
+	crypto_auth_hmacsha512256_update(st, (const uint8_t *)"\n", 1);
+	crypto_auth_hmacsha512256_update(st, (const uint8_t *)uri, strlen(uri));
+	crypto_auth_hmacsha512256_update(st, (const uint8_t *)"\n", 1);
+	crypto_auth_hmacsha512256_update(st, (const uint8_t *)tsbuf, (size_t)n);
+	crypto_auth_hmacsha512256_update(st, (const uint8_t *)"\n", 1);
+	if (len > 0)
+		crypto_auth_hmacsha512256_update(st, body, len);
+}
+
+/* crypto_auth is HMAC-SHA-512-256; the streaming form avoids a copy. */
+void trk_auth_mac(const uint8_t key[PROTO_CLUSTER_KEY_BYTES], const char *method,
+		  const char *uri, uint64_t ts, const uint8_t *body, size_t len,
+		  uint8_t mac[TRK_AUTH_MAC_BYTES])
+{
+	crypto_auth_hmacsha512256_state st;
+
+	mac_state(&st, key, method, uri, ts, body, len);
+	crypto_auth_hmacsha512256_final(&st, mac);
+	sodium_memzero(&st, sizeof(st));
+}
+
+int trk_auth_header(const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
+		    const char *method, const char *uri, uint64_t ts,
+		    const uint8_t *body, size_t len, char *buf, size_t buflen)
+{
+	uint8_t mac[TRK_AUTH_MAC_BYTES];
+	char hex[2 * TRK_AUTH_MAC_BYTES + 1];
+	int n;
+
+	trk_auth_mac(key, method, uri, ts, body, len, mac);
+	sodium_bin2hex(hex, sizeof(hex), mac, sizeof(mac));
+	n = snprintf(buf, buflen, "Tessera ts=%llu,mac=%s", (unsigned long long)ts,
+		     hex);
+	return n < 0 || (size_t)n >= buflen ? -ENOSPC : 0;
+}
+
+int trk__auth_new(const uint8_t key[PROTO_CLUSTER_KEY_BYTES], uint64_t window_s,
+		  struct trk_auth **out)
+{
+	struct trk_auth *a = calloc(1, sizeof(*a));
+
+	*out = NULL;
+	if (a == NULL)
+		return -ENOMEM;
+	memcpy(a->key, key, PROTO_CLUSTER_KEY_BYTES);
+	a->window_s = window_s;
+	*out = a;
+	return 0;
+}
+
+void trk__auth_free(struct trk_auth *a)
+{
+	if (a == NULL)
+		return;
+	for (struct seen *e = a->head, *next; e != NULL; e = next) {
+		next = e->fifo_next;
+		free(e);
+	}
+	sodium_memzero(a->key, sizeof(a->key));
+	free(a);
+}
+
+static size_t bucket_of(const uint8_t *mac)
+{
+	size_t h;
+	memcpy(&h, mac, sizeof(h)); /* a mac is uniformly random */
+	return h & (NBUCKETS - 1);
+}
+
+static void expire(struct trk_auth *a, uint64_t now_s)
+{
+	while (a->head != NULL && a->head->expires_s <= now_s) {
+		struct seen *e = a->head, **pp = &a->buckets[bucket_of(e->mac)];
+		while (*pp != e)
+			pp = &(*pp)->bucket_next;
+		*pp = e->bucket_next;
+		a->head = e->fifo_next;
+		if (a->head == NULL)
+			a->tail = NULL;
+		free(e);
+	}
+}
+
+static bool seen_before(struct trk_auth *a, const uint8_t *mac)
+{
+	for (struct seen *e = a->buckets[bucket_of(mac)]; e; e = e->bucket_next)
+		if (sodium_memcmp(e->mac, mac, TRK_AUTH_MAC_BYTES) == 0)
+			return true;
+	return false;
+}
+
+/* Parses `Tessera ts=<digits>,mac=<64 hex>` (fields in any order, optional
+ * spaces after commas). */
+static int parse_header(const char *h, uint64_t *ts, uint8_t *mac,
+			struct proto_err *err)
+{
+	static const char scheme[] = "Tessera ";
+	bool have_ts = false, have_mac = false;
+	char buf[256];
+	char *p, *save = NULL;
+
+	if (h == NULL)
+		return proto_errf(err, EACCES,
+				  "authorization required (Authorization: Tessera ts=..,mac=..)");
+	if (strncmp(h, scheme, sizeof(scheme) - 1) != 0)
+		return proto_errf(err, EACCES, "authorization: want the Tessera scheme");
+	if (strlen(h) >= sizeof(buf))
+		return proto_errf(err, EACCES, "authorization: header too long");
+	snprintf(buf, sizeof(buf), "%s", h + sizeof(scheme) - 1);
+	for (p = strtok_r(buf, ",", &save); p != NULL; p = strtok_r(NULL, ",", &save)) {
+		while (*p == ' ')
+			p++;
+		if (strncmp(p, "ts=", 3) == 0 && !have_ts) {
+			if (proto_parse_u64(p + 3, 0, UINT64_MAX / 2, ts) != 0)
+				return proto_errf(err, EACCES, "authorization: bad ts");
+			have_ts = true;
+		} else if (strncmp(p, "mac=", 4) == 0 && !have_mac) {
+			if (trk__unhex(p + 4, mac, TRK_AUTH_MAC_BYTES) != 0)
+				return proto_errf(err, EACCES,
+						  "authorization: mac must be %d hex digits",
+						  2 * TRK_AUTH_MAC_BYTES);
+			have_mac = true;
+		} else {
+			return proto_errf(err, EACCES,
+					  "authorization: unexpected field");
+		}
+	}
+	if (!have_ts || !have_mac)
+		return proto_errf(err, EACCES, "authorization: want ts= and mac=");
+	return 0;
+}
+
+int trk__auth_check(struct trk_auth *a, const char *method, const char *uri,
+		    const char *header, const uint8_t *body, size_t len,
+		    uint64_t now_s, struct proto_err *err)
+{
+	uint8_t mac[TRK_AUTH_MAC_BYTES], want[TRK_AUTH_MAC_BYTES];
+	uint64_t ts = 0;
+	struct seen *e;
+	int rc;
+
+	if ((rc = parse_header(header, &ts, mac, err)) != 0)
+		return rc;
+	trk_auth_mac(a->key, method, uri, ts, body, len, want);
+	if (sodium_memcmp(mac, want, sizeof(mac)) != 0)
+		return proto_errf(err, EACCES, "authorization: bad mac");
+	if ((ts > now_s ? ts - now_s : now_s - ts) > a->window_s)
+		return proto_errf(err, EACCES,
+				  "authorization: timestamp %llu is more than %llu s from now (%llu)",
+				  (unsigned long long)ts,
+				  (unsigned long long)a->window_s,
+				  (unsigned long long)now_s);
+	expire(a, now_s);
+	if (seen_before(a, mac))
+		return proto_errf(err, EACCES, "authorization: replayed request");
+	e = calloc(1, sizeof(*e));
+	if (e == NULL)
+		return proto_errf(err, EACCES, "authorization: out of memory");
+	memcpy(e->mac, mac, sizeof(mac));
+	e->expires_s = now_s + 2 * a->window_s + 1;
+	e->bucket_next = a->buckets[bucket_of(mac)];
+	a->buckets[bucket_of(mac)] = e;
+	if (a->tail != NULL)
+		a->tail->fifo_next = e;
+	else
+		a->head = e;
+	a->tail = e;
+	return 0;
+}

@@ -1,0 +1,696 @@
+/* The tracker client: signed async requests on an event_base, typed helpers,
+ * answer parsers and a blocking mode for command-line use. */
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+#include <time.h>
+
+#include "proto/log.h"
+#include "proto/params.h"
+#include "tracker/tracker.h"
+
+#define PATH_MAX_LEN 2048
+#define DEFAULT_TIMEOUT_MS 10000
+
+struct pending {
+	struct trk_client *c;
+	struct evhttp_connection *conn;
+	struct evhttp_request *req;
+	trk_client_cb cb;
+	void *arg;
+	struct event *reap; /* frees conn after the callback, from the loop */
+	enum evhttp_request_error error;
+	bool have_error;
+	TAILQ_ENTRY(pending) link;
+};
+
+struct trk_client {
+	struct event_base *base;
+	bool own_base;
+	char host[256];
+	int port;
+	char prefix[256]; /* path prefix of the base URL, without a trailing / */
+	bool have_key;
+	uint8_t key[PROTO_CLUSTER_KEY_BYTES];
+	uint32_t timeout_ms;
+	TAILQ_HEAD(, pending) pending;
+};
+
+int trk_client_new(struct event_base *base, const char *url,
+		   const uint8_t *cluster_key, struct trk_client **out,
+		   struct proto_err *err)
+{
+	struct trk_client *c;
+	struct evhttp_uri *u = NULL;
+	const char *scheme, *host, *path;
+	int rc;
+
+	*out = NULL;
+	if (sodium_init() < 0)
+		return proto_errf(err, EIO, "libsodium failed to initialise");
+	c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	TAILQ_INIT(&c->pending);
+	c->timeout_ms = DEFAULT_TIMEOUT_MS;
+	u = evhttp_uri_parse(url);
+	scheme = u ? evhttp_uri_get_scheme(u) : NULL;
+	host = u ? evhttp_uri_get_host(u) : NULL;
+	if (u == NULL || scheme == NULL || strcmp(scheme, "http") != 0 ||
+	    host == NULL || host[0] == 0) {
+		rc = proto_errf(err, EINVAL, "tracker URL '%s': want http://HOST:PORT", url);
+		goto fail;
+	}
+	snprintf(c->host, sizeof(c->host), "%s", host);
+	/* evhttp wants a v6 address without its brackets. */
+	if (c->host[0] == '[') {
+		size_t n = strlen(c->host);
+		memmove(c->host, c->host + 1, n);
+		if (n >= 2 && c->host[n - 2] == ']')
+			c->host[n - 2] = 0;
+	}
+	c->port = evhttp_uri_get_port(u) > 0 ? evhttp_uri_get_port(u) : 80;
+	path = evhttp_uri_get_path(u);
+	snprintf(c->prefix, sizeof(c->prefix), "%s", path ? path : "");
+	while (c->prefix[0] && c->prefix[strlen(c->prefix) - 1] == '/')
+		c->prefix[strlen(c->prefix) - 1] = 0;
+	if (cluster_key != NULL) {
+		memcpy(c->key, cluster_key, sizeof(c->key));
+		c->have_key = true;
+	}
+	if (base == NULL) {
+		base = event_base_new();
+		if (base == NULL) {
+			rc = proto_errf(err, ENOMEM, "event_base_new failed");
+			goto fail;
+		}
+		c->own_base = true;
+	}
+	c->base = base;
+	evhttp_uri_free(u);
+	*out = c;
+	return 0;
+fail:
+	if (u != NULL)
+		evhttp_uri_free(u);
+	free(c);
+	return rc;
+}
+
+void trk_client_free(struct trk_client *c)
+{
+	struct pending *p;
+
+	if (c == NULL)
+		return;
+	while ((p = TAILQ_FIRST(&c->pending)) != NULL) {
+		TAILQ_REMOVE(&c->pending, p, link);
+		event_free(p->reap);
+		/* Frees a queued request too, without calling back. */
+		evhttp_connection_free(p->conn);
+		free(p);
+	}
+	if (c->own_base)
+		event_base_free(c->base);
+	sodium_memzero(c->key, sizeof(c->key));
+	free(c);
+}
+
+void trk_client_set_timeout(struct trk_client *c, uint32_t ms)
+{
+	c->timeout_ms = ms > 0 ? ms : DEFAULT_TIMEOUT_MS;
+}
+
+struct event_base *trk_client_base(struct trk_client *c)
+{
+	return c->base;
+}
+
+static int transport_errno(const struct pending *p)
+{
+	if (!p->have_error)
+		return -ECONNREFUSED;
+	switch (p->error) {
+	case EVREQ_HTTP_TIMEOUT: return -ETIMEDOUT;
+	case EVREQ_HTTP_EOF: return -ECONNRESET;
+	case EVREQ_HTTP_DATA_TOO_LONG: return -EMSGSIZE;
+	case EVREQ_HTTP_REQUEST_CANCEL: return -ECANCELED;
+	default: return -EIO;
+	}
+}
+
+static void on_error(enum evhttp_request_error e, void *arg)
+{
+	struct pending *p = arg;
+	p->error = e;
+	p->have_error = true;
+}
+
+/* libevent frees a connection by itself only after a success; freeing it
+ * inside the callback is not allowed, so every connection is freed here, on
+ * the next loop turn. */
+static void reap_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct pending *p = arg;
+
+	TAILQ_REMOVE(&p->c->pending, p, link);
+	event_free(p->reap);
+	evhttp_connection_free(p->conn);
+	free(p);
+}
+
+static void on_done(struct evhttp_request *req, void *arg)
+{
+	struct pending *p = arg;
+	struct trk_answer a = {.error = ""};
+	char msg[512] = "";
+	json_t *json = NULL;
+	static const struct timeval now = {0, 0};
+
+	a.status = req != NULL ? evhttp_request_get_response_code(req) : 0;
+	if (a.status == 0) {
+		a.status = transport_errno(p);
+		snprintf(msg, sizeof(msg), "tracker %s:%d: %s", p->c->host, p->c->port,
+			 strerror(-a.status));
+		a.body = (const uint8_t *)"";
+	} else {
+		struct evbuffer *in = evhttp_request_get_input_buffer(req);
+		const char *ct = evhttp_find_header(evhttp_request_get_input_headers(req),
+						    "Content-Type");
+		/* One spare byte so that text parsers see a NUL. */
+		evbuffer_add(in, "", 1);
+		a.len = evbuffer_get_length(in) - 1;
+		a.body = evbuffer_pullup(in, -1);
+		if (a.body == NULL) {
+			a.status = -ENOMEM;
+			a.len = 0;
+			a.body = (const uint8_t *)"";
+			snprintf(msg, sizeof(msg), "out of memory");
+		} else if (ct != NULL && strstr(ct, "json") != NULL) {
+			json = json_loadb((const char *)a.body, a.len, 0, NULL);
+		}
+		a.json = json;
+		if (a.status >= 400) {
+			const char *e = json_string_value(json_object_get(json, "error"));
+			snprintf(msg, sizeof(msg), "HTTP %d: %s", a.status,
+				 e ? e : evhttp_request_get_response_code_line(req) ?
+				     evhttp_request_get_response_code_line(req) : "error");
+		}
+	}
+	a.error = msg;
+	evtimer_add(p->reap, &now);
+	p->cb(&a, p->arg);
+	json_decref(json);
+}
+
+int trk_client_request(struct trk_client *c, const char *method,
+		       const char *path_query, const char *ctype,
+		       const void *body, size_t len, uint32_t timeout_ms,
+		       trk_client_cb cb, void *arg)
+{
+	bool post = strcmp(method, "POST") == 0;
+	char uri[PATH_MAX_LEN + 64], auth[256], hostport[300];
+	struct pending *p;
+	struct evkeyvalq *h;
+	uint32_t t = timeout_ms ? timeout_ms : c->timeout_ms;
+	struct timeval tv = {(time_t)(t / 1000), (suseconds_t)(t % 1000) * 1000};
+	int n;
+
+	if (!post && strcmp(method, "GET") != 0)
+		return -EINVAL;
+	if (path_query[0] != '/' || strlen(path_query) > PATH_MAX_LEN)
+		return -EINVAL;
+	if (post) {
+		uint8_t nonce[8];
+		char nhex[17];
+		randombytes_buf(nonce, sizeof(nonce));
+		sodium_bin2hex(nhex, sizeof(nhex), nonce, sizeof(nonce));
+		n = snprintf(uri, sizeof(uri), "%s%s%cnonce=%s", c->prefix, path_query,
+			     strchr(path_query, '?') ? '&' : '?', nhex);
+	} else {
+		n = snprintf(uri, sizeof(uri), "%s%s", c->prefix, path_query);
+	}
+	if (n < 0 || (size_t)n >= sizeof(uri))
+		return -ENAMETOOLONG;
+	p = calloc(1, sizeof(*p));
+	if (p == NULL)
+		return -ENOMEM;
+	p->c = c;
+	p->cb = cb;
+	p->arg = arg;
+	p->reap = evtimer_new(c->base, reap_cb, p);
+	p->conn = evhttp_connection_base_new(c->base, NULL, c->host, (uint16_t)c->port);
+	if (p->conn == NULL || p->reap == NULL) {
+		if (p->reap != NULL)
+			event_free(p->reap);
+		if (p->conn != NULL)
+			evhttp_connection_free(p->conn);
+		free(p);
+		return -ENOMEM;
+	}
+	evhttp_connection_set_timeout_tv(p->conn, &tv);
+	evhttp_connection_set_retries(p->conn, 0);
+	evhttp_connection_set_max_body_size(
+		p->conn, (ev_ssize_t)proto_param(PROTO_PARAM_MANIFEST_MAX) + 4096);
+	p->req = evhttp_request_new(on_done, p);
+	if (p->req == NULL)
+		goto fail;
+	evhttp_request_set_error_cb(p->req, on_error);
+	h = evhttp_request_get_output_headers(p->req);
+	snprintf(hostport, sizeof(hostport), strchr(c->host, ':') ? "[%s]:%d" : "%s:%d",
+		 c->host, c->port);
+	evhttp_add_header(h, "Host", hostport);
+	evhttp_add_header(h, "Connection", "close");
+	if (post) {
+		evhttp_add_header(h, "Content-Type", ctype ? ctype : "application/json");
+		if (len > 0 && evbuffer_add(evhttp_request_get_output_buffer(p->req), body,
+					    len) != 0)
+			goto fail_req;
+		if (c->have_key) {
+			if (trk_auth_header(c->key, "POST", uri, (uint64_t)time(NULL), body,
+					    len, auth, sizeof(auth)) != 0)
+				goto fail_req;
+			evhttp_add_header(h, "Authorization", auth);
+		}
+	}
+	TAILQ_INSERT_TAIL(&c->pending, p, link);
+	if (evhttp_make_request(p->conn, p->req,
+				post ? EVHTTP_REQ_POST : EVHTTP_REQ_GET, uri) != 0) {
+		/* The request is freed by evhttp_make_request on failure. */
+		TAILQ_REMOVE(&c->pending, p, link);
+		p->req = NULL;
+		goto fail;
+	}
+	return 0;
+fail_req:
+	evhttp_request_free(p->req);
+fail:
+	event_free(p->reap);
+	evhttp_connection_free(p->conn);
+	free(p);
+	return -EIO;
+}
+
+int trk_client_post_json(struct trk_client *c, const char *path, json_t *body,
+			 trk_client_cb cb, void *arg)
+{
+	char *txt = json_dumps(body, JSON_COMPACT);
+	int rc;
+
+	if (txt == NULL)
+		return -ENOMEM;
+	rc = trk_client_request(c, "POST", path, "application/json", txt,
+				strlen(txt), 0, cb, arg);
+	free(txt);
+	return rc;
+}
+
+/* Posts obj (a reference stolen). */
+static int post_new(struct trk_client *c, const char *path, json_t *obj,
+		    trk_client_cb cb, void *arg)
+{
+	int rc;
+
+	if (obj == NULL)
+		return -ENOMEM;
+	rc = trk_client_post_json(c, path, obj, cb, arg);
+	json_decref(obj);
+	return rc;
+}
+
+static json_t *hexj(const uint8_t *b, size_t n)
+{
+	char *s = malloc(2 * n + 1);
+	json_t *j;
+
+	if (s == NULL)
+		return NULL;
+	sodium_bin2hex(s, 2 * n + 1, b, n);
+	j = json_string(s);
+	free(s);
+	return j;
+}
+
+static json_t *u64s(uint64_t v)
+{
+	char b[24];
+	snprintf(b, sizeof(b), "%llu", (unsigned long long)v);
+	return json_string(b);
+}
+
+static json_t *rank_addr(const struct trk_rank_addr *a)
+{
+	return json_pack("{s:I,s:s,s:s,s:s}", "rank", (json_int_t)a->rank, "host",
+			 a->host, "provider", a->provider, "fabric_addr",
+			 a->fabric_addr);
+}
+
+int trk_client_register_publisher(struct trk_client *c, json_t *model,
+				  json_t *layout,
+				  const struct trk_rank_addr *ranks,
+				  size_t nranks, trk_client_cb cb, void *arg)
+{
+	json_t *arr = json_array();
+
+	for (size_t i = 0; arr != NULL && i < nranks; i++)
+		if (json_array_append_new(arr, rank_addr(&ranks[i])) != 0) {
+			json_decref(arr);
+			arr = NULL;
+		}
+	if (arr == NULL)
+		return -ENOMEM;
+	return post_new(c, TRK_API "/publishers",
+			json_pack("{s:O,s:O,s:o}", "model", model, "layout", layout,
+				  "ranks", arr),
+			cb, arg);
+}
+
+int trk_client_register_node(struct trk_client *c, const struct trk_node_reg *r,
+			     trk_client_cb cb, void *arg)
+{
+	return post_new(c, TRK_API "/nodes",
+			json_pack("{s:s,s:I,s:s,s:s,s:s,s:O,s:o}", "replica", r->replica,
+				  "rank", (json_int_t)r->addr.rank, "host", r->addr.host,
+				  "provider", r->addr.provider, "fabric_addr",
+				  r->addr.fabric_addr, "layout", r->layout,
+				  "model_digest", hexj(r->model_digest, PROTO_HASH_BYTES)),
+			cb, arg);
+}
+
+int trk_client_heartbeat(struct trk_client *c, const char *id, trk_client_cb cb,
+			 void *arg)
+{
+	return post_new(c, TRK_API "/heartbeat", json_pack("{s:s}", "id", id), cb, arg);
+}
+
+int trk_client_publish(struct trk_client *c, const uint8_t *manifest, size_t len,
+		       trk_client_cb cb, void *arg)
+{
+	return trk_client_request(c, "POST", TRK_API "/versions",
+				  "application/octet-stream", manifest, len, 0, cb, arg);
+}
+
+int trk_client_watch(struct trk_client *c, uint64_t after, uint32_t wait_ms,
+		     trk_client_cb cb, void *arg)
+{
+	char path[128];
+
+	wait_ms = wait_ms > TRK_WAIT_MAX_MS ? TRK_WAIT_MAX_MS : wait_ms;
+	snprintf(path, sizeof(path), TRK_API "/versions?after=%llu&wait_ms=%u",
+		 (unsigned long long)after, wait_ms);
+	return trk_client_request(c, "GET", path, NULL, NULL, 0,
+				  c->timeout_ms + wait_ms, cb, arg);
+}
+
+int trk_client_get_manifest(struct trk_client *c, uint64_t version,
+			    trk_client_cb cb, void *arg)
+{
+	char path[128];
+
+	snprintf(path, sizeof(path), TRK_API "/versions/%llu/manifest",
+		 (unsigned long long)version);
+	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
+}
+
+int trk_client_report_state(struct trk_client *c,
+			    const struct trk_state_report *r, trk_client_cb cb,
+			    void *arg)
+{
+	json_t *o = json_pack("{s:s,s:I,s:s,s:I,s:I,s:I,s:I}", "id", r->id, "version",
+			      (json_int_t)r->version, "state", trk_state_name(r->state),
+			      "bytes_done", (json_int_t)r->bytes_done, "bytes_total",
+			      (json_int_t)r->bytes_total, "bytes_from_trainer",
+			      (json_int_t)r->bytes_from_trainer, "bytes_from_peers",
+			      (json_int_t)r->bytes_from_peers);
+
+	if (o != NULL && r->error != NULL &&
+	    json_object_set_new(o, "error", json_string(r->error)) != 0) {
+		json_decref(o);
+		o = NULL;
+	}
+	return post_new(c, TRK_API "/nodes/state", o, cb, arg);
+}
+
+int trk_client_offer(struct trk_client *c, const char *id, uint64_t version,
+		     const struct trk_offer *parcels, size_t n, trk_client_cb cb,
+		     void *arg)
+{
+	json_t *arr = json_array();
+
+	for (size_t i = 0; arr != NULL && i < n; i++) {
+		const struct trk_offer *o = &parcels[i];
+		if (json_array_append_new(
+			    arr, json_pack("{s:o,s:I,s:I,s:o,s:o,s:I}", "layout",
+					   hexj(o->layout, PROTO_HASH_BYTES), "src_rank",
+					   (json_int_t)o->src_rank, "dst_rank",
+					   (json_int_t)o->dst_rank, "addr", u64s(o->addr),
+					   "key", u64s(o->key), "len", (json_int_t)o->len)) != 0) {
+			json_decref(arr);
+			arr = NULL;
+		}
+	}
+	if (arr == NULL)
+		return -ENOMEM;
+	return post_new(c, TRK_API "/offers",
+			json_pack("{s:s,s:I,s:o}", "id", id, "version",
+				  (json_int_t)version, "parcels", arr),
+			cb, arg);
+}
+
+int trk_client_sources(struct trk_client *c, uint64_t version,
+		       const uint8_t layout[PROTO_HASH_BYTES], uint32_t src_rank,
+		       uint32_t dst_rank, trk_client_cb cb, void *arg)
+{
+	char path[256], hex[2 * PROTO_HASH_BYTES + 1];
+
+	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
+	snprintf(path, sizeof(path),
+		 TRK_API "/sources?version=%llu&layout=%s&src_rank=%u&dst_rank=%u",
+		 (unsigned long long)version, hex, src_rank, dst_rank);
+	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
+}
+
+int trk_client_layouts(struct trk_client *c, trk_client_cb cb, void *arg)
+{
+	return trk_client_request(c, "GET", TRK_API "/layouts", NULL, NULL, 0, 0, cb, arg);
+}
+
+int trk_client_replica(struct trk_client *c, const char *replica, trk_client_cb cb,
+		       void *arg)
+{
+	char path[256];
+	int n = snprintf(path, sizeof(path), TRK_API "/replicas/%s", replica);
+
+	if (n < 0 || (size_t)n >= sizeof(path) || strpbrk(replica, "/?#%") != NULL)
+		return -EINVAL;
+	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
+}
+
+int trk_client_status(struct trk_client *c, trk_client_cb cb, void *arg)
+{
+	return trk_client_request(c, "GET", TRK_API "/status", NULL, NULL, 0, 0, cb, arg);
+}
+
+/* ---- answer parsers ------------------------------------------------------------- */
+
+static int jstr(json_t *o, const char *key, char *out, size_t cap,
+		struct proto_err *err)
+{
+	const char *s = json_string_value(json_object_get(o, key));
+
+	if (s == NULL || strlen(s) >= cap)
+		return proto_errf(err, EINVAL, "%s: missing or too long", key);
+	memcpy(out, s, strlen(s) + 1);
+	return 0;
+}
+
+static int ju64(json_t *o, const char *key, uint64_t *out, struct proto_err *err)
+{
+	json_t *v = json_object_get(o, key);
+
+	if (!json_is_integer(v) || json_integer_value(v) < 0)
+		return proto_errf(err, EINVAL, "%s: not a non-negative integer", key);
+	*out = (uint64_t)json_integer_value(v);
+	return 0;
+}
+
+static int ju64s(json_t *o, const char *key, uint64_t *out, struct proto_err *err)
+{
+	const char *s = json_string_value(json_object_get(o, key));
+
+	if (s == NULL || proto_parse_u64(s, 0, UINT64_MAX, out) != 0)
+		return proto_errf(err, EINVAL, "%s: not a decimal string", key);
+	return 0;
+}
+
+void trk_sources_free(struct trk_source *s, size_t n)
+{
+	for (size_t i = 0; s != NULL && i < n; i++)
+		free(s[i].fabric_addr);
+	free(s);
+}
+
+int trk_sources_parse(json_t *answer, struct trk_source **out, size_t *n,
+		      struct proto_err *err)
+{
+	json_t *arr = json_object_get(answer, "sources"), *e;
+	struct trk_source *s;
+	size_t i, cnt;
+	int rc = 0;
+
+	*out = NULL;
+	*n = 0;
+	if (!json_is_array(arr))
+		return proto_errf(err, EINVAL, "sources: missing");
+	cnt = json_array_size(arr);
+	s = calloc(cnt ? cnt : 1, sizeof(*s));
+	if (s == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	json_array_foreach(arr, i, e) {
+		struct trk_source *x = &s[i];
+		const char *kind = json_string_value(json_object_get(e, "kind"));
+		const char *hex = json_string_value(json_object_get(e, "fabric_addr"));
+		size_t hl = hex ? strlen(hex) : 0;
+		if (kind == NULL || (strcmp(kind, "peer") != 0 &&
+				     strcmp(kind, "publisher") != 0)) {
+			rc = proto_errf(err, EINVAL, "sources[%zu].kind: bad", i);
+			goto fail;
+		}
+		x->peer = strcmp(kind, "peer") == 0;
+		if ((rc = jstr(e, "id", x->id, sizeof(x->id), err)) != 0 ||
+		    (rc = jstr(e, "host", x->host, sizeof(x->host), err)) != 0 ||
+		    (rc = jstr(e, "provider", x->provider, sizeof(x->provider), err)) != 0 ||
+		    (rc = ju64s(e, "addr", &x->addr, err)) != 0 ||
+		    (rc = ju64s(e, "key", &x->key, err)) != 0 ||
+		    (rc = ju64(e, "len", &x->len, err)) != 0)
+			goto fail;
+		if (hl == 0 || hl % 2 != 0 ||
+		    (x->fabric_addr = malloc(hl / 2)) == NULL ||
+		    sodium_hex2bin(x->fabric_addr, hl / 2, hex, hl, NULL,
+				   &x->fabric_addr_len, NULL) != 0 ||
+		    x->fabric_addr_len != hl / 2) {
+			rc = proto_errf(err, EINVAL, "sources[%zu].fabric_addr: bad hex", i);
+			goto fail;
+		}
+	}
+	*out = s;
+	*n = cnt;
+	return 0;
+fail:
+	trk_sources_free(s, cnt);
+	return rc;
+}
+
+int trk_versions_parse(json_t *answer, uint64_t *latest,
+		       struct trk_version_info **out, size_t *n,
+		       struct proto_err *err)
+{
+	json_t *arr = json_object_get(answer, "versions"), *e;
+	struct trk_version_info *v;
+	size_t i, cnt;
+	int rc;
+
+	*out = NULL;
+	*n = 0;
+	if ((rc = ju64(answer, "latest", latest, err)) != 0)
+		return rc;
+	if (!json_is_array(arr))
+		return proto_errf(err, EINVAL, "versions: missing");
+	cnt = json_array_size(arr);
+	v = calloc(cnt ? cnt : 1, sizeof(*v));
+	if (v == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	json_array_foreach(arr, i, e) {
+		const char *kind = json_string_value(json_object_get(e, "kind"));
+		const char *d = json_string_value(json_object_get(e, "digest"));
+		size_t got = 0;
+		if ((rc = ju64(e, "version", &v[i].version, err)) != 0 ||
+		    (rc = ju64(e, "parent", &v[i].parent, err)) != 0 ||
+		    (rc = ju64(e, "wire_bytes", &v[i].wire_bytes, err)) != 0 ||
+		    (rc = ju64(e, "created_ms", &v[i].created_ms, err)) != 0 ||
+		    (rc = ju64(e, "published_ms", &v[i].published_ms, err)) != 0)
+			goto fail;
+		if (kind == NULL || (strcmp(kind, "anchor") != 0 && strcmp(kind, "delta") != 0)) {
+			rc = proto_errf(err, EINVAL, "versions[%zu].kind: bad", i);
+			goto fail;
+		}
+		v[i].kind = strcmp(kind, "delta") == 0 ? PROTO_KIND_DELTA : PROTO_KIND_ANCHOR;
+		if (d == NULL || strlen(d) != 2 * PROTO_HASH_BYTES ||
+		    sodium_hex2bin(v[i].digest, PROTO_HASH_BYTES, d, strlen(d), NULL, &got,
+				   NULL) != 0 ||
+		    got != PROTO_HASH_BYTES) {
+			rc = proto_errf(err, EINVAL, "versions[%zu].digest: bad", i);
+			goto fail;
+		}
+		v[i].retain = json_is_true(json_object_get(e, "retain"));
+	}
+	*out = v;
+	*n = cnt;
+	return 0;
+fail:
+	free(v);
+	return rc;
+}
+
+/* ---- blocking use ---------------------------------------------------------------- */
+
+void trk_reply_init(struct trk_reply *r)
+{
+	memset(r, 0, sizeof(*r));
+}
+
+void trk_reply_fini(struct trk_reply *r)
+{
+	json_decref(r->json);
+	free(r->body);
+	memset(r, 0, sizeof(*r));
+}
+
+void trk_reply_cb(const struct trk_answer *a, void *arg)
+{
+	struct trk_reply *r = arg;
+
+	r->done = true;
+	r->status = a->status;
+	r->json = json_incref(a->json);
+	r->body = malloc(a->len + 1);
+	if (r->body != NULL) {
+		memcpy(r->body, a->body, a->len);
+		r->body[a->len] = 0;
+		r->len = a->len;
+	}
+	snprintf(r->error, sizeof(r->error), "%s", a->error ? a->error : "");
+}
+
+void trk_client_wait(struct trk_client *c, struct trk_reply *r)
+{
+	while (!r->done)
+		if (event_base_loop(c->base, EVLOOP_ONCE) != 0)
+			break;
+}
+
+int trk_client_call(struct trk_client *c, const char *method,
+		    const char *path_query, const char *ctype, const void *body,
+		    size_t len, struct trk_reply *r)
+{
+	int rc;
+
+	trk_reply_init(r);
+	rc = trk_client_request(c, method, path_query, ctype, body, len, 0,
+				trk_reply_cb, r);
+	if (rc != 0) {
+		snprintf(r->error, sizeof(r->error), "request not sent: %s", strerror(-rc));
+		return rc;
+	}
+	trk_client_wait(c, r);
+	if (!r->done)
+		return -EIO;
+	return r->status < 0 ? r->status : 0;
+}

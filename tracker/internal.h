@@ -1,0 +1,196 @@
+/* Tracker internals shared by its files (not included outside tracker/). */
+#ifndef TRACKER_INTERNAL_H
+#define TRACKER_INTERNAL_H
+
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "proto/manifest.h"
+#include "proto/util.h"
+#include "tracker/tracker.h"
+
+struct trk_auth;
+struct trk_versions;
+struct trk_registry;
+
+struct trk_server {
+	struct event_base *base;
+	struct evhttp *http;
+	struct evhttp_bound_socket *sock;
+	struct event *sweep_ev;
+	char url[300];
+	uint64_t lease_ms;
+	struct trk_auth *auth; /* NULL: POSTs are not authenticated */
+	struct trk_versions *vs;
+	struct trk_registry *reg;
+	uint64_t started_ms;
+	/* Counters for /metrics. */
+	uint64_t answers[6]; /* by status class: [2] = 2xx, ... */
+	uint64_t auth_refused;
+};
+
+/* One request being handled: the parsed URI and body. */
+struct trk_call {
+	struct trk_server *s;
+	struct evhttp_request *req;
+	bool post;
+	const char *path; /* without the query; owned by the request's URI */
+	struct evkeyvalq query;
+	const uint8_t *body;
+	size_t len;
+	json_t *json; /* the parsed object body of JSON POSTs, else NULL */
+	bool answered;
+};
+
+/* ---- http.c: answers and field parsing ---- */
+
+/* Answer with obj (a reference stolen; NULL is answered as a 500). */
+void trk__reply_json(struct trk_call *c, int code, json_t *obj);
+/* Answer {"error":"<message>"} with code (4xx/5xx); the message is made one
+ * line. Returns nothing useful; cannot fail. */
+void trk__fail(struct trk_call *c, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+void trk__reply_raw(struct trk_call *c, int code, const char *ctype,
+		    const void *buf, size_t len);
+/* Answers a held request (outside trk_call): obj stolen. */
+void trk__reply_req_json(struct trk_server *s, struct evhttp_request *req,
+			 int code, json_t *obj);
+
+/*
+ * Field getters for request JSON. Each returns 0 and sets *out, or -EINVAL
+ * with err naming the field (one line). Optional fields left absent (or
+ * null) return 0 and leave *out unchanged.
+ */
+int trk__get_str(json_t *o, const char *key, bool required, size_t maxlen,
+		 const char **out, struct proto_err *err);
+int trk__get_u64(json_t *o, const char *key, bool required, uint64_t max,
+		 uint64_t *out, struct proto_err *err);
+/* A u64 written as a decimal string ("addr", "key"). */
+int trk__get_u64_str(json_t *o, const char *key, uint64_t *out,
+		     struct proto_err *err);
+/* Exactly n bytes as 2n hex digits. */
+int trk__get_hex(json_t *o, const char *key, uint8_t *out, size_t n,
+		 struct proto_err *err);
+/* 1..max bytes of hex; *out is the lower-case hex, malloc'ed. */
+int trk__get_hexvar(json_t *o, const char *key, size_t max, char **out,
+		    struct proto_err *err);
+int trk__query_u64(struct trk_call *c, const char *key, bool required,
+		   uint64_t max, uint64_t *out, struct proto_err *err);
+const char *trk__query_str(struct trk_call *c, const char *key);
+
+/* hex of n bytes into out[2n+1]. */
+void trk__hex(const uint8_t *b, size_t n, char *out);
+/* A new JSON string holding the hex of n bytes (NULL on ENOMEM). */
+json_t *trk__json_hex(const uint8_t *b, size_t n);
+/* 0 when s is 2n hex digits, decoded into out; -EINVAL else. */
+int trk__unhex(const char *s, uint8_t *out, size_t n);
+/* json_object_set_new that remembers failure: returns 1 on failure. */
+int trk__set(json_t *o, const char *key, json_t *v);
+/* A JSON integer for a u64 (values above INT64_MAX are clamped). */
+json_t *trk__jint(uint64_t v);
+
+/* ---- auth.c ---- */
+
+int trk__auth_new(const uint8_t key[PROTO_CLUSTER_KEY_BYTES], uint64_t window_s,
+		  struct trk_auth **out);
+void trk__auth_free(struct trk_auth *a);
+/* 0 when header is a valid, fresh, unreplayed signature of the request (the
+ * mac is then remembered); -EACCES with a one-line reason else. */
+int trk__auth_check(struct trk_auth *a, const char *method, const char *uri,
+		    const char *header, const uint8_t *body, size_t len,
+		    uint64_t now_s, struct proto_err *err);
+
+/* ---- versions.c: the durable log ---- */
+
+struct trk_version {
+	uint64_t version, parent;
+	uint8_t kind;
+	uint8_t digest[PROTO_HASH_BYTES];
+	uint8_t model_digest[PROTO_HASH_BYTES];
+	uint8_t src_layout_digest[PROTO_HASH_BYTES];
+	uint64_t wire_bytes, created_ms, published_ms;
+	uint32_t nlayouts;
+	/* Summed from node reports (soft). */
+	uint64_t bytes_from_trainer, bytes_from_peers;
+	/* Cache of the newest versions: raw bytes and decoded manifest. */
+	uint8_t *raw;
+	size_t rawlen;
+	struct proto_manifest *m;
+};
+
+/* Opens (creating) state_dir and loads its log; trainer_pk NULL means the
+ * pinned key (if any). On failure *out is NULL and err says why. */
+int trk__versions_open(const char *state_dir, const uint8_t *trainer_pk,
+		       struct trk_versions **out, struct proto_err *err);
+/* Drops held long-polls without answering, frees. NULL is fine. */
+void trk__versions_free(struct trk_versions *vs);
+size_t trk__versions_count(const struct trk_versions *vs);
+/* The i-th version, oldest first. */
+struct trk_version *trk__versions_at(struct trk_versions *vs, size_t i);
+/* The version numbered v, or NULL. */
+struct trk_version *trk__versions_find(struct trk_versions *vs, uint64_t v);
+uint64_t trk__versions_latest(const struct trk_versions *vs);
+/* The decoded manifest of v (cached, or loaded and verified from disk; then
+ * owned by the caller through *owned, freed with proto_manifest_fini+free).
+ * -ENOENT for an unknown version. */
+int trk__versions_manifest(struct trk_versions *vs, uint64_t v,
+			   const struct proto_manifest **m,
+			   struct proto_manifest **owned, struct proto_err *err);
+/* One entry of a version list (what GET /versions shows). */
+json_t *trk__version_json(struct trk_server *s, const struct trk_version *v,
+			  uint64_t min_complete, bool any_replica);
+/* Drops held long-polls without answering (server shutdown). */
+void trk__versions_drop_waiters(struct trk_versions *vs);
+bool trk__versions_pinned(const struct trk_versions *vs);
+
+void trk__handle_publish(struct trk_call *c);
+void trk__handle_versions(struct trk_call *c);
+void trk__handle_manifest(struct trk_call *c, const char *v);
+
+/* ---- registry.c: soft state and what derives from it ---- */
+
+int trk__registry_new(struct trk_server *s, struct trk_registry **out);
+void trk__registry_free(struct trk_registry *r);
+/* Expires leases that ran out by now; prunes long-gone entries. */
+void trk__registry_sweep(struct trk_registry *r);
+/* true and the digests when a publisher registered a model. */
+bool trk__registry_model(const struct trk_registry *r, uint8_t *model_digest,
+			 uint8_t *layout_digest);
+/* Over live replicas: the smallest "newest complete version" (0 when one is
+ * complete at none); *any is false when there is no live replica. A version v
+ * must be retained when it is the latest or v > this. */
+uint64_t trk__registry_min_complete(struct trk_registry *r, bool *any);
+/* Status pieces (new references). */
+json_t *trk__registry_status(struct trk_registry *r);
+/* For /metrics. */
+struct trk_counts {
+	uint64_t nodes_alive, nodes_gone, publishers_alive, publishers_gone;
+	uint64_t replicas_current, replicas_behind, replicas_partial,
+		replicas_gone;
+	uint64_t bytes_from_trainer, bytes_from_peers, activations;
+};
+void trk__registry_counts(struct trk_registry *r, struct trk_counts *out);
+/* Replicas complete / active at v, for a version's status entry. */
+json_t *trk__registry_version_replicas(struct trk_registry *r, uint64_t v,
+				       bool active);
+
+void trk__handle_publishers(struct trk_call *c);
+void trk__handle_nodes(struct trk_call *c);
+void trk__handle_heartbeat(struct trk_call *c);
+void trk__handle_node_state(struct trk_call *c);
+void trk__handle_offers(struct trk_call *c);
+void trk__handle_sources(struct trk_call *c);
+void trk__handle_layouts(struct trk_call *c);
+void trk__handle_replica(struct trk_call *c, const char *name);
+
+/* ---- status.c ---- */
+
+json_t *trk__status_json(struct trk_server *s);
+void trk__handle_status(struct trk_call *c);
+void trk__handle_page(struct trk_call *c);
+void trk__handle_metrics(struct trk_call *c);
+
+#endif

@@ -1,0 +1,121 @@
+/* `tessera-tracker`: runs the tracker until SIGTERM or SIGINT. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "proto/proto.h"
+#include "tracker/tracker.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: tessera-tracker --listen HOST:PORT --state DIR\n"
+		"                       [--cluster-key FILE] [--trainer-pubkey FILE]\n"
+		"\n"
+		"The versioned registry of a tessera cluster. Prints\n"
+		"`listening on http://HOST:PORT` first (port 0 picks a free one).\n"
+		"\n"
+		"  -l, --listen HOST:PORT      address to serve HTTP on\n"
+		"  -s, --state DIR             durable version log (created if missing)\n"
+		"  -k, --cluster-key FILE      authenticate POSTs with this key\n"
+		"                              (without it, POSTs are open)\n"
+		"  -p, --trainer-pubkey FILE   verify manifests with this key (without\n"
+		"                              it, the first version's signer is pinned)\n"
+		"  -h, --help                  this text\n"
+		"\n"
+		"API: tracker/API.md. Status page: GET /, metrics: GET /metrics.\n");
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+	LOG_INFO("signal %d: shutting down", (int)sig);
+	event_base_loopbreak(arg);
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"listen", required_argument, NULL, 'l'},
+		{"state", required_argument, NULL, 's'},
+		{"cluster-key", required_argument, NULL, 'k'},
+		{"trainer-pubkey", required_argument, NULL, 'p'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *listen = NULL, *state = NULL, *ckey = NULL, *pkey = NULL;
+	uint8_t cluster[PROTO_CLUSTER_KEY_BYTES], pk[PROTO_PK_BYTES];
+	struct trk_server_opts o = {0};
+	struct proto_err err = {{0}};
+	struct event_base *base = NULL;
+	struct event *sigterm = NULL, *sigint = NULL;
+	struct trk_server *s = NULL;
+	int c, rc = 1;
+
+	proto_log_setup("tracker", -1);
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":l:s:k:p:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'l': listen = optarg; break;
+		case 's': state = optarg; break;
+		case 'k': ckey = optarg; break;
+		case 'p': pkey = optarg; break;
+		case 'h': usage(stdout); return 0;
+		case ':':
+			fprintf(stderr, "tessera-tracker: %s needs a value\n", argv[optind - 1]);
+			return 2;
+		default:
+			fprintf(stderr, "tessera-tracker: unknown option %s\n", argv[optind - 1]);
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (listen == NULL || state == NULL || optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	if (ckey != NULL && proto_key_load_cluster(ckey, cluster, &err) != 0) {
+		fprintf(stderr, "tessera-tracker: %s\n", err.msg);
+		return 1;
+	}
+	if (pkey != NULL && proto_key_load_public(pkey, pk, &err) != 0) {
+		fprintf(stderr, "tessera-tracker: %s\n", err.msg);
+		return 1;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	o.listen = listen;
+	o.state_dir = state;
+	o.cluster_key = ckey ? cluster : NULL;
+	o.trainer_pk = pkey ? pk : NULL;
+	base = event_base_new();
+	if (base == NULL) {
+		fprintf(stderr, "tessera-tracker: event_base_new failed\n");
+		goto out;
+	}
+	if (trk_server_new(base, &o, &s, &err) != 0) {
+		fprintf(stderr, "tessera-tracker: %s\n", err.msg);
+		goto out;
+	}
+	sigterm = evsignal_new(base, SIGTERM, on_signal, base);
+	sigint = evsignal_new(base, SIGINT, on_signal, base);
+	if (sigterm == NULL || sigint == NULL || evsignal_add(sigterm, NULL) != 0 ||
+	    evsignal_add(sigint, NULL) != 0) {
+		fprintf(stderr, "tessera-tracker: cannot handle signals\n");
+		goto out;
+	}
+	printf("listening on %s\n", trk_server_url(s));
+	fflush(stdout);
+	rc = event_base_dispatch(base) < 0 ? 1 : 0;
+out:
+	if (sigterm != NULL)
+		event_free(sigterm);
+	if (sigint != NULL)
+		event_free(sigint);
+	trk_server_free(s);
+	if (base != NULL)
+		event_base_free(base);
+	memset(cluster, 0, sizeof(cluster));
+	return rc;
+}

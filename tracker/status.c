@@ -1,0 +1,368 @@
+/* What the tracker shows: status JSON, the status page, Prometheus metrics. */
+#include <event2/buffer.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tracker/internal.h"
+
+#define STATUS_VERSIONS 64 /* newest versions the status shows */
+
+json_t *trk__status_json(struct trk_server *s)
+{
+	struct trk_versions *vs = s->vs;
+	size_t n = trk__versions_count(vs), first = n > STATUS_VERSIONS ?
+							    n - STATUS_VERSIONS :
+							    0;
+	json_t *o = trk__registry_status(s->reg), *arr = json_array();
+	uint64_t minc;
+	bool any;
+	int bad = o == NULL || arr == NULL;
+
+	minc = trk__registry_min_complete(s->reg, &any);
+	for (size_t i = n; !bad && i > first; i--) {
+		struct trk_version *v = trk__versions_at(vs, i - 1);
+		json_t *e = trk__version_json(s, v, minc, any);
+		bad |= e == NULL;
+		if (bad)
+			break;
+		bad |= trk__set(e, "bytes_from_trainer", trk__jint(v->bytes_from_trainer));
+		bad |= trk__set(e, "bytes_from_peers", trk__jint(v->bytes_from_peers));
+		bad |= trk__set(e, "layouts", json_integer(v->nlayouts));
+		bad |= trk__set(e, "complete",
+				trk__registry_version_replicas(s->reg, v->version, false));
+		bad |= trk__set(e, "active",
+				trk__registry_version_replicas(s->reg, v->version, true));
+		bad |= json_array_append_new(arr, e) != 0;
+	}
+	if (!bad) {
+		bad |= trk__set(o, "now_ms", trk__jint(proto_wall_ms()));
+		bad |= trk__set(o, "started_ms", trk__jint(s->started_ms));
+		bad |= trk__set(o, "url", json_string(s->url));
+		bad |= trk__set(o, "authenticated", json_boolean(s->auth != NULL));
+		bad |= trk__set(o, "lease_ms", trk__jint(s->lease_ms));
+		bad |= trk__set(o, "latest", trk__jint(trk__versions_latest(vs)));
+		bad |= trk__set(o, "versions_total", trk__jint(n));
+		bad |= trk__set(o, "versions", json_incref(arr));
+	}
+	json_decref(arr);
+	if (bad) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
+}
+
+void trk__handle_status(struct trk_call *c)
+{
+	trk__reply_json(c, 200, trk__status_json(c->s));
+}
+
+/* ---- the page ------------------------------------------------------------------ */
+
+/* Appends s with &<>"' escaped. */
+static void esc(struct evbuffer *b, const char *s)
+{
+	for (; s != NULL && *s; s++) {
+		switch (*s) {
+		case '&': evbuffer_add(b, "&amp;", 5); break;
+		case '<': evbuffer_add(b, "&lt;", 4); break;
+		case '>': evbuffer_add(b, "&gt;", 4); break;
+		case '"': evbuffer_add(b, "&quot;", 6); break;
+		case '\'': evbuffer_add(b, "&#39;", 5); break;
+		default: evbuffer_add(b, s, 1);
+		}
+	}
+}
+
+/* A JSON value as escaped text (strings bare, numbers as numbers). */
+static void esc_json(struct evbuffer *b, json_t *v)
+{
+	char buf[64];
+
+	if (json_is_string(v)) {
+		esc(b, json_string_value(v));
+	} else if (json_is_integer(v)) {
+		snprintf(buf, sizeof(buf), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+		evbuffer_add(b, buf, strlen(buf));
+	} else if (json_is_true(v)) {
+		evbuffer_add(b, "yes", 3);
+	} else if (json_is_false(v)) {
+		evbuffer_add(b, "no", 2);
+	} else if (json_is_array(v)) {
+		size_t i;
+		json_t *e;
+		json_array_foreach(v, i, e) {
+			if (i > 0)
+				evbuffer_add(b, ", ", 2);
+			esc_json(b, e);
+		}
+	} else {
+		evbuffer_add(b, "-", 1);
+	}
+}
+
+static void cell(struct evbuffer *b, json_t *o, const char *key)
+{
+	evbuffer_add_printf(b, "<td>");
+	esc_json(b, json_object_get(o, key));
+	evbuffer_add_printf(b, "</td>");
+}
+
+static void short_hex(struct evbuffer *b, json_t *o, const char *key)
+{
+	const char *h = json_string_value(json_object_get(o, key));
+	char s[13];
+
+	snprintf(s, sizeof(s), "%s", h ? h : "-");
+	evbuffer_add_printf(b, "<td><code>");
+	esc(b, s);
+	evbuffer_add_printf(b, "</code></td>");
+}
+
+static void human_bytes(struct evbuffer *b, json_t *v)
+{
+	double x = (double)json_integer_value(v);
+	const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+	int u = 0;
+
+	while (x >= 1024 && u < 4) {
+		x /= 1024;
+		u++;
+	}
+	evbuffer_add_printf(b, "<td>%.1f %s</td>", x, unit[u]);
+}
+
+static void age(struct evbuffer *b, json_t *now, json_t *then)
+{
+	json_int_t d = json_integer_value(now) - json_integer_value(then);
+
+	if (!json_is_integer(then) || json_integer_value(then) == 0)
+		evbuffer_add_printf(b, "<td>-</td>");
+	else
+		evbuffer_add_printf(b, "<td>%.1f s ago</td>", (double)d / 1000.0);
+}
+
+static const char page_head[] =
+	"<!doctype html><html><head><meta charset=\"utf-8\">"
+	"<meta http-equiv=\"refresh\" content=\"2\">"
+	"<title>tessera tracker</title><style>"
+	"body{font:14px system-ui,sans-serif;margin:1.5em}"
+	"table{border-collapse:collapse;margin-bottom:1.5em}"
+	"td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}"
+	"th{background:#eee}.gone{color:#999}.active{color:#070;font-weight:bold}"
+	".failed{color:#b00}progress{width:8em}"
+	"</style></head><body>";
+
+void trk__handle_page(struct trk_call *c)
+{
+	json_t *st = trk__status_json(c->s), *now, *v, *e;
+	struct evbuffer *b = evbuffer_new();
+	size_t i, j;
+
+	if (st == NULL || b == NULL) {
+		json_decref(st);
+		if (b != NULL)
+			evbuffer_free(b);
+		trk__fail(c, 500, "out of memory");
+		return;
+	}
+	now = json_object_get(st, "now_ms");
+	evbuffer_add(b, page_head, sizeof(page_head) - 1);
+	evbuffer_add_printf(b, "<h1>tessera tracker</h1><p>");
+	esc(b, c->s->url);
+	evbuffer_add_printf(b, " &middot; latest version <b>");
+	esc_json(b, json_object_get(st, "latest"));
+	evbuffer_add_printf(b, "</b> &middot; nodes alive ");
+	esc_json(b, json_object_get(st, "nodes_alive"));
+	evbuffer_add_printf(b, " &middot; bytes from trainer ");
+	esc_json(b, json_object_get(st, "bytes_from_trainer"));
+	evbuffer_add_printf(b, ", from peers ");
+	esc_json(b, json_object_get(st, "bytes_from_peers"));
+	evbuffer_add_printf(b, " &middot; %s</p>",
+			    c->s->auth ? "authenticated" : "<b>unauthenticated</b>");
+
+	evbuffer_add_printf(b, "<h2>Versions</h2><table><tr><th>version</th><th>kind</th>"
+			       "<th>parent</th><th>size</th><th>published</th>"
+			       "<th>complete on</th><th>active on</th><th>from trainer</th>"
+			       "<th>from peers</th><th>retain</th><th>digest</th></tr>");
+	json_array_foreach(json_object_get(st, "versions"), i, v) {
+		evbuffer_add_printf(b, "<tr>");
+		cell(b, v, "version");
+		cell(b, v, "kind");
+		cell(b, v, "parent");
+		human_bytes(b, json_object_get(v, "wire_bytes"));
+		age(b, now, json_object_get(v, "published_ms"));
+		cell(b, v, "complete");
+		cell(b, v, "active");
+		human_bytes(b, json_object_get(v, "bytes_from_trainer"));
+		human_bytes(b, json_object_get(v, "bytes_from_peers"));
+		cell(b, v, "retain");
+		short_hex(b, v, "digest");
+		evbuffer_add_printf(b, "</tr>");
+	}
+	evbuffer_add_printf(b, "</table>");
+
+	evbuffer_add_printf(b, "<h2>Replicas</h2><table><tr><th>replica</th><th>layout</th>"
+			       "<th>active</th><th>complete at</th><th>rank</th><th>node</th>"
+			       "<th>host</th><th>state</th><th>version</th><th>progress</th>"
+			       "<th>error</th></tr>");
+	json_array_foreach(json_object_get(st, "replicas"), i, v) {
+		json_t *ranks = json_object_get(v, "ranks");
+		json_array_foreach(ranks, j, e) {
+			bool alive = json_is_true(json_object_get(e, "alive"));
+			const char *state = json_string_value(json_object_get(e, "state"));
+			json_int_t done = json_integer_value(json_object_get(e, "bytes_done"));
+			json_int_t total = json_integer_value(json_object_get(e, "bytes_total"));
+			evbuffer_add_printf(b, "<tr class=\"%s\">",
+					    !alive ? "gone" :
+					    state && strcmp(state, "failed") == 0 ? "failed" :
+					    state && strcmp(state, "active") == 0 ? "active" : "");
+			if (j == 0) {
+				evbuffer_add_printf(b, "<td rowspan=\"%zu\">", json_array_size(ranks));
+				esc_json(b, json_object_get(v, "replica"));
+				evbuffer_add_printf(b, "</td>");
+				evbuffer_add_printf(b, "<td rowspan=\"%zu\"><code>", json_array_size(ranks));
+				char s[13];
+				snprintf(s, sizeof(s), "%s",
+					 json_string_value(json_object_get(v, "layout_digest")));
+				esc(b, s);
+				evbuffer_add_printf(b, "</code> (");
+				esc_json(b, json_object_get(v, "nranks"));
+				evbuffer_add_printf(b, " ranks)</td><td rowspan=\"%zu\">",
+						    json_array_size(ranks));
+				esc_json(b, json_object_get(v, "active"));
+				evbuffer_add_printf(b, "</td><td rowspan=\"%zu\">", json_array_size(ranks));
+				esc_json(b, json_object_get(v, "complete"));
+				evbuffer_add_printf(b, "</td>");
+			}
+			cell(b, e, "rank");
+			cell(b, e, "id");
+			cell(b, e, "host");
+			evbuffer_add_printf(b, "<td>");
+			esc(b, alive ? state :
+			       json_is_null(json_object_get(e, "id")) ? "absent" : "gone");
+			evbuffer_add_printf(b, "</td>");
+			cell(b, e, "version");
+			if (total > 0)
+				evbuffer_add_printf(b, "<td><progress max=\"%lld\" value=\"%lld\">"
+						       "</progress> %.0f%%</td>",
+						    (long long)total, (long long)done,
+						    100.0 * (double)done / (double)total);
+			else
+				evbuffer_add_printf(b, "<td>-</td>");
+			cell(b, e, "error");
+			evbuffer_add_printf(b, "</tr>");
+		}
+	}
+	evbuffer_add_printf(b, "</table>");
+
+	evbuffer_add_printf(b, "<h2>Publishers</h2><table><tr><th>id</th><th>alive</th>"
+			       "<th>ranks</th><th>offers versions</th></tr>");
+	json_array_foreach(json_object_get(st, "publishers"), i, v) {
+		evbuffer_add_printf(b, "<tr class=\"%s\">",
+				    json_is_true(json_object_get(v, "alive")) ? "" : "gone");
+		cell(b, v, "id");
+		cell(b, v, "alive");
+		evbuffer_add_printf(b, "<td>");
+		json_array_foreach(json_object_get(v, "ranks"), j, e) {
+			if (j > 0)
+				evbuffer_add(b, ", ", 2);
+			esc_json(b, json_object_get(e, "rank"));
+			evbuffer_add(b, "@", 1);
+			esc_json(b, json_object_get(e, "host"));
+		}
+		evbuffer_add_printf(b, "</td>");
+		cell(b, v, "offered_versions");
+		evbuffer_add_printf(b, "</tr>");
+	}
+	evbuffer_add_printf(b, "</table>");
+
+	evbuffer_add_printf(b, "<h2>Activations</h2><table><tr><th>replica</th>"
+			       "<th>version</th><th>when</th></tr>");
+	json_array_foreach(json_object_get(st, "activations"), i, v) {
+		if (i >= 50)
+			break;
+		evbuffer_add_printf(b, "<tr>");
+		cell(b, v, "replica");
+		cell(b, v, "version");
+		age(b, now, json_object_get(v, "wall_ms"));
+		evbuffer_add_printf(b, "</tr>");
+	}
+	evbuffer_add_printf(b, "</table><p><a href=\"" TRK_API "/status\">JSON</a> &middot; "
+			       "<a href=\"/metrics\">metrics</a></p></body></html>\n");
+
+	size_t len = evbuffer_get_length(b);
+	const uint8_t *p = evbuffer_pullup(b, -1);
+	if (p == NULL)
+		trk__fail(c, 500, "out of memory");
+	else
+		trk__reply_raw(c, 200, "text/html; charset=utf-8", p, len);
+	evbuffer_free(b);
+	json_decref(st);
+}
+
+/* ---- metrics --------------------------------------------------------------------- */
+
+static void metric(struct evbuffer *b, const char *name, const char *type,
+		   const char *help, uint64_t v)
+{
+	evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %" PRIu64 "\n", name,
+			    help, name, type, name, v);
+}
+
+void trk__handle_metrics(struct trk_call *c)
+{
+	struct trk_server *s = c->s;
+	struct evbuffer *b = evbuffer_new();
+	struct trk_counts k;
+	static const char *classes[] = {NULL, "1xx", "2xx", "3xx", "4xx", "5xx"};
+
+	if (b == NULL) {
+		trk__fail(c, 500, "out of memory");
+		return;
+	}
+	trk__registry_counts(s->reg, &k);
+	metric(b, "tessera_versions_total", "counter", "Versions in the log.",
+	       trk__versions_count(s->vs));
+	metric(b, "tessera_latest_version", "gauge", "Newest version number.",
+	       trk__versions_latest(s->vs));
+	evbuffer_add_printf(b, "# HELP tessera_replicas Replicas by state (current: "
+			       "active on the latest version).\n# TYPE tessera_replicas gauge\n");
+	evbuffer_add_printf(b, "tessera_replicas{state=\"current\"} %" PRIu64 "\n",
+			    k.replicas_current);
+	evbuffer_add_printf(b, "tessera_replicas{state=\"behind\"} %" PRIu64 "\n",
+			    k.replicas_behind);
+	evbuffer_add_printf(b, "tessera_replicas{state=\"partial\"} %" PRIu64 "\n",
+			    k.replicas_partial);
+	evbuffer_add_printf(b, "tessera_replicas{state=\"gone\"} %" PRIu64 "\n",
+			    k.replicas_gone);
+	metric(b, "tessera_nodes_alive", "gauge", "Node ranks with a live lease.",
+	       k.nodes_alive);
+	metric(b, "tessera_nodes_gone", "gauge", "Node ranks whose lease ran out.",
+	       k.nodes_gone);
+	metric(b, "tessera_publishers_alive", "gauge", "Publishers with a live lease.",
+	       k.publishers_alive);
+	metric(b, "tessera_bytes_from_trainer_total", "counter",
+	       "Bytes nodes reported fetching from publishers.", k.bytes_from_trainer);
+	metric(b, "tessera_bytes_from_peers_total", "counter",
+	       "Bytes nodes reported fetching from peers.", k.bytes_from_peers);
+	metric(b, "tessera_activations_total", "counter",
+	       "Replica activations since start.", k.activations);
+	metric(b, "tessera_auth_refused_total", "counter",
+	       "POSTs refused by authentication.", s->auth_refused);
+	evbuffer_add_printf(b, "# HELP tessera_http_answers_total Answers by status class.\n"
+			       "# TYPE tessera_http_answers_total counter\n");
+	for (int i = 1; i <= 5; i++)
+		evbuffer_add_printf(b, "tessera_http_answers_total{class=\"%s\"} %" PRIu64 "\n",
+				    classes[i], s->answers[i]);
+
+	size_t len = evbuffer_get_length(b);
+	const uint8_t *p = evbuffer_pullup(b, -1);
+	if (p == NULL)
+		trk__fail(c, 500, "out of memory");
+	else
+		trk__reply_raw(c, 200, "text/plain; version=0.0.4", p, len);
+	evbuffer_free(b);
+}

@@ -1,0 +1,277 @@
+/*
+ * tracker: the versioned registry of a tessera cluster, and the client that
+ * node agents and publishers use to talk to it. This is the one header other
+ * directories include; the HTTP API itself is written down in tracker/API.md.
+ *
+ * Model. The tracker holds two kinds of state, on one libevent thread:
+ *  - durable: the version log. Every accepted version is an immutable signed
+ *    manifest stored under --state (one file per version, written
+ *    temp-fsync-rename before the tracker answers) with its parent chain and
+ *    the pinned trainer key. A restarted tracker keeps all of it.
+ *  - soft: publishers, nodes (one per replica rank), their leases, offers and
+ *    per-version states. It comes back by re-registration and heartbeats; a
+ *    lease that runs out marks its holder gone (still shown, never offered as
+ *    a source).
+ * Everything else is derived on demand from those two: a replica is complete
+ * at v when every one of its ranks is alive and holds v verified or active;
+ * its active version is the one all its ranks report active (each change is
+ * an activation, logged); a version is retained while it is the latest or
+ * some live replica is complete at no version >= it.
+ *
+ * Mutating calls (POST) are signed with the cluster key: the header
+ * `Authorization: Tessera ts=<unix s>,mac=<hex>` carries
+ * crypto_auth(key, METHOD "\n" URI "\n" ts "\n" body); stale timestamps and
+ * replayed macs are refused. Reads are open.
+ */
+#ifndef TRACKER_TRACKER_H
+#define TRACKER_TRACKER_H
+
+#include <event2/event.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/manifest.h"
+#include "proto/util.h"
+
+#define TRK_API "/api/v1"
+#define TRK_JSON_MAX (1u << 20)   /* largest JSON request body, bytes */
+#define TRK_WAIT_MAX_MS 30000     /* longest long-poll the tracker holds */
+#define TRK_ID_MAX 128            /* longest node or publisher id, bytes */
+#define TRK_REPLICA_MAX 64        /* longest replica name, bytes */
+#define TRK_AUTH_MAC_BYTES 32     /* crypto_auth_BYTES */
+
+/* ---- server --------------------------------------------------------------- */
+
+struct trk_server;
+
+struct trk_server_opts {
+	const char *listen;    /* "HOST:PORT" ("[v6]:PORT"); port 0 = ephemeral */
+	const char *state_dir; /* created if missing */
+	const uint8_t *cluster_key; /* PROTO_CLUSTER_KEY_BYTES, or NULL: open */
+	const uint8_t *trainer_pk;  /* PROTO_PK_BYTES, or NULL: pin the first */
+};
+
+/*
+ * Loads the version log from state_dir, binds the listener and starts serving
+ * on base (the caller runs the loop). Options are copied. On failure *out is
+ * NULL, nothing is left bound and err says why.
+ */
+int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
+		   struct trk_server **out, struct proto_err *err);
+/* "http://HOST:PORT" with the port actually bound. Owned by the server. */
+const char *trk_server_url(const struct trk_server *s);
+/* Closes the listener, drops held long-polls and frees everything. Must run
+ * on the loop's thread, with the loop not dispatching a tracker callback.
+ * NULL is fine. */
+void trk_server_free(struct trk_server *s);
+
+/* ---- request signing (shared by the server and the client) ---------------- */
+
+/* mac = crypto_auth(key, method "\n" uri "\n" ts "\n" body). Cannot fail. */
+void trk_auth_mac(const uint8_t key[PROTO_CLUSTER_KEY_BYTES], const char *method,
+		  const char *uri, uint64_t ts, const uint8_t *body, size_t len,
+		  uint8_t mac[TRK_AUTH_MAC_BYTES]);
+/* Formats the Authorization header value into buf ("Tessera ts=..,mac=.."). */
+int trk_auth_header(const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
+		    const char *method, const char *uri, uint64_t ts,
+		    const uint8_t *body, size_t len, char *buf, size_t buflen);
+
+/* ---- client --------------------------------------------------------------- */
+
+struct trk_client;
+
+/*
+ * The answer to one request, given to a callback:
+ *  status  the HTTP status, or a negative errno when no answer came
+ *          (-ETIMEDOUT, -ECONNREFUSED, -ECONNRESET, -EMSGSIZE, -EIO);
+ *  json    the parsed body when it is JSON, else NULL. Borrowed: valid during
+ *          the callback only (json_incref to keep it);
+ *  body    the raw body (borrowed, NUL-terminated past len), len its size;
+ *  error   a one-line reason for status >= 400 or < 0 (the tracker's
+ *          {"error"} when it sent one), else "".
+ */
+struct trk_answer {
+	int status;
+	json_t *json;
+	const uint8_t *body;
+	size_t len;
+	const char *error;
+};
+typedef void (*trk_client_cb)(const struct trk_answer *a, void *arg);
+
+/*
+ * A client bound to an event_base (NULL: the client makes a private one, for
+ * blocking use through trk_client_wait) and a base URL ("http://host:port").
+ * cluster_key may be NULL (unsigned POSTs). The client keeps no pointer to its
+ * arguments. On failure *out is NULL.
+ */
+int trk_client_new(struct event_base *base, const char *url,
+		   const uint8_t *cluster_key, struct trk_client **out,
+		   struct proto_err *err);
+/* Cancels pending requests without calling their callbacks, frees the client
+ * (and its private base). Not from inside one of its callbacks. NULL is fine. */
+void trk_client_free(struct trk_client *c);
+/* Default per-request timeout in ms (initially 10000). Long-polls add their
+ * wait to it. */
+void trk_client_set_timeout(struct trk_client *c, uint32_t ms);
+struct event_base *trk_client_base(struct trk_client *c);
+
+/*
+ * Sends one request: method "GET" or "POST", path_query like
+ * "/api/v1/versions?after=3" (a POST gets "nonce=<random>" appended, so that
+ * two equal calls in one second are not replays, and is signed when the
+ * client has a key). body may be NULL for GET; ctype NULL means
+ * application/json. timeout_ms 0 uses the default. Returns 0 and calls cb
+ * exactly once later, or a negative errno and never calls it.
+ */
+int trk_client_request(struct trk_client *c, const char *method,
+		       const char *path_query, const char *ctype,
+		       const void *body, size_t len, uint32_t timeout_ms,
+		       trk_client_cb cb, void *arg);
+/* POST with a JSON body (borrowed, serialized compactly). */
+int trk_client_post_json(struct trk_client *c, const char *path,
+			 json_t *body, trk_client_cb cb, void *arg);
+
+/* ---- typed helpers: build the request of one endpoint (see API.md) ---- */
+
+struct trk_rank_addr {
+	uint32_t rank;
+	const char *host;
+	const char *provider;    /* e.g. "tcp;ofi_rxm" */
+	const char *fabric_addr; /* hex */
+};
+
+/* POST /publishers. model and layout are borrowed JSON values. */
+int trk_client_register_publisher(struct trk_client *c, json_t *model,
+				  json_t *layout,
+				  const struct trk_rank_addr *ranks,
+				  size_t nranks, trk_client_cb cb, void *arg);
+
+struct trk_node_reg {
+	const char *replica;
+	struct trk_rank_addr addr;
+	json_t *layout; /* serving layout, borrowed */
+	const uint8_t *model_digest; /* PROTO_HASH_BYTES */
+};
+/* POST /nodes. */
+int trk_client_register_node(struct trk_client *c, const struct trk_node_reg *r,
+			     trk_client_cb cb, void *arg);
+/* POST /heartbeat for a node id ("A/0") or a publisher id. */
+int trk_client_heartbeat(struct trk_client *c, const char *id,
+			 trk_client_cb cb, void *arg);
+/* POST /versions with signed manifest bytes (copied). */
+int trk_client_publish(struct trk_client *c, const uint8_t *manifest,
+		       size_t len, trk_client_cb cb, void *arg);
+/* GET /versions?after=A&wait_ms=W: answers at once when versions > after
+ * exist, else when one is published or after W ms (capped at 30000). */
+int trk_client_watch(struct trk_client *c, uint64_t after, uint32_t wait_ms,
+		     trk_client_cb cb, void *arg);
+/* GET /versions/V/manifest: the raw bytes in a->body. */
+int trk_client_get_manifest(struct trk_client *c, uint64_t version,
+			    trk_client_cb cb, void *arg);
+
+enum trk_rank_state {
+	TRK_STATE_FETCHING,
+	TRK_STATE_VERIFIED,
+	TRK_STATE_ACTIVE,
+	TRK_STATE_FAILED,
+	TRK_STATE_COUNT
+};
+/* "fetching", "verified", "active", "failed"; parse returns -EINVAL else. */
+const char *trk_state_name(enum trk_rank_state s);
+int trk_state_parse(const char *s, enum trk_rank_state *out);
+
+struct trk_state_report {
+	const char *id; /* node id */
+	uint64_t version;
+	enum trk_rank_state state;
+	uint64_t bytes_done, bytes_total;
+	uint64_t bytes_from_trainer, bytes_from_peers;
+	const char *error; /* NULL or one line */
+};
+/* POST /nodes/state. */
+int trk_client_report_state(struct trk_client *c,
+			    const struct trk_state_report *r, trk_client_cb cb,
+			    void *arg);
+
+struct trk_offer {
+	uint8_t layout[PROTO_HASH_BYTES];
+	uint32_t src_rank, dst_rank;
+	uint64_t addr, key; /* remote address and key of the registered memory */
+	uint64_t len;       /* the parcel's wire bytes */
+};
+/* POST /offers: replaces id's offers for version (n == 0 withdraws them). */
+int trk_client_offer(struct trk_client *c, const char *id, uint64_t version,
+		     const struct trk_offer *parcels, size_t n,
+		     trk_client_cb cb, void *arg);
+/* GET /sources?version=&layout=&src_rank=&dst_rank=. */
+int trk_client_sources(struct trk_client *c, uint64_t version,
+		       const uint8_t layout[PROTO_HASH_BYTES], uint32_t src_rank,
+		       uint32_t dst_rank, trk_client_cb cb, void *arg);
+/* GET /layouts, /replicas/R, /status. */
+int trk_client_layouts(struct trk_client *c, trk_client_cb cb, void *arg);
+int trk_client_replica(struct trk_client *c, const char *replica,
+		       trk_client_cb cb, void *arg);
+int trk_client_status(struct trk_client *c, trk_client_cb cb, void *arg);
+
+/* ---- parsing answers ---- */
+
+struct trk_source {
+	bool peer; /* else a publisher */
+	char id[TRK_ID_MAX];
+	char host[256];
+	char provider[64];
+	uint8_t *fabric_addr; /* malloc'ed */
+	size_t fabric_addr_len;
+	uint64_t addr, key, len;
+};
+/* Parses a /sources answer into a malloc'ed array (trk_sources_free frees it).
+ * -EINVAL on a malformed answer; *out is then NULL. */
+int trk_sources_parse(json_t *answer, struct trk_source **out, size_t *n,
+		      struct proto_err *err);
+void trk_sources_free(struct trk_source *s, size_t n);
+
+struct trk_version_info {
+	uint64_t version, parent;
+	uint8_t kind; /* enum proto_kind */
+	uint8_t digest[PROTO_HASH_BYTES];
+	uint64_t wire_bytes, created_ms, published_ms;
+	bool retain;
+};
+/* Parses a /versions answer: latest and a malloc'ed array (free() it). */
+int trk_versions_parse(json_t *answer, uint64_t *latest,
+		       struct trk_version_info **out, size_t *n,
+		       struct proto_err *err);
+
+/* ---- blocking use (clients on a private base) ---- */
+
+/* Collects one answer for trk_client_wait: pass trk_reply_cb and the reply as
+ * (cb, arg) to any request above. */
+struct trk_reply {
+	bool done;
+	int status;
+	json_t *json;  /* owned reference or NULL */
+	uint8_t *body; /* malloc'ed, NUL-terminated past len */
+	size_t len;
+	char error[512];
+};
+void trk_reply_init(struct trk_reply *r);
+void trk_reply_fini(struct trk_reply *r);
+void trk_reply_cb(const struct trk_answer *a, void *arg);
+/* Runs the client's base until r is done. Only for a client with a private
+ * base (trk_client_new with base NULL), outside any of its callbacks. */
+void trk_client_wait(struct trk_client *c, struct trk_reply *r);
+
+/*
+ * One blocking call: request + wait. Returns 0 when an answer came (the HTTP
+ * status in r->status, 2xx or not), or the negative errno of the request or
+ * of the transport (r->error says why). r is initialized here; the caller
+ * finalizes it in every case.
+ */
+int trk_client_call(struct trk_client *c, const char *method,
+		    const char *path_query, const char *ctype, const void *body,
+		    size_t len, struct trk_reply *r);
+
+#endif

@@ -1,0 +1,804 @@
+/* The durable version log: accepting, storing, listing and long-polling. */
+#include <dirent.h>
+#include <errno.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <fcntl.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "proto/log.h"
+#include "proto/params.h"
+#include "tracker/internal.h"
+
+/*
+ * On disk, under the state directory:
+ *   versions/<20-digit v>.manifest  the signed manifest bytes, as published
+ *   versions/<20-digit v>.json      {"published_ms":..} (tracker time)
+ *   trainer.pub                     the pinned trainer key (without
+ *                                   --trainer-pubkey), in the key file form
+ * Each file is written temp-fsync-rename and the directory fsynced before the
+ * publisher hears 201. The chain is re-verified on every start.
+ */
+#define CACHE_VERSIONS 8 /* newest versions kept decoded in memory */
+#define LIST_MAX 256     /* newest entries one GET /versions returns */
+
+struct waiter {
+	struct trk_versions *vs;
+	struct evhttp_request *req;
+	struct evhttp_connection *conn;
+	struct event *timer;
+	uint64_t after;
+	TAILQ_ENTRY(waiter) link;
+};
+TAILQ_HEAD(waiter_list, waiter);
+
+struct trk_versions {
+	struct trk_server *s; /* set when the first call arrives */
+	char *dir;            /* state dir */
+	char *vdir;           /* state dir/versions */
+	bool have_pk, pinned; /* pinned: the key came from the pin file / first */
+	uint8_t pk[PROTO_PK_BYTES];
+	struct trk_version *v; /* oldest first */
+	size_t n, cap;
+	struct waiter_list waiters;
+};
+
+static char *path_join(const char *a, const char *b)
+{
+	size_t n = strlen(a) + strlen(b) + 2;
+	char *p = malloc(n);
+	if (p != NULL)
+		snprintf(p, n, "%s/%s", a, b);
+	return p;
+}
+
+static int version_path(const struct trk_versions *vs, uint64_t v,
+			const char *ext, char *buf, size_t len)
+{
+	int n = snprintf(buf, len, "%s/%020llu.%s", vs->vdir,
+			 (unsigned long long)v, ext);
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+static int mkdir_p(const char *path, struct proto_err *err)
+{
+	char buf[4096];
+	size_t n = strlen(path);
+
+	if (n == 0 || n >= sizeof(buf))
+		return proto_errf(err, EINVAL, "bad state directory '%s'", path);
+	memcpy(buf, path, n + 1);
+	for (size_t i = 1; i <= n; i++) {
+		if (buf[i] != '/' && buf[i] != 0)
+			continue;
+		char c = buf[i];
+		buf[i] = 0;
+		if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+			return proto_errf(err, errno, "%s: %s", buf, strerror(errno));
+		buf[i] = c;
+	}
+	return 0;
+}
+
+static int fsync_dir(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = 0;
+	if (fd < 0)
+		return -errno;
+	if (fsync(fd) != 0)
+		rc = -errno;
+	close(fd);
+	return rc;
+}
+
+static void version_drop_cache(struct trk_version *v)
+{
+	free(v->raw);
+	v->raw = NULL;
+	v->rawlen = 0;
+	if (v->m != NULL) {
+		proto_manifest_fini(v->m);
+		free(v->m);
+		v->m = NULL;
+	}
+}
+
+/* Keeps the decoded form of the newest CACHE_VERSIONS only. */
+static void trim_cache(struct trk_versions *vs)
+{
+	for (size_t i = 0; i + CACHE_VERSIONS < vs->n; i++)
+		version_drop_cache(&vs->v[i]);
+}
+
+static void fill_record(struct trk_version *r, const struct proto_manifest *m)
+{
+	r->version = m->version;
+	r->parent = m->parent_version;
+	r->kind = m->kind;
+	memcpy(r->digest, m->digest, PROTO_HASH_BYTES);
+	memcpy(r->model_digest, m->model_digest, PROTO_HASH_BYTES);
+	memcpy(r->src_layout_digest, m->src_layout_digest, PROTO_HASH_BYTES);
+	r->wire_bytes = proto_manifest_wire_bytes(m);
+	r->created_ms = m->created_ms;
+	r->nlayouts = m->nlayouts;
+}
+
+static int append(struct trk_versions *vs, const struct trk_version *r)
+{
+	if (vs->n == vs->cap) {
+		size_t cap = vs->cap ? 2 * vs->cap : 16;
+		struct trk_version *nv = realloc(vs->v, cap * sizeof(*nv));
+		if (nv == NULL)
+			return -ENOMEM;
+		vs->v = nv;
+		vs->cap = cap;
+	}
+	vs->v[vs->n++] = *r;
+	trim_cache(vs);
+	return 0;
+}
+
+/* The chain rule for a version appended after the current log: increasing
+ * numbers, parent 0 only for the very first, else an accepted version with
+ * the same digest. Returns an HTTP code (0 when it fits). */
+static int check_chain(struct trk_versions *vs, const struct proto_manifest *m,
+		       struct proto_err *err)
+{
+	uint64_t latest = trk__versions_latest(vs);
+	struct trk_version *p;
+	char hex[2 * PROTO_HASH_BYTES + 1];
+
+	if (vs->n > 0 && m->version <= latest) {
+		proto_errf(err, EINVAL, "version %llu is not above the latest, %llu",
+			   (unsigned long long)m->version,
+			   (unsigned long long)latest);
+		return 409;
+	}
+	if (m->parent_version == 0) {
+		if (vs->n > 0) {
+			proto_errf(err, EINVAL,
+				   "version %llu has no parent; only the first version may",
+				   (unsigned long long)m->version);
+			return 409;
+		}
+		return 0;
+	}
+	p = trk__versions_find(vs, m->parent_version);
+	if (p == NULL) {
+		proto_errf(err, EINVAL, "parent version %llu is not an accepted version",
+			   (unsigned long long)m->parent_version);
+		return 409;
+	}
+	if (memcmp(p->digest, m->parent_digest, PROTO_HASH_BYTES) != 0) {
+		trk__hex(p->digest, PROTO_HASH_BYTES, hex);
+		proto_errf(err, EINVAL,
+			   "parent digest does not match version %llu (digest %s)",
+			   (unsigned long long)p->version, hex);
+		return 409;
+	}
+	return 0;
+}
+
+static int write_pin(struct trk_versions *vs, const uint8_t *pk,
+		     struct proto_err *err)
+{
+	char line[128], hex[2 * PROTO_PK_BYTES + 1];
+	char *path = path_join(vs->dir, "trainer.pub");
+	int rc;
+
+	if (path == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	trk__hex(pk, PROTO_PK_BYTES, hex);
+	snprintf(line, sizeof(line), "tessera-ed25519-public %s\n", hex);
+	rc = proto_write_file_atomic(path, line, strlen(line), 0644, err);
+	if (rc == 0)
+		rc = fsync_dir(vs->dir);
+	free(path);
+	return rc;
+}
+
+/* Loads one stored version: its manifest (verified with the key) and meta. */
+static int load_one(struct trk_versions *vs, uint64_t v, struct proto_err *err)
+{
+	char path[4096];
+	uint8_t *buf = NULL, *meta = NULL;
+	size_t len = 0, mlen = 0;
+	struct trk_version r = {0};
+	struct proto_manifest *m = calloc(1, sizeof(*m));
+	struct stat st;
+	int rc;
+
+	if (m == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	if ((rc = version_path(vs, v, "manifest", path, sizeof(path))) != 0 ||
+	    (rc = proto_read_file(path, proto_param(PROTO_PARAM_MANIFEST_MAX), &buf,
+				  &len, err)) != 0)
+		goto fail;
+	if (!vs->have_pk) {
+		/* Stored versions but no pin (a crash between the first version
+		 * and its pin): the first version's signer is the pin. */
+		if (proto_manifest_peek_signer(buf, len, vs->pk) != 0) {
+			rc = proto_errf(err, EINVAL, "%s: too short", path);
+			goto fail;
+		}
+		if ((rc = write_pin(vs, vs->pk, err)) != 0)
+			goto fail;
+		vs->have_pk = vs->pinned = true;
+	}
+	if ((rc = proto_manifest_decode(buf, len, vs->pk, m, err)) != 0) {
+		proto_err_prefix(err, "%s", path);
+		goto fail;
+	}
+	if (m->version != v) {
+		rc = proto_errf(err, EINVAL, "%s: holds version %llu", path,
+				(unsigned long long)m->version);
+		goto fail;
+	}
+	if (check_chain(vs, m, err) != 0) {
+		proto_err_prefix(err, "%s: broken chain", path);
+		rc = -EINVAL;
+		goto fail;
+	}
+	fill_record(&r, m);
+	r.published_ms = stat(path, &st) == 0 ? (uint64_t)st.st_mtime * 1000 : 0;
+	if (version_path(vs, v, "json", path, sizeof(path)) == 0 &&
+	    proto_read_file(path, 4096, &meta, &mlen, NULL) == 0) {
+		json_t *j = json_loadb((const char *)meta, mlen, 0, NULL);
+		json_t *p = json_object_get(j, "published_ms");
+		if (json_is_integer(p) && json_integer_value(p) > 0)
+			r.published_ms = (uint64_t)json_integer_value(p);
+		json_decref(j);
+		free(meta);
+	}
+	r.raw = buf;
+	r.rawlen = len;
+	r.m = m;
+	if ((rc = append(vs, &r)) != 0) {
+		proto_errf(err, ENOMEM, "out of memory");
+		goto fail;
+	}
+	return 0;
+fail:
+	free(buf);
+	proto_manifest_fini(m);
+	free(m);
+	return rc;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Lists versions/<20 digits>.manifest in increasing order; stray temporary
+ * files of an interrupted write are removed. */
+static int scan(struct trk_versions *vs, uint64_t **out, size_t *n,
+		struct proto_err *err)
+{
+	DIR *d = opendir(vs->vdir);
+	struct dirent *e;
+	uint64_t *list = NULL;
+	size_t cnt = 0, cap = 0;
+
+	*out = NULL;
+	*n = 0;
+	if (d == NULL)
+		return proto_errf(err, errno, "%s: %s", vs->vdir, strerror(errno));
+	while ((e = readdir(d)) != NULL) {
+		char num[21];
+		uint64_t v;
+		if (strstr(e->d_name, ".tmp.") != NULL) {
+			char p[4096];
+			snprintf(p, sizeof(p), "%s/%s", vs->vdir, e->d_name);
+			unlink(p);
+			continue;
+		}
+		if (strlen(e->d_name) != 20 + strlen(".manifest") ||
+		    strcmp(e->d_name + 20, ".manifest") != 0)
+			continue;
+		memcpy(num, e->d_name, 20);
+		num[20] = 0;
+		if (proto_parse_u64(num, 1, UINT64_MAX, &v) != 0)
+			continue;
+		if (cnt == cap) {
+			cap = cap ? 2 * cap : 64;
+			uint64_t *nl = realloc(list, cap * sizeof(*nl));
+			if (nl == NULL) {
+				free(list);
+				closedir(d);
+				return proto_errf(err, ENOMEM, "out of memory");
+			}
+			list = nl;
+		}
+		list[cnt++] = v;
+	}
+	closedir(d);
+	if (cnt > 1)
+		qsort(list, cnt, sizeof(*list), cmp_u64);
+	*out = list;
+	*n = cnt;
+	return 0;
+}
+
+int trk__versions_open(const char *state_dir, const uint8_t *trainer_pk,
+		       struct trk_versions **out, struct proto_err *err)
+{
+	struct trk_versions *vs = calloc(1, sizeof(*vs));
+	uint64_t *list = NULL;
+	size_t nlist = 0;
+	char *pin = NULL;
+	struct stat st;
+	int rc;
+
+	*out = NULL;
+	if (vs == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	TAILQ_INIT(&vs->waiters);
+	vs->dir = strdup(state_dir);
+	vs->vdir = path_join(state_dir, "versions");
+	pin = path_join(state_dir, "trainer.pub");
+	if (vs->dir == NULL || vs->vdir == NULL || pin == NULL) {
+		rc = proto_errf(err, ENOMEM, "out of memory");
+		goto fail;
+	}
+	if ((rc = mkdir_p(vs->vdir, err)) != 0)
+		goto fail;
+	if (trainer_pk != NULL) {
+		memcpy(vs->pk, trainer_pk, PROTO_PK_BYTES);
+		vs->have_pk = true;
+	} else if (stat(pin, &st) == 0) {
+		if ((rc = proto_key_load_public(pin, vs->pk, err)) != 0)
+			goto fail;
+		vs->have_pk = vs->pinned = true;
+	}
+	if ((rc = scan(vs, &list, &nlist, err)) != 0)
+		goto fail;
+	for (size_t i = 0; i < nlist; i++)
+		if ((rc = load_one(vs, list[i], err)) != 0)
+			goto fail;
+	free(list);
+	free(pin);
+	if (!vs->have_pk)
+		LOG_WARN("no --trainer-pubkey: the signer of the first version will be pinned");
+	*out = vs;
+	return 0;
+fail:
+	free(list);
+	free(pin);
+	trk__versions_free(vs);
+	return rc;
+}
+
+static void waiter_free(struct waiter *w)
+{
+	TAILQ_REMOVE(&w->vs->waiters, w, link);
+	if (w->conn != NULL)
+		evhttp_connection_set_closecb(w->conn, NULL, NULL);
+	event_free(w->timer);
+	free(w);
+}
+
+void trk__versions_drop_waiters(struct trk_versions *vs)
+{
+	struct waiter *w;
+
+	while ((w = TAILQ_FIRST(&vs->waiters)) != NULL)
+		waiter_free(w);
+}
+
+void trk__versions_free(struct trk_versions *vs)
+{
+	if (vs == NULL)
+		return;
+	trk__versions_drop_waiters(vs);
+	for (size_t i = 0; i < vs->n; i++)
+		version_drop_cache(&vs->v[i]);
+	free(vs->v);
+	free(vs->dir);
+	free(vs->vdir);
+	free(vs);
+}
+
+bool trk__versions_pinned(const struct trk_versions *vs)
+{
+	return vs->pinned;
+}
+
+size_t trk__versions_count(const struct trk_versions *vs)
+{
+	return vs->n;
+}
+
+struct trk_version *trk__versions_at(struct trk_versions *vs, size_t i)
+{
+	return i < vs->n ? &vs->v[i] : NULL;
+}
+
+struct trk_version *trk__versions_find(struct trk_versions *vs, uint64_t v)
+{
+	size_t lo = 0, hi = vs->n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (vs->v[mid].version == v)
+			return &vs->v[mid];
+		if (vs->v[mid].version < v)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+uint64_t trk__versions_latest(const struct trk_versions *vs)
+{
+	return vs->n > 0 ? vs->v[vs->n - 1].version : 0;
+}
+
+/* Reads v's bytes from disk, checking them against the recorded digest. */
+static int read_raw(struct trk_versions *vs, const struct trk_version *r,
+		    uint8_t **buf, size_t *len, struct proto_err *err)
+{
+	char path[4096];
+	uint8_t d[PROTO_HASH_BYTES];
+	int rc;
+
+	if ((rc = version_path(vs, r->version, "manifest", path, sizeof(path))) != 0)
+		return proto_errf(err, -rc, "path too long");
+	if ((rc = proto_read_file(path, proto_param(PROTO_PARAM_MANIFEST_MAX), buf,
+				  len, err)) != 0)
+		return rc;
+	crypto_generichash(d, sizeof(d), *buf, *len, NULL, 0);
+	if (memcmp(d, r->digest, sizeof(d)) != 0) {
+		free(*buf);
+		*buf = NULL;
+		return proto_errf(err, EIO, "%s: digest changed on disk", path);
+	}
+	return 0;
+}
+
+int trk__versions_manifest(struct trk_versions *vs, uint64_t v,
+			   const struct proto_manifest **m,
+			   struct proto_manifest **owned, struct proto_err *err)
+{
+	struct trk_version *r = trk__versions_find(vs, v);
+	struct proto_manifest *mm;
+	uint8_t *buf;
+	size_t len;
+	int rc;
+
+	*m = NULL;
+	*owned = NULL;
+	if (r == NULL)
+		return proto_errf(err, ENOENT, "version %llu is unknown",
+				  (unsigned long long)v);
+	if (r->m != NULL) {
+		*m = r->m;
+		return 0;
+	}
+	if ((rc = read_raw(vs, r, &buf, &len, err)) != 0)
+		return rc;
+	mm = calloc(1, sizeof(*mm));
+	if (mm == NULL) {
+		free(buf);
+		return proto_errf(err, ENOMEM, "out of memory");
+	}
+	rc = proto_manifest_decode(buf, len, vs->pk, mm, err);
+	free(buf);
+	if (rc != 0) {
+		free(mm);
+		return rc;
+	}
+	*m = *owned = mm;
+	return 0;
+}
+
+json_t *trk__version_json(struct trk_server *s, const struct trk_version *v,
+			  uint64_t min_complete, bool any_replica)
+{
+	json_t *o = json_object();
+	bool retain = v->version == trk__versions_latest(s->vs) ||
+		      (any_replica && v->version > min_complete);
+	int bad = o == NULL;
+
+	if (bad)
+		return NULL;
+	bad |= trk__set(o, "version", trk__jint(v->version));
+	bad |= trk__set(o, "parent", trk__jint(v->parent));
+	bad |= trk__set(o, "kind", json_string(v->kind == PROTO_KIND_DELTA ?
+							"delta" :
+							"anchor"));
+	bad |= trk__set(o, "digest", trk__json_hex(v->digest, PROTO_HASH_BYTES));
+	bad |= trk__set(o, "wire_bytes", trk__jint(v->wire_bytes));
+	bad |= trk__set(o, "created_ms", trk__jint(v->created_ms));
+	bad |= trk__set(o, "published_ms", trk__jint(v->published_ms));
+	bad |= trk__set(o, "retain", json_boolean(retain));
+	if (bad) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
+}
+
+/* {"latest":L,"versions":[...]} for versions > after (the newest LIST_MAX). */
+static json_t *list_after(struct trk_server *s, uint64_t after)
+{
+	struct trk_versions *vs = s->vs;
+	json_t *o = json_object(), *arr = json_array();
+	size_t first = vs->n;
+	bool any;
+	uint64_t minc = trk__registry_min_complete(s->reg, &any);
+
+	if (o == NULL || arr == NULL)
+		goto fail;
+	while (first > 0 && vs->v[first - 1].version > after &&
+	       vs->n - first < LIST_MAX)
+		first--;
+	for (size_t i = first; i < vs->n; i++)
+		if (json_array_append_new(arr, trk__version_json(s, &vs->v[i], minc,
+								 any)) != 0)
+			goto fail;
+	if (trk__set(o, "latest", trk__jint(trk__versions_latest(vs))) ||
+	    json_object_set(o, "versions", arr) != 0)
+		goto fail;
+	json_decref(arr);
+	return o;
+fail:
+	json_decref(arr);
+	json_decref(o);
+	return NULL;
+}
+
+static void waiter_answer(struct waiter *w)
+{
+	struct trk_server *s = w->vs->s;
+	struct evhttp_request *req = w->req;
+	uint64_t after = w->after;
+
+	waiter_free(w);
+	trk__reply_req_json(s, req, 200, list_after(s, after));
+}
+
+static void waiter_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	waiter_answer(arg);
+}
+
+/* The client went away while we held its request: libevent frees the
+ * request right after this. */
+static void waiter_closed(struct evhttp_connection *conn, void *arg)
+{
+	struct waiter *w = arg;
+	w->conn = NULL;
+	waiter_free(w);
+}
+
+static void wake_waiters(struct trk_versions *vs)
+{
+	uint64_t latest = trk__versions_latest(vs);
+	struct waiter *w, *next;
+
+	for (w = TAILQ_FIRST(&vs->waiters); w != NULL; w = next) {
+		next = TAILQ_NEXT(w, link);
+		if (latest > w->after)
+			waiter_answer(w);
+	}
+}
+
+void trk__handle_versions(struct trk_call *c)
+{
+	struct trk_versions *vs = c->s->vs;
+	uint64_t after = 0, wait_ms = 0;
+	struct proto_err err = {{0}};
+	struct waiter *w;
+
+	vs->s = c->s;
+	if (trk__query_u64(c, "after", false, UINT64_MAX, &after, &err) != 0 ||
+	    trk__query_u64(c, "wait_ms", false, UINT64_MAX, &wait_ms, &err) != 0) {
+		trk__fail(c, 400, "%s", err.msg);
+		return;
+	}
+	wait_ms = PROTO_MIN(wait_ms, TRK_WAIT_MAX_MS);
+	if (trk__versions_latest(vs) > after || wait_ms == 0) {
+		trk__reply_json(c, 200, list_after(c->s, after));
+		return;
+	}
+	w = calloc(1, sizeof(*w));
+	if (w == NULL || (w->timer = evtimer_new(c->s->base, waiter_timeout, w)) == NULL) {
+		free(w);
+		trk__fail(c, 500, "out of memory");
+		return;
+	}
+	w->vs = vs;
+	w->req = c->req;
+	w->after = after;
+	w->conn = evhttp_request_get_connection(c->req);
+	TAILQ_INSERT_TAIL(&vs->waiters, w, link);
+	if (w->conn != NULL)
+		evhttp_connection_set_closecb(w->conn, waiter_closed, w);
+	struct timeval tv = {(time_t)(wait_ms / 1000),
+			     (suseconds_t)(wait_ms % 1000) * 1000};
+	evtimer_add(w->timer, &tv);
+	c->answered = true; /* later, by the waiter */
+}
+
+void trk__handle_manifest(struct trk_call *c, const char *num)
+{
+	struct trk_versions *vs = c->s->vs;
+	struct proto_err err = {{0}};
+	struct trk_version *r;
+	uint64_t v;
+	uint8_t *buf;
+	size_t len;
+
+	if (proto_parse_u64(num, 1, UINT64_MAX, &v) != 0) {
+		trk__fail(c, 400, "version '%s' is not a positive integer", num);
+		return;
+	}
+	r = trk__versions_find(vs, v);
+	if (r == NULL) {
+		trk__fail(c, 404, "version %llu is unknown", (unsigned long long)v);
+		return;
+	}
+	if (r->raw != NULL) {
+		trk__reply_raw(c, 200, "application/octet-stream", r->raw, r->rawlen);
+		return;
+	}
+	if (read_raw(vs, r, &buf, &len, &err) != 0) {
+		LOG_ERR("%s", err.msg);
+		trk__fail(c, 500, "%s", err.msg);
+		return;
+	}
+	trk__reply_raw(c, 200, "application/octet-stream", buf, len);
+	free(buf);
+}
+
+/* Writes the manifest and its meta record; on failure neither is left. */
+static int store(struct trk_versions *vs, const struct proto_manifest *m,
+		 const uint8_t *buf, size_t len, uint64_t published_ms,
+		 struct proto_err *err)
+{
+	char mpath[4096], jpath[4096], meta[64];
+	int rc;
+
+	if ((rc = version_path(vs, m->version, "manifest", mpath, sizeof(mpath))) != 0 ||
+	    (rc = version_path(vs, m->version, "json", jpath, sizeof(jpath))) != 0)
+		return proto_errf(err, -rc, "state path too long");
+	snprintf(meta, sizeof(meta), "{\"published_ms\":%llu}\n",
+		 (unsigned long long)published_ms);
+	if ((rc = proto_write_file_atomic(mpath, buf, len, 0644, err)) != 0)
+		return rc;
+	if ((rc = proto_write_file_atomic(jpath, meta, strlen(meta), 0644, err)) != 0)
+		goto fail;
+	if ((rc = fsync_dir(vs->vdir)) != 0) {
+		proto_errf(err, -rc, "%s: fsync: %s", vs->vdir, strerror(-rc));
+		goto fail;
+	}
+	if (!vs->have_pk && (rc = write_pin(vs, m->signer, err)) != 0)
+		goto fail;
+	return 0;
+fail:
+	unlink(jpath);
+	unlink(mpath);
+	return rc;
+}
+
+void trk__handle_publish(struct trk_call *c)
+{
+	struct trk_versions *vs = c->s->vs;
+	struct proto_manifest *m = NULL;
+	struct proto_err err = {{0}};
+	struct trk_version r = {0}, *old;
+	uint8_t pk[PROTO_PK_BYTES], model[PROTO_HASH_BYTES], tl[PROTO_HASH_BYTES];
+	char hex[2 * PROTO_HASH_BYTES + 1];
+	uint8_t *copy = NULL;
+	int code;
+
+	vs->s = c->s;
+	if (vs->have_pk) {
+		memcpy(pk, vs->pk, sizeof(pk));
+	} else if (proto_manifest_peek_signer(c->body, c->len, pk) != 0) {
+		trk__fail(c, 400, "manifest: too short to hold a signer key");
+		return;
+	}
+	m = calloc(1, sizeof(*m));
+	if (m == NULL) {
+		trk__fail(c, 500, "out of memory");
+		return;
+	}
+	if (proto_manifest_decode(c->body, c->len, pk, m, &err) != 0) {
+		free(m);
+		trk__fail(c, 400, "%s", err.msg);
+		return;
+	}
+	old = trk__versions_find(vs, m->version);
+	if (old != NULL) {
+		if (memcmp(old->digest, m->digest, PROTO_HASH_BYTES) == 0) {
+			trk__reply_json(c, 200, json_pack("{s:I,s:o}", "version",
+							  (json_int_t)m->version,
+							  "digest",
+							  trk__json_hex(m->digest,
+									PROTO_HASH_BYTES)));
+		} else {
+			trk__hex(old->digest, PROTO_HASH_BYTES, hex);
+			trk__fail(c, 409,
+				  "version %llu already exists with another digest (%s)",
+				  (unsigned long long)m->version, hex);
+		}
+		goto out;
+	}
+	if ((code = check_chain(vs, m, &err)) != 0) {
+		trk__fail(c, code, "%s", err.msg);
+		goto out;
+	}
+	if (vs->n > 0 && memcmp(vs->v[vs->n - 1].model_digest, m->model_digest,
+				PROTO_HASH_BYTES) != 0) {
+		trk__fail(c, 409, "model digest differs from version %llu's",
+			  (unsigned long long)trk__versions_latest(vs));
+		goto out;
+	}
+	if (trk__registry_model(c->s->reg, model, tl)) {
+		if (memcmp(model, m->model_digest, PROTO_HASH_BYTES) != 0) {
+			trk__fail(c, 409, "model digest differs from the registered publishers'");
+			goto out;
+		}
+		if (memcmp(tl, m->src_layout_digest, PROTO_HASH_BYTES) != 0) {
+			trk__fail(c, 409,
+				  "trainer layout digest differs from the registered publishers'");
+			goto out;
+		}
+	}
+	fill_record(&r, m);
+	r.published_ms = proto_wall_ms();
+	copy = malloc(c->len ? c->len : 1);
+	if (copy == NULL) {
+		trk__fail(c, 500, "out of memory");
+		goto out;
+	}
+	memcpy(copy, c->body, c->len);
+	/* Durable before the answer. */
+	if (store(vs, m, c->body, c->len, r.published_ms, &err) != 0) {
+		LOG_ERR("storing version %llu: %s", (unsigned long long)m->version,
+			err.msg);
+		trk__fail(c, 500, "cannot store the version: %s", err.msg);
+		goto out;
+	}
+	r.raw = copy;
+	r.rawlen = c->len;
+	r.m = m;
+	if (append(vs, &r) != 0) {
+		/* Stored but not in memory: the next start will load it. */
+		trk__fail(c, 500, "out of memory");
+		goto out;
+	}
+	copy = NULL;
+	m = NULL;
+	if (!vs->have_pk) {
+		memcpy(vs->pk, pk, sizeof(pk));
+		vs->have_pk = vs->pinned = true;
+		trk__hex(pk, PROTO_PK_BYTES, hex);
+		LOG_INFO("pinned trainer key %s", hex);
+	}
+	r = vs->v[vs->n - 1];
+	LOG_INFO("version %llu accepted (%s, parent %llu, %llu wire bytes)",
+		 (unsigned long long)r.version,
+		 r.kind == PROTO_KIND_DELTA ? "delta" : "anchor",
+		 (unsigned long long)r.parent, (unsigned long long)r.wire_bytes);
+	trk__reply_json(c, 201, json_pack("{s:I,s:o}", "version",
+					  (json_int_t)r.version, "digest",
+					  trk__json_hex(r.digest, PROTO_HASH_BYTES)));
+	wake_waiters(vs);
+out:
+	free(copy);
+	if (m != NULL) {
+		proto_manifest_fini(m);
+		free(m);
+	}
+}
