@@ -1,0 +1,403 @@
+/* The fabric context: one provider, domain, CQ, AV and RDM endpoint. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fabric/fab_internal.h"
+#include "proto/log.h"
+
+#define FAB__API_VERSION FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION)
+/* mr_mode bits this layer knows how to honour. */
+#define FAB__MR_MODE_HANDLED                                                  \
+	(FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |    \
+	 FI_MR_ENDPOINT)
+#define FAB__PROVIDER_MAX 64
+
+/* Lists the RDM providers that exist, for an error message. */
+static void list_providers(char *buf, size_t cap)
+{
+	struct fi_info *hints = fi_allocinfo(), *all = NULL, *i;
+	size_t used = 0;
+
+	buf[0] = '\0';
+	if (hints == NULL)
+		return;
+	hints->ep_attr->type = FI_EP_RDM;
+	if (fi_getinfo(FAB__API_VERSION, NULL, NULL, 0, hints, &all) != 0)
+		all = NULL;
+	for (i = all; i != NULL; i = i->next) {
+		const char *p = i->fabric_attr->prov_name;
+		struct fi_info *j;
+		bool seen = false;
+
+		for (j = all; j != i; j = j->next)
+			if (strcmp(j->fabric_attr->prov_name, p) == 0)
+				seen = true;
+		if (seen || used + strlen(p) + 3 >= cap)
+			continue;
+		used += (size_t)snprintf(buf + used, cap - used, "%s\"%s\"",
+					 used ? ", " : "", p);
+	}
+	fi_freeinfo(all);
+	fi_freeinfo(hints);
+}
+
+static struct fi_info *make_hints(const char *provider)
+{
+	struct fi_info *h = fi_allocinfo();
+
+	if (h == NULL)
+		return NULL;
+	h->ep_attr->type = FI_EP_RDM;
+	h->caps = FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | FI_READ | FI_WRITE |
+		  FI_REMOTE_READ | FI_REMOTE_WRITE;
+	/* We embed fi_context2 in every op, so both modes are fine. */
+	h->mode = FI_CONTEXT | FI_CONTEXT2;
+	h->domain_attr->mr_mode = FAB__MR_MODE_HANDLED;
+	h->domain_attr->threading = FI_THREAD_DOMAIN;
+	h->fabric_attr->prov_name = strdup(provider);
+	if (h->fabric_attr->prov_name == NULL) {
+		fi_freeinfo(h);
+		return NULL;
+	}
+	return h;
+}
+
+static int open_cq(struct fab_ctx *ctx, bool want_fd)
+{
+	struct fi_cq_attr attr = {
+		.format = FI_CQ_FORMAT_TAGGED,
+		.wait_obj = want_fd ? FI_WAIT_FD : FI_WAIT_NONE,
+	};
+	int ret;
+
+	ret = fi_cq_open(ctx->domain, &attr, &ctx->cq, NULL);
+	if (ret != 0 && want_fd) {
+		LOG_INFO("%s: no FI_WAIT_FD CQ (%s); callers poll on a timer",
+			 ctx->info->fabric_attr->prov_name, fi_strerror(-ret));
+		attr.wait_obj = FI_WAIT_NONE;
+		want_fd = false;
+		ret = fi_cq_open(ctx->domain, &attr, &ctx->cq, NULL);
+	}
+	if (ret != 0)
+		return FAB_FI_ERR(ret, "fi_cq_open");
+	ctx->wait_fd = -1;
+	if (want_fd) {
+		int fd = -1;
+
+		ret = fi_control(&ctx->cq->fid, FI_GETWAIT, &fd);
+		if (ret == 0 && fd >= 0)
+			ctx->wait_fd = fd;
+		else
+			LOG_INFO("fi_control(FI_GETWAIT): %s; no wait fd",
+				 fi_strerror(-ret));
+	}
+	return 0;
+}
+
+int fab_open(const char *provider, const char *node,
+	     const struct fab_opts *opts, struct fab_ctx **out,
+	     struct proto_err *err)
+{
+	struct fi_info *hints = NULL;
+	struct fab_ctx *ctx = NULL;
+	struct fi_av_attr av_attr = {0};
+	unsigned slots;
+	int ret;
+
+	*out = NULL;
+	if (provider == NULL)
+		provider = FAB_PROVIDER_DEFAULT;
+	if (provider[0] == '\0' || strlen(provider) >= FAB__PROVIDER_MAX)
+		return proto_errf(err, EINVAL, "fabric provider name '%.64s' "
+				  "is empty or too long", provider);
+	slots = opts && opts->msg_slots ? opts->msg_slots
+					: FAB__MSG_SLOTS_DEFAULT;
+	if (slots > 65536)
+		return proto_errf(err, EINVAL, "fabric: %u message slots is "
+				  "too many (max 65536)", slots);
+
+	ctx = calloc(1, sizeof(*ctx));
+	hints = make_hints(provider);
+	if (ctx == NULL || hints == NULL) {
+		ret = proto_errf(err, ENOMEM, "fabric: out of memory");
+		goto fail;
+	}
+	ctx->wait_fd = -1;
+	ctx->next_key = 1;
+	ctx->write_dc = true;
+
+	ret = fi_getinfo(FAB__API_VERSION, node, NULL, node ? FI_SOURCE : 0,
+			 hints, &ctx->info);
+	if (ret != 0) {
+		char avail[512];
+
+		ctx->info = NULL;
+		if (ret == -FI_ENODATA) {
+			list_providers(avail, sizeof(avail));
+			ret = proto_errf(err, ENODATA,
+					 "fabric provider \"%s\"%s%s offers no "
+					 "RDM endpoint with tagged messages and "
+					 "RMA (providers here: %s)",
+					 provider, node ? " on " : "",
+					 node ? node : "",
+					 avail[0] ? avail : "none");
+		} else {
+			ret = FAB_FI_ERR(ret, "fi_getinfo");
+			proto_errf(err, -ret, "fabric: fi_getinfo(\"%s\"): %s",
+				   provider, fi_strerror(-ret));
+		}
+		goto fail;
+	}
+	ctx->mr_mode = ctx->info->domain_attr->mr_mode;
+	if (ctx->mr_mode & ~(uint64_t)(FAB__MR_MODE_HANDLED)) {
+		char bits[256];
+
+		fab_mr_mode_str(ctx->mr_mode, bits, sizeof(bits));
+		ret = proto_errf(err, ENOTSUP, "fabric provider \"%s\" wants "
+				 "mr_mode %s, more than we handle", provider,
+				 bits);
+		goto fail;
+	}
+	if (ctx->info->domain_attr->mr_key_size > sizeof(uint64_t)) {
+		ret = proto_errf(err, ENOTSUP, "fabric provider \"%s\": %zu-byte "
+				 "MR keys are not supported", provider,
+				 ctx->info->domain_attr->mr_key_size);
+		goto fail;
+	}
+	ctx->max_rma = ctx->info->ep_attr->max_msg_size;
+
+	ret = fi_fabric(ctx->info->fabric_attr, &ctx->fabric, NULL);
+	if (ret != 0) {
+		ret = FAB_FI_ERR(ret, "fi_fabric");
+		goto fail_msg;
+	}
+	ret = fi_domain(ctx->fabric, ctx->info, &ctx->domain, NULL);
+	if (ret != 0) {
+		ret = FAB_FI_ERR(ret, "fi_domain");
+		goto fail_msg;
+	}
+	ret = open_cq(ctx, !(opts && (opts->flags & FAB_F_NO_WAIT_FD)));
+	if (ret != 0)
+		goto fail_msg;
+	av_attr.type = ctx->info->domain_attr->av_type != FI_AV_UNSPEC
+			       ? ctx->info->domain_attr->av_type
+			       : FI_AV_TABLE;
+	ret = fi_av_open(ctx->domain, &av_attr, &ctx->av, NULL);
+	if (ret != 0) {
+		ret = FAB_FI_ERR(ret, "fi_av_open");
+		goto fail_msg;
+	}
+	ret = fi_endpoint(ctx->domain, ctx->info, &ctx->ep, NULL);
+	if (ret != 0) {
+		ret = FAB_FI_ERR(ret, "fi_endpoint");
+		goto fail_msg;
+	}
+	ret = fi_ep_bind(ctx->ep, &ctx->av->fid, 0);
+	if (ret != 0) {
+		ret = FAB_FI_ERR(ret, "fi_ep_bind(av)");
+		goto fail_msg;
+	}
+	ret = fi_ep_bind(ctx->ep, &ctx->cq->fid, FI_TRANSMIT | FI_RECV);
+	if (ret != 0) {
+		ret = FAB_FI_ERR(ret, "fi_ep_bind(cq)");
+		goto fail_msg;
+	}
+	ret = fi_enable(ctx->ep);
+	if (ret != 0) {
+		ret = FAB_FI_ERR(ret, "fi_enable");
+		goto fail_msg;
+	}
+	ctx->namelen = sizeof(ctx->name);
+	ret = fi_getname(&ctx->ep->fid, ctx->name, &ctx->namelen);
+	if (ret != 0) {
+		ret = FAB_FI_ERR(ret, "fi_getname");
+		goto fail_msg;
+	}
+	/* Regions need the enabled endpoint under FI_MR_ENDPOINT. */
+	ret = fab__slots_init(ctx, slots);
+	if (ret != 0)
+		goto fail_msg;
+
+	fi_freeinfo(hints);
+	if (proto_log_level() >= PROTO_LOG_INFO) {
+		char d[512];
+
+		fab_describe(ctx, d, sizeof(d));
+		LOG_INFO("fabric open: %s", d);
+	}
+	*out = ctx;
+	return 0;
+
+fail_msg:
+	proto_errf(err, -ret, "fabric provider \"%s\"%s%s: setup failed: %s",
+		   provider, node ? " on " : "", node ? node : "",
+		   strerror(-ret));
+fail:
+	fi_freeinfo(hints);
+	fab_close(ctx);
+	return ret;
+}
+
+static void close_fid(struct fid *fid, const char *what)
+{
+	int ret = fi_close(fid);
+
+	if (ret != 0)
+		FAB_FI_ERR(ret, what);
+}
+
+void fab_close(struct fab_ctx *ctx)
+{
+	if (ctx == NULL)
+		return;
+	/* No last progress: it could start serving a peer we are leaving
+	 * (shm 1.17 crashes on requests from a peer that has gone). Ops
+	 * still in flight report -ECANCELED even if they just finished. */
+	ctx->closing = true;
+	if (ctx->ep != NULL) {
+		int ret = fi_close(&ctx->ep->fid);
+
+		if (ret == -FI_EBUSY) {
+			/* FI_MR_ENDPOINT regions may pin the endpoint. */
+			fab__slots_fini(ctx);
+			fab__mr_close_all(ctx);
+			ret = fi_close(&ctx->ep->fid);
+		}
+		if (ret != 0)
+			FAB_FI_ERR(ret, "fi_close(ep)");
+		ctx->ep = NULL;
+	}
+	/* The endpoint is gone: the provider no longer touches op buffers. */
+	fab__cancel_all(ctx);
+	fab__dispatch(ctx);
+	fab__slots_fini(ctx);
+	if (ctx->mrs != NULL)
+		LOG_DEBUG("fabric close: freeing regions left open");
+	fab__mr_close_all(ctx);
+	if (ctx->av != NULL)
+		close_fid(&ctx->av->fid, "fi_close(av)");
+	ctx->av = NULL;
+	if (ctx->cq != NULL)
+		close_fid(&ctx->cq->fid, "fi_close(cq)");
+	ctx->cq = NULL;
+	if (ctx->domain != NULL)
+		close_fid(&ctx->domain->fid, "fi_close(domain)");
+	ctx->domain = NULL;
+	if (ctx->fabric != NULL)
+		close_fid(&ctx->fabric->fid, "fi_close(fabric)");
+	ctx->fabric = NULL;
+	fi_freeinfo(ctx->info);
+	free(ctx);
+}
+
+int fab_getname(const struct fab_ctx *ctx, void *buf, size_t cap, size_t *len)
+{
+	*len = ctx->namelen;
+	if (cap < ctx->namelen)
+		return -ENOBUFS;
+	memcpy(buf, ctx->name, ctx->namelen);
+	return 0;
+}
+
+const char *fab_provider(const struct fab_ctx *ctx)
+{
+	return ctx->info->fabric_attr->prov_name;
+}
+
+uint64_t fab_mr_mode(const struct fab_ctx *ctx)
+{
+	return ctx->mr_mode;
+}
+
+size_t fab_max_rma(const struct fab_ctx *ctx)
+{
+	return ctx->max_rma;
+}
+
+void fab_stats(const struct fab_ctx *ctx, struct fab_stats *out)
+{
+	*out = ctx->stats;
+}
+
+size_t fab_inflight(const struct fab_ctx *ctx)
+{
+	return ctx->n_posted;
+}
+
+void fab_mr_mode_str(uint64_t mode, char *buf, size_t cap)
+{
+	static const struct {
+		uint64_t bit;
+		const char *name;
+	} bits[] = {
+		{FI_MR_LOCAL, "FI_MR_LOCAL"},
+		{FI_MR_RAW, "FI_MR_RAW"},
+		{FI_MR_VIRT_ADDR, "FI_MR_VIRT_ADDR"},
+		{FI_MR_ALLOCATED, "FI_MR_ALLOCATED"},
+		{FI_MR_PROV_KEY, "FI_MR_PROV_KEY"},
+		{FI_MR_MMU_NOTIFY, "FI_MR_MMU_NOTIFY"},
+		{FI_MR_RMA_EVENT, "FI_MR_RMA_EVENT"},
+		{FI_MR_ENDPOINT, "FI_MR_ENDPOINT"},
+		{FI_MR_HMEM, "FI_MR_HMEM"},
+		{FI_MR_COLLECTIVE, "FI_MR_COLLECTIVE"},
+	};
+	size_t used = 0;
+
+	if (cap == 0)
+		return;
+	buf[0] = '\0';
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bits); i++) {
+		int n;
+
+		if (!(mode & bits[i].bit))
+			continue;
+		n = snprintf(buf + used, cap - used, "%s%s", used ? "|" : "",
+			     bits[i].name);
+		if (n < 0 || (size_t)n >= cap - used)
+			return;
+		used += (size_t)n;
+	}
+	if (used == 0)
+		snprintf(buf, cap, "none");
+}
+
+void fab_describe(const struct fab_ctx *ctx, char *buf, size_t cap)
+{
+	const struct fi_info *i = ctx->info;
+	char mr[256];
+
+	fab_mr_mode_str(ctx->mr_mode, mr, sizeof(mr));
+	snprintf(buf, cap,
+		 "provider=%s fabric=%s domain=%s mr_mode=%s av=%s "
+		 "data_progress=%s addrlen=%zu max_rma=%zu wait_fd=%s",
+		 i->fabric_attr->prov_name, i->fabric_attr->name,
+		 i->domain_attr->name, mr,
+		 i->domain_attr->av_type == FI_AV_MAP ? "map" : "table",
+		 i->domain_attr->data_progress == FI_PROGRESS_AUTO ? "auto"
+								   : "manual",
+		 ctx->namelen, ctx->max_rma, ctx->wait_fd >= 0 ? "yes" : "no");
+}
+
+int fab_wait_fd(const struct fab_ctx *ctx)
+{
+	return ctx->wait_fd >= 0 ? ctx->wait_fd : -ENOSYS;
+}
+
+int fab_trywait(struct fab_ctx *ctx)
+{
+	struct fid *fids[1] = {&ctx->cq->fid};
+	int ret;
+
+	if (ctx->wait_fd < 0)
+		return -ENOSYS;
+	if (ctx->reaped_head != NULL || ctx->parked_head != NULL)
+		return -EAGAIN;
+	ret = fi_trywait(ctx->fabric, fids, 1);
+	if (ret == 0)
+		return 0;
+	if (ret == -FI_EAGAIN)
+		return -EAGAIN;
+	return FAB_FI_ERR(ret, "fi_trywait");
+}

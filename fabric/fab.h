@@ -1,0 +1,311 @@
+/* fabric/: tessera's small libfabric layer — the one header other directories include. */
+#ifndef FABRIC_FAB_H
+#define FABRIC_FAB_H
+
+/*
+ * Design
+ * ------
+ * A fab_ctx is one libfabric RDM endpoint with everything it needs: fabric,
+ * domain, one completion queue (FI_CQ_FORMAT_TAGGED) for sends, receives and
+ * RMA, and an address vector (FI_AV_TABLE). The provider is picked by name
+ * ("tcp;ofi_rxm" by default, "shm" on one host, "verbs;ofi_rxm" or "efa" on
+ * RDMA fabrics).
+ *
+ * Data moves as one-sided reads (fab_read) and writes (fab_write) of
+ * registered memory (fab_mr). A region served to peers is registered for
+ * remote read only; a peer needs its fab_rkey (address, key, length), which
+ * the owner packs into FAB_RKEY_LEN bytes and ships through the tracker or a
+ * control message. Control messages are small tagged sends (fab_tsend /
+ * fab_trecv, at most FAB_MSG_MAX bytes) copied through buffers the context
+ * registered itself, so callers never register message memory.
+ *
+ * Memory registration follows the mr_mode bits the provider returns: we
+ * advertise FI_MR_LOCAL, FI_MR_VIRT_ADDR, FI_MR_ALLOCATED, FI_MR_PROV_KEY and
+ * FI_MR_ENDPOINT and branch on what comes back (local descriptors are always
+ * passed; remote addresses are 0-based offsets unless FI_MR_VIRT_ADDR; keys
+ * are ours unless FI_MR_PROV_KEY; regions are bound to the endpoint and
+ * enabled under FI_MR_ENDPOINT).
+ *
+ * Every operation is asynchronous and carries a caller-owned struct fab_op
+ * (it embeds the struct fi_context2 libfabric needs). fab_poll() reads the
+ * CQ and calls each finished op's callback with 0 or a negative errno;
+ * callbacks run only from fab_poll/fab_wait/fab_close, never from inside a
+ * posting call, so a callback may post new operations. fab_wait() is the
+ * blocking helper for simple callers and tests.
+ *
+ * Back-pressure: when the provider answers -FI_EAGAIN (queue full, or a
+ * connection still being set up, which needs the peer's progress), a post
+ * progresses the CQ and retries a bounded number of times, then parks the
+ * op in a FIFO that fab_poll() retries; the caller just sees 0. Posts stay
+ * in order: a new one queues behind parked ones. Callers bound how much
+ * they have in flight (fab_inflight()).
+ *
+ * Threads: a fab_ctx (and its regions and ops) is used by one thread at a
+ * time; the domain is opened FI_THREAD_DOMAIN. Two contexts may be driven by
+ * two threads.
+ *
+ * Progress: tcp;ofi_rxm and shm progress only when their CQ is read, on
+ * BOTH sides: a peer serving reads must call fab_poll too (shm needs the
+ * peer only for the first contact; later reads are copied by the reader
+ * with process_vm_readv). An event loop waits on fab_wait_fd() (the CQ's
+ * FI_WAIT_FD descriptor) after fab_trywait() says blocking is safe, plus a
+ * slow timer (~100 ms: connection setup may not signal the fd); without an
+ * fd (-ENOSYS: shm) or when fab_trywait() says -EAGAIN, it polls on a short
+ * timer. tcp;ofi_rxm has the fd.
+ *
+ * Errors: every int-returning function returns 0 or a negative errno;
+ * libfabric's -FI_E* codes are turned into errno values at this boundary and
+ * logged with fi_strerror, the call, file and line.
+ */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <rdma/fabric.h>
+
+#include "proto/util.h"
+
+/* Largest control message payload, bytes. Protocol constant, not tunable. */
+#define FAB_MSG_MAX 4096
+/* Largest endpoint address (fab_getname / fab_av_insert), bytes. */
+#define FAB_ADDR_MAX 256
+/* Size of a packed fab_rkey. */
+#define FAB_RKEY_LEN 24
+/* The default provider. */
+#define FAB_PROVIDER_DEFAULT "tcp;ofi_rxm"
+
+struct fab_ctx;
+struct fab_mr;
+struct fab_op;
+
+/* fab_op completion callback: status is 0 or a negative errno (-ECANCELED
+ * when the context was closed with the op in flight). The op may be reposted
+ * or freed inside the callback. */
+typedef void (*fab_cb)(struct fab_op *op, int status);
+
+enum fab_op_kind {
+	FAB_OP_NONE = 0,
+	FAB_OP_READ,
+	FAB_OP_WRITE,
+	FAB_OP_SEND,
+	FAB_OP_RECV,
+};
+
+/*
+ * One asynchronous operation. Caller-owned: embed it in your own request
+ * struct, recover that with proto_container_of() in the callback. It must
+ * stay alive and untouched from a successful post until its callback has
+ * run (or fab_wait reports it done). Posting functions set every field but
+ * data; a post that fails leaves the op unposted and never calls the
+ * callback.
+ */
+struct fab_op {
+	struct fi_context2 fi; /* libfabric's; must not be touched */
+	fab_cb cb;             /* may be NULL (fab_wait users) */
+	void *data;            /* caller's, untouched by fabric/ */
+	/* Results, valid once done: */
+	int status;            /* 0 or negative errno */
+	size_t len;            /* bytes moved / received */
+	uint64_t tag;          /* receive: tag of the matched message */
+	/* Private to fabric/: */
+	struct fab_ctx *ctx_;
+	struct fab_op *prev_, *next_;
+	void *lbuf_;       /* local bytes handed to the provider */
+	void *desc_;       /* their registration descriptor */
+	void *ubuf_;       /* receive: the caller's buffer */
+	size_t ucap_;
+	fi_addr_t peer_;
+	uint64_t raddr_;   /* RMA: remote address */
+	uint64_t key_;     /* RMA: remote key; receive: ignore mask */
+	int slot_;         /* message slot, -1 when none */
+	uint8_t kind_;
+	uint8_t state_;
+	uint8_t cancel_;   /* fab_cancel asked */
+};
+
+/* What a peer needs to read (or write) a registered region. addr is what the
+ * peer passes to fi_read: the virtual address under FI_MR_VIRT_ADDR, else 0
+ * (offsets are then 0-based). */
+struct fab_rkey {
+	uint64_t addr;
+	uint64_t key;
+	uint64_t len;
+};
+
+/* Per-context counters (initiator side: bytes this endpoint pulled/pushed). */
+struct fab_stats {
+	uint64_t bytes_read;    /* completed fab_read bytes */
+	uint64_t bytes_written; /* completed fab_write bytes */
+	uint64_t reads, writes;
+	uint64_t msgs_sent, msgs_recv;
+	uint64_t bytes_sent, bytes_recv;
+	uint64_t errors;        /* ops that completed with an error */
+};
+
+/* fab_open flags */
+#define FAB_F_NO_WAIT_FD 0x1u /* open the CQ without a wait object */
+
+struct fab_opts {
+	unsigned flags;     /* FAB_F_* */
+	unsigned msg_slots; /* control-message buffers (sends + posted receives);
+	                     * 0: 64 */
+};
+
+/*
+ * Opens an RDM endpoint on the named provider ("tcp;ofi_rxm" when NULL).
+ * node, when not NULL, is the local address to bind ("127.0.0.1" for
+ * loopback tcp; leave NULL for shm); NULL takes the provider's first
+ * interface. opts may be NULL. On success *out owns every libfabric object;
+ * free it with fab_close. On failure *out is NULL, nothing is left open,
+ * and err (may be NULL) says why; an unknown provider gives -ENODATA
+ * naming the providers that exist.
+ */
+int fab_open(const char *provider, const char *node,
+	     const struct fab_opts *opts, struct fab_ctx **out,
+	     struct proto_err *err);
+
+/*
+ * Closes the endpoint first (abandoning every op in flight: the provider
+ * stops touching their buffers), then calls each abandoned op's callback
+ * with -ECANCELED (posting from it gives -ESHUTDOWN), then closes regions
+ * the caller left open, the AV, the CQ, the domain, the fabric: the reverse
+ * of fab_open. No last progress is made. NULL is fine. Never hangs on a
+ * silent peer; cannot fail.
+ * shm (libfabric 1.17) caveat: a peer that later progresses a first-contact
+ * request from an endpoint closed this way crashes in the provider, and in
+ * one process two shm endpoints must not close with traffic pending between
+ * them. tessera runs one endpoint per process, and abandons only stalled
+ * peers it is dropping anyway.
+ */
+void fab_close(struct fab_ctx *ctx);
+
+/* Copies this endpoint's raw address into buf (cap bytes); *len gets its
+ * size. -ENOBUFS (with *len set) when cap is too small. */
+int fab_getname(const struct fab_ctx *ctx, void *buf, size_t cap, size_t *len);
+
+/* The provider actually opened (e.g. "tcp;ofi_rxm"), its mr_mode bits, the
+ * largest single RMA transfer. Borrowed; cannot fail. */
+const char *fab_provider(const struct fab_ctx *ctx);
+uint64_t fab_mr_mode(const struct fab_ctx *ctx);
+size_t fab_max_rma(const struct fab_ctx *ctx);
+/* One line: provider, fabric, domain, mr_mode bits, progress, wait fd. */
+void fab_describe(const struct fab_ctx *ctx, char *buf, size_t cap);
+/* Names of the mr_mode bits set in mode, e.g. "FI_MR_LOCAL|FI_MR_VIRT_ADDR"
+ * ("none" when 0). */
+void fab_mr_mode_str(uint64_t mode, char *buf, size_t cap);
+
+/* Counters since open. Cannot fail. */
+void fab_stats(const struct fab_ctx *ctx, struct fab_stats *out);
+
+/*
+ * Turns a peer's address bytes (hostile: checked against the provider's
+ * address format and FAB_ADDR_MAX) into *out. -EINVAL for malformed bytes.
+ * Inserting the same address twice gives two handles to one peer.
+ */
+int fab_av_insert(struct fab_ctx *ctx, const void *addr, size_t len,
+		  fi_addr_t *out);
+/* Forgets a peer. Ops in flight to it are not cancelled. */
+int fab_av_remove(struct fab_ctx *ctx, fi_addr_t addr);
+
+/* Access a region is registered for (any combination). */
+#define FAB_MR_REMOTE_READ  0x1u /* peers fab_read from it (serving) */
+#define FAB_MR_REMOTE_WRITE 0x2u /* peers fab_write into it */
+#define FAB_MR_READ         0x4u /* local destination of our fab_read */
+#define FAB_MR_WRITE        0x8u /* local source of our fab_write */
+
+/*
+ * Registers [buf, buf+len) (len > 0; memory allocated by the caller, who
+ * keeps it alive until fab_mr_close). On failure *out is NULL and nothing
+ * is registered. The region belongs to ctx; fab_close frees one left open.
+ */
+int fab_mr_reg(struct fab_ctx *ctx, void *buf, size_t len, unsigned access,
+	       struct fab_mr **out);
+/* Deregisters; no op may be in flight on it. NULL is fine; cannot fail. */
+void fab_mr_close(struct fab_mr *mr);
+/* The region's base and length. */
+void *fab_mr_buf(const struct fab_mr *mr);
+size_t fab_mr_len(const struct fab_mr *mr);
+/* What a peer needs to access the region. Cannot fail. */
+void fab_mr_rkey(const struct fab_mr *mr, struct fab_rkey *out);
+
+/* Serialises an rkey as three little-endian u64 (addr, key, len). */
+void fab_rkey_pack(const struct fab_rkey *rk, uint8_t out[FAB_RKEY_LEN]);
+/* Parses FAB_RKEY_LEN bytes (hostile); -EINVAL on a wrong length or an
+ * addr+len that wraps. */
+int fab_rkey_unpack(const uint8_t *buf, size_t len, struct fab_rkey *out);
+
+/*
+ * Posts a one-sided read of len bytes at offset roff of the peer's region
+ * rk into local region lmr at loff (lmr registered with FAB_MR_READ), or a
+ * write the other way (lmr with FAB_MR_WRITE; the peer's region with
+ * FAB_MR_REMOTE_WRITE). A write's completion means the bytes are in the
+ * peer's memory (FI_DELIVERY_COMPLETE) where the provider offers it, else
+ * that our buffer may be reused.
+ * Returns 0 (cb will run exactly once), -ERANGE when either range falls
+ * outside its region (checked here against rk->len, the peer still checks
+ * its own), -EACCES when lmr lacks the access, -EMSGSIZE above
+ * fab_max_rma, -ESHUTDOWN while closing, other negative errno from the
+ * provider. A range the peer refuses (bad key, past its region) completes
+ * with a negative status (-EREMOTEIO on tcp;ofi_rxm, which also drops the
+ * connection: fab_av_remove and re-insert the peer before using it again).
+ * shm (1.17) checks neither keys nor ranges: it is for peers on one host
+ * that already trust each other; a read from an unmapped address there
+ * never completes.
+ */
+int fab_read(struct fab_ctx *ctx, struct fab_op *op, struct fab_mr *lmr,
+	     size_t loff, size_t len, fi_addr_t peer,
+	     const struct fab_rkey *rk, uint64_t roff, fab_cb cb);
+int fab_write(struct fab_ctx *ctx, struct fab_op *op, struct fab_mr *lmr,
+	      size_t loff, size_t len, fi_addr_t peer,
+	      const struct fab_rkey *rk, uint64_t roff, fab_cb cb);
+
+/*
+ * Sends len <= FAB_MSG_MAX bytes with a 64-bit tag. buf is copied before
+ * this returns (the caller keeps ownership). -EMSGSIZE when too long,
+ * -ENOBUFS when every message buffer is in use, else as fab_read.
+ */
+int fab_tsend(struct fab_ctx *ctx, struct fab_op *op, fi_addr_t peer,
+	      uint64_t tag, const void *buf, size_t len, fab_cb cb);
+/*
+ * Posts a receive for a message from any peer whose tag matches tag in the
+ * bits not set in ignore. On completion the payload is copied into buf
+ * (cap bytes, caller-owned, alive until completion), op->len and op->tag
+ * are set; a message longer than cap completes with -EMSGSIZE (first cap
+ * bytes kept). Errors as fab_tsend.
+ */
+int fab_trecv(struct fab_ctx *ctx, struct fab_op *op, uint64_t tag,
+	      uint64_t ignore, void *buf, size_t cap, fab_cb cb);
+/* Asks the provider to cancel a posted receive; its callback then runs with
+ * -ECANCELED from a later fab_poll (or 0 if it matched first). RMA and
+ * sends cannot be cancelled; abandon them with fab_close. */
+int fab_cancel(struct fab_ctx *ctx, struct fab_op *op);
+
+/*
+ * Drives progress: reads up to max completions (max 0: all there are),
+ * retries parked posts, and runs the callbacks of finished ops (including
+ * any reaped earlier by a posting call). Returns the number of callbacks
+ * run, or a negative errno if the CQ failed.
+ */
+int fab_poll(struct fab_ctx *ctx, int max);
+/*
+ * Polls until op has completed (op NULL: until nothing is in flight), or
+ * timeout_ms (< 0: no limit) passes. Returns op's status (0 for NULL), or
+ * -ETIMEDOUT with the op still in flight (it stays owned by ctx until it
+ * completes or ctx is closed), -EINVAL for an op that was never posted.
+ * Not for ops whose callback frees them. Progresses only this context: a
+ * peer in the same thread must be polled by the caller instead.
+ */
+int fab_wait(struct fab_ctx *ctx, struct fab_op *op, int timeout_ms);
+/* Ops posted (or parked) and not yet completed. */
+size_t fab_inflight(const struct fab_ctx *ctx);
+
+/* The CQ's wait fd for an event loop (read-ready means: call fab_poll), or
+ * -ENOSYS when the provider gives none (poll on a timer instead). Owned by
+ * ctx; do not close or read it. */
+int fab_wait_fd(const struct fab_ctx *ctx);
+/* 0 when it is safe to block on fab_wait_fd now; -EAGAIN when completions
+ * or progress are pending (call fab_poll first); -ENOSYS without an fd. */
+int fab_trywait(struct fab_ctx *ctx);
+
+#endif
