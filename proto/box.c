@@ -2,6 +2,7 @@
 #include "proto/box.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -129,4 +130,47 @@ int proto_flat_to_boxes(const uint64_t *shape, uint32_t ndim, uint64_t start,
 
 	memset(&prefix, 0, sizeof(prefix));
 	return flat_rec(shape, ndim, 0, &prefix, start, end, out);
+}
+
+int proto_piece_boxes(const struct proto_model *m, const struct proto_piece *p,
+		      struct proto_boxes *out)
+{
+	const struct proto_tensor *t = &m->tensors[p->tensor];
+	if (p->flat)
+		return proto_flat_to_boxes(t->shape, t->ndim, p->box.lo[0], p->box.hi[0], out);
+	return proto_boxes_push(out, &p->box);
+}
+
+int proto_boxes_cut(struct proto_boxes *unc, const struct proto_box *b, uint32_t ndim,
+		    struct proto_boxes *scratch, int (*fn)(void *arg, const struct proto_box *x),
+		    void *arg)
+{
+	int rc = 0;
+
+	scratch->n = 0;
+	for (uint32_t u = 0; u < unc->n && rc == 0; u++) {
+		struct proto_box x;
+		if (!proto_box_intersect(&unc->v[u], b, ndim, &x)) {
+			rc = proto_boxes_push(scratch, &unc->v[u]);
+			continue;
+		}
+		if (fn != NULL)
+			rc = fn(arg, &x);
+		if (rc == 0)
+			rc = proto_box_subtract(&unc->v[u], &x, ndim, scratch);
+	}
+	struct proto_boxes tmp = *unc;
+	*unc = *scratch;
+	*scratch = tmp;
+	return rc;
+}
+
+void proto_box_str(char *buf, size_t len, const struct proto_box *b, uint32_t ndim)
+{
+	size_t n = 0;
+
+	buf[0] = 0;
+	for (uint32_t d = 0; d < ndim && n + 48 < len; d++)
+		n += (size_t)snprintf(buf + n, len - n, "%s[%llu,%llu)", d ? "," : "",
+				      (unsigned long long)b->lo[d], (unsigned long long)b->hi[d]);
 }

@@ -3,6 +3,7 @@
 #define PROTO_BOX_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "proto/spec.h"
@@ -29,5 +30,22 @@ int proto_box_subtract(const struct proto_box *a, const struct proto_box *x,
  * the given shape (at most 2*ndim-1 boxes). */
 int proto_flat_to_boxes(const uint64_t *shape, uint32_t ndim, uint64_t start,
 			uint64_t end, struct proto_boxes *out);
+
+/* "[lo,hi),[lo,hi)" into buf (truncated to len). Cannot fail. */
+void proto_box_str(char *buf, size_t len, const struct proto_box *b, uint32_t ndim);
+
+/* Appends the boxes a layout piece covers (a flat range becomes several). */
+int proto_piece_boxes(const struct proto_model *m, const struct proto_piece *p,
+		      struct proto_boxes *out);
+
+/*
+ * Cuts b out of every box of *unc (in place; scratch is working space the
+ * caller keeps between calls). For each non-empty intersection, fn (may be
+ * NULL) is called before it is removed; a non-zero return from fn stops and
+ * is returned. -ENOMEM leaves *unc unspecified.
+ */
+int proto_boxes_cut(struct proto_boxes *unc, const struct proto_box *b,
+		    uint32_t ndim, struct proto_boxes *scratch,
+		    int (*fn)(void *arg, const struct proto_box *x), void *arg);
 
 #endif

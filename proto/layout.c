@@ -759,16 +759,6 @@ json_t *proto_layout_to_json(const struct proto_model *m, const struct proto_lay
 
 /* ---- completeness ------------------------------------------------------- */
 
-/* Appends the boxes a piece covers (a flat range becomes several). */
-static int piece_boxes(const struct proto_model *m, const struct proto_piece *p,
-		       struct proto_boxes *out)
-{
-	const struct proto_tensor *t = &m->tensors[p->tensor];
-	if (p->flat)
-		return proto_flat_to_boxes(t->shape, t->ndim, p->box.lo[0], p->box.hi[0], out);
-	return proto_boxes_push(out, &p->box);
-}
-
 int proto_layout_check_complete(const struct proto_model *m, const struct proto_layout *l,
 				struct proto_err *err)
 {
@@ -794,31 +784,15 @@ int proto_layout_check_complete(const struct proto_model *m, const struct proto_
 					if (lt->pieces[k].tensor != ti)
 						continue;
 					pb.n = 0;
-					rc = piece_boxes(m, &lt->pieces[k], &pb);
-					for (uint32_t b = 0; b < pb.n && rc == 0; b++) {
-						next.n = 0;
-						for (uint32_t u = 0; u < unc.n && rc == 0; u++) {
-							struct proto_box x;
-							if (!proto_box_intersect(&unc.v[u], &pb.v[b], t->ndim, &x))
-								rc = proto_boxes_push(&next, &unc.v[u]);
-							else
-								rc = proto_box_subtract(&unc.v[u], &x, t->ndim, &next);
-						}
-						struct proto_boxes tmp = unc;
-						unc = next;
-						next = tmp;
-					}
+					rc = proto_piece_boxes(m, &lt->pieces[k], &pb);
+					for (uint32_t b = 0; b < pb.n && rc == 0; b++)
+						rc = proto_boxes_cut(&unc, &pb.v[b], t->ndim, &next, NULL, NULL);
 				}
 			}
 		}
 		if (rc == 0 && unc.n > 0) {
 			char box[256];
-			int n = 0;
-			box[0] = 0;
-			for (uint32_t d = 0; d < t->ndim && n < (int)sizeof(box) - 48; d++)
-				n += snprintf(box + n, sizeof(box) - (size_t)n, "%s[%llu,%llu)", d ? "," : "",
-					      (unsigned long long)unc.v[0].lo[d],
-					      (unsigned long long)unc.v[0].hi[d]);
+			proto_box_str(box, sizeof(box), &unc.v[0], t->ndim);
 			rc = proto_errf(err, EINVAL, "layout does not cover the model: %s elements %s are held by no rank",
 					t->name, box);
 		}

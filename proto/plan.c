@@ -194,22 +194,17 @@ static int index_holders(const struct proto_model *m, const struct proto_layout 
 	return 0;
 }
 
-static int piece_boxes(const struct proto_model *m, const struct proto_piece *p,
-		       struct proto_boxes *out)
-{
-	const struct proto_tensor *t = &m->tensors[p->tensor];
-	if (p->flat)
-		return proto_flat_to_boxes(t->shape, t->ndim, p->box.lo[0], p->box.hi[0], out);
-	return proto_boxes_push(out, &p->box);
-}
+struct emit_ctx {
+	struct builder *b;
+	const struct pseg *proto;
+};
 
-static void box_str(char *buf, size_t len, const struct proto_box *b, uint32_t ndim)
+static int emit_seg(void *arg, const struct proto_box *x)
 {
-	size_t n = 0;
-	buf[0] = 0;
-	for (uint32_t d = 0; d < ndim && n + 48 < len; d++)
-		n += (size_t)snprintf(buf + n, len - n, "%s[%llu,%llu)", d ? "," : "",
-				      (unsigned long long)b->lo[d], (unsigned long long)b->hi[d]);
+	struct emit_ctx *e = arg;
+	struct pseg seg = *e->proto;
+	seg.box = *x;
+	return push_seg(e->b, &seg);
 }
 
 /* Covers one destination piece from the source holders of its tensor. */
@@ -221,40 +216,27 @@ static int cover_piece(struct builder *b, uint32_t j, uint32_t li, uint32_t pi,
 	struct proto_boxes unc = {0}, next = {0}, sb = {0};
 	int rc;
 
-	rc = piece_boxes(b->m, dp, &unc);
+	rc = proto_piece_boxes(b->m, dp, &unc);
 	/* Rotate the starting holder so replicated sources share the load. */
 	uint64_t start = nh ? ((uint64_t)j + dp->tensor) % nh : 0;
 	for (uint64_t q = 0; q < nh && unc.n > 0 && rc == 0; q++) {
 		const struct holder *hd = &h[(start + q) % nh];
 		const struct proto_piece *sp = &b->src->ranks[hd->rank].locals[hd->local].pieces[hd->piece];
+		struct pseg seg = {.src_rank = hd->rank, .dst_rank = j, .tensor = dp->tensor,
+				   .src_local = hd->local, .src_piece = hd->piece, .dst_local = li,
+				   .dst_piece = pi};
+		struct emit_ctx ec = {b, &seg};
 
 		sb.n = 0;
-		rc = piece_boxes(b->m, sp, &sb);
-		for (uint32_t s = 0; s < sb.n && rc == 0; s++) {
-			next.n = 0;
-			for (uint32_t u = 0; u < unc.n && rc == 0; u++) {
-				struct pseg seg = {.src_rank = hd->rank, .dst_rank = j,
-						   .tensor = dp->tensor, .src_local = hd->local,
-						   .src_piece = hd->piece, .dst_local = li,
-						   .dst_piece = pi};
-				if (!proto_box_intersect(&unc.v[u], &sb.v[s], t->ndim, &seg.box)) {
-					rc = proto_boxes_push(&next, &unc.v[u]);
-					continue;
-				}
-				rc = push_seg(b, &seg);
-				if (rc == 0)
-					rc = proto_box_subtract(&unc.v[u], &seg.box, t->ndim, &next);
-			}
-			struct proto_boxes tmp = unc;
-			unc = next;
-			next = tmp;
-		}
+		rc = proto_piece_boxes(b->m, sp, &sb);
+		for (uint32_t s = 0; s < sb.n && rc == 0; s++)
+			rc = proto_boxes_cut(&unc, &sb.v[s], t->ndim, &next, emit_seg, &ec);
 	}
 	if (rc == -ENOMEM) {
 		rc = proto_errf(err, ENOMEM, "plan: out of memory");
 	} else if (rc == 0 && unc.n > 0) {
 		char box[256];
-		box_str(box, sizeof(box), &unc.v[0], t->ndim);
+		proto_box_str(box, sizeof(box), &unc.v[0], t->ndim);
 		rc = proto_errf(err, EINVAL,
 				"plan: destination rank %u local %s needs %s elements %s that no source rank holds",
 				j, b->dst->ranks[j].locals[li].name, t->name, box);
