@@ -71,6 +71,7 @@ int fab_av_insert(struct fab_ctx *ctx, const void *addr, size_t len,
 
 int fab_av_remove(struct fab_ctx *ctx, fi_addr_t addr)
 {
+	fab__fail_parked_peer(ctx, addr);
 	int ret = fi_av_remove(ctx->av, &addr, 1, 0);
 
 	return ret != 0 ? FAB_FI_ERR(ret, "fi_av_remove") : 0;

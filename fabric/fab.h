@@ -36,9 +36,13 @@
  * Back-pressure: when the provider answers -FI_EAGAIN (queue full, or a
  * connection still being set up, which needs the peer's progress), a post
  * progresses the CQ and retries a bounded number of times, then parks the
- * op in a FIFO that fab_poll() retries; the caller just sees 0. Posts stay
- * in order: a new one queues behind parked ones. Callers bound how much
- * they have in flight (fab_inflight()).
+ * op in a FIFO that fab_poll() retries; the caller just sees 0. Posts to one
+ * peer stay in order (a new one queues behind that peer's parked ones);
+ * posts to other peers go ahead. A peer that keeps refusing (unreachable:
+ * rxm answers -FI_EAGAIN while it reconnects, forever) fails its parked ops
+ * with -EHOSTUNREACH after TESSERA_PARK_MS, and fab_av_remove() fails them
+ * at once with -ECONNABORTED, so one dead peer never blocks the rest.
+ * Callers bound how much they have in flight (fab_inflight()).
  *
  * Threads: a fab_ctx (and its regions and ops) is used by one thread at a
  * time; the domain is opened FI_THREAD_DOMAIN. Two contexts may be driven by
@@ -118,6 +122,7 @@ struct fab_op {
 	fi_addr_t peer_;
 	uint64_t raddr_;   /* RMA: remote address */
 	uint64_t key_;     /* RMA: remote key; receive: ignore mask */
+	uint64_t parked_ns_; /* when it was parked */
 	int slot_;         /* message slot, -1 when none */
 	uint8_t kind_;
 	uint8_t state_;
@@ -205,7 +210,9 @@ void fab_stats(const struct fab_ctx *ctx, struct fab_stats *out);
  */
 int fab_av_insert(struct fab_ctx *ctx, const void *addr, size_t len,
 		  fi_addr_t *out);
-/* Forgets a peer. Ops in flight to it are not cancelled. */
+/* Forgets a peer. Ops parked for it (never accepted by the provider) fail
+ * with -ECONNABORTED at the next fab_poll; ops the provider accepted are not
+ * cancelled. */
 int fab_av_remove(struct fab_ctx *ctx, fi_addr_t addr);
 
 /* Access a region is registered for (any combination). */

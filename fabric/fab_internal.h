@@ -96,8 +96,10 @@ int fab__progress(struct fab_ctx *ctx, int max);
 void fab__op_prepare(struct fab_ctx *ctx, struct fab_op *op, int kind,
 		     fab_cb cb);
 int fab__submit(struct fab_ctx *ctx, struct fab_op *op);
-/* Issues parked ops in order until one is refused again. */
+/* Issues parked ops, in order per peer; fails those refused too long. */
 void fab__retry_parked(struct fab_ctx *ctx);
+/* Fails every parked op to peer with -ECONNABORTED (run by the next poll). */
+void fab__fail_parked_peer(struct fab_ctx *ctx, fi_addr_t peer);
 /* Moves a posted or parked op to the reaped list with its result. */
 void fab__op_reap(struct fab_ctx *ctx, struct fab_op *op, int status,
 		  size_t len, uint64_t tag);

@@ -4,6 +4,8 @@
 
 #include "fabric/fab_internal.h"
 #include "proto/log.h"
+#include "proto/params.h"
+#include "proto/util.h"
 
 static const char *kind_call(int kind)
 {
@@ -103,6 +105,7 @@ static void link_posted(struct fab_ctx *ctx, struct fab_op *op)
 static void park(struct fab_ctx *ctx, struct fab_op *op)
 {
 	op->state_ = FAB__OP_PARKED;
+	op->parked_ns_ = proto_now_ns();
 	op->prev_ = op->next_ = NULL;
 	if (ctx->parked_tail != NULL)
 		ctx->parked_tail->next_ = op;
@@ -111,12 +114,28 @@ static void park(struct fab_ctx *ctx, struct fab_op *op)
 	ctx->parked_tail = op;
 }
 
+/* Receives match any peer: they order against every parked receive. */
+static bool same_queue(const struct fab_op *a, const struct fab_op *b)
+{
+	if (a->kind_ == FAB_OP_RECV || b->kind_ == FAB_OP_RECV)
+		return a->kind_ == b->kind_;
+	return a->peer_ == b->peer_;
+}
+
+static bool blocked(const struct fab_ctx *ctx, const struct fab_op *op)
+{
+	for (const struct fab_op *p = ctx->parked_head; p != NULL; p = p->next_)
+		if (p != op && same_queue(p, op))
+			return true;
+	return false;
+}
+
 int fab__submit(struct fab_ctx *ctx, struct fab_op *op)
 {
 	ssize_t ret = -FI_EAGAIN;
 
-	/* Keep order: nothing overtakes a parked op. */
-	if (ctx->parked_head == NULL) {
+	/* Keep order per peer: nothing overtakes that peer's parked ops. */
+	if (!blocked(ctx, op)) {
 		for (int tries = 0;; tries++) {
 			ret = issue(ctx, op);
 			if (ret != -FI_EAGAIN || tries >= FAB__EAGAIN_TRIES)
@@ -137,28 +156,58 @@ int fab__submit(struct fab_ctx *ctx, struct fab_op *op)
 	return 0;
 }
 
+/* Fails a parked op through its callback (the caller was told it posted). */
+static void fail_parked(struct fab_ctx *ctx, struct fab_op *op, int err)
+{
+	fab__unpark(ctx, op);
+	op->state_ = FAB__OP_POSTED;
+	link_posted(ctx, op);
+	fab__op_reap(ctx, op, err, 0, 0);
+}
+
 void fab__retry_parked(struct fab_ctx *ctx)
 {
-	while (ctx->parked_head != NULL && !ctx->closing) {
-		struct fab_op *op = ctx->parked_head;
-		ssize_t ret = issue(ctx, op);
+	uint64_t now = proto_now_ns();
+	uint64_t limit = proto_param(PROTO_PARAM_PARK_MS) * 1000000ull;
+	struct fab_op *op = ctx->parked_head, *next;
 
-		if (ret == -FI_EAGAIN)
-			return;
-		ctx->parked_head = op->next_;
-		if (ctx->parked_head == NULL)
-			ctx->parked_tail = NULL;
-		op->next_ = NULL;
+	/* One pass in FIFO order. A peer that refuses again keeps the rest of
+	 * its ops parked behind it; other peers' ops go ahead. */
+	for (; op != NULL && !ctx->closing; op = next) {
+		next = op->next_;
+		bool earlier = false;
+		for (struct fab_op *p = ctx->parked_head; p != op; p = p->next_)
+			earlier |= same_queue(p, op);
+		if (earlier)
+			continue;
+		ssize_t ret = issue(ctx, op);
+		if (ret == -FI_EAGAIN) {
+			if (now - op->parked_ns_ > limit) {
+				LOG_WARN("fabric %s: peer refused a %s for %llu ms: giving up",
+					 fab_provider(ctx), kind_call(op->kind_),
+					 (unsigned long long)((now - op->parked_ns_) / 1000000));
+				fail_parked(ctx, op, -EHOSTUNREACH);
+			}
+			continue;
+		}
+		fab__unpark(ctx, op);
 		if (ret == 0) {
 			link_posted(ctx, op);
 		} else {
-			/* The caller was told it was posted: fail it through
-			 * its callback. */
-			int err = FAB_FI_ERR(ret, kind_call(op->kind_));
-
 			link_posted(ctx, op);
-			fab__op_reap(ctx, op, err, 0, 0);
+			fab__op_reap(ctx, op, FAB_FI_ERR(ret, kind_call(op->kind_)), 0, 0);
 		}
+	}
+}
+
+void fab__fail_parked_peer(struct fab_ctx *ctx, fi_addr_t peer)
+{
+	struct fab_op *op = ctx->parked_head, *next;
+
+	for (; op != NULL; op = next) {
+		next = op->next_;
+		if (op->kind_ != FAB_OP_RECV && op->peer_ == peer)
+			fail_parked(ctx, op, -ECONNABORTED);
 	}
 }
 

@@ -16,18 +16,20 @@ struct node_fabloop {
 
 static void drive(struct node_fabloop *fl)
 {
-	int n;
+	int n, total = 0;
 
 	do {
 		n = fab_poll(fl->ctx, 0);
 		if (n < 0) {
 			LOG_WARN("fabric: poll failed: %d", n);
-			break;
+			return;
 		}
+		total += n;
 	} while (n > 0);
-	/* Completions or progress pending: come back at once rather than
-	 * waiting for the fd or the timer. */
-	if (fab_inflight(fl->ctx) > 0 && fab_trywait(fl->ctx) == -EAGAIN)
+	/* Completions came and more may be pending: come back at once. Posts
+	 * parked on a busy or unreachable peer wait for the fd or the timer
+	 * instead, so the loop never spins on them. */
+	if (total > 0 && fab_inflight(fl->ctx) > 0 && fab_trywait(fl->ctx) == -EAGAIN)
 		event_active(fl->kick_ev, 0, 0);
 }
 

@@ -29,6 +29,10 @@
 	X(WATCH_MS, "TESSERA_WATCH_MS", 2000, "long-poll wait for new versions, ms") \
 	/* A chunk transfer that takes longer than this is abandoned, retried. */ \
 	X(STALL_MS, "TESSERA_STALL_MS", 3000, "chunk transfer stall timeout, ms") \
+	/* A fabric post the provider keeps refusing fails after this long. */ \
+	X(PARK_MS, "TESSERA_PARK_MS", 3000, "give up a post an unreachable peer refuses, ms") \
+	/* How often a publisher asks the tracker which versions to keep serving. */ \
+	X(PUB_CHECK_MS, "TESSERA_PUB_CHECK_MS", 1000, "publisher retain check period, ms") \
 	/* Largest safetensors header (JSON) accepted, before any allocation. */ \
 	X(ST_HEADER_MAX, "TESSERA_ST_HEADER_MAX", 100000000, "largest safetensors header, bytes") \
 	/* Largest delta header (tables and child header) accepted. */ \
@@ -36,7 +40,7 @@
 	/* Elements per delta chunk: the unit of zstd frames and apply threads. */ \
 	X(DELTA_CHUNK, "TESSERA_DELTA_CHUNK", 1u << 22, "elements per delta chunk") \
 	/* zstd level of delta streams (see proto/delta.h for the measurements). */ \
-	X(DELTA_LEVEL, "TESSERA_DELTA_LEVEL", 19, "zstd level of delta streams")
+	X(DELTA_LEVEL, "TESSERA_DELTA_LEVEL", 1, "zstd level of delta streams")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

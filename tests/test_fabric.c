@@ -834,6 +834,46 @@ static void test_abandon_on_close(void **state)
 	free(dst);
 }
 
+/* A read to a peer that is gone must fail in bounded time and must not
+ * hold up reads to a live peer posted after it. */
+static void test_dead_peer_does_not_block(void **state)
+{
+	struct fx *f = &fx_tcp;
+	struct fab_ctx *dead = NULL;
+	struct proto_err err;
+	uint8_t name[FAB_ADDR_MAX];
+	size_t len;
+	fi_addr_t a2dead;
+	struct fab_mr *lmr, *rmr;
+	struct fab_rkey rk, fake = {0, 1, 4096};
+	struct req rd_dead = {0}, rd_live = {0};
+	uint8_t *local = xalloc(8192), *remote = xalloc(4096);
+
+	SKIP_IF_UNAVAILABLE(f);
+	setenv("TESSERA_PARK_MS", "300", 1);
+	assert_int_equal(fab_open(f->prov, f->node, NULL, &dead, &err), 0);
+	assert_int_equal(fab_getname(dead, name, sizeof(name), &len), 0);
+	fab_close(dead);
+	assert_int_equal(fab_av_insert(f->a, name, len, &a2dead), 0);
+	fill(remote, 4096, 99);
+	assert_int_equal(fab_mr_reg(f->a, local, 8192, FAB_MR_READ, &lmr), 0);
+	assert_int_equal(fab_mr_reg(f->b, remote, 4096, FAB_MR_REMOTE_READ, &rmr), 0);
+	fab_mr_rkey(rmr, &rk);
+	assert_int_equal(fab_read(f->a, &rd_dead.op, lmr, 0, 4096, a2dead, &fake, 0, req_cb), 0);
+	assert_int_equal(fab_read(f->a, &rd_live.op, lmr, 4096, 4096, f->a2b, &rk, 0, req_cb), 0);
+	pump_until(f, &rd_live.done, 1);
+	assert_int_equal(rd_live.status, 0);
+	assert_memory_equal(local + 4096, remote, 4096);
+	pump_until(f, &rd_dead.done, 1);
+	assert_int_not_equal(rd_dead.status, 0);
+	fab_av_remove(f->a, a2dead);
+	fab_mr_close(lmr);
+	fab_mr_close(rmr);
+	free(local);
+	free(remote);
+	unsetenv("TESSERA_PARK_MS");
+}
+
 static void test_unknown_provider(void **state)
 {
 	struct proto_err err = {{0}};
@@ -902,7 +942,8 @@ static void test_mr_mode_names(void **state)
 
 int main(void)
 {
-	const struct CMUnitTest tcp[] = {FABRIC_TESTS};
+	const struct CMUnitTest tcp[] = {FABRIC_TESTS,
+					 cmocka_unit_test(test_dead_peer_does_not_block)};
 	const struct CMUnitTest shm[] = {FABRIC_TESTS};
 	const struct CMUnitTest local[] = {
 		cmocka_unit_test(test_unknown_provider),
