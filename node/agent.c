@@ -13,6 +13,7 @@
 #include "fabric/fab.h"
 #include "node/fabloop.h"
 #include "node/store.h"
+#include "node/verifier.h"
 #include "proto/proto.h"
 #include "tracker/tracker.h"
 
@@ -51,7 +52,9 @@ struct agent_read {
 	bool src_peer;
 	uint64_t started_ms;
 	bool abandoned; /* stalled: its slot stays reserved until completion */
-	bool busy;
+	bool busy;      /* the slot holds this read (in fabric or verifying) */
+	bool in_fabric; /* posted, not completed */
+	struct node_vjob job;
 	uint64_t gen; /* fetch generation it belongs to */
 };
 
@@ -90,6 +93,7 @@ struct node_agent {
 	/* Bounce buffers: reads land here, are hashed, then scattered. */
 	uint8_t *bounce;
 	struct fab_mr *bounce_mr;
+	struct node_verifier *ver;
 	struct agent_read *reads;
 	uint32_t nreads, inflight, max_inflight;
 	uint32_t chunk_size;
@@ -175,6 +179,9 @@ static void fetch_free(struct node_agent *a, struct agent_fetch *f)
 {
 	if (f == NULL)
 		return;
+	/* No worker may still be scattering into this fetch's slot. */
+	if (a->ver != NULL)
+		node_verifier_drain(a->ver);
 	for (uint32_t i = 0; i < f->nparcels; i++) {
 		struct agent_parcel *p = &f->parcels[i];
 		for (size_t s = 0; s < p->nsrcs; s++) {
@@ -200,7 +207,7 @@ static void fetch_free(struct node_agent *a, struct agent_fetch *f)
 static void fetch_drop(struct node_agent *a)
 {
 	for (uint32_t i = 0; i < a->nreads; i++)
-		if (a->reads[i].busy)
+		if (a->reads[i].in_fabric)
 			a->reads[i].abandoned = true;
 	fetch_free(a, a->fetch);
 	a->fetch = NULL;
@@ -478,35 +485,63 @@ static void source_failed(struct node_agent *a, struct agent_source *s)
 	}
 }
 
+/* A read completed: failures are retried elsewhere, data goes to a worker
+ * to be hashed and scattered (on_verified picks it up). */
 static void on_read(struct fab_op *op, int status)
 {
 	struct agent_read *rd = proto_container_of(op, struct agent_read, op);
 	struct node_agent *a = rd->a;
 	struct agent_fetch *f = a->fetch;
 
-	rd->busy = false;
 	a->inflight--;
+	rd->in_fabric = false;
 	if (rd->abandoned || f == NULL || rd->gen != a->gen) {
 		rd->abandoned = false;
+		rd->busy = false;
 		pump(a);
 		return;
 	}
 	struct agent_parcel *p = &f->parcels[rd->parcel];
 	const struct proto_chunk *c = &p->mp->chunks[rd->chunk];
-	uint8_t *buf = a->bounce + (size_t)rd->slot * a->chunk_size;
-	uint8_t h[PROTO_HASH_BYTES];
 
 	if (status != 0) {
 		LOG_DEBUG("node %s: chunk %u/%u of parcel %u<-%u failed: %d", a->node_id, rd->chunk,
 			  p->mp->nchunks, p->mp->dst_rank, p->mp->src_rank, status);
+		rd->busy = false;
 		source_failed(a, read_source(f, rd));
 		p->state[rd->chunk] = 0;
 		p->next_todo = PROTO_MIN(p->next_todo, rd->chunk);
 		pump(a);
 		return;
 	}
-	crypto_generichash(h, sizeof(h), buf, c->size, NULL, 0);
-	if (sodium_memcmp(h, c->hash, sizeof(h)) != 0) {
+	rd->job = (struct node_vjob){
+		.buf = a->bounce + (size_t)rd->slot * a->chunk_size,
+		.len = c->size,
+		.hash = c->hash,
+		.plan = &f->plan,
+		.parcel = p->pp,
+		.layout = &a->layout,
+		.dst = f->slot->host,
+		.off = (uint64_t)rd->chunk * f->man.chunk_size,
+	};
+	node_verifier_submit(a->ver, &rd->job);
+	pump(a);
+}
+
+static void on_verified(struct node_vjob *job, void *arg)
+{
+	struct agent_read *rd = proto_container_of(job, struct agent_read, job);
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+
+	rd->busy = false;
+	if (f == NULL || rd->gen != a->gen) {
+		pump(a);
+		return;
+	}
+	struct agent_parcel *p = &f->parcels[rd->parcel];
+	const struct proto_chunk *c = &p->mp->chunks[rd->chunk];
+	if (!job->ok) {
 		/* Never trust the bytes: discard, set the source aside, refetch. */
 		LOG_WARN("node %s: chunk %u of parcel %u<-%u from %s failed its hash; discarded",
 			 a->node_id, rd->chunk, p->mp->dst_rank, p->mp->src_rank,
@@ -517,8 +552,6 @@ static void on_read(struct fab_op *op, int status)
 		pump(a);
 		return;
 	}
-	proto_parcel_scatter(&f->plan, p->pp, &a->layout, f->slot->host,
-			     (uint64_t)rd->chunk * f->man.chunk_size, c->size, buf);
 	p->state[rd->chunk] = 2;
 	p->done++;
 	f->bytes_done += c->size;
@@ -569,12 +602,14 @@ static void pump(struct node_agent *a)
 			*rd = (struct agent_read){.a = a, .parcel = pi, .chunk = c, .slot = (uint32_t)slot,
 						  .src_idx = (uint32_t)(s - p->srcs),
 						  .src_epoch = p->src_epoch, .src_peer = s->info.peer,
-						  .started_ms = now_ms(), .busy = true, .gen = a->gen};
+						  .started_ms = now_ms(), .busy = true, .in_fabric = true,
+						  .gen = a->gen};
 			int rc = fab_read(a->fab, &rd->op, a->bounce_mr, (size_t)slot * a->chunk_size,
 					  p->mp->chunks[c].size, s->fa, &rk,
 					  (uint64_t)c * f->man.chunk_size, on_read);
 			if (rc != 0) {
 				rd->busy = false;
+				rd->in_fabric = false;
 				LOG_DEBUG("node %s: read post failed: %d", a->node_id, rc);
 				source_failed(a, s);
 				continue;
@@ -598,7 +633,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 		return;
 	for (uint32_t i = 0; i < a->nreads; i++) {
 		struct agent_read *rd = &a->reads[i];
-		if (!rd->busy || rd->abandoned || rd->gen != a->gen || now - rd->started_ms < stall)
+		if (!rd->in_fabric || rd->abandoned || rd->gen != a->gen ||
+		    now - rd->started_ms < stall)
 			continue;
 		LOG_WARN("node %s: chunk %u of parcel %u stalled for %" PRIu64 " ms; fetching it elsewhere",
 			 a->node_id, rd->chunk, rd->parcel, now - rd->started_ms);
@@ -1015,11 +1051,13 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		goto fail;
 	}
 	a->fl = node_fabloop_new(base, a->fab, 1000);
+	a->ver = node_verifier_new(base, (unsigned)proto_param(PROTO_PARAM_VERIFY_THREADS),
+				   on_verified, a);
 	a->retry_ev = evtimer_new(base, on_retry, a);
 	a->heartbeat_ev = evtimer_new(base, heartbeat, a);
 	a->replica_ev = evtimer_new(base, poll_replica, a);
 	a->tick_ev = event_new(base, -1, EV_PERSIST, on_tick, a);
-	if (a->fl == NULL || a->retry_ev == NULL || a->heartbeat_ev == NULL ||
+	if (a->fl == NULL || a->ver == NULL || a->retry_ev == NULL || a->heartbeat_ev == NULL ||
 	    a->replica_ev == NULL || a->tick_ev == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
@@ -1065,6 +1103,8 @@ void node_agent_free(struct node_agent *a)
 	a->fetch = NULL;
 	fab_close(a->fab); /* read callbacks see no fetch and return */
 	a->fab = NULL;
+	node_verifier_free(a->ver); /* no worker touches the fetch after this */
+	a->ver = NULL;
 	fetch_free(a, f);
 	free(a->bounce);
 	free(a->reads);

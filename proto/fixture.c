@@ -31,8 +31,9 @@ int proto_fixture_model(uint64_t total_bytes, struct proto_model *m, struct prot
 	char name[PROTO_NAME_MAX];
 	int rc;
 
-	/* Bytes: embeddings 2 * 8H*H*2, a layer 2*(11.5 H^2 + 2H). */
-	while (h < 4096 && 2 * (2 * h) * (8 * 2 * h) * 2 + 23 * (2 * h) * (2 * h) <= total_bytes)
+	/* Bytes: embeddings and head 2 * 8H*H * 2, a layer (11.5 H^2 + 2H) * 2.
+	 * The widest H that still leaves room for eight layers. */
+	while (h < 4096 && 32 * (2 * h) * (2 * h) + 8 * 23 * (2 * h) * (2 * h) <= total_bytes)
 		h *= 2;
 	uint64_t fixed = 2 * 8 * h * h * 2 + 2 * h, layer = 23 * h * h + 4 * h;
 	layers = total_bytes > fixed + layer ? (total_bytes - fixed) / layer : 1;

@@ -11,7 +11,8 @@
 
 #include "proto/spec.h"
 
-/* Fills m with a model of about total_bytes (at least one layer): embeddings
+/* Fills m with a model of about total_bytes (eight layers or more when the
+ * size allows, at least one): embeddings
  * and lm_head [8H, H], per layer q/o [H, H], k/v [H/4, H], gate/up [3H, H],
  * down [H, 3H] and two norms [H], a final norm. H is a power of two, so every
  * dimension divides by 1..8-way tensor parallelism. */

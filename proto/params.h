@@ -29,6 +29,8 @@
 	X(WATCH_MS, "TESSERA_WATCH_MS", 2000, "long-poll wait for new versions, ms") \
 	/* A chunk transfer that takes longer than this is abandoned, retried. */ \
 	X(STALL_MS, "TESSERA_STALL_MS", 3000, "chunk transfer stall timeout, ms") \
+	/* Threads a node uses to hash and place fetched chunks. */ \
+	X(VERIFY_THREADS, "TESSERA_VERIFY_THREADS", 1, "chunk verification threads per node") \
 	/* A fabric post the provider keeps refusing fails after this long. */ \
 	X(PARK_MS, "TESSERA_PARK_MS", 3000, "give up a post an unreachable peer refuses, ms") \
 	/* How often a publisher asks the tracker which versions to keep serving. */ \

@@ -1,0 +1,48 @@
+/*
+ * Chunk verification off the event loop: worker threads hash each fetched
+ * chunk against its manifest hash and, when it matches, scatter it into the
+ * version slot; the loop learns of finished jobs through an eventfd and runs
+ * the done callback there. The event loop owns all agent state; workers touch
+ * only the job's buffer and its (disjoint) destination range.
+ */
+#ifndef NODE_VERIFIER_H
+#define NODE_VERIFIER_H
+
+#include <event2/event.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "proto/plan.h"
+
+struct node_vjob {
+	/* in: the bytes, the hash they must have, where they go */
+	const uint8_t *buf;
+	size_t len;
+	const uint8_t *hash;
+	const struct proto_plan *plan;
+	const struct proto_parcel *parcel;
+	const struct proto_layout *layout;
+	uint8_t *dst;  /* the destination rank's block */
+	uint64_t off;  /* payload offset of buf inside the parcel */
+	/* out */
+	bool ok;       /* hash matched and the bytes were scattered */
+	struct node_vjob *next_; /* private */
+};
+
+struct node_verifier;
+
+/* Starts nthreads workers; done(job, arg) runs on base's loop for each
+ * finished job. NULL on failure (nothing started). */
+struct node_verifier *node_verifier_new(struct event_base *base, unsigned nthreads,
+					void (*done)(struct node_vjob *job, void *arg),
+					void *arg);
+/* Queues a job; the caller keeps it (and what it points to) alive until done
+ * runs for it or node_verifier_drain returns. Cannot fail. */
+void node_verifier_submit(struct node_verifier *v, struct node_vjob *job);
+/* Blocks until no worker is touching any job; queued jobs are finished
+ * first. Their done callbacks still run later, from the loop. */
+void node_verifier_drain(struct node_verifier *v);
+/* Drains, stops the workers, drops undelivered results. NULL is fine. */
+void node_verifier_free(struct node_verifier *v);
+
+#endif
