@@ -110,15 +110,17 @@ $(BUILD)/bench/%: $(BUILD)/rel/tests/bench/%.o $(rel_LIBS)
 run-bench: $(BUILD)/bench/bench_fabric
 	$(BUILD)/bench/bench_fabric
 
-run-bench-delta: $(BUILD)/bench/bench_delta $(BINS)
-	$(BUILD)/bench/bench_delta
+# The 1 GiB synthetic model is generated once into $(BUILD)/bench-delta.
+run-bench-delta: $(BUILD)/bench/bench_delta
+	$(BUILD)/bench/bench_delta $(BUILD)/bench-delta
 
 FUZZ_CC    ?= clang
-FUZZ_FLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -I. $(PKG_CFLAGS) \
-              -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer
+FUZZ_FLAGS := -std=gnu11 -g -O1 -pthread -D_GNU_SOURCE -I. $(PKG_CFLAGS) \
+              -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+              -fno-omit-frame-pointer
 FUZZ_SECONDS ?= 60
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
-$(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard proto/*.c proto/*.h)
+$(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(wildcard proto/*.c proto/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(call lib_srcs,proto) $(PKG_LIBS) -lm -o $@
 

@@ -1,0 +1,628 @@
+/* Delta encoder: finds changes chunk by chunk and keeps the smallest coding. */
+#include <errno.h>
+#include <pthread.h>
+#include <sodium.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zstd.h>
+
+#include "proto/delta_internal.h"
+#include "proto/params.h"
+#include "proto/wsum.h"
+
+/* Density thresholds (changes / elements) above or below which a coding is
+ * not even tried: SPARSE up to 1/2, BITMAP from 1/64, DENSE from 1/8. */
+#define SPARSE_MAX_DEN 2
+#define BITMAP_MIN_DEN 64
+#define DENSE_MIN_DEN 8
+#define REC_MAX (1 + 3 * 10 + PROTO_DELTA_MAX_STREAMS * 10)
+
+struct chunk_out {
+	uint8_t rec[REC_MAX];
+	size_t rec_len;
+	uint8_t *streams; /* malloc'ed frames, back to back */
+	size_t streams_len;
+	uint64_t nchanged, pos_bytes, val_bytes;
+	uint64_t psum, csum; /* wsums of the chunk's parent and child elements */
+	uint8_t mode;
+};
+
+struct job {
+	const struct proto_delta_version *parent, *child;
+	const uint32_t *match;
+	uint32_t chunk_elems, wmax;
+	uint32_t maxn; /* largest chunk present: what scratch buffers hold */
+	int level;
+	uint64_t nchunks;
+	uint32_t *ctensor; /* per chunk: child tensor */
+	uint64_t *cbase;   /* per chunk: first element */
+	struct chunk_out *outs;
+	_Atomic uint64_t next, done;
+	const struct proto_delta_opts *o;
+	pthread_mutex_t lock;
+	int rc;
+	struct proto_err err;
+};
+
+/* A candidate set of streams for one chunk. */
+struct cand {
+	unsigned ns;
+	uint8_t *frame[PROTO_DELTA_MAX_STREAMS]; /* into the owning buffer */
+	size_t clen[PROTO_DELTA_MAX_STREAMS];
+	size_t total;
+};
+
+struct scratch {
+	ZSTD_CCtx *cctx;
+	uint32_t *pos;
+	uint64_t *val;  /* zigzag value per change (per element for DENSE) */
+	uint8_t *raw;   /* one raw stream being built */
+	uint8_t *zb[4]; /* compressed candidates; swapped, never copied */
+	size_t zcap;
+};
+
+static int scratch_init(struct scratch *s, const struct job *j)
+{
+	size_t n = PROTO_MAX(j->maxn, 1u), w = j->wmax;
+
+	memset(s, 0, sizeof(*s));
+	s->cctx = ZSTD_createCCtx();
+	s->pos = malloc(n * sizeof(*s->pos));
+	s->val = malloc(n * sizeof(*s->val));
+	/* Longest raw stream: a plane of n bytes, or k gaps plus the wide
+	 * stream (an escape needs a gap >= 255, so at most n / 255 of them,
+	 * 4 bytes each at most). */
+	s->raw = malloc(n + n / 32 + 64);
+	/* Largest candidate: w + 1 streams of at most n bytes, or the
+	 * position streams. */
+	s->zcap = (w + 1) * ZSTD_compressBound(n) + ZSTD_compressBound(n / 32 + 64) + 1024;
+	for (int i = 0; i < 4; i++)
+		s->zb[i] = malloc(s->zcap);
+	if (s->cctx == NULL || !s->pos || !s->val || !s->raw || !s->zb[0] || !s->zb[1] ||
+	    !s->zb[2] || !s->zb[3])
+		return -ENOMEM;
+	ZSTD_CCtx_setParameter(s->cctx, ZSTD_c_compressionLevel, j->level);
+	ZSTD_CCtx_setParameter(s->cctx, ZSTD_c_checksumFlag, 1);
+	ZSTD_CCtx_setParameter(s->cctx, ZSTD_c_contentSizeFlag, 1);
+	if (j->level <= 9)
+		ZSTD_CCtx_setParameter(s->cctx, ZSTD_c_minMatch, 7);
+	return 0;
+}
+
+static void scratch_fini(struct scratch *s)
+{
+	ZSTD_freeCCtx(s->cctx);
+	free(s->pos);
+	free(s->val);
+	free(s->raw);
+	for (int i = 0; i < 4; i++)
+		free(s->zb[i]);
+}
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i])
+			return false;
+	return true;
+}
+
+/* Compresses one raw stream into the candidate (at dst + c->total). */
+static int add_stream(struct scratch *s, struct cand *c, uint8_t *dst, size_t cap,
+		      const uint8_t *src, size_t len)
+{
+	size_t r = 0;
+
+	if (len > 0 && !all_zero(src, len)) {
+		r = ZSTD_compress2(s->cctx, dst + c->total, cap - c->total, src, len);
+		if (ZSTD_isError(r))
+			return -EIO;
+	}
+	c->frame[c->ns] = dst + c->total;
+	c->clen[c->ns++] = r;
+	c->total += r;
+	return 0;
+}
+
+/* Value streams for count values (minus bias) as PLANES or NIB. */
+static int add_values(struct scratch *s, struct cand *c, uint8_t *dst, size_t cap,
+		      const uint64_t *val, size_t count, uint64_t bias, uint32_t w, int vcode,
+		      uint32_t *nesc_out)
+{
+	uint8_t *raw = s->raw;
+	size_t nesc = 0;
+	int rc;
+
+	if (vcode == PROTO_DELTA_NIB) {
+		size_t nb = (count + 1) / 2;
+		memset(raw, 0, nb);
+		for (size_t i = 0; i < count; i++) {
+			uint64_t v = val[i] - bias;
+			raw[i >> 1] |= (uint8_t)((v < 15 ? v : 15) << ((i & 1) * 4));
+			nesc += v >= 15;
+		}
+		rc = add_stream(s, c, dst, cap, raw, nb);
+		if (rc != 0)
+			return rc;
+		for (uint32_t b = 0; b < w; b++) {
+			size_t k = 0;
+			for (size_t i = 0; i < count; i++) {
+				uint64_t v = val[i] - bias;
+				if (v >= 15)
+					raw[k++] = (uint8_t)((v - 15) >> (8 * b));
+			}
+			rc = add_stream(s, c, dst, cap, raw, k);
+			if (rc != 0)
+				return rc;
+		}
+	} else {
+		for (uint32_t b = 0; b < w; b++) {
+			for (size_t i = 0; i < count; i++)
+				raw[i] = (uint8_t)((val[i] - bias) >> (8 * b));
+			rc = add_stream(s, c, dst, cap, raw, count);
+			if (rc != 0)
+				return rc;
+		}
+	}
+	*nesc_out = (uint32_t)nesc;
+	return 0;
+}
+
+/*
+ * Finds the changes of one chunk of n elements: positions into pos, zigzag
+ * differences into val; returns their count. Old is all zero when the tensor
+ * has no parent (a == NULL). 64-byte blocks are compared word-wise first
+ * (most are equal); target_clones adds an AVX2 build.
+ */
+#define SCAN_FN(name, T, W)                                                        \
+	__attribute__((target_clones("avx2", "default"))) static size_t name(      \
+		uint32_t *pos, uint64_t *val, const uint8_t *a, const uint8_t *b,    \
+		uint32_t n)                                                          \
+	{                                                                            \
+		const uint32_t per = 64 / W;                                         \
+		size_t k = 0;                                                        \
+		uint32_t i = 0;                                                      \
+		if (a != NULL)                                                       \
+			for (; i + per <= n; i += per) {                             \
+				const uint8_t *pa = a + (size_t)i * W, *pb = b + (size_t)i * W; \
+				uint64_t x = 0;                                      \
+				for (int q = 0; q < 8; q++) {                        \
+					uint64_t u, v;                               \
+					memcpy(&u, pa + 8 * q, 8);                   \
+					memcpy(&v, pb + 8 * q, 8);                   \
+					x |= u ^ v;                                  \
+				}                                                    \
+				if (x == 0)                                          \
+					continue;                                    \
+				for (uint32_t e = 0; e < per; e++) {                 \
+					T o, nw;                                     \
+					memcpy(&o, pa + e * W, W);                   \
+					memcpy(&nw, pb + e * W, W);                  \
+					if (o != nw) {                               \
+						pos[k] = i + e;                      \
+						val[k++] = delta__zz((T)(nw - o), W); \
+					}                                            \
+				}                                                    \
+			}                                                            \
+		for (; i < n; i++) {                                                 \
+			T o = 0, nw;                                                 \
+			if (a != NULL)                                               \
+				memcpy(&o, a + (size_t)i * W, W);                    \
+			memcpy(&nw, b + (size_t)i * W, W);                           \
+			if (o != nw) {                                               \
+				pos[k] = i;                                          \
+				val[k++] = delta__zz((T)(nw - o), W);                \
+			}                                                            \
+		}                                                                    \
+		return k;                                                            \
+	}
+SCAN_FN(scan1, uint8_t, 1)
+SCAN_FN(scan2, uint16_t, 2)
+SCAN_FN(scan4, uint32_t, 4)
+SCAN_FN(scan8, uint64_t, 8)
+
+#define PIECE (1u << 15) /* elements scanned and summed while in L2 */
+
+/* Scans a chunk piece by piece and sums both sides of each piece while it
+ * is still in cache, so the checksums cost no extra pass over memory. */
+static size_t scan(struct scratch *s, const uint8_t *a, const uint8_t *b, uint32_t n, uint32_t w,
+		   uint64_t *psum, uint64_t *csum)
+{
+	size_t k = 0;
+
+	*psum = *csum = 0;
+	for (uint32_t i = 0; i < n; i += PIECE) {
+		uint32_t m = PROTO_MIN(PIECE, n - i);
+		const uint8_t *pa = a ? a + (size_t)i * w : NULL, *pb = b + (size_t)i * w;
+		size_t k0 = k;
+		switch (w) {
+		case 1:
+			k += scan1(s->pos + k, s->val + k, pa, pb, m);
+			break;
+		case 2:
+			k += scan2(s->pos + k, s->val + k, pa, pb, m);
+			break;
+		case 4:
+			k += scan4(s->pos + k, s->val + k, pa, pb, m);
+			break;
+		default:
+			k += scan8(s->pos + k, s->val + k, pa, pb, m);
+			break;
+		}
+		for (size_t q = k0; q < k; q++)
+			s->pos[q] += i;
+		if (pa != NULL)
+			*psum = proto_wsum_combine(*psum, i, proto_wsum(w, pa, m));
+		*csum = proto_wsum_combine(*csum, i, proto_wsum(w, pb, m));
+	}
+	return k;
+}
+
+static void swap(uint8_t **a, uint8_t **b)
+{
+	uint8_t *t = *a;
+	*a = *b;
+	*b = t;
+}
+
+/*
+ * Encodes one chunk. Buffers: zb[0] holds the best values of the changes,
+ * zb[1] the best positions, zb[2] and zb[3] are free for trials; a winner
+ * is swapped in, never copied.
+ */
+static int encode_chunk(struct job *j, struct scratch *s, uint64_t ci)
+{
+	uint32_t t = j->ctensor[ci];
+	uint32_t w = (uint32_t)proto_dtype_size(j->child->model->tensors[t].dtype);
+	uint64_t base = j->cbase[ci];
+	uint32_t n = (uint32_t)PROTO_MIN((uint64_t)j->chunk_elems,
+					 j->child->model->tensors[t].nelem - base);
+	const uint8_t *b = j->child->data[t] + base * w;
+	const uint8_t *a = j->match[t] == PROTO_DELTA_NONE ? NULL
+			 : j->parent->data[j->match[t]] + base * w;
+	struct chunk_out *out = &j->outs[ci];
+	struct cand vals = {0}, pos = {0}, trial;
+	uint32_t vnesc = 0, tnesc = 0, wide_len = 0;
+	int vcode = PROTO_DELTA_PLANES, rc;
+	uint8_t mode = PROTO_DELTA_ZERO, *p;
+	size_t k, at = 0;
+
+	k = scan(s, a, b, n, w, &out->psum, &out->csum);
+	out->nchanged = k;
+	out->mode = PROTO_DELTA_ZERO;
+	out->rec[0] = 0;
+	out->rec_len = 1;
+	out->streams = NULL;
+	out->streams_len = 0;
+	if (k == 0)
+		return 0;
+	/* Values of the changes (biased by 1): PLANES, then NIB if smaller. */
+	rc = add_values(s, &vals, s->zb[0], s->zcap, s->val, k, 1, w, PROTO_DELTA_PLANES, &vnesc);
+	memset(&trial, 0, sizeof(trial));
+	if (rc == 0)
+		rc = add_values(s, &trial, s->zb[2], s->zcap, s->val, k, 1, w, PROTO_DELTA_NIB,
+				&tnesc);
+	if (rc != 0)
+		return rc;
+	if (trial.total < vals.total) {
+		vals = trial;
+		vnesc = tnesc;
+		vcode = PROTO_DELTA_NIB;
+		swap(&s->zb[0], &s->zb[2]);
+	}
+	if ((uint64_t)k * SPARSE_MAX_DEN <= n) {
+		/* Gaps: unchanged elements skipped since the previous change. */
+		uint8_t *g = s->raw, *wide = s->raw + k;
+		uint32_t prev = 0;
+		size_t nw = 0;
+		for (size_t i = 0; i < k; i++) {
+			uint32_t gap = s->pos[i] - prev;
+			prev = s->pos[i] + 1;
+			if (gap < 255) {
+				g[i] = (uint8_t)gap;
+			} else {
+				g[i] = 255;
+				nw += delta__put_varint(wide + nw, gap - 255);
+			}
+		}
+		rc = add_stream(s, &pos, s->zb[1], s->zcap, g, k);
+		if (rc == 0)
+			rc = add_stream(s, &pos, s->zb[1], s->zcap, wide, nw);
+		if (rc != 0)
+			return rc;
+		mode = PROTO_DELTA_SPARSE;
+		wide_len = (uint32_t)nw;
+	}
+	if ((uint64_t)k * BITMAP_MIN_DEN >= n) {
+		size_t nb = ((size_t)n + 7) / 8;
+		memset(&trial, 0, sizeof(trial));
+		memset(s->raw, 0, nb);
+		for (size_t i = 0; i < k; i++)
+			s->raw[s->pos[i] >> 3] |= (uint8_t)(1u << (s->pos[i] & 7));
+		rc = add_stream(s, &trial, s->zb[2], s->zcap, s->raw, nb);
+		if (rc != 0)
+			return rc;
+		if (mode == PROTO_DELTA_ZERO || trial.total < pos.total) {
+			pos = trial;
+			mode = PROTO_DELTA_BITMAP;
+			swap(&s->zb[1], &s->zb[2]);
+		}
+	}
+	if ((uint64_t)k * DENSE_MIN_DEN >= n) {
+		/* Every element's value, unbiased (0 = unchanged), built in place:
+		 * going down, pos[i] >= i, so nothing still needed is overwritten. */
+		struct cand dpl = {0}, dnib = {0};
+		uint32_t end = n, dn = 0, unused;
+		for (size_t i = k; i-- > 0;) {
+			uint64_t v = s->val[i];
+			for (uint32_t q = s->pos[i] + 1; q < end; q++)
+				s->val[q] = 0;
+			s->val[s->pos[i]] = v;
+			end = s->pos[i];
+		}
+		for (uint32_t q = 0; q < end; q++)
+			s->val[q] = 0;
+		rc = add_values(s, &dpl, s->zb[2], s->zcap, s->val, n, 0, w, PROTO_DELTA_PLANES,
+				&unused);
+		if (rc == 0)
+			rc = add_values(s, &dnib, s->zb[3], s->zcap, s->val, n, 0, w, PROTO_DELTA_NIB,
+					&dn);
+		if (rc != 0)
+			return rc;
+		int dv = PROTO_DELTA_PLANES;
+		if (dnib.total < dpl.total) {
+			dpl = dnib;
+			dv = PROTO_DELTA_NIB;
+		} else {
+			dn = 0;
+		}
+		if (mode == PROTO_DELTA_ZERO || dpl.total < pos.total + vals.total) {
+			mode = PROTO_DELTA_DENSE;
+			vcode = dv;
+			vals = dpl;
+			vnesc = dn;
+			memset(&pos, 0, sizeof(pos));
+		}
+	}
+	p = out->rec;
+	*p++ = (uint8_t)(mode | vcode << 4);
+	if (mode != PROTO_DELTA_DENSE)
+		p += delta__put_varint(p, k);
+	if (mode == PROTO_DELTA_SPARSE)
+		p += delta__put_varint(p, wide_len);
+	if (vcode == PROTO_DELTA_NIB)
+		p += delta__put_varint(p, vnesc);
+	out->streams = malloc(pos.total + vals.total + 1);
+	if (out->streams == NULL)
+		return -ENOMEM;
+	for (unsigned i = 0; i < pos.ns; i++) {
+		p += delta__put_varint(p, pos.clen[i]);
+		memcpy(out->streams + at, pos.frame[i], pos.clen[i]);
+		at += pos.clen[i];
+	}
+	for (unsigned i = 0; i < vals.ns; i++) {
+		p += delta__put_varint(p, vals.clen[i]);
+		memcpy(out->streams + at, vals.frame[i], vals.clen[i]);
+		at += vals.clen[i];
+	}
+	out->mode = mode;
+	out->streams_len = at;
+	out->pos_bytes = pos.total;
+	out->val_bytes = vals.total;
+	out->rec_len = (size_t)(p - out->rec);
+	return 0;
+}
+
+static void *enc_worker(void *arg)
+{
+	struct job *j = arg;
+	struct scratch s;
+	int rc = scratch_init(&s, j);
+
+	while (rc == 0) {
+		uint64_t ci = atomic_fetch_add(&j->next, 1);
+		if (ci >= j->nchunks)
+			break;
+		pthread_mutex_lock(&j->lock);
+		rc = j->rc;
+		pthread_mutex_unlock(&j->lock);
+		if (rc != 0)
+			break;
+		rc = encode_chunk(j, &s, ci);
+		uint64_t done = atomic_fetch_add(&j->done, 1) + 1;
+		if (j->o != NULL && j->o->progress != NULL)
+			j->o->progress(j->o->progress_arg, done, j->nchunks);
+	}
+	pthread_mutex_lock(&j->lock);
+	if (rc != 0 && j->rc == 0)
+		j->rc = proto_errf(&j->err, -rc, "delta encode: %s",
+				   rc == -ENOMEM ? "out of memory" : "zstd compression failed");
+	pthread_mutex_unlock(&j->lock);
+	scratch_fini(&s);
+	return NULL;
+}
+
+int proto_delta_encode(const struct proto_delta_version *parent,
+		       const struct proto_delta_version *child,
+		       const struct proto_delta_opts *o, uint8_t **out, size_t *out_len,
+		       struct proto_delta_stats *st, struct proto_err *err)
+{
+	const struct proto_model *pm = parent->model, *cm = child->model;
+	uint64_t *psums = NULL, *csums = NULL, hdr_len, body_len = 0;
+	uint32_t *match = NULL;
+	unsigned nth = o && o->threads ? o->threads : 1, started = 0;
+	pthread_t *th = NULL;
+	struct job j;
+	uint8_t *buf = NULL, *p;
+	int rc;
+
+	*out = NULL;
+	*out_len = 0;
+	memset(&j, 0, sizeof(j));
+	pthread_mutex_init(&j.lock, NULL);
+	j.parent = parent;
+	j.child = child;
+	j.o = o;
+	j.level = o && o->level ? o->level : (int)proto_param(PROTO_PARAM_DELTA_LEVEL);
+	j.chunk_elems = o && o->chunk_elems ? o->chunk_elems
+					    : (uint32_t)PROTO_MIN((uint64_t)PROTO_DELTA_CHUNK_MAX,
+								  proto_param(PROTO_PARAM_DELTA_CHUNK));
+	if (j.chunk_elems > PROTO_DELTA_CHUNK_MAX) {
+		rc = proto_errf(err, EINVAL, "delta encode: chunk of %u elements exceeds %u",
+				j.chunk_elems, PROTO_DELTA_CHUNK_MAX);
+		goto fail;
+	}
+	j.level = PROTO_MAX(PROTO_MIN(j.level, ZSTD_maxCLevel()), 1);
+	match = malloc((cm->ntensors + 1) * sizeof(*match));
+	psums = malloc((pm->ntensors + 1) * sizeof(*psums));
+	csums = malloc((cm->ntensors + 1) * sizeof(*csums));
+	th = calloc(nth, sizeof(*th));
+	if (match == NULL || psums == NULL || csums == NULL || th == NULL) {
+		rc = proto_errf(err, ENOMEM, "delta encode: out of memory");
+		goto fail;
+	}
+	for (uint32_t i = 0; i < cm->ntensors; i++) {
+		const struct proto_tensor *ct = &cm->tensors[i];
+		int64_t pi = proto_model_find(pm, ct->name);
+		match[i] = PROTO_DELTA_NONE;
+		if (pi >= 0 && pm->tensors[pi].dtype == ct->dtype && pm->tensors[pi].nelem == ct->nelem)
+			match[i] = (uint32_t)pi;
+		j.nchunks += (ct->nelem + j.chunk_elems - 1) / j.chunk_elems;
+		j.wmax = PROTO_MAX(j.wmax, (uint32_t)proto_dtype_size(ct->dtype));
+		j.maxn = (uint32_t)PROTO_MAX((uint64_t)j.maxn,
+					     PROTO_MIN(ct->nelem, (uint64_t)j.chunk_elems));
+	}
+	j.match = match;
+	j.ctensor = malloc((j.nchunks + 1) * sizeof(*j.ctensor));
+	j.cbase = malloc((j.nchunks + 1) * sizeof(*j.cbase));
+	j.outs = calloc(j.nchunks + 1, sizeof(*j.outs));
+	if (j.ctensor == NULL || j.cbase == NULL || j.outs == NULL) {
+		rc = proto_errf(err, ENOMEM, "delta encode: out of memory");
+		goto fail;
+	}
+	for (uint64_t i = 0, ci = 0; i < cm->ntensors; i++)
+		for (uint64_t b = 0; b < cm->tensors[i].nelem; b += j.chunk_elems, ci++) {
+			j.ctensor[ci] = (uint32_t)i;
+			j.cbase[ci] = b;
+		}
+	if (j.wmax == 0)
+		j.wmax = 1;
+	/* Every thread holds scratch for a chunk: no more threads than chunks. */
+	nth = (unsigned)PROTO_MAX((uint64_t)1, PROTO_MIN((uint64_t)nth, j.nchunks));
+	for (started = 0; nth > 1 && started < nth; started++)
+		if (pthread_create(&th[started], NULL, enc_worker, &j) != 0)
+			break;
+	if (started == 0)
+		enc_worker(&j);
+	for (unsigned i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	if (j.rc != 0) {
+		rc = j.rc;
+		if (err != NULL)
+			*err = j.err;
+		goto fail;
+	}
+	/* Checksums: combined from the chunks' (the scan summed both sides);
+	 * a parent tensor no child tensor patches is summed on its own. */
+	if (parent->sums != NULL)
+		memcpy(psums, parent->sums, pm->ntensors * sizeof(*psums));
+	if (child->sums != NULL)
+		memcpy(csums, child->sums, cm->ntensors * sizeof(*csums));
+	for (uint32_t i = 0; i < pm->ntensors && parent->sums == NULL; i++)
+		psums[i] = PROTO_WSUM_P; /* not a valid sum: marks "not yet known" */
+	for (uint64_t i = 0, ci = 0; i < cm->ntensors; i++) {
+		uint64_t ps = 0, cs = 0;
+		for (uint64_t b = 0; b < cm->tensors[i].nelem; b += j.chunk_elems, ci++) {
+			ps = proto_wsum_combine(ps, b, j.outs[ci].psum);
+			cs = proto_wsum_combine(cs, b, j.outs[ci].csum);
+		}
+		if (child->sums == NULL)
+			csums[i] = cs;
+		if (parent->sums == NULL && match[i] != PROTO_DELTA_NONE)
+			psums[match[i]] = ps;
+	}
+	for (uint32_t i = 0; i < pm->ntensors && parent->sums == NULL; i++)
+		if (psums[i] == PROTO_WSUM_P)
+			psums[i] = proto_wsum(proto_dtype_size(pm->tensors[i].dtype), parent->data[i],
+					      pm->tensors[i].nelem);
+	/* Assemble: fixed part, child header, tensor table, chunk table, body. */
+	hdr_len = DELTA_FIXED + 8 + child->header_len + (uint64_t)cm->ntensors * DELTA_TREC;
+	for (uint64_t ci = 0; ci < j.nchunks; ci++) {
+		hdr_len += j.outs[ci].rec_len;
+		body_len += j.outs[ci].streams_len;
+	}
+	if (hdr_len - DELTA_HASHED_FROM > proto_param(PROTO_PARAM_DELTA_HEADER_MAX)) {
+		rc = proto_errf(err, EFBIG, "delta encode: header of %llu bytes exceeds the limit",
+				(unsigned long long)hdr_len);
+		goto fail;
+	}
+	buf = malloc(hdr_len + body_len);
+	if (buf == NULL) {
+		rc = proto_errf(err, ENOMEM, "delta encode: out of memory");
+		goto fail;
+	}
+	memset(buf, 0, DELTA_FIXED);
+	memcpy(buf, PROTO_DELTA_MAGIC, 8);
+	delta__put_le64(buf + 40, hdr_len - DELTA_HASHED_FROM);
+	delta__put_le32(buf + 48, DELTA_VERSION);
+	proto_delta_digest(parent->header, parent->header_len, psums, pm->ntensors, buf + 56);
+	proto_delta_digest(child->header, child->header_len, csums, cm->ntensors, buf + 88);
+	delta__put_le32(buf + 120, pm->ntensors);
+	delta__put_le32(buf + 124, cm->ntensors);
+	delta__put_le32(buf + 128, j.chunk_elems);
+	p = buf + DELTA_FIXED;
+	delta__put_le64(p, child->header_len);
+	p += 8;
+	memcpy(p, child->header, child->header_len);
+	p += child->header_len;
+	for (uint32_t i = 0; i < cm->ntensors; i++) {
+		memset(p, 0, DELTA_TREC);
+		p[0] = (uint8_t)proto_dtype_size(cm->tensors[i].dtype);
+		delta__put_le32(p + 4, match[i]);
+		delta__put_le64(p + 8, cm->tensors[i].nelem);
+		delta__put_le64(p + 16, match[i] == PROTO_DELTA_NONE ? 0 : psums[match[i]]);
+		delta__put_le64(p + 24, csums[i]);
+		p += DELTA_TREC;
+	}
+	for (uint64_t ci = 0; ci < j.nchunks; ci++) {
+		memcpy(p, j.outs[ci].rec, j.outs[ci].rec_len);
+		p += j.outs[ci].rec_len;
+	}
+	for (uint64_t ci = 0; ci < j.nchunks; ci++) {
+		if (j.outs[ci].streams_len)
+			memcpy(p, j.outs[ci].streams, j.outs[ci].streams_len);
+		p += j.outs[ci].streams_len;
+	}
+	crypto_generichash(buf + 8, 32, buf + DELTA_HASHED_FROM, hdr_len - DELTA_HASHED_FROM,
+			   NULL, 0);
+	if (st != NULL) {
+		memset(st, 0, sizeof(*st));
+		for (uint32_t i = 0; i < cm->ntensors; i++)
+			st->nelem += cm->tensors[i].nelem;
+		st->bytes = hdr_len + body_len;
+		st->header_bytes = hdr_len;
+		for (uint64_t ci = 0; ci < j.nchunks; ci++) {
+			st->nchanged += j.outs[ci].nchanged;
+			st->pos_bytes += j.outs[ci].pos_bytes;
+			st->val_bytes += j.outs[ci].val_bytes;
+			st->chunks[j.outs[ci].mode]++;
+		}
+	}
+	*out = buf;
+	*out_len = hdr_len + body_len;
+	rc = 0;
+fail:
+	if (j.outs != NULL)
+		for (uint64_t ci = 0; ci < j.nchunks; ci++)
+			free(j.outs[ci].streams);
+	free(j.outs);
+	free(j.ctensor);
+	free(j.cbase);
+	free(match);
+	free(psums);
+	free(csums);
+	free(th);
+	pthread_mutex_destroy(&j.lock);
+	return rc;
+}
