@@ -11,7 +11,9 @@ struct node_cmd {
 
 int node_cmd_plan(int argc, char **argv);
 int node_cmd_keygen(int argc, char **argv);
+int node_cmd_publish(int argc, char **argv);
 int node_cmd_cluster(int argc, char **argv);
 int node_cmd_synth(int argc, char **argv);
+int node_cmd_delta(int argc, char **argv);
 
 #endif

@@ -9,7 +9,9 @@ static const struct node_cmd cmds[] = {
 	{"plan", "print the transfer plan between two layouts", node_cmd_plan},
 	{"cluster", "run a local cluster on loopback and check every byte", node_cmd_cluster},
 	{"keygen", "write an Ed25519 trainer key pair or a cluster key", node_cmd_keygen},
+	{"publish", "publish policy versions from trainer ranks and serve them", node_cmd_publish},
 	{"synth", "write synthetic policy versions (Adam steps, BF16)", node_cmd_synth},
+	{"delta", "encode, apply or measure a delta between safetensors files", node_cmd_delta},
 };
 
 static void usage(FILE *f)

@@ -1,0 +1,145 @@
+/* The publisher: trainer ranks exporting, signing and serving policy versions. */
+#ifndef NODE_PUBLISHER_H
+#define NODE_PUBLISHER_H
+
+/*
+ * One object hosts a set of trainer ranks of one trainer layout and exports
+ * numbered versions of the policy for every serving layout registered at the
+ * tracker.
+ *
+ * Design. Everything runs on the caller's libevent loop and the loop owns
+ * the state; the heavy work runs on worker threads (one per rank) that post
+ * their result back through a socketpair. Exporting version v:
+ *   1. snapshot: every rank fills its rank block (the trainer layout's local
+ *      tensors) from the source: the synthetic fixture, or version v's
+ *      safetensors file. After this the trainer may go on training.
+ *      Meanwhile GET /layouts: each registered serving layout is parsed
+ *      against the model, its digest checked, and planned trainer layout ->
+ *      serving layout (plans cached by layout digest). No layout yet: retry
+ *      every 200 ms, there is nothing to serve.
+ *   2. gather + hash: per rank, every parcel with src_rank == that rank of
+ *      every serving layout is gathered into ONE page-aligned export buffer
+ *      (parcels at 4096-aligned offsets) and its chunks hashed (BLAKE2b-256).
+ *   3. the manifest (anchor, parent v-1 with its digest, created_ms = when
+ *      the export was requested) is signed and POSTed to /versions.
+ *   4. each export buffer is registered FAB_MR_REMOTE_READ on its rank's own
+ *      endpoint and offered (POST /offers); the export is done when the
+ *      tracker has answered the offer.
+ * A version is served until GET /versions (asked every TESSERA_PUB_CHECK_MS,
+ * default 1 s) says retain false; the newest one is always kept. Then the
+ * offer is withdrawn (n == 0), the region closed and the buffer freed (kept
+ * as a spare for the next export of that rank).
+ *
+ * Several processes may host disjoint subsets of the ranks. The one hosting
+ * trainer rank 0 is the leader: it computes the parcels of every rank (the
+ * sources give every rank's bytes), signs and publishes. The others wait for
+ * version v to appear at the tracker, rebuild their own parcels for the
+ * layouts that manifest names, and offer them only if every chunk hash
+ * equals the signed one. The same check re-offers the latest version after
+ * a restart: at start the numbering continues after the tracker's latest
+ * version L, and L is rebuilt (the sources are deterministic), checked
+ * against its manifest (decoded with our own public key) and offered again
+ * without publishing; on a mismatch it is logged and not offered.
+ *
+ * What an offer means (trk_offer for one parcel of one hosted rank):
+ *   key   the remote key of the rank's export region (fab_mr_rkey().key);
+ *   addr  where the parcel starts, as fab_read wants it: fab_mr_rkey().addr
+ *         + the parcel's offset in the region, i.e. the virtual address under
+ *         FI_MR_VIRT_ADDR, else the 0-based offset in the region;
+ *   len   the parcel's wire bytes (its payload size; chunks back to back).
+ * A reader fetches chunk c with
+ *   struct fab_rkey rk = {addr, key, len};
+ *   fab_read(ctx, op, lmr, loff, chunk[c].size, peer, &rk,
+ *            (uint64_t)c * manifest.chunk_size, cb);
+ * from the fabric address the tracker lists for that publisher rank.
+ */
+
+#include <event2/event.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/util.h"
+
+struct node_pub;
+
+struct node_pub_opts {
+	const char *tracker_url;    /* "http://HOST:PORT" */
+	const uint8_t *cluster_key; /* PROTO_CLUSTER_KEY_BYTES, or NULL */
+	const uint8_t *sk;          /* PROTO_SK_BYTES trainer secret key */
+	/* Source of weights: synthetic_bytes > 0 for the fixture model of that
+	 * size (version v's bytes from proto_fixture_fill_rank with seed), else
+	 * model_dir: one v<N>.safetensors per version, in numeric order of N;
+	 * the i-th file (1-based) is version i. */
+	uint64_t synthetic_bytes;
+	uint64_t seed;
+	const char *model_dir;
+	/* Trainer layout: a built-in name (fsdpN, tpN) or a layout file; NULL
+	 * means "fsdp2". */
+	const char *layout;
+	const uint32_t *ranks; /* hosted ranks; NULL (nranks 0) = all */
+	size_t nranks;
+	const char *provider; /* NULL: FAB_PROVIDER_DEFAULT */
+	/* Local fabric address; NULL: "127.0.0.1" for a tcp provider when the
+	 * tracker is on loopback, else the provider's choice. */
+	const char *bind;
+	const char *host; /* host name to register; NULL: gethostname() */
+	/* Called (once) when the publisher cannot go on: the tracker refused
+	 * the registration, ... msg is one line. The caller should stop the
+	 * loop and free the publisher. May be NULL. */
+	void (*on_fatal)(void *arg, const char *msg);
+	void *arg;
+};
+
+/*
+ * Loads the model and the trainer layout, opens one fabric endpoint per
+ * hosted rank, and starts (on base) registering with the tracker and looking
+ * for a version to re-offer. Options are copied. On failure *out is NULL,
+ * nothing is left open and err says why in one line (a bad layout file, a
+ * model dir whose files disagree, an unknown provider, ...).
+ */
+int node_pub_new(struct event_base *base, const struct node_pub_opts *o,
+		 struct node_pub **out, struct proto_err *err);
+
+/* What one export gave (valid during the callback). */
+struct node_pub_result {
+	int status;          /* 0 or a negative errno */
+	const char *error;   /* one line when status != 0, else "" */
+	uint64_t version;
+	uint64_t created_ms; /* wall clock when the export was requested */
+	bool leader;         /* published (else only checked and offered) */
+	uint64_t wire_bytes; /* all parcels of all layouts of the manifest */
+	uint32_t nlayouts;
+	uint64_t total_ns;   /* request -> offers answered */
+	uint64_t snapshot_ns, hash_ns, wait_ns; /* wait: for layouts/manifest */
+};
+typedef void (*node_pub_cb)(void *arg, const struct node_pub_result *r);
+
+/*
+ * Asks for the next version to be exported (queued behind the ones asked
+ * before; created_ms is taken now). cb runs exactly once, from the loop,
+ * when the version is published and offered or the export failed (the
+ * version number is then not used up by a leader). -ENOMEM: not queued,
+ * cb never called.
+ */
+int node_pub_export(struct node_pub *p, node_pub_cb cb, void *arg);
+
+/* Exports queued or running. Cannot fail. */
+size_t node_pub_pending(const struct node_pub *p);
+/* The trainer ranks this publisher hosts / whether it hosts rank 0. */
+size_t node_pub_nranks(const struct node_pub *p);
+bool node_pub_leader(const struct node_pub *p);
+/* The model's total bytes (one full copy). */
+uint64_t node_pub_model_bytes(const struct node_pub *p);
+
+/*
+ * Stops everything in reverse order: waits for worker threads (they stop
+ * early), drops queued exports without calling their callbacks, cancels
+ * tracker requests, closes regions and endpoints, frees buffers. Offers are
+ * not withdrawn: the tracker stops listing this publisher when its lease
+ * ends. Must run on the loop's thread, not from inside one of the
+ * publisher's callbacks. NULL is fine.
+ */
+void node_pub_free(struct node_pub *p);
+
+#endif
