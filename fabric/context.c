@@ -392,7 +392,10 @@ int fab_trywait(struct fab_ctx *ctx)
 
 	if (ctx->wait_fd < 0)
 		return -ENOSYS;
-	if (ctx->reaped_head != NULL || ctx->parked_head != NULL)
+	/* Parked posts are not counted: they wait for a peer, not for us,
+	 * and fab_poll retries them; a loop that blocks on the fd keeps a
+	 * timer for them (fab_wait does). */
+	if (ctx->reaped_head != NULL)
 		return -EAGAIN;
 	ret = fi_trywait(ctx->fabric, fids, 1);
 	if (ret == 0)

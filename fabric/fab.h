@@ -312,7 +312,9 @@ size_t fab_inflight(const struct fab_ctx *ctx);
  * ctx; do not close or read it. */
 int fab_wait_fd(const struct fab_ctx *ctx);
 /* 0 when it is safe to block on fab_wait_fd now; -EAGAIN when completions
- * or progress are pending (call fab_poll first); -ENOSYS without an fd. */
+ * or progress are pending (call fab_poll first); -ENOSYS without an fd.
+ * Parked posts do not count: while fab_inflight() > 0, a blocking caller
+ * also wakes on a timer so fab_poll can retry them. */
 int fab_trywait(struct fab_ctx *ctx);
 
 #endif

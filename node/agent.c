@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "fabric/fab.h"
@@ -92,11 +93,16 @@ struct node_agent {
 
 	/* Bounce buffers: reads land here, are hashed, then scattered. */
 	uint8_t *bounce;
+	size_t bounce_len;
 	struct fab_mr *bounce_mr;
 	struct node_verifier *ver;
 	struct agent_read *reads;
 	uint32_t nreads, inflight, max_inflight;
 	uint32_t chunk_size;
+	/* Fetch rate cap (token bucket; rate 0: none), so pulling a version
+	 * cannot starve the serving traffic that shares the host's links. */
+	uint64_t rate_bps, tokens, tokens_ns;
+	struct event *rate_ev;
 
 	uint64_t seen;   /* newest version the tracker told us about */
 	uint64_t failed; /* newest version we gave up on */
@@ -574,6 +580,36 @@ static int free_read_slot(struct node_agent *a)
 	return -1;
 }
 
+/* Takes n bytes from the rate bucket; when it is short, arms a timer for
+ * when it will have them and says no. */
+static bool take_tokens(struct node_agent *a, uint64_t n)
+{
+	uint64_t now = proto_now_ns(), burst = PROTO_MAX(a->chunk_size, a->rate_bps / 10);
+
+	if (a->rate_bps == 0)
+		return true;
+	a->tokens = PROTO_MIN(burst, a->tokens + (now - a->tokens_ns) * a->rate_bps / 1000000000ull);
+	a->tokens_ns = now;
+	if (a->tokens >= n) {
+		a->tokens -= n;
+		return true;
+	}
+	if (!evtimer_pending(a->rate_ev, NULL))
+		arm(a->rate_ev, (n - a->tokens) * 1000 / a->rate_bps + 1);
+	return false;
+}
+
+static void give_tokens(struct node_agent *a, uint64_t n)
+{
+	if (a->rate_bps != 0)
+		a->tokens += n;
+}
+
+static void on_rate(evutil_socket_t fd, short what, void *arg)
+{
+	pump(arg);
+}
+
 /* Posts reads until the window is full or nothing can be fetched now. */
 static void pump(struct node_agent *a)
 {
@@ -588,14 +624,19 @@ static void pump(struct node_agent *a)
 				p->next_todo++;
 			if (p->next_todo >= p->mp->nchunks)
 				break;
+			if (!take_tokens(a, p->mp->chunks[p->next_todo].size))
+				return;
 			struct agent_source *s = pick_source(a, p);
 			if (s == NULL) {
+				give_tokens(a, p->mp->chunks[p->next_todo].size);
 				want_sources(a, pi);
 				break;
 			}
 			int slot = free_read_slot(a);
-			if (slot < 0)
+			if (slot < 0) {
+				give_tokens(a, p->mp->chunks[p->next_todo].size);
 				return;
+			}
 			struct agent_read *rd = &a->reads[slot];
 			uint32_t c = p->next_todo;
 			struct fab_rkey rk = {s->info.addr, s->info.key, s->info.len};
@@ -1039,7 +1080,12 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 	a->max_inflight = (uint32_t)PROTO_MAX(1, PROTO_MIN(proto_param(PROTO_PARAM_INFLIGHT), 256));
 	a->nreads = 2 * a->max_inflight;
 	a->reads = calloc(a->nreads, sizeof(*a->reads));
-	a->bounce = aligned_alloc(4096, ((size_t)a->nreads * a->chunk_size + 4095) / 4096 * 4096);
+	/* Read buffers are reused for every chunk: map them populated. */
+	a->bounce_len = ((size_t)a->nreads * a->chunk_size + 4095) / 4096 * 4096;
+	a->bounce = mmap(NULL, a->bounce_len, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+	if (a->bounce == MAP_FAILED)
+		a->bounce = NULL;
 	if (a->reads == NULL || a->bounce == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory for %u read buffers", a->nreads);
 		goto fail;
@@ -1053,11 +1099,13 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 	a->fl = node_fabloop_new(base, a->fab, 1000);
 	a->ver = node_verifier_new(base, (unsigned)proto_param(PROTO_PARAM_VERIFY_THREADS),
 				   on_verified, a);
+	a->rate_bps = proto_param(PROTO_PARAM_FETCH_MBPS) * 1000000ull / 8;
+	a->rate_ev = evtimer_new(base, on_rate, a);
 	a->retry_ev = evtimer_new(base, on_retry, a);
 	a->heartbeat_ev = evtimer_new(base, heartbeat, a);
 	a->replica_ev = evtimer_new(base, poll_replica, a);
 	a->tick_ev = event_new(base, -1, EV_PERSIST, on_tick, a);
-	if (a->fl == NULL || a->ver == NULL || a->retry_ev == NULL || a->heartbeat_ev == NULL ||
+	if (a->fl == NULL || a->ver == NULL || a->rate_ev == NULL || a->retry_ev == NULL || a->heartbeat_ev == NULL ||
 	    a->replica_ev == NULL || a->tick_ev == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
@@ -1098,6 +1146,8 @@ void node_agent_free(struct node_agent *a)
 		event_free(a->heartbeat_ev);
 	if (a->retry_ev)
 		event_free(a->retry_ev);
+	if (a->rate_ev)
+		event_free(a->rate_ev);
 	node_fabloop_free(a->fl);
 	struct agent_fetch *f = a->fetch;
 	a->fetch = NULL;
@@ -1106,7 +1156,8 @@ void node_agent_free(struct node_agent *a)
 	node_verifier_free(a->ver); /* no worker touches the fetch after this */
 	a->ver = NULL;
 	fetch_free(a, f);
-	free(a->bounce);
+	if (a->bounce != NULL)
+		munmap(a->bounce, a->bounce_len);
 	free(a->reads);
 	if (a->active != NULL)
 		node_slot_free(&a->store, a->active);

@@ -25,11 +25,12 @@ static void drive(struct node_fabloop *fl)
 		LOG_WARN("fabric: poll failed: %d", n);
 		return;
 	}
-	/* Completions came and more may be pending: come back after the other
-	 * ready events (timers, HTTP) had their turn. Posts parked on a busy
-	 * or unreachable peer wait for the fd or the timer instead, so the
-	 * loop never spins on them. */
-	if (n > 0 && fab_inflight(fl->ctx) > 0 && fab_trywait(fl->ctx) == -EAGAIN)
+	/* Completions came, or the provider has progress to make (a peer's
+	 * one-sided reads are served only while we poll): come back after the
+	 * other ready events (timers, HTTP) had their turn. Posts parked on a
+	 * busy or unreachable peer do not count, so the loop never spins on
+	 * them; the timer retries them. */
+	if (n > 0 || fab_trywait(fl->ctx) == -EAGAIN)
 		event_active(fl->kick_ev, 0, 0);
 }
 

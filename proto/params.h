@@ -29,6 +29,9 @@
 	X(WATCH_MS, "TESSERA_WATCH_MS", 2000, "long-poll wait for new versions, ms") \
 	/* A chunk transfer that takes longer than this is abandoned, retried. */ \
 	X(STALL_MS, "TESSERA_STALL_MS", 3000, "chunk transfer stall timeout, ms") \
+	/* A node's cap on fetching, megabits per second (0: none), so pulling \
+	 * a version leaves room for the serving traffic on the same link. */ \
+	X(FETCH_MBPS, "TESSERA_FETCH_MBPS", 0, "node fetch rate cap, Mbit/s (0: none)") \
 	/* Threads a node uses to hash and place fetched chunks. */ \
 	X(VERIFY_THREADS, "TESSERA_VERIFY_THREADS", 1, "chunk verification threads per node") \
 	/* A fabric post the provider keeps refusing fails after this long. */ \

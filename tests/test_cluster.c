@@ -126,6 +126,28 @@ static bool wait_active(struct kill_env *e, uint64_t v, int ms)
 	return false;
 }
 
+/* True once the node reported some but not all of v's bytes. */
+static bool wait_fetching(struct kill_env *e, uint64_t v, int ms)
+{
+	for (int w = 0; w < ms; w += 20) {
+		struct trk_reply r;
+		bool mid = false;
+		if (trk_client_call(e->trk, "GET", TRK_API "/replicas/A", NULL, NULL, 0, &r) == 0 &&
+		    r.status == 200) {
+			json_t *rk = json_array_get(json_object_get(r.json, "ranks"), 0);
+			uint64_t done = (uint64_t)json_integer_value(json_object_get(rk, "bytes_done"));
+			uint64_t total = (uint64_t)json_integer_value(json_object_get(rk, "bytes_total"));
+			mid = (uint64_t)json_integer_value(json_object_get(rk, "version")) == v &&
+			      done > 0 && done < total;
+		}
+		trk_reply_fini(&r);
+		if (mid)
+			return true;
+		usleep(20000);
+	}
+	return false;
+}
+
 /* The node serves exactly v's bytes (checked here, not taken from it). */
 static void check_serving(struct kill_env *e, uint64_t v)
 {
@@ -170,7 +192,7 @@ static int kill_teardown(void **state)
 	if (e->dir[0] != 0 && getenv("TESSERA_TEST_KEEP") == NULL)
 		tu_rmtree(e->dir);
 	unsetenv("TESSERA_CHUNK_SIZE");
-	unsetenv("TESSERA_INFLIGHT");
+	unsetenv("TESSERA_FETCH_MBPS");
 	unsetenv("TESSERA_LEASE_MS");
 	free(e);
 	return 0;
@@ -182,9 +204,10 @@ static void test_publisher_killed_mid_transfer(void **state)
 	char bin[512], line[512], log[600], state_dir[600], buf[512];
 	struct proto_err err;
 
-	/* Small chunks, one read at a time: the transfer takes a while. */
+	/* Small chunks and a 32 Mbit/s fetch cap: 8 MiB take about two
+	 * seconds, so the kill lands mid-transfer. */
 	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
-	setenv("TESSERA_INFLIGHT", "1", 1);
+	setenv("TESSERA_FETCH_MBPS", "32", 1);
 	setenv("TESSERA_LEASE_MS", "2000", 1);
 	assert_non_null(tu_mkdtemp(e->dir, sizeof(e->dir)));
 	snprintf(e->sock, sizeof(e->sock), "%s/ctl.sock", e->dir);
@@ -227,7 +250,7 @@ static void test_publisher_killed_mid_transfer(void **state)
 	/* v2 is announced, then its only source dies. */
 	assert_int_equal(control(e, "export\n", line, sizeof(line)), 0);
 	assert_int_equal(strncmp(line, "published 2 ", 12), 0);
-	usleep(200000);
+	assert_true(wait_fetching(e, 2, 10000));
 	node_proc_kill(&e->publisher);
 	sleep(3);
 	assert_int_equal(active_of(e), 1);
