@@ -1,0 +1,744 @@
+/* The publisher's export of a version: snapshot, gather/hash workers, manifest, publish/verify. */
+#include "node/pub_internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#define HASH_STEP (256u << 10)    /* gather then hash this much while in cache */
+#define LAYOUTS_RETRY_MS 200      /* no serving layout yet: ask again */
+#define WATCH_WAIT_MS 10000       /* long-poll for a version we wait for */
+#define PUBLISH_TRIES 20          /* transport failures before giving up */
+#define VERIFY_LAYOUT_TRIES 25    /* x LAYOUTS_RETRY_MS for a manifest's layouts */
+
+enum job_kind { JOB_SNAPSHOT, JOB_GATHER };
+
+/* One worker thread's task; the loop reads its results after joining. */
+struct pub_job {
+	struct node_pub *p;
+	enum job_kind kind;
+	uint64_t version;
+	uint32_t rank;
+	uint8_t *block;
+	struct pub_part *part;
+	uint32_t chunk_size;
+	pthread_t tid;
+	bool running; /* created and not joined yet */
+	atomic_bool done;
+};
+
+static uint64_t ms_of(uint64_t ns)
+{
+	return ns / 1000000u;
+}
+
+/* ---- worker threads -------------------------------------------------------- */
+
+static void job_snapshot(struct pub_job *j)
+{
+	node__pub_source_fill(j->p, j->rank, j->version, j->block);
+}
+
+/* Gathers each chunk in cache-sized steps and hashes it as it goes. */
+static void job_gather(struct pub_job *j)
+{
+	struct node_pub *p = j->p;
+	struct pub_part *pt = j->part;
+	uint64_t cs = j->chunk_size;
+
+	for (size_t i = 0; i < pt->nitems && !atomic_load(&p->abort); i++) {
+		struct pub_item *it = &pt->items[i];
+		uint64_t bytes = it->pc->bytes;
+		for (uint32_t c = 0; c < it->nchunks && !atomic_load(&p->abort); c++) {
+			uint64_t c0 = (uint64_t)c * cs, clen = PROTO_MIN(cs, bytes - c0);
+			crypto_generichash_state st;
+			crypto_generichash_init(&st, NULL, 0, PROTO_HASH_BYTES);
+			for (uint64_t o = 0; o < clen; o += HASH_STEP) {
+				uint64_t n = PROTO_MIN(HASH_STEP, clen - o);
+				uint8_t *dst = pt->buf + it->off + c0 + o;
+				proto_parcel_gather(&it->sl->plan, it->pc, &p->tl, j->block, c0 + o, n, dst);
+				crypto_generichash_update(&st, dst, n);
+			}
+			crypto_generichash_final(&st, it->hash[c], PROTO_HASH_BYTES);
+		}
+	}
+}
+
+static void *job_main(void *arg)
+{
+	struct pub_job *j = arg;
+
+	if (j->kind == JOB_SNAPSHOT)
+		job_snapshot(j);
+	else
+		job_gather(j);
+	atomic_store(&j->done, true);
+	/* A full socket means a wake-up is already pending. */
+	if (send(j->p->wake[1], "", 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN)
+		LOG_WARN("publisher: waking the loop: %s", strerror(errno));
+	return NULL;
+}
+
+/* ---- the export state machine ------------------------------------------------- */
+
+static void ex_fail(struct node_pub *p, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void ex_fail(struct node_pub *p, int code, const char *fmt, ...)
+{
+	struct pub_export *ex = p->ex;
+	va_list ap;
+
+	if (ex->failed)
+		return;
+	ex->failed = true;
+	ex->status = -code;
+	va_start(ap, fmt);
+	vsnprintf(ex->error, sizeof(ex->error), fmt, ap);
+	va_end(ap);
+	evtimer_del(p->ex_ev);
+}
+
+static void ex_join(struct pub_export *ex)
+{
+	for (size_t i = 0; i < ex->njobs; i++) {
+		struct pub_job *j = &ex->jobs[i];
+		if (j->running && atomic_load(&j->done)) {
+			pthread_join(j->tid, NULL);
+			j->running = false;
+			ex->jobs_left--;
+		}
+	}
+}
+
+/* Joins the workers and frees the export, and its version unless that is
+ * already among the served ones. */
+void node__pub_ex_free(struct node_pub *p, struct pub_export *ex)
+{
+	bool listed = false;
+
+	for (size_t i = 0; i < ex->njobs; i++)
+		if (ex->jobs[i].running)
+			pthread_join(ex->jobs[i].tid, NULL);
+	for (struct pub_version *v = p->versions; v; v = v->next)
+		listed |= v == ex->pv;
+	if (!listed)
+		node__pub_version_free(p, ex->pv);
+	if (ex->have_m)
+		proto_manifest_fini(&ex->m);
+	free(ex->mbuf);
+	free(ex->layouts);
+	free(ex->jobs);
+	free(ex->req);
+	free(ex);
+}
+
+static void ex_finish(struct node_pub *p)
+{
+	struct pub_export *ex = p->ex;
+	struct node_pub_result r = {0};
+	uint64_t now = proto_now_ns();
+
+	p->ex = NULL;
+	evtimer_del(p->ex_ev);
+	for (size_t i = 0; i < ex->njobs; i++)
+		if (ex->jobs[i].running) {
+			pthread_join(ex->jobs[i].tid, NULL);
+			ex->jobs[i].running = false;
+		}
+	if (ex->failed && ex->pv != NULL) {
+		node__pub_version_unlink(p, ex->pv);
+		node__pub_version_free(p, ex->pv);
+		ex->pv = NULL;
+	}
+	r.status = ex->failed ? ex->status : 0;
+	r.error = ex->failed ? ex->error : "";
+	r.version = ex->version;
+	r.created_ms = ex->have_m ? ex->m.created_ms : ex->created_ms;
+	r.leader = !ex->verify;
+	r.wire_bytes = ex->have_m ? proto_manifest_wire_bytes(&ex->m) : 0;
+	r.nlayouts = ex->have_m ? ex->m.nlayouts : 0;
+	r.total_ns = now - ex->t0_ns;
+	r.snapshot_ns = ex->snapshot_ns;
+	r.hash_ns = ex->hash_ns;
+	r.wait_ns = ex->wait_ns;
+	if (ex->req == NULL) {
+		if (ex->failed)
+			LOG_ERR("version %llu not re-offered: %s", (unsigned long long)ex->version,
+				ex->error);
+		else
+			LOG_INFO("re-offered version %llu after a restart (%llu ms)",
+				 (unsigned long long)ex->version,
+				 (unsigned long long)ms_of(r.total_ns));
+	} else if (ex->failed) {
+		LOG_WARN("export of version %llu failed: %s", (unsigned long long)ex->version,
+			 ex->error);
+	}
+	if (ex->req != NULL && ex->req->cb != NULL)
+		ex->req->cb(ex->req->arg, &r);
+	ex->pv = NULL;
+	node__pub_ex_free(p, ex);
+	event_active(p->kick_ev, 0, 0);
+}
+
+/* Starts one kind of job on every part; jobs_left counts those started. */
+static void ex_launch(struct node_pub *p, enum job_kind kind)
+{
+	struct pub_export *ex = p->ex;
+
+	ex->phase_ns = proto_now_ns();
+	for (size_t i = 0; i < ex->njobs; i++) {
+		struct pub_job *j = &ex->jobs[i];
+		int rc;
+		j->kind = kind;
+		atomic_store(&j->done, false);
+		rc = pthread_create(&j->tid, NULL, job_main, j);
+		if (rc != 0) {
+			ex_fail(p, rc, "starting a worker thread: %s", strerror(rc));
+			return;
+		}
+		j->running = true;
+		ex->jobs_left++;
+	}
+}
+
+void node__pub_on_ex_timer(evutil_socket_t fd, short what, void *arg)
+{
+	node__pub_ex_step(arg);
+}
+
+static void ex_retry(struct node_pub *p, uint64_t ms)
+{
+	node__pub_timer_ms(p->ex_ev, ms);
+}
+
+static void on_ex_watch(const struct trk_answer *a, void *arg)
+{
+	struct node_pub *p = arg;
+	struct pub_export *ex = p->ex;
+	struct trk_version_info *vi = NULL;
+	struct proto_err err = {{0}};
+	uint64_t latest = 0;
+	size_t n = 0;
+
+	ex->req_busy = false;
+	if (ex->failed) {
+		node__pub_ex_step(p);
+		return;
+	}
+	if (a->status == 200 && trk_versions_parse(a->json, &latest, &vi, &n, &err) == 0) {
+		if (latest >= ex->version)
+			ex->need = NEED_MANIFEST;
+		else if (ex->tries++ == 0)
+			LOG_INFO("waiting for version %llu to be published by the rank-0 publisher",
+				 (unsigned long long)ex->version);
+		free(vi);
+	} else {
+		LOG_WARN("watching versions: %s", a->status == 200 ? err.msg : a->error);
+		ex_retry(p, RETRY_MS);
+	}
+	node__pub_ex_step(p);
+}
+
+static void on_ex_manifest(const struct trk_answer *a, void *arg)
+{
+	struct node_pub *p = arg;
+	struct pub_export *ex = p->ex;
+	struct proto_err err = {{0}};
+	char h[2 * PROTO_HASH_BYTES + 1];
+	int rc;
+
+	ex->req_busy = false;
+	if (ex->failed) {
+		node__pub_ex_step(p);
+		return;
+	}
+	if (a->status < 0 || a->status >= 500) {
+		LOG_WARN("fetching manifest %llu: %s", (unsigned long long)ex->version, a->error);
+		ex_retry(p, RETRY_MS);
+	} else if (a->status != 200) {
+		ex_fail(p, EIO, "fetching its manifest: %s", a->error);
+	} else if ((rc = proto_manifest_decode(a->body, a->len, p->pk, &ex->m, &err)) != 0) {
+		ex_fail(p, -rc, "its manifest does not verify with our key: %s", err.msg);
+	} else {
+		ex->have_m = true;
+		if (ex->m.version != ex->version) {
+			ex_fail(p, EBADMSG, "the tracker answered manifest %llu",
+				(unsigned long long)ex->m.version);
+		} else if (memcmp(ex->m.model_digest, p->model.digest, PROTO_HASH_BYTES) != 0) {
+			ex_fail(p, EINVAL, "it was published for another model");
+		} else if (memcmp(ex->m.src_layout_digest, p->tl.digest, PROTO_HASH_BYTES) != 0) {
+			node__pub_hex(ex->m.src_layout_digest, PROTO_HASH_BYTES, h, sizeof(h));
+			ex_fail(p, EINVAL, "it was published from another trainer layout (%.16s)", h);
+		} else if (ex->m.kind != PROTO_KIND_ANCHOR) {
+			ex_fail(p, ENOTSUP, "it is a delta; only anchors are rebuilt");
+		} else {
+			ex->chunk_size = ex->m.chunk_size;
+			ex->need = NEED_LAYOUTS;
+			ex->tries = 0;
+		}
+	}
+	node__pub_ex_step(p);
+}
+
+/* Adds sl to the export's layouts unless it is bad or already there. */
+static int ex_add_layout(struct pub_export *ex, struct pub_layout *sl)
+{
+	struct pub_layout **nl;
+
+	for (size_t i = 0; i < ex->nlayouts; i++)
+		if (ex->layouts[i] == sl)
+			return 0;
+	nl = realloc(ex->layouts, (ex->nlayouts + 1) * sizeof(*nl));
+	if (nl == NULL)
+		return -ENOMEM;
+	ex->layouts = nl;
+	ex->layouts[ex->nlayouts++] = sl;
+	return 0;
+}
+
+static void on_ex_layouts(const struct trk_answer *a, void *arg)
+{
+	struct node_pub *p = arg;
+	struct pub_export *ex = p->ex;
+	json_t *arr, *e;
+	const char *md;
+	char h[2 * PROTO_HASH_BYTES + 1];
+	size_t i;
+
+	ex->req_busy = false;
+	if (ex->failed) {
+		node__pub_ex_step(p);
+		return;
+	}
+	if (a->status != 200) {
+		/* 404 before any publisher registered (tracker restart). */
+		if (a->status != 404)
+			LOG_WARN("fetching serving layouts: %s", a->error);
+		ex_retry(p, a->status == 404 ? LAYOUTS_RETRY_MS : RETRY_MS);
+		node__pub_ex_step(p);
+		return;
+	}
+	md = json_string_value(json_object_get(a->json, "model_digest"));
+	node__pub_hex(p->model.digest, PROTO_HASH_BYTES, h, sizeof(h));
+	if (md == NULL || strcmp(md, h) != 0) {
+		LOG_WARN("the tracker's model is not ours (another publisher?): waiting");
+		ex_retry(p, RETRY_MS);
+		node__pub_ex_step(p);
+		return;
+	}
+	arr = json_object_get(a->json, "layouts");
+	json_array_foreach(arr, i, e) {
+		struct pub_layout *sl = node__pub_layout_absorb(p, e);
+		if (!ex->verify && sl != NULL && !sl->bad && ex_add_layout(ex, sl) != 0) {
+			ex_fail(p, ENOMEM, "out of memory");
+			node__pub_ex_step(p);
+			return;
+		}
+	}
+	if (ex->verify) {
+		/* The manifest's layouts, in its order. */
+		free(ex->layouts);
+		ex->layouts = NULL;
+		ex->nlayouts = 0;
+		for (uint32_t k = 0; k < ex->m.nlayouts; k++) {
+			const struct proto_mlayout *ml = &ex->m.layouts[k];
+			struct pub_layout *sl = node__pub_layout_find(p, ml->layout_digest);
+			node__pub_hex(ml->layout_digest, PROTO_HASH_BYTES, h, sizeof(h));
+			if (sl == NULL || sl->bad)
+				continue;
+			if (memcmp(sl->plan.digest, ml->plan_digest, PROTO_HASH_BYTES) != 0) {
+				ex_fail(p, EINVAL, "layout %.16s: our plan differs from the signed one", h);
+				node__pub_ex_step(p);
+				return;
+			}
+			if (ex_add_layout(ex, sl) != 0) {
+				ex_fail(p, ENOMEM, "out of memory");
+				node__pub_ex_step(p);
+				return;
+			}
+		}
+		if (ex->nlayouts == 0 && ex->tries++ >= VERIFY_LAYOUT_TRIES)
+			ex_fail(p, ENOENT, "none of its %u serving layouts is registered now",
+				ex->m.nlayouts);
+	}
+	if (ex->failed) {
+		/* nothing more to ask */
+	} else if (ex->nlayouts == 0) {
+		if (!ex->verify && !p->layouts_waiting) {
+			p->layouts_waiting = true;
+			LOG_INFO("no serving layout registered yet: waiting before exporting version %llu",
+				 (unsigned long long)ex->version);
+		}
+		ex_retry(p, LAYOUTS_RETRY_MS);
+	} else {
+		p->layouts_waiting = false;
+		ex->need = NEED_NONE;
+		ex->wait_ns = proto_now_ns() - ex->start_ns;
+	}
+	node__pub_ex_step(p);
+}
+
+/* Lists every part's parcels, lays them out in its buffer, starts gathering. */
+static void ex_gather_start(struct node_pub *p)
+{
+	struct pub_export *ex = p->ex;
+	struct pub_version *pv = ex->pv;
+	uint64_t cs = ex->chunk_size;
+
+	ex->phase = EX_GATHER;
+	for (size_t i = 0; i < pv->nparts; i++) {
+		struct pub_part *pt = &pv->parts[i];
+		size_t n = 0;
+		uint64_t off = 0;
+		for (size_t li = 0; li < ex->nlayouts; li++)
+			for (uint32_t k = 0; k < ex->layouts[li]->plan.nparcels; k++)
+				n += ex->layouts[li]->plan.parcels[k].src_rank == pt->rank;
+		pt->items = calloc(PROTO_MAX(n, 1), sizeof(*pt->items));
+		if (pt->items == NULL) {
+			ex_fail(p, ENOMEM, "out of memory");
+			return;
+		}
+		for (size_t li = 0; li < ex->nlayouts; li++) {
+			const struct pub_layout *sl = ex->layouts[li];
+			for (uint32_t k = 0; k < sl->plan.nparcels; k++) {
+				const struct proto_parcel *pc = &sl->plan.parcels[k];
+				struct pub_item *it = &pt->items[pt->nitems];
+				uint64_t nch = (pc->bytes + cs - 1) / cs;
+				if (pc->src_rank != pt->rank)
+					continue;
+				if (nch > UINT32_MAX) {
+					ex_fail(p, EOVERFLOW, "a parcel of %llu bytes has too many chunks",
+						(unsigned long long)pc->bytes);
+					return;
+				}
+				pt->nitems++;
+				it->sl = sl;
+				it->pc = pc;
+				it->li = (uint32_t)li;
+				it->pi = k;
+				it->nchunks = (uint32_t)nch;
+				it->off = off;
+				off = (off + pc->bytes + PUB_ALIGN - 1) & ~(uint64_t)(PUB_ALIGN - 1);
+				it->hash = calloc(PROTO_MAX(nch, 1), PROTO_HASH_BYTES);
+				if (it->hash == NULL) {
+					ex_fail(p, ENOMEM, "out of memory");
+					return;
+				}
+			}
+		}
+		pt->used = off;
+		if (node__pub_part_alloc(p, pt) != 0) {
+			ex_fail(p, ENOMEM, "cannot map a %llu-byte export buffer for rank %u",
+				(unsigned long long)node__pub_page_round(off), pt->rank);
+			return;
+		}
+	}
+	for (size_t i = 0; i < ex->njobs; i++) {
+		ex->jobs[i].part = &pv->parts[i];
+		ex->jobs[i].chunk_size = ex->chunk_size;
+	}
+	ex_launch(p, JOB_GATHER);
+}
+
+/* Leader: the manifest from every part's hashes, signed. */
+static int ex_build_manifest(struct node_pub *p, struct proto_err *err)
+{
+	struct pub_export *ex = p->ex;
+	struct proto_manifest *m = &ex->m;
+	int rc;
+
+	proto_manifest_init(m);
+	ex->have_m = true;
+	m->version = ex->version;
+	m->parent_version = ex->version - 1;
+	if (m->parent_version > 0)
+		memcpy(m->parent_digest, p->prev_digest, PROTO_HASH_BYTES);
+	m->kind = PROTO_KIND_ANCHOR;
+	memcpy(m->model_digest, p->model.digest, PROTO_HASH_BYTES);
+	memcpy(m->src_layout_digest, p->tl.digest, PROTO_HASH_BYTES);
+	m->created_ms = ex->created_ms;
+	m->chunk_size = ex->chunk_size;
+	for (size_t li = 0; li < ex->nlayouts; li++) {
+		const struct pub_layout *sl = ex->layouts[li];
+		struct proto_mlayout *ml = proto_manifest_add_layout(m, sl->digest, sl->plan.digest,
+								     sl->plan.nparcels);
+		if (ml == NULL)
+			return proto_errf(err, ENOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < ex->pv->nparts; i++) {
+		const struct pub_part *pt = &ex->pv->parts[i];
+		for (size_t j = 0; j < pt->nitems; j++) {
+			const struct pub_item *it = &pt->items[j];
+			struct proto_mparcel *mp = &m->layouts[it->li].parcels[it->pi];
+			mp->src_rank = it->pc->src_rank;
+			mp->dst_rank = it->pc->dst_rank;
+			mp->bytes = it->pc->bytes;
+			mp->encoding = PROTO_ENC_RAW;
+			if ((rc = proto_mparcel_alloc_chunks(m, mp, it->pc->bytes)) != 0)
+				return proto_errf(err, -rc, "sizing parcel %u->%u's chunk list",
+						  mp->src_rank, mp->dst_rank);
+			for (uint32_t c = 0; c < mp->nchunks; c++)
+				memcpy(mp->chunks[c].hash, it->hash[c], PROTO_HASH_BYTES);
+		}
+	}
+	return proto_manifest_sign(m, p->sk, &ex->mbuf, &ex->mlen, err);
+}
+
+/* Verify: every hosted parcel must match the signed one, chunk by chunk. */
+static int ex_compare(struct node_pub *p, struct proto_err *err)
+{
+	struct pub_export *ex = p->ex;
+	char h[2 * PROTO_HASH_BYTES + 1];
+
+	for (size_t i = 0; i < ex->pv->nparts; i++) {
+		const struct pub_part *pt = &ex->pv->parts[i];
+		for (size_t j = 0; j < pt->nitems; j++) {
+			const struct pub_item *it = &pt->items[j];
+			const struct proto_mlayout *ml = proto_manifest_layout(&ex->m, it->sl->digest);
+			const struct proto_mparcel *mp =
+				ml ? proto_mlayout_parcel(ml, it->pc->src_rank, it->pc->dst_rank) : NULL;
+			node__pub_hex(it->sl->digest, PROTO_HASH_BYTES, h, sizeof(h));
+			if (mp == NULL || mp->bytes != it->pc->bytes || mp->nchunks != it->nchunks ||
+			    mp->encoding != PROTO_ENC_RAW)
+				return proto_errf(err, EINVAL,
+						  "layout %.16s parcel %u->%u: not the signed parcel",
+						  h, it->pc->src_rank, it->pc->dst_rank);
+			for (uint32_t c = 0; c < it->nchunks; c++)
+				if (sodium_memcmp(mp->chunks[c].hash, it->hash[c], PROTO_HASH_BYTES) != 0)
+					return proto_errf(err, EBADMSG,
+							  "layout %.16s parcel %u->%u chunk %u: rebuilt bytes differ from the signed hash",
+							  h, it->pc->src_rank, it->pc->dst_rank, c);
+		}
+	}
+	return 0;
+}
+
+static void ex_gathered(struct node_pub *p)
+{
+	struct pub_export *ex = p->ex;
+	struct proto_err err = {{0}};
+	int rc;
+
+	ex->hash_ns = proto_now_ns() - ex->phase_ns;
+	if (atomic_load(&p->abort)) {
+		ex_fail(p, ECANCELED, "stopped");
+		return;
+	}
+	rc = ex->verify ? ex_compare(p, &err) : ex_build_manifest(p, &err);
+	if (rc != 0) {
+		ex_fail(p, -rc, "%s", err.msg);
+		return;
+	}
+	/* Parts of ranks hosted elsewhere were only needed for their hashes. */
+	for (size_t i = 0; i < ex->pv->nparts; i++)
+		if (!ex->pv->parts[i].hosted)
+			node__pub_part_release(p, &ex->pv->parts[i]);
+	if ((rc = node__pub_version_serve(p, ex->pv, &err)) != 0) {
+		ex_fail(p, -rc, "%s", err.msg);
+		return;
+	}
+	if (ex->verify) {
+		ex->phase = EX_OFFER;
+		ex->pv->next = p->versions;
+		p->versions = ex->pv;
+		node__pub_sync_offers(p);
+	} else {
+		ex->phase = EX_PUBLISH;
+		ex->tries = 0;
+	}
+}
+
+static void on_ex_publish(const struct trk_answer *a, void *arg)
+{
+	struct node_pub *p = arg;
+	struct pub_export *ex = p->ex;
+
+	ex->req_busy = false;
+	if (ex->failed) {
+		node__pub_ex_step(p);
+		return;
+	}
+	if (a->status == 200 || a->status == 201) {
+		memcpy(p->prev_digest, ex->m.digest, PROTO_HASH_BYTES);
+		p->next_version = ex->version + 1;
+		ex->phase = EX_OFFER;
+		ex->pv->next = p->versions;
+		p->versions = ex->pv;
+		node__pub_sync_offers(p);
+	} else if ((a->status < 0 || a->status >= 500) && ++ex->tries < PUBLISH_TRIES) {
+		LOG_WARN("publishing version %llu: %s (retrying)", (unsigned long long)ex->version,
+			 a->error);
+		ex_retry(p, RETRY_MS);
+	} else {
+		ex_fail(p, a->status == 409 ? EEXIST : EIO, "the tracker refused version %llu: %s",
+			(unsigned long long)ex->version, a->error);
+		/* A conflict (someone else published; the chain moved on): learn
+		 * the latest version again before the next export. */
+		if (a->status == 409) {
+			p->ready = false;
+			node__pub_watch_versions(p);
+		}
+	}
+	node__pub_ex_step(p);
+}
+
+/* Issues the next tracker request the export waits for, if any. */
+static void ex_request(struct node_pub *p)
+{
+	struct pub_export *ex = p->ex;
+	int rc = 0;
+
+	if (ex->req_busy || evtimer_pending(p->ex_ev, NULL))
+		return;
+	if (ex->phase == EX_PREP) {
+		switch (ex->need) {
+		case NEED_WATCH:
+			rc = trk_client_watch(p->trk, ex->version - 1, WATCH_WAIT_MS, on_ex_watch, p);
+			break;
+		case NEED_MANIFEST:
+			rc = trk_client_get_manifest(p->trk, ex->version, on_ex_manifest, p);
+			break;
+		case NEED_LAYOUTS:
+			rc = trk_client_layouts(p->trk, on_ex_layouts, p);
+			break;
+		case NEED_NONE:
+			return;
+		}
+	} else if (ex->phase == EX_PUBLISH) {
+		rc = trk_client_publish(p->trk, ex->mbuf, ex->mlen, on_ex_publish, p);
+	} else {
+		return;
+	}
+	if (rc == 0)
+		ex->req_busy = true;
+	else
+		ex_retry(p, RETRY_MS);
+}
+
+/* Moves the export on as far as it can go now. Last call of every callback. */
+void node__pub_ex_step(struct node_pub *p)
+{
+	struct pub_export *ex = p->ex;
+
+	if (ex == NULL)
+		return;
+	if (ex->failed) {
+		if (ex->jobs_left == 0 && !ex->req_busy)
+			ex_finish(p);
+		return;
+	}
+	switch (ex->phase) {
+	case EX_PREP:
+		ex_request(p);
+		if (ex->jobs_left == 0 && ex->need == NEED_NONE) {
+			ex_gather_start(p);
+			node__pub_ex_step(p); /* a failure to finish, or wait for the workers */
+		}
+		break;
+	case EX_GATHER:
+		if (ex->jobs_left == 0) {
+			ex_gathered(p);
+			node__pub_ex_step(p);
+		}
+		break;
+	case EX_PUBLISH:
+		ex_request(p);
+		break;
+	case EX_OFFER:
+		if (!ex->pv->offer_busy && (ex->pv->offer_tried || !p->registered))
+			ex_finish(p);
+		break;
+	}
+}
+
+void node__pub_on_wake(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_pub *p = arg;
+	struct pub_export *ex = p->ex;
+	char b[64];
+
+	while (recv(fd, b, sizeof(b), MSG_DONTWAIT) > 0)
+		;
+	if (ex == NULL)
+		return;
+	ex_join(ex);
+	if (ex->jobs_left == 0 && ex->phase == EX_PREP && !ex->snap_done) {
+		ex->snap_done = true;
+		ex->snapshot_ns = proto_now_ns() - ex->phase_ns;
+	}
+	node__pub_ex_step(p);
+}
+
+void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t version, bool verify)
+{
+	struct pub_export *ex = calloc(1, sizeof(*ex));
+	struct pub_version *pv;
+	size_t n = 0;
+
+	if (ex == NULL) {
+		struct node_pub_result r = {.status = -ENOMEM, .error = "out of memory",
+					    .version = version};
+		if (req != NULL && req->cb != NULL)
+			req->cb(req->arg, &r);
+		free(req);
+		event_active(p->kick_ev, 0, 0);
+		return;
+	}
+	p->ex = ex;
+	ex->req = req;
+	ex->version = version;
+	ex->verify = verify;
+	ex->phase = EX_PREP;
+	ex->need = verify ? NEED_WATCH : NEED_LAYOUTS;
+	ex->start_ns = proto_now_ns();
+	ex->t0_ns = req ? req->t0_ns : ex->start_ns;
+	ex->created_ms = req ? req->created_ms : proto_wall_ms();
+	ex->chunk_size = (uint32_t)proto_param(PROTO_PARAM_CHUNK_SIZE);
+	if (!node__pub_source_has(p, version)) {
+		ex_fail(p, ERANGE, "version %llu: the model dir holds only %zu versions",
+			(unsigned long long)version, p->nfiles);
+		node__pub_ex_step(p);
+		return;
+	}
+	/* The leader computes every rank (for the manifest); others their own. */
+	n = verify ? p->nhosted : p->tl.nranks;
+	ex->pv = pv = calloc(1, sizeof(*pv));
+	ex->jobs = calloc(n, sizeof(*ex->jobs));
+	if (pv == NULL || ex->jobs == NULL || (pv->parts = calloc(n, sizeof(*pv->parts))) == NULL) {
+		ex_fail(p, ENOMEM, "out of memory");
+		node__pub_ex_step(p);
+		return;
+	}
+	pv->p = p;
+	pv->version = version;
+	pv->created_ms = ex->created_ms;
+	pv->nparts = n;
+	ex->njobs = n;
+	for (size_t i = 0; i < n; i++) {
+		uint32_t r = verify ? p->hosted[i].rank : (uint32_t)i;
+		struct pub_job *j = &ex->jobs[i];
+		pv->parts[i].rank = r;
+		for (size_t h = 0; h < p->nhosted; h++)
+			pv->parts[i].hosted |= p->hosted[h].rank == r;
+		if (p->blocks[r] == NULL) {
+			p->block_cap[r] = node__pub_page_round(p->tl.ranks[r].nbytes);
+			p->blocks[r] = node__pub_buf_map(p->block_cap[r]);
+			if (p->blocks[r] == NULL) {
+				ex_fail(p, ENOMEM, "cannot map rank %u's %llu-byte snapshot", r,
+					(unsigned long long)p->tl.ranks[r].nbytes);
+				node__pub_ex_step(p);
+				return;
+			}
+		}
+		j->p = p;
+		j->version = version;
+		j->rank = r;
+		j->block = p->blocks[r];
+	}
+	ex_launch(p, JOB_SNAPSHOT);
+	node__pub_ex_step(p);
+}

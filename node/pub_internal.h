@@ -1,0 +1,276 @@
+/* Internals shared by the publisher's files (object, source, layouts, export, serving). */
+#ifndef NODE_PUB_INTERNAL_H
+#define NODE_PUB_INTERNAL_H
+
+/*
+ * The publisher is one object (struct node_pub, publisher.c) whose state the
+ * loop owns; its files split the work by noun:
+ *   publisher.c   the object: new/free, the export queue, tracker
+ *                 registration, heartbeats and the version resync;
+ *   pub_source.c  where a version's bytes come from (fixture or model dir);
+ *   pub_layout.c  the serving layouts and their plans, cached by digest;
+ *   pub_export.c  exporting one version: workers, manifest, publish/verify;
+ *   pub_serve.c   served versions: buffers, regions, offers, retention.
+ * Everything here is for those files only; the face is publisher.h.
+ */
+
+#include <event2/event.h>
+#include <jansson.h>
+#include <sodium.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fabric/fab.h"
+#include "node/fabloop.h"
+#include "node/publisher.h"
+#include "proto/proto.h"
+#include "proto/safetensors.h"
+#include "tracker/tracker.h"
+
+#define PUB_ALIGN 4096u           /* parcels start page-aligned in a buffer */
+#define RETRY_MS 500              /* tracker unreachable: try again */
+
+/* A serving layout and the plan trainer layout -> it, by digest. A layout
+ * that failed to parse or plan stays cached as bad (warned about once). */
+struct pub_layout {
+	uint8_t digest[PROTO_HASH_BYTES];
+	bool bad;
+	struct proto_layout layout;
+	struct proto_plan plan;
+	struct pub_layout *next;
+};
+
+/* One parcel a rank gathers into its export buffer. */
+struct pub_item {
+	const struct pub_layout *sl;
+	const struct proto_parcel *pc;
+	uint32_t li, pi; /* layout index in the export, parcel index in its plan */
+	uint64_t off;    /* in the rank's export buffer */
+	uint32_t nchunks;
+	uint8_t (*hash)[PROTO_HASH_BYTES]; /* nchunks hashes, filled by a worker */
+};
+
+/* One rank's part of one version: its export buffer and what is in it. */
+struct pub_part {
+	uint32_t rank;
+	bool hosted;
+	uint8_t *buf; /* mmap'ed, cap bytes */
+	size_t cap;
+	uint64_t used;
+	struct fab_mr *mr;
+	struct pub_item *items;
+	size_t nitems;
+};
+
+/* A version being served (or being built by the current export). */
+struct pub_version {
+	struct node_pub *p;
+	uint64_t version, created_ms;
+	struct pub_part *parts;
+	size_t nparts;
+	struct trk_offer *offers;
+	size_t noffers;
+	bool offered;     /* the tracker holds our offer */
+	bool offer_busy;  /* an offer or withdrawal is in flight */
+	bool offer_tried; /* at least one offer answer came */
+	uint64_t offer_gen; /* registration the offer in flight was made under */
+	bool releasing;   /* no longer needed: withdraw, then free */
+	bool warned;      /* an offer failure was logged */
+	struct pub_version *next;
+};
+
+struct pub_req {
+	node_pub_cb cb;
+	void *arg;
+	uint64_t created_ms, t0_ns;
+	struct pub_req *next;
+};
+
+struct pub_job; /* one worker thread's task (pub_export.c) */
+
+enum ex_phase { EX_PREP, EX_GATHER, EX_PUBLISH, EX_OFFER };
+enum ex_need { NEED_WATCH, NEED_MANIFEST, NEED_LAYOUTS, NEED_NONE };
+
+/* The export in progress (one at a time). */
+struct pub_export {
+	struct pub_req *req; /* NULL: the restart re-offer */
+	uint64_t version;
+	bool verify; /* check against the tracker's manifest instead of publishing */
+	enum ex_phase phase;
+	enum ex_need need;
+	bool failed;
+	int status;
+	char error[512];
+	struct pub_job *jobs;
+	size_t njobs, jobs_left;
+	bool req_busy; /* a tracker request of this export is in flight */
+	bool snap_done;
+	unsigned tries;
+	uint64_t t0_ns, start_ns, phase_ns, snapshot_ns, hash_ns, wait_ns;
+	uint64_t created_ms;
+	uint32_t chunk_size;
+	struct pub_layout **layouts;
+	size_t nlayouts;
+	struct proto_manifest m; /* built and signed (leader) or decoded */
+	bool have_m;
+	uint8_t *mbuf; /* signed bytes (leader) */
+	size_t mlen;
+	struct pub_version *pv;
+};
+
+struct pub_hosted {
+	uint32_t rank;
+	struct fab_ctx *fab;
+	struct node_fabloop *fl;
+	char addr_hex[2 * FAB_ADDR_MAX + 1];
+};
+
+struct pub_file {
+	uint64_t n; /* the N of vN.safetensors */
+	struct proto_st st;
+	uint32_t *map; /* model tensor index -> this file's tensor index */
+};
+
+struct pub_spare {
+	uint8_t *buf;
+	size_t cap;
+};
+
+struct node_pub {
+	struct event_base *base;
+	void (*on_fatal)(void *arg, const char *msg);
+	void *arg;
+	bool dead; /* on_fatal was called */
+	char host[256];
+	uint8_t sk[PROTO_SK_BYTES], pk[PROTO_PK_BYTES];
+
+	/* Source and layouts. */
+	bool synthetic;
+	uint64_t seed;
+	struct proto_model model;
+	bool have_model;
+	struct pub_file *files;
+	size_t nfiles;
+	struct proto_layout tl;
+	bool have_tl;
+	json_t *model_json, *tl_json;
+	uint8_t **blocks;        /* per trainer rank: its snapshot (lazily) */
+	size_t *block_cap;
+	struct pub_spare *spare; /* per trainer rank: a freed export buffer */
+
+	/* Hosted ranks. */
+	struct pub_hosted *hosted;
+	size_t nhosted;
+	bool leader;
+
+	/* Tracker. */
+	struct trk_client *trk;
+	struct event *hb_ev, *check_ev, *reg_ev, *ex_ev, *wake_ev, *kick_ev;
+	evutil_socket_t wake[2];
+	atomic_bool abort;
+	char id[TRK_ID_MAX];
+	bool registered, reg_busy, hb_busy, check_busy, init_busy, ready;
+	bool reg_warned, layouts_waiting;
+	uint64_t lease_ms;
+	uint64_t reg_gen, hb_gen; /* registrations so far; the heartbeat's */
+	uint64_t next_version, reoffer;
+	uint8_t prev_digest[PROTO_HASH_BYTES];
+
+	struct pub_layout *layouts;
+	struct pub_version *versions;
+	struct pub_req *queue, **queue_tail;
+	size_t nqueue;
+	struct pub_export *ex;
+};
+
+/* ---- small helpers ---------------------------------------------------------- */
+
+static inline void node__pub_hex(const uint8_t *b, size_t n, char *out, size_t cap)
+{
+	sodium_bin2hex(out, cap, b, n);
+}
+
+static inline size_t node__pub_page_round(uint64_t n)
+{
+	return (size_t)((PROTO_MAX(n, 1) + PUB_ALIGN - 1) & ~(uint64_t)(PUB_ALIGN - 1));
+}
+
+static inline void node__pub_timer_ms(struct event *ev, uint64_t ms)
+{
+	struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+	evtimer_add(ev, &tv);
+}
+
+/* ---- publisher.c: the object ---------------------------------------------------- */
+
+/* Registers (again) with the tracker unless a registration is in flight or
+ * the publisher is dead; retries on a timer when the request cannot start. */
+void node__pub_register(struct node_pub *p);
+/* Asks the tracker for its versions unless that is in flight; the answer
+ * sets next_version and prev_digest, withdraws versions the tracker lost,
+ * picks the one to re-offer and makes the publisher ready. */
+void node__pub_watch_versions(struct node_pub *p);
+
+/* ---- pub_source.c: the weights ---------------------------------------------------- */
+
+/* Whether the source holds version v (any v >= 1 for the fixture). */
+bool node__pub_source_has(const struct node_pub *p, uint64_t v);
+/* Opens every v<N>.safetensors in dir into p->files and builds p->model from
+ * the first; all must share the model. On failure what was opened stays in
+ * p for node_pub_free. */
+int node__pub_load_model_dir(struct node_pub *p, const char *dir, struct proto_err *err);
+/* Fills rank's snapshot block with version's bytes. Runs on a worker
+ * thread; cannot fail. */
+void node__pub_source_fill(struct node_pub *p, uint32_t rank, uint64_t version,
+			   uint8_t *block);
+
+/* ---- pub_layout.c: serving layouts -------------------------------------------------- */
+
+/* The cached layout with this digest, or NULL. */
+struct pub_layout *node__pub_layout_find(struct node_pub *p, const uint8_t *digest);
+/* Parses and plans one entry of GET /layouts into p->layouts (once per
+ * digest; p owns it). NULL only on ENOMEM or a malformed entry. */
+struct pub_layout *node__pub_layout_absorb(struct node_pub *p, json_t *e);
+
+/* ---- pub_export.c: the export ------------------------------------------------------- */
+
+/* Starts exporting version (req NULL: the restart re-offer; verify: check
+ * against the tracker's manifest instead of publishing). Takes req; its
+ * callback runs once when the export is done or failed, also when it fails
+ * to start (node__pub_ex_free drops it without calling it). */
+void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t version, bool verify);
+/* Moves the export on as far as it can go now. Last call of every callback. */
+void node__pub_ex_step(struct node_pub *p);
+/* Joins the workers and frees ex, and its version unless that is among the
+ * served ones. The request's callback is not called. */
+void node__pub_ex_free(struct node_pub *p, struct pub_export *ex);
+/* Event callbacks: a worker finished (wake socket), the export's timer. */
+void node__pub_on_wake(evutil_socket_t fd, short what, void *arg);
+void node__pub_on_ex_timer(evutil_socket_t fd, short what, void *arg);
+
+/* ---- pub_serve.c: served versions --------------------------------------------------- */
+
+/* Anonymous memory of cap bytes (huge pages when large); NULL when out of
+ * memory. Freed with munmap(b, cap). */
+uint8_t *node__pub_buf_map(size_t cap);
+/* Maps pt's export buffer (pt->used bytes, page-rounded), reusing the rank's
+ * spare when large enough. -ENOMEM leaves pt without a buffer. */
+int node__pub_part_alloc(struct node_pub *p, struct pub_part *pt);
+/* Closes the region and keeps the buffer as the rank's spare; cannot fail. */
+void node__pub_part_release(struct node_pub *p, struct pub_part *pt);
+/* Frees pv and its parts (buffers go to the spares); NULL is fine. */
+void node__pub_version_free(struct node_pub *p, struct pub_version *pv);
+/* Takes pv off p->versions if it is there; cannot fail. */
+void node__pub_version_unlink(struct node_pub *p, struct pub_version *pv);
+/* Registers the hosted parts' buffers for remote reads and lists the offers.
+ * On failure the regions opened so far stay in pv for version_free. */
+int node__pub_version_serve(struct node_pub *p, struct pub_version *pv, struct proto_err *err);
+/* Offers versions not offered under this registration and withdraws (then
+ * frees) the released ones; failures are logged and retried later. */
+void node__pub_sync_offers(struct node_pub *p);
+/* The retention check's timer: asks which versions are still retained. */
+void node__pub_on_check(evutil_socket_t fd, short what, void *arg);
+
+#endif
