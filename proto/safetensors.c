@@ -236,17 +236,9 @@ int proto_st_open(const char *path, struct proto_st *out, struct proto_err *err)
 	int fd, rc;
 
 	memset(out, 0, sizeof(*out));
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	fd = proto_open_regular(path, &st, err);
 	if (fd < 0)
-		return proto_errf(err, errno, "%s: %s", path, strerror(errno));
-	if (fstat(fd, &st) != 0) {
-		rc = proto_errf(err, errno, "%s: %s", path, strerror(errno));
-		goto fail;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		rc = proto_errf(err, EINVAL, "%s: not a regular file", path);
-		goto fail;
-	}
+		return fd;
 	if (st.st_size < 8) {
 		rc = proto_errf(err, EINVAL, "%s: %lld bytes, too short for a safetensors header",
 				path, (long long)st.st_size);

@@ -45,6 +45,24 @@ void proto_err_prefix(struct proto_err *err, const char *fmt, ...)
 	err->msg[at + PROTO_MIN(olen, room)] = 0;
 }
 
+int proto_open_regular(const char *path, struct stat *st, struct proto_err *err)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
+
+	if (fd < 0)
+		return proto_errf(err, errno, "%s: %s", path, strerror(errno));
+	if (fstat(fd, st) != 0) {
+		rc = proto_errf(err, errno, "%s: %s", path, strerror(errno));
+		close(fd);
+		return rc;
+	}
+	if (!S_ISREG(st->st_mode)) {
+		close(fd);
+		return proto_errf(err, EINVAL, "%s: not a regular file", path);
+	}
+	return fd;
+}
+
 int proto_read_file(const char *path, size_t cap, uint8_t **buf, size_t *len,
 		    struct proto_err *err)
 {
@@ -55,17 +73,9 @@ int proto_read_file(const char *path, size_t cap, uint8_t **buf, size_t *len,
 
 	*buf = NULL;
 	*len = 0;
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	fd = proto_open_regular(path, &st, err);
 	if (fd < 0)
-		return proto_errf(err, errno, "%s: %s", path, strerror(errno));
-	if (fstat(fd, &st) != 0) {
-		rc = proto_errf(err, errno, "%s: %s", path, strerror(errno));
-		goto fail;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		rc = proto_errf(err, EINVAL, "%s: not a regular file", path);
-		goto fail;
-	}
+		return fd;
 	if ((uint64_t)st.st_size > cap) {
 		rc = proto_errf(err, EFBIG, "%s: %lld bytes, more than the %zu allowed",
 				path, (long long)st.st_size, cap);

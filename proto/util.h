@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #define PROTO_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -27,6 +28,10 @@ int proto_errf(struct proto_err *err, int code, const char *fmt, ...)
 /* Prepends "prefix: " to an existing message. Returns nothing; cannot fail. */
 void proto_err_prefix(struct proto_err *err, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+
+/* Opens path read-only and checks it is a regular file; *st gets its stat.
+ * Returns the fd (the caller closes it) or a negative errno, err filled. */
+int proto_open_regular(const char *path, struct stat *st, struct proto_err *err);
 
 /*
  * Reads a whole file of at most cap bytes into a fresh malloc'ed buffer that
