@@ -3,6 +3,7 @@
  * the version log and its restart, long-polls, derived replica state,
  * offers and sources, the status page and metrics, the client, the binary. */
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -64,6 +65,7 @@ struct srv {
 	char url[300];
 	char state[4096];
 	bool with_key, with_pk;
+	atomic_bool stop;
 	uint8_t ckey[PROTO_CLUSTER_KEY_BYTES];
 	uint8_t pk[PROTO_PK_BYTES];
 };
@@ -87,8 +89,11 @@ static void *srv_main(void *arg)
 	v->ready = true;
 	pthread_cond_signal(&v->cv);
 	pthread_mutex_unlock(&v->mu);
-	if (rc == 0)
-		event_base_dispatch(v->base);
+	/* A loopbreak that lands before the loop starts is forgotten by
+	 * libevent, so the stop flag is checked around every pass; the
+	 * tracker's own timers bound how long one pass can block. */
+	while (rc == 0 && !atomic_load(&v->stop))
+		event_base_loop(v->base, EVLOOP_ONCE);
 	trk_server_free(s);
 	if (v->base != NULL)
 		event_base_free(v->base);
@@ -100,6 +105,7 @@ static void *srv_main(void *arg)
 static int srv_start(struct srv *v)
 {
 	v->ready = false;
+	atomic_store(&v->stop, false);
 	pthread_mutex_init(&v->mu, NULL);
 	pthread_cond_init(&v->cv, NULL);
 	assert_int_equal(pthread_create(&v->th, NULL, srv_main, v), 0);
@@ -114,6 +120,7 @@ static int srv_start(struct srv *v)
 
 static void srv_stop(struct srv *v)
 {
+	atomic_store(&v->stop, true);
 	event_base_loopbreak(v->base); /* thread-safe: evthread_use_pthreads */
 	pthread_join(v->th, NULL);
 	pthread_mutex_destroy(&v->mu);
