@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "proto/manifest.h"
+#include "proto/spec.h"
 #include "proto/util.h"
 #include "tracker/tracker.h"
 
@@ -150,10 +151,114 @@ void trk__handle_publish(struct trk_call *c);
 void trk__handle_versions(struct trk_call *c);
 void trk__handle_manifest(struct trk_call *c, const char *v);
 
-/* ---- registry.c: soft state and what derives from it ---- */
+/* ---- the registry: soft state and what derives from it ---- */
+
+#define TRK__NODE_VERSIONS 8      /* per-version states a node keeps */
+#define TRK__OFFER_VERSIONS 16    /* versions a holder may offer at once */
+#define TRK__ACTIVATIONS_MAX 1024 /* activation log entries kept */
+#define TRK__FABRIC_ADDR_MAX 1024 /* bytes */
+#define TRK__HOST_MAX 255
+#define TRK__PROVIDER_MAX 63
+#define TRK__ERROR_MAX 255
+
+/* A serving layout some replica uses, shared by its replicas. */
+struct trk_slayout {
+	uint8_t digest[PROTO_HASH_BYTES];
+	struct proto_layout l;
+	json_t *json; /* explicit form */
+	unsigned refs;
+	struct trk_slayout *next;
+};
+
+struct trk_offer_set {
+	uint64_t version;
+	size_t n;
+	struct trk_offer *o;
+};
+
+struct trk_offers {
+	struct trk_offer_set sets[TRK__OFFER_VERSIONS];
+	size_t n;
+};
+
+struct trk_prank {
+	uint32_t rank;
+	char *host, *provider, *addr;
+};
+
+struct trk_publisher {
+	char id[32];
+	bool alive;
+	uint64_t expires_ns, registered_ms, gone_ms;
+	struct trk_prank *ranks;
+	size_t nranks;
+	struct trk_offers offers;
+	struct trk_publisher *next;
+};
+
+struct trk_nver {
+	uint64_t version;
+	enum trk_rank_state state;
+	uint64_t done, total, from_trainer, from_peers;
+};
+
+struct trk_replica;
+
+struct trk_node {
+	char id[TRK_ID_MAX];
+	struct trk_replica *rep;
+	uint32_t rank;
+	char *host, *provider, *addr;
+	struct trk_slayout *layout;
+	bool alive;
+	uint64_t expires_ns, registered_ms, gone_ms, report_ms;
+	uint64_t active; /* last version this rank reported active */
+	struct trk_nver vers[TRK__NODE_VERSIONS];
+	size_t nvers;
+	int last; /* index of the last report in vers, -1 none */
+	char error[TRK__ERROR_MAX + 1];
+	struct trk_offers offers;
+};
+
+struct trk_replica {
+	char name[TRK_REPLICA_MAX + 1];
+	struct trk_slayout *layout; /* holds a reference */
+	uint32_t nranks;
+	struct trk_node **ranks; /* nranks slots, NULL = never registered */
+	uint64_t active;         /* the version all ranks last agreed active on */
+	struct trk_replica *next;
+};
+
+struct trk_activation {
+	char replica[TRK_REPLICA_MAX + 1];
+	uint64_t version, wall_ms;
+};
+
+struct trk_registry {
+	struct trk_server *s;
+	bool have_model;
+	struct proto_model model;
+	json_t *model_json;
+	struct proto_layout tlayout;
+	json_t *tlayout_json;
+	struct trk_slayout *layouts;
+	struct trk_publisher *pubs;
+	struct trk_replica *reps; /* sorted by name */
+	struct trk_activation act[TRK__ACTIVATIONS_MAX];
+	size_t act_n, act_next;
+	uint64_t act_total;
+	uint64_t bytes_from_trainer, bytes_from_peers;
+};
+
+/* ---- registry.c: lifetime, lookups, leases, derived state ---- */
 
 int trk__registry_new(struct trk_server *s, struct trk_registry **out);
 void trk__registry_free(struct trk_registry *r);
+/* Drops the model, the trainer layout and every replica (with its nodes);
+ * publishers stay. Cannot fail. */
+void trk__registry_drop_model(struct trk_registry *r);
+/* The lease a registration or heartbeat grants, in ns. */
+uint64_t trk__registry_lease_ns(const struct trk_registry *r);
 /* Expires leases that ran out by now; prunes long-gone entries. */
 void trk__registry_sweep(struct trk_registry *r);
 /* true and the digests when a publisher registered a model. */
@@ -163,8 +268,6 @@ bool trk__registry_model(const struct trk_registry *r, uint8_t *model_digest,
  * complete at none); *any is false when there is no live replica. A version v
  * must be retained when it is the latest or v > this. */
 uint64_t trk__registry_min_complete(struct trk_registry *r, bool *any);
-/* Status pieces (new references). */
-json_t *trk__registry_status(struct trk_registry *r);
 /* For /metrics. */
 struct trk_counts {
 	uint64_t nodes_alive, nodes_gone, publishers_alive, publishers_gone;
@@ -173,16 +276,65 @@ struct trk_counts {
 	uint64_t bytes_from_trainer, bytes_from_peers, activations;
 };
 void trk__registry_counts(struct trk_registry *r, struct trk_counts *out);
+
+/* Drop a reference; the last one unlinks and frees sl. NULL is fine. */
+void trk__slayout_put(struct trk_registry *r, struct trk_slayout *sl);
+/* Free an entry and everything it owns (offers included). NULL is fine for
+ * a node; neither is unlinked from the registry. */
+void trk__node_free(struct trk_node *n);
+void trk__publisher_free(struct trk_publisher *p);
+
+/* 1..TRK_REPLICA_MAX of [A-Za-z0-9._-]. */
+bool trk__replica_name_valid(const char *s);
+/* Lookups (alive or not); NULL when there is none. A node id is "A/0". */
+struct trk_replica *trk__replica_find(struct trk_registry *r, const char *name);
+struct trk_node *trk__node_find(struct trk_registry *r, const char *id);
+struct trk_publisher *trk__publisher_find(struct trk_registry *r,
+					  const char *id);
+/* n's state entry for v, or NULL. */
+struct trk_nver *trk__node_version(struct trk_node *n, uint64_t v);
+/* n is alive and reported v verified or active. NULL n is false. */
+bool trk__node_holds(struct trk_node *n, uint64_t v);
+/* Some rank of rep is alive. */
+bool trk__replica_alive(const struct trk_replica *rep);
+/* Every rank of rep alive and holding v. */
+bool trk__replica_complete(const struct trk_replica *rep, uint64_t v);
+/* The versions rep is complete at, ascending, into out[TRK__NODE_VERSIONS];
+ * returns how many. */
+size_t trk__replica_complete_list(const struct trk_replica *rep,
+				  uint64_t *out);
+/* Re-derives rep's active version from its ranks' reports; a change is
+ * logged as an activation. */
+void trk__replica_update_active(struct trk_registry *r,
+				struct trk_replica *rep);
+
+void trk__handle_heartbeat(struct trk_call *c);
+
+/* ---- publishers.c ---- */
+
+/* p serves rank (of the trainer layout). */
+bool trk__publisher_has_rank(const struct trk_publisher *p, uint32_t rank);
+void trk__handle_publishers(struct trk_call *c);
+
+/* ---- nodes.c ---- */
+
+void trk__handle_nodes(struct trk_call *c);
+void trk__handle_node_state(struct trk_call *c);
+
+/* ---- offers.c ---- */
+
+/* Frees every offer set; o stays usable (empty). */
+void trk__offers_clear(struct trk_offers *o);
+void trk__handle_offers(struct trk_call *c);
+void trk__handle_sources(struct trk_call *c);
+
+/* ---- registry_json.c: the registry's JSON views ---- */
+
+/* Status pieces (new references). */
+json_t *trk__registry_status(struct trk_registry *r);
 /* Replicas complete / active at v, for a version's status entry. */
 json_t *trk__registry_version_replicas(struct trk_registry *r, uint64_t v,
 				       bool active);
-
-void trk__handle_publishers(struct trk_call *c);
-void trk__handle_nodes(struct trk_call *c);
-void trk__handle_heartbeat(struct trk_call *c);
-void trk__handle_node_state(struct trk_call *c);
-void trk__handle_offers(struct trk_call *c);
-void trk__handle_sources(struct trk_call *c);
 void trk__handle_layouts(struct trk_call *c);
 void trk__handle_replica(struct trk_call *c, const char *name);
 

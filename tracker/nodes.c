@@ -1,0 +1,314 @@
+/* Node ranks: registration into replicas, and their per-version state reports. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/log.h"
+#include "tracker/internal.h"
+
+static const char *state_names[TRK_STATE_COUNT] = {
+	[TRK_STATE_FETCHING] = "fetching",
+	[TRK_STATE_VERIFIED] = "verified",
+	[TRK_STATE_ACTIVE] = "active",
+	[TRK_STATE_FAILED] = "failed",
+};
+
+const char *trk_state_name(enum trk_rank_state s)
+{
+	return (unsigned)s < TRK_STATE_COUNT ? state_names[s] : "?";
+}
+
+int trk_state_parse(const char *s, enum trk_rank_state *out)
+{
+	for (int i = 0; i < TRK_STATE_COUNT; i++)
+		if (strcmp(s, state_names[i]) == 0) {
+			*out = (enum trk_rank_state)i;
+			return 0;
+		}
+	return -EINVAL;
+}
+
+/* ---- POST /nodes -------------------------------------------------------------- */
+
+static struct trk_slayout *find_slayout(struct trk_registry *r, const uint8_t *digest)
+{
+	for (struct trk_slayout *sl = r->layouts; sl; sl = sl->next)
+		if (memcmp(sl->digest, digest, PROTO_HASH_BYTES) == 0)
+			return sl;
+	return NULL;
+}
+
+/* Inserts rep keeping the list sorted by name. */
+static void insert_replica(struct trk_registry *r, struct trk_replica *rep)
+{
+	struct trk_replica **pp = &r->reps;
+	while (*pp != NULL && strcmp((*pp)->name, rep->name) < 0)
+		pp = &(*pp)->next;
+	rep->next = *pp;
+	*pp = rep;
+}
+
+void trk__handle_nodes(struct trk_call *c)
+{
+	struct trk_registry *r = c->s->reg;
+	struct proto_err err = {{0}};
+	const char *replica = NULL, *host = NULL, *provider = NULL;
+	uint64_t rank = 0;
+	uint8_t md[PROTO_HASH_BYTES];
+	char *addr = NULL, hex[2 * PROTO_HASH_BYTES + 1];
+	json_t *jl = json_object_get(c->json, "layout");
+	struct proto_layout l;
+	bool have_l = false;
+	struct trk_slayout *sl = NULL;
+	struct trk_replica *rep, *new_rep = NULL;
+	struct trk_node *n = NULL, **new_ranks = NULL;
+
+	memset(&l, 0, sizeof(l));
+	if (trk__get_str(c->json, "replica", true, TRK_REPLICA_MAX, &replica, &err) != 0 ||
+	    trk__get_u64(c->json, "rank", true, PROTO_MAX_RANKS - 1, &rank, &err) != 0 ||
+	    trk__get_str(c->json, "host", true, TRK__HOST_MAX, &host, &err) != 0 ||
+	    trk__get_str(c->json, "provider", true, TRK__PROVIDER_MAX, &provider,
+			 &err) != 0 ||
+	    trk__get_hexvar(c->json, "fabric_addr", TRK__FABRIC_ADDR_MAX, &addr,
+			    &err) != 0 ||
+	    trk__get_hex(c->json, "model_digest", md, sizeof(md), &err) != 0) {
+		trk__fail(c, 400, "%s", err.msg);
+		goto out;
+	}
+	if (!trk__replica_name_valid(replica)) {
+		trk__fail(c, 400, "replica: want 1..%d of [A-Za-z0-9._-]", TRK_REPLICA_MAX);
+		goto out;
+	}
+	if (!json_is_object(jl)) {
+		trk__fail(c, 400, "layout: missing or not an object");
+		goto out;
+	}
+	if (!r->have_model) {
+		trk__fail(c, 409, "no model known yet: no publisher has registered (retry)");
+		goto out;
+	}
+	if (memcmp(md, r->model.digest, sizeof(md)) != 0) {
+		trk__hex(r->model.digest, PROTO_HASH_BYTES, hex);
+		trk__fail(c, 409, "model_digest differs from the trainer's model (%s)", hex);
+		goto out;
+	}
+	if (proto_layout_from_json(&r->model, jl, "layout", &l, &err) != 0) {
+		trk__fail(c, 400, "%s", err.msg);
+		goto out;
+	}
+	have_l = true;
+	if (proto_layout_check_complete(&r->model, &l, &err) != 0) {
+		trk__fail(c, 400, "layout does not cover the model: %s", err.msg);
+		goto out;
+	}
+	if (rank >= l.nranks) {
+		trk__fail(c, 400, "rank %llu is not below the layout's %u ranks",
+			  (unsigned long long)rank, l.nranks);
+		goto out;
+	}
+	rep = trk__replica_find(r, replica);
+	if (rep != NULL && memcmp(rep->layout->digest, l.digest, PROTO_HASH_BYTES) != 0) {
+		for (uint32_t i = 0; i < rep->nranks; i++) {
+			struct trk_node *o = rep->ranks[i];
+			if (o == NULL || !o->alive || i == rank)
+				continue;
+			trk__hex(rep->layout->digest, PROTO_HASH_BYTES, hex);
+			trk__fail(c, 409,
+				  "replica %s rank %u registered another layout (%s)",
+				  replica, i, hex);
+			goto out;
+		}
+	}
+
+	/* Prepare everything that can fail, then commit. */
+	sl = find_slayout(r, l.digest);
+	if (sl == NULL) {
+		sl = calloc(1, sizeof(*sl));
+		if (sl == NULL)
+			goto oom;
+		sl->json = proto_layout_to_json(&r->model, &l);
+		if (sl->json == NULL) {
+			free(sl);
+			sl = NULL;
+			goto oom;
+		}
+		memcpy(sl->digest, l.digest, PROTO_HASH_BYTES);
+		sl->l = l;
+		have_l = false;
+		sl->next = r->layouts;
+		r->layouts = sl;
+	}
+	n = calloc(1, sizeof(*n));
+	if (n == NULL || (n->host = strdup(host)) == NULL ||
+	    (n->provider = strdup(provider)) == NULL)
+		goto oom;
+	if (rep == NULL && (new_rep = calloc(1, sizeof(*new_rep))) == NULL)
+		goto oom;
+	if ((rep == NULL || rep->layout != sl) &&
+	    (new_ranks = calloc(sl->l.nranks, sizeof(*new_ranks))) == NULL)
+		goto oom;
+
+	n->addr = addr;
+	addr = NULL;
+	snprintf(n->id, sizeof(n->id), "%s/%llu", replica, (unsigned long long)rank);
+	n->rank = (uint32_t)rank;
+	n->layout = sl;
+	n->alive = true;
+	n->last = -1;
+	n->registered_ms = proto_wall_ms();
+	n->expires_ns = proto_now_ns() + trk__registry_lease_ns(r);
+	if (rep == NULL) {
+		rep = new_rep;
+		new_rep = NULL;
+		snprintf(rep->name, sizeof(rep->name), "%s", replica);
+		insert_replica(r, rep);
+	}
+	if (new_ranks != NULL) {
+		/* A new replica, or a new layout for one whose other ranks are
+		 * all gone: the old ranks go with the old layout. */
+		if (rep->layout != NULL)
+			LOG_INFO("replica %s changes layout", replica);
+		for (uint32_t i = 0; i < rep->nranks; i++)
+			trk__node_free(rep->ranks[i]);
+		free(rep->ranks);
+		rep->ranks = new_ranks;
+		new_ranks = NULL;
+		rep->nranks = sl->l.nranks;
+		sl->refs++;
+		trk__slayout_put(r, rep->layout);
+		rep->layout = sl;
+		rep->active = 0;
+	}
+	trk__node_free(rep->ranks[rank]); /* re-registration replaces */
+	rep->ranks[rank] = n;
+	n->rep = rep;
+	LOG_INFO("node %s registered (%s, %s)", n->id, host, provider);
+	trk__reply_json(c, 200, json_pack("{s:s,s:I,s:o}", "node_id", n->id,
+					  "lease_ms", (json_int_t)r->s->lease_ms,
+					  "layout_digest",
+					  trk__json_hex(sl->digest, PROTO_HASH_BYTES)));
+	n = NULL;
+	goto out;
+oom:
+	trk__fail(c, 500, "out of memory");
+out:
+	if (sl != NULL && sl->refs == 0) { /* created here, unused */
+		sl->refs = 1;
+		trk__slayout_put(r, sl);
+	}
+	free(new_rep);
+	free(new_ranks);
+	trk__node_free(n);
+	free(addr);
+	if (have_l)
+		proto_layout_fini(&l);
+}
+
+/* ---- POST /nodes/state ----------------------------------------------------- */
+
+/* Adds what a report adds to the counters it reported before. A counter that
+ * went down restarted (a new transfer): all of it is new. */
+static uint64_t grow(uint64_t old, uint64_t now)
+{
+	return now >= old ? now - old : now;
+}
+
+void trk__handle_node_state(struct trk_call *c)
+{
+	struct trk_registry *r = c->s->reg;
+	struct proto_err err = {{0}};
+	const char *id = NULL, *state = NULL;
+	json_t *jerr = json_object_get(c->json, "error");
+	/* Absent counters keep their last reported value. */
+	const uint64_t ABSENT = UINT64_MAX;
+	uint64_t version = 0, done = ABSENT, total = ABSENT, ft = ABSENT, fp = ABSENT;
+	enum trk_rank_state st;
+	struct trk_version *ver;
+	struct trk_node *n;
+	struct trk_nver *e;
+	char error[TRK__ERROR_MAX + 1] = "";
+
+	if (trk__get_str(c->json, "id", true, TRK_ID_MAX - 1, &id, &err) != 0 ||
+	    trk__get_u64(c->json, "version", true, UINT64_MAX, &version, &err) != 0 ||
+	    trk__get_str(c->json, "state", true, 16, &state, &err) != 0 ||
+	    trk__get_u64(c->json, "bytes_done", false, ABSENT - 1, &done, &err) != 0 ||
+	    trk__get_u64(c->json, "bytes_total", false, ABSENT - 1, &total, &err) != 0 ||
+	    trk__get_u64(c->json, "bytes_from_trainer", false, ABSENT - 1, &ft, &err) != 0 ||
+	    trk__get_u64(c->json, "bytes_from_peers", false, ABSENT - 1, &fp, &err) != 0) {
+		trk__fail(c, 400, "%s", err.msg);
+		return;
+	}
+	if (jerr != NULL && !json_is_null(jerr)) {
+		if (!json_is_string(jerr)) {
+			trk__fail(c, 400, "error: must be a string");
+			return;
+		}
+		/* A node's error is shown, not parsed: made one short line. */
+		snprintf(error, sizeof(error), "%s", json_string_value(jerr));
+		for (char *q = error; *q; q++)
+			if ((unsigned char)*q < 0x20 || *q == 0x7f)
+				*q = ' ';
+	}
+	if (trk_state_parse(state, &st) != 0) {
+		trk__fail(c, 400, "state: want fetching, verified, active or failed");
+		return;
+	}
+	if (version == 0) {
+		trk__fail(c, 400, "version: must be >= 1");
+		return;
+	}
+	n = trk__node_find(r, id);
+	if (n == NULL || !n->alive) {
+		trk__fail(c, 404, "node %s is unknown or its lease expired: register again", id);
+		return;
+	}
+	ver = trk__versions_find(c->s->vs, version);
+	if (ver == NULL) {
+		trk__fail(c, 409, "version %llu is not published", (unsigned long long)version);
+		return;
+	}
+	e = trk__node_version(n, version);
+	if (e == NULL) {
+		if (n->nvers < TRK__NODE_VERSIONS) {
+			e = &n->vers[n->nvers++];
+		} else {
+			/* Forget the oldest version that is not the active one. */
+			size_t lo = SIZE_MAX;
+			for (size_t i = 0; i < n->nvers; i++)
+				if (n->vers[i].version != n->active &&
+				    (lo == SIZE_MAX || n->vers[i].version < n->vers[lo].version))
+					lo = i;
+			e = &n->vers[lo];
+		}
+		memset(e, 0, sizeof(*e));
+		e->version = version;
+	}
+	done = done == ABSENT ? e->done : done;
+	total = total == ABSENT ? e->total : total;
+	ft = ft == ABSENT ? e->from_trainer : ft;
+	fp = fp == ABSENT ? e->from_peers : fp;
+	ver->bytes_from_trainer += grow(e->from_trainer, ft);
+	ver->bytes_from_peers += grow(e->from_peers, fp);
+	r->bytes_from_trainer += grow(e->from_trainer, ft);
+	r->bytes_from_peers += grow(e->from_peers, fp);
+	e->state = st;
+	e->done = done;
+	e->total = total;
+	e->from_trainer = ft;
+	e->from_peers = fp;
+	n->last = (int)(e - n->vers);
+	n->report_ms = proto_wall_ms();
+	if (st == TRK_STATE_FAILED)
+		snprintf(n->error, sizeof(n->error), "v%llu: %s",
+			 (unsigned long long)version, error[0] ? error : "failed");
+	else if (st != TRK_STATE_FETCHING)
+		n->error[0] = 0;
+	if (st == TRK_STATE_ACTIVE)
+		n->active = version;
+	trk__replica_update_active(r, n->rep);
+	trk__reply_json(c, 200,
+			json_pack("{s:s,s:b,s:I}", "replica", n->rep->name,
+				  "replica_complete", trk__replica_complete(n->rep, version),
+				  "replica_active", (json_int_t)n->rep->active));
+}

@@ -1,0 +1,275 @@
+/* Offers of parcels in registered memory, and the /sources answer built on them. */
+#include <errno.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tracker/internal.h"
+
+#define OFFER_PARCELS_MAX 65536
+
+/* ---- offer sets ------------------------------------------------------------ */
+
+void trk__offers_clear(struct trk_offers *o)
+{
+	for (size_t i = 0; i < o->n; i++)
+		free(o->sets[i].o);
+	o->n = 0;
+}
+
+static struct trk_offer_set *offers_get(struct trk_offers *o, uint64_t v)
+{
+	for (size_t i = 0; i < o->n; i++)
+		if (o->sets[i].version == v)
+			return &o->sets[i];
+	return NULL;
+}
+
+/* Replaces the set for v (n == 0 removes it); takes list. */
+static void offers_put(struct trk_offers *o, uint64_t v, struct trk_offer *list,
+		       size_t n)
+{
+	struct trk_offer_set *s = offers_get(o, v);
+
+	if (s != NULL) {
+		free(s->o);
+		*s = o->sets[--o->n];
+	}
+	if (n == 0) {
+		free(list);
+		return;
+	}
+	if (o->n == TRK__OFFER_VERSIONS) {
+		size_t lo = 0;
+		for (size_t i = 1; i < o->n; i++)
+			if (o->sets[i].version < o->sets[lo].version)
+				lo = i;
+		free(o->sets[lo].o);
+		o->sets[lo] = o->sets[--o->n];
+	}
+	o->sets[o->n++] = (struct trk_offer_set){v, n, list};
+}
+
+static const struct trk_offer *offers_find(struct trk_offers *o, uint64_t v,
+					   const uint8_t *layout, uint32_t src,
+					   uint32_t dst)
+{
+	struct trk_offer_set *s = offers_get(o, v);
+
+	for (size_t i = 0; s != NULL && i < s->n; i++)
+		if (s->o[i].src_rank == src && s->o[i].dst_rank == dst &&
+		    memcmp(s->o[i].layout, layout, PROTO_HASH_BYTES) == 0)
+			return &s->o[i];
+	return NULL;
+}
+
+/* ---- POST /offers ------------------------------------------------------------ */
+
+static int parse_offer(json_t *o, size_t i, const struct proto_manifest *m,
+		       struct trk_offer *out, struct proto_err *err)
+{
+	const struct proto_mlayout *ml;
+	const struct proto_mparcel *mp;
+	uint64_t src = 0, dst = 0;
+	int rc;
+
+	if (!json_is_object(o))
+		return proto_errf(err, EINVAL, "parcels[%zu]: must be an object", i);
+	if ((rc = trk__get_hex(o, "layout", out->layout, PROTO_HASH_BYTES, err)) != 0 ||
+	    (rc = trk__get_u64(o, "src_rank", true, UINT32_MAX, &src, err)) != 0 ||
+	    (rc = trk__get_u64(o, "dst_rank", true, UINT32_MAX, &dst, err)) != 0 ||
+	    (rc = trk__get_u64_str(o, "addr", &out->addr, err)) != 0 ||
+	    (rc = trk__get_u64_str(o, "key", &out->key, err)) != 0 ||
+	    (rc = trk__get_u64(o, "len", true, UINT64_MAX, &out->len, err)) != 0) {
+		proto_err_prefix(err, "parcels[%zu]", i);
+		return rc;
+	}
+	out->src_rank = (uint32_t)src;
+	out->dst_rank = (uint32_t)dst;
+	ml = proto_manifest_layout(m, out->layout);
+	if (ml == NULL)
+		return proto_errf(err, EINVAL,
+				  "parcels[%zu]: version %llu has no such layout", i,
+				  (unsigned long long)m->version);
+	mp = proto_mlayout_parcel(ml, out->src_rank, out->dst_rank);
+	if (mp == NULL)
+		return proto_errf(err, EINVAL,
+				  "parcels[%zu]: version %llu has no parcel %u -> %u", i,
+				  (unsigned long long)m->version, out->src_rank,
+				  out->dst_rank);
+	if (mp->wire_bytes != out->len)
+		return proto_errf(err, EINVAL,
+				  "parcels[%zu]: len %llu but the parcel has %llu wire bytes",
+				  i, (unsigned long long)out->len,
+				  (unsigned long long)mp->wire_bytes);
+	return 0;
+}
+
+void trk__handle_offers(struct trk_call *c)
+{
+	struct trk_registry *r = c->s->reg;
+	struct proto_err err = {{0}};
+	const char *id = NULL;
+	uint64_t version = 0;
+	json_t *jp = json_object_get(c->json, "parcels");
+	const struct proto_manifest *m = NULL;
+	struct proto_manifest *owned = NULL;
+	struct trk_offer *list = NULL;
+	struct trk_publisher *p;
+	struct trk_node *n;
+	size_t cnt;
+
+	if (trk__get_str(c->json, "id", true, TRK_ID_MAX - 1, &id, &err) != 0 ||
+	    trk__get_u64(c->json, "version", true, UINT64_MAX, &version, &err) != 0) {
+		trk__fail(c, 400, "%s", err.msg);
+		return;
+	}
+	if (!json_is_array(jp) || json_array_size(jp) > OFFER_PARCELS_MAX) {
+		trk__fail(c, 400, "parcels: must be an array of at most %d", OFFER_PARCELS_MAX);
+		return;
+	}
+	cnt = json_array_size(jp);
+	n = trk__node_find(r, id);
+	p = n == NULL ? trk__publisher_find(r, id) : NULL;
+	if ((n == NULL || !n->alive) && (p == NULL || !p->alive)) {
+		trk__fail(c, 404, "%s is unknown or its lease expired: register again", id);
+		return;
+	}
+	if (trk__versions_manifest(c->s->vs, version, &m, &owned, &err) != 0) {
+		trk__fail(c, trk__versions_find(c->s->vs, version) ? 500 : 409,
+			  "%s", err.msg);
+		return;
+	}
+	list = cnt > 0 ? calloc(cnt, sizeof(*list)) : NULL;
+	if (cnt > 0 && list == NULL) {
+		trk__fail(c, 500, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < cnt; i++) {
+		struct trk_offer *o = &list[i];
+		if (parse_offer(json_array_get(jp, i), i, m, o, &err) != 0) {
+			trk__fail(c, 400, "%s", err.msg);
+			goto out;
+		}
+		if (p != NULL && !trk__publisher_has_rank(p, o->src_rank)) {
+			trk__fail(c, 400, "parcels[%zu]: publisher %s does not serve rank %u",
+				  i, id, o->src_rank);
+			goto out;
+		}
+		if (n != NULL && (memcmp(o->layout, n->layout->digest, PROTO_HASH_BYTES) != 0 ||
+				  o->dst_rank != n->rank)) {
+			trk__fail(c, 400,
+				  "parcels[%zu]: a node offers only parcels of its own layout and rank",
+				  i);
+			goto out;
+		}
+		for (size_t j = 0; j < i; j++)
+			if (list[j].src_rank == o->src_rank && list[j].dst_rank == o->dst_rank &&
+			    memcmp(list[j].layout, o->layout, PROTO_HASH_BYTES) == 0) {
+				trk__fail(c, 400, "parcels[%zu]: listed twice", i);
+				goto out;
+			}
+	}
+	offers_put(n != NULL ? &n->offers : &p->offers, version, list, cnt);
+	list = NULL;
+	trk__reply_json(c, 200, json_pack("{s:I,s:I}", "version", (json_int_t)version,
+					  "parcels", (json_int_t)cnt));
+out:
+	free(list);
+	if (owned != NULL) {
+		proto_manifest_fini(owned);
+		free(owned);
+	}
+}
+
+/* ---- GET /sources ------------------------------------------------------------ */
+
+static json_t *source_json(bool peer, const char *id, const char *host,
+			   const char *provider, const char *addr,
+			   const struct trk_offer *o)
+{
+	char a[24], k[24];
+
+	snprintf(a, sizeof(a), "%llu", (unsigned long long)o->addr);
+	snprintf(k, sizeof(k), "%llu", (unsigned long long)o->key);
+	return json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:I}", "kind",
+			 peer ? "peer" : "publisher", "id", id, "host", host,
+			 "provider", provider, "fabric_addr", addr, "addr", a,
+			 "key", k, "len", (json_int_t)o->len);
+}
+
+void trk__handle_sources(struct trk_call *c)
+{
+	struct trk_registry *r = c->s->reg;
+	struct proto_err err = {{0}};
+	uint64_t version = 0, src = 0, dst = 0;
+	uint8_t layout[PROTO_HASH_BYTES];
+	const char *lhex = trk__query_str(c, "layout");
+	json_t *peers = json_array(), *pubs = json_array();
+
+	if (peers == NULL || pubs == NULL) {
+		trk__fail(c, 500, "out of memory");
+		goto out;
+	}
+	if (trk__query_u64(c, "version", true, UINT64_MAX, &version, &err) != 0 ||
+	    trk__query_u64(c, "src_rank", true, UINT32_MAX, &src, &err) != 0 ||
+	    trk__query_u64(c, "dst_rank", true, UINT32_MAX, &dst, &err) != 0) {
+		trk__fail(c, 400, "%s", err.msg);
+		goto out;
+	}
+	if (lhex == NULL || trk__unhex(lhex, layout, sizeof(layout)) != 0) {
+		trk__fail(c, 400, "layout: want %d hex digits", 2 * PROTO_HASH_BYTES);
+		goto out;
+	}
+	if (trk__versions_find(c->s->vs, version) == NULL) {
+		trk__fail(c, 404, "version %llu is unknown", (unsigned long long)version);
+		goto out;
+	}
+	for (struct trk_replica *rep = r->reps; rep; rep = rep->next)
+		for (uint32_t i = 0; i < rep->nranks; i++) {
+			struct trk_node *n = rep->ranks[i];
+			const struct trk_offer *o;
+			if (!trk__node_holds(n, version))
+				continue;
+			o = offers_find(&n->offers, version, layout, (uint32_t)src,
+					(uint32_t)dst);
+			if (o != NULL &&
+			    json_array_append_new(peers, source_json(true, n->id, n->host,
+								     n->provider,
+								     n->addr, o)) != 0)
+				goto oom;
+		}
+	/* Spread the swarm: peers in random order. */
+	for (size_t i = json_array_size(peers); i > 1; i--) {
+		size_t j = randombytes_uniform((uint32_t)i);
+		json_t *a = json_incref(json_array_get(peers, i - 1));
+		json_t *b = json_incref(json_array_get(peers, j));
+		json_array_set_new(peers, i - 1, b);
+		json_array_set_new(peers, j, a);
+	}
+	for (struct trk_publisher *p = r->pubs; p; p = p->next) {
+		const struct trk_offer *o;
+		if (!p->alive)
+			continue;
+		o = offers_find(&p->offers, version, layout, (uint32_t)src, (uint32_t)dst);
+		if (o == NULL)
+			continue;
+		for (size_t i = 0; i < p->nranks; i++)
+			if (p->ranks[i].rank == o->src_rank &&
+			    json_array_append_new(pubs, source_json(false, p->id,
+								    p->ranks[i].host,
+								    p->ranks[i].provider,
+								    p->ranks[i].addr, o)) != 0)
+				goto oom;
+	}
+	if (json_array_extend(peers, pubs) != 0)
+		goto oom;
+	trk__reply_json(c, 200, json_pack("{s:O}", "sources", peers));
+	goto out;
+oom:
+	trk__fail(c, 500, "out of memory");
+out:
+	json_decref(peers);
+	json_decref(pubs);
+}
