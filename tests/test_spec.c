@@ -74,6 +74,25 @@ static void bad_layout(const char *path, const char *name, void *arg)
 	assert_null(l.ranks);
 }
 
+static void good_layout(const char *path, const char *name, void *arg)
+{
+	const struct proto_model *m = arg;
+	struct proto_layout l;
+	struct proto_err err;
+	if (proto_layout_load(m, path, &l, &err) != 0)
+		fail_msg("%s: %s", name, err.msg);
+	proto_layout_fini(&l);
+}
+
+/* The fuzzer's seeds are valid layouts of spec-model.json. */
+static void test_seed_layouts(void **state)
+{
+	struct proto_model m;
+	load_model(&m);
+	assert_true(for_each_bad("seed-layout-", good_layout, &m) >= 2);
+	proto_model_fini(&m);
+}
+
 static void test_bad_models(void **state)
 {
 	assert_true(for_each_bad("bad-model-", bad_model, NULL) >= 8);
@@ -220,6 +239,7 @@ int main(void)
 		cmocka_unit_test(test_model_basics),
 		cmocka_unit_test(test_bad_models),
 		cmocka_unit_test(test_bad_layouts),
+		cmocka_unit_test(test_seed_layouts),
 		cmocka_unit_test(test_shorthand_expands),
 		cmocka_unit_test(test_cli),
 	};
