@@ -64,8 +64,7 @@ struct agent_fetch {
 	struct proto_manifest man;
 	bool have_man;
 	const struct proto_mlayout *ml;
-	struct proto_plan plan;
-	bool have_plan;
+	const struct proto_plan *plan; /* the agent's, checked against the manifest */
 	struct node_slot *slot;
 	struct agent_parcel *parcels;
 	uint32_t nparcels;
@@ -108,6 +107,10 @@ struct node_agent {
 	uint64_t failed; /* newest version we gave up on */
 	struct agent_fetch *fetch;
 	uint64_t gen;
+	/* The plan from the trainer layout to ours, kept across versions. */
+	struct proto_plan plan;
+	bool have_plan;
+	uint8_t plan_src[PROTO_HASH_BYTES];
 	struct node_slot *active;
 	uint8_t active_digest[PROTO_HASH_BYTES];
 
@@ -201,8 +204,6 @@ static void fetch_free(struct node_agent *a, struct agent_fetch *f)
 	free(f->parcels);
 	if (f->slot != NULL)
 		node_slot_free(&a->store, f->slot);
-	if (f->have_plan)
-		proto_plan_fini(&f->plan);
 	if (f->have_man)
 		proto_manifest_fini(&f->man);
 	free(f);
@@ -524,7 +525,7 @@ static void on_read(struct fab_op *op, int status)
 		.buf = a->bounce + (size_t)rd->slot * a->chunk_size,
 		.len = c->size,
 		.hash = c->hash,
-		.plan = &f->plan,
+		.plan = f->plan,
 		.parcel = p->pp,
 		.layout = &a->layout,
 		.dst = f->slot->host,
@@ -711,8 +712,8 @@ static int setup_parcels(struct node_agent *a)
 	/* Every parcel the plan owes this rank must be in the manifest, with
 	 * the plan's size, and nothing else. */
 	uint32_t planned = 0;
-	for (uint32_t i = 0; i < f->plan.nparcels; i++)
-		planned += f->plan.parcels[i].dst_rank == a->o.rank;
+	for (uint32_t i = 0; i < f->plan->nparcels; i++)
+		planned += f->plan->parcels[i].dst_rank == a->o.rank;
 	if (planned != mine) {
 		fetch_fail(a, "manifest lists %u parcels for rank %u, the plan %u", mine, a->o.rank, planned);
 		return -EBADMSG;
@@ -721,7 +722,7 @@ static int setup_parcels(struct node_agent *a)
 		const struct proto_mparcel *mp = &ml->parcels[i];
 		if (mp->dst_rank != a->o.rank)
 			continue;
-		const struct proto_parcel *pp = proto_plan_parcel(&f->plan, mp->src_rank, mp->dst_rank);
+		const struct proto_parcel *pp = proto_plan_parcel(f->plan, mp->src_rank, mp->dst_rank);
 		if (pp == NULL || pp->bytes != mp->bytes || mp->encoding != PROTO_ENC_RAW ||
 		    mp->wire_bytes != mp->bytes) {
 			fetch_fail(a, "parcel %u<-%u does not match the plan", mp->dst_rank, mp->src_rank);
@@ -750,6 +751,22 @@ static int setup_parcels(struct node_agent *a)
 	return 0;
 }
 
+/* The plan is known: check it is the one the manifest signed, then fetch. */
+static void with_plan(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+
+	f->plan = &a->plan;
+	if (sodium_memcmp(a->plan.digest, f->ml->plan_digest, PROTO_HASH_BYTES) != 0) {
+		fetch_fail(a, "our plan differs from the one the manifest signed");
+		return;
+	}
+	if (setup_parcels(a) == -ENOMEM && a->fetch != NULL)
+		fetch_fail(a, "out of memory");
+	else
+		pump(a);
+}
+
 static void on_layouts(const struct trk_answer *ans, void *arg)
 {
 	struct node_agent *a = arg;
@@ -776,21 +793,19 @@ static void on_layouts(const struct trk_answer *ans, void *arg)
 		fetch_fail(a, "the trainer layout does not match the manifest's digest");
 		return;
 	}
-	rc = proto_plan_build(&a->model, &tl, &a->layout, &f->plan, &err);
+	/* No fetch is using the old plan now (one fetch at a time). */
+	if (a->have_plan)
+		proto_plan_fini(&a->plan);
+	a->have_plan = false;
+	rc = proto_plan_build(&a->model, &tl, &a->layout, &a->plan, &err);
 	proto_layout_fini(&tl);
 	if (rc != 0) {
 		fetch_fail(a, "%s", err.msg);
 		return;
 	}
-	f->have_plan = true;
-	if (sodium_memcmp(f->plan.digest, f->ml->plan_digest, PROTO_HASH_BYTES) != 0) {
-		fetch_fail(a, "our plan differs from the one the manifest signed");
-		return;
-	}
-	if (setup_parcels(a) == -ENOMEM && a->fetch != NULL)
-		fetch_fail(a, "out of memory");
-	else
-		pump(a);
+	a->have_plan = true;
+	memcpy(a->plan_src, f->man.src_layout_digest, PROTO_HASH_BYTES);
+	with_plan(a);
 }
 
 /* The manifest is signed and its parent link checked. */
@@ -808,6 +823,11 @@ static void with_manifest(struct node_agent *a)
 			 a->node_id, f->version);
 		a->failed = PROTO_MAX(a->failed, f->version);
 		fetch_drop(a);
+		return;
+	}
+	/* The same trainer layout as last time: the plan is already here. */
+	if (a->have_plan && sodium_memcmp(a->plan_src, f->man.src_layout_digest, PROTO_HASH_BYTES) == 0) {
+		with_plan(a);
 		return;
 	}
 	if (trk_client_layouts(a->trk, on_layouts, a) != 0)
@@ -1162,6 +1182,8 @@ void node_agent_free(struct node_agent *a)
 	if (a->active != NULL)
 		node_slot_free(&a->store, a->active);
 	trk_client_free(a->trk);
+	if (a->have_plan)
+		proto_plan_fini(&a->plan);
 	json_decref(a->layout_json);
 	proto_layout_fini(&a->layout);
 	proto_model_fini(&a->model);
