@@ -13,7 +13,6 @@
 #define LAYOUTS_RETRY_MS 200      /* no serving layout yet: ask again */
 #define WATCH_WAIT_MS 10000       /* long-poll for a version we wait for */
 #define PUBLISH_TRIES 20          /* transport failures before giving up */
-#define VERIFY_LAYOUT_TRIES 25    /* x LAYOUTS_RETRY_MS for a manifest's layouts */
 
 enum job_kind { JOB_SNAPSHOT, JOB_GATHER };
 
@@ -361,7 +360,10 @@ static void on_ex_layouts(const struct trk_answer *a, void *arg)
 				return;
 			}
 		}
-		if (ex->nlayouts == 0 && ex->tries++ >= VERIFY_LAYOUT_TRIES)
+		/* Wait up to two leases: long enough for nodes that lost theirs
+		 * (or a restarted tracker) to register their layouts again. */
+		if (ex->nlayouts == 0 &&
+		    ex->tries++ >= 2 * proto_param(PROTO_PARAM_LEASE_MS) / LAYOUTS_RETRY_MS)
 			ex_fail(p, ENOENT, "none of its %u serving layouts is registered now",
 				ex->m.nlayouts);
 	}
