@@ -1039,9 +1039,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
 static int load_layout(struct node_agent *a, struct proto_err *err)
 {
 	const char *s = a->o.layout;
-	int rc = strchr(s, '/') == NULL && strchr(s, '.') == NULL
-			 ? proto_layout_builtin(&a->model, s, &a->layout, err)
-			 : proto_layout_load(&a->model, s, &a->layout, err);
+	int rc = proto_layout_open(&a->model, s, &a->layout, err);
 	if (rc != 0)
 		return rc;
 	if (a->o.rank >= a->layout.nranks)

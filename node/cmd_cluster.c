@@ -634,15 +634,13 @@ static int load_model_and_layouts(struct cluster *c, struct proto_err *err)
 	for (uint32_t i = 0; i < c->nreps; i++) {
 		struct replica *r = &c->reps[i];
 		const char *s = r->layout_arg;
-		rc = strchr(s, '/') == NULL && strchr(s, '.') == NULL
-			     ? proto_layout_builtin(&c->model, s, &r->layout, err)
-			     : proto_layout_load(&c->model, s, &r->layout, err);
+		rc = proto_layout_open(&c->model, s, &r->layout, err);
 		if (rc == 0)
 			rc = proto_layout_check_complete(&c->model, &r->layout, err);
 		if (rc != 0)
 			return rc;
 		/* Layout files are handed to the nodes by absolute path. */
-		if (strchr(s, '/') != NULL || strchr(s, '.') != NULL) {
+		if (proto_layout_arg_is_file(s)) {
 			char abs[4096];
 			if (realpath(s, abs) != NULL)
 				snprintf(r->layout_arg, sizeof(r->layout_arg), "%s", abs);

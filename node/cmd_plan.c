@@ -13,15 +13,6 @@ static void usage(FILE *f)
 		   "  --from/--to take a layout file or a built-in (tpN, fsdpN)\n");
 }
 
-/* A layout from a file, or a built-in name when no such file exists. */
-static int load_layout(const struct proto_model *m, const char *arg, struct proto_layout *l,
-		       struct proto_err *err)
-{
-	if (strchr(arg, '/') == NULL && strchr(arg, '.') == NULL)
-		return proto_layout_builtin(m, arg, l, err);
-	return proto_layout_load(m, arg, l, err);
-}
-
 static void print_text(const struct proto_plan *p)
 {
 	printf("%-8s %-8s %14s %10s %10s\n", "src_rank", "dst_rank", "bytes", "segments", "runs");
@@ -65,8 +56,8 @@ int node_cmd_plan(int argc, char **argv)
 		return 2;
 	}
 	proto_model_init(&m);
-	if (proto_model_load(model, &m, &err) != 0 || load_layout(&m, from, &src, &err) != 0 ||
-	    load_layout(&m, to, &dst, &err) != 0 || proto_plan_build(&m, &src, &dst, &plan, &err) != 0) {
+	if (proto_model_load(model, &m, &err) != 0 || proto_layout_open(&m, from, &src, &err) != 0 ||
+	    proto_layout_open(&m, to, &dst, &err) != 0 || proto_plan_build(&m, &src, &dst, &plan, &err) != 0) {
 		fprintf(stderr, "tessera plan: %s\n", err.msg);
 		goto out;
 	}

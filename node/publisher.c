@@ -261,18 +261,11 @@ static bool loopback_url(const char *url)
 	return lo;
 }
 
-/* A built-in name (fsdpN, tpN) unless a file by that name exists or it
- * looks like a path. */
+/* The trainer layout: a file or a built-in (fsdpN, tpN). */
 static int load_trainer_layout(struct node_pub *p, const char *name, struct proto_err *err)
 {
-	struct stat st;
-	size_t len = strlen(name);
-	bool file = stat(name, &st) == 0 || strchr(name, '/') != NULL ||
-		    (len > 5 && strcmp(name + len - 5, ".json") == 0);
-	int rc;
+	int rc = proto_layout_open(&p->model, name, &p->tl, err);
 
-	rc = file ? proto_layout_load(&p->model, name, &p->tl, err) :
-		    proto_layout_builtin(&p->model, name, &p->tl, err);
 	if (rc != 0)
 		return rc;
 	p->have_tl = true;

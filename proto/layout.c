@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "proto/box.h"
 #include "proto/params.h"
@@ -839,6 +840,22 @@ int proto_layout_builtin(const struct proto_model *m, const char *name,
 	rc = proto_layout_from_json(m, root, name, out, err);
 	json_decref(root);
 	return rc;
+}
+
+bool proto_layout_arg_is_file(const char *arg)
+{
+	struct stat st;
+	size_t len = strlen(arg);
+
+	return stat(arg, &st) == 0 || strchr(arg, '/') != NULL ||
+	       (len > 5 && strcmp(arg + len - 5, ".json") == 0);
+}
+
+int proto_layout_open(const struct proto_model *m, const char *arg, struct proto_layout *out,
+		      struct proto_err *err)
+{
+	return proto_layout_arg_is_file(arg) ? proto_layout_load(m, arg, out, err)
+					     : proto_layout_builtin(m, arg, out, err);
 }
 
 uint64_t proto_local_elem_offset(const struct proto_model *m, const struct proto_local *l,

@@ -167,6 +167,12 @@ int proto_layout_check_complete(const struct proto_model *m,
 json_t *proto_layout_to_json(const struct proto_model *m,
 			     const struct proto_layout *l);
 
+/* A layout named on a command line: a file when it exists, contains a '/'
+ * or ends in ".json", else a built-in (below). */
+bool proto_layout_arg_is_file(const char *arg);
+int proto_layout_open(const struct proto_model *m, const char *arg,
+		      struct proto_layout *out, struct proto_err *err);
+
 /* Built-in layouts: "fsdpN" (each rank an equal dim-0 share of every tensor,
  * as FSDP2 does) and "tpN" (Megatron rules for Llama-style names: fused
  * qkv_proj and gate_up_proj and embeddings/lm_head split on dim 0, o_proj
