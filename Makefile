@@ -22,13 +22,31 @@ SANFLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
             -fno-sanitize-recover=undefined
 
 # CUDA: built when nvcc is on PATH, in the toolkit's standard place, or NVCC=.
-NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) \
-          $(wildcard /usr/local/cuda/bin/nvcc))
+# nvcc may be a link or a wrapper outside the toolkit (say in /usr/local/bin):
+# the toolkit's root is the first of CUDA_HOME, the root nvcc reports, the
+# directory above the real nvcc, and /usr/local/cuda that holds libcudart.
+# Without one the build goes on without CUDA and says so.
+ifeq ($(origin NVCC),undefined)
+NVCC := $(realpath $(firstword $(shell command -v nvcc 2>/dev/null) \
+          $(wildcard /usr/local/cuda/bin/nvcc)))
+endif
 ifneq ($(NVCC),)
-CUDA_HOME   := $(patsubst %/bin/nvcc,%,$(NVCC))
+cuda_libdir = $(firstword $(foreach l,lib64 targets/x86_64-linux/lib targets/sbsa-linux/lib, \
+                $(if $(wildcard $(1)/$(l)/libcudart.so),$(1)/$(l))))
+CUDA_ROOTS := $(CUDA_HOME) \
+              $(realpath $(shell $(NVCC) --dryrun -c -x cu /dev/null -o /dev/null 2>&1 \
+                                 | sed -n 's/^\#\$$ TOP=//p')) \
+              $(patsubst %/bin/nvcc,%,$(realpath $(NVCC))) /usr/local/cuda
+CUDA_HOME := $(firstword $(foreach r,$(CUDA_ROOTS),$(if $(call cuda_libdir,$(r)),$(r))))
+ifeq ($(CUDA_HOME),)
+$(warning nvcc at $(NVCC) has no libcudart.so beside it (looked in $(CUDA_ROOTS)); building without CUDA)
+NVCC :=
+else
+CUDA_LIBDIR := $(call cuda_libdir,$(CUDA_HOME))
 CUDA_DEFS   := -DTESSERA_CUDA=1 -I$(CUDA_HOME)/include
-CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
+CUDA_LIBS   := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart -lstdc++
 CU_SRCS     := $(wildcard node/*.cu)
+endif
 endif
 NVCCFLAGS ?= -O2 -std=c++17 -I. -Xcompiler -Wall,-Wextra,-Werror \
              -gencode arch=compute_80,code=sm_80 \
