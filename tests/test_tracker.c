@@ -702,6 +702,26 @@ static void test_bad_corpus(void **state)
 	free(before);
 }
 
+/* Requests the API refuses: a POST when body is set, else a GET. */
+static const struct bad_request {
+	const char *path, *body;
+	int status;
+} bad_requests[] = {
+	{TRK_API "/nope", NULL, 404},
+	{TRK_API "/nodes", NULL, 405},
+	{TRK_API "/status", "{}", 405},
+	{TRK_API "/versions?after=abc", NULL, 400},
+	{TRK_API "/versions?after=-1", NULL, 400},
+	{TRK_API "/versions/abc/manifest", NULL, 400},
+	{TRK_API "/versions/0/manifest", NULL, 400},
+	{TRK_API "/versions/99/manifest", NULL, 404},
+	{TRK_API "/versions/1/other", NULL, 404},
+	{TRK_API "/replicas/Z", NULL, 404},
+	{TRK_API "/replicas/%3Cx%3E", NULL, 404},
+	{TRK_API "/sources?version=1", NULL, 400},
+	{TRK_API "/sources?version=1&layout=zz&src_rank=0&dst_rank=0", NULL, 400},
+};
+
 /* Bodies that are not JSON objects, too big, or broken in transport. */
 static void test_bad_bodies(void **state)
 {
@@ -747,33 +767,14 @@ static void test_bad_bodies(void **state)
 	assert_int_equal(publish(f, (const uint8_t *)"garbage", 7, &r), 400);
 	trk_reply_fini(&r);
 	/* Unknown endpoints, wrong methods, bad queries and path parameters. */
-	assert_int_equal(get(f, TRK_API "/nope", &r), 404);
-	trk_reply_fini(&r);
-	assert_int_equal(get(f, TRK_API "/nodes", &r), 405);
-	trk_reply_fini(&r);
-	assert_int_equal(post(f, TRK_API "/status", "{}", &r), 405);
-	trk_reply_fini(&r);
-	assert_int_equal(get(f, TRK_API "/versions?after=abc", &r), 400);
-	trk_reply_fini(&r);
-	assert_int_equal(get(f, TRK_API "/versions?after=-1", &r), 400);
-	trk_reply_fini(&r);
-	assert_int_equal(get(f, TRK_API "/versions/abc/manifest", &r), 400);
-	trk_reply_fini(&r);
-	assert_int_equal(get(f, TRK_API "/versions/0/manifest", &r), 400);
-	trk_reply_fini(&r);
-	assert_int_equal(get(f, TRK_API "/versions/99/manifest", &r), 404);
-	trk_reply_fini(&r);
-	assert_int_equal(get(f, TRK_API "/versions/1/other", &r), 404);
-	trk_reply_fini(&r);
-	assert_int_equal(get(f, TRK_API "/replicas/Z", &r), 404);
-	trk_reply_fini(&r);
-	assert_int_equal(get(f, TRK_API "/replicas/%3Cx%3E", &r), 404);
-	trk_reply_fini(&r);
-	assert_int_equal(get(f, TRK_API "/sources?version=1", &r), 400);
-	trk_reply_fini(&r);
-	assert_int_equal(get(f, TRK_API "/sources?version=1&layout=zz&src_rank=0&dst_rank=0", &r),
-			 400);
-	trk_reply_fini(&r);
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad_requests); i++) {
+		const struct bad_request *q = &bad_requests[i];
+		int code = q->body ? post(f, q->path, q->body, &r) : get(f, q->path, &r);
+		if (code != q->status)
+			fail_msg("%s %s: got %d, want %d", q->body ? "POST" : "GET", q->path, code,
+				 q->status);
+		trk_reply_fini(&r);
+	}
 	/* Raw protocol abuse: bad method, header flood; the server survives. */
 	assert_int_equal(raw(f, "DELETE", TRK_API "/status", NULL, "", 0, NULL), 405);
 	{
