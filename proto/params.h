@@ -27,8 +27,11 @@
 	  "accepted clock skew for signed requests, s")                           \
 	/* Long-poll timeout for watching versions. */                          \
 	X(WATCH_MS, "TESSERA_WATCH_MS", 2000, "long-poll wait for new versions, ms") \
-	/* A chunk transfer that takes longer than this is abandoned, retried. */ \
-	X(STALL_MS, "TESSERA_STALL_MS", 3000, "chunk transfer stall timeout, ms") \
+	/* A node that has received nothing for this long since a read was    \
+	 * posted abandons it and fetches it elsewhere (3x before a version's \
+	 * first bytes). On slow congested TCP links a flow can be silent for \
+	 * seconds (retransmission backoff): raise it there. */                \
+	X(STALL_MS, "TESSERA_STALL_MS", 3000, "no-progress timeout for in-flight reads, ms") \
 	/* A node's cap on fetching, megabits per second (0: none), so pulling \
 	 * a version leaves room for the serving traffic on the same link. */ \
 	X(FETCH_MBPS, "TESSERA_FETCH_MBPS", 0, "node fetch rate cap, Mbit/s (0: none)") \

@@ -183,6 +183,8 @@ static int kill_setup(void **state)
 static int kill_teardown(void **state)
 {
 	struct kill_env *e = *state;
+	if (e->publisher.pid > 0)
+		kill(e->publisher.pid, SIGCONT); /* a stopped one cannot take SIGTERM */
 	node_proc_stop(&e->publisher, 5000);
 	node_proc_stop(&e->node, 5000);
 	trk_client_free(e->trk);
@@ -194,18 +196,20 @@ static int kill_teardown(void **state)
 	unsetenv("TESSERA_CHUNK_SIZE");
 	unsetenv("TESSERA_FETCH_MBPS");
 	unsetenv("TESSERA_LEASE_MS");
+	unsetenv("TESSERA_STALL_MS");
 	free(e);
 	return 0;
 }
 
-static void test_publisher_killed_mid_transfer(void **state)
+/* Tracker, one tp1 node and the publisher on loopback, v1 active on the
+ * node, v2 exported and the node part-way through it. Small chunks and a
+ * 32 Mbit/s fetch cap: 8 MiB take about two seconds, so what the caller
+ * does next lands mid-transfer. */
+static void start_mid_v2(struct kill_env *e)
 {
-	struct kill_env *e = *state;
 	char bin[512], line[512], log[600], state_dir[600], buf[512];
 	struct proto_err err;
 
-	/* Small chunks and a 32 Mbit/s fetch cap: 8 MiB take about two
-	 * seconds, so the kill lands mid-transfer. */
 	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
 	setenv("TESSERA_FETCH_MBPS", "32", 1);
 	setenv("TESSERA_LEASE_MS", "2000", 1);
@@ -247,10 +251,19 @@ static void test_publisher_killed_mid_transfer(void **state)
 	assert_true(wait_active(e, 1, 30000));
 	check_serving(e, 1);
 
-	/* v2 is announced, then its only source dies. */
+	/* v2 is announced and on its way. */
 	assert_int_equal(control(e, "export\n", line, sizeof(line)), 0);
 	assert_int_equal(strncmp(line, "published 2 ", 12), 0);
 	assert_true(wait_fetching(e, 2, 10000));
+}
+
+static void test_publisher_killed_mid_transfer(void **state)
+{
+	struct kill_env *e = *state;
+	char line[512];
+
+	start_mid_v2(e);
+	/* v2's only source dies. */
 	node_proc_kill(&e->publisher);
 	sleep(3);
 	assert_int_equal(active_of(e), 1);
@@ -265,11 +278,53 @@ static void test_publisher_killed_mid_transfer(void **state)
 	assert_int_equal(control(e, "quit\n", line, sizeof(line)), 0);
 }
 
+/* True once the node's log holds s. */
+static bool log_has(struct kill_env *e, const char *s)
+{
+	uint8_t *buf;
+	size_t len;
+	struct proto_err err;
+	bool found;
+
+	if (proto_read_file(e->node.log, 64 << 20, &buf, &len, &err) != 0)
+		return false;
+	found = memmem(buf, len, s, strlen(s)) != NULL;
+	free(buf);
+	return found;
+}
+
+/* A source that hangs without an error (its process stopped: connections
+ * stay open, reads never complete) is declared stalled after
+ * TESSERA_STALL_MS, set aside and tried again; the node keeps serving v1
+ * meanwhile and finishes v2 once the source answers again. */
+static void test_publisher_stalled_mid_transfer(void **state)
+{
+	struct kill_env *e = *state;
+	char line[512];
+
+	setenv("TESSERA_STALL_MS", "400", 1);
+	start_mid_v2(e);
+	assert_int_equal(kill(e->publisher.pid, SIGSTOP), 0);
+	for (int w = 0; w < 10000 && !log_has(e, "stalled: nothing received"); w += 50)
+		usleep(50000);
+	assert_true(log_has(e, "stalled: nothing received"));
+	assert_int_equal(active_of(e), 1);
+	check_serving(e, 1);
+	assert_true(node_proc_alive(&e->node));
+
+	assert_int_equal(kill(e->publisher.pid, SIGCONT), 0);
+	assert_true(wait_active(e, 2, 60000));
+	check_serving(e, 2);
+	assert_int_equal(control(e, "quit\n", line, sizeof(line)), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cluster_report),
 		cmocka_unit_test_setup_teardown(test_publisher_killed_mid_transfer, kill_setup,
+						kill_teardown),
+		cmocka_unit_test_setup_teardown(test_publisher_stalled_mid_transfer, kill_setup,
 						kill_teardown),
 	};
 	signal(SIGPIPE, SIG_IGN);
