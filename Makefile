@@ -1,5 +1,6 @@
 # tessera build. `make` builds everything, `make test` runs every cmocka test
-# under ASan+UBSan, `make demo` runs the local cluster, `make bench*` measure.
+# under ASan+UBSan, `make demo` runs the local cluster (`make demo-netns`: across
+# namespaced hosts, as root), `make bench*` measure.
 #
 # Layout: every directory's non-entry .c files form one static library
 # (proto <- fabric <- tracker/node); files named main_*.c are programs.
@@ -88,13 +89,13 @@ $(eval $(call flavour,asan,$(SANFLAGS)))
 
 ALL_LIBS := $(PKG_LIBS) $(CUDA_LIBS) -lm
 
-.PHONY: all test bench bench-delta demo fuzz clean deps help \
-        check run-bench run-bench-delta run-demo run-fuzz
+.PHONY: all test bench bench-delta demo demo-netns fuzz clean deps help \
+        check run-bench run-bench-delta run-demo run-demo-netns run-fuzz
 all: $(BINS)
 
 # The user-facing targets install missing dependencies first, then re-enter
 # make so that pkg-config sees the freshly installed packages.
-test bench bench-delta demo fuzz: deps
+test bench bench-delta demo demo-netns fuzz: deps
 	@$(MAKE) --no-print-directory $(if $(filter test,$@),check,run-$@)
 
 define program
@@ -128,6 +129,11 @@ $(BUILD)/bench/%: $(BUILD)/rel/tests/bench/%.o $(rel_LIBS)
 run-bench: $(BUILD)/bench/bench_fabric
 	$(BUILD)/bench/bench_fabric
 
+# Hosts in network namespaces with shaped links (root); NETNS_ARGS passes
+# options such as --rate 300mbit to deploy/netns-cluster.sh.
+run-demo-netns: $(BINS)
+	BIN=$(BUILD)/bin deploy/netns-cluster.sh $(NETNS_ARGS)
+
 # The 1 GiB synthetic model is generated once into $(BUILD)/bench-delta.
 run-bench-delta: $(BUILD)/bench/bench_delta
 	$(BUILD)/bench/bench_delta $(BUILD)/bench-delta
@@ -155,6 +161,6 @@ clean:
 	rm -rf $(BUILD)
 
 help:
-	@sed -n '1,8p' Makefile
+	@sed -n '1,7p' Makefile
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
