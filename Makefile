@@ -24,9 +24,10 @@ SANFLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
 
 # CUDA: built when nvcc is on PATH, in the toolkit's standard place, or NVCC=.
 # nvcc may be a link or a wrapper outside the toolkit (say in /usr/local/bin):
-# the toolkit's root is the first of CUDA_HOME, the root nvcc reports, the
-# directory above the real nvcc, and /usr/local/cuda that holds libcudart.
-# Without one the build goes on without CUDA and says so.
+# the toolkit's root is the first of CUDA_HOME, the directory above the real
+# nvcc, the root nvcc reports (asked only when those two fail) and
+# /usr/local/cuda that holds libcudart. Without one the build goes on
+# without CUDA and says so.
 ifeq ($(origin NVCC),undefined)
 NVCC := $(realpath $(firstword $(shell command -v nvcc 2>/dev/null) \
           $(wildcard /usr/local/cuda/bin/nvcc)))
@@ -34,11 +35,14 @@ endif
 ifneq ($(NVCC),)
 cuda_libdir = $(firstword $(foreach l,lib64 targets/x86_64-linux/lib targets/sbsa-linux/lib, \
                 $(if $(wildcard $(1)/$(l)/libcudart.so),$(1)/$(l))))
-CUDA_ROOTS := $(CUDA_HOME) \
-              $(realpath $(shell $(NVCC) --dryrun -c -x cu /dev/null -o /dev/null 2>&1 \
-                                 | sed -n 's/^\#\$$ TOP=//p')) \
-              $(patsubst %/bin/nvcc,%,$(realpath $(NVCC))) /usr/local/cuda
-CUDA_HOME := $(firstword $(foreach r,$(CUDA_ROOTS),$(if $(call cuda_libdir,$(r)),$(r))))
+cuda_first  = $(firstword $(foreach r,$(1),$(if $(call cuda_libdir,$(r)),$(r))))
+CUDA_ROOTS := $(CUDA_HOME) $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+CUDA_HOME  := $(call cuda_first,$(CUDA_ROOTS))
+ifeq ($(CUDA_HOME),)
+CUDA_ROOTS += $(realpath $(shell $(NVCC) --dryrun -c -x cu /dev/null -o /dev/null 2>&1 \
+                                 | sed -n 's/^\#\$$ TOP=//p')) /usr/local/cuda
+CUDA_HOME  := $(call cuda_first,$(CUDA_ROOTS))
+endif
 ifeq ($(CUDA_HOME),)
 $(warning nvcc at $(NVCC) has no libcudart.so beside it (looked in $(CUDA_ROOTS)); building without CUDA)
 NVCC :=

@@ -242,7 +242,6 @@ static void write_expose(struct node_agent *a)
 	char path[4096];
 	struct proto_err err;
 	json_t *o, *locals;
-	char *txt;
 
 	if (a->o.expose_dir == NULL)
 		return;
@@ -272,11 +271,9 @@ static void write_expose(struct node_agent *a)
 	json_object_set_new(o, "activated_ms", json_integer((json_int_t)proto_wall_ms()));
 	json_object_set_new(o, "locals", locals);
 	locals = NULL;
-	txt = json_dumps(o, JSON_COMPACT);
 	snprintf(path, sizeof(path), "%s/%s-%u.json", a->o.expose_dir, a->o.replica, a->o.rank);
-	if (txt == NULL || proto_write_file_atomic(path, txt, strlen(txt), 0644, &err) != 0)
-		LOG_WARN("node %s: cannot write %s: %s", a->node_id, path, txt ? err.msg : "no memory");
-	free(txt);
+	if (proto_write_json_atomic(path, o, JSON_COMPACT, &err) != 0)
+		LOG_WARN("node %s: cannot write %s: %s", a->node_id, path, err.msg);
 out:
 	json_decref(locals);
 	json_decref(o);

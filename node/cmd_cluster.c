@@ -78,15 +78,6 @@ static int path_join(char *out, size_t len, const char *a, const char *b)
 	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
 
-static int write_json(const char *path, json_t *j, struct proto_err *err)
-{
-	char *txt = json_dumps(j, JSON_INDENT(1));
-	int rc = txt ? proto_write_file_atomic(path, txt, strlen(txt), 0644, err)
-		     : proto_errf(err, ENOMEM, "out of memory");
-	free(txt);
-	return rc;
-}
-
 /* ---- model sources ------------------------------------------------------ */
 
 static int cmp_vfile(const void *a, const void *b)
@@ -432,7 +423,7 @@ static int start_all(struct cluster *c, struct proto_err *err)
 	if ((rc = proto_keygen(key, pub, err)) != 0 || (rc = proto_cluster_keygen(ckey, err)) != 0)
 		return rc;
 	json_t *mj = proto_model_to_json(&c->model);
-	rc = write_json(model, mj, err);
+	rc = proto_write_json_atomic(model, mj, JSON_INDENT(1), err);
 	json_decref(mj);
 	if (rc != 0)
 		return rc;
@@ -704,7 +695,7 @@ stop:
 	report = json_pack("{s:b,s:I,s:o}", "ok", status == 0, "wall_ms",
 			   (json_int_t)((proto_now_ns() - t0) / 1000000), "versions",
 			   json_incref(c.out_versions));
-	if (c.report != NULL && write_json(c.report, report, &err) != 0) {
+	if (c.report != NULL && proto_write_json_atomic(c.report, report, JSON_INDENT(1), &err) != 0) {
 		fprintf(stderr, "tessera cluster: %s\n", err.msg);
 		status = 1;
 	}

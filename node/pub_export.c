@@ -270,7 +270,7 @@ static void on_ex_manifest(const struct trk_answer *a, void *arg)
 		} else if (memcmp(ex->m.model_digest, p->model.digest, PROTO_HASH_BYTES) != 0) {
 			ex_fail(p, EINVAL, "it was published for another model");
 		} else if (memcmp(ex->m.src_layout_digest, p->tl.digest, PROTO_HASH_BYTES) != 0) {
-			node__pub_hex(ex->m.src_layout_digest, PROTO_HASH_BYTES, h, sizeof(h));
+			sodium_bin2hex(h, sizeof(h), ex->m.src_layout_digest, PROTO_HASH_BYTES);
 			ex_fail(p, EINVAL, "it was published from another trainer layout (%.16s)", h);
 		} else if (ex->m.kind != PROTO_KIND_ANCHOR) {
 			ex_fail(p, ENOTSUP, "it is a delta; only anchors are rebuilt");
@@ -322,7 +322,7 @@ static void on_ex_layouts(const struct trk_answer *a, void *arg)
 		return;
 	}
 	md = json_string_value(json_object_get(a->json, "model_digest"));
-	node__pub_hex(p->model.digest, PROTO_HASH_BYTES, h, sizeof(h));
+	sodium_bin2hex(h, sizeof(h), p->model.digest, PROTO_HASH_BYTES);
 	if (md == NULL || strcmp(md, h) != 0) {
 		LOG_WARN("the tracker's model is not ours (another publisher?): waiting");
 		ex_retry(p, RETRY_MS);
@@ -346,7 +346,7 @@ static void on_ex_layouts(const struct trk_answer *a, void *arg)
 		for (uint32_t k = 0; k < ex->m.nlayouts; k++) {
 			const struct proto_mlayout *ml = &ex->m.layouts[k];
 			struct pub_layout *sl = node__pub_layout_find(p, ml->layout_digest);
-			node__pub_hex(ml->layout_digest, PROTO_HASH_BYTES, h, sizeof(h));
+			sodium_bin2hex(h, sizeof(h), ml->layout_digest, PROTO_HASH_BYTES);
 			if (sl == NULL || sl->bad)
 				continue;
 			if (memcmp(sl->plan.digest, ml->plan_digest, PROTO_HASH_BYTES) != 0) {
@@ -503,7 +503,7 @@ static int ex_compare(struct node_pub *p, struct proto_err *err)
 			const struct proto_mlayout *ml = proto_manifest_layout(&ex->m, it->sl->digest);
 			const struct proto_mparcel *mp =
 				ml ? proto_mlayout_parcel(ml, it->pc->src_rank, it->pc->dst_rank) : NULL;
-			node__pub_hex(it->sl->digest, PROTO_HASH_BYTES, h, sizeof(h));
+			sodium_bin2hex(h, sizeof(h), it->sl->digest, PROTO_HASH_BYTES);
 			if (mp == NULL || mp->bytes != it->pc->bytes || mp->nchunks != it->nchunks ||
 			    mp->encoding != PROTO_ENC_RAW)
 				return proto_errf(err, EINVAL,

@@ -187,11 +187,6 @@ struct node_pub {
 
 /* ---- small helpers ---------------------------------------------------------- */
 
-static inline void node__pub_hex(const uint8_t *b, size_t n, char *out, size_t cap)
-{
-	sodium_bin2hex(out, cap, b, n);
-}
-
 static inline size_t node__pub_page_round(uint64_t n)
 {
 	return (size_t)((PROTO_MAX(n, 1) + PUB_ALIGN - 1) & ~(uint64_t)(PUB_ALIGN - 1));

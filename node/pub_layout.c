@@ -20,14 +20,11 @@ struct pub_layout *node__pub_layout_absorb(struct node_pub *p, json_t *e)
 	const char *dh = json_string_value(json_object_get(e, "digest"));
 	json_t *jl = json_object_get(e, "layout");
 	uint8_t d[PROTO_HASH_BYTES];
-	size_t got = 0;
 	struct pub_layout *sl;
 	struct proto_err err = {{0}};
 	char what[96];
 
-	if (dh == NULL || strlen(dh) != 2 * PROTO_HASH_BYTES ||
-	    sodium_hex2bin(d, sizeof(d), dh, strlen(dh), NULL, &got, NULL) != 0 ||
-	    got != sizeof(d) || !json_is_object(jl)) {
+	if (proto_parse_hex(dh, d, sizeof(d)) != 0 || !json_is_object(jl)) {
 		LOG_WARN("tracker /layouts: an entry without a digest or layout");
 		return NULL;
 	}

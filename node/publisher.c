@@ -295,7 +295,7 @@ static int open_hosted(struct node_pub *p, const struct node_pub_opts *o, struct
 		if ((rc = fab_getname(h->fab, addr, sizeof(addr), &alen)) != 0)
 			return proto_errf(err, -rc, "rank %u: no fabric address: %s", h->rank,
 					  strerror(-rc));
-		node__pub_hex(addr, alen, h->addr_hex, sizeof(h->addr_hex));
+		sodium_bin2hex(h->addr_hex, sizeof(h->addr_hex), addr, alen);
 		h->fl = node_fabloop_new(p->base, h->fab, FABLOOP_PERIOD_US);
 		if (h->fl == NULL)
 			return proto_errf(err, ENOMEM, "out of memory");

@@ -486,7 +486,7 @@ static int apply_chunk(struct worker *wk, const struct proto_delta *d,
 			*done = k;
 			continue;
 		}
-		if (c->mode == PROTO_DELTA_SPARSE) {
+		if (c->mode == PROTO_DELTA_SPARSE) { /* the undo's replay */
 			const uint8_t *g = sr_get(&wk->sr[0], m, err);
 			if (g == NULL)
 				return -EINVAL;

@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
+#include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,6 +151,17 @@ fail:
 	return rc;
 }
 
+int proto_write_json_atomic(const char *path, const json_t *j, size_t flags,
+			    struct proto_err *err)
+{
+	char *txt = json_dumps(j, flags);
+	int rc = txt != NULL ? proto_write_file_atomic(path, txt, strlen(txt), 0644, err)
+			     : proto_errf(err, ENOMEM, "%s: out of memory", path);
+
+	free(txt);
+	return rc;
+}
+
 uint64_t proto_now_ns(void)
 {
 	struct timespec ts;
@@ -175,5 +188,17 @@ int proto_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
 	if (errno != 0 || *end != 0 || v < min || v > max)
 		return -EINVAL;
 	*out = v;
+	return 0;
+}
+
+int proto_parse_hex(const char *s, uint8_t *out, size_t n)
+{
+	size_t got = 0;
+	const char *end = NULL;
+
+	if (s == NULL || strlen(s) != 2 * n)
+		return -EINVAL;
+	if (sodium_hex2bin(out, n, s, 2 * n, NULL, &got, &end) != 0 || got != n || *end != 0)
+		return -EINVAL;
 	return 0;
 }

@@ -47,6 +47,10 @@ int proto_read_file(const char *path, size_t cap, uint8_t **buf, size_t *len,
  */
 int proto_write_file_atomic(const char *path, const void *buf, size_t len,
 			    mode_t mode, struct proto_err *err);
+/* The same for a JSON value, dumped with jansson's flags (mode 0644). */
+struct json_t;
+int proto_write_json_atomic(const char *path, const struct json_t *j, size_t flags,
+			    struct proto_err *err);
 
 /* Monotonic clock in nanoseconds; wall clock in milliseconds since epoch. */
 uint64_t proto_now_ns(void);
@@ -54,5 +58,9 @@ uint64_t proto_wall_ms(void);
 
 /* Parses a whole decimal string into [min,max]; -EINVAL otherwise. */
 int proto_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+
+/* Decodes s, exactly 2n hex digits and nothing else, into out[n]; -EINVAL
+ * otherwise (out may then hold part of it). */
+int proto_parse_hex(const char *s, uint8_t *out, size_t n);
 
 #endif

@@ -155,7 +155,7 @@ static int parse_header(const char *h, uint64_t *ts, uint8_t *mac,
 				return proto_errf(err, EACCES, "authorization: bad ts");
 			have_ts = true;
 		} else if (strncmp(p, "mac=", 4) == 0 && !have_mac) {
-			if (trk__unhex(p + 4, mac, TRK_AUTH_MAC_BYTES) != 0)
+			if (proto_parse_hex(p + 4, mac, TRK_AUTH_MAC_BYTES) != 0)
 				return proto_errf(err, EACCES,
 						  "authorization: mac must be %d hex digits",
 						  2 * TRK_AUTH_MAC_BYTES);

@@ -610,7 +610,6 @@ int trk_versions_parse(json_t *answer, uint64_t *latest,
 	json_array_foreach(arr, i, e) {
 		const char *kind = json_string_value(json_object_get(e, "kind"));
 		const char *d = json_string_value(json_object_get(e, "digest"));
-		size_t got = 0;
 		if ((rc = ju64(e, "version", &v[i].version, err)) != 0 ||
 		    (rc = ju64(e, "parent", &v[i].parent, err)) != 0 ||
 		    (rc = ju64(e, "wire_bytes", &v[i].wire_bytes, err)) != 0 ||
@@ -622,10 +621,7 @@ int trk_versions_parse(json_t *answer, uint64_t *latest,
 			goto fail;
 		}
 		v[i].kind = strcmp(kind, "delta") == 0 ? PROTO_KIND_DELTA : PROTO_KIND_ANCHOR;
-		if (d == NULL || strlen(d) != 2 * PROTO_HASH_BYTES ||
-		    sodium_hex2bin(v[i].digest, PROTO_HASH_BYTES, d, strlen(d), NULL, &got,
-				   NULL) != 0 ||
-		    got != PROTO_HASH_BYTES) {
+		if (proto_parse_hex(d, v[i].digest, PROTO_HASH_BYTES) != 0) {
 			rc = proto_errf(err, EINVAL, "versions[%zu].digest: bad", i);
 			goto fail;
 		}

@@ -142,19 +142,6 @@ json_t *trk__json_hex(const uint8_t *b, size_t n)
 	return j;
 }
 
-int trk__unhex(const char *s, uint8_t *out, size_t n)
-{
-	size_t got = 0;
-	const char *end = NULL;
-
-	if (strlen(s) != 2 * n)
-		return -EINVAL;
-	if (sodium_hex2bin(out, n, s, 2 * n, NULL, &got, &end) != 0 || got != n ||
-	    *end != 0)
-		return -EINVAL;
-	return 0;
-}
-
 int trk__set(json_t *o, const char *key, json_t *v)
 {
 	return v == NULL || json_object_set_new(o, key, v) != 0;
@@ -235,7 +222,7 @@ int trk__get_hex(json_t *o, const char *key, uint8_t *out, size_t n,
 
 	if (v == NULL)
 		return proto_errf(err, EINVAL, "%s: missing", key);
-	if (!json_is_string(v) || trk__unhex(json_string_value(v), out, n) != 0)
+	if (!json_is_string(v) || proto_parse_hex(json_string_value(v), out, n) != 0)
 		return proto_errf(err, EINVAL, "%s: must be %zu hex digits", key,
 				  2 * n);
 	return 0;

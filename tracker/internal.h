@@ -86,8 +86,6 @@ const char *trk__query_str(struct trk_call *c, const char *key);
 void trk__hex(const uint8_t *b, size_t n, char *out);
 /* A new JSON string holding the hex of n bytes (NULL on ENOMEM). */
 json_t *trk__json_hex(const uint8_t *b, size_t n);
-/* 0 when s is 2n hex digits, decoded into out; -EINVAL else. */
-int trk__unhex(const char *s, uint8_t *out, size_t n);
 /* json_object_set_new that remembers failure: returns 1 on failure. */
 int trk__set(json_t *o, const char *key, json_t *v);
 /* A JSON integer for a u64 (values above INT64_MAX are clamped). */

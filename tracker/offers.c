@@ -218,7 +218,7 @@ void trk__handle_sources(struct trk_call *c)
 		trk__fail(c, 400, "%s", err.msg);
 		goto out;
 	}
-	if (lhex == NULL || trk__unhex(lhex, layout, sizeof(layout)) != 0) {
+	if (lhex == NULL || proto_parse_hex(lhex, layout, sizeof(layout)) != 0) {
 		trk__fail(c, 400, "layout: want %d hex digits", 2 * PROTO_HASH_BYTES);
 		goto out;
 	}
