@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fabric/fab.h"
@@ -23,6 +24,8 @@
 #define BAD_SOURCE_MS 2000  /* a failed source rests this long */
 #define REPORT_MS 500       /* progress reports while fetching */
 #define REPLICA_POLL_MS 100 /* waiting for the rest of the replica */
+#define SYNC_MS 200         /* asking the tracker for the replica's target */
+#define FAILED_RETRY_MS 2000 /* a version we gave up on is tried again after */
 
 struct agent_source {
 	struct trk_source info;
@@ -71,6 +74,8 @@ struct agent_fetch {
 	uint64_t bytes_total, bytes_done, from_trainer, from_peers;
 	uint64_t started_ms;
 	bool verified, reported_verified;
+	/* The activation record could not be written: not active, and why. */
+	char expose_error[512];
 };
 
 struct node_agent {
@@ -104,7 +109,10 @@ struct node_agent {
 	struct event *rate_ev;
 
 	uint64_t seen;   /* newest version the tracker told us about */
-	uint64_t failed; /* newest version we gave up on */
+	uint64_t failed; /* the version we last gave up on, and when */
+	uint64_t failed_ms;
+	uint64_t target; /* the replica's target, as the tracker last said */
+	bool syncing;
 	struct agent_fetch *fetch;
 	uint64_t gen;
 	/* The plan from the trainer layout to ours, kept across versions. */
@@ -118,7 +126,7 @@ struct node_agent {
 	uint64_t last_version;
 	uint8_t last_digest[PROTO_HASH_BYTES];
 
-	struct event *retry_ev, *heartbeat_ev, *tick_ev, *replica_ev;
+	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
 	uint64_t last_report_ms;
 	uint64_t last_done_ms; /* a read from any source last completed */
 	int fatal;
@@ -128,6 +136,7 @@ struct node_agent {
 static void start_register(struct node_agent *a);
 static void start_watch(struct node_agent *a);
 static void start_fetch(struct node_agent *a, uint64_t v);
+static void sync_now(struct node_agent *a);
 static void pump(struct node_agent *a);
 static void fetch_fail(struct node_agent *a, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
@@ -233,22 +242,34 @@ static void fetch_fail(struct node_agent *a, const char *fmt, ...)
 	va_end(ap);
 	LOG_WARN("node %s: v%" PRIu64 " refused: %s", a->node_id, v, msg);
 	report(a, v, TRK_STATE_FAILED, msg, NULL);
-	a->failed = PROTO_MAX(a->failed, v);
+	a->failed = v;
+	a->failed_ms = now_ms();
 	fetch_drop(a);
 }
 
-static void write_expose(struct node_agent *a)
+/* ---- activation ---------------------------------------------------------- */
+
+/*
+ * The activation record, <expose>/<replica>-<rank>.json: what a serving
+ * process reads to find the served slot. A node is active on a version only
+ * once that record names it; when it cannot be written the old version stays
+ * the served one and the node reports the reason as a failure.
+ */
+static int write_expose(struct node_agent *a, struct node_slot *slot, const uint8_t *digest,
+			struct proto_err *err)
 {
 	char path[4096];
-	struct proto_err err;
 	json_t *o, *locals;
+	int rc = -ENOMEM;
 
 	if (a->o.expose_dir == NULL)
-		return;
-	o = node_slot_describe(&a->store, a->active);
+		return 0;
+	o = node_slot_describe(&a->store, slot);
 	locals = json_array();
-	if (o == NULL || locals == NULL)
+	if (o == NULL || locals == NULL) {
+		proto_errf(err, ENOMEM, "out of memory");
 		goto out;
+	}
 	const struct proto_rank *rk = &a->layout.ranks[a->o.rank];
 	for (uint32_t i = 0; i < rk->nlocals; i++) {
 		const struct proto_local *l = &rk->locals[i];
@@ -262,7 +283,7 @@ static void write_expose(struct node_agent *a)
 	}
 	char hex[2 * PROTO_HASH_BYTES + 1], mhex[2 * PROTO_HASH_BYTES + 1];
 	sodium_bin2hex(hex, sizeof(hex), a->layout.digest, PROTO_HASH_BYTES);
-	sodium_bin2hex(mhex, sizeof(mhex), a->active_digest, PROTO_HASH_BYTES);
+	sodium_bin2hex(mhex, sizeof(mhex), digest, PROTO_HASH_BYTES);
 	json_object_set_new(o, "replica", json_string(a->o.replica));
 	json_object_set_new(o, "rank", json_integer(a->o.rank));
 	json_object_set_new(o, "pid", json_integer(getpid()));
@@ -272,11 +293,66 @@ static void write_expose(struct node_agent *a)
 	json_object_set_new(o, "locals", locals);
 	locals = NULL;
 	snprintf(path, sizeof(path), "%s/%s-%u.json", a->o.expose_dir, a->o.replica, a->o.rank);
-	if (proto_write_json_atomic(path, o, JSON_COMPACT, &err) != 0)
-		LOG_WARN("node %s: cannot write %s: %s", a->node_id, path, err.msg);
+	rc = proto_write_json_atomic(path, o, JSON_COMPACT, err);
 out:
 	json_decref(locals);
 	json_decref(o);
+	return rc;
+}
+
+/* Creates the expose directory and its parents (mkdir -p). */
+static int make_expose_dir(const char *dir, struct proto_err *err)
+{
+	char buf[4096];
+	size_t n = strlen(dir);
+
+	if (n == 0 || n >= sizeof(buf))
+		return proto_errf(err, EINVAL, "expose directory '%s': bad name", dir);
+	memcpy(buf, dir, n + 1);
+	for (size_t i = 1; i <= n; i++) {
+		if (buf[i] != '/' && buf[i] != 0)
+			continue;
+		char c = buf[i];
+		buf[i] = 0;
+		if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+			return proto_errf(err, errno, "cannot create %s: %s", buf, strerror(errno));
+		buf[i] = c;
+	}
+	return 0;
+}
+
+/* The activation record can be written now: a probe file in the expose
+ * directory (created first if missing) is written and removed. A rank that
+ * could not activate does not say "verified", so its replica never becomes
+ * complete and no other rank switches without it. */
+static int probe_expose(struct node_agent *a, struct proto_err *err)
+{
+	char path[4096];
+	int rc;
+
+	if (a->o.expose_dir == NULL)
+		return 0;
+	if ((rc = make_expose_dir(a->o.expose_dir, err)) != 0)
+		return rc;
+	snprintf(path, sizeof(path), "%s/.%s-%u.probe", a->o.expose_dir, a->o.replica, a->o.rank);
+	if ((rc = proto_write_file_atomic(path, "{}", 2, 0644, err)) != 0)
+		return rc;
+	unlink(path);
+	return 0;
+}
+
+/* The node cannot activate f: it says so (once per reason) and keeps the
+ * fetch; the next sync tries again. */
+static void expose_blocked(struct node_agent *a, const char *what, const struct proto_err *err)
+{
+	struct agent_fetch *f = a->fetch;
+	char msg[sizeof(f->expose_error)];
+
+	snprintf(msg, sizeof(msg), "%s: %s", what, err->msg);
+	if (strcmp(msg, f->expose_error) != 0)
+		LOG_ERR("node %s: v%" PRIu64 " not activated: %s", a->node_id, f->version, msg);
+	snprintf(f->expose_error, sizeof(f->expose_error), "%s", msg);
+	report(a, f->version, TRK_STATE_FAILED, msg, NULL);
 }
 
 static void activate(struct node_agent *a)
@@ -288,12 +364,15 @@ static void activate(struct node_agent *a)
 		fetch_fail(a, "activation: %s", err.msg);
 		return;
 	}
+	if (write_expose(a, f->slot, f->man.digest, &err) != 0) {
+		expose_blocked(a, "cannot write the activation record", &err);
+		return;
+	}
 	/* The switch: from here on the new slot is the served one. */
 	struct node_slot *old = a->active;
 	a->active = f->slot;
 	f->slot = NULL;
 	memcpy(a->active_digest, f->man.digest, PROTO_HASH_BYTES);
-	write_expose(a);
 	LOG_INFO("node %s: v%" PRIu64 " active (%" PRIu64 " bytes, %" PRIu64 " from trainer, %" PRIu64
 		 " from peers, %" PRIu64 " ms)",
 		 a->node_id, f->version, f->bytes_done, f->from_trainer, f->from_peers,
@@ -301,64 +380,124 @@ static void activate(struct node_agent *a)
 	report(a, f->version, TRK_STATE_ACTIVE, NULL, NULL);
 	fetch_drop(a);
 	node_slot_free(&a->store, old);
-	if (a->seen > a->active->version && a->seen > a->failed)
-		start_fetch(a, a->seen); /* something newer is already there */
+	sync_now(a); /* the replica's next target may be there already */
 }
 
-static void on_replica(const struct trk_answer *ans, void *arg)
+static bool in_list(json_t *arr, uint64_t v)
 {
-	struct node_agent *a = arg;
-	struct agent_fetch *f = a->fetch;
-	json_t *v;
 	size_t i;
+	json_t *e;
 
-	if (f == NULL || !f->verified)
-		return;
-	if (ans->status == 200) {
-		json_array_foreach(json_object_get(ans->json, "complete"), i, v)
-		{
-			if ((uint64_t)json_integer_value(v) == f->version) {
-				activate(a);
-				return;
-			}
-		}
-	}
-	arm(a->replica_ev, REPLICA_POLL_MS);
+	json_array_foreach(arr, i, e)
+		if (json_is_integer(e) && (uint64_t)json_integer_value(e) == v)
+			return true;
+	return false;
 }
 
-static void poll_replica(evutil_socket_t fd, short what, void *arg)
+/*
+ * The tracker chose the replica's target t (the rule is in tracker/API.md):
+ * work toward it. A fetch of another version is dropped (the tracker moves
+ * a target away from a version only when no rank can finish it first); no
+ * fetch is started for a version at or below the one we serve. A verified
+ * fetch of t activates once the replica is complete at t.
+ */
+static void follow_target(struct node_agent *a, uint64_t t, bool complete)
+{
+	struct agent_fetch *f = a->fetch;
+	uint64_t active = a->active ? a->active->version : 0;
+
+	if (t == 0)
+		return;
+	if (t != a->target)
+		LOG_DEBUG("node %s: replica target v%" PRIu64, a->node_id, t);
+	a->target = t;
+	if (f != NULL && f->version != t) {
+		LOG_INFO("node %s: replica %s moved to v%" PRIu64 ": dropping v%" PRIu64 "%s",
+			 a->node_id, a->o.replica, t, f->version, f->verified ? " (verified)" : "");
+		fetch_drop(a);
+		f = NULL;
+	}
+	if (f == NULL) {
+		if (t > active && (t != a->failed || now_ms() - a->failed_ms >= FAILED_RETRY_MS))
+			start_fetch(a, t);
+		return;
+	}
+	if (!f->verified)
+		return;
+	if (f->expose_error[0] != 0) {
+		struct proto_err err;
+		if (probe_expose(a, &err) != 0) {
+			expose_blocked(a, "cannot write the activation record", &err);
+			return;
+		}
+		LOG_INFO("node %s: the activation record can be written again", a->node_id);
+		f->expose_error[0] = 0;
+		f->reported_verified = false; /* the tick says verified again */
+		return;
+	}
+	if (complete)
+		activate(a);
+}
+
+static void on_sync(const struct trk_answer *ans, void *arg)
 {
 	struct node_agent *a = arg;
-	if (a->fetch == NULL || !a->fetch->verified)
+	uint64_t t;
+
+	a->syncing = false;
+	if (ans->status != 200 || !json_is_integer(json_object_get(ans->json, "target")))
 		return;
-	if (trk_client_replica(a->trk, a->o.replica, on_replica, a) != 0)
-		arm(a->replica_ev, REPLICA_POLL_MS);
+	t = (uint64_t)json_integer_value(json_object_get(ans->json, "target"));
+	follow_target(a, t, in_list(json_object_get(ans->json, "complete"), t));
+}
+
+/* Asks the tracker for the replica (its target and where it is complete). */
+static void sync_now(struct node_agent *a)
+{
+	if (!a->registered || a->syncing)
+		return;
+	if (trk_client_replica(a->trk, a->o.replica, on_sync, a) == 0)
+		a->syncing = true;
+}
+
+static void on_sync_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+
+	sync_now(a);
+	arm(a->sync_ev, a->fetch != NULL && a->fetch->verified ? REPLICA_POLL_MS : SYNC_MS);
 }
 
 static void on_verified_report(const struct trk_answer *ans, void *arg)
 {
 	struct node_agent *a = arg;
 	struct agent_fetch *f = a->fetch;
+	json_t *t;
 
 	if (f == NULL || !f->verified)
 		return;
-	if (ans->status == 200 && json_is_true(json_object_get(ans->json, "replica_complete"))) {
-		activate(a);
+	if (ans->status != 200) {
+		f->reported_verified = false; /* say it again on the next tick */
 		return;
 	}
-	if (ans->status != 200)
-		f->reported_verified = false; /* say it again on the next tick */
-	arm(a->replica_ev, REPLICA_POLL_MS);
+	t = json_object_get(ans->json, "replica_target");
+	follow_target(a, json_is_integer(t) ? (uint64_t)json_integer_value(t) : f->version,
+		      json_is_true(json_object_get(ans->json, "replica_complete")));
 }
 
 static void all_verified(struct node_agent *a)
 {
 	struct agent_fetch *f = a->fetch;
+	struct proto_err err;
 
 	f->verified = true;
 	f->reported_verified = true;
 	LOG_INFO("node %s: v%" PRIu64 " verified in %" PRIu64 " ms", a->node_id, f->version,
 		 now_ms() - f->started_ms);
+	if (probe_expose(a, &err) != 0) {
+		expose_blocked(a, "cannot write the activation record", &err);
+		return;
+	}
 	report(a, f->version, TRK_STATE_VERIFIED, NULL, on_verified_report);
 }
 
@@ -839,7 +978,8 @@ static void with_manifest(struct node_agent *a)
 		/* Published before our layout registered: wait for the next. */
 		LOG_INFO("node %s: v%" PRIu64 " has no parcels for our layout; waiting for a newer version",
 			 a->node_id, f->version);
-		a->failed = PROTO_MAX(a->failed, f->version);
+		a->failed = f->version;
+		a->failed_ms = now_ms();
 		fetch_drop(a);
 		return;
 	}
@@ -959,9 +1099,8 @@ static void on_watch(const struct trk_answer *ans, void *arg)
 		arm(a->retry_ev, RETRY_MS);
 		return;
 	}
-	uint64_t active = a->active ? a->active->version : 0;
-	if (a->fetch == NULL && a->seen > active && a->seen > a->failed)
-		start_fetch(a, a->seen);
+	/* A new version may move the replica's target: ask now. */
+	sync_now(a);
 	start_watch(a);
 }
 
@@ -1016,7 +1155,12 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		/* What we hold is still good: say so again after a re-register. */
 		if (a->active != NULL)
 			report(a, a->active->version, TRK_STATE_ACTIVE, NULL, NULL);
+		/* The tracker forgot our reports: a verified fetch says so again. */
+		if (a->fetch != NULL)
+			a->fetch->reported_verified = false;
 		start_watch(a);
+		if (!evtimer_pending(a->sync_ev, NULL))
+			arm(a->sync_ev, 0);
 		return;
 	}
 	if (ans->status == 400 || ans->status == 401 || ans->status == 403) {
@@ -1139,12 +1283,18 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 	a->rate_ev = evtimer_new(base, on_rate, a);
 	a->retry_ev = evtimer_new(base, on_retry, a);
 	a->heartbeat_ev = evtimer_new(base, heartbeat, a);
-	a->replica_ev = evtimer_new(base, poll_replica, a);
+	a->sync_ev = evtimer_new(base, on_sync_timer, a);
 	a->tick_ev = event_new(base, -1, EV_PERSIST, on_tick, a);
 	if (a->fl == NULL || a->ver == NULL || a->rate_ev == NULL || a->retry_ev == NULL || a->heartbeat_ev == NULL ||
-	    a->replica_ev == NULL || a->tick_ev == NULL) {
+	    a->sync_ev == NULL || a->tick_ev == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
+	}
+	if (o->expose_dir != NULL) {
+		struct proto_err xerr;
+		/* Not fatal: activation reports the failure until it works. */
+		if (make_expose_dir(o->expose_dir, &xerr) != 0)
+			LOG_WARN("node %s: --expose: %s", a->node_id, xerr.msg);
 	}
 	struct timeval tick = {0, 100000};
 	event_add(a->tick_ev, &tick);
@@ -1176,8 +1326,8 @@ void node_agent_free(struct node_agent *a)
 	 * memory reads could land in, the tracker client, the specs. */
 	if (a->tick_ev)
 		event_free(a->tick_ev);
-	if (a->replica_ev)
-		event_free(a->replica_ev);
+	if (a->sync_ev)
+		event_free(a->sync_ev);
 	if (a->heartbeat_ev)
 		event_free(a->heartbeat_ev);
 	if (a->retry_ev)

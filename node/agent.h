@@ -2,8 +2,10 @@
  * The node agent: one rank of one serving replica.
  *
  * It registers with the tracker (replica, rank, layout, fabric address),
- * keeps its lease alive, and long-polls for versions. For the newest version
- * it fetches and verifies the signed manifest (and its parent link), plans
+ * keeps its lease alive, and long-polls for versions. It fetches only its
+ * replica's target, the version the tracker chose for the whole replica
+ * (tracker/API.md, "Replica targets"), and drops a fetch of any other
+ * version when the target moves. For the target it fetches and verifies the signed manifest (and its parent link), plans
  * trainer layout -> its own layout, checks the plan digest the manifest
  * signed, and pulls exactly its parcels: chunk by chunk, several in flight,
  * one-sided fabric reads from whoever the tracker lists as a source. Every
@@ -13,7 +15,15 @@
  * parcels verify it reports "verified", and it activates only once the
  * tracker says every rank of its replica holds the version verified
  * (replica-local, all or nothing). Until then the previous version keeps
- * serving from its own slot.
+ * serving from its own slot. A node holds at most two slots: the active one
+ * and the one being built.
+ *
+ * Activation is honest: with an expose directory (created if missing) the
+ * node is active on a version only once its activation record names it.
+ * When the directory cannot be written the node does not report the version
+ * verified (so its replica does not switch without it) or, if writing the
+ * record itself fails, keeps serving the old slot; either way it reports
+ * "failed" with the reason and tries again while the version is its target.
  *
  * Everything runs on one libevent loop; the agent owns its state.
  */

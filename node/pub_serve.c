@@ -199,10 +199,38 @@ static void on_offer(const struct trk_answer *a, void *arg)
 		node__pub_ex_step(p);
 }
 
+/* Keeps at most TESSERA_PUB_RETAIN versions: the newest and the one being
+ * exported always, then the newest others; the rest are withdrawn. The
+ * tracker then lists them dropped and replicas aiming at them retarget. */
+static void cap_retained(struct node_pub *p, uint64_t newest)
+{
+	uint64_t cap = PROTO_MAX(proto_param(PROTO_PARAM_PUB_RETAIN), 1), kept = 0;
+
+	for (;;) {
+		struct pub_version *oldest = NULL;
+		kept = 0;
+		for (struct pub_version *pv = p->versions; pv; pv = pv->next) {
+			if (pv->releasing)
+				continue;
+			kept++;
+			if (pv->version == newest || (p->ex != NULL && p->ex->pv == pv))
+				continue;
+			if (oldest == NULL || pv->version < oldest->version)
+				oldest = pv;
+		}
+		if (kept <= cap || oldest == NULL)
+			return;
+		LOG_INFO("version %llu dropped: serving at most %llu versions (TESSERA_PUB_RETAIN)",
+			 (unsigned long long)oldest->version, (unsigned long long)cap);
+		oldest->releasing = true;
+	}
+}
+
 void node__pub_sync_offers(struct node_pub *p)
 {
 	struct pub_version *pv, *next;
 
+	cap_retained(p, newest_version(p));
 	for (pv = p->versions; pv; pv = next) {
 		int rc;
 		next = pv->next;

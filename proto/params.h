@@ -39,6 +39,14 @@
 	X(VERIFY_THREADS, "TESSERA_VERIFY_THREADS", 1, "chunk verification threads per node") \
 	/* A fabric post the provider keeps refusing fails after this long. */ \
 	X(PARK_MS, "TESSERA_PARK_MS", 3000, "give up a post an unreachable peer refuses, ms") \
+	/* Ranks of a replica holding different versions for longer than this   \
+	 * (or than the replica's last fetch took, if longer) are reported on  \
+	 * the status page and in the tracker's log. */                        \
+	X(DISAGREE_MS, "TESSERA_DISAGREE_MS", 2000, "report replica ranks disagreeing after, ms") \
+	/* Versions a publisher serves at most: the newest, then the newest of  \
+	 * those the tracker still lists as retained (replica targets). Older \
+	 * ones are withdrawn and freed; replicas aiming at them retarget. */  \
+	X(PUB_RETAIN, "TESSERA_PUB_RETAIN", 4, "versions a publisher serves at most") \
 	/* How often a publisher asks the tracker which versions to keep serving. */ \
 	X(PUB_CHECK_MS, "TESSERA_PUB_CHECK_MS", 1000, "publisher retain check period, ms") \
 	/* Largest safetensors header (JSON) accepted, before any allocation. */ \

@@ -114,6 +114,7 @@ struct trk_version {
 	uint32_t nlayouts;
 	/* Summed from node reports (soft). */
 	uint64_t bytes_from_trainer, bytes_from_peers;
+	bool offered; /* a publisher offered it at some time (soft) */
 	/* Cache of the newest versions: raw bytes and decoded manifest. */
 	uint8_t *raw;
 	size_t rawlen;
@@ -139,8 +140,7 @@ int trk__versions_manifest(struct trk_versions *vs, uint64_t v,
 			   const struct proto_manifest **m,
 			   struct proto_manifest **owned, struct proto_err *err);
 /* One entry of a version list (what GET /versions shows). */
-json_t *trk__version_json(struct trk_server *s, const struct trk_version *v,
-			  uint64_t min_complete, bool any_replica);
+json_t *trk__version_json(struct trk_server *s, const struct trk_version *v);
 /* Drops held long-polls without answering (server shutdown). */
 void trk__versions_drop_waiters(struct trk_versions *vs);
 bool trk__versions_pinned(const struct trk_versions *vs);
@@ -198,6 +198,7 @@ struct trk_nver {
 	uint64_t version;
 	enum trk_rank_state state;
 	uint64_t done, total, from_trainer, from_peers;
+	uint64_t first_ms; /* wall time of the first report of this version */
 };
 
 struct trk_replica;
@@ -224,6 +225,13 @@ struct trk_replica {
 	uint32_t nranks;
 	struct trk_node **ranks; /* nranks slots, NULL = never registered */
 	uint64_t active;         /* the version all ranks last agreed active on */
+	/* The version the replica works toward (target.c). */
+	uint64_t target, target_ms;
+	uint64_t created_ms;
+	uint64_t fetch_ms;       /* last first-report -> verified time of a rank */
+	uint64_t disagree_ms;    /* ranks hold different versions since (0: agree) */
+	bool disagree_logged;
+	char why[512];           /* what each rank holds and waits for, one line */
 	struct trk_replica *next;
 };
 
@@ -262,10 +270,6 @@ void trk__registry_sweep(struct trk_registry *r);
 /* true and the digests when a publisher registered a model. */
 bool trk__registry_model(const struct trk_registry *r, uint8_t *model_digest,
 			 uint8_t *layout_digest);
-/* Over live replicas: the smallest "newest complete version" (0 when one is
- * complete at none); *any is false when there is no live replica. A version v
- * must be retained when it is the latest or v > this. */
-uint64_t trk__registry_min_complete(struct trk_registry *r, bool *any);
 /* For /metrics. */
 struct trk_counts {
 	uint64_t nodes_alive, nodes_gone, publishers_alive, publishers_gone;
@@ -307,6 +311,22 @@ void trk__replica_update_active(struct trk_registry *r,
 				struct trk_replica *rep);
 
 void trk__handle_heartbeat(struct trk_call *c);
+
+/* ---- target.c: the version a replica works toward ---- */
+
+/* Re-derives rep's target from its ranks' reports, the latest version and
+ * what publishers still serve (the rule is in tracker/API.md); updates the
+ * disagreement note and logs its start and end. Cannot fail. */
+void trk__replica_update_target(struct trk_server *s, struct trk_replica *rep);
+/* A version a publisher served and no live publisher serves now (never the
+ * latest). */
+bool trk__version_dropped(struct trk_server *s, uint64_t v);
+/* v is the latest or the target of a live replica: publishers keep it. */
+bool trk__version_retained(struct trk_server *s, uint64_t v);
+/* How far rep's active version is behind the latest: in versions, and in ms
+ * since the first version after it was published (0 when current). */
+void trk__replica_lag(struct trk_server *s, const struct trk_replica *rep,
+		      uint64_t now_ms, uint64_t *versions, uint64_t *ms);
 
 /* ---- publishers.c ---- */
 

@@ -162,6 +162,7 @@ void trk__handle_nodes(struct trk_call *c)
 		rep = new_rep;
 		new_rep = NULL;
 		snprintf(rep->name, sizeof(rep->name), "%s", replica);
+		rep->created_ms = proto_wall_ms();
 		insert_replica(r, rep);
 	}
 	if (new_ranks != NULL) {
@@ -179,10 +180,12 @@ void trk__handle_nodes(struct trk_call *c)
 		trk__slayout_put(r, rep->layout);
 		rep->layout = sl;
 		rep->active = 0;
+		rep->target = 0;
 	}
 	trk__node_free(rep->ranks[rank]); /* re-registration replaces */
 	rep->ranks[rank] = n;
 	n->rep = rep;
+	trk__replica_update_target(c->s, rep);
 	LOG_INFO("node %s registered (%s, %s)", n->id, host, provider);
 	trk__reply_json(c, 200, json_pack("{s:s,s:I,s:o}", "node_id", n->id,
 					  "lease_ms", (json_int_t)r->s->lease_ms,
@@ -283,7 +286,12 @@ void trk__handle_node_state(struct trk_call *c)
 		}
 		memset(e, 0, sizeof(*e));
 		e->version = version;
+		e->first_ms = proto_wall_ms();
 	}
+	/* How long a rank takes to fetch a version, for the disagreement note. */
+	if (st == TRK_STATE_VERIFIED && e->state != TRK_STATE_VERIFIED &&
+	    e->state != TRK_STATE_ACTIVE)
+		n->rep->fetch_ms = proto_wall_ms() - e->first_ms;
 	done = done == ABSENT ? e->done : done;
 	total = total == ABSENT ? e->total : total;
 	ft = ft == ABSENT ? e->from_trainer : ft;
@@ -307,8 +315,10 @@ void trk__handle_node_state(struct trk_call *c)
 	if (st == TRK_STATE_ACTIVE)
 		n->active = version;
 	trk__replica_update_active(r, n->rep);
+	trk__replica_update_target(c->s, n->rep);
 	trk__reply_json(c, 200,
-			json_pack("{s:s,s:b,s:I}", "replica", n->rep->name,
+			json_pack("{s:s,s:b,s:I,s:I}", "replica", n->rep->name,
 				  "replica_complete", trk__replica_complete(n->rep, version),
-				  "replica_active", (json_int_t)n->rep->active));
+				  "replica_active", (json_int_t)n->rep->active,
+				  "replica_target", (json_int_t)n->rep->target));
 }

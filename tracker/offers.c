@@ -171,6 +171,8 @@ void trk__handle_offers(struct trk_call *c)
 				goto out;
 			}
 	}
+	if (p != NULL && cnt > 0)
+		trk__versions_find(c->s->vs, version)->offered = true;
 	offers_put(n != NULL ? &n->offers : &p->offers, version, list, cnt);
 	list = NULL;
 	trk__reply_json(c, 200, json_pack("{s:I,s:I}", "version", (json_int_t)version,

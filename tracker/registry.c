@@ -231,27 +231,6 @@ size_t trk__replica_complete_list(const struct trk_replica *rep, uint64_t *out)
 	return k;
 }
 
-static uint64_t replica_max_complete(const struct trk_replica *rep)
-{
-	uint64_t list[TRK__NODE_VERSIONS];
-	size_t k = trk__replica_complete_list(rep, list);
-	return k > 0 ? list[k - 1] : 0;
-}
-
-uint64_t trk__registry_min_complete(struct trk_registry *r, bool *any)
-{
-	uint64_t min = UINT64_MAX;
-
-	*any = false;
-	for (struct trk_replica *rep = r->reps; rep; rep = rep->next) {
-		if (!trk__replica_alive(rep))
-			continue;
-		*any = true;
-		min = PROTO_MIN(min, replica_max_complete(rep));
-	}
-	return *any ? min : 0;
-}
-
 /* ---- leases -------------------------------------------------------------- */
 
 static void node_gone(struct trk_node *n, uint64_t now_ms, const char *why)
@@ -301,6 +280,7 @@ void trk__registry_sweep(struct trk_registry *r)
 			replica_free(r, rep);
 			continue;
 		}
+		trk__replica_update_target(r->s, rep);
 		rp = &rep->next;
 	}
 }

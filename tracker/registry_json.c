@@ -64,12 +64,14 @@ out:
 	return o;
 }
 
-static json_t *replica_json(const struct trk_replica *rep, bool full)
+static json_t *replica_json(struct trk_registry *r, const struct trk_replica *rep, bool full)
 {
 	json_t *o = json_object(), *ranks = json_array();
-	uint64_t list[TRK__NODE_VERSIONS];
+	uint64_t list[TRK__NODE_VERSIONS], lag_v, lag_ms, now = proto_wall_ms();
 	size_t k = trk__replica_complete_list(rep, list);
 	int bad = o == NULL || ranks == NULL;
+
+	trk__replica_lag(r->s, rep, now, &lag_v, &lag_ms);
 
 	for (uint32_t i = 0; !bad && i < rep->nranks; i++)
 		bad |= json_array_append_new(ranks, rank_json(rep, i, full)) != 0;
@@ -83,6 +85,14 @@ static json_t *replica_json(const struct trk_replica *rep, bool full)
 		ranks = NULL;
 		bad |= trk__set(o, "complete", u64_array(list, k));
 		bad |= trk__set(o, "active", trk__jint(rep->active));
+		bad |= trk__set(o, "target", trk__jint(rep->target));
+		bad |= trk__set(o, "target_ms", trk__jint(rep->target_ms));
+		bad |= trk__set(o, "lag_versions", trk__jint(lag_v));
+		bad |= trk__set(o, "lag_ms", trk__jint(lag_ms));
+		bad |= trk__set(o, "disagree_ms",
+				trk__jint(rep->disagree_ms ? now - rep->disagree_ms : 0));
+		if (rep->disagree_logged)
+			bad |= trk__set(o, "disagreement", json_string(rep->why));
 	}
 	json_decref(ranks);
 	if (bad) {
@@ -142,7 +152,7 @@ void trk__handle_replica(struct trk_call *c, const char *name)
 		trk__fail(c, 404, "no replica named '%s'", name);
 		return;
 	}
-	trk__reply_json(c, 200, replica_json(rep, false));
+	trk__reply_json(c, 200, replica_json(c->s->reg, rep, false));
 }
 
 /* ---- status -------------------------------------------------------------------- */
@@ -204,7 +214,7 @@ json_t *trk__registry_status(struct trk_registry *r)
 	for (struct trk_publisher *p = r->pubs; !bad && p; p = p->next)
 		bad |= json_array_append_new(pubs, publisher_json(p)) != 0;
 	for (struct trk_replica *rep = r->reps; !bad && rep; rep = rep->next)
-		bad |= json_array_append_new(reps, replica_json(rep, true)) != 0;
+		bad |= json_array_append_new(reps, replica_json(r, rep, true)) != 0;
 	/* Newest activation first. */
 	for (size_t k = 0; !bad && k < r->act_n; k++) {
 		const struct trk_activation *a =

@@ -16,14 +16,11 @@ json_t *trk__status_json(struct trk_server *s)
 							    n - STATUS_VERSIONS :
 							    0;
 	json_t *o = trk__registry_status(s->reg), *arr = json_array();
-	uint64_t minc;
-	bool any;
 	int bad = o == NULL || arr == NULL;
 
-	minc = trk__registry_min_complete(s->reg, &any);
 	for (size_t i = n; !bad && i > first; i--) {
 		struct trk_version *v = trk__versions_at(vs, i - 1);
-		json_t *e = trk__version_json(s, v, minc, any);
+		json_t *e = trk__version_json(s, v);
 		bad |= e == NULL;
 		if (bad)
 			break;
@@ -198,14 +195,18 @@ void trk__handle_page(struct trk_call *c)
 		cell(b, v, "active");
 		human_bytes(b, json_object_get(v, "bytes_from_trainer"));
 		human_bytes(b, json_object_get(v, "bytes_from_peers"));
-		cell(b, v, "retain");
+		if (json_is_true(json_object_get(v, "dropped")))
+			evbuffer_add_printf(b, "<td>dropped</td>");
+		else
+			cell(b, v, "retain");
 		short_hex(b, v, "digest");
 		evbuffer_add_printf(b, "</tr>");
 	}
 	evbuffer_add_printf(b, "</table>");
 
 	evbuffer_add_printf(b, "<h2>Replicas</h2><table><tr><th>replica</th><th>layout</th>"
-			       "<th>active</th><th>complete at</th><th>rank</th><th>node</th>"
+			       "<th>active</th><th>target</th><th>lag</th><th>complete at</th>"
+			       "<th>rank</th><th>node</th>"
 			       "<th>host</th><th>state</th><th>version</th><th>progress</th>"
 			       "<th>error</th></tr>");
 	json_array_foreach(json_object_get(st, "replicas"), i, v) {
@@ -233,6 +234,18 @@ void trk__handle_page(struct trk_call *c)
 				evbuffer_add_printf(b, " ranks)</td><td rowspan=\"%zu\">",
 						    json_array_size(ranks));
 				esc_json(b, json_object_get(v, "active"));
+				evbuffer_add_printf(b, "</td><td rowspan=\"%zu\">", json_array_size(ranks));
+				esc_json(b, json_object_get(v, "target"));
+				evbuffer_add_printf(b, "</td><td rowspan=\"%zu\">", json_array_size(ranks));
+				esc_json(b, json_object_get(v, "lag_versions"));
+				evbuffer_add_printf(b, " versions, %.1f s",
+						    (double)json_integer_value(json_object_get(v, "lag_ms")) / 1000.0);
+				if (json_is_string(json_object_get(v, "disagreement"))) {
+					evbuffer_add_printf(b, "<br><span class=\"failed\">ranks disagree for %.1f s: ",
+							    (double)json_integer_value(json_object_get(v, "disagree_ms")) / 1000.0);
+					esc_json(b, json_object_get(v, "disagreement"));
+					evbuffer_add_printf(b, "</span>");
+				}
 				evbuffer_add_printf(b, "</td><td rowspan=\"%zu\">", json_array_size(ranks));
 				esc_json(b, json_object_get(v, "complete"));
 				evbuffer_add_printf(b, "</td>");
@@ -312,6 +325,42 @@ static void metric(struct evbuffer *b, const char *name, const char *type,
 			    help, name, type, name, v);
 }
 
+/* Per live replica: active version, target, lag (versions and seconds) and
+ * how long its ranks have disagreed. Replica names need no escaping. */
+static void replica_metrics(struct evbuffer *b, struct trk_server *s)
+{
+	static const char *const names[][2] = {
+		{"tessera_replica_active_version", "Version the replica serves."},
+		{"tessera_replica_target_version", "Version the replica's ranks work toward."},
+		{"tessera_replica_lag_versions", "Versions the replica is behind the latest."},
+		{"tessera_replica_lag_seconds", "Seconds since the first version newer than the active one was published."},
+		{"tessera_replica_disagree_seconds", "Seconds the replica's ranks have held different versions."},
+	};
+	uint64_t now = proto_wall_ms();
+
+	for (size_t m = 0; m < PROTO_ARRAY_LEN(names); m++) {
+		evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", names[m][0], names[m][1],
+				    names[m][0]);
+		for (struct trk_replica *rep = s->reg->reps; rep; rep = rep->next) {
+			uint64_t lv, lms, dms = rep->disagree_ms ? now - rep->disagree_ms : 0;
+			if (!trk__replica_alive(rep))
+				continue;
+			trk__replica_lag(s, rep, now, &lv, &lms);
+			evbuffer_add_printf(b, "%s{replica=\"%s\"} ", names[m][0], rep->name);
+			if (m == 0)
+				evbuffer_add_printf(b, "%" PRIu64 "\n", rep->active);
+			else if (m == 1)
+				evbuffer_add_printf(b, "%" PRIu64 "\n", rep->target);
+			else if (m == 2)
+				evbuffer_add_printf(b, "%" PRIu64 "\n", lv);
+			else if (m == 3)
+				evbuffer_add_printf(b, "%.3f\n", (double)lms / 1000.0);
+			else
+				evbuffer_add_printf(b, "%.3f\n", (double)dms / 1000.0);
+		}
+	}
+}
+
 void trk__handle_metrics(struct trk_call *c)
 {
 	struct trk_server *s = c->s;
@@ -338,6 +387,7 @@ void trk__handle_metrics(struct trk_call *c)
 			    k.replicas_partial);
 	evbuffer_add_printf(b, "tessera_replicas{state=\"gone\"} %" PRIu64 "\n",
 			    k.replicas_gone);
+	replica_metrics(b, s);
 	metric(b, "tessera_nodes_alive", "gauge", "Node ranks with a live lease.",
 	       k.nodes_alive);
 	metric(b, "tessera_nodes_gone", "gauge", "Node ranks whose lease ran out.",

@@ -15,8 +15,9 @@
  * Everything else is derived on demand from those two: a replica is complete
  * at v when every one of its ranks is alive and holds v verified or active;
  * its active version is the one all its ranks report active (each change is
- * an activation, logged); a version is retained while it is the latest or
- * some live replica is complete at no version >= it.
+ * an activation, logged); its target is the one version all its ranks work
+ * toward (tracker/target.c, the rule in API.md); a version is retained while
+ * it is the latest or the target of a live replica.
  *
  * Mutating calls (POST) are signed with the cluster key: the header
  * `Authorization: Tessera ts=<unix s>,mac=<hex>` carries

@@ -500,12 +500,10 @@ int trk__versions_manifest(struct trk_versions *vs, uint64_t v,
 	return 0;
 }
 
-json_t *trk__version_json(struct trk_server *s, const struct trk_version *v,
-			  uint64_t min_complete, bool any_replica)
+json_t *trk__version_json(struct trk_server *s, const struct trk_version *v)
 {
 	json_t *o = json_object();
-	bool retain = v->version == trk__versions_latest(s->vs) ||
-		      (any_replica && v->version > min_complete);
+	bool retain = trk__version_retained(s, v->version);
 	int bad = o == NULL;
 
 	if (bad)
@@ -520,6 +518,7 @@ json_t *trk__version_json(struct trk_server *s, const struct trk_version *v,
 	bad |= trk__set(o, "created_ms", trk__jint(v->created_ms));
 	bad |= trk__set(o, "published_ms", trk__jint(v->published_ms));
 	bad |= trk__set(o, "retain", json_boolean(retain));
+	bad |= trk__set(o, "dropped", json_boolean(trk__version_dropped(s, v->version)));
 	if (bad) {
 		json_decref(o);
 		return NULL;
@@ -533,8 +532,6 @@ static json_t *list_after(struct trk_server *s, uint64_t after)
 	struct trk_versions *vs = s->vs;
 	json_t *o = json_object(), *arr = json_array();
 	size_t first = vs->n;
-	bool any;
-	uint64_t minc = trk__registry_min_complete(s->reg, &any);
 
 	if (o == NULL || arr == NULL)
 		goto fail;
@@ -542,8 +539,7 @@ static json_t *list_after(struct trk_server *s, uint64_t after)
 	       vs->n - first < LIST_MAX)
 		first--;
 	for (size_t i = first; i < vs->n; i++)
-		if (json_array_append_new(arr, trk__version_json(s, &vs->v[i], minc,
-								 any)) != 0)
+		if (json_array_append_new(arr, trk__version_json(s, &vs->v[i])) != 0)
 			goto fail;
 	if (trk__set(o, "latest", trk__jint(trk__versions_latest(vs))) ||
 	    json_object_set(o, "versions", arr) != 0)
