@@ -235,6 +235,13 @@ static char *status_snapshot(struct fx *f)
 
 	assert_int_equal(get(f, TRK_API "/status", &r), 200);
 	json_object_del(r.json, "now_ms");
+	/* Nor how long replicas have been behind or disagreeing. */
+	size_t i;
+	json_t *rep;
+	json_array_foreach(json_object_get(r.json, "replicas"), i, rep) {
+		json_object_del(rep, "lag_ms");
+		json_object_del(rep, "disagree_ms");
+	}
 	s = json_dumps(r.json, JSON_SORT_KEYS | JSON_COMPACT);
 	trk_reply_fini(&r);
 	/* Lease expiry times are not in the status; replay/auth counters are
@@ -1382,8 +1389,9 @@ static void test_replica_state(void **state)
 	register_node_ok(f, "A", 0, TP2);
 	register_node_ok(f, "A", 1, TP2);
 	register_node_ok(f, "B", 0, TP1);
-	/* Nothing complete anywhere: every version is still needed. */
-	assert_true(retained(f, 1));
+	/* Both replicas aim at the latest version: v1 is needed by no one. */
+	assert_false(retained(f, 1));
+	assert_true(retained(f, 2));
 
 	/* A is complete at 1 only when both its ranks hold it. */
 	assert_int_equal(report(f, "A/0", 1, "fetching", 40, &r), 200);
@@ -1463,6 +1471,213 @@ static void test_replica_state(void **state)
 	assert_non_null(err0);
 	assert_null(strchr(err0, '\n'));
 	trk_reply_fini(&r);
+}
+
+/* ---- replica targets ------------------------------------------------------------------------ */
+
+/* Publishes version v (parent v-1) whose digest goes into digs[v]. */
+static void publish_v(struct fx *f, uint64_t v, uint8_t (*digs)[PROTO_HASH_BYTES])
+{
+	struct trk_reply r;
+	uint8_t *buf;
+	size_t len;
+
+	make_manifest(f, &(struct mopts){.version = v, .parent = v - 1, .parent_digest = digs[v - 1]},
+		      &buf, &len, digs[v]);
+	assert_int_equal(publish(f, buf, len, &r), 201);
+	trk_reply_fini(&r);
+	free(buf);
+}
+
+static json_t *replica_get(struct fx *f, const char *name)
+{
+	struct trk_reply r;
+	char path[128];
+	snprintf(path, sizeof(path), TRK_API "/replicas/%s", name);
+	assert_int_equal(get(f, path, &r), 200);
+	json_t *j = json_incref(r.json);
+	trk_reply_fini(&r);
+	return j;
+}
+
+static uint64_t target_of(struct fx *f, const char *name)
+{
+	json_t *j = replica_get(f, name);
+	uint64_t t = jget_u64(j, "target");
+	json_decref(j);
+	return t;
+}
+
+/* The publisher offers (n = 4) or withdraws (n = 0) its parcels of v. */
+static void pub_offer(struct fx *f, uint64_t v, size_t n)
+{
+	struct trk_offer offers[4];
+	struct trk_reply r;
+	for (int i = 0; i < 4; i++) {
+		memcpy(offers[i].layout, f->tp2.digest, PROTO_HASH_BYTES);
+		offers[i].src_rank = (uint32_t)(i / 2);
+		offers[i].dst_rank = (uint32_t)(i % 2);
+		offers[i].addr = 4096;
+		offers[i].key = 7;
+		offers[i].len = 100 + (uint64_t)i;
+	}
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_offer(f->c, f->pub_id, v, offers, n, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	trk_reply_fini(&r);
+}
+
+static size_t retained_count(struct fx *f)
+{
+	struct trk_reply r;
+	json_t *e;
+	size_t i, k = 0;
+
+	assert_int_equal(get(f, TRK_API "/versions?after=0", &r), 200);
+	json_array_foreach(json_object_get(r.json, "versions"), i, e)
+		k += json_is_true(json_object_get(e, "retain"));
+	trk_reply_fini(&r);
+	return k;
+}
+
+static bool dropped(struct fx *f, uint64_t v)
+{
+	struct trk_reply r;
+	json_t *e;
+	size_t i;
+	bool d = false;
+
+	assert_int_equal(get(f, TRK_API "/versions?after=0", &r), 200);
+	json_array_foreach(json_object_get(r.json, "versions"), i, e)
+		if (jget_u64(e, "version") == v)
+			d = json_is_true(json_object_get(e, "dropped"));
+	trk_reply_fini(&r);
+	return d;
+}
+
+/* The rule of "Replica targets" in API.md, one property at a time. */
+static void test_replica_target(void **state)
+{
+	struct fx *f = *state;
+	uint8_t digs[16][PROTO_HASH_BYTES] = {{0}};
+	struct trk_reply r;
+
+	register_publisher(f);
+	publish_v(f, 1, digs);
+	publish_v(f, 2, digs);
+	/* A new replica aims at the latest version; nobody needs v1. */
+	register_node_ok(f, "A", 0, TP2);
+	assert_int_equal(target_of(f, "A"), 2);
+	assert_false(retained(f, 1));
+	assert_true(retained(f, 2));
+
+	/* Sticky: once a rank started on the target, newer versions do not
+	 * move it (the ranks never chase different versions), and the target
+	 * stays retained. */
+	report_ok(f, "A/0", 2, "fetching");
+	publish_v(f, 3, digs);
+	publish_v(f, 4, digs);
+	assert_int_equal(target_of(f, "A"), 2);
+	assert_true(retained(f, 2));
+	assert_false(retained(f, 3));
+	assert_true(retained(f, 4));
+	assert_int_equal(retained_count(f), 2);
+
+	/* A rank that joins late joins the current target, even though newer
+	 * versions exist; the replica is complete (and activates) there. */
+	report_ok(f, "A/0", 2, "verified");
+	register_node_ok(f, "A", 1, TP2);
+	assert_int_equal(target_of(f, "A"), 2);
+	assert_int_equal(report(f, "A/1", 2, "verified", 0, &r), 200);
+	assert_true(json_is_true(json_object_get(r.json, "replica_complete")));
+	assert_int_equal(jget_u64(r.json, "replica_target"), 2);
+	trk_reply_fini(&r);
+	report_ok(f, "A/0", 2, "active");
+	/* Half-activated: the target stays until every rank is active. */
+	assert_int_equal(target_of(f, "A"), 2);
+	assert_int_equal(report(f, "A/1", 2, "active", 0, &r), 200);
+	assert_int_equal(jget_u64(r.json, "replica_active"), 2);
+	/* Reached: the replica moves on to the latest, skipping v3. */
+	assert_int_equal(jget_u64(r.json, "replica_target"), 4);
+	trk_reply_fini(&r);
+	json_t *j = replica_get(f, "A");
+	assert_int_equal(jget_u64(j, "active"), 2);
+	assert_int_equal(jget_u64(j, "lag_versions"), 2);
+	assert_non_null(json_object_get(j, "lag_ms"));
+	json_decref(j);
+
+	/* Nobody started on v4 yet: a newer version moves the target for free. */
+	publish_v(f, 5, digs);
+	assert_int_equal(target_of(f, "A"), 5);
+	assert_false(retained(f, 4));
+
+	/* A verified rank is not stranded: A/0 holds v6 verified while the
+	 * target v5 is dropped by the publisher; the replica moves to v6 (held)
+	 * rather than to the latest v7. */
+	pub_offer(f, 5, 4);
+	report_ok(f, "A/1", 5, "fetching");
+	publish_v(f, 6, digs);
+	publish_v(f, 7, digs);
+	report_ok(f, "A/0", 6, "verified");
+	assert_int_equal(target_of(f, "A"), 5); /* v5 is still served */
+	assert_false(dropped(f, 5));
+	pub_offer(f, 5, 0);
+	assert_true(dropped(f, 5));
+	assert_int_equal(target_of(f, "A"), 6);
+	assert_true(retained(f, 6));
+	assert_false(retained(f, 5));
+
+	/* A rank failed the target and something newer exists: move on. */
+	report_ok(f, "A/1", 6, "failed");
+	assert_int_equal(target_of(f, "A"), 7);
+
+	/* Ranks disagree (A/0 holds v6, A/1 only v2): shown once it lasts
+	 * longer than the threshold, with what each rank holds and waits for. */
+	json_t *d = NULL;
+	for (int w = 0; w < 20000 && d == NULL; w += 100) {
+		j = replica_get(f, "A");
+		if (json_is_string(json_object_get(j, "disagreement")))
+			d = json_incref(j);
+		json_decref(j);
+		if (d == NULL)
+			msleep(100);
+	}
+	assert_non_null(d);
+	const char *why = json_string_value(json_object_get(d, "disagreement"));
+	assert_non_null(strstr(why, "A/0 holds v6 verified"));
+	assert_non_null(strstr(why, "A/1"));
+	assert_true(jget_u64(d, "disagree_ms") > 0);
+	json_decref(d);
+	assert_int_equal(get(f, "/metrics", &r), 200);
+	assert_non_null(strstr((char *)r.body, "tessera_replica_target_version{replica=\"A\"} 7"));
+	assert_non_null(strstr((char *)r.body, "tessera_replica_lag_versions{replica=\"A\"} 5"));
+	assert_non_null(strstr((char *)r.body, "tessera_replica_lag_seconds{replica=\"A\"} "));
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, "/", &r), 200);
+	assert_non_null(strstr((char *)r.body, "ranks disagree for"));
+	trk_reply_fini(&r);
+	/* Both ranks reach v7: they agree again, and the replica is current. */
+	report_ok(f, "A/0", 7, "verified");
+	report_ok(f, "A/1", 7, "verified");
+	report_ok(f, "A/0", 7, "active");
+	report_ok(f, "A/1", 7, "active");
+	j = replica_get(f, "A");
+	assert_int_equal(jget_u64(j, "active"), 7);
+	assert_int_equal(jget_u64(j, "target"), 7);
+	assert_int_equal(jget_u64(j, "lag_versions"), 0);
+	assert_int_equal(jget_u64(j, "lag_ms"), 0);
+	assert_null(json_object_get(j, "disagreement"));
+	json_decref(j);
+
+	/* Versions keep coming while no rank fetches: every target follows the
+	 * latest, and the latest is all that is retained. */
+	register_node_ok(f, "B", 0, TP1);
+	for (uint64_t v = 8; v <= 15; v++)
+		publish_v(f, v, digs);
+	assert_int_equal(target_of(f, "A"), 15);
+	assert_int_equal(target_of(f, "B"), 15);
+	assert_int_equal(retained_count(f), 1);
 }
 
 /* ---- offers and sources -------------------------------------------------------------------- */
@@ -1680,7 +1895,7 @@ static void test_status_outputs(void **state)
 
 	/* Metrics: every line a comment or `name{labels} value`. */
 	assert_int_equal(get(f, "/metrics", &r), 200);
-	assert_int_equal(regcomp(&re, "^[a-z_]+(\\{[a-z_]+=\"[^\"]*\"\\})? [0-9]+$",
+	assert_int_equal(regcomp(&re, "^[a-z_]+(\\{[a-z_]+=\"[^\"]*\"\\})? [0-9]+(\\.[0-9]+)?$",
 				 REG_EXTENDED | REG_NOSUB),
 			 0);
 	char *save = NULL;
@@ -1903,6 +2118,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_trainer_pubkey, setup_with_pk, teardown),
 		cmocka_unit_test_setup_teardown(test_longpoll, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_replica_state, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_replica_target, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_status_outputs, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_client, setup_open, teardown),
