@@ -571,6 +571,9 @@ static void on_ex_publish(const struct trk_answer *a, void *arg)
 		ex->pv->next = p->versions;
 		p->versions = ex->pv;
 		node__pub_sync_offers(p);
+		/* Which older versions are still wanted: ask now, not at the next
+		 * period, so versions published faster than it are freed soon. */
+		node__pub_on_check(-1, 0, p);
 	} else if ((a->status < 0 || a->status >= 500) && ++ex->tries < PUBLISH_TRIES) {
 		LOG_WARN("publishing version %llu: %s (retrying)", (unsigned long long)ex->version,
 			 a->error);

@@ -78,6 +78,7 @@ struct pub_version {
 	uint64_t offer_gen; /* registration the offer in flight was made under */
 	bool releasing;   /* no longer needed: withdraw, then free */
 	bool warned;      /* an offer failure was logged */
+	bool wanted;      /* the tracker's last answer listed it as retained */
 	struct pub_version *next;
 };
 

@@ -200,7 +200,8 @@ static void on_offer(const struct trk_answer *a, void *arg)
 }
 
 /* Keeps at most TESSERA_PUB_RETAIN versions: the newest and the one being
- * exported always, then the newest others; the rest are withdrawn. The
+ * exported always; beyond those the oldest go first, those the tracker did
+ * not list as retained (no replica aims at them) before those it did. The
  * tracker then lists them dropped and replicas aiming at them retarget. */
 static void cap_retained(struct node_pub *p, uint64_t newest)
 {
@@ -215,7 +216,8 @@ static void cap_retained(struct node_pub *p, uint64_t newest)
 			kept++;
 			if (pv->version == newest || (p->ex != NULL && p->ex->pv == pv))
 				continue;
-			if (oldest == NULL || pv->version < oldest->version)
+			if (oldest == NULL || (oldest->wanted && !pv->wanted) ||
+			    (oldest->wanted == pv->wanted && pv->version < oldest->version))
 				oldest = pv;
 		}
 		if (kept <= cap || oldest == NULL)
@@ -268,8 +270,10 @@ static void on_check_answer(const struct trk_answer *a, void *arg)
 	if (a->status == 200 && trk_versions_parse(a->json, &latest, &vi, &n, &err) == 0) {
 		for (struct pub_version *pv = p->versions; pv; pv = pv->next) {
 			bool keep = pv->version == newest || (p->ex != NULL && p->ex->pv == pv);
-			for (size_t i = 0; !keep && i < n; i++)
-				keep = vi[i].version == pv->version && vi[i].retain;
+			pv->wanted = false;
+			for (size_t i = 0; i < n; i++)
+				if (vi[i].version == pv->version && vi[i].retain)
+					keep = pv->wanted = true;
 			if (!keep && !pv->releasing) {
 				LOG_INFO("version %llu is no longer needed: withdrawing it",
 					 (unsigned long long)pv->version);

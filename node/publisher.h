@@ -26,7 +26,11 @@
  *      endpoint and offered (POST /offers); the export is done when the
  *      tracker has answered the offer.
  * A version is served until GET /versions (asked every TESSERA_PUB_CHECK_MS,
- * default 1 s) says retain false; the newest one is always kept. Then the
+ * default 1 s, and after every new version) says retain false: the tracker
+ * retains the latest version and each live replica's target, so what a
+ * publisher holds does not grow with how far a replica is behind. The newest
+ * one is always kept, and at most TESSERA_PUB_RETAIN versions are served
+ * (the oldest not retained go first, then the oldest retained). Then the
  * offer is withdrawn (n == 0), the region closed and the buffer freed (kept
  * as a spare for the next export of that rank).
  *

@@ -1,6 +1,8 @@
 /* End to end with the real programs on loopback: `tessera cluster` runs to a
- * report with "ok":true, and a publisher killed mid-transfer leaves the
- * replica on its previous version until a restarted publisher serves again. */
+ * report with "ok":true, a publisher killed mid-transfer leaves the replica
+ * on its previous version until a restarted publisher serves again, and with
+ * versions published on the trainer's own clock replicas stay consistent,
+ * live and bounded. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -318,6 +320,347 @@ static void test_publisher_stalled_mid_transfer(void **state)
 	assert_int_equal(control(e, "quit\n", line, sizeof(line)), 0);
 }
 
+
+/* ---- the trainer's own clock ------------------------------------------------------ */
+
+#define CLOCK_VERSIONS 30 /* published every CLOCK_EVERY_MS, then served */
+#define CLOCK_EVERY_MS "300"
+#define CLOCK_DEADLINE_MS 120000
+
+struct clock_env {
+	char dir[256], url[256], model[512], key[512], pub[512], expose[512];
+	struct node_proc tracker, publisher, nodes[8];
+	struct trk_client *trk;
+	struct proto_model m;
+};
+
+static int clock_setup(void **state)
+{
+	*state = calloc(1, sizeof(struct clock_env));
+	return *state == NULL;
+}
+
+static int clock_teardown(void **state)
+{
+	struct clock_env *e = *state;
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(e->nodes); i++)
+		node_proc_stop(&e->nodes[i], 5000);
+	node_proc_stop(&e->publisher, 5000);
+	trk_client_free(e->trk);
+	node_proc_stop(&e->tracker, 5000);
+	proto_model_fini(&e->m);
+	if (e->dir[0] != 0 && getenv("TESSERA_TEST_KEEP") == NULL)
+		tu_rmtree(e->dir);
+	unsetenv("TESSERA_CHUNK_SIZE");
+	unsetenv("TESSERA_LEASE_MS");
+	unsetenv("TESSERA_LOG");
+	free(e);
+	return 0;
+}
+
+/* Tracker and a publisher exporting `versions` versions of a 4 MiB model,
+ * one every `every` ms whatever the replicas do. */
+static void clock_start(struct clock_env *e, const char *every, int versions)
+{
+	char bin[512], line[512], log[600], state_dir[600], buf[512], nv[16];
+	struct proto_err err;
+
+	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
+	setenv("TESSERA_LEASE_MS", "2000", 1);
+	setenv("TESSERA_LOG", "info", 1); /* the children log their activations */
+	assert_non_null(tu_mkdtemp(e->dir, sizeof(e->dir)));
+	snprintf(e->model, sizeof(e->model), "%s/model.json", e->dir);
+	snprintf(e->expose, sizeof(e->expose), "%s/expose", e->dir);
+	snprintf(state_dir, sizeof(state_dir), "%s/state", e->dir);
+	snprintf(e->key, sizeof(e->key), "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
+	snprintf(e->pub, sizeof(e->pub), "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
+	assert_int_equal(proto_fixture_model(4 << 20, &e->m, &err), 0);
+	json_t *mj = proto_model_to_json(&e->m);
+	char *txt = json_dumps(mj, 0);
+	assert_int_equal(proto_write_file_atomic(e->model, txt, strlen(txt), 0644, &err), 0);
+	free(txt);
+	json_decref(mj);
+
+	tu_bin(bin, sizeof(bin), "tessera-tracker");
+	snprintf(log, sizeof(log), "%s/tracker.log", e->dir);
+	char *targv[] = {bin, "--listen", "127.0.0.1:0", "--state", state_dir, "--trainer-pubkey", e->pub, NULL};
+	assert_int_equal(node_proc_spawn(&e->tracker, "tracker", targv, log), 0);
+	assert_int_equal(node_proc_wait_line(&e->tracker, "listening on ", line, sizeof(line), 10000), 0);
+	snprintf(e->url, sizeof(e->url), "%s", line);
+	assert_int_equal(trk_client_new(NULL, e->url, NULL, &e->trk, &err), 0);
+
+	tu_bin(bin, sizeof(bin), "tessera");
+	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
+	snprintf(nv, sizeof(nv), "%d", versions);
+	char *pargv[] = {bin, "publish", "--tracker", e->url, "--key", e->key, "--synthetic-mb", "4",
+			 "--seed", "7", "--layout", "fsdp2", "--every", (char *)every, "--versions", nv,
+			 NULL};
+	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", pargv, log), 0);
+}
+
+/* Starts node slot i as replica/rank with layout, logging to <dir>/<tag>.log. */
+static void clock_node(struct clock_env *e, int i, const char *replica, const char *rank,
+		       const char *layout, const char *expose, const char *tag)
+{
+	char bin[512], log[600];
+	tu_bin(bin, sizeof(bin), "tessera-node");
+	snprintf(log, sizeof(log), "%s/%s.log", e->dir, tag);
+	char *argv[] = {bin, "--tracker", e->url, "--replica", (char *)replica, "--rank", (char *)rank,
+			"--layout", (char *)layout, "--model", e->model, "--trainer-pubkey", e->pub,
+			"--expose", (char *)expose, "--store", "host", NULL};
+	assert_int_equal(node_proc_spawn(&e->nodes[i], tag, argv, log), 0);
+}
+
+static json_t *clock_get(struct clock_env *e, const char *path)
+{
+	struct trk_reply r;
+	json_t *j = NULL;
+	if (trk_client_call(e->trk, "GET", path, NULL, NULL, 0, &r) == 0 && r.status == 200)
+		j = json_incref(r.json);
+	trk_reply_fini(&r);
+	return j;
+}
+
+static uint64_t clock_replica_u64(struct clock_env *e, const char *name, const char *key)
+{
+	char path[128];
+	snprintf(path, sizeof(path), TRK_API "/replicas/%s", name);
+	json_t *j = clock_get(e, path);
+	uint64_t v = j ? (uint64_t)json_integer_value(json_object_get(j, key)) : 0;
+	json_decref(j);
+	return v;
+}
+
+/* What publishers hold back, sampled: versions the tracker says to retain,
+ * and versions the publisher still offers. */
+struct held {
+	size_t retained, offered, dropped;
+};
+
+static void clock_sample(struct clock_env *e, struct held *max)
+{
+	json_t *st = clock_get(e, TRK_API "/status"), *v;
+	size_t i, ret = 0, drop = 0, off = 0;
+	if (st == NULL)
+		return;
+	json_array_foreach(json_object_get(st, "versions"), i, v) {
+		ret += json_is_true(json_object_get(v, "retain"));
+		drop += json_is_true(json_object_get(v, "dropped"));
+	}
+	json_array_foreach(json_object_get(st, "publishers"), i, v)
+		if (json_is_true(json_object_get(v, "alive")))
+			off = PROTO_MAX(off, json_array_size(json_object_get(v, "offered_versions")));
+	max->retained = PROTO_MAX(max->retained, ret);
+	max->offered = PROTO_MAX(max->offered, off);
+	max->dropped = PROTO_MAX(max->dropped, drop);
+	json_decref(st);
+}
+
+/* Waits (sampling what is held) until replica name's `key` is >= v. */
+static bool clock_wait(struct clock_env *e, const char *name, const char *key, uint64_t v,
+		       struct held *max)
+{
+	for (int w = 0; w < CLOCK_DEADLINE_MS; w += 100) {
+		if (clock_replica_u64(e, name, key) >= v)
+			return true;
+		clock_sample(e, max);
+		usleep(100000);
+	}
+	return false;
+}
+
+/* The versions a node's log says it activated ("node A/0: v7 active (..."),
+ * in order. */
+static size_t activations_in_log(const char *log, uint64_t *out, size_t max)
+{
+	uint8_t *buf;
+	size_t len, n = 0;
+	struct proto_err err;
+	char *txt, *save = NULL;
+
+	if (proto_read_file(log, 64 << 20, &buf, &len, &err) != 0)
+		return 0;
+	txt = malloc(len + 1);
+	assert_non_null(txt);
+	memcpy(txt, buf, len);
+	txt[len] = 0;
+	free(buf);
+	for (char *line = strtok_r(txt, "\n", &save); line != NULL && n < max;
+	     line = strtok_r(NULL, "\n", &save)) {
+		char *q = strstr(line, ": v");
+		unsigned long long v;
+		char tail[16];
+		if (q != NULL && sscanf(q, ": v%llu %15s", &v, tail) == 2 &&
+		    strcmp(tail, "active") == 0)
+			out[n++] = v;
+	}
+	free(txt);
+	return n;
+}
+
+/* Every version a rank of the replica activated is one the replica as a
+ * whole activated (in the tracker's activation log): no rank ever switched
+ * alone to a version its replica did not serve (the replica was never torn). */
+static void check_not_torn(struct clock_env *e, const char *replica, const char *const *logs,
+			   size_t nlogs)
+{
+	json_t *st = clock_get(e, TRK_API "/status"), *a;
+	assert_non_null(st);
+	for (size_t l = 0; l < nlogs; l++) {
+		char path[600];
+		uint64_t seen[256];
+		snprintf(path, sizeof(path), "%s/%s.log", e->dir, logs[l]);
+		size_t n = activations_in_log(path, seen, 256);
+		assert_true(n > 0);
+		for (size_t k = 0; k < n; k++) {
+			bool found = false;
+			size_t i;
+			json_array_foreach(json_object_get(st, "activations"), i, a)
+				found |= strcmp(json_string_value(json_object_get(a, "replica")), replica) == 0 &&
+					 (uint64_t)json_integer_value(json_object_get(a, "version")) == seen[k];
+			if (!found)
+				fail_msg("%s activated v%llu alone: replica %s never did", logs[l],
+					 (unsigned long long)seen[k], replica);
+		}
+	}
+	json_decref(st);
+}
+
+/* The rank serves exactly version v's bytes (read from its activation record). */
+static void check_rank_bytes(struct clock_env *e, const char *expose, const char *replica,
+			     uint32_t rank, const char *layout, uint64_t v)
+{
+	char path[700];
+	uint8_t *buf;
+	size_t len;
+	struct proto_err err;
+	struct proto_layout l;
+
+	assert_int_equal(proto_layout_builtin(&e->m, layout, &l, &err), 0);
+	size_t n = l.ranks[rank].nbytes;
+	snprintf(path, sizeof(path), "%s/%s-%u.json", expose, replica, rank);
+	assert_int_equal(proto_read_file(path, 1 << 20, &buf, &len, &err), 0);
+	json_t *j = json_loadb((char *)buf, len, 0, NULL);
+	free(buf);
+	assert_int_equal(json_integer_value(json_object_get(j, "version")), (json_int_t)v);
+	int fd = open(json_string_value(json_object_get(j, "memfd_path")), O_RDONLY);
+	assert_true(fd >= 0);
+	uint8_t *m = mmap(NULL, n, PROT_READ, MAP_SHARED, fd, 0), *expect = malloc(n);
+	assert_true(m != MAP_FAILED);
+	proto_fixture_fill_rank(&e->m, &l, rank, 7, v, expect);
+	assert_memory_equal(m, expect, n);
+	free(expect);
+	munmap(m, n);
+	close(fd);
+	json_decref(j);
+	proto_layout_fini(&l);
+}
+
+/*
+ * Versions every 300 ms whatever the replicas do: a TP2 replica whose ranks
+ * start apart activates within a bounded time and never tears; a rank
+ * restarted mid-stream rejoins and the replica moves on; a replica absent
+ * for many versions holds nothing back at the publisher, and catches up
+ * when it returns; at the end every replica serves the last version.
+ */
+static void test_trainer_clock(void **state)
+{
+	struct clock_env *e = *state;
+	struct held max = {0, 0, 0};
+
+	clock_start(e, CLOCK_EVERY_MS, CLOCK_VERSIONS);
+	clock_node(e, 0, "A", "0", "tp2", e->expose, "A0");
+	clock_node(e, 2, "B", "0", "tp1", e->expose, "B0");
+	clock_node(e, 3, "C", "0", "tp1", e->expose, "C0");
+
+	/* Staggered: A/1 starts once A/0 holds a version verified. */
+	for (int w = 0; w < CLOCK_DEADLINE_MS; w += 100) {
+		char path[128];
+		snprintf(path, sizeof(path), TRK_API "/replicas/A");
+		json_t *j = clock_get(e, path);
+		json_t *r0 = json_array_get(json_object_get(j, "ranks"), 0);
+		const char *s = json_string_value(json_object_get(r0, "state"));
+		bool held = s != NULL && strcmp(s, "verified") == 0;
+		json_decref(j);
+		if (held)
+			break;
+		usleep(100000);
+	}
+	clock_node(e, 1, "A", "1", "tp2", e->expose, "A1");
+	assert_true(clock_wait(e, "A", "active", 1, &max));
+
+	/* C goes away for many versions. */
+	assert_true(clock_wait(e, "C", "active", 1, &max));
+	node_proc_kill(&e->nodes[3]);
+
+	/* A/1 is killed and restarted mid-stream: A activates again after. */
+	uint64_t before = clock_replica_u64(e, "A", "active");
+	node_proc_kill(&e->nodes[1]);
+	clock_node(e, 1, "A", "1", "tp2", e->expose, "A1-restarted");
+	assert_true(clock_wait(e, "A", "active", before + 1, &max));
+
+	/* All versions published while C is away; then it comes back. */
+	assert_true(clock_wait(e, "B", "active", CLOCK_VERSIONS, &max));
+	clock_node(e, 3, "C", "0", "tp1", e->expose, "C0-back");
+	assert_true(clock_wait(e, "A", "active", CLOCK_VERSIONS, &max));
+	assert_true(clock_wait(e, "C", "active", CLOCK_VERSIONS, &max));
+
+	/* Bounded: the tracker asked to keep at most the latest and one target
+	 * per live replica; the publisher served at most TESSERA_PUB_RETAIN (4)
+	 * versions, plus one being withdrawn; it dropped the rest. */
+	assert_true(max.retained <= 1 + 3);
+	assert_true(max.offered <= 4 + 1);
+	assert_true(max.dropped > 0);
+
+	static const char *const a_logs[] = {"A0", "A1", "A1-restarted"};
+	check_not_torn(e, "A", a_logs, 3);
+	check_rank_bytes(e, e->expose, "A", 0, "tp2", CLOCK_VERSIONS);
+	check_rank_bytes(e, e->expose, "A", 1, "tp2", CLOCK_VERSIONS);
+	check_rank_bytes(e, e->expose, "B", 0, "tp1", CLOCK_VERSIONS);
+	check_rank_bytes(e, e->expose, "C", 0, "tp1", CLOCK_VERSIONS);
+	/* A serves the latest version: it lags by nothing. */
+	assert_int_equal(clock_replica_u64(e, "A", "lag_versions"), 0);
+	assert_int_equal(clock_replica_u64(e, "A", "lag_ms"), 0);
+}
+
+/* A node whose expose directory cannot be created is never "active": it
+ * reports the reason, its replica does not switch, and once the directory
+ * can be made it activates. */
+static void test_expose_unwritable(void **state)
+{
+	struct clock_env *e = *state;
+	char blocked[600], expose[700], path[128];
+	struct held max = {0, 0, 0};
+
+	clock_start(e, "400", 4);
+	snprintf(blocked, sizeof(blocked), "%s/blocked", e->dir);
+	snprintf(expose, sizeof(expose), "%s/blocked/expose", e->dir);
+	assert_int_equal(tu_write(blocked, "a file where a directory should be\n"), 0);
+	clock_node(e, 0, "D", "0", "tp1", expose, "D0");
+	snprintf(path, sizeof(path), TRK_API "/replicas/D");
+	bool said = false;
+	for (int w = 0; w < CLOCK_DEADLINE_MS && !said; w += 100) {
+		json_t *j = clock_get(e, TRK_API "/status"), *rep;
+		size_t i;
+		json_array_foreach(json_object_get(j, "replicas"), i, rep) {
+			const char *err = json_string_value(json_object_get(
+				json_array_get(json_object_get(rep, "ranks"), 0), "error"));
+			said |= err != NULL && strstr(err, "activation record") != NULL;
+		}
+		json_decref(j);
+		if (!said)
+			usleep(100000);
+	}
+	assert_true(said);
+	assert_int_equal(clock_replica_u64(e, "D", "active"), 0);
+	assert_true(node_proc_alive(&e->nodes[0]));
+
+	/* The directory can be made now: the node activates the latest. */
+	assert_int_equal(unlink(blocked), 0);
+	assert_true(clock_wait(e, "D", "active", 4, &max));
+	check_rank_bytes(e, expose, "D", 0, "tp1", 4);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -326,6 +669,8 @@ int main(void)
 						kill_teardown),
 		cmocka_unit_test_setup_teardown(test_publisher_stalled_mid_transfer, kill_setup,
 						kill_teardown),
+		cmocka_unit_test_setup_teardown(test_trainer_clock, clock_setup, clock_teardown),
+		cmocka_unit_test_setup_teardown(test_expose_unwritable, clock_setup, clock_teardown),
 	};
 	signal(SIGPIPE, SIG_IGN);
 	return cmocka_run_group_tests(tests, NULL, NULL);
