@@ -32,6 +32,7 @@ struct replica {
 	char layout_arg[1024];
 	struct proto_layout layout;
 	struct node_proc *procs; /* one per rank */
+	uint32_t started;        /* ranks 0..started-1 were spawned */
 	bool activated;
 	uint64_t t_activate_ms;
 	bool digest_ok;
@@ -44,6 +45,8 @@ struct cluster {
 	const char *model_dir;
 	uint64_t model_mb, seed, versions;
 	const char *provider, *report, *keep;
+	/* --every: publish on a clock for duration_s; stagger a replica's ranks */
+	uint64_t every_ms, stagger_ms, duration_s;
 	struct replica reps[MAX_REPLICAS];
 	uint32_t nreps;
 	/* running */
@@ -64,12 +67,19 @@ static void usage(FILE *f)
 		"                       [--replica tpN|FILE]... [--model-mb N | --model DIR]\n"
 		"                       [--versions V] [--provider NAME] [--seed S]\n"
 		"                       [--report FILE] [--keep DIR]\n"
+		"                       [--every MS [--stagger MS] [--duration S]]\n"
 		"Starts a tracker, a publisher hosting K trainer ranks and one node agent per\n"
 		"replica rank as separate processes on loopback, publishes V versions, checks\n"
 		"every rank's bytes itself, stops everything and writes a JSON report.\n"
 		"Defaults: 2 trainer ranks (fsdp2), replicas tp2 tp2 tp1, a 256 MiB synthetic\n"
 		"model, 3 versions. --model DIR takes v<N>.safetensors files, one per\n"
-		"version, in order of N.\n");
+		"version, in order of N.\n"
+		"With --every MS the publisher exports a version every MS ms whatever the\n"
+		"replicas do (the trainer's own clock), the ranks of each replica start\n"
+		"--stagger MS apart (default 0), and after --duration S seconds (default\n"
+		"60) the report gives per replica the versions activated, the lag\n"
+		"behind the latest (p50/p99, in versions and seconds) and the publisher's\n"
+		"peak resident memory; every rank's bytes are checked at the end.\n");
 }
 
 static int path_join(char *out, size_t len, const char *a, const char *b)
@@ -243,7 +253,7 @@ static bool children_alive(struct cluster *c)
 {
 	bool ok = node_proc_alive(&c->tracker) && node_proc_alive(&c->publisher);
 	for (uint32_t i = 0; i < c->nreps; i++)
-		for (uint32_t k = 0; k < c->reps[i].layout.nranks; k++)
+		for (uint32_t k = 0; k < c->reps[i].started; k++)
 			if (!node_proc_alive(&c->reps[i].procs[k])) {
 				fprintf(stderr, "cluster: node %s/%u exited (log %s)\n", c->reps[i].name, k,
 					c->reps[i].procs[k].log);
@@ -273,7 +283,7 @@ static int wait_registered(struct cluster *c)
 {
 	uint32_t want = 0;
 	for (uint32_t i = 0; i < c->nreps; i++)
-		want += c->reps[i].layout.nranks;
+		want += c->reps[i].started;
 	for (int waited = 0; waited < 30000; waited += 50) {
 		json_t *st;
 		if (!children_alive(c))
@@ -407,6 +417,32 @@ static int run_version(struct cluster *c, uint64_t want_v)
 	return ok ? 0 : -EBADMSG;
 }
 
+/* Spawns the next rank of r (rank r->started). */
+static int start_rank(struct cluster *c, struct replica *r, struct proto_err *err)
+{
+	char bin[4200], log[4200], pub[4200], ckey[4200], model[4200], expose[4200];
+	char rank[16], name[32];
+	uint32_t k = r->started;
+	int rc;
+
+	path_join(bin, sizeof(bin), c->bindir, "tessera-node");
+	path_join(pub, sizeof(pub), c->dir, "trainer.pub");
+	path_join(ckey, sizeof(ckey), c->dir, "cluster.key");
+	path_join(model, sizeof(model), c->dir, "model.json");
+	path_join(expose, sizeof(expose), c->dir, "expose");
+	snprintf(rank, sizeof(rank), "%u", k);
+	snprintf(name, sizeof(name), "node-%s-%u.log", r->name, k);
+	path_join(log, sizeof(log), c->dir, name);
+	char *nargv[] = {bin, "--tracker", c->url, "--replica", r->name, "--rank", rank,
+			 "--layout", r->layout_arg, "--model", model, "--trainer-pubkey", pub,
+			 "--cluster-key", ckey, "--provider", (char *)c->provider, "--expose",
+			 expose, "--store", "host", NULL};
+	if ((rc = node_proc_spawn(&r->procs[k], name, nargv, log)) != 0)
+		return proto_errf(err, -rc, "cannot start %s", bin);
+	r->started++;
+	return 0;
+}
+
 static int start_all(struct cluster *c, struct proto_err *err)
 {
 	char key[4200], pub[4200], ckey[4200], state[4200], model[4200], expose[4200],
@@ -446,25 +482,15 @@ static int start_all(struct cluster *c, struct proto_err *err)
 	printf("tessera cluster: status page %s/\n", c->url);
 	fflush(stdout);
 
-	/* Node agents, one per replica rank. */
-	path_join(bin, sizeof(bin), c->bindir, "tessera-node");
+	/* Node agents, one per replica rank (with --stagger only rank 0 now). */
 	for (uint32_t i = 0; i < c->nreps; i++) {
 		struct replica *r = &c->reps[i];
 		r->procs = calloc(r->layout.nranks, sizeof(*r->procs));
 		if (r->procs == NULL)
 			return proto_errf(err, ENOMEM, "out of memory");
-		for (uint32_t k = 0; k < r->layout.nranks; k++) {
-			char rank[16], name[32];
-			snprintf(rank, sizeof(rank), "%u", k);
-			snprintf(name, sizeof(name), "node-%s-%u.log", r->name, k);
-			path_join(log, sizeof(log), c->dir, name);
-			char *nargv[] = {bin, "--tracker", c->url, "--replica", r->name, "--rank", rank,
-					 "--layout", r->layout_arg, "--model", model, "--trainer-pubkey", pub,
-					 "--cluster-key", ckey, "--provider", (char *)c->provider, "--expose",
-					 expose, "--store", "host", NULL};
-			if ((rc = node_proc_spawn(&r->procs[k], name, nargv, log)) != 0)
-				return proto_errf(err, -rc, "cannot start %s", bin);
-		}
+		while (r->started < (c->stagger_ms > 0 ? 1 : r->layout.nranks))
+			if ((rc = start_rank(c, r, err)) != 0)
+				return rc;
 	}
 
 	/* The publisher hosts every trainer rank and takes orders on a socket. */
@@ -478,6 +504,12 @@ static int start_all(struct cluster *c, struct proto_err *err)
 	char *pargv[24] = {bin, "publish", "--tracker", c->url, "--key", key, "--cluster-key", ckey,
 			   "--layout", tlayout, "--provider", (char *)c->provider, "--control", sock};
 	int n = 14;
+	char every[32];
+	if (c->every_ms > 0) {
+		snprintf(every, sizeof(every), "%" PRIu64, c->every_ms);
+		pargv[n++] = "--every";
+		pargv[n++] = every;
+	}
 	if (c->model_dir) {
 		pargv[n++] = "--model-dir";
 		pargv[n++] = (char *)c->model_dir;
@@ -513,6 +545,251 @@ static int start_all(struct cluster *c, struct proto_err *err)
 	return 0;
 }
 
+/* ---- --every: versions on the trainer's own clock ----------------------- */
+
+#define CLOCK_SAMPLE_MS 100
+#define CLOCK_SETTLE_MS 15000 /* after the last version, for ranks to agree */
+
+struct lag_samples {
+	uint64_t *versions, *ms;
+	size_t n, cap;
+};
+
+static int lag_push(struct lag_samples *s, uint64_t v, uint64_t ms)
+{
+	if (s->n == s->cap) {
+		size_t cap = s->cap ? 2 * s->cap : 1024;
+		uint64_t *a = realloc(s->versions, cap * sizeof(*a));
+		if (a == NULL)
+			return -ENOMEM;
+		s->versions = a;
+		uint64_t *b = realloc(s->ms, cap * sizeof(*b));
+		if (b == NULL)
+			return -ENOMEM;
+		s->ms = b;
+		s->cap = cap;
+	}
+	s->versions[s->n] = v;
+	s->ms[s->n++] = ms;
+	return 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* The p-quantile (nearest rank) of n samples; sorts them. 0 when n == 0. */
+static uint64_t quantile(uint64_t *a, size_t n, double p)
+{
+	if (n == 0)
+		return 0;
+	qsort(a, n, sizeof(*a), cmp_u64);
+	size_t k = (size_t)(p * (double)n + 0.999999);
+	return a[k == 0 ? 0 : PROTO_MIN(k, n) - 1];
+}
+
+/* A process's peak resident memory (VmHWM), bytes; 0 when unknown. */
+static uint64_t peak_rss(pid_t pid)
+{
+	char path[64], line[256];
+	unsigned long long kb = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	if ((f = fopen(path, "r")) == NULL)
+		return 0;
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (sscanf(line, "VmHWM: %llu kB", &kb) == 1)
+			break;
+	fclose(f);
+	return (uint64_t)kb * 1024;
+}
+
+static json_t *find_replica(json_t *st, const char *name)
+{
+	json_t *rep;
+	size_t i;
+	json_array_foreach(json_object_get(st, "replicas"), i, rep)
+		if (strcmp(json_string_value(json_object_get(rep, "replica")), name) == 0)
+			return rep;
+	return NULL;
+}
+
+/* With the publisher stopped no version arrives: waits until every rank of
+ * every replica exposes the replica's active version, then checks the
+ * bytes of each rank. */
+static bool settle_and_check(struct cluster *c)
+{
+	bool all = true;
+
+	for (uint32_t i = 0; i < c->nreps; i++) {
+		struct replica *r = &c->reps[i];
+		uint64_t v = 0;
+		r->digest_ok = false;
+		for (int w = 0; w < CLOCK_SETTLE_MS; w += CLOCK_SAMPLE_MS) {
+			json_t *st = NULL, *rep;
+			bool agree = get_status(c, &st) == 0 && (rep = find_replica(st, r->name)) != NULL;
+			if (agree) {
+				v = (uint64_t)json_integer_value(json_object_get(rep, "active"));
+				json_t *rk;
+				size_t k;
+				json_array_foreach(json_object_get(rep, "ranks"), k, rk)
+					agree &= (uint64_t)json_integer_value(json_object_get(rk, "active")) == v;
+			}
+			json_decref(st);
+			if (agree && v > 0)
+				break;
+			usleep(CLOCK_SAMPLE_MS * 1000);
+		}
+		if (v == 0) {
+			fprintf(stderr, "cluster: replica %s activated nothing\n", r->name);
+			all = false;
+			continue;
+		}
+		r->digest_ok = true;
+		for (uint32_t k = 0; k < r->layout.nranks; k++) {
+			struct proto_err err;
+			size_t len = r->layout.ranks[k].nbytes;
+			uint8_t *block = malloc(PROTO_MAX(len, 1));
+			if (block == NULL || expected_block(c, &r->layout, k, v, block, &err) != 0)
+				r->digest_ok = false;
+			else
+				r->digest_ok &= check_rank(c, r, k, v, block, len);
+			free(block);
+		}
+		all &= r->digest_ok;
+	}
+	return all;
+}
+
+/*
+ * The publisher exports a version every --every ms on its own; ranks start
+ * --stagger ms apart. Every CLOCK_SAMPLE_MS the tracker's status is sampled:
+ * per replica, once all its ranks run and it activated a first version, its
+ * lag behind the latest in versions and in ms. At the end: the versions each
+ * replica activated, the lag quantiles and the publisher's peak memory.
+ */
+static int run_clock(struct cluster *c, json_t **out)
+{
+	struct lag_samples lag[MAX_REPLICAS];
+	uint64_t first_ms[MAX_REPLICAS] = {0}, t0 = proto_now_ns(), latest = 0, peak;
+	uint64_t model_bytes = proto_model_bytes(&c->model);
+	struct proto_err err;
+	json_t *reps = json_array(), *st = NULL;
+	bool ok = true;
+	int rc = 0;
+
+	memset(lag, 0, sizeof(lag));
+	printf("tessera cluster: a version every %" PRIu64 " ms for %" PRIu64 " s, ranks %" PRIu64
+	       " ms apart\n",
+	       c->every_ms, c->duration_s, c->stagger_ms);
+	fflush(stdout);
+	for (;;) {
+		uint64_t el = (proto_now_ns() - t0) / 1000000;
+		if (el >= c->duration_s * 1000)
+			break;
+		for (uint32_t i = 0; i < c->nreps; i++) {
+			struct replica *r = &c->reps[i];
+			while (r->started < r->layout.nranks && el >= r->started * c->stagger_ms)
+				if ((rc = start_rank(c, r, &err)) != 0) {
+					fprintf(stderr, "cluster: %s\n", err.msg);
+					goto out;
+				}
+		}
+		if (!children_alive(c)) {
+			rc = -ECHILD;
+			goto out;
+		}
+		if (get_status(c, &st) == 0) {
+			latest = (uint64_t)json_integer_value(json_object_get(st, "latest"));
+			for (uint32_t i = 0; i < c->nreps; i++) {
+				struct replica *r = &c->reps[i];
+				json_t *rep = find_replica(st, r->name);
+				if (rep == NULL || r->started < r->layout.nranks)
+					continue;
+				if (json_integer_value(json_object_get(rep, "active")) == 0)
+					continue;
+				if (first_ms[i] == 0)
+					first_ms[i] = PROTO_MAX(el, 1);
+				if (lag_push(&lag[i],
+					     (uint64_t)json_integer_value(json_object_get(rep, "lag_versions")),
+					     (uint64_t)json_integer_value(json_object_get(rep, "lag_ms"))) != 0) {
+					rc = -ENOMEM;
+					goto out;
+				}
+			}
+			json_decref(st);
+			st = NULL;
+		}
+		usleep(CLOCK_SAMPLE_MS * 1000);
+	}
+	peak = peak_rss(c->publisher.pid);
+	/* Count each replica's activations before anything stops. */
+	uint64_t nact[MAX_REPLICAS] = {0};
+	if (get_status(c, &st) == 0) {
+		json_t *a;
+		size_t k;
+		latest = (uint64_t)json_integer_value(json_object_get(st, "latest"));
+		json_array_foreach(json_object_get(st, "activations"), k, a)
+			for (uint32_t i = 0; i < c->nreps; i++)
+				nact[i] += strcmp(json_string_value(json_object_get(a, "replica")),
+						  c->reps[i].name) == 0;
+		json_decref(st);
+		st = NULL;
+	}
+	/* No more versions: the ranks settle on their replica's version. */
+	if (c->control >= 0) {
+		if (write(c->control, "quit\n", 5) < 0)
+			LOG_DEBUG("cluster: publisher gone before quit");
+		close(c->control);
+		c->control = -1;
+	}
+	node_proc_stop(&c->publisher, 5000);
+	ok = settle_and_check(c);
+	printf("tessera cluster: %" PRIu64 " versions published; publisher peak memory %.1f MiB = %.2f x the model\n",
+	       latest, (double)peak / (1 << 20), (double)peak / (double)PROTO_MAX(model_bytes, 1));
+	for (uint32_t i = 0; i < c->nreps; i++) {
+		struct replica *r = &c->reps[i];
+		uint64_t v50 = quantile(lag[i].versions, lag[i].n, 0.50);
+		uint64_t v99 = quantile(lag[i].versions, lag[i].n, 0.99);
+		uint64_t m50 = quantile(lag[i].ms, lag[i].n, 0.50);
+		uint64_t m99 = quantile(lag[i].ms, lag[i].n, 0.99);
+		ok &= nact[i] > 0;
+		printf("  replica %s (%s): %" PRIu64 " versions activated, first after %.1f s; lag p50 %" PRIu64
+		       " versions / %.2f s, p99 %" PRIu64 " versions / %.2f s; bytes %s\n",
+		       r->name, r->layout_arg, nact[i], (double)first_ms[i] / 1000.0, v50,
+		       (double)m50 / 1000.0, v99, (double)m99 / 1000.0, r->digest_ok ? "ok" : "WRONG");
+		json_array_append_new(reps, json_pack("{s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:b}",
+						      "replica", r->name, "layout", r->layout_arg,
+						      "ranks", (json_int_t)r->layout.nranks,
+						      "activated", (json_int_t)nact[i],
+						      "first_activation_ms", (json_int_t)first_ms[i],
+						      "samples", (json_int_t)lag[i].n,
+						      "lag_versions_p50", (json_int_t)v50,
+						      "lag_versions_p99", (json_int_t)v99,
+						      "lag_ms_p50", (json_int_t)m50,
+						      "lag_ms_p99", (json_int_t)m99,
+						      "digest_ok", r->digest_ok));
+	}
+	*out = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:O}", "every_ms", (json_int_t)c->every_ms,
+			 "stagger_ms", (json_int_t)c->stagger_ms, "duration_s",
+			 (json_int_t)c->duration_s, "model_bytes", (json_int_t)model_bytes,
+			 "published", (json_int_t)latest, "publisher_peak_rss_bytes", (json_int_t)peak,
+			 "publisher_peak_over_model", (double)peak / (double)PROTO_MAX(model_bytes, 1),
+			 "replicas", reps);
+	rc = ok ? 0 : -EBADMSG;
+out:
+	json_decref(st);
+	json_decref(reps);
+	for (uint32_t i = 0; i < MAX_REPLICAS; i++) {
+		free(lag[i].versions);
+		free(lag[i].ms);
+	}
+	return rc;
+}
+
 static void stop_all(struct cluster *c)
 {
 	if (c->control >= 0) {
@@ -544,6 +821,9 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 		{"seed", required_argument, NULL, 's'},
 		{"report", required_argument, NULL, 'o'},
 		{"keep", required_argument, NULL, 'K'},
+		{"every", required_argument, NULL, 'e'},
+		{"stagger", required_argument, NULL, 'S'},
+		{"duration", required_argument, NULL, 'd'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
 	uint64_t k = 2;
@@ -551,6 +831,7 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 
 	c->model_mb = 256;
 	c->versions = 3;
+	c->duration_s = 60;
 	c->seed = 1;
 	c->provider = FAB_PROVIDER_DEFAULT;
 	while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -573,6 +854,9 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 		case 's': bad = proto_parse_u64(optarg, 0, UINT64_MAX, &c->seed); break;
 		case 'o': c->report = optarg; break;
 		case 'K': c->keep = optarg; break;
+		case 'e': bad = proto_parse_u64(optarg, 1, 86400000, &c->every_ms); break;
+		case 'S': bad = proto_parse_u64(optarg, 0, 3600000, &c->stagger_ms); break;
+		case 'd': bad = proto_parse_u64(optarg, 1, 86400, &c->duration_s); break;
 		case 'h': usage(stdout); return 1;
 		default: usage(stderr); return 2;
 		}
@@ -583,6 +867,14 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 	}
 	if (optind != argc) {
 		usage(stderr);
+		return 2;
+	}
+	if (c->every_ms == 0 && c->stagger_ms > 0) {
+		fprintf(stderr, "tessera cluster: --stagger needs --every\n");
+		return 2;
+	}
+	if (c->every_ms > 0 && c->model_dir != NULL) {
+		fprintf(stderr, "tessera cluster: --every publishes a synthetic model; drop --model\n");
 		return 2;
 	}
 	c->trainer_ranks = (uint32_t)k;
@@ -646,7 +938,7 @@ int node_cmd_cluster(int argc, char **argv)
 	struct proto_err err;
 	uint64_t t0 = proto_now_ns();
 	int rc = parse_args(&c, argc, argv), status = 1;
-	json_t *report;
+	json_t *report, *clock = NULL;
 
 	if (rc != 0)
 		return rc == 1 ? 0 : rc;
@@ -682,7 +974,14 @@ int node_cmd_cluster(int argc, char **argv)
 		goto stop;
 	}
 	status = 0;
-	for (uint64_t v = 1; v <= c.versions; v++) {
+	if (c.every_ms > 0) {
+		rc = run_clock(&c, &clock);
+		if (rc != 0) {
+			fprintf(stderr, "tessera cluster: the clock run failed (logs in %s)\n", c.dir);
+			status = 1;
+		}
+	}
+	for (uint64_t v = 1; c.every_ms == 0 && v <= c.versions; v++) {
 		rc = run_version(&c, v);
 		if (rc != 0) {
 			fprintf(stderr, "tessera cluster: v%" PRIu64 " failed (logs in %s)\n", v, c.dir);
@@ -695,6 +994,8 @@ stop:
 	report = json_pack("{s:b,s:I,s:o}", "ok", status == 0, "wall_ms",
 			   (json_int_t)((proto_now_ns() - t0) / 1000000), "versions",
 			   json_incref(c.out_versions));
+	if (clock != NULL)
+		json_object_set(report, "clock", clock);
 	if (c.report != NULL && proto_write_json_atomic(c.report, report, JSON_INDENT(1), &err) != 0) {
 		fprintf(stderr, "tessera cluster: %s\n", err.msg);
 		status = 1;
@@ -710,6 +1011,7 @@ stop:
 			LOG_WARN("cluster: could not remove %s", c.dir);
 	}
 out:
+	json_decref(clock);
 	trk_client_free(c.trk);
 	json_decref(c.out_versions);
 	for (uint32_t i = 0; i < c.nreps; i++)

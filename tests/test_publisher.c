@@ -396,7 +396,8 @@ static int group_teardown(void **state)
 /* ---- tests -------------------------------------------------------------------------- */
 
 /* Two versions, exported while no serving layout exists yet (the publisher
- * waits), then read back chunk by chunk from the offered memory. */
+ * waits), then read back chunk by chunk from the offered memory. No replica
+ * aims at v1 (their target is the latest, v2): v1 is withdrawn. */
 static void test_publish_and_read(void **state)
 {
 	pub_start();
@@ -412,29 +413,35 @@ static void test_publish_and_read(void **state)
 		assert_int_equal(g.res[i].version, (uint64_t)i + 1);
 	}
 	assert_int_equal(latest_version(), 2);
-	read_and_check(1);
 	read_and_check(2);
-}
-
-/* Once replica A holds v2, v1 is no longer retained: its offer goes away. */
-static void test_retire(void **state)
-{
 	uint64_t end = proto_now_ns() + (uint64_t)WAIT_MS * 1000000u;
-
-	for (uint32_t rank = 0; rank < 2; rank++) {
-		char id[16];
-		struct trk_reply r;
-		snprintf(id, sizeof(id), "A/%u", rank);
-		struct trk_state_report rep = {.id = id, .version = 2, .state = TRK_STATE_VERIFIED};
-		trk_reply_init(&r);
-		post_ok("report", trk_client_report_state(g.cli, &rep, trk_reply_cb, &r), &r);
-	}
 	while (pub_sources(1, 0, 0, NULL) > 0) {
 		if (proto_now_ns() > end)
 			fail_msg("version 1 is still offered");
 		usleep(50000);
 	}
-	assert_true(pub_sources(2, 0, 0, NULL) > 0); /* the newest stays */
+}
+
+static void report_all(uint64_t v, enum trk_rank_state st)
+{
+	for (uint32_t rank = 0; rank < 2; rank++) {
+		char id[16];
+		struct trk_reply r;
+		snprintf(id, sizeof(id), "A/%u", rank);
+		struct trk_state_report rep = {.id = id, .version = v, .state = st};
+		trk_reply_init(&r);
+		post_ok("report", trk_client_report_state(g.cli, &rep, trk_reply_cb, &r), &r);
+	}
+}
+
+/* Replica A holds v2, its target and the latest: v2 stays offered (and v1,
+ * which no replica aims at, stays withdrawn). */
+static void test_retire(void **state)
+{
+	report_all(2, TRK_STATE_VERIFIED);
+	report_all(2, TRK_STATE_ACTIVE);
+	assert_int_equal(pub_sources(1, 0, 0, NULL), 0);
+	assert_true(pub_sources(2, 0, 0, NULL) > 0);
 	read_and_check(2);
 }
 
@@ -468,7 +475,7 @@ static void test_restart(void **state)
 	}
 	assert_int_equal(latest_version(), 2); /* not published again */
 	read_and_check(2);
-	/* Then v3 (after which v2 is withdrawn: replica A holds it). */
+	/* Then v3 (after which v2 is withdrawn: replica A, active on v2, aims at v3). */
 	loop_stop();
 	assert_int_equal(node_pub_export(g.pub, on_done, NULL), 0);
 	loop_start();
@@ -644,6 +651,9 @@ static void test_cli_control_model_dir(void **state)
 	argv[k++] = sock;
 	argv[k] = NULL;
 	pid = spawn(argv, out, errf);
+
+	/* Replica A's ranks start on vL, so it stays retained after vL+1. */
+	report_all(L, TRK_STATE_FETCHING);
 
 	/* A client that asks and leaves at once: the export still happens. */
 	a = ctl_connect(sock);
