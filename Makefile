@@ -93,13 +93,13 @@ $(eval $(call flavour,asan,$(SANFLAGS)))
 
 ALL_LIBS := $(PKG_LIBS) $(CUDA_LIBS) -lm
 
-.PHONY: all test bench bench-delta demo demo-netns fuzz clean deps help \
-        check run-bench run-bench-delta run-demo run-demo-netns run-fuzz
+.PHONY: all test bench bench-delta bench-steady demo demo-netns fuzz clean deps help \
+        check run-bench run-bench-delta run-bench-steady run-demo run-demo-netns run-fuzz
 all: $(BINS)
 
 # The user-facing targets install missing dependencies first, then re-enter
 # make so that pkg-config sees the freshly installed packages.
-test bench bench-delta demo demo-netns fuzz: deps
+test bench bench-delta bench-steady demo demo-netns fuzz: deps
 	@$(MAKE) --no-print-directory $(if $(filter test,$@),check,run-$@)
 
 define program
@@ -137,6 +137,10 @@ run-bench: $(BUILD)/bench/bench_fabric
 # options such as --rate 300mbit to deploy/netns-cluster.sh.
 run-demo-netns: $(BINS)
 	BIN=$(BUILD)/bin deploy/netns-cluster.sh $(NETNS_ARGS)
+
+# Replicas tp2 tp2 tp1, a 128 MiB model, a version every second for 60 s.
+run-bench-steady: $(BUILD)/bench/bench_steady $(BINS)
+	$(BUILD)/bench/bench_steady $(BUILD)/bin
 
 # The 1 GiB synthetic model is generated once into $(BUILD)/bench-delta.
 run-bench-delta: $(BUILD)/bench/bench_delta

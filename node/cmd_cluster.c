@@ -967,7 +967,7 @@ int node_cmd_cluster(int argc, char **argv)
 	printf("tessera cluster: model %.1f MiB (%u tensors), %u trainer ranks, %u replicas, %" PRIu64
 	       " versions, provider %s\n",
 	       (double)proto_model_bytes(&c.model) / (1 << 20), c.model.ntensors, c.trainer_ranks,
-	       c.nreps, c.versions, c.provider);
+	       c.nreps, c.every_ms ? 0 : c.versions, c.provider);
 	fflush(stdout);
 	if (start_all(&c, &err) != 0) {
 		fprintf(stderr, "tessera cluster: %s\n", err.msg);

@@ -60,6 +60,51 @@ static void test_cluster_report(void **state)
 	tu_rmtree(dir);
 }
 
+/* `tessera cluster --every`: versions on the publisher's clock, ranks
+ * started apart; the report has, per replica, versions activated, lag
+ * quantiles and checked bytes, and the publisher's peak memory. Bad flag
+ * combinations are refused with status 2. */
+static void test_cluster_clock_report(void **state)
+{
+	char dir[256], bin[512], report[512];
+	uint8_t *buf;
+	size_t len;
+	struct proto_err err;
+	json_t *r;
+	size_t i;
+
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	snprintf(report, sizeof(report), "%s/report.json", dir);
+	tu_bin(bin, sizeof(bin), "tessera");
+	assert_int_equal(tu_sh("%s cluster --model-mb 4 --every 300 --stagger 500 --duration 8 "
+			       "--replica tp2 --replica tp1 --report %s > %s/out 2>&1 || cat %s/out",
+			       bin, report, dir, dir),
+			 0);
+	assert_int_equal(proto_read_file(report, 1 << 20, &buf, &len, &err), 0);
+	json_t *j = json_loadb((char *)buf, len, 0, NULL);
+	free(buf);
+	assert_non_null(j);
+	assert_true(json_is_true(json_object_get(j, "ok")));
+	json_t *c = json_object_get(j, "clock");
+	assert_int_equal(json_integer_value(json_object_get(c, "every_ms")), 300);
+	assert_true(json_integer_value(json_object_get(c, "published")) >= 2);
+	assert_true(json_integer_value(json_object_get(c, "publisher_peak_rss_bytes")) > 0);
+	assert_int_equal(json_array_size(json_object_get(c, "replicas")), 2);
+	json_array_foreach(json_object_get(c, "replicas"), i, r) {
+		assert_true(json_integer_value(json_object_get(r, "activated")) >= 1);
+		assert_true(json_is_true(json_object_get(r, "digest_ok")));
+		assert_true(json_integer_value(json_object_get(r, "lag_versions_p99")) >=
+			    json_integer_value(json_object_get(r, "lag_versions_p50")));
+		assert_true(json_integer_value(json_object_get(r, "lag_ms_p99")) >=
+			    json_integer_value(json_object_get(r, "lag_ms_p50")));
+	}
+	json_decref(j);
+	assert_int_equal(tu_sh("%s cluster --stagger 100 > /dev/null 2>&1", bin), 2);
+	assert_int_equal(tu_sh("%s cluster --every 0 > /dev/null 2>&1", bin), 2);
+	assert_int_equal(tu_sh("%s cluster --every 100 --duration x > /dev/null 2>&1", bin), 2);
+	tu_rmtree(dir);
+}
+
 struct kill_env {
 	char dir[256], url[256], sock[512], expose[512], model[512], key[512], pub[512];
 	struct node_proc tracker, node, publisher;
@@ -665,6 +710,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cluster_report),
+		cmocka_unit_test(test_cluster_clock_report),
 		cmocka_unit_test_setup_teardown(test_publisher_killed_mid_transfer, kill_setup,
 						kill_teardown),
 		cmocka_unit_test_setup_teardown(test_publisher_stalled_mid_transfer, kill_setup,
