@@ -975,9 +975,12 @@ static void with_manifest(struct node_agent *a)
 
 	f->ml = proto_manifest_layout(&f->man, a->layout.digest);
 	if (f->ml == NULL) {
-		/* Published before our layout registered: wait for the next. */
+		/* Published before our layout registered: wait for the next. The
+		 * tracker hears it, so the replica's target moves past it. */
 		LOG_INFO("node %s: v%" PRIu64 " has no parcels for our layout; waiting for a newer version",
 			 a->node_id, f->version);
+		report(a, f->version, TRK_STATE_FAILED,
+		       "no parcels for our layout (published before it registered)", NULL);
 		a->failed = f->version;
 		a->failed_ms = now_ms();
 		fetch_drop(a);

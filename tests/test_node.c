@@ -387,8 +387,13 @@ static void liar_cb(struct evhttp_request *req, void *arg)
 			 json_string_value(json_object_get(j, "error")) ?: "");
 		pthread_mutex_unlock(&l->mu);
 		json_decref(j);
-		const char *ok = "{\"replica\":\"A\",\"replica_complete\":false,\"replica_active\":0}";
+		const char *ok = "{\"replica\":\"A\",\"replica_complete\":false,\"replica_active\":0,"
+				 "\"replica_target\":2}";
 		liar_reply(req, 200, ok, strlen(ok), "application/json");
+	} else if (strncmp(uri, "/api/v1/replicas/A", 18) == 0) {
+		/* The replica aims at v2, whose parent link is broken. */
+		const char *rep = "{\"replica\":\"A\",\"target\":2,\"complete\":[],\"active\":0}";
+		liar_reply(req, 200, rep, strlen(rep), "application/json");
 	} else if (strncmp(uri, "/api/v1/nodes", 13) == 0) {
 		const char *ok = "{\"node_id\":\"A/0\",\"lease_ms\":60000,\"layout_digest\":\"00\"}";
 		liar_reply(req, 200, ok, strlen(ok), "application/json");
