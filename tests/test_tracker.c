@@ -1589,6 +1589,11 @@ static void test_replica_target(void **state)
 	report_ok(f, "A/0", 2, "verified");
 	register_node_ok(f, "A", 1, TP2);
 	assert_int_equal(target_of(f, "A"), 2);
+	/* A rank that restarts (registers again, its reports forgotten) finds
+	 * the same target: A/0's verified v2 is not given up. */
+	report_ok(f, "A/1", 2, "fetching");
+	register_node_ok(f, "A", 1, TP2);
+	assert_int_equal(target_of(f, "A"), 2);
 	assert_int_equal(report(f, "A/1", 2, "verified", 0, &r), 200);
 	assert_true(json_is_true(json_object_get(r.json, "replica_complete")));
 	assert_int_equal(jget_u64(r.json, "replica_target"), 2);
