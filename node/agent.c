@@ -71,6 +71,9 @@ struct agent_fetch {
 	uint64_t bytes_total, bytes_done, from_trainer, from_peers;
 	uint64_t started_ms;
 	bool verified, reported_verified;
+	/* Per-chunk trouble, tallied and logged once per version (the first
+	 * of each kind at warn, the rest at debug, totals on the way out). */
+	uint32_t stalls, bad_chunks, read_failures;
 };
 
 struct node_agent {
@@ -231,7 +234,13 @@ static void fetch_fail(struct node_agent *a, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	LOG_WARN("node %s: v%" PRIu64 " refused: %s", a->node_id, v, msg);
+	if (a->fetch != NULL)
+		LOG_WARN("node %s: v%" PRIu64 " refused: %s (%u stalled reads, %u failed reads, "
+			 "%u chunks failed their hash)",
+			 a->node_id, v, msg, a->fetch->stalls, a->fetch->read_failures,
+			 a->fetch->bad_chunks);
+	else
+		LOG_WARN("node %s: v%" PRIu64 " refused: %s", a->node_id, v, msg);
 	report(a, v, TRK_STATE_FAILED, msg, NULL);
 	a->failed = PROTO_MAX(a->failed, v);
 	fetch_drop(a);
@@ -295,9 +304,10 @@ static void activate(struct node_agent *a)
 	memcpy(a->active_digest, f->man.digest, PROTO_HASH_BYTES);
 	write_expose(a);
 	LOG_INFO("node %s: v%" PRIu64 " active (%" PRIu64 " bytes, %" PRIu64 " from trainer, %" PRIu64
-		 " from peers, %" PRIu64 " ms)",
+		 " from peers, %" PRIu64 " ms; %u stalled reads, %u failed reads, %u chunks failed "
+		 "their hash)",
 		 a->node_id, f->version, f->bytes_done, f->from_trainer, f->from_peers,
-		 now_ms() - f->started_ms);
+		 now_ms() - f->started_ms, f->stalls, f->read_failures, f->bad_chunks);
 	report(a, f->version, TRK_STATE_ACTIVE, NULL, NULL);
 	fetch_drop(a);
 	node_slot_free(&a->store, old);
@@ -512,6 +522,7 @@ static void on_read(struct fab_op *op, int status)
 	if (status != 0) {
 		LOG_DEBUG("node %s: chunk %u/%u of parcel %u<-%u failed: %d", a->node_id, rd->chunk,
 			  p->mp->nchunks, p->mp->dst_rank, p->mp->src_rank, status);
+		f->read_failures++;
 		rd->busy = false;
 		source_failed(a, read_source(f, rd));
 		p->state[rd->chunk] = 0;
@@ -549,9 +560,11 @@ static void on_verified(struct node_vjob *job, void *arg)
 	const struct proto_chunk *c = &p->mp->chunks[rd->chunk];
 	if (!job->ok) {
 		/* Never trust the bytes: discard, set the source aside, refetch. */
-		LOG_WARN("node %s: chunk %u of parcel %u<-%u from %s failed its hash; discarded",
-			 a->node_id, rd->chunk, p->mp->dst_rank, p->mp->src_rank,
-			 read_source(f, rd) ? read_source(f, rd)->info.id : "?");
+		proto_log(f->bad_chunks++ == 0 ? PROTO_LOG_WARN : PROTO_LOG_DEBUG, __FILE__, __LINE__,
+			  "node %s: v%" PRIu64 " chunk %u of parcel %u<-%u from %s failed its hash; "
+			  "discarded (further ones are counted)",
+			  a->node_id, f->version, rd->chunk, p->mp->dst_rank, p->mp->src_rank,
+			  read_source(f, rd) ? read_source(f, rd)->info.id : "?");
 		source_failed(a, read_source(f, rd));
 		p->state[rd->chunk] = 0;
 		p->next_todo = PROTO_MIN(p->next_todo, rd->chunk);
@@ -679,6 +692,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	struct node_agent *a = arg;
 	struct agent_fetch *f = a->fetch;
 	uint64_t now = now_ms(), stall = proto_param(PROTO_PARAM_STALL_MS);
+	uint32_t stalled = 0;
+	uint64_t quiet = 0;
 
 	if (f == NULL || f->parcels == NULL)
 		return;
@@ -694,15 +709,24 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 		if (now - since < limit)
 			continue;
 		s = read_source(f, rd);
-		LOG_WARN("node %s: chunk %u of parcel %u stalled: nothing received for %" PRIu64
-			 " ms; fetching it elsewhere than %s",
-			 a->node_id, rd->chunk, rd->parcel, now - since,
-			 s != NULL ? s->info.id : "its source");
+		LOG_DEBUG("node %s: chunk %u of parcel %u stalled: nothing received for %" PRIu64
+			  " ms; fetching it elsewhere than %s",
+			  a->node_id, rd->chunk, rd->parcel, now - since,
+			  s != NULL ? s->info.id : "its source");
+		stalled++;
+		quiet = PROTO_MAX(quiet, now - since);
 		rd->abandoned = true;
 		source_failed(a, s);
 		f->parcels[rd->parcel].state[rd->chunk] = 0;
 		f->parcels[rd->parcel].next_todo = PROTO_MIN(f->parcels[rd->parcel].next_todo, rd->chunk);
 	}
+	/* A stalled version is one line with counts, not one per chunk. */
+	if (stalled > 0)
+		proto_log(f->stalls == 0 ? PROTO_LOG_WARN : PROTO_LOG_DEBUG, __FILE__, __LINE__,
+			  "node %s: v%" PRIu64 ": %u reads stalled: nothing received for %" PRIu64
+			  " ms; fetching them elsewhere (%" PRIu64 "/%" PRIu64 " bytes done)",
+			  a->node_id, f->version, stalled, quiet, f->bytes_done, f->bytes_total);
+	f->stalls += stalled;
 	if (f->verified && !f->reported_verified) {
 		f->reported_verified = true;
 		report(a, f->version, TRK_STATE_VERIFIED, NULL, on_verified_report);
