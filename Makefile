@@ -9,7 +9,7 @@
 BUILD    ?= build
 .DEFAULT_GOAL := all
 CC       ?= cc
-PKGS     := libfabric libsodium libzstd libevent libevent_pthreads jansson
+PKGS     := libfabric libsodium libzstd libevent libevent_pthreads jansson inih
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)

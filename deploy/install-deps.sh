@@ -4,7 +4,7 @@
 set -eu
 
 PKGS="build-essential pkg-config libfabric-dev libfabric-bin libsodium-dev \
-libzstd-dev libevent-dev libcmocka-dev libjansson-dev iproute2 curl jq \
+libzstd-dev libevent-dev libcmocka-dev libjansson-dev libinih-dev iproute2 curl jq \
 clang libclang-rt-dev"
 
 missing=""

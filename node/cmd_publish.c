@@ -19,6 +19,7 @@
 
 #include "node/cmd.h"
 #include "node/publisher.h"
+#include "proto/config.h"
 #include "proto/proto.h"
 
 #define CTL_LINE_MAX 256 /* longest control command, bytes */
@@ -30,7 +31,8 @@ static void publish_usage(FILE *f)
 		"                       (--synthetic-mb N [--seed S] | --model-dir DIR)\n"
 		"                       [--layout T.json|fsdpK|tpK] [--ranks LIST]\n"
 		"                       [--provider NAME] [--versions V] [--every MS]\n"
-		"                       [--control PATH]\n"
+		"                       [--control PATH] [--config FILE]\n"
+		"                       [--log-format text|json] [--log-level LEVEL]\n"
 		"\n"
 		"Hosts trainer ranks: for each version it snapshots their shards, plans\n"
 		"and gathers the parcels of every serving layout registered at the\n"
@@ -76,6 +78,9 @@ static void publish_usage(FILE *f)
 		"      --tracker URL      http://HOST:PORT\n"
 		"      --key FILE         trainer secret key (tessera keygen)\n"
 		"      --cluster-key FILE sign tracker requests with this cluster key\n"
+		"      --config FILE      the [publish] section gives options (flags\n"
+		"                         override it), [params] tunables, [log] settings\n"
+		"      --log-format F     text or json, one line per event\n"
 		"  -h, --help             this text\n");
 }
 
@@ -481,6 +486,8 @@ int node_cmd_publish(int argc, char **argv)
 	struct event *sigint = NULL, *sigterm = NULL;
 	int c, rc = 2;
 
+	proto_log_setup("tessera-publish", -1);
+	proto_config_cli("tessera publish", "publish", opts, &argc, &argv);
 	optind = 1;
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
@@ -522,6 +529,7 @@ int node_cmd_publish(int argc, char **argv)
 				goto out;
 			}
 			po.ranks = ranks;
+			proto_log_set_identity(optarg);
 			break;
 		case 'p':
 			po.provider = optarg;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "node/agent.h"
+#include "proto/config.h"
 #include "proto/proto.h"
 
 static void usage(FILE *f)
@@ -14,7 +15,10 @@ static void usage(FILE *f)
 		"usage: tessera-node --tracker URL --replica ID --rank R --layout S.json|tpN\n"
 		"                    --model M.json --trainer-pubkey FILE [--cluster-key FILE]\n"
 		"                    [--provider NAME] [--store host|cuda|auto] [--expose DIR]\n"
-		"                    [--host NAME]\n"
+		"                    [--host NAME] [--config FILE] [--log-format text|json]\n"
+		"                    [--log-level err|warn|info|debug]\n"
+		"  --config FILE the [node] section gives options (flags override it),\n"
+		"                [params] tunables, [log] level and format\n"
 		"  --expose DIR  write DIR/<replica>-<rank>.json on every activation: the\n"
 		"                version, a memfd path (and CUDA IPC handle) a serving\n"
 		"                process maps, and where each local tensor lies in it\n");
@@ -50,6 +54,7 @@ int main(int argc, char **argv)
 	int c, rc = 1;
 
 	proto_log_setup("tessera-node", -1);
+	proto_config_cli("tessera-node", "node", opts, &argc, &argv);
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 't': o.tracker_url = optarg; break;
@@ -78,6 +83,9 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	o.rank = (uint32_t)rank;
+	char ident[128];
+	snprintf(ident, sizeof(ident), "%s/%u", o.replica, o.rank);
+	proto_log_set_identity(ident);
 	signal(SIGPIPE, SIG_IGN);
 	base = event_base_new();
 	if (base == NULL) {
