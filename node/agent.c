@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "fabric/fab.h"
+#include "node/agent_metrics.h"
 #include "node/fabloop.h"
 #include "node/store.h"
 #include "node/verifier.h"
@@ -126,6 +127,7 @@ struct node_agent {
 	uint64_t last_done_ms; /* a read from any source last completed */
 	int fatal;
 	struct proto_err fatal_err;
+	struct node_agent_metrics am;
 };
 
 static void start_register(struct node_agent *a);
@@ -150,6 +152,7 @@ static void give_up(struct node_agent *a, const char *why)
 {
 	a->fatal = 1;
 	snprintf(a->fatal_err.msg, sizeof(a->fatal_err.msg), "%s", why);
+	node_metrics_set_health(a->am.m, false, why);
 	event_base_loopexit(a->base, NULL);
 }
 
@@ -242,6 +245,7 @@ static void fetch_fail(struct node_agent *a, const char *fmt, ...)
 	else
 		LOG_WARN("node %s: v%" PRIu64 " refused: %s", a->node_id, v, msg);
 	report(a, v, TRK_STATE_FAILED, msg, NULL);
+	node_metrics_add(a->am.m, a->am.refused, 1);
 	a->failed = PROTO_MAX(a->failed, v);
 	fetch_drop(a);
 }
@@ -308,6 +312,11 @@ static void activate(struct node_agent *a)
 		 "their hash)",
 		 a->node_id, f->version, f->bytes_done, f->from_trainer, f->from_peers,
 		 now_ms() - f->started_ms, f->stalls, f->read_failures, f->bad_chunks);
+	node_metrics_set(a->am.m, a->am.active_version, f->version);
+	node_metrics_set(a->am.m, a->am.serving_bytes, a->active->len);
+	node_metrics_add(a->am.m, a->am.activations, 1);
+	node_metrics_observe(a->am.m, a->am.activation_seconds,
+			     (double)(now_ms() - f->started_ms) / 1000.0);
 	report(a, f->version, TRK_STATE_ACTIVE, NULL, NULL);
 	fetch_drop(a);
 	node_slot_free(&a->store, old);
@@ -523,6 +532,7 @@ static void on_read(struct fab_op *op, int status)
 		LOG_DEBUG("node %s: chunk %u/%u of parcel %u<-%u failed: %d", a->node_id, rd->chunk,
 			  p->mp->nchunks, p->mp->dst_rank, p->mp->src_rank, status);
 		f->read_failures++;
+		node_metrics_add(a->am.m, a->am.failed_read, 1);
 		rd->busy = false;
 		source_failed(a, read_source(f, rd));
 		p->state[rd->chunk] = 0;
@@ -565,12 +575,14 @@ static void on_verified(struct node_vjob *job, void *arg)
 			  "discarded (further ones are counted)",
 			  a->node_id, f->version, rd->chunk, p->mp->dst_rank, p->mp->src_rank,
 			  read_source(f, rd) ? read_source(f, rd)->info.id : "?");
+		node_metrics_add(a->am.m, a->am.failed_hash, 1);
 		source_failed(a, read_source(f, rd));
 		p->state[rd->chunk] = 0;
 		p->next_todo = PROTO_MIN(p->next_todo, rd->chunk);
 		pump(a);
 		return;
 	}
+	node_metrics_add(a->am.m, rd->src_peer ? a->am.fetched_peer : a->am.fetched_trainer, c->size);
 	p->state[rd->chunk] = 2;
 	p->done++;
 	f->bytes_done += c->size;
@@ -727,6 +739,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 			  " ms; fetching them elsewhere (%" PRIu64 "/%" PRIu64 " bytes done)",
 			  a->node_id, f->version, stalled, quiet, f->bytes_done, f->bytes_total);
 	f->stalls += stalled;
+	node_metrics_add(a->am.m, a->am.stalled, stalled);
 	if (f->verified && !f->reported_verified) {
 		f->reported_verified = true;
 		report(a, f->version, TRK_STATE_VERIFIED, NULL, on_verified_report);
@@ -1010,6 +1023,8 @@ static void on_heartbeat(const struct trk_answer *ans, void *arg)
 		/* Expired or the tracker restarted: register again. */
 		LOG_WARN("node %s: lease lost; registering again", a->node_id);
 		a->registered = false;
+		node_metrics_set(a->am.m, a->am.registered, 0);
+		node_metrics_set_health(a->am.m, false, "lease lost; registering again");
 		start_register(a);
 		return;
 	}
@@ -1035,6 +1050,8 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		if (a->lease_ms == 0)
 			a->lease_ms = proto_param(PROTO_PARAM_LEASE_MS);
 		a->registered = true;
+		node_metrics_set(a->am.m, a->am.registered, 1);
+		node_metrics_set_health(a->am.m, true, NULL);
 		LOG_INFO("node %s: registered (lease %" PRIu64 " ms)", a->node_id, a->lease_ms);
 		arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
 		/* What we hold is still good: say so again after a re-register. */
@@ -1105,6 +1122,10 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 	a->o = *o;
 	a->base = base;
 	proto_model_init(&a->model);
+	if ((rc = node_agent_metrics_init(&a->am, o->metrics)) != 0) {
+		proto_errf(err, -rc, "metrics: cannot register the node's series");
+		goto fail;
+	}
 	snprintf(a->node_id, sizeof(a->node_id), "%s/%u", o->replica, o->rank);
 	if (o->host != NULL)
 		snprintf(a->host, sizeof(a->host), "%s", o->host);

@@ -35,6 +35,7 @@ static const struct option node_opts[] = {
 	{"store", required_argument, NULL, 0},
 	{"expose", required_argument, NULL, 0},
 	{"host", required_argument, NULL, 0},
+	{"metrics", required_argument, NULL, 0},
 	{NULL, 0, NULL, 0},
 };
 
@@ -51,6 +52,7 @@ static const struct option publish_opts[] = {
 	{"versions", required_argument, NULL, 0},
 	{"every", required_argument, NULL, 0},
 	{"control", required_argument, NULL, 0},
+	{"metrics", required_argument, NULL, 0},
 	{NULL, 0, NULL, 0},
 };
 
