@@ -599,7 +599,7 @@ static void test_auth(void **state)
 
 	/* Counted in the metrics. */
 	assert_int_equal(get(f, "/metrics", &r), 200);
-	assert_null(strstr((char *)r.body, "tessera_auth_refused_total 0\n"));
+	assert_null(strstr((char *)r.body, "tessera_tracker_auth_refused_requests_total 0\n"));
 	trk_reply_fini(&r);
 	free(body);
 }
@@ -1698,12 +1698,12 @@ static void test_status_outputs(void **state)
 	trk_reply_fini(&r);
 	assert_int_equal(get(f, "/metrics", &r), 200);
 	b = (char *)r.body;
-	assert_non_null(strstr(b, "tessera_versions_total 2\n"));
-	assert_non_null(strstr(b, "tessera_latest_version 2\n"));
-	assert_non_null(strstr(b, "tessera_replicas{state=\"current\"} 1\n"));
-	assert_non_null(strstr(b, "tessera_nodes_alive 1\n"));
-	assert_non_null(strstr(b, "tessera_bytes_from_trainer_total 0\n"));
-	assert_non_null(strstr(b, "tessera_bytes_from_peers_total 0\n"));
+	assert_non_null(strstr(b, "tessera_tracker_versions 2\n"));
+	assert_non_null(strstr(b, "tessera_tracker_latest_version 2\n"));
+	assert_non_null(strstr(b, "tessera_tracker_replicas{state=\"current\"} 1\n"));
+	assert_non_null(strstr(b, "tessera_tracker_nodes{state=\"alive\"} 1\n"));
+	assert_non_null(strstr(b, "tessera_tracker_reported_fetched_bytes_total{source=\"trainer\"} 0\n"));
+	assert_non_null(strstr(b, "tessera_tracker_reported_fetched_bytes_total{source=\"peer\"} 0\n"));
 	trk_reply_fini(&r);
 }
 
