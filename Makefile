@@ -1,6 +1,7 @@
 # tessera build. `make` builds everything, `make test` runs every cmocka test
 # under ASan+UBSan, `make demo` runs the local cluster (`make demo-netns`: across
-# namespaced hosts, as root), `make bench*` measure.
+# namespaced hosts, as root), `make bench*` measure, `make check-deploy`
+# validates deploy/ (systemd units, Kubernetes manifests, Containerfile, Slurm).
 #
 # Layout: every directory's non-entry .c files form one static library
 # (proto <- fabric <- tracker/node); files named main_*.c are programs.
@@ -94,7 +95,8 @@ $(eval $(call flavour,asan,$(SANFLAGS)))
 ALL_LIBS := $(PKG_LIBS) $(CUDA_LIBS) -lm
 
 .PHONY: all test bench bench-delta demo demo-netns fuzz clean deps help \
-        check run-bench run-bench-delta run-demo run-demo-netns run-fuzz
+        check run-bench run-bench-delta run-demo run-demo-netns run-fuzz \
+        check-deploy run-check-deploy
 all: $(BINS)
 
 # The user-facing targets install missing dependencies first, then re-enter
@@ -161,10 +163,19 @@ run-demo: $(BINS)
 deps:
 	@deploy/install-deps.sh >/dev/null || deploy/install-deps.sh
 
+# The validators of deploy/ (systemd-analyze, shellcheck, Node.js and the npm
+# packages pinned in deploy/check) are installed by the target itself.
+check-deploy:
+	@deploy/install-deps.sh --deploy-check >/dev/null || deploy/install-deps.sh --deploy-check
+	@$(MAKE) --no-print-directory run-check-deploy
+
+run-check-deploy: $(BINS)
+	BIN=$(BUILD)/bin deploy/check-deploy.sh
+
 clean:
 	rm -rf $(BUILD)
 
 help:
-	@sed -n '1,7p' Makefile
+	@sed -n '1,8p' Makefile
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
