@@ -94,14 +94,14 @@ $(eval $(call flavour,asan,$(SANFLAGS)))
 
 ALL_LIBS := $(PKG_LIBS) $(CUDA_LIBS) -lm
 
-.PHONY: all test bench bench-delta demo demo-netns fuzz clean deps help \
+.PHONY: all test bench bench-delta bench-tracker demo demo-netns fuzz clean deps help \
         check run-bench run-bench-delta run-demo run-demo-netns run-fuzz \
-        check-deploy run-check-deploy
+        check-deploy run-check-deploy run-bench-tracker
 all: $(BINS)
 
 # The user-facing targets install missing dependencies first, then re-enter
 # make so that pkg-config sees the freshly installed packages.
-test bench bench-delta demo demo-netns fuzz: deps
+test bench bench-delta bench-tracker demo demo-netns fuzz: deps
 	@$(MAKE) --no-print-directory $(if $(filter test,$@),check,run-$@)
 
 define program
@@ -139,6 +139,12 @@ run-bench: $(BUILD)/bench/bench_fabric
 # options such as --rate 300mbit to deploy/netns-cluster.sh.
 run-demo-netns: $(BINS)
 	BIN=$(BUILD)/bin deploy/netns-cluster.sh $(NETNS_ARGS)
+
+# A real tracker under a simulated cluster on loopback (tests/bench/bench_tracker.c);
+# BENCH_TRACKER_ARGS="NODES SECONDS" (default 10000 nodes, 30 s measured).
+BENCH_TRACKER_ARGS ?= 10000 30
+run-bench-tracker: $(BUILD)/bench/bench_tracker $(BINS)
+	TESSERA_BIN=$(abspath $(BUILD)/bin) $(BUILD)/bench/bench_tracker $(BENCH_TRACKER_ARGS)
 
 # The 1 GiB synthetic model is generated once into $(BUILD)/bench-delta.
 run-bench-delta: $(BUILD)/bench/bench_delta
