@@ -1,6 +1,7 @@
 # tessera build. `make` builds everything, `make test` runs every cmocka test
 # under ASan+UBSan, `make demo` runs the local cluster (`make demo-netns`: across
-# namespaced hosts, as root), `make bench*` measure.
+# namespaced hosts, as root), `make bench*` measure, `make check-deploy`
+# validates deploy/ (systemd units, Kubernetes manifests, Containerfile, Slurm).
 #
 # Layout: every directory's non-entry .c files form one static library
 # (proto <- fabric <- tracker/node); files named main_*.c are programs.
@@ -9,7 +10,7 @@
 BUILD    ?= build
 .DEFAULT_GOAL := all
 CC       ?= cc
-PKGS     := libfabric libsodium libzstd libevent libevent_pthreads jansson
+PKGS     := libfabric libsodium libzstd libevent libevent_pthreads jansson inih
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)
@@ -93,13 +94,14 @@ $(eval $(call flavour,asan,$(SANFLAGS)))
 
 ALL_LIBS := $(PKG_LIBS) $(CUDA_LIBS) -lm
 
-.PHONY: all test bench bench-delta bench-steady demo demo-netns fuzz clean deps help \
-        check run-bench run-bench-delta run-bench-steady run-demo run-demo-netns run-fuzz
+.PHONY: all test bench bench-delta bench-steady bench-tracker demo demo-netns fuzz clean deps help \
+        check run-bench run-bench-delta run-bench-steady run-demo run-demo-netns run-fuzz \
+        check-deploy run-check-deploy run-bench-tracker
 all: $(BINS)
 
 # The user-facing targets install missing dependencies first, then re-enter
 # make so that pkg-config sees the freshly installed packages.
-test bench bench-delta bench-steady demo demo-netns fuzz: deps
+test bench bench-delta bench-steady bench-tracker demo demo-netns fuzz: deps
 	@$(MAKE) --no-print-directory $(if $(filter test,$@),check,run-$@)
 
 define program
@@ -142,6 +144,12 @@ run-demo-netns: $(BINS)
 run-bench-steady: $(BUILD)/bench/bench_steady $(BINS)
 	$(BUILD)/bench/bench_steady $(BUILD)/bin
 
+# A real tracker under a simulated cluster on loopback (tests/bench/bench_tracker.c);
+# BENCH_TRACKER_ARGS="NODES SECONDS" (default 10000 nodes, 30 s measured).
+BENCH_TRACKER_ARGS ?= 10000 30
+run-bench-tracker: $(BUILD)/bench/bench_tracker $(BINS)
+	TESSERA_BIN=$(abspath $(BUILD)/bin) $(BUILD)/bench/bench_tracker $(BENCH_TRACKER_ARGS)
+
 # The 1 GiB synthetic model is generated once into $(BUILD)/bench-delta.
 run-bench-delta: $(BUILD)/bench/bench_delta
 	$(BUILD)/bench/bench_delta $(BUILD)/bench-delta
@@ -165,10 +173,19 @@ run-demo: $(BINS)
 deps:
 	@deploy/install-deps.sh >/dev/null || deploy/install-deps.sh
 
+# The validators of deploy/ (systemd-analyze, shellcheck, Node.js and the npm
+# packages pinned in deploy/check) are installed by the target itself.
+check-deploy:
+	@deploy/install-deps.sh --deploy-check >/dev/null || deploy/install-deps.sh --deploy-check
+	@$(MAKE) --no-print-directory run-check-deploy
+
+run-check-deploy: $(BINS)
+	BIN=$(BUILD)/bin deploy/check-deploy.sh
+
 clean:
 	rm -rf $(BUILD)
 
 help:
-	@sed -n '1,7p' Makefile
+	@sed -n '1,8p' Makefile
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

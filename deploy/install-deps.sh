@@ -1,11 +1,24 @@
 #!/bin/sh
 # Install the Debian packages tessera builds, tests and runs with.
 # Idempotent: installs only what is missing; safe to run as often as you like.
+#   --deploy-check  also what `make check-deploy` validates with: systemd's
+#                   systemd-analyze, shellcheck, Node.js and npm, and the
+#                   npm packages pinned in deploy/check/package-lock.json
 set -eu
 
 PKGS="build-essential pkg-config libfabric-dev libfabric-bin libsodium-dev \
-libzstd-dev libevent-dev libcmocka-dev libjansson-dev iproute2 curl jq \
+libzstd-dev libevent-dev libcmocka-dev libjansson-dev libinih-dev iproute2 curl jq \
 clang libclang-rt-dev"
+
+deploy_check=0
+if [ "${1:-}" = "--deploy-check" ]; then
+	deploy_check=1
+	PKGS="$PKGS systemd shellcheck"
+	# Node.js from Debian unless one is installed already (any source).
+	if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+		PKGS="$PKGS nodejs npm"
+	fi
+fi
 
 missing=""
 for p in $PKGS; do
@@ -14,17 +27,25 @@ for p in $PKGS; do
 	fi
 done
 
-if [ -z "$missing" ]; then
-	echo "install-deps: all dependencies present"
-	exit 0
-fi
-
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
 	SUDO="sudo"
 fi
-echo "install-deps: installing$missing"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-# shellcheck disable=SC2086
-$SUDO apt-get install -y -qq --no-install-recommends $missing
+if [ -z "$missing" ]; then
+	echo "install-deps: all dependencies present"
+else
+	echo "install-deps: installing$missing"
+	export DEBIAN_FRONTEND=noninteractive
+	$SUDO apt-get update -qq
+	# shellcheck disable=SC2086
+	$SUDO apt-get install -y -qq --no-install-recommends $missing
+fi
+
+if [ "$deploy_check" -eq 1 ]; then
+	dir=$(dirname "$0")/check
+	if [ ! -d "$dir/node_modules/kubernetes-models" ] || [ ! -d "$dir/node_modules/dockerfile-utils" ] ||
+		[ ! -d "$dir/node_modules/yaml" ]; then
+		echo "install-deps: npm ci in $dir"
+		(cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+	fi
+fi

@@ -56,7 +56,9 @@ static void reap_error(struct fab_ctx *ctx)
 	} else {
 		pstr = fi_cq_strerror(ctx->cq, e.prov_errno, e.err_data, pbuf,
 				      sizeof(pbuf));
-		LOG_WARN("fabric: %s op failed: %s (provider errno %d: %s)",
+		/* Per operation, so per chunk: the owner tallies failures and
+		 * logs them once; the provider's words are here at debug. */
+		LOG_DEBUG("fabric: %s op failed: %s (provider errno %d: %s)",
 			 kind_name(op->kind_), fi_strerror(e.err), e.prov_errno,
 			 pstr ? pstr : "?");
 	}

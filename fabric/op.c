@@ -183,9 +183,10 @@ void fab__retry_parked(struct fab_ctx *ctx)
 		ssize_t ret = issue(ctx, op);
 		if (ret == -FI_EAGAIN) {
 			if (now - op->parked_ns_ > limit) {
-				LOG_WARN("fabric %s: peer refused a %s for %llu ms: giving up",
-					 fab_provider(ctx), kind_call(op->kind_),
-					 (unsigned long long)((now - op->parked_ns_) / 1000000));
+				/* Per operation: the owner sees -EHOSTUNREACH and counts it. */
+				LOG_DEBUG("fabric %s: peer refused a %s for %llu ms: giving up",
+					  fab_provider(ctx), kind_call(op->kind_),
+					  (unsigned long long)((now - op->parked_ns_) / 1000000));
 				fail_parked(ctx, op, -EHOSTUNREACH);
 			}
 			continue;

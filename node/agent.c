@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "fabric/fab.h"
+#include "node/agent_metrics.h"
 #include "node/fabloop.h"
 #include "node/store.h"
 #include "node/verifier.h"
@@ -76,6 +77,9 @@ struct agent_fetch {
 	bool verified, reported_verified;
 	/* The activation record could not be written: not active, and why. */
 	char expose_error[512];
+	/* Per-chunk trouble, tallied and logged once per version (the first
+	 * of each kind at warn, the rest at debug, totals on the way out). */
+	uint32_t stalls, bad_chunks, read_failures;
 };
 
 struct node_agent {
@@ -131,6 +135,7 @@ struct node_agent {
 	uint64_t last_done_ms; /* a read from any source last completed */
 	int fatal;
 	struct proto_err fatal_err;
+	struct node_agent_metrics am;
 };
 
 static void start_register(struct node_agent *a);
@@ -156,6 +161,7 @@ static void give_up(struct node_agent *a, const char *why)
 {
 	a->fatal = 1;
 	snprintf(a->fatal_err.msg, sizeof(a->fatal_err.msg), "%s", why);
+	node_metrics_set_health(a->am.m, false, why);
 	event_base_loopexit(a->base, NULL);
 }
 
@@ -240,8 +246,15 @@ static void fetch_fail(struct node_agent *a, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	LOG_WARN("node %s: v%" PRIu64 " refused: %s", a->node_id, v, msg);
+	if (a->fetch != NULL)
+		LOG_WARN("node %s: v%" PRIu64 " refused: %s (%u stalled reads, %u failed reads, "
+			 "%u chunks failed their hash)",
+			 a->node_id, v, msg, a->fetch->stalls, a->fetch->read_failures,
+			 a->fetch->bad_chunks);
+	else
+		LOG_WARN("node %s: v%" PRIu64 " refused: %s", a->node_id, v, msg);
 	report(a, v, TRK_STATE_FAILED, msg, NULL);
+	node_metrics_add(a->am.m, a->am.refused, 1);
 	a->failed = v;
 	a->failed_ms = now_ms();
 	fetch_drop(a);
@@ -374,9 +387,15 @@ static void activate(struct node_agent *a)
 	f->slot = NULL;
 	memcpy(a->active_digest, f->man.digest, PROTO_HASH_BYTES);
 	LOG_INFO("node %s: v%" PRIu64 " active (%" PRIu64 " bytes, %" PRIu64 " from trainer, %" PRIu64
-		 " from peers, %" PRIu64 " ms)",
+		 " from peers, %" PRIu64 " ms; %u stalled reads, %u failed reads, %u chunks failed "
+		 "their hash)",
 		 a->node_id, f->version, f->bytes_done, f->from_trainer, f->from_peers,
-		 now_ms() - f->started_ms);
+		 now_ms() - f->started_ms, f->stalls, f->read_failures, f->bad_chunks);
+	node_metrics_set(a->am.m, a->am.active_version, f->version);
+	node_metrics_set(a->am.m, a->am.serving_bytes, a->active->len);
+	node_metrics_add(a->am.m, a->am.activations, 1);
+	node_metrics_observe(a->am.m, a->am.activation_seconds,
+			     (double)(now_ms() - f->started_ms) / 1000.0);
 	report(a, f->version, TRK_STATE_ACTIVE, NULL, NULL);
 	fetch_drop(a);
 	node_slot_free(&a->store, old);
@@ -651,6 +670,8 @@ static void on_read(struct fab_op *op, int status)
 	if (status != 0) {
 		LOG_DEBUG("node %s: chunk %u/%u of parcel %u<-%u failed: %d", a->node_id, rd->chunk,
 			  p->mp->nchunks, p->mp->dst_rank, p->mp->src_rank, status);
+		f->read_failures++;
+		node_metrics_add(a->am.m, a->am.failed_read, 1);
 		rd->busy = false;
 		source_failed(a, read_source(f, rd));
 		p->state[rd->chunk] = 0;
@@ -688,15 +709,19 @@ static void on_verified(struct node_vjob *job, void *arg)
 	const struct proto_chunk *c = &p->mp->chunks[rd->chunk];
 	if (!job->ok) {
 		/* Never trust the bytes: discard, set the source aside, refetch. */
-		LOG_WARN("node %s: chunk %u of parcel %u<-%u from %s failed its hash; discarded",
-			 a->node_id, rd->chunk, p->mp->dst_rank, p->mp->src_rank,
-			 read_source(f, rd) ? read_source(f, rd)->info.id : "?");
+		proto_log(f->bad_chunks++ == 0 ? PROTO_LOG_WARN : PROTO_LOG_DEBUG, __FILE__, __LINE__,
+			  "node %s: v%" PRIu64 " chunk %u of parcel %u<-%u from %s failed its hash; "
+			  "discarded (further ones are counted)",
+			  a->node_id, f->version, rd->chunk, p->mp->dst_rank, p->mp->src_rank,
+			  read_source(f, rd) ? read_source(f, rd)->info.id : "?");
+		node_metrics_add(a->am.m, a->am.failed_hash, 1);
 		source_failed(a, read_source(f, rd));
 		p->state[rd->chunk] = 0;
 		p->next_todo = PROTO_MIN(p->next_todo, rd->chunk);
 		pump(a);
 		return;
 	}
+	node_metrics_add(a->am.m, rd->src_peer ? a->am.fetched_peer : a->am.fetched_trainer, c->size);
 	p->state[rd->chunk] = 2;
 	p->done++;
 	f->bytes_done += c->size;
@@ -818,6 +843,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	struct node_agent *a = arg;
 	struct agent_fetch *f = a->fetch;
 	uint64_t now = now_ms(), stall = proto_param(PROTO_PARAM_STALL_MS);
+	uint32_t stalled = 0;
+	uint64_t quiet = 0;
 
 	if (f == NULL || f->parcels == NULL)
 		return;
@@ -833,15 +860,25 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 		if (now - since < limit)
 			continue;
 		s = read_source(f, rd);
-		LOG_WARN("node %s: chunk %u of parcel %u stalled: nothing received for %" PRIu64
-			 " ms; fetching it elsewhere than %s",
-			 a->node_id, rd->chunk, rd->parcel, now - since,
-			 s != NULL ? s->info.id : "its source");
+		LOG_DEBUG("node %s: chunk %u of parcel %u stalled: nothing received for %" PRIu64
+			  " ms; fetching it elsewhere than %s",
+			  a->node_id, rd->chunk, rd->parcel, now - since,
+			  s != NULL ? s->info.id : "its source");
+		stalled++;
+		quiet = PROTO_MAX(quiet, now - since);
 		rd->abandoned = true;
 		source_failed(a, s);
 		f->parcels[rd->parcel].state[rd->chunk] = 0;
 		f->parcels[rd->parcel].next_todo = PROTO_MIN(f->parcels[rd->parcel].next_todo, rd->chunk);
 	}
+	/* A stalled version is one line with counts, not one per chunk. */
+	if (stalled > 0)
+		proto_log(f->stalls == 0 ? PROTO_LOG_WARN : PROTO_LOG_DEBUG, __FILE__, __LINE__,
+			  "node %s: v%" PRIu64 ": %u reads stalled: nothing received for %" PRIu64
+			  " ms; fetching them elsewhere (%" PRIu64 "/%" PRIu64 " bytes done)",
+			  a->node_id, f->version, stalled, quiet, f->bytes_done, f->bytes_total);
+	f->stalls += stalled;
+	node_metrics_add(a->am.m, a->am.stalled, stalled);
 	if (f->verified && !f->reported_verified) {
 		f->reported_verified = true;
 		report(a, f->version, TRK_STATE_VERIFIED, NULL, on_verified_report);
@@ -1128,6 +1165,8 @@ static void on_heartbeat(const struct trk_answer *ans, void *arg)
 		/* Expired or the tracker restarted: register again. */
 		LOG_WARN("node %s: lease lost; registering again", a->node_id);
 		a->registered = false;
+		node_metrics_set(a->am.m, a->am.registered, 0);
+		node_metrics_set_health(a->am.m, false, "lease lost; registering again");
 		start_register(a);
 		return;
 	}
@@ -1153,6 +1192,8 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		if (a->lease_ms == 0)
 			a->lease_ms = proto_param(PROTO_PARAM_LEASE_MS);
 		a->registered = true;
+		node_metrics_set(a->am.m, a->am.registered, 1);
+		node_metrics_set_health(a->am.m, true, NULL);
 		LOG_INFO("node %s: registered (lease %" PRIu64 " ms)", a->node_id, a->lease_ms);
 		arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
 		/* What we hold is still good: say so again after a re-register. */
@@ -1228,6 +1269,10 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 	a->o = *o;
 	a->base = base;
 	proto_model_init(&a->model);
+	if ((rc = node_agent_metrics_init(&a->am, o->metrics)) != 0) {
+		proto_errf(err, -rc, "metrics: cannot register the node's series");
+		goto fail;
+	}
 	snprintf(a->node_id, sizeof(a->node_id), "%s/%u", o->replica, o->rank);
 	if (o->host != NULL)
 		snprintf(a->host, sizeof(a->host), "%s", o->host);

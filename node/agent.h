@@ -47,6 +47,7 @@ struct node_agent_opts {
 	const char *store;         /* "host", "cuda" or "auto" (NULL) */
 	const char *expose_dir;    /* NULL: no activation records */
 	const char *host;          /* host name to report (NULL: gethostname) */
+	struct node_metrics *metrics; /* series to update (NULL: none); outlives the agent */
 };
 
 struct node_agent;

@@ -18,7 +18,10 @@
 #include <unistd.h>
 
 #include "node/cmd.h"
+#include "node/metrics_http.h"
+#include "node/pub_metrics.h"
 #include "node/publisher.h"
+#include "proto/config.h"
 #include "proto/proto.h"
 
 #define CTL_LINE_MAX 256 /* longest control command, bytes */
@@ -30,7 +33,8 @@ static void publish_usage(FILE *f)
 		"                       (--synthetic-mb N [--seed S] | --model-dir DIR)\n"
 		"                       [--layout T.json|fsdpK|tpK] [--ranks LIST]\n"
 		"                       [--provider NAME] [--versions V] [--every MS]\n"
-		"                       [--control PATH]\n"
+		"                       [--control PATH] [--config FILE]\n"
+		"                       [--log-format text|json] [--log-level LEVEL]\n"
 		"\n"
 		"Hosts trainer ranks: for each version it snapshots their shards, plans\n"
 		"and gathers the parcels of every serving layout registered at the\n"
@@ -76,6 +80,11 @@ static void publish_usage(FILE *f)
 		"      --tracker URL      http://HOST:PORT\n"
 		"      --key FILE         trainer secret key (tessera keygen)\n"
 		"      --cluster-key FILE sign tracker requests with this cluster key\n"
+		"      --config FILE      the [publish] section gives options (flags\n"
+		"                         override it), [params] tunables, [log] settings\n"
+		"      --log-format F     text or json, one line per event\n"
+		"      --metrics HOST:PORT serve /metrics and /healthz there (default off;\n"
+		"                         port 0 picks one, logged at info)\n"
 		"  -h, --help             this text\n");
 }
 
@@ -103,6 +112,7 @@ struct app {
 	const char *control;
 	bool control_bound;
 	struct ctl_client *clients;
+	struct node_pub_metrics pm;
 };
 
 static void print_result(const struct node_pub_result *r)
@@ -145,6 +155,7 @@ static void on_trigger_done(void *arg, const struct node_pub_result *r)
 {
 	struct app *a = arg;
 
+	node_pub_metrics_result(&a->pm, r);
 	if (r->status != 0) {
 		fprintf(stderr, "tessera publish: version %llu: %s\n",
 			(unsigned long long)r->version, r->error);
@@ -231,6 +242,7 @@ static void on_ctl_done(void *arg, const struct node_pub_result *r)
 	struct ctl_client *c = arg;
 
 	c->pending--;
+	node_pub_metrics_result(&c->app->pm, r);
 	if (r->status == 0) {
 		print_result(r);
 		client_say(c, "published %llu %llu", (unsigned long long)r->version,
@@ -468,6 +480,7 @@ int node_cmd_publish(int argc, char **argv)
 		{"versions", required_argument, NULL, 'V'},
 		{"every", required_argument, NULL, 'e'},
 		{"control", required_argument, NULL, 'c'},
+		{"metrics", required_argument, NULL, 'M'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -479,8 +492,13 @@ int node_cmd_publish(int argc, char **argv)
 	uint64_t every_ms = 0;
 	struct proto_err err = {{0}};
 	struct event *sigint = NULL, *sigterm = NULL;
+	const char *metrics_at = "off";
+	struct node_metrics *metrics = NULL;
+	struct node_metrics_http *mhttp = NULL;
 	int c, rc = 2;
 
+	proto_log_setup("tessera-publish", -1);
+	proto_config_cli("tessera publish", "publish", opts, &argc, &argv);
 	optind = 1;
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
@@ -522,6 +540,7 @@ int node_cmd_publish(int argc, char **argv)
 				goto out;
 			}
 			po.ranks = ranks;
+			proto_log_set_identity(optarg);
 			break;
 		case 'p':
 			po.provider = optarg;
@@ -543,6 +562,9 @@ int node_cmd_publish(int argc, char **argv)
 			break;
 		case 'c':
 			a.control = optarg;
+			break;
+		case 'M':
+			metrics_at = optarg;
 			break;
 		case 'h':
 			publish_usage(stdout);
@@ -597,6 +619,18 @@ int node_cmd_publish(int argc, char **argv)
 	}
 	if (a.control != NULL && control_open(&a, a.control) != 0)
 		goto out;
+	if (strcmp(metrics_at, "off") != 0) {
+		metrics = node_metrics_new();
+		if (metrics == NULL || node_pub_metrics_init(&a.pm, metrics, a.base, a.pub) != 0) {
+			fprintf(stderr, "tessera publish: metrics: out of memory\n");
+			goto out;
+		}
+		if (node_metrics_http_new(a.base, metrics_at, metrics, &mhttp, &err) != 0) {
+			fprintf(stderr, "tessera publish: %s\n", err.msg);
+			goto out;
+		}
+		LOG_INFO("metrics on %s", node_metrics_http_url(mhttp));
+	}
 	sigint = evsignal_new(a.base, SIGINT, on_signal, &a);
 	sigterm = evsignal_new(a.base, SIGTERM, on_signal, &a);
 	if (sigint == NULL || sigterm == NULL || evsignal_add(sigint, NULL) != 0 ||
@@ -628,6 +662,9 @@ out:
 		evconnlistener_free(a.lis);
 	if (a.control_bound)
 		unlink(a.control);
+	node_metrics_http_free(mhttp);
+	node_pub_metrics_fini(&a.pm);
+	node_metrics_free(metrics);
 	node_pub_free(a.pub); /* drops queued exports: no callback after this */
 	while (a.clients != NULL)
 		client_free(a.clients);

@@ -12,6 +12,7 @@ static const struct node_cmd cmds[] = {
 	{"publish", "publish policy versions from trainer ranks and serve them", node_cmd_publish},
 	{"synth", "write synthetic policy versions (Adam steps, BF16)", node_cmd_synth},
 	{"delta", "encode, apply or measure a delta between safetensors files", node_cmd_delta},
+	{"config", "check a configuration file and print its effective values", node_cmd_config},
 };
 
 static void usage(FILE *f)

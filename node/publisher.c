@@ -438,6 +438,11 @@ size_t node_pub_pending(const struct node_pub *p)
 	return p->nqueue + (p->ex != NULL && p->ex->req != NULL);
 }
 
+bool node_pub_registered(const struct node_pub *p)
+{
+	return p->registered;
+}
+
 size_t node_pub_nranks(const struct node_pub *p)
 {
 	return p->nhosted;

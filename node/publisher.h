@@ -130,6 +130,8 @@ int node_pub_export(struct node_pub *p, node_pub_cb cb, void *arg);
 
 /* Exports queued or running. Cannot fail. */
 size_t node_pub_pending(const struct node_pub *p);
+/* Whether the publisher holds a lease at the tracker now. */
+bool node_pub_registered(const struct node_pub *p);
 /* The trainer ranks this publisher hosts / whether it hosts rank 0. */
 size_t node_pub_nranks(const struct node_pub *p);
 bool node_pub_leader(const struct node_pub *p);

@@ -66,7 +66,33 @@ enum proto_param_id {
 };
 
 /* The value of a tunable: the environment's if set and a valid number, else
- * the default. Cheap after the first call; cannot fail. */
+ * the configuration file's ([params], see proto/config.h) if it named it,
+ * else the default. Cannot fail. */
 uint64_t proto_param(enum proto_param_id id);
+
+/* Where proto_param() takes a value from. */
+enum proto_param_source {
+	PROTO_PARAM_FROM_DEFAULT,
+	PROTO_PARAM_FROM_FILE,
+	PROTO_PARAM_FROM_ENV,
+};
+
+/* The tunable's name in a configuration file: its id in lower case
+ * ("chunk_size"); its environment variable; its one-line doc; its default;
+ * the least value accepted (0 only where the default is 0, which means
+ * "none"). Cannot fail. */
+const char *proto_param_name(enum proto_param_id id);
+const char *proto_param_env(enum proto_param_id id);
+const char *proto_param_doc(enum proto_param_id id);
+uint64_t proto_param_default(enum proto_param_id id);
+uint64_t proto_param_min(enum proto_param_id id);
+enum proto_param_source proto_param_source(enum proto_param_id id);
+
+/* The id named name (as proto_param_name() spells it); -ENOENT if none. */
+int proto_param_find(const char *name, enum proto_param_id *id);
+/* Sets the file's value of a tunable (below the environment); clear drops
+ * every file value. Call before starting threads. Cannot fail. */
+void proto_param_set_file(enum proto_param_id id, uint64_t v);
+void proto_param_clear_file(void);
 
 #endif

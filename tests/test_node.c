@@ -4,6 +4,7 @@
  * hash is discarded and fetched again. This test plays the publisher itself
  * (fabric endpoint, manifest, offer) so it can serve bad bytes on purpose. */
 #include <errno.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <sodium.h>
@@ -342,6 +343,99 @@ static void test_bad_chunk_refetched(void **state)
 	pub_fini(&p);
 }
 
+/* GET url with curl into e->dir/http.out; returns the HTTP status and
+ * copies the body (NUL-terminated) into body. */
+static int http_get(struct env *e, const char *method, const char *url, char *body, size_t cap)
+{
+	char out[600], code[600];
+	snprintf(out, sizeof(out), "%s/http.out", e->dir);
+	snprintf(code, sizeof(code), "%s/http.code", e->dir);
+	if (tu_sh("curl -s -m 10 -X %s -o %s -w '%%{http_code}' '%s' > %s", method, out, url, code) != 0)
+		return -1;
+	FILE *f = fopen(code, "r");
+	int status = -1;
+	if (f != NULL) {
+		if (fscanf(f, "%d", &status) != 1)
+			status = -1;
+		fclose(f);
+	}
+	body[0] = '\0';
+	f = fopen(out, "r");
+	if (f != NULL) {
+		size_t n = fread(body, 1, cap - 1, f);
+		body[n] = '\0';
+		fclose(f);
+	}
+	return status;
+}
+
+/*
+ * The node's local port: /healthz says 503 with the reason until the node
+ * holds a lease, then 200; /metrics counts a chunk that failed its hash,
+ * the verified bytes by source, the activation and its latency.
+ */
+static void test_metrics_and_health(void **state)
+{
+	struct env *e = *state;
+	struct fake_pub p = {0};
+	char bin[512], log[600], murl[256], url[300];
+	static char body[65536];
+
+	/* A tracker that is not there: the node runs, unhealthy. */
+	tu_bin(bin, sizeof(bin), "tessera-node");
+	snprintf(log, sizeof(log), "%s/node0.log", e->dir);
+	char *argv0[] = {bin, "--tracker", "http://127.0.0.1:1", "--replica", "A", "--rank", "0",
+			 "--layout", "tp1", "--model", e->model, "--trainer-pubkey", e->pub,
+			 "--store", "host", "--metrics", "127.0.0.1:0", NULL};
+	assert_int_equal(node_proc_spawn(&e->node, "node", argv0, log), 0);
+	assert_int_equal(node_proc_wait_line(&e->node, "metrics on ", murl, sizeof(murl), 10000), 0);
+	snprintf(url, sizeof(url), "%s/healthz", murl);
+	assert_int_equal(http_get(e, "GET", url, body, sizeof(body)), 503);
+	assert_non_null(strstr(body, "not registered"));
+	snprintf(url, sizeof(url), "%s/other", murl);
+	assert_int_equal(http_get(e, "GET", url, body, sizeof(body)), 404);
+	snprintf(url, sizeof(url), "%s/metrics", murl);
+	assert_int_equal(http_get(e, "POST", url, body, sizeof(body)), 405);
+	node_proc_stop(&e->node, 3000);
+
+	start_tracker(e, true);
+	pub_register(e, &p);
+	start_node(e, "tp1"); /* the default: metrics on a free loopback port */
+	assert_int_equal(node_proc_wait_line(&e->node, "metrics on ", murl, sizeof(murl), 10000), 0);
+	wait_nodes(e, 1);
+	snprintf(url, sizeof(url), "%s/healthz", murl);
+	assert_int_equal(http_get(e, "GET", url, body, sizeof(body)), 200);
+	assert_string_equal(body, "ok\n");
+
+	pub_export(e, &p, p.sk);
+	const struct proto_parcel *pc = &p.plan.parcels[0];
+	p.export[2 * CHUNK + 5] ^= 0x01;
+	assert_true(serve_until(e, &p, "failed its hash; discarded", 0, 15000));
+	p.export[2 * CHUNK + 5] ^= 0x01;
+	assert_true(serve_until(e, &p, NULL, 1, 20000));
+
+	snprintf(url, sizeof(url), "%s/metrics", murl);
+	assert_int_equal(http_get(e, "GET", url, body, sizeof(body)), 200);
+	char want[256];
+	assert_non_null(strstr(body, "# TYPE tessera_node_fetched_bytes_total counter\n"));
+	assert_non_null(strstr(body, "\ntessera_node_active_version 1\n"));
+	assert_non_null(strstr(body, "\ntessera_node_registered 1\n"));
+	assert_non_null(strstr(body, "\ntessera_node_activations_total 1\n"));
+	assert_non_null(strstr(body, "\ntessera_node_activation_seconds_count 1\n"));
+	assert_non_null(strstr(body, "tessera_node_activation_seconds_bucket{le=\"+Inf\"} 1\n"));
+	snprintf(want, sizeof(want), "\ntessera_node_fetched_bytes_total{source=\"trainer\"} %" PRIu64 "\n",
+		 pc->bytes);
+	assert_non_null(strstr(body, want));
+	snprintf(want, sizeof(want), "\ntessera_node_serving_bytes %" PRIu64 "\n",
+		 p.sl.ranks[0].nbytes);
+	assert_non_null(strstr(body, want));
+	assert_non_null(strstr(body, "\ntessera_node_fetched_bytes_total{source=\"peer\"} 0\n"));
+	const char *hash = strstr(body, "\ntessera_node_chunk_failures_total{reason=\"hash\"} ");
+	assert_non_null(hash);
+	assert_true(strtoull(strchr(hash, '}') + 2, NULL, 10) >= 1);
+	pub_fini(&p);
+}
+
 /*
  * A lying tracker: it serves a v2 whose parent link does not match v1 (a real
  * tracker refuses such a chain; a node must not rely on that). Runs its own
@@ -495,6 +589,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_uncovering_layout_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_foreign_signature_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_chunk_refetched, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_metrics_and_health, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_broken_parent_chain_refused, setup, teardown),
 	};
 	signal(SIGPIPE, SIG_IGN);

@@ -606,7 +606,7 @@ static void test_auth(void **state)
 
 	/* Counted in the metrics. */
 	assert_int_equal(get(f, "/metrics", &r), 200);
-	assert_null(strstr((char *)r.body, "tessera_auth_refused_total 0\n"));
+	assert_null(strstr((char *)r.body, "tessera_tracker_auth_refused_requests_total 0\n"));
 	trk_reply_fini(&r);
 	free(body);
 }
@@ -1655,9 +1655,9 @@ static void test_replica_target(void **state)
 	assert_true(jget_u64(d, "disagree_ms") > 0);
 	json_decref(d);
 	assert_int_equal(get(f, "/metrics", &r), 200);
-	assert_non_null(strstr((char *)r.body, "tessera_replica_target_version{replica=\"A\"} 7"));
-	assert_non_null(strstr((char *)r.body, "tessera_replica_lag_versions{replica=\"A\"} 5"));
-	assert_non_null(strstr((char *)r.body, "tessera_replica_lag_seconds{replica=\"A\"} "));
+	assert_non_null(strstr((char *)r.body, "tessera_tracker_replica_target_version{replica=\"A\"} 7"));
+	assert_non_null(strstr((char *)r.body, "tessera_tracker_replica_lag_versions{replica=\"A\"} 5"));
+	assert_non_null(strstr((char *)r.body, "tessera_tracker_replica_lag_seconds{replica=\"A\"} "));
 	trk_reply_fini(&r);
 	assert_int_equal(get(f, "/", &r), 200);
 	assert_non_null(strstr((char *)r.body, "ranks disagree for"));
@@ -1918,12 +1918,12 @@ static void test_status_outputs(void **state)
 	trk_reply_fini(&r);
 	assert_int_equal(get(f, "/metrics", &r), 200);
 	b = (char *)r.body;
-	assert_non_null(strstr(b, "tessera_versions_total 2\n"));
-	assert_non_null(strstr(b, "tessera_latest_version 2\n"));
-	assert_non_null(strstr(b, "tessera_replicas{state=\"current\"} 1\n"));
-	assert_non_null(strstr(b, "tessera_nodes_alive 1\n"));
-	assert_non_null(strstr(b, "tessera_bytes_from_trainer_total 0\n"));
-	assert_non_null(strstr(b, "tessera_bytes_from_peers_total 0\n"));
+	assert_non_null(strstr(b, "tessera_tracker_versions 2\n"));
+	assert_non_null(strstr(b, "tessera_tracker_latest_version 2\n"));
+	assert_non_null(strstr(b, "tessera_tracker_replicas{state=\"current\"} 1\n"));
+	assert_non_null(strstr(b, "tessera_tracker_nodes{state=\"alive\"} 1\n"));
+	assert_non_null(strstr(b, "tessera_tracker_reported_fetched_bytes_total{source=\"trainer\"} 0\n"));
+	assert_non_null(strstr(b, "tessera_tracker_reported_fetched_bytes_total{source=\"peer\"} 0\n"));
 	trk_reply_fini(&r);
 }
 

@@ -6,6 +6,7 @@
 
 #include <event2/event.h>
 
+#include "proto/config.h"
 #include "proto/proto.h"
 #include "tracker/tracker.h"
 
@@ -14,6 +15,8 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: tessera-tracker --listen HOST:PORT --state DIR\n"
 		"                       [--cluster-key FILE] [--trainer-pubkey FILE]\n"
+		"                       [--config FILE] [--log-format text|json]\n"
+		"                       [--log-level err|warn|info|debug]\n"
 		"\n"
 		"The versioned registry of a tessera cluster. Prints\n"
 		"`listening on http://HOST:PORT` first (port 0 picks a free one).\n"
@@ -24,6 +27,10 @@ static void usage(FILE *f)
 		"                              (without it, POSTs are open)\n"
 		"  -p, --trainer-pubkey FILE   verify manifests with this key (without\n"
 		"                              it, the first version's signer is pinned)\n"
+		"      --config FILE           the [tracker] section gives options (flags\n"
+		"                              override it), [params] tunables, [log]\n"
+		"                              level and format\n"
+		"      --log-format text|json  one line per event, as text or JSON\n"
 		"  -h, --help                  this text\n"
 		"\n"
 		"API: tracker/API.md. Status page: GET /, metrics: GET /metrics.\n");
@@ -55,6 +62,7 @@ int main(int argc, char **argv)
 	int c, rc = 1;
 
 	proto_log_setup("tracker", -1);
+	proto_config_cli("tessera-tracker", "tracker", opts, &argc, &argv);
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":l:s:k:p:h", opts, NULL)) != -1) {
 		switch (c) {
@@ -85,6 +93,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	signal(SIGPIPE, SIG_IGN);
+	proto_log_set_identity(listen);
 	o.listen = listen;
 	o.state_dir = state;
 	o.cluster_key = ckey ? cluster : NULL;

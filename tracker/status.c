@@ -330,11 +330,11 @@ static void metric(struct evbuffer *b, const char *name, const char *type,
 static void replica_metrics(struct evbuffer *b, struct trk_server *s)
 {
 	static const char *const names[][2] = {
-		{"tessera_replica_active_version", "Version the replica serves."},
-		{"tessera_replica_target_version", "Version the replica's ranks work toward."},
-		{"tessera_replica_lag_versions", "Versions the replica is behind the latest."},
-		{"tessera_replica_lag_seconds", "Seconds since the first version newer than the active one was published."},
-		{"tessera_replica_disagree_seconds", "Seconds the replica's ranks have held different versions."},
+		{"tessera_tracker_replica_active_version", "Version the replica serves."},
+		{"tessera_tracker_replica_target_version", "Version the replica's ranks work toward."},
+		{"tessera_tracker_replica_lag_versions", "Versions the replica is behind the latest."},
+		{"tessera_tracker_replica_lag_seconds", "Seconds since the first version newer than the active one was published."},
+		{"tessera_tracker_replica_disagree_seconds", "Seconds the replica's ranks have held different versions."},
 	};
 	uint64_t now = proto_wall_ms();
 
@@ -373,39 +373,44 @@ void trk__handle_metrics(struct trk_call *c)
 		return;
 	}
 	trk__registry_counts(s->reg, &k);
-	metric(b, "tessera_versions_total", "counter", "Versions in the log.",
+	/* Names: tessera_tracker_*, base units in the name, _total only on
+	 * counters; a state or kind is a label (see tracker/API.md). */
+	metric(b, "tessera_tracker_versions", "gauge", "Versions in the log.",
 	       trk__versions_count(s->vs));
-	metric(b, "tessera_latest_version", "gauge", "Newest version number.",
+	metric(b, "tessera_tracker_latest_version", "gauge", "Newest version number.",
 	       trk__versions_latest(s->vs));
-	evbuffer_add_printf(b, "# HELP tessera_replicas Replicas by state (current: "
-			       "active on the latest version).\n# TYPE tessera_replicas gauge\n");
-	evbuffer_add_printf(b, "tessera_replicas{state=\"current\"} %" PRIu64 "\n",
+	evbuffer_add_printf(b, "# HELP tessera_tracker_replicas Replicas by state (current: "
+			       "active on the latest version).\n# TYPE tessera_tracker_replicas gauge\n");
+	evbuffer_add_printf(b, "tessera_tracker_replicas{state=\"current\"} %" PRIu64 "\n",
 			    k.replicas_current);
-	evbuffer_add_printf(b, "tessera_replicas{state=\"behind\"} %" PRIu64 "\n",
+	evbuffer_add_printf(b, "tessera_tracker_replicas{state=\"behind\"} %" PRIu64 "\n",
 			    k.replicas_behind);
-	evbuffer_add_printf(b, "tessera_replicas{state=\"partial\"} %" PRIu64 "\n",
+	evbuffer_add_printf(b, "tessera_tracker_replicas{state=\"partial\"} %" PRIu64 "\n",
 			    k.replicas_partial);
-	evbuffer_add_printf(b, "tessera_replicas{state=\"gone\"} %" PRIu64 "\n",
+	evbuffer_add_printf(b, "tessera_tracker_replicas{state=\"gone\"} %" PRIu64 "\n",
 			    k.replicas_gone);
 	replica_metrics(b, s);
-	metric(b, "tessera_nodes_alive", "gauge", "Node ranks with a live lease.",
-	       k.nodes_alive);
-	metric(b, "tessera_nodes_gone", "gauge", "Node ranks whose lease ran out.",
-	       k.nodes_gone);
-	metric(b, "tessera_publishers_alive", "gauge", "Publishers with a live lease.",
+	evbuffer_add_printf(b, "# HELP tessera_tracker_nodes Node ranks by lease state.\n"
+			       "# TYPE tessera_tracker_nodes gauge\n"
+			       "tessera_tracker_nodes{state=\"alive\"} %" PRIu64 "\n"
+			       "tessera_tracker_nodes{state=\"gone\"} %" PRIu64 "\n",
+			    k.nodes_alive, k.nodes_gone);
+	metric(b, "tessera_tracker_publishers", "gauge", "Publishers with a live lease.",
 	       k.publishers_alive);
-	metric(b, "tessera_bytes_from_trainer_total", "counter",
-	       "Bytes nodes reported fetching from publishers.", k.bytes_from_trainer);
-	metric(b, "tessera_bytes_from_peers_total", "counter",
-	       "Bytes nodes reported fetching from peers.", k.bytes_from_peers);
-	metric(b, "tessera_activations_total", "counter",
+	evbuffer_add_printf(b, "# HELP tessera_tracker_reported_fetched_bytes_total Bytes nodes "
+			       "reported fetching, by source kind.\n"
+			       "# TYPE tessera_tracker_reported_fetched_bytes_total counter\n"
+			       "tessera_tracker_reported_fetched_bytes_total{source=\"trainer\"} %" PRIu64 "\n"
+			       "tessera_tracker_reported_fetched_bytes_total{source=\"peer\"} %" PRIu64 "\n",
+			    k.bytes_from_trainer, k.bytes_from_peers);
+	metric(b, "tessera_tracker_activations_total", "counter",
 	       "Replica activations since start.", k.activations);
-	metric(b, "tessera_auth_refused_total", "counter",
+	metric(b, "tessera_tracker_auth_refused_requests_total", "counter",
 	       "POSTs refused by authentication.", s->auth_refused);
-	evbuffer_add_printf(b, "# HELP tessera_http_answers_total Answers by status class.\n"
-			       "# TYPE tessera_http_answers_total counter\n");
+	evbuffer_add_printf(b, "# HELP tessera_tracker_http_responses_total Answers by status class.\n"
+			       "# TYPE tessera_tracker_http_responses_total counter\n");
 	for (int i = 1; i <= 5; i++)
-		evbuffer_add_printf(b, "tessera_http_answers_total{class=\"%s\"} %" PRIu64 "\n",
+		evbuffer_add_printf(b, "tessera_tracker_http_responses_total{code=\"%s\"} %" PRIu64 "\n",
 				    classes[i], s->answers[i]);
 
 	size_t len = evbuffer_get_length(b);

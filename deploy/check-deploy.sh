@@ -1,0 +1,108 @@
+#!/bin/sh
+# Validates everything under deploy/ without a cluster, a container engine or
+# Slurm: `make check-deploy` runs it (after `install-deps.sh --deploy-check`).
+#   systemd units   systemd-analyze verify (any warning fails) and
+#                   systemd-analyze security --offline, exposure <= 3.0
+#   Kubernetes      deploy/check/check-k8s.mjs: OpenAPI schemas of each kind,
+#                   unknown fields refused; the ConfigMap's tessera.ini passes
+#                   `tessera config check` and every program takes it
+#   Containerfile   deploy/check/check-containerfile.mjs
+#   shell scripts   sh -n / bash -n and shellcheck (the Slurm batch script too)
+# Each validator must also refuse every file in deploy/check/bad/.
+# BIN=dir of the built binaries (default build/bin).
+set -eu
+
+cd "$(dirname "$0")/.."
+BIN=$(cd "${BIN:-build/bin}" && pwd)
+CHECK=deploy/check
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fails=0
+ok() { echo "check-deploy: ok   $*"; }
+bad() { echo "check-deploy: FAIL $*" >&2; fails=$((fails + 1)); }
+
+# ---- systemd -------------------------------------------------------------------
+# verify checks ExecStart= binaries exist: point them at this build.
+for u in deploy/systemd/*.service; do
+	name=$(basename "$u")
+	case $name in
+	*@.service) name=${name%@.service}@check.service ;;
+	esac
+	sed "s|/usr/local/bin/|$BIN/|g" "$u" >"$T/$name"
+	if systemd-analyze verify "$T/$name" >"$T/verify.log" 2>&1 && [ ! -s "$T/verify.log" ]; then
+		ok "systemd-analyze verify $u"
+	else
+		bad "systemd-analyze verify $u: $(head -n 3 "$T/verify.log")"
+	fi
+	if systemd-analyze security --offline=yes --threshold=30 "$T/$name" >"$T/sec.log" 2>&1; then
+		ok "systemd-analyze security $u: $(grep -o 'exposure level.*' "$T/sec.log")"
+	else
+		bad "systemd-analyze security $u: $(tail -n 1 "$T/sec.log")"
+	fi
+done
+sed 's/^ProtectHome=yes/ProtectHom=yes/' deploy/systemd/tessera-tracker.service |
+	sed "s|/usr/local/bin/|$BIN/|g" >"$T/broken.service"
+if systemd-analyze verify "$T/broken.service" >"$T/verify.log" 2>&1 && [ ! -s "$T/verify.log" ]; then
+	bad "systemd-analyze verify accepted a unit with a misspelt key"
+else
+	ok "systemd-analyze verify refuses a misspelt key"
+fi
+
+# ---- Kubernetes ----------------------------------------------------------------------
+if node "$CHECK/check-k8s.mjs" deploy/k8s/*.yaml >"$T/k8s.log" 2>&1; then
+	ok "$(tail -n 1 "$T/k8s.log")"
+else
+	bad "deploy/k8s: $(cat "$T/k8s.log")"
+fi
+for f in "$CHECK"/bad/k8s-*.yaml; do
+	if node "$CHECK/check-k8s.mjs" "$f" >"$T/k8s.log" 2>&1; then
+		bad "check-k8s accepted $f"
+	else
+		ok "check-k8s refuses $(basename "$f"): $(head -n 1 "$T/k8s.log" | sed 's/^[^:]*: //')"
+	fi
+done
+# The ConfigMap's configuration is valid and every program takes it.
+node -e '
+const { parseAllDocuments } = await import(process.argv[1]);
+const fs = await import("node:fs");
+for (const d of parseAllDocuments(fs.readFileSync(process.argv[2], "utf8")))
+	if (d.toJS()?.kind === "ConfigMap") process.stdout.write(d.toJS().data["tessera.ini"]);
+' --input-type=module "$PWD/$CHECK/node_modules/yaml/dist/index.js" deploy/k8s/config.yaml >"$T/tessera.ini"
+if "$BIN/tessera" config check "$T/tessera.ini" >/dev/null 2>"$T/cfg.log" &&
+	"$BIN/tessera-tracker" --config "$T/tessera.ini" --help >/dev/null 2>>"$T/cfg.log" &&
+	"$BIN/tessera-node" --config "$T/tessera.ini" --help >/dev/null 2>>"$T/cfg.log"; then
+	ok "deploy/k8s/config.yaml tessera.ini: tessera config check, tracker and node take it"
+else
+	bad "deploy/k8s/config.yaml tessera.ini: $(cat "$T/cfg.log")"
+fi
+
+# ---- Containerfile ------------------------------------------------------------------
+if node "$CHECK/check-containerfile.mjs" . deploy/Containerfile >"$T/cf.log" 2>&1; then
+	ok "$(tail -n 1 "$T/cf.log")"
+else
+	bad "deploy/Containerfile: $(cat "$T/cf.log")"
+fi
+if node "$CHECK/check-containerfile.mjs" . "$CHECK/bad/Containerfile.broken" >"$T/cf.log" 2>&1; then
+	bad "check-containerfile accepted $CHECK/bad/Containerfile.broken"
+else
+	ok "check-containerfile refuses $CHECK/bad/Containerfile.broken ($(grep -c ': ' "$T/cf.log") problems)"
+fi
+
+# ---- shell scripts (Slurm batch script included) -------------------------------------
+for s in deploy/*.sh deploy/slurm/*.sh deploy/slurm/*.sbatch; do
+	case $(head -n 1 "$s") in
+	*bash*) sh="bash" ;;
+	*) sh="sh" ;;
+	esac
+	if $sh -n "$s" 2>"$T/sh.log" && shellcheck -x "$s" >"$T/sc.log" 2>&1; then
+		ok "$sh -n, shellcheck $s"
+	else
+		bad "$s: $(cat "$T/sh.log" "$T/sc.log" | head -n 5)"
+	fi
+done
+
+if [ "$fails" -ne 0 ]; then
+	echo "check-deploy: $fails failed" >&2
+	exit 1
+fi
+echo "check-deploy: all passed"

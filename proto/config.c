@@ -1,0 +1,512 @@
+/* Configuration files (INI through inih) and the options every program
+ * shares: --config, --log-format, --log-level. */
+#include "proto/config.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "proto/log.h"
+#include "proto/params.h"
+
+#define CONFIG_MAX_BYTES (1u << 20)
+#define CONFIG_MAX_ENTRIES 1024
+
+const char *const proto_config_sections[] = {"tracker", "node", "publish", NULL};
+
+struct config_entry {
+	char *section, *key, *value;
+	int line;
+};
+
+struct config_file {
+	const char *path;
+	FILE *f;
+	int line;     /* lines handed to inih so far */
+	int err_line; /* where cf->rc was set */
+	struct config_entry *e;
+	size_t n;
+	struct proto_err *err;
+	int rc;
+};
+
+/* What proto_config_args() made; lives until exit or proto_config_reset(). */
+static char **made_argv;
+static int made_argc;
+
+static char *reader(char *str, int num, void *stream)
+{
+	struct config_file *cf = stream;
+	char *s = fgets(str, num, cf->f);
+
+	if (s == NULL)
+		return NULL;
+	cf->line++;
+	if (strchr(s, '\n') == NULL && !feof(cf->f) && strlen(s) + 2 < (size_t)num) {
+		/* fgets stopped early, yet strlen sees no newline: a NUL byte. */
+		if (cf->rc == 0) {
+			cf->rc = proto_errf(cf->err, EINVAL, "%s:%d: a NUL byte (not a text file)",
+					    cf->path, cf->line);
+			cf->err_line = cf->line;
+		}
+		return NULL;
+	}
+	if (strchr(s, '\n') == NULL && !feof(cf->f)) {
+		/* inih would read the rest as further lines: refuse instead. */
+		if (cf->rc == 0) {
+			cf->rc = proto_errf(cf->err, EINVAL, "%s:%d: line longer than %d bytes",
+					    cf->path, cf->line, num - 3);
+			cf->err_line = cf->line;
+		}
+		return NULL;
+	}
+	return s;
+}
+
+static int on_entry(void *user, const char *section, const char *name, const char *value)
+{
+	struct config_file *cf = user;
+	struct config_entry *e;
+
+	if (name == NULL)
+		return 1; /* a section header alone */
+	if (section[0] == '\0') {
+		cf->rc = proto_errf(cf->err, EINVAL, "%s:%d: '%s' is outside any [section]",
+				    cf->path, cf->line, name);
+		cf->err_line = cf->line;
+		return 0;
+	}
+	for (size_t i = 0; i < cf->n; i++)
+		if (strcmp(cf->e[i].section, section) == 0 && strcmp(cf->e[i].key, name) == 0) {
+			cf->rc = proto_errf(cf->err, EINVAL,
+					    "%s:%d: [%s] %s is already set on line %d", cf->path,
+					    cf->line, section, name, cf->e[i].line);
+			cf->err_line = cf->line;
+			return 0;
+		}
+	if (cf->n >= CONFIG_MAX_ENTRIES) {
+		cf->rc = proto_errf(cf->err, E2BIG, "%s:%d: more than %u settings", cf->path,
+				    cf->line, CONFIG_MAX_ENTRIES);
+		return 0;
+	}
+	e = realloc(cf->e, (cf->n + 1) * sizeof(*e));
+	if (e == NULL) {
+		cf->rc = proto_errf(cf->err, ENOMEM, "%s: out of memory", cf->path);
+		return 0;
+	}
+	cf->e = e;
+	e = &cf->e[cf->n];
+	*e = (struct config_entry){strdup(section), strdup(name), strdup(value), cf->line};
+	if (e->section == NULL || e->key == NULL || e->value == NULL) {
+		free(e->section);
+		free(e->key);
+		free(e->value);
+		cf->rc = proto_errf(cf->err, ENOMEM, "%s: out of memory", cf->path);
+		return 0;
+	}
+	cf->n++;
+	return 1;
+}
+
+static void file_free(struct config_file *cf)
+{
+	for (size_t i = 0; i < cf->n; i++) {
+		free(cf->e[i].section);
+		free(cf->e[i].key);
+		free(cf->e[i].value);
+	}
+	free(cf->e);
+	cf->e = NULL;
+	cf->n = 0;
+}
+
+/* Reads every entry of path into cf; nothing is interpreted yet. */
+static int file_read(const char *path, struct config_file *cf, struct proto_err *err)
+{
+	struct stat st;
+	int fd, rc;
+
+	*cf = (struct config_file){.path = path, .err = err};
+	fd = proto_open_regular(path, &st, err);
+	if (fd < 0)
+		return fd;
+	if ((uint64_t)st.st_size > CONFIG_MAX_BYTES) {
+		close(fd);
+		return proto_errf(err, EFBIG, "%s: larger than %u bytes", path, CONFIG_MAX_BYTES);
+	}
+	cf->f = fdopen(fd, "r");
+	if (cf->f == NULL) {
+		close(fd);
+		return proto_errf(err, errno, "%s: %s", path, strerror(errno));
+	}
+	rc = ini_parse_stream(reader, cf, on_entry, cf);
+	fclose(cf->f);
+	cf->f = NULL;
+	/* The first error wins: inih's (a line it cannot parse) or ours. */
+	if (rc > 0 && (cf->rc == 0 || rc < cf->err_line)) {
+		file_free(cf);
+		return proto_errf(err, EINVAL,
+				  "%s:%d: not a 'key = value' line or a [section] header", path, rc);
+	}
+	if (cf->rc != 0) {
+		file_free(cf);
+		return cf->rc;
+	}
+	if (rc < 0) {
+		file_free(cf);
+		return proto_errf(err, ENOMEM, "%s: cannot be read", path);
+	}
+	return 0;
+}
+
+static const struct option *find_opt(const struct option *opts, const char *name)
+{
+	static const char *const reserved[] = {"config", "help", "version", "log-format",
+					       "log-level"};
+
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(reserved); i++)
+		if (strcmp(name, reserved[i]) == 0)
+			return NULL;
+	for (; opts != NULL && opts->name != NULL; opts++)
+		if (strcmp(opts->name, name) == 0)
+			return opts;
+	return NULL;
+}
+
+static int parse_bool(const char *s, bool *v)
+{
+	static const char *const yes[] = {"true", "yes", "on", "1"};
+	static const char *const no[] = {"false", "no", "off", "0"};
+
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(yes); i++) {
+		if (strcmp(s, yes[i]) == 0) {
+			*v = true;
+			return 0;
+		}
+		if (strcmp(s, no[i]) == 0) {
+			*v = false;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+/* The decoded file: log settings and params, checked, not yet applied. */
+struct config_values {
+	int level;           /* -1: not set */
+	int format;          /* -1: not set */
+	uint64_t param[PROTO_PARAM_COUNT];
+	bool param_set[PROTO_PARAM_COUNT];
+};
+
+static bool is_program_section(const char *s)
+{
+	for (size_t i = 0; proto_config_sections[i] != NULL; i++)
+		if (strcmp(s, proto_config_sections[i]) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * Checks every entry: [log] and [params] fully; program sections against the
+ * schema given for them (a section without one is accepted unchecked: it is
+ * another program's).
+ */
+static int file_check(const struct config_file *cf, const struct proto_config_schema *schemas,
+		      size_t nschemas, struct config_values *cv, struct proto_err *err)
+{
+	*cv = (struct config_values){.level = -1, .format = -1};
+	for (size_t i = 0; i < cf->n; i++) {
+		const struct config_entry *e = &cf->e[i];
+		if (strcmp(e->section, "log") == 0) {
+			enum proto_log_format fmt;
+			if (strcmp(e->key, "level") == 0) {
+				if (proto_log_parse_level(e->value, &cv->level) != 0)
+					return proto_errf(err, EINVAL,
+							  "%s:%d: [log] level '%s' is not one of "
+							  "err, warn, info, debug",
+							  cf->path, e->line, e->value);
+			} else if (strcmp(e->key, "format") == 0) {
+				if (proto_log_parse_format(e->value, &fmt) != 0)
+					return proto_errf(err, EINVAL,
+							  "%s:%d: [log] format '%s' is not text or json",
+							  cf->path, e->line, e->value);
+				cv->format = (int)fmt;
+			} else {
+				return proto_errf(err, EINVAL,
+						  "%s:%d: [log] has no key '%s' (level, format)",
+						  cf->path, e->line, e->key);
+			}
+		} else if (strcmp(e->section, "params") == 0) {
+			enum proto_param_id id;
+			uint64_t v;
+			if (proto_param_find(e->key, &id) != 0)
+				return proto_errf(err, EINVAL,
+						  "%s:%d: [params] has no tunable '%s' (see "
+						  "`tessera config check`)",
+						  cf->path, e->line, e->key);
+			if (proto_parse_u64(e->value, proto_param_min(id), UINT64_MAX, &v) != 0)
+				return proto_errf(err, EINVAL,
+						  "%s:%d: [params] %s = '%s' is not a whole number of "
+						  "at least %llu",
+						  cf->path, e->line, e->key, e->value,
+						  (unsigned long long)proto_param_min(id));
+			cv->param[id] = v;
+			cv->param_set[id] = true;
+		} else if (is_program_section(e->section)) {
+			const struct proto_config_schema *sc = NULL;
+			for (size_t k = 0; k < nschemas; k++)
+				if (strcmp(schemas[k].section, e->section) == 0)
+					sc = &schemas[k];
+			if (sc == NULL)
+				continue;
+			const struct option *o = find_opt(sc->opts, e->key);
+			bool b;
+			if (o == NULL)
+				return proto_errf(err, EINVAL, "%s:%d: [%s] has no option '%s'",
+						  cf->path, e->line, e->section, e->key);
+			if (o->has_arg == no_argument && parse_bool(e->value, &b) != 0)
+				return proto_errf(err, EINVAL,
+						  "%s:%d: [%s] %s takes true or false, not '%s'",
+						  cf->path, e->line, e->section, e->key, e->value);
+			if (o->has_arg == required_argument && e->value[0] == '\0')
+				return proto_errf(err, EINVAL, "%s:%d: [%s] %s needs a value",
+						  cf->path, e->line, e->section, e->key);
+		} else {
+			return proto_errf(err, EINVAL,
+					  "%s:%d: unknown section [%s] (log, params, tracker, "
+					  "node, publish)",
+					  cf->path, e->line, e->section);
+		}
+	}
+	return 0;
+}
+
+void proto_config_reset(void)
+{
+	for (int i = 0; made_argv != NULL && i < made_argc; i++)
+		free(made_argv[i]);
+	free(made_argv);
+	made_argv = NULL;
+	made_argc = 0;
+	proto_param_clear_file();
+}
+
+/* Takes "--name VALUE" or "--name=VALUE" at argv[*i]; *i moves past it. */
+static int take_value(int argc, char **argv, int *i, const char *name, const char **value,
+		      struct proto_err *err)
+{
+	size_t n = strlen(name);
+	const char *a = argv[*i];
+
+	if (strncmp(a, name, n) != 0 || (a[n] != '\0' && a[n] != '='))
+		return 0;
+	if (a[n] == '=') {
+		*value = a + n + 1;
+	} else {
+		if (*i + 1 >= argc)
+			return proto_errf(err, EINVAL, "%s needs a value", name);
+		*value = argv[++*i];
+	}
+	return 1;
+}
+
+static int push(char ***v, int *n, char *s)
+{
+	char **nv;
+
+	if (s == NULL)
+		return -ENOMEM;
+	nv = realloc(*v, (size_t)(*n + 2) * sizeof(*nv));
+	if (nv == NULL) {
+		free(s);
+		return -ENOMEM;
+	}
+	*v = nv;
+	nv[(*n)++] = s;
+	nv[*n] = NULL;
+	return 0;
+}
+
+static char *format_opt(const char *key, const char *value)
+{
+	char *s = NULL;
+
+	if (value == NULL)
+		return asprintf(&s, "--%s", key) < 0 ? NULL : s;
+	return asprintf(&s, "--%s=%s", key, value) < 0 ? NULL : s;
+}
+
+int proto_config_args(const char *section, const struct option *opts, int *argc,
+		      char ***argv, struct proto_err *err)
+{
+	const char *path = NULL, *fmt_s = NULL, *level_s = NULL;
+	struct proto_config_schema schema = {section, opts};
+	struct config_file cf = {0};
+	struct config_values cv = {.level = -1, .format = -1};
+	char **nv = NULL;
+	int nc = 0, rc, level = -1;
+	enum proto_log_format fmt = PROTO_LOG_TEXT;
+	bool *keep = calloc((size_t)*argc + 1, sizeof(*keep));
+
+	if (keep == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	for (int i = 1; i < *argc; i++) {
+		int at = i;
+		if (strcmp((*argv)[i], "--") == 0) {
+			for (; i < *argc; i++)
+				keep[i] = true;
+			break;
+		}
+		if ((rc = take_value(*argc, *argv, &i, "--config", &path, err)) == 0 &&
+		    (rc = take_value(*argc, *argv, &i, "--log-format", &fmt_s, err)) == 0 &&
+		    (rc = take_value(*argc, *argv, &i, "--log-level", &level_s, err)) == 0)
+			keep[at] = true;
+		if (rc < 0)
+			goto out;
+	}
+	if (fmt_s != NULL && proto_log_parse_format(fmt_s, &fmt) != 0) {
+		rc = proto_errf(err, EINVAL, "--log-format %s is not text or json", fmt_s);
+		goto out;
+	}
+	if (level_s != NULL && proto_log_parse_level(level_s, &level) != 0) {
+		rc = proto_errf(err, EINVAL, "--log-level %s is not one of err, warn, info, debug",
+				level_s);
+		goto out;
+	}
+	if (path != NULL) {
+		rc = file_read(path, &cf, err);
+		if (rc == 0)
+			rc = file_check(&cf, &schema, 1, &cv, err);
+		if (rc != 0)
+			goto out;
+	}
+	/* The new vector: argv[0], the file's options, the rest of the line. */
+	rc = push(&nv, &nc, strdup((*argv)[0]));
+	for (size_t i = 0; rc == 0 && i < cf.n; i++) {
+		const struct config_entry *e = &cf.e[i];
+		const struct option *o;
+		bool b = true;
+		if (strcmp(e->section, section) != 0)
+			continue;
+		o = find_opt(opts, e->key);
+		if (o->has_arg == no_argument) {
+			parse_bool(e->value, &b);
+			if (b)
+				rc = push(&nv, &nc, format_opt(e->key, NULL));
+		} else {
+			rc = push(&nv, &nc, format_opt(e->key, e->value));
+		}
+	}
+	for (int i = 1; rc == 0 && i < *argc; i++)
+		if (keep[i])
+			rc = push(&nv, &nc, strdup((*argv)[i]));
+	if (rc != 0) {
+		rc = proto_errf(err, ENOMEM, "out of memory");
+		goto out;
+	}
+	/* Everything checked: apply. Flags and the environment beat the file. */
+	for (int id = 0; id < PROTO_PARAM_COUNT; id++)
+		if (cv.param_set[id])
+			proto_param_set_file((enum proto_param_id)id, cv.param[id]);
+	if (level >= 0)
+		proto_log_set_level(level);
+	else if (cv.level >= 0 && getenv("TESSERA_LOG") == NULL)
+		proto_log_set_level(cv.level);
+	if (fmt_s != NULL)
+		proto_log_set_format(fmt);
+	else if (cv.format >= 0)
+		proto_log_set_format((enum proto_log_format)cv.format);
+	for (int i = 0; made_argv != NULL && i < made_argc; i++)
+		free(made_argv[i]);
+	free(made_argv);
+	made_argv = nv;
+	made_argc = nc;
+	nv = NULL;
+	*argc = made_argc;
+	*argv = made_argv;
+out:
+	for (int i = 0; nv != NULL && i < nc; i++)
+		free(nv[i]);
+	free(nv);
+	file_free(&cf);
+	free(keep);
+	return rc;
+}
+
+void proto_config_cli(const char *prog, const char *section, const struct option *opts,
+		      int *argc, char ***argv)
+{
+	struct proto_err err;
+
+	if (proto_config_args(section, opts, argc, argv, &err) != 0) {
+		fprintf(stderr, "%s: %s\n", prog, err.msg);
+		exit(2);
+	}
+}
+
+static const char *source_name(enum proto_param_source s)
+{
+	return s == PROTO_PARAM_FROM_ENV ? "environment" : s == PROTO_PARAM_FROM_FILE ? "file" : "default";
+}
+
+int proto_config_check(const char *path, const struct proto_config_schema *schemas,
+		       size_t nschemas, FILE *out, struct proto_err *err)
+{
+	struct config_file cf;
+	struct config_values cv;
+	int rc, level = PROTO_LOG_WARN;
+
+	for (size_t i = 0; proto_config_sections[i] != NULL; i++) {
+		bool have = false;
+		for (size_t k = 0; k < nschemas; k++)
+			have |= strcmp(schemas[k].section, proto_config_sections[i]) == 0;
+		if (!have)
+			return proto_errf(err, EINVAL, "no schema for [%s]", proto_config_sections[i]);
+	}
+	rc = file_read(path, &cf, err);
+	if (rc != 0)
+		return rc;
+	rc = file_check(&cf, schemas, nschemas, &cv, err);
+	if (rc != 0)
+		goto out;
+	if (getenv("TESSERA_LOG") != NULL)
+		proto_log_parse_level(getenv("TESSERA_LOG"), &level);
+	else if (cv.level >= 0)
+		level = cv.level;
+	fprintf(out, "# %s: valid; effective values (flags given at start-up still override)\n",
+		path);
+	fprintf(out, "[log]\nlevel = %s\nformat = %s\n\n[params]\n", proto_log_level_name(level),
+		proto_log_format_name(cv.format == PROTO_LOG_JSON ? PROTO_LOG_JSON : PROTO_LOG_TEXT));
+	for (int id = 0; id < PROTO_PARAM_COUNT; id++) {
+		enum proto_param_id p = (enum proto_param_id)id;
+		uint64_t v = cv.param_set[id] ? cv.param[id] : proto_param_default(p);
+		enum proto_param_source src =
+			cv.param_set[id] ? PROTO_PARAM_FROM_FILE : PROTO_PARAM_FROM_DEFAULT;
+		const char *env = getenv(proto_param_env(p));
+		uint64_t ev;
+		if (env != NULL && proto_parse_u64(env, proto_param_min(p), UINT64_MAX, &ev) == 0) {
+			v = ev;
+			src = PROTO_PARAM_FROM_ENV;
+		}
+		fprintf(out, "%s = %llu  ; %s (%s; %s)\n", proto_param_name(p), (unsigned long long)v,
+			proto_param_doc(p), source_name(src), proto_param_env(p));
+	}
+	for (size_t s = 0; proto_config_sections[s] != NULL; s++) {
+		bool any = false;
+		for (size_t i = 0; i < cf.n; i++) {
+			if (strcmp(cf.e[i].section, proto_config_sections[s]) != 0)
+				continue;
+			if (!any)
+				fprintf(out, "\n[%s]\n", proto_config_sections[s]);
+			any = true;
+			fprintf(out, "%s = %s\n", cf.e[i].key, cf.e[i].value);
+		}
+	}
+out:
+	file_free(&cf);
+	return rc;
+}

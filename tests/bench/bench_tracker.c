@@ -1,0 +1,666 @@
+/*
+ * bench_tracker: a real tessera-tracker on loopback under a simulated
+ * cluster. One load generator (one libevent loop, one connection per
+ * request as the nodes' client makes them) registers N nodes (default
+ * 10 000) in N/10 replicas of a 10-rank serving layout, heartbeats each at the
+ * lease rate (every lease/3), keeps one version watch (long-poll) open per
+ * node, and publishes a version every few seconds; after each version every
+ * node asks for the sources of its parcel, spread over one second. Prints
+ * requests served per second (from the tracker's own counters), p50/p99 of
+ * heartbeats and of sources queries, the tracker's memory, and the time to
+ * render the status page and /api/v1/status while under load.
+ *
+ *   bench_tracker [NODES [SECONDS]]
+ *
+ * The goals (p99 under 20 ms, status under 200 ms) are printed beside the
+ * figures; nothing here asserts a time.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "node/proc.h"
+#include "proto/fixture.h"
+#include "proto/proto.h"
+#include "tracker/tracker.h"
+#include "tests/testutil.h"
+
+#define RANKS 10
+#define TICK_MS 20
+#define INFLIGHT_MAX 4000 /* heartbeats and sources queries in flight */
+#define VERSION_EVERY_MS 5000
+#define CHUNK (1u << 20)
+#define REGISTER_MAX_S 120ull
+
+struct lat {
+	uint64_t *v;
+	size_t n, cap;
+};
+
+struct sim_node {
+	char id[TRK_ID_MAX];
+	uint32_t rank;
+	bool registered, watching;
+	uint64_t seen;
+};
+
+struct bench {
+	struct event_base *base;
+	struct trk_client *c;
+	struct proto_model m;
+	struct proto_layout tl, sl;
+	struct proto_plan plan;
+	json_t *sl_json;
+	uint8_t pk[PROTO_PK_BYTES], sk[PROTO_SK_BYTES];
+	char pub_id[TRK_ID_MAX];
+	struct sim_node *nodes;
+	uint32_t nnodes, registered, reg_next, reg_inflight, reg_failed;
+	uint32_t hb_next, src_next, src_version;
+	uint64_t hb_budget; /* heartbeats owed, in thousandths */
+	uint32_t inflight, skipped, errors, expired;
+	uint64_t version, watch_answers;
+	uint8_t last_digest[PROTO_HASH_BYTES];
+	bool measuring, publishing_ok;
+	uint64_t reg_done_ns;
+	uint32_t seconds;
+	struct lat hb, src;
+	struct event *tick, *pub_ev, *pub_hb;
+	uint64_t start_ns, last_pub_ns;
+};
+
+struct req {
+	struct bench *b;
+	uint64_t t0;
+	uint32_t node;
+	int kind; /* 0 heartbeat, 1 sources */
+};
+
+static void lat_add(struct lat *l, uint64_t ns)
+{
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? 2 * l->cap : 4096;
+		uint64_t *v = realloc(l->v, cap * sizeof(*v));
+		if (v == NULL)
+			return;
+		l->v = v;
+		l->cap = cap;
+	}
+	l->v[l->n++] = ns;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double pct_ms(struct lat *l, double p)
+{
+	if (l->n == 0)
+		return 0;
+	qsort(l->v, l->n, sizeof(*l->v), cmp_u64);
+	size_t i = (size_t)(p * (double)(l->n - 1));
+	return (double)l->v[i] / 1e6;
+}
+
+/* ---- nodes: register, heartbeat, watch, sources ----------------------------- */
+
+static void start_watch(struct bench *b, uint32_t i);
+
+static void on_watch(const struct trk_answer *a, void *arg)
+{
+	struct req *r = arg;
+	struct bench *b = r->b;
+	struct sim_node *n = &b->nodes[r->node];
+	json_t *v;
+	size_t k;
+
+	n->watching = false;
+	b->watch_answers++;
+	if (a->status == 200)
+		json_array_foreach(json_object_get(a->json, "versions"), k, v)
+		{
+			uint64_t ver = (uint64_t)json_integer_value(json_object_get(v, "version"));
+			n->seen = PROTO_MAX(n->seen, ver);
+		}
+	else if (b->errors++ < 3)
+		fprintf(stderr, "bench_tracker: watch: %d %s\n", a->status, a->error);
+	uint32_t node = r->node;
+	free(r);
+	start_watch(b, node);
+}
+
+static void start_watch(struct bench *b, uint32_t i)
+{
+	struct req *r = malloc(sizeof(*r));
+
+	if (r == NULL)
+		return;
+	*r = (struct req){.b = b, .node = i};
+	if (trk_client_watch(b->c, b->nodes[i].seen, (uint32_t)proto_param(PROTO_PARAM_WATCH_MS),
+			     on_watch, r) != 0) {
+		free(r);
+		return;
+	}
+	b->nodes[i].watching = true;
+}
+
+static void on_register(const struct trk_answer *a, void *arg)
+{
+	struct req *r = arg;
+	struct bench *b = r->b;
+	struct sim_node *n = &b->nodes[r->node];
+	const char *id = json_string_value(json_object_get(a->json, "node_id"));
+
+	b->reg_inflight--;
+	if (a->status / 100 == 2 && id != NULL) {
+		snprintf(n->id, sizeof(n->id), "%s", id);
+		if (!n->registered)
+			b->registered++;
+		n->registered = true;
+		if (!n->watching)
+			start_watch(b, r->node);
+	} else {
+		if (b->reg_failed++ < 3)
+			fprintf(stderr, "bench_tracker: node %u: registration: %d %s\n", r->node,
+				a->status, a->error);
+	}
+	free(r);
+}
+
+static void register_one(struct bench *b, uint32_t i)
+{
+	char replica[32], host[32], addr[40];
+	struct req *r = malloc(sizeof(*r));
+
+	if (r == NULL)
+		return;
+	*r = (struct req){.b = b, .node = i};
+	snprintf(replica, sizeof(replica), "r%05u", i / RANKS);
+	snprintf(host, sizeof(host), "host%05u", i / RANKS);
+	snprintf(addr, sizeof(addr), "%032x", i + 1);
+	struct trk_node_reg reg = {
+		.replica = replica,
+		.addr = {b->nodes[i].rank, host, "tcp;ofi_rxm", addr},
+		.layout = b->sl_json,
+		.model_digest = b->m.digest,
+	};
+	if (trk_client_register_node(b->c, &reg, on_register, r) != 0) {
+		free(r);
+		b->reg_failed++;
+		return;
+	}
+	b->reg_inflight++;
+}
+
+static void register_some(struct bench *b)
+{
+	/* Below the tracker's listen backlog: more are reset, not queued. */
+	while (b->reg_next < b->nnodes && b->reg_inflight < 64)
+		register_one(b, b->reg_next++);
+}
+
+static void on_timed(const struct trk_answer *a, void *arg)
+{
+	struct req *r = arg;
+	struct bench *b = r->b;
+	uint64_t dt = proto_now_ns() - r->t0;
+
+	b->inflight--;
+	if (r->kind == 0 && a->status == 404 && b->nodes[r->node].registered) {
+		/* The lease ran out before the heartbeat got through: a real node
+		 * registers again, so does this one. */
+		b->expired++;
+		b->nodes[r->node].registered = false;
+		b->registered--;
+		register_one(b, r->node);
+	} else if (a->status != 200) {
+		if (b->errors++ < 3)
+			fprintf(stderr, "bench_tracker: %s: %d %s\n", r->kind ? "sources" : "heartbeat",
+				a->status, a->error);
+	} else if (b->measuring)
+		lat_add(r->kind == 0 ? &b->hb : &b->src, dt);
+	free(r);
+}
+
+static void send_heartbeat(struct bench *b, uint32_t i)
+{
+	struct req *r;
+
+	if (!b->nodes[i].registered)
+		return;
+	if (b->inflight >= INFLIGHT_MAX) {
+		b->skipped++;
+		return;
+	}
+	r = malloc(sizeof(*r));
+	if (r == NULL)
+		return;
+	*r = (struct req){.b = b, .t0 = proto_now_ns(), .node = i, .kind = 0};
+	if (trk_client_heartbeat(b->c, b->nodes[i].id, on_timed, r) != 0) {
+		free(r);
+		b->errors++;
+		return;
+	}
+	b->inflight++;
+}
+
+static void send_sources(struct bench *b, uint32_t i)
+{
+	struct req *r;
+
+	if (!b->nodes[i].registered)
+		return;
+	if (b->inflight >= INFLIGHT_MAX) {
+		b->skipped++;
+		return;
+	}
+	r = malloc(sizeof(*r));
+	if (r == NULL)
+		return;
+	*r = (struct req){.b = b, .t0 = proto_now_ns(), .node = i, .kind = 1};
+	if (trk_client_sources(b->c, b->src_version, b->sl.digest, 0, b->nodes[i].rank, on_timed,
+			       r) != 0) {
+		free(r);
+		b->errors++;
+		return;
+	}
+	b->inflight++;
+}
+
+/* ---- the publisher ---------------------------------------------------------------- */
+
+static void on_pub_answer(const struct trk_answer *a, void *arg)
+{
+	struct bench *b = arg;
+	if (a->status / 100 != 2) {
+		b->errors++;
+		fprintf(stderr, "bench_tracker: publisher: %d %s\n", a->status, a->error);
+	}
+}
+
+static void on_published(const struct trk_answer *a, void *arg)
+{
+	struct bench *b = arg;
+	struct trk_offer off[RANKS];
+
+	if (a->status / 100 != 2) {
+		fprintf(stderr, "bench_tracker: publish v%" PRIu64 ": %d %s\n", b->version, a->status,
+			a->error);
+		b->errors++;
+		return;
+	}
+	for (uint32_t i = 0; i < b->plan.nparcels && i < RANKS; i++) {
+		off[i] = (struct trk_offer){.src_rank = b->plan.parcels[i].src_rank,
+					    .dst_rank = b->plan.parcels[i].dst_rank,
+					    .addr = 4096 * (i + 1), .key = i + 1,
+					    .len = b->plan.parcels[i].bytes};
+		memcpy(off[i].layout, b->sl.digest, PROTO_HASH_BYTES);
+	}
+	trk_client_offer(b->c, b->pub_id, b->version, off, PROTO_MIN(b->plan.nparcels, RANKS),
+			 on_pub_answer, b);
+	/* Every node asks for its parcel's sources over the next second. */
+	b->src_version = (uint32_t)b->version;
+	b->src_next = 0;
+}
+
+static int publish_next(struct bench *b)
+{
+	struct proto_manifest man;
+	struct proto_err err;
+	uint8_t *enc;
+	size_t len;
+
+	proto_manifest_init(&man);
+	man.version = b->version + 1;
+	man.parent_version = b->version;
+	memcpy(man.parent_digest, b->last_digest, PROTO_HASH_BYTES);
+	man.kind = PROTO_KIND_ANCHOR;
+	man.chunk_size = CHUNK;
+	man.created_ms = proto_wall_ms();
+	memcpy(man.model_digest, b->m.digest, PROTO_HASH_BYTES);
+	memcpy(man.src_layout_digest, b->tl.digest, PROTO_HASH_BYTES);
+	struct proto_mlayout *ml =
+		proto_manifest_add_layout(&man, b->sl.digest, b->plan.digest, b->plan.nparcels);
+	if (ml == NULL)
+		goto fail;
+	for (uint32_t i = 0; i < b->plan.nparcels; i++) {
+		struct proto_mparcel *mp = &ml->parcels[i];
+		mp->src_rank = b->plan.parcels[i].src_rank;
+		mp->dst_rank = b->plan.parcels[i].dst_rank;
+		mp->bytes = b->plan.parcels[i].bytes;
+		mp->encoding = PROTO_ENC_RAW;
+		if (proto_mparcel_alloc_chunks(&man, mp, mp->bytes) != 0)
+			goto fail;
+		for (uint32_t c = 0; c < mp->nchunks; c++)
+			randombytes_buf(mp->chunks[c].hash, PROTO_HASH_BYTES);
+	}
+	if (proto_manifest_sign(&man, b->sk, &enc, &len, &err) != 0)
+		goto fail;
+	b->version = man.version;
+	memcpy(b->last_digest, man.digest, PROTO_HASH_BYTES);
+	proto_manifest_fini(&man);
+	int rc = trk_client_publish(b->c, enc, len, on_published, b);
+	free(enc);
+	return rc;
+fail:
+	proto_manifest_fini(&man);
+	return -ENOMEM;
+}
+
+/* ---- the clock ------------------------------------------------------------------------- */
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+	struct bench *b = arg;
+	uint64_t lease = proto_param(PROTO_PARAM_LEASE_MS);
+	uint64_t now = proto_now_ns();
+
+	register_some(b);
+	/* Heartbeats: every node once per lease/3, spread evenly. */
+	b->hb_budget += (uint64_t)b->nnodes * TICK_MS * 1000 / (lease / 3);
+	while (b->hb_budget >= 1000) {
+		b->hb_budget -= 1000;
+		send_heartbeat(b, b->hb_next);
+		b->hb_next = (b->hb_next + 1) % b->nnodes;
+	}
+	/* Sources: every node once within a second of a new version. */
+	if (b->src_version != 0) {
+		uint32_t per_tick = PROTO_MAX(1u, b->nnodes * TICK_MS / 1000);
+		for (uint32_t k = 0; k < per_tick && b->src_next < b->nnodes; k++)
+			send_sources(b, b->src_next++);
+	}
+	if (b->publishing_ok && now - b->last_pub_ns >= (uint64_t)VERSION_EVERY_MS * 1000000) {
+		b->last_pub_ns = now;
+		if (publish_next(b) != 0)
+			b->errors++;
+	}
+}
+
+static void on_pub_heartbeat(evutil_socket_t fd, short what, void *arg)
+{
+	struct bench *b = arg;
+	trk_client_heartbeat(b->c, b->pub_id, on_pub_answer, b);
+}
+
+static void on_phase(evutil_socket_t fd, short what, void *arg)
+{
+	struct bench *b = arg;
+	uint64_t now = proto_now_ns();
+
+	/* Measure once every node registered, or after REGISTER_MAX_S: a
+	 * tracker that cannot register them in that time is saturated, and the
+	 * figures then say how it behaves so. */
+	if (!b->measuring && ((b->reg_next >= b->nnodes && b->reg_inflight == 0) ||
+			      now - b->start_ns >= REGISTER_MAX_S * 1000000000ull)) {
+		b->reg_done_ns = now;
+		__atomic_store_n(&b->measuring, true, __ATOMIC_RELEASE);
+		b->publishing_ok = true;
+		b->last_pub_ns = 0;
+		return;
+	}
+	if (b->measuring && now - b->reg_done_ns >= (uint64_t)b->seconds * 1000000000ull)
+		event_base_loopbreak(b->base);
+}
+
+/* ---- what the tracker says about itself, from another thread ------------------ */
+
+struct probe {
+	const char *url;
+	struct bench *b;
+	double page_ms[3], status_ms[3];
+	size_t page_bytes, status_bytes;
+	uint64_t answers0, answers1;
+	double window_s;
+};
+
+static uint64_t answers_total(struct trk_client *c)
+{
+	struct trk_reply r;
+	uint64_t sum = 0;
+
+	if (trk_client_call(c, "GET", "/metrics", NULL, NULL, 0, &r) != 0 || r.status != 200) {
+		trk_reply_fini(&r);
+		return 0;
+	}
+	for (const char *p = (const char *)r.body; (p = strstr(p, "\ntessera_tracker_http_responses_total{")) != NULL;) {
+		p = strchr(p, '}');
+		if (p == NULL)
+			break;
+		sum += strtoull(p + 2, NULL, 10);
+	}
+	trk_reply_fini(&r);
+	return sum;
+}
+
+static double timed_get(struct trk_client *c, const char *path, size_t *bytes)
+{
+	struct trk_reply r;
+	uint64_t t0 = proto_now_ns();
+
+	if (trk_client_call(c, "GET", path, NULL, NULL, 0, &r) != 0 || r.status != 200) {
+		trk_reply_fini(&r);
+		return -1;
+	}
+	double ms = (double)(proto_now_ns() - t0) / 1e6;
+	*bytes = r.len;
+	trk_reply_fini(&r);
+	return ms;
+}
+
+static void *probe_main(void *arg)
+{
+	struct probe *p = arg;
+	struct trk_client *c;
+	struct proto_err err;
+
+	if (trk_client_new(NULL, p->url, NULL, &c, &err) != 0)
+		return NULL;
+	trk_client_set_timeout(c, 60000);
+	while (!__atomic_load_n(&p->b->measuring, __ATOMIC_ACQUIRE))
+		usleep(20000);
+	usleep(2000000); /* let the heartbeat wave settle */
+	uint64_t t0 = proto_now_ns();
+	p->answers0 = answers_total(c);
+	for (int i = 0; i < 3; i++) {
+		p->page_ms[i] = timed_get(c, "/", &p->page_bytes);
+		p->status_ms[i] = timed_get(c, TRK_API "/status", &p->status_bytes);
+		usleep(1000000);
+	}
+	while (proto_now_ns() - t0 < (uint64_t)(p->b->seconds - 4) * 1000000000ull)
+		usleep(100000);
+	p->answers1 = answers_total(c);
+	p->window_s = (double)(proto_now_ns() - t0) / 1e9;
+	trk_client_free(c);
+	return NULL;
+}
+
+static uint64_t rss_kib(pid_t pid)
+{
+	char path[64], line[256];
+	uint64_t kib = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (f == NULL)
+		return 0;
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (sscanf(line, "VmRSS: %" SCNu64, &kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
+static double median3(const double *v)
+{
+	double a = v[0], b = v[1], c = v[2];
+	return a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+}
+
+int main(int argc, char **argv)
+{
+	struct bench b = {.nnodes = 10000, .seconds = 30};
+	struct proto_err err;
+	struct node_proc tracker = {0};
+	char dir[256], state[300], log[300], url[256], bin[512];
+	struct rlimit rl;
+	uint64_t v;
+
+	if (argc > 1 && (proto_parse_u64(argv[1], RANKS, 1000000, &v) != 0 || v % RANKS != 0)) {
+		fprintf(stderr, "usage: bench_tracker [NODES (a multiple of %d) [SECONDS >= 10]]\n", RANKS);
+		return 2;
+	}
+	if (argc > 1)
+		b.nnodes = (uint32_t)v;
+	if (argc > 2) {
+		if (proto_parse_u64(argv[2], 10, 3600, &v) != 0) {
+			fprintf(stderr, "bench_tracker: SECONDS is 10..3600\n");
+			return 2;
+		}
+		b.seconds = (uint32_t)v;
+	}
+	/* A connection per open watch plus those in flight, on both sides. */
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+	signal(SIGPIPE, SIG_IGN);
+	if (sodium_init() < 0 || tu_mkdtemp(dir, sizeof(dir)) == NULL)
+		return 1;
+	snprintf(state, sizeof(state), "%s/state", dir);
+	snprintf(log, sizeof(log), "%s/tracker.log", dir);
+
+	/* The model, the trainer's layout (one rank) and the serving layout. */
+	char lname[16];
+	snprintf(lname, sizeof(lname), "fsdp%d", RANKS);
+	if (proto_fixture_model(4u << 20, &b.m, &err) != 0 ||
+	    proto_layout_builtin(&b.m, "fsdp1", &b.tl, &err) != 0 ||
+	    proto_layout_builtin(&b.m, lname, &b.sl, &err) != 0 ||
+	    proto_plan_build(&b.m, &b.tl, &b.sl, &b.plan, &err) != 0) {
+		fprintf(stderr, "bench_tracker: %s\n", err.msg);
+		return 1;
+	}
+	crypto_sign_keypair(b.pk, b.sk);
+	b.sl_json = proto_layout_to_json(&b.m, &b.sl);
+
+	/* The tracker, as deployed (the rel build), with its own fd limit. */
+	tu_bin(bin, sizeof(bin), "tessera-tracker");
+	char *targv[] = {bin, "--listen", "127.0.0.1:0", "--state", state, NULL};
+	if (node_proc_spawn(&tracker, "tracker", targv, log) != 0 ||
+	    node_proc_wait_line(&tracker, "listening on ", url, sizeof(url), 10000) != 0) {
+		fprintf(stderr, "bench_tracker: the tracker did not start (%s)\n", log);
+		return 1;
+	}
+	b.base = event_base_new();
+	if (b.base == NULL || trk_client_new(b.base, url, NULL, &b.c, &err) != 0)
+		return 1;
+	trk_client_set_timeout(b.c, 30000);
+
+	/* The publisher registers first: nodes are checked against its model. */
+	struct trk_client *sync;
+	struct trk_reply r;
+	if (trk_client_new(NULL, url, NULL, &sync, &err) != 0)
+		return 1;
+	json_t *mj = proto_model_to_json(&b.m), *tj = proto_layout_to_json(&b.m, &b.tl);
+	struct trk_rank_addr ra = {0, "trainer", "tcp;ofi_rxm", "00112233445566778899aabbccddeeff"};
+	trk_reply_init(&r);
+	if (trk_client_register_publisher(sync, mj, tj, &ra, 1, trk_reply_cb, &r) != 0)
+		return 1;
+	trk_client_wait(sync, &r);
+	if (r.status / 100 != 2) {
+		fprintf(stderr, "bench_tracker: publisher registration: %d %s\n", r.status, r.error);
+		return 1;
+	}
+	snprintf(b.pub_id, sizeof(b.pub_id), "%s",
+		 json_string_value(json_object_get(r.json, "publisher_id")));
+	trk_reply_fini(&r);
+	json_decref(mj);
+	json_decref(tj);
+	trk_client_free(sync);
+
+	b.nodes = calloc(b.nnodes, sizeof(*b.nodes));
+	for (uint32_t i = 0; i < b.nnodes; i++)
+		b.nodes[i].rank = i % RANKS;
+	struct timeval tick = {0, TICK_MS * 1000}, phase = {0, 100000};
+	b.tick = event_new(b.base, -1, EV_PERSIST, on_tick, &b);
+	b.pub_ev = event_new(b.base, -1, EV_PERSIST, on_phase, &b);
+	event_add(b.tick, &tick);
+	event_add(b.pub_ev, &phase);
+	struct timeval pub_every = {(time_t)(proto_param(PROTO_PARAM_LEASE_MS) / 3000),
+				    (suseconds_t)(proto_param(PROTO_PARAM_LEASE_MS) / 3 % 1000) * 1000};
+	b.pub_hb = event_new(b.base, -1, EV_PERSIST, on_pub_heartbeat, &b);
+	event_add(b.pub_hb, &pub_every);
+
+	struct probe pr = {.url = url, .b = &b};
+	pthread_t thr;
+	pthread_create(&thr, NULL, probe_main, &pr);
+	printf("bench_tracker: %u nodes in %u replicas of %s, lease %" PRIu64 " ms (heartbeat every %" PRIu64
+	       " ms), watch %" PRIu64 " ms, a version every %d ms, %u s measured\n",
+	       b.nnodes, b.nnodes / RANKS, lname, proto_param(PROTO_PARAM_LEASE_MS),
+	       proto_param(PROTO_PARAM_LEASE_MS) / 3, proto_param(PROTO_PARAM_WATCH_MS),
+	       VERSION_EVERY_MS, b.seconds);
+	fflush(stdout);
+	b.start_ns = proto_now_ns();
+	event_base_dispatch(b.base);
+	pthread_join(thr, NULL);
+
+	uint64_t rss = rss_kib(tracker.pid);
+	double reg_s = (double)(b.reg_done_ns - b.start_ns) / 1e9;
+	uint64_t watching = 0;
+	for (uint32_t i = 0; i < b.nnodes; i++)
+		watching += b.nodes[i].watching;
+	printf("registration: %u of %u nodes in %.2f s (%.0f/s), %u refused%s\n", b.registered,
+	       b.nnodes, reg_s, b.registered / (reg_s > 0 ? reg_s : 1), b.reg_failed,
+	       b.reg_next < b.nnodes || b.registered < b.nnodes
+		       ? " (incomplete when measuring began: saturated)"
+		       : "");
+	printf("served: %.0f requests/s over %.1f s (the tracker's own answer counters)\n",
+	       pr.window_s > 0 ? (double)(pr.answers1 - pr.answers0) / pr.window_s : 0, pr.window_s);
+	printf("heartbeats: %zu, p50 %.2f ms, p99 %.2f ms (goal p99 < 20 ms: %s)\n", b.hb.n,
+	       pct_ms(&b.hb, 0.5), pct_ms(&b.hb, 0.99), pct_ms(&b.hb, 0.99) < 20 ? "met" : "MISSED");
+	printf("sources: %zu, p50 %.2f ms, p99 %.2f ms (goal p99 < 20 ms: %s)\n", b.src.n,
+	       pct_ms(&b.src, 0.5), pct_ms(&b.src, 0.99), pct_ms(&b.src, 0.99) < 20 ? "met" : "MISSED");
+	printf("watches: %" PRIu64 " answered, %" PRIu64 " open at the end; versions published: %" PRIu64 "\n",
+	       b.watch_answers, watching, b.version);
+	printf("leases lost (heartbeat answered 404, node registered again): %u\n", b.expired);
+	printf("load generator: %u requests skipped (more than %d in flight), %u errors\n", b.skipped,
+	       INFLIGHT_MAX, b.errors);
+	printf("tracker memory: %.1f MiB RSS\n", (double)rss / 1024.0);
+	printf("status page: %.1f ms median of 3 (%zu bytes); /api/v1/status: %.1f ms (%zu bytes) "
+	       "(goal < 200 ms: %s)\n",
+	       median3(pr.page_ms), pr.page_bytes, median3(pr.status_ms), pr.status_bytes,
+	       median3(pr.page_ms) < 200 && median3(pr.status_ms) < 200 && pr.page_ms[0] >= 0 &&
+			       pr.status_ms[0] >= 0
+		       ? "met"
+		       : "MISSED");
+
+	event_free(b.tick);
+	event_free(b.pub_ev);
+	event_free(b.pub_hb);
+	trk_client_free(b.c);
+	event_base_free(b.base);
+	node_proc_stop(&tracker, 5000);
+	free(b.nodes);
+	free(b.hb.v);
+	free(b.src.v);
+	json_decref(b.sl_json);
+	proto_plan_fini(&b.plan);
+	proto_layout_fini(&b.tl);
+	proto_layout_fini(&b.sl);
+	proto_model_fini(&b.m);
+	sodium_memzero(b.sk, sizeof(b.sk));
+	if (getenv("TESSERA_BENCH_KEEP") == NULL)
+		tu_rmtree(dir);
+	else
+		printf("kept %s\n", dir);
+	return 0;
+}

@@ -1,0 +1,225 @@
+/*
+ * Configuration files: every file of the bad-config-* corpus is refused with
+ * one clear line naming the file and line, by the library, by `tessera config
+ * check` and by a program at start-up, and leaves nothing applied; a good
+ * file sets tunables and log settings; flags override the file; every program
+ * accepts every key `tessera config check` knows.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/config.h"
+#include "proto/proto.h"
+#include "tests/testutil.h"
+
+/* A program's table, as tessera-node's. */
+static const struct option node_opts[] = {
+	{"tracker", required_argument, NULL, 't'},
+	{"replica", required_argument, NULL, 'r'},
+	{"rank", required_argument, NULL, 'k'},
+	{"layout", required_argument, NULL, 'l'},
+	{"model", required_argument, NULL, 'm'},
+	{"expose", required_argument, NULL, 'e'},
+	{"verbose", no_argument, NULL, 'v'},
+	{"help", no_argument, NULL, 'h'},
+	{NULL, 0, NULL, 0},
+};
+
+static void check_one_line(const char *msg, const char *name)
+{
+	if (strchr(msg, '\n') != NULL || strlen(msg) < 10)
+		fail_msg("%s: not one clear line: '%s'", name, msg);
+	if (strstr(msg, name) == NULL)
+		fail_msg("%s: the error does not name the file: '%s'", name, msg);
+}
+
+static int for_each_bad(void (*fn)(const char *path, const char *name))
+{
+	char dir[4096], names[64][256];
+	struct dirent *e;
+	int n = 0;
+	DIR *d = opendir(tu_data(dir, sizeof(dir), ""));
+
+	assert_non_null(d);
+	while ((e = readdir(d)) != NULL && n < 64)
+		if (strncmp(e->d_name, "bad-config-", 11) == 0)
+			snprintf(names[n++], sizeof(names[0]), "%s", e->d_name);
+	closedir(d); /* before any check can fail out of this function */
+	for (int i = 0; i < n; i++) {
+		char path[8192];
+		snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+		fn(path, names[i]);
+	}
+	return n;
+}
+
+static void bad_lib(const char *path, const char *name)
+{
+	char *argv0[] = {"tessera-node", "--config", (char *)path, "--rank", "3", NULL};
+	char **argv = argv0;
+	int argc = 5, level = proto_log_level();
+	struct proto_err err = {{0}};
+
+	if (proto_config_args("node", node_opts, &argc, &argv, &err) == 0)
+		fail_msg("%s was accepted", name);
+	check_one_line(err.msg, name);
+	/* Nothing applied: the vector, the tunables and the log level. */
+	assert_ptr_equal(argv, argv0);
+	assert_int_equal(argc, 5);
+	for (int id = 0; id < PROTO_PARAM_COUNT; id++)
+		assert_int_equal(proto_param_source((enum proto_param_id)id), PROTO_PARAM_FROM_DEFAULT);
+	assert_int_equal(proto_log_level(), level);
+}
+
+static void bad_check(const char *path, const char *name)
+{
+	char bin[4096], dir[4096], out[4096];
+	char buf[1024] = "";
+
+	tu_mkdtemp(dir, sizeof(dir));
+	snprintf(out, sizeof(out), "%s/err", dir);
+	if (tu_sh("%s config check '%s' >/dev/null 2>%s", tu_bin(bin, sizeof(bin), "tessera"), path,
+		  out) != 1)
+		fail_msg("tessera config check %s did not exit 1", name);
+	FILE *f = fopen(out, "r");
+	assert_non_null(f);
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	assert_true(n > 0 && buf[n - 1] == '\n');
+	buf[n - 1] = '\0';
+	check_one_line(buf, name);
+	tu_rmtree(dir);
+}
+
+static void test_bad_configs_lib(void **state)
+{
+	assert_true(for_each_bad(bad_lib) >= 18);
+}
+
+static void test_bad_configs_check(void **state)
+{
+	assert_true(for_each_bad(bad_check) >= 18);
+}
+
+/* A program refuses a bad file at start-up with status 2 before anything. */
+static void test_bad_config_program(void **state)
+{
+	char bin[4096], path[4096];
+
+	tu_data(path, sizeof(path), "bad-config-unknown-section.ini");
+	assert_int_equal(tu_sh("%s --config '%s' 2>/dev/null",
+			       tu_bin(bin, sizeof(bin), "tessera-tracker"), path), 2);
+	assert_int_equal(tu_sh("%s --config /nonexistent/file.ini 2>/dev/null",
+			       tu_bin(bin, sizeof(bin), "tessera-node")), 2);
+}
+
+static void test_file_then_flags(void **state)
+{
+	char dir[4096], path[4096];
+	struct proto_err err;
+
+	tu_mkdtemp(dir, sizeof(dir));
+	snprintf(path, sizeof(path), "%s/t.ini", dir);
+	assert_int_equal(tu_write(path, "[log]\nlevel = debug\n[params]\nchunk_size = 65536\n"
+					"fetch_mbps = 0\n[node]\ntracker = http://file\nrank = 1\n"
+					"verbose = true\n[tracker]\nlisten = ignored\n"),
+			 0);
+	char *argv0[] = {"tessera-node", "--rank", "7", "--config", path, "--log-level=warn",
+			 "--", "--config", NULL};
+	char **argv = argv0;
+	int argc = 8, c;
+	unsetenv("TESSERA_CHUNK_SIZE");
+	assert_int_equal(proto_config_args("node", node_opts, &argc, &argv, &err), 0);
+	/* argv0, the file's three options, the line's --rank 7 -- --config. */
+	assert_int_equal(argc, 8);
+	assert_string_equal(argv[0], "tessera-node");
+	assert_string_equal(argv[1], "--tracker=http://file");
+	assert_string_equal(argv[2], "--rank=1");
+	assert_string_equal(argv[3], "--verbose");
+	assert_string_equal(argv[7], "--config");
+	const char *tracker = NULL, *rank = NULL;
+	int verbose = 0;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", node_opts, NULL)) != -1) {
+		if (c == 't')
+			tracker = optarg;
+		else if (c == 'k')
+			rank = optarg;
+		else if (c == 'v')
+			verbose = 1;
+	}
+	assert_string_equal(tracker, "http://file");
+	assert_string_equal(rank, "7"); /* the flag wins */
+	assert_int_equal(verbose, 1);
+	assert_int_equal(optind, 7);      /* "--config" after "--" is an operand */
+	assert_int_equal(proto_log_level(), PROTO_LOG_WARN); /* --log-level wins */
+	assert_int_equal(proto_param(PROTO_PARAM_CHUNK_SIZE), 65536);
+	assert_int_equal(proto_param_source(PROTO_PARAM_CHUNK_SIZE), PROTO_PARAM_FROM_FILE);
+	assert_int_equal(proto_param(PROTO_PARAM_FETCH_MBPS), 0);
+	/* The environment beats the file. */
+	setenv("TESSERA_CHUNK_SIZE", "131072", 1);
+	assert_int_equal(proto_param(PROTO_PARAM_CHUNK_SIZE), 131072);
+	assert_int_equal(proto_param_source(PROTO_PARAM_CHUNK_SIZE), PROTO_PARAM_FROM_ENV);
+	unsetenv("TESSERA_CHUNK_SIZE");
+	proto_config_reset();
+	assert_int_equal(proto_param(PROTO_PARAM_CHUNK_SIZE), proto_param_default(PROTO_PARAM_CHUNK_SIZE));
+	proto_log_setup("t", PROTO_LOG_WARN);
+	tu_rmtree(dir);
+}
+
+static void test_missing_values(void **state)
+{
+	struct proto_err err;
+	char *a1[] = {"p", "--config", NULL};
+	char *a2[] = {"p", "--log-format", "xml", NULL};
+	char **argv = a1;
+	int argc = 2;
+
+	assert_true(proto_config_args("node", node_opts, &argc, &argv, &err) < 0);
+	assert_non_null(strstr(err.msg, "--config needs a value"));
+	argv = a2;
+	argc = 3;
+	assert_true(proto_config_args("node", node_opts, &argc, &argv, &err) < 0);
+	assert_non_null(strstr(err.msg, "xml"));
+}
+
+/* Every key `tessera config check` knows is one the program takes. */
+static void test_programs_take_every_key(void **state)
+{
+	char bin[4096], path[4096];
+
+	tu_data(path, sizeof(path), "good-config-full.ini");
+	assert_int_equal(tu_sh("%s config check '%s' >/dev/null", tu_bin(bin, sizeof(bin), "tessera"),
+			       path), 0);
+	assert_int_equal(tu_sh("%s --config '%s' --help >/dev/null",
+			       tu_bin(bin, sizeof(bin), "tessera-tracker"), path), 0);
+	assert_int_equal(tu_sh("%s --config '%s' --help >/dev/null",
+			       tu_bin(bin, sizeof(bin), "tessera-node"), path), 0);
+	assert_int_equal(tu_sh("%s publish --config '%s' --help >/dev/null",
+			       tu_bin(bin, sizeof(bin), "tessera"), path), 0);
+	assert_int_equal(tu_sh("%s config check '%s' | grep -q '^chunk_size = 1048576 .*(file;'",
+			       tu_bin(bin, sizeof(bin), "tessera"), path), 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_bad_configs_lib),
+		cmocka_unit_test(test_bad_configs_check),
+		cmocka_unit_test(test_bad_config_program),
+		cmocka_unit_test(test_file_then_flags),
+		cmocka_unit_test(test_missing_values),
+		cmocka_unit_test(test_programs_take_every_key),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
