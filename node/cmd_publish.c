@@ -440,19 +440,6 @@ bad:
 	return -EINVAL;
 }
 
-static int parse_mib(const char *s, uint64_t *bytes)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno != 0 || end == s || *end != 0 || !(v > 0) || v > 1e8)
-		return -EINVAL;
-	*bytes = (uint64_t)(v * 1048576.0);
-	return *bytes > 0 ? 0 : -EINVAL;
-}
-
 int node_cmd_publish(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -495,7 +482,7 @@ int node_cmd_publish(int argc, char **argv)
 			ckey = optarg;
 			break;
 		case 'm':
-			if (parse_mib(optarg, &po.synthetic_bytes) != 0) {
+			if (proto_cli_parse_mib(optarg, &po.synthetic_bytes) != 0) {
 				fprintf(stderr, "tessera publish: --synthetic-mb wants a positive size, not '%s'\n",
 					optarg);
 				goto out;
