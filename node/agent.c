@@ -1,5 +1,6 @@
 /* The node agent: register, watch, fetch, verify, activate (see agent.h). */
 #include "node/agent.h"
+#include "node/waitnote.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -119,6 +120,7 @@ struct node_agent {
 	uint8_t last_digest[PROTO_HASH_BYTES];
 
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *replica_ev;
+	struct node_wait wait; /* what we wait for, said when it lasts */
 	uint64_t last_report_ms;
 	uint64_t last_done_ms; /* a read from any source last completed */
 	int fatal;
@@ -294,6 +296,7 @@ static void activate(struct node_agent *a)
 	f->slot = NULL;
 	memcpy(a->active_digest, f->man.digest, PROTO_HASH_BYTES);
 	write_expose(a);
+	node_wait_over(&a->wait, NULL);
 	LOG_INFO("node %s: v%" PRIu64 " active (%" PRIu64 " bytes, %" PRIu64 " from trainer, %" PRIu64
 		 " from peers, %" PRIu64 " ms)",
 		 a->node_id, f->version, f->bytes_done, f->from_trainer, f->from_peers,
@@ -303,6 +306,33 @@ static void activate(struct node_agent *a)
 	node_slot_free(&a->store, old);
 	if (a->seen > a->active->version && a->seen > a->failed)
 		start_fetch(a, a->seen); /* something newer is already there */
+}
+
+/* Names the ranks of our replica that do not hold the version we verified. */
+static void note_replica_wait(struct node_agent *a, const struct trk_answer *ans)
+{
+	char missing[256] = "";
+	size_t n = 0, i;
+	json_t *r;
+
+	json_array_foreach(json_object_get(ans->json, "ranks"), i, r)
+	{
+		const char *st = json_string_value(json_object_get(r, "state"));
+		uint64_t v = (uint64_t)json_integer_value(json_object_get(r, "version"));
+		bool alive = json_is_true(json_object_get(r, "alive"));
+		if (alive && v == a->fetch->version && st != NULL &&
+		    (strcmp(st, "verified") == 0 || strcmp(st, "active") == 0))
+			continue;
+		n += (size_t)snprintf(missing + n, n < sizeof(missing) ? sizeof(missing) - n : 0,
+				      "%s%lld (%s)", n ? ", " : "",
+				      (long long)json_integer_value(json_object_get(r, "rank")),
+				      !alive ? (json_is_null(json_object_get(r, "id")) ? "never registered" : "dead")
+					     : st ? st : "?");
+	}
+	node_wait_note(&a->wait, now_ms(), a->node_id, "replica",
+		       "the rest of replica %s to verify v%" PRIu64 "%s%s", a->o.replica,
+		       a->fetch->version, missing[0] ? "; not yet: rank " : "",
+		       ans->status == 200 ? missing : ans->error);
 }
 
 static void on_replica(const struct trk_answer *ans, void *arg)
@@ -323,6 +353,7 @@ static void on_replica(const struct trk_answer *ans, void *arg)
 			}
 		}
 	}
+	note_replica_wait(a, ans);
 	arm(a->replica_ev, REPLICA_POLL_MS);
 }
 
@@ -954,11 +985,19 @@ static void on_watch(const struct trk_answer *ans, void *arg)
 	if (ans->status == 200 && trk_versions_parse(ans->json, &latest, &vs, &n, &err) == 0) {
 		free(vs);
 		a->seen = PROTO_MAX(a->seen, latest);
+		node_wait_over(&a->wait, "tracker");
 	} else {
 		LOG_DEBUG("node %s: watch: %s", a->node_id, ans->status == 200 ? err.msg : ans->error);
+		node_wait_note(&a->wait, now_ms(), a->node_id, "tracker", "the tracker at %s (%s)",
+			       a->o.tracker_url, ans->status == 200 ? err.msg : ans->error);
 		arm(a->retry_ev, RETRY_MS);
 		return;
 	}
+	if (a->seen == 0)
+		node_wait_note(&a->wait, now_ms(), a->node_id, "version",
+			       "a first version (registered; the tracker has none yet)");
+	else
+		node_wait_over(&a->wait, "version");
 	uint64_t active = a->active ? a->active->version : 0;
 	if (a->fetch == NULL && a->seen > active && a->seen > a->failed)
 		start_fetch(a, a->seen);
@@ -1011,6 +1050,7 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		if (a->lease_ms == 0)
 			a->lease_ms = proto_param(PROTO_PARAM_LEASE_MS);
 		a->registered = true;
+		node_wait_over(&a->wait, "tracker");
 		LOG_INFO("node %s: registered (lease %" PRIu64 " ms)", a->node_id, a->lease_ms);
 		arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
 		/* What we hold is still good: say so again after a re-register. */
@@ -1027,6 +1067,12 @@ static void on_register(const struct trk_answer *ans, void *arg)
 	}
 	/* 409 (no model yet) or the tracker is not up: try again. */
 	LOG_DEBUG("node %s: registration: %d %s; retrying", a->node_id, ans->status, ans->error);
+	if (ans->status <= 0)
+		node_wait_note(&a->wait, now_ms(), a->node_id, "tracker", "the tracker at %s (%s)",
+			       a->o.tracker_url, ans->error);
+	else
+		node_wait_note(&a->wait, now_ms(), a->node_id, "tracker",
+			       "the tracker to accept our registration (%s)", ans->error);
 	arm(a->retry_ev, RETRY_MS);
 }
 

@@ -61,15 +61,31 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: tessera cluster [--trainer-ranks K] [--trainer-layout FILE]\n"
-		"                       [--replica tpN|FILE]... [--model-mb N | --model DIR]\n"
+		"                       [--replica tpN|FILE]... [--synthetic-mb N | --model-dir DIR]\n"
 		"                       [--versions V] [--provider NAME] [--seed S]\n"
 		"                       [--report FILE] [--keep DIR]\n"
+		"\n"
 		"Starts a tracker, a publisher hosting K trainer ranks and one node agent per\n"
 		"replica rank as separate processes on loopback, publishes V versions, checks\n"
 		"every rank's bytes itself, stops everything and writes a JSON report.\n"
-		"Defaults: 2 trainer ranks (fsdp2), replicas tp2 tp2 tp1, a 256 MiB synthetic\n"
-		"model, 3 versions. --model DIR takes v<N>.safetensors files, one per\n"
-		"version, in order of N.\n");
+		"\n"
+		"      --trainer-ranks K    trainer ranks the publisher hosts (default 2)\n"
+		"      --trainer-layout L   trainer layout file or built-in (default fsdpK)\n"
+		"      --replica L          one replica of layout L, tpN or a layout file;\n"
+		"                           repeat for more (default: tp2 tp2 tp1)\n"
+		"      --synthetic-mb N     a synthetic model of N MiB (default 256;\n"
+		"                           --model-mb: deprecated)\n"
+		"      --model-dir DIR      the weights of `tessera publish --model-dir`:\n"
+		"                           v<N>.safetensors files, one per version, in\n"
+		"                           order of N\n"
+		"      --versions V         versions to publish (default 3)\n"
+		"      --provider NAME      libfabric provider (default tcp;ofi_rxm)\n"
+		"      --seed S             seed of the synthetic model (default 1)\n"
+		"      --report FILE        write the JSON report to FILE\n"
+		"      --keep DIR           run in DIR and keep its keys, logs and state\n"
+		"                           (default: a temporary directory, removed when\n"
+		"                           the run succeeds)\n"
+		"  -h, --help               this text\n");
 }
 
 static int path_join(char *out, size_t len, const char *a, const char *b)
@@ -537,8 +553,10 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 		{"trainer-ranks", required_argument, NULL, 'k'},
 		{"trainer-layout", required_argument, NULL, 'T'},
 		{"replica", required_argument, NULL, 'r'},
-		{"model-mb", required_argument, NULL, 'm'},
-		{"model", required_argument, NULL, 'M'},
+		{"synthetic-mb", required_argument, NULL, 'm'},
+		{"model-dir", required_argument, NULL, 'M'},
+		{"model-mb", required_argument, NULL, 'B'}, /* deprecated */
+		{"model", required_argument, NULL, 'x'},    /* now --model-dir */
 		{"versions", required_argument, NULL, 'v'},
 		{"provider", required_argument, NULL, 'p'},
 		{"seed", required_argument, NULL, 's'},
@@ -553,7 +571,10 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 	c->versions = 3;
 	c->seed = 1;
 	c->provider = FAB_PROVIDER_DEFAULT;
-	while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	optind = 1;
+	opterr = 0;
+	int li = 0;
+	while ((ch = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
 		int bad = 0;
 		switch (ch) {
 		case 'k': bad = proto_parse_u64(optarg, 1, 1024, &k); break;
@@ -566,25 +587,31 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 			snprintf(c->reps[c->nreps].layout_arg, sizeof(c->reps[0].layout_arg), "%s", optarg);
 			c->nreps++;
 			break;
+		case 'B':
+			proto_cli_deprecated("tessera cluster", "--model-mb", "--synthetic-mb");
+			/* fall through */
 		case 'm': bad = proto_parse_u64(optarg, 1, 1 << 20, &c->model_mb); break;
 		case 'M': c->model_dir = optarg; break;
+		case 'x':
+			/* --model names a model spec JSON everywhere else. */
+			fprintf(stderr, "tessera cluster: --model DIR is now --model-dir DIR\n");
+			return 2;
 		case 'v': bad = proto_parse_u64(optarg, 1, 1000000, &c->versions); break;
 		case 'p': c->provider = optarg; break;
 		case 's': bad = proto_parse_u64(optarg, 0, UINT64_MAX, &c->seed); break;
 		case 'o': c->report = optarg; break;
 		case 'K': c->keep = optarg; break;
 		case 'h': usage(stdout); return 1;
-		default: usage(stderr); return 2;
+		default: return proto_cli_bad_option("tessera cluster", ch, argv);
 		}
 		if (bad) {
-			fprintf(stderr, "tessera cluster: bad value '%s'\n", optarg);
+			fprintf(stderr, "tessera cluster: --%s wants a number in range, not '%s'\n",
+				opts[li].name, optarg);
 			return 2;
 		}
 	}
-	if (optind != argc) {
-		usage(stderr);
-		return 2;
-	}
+	if (optind != argc)
+		return proto_cli_extra("tessera cluster", argv[optind]);
 	c->trainer_ranks = (uint32_t)k;
 	if (c->nreps == 0) {
 		static const char *def[] = {"tp2", "tp2", "tp1"};

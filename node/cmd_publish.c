@@ -535,26 +535,21 @@ int node_cmd_publish(int argc, char **argv)
 			publish_usage(stdout);
 			rc = 0;
 			goto out;
-		case ':':
-			fprintf(stderr, "tessera publish: %s needs an argument (see --help)\n",
-				argv[optind - 1]);
-			goto out;
 		default:
-			fprintf(stderr, "tessera publish: unknown option '%s' (see --help)\n",
-				argv[optind - 1]);
+			rc = proto_cli_bad_option("tessera publish", c, argv);
 			goto out;
 		}
 	}
 	if (optind < argc) {
-		fprintf(stderr, "tessera publish: unexpected argument '%s'\n", argv[optind]);
+		rc = proto_cli_extra("tessera publish", argv[optind]);
 		goto out;
 	}
 	if (po.tracker_url == NULL || key == NULL) {
-		fprintf(stderr, "tessera publish: --tracker URL and --key FILE are required\n");
+		rc = proto_cli_missing("tessera publish", po.tracker_url == NULL ? "--tracker URL" : "--key FILE");
 		goto out;
 	}
 	if ((po.synthetic_bytes > 0) == (po.model_dir != NULL)) {
-		fprintf(stderr, "tessera publish: give exactly one of --synthetic-mb N and --model-dir DIR\n");
+		fprintf(stderr, "tessera publish: give exactly one of --synthetic-mb N and --model-dir DIR (see --help)\n");
 		goto out;
 	}
 	if (!a.have_versions && !a.every && a.control == NULL) {

@@ -29,7 +29,7 @@ static void test_cluster_report(void **state)
 	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
 	snprintf(report, sizeof(report), "%s/report.json", dir);
 	tu_bin(bin, sizeof(bin), "tessera");
-	assert_int_equal(tu_sh("%s cluster --model-mb 4 --versions 2 --replica tp2 --replica tp1 "
+	assert_int_equal(tu_sh("%s cluster --synthetic-mb 4 --versions 2 --replica tp2 --replica tp1 "
 			       "--report %s > %s/out 2>&1 || cat %s/out",
 			       bin, report, dir, dir),
 			 0);
