@@ -24,25 +24,25 @@ struct cmd {
 
 static const struct cmd cmds[] = {
 	{"tessera-tracker", NULL, "tessera-tracker",
-	 {"listen", "state", "cluster-key", "trainer-pubkey", "help", "version"}, "--listen"},
+	 {"listen", "state", "cluster-key", "trainer-pubkey", "help", "version"}, "--listen", {NULL}},
 	{"tessera-node", NULL, "tessera-node",
 	 {"tracker", "replica", "rank", "layout", "model", "trainer-pubkey", "cluster-key",
 	  "provider", "store", "expose", "host", "help", "version"},
-	 "--tracker"},
-	{"tessera", "plan", "tessera plan", {"model", "from", "to", "json", "help"}, "--model"},
+	 "--tracker", {NULL}},
+	{"tessera", "plan", "tessera plan", {"model", "from", "to", "json", "help"}, "--model", {NULL}},
 	{"tessera", "cluster", "tessera cluster",
 	 {"trainer-ranks", "trainer-layout", "replica", "synthetic-mb", "model-dir", "versions",
 	  "provider", "seed", "report", "keep", "help"},
-	 NULL},
-	{"tessera", "keygen", "tessera keygen", {"out", "cluster", "force", "help"}, "-o PATH"},
+	 NULL, {NULL}},
+	{"tessera", "keygen", "tessera keygen", {"out", "cluster", "force", "help"}, "-o PATH", {NULL}},
 	{"tessera", "publish", "tessera publish",
 	 {"tracker", "key", "cluster-key", "synthetic-mb", "seed", "model-dir", "layout", "ranks",
 	  "provider", "versions", "every", "control", "help"},
-	 "--tracker URL"},
+	 "--tracker URL", {NULL}},
 	{"tessera", "synth", "tessera synth",
-	 {"out", "synthetic-mb", "steps", "lr", "seed", "threads", "help"}, "-o DIR"},
+	 {"out", "synthetic-mb", "steps", "lr", "seed", "threads", "help"}, "-o DIR", {NULL}},
 	{"tessera", "delta", "tessera delta",
-	 {"parent", "child", "out", "level", "chunk", "threads", "help"}, NULL},
+	 {"parent", "child", "out", "level", "chunk", "threads", "help"}, NULL, {NULL}},
 	{"tessera", "model", "tessera model", {"synthetic-mb", "tracker", "out", "help"}, NULL,
 	 {"model"}},
 };
@@ -219,9 +219,9 @@ static void test_version_and_help(void **state)
 {
 	struct env *e = *state;
 	static const struct cmd bins[] = {
-		{"tessera", NULL, "tessera", {NULL}, NULL},
-		{"tessera-node", NULL, "tessera-node", {NULL}, NULL},
-		{"tessera-tracker", NULL, "tessera-tracker", {NULL}, NULL},
+		{"tessera", NULL, "tessera", {NULL}, NULL, {NULL}},
+		{"tessera-node", NULL, "tessera-node", {NULL}, NULL, {NULL}},
+		{"tessera-tracker", NULL, "tessera-tracker", {NULL}, NULL, {NULL}},
 	};
 	char want[128], *out;
 
