@@ -19,6 +19,7 @@
 #include "fabric/fab.h"
 #include "node/cmd.h"
 #include "node/proc.h"
+#include "proto/checkpoint.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 #include "proto/safetensors.h"
@@ -49,8 +50,8 @@ struct cluster {
 	/* running */
 	char dir[4096], bindir[4096], url[256];
 	struct proto_model model;
-	char **st_files; /* --model DIR: files in version order */
-	size_t nst;
+	char **ckpts; /* --model-dir: checkpoint paths in version order */
+	size_t nckpts;
 	struct node_proc tracker, publisher;
 	struct trk_client *trk;
 	int control;
@@ -76,8 +77,8 @@ static void usage(FILE *f)
 		"      --synthetic-mb N     a synthetic model of N MiB (default 256;\n"
 		"                           --model-mb: deprecated)\n"
 		"      --model-dir DIR      the weights of `tessera publish --model-dir`:\n"
-		"                           v<N>.safetensors files, one per version, in\n"
-		"                           order of N\n"
+		"                           v<N>.safetensors files or v<N>/ Hugging Face\n"
+		"                           checkpoints, one per version, in order of N\n"
 		"      --versions V         versions to publish (default 3)\n"
 		"      --provider NAME      libfabric provider (default tcp;ofi_rxm)\n"
 		"      --seed S             seed of the synthetic model (default 1)\n"
@@ -96,47 +97,11 @@ static int path_join(char *out, size_t len, const char *a, const char *b)
 
 /* ---- model sources ------------------------------------------------------ */
 
-static int cmp_vfile(const void *a, const void *b)
+static void ck_fill(void *arg, uint32_t t, uint64_t first, uint64_t count, uint8_t *out)
 {
-	unsigned long x = strtoul(*(char *const *)a + 1, NULL, 10);
-	unsigned long y = strtoul(*(char *const *)b + 1, NULL, 10);
-	return x < y ? -1 : x > y;
-}
-
-static int list_model_dir(struct cluster *c, struct proto_err *err)
-{
-	DIR *d = opendir(c->model_dir);
-	struct dirent *e;
-
-	/* v<N>.safetensors, ordered by N. */
-	if (d == NULL)
-		return proto_errf(err, errno, "%s: %s", c->model_dir, strerror(errno));
-	while ((e = readdir(d)) != NULL) {
-		size_t n = strlen(e->d_name);
-		if (e->d_name[0] != 'v' || n < 14 || strcmp(e->d_name + n - 12, ".safetensors") != 0)
-			continue;
-		char **v = realloc(c->st_files, (c->nst + 1) * sizeof(*v));
-		if (v == NULL || (v[c->nst] = strdup(e->d_name)) == NULL) {
-			if (v != NULL)
-				c->st_files = v;
-			closedir(d);
-			return proto_errf(err, ENOMEM, "out of memory");
-		}
-		c->st_files = v;
-		c->nst++;
-	}
-	closedir(d);
-	if (c->nst == 0)
-		return proto_errf(err, ENOENT, "%s: no v<N>.safetensors files", c->model_dir);
-	qsort(c->st_files, c->nst, sizeof(*c->st_files), cmp_vfile);
-	return 0;
-}
-
-static void st_fill(void *arg, uint32_t t, uint64_t first, uint64_t count, uint8_t *out)
-{
-	const struct proto_st *st = arg;
-	size_t es = proto_dtype_size(st->model.tensors[t].dtype);
-	memcpy(out, proto_st_tensor(st, t) + first * es, count * es);
+	const struct proto_ckpt *ck = arg;
+	size_t es = proto_dtype_size(ck->model.tensors[t].dtype);
+	memcpy(out, proto_ckpt_tensor(ck, t) + first * es, count * es);
 }
 
 /* The bytes rank `rank` of layout l must hold at version v. */
@@ -147,19 +112,19 @@ static int expected_block(struct cluster *c, const struct proto_layout *l, uint3
 		proto_fixture_fill_rank(&c->model, l, rank, c->seed, v, block);
 		return 0;
 	}
-	char path[4200];
-	struct proto_st st;
-	path_join(path, sizeof(path), c->model_dir, c->st_files[v - 1]);
-	int rc = proto_st_open(path, &st, err);
+	struct proto_ckpt ck;
+	int rc = proto_ckpt_open(c->ckpts[v - 1], &ck, err);
 	if (rc != 0)
 		return rc;
-	/* Same names, dtypes and shapes as the model the nodes use. */
-	if (sodium_memcmp(st.model.digest, c->model.digest, PROTO_HASH_BYTES) != 0) {
-		proto_st_fini(&st);
-		return proto_errf(err, EINVAL, "%s: a different model than the first file", path);
+	/* Same names, dtypes and shapes, in the same order, as the model the
+	 * nodes use. */
+	if (sodium_memcmp(ck.model.digest, c->model.digest, PROTO_HASH_BYTES) != 0) {
+		proto_ckpt_fini(&ck);
+		return proto_errf(err, EINVAL, "%s: a different model than the first version",
+				  c->ckpts[v - 1]);
 	}
-	proto_layout_fill_rank(&st.model, l, rank, st_fill, &st, block);
-	proto_st_fini(&st);
+	proto_layout_fill_rank(&ck.model, l, rank, ck_fill, &ck, block);
+	proto_ckpt_fini(&ck);
 	return 0;
 }
 
@@ -629,20 +594,18 @@ static int load_model_and_layouts(struct cluster *c, struct proto_err *err)
 	int rc;
 
 	if (c->model_dir != NULL) {
-		char path[4200];
-		struct proto_st st;
-		if ((rc = list_model_dir(c, err)) != 0)
+		struct proto_ckpt ck;
+		if ((rc = proto_ckpt_dir_list(c->model_dir, &c->ckpts, &c->nckpts, err)) != 0)
 			return rc;
-		if (c->versions > c->nst)
+		if (c->versions > c->nckpts)
 			return proto_errf(err, EINVAL, "%s holds %zu versions, --versions asks for %" PRIu64,
-					  c->model_dir, c->nst, c->versions);
-		path_join(path, sizeof(path), c->model_dir, c->st_files[0]);
-		if ((rc = proto_st_open(path, &st, err)) != 0)
+					  c->model_dir, c->nckpts, c->versions);
+		if ((rc = proto_ckpt_open(c->ckpts[0], &ck, err)) != 0)
 			return rc;
-		/* Keep a copy of the model (the file is closed again). */
-		json_t *mj = proto_model_to_json(&st.model);
-		proto_st_fini(&st);
-		rc = proto_model_from_json(mj, path, &c->model, err);
+		/* Keep a copy of the model (the files are closed again). */
+		json_t *mj = proto_model_to_json(&ck.model);
+		proto_ckpt_fini(&ck);
+		rc = proto_model_from_json(mj, c->ckpts[0], &c->model, err);
 		json_decref(mj);
 		if (rc != 0)
 			return rc;
@@ -741,9 +704,7 @@ out:
 	json_decref(c.out_versions);
 	for (uint32_t i = 0; i < c.nreps; i++)
 		proto_layout_fini(&c.reps[i].layout);
-	for (size_t i = 0; i < c.nst; i++)
-		free(c.st_files[i]);
-	free(c.st_files);
+	proto_ckpt_list_free(c.ckpts, c.nckpts);
 	proto_model_fini(&c.model);
 	return status;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "node/cmd.h"
+#include "proto/checkpoint.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 #include "tracker/tracker.h"
@@ -15,7 +16,8 @@
 static void model_usage(FILE *f)
 {
 	fprintf(f,
-		"usage: tessera model (--synthetic-mb N | --tracker URL) [-o FILE]\n"
+		"usage: tessera model (--synthetic-mb N | --model-dir DIR | --tracker URL)\n"
+		"                     [-o FILE]\n"
 		"\n"
 		"Writes the model spec (tensor names, dtypes, shapes) as JSON: what\n"
 		"tessera-node --model and tessera plan --model take. It must be the model\n"
@@ -23,6 +25,8 @@ static void model_usage(FILE *f)
 		"\n"
 		"      --synthetic-mb N   the synthetic model of `tessera publish\n"
 		"                         --synthetic-mb N` (same N)\n"
+		"      --model-dir DIR    the model of `tessera publish --model-dir DIR`\n"
+		"                         (its first version's checkpoint)\n"
 		"      --tracker URL      the model a publisher registered at the tracker\n"
 		"                         (http://HOST:PORT; fails while none did)\n"
 		"  -o, --out FILE         write FILE (atomically) instead of stdout\n"
@@ -53,16 +57,38 @@ static int model_from_tracker(const char *url, struct proto_model *m, struct pro
 	return rc;
 }
 
+/* The publisher's model for a model dir: its first version's, in order. */
+static int model_from_dir(const char *dir, struct proto_model *m, struct proto_err *err)
+{
+	char **paths;
+	size_t n;
+	struct proto_ckpt ck;
+	int rc = proto_ckpt_dir_list(dir, &paths, &n, err);
+
+	if (rc != 0)
+		return rc;
+	rc = proto_ckpt_open(paths[0], &ck, err);
+	if (rc == 0) {
+		json_t *j = proto_model_to_json(&ck.model);
+		rc = j ? proto_model_from_json(j, paths[0], m, err) : proto_errf(err, ENOMEM, "out of memory");
+		json_decref(j);
+		proto_ckpt_fini(&ck);
+	}
+	proto_ckpt_list_free(paths, n);
+	return rc;
+}
+
 int node_cmd_model(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{"synthetic-mb", required_argument, NULL, 'm'},
+		{"model-dir", required_argument, NULL, 'd'},
 		{"tracker", required_argument, NULL, 't'},
 		{"out", required_argument, NULL, 'o'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
-	const char *tracker = NULL, *out = NULL;
+	const char *tracker = NULL, *dir = NULL, *out = NULL;
 	uint64_t bytes = 0;
 	struct proto_model m;
 	struct proto_err err = {{0}};
@@ -80,6 +106,7 @@ int node_cmd_model(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'd': dir = optarg; break;
 		case 't': tracker = optarg; break;
 		case 'o': out = optarg; break;
 		case 'h': model_usage(stdout); return 0;
@@ -88,12 +115,17 @@ int node_cmd_model(int argc, char **argv)
 	}
 	if (optind < argc)
 		return proto_cli_extra(PROG, argv[optind]);
-	if ((bytes > 0) == (tracker != NULL)) {
-		fprintf(stderr, PROG ": give exactly one of --synthetic-mb N and --tracker URL (see --help)\n");
+	if ((bytes > 0) + (dir != NULL) + (tracker != NULL) != 1) {
+		fprintf(stderr, PROG ": give exactly one of --synthetic-mb N, --model-dir DIR and --tracker URL (see --help)\n");
 		return 2;
 	}
 	proto_model_init(&m);
-	rc = bytes > 0 ? proto_fixture_model(bytes, &m, &err) : model_from_tracker(tracker, &m, &err);
+	if (bytes > 0)
+		rc = proto_fixture_model(bytes, &m, &err);
+	else if (dir != NULL)
+		rc = model_from_dir(dir, &m, &err);
+	else
+		rc = model_from_tracker(tracker, &m, &err);
 	if (rc == 0 && (j = proto_model_to_json(&m)) == NULL)
 		rc = proto_errf(&err, ENOMEM, "out of memory");
 	if (rc == 0 && out != NULL)

@@ -11,7 +11,9 @@
 
 #include "proto/fixture.h"
 #include "proto/proto.h"
+#include "proto/safetensors.h"
 #include "tests/testutil.h"
+#include "tests/ckpt_util.h"
 
 struct cmd {
 	const char *bin;       /* program under build/bin */
@@ -43,7 +45,7 @@ static const struct cmd cmds[] = {
 	 {"out", "synthetic-mb", "steps", "lr", "seed", "threads", "help"}, "-o DIR", {NULL}},
 	{"tessera", "delta", "tessera delta",
 	 {"parent", "child", "out", "level", "chunk", "threads", "help"}, NULL, {NULL}},
-	{"tessera", "model", "tessera model", {"synthetic-mb", "tracker", "out", "help"}, NULL,
+	{"tessera", "model", "tessera model", {"synthetic-mb", "model-dir", "tracker", "out", "help"}, NULL,
 	 {"model"}},
 };
 
@@ -286,6 +288,22 @@ static void test_model_command(void **state)
 	proto_model_init(&a);
 	assert_int_equal(proto_model_load(path, &a, &err), 0);
 	assert_int_equal(proto_fixture_model(2 << 20, &b, &err), 0);
+	assert_memory_equal(a.digest, b.digest, PROTO_HASH_BYTES);
+	proto_model_fini(&a);
+	/* A Hugging Face sharded checkpoint given as the model dir. */
+	const void **data = calloc(b.ntensors, sizeof(*data));
+	assert_non_null(data);
+	for (uint32_t t = 0; t < b.ntensors; t++)
+		assert_non_null(data[t] = calloc(1, b.tensors[t].nbytes));
+	snprintf(path, sizeof(path), "%s/hf", e->dir);
+	tu_write_hf_checkpoint(path, &b, 2, data);
+	for (uint32_t t = 0; t < b.ntensors; t++)
+		free((void *)data[t]);
+	free(data);
+	assert_int_equal(run(e, &cmds[8], "--model-dir hf -o hf.json"), 0);
+	snprintf(path, sizeof(path), "%s/hf.json", e->dir);
+	proto_model_init(&a);
+	assert_int_equal(proto_model_load(path, &a, &err), 0);
 	assert_memory_equal(a.digest, b.digest, PROTO_HASH_BYTES);
 	proto_model_fini(&a);
 	proto_model_fini(&b);
