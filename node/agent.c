@@ -71,6 +71,7 @@ struct agent_fetch {
 	uint32_t nparcels;
 	uint64_t bytes_total, bytes_done, from_trainer, from_peers;
 	uint64_t started_ms;
+	uint64_t first_byte_ms, last_byte_ms; /* wall clock: chunks landed */
 	bool verified, reported_verified;
 };
 
@@ -175,6 +176,8 @@ static void report(struct node_agent *a, uint64_t version, enum trk_rank_state s
 		r.bytes_total = f->bytes_total;
 		r.bytes_from_trainer = f->from_trainer;
 		r.bytes_from_peers = f->from_peers;
+		r.first_byte_ms = f->first_byte_ms;
+		r.last_byte_ms = f->last_byte_ms;
 	} else if (a->active != NULL && a->active->version == version) {
 		r.bytes_done = r.bytes_total = a->active->len;
 	}
@@ -551,6 +554,9 @@ static void on_read(struct fab_op *op, int status)
 		return;
 	}
 	a->last_done_ms = now_ms();
+	f->last_byte_ms = proto_wall_ms();
+	if (f->first_byte_ms == 0)
+		f->first_byte_ms = f->last_byte_ms;
 	rd->job = (struct node_vjob){
 		.buf = a->bounce + (size_t)rd->slot * a->chunk_size,
 		.len = c->size,

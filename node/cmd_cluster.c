@@ -379,12 +379,20 @@ static int run_version(struct cluster *c, uint64_t want_v)
 		printf("  v%" PRIu64 " replica %s (%s): active after %" PRIu64 " ms, bytes %s\n", v,
 		       re->name, re->layout_arg, re->t_activate_ms, re->digest_ok ? "ok" : "WRONG");
 	}
-	json_array_append_new(c->out_versions,
-			      json_pack("{s:I,s:s,s:I,s:I,s:I,s:I,s:o}", "version", (json_int_t)v, "kind",
-					"anchor", "payload_bytes", (json_int_t)payload,
-					"trainer_upload_bytes", (json_int_t)from_trainer,
-					"peer_upload_bytes", (json_int_t)from_peers, "t_published_ms",
-					(json_int_t)(published_ms - created), "replicas", reps));
+	json_t *entry = json_pack("{s:I,s:s,s:I,s:I,s:I,s:I,s:o}", "version", (json_int_t)v, "kind",
+				  "anchor", "payload_bytes", (json_int_t)payload,
+				  "trainer_upload_bytes", (json_int_t)from_trainer,
+				  "peer_upload_bytes", (json_int_t)from_peers, "t_published_ms",
+				  (json_int_t)(published_ms - created), "replicas", reps);
+	/* Where the update spent its time, as the tracker recorded it. */
+	char path[128];
+	struct trk_reply tr;
+	snprintf(path, sizeof(path), TRK_API "/versions/%" PRIu64 "/timeline", v);
+	if (entry != NULL && trk_client_call(c->trk, "GET", path, NULL, NULL, 0, &tr) == 0 &&
+	    tr.status == 200 && tr.json != NULL)
+		json_object_set(entry, "timeline", tr.json);
+	trk_reply_fini(&tr);
+	json_array_append_new(c->out_versions, entry);
 	return ok ? 0 : -EBADMSG;
 }
 

@@ -69,6 +69,7 @@ struct pub_part {
 struct pub_version {
 	struct node_pub *p;
 	uint64_t version, created_ms;
+	uint64_t snapshot_ms; /* wall clock when the snapshot was complete */
 	struct pub_part *parts;
 	size_t nparts;
 	struct trk_offer *offers;

@@ -55,6 +55,30 @@ static void test_cluster_report(void **state)
 			assert_true(json_is_true(json_object_get(re, "activated")));
 			assert_true(json_is_true(json_object_get(re, "digest_ok")));
 		}
+		/* The tracker's timeline of the update: the publisher's snapshot,
+		 * and for every rank its first and last byte and verification,
+		 * in order, before its replica's activation. */
+		json_t *tl = json_object_get(v, "timeline");
+		assert_non_null(tl);
+		json_int_t asked = json_integer_value(json_object_get(tl, "export_asked_ms"));
+		json_int_t snap = json_integer_value(json_object_get(tl, "snapshot_ms"));
+		json_int_t pub = json_integer_value(json_object_get(tl, "published_ms"));
+		assert_true(asked > 0 && snap >= asked && pub >= snap);
+		json_t *tr = json_object_get(tl, "replicas");
+		assert_int_equal(json_array_size(tr), 2);
+		for (size_t r = 0; r < 2; r++) {
+			json_t *re = json_array_get(tr, r), *rk;
+			json_int_t act = json_integer_value(json_object_get(re, "activated_ms"));
+			size_t k;
+			assert_int_equal(json_array_size(json_object_get(re, "ranks")),
+					 json_integer_value(json_object_get(re, "nranks")));
+			json_array_foreach(json_object_get(re, "ranks"), k, rk) {
+				json_int_t first = json_integer_value(json_object_get(rk, "first_byte_ms"));
+				json_int_t last = json_integer_value(json_object_get(rk, "last_byte_ms"));
+				json_int_t ver = json_integer_value(json_object_get(rk, "verified_ms"));
+				assert_true(first >= pub && last >= first && ver >= last && act >= ver);
+			}
+		}
 	}
 	json_decref(j);
 	tu_rmtree(dir);

@@ -223,6 +223,7 @@ void trk__handle_node_state(struct trk_call *c)
 	/* Absent counters keep their last reported value. */
 	const uint64_t ABSENT = UINT64_MAX;
 	uint64_t version = 0, done = ABSENT, total = ABSENT, ft = ABSENT, fp = ABSENT;
+	uint64_t first_ms = 0, last_ms = 0; /* the node's clock; 0: not yet */
 	enum trk_rank_state st;
 	struct trk_version *ver;
 	struct trk_node *n;
@@ -235,7 +236,9 @@ void trk__handle_node_state(struct trk_call *c)
 	    trk__get_u64(c->json, "bytes_done", false, ABSENT - 1, &done, &err) != 0 ||
 	    trk__get_u64(c->json, "bytes_total", false, ABSENT - 1, &total, &err) != 0 ||
 	    trk__get_u64(c->json, "bytes_from_trainer", false, ABSENT - 1, &ft, &err) != 0 ||
-	    trk__get_u64(c->json, "bytes_from_peers", false, ABSENT - 1, &fp, &err) != 0) {
+	    trk__get_u64(c->json, "bytes_from_peers", false, ABSENT - 1, &fp, &err) != 0 ||
+	    trk__get_u64(c->json, "first_byte_ms", false, TRK__WALL_MS_MAX, &first_ms, &err) != 0 ||
+	    trk__get_u64(c->json, "last_byte_ms", false, TRK__WALL_MS_MAX, &last_ms, &err) != 0) {
 		trk__fail(c, 400, "%s", err.msg);
 		return;
 	}
@@ -306,9 +309,19 @@ void trk__handle_node_state(struct trk_call *c)
 		n->error[0] = 0;
 	if (st == TRK_STATE_ACTIVE)
 		n->active = version;
+	uint64_t was_active = n->rep->active;
 	trk__replica_update_active(r, n->rep);
+	bool complete = trk__replica_complete(n->rep, version);
+	trk__timeline_rank(r->tl, version, n->rep->name, n->rep->nranks, n->rank, st, first_ms,
+			   last_ms, n->report_ms);
+	if (complete)
+		trk__timeline_replica(r->tl, version, n->rep->name, n->rep->nranks, false,
+				      n->report_ms);
+	if (n->rep->active != was_active)
+		trk__timeline_replica(r->tl, n->rep->active, n->rep->name, n->rep->nranks, true,
+				      n->report_ms);
 	trk__reply_json(c, 200,
 			json_pack("{s:s,s:b,s:I}", "replica", n->rep->name,
-				  "replica_complete", trk__replica_complete(n->rep, version),
+				  "replica_complete", complete,
 				  "replica_active", (json_int_t)n->rep->active));
 }

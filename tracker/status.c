@@ -155,6 +155,29 @@ static const char page_head[] =
 	".failed{color:#b00}progress{width:8em}"
 	"</style></head><body>";
 
+/* Where the newest versions' updates spent their time: a chart each. */
+#define PAGE_TIMELINES 3
+static void page_timelines(struct evbuffer *b, struct trk_server *s)
+{
+	size_t n = trk__versions_count(s->vs);
+
+	evbuffer_add_printf(b, "<h2>Update timelines</h2>");
+	if (n == 0)
+		evbuffer_add_printf(b, "<p>no version yet</p>");
+	for (size_t i = n; i > 0 && i + PAGE_TIMELINES > n; i--) {
+		struct trk_version *v = trk__versions_at(s->vs, i - 1);
+		json_t *tl = trk__timeline_json(s->reg->tl, v);
+		if (tl == NULL)
+			continue;
+		evbuffer_add_printf(b, "<div class=\"tl\"><b>v%" PRIu64 "</b> <a href=\"" TRK_API
+				       "/versions/%" PRIu64 "/timeline\">JSON</a><br>",
+				    v->version, v->version);
+		trk__timeline_svg(b, tl);
+		evbuffer_add_printf(b, "</div>");
+		json_decref(tl);
+	}
+}
+
 void trk__handle_page(struct trk_call *c)
 {
 	json_t *st = trk__status_json(c->s), *now, *v, *e;
@@ -257,6 +280,8 @@ void trk__handle_page(struct trk_call *c)
 		}
 	}
 	evbuffer_add_printf(b, "</table>");
+
+	page_timelines(b, c->s);
 
 	evbuffer_add_printf(b, "<h2>Publishers</h2><table><tr><th>id</th><th>alive</th>"
 			       "<th>ranks</th><th>offers versions</th></tr>");
