@@ -2,6 +2,7 @@
 #include "node/agent.h"
 #include "node/waitnote.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -82,6 +83,7 @@ struct node_agent {
 	struct proto_model model;
 	struct proto_layout layout;
 	json_t *layout_json;
+	char layout_name[65]; /* "tp2", or the layout file's name; "" if none fits */
 	uint8_t trainer_pk[PROTO_PK_BYTES];
 	struct node_store store;
 	struct fab_ctx *fab;
@@ -1090,6 +1092,7 @@ static void start_register(struct node_agent *a)
 			 .fabric_addr = a->fabric_hex},
 		.layout = a->layout_json,
 		.model_digest = a->model.digest,
+		.layout_name = a->layout_name[0] ? a->layout_name : NULL,
 	};
 	if (trk_client_register_node(a->trk, &r, on_register, a) != 0)
 		arm(a->retry_ev, RETRY_MS);
@@ -1106,6 +1109,29 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
 
 /* ---- setup and teardown ------------------------------------------------- */
 
+/* The name the status page shows for our layout: a built-in's own ("tp2"),
+ * a file's name without directory and .json; "" when it has other
+ * characters than the tracker takes ([A-Za-z0-9._-]). */
+static void layout_name(const char *arg, char *out, size_t len)
+{
+	const char *base = strrchr(arg, '/');
+	size_t n;
+
+	base = base ? base + 1 : arg;
+	n = strlen(base);
+	if (n > 5 && strcmp(base + n - 5, ".json") == 0)
+		n -= 5;
+	out[0] = 0;
+	if (n == 0 || n >= len)
+		return;
+	for (size_t i = 0; i < n; i++)
+		if (!isalnum((unsigned char)base[i]) && base[i] != '-' && base[i] != '_' &&
+		    base[i] != '.')
+			return;
+	memcpy(out, base, n);
+	out[n] = 0;
+}
+
 static int load_layout(struct node_agent *a, struct proto_err *err)
 {
 	const char *s = a->o.layout;
@@ -1116,6 +1142,7 @@ static int load_layout(struct node_agent *a, struct proto_err *err)
 		return proto_errf(err, EINVAL, "rank %u: layout %s has %u ranks", a->o.rank, s,
 				  a->layout.nranks);
 	a->layout_json = proto_layout_to_json(&a->model, &a->layout);
+	layout_name(s, a->layout_name, sizeof(a->layout_name));
 	return a->layout_json ? 0 : proto_errf(err, ENOMEM, "out of memory");
 }
 

@@ -1825,6 +1825,39 @@ static void test_timeline(void **state)
 	trk_reply_fini(&r);
 }
 
+/* A node names its layout ("tp2", a file's name); the status shows the name
+ * of the first node that gave one, the page shows it instead of a digest. */
+static void test_layout_names(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	char *b, *named;
+
+	register_publisher(f);
+	b = node_body(f, "A", 0, "h", TP2, NULL);
+	named = malloc(strlen(b) + 64);
+	assert_non_null(named);
+	snprintf(named, strlen(b) + 64, "%.*s,\"layout_name\":\"tp2\"}", (int)strlen(b) - 1, b);
+	assert_int_equal(post(f, TRK_API "/nodes", named, &r), 200);
+	trk_reply_fini(&r);
+	free(named);
+	free(b);
+	register_node_ok(f, "A", 1, TP2); /* no name: the first one stays */
+	register_node_ok(f, "B", 0, TP1);
+	assert_int_equal(get(f, TRK_API "/status", &r), 200);
+	json_t *reps = json_object_get(r.json, "replicas");
+	assert_string_equal(json_string_value(json_object_get(json_array_get(reps, 0), "layout_name")),
+			    "tp2");
+	assert_true(json_is_null(json_object_get(json_array_get(reps, 1), "layout_name")));
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, "/", &r), 200);
+	assert_non_null(strstr((char *)r.body, ">tp2 (2 ranks)</td>"));
+	char code[64];
+	snprintf(code, sizeof(code), "<code>%.12s</code> (1 rank)", HEX(f->tp1.digest));
+	assert_non_null(strstr((char *)r.body, code));
+	trk_reply_fini(&r);
+}
+
 static int cb_calls;
 static void count_cb(const struct trk_answer *a, void *arg)
 {
@@ -2022,6 +2055,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_sources, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_status_outputs, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_timeline, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_layout_names, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_client, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_binary, setup_open, teardown),
 	};

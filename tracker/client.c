@@ -375,13 +375,16 @@ int trk_client_register_publisher(struct trk_client *c, json_t *model,
 int trk_client_register_node(struct trk_client *c, const struct trk_node_reg *r,
 			     trk_client_cb cb, void *arg)
 {
-	return post_new(c, TRK_API "/nodes",
-			json_pack("{s:s,s:I,s:s,s:s,s:s,s:O,s:o}", "replica", r->replica,
-				  "rank", (json_int_t)r->addr.rank, "host", r->addr.host,
-				  "provider", r->addr.provider, "fabric_addr",
-				  r->addr.fabric_addr, "layout", r->layout,
-				  "model_digest", hexj(r->model_digest, PROTO_HASH_BYTES)),
-			cb, arg);
+	json_t *o = json_pack("{s:s,s:I,s:s,s:s,s:s,s:O,s:o}", "replica", r->replica, "rank",
+			      (json_int_t)r->addr.rank, "host", r->addr.host, "provider",
+			      r->addr.provider, "fabric_addr", r->addr.fabric_addr, "layout",
+			      r->layout, "model_digest", hexj(r->model_digest, PROTO_HASH_BYTES));
+	if (o != NULL && r->layout_name != NULL &&
+	    json_object_set_new(o, "layout_name", json_string(r->layout_name)) != 0) {
+		json_decref(o);
+		o = NULL;
+	}
+	return post_new(c, TRK_API "/nodes", o, cb, arg);
 }
 
 int trk_client_heartbeat(struct trk_client *c, const char *id, trk_client_cb cb,

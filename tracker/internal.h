@@ -165,6 +165,7 @@ void trk__handle_manifest(struct trk_call *c, const char *v);
 /* A serving layout some replica uses, shared by its replicas. */
 struct trk_slayout {
 	uint8_t digest[PROTO_HASH_BYTES];
+	char name[TRK_REPLICA_MAX + 1]; /* what its first node called it, or "" */
 	struct proto_layout l;
 	json_t *json; /* explicit form */
 	unsigned refs;

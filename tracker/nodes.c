@@ -53,7 +53,7 @@ void trk__handle_nodes(struct trk_call *c)
 {
 	struct trk_registry *r = c->s->reg;
 	struct proto_err err = {{0}};
-	const char *replica = NULL, *host = NULL, *provider = NULL;
+	const char *replica = NULL, *host = NULL, *provider = NULL, *lname = NULL;
 	uint64_t rank = 0;
 	uint8_t md[PROTO_HASH_BYTES];
 	char *addr = NULL, hex[2 * PROTO_HASH_BYTES + 1];
@@ -72,12 +72,17 @@ void trk__handle_nodes(struct trk_call *c)
 			 &err) != 0 ||
 	    trk__get_hexvar(c->json, "fabric_addr", TRK__FABRIC_ADDR_MAX, &addr,
 			    &err) != 0 ||
-	    trk__get_hex(c->json, "model_digest", md, sizeof(md), &err) != 0) {
+	    trk__get_hex(c->json, "model_digest", md, sizeof(md), &err) != 0 ||
+	    trk__get_str(c->json, "layout_name", false, TRK_REPLICA_MAX, &lname, &err) != 0) {
 		trk__fail(c, 400, "%s", err.msg);
 		goto out;
 	}
 	if (!trk__replica_name_valid(replica)) {
 		trk__fail(c, 400, "replica: want 1..%d of [A-Za-z0-9._-]", TRK_REPLICA_MAX);
+		goto out;
+	}
+	if (lname != NULL && !trk__replica_name_valid(lname)) {
+		trk__fail(c, 400, "layout_name: want 1..%d of [A-Za-z0-9._-]", TRK_REPLICA_MAX);
 		goto out;
 	}
 	if (!json_is_object(jl)) {
@@ -149,6 +154,8 @@ void trk__handle_nodes(struct trk_call *c)
 	    (new_ranks = calloc(sl->l.nranks, sizeof(*new_ranks))) == NULL)
 		goto oom;
 
+	if (sl->name[0] == 0 && lname != NULL)
+		snprintf(sl->name, sizeof(sl->name), "%s", lname);
 	n->addr = addr;
 	addr = NULL;
 	snprintf(n->id, sizeof(n->id), "%s/%llu", replica, (unsigned long long)rank);

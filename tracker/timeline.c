@@ -380,7 +380,7 @@ void trk__timeline_svg(struct evbuffer *out, json_t *tl)
 				    "<rect x=\"%.0f\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/>"
 				    "<text x=\"%.0f\" y=\"%d\">%s</text>",
 				    lx, ay + 21, svg_phases[p].color, lx + 13, ay + 30, svg_phases[p].name);
-		lx += 20 + 5.6 * (double)strlen(svg_phases[p].name);
+		lx += 24 + 6.4 * (double)strlen(svg_phases[p].name);
 	}
 	evbuffer_add_printf(out, "</svg>");
 }

@@ -154,6 +154,7 @@ struct trk_node_reg {
 	struct trk_rank_addr addr;
 	json_t *layout; /* serving layout, borrowed */
 	const uint8_t *model_digest; /* PROTO_HASH_BYTES */
+	const char *layout_name; /* how people call it ("tp2"), or NULL */
 };
 /* POST /nodes. */
 int trk_client_register_node(struct trk_client *c, const struct trk_node_reg *r,
