@@ -1,7 +1,8 @@
 # tessera build. `make` builds everything, `make test` runs every cmocka test
 # under ASan+UBSan, `make demo` runs the local cluster (`make demo-netns`: across
 # namespaced hosts, as root), `make bench*` measure, `make check-deploy`
-# validates deploy/ (systemd units, Kubernetes manifests, Containerfile, Slurm).
+# validates deploy/ (systemd units, Kubernetes manifests, Containerfile, Slurm),
+# `make check-page` looks at the status page in headless Chromium.
 #
 # Layout: every directory's non-entry .c files form one static library
 # (proto <- fabric <- tracker/node); files named main_*.c are programs.
@@ -96,12 +97,12 @@ ALL_LIBS := $(PKG_LIBS) $(CUDA_LIBS) -lm
 
 .PHONY: all test bench bench-delta bench-steady bench-tracker demo demo-netns fuzz clean deps help \
         check run-bench run-bench-delta run-bench-steady run-demo run-demo-netns run-fuzz \
-        check-deploy run-check-deploy run-bench-tracker
+        check-deploy run-check-deploy run-bench-tracker check-page run-check-page
 all: $(BINS)
 
 # The user-facing targets install missing dependencies first, then re-enter
 # make so that pkg-config sees the freshly installed packages.
-test bench bench-delta bench-steady bench-tracker demo demo-netns fuzz: deps
+test bench bench-delta bench-steady bench-tracker demo demo-netns fuzz check-page: deps
 	@$(MAKE) --no-print-directory $(if $(filter test,$@),check,run-$@)
 
 define program
@@ -166,6 +167,11 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(wildcard proto/*.c pr
 
 run-fuzz: $(FUZZ_BINS)
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_BINS)
+
+# A small loopback cluster's status page in headless Chromium (installed when
+# missing); the screenshot goes to $(TMPDIR) or PAGE_OUT, outside the tree.
+run-check-page: $(BINS)
+	BIN=$(BUILD)/bin tests/check-page.sh $(if $(PAGE_OUT),--out $(PAGE_OUT))
 
 run-demo: $(BINS)
 	$(BUILD)/bin/tessera cluster --report $(BUILD)/demo-report.json

@@ -11,13 +11,14 @@
 # (deploy/install-deps.sh). Everything it makes (namespaces tsn-*, processes,
 # a temporary directory) is removed on exit; it may be rerun at once.
 #
-# usage: deploy/netns-cluster.sh [--replica L]... [--rate R] [--model-mb N]
+# usage: deploy/netns-cluster.sh [--replica L]... [--rate R] [--synthetic-mb N]
 #                                [--versions V] [--every MS] [--timeout S]
 #                                [--keep DIR]
 #   --replica L   a replica's layout, tpN or a layout file (repeatable;
 #                 default tp2 tp2 tp1)
 #   --rate R      tbf rate of every host link, each direction (default 1gbit)
-#   --model-mb N  synthetic model size (default 64)
+#   --synthetic-mb N  synthetic model size in MiB (default 64; --model-mb:
+#                 deprecated)
 #   --versions V  versions to publish (default 3)
 #   --every MS    one version every MS ms (default 8000)
 #   --timeout S   give up after S seconds in all (default 240)
@@ -42,7 +43,8 @@ while [ $# -gt 0 ]; do
 	case "$1" in
 	--replica) LAYOUTS+=("$2"); shift 2 ;;
 	--rate) RATE=$2; shift 2 ;;
-	--model-mb) MB=$2; shift 2 ;;
+	--synthetic-mb) MB=$2; shift 2 ;;
+	--model-mb) echo "netns-cluster: --model-mb is deprecated, use --synthetic-mb" >&2; MB=$2; shift 2 ;;
 	--versions) VERSIONS=$2; shift 2 ;;
 	--every) EVERY=$2; shift 2 ;;
 	--timeout) TIMEOUT=$2; shift 2 ;;

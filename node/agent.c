@@ -1,6 +1,8 @@
 /* The node agent: register, watch, fetch, verify, activate (see agent.h). */
 #include "node/agent.h"
+#include "node/waitnote.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -74,6 +76,7 @@ struct agent_fetch {
 	uint32_t nparcels;
 	uint64_t bytes_total, bytes_done, from_trainer, from_peers;
 	uint64_t started_ms;
+	uint64_t first_byte_ms, last_byte_ms; /* wall clock: chunks landed */
 	bool verified, reported_verified;
 	/* The activation record could not be written: not active, and why. */
 	char expose_error[512];
@@ -89,6 +92,7 @@ struct node_agent {
 	struct proto_model model;
 	struct proto_layout layout;
 	json_t *layout_json;
+	char layout_name[65]; /* "tp2", or the layout file's name; "" if none fits */
 	uint8_t trainer_pk[PROTO_PK_BYTES];
 	struct node_store store;
 	struct fab_ctx *fab;
@@ -131,6 +135,7 @@ struct node_agent {
 	uint8_t last_digest[PROTO_HASH_BYTES];
 
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
+	struct node_wait wait; /* what we wait for, said when it lasts */
 	uint64_t last_report_ms;
 	uint64_t last_done_ms; /* a read from any source last completed */
 	int fatal;
@@ -188,6 +193,8 @@ static void report(struct node_agent *a, uint64_t version, enum trk_rank_state s
 		r.bytes_total = f->bytes_total;
 		r.bytes_from_trainer = f->from_trainer;
 		r.bytes_from_peers = f->from_peers;
+		r.first_byte_ms = f->first_byte_ms;
+		r.last_byte_ms = f->last_byte_ms;
 	} else if (a->active != NULL && a->active->version == version) {
 		r.bytes_done = r.bytes_total = a->active->len;
 	}
@@ -386,6 +393,7 @@ static void activate(struct node_agent *a)
 	a->active = f->slot;
 	f->slot = NULL;
 	memcpy(a->active_digest, f->man.digest, PROTO_HASH_BYTES);
+	node_wait_over(&a->wait, NULL);
 	LOG_INFO("node %s: v%" PRIu64 " active (%" PRIu64 " bytes, %" PRIu64 " from trainer, %" PRIu64
 		 " from peers, %" PRIu64 " ms; %u stalled reads, %u failed reads, %u chunks failed "
 		 "their hash)",
@@ -400,6 +408,33 @@ static void activate(struct node_agent *a)
 	fetch_drop(a);
 	node_slot_free(&a->store, old);
 	sync_now(a); /* the replica's next target may be there already */
+}
+
+/* Names the ranks of our replica that do not hold the version we verified. */
+static void note_replica_wait(struct node_agent *a, const struct trk_answer *ans)
+{
+	char missing[256] = "";
+	size_t n = 0, i;
+	json_t *r;
+
+	json_array_foreach(json_object_get(ans->json, "ranks"), i, r)
+	{
+		const char *st = json_string_value(json_object_get(r, "state"));
+		uint64_t v = (uint64_t)json_integer_value(json_object_get(r, "version"));
+		bool alive = json_is_true(json_object_get(r, "alive"));
+		if (alive && v == a->fetch->version && st != NULL &&
+		    (strcmp(st, "verified") == 0 || strcmp(st, "active") == 0))
+			continue;
+		n += (size_t)snprintf(missing + n, n < sizeof(missing) ? sizeof(missing) - n : 0,
+				      "%s%lld (%s)", n ? ", " : "",
+				      (long long)json_integer_value(json_object_get(r, "rank")),
+				      !alive ? (json_is_null(json_object_get(r, "id")) ? "never registered" : "dead")
+					     : st ? st : "?");
+	}
+	node_wait_note(&a->wait, now_ms(), a->node_id, "replica",
+		       "the rest of replica %s to verify v%" PRIu64 "%s%s", a->o.replica,
+		       a->fetch->version, missing[0] ? "; not yet: rank " : "",
+		       ans->status == 200 ? missing : ans->error);
 }
 
 static bool in_list(json_t *arr, uint64_t v)
@@ -462,12 +497,16 @@ static void on_sync(const struct trk_answer *ans, void *arg)
 {
 	struct node_agent *a = arg;
 	uint64_t t;
+	bool complete;
 
 	a->syncing = false;
 	if (ans->status != 200 || !json_is_integer(json_object_get(ans->json, "target")))
 		return;
 	t = (uint64_t)json_integer_value(json_object_get(ans->json, "target"));
-	follow_target(a, t, in_list(json_object_get(ans->json, "complete"), t));
+	complete = in_list(json_object_get(ans->json, "complete"), t);
+	follow_target(a, t, complete);
+	if (!complete && a->fetch != NULL && a->fetch->verified && a->fetch->version == t)
+		note_replica_wait(a, ans);
 }
 
 /* Asks the tracker for the replica (its target and where it is complete). */
@@ -680,6 +719,9 @@ static void on_read(struct fab_op *op, int status)
 		return;
 	}
 	a->last_done_ms = now_ms();
+	f->last_byte_ms = proto_wall_ms();
+	if (f->first_byte_ms == 0)
+		f->first_byte_ms = f->last_byte_ms;
 	rd->job = (struct node_vjob){
 		.buf = a->bounce + (size_t)rd->slot * a->chunk_size,
 		.len = c->size,
@@ -1134,11 +1176,19 @@ static void on_watch(const struct trk_answer *ans, void *arg)
 	if (ans->status == 200 && trk_versions_parse(ans->json, &latest, &vs, &n, &err) == 0) {
 		free(vs);
 		a->seen = PROTO_MAX(a->seen, latest);
+		node_wait_over(&a->wait, "tracker");
 	} else {
 		LOG_DEBUG("node %s: watch: %s", a->node_id, ans->status == 200 ? err.msg : ans->error);
+		node_wait_note(&a->wait, now_ms(), a->node_id, "tracker", "the tracker at %s (%s)",
+			       a->o.tracker_url, ans->status == 200 ? err.msg : ans->error);
 		arm(a->retry_ev, RETRY_MS);
 		return;
 	}
+	if (a->seen == 0)
+		node_wait_note(&a->wait, now_ms(), a->node_id, "version",
+			       "a first version (registered; the tracker has none yet)");
+	else
+		node_wait_over(&a->wait, "version");
 	/* A new version may move the replica's target: ask now. */
 	sync_now(a);
 	start_watch(a);
@@ -1194,6 +1244,7 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		a->registered = true;
 		node_metrics_set(a->am.m, a->am.registered, 1);
 		node_metrics_set_health(a->am.m, true, NULL);
+		node_wait_over(&a->wait, "tracker");
 		LOG_INFO("node %s: registered (lease %" PRIu64 " ms)", a->node_id, a->lease_ms);
 		arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
 		/* What we hold is still good: say so again after a re-register. */
@@ -1215,6 +1266,12 @@ static void on_register(const struct trk_answer *ans, void *arg)
 	}
 	/* 409 (no model yet) or the tracker is not up: try again. */
 	LOG_DEBUG("node %s: registration: %d %s; retrying", a->node_id, ans->status, ans->error);
+	if (ans->status <= 0)
+		node_wait_note(&a->wait, now_ms(), a->node_id, "tracker", "the tracker at %s (%s)",
+			       a->o.tracker_url, ans->error);
+	else
+		node_wait_note(&a->wait, now_ms(), a->node_id, "tracker",
+			       "the tracker to accept our registration (%s)", ans->error);
 	arm(a->retry_ev, RETRY_MS);
 }
 
@@ -1226,6 +1283,7 @@ static void start_register(struct node_agent *a)
 			 .fabric_addr = a->fabric_hex},
 		.layout = a->layout_json,
 		.model_digest = a->model.digest,
+		.layout_name = a->layout_name[0] ? a->layout_name : NULL,
 	};
 	if (trk_client_register_node(a->trk, &r, on_register, a) != 0)
 		arm(a->retry_ev, RETRY_MS);
@@ -1242,6 +1300,29 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
 
 /* ---- setup and teardown ------------------------------------------------- */
 
+/* The name the status page shows for our layout: a built-in's own ("tp2"),
+ * a file's name without directory and .json; "" when it has other
+ * characters than the tracker takes ([A-Za-z0-9._-]). */
+static void layout_name(const char *arg, char *out, size_t len)
+{
+	const char *base = strrchr(arg, '/');
+	size_t n;
+
+	base = base ? base + 1 : arg;
+	n = strlen(base);
+	if (n > 5 && strcmp(base + n - 5, ".json") == 0)
+		n -= 5;
+	out[0] = 0;
+	if (n == 0 || n >= len)
+		return;
+	for (size_t i = 0; i < n; i++)
+		if (!isalnum((unsigned char)base[i]) && base[i] != '-' && base[i] != '_' &&
+		    base[i] != '.')
+			return;
+	memcpy(out, base, n);
+	out[n] = 0;
+}
+
 static int load_layout(struct node_agent *a, struct proto_err *err)
 {
 	const char *s = a->o.layout;
@@ -1252,6 +1333,7 @@ static int load_layout(struct node_agent *a, struct proto_err *err)
 		return proto_errf(err, EINVAL, "rank %u: layout %s has %u ranks", a->o.rank, s,
 				  a->layout.nranks);
 	a->layout_json = proto_layout_to_json(&a->model, &a->layout);
+	layout_name(s, a->layout_name, sizeof(a->layout_name));
 	return a->layout_json ? 0 : proto_errf(err, ENOMEM, "out of memory");
 }
 

@@ -19,6 +19,7 @@
 #include "fabric/fab.h"
 #include "node/cmd.h"
 #include "node/proc.h"
+#include "proto/checkpoint.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 #include "proto/safetensors.h"
@@ -52,8 +53,8 @@ struct cluster {
 	/* running */
 	char dir[4096], bindir[4096], url[256];
 	struct proto_model model;
-	char **st_files; /* --model DIR: files in version order */
-	size_t nst;
+	char **ckpts; /* --model-dir: checkpoint paths in version order */
+	size_t nckpts;
 	struct node_proc tracker, publisher;
 	struct trk_client *trk;
 	int control;
@@ -64,22 +65,42 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: tessera cluster [--trainer-ranks K] [--trainer-layout FILE]\n"
-		"                       [--replica tpN|FILE]... [--model-mb N | --model DIR]\n"
+		"                       [--replica tpN|FILE]... [--synthetic-mb N | --model-dir DIR]\n"
 		"                       [--versions V] [--provider NAME] [--seed S]\n"
 		"                       [--report FILE] [--keep DIR]\n"
 		"                       [--every MS [--stagger MS] [--duration S]]\n"
+		"\n"
 		"Starts a tracker, a publisher hosting K trainer ranks and one node agent per\n"
 		"replica rank as separate processes on loopback, publishes V versions, checks\n"
 		"every rank's bytes itself, stops everything and writes a JSON report.\n"
-		"Defaults: 2 trainer ranks (fsdp2), replicas tp2 tp2 tp1, a 256 MiB synthetic\n"
-		"model, 3 versions. --model DIR takes v<N>.safetensors files, one per\n"
-		"version, in order of N.\n"
-		"With --every MS the publisher exports a version every MS ms whatever the\n"
-		"replicas do (the trainer's own clock), the ranks of each replica start\n"
-		"--stagger MS apart (default 0), and after --duration S seconds (default\n"
-		"60) the report gives per replica the versions activated, the lag\n"
-		"behind the latest (p50/p99, in versions and seconds) and the publisher's\n"
-		"peak resident memory; every rank's bytes are checked at the end.\n");
+		"\n"
+		"      --trainer-ranks K    trainer ranks the publisher hosts (default 2)\n"
+		"      --trainer-layout L   trainer layout file or built-in (default fsdpK)\n"
+		"      --replica L          one replica of layout L, tpN or a layout file;\n"
+		"                           repeat for more (default: tp2 tp2 tp1)\n"
+		"      --synthetic-mb N     a synthetic model of N MiB (default 256;\n"
+		"                           --model-mb: deprecated)\n"
+		"      --model-dir DIR      the weights of `tessera publish --model-dir`:\n"
+		"                           v<N>.safetensors files or v<N>/ Hugging Face\n"
+		"                           checkpoints, one per version, in order of N\n"
+		"      --versions V         versions to publish (default 3)\n"
+		"      --provider NAME      libfabric provider (default tcp;ofi_rxm)\n"
+		"      --seed S             seed of the synthetic model (default 1)\n"
+		"      --report FILE        write the JSON report to FILE\n"
+		"      --keep DIR           run in DIR and keep its keys, logs and state\n"
+		"                           (default: a temporary directory, removed when\n"
+		"                           the run succeeds)\n"
+		"      --every MS           publish a version every MS ms whatever the\n"
+		"                           replicas do (the trainer's own clock); the\n"
+		"                           report then gives per replica the versions\n"
+		"                           activated, the lag behind the latest (p50/p99,\n"
+		"                           in versions and seconds) and the publisher's\n"
+		"                           peak resident memory\n"
+		"      --stagger MS         with --every: start the ranks of each replica\n"
+		"                           MS ms apart (default 0)\n"
+		"      --duration S         with --every: run S seconds (default 60); every\n"
+		"                           rank's bytes are checked at the end\n"
+		"  -h, --help               this text\n");
 }
 
 static int path_join(char *out, size_t len, const char *a, const char *b)
@@ -90,47 +111,11 @@ static int path_join(char *out, size_t len, const char *a, const char *b)
 
 /* ---- model sources ------------------------------------------------------ */
 
-static int cmp_vfile(const void *a, const void *b)
+static void ck_fill(void *arg, uint32_t t, uint64_t first, uint64_t count, uint8_t *out)
 {
-	unsigned long x = strtoul(*(char *const *)a + 1, NULL, 10);
-	unsigned long y = strtoul(*(char *const *)b + 1, NULL, 10);
-	return x < y ? -1 : x > y;
-}
-
-static int list_model_dir(struct cluster *c, struct proto_err *err)
-{
-	DIR *d = opendir(c->model_dir);
-	struct dirent *e;
-
-	/* v<N>.safetensors, ordered by N. */
-	if (d == NULL)
-		return proto_errf(err, errno, "%s: %s", c->model_dir, strerror(errno));
-	while ((e = readdir(d)) != NULL) {
-		size_t n = strlen(e->d_name);
-		if (e->d_name[0] != 'v' || n < 14 || strcmp(e->d_name + n - 12, ".safetensors") != 0)
-			continue;
-		char **v = realloc(c->st_files, (c->nst + 1) * sizeof(*v));
-		if (v == NULL || (v[c->nst] = strdup(e->d_name)) == NULL) {
-			if (v != NULL)
-				c->st_files = v;
-			closedir(d);
-			return proto_errf(err, ENOMEM, "out of memory");
-		}
-		c->st_files = v;
-		c->nst++;
-	}
-	closedir(d);
-	if (c->nst == 0)
-		return proto_errf(err, ENOENT, "%s: no v<N>.safetensors files", c->model_dir);
-	qsort(c->st_files, c->nst, sizeof(*c->st_files), cmp_vfile);
-	return 0;
-}
-
-static void st_fill(void *arg, uint32_t t, uint64_t first, uint64_t count, uint8_t *out)
-{
-	const struct proto_st *st = arg;
-	size_t es = proto_dtype_size(st->model.tensors[t].dtype);
-	memcpy(out, proto_st_tensor(st, t) + first * es, count * es);
+	const struct proto_ckpt *ck = arg;
+	size_t es = proto_dtype_size(ck->model.tensors[t].dtype);
+	memcpy(out, proto_ckpt_tensor(ck, t) + first * es, count * es);
 }
 
 /* The bytes rank `rank` of layout l must hold at version v. */
@@ -141,19 +126,19 @@ static int expected_block(struct cluster *c, const struct proto_layout *l, uint3
 		proto_fixture_fill_rank(&c->model, l, rank, c->seed, v, block);
 		return 0;
 	}
-	char path[4200];
-	struct proto_st st;
-	path_join(path, sizeof(path), c->model_dir, c->st_files[v - 1]);
-	int rc = proto_st_open(path, &st, err);
+	struct proto_ckpt ck;
+	int rc = proto_ckpt_open(c->ckpts[v - 1], &ck, err);
 	if (rc != 0)
 		return rc;
-	/* Same names, dtypes and shapes as the model the nodes use. */
-	if (sodium_memcmp(st.model.digest, c->model.digest, PROTO_HASH_BYTES) != 0) {
-		proto_st_fini(&st);
-		return proto_errf(err, EINVAL, "%s: a different model than the first file", path);
+	/* Same names, dtypes and shapes, in the same order, as the model the
+	 * nodes use. */
+	if (sodium_memcmp(ck.model.digest, c->model.digest, PROTO_HASH_BYTES) != 0) {
+		proto_ckpt_fini(&ck);
+		return proto_errf(err, EINVAL, "%s: a different model than the first version",
+				  c->ckpts[v - 1]);
 	}
-	proto_layout_fill_rank(&st.model, l, rank, st_fill, &st, block);
-	proto_st_fini(&st);
+	proto_layout_fill_rank(&ck.model, l, rank, ck_fill, &ck, block);
+	proto_ckpt_fini(&ck);
 	return 0;
 }
 
@@ -408,12 +393,20 @@ static int run_version(struct cluster *c, uint64_t want_v)
 		printf("  v%" PRIu64 " replica %s (%s): active after %" PRIu64 " ms, bytes %s\n", v,
 		       re->name, re->layout_arg, re->t_activate_ms, re->digest_ok ? "ok" : "WRONG");
 	}
-	json_array_append_new(c->out_versions,
-			      json_pack("{s:I,s:s,s:I,s:I,s:I,s:I,s:o}", "version", (json_int_t)v, "kind",
-					"anchor", "payload_bytes", (json_int_t)payload,
-					"trainer_upload_bytes", (json_int_t)from_trainer,
-					"peer_upload_bytes", (json_int_t)from_peers, "t_published_ms",
-					(json_int_t)(published_ms - created), "replicas", reps));
+	json_t *entry = json_pack("{s:I,s:s,s:I,s:I,s:I,s:I,s:o}", "version", (json_int_t)v, "kind",
+				  "anchor", "payload_bytes", (json_int_t)payload,
+				  "trainer_upload_bytes", (json_int_t)from_trainer,
+				  "peer_upload_bytes", (json_int_t)from_peers, "t_published_ms",
+				  (json_int_t)(published_ms - created), "replicas", reps);
+	/* Where the update spent its time, as the tracker recorded it. */
+	char path[128];
+	struct trk_reply tr;
+	snprintf(path, sizeof(path), TRK_API "/versions/%" PRIu64 "/timeline", v);
+	if (entry != NULL && trk_client_call(c->trk, "GET", path, NULL, NULL, 0, &tr) == 0 &&
+	    tr.status == 200 && tr.json != NULL)
+		json_object_set(entry, "timeline", tr.json);
+	trk_reply_fini(&tr);
+	json_array_append_new(c->out_versions, entry);
 	return ok ? 0 : -EBADMSG;
 }
 
@@ -814,8 +807,10 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 		{"trainer-ranks", required_argument, NULL, 'k'},
 		{"trainer-layout", required_argument, NULL, 'T'},
 		{"replica", required_argument, NULL, 'r'},
-		{"model-mb", required_argument, NULL, 'm'},
-		{"model", required_argument, NULL, 'M'},
+		{"synthetic-mb", required_argument, NULL, 'm'},
+		{"model-dir", required_argument, NULL, 'M'},
+		{"model-mb", required_argument, NULL, 'B'}, /* deprecated */
+		{"model", required_argument, NULL, 'x'},    /* now --model-dir */
 		{"versions", required_argument, NULL, 'v'},
 		{"provider", required_argument, NULL, 'p'},
 		{"seed", required_argument, NULL, 's'},
@@ -834,7 +829,10 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 	c->duration_s = 60;
 	c->seed = 1;
 	c->provider = FAB_PROVIDER_DEFAULT;
-	while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	optind = 1;
+	opterr = 0;
+	int li = 0;
+	while ((ch = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
 		int bad = 0;
 		switch (ch) {
 		case 'k': bad = proto_parse_u64(optarg, 1, 1024, &k); break;
@@ -847,8 +845,15 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 			snprintf(c->reps[c->nreps].layout_arg, sizeof(c->reps[0].layout_arg), "%s", optarg);
 			c->nreps++;
 			break;
+		case 'B':
+			proto_cli_deprecated("tessera cluster", "--model-mb", "--synthetic-mb");
+			/* fall through */
 		case 'm': bad = proto_parse_u64(optarg, 1, 1 << 20, &c->model_mb); break;
 		case 'M': c->model_dir = optarg; break;
+		case 'x':
+			/* --model names a model spec JSON everywhere else. */
+			fprintf(stderr, "tessera cluster: --model DIR is now --model-dir DIR\n");
+			return 2;
 		case 'v': bad = proto_parse_u64(optarg, 1, 1000000, &c->versions); break;
 		case 'p': c->provider = optarg; break;
 		case 's': bad = proto_parse_u64(optarg, 0, UINT64_MAX, &c->seed); break;
@@ -858,23 +863,22 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 		case 'S': bad = proto_parse_u64(optarg, 0, 3600000, &c->stagger_ms); break;
 		case 'd': bad = proto_parse_u64(optarg, 1, 86400, &c->duration_s); break;
 		case 'h': usage(stdout); return 1;
-		default: usage(stderr); return 2;
+		default: return proto_cli_bad_option("tessera cluster", ch, argv);
 		}
 		if (bad) {
-			fprintf(stderr, "tessera cluster: bad value '%s'\n", optarg);
+			fprintf(stderr, "tessera cluster: --%s wants a number in range, not '%s'\n",
+				opts[li].name, optarg);
 			return 2;
 		}
 	}
-	if (optind != argc) {
-		usage(stderr);
-		return 2;
-	}
+	if (optind != argc)
+		return proto_cli_extra("tessera cluster", argv[optind]);
 	if (c->every_ms == 0 && c->stagger_ms > 0) {
 		fprintf(stderr, "tessera cluster: --stagger needs --every\n");
 		return 2;
 	}
 	if (c->every_ms > 0 && c->model_dir != NULL) {
-		fprintf(stderr, "tessera cluster: --every publishes a synthetic model; drop --model\n");
+		fprintf(stderr, "tessera cluster: --every publishes a synthetic model; drop --model-dir\n");
 		return 2;
 	}
 	c->trainer_ranks = (uint32_t)k;
@@ -894,20 +898,18 @@ static int load_model_and_layouts(struct cluster *c, struct proto_err *err)
 	int rc;
 
 	if (c->model_dir != NULL) {
-		char path[4200];
-		struct proto_st st;
-		if ((rc = list_model_dir(c, err)) != 0)
+		struct proto_ckpt ck;
+		if ((rc = proto_ckpt_dir_list(c->model_dir, &c->ckpts, &c->nckpts, err)) != 0)
 			return rc;
-		if (c->versions > c->nst)
+		if (c->versions > c->nckpts)
 			return proto_errf(err, EINVAL, "%s holds %zu versions, --versions asks for %" PRIu64,
-					  c->model_dir, c->nst, c->versions);
-		path_join(path, sizeof(path), c->model_dir, c->st_files[0]);
-		if ((rc = proto_st_open(path, &st, err)) != 0)
+					  c->model_dir, c->nckpts, c->versions);
+		if ((rc = proto_ckpt_open(c->ckpts[0], &ck, err)) != 0)
 			return rc;
-		/* Keep a copy of the model (the file is closed again). */
-		json_t *mj = proto_model_to_json(&st.model);
-		proto_st_fini(&st);
-		rc = proto_model_from_json(mj, path, &c->model, err);
+		/* Keep a copy of the model (the files are closed again). */
+		json_t *mj = proto_model_to_json(&ck.model);
+		proto_ckpt_fini(&ck);
+		rc = proto_model_from_json(mj, c->ckpts[0], &c->model, err);
 		json_decref(mj);
 		if (rc != 0)
 			return rc;
@@ -1016,9 +1018,7 @@ out:
 	json_decref(c.out_versions);
 	for (uint32_t i = 0; i < c.nreps; i++)
 		proto_layout_fini(&c.reps[i].layout);
-	for (size_t i = 0; i < c.nst; i++)
-		free(c.st_files[i]);
-	free(c.st_files);
+	proto_ckpt_list_free(c.ckpts, c.nckpts);
 	proto_model_fini(&c.model);
 	return status;
 }

@@ -138,7 +138,8 @@ int node_cmd_delta(int argc, char **argv)
 	}
 	sub = argv[1];
 	if (strcmp(sub, "encode") != 0 && strcmp(sub, "apply") != 0 && strcmp(sub, "stats") != 0) {
-		fprintf(stderr, "tessera delta: unknown subcommand '%s' (see --help)\n", sub);
+		fprintf(stderr, "tessera delta: unknown %s '%s' (see --help)\n",
+			sub[0] == '-' ? "option" : "subcommand", sub);
 		return 2;
 	}
 	o.threads = ncpu > 0 ? (unsigned)ncpu : 1;
@@ -183,35 +184,23 @@ int node_cmd_delta(int argc, char **argv)
 		case 'h':
 			delta_usage(stdout);
 			return 0;
-		case ':':
-			fprintf(stderr, "tessera delta: %s needs an argument (see --help)\n",
-				argv[optind - 1]);
-			return 2;
 		default:
-			fprintf(stderr, "tessera delta: unknown option '%s' (see --help)\n",
-				argv[optind - 1]);
-			return 2;
+			return proto_cli_bad_option("tessera delta", c, argv);
 		}
 	}
 	if (strcmp(sub, "apply") == 0 && optind < argc)
 		delta = argv[optind++];
-	if (optind < argc) {
-		fprintf(stderr, "tessera delta %s: unexpected argument '%s'\n", sub, argv[optind]);
-		return 2;
-	}
-	if (parent == NULL) {
-		fprintf(stderr, "tessera delta %s: --parent is required\n", sub);
-		return 2;
-	}
+	if (optind < argc)
+		return proto_cli_extra("tessera delta", argv[optind]);
+	if (parent == NULL)
+		return proto_cli_missing("tessera delta", "--parent");
 	pg.what = sub;
 	o.progress = show_progress;
 	o.progress_arg = &pg;
 	if (strcmp(sub, "encode") == 0) {
 		struct proto_delta_stats st;
-		if (child == NULL || out == NULL) {
-			fprintf(stderr, "tessera delta encode: --child and -o are required\n");
-			return 2;
-		}
+		if (child == NULL || out == NULL)
+			return proto_cli_missing("tessera delta encode", child == NULL ? "--child" : "-o");
 		pg.on = big(child);
 		if (proto_delta_encode_files(parent, child, out, &o, &st, &err) != 0) {
 			fprintf(stderr, "tessera delta encode: %s\n", err.msg);
@@ -226,20 +215,16 @@ int node_cmd_delta(int argc, char **argv)
 		return 0;
 	}
 	if (strcmp(sub, "apply") == 0) {
-		if (delta == NULL || out == NULL) {
-			fprintf(stderr, "tessera delta apply: a delta file and -o are required\n");
-			return 2;
-		}
+		if (delta == NULL || out == NULL)
+			return proto_cli_missing("tessera delta apply", delta == NULL ? "a delta file" : "-o");
 		if (proto_delta_apply_files(parent, delta, out, o.threads, &err) != 0) {
 			fprintf(stderr, "tessera delta apply: %s\n", err.msg);
 			return 1;
 		}
 		return 0;
 	}
-	if (child == NULL) {
-		fprintf(stderr, "tessera delta stats: --child is required\n");
-		return 2;
-	}
+	if (child == NULL)
+		return proto_cli_missing("tessera delta stats", "--child");
 	pg.on = big(child);
 	pg.what = "stats";
 	return do_stats(parent, child, &o);

@@ -66,24 +66,14 @@ int node_cmd_keygen(int argc, char **argv)
 		case 'h':
 			keygen_usage(stdout);
 			return 0;
-		case ':':
-			fprintf(stderr, "tessera keygen: %s needs an argument (see --help)\n",
-				argv[optind - 1]);
-			return 2;
 		default:
-			fprintf(stderr, "tessera keygen: unknown option '%s' (see --help)\n",
-				argv[optind - 1]);
-			return 2;
+			return proto_cli_bad_option("tessera keygen", c, argv);
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, "tessera keygen: unexpected argument '%s'\n", argv[optind]);
-		return 2;
-	}
-	if (out == NULL || *out == 0) {
-		fprintf(stderr, "tessera keygen: -o PATH is required (see --help)\n");
-		return 2;
-	}
+	if (optind < argc)
+		return proto_cli_extra("tessera keygen", argv[optind]);
+	if (out == NULL || *out == 0)
+		return proto_cli_missing("tessera keygen", "-o PATH");
 
 	if (cluster) {
 		if (!force && exists(out)) {

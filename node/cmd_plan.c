@@ -9,8 +9,17 @@
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: tessera plan --model M.json --from T.json --to S.json [--json]\n"
-		   "  --from/--to take a layout file or a built-in (tpN, fsdpN)\n");
+	fprintf(f, "usage: tessera plan --model M.json --from L --to L [--json]\n"
+		   "\n"
+		   "Prints the parcels that carry the model from one layout to another: per\n"
+		   "(source rank, destination rank) the bytes, segments and copy runs.\n"
+		   "\n"
+		   "      --model M.json   the model spec JSON (`tessera model` writes one)\n"
+		   "      --from L         source (trainer) layout: a layout file or a\n"
+		   "                       built-in (tpN, fsdpN)\n"
+		   "      --to L           destination (serving) layout, the same forms\n"
+		   "      --json           the whole plan as JSON instead of a table\n"
+		   "  -h, --help           this text\n");
 }
 
 static void print_text(const struct proto_plan *p)
@@ -41,20 +50,22 @@ int node_cmd_plan(int argc, char **argv)
 	bool as_json = false;
 	int c, rc = 1;
 
-	while ((c = getopt_long(argc, argv, "m:f:t:jh", opts, NULL)) != -1) {
+	optind = 1;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":m:f:t:jh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'm': model = optarg; break;
 		case 'f': from = optarg; break;
 		case 't': to = optarg; break;
 		case 'j': as_json = true; break;
 		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		default: return proto_cli_bad_option("tessera plan", c, argv);
 		}
 	}
-	if (model == NULL || from == NULL || to == NULL || optind != argc) {
-		usage(stderr);
-		return 2;
-	}
+	if (optind != argc)
+		return proto_cli_extra("tessera plan", argv[optind]);
+	if (model == NULL || from == NULL || to == NULL)
+		return proto_cli_missing("tessera plan", model == NULL ? "--model" : from == NULL ? "--from" : "--to");
 	proto_model_init(&m);
 	if (proto_model_load(model, &m, &err) != 0 || proto_layout_open(&m, from, &src, &err) != 0 ||
 	    proto_layout_open(&m, to, &dst, &err) != 0 || proto_plan_build(&m, &src, &dst, &plan, &err) != 0) {

@@ -46,11 +46,15 @@ static void publish_usage(FILE *f)
 		"      --synthetic-mb N   the synthetic Llama-shaped BF16 model of N MiB;\n"
 		"                         version v is a pure function of (seed, v)\n"
 		"      --seed S           its seed (default 1)\n"
-		"      --model-dir DIR    one file per version, DIR/v<N>.safetensors (as\n"
-		"                         `tessera synth` writes them), taken in numeric\n"
-		"                         order of N: the i-th file (1-based) is tessera\n"
-		"                         version i, so v0.safetensors is version 1. All\n"
-		"                         files must hold the same tensors.\n"
+		"      --model-dir DIR    one checkpoint per version: DIR/v<N>.safetensors\n"
+		"                         (as `tessera synth` writes them) or DIR/v<N>/, a\n"
+		"                         Hugging Face directory (model.safetensors, or\n"
+		"                         model-0000K-of-0000N.safetensors shards with\n"
+		"                         model.safetensors.index.json), taken in numeric\n"
+		"                         order of N: the i-th (1-based) is tessera\n"
+		"                         version i, so v0 is version 1. A Hugging Face\n"
+		"                         directory given as DIR is one version. All\n"
+		"                         versions must hold the same tensors.\n"
 		"\n"
 		"Ranks:\n"
 		"      --layout L         trainer layout: a layout file or a built-in\n"
@@ -452,19 +456,6 @@ bad:
 	return -EINVAL;
 }
 
-static int parse_mib(const char *s, uint64_t *bytes)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno != 0 || end == s || *end != 0 || !(v > 0) || v > 1e8)
-		return -EINVAL;
-	*bytes = (uint64_t)(v * 1048576.0);
-	return *bytes > 0 ? 0 : -EINVAL;
-}
-
 int node_cmd_publish(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -513,7 +504,7 @@ int node_cmd_publish(int argc, char **argv)
 			ckey = optarg;
 			break;
 		case 'm':
-			if (parse_mib(optarg, &po.synthetic_bytes) != 0) {
+			if (proto_cli_parse_mib(optarg, &po.synthetic_bytes) != 0) {
 				fprintf(stderr, "tessera publish: --synthetic-mb wants a positive size, not '%s'\n",
 					optarg);
 				goto out;
@@ -570,26 +561,21 @@ int node_cmd_publish(int argc, char **argv)
 			publish_usage(stdout);
 			rc = 0;
 			goto out;
-		case ':':
-			fprintf(stderr, "tessera publish: %s needs an argument (see --help)\n",
-				argv[optind - 1]);
-			goto out;
 		default:
-			fprintf(stderr, "tessera publish: unknown option '%s' (see --help)\n",
-				argv[optind - 1]);
+			rc = proto_cli_bad_option("tessera publish", c, argv);
 			goto out;
 		}
 	}
 	if (optind < argc) {
-		fprintf(stderr, "tessera publish: unexpected argument '%s'\n", argv[optind]);
+		rc = proto_cli_extra("tessera publish", argv[optind]);
 		goto out;
 	}
 	if (po.tracker_url == NULL || key == NULL) {
-		fprintf(stderr, "tessera publish: --tracker URL and --key FILE are required\n");
+		rc = proto_cli_missing("tessera publish", po.tracker_url == NULL ? "--tracker URL" : "--key FILE");
 		goto out;
 	}
 	if ((po.synthetic_bytes > 0) == (po.model_dir != NULL)) {
-		fprintf(stderr, "tessera publish: give exactly one of --synthetic-mb N and --model-dir DIR\n");
+		fprintf(stderr, "tessera publish: give exactly one of --synthetic-mb N and --model-dir DIR (see --help)\n");
 		goto out;
 	}
 	if (!a.have_versions && !a.every && a.control == NULL) {

@@ -15,7 +15,7 @@
 static void synth_usage(FILE *f)
 {
 	fprintf(f,
-		"usage: tessera synth -o DIR --mb N --steps K [--lr 1e-6] [--seed S]\n"
+		"usage: tessera synth -o DIR --synthetic-mb N --steps K [--lr 1e-6] [--seed S]\n"
 		"                     [--threads T]\n"
 		"\n"
 		"Writes DIR/v0.safetensors .. DIR/vK.safetensors: a Llama-shaped model of\n"
@@ -23,13 +23,13 @@ static void synth_usage(FILE *f)
 		"masters, and prints the fraction of BF16 elements each step changed.\n"
 		"Reproducible from the seed whatever the thread count.\n"
 		"\n"
-		"  -o, --out DIR      output directory (created if missing)\n"
-		"      --mb N         size of one version in MiB\n"
-		"      --steps K      optimizer steps (versions after v0)\n"
-		"      --lr LR        Adam learning rate (default 1e-6)\n"
-		"      --seed S       random seed (default 1)\n"
-		"      --threads T    worker threads (default: online CPUs)\n"
-		"  -h, --help         this text\n");
+		"  -o, --out DIR         output directory (created if missing)\n"
+		"      --synthetic-mb N  size of one version in MiB (--mb: deprecated)\n"
+		"      --steps K         optimizer steps (versions after v0)\n"
+		"      --lr LR           Adam learning rate (default 1e-6)\n"
+		"      --seed S          random seed (default 1)\n"
+		"      --threads T       worker threads (default: online CPUs)\n"
+		"  -h, --help            this text\n");
 }
 
 static int parse_pos_double(const char *s, double *out)
@@ -49,7 +49,8 @@ int node_cmd_synth(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{"out", required_argument, NULL, 'o'},
-		{"mb", required_argument, NULL, 'm'},
+		{"synthetic-mb", required_argument, NULL, 'm'},
+		{"mb", required_argument, NULL, 'M'}, /* deprecated */
 		{"steps", required_argument, NULL, 's'},
 		{"lr", required_argument, NULL, 'l'},
 		{"seed", required_argument, NULL, 'S'},
@@ -74,9 +75,12 @@ int node_cmd_synth(int argc, char **argv)
 		case 'o':
 			dir = optarg;
 			break;
+		case 'M':
+			proto_cli_deprecated("tessera synth", "--mb", "--synthetic-mb");
+			/* fall through */
 		case 'm':
 			if (parse_pos_double(optarg, &mb) != 0) {
-				fprintf(stderr, "tessera synth: --mb wants a positive size, not '%s'\n",
+				fprintf(stderr, "tessera synth: --synthetic-mb wants a positive size, not '%s'\n",
 					optarg);
 				return 2;
 			}
@@ -114,24 +118,14 @@ int node_cmd_synth(int argc, char **argv)
 		case 'h':
 			synth_usage(stdout);
 			return 0;
-		case ':':
-			fprintf(stderr, "tessera synth: %s needs an argument (see --help)\n",
-				argv[optind - 1]);
-			return 2;
 		default:
-			fprintf(stderr, "tessera synth: unknown option '%s' (see --help)\n",
-				argv[optind - 1]);
-			return 2;
+			return proto_cli_bad_option("tessera synth", c, argv);
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, "tessera synth: unexpected argument '%s'\n", argv[optind]);
-		return 2;
-	}
-	if (dir == NULL || mb <= 0 || !have_steps) {
-		fprintf(stderr, "tessera synth: -o DIR, --mb N and --steps K are required\n");
-		return 2;
-	}
+	if (optind < argc)
+		return proto_cli_extra("tessera synth", argv[optind]);
+	if (dir == NULL || mb <= 0 || !have_steps)
+		return proto_cli_missing("tessera synth", dir == NULL ? "-o DIR" : mb <= 0 ? "--synthetic-mb N" : "--steps K");
 	if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
 		fprintf(stderr, "tessera synth: %s: %s\n", dir, strerror(errno));
 		return 1;

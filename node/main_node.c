@@ -2,6 +2,7 @@
 #include <event2/event.h>
 #include <getopt.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -13,18 +14,45 @@
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: tessera-node --tracker URL --replica ID --rank R --layout S.json|tpN\n"
+		"usage: tessera-node --tracker URL --replica ID --rank R --layout L\n"
 		"                    --model M.json --trainer-pubkey FILE [--cluster-key FILE]\n"
 		"                    [--provider NAME] [--store host|cuda|auto] [--expose DIR]\n"
 		"                    [--host NAME] [--config FILE] [--log-format text|json]\n"
 		"                    [--log-level err|warn|info|debug] [--metrics HOST:PORT|off]\n"
-		"  --metrics A   serve /metrics and /healthz on A (default 127.0.0.1:0, a\n"
-		"                free port; printed as `metrics on URL` on stdout)\n"
-		"  --config FILE the [node] section gives options (flags override it),\n"
-		"                [params] tunables, [log] level and format\n"
-		"  --expose DIR  write DIR/<replica>-<rank>.json on every activation: the\n"
-		"                version, a memfd path (and CUDA IPC handle) a serving\n"
-		"                process maps, and where each local tensor lies in it\n");
+		"\n"
+		"The node agent for one rank of one serving replica: registers at the\n"
+		"tracker, pulls the bytes its rank keeps of every new version from the\n"
+		"publisher and from peers, verifies them against the signed manifest,\n"
+		"serves them to peers and activates a version once every rank of its\n"
+		"replica holds it. Start one per rank of the replica's layout.\n"
+		"\n"
+		"      --tracker URL          the tracker, http://HOST:PORT\n"
+		"      --replica ID           the replica this rank belongs to (A, B, ...)\n"
+		"      --rank R               this rank, 0 .. ranks of the layout - 1\n"
+		"      --layout L             the replica's serving layout: a layout file\n"
+		"                             or a built-in (tpN)\n"
+		"      --model M.json         the model spec JSON the publisher serves\n"
+		"                             (`tessera model` writes it)\n"
+		"      --trainer-pubkey FILE  verify manifests with this key\n"
+		"      --cluster-key FILE     sign tracker requests with this cluster key\n"
+		"      --provider NAME        libfabric provider (default tcp;ofi_rxm)\n"
+		"      --store KIND           where the weights live: host memory, cuda\n"
+		"                             (GPU) or auto (cuda when a GPU is usable)\n"
+		"      --expose DIR           write DIR/<replica>-<rank>.json on every\n"
+		"                             activation: the version, a memfd path (and\n"
+		"                             CUDA IPC handle) a serving process maps, and\n"
+		"                             where each local tensor lies in it\n"
+		"      --host NAME            host name to report (default: gethostname)\n"
+		"      --metrics A            serve /metrics and /healthz on A (default\n"
+		"                             127.0.0.1:0, a free port; printed as\n"
+		"                             `metrics on URL` on stdout; off: none)\n"
+		"      --config FILE          the [node] section gives options (flags\n"
+		"                             override it), [params] tunables, [log]\n"
+		"                             level and format\n"
+		"      --log-format F         text (default) or json, one object a line\n"
+		"      --log-level L          err, warn, info (default) or debug\n"
+		"  -h, --help                 this text\n"
+		"      --version              print the release and exit\n");
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -48,6 +76,7 @@ int main(int argc, char **argv)
 		{"host", required_argument, NULL, 'H'},
 		{"metrics", required_argument, NULL, 'M'},
 		{"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, 'V'},
 		{NULL, 0, NULL, 0}};
 	struct node_agent_opts o = {0};
 	struct node_agent *agent = NULL;
@@ -60,9 +89,11 @@ int main(int argc, char **argv)
 	uint64_t rank = UINT64_MAX;
 	int c, rc = 1;
 
+	proto_cli_setup();
 	proto_log_setup("tessera-node", -1);
 	proto_config_cli("tessera-node", "node", opts, &argc, &argv);
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		switch (c) {
 		case 't': o.tracker_url = optarg; break;
 		case 'r': o.replica = optarg; break;
@@ -82,14 +113,19 @@ int main(int argc, char **argv)
 		case 'H': o.host = optarg; break;
 		case 'M': metrics_at = optarg; break;
 		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		case 'V': proto_cli_version("tessera-node"); return 0;
+		default: return proto_cli_bad_option("tessera-node", c, argv);
 		}
 	}
-	if (o.tracker_url == NULL || o.replica == NULL || rank == UINT64_MAX || o.layout == NULL ||
-	    o.model == NULL || o.trainer_pubkey == NULL || optind != argc) {
-		usage(stderr);
-		return 2;
-	}
+	if (optind != argc)
+		return proto_cli_extra("tessera-node", argv[optind]);
+	static const char *const required[] = {"--tracker", "--replica", "--rank", "--layout",
+					       "--model", "--trainer-pubkey"};
+	const bool given[] = {o.tracker_url, o.replica, rank != UINT64_MAX, o.layout, o.model,
+			      o.trainer_pubkey};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(required); i++)
+		if (!given[i])
+			return proto_cli_missing("tessera-node", required[i]);
 	o.rank = (uint32_t)rank;
 	char ident[128];
 	snprintf(ident, sizeof(ident), "%s/%u", o.replica, o.rank);

@@ -674,6 +674,10 @@ void node__pub_on_wake(evutil_socket_t fd, short what, void *arg)
 	if (ex->jobs_left == 0 && ex->phase == EX_PREP && !ex->snap_done) {
 		ex->snap_done = true;
 		ex->snapshot_ns = proto_now_ns() - ex->phase_ns;
+		/* For the version's timeline: the leader's fresh exports only
+		 * (not a rebuild after a restart). */
+		if (ex->pv != NULL && ex->req != NULL && !ex->verify)
+			ex->pv->snapshot_ms = proto_wall_ms();
 	}
 	node__pub_ex_step(p);
 }

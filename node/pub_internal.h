@@ -26,6 +26,7 @@
 #include "node/fabloop.h"
 #include "node/publisher.h"
 #include "proto/proto.h"
+#include "proto/checkpoint.h"
 #include "proto/safetensors.h"
 #include "tracker/tracker.h"
 
@@ -68,6 +69,7 @@ struct pub_part {
 struct pub_version {
 	struct node_pub *p;
 	uint64_t version, created_ms;
+	uint64_t snapshot_ms; /* wall clock when the snapshot was complete */
 	struct pub_part *parts;
 	size_t nparts;
 	struct trk_offer *offers;
@@ -129,9 +131,9 @@ struct pub_hosted {
 };
 
 struct pub_file {
-	uint64_t n; /* the N of vN.safetensors */
-	struct proto_st st;
-	uint32_t *map; /* model tensor index -> this file's tensor index */
+	char *path; /* the checkpoint of this version (proto/checkpoint.h) */
+	struct proto_ckpt ck;
+	uint32_t *map; /* model tensor index -> this checkpoint's tensor index */
 };
 
 struct pub_spare {
@@ -213,8 +215,9 @@ void node__pub_watch_versions(struct node_pub *p);
 
 /* Whether the source holds version v (any v >= 1 for the fixture). */
 bool node__pub_source_has(const struct node_pub *p, uint64_t v);
-/* Opens every v<N>.safetensors in dir into p->files and builds p->model from
- * the first; all must share the model. On failure what was opened stays in
+/* Opens every version of the model dir (proto/checkpoint.h: v<N>.safetensors,
+ * v<N>/ checkpoints, or dir a checkpoint itself) into p->files and builds
+ * p->model from the first; all must share the model. On failure what was opened stays in
  * p for node_pub_free. */
 int node__pub_load_model_dir(struct node_pub *p, const char *dir, struct proto_err *err);
 /* Fills rank's snapshot block with version's bytes. Runs on a worker

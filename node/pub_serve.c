@@ -245,8 +245,10 @@ void node__pub_sync_offers(struct node_pub *p)
 		}
 		if (!p->registered || p->dead || (pv->offered && !pv->releasing))
 			continue;
-		rc = trk_client_offer(p->trk, p->id, pv->version, pv->releasing ? NULL : pv->offers,
-				      pv->releasing ? 0 : pv->noffers, on_offer, pv);
+		rc = trk_client_offer_timed(p->trk, p->id, pv->version,
+					    pv->releasing ? 0 : pv->snapshot_ms,
+					    pv->releasing ? NULL : pv->offers,
+					    pv->releasing ? 0 : pv->noffers, on_offer, pv);
 		if (rc == 0) {
 			pv->offer_busy = true;
 			pv->offer_gen = p->reg_gen;

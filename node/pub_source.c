@@ -1,4 +1,4 @@
-/* The publisher's weights: the synthetic fixture or a model dir of v<N>.safetensors files. */
+/* The publisher's weights: the synthetic fixture or a model dir of one checkpoint per version. */
 #include "node/pub_internal.h"
 
 #include <dirent.h>
@@ -17,41 +17,17 @@ bool node__pub_source_has(const struct node_pub *p, uint64_t v)
 
 /* ---- the model dir --------------------------------------------------------- */
 
-static int file_cmp(const void *a, const void *b)
+/* Checks that checkpoint f holds exactly the model's tensors (any order) and
+ * maps them. */
+static int file_match(struct node_pub *p, struct pub_file *f, const char *first,
+		      struct proto_err *err)
 {
-	const struct pub_file *x = a, *y = b;
-	return x->n < y->n ? -1 : x->n > y->n;
-}
-
-/* "v<N>.safetensors" -> N. */
-static bool version_file(const char *name, uint64_t *n)
-{
-	const char *suf = ".safetensors";
-	size_t len = strlen(name), sl = strlen(suf);
-	char num[32];
-
-	if (len <= sl + 1 || name[0] != 'v' || strcmp(name + len - sl, suf) != 0 ||
-	    len - sl - 1 >= sizeof(num))
-		return false;
-	memcpy(num, name + 1, len - sl - 1);
-	num[len - sl - 1] = 0;
-	if (num[0] < '0' || num[0] > '9')
-		return false;
-	return proto_parse_u64(num, 0, UINT64_MAX, n) == 0;
-}
-
-/* Checks that file f holds exactly the model's tensors (any order) and maps
- * them. */
-static int file_match(struct node_pub *p, struct pub_file *f, const char *dir,
-		      const char *first, struct proto_err *err)
-{
-	const struct proto_model *fm = &f->st.model;
+	const struct proto_model *fm = &f->ck.model;
 
 	if (fm->ntensors != p->model.ntensors)
 		return proto_errf(err, EINVAL,
-				  "%s/v%llu.safetensors has %u tensors but %s has %u: all versions must share the model",
-				  dir, (unsigned long long)f->n, fm->ntensors, first,
-				  p->model.ntensors);
+				  "%s has %u tensors but %s has %u: all versions must share the model",
+				  f->path, fm->ntensors, first, p->model.ntensors);
 	f->map = calloc(PROTO_MAX(p->model.ntensors, 1), sizeof(*f->map));
 	if (f->map == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
@@ -61,13 +37,13 @@ static int file_match(struct node_pub *p, struct pub_file *f, const char *dir,
 		const struct proto_tensor *b = i >= 0 ? &fm->tensors[i] : NULL;
 		if (b == NULL)
 			return proto_errf(err, EINVAL,
-					  "%s/v%llu.safetensors lacks tensor '%s' of %s: all versions must share the model",
-					  dir, (unsigned long long)f->n, a->name, first);
+					  "%s lacks tensor '%s' of %s: all versions must share the model",
+					  f->path, a->name, first);
 		if (b->dtype != a->dtype || b->ndim != a->ndim ||
 		    memcmp(b->shape, a->shape, sizeof(a->shape[0]) * a->ndim) != 0)
 			return proto_errf(err, EINVAL,
-					  "%s/v%llu.safetensors: tensor '%s' differs in dtype or shape from %s: all versions must share the model",
-					  dir, (unsigned long long)f->n, a->name, first);
+					  "%s: tensor '%s' differs in dtype or shape from %s: all versions must share the model",
+					  f->path, a->name, first);
 		f->map[t] = (uint32_t)i;
 	}
 	return 0;
@@ -75,66 +51,38 @@ static int file_match(struct node_pub *p, struct pub_file *f, const char *dir,
 
 int node__pub_load_model_dir(struct node_pub *p, const char *dir, struct proto_err *err)
 {
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	size_t cap = 0;
-	char path[4096], first[64];
-	int rc = 0;
+	char **paths = NULL;
+	size_t n = 0;
+	int rc;
 
-	if (d == NULL)
-		return proto_errf(err, errno, "model dir %s: %s", dir, strerror(errno));
-	while ((e = readdir(d)) != NULL) {
-		uint64_t n;
-		if (!version_file(e->d_name, &n))
-			continue;
-		if (p->nfiles == cap) {
-			size_t nc = cap ? 2 * cap : 16;
-			struct pub_file *nf = realloc(p->files, nc * sizeof(*nf));
-			if (nf == NULL) {
-				closedir(d);
-				return proto_errf(err, ENOMEM, "out of memory");
-			}
-			p->files = nf;
-			cap = nc;
-		}
-		memset(&p->files[p->nfiles], 0, sizeof(p->files[0]));
-		p->files[p->nfiles++].n = n;
+	if ((rc = proto_ckpt_dir_list(dir, &paths, &n, err)) != 0)
+		return rc;
+	p->files = calloc(n, sizeof(*p->files));
+	if (p->files == NULL) {
+		proto_ckpt_list_free(paths, n);
+		return proto_errf(err, ENOMEM, "out of memory");
 	}
-	closedir(d);
-	if (p->nfiles == 0)
-		return proto_errf(err, ENOENT, "model dir %s: no v<N>.safetensors file", dir);
-	qsort(p->files, p->nfiles, sizeof(p->files[0]), file_cmp);
-	for (size_t i = 1; i < p->nfiles; i++)
-		if (p->files[i].n == p->files[i - 1].n)
-			return proto_errf(err, EINVAL,
-					  "model dir %s: two files are version v%llu (leading zeros?)",
-					  dir, (unsigned long long)p->files[i].n);
-	for (size_t i = 0; i < p->nfiles; i++) {
-		struct pub_file *f = &p->files[i];
-		snprintf(path, sizeof(path), "%s/v%llu.safetensors", dir, (unsigned long long)f->n);
-		/* A v01.safetensors is found as v1; open what is really there. */
-		if (access(path, R_OK) != 0) {
-			rc = proto_errf(err, ENOENT,
-					"model dir %s: name the files v<N>.safetensors without leading zeros",
-					dir);
+	/* The paths move into p->files. */
+	p->nfiles = n;
+	for (size_t i = 0; i < n; i++)
+		p->files[i].path = paths[i];
+	free(paths);
+	for (size_t i = 0; i < p->nfiles; i++)
+		if ((rc = proto_ckpt_open(p->files[i].path, &p->files[i].ck, err)) != 0)
 			return rc;
-		}
-		if ((rc = proto_st_open(path, &f->st, err)) != 0)
-			return rc;
-	}
-	/* The model: the first file's tensors, in its data order. */
+	/* The model: the first version's tensors, in its order. */
 	proto_model_init(&p->model);
 	p->have_model = true;
-	for (uint32_t t = 0; t < p->files[0].st.model.ntensors; t++) {
-		const struct proto_tensor *x = &p->files[0].st.model.tensors[t];
+	const struct proto_model *m0 = &p->files[0].ck.model;
+	for (uint32_t t = 0; t < m0->ntensors; t++) {
+		const struct proto_tensor *x = &m0->tensors[t];
 		if ((rc = proto_model_add(&p->model, x->name, x->dtype, x->ndim, x->shape, err)) != 0)
 			return rc;
 	}
 	if ((rc = proto_model_finish(&p->model, err)) != 0)
 		return rc;
-	snprintf(first, sizeof(first), "v%llu.safetensors", (unsigned long long)p->files[0].n);
 	for (size_t i = 0; i < p->nfiles; i++)
-		if ((rc = file_match(p, &p->files[i], dir, first, err)) != 0)
+		if ((rc = file_match(p, &p->files[i], p->files[0].path, err)) != 0)
 			return rc;
 	return 0;
 }
@@ -147,9 +95,9 @@ static void st_source(void *arg, uint32_t t, uint64_t first, uint64_t count, uin
 {
 	const struct st_src *s = arg;
 	uint32_t i = s->f->map[t];
-	size_t es = proto_dtype_size(s->f->st.model.tensors[i].dtype);
+	size_t es = proto_dtype_size(s->f->ck.model.tensors[i].dtype);
 
-	memcpy(out, proto_st_tensor(&s->f->st, i) + first * es, count * es);
+	memcpy(out, proto_ckpt_tensor(&s->f->ck, i) + first * es, count * es);
 }
 
 /* ---- snapshots --------------------------------------------------------------- */

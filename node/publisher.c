@@ -524,7 +524,8 @@ void node_pub_free(struct node_pub *p)
 	if (p->have_tl)
 		proto_layout_fini(&p->tl);
 	for (size_t i = 0; i < p->nfiles; i++) {
-		proto_st_fini(&p->files[i].st);
+		proto_ckpt_fini(&p->files[i].ck);
+		free(p->files[i].path);
 		free(p->files[i].map);
 	}
 	free(p->files);

@@ -73,8 +73,10 @@ struct node_pub_opts {
 	const uint8_t *sk;          /* PROTO_SK_BYTES trainer secret key */
 	/* Source of weights: synthetic_bytes > 0 for the fixture model of that
 	 * size (version v's bytes from proto_fixture_fill_rank with seed), else
-	 * model_dir: one v<N>.safetensors per version, in numeric order of N;
-	 * the i-th file (1-based) is version i. */
+	 * model_dir: one checkpoint per version, v<N>.safetensors or a v<N>/
+	 * Hugging Face directory (sharded or not), in numeric order of N; the
+	 * i-th (1-based) is version i. A Hugging Face checkpoint directory is
+	 * itself one version (proto/checkpoint.h). */
 	uint64_t synthetic_bytes;
 	uint64_t seed;
 	const char *model_dir;

@@ -56,7 +56,11 @@
 	/* Elements per delta chunk: the unit of zstd frames and apply threads. */ \
 	X(DELTA_CHUNK, "TESSERA_DELTA_CHUNK", 1u << 22, "elements per delta chunk") \
 	/* zstd level of delta streams (see proto/delta.h for the measurements). */ \
-	X(DELTA_LEVEL, "TESSERA_DELTA_LEVEL", 1, "zstd level of delta streams")
+	X(DELTA_LEVEL, "TESSERA_DELTA_LEVEL", 1, "zstd level of delta streams") \
+	/* A node that has waited this long (for the tracker, a first version, \
+	 * the rest of its replica) says so at the default log level, then at \
+	 * most once per this period while the wait lasts. */ \
+	X(WAIT_NOTICE_MS, "TESSERA_WAIT_NOTICE_MS", 10000, "say what a node waits for after, ms")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

@@ -3,6 +3,7 @@
 #ifndef PROTO_PROTO_H
 #define PROTO_PROTO_H
 
+#include "proto/cli.h"
 #include "proto/log.h"
 #include "proto/manifest.h"
 #include "proto/params.h"

@@ -18,8 +18,10 @@
 #include "node/proc.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
+#include "proto/safetensors.h"
 #include "tracker/tracker.h"
 #include "tests/testutil.h"
+#include "tests/ckpt_util.h"
 
 static void test_cluster_report(void **state)
 {
@@ -31,7 +33,7 @@ static void test_cluster_report(void **state)
 	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
 	snprintf(report, sizeof(report), "%s/report.json", dir);
 	tu_bin(bin, sizeof(bin), "tessera");
-	assert_int_equal(tu_sh("%s cluster --model-mb 4 --versions 2 --replica tp2 --replica tp1 "
+	assert_int_equal(tu_sh("%s cluster --synthetic-mb 4 --versions 2 --replica tp2 --replica tp1 "
 			       "--report %s > %s/out 2>&1 || cat %s/out",
 			       bin, report, dir, dir),
 			 0);
@@ -49,6 +51,89 @@ static void test_cluster_report(void **state)
 		assert_true(json_integer_value(json_object_get(v, "payload_bytes")) > 0);
 		assert_true(json_integer_value(json_object_get(v, "trainer_upload_bytes")) > 0);
 		json_t *reps = json_object_get(v, "replicas");
+		assert_int_equal(json_array_size(reps), 2);
+		for (size_t r = 0; r < 2; r++) {
+			json_t *re = json_array_get(reps, r);
+			assert_true(json_is_true(json_object_get(re, "activated")));
+			assert_true(json_is_true(json_object_get(re, "digest_ok")));
+		}
+		/* The tracker's timeline of the update: the publisher's snapshot,
+		 * and for every rank its first and last byte and verification,
+		 * in order, before its replica's activation. */
+		json_t *tl = json_object_get(v, "timeline");
+		assert_non_null(tl);
+		json_int_t asked = json_integer_value(json_object_get(tl, "export_asked_ms"));
+		json_int_t snap = json_integer_value(json_object_get(tl, "snapshot_ms"));
+		json_int_t pub = json_integer_value(json_object_get(tl, "published_ms"));
+		assert_true(asked > 0 && snap >= asked && pub >= snap);
+		json_t *tr = json_object_get(tl, "replicas");
+		assert_int_equal(json_array_size(tr), 2);
+		for (size_t r = 0; r < 2; r++) {
+			json_t *re = json_array_get(tr, r), *rk;
+			json_int_t act = json_integer_value(json_object_get(re, "activated_ms"));
+			size_t k;
+			assert_int_equal(json_array_size(json_object_get(re, "ranks")),
+					 json_integer_value(json_object_get(re, "nranks")));
+			json_array_foreach(json_object_get(re, "ranks"), k, rk) {
+				json_int_t first = json_integer_value(json_object_get(rk, "first_byte_ms"));
+				json_int_t last = json_integer_value(json_object_get(rk, "last_byte_ms"));
+				json_int_t ver = json_integer_value(json_object_get(rk, "verified_ms"));
+				assert_true(first >= pub && last >= first && ver >= last && act >= ver);
+			}
+		}
+	}
+	json_decref(j);
+	tu_rmtree(dir);
+}
+
+/* A model dir of Hugging Face sharded checkpoints, v1/ and v2/ (three
+ * shards each, with their index), published by `tessera cluster
+ * --model-dir`: every replica activates each version and every rank's bytes
+ * equal the checkpoint's (the cluster compares them itself). */
+static void test_cluster_sharded_checkpoints(void **state)
+{
+	char dir[256], mdir[300], vdir[320], bin[512], report[512];
+	struct proto_model m;
+	struct proto_err err;
+	uint8_t *buf;
+	size_t len;
+
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	snprintf(mdir, sizeof(mdir), "%s/model", dir);
+	assert_int_equal(mkdir(mdir, 0755), 0);
+	assert_int_equal(proto_fixture_model(4 << 20, &m, &err), 0);
+	for (uint64_t v = 1; v <= 2; v++) {
+		const void **data = calloc(m.ntensors, sizeof(*data));
+		assert_non_null(data);
+		for (uint32_t t = 0; t < m.ntensors; t++) {
+			uint8_t *b = malloc(m.tensors[t].nbytes);
+			assert_non_null(b);
+			proto_fixture_fill(&m, 99, v, t, 0, m.tensors[t].nelem, b);
+			data[t] = b;
+		}
+		snprintf(vdir, sizeof(vdir), "%s/v%llu", mdir, (unsigned long long)v);
+		tu_write_hf_checkpoint(vdir, &m, 3, data);
+		for (uint32_t t = 0; t < m.ntensors; t++)
+			free((void *)data[t]);
+		free(data);
+	}
+	proto_model_fini(&m);
+	assert_int_equal(tu_sh("test -f %s/v2/model-00003-of-00003.safetensors", mdir), 0);
+	snprintf(report, sizeof(report), "%s/report.json", dir);
+	tu_bin(bin, sizeof(bin), "tessera");
+	assert_int_equal(tu_sh("%s cluster --model-dir %s --versions 2 --replica tp2 --replica tp1 "
+			       "--report %s > %s/out 2>&1 || cat %s/out",
+			       bin, mdir, report, dir, dir),
+			 0);
+	assert_int_equal(proto_read_file(report, 1 << 20, &buf, &len, &err), 0);
+	json_t *j = json_loadb((char *)buf, len, 0, NULL);
+	free(buf);
+	assert_non_null(j);
+	assert_true(json_is_true(json_object_get(j, "ok")));
+	json_t *vs = json_object_get(j, "versions");
+	assert_int_equal(json_array_size(vs), 2);
+	for (size_t i = 0; i < 2; i++) {
+		json_t *reps = json_object_get(json_array_get(vs, i), "replicas");
 		assert_int_equal(json_array_size(reps), 2);
 		for (size_t r = 0; r < 2; r++) {
 			json_t *re = json_array_get(reps, r);
@@ -76,7 +161,7 @@ static void test_cluster_clock_report(void **state)
 	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
 	snprintf(report, sizeof(report), "%s/report.json", dir);
 	tu_bin(bin, sizeof(bin), "tessera");
-	assert_int_equal(tu_sh("%s cluster --model-mb 4 --every 300 --stagger 500 --duration 8 "
+	assert_int_equal(tu_sh("%s cluster --synthetic-mb 4 --every 300 --stagger 500 --duration 8 "
 			       "--replica tp2 --replica tp1 --report %s > %s/out 2>&1 || cat %s/out",
 			       bin, report, dir, dir),
 			 0);
@@ -711,6 +796,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cluster_report),
 		cmocka_unit_test(test_cluster_clock_report),
+		cmocka_unit_test(test_cluster_sharded_checkpoints),
 		cmocka_unit_test_setup_teardown(test_publisher_killed_mid_transfer, kill_setup,
 						kill_teardown),
 		cmocka_unit_test_setup_teardown(test_publisher_stalled_mid_transfer, kill_setup,

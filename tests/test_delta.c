@@ -876,11 +876,11 @@ static void test_cli(void **state)
 	(void)state;
 	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
 	tu_bin(bin, sizeof(bin), "tessera");
-	assert_int_equal(tu_sh("%s synth -o %s --mb 0.25 --steps 2 --seed 3 --threads 1 > %s/synth.out",
+	assert_int_equal(tu_sh("%s synth -o %s --synthetic-mb 0.25 --steps 2 --seed 3 --threads 1 > %s/synth.out",
 			       bin, dir, dir), 0);
 	assert_int_equal(tu_sh("grep -q 'step 2: .* changed' %s/synth.out", dir), 0);
 	/* Reproducible whatever the thread count. */
-	assert_int_equal(tu_sh("%s synth -o %s/again --mb 0.25 --steps 2 --seed 3 --threads 3 > /dev/null",
+	assert_int_equal(tu_sh("%s synth -o %s/again --synthetic-mb 0.25 --steps 2 --seed 3 --threads 3 > /dev/null",
 			       bin, dir), 0);
 	assert_int_equal(tu_sh("cmp -s %s/v2.safetensors %s/again/v2.safetensors", dir, dir), 0);
 	/* Encode, apply, byte-identical; and the next step. */

@@ -1929,6 +1929,155 @@ static void test_status_outputs(void **state)
 
 /* ---- the client on its own ----------------------------------------------------------------- */
 
+/* GET /versions/V/timeline: the boundaries of an update as the publisher,
+ * the nodes and the tracker saw them pass. */
+static void timeline_report(struct fx *f, const char *id, const char *state, uint64_t first,
+			    uint64_t last)
+{
+	struct trk_reply r;
+	char b[512];
+	snprintf(b, sizeof(b),
+		 "{\"id\":\"%s\",\"version\":1,\"state\":\"%s\",\"bytes_done\":100,"
+		 "\"bytes_total\":100,\"first_byte_ms\":%llu,\"last_byte_ms\":%llu}",
+		 id, state, (unsigned long long)first, (unsigned long long)last);
+	assert_int_equal(post(f, TRK_API "/nodes/state", b, &r), 200);
+	trk_reply_fini(&r);
+}
+
+static json_t *rank_of(json_t *rep, int rank)
+{
+	size_t i;
+	json_t *e;
+	json_array_foreach(json_object_get(rep, "ranks"), i, e)
+		if (json_integer_value(json_object_get(e, "rank")) == rank)
+			return e;
+	fail_msg("rank %d not in the timeline", rank);
+	return NULL;
+}
+
+static void test_timeline(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	char b[1024];
+	json_t *rep;
+
+	populate(f);
+	register_node_ok(f, "B", 0, TP1);
+	/* Nothing but the version's own times yet. */
+	assert_int_equal(get(f, TRK_API "/versions/1/timeline", &r), 200);
+	assert_int_equal(jget_u64(r.json, "version"), 1);
+	assert_string_equal(json_string_value(json_object_get(r.json, "kind")), "anchor");
+	assert_int_equal(jget_u64(r.json, "export_asked_ms"), 1700000000001ull); /* the manifest's */
+	assert_true(json_is_null(json_object_get(r.json, "snapshot_ms")));
+	uint64_t published = jget_u64(r.json, "published_ms");
+	assert_true(published > 1700000000001ull);
+	assert_int_equal(json_array_size(json_object_get(r.json, "replicas")), 0);
+	trk_reply_fini(&r);
+
+	/* The publisher's snapshot time comes with its offer. */
+	snprintf(b, sizeof(b),
+		 "{\"id\":\"%s\",\"version\":1,\"snapshot_ms\":1700000000500,\"parcels\":[]}",
+		 f->pub_id);
+	assert_int_equal(post(f, TRK_API "/offers", b, &r), 200);
+	trk_reply_fini(&r);
+
+	/* A's ranks: bytes, verified, active; B only starts. */
+	timeline_report(f, "A/0", "fetching", 1700000001000ull, 1700000001100ull);
+	timeline_report(f, "A/1", "fetching", 1700000001010ull, 1700000001010ull);
+	timeline_report(f, "B/0", "fetching", 1700000001020ull, 1700000001030ull);
+	assert_int_equal(get(f, TRK_API "/versions/1/timeline", &r), 200);
+	rep = json_array_get(json_object_get(r.json, "replicas"), 0);
+	assert_string_equal(json_string_value(json_object_get(rep, "replica")), "A");
+	assert_true(json_is_null(json_object_get(rep, "prepared_ms")));
+	assert_true(json_is_null(json_object_get(rank_of(rep, 0), "verified_ms")));
+	trk_reply_fini(&r);
+	timeline_report(f, "A/0", "verified", 1700000001000ull, 1700000002000ull);
+	timeline_report(f, "A/1", "verified", 1700000001010ull, 1700000002100ull);
+	timeline_report(f, "A/0", "active", 1700000001000ull, 1700000002000ull);
+	timeline_report(f, "A/1", "active", 1700000001010ull, 1700000002100ull);
+
+	assert_int_equal(get(f, TRK_API "/versions/1/timeline", &r), 200);
+	assert_int_equal(jget_u64(r.json, "snapshot_ms"), 1700000000500ull);
+	assert_int_equal(jget_u64(r.json, "published_ms"), published);
+	json_t *reps = json_object_get(r.json, "replicas");
+	assert_int_equal(json_array_size(reps), 2);
+	rep = json_array_get(reps, 0);
+	assert_string_equal(json_string_value(json_object_get(rep, "replica")), "A");
+	assert_int_equal(jget_u64(rep, "nranks"), 2);
+	uint64_t prepared = jget_u64(rep, "prepared_ms"), activated = jget_u64(rep, "activated_ms");
+	assert_true(prepared >= published && activated >= prepared);
+	assert_int_equal(jget_u64(rank_of(rep, 0), "first_byte_ms"), 1700000001000ull);
+	assert_int_equal(jget_u64(rank_of(rep, 0), "last_byte_ms"), 1700000002000ull);
+	assert_int_equal(jget_u64(rank_of(rep, 1), "first_byte_ms"), 1700000001010ull);
+	assert_int_equal(jget_u64(rank_of(rep, 1), "last_byte_ms"), 1700000002100ull);
+	for (int k = 0; k < 2; k++) {
+		uint64_t ver = jget_u64(rank_of(rep, k), "verified_ms");
+		assert_true(ver >= published && ver <= prepared);
+		assert_true(jget_u64(rank_of(rep, k), "activated_ms") >= ver);
+	}
+	/* B: bytes so far, nothing else. */
+	rep = json_array_get(reps, 1);
+	assert_string_equal(json_string_value(json_object_get(rep, "replica")), "B");
+	assert_true(json_is_null(json_object_get(rep, "prepared_ms")));
+	assert_true(json_is_null(json_object_get(rep, "activated_ms")));
+	assert_int_equal(jget_u64(rank_of(rep, 0), "first_byte_ms"), 1700000001020ull);
+	assert_true(json_is_null(json_object_get(rank_of(rep, 0), "verified_ms")));
+	trk_reply_fini(&r);
+
+	/* Version 2 has its own (empty) timeline; bad and unknown versions. */
+	assert_int_equal(get(f, TRK_API "/versions/2/timeline", &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "replicas")), 0);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions/3/timeline", &r), 404);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions/0/timeline", &r), 400);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions/x/timeline", &r), 400);
+	trk_reply_fini(&r);
+	assert_int_equal(post(f, TRK_API "/versions/1/timeline", "{}", &r), 405);
+	trk_reply_fini(&r);
+
+	/* The status page draws it. */
+	assert_int_equal(get(f, "/", &r), 200);
+	assert_non_null(strstr((char *)r.body, "<svg class=\"timeline\""));
+	assert_non_null(strstr((char *)r.body, "<title>transfer: 1.100 s"));
+	trk_reply_fini(&r);
+}
+
+/* A node names its layout ("tp2", a file's name); the status shows the name
+ * of the first node that gave one, the page shows it instead of a digest. */
+static void test_layout_names(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	char *b, *named;
+
+	register_publisher(f);
+	b = node_body(f, "A", 0, "h", TP2, NULL);
+	named = malloc(strlen(b) + 64);
+	assert_non_null(named);
+	snprintf(named, strlen(b) + 64, "%.*s,\"layout_name\":\"tp2\"}", (int)strlen(b) - 1, b);
+	assert_int_equal(post(f, TRK_API "/nodes", named, &r), 200);
+	trk_reply_fini(&r);
+	free(named);
+	free(b);
+	register_node_ok(f, "A", 1, TP2); /* no name: the first one stays */
+	register_node_ok(f, "B", 0, TP1);
+	assert_int_equal(get(f, TRK_API "/status", &r), 200);
+	json_t *reps = json_object_get(r.json, "replicas");
+	assert_string_equal(json_string_value(json_object_get(json_array_get(reps, 0), "layout_name")),
+			    "tp2");
+	assert_true(json_is_null(json_object_get(json_array_get(reps, 1), "layout_name")));
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, "/", &r), 200);
+	assert_non_null(strstr((char *)r.body, ">tp2 (2 ranks)</td>"));
+	char code[64];
+	snprintf(code, sizeof(code), "<code>%.12s</code> (1 rank)", HEX(f->tp1.digest));
+	assert_non_null(strstr((char *)r.body, code));
+	trk_reply_fini(&r);
+}
+
 static int cb_calls;
 static void count_cb(const struct trk_answer *a, void *arg)
 {
@@ -2126,6 +2275,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_replica_target, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_status_outputs, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_timeline, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_layout_names, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_client, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_binary, setup_open, teardown),
 	};

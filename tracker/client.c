@@ -375,13 +375,16 @@ int trk_client_register_publisher(struct trk_client *c, json_t *model,
 int trk_client_register_node(struct trk_client *c, const struct trk_node_reg *r,
 			     trk_client_cb cb, void *arg)
 {
-	return post_new(c, TRK_API "/nodes",
-			json_pack("{s:s,s:I,s:s,s:s,s:s,s:O,s:o}", "replica", r->replica,
-				  "rank", (json_int_t)r->addr.rank, "host", r->addr.host,
-				  "provider", r->addr.provider, "fabric_addr",
-				  r->addr.fabric_addr, "layout", r->layout,
-				  "model_digest", hexj(r->model_digest, PROTO_HASH_BYTES)),
-			cb, arg);
+	json_t *o = json_pack("{s:s,s:I,s:s,s:s,s:s,s:O,s:o}", "replica", r->replica, "rank",
+			      (json_int_t)r->addr.rank, "host", r->addr.host, "provider",
+			      r->addr.provider, "fabric_addr", r->addr.fabric_addr, "layout",
+			      r->layout, "model_digest", hexj(r->model_digest, PROTO_HASH_BYTES));
+	if (o != NULL && r->layout_name != NULL &&
+	    json_object_set_new(o, "layout_name", json_string(r->layout_name)) != 0) {
+		json_decref(o);
+		o = NULL;
+	}
+	return post_new(c, TRK_API "/nodes", o, cb, arg);
 }
 
 int trk_client_heartbeat(struct trk_client *c, const char *id, trk_client_cb cb,
@@ -435,12 +438,25 @@ int trk_client_report_state(struct trk_client *c,
 		json_decref(o);
 		o = NULL;
 	}
+	if (o != NULL && r->first_byte_ms != 0 &&
+	    (json_object_set_new(o, "first_byte_ms", json_integer((json_int_t)r->first_byte_ms)) != 0 ||
+	     json_object_set_new(o, "last_byte_ms", json_integer((json_int_t)r->last_byte_ms)) != 0)) {
+		json_decref(o);
+		o = NULL;
+	}
 	return post_new(c, TRK_API "/nodes/state", o, cb, arg);
 }
 
 int trk_client_offer(struct trk_client *c, const char *id, uint64_t version,
 		     const struct trk_offer *parcels, size_t n, trk_client_cb cb,
 		     void *arg)
+{
+	return trk_client_offer_timed(c, id, version, 0, parcels, n, cb, arg);
+}
+
+int trk_client_offer_timed(struct trk_client *c, const char *id, uint64_t version,
+			   uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
+			   trk_client_cb cb, void *arg)
 {
 	json_t *arr = json_array();
 
@@ -458,10 +474,14 @@ int trk_client_offer(struct trk_client *c, const char *id, uint64_t version,
 	}
 	if (arr == NULL)
 		return -ENOMEM;
-	return post_new(c, TRK_API "/offers",
-			json_pack("{s:s,s:I,s:o}", "id", id, "version",
-				  (json_int_t)version, "parcels", arr),
-			cb, arg);
+	json_t *o = json_pack("{s:s,s:I,s:o}", "id", id, "version", (json_int_t)version, "parcels",
+			      arr);
+	if (o != NULL && snapshot_ms != 0 &&
+	    json_object_set_new(o, "snapshot_ms", json_integer((json_int_t)snapshot_ms)) != 0) {
+		json_decref(o);
+		o = NULL;
+	}
+	return post_new(c, TRK_API "/offers", o, cb, arg);
 }
 
 int trk_client_sources(struct trk_client *c, uint64_t version,

@@ -319,7 +319,8 @@ static bool route_param(struct trk_call *c)
 	if (strncmp(c->path, VERSIONS_PREFIX, vp) == 0) {
 		const char *v = c->path + vp, *slash = strchr(v, '/');
 		char num[32];
-		if (slash == NULL || strcmp(slash, "/manifest") != 0 ||
+		if (slash == NULL ||
+		    (strcmp(slash, "/manifest") != 0 && strcmp(slash, "/timeline") != 0) ||
 		    (size_t)(slash - v) >= sizeof(num))
 			return false;
 		if (c->post) {
@@ -328,7 +329,10 @@ static bool route_param(struct trk_call *c)
 		}
 		memcpy(num, v, (size_t)(slash - v));
 		num[slash - v] = 0;
-		trk__handle_manifest(c, num);
+		if (strcmp(slash, "/timeline") == 0)
+			trk__handle_timeline(c, num);
+		else
+			trk__handle_manifest(c, num);
 		return true;
 	}
 	if (strncmp(c->path, REPLICAS_PREFIX, rp) == 0) {

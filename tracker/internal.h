@@ -158,10 +158,14 @@ void trk__handle_manifest(struct trk_call *c, const char *v);
 #define TRK__HOST_MAX 255
 #define TRK__PROVIDER_MAX 63
 #define TRK__ERROR_MAX 255
+#define TRK__WALL_MS_MAX (1ull << 53) /* largest wall time in ms a body may carry */
+#define TRK__TIMELINE_VERSIONS 64 /* versions whose timeline is kept */
+#define TRK__TIMELINE_RANKS 4096  /* ranks (and replicas) per timeline */
 
 /* A serving layout some replica uses, shared by its replicas. */
 struct trk_slayout {
 	uint8_t digest[PROTO_HASH_BYTES];
+	char name[TRK_REPLICA_MAX + 1]; /* what its first node called it, or "" */
 	struct proto_layout l;
 	json_t *json; /* explicit form */
 	unsigned refs;
@@ -254,6 +258,7 @@ struct trk_registry {
 	size_t act_n, act_next;
 	uint64_t act_total;
 	uint64_t bytes_from_trainer, bytes_from_peers;
+	struct trk_timeline *tl; /* per-version update timelines */
 };
 
 /* ---- registry.c: lifetime, lookups, leases, derived state ---- */
@@ -362,5 +367,28 @@ json_t *trk__status_json(struct trk_server *s);
 void trk__handle_status(struct trk_call *c);
 void trk__handle_page(struct trk_call *c);
 void trk__handle_metrics(struct trk_call *c);
+
+/* ---- timeline.c: per-version update timelines (soft) ---- */
+
+struct trk_timeline;
+int trk__timeline_new(struct trk_timeline **out);
+void trk__timeline_free(struct trk_timeline *tl);
+/* Records the boundaries of version v's update as they pass. Times are wall
+ * clock ms: snapshot and first/last byte as their senders measured them
+ * (0: not known), now_ms the tracker's. The timelines of the newest
+ * TRK__TIMELINE_VERSIONS versions are kept. Cannot fail (an entry that
+ * cannot be stored is not). */
+void trk__timeline_snapshot(struct trk_timeline *tl, uint64_t v, uint64_t snapshot_ms);
+void trk__timeline_rank(struct trk_timeline *tl, uint64_t v, const char *replica,
+			uint32_t nranks, uint32_t rank, enum trk_rank_state st,
+			uint64_t first_byte_ms, uint64_t last_byte_ms, uint64_t now_ms);
+/* The replica became complete (prepared) or activated at v. */
+void trk__timeline_replica(struct trk_timeline *tl, uint64_t v, const char *replica,
+			   uint32_t nranks, bool activated, uint64_t now_ms);
+/* GET /versions/V/timeline's object for ver (new reference; NULL: no memory). */
+json_t *trk__timeline_json(struct trk_timeline *tl, const struct trk_version *ver);
+void trk__handle_timeline(struct trk_call *c, const char *v);
+/* Draws a timeline object as an inline SVG chart into out (status page). */
+void trk__timeline_svg(struct evbuffer *out, json_t *timeline);
 
 #endif

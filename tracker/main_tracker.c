@@ -32,6 +32,7 @@ static void usage(FILE *f)
 		"                              level and format\n"
 		"      --log-format text|json  one line per event, as text or JSON\n"
 		"  -h, --help                  this text\n"
+		"      --version               print the release and exit\n"
 		"\n"
 		"API: tracker/API.md. Status page: GET /, metrics: GET /metrics.\n");
 }
@@ -50,6 +51,7 @@ int main(int argc, char **argv)
 		{"cluster-key", required_argument, NULL, 'k'},
 		{"trainer-pubkey", required_argument, NULL, 'p'},
 		{"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, 'V'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *listen = NULL, *state = NULL, *ckey = NULL, *pkey = NULL;
@@ -61,6 +63,7 @@ int main(int argc, char **argv)
 	struct trk_server *s = NULL;
 	int c, rc = 1;
 
+	proto_cli_setup();
 	proto_log_setup("tracker", -1);
 	proto_config_cli("tessera-tracker", "tracker", opts, &argc, &argv);
 	opterr = 0;
@@ -71,19 +74,16 @@ int main(int argc, char **argv)
 		case 'k': ckey = optarg; break;
 		case 'p': pkey = optarg; break;
 		case 'h': usage(stdout); return 0;
-		case ':':
-			fprintf(stderr, "tessera-tracker: %s needs a value\n", argv[optind - 1]);
-			return 2;
-		default:
-			fprintf(stderr, "tessera-tracker: unknown option %s\n", argv[optind - 1]);
-			usage(stderr);
-			return 2;
+		case 'V': proto_cli_version("tessera-tracker"); return 0;
+		default: return proto_cli_bad_option("tessera-tracker", c, argv);
 		}
 	}
-	if (listen == NULL || state == NULL || optind != argc) {
-		usage(stderr);
-		return 2;
-	}
+	if (optind != argc)
+		return proto_cli_extra("tessera-tracker", argv[optind]);
+	if (listen == NULL)
+		return proto_cli_missing("tessera-tracker", "--listen");
+	if (state == NULL)
+		return proto_cli_missing("tessera-tracker", "--state");
 	if (ckey != NULL && proto_key_load_cluster(ckey, cluster, &err) != 0) {
 		fprintf(stderr, "tessera-tracker: %s\n", err.msg);
 		return 1;

@@ -53,7 +53,7 @@ void trk__handle_nodes(struct trk_call *c)
 {
 	struct trk_registry *r = c->s->reg;
 	struct proto_err err = {{0}};
-	const char *replica = NULL, *host = NULL, *provider = NULL;
+	const char *replica = NULL, *host = NULL, *provider = NULL, *lname = NULL;
 	uint64_t rank = 0;
 	uint8_t md[PROTO_HASH_BYTES];
 	char *addr = NULL, hex[2 * PROTO_HASH_BYTES + 1];
@@ -72,12 +72,17 @@ void trk__handle_nodes(struct trk_call *c)
 			 &err) != 0 ||
 	    trk__get_hexvar(c->json, "fabric_addr", TRK__FABRIC_ADDR_MAX, &addr,
 			    &err) != 0 ||
-	    trk__get_hex(c->json, "model_digest", md, sizeof(md), &err) != 0) {
+	    trk__get_hex(c->json, "model_digest", md, sizeof(md), &err) != 0 ||
+	    trk__get_str(c->json, "layout_name", false, TRK_REPLICA_MAX, &lname, &err) != 0) {
 		trk__fail(c, 400, "%s", err.msg);
 		goto out;
 	}
 	if (!trk__replica_name_valid(replica)) {
 		trk__fail(c, 400, "replica: want 1..%d of [A-Za-z0-9._-]", TRK_REPLICA_MAX);
+		goto out;
+	}
+	if (lname != NULL && !trk__replica_name_valid(lname)) {
+		trk__fail(c, 400, "layout_name: want 1..%d of [A-Za-z0-9._-]", TRK_REPLICA_MAX);
 		goto out;
 	}
 	if (!json_is_object(jl)) {
@@ -149,6 +154,8 @@ void trk__handle_nodes(struct trk_call *c)
 	    (new_ranks = calloc(sl->l.nranks, sizeof(*new_ranks))) == NULL)
 		goto oom;
 
+	if (sl->name[0] == 0 && lname != NULL)
+		snprintf(sl->name, sizeof(sl->name), "%s", lname);
 	n->addr = addr;
 	addr = NULL;
 	snprintf(n->id, sizeof(n->id), "%s/%llu", replica, (unsigned long long)rank);
@@ -226,6 +233,7 @@ void trk__handle_node_state(struct trk_call *c)
 	/* Absent counters keep their last reported value. */
 	const uint64_t ABSENT = UINT64_MAX;
 	uint64_t version = 0, done = ABSENT, total = ABSENT, ft = ABSENT, fp = ABSENT;
+	uint64_t first_ms = 0, last_ms = 0; /* the node's clock; 0: not yet */
 	enum trk_rank_state st;
 	struct trk_version *ver;
 	struct trk_node *n;
@@ -238,7 +246,9 @@ void trk__handle_node_state(struct trk_call *c)
 	    trk__get_u64(c->json, "bytes_done", false, ABSENT - 1, &done, &err) != 0 ||
 	    trk__get_u64(c->json, "bytes_total", false, ABSENT - 1, &total, &err) != 0 ||
 	    trk__get_u64(c->json, "bytes_from_trainer", false, ABSENT - 1, &ft, &err) != 0 ||
-	    trk__get_u64(c->json, "bytes_from_peers", false, ABSENT - 1, &fp, &err) != 0) {
+	    trk__get_u64(c->json, "bytes_from_peers", false, ABSENT - 1, &fp, &err) != 0 ||
+	    trk__get_u64(c->json, "first_byte_ms", false, TRK__WALL_MS_MAX, &first_ms, &err) != 0 ||
+	    trk__get_u64(c->json, "last_byte_ms", false, TRK__WALL_MS_MAX, &last_ms, &err) != 0) {
 		trk__fail(c, 400, "%s", err.msg);
 		return;
 	}
@@ -314,11 +324,21 @@ void trk__handle_node_state(struct trk_call *c)
 		n->error[0] = 0;
 	if (st == TRK_STATE_ACTIVE)
 		n->active = version;
+	uint64_t was_active = n->rep->active;
 	trk__replica_update_active(r, n->rep);
 	trk__replica_update_target(c->s, n->rep);
+	bool complete = trk__replica_complete(n->rep, version);
+	trk__timeline_rank(r->tl, version, n->rep->name, n->rep->nranks, n->rank, st, first_ms,
+			   last_ms, n->report_ms);
+	if (complete)
+		trk__timeline_replica(r->tl, version, n->rep->name, n->rep->nranks, false,
+				      n->report_ms);
+	if (n->rep->active != was_active)
+		trk__timeline_replica(r->tl, n->rep->active, n->rep->name, n->rep->nranks, true,
+				      n->report_ms);
 	trk__reply_json(c, 200,
 			json_pack("{s:s,s:b,s:I,s:I}", "replica", n->rep->name,
-				  "replica_complete", trk__replica_complete(n->rep, version),
+				  "replica_complete", complete,
 				  "replica_active", (json_int_t)n->rep->active,
 				  "replica_target", (json_int_t)n->rep->target));
 }

@@ -111,7 +111,7 @@ void trk__handle_offers(struct trk_call *c)
 	struct trk_registry *r = c->s->reg;
 	struct proto_err err = {{0}};
 	const char *id = NULL;
-	uint64_t version = 0;
+	uint64_t version = 0, snapshot_ms = 0;
 	json_t *jp = json_object_get(c->json, "parcels");
 	const struct proto_manifest *m = NULL;
 	struct proto_manifest *owned = NULL;
@@ -121,7 +121,8 @@ void trk__handle_offers(struct trk_call *c)
 	size_t cnt;
 
 	if (trk__get_str(c->json, "id", true, TRK_ID_MAX - 1, &id, &err) != 0 ||
-	    trk__get_u64(c->json, "version", true, UINT64_MAX, &version, &err) != 0) {
+	    trk__get_u64(c->json, "version", true, UINT64_MAX, &version, &err) != 0 ||
+	    trk__get_u64(c->json, "snapshot_ms", false, TRK__WALL_MS_MAX, &snapshot_ms, &err) != 0) {
 		trk__fail(c, 400, "%s", err.msg);
 		return;
 	}
@@ -174,6 +175,8 @@ void trk__handle_offers(struct trk_call *c)
 	if (p != NULL && cnt > 0)
 		trk__versions_find(c->s->vs, version)->offered = true;
 	offers_put(n != NULL ? &n->offers : &p->offers, version, list, cnt);
+	if (p != NULL && snapshot_ms != 0)
+		trk__timeline_snapshot(r->tl, version, snapshot_ms);
 	list = NULL;
 	trk__reply_json(c, 200, json_pack("{s:I,s:I}", "version", (json_int_t)version,
 					  "parcels", (json_int_t)cnt));

@@ -87,6 +87,11 @@ int trk__registry_new(struct trk_server *s, struct trk_registry **out)
 	if (r == NULL)
 		return -ENOMEM;
 	r->s = s;
+	if (trk__timeline_new(&r->tl) != 0) {
+		free(r);
+		*out = NULL;
+		return -ENOMEM;
+	}
 	return 0;
 }
 
@@ -100,6 +105,7 @@ void trk__registry_free(struct trk_registry *r)
 		r->pubs = p->next;
 		trk__publisher_free(p);
 	}
+	trk__timeline_free(r->tl);
 	free(r);
 }
 

@@ -79,6 +79,9 @@ static json_t *replica_json(struct trk_registry *r, const struct trk_replica *re
 		bad |= trk__set(o, "replica", json_string(rep->name));
 		bad |= trk__set(o, "layout_digest",
 				trk__json_hex(rep->layout->digest, PROTO_HASH_BYTES));
+		bad |= trk__set(o, "layout_name", rep->layout->name[0] ?
+							  json_string(rep->layout->name) :
+							  json_null());
 		bad |= trk__set(o, "nranks", json_integer(rep->nranks));
 		bad |= trk__set(o, "alive", json_boolean(trk__replica_alive(rep)));
 		bad |= trk__set(o, "ranks", ranks);

@@ -118,17 +118,13 @@ static void short_hex(struct evbuffer *b, json_t *o, const char *key)
 	evbuffer_add_printf(b, "</code></td>");
 }
 
+static void bytes_text(struct evbuffer *b, json_t *v);
+
 static void human_bytes(struct evbuffer *b, json_t *v)
 {
-	double x = (double)json_integer_value(v);
-	const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-	int u = 0;
-
-	while (x >= 1024 && u < 4) {
-		x /= 1024;
-		u++;
-	}
-	evbuffer_add_printf(b, "<td>%.1f %s</td>", x, unit[u]);
+	evbuffer_add_printf(b, "<td>");
+	bytes_text(b, v);
+	evbuffer_add_printf(b, "</td>");
 }
 
 static void age(struct evbuffer *b, json_t *now, json_t *then)
@@ -148,9 +144,197 @@ static const char page_head[] =
 	"body{font:14px system-ui,sans-serif;margin:1.5em}"
 	"table{border-collapse:collapse;margin-bottom:1.5em}"
 	"td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}"
-	"th{background:#eee}.gone{color:#999}.active{color:#070;font-weight:bold}"
-	".failed{color:#b00}progress{width:8em}"
+	"th{background:#eee}.active{color:#070;font-weight:bold}"
+	".gone,.gone td{color:#aaa;background:#f4f4f4;font-weight:normal}"
+	".gone progress{opacity:.4}.failed{color:#b00}progress{width:8em}"
+	"summary{cursor:pointer;margin-bottom:.5em}.tl{margin-bottom:.8em}"
 	"</style></head><body>";
+
+/* Where the newest versions' updates spent their time: a chart each. */
+#define PAGE_TIMELINES 3
+static void page_timelines(struct evbuffer *b, struct trk_server *s)
+{
+	size_t n = trk__versions_count(s->vs);
+
+	evbuffer_add_printf(b, "<h2>Update timelines</h2>");
+	if (n == 0)
+		evbuffer_add_printf(b, "<p>no version yet</p>");
+	for (size_t i = n; i > 0 && i + PAGE_TIMELINES > n; i--) {
+		struct trk_version *v = trk__versions_at(s->vs, i - 1);
+		json_t *tl = trk__timeline_json(s->reg->tl, v);
+		if (tl == NULL)
+			continue;
+		evbuffer_add_printf(b, "<div class=\"tl\"><b>v%" PRIu64 "</b> <a href=\"" TRK_API
+				       "/versions/%" PRIu64 "/timeline\">JSON</a><br>",
+				    v->version, v->version);
+		trk__timeline_svg(b, tl);
+		evbuffer_add_printf(b, "</div>");
+		json_decref(tl);
+	}
+}
+
+/* The bytes as text in the page's one unit style (binary, one decimal). */
+static void bytes_text(struct evbuffer *b, json_t *v)
+{
+	double x = (double)json_integer_value(v);
+	const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+	int u = 0;
+
+	while (x >= 1024 && u < 4) {
+		x /= 1024;
+		u++;
+	}
+	evbuffer_add_printf(b, u == 0 ? "%.0f %s" : "%.1f %s", x, unit[u]);
+}
+
+/* A replica's layout: its name ("tp2", a file's name) or, for a node that
+ * gave none, the start of its digest; and its rank count. */
+static void layout_cell(struct evbuffer *b, json_t *rep, size_t rows, const char *cls)
+{
+	const char *name = json_string_value(json_object_get(rep, "layout_name"));
+	char s[13];
+
+	evbuffer_add_printf(b, "<td rowspan=\"%zu\" class=\"%s\">", rows, cls);
+	if (name != NULL) {
+		esc(b, name);
+	} else {
+		snprintf(s, sizeof(s), "%s", json_string_value(json_object_get(rep, "layout_digest")));
+		evbuffer_add_printf(b, "<code>");
+		esc(b, s);
+		evbuffer_add_printf(b, "</code>");
+	}
+	json_int_t n = json_integer_value(json_object_get(rep, "nranks"));
+	evbuffer_add_printf(b, " (%lld rank%s)</td>", (long long)n, n == 1 ? "" : "s");
+}
+
+/* How far a replica is behind the latest version, and why its ranks
+ * disagree when they have for a while. */
+static void lag_text(struct evbuffer *b, json_t *rep)
+{
+	esc_json(b, json_object_get(rep, "lag_versions"));
+	evbuffer_add_printf(b, " versions, %.1f s",
+			    (double)json_integer_value(json_object_get(rep, "lag_ms")) / 1000.0);
+	if (json_is_string(json_object_get(rep, "disagreement"))) {
+		evbuffer_add_printf(b, "<br><span class=\"failed\">ranks disagree for %.1f s: ",
+				    (double)json_integer_value(json_object_get(rep, "disagree_ms")) /
+					    1000.0);
+		esc_json(b, json_object_get(rep, "disagreement"));
+		evbuffer_add_printf(b, "</span>");
+	}
+}
+
+/* Replicas first: what serves which version, rank by rank. Everything of a
+ * dead node (or of a replica with none alive) is greyed out. */
+static void page_replicas(struct evbuffer *b, json_t *st)
+{
+	json_t *v, *e;
+	size_t i, j;
+
+	evbuffer_add_printf(b, "<h2>Replicas</h2><table><tr><th>replica</th><th>layout</th>"
+			       "<th>active</th><th>target</th><th>lag</th><th>complete at</th>"
+			       "<th>rank</th><th>node</th>"
+			       "<th>host</th><th>state</th><th>version</th><th>progress</th>"
+			       "<th>error</th></tr>");
+	json_array_foreach(json_object_get(st, "replicas"), i, v) {
+		json_t *ranks = json_object_get(v, "ranks");
+		size_t rows = json_array_size(ranks);
+		const char *rcls = json_is_true(json_object_get(v, "alive")) ? "" : "gone";
+		json_array_foreach(ranks, j, e) {
+			bool alive = json_is_true(json_object_get(e, "alive"));
+			const char *state = json_string_value(json_object_get(e, "state"));
+			json_int_t done = json_integer_value(json_object_get(e, "bytes_done"));
+			json_int_t total = json_integer_value(json_object_get(e, "bytes_total"));
+			evbuffer_add_printf(b, "<tr class=\"%s\">",
+					    !alive ? "gone" :
+					    state && strcmp(state, "failed") == 0 ? "failed" :
+					    state && strcmp(state, "active") == 0 ? "active" : "");
+			if (j == 0) {
+				evbuffer_add_printf(b, "<td rowspan=\"%zu\" class=\"%s\"><b>", rows, rcls);
+				esc_json(b, json_object_get(v, "replica"));
+				evbuffer_add_printf(b, "</b></td>");
+				layout_cell(b, v, rows, rcls);
+				evbuffer_add_printf(b, "<td rowspan=\"%zu\" class=\"%s\">", rows, rcls);
+				esc_json(b, json_object_get(v, "active"));
+				evbuffer_add_printf(b, "</td><td rowspan=\"%zu\" class=\"%s\">", rows, rcls);
+				esc_json(b, json_object_get(v, "target"));
+				evbuffer_add_printf(b, "</td><td rowspan=\"%zu\" class=\"%s\">", rows, rcls);
+				lag_text(b, v);
+				evbuffer_add_printf(b, "</td><td rowspan=\"%zu\" class=\"%s\">", rows, rcls);
+				esc_json(b, json_object_get(v, "complete"));
+				evbuffer_add_printf(b, "</td>");
+			}
+			cell(b, e, "rank");
+			cell(b, e, "id");
+			cell(b, e, "host");
+			evbuffer_add_printf(b, "<td>");
+			esc(b, alive ? state :
+			       json_is_null(json_object_get(e, "id")) ? "absent" : "dead");
+			evbuffer_add_printf(b, "</td>");
+			cell(b, e, "version");
+			if (total > 0 && alive) {
+				evbuffer_add_printf(b, "<td><progress max=\"%lld\" value=\"%lld\">"
+						       "</progress> %.0f%% of ",
+						    (long long)total, (long long)done,
+						    100.0 * (double)done / (double)total);
+				bytes_text(b, json_object_get(e, "bytes_total"));
+				evbuffer_add_printf(b, "</td>");
+			} else {
+				evbuffer_add_printf(b, "<td>-</td>");
+			}
+			cell(b, e, "error");
+			evbuffer_add_printf(b, "</tr>");
+		}
+	}
+	evbuffer_add_printf(b, "</table>");
+}
+
+static void version_row(struct evbuffer *b, json_t *v, json_t *now, json_t *model_bytes)
+{
+	evbuffer_add_printf(b, "<tr>");
+	cell(b, v, "version");
+	cell(b, v, "kind");
+	cell(b, v, "parent");
+	human_bytes(b, model_bytes);
+	evbuffer_add_printf(b, "<td>");
+	bytes_text(b, json_object_get(v, "wire_bytes"));
+	evbuffer_add_printf(b, " (");
+	esc_json(b, json_object_get(v, "layouts"));
+	evbuffer_add_printf(b, " layouts)</td>");
+	age(b, now, json_object_get(v, "published_ms"));
+	cell(b, v, "complete");
+	cell(b, v, "active");
+	human_bytes(b, json_object_get(v, "bytes_from_trainer"));
+	human_bytes(b, json_object_get(v, "bytes_from_peers"));
+	if (json_is_true(json_object_get(v, "dropped")))
+		evbuffer_add_printf(b, "<td>dropped</td>");
+	else
+		cell(b, v, "retain");
+	short_hex(b, v, "digest");
+	evbuffer_add_printf(b, "</tr>");
+}
+
+/* The newest versions in a table, older ones folded away below it. */
+#define PAGE_VERSIONS_OPEN 5
+static void page_versions(struct evbuffer *b, json_t *st)
+{
+	static const char head[] =
+		"<table><tr><th>version</th><th>kind</th><th>parent</th><th>model</th>"
+		"<th>on the wire</th><th>published</th><th>complete on</th><th>active on</th>"
+		"<th>from trainer</th><th>from peers</th><th>retain</th><th>digest</th></tr>";
+	json_t *vs = json_object_get(st, "versions"), *now = json_object_get(st, "now_ms");
+	json_t *mb = json_object_get(st, "model_bytes"), *v;
+	size_t i, n = json_array_size(vs);
+
+	evbuffer_add_printf(b, "<h2>Versions</h2>");
+	evbuffer_add(b, head, sizeof(head) - 1);
+	json_array_foreach(vs, i, v) {
+		if (i == PAGE_VERSIONS_OPEN)
+			evbuffer_add_printf(b, "</table><details><summary>%zu older version%s</summary>%s",
+					    n - i, n - i == 1 ? "" : "s", head);
+		version_row(b, v, now, mb);
+	}
+	evbuffer_add_printf(b, n > PAGE_VERSIONS_OPEN ? "</table></details>" : "</table>");
+}
 
 void trk__handle_page(struct trk_call *c)
 {
@@ -171,105 +355,20 @@ void trk__handle_page(struct trk_call *c)
 	esc(b, c->s->url);
 	evbuffer_add_printf(b, " &middot; latest version <b>");
 	esc_json(b, json_object_get(st, "latest"));
-	evbuffer_add_printf(b, "</b> &middot; nodes alive ");
+	evbuffer_add_printf(b, "</b> &middot; model ");
+	bytes_text(b, json_object_get(st, "model_bytes"));
+	evbuffer_add_printf(b, " &middot; nodes alive ");
 	esc_json(b, json_object_get(st, "nodes_alive"));
-	evbuffer_add_printf(b, " &middot; bytes from trainer ");
-	esc_json(b, json_object_get(st, "bytes_from_trainer"));
-	evbuffer_add_printf(b, ", from peers ");
-	esc_json(b, json_object_get(st, "bytes_from_peers"));
+	evbuffer_add_printf(b, " &middot; sent by the trainer ");
+	bytes_text(b, json_object_get(st, "bytes_from_trainer"));
+	evbuffer_add_printf(b, ", by peers ");
+	bytes_text(b, json_object_get(st, "bytes_from_peers"));
 	evbuffer_add_printf(b, " &middot; %s</p>",
 			    c->s->auth ? "authenticated" : "<b>unauthenticated</b>");
 
-	evbuffer_add_printf(b, "<h2>Versions</h2><table><tr><th>version</th><th>kind</th>"
-			       "<th>parent</th><th>size</th><th>published</th>"
-			       "<th>complete on</th><th>active on</th><th>from trainer</th>"
-			       "<th>from peers</th><th>retain</th><th>digest</th></tr>");
-	json_array_foreach(json_object_get(st, "versions"), i, v) {
-		evbuffer_add_printf(b, "<tr>");
-		cell(b, v, "version");
-		cell(b, v, "kind");
-		cell(b, v, "parent");
-		human_bytes(b, json_object_get(v, "wire_bytes"));
-		age(b, now, json_object_get(v, "published_ms"));
-		cell(b, v, "complete");
-		cell(b, v, "active");
-		human_bytes(b, json_object_get(v, "bytes_from_trainer"));
-		human_bytes(b, json_object_get(v, "bytes_from_peers"));
-		if (json_is_true(json_object_get(v, "dropped")))
-			evbuffer_add_printf(b, "<td>dropped</td>");
-		else
-			cell(b, v, "retain");
-		short_hex(b, v, "digest");
-		evbuffer_add_printf(b, "</tr>");
-	}
-	evbuffer_add_printf(b, "</table>");
-
-	evbuffer_add_printf(b, "<h2>Replicas</h2><table><tr><th>replica</th><th>layout</th>"
-			       "<th>active</th><th>target</th><th>lag</th><th>complete at</th>"
-			       "<th>rank</th><th>node</th>"
-			       "<th>host</th><th>state</th><th>version</th><th>progress</th>"
-			       "<th>error</th></tr>");
-	json_array_foreach(json_object_get(st, "replicas"), i, v) {
-		json_t *ranks = json_object_get(v, "ranks");
-		json_array_foreach(ranks, j, e) {
-			bool alive = json_is_true(json_object_get(e, "alive"));
-			const char *state = json_string_value(json_object_get(e, "state"));
-			json_int_t done = json_integer_value(json_object_get(e, "bytes_done"));
-			json_int_t total = json_integer_value(json_object_get(e, "bytes_total"));
-			evbuffer_add_printf(b, "<tr class=\"%s\">",
-					    !alive ? "gone" :
-					    state && strcmp(state, "failed") == 0 ? "failed" :
-					    state && strcmp(state, "active") == 0 ? "active" : "");
-			if (j == 0) {
-				evbuffer_add_printf(b, "<td rowspan=\"%zu\">", json_array_size(ranks));
-				esc_json(b, json_object_get(v, "replica"));
-				evbuffer_add_printf(b, "</td>");
-				evbuffer_add_printf(b, "<td rowspan=\"%zu\"><code>", json_array_size(ranks));
-				char s[13];
-				snprintf(s, sizeof(s), "%s",
-					 json_string_value(json_object_get(v, "layout_digest")));
-				esc(b, s);
-				evbuffer_add_printf(b, "</code> (");
-				esc_json(b, json_object_get(v, "nranks"));
-				evbuffer_add_printf(b, " ranks)</td><td rowspan=\"%zu\">",
-						    json_array_size(ranks));
-				esc_json(b, json_object_get(v, "active"));
-				evbuffer_add_printf(b, "</td><td rowspan=\"%zu\">", json_array_size(ranks));
-				esc_json(b, json_object_get(v, "target"));
-				evbuffer_add_printf(b, "</td><td rowspan=\"%zu\">", json_array_size(ranks));
-				esc_json(b, json_object_get(v, "lag_versions"));
-				evbuffer_add_printf(b, " versions, %.1f s",
-						    (double)json_integer_value(json_object_get(v, "lag_ms")) / 1000.0);
-				if (json_is_string(json_object_get(v, "disagreement"))) {
-					evbuffer_add_printf(b, "<br><span class=\"failed\">ranks disagree for %.1f s: ",
-							    (double)json_integer_value(json_object_get(v, "disagree_ms")) / 1000.0);
-					esc_json(b, json_object_get(v, "disagreement"));
-					evbuffer_add_printf(b, "</span>");
-				}
-				evbuffer_add_printf(b, "</td><td rowspan=\"%zu\">", json_array_size(ranks));
-				esc_json(b, json_object_get(v, "complete"));
-				evbuffer_add_printf(b, "</td>");
-			}
-			cell(b, e, "rank");
-			cell(b, e, "id");
-			cell(b, e, "host");
-			evbuffer_add_printf(b, "<td>");
-			esc(b, alive ? state :
-			       json_is_null(json_object_get(e, "id")) ? "absent" : "gone");
-			evbuffer_add_printf(b, "</td>");
-			cell(b, e, "version");
-			if (total > 0)
-				evbuffer_add_printf(b, "<td><progress max=\"%lld\" value=\"%lld\">"
-						       "</progress> %.0f%%</td>",
-						    (long long)total, (long long)done,
-						    100.0 * (double)done / (double)total);
-			else
-				evbuffer_add_printf(b, "<td>-</td>");
-			cell(b, e, "error");
-			evbuffer_add_printf(b, "</tr>");
-		}
-	}
-	evbuffer_add_printf(b, "</table>");
+	page_replicas(b, st);
+	page_timelines(b, c->s);
+	page_versions(b, st);
 
 	evbuffer_add_printf(b, "<h2>Publishers</h2><table><tr><th>id</th><th>alive</th>"
 			       "<th>ranks</th><th>offers versions</th></tr>");
@@ -295,7 +394,7 @@ void trk__handle_page(struct trk_call *c)
 	evbuffer_add_printf(b, "<h2>Activations</h2><table><tr><th>replica</th>"
 			       "<th>version</th><th>when</th></tr>");
 	json_array_foreach(json_object_get(st, "activations"), i, v) {
-		if (i >= 50)
+		if (i >= 20)
 			break;
 		evbuffer_add_printf(b, "<tr>");
 		cell(b, v, "replica");

@@ -155,6 +155,7 @@ struct trk_node_reg {
 	struct trk_rank_addr addr;
 	json_t *layout; /* serving layout, borrowed */
 	const uint8_t *model_digest; /* PROTO_HASH_BYTES */
+	const char *layout_name; /* how people call it ("tp2"), or NULL */
 };
 /* POST /nodes. */
 int trk_client_register_node(struct trk_client *c, const struct trk_node_reg *r,
@@ -190,6 +191,9 @@ struct trk_state_report {
 	enum trk_rank_state state;
 	uint64_t bytes_done, bytes_total;
 	uint64_t bytes_from_trainer, bytes_from_peers;
+	/* When this version's first and (so far) last chunk arrived, node
+	 * wall clock ms; 0: not yet (not sent). */
+	uint64_t first_byte_ms, last_byte_ms;
 	const char *error; /* NULL or one line */
 };
 /* POST /nodes/state. */
@@ -207,6 +211,11 @@ struct trk_offer {
 int trk_client_offer(struct trk_client *c, const char *id, uint64_t version,
 		     const struct trk_offer *parcels, size_t n,
 		     trk_client_cb cb, void *arg);
+/* The same from a publisher, with the wall time (ms) its snapshot of the
+ * version was taken (0: not sent), for the version's timeline. */
+int trk_client_offer_timed(struct trk_client *c, const char *id, uint64_t version,
+			   uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
+			   trk_client_cb cb, void *arg);
 /* GET /sources?version=&layout=&src_rank=&dst_rank=. */
 int trk_client_sources(struct trk_client *c, uint64_t version,
 		       const uint8_t layout[PROTO_HASH_BYTES], uint32_t src_rank,

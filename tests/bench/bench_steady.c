@@ -65,7 +65,7 @@ int main(int argc, char **argv)
 	snprintf(steady, sizeof(steady), "%s/steady.json", dir);
 
 	/* The bound: one version, fetched alone by one whole-model replica. */
-	snprintf(cmd, sizeof(cmd), "%s/tessera cluster --model-mb " MODEL_MB " --replica tp1 --versions 3 --report %s > %s/alone.out 2>&1",
+	snprintf(cmd, sizeof(cmd), "%s/tessera cluster --synthetic-mb " MODEL_MB " --replica tp1 --versions 3 --report %s > %s/alone.out 2>&1",
 		 bin, alone, dir);
 	if (run(cmd) != 0 || (a = load(alone)) == NULL) {
 		fprintf(stderr, "bench_steady: the lone run failed (see %s)\n", dir);
@@ -85,7 +85,7 @@ int main(int argc, char **argv)
 	       bound_s);
 
 	snprintf(cmd, sizeof(cmd),
-		 "%s/tessera cluster --model-mb " MODEL_MB " --replica tp2 --replica tp2 --replica tp1 "
+		 "%s/tessera cluster --synthetic-mb " MODEL_MB " --replica tp2 --replica tp2 --replica tp1 "
 		 "--every 1000 --stagger 2000 --duration %d --report %s > %s/steady.out 2>&1",
 		 bin, DURATION_S, steady, dir);
 	int src = run(cmd);
