@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 
 #define HASH_STEP (256u << 10)    /* gather then hash this much while in cache */
@@ -392,6 +393,14 @@ static void ex_gather_start(struct node_pub *p)
 	uint64_t cs = ex->chunk_size;
 
 	ex->phase = EX_GATHER;
+	pv->layouts = calloc(PROTO_MAX(ex->nlayouts, 1), sizeof(*pv->layouts));
+	if (pv->layouts == NULL) {
+		ex_fail(p, ENOMEM, "out of memory");
+		return;
+	}
+	pv->nlayouts = ex->nlayouts;
+	for (size_t li = 0; li < ex->nlayouts; li++)
+		memcpy(pv->layouts[li].digest, ex->layouts[li]->digest, PROTO_HASH_BYTES);
 	for (size_t i = 0; i < pv->nparts; i++) {
 		struct pub_part *pt = &pv->parts[i];
 		size_t n = 0;
@@ -400,12 +409,16 @@ static void ex_gather_start(struct node_pub *p)
 			for (uint32_t k = 0; k < ex->layouts[li]->plan.nparcels; k++)
 				n += ex->layouts[li]->plan.parcels[k].src_rank == pt->rank;
 		pt->items = calloc(PROTO_MAX(n, 1), sizeof(*pt->items));
-		if (pt->items == NULL) {
+		pt->slices = calloc(PROTO_MAX(ex->nlayouts, 1), sizeof(*pt->slices));
+		if (pt->items == NULL || pt->slices == NULL) {
 			ex_fail(p, ENOMEM, "out of memory");
 			return;
 		}
+		pt->nslices = ex->nlayouts;
+		/* Layout by layout: each layout's parcels form one page-aligned slice. */
 		for (size_t li = 0; li < ex->nlayouts; li++) {
 			const struct pub_layout *sl = ex->layouts[li];
+			pt->slices[li].off = off;
 			for (uint32_t k = 0; k < sl->plan.nparcels; k++) {
 				const struct proto_parcel *pc = &sl->plan.parcels[k];
 				struct pub_item *it = &pt->items[pt->nitems];
@@ -431,6 +444,7 @@ static void ex_gather_start(struct node_pub *p)
 					return;
 				}
 			}
+			pt->slices[li].len = off - pt->slices[li].off;
 		}
 		pt->used = off;
 		if (node__pub_part_alloc(p, pt) != 0) {
@@ -535,10 +549,18 @@ static void ex_gathered(struct node_pub *p)
 		ex_fail(p, -rc, "%s", err.msg);
 		return;
 	}
-	/* Parts of ranks hosted elsewhere were only needed for their hashes. */
-	for (size_t i = 0; i < ex->pv->nparts; i++)
+	/* Parts of ranks hosted elsewhere were only needed for their hashes,
+	 * and the snapshots only for the gather: every layout is in the export
+	 * buffers now (a delta will want the parent's export, not its snapshot). */
+	for (size_t i = 0; i < ex->pv->nparts; i++) {
+		uint32_t r = ex->pv->parts[i].rank;
 		if (!ex->pv->parts[i].hosted)
 			node__pub_part_release(p, &ex->pv->parts[i]);
+		if (p->blocks[r] != NULL) {
+			munmap(p->blocks[r], p->block_cap[r]);
+			p->blocks[r] = NULL;
+		}
+	}
 	if ((rc = node__pub_version_serve(p, ex->pv, &err)) != 0) {
 		ex_fail(p, -rc, "%s", err.msg);
 		return;
@@ -745,5 +767,9 @@ void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t versio
 		j->block = p->blocks[r];
 	}
 	ex_launch(p, JOB_SNAPSHOT);
+	/* Ask now which served versions and layouts replicas still aim at, so
+	 * those they left are freed while the snapshot is taken, before this
+	 * version's buffers are mapped, not after it is published. */
+	node__pub_on_check(-1, 0, p);
 	node__pub_ex_step(p);
 }

@@ -453,6 +453,18 @@ uint64_t node_pub_model_bytes(const struct node_pub *p)
 	return proto_model_bytes(&p->model);
 }
 
+uint64_t node_pub_served_bytes(const struct node_pub *p)
+{
+	uint64_t n = 0;
+
+	for (const struct pub_version *pv = p->versions; pv; pv = pv->next)
+		for (size_t i = 0; i < pv->nparts; i++)
+			for (size_t li = 0; pv->parts[i].buf != NULL && li < pv->parts[i].nslices; li++)
+				if (pv->layouts[li].state != PUB_L_FREED)
+					n += pv->parts[i].slices[li].len;
+	return n;
+}
+
 void node_pub_free(struct node_pub *p)
 {
 	struct pub_req *r;

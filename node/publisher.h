@@ -32,7 +32,15 @@
  * one is always kept, and at most TESSERA_PUB_RETAIN versions are served
  * (the oldest not retained go first, then the oldest retained). Then the
  * offer is withdrawn (n == 0), the region closed and the buffer freed (kept
- * as a spare for the next export of that rank).
+ * as a spare for the next export of that rank). Of a retained version other
+ * than the newest only the layouts of the replicas aiming at it are kept
+ * (retain_layouts): each layout's parcels are one page-aligned slice of the
+ * export buffer with its own region, so a layout is dropped alone: its
+ * parcels are left out of the next offer (which withdraws them), then its
+ * region is closed and its pages given back (MADV_DONTNEED). The snapshot
+ * is unmapped once the gather is done, and the retention check also runs
+ * when an export starts, so what replicas left is freed before the new
+ * version's buffers are filled.
  *
  * Several processes may host disjoint subsets of the ranks. The one hosting
  * trainer rank 0 is the leader: it computes the parcels of every rank (the
@@ -135,6 +143,9 @@ size_t node_pub_nranks(const struct node_pub *p);
 bool node_pub_leader(const struct node_pub *p);
 /* The model's total bytes (one full copy). */
 uint64_t node_pub_model_bytes(const struct node_pub *p);
+/* Bytes of export buffers held for serving: every served version's slices
+ * of the hosted ranks, less those of dropped layouts. Cannot fail. */
+uint64_t node_pub_served_bytes(const struct node_pub *p);
 
 /*
  * Stops everything in reverse order: waits for worker threads (they stop
