@@ -102,7 +102,10 @@ static void ex_fail(struct node_pub *p, int code, const char *fmt, ...)
 	evtimer_del(p->ex_ev);
 }
 
-static void ex_join(struct pub_export *ex)
+/* Joins the finished workers; a rank whose gather is done gives its
+ * snapshot back at once (every layout is in its export buffer now; a delta
+ * will want the parent's export, not its snapshot). */
+static void ex_join(struct node_pub *p, struct pub_export *ex)
 {
 	for (size_t i = 0; i < ex->njobs; i++) {
 		struct pub_job *j = &ex->jobs[i];
@@ -110,6 +113,10 @@ static void ex_join(struct pub_export *ex)
 			pthread_join(j->tid, NULL);
 			j->running = false;
 			ex->jobs_left--;
+			if (j->kind == JOB_GATHER && p->blocks[j->rank] != NULL) {
+				munmap(p->blocks[j->rank], p->block_cap[j->rank]);
+				p->blocks[j->rank] = NULL;
+			}
 		}
 	}
 }
@@ -549,18 +556,10 @@ static void ex_gathered(struct node_pub *p)
 		ex_fail(p, -rc, "%s", err.msg);
 		return;
 	}
-	/* Parts of ranks hosted elsewhere were only needed for their hashes,
-	 * and the snapshots only for the gather: every layout is in the export
-	 * buffers now (a delta will want the parent's export, not its snapshot). */
-	for (size_t i = 0; i < ex->pv->nparts; i++) {
-		uint32_t r = ex->pv->parts[i].rank;
+	/* Parts of ranks hosted elsewhere were only needed for their hashes. */
+	for (size_t i = 0; i < ex->pv->nparts; i++)
 		if (!ex->pv->parts[i].hosted)
 			node__pub_part_release(p, &ex->pv->parts[i]);
-		if (p->blocks[r] != NULL) {
-			munmap(p->blocks[r], p->block_cap[r]);
-			p->blocks[r] = NULL;
-		}
-	}
 	if ((rc = node__pub_version_serve(p, ex->pv, &err)) != 0) {
 		ex_fail(p, -rc, "%s", err.msg);
 		return;
@@ -692,7 +691,7 @@ void node__pub_on_wake(evutil_socket_t fd, short what, void *arg)
 		;
 	if (ex == NULL)
 		return;
-	ex_join(ex);
+	ex_join(p, ex);
 	if (ex->jobs_left == 0 && ex->phase == EX_PREP && !ex->snap_done) {
 		ex->snap_done = true;
 		ex->snapshot_ns = proto_now_ns() - ex->phase_ns;

@@ -162,11 +162,6 @@ struct pub_file {
 	uint32_t *map; /* model tensor index -> this file's tensor index */
 };
 
-struct pub_spare {
-	uint8_t *buf;
-	size_t cap;
-};
-
 struct node_pub {
 	struct event_base *base;
 	void (*on_fatal)(void *arg, const char *msg);
@@ -185,9 +180,8 @@ struct node_pub {
 	struct proto_layout tl;
 	bool have_tl;
 	json_t *model_json, *tl_json;
-	uint8_t **blocks;        /* per trainer rank: its snapshot (lazily) */
+	uint8_t **blocks;        /* per trainer rank: its snapshot, during an export */
 	size_t *block_cap;
-	struct pub_spare *spare; /* per trainer rank: a freed export buffer */
 
 	/* Hosted ranks. */
 	struct pub_hosted *hosted;
@@ -279,15 +273,15 @@ void node__pub_on_ex_timer(evutil_socket_t fd, short what, void *arg);
 /* Anonymous memory of cap bytes (huge pages when large); NULL when out of
  * memory. Freed with munmap(b, cap). */
 uint8_t *node__pub_buf_map(size_t cap);
-/* Maps pt's export buffer (pt->used bytes, page-rounded), reusing the rank's
- * spare when large enough. -ENOMEM leaves pt without a buffer. */
+/* Maps pt's export buffer (pt->used bytes, page-rounded). -ENOMEM leaves pt
+ * without a buffer. */
 int node__pub_part_alloc(struct node_pub *p, struct pub_part *pt);
-/* Closes the regions and keeps the buffer as the rank's spare; cannot fail. */
+/* Closes the regions and unmaps the buffer; cannot fail. */
 void node__pub_part_release(struct node_pub *p, struct pub_part *pt);
 /* Closes layout li's regions in every part of pv and gives its pages back
  * (the buffers stay mapped); cannot fail. */
 void node__pub_layout_free(struct pub_version *pv, size_t li);
-/* Frees pv and its parts (buffers go to the spares); NULL is fine. */
+/* Frees pv and its parts; NULL is fine. */
 void node__pub_version_free(struct node_pub *p, struct pub_version *pv);
 /* Takes pv off p->versions if it is there; cannot fail. */
 void node__pub_version_unlink(struct node_pub *p, struct pub_version *pv);

@@ -46,44 +46,27 @@ static void items_free(struct pub_part *pt)
 	pt->nitems = 0;
 }
 
-/* Closes the regions and keeps the buffer as the rank's spare (the larger of
- * the two); cannot fail. */
+/* Closes the regions and unmaps the buffer, so that its memory goes back
+ * to the system at once (a buffer kept for the next export would be
+ * resident next to that export's snapshot); cannot fail. */
 void node__pub_part_release(struct node_pub *p, struct pub_part *pt)
 {
-	struct pub_spare *s = &p->spare[pt->rank];
-
 	for (size_t li = 0; li < pt->nslices; li++)
 		fab_mr_close(pt->slices[li].mr);
 	free(pt->slices);
 	pt->slices = NULL;
 	pt->nslices = 0;
 	items_free(pt);
-	if (pt->buf == NULL)
-		return;
-	if (s->buf == NULL || s->cap < pt->cap) {
-		if (s->buf != NULL)
-			munmap(s->buf, s->cap);
-		s->buf = pt->buf;
-		s->cap = pt->cap;
-	} else {
+	if (pt->buf != NULL)
 		munmap(pt->buf, pt->cap);
-	}
 	pt->buf = NULL;
 	pt->cap = 0;
 }
 
 int node__pub_part_alloc(struct node_pub *p, struct pub_part *pt)
 {
-	struct pub_spare *s = &p->spare[pt->rank];
 	size_t need = node__pub_page_round(pt->used);
 
-	if (s->buf != NULL && s->cap >= need) {
-		pt->buf = s->buf;
-		pt->cap = s->cap;
-		s->buf = NULL;
-		s->cap = 0;
-		return 0;
-	}
 	pt->buf = node__pub_buf_map(need);
 	if (pt->buf == NULL)
 		return -ENOMEM;

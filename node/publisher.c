@@ -350,10 +350,9 @@ int node_pub_new(struct event_base *base, const struct node_pub_opts *o, struct 
 	nr = p->tl.nranks;
 	p->blocks = calloc(nr, sizeof(*p->blocks));
 	p->block_cap = calloc(nr, sizeof(*p->block_cap));
-	p->spare = calloc(nr, sizeof(*p->spare));
 	p->hosted = calloc(o->nranks ? o->nranks : nr, sizeof(*p->hosted));
 	if (p->model_json == NULL || p->tl_json == NULL || p->blocks == NULL ||
-	    p->block_cap == NULL || p->spare == NULL || p->hosted == NULL) {
+	    p->block_cap == NULL || p->hosted == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
 	}
@@ -520,12 +519,9 @@ void node_pub_free(struct node_pub *p)
 	for (uint32_t r2 = 0; p->have_tl && r2 < p->tl.nranks; r2++) {
 		if (p->blocks != NULL && p->blocks[r2] != NULL)
 			munmap(p->blocks[r2], p->block_cap[r2]);
-		if (p->spare != NULL && p->spare[r2].buf != NULL)
-			munmap(p->spare[r2].buf, p->spare[r2].cap);
 	}
 	free(p->blocks);
 	free(p->block_cap);
-	free(p->spare);
 	json_decref(p->model_json);
 	json_decref(p->tl_json);
 	if (p->have_tl)

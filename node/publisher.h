@@ -31,14 +31,15 @@
  * publisher holds does not grow with how far a replica is behind. The newest
  * one is always kept, and at most TESSERA_PUB_RETAIN versions are served
  * (the oldest not retained go first, then the oldest retained). Then the
- * offer is withdrawn (n == 0), the region closed and the buffer freed (kept
- * as a spare for the next export of that rank). Of a retained version other
+ * offer is withdrawn (n == 0), the regions closed and the buffers unmapped.
+ * Of a retained version other
  * than the newest only the layouts of the replicas aiming at it are kept
  * (retain_layouts): each layout's parcels are one page-aligned slice of the
  * export buffer with its own region, so a layout is dropped alone: its
  * parcels are left out of the next offer (which withdraws them), then its
- * region is closed and its pages given back (MADV_DONTNEED). The snapshot
- * is unmapped once the gather is done, and the retention check also runs
+ * region is closed and its pages given back (MADV_DONTNEED). A rank's
+ * snapshot is unmapped as soon as its gather is done, and the retention
+ * check also runs
  * when an export starts, so what replicas left is freed before the new
  * version's buffers are filled.
  *
