@@ -43,12 +43,86 @@ static void job_snapshot(struct pub_job *j)
 	node__pub_source_fill(j->p, j->rank, j->version, j->block);
 }
 
-/* Gathers each chunk in cache-sized steps and hashes it as it goes. */
+/*
+ * The snapshot is given back while the gather goes: each RELEASE_UNIT of it
+ * is unmapped from memory (MADV_DONTNEED) as soon as the gather has passed
+ * the last payload byte read from it, so the snapshot shrinks while the
+ * export buffer grows instead of both being whole at the end. A unit's key
+ * is that position: (item << 40) | payload end.
+ */
+struct release {
+	uint64_t *key;   /* per unit */
+	uint32_t *order; /* units by key */
+	size_t n, next;  /* next: first unit not given back yet */
+};
+
+#define RELEASE_UNIT (2u << 20) /* one huge page */
+#define KEY(item, end) (((uint64_t)(item) << 40) | (end))
+
+static int unit_cmp(const void *a, const void *b, void *keys)
+{
+	const uint64_t *k = keys;
+	uint64_t x = k[*(const uint32_t *)a], y = k[*(const uint32_t *)b];
+	return x < y ? -1 : x > y;
+}
+
+/* Plans the release of j's snapshot; false (nothing released early) when
+ * out of memory. */
+static bool release_plan(struct pub_job *j, struct release *r)
+{
+	const struct node_pub *p = j->p;
+	const struct pub_part *pt = j->part;
+	const struct proto_rank *rk = &p->tl.ranks[j->rank];
+
+	r->n = (p->block_cap[j->rank] + RELEASE_UNIT - 1) / RELEASE_UNIT;
+	r->next = 0;
+	r->key = calloc(PROTO_MAX(r->n, 1), sizeof(*r->key));
+	r->order = calloc(PROTO_MAX(r->n, 1), sizeof(*r->order));
+	if (r->key == NULL || r->order == NULL)
+		return false;
+	for (size_t i = 0; i < pt->nitems; i++) {
+		const struct pub_item *it = &pt->items[i];
+		const struct proto_plan *pl = &it->sl->plan;
+		for (uint64_t s = it->pc->seg0; s < it->pc->seg0 + it->pc->nsegs; s++) {
+			const struct proto_segment *sg = &pl->segs[s];
+			uint64_t base = rk->locals[sg->src_local].offset;
+			for (uint64_t k = sg->run0; k < sg->run0 + sg->nruns; k++) {
+				const struct proto_run *ru = &pl->runs[k];
+				uint64_t key = KEY(i, ru->pay_off + ru->len);
+				if (ru->len == 0)
+					continue;
+				for (uint64_t u = (base + ru->src_off) / RELEASE_UNIT;
+				     u <= (base + ru->src_off + ru->len - 1) / RELEASE_UNIT && u < r->n; u++)
+					r->key[u] = PROTO_MAX(r->key[u], key);
+			}
+		}
+	}
+	for (size_t u = 0; u < r->n; u++)
+		r->order[u] = (uint32_t)u;
+	qsort_r(r->order, r->n, sizeof(*r->order), unit_cmp, r->key);
+	return true;
+}
+
+/* Gives back every unit no read at or after pos needs. */
+static void release_upto(struct pub_job *j, struct release *r, uint64_t pos)
+{
+	size_t cap = j->p->block_cap[j->rank];
+
+	while (r->next < r->n && r->key[r->order[r->next]] <= pos) {
+		uint64_t u = r->order[r->next++], off = u * RELEASE_UNIT;
+		(void)madvise(j->block + off, PROTO_MIN(RELEASE_UNIT, cap - off), MADV_DONTNEED);
+	}
+}
+
+/* Gathers each chunk in cache-sized steps and hashes it as it goes, giving
+ * the snapshot back behind it. */
 static void job_gather(struct pub_job *j)
 {
 	struct node_pub *p = j->p;
 	struct pub_part *pt = j->part;
 	uint64_t cs = j->chunk_size;
+	struct release rel = {0};
+	bool early = release_plan(j, &rel);
 
 	for (size_t i = 0; i < pt->nitems && !atomic_load(&p->abort); i++) {
 		struct pub_item *it = &pt->items[i];
@@ -64,8 +138,12 @@ static void job_gather(struct pub_job *j)
 				crypto_generichash_update(&st, dst, n);
 			}
 			crypto_generichash_final(&st, it->hash[c], PROTO_HASH_BYTES);
+			if (early)
+				release_upto(j, &rel, KEY(i, c0 + clen));
 		}
 	}
+	free(rel.key);
+	free(rel.order);
 }
 
 static void *job_main(void *arg)
@@ -102,8 +180,8 @@ static void ex_fail(struct node_pub *p, int code, const char *fmt, ...)
 	evtimer_del(p->ex_ev);
 }
 
-/* Joins the finished workers; a rank whose gather is done gives its
- * snapshot back at once (every layout is in its export buffer now; a delta
+/* Joins the finished workers; a rank whose gather is done unmaps what is
+ * left of its snapshot (every layout is in its export buffer now; a delta
  * will want the parent's export, not its snapshot). */
 static void ex_join(struct node_pub *p, struct pub_export *ex)
 {
