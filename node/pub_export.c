@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 
 #define HASH_STEP (256u << 10)    /* gather then hash this much while in cache */
@@ -42,12 +43,86 @@ static void job_snapshot(struct pub_job *j)
 	node__pub_source_fill(j->p, j->rank, j->version, j->block);
 }
 
-/* Gathers each chunk in cache-sized steps and hashes it as it goes. */
+/*
+ * The snapshot is given back while the gather goes: each RELEASE_UNIT of it
+ * is unmapped from memory (MADV_DONTNEED) as soon as the gather has passed
+ * the last payload byte read from it, so the snapshot shrinks while the
+ * export buffer grows instead of both being whole at the end. A unit's key
+ * is that position: (item << 40) | payload end.
+ */
+struct release {
+	uint64_t *key;   /* per unit */
+	uint32_t *order; /* units by key */
+	size_t n, next;  /* next: first unit not given back yet */
+};
+
+#define RELEASE_UNIT (2u << 20) /* one huge page */
+#define KEY(item, end) (((uint64_t)(item) << 40) | (end))
+
+static int unit_cmp(const void *a, const void *b, void *keys)
+{
+	const uint64_t *k = keys;
+	uint64_t x = k[*(const uint32_t *)a], y = k[*(const uint32_t *)b];
+	return x < y ? -1 : x > y;
+}
+
+/* Plans the release of j's snapshot; false (nothing released early) when
+ * out of memory. */
+static bool release_plan(struct pub_job *j, struct release *r)
+{
+	const struct node_pub *p = j->p;
+	const struct pub_part *pt = j->part;
+	const struct proto_rank *rk = &p->tl.ranks[j->rank];
+
+	r->n = (p->block_cap[j->rank] + RELEASE_UNIT - 1) / RELEASE_UNIT;
+	r->next = 0;
+	r->key = calloc(PROTO_MAX(r->n, 1), sizeof(*r->key));
+	r->order = calloc(PROTO_MAX(r->n, 1), sizeof(*r->order));
+	if (r->key == NULL || r->order == NULL)
+		return false;
+	for (size_t i = 0; i < pt->nitems; i++) {
+		const struct pub_item *it = &pt->items[i];
+		const struct proto_plan *pl = &it->sl->plan;
+		for (uint64_t s = it->pc->seg0; s < it->pc->seg0 + it->pc->nsegs; s++) {
+			const struct proto_segment *sg = &pl->segs[s];
+			uint64_t base = rk->locals[sg->src_local].offset;
+			for (uint64_t k = sg->run0; k < sg->run0 + sg->nruns; k++) {
+				const struct proto_run *ru = &pl->runs[k];
+				uint64_t key = KEY(i, ru->pay_off + ru->len);
+				if (ru->len == 0)
+					continue;
+				for (uint64_t u = (base + ru->src_off) / RELEASE_UNIT;
+				     u <= (base + ru->src_off + ru->len - 1) / RELEASE_UNIT && u < r->n; u++)
+					r->key[u] = PROTO_MAX(r->key[u], key);
+			}
+		}
+	}
+	for (size_t u = 0; u < r->n; u++)
+		r->order[u] = (uint32_t)u;
+	qsort_r(r->order, r->n, sizeof(*r->order), unit_cmp, r->key);
+	return true;
+}
+
+/* Gives back every unit no read at or after pos needs. */
+static void release_upto(struct pub_job *j, struct release *r, uint64_t pos)
+{
+	size_t cap = j->p->block_cap[j->rank];
+
+	while (r->next < r->n && r->key[r->order[r->next]] <= pos) {
+		uint64_t u = r->order[r->next++], off = u * RELEASE_UNIT;
+		(void)madvise(j->block + off, PROTO_MIN(RELEASE_UNIT, cap - off), MADV_DONTNEED);
+	}
+}
+
+/* Gathers each chunk in cache-sized steps and hashes it as it goes, giving
+ * the snapshot back behind it. */
 static void job_gather(struct pub_job *j)
 {
 	struct node_pub *p = j->p;
 	struct pub_part *pt = j->part;
 	uint64_t cs = j->chunk_size;
+	struct release rel = {0};
+	bool early = release_plan(j, &rel);
 
 	for (size_t i = 0; i < pt->nitems && !atomic_load(&p->abort); i++) {
 		struct pub_item *it = &pt->items[i];
@@ -63,8 +138,12 @@ static void job_gather(struct pub_job *j)
 				crypto_generichash_update(&st, dst, n);
 			}
 			crypto_generichash_final(&st, it->hash[c], PROTO_HASH_BYTES);
+			if (early)
+				release_upto(j, &rel, KEY(i, c0 + clen));
 		}
 	}
+	free(rel.key);
+	free(rel.order);
 }
 
 static void *job_main(void *arg)
@@ -101,7 +180,10 @@ static void ex_fail(struct node_pub *p, int code, const char *fmt, ...)
 	evtimer_del(p->ex_ev);
 }
 
-static void ex_join(struct pub_export *ex)
+/* Joins the finished workers; a rank whose gather is done unmaps what is
+ * left of its snapshot (every layout is in its export buffer now; a delta
+ * will want the parent's export, not its snapshot). */
+static void ex_join(struct node_pub *p, struct pub_export *ex)
 {
 	for (size_t i = 0; i < ex->njobs; i++) {
 		struct pub_job *j = &ex->jobs[i];
@@ -109,6 +191,10 @@ static void ex_join(struct pub_export *ex)
 			pthread_join(j->tid, NULL);
 			j->running = false;
 			ex->jobs_left--;
+			if (j->kind == JOB_GATHER && p->blocks[j->rank] != NULL) {
+				munmap(p->blocks[j->rank], p->block_cap[j->rank]);
+				p->blocks[j->rank] = NULL;
+			}
 		}
 	}
 }
@@ -392,6 +478,14 @@ static void ex_gather_start(struct node_pub *p)
 	uint64_t cs = ex->chunk_size;
 
 	ex->phase = EX_GATHER;
+	pv->layouts = calloc(PROTO_MAX(ex->nlayouts, 1), sizeof(*pv->layouts));
+	if (pv->layouts == NULL) {
+		ex_fail(p, ENOMEM, "out of memory");
+		return;
+	}
+	pv->nlayouts = ex->nlayouts;
+	for (size_t li = 0; li < ex->nlayouts; li++)
+		memcpy(pv->layouts[li].digest, ex->layouts[li]->digest, PROTO_HASH_BYTES);
 	for (size_t i = 0; i < pv->nparts; i++) {
 		struct pub_part *pt = &pv->parts[i];
 		size_t n = 0;
@@ -400,12 +494,16 @@ static void ex_gather_start(struct node_pub *p)
 			for (uint32_t k = 0; k < ex->layouts[li]->plan.nparcels; k++)
 				n += ex->layouts[li]->plan.parcels[k].src_rank == pt->rank;
 		pt->items = calloc(PROTO_MAX(n, 1), sizeof(*pt->items));
-		if (pt->items == NULL) {
+		pt->slices = calloc(PROTO_MAX(ex->nlayouts, 1), sizeof(*pt->slices));
+		if (pt->items == NULL || pt->slices == NULL) {
 			ex_fail(p, ENOMEM, "out of memory");
 			return;
 		}
+		pt->nslices = ex->nlayouts;
+		/* Layout by layout: each layout's parcels form one page-aligned slice. */
 		for (size_t li = 0; li < ex->nlayouts; li++) {
 			const struct pub_layout *sl = ex->layouts[li];
+			pt->slices[li].off = off;
 			for (uint32_t k = 0; k < sl->plan.nparcels; k++) {
 				const struct proto_parcel *pc = &sl->plan.parcels[k];
 				struct pub_item *it = &pt->items[pt->nitems];
@@ -431,6 +529,7 @@ static void ex_gather_start(struct node_pub *p)
 					return;
 				}
 			}
+			pt->slices[li].len = off - pt->slices[li].off;
 		}
 		pt->used = off;
 		if (node__pub_part_alloc(p, pt) != 0) {
@@ -670,7 +769,7 @@ void node__pub_on_wake(evutil_socket_t fd, short what, void *arg)
 		;
 	if (ex == NULL)
 		return;
-	ex_join(ex);
+	ex_join(p, ex);
 	if (ex->jobs_left == 0 && ex->phase == EX_PREP && !ex->snap_done) {
 		ex->snap_done = true;
 		ex->snapshot_ns = proto_now_ns() - ex->phase_ns;
@@ -749,5 +848,9 @@ void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t versio
 		j->block = p->blocks[r];
 	}
 	ex_launch(p, JOB_SNAPSHOT);
+	/* Ask now which served versions and layouts replicas still aim at, so
+	 * those they left are freed while the snapshot is taken, before this
+	 * version's buffers are mapped, not after it is published. */
+	node__pub_on_check(-1, 0, p);
 	node__pub_ex_step(p);
 }

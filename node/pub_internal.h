@@ -53,6 +53,14 @@ struct pub_item {
 	uint8_t (*hash)[PROTO_HASH_BYTES]; /* nchunks hashes, filled by a worker */
 };
 
+/* One serving layout's parcels in a part's export buffer: contiguous and
+ * page-aligned, registered on their own so that the layout can be withdrawn
+ * and its pages freed while the version's other layouts go on serving. */
+struct pub_slice {
+	uint64_t off, len; /* in the buffer; len is page-rounded, 0: no parcel */
+	struct fab_mr *mr;
+};
+
 /* One rank's part of one version: its export buffer and what is in it. */
 struct pub_part {
 	uint32_t rank;
@@ -60,9 +68,25 @@ struct pub_part {
 	uint8_t *buf; /* mmap'ed, cap bytes */
 	size_t cap;
 	uint64_t used;
-	struct fab_mr *mr;
+	struct pub_slice *slices; /* one per layout of the version */
+	size_t nslices;
 	struct pub_item *items;
 	size_t nitems;
+};
+
+/* Where one layout of a served version stands. A layout no replica of it
+ * aims at (and not the newest version's) is dropped: its offers are
+ * withdrawn, then its slices' regions closed and their pages freed. */
+enum pub_lstate {
+	PUB_L_SERVED,
+	PUB_L_DROP,     /* to withdraw with the next offer */
+	PUB_L_WITHDRAW, /* left out of the offer in flight */
+	PUB_L_FREED,
+};
+
+struct pub_vlayout {
+	uint8_t digest[PROTO_HASH_BYTES];
+	enum pub_lstate state;
 };
 
 /* A version being served (or being built by the current export). */
@@ -72,8 +96,12 @@ struct pub_version {
 	uint64_t snapshot_ms; /* wall clock when the snapshot was complete */
 	struct pub_part *parts;
 	size_t nparts;
+	struct pub_vlayout *layouts; /* the export's layouts, in its order */
+	size_t nlayouts;
 	struct trk_offer *offers;
+	uint32_t *offer_li; /* per offer: its layout's index */
 	size_t noffers;
+	size_t nsent;       /* parcels in the last offer sent */
 	bool offered;     /* the tracker holds our offer */
 	bool offer_busy;  /* an offer or withdrawal is in flight */
 	bool offer_tried; /* at least one offer answer came */
@@ -136,11 +164,6 @@ struct pub_file {
 	uint32_t *map; /* model tensor index -> this checkpoint's tensor index */
 };
 
-struct pub_spare {
-	uint8_t *buf;
-	size_t cap;
-};
-
 struct node_pub {
 	struct event_base *base;
 	void (*on_fatal)(void *arg, const char *msg);
@@ -159,9 +182,8 @@ struct node_pub {
 	struct proto_layout tl;
 	bool have_tl;
 	json_t *model_json, *tl_json;
-	uint8_t **blocks;        /* per trainer rank: its snapshot (lazily) */
+	uint8_t **blocks;        /* per trainer rank: its snapshot, during an export */
 	size_t *block_cap;
-	struct pub_spare *spare; /* per trainer rank: a freed export buffer */
 
 	/* Hosted ranks. */
 	struct pub_hosted *hosted;
@@ -254,12 +276,15 @@ void node__pub_on_ex_timer(evutil_socket_t fd, short what, void *arg);
 /* Anonymous memory of cap bytes (huge pages when large); NULL when out of
  * memory. Freed with munmap(b, cap). */
 uint8_t *node__pub_buf_map(size_t cap);
-/* Maps pt's export buffer (pt->used bytes, page-rounded), reusing the rank's
- * spare when large enough. -ENOMEM leaves pt without a buffer. */
+/* Maps pt's export buffer (pt->used bytes, page-rounded). -ENOMEM leaves pt
+ * without a buffer. */
 int node__pub_part_alloc(struct node_pub *p, struct pub_part *pt);
-/* Closes the region and keeps the buffer as the rank's spare; cannot fail. */
+/* Closes the regions and unmaps the buffer; cannot fail. */
 void node__pub_part_release(struct node_pub *p, struct pub_part *pt);
-/* Frees pv and its parts (buffers go to the spares); NULL is fine. */
+/* Closes layout li's regions in every part of pv and gives its pages back
+ * (the buffers stay mapped); cannot fail. */
+void node__pub_layout_free(struct pub_version *pv, size_t li);
+/* Frees pv and its parts; NULL is fine. */
 void node__pub_version_free(struct node_pub *p, struct pub_version *pv);
 /* Takes pv off p->versions if it is there; cannot fail. */
 void node__pub_version_unlink(struct node_pub *p, struct pub_version *pv);

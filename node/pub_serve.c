@@ -46,46 +46,47 @@ static void items_free(struct pub_part *pt)
 	pt->nitems = 0;
 }
 
-/* Closes the region and keeps the buffer as the rank's spare (the larger of
- * the two); cannot fail. */
+/* Closes the regions and unmaps the buffer, so that its memory goes back
+ * to the system at once (a buffer kept for the next export would be
+ * resident next to that export's snapshot); cannot fail. */
 void node__pub_part_release(struct node_pub *p, struct pub_part *pt)
 {
-	struct pub_spare *s = &p->spare[pt->rank];
-
-	fab_mr_close(pt->mr);
-	pt->mr = NULL;
+	for (size_t li = 0; li < pt->nslices; li++)
+		fab_mr_close(pt->slices[li].mr);
+	free(pt->slices);
+	pt->slices = NULL;
+	pt->nslices = 0;
 	items_free(pt);
-	if (pt->buf == NULL)
-		return;
-	if (s->buf == NULL || s->cap < pt->cap) {
-		if (s->buf != NULL)
-			munmap(s->buf, s->cap);
-		s->buf = pt->buf;
-		s->cap = pt->cap;
-	} else {
+	if (pt->buf != NULL)
 		munmap(pt->buf, pt->cap);
-	}
 	pt->buf = NULL;
 	pt->cap = 0;
 }
 
 int node__pub_part_alloc(struct node_pub *p, struct pub_part *pt)
 {
-	struct pub_spare *s = &p->spare[pt->rank];
 	size_t need = node__pub_page_round(pt->used);
 
-	if (s->buf != NULL && s->cap >= need) {
-		pt->buf = s->buf;
-		pt->cap = s->cap;
-		s->buf = NULL;
-		s->cap = 0;
-		return 0;
-	}
 	pt->buf = node__pub_buf_map(need);
 	if (pt->buf == NULL)
 		return -ENOMEM;
 	pt->cap = need;
 	return 0;
+}
+
+void node__pub_layout_free(struct pub_version *pv, size_t li)
+{
+	for (size_t i = 0; i < pv->nparts; i++) {
+		struct pub_part *pt = &pv->parts[i];
+		struct pub_slice *sl = li < pt->nslices ? &pt->slices[li] : NULL;
+		if (sl == NULL)
+			continue;
+		fab_mr_close(sl->mr); /* no reader reaches the pages any more */
+		sl->mr = NULL;
+		if (pt->buf != NULL && sl->len > 0)
+			(void)madvise(pt->buf + sl->off, sl->len, MADV_DONTNEED);
+	}
+	pv->layouts[li].state = PUB_L_FREED;
 }
 
 void node__pub_version_free(struct node_pub *p, struct pub_version *pv)
@@ -95,7 +96,9 @@ void node__pub_version_free(struct node_pub *p, struct pub_version *pv)
 	for (size_t i = 0; i < pv->nparts; i++)
 		node__pub_part_release(p, &pv->parts[i]);
 	free(pv->parts);
+	free(pv->layouts);
 	free(pv->offers);
+	free(pv->offer_li);
 	free(pv);
 }
 
@@ -116,8 +119,9 @@ static uint64_t newest_version(const struct node_pub *p)
 	return v;
 }
 
-/* Registers the hosted parts' buffers for remote reads and lists the offers
- * (see publisher.h for what addr/key/len mean). */
+/* Registers the hosted parts' slices for remote reads, one region per
+ * layout, and lists the offers (see publisher.h for what addr/key/len mean:
+ * key and addr are those of the parcel's layout slice). */
 int node__pub_version_serve(struct node_pub *p, struct pub_version *pv, struct proto_err *err)
 {
 	size_t n = 0, k = 0;
@@ -127,33 +131,43 @@ int node__pub_version_serve(struct node_pub *p, struct pub_version *pv, struct p
 		if (pv->parts[i].hosted)
 			n += pv->parts[i].nitems;
 	pv->offers = calloc(PROTO_MAX(n, 1), sizeof(*pv->offers));
-	if (pv->offers == NULL)
+	pv->offer_li = calloc(PROTO_MAX(n, 1), sizeof(*pv->offer_li));
+	if (pv->offers == NULL || pv->offer_li == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
 	for (size_t i = 0; i < pv->nparts; i++) {
 		struct pub_part *pt = &pv->parts[i];
-		struct fab_rkey rk;
 		int hi = -1;
 		if (!pt->hosted || pt->nitems == 0)
 			continue;
 		for (size_t h = 0; h < p->nhosted; h++)
 			if (p->hosted[h].rank == pt->rank)
 				hi = (int)h;
-		rc = fab_mr_reg(p->hosted[hi].fab, pt->buf, pt->cap, FAB_MR_REMOTE_READ, &pt->mr);
-		if (rc != 0)
-			return proto_errf(err, -rc, "registering rank %u's export buffer (%zu bytes): %s",
-					  pt->rank, pt->cap, strerror(-rc));
-		fab_mr_rkey(pt->mr, &rk);
+		for (size_t li = 0; li < pv->nlayouts; li++) {
+			struct pub_slice *sl = &pt->slices[li];
+			if (sl->len == 0)
+				continue;
+			rc = fab_mr_reg(p->hosted[hi].fab, pt->buf + sl->off, sl->len,
+					FAB_MR_REMOTE_READ, &sl->mr);
+			if (rc != 0)
+				return proto_errf(err, -rc,
+						  "registering rank %u's export buffer (%llu bytes): %s",
+						  pt->rank, (unsigned long long)sl->len, strerror(-rc));
+		}
 		for (size_t j = 0; j < pt->nitems; j++) {
 			const struct pub_item *it = &pt->items[j];
+			const struct pub_slice *sl = &pt->slices[it->li];
 			struct trk_offer *o = &pv->offers[k];
+			struct fab_rkey rk;
 			if (it->pc->bytes == 0)
 				continue;
+			fab_mr_rkey(sl->mr, &rk);
 			memcpy(o->layout, it->sl->digest, PROTO_HASH_BYTES);
 			o->src_rank = pt->rank;
 			o->dst_rank = it->pc->dst_rank;
-			o->addr = rk.addr + it->off;
+			o->addr = rk.addr + (it->off - sl->off);
 			o->key = rk.key;
 			o->len = it->pc->bytes;
+			pv->offer_li[k] = it->li;
 			k++;
 		}
 		/* Hashes are in the manifest now; offers keep what serving needs. */
@@ -164,6 +178,31 @@ int node__pub_version_serve(struct node_pub *p, struct pub_version *pv, struct p
 }
 
 /* ---- offers ------------------------------------------------------------------- */
+
+static bool layouts_to_drop(const struct pub_version *pv)
+{
+	for (size_t li = 0; li < pv->nlayouts; li++)
+		if (pv->layouts[li].state == PUB_L_DROP)
+			return true;
+	return false;
+}
+
+/* The offers of pv's layouts still served, into a new array (*out, free()
+ * it); layouts to drop are marked as being withdrawn by this offer. */
+static int offers_live(struct pub_version *pv, struct trk_offer **out, size_t *n)
+{
+	*n = 0;
+	*out = malloc(PROTO_MAX(pv->noffers, 1) * sizeof(**out));
+	if (*out == NULL)
+		return -ENOMEM;
+	for (size_t i = 0; i < pv->noffers; i++)
+		if (pv->layouts[pv->offer_li[i]].state == PUB_L_SERVED)
+			(*out)[(*n)++] = pv->offers[i];
+	for (size_t li = 0; li < pv->nlayouts; li++)
+		if (pv->layouts[li].state == PUB_L_DROP)
+			pv->layouts[li].state = PUB_L_WITHDRAW;
+	return 0;
+}
 
 static void on_offer(const struct trk_answer *a, void *arg)
 {
@@ -179,11 +218,16 @@ static void on_offer(const struct trk_answer *a, void *arg)
 		node__pub_version_free(p, pv);
 		return;
 	}
+	/* Layouts this offer left out are withdrawn (as with a version, also
+	 * when the answer is an error: nobody aims at them). */
+	for (size_t li = 0; li < pv->nlayouts; li++)
+		if (pv->layouts[li].state == PUB_L_WITHDRAW)
+			node__pub_layout_free(pv, li);
 	pv->offer_tried = true;
 	if (a->status >= 200 && a->status < 300) {
-		pv->offered = pv->offer_gen == p->reg_gen;
+		pv->offered = pv->offer_gen == p->reg_gen && !layouts_to_drop(pv);
 		LOG_INFO("offered version %llu: %zu parcels", (unsigned long long)pv->version,
-			 pv->noffers);
+			 pv->nsent);
 	} else if (a->status == 404) {
 		/* Only an answer about the current registration says it is gone. */
 		if (pv->offer_gen == p->reg_gen) {
@@ -197,6 +241,8 @@ static void on_offer(const struct trk_answer *a, void *arg)
 	}
 	if (p->ex != NULL && p->ex->pv == pv)
 		node__pub_ex_step(p);
+	else if (layouts_to_drop(pv))
+		node__pub_sync_offers(p); /* marked while the offer was in flight */
 }
 
 /* Keeps at most TESSERA_PUB_RETAIN versions: the newest and the one being
@@ -243,12 +289,31 @@ void node__pub_sync_offers(struct node_pub *p)
 			node__pub_version_free(p, pv);
 			continue;
 		}
-		if (!p->registered || p->dead || (pv->offered && !pv->releasing))
+		if (!p->registered) {
+			/* The tracker lists none of our offers now: free at once. */
+			for (size_t li = 0; li < pv->nlayouts; li++)
+				if (pv->layouts[li].state == PUB_L_DROP)
+					node__pub_layout_free(pv, li);
 			continue;
-		rc = trk_client_offer_timed(p->trk, p->id, pv->version,
-					    pv->releasing ? 0 : pv->snapshot_ms,
-					    pv->releasing ? NULL : pv->offers,
-					    pv->releasing ? 0 : pv->noffers, on_offer, pv);
+		}
+		if (p->dead || (pv->offered && !pv->releasing && !layouts_to_drop(pv)))
+			continue;
+		if (pv->releasing) {
+			rc = trk_client_offer_timed(p->trk, p->id, pv->version, 0, NULL, 0, on_offer,
+						    pv);
+		} else {
+			struct trk_offer *live;
+			if ((rc = offers_live(pv, &live, &pv->nsent)) == 0) {
+				rc = trk_client_offer_timed(p->trk, p->id, pv->version,
+							    pv->snapshot_ms, live, pv->nsent,
+							    on_offer, pv);
+				free(live);
+			}
+			if (rc != 0) /* not sent: try the drop again next time */
+				for (size_t li = 0; li < pv->nlayouts; li++)
+					if (pv->layouts[li].state == PUB_L_WITHDRAW)
+						pv->layouts[li].state = PUB_L_DROP;
+		}
 		if (rc == 0) {
 			pv->offer_busy = true;
 			pv->offer_gen = p->reg_gen;
@@ -259,6 +324,33 @@ void node__pub_sync_offers(struct node_pub *p)
 }
 
 /* ---- retention ---------------------------------------------------------------- */
+
+/* A retained version's layouts that no replica of them aims at are
+ * dropped; when none is left the whole version goes. */
+static void drop_layouts(struct pub_version *pv, const struct trk_version_info *info)
+{
+	size_t served = 0;
+	char h[2 * PROTO_HASH_BYTES + 1];
+
+	for (size_t li = 0; li < pv->nlayouts && !info->all_layouts; li++) {
+		struct pub_vlayout *l = &pv->layouts[li];
+		bool aimed = false;
+		if (l->state != PUB_L_SERVED)
+			continue;
+		for (uint32_t k = 0; k < info->nlayouts; k++)
+			aimed |= memcmp(info->layouts[k], l->digest, PROTO_HASH_BYTES) == 0;
+		if (aimed) {
+			served++;
+			continue;
+		}
+		sodium_bin2hex(h, sizeof(h), l->digest, PROTO_HASH_BYTES);
+		LOG_INFO("version %llu layout %.16s: no replica of it aims there: withdrawing it",
+			 (unsigned long long)pv->version, h);
+		l->state = PUB_L_DROP;
+	}
+	if (!info->all_layouts && served == 0 && pv->nlayouts > 0)
+		pv->releasing = true;
+}
 
 static void on_check_answer(const struct trk_answer *a, void *arg)
 {
@@ -271,16 +363,21 @@ static void on_check_answer(const struct trk_answer *a, void *arg)
 	p->check_busy = false;
 	if (a->status == 200 && trk_versions_parse(a->json, &latest, &vi, &n, &err) == 0) {
 		for (struct pub_version *pv = p->versions; pv; pv = pv->next) {
-			bool keep = pv->version == newest || (p->ex != NULL && p->ex->pv == pv);
+			bool all = pv->version == newest || (p->ex != NULL && p->ex->pv == pv);
+			const struct trk_version_info *info = NULL;
 			pv->wanted = false;
 			for (size_t i = 0; i < n; i++)
-				if (vi[i].version == pv->version && vi[i].retain)
-					keep = pv->wanted = true;
-			if (!keep && !pv->releasing) {
+				if (vi[i].version == pv->version && vi[i].retain) {
+					pv->wanted = true;
+					info = &vi[i];
+				}
+			if (!all && !pv->wanted && !pv->releasing) {
 				LOG_INFO("version %llu is no longer needed: withdrawing it",
 					 (unsigned long long)pv->version);
 				pv->releasing = true;
 			}
+			if (!all && info != NULL && !pv->releasing && info->version != latest)
+				drop_layouts(pv, info);
 		}
 		free(vi);
 	} else {

@@ -350,10 +350,9 @@ int node_pub_new(struct event_base *base, const struct node_pub_opts *o, struct 
 	nr = p->tl.nranks;
 	p->blocks = calloc(nr, sizeof(*p->blocks));
 	p->block_cap = calloc(nr, sizeof(*p->block_cap));
-	p->spare = calloc(nr, sizeof(*p->spare));
 	p->hosted = calloc(o->nranks ? o->nranks : nr, sizeof(*p->hosted));
 	if (p->model_json == NULL || p->tl_json == NULL || p->blocks == NULL ||
-	    p->block_cap == NULL || p->spare == NULL || p->hosted == NULL) {
+	    p->block_cap == NULL || p->hosted == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
 	}
@@ -458,6 +457,18 @@ uint64_t node_pub_model_bytes(const struct node_pub *p)
 	return proto_model_bytes(&p->model);
 }
 
+uint64_t node_pub_served_bytes(const struct node_pub *p)
+{
+	uint64_t n = 0;
+
+	for (const struct pub_version *pv = p->versions; pv; pv = pv->next)
+		for (size_t i = 0; i < pv->nparts; i++)
+			for (size_t li = 0; pv->parts[i].buf != NULL && li < pv->parts[i].nslices; li++)
+				if (pv->layouts[li].state != PUB_L_FREED)
+					n += pv->parts[i].slices[li].len;
+	return n;
+}
+
 void node_pub_free(struct node_pub *p)
 {
 	struct pub_req *r;
@@ -513,12 +524,9 @@ void node_pub_free(struct node_pub *p)
 	for (uint32_t r2 = 0; p->have_tl && r2 < p->tl.nranks; r2++) {
 		if (p->blocks != NULL && p->blocks[r2] != NULL)
 			munmap(p->blocks[r2], p->block_cap[r2]);
-		if (p->spare != NULL && p->spare[r2].buf != NULL)
-			munmap(p->spare[r2].buf, p->spare[r2].cap);
 	}
 	free(p->blocks);
 	free(p->block_cap);
-	free(p->spare);
 	json_decref(p->model_json);
 	json_decref(p->tl_json);
 	if (p->have_tl)

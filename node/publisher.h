@@ -19,7 +19,10 @@
  *      every 200 ms, there is nothing to serve.
  *   2. gather + hash: per rank, every parcel with src_rank == that rank of
  *      every serving layout is gathered into ONE page-aligned export buffer
- *      (parcels at 4096-aligned offsets) and its chunks hashed (BLAKE2b-256).
+ *      (parcels at 4096-aligned offsets, each layout's parcels one slice)
+ *      and its chunks hashed (BLAKE2b-256). The snapshot is given back
+ *      behind the gather: each 2 MiB of it once no later parcel byte reads
+ *      it, and the rest when the rank's gather is done.
  *   3. the manifest (anchor, parent v-1 with its digest, created_ms = when
  *      the export was requested) is signed and POSTed to /versions.
  *   4. each export buffer is registered FAB_MR_REMOTE_READ on its rank's own
@@ -31,8 +34,14 @@
  * publisher holds does not grow with how far a replica is behind. The newest
  * one is always kept, and at most TESSERA_PUB_RETAIN versions are served
  * (the oldest not retained go first, then the oldest retained). Then the
- * offer is withdrawn (n == 0), the region closed and the buffer freed (kept
- * as a spare for the next export of that rank).
+ * offer is withdrawn (n == 0), the regions closed and the buffers unmapped.
+ * Of a retained version other than the newest only the layouts of the
+ * replicas aiming at it are kept (retain_layouts): each layout's slice of an
+ * export buffer has its own region, so a layout is dropped alone: its
+ * parcels are left out of the next offer (which withdraws them), then its
+ * regions are closed and its pages given back (MADV_DONTNEED). The retention
+ * check also runs when an export starts, so what replicas left is freed
+ * before the new version's buffers are filled.
  *
  * Several processes may host disjoint subsets of the ranks. The one hosting
  * trainer rank 0 is the leader: it computes the parcels of every rank (the
@@ -139,6 +148,9 @@ size_t node_pub_nranks(const struct node_pub *p);
 bool node_pub_leader(const struct node_pub *p);
 /* The model's total bytes (one full copy). */
 uint64_t node_pub_model_bytes(const struct node_pub *p);
+/* Bytes of export buffers held for serving: every served version's slices
+ * of the hosted ranks, less those of dropped layouts. Cannot fail. */
+uint64_t node_pub_served_bytes(const struct node_pub *p);
 
 /*
  * Stops everything in reverse order: waits for worker threads (they stop

@@ -54,8 +54,8 @@ static struct {
 	bool looping;
 	struct node_pub *pub, *pub2;
 	struct proto_model model;
-	struct proto_layout fsdp2, tp2;
-	struct proto_plan plan;
+	struct proto_layout fsdp2, tp2, tp1;
+	struct proto_plan plan, plan1; /* fsdp2 -> tp2, fsdp2 -> tp1 */
 	struct trk_client *cli; /* blocking, on its own base */
 	struct fab_ctx *rd;     /* the reader's endpoint */
 	char rd_hex[2 * FAB_ADDR_MAX + 1];
@@ -165,8 +165,9 @@ static uint64_t latest_version(void)
 	return v;
 }
 
-/* Publisher sources of one parcel: how many, and the first one. */
-static size_t pub_sources(uint64_t v, uint32_t src, uint32_t dst, struct trk_source *first)
+/* Publisher sources of one parcel of a layout: how many, and the first one. */
+static size_t pub_sources_of(const struct proto_layout *l, uint64_t v, uint32_t src, uint32_t dst,
+			     struct trk_source *first)
 {
 	char path[512], h[2 * PROTO_HASH_BYTES + 1];
 	struct trk_source *s = NULL;
@@ -174,7 +175,7 @@ static size_t pub_sources(uint64_t v, uint32_t src, uint32_t dst, struct trk_sou
 	size_t n = 0, k = 0;
 	json_t *j;
 
-	sodium_bin2hex(h, sizeof(h), g.tp2.digest, PROTO_HASH_BYTES);
+	sodium_bin2hex(h, sizeof(h), l->digest, PROTO_HASH_BYTES);
 	snprintf(path, sizeof(path), TRK_API "/sources?version=%llu&layout=%s&src_rank=%u&dst_rank=%u",
 		 (unsigned long long)v, h, src, dst);
 	j = get_json(path, 200);
@@ -190,6 +191,12 @@ static size_t pub_sources(uint64_t v, uint32_t src, uint32_t dst, struct trk_sou
 	trk_sources_free(s, n);
 	json_decref(j);
 	return k;
+}
+
+/* The same for the tp2 layout of replica A. */
+static size_t pub_sources(uint64_t v, uint32_t src, uint32_t dst, struct trk_source *first)
+{
+	return pub_sources_of(&g.tp2, v, src, dst, first);
 }
 
 static void post_ok(const char *what, int rc, struct trk_reply *r)
@@ -353,7 +360,9 @@ static int group_setup(void **state)
 	if (proto_fixture_model(MODEL_BYTES, &g.model, &err) != 0 ||
 	    proto_layout_builtin(&g.model, "fsdp2", &g.fsdp2, &err) != 0 ||
 	    proto_layout_builtin(&g.model, "tp2", &g.tp2, &err) != 0 ||
-	    proto_plan_build(&g.model, &g.fsdp2, &g.tp2, &g.plan, &err) != 0) {
+	    proto_plan_build(&g.model, &g.fsdp2, &g.tp2, &g.plan, &err) != 0 ||
+	    proto_layout_builtin(&g.model, "tp1", &g.tp1, &err) != 0 ||
+	    proto_plan_build(&g.model, &g.fsdp2, &g.tp1, &g.plan1, &err) != 0) {
 		fprintf(stderr, "model: %s\n", err.msg);
 		return -1;
 	}
@@ -386,6 +395,8 @@ static int group_teardown(void **state)
 	if (g.base)
 		event_base_free(g.base);
 	proto_plan_fini(&g.plan);
+	proto_plan_fini(&g.plan1);
+	proto_layout_fini(&g.tp1);
 	proto_layout_fini(&g.tp2);
 	proto_layout_fini(&g.fsdp2);
 	proto_model_fini(&g.model);
@@ -517,6 +528,153 @@ static void test_leader_follower(void **state)
 	node_pub_free(g.pub2);
 	g.pub2 = NULL;
 	loop_start();
+}
+
+/* ---- per-layout retention ------------------------------------------------------ */
+
+struct served_box {
+	atomic_bool done;
+	uint64_t n;
+};
+
+static void served_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct served_box *b = arg;
+
+	b->n = node_pub_served_bytes(g.pub);
+	atomic_store(&b->done, true);
+}
+
+/* node_pub_served_bytes, read on the loop's thread (the loop owns it). */
+static uint64_t served_bytes(void)
+{
+	struct served_box b = {.done = false};
+	struct timeval tv = {0, 0};
+	uint64_t end = proto_now_ns() + (uint64_t)WAIT_MS * 1000000u;
+
+	assert_int_equal(event_base_once(g.base, -1, EV_TIMEOUT, served_cb, &b, &tv), 0);
+	while (!atomic_load(&b.done)) {
+		if (proto_now_ns() > end)
+			fail_msg("the loop did not answer");
+		usleep(5000);
+	}
+	return b.n;
+}
+
+/* What one layout of one version takes in the export buffers: every parcel
+ * page-rounded, both trainer ranks. */
+static uint64_t layout_bytes(const struct proto_plan *pl)
+{
+	uint64_t n = 0;
+
+	for (uint32_t k = 0; k < pl->nparcels; k++)
+		n += (pl->parcels[k].bytes + 4095) & ~(uint64_t)4095;
+	return n;
+}
+
+static void report_one(const char *id, uint64_t v, enum trk_rank_state st)
+{
+	struct trk_reply r;
+	struct trk_state_report rep = {.id = id, .version = v, .state = st};
+
+	trk_reply_init(&r);
+	post_ok("report", trk_client_report_state(g.cli, &rep, trk_reply_cb, &r), &r);
+}
+
+/* The version's retain flags and its retain_layouts as one string of
+ * 16-digit digest prefixes. */
+static bool version_retain(uint64_t v, char *layouts, size_t cap, bool *dropped)
+{
+	json_t *j = get_json(TRK_API "/versions", 200), *e, *d;
+	bool retain = false;
+	size_t i, k;
+
+	layouts[0] = 0;
+	json_array_foreach(json_object_get(j, "versions"), i, e) {
+		if ((uint64_t)json_integer_value(json_object_get(e, "version")) != v)
+			continue;
+		retain = json_is_true(json_object_get(e, "retain"));
+		*dropped = json_is_true(json_object_get(e, "dropped"));
+		json_array_foreach(json_object_get(e, "retain_layouts"), k, d)
+			snprintf(layouts + strlen(layouts), cap - strlen(layouts), "%s%.16s",
+				 k ? "," : "", json_string_value(d));
+	}
+	json_decref(j);
+	return retain;
+}
+
+/* A tp1 replica C joins replica A (tp2). A aims at vN when vN+1 comes and C
+ * at vN+1: vN stays retained for tp2 only, so the publisher withdraws vN's
+ * tp1 parcels and gives their pages back while its tp2 parcels go on being
+ * served, and vN+1 keeps both layouts. */
+static void test_layout_drop(void **state)
+{
+	json_t *lj = proto_layout_to_json(&g.model, &g.tp1);
+	struct trk_node_reg reg = {
+		.replica = "C",
+		.addr = {.rank = 0, .host = "test", .provider = "tcp;ofi_rxm", .fabric_addr = g.rd_hex},
+		.layout = lj,
+		.model_digest = g.model.digest,
+	};
+	uint64_t t2 = layout_bytes(&g.plan), t1 = layout_bytes(&g.plan1), want = 2 * t2 + t1;
+	uint64_t end, N, have = 0;
+	char lays[256], h2[2 * PROTO_HASH_BYTES + 1];
+	bool dropped = true;
+	struct trk_reply r;
+
+	/* A publisher of both ranks (it re-offers the latest version). */
+	loop_stop();
+	node_pub_free(g.pub);
+	g.nres = 0;
+	pub_start();
+	loop_start();
+	trk_reply_init(&r);
+	post_ok("register node C", trk_client_register_node(g.cli, &reg, trk_reply_cb, &r), &r);
+	json_decref(lj);
+
+	assert_int_equal(node_pub_export(g.pub, on_done, NULL), 0);
+	wait_results(1);
+	if (g.res[0].status != 0)
+		fail_msg("export: %s", g.res[0].error);
+	N = g.res[0].version;
+	report_all(N, TRK_STATE_FETCHING); /* A aims at vN */
+	assert_int_equal(node_pub_export(g.pub, on_done, NULL), 0);
+	wait_results(2);
+	if (g.res[1].status != 0)
+		fail_msg("export: %s", g.res[1].error);
+	assert_int_equal(g.res[1].version, N + 1);
+	report_one("C/0", N + 1, TRK_STATE_FETCHING); /* C aims at vN+1 */
+
+	/* vN: tp1 withdrawn, tp2 served; vN+1: both. */
+	end = proto_now_ns() + (uint64_t)WAIT_MS * 1000000u;
+	while (pub_sources_of(&g.tp1, N, 0, 0, NULL) > 0) {
+		if (proto_now_ns() > end)
+			fail_msg("v%llu's tp1 parcels are still offered", (unsigned long long)N);
+		usleep(20000);
+	}
+	assert_int_equal(pub_sources_of(&g.tp2, N, 0, 0, NULL), 1);
+	assert_int_equal(pub_sources_of(&g.tp2, N, 1, 1, NULL), 1);
+	assert_int_equal(pub_sources_of(&g.tp1, N + 1, 0, 0, NULL), 1);
+	assert_int_equal(pub_sources_of(&g.tp1, N + 1, 1, 0, NULL), 1);
+	read_and_check(N);
+	read_and_check(N + 1);
+	sodium_bin2hex(h2, sizeof(h2), g.tp2.digest, PROTO_HASH_BYTES);
+	assert_true(version_retain(N, lays, sizeof(lays), &dropped));
+	assert_false(dropped);
+	if (strlen(lays) != 16 || strncmp(lays, h2, 16) != 0)
+		fail_msg("v%llu retain_layouts: '%s', want only tp2 (%.16s)", (unsigned long long)N,
+			 lays, h2);
+
+	/* What the publisher holds: vN+1 whole and vN's tp2 slices, nothing
+	 * of the re-offered version nor of vN's tp1. */
+	end = proto_now_ns() + (uint64_t)WAIT_MS * 1000000u;
+	while ((have = served_bytes()) != want) {
+		if (proto_now_ns() > end)
+			fail_msg("the publisher holds %llu bytes for serving, want %llu (tp2 %llu, tp1 %llu per version)",
+				 (unsigned long long)have, (unsigned long long)want,
+				 (unsigned long long)t2, (unsigned long long)t1);
+		usleep(20000);
+	}
 }
 
 /* ---- the CLI ------------------------------------------------------------------------ */
@@ -749,6 +907,7 @@ int main(void)
 		cmocka_unit_test(test_retire),
 		cmocka_unit_test(test_restart),
 		cmocka_unit_test(test_leader_follower),
+		cmocka_unit_test(test_layout_drop),
 		cmocka_unit_test(test_cli_control_model_dir),
 		cmocka_unit_test(test_bad_input),
 	};

@@ -412,6 +412,7 @@ struct mopts {
 	uint64_t created_ms;
 	const uint8_t *model_digest, *tl_digest; /* NULL: the fixture's */
 	const uint8_t *sk;                       /* NULL: the fixture's */
+	bool tp1; /* also a TP1 layout: parcels (s,0) with 200 + s wire bytes */
 };
 
 /* A signed anchor manifest for the TP2 layout: parcels (s,d) for s,d in 0..1
@@ -447,6 +448,20 @@ static void make_manifest(struct fx *f, const struct mopts *o, uint8_t **buf, si
 		assert_int_equal(proto_mparcel_alloc_chunks(&m, p, 100 + i), 0);
 		for (uint32_t c = 0; c < p->nchunks; c++)
 			randombytes_buf(p->chunks[c].hash, PROTO_HASH_BYTES);
+	}
+	if (o->tp1) {
+		l = proto_manifest_add_layout(&m, f->tp1.digest, plan, 2);
+		assert_non_null(l);
+		for (uint32_t i = 0; i < 2; i++) {
+			struct proto_mparcel *p = &l->parcels[i];
+			p->src_rank = i;
+			p->dst_rank = 0;
+			p->encoding = PROTO_ENC_RAW;
+			p->bytes = 200 + i;
+			assert_int_equal(proto_mparcel_alloc_chunks(&m, p, 200 + i), 0);
+			for (uint32_t c = 0; c < p->nchunks; c++)
+				randombytes_buf(p->chunks[c].hash, PROTO_HASH_BYTES);
+		}
 	}
 	if (proto_manifest_sign(&m, o->sk ? o->sk : f->sk, buf, len, &err) != 0) {
 		fprintf(stderr, "sign: %s\n", err.msg);
@@ -1556,6 +1571,108 @@ static bool dropped(struct fx *f, uint64_t v)
 	return d;
 }
 
+/* The publisher offers v's parcels of TP2 (when tp2) and of TP1 (when tp1). */
+static void pub_offer_layouts(struct fx *f, uint64_t v, bool tp2, bool tp1)
+{
+	struct trk_offer offers[6];
+	struct trk_reply r;
+	size_t n = 0;
+
+	for (int i = 0; tp2 && i < 4; i++)
+		offers[n++] = (struct trk_offer){.src_rank = (uint32_t)(i / 2),
+						 .dst_rank = (uint32_t)(i % 2),
+						 .addr = 4096, .key = 7, .len = 100 + (uint64_t)i};
+	for (size_t i = 0; i < n; i++)
+		memcpy(offers[i].layout, f->tp2.digest, PROTO_HASH_BYTES);
+	for (int i = 0; tp1 && i < 2; i++) {
+		offers[n] = (struct trk_offer){.src_rank = (uint32_t)i, .dst_rank = 0,
+					       .addr = 8192, .key = 9, .len = 200 + (uint64_t)i};
+		memcpy(offers[n++].layout, f->tp1.digest, PROTO_HASH_BYTES);
+	}
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_offer(f->c, f->pub_id, v, offers, n, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	trk_reply_fini(&r);
+}
+
+/* v's retain_layouts, through the typed parser: which of TP2 / TP1 it names. */
+static void retain_layouts_of(struct fx *f, uint64_t v, bool *tp2, bool *tp1)
+{
+	struct trk_reply r;
+	struct trk_version_info *vi;
+	struct proto_err err = {{0}};
+	uint64_t latest;
+	size_t n;
+
+	*tp2 = *tp1 = false;
+	assert_int_equal(get(f, TRK_API "/versions?after=0", &r), 200);
+	assert_int_equal(trk_versions_parse(r.json, &latest, &vi, &n, &err), 0);
+	for (size_t i = 0; i < n; i++) {
+		if (vi[i].version != v)
+			continue;
+		assert_false(vi[i].all_layouts);
+		for (uint32_t k = 0; k < vi[i].nlayouts; k++) {
+			*tp2 |= memcmp(vi[i].layouts[k], f->tp2.digest, PROTO_HASH_BYTES) == 0;
+			*tp1 |= memcmp(vi[i].layouts[k], f->tp1.digest, PROTO_HASH_BYTES) == 0;
+		}
+	}
+	free(vi);
+	trk_reply_fini(&r);
+}
+
+/* Per-layout retention: a version keeps, in retain_layouts, the layouts of
+ * the replicas aiming at it; a publisher that withdraws one layout's parcels
+ * moves the replicas of that layout on (rule 3) and no other. */
+static void test_layout_retention(void **state)
+{
+	struct fx *f = *state;
+	uint8_t digs[4][PROTO_HASH_BYTES] = {{0}};
+	bool tp2, tp1;
+
+	register_publisher(f);
+	for (uint64_t v = 1; v <= 2; v++) {
+		struct trk_reply r;
+		uint8_t *buf;
+		size_t len;
+		make_manifest(f, &(struct mopts){.version = v, .parent = v - 1,
+						 .parent_digest = digs[v - 1], .tp1 = true},
+			      &buf, &len, digs[v]);
+		assert_int_equal(publish(f, buf, len, &r), 201);
+		trk_reply_fini(&r);
+		free(buf);
+		pub_offer_layouts(f, v, true, true);
+		if (v == 1) {
+			/* A (TP2) and B (TP1) start on v1. */
+			register_node_ok(f, "A", 0, TP2);
+			register_node_ok(f, "B", 0, TP1);
+			report_ok(f, "A/0", 1, "fetching");
+			report_ok(f, "B/0", 1, "fetching");
+		}
+	}
+	assert_int_equal(target_of(f, "A"), 1);
+	assert_int_equal(target_of(f, "B"), 1);
+	retain_layouts_of(f, 1, &tp2, &tp1);
+	assert_true(tp2 && tp1);
+	retain_layouts_of(f, 2, &tp2, &tp1); /* the latest: retained, nobody aims there */
+	assert_true(retained(f, 2));
+	assert_false(tp2 || tp1);
+
+	/* The publisher withdraws v1's TP1 parcels: v1 is not dropped (TP2 is
+	 * still served) and A stays; B's layout is gone there, so B moves on. */
+	pub_offer_layouts(f, 1, true, false);
+	assert_false(dropped(f, 1));
+	report_ok(f, "B/0", 1, "fetching");
+	assert_int_equal(target_of(f, "B"), 2);
+	assert_int_equal(target_of(f, "A"), 1);
+	retain_layouts_of(f, 1, &tp2, &tp1);
+	assert_true(tp2);
+	assert_false(tp1);
+	retain_layouts_of(f, 2, &tp2, &tp1);
+	assert_false(tp2);
+	assert_true(tp1);
+}
+
 /* The rule of "Replica targets" in API.md, one property at a time. */
 static void test_replica_target(void **state)
 {
@@ -1845,6 +1962,15 @@ static void test_sources(void **state)
 		"{\"latest\":1,\"versions\":[{\"version\":1}]}",
 		"{\"latest\":1,\"versions\":[{\"version\":1,\"parent\":0,\"wire_bytes\":1,"
 		"\"created_ms\":1,\"published_ms\":1,\"kind\":\"anchor\",\"digest\":\"00\"}]}",
+		"{\"latest\":1,\"versions\":[{\"version\":1,\"parent\":0,\"wire_bytes\":1,"
+		"\"created_ms\":1,\"published_ms\":1,\"kind\":\"anchor\",\"digest\":\"0000000000000000000000000000000000000000000000000000000000000000\","
+		"\"retain_layouts\":\"0000000000000000000000000000000000000000000000000000000000000000\"}]}",
+		"{\"latest\":1,\"versions\":[{\"version\":1,\"parent\":0,\"wire_bytes\":1,"
+		"\"created_ms\":1,\"published_ms\":1,\"kind\":\"anchor\",\"digest\":\"0000000000000000000000000000000000000000000000000000000000000000\","
+		"\"retain_layouts\":[\"0000000000000000000000000000000000000000000000000000000000000000\",7]}]}",
+		"{\"latest\":1,\"versions\":[{\"version\":1,\"parent\":0,\"wire_bytes\":1,"
+		"\"created_ms\":1,\"published_ms\":1,\"kind\":\"anchor\",\"digest\":\"0000000000000000000000000000000000000000000000000000000000000000\","
+		"\"retain_layouts\":[\"abc\"]}]}",
 	};
 	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad_versions); i++) {
 		json_t *j = json_loads(bad_versions[i], 0, NULL);
@@ -2273,6 +2399,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_longpoll, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_replica_state, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_replica_target, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_layout_retention, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_status_outputs, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_timeline, setup_open, teardown),

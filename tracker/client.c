@@ -608,6 +608,30 @@ fail:
 	return rc;
 }
 
+/* retain_layouts: absent (an older tracker) or too many to list means keep
+ * every layout; anything but an array of layout digests is an error. */
+static int parse_retain_layouts(json_t *e, size_t i, struct trk_version_info *v,
+				struct proto_err *err)
+{
+	json_t *a = json_object_get(e, "retain_layouts"), *d;
+	size_t k;
+
+	v->all_layouts = a == NULL || json_array_size(a) > TRK_RETAIN_LAYOUTS_MAX;
+	if (a == NULL)
+		return 0;
+	if (!json_is_array(a))
+		return proto_errf(err, EINVAL, "versions[%zu].retain_layouts: not an array", i);
+	json_array_foreach(a, k, d) {
+		uint8_t tmp[PROTO_HASH_BYTES];
+		if (proto_parse_hex(json_string_value(d), tmp, PROTO_HASH_BYTES) != 0)
+			return proto_errf(err, EINVAL, "versions[%zu].retain_layouts[%zu]: bad digest",
+					  i, k);
+		if (!v->all_layouts)
+			memcpy(v->layouts[v->nlayouts++], tmp, PROTO_HASH_BYTES);
+	}
+	return 0;
+}
+
 int trk_versions_parse(json_t *answer, uint64_t *latest,
 		       struct trk_version_info **out, size_t *n,
 		       struct proto_err *err)
@@ -646,6 +670,8 @@ int trk_versions_parse(json_t *answer, uint64_t *latest,
 			goto fail;
 		}
 		v[i].retain = json_is_true(json_object_get(e, "retain"));
+		if ((rc = parse_retain_layouts(e, i, &v[i], err)) != 0)
+			goto fail;
 	}
 	*out = v;
 	*n = cnt;

@@ -326,8 +326,14 @@ void trk__replica_update_target(struct trk_server *s, struct trk_replica *rep);
 /* A version a publisher served and no live publisher serves now (never the
  * latest). */
 bool trk__version_dropped(struct trk_server *s, uint64_t v);
+/* The same for v's parcels of one serving layout: a publisher may drop the
+ * layouts of a version that no replica of that layout aims at. */
+bool trk__version_dropped_for(struct trk_server *s, uint64_t v, const uint8_t *layout);
 /* v is the latest or the target of a live replica: publishers keep it. */
 bool trk__version_retained(struct trk_server *s, uint64_t v);
+/* The digests (hex) of the layouts of the live replicas aiming at v, each
+ * once: a new JSON array, NULL on ENOMEM. */
+json_t *trk__version_retain_layouts(struct trk_server *s, uint64_t v);
 /* How far rep's active version is behind the latest: in versions, and in ms
  * since the first version after it was published (0 when current). */
 void trk__replica_lag(struct trk_server *s, const struct trk_replica *rep,

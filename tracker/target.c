@@ -16,7 +16,7 @@
  *      that hold it activate; nothing is ever taken from them.
  *   2. T is not above R's active version (reached, or none yet): T is picked.
  *   3. Something newer than T exists and T is dropped (no publisher serves
- *      it any more) or a live rank reported T failed: T is picked among the
+ *      it, or its parcels of R's layout, any more) or a live rank reported T failed: T is picked among the
  *      other versions.
  *   4. Something newer than T exists and no live rank has reported T at all
  *      (nobody started on it): T is picked, so a replica that was idle
@@ -55,7 +55,9 @@ static bool any_rank(const struct trk_replica *rep, uint64_t v,
 	return false;
 }
 
-bool trk__version_dropped(struct trk_server *s, uint64_t v)
+/* No live publisher offers a parcel of v (of layout when not NULL) any more,
+ * while one did offer v once; never the latest. */
+static bool dropped(struct trk_server *s, uint64_t v, const uint8_t *layout)
 {
 	struct trk_version *ver = trk__versions_find(s->vs, v);
 
@@ -64,11 +66,27 @@ bool trk__version_dropped(struct trk_server *s, uint64_t v)
 	for (struct trk_publisher *p = s->reg->pubs; p; p = p->next) {
 		if (!p->alive)
 			continue;
-		for (size_t i = 0; i < p->offers.n; i++)
-			if (p->offers.sets[i].version == v && p->offers.sets[i].n > 0)
-				return false;
+		for (size_t i = 0; i < p->offers.n; i++) {
+			const struct trk_offer_set *os = &p->offers.sets[i];
+			if (os->version != v)
+				continue;
+			for (size_t k = 0; k < os->n; k++)
+				if (layout == NULL ||
+				    memcmp(os->o[k].layout, layout, PROTO_HASH_BYTES) == 0)
+					return false;
+		}
 	}
 	return true;
+}
+
+bool trk__version_dropped(struct trk_server *s, uint64_t v)
+{
+	return dropped(s, v, NULL);
+}
+
+bool trk__version_dropped_for(struct trk_server *s, uint64_t v, const uint8_t *layout)
+{
+	return dropped(s, v, layout);
 }
 
 bool trk__version_retained(struct trk_server *s, uint64_t v)
@@ -79,6 +97,32 @@ bool trk__version_retained(struct trk_server *s, uint64_t v)
 		if (rep->target == v && trk__replica_alive(rep))
 			return true;
 	return false;
+}
+
+json_t *trk__version_retain_layouts(struct trk_server *s, uint64_t v)
+{
+	json_t *a = json_array();
+
+	for (struct trk_replica *rep = s->reg->reps; a != NULL && rep; rep = rep->next) {
+		bool seen = false;
+		if (rep->target != v || !trk__replica_alive(rep) || rep->layout == NULL)
+			continue;
+		for (struct trk_replica *q = s->reg->reps; q != rep; q = q->next)
+			seen |= q->target == v && trk__replica_alive(q) && q->layout != NULL &&
+				memcmp(q->layout->digest, rep->layout->digest, PROTO_HASH_BYTES) == 0;
+		if (!seen && json_array_append_new(a, trk__json_hex(rep->layout->digest,
+								    PROTO_HASH_BYTES)) != 0) {
+			json_decref(a);
+			a = NULL;
+		}
+	}
+	return a;
+}
+
+/* v is dropped for rep: no live publisher serves v's parcels of its layout. */
+static bool rep_dropped(struct trk_server *s, const struct trk_replica *rep, uint64_t v)
+{
+	return dropped(s, v, rep->layout != NULL ? rep->layout->digest : NULL);
 }
 
 static uint64_t pick(struct trk_server *s, const struct trk_replica *rep, uint64_t not)
@@ -92,7 +136,7 @@ static uint64_t pick(struct trk_server *s, const struct trk_replica *rep, uint64
 			if (n->vers[j].state != TRK_STATE_VERIFIED || v <= rep->active ||
 			    v <= best || v == not)
 				continue;
-			if (!trk__version_dropped(s, v) && !any_rank(rep, v, rank_failed))
+			if (!rep_dropped(s, rep, v) && !any_rank(rep, v, rank_failed))
 				best = v;
 		}
 	}
@@ -199,8 +243,8 @@ void trk__replica_update_target(struct trk_server *s, struct trk_replica *rep)
 	} else if (t <= rep->active) {
 		t = pick(s, rep, 0);
 		why = "reached the previous one";
-	} else if (latest > t && (trk__version_dropped(s, t) || any_rank(rep, t, rank_failed))) {
-		why = trk__version_dropped(s, t) ? "the publisher dropped the old one" :
+	} else if (latest > t && (rep_dropped(s, rep, t) || any_rank(rep, t, rank_failed))) {
+		why = rep_dropped(s, rep, t) ? "the publisher dropped the old one" :
 						   "a rank failed the old one";
 		t = pick(s, rep, t);
 	} else if (latest > t && !any_rank(rep, t, rank_reported)) {

@@ -243,12 +243,19 @@ int trk_sources_parse(json_t *answer, struct trk_source **out, size_t *n,
 		      struct proto_err *err);
 void trk_sources_free(struct trk_source *s, size_t n);
 
+#define TRK_RETAIN_LAYOUTS_MAX 8
 struct trk_version_info {
 	uint64_t version, parent;
 	uint8_t kind; /* enum proto_kind */
 	uint8_t digest[PROTO_HASH_BYTES];
 	uint64_t wire_bytes, created_ms, published_ms;
 	bool retain;
+	/* The layouts whose replicas aim at it (retain_layouts); all_layouts
+	 * when the answer did not say or named more than TRK_RETAIN_LAYOUTS_MAX:
+	 * then keep every layout. */
+	bool all_layouts;
+	uint32_t nlayouts;
+	uint8_t layouts[TRK_RETAIN_LAYOUTS_MAX][PROTO_HASH_BYTES];
 };
 /* Parses a /versions answer: latest and a malloc'ed array (free() it). */
 int trk_versions_parse(json_t *answer, uint64_t *latest,

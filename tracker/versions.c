@@ -518,6 +518,7 @@ json_t *trk__version_json(struct trk_server *s, const struct trk_version *v)
 	bad |= trk__set(o, "created_ms", trk__jint(v->created_ms));
 	bad |= trk__set(o, "published_ms", trk__jint(v->published_ms));
 	bad |= trk__set(o, "retain", json_boolean(retain));
+	bad |= trk__set(o, "retain_layouts", trk__version_retain_layouts(s, v->version));
 	bad |= trk__set(o, "dropped", json_boolean(trk__version_dropped(s, v->version)));
 	if (bad) {
 		json_decref(o);
