@@ -1,5 +1,6 @@
 /* The fabric context: one provider, domain, CQ, AV and RDM endpoint. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,8 +261,10 @@ static size_t transfers_pending(const struct fab_ctx *ctx)
 }
 
 /* Contexts closed with transfers pending: their libfabric objects stay
- * open, and reachable, until the process exits. */
+ * open, and reachable, until the process exits. Two threads may close
+ * their contexts at once. */
 static struct fab_ctx *abandoned;
+static pthread_mutex_t abandoned_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void fab_close(struct fab_ctx *ctx)
 {
@@ -289,8 +292,10 @@ void fab_close(struct fab_ctx *ctx)
 			 pending);
 		fab__cancel_all(ctx);
 		fab__dispatch(ctx);
+		pthread_mutex_lock(&abandoned_mu);
 		ctx->abandoned_next = abandoned;
 		abandoned = ctx;
+		pthread_mutex_unlock(&abandoned_mu);
 		return;
 	}
 	if (ctx->ep != NULL) {
