@@ -1,5 +1,6 @@
 /* The fabric context: one provider, domain, CQ, AV and RDM endpoint. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,14 +249,55 @@ static void close_fid(struct fid *fid, const char *what)
 		FAB_FI_ERR(ret, what);
 }
 
+/* Transfers (reads, writes, sends) the provider accepted and has not
+ * completed. Posted receives do not count: closing cancels them cleanly. */
+static size_t transfers_pending(const struct fab_ctx *ctx)
+{
+	size_t n = 0;
+
+	for (const struct fab_op *op = ctx->posted; op != NULL; op = op->next_)
+		n += op->kind_ != FAB_OP_RECV;
+	return n;
+}
+
+/* Contexts closed with transfers pending: their libfabric objects stay
+ * open, and reachable, until the process exits. Two threads may close
+ * their contexts at once. */
+static struct fab_ctx *abandoned;
+static pthread_mutex_t abandoned_mu = PTHREAD_MUTEX_INITIALIZER;
+
 void fab_close(struct fab_ctx *ctx)
 {
+	size_t pending;
+
 	if (ctx == NULL)
 		return;
 	/* No last progress: it could start serving a peer we are leaving
 	 * (shm 1.17 crashes on requests from a peer that has gone). Ops
 	 * still in flight report -ECANCELED even if they just finished. */
 	ctx->closing = true;
+	/*
+	 * tcp;ofi_rxm (1.17) crashes closing an endpoint whose connections
+	 * still carry RMA: closing a connection flushes its half-received
+	 * read response as a cancelled completion with no context, and rxm
+	 * dereferences that context (rxm_handle_comp_error). A node stopped
+	 * while its reads crawl over a congested link died that way. So an
+	 * endpoint with transfers pending is not closed: its ops complete
+	 * here with -ECANCELED and the provider objects are left, untouched
+	 * (nothing progresses them again), to the process's exit.
+	 */
+	if (ctx->ep != NULL && (pending = transfers_pending(ctx)) > 0) {
+		LOG_INFO("fabric close: %zu transfers still with the provider; "
+			 "the endpoint stays open until the process exits",
+			 pending);
+		fab__cancel_all(ctx);
+		fab__dispatch(ctx);
+		pthread_mutex_lock(&abandoned_mu);
+		ctx->abandoned_next = abandoned;
+		abandoned = ctx;
+		pthread_mutex_unlock(&abandoned_mu);
+		return;
+	}
 	if (ctx->ep != NULL) {
 		int ret = fi_close(&ctx->ep->fid);
 

@@ -176,7 +176,11 @@ int fab_open(const char *provider, const char *node,
  * with -ECANCELED (posting from it gives -ESHUTDOWN), then closes regions
  * the caller left open, the AV, the CQ, the domain, the fabric: the reverse
  * of fab_open. No last progress is made. NULL is fine. Never hangs on a
- * silent peer; cannot fail.
+ * silent peer; cannot fail. With reads, writes or sends still accepted by
+ * the provider the libfabric objects are not closed at all (tcp;ofi_rxm
+ * 1.17 crashes closing connections that carry RMA): the callbacks still
+ * run with -ECANCELED, and the endpoint is left, never progressed again,
+ * to the process's exit; memory it was given is no longer touched.
  * shm (libfabric 1.17) caveat: a peer that later progresses a first-contact
  * request from an endpoint closed this way crashes in the provider, and in
  * one process two shm endpoints must not close with traffic pending between

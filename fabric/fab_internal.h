@@ -75,6 +75,7 @@ struct fab_ctx {
 	unsigned nslots, nfree;
 
 	struct fab_stats stats;
+	struct fab_ctx *abandoned_next; /* closed with transfers pending */
 };
 
 /* Logs "call: fi_strerror" at the caller's file:line and returns the

@@ -29,12 +29,21 @@
 #define REPLICA_POLL_MS 100 /* waiting for the rest of the replica */
 #define SYNC_MS 200         /* asking the tracker for the replica's target */
 #define FAILED_RETRY_MS 2000 /* a version we gave up on is tried again after */
+#define WINDOW_MIN_CHUNKS 2 /* least read window per source, chunks */
+#define RATE_SAMPLE_MS 250  /* least stretch a source's rate is measured over */
 
 struct agent_source {
 	struct trk_source info;
 	fi_addr_t fa;
 	bool fa_valid;
 	uint64_t bad_until_ms;
+	/* Pacing, kept across source list refreshes (see pump()): */
+	uint64_t inflight_bytes;
+	uint32_t inflight_reads;
+	uint64_t rate;            /* measured bytes/s while busy; 0: not yet */
+	uint64_t meas_ms, meas_bytes; /* the measurement under way */
+	uint64_t progress_ms;     /* a read completed, or it became busy */
+	bool silent_logged;       /* "no other source" said for this silence */
 };
 
 struct agent_parcel {
@@ -47,6 +56,7 @@ struct agent_parcel {
 	uint64_t sources_ms;
 	bool sources_pending;
 	uint8_t *state; /* per chunk: 0 todo, 1 in flight, 2 done */
+	uint8_t *asked; /* per chunk: a read was posted for it before */
 	uint32_t next_todo;
 	uint32_t done;
 };
@@ -54,7 +64,7 @@ struct agent_parcel {
 struct agent_read {
 	struct fab_op op;
 	struct node_agent *a;
-	uint32_t parcel, chunk, slot;
+	uint32_t parcel, chunk, slot, len;
 	uint32_t src_idx, src_epoch; /* srcs[src_idx] while the epoch holds */
 	bool src_peer;
 	uint64_t started_ms;
@@ -75,6 +85,7 @@ struct agent_fetch {
 	struct agent_parcel *parcels;
 	uint32_t nparcels;
 	uint64_t bytes_total, bytes_done, from_trainer, from_peers;
+	uint64_t refetched; /* bytes requested again (failed, bad or moved reads) */
 	uint64_t started_ms;
 	uint64_t first_byte_ms, last_byte_ms; /* wall clock: chunks landed */
 	bool verified, reported_verified;
@@ -137,7 +148,6 @@ struct node_agent {
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
 	struct node_wait wait; /* what we wait for, said when it lasts */
 	uint64_t last_report_ms;
-	uint64_t last_done_ms; /* a read from any source last completed */
 	int fatal;
 	struct proto_err fatal_err;
 	struct node_agent_metrics am;
@@ -223,6 +233,7 @@ static void fetch_free(struct node_agent *a, struct agent_fetch *f)
 		}
 		free(p->srcs);
 		free(p->state);
+		free(p->asked);
 	}
 	free(f->parcels);
 	if (f->slot != NULL)
@@ -395,9 +406,9 @@ static void activate(struct node_agent *a)
 	memcpy(a->active_digest, f->man.digest, PROTO_HASH_BYTES);
 	node_wait_over(&a->wait, NULL);
 	LOG_INFO("node %s: v%" PRIu64 " active (%" PRIu64 " bytes, %" PRIu64 " from trainer, %" PRIu64
-		 " from peers, %" PRIu64 " ms; %u stalled reads, %u failed reads, %u chunks failed "
-		 "their hash)",
-		 a->node_id, f->version, f->bytes_done, f->from_trainer, f->from_peers,
+		 " from peers, %" PRIu64 " refetched, %" PRIu64 " ms; %u stalled reads, %u failed "
+		 "reads, %u chunks failed their hash)",
+		 a->node_id, f->version, f->bytes_done, f->from_trainer, f->from_peers, f->refetched,
 		 now_ms() - f->started_ms, f->stalls, f->read_failures, f->bad_chunks);
 	node_metrics_set(a->am.m, a->am.active_version, f->version);
 	node_metrics_set(a->am.m, a->am.serving_bytes, a->active->len);
@@ -618,21 +629,39 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 		trk_sources_free(s, n);
 		return;
 	}
+	uint32_t *moved = calloc(p->nsrcs + 1, sizeof(*moved)); /* old index -> new + 1 */
+	if (moved == NULL) {
+		free(ns);
+		trk_sources_free(s, n);
+		return;
+	}
 	for (size_t i = 0; i < n; i++) {
 		ns[i].info = s[i];
 		for (size_t j = 0; j < p->nsrcs; j++) {
 			struct agent_source *o = &p->srcs[j];
-			if (o->info.fabric_addr_len == s[i].fabric_addr_len &&
+			if (moved[j] == 0 && o->info.fabric_addr_len == s[i].fabric_addr_len &&
 			    memcmp(o->info.fabric_addr, s[i].fabric_addr, s[i].fabric_addr_len) == 0 &&
 			    o->info.key == s[i].key && o->info.addr == s[i].addr) {
-				ns[i].fa = o->fa;
-				ns[i].fa_valid = o->fa_valid;
-				ns[i].bad_until_ms = o->bad_until_ms;
+				struct trk_source info = ns[i].info;
+				ns[i] = *o; /* handle, rest period, pacing */
+				ns[i].info = info;
 				o->fa_valid = false;
+				moved[j] = (uint32_t)i + 1;
 			}
 		}
 	}
-	p->src_epoch++; /* reads in flight no longer name a source */
+	/* Reads in flight follow their source to the new list; those whose
+	 * source left it no longer name one. */
+	for (uint32_t r = 0; r < a->nreads; r++) {
+		struct agent_read *rd = &a->reads[r];
+		if (rd->in_fabric && rd->gen == a->gen && &f->parcels[rd->parcel] == p &&
+		    rd->src_epoch == p->src_epoch && rd->src_idx < p->nsrcs && moved[rd->src_idx] != 0) {
+			rd->src_idx = moved[rd->src_idx] - 1;
+			rd->src_epoch = p->src_epoch + 1;
+		}
+	}
+	free(moved);
+	p->src_epoch++;
 	for (size_t j = 0; j < p->nsrcs; j++) {
 		if (p->srcs[j].fa_valid)
 			fab_av_remove(a->fab, p->srcs[j].fa);
@@ -645,14 +674,54 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 	pump(a);
 }
 
-/* A usable source for parcel p, round-robin, or NULL. */
-static struct agent_source *pick_source(struct node_agent *a, struct agent_parcel *p)
+/*
+ * Pacing. A source's window is the bytes we keep in flight to it: its
+ * measured rate times TESSERA_FETCH_TARGET_MS, at least WINDOW_MIN_CHUNKS
+ * chunks (enough to keep a link busy between two completions), at most
+ * TESSERA_INFLIGHT chunks. A fixed count of reads per node queued far more
+ * than a shared link carries in the stall timeout, and turned congestion
+ * into a refetch storm.
+ */
+static uint64_t source_window(const struct node_agent *a, const struct agent_source *s)
+{
+	uint64_t lo = (uint64_t)WINDOW_MIN_CHUNKS * a->chunk_size;
+	uint64_t hi = PROTO_MAX(lo, (uint64_t)a->max_inflight * a->chunk_size);
+	uint64_t w = s->rate == 0 ? lo : s->rate * proto_param(PROTO_PARAM_FETCH_TARGET_MS) / 1000;
+	return PROTO_MIN(hi, PROTO_MAX(lo, w));
+}
+
+/* How long s may deliver nothing while it has reads in flight: the time
+ * its window takes at its measured rate, four times over, and never less
+ * than TESSERA_STALL_MS (three times that before it delivered anything). */
+static uint64_t source_patience(const struct agent_source *s)
+{
+	uint64_t stall = proto_param(PROTO_PARAM_STALL_MS);
+
+	if (s->rate == 0)
+		return 3 * stall;
+	return PROTO_MAX(stall, 4 * s->inflight_bytes * 1000 / s->rate);
+}
+
+static bool source_silent(const struct agent_source *s, uint64_t now)
+{
+	return s->inflight_reads > 0 && now - s->progress_ms >= source_patience(s);
+}
+
+/* A source for a read of len bytes of parcel p, round-robin among those
+ * resting from no failure, not silent, and with room in their window; NULL
+ * when there is none (*none_usable: not even one with a full window). */
+static struct agent_source *pick_source(struct node_agent *a, struct agent_parcel *p, uint64_t len,
+					bool *none_usable)
 {
 	uint64_t now = now_ms();
 
+	*none_usable = true;
 	for (size_t k = 0; k < p->nsrcs; k++) {
 		struct agent_source *s = &p->srcs[(p->rr + k) % p->nsrcs];
-		if (s->bad_until_ms > now)
+		if (s->bad_until_ms > now || source_silent(s, now))
+			continue;
+		*none_usable = false;
+		if (s->inflight_reads > 0 && s->inflight_bytes + len > source_window(a, s))
 			continue;
 		if (!s->fa_valid) {
 			if (fab_av_insert(a->fab, s->info.fabric_addr, s->info.fabric_addr_len, &s->fa) != 0) {
@@ -665,6 +734,44 @@ static struct agent_source *pick_source(struct node_agent *a, struct agent_parce
 		return s;
 	}
 	return NULL;
+}
+
+/* Accounting for a read posted to s. */
+static void source_posted(struct agent_source *s, uint64_t len)
+{
+	uint64_t now = now_ms();
+
+	if (s->inflight_reads == 0) {
+		/* Busy from now: silence and rate are measured from here. */
+		s->progress_ms = now;
+		s->meas_ms = now;
+		s->meas_bytes = 0;
+		s->silent_logged = false;
+	}
+	s->inflight_reads++;
+	s->inflight_bytes += len;
+}
+
+/* Accounting for a read of s that completed (ok: with its bytes). The rate
+ * is measured over stretches of at least RATE_SAMPLE_MS while busy, and
+ * smoothed (half the old, half the new). */
+static void source_done(struct agent_source *s, uint64_t len, bool ok)
+{
+	uint64_t now = now_ms();
+
+	s->inflight_reads--;
+	s->inflight_bytes -= PROTO_MIN(len, s->inflight_bytes);
+	if (ok) {
+		s->progress_ms = now;
+		s->silent_logged = false;
+		s->meas_bytes += len;
+		if (now - s->meas_ms >= RATE_SAMPLE_MS) {
+			uint64_t sample = s->meas_bytes * 1000 / (now - s->meas_ms);
+			s->rate = s->rate == 0 ? sample : (s->rate + sample) / 2;
+			s->meas_ms = now;
+			s->meas_bytes = 0;
+		}
+	}
 }
 
 /* The source a read went to, if the parcel's source list is still the one
@@ -697,6 +804,8 @@ static void on_read(struct fab_op *op, int status)
 
 	a->inflight--;
 	rd->in_fabric = false;
+	if (f != NULL && rd->gen == a->gen && read_source(f, rd) != NULL)
+		source_done(read_source(f, rd), rd->len, status == 0);
 	if (rd->abandoned || f == NULL || rd->gen != a->gen) {
 		rd->abandoned = false;
 		rd->busy = false;
@@ -718,7 +827,6 @@ static void on_read(struct fab_op *op, int status)
 		pump(a);
 		return;
 	}
-	a->last_done_ms = now_ms();
 	f->last_byte_ms = proto_wall_ms();
 	if (f->first_byte_ms == 0)
 		f->first_byte_ms = f->last_byte_ms;
@@ -816,7 +924,8 @@ static void on_rate(evutil_socket_t fd, short what, void *arg)
 	pump(arg);
 }
 
-/* Posts reads until the window is full or nothing can be fetched now. */
+/* Posts reads until every source's window is full, the node's reads are
+ * all out, or nothing can be fetched now. */
 static void pump(struct node_agent *a)
 {
 	struct agent_fetch *f = a->fetch;
@@ -830,37 +939,38 @@ static void pump(struct node_agent *a)
 				p->next_todo++;
 			if (p->next_todo >= p->mp->nchunks)
 				break;
-			if (!take_tokens(a, p->mp->chunks[p->next_todo].size))
-				return;
-			struct agent_source *s = pick_source(a, p);
+			uint32_t c = p->next_todo, len = p->mp->chunks[c].size;
+			bool none_usable;
+			struct agent_source *s = pick_source(a, p, len, &none_usable);
 			if (s == NULL) {
-				give_tokens(a, p->mp->chunks[p->next_todo].size);
-				want_sources(a, pi);
+				if (none_usable)
+					want_sources(a, pi);
 				break;
 			}
 			int slot = free_read_slot(a);
-			if (slot < 0) {
-				give_tokens(a, p->mp->chunks[p->next_todo].size);
+			if (slot < 0 || !take_tokens(a, len))
 				return;
-			}
 			struct agent_read *rd = &a->reads[slot];
-			uint32_t c = p->next_todo;
 			struct fab_rkey rk = {s->info.addr, s->info.key, s->info.len};
 			*rd = (struct agent_read){.a = a, .parcel = pi, .chunk = c, .slot = (uint32_t)slot,
-						  .src_idx = (uint32_t)(s - p->srcs),
+						  .len = len, .src_idx = (uint32_t)(s - p->srcs),
 						  .src_epoch = p->src_epoch, .src_peer = s->info.peer,
 						  .started_ms = now_ms(), .busy = true, .in_fabric = true,
 						  .gen = a->gen};
-			int rc = fab_read(a->fab, &rd->op, a->bounce_mr, (size_t)slot * a->chunk_size,
-					  p->mp->chunks[c].size, s->fa, &rk,
-					  (uint64_t)c * f->man.chunk_size, on_read);
+			int rc = fab_read(a->fab, &rd->op, a->bounce_mr, (size_t)slot * a->chunk_size, len,
+					  s->fa, &rk, (uint64_t)c * f->man.chunk_size, on_read);
 			if (rc != 0) {
 				rd->busy = false;
 				rd->in_fabric = false;
+				give_tokens(a, len);
 				LOG_DEBUG("node %s: read post failed: %d", a->node_id, rc);
 				source_failed(a, s);
 				continue;
 			}
+			source_posted(s, len);
+			if (p->asked[c])
+				f->refetched += len;
+			p->asked[c] = 1;
 			a->inflight++;
 			p->state[c] = 1;
 		}
@@ -869,58 +979,79 @@ static void pump(struct node_agent *a)
 }
 
 /*
- * A read is stalled when the node has received nothing, from its source or
- * any other, for TESSERA_STALL_MS since it was posted (three times that
- * before the version's first bytes). While other sources deliver, the link
- * is busy rather than broken: flows on a busy shared link take turns, and
- * timing each read on its own abandoned reads that were merely queued and
- * fetched them twice (deploy/netns-cluster.sh at 300 Mbit/s moved 0.6 of
- * the link; now 0.9). A source that hangs while others deliver is found
- * once they are done. Stalled reads are abandoned (their slot stays
- * reserved until the read completes or the endpoint closes) and their
- * chunks fetched elsewhere.
+ * A source is silent when none of its reads completed for its patience
+ * (source_patience: four times what its window takes at its measured
+ * rate). Flows on a busy shared link take turns, so the age of one read
+ * says nothing; a source that delivers is never given up on. A silent
+ * source's reads move to another source of the parcel only when there is
+ * one (resting from no failure, not silent itself): the source rests and
+ * its reads are abandoned (their slots stay reserved until they complete
+ * or the endpoint closes). With nowhere else to go they stay where they
+ * are, since asking the same source again only queues the same bytes
+ * twice; the tracker is asked for sources meanwhile.
  */
+static bool other_source(const struct agent_parcel *p, const struct agent_source *s, uint64_t now)
+{
+	for (size_t k = 0; k < p->nsrcs; k++)
+		if (&p->srcs[k] != s && p->srcs[k].bad_until_ms <= now && !source_silent(&p->srcs[k], now))
+			return true;
+	return false;
+}
+
+static void check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t pi, uint64_t now)
+{
+	struct agent_parcel *p = &f->parcels[pi];
+
+	for (size_t k = 0; k < p->nsrcs; k++) {
+		struct agent_source *s = &p->srcs[k];
+		uint32_t live = 0;
+		if (!source_silent(s, now))
+			continue;
+		for (uint32_t i = 0; i < a->nreads; i++) {
+			const struct agent_read *rd = &a->reads[i];
+			live += rd->in_fabric && !rd->abandoned && rd->gen == a->gen && rd->parcel == pi &&
+				read_source(f, rd) == s;
+		}
+		if (live == 0) /* only reads already moved elsewhere */
+			continue;
+		if (!other_source(p, s, now)) {
+			if (!s->silent_logged)
+				LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
+					 " ms; no other source, waiting for it",
+					 a->node_id, pi, s->info.id, now - s->progress_ms);
+			s->silent_logged = true;
+			want_sources(a, pi);
+			continue;
+		}
+		LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
+			 " ms; moving its %u reads elsewhere",
+			 a->node_id, pi, s->info.id, now - s->progress_ms, live);
+		f->stalls += live;
+		node_metrics_add(a->am.m, a->am.stalled, live);
+		for (uint32_t i = 0; i < a->nreads; i++) {
+			struct agent_read *rd = &a->reads[i];
+			if (!rd->in_fabric || rd->abandoned || rd->gen != a->gen || rd->parcel != pi ||
+			    read_source(f, rd) != s)
+				continue;
+			rd->abandoned = true;
+			p->state[rd->chunk] = 0;
+			p->next_todo = PROTO_MIN(p->next_todo, rd->chunk);
+		}
+		s->bad_until_ms = now + BAD_SOURCE_MS;
+	}
+}
+
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
 	struct node_agent *a = arg;
 	struct agent_fetch *f = a->fetch;
-	uint64_t now = now_ms(), stall = proto_param(PROTO_PARAM_STALL_MS);
-	uint32_t stalled = 0;
-	uint64_t quiet = 0;
+	uint64_t now = now_ms();
 
 	if (f == NULL || f->parcels == NULL)
 		return;
-	for (uint32_t i = 0; i < a->nreads; i++) {
-		struct agent_read *rd = &a->reads[i];
-		struct agent_source *s;
-		uint64_t since, limit;
-		if (!rd->in_fabric || rd->abandoned || rd->gen != a->gen)
-			continue;
-		since = PROTO_MAX(rd->started_ms, a->last_done_ms);
-		/* Before the version's first bytes, give the flows time to start. */
-		limit = a->last_done_ms >= f->started_ms ? stall : 3 * stall;
-		if (now - since < limit)
-			continue;
-		s = read_source(f, rd);
-		LOG_DEBUG("node %s: chunk %u of parcel %u stalled: nothing received for %" PRIu64
-			  " ms; fetching it elsewhere than %s",
-			  a->node_id, rd->chunk, rd->parcel, now - since,
-			  s != NULL ? s->info.id : "its source");
-		stalled++;
-		quiet = PROTO_MAX(quiet, now - since);
-		rd->abandoned = true;
-		source_failed(a, s);
-		f->parcels[rd->parcel].state[rd->chunk] = 0;
-		f->parcels[rd->parcel].next_todo = PROTO_MIN(f->parcels[rd->parcel].next_todo, rd->chunk);
-	}
-	/* A stalled version is one line with counts, not one per chunk. */
-	if (stalled > 0)
-		proto_log(f->stalls == 0 ? PROTO_LOG_WARN : PROTO_LOG_DEBUG, __FILE__, __LINE__,
-			  "node %s: v%" PRIu64 ": %u reads stalled: nothing received for %" PRIu64
-			  " ms; fetching them elsewhere (%" PRIu64 "/%" PRIu64 " bytes done)",
-			  a->node_id, f->version, stalled, quiet, f->bytes_done, f->bytes_total);
-	f->stalls += stalled;
-	node_metrics_add(a->am.m, a->am.stalled, stalled);
+	if (!f->verified)
+		for (uint32_t pi = 0; pi < f->nparcels; pi++)
+			check_silent(a, f, pi, now);
 	if (f->verified && !f->reported_verified) {
 		f->reported_verified = true;
 		report(a, f->version, TRK_STATE_VERIFIED, NULL, on_verified_report);
@@ -968,7 +1099,8 @@ static int setup_parcels(struct node_agent *a)
 		p->mp = mp;
 		p->pp = pp;
 		p->state = calloc(mp->nchunks + 1, 1);
-		if (p->state == NULL)
+		p->asked = calloc(mp->nchunks + 1, 1);
+		if (p->state == NULL || p->asked == NULL)
 			return -ENOMEM;
 		f->bytes_total += mp->bytes;
 	}
@@ -1384,8 +1516,8 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		goto fail;
 	}
 	sodium_bin2hex(a->fabric_hex, sizeof(a->fabric_hex), addr, alen);
-	/* Read window: twice the reads in flight, so stalled reads can keep
-	 * their slots while replacements go out. */
+	/* Read slots: twice the reads in flight, so reads moved off a silent
+	 * source can keep their slots while replacements go out. */
 	a->chunk_size = (uint32_t)PROTO_MIN(proto_param(PROTO_PARAM_CHUNK_SIZE), PROTO_CHUNK_SIZE_MAX);
 	a->max_inflight = (uint32_t)PROTO_MAX(1, PROTO_MIN(proto_param(PROTO_PARAM_INFLIGHT), 256));
 	a->nreads = 2 * a->max_inflight;

@@ -13,8 +13,12 @@
 	/* Bytes per chunk: the unit of hashing, transfer and peer exchange. */ \
 	X(CHUNK_SIZE, "TESSERA_CHUNK_SIZE", 4u << 20,                             \
 	  "bytes per chunk inside a parcel")                                      \
-	/* Chunk reads a node keeps in flight across all its sources. */        \
-	X(INFLIGHT, "TESSERA_INFLIGHT", 16, "chunk transfers in flight per node") \
+	/* Chunk reads a node keeps in flight at most, across all its sources \
+	 * (each source gets what its measured rate needs, see FETCH_TARGET_MS). */ \
+	X(INFLIGHT, "TESSERA_INFLIGHT", 16, "most chunk transfers in flight per node") \
+	/* A source's read window: its measured byte rate times this (at least \
+	 * two chunks): enough to keep its link busy, little queued behind. */ \
+	X(FETCH_TARGET_MS, "TESSERA_FETCH_TARGET_MS", 1000, "bytes in flight per source, as ms of its rate") \
 	/* Largest manifest a decoder accepts, before any allocation. */        \
 	X(MANIFEST_MAX, "TESSERA_MANIFEST_MAX", 64u << 20,                        \
 	  "largest manifest accepted, bytes")                                     \
@@ -27,11 +31,11 @@
 	  "accepted clock skew for signed requests, s")                           \
 	/* Long-poll timeout for watching versions. */                          \
 	X(WATCH_MS, "TESSERA_WATCH_MS", 2000, "long-poll wait for new versions, ms") \
-	/* A node that has received nothing for this long since a read was    \
-	 * posted abandons it and fetches it elsewhere (3x before a version's \
-	 * first bytes). On slow congested TCP links a flow can be silent for \
-	 * seconds (retransmission backoff): raise it there. */                \
-	X(STALL_MS, "TESSERA_STALL_MS", 3000, "no-progress timeout for in-flight reads, ms") \
+	/* A source with reads in flight that completes none for this long, or \
+	 * four times what its window takes at its measured rate if longer (3x \
+	 * this before it delivered anything), is silent: its reads move to \
+	 * another source when the parcel has one. */                          \
+	X(STALL_MS, "TESSERA_STALL_MS", 3000, "least no-progress time before a source is silent, ms") \
 	/* A node's cap on fetching, megabits per second (0: none), so pulling \
 	 * a version leaves room for the serving traffic on the same link. */ \
 	X(FETCH_MBPS, "TESSERA_FETCH_MBPS", 0, "node fetch rate cap, Mbit/s (0: none)") \
