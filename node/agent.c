@@ -331,27 +331,6 @@ out:
 	return rc;
 }
 
-/* Creates the expose directory and its parents (mkdir -p). */
-static int make_expose_dir(const char *dir, struct proto_err *err)
-{
-	char buf[4096];
-	size_t n = strlen(dir);
-
-	if (n == 0 || n >= sizeof(buf))
-		return proto_errf(err, EINVAL, "expose directory '%s': bad name", dir);
-	memcpy(buf, dir, n + 1);
-	for (size_t i = 1; i <= n; i++) {
-		if (buf[i] != '/' && buf[i] != 0)
-			continue;
-		char c = buf[i];
-		buf[i] = 0;
-		if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-			return proto_errf(err, errno, "cannot create %s: %s", buf, strerror(errno));
-		buf[i] = c;
-	}
-	return 0;
-}
-
 /* The activation record can be written now: a probe file in the expose
  * directory (created first if missing) is written and removed. A rank that
  * could not activate does not say "verified", so its replica never becomes
@@ -363,7 +342,7 @@ static int probe_expose(struct node_agent *a, struct proto_err *err)
 
 	if (a->o.expose_dir == NULL)
 		return 0;
-	if ((rc = make_expose_dir(a->o.expose_dir, err)) != 0)
+	if ((rc = proto_mkdir_p(a->o.expose_dir, err)) != 0)
 		return rc;
 	snprintf(path, sizeof(path), "%s/.%s-%u.probe", a->o.expose_dir, a->o.replica, a->o.rank);
 	if ((rc = proto_write_file_atomic(path, "{}", 2, 0644, err)) != 0)
@@ -1555,7 +1534,7 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 	if (o->expose_dir != NULL) {
 		struct proto_err xerr;
 		/* Not fatal: activation reports the failure until it works. */
-		if (make_expose_dir(o->expose_dir, &xerr) != 0)
+		if (proto_mkdir_p(o->expose_dir, &xerr) != 0)
 			LOG_WARN("node %s: --expose: %s", a->node_id, xerr.msg);
 	}
 	struct timeval tick = {0, 100000};

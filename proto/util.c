@@ -151,6 +151,26 @@ fail:
 	return rc;
 }
 
+int proto_mkdir_p(const char *dir, struct proto_err *err)
+{
+	char buf[4096];
+	size_t n = strlen(dir);
+
+	if (n == 0 || n >= sizeof(buf))
+		return proto_errf(err, EINVAL, "directory '%s': bad name", dir);
+	memcpy(buf, dir, n + 1);
+	for (size_t i = 1; i <= n; i++) {
+		if (buf[i] != '/' && buf[i] != 0)
+			continue;
+		char c = buf[i];
+		buf[i] = 0;
+		if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+			return proto_errf(err, errno, "cannot create %s: %s", buf, strerror(errno));
+		buf[i] = c;
+	}
+	return 0;
+}
+
 int proto_write_json_atomic(const char *path, const json_t *j, size_t flags,
 			    struct proto_err *err)
 {

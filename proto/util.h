@@ -52,6 +52,10 @@ struct json_t;
 int proto_write_json_atomic(const char *path, const struct json_t *j, size_t flags,
 			    struct proto_err *err);
 
+/* Creates dir and its missing parents (mkdir -p, mode 0755); 0 when it
+ * exists already. On failure err names the part that could not be made. */
+int proto_mkdir_p(const char *dir, struct proto_err *err);
+
 /* Monotonic clock in nanoseconds; wall clock in milliseconds since epoch. */
 uint64_t proto_now_ns(void);
 uint64_t proto_wall_ms(void);

@@ -66,26 +66,6 @@ static int version_path(const struct trk_versions *vs, uint64_t v,
 	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
 
-static int mkdir_p(const char *path, struct proto_err *err)
-{
-	char buf[4096];
-	size_t n = strlen(path);
-
-	if (n == 0 || n >= sizeof(buf))
-		return proto_errf(err, EINVAL, "bad state directory '%s'", path);
-	memcpy(buf, path, n + 1);
-	for (size_t i = 1; i <= n; i++) {
-		if (buf[i] != '/' && buf[i] != 0)
-			continue;
-		char c = buf[i];
-		buf[i] = 0;
-		if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-			return proto_errf(err, errno, "%s: %s", buf, strerror(errno));
-		buf[i] = c;
-	}
-	return 0;
-}
-
 static int fsync_dir(const char *dir)
 {
 	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = 0;
@@ -348,7 +328,7 @@ int trk__versions_open(const char *state_dir, const uint8_t *trainer_pk,
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
 	}
-	if ((rc = mkdir_p(vs->vdir, err)) != 0)
+	if ((rc = proto_mkdir_p(vs->vdir, err)) != 0)
 		goto fail;
 	if (trainer_pk != NULL) {
 		memcpy(vs->pk, trainer_pk, PROTO_PK_BYTES);
