@@ -84,6 +84,9 @@ const char *trk__query_str(struct trk_call *c, const char *key);
 
 /* hex of n bytes into out[2n+1]. */
 void trk__hex(const uint8_t *b, size_t n, char *out);
+/* Appends s to b with &<>"' escaped for HTML text and attributes (and SVG). */
+struct evbuffer;
+void trk__html_esc(struct evbuffer *b, const char *s);
 /* A new JSON string holding the hex of n bytes (NULL on ENOMEM). */
 json_t *trk__json_hex(const uint8_t *b, size_t n);
 /* json_object_set_new that remembers failure: returns 1 on failure. */

@@ -58,8 +58,7 @@ void trk__handle_status(struct trk_call *c)
 
 /* ---- the page ------------------------------------------------------------------ */
 
-/* Appends s with &<>"' escaped. */
-static void esc(struct evbuffer *b, const char *s)
+void trk__html_esc(struct evbuffer *b, const char *s)
 {
 	for (; s != NULL && *s; s++) {
 		switch (*s) {
@@ -79,7 +78,7 @@ static void esc_json(struct evbuffer *b, json_t *v)
 	char buf[64];
 
 	if (json_is_string(v)) {
-		esc(b, json_string_value(v));
+		trk__html_esc(b, json_string_value(v));
 	} else if (json_is_integer(v)) {
 		snprintf(buf, sizeof(buf), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
 		evbuffer_add(b, buf, strlen(buf));
@@ -114,7 +113,7 @@ static void short_hex(struct evbuffer *b, json_t *o, const char *key)
 
 	snprintf(s, sizeof(s), "%s", h ? h : "-");
 	evbuffer_add_printf(b, "<td><code>");
-	esc(b, s);
+	trk__html_esc(b, s);
 	evbuffer_add_printf(b, "</code></td>");
 }
 
@@ -196,11 +195,11 @@ static void layout_cell(struct evbuffer *b, json_t *rep, size_t rows, const char
 
 	evbuffer_add_printf(b, "<td rowspan=\"%zu\" class=\"%s\">", rows, cls);
 	if (name != NULL) {
-		esc(b, name);
+		trk__html_esc(b, name);
 	} else {
 		snprintf(s, sizeof(s), "%s", json_string_value(json_object_get(rep, "layout_digest")));
 		evbuffer_add_printf(b, "<code>");
-		esc(b, s);
+		trk__html_esc(b, s);
 		evbuffer_add_printf(b, "</code>");
 	}
 	json_int_t n = json_integer_value(json_object_get(rep, "nranks"));
@@ -267,7 +266,7 @@ static void page_replicas(struct evbuffer *b, json_t *st)
 			cell(b, e, "id");
 			cell(b, e, "host");
 			evbuffer_add_printf(b, "<td>");
-			esc(b, alive ? state :
+			trk__html_esc(b, alive ? state :
 			       json_is_null(json_object_get(e, "id")) ? "absent" : "dead");
 			evbuffer_add_printf(b, "</td>");
 			cell(b, e, "version");
@@ -352,7 +351,7 @@ void trk__handle_page(struct trk_call *c)
 	now = json_object_get(st, "now_ms");
 	evbuffer_add(b, page_head, sizeof(page_head) - 1);
 	evbuffer_add_printf(b, "<h1>tessera tracker</h1><p>");
-	esc(b, c->s->url);
+	trk__html_esc(b, c->s->url);
 	evbuffer_add_printf(b, " &middot; latest version <b>");
 	esc_json(b, json_object_get(st, "latest"));
 	evbuffer_add_printf(b, "</b> &middot; model ");

@@ -233,19 +233,6 @@ struct svg {
 	double pw;         /* plot width, px */
 };
 
-static void svg_esc(struct evbuffer *b, const char *s)
-{
-	for (; s != NULL && *s; s++) {
-		switch (*s) {
-		case '&': evbuffer_add(b, "&amp;", 5); break;
-		case '<': evbuffer_add(b, "&lt;", 4); break;
-		case '>': evbuffer_add(b, "&gt;", 4); break;
-		case '"': evbuffer_add(b, "&quot;", 6); break;
-		default: evbuffer_add(b, s, 1);
-		}
-	}
-}
-
 static uint64_t jms(json_t *o, const char *key)
 {
 	json_t *v = json_object_get(o, key);
@@ -278,7 +265,7 @@ static void svg_bar(struct svg *g, int row, uint64_t a, uint64_t b, const char *
 static void svg_label(struct svg *g, int row, const char *text)
 {
 	evbuffer_add_printf(g->b, "<text x=\"4\" y=\"%d\">", 8 + row * SVG_ROW + SVG_BAR - 2);
-	svg_esc(g->b, text);
+	trk__html_esc(g->b, text);
 	evbuffer_add_printf(g->b, "</text>");
 }
 
