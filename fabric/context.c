@@ -1,5 +1,6 @@
 /* The fabric context: one provider, domain, CQ, AV and RDM endpoint. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +97,24 @@ static int open_cq(struct fab_ctx *ctx, bool want_fd)
 	return 0;
 }
 
+/*
+ * libfabric reads its own settings once, at its first call. rxm (tcp and
+ * verbs) keeps a peer's connection when the peer leaves the AV unless
+ * FI_AV_REMOVE_CLEANUP is set, and notices that a connection dropped only
+ * when it next reads its connection events (every 10 ms of progress). A
+ * peer removed after a failed read and inserted again then got the dead
+ * connection back, and the next read failed with -ENOTCONN whenever that
+ * check had not run yet (a loaded machine). fab_av_remove means "forget
+ * this peer", so ask for the cleanup; av.c removes an address only when its
+ * last handle goes, so the cleanup never cuts a connection still in use.
+ */
+static void set_provider_env(void)
+{
+	if (setenv("FI_AV_REMOVE_CLEANUP", "1", 1) != 0)
+		LOG_WARN("fabric: cannot set FI_AV_REMOVE_CLEANUP: %s",
+			 strerror(errno));
+}
+
 int fab_open(const char *provider, const char *node,
 	     const struct fab_opts *opts, struct fab_ctx **out,
 	     struct proto_err *err)
@@ -106,7 +125,10 @@ int fab_open(const char *provider, const char *node,
 	unsigned slots;
 	int ret;
 
+	static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+
 	*out = NULL;
+	pthread_once(&env_once, set_provider_env);
 	if (provider == NULL)
 		provider = FAB_PROVIDER_DEFAULT;
 	if (provider[0] == '\0' || strlen(provider) >= FAB__PROVIDER_MAX)
@@ -289,6 +311,7 @@ void fab_close(struct fab_ctx *ctx)
 		close_fid(&ctx->fabric->fid, "fi_close(fabric)");
 	ctx->fabric = NULL;
 	fi_freeinfo(ctx->info);
+	free(ctx->av_refs);
 	free(ctx);
 }
 

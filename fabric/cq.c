@@ -50,6 +50,9 @@ static void reap_error(struct fab_ctx *ctx)
 	 * remote side failed it. */
 	if (e.err == FI_ECANCELED && !op->cancel_)
 		status = -EREMOTEIO;
+	/* fab_av_remove closed the peer's connection under it. */
+	if (e.err == FI_ECANCELED && op->cancel_ == FAB__CANCEL_PEER_GONE)
+		status = -ECONNABORTED;
 	if (e.err == FI_ECANCELED && op->cancel_) {
 		LOG_DEBUG("fabric: %s op %p cancelled", kind_name(op->kind_),
 			  (void *)op);

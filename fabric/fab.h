@@ -210,9 +210,13 @@ void fab_stats(const struct fab_ctx *ctx, struct fab_stats *out);
  */
 int fab_av_insert(struct fab_ctx *ctx, const void *addr, size_t len,
 		  fi_addr_t *out);
-/* Forgets a peer. Ops parked for it (never accepted by the provider) fail
- * with -ECONNABORTED at the next fab_poll; ops the provider accepted are not
- * cancelled. */
+/* Gives back one handle. Inserting the same address twice gives two
+ * handles to one peer (and one connection); when the last handle goes, the
+ * peer is forgotten: its connection is closed (a later insert connects
+ * afresh, never reusing one the provider has not yet seen die), ops parked
+ * for it fail with -ECONNABORTED at the next fab_poll, and ops in flight to
+ * it complete with -ECONNABORTED (or their result, if it came first).
+ * -ENOENT for a handle that is not held. */
 int fab_av_remove(struct fab_ctx *ctx, fi_addr_t addr);
 
 /* Access a region is registered for (any combination). */

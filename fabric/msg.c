@@ -136,7 +136,7 @@ int fab_cancel(struct fab_ctx *ctx, struct fab_op *op)
 		return -EINVAL;
 	if (op->kind_ != FAB_OP_RECV)
 		return -ENOTSUP;
-	op->cancel_ = 1;
+	op->cancel_ = FAB__CANCEL_ASKED;
 	if (op->state_ == FAB__OP_PARKED) {
 		/* Never reached the provider: finish it here. */
 		fab__op_reap(ctx, op, -ECANCELED, 0, 0);

@@ -209,6 +209,9 @@ void fab__fail_parked_peer(struct fab_ctx *ctx, fi_addr_t peer)
 		if (op->kind_ != FAB_OP_RECV && op->peer_ == peer)
 			fail_parked(ctx, op, -ECONNABORTED);
 	}
+	for (op = ctx->posted; op != NULL; op = op->next_)
+		if (op->kind_ != FAB_OP_RECV && op->peer_ == peer)
+			op->cancel_ = FAB__CANCEL_PEER_GONE;
 }
 
 bool fab__unpark(struct fab_ctx *ctx, struct fab_op *op)
