@@ -48,7 +48,14 @@
 	/* Elements per delta chunk: the unit of zstd frames and apply threads. */ \
 	X(DELTA_CHUNK, "TESSERA_DELTA_CHUNK", 1u << 22, "elements per delta chunk") \
 	/* zstd level of delta streams (see proto/delta.h for the measurements). */ \
-	X(DELTA_LEVEL, "TESSERA_DELTA_LEVEL", 1, "zstd level of delta streams")
+	X(DELTA_LEVEL, "TESSERA_DELTA_LEVEL", 1, "zstd level of delta streams") \
+	/* Connections the tracker holds at once (lowered to its descriptor \
+	 * limit); beyond it, the address holding the most loses its oldest \
+	 * idle one. */ \
+	X(TRACKER_CONNS, "TESSERA_TRACKER_CONNS", 4096, "tracker connection cap") \
+	/* Time a client gets to send a request's whole head (request line \
+	 * and headers) to the tracker, from its first byte. */ \
+	X(HEADER_MS, "TESSERA_HEADER_MS", 10000, "tracker deadline for a request head, ms")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

@@ -28,21 +28,28 @@ struct trk_auth {
 	struct seen *head, *tail; /* FIFO, oldest first */
 };
 
-static void mac_state(crypto_auth_hmacsha512256_state *st,
-		      const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
-		      const char *method, const char *uri, uint64_t ts,
-		      const uint8_t *body, size_t len)
+/* Adds METHOD "\n" URI "\n" ts "\n" to st. */
+static void mac_state_update(crypto_auth_hmacsha512256_state *st,
+			     const char *method, const char *uri, uint64_t ts)
 {
 	char tsbuf[32];
 	int n = snprintf(tsbuf, sizeof(tsbuf), "%llu", (unsigned long long)ts);
 
-	crypto_auth_hmacsha512256_init(st, key, PROTO_CLUSTER_KEY_BYTES);
 	crypto_auth_hmacsha512256_update(st, (const uint8_t *)method, strlen(method));
 	crypto_auth_hmacsha512256_update(st, (const uint8_t *)"\n", 1);
 	crypto_auth_hmacsha512256_update(st, (const uint8_t *)uri, strlen(uri));
 	crypto_auth_hmacsha512256_update(st, (const uint8_t *)"\n", 1);
 	crypto_auth_hmacsha512256_update(st, (const uint8_t *)tsbuf, (size_t)n);
 	crypto_auth_hmacsha512256_update(st, (const uint8_t *)"\n", 1);
+}
+
+static void mac_state(crypto_auth_hmacsha512256_state *st,
+		      const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
+		      const char *method, const char *uri, uint64_t ts,
+		      const uint8_t *body, size_t len)
+{
+	crypto_auth_hmacsha512256_init(st, key, PROTO_CLUSTER_KEY_BYTES);
+	mac_state_update(st, method, uri, ts);
 	if (len > 0)
 		crypto_auth_hmacsha512256_update(st, body, len);
 }
@@ -59,18 +66,38 @@ void trk_auth_mac(const uint8_t key[PROTO_CLUSTER_KEY_BYTES], const char *method
 	sodium_memzero(&st, sizeof(st));
 }
 
+void trk_auth_head_mac(const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
+		       const char *method, const char *uri, uint64_t ts,
+		       uint64_t len, uint8_t mac[TRK_AUTH_MAC_BYTES])
+{
+	crypto_auth_hmacsha512256_state st;
+	char lenbuf[32];
+	int n = snprintf(lenbuf, sizeof(lenbuf), "%llu", (unsigned long long)len);
+
+	/* "head\n" METHOD "\n" URI "\n" ts "\n" len: the body mac's message
+	 * never starts with a lower-case line. */
+	crypto_auth_hmacsha512256_init(&st, key, PROTO_CLUSTER_KEY_BYTES);
+	crypto_auth_hmacsha512256_update(&st, (const uint8_t *)"head\n", 5);
+	mac_state_update(&st, method, uri, ts);
+	crypto_auth_hmacsha512256_update(&st, (const uint8_t *)lenbuf, (size_t)n);
+	crypto_auth_hmacsha512256_final(&st, mac);
+	sodium_memzero(&st, sizeof(st));
+}
+
 int trk_auth_header(const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
 		    const char *method, const char *uri, uint64_t ts,
 		    const uint8_t *body, size_t len, char *buf, size_t buflen)
 {
-	uint8_t mac[TRK_AUTH_MAC_BYTES];
-	char hex[2 * TRK_AUTH_MAC_BYTES + 1];
+	uint8_t mac[TRK_AUTH_MAC_BYTES], head[TRK_AUTH_MAC_BYTES];
+	char hex[2 * TRK_AUTH_MAC_BYTES + 1], hhex[2 * TRK_AUTH_MAC_BYTES + 1];
 	int n;
 
 	trk_auth_mac(key, method, uri, ts, body, len, mac);
+	trk_auth_head_mac(key, method, uri, ts, len, head);
 	sodium_bin2hex(hex, sizeof(hex), mac, sizeof(mac));
-	n = snprintf(buf, buflen, "Tessera ts=%llu,mac=%s", (unsigned long long)ts,
-		     hex);
+	sodium_bin2hex(hhex, sizeof(hhex), head, sizeof(head));
+	n = snprintf(buf, buflen, "Tessera ts=%llu,hdr=%s,mac=%s",
+		     (unsigned long long)ts, hhex, hex);
 	return n < 0 || (size_t)n >= buflen ? -ENOSPC : 0;
 }
 
@@ -129,19 +156,19 @@ static bool seen_before(struct trk_auth *a, const uint8_t *mac)
 	return false;
 }
 
-/* Parses `Tessera ts=<digits>,mac=<64 hex>` (fields in any order, optional
- * spaces after commas). */
-static int parse_header(const char *h, uint64_t *ts, uint8_t *mac,
-			struct proto_err *err)
+/* Parses `Tessera ts=<digits>,hdr=<64 hex>,mac=<64 hex>` (fields in any
+ * order, optional spaces after commas). */
+static int parse_header(const char *h, uint64_t *ts, uint8_t *head,
+			uint8_t *mac, struct proto_err *err)
 {
 	static const char scheme[] = "Tessera ";
-	bool have_ts = false, have_mac = false;
+	bool have_ts = false, have_mac = false, have_head = false;
 	char buf[256];
 	char *p, *save = NULL;
 
 	if (h == NULL)
 		return proto_errf(err, EACCES,
-				  "authorization required (Authorization: Tessera ts=..,mac=..)");
+				  "authorization required (Authorization: Tessera ts=..,hdr=..,mac=..)");
 	if (strncmp(h, scheme, sizeof(scheme) - 1) != 0)
 		return proto_errf(err, EACCES, "authorization: want the Tessera scheme");
 	if (strlen(h) >= sizeof(buf))
@@ -160,14 +187,53 @@ static int parse_header(const char *h, uint64_t *ts, uint8_t *mac,
 						  "authorization: mac must be %d hex digits",
 						  2 * TRK_AUTH_MAC_BYTES);
 			have_mac = true;
+		} else if (strncmp(p, "hdr=", 4) == 0 && !have_head) {
+			if (proto_parse_hex(p + 4, head, TRK_AUTH_MAC_BYTES) != 0)
+				return proto_errf(err, EACCES,
+						  "authorization: hdr must be %d hex digits",
+						  2 * TRK_AUTH_MAC_BYTES);
+			have_head = true;
 		} else {
 			return proto_errf(err, EACCES,
 					  "authorization: unexpected field");
 		}
 	}
-	if (!have_ts || !have_mac)
-		return proto_errf(err, EACCES, "authorization: want ts= and mac=");
+	if (!have_ts || !have_mac || !have_head)
+		return proto_errf(err, EACCES, "authorization: want ts=, hdr= and mac=");
 	return 0;
+}
+
+/* The checks that need no body: the header parses, its head mac matches
+ * (method, URI, ts, body length) and ts is fresh. */
+static int check_head(struct trk_auth *a, const char *method, const char *uri,
+		      const char *header, uint64_t len, uint64_t now_s,
+		      uint64_t *ts, uint8_t *mac, struct proto_err *err)
+{
+	uint8_t head[TRK_AUTH_MAC_BYTES], want[TRK_AUTH_MAC_BYTES];
+	int rc;
+
+	if ((rc = parse_header(header, ts, head, mac, err)) != 0)
+		return rc;
+	trk_auth_head_mac(a->key, method, uri, *ts, len, want);
+	if (sodium_memcmp(head, want, sizeof(head)) != 0)
+		return proto_errf(err, EACCES, "authorization: bad mac");
+	if ((*ts > now_s ? *ts - now_s : now_s - *ts) > a->window_s)
+		return proto_errf(err, EACCES,
+				  "authorization: timestamp %llu is more than %llu s from now (%llu)",
+				  (unsigned long long)*ts,
+				  (unsigned long long)a->window_s,
+				  (unsigned long long)now_s);
+	return 0;
+}
+
+int trk__auth_check_head(struct trk_auth *a, const char *method,
+			 const char *uri, const char *header, uint64_t len,
+			 uint64_t now_s, struct proto_err *err)
+{
+	uint8_t mac[TRK_AUTH_MAC_BYTES];
+	uint64_t ts = 0;
+
+	return check_head(a, method, uri, header, len, now_s, &ts, mac, err);
 }
 
 int trk__auth_check(struct trk_auth *a, const char *method, const char *uri,
@@ -179,17 +245,12 @@ int trk__auth_check(struct trk_auth *a, const char *method, const char *uri,
 	struct seen *e;
 	int rc;
 
-	if ((rc = parse_header(header, &ts, mac, err)) != 0)
+	if ((rc = check_head(a, method, uri, header, len, now_s, &ts, mac,
+			     err)) != 0)
 		return rc;
 	trk_auth_mac(a->key, method, uri, ts, body, len, want);
 	if (sodium_memcmp(mac, want, sizeof(mac)) != 0)
 		return proto_errf(err, EACCES, "authorization: bad mac");
-	if ((ts > now_s ? ts - now_s : now_s - ts) > a->window_s)
-		return proto_errf(err, EACCES,
-				  "authorization: timestamp %llu is more than %llu s from now (%llu)",
-				  (unsigned long long)ts,
-				  (unsigned long long)a->window_s,
-				  (unsigned long long)now_s);
 	expire(a, now_s);
 	if (seen_before(a, mac))
 		return proto_errf(err, EACCES, "authorization: replayed request");

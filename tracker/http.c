@@ -4,6 +4,7 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <sodium.h>
 #include <stdarg.h>
@@ -22,7 +23,7 @@
 
 /* ---- answers ---------------------------------------------------------- */
 
-static const char *reason(int code)
+const char *trk__reason(int code)
 {
 	switch (code) {
 	case 200: return "OK";
@@ -32,6 +33,7 @@ static const char *reason(int code)
 	case 404: return "Not Found";
 	case 405: return "Method Not Allowed";
 	case 409: return "Conflict";
+	case 411: return "Length Required";
 	case 413: return "Payload Too Large";
 	case 503: return "Service Unavailable";
 	default: return code < 400 ? "OK" : "Internal Server Error";
@@ -60,7 +62,7 @@ static void send_buf(struct trk_server *s, struct evhttp_request *req, int code,
 	if (out == NULL && len > 0)
 		code = 500;
 	count_answer(s, code);
-	evhttp_send_reply(req, code, reason(code), out);
+	evhttp_send_reply(req, code, trk__reason(code), out);
 	if (out != NULL)
 		evbuffer_free(out);
 }
@@ -342,6 +344,58 @@ static bool route_param(struct trk_call *c)
 	return false;
 }
 
+/* The body cap of a POST to path: its route's, or the JSON cap for paths
+ * that will be answered 404/405 anyway. */
+static size_t post_cap(const char *path)
+{
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(routes); i++)
+		if (routes[i].post && strcmp(routes[i].path, path) == 0)
+			return routes[i].body == BODY_MANIFEST ?
+				       (size_t)proto_param(PROTO_PARAM_MANIFEST_MAX) :
+				       TRK_JSON_MAX;
+	return TRK_JSON_MAX;
+}
+
+int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
+		      char *msg, size_t cap)
+{
+	struct proto_err err = {{0}};
+	char path[sizeof(h->uri)];
+	size_t limit;
+	uint64_t len;
+
+	if (strcmp(h->method, "POST") != 0) {
+		/* Reads take no body: a declared one is refused unread. */
+		if (h->chunked || h->content_length > (int64_t)TRK_JSON_MAX) {
+			snprintf(msg, cap, "a %s body is not read", h->method);
+			return 413;
+		}
+		return 0;
+	}
+	snprintf(path, sizeof(path), "%s", h->uri);
+	path[strcspn(path, "?#")] = 0;
+	limit = post_cap(path);
+	/* Tighter limits before authentication: size first. */
+	if (h->chunked) {
+		snprintf(msg, cap, "a POST needs a Content-Length (no chunked bodies)");
+		return 411;
+	}
+	len = h->content_length < 0 ? 0 : (uint64_t)h->content_length;
+	if (len > limit) {
+		snprintf(msg, cap, "body of %llu bytes is over the %zu allowed",
+			 (unsigned long long)len, limit);
+		return 413;
+	}
+	if (s->auth != NULL &&
+	    trk__auth_check_head(s->auth, "POST", h->uri,
+				 h->has_auth ? h->auth : NULL, len,
+				 proto_wall_ms() / 1000, &err) != 0) {
+		snprintf(msg, cap, "%s", err.msg);
+		return 401;
+	}
+	return 0;
+}
+
 static void dispatch(struct evhttp_request *req, void *arg)
 {
 	struct trk_server *s = arg;
@@ -354,8 +408,16 @@ static void dispatch(struct evhttp_request *req, void *arg)
 	bool path_known = false;
 	struct proto_err err = {{0}};
 
+	bool refused;
+
 	TAILQ_INIT(&c->query);
 	c->post = cmd == EVHTTP_REQ_POST;
+	trk__conns_request(s->conns, req, &refused);
+	if (refused) {
+		/* Answered before its body; the connection is closing. */
+		evhttp_send_error(req, 400, NULL);
+		return;
+	}
 	if (uri == NULL || raw_uri == NULL) {
 		trk__fail(c, 400, "malformed request URI");
 		return;
@@ -445,6 +507,10 @@ static void dispatch(struct evhttp_request *req, void *arg)
 out:
 	json_decref(c->json);
 	evhttp_clear_headers(&c->query);
+	/* A big body's buffers went back to malloc: give them to the system
+	 * too, so one large request does not pin the tracker's memory. */
+	if (c->len > (1u << 20))
+		malloc_trim(0);
 }
 
 /* ---- listener ---------------------------------------------------------- */
@@ -534,7 +600,9 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 		goto fail;
 	}
 	/* evhttp buffers a body before calling us; this caps it at the largest
-	 * body any route takes (a manifest), routes then apply their own cap. */
+	 * body any route takes (a manifest). The connection guard (conns.c)
+	 * judges each head first: route caps and the head mac are checked
+	 * before a byte of body is kept. */
 	evhttp_set_max_body_size(s->http,
 				 (ev_ssize_t)proto_param(PROTO_PARAM_MANIFEST_MAX));
 	evhttp_set_max_headers_size(s->http, MAX_HEADERS_SIZE);
@@ -550,6 +618,10 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 	if (s->sock == NULL) {
 		rc = proto_errf(err, EADDRNOTAVAIL, "cannot listen on %s: %s",
 				o->listen, strerror(errno));
+		goto fail;
+	}
+	if ((rc = trk__conns_new(s, &s->conns)) != 0) {
+		rc = proto_errf(err, -rc, "out of memory");
 		goto fail;
 	}
 	if (bound_port(evhttp_bound_socket_get_fd(s->sock), &port) != 0) {
@@ -592,6 +664,7 @@ void trk_server_free(struct trk_server *s)
 		trk__versions_drop_waiters(s->vs);
 	if (s->http != NULL)
 		evhttp_free(s->http);
+	trk__conns_free(s->conns);
 	trk__registry_free(s->reg);
 	trk__versions_free(s->vs);
 	trk__auth_free(s->auth);

@@ -19,9 +19,11 @@
  * some live replica is complete at no version >= it.
  *
  * Mutating calls (POST) are signed with the cluster key: the header
- * `Authorization: Tessera ts=<unix s>,mac=<hex>` carries
- * crypto_auth(key, METHOD "\n" URI "\n" ts "\n" body); stale timestamps and
- * replayed macs are refused. Reads are open.
+ * `Authorization: Tessera ts=<unix s>,hdr=<hex>,mac=<hex>` carries
+ * crypto_auth(key, METHOD "\n" URI "\n" ts "\n" body) and, checked before
+ * the body is read, crypto_auth(key, "head\n" METHOD "\n" URI "\n" ts "\n"
+ * body length); stale timestamps and replayed macs are refused. Reads are
+ * open.
  */
 #ifndef TRACKER_TRACKER_H
 #define TRACKER_TRACKER_H
@@ -73,7 +75,13 @@ void trk_server_free(struct trk_server *s);
 void trk_auth_mac(const uint8_t key[PROTO_CLUSTER_KEY_BYTES], const char *method,
 		  const char *uri, uint64_t ts, const uint8_t *body, size_t len,
 		  uint8_t mac[TRK_AUTH_MAC_BYTES]);
-/* Formats the Authorization header value into buf ("Tessera ts=..,mac=.."). */
+/* hdr = crypto_auth(key, "head\n" method "\n" uri "\n" ts "\n" len), len in
+ * decimal: what the tracker checks before it reads a body. Cannot fail. */
+void trk_auth_head_mac(const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
+		       const char *method, const char *uri, uint64_t ts,
+		       uint64_t len, uint8_t mac[TRK_AUTH_MAC_BYTES]);
+/* Formats the Authorization header value into buf
+ * ("Tessera ts=..,hdr=..,mac=.."). -ENOSPC when buflen is too small. */
 int trk_auth_header(const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
 		    const char *method, const char *uri, uint64_t ts,
 		    const uint8_t *body, size_t len, char *buf, size_t buflen);
