@@ -147,7 +147,6 @@ int fab_open(const char *provider, const char *node,
 		goto fail;
 	}
 	ctx->wait_fd = -1;
-	ctx->next_key = 1;
 	ctx->write_dc = true;
 
 	ret = fi_getinfo(FAB__API_VERSION, node, NULL, node ? FI_SOURCE : 0,

@@ -58,7 +58,6 @@ struct fab_ctx {
 	struct fid_ep *ep;
 	int wait_fd;       /* -1: none */
 	uint64_t mr_mode;  /* as returned by the provider */
-	uint64_t next_key; /* our keys when !FI_MR_PROV_KEY */
 	size_t max_rma;
 	bool write_dc;     /* fab_write asks FI_DELIVERY_COMPLETE */
 	bool closing;

@@ -15,10 +15,17 @@ int fab__slots_init(struct fab_ctx *ctx, unsigned n)
 		ret = -ENOMEM;
 		goto fail;
 	}
-	ret = fab__mr_reg_private(ctx, ctx->slab, (size_t)n * FAB_MSG_MAX,
-				  FI_SEND | FI_RECV, &ctx->slab_mr);
-	if (ret != 0)
-		goto fail;
+	/* Registered only where the provider needs local buffers registered
+	 * (FI_MR_LOCAL): rxm gives FI_SEND regions remote read access (its
+	 * read rendezvous), and message buffers are nothing a peer should
+	 * read. Else the slab has no key at all. */
+	if (ctx->mr_mode & FI_MR_LOCAL) {
+		ret = fab__mr_reg_private(ctx, ctx->slab,
+					  (size_t)n * FAB_MSG_MAX,
+					  FI_SEND | FI_RECV, &ctx->slab_mr);
+		if (ret != 0)
+			goto fail;
+	}
 	for (unsigned i = 0; i < n; i++)
 		ctx->free_slots[i] = (int)(n - 1 - i);
 	ctx->nslots = n;
@@ -75,7 +82,7 @@ static int msg_prepare(struct fab_ctx *ctx, struct fab_op *op, int kind,
 	fab__op_prepare(ctx, op, kind, cb);
 	op->slot_ = slot;
 	op->lbuf_ = ctx->slab + (size_t)slot * FAB_MSG_MAX;
-	op->desc_ = ctx->slab_mr->desc;
+	op->desc_ = ctx->slab_mr != NULL ? ctx->slab_mr->desc : NULL;
 	return 0;
 }
 

@@ -681,6 +681,72 @@ static void test_shared_handles(void **state)
 	assert_int_equal(fab_av_remove(own.c, h2), -ENOENT);
 }
 
+/* An outsider who knows a peer's address but no key cannot read: keys are
+ * random 64-bit values (not 1, 2, 3 ...), reads with guessed keys are
+ * refused, and the message buffers have no key to guess. */
+static void test_outsider_keys(void **state)
+{
+	struct fx *f = *state, pair;
+	fi_addr_t c2d, d2c;
+	struct fab_rkey rk[4], guess;
+	struct fab_mr *mrs[4];
+	uint8_t name[FAB_ADDR_MAX];
+	size_t nlen;
+	const size_t len = 64 * 1024;
+	int refused = 0;
+
+	SKIP_IF_UNAVAILABLE(f);
+	if (!f->checks_keys)
+		skip(); /* shm: one host, one trust domain (see fx_shm) */
+	assert_int_equal(open_pair(f, &own.c, &own.d, &c2d, &d2c, NULL), 0);
+	pair = *f;
+	pair.a = own.c;
+	pair.b = own.d;
+	own.src = xalloc(4 * len);
+	own.dst = xalloc(len);
+	fill(own.src, 4 * len, 5);
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(fab_mr_reg(own.d, own.src + i * len, len,
+					    FAB_MR_REMOTE_READ, &mrs[i]), 0);
+		fab_mr_rkey(mrs[i], &rk[i]);
+	}
+	assert_int_equal(fab_mr_reg(own.c, own.dst, len, FAB_MR_READ, &own.dmr),
+			 0);
+	if (!(fab_mr_mode(own.d) & FI_MR_PROV_KEY)) {
+		/* Ours: no two alike, none small, not a sequence. */
+		for (int i = 0; i < 4; i++) {
+			assert_true(rk[i].key > 0xffffffffull ||
+				    rk[(i + 1) % 4].key > 0xffffffffull);
+			for (int j = 0; j < i; j++) {
+				assert_true(rk[i].key != rk[j].key);
+				assert_true(rk[i].key - rk[j].key > 16 &&
+					    rk[j].key - rk[i].key > 16);
+			}
+		}
+	}
+	/* Guesses: the small keys sequential allocation would have given,
+	 * and neighbours of a real one. Each is refused (tcp drops the
+	 * connection: forget and re-add the peer between guesses). */
+	assert_int_equal(fab_getname(own.d, name, sizeof(name), &nlen), 0);
+	for (uint64_t g = 0; g < 8; g++) {
+		struct req q;
+
+		guess = rk[0];
+		guess.key = g < 5 ? g : rk[0].key + (g - 4);
+		memset(&q, 0, sizeof(q));
+		pair.a2b = c2d;
+		assert_int_equal(fab_read(own.c, &q.op, own.dmr, 0, 4096, c2d,
+					  &guess, 0, req_cb), 0);
+		pump_until(&pair, &q.done, 1);
+		refused += q.status < 0;
+		assert_int_equal(fab_av_remove(own.c, c2d), 0);
+		assert_int_equal(fab_av_insert(own.c, name, nlen, &c2d), 0);
+	}
+	assert_int_equal(refused, 8);
+	for (int i = 0; i < 4; i++)
+		fab_mr_close(mrs[i]);
+}
+
 /* A server thread owns b while it runs, like an event loop: it blocks on
  * b's wait fd (with a long timeout, so quick answers prove the fd wakes it)
  * or, without one, naps on a short timer, and polls. */
@@ -1014,6 +1080,7 @@ static void test_mr_mode_names(void **state)
 		cmocka_unit_test(test_messages_both_ways),                     \
 		cmocka_unit_test_teardown(test_errors, own_teardown),          \
 		cmocka_unit_test_teardown(test_shared_handles, own_teardown),  \
+		cmocka_unit_test_teardown(test_outsider_keys, own_teardown),   \
 		cmocka_unit_test(test_wait_with_server_thread),                \
 		cmocka_unit_test(test_abandon_on_close)
 

@@ -1891,6 +1891,43 @@ static void test_binary(void **state)
 			 1);
 }
 
+/* Sources hand out fabric addresses and memory keys: with a cluster key,
+ * only signed reads get them, and the status outputs show no keys. */
+static void test_sources_members_only(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	char ob[1200], path[300], *key;
+	const char *outputs[] = {"/", TRK_API "/status", "/metrics"};
+	json_t *j = NULL;
+
+	populate(f);
+	report_ok(f, "A/1", 1, "verified");
+	offer_body(ob, sizeof(ob), "A/1", 1, HEX(f->tp2.digest), 0, 1, 101);
+	/* A key no other number in the outputs would match. */
+	key = subst(ob, (const char *[]){"\"key\":\"2\"", "\"key\":\"9876543210987654321\""}, 2);
+	assert_int_equal(post(f, TRK_API "/offers", key, &r), 200);
+	trk_reply_fini(&r);
+	free(key);
+	snprintf(path, sizeof(path), TRK_API "/sources?version=1&layout=%s&src_rank=0&dst_rank=1",
+		 HEX(f->tp2.digest));
+	/* The client signs it: the peer and its key. */
+	assert_int_equal(get(f, path, &r), 200);
+	assert_non_null(strstr((const char *)r.body, "9876543210987654321"));
+	trk_reply_fini(&r);
+	/* A stranger's read is refused. */
+	assert_int_equal(raw(f, "GET", path, NULL, "", 0, &j), 401);
+	assert_non_null(json_object_get(j, "error"));
+	json_decref(j);
+	/* No output anyone may read carries it. */
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(outputs); i++) {
+		assert_int_equal(raw(f, "GET", outputs[i], NULL, "", 0, NULL), 200);
+		assert_int_equal(get(f, outputs[i], &r), 200);
+		assert_null(strstr((const char *)r.body, "9876543210987654321"));
+		trk_reply_fini(&r);
+	}
+}
+
 /* ---- floods: slow heads, unread bodies, connection floods ------------------------- */
 
 /* A keyed tracker with a small connection cap, a short head deadline and a
@@ -2177,6 +2214,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_status_outputs, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_client, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_binary, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_sources_members_only, setup_keyed,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_slow_heads, setup_guarded, teardown),
 		cmocka_unit_test_setup_teardown(test_unauthenticated_body, setup_guarded,
 						teardown),

@@ -215,7 +215,7 @@ int trk_client_request(struct trk_client *c, const char *method,
 		       const void *body, size_t len, uint32_t timeout_ms,
 		       trk_client_cb cb, void *arg)
 {
-	bool post = strcmp(method, "POST") == 0;
+	bool post = strcmp(method, "POST") == 0, sign;
 	char uri[PATH_MAX_LEN + 64], auth[256], hostport[300];
 	struct pending *p;
 	struct evkeyvalq *h;
@@ -227,7 +227,10 @@ int trk_client_request(struct trk_client *c, const char *method,
 		return -EINVAL;
 	if (path_query[0] != '/' || strlen(path_query) > PATH_MAX_LEN)
 		return -EINVAL;
-	if (post) {
+	/* Reads that hand out memory keys are signed too (tracker.h). */
+	sign = c->have_key && (post || strncmp(path_query, TRK_API "/sources",
+					       strlen(TRK_API "/sources")) == 0);
+	if (sign) {
 		uint8_t nonce[8];
 		char nhex[17];
 		randombytes_buf(nonce, sizeof(nonce));
@@ -273,12 +276,13 @@ int trk_client_request(struct trk_client *c, const char *method,
 		if (len > 0 && evbuffer_add(evhttp_request_get_output_buffer(p->req), body,
 					    len) != 0)
 			goto fail_req;
-		if (c->have_key) {
-			if (trk_auth_header(c->key, "POST", uri, (uint64_t)time(NULL), body,
-					    len, auth, sizeof(auth)) != 0)
-				goto fail_req;
-			evhttp_add_header(h, "Authorization", auth);
-		}
+	}
+	if (sign) {
+		if (trk_auth_header(c->key, post ? "POST" : "GET", uri,
+				    (uint64_t)time(NULL), post ? body : NULL,
+				    post ? len : 0, auth, sizeof(auth)) != 0)
+			goto fail_req;
+		evhttp_add_header(h, "Authorization", auth);
 	}
 	TAILQ_INSERT_TAIL(&c->pending, p, link);
 	if (evhttp_make_request(p->conn, p->req,

@@ -457,6 +457,17 @@ static void dispatch(struct evhttp_request *req, void *arg)
 		goto out;
 	}
 
+	/* Sources hand out memory keys: members only (tracker.h). */
+	if (!c->post && rt->fn == trk__handle_sources && s->auth != NULL) {
+		const char *h = evhttp_find_header(
+			evhttp_request_get_input_headers(req), "Authorization");
+		if (trk__auth_check(s->auth, "GET", raw_uri, h, NULL, 0,
+				    proto_wall_ms() / 1000, &err) != 0) {
+			s->auth_refused++;
+			trk__fail(c, 401, "%s", err.msg);
+			goto out;
+		}
+	}
 	if (c->post) {
 		struct evbuffer *in = evhttp_request_get_input_buffer(req);
 		size_t cap = rt->body == BODY_MANIFEST ?
