@@ -23,7 +23,7 @@
  * crypto_auth(key, METHOD "\n" URI "\n" ts "\n" body) and, checked before
  * the body is read, crypto_auth(key, "head\n" METHOD "\n" URI "\n" ts "\n"
  * body length); stale timestamps and replayed macs are refused. Reads are
- * open.
+ * open, except GET /sources (memory keys), signed the same way.
  */
 #ifndef TRACKER_TRACKER_H
 #define TRACKER_TRACKER_H
