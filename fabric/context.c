@@ -240,6 +240,9 @@ int fab_open(const char *provider, const char *node,
 	ret = fab__slots_init(ctx, slots);
 	if (ret != 0)
 		goto fail_msg;
+	ret = fab__sink_start(ctx, opts ? opts->sink : 0);
+	if (ret != 0)
+		goto fail_msg;
 
 	fi_freeinfo(hints);
 	if (proto_log_level() >= PROTO_LOG_INFO) {
@@ -311,6 +314,7 @@ void fab_close(struct fab_ctx *ctx)
 	ctx->fabric = NULL;
 	fi_freeinfo(ctx->info);
 	free(ctx->av_refs);
+	free(ctx->sink);
 	free(ctx);
 }
 

@@ -76,6 +76,8 @@
 #define FAB_ADDR_MAX 256
 /* Size of a packed fab_rkey. */
 #define FAB_RKEY_LEN 24
+/* Sink receives for a context that takes no messages (fab_opts.sink). */
+#define FAB_SINK_DEFAULT 16
 /* The default provider. */
 #define FAB_PROVIDER_DEFAULT "tcp;ofi_rxm"
 
@@ -127,6 +129,7 @@ struct fab_op {
 	uint8_t kind_;
 	uint8_t state_;
 	uint8_t cancel_;   /* fab_cancel asked */
+	uint8_t internal_; /* fabric/'s own (the sink): not in fab_inflight */
 };
 
 /* What a peer needs to read (or write) a registered region. addr is what the
@@ -146,6 +149,7 @@ struct fab_stats {
 	uint64_t msgs_sent, msgs_recv;
 	uint64_t bytes_sent, bytes_recv;
 	uint64_t errors;        /* ops that completed with an error */
+	uint64_t msgs_dropped;  /* unsolicited messages the sink took */
 };
 
 /* fab_open flags */
@@ -155,6 +159,12 @@ struct fab_opts {
 	unsigned flags;     /* FAB_F_* */
 	unsigned msg_slots; /* control-message buffers (sends + posted receives);
 	                     * 0: 64 */
+	/* For a context that takes no messages (node, publisher): receives
+	 * kept posted that take every tagged message and drop it, so what
+	 * strangers send cannot pile up in the provider (rxm keeps unexpected
+	 * messages without bound). 0: none. At most msg_slots / 2. Such a
+	 * context refuses fab_trecv (-EBUSY). */
+	unsigned sink;
 };
 
 /*

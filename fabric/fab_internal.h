@@ -88,6 +88,10 @@ struct fab_ctx {
 	int *free_slots;
 	unsigned nslots, nfree;
 
+	/* the sink (msg.c): nsink receives that drop what they take */
+	struct fab_op *sink;
+	unsigned nsink;
+
 	struct fab_stats stats;
 };
 
@@ -134,6 +138,10 @@ bool fab__unpark(struct fab_ctx *ctx, struct fab_op *op);
 void fab__slot_release(struct fab_ctx *ctx, int slot);
 int fab__slots_init(struct fab_ctx *ctx, unsigned n);
 void fab__slots_fini(struct fab_ctx *ctx);
+/* Posts n sink receives (fab_opts.sink); 0 or a negative errno, nothing
+ * left posted on failure... except those already posted, which fab_close
+ * cancels. */
+int fab__sink_start(struct fab_ctx *ctx, unsigned n);
 
 /* Regions (mr.c). _private ones are fabric/'s own (the message slab): not
  * on ctx's list, access given in libfabric bits. close_all is for

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "fabric/fab_internal.h"
+#include "proto/log.h"
 
 int fab__slots_init(struct fab_ctx *ctx, unsigned n)
 {
@@ -117,8 +118,9 @@ int fab_tsend(struct fab_ctx *ctx, struct fab_op *op, fi_addr_t peer,
 	return msg_submit(ctx, op);
 }
 
-int fab_trecv(struct fab_ctx *ctx, struct fab_op *op, uint64_t tag,
-	      uint64_t ignore, void *buf, size_t cap, fab_cb cb)
+static int post_recv(struct fab_ctx *ctx, struct fab_op *op, uint64_t tag,
+		     uint64_t ignore, void *buf, size_t cap, fab_cb cb,
+		     bool internal)
 {
 	int ret;
 
@@ -131,7 +133,48 @@ int fab_trecv(struct fab_ctx *ctx, struct fab_op *op, uint64_t tag,
 	op->ucap_ = cap;
 	op->tag = tag;
 	op->key_ = ignore;
+	op->internal_ = internal;
 	return msg_submit(ctx, op);
+}
+
+int fab_trecv(struct fab_ctx *ctx, struct fab_op *op, uint64_t tag,
+	      uint64_t ignore, void *buf, size_t cap, fab_cb cb)
+{
+	/* The sink takes every tag first: a receive here would never match. */
+	if (ctx->nsink > 0)
+		return -EBUSY;
+	return post_recv(ctx, op, tag, ignore, buf, cap, cb, false);
+}
+
+/* A sink receive took a message (or failed): count it, post it again. */
+static void sink_cb(struct fab_op *op, int status)
+{
+	struct fab_ctx *ctx = op->ctx_;
+
+	if (status == -ECANCELED || ctx->closing)
+		return;
+	ctx->stats.msgs_dropped++;
+	if (post_recv(ctx, op, 0, ~0ull, NULL, 0, sink_cb, true) != 0)
+		LOG_WARN("fabric: a sink receive could not be posted again");
+}
+
+int fab__sink_start(struct fab_ctx *ctx, unsigned n)
+{
+	if (n == 0)
+		return 0;
+	if (n > ctx->nslots / 2)
+		return -EINVAL;
+	ctx->sink = calloc(n, sizeof(*ctx->sink));
+	if (ctx->sink == NULL)
+		return -ENOMEM;
+	ctx->nsink = n;
+	for (unsigned i = 0; i < n; i++) {
+		int ret = post_recv(ctx, &ctx->sink[i], 0, ~0ull, NULL, 0,
+				    sink_cb, true);
+		if (ret != 0)
+			return ret;
+	}
+	return 0;
 }
 
 int fab_cancel(struct fab_ctx *ctx, struct fab_op *op)

@@ -1,5 +1,6 @@
 /* Functional tests of fabric/: two endpoints on loopback, tcp;ofi_rxm and shm. */
 #include <errno.h>
+#include <malloc.h>
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -747,6 +748,97 @@ static void test_outsider_keys(void **state)
 		fab_mr_close(mrs[i]);
 }
 
+/* Live heap bytes: ASan's count when running under it (RSS would count
+ * its quarantine of freed blocks), else malloc's. */
+extern size_t __sanitizer_get_current_allocated_bytes(void) __attribute__((weak));
+static long live_kib(void)
+{
+	if (__sanitizer_get_current_allocated_bytes != NULL)
+		return (long)(__sanitizer_get_current_allocated_bytes() / 1024);
+	return (long)(mallinfo2().uordblks / 1024);
+}
+
+/* Sends n messages of FAB_MSG_MAX bytes from own.c to to_v, pumping both,
+ * and waits until v's sink has dropped total messages. */
+static void flood_once(struct fx *pair, fi_addr_t to_v, int n, uint64_t total)
+{
+	uint8_t msg[FAB_MSG_MAX];
+	struct fab_stats st;
+	struct req q[32];
+	uint64_t end = proto_now_ns() + 60000ull * 1000000u;
+
+	memset(msg, 0xab, sizeof(msg));
+	for (int sent = 0; sent < n;) {
+		int batch = PROTO_MIN(32, n - sent), done = 0;
+
+		memset(q, 0, sizeof(q));
+		for (int i = 0; i < batch; i++)
+			assert_int_equal(fab_tsend(pair->a, &q[i].op, to_v,
+						   (uint64_t)(sent + i), msg,
+						   sizeof(msg), req_cb), 0);
+		while (done < batch) {
+			pump_both(pair);
+			done = 0;
+			for (int i = 0; i < batch; i++)
+				done += q[i].done;
+			if (proto_now_ns() > end)
+				fail_msg("flood: sends stalled at %d", sent);
+		}
+		sent += batch;
+	}
+	do {
+		pump_both(pair);
+		fab_stats(pair->b, &st);
+		if (proto_now_ns() > end)
+			fail_msg("flood: %llu of %llu dropped",
+				 (unsigned long long)st.msgs_dropped,
+				 (unsigned long long)total);
+	} while (st.msgs_dropped < total);
+}
+
+/* A peer floods a context that takes no messages with tagged sends: the
+ * sink takes and drops them all. The provider's buffers grow with the
+ * largest burst the receiver has not yet taken, then stop: a second flood
+ * as long as the first costs (almost) nothing more. Without the sink rxm
+ * keeps every unexpected message, and each flood adds its whole size. */
+static void test_tagged_flood(void **state)
+{
+	struct fx *f = *state;
+	struct fab_opts vo = {.sink = 16};
+	struct fx pair = *f;
+	struct req q;
+	uint8_t name[FAB_ADDR_MAX], buf[16];
+	size_t nlen;
+	fi_addr_t to_v;
+	const int n = 4000;
+	long l0, l1, l2;
+
+	SKIP_IF_UNAVAILABLE(f);
+	/* shm queues messages in a fixed-size ring in shared memory: a flood
+	 * cannot grow the heap there. */
+	if (strcmp(f->prov, "shm") == 0)
+		skip();
+	assert_int_equal(fab_open(f->prov, f->node, &vo, &own.d, NULL), 0);
+	assert_int_equal(fab_open(f->prov, f->node, NULL, &own.c, NULL), 0);
+	pair.a = own.c;
+	pair.b = own.d;
+	assert_int_equal(fab_trecv(own.d, &q.op, 1, 0, buf, sizeof(buf), req_cb),
+			 -EBUSY);
+	assert_int_equal(fab_getname(own.d, name, sizeof(name), &nlen), 0);
+	assert_int_equal(fab_av_insert(own.c, name, nlen, &to_v), 0);
+	l0 = live_kib();
+	flood_once(&pair, to_v, n, (uint64_t)n);
+	l1 = live_kib();
+	flood_once(&pair, to_v, n, 2 * (uint64_t)n);
+	l2 = live_kib();
+	fprintf(stderr, "# %s: 2 x %d unsolicited %d-byte messages, all dropped; "
+		"live heap %+ld KiB after the first, %+ld KiB more after the "
+		"second (%d KiB each)\n", f->prov, n, FAB_MSG_MAX, l1 - l0,
+		l2 - l1, n * FAB_MSG_MAX / 1024);
+	assert_true(l2 - l1 < n * FAB_MSG_MAX / 1024 / 4);
+	assert_int_equal(fab_inflight(own.d), 0); /* the sink is not in flight */
+}
+
 /* A server thread owns b while it runs, like an event loop: it blocks on
  * b's wait fd (with a long timeout, so quick answers prove the fd wakes it)
  * or, without one, naps on a short timer, and polls. */
@@ -1081,6 +1173,7 @@ static void test_mr_mode_names(void **state)
 		cmocka_unit_test_teardown(test_errors, own_teardown),          \
 		cmocka_unit_test_teardown(test_shared_handles, own_teardown),  \
 		cmocka_unit_test_teardown(test_outsider_keys, own_teardown),   \
+		cmocka_unit_test_teardown(test_tagged_flood, own_teardown),    \
 		cmocka_unit_test(test_wait_with_server_thread),                \
 		cmocka_unit_test(test_abandon_on_close)
 
