@@ -326,12 +326,35 @@ static int raw(struct fx *f, const char *method, const char *uri, const char *he
 	return code;
 }
 
+/* The tracker's epoch, from the header of an answer. */
+static void fetch_epoch(struct fx *f, char *out, size_t cap)
+{
+	int fd = tcp_connect(f->srv.url);
+	static const char req[] = "GET " TRK_API "/status HTTP/1.1\r\nHost: x\r\n"
+				  "Connection: close\r\n\r\n";
+	char resp[8192];
+	size_t got = 0;
+	ssize_t k;
+	const char *e;
+
+	write_all(fd, req, sizeof(req) - 1);
+	while (got + 1 < sizeof(resp) && (k = read(fd, resp + got, sizeof(resp) - 1 - got)) > 0)
+		got += (size_t)k;
+	close(fd);
+	resp[got] = 0;
+	e = strstr(resp, TRK_EPOCH_HEADER ": ");
+	assert_non_null(e);
+	e += strlen(TRK_EPOCH_HEADER ": ");
+	snprintf(out, cap, "%.*s", (int)strcspn(e, "\r\n"), e);
+}
+
 static int raw_signed(struct fx *f, const char *uri, const uint8_t *key, uint64_t ts,
 		      const char *body, json_t **json)
 {
-	char auth[256], hdr[320];
+	char auth[256], hdr[320], ep[64];
 
-	assert_int_equal(trk_auth_header(key, "POST", uri, ts, (const uint8_t *)body,
+	fetch_epoch(f, ep, sizeof(ep));
+	assert_int_equal(trk_auth_header(key, "POST", uri, ts, ep, (const uint8_t *)body,
 					 strlen(body), auth, sizeof(auth)),
 			 0);
 	snprintf(hdr, sizeof(hdr), "Authorization: %s\r\n", auth);
@@ -554,8 +577,9 @@ static void test_auth(void **state)
 	json_decref(j);
 	assert_int_equal(raw_signed(f, uri, f->srv.ckey, now + 1000, body, NULL), 401);
 	{
-		char auth[256], hdr[320];
-		trk_auth_header(f->srv.ckey, "POST", TRK_API "/nodes", now,
+		char auth[256], hdr[320], ep[64];
+		fetch_epoch(f, ep, sizeof(ep));
+		trk_auth_header(f->srv.ckey, "POST", TRK_API "/nodes", now, ep,
 				(const uint8_t *)body, strlen(body), auth, sizeof(auth));
 		snprintf(hdr, sizeof(hdr), "Authorization: %s\r\n", auth);
 		assert_int_equal(raw(f, "POST", uri, hdr, body, strlen(body), NULL), 401);
@@ -1928,6 +1952,52 @@ static void test_sources_members_only(void **state)
 	}
 }
 
+/* A signed request captured before a restart is refused after it: the
+ * signature covers the instance's epoch. A client learns the new epoch from
+ * the refusal and signs again. */
+static void test_replay_after_restart(void **state)
+{
+	struct fx *f = *state;
+	char *body = publisher_body(MODEL, TRAINER, RANKS01), *before, *after;
+	const char *uri = TRK_API "/publishers?n=7";
+	char auth[256], hdr[320], ep1[64], ep2[64];
+	uint64_t now = (uint64_t)time(NULL);
+	struct trk_reply r;
+	json_t *j = NULL;
+
+	fetch_epoch(f, ep1, sizeof(ep1));
+	assert_int_equal(trk_auth_header(f->srv.ckey, "POST", uri, now, ep1,
+					 (const uint8_t *)body, strlen(body), auth,
+					 sizeof(auth)), 0);
+	snprintf(hdr, sizeof(hdr), "Authorization: %s\r\n", auth);
+	assert_int_equal(raw(f, "POST", uri, hdr, body, strlen(body), &j), 200);
+	json_decref(j);
+
+	/* Restart on the same state and key; replay within the ts window. */
+	srv_stop(&f->srv);
+	assert_int_equal(srv_start(&f->srv), 0);
+	/* A new port: a new client, which knows no epoch yet. */
+	trk_client_free(f->c);
+	assert_int_equal(trk_client_new(NULL, f->srv.url, f->srv.ckey, &f->c, NULL), 0);
+	fetch_epoch(f, ep2, sizeof(ep2));
+	assert_string_not_equal(ep1, ep2);
+	before = status_snapshot(f);
+	assert_int_equal(raw(f, "POST", uri, hdr, body, strlen(body), &j), 401);
+	assert_non_null(strstr(json_string_value(json_object_get(j, "error")), "epoch"));
+	json_decref(j);
+	after = status_snapshot(f);
+	assert_string_equal(before, after);
+	free(after);
+	free(before);
+
+	/* The client's first signed call is refused for its epoch, signed
+	 * again, and passes. */
+	register_publisher(f);
+	assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"nobody\"}", &r), 404);
+	trk_reply_fini(&r);
+	free(body);
+}
+
 /* ---- floods: slow heads, unread bodies, connection floods ------------------------- */
 
 /* A keyed tracker with a small connection cap, a short head deadline and a
@@ -2215,6 +2285,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_client, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_binary, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources_members_only, setup_keyed,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_replay_after_restart, setup_keyed,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_slow_heads, setup_guarded, teardown),
 		cmocka_unit_test_setup_teardown(test_unauthenticated_body, setup_guarded,

@@ -26,11 +26,13 @@ struct trk_auth {
 	uint64_t window_s;
 	struct seen *buckets[NBUCKETS];
 	struct seen *head, *tail; /* FIFO, oldest first */
+	char epoch[2 * TRK_EPOCH_BYTES + 1]; /* this instance's, random */
 };
 
-/* Adds METHOD "\n" URI "\n" ts "\n" to st. */
+/* Adds METHOD "\n" URI "\n" ts "\n" epoch "\n" to st. */
 static void mac_state_update(crypto_auth_hmacsha512256_state *st,
-			     const char *method, const char *uri, uint64_t ts)
+			     const char *method, const char *uri, uint64_t ts,
+			     const char *epoch)
 {
 	char tsbuf[32];
 	int n = snprintf(tsbuf, sizeof(tsbuf), "%llu", (unsigned long long)ts);
@@ -41,44 +43,49 @@ static void mac_state_update(crypto_auth_hmacsha512256_state *st,
 	crypto_auth_hmacsha512256_update(st, (const uint8_t *)"\n", 1);
 	crypto_auth_hmacsha512256_update(st, (const uint8_t *)tsbuf, (size_t)n);
 	crypto_auth_hmacsha512256_update(st, (const uint8_t *)"\n", 1);
+	if (epoch != NULL)
+		crypto_auth_hmacsha512256_update(st, (const uint8_t *)epoch,
+						 strlen(epoch));
+	crypto_auth_hmacsha512256_update(st, (const uint8_t *)"\n", 1);
 }
 
 static void mac_state(crypto_auth_hmacsha512256_state *st,
 		      const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
 		      const char *method, const char *uri, uint64_t ts,
-		      const uint8_t *body, size_t len)
+		      const char *epoch, const uint8_t *body, size_t len)
 {
 	crypto_auth_hmacsha512256_init(st, key, PROTO_CLUSTER_KEY_BYTES);
-	mac_state_update(st, method, uri, ts);
+	mac_state_update(st, method, uri, ts, epoch);
 	if (len > 0)
 		crypto_auth_hmacsha512256_update(st, body, len);
 }
 
 /* crypto_auth is HMAC-SHA-512-256; the streaming form avoids a copy. */
 void trk_auth_mac(const uint8_t key[PROTO_CLUSTER_KEY_BYTES], const char *method,
-		  const char *uri, uint64_t ts, const uint8_t *body, size_t len,
-		  uint8_t mac[TRK_AUTH_MAC_BYTES])
+		  const char *uri, uint64_t ts, const char *epoch,
+		  const uint8_t *body, size_t len, uint8_t mac[TRK_AUTH_MAC_BYTES])
 {
 	crypto_auth_hmacsha512256_state st;
 
-	mac_state(&st, key, method, uri, ts, body, len);
+	mac_state(&st, key, method, uri, ts, epoch, body, len);
 	crypto_auth_hmacsha512256_final(&st, mac);
 	sodium_memzero(&st, sizeof(st));
 }
 
 void trk_auth_head_mac(const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
 		       const char *method, const char *uri, uint64_t ts,
-		       uint64_t len, uint8_t mac[TRK_AUTH_MAC_BYTES])
+		       const char *epoch, uint64_t len,
+		       uint8_t mac[TRK_AUTH_MAC_BYTES])
 {
 	crypto_auth_hmacsha512256_state st;
 	char lenbuf[32];
 	int n = snprintf(lenbuf, sizeof(lenbuf), "%llu", (unsigned long long)len);
 
-	/* "head\n" METHOD "\n" URI "\n" ts "\n" len: the body mac's message
-	 * never starts with a lower-case line. */
+	/* "head\n" METHOD "\n" URI "\n" ts "\n" epoch "\n" len: the body
+	 * mac's message never starts with a lower-case line. */
 	crypto_auth_hmacsha512256_init(&st, key, PROTO_CLUSTER_KEY_BYTES);
 	crypto_auth_hmacsha512256_update(&st, (const uint8_t *)"head\n", 5);
-	mac_state_update(&st, method, uri, ts);
+	mac_state_update(&st, method, uri, ts, epoch);
 	crypto_auth_hmacsha512256_update(&st, (const uint8_t *)lenbuf, (size_t)n);
 	crypto_auth_hmacsha512256_final(&st, mac);
 	sodium_memzero(&st, sizeof(st));
@@ -86,18 +93,23 @@ void trk_auth_head_mac(const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
 
 int trk_auth_header(const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
 		    const char *method, const char *uri, uint64_t ts,
-		    const uint8_t *body, size_t len, char *buf, size_t buflen)
+		    const char *epoch, const uint8_t *body, size_t len,
+		    char *buf, size_t buflen)
 {
 	uint8_t mac[TRK_AUTH_MAC_BYTES], head[TRK_AUTH_MAC_BYTES];
 	char hex[2 * TRK_AUTH_MAC_BYTES + 1], hhex[2 * TRK_AUTH_MAC_BYTES + 1];
 	int n;
 
-	trk_auth_mac(key, method, uri, ts, body, len, mac);
-	trk_auth_head_mac(key, method, uri, ts, len, head);
+	if (epoch == NULL)
+		epoch = "";
+	if (strlen(epoch) > 2 * TRK_EPOCH_BYTES)
+		return -EINVAL;
+	trk_auth_mac(key, method, uri, ts, epoch, body, len, mac);
+	trk_auth_head_mac(key, method, uri, ts, epoch, len, head);
 	sodium_bin2hex(hex, sizeof(hex), mac, sizeof(mac));
 	sodium_bin2hex(hhex, sizeof(hhex), head, sizeof(head));
-	n = snprintf(buf, buflen, "Tessera ts=%llu,hdr=%s,mac=%s",
-		     (unsigned long long)ts, hhex, hex);
+	n = snprintf(buf, buflen, "Tessera ts=%llu,ep=%s,hdr=%s,mac=%s",
+		     (unsigned long long)ts, epoch, hhex, hex);
 	return n < 0 || (size_t)n >= buflen ? -ENOSPC : 0;
 }
 
@@ -111,8 +123,19 @@ int trk__auth_new(const uint8_t key[PROTO_CLUSTER_KEY_BYTES], uint64_t window_s,
 		return -ENOMEM;
 	memcpy(a->key, key, PROTO_CLUSTER_KEY_BYTES);
 	a->window_s = window_s;
+	{
+		uint8_t e[TRK_EPOCH_BYTES];
+
+		randombytes_buf(e, sizeof(e));
+		sodium_bin2hex(a->epoch, sizeof(a->epoch), e, sizeof(e));
+	}
 	*out = a;
 	return 0;
+}
+
+const char *trk__auth_epoch(const struct trk_auth *a)
+{
+	return a != NULL ? a->epoch : NULL;
 }
 
 void trk__auth_free(struct trk_auth *a)
@@ -158,17 +181,17 @@ static bool seen_before(struct trk_auth *a, const uint8_t *mac)
 
 /* Parses `Tessera ts=<digits>,hdr=<64 hex>,mac=<64 hex>` (fields in any
  * order, optional spaces after commas). */
-static int parse_header(const char *h, uint64_t *ts, uint8_t *head,
-			uint8_t *mac, struct proto_err *err)
+static int parse_header(const char *h, uint64_t *ts, char *epoch,
+			uint8_t *head, uint8_t *mac, struct proto_err *err)
 {
 	static const char scheme[] = "Tessera ";
-	bool have_ts = false, have_mac = false, have_head = false;
+	bool have_ts = false, have_mac = false, have_head = false, have_ep = false;
 	char buf[256];
 	char *p, *save = NULL;
 
 	if (h == NULL)
 		return proto_errf(err, EACCES,
-				  "authorization required (Authorization: Tessera ts=..,hdr=..,mac=..)");
+				  "authorization required (Authorization: Tessera ts=..,ep=..,hdr=..,mac=..)");
 	if (strncmp(h, scheme, sizeof(scheme) - 1) != 0)
 		return proto_errf(err, EACCES, "authorization: want the Tessera scheme");
 	if (strlen(h) >= sizeof(buf))
@@ -187,6 +210,15 @@ static int parse_header(const char *h, uint64_t *ts, uint8_t *head,
 						  "authorization: mac must be %d hex digits",
 						  2 * TRK_AUTH_MAC_BYTES);
 			have_mac = true;
+		} else if (strncmp(p, "ep=", 3) == 0 && !have_ep) {
+			size_t n = strlen(p + 3);
+
+			if (n > 2 * TRK_EPOCH_BYTES ||
+			    strspn(p + 3, "0123456789abcdef") != n)
+				return proto_errf(err, EACCES,
+						  "authorization: bad ep");
+			memcpy(epoch, p + 3, n + 1);
+			have_ep = true;
 		} else if (strncmp(p, "hdr=", 4) == 0 && !have_head) {
 			if (proto_parse_hex(p + 4, head, TRK_AUTH_MAC_BYTES) != 0)
 				return proto_errf(err, EACCES,
@@ -198,8 +230,9 @@ static int parse_header(const char *h, uint64_t *ts, uint8_t *head,
 					  "authorization: unexpected field");
 		}
 	}
-	if (!have_ts || !have_mac || !have_head)
-		return proto_errf(err, EACCES, "authorization: want ts=, hdr= and mac=");
+	if (!have_ts || !have_mac || !have_head || !have_ep)
+		return proto_errf(err, EACCES,
+				  "authorization: want ts=, ep=, hdr= and mac=");
 	return 0;
 }
 
@@ -210,13 +243,21 @@ static int check_head(struct trk_auth *a, const char *method, const char *uri,
 		      uint64_t *ts, uint8_t *mac, struct proto_err *err)
 {
 	uint8_t head[TRK_AUTH_MAC_BYTES], want[TRK_AUTH_MAC_BYTES];
+	char epoch[2 * TRK_EPOCH_BYTES + 1] = "";
 	int rc;
 
-	if ((rc = parse_header(header, ts, head, mac, err)) != 0)
+	if ((rc = parse_header(header, ts, epoch, head, mac, err)) != 0)
 		return rc;
-	trk_auth_head_mac(a->key, method, uri, *ts, len, want);
+	trk_auth_head_mac(a->key, method, uri, *ts, epoch, len, want);
 	if (sodium_memcmp(head, want, sizeof(head)) != 0)
 		return proto_errf(err, EACCES, "authorization: bad mac");
+	/* Signed for another instance: captured before a restart, or a
+	 * client that has not yet seen this one's epoch. */
+	if (strcmp(epoch, a->epoch) != 0)
+		return proto_errf(err, EACCES,
+				  "authorization: epoch '%s' is not this tracker's "
+				  "(%s, see X-Tessera-Epoch): it restarted",
+				  epoch, a->epoch);
 	if ((*ts > now_s ? *ts - now_s : now_s - *ts) > a->window_s)
 		return proto_errf(err, EACCES,
 				  "authorization: timestamp %llu is more than %llu s from now (%llu)",
@@ -248,7 +289,7 @@ int trk__auth_check(struct trk_auth *a, const char *method, const char *uri,
 	if ((rc = check_head(a, method, uri, header, len, now_s, &ts, mac,
 			     err)) != 0)
 		return rc;
-	trk_auth_mac(a->key, method, uri, ts, body, len, want);
+	trk_auth_mac(a->key, method, uri, ts, a->epoch, body, len, want);
 	if (sodium_memcmp(mac, want, sizeof(mac)) != 0)
 		return proto_errf(err, EACCES, "authorization: bad mac");
 	expire(a, now_s);

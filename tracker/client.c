@@ -28,6 +28,16 @@ struct pending {
 	struct event *reap; /* frees conn after the callback, from the loop */
 	enum evhttp_request_error error;
 	bool have_error;
+	/* A signed request, kept to sign it again once if the tracker
+	 * answers 401 under another epoch (it restarted, or this client had
+	 * not yet seen its epoch). */
+	bool sign, retried;
+	char epoch_used[2 * TRK_EPOCH_BYTES + 1];
+	char method[8], ctype[64];
+	char *path_query;
+	void *body;
+	size_t len;
+	uint32_t timeout_ms;
 	TAILQ_ENTRY(pending) link;
 };
 
@@ -40,6 +50,7 @@ struct trk_client {
 	bool have_key;
 	uint8_t key[PROTO_CLUSTER_KEY_BYTES];
 	uint32_t timeout_ms;
+	char epoch[2 * TRK_EPOCH_BYTES + 1]; /* the tracker's, last seen */
 	TAILQ_HEAD(, pending) pending;
 };
 
@@ -115,6 +126,8 @@ void trk_client_free(struct trk_client *c)
 		event_free(p->reap);
 		/* Frees a queued request too, without calling back. */
 		evhttp_connection_free(p->conn);
+		free(p->path_query);
+		free(p->body);
 		free(p);
 	}
 	if (c->own_base)
@@ -163,7 +176,26 @@ static void reap_cb(evutil_socket_t fd, short what, void *arg)
 	TAILQ_REMOVE(&p->c->pending, p, link);
 	event_free(p->reap);
 	evhttp_connection_free(p->conn);
+	free(p->path_query);
+	free(p->body);
 	free(p);
+}
+
+static int start_request(struct trk_client *c, const char *method,
+			 const char *path_query, const char *ctype,
+			 const void *body, size_t len, uint32_t timeout_ms,
+			 trk_client_cb cb, void *arg, bool retried);
+
+/* Keeps the tracker's epoch from an answer's header (hex, bounded). */
+static void learn_epoch(struct trk_client *c, struct evhttp_request *req)
+{
+	const char *e = evhttp_find_header(evhttp_request_get_input_headers(req),
+					   TRK_EPOCH_HEADER);
+	size_t n = e != NULL ? strlen(e) : 0;
+
+	if (n > 0 && n <= 2 * TRK_EPOCH_BYTES &&
+	    strspn(e, "0123456789abcdef") == n)
+		memcpy(c->epoch, e, n + 1);
 }
 
 static void on_done(struct evhttp_request *req, void *arg)
@@ -175,6 +207,16 @@ static void on_done(struct evhttp_request *req, void *arg)
 	static const struct timeval now = {0, 0};
 
 	a.status = req != NULL ? evhttp_request_get_response_code(req) : 0;
+	if (a.status != 0)
+		learn_epoch(p->c, req);
+	/* Signed for an epoch the tracker does not have: sign again, once. */
+	if (a.status == 401 && p->sign && !p->retried &&
+	    strcmp(p->c->epoch, p->epoch_used) != 0 &&
+	    start_request(p->c, p->method, p->path_query, p->ctype, p->body,
+			  p->len, p->timeout_ms, p->cb, p->arg, true) == 0) {
+		evtimer_add(p->reap, &now);
+		return;
+	}
 	if (a.status == 0) {
 		a.status = transport_errno(p);
 		snprintf(msg, sizeof(msg), "tracker %s:%d: %s", p->c->host, p->c->port,
@@ -215,6 +257,15 @@ int trk_client_request(struct trk_client *c, const char *method,
 		       const void *body, size_t len, uint32_t timeout_ms,
 		       trk_client_cb cb, void *arg)
 {
+	return start_request(c, method, path_query, ctype, body, len,
+			     timeout_ms, cb, arg, false);
+}
+
+static int start_request(struct trk_client *c, const char *method,
+			 const char *path_query, const char *ctype,
+			 const void *body, size_t len, uint32_t timeout_ms,
+			 trk_client_cb cb, void *arg, bool retried)
+{
 	bool post = strcmp(method, "POST") == 0, sign;
 	char uri[PATH_MAX_LEN + 64], auth[256], hostport[300];
 	struct pending *p;
@@ -248,6 +299,26 @@ int trk_client_request(struct trk_client *c, const char *method,
 	p->c = c;
 	p->cb = cb;
 	p->arg = arg;
+	p->sign = sign;
+	p->retried = retried;
+	if (sign && !retried) {
+		/* Kept for one retry under a new epoch. */
+		snprintf(p->method, sizeof(p->method), "%s", method);
+		snprintf(p->ctype, sizeof(p->ctype), "%s",
+			 ctype ? ctype : "application/json");
+		p->path_query = strdup(path_query);
+		p->body = len > 0 ? malloc(len) : NULL;
+		p->len = len;
+		p->timeout_ms = timeout_ms;
+		if (p->path_query == NULL || (len > 0 && p->body == NULL)) {
+			free(p->path_query);
+			free(p->body);
+			free(p);
+			return -ENOMEM;
+		}
+		if (len > 0)
+			memcpy(p->body, body, len);
+	}
 	p->reap = evtimer_new(c->base, reap_cb, p);
 	p->conn = evhttp_connection_base_new(c->base, NULL, c->host, (uint16_t)c->port);
 	if (p->conn == NULL || p->reap == NULL) {
@@ -255,6 +326,8 @@ int trk_client_request(struct trk_client *c, const char *method,
 			event_free(p->reap);
 		if (p->conn != NULL)
 			evhttp_connection_free(p->conn);
+		free(p->path_query);
+		free(p->body);
 		free(p);
 		return -ENOMEM;
 	}
@@ -278,9 +351,11 @@ int trk_client_request(struct trk_client *c, const char *method,
 			goto fail_req;
 	}
 	if (sign) {
+		snprintf(p->epoch_used, sizeof(p->epoch_used), "%s", c->epoch);
 		if (trk_auth_header(c->key, post ? "POST" : "GET", uri,
-				    (uint64_t)time(NULL), post ? body : NULL,
-				    post ? len : 0, auth, sizeof(auth)) != 0)
+				    (uint64_t)time(NULL), c->epoch,
+				    post ? body : NULL, post ? len : 0, auth,
+				    sizeof(auth)) != 0)
 			goto fail_req;
 		evhttp_add_header(h, "Authorization", auth);
 	}
@@ -298,6 +373,8 @@ fail_req:
 fail:
 	event_free(p->reap);
 	evhttp_connection_free(p->conn);
+	free(p->path_query);
+	free(p->body);
 	free(p);
 	return -EIO;
 }

@@ -260,19 +260,23 @@ static void admit(evutil_socket_t fd, short what, void *arg)
 /* Writes a whole small answer straight to the socket: evhttp has not
  * parsed this request and never will. Best effort (a full socket buffer
  * loses it; the connection closes either way). */
-static void answer_raw(evutil_socket_t fd, int code, const char *msg)
+static void answer_raw(const struct trk_server *s, evutil_socket_t fd,
+		       int code, const char *msg)
 {
-	char body[400], all[700];
+	char body[400], all[800], ep[100] = "";
 	int bl, n;
 
 	bl = snprintf(body, sizeof(body), "{\"error\":\"%s\"}\n", msg);
 	if (bl < 0 || (size_t)bl >= sizeof(body))
 		bl = snprintf(body, sizeof(body), "{\"error\":\"refused\"}\n");
+	if (s->auth != NULL)
+		snprintf(ep, sizeof(ep), "%s: %s\r\n", TRK_EPOCH_HEADER,
+			 trk__auth_epoch(s->auth));
 	n = snprintf(all, sizeof(all),
 		     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
-		     "Cache-Control: no-store\r\nConnection: close\r\n"
+		     "Cache-Control: no-store\r\nConnection: close\r\n%s"
 		     "Content-Length: %d\r\n\r\n%s",
-		     code, trk__reason(code), bl, body);
+		     code, trk__reason(code), ep, bl, body);
 	if (n > 0 && (size_t)n < sizeof(all))
 		(void)send(fd, all, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
 	shutdown(fd, SHUT_WR);
@@ -321,7 +325,7 @@ static void drain_refused(struct trk_conn *c, struct evbuffer *buf, size_t from)
 	if (c->drained > c->declared && !c->chunked) {
 		conn_close(c); /* more than it declared: not HTTP we speak */
 	} else if (c->drained >= c->declared) {
-		answer_raw(bufferevent_getfd(c->bev), c->code, c->msg);
+		answer_raw(c->g->s, bufferevent_getfd(c->bev), c->code, c->msg);
 		c->answered = true;
 	}
 }

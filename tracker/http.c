@@ -55,6 +55,8 @@ static void send_buf(struct trk_server *s, struct evhttp_request *req, int code,
 
 	evhttp_add_header(h, "Content-Type", ctype);
 	evhttp_add_header(h, "Cache-Control", "no-store");
+	if (s->auth != NULL)
+		evhttp_add_header(h, TRK_EPOCH_HEADER, trk__auth_epoch(s->auth));
 	if (out != NULL && len > 0 && evbuffer_add(out, buf, len) != 0) {
 		evbuffer_free(out);
 		out = NULL;

@@ -148,6 +148,8 @@ void trk__conns_metrics(const struct trk_server *s, struct evbuffer *b);
 int trk__auth_new(const uint8_t key[PROTO_CLUSTER_KEY_BYTES], uint64_t window_s,
 		  struct trk_auth **out);
 void trk__auth_free(struct trk_auth *a);
+/* This instance's epoch (hex; NULL when a is NULL). Borrowed. */
+const char *trk__auth_epoch(const struct trk_auth *a);
 /* 0 when header is a valid, fresh, unreplayed signature of the request (the
  * mac is then remembered); -EACCES with a one-line reason else. */
 int trk__auth_check(struct trk_auth *a, const char *method, const char *uri,
