@@ -1998,6 +1998,52 @@ static void test_replay_after_restart(void **state)
 	free(body);
 }
 
+/* Each node speaks only for itself: another cluster member (same key, its
+ * own client) can neither report, heartbeat nor offer for A/1, nor take
+ * over its live id by registering it again. */
+static void test_forged_report(void **state)
+{
+	struct fx *f = *state;
+	struct trk_client *other;
+	struct trk_reply r;
+	char rb[512], ob[1200], *before, *after, *nb;
+
+	populate(f);
+	assert_int_equal(trk_client_new(NULL, f->srv.url, f->srv.ckey, &other, NULL), 0);
+	before = status_snapshot(f);
+	snprintf(rb, sizeof(rb), "{\"id\":\"A/1\",\"version\":2,\"state\":\"verified\"}");
+	assert_int_equal(trk_client_call(other, "POST", TRK_API "/nodes/state", NULL, rb,
+					 strlen(rb), &r), 0);
+	assert_int_equal(r.status, 403);
+	check_error_body(&r);
+	trk_reply_fini(&r);
+	assert_int_equal(trk_client_call(other, "POST", TRK_API "/heartbeat", NULL,
+					 "{\"id\":\"A/1\"}", 12, &r), 0);
+	assert_int_equal(r.status, 403);
+	trk_reply_fini(&r);
+	offer_body(ob, sizeof(ob), "A/1", 1, HEX(f->tp2.digest), 0, 1, 101);
+	assert_int_equal(trk_client_call(other, "POST", TRK_API "/offers", NULL, ob,
+					 strlen(ob), &r), 0);
+	assert_int_equal(r.status, 403);
+	trk_reply_fini(&r);
+	nb = node_body(f, "A", 1, "elsewhere", TP2, NULL);
+	assert_int_equal(trk_client_call(other, "POST", TRK_API "/nodes", NULL, nb,
+					 strlen(nb), &r), 0);
+	assert_int_equal(r.status, 409);
+	trk_reply_fini(&r);
+	free(nb);
+	after = status_snapshot(f);
+	assert_string_equal(before, after);
+	free(after);
+	free(before);
+	/* The node itself still can. */
+	report_ok(f, "A/1", 2, "verified");
+	assert_int_equal(register_node(f, "A", 1, TP2, &r), 200);
+	trk_reply_fini(&r);
+	report_ok(f, "A/1", 2, "active");
+	trk_client_free(other);
+}
+
 /* ---- floods: slow heads, unread bodies, connection floods ------------------------- */
 
 /* A keyed tracker with a small connection cap, a short head deadline and a
@@ -2288,6 +2334,7 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_replay_after_restart, setup_keyed,
 						teardown),
+		cmocka_unit_test_setup_teardown(test_forged_report, setup_keyed, teardown),
 		cmocka_unit_test_setup_teardown(test_slow_heads, setup_guarded, teardown),
 		cmocka_unit_test_setup_teardown(test_unauthenticated_body, setup_guarded,
 						teardown),

@@ -18,6 +18,7 @@
 
 #define PATH_MAX_LEN 2048
 #define DEFAULT_TIMEOUT_MS 10000
+#define CLIENT_SESSIONS 64 /* node sessions one client remembers */
 
 struct pending {
 	struct trk_client *c;
@@ -31,7 +32,7 @@ struct pending {
 	/* A signed request, kept to sign it again once if the tracker
 	 * answers 401 under another epoch (it restarted, or this client had
 	 * not yet seen its epoch). */
-	bool sign, retried;
+	bool sign, retried, registers;
 	char epoch_used[2 * TRK_EPOCH_BYTES + 1];
 	char method[8], ctype[64];
 	char *path_query;
@@ -51,8 +52,44 @@ struct trk_client {
 	uint8_t key[PROTO_CLUSTER_KEY_BYTES];
 	uint32_t timeout_ms;
 	char epoch[2 * TRK_EPOCH_BYTES + 1]; /* the tracker's, last seen */
+	/* Session credentials of the nodes registered through this client,
+	 * sent with their heartbeats, reports and offers. */
+	struct {
+		char id[TRK_ID_MAX];
+		char session[2 * TRK_SESSION_BYTES + 1];
+	} sessions[CLIENT_SESSIONS];
+	size_t nsessions;
 	TAILQ_HEAD(, pending) pending;
 };
+
+/* The session of node id, or NULL. */
+static const char *session_of(const struct trk_client *c, const char *id)
+{
+	for (size_t i = 0; i < c->nsessions; i++)
+		if (strcmp(c->sessions[i].id, id) == 0)
+			return c->sessions[i].session;
+	return NULL;
+}
+
+/* Remembers a registration's answer: {"node_id":..,"session":..}. */
+static void keep_session(struct trk_client *c, json_t *answer)
+{
+	const char *id = json_string_value(json_object_get(answer, "node_id"));
+	const char *ses = json_string_value(json_object_get(answer, "session"));
+	size_t i;
+
+	if (id == NULL || ses == NULL || strlen(id) >= TRK_ID_MAX ||
+	    strlen(ses) != 2 * TRK_SESSION_BYTES)
+		return;
+	for (i = 0; i < c->nsessions && strcmp(c->sessions[i].id, id) != 0; i++)
+		;
+	if (i == CLIENT_SESSIONS)
+		i = CLIENT_SESSIONS - 1; /* full: the last slot turns over */
+	else if (i == c->nsessions)
+		c->nsessions++;
+	snprintf(c->sessions[i].id, sizeof(c->sessions[i].id), "%s", id);
+	snprintf(c->sessions[i].session, sizeof(c->sessions[i].session), "%s", ses);
+}
 
 int trk_client_new(struct event_base *base, const char *url,
 		   const uint8_t *cluster_key, struct trk_client **out,
@@ -239,6 +276,8 @@ static void on_done(struct evhttp_request *req, void *arg)
 			json = json_loadb((const char *)a.body, a.len, 0, NULL);
 		}
 		a.json = json;
+		if (a.status == 200 && p->registers)
+			keep_session(p->c, json);
 		if (a.status >= 400) {
 			const char *e = json_string_value(json_object_get(json, "error"));
 			snprintf(msg, sizeof(msg), "HTTP %d: %s", a.status,
@@ -301,6 +340,8 @@ static int start_request(struct trk_client *c, const char *method,
 	p->arg = arg;
 	p->sign = sign;
 	p->retried = retried;
+	p->registers = post && strncmp(path_query, TRK_API "/nodes", strlen(TRK_API "/nodes")) == 0 &&
+		       strchr("?", path_query[strlen(TRK_API "/nodes")]) != NULL;
 	if (sign && !retried) {
 		/* Kept for one retry under a new epoch. */
 		snprintf(p->method, sizeof(p->method), "%s", method);
@@ -344,6 +385,26 @@ static int start_request(struct trk_client *c, const char *method,
 		 c->host, c->port);
 	evhttp_add_header(h, "Host", hostport);
 	evhttp_add_header(h, "Connection", "close");
+	if (post && c->nsessions > 0 && len > 0 && len <= TRK_JSON_MAX) {
+		/* A node's own calls carry its session credential. */
+		json_t *j = json_loadb(body, len, 0, NULL);
+		const char *id = json_string_value(json_object_get(j, "id"));
+		json_t *rep = json_object_get(j, "replica"), *rank = json_object_get(j, "rank");
+		char regid[TRK_ID_MAX + 32];
+		const char *ses;
+
+		if (id == NULL && json_is_string(rep) && json_is_integer(rank)) {
+			/* A registration: the id it would take. */
+			snprintf(regid, sizeof(regid), "%s/%lld", json_string_value(rep),
+				 (long long)json_integer_value(rank));
+			id = regid;
+		}
+		ses = id != NULL ? session_of(c, id) : NULL;
+
+		if (ses != NULL)
+			evhttp_add_header(h, TRK_SESSION_HEADER, ses);
+		json_decref(j);
+	}
 	if (post) {
 		evhttp_add_header(h, "Content-Type", ctype ? ctype : "application/json");
 		if (len > 0 && evbuffer_add(evhttp_request_get_output_buffer(p->req), body,

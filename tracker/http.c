@@ -30,6 +30,7 @@ const char *trk__reason(int code)
 	case 201: return "Created";
 	case 400: return "Bad Request";
 	case 401: return "Unauthorized";
+	case 403: return "Forbidden";
 	case 404: return "Not Found";
 	case 405: return "Method Not Allowed";
 	case 409: return "Conflict";
@@ -398,6 +399,62 @@ int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
 	return 0;
 }
 
+void trk__session_new(char out[2 * TRK_SESSION_BYTES + 1])
+{
+	uint8_t b[TRK_SESSION_BYTES];
+
+	randombytes_buf(b, sizeof(b));
+	sodium_bin2hex(out, 2 * TRK_SESSION_BYTES + 1, b, sizeof(b));
+}
+
+/* Each node speaks only for itself: on a keyed tracker, a heartbeat, report
+ * or offer for a live node id needs that node's session credential, and a
+ * registration cannot take over a live node id (unless it comes from the
+ * node itself). Returns 0 to go on, else the code answered. */
+static int check_session(struct trk_call *c, const struct route *rt)
+{
+	char idbuf[TRK_ID_MAX + 32];
+	const char *id = NULL, *have;
+	struct trk_node *n;
+	bool reg = rt->fn == trk__handle_nodes;
+
+	if (c->s->auth == NULL || c->json == NULL ||
+	    !(reg || rt->fn == trk__handle_heartbeat ||
+	      rt->fn == trk__handle_node_state || rt->fn == trk__handle_offers))
+		return 0;
+	if (reg) {
+		json_t *rep = json_object_get(c->json, "replica");
+		json_t *rank = json_object_get(c->json, "rank");
+
+		if (!json_is_string(rep) || !json_is_integer(rank))
+			return 0; /* the handler answers 400 */
+		snprintf(idbuf, sizeof(idbuf), "%s/%lld", json_string_value(rep),
+			 (long long)json_integer_value(rank));
+		id = idbuf;
+	} else {
+		id = json_string_value(json_object_get(c->json, "id"));
+	}
+	if (id == NULL)
+		return 0;
+	n = trk__node_find(c->s->reg, id);
+	if (n == NULL || !n->alive)
+		return 0; /* unknown or gone: the handler decides (404 / new) */
+	have = evhttp_find_header(evhttp_request_get_input_headers(c->req),
+				  TRK_SESSION_HEADER);
+	if (have != NULL && strlen(have) == strlen(n->session) &&
+	    sodium_memcmp(have, n->session, strlen(n->session)) == 0)
+		return 0;
+	if (reg) {
+		trk__fail(c, 409, "node %s is live: a second registration cannot "
+			  "take it over (wait for its lease to end)", id);
+		return 409;
+	}
+	c->s->auth_refused++;
+	trk__fail(c, 403, "node %s: wrong or missing %s: a node speaks only "
+		  "for itself", id, TRK_SESSION_HEADER);
+	return 403;
+}
+
 static void dispatch(struct evhttp_request *req, void *arg)
 {
 	struct trk_server *s = arg;
@@ -514,6 +571,8 @@ static void dispatch(struct evhttp_request *req, void *arg)
 		}
 	}
 	trk__registry_sweep(s->reg);
+	if (check_session(c, rt) != 0)
+		goto out;
 	rt->fn(c);
 	if (!c->answered)
 		trk__fail(c, 500, "internal error: no answer");

@@ -92,6 +92,9 @@ int trk__set(json_t *o, const char *key, json_t *v);
 /* A JSON integer for a u64 (values above INT64_MAX are clamped). */
 json_t *trk__jint(uint64_t v);
 
+/* A fresh random session credential (hex) into out. Cannot fail. */
+void trk__session_new(char out[2 * TRK_SESSION_BYTES + 1]);
+
 /* The reason phrase of an HTTP status code. Cannot fail. */
 const char *trk__reason(int code);
 
@@ -277,6 +280,9 @@ struct trk_node {
 	int last; /* index of the last report in vers, -1 none */
 	char error[TRK__ERROR_MAX + 1];
 	struct trk_offers offers;
+	/* Handed to the node at registration; its heartbeats, reports and
+	 * offers carry it (X-Tessera-Session) when the tracker is keyed. */
+	char session[2 * TRK_SESSION_BYTES + 1];
 };
 
 struct trk_replica {

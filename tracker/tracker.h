@@ -47,6 +47,8 @@
 #define TRK_REPLICA_MAX 64        /* longest replica name, bytes */
 #define TRK_AUTH_MAC_BYTES 32     /* crypto_auth_BYTES */
 #define TRK_EPOCH_BYTES 8         /* a tracker instance's random epoch */
+#define TRK_SESSION_BYTES 32      /* a node's session credential */
+#define TRK_SESSION_HEADER "X-Tessera-Session"
 #define TRK_EPOCH_HEADER "X-Tessera-Epoch" /* on every answer, when keyed */
 
 /* ---- server --------------------------------------------------------------- */
