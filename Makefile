@@ -161,9 +161,11 @@ FUZZ_FLAGS := -std=gnu11 -g -O1 -pthread -D_GNU_SOURCE -I. $(PKG_CFLAGS) \
               -fno-omit-frame-pointer
 FUZZ_SECONDS ?= 60
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
-$(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(wildcard proto/*.c proto/*.h)
+# fuzz_tracker_* targets link the tracker's sources too.
+$(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(wildcard proto/*.c proto/*.h tracker/*.c tracker/*.h)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(call lib_srcs,proto) $(PKG_LIBS) -lm -o $@
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(if $(filter fuzz_tracker_%,$*),$(call lib_srcs,tracker)) \
+		$(call lib_srcs,proto) $(PKG_LIBS) -lm -o $@
 
 run-fuzz: $(FUZZ_BINS)
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_BINS)

@@ -1,6 +1,7 @@
 /* The address vector: peers' raw endpoint addresses to fi_addr_t handles. */
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -44,6 +45,27 @@ static int check_addr(const struct fab_ctx *ctx, const uint8_t *a, size_t len)
 	}
 }
 
+/* Counts one more handle for addr; on failure the count is unchanged. */
+static int ref_handle(struct fab_ctx *ctx, fi_addr_t addr)
+{
+	if (addr >= FAB__AV_MAX)
+		return -ENOSPC;
+	if (addr >= ctx->av_refs_cap) {
+		size_t cap = PROTO_MAX((size_t)addr + 1, ctx->av_refs_cap * 2);
+		struct fab__av_ref *r = realloc(ctx->av_refs, cap * sizeof(*r));
+
+		if (r == NULL)
+			return -ENOMEM;
+		memset(r + ctx->av_refs_cap, 0,
+		       (cap - ctx->av_refs_cap) * sizeof(*r));
+		ctx->av_refs = r;
+		ctx->av_refs_cap = cap;
+	}
+	ctx->av_refs[addr].handles++;
+	ctx->av_refs[addr].inserts++;
+	return 0;
+}
+
 int fab_av_insert(struct fab_ctx *ctx, const void *addr, size_t len,
 		  fi_addr_t *out)
 {
@@ -66,13 +88,34 @@ int fab_av_insert(struct fab_ctx *ctx, const void *addr, size_t len,
 		*out = FI_ADDR_NOTAVAIL;
 		return ret < 0 ? FAB_FI_ERR(ret, "fi_av_insert") : -EINVAL;
 	}
+	ret = ref_handle(ctx, *out);
+	if (ret != 0) {
+		/* Undo this insert only: other handles keep the peer. */
+		fi_av_remove(ctx->av, out, 1, 0);
+		*out = FI_ADDR_NOTAVAIL;
+		return ret;
+	}
 	return 0;
 }
 
 int fab_av_remove(struct fab_ctx *ctx, fi_addr_t addr)
 {
-	fab__fail_parked_peer(ctx, addr);
-	int ret = fi_av_remove(ctx->av, &addr, 1, 0);
+	struct fab__av_ref *r;
+	int first = 0;
 
-	return ret != 0 ? FAB_FI_ERR(ret, "fi_av_remove") : 0;
+	if (addr >= ctx->av_refs_cap || ctx->av_refs[addr].handles == 0)
+		return -ENOENT;
+	r = &ctx->av_refs[addr];
+	if (--r->handles > 0)
+		return 0; /* another handle still uses the peer */
+	/* The last handle: forget the peer and drop its connection. The
+	 * provider takes one fi_av_remove per fi_av_insert. */
+	fab__fail_parked_peer(ctx, addr);
+	for (; r->inserts > 0; r->inserts--) {
+		int ret = fi_av_remove(ctx->av, &addr, 1, 0);
+
+		if (ret != 0 && first == 0)
+			first = FAB_FI_ERR(ret, "fi_av_remove");
+	}
+	return first;
 }

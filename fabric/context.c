@@ -97,6 +97,24 @@ static int open_cq(struct fab_ctx *ctx, bool want_fd)
 	return 0;
 }
 
+/*
+ * libfabric reads its own settings once, at its first call. rxm (tcp and
+ * verbs) keeps a peer's connection when the peer leaves the AV unless
+ * FI_AV_REMOVE_CLEANUP is set, and notices that a connection dropped only
+ * when it next reads its connection events (every 10 ms of progress). A
+ * peer removed after a failed read and inserted again then got the dead
+ * connection back, and the next read failed with -ENOTCONN whenever that
+ * check had not run yet (a loaded machine). fab_av_remove means "forget
+ * this peer", so ask for the cleanup; av.c removes an address only when its
+ * last handle goes, so the cleanup never cuts a connection still in use.
+ */
+static void set_provider_env(void)
+{
+	if (setenv("FI_AV_REMOVE_CLEANUP", "1", 1) != 0)
+		LOG_WARN("fabric: cannot set FI_AV_REMOVE_CLEANUP: %s",
+			 strerror(errno));
+}
+
 int fab_open(const char *provider, const char *node,
 	     const struct fab_opts *opts, struct fab_ctx **out,
 	     struct proto_err *err)
@@ -107,7 +125,10 @@ int fab_open(const char *provider, const char *node,
 	unsigned slots;
 	int ret;
 
+	static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+
 	*out = NULL;
+	pthread_once(&env_once, set_provider_env);
 	if (provider == NULL)
 		provider = FAB_PROVIDER_DEFAULT;
 	if (provider[0] == '\0' || strlen(provider) >= FAB__PROVIDER_MAX)
@@ -126,7 +147,6 @@ int fab_open(const char *provider, const char *node,
 		goto fail;
 	}
 	ctx->wait_fd = -1;
-	ctx->next_key = 1;
 	ctx->write_dc = true;
 
 	ret = fi_getinfo(FAB__API_VERSION, node, NULL, node ? FI_SOURCE : 0,
@@ -218,6 +238,9 @@ int fab_open(const char *provider, const char *node,
 	}
 	/* Regions need the enabled endpoint under FI_MR_ENDPOINT. */
 	ret = fab__slots_init(ctx, slots);
+	if (ret != 0)
+		goto fail_msg;
+	ret = fab__sink_start(ctx, opts ? opts->sink : 0);
 	if (ret != 0)
 		goto fail_msg;
 
@@ -331,6 +354,8 @@ void fab_close(struct fab_ctx *ctx)
 		close_fid(&ctx->fabric->fid, "fi_close(fabric)");
 	ctx->fabric = NULL;
 	fi_freeinfo(ctx->info);
+	free(ctx->av_refs);
+	free(ctx->sink);
 	free(ctx);
 }
 

@@ -50,7 +50,15 @@ static void reap_error(struct fab_ctx *ctx)
 	 * remote side failed it. */
 	if (e.err == FI_ECANCELED && !op->cancel_)
 		status = -EREMOTEIO;
-	if (e.err == FI_ECANCELED && op->cancel_) {
+	/* fab_av_remove closed the peer's connection under it. */
+	if (e.err == FI_ECANCELED && op->cancel_ == FAB__CANCEL_PEER_GONE)
+		status = -ECONNABORTED;
+	if (op->internal_) {
+		/* The sink: strangers' messages, truncated or not, are
+		 * dropped without a line each (they choose how many). */
+		LOG_DEBUG("fabric: sink dropped a message: %s",
+			  fi_strerror(e.err));
+	} else if (e.err == FI_ECANCELED && op->cancel_) {
 		LOG_DEBUG("fabric: %s op %p cancelled", kind_name(op->kind_),
 			  (void *)op);
 	} else {

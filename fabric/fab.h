@@ -76,6 +76,8 @@
 #define FAB_ADDR_MAX 256
 /* Size of a packed fab_rkey. */
 #define FAB_RKEY_LEN 24
+/* Sink receives for a context that takes no messages (fab_opts.sink). */
+#define FAB_SINK_DEFAULT 16
 /* The default provider. */
 #define FAB_PROVIDER_DEFAULT "tcp;ofi_rxm"
 
@@ -127,6 +129,7 @@ struct fab_op {
 	uint8_t kind_;
 	uint8_t state_;
 	uint8_t cancel_;   /* fab_cancel asked */
+	uint8_t internal_; /* fabric/'s own (the sink): not in fab_inflight */
 };
 
 /* What a peer needs to read (or write) a registered region. addr is what the
@@ -146,6 +149,7 @@ struct fab_stats {
 	uint64_t msgs_sent, msgs_recv;
 	uint64_t bytes_sent, bytes_recv;
 	uint64_t errors;        /* ops that completed with an error */
+	uint64_t msgs_dropped;  /* unsolicited messages the sink took */
 };
 
 /* fab_open flags */
@@ -155,6 +159,12 @@ struct fab_opts {
 	unsigned flags;     /* FAB_F_* */
 	unsigned msg_slots; /* control-message buffers (sends + posted receives);
 	                     * 0: 64 */
+	/* For a context that takes no messages (node, publisher): receives
+	 * kept posted that take every tagged message and drop it, so what
+	 * strangers send cannot pile up in the provider (rxm keeps unexpected
+	 * messages without bound). 0: none. At most msg_slots / 2. Such a
+	 * context refuses fab_trecv (-EBUSY). */
+	unsigned sink;
 };
 
 /*
@@ -214,9 +224,13 @@ void fab_stats(const struct fab_ctx *ctx, struct fab_stats *out);
  */
 int fab_av_insert(struct fab_ctx *ctx, const void *addr, size_t len,
 		  fi_addr_t *out);
-/* Forgets a peer. Ops parked for it (never accepted by the provider) fail
- * with -ECONNABORTED at the next fab_poll; ops the provider accepted are not
- * cancelled. */
+/* Gives back one handle. Inserting the same address twice gives two
+ * handles to one peer (and one connection); when the last handle goes, the
+ * peer is forgotten: its connection is closed (a later insert connects
+ * afresh, never reusing one the provider has not yet seen die), ops parked
+ * for it fail with -ECONNABORTED at the next fab_poll, and ops in flight to
+ * it complete with -ECONNABORTED (or their result, if it came first).
+ * -ENOENT for a handle that is not held. */
 int fab_av_remove(struct fab_ctx *ctx, fi_addr_t addr);
 
 /* Access a region is registered for (any combination). */

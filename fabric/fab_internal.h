@@ -41,6 +41,14 @@ struct fab_mr {
 	struct fab_mr *prev, *next; /* ctx->mrs */
 };
 
+/* Largest fi_addr av.c tracks (FI_AV_TABLE hands out small indexes). */
+#define FAB__AV_MAX (1u << 24)
+
+struct fab__av_ref {
+	uint32_t handles; /* fab_av_insert calls not yet removed */
+	uint32_t inserts; /* fi_av_insert calls the provider still counts */
+};
+
 struct fab_ctx {
 	struct fi_info *info;
 	struct fid_fabric *fabric;
@@ -50,12 +58,18 @@ struct fab_ctx {
 	struct fid_ep *ep;
 	int wait_fd;       /* -1: none */
 	uint64_t mr_mode;  /* as returned by the provider */
-	uint64_t next_key; /* our keys when !FI_MR_PROV_KEY */
 	size_t max_rma;
 	bool write_dc;     /* fab_write asks FI_DELIVERY_COMPLETE */
 	bool closing;
 	uint8_t name[FAB_ADDR_MAX];
 	size_t namelen;
+
+	/* Handles per fi_addr (av.c): the provider hands one fi_addr to
+	 * every insert of an address, and removing it drops the peer's one
+	 * connection, so it is removed only when the last handle goes.
+	 * Indexed by fi_addr (FI_AV_TABLE: small integers); grows. */
+	struct fab__av_ref *av_refs;
+	size_t av_refs_cap;
 
 	/* ops handed to the provider (doubly linked); ops parked on
 	 * -FI_EAGAIN and ops reaped awaiting their callback (FIFOs via
@@ -73,6 +87,10 @@ struct fab_ctx {
 	struct fab_mr *slab_mr;
 	int *free_slots;
 	unsigned nslots, nfree;
+
+	/* the sink (msg.c): nsink receives that drop what they take */
+	struct fab_op *sink;
+	unsigned nsink;
 
 	struct fab_stats stats;
 	struct fab_ctx *abandoned_next; /* closed with transfers pending */
@@ -99,8 +117,13 @@ void fab__op_prepare(struct fab_ctx *ctx, struct fab_op *op, int kind,
 int fab__submit(struct fab_ctx *ctx, struct fab_op *op);
 /* Issues parked ops, in order per peer; fails those refused too long. */
 void fab__retry_parked(struct fab_ctx *ctx);
-/* Fails every parked op to peer with -ECONNABORTED (run by the next poll). */
+/* Fails every parked op to peer with -ECONNABORTED (run by the next poll)
+ * and marks its posted ops so that their cancellation by the provider
+ * (the connection is being closed) reads -ECONNABORTED too. */
 void fab__fail_parked_peer(struct fab_ctx *ctx, fi_addr_t peer);
+/* op->cancel_ values: the caller cancelled it / its peer was removed. */
+#define FAB__CANCEL_ASKED 1
+#define FAB__CANCEL_PEER_GONE 2
 /* Moves a posted or parked op to the reaped list with its result. */
 void fab__op_reap(struct fab_ctx *ctx, struct fab_op *op, int status,
 		  size_t len, uint64_t tag);
@@ -116,6 +139,10 @@ bool fab__unpark(struct fab_ctx *ctx, struct fab_op *op);
 void fab__slot_release(struct fab_ctx *ctx, int slot);
 int fab__slots_init(struct fab_ctx *ctx, unsigned n);
 void fab__slots_fini(struct fab_ctx *ctx);
+/* Posts n sink receives (fab_opts.sink); 0 or a negative errno, nothing
+ * left posted on failure... except those already posted, which fab_close
+ * cancels. */
+int fab__sink_start(struct fab_ctx *ctx, unsigned n);
 
 /* Regions (mr.c). _private ones are fabric/'s own (the message slab): not
  * on ctx's list, access given in libfabric bits. close_all is for

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "fabric/fab_internal.h"
 #include "proto/log.h"
@@ -21,6 +22,27 @@ static uint64_t fi_access(unsigned access)
 	return a;
 }
 
+/* A random key of the provider's key size (at most 64 bits; never 0), or
+ * -EIO when the system has no randomness to give. */
+static int random_key(const struct fab_ctx *ctx, uint64_t *out)
+{
+	size_t bytes = ctx->info->domain_attr->mr_key_size;
+	uint64_t k = 0;
+
+	while (k == 0) {
+		ssize_t n = getrandom(&k, sizeof(k), 0);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n != (ssize_t)sizeof(k))
+			return -EIO;
+		if (bytes > 0 && bytes < sizeof(k))
+			k &= (1ull << (8 * bytes)) - 1;
+	}
+	*out = k;
+	return 0;
+}
+
 /* Registers without putting the region on ctx's list. */
 int fab__mr_reg_private(struct fab_ctx *ctx, void *buf, size_t len,
 			uint64_t access, struct fab_mr **out)
@@ -37,11 +59,21 @@ int fab__mr_reg_private(struct fab_ctx *ctx, void *buf, size_t len,
 	m = calloc(1, sizeof(*m));
 	if (m == NULL)
 		return -ENOMEM;
-	/* Without FI_MR_PROV_KEY the keys are ours and unique per domain. */
-	if (!(ctx->mr_mode & FI_MR_PROV_KEY))
-		want_key = ctx->next_key++;
-	ret = fi_mr_reg(ctx->domain, buf, len, access, 0, want_key, 0, &m->mr,
-			NULL);
+	/* Without FI_MR_PROV_KEY the keys are ours: random, so that a key
+	 * cannot be guessed (a region is readable by whoever knows its key),
+	 * and drawn again in the unlikely case the provider has it already. */
+	for (int tries = 0;; tries++) {
+		if (!(ctx->mr_mode & FI_MR_PROV_KEY) &&
+		    (ret = random_key(ctx, &want_key)) != 0) {
+			m->mr = NULL;
+			goto fail;
+		}
+		ret = fi_mr_reg(ctx->domain, buf, len, access, 0, want_key, 0,
+				&m->mr, NULL);
+		if (ret != -FI_ENOKEY || (ctx->mr_mode & FI_MR_PROV_KEY) ||
+		    tries == 8)
+			break;
+	}
 	if (ret != 0) {
 		m->mr = NULL;
 		ret = FAB_FI_ERR(ret, "fi_mr_reg");

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "fabric/fab_internal.h"
+#include "proto/log.h"
 
 int fab__slots_init(struct fab_ctx *ctx, unsigned n)
 {
@@ -15,10 +16,17 @@ int fab__slots_init(struct fab_ctx *ctx, unsigned n)
 		ret = -ENOMEM;
 		goto fail;
 	}
-	ret = fab__mr_reg_private(ctx, ctx->slab, (size_t)n * FAB_MSG_MAX,
-				  FI_SEND | FI_RECV, &ctx->slab_mr);
-	if (ret != 0)
-		goto fail;
+	/* Registered only where the provider needs local buffers registered
+	 * (FI_MR_LOCAL): rxm gives FI_SEND regions remote read access (its
+	 * read rendezvous), and message buffers are nothing a peer should
+	 * read. Else the slab has no key at all. */
+	if (ctx->mr_mode & FI_MR_LOCAL) {
+		ret = fab__mr_reg_private(ctx, ctx->slab,
+					  (size_t)n * FAB_MSG_MAX,
+					  FI_SEND | FI_RECV, &ctx->slab_mr);
+		if (ret != 0)
+			goto fail;
+	}
 	for (unsigned i = 0; i < n; i++)
 		ctx->free_slots[i] = (int)(n - 1 - i);
 	ctx->nslots = n;
@@ -75,7 +83,7 @@ static int msg_prepare(struct fab_ctx *ctx, struct fab_op *op, int kind,
 	fab__op_prepare(ctx, op, kind, cb);
 	op->slot_ = slot;
 	op->lbuf_ = ctx->slab + (size_t)slot * FAB_MSG_MAX;
-	op->desc_ = ctx->slab_mr->desc;
+	op->desc_ = ctx->slab_mr != NULL ? ctx->slab_mr->desc : NULL;
 	return 0;
 }
 
@@ -110,8 +118,9 @@ int fab_tsend(struct fab_ctx *ctx, struct fab_op *op, fi_addr_t peer,
 	return msg_submit(ctx, op);
 }
 
-int fab_trecv(struct fab_ctx *ctx, struct fab_op *op, uint64_t tag,
-	      uint64_t ignore, void *buf, size_t cap, fab_cb cb)
+static int post_recv(struct fab_ctx *ctx, struct fab_op *op, uint64_t tag,
+		     uint64_t ignore, void *buf, size_t cap, fab_cb cb,
+		     bool internal)
 {
 	int ret;
 
@@ -124,7 +133,48 @@ int fab_trecv(struct fab_ctx *ctx, struct fab_op *op, uint64_t tag,
 	op->ucap_ = cap;
 	op->tag = tag;
 	op->key_ = ignore;
+	op->internal_ = internal;
 	return msg_submit(ctx, op);
+}
+
+int fab_trecv(struct fab_ctx *ctx, struct fab_op *op, uint64_t tag,
+	      uint64_t ignore, void *buf, size_t cap, fab_cb cb)
+{
+	/* The sink takes every tag first: a receive here would never match. */
+	if (ctx->nsink > 0)
+		return -EBUSY;
+	return post_recv(ctx, op, tag, ignore, buf, cap, cb, false);
+}
+
+/* A sink receive took a message (or failed): count it, post it again. */
+static void sink_cb(struct fab_op *op, int status)
+{
+	struct fab_ctx *ctx = op->ctx_;
+
+	if (status == -ECANCELED || ctx->closing)
+		return;
+	ctx->stats.msgs_dropped++;
+	if (post_recv(ctx, op, 0, ~0ull, NULL, 0, sink_cb, true) != 0)
+		LOG_WARN("fabric: a sink receive could not be posted again");
+}
+
+int fab__sink_start(struct fab_ctx *ctx, unsigned n)
+{
+	if (n == 0)
+		return 0;
+	if (n > ctx->nslots / 2)
+		return -EINVAL;
+	ctx->sink = calloc(n, sizeof(*ctx->sink));
+	if (ctx->sink == NULL)
+		return -ENOMEM;
+	ctx->nsink = n;
+	for (unsigned i = 0; i < n; i++) {
+		int ret = post_recv(ctx, &ctx->sink[i], 0, ~0ull, NULL, 0,
+				    sink_cb, true);
+		if (ret != 0)
+			return ret;
+	}
+	return 0;
 }
 
 int fab_cancel(struct fab_ctx *ctx, struct fab_op *op)
@@ -136,7 +186,7 @@ int fab_cancel(struct fab_ctx *ctx, struct fab_op *op)
 		return -EINVAL;
 	if (op->kind_ != FAB_OP_RECV)
 		return -ENOTSUP;
-	op->cancel_ = 1;
+	op->cancel_ = FAB__CANCEL_ASKED;
 	if (op->state_ == FAB__OP_PARKED) {
 		/* Never reached the provider: finish it here. */
 		fab__op_reap(ctx, op, -ECANCELED, 0, 0);

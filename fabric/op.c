@@ -39,6 +39,7 @@ void fab__op_prepare(struct fab_ctx *ctx, struct fab_op *op, int kind,
 	op->kind_ = (uint8_t)kind;
 	op->state_ = FAB__OP_FREE;
 	op->cancel_ = 0;
+	op->internal_ = 0;
 }
 
 static ssize_t write_dc(struct fab_ctx *ctx, struct fab_op *op)
@@ -152,7 +153,8 @@ int fab__submit(struct fab_ctx *ctx, struct fab_op *op)
 	} else {
 		link_posted(ctx, op);
 	}
-	ctx->n_posted++;
+	if (!op->internal_)
+		ctx->n_posted++;
 	return 0;
 }
 
@@ -210,6 +212,9 @@ void fab__fail_parked_peer(struct fab_ctx *ctx, fi_addr_t peer)
 		if (op->kind_ != FAB_OP_RECV && op->peer_ == peer)
 			fail_parked(ctx, op, -ECONNABORTED);
 	}
+	for (op = ctx->posted; op != NULL; op = op->next_)
+		if (op->kind_ != FAB_OP_RECV && op->peer_ == peer)
+			op->cancel_ = FAB__CANCEL_PEER_GONE;
 }
 
 bool fab__unpark(struct fab_ctx *ctx, struct fab_op *op)
@@ -292,7 +297,8 @@ void fab__op_reap(struct fab_ctx *ctx, struct fab_op *op, int status,
 	else
 		ctx->reaped_head = op;
 	ctx->reaped_tail = op;
-	ctx->n_posted--;
+	if (!op->internal_)
+		ctx->n_posted--;
 }
 
 int fab__dispatch(struct fab_ctx *ctx)

@@ -1486,7 +1486,8 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 	sodium_memzero(ckey, sizeof(ckey));
 	if (rc != 0)
 		goto fail;
-	rc = fab_open(o->provider, NULL, NULL, &a->fab, err);
+	rc = fab_open(o->provider, NULL, &(struct fab_opts){.sink = FAB_SINK_DEFAULT},
+		      &a->fab, err); /* a node takes no messages: drop strangers' */
 	if (rc != 0)
 		goto fail;
 	rc = fab_getname(a->fab, addr, sizeof(addr), &alen);

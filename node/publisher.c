@@ -288,7 +288,10 @@ static int open_hosted(struct node_pub *p, const struct node_pub_opts *o, struct
 		struct pub_hosted *h = &p->hosted[i];
 		uint8_t addr[FAB_ADDR_MAX];
 		size_t alen = 0;
-		if ((rc = fab_open(prov, bind, NULL, &h->fab, err)) != 0) {
+		/* A publisher takes no messages: the sink drops strangers'. */
+		if ((rc = fab_open(prov, bind,
+				   &(struct fab_opts){.sink = FAB_SINK_DEFAULT},
+				   &h->fab, err)) != 0) {
 			proto_err_prefix(err, "rank %u", h->rank);
 			return rc;
 		}

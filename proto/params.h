@@ -64,7 +64,14 @@
 	/* A node that has waited this long (for the tracker, a first version, \
 	 * the rest of its replica) says so at the default log level, then at \
 	 * most once per this period while the wait lasts. */ \
-	X(WAIT_NOTICE_MS, "TESSERA_WAIT_NOTICE_MS", 10000, "say what a node waits for after, ms")
+	X(WAIT_NOTICE_MS, "TESSERA_WAIT_NOTICE_MS", 10000, "say what a node waits for after, ms") \
+	/* Connections the tracker holds at once (lowered to its descriptor \
+	 * limit); beyond it, the address holding the most loses its oldest \
+	 * idle one. */ \
+	X(TRACKER_CONNS, "TESSERA_TRACKER_CONNS", 4096, "tracker connection cap") \
+	/* Time a client gets to send a request's whole head (request line \
+	 * and headers) to the tracker, from its first byte. */ \
+	X(HEADER_MS, "TESSERA_HEADER_MS", 10000, "tracker deadline for a request head, ms")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

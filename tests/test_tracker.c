@@ -13,6 +13,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <regex.h>
 #include <signal.h>
@@ -332,12 +333,35 @@ static int raw(struct fx *f, const char *method, const char *uri, const char *he
 	return code;
 }
 
+/* The tracker's epoch, from the header of an answer. */
+static void fetch_epoch(struct fx *f, char *out, size_t cap)
+{
+	int fd = tcp_connect(f->srv.url);
+	static const char req[] = "GET " TRK_API "/status HTTP/1.1\r\nHost: x\r\n"
+				  "Connection: close\r\n\r\n";
+	char resp[8192];
+	size_t got = 0;
+	ssize_t k;
+	const char *e;
+
+	write_all(fd, req, sizeof(req) - 1);
+	while (got + 1 < sizeof(resp) && (k = read(fd, resp + got, sizeof(resp) - 1 - got)) > 0)
+		got += (size_t)k;
+	close(fd);
+	resp[got] = 0;
+	e = strstr(resp, TRK_EPOCH_HEADER ": ");
+	assert_non_null(e);
+	e += strlen(TRK_EPOCH_HEADER ": ");
+	snprintf(out, cap, "%.*s", (int)strcspn(e, "\r\n"), e);
+}
+
 static int raw_signed(struct fx *f, const char *uri, const uint8_t *key, uint64_t ts,
 		      const char *body, json_t **json)
 {
-	char auth[256], hdr[320];
+	char auth[256], hdr[320], ep[64];
 
-	assert_int_equal(trk_auth_header(key, "POST", uri, ts, (const uint8_t *)body,
+	fetch_epoch(f, ep, sizeof(ep));
+	assert_int_equal(trk_auth_header(key, "POST", uri, ts, ep, (const uint8_t *)body,
 					 strlen(body), auth, sizeof(auth)),
 			 0);
 	snprintf(hdr, sizeof(hdr), "Authorization: %s\r\n", auth);
@@ -575,8 +599,9 @@ static void test_auth(void **state)
 	json_decref(j);
 	assert_int_equal(raw_signed(f, uri, f->srv.ckey, now + 1000, body, NULL), 401);
 	{
-		char auth[256], hdr[320];
-		trk_auth_header(f->srv.ckey, "POST", TRK_API "/nodes", now,
+		char auth[256], hdr[320], ep[64];
+		fetch_epoch(f, ep, sizeof(ep));
+		trk_auth_header(f->srv.ckey, "POST", TRK_API "/nodes", now, ep,
 				(const uint8_t *)body, strlen(body), auth, sizeof(auth));
 		snprintf(hdr, sizeof(hdr), "Authorization: %s\r\n", auth);
 		assert_int_equal(raw(f, "POST", uri, hdr, body, strlen(body), NULL), 401);
@@ -2385,6 +2410,404 @@ static void test_binary(void **state)
 			 1);
 }
 
+/* Sources hand out fabric addresses and memory keys: with a cluster key,
+ * only signed reads get them, and the status outputs show no keys. */
+static void test_sources_members_only(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	char ob[1200], path[300], *key;
+	const char *outputs[] = {"/", TRK_API "/status", "/metrics"};
+	json_t *j = NULL;
+
+	populate(f);
+	report_ok(f, "A/1", 1, "verified");
+	offer_body(ob, sizeof(ob), "A/1", 1, HEX(f->tp2.digest), 0, 1, 101);
+	/* A key no other number in the outputs would match. */
+	key = subst(ob, (const char *[]){"\"key\":\"2\"", "\"key\":\"9876543210987654321\""}, 2);
+	assert_int_equal(post(f, TRK_API "/offers", key, &r), 200);
+	trk_reply_fini(&r);
+	free(key);
+	snprintf(path, sizeof(path), TRK_API "/sources?version=1&layout=%s&src_rank=0&dst_rank=1",
+		 HEX(f->tp2.digest));
+	/* The client signs it: the peer and its key. */
+	assert_int_equal(get(f, path, &r), 200);
+	assert_non_null(strstr((const char *)r.body, "9876543210987654321"));
+	trk_reply_fini(&r);
+	/* A stranger's read is refused. */
+	assert_int_equal(raw(f, "GET", path, NULL, "", 0, &j), 401);
+	assert_non_null(json_object_get(j, "error"));
+	json_decref(j);
+	/* No output anyone may read carries it. */
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(outputs); i++) {
+		assert_int_equal(raw(f, "GET", outputs[i], NULL, "", 0, NULL), 200);
+		assert_int_equal(get(f, outputs[i], &r), 200);
+		assert_null(strstr((const char *)r.body, "9876543210987654321"));
+		trk_reply_fini(&r);
+	}
+}
+
+/* A signed request captured before a restart is refused after it: the
+ * signature covers the instance's epoch. A client learns the new epoch from
+ * the refusal and signs again. */
+static void test_replay_after_restart(void **state)
+{
+	struct fx *f = *state;
+	char *body = publisher_body(MODEL, TRAINER, RANKS01), *before, *after;
+	const char *uri = TRK_API "/publishers?n=7";
+	char auth[256], hdr[320], ep1[64], ep2[64];
+	uint64_t now = (uint64_t)time(NULL);
+	struct trk_reply r;
+	json_t *j = NULL;
+
+	fetch_epoch(f, ep1, sizeof(ep1));
+	assert_int_equal(trk_auth_header(f->srv.ckey, "POST", uri, now, ep1,
+					 (const uint8_t *)body, strlen(body), auth,
+					 sizeof(auth)), 0);
+	snprintf(hdr, sizeof(hdr), "Authorization: %s\r\n", auth);
+	assert_int_equal(raw(f, "POST", uri, hdr, body, strlen(body), &j), 200);
+	json_decref(j);
+
+	/* Restart on the same state and key; replay within the ts window. */
+	srv_stop(&f->srv);
+	assert_int_equal(srv_start(&f->srv), 0);
+	/* A new port: a new client, which knows no epoch yet. */
+	trk_client_free(f->c);
+	assert_int_equal(trk_client_new(NULL, f->srv.url, f->srv.ckey, &f->c, NULL), 0);
+	fetch_epoch(f, ep2, sizeof(ep2));
+	assert_string_not_equal(ep1, ep2);
+	before = status_snapshot(f);
+	assert_int_equal(raw(f, "POST", uri, hdr, body, strlen(body), &j), 401);
+	assert_non_null(strstr(json_string_value(json_object_get(j, "error")), "epoch"));
+	json_decref(j);
+	after = status_snapshot(f);
+	assert_string_equal(before, after);
+	free(after);
+	free(before);
+
+	/* The client's first signed call is refused for its epoch, signed
+	 * again, and passes. */
+	register_publisher(f);
+	assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"nobody\"}", &r), 404);
+	trk_reply_fini(&r);
+	free(body);
+}
+
+/* Each node speaks only for itself: another cluster member (same key, its
+ * own client) can neither report, heartbeat nor offer for A/1, nor take
+ * over its live id by registering it again. */
+static void test_forged_report(void **state)
+{
+	struct fx *f = *state;
+	struct trk_client *other;
+	struct trk_reply r;
+	char rb[512], ob[1200], *before, *after, *nb;
+
+	populate(f);
+	assert_int_equal(trk_client_new(NULL, f->srv.url, f->srv.ckey, &other, NULL), 0);
+	before = status_snapshot(f);
+	snprintf(rb, sizeof(rb), "{\"id\":\"A/1\",\"version\":2,\"state\":\"verified\"}");
+	assert_int_equal(trk_client_call(other, "POST", TRK_API "/nodes/state", NULL, rb,
+					 strlen(rb), &r), 0);
+	assert_int_equal(r.status, 403);
+	check_error_body(&r);
+	trk_reply_fini(&r);
+	assert_int_equal(trk_client_call(other, "POST", TRK_API "/heartbeat", NULL,
+					 "{\"id\":\"A/1\"}", 12, &r), 0);
+	assert_int_equal(r.status, 403);
+	trk_reply_fini(&r);
+	offer_body(ob, sizeof(ob), "A/1", 1, HEX(f->tp2.digest), 0, 1, 101);
+	assert_int_equal(trk_client_call(other, "POST", TRK_API "/offers", NULL, ob,
+					 strlen(ob), &r), 0);
+	assert_int_equal(r.status, 403);
+	trk_reply_fini(&r);
+	nb = node_body(f, "A", 1, "elsewhere", TP2, NULL);
+	assert_int_equal(trk_client_call(other, "POST", TRK_API "/nodes", NULL, nb,
+					 strlen(nb), &r), 0);
+	assert_int_equal(r.status, 409);
+	trk_reply_fini(&r);
+	free(nb);
+	after = status_snapshot(f);
+	assert_string_equal(before, after);
+	free(after);
+	free(before);
+	/* The node itself still can. */
+	report_ok(f, "A/1", 2, "verified");
+	assert_int_equal(register_node(f, "A", 1, TP2, &r), 200);
+	trk_reply_fini(&r);
+	report_ok(f, "A/1", 2, "active");
+	trk_client_free(other);
+}
+
+/* ---- floods: slow heads, unread bodies, connection floods ------------------------- */
+
+/* A keyed tracker with a small connection cap, a short head deadline and a
+ * short lease, so the guard's limits show within a few seconds. */
+#define GUARD_CONNS 40
+#define GUARD_LEASE_MS 3000
+static int setup_guarded(void **state)
+{
+	int rc;
+
+	setenv("TESSERA_TRACKER_CONNS", "40", 1);
+	setenv("TESSERA_HEADER_MS", "600", 1);
+	setenv("TESSERA_LEASE_MS", "3000", 1);
+	rc = fx_setup(state, true);
+	unsetenv("TESSERA_TRACKER_CONNS");
+	unsetenv("TESSERA_HEADER_MS");
+	unsetenv("TESSERA_LEASE_MS");
+	return rc;
+}
+
+/* A counter from /metrics ("name{labels}" exactly as printed). */
+static uint64_t metric_value(struct fx *f, const char *name)
+{
+	struct trk_reply r;
+	char key[200];
+	const char *at;
+	uint64_t v = 0;
+
+	assert_int_equal(get(f, "/metrics", &r), 200);
+	snprintf(key, sizeof(key), "\n%s ", name);
+	at = strstr((const char *)r.body, key);
+	assert_non_null(at);
+	v = strtoull(at + strlen(key), NULL, 10);
+	trk_reply_fini(&r);
+	return v;
+}
+
+/* True once the tracker has closed fd (end of file or reset); false if it
+ * is still open after ms. Throws away what it reads. */
+static bool closed_within(int fd, unsigned ms)
+{
+	uint64_t end = proto_now_ns() + (uint64_t)ms * 1000000u;
+	char buf[4096];
+
+	while (proto_now_ns() < end) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+
+		if (poll(&p, 1, 50) > 0) {
+			ssize_t n = read(fd, buf, sizeof(buf));
+			if (n <= 0)
+				return true;
+		}
+	}
+	return false;
+}
+
+/* Slowloris: heads that trickle in one byte at a time (each byte would
+ * restart libevent's 60 s idle timeout) are closed at the head deadline. */
+static void test_slow_heads(void **state)
+{
+	struct fx *f = *state;
+	enum { N = 6 };
+	int fds[N];
+	bool gone[N] = {false};
+	size_t left = N;
+	uint64_t end = proto_now_ns() + 20000ull * 1000000u;
+	json_t *j;
+
+	for (int i = 0; i < N; i++) {
+		fds[i] = tcp_connect(f->srv.url);
+		write_all(fds[i], "GET " TRK_API "/status HTTP/1.1\r\nHo", 32);
+	}
+	/* One byte per connection every 100 ms until each is closed; bounded
+	 * well below the idle timeout, so only the deadline can close them. */
+	while (left > 0 && proto_now_ns() < end) {
+		for (int i = 0; i < N; i++) {
+			if (gone[i])
+				continue;
+			if (send(fds[i], "x", 1, MSG_NOSIGNAL) != 1 ||
+			    closed_within(fds[i], 100)) {
+				gone[i] = true;
+				left--;
+			}
+		}
+	}
+	for (int i = 0; i < N; i++)
+		close(fds[i]);
+	assert_int_equal(left, 0);
+	assert_true(metric_value(f, "tessera_tracker_http_closed_total{reason=\"slow_head\"}") >= N);
+	/* A prompt request is served. */
+	assert_int_equal(raw(f, "GET", TRK_API "/status", NULL, "", 0, &j), 200);
+	json_decref(j);
+}
+
+/* A POST declaring a huge body without (or with a forged) signature is
+ * refused from its head: the body is never buffered, and a client that does
+ * not send it all is cut off long before the idle timeout. */
+static void test_unauthenticated_body(void **state)
+{
+	struct fx *f = *state;
+	static const char *auths[] = {
+		"",
+		"Authorization: Tessera ts=@TS@,hdr=0000000000000000000000000000000000000000000000000000000000000000,"
+		"mac=0000000000000000000000000000000000000000000000000000000000000000\r\n",
+	};
+	uint64_t refused0 = metric_value(f, "tessera_tracker_http_closed_total{reason=\"refused_head\"}");
+	uint64_t auth0 = metric_value(f, "tessera_auth_refused_total");
+	char *chunk = calloc(1, 256u << 10), *before, *after;
+	const char *kv[2];
+	char ts[32];
+
+	assert_non_null(chunk);
+	before = status_snapshot(f);
+	snprintf(ts, sizeof(ts), "%llu", (unsigned long long)time(NULL));
+	kv[0] = "@TS@";
+	kv[1] = ts;
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(auths); i++) {
+		char *a = subst(auths[i], kv, 2), head[600];
+		int fd = tcp_connect(f->srv.url), n;
+
+		n = snprintf(head, sizeof(head),
+			     "POST " TRK_API "/versions HTTP/1.1\r\nHost: x\r\n%s"
+			     "Content-Length: 60000000\r\n\r\n", a);
+		assert_true(n > 0 && (size_t)n < sizeof(head));
+		write_all(fd, head, (size_t)n);
+		write_all(fd, chunk, 256u << 10);
+		/* Linger (5 s) plus slack; libevent's own timeout is 60 s. */
+		assert_true(closed_within(fd, 20000));
+		close(fd);
+		free(a);
+	}
+	assert_true(metric_value(f, "tessera_tracker_http_closed_total{reason=\"refused_head\"}") >=
+		    refused0 + PROTO_ARRAY_LEN(auths));
+	assert_true(metric_value(f, "tessera_auth_refused_total") >=
+		    auth0 + PROTO_ARRAY_LEN(auths));
+
+	/* Hostile heads: refused (or closed), never crash, change nothing. */
+	static const struct {
+		const char *head;
+		int want; /* 0: any 4xx, or closed (a body declared and not sent
+			   * gets no answer) */
+	} heads[] = {
+		{"POST " TRK_API "/nodes HTTP/1.1\r\nContent-Length: 12a\r\n\r\n", 0},
+		{"POST " TRK_API "/nodes HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n", 0},
+		{"POST " TRK_API "/nodes HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n", 0},
+		{"POST " TRK_API "/nodes HTTP/1.1\r\nno colon here\r\n\r\n", 0},
+		{"POST " TRK_API "/nodes HTTP/1.1\r\nAuthorization: a\r\nAuthorization: b\r\n\r\n", 0},
+		{"POST " TRK_API "/nodes HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 411},
+		{"POST " TRK_API "/nodes HTTP/1.1\r\nContent-Length: 2000000\r\n\r\n", 0},
+		{"POST\r\n\r\n", 0},
+		{"\r\n\r\n", 0},
+		{"GET " TRK_API "/status HTTP/1.1\r\nContent-Length: 5000000\r\n\r\n", 0},
+	};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(heads); i++) {
+		int fd = tcp_connect(f->srv.url), code = -1;
+		char resp[512] = "";
+		ssize_t n;
+
+		write_all(fd, heads[i].head, strlen(heads[i].head));
+		shutdown(fd, SHUT_WR);
+		n = read(fd, resp, sizeof(resp) - 1);
+		if (n > 0) {
+			resp[n] = 0;
+			sscanf(resp, "HTTP/1.%*d %d", &code);
+		}
+		close(fd);
+		if (heads[i].want != 0 ? code != heads[i].want
+				       : !(code == -1 || (code >= 400 && code < 500)))
+			fail_msg("head %zu: got %d", i, code);
+	}
+	after = status_snapshot(f);
+	assert_string_equal(before, after);
+	free(after);
+	free(before);
+	free(chunk);
+}
+
+/* Opens connections from 127.0.0.2 as fast as it can, holding up to
+ * FLOOD_HOLD (the oldest closed first), until stopped. */
+#define FLOOD_HOLD 300
+struct flood {
+	pthread_t th;
+	int port;
+	atomic_bool stop;
+	long opened;
+};
+
+static void *flood_main(void *arg)
+{
+	struct flood *fl = arg;
+	int held[FLOOD_HOLD];
+	size_t at = 0, n = 0;
+
+	while (!atomic_load(&fl->stop)) {
+		struct sockaddr_in src = {.sin_family = AF_INET};
+		struct sockaddr_in dst = {.sin_family = AF_INET};
+		struct timeval tv = {0, 200000};
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+		if (fd < 0)
+			break;
+		src.sin_addr.s_addr = htonl(0x7f000002); /* 127.0.0.2 */
+		dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		dst.sin_port = htons((uint16_t)fl->port);
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+		if (bind(fd, (struct sockaddr *)&src, sizeof(src)) != 0 ||
+		    connect(fd, (struct sockaddr *)&dst, sizeof(dst)) != 0) {
+			close(fd);
+			continue;
+		}
+		fl->opened++;
+		if (n == FLOOD_HOLD)
+			close(held[at]);
+		else
+			n++;
+		held[at] = fd;
+		at = (at + 1) % FLOOD_HOLD;
+	}
+	for (size_t i = 0; i < n; i++)
+		close(held[i]);
+	return NULL;
+}
+
+/* A flood of idle connections far over the cap: a registered node keeps
+ * heartbeating (every heartbeat answered) and so keeps its lease. */
+static void test_connection_flood(void **state)
+{
+	struct fx *f = *state;
+	struct flood fl = {.port = url_port(f->srv.url)};
+	struct trk_reply r;
+	uint64_t end, over0;
+	int beats = 0;
+
+	populate(f);
+	assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"A/0\"}", &r), 200);
+	trk_reply_fini(&r);
+	over0 = metric_value(f, "tessera_tracker_http_closed_total{reason=\"over_cap\"}");
+	assert_int_equal(pthread_create(&fl.th, NULL, flood_main, &fl), 0);
+	/* Until the flood has gone well past the cap, and for two leases. */
+	end = proto_now_ns() + 2ull * GUARD_LEASE_MS * 1000000u;
+	while (proto_now_ns() < end || fl.opened < 10 * GUARD_CONNS) {
+		if (proto_now_ns() > end + 30000ull * 1000000u)
+			break; /* a machine too slow to flood: checked below */
+		uint64_t t0;
+		int code;
+
+		msleep(GUARD_LEASE_MS / 10);
+		t0 = proto_now_ns();
+		code = post(f, TRK_API "/heartbeat", "{\"id\":\"A/0\"}", &r);
+		if (code != 200)
+			fail_msg("heartbeat %d: %d after %llu ms (%s); flood at %ld", beats,
+				 code, (unsigned long long)((proto_now_ns() - t0) / 1000000u),
+				 r.error, fl.opened);
+		trk_reply_fini(&r);
+		beats++;
+	}
+	atomic_store(&fl.stop, true);
+	pthread_join(fl.th, NULL);
+	fprintf(stderr, "# flood: %ld connections over a cap of %d; %d heartbeats "
+		"all answered\n", fl.opened, GUARD_CONNS, beats);
+	assert_true(fl.opened >= 10 * GUARD_CONNS);
+	assert_true(metric_value(f, "tessera_tracker_http_closed_total{reason=\"over_cap\"}") > over0);
+	/* A/1 sent nothing for longer than its lease: gone; A/0 lives. */
+	assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"A/1\"}", &r), 404);
+	trk_reply_fini(&r);
+	assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"A/0\"}", &r), 200);
+	trk_reply_fini(&r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -2406,6 +2829,15 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_layout_names, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_client, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_binary, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_sources_members_only, setup_keyed,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_replay_after_restart, setup_keyed,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_forged_report, setup_keyed, teardown),
+		cmocka_unit_test_setup_teardown(test_slow_heads, setup_guarded, teardown),
+		cmocka_unit_test_setup_teardown(test_unauthenticated_body, setup_guarded,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_connection_flood, setup_guarded, teardown),
 	};
 
 	if (sodium_init() < 0 || evthread_use_pthreads() != 0)

@@ -26,51 +26,90 @@ struct trk_auth {
 	uint64_t window_s;
 	struct seen *buckets[NBUCKETS];
 	struct seen *head, *tail; /* FIFO, oldest first */
+	char epoch[2 * TRK_EPOCH_BYTES + 1]; /* this instance's, random */
 };
 
-static void mac_state(crypto_auth_hmacsha512256_state *st,
-		      const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
-		      const char *method, const char *uri, uint64_t ts,
-		      const uint8_t *body, size_t len)
+/* Adds METHOD "\n" URI "\n" ts "\n" epoch "\n" to st. */
+static void mac_state_update(crypto_auth_hmacsha512256_state *st,
+			     const char *method, const char *uri, uint64_t ts,
+			     const char *epoch)
 {
 	char tsbuf[32];
 	int n = snprintf(tsbuf, sizeof(tsbuf), "%llu", (unsigned long long)ts);
 
-	crypto_auth_hmacsha512256_init(st, key, PROTO_CLUSTER_KEY_BYTES);
 	crypto_auth_hmacsha512256_update(st, (const uint8_t *)method, strlen(method));
 	crypto_auth_hmacsha512256_update(st, (const uint8_t *)"\n", 1);
 	crypto_auth_hmacsha512256_update(st, (const uint8_t *)uri, strlen(uri));
 	crypto_auth_hmacsha512256_update(st, (const uint8_t *)"\n", 1);
 	crypto_auth_hmacsha512256_update(st, (const uint8_t *)tsbuf, (size_t)n);
 	crypto_auth_hmacsha512256_update(st, (const uint8_t *)"\n", 1);
+	if (epoch != NULL)
+		crypto_auth_hmacsha512256_update(st, (const uint8_t *)epoch,
+						 strlen(epoch));
+	crypto_auth_hmacsha512256_update(st, (const uint8_t *)"\n", 1);
+}
+
+static void mac_state(crypto_auth_hmacsha512256_state *st,
+		      const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
+		      const char *method, const char *uri, uint64_t ts,
+		      const char *epoch, const uint8_t *body, size_t len)
+{
+	crypto_auth_hmacsha512256_init(st, key, PROTO_CLUSTER_KEY_BYTES);
+	mac_state_update(st, method, uri, ts, epoch);
 	if (len > 0)
 		crypto_auth_hmacsha512256_update(st, body, len);
 }
 
 /* crypto_auth is HMAC-SHA-512-256; the streaming form avoids a copy. */
 void trk_auth_mac(const uint8_t key[PROTO_CLUSTER_KEY_BYTES], const char *method,
-		  const char *uri, uint64_t ts, const uint8_t *body, size_t len,
-		  uint8_t mac[TRK_AUTH_MAC_BYTES])
+		  const char *uri, uint64_t ts, const char *epoch,
+		  const uint8_t *body, size_t len, uint8_t mac[TRK_AUTH_MAC_BYTES])
 {
 	crypto_auth_hmacsha512256_state st;
 
-	mac_state(&st, key, method, uri, ts, body, len);
+	mac_state(&st, key, method, uri, ts, epoch, body, len);
+	crypto_auth_hmacsha512256_final(&st, mac);
+	sodium_memzero(&st, sizeof(st));
+}
+
+void trk_auth_head_mac(const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
+		       const char *method, const char *uri, uint64_t ts,
+		       const char *epoch, uint64_t len,
+		       uint8_t mac[TRK_AUTH_MAC_BYTES])
+{
+	crypto_auth_hmacsha512256_state st;
+	char lenbuf[32];
+	int n = snprintf(lenbuf, sizeof(lenbuf), "%llu", (unsigned long long)len);
+
+	/* "head\n" METHOD "\n" URI "\n" ts "\n" epoch "\n" len: the body
+	 * mac's message never starts with a lower-case line. */
+	crypto_auth_hmacsha512256_init(&st, key, PROTO_CLUSTER_KEY_BYTES);
+	crypto_auth_hmacsha512256_update(&st, (const uint8_t *)"head\n", 5);
+	mac_state_update(&st, method, uri, ts, epoch);
+	crypto_auth_hmacsha512256_update(&st, (const uint8_t *)lenbuf, (size_t)n);
 	crypto_auth_hmacsha512256_final(&st, mac);
 	sodium_memzero(&st, sizeof(st));
 }
 
 int trk_auth_header(const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
 		    const char *method, const char *uri, uint64_t ts,
-		    const uint8_t *body, size_t len, char *buf, size_t buflen)
+		    const char *epoch, const uint8_t *body, size_t len,
+		    char *buf, size_t buflen)
 {
-	uint8_t mac[TRK_AUTH_MAC_BYTES];
-	char hex[2 * TRK_AUTH_MAC_BYTES + 1];
+	uint8_t mac[TRK_AUTH_MAC_BYTES], head[TRK_AUTH_MAC_BYTES];
+	char hex[2 * TRK_AUTH_MAC_BYTES + 1], hhex[2 * TRK_AUTH_MAC_BYTES + 1];
 	int n;
 
-	trk_auth_mac(key, method, uri, ts, body, len, mac);
+	if (epoch == NULL)
+		epoch = "";
+	if (strlen(epoch) > 2 * TRK_EPOCH_BYTES)
+		return -EINVAL;
+	trk_auth_mac(key, method, uri, ts, epoch, body, len, mac);
+	trk_auth_head_mac(key, method, uri, ts, epoch, len, head);
 	sodium_bin2hex(hex, sizeof(hex), mac, sizeof(mac));
-	n = snprintf(buf, buflen, "Tessera ts=%llu,mac=%s", (unsigned long long)ts,
-		     hex);
+	sodium_bin2hex(hhex, sizeof(hhex), head, sizeof(head));
+	n = snprintf(buf, buflen, "Tessera ts=%llu,ep=%s,hdr=%s,mac=%s",
+		     (unsigned long long)ts, epoch, hhex, hex);
 	return n < 0 || (size_t)n >= buflen ? -ENOSPC : 0;
 }
 
@@ -84,8 +123,19 @@ int trk__auth_new(const uint8_t key[PROTO_CLUSTER_KEY_BYTES], uint64_t window_s,
 		return -ENOMEM;
 	memcpy(a->key, key, PROTO_CLUSTER_KEY_BYTES);
 	a->window_s = window_s;
+	{
+		uint8_t e[TRK_EPOCH_BYTES];
+
+		randombytes_buf(e, sizeof(e));
+		sodium_bin2hex(a->epoch, sizeof(a->epoch), e, sizeof(e));
+	}
 	*out = a;
 	return 0;
+}
+
+const char *trk__auth_epoch(const struct trk_auth *a)
+{
+	return a != NULL ? a->epoch : NULL;
 }
 
 void trk__auth_free(struct trk_auth *a)
@@ -129,19 +179,19 @@ static bool seen_before(struct trk_auth *a, const uint8_t *mac)
 	return false;
 }
 
-/* Parses `Tessera ts=<digits>,mac=<64 hex>` (fields in any order, optional
- * spaces after commas). */
-static int parse_header(const char *h, uint64_t *ts, uint8_t *mac,
-			struct proto_err *err)
+/* Parses `Tessera ts=<digits>,hdr=<64 hex>,mac=<64 hex>` (fields in any
+ * order, optional spaces after commas). */
+static int parse_header(const char *h, uint64_t *ts, char *epoch,
+			uint8_t *head, uint8_t *mac, struct proto_err *err)
 {
 	static const char scheme[] = "Tessera ";
-	bool have_ts = false, have_mac = false;
+	bool have_ts = false, have_mac = false, have_head = false, have_ep = false;
 	char buf[256];
 	char *p, *save = NULL;
 
 	if (h == NULL)
 		return proto_errf(err, EACCES,
-				  "authorization required (Authorization: Tessera ts=..,mac=..)");
+				  "authorization required (Authorization: Tessera ts=..,ep=..,hdr=..,mac=..)");
 	if (strncmp(h, scheme, sizeof(scheme) - 1) != 0)
 		return proto_errf(err, EACCES, "authorization: want the Tessera scheme");
 	if (strlen(h) >= sizeof(buf))
@@ -160,14 +210,71 @@ static int parse_header(const char *h, uint64_t *ts, uint8_t *mac,
 						  "authorization: mac must be %d hex digits",
 						  2 * TRK_AUTH_MAC_BYTES);
 			have_mac = true;
+		} else if (strncmp(p, "ep=", 3) == 0 && !have_ep) {
+			size_t n = strlen(p + 3);
+
+			if (n > 2 * TRK_EPOCH_BYTES ||
+			    strspn(p + 3, "0123456789abcdef") != n)
+				return proto_errf(err, EACCES,
+						  "authorization: bad ep");
+			memcpy(epoch, p + 3, n + 1);
+			have_ep = true;
+		} else if (strncmp(p, "hdr=", 4) == 0 && !have_head) {
+			if (proto_parse_hex(p + 4, head, TRK_AUTH_MAC_BYTES) != 0)
+				return proto_errf(err, EACCES,
+						  "authorization: hdr must be %d hex digits",
+						  2 * TRK_AUTH_MAC_BYTES);
+			have_head = true;
 		} else {
 			return proto_errf(err, EACCES,
 					  "authorization: unexpected field");
 		}
 	}
-	if (!have_ts || !have_mac)
-		return proto_errf(err, EACCES, "authorization: want ts= and mac=");
+	if (!have_ts || !have_mac || !have_head || !have_ep)
+		return proto_errf(err, EACCES,
+				  "authorization: want ts=, ep=, hdr= and mac=");
 	return 0;
+}
+
+/* The checks that need no body: the header parses, its head mac matches
+ * (method, URI, ts, body length) and ts is fresh. */
+static int check_head(struct trk_auth *a, const char *method, const char *uri,
+		      const char *header, uint64_t len, uint64_t now_s,
+		      uint64_t *ts, uint8_t *mac, struct proto_err *err)
+{
+	uint8_t head[TRK_AUTH_MAC_BYTES], want[TRK_AUTH_MAC_BYTES];
+	char epoch[2 * TRK_EPOCH_BYTES + 1] = "";
+	int rc;
+
+	if ((rc = parse_header(header, ts, epoch, head, mac, err)) != 0)
+		return rc;
+	trk_auth_head_mac(a->key, method, uri, *ts, epoch, len, want);
+	if (sodium_memcmp(head, want, sizeof(head)) != 0)
+		return proto_errf(err, EACCES, "authorization: bad mac");
+	/* Signed for another instance: captured before a restart, or a
+	 * client that has not yet seen this one's epoch. */
+	if (strcmp(epoch, a->epoch) != 0)
+		return proto_errf(err, EACCES,
+				  "authorization: epoch '%s' is not this tracker's "
+				  "(%s, see X-Tessera-Epoch): it restarted",
+				  epoch, a->epoch);
+	if ((*ts > now_s ? *ts - now_s : now_s - *ts) > a->window_s)
+		return proto_errf(err, EACCES,
+				  "authorization: timestamp %llu is more than %llu s from now (%llu)",
+				  (unsigned long long)*ts,
+				  (unsigned long long)a->window_s,
+				  (unsigned long long)now_s);
+	return 0;
+}
+
+int trk__auth_check_head(struct trk_auth *a, const char *method,
+			 const char *uri, const char *header, uint64_t len,
+			 uint64_t now_s, struct proto_err *err)
+{
+	uint8_t mac[TRK_AUTH_MAC_BYTES];
+	uint64_t ts = 0;
+
+	return check_head(a, method, uri, header, len, now_s, &ts, mac, err);
 }
 
 int trk__auth_check(struct trk_auth *a, const char *method, const char *uri,
@@ -179,17 +286,12 @@ int trk__auth_check(struct trk_auth *a, const char *method, const char *uri,
 	struct seen *e;
 	int rc;
 
-	if ((rc = parse_header(header, &ts, mac, err)) != 0)
+	if ((rc = check_head(a, method, uri, header, len, now_s, &ts, mac,
+			     err)) != 0)
 		return rc;
-	trk_auth_mac(a->key, method, uri, ts, body, len, want);
+	trk_auth_mac(a->key, method, uri, ts, a->epoch, body, len, want);
 	if (sodium_memcmp(mac, want, sizeof(mac)) != 0)
 		return proto_errf(err, EACCES, "authorization: bad mac");
-	if ((ts > now_s ? ts - now_s : now_s - ts) > a->window_s)
-		return proto_errf(err, EACCES,
-				  "authorization: timestamp %llu is more than %llu s from now (%llu)",
-				  (unsigned long long)ts,
-				  (unsigned long long)a->window_s,
-				  (unsigned long long)now_s);
 	expire(a, now_s);
 	if (seen_before(a, mac))
 		return proto_errf(err, EACCES, "authorization: replayed request");

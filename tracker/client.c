@@ -18,6 +18,7 @@
 
 #define PATH_MAX_LEN 2048
 #define DEFAULT_TIMEOUT_MS 10000
+#define CLIENT_SESSIONS 64 /* node sessions one client remembers */
 
 struct pending {
 	struct trk_client *c;
@@ -28,6 +29,16 @@ struct pending {
 	struct event *reap; /* frees conn after the callback, from the loop */
 	enum evhttp_request_error error;
 	bool have_error;
+	/* A signed request, kept to sign it again once if the tracker
+	 * answers 401 under another epoch (it restarted, or this client had
+	 * not yet seen its epoch). */
+	bool sign, retried, registers;
+	char epoch_used[2 * TRK_EPOCH_BYTES + 1];
+	char method[8], ctype[64];
+	char *path_query;
+	void *body;
+	size_t len;
+	uint32_t timeout_ms;
 	TAILQ_ENTRY(pending) link;
 };
 
@@ -40,8 +51,45 @@ struct trk_client {
 	bool have_key;
 	uint8_t key[PROTO_CLUSTER_KEY_BYTES];
 	uint32_t timeout_ms;
+	char epoch[2 * TRK_EPOCH_BYTES + 1]; /* the tracker's, last seen */
+	/* Session credentials of the nodes registered through this client,
+	 * sent with their heartbeats, reports and offers. */
+	struct {
+		char id[TRK_ID_MAX];
+		char session[2 * TRK_SESSION_BYTES + 1];
+	} sessions[CLIENT_SESSIONS];
+	size_t nsessions;
 	TAILQ_HEAD(, pending) pending;
 };
+
+/* The session of node id, or NULL. */
+static const char *session_of(const struct trk_client *c, const char *id)
+{
+	for (size_t i = 0; i < c->nsessions; i++)
+		if (strcmp(c->sessions[i].id, id) == 0)
+			return c->sessions[i].session;
+	return NULL;
+}
+
+/* Remembers a registration's answer: {"node_id":..,"session":..}. */
+static void keep_session(struct trk_client *c, json_t *answer)
+{
+	const char *id = json_string_value(json_object_get(answer, "node_id"));
+	const char *ses = json_string_value(json_object_get(answer, "session"));
+	size_t i;
+
+	if (id == NULL || ses == NULL || strlen(id) >= TRK_ID_MAX ||
+	    strlen(ses) != 2 * TRK_SESSION_BYTES)
+		return;
+	for (i = 0; i < c->nsessions && strcmp(c->sessions[i].id, id) != 0; i++)
+		;
+	if (i == CLIENT_SESSIONS)
+		i = CLIENT_SESSIONS - 1; /* full: the last slot turns over */
+	else if (i == c->nsessions)
+		c->nsessions++;
+	snprintf(c->sessions[i].id, sizeof(c->sessions[i].id), "%s", id);
+	snprintf(c->sessions[i].session, sizeof(c->sessions[i].session), "%s", ses);
+}
 
 int trk_client_new(struct event_base *base, const char *url,
 		   const uint8_t *cluster_key, struct trk_client **out,
@@ -115,6 +163,8 @@ void trk_client_free(struct trk_client *c)
 		event_free(p->reap);
 		/* Frees a queued request too, without calling back. */
 		evhttp_connection_free(p->conn);
+		free(p->path_query);
+		free(p->body);
 		free(p);
 	}
 	if (c->own_base)
@@ -163,7 +213,26 @@ static void reap_cb(evutil_socket_t fd, short what, void *arg)
 	TAILQ_REMOVE(&p->c->pending, p, link);
 	event_free(p->reap);
 	evhttp_connection_free(p->conn);
+	free(p->path_query);
+	free(p->body);
 	free(p);
+}
+
+static int start_request(struct trk_client *c, const char *method,
+			 const char *path_query, const char *ctype,
+			 const void *body, size_t len, uint32_t timeout_ms,
+			 trk_client_cb cb, void *arg, bool retried);
+
+/* Keeps the tracker's epoch from an answer's header (hex, bounded). */
+static void learn_epoch(struct trk_client *c, struct evhttp_request *req)
+{
+	const char *e = evhttp_find_header(evhttp_request_get_input_headers(req),
+					   TRK_EPOCH_HEADER);
+	size_t n = e != NULL ? strlen(e) : 0;
+
+	if (n > 0 && n <= 2 * TRK_EPOCH_BYTES &&
+	    strspn(e, "0123456789abcdef") == n)
+		memcpy(c->epoch, e, n + 1);
 }
 
 static void on_done(struct evhttp_request *req, void *arg)
@@ -175,6 +244,16 @@ static void on_done(struct evhttp_request *req, void *arg)
 	static const struct timeval now = {0, 0};
 
 	a.status = req != NULL ? evhttp_request_get_response_code(req) : 0;
+	if (a.status != 0)
+		learn_epoch(p->c, req);
+	/* Signed for an epoch the tracker does not have: sign again, once. */
+	if (a.status == 401 && p->sign && !p->retried &&
+	    strcmp(p->c->epoch, p->epoch_used) != 0 &&
+	    start_request(p->c, p->method, p->path_query, p->ctype, p->body,
+			  p->len, p->timeout_ms, p->cb, p->arg, true) == 0) {
+		evtimer_add(p->reap, &now);
+		return;
+	}
 	if (a.status == 0) {
 		a.status = transport_errno(p);
 		snprintf(msg, sizeof(msg), "tracker %s:%d: %s", p->c->host, p->c->port,
@@ -197,6 +276,8 @@ static void on_done(struct evhttp_request *req, void *arg)
 			json = json_loadb((const char *)a.body, a.len, 0, NULL);
 		}
 		a.json = json;
+		if (a.status == 200 && p->registers)
+			keep_session(p->c, json);
 		if (a.status >= 400) {
 			const char *e = json_string_value(json_object_get(json, "error"));
 			snprintf(msg, sizeof(msg), "HTTP %d: %s", a.status,
@@ -215,7 +296,16 @@ int trk_client_request(struct trk_client *c, const char *method,
 		       const void *body, size_t len, uint32_t timeout_ms,
 		       trk_client_cb cb, void *arg)
 {
-	bool post = strcmp(method, "POST") == 0;
+	return start_request(c, method, path_query, ctype, body, len,
+			     timeout_ms, cb, arg, false);
+}
+
+static int start_request(struct trk_client *c, const char *method,
+			 const char *path_query, const char *ctype,
+			 const void *body, size_t len, uint32_t timeout_ms,
+			 trk_client_cb cb, void *arg, bool retried)
+{
+	bool post = strcmp(method, "POST") == 0, sign;
 	char uri[PATH_MAX_LEN + 64], auth[256], hostport[300];
 	struct pending *p;
 	struct evkeyvalq *h;
@@ -227,7 +317,10 @@ int trk_client_request(struct trk_client *c, const char *method,
 		return -EINVAL;
 	if (path_query[0] != '/' || strlen(path_query) > PATH_MAX_LEN)
 		return -EINVAL;
-	if (post) {
+	/* Reads that hand out memory keys are signed too (tracker.h). */
+	sign = c->have_key && (post || strncmp(path_query, TRK_API "/sources",
+					       strlen(TRK_API "/sources")) == 0);
+	if (sign) {
 		uint8_t nonce[8];
 		char nhex[17];
 		randombytes_buf(nonce, sizeof(nonce));
@@ -245,6 +338,28 @@ int trk_client_request(struct trk_client *c, const char *method,
 	p->c = c;
 	p->cb = cb;
 	p->arg = arg;
+	p->sign = sign;
+	p->retried = retried;
+	p->registers = post && strncmp(path_query, TRK_API "/nodes", strlen(TRK_API "/nodes")) == 0 &&
+		       strchr("?", path_query[strlen(TRK_API "/nodes")]) != NULL;
+	if (sign && !retried) {
+		/* Kept for one retry under a new epoch. */
+		snprintf(p->method, sizeof(p->method), "%s", method);
+		snprintf(p->ctype, sizeof(p->ctype), "%s",
+			 ctype ? ctype : "application/json");
+		p->path_query = strdup(path_query);
+		p->body = len > 0 ? malloc(len) : NULL;
+		p->len = len;
+		p->timeout_ms = timeout_ms;
+		if (p->path_query == NULL || (len > 0 && p->body == NULL)) {
+			free(p->path_query);
+			free(p->body);
+			free(p);
+			return -ENOMEM;
+		}
+		if (len > 0)
+			memcpy(p->body, body, len);
+	}
 	p->reap = evtimer_new(c->base, reap_cb, p);
 	p->conn = evhttp_connection_base_new(c->base, NULL, c->host, (uint16_t)c->port);
 	if (p->conn == NULL || p->reap == NULL) {
@@ -252,6 +367,8 @@ int trk_client_request(struct trk_client *c, const char *method,
 			event_free(p->reap);
 		if (p->conn != NULL)
 			evhttp_connection_free(p->conn);
+		free(p->path_query);
+		free(p->body);
 		free(p);
 		return -ENOMEM;
 	}
@@ -268,17 +385,40 @@ int trk_client_request(struct trk_client *c, const char *method,
 		 c->host, c->port);
 	evhttp_add_header(h, "Host", hostport);
 	evhttp_add_header(h, "Connection", "close");
+	if (post && c->nsessions > 0 && len > 0 && len <= TRK_JSON_MAX) {
+		/* A node's own calls carry its session credential. */
+		json_t *j = json_loadb(body, len, 0, NULL);
+		const char *id = json_string_value(json_object_get(j, "id"));
+		json_t *rep = json_object_get(j, "replica"), *rank = json_object_get(j, "rank");
+		char regid[TRK_ID_MAX + 32];
+		const char *ses;
+
+		if (id == NULL && json_is_string(rep) && json_is_integer(rank)) {
+			/* A registration: the id it would take. */
+			snprintf(regid, sizeof(regid), "%s/%lld", json_string_value(rep),
+				 (long long)json_integer_value(rank));
+			id = regid;
+		}
+		ses = id != NULL ? session_of(c, id) : NULL;
+
+		if (ses != NULL)
+			evhttp_add_header(h, TRK_SESSION_HEADER, ses);
+		json_decref(j);
+	}
 	if (post) {
 		evhttp_add_header(h, "Content-Type", ctype ? ctype : "application/json");
 		if (len > 0 && evbuffer_add(evhttp_request_get_output_buffer(p->req), body,
 					    len) != 0)
 			goto fail_req;
-		if (c->have_key) {
-			if (trk_auth_header(c->key, "POST", uri, (uint64_t)time(NULL), body,
-					    len, auth, sizeof(auth)) != 0)
-				goto fail_req;
-			evhttp_add_header(h, "Authorization", auth);
-		}
+	}
+	if (sign) {
+		snprintf(p->epoch_used, sizeof(p->epoch_used), "%s", c->epoch);
+		if (trk_auth_header(c->key, post ? "POST" : "GET", uri,
+				    (uint64_t)time(NULL), c->epoch,
+				    post ? body : NULL, post ? len : 0, auth,
+				    sizeof(auth)) != 0)
+			goto fail_req;
+		evhttp_add_header(h, "Authorization", auth);
 	}
 	TAILQ_INSERT_TAIL(&c->pending, p, link);
 	if (evhttp_make_request(p->conn, p->req,
@@ -294,6 +434,8 @@ fail_req:
 fail:
 	event_free(p->reap);
 	evhttp_connection_free(p->conn);
+	free(p->path_query);
+	free(p->body);
 	free(p);
 	return -EIO;
 }

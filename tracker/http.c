@@ -4,6 +4,7 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <sodium.h>
 #include <stdarg.h>
@@ -22,16 +23,18 @@
 
 /* ---- answers ---------------------------------------------------------- */
 
-static const char *reason(int code)
+const char *trk__reason(int code)
 {
 	switch (code) {
 	case 200: return "OK";
 	case 201: return "Created";
 	case 400: return "Bad Request";
 	case 401: return "Unauthorized";
+	case 403: return "Forbidden";
 	case 404: return "Not Found";
 	case 405: return "Method Not Allowed";
 	case 409: return "Conflict";
+	case 411: return "Length Required";
 	case 413: return "Payload Too Large";
 	case 503: return "Service Unavailable";
 	default: return code < 400 ? "OK" : "Internal Server Error";
@@ -53,6 +56,8 @@ static void send_buf(struct trk_server *s, struct evhttp_request *req, int code,
 
 	evhttp_add_header(h, "Content-Type", ctype);
 	evhttp_add_header(h, "Cache-Control", "no-store");
+	if (s->auth != NULL)
+		evhttp_add_header(h, TRK_EPOCH_HEADER, trk__auth_epoch(s->auth));
 	if (out != NULL && len > 0 && evbuffer_add(out, buf, len) != 0) {
 		evbuffer_free(out);
 		out = NULL;
@@ -60,7 +65,7 @@ static void send_buf(struct trk_server *s, struct evhttp_request *req, int code,
 	if (out == NULL && len > 0)
 		code = 500;
 	count_answer(s, code);
-	evhttp_send_reply(req, code, reason(code), out);
+	evhttp_send_reply(req, code, trk__reason(code), out);
 	if (out != NULL)
 		evbuffer_free(out);
 }
@@ -346,6 +351,114 @@ static bool route_param(struct trk_call *c)
 	return false;
 }
 
+/* The body cap of a POST to path: its route's, or the JSON cap for paths
+ * that will be answered 404/405 anyway. */
+static size_t post_cap(const char *path)
+{
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(routes); i++)
+		if (routes[i].post && strcmp(routes[i].path, path) == 0)
+			return routes[i].body == BODY_MANIFEST ?
+				       (size_t)proto_param(PROTO_PARAM_MANIFEST_MAX) :
+				       TRK_JSON_MAX;
+	return TRK_JSON_MAX;
+}
+
+int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
+		      char *msg, size_t cap)
+{
+	struct proto_err err = {{0}};
+	char path[sizeof(h->uri)];
+	size_t limit;
+	uint64_t len;
+
+	if (strcmp(h->method, "POST") != 0) {
+		/* Reads take no body: a declared one is refused unread. */
+		if (h->chunked || h->content_length > (int64_t)TRK_JSON_MAX) {
+			snprintf(msg, cap, "a %s body is not read", h->method);
+			return 413;
+		}
+		return 0;
+	}
+	snprintf(path, sizeof(path), "%s", h->uri);
+	path[strcspn(path, "?#")] = 0;
+	limit = post_cap(path);
+	/* Tighter limits before authentication: size first. */
+	if (h->chunked) {
+		snprintf(msg, cap, "a POST needs a Content-Length (no chunked bodies)");
+		return 411;
+	}
+	len = h->content_length < 0 ? 0 : (uint64_t)h->content_length;
+	if (len > limit) {
+		snprintf(msg, cap, "body of %llu bytes is over the %zu allowed",
+			 (unsigned long long)len, limit);
+		return 413;
+	}
+	if (s->auth != NULL &&
+	    trk__auth_check_head(s->auth, "POST", h->uri,
+				 h->has_auth ? h->auth : NULL, len,
+				 proto_wall_ms() / 1000, &err) != 0) {
+		snprintf(msg, cap, "%s", err.msg);
+		return 401;
+	}
+	return 0;
+}
+
+void trk__session_new(char out[2 * TRK_SESSION_BYTES + 1])
+{
+	uint8_t b[TRK_SESSION_BYTES];
+
+	randombytes_buf(b, sizeof(b));
+	sodium_bin2hex(out, 2 * TRK_SESSION_BYTES + 1, b, sizeof(b));
+}
+
+/* Each node speaks only for itself: on a keyed tracker, a heartbeat, report
+ * or offer for a live node id needs that node's session credential, and a
+ * registration cannot take over a live node id (unless it comes from the
+ * node itself). Returns 0 to go on, else the code answered. */
+static int check_session(struct trk_call *c, const struct route *rt)
+{
+	char idbuf[TRK_ID_MAX + 32];
+	const char *id = NULL, *have;
+	struct trk_node *n;
+	bool reg = rt->fn == trk__handle_nodes;
+
+	if (c->s->auth == NULL || c->json == NULL ||
+	    !(reg || rt->fn == trk__handle_heartbeat ||
+	      rt->fn == trk__handle_node_state || rt->fn == trk__handle_offers))
+		return 0;
+	if (reg) {
+		json_t *rep = json_object_get(c->json, "replica");
+		json_t *rank = json_object_get(c->json, "rank");
+
+		if (!json_is_string(rep) || !json_is_integer(rank))
+			return 0; /* the handler answers 400 */
+		snprintf(idbuf, sizeof(idbuf), "%s/%lld", json_string_value(rep),
+			 (long long)json_integer_value(rank));
+		id = idbuf;
+	} else {
+		id = json_string_value(json_object_get(c->json, "id"));
+	}
+	if (id == NULL)
+		return 0;
+	n = trk__node_find(c->s->reg, id);
+	if (n == NULL || !n->alive)
+		return 0; /* unknown or gone: the handler decides (404 / new) */
+	have = evhttp_find_header(evhttp_request_get_input_headers(c->req),
+				  TRK_SESSION_HEADER);
+	if (have != NULL && strlen(have) == strlen(n->session) &&
+	    sodium_memcmp(have, n->session, strlen(n->session)) == 0)
+		return 0;
+	if (reg) {
+		trk__fail(c, 409, "node %s is live: a second registration cannot "
+			  "take it over (wait for its lease to end)", id);
+		return 409;
+	}
+	c->s->auth_refused++;
+	trk__fail(c, 403, "node %s: wrong or missing %s: a node speaks only "
+		  "for itself", id, TRK_SESSION_HEADER);
+	return 403;
+}
+
 static void dispatch(struct evhttp_request *req, void *arg)
 {
 	struct trk_server *s = arg;
@@ -358,8 +471,16 @@ static void dispatch(struct evhttp_request *req, void *arg)
 	bool path_known = false;
 	struct proto_err err = {{0}};
 
+	bool refused;
+
 	TAILQ_INIT(&c->query);
 	c->post = cmd == EVHTTP_REQ_POST;
+	trk__conns_request(s->conns, req, &refused);
+	if (refused) {
+		/* Answered before its body; the connection is closing. */
+		evhttp_send_error(req, 400, NULL);
+		return;
+	}
 	if (uri == NULL || raw_uri == NULL) {
 		trk__fail(c, 400, "malformed request URI");
 		return;
@@ -399,6 +520,17 @@ static void dispatch(struct evhttp_request *req, void *arg)
 		goto out;
 	}
 
+	/* Sources hand out memory keys: members only (tracker.h). */
+	if (!c->post && rt->fn == trk__handle_sources && s->auth != NULL) {
+		const char *h = evhttp_find_header(
+			evhttp_request_get_input_headers(req), "Authorization");
+		if (trk__auth_check(s->auth, "GET", raw_uri, h, NULL, 0,
+				    proto_wall_ms() / 1000, &err) != 0) {
+			s->auth_refused++;
+			trk__fail(c, 401, "%s", err.msg);
+			goto out;
+		}
+	}
 	if (c->post) {
 		struct evbuffer *in = evhttp_request_get_input_buffer(req);
 		size_t cap = rt->body == BODY_MANIFEST ?
@@ -443,12 +575,18 @@ static void dispatch(struct evhttp_request *req, void *arg)
 		}
 	}
 	trk__registry_sweep(s->reg);
+	if (check_session(c, rt) != 0)
+		goto out;
 	rt->fn(c);
 	if (!c->answered)
 		trk__fail(c, 500, "internal error: no answer");
 out:
 	json_decref(c->json);
 	evhttp_clear_headers(&c->query);
+	/* A big body's buffers went back to malloc: give them to the system
+	 * too, so one large request does not pin the tracker's memory. */
+	if (c->len > (1u << 20))
+		malloc_trim(0);
 }
 
 /* ---- listener ---------------------------------------------------------- */
@@ -538,7 +676,9 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 		goto fail;
 	}
 	/* evhttp buffers a body before calling us; this caps it at the largest
-	 * body any route takes (a manifest), routes then apply their own cap. */
+	 * body any route takes (a manifest). The connection guard (conns.c)
+	 * judges each head first: route caps and the head mac are checked
+	 * before a byte of body is kept. */
 	evhttp_set_max_body_size(s->http,
 				 (ev_ssize_t)proto_param(PROTO_PARAM_MANIFEST_MAX));
 	evhttp_set_max_headers_size(s->http, MAX_HEADERS_SIZE);
@@ -554,6 +694,10 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 	if (s->sock == NULL) {
 		rc = proto_errf(err, EADDRNOTAVAIL, "cannot listen on %s: %s",
 				o->listen, strerror(errno));
+		goto fail;
+	}
+	if ((rc = trk__conns_new(s, &s->conns)) != 0) {
+		rc = proto_errf(err, -rc, "out of memory");
 		goto fail;
 	}
 	if (bound_port(evhttp_bound_socket_get_fd(s->sock), &port) != 0) {
@@ -596,6 +740,7 @@ void trk_server_free(struct trk_server *s)
 		trk__versions_drop_waiters(s->vs);
 	if (s->http != NULL)
 		evhttp_free(s->http);
+	trk__conns_free(s->conns);
 	trk__registry_free(s->reg);
 	trk__versions_free(s->vs);
 	trk__auth_free(s->auth);

@@ -31,6 +31,7 @@ struct trk_server {
 	/* Counters for /metrics. */
 	uint64_t answers[6]; /* by status class: [2] = 2xx, ... */
 	uint64_t auth_refused;
+	struct trk_conns *conns; /* the connection guard (conns.c) */
 };
 
 /* One request being handled: the parsed URI and body. */
@@ -94,16 +95,79 @@ int trk__set(json_t *o, const char *key, json_t *v);
 /* A JSON integer for a u64 (values above INT64_MAX are clamped). */
 json_t *trk__jint(uint64_t v);
 
+/* A fresh random session credential (hex) into out. Cannot fail. */
+void trk__session_new(char out[2 * TRK_SESSION_BYTES + 1]);
+
+/* The reason phrase of an HTTP status code. Cannot fail. */
+const char *trk__reason(int code);
+
+/* ---- head.c: a request's head, from raw bytes ---- */
+
+struct trk_head {
+	char method[16];
+	char uri[2100];       /* as on the request line */
+	int64_t content_length; /* -1: none */
+	bool chunked;         /* a Transfer-Encoding header */
+	bool has_auth;
+	char auth[300];       /* the Authorization value (truncated past 299) */
+};
+
+/* True when buf (a head received so far) ends with its empty line. */
+bool trk__head_complete(const uint8_t *buf, size_t len);
+/* Parses a complete head (hostile bytes). 1: parsed into *out; 0: no empty
+ * line yet; -1: malformed (evhttp will answer it). */
+int trk__head_parse(const uint8_t *buf, size_t len, struct trk_head *out);
+/* http.c: what the tracker answers a head before reading its body: 0 to
+ * read on, or an HTTP code (401, 411, 413) with a one-line reason in msg.
+ * Uses the routes' body caps and trk__auth_check_head. */
+int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
+		      char *msg, size_t cap);
+
+/* ---- conns.c: the connection guard ---- */
+
+struct trk_conns;
+struct trk_conns_stats {
+	size_t open, cap;
+	uint64_t accepted, evicted, slow, refused_heads;
+	uint64_t accept_errors;
+};
+
+/* Starts guarding s->http's connections (s->sock bound): a cap of
+ * TESSERA_TRACKER_CONNS (and the descriptor limit), heads due within
+ * TESSERA_HEADER_MS, heads judged by trk__head_verdict before the body.
+ * -ENOMEM with nothing changed. Free with trk__conns_free after
+ * evhttp_free. */
+int trk__conns_new(struct trk_server *s, struct trk_conns **out);
+void trk__conns_free(struct trk_conns *g);
+/* Called as a request reaches the tracker: *refused when its head was
+ * already answered (the request must then be dropped). g may be NULL. */
+void trk__conns_request(struct trk_conns *g, struct evhttp_request *req,
+			bool *refused);
+/* Counters for /metrics; g may be NULL (all zero). */
+void trk__conns_stats(const struct trk_conns *g, struct trk_conns_stats *out);
+/* Appends the guard's counters to a /metrics answer. */
+struct evbuffer;
+void trk__conns_metrics(const struct trk_server *s, struct evbuffer *b);
+
 /* ---- auth.c ---- */
 
 int trk__auth_new(const uint8_t key[PROTO_CLUSTER_KEY_BYTES], uint64_t window_s,
 		  struct trk_auth **out);
 void trk__auth_free(struct trk_auth *a);
+/* This instance's epoch (hex; NULL when a is NULL). Borrowed. */
+const char *trk__auth_epoch(const struct trk_auth *a);
 /* 0 when header is a valid, fresh, unreplayed signature of the request (the
  * mac is then remembered); -EACCES with a one-line reason else. */
 int trk__auth_check(struct trk_auth *a, const char *method, const char *uri,
 		    const char *header, const uint8_t *body, size_t len,
 		    uint64_t now_s, struct proto_err *err);
+/* The part of trk__auth_check that needs no body (the header's hdr= mac over
+ * method, URI, ts and the declared body length, and the ts window): run
+ * before a body is read, so strangers cannot make the tracker buffer one.
+ * 0, or -EACCES with a one-line reason. Remembers nothing. */
+int trk__auth_check_head(struct trk_auth *a, const char *method,
+			 const char *uri, const char *header, uint64_t len,
+			 uint64_t now_s, struct proto_err *err);
 
 /* ---- versions.c: the durable log ---- */
 
@@ -224,6 +288,9 @@ struct trk_node {
 	int last; /* index of the last report in vers, -1 none */
 	char error[TRK__ERROR_MAX + 1];
 	struct trk_offers offers;
+	/* Handed to the node at registration; its heartbeats, reports and
+	 * offers carry it (X-Tessera-Session) when the tracker is keyed. */
+	char session[2 * TRK_SESSION_BYTES + 1];
 };
 
 struct trk_replica {

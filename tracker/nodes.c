@@ -164,6 +164,7 @@ void trk__handle_nodes(struct trk_call *c)
 	n->alive = true;
 	n->last = -1;
 	n->registered_ms = proto_wall_ms();
+	trk__session_new(n->session);
 	n->expires_ns = proto_now_ns() + trk__registry_lease_ns(r);
 	if (rep == NULL) {
 		rep = new_rep;
@@ -194,10 +195,11 @@ void trk__handle_nodes(struct trk_call *c)
 	n->rep = rep;
 	trk__replica_update_target(c->s, rep);
 	LOG_INFO("node %s registered (%s, %s)", n->id, host, provider);
-	trk__reply_json(c, 200, json_pack("{s:s,s:I,s:o}", "node_id", n->id,
+	trk__reply_json(c, 200, json_pack("{s:s,s:I,s:o,s:s}", "node_id", n->id,
 					  "lease_ms", (json_int_t)r->s->lease_ms,
 					  "layout_digest",
-					  trk__json_hex(sl->digest, PROTO_HASH_BYTES)));
+					  trk__json_hex(sl->digest, PROTO_HASH_BYTES),
+					  "session", n->session));
 	n = NULL;
 	goto out;
 oom:

@@ -505,6 +505,7 @@ void trk__handle_metrics(struct trk_call *c)
 	       "Replica activations since start.", k.activations);
 	metric(b, "tessera_tracker_auth_refused_requests_total", "counter",
 	       "POSTs refused by authentication.", s->auth_refused);
+	trk__conns_metrics(s, b);
 	evbuffer_add_printf(b, "# HELP tessera_tracker_http_responses_total Answers by status class.\n"
 			       "# TYPE tessera_tracker_http_responses_total counter\n");
 	for (int i = 1; i <= 5; i++)

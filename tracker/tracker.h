@@ -20,9 +20,14 @@
  * it is the latest or the target of a live replica.
  *
  * Mutating calls (POST) are signed with the cluster key: the header
- * `Authorization: Tessera ts=<unix s>,mac=<hex>` carries
- * crypto_auth(key, METHOD "\n" URI "\n" ts "\n" body); stale timestamps and
- * replayed macs are refused. Reads are open.
+ * `Authorization: Tessera ts=<unix s>,ep=<epoch>,hdr=<hex>,mac=<hex>` carries
+ * crypto_auth(key, METHOD "\n" URI "\n" ts "\n" epoch "\n" body) and,
+ * checked before the body is read, crypto_auth(key, "head\n" METHOD "\n"
+ * URI "\n" ts "\n" epoch "\n" body length); the epoch is the tracker
+ * instance's (random at start, sent in X-Tessera-Epoch), so nothing signed
+ * before a restart passes after it; stale timestamps and replayed macs are
+ * refused. Reads are
+ * open, except GET /sources (memory keys), signed the same way.
  */
 #ifndef TRACKER_TRACKER_H
 #define TRACKER_TRACKER_H
@@ -42,6 +47,10 @@
 #define TRK_ID_MAX 128            /* longest node or publisher id, bytes */
 #define TRK_REPLICA_MAX 64        /* longest replica name, bytes */
 #define TRK_AUTH_MAC_BYTES 32     /* crypto_auth_BYTES */
+#define TRK_EPOCH_BYTES 8         /* a tracker instance's random epoch */
+#define TRK_SESSION_BYTES 32      /* a node's session credential */
+#define TRK_SESSION_HEADER "X-Tessera-Session"
+#define TRK_EPOCH_HEADER "X-Tessera-Epoch" /* on every answer, when keyed */
 
 /* ---- server --------------------------------------------------------------- */
 
@@ -70,14 +79,25 @@ void trk_server_free(struct trk_server *s);
 
 /* ---- request signing (shared by the server and the client) ---------------- */
 
-/* mac = crypto_auth(key, method "\n" uri "\n" ts "\n" body). Cannot fail. */
+/* mac = crypto_auth(key, method "\n" uri "\n" ts "\n" epoch "\n" body).
+ * Cannot fail. */
 void trk_auth_mac(const uint8_t key[PROTO_CLUSTER_KEY_BYTES], const char *method,
-		  const char *uri, uint64_t ts, const uint8_t *body, size_t len,
-		  uint8_t mac[TRK_AUTH_MAC_BYTES]);
-/* Formats the Authorization header value into buf ("Tessera ts=..,mac=.."). */
+		  const char *uri, uint64_t ts, const char *epoch,
+		  const uint8_t *body, size_t len, uint8_t mac[TRK_AUTH_MAC_BYTES]);
+/* hdr = crypto_auth(key, "head\n" method "\n" uri "\n" ts "\n" epoch "\n"
+ * len), len in
+ * decimal: what the tracker checks before it reads a body. Cannot fail. */
+void trk_auth_head_mac(const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
+		       const char *method, const char *uri, uint64_t ts,
+		       const char *epoch, uint64_t len,
+		       uint8_t mac[TRK_AUTH_MAC_BYTES]);
+/* Formats the Authorization header value into buf
+ * ("Tessera ts=..,ep=..,hdr=..,mac=.."); epoch is the tracker instance's
+ * (X-Tessera-Epoch; NULL: ""). -ENOSPC when buflen is too small. */
 int trk_auth_header(const uint8_t key[PROTO_CLUSTER_KEY_BYTES],
 		    const char *method, const char *uri, uint64_t ts,
-		    const uint8_t *body, size_t len, char *buf, size_t buflen);
+		    const char *epoch, const uint8_t *body, size_t len,
+		    char *buf, size_t buflen);
 
 /* ---- client --------------------------------------------------------------- */
 

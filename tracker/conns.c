@@ -1,0 +1,648 @@
+/* The tracker's connection guard: a cap on connections, a deadline for a
+ * request's headers, and refusals before a body is read. */
+#include <errno.h>
+#include <pthread.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/listener.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+
+#include "proto/log.h"
+#include "proto/params.h"
+#include "tracker/internal.h"
+
+/*
+ * libevent 2.1's evhttp reads a whole request, body included, before it
+ * calls the server, and has no hook between accept and the first request
+ * (2.2's newreqcb). So the guard sits on the bytes: it makes each
+ * connection's bufferevent (evhttp_set_bevcb) and watches its input buffer
+ * (evbuffer_add_cb, which runs as bytes arrive, before evhttp parses them).
+ * It copies a request's head until the empty line, judges it
+ * (trk__head_verdict) and, when refused, answers itself, throws away what
+ * follows and closes: the body is never buffered. It holds a reference on
+ * each bufferevent, so it notices when evhttp lets go of one (the callbacks
+ * are cleared) and only then closes the socket. It closes a connection with
+ * shutdown(): evhttp then reads end-of-file and frees it on its own path.
+ *
+ * Over the cap (or out of descriptors), it closes connections of the peer
+ * address that holds the most, idle or still-sending-a-head ones first
+ * (make_room): a flood closes its own connections, not the one or two a
+ * node or publisher holds. A head still incomplete TESSERA_HEADER_MS after
+ * its first byte closes its connection (slowloris). accept() failures are
+ * logged once per LOG_EVERY_MS with a count, and pause the listener.
+ */
+
+#define SWEEP_MS 100
+#define HEAD_CAP (20u << 10)    /* request line and headers copied, bytes */
+#define REFUSED_LINGER_MS 5000   /* time a refused client gets to finish
+				  * sending (thrown away) and read */
+#define ACCEPT_PAUSE_MS 100      /* listener pause after accept() fails */
+#define LOG_EVERY_MS 10000       /* one line per this long for repeats */
+#define FD_RESERVE 64            /* descriptors kept for files, logs */
+
+enum conn_state {
+	C_IDLE,    /* between requests, nothing received */
+	C_HEAD,    /* receiving a request's head */
+	C_BODY,    /* head accepted, evhttp reads the body */
+	C_REFUSED, /* answered, draining, closing */
+};
+
+struct trk_conn {
+	struct bufferevent *bev;
+	struct trk_conns *g;
+	struct trk_conn *prev, *next; /* oldest first */
+	enum conn_state state;
+	bool closing;       /* shut down, waiting for evhttp to let go */
+	bool admitted;      /* its peer address is known and counted */
+	uint64_t addr;      /* the peer's address, folded to 64 bits */
+	bool skip_head;     /* head too long to judge: evhttp refuses it */
+	uint64_t opened_ms, head_ms, refused_ms;
+	uint64_t drained, declared; /* refused: body bytes thrown away, and
+				     * what its head declared */
+	size_t head_end;    /* where the judged head ended in the input */
+	bool answered;      /* refused: the answer is written */
+	bool chunked;       /* refused: no declared length (answered at once) */
+	int code;           /* refused: the answer */
+	char msg[300];
+	uint8_t *head;      /* HEAD_CAP bytes while receiving a head */
+	size_t headlen;
+};
+
+struct trk_conns {
+	struct trk_server *s;
+	struct evconnlistener *lev;
+	struct event *sweep_ev, *resume_ev, *admit_ev;
+	struct trk_conn *head, *tail;
+	size_t n, cap;
+	size_t live; /* n less those closing */
+	uint64_t header_ms;
+	/* Counters for /metrics and the rate-limited log. */
+	uint64_t accepted, evicted, slow, refused_heads;
+	uint64_t accept_errors, accept_errors_logged, last_log_ms;
+	struct trk_conns *next_guard; /* guards, by listener */
+};
+
+static uint64_t now_ms(void)
+{
+	return proto_now_ns() / 1000000u;
+}
+
+static void conn_unlink(struct trk_conns *g, struct trk_conn *c)
+{
+	if (c->prev != NULL)
+		c->prev->next = c->next;
+	else
+		g->head = c->next;
+	if (c->next != NULL)
+		c->next->prev = c->prev;
+	else
+		g->tail = c->prev;
+	g->n--;
+}
+
+static void conn_free(struct trk_conns *g, struct trk_conn *c)
+{
+	if (!c->closing)
+		g->live--;
+	conn_unlink(g, c);
+	/* evhttp has freed it: ours is the last reference; this closes the
+	 * socket. */
+	bufferevent_decref(c->bev);
+	free(c->head);
+	free(c);
+}
+
+/* Makes evhttp drop the connection: it reads end-of-file and frees it. */
+static void conn_close(struct trk_conn *c)
+{
+	evutil_socket_t fd = bufferevent_getfd(c->bev);
+
+	if (c->closing)
+		return;
+	c->closing = true;
+	c->g->live--;
+	if (fd >= 0)
+		shutdown(fd, SHUT_RDWR);
+}
+
+/* evhttp clears the callbacks when it frees the bufferevent. */
+static bool conn_released(const struct trk_conn *c)
+{
+	bufferevent_data_cb rd = NULL, wr = NULL;
+	bufferevent_event_cb ev = NULL;
+	void *arg = NULL;
+
+	bufferevent_getcb(c->bev, &rd, &wr, &ev, &arg);
+	return rd == NULL && ev == NULL;
+}
+
+/* Between requests and reading: nothing of ours would be lost. */
+static bool conn_idle(const struct trk_conn *c)
+{
+	return c->state == C_IDLE && !c->closing &&
+	       (bufferevent_get_enabled(c->bev) & EV_READ);
+}
+
+/* Closable to make room: nothing of a request of ours would be lost
+ * (idle between requests, or still sending a head). */
+static bool conn_closable(const struct trk_conn *c)
+{
+	return !c->closing && (conn_idle(c) || c->state == C_HEAD);
+}
+
+static uint64_t peer_addr(const struct trk_conn *c)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	uint64_t h = 0;
+
+	if (getpeername(bufferevent_getfd(c->bev), (struct sockaddr *)&ss,
+			&sl) != 0)
+		return 0;
+	if (ss.ss_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)&ss;
+		return 1ull << 32 | in->sin_addr.s_addr;
+	}
+	if (ss.ss_family == AF_INET6) {
+		const uint8_t *b = ((const struct sockaddr_in6 *)&ss)->sin6_addr.s6_addr;
+		for (int i = 0; i < 16; i++)
+			h = (h ^ b[i]) * 0x100000001b3ull;
+		return h | 1ull << 63;
+	}
+	return 0;
+}
+
+/*
+ * Brings the live connections back under the cap. The victims come from
+ * the peer address that holds the most connections, oldest closable first:
+ * a flood from a few addresses closes its own connections, never those of
+ * nodes and publishers that hold one or two. Returns how many it closed.
+ */
+static size_t make_room(struct trk_conns *g, size_t want_free)
+{
+	size_t cap = 16, closed = 0;
+	struct {
+		uint64_t addr;
+		size_t n;
+	} *tab;
+	struct trk_conn *c;
+
+	while (cap < 2 * g->n)
+		cap *= 2;
+	tab = calloc(cap, sizeof(*tab));
+	if (tab == NULL)
+		return 0;
+	for (c = g->head; c != NULL; c = c->next) {
+		size_t i;
+
+		if (!c->admitted) {
+			c->addr = peer_addr(c);
+			c->admitted = true;
+		}
+		if (c->closing)
+			continue;
+		for (i = c->addr & (cap - 1); tab[i].n && tab[i].addr != c->addr;
+		     i = (i + 1) & (cap - 1))
+			;
+		tab[i].addr = c->addr;
+		tab[i].n++;
+	}
+	while (g->live + want_free > g->cap) {
+		size_t best = cap;
+
+		for (size_t i = 0; i < cap; i++)
+			if (tab[i].n > 0 && (best == cap || tab[i].n > tab[best].n))
+				best = i;
+		if (best == cap)
+			break;
+		for (c = g->head; c != NULL; c = c->next)
+			if (c->addr == tab[best].addr && conn_closable(c))
+				break;
+		if (c == NULL) {
+			tab[best].n = 0; /* all busy: try the next address */
+			continue;
+		}
+		conn_close(c);
+		tab[best].n--;
+		closed++;
+	}
+	free(tab);
+	return closed;
+}
+
+/* Frees the connections evhttp has let go of (closing their sockets). */
+static void release(struct trk_conns *g)
+{
+	struct trk_conn *c, *next;
+
+	for (c = g->head; c != NULL; c = next) {
+		next = c->next;
+		if (conn_released(c))
+			conn_free(g, c);
+	}
+}
+
+static void admit(evutil_socket_t fd, short what, void *arg)
+{
+	struct trk_conns *g = arg;
+
+	release(g);
+	if (g->live > g->cap)
+		g->evicted += make_room(g, 0);
+}
+
+/* Writes a whole small answer straight to the socket: evhttp has not
+ * parsed this request and never will. Best effort (a full socket buffer
+ * loses it; the connection closes either way). */
+static void answer_raw(const struct trk_server *s, evutil_socket_t fd,
+		       int code, const char *msg)
+{
+	char body[400], all[800], ep[100] = "";
+	int bl, n;
+
+	bl = snprintf(body, sizeof(body), "{\"error\":\"%s\"}\n", msg);
+	if (bl < 0 || (size_t)bl >= sizeof(body))
+		bl = snprintf(body, sizeof(body), "{\"error\":\"refused\"}\n");
+	if (s->auth != NULL)
+		snprintf(ep, sizeof(ep), "%s: %s\r\n", TRK_EPOCH_HEADER,
+			 trk__auth_epoch(s->auth));
+	n = snprintf(all, sizeof(all),
+		     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+		     "Cache-Control: no-store\r\nConnection: close\r\n%s"
+		     "Content-Length: %d\r\n\r\n%s",
+		     code, trk__reason(code), ep, bl, body);
+	if (n > 0 && (size_t)n < sizeof(all))
+		(void)send(fd, all, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+	shutdown(fd, SHUT_WR);
+}
+
+/* Refuses the request whose head was just read. Its body (len bytes, as
+ * declared; -2: chunked, answered at once) is read and thrown away, never buffered; the answer goes out
+ * once the client has sent it all: a libevent client that receives an
+ * answer while it is still writing exits ("illegal connection state"). A
+ * client that does not finish within REFUSED_LINGER_MS is cut off. */
+static void refuse(struct trk_conn *c, int code, const char *msg, int64_t len)
+{
+	struct trk_conns *g = c->g;
+
+	snprintf(c->msg, sizeof(c->msg), "%s", msg);
+	for (char *p = c->msg; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == '"' || *p == '\\')
+			*p = ' ';
+	LOG_INFO("refused before the body: %d %s", code, c->msg);
+	g->refused_heads++;
+	g->s->answers[code / 100]++;
+	if (code == 401)
+		g->s->auth_refused++;
+	c->code = code;
+	c->state = C_REFUSED;
+	c->refused_ms = now_ms();
+	c->drained = 0;
+	c->answered = false;
+	c->declared = (uint64_t)PROTO_MAX(len, 0);
+	c->chunked = len == -2;
+	free(c->head);
+	c->head = NULL;
+	c->headlen = 0;
+}
+
+/* Throws away what is in buf from byte from on (the refused body) and
+ * answers once the whole declared body is gone. */
+static void drain_refused(struct trk_conn *c, struct evbuffer *buf, size_t from)
+{
+	size_t len = evbuffer_get_length(buf);
+
+	c->drained += len > from ? len - from : 0;
+	evbuffer_drain(buf, len);
+	if (c->answered || c->closing)
+		return;
+	if (c->drained > c->declared && !c->chunked) {
+		conn_close(c); /* more than it declared: not HTTP we speak */
+	} else if (c->drained >= c->declared) {
+		answer_raw(c->g->s, bufferevent_getfd(c->bev), c->code, c->msg);
+		c->answered = true;
+	}
+}
+
+/* A complete head: judge it. Bytes past it are the body's. */
+static void judge(struct trk_conn *c)
+{
+	struct trk_head h;
+	char msg[300];
+	int code;
+
+	c->state = C_BODY;
+	if (trk__head_parse(c->head, c->headlen, &h) != 1)
+		return; /* malformed: evhttp answers 400 itself */
+	code = trk__head_verdict(c->g->s, &h, msg, sizeof(msg));
+	free(c->head);
+	c->head = NULL;
+	c->headlen = 0;
+	if (code != 0)
+		refuse(c, code, msg, h.chunked ? -2 : h.content_length);
+}
+
+/* Copies bytes of a head as they arrive; stops at the empty line. */
+static void take_head(struct trk_conn *c, struct evbuffer *buf, size_t from)
+{
+	size_t len = evbuffer_get_length(buf);
+
+	while (from < len && (c->state == C_IDLE || c->state == C_HEAD)) {
+		struct evbuffer_ptr pos;
+		uint8_t chunk[512];
+		size_t n = PROTO_MIN(len - from, sizeof(chunk));
+		ev_ssize_t got;
+
+		if (c->state == C_IDLE) {
+			c->state = C_HEAD;
+			c->head_ms = now_ms();
+			c->skip_head = false;
+		}
+		if (evbuffer_ptr_set(buf, &pos, from, EVBUFFER_PTR_SET) != 0)
+			return;
+		got = evbuffer_copyout_from(buf, &pos, chunk, n);
+		if (got <= 0)
+			return;
+		for (ev_ssize_t i = 0; i < got; i++) {
+			if (c->skip_head)
+				break;
+			if (c->head == NULL && (c->head = malloc(HEAD_CAP)) == NULL) {
+				c->skip_head = true;
+				break;
+			}
+			if (c->headlen == HEAD_CAP) {
+				c->skip_head = true; /* evhttp refuses it */
+				break;
+			}
+			c->head[c->headlen++] = chunk[i];
+			if (trk__head_complete(c->head, c->headlen)) {
+				c->head_end = from + (size_t)i + 1;
+				judge(c);
+				break;
+			}
+		}
+		from += (size_t)got;
+	}
+}
+
+static void on_input(struct evbuffer *buf, const struct evbuffer_cb_info *info,
+		     void *arg)
+{
+	struct trk_conn *c = arg;
+
+	if (info->n_added == 0 || c->closing)
+		return;
+	if (c->state == C_REFUSED) {
+		drain_refused(c, buf, 0);
+		return;
+	}
+	take_head(c, buf, evbuffer_get_length(buf) - info->n_added);
+	/* Bytes past the head never reach evhttp. */
+	if (c->state == C_REFUSED)
+		drain_refused(c, buf, c->head_end);
+}
+
+static struct bufferevent *new_bev(struct event_base *base, void *arg)
+{
+	struct trk_conns *g = arg;
+	struct bufferevent *bev;
+	struct trk_conn *c;
+
+	bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+	if (bev == NULL)
+		return NULL; /* evhttp makes one itself, unguarded */
+	c = calloc(1, sizeof(*c));
+	if (c == NULL) {
+		/* Unguarded but working; caps hold for the others. */
+		return bev;
+	}
+	c->bev = bev;
+	c->g = g;
+	c->opened_ms = now_ms();
+	bufferevent_incref(bev);
+	evbuffer_add_cb(bufferevent_get_input(bev), on_input, c);
+	c->prev = g->tail;
+	if (g->tail != NULL)
+		g->tail->next = c;
+	else
+		g->head = c;
+	g->tail = c;
+	g->n++;
+	g->live++;
+	g->accepted++;
+	/* Its socket is set after we return: judge it (and the rest of this
+	 * accept batch) right after. */
+	if (g->live > g->cap)
+		event_active(g->admit_ev, EV_TIMEOUT, 1);
+	return bev;
+}
+
+static void sweep(evutil_socket_t fd, short what, void *arg)
+{
+	struct trk_conns *g = arg;
+	uint64_t now = now_ms();
+	struct trk_conn *c, *next;
+
+	if (g->live > g->cap)
+		g->evicted += make_room(g, 0);
+	for (c = g->head; c != NULL; c = next) {
+		next = c->next;
+		if (conn_released(c)) {
+			conn_free(g, c);
+			continue;
+		}
+		if (c->state == C_HEAD && now - c->head_ms > g->header_ms) {
+			g->slow++;
+			LOG_DEBUG("closing a connection whose request head took "
+				  "over %llu ms", (unsigned long long)g->header_ms);
+			conn_close(c);
+		} else if (c->state == C_REFUSED &&
+			   now - c->refused_ms > REFUSED_LINGER_MS) {
+			conn_close(c);
+		}
+	}
+	if (g->accept_errors > g->accept_errors_logged &&
+	    now - g->last_log_ms > LOG_EVERY_MS) {
+		LOG_WARN("accept() failed %llu times in the last %llu s "
+			 "(descriptors: %zu connections open, cap %zu); "
+			 "closing idle connections",
+			 (unsigned long long)(g->accept_errors -
+					      g->accept_errors_logged),
+			 (unsigned long long)((now - g->last_log_ms) / 1000),
+			 g->live, g->cap);
+		g->accept_errors_logged = g->accept_errors;
+		g->last_log_ms = now;
+	}
+}
+
+static void resume(evutil_socket_t fd, short what, void *arg)
+{
+	struct trk_conns *g = arg;
+
+	evconnlistener_enable(g->lev);
+}
+
+/* A listener's error callback gets the listener's own argument (evhttp's),
+ * so guards are found by listener. */
+static pthread_mutex_t guards_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct trk_conns *guards;
+
+static struct trk_conns *guard_of(struct evconnlistener *lev)
+{
+	struct trk_conns *g;
+
+	pthread_mutex_lock(&guards_mu);
+	for (g = guards; g != NULL && g->lev != lev; g = g->next_guard)
+		;
+	pthread_mutex_unlock(&guards_mu);
+	return g;
+}
+
+/* accept() failed (out of descriptors, most likely): without this libevent
+ * logs a line per attempt and the listener spins. Pause it, make room. */
+static void on_accept_error(struct evconnlistener *lev, void *arg)
+{
+	struct trk_conns *g = guard_of(lev);
+	struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
+
+	if (g == NULL)
+		return;
+
+	g->accept_errors++;
+	g->evicted += make_room(g, 1);
+	evconnlistener_disable(lev);
+	event_add(g->resume_ev, &tv);
+}
+
+void trk__conns_request(struct trk_conns *g, struct evhttp_request *req,
+			bool *refused)
+{
+	struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+	struct bufferevent *bev =
+		evcon != NULL ? evhttp_connection_get_bufferevent(evcon) : NULL;
+	struct trk_conn *c;
+
+	*refused = false;
+	if (g == NULL || bev == NULL)
+		return;
+	for (c = g->tail; c != NULL && c->bev != bev; c = c->prev)
+		;
+	if (c == NULL)
+		return;
+	if (c->state == C_REFUSED) {
+		*refused = true;
+		return;
+	}
+	/* This request is evhttp's now; bytes still in the buffer begin the
+	 * next one. */
+	c->state = C_IDLE;
+	free(c->head);
+	c->head = NULL;
+	c->headlen = 0;
+	take_head(c, bufferevent_get_input(bev), 0);
+	if (c->state == C_REFUSED)
+		drain_refused(c, bufferevent_get_input(bev), c->head_end);
+}
+
+void trk__conns_stats(const struct trk_conns *g, struct trk_conns_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (g == NULL)
+		return;
+	out->open = g->live;
+	out->cap = g->cap;
+	out->accepted = g->accepted;
+	out->evicted = g->evicted;
+	out->slow = g->slow;
+	out->refused_heads = g->refused_heads;
+	out->accept_errors = g->accept_errors;
+}
+
+int trk__conns_new(struct trk_server *s, struct trk_conns **out)
+{
+	struct trk_conns *g = calloc(1, sizeof(*g));
+	struct timeval tv = {0, SWEEP_MS * 1000};
+	struct rlimit rl;
+	size_t cap = (size_t)proto_param(PROTO_PARAM_TRACKER_CONNS);
+
+	*out = NULL;
+	if (g == NULL)
+		return -ENOMEM;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+	    rl.rlim_cur > 2 * FD_RESERVE && cap > rl.rlim_cur - FD_RESERVE)
+		cap = rl.rlim_cur - FD_RESERVE;
+	g->s = s;
+	g->cap = PROTO_MAX(cap, 2);
+	g->header_ms = proto_param(PROTO_PARAM_HEADER_MS);
+	g->last_log_ms = now_ms();
+	g->lev = evhttp_bound_socket_get_listener(s->sock);
+	g->sweep_ev = event_new(s->base, -1, EV_PERSIST, sweep, g);
+	g->resume_ev = evtimer_new(s->base, resume, g);
+	g->admit_ev = evtimer_new(s->base, admit, g);
+	if (g->sweep_ev == NULL || g->resume_ev == NULL || g->admit_ev == NULL ||
+	    g->lev == NULL) {
+		trk__conns_free(g);
+		return -ENOMEM;
+	}
+	event_add(g->sweep_ev, &tv);
+	pthread_mutex_lock(&guards_mu);
+	g->next_guard = guards;
+	guards = g;
+	pthread_mutex_unlock(&guards_mu);
+	evconnlistener_set_error_cb(g->lev, on_accept_error);
+	evhttp_set_bevcb(s->http, new_bev, g);
+	*out = g;
+	return 0;
+}
+
+void trk__conns_free(struct trk_conns *g)
+{
+	if (g == NULL)
+		return;
+	pthread_mutex_lock(&guards_mu);
+	for (struct trk_conns **pp = &guards; *pp != NULL; pp = &(*pp)->next_guard)
+		if (*pp == g) {
+			*pp = g->next_guard;
+			break;
+		}
+	pthread_mutex_unlock(&guards_mu);
+	if (g->sweep_ev != NULL)
+		event_free(g->sweep_ev);
+	if (g->resume_ev != NULL)
+		event_free(g->resume_ev);
+	if (g->admit_ev != NULL)
+		event_free(g->admit_ev);
+	/* Run after evhttp_free: every bufferevent is released. */
+	while (g->head != NULL)
+		conn_free(g, g->head);
+	free(g);
+}
+
+void trk__conns_metrics(const struct trk_server *s, struct evbuffer *b)
+{
+	struct trk_conns_stats st;
+
+	trk__conns_stats(s->conns, &st);
+	evbuffer_add_printf(b,
+		"# HELP tessera_tracker_http_connections Connections open, and the cap.\n"
+		"# TYPE tessera_tracker_http_connections gauge\n"
+		"tessera_tracker_http_connections %zu\n"
+		"tessera_tracker_http_connections_cap %zu\n"
+		"# HELP tessera_tracker_http_closed_total Connections the tracker closed, by reason.\n"
+		"# TYPE tessera_tracker_http_closed_total counter\n"
+		"tessera_tracker_http_closed_total{reason=\"over_cap\"} %llu\n"
+		"tessera_tracker_http_closed_total{reason=\"slow_head\"} %llu\n"
+		"tessera_tracker_http_closed_total{reason=\"refused_head\"} %llu\n"
+		"# HELP tessera_tracker_http_accept_errors_total Failed accept() calls.\n"
+		"# TYPE tessera_tracker_http_accept_errors_total counter\n"
+		"tessera_tracker_http_accept_errors_total %llu\n",
+		st.open, st.cap, (unsigned long long)st.evicted,
+		(unsigned long long)st.slow, (unsigned long long)st.refused_heads,
+		(unsigned long long)st.accept_errors);
+}
