@@ -2645,7 +2645,7 @@ static void test_unauthenticated_body(void **state)
 		"mac=0000000000000000000000000000000000000000000000000000000000000000\r\n",
 	};
 	uint64_t refused0 = metric_value(f, "tessera_tracker_http_closed_total{reason=\"refused_head\"}");
-	uint64_t auth0 = metric_value(f, "tessera_auth_refused_total");
+	uint64_t auth0 = metric_value(f, "tessera_tracker_auth_refused_requests_total");
 	char *chunk = calloc(1, 256u << 10), *before, *after;
 	const char *kv[2];
 	char ts[32];
@@ -2672,7 +2672,7 @@ static void test_unauthenticated_body(void **state)
 	}
 	assert_true(metric_value(f, "tessera_tracker_http_closed_total{reason=\"refused_head\"}") >=
 		    refused0 + PROTO_ARRAY_LEN(auths));
-	assert_true(metric_value(f, "tessera_auth_refused_total") >=
+	assert_true(metric_value(f, "tessera_tracker_auth_refused_requests_total") >=
 		    auth0 + PROTO_ARRAY_LEN(auths));
 
 	/* Hostile heads: refused (or closed), never crash, change nothing. */
