@@ -56,7 +56,12 @@
 	/* Elements per delta chunk: the unit of zstd frames and apply threads. */ \
 	X(DELTA_CHUNK, "TESSERA_DELTA_CHUNK", 1u << 22, "elements per delta chunk") \
 	/* zstd level of delta streams (see proto/delta.h for the measurements). */ \
-	X(DELTA_LEVEL, "TESSERA_DELTA_LEVEL", 1, "zstd level of delta streams")
+	X(DELTA_LEVEL, "TESSERA_DELTA_LEVEL", 1, "zstd level of delta streams") \
+	/* Connections the kernel queues for the tracker before it accepts them: \
+	 * nodes connect per request, so a burst (every watch answered at once \
+	 * when a version lands) must not overflow it into refusals. The kernel \
+	 * caps it at net.core.somaxconn. */ \
+	X(LISTEN_BACKLOG, "TESSERA_LISTEN_BACKLOG", 4096, "tracker listen backlog, connections")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

@@ -917,6 +917,139 @@ static void test_register(void **state)
 	free(b);
 }
 
+/* ---- the layout cache ----------------------------------------------------------- */
+
+/* The value of one metrics line (name with labels), which must be there. */
+static uint64_t metric_of(struct fx *f, const char *name)
+{
+	struct trk_reply r;
+	char want[256];
+	uint64_t v = 0;
+
+	assert_int_equal(get(f, "/metrics", &r), 200);
+	snprintf(want, sizeof(want), "\n%s ", name);
+	const char *at = strstr((const char *)r.body, want);
+	if (at == NULL)
+		fail_msg("no metric %s", name);
+	v = strtoull(at + strlen(want), NULL, 10);
+	trk_reply_fini(&r);
+	return v;
+}
+
+#define HITS "tessera_tracker_layout_cache_lookups_total{result=\"hit\"}"
+#define MISSES "tessera_tracker_layout_cache_lookups_total{result=\"miss\"}"
+
+/* Registers replica/0 with layout; returns the digest answered. */
+static void register_digest(struct fx *f, const char *replica, const char *layout, char *out)
+{
+	struct trk_reply r;
+	assert_int_equal(register_node(f, replica, 0, layout, &r), 200);
+	snprintf(out, 2 * PROTO_HASH_BYTES + 1, "%s",
+		 json_string_value(json_object_get(r.json, "layout_digest")));
+	trk_reply_fini(&r);
+}
+
+static void test_layout_cache(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	char d[2 * PROTO_HASH_BYTES + 1], first_err[600], name[16], form[160];
+	static const char BADPARSE[] = "{\"ranks\":2,\"tensors\":[{\"tensor\":\"nope\",\"split\":0}]}";
+	json_t *explicit = proto_layout_to_json(&f->model, &f->tp2);
+	char *etxt = json_dumps(explicit, JSON_COMPACT), *etxt_ws = json_dumps(explicit, JSON_INDENT(3));
+	uint64_t hits, misses;
+
+	register_publisher(f);
+	assert_int_equal(metric_of(f, HITS), 0);
+	assert_int_equal(metric_of(f, MISSES), 0);
+
+	/* A bad layout is refused the same way on first and on repeated use, and
+	 * is never remembered. */
+	const char *bad[] = {PARTIAL, BADPARSE};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad); i++)
+		for (int k = 0; k < 3; k++) {
+			snprintf(name, sizeof(name), "bad%zu%d", i, k);
+			assert_int_equal(register_node(f, name, 0, bad[i], &r), 400);
+			if (k == 0)
+				snprintf(first_err, sizeof(first_err), "%s", r.error);
+			else
+				assert_string_equal(r.error, first_err);
+			if (i == 0)
+				assert_non_null(strstr(r.error, "layout does not cover the model: "));
+			trk_reply_fini(&r);
+		}
+	assert_int_equal(metric_of(f, HITS), 0);
+	assert_int_equal(metric_of(f, MISSES), 6);
+
+	/* The same form again (even written otherwise: an equal JSON value) is a
+	 * hit, and gives what a fresh parse gave. */
+	register_digest(f, "A", etxt, d);
+	assert_string_equal(d, HEX(f->tp2.digest));
+	assert_int_equal(metric_of(f, MISSES), 7);
+	register_node_ok(f, "A", 1, etxt);
+	register_digest(f, "B", etxt_ws, d);
+	assert_string_equal(d, HEX(f->tp2.digest));
+	assert_int_equal(metric_of(f, HITS), 2);
+	assert_int_equal(metric_of(f, MISSES), 7);
+	/* Another form of the same layout is parsed once, then cached too. */
+	register_digest(f, "C", TP2, d);
+	assert_string_equal(d, HEX(f->tp2.digest));
+	register_digest(f, "D", TP2, d);
+	assert_string_equal(d, HEX(f->tp2.digest));
+	assert_int_equal(metric_of(f, HITS), 3);
+	assert_int_equal(metric_of(f, MISSES), 8);
+	/* A form differing in one value is another layout. */
+	register_digest(f, "E", TP2_ROWS, d);
+	assert_string_not_equal(d, HEX(f->tp2.digest));
+	assert_int_equal(metric_of(f, MISSES), 9);
+	/* Rank checks and layout conflicts hold on a hit as on a miss. */
+	assert_int_equal(register_node(f, "B", 2, etxt, &r), 400);
+	assert_non_null(strstr(r.error, "rank"));
+	trk_reply_fini(&r);
+	assert_int_equal(register_node(f, "E", 1, TP2, &r), 409);
+	assert_non_null(strstr(r.error, "another layout"));
+	trk_reply_fini(&r);
+	/* One shared layout for A..D, the same as before the cache. */
+	assert_int_equal(get(f, TRK_API "/layouts", &r), 200);
+	json_t *ls = json_object_get(r.json, "layouts"), *e;
+	size_t i;
+	assert_int_equal(json_array_size(ls), 2);
+	json_array_foreach(ls, i, e) {
+		if (strcmp(json_string_value(json_object_get(e, "digest")), HEX(f->tp2.digest)) == 0) {
+			assert_int_equal(json_array_size(json_object_get(e, "replicas")), 4);
+			assert_true(json_equal(json_object_get(e, "layout"), explicit));
+		}
+	}
+	trk_reply_fini(&r);
+
+	/* More forms than the cache holds: the least recently used goes (and is
+	 * parsed again when it returns), the layouts of replicas stay. */
+	for (int n = 1; n <= 20; n++) {
+		snprintf(name, sizeof(name), "R%d", n);
+		snprintf(form, sizeof(form),
+			 "{\"ranks\":%d,\"tensors\":[{\"match\":\"*\",\"replicate\":true}]}", n);
+		register_digest(f, name, form, d);
+	}
+	hits = metric_of(f, HITS);
+	misses = metric_of(f, MISSES);
+	assert_int_equal(misses, 9 + 20);
+	register_digest(f, "R20b", form, d); /* the newest: cached */
+	assert_int_equal(metric_of(f, HITS), hits + 1);
+	register_digest(f, "A2", etxt, d); /* evicted long ago: parsed again */
+	assert_string_equal(d, HEX(f->tp2.digest));
+	assert_int_equal(metric_of(f, MISSES), misses + 1);
+	assert_int_equal(get(f, TRK_API "/layouts", &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "layouts")), 2 + 20);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/replicas/R7", &r), 200);
+	assert_int_equal(jget_u64(r.json, "nranks"), 7);
+	trk_reply_fini(&r);
+
+	free(etxt);
+	free(etxt_ws);
+	json_decref(explicit);
+}
+
 /* ---- leases ------------------------------------------------------------------------- */
 
 static int setup_short_lease(void **state)
@@ -2117,6 +2250,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_bad_corpus, setup_keyed, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_bodies, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_register, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_layout_cache, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_lease_expiry, setup_short_lease, teardown),
 		cmocka_unit_test_setup_teardown(test_versions, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_restart, setup_open, teardown),

@@ -158,6 +158,7 @@ void trk__handle_manifest(struct trk_call *c, const char *v);
 #define TRK__HOST_MAX 255
 #define TRK__PROVIDER_MAX 63
 #define TRK__ERROR_MAX 255
+#define TRK__LAYOUT_FORMS 16 /* layout forms (as nodes wrote them) cached */
 
 /* A serving layout some replica uses, shared by its replicas. */
 struct trk_slayout {
@@ -166,6 +167,12 @@ struct trk_slayout {
 	json_t *json; /* explicit form */
 	unsigned refs;
 	struct trk_slayout *next;
+};
+
+/* A layout as some node wrote it (a JSON value), and what it parsed to. */
+struct trk_lform {
+	json_t *form;
+	struct trk_slayout *sl; /* holds a reference */
 };
 
 struct trk_offer_set {
@@ -248,12 +255,19 @@ struct trk_registry {
 	struct proto_layout tlayout;
 	json_t *tlayout_json;
 	struct trk_slayout *layouts;
+	struct trk_lform forms[TRK__LAYOUT_FORMS]; /* most recently used first */
+	size_t nforms;
+	uint64_t forms_hits, forms_misses;
 	struct trk_publisher *pubs;
 	struct trk_replica *reps; /* sorted by name */
 	struct trk_activation act[TRK__ACTIVATIONS_MAX];
 	size_t act_n, act_next;
 	uint64_t act_total;
 	uint64_t bytes_from_trainer, bytes_from_peers;
+	/* The next full sweep is due at this monotonic time (ns): the earliest
+	 * lease end or prune time seen by the last sweep, at most one sweep
+	 * period after it; 0 forces one at the next request. */
+	uint64_t sweep_due_ns;
 };
 
 /* ---- registry.c: lifetime, lookups, leases, derived state ---- */
@@ -265,8 +279,21 @@ void trk__registry_free(struct trk_registry *r);
 void trk__registry_drop_model(struct trk_registry *r);
 /* The lease a registration or heartbeat grants, in ns. */
 uint64_t trk__registry_lease_ns(const struct trk_registry *r);
-/* Expires leases that ran out by now; prunes long-gone entries. */
+/* Expires leases that ran out by now, prunes long-gone entries and re-derives
+ * every replica's target. Called before every request and by a timer, it
+ * walks the registry only when something is due (a lease end, a prune, a
+ * change marked by trk__registry_changed, or a sweep period passed), so a
+ * request costs O(1) here however many nodes there are. */
 void trk__registry_sweep(struct trk_registry *r);
+/* The period after which a sweep walks the registry regardless, in ns. */
+uint64_t trk__registry_sweep_period_ns(const struct trk_registry *r);
+/* A lease was granted that ends at exp_ns (registrations; heartbeats only
+ * extend leases and need not call this). */
+void trk__registry_lease_granted(struct trk_registry *r, uint64_t exp_ns);
+/* Something every replica's target depends on changed (a version was
+ * published, a publisher registered or changed its offers): the next
+ * request sweeps. */
+void trk__registry_changed(struct trk_registry *r);
 /* true and the digests when a publisher registered a model. */
 bool trk__registry_model(const struct trk_registry *r, uint8_t *model_digest,
 			 uint8_t *layout_digest);
@@ -276,11 +303,23 @@ struct trk_counts {
 	uint64_t replicas_current, replicas_behind, replicas_partial,
 		replicas_gone;
 	uint64_t bytes_from_trainer, bytes_from_peers, activations;
+	uint64_t layout_cache_hits, layout_cache_misses;
 };
 void trk__registry_counts(struct trk_registry *r, struct trk_counts *out);
 
+/* ---- slayouts.c: shared serving layouts and the cache of their forms ---- */
+
+/* The serving layout that the JSON value jl describes, against the
+ * registry's model: found among the forms seen before (an equal JSON value),
+ * else parsed and checked to cover the model, then remembered. *out gets a
+ * new reference. A bad layout is refused on every use with the same one-line
+ * err (-EINVAL) and is never remembered; -ENOMEM. */
+int trk__slayout_get(struct trk_registry *r, json_t *jl, struct trk_slayout **out,
+		     struct proto_err *err);
 /* Drop a reference; the last one unlinks and frees sl. NULL is fine. */
 void trk__slayout_put(struct trk_registry *r, struct trk_slayout *sl);
+/* Forgets every cached form (the model changes or the registry goes). */
+void trk__slayout_cache_clear(struct trk_registry *r);
 /* Free an entry and everything it owns (offers included). NULL is fine for
  * a node; neither is unlinked from the registry. */
 void trk__node_free(struct trk_node *n);

@@ -405,6 +405,12 @@ void trk__handle_metrics(struct trk_call *c)
 			    k.bytes_from_trainer, k.bytes_from_peers);
 	metric(b, "tessera_tracker_activations_total", "counter",
 	       "Replica activations since start.", k.activations);
+	evbuffer_add_printf(b, "# HELP tessera_tracker_layout_cache_lookups_total Node "
+			       "registrations by whether their layout was a form already parsed.\n"
+			       "# TYPE tessera_tracker_layout_cache_lookups_total counter\n"
+			       "tessera_tracker_layout_cache_lookups_total{result=\"hit\"} %" PRIu64 "\n"
+			       "tessera_tracker_layout_cache_lookups_total{result=\"miss\"} %" PRIu64 "\n",
+			    k.layout_cache_hits, k.layout_cache_misses);
 	metric(b, "tessera_tracker_auth_refused_requests_total", "counter",
 	       "POSTs refused by authentication.", s->auth_refused);
 	evbuffer_add_printf(b, "# HELP tessera_tracker_http_responses_total Answers by status class.\n"
