@@ -2060,6 +2060,93 @@ static void test_status_outputs(void **state)
 	trk_reply_fini(&r);
 }
 
+/* ---- status at scale: pages of replicas, capped name lists ------------------------ */
+
+/* The replica names of a status answer, joined by ','. */
+static void names_of(json_t *st, char *out, size_t n)
+{
+	size_t i, k = 0;
+	json_t *rep;
+
+	out[0] = 0;
+	json_array_foreach(json_object_get(st, "replicas"), i, rep)
+		k += (size_t)snprintf(out + k, n - k, "%s%s", i ? "," : "",
+				      json_string_value(json_object_get(rep, "replica")));
+}
+
+static void test_status_pages(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	char name[16], id[24], names[512];
+
+	register_publisher(f);
+	publish_two(f);
+	for (int i = 0; i < 40; i++) {
+		snprintf(name, sizeof(name), "P%02d", i);
+		register_node_ok(f, name, 0, TP1);
+		snprintf(id, sizeof(id), "%s/0", name);
+		report_ok(f, id, 2, "active");
+	}
+	/* All 40 by default, counted by state; version 2 lists 32 names of 40. */
+	assert_int_equal(get(f, TRK_API "/status", &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "replicas")), 40);
+	assert_int_equal(jget_u64(r.json, "replicas_total"), 40);
+	assert_int_equal(jget_u64(r.json, "replicas_offset"), 0);
+	assert_int_equal(jget_u64(json_object_get(r.json, "replicas_by_state"), "current"), 40);
+	assert_int_equal(jget_u64(json_object_get(r.json, "replicas_by_state"), "behind"), 0);
+	json_t *v2 = json_array_get(json_object_get(r.json, "versions"), 0);
+	assert_int_equal(jget_u64(v2, "version"), 2);
+	assert_int_equal(jget_u64(v2, "complete_count"), 40);
+	assert_int_equal(jget_u64(v2, "active_count"), 40);
+	assert_int_equal(json_array_size(json_object_get(v2, "complete")), 32);
+	assert_int_equal(json_array_size(json_object_get(v2, "active")), 32);
+	assert_string_equal(json_string_value(json_array_get(json_object_get(v2, "active"), 31)),
+			    "P31");
+	trk_reply_fini(&r);
+	/* A page from the middle, one past the end. */
+	assert_int_equal(get(f, TRK_API "/status?replicas_offset=10&replicas_limit=5", &r), 200);
+	names_of(r.json, names, sizeof(names));
+	assert_string_equal(names, "P10,P11,P12,P13,P14");
+	assert_int_equal(jget_u64(r.json, "replicas_total"), 40);
+	assert_int_equal(jget_u64(r.json, "replicas_limit"), 5);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/status?replicas_offset=40", &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "replicas")), 0);
+	assert_int_equal(jget_u64(r.json, "replicas_total"), 40);
+	trk_reply_fini(&r);
+	/* Bad page parameters, on the JSON and on the page. */
+	static const char *bad[] = {"replicas_limit=100001", "replicas_limit=x",
+				    "replicas_offset=-1", "replicas_offset=1e3"};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad); i++) {
+		char path[128];
+		snprintf(path, sizeof(path), TRK_API "/status?%s", bad[i]);
+		assert_int_equal(get(f, path, &r), 400);
+		assert_non_null(strstr(r.error, "replicas_"));
+		trk_reply_fini(&r);
+		snprintf(path, sizeof(path), "/?%s", bad[i]);
+		assert_int_equal(get(f, path, &r), 400);
+		trk_reply_fini(&r);
+	}
+	/* The page shows the same slice, with counts and links. */
+	assert_int_equal(get(f, "/?replicas_offset=10&replicas_limit=5", &r), 200);
+	char *b = (char *)r.body, *reps = strstr(b, "<h2>Replicas"),
+	     *pubs = reps ? strstr(reps, "<h2>Publishers") : NULL;
+	assert_non_null(reps);
+	assert_non_null(pubs);
+	*pubs = 0; /* look at the replicas section alone */
+	assert_non_null(strstr(reps, "40 replicas: 40 current, 0 behind, 0 partial, 0 gone"));
+	assert_non_null(strstr(reps, "showing 11&ndash;15"));
+	assert_non_null(strstr(reps, "href=\"/?replicas_offset=5&amp;replicas_limit=5\">previous"));
+	assert_non_null(strstr(reps, "href=\"/?replicas_offset=15&amp;replicas_limit=5\">next"));
+	assert_non_null(strstr(reps, ">P10<"));
+	assert_non_null(strstr(reps, ">P14<"));
+	assert_null(strstr(reps, ">P09<"));
+	assert_null(strstr(reps, ">P15<"));
+	assert_non_null(strstr(b, "&hellip; (40 in all)"));
+	trk_reply_fini(&r);
+}
+
 /* ---- the client on its own ----------------------------------------------------------------- */
 
 static int cb_calls;
@@ -2260,6 +2347,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_replica_target, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_status_outputs, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_status_pages, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_client, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_binary, setup_open, teardown),
 	};

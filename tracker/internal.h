@@ -387,17 +387,22 @@ void trk__handle_sources(struct trk_call *c);
 
 /* ---- registry_json.c: the registry's JSON views ---- */
 
+/* Which replicas a status shows: `limit` of them from `offset`, by name. */
+struct trk_status_page {
+	uint64_t offset, limit;
+};
 /* Status pieces (new references). */
-json_t *trk__registry_status(struct trk_registry *r);
-/* Replicas complete / active at v, for a version's status entry. */
+json_t *trk__registry_status(struct trk_registry *r, const struct trk_status_page *pg);
+/* The names of the replicas complete / active at v, the first max of them by
+ * name, for a version's status entry; *count gets how many there are. */
 json_t *trk__registry_version_replicas(struct trk_registry *r, uint64_t v,
-				       bool active);
+				       bool active, size_t max, uint64_t *count);
 void trk__handle_layouts(struct trk_call *c);
 void trk__handle_replica(struct trk_call *c, const char *name);
 
 /* ---- status.c ---- */
 
-json_t *trk__status_json(struct trk_server *s);
+json_t *trk__status_json(struct trk_server *s, const struct trk_status_page *pg);
 void trk__handle_status(struct trk_call *c);
 void trk__handle_page(struct trk_call *c);
 void trk__handle_metrics(struct trk_call *c);
