@@ -648,6 +648,10 @@ void trk__handle_versions(struct trk_call *c)
 	TAILQ_INSERT_TAIL(&vs->waiters, w, link);
 	if (w->conn != NULL)
 		evhttp_connection_set_closecb(w->conn, waiter_closed, w);
+	/* Watches that a version answered together come back together; held
+	 * for exactly wait_ms they would all time out together again, every
+	 * time. Ending each somewhere in the last tenth spreads them out. */
+	wait_ms -= randombytes_uniform((uint32_t)(wait_ms / 10 + 1));
 	struct timeval tv = {(time_t)(wait_ms / 1000),
 			     (suseconds_t)(wait_ms % 1000) * 1000};
 	evtimer_add(w->timer, &tv);
