@@ -71,7 +71,12 @@
 	X(TRACKER_CONNS, "TESSERA_TRACKER_CONNS", 4096, "tracker connection cap") \
 	/* Time a client gets to send a request's whole head (request line \
 	 * and headers) to the tracker, from its first byte. */ \
-	X(HEADER_MS, "TESSERA_HEADER_MS", 10000, "tracker deadline for a request head, ms")
+	X(HEADER_MS, "TESSERA_HEADER_MS", 10000, "tracker deadline for a request head, ms") \
+	/* Connections the kernel queues for the tracker before it accepts them: \
+	 * nodes connect per request, so a burst (every watch answered at once \
+	 * when a version lands) must not overflow it into refusals. The kernel \
+	 * caps it at net.core.somaxconn. */ \
+	X(LISTEN_BACKLOG, "TESSERA_LISTEN_BACKLOG", 4096, "tracker listen backlog, connections")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

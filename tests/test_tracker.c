@@ -957,6 +957,139 @@ static void test_register(void **state)
 	free(b);
 }
 
+/* ---- the layout cache ----------------------------------------------------------- */
+
+/* The value of one metrics line (name with labels), which must be there. */
+static uint64_t metric_of(struct fx *f, const char *name)
+{
+	struct trk_reply r;
+	char want[256];
+	uint64_t v = 0;
+
+	assert_int_equal(get(f, "/metrics", &r), 200);
+	snprintf(want, sizeof(want), "\n%s ", name);
+	const char *at = strstr((const char *)r.body, want);
+	if (at == NULL)
+		fail_msg("no metric %s", name);
+	v = strtoull(at + strlen(want), NULL, 10);
+	trk_reply_fini(&r);
+	return v;
+}
+
+#define HITS "tessera_tracker_layout_cache_lookups_total{result=\"hit\"}"
+#define MISSES "tessera_tracker_layout_cache_lookups_total{result=\"miss\"}"
+
+/* Registers replica/0 with layout; returns the digest answered. */
+static void register_digest(struct fx *f, const char *replica, const char *layout, char *out)
+{
+	struct trk_reply r;
+	assert_int_equal(register_node(f, replica, 0, layout, &r), 200);
+	snprintf(out, 2 * PROTO_HASH_BYTES + 1, "%s",
+		 json_string_value(json_object_get(r.json, "layout_digest")));
+	trk_reply_fini(&r);
+}
+
+static void test_layout_cache(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	char d[2 * PROTO_HASH_BYTES + 1], first_err[600], name[16], form[160];
+	static const char BADPARSE[] = "{\"ranks\":2,\"tensors\":[{\"tensor\":\"nope\",\"split\":0}]}";
+	json_t *explicit = proto_layout_to_json(&f->model, &f->tp2);
+	char *etxt = json_dumps(explicit, JSON_COMPACT), *etxt_ws = json_dumps(explicit, JSON_INDENT(3));
+	uint64_t hits, misses;
+
+	register_publisher(f);
+	assert_int_equal(metric_of(f, HITS), 0);
+	assert_int_equal(metric_of(f, MISSES), 0);
+
+	/* A bad layout is refused the same way on first and on repeated use, and
+	 * is never remembered. */
+	const char *bad[] = {PARTIAL, BADPARSE};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad); i++)
+		for (int k = 0; k < 3; k++) {
+			snprintf(name, sizeof(name), "bad%zu%d", i, k);
+			assert_int_equal(register_node(f, name, 0, bad[i], &r), 400);
+			if (k == 0)
+				snprintf(first_err, sizeof(first_err), "%s", r.error);
+			else
+				assert_string_equal(r.error, first_err);
+			if (i == 0)
+				assert_non_null(strstr(r.error, "layout does not cover the model: "));
+			trk_reply_fini(&r);
+		}
+	assert_int_equal(metric_of(f, HITS), 0);
+	assert_int_equal(metric_of(f, MISSES), 6);
+
+	/* The same form again (even written otherwise: an equal JSON value) is a
+	 * hit, and gives what a fresh parse gave. */
+	register_digest(f, "A", etxt, d);
+	assert_string_equal(d, HEX(f->tp2.digest));
+	assert_int_equal(metric_of(f, MISSES), 7);
+	register_node_ok(f, "A", 1, etxt);
+	register_digest(f, "B", etxt_ws, d);
+	assert_string_equal(d, HEX(f->tp2.digest));
+	assert_int_equal(metric_of(f, HITS), 2);
+	assert_int_equal(metric_of(f, MISSES), 7);
+	/* Another form of the same layout is parsed once, then cached too. */
+	register_digest(f, "C", TP2, d);
+	assert_string_equal(d, HEX(f->tp2.digest));
+	register_digest(f, "D", TP2, d);
+	assert_string_equal(d, HEX(f->tp2.digest));
+	assert_int_equal(metric_of(f, HITS), 3);
+	assert_int_equal(metric_of(f, MISSES), 8);
+	/* A form differing in one value is another layout. */
+	register_digest(f, "E", TP2_ROWS, d);
+	assert_string_not_equal(d, HEX(f->tp2.digest));
+	assert_int_equal(metric_of(f, MISSES), 9);
+	/* Rank checks and layout conflicts hold on a hit as on a miss. */
+	assert_int_equal(register_node(f, "B", 2, etxt, &r), 400);
+	assert_non_null(strstr(r.error, "rank"));
+	trk_reply_fini(&r);
+	assert_int_equal(register_node(f, "E", 1, TP2, &r), 409);
+	assert_non_null(strstr(r.error, "another layout"));
+	trk_reply_fini(&r);
+	/* One shared layout for A..D, the same as before the cache. */
+	assert_int_equal(get(f, TRK_API "/layouts", &r), 200);
+	json_t *ls = json_object_get(r.json, "layouts"), *e;
+	size_t i;
+	assert_int_equal(json_array_size(ls), 2);
+	json_array_foreach(ls, i, e) {
+		if (strcmp(json_string_value(json_object_get(e, "digest")), HEX(f->tp2.digest)) == 0) {
+			assert_int_equal(json_array_size(json_object_get(e, "replicas")), 4);
+			assert_true(json_equal(json_object_get(e, "layout"), explicit));
+		}
+	}
+	trk_reply_fini(&r);
+
+	/* More forms than the cache holds: the least recently used goes (and is
+	 * parsed again when it returns), the layouts of replicas stay. */
+	for (int n = 1; n <= 20; n++) {
+		snprintf(name, sizeof(name), "R%d", n);
+		snprintf(form, sizeof(form),
+			 "{\"ranks\":%d,\"tensors\":[{\"match\":\"*\",\"replicate\":true}]}", n);
+		register_digest(f, name, form, d);
+	}
+	hits = metric_of(f, HITS);
+	misses = metric_of(f, MISSES);
+	assert_int_equal(misses, 9 + 20);
+	register_digest(f, "R20b", form, d); /* the newest: cached */
+	assert_int_equal(metric_of(f, HITS), hits + 1);
+	register_digest(f, "A2", etxt, d); /* evicted long ago: parsed again */
+	assert_string_equal(d, HEX(f->tp2.digest));
+	assert_int_equal(metric_of(f, MISSES), misses + 1);
+	assert_int_equal(get(f, TRK_API "/layouts", &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "layouts")), 2 + 20);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/replicas/R7", &r), 200);
+	assert_int_equal(jget_u64(r.json, "nranks"), 7);
+	trk_reply_fini(&r);
+
+	free(etxt);
+	free(etxt_ws);
+	json_decref(explicit);
+}
+
 /* ---- leases ------------------------------------------------------------------------- */
 
 static int setup_short_lease(void **state)
@@ -2078,6 +2211,93 @@ static void test_status_outputs(void **state)
 	trk_reply_fini(&r);
 }
 
+/* ---- status at scale: pages of replicas, capped name lists ------------------------ */
+
+/* The replica names of a status answer, joined by ','. */
+static void names_of(json_t *st, char *out, size_t n)
+{
+	size_t i, k = 0;
+	json_t *rep;
+
+	out[0] = 0;
+	json_array_foreach(json_object_get(st, "replicas"), i, rep)
+		k += (size_t)snprintf(out + k, n - k, "%s%s", i ? "," : "",
+				      json_string_value(json_object_get(rep, "replica")));
+}
+
+static void test_status_pages(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	char name[16], id[24], names[512];
+
+	register_publisher(f);
+	publish_two(f);
+	for (int i = 0; i < 40; i++) {
+		snprintf(name, sizeof(name), "P%02d", i);
+		register_node_ok(f, name, 0, TP1);
+		snprintf(id, sizeof(id), "%s/0", name);
+		report_ok(f, id, 2, "active");
+	}
+	/* All 40 by default, counted by state; version 2 lists 32 names of 40. */
+	assert_int_equal(get(f, TRK_API "/status", &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "replicas")), 40);
+	assert_int_equal(jget_u64(r.json, "replicas_total"), 40);
+	assert_int_equal(jget_u64(r.json, "replicas_offset"), 0);
+	assert_int_equal(jget_u64(json_object_get(r.json, "replicas_by_state"), "current"), 40);
+	assert_int_equal(jget_u64(json_object_get(r.json, "replicas_by_state"), "behind"), 0);
+	json_t *v2 = json_array_get(json_object_get(r.json, "versions"), 0);
+	assert_int_equal(jget_u64(v2, "version"), 2);
+	assert_int_equal(jget_u64(v2, "complete_count"), 40);
+	assert_int_equal(jget_u64(v2, "active_count"), 40);
+	assert_int_equal(json_array_size(json_object_get(v2, "complete")), 32);
+	assert_int_equal(json_array_size(json_object_get(v2, "active")), 32);
+	assert_string_equal(json_string_value(json_array_get(json_object_get(v2, "active"), 31)),
+			    "P31");
+	trk_reply_fini(&r);
+	/* A page from the middle, one past the end. */
+	assert_int_equal(get(f, TRK_API "/status?replicas_offset=10&replicas_limit=5", &r), 200);
+	names_of(r.json, names, sizeof(names));
+	assert_string_equal(names, "P10,P11,P12,P13,P14");
+	assert_int_equal(jget_u64(r.json, "replicas_total"), 40);
+	assert_int_equal(jget_u64(r.json, "replicas_limit"), 5);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/status?replicas_offset=40", &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "replicas")), 0);
+	assert_int_equal(jget_u64(r.json, "replicas_total"), 40);
+	trk_reply_fini(&r);
+	/* Bad page parameters, on the JSON and on the page. */
+	static const char *bad[] = {"replicas_limit=100001", "replicas_limit=x",
+				    "replicas_offset=-1", "replicas_offset=1e3"};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad); i++) {
+		char path[128];
+		snprintf(path, sizeof(path), TRK_API "/status?%s", bad[i]);
+		assert_int_equal(get(f, path, &r), 400);
+		assert_non_null(strstr(r.error, "replicas_"));
+		trk_reply_fini(&r);
+		snprintf(path, sizeof(path), "/?%s", bad[i]);
+		assert_int_equal(get(f, path, &r), 400);
+		trk_reply_fini(&r);
+	}
+	/* The page shows the same slice, with counts and links. */
+	assert_int_equal(get(f, "/?replicas_offset=10&replicas_limit=5", &r), 200);
+	char *b = (char *)r.body, *reps = strstr(b, "<h2>Replicas"),
+	     *pubs = reps ? strstr(reps, "<h2>Publishers") : NULL;
+	assert_non_null(reps);
+	assert_non_null(pubs);
+	*pubs = 0; /* look at the replicas section alone */
+	assert_non_null(strstr(reps, "40 replicas: 40 current, 0 behind, 0 partial, 0 gone"));
+	assert_non_null(strstr(reps, "showing 11&ndash;15"));
+	assert_non_null(strstr(reps, "href=\"/?replicas_offset=5&amp;replicas_limit=5\">previous"));
+	assert_non_null(strstr(reps, "href=\"/?replicas_offset=15&amp;replicas_limit=5\">next"));
+	assert_non_null(strstr(reps, ">P10<"));
+	assert_non_null(strstr(reps, ">P14<"));
+	assert_null(strstr(reps, ">P09<"));
+	assert_null(strstr(reps, ">P15<"));
+	assert_non_null(strstr(b, "&hellip; (40 in all)"));
+	trk_reply_fini(&r);
+}
+
 /* ---- the client on its own ----------------------------------------------------------------- */
 
 /* GET /versions/V/timeline: the boundaries of an update as the publisher,
@@ -2815,6 +3035,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_bad_corpus, setup_keyed, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_bodies, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_register, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_layout_cache, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_lease_expiry, setup_short_lease, teardown),
 		cmocka_unit_test_setup_teardown(test_versions, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_restart, setup_open, teardown),
@@ -2827,6 +3048,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_status_outputs, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_timeline, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_layout_names, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_status_pages, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_client, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_binary, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources_members_only, setup_keyed,

@@ -5,6 +5,8 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <malloc.h>
+#include <event2/listener.h>
+#include <event2/util.h>
 #include <netinet/in.h>
 #include <sodium.h>
 #include <stdarg.h>
@@ -636,6 +638,40 @@ static int bound_port(evutil_socket_t fd, uint16_t *port)
 	return 0;
 }
 
+/* Binds host:port with the configured backlog (libevent's default is
+ * small) and hands the listener to evhttp, which then owns it. */
+static int listen_on(struct trk_server *s, const char *host, uint16_t port,
+		     struct proto_err *err)
+{
+	struct evutil_addrinfo hints = {0}, *ai = NULL;
+	struct evconnlistener *lev = NULL;
+	char portstr[8];
+	int gai, backlog = (int)PROTO_MIN(proto_param(PROTO_PARAM_LISTEN_BACKLOG), INT32_MAX);
+
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_protocol = IPPROTO_TCP;
+	hints.ai_flags = EVUTIL_AI_PASSIVE;
+	snprintf(portstr, sizeof(portstr), "%u", (unsigned)port);
+	gai = evutil_getaddrinfo(host, portstr, &hints, &ai);
+	if (gai != 0)
+		return proto_errf(err, EADDRNOTAVAIL, "%s", evutil_gai_strerror(gai));
+	lev = evconnlistener_new_bind(s->base, NULL, NULL,
+				      LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC |
+					      LEV_OPT_REUSEABLE,
+				      backlog > 0 ? backlog : -1, ai->ai_addr,
+				      (int)ai->ai_addrlen);
+	evutil_freeaddrinfo(ai);
+	if (lev == NULL)
+		return proto_errf(err, EADDRNOTAVAIL, "%s", strerror(errno));
+	s->sock = evhttp_bind_listener(s->http, lev);
+	if (s->sock == NULL) {
+		evconnlistener_free(lev);
+		return proto_errf(err, ENOMEM, "out of memory");
+	}
+	return 0;
+}
+
 int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 		   struct trk_server **out, struct proto_err *err)
 {
@@ -690,10 +726,8 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 						    EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT |
 						    EVHTTP_REQ_PATCH);
 	evhttp_set_gencb(s->http, dispatch, s);
-	s->sock = evhttp_bind_socket_with_handle(s->http, host, port);
-	if (s->sock == NULL) {
-		rc = proto_errf(err, EADDRNOTAVAIL, "cannot listen on %s: %s",
-				o->listen, strerror(errno));
+	if ((rc = listen_on(s, host, port, err)) != 0) {
+		proto_err_prefix(err, "cannot listen on %s", o->listen);
 		goto fail;
 	}
 	if ((rc = trk__conns_new(s, &s->conns)) != 0) {

@@ -228,6 +228,7 @@ void trk__handle_manifest(struct trk_call *c, const char *v);
 #define TRK__WALL_MS_MAX (1ull << 53) /* largest wall time in ms a body may carry */
 #define TRK__TIMELINE_VERSIONS 64 /* versions whose timeline is kept */
 #define TRK__TIMELINE_RANKS 4096  /* ranks (and replicas) per timeline */
+#define TRK__LAYOUT_FORMS 16 /* layout forms (as nodes wrote them) cached */
 
 /* A serving layout some replica uses, shared by its replicas. */
 struct trk_slayout {
@@ -237,6 +238,12 @@ struct trk_slayout {
 	json_t *json; /* explicit form */
 	unsigned refs;
 	struct trk_slayout *next;
+};
+
+/* A layout as some node wrote it (a JSON value), and what it parsed to. */
+struct trk_lform {
+	json_t *form;
+	struct trk_slayout *sl; /* holds a reference */
 };
 
 struct trk_offer_set {
@@ -322,6 +329,9 @@ struct trk_registry {
 	struct proto_layout tlayout;
 	json_t *tlayout_json;
 	struct trk_slayout *layouts;
+	struct trk_lform forms[TRK__LAYOUT_FORMS]; /* most recently used first */
+	size_t nforms;
+	uint64_t forms_hits, forms_misses;
 	struct trk_publisher *pubs;
 	struct trk_replica *reps; /* sorted by name */
 	struct trk_activation act[TRK__ACTIVATIONS_MAX];
@@ -329,6 +339,10 @@ struct trk_registry {
 	uint64_t act_total;
 	uint64_t bytes_from_trainer, bytes_from_peers;
 	struct trk_timeline *tl; /* per-version update timelines */
+	/* The next full sweep is due at this monotonic time (ns): the earliest
+	 * lease end or prune time seen by the last sweep, at most one sweep
+	 * period after it; 0 forces one at the next request. */
+	uint64_t sweep_due_ns;
 };
 
 /* ---- registry.c: lifetime, lookups, leases, derived state ---- */
@@ -340,8 +354,21 @@ void trk__registry_free(struct trk_registry *r);
 void trk__registry_drop_model(struct trk_registry *r);
 /* The lease a registration or heartbeat grants, in ns. */
 uint64_t trk__registry_lease_ns(const struct trk_registry *r);
-/* Expires leases that ran out by now; prunes long-gone entries. */
+/* Expires leases that ran out by now, prunes long-gone entries and re-derives
+ * every replica's target. Called before every request and by a timer, it
+ * walks the registry only when something is due (a lease end, a prune, a
+ * change marked by trk__registry_changed, or a sweep period passed), so a
+ * request costs O(1) here however many nodes there are. */
 void trk__registry_sweep(struct trk_registry *r);
+/* The period after which a sweep walks the registry regardless, in ns. */
+uint64_t trk__registry_sweep_period_ns(const struct trk_registry *r);
+/* A lease was granted that ends at exp_ns (registrations; heartbeats only
+ * extend leases and need not call this). */
+void trk__registry_lease_granted(struct trk_registry *r, uint64_t exp_ns);
+/* Something every replica's target depends on changed (a version was
+ * published, a publisher registered or changed its offers): the next
+ * request sweeps. */
+void trk__registry_changed(struct trk_registry *r);
 /* true and the digests when a publisher registered a model. */
 bool trk__registry_model(const struct trk_registry *r, uint8_t *model_digest,
 			 uint8_t *layout_digest);
@@ -351,11 +378,23 @@ struct trk_counts {
 	uint64_t replicas_current, replicas_behind, replicas_partial,
 		replicas_gone;
 	uint64_t bytes_from_trainer, bytes_from_peers, activations;
+	uint64_t layout_cache_hits, layout_cache_misses;
 };
 void trk__registry_counts(struct trk_registry *r, struct trk_counts *out);
 
+/* ---- slayouts.c: shared serving layouts and the cache of their forms ---- */
+
+/* The serving layout that the JSON value jl describes, against the
+ * registry's model: found among the forms seen before (an equal JSON value),
+ * else parsed and checked to cover the model, then remembered. *out gets a
+ * new reference. A bad layout is refused on every use with the same one-line
+ * err (-EINVAL) and is never remembered; -ENOMEM. */
+int trk__slayout_get(struct trk_registry *r, json_t *jl, struct trk_slayout **out,
+		     struct proto_err *err);
 /* Drop a reference; the last one unlinks and frees sl. NULL is fine. */
 void trk__slayout_put(struct trk_registry *r, struct trk_slayout *sl);
+/* Forgets every cached form (the model changes or the registry goes). */
+void trk__slayout_cache_clear(struct trk_registry *r);
 /* Free an entry and everything it owns (offers included). NULL is fine for
  * a node; neither is unlinked from the registry. */
 void trk__node_free(struct trk_node *n);
@@ -429,17 +468,22 @@ void trk__handle_sources(struct trk_call *c);
 
 /* ---- registry_json.c: the registry's JSON views ---- */
 
+/* Which replicas a status shows: `limit` of them from `offset`, by name. */
+struct trk_status_page {
+	uint64_t offset, limit;
+};
 /* Status pieces (new references). */
-json_t *trk__registry_status(struct trk_registry *r);
-/* Replicas complete / active at v, for a version's status entry. */
+json_t *trk__registry_status(struct trk_registry *r, const struct trk_status_page *pg);
+/* The names of the replicas complete / active at v, the first max of them by
+ * name, for a version's status entry; *count gets how many there are. */
 json_t *trk__registry_version_replicas(struct trk_registry *r, uint64_t v,
-				       bool active);
+				       bool active, size_t max, uint64_t *count);
 void trk__handle_layouts(struct trk_call *c);
 void trk__handle_replica(struct trk_call *c, const char *name);
 
 /* ---- status.c ---- */
 
-json_t *trk__status_json(struct trk_server *s);
+json_t *trk__status_json(struct trk_server *s, const struct trk_status_page *pg);
 void trk__handle_status(struct trk_call *c);
 void trk__handle_page(struct trk_call *c);
 void trk__handle_metrics(struct trk_call *c);

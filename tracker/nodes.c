@@ -31,14 +31,6 @@ int trk_state_parse(const char *s, enum trk_rank_state *out)
 
 /* ---- POST /nodes -------------------------------------------------------------- */
 
-static struct trk_slayout *find_slayout(struct trk_registry *r, const uint8_t *digest)
-{
-	for (struct trk_slayout *sl = r->layouts; sl; sl = sl->next)
-		if (memcmp(sl->digest, digest, PROTO_HASH_BYTES) == 0)
-			return sl;
-	return NULL;
-}
-
 /* Inserts rep keeping the list sorted by name. */
 static void insert_replica(struct trk_registry *r, struct trk_replica *rep)
 {
@@ -58,13 +50,11 @@ void trk__handle_nodes(struct trk_call *c)
 	uint8_t md[PROTO_HASH_BYTES];
 	char *addr = NULL, hex[2 * PROTO_HASH_BYTES + 1];
 	json_t *jl = json_object_get(c->json, "layout");
-	struct proto_layout l;
-	bool have_l = false;
-	struct trk_slayout *sl = NULL;
+	struct trk_slayout *sl = NULL; /* holds a reference while here */
 	struct trk_replica *rep, *new_rep = NULL;
 	struct trk_node *n = NULL, **new_ranks = NULL;
+	int rc;
 
-	memset(&l, 0, sizeof(l));
 	if (trk__get_str(c->json, "replica", true, TRK_REPLICA_MAX, &replica, &err) != 0 ||
 	    trk__get_u64(c->json, "rank", true, PROTO_MAX_RANKS - 1, &rank, &err) != 0 ||
 	    trk__get_str(c->json, "host", true, TRK__HOST_MAX, &host, &err) != 0 ||
@@ -98,22 +88,17 @@ void trk__handle_nodes(struct trk_call *c)
 		trk__fail(c, 409, "model_digest differs from the trainer's model (%s)", hex);
 		goto out;
 	}
-	if (proto_layout_from_json(&r->model, jl, "layout", &l, &err) != 0) {
-		trk__fail(c, 400, "%s", err.msg);
+	if ((rc = trk__slayout_get(r, jl, &sl, &err)) != 0) {
+		trk__fail(c, rc == -ENOMEM ? 500 : 400, "%s", err.msg);
 		goto out;
 	}
-	have_l = true;
-	if (proto_layout_check_complete(&r->model, &l, &err) != 0) {
-		trk__fail(c, 400, "layout does not cover the model: %s", err.msg);
-		goto out;
-	}
-	if (rank >= l.nranks) {
+	if (rank >= sl->l.nranks) {
 		trk__fail(c, 400, "rank %llu is not below the layout's %u ranks",
-			  (unsigned long long)rank, l.nranks);
+			  (unsigned long long)rank, sl->l.nranks);
 		goto out;
 	}
 	rep = trk__replica_find(r, replica);
-	if (rep != NULL && memcmp(rep->layout->digest, l.digest, PROTO_HASH_BYTES) != 0) {
+	if (rep != NULL && rep->layout != sl) {
 		for (uint32_t i = 0; i < rep->nranks; i++) {
 			struct trk_node *o = rep->ranks[i];
 			if (o == NULL || !o->alive || i == rank)
@@ -127,23 +112,6 @@ void trk__handle_nodes(struct trk_call *c)
 	}
 
 	/* Prepare everything that can fail, then commit. */
-	sl = find_slayout(r, l.digest);
-	if (sl == NULL) {
-		sl = calloc(1, sizeof(*sl));
-		if (sl == NULL)
-			goto oom;
-		sl->json = proto_layout_to_json(&r->model, &l);
-		if (sl->json == NULL) {
-			free(sl);
-			sl = NULL;
-			goto oom;
-		}
-		memcpy(sl->digest, l.digest, PROTO_HASH_BYTES);
-		sl->l = l;
-		have_l = false;
-		sl->next = r->layouts;
-		r->layouts = sl;
-	}
 	n = calloc(1, sizeof(*n));
 	if (n == NULL || (n->host = strdup(host)) == NULL ||
 	    (n->provider = strdup(provider)) == NULL)
@@ -166,6 +134,7 @@ void trk__handle_nodes(struct trk_call *c)
 	n->registered_ms = proto_wall_ms();
 	trk__session_new(n->session);
 	n->expires_ns = proto_now_ns() + trk__registry_lease_ns(r);
+	trk__registry_lease_granted(r, n->expires_ns);
 	if (rep == NULL) {
 		rep = new_rep;
 		new_rep = NULL;
@@ -205,16 +174,11 @@ void trk__handle_nodes(struct trk_call *c)
 oom:
 	trk__fail(c, 500, "out of memory");
 out:
-	if (sl != NULL && sl->refs == 0) { /* created here, unused */
-		sl->refs = 1;
-		trk__slayout_put(r, sl);
-	}
+	trk__slayout_put(r, sl);
 	free(new_rep);
 	free(new_ranks);
 	trk__node_free(n);
 	free(addr);
-	if (have_l)
-		proto_layout_fini(&l);
 }
 
 /* ---- POST /nodes/state ----------------------------------------------------- */

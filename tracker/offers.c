@@ -174,6 +174,8 @@ void trk__handle_offers(struct trk_call *c)
 	}
 	if (p != NULL && cnt > 0)
 		trk__versions_find(c->s->vs, version)->offered = true;
+	if (p != NULL) /* what publishers serve moves replica targets */
+		trk__registry_changed(r);
 	offers_put(n != NULL ? &n->offers : &p->offers, version, list, cnt);
 	if (p != NULL && snapshot_ms != 0)
 		trk__timeline_snapshot(r->tl, version, snapshot_ms);
@@ -231,20 +233,23 @@ void trk__handle_sources(struct trk_call *c)
 		trk__fail(c, 404, "version %llu is unknown", (unsigned long long)version);
 		goto out;
 	}
-	for (struct trk_replica *rep = r->reps; rep; rep = rep->next)
-		for (uint32_t i = 0; i < rep->nranks; i++) {
-			struct trk_node *n = rep->ranks[i];
-			const struct trk_offer *o;
-			if (!trk__node_holds(n, version))
-				continue;
-			o = offers_find(&n->offers, version, layout, (uint32_t)src,
-					(uint32_t)dst);
-			if (o != NULL &&
-			    json_array_append_new(peers, source_json(true, n->id, n->host,
-								     n->provider,
-								     n->addr, o)) != 0)
-				goto oom;
-		}
+	/* A node offers only parcels of its own layout and rank, so the only
+	 * candidates are rank dst of the replicas with that layout. */
+	for (struct trk_replica *rep = r->reps; rep; rep = rep->next) {
+		struct trk_node *n;
+		const struct trk_offer *o;
+		if (dst >= rep->nranks ||
+		    memcmp(rep->layout->digest, layout, PROTO_HASH_BYTES) != 0)
+			continue;
+		n = rep->ranks[dst];
+		if (!trk__node_holds(n, version))
+			continue;
+		o = offers_find(&n->offers, version, layout, (uint32_t)src, (uint32_t)dst);
+		if (o != NULL &&
+		    json_array_append_new(peers, source_json(true, n->id, n->host, n->provider,
+							     n->addr, o)) != 0)
+			goto oom;
+	}
 	/* Spread the swarm: peers in random order. */
 	for (size_t i = json_array_size(peers); i > 1; i--) {
 		size_t j = randombytes_uniform((uint32_t)i);

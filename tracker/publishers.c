@@ -182,6 +182,8 @@ void trk__handle_publishers(struct trk_call *c)
 	p->alive = true;
 	p->registered_ms = proto_wall_ms();
 	p->expires_ns = proto_now_ns() + trk__registry_lease_ns(r);
+	trk__registry_lease_granted(r, p->expires_ns);
+	trk__registry_changed(r);
 	p->next = r->pubs;
 	r->pubs = p;
 	LOG_INFO("publisher %s registered with %zu ranks", p->id, p->nranks);

@@ -11,20 +11,6 @@
 
 /* ---- lifetime helpers ---------------------------------------------------- */
 
-void trk__slayout_put(struct trk_registry *r, struct trk_slayout *sl)
-{
-	if (sl == NULL || --sl->refs > 0)
-		return;
-	for (struct trk_slayout **pp = &r->layouts; *pp; pp = &(*pp)->next)
-		if (*pp == sl) {
-			*pp = sl->next;
-			break;
-		}
-	proto_layout_fini(&sl->l);
-	json_decref(sl->json);
-	free(sl);
-}
-
 void trk__node_free(struct trk_node *n)
 {
 	if (n == NULL)
@@ -68,6 +54,7 @@ static void drop_replicas(struct trk_registry *r)
 
 void trk__registry_drop_model(struct trk_registry *r)
 {
+	trk__slayout_cache_clear(r); /* forms were parsed against the model */
 	drop_replicas(r);
 	if (r->have_model) {
 		proto_layout_fini(&r->tlayout);
@@ -246,11 +233,38 @@ static void node_gone(struct trk_node *n, uint64_t now_ms, const char *why)
 	LOG_INFO("node %s gone (%s)", n->id, why);
 }
 
+uint64_t trk__registry_sweep_period_ns(const struct trk_registry *r)
+{
+	return PROTO_MAX(PROTO_MIN(r->s->lease_ms / 4, 500), 10) * 1000000ull;
+}
+
+void trk__registry_lease_granted(struct trk_registry *r, uint64_t exp_ns)
+{
+	r->sweep_due_ns = PROTO_MIN(r->sweep_due_ns, exp_ns);
+}
+
+void trk__registry_changed(struct trk_registry *r)
+{
+	r->sweep_due_ns = 0;
+}
+
+/* The monotonic time (ns) at which a gone entry is pruned. */
+static uint64_t prune_at(uint64_t now, uint64_t now_ms, uint64_t gone_ms,
+			 uint64_t prune_ms)
+{
+	uint64_t at_ms = gone_ms + prune_ms + 1; /* pruned once past it */
+	return at_ms > now_ms ? now + (at_ms - now_ms) * 1000000ull : now;
+}
+
 void trk__registry_sweep(struct trk_registry *r)
 {
-	uint64_t now = proto_now_ns(), now_ms = proto_wall_ms();
-	uint64_t prune_ms = PRUNE_LEASES * r->s->lease_ms;
+	uint64_t now = proto_now_ns(), now_ms, prune_ms, due;
 
+	if (now < r->sweep_due_ns)
+		return;
+	now_ms = proto_wall_ms();
+	prune_ms = PRUNE_LEASES * r->s->lease_ms;
+	due = now + trk__registry_sweep_period_ns(r);
 	for (struct trk_publisher **pp = &r->pubs; *pp;) {
 		struct trk_publisher *p = *pp;
 		if (p->alive && now >= p->expires_ns) {
@@ -263,6 +277,8 @@ void trk__registry_sweep(struct trk_registry *r)
 			trk__publisher_free(p);
 			continue;
 		}
+		due = PROTO_MIN(due, p->alive ? p->expires_ns :
+						prune_at(now, now_ms, p->gone_ms, prune_ms));
 		pp = &p->next;
 	}
 	for (struct trk_replica **rp = &r->reps; *rp;) {
@@ -279,6 +295,8 @@ void trk__registry_sweep(struct trk_registry *r)
 				rep->ranks[i] = NULL;
 				continue;
 			}
+			due = PROTO_MIN(due, n->alive ? n->expires_ns :
+							prune_at(now, now_ms, n->gone_ms, prune_ms));
 			any = true;
 		}
 		if (!any) {
@@ -289,6 +307,7 @@ void trk__registry_sweep(struct trk_registry *r)
 		trk__replica_update_target(r->s, rep);
 		rp = &rep->next;
 	}
+	r->sweep_due_ns = due;
 }
 
 /* ---- POST /heartbeat ------------------------------------------------------ */
@@ -390,4 +409,6 @@ void trk__registry_counts(struct trk_registry *r, struct trk_counts *out)
 	out->bytes_from_trainer = r->bytes_from_trainer;
 	out->bytes_from_peers = r->bytes_from_peers;
 	out->activations = r->act_total;
+	out->layout_cache_hits = r->forms_hits;
+	out->layout_cache_misses = r->forms_misses;
 }

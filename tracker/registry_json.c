@@ -161,14 +161,17 @@ void trk__handle_replica(struct trk_call *c, const char *name)
 /* ---- status -------------------------------------------------------------------- */
 
 json_t *trk__registry_version_replicas(struct trk_registry *r, uint64_t v,
-				       bool active)
+				       bool active, size_t max, uint64_t *count)
 {
 	json_t *a = json_array();
 
+	*count = 0;
 	for (struct trk_replica *rep = r->reps; a != NULL && rep; rep = rep->next) {
 		bool in = active ? rep->active == v && trk__replica_alive(rep) :
 				   trk__replica_complete(rep, v);
-		if (in && json_array_append_new(a, json_string(rep->name)) != 0) {
+		if (!in)
+			continue;
+		if ((*count)++ < max && json_array_append_new(a, json_string(rep->name)) != 0) {
 			json_decref(a);
 			return NULL;
 		}
@@ -207,8 +210,9 @@ static json_t *publisher_json(const struct trk_publisher *p)
 	return o;
 }
 
-json_t *trk__registry_status(struct trk_registry *r)
+json_t *trk__registry_status(struct trk_registry *r, const struct trk_status_page *pg)
 {
+	uint64_t total = 0;
 	json_t *o = json_object(), *pubs = json_array(), *reps = json_array(),
 	       *acts = json_array();
 	int bad = o == NULL || pubs == NULL || reps == NULL || acts == NULL;
@@ -216,8 +220,9 @@ json_t *trk__registry_status(struct trk_registry *r)
 
 	for (struct trk_publisher *p = r->pubs; !bad && p; p = p->next)
 		bad |= json_array_append_new(pubs, publisher_json(p)) != 0;
-	for (struct trk_replica *rep = r->reps; !bad && rep; rep = rep->next)
-		bad |= json_array_append_new(reps, replica_json(r, rep, true)) != 0;
+	for (struct trk_replica *rep = r->reps; !bad && rep; rep = rep->next, total++)
+		if (total >= pg->offset && total - pg->offset < pg->limit)
+			bad |= json_array_append_new(reps, replica_json(r, rep, true)) != 0;
 	/* Newest activation first. */
 	for (size_t k = 0; !bad && k < r->act_n; k++) {
 		const struct trk_activation *a =
@@ -242,6 +247,15 @@ json_t *trk__registry_status(struct trk_registry *r)
 				trk__jint(r->have_model ? proto_model_bytes(&r->model) : 0));
 		bad |= trk__set(o, "publishers", json_incref(pubs));
 		bad |= trk__set(o, "replicas", json_incref(reps));
+		bad |= trk__set(o, "replicas_total", trk__jint(total));
+		bad |= trk__set(o, "replicas_offset", trk__jint(pg->offset));
+		bad |= trk__set(o, "replicas_limit", trk__jint(pg->limit));
+		bad |= trk__set(o, "replicas_by_state",
+				json_pack("{s:o,s:o,s:o,s:o}", "current",
+					  trk__jint(cnt.replicas_current), "behind",
+					  trk__jint(cnt.replicas_behind), "partial",
+					  trk__jint(cnt.replicas_partial), "gone",
+					  trk__jint(cnt.replicas_gone)));
 		bad |= trk__set(o, "activations", json_incref(acts));
 		bad |= trk__set(o, "activations_total", trk__jint(r->act_total));
 		bad |= trk__set(o, "bytes_from_trainer", trk__jint(r->bytes_from_trainer));

@@ -1,4 +1,5 @@
 /* What the tracker shows: status JSON, the status page, Prometheus metrics. */
+#include <errno.h>
 #include <event2/buffer.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -8,14 +9,17 @@
 #include "tracker/internal.h"
 
 #define STATUS_VERSIONS 64 /* newest versions the status shows */
+#define STATUS_NAMES 32     /* replica names a version entry lists */
+#define STATUS_REPLICAS 100 /* replicas a status shows unless asked for more */
+#define STATUS_REPLICAS_MAX 100000
 
-json_t *trk__status_json(struct trk_server *s)
+json_t *trk__status_json(struct trk_server *s, const struct trk_status_page *pg)
 {
 	struct trk_versions *vs = s->vs;
 	size_t n = trk__versions_count(vs), first = n > STATUS_VERSIONS ?
 							    n - STATUS_VERSIONS :
 							    0;
-	json_t *o = trk__registry_status(s->reg), *arr = json_array();
+	json_t *o = trk__registry_status(s->reg, pg), *arr = json_array();
 	int bad = o == NULL || arr == NULL;
 
 	for (size_t i = n; !bad && i > first; i--) {
@@ -27,10 +31,15 @@ json_t *trk__status_json(struct trk_server *s)
 		bad |= trk__set(e, "bytes_from_trainer", trk__jint(v->bytes_from_trainer));
 		bad |= trk__set(e, "bytes_from_peers", trk__jint(v->bytes_from_peers));
 		bad |= trk__set(e, "layouts", json_integer(v->nlayouts));
+		uint64_t nc, na;
 		bad |= trk__set(e, "complete",
-				trk__registry_version_replicas(s->reg, v->version, false));
+				trk__registry_version_replicas(s->reg, v->version, false,
+							       STATUS_NAMES, &nc));
+		bad |= trk__set(e, "complete_count", trk__jint(nc));
 		bad |= trk__set(e, "active",
-				trk__registry_version_replicas(s->reg, v->version, true));
+				trk__registry_version_replicas(s->reg, v->version, true,
+							       STATUS_NAMES, &na));
+		bad |= trk__set(e, "active_count", trk__jint(na));
 		bad |= json_array_append_new(arr, e) != 0;
 	}
 	if (!bad) {
@@ -51,9 +60,28 @@ json_t *trk__status_json(struct trk_server *s)
 	return o;
 }
 
+/* ?replicas_offset=N&replicas_limit=M; 0 and a failed answer when bad. */
+static int status_page(struct trk_call *c, struct trk_status_page *pg)
+{
+	struct proto_err err = {{0}};
+
+	pg->offset = 0;
+	pg->limit = STATUS_REPLICAS;
+	if (trk__query_u64(c, "replicas_offset", false, UINT64_MAX, &pg->offset, &err) != 0 ||
+	    trk__query_u64(c, "replicas_limit", false, STATUS_REPLICAS_MAX, &pg->limit,
+			   &err) != 0) {
+		trk__fail(c, 400, "%s", err.msg);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 void trk__handle_status(struct trk_call *c)
 {
-	trk__reply_json(c, 200, trk__status_json(c->s));
+	struct trk_status_page pg;
+
+	if (status_page(c, &pg) == 0)
+		trk__reply_json(c, 200, trk__status_json(c->s, &pg));
 }
 
 /* ---- the page ------------------------------------------------------------------ */
@@ -134,6 +162,52 @@ static void age(struct evbuffer *b, json_t *now, json_t *then)
 		evbuffer_add_printf(b, "<td>-</td>");
 	else
 		evbuffer_add_printf(b, "<td>%.1f s ago</td>", (double)d / 1000.0);
+}
+
+/* A version's replica names, with how many there are when not all are listed. */
+static void names_cell(struct evbuffer *b, json_t *v, const char *key)
+{
+	char count[64];
+	json_t *names = json_object_get(v, key);
+
+	snprintf(count, sizeof(count), "%s_count", key);
+	json_int_t n = json_integer_value(json_object_get(v, count));
+	evbuffer_add_printf(b, "<td>");
+	esc_json(b, names);
+	if (n > (json_int_t)json_array_size(names))
+		evbuffer_add_printf(b, "%s&hellip; (%lld in all)",
+				    json_array_size(names) ? ", " : "", (long long)n);
+	evbuffer_add_printf(b, "</td>");
+}
+
+/* "Replicas": counts by state, which of them this page shows, and links to
+ * the pages before and after. */
+static void replicas_heading(struct evbuffer *b, json_t *st, const struct trk_status_page *pg)
+{
+	json_t *by = json_object_get(st, "replicas_by_state");
+	uint64_t total = (uint64_t)json_integer_value(json_object_get(st, "replicas_total"));
+	uint64_t shown = json_array_size(json_object_get(st, "replicas"));
+
+	evbuffer_add_printf(b, "<h2>Replicas</h2><p>%" PRIu64 " replicas: %lld current, "
+			       "%lld behind, %lld partial, %lld gone",
+			    total, (long long)json_integer_value(json_object_get(by, "current")),
+			    (long long)json_integer_value(json_object_get(by, "behind")),
+			    (long long)json_integer_value(json_object_get(by, "partial")),
+			    (long long)json_integer_value(json_object_get(by, "gone")));
+	if (shown < total) {
+		evbuffer_add_printf(b, " &middot; showing %" PRIu64 "&ndash;%" PRIu64,
+				    shown ? pg->offset + 1 : 0, pg->offset + shown);
+		if (pg->offset > 0)
+			evbuffer_add_printf(b, " &middot; <a href=\"/?replicas_offset=%" PRIu64
+					       "&amp;replicas_limit=%" PRIu64 "\">previous</a>",
+					    pg->offset > pg->limit ? pg->offset - pg->limit : 0,
+					    pg->limit);
+		if (pg->offset + shown < total)
+			evbuffer_add_printf(b, " &middot; <a href=\"/?replicas_offset=%" PRIu64
+					       "&amp;replicas_limit=%" PRIu64 "\">next</a>",
+					    pg->offset + shown, pg->limit);
+	}
+	evbuffer_add_printf(b, "</p>");
 }
 
 static const char page_head[] =
@@ -224,12 +298,13 @@ static void lag_text(struct evbuffer *b, json_t *rep)
 
 /* Replicas first: what serves which version, rank by rank. Everything of a
  * dead node (or of a replica with none alive) is greyed out. */
-static void page_replicas(struct evbuffer *b, json_t *st)
+static void page_replicas(struct evbuffer *b, json_t *st, const struct trk_status_page *pg)
 {
 	json_t *v, *e;
 	size_t i, j;
 
-	evbuffer_add_printf(b, "<h2>Replicas</h2><table><tr><th>replica</th><th>layout</th>"
+	replicas_heading(b, st, pg);
+	evbuffer_add_printf(b, "<table><tr><th>replica</th><th>layout</th>"
 			       "<th>active</th><th>target</th><th>lag</th><th>complete at</th>"
 			       "<th>rank</th><th>node</th>"
 			       "<th>host</th><th>state</th><th>version</th><th>progress</th>"
@@ -300,8 +375,8 @@ static void version_row(struct evbuffer *b, json_t *v, json_t *now, json_t *mode
 	esc_json(b, json_object_get(v, "layouts"));
 	evbuffer_add_printf(b, " layouts)</td>");
 	age(b, now, json_object_get(v, "published_ms"));
-	cell(b, v, "complete");
-	cell(b, v, "active");
+	names_cell(b, v, "complete");
+	names_cell(b, v, "active");
 	human_bytes(b, json_object_get(v, "bytes_from_trainer"));
 	human_bytes(b, json_object_get(v, "bytes_from_peers"));
 	if (json_is_true(json_object_get(v, "dropped")))
@@ -337,10 +412,15 @@ static void page_versions(struct evbuffer *b, json_t *st)
 
 void trk__handle_page(struct trk_call *c)
 {
-	json_t *st = trk__status_json(c->s), *now, *v, *e;
-	struct evbuffer *b = evbuffer_new();
+	struct trk_status_page pg;
+	json_t *st, *now, *v, *e;
+	struct evbuffer *b;
 	size_t i, j;
 
+	if (status_page(c, &pg) != 0)
+		return;
+	st = trk__status_json(c->s, &pg);
+	b = evbuffer_new();
 	if (st == NULL || b == NULL) {
 		json_decref(st);
 		if (b != NULL)
@@ -365,7 +445,7 @@ void trk__handle_page(struct trk_call *c)
 	evbuffer_add_printf(b, " &middot; %s</p>",
 			    c->s->auth ? "authenticated" : "<b>unauthenticated</b>");
 
-	page_replicas(b, st);
+	page_replicas(b, st, &pg);
 	page_timelines(b, c->s);
 	page_versions(b, st);
 
@@ -503,6 +583,12 @@ void trk__handle_metrics(struct trk_call *c)
 			    k.bytes_from_trainer, k.bytes_from_peers);
 	metric(b, "tessera_tracker_activations_total", "counter",
 	       "Replica activations since start.", k.activations);
+	evbuffer_add_printf(b, "# HELP tessera_tracker_layout_cache_lookups_total Node "
+			       "registrations by whether their layout was a form already parsed.\n"
+			       "# TYPE tessera_tracker_layout_cache_lookups_total counter\n"
+			       "tessera_tracker_layout_cache_lookups_total{result=\"hit\"} %" PRIu64 "\n"
+			       "tessera_tracker_layout_cache_lookups_total{result=\"miss\"} %" PRIu64 "\n",
+			    k.layout_cache_hits, k.layout_cache_misses);
 	metric(b, "tessera_tracker_auth_refused_requests_total", "counter",
 	       "POSTs refused by authentication.", s->auth_refused);
 	trk__conns_metrics(s, b);

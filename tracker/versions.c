@@ -557,16 +557,45 @@ static void waiter_closed(struct evhttp_connection *conn, void *arg)
 	waiter_free(w);
 }
 
+/* Answers every waiter a new version concerns. They mostly wait after the
+ * same version, so each distinct answer is built once (the last few are
+ * remembered), not once per waiter: a version wakes every node at once. */
 static void wake_waiters(struct trk_versions *vs)
 {
 	uint64_t latest = trk__versions_latest(vs);
 	struct waiter *w, *next;
+	struct {
+		uint64_t after;
+		json_t *answer;
+	} memo[4] = {{0}};
+	size_t nmemo = 0, at = 0;
 
 	for (w = TAILQ_FIRST(&vs->waiters); w != NULL; w = next) {
+		struct trk_server *s = w->vs->s;
+		struct evhttp_request *req = w->req;
+		uint64_t after = w->after;
+		json_t *a = NULL;
+
 		next = TAILQ_NEXT(w, link);
-		if (latest > w->after)
-			waiter_answer(w);
+		if (latest <= after)
+			continue;
+		for (size_t i = 0; i < nmemo && a == NULL; i++)
+			if (memo[i].after == after)
+				a = memo[i].answer;
+		if (a == NULL && (a = list_after(s, after)) != NULL) {
+			if (nmemo < PROTO_ARRAY_LEN(memo))
+				at = nmemo++;
+			else
+				at = (at + 1) % PROTO_ARRAY_LEN(memo);
+			json_decref(memo[at].answer);
+			memo[at].after = after;
+			memo[at].answer = a;
+		}
+		waiter_free(w);
+		trk__reply_req_json(s, req, 200, json_incref(a));
 	}
+	for (size_t i = 0; i < nmemo; i++)
+		json_decref(memo[i].answer);
 }
 
 void trk__handle_versions(struct trk_call *c)
@@ -600,6 +629,10 @@ void trk__handle_versions(struct trk_call *c)
 	TAILQ_INSERT_TAIL(&vs->waiters, w, link);
 	if (w->conn != NULL)
 		evhttp_connection_set_closecb(w->conn, waiter_closed, w);
+	/* Watches that a version answered together come back together; held
+	 * for exactly wait_ms they would all time out together again, every
+	 * time. Ending each somewhere in the last tenth spreads them out. */
+	wait_ms -= randombytes_uniform((uint32_t)(wait_ms / 10 + 1));
 	struct timeval tv = {(time_t)(wait_ms / 1000),
 			     (suseconds_t)(wait_ms % 1000) * 1000};
 	evtimer_add(w->timer, &tv);
@@ -771,6 +804,7 @@ void trk__handle_publish(struct trk_call *c)
 	trk__reply_json(c, 201, json_pack("{s:I,s:o}", "version",
 					  (json_int_t)r.version, "digest",
 					  trk__json_hex(r.digest, PROTO_HASH_BYTES)));
+	trk__registry_changed(c->s->reg);
 	wake_waiters(vs);
 out:
 	free(copy);
