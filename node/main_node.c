@@ -16,6 +16,7 @@ static void usage(FILE *f)
 		"usage: tessera-node --tracker URL --replica ID --rank R --layout S.json|tpN\n"
 		"                    --model M.json --trainer-pubkey FILE [--cluster-key FILE]\n"
 		"                    [--provider NAME] [--store host|cuda|auto] [--expose DIR]\n"
+		"                    [--attach SOCKET]\n"
 		"                    [--host NAME] [--config FILE] [--log-format text|json]\n"
 		"                    [--log-level err|warn|info|debug] [--metrics HOST:PORT|off]\n"
 		"  --metrics A   serve /metrics and /healthz on A (default 127.0.0.1:0, a\n"
@@ -24,7 +25,10 @@ static void usage(FILE *f)
 		"                [params] tunables, [log] level and format\n"
 		"  --expose DIR  write DIR/<replica>-<rank>.json on every activation: the\n"
 		"                version, a memfd path (and CUDA IPC handle) a serving\n"
-		"                process maps, and where each local tensor lies in it\n");
+		"                process maps, and where each local tensor lies in it\n"
+		"  --attach SOCK listen on the Unix socket SOCK for serving processes\n"
+		"                (libtessera-client): tensor table, the active version's\n"
+		"                memory, per-request pins, new-version notifications\n");
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -45,6 +49,7 @@ int main(int argc, char **argv)
 		{"provider", required_argument, NULL, 'P'},
 		{"store", required_argument, NULL, 's'},
 		{"expose", required_argument, NULL, 'e'},
+		{"attach", required_argument, NULL, 'A'},
 		{"host", required_argument, NULL, 'H'},
 		{"metrics", required_argument, NULL, 'M'},
 		{"help", no_argument, NULL, 'h'},
@@ -79,6 +84,7 @@ int main(int argc, char **argv)
 		case 'P': o.provider = optarg; break;
 		case 's': o.store = optarg; break;
 		case 'e': o.expose_dir = optarg; break;
+		case 'A': o.attach_path = optarg; break;
 		case 'H': o.host = optarg; break;
 		case 'M': metrics_at = optarg; break;
 		case 'h': usage(stdout); return 0;

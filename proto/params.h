@@ -56,7 +56,15 @@
 	/* Elements per delta chunk: the unit of zstd frames and apply threads. */ \
 	X(DELTA_CHUNK, "TESSERA_DELTA_CHUNK", 1u << 22, "elements per delta chunk") \
 	/* zstd level of delta streams (see proto/delta.h for the measurements). */ \
-	X(DELTA_LEVEL, "TESSERA_DELTA_LEVEL", 1, "zstd level of delta streams")
+	X(DELTA_LEVEL, "TESSERA_DELTA_LEVEL", 1, "zstd level of delta streams") \
+	/* Serving processes attached to one node at once (node/attach.h). */ \
+	X(ATTACH_CLIENTS, "TESSERA_ATTACH_CLIENTS", 256, "attached serving clients per node") \
+	/* Versions one attached client may hold pinned at once (one per \
+	 * running request); more is refused, the client stays attached. */ \
+	X(ATTACH_PINS, "TESSERA_ATTACH_PINS", 65536, "pins one attached client may hold") \
+	/* Bytes a node queues for a client that does not read; past it the \
+	 * client is dropped (and its pins with it). */ \
+	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,
