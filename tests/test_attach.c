@@ -20,9 +20,12 @@
 #include <cmocka.h>
 
 #include "node/attach.h"
+#include "node/proc.h"
 #include "node/client/tessera_client.h"
 #include "node/client/wire.h"
+#include "proto/fixture.h"
 #include "proto/proto.h"
+#include "tracker/tracker.h"
 #include "tests/testutil.h"
 
 #define NT 3
@@ -643,6 +646,189 @@ static void test_python_memoryview(void **state)
 	run_python(*state, false);
 }
 
+/* ---- the real programs ------------------------------------------------------------ */
+
+struct cl {
+	char dir[256], url[256], ctl[512], sock[512], expose[512], model[512], key[512], pub[512];
+	struct node_proc tracker, node, publisher;
+	struct proto_model m;
+	struct proto_layout tp1;
+	tessera_client *c;
+};
+
+static void cl_export(struct cl *e, uint64_t v)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	char reply[256], want[64];
+	int fd = -1;
+	size_t n = 0;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", e->ctl);
+	for (int i = 0; i < 600 && fd < 0; i++) {
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+			close(fd);
+			fd = -1;
+			usleep(50000);
+		}
+	}
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "export\n", 7), 7);
+	while (n + 1 < sizeof(reply) && read(fd, reply + n, 1) == 1 && reply[n] != '\n')
+		n++;
+	reply[n] = 0;
+	close(fd);
+	snprintf(want, sizeof(want), "published %llu ", (unsigned long long)v);
+	if (strncmp(reply, want, strlen(want)) != 0)
+		fail_msg("publisher said '%s'", reply);
+}
+
+static void assert_rank_bytes(struct cl *e, const struct tessera_pin *p, uint64_t v)
+{
+	size_t n = e->tp1.ranks[0].nbytes;
+	uint8_t *expect = malloc(n);
+
+	assert_non_null(expect);
+	assert_int_equal(p->version, v);
+	assert_int_equal(p->size, n);
+	proto_fixture_fill_rank(&e->m, &e->tp1, 0, 7, v, expect);
+	assert_memory_equal(p->base, expect, n);
+	free(expect);
+}
+
+/* Waits (bounded) until the node's log holds text. */
+static bool log_has(struct cl *e, const char *text)
+{
+	for (int i = 0; i < 600; i++) {
+		if (tu_sh("grep -qF '%s' '%s'", text, e->node.log) == 0)
+			return true;
+		usleep(50000);
+	}
+	return false;
+}
+
+/*
+ * Tracker, a tp1 node with --attach and a publisher on loopback: a client
+ * of the node binary reads the table and v1's exact bytes, a request pinned
+ * on v1 keeps it across the switch to v2 (the node logs that it keeps the
+ * slot, then frees it at release), new requests get v2; the activation
+ * record names the socket.
+ */
+static void test_real_node(void **state)
+{
+	struct cl *e = calloc(1, sizeof(*e));
+	char bin[512], line[512], log[600], state_dir[600], buf[512];
+	struct proto_err err;
+	tessera_client *c = NULL;
+
+	assert_non_null(e);
+	*state = e;
+	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
+	assert_non_null(tu_mkdtemp(e->dir, sizeof(e->dir)));
+	snprintf(e->ctl, sizeof(e->ctl), "%s/ctl.sock", e->dir);
+	snprintf(e->sock, sizeof(e->sock), "%s/A-0.sock", e->dir);
+	snprintf(e->expose, sizeof(e->expose), "%s/expose", e->dir);
+	snprintf(e->model, sizeof(e->model), "%s/model.json", e->dir);
+	snprintf(state_dir, sizeof(state_dir), "%s/state", e->dir);
+	snprintf(e->key, sizeof(e->key), "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
+	snprintf(e->pub, sizeof(e->pub), "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
+	assert_int_equal(proto_fixture_model(8 << 20, &e->m, &err), 0);
+	assert_int_equal(proto_layout_builtin(&e->m, "tp1", &e->tp1, &err), 0);
+	json_t *mj = proto_model_to_json(&e->m);
+	char *txt = json_dumps(mj, 0);
+	assert_int_equal(proto_write_file_atomic(e->model, txt, strlen(txt), 0644, &err), 0);
+	free(txt);
+	json_decref(mj);
+
+	tu_bin(bin, sizeof(bin), "tessera-tracker");
+	snprintf(log, sizeof(log), "%s/tracker.log", e->dir);
+	char *targv[] = {bin, "--listen", "127.0.0.1:0", "--state", state_dir, "--trainer-pubkey",
+			 e->pub, NULL};
+	assert_int_equal(node_proc_spawn(&e->tracker, "tracker", targv, log), 0);
+	assert_int_equal(node_proc_wait_line(&e->tracker, "listening on ", line, sizeof(line), 10000), 0);
+	snprintf(e->url, sizeof(e->url), "%s", line);
+
+	tu_bin(bin, sizeof(bin), "tessera-node");
+	snprintf(log, sizeof(log), "%s/node.log", e->dir);
+	char *nargv[] = {bin, "--tracker", e->url, "--replica", "A", "--rank", "0", "--layout", "tp1",
+			 "--model", e->model, "--trainer-pubkey", e->pub, "--expose", e->expose,
+			 "--store", "host", "--attach", e->sock, "--log-level", "info", NULL};
+	assert_int_equal(node_proc_spawn(&e->node, "node", nargv, log), 0);
+	tu_bin(bin, sizeof(bin), "tessera");
+	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
+	char *pargv[] = {bin, "publish", "--tracker", e->url, "--key", e->key, "--synthetic-mb", "8",
+			 "--seed", "7", "--layout", "fsdp2", "--control", e->ctl, NULL};
+	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", pargv, log), 0);
+
+	/* The node listens from its start, before any version. */
+	char cerr[256] = "";
+	for (int i = 0; i < 600 && c == NULL; i++)
+		if (tessera_attach(e->sock, "A", 0, 30000, &c, cerr, sizeof(cerr)) != 0)
+			usleep(50000);
+	e->c = c;
+	if (c == NULL)
+		fail_msg("attach to the node: %s", cerr);
+	const struct proto_rank *rk = &e->tp1.ranks[0];
+	assert_int_equal(tessera_ntensors(c), rk->nlocals);
+	for (uint32_t i = 0; i < rk->nlocals; i++) {
+		const struct tessera_tensor *t = tessera_tensor(c, i);
+		assert_string_equal(t->name, rk->locals[i].name);
+		assert_int_equal(t->offset, rk->locals[i].offset);
+		assert_int_equal(t->nbytes, rk->locals[i].nbytes);
+	}
+
+	cl_export(e, 1);
+	assert_int_equal(tessera_wait_version(c, 1, 60000), 0);
+	struct tessera_pin old, young;
+	assert_int_equal(tessera_acquire(c, &old), 0);
+	assert_rank_bytes(e, &old, 1);
+
+	cl_export(e, 2);
+	assert_int_equal(tessera_wait_version(c, 2, 60000), 0);
+	assert_true(log_has(e, "attach: v1 retired; 1 requests still pin it"));
+	assert_rank_bytes(e, &old, 1);
+	assert_int_equal(tessera_acquire(c, &young), 0);
+	assert_rank_bytes(e, &young, 2);
+	assert_int_equal(tessera_release(c, &old), 0);
+	assert_true(log_has(e, "attach: v1 released by its last request; freeing its slot"));
+	assert_int_equal(tessera_release(c, &young), 0);
+
+	/* The activation record names the socket. */
+	uint8_t *rec;
+	size_t len;
+	snprintf(buf, sizeof(buf), "%s/A-0.json", e->expose);
+	assert_int_equal(proto_read_file(buf, 1 << 20, &rec, &len, &err), 0);
+	json_t *j = json_loadb((char *)rec, len, 0, NULL);
+	free(rec);
+	assert_string_equal(json_string_value(json_object_get(j, "attach")), e->sock);
+	assert_int_equal(json_integer_value(json_object_get(j, "version")), 2);
+	json_decref(j);
+	tessera_detach(c);
+	e->c = NULL;
+	assert_true(node_proc_alive(&e->node));
+}
+
+static int cl_teardown(void **state)
+{
+	struct cl *e = *state;
+
+	if (e == NULL)
+		return 0;
+	tessera_detach(e->c);
+	node_proc_stop(&e->publisher, 5000);
+	node_proc_stop(&e->node, 5000);
+	node_proc_stop(&e->tracker, 5000);
+	proto_layout_fini(&e->tp1);
+	proto_model_fini(&e->m);
+	if (getenv("TESSERA_TEST_KEEP") != NULL)
+		print_message("kept %s\n", e->dir);
+	else if (e->dir[0] != 0)
+		tu_rmtree(e->dir);
+	unsetenv("TESSERA_CHUNK_SIZE");
+	free(e);
+	return 0;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -655,6 +841,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_socket_path_checked, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_python_numpy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_python_memoryview, setup, teardown),
+		cmocka_unit_test_teardown(test_real_node, cl_teardown),
 	};
 	signal(SIGPIPE, SIG_IGN);
 	evthread_use_pthreads();
