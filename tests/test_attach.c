@@ -200,14 +200,19 @@ static int teardown(void **state)
 	return 0;
 }
 
-static tessera_client *attach_ok(struct env *e)
+static tessera_client *attach_ok_at(const char *sock)
 {
 	tessera_client *c = NULL;
 	char err[256];
 
-	if (tessera_attach(e->sock, "A", 0, 30000, &c, err, sizeof(err)) != 0)
+	if (tessera_attach(sock, "A", 0, 30000, &c, err, sizeof(err)) != 0)
 		fail_msg("attach: %s", err);
 	return c;
+}
+
+static tessera_client *attach_ok(struct env *e)
+{
+	return attach_ok_at(e->sock);
 }
 
 static void assert_version_bytes(const struct tessera_pin *p, uint64_t v)
@@ -543,6 +548,75 @@ static void test_socket_path_checked(void **state)
 	assert_null(at);
 }
 
+/* GPU mode: clients get the CUDA IPC handle of the device copy with each
+ * version (skips without a visible GPU). */
+struct cuda_job {
+	struct node_store store;
+	struct node_attach *at;
+	struct node_slot *slot;
+	char sock[400];
+	int rc;
+};
+
+static void cuda_up(struct env *e, void *arg)
+{
+	struct cuda_job *j = arg;
+	struct node_attach_info ai = {"A", 0, &e->rank, e->digest, &j->store};
+	uint8_t dg[32] = {0};
+
+	j->rc = node_attach_new(e->base, j->sock, &ai, &j->at, NULL);
+	if (j->rc == 0)
+		j->rc = node_slot_new(&j->store, 1, e->rank.nbytes, &j->slot, NULL);
+	if (j->rc == 0) {
+		for (size_t i = 0; i < j->slot->len; i++)
+			j->slot->host[i] = pattern(1, i);
+		j->rc = node_slot_activate(&j->store, j->slot, NULL);
+	}
+	if (j->rc == 0)
+		node_attach_activate(j->at, j->slot, dg);
+}
+
+static void cuda_down(struct env *e, void *arg)
+{
+	struct cuda_job *j = arg;
+	node_attach_free(j->at);
+	node_slot_free(&j->store, j->slot);
+}
+
+static void test_cuda_handle(void **state)
+{
+	struct env *e = *state;
+	struct cuda_job j = {0};
+	struct proto_err err;
+
+	if (node_store_open("cuda", &j.store, &err) != 0) {
+		print_message("skipped: %s\n", err.msg);
+		skip();
+	}
+	snprintf(j.sock, sizeof(j.sock), "%s/gpu.sock", e->dir);
+	on_loop(e, cuda_up, &j);
+	assert_int_equal(j.rc, 0);
+	tessera_client *c = attach_ok_at(j.sock);
+	assert_int_equal(tessera_store(c), 1);
+	const struct tessera_version *vi = tessera_version_info(c, 1);
+	assert_non_null(vi);
+	assert_int_equal(vi->store, 1);
+	assert_int_equal(vi->cuda_device, j.store.device);
+#ifdef TESSERA_CUDA
+	uint8_t h[64];
+	char why[256];
+	assert_int_equal(node_cuda_ipc_handle(j.slot->dev, h, why, sizeof(why)), 0);
+	assert_memory_equal(vi->cuda_ipc_handle, h, 64);
+#endif
+	/* The host copy is what the device copy was made from. */
+	struct tessera_pin pin;
+	assert_int_equal(tessera_acquire(c, &pin), 0);
+	assert_version_bytes(&pin, 1);
+	assert_int_equal(tessera_release(c, &pin), 0);
+	tessera_detach(c);
+	on_loop(e, cuda_down, &j);
+}
+
 /* ---- the Python package ------------------------------------------------------------ */
 
 /* Reads one line from fd into buf (bounded wait). */
@@ -839,6 +913,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_wrong_replica_or_rank, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_garbage_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_socket_path_checked, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_cuda_handle, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_python_numpy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_python_memoryview, setup, teardown),
 		cmocka_unit_test_teardown(test_real_node, cl_teardown),
