@@ -617,6 +617,100 @@ static void test_cuda_handle(void **state)
 	on_loop(e, cuda_down, &j);
 }
 
+/* The client library's side: a fake node answering ATTACH with bad bytes. */
+struct fake_node {
+	int lfd;
+	const uint8_t *reply;
+	size_t len;
+};
+
+static void *fake_node_main(void *arg)
+{
+	struct fake_node *f = arg;
+	uint8_t req[512];
+	int fd = accept(f->lfd, NULL, NULL);
+
+	if (fd < 0)
+		return NULL;
+	(void)!read(fd, req, sizeof(req));
+	(void)!write(fd, f->reply, f->len);
+	close(fd);
+	return NULL;
+}
+
+static void test_client_refuses_bad_node(void **state)
+{
+	struct env *e = *state;
+	static uint8_t huge[] = {0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0};
+	/* ATTACHED (53-byte head: active, count, block, digest, store): a
+	 * billion tensors and nothing after. */
+	static uint8_t many[8 + 53] = {53, 0, 0, 0, 2, 0, 0, 0, [16] = 0x00, 0xca, 0x9a, 0x3b};
+	/* ATTACHED: one tensor "w" at offset 8 of 8 bytes in a 4-byte block. */
+	static uint8_t past[8 + 53 + 25] = {
+		78, 0, 0, 0, 2, 0, 0, 0, [16] = 1, [20] = 4,
+		[61] = 1, 0, 'w', 4, 'f', 'p', '3', '2', 0, 8, [78] = 8};
+	/* ATTACHED (no tensors, v1 active) then a VERSION without its memfd. */
+	static uint8_t nofd[8 + 53 + 8 + TSR_WIRE_VERSION_LEN] = {
+		53, 0, 0, 0, 2, 0, 0, 0, 1, [61] = TSR_WIRE_VERSION_LEN, 0, 0, 0, 3, 0, 0, 0, 1};
+	static uint8_t wrong[] = {16, 0, 0, 0, 5, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
+				  1, 0, 0, 0, 0, 0, 0, 0};
+	static uint8_t badmsg[] = {3, 0, 0, 0, 8, 0, 0, 0, 1, 9, 0};
+	struct {
+		const char *what, *reason;
+		const uint8_t *bytes;
+		size_t len;
+	} cases[] = {
+		{"closed at once", "closed the connection", NULL, 0},
+		{"huge frame", "malformed frame header", huge, sizeof(huge)},
+		{"billion tensors", "malformed tensor table", many, sizeof(many)},
+		{"tensor past the block", "malformed tensor table", past, sizeof(past)},
+		{"version without memfd", "without its memfd", nofd, sizeof(nofd)},
+		{"unexpected reply", "unexpected message", wrong, sizeof(wrong)},
+		{"truncated error", "malformed ERROR", badmsg, sizeof(badmsg)},
+	};
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/fake.sock", e->dir);
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(cases); i++) {
+		struct fake_node f = {socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), cases[i].bytes,
+				      cases[i].len};
+		pthread_t t;
+		tessera_client *c = NULL;
+		char err[256] = "";
+
+		unlink(sa.sun_path);
+		assert_int_equal(bind(f.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+		assert_int_equal(listen(f.lfd, 1), 0);
+		assert_int_equal(pthread_create(&t, NULL, fake_node_main, &f), 0);
+		int rc = tessera_attach(sa.sun_path, "A", 0, 30000, &c, err, sizeof(err));
+		pthread_join(t, NULL);
+		close(f.lfd);
+		assert_null(c);
+		if (rc >= 0 || strstr(err, cases[i].reason) == NULL)
+			fail_msg("%s: rc %d, '%s', want '%s'", cases[i].what, rc, err, cases[i].reason);
+	}
+	/* The control: the same table with "w" inside its block is accepted. */
+	past[70] = 0;
+	past[78] = 4;
+	struct fake_node f = {socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), past, sizeof(past)};
+	pthread_t t;
+	tessera_client *c = NULL;
+	char err[256] = "";
+	unlink(sa.sun_path);
+	assert_int_equal(bind(f.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(f.lfd, 1), 0);
+	assert_int_equal(pthread_create(&t, NULL, fake_node_main, &f), 0);
+	if (tessera_attach(sa.sun_path, "A", 0, 30000, &c, err, sizeof(err)) != 0)
+		fail_msg("control: %s", err);
+	pthread_join(t, NULL);
+	close(f.lfd);
+	assert_int_equal(tessera_ntensors(c), 1);
+	assert_string_equal(tessera_tensor(c, 0)->name, "w");
+	assert_string_equal(tessera_tensor(c, 0)->dtype, "fp32");
+	assert_int_equal(tessera_tensor(c, 0)->nbytes, 4);
+	tessera_detach(c);
+}
+
 /* ---- the Python package ------------------------------------------------------------ */
 
 /* Reads one line from fd into buf (bounded wait). */
@@ -914,6 +1008,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_garbage_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_socket_path_checked, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cuda_handle, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_client_refuses_bad_node, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_python_numpy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_python_memoryview, setup, teardown),
 		cmocka_unit_test_teardown(test_real_node, cl_teardown),
