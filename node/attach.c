@@ -172,6 +172,10 @@ static void client_fail(struct att_client *c, const char *fmt, ...)
 	memcpy(p + 3, msg, n);
 	c->closing = true;
 	event_del(c->rev);
+	/* Its pins go now, not when it gets round to reading the reason. */
+	for (uint32_t i = 0; i < c->npins; i++)
+		ver_unpin(c->at, c->pins[i].v);
+	c->npins = 0;
 }
 
 /* A refusal the client survives (e.g. nothing active yet). */

@@ -497,6 +497,29 @@ static void test_garbage_refused(void **state)
 		if (strstr(reason, cases[i].reason) == NULL)
 			fail_msg("%s: reason '%s', want '%s'", cases[i].what, reason, cases[i].reason);
 	}
+	/* A client that pins, then misbehaves and keeps its end open without
+	 * reading: the node closes its side and the pin goes with it. */
+	int bad = raw_connect(e);
+	uint8_t req[64];
+	size_t rn = attach_req(req, "A", 0);
+	tsr_put_hdr(req + rn, 0, TSR_MSG_ACQUIRE);
+	assert_int_equal(write(bad, req, rn + 8), (ssize_t)(rn + 8));
+	struct counts k;
+	for (int i = 0; i < 3000; i++) {
+		if ((k = counts(e, 1)).pins == 2)
+			break;
+		usleep(10000);
+	}
+	assert_int_equal(k.pins, 2);
+	assert_int_equal(write(bad, "garbage!", 8), 8);
+	for (int i = 0; i < 3000; i++) {
+		if ((k = counts(e, 1)).pins == 1)
+			break;
+		usleep(10000);
+	}
+	assert_int_equal(k.pins, 1);
+	close(bad);
+
 	/* A client that half-sends a frame and vanishes. */
 	int fd = raw_connect(e);
 	uint8_t half[20];
@@ -506,7 +529,6 @@ static void test_garbage_refused(void **state)
 
 	/* The node is unharmed: the good client's pin holds, new clients work. */
 	assert_version_bytes(&pin, 1);
-	struct counts k;
 	for (int i = 0; i < 3000; i++) {
 		k = counts(e, 1);
 		if (k.clients == 1)
