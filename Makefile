@@ -95,10 +95,29 @@ $(eval $(call flavour,asan,$(SANFLAGS)))
 
 ALL_LIBS := $(PKG_LIBS) $(CUDA_LIBS) -lm
 
+# libtessera-client (node/client/): what serving processes link, static and
+# shared, libc only; tests link an ASan copy of it.
+CLIENT_SRCS := $(wildcard node/client/*.c)
+CLIENT_LIBS := $(BUILD)/lib/libtessera-client.a $(BUILD)/lib/libtessera-client.so
+CLIENT_PIC  := $(patsubst %.c,$(BUILD)/pic/%.o,$(CLIENT_SRCS))
+$(BUILD)/pic/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(BASEFLAGS) $(OPTFLAGS) -fPIC -fvisibility=hidden -MMD -MP -c $< -o $@
+$(BUILD)/lib/libtessera-client.a: $(CLIENT_PIC)
+	@mkdir -p $(dir $@)
+	@rm -f $@
+	ar rcs $@ $^
+$(BUILD)/lib/libtessera-client.so: $(CLIENT_PIC)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -pthread $^ -o $@
+$(BUILD)/asan/libtessera-client.a: $(patsubst %.c,$(BUILD)/asan/%.o,$(CLIENT_SRCS))
+	@rm -f $@
+	ar rcs $@ $^
+
 .PHONY: all test bench bench-delta bench-steady bench-tracker demo demo-netns fuzz clean deps help \
         check run-bench run-bench-delta run-bench-steady run-demo run-demo-netns run-fuzz \
         check-deploy run-check-deploy run-bench-tracker check-page run-check-page
-all: $(BINS)
+all: $(BINS) $(CLIENT_LIBS)
 
 # The user-facing targets install missing dependencies first, then re-enter
 # make so that pkg-config sees the freshly installed packages.
@@ -114,17 +133,20 @@ $(foreach m,$(MAINS),$(eval $(call program,$(m))))
 
 # ---- tests: each tests/test_X.c is one cmocka binary under ASan+UBSan -----
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(TEST_SRCS))
-$(BUILD)/asan/tests/%: $(BUILD)/asan/tests/%.o $(asan_LIBS)
-	$(CC) $(BASEFLAGS) $(SANFLAGS) $< $(asan_LIBS) $(ALL_LIBS) $(CMOCKA_LIBS) -o $@
+$(BUILD)/asan/tests/%: $(BUILD)/asan/tests/%.o $(asan_LIBS) $(BUILD)/asan/libtessera-client.a
+	$(CC) $(BASEFLAGS) $(SANFLAGS) $< $(asan_LIBS) $(BUILD)/asan/libtessera-client.a \
+	      $(ALL_LIBS) $(CMOCKA_LIBS) -o $@
 
 T ?=
 RUN_TESTS := $(if $(T),$(filter %/test_$(T),$(TEST_BINS)),$(TEST_BINS))
 # CUDA's runtime maps memory where ASan's shadow gap would be.
 TEST_ENV := ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0:abort_on_error=1 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-            TESSERA_BIN=$(abspath $(BUILD)/bin) TESSERA_TEST_DATA=$(abspath tests/data)
+            TESSERA_BIN=$(abspath $(BUILD)/bin) TESSERA_TEST_DATA=$(abspath tests/data) \
+            TESSERA_CLIENT_LIB=$(abspath $(BUILD)/lib/libtessera-client.so) \
+            TESSERA_PYTHON_DIR=$(abspath node/python)
 
-check: $(RUN_TESTS) $(BINS)
+check: $(RUN_TESTS) $(BINS) $(CLIENT_LIBS)
 	@TEST_ENV='$(TEST_ENV)' tests/run.sh $(RUN_TESTS)
 
 # ---- benchmarks and fuzzers -----------------------------------------------

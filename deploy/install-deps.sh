@@ -8,7 +8,7 @@ set -eu
 
 PKGS="build-essential pkg-config libfabric-dev libfabric-bin libsodium-dev \
 libzstd-dev libevent-dev libcmocka-dev libjansson-dev libinih-dev iproute2 curl jq \
-clang libclang-rt-dev"
+clang libclang-rt-dev python3 python3-numpy"
 
 deploy_check=0
 if [ "${1:-}" = "--deploy-check" ]; then

@@ -16,6 +16,7 @@
 
 #include "fabric/fab.h"
 #include "node/agent_metrics.h"
+#include "node/attach.h"
 #include "node/fabloop.h"
 #include "node/store.h"
 #include "node/verifier.h"
@@ -140,6 +141,8 @@ struct node_agent {
 	uint8_t plan_src[PROTO_HASH_BYTES];
 	struct node_slot *active;
 	uint8_t active_digest[PROTO_HASH_BYTES];
+	/* Serving processes pin slots through it; it frees retired ones. */
+	struct node_attach *attach;
 
 	/* Verified parent links: the last manifest we accepted. */
 	uint64_t last_version;
@@ -323,6 +326,8 @@ static int write_expose(struct node_agent *a, struct node_slot *slot, const uint
 	json_object_set_new(o, "activated_ms", json_integer((json_int_t)proto_wall_ms()));
 	json_object_set_new(o, "locals", locals);
 	locals = NULL;
+	if (a->attach != NULL)
+		json_object_set_new(o, "attach", json_string(node_attach_path(a->attach)));
 	snprintf(path, sizeof(path), "%s/%s-%u.json", a->o.expose_dir, a->o.replica, a->o.rank);
 	rc = proto_write_json_atomic(path, o, JSON_COMPACT, err);
 out:
@@ -396,7 +401,9 @@ static void activate(struct node_agent *a)
 			     (double)(now_ms() - f->started_ms) / 1000.0);
 	report(a, f->version, TRK_STATE_ACTIVE, NULL, NULL);
 	fetch_drop(a);
-	node_slot_free(&a->store, old);
+	/* Requests pinning the old slot keep it until they release it. */
+	node_attach_activate(a->attach, a->active, a->active_digest);
+	node_attach_retire(a->attach, &a->store, old);
 	sync_now(a); /* the replica's next target may be there already */
 }
 
@@ -1538,6 +1545,17 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		if (proto_mkdir_p(o->expose_dir, &xerr) != 0)
 			LOG_WARN("node %s: --expose: %s", a->node_id, xerr.msg);
 	}
+	if (o->attach_path != NULL) {
+		struct node_attach_info ai = {
+			.replica = o->replica,
+			.rank = o->rank,
+			.spec = &a->layout.ranks[o->rank],
+			.layout_digest = a->layout.digest,
+			.store = &a->store,
+		};
+		if ((rc = node_attach_new(base, o->attach_path, &ai, &a->attach, err)) != 0)
+			goto fail;
+	}
 	struct timeval tick = {0, 100000};
 	event_add(a->tick_ev, &tick);
 	start_register(a);
@@ -1587,6 +1605,7 @@ void node_agent_free(struct node_agent *a)
 	if (a->bounce != NULL)
 		munmap(a->bounce, a->bounce_len);
 	free(a->reads);
+	node_attach_free(a->attach); /* frees the slots only requests kept */
 	if (a->active != NULL)
 		node_slot_free(&a->store, a->active);
 	trk_client_free(a->trk);

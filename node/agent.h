@@ -46,6 +46,7 @@ struct node_agent_opts {
 	const char *provider;      /* NULL: tcp;ofi_rxm */
 	const char *store;         /* "host", "cuda" or "auto" (NULL) */
 	const char *expose_dir;    /* NULL: no activation records */
+	const char *attach_path;   /* Unix socket for serving processes (node/attach.h); NULL: none */
 	const char *host;          /* host name to report (NULL: gethostname) */
 	struct node_metrics *metrics; /* series to update (NULL: none); outlives the agent */
 };

@@ -17,6 +17,7 @@ static void usage(FILE *f)
 		"usage: tessera-node --tracker URL --replica ID --rank R --layout L\n"
 		"                    --model M.json --trainer-pubkey FILE [--cluster-key FILE]\n"
 		"                    [--provider NAME] [--store host|cuda|auto] [--expose DIR]\n"
+		"                    [--attach SOCKET]\n"
 		"                    [--host NAME] [--config FILE] [--log-format text|json]\n"
 		"                    [--log-level err|warn|info|debug] [--metrics HOST:PORT|off]\n"
 		"\n"
@@ -42,6 +43,10 @@ static void usage(FILE *f)
 		"                             activation: the version, a memfd path (and\n"
 		"                             CUDA IPC handle) a serving process maps, and\n"
 		"                             where each local tensor lies in it\n"
+		"      --attach SOCK          listen on the Unix socket SOCK for serving\n"
+		"                             processes (libtessera-client): tensor table,\n"
+		"                             the active version's memory, per-request\n"
+		"                             pins, new-version notifications\n"
 		"      --host NAME            host name to report (default: gethostname)\n"
 		"      --metrics A            serve /metrics and /healthz on A (default\n"
 		"                             127.0.0.1:0, a free port; printed as\n"
@@ -73,6 +78,7 @@ int main(int argc, char **argv)
 		{"provider", required_argument, NULL, 'P'},
 		{"store", required_argument, NULL, 's'},
 		{"expose", required_argument, NULL, 'e'},
+		{"attach", required_argument, NULL, 'A'},
 		{"host", required_argument, NULL, 'H'},
 		{"metrics", required_argument, NULL, 'M'},
 		{"help", no_argument, NULL, 'h'},
@@ -110,6 +116,7 @@ int main(int argc, char **argv)
 		case 'P': o.provider = optarg; break;
 		case 's': o.store = optarg; break;
 		case 'e': o.expose_dir = optarg; break;
+		case 'A': o.attach_path = optarg; break;
 		case 'H': o.host = optarg; break;
 		case 'M': metrics_at = optarg; break;
 		case 'h': usage(stdout); return 0;

@@ -76,7 +76,15 @@
 	 * nodes connect per request, so a burst (every watch answered at once \
 	 * when a version lands) must not overflow it into refusals. The kernel \
 	 * caps it at net.core.somaxconn. */ \
-	X(LISTEN_BACKLOG, "TESSERA_LISTEN_BACKLOG", 4096, "tracker listen backlog, connections")
+	X(LISTEN_BACKLOG, "TESSERA_LISTEN_BACKLOG", 4096, "tracker listen backlog, connections") \
+	/* Serving processes attached to one node at once (node/attach.h). */ \
+	X(ATTACH_CLIENTS, "TESSERA_ATTACH_CLIENTS", 256, "attached serving clients per node") \
+	/* Versions one attached client may hold pinned at once (one per \
+	 * running request); more is refused, the client stays attached. */ \
+	X(ATTACH_PINS, "TESSERA_ATTACH_PINS", 65536, "pins one attached client may hold") \
+	/* Bytes a node queues for a client that does not read; past it the \
+	 * client is dropped (and its pins with it). */ \
+	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

@@ -1,0 +1,80 @@
+"""How a vLLM- or SGLang-style engine takes its weights from a tessera node.
+
+Each rank of a serving replica runs next to a tessera-node started with
+`--attach /run/tessera/<replica>-<rank>.sock`. The `tessera` Python package
+(node/python; ctypes over libtessera-client, numpy optional) attaches to it
+and hands out every local tensor of that rank as a numpy array over the
+node's shared memory: nothing is copied until the engine copies it.
+
+Two ways to use it, both shown below:
+
+1. Update hook (what RL frameworks add to vLLM/SGLang today): when the
+   trainer says "version N is out", every worker waits for N, pins it, loads
+   the tensors into the engine's own buffers (`load_weights`, one
+   host-to-device copy) and releases the pin. The shape is the familiar
+   start update -> receive -> finish update, with a version number.
+2. Per-request pinning (engines that read the node's buffers directly, e.g.
+   a CPU engine, or the CUDA IPC handle in GPU mode): `acquire()` at request
+   admission, `release()` when it finishes; `pin.version` is the version the
+   request really ran on, to store with its trajectory. A pinned version
+   stays valid while the node switches to newer ones.
+
+This file is an example (it needs torch and an engine); tests/py/ holds the
+package's tested use.
+"""
+import os
+
+import tessera
+
+# numpy has no bf16/fp8: tessera hands those out as raw integers of their
+# width; torch reinterprets them without a copy.
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
+                "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+
+
+def as_torch(pin, t):
+    import torch
+    arr = pin.tensor(t.name)  # numpy view of the node's memory
+    x = torch.from_numpy(arr)  # still no copy (torch warns: read-only)
+    if t.dtype in TORCH_DTYPES:
+        x = x.view(getattr(torch, TORCH_DTYPES[t.dtype]))
+    return x
+
+
+class TesseraWorkerExtension:
+    """vLLM: LLM(..., worker_extension_cls="serving_hook.TesseraWorkerExtension"),
+    then llm.collective_rpc("tessera_update", args=(version,)) from the
+    rollout driver. SGLang: call the same body from a custom
+    update_weights handler on each TP worker."""
+
+    def tessera_attach(self, replica, rank=None, sock_dir="/run/tessera"):
+        rank = self.rank if rank is None else rank  # the worker's TP rank
+        path = os.path.join(sock_dir, "%s-%d.sock" % (replica, rank))
+        self.tessera = tessera.Client(path, replica, rank, timeout_ms=60000)
+
+    def tessera_update(self, version, timeout_ms=600000):
+        c = self.tessera
+        c.wait_version(version, timeout_ms)          # start update
+        with c.acquire() as pin:                     # the version stays put
+            weights = [(t.name, as_torch(pin, t)) for t in c.tensors]
+            self.model_runner.model.load_weights(weights=weights)  # receive
+        self.tessera_version = pin.version           # finish update
+        return pin.version
+
+
+def serve_request(client, run):
+    """Per-request pinning: the request sees one version from start to end."""
+    with client.acquire() as pin:
+        out = run(pin)  # read weights through pin.tensor(name)
+        return out, pin.version  # record the true version with the trajectory
+
+
+def follow(client, on_new):
+    """An event loop: the socket is readable when a new version is active."""
+    import selectors
+    sel = selectors.DefaultSelector()
+    sel.register(client.fileno(), selectors.EVENT_READ)
+    client.on_version(lambda new, old: on_new(new))
+    while True:
+        sel.select()
+        client.poll()

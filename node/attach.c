@@ -1,0 +1,731 @@
+/* The attach server: serving processes pin and map the served slot (see attach.h). */
+#include "node/attach.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "node/client/wire.h"
+#include "proto/log.h"
+#include "proto/params.h"
+
+/* A slot the server knows: the active one, or a retired one still pinned. */
+struct att_ver {
+	struct att_ver *next;
+	struct node_slot *slot;
+	uint64_t version;
+	uint8_t digest[32];
+	uint32_t pins;
+	bool retired;
+};
+
+struct att_pin {
+	uint64_t id;
+	struct att_ver *v;
+};
+
+/* One queued frame; fd (a dup of a memfd, or -1) rides with its first byte. */
+struct att_out {
+	struct att_out *next;
+	size_t len, off;
+	int fd;
+	uint8_t data[];
+};
+
+struct att_client {
+	struct att_client *next, *prev;
+	struct node_attach *at;
+	int fd;
+	struct event *rev, *wev;
+	uint8_t in[TSR_WIRE_HDR + TSR_WIRE_REQ_MAX];
+	size_t inlen;
+	bool attached;
+	bool closing; /* reads nothing more; closed once its output is written */
+	bool dead;    /* closed at the next flush, its output dropped */
+	struct att_out *out_head, *out_tail;
+	size_t out_bytes;
+	struct att_pin *pins;
+	uint32_t npins, cap;
+	uint64_t next_pin;
+};
+
+struct node_attach {
+	struct event_base *base;
+	struct node_attach_info info;
+	char *replica;
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	int lfd;
+	struct event *lev;
+	struct att_ver *vers;
+	struct att_ver *active;
+	struct att_client *clients;
+	uint32_t nclients;
+	uint8_t *table; /* the ATTACHED frame, built once */
+	size_t table_len;
+};
+
+static void client_close(struct att_client *c);
+static void client_flush(struct att_client *c);
+
+/*
+ * Who frees a client: only client_flush() and the event handlers, as the
+ * last thing they do with it. Everything in between marks it (closing,
+ * dead), so no handler touches a freed client.
+ */
+static void client_kill(struct att_client *c)
+{
+	c->closing = c->dead = true;
+}
+
+/* ---- slots ----------------------------------------------------------------- */
+
+static void ver_forget(struct node_attach *at, struct att_ver *v)
+{
+	for (struct att_ver **pp = &at->vers; *pp != NULL; pp = &(*pp)->next) {
+		if (*pp == v) {
+			*pp = v->next;
+			break;
+		}
+	}
+	if (at->active == v)
+		at->active = NULL;
+	free(v);
+}
+
+static void ver_unpin(struct node_attach *at, struct att_ver *v)
+{
+	if (--v->pins > 0 || !v->retired)
+		return;
+	LOG_INFO("attach: v%" PRIu64 " released by its last request; freeing its slot", v->version);
+	node_slot_free(at->info.store, v->slot);
+	ver_forget(at, v);
+}
+
+/* ---- output ------------------------------------------------------------------ */
+
+/* Queues a frame of payload len (built by the caller into the returned
+ * buffer past the header); fd is dup'ed. NULL: the client was dropped. */
+static uint8_t *client_frame(struct att_client *c, uint16_t type, size_t len, int fd)
+{
+	struct att_out *o;
+
+	if (c->closing)
+		return NULL;
+	if (c->out_bytes + len + TSR_WIRE_HDR > proto_param(PROTO_PARAM_ATTACH_OUT_MAX)) {
+		LOG_WARN("attach: a client left %zu bytes unread; dropping it", c->out_bytes);
+		client_kill(c);
+		return NULL;
+	}
+	o = malloc(sizeof(*o) + TSR_WIRE_HDR + len);
+	if (o == NULL) {
+		client_kill(c);
+		return NULL;
+	}
+	o->next = NULL;
+	o->len = TSR_WIRE_HDR + len;
+	o->off = 0;
+	o->fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 3) : -1;
+	if (fd >= 0 && o->fd < 0) {
+		LOG_WARN("attach: cannot duplicate a slot's memfd: %s", strerror(errno));
+		free(o);
+		client_kill(c);
+		return NULL;
+	}
+	tsr_put_hdr(o->data, (uint32_t)len, type);
+	if (c->out_tail != NULL)
+		c->out_tail->next = o;
+	else
+		c->out_head = o;
+	c->out_tail = o;
+	c->out_bytes += o->len;
+	return o->data + TSR_WIRE_HDR;
+}
+
+/* Tells the client why and closes it once that is written (at the flush). */
+static void client_fail(struct att_client *c, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void client_fail(struct att_client *c, const char *fmt, ...)
+{
+	char msg[256];
+	va_list ap;
+	uint8_t *p;
+	size_t n;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	n = strlen(msg);
+	LOG_WARN("attach: refusing a client: %s", msg);
+	if ((p = client_frame(c, TSR_MSG_ERROR, 3 + n, -1)) == NULL)
+		return;
+	p[0] = 1;
+	tsr_put16(p + 1, (uint16_t)n);
+	memcpy(p + 3, msg, n);
+	c->closing = true;
+	event_del(c->rev);
+	/* Its pins go now, not when it gets round to reading the reason. */
+	for (uint32_t i = 0; i < c->npins; i++)
+		ver_unpin(c->at, c->pins[i].v);
+	c->npins = 0;
+}
+
+/* A refusal the client survives (e.g. nothing active yet). */
+static void client_error(struct att_client *c, const char *msg)
+{
+	size_t n = strlen(msg);
+	uint8_t *p = client_frame(c, TSR_MSG_ERROR, 3 + n, -1);
+
+	if (p == NULL)
+		return;
+	p[0] = 0;
+	tsr_put16(p + 1, (uint16_t)n);
+	memcpy(p + 3, msg, n);
+}
+
+static void client_flush(struct att_client *c)
+{
+	if (c->dead) {
+		client_close(c);
+		return;
+	}
+	while (c->out_head != NULL) {
+		struct att_out *o = c->out_head;
+		struct iovec iov = {o->data + o->off, o->len - o->off};
+		union {
+			struct cmsghdr h;
+			char buf[CMSG_SPACE(sizeof(int))];
+		} cm;
+		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+		ssize_t n;
+
+		if (o->fd >= 0 && o->off == 0) {
+			memset(&cm, 0, sizeof(cm));
+			mh.msg_control = cm.buf;
+			mh.msg_controllen = sizeof(cm.buf);
+			struct cmsghdr *h = CMSG_FIRSTHDR(&mh);
+			h->cmsg_level = SOL_SOCKET;
+			h->cmsg_type = SCM_RIGHTS;
+			h->cmsg_len = CMSG_LEN(sizeof(int));
+			memcpy(CMSG_DATA(h), &o->fd, sizeof(int));
+		}
+		n = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+			event_add(c->wev, NULL);
+			return;
+		}
+		if (n < 0) {
+			LOG_DEBUG("attach: client gone: %s", strerror(errno));
+			client_close(c);
+			return;
+		}
+		/* The fd went with the first byte sent. */
+		if (o->fd >= 0) {
+			close(o->fd);
+			o->fd = -1;
+		}
+		o->off += (size_t)n;
+		c->out_bytes -= (size_t)n;
+		if (o->off < o->len)
+			continue;
+		c->out_head = o->next;
+		if (c->out_head == NULL)
+			c->out_tail = NULL;
+		free(o);
+	}
+	event_del(c->wev);
+	if (c->closing)
+		client_close(c);
+}
+
+static void on_writable(evutil_socket_t fd, short what, void *arg)
+{
+	client_flush(arg);
+}
+
+/* ---- messages ---------------------------------------------------------------- */
+
+static void send_version(struct att_client *c, const struct att_ver *v)
+{
+	const struct node_slot *s = v->slot;
+	uint8_t handle[64] = {0}, store = 0;
+	int32_t dev = -1;
+	uint8_t *p;
+
+#ifdef TESSERA_CUDA
+	char why[256];
+	if (s->dev != NULL) {
+		if (node_cuda_ipc_handle(s->dev, handle, why, sizeof(why)) != 0) {
+			LOG_WARN("attach: v%" PRIu64 ": no CUDA IPC handle: %s", v->version, why);
+			client_fail(c, "v%" PRIu64 ": the node cannot export its CUDA buffer",
+				    v->version);
+			return;
+		}
+		store = 1;
+		dev = c->at->info.store->device;
+	}
+#endif
+	if ((p = client_frame(c, TSR_MSG_VERSION, TSR_WIRE_VERSION_LEN, s->memfd)) == NULL)
+		return;
+	tsr_put64(p, v->version);
+	tsr_put64(p + 8, s->len);
+	memcpy(p + 16, v->digest, 32);
+	p[48] = store;
+	tsr_put32(p + 49, (uint32_t)dev);
+	memcpy(p + 53, handle, 64);
+}
+
+static void on_attach(struct att_client *c, struct tsr_rd *r)
+{
+	struct node_attach *at = c->at;
+	uint16_t proto = (uint16_t)tsr_take_int(r, 2);
+	uint16_t rlen = (uint16_t)tsr_take_int(r, 2);
+	uint32_t rank = (uint32_t)tsr_take_int(r, 4);
+	const uint8_t *name;
+	uint8_t *p;
+
+	if (r->bad) {
+		client_fail(c, "ATTACH: %zu bytes is too short", r->left);
+		return;
+	}
+	if (proto != TSR_WIRE_PROTOCOL) {
+		client_fail(c, "ATTACH: protocol %u, this node speaks %u", proto, TSR_WIRE_PROTOCOL);
+		return;
+	}
+	if (rlen == 0 || rlen > TSR_WIRE_NAME_MAX || rlen != r->left) {
+		client_fail(c, "ATTACH: replica name of %u bytes in %zu (want 1..%u, exactly)", rlen,
+			    r->left, TSR_WIRE_NAME_MAX);
+		return;
+	}
+	name = tsr_take(r, rlen);
+	if (strlen(at->replica) != rlen || memcmp(name, at->replica, rlen) != 0 ||
+	    rank != at->info.rank) {
+		char asked[TSR_WIRE_NAME_MAX + 1];
+		for (uint16_t i = 0; i < rlen; i++)
+			asked[i] = name[i] >= 0x20 && name[i] < 0x7f ? (char)name[i] : '?';
+		asked[rlen] = 0;
+		client_fail(c, "this node serves replica %s rank %u, not replica %s rank %u",
+			    at->replica, at->info.rank, asked, rank);
+		return;
+	}
+	if ((p = client_frame(c, TSR_MSG_ATTACHED, 8 + at->table_len, -1)) == NULL)
+		return;
+	tsr_put64(p, at->active ? at->active->version : 0);
+	memcpy(p + 8, at->table, at->table_len);
+	c->attached = true;
+	if (at->active != NULL)
+		send_version(c, at->active);
+}
+
+static void on_acquire(struct att_client *c, struct tsr_rd *r)
+{
+	struct node_attach *at = c->at;
+	uint8_t *p;
+
+	if (r->left != 0) {
+		client_fail(c, "ACQUIRE carries no payload (got %zu bytes)", r->left);
+		return;
+	}
+	if (at->active == NULL) {
+		client_error(c, "no version is active yet");
+		return;
+	}
+	if (c->npins >= proto_param(PROTO_PARAM_ATTACH_PINS)) {
+		client_error(c, "too many pins held by this client (TESSERA_ATTACH_PINS)");
+		return;
+	}
+	if (c->npins == c->cap) {
+		uint32_t cap = c->cap ? 2 * c->cap : 16;
+		struct att_pin *np = realloc(c->pins, cap * sizeof(*np));
+		if (np == NULL) {
+			client_error(c, "the node is out of memory");
+			return;
+		}
+		c->pins = np;
+		c->cap = cap;
+	}
+	if ((p = client_frame(c, TSR_MSG_ACQUIRED, 16, -1)) == NULL)
+		return;
+	c->pins[c->npins].id = ++c->next_pin;
+	c->pins[c->npins].v = at->active;
+	c->npins++;
+	at->active->pins++;
+	tsr_put64(p, c->next_pin);
+	tsr_put64(p + 8, at->active->version);
+}
+
+static void on_release(struct att_client *c, struct tsr_rd *r)
+{
+	uint64_t id = tsr_take_int(r, 8);
+	uint8_t *p;
+
+	if (r->bad || r->left != 0) {
+		client_fail(c, "RELEASE carries exactly a u64 pin id");
+		return;
+	}
+	for (uint32_t i = 0; i < c->npins; i++) {
+		if (c->pins[i].id != id)
+			continue;
+		struct att_ver *v = c->pins[i].v;
+		c->pins[i] = c->pins[--c->npins];
+		if ((p = client_frame(c, TSR_MSG_RELEASED, 8, -1)) != NULL)
+			tsr_put64(p, id);
+		ver_unpin(c->at, v);
+		return;
+	}
+	client_fail(c, "RELEASE of pin %" PRIu64 ", which this client does not hold", id);
+}
+
+/* Handles one whole frame. */
+static void on_frame(struct att_client *c, uint16_t type, const uint8_t *payload, uint32_t len)
+{
+	struct tsr_rd r = {payload, len, 0};
+
+	if (!c->attached && type != TSR_MSG_ATTACH) {
+		client_fail(c, "message type %u before ATTACH", type);
+		return;
+	}
+	switch (type) {
+	case TSR_MSG_ATTACH:
+		if (c->attached)
+			client_fail(c, "ATTACH twice");
+		else
+			on_attach(c, &r);
+		break;
+	case TSR_MSG_ACQUIRE: on_acquire(c, &r); break;
+	case TSR_MSG_RELEASE: on_release(c, &r); break;
+	default: client_fail(c, "unknown message type %u", type); break;
+	}
+}
+
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+	struct att_client *c = arg;
+	ssize_t n = read(c->fd, c->in + c->inlen, sizeof(c->in) - c->inlen);
+
+	if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+		LOG_DEBUG("attach: client closed (%u pins dropped)", c->npins);
+		client_close(c);
+		return;
+	}
+	if (n < 0)
+		return;
+	c->inlen += (size_t)n;
+	/* Whole frames: the header is checked before its payload is awaited. */
+	while (!c->closing && c->inlen >= TSR_WIRE_HDR) {
+		uint32_t len = tsr_get32(c->in);
+		uint16_t type = tsr_get16(c->in + 4), zero = tsr_get16(c->in + 6);
+		if (len > TSR_WIRE_REQ_MAX || zero != 0) {
+			client_fail(c, "bad frame header (payload of %u bytes, limit %u; reserved %u)",
+				    len, TSR_WIRE_REQ_MAX, zero);
+			break;
+		}
+		if (c->inlen < TSR_WIRE_HDR + len)
+			break;
+		size_t used = TSR_WIRE_HDR + len;
+		on_frame(c, type, c->in + TSR_WIRE_HDR, len);
+		memmove(c->in, c->in + used, c->inlen - used);
+		c->inlen -= used;
+	}
+	client_flush(c);
+}
+
+/* ---- clients ---------------------------------------------------------------- */
+
+static void client_close(struct att_client *c)
+{
+	struct node_attach *at = c->at;
+
+	event_free(c->rev);
+	event_free(c->wev);
+	c->rev = c->wev = NULL;
+	close(c->fd);
+	while (c->out_head != NULL) {
+		struct att_out *o = c->out_head;
+		c->out_head = o->next;
+		if (o->fd >= 0)
+			close(o->fd);
+		free(o);
+	}
+	if (c->prev != NULL)
+		c->prev->next = c->next;
+	else
+		at->clients = c->next;
+	if (c->next != NULL)
+		c->next->prev = c->prev;
+	at->nclients--;
+	for (uint32_t i = 0; i < c->npins; i++)
+		ver_unpin(at, c->pins[i].v);
+	free(c->pins);
+	free(c);
+}
+
+static void on_accept(evutil_socket_t lfd, short what, void *arg)
+{
+	struct node_attach *at = arg;
+	int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	struct att_client *c;
+
+	if (fd < 0)
+		return;
+	if (at->nclients >= proto_param(PROTO_PARAM_ATTACH_CLIENTS)) {
+		LOG_WARN("attach: %u clients attached already (TESSERA_ATTACH_CLIENTS); refusing one",
+			 at->nclients);
+		static const char msg[] = "too many clients attached to this node";
+		uint8_t buf[TSR_WIRE_HDR + 3 + sizeof(msg) - 1];
+		tsr_put_hdr(buf, 3 + sizeof(msg) - 1, TSR_MSG_ERROR);
+		buf[TSR_WIRE_HDR] = 1;
+		tsr_put16(buf + TSR_WIRE_HDR + 1, sizeof(msg) - 1);
+		memcpy(buf + TSR_WIRE_HDR + 3, msg, sizeof(msg) - 1);
+		(void)!send(fd, buf, sizeof(buf), MSG_NOSIGNAL | MSG_DONTWAIT);
+		close(fd);
+		return;
+	}
+	c = calloc(1, sizeof(*c));
+	if (c == NULL) {
+		close(fd);
+		return;
+	}
+	c->at = at;
+	c->fd = fd;
+	c->rev = event_new(at->base, fd, EV_READ | EV_PERSIST, on_readable, c);
+	c->wev = event_new(at->base, fd, EV_WRITE, on_writable, c);
+	if (c->rev == NULL || c->wev == NULL || event_add(c->rev, NULL) != 0) {
+		if (c->rev)
+			event_free(c->rev);
+		if (c->wev)
+			event_free(c->wev);
+		close(fd);
+		free(c);
+		return;
+	}
+	c->next = at->clients;
+	if (at->clients != NULL)
+		at->clients->prev = c;
+	at->clients = c;
+	at->nclients++;
+}
+
+/* ---- the server ---------------------------------------------------------------- */
+
+static int build_table(struct node_attach *at, struct proto_err *err)
+{
+	const struct proto_rank *rk = at->info.spec;
+	size_t len = 4 + 8 + 32 + 1;
+	uint8_t *p;
+
+	for (uint32_t i = 0; i < rk->nlocals; i++) {
+		const struct proto_local *l = &rk->locals[i];
+		size_t nl = strlen(l->name), dl = strlen(proto_dtype_name(l->dtype));
+		if (nl > UINT16_MAX || dl > UINT8_MAX || l->ndim > TSR_WIRE_DIMS_MAX)
+			return proto_errf(err, EINVAL, "attach: tensor %s cannot be described", l->name);
+		len += 2 + nl + 1 + dl + 1 + 8 * (size_t)l->ndim + 8 + 8;
+	}
+	if (8 + len > TSR_WIRE_REPLY_MAX)
+		return proto_errf(err, EINVAL, "attach: the tensor table (%zu bytes) is too big", len);
+	at->table = p = malloc(len);
+	if (p == NULL)
+		return proto_errf(err, ENOMEM, "attach: out of memory");
+	at->table_len = len;
+	tsr_put32(p, rk->nlocals);
+	tsr_put64(p + 4, rk->nbytes);
+	memcpy(p + 12, at->info.layout_digest, 32);
+	p[44] = at->info.store->device >= 0 ? 1 : 0;
+	p += 45;
+	for (uint32_t i = 0; i < rk->nlocals; i++) {
+		const struct proto_local *l = &rk->locals[i];
+		const char *dt = proto_dtype_name(l->dtype);
+		size_t nl = strlen(l->name), dl = strlen(dt);
+		tsr_put16(p, (uint16_t)nl);
+		memcpy(p + 2, l->name, nl);
+		p += 2 + nl;
+		*p++ = (uint8_t)dl;
+		memcpy(p, dt, dl);
+		p += dl;
+		*p++ = (uint8_t)l->ndim;
+		for (uint32_t d = 0; d < l->ndim; d++, p += 8)
+			tsr_put64(p, l->shape[d]);
+		tsr_put64(p, l->offset);
+		tsr_put64(p + 8, l->nbytes);
+		p += 16;
+	}
+	return 0;
+}
+
+int node_attach_new(struct event_base *base, const char *path, const struct node_attach_info *info,
+		    struct node_attach **out, struct proto_err *err)
+{
+	struct node_attach *at = calloc(1, sizeof(*at));
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct stat st;
+	int rc;
+
+	*out = NULL;
+	if (at == NULL)
+		return proto_errf(err, ENOMEM, "attach: out of memory");
+	at->base = base;
+	at->info = *info;
+	at->lfd = -1;
+	at->replica = strdup(info->replica);
+	if (at->replica == NULL) {
+		rc = proto_errf(err, ENOMEM, "attach: out of memory");
+		goto fail;
+	}
+	if (strlen(path) == 0 || strlen(path) >= sizeof(sa.sun_path)) {
+		rc = proto_errf(err, ENAMETOOLONG, "attach socket %s: want 1..%zu bytes", path,
+				sizeof(sa.sun_path) - 1);
+		goto fail;
+	}
+	if ((rc = build_table(at, err)) != 0)
+		goto fail;
+	/* A socket left by an earlier node is replaced; anything else stays. */
+	if (lstat(path, &st) == 0) {
+		if (!S_ISSOCK(st.st_mode)) {
+			rc = proto_errf(err, EEXIST, "attach socket %s: exists and is not a socket",
+					path);
+			goto fail;
+		}
+		unlink(path);
+	}
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	at->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (at->lfd < 0 || bind(at->lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+		rc = proto_errf(err, errno, "attach socket %s: %s", path, strerror(errno));
+		goto fail;
+	}
+	snprintf(at->path, sizeof(at->path), "%s", path);
+	if (listen(at->lfd, 64) != 0) {
+		rc = proto_errf(err, errno, "attach socket %s: listen: %s", path, strerror(errno));
+		goto fail;
+	}
+	at->lev = event_new(base, at->lfd, EV_READ | EV_PERSIST, on_accept, at);
+	if (at->lev == NULL || event_add(at->lev, NULL) != 0) {
+		rc = proto_errf(err, ENOMEM, "attach: out of memory");
+		goto fail;
+	}
+	LOG_INFO("attach: serving replica %s rank %u on %s", at->replica, at->info.rank, path);
+	*out = at;
+	return 0;
+fail:
+	node_attach_free(at);
+	return rc;
+}
+
+void node_attach_activate(struct node_attach *at, struct node_slot *slot, const uint8_t digest[32])
+{
+	struct att_ver *v = NULL;
+
+	if (at == NULL || slot == NULL)
+		return;
+	for (v = at->vers; v != NULL && v->slot != slot; v = v->next)
+		;
+	if (v == NULL) {
+		v = calloc(1, sizeof(*v));
+		if (v == NULL) {
+			/* Nothing can pin it then: clients keep the old one. */
+			LOG_ERR("attach: out of memory; v%" PRIu64 " not offered to clients",
+				slot->version);
+			return;
+		}
+		v->slot = slot;
+		v->next = at->vers;
+		at->vers = v;
+	}
+	v->version = slot->version;
+	memcpy(v->digest, digest, 32);
+	v->retired = false;
+	at->active = v;
+	for (struct att_client *c = at->clients, *next; c != NULL; c = next) {
+		next = c->next; /* c may be dropped */
+		if (!c->attached || c->closing)
+			continue;
+		send_version(c, v);
+		client_flush(c);
+	}
+}
+
+void node_attach_retire(struct node_attach *at, struct node_store *store, struct node_slot *slot)
+{
+	struct att_ver *v = NULL;
+
+	if (slot == NULL)
+		return;
+	if (at != NULL)
+		for (v = at->vers; v != NULL && v->slot != slot; v = v->next)
+			;
+	if (v == NULL) {
+		node_slot_free(store, slot);
+		return;
+	}
+	if (at->active == v)
+		at->active = NULL;
+	if (v->pins == 0) {
+		node_slot_free(store, slot);
+		ver_forget(at, v);
+		return;
+	}
+	LOG_INFO("attach: v%" PRIu64 " retired; %u requests still pin it", v->version, v->pins);
+	v->retired = true;
+}
+
+uint32_t node_attach_pins(const struct node_attach *at, uint64_t version)
+{
+	uint32_t n = 0;
+
+	for (const struct att_ver *v = at ? at->vers : NULL; v != NULL; v = v->next)
+		if (v->version == version)
+			n += v->pins;
+	return n;
+}
+
+uint32_t node_attach_clients(const struct node_attach *at)
+{
+	return at ? at->nclients : 0;
+}
+
+uint32_t node_attach_retained(const struct node_attach *at)
+{
+	uint32_t n = 0;
+
+	for (const struct att_ver *v = at ? at->vers : NULL; v != NULL; v = v->next)
+		n += v->retired;
+	return n;
+}
+
+const char *node_attach_path(const struct node_attach *at)
+{
+	return at->path;
+}
+
+void node_attach_free(struct node_attach *at)
+{
+	if (at == NULL)
+		return;
+	while (at->clients != NULL)
+		client_close(at->clients);
+	/* Retired slots die with the server; the active one is the caller's. */
+	while (at->vers != NULL) {
+		struct att_ver *v = at->vers;
+		if (v->retired)
+			node_slot_free(at->info.store, v->slot);
+		ver_forget(at, v);
+	}
+	if (at->lev != NULL)
+		event_free(at->lev);
+	if (at->lfd >= 0) {
+		close(at->lfd);
+		if (at->path[0] != 0)
+			unlink(at->path);
+	}
+	free(at->table);
+	free(at->replica);
+	free(at);
+}

@@ -1,0 +1,569 @@
+/* libtessera-client: attach to a node, map and pin its versions (see tessera_client.h). */
+#include "node/client/tessera_client.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "node/client/wire.h"
+
+#define API __attribute__((visibility("default")))
+#define FDQ_MAX 16
+
+struct cver {
+	struct cver *next;
+	struct tessera_version v;
+	uint32_t pins;
+};
+
+struct tessera_client {
+	int fd;
+	int timeout_ms;
+	char err[320];
+	bool broken; /* the connection is unusable; every call fails */
+	struct tessera_tensor *tensors;
+	size_t ntensors;
+	uint64_t block;
+	int store;
+	struct cver *vers;
+	uint64_t active;
+	uint64_t announced; /* the version active when we attached */
+	int fdq[FDQ_MAX]; /* received memfds waiting for their VERSION frame */
+	size_t nfdq;
+	uint8_t *in;
+	size_t inlen, incap, consumed;
+	tessera_version_cb cb;
+	void *cbarg;
+};
+
+static int fail(tessera_client *c, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static int fail(tessera_client *c, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(c->err, sizeof(c->err), fmt, ap);
+	va_end(ap);
+	return -code;
+}
+
+/* A protocol or connection failure: nothing more can be trusted. */
+static int broke(tessera_client *c, int code, const char *what)
+{
+	c->broken = true;
+	return fail(c, code, "tessera node: %s", what);
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- versions ---------------------------------------------------------------- */
+
+static struct cver *find_ver(const tessera_client *c, uint64_t version)
+{
+	for (struct cver *v = c->vers; v != NULL; v = v->next)
+		if (v->v.version == version)
+			return v;
+	return NULL;
+}
+
+static void ver_free(struct cver *v)
+{
+	if (v->v.host != NULL)
+		munmap((void *)v->v.host, v->v.size);
+	if (v->v.memfd >= 0)
+		close(v->v.memfd);
+	free(v);
+}
+
+/* Unmaps versions that are neither active nor pinned. */
+static void sweep(tessera_client *c)
+{
+	for (struct cver **pp = &c->vers; *pp != NULL;) {
+		struct cver *v = *pp;
+		if (v->v.version != c->active && v->pins == 0) {
+			*pp = v->next;
+			ver_free(v);
+		} else {
+			pp = &v->next;
+		}
+	}
+}
+
+static int on_version(tessera_client *c, const uint8_t *p, uint32_t len)
+{
+	struct tsr_rd r = {p, len, 0};
+	struct cver *v;
+	int memfd;
+
+	if (len != TSR_WIRE_VERSION_LEN)
+		return broke(c, EPROTO, "VERSION message of the wrong size");
+	if (c->nfdq == 0)
+		return broke(c, EPROTO, "VERSION message without its memfd");
+	memfd = c->fdq[0];
+	memmove(c->fdq, c->fdq + 1, --c->nfdq * sizeof(int));
+	v = calloc(1, sizeof(*v));
+	if (v == NULL) {
+		close(memfd);
+		return broke(c, ENOMEM, "out of memory");
+	}
+	v->v.memfd = memfd;
+	v->v.version = tsr_take_int(&r, 8);
+	v->v.size = tsr_take_int(&r, 8);
+	memcpy(v->v.digest, tsr_take(&r, 32), 32);
+	v->v.store = (int)tsr_take_int(&r, 1);
+	v->v.cuda_device = (int)(int32_t)tsr_take_int(&r, 4);
+	memcpy(v->v.cuda_ipc_handle, tsr_take(&r, 64), 64);
+	if (v->v.version <= c->active || v->v.store > 1 || v->v.size != c->block) {
+		ver_free(v);
+		return broke(c, EPROTO, "VERSION message out of order or of the wrong size");
+	}
+	if (v->v.size > 0) {
+		void *m = mmap(NULL, v->v.size, PROT_READ, MAP_SHARED, memfd, 0);
+		if (m == MAP_FAILED) {
+			int e = errno;
+			ver_free(v);
+			c->broken = true;
+			return fail(c, e, "tessera node: cannot map a version: %s", strerror(e));
+		}
+		v->v.host = m;
+	}
+	v->next = c->vers;
+	c->vers = v;
+	c->active = v->v.version;
+	sweep(c);
+	if (c->cb != NULL)
+		c->cb(c, c->active, c->cbarg);
+	return 1;
+}
+
+/* ---- the socket -------------------------------------------------------------- */
+
+/* Reads what is there (waiting up to timeout_ms for it): bytes into in,
+ * memfds into fdq. 0 when something arrived, -ETIMEDOUT, or an error. */
+static int recv_some(tessera_client *c, int timeout_ms)
+{
+	struct pollfd pfd = {c->fd, POLLIN, 0};
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(FDQ_MAX * sizeof(int))];
+	} cm;
+	struct iovec iov;
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+			    .msg_controllen = sizeof(cm.buf)};
+	ssize_t n;
+	int rc;
+
+	do
+		rc = poll(&pfd, 1, timeout_ms < 0 ? 0 : timeout_ms);
+	while (rc < 0 && errno == EINTR);
+	if (rc == 0)
+		return -ETIMEDOUT;
+	if (rc < 0)
+		return broke(c, errno, "poll failed");
+	if (c->consumed > 0) {
+		memmove(c->in, c->in + c->consumed, c->inlen - c->consumed);
+		c->inlen -= c->consumed;
+		c->consumed = 0;
+	}
+	if (c->incap - c->inlen < 4096) {
+		size_t cap = c->incap ? 2 * c->incap : 65536;
+		uint8_t *nb;
+		if (cap > TSR_WIRE_HDR + TSR_WIRE_REPLY_MAX + 4096)
+			cap = TSR_WIRE_HDR + TSR_WIRE_REPLY_MAX + 4096;
+		if (cap <= c->incap || (nb = realloc(c->in, cap)) == NULL)
+			return broke(c, ENOMEM, "out of memory for a reply");
+		c->in = nb;
+		c->incap = cap;
+	}
+	iov.iov_base = c->in + c->inlen;
+	iov.iov_len = c->incap - c->inlen;
+	do
+		n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	for (struct cmsghdr *h = CMSG_FIRSTHDR(&mh); n >= 0 && h != NULL; h = CMSG_NXTHDR(&mh, h)) {
+		if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < k; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
+			if (c->nfdq < FDQ_MAX) {
+				c->fdq[c->nfdq++] = fd;
+			} else {
+				close(fd);
+				c->broken = true;
+			}
+		}
+	}
+	if (n < 0)
+		return broke(c, errno, "connection lost");
+	if (n == 0)
+		return broke(c, ECONNRESET, "the node closed the connection");
+	if (c->broken || (mh.msg_flags & MSG_CTRUNC))
+		return broke(c, EPROTO, "too many memfds at once");
+	c->inlen += (size_t)n;
+	return 0;
+}
+
+/* The next whole frame already buffered: 1 (and *type, *p, *len), or 0. */
+static int buffered_frame(tessera_client *c, uint16_t *type, const uint8_t **p, uint32_t *len)
+{
+	size_t have = c->inlen - c->consumed;
+	const uint8_t *h = c->in + c->consumed;
+
+	if (have < TSR_WIRE_HDR)
+		return 0;
+	*len = tsr_get32(h);
+	*type = tsr_get16(h + 4);
+	if (*len > TSR_WIRE_REPLY_MAX || tsr_get16(h + 6) != 0)
+		return broke(c, EPROTO, "malformed frame header");
+	if (have < TSR_WIRE_HDR + (size_t)*len)
+		return 0;
+	*p = h + TSR_WIRE_HDR;
+	c->consumed += TSR_WIRE_HDR + *len;
+	return 1;
+}
+
+static int on_error_frame(tessera_client *c, const uint8_t *p, uint32_t len)
+{
+	struct tsr_rd r = {p, len, 0};
+	int fatal = (int)tsr_take_int(&r, 1);
+	uint16_t n = (uint16_t)tsr_take_int(&r, 2);
+	const uint8_t *msg = tsr_take(&r, n);
+
+	if (r.bad)
+		return broke(c, EPROTO, "malformed ERROR message");
+	if (fatal)
+		c->broken = true;
+	return fail(c, fatal ? ECONNREFUSED : EAGAIN, "tessera node: %.*s", (int)n,
+		    (const char *)msg);
+}
+
+/*
+ * Reads frames until one of type want arrives (its payload in *p, valid
+ * until the next read), handling VERSION notifications on the way. want 0:
+ * handle what arrives within timeout_ms and return the new versions seen.
+ */
+static int pump(tessera_client *c, uint16_t want, int timeout_ms, const uint8_t **p, uint32_t *len)
+{
+	int64_t deadline = now_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
+	int news = 0, rc;
+
+	if (c->broken)
+		return -ENOTCONN;
+	for (;;) {
+		uint16_t type = 0;
+		const uint8_t *fp = NULL;
+		uint32_t flen = 0;
+		while ((rc = buffered_frame(c, &type, &fp, &flen)) == 1) {
+			if (type == TSR_MSG_VERSION) {
+				if ((rc = on_version(c, fp, flen)) < 0)
+					return rc;
+				news++;
+			} else if (type == TSR_MSG_ERROR) {
+				return on_error_frame(c, fp, flen);
+			} else if (want != 0 && type == want) {
+				*p = fp;
+				*len = flen;
+				return 0;
+			} else {
+				return broke(c, EPROTO, "unexpected message");
+			}
+		}
+		if (rc < 0)
+			return rc;
+		if (want == 0 && news > 0)
+			return news;
+		int64_t left = deadline - now_ms();
+		rc = recv_some(c, left > 0 ? (int)left : 0);
+		if (rc == -ETIMEDOUT && want == 0)
+			return news;
+		if (rc == -ETIMEDOUT)
+			return fail(c, ETIMEDOUT, "tessera node: no reply within %d ms", timeout_ms);
+		if (rc < 0)
+			return rc;
+	}
+}
+
+static int send_frame(tessera_client *c, uint16_t type, const uint8_t *payload, uint32_t len)
+{
+	uint8_t buf[TSR_WIRE_HDR + TSR_WIRE_REQ_MAX];
+	size_t off = 0, total = TSR_WIRE_HDR + len;
+
+	if (c->broken)
+		return fail(c, ENOTCONN, "tessera client: the connection is closed");
+	tsr_put_hdr(buf, len, type);
+	if (len > 0)
+		memcpy(buf + TSR_WIRE_HDR, payload, len);
+	while (off < total) {
+		ssize_t n = send(c->fd, buf + off, total - off, MSG_NOSIGNAL);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return broke(c, errno, "cannot send to the node");
+		off += (size_t)n;
+	}
+	return 0;
+}
+
+/* ---- the tensor table -------------------------------------------------------- */
+
+static int on_attached(tessera_client *c, const uint8_t *p, uint32_t len)
+{
+	struct tsr_rd r = {p, len, 0};
+	uint64_t active = tsr_take_int(&r, 8);
+	uint32_t n = (uint32_t)tsr_take_int(&r, 4);
+
+	c->announced = active;
+	c->block = tsr_take_int(&r, 8);
+	tsr_take(&r, 32);
+	c->store = (int)tsr_take_int(&r, 1);
+	/* Each tensor takes at least 20 bytes: bound the count first. */
+	if (r.bad || n > r.left / 20)
+		return broke(c, EPROTO, "malformed tensor table");
+	c->tensors = calloc(n ? n : 1, sizeof(*c->tensors));
+	if (c->tensors == NULL)
+		return broke(c, ENOMEM, "out of memory for the tensor table");
+	for (uint32_t i = 0; i < n; i++) {
+		struct tessera_tensor *t = &c->tensors[i];
+		uint16_t nl = (uint16_t)tsr_take_int(&r, 2);
+		const uint8_t *name = tsr_take(&r, nl);
+		uint8_t dl = (uint8_t)tsr_take_int(&r, 1);
+		const uint8_t *dt = tsr_take(&r, dl);
+		t->ndim = (uint32_t)tsr_take_int(&r, 1);
+		if (r.bad || t->ndim > TESSERA_DIMS_MAX)
+			return broke(c, EPROTO, "malformed tensor table");
+		for (uint32_t d = 0; d < t->ndim; d++)
+			t->shape[d] = tsr_take_int(&r, 8);
+		t->offset = tsr_take_int(&r, 8);
+		t->nbytes = tsr_take_int(&r, 8);
+		if (r.bad || t->offset > c->block || t->nbytes > c->block - t->offset ||
+		    memchr(name, 0, nl) != NULL || memchr(dt, 0, dl) != NULL)
+			return broke(c, EPROTO, "malformed tensor table");
+		t->name = strndup((const char *)name, nl);
+		t->dtype = strndup((const char *)dt, dl);
+		c->ntensors = i + 1;
+		if (t->name == NULL || t->dtype == NULL)
+			return broke(c, ENOMEM, "out of memory for the tensor table");
+	}
+	if (r.left != 0)
+		return broke(c, EPROTO, "malformed tensor table");
+	return 0;
+}
+
+/* ---- the API -------------------------------------------------------------------- */
+
+API int tessera_attach(const char *path, const char *replica, uint32_t rank, int timeout_ms,
+		       tessera_client **out, char *err, size_t errlen)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	uint8_t req[8 + TSR_WIRE_NAME_MAX];
+	size_t rlen = replica ? strlen(replica) : 0;
+	tessera_client *c;
+	const uint8_t *p;
+	uint32_t len;
+	int rc;
+
+	*out = NULL;
+	c = calloc(1, sizeof(*c));
+	if (c == NULL) {
+		snprintf(err, errlen, "tessera client: out of memory");
+		return -ENOMEM;
+	}
+	c->fd = -1;
+	c->timeout_ms = timeout_ms;
+	if (path == NULL || strlen(path) >= sizeof(sa.sun_path)) {
+		rc = fail(c, ENAMETOOLONG, "tessera client: socket path too long");
+		goto fail;
+	}
+	if (rlen == 0 || rlen > TSR_WIRE_NAME_MAX) {
+		rc = fail(c, EINVAL, "tessera client: replica name of 1..%d bytes", TSR_WIRE_NAME_MAX);
+		goto fail;
+	}
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+		rc = fail(c, errno, "tessera client: cannot connect to %s: %s", path, strerror(errno));
+		goto fail;
+	}
+	tsr_put16(req, TSR_WIRE_PROTOCOL);
+	tsr_put16(req + 2, (uint16_t)rlen);
+	tsr_put32(req + 4, rank);
+	memcpy(req + 8, replica, rlen);
+	if ((rc = send_frame(c, TSR_MSG_ATTACH, req, (uint32_t)(8 + rlen))) != 0)
+		goto fail;
+	if ((rc = pump(c, TSR_MSG_ATTACHED, timeout_ms, &p, &len)) != 0)
+		goto fail;
+	if ((rc = on_attached(c, p, len)) != 0)
+		goto fail;
+	/* The version active when we attached follows at once. */
+	if (c->announced > 0 && (rc = tessera_wait_version(c, c->announced, timeout_ms)) < 0)
+		goto fail;
+	*out = c;
+	return 0;
+fail:
+	snprintf(err, errlen, "%s", c->err);
+	tessera_detach(c);
+	return rc < 0 ? rc : -EPROTO;
+}
+
+API void tessera_detach(tessera_client *c)
+{
+	if (c == NULL)
+		return;
+	if (c->fd >= 0)
+		close(c->fd);
+	while (c->vers != NULL) {
+		struct cver *v = c->vers;
+		c->vers = v->next;
+		ver_free(v);
+	}
+	for (size_t i = 0; i < c->nfdq; i++)
+		close(c->fdq[i]);
+	for (size_t i = 0; i < c->ntensors; i++) {
+		free((char *)c->tensors[i].name);
+		free((char *)c->tensors[i].dtype);
+	}
+	free(c->tensors);
+	free(c->in);
+	free(c);
+}
+
+API size_t tessera_ntensors(const tessera_client *c)
+{
+	return c->ntensors;
+}
+
+API const struct tessera_tensor *tessera_tensor(const tessera_client *c, size_t i)
+{
+	return i < c->ntensors ? &c->tensors[i] : NULL;
+}
+
+API const struct tessera_tensor *tessera_find(const tessera_client *c, const char *name)
+{
+	for (size_t i = 0; i < c->ntensors; i++)
+		if (strcmp(c->tensors[i].name, name) == 0)
+			return &c->tensors[i];
+	return NULL;
+}
+
+API uint64_t tessera_block_size(const tessera_client *c)
+{
+	return c->block;
+}
+
+API int tessera_store(const tessera_client *c)
+{
+	return c->store;
+}
+
+API uint64_t tessera_active(const tessera_client *c)
+{
+	return c->active;
+}
+
+API const struct tessera_version *tessera_version_info(const tessera_client *c, uint64_t version)
+{
+	struct cver *v = find_ver(c, version);
+	return v ? &v->v : NULL;
+}
+
+API int tessera_acquire(tessera_client *c, struct tessera_pin *out)
+{
+	const uint8_t *p;
+	uint32_t len;
+	struct cver *v;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if ((rc = send_frame(c, TSR_MSG_ACQUIRE, NULL, 0)) != 0)
+		return rc;
+	if ((rc = pump(c, TSR_MSG_ACQUIRED, c->timeout_ms, &p, &len)) != 0)
+		return rc;
+	if (len != 16)
+		return broke(c, EPROTO, "malformed ACQUIRED message");
+	out->id = tsr_get64(p);
+	out->version = tsr_get64(p + 8);
+	/* The node sends a version before any reply naming it. */
+	if ((v = find_ver(c, out->version)) == NULL)
+		return broke(c, EPROTO, "ACQUIRED names a version never sent");
+	v->pins++;
+	out->base = v->v.host;
+	out->size = v->v.size;
+	return 0;
+}
+
+API int tessera_release(tessera_client *c, const struct tessera_pin *pin)
+{
+	uint8_t req[8];
+	const uint8_t *p;
+	uint32_t len;
+	struct cver *v = find_ver(c, pin->version);
+	int rc;
+
+	if (v == NULL || v->pins == 0)
+		return fail(c, EINVAL, "tessera client: pin %llu is not held",
+			    (unsigned long long)pin->id);
+	tsr_put64(req, pin->id);
+	if ((rc = send_frame(c, TSR_MSG_RELEASE, req, 8)) != 0)
+		return rc;
+	if ((rc = pump(c, TSR_MSG_RELEASED, c->timeout_ms, &p, &len)) != 0)
+		return rc;
+	if (len != 8 || tsr_get64(p) != pin->id)
+		return broke(c, EPROTO, "malformed RELEASED message");
+	v->pins--;
+	sweep(c);
+	return 0;
+}
+
+API int tessera_wait_version(tessera_client *c, uint64_t min, int timeout_ms)
+{
+	int64_t deadline = now_ms() + timeout_ms;
+
+	while (c->active < min) {
+		int64_t left = deadline - now_ms();
+		if (left <= 0)
+			return fail(c, ETIMEDOUT, "tessera client: no version >= %llu within %d ms",
+				    (unsigned long long)min, timeout_ms);
+		int rc = pump(c, 0, (int)left, NULL, NULL);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+API int tessera_poll(tessera_client *c, int timeout_ms)
+{
+	return pump(c, 0, timeout_ms, NULL, NULL);
+}
+
+API int tessera_fd(const tessera_client *c)
+{
+	return c->fd;
+}
+
+API void tessera_on_version(tessera_client *c, tessera_version_cb cb, void *arg)
+{
+	c->cb = cb;
+	c->cbarg = arg;
+}
+
+API const char *tessera_error(const tessera_client *c)
+{
+	return c->err;
+}

@@ -1,0 +1,121 @@
+/*
+ * libtessera-client: how a serving process reaches the weights a tessera
+ * node serves on its host (static libtessera-client.a, shared
+ * libtessera-client.so; depends on libc only).
+ *
+ *   tessera_client *c;
+ *   char err[256];
+ *   if (tessera_attach("/run/tessera/A-0.sock", "A", 0, 10000, &c, err, sizeof(err)))
+ *           die(err);
+ *   tessera_wait_version(c, 1, 60000);      // a version is active
+ *   struct tessera_pin pin;
+ *   tessera_acquire(c, &pin);               // a request starts: pin
+ *   const struct tessera_tensor *t = tessera_find(c, "layers.0.attn.wq");
+ *   const void *w = pin.base + t->offset;   // the pinned version's bytes
+ *   ...
+ *   tessera_release(c, &pin);               // the request ends
+ *
+ * A pin keeps its version's memory valid and unchanged until it is
+ * released, however many versions become active meanwhile; new acquires
+ * get the newest. When the client detaches (or dies) its pins are dropped.
+ *
+ * The library is synchronous and not thread-safe: one thread per client (or
+ * a lock around it). Notifications of new versions arrive on the socket and
+ * are handled whenever the client reads it: in every call, or explicitly
+ * with tessera_poll() when tessera_fd() is readable (for an event loop).
+ * Functions returning int return 0 or a negative errno; tessera_error()
+ * then says why in one line.
+ */
+#ifndef TESSERA_CLIENT_H
+#define TESSERA_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TESSERA_DIMS_MAX 8
+
+typedef struct tessera_client tessera_client;
+
+/* One local tensor of the rank: where it lies in a version's memory. */
+struct tessera_tensor {
+	const char *name;
+	const char *dtype;  /* "bf16", "fp16", "fp32", ... */
+	uint32_t ndim;
+	uint64_t shape[TESSERA_DIMS_MAX];
+	uint64_t offset;    /* bytes from the start of the version's memory */
+	uint64_t nbytes;
+};
+
+/* A version as the node sent it. */
+struct tessera_version {
+	uint64_t version;
+	uint64_t size;          /* bytes */
+	uint8_t digest[32];     /* the signed manifest's digest */
+	int store;              /* 0 host, 1 cuda */
+	int cuda_device;        /* -1 on host */
+	uint8_t cuda_ipc_handle[64]; /* cudaIpcMemHandle_t in GPU mode */
+	int memfd;              /* the host copy; the client owns it */
+	const uint8_t *host;    /* mapped read-only (NULL when size is 0) */
+};
+
+/* One request's hold on a version. */
+struct tessera_pin {
+	uint64_t id;
+	uint64_t version;
+	const uint8_t *base;    /* host bytes of the version (NULL when empty) */
+	uint64_t size;
+};
+
+/*
+ * Connects to the node's attach socket and attaches to (replica, rank); the
+ * node refuses (with a reason, in err) a replica or rank it does not serve.
+ * timeout_ms bounds every wait for a reply from here on. On failure *out is
+ * NULL.
+ */
+int tessera_attach(const char *path, const char *replica, uint32_t rank, int timeout_ms,
+		   tessera_client **out, char *err, size_t errlen);
+/* Closes the connection (the node drops its pins) and unmaps everything:
+ * pointers from this client are invalid after. NULL is fine. */
+void tessera_detach(tessera_client *c);
+
+/* The tensor table of the rank; pointers live as long as the client. */
+size_t tessera_ntensors(const tessera_client *c);
+const struct tessera_tensor *tessera_tensor(const tessera_client *c, size_t i);
+const struct tessera_tensor *tessera_find(const tessera_client *c, const char *name);
+/* Bytes of the rank's block; 0 host store, 1 cuda. */
+uint64_t tessera_block_size(const tessera_client *c);
+int tessera_store(const tessera_client *c);
+
+/* The newest version the node said is active (0: none yet). */
+uint64_t tessera_active(const tessera_client *c);
+/* A version this client still holds (active, or pinned); NULL otherwise. */
+const struct tessera_version *tessera_version_info(const tessera_client *c, uint64_t version);
+
+/* Pins the active version for a request; -EAGAIN when none is active yet. */
+int tessera_acquire(tessera_client *c, struct tessera_pin *out);
+/* Ends the request: the pin's memory may be unmapped after. */
+int tessera_release(tessera_client *c, const struct tessera_pin *pin);
+
+/* Waits until a version >= min is active: 0, -ETIMEDOUT, or an error. */
+int tessera_wait_version(tessera_client *c, uint64_t min, int timeout_ms);
+/* Handles notifications waiting on the socket, waiting at most timeout_ms
+ * for the first (0: do not wait). Returns how many new versions arrived. */
+int tessera_poll(tessera_client *c, int timeout_ms);
+/* The socket, to watch for readability in an event loop (then tessera_poll). */
+int tessera_fd(const tessera_client *c);
+/* Called (from inside any client call) when a new version becomes active. */
+typedef void (*tessera_version_cb)(tessera_client *c, uint64_t version, void *arg);
+void tessera_on_version(tessera_client *c, tessera_version_cb cb, void *arg);
+
+/* The last error, one line. */
+const char *tessera_error(const tessera_client *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,133 @@
+/*
+ * The attach protocol between a node and the serving processes on its host,
+ * over a local Unix stream socket. Shared by the node's server (node/attach.c)
+ * and libtessera-client; it depends on nothing but libc.
+ *
+ * Every message is a frame: an 8-byte header (u32 payload length, u16 type,
+ * u16 zero; little-endian) and the payload. Integers are little-endian.
+ *
+ *   client -> node
+ *     ATTACH   u16 protocol (1), u16 replica length, u32 rank, replica bytes.
+ *              Must be the first message; the node answers ATTACHED, then a
+ *              VERSION for the active version if there is one.
+ *     ACQUIRE  empty: pin the active version for one request.
+ *     RELEASE  u64 pin id.
+ *
+ *   node -> client
+ *     ATTACHED u64 active version (0: none; its VERSION follows), u32 tensors, u64 bytes of the rank's block, 32-byte layout
+ *              digest, u8 store (0 host, 1 cuda), then per tensor: u16 name
+ *              length, name, u8 dtype length, dtype name, u8 ndim,
+ *              ndim x u64 shape, u64 offset, u64 bytes.
+ *     VERSION  u64 version, u64 bytes, 32-byte manifest digest, u8 store,
+ *              i32 CUDA device (-1 host), 64-byte CUDA IPC handle (zero on
+ *              host); the slot's memfd rides along (SCM_RIGHTS). Sent when
+ *              a version becomes active; it precedes every reply naming it.
+ *     ACQUIRED u64 pin id, u64 version.
+ *     RELEASED u64 pin id.
+ *     ERROR    u8 fatal, u16 length, reason. Fatal: the node closes the
+ *              connection after it (and drops the client's pins).
+ *
+ * A client's pins are dropped when its socket closes: a client that
+ * disappears cannot hold a version forever.
+ */
+#ifndef TESSERA_CLIENT_WIRE_H
+#define TESSERA_CLIENT_WIRE_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define TSR_WIRE_PROTOCOL 1
+#define TSR_WIRE_HDR 8
+/* Largest client message a node reads (before anything is allocated). */
+#define TSR_WIRE_REQ_MAX 1024
+/* Largest node message a client reads (the tensor table of big models). */
+#define TSR_WIRE_REPLY_MAX (256u << 20)
+#define TSR_WIRE_NAME_MAX 255
+#define TSR_WIRE_DIMS_MAX 8
+#define TSR_WIRE_VERSION_LEN (8 + 8 + 32 + 1 + 4 + 64)
+
+enum tsr_wire_type {
+	TSR_MSG_ATTACH = 1,
+	TSR_MSG_ATTACHED = 2,
+	TSR_MSG_VERSION = 3,
+	TSR_MSG_ACQUIRE = 4,
+	TSR_MSG_ACQUIRED = 5,
+	TSR_MSG_RELEASE = 6,
+	TSR_MSG_RELEASED = 7,
+	TSR_MSG_ERROR = 8,
+};
+
+static inline void tsr_put16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static inline void tsr_put32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline void tsr_put64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint16_t tsr_get16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static inline uint32_t tsr_get32(const uint8_t *p)
+{
+	uint32_t v = 0;
+	for (int i = 3; i >= 0; i--)
+		v = (v << 8) | p[i];
+	return v;
+}
+
+static inline uint64_t tsr_get64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = (v << 8) | p[i];
+	return v;
+}
+
+static inline void tsr_put_hdr(uint8_t *p, uint32_t len, uint16_t type)
+{
+	tsr_put32(p, len);
+	tsr_put16(p + 4, type);
+	tsr_put16(p + 6, 0);
+}
+
+/* A bounded reader over a payload: every take checks what is left. */
+struct tsr_rd {
+	const uint8_t *p;
+	size_t left;
+	int bad;
+};
+
+static inline const uint8_t *tsr_take(struct tsr_rd *r, size_t n)
+{
+	const uint8_t *p = r->p;
+	if (r->bad || n > r->left) {
+		r->bad = 1;
+		return NULL;
+	}
+	r->p += n;
+	r->left -= n;
+	return p;
+}
+
+static inline uint64_t tsr_take_int(struct tsr_rd *r, size_t n)
+{
+	const uint8_t *p = tsr_take(r, n);
+	if (p == NULL)
+		return 0;
+	return n == 1 ? p[0] : n == 2 ? tsr_get16(p) : n == 4 ? tsr_get32(p) : tsr_get64(p);
+}
+
+#endif

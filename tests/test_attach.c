@@ -1,0 +1,1041 @@
+/*
+ * The attach server (node/attach.c) driven directly on its own event loop
+ * thread, with libtessera-client and the Python package as clients: tensor
+ * table, the active version's bytes, pins across a switch, a client that
+ * vanishes with pins, refused replicas and ranks, garbage on the socket.
+ */
+#include <errno.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <cmocka.h>
+
+#include "node/attach.h"
+#include "node/proc.h"
+#include "node/client/tessera_client.h"
+#include "node/client/wire.h"
+#include "proto/fixture.h"
+#include "proto/proto.h"
+#include "tracker/tracker.h"
+#include "tests/testutil.h"
+
+#define NT 3
+
+struct env {
+	char dir[256], sock[300];
+	struct event_base *base;
+	pthread_t loop;
+	struct event *keep;
+	struct node_store store;
+	struct proto_local locals[NT];
+	struct proto_rank rank;
+	uint8_t digest[32];
+	struct node_attach *at;
+	struct node_slot *active;
+};
+
+/* Byte i of version v: what every check compares against. */
+static uint8_t pattern(uint64_t v, size_t i)
+{
+	return (uint8_t)(i * 31 + v * 101 + (i >> 8));
+}
+
+/* ---- running things on the loop thread ---------------------------------------- */
+
+struct job {
+	void (*fn)(struct env *e, void *arg);
+	struct env *e;
+	void *arg;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int done;
+};
+
+static void run_job(evutil_socket_t fd, short what, void *arg)
+{
+	struct job *j = arg;
+	j->fn(j->e, j->arg);
+	pthread_mutex_lock(&j->mu);
+	j->done = 1;
+	pthread_cond_signal(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+}
+
+/* Runs fn on the loop thread (where the server's state lives) and waits. */
+static void on_loop(struct env *e, void (*fn)(struct env *, void *), void *arg)
+{
+	struct job j = {fn, e, arg, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+	struct timeval now = {0, 0};
+
+	assert_int_equal(event_base_once(e->base, -1, EV_TIMEOUT, run_job, &j, &now), 0);
+	pthread_mutex_lock(&j.mu);
+	while (!j.done)
+		pthread_cond_wait(&j.cv, &j.mu);
+	pthread_mutex_unlock(&j.mu);
+}
+
+static void *loop_main(void *arg)
+{
+	struct env *e = arg;
+	event_base_loop(e->base, EVLOOP_NO_EXIT_ON_EMPTY);
+	return NULL;
+}
+
+static void stop_loop(struct env *e, void *arg)
+{
+	event_base_loopbreak(e->base);
+}
+
+/* Activates version v (a fresh slot filled with its pattern) and retires
+ * the previous one, as the agent does. */
+static void activate_job(struct env *e, void *arg)
+{
+	uint64_t v = *(uint64_t *)arg;
+	struct node_slot *s;
+	uint8_t dg[32];
+
+	assert_int_equal(node_slot_new(&e->store, v, e->rank.nbytes, &s, NULL), 0);
+	for (size_t i = 0; i < s->len; i++)
+		s->host[i] = pattern(v, i);
+	memset(dg, (int)v, sizeof(dg));
+	struct node_slot *old = e->active;
+	e->active = s;
+	node_attach_activate(e->at, s, dg);
+	node_attach_retire(e->at, &e->store, old);
+}
+
+static void activate(struct env *e, uint64_t v)
+{
+	on_loop(e, activate_job, &v);
+}
+
+struct counts {
+	uint64_t v;
+	uint32_t pins, clients, retained;
+};
+
+static void count_job(struct env *e, void *arg)
+{
+	struct counts *c = arg;
+	c->pins = node_attach_pins(e->at, c->v);
+	c->clients = node_attach_clients(e->at);
+	c->retained = node_attach_retained(e->at);
+}
+
+static struct counts counts(struct env *e, uint64_t v)
+{
+	struct counts c = {.v = v};
+	on_loop(e, count_job, &c);
+	return c;
+}
+
+/* ---- fixture -------------------------------------------------------------------- */
+
+static int setup(void **state)
+{
+	struct env *e = calloc(1, sizeof(*e));
+	static const char *names[NT] = {"embed", "layers.0.wq", "norm"};
+	static const enum proto_dtype dts[NT] = {PROTO_DT_BF16, PROTO_DT_FP32, PROTO_DT_FP16};
+	static const uint64_t shapes[NT][2] = {{64, 32}, {32, 48}, {100, 1}};
+	uint64_t off = 0;
+
+	assert_non_null(e);
+	assert_non_null(tu_mkdtemp(e->dir, sizeof(e->dir)));
+	snprintf(e->sock, sizeof(e->sock), "%s/A-0.sock", e->dir);
+	for (int i = 0; i < NT; i++) {
+		struct proto_local *l = &e->locals[i];
+		l->name = (char *)names[i];
+		l->dtype = dts[i];
+		l->ndim = 2;
+		l->shape[0] = shapes[i][0];
+		l->shape[1] = shapes[i][1];
+		l->nelem = shapes[i][0] * shapes[i][1];
+		l->nbytes = l->nelem * proto_dtype_size(dts[i]);
+		l->offset = off;
+		off += l->nbytes;
+	}
+	e->rank.nlocals = NT;
+	e->rank.locals = e->locals;
+	e->rank.nbytes = off;
+	memset(e->digest, 0x5a, sizeof(e->digest));
+	assert_int_equal(node_store_open("host", &e->store, NULL), 0);
+	e->base = event_base_new();
+	assert_non_null(e->base);
+	struct node_attach_info ai = {"A", 0, &e->rank, e->digest, &e->store};
+	struct proto_err err;
+	if (node_attach_new(e->base, e->sock, &ai, &e->at, &err) != 0)
+		fail_msg("node_attach_new: %s", err.msg);
+	assert_int_equal(pthread_create(&e->loop, NULL, loop_main, e), 0);
+	*state = e;
+	return 0;
+}
+
+static void free_job(struct env *e, void *arg)
+{
+	node_attach_free(e->at);
+	e->at = NULL;
+	node_slot_free(&e->store, e->active);
+	e->active = NULL;
+}
+
+static int teardown(void **state)
+{
+	struct env *e = *state;
+
+	on_loop(e, free_job, NULL);
+	on_loop(e, stop_loop, NULL);
+	pthread_join(e->loop, NULL);
+	event_base_free(e->base);
+	tu_rmtree(e->dir);
+	free(e);
+	return 0;
+}
+
+static tessera_client *attach_ok_at(const char *sock)
+{
+	tessera_client *c = NULL;
+	char err[256];
+
+	if (tessera_attach(sock, "A", 0, 30000, &c, err, sizeof(err)) != 0)
+		fail_msg("attach: %s", err);
+	return c;
+}
+
+static tessera_client *attach_ok(struct env *e)
+{
+	return attach_ok_at(e->sock);
+}
+
+static void assert_version_bytes(const struct tessera_pin *p, uint64_t v)
+{
+	assert_non_null(p->base);
+	for (size_t i = 0; i < p->size; i++)
+		if (p->base[i] != pattern(v, i))
+			fail_msg("byte %zu of v%llu: %u, want %u", i, (unsigned long long)v,
+				 p->base[i], pattern(v, i));
+}
+
+/* ---- tests ---------------------------------------------------------------------- */
+
+static void test_table_and_bytes(void **state)
+{
+	struct env *e = *state;
+	struct tessera_pin pin;
+
+	activate(e, 1);
+	tessera_client *c = attach_ok(e);
+	/* The version active at attach is there when attach returns. */
+	assert_int_equal(tessera_active(c), 1);
+	assert_int_equal(tessera_ntensors(c), NT);
+	assert_int_equal(tessera_block_size(c), e->rank.nbytes);
+	assert_int_equal(tessera_store(c), 0);
+	for (size_t i = 0; i < NT; i++) {
+		const struct tessera_tensor *t = tessera_tensor(c, i);
+		assert_string_equal(t->name, e->locals[i].name);
+		assert_string_equal(t->dtype, proto_dtype_name(e->locals[i].dtype));
+		assert_int_equal(t->ndim, 2);
+		assert_int_equal(t->shape[0], e->locals[i].shape[0]);
+		assert_int_equal(t->shape[1], e->locals[i].shape[1]);
+		assert_int_equal(t->offset, e->locals[i].offset);
+		assert_int_equal(t->nbytes, e->locals[i].nbytes);
+	}
+	assert_ptr_equal(tessera_find(c, "norm"), tessera_tensor(c, 2));
+	assert_null(tessera_find(c, "nope"));
+	assert_null(tessera_tensor(c, NT));
+
+	const struct tessera_version *vi = tessera_version_info(c, 1);
+	assert_non_null(vi);
+	assert_int_equal(vi->size, e->rank.nbytes);
+	assert_int_equal(vi->digest[0], 1);
+	assert_int_equal(vi->cuda_device, -1);
+
+	assert_int_equal(tessera_acquire(c, &pin), 0);
+	assert_int_equal(pin.version, 1);
+	assert_int_equal(pin.size, e->rank.nbytes);
+	assert_version_bytes(&pin, 1);
+	assert_int_equal(counts(e, 1).pins, 1);
+	assert_int_equal(tessera_release(c, &pin), 0);
+	assert_int_equal(counts(e, 1).pins, 0);
+	/* A pin released twice is refused by the client library itself. */
+	assert_int_equal(tessera_release(c, &pin), -EINVAL);
+	tessera_detach(c);
+}
+
+static void count_versions(tessera_client *c, uint64_t v, void *arg)
+{
+	(*(int *)arg)++;
+}
+
+static void test_wait_and_notify(void **state)
+{
+	struct env *e = *state;
+	struct tessera_pin pin;
+	int seen = 0;
+
+	tessera_client *c = attach_ok(e);
+	tessera_on_version(c, count_versions, &seen);
+	assert_int_equal(tessera_active(c), 0);
+	/* Nothing active: a clear refusal, and the client stays usable. */
+	assert_int_equal(tessera_acquire(c, &pin), -EAGAIN);
+	assert_non_null(strstr(tessera_error(c), "no version is active"));
+	assert_int_equal(tessera_wait_version(c, 1, 50), -ETIMEDOUT);
+	activate(e, 1);
+	assert_int_equal(tessera_wait_version(c, 1, 30000), 0);
+	assert_int_equal(seen, 1);
+	activate(e, 2);
+	/* The notification arrives without a request: poll sees it. */
+	int got = 0;
+	for (int i = 0; i < 300 && got == 0; i++)
+		got = tessera_poll(c, 100);
+	assert_int_equal(got, 1);
+	assert_int_equal(tessera_active(c), 2);
+	assert_int_equal(seen, 2);
+	assert_int_equal(tessera_acquire(c, &pin), 0);
+	assert_int_equal(pin.version, 2);
+	assert_version_bytes(&pin, 2);
+	assert_int_equal(tessera_release(c, &pin), 0);
+	tessera_detach(c);
+}
+
+static void test_pin_across_switch(void **state)
+{
+	struct env *e = *state;
+	struct tessera_pin old, young;
+
+	activate(e, 1);
+	tessera_client *c = attach_ok(e);
+	tessera_client *other = attach_ok(e);
+	assert_int_equal(tessera_acquire(c, &old), 0);
+	assert_int_equal(old.version, 1);
+
+	/* The switch is immediate; the pinned slot stays alive for its request. */
+	activate(e, 2);
+	struct counts k = counts(e, 1);
+	assert_int_equal(k.pins, 1);
+	assert_int_equal(k.retained, 1);
+	assert_version_bytes(&old, 1);
+
+	/* New requests get the new version, on this client and another. */
+	assert_int_equal(tessera_acquire(c, &young), 0);
+	assert_int_equal(young.version, 2);
+	assert_version_bytes(&young, 2);
+	assert_version_bytes(&old, 1);
+	struct tessera_pin op;
+	assert_int_equal(tessera_acquire(other, &op), 0);
+	assert_int_equal(op.version, 2);
+	assert_int_equal(tessera_release(other, &op), 0);
+
+	/* Another switch while both are pinned: both old slots stay. */
+	activate(e, 3);
+	assert_int_equal(counts(e, 0).retained, 2);
+	assert_version_bytes(&old, 1);
+	assert_version_bytes(&young, 2);
+
+	/* The last pin of v1 released: its slot is freed. */
+	assert_int_equal(tessera_release(c, &old), 0);
+	k = counts(e, 1);
+	assert_int_equal(k.pins, 0);
+	assert_int_equal(k.retained, 1);
+	assert_null(tessera_version_info(c, 1)); /* unmapped by the client too */
+	assert_int_equal(tessera_release(c, &young), 0);
+	assert_int_equal(counts(e, 2).retained, 0);
+	assert_int_equal(tessera_active(c), 3);
+	tessera_detach(other);
+	tessera_detach(c);
+}
+
+static void test_vanishing_client(void **state)
+{
+	struct env *e = *state;
+	struct tessera_pin p1, p2;
+
+	activate(e, 1);
+	tessera_client *c = attach_ok(e);
+	assert_int_equal(tessera_acquire(c, &p1), 0);
+	assert_int_equal(tessera_acquire(c, &p2), 0);
+	assert_int_equal(counts(e, 1).pins, 2);
+	/* Activation does not wait for the pins. */
+	activate(e, 2);
+	tessera_client *fresh = attach_ok(e);
+	assert_int_equal(tessera_active(fresh), 2);
+	assert_int_equal(counts(e, 1).retained, 1);
+	/* The client goes away without releasing: its pins go with it. */
+	tessera_detach(c);
+	struct counts k;
+	for (int i = 0; i < 3000; i++) {
+		k = counts(e, 1);
+		if (k.retained == 0 && k.clients == 1)
+			break;
+		usleep(10000);
+	}
+	assert_int_equal(k.pins, 0);
+	assert_int_equal(k.retained, 0);
+	assert_int_equal(k.clients, 1);
+	tessera_detach(fresh);
+}
+
+static void test_wrong_replica_or_rank(void **state)
+{
+	struct env *e = *state;
+	tessera_client *c = NULL;
+	char err[256];
+
+	assert_int_equal(tessera_attach(e->sock, "B", 0, 30000, &c, err, sizeof(err)), -ECONNREFUSED);
+	assert_null(c);
+	assert_non_null(strstr(err, "serves replica A rank 0, not replica B rank 0"));
+	assert_int_equal(tessera_attach(e->sock, "A", 7, 30000, &c, err, sizeof(err)), -ECONNREFUSED);
+	assert_non_null(strstr(err, "not replica A rank 7"));
+	assert_int_not_equal(tessera_attach(e->dir, "A", 0, 1000, &c, err, sizeof(err)), 0);
+	assert_non_null(strstr(err, "cannot connect"));
+	assert_int_equal(counts(e, 0).clients, 0);
+}
+
+static int raw_connect(struct env *e)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	assert_true(fd >= 0);
+	memcpy(sa.sun_path, e->sock, strlen(e->sock) + 1);
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	return fd;
+}
+
+/* Reads until the node closes (bounded); returns the bytes read. */
+static size_t read_until_closed(int fd, uint8_t *buf, size_t cap)
+{
+	size_t n = 0;
+
+	for (;;) {
+		struct pollfd p = {fd, POLLIN, 0};
+		assert_int_equal(poll(&p, 1, 30000), 1);
+		ssize_t r = read(fd, buf + n, cap - n);
+		if (r <= 0)
+			return n;
+		n += (size_t)r;
+		assert_true(n < cap);
+	}
+}
+
+static size_t attach_req(uint8_t *b, const char *replica, uint32_t rank)
+{
+	size_t n = strlen(replica);
+	tsr_put_hdr(b, (uint32_t)(8 + n), TSR_MSG_ATTACH);
+	tsr_put16(b + 8, TSR_WIRE_PROTOCOL);
+	tsr_put16(b + 10, (uint16_t)n);
+	tsr_put32(b + 12, rank);
+	memcpy(b + 16, replica, n);
+	return 16 + n;
+}
+
+static void test_garbage_refused(void **state)
+{
+	struct env *e = *state;
+	struct {
+		const char *what, *reason;
+		uint8_t bytes[64];
+		size_t len;
+		bool attach_first;
+	} cases[] = {
+		{"http", "bad frame header", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27, false},
+		{"huge frame", "bad frame header", {0xff, 0xff, 0xff, 0x7f, 1, 0, 0, 0}, 8, false},
+		{"reserved bits", "bad frame header", {0, 0, 0, 0, 4, 0, 1, 0}, 8, false},
+		{"acquire first", "before ATTACH", {0, 0, 0, 0, 4, 0, 0, 0}, 8, false},
+		{"short attach", "too short", {2, 0, 0, 0, 1, 0, 0, 0, 1, 0}, 10, false},
+		{"bad protocol", "protocol 9", {9, 0, 0, 0, 1, 0, 0, 0, 9, 0, 1, 0, 0, 0, 0, 0, 'A'}, 17, false},
+		{"name overrun", "replica name", {9, 0, 0, 0, 1, 0, 0, 0, 1, 0, 9, 0, 0, 0, 0, 0, 'A'}, 17, false},
+		{"empty name", "replica name", {8, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0}, 16, false},
+		{"unknown type", "unknown message type 77", {0, 0, 0, 0, 77, 0, 0, 0}, 8, true},
+		{"attach twice", "ATTACH twice", {9, 0, 0, 0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 'A'}, 17, true},
+		{"acquire payload", "no payload", {1, 0, 0, 0, 4, 0, 0, 0, 0}, 9, true},
+		{"short release", "exactly a u64", {4, 0, 0, 0, 6, 0, 0, 0, 1, 0, 0, 0}, 12, true},
+		{"foreign pin", "does not hold", {8, 0, 0, 0, 6, 0, 0, 0, 42, 0, 0, 0, 0, 0, 0, 0}, 16, true},
+	};
+	static uint8_t buf[1 << 16];
+
+	activate(e, 1);
+	/* Held across the garbage: a pin of a well-behaved client survives. */
+	tessera_client *good = attach_ok(e);
+	struct tessera_pin pin;
+	assert_int_equal(tessera_acquire(good, &pin), 0);
+
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(cases); i++) {
+		int fd = raw_connect(e);
+		uint8_t req[300];
+		if (cases[i].attach_first) {
+			size_t n = attach_req(req, "A", 0);
+			assert_int_equal(write(fd, req, n), (ssize_t)n);
+		}
+		assert_int_equal(write(fd, cases[i].bytes, cases[i].len), (ssize_t)cases[i].len);
+		size_t n = read_until_closed(fd, buf, sizeof(buf));
+		close(fd);
+		/* Skip ATTACHED/VERSION frames; the last frame is the fatal ERROR. */
+		size_t off = 0, last = SIZE_MAX;
+		while (off + TSR_WIRE_HDR <= n) {
+			last = off;
+			off += TSR_WIRE_HDR + tsr_get32(buf + off);
+		}
+		if (last == SIZE_MAX || off != n)
+			fail_msg("%s: no whole reply (%zu bytes)", cases[i].what, n);
+		uint8_t *f = buf + last;
+		if (tsr_get16(f + 4) != TSR_MSG_ERROR || f[TSR_WIRE_HDR] != 1)
+			fail_msg("%s: the last frame is not a fatal ERROR", cases[i].what);
+		char reason[300];
+		uint16_t rl = tsr_get16(f + TSR_WIRE_HDR + 1);
+		assert_true(rl < sizeof(reason));
+		memcpy(reason, f + TSR_WIRE_HDR + 3, rl);
+		reason[rl] = 0;
+		if (strstr(reason, cases[i].reason) == NULL)
+			fail_msg("%s: reason '%s', want '%s'", cases[i].what, reason, cases[i].reason);
+	}
+	/* A client that pins, then misbehaves and keeps its end open without
+	 * reading: the node closes its side and the pin goes with it. */
+	int bad = raw_connect(e);
+	uint8_t req[64];
+	size_t rn = attach_req(req, "A", 0);
+	tsr_put_hdr(req + rn, 0, TSR_MSG_ACQUIRE);
+	assert_int_equal(write(bad, req, rn + 8), (ssize_t)(rn + 8));
+	struct counts k;
+	for (int i = 0; i < 3000; i++) {
+		if ((k = counts(e, 1)).pins == 2)
+			break;
+		usleep(10000);
+	}
+	assert_int_equal(k.pins, 2);
+	assert_int_equal(write(bad, "garbage!", 8), 8);
+	for (int i = 0; i < 3000; i++) {
+		if ((k = counts(e, 1)).pins == 1)
+			break;
+		usleep(10000);
+	}
+	assert_int_equal(k.pins, 1);
+	close(bad);
+
+	/* A client that half-sends a frame and vanishes. */
+	int fd = raw_connect(e);
+	uint8_t half[20];
+	size_t n = attach_req(half, "A", 0);
+	assert_int_equal(write(fd, half, n - 1), (ssize_t)(n - 1));
+	close(fd);
+
+	/* The node is unharmed: the good client's pin holds, new clients work. */
+	assert_version_bytes(&pin, 1);
+	for (int i = 0; i < 3000; i++) {
+		k = counts(e, 1);
+		if (k.clients == 1)
+			break;
+		usleep(10000);
+	}
+	assert_int_equal(k.clients, 1);
+	assert_int_equal(k.pins, 1);
+	tessera_client *c = attach_ok(e);
+	struct tessera_pin p2;
+	assert_int_equal(tessera_acquire(c, &p2), 0);
+	assert_version_bytes(&p2, 1);
+	assert_int_equal(tessera_release(c, &p2), 0);
+	tessera_detach(c);
+	assert_int_equal(tessera_release(good, &pin), 0);
+	tessera_detach(good);
+}
+
+static void test_socket_path_checked(void **state)
+{
+	struct env *e = *state;
+	struct node_attach_info ai = {"A", 0, &e->rank, e->digest, &e->store};
+	struct node_attach *at = NULL;
+	struct proto_err err;
+	char path[400];
+
+	/* Not a socket there: left alone, refused. */
+	snprintf(path, sizeof(path), "%s/file", e->dir);
+	assert_int_equal(tu_write(path, "x"), 0);
+	assert_int_equal(node_attach_new(e->base, path, &ai, &at, &err), -EEXIST);
+	assert_null(at);
+	assert_non_null(strstr(err.msg, "not a socket"));
+	struct stat st;
+	assert_int_equal(stat(path, &st), 0);
+	/* Longer than a Unix socket name can be. */
+	memset(path, 'x', sizeof(path) - 1);
+	path[sizeof(path) - 1] = 0;
+	assert_int_equal(node_attach_new(e->base, path, &ai, &at, &err), -ENAMETOOLONG);
+	assert_null(at);
+}
+
+/* GPU mode: clients get the CUDA IPC handle of the device copy with each
+ * version (skips without a visible GPU). */
+struct cuda_job {
+	struct node_store store;
+	struct node_attach *at;
+	struct node_slot *slot;
+	char sock[400];
+	int rc;
+};
+
+static void cuda_up(struct env *e, void *arg)
+{
+	struct cuda_job *j = arg;
+	struct node_attach_info ai = {"A", 0, &e->rank, e->digest, &j->store};
+	uint8_t dg[32] = {0};
+
+	j->rc = node_attach_new(e->base, j->sock, &ai, &j->at, NULL);
+	if (j->rc == 0)
+		j->rc = node_slot_new(&j->store, 1, e->rank.nbytes, &j->slot, NULL);
+	if (j->rc == 0) {
+		for (size_t i = 0; i < j->slot->len; i++)
+			j->slot->host[i] = pattern(1, i);
+		j->rc = node_slot_activate(&j->store, j->slot, NULL);
+	}
+	if (j->rc == 0)
+		node_attach_activate(j->at, j->slot, dg);
+}
+
+static void cuda_down(struct env *e, void *arg)
+{
+	struct cuda_job *j = arg;
+	node_attach_free(j->at);
+	node_slot_free(&j->store, j->slot);
+}
+
+static void test_cuda_handle(void **state)
+{
+	struct env *e = *state;
+	struct cuda_job j = {0};
+	struct proto_err err;
+
+	if (node_store_open("cuda", &j.store, &err) != 0) {
+		print_message("skipped: %s\n", err.msg);
+		skip();
+	}
+	snprintf(j.sock, sizeof(j.sock), "%s/gpu.sock", e->dir);
+	on_loop(e, cuda_up, &j);
+	assert_int_equal(j.rc, 0);
+	tessera_client *c = attach_ok_at(j.sock);
+	assert_int_equal(tessera_store(c), 1);
+	const struct tessera_version *vi = tessera_version_info(c, 1);
+	assert_non_null(vi);
+	assert_int_equal(vi->store, 1);
+	assert_int_equal(vi->cuda_device, j.store.device);
+#ifdef TESSERA_CUDA
+	uint8_t h[64];
+	char why[256];
+	assert_int_equal(node_cuda_ipc_handle(j.slot->dev, h, why, sizeof(why)), 0);
+	assert_memory_equal(vi->cuda_ipc_handle, h, 64);
+#endif
+	/* The host copy is what the device copy was made from. */
+	struct tessera_pin pin;
+	assert_int_equal(tessera_acquire(c, &pin), 0);
+	assert_version_bytes(&pin, 1);
+	assert_int_equal(tessera_release(c, &pin), 0);
+	tessera_detach(c);
+	on_loop(e, cuda_down, &j);
+}
+
+/* The client library's side: a fake node answering ATTACH with bad bytes. */
+struct fake_node {
+	int lfd;
+	const uint8_t *reply;
+	size_t len;
+};
+
+static void *fake_node_main(void *arg)
+{
+	struct fake_node *f = arg;
+	uint8_t req[512];
+	int fd = accept(f->lfd, NULL, NULL);
+
+	if (fd < 0)
+		return NULL;
+	(void)!read(fd, req, sizeof(req));
+	(void)!write(fd, f->reply, f->len);
+	close(fd);
+	return NULL;
+}
+
+static void test_client_refuses_bad_node(void **state)
+{
+	struct env *e = *state;
+	static uint8_t huge[] = {0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0};
+	/* ATTACHED (53-byte head: active, count, block, digest, store): a
+	 * billion tensors and nothing after. */
+	static uint8_t many[8 + 53] = {53, 0, 0, 0, 2, 0, 0, 0, [16] = 0x00, 0xca, 0x9a, 0x3b};
+	/* ATTACHED: one tensor "w" at offset 8 of 8 bytes in a 4-byte block. */
+	static uint8_t past[8 + 53 + 25] = {
+		78, 0, 0, 0, 2, 0, 0, 0, [16] = 1, [20] = 4,
+		[61] = 1, 0, 'w', 4, 'f', 'p', '3', '2', 0, 8, [78] = 8};
+	/* ATTACHED (no tensors, v1 active) then a VERSION without its memfd. */
+	static uint8_t nofd[8 + 53 + 8 + TSR_WIRE_VERSION_LEN] = {
+		53, 0, 0, 0, 2, 0, 0, 0, 1, [61] = TSR_WIRE_VERSION_LEN, 0, 0, 0, 3, 0, 0, 0, 1};
+	static uint8_t wrong[] = {16, 0, 0, 0, 5, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
+				  1, 0, 0, 0, 0, 0, 0, 0};
+	static uint8_t badmsg[] = {3, 0, 0, 0, 8, 0, 0, 0, 1, 9, 0};
+	struct {
+		const char *what, *reason;
+		const uint8_t *bytes;
+		size_t len;
+	} cases[] = {
+		{"closed at once", "closed the connection", NULL, 0},
+		{"huge frame", "malformed frame header", huge, sizeof(huge)},
+		{"billion tensors", "malformed tensor table", many, sizeof(many)},
+		{"tensor past the block", "malformed tensor table", past, sizeof(past)},
+		{"version without memfd", "without its memfd", nofd, sizeof(nofd)},
+		{"unexpected reply", "unexpected message", wrong, sizeof(wrong)},
+		{"truncated error", "malformed ERROR", badmsg, sizeof(badmsg)},
+	};
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/fake.sock", e->dir);
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(cases); i++) {
+		struct fake_node f = {socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), cases[i].bytes,
+				      cases[i].len};
+		pthread_t t;
+		tessera_client *c = NULL;
+		char err[256] = "";
+
+		unlink(sa.sun_path);
+		assert_int_equal(bind(f.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+		assert_int_equal(listen(f.lfd, 1), 0);
+		assert_int_equal(pthread_create(&t, NULL, fake_node_main, &f), 0);
+		int rc = tessera_attach(sa.sun_path, "A", 0, 30000, &c, err, sizeof(err));
+		pthread_join(t, NULL);
+		close(f.lfd);
+		assert_null(c);
+		if (rc >= 0 || strstr(err, cases[i].reason) == NULL)
+			fail_msg("%s: rc %d, '%s', want '%s'", cases[i].what, rc, err, cases[i].reason);
+	}
+	/* The control: the same table with "w" inside its block is accepted. */
+	past[70] = 0;
+	past[78] = 4;
+	struct fake_node f = {socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), past, sizeof(past)};
+	pthread_t t;
+	tessera_client *c = NULL;
+	char err[256] = "";
+	unlink(sa.sun_path);
+	assert_int_equal(bind(f.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(f.lfd, 1), 0);
+	assert_int_equal(pthread_create(&t, NULL, fake_node_main, &f), 0);
+	if (tessera_attach(sa.sun_path, "A", 0, 30000, &c, err, sizeof(err)) != 0)
+		fail_msg("control: %s", err);
+	pthread_join(t, NULL);
+	close(f.lfd);
+	assert_int_equal(tessera_ntensors(c), 1);
+	assert_string_equal(tessera_tensor(c, 0)->name, "w");
+	assert_string_equal(tessera_tensor(c, 0)->dtype, "fp32");
+	assert_int_equal(tessera_tensor(c, 0)->nbytes, 4);
+	tessera_detach(c);
+}
+
+/* ---- the Python package ------------------------------------------------------------ */
+
+/* Reads one line from fd into buf (bounded wait). */
+static void read_line(int fd, char *buf, size_t cap)
+{
+	size_t n = 0;
+
+	while (n + 1 < cap) {
+		struct pollfd p = {fd, POLLIN, 0};
+		if (poll(&p, 1, 60000) != 1)
+			fail_msg("no line from the python client within 60 s");
+		char ch;
+		if (read(fd, &ch, 1) != 1)
+			break;
+		if (ch == '\n')
+			break;
+		buf[n++] = ch;
+	}
+	buf[n] = 0;
+}
+
+static void run_python(struct env *e, bool numpy)
+{
+	const char *py = "/usr/bin/python3";
+	const char *pydir = getenv("TESSERA_PYTHON_DIR");
+	const char *lib = getenv("TESSERA_CLIENT_LIB");
+	char script[512], table[1024], line[256];
+	int in[2], out[2], status;
+
+	if (access(py, X_OK) != 0 || pydir == NULL || lib == NULL) {
+		print_message("skipped: needs %s, TESSERA_PYTHON_DIR and TESSERA_CLIENT_LIB "
+			      "(make test sets them)\n", py);
+		skip();
+	}
+	if (numpy && tu_sh("%s -c 'import numpy' 2>/dev/null", py) != 0) {
+		print_message("skipped: numpy is not installed for %s\n", py);
+		skip();
+	}
+	snprintf(script, sizeof(script), "%s/../../tests/py/attach_client.py", pydir);
+	size_t off = 0;
+	off += (size_t)snprintf(table + off, sizeof(table) - off, "[");
+	for (int i = 0; i < NT; i++) {
+		const struct proto_local *l = &e->locals[i];
+		off += (size_t)snprintf(table + off, sizeof(table) - off,
+					"%s[\"%s\",\"%s\",[%llu,%llu],%llu]", i ? "," : "", l->name,
+					proto_dtype_name(l->dtype), (unsigned long long)l->shape[0],
+					(unsigned long long)l->shape[1],
+					(unsigned long long)l->offset);
+	}
+	snprintf(table + off, sizeof(table) - off, "]");
+
+	activate(e, 1);
+	assert_int_equal(pipe(in), 0);
+	assert_int_equal(pipe(out), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		dup2(in[0], 0);
+		dup2(out[1], 1);
+		close(in[1]);
+		close(out[0]);
+		setenv("PYTHONPATH", pydir, 1);
+		if (!numpy)
+			setenv("TESSERA_NO_NUMPY", "1", 1);
+		/* The library is a plain build: keep ASan's runtime out of python. */
+		unsetenv("LD_PRELOAD");
+		execl(py, py, script, e->sock, "A", "0", table, (char *)NULL);
+		_exit(127);
+	}
+	close(in[0]);
+	close(out[1]);
+	read_line(out[0], line, sizeof(line));
+	if (strcmp(line, "pinned 1") != 0) {
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		fail_msg("python client said '%s', want 'pinned 1'", line);
+	}
+	assert_int_equal(counts(e, 1).pins, 1);
+	activate(e, 2);
+	assert_int_equal(write(in[1], "go\n", 3), 3);
+	read_line(out[0], line, sizeof(line));
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	close(in[1]);
+	close(out[0]);
+	if (strcmp(line, numpy ? "ok numpy" : "ok memoryview") != 0)
+		fail_msg("python client said '%s' (exit status %d)", line, status);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	/* Its pins were released; its old version is gone. */
+	struct counts k = counts(e, 1);
+	assert_int_equal(k.pins, 0);
+	assert_int_equal(k.retained, 0);
+}
+
+static void test_python_numpy(void **state)
+{
+	run_python(*state, true);
+}
+
+static void test_python_memoryview(void **state)
+{
+	run_python(*state, false);
+}
+
+/* ---- the real programs ------------------------------------------------------------ */
+
+struct cl {
+	char dir[256], url[256], ctl[512], sock[512], expose[512], model[512], key[512], pub[512];
+	struct node_proc tracker, node, publisher;
+	struct proto_model m;
+	struct proto_layout tp1;
+	tessera_client *c;
+};
+
+static void cl_export(struct cl *e, uint64_t v)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	char reply[256], want[64];
+	int fd = -1;
+	size_t n = 0;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", e->ctl);
+	for (int i = 0; i < 600 && fd < 0; i++) {
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+			close(fd);
+			fd = -1;
+			usleep(50000);
+		}
+	}
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "export\n", 7), 7);
+	while (n + 1 < sizeof(reply) && read(fd, reply + n, 1) == 1 && reply[n] != '\n')
+		n++;
+	reply[n] = 0;
+	close(fd);
+	snprintf(want, sizeof(want), "published %llu ", (unsigned long long)v);
+	if (strncmp(reply, want, strlen(want)) != 0)
+		fail_msg("publisher said '%s'", reply);
+}
+
+static void assert_rank_bytes(struct cl *e, const struct tessera_pin *p, uint64_t v)
+{
+	size_t n = e->tp1.ranks[0].nbytes;
+	uint8_t *expect = malloc(n);
+
+	assert_non_null(expect);
+	assert_int_equal(p->version, v);
+	assert_int_equal(p->size, n);
+	proto_fixture_fill_rank(&e->m, &e->tp1, 0, 7, v, expect);
+	assert_memory_equal(p->base, expect, n);
+	free(expect);
+}
+
+/* Waits (bounded) until the node's log holds text. */
+static bool log_has(struct cl *e, const char *text)
+{
+	for (int i = 0; i < 600; i++) {
+		if (tu_sh("grep -qF '%s' '%s'", text, e->node.log) == 0)
+			return true;
+		usleep(50000);
+	}
+	return false;
+}
+
+/*
+ * Tracker, a tp1 node with --attach and a publisher on loopback: a client
+ * of the node binary reads the table and v1's exact bytes, a request pinned
+ * on v1 keeps it across the switch to v2 (the node logs that it keeps the
+ * slot, then frees it at release), new requests get v2; the activation
+ * record names the socket.
+ */
+static void test_real_node(void **state)
+{
+	struct cl *e = calloc(1, sizeof(*e));
+	char bin[512], line[512], log[600], state_dir[600], buf[512];
+	struct proto_err err;
+	tessera_client *c = NULL;
+
+	assert_non_null(e);
+	*state = e;
+	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
+	assert_non_null(tu_mkdtemp(e->dir, sizeof(e->dir)));
+	snprintf(e->ctl, sizeof(e->ctl), "%s/ctl.sock", e->dir);
+	snprintf(e->sock, sizeof(e->sock), "%s/A-0.sock", e->dir);
+	snprintf(e->expose, sizeof(e->expose), "%s/expose", e->dir);
+	snprintf(e->model, sizeof(e->model), "%s/model.json", e->dir);
+	snprintf(state_dir, sizeof(state_dir), "%s/state", e->dir);
+	snprintf(e->key, sizeof(e->key), "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
+	snprintf(e->pub, sizeof(e->pub), "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
+	assert_int_equal(proto_fixture_model(8 << 20, &e->m, &err), 0);
+	assert_int_equal(proto_layout_builtin(&e->m, "tp1", &e->tp1, &err), 0);
+	json_t *mj = proto_model_to_json(&e->m);
+	char *txt = json_dumps(mj, 0);
+	assert_int_equal(proto_write_file_atomic(e->model, txt, strlen(txt), 0644, &err), 0);
+	free(txt);
+	json_decref(mj);
+
+	tu_bin(bin, sizeof(bin), "tessera-tracker");
+	snprintf(log, sizeof(log), "%s/tracker.log", e->dir);
+	char *targv[] = {bin, "--listen", "127.0.0.1:0", "--state", state_dir, "--trainer-pubkey",
+			 e->pub, NULL};
+	assert_int_equal(node_proc_spawn(&e->tracker, "tracker", targv, log), 0);
+	assert_int_equal(node_proc_wait_line(&e->tracker, "listening on ", line, sizeof(line), 10000), 0);
+	snprintf(e->url, sizeof(e->url), "%s", line);
+
+	tu_bin(bin, sizeof(bin), "tessera-node");
+	snprintf(log, sizeof(log), "%s/node.log", e->dir);
+	char *nargv[] = {bin, "--tracker", e->url, "--replica", "A", "--rank", "0", "--layout", "tp1",
+			 "--model", e->model, "--trainer-pubkey", e->pub, "--expose", e->expose,
+			 "--store", "host", "--attach", e->sock, "--log-level", "info", NULL};
+	assert_int_equal(node_proc_spawn(&e->node, "node", nargv, log), 0);
+	tu_bin(bin, sizeof(bin), "tessera");
+	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
+	char *pargv[] = {bin, "publish", "--tracker", e->url, "--key", e->key, "--synthetic-mb", "8",
+			 "--seed", "7", "--layout", "fsdp2", "--control", e->ctl, NULL};
+	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", pargv, log), 0);
+
+	/* The node listens from its start, before any version. */
+	char cerr[256] = "";
+	for (int i = 0; i < 600 && c == NULL; i++)
+		if (tessera_attach(e->sock, "A", 0, 30000, &c, cerr, sizeof(cerr)) != 0)
+			usleep(50000);
+	e->c = c;
+	if (c == NULL)
+		fail_msg("attach to the node: %s", cerr);
+	const struct proto_rank *rk = &e->tp1.ranks[0];
+	assert_int_equal(tessera_ntensors(c), rk->nlocals);
+	for (uint32_t i = 0; i < rk->nlocals; i++) {
+		const struct tessera_tensor *t = tessera_tensor(c, i);
+		assert_string_equal(t->name, rk->locals[i].name);
+		assert_int_equal(t->offset, rk->locals[i].offset);
+		assert_int_equal(t->nbytes, rk->locals[i].nbytes);
+	}
+
+	cl_export(e, 1);
+	assert_int_equal(tessera_wait_version(c, 1, 60000), 0);
+	struct tessera_pin old, young;
+	assert_int_equal(tessera_acquire(c, &old), 0);
+	assert_rank_bytes(e, &old, 1);
+
+	cl_export(e, 2);
+	assert_int_equal(tessera_wait_version(c, 2, 60000), 0);
+	assert_true(log_has(e, "attach: v1 retired; 1 requests still pin it"));
+	assert_rank_bytes(e, &old, 1);
+	assert_int_equal(tessera_acquire(c, &young), 0);
+	assert_rank_bytes(e, &young, 2);
+	assert_int_equal(tessera_release(c, &old), 0);
+	assert_true(log_has(e, "attach: v1 released by its last request; freeing its slot"));
+	assert_int_equal(tessera_release(c, &young), 0);
+
+	/* The activation record names the socket. */
+	uint8_t *rec;
+	size_t len;
+	snprintf(buf, sizeof(buf), "%s/A-0.json", e->expose);
+	assert_int_equal(proto_read_file(buf, 1 << 20, &rec, &len, &err), 0);
+	json_t *j = json_loadb((char *)rec, len, 0, NULL);
+	free(rec);
+	assert_string_equal(json_string_value(json_object_get(j, "attach")), e->sock);
+	assert_int_equal(json_integer_value(json_object_get(j, "version")), 2);
+	json_decref(j);
+	tessera_detach(c);
+	e->c = NULL;
+	assert_true(node_proc_alive(&e->node));
+}
+
+static int cl_teardown(void **state)
+{
+	struct cl *e = *state;
+
+	if (e == NULL)
+		return 0;
+	tessera_detach(e->c);
+	node_proc_stop(&e->publisher, 5000);
+	node_proc_stop(&e->node, 5000);
+	node_proc_stop(&e->tracker, 5000);
+	proto_layout_fini(&e->tp1);
+	proto_model_fini(&e->m);
+	if (getenv("TESSERA_TEST_KEEP") != NULL)
+		print_message("kept %s\n", e->dir);
+	else if (e->dir[0] != 0)
+		tu_rmtree(e->dir);
+	unsetenv("TESSERA_CHUNK_SIZE");
+	free(e);
+	return 0;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_table_and_bytes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wait_and_notify, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_pin_across_switch, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_vanishing_client, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wrong_replica_or_rank, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_garbage_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_socket_path_checked, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_cuda_handle, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_client_refuses_bad_node, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_python_numpy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_python_memoryview, setup, teardown),
+		cmocka_unit_test_teardown(test_real_node, cl_teardown),
+	};
+	signal(SIGPIPE, SIG_IGN);
+	evthread_use_pthreads();
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
