@@ -35,6 +35,7 @@ static void publish_usage(FILE *f)
 		"                       [--provider NAME] [--versions V] [--every MS]\n"
 		"                       [--control PATH] [--config FILE]\n"
 		"                       [--log-format text|json] [--log-level LEVEL]\n"
+		"                       [--metrics HOST:PORT|off]\n"
 		"\n"
 		"Hosts trainer ranks: for each version it snapshots their shards, plans\n"
 		"and gathers the parcels of every serving layout registered at the\n"
@@ -87,6 +88,7 @@ static void publish_usage(FILE *f)
 		"      --config FILE      the [publish] section gives options (flags\n"
 		"                         override it), [params] tunables, [log] settings\n"
 		"      --log-format F     text or json, one line per event\n"
+		"      --log-level L      err, warn (default), info or debug\n"
 		"      --metrics HOST:PORT serve /metrics and /healthz there (default off;\n"
 		"                         port 0 picks one, logged at info)\n"
 		"  -h, --help             this text\n");

@@ -17,7 +17,7 @@ static void usage(FILE *f)
 		"usage: tessera-node --tracker URL --replica ID --rank R --layout L\n"
 		"                    --model M.json --trainer-pubkey FILE [--cluster-key FILE]\n"
 		"                    [--provider NAME] [--store host|cuda|auto] [--expose DIR]\n"
-		"                    [--attach SOCKET]\n"
+		"                    [--attach SOCK]\n"
 		"                    [--host NAME] [--config FILE] [--log-format text|json]\n"
 		"                    [--log-level err|warn|info|debug] [--metrics HOST:PORT|off]\n"
 		"\n"
@@ -55,7 +55,7 @@ static void usage(FILE *f)
 		"                             override it), [params] tunables, [log]\n"
 		"                             level and format\n"
 		"      --log-format F         text (default) or json, one object a line\n"
-		"      --log-level L          err, warn, info (default) or debug\n"
+		"      --log-level L          err, warn (default), info or debug\n"
 		"  -h, --help                 this text\n"
 		"      --version              print the release and exit\n");
 }

@@ -31,6 +31,7 @@ static void usage(FILE *f)
 		"                              override it), [params] tunables, [log]\n"
 		"                              level and format\n"
 		"      --log-format text|json  one line per event, as text or JSON\n"
+		"      --log-level L           err, warn (default), info or debug\n"
 		"  -h, --help                  this text\n"
 		"      --version               print the release and exit\n"
 		"\n"
