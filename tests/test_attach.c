@@ -27,6 +27,7 @@
 #include "proto/proto.h"
 #include "tracker/tracker.h"
 #include "tests/testutil.h"
+#include "tests/testcluster.h"
 
 #define NT 3
 
@@ -907,7 +908,7 @@ static bool log_has(struct cl *e, const char *text)
 static void test_real_node(void **state)
 {
 	struct cl *e = calloc(1, sizeof(*e));
-	char bin[512], line[512], log[600], state_dir[600], buf[512];
+	char bin[512], log[600], state_dir[600], buf[512];
 	struct proto_err err;
 	tessera_client *c = NULL;
 
@@ -924,19 +925,9 @@ static void test_real_node(void **state)
 	snprintf(e->pub, sizeof(e->pub), "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
 	assert_int_equal(proto_fixture_model(8 << 20, &e->m, &err), 0);
 	assert_int_equal(proto_layout_builtin(&e->m, "tp1", &e->tp1, &err), 0);
-	json_t *mj = proto_model_to_json(&e->m);
-	char *txt = json_dumps(mj, 0);
-	assert_int_equal(proto_write_file_atomic(e->model, txt, strlen(txt), 0644, &err), 0);
-	free(txt);
-	json_decref(mj);
+	tu_write_model(&e->m, e->model);
 
-	tu_bin(bin, sizeof(bin), "tessera-tracker");
-	snprintf(log, sizeof(log), "%s/tracker.log", e->dir);
-	char *targv[] = {bin, "--listen", "127.0.0.1:0", "--state", state_dir, "--trainer-pubkey",
-			 e->pub, NULL};
-	assert_int_equal(node_proc_spawn(&e->tracker, "tracker", targv, log), 0);
-	assert_int_equal(node_proc_wait_line(&e->tracker, "listening on ", line, sizeof(line), 10000), 0);
-	snprintf(e->url, sizeof(e->url), "%s", line);
+	tu_start_tracker(&e->tracker, e->dir, state_dir, e->pub, e->url, sizeof(e->url));
 
 	tu_bin(bin, sizeof(bin), "tessera-node");
 	snprintf(log, sizeof(log), "%s/node.log", e->dir);

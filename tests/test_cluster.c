@@ -21,6 +21,7 @@
 #include "proto/safetensors.h"
 #include "tracker/tracker.h"
 #include "tests/testutil.h"
+#include "tests/testcluster.h"
 #include "tests/ckpt_util.h"
 
 static void test_cluster_report(void **state)
@@ -355,18 +356,9 @@ static void start_mid_v2(struct kill_env *e)
 	mkdir(e->expose, 0755);
 	assert_int_equal(proto_fixture_model(8 << 20, &e->m, &err), 0);
 	assert_int_equal(proto_layout_builtin(&e->m, "tp1", &e->tp1, &err), 0);
-	json_t *mj = proto_model_to_json(&e->m);
-	char *txt = json_dumps(mj, 0);
-	assert_int_equal(proto_write_file_atomic(e->model, txt, strlen(txt), 0644, &err), 0);
-	free(txt);
-	json_decref(mj);
+	tu_write_model(&e->m, e->model);
 
-	tu_bin(bin, sizeof(bin), "tessera-tracker");
-	snprintf(log, sizeof(log), "%s/tracker.log", e->dir);
-	char *targv[] = {bin, "--listen", "127.0.0.1:0", "--state", state_dir, "--trainer-pubkey", e->pub, NULL};
-	assert_int_equal(node_proc_spawn(&e->tracker, "tracker", targv, log), 0);
-	assert_int_equal(node_proc_wait_line(&e->tracker, "listening on ", line, sizeof(line), 10000), 0);
-	snprintf(e->url, sizeof(e->url), "%s", line);
+	tu_start_tracker(&e->tracker, e->dir, state_dir, e->pub, e->url, sizeof(e->url));
 	assert_int_equal(trk_client_new(NULL, e->url, NULL, &e->trk, &err), 0);
 
 	tu_bin(bin, sizeof(bin), "tessera-node");
@@ -493,7 +485,7 @@ static int clock_teardown(void **state)
  * one every `every` ms whatever the replicas do. */
 static void clock_start(struct clock_env *e, const char *every, int versions)
 {
-	char bin[512], line[512], log[600], state_dir[600], buf[512], nv[16];
+	char bin[512], log[600], state_dir[600], buf[512], nv[16];
 	struct proto_err err;
 
 	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
@@ -506,18 +498,9 @@ static void clock_start(struct clock_env *e, const char *every, int versions)
 	snprintf(e->key, sizeof(e->key), "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
 	snprintf(e->pub, sizeof(e->pub), "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
 	assert_int_equal(proto_fixture_model(4 << 20, &e->m, &err), 0);
-	json_t *mj = proto_model_to_json(&e->m);
-	char *txt = json_dumps(mj, 0);
-	assert_int_equal(proto_write_file_atomic(e->model, txt, strlen(txt), 0644, &err), 0);
-	free(txt);
-	json_decref(mj);
+	tu_write_model(&e->m, e->model);
 
-	tu_bin(bin, sizeof(bin), "tessera-tracker");
-	snprintf(log, sizeof(log), "%s/tracker.log", e->dir);
-	char *targv[] = {bin, "--listen", "127.0.0.1:0", "--state", state_dir, "--trainer-pubkey", e->pub, NULL};
-	assert_int_equal(node_proc_spawn(&e->tracker, "tracker", targv, log), 0);
-	assert_int_equal(node_proc_wait_line(&e->tracker, "listening on ", line, sizeof(line), 10000), 0);
-	snprintf(e->url, sizeof(e->url), "%s", line);
+	tu_start_tracker(&e->tracker, e->dir, state_dir, e->pub, e->url, sizeof(e->url));
 	assert_int_equal(trk_client_new(NULL, e->url, NULL, &e->trk, &err), 0);
 
 	tu_bin(bin, sizeof(bin), "tessera");

@@ -21,6 +21,7 @@
 #include "proto/proto.h"
 #include "tracker/tracker.h"
 #include "tests/testutil.h"
+#include "tests/testcluster.h"
 
 #include <event2/buffer.h>
 #include <event2/http.h>
@@ -39,14 +40,9 @@ struct env {
 
 static void start_tracker(struct env *e, bool pin_key)
 {
-	char bin[512], line[256];
-	tu_bin(bin, sizeof(bin), "tessera-tracker");
 	snprintf(e->log, sizeof(e->log), "%s/tracker.log", e->dir);
-	char *argv_pin[] = {bin, "--listen", "127.0.0.1:0", "--state", e->state, "--trainer-pubkey", e->pub, NULL};
-	char *argv_tofu[] = {bin, "--listen", "127.0.0.1:0", "--state", e->state, NULL};
-	assert_int_equal(node_proc_spawn(&e->tracker, "tracker", pin_key ? argv_pin : argv_tofu, e->log), 0);
-	assert_int_equal(node_proc_wait_line(&e->tracker, "listening on ", line, sizeof(line), 10000), 0);
-	snprintf(e->url, sizeof(e->url), "%s", line);
+	tu_start_tracker(&e->tracker, e->dir, e->state, pin_key ? e->pub : NULL, e->url,
+			 sizeof(e->url));
 	struct proto_err err;
 	assert_int_equal(trk_client_new(NULL, e->url, NULL, &e->trk, &err), 0);
 }
@@ -67,11 +63,7 @@ static int setup(void **state)
 	snprintf(e->pub, sizeof(e->pub), "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
 	snprintf(e->key, sizeof(e->key), "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
 	assert_int_equal(proto_fixture_model(1 << 20, &e->m, &err), 0);
-	json_t *j = proto_model_to_json(&e->m);
-	char *txt = json_dumps(j, 0);
-	assert_int_equal(proto_write_file_atomic(e->model, txt, strlen(txt), 0644, &err), 0);
-	free(txt);
-	json_decref(j);
+	tu_write_model(&e->m, e->model);
 	*state = e;
 	return 0;
 }
@@ -681,11 +673,7 @@ static void test_congested_source_nothing_refetched(void **state)
 	/* 8 MiB: 128 chunks, many more than one burst serves. */
 	proto_model_fini(&e->m);
 	assert_int_equal(proto_fixture_model(8 << 20, &e->m, &err), 0);
-	json_t *j = proto_model_to_json(&e->m);
-	char *txt = json_dumps(j, 0);
-	assert_int_equal(proto_write_file_atomic(e->model, txt, strlen(txt), 0644, &err), 0);
-	free(txt);
-	json_decref(j);
+	tu_write_model(&e->m, e->model);
 	setenv("TESSERA_STALL_MS", "150", 1);
 	setenv("TESSERA_LOG", "info", 1);
 	start_tracker(e, true);
