@@ -72,11 +72,14 @@
 	/* Time a client gets to send a request's whole head (request line \
 	 * and headers) to the tracker, from its first byte. */ \
 	X(HEADER_MS, "TESSERA_HEADER_MS", 10000, "tracker deadline for a request head, ms") \
-	/* Connections the kernel queues for the tracker before it accepts them: \
-	 * nodes connect per request, so a burst (every watch answered at once \
-	 * when a version lands) must not overflow it into refusals. The kernel \
-	 * caps it at net.core.somaxconn. */ \
-	X(LISTEN_BACKLOG, "TESSERA_LISTEN_BACKLOG", 4096, "tracker listen backlog, connections") \
+	/* Connections the kernel queues for the tracker before it accepts them. \
+	 * A long queue absorbs the burst of a large cluster (every watch \
+	 * answered at once when a version lands) but also lets a connection \
+	 * flood queue ahead of members: at 4096 a flood from one host delayed \
+	 * a node's heartbeat past its lease on a loaded 2-core machine, at 128 \
+	 * (libevent's own) it never did. Raise it for thousands of nodes on \
+	 * a trusted control network. The kernel caps it at somaxconn. */ \
+	X(LISTEN_BACKLOG, "TESSERA_LISTEN_BACKLOG", 128, "tracker listen backlog, connections") \
 	/* Serving processes attached to one node at once (node/attach.h). */ \
 	X(ATTACH_CLIENTS, "TESSERA_ATTACH_CLIENTS", 256, "attached serving clients per node") \
 	/* Versions one attached client may hold pinned at once (one per \
