@@ -183,6 +183,18 @@ static void give_up(struct node_agent *a, const char *why)
 	event_base_loopexit(a->base, NULL);
 }
 
+/* The tracker forgot the chain this node saw (its answers are refused
+ * until it has it again): keep serving the active version, say so. */
+static void on_chain_lost(void *arg, const char *why)
+{
+	struct node_agent *a = arg;
+
+	if (why != NULL)
+		node_metrics_set_health(a->am.m, false, why);
+	else if (a->registered)
+		node_metrics_set_health(a->am.m, true, NULL);
+}
+
 /* ---- reporting ---------------------------------------------------------- */
 
 static void ignore_answer(const struct trk_answer *ans, void *arg)
@@ -1493,6 +1505,7 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 	sodium_memzero(ckey, sizeof(ckey));
 	if (rc != 0)
 		goto fail;
+	trk_client_on_chain_lost(a->trk, on_chain_lost, a);
 	rc = fab_open(o->provider, NULL, &(struct fab_opts){.sink = FAB_SINK_DEFAULT},
 		      &a->fab, err); /* a node takes no messages: drop strangers' */
 	if (rc != 0)

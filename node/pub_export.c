@@ -666,6 +666,7 @@ static void on_ex_publish(const struct trk_answer *a, void *arg)
 	if (a->status == 200 || a->status == 201) {
 		memcpy(p->prev_digest, ex->m.digest, PROTO_HASH_BYTES);
 		p->next_version = ex->version + 1;
+		p->published = PROTO_MAX(p->published, ex->version);
 		ex->phase = EX_OFFER;
 		ex->pv->next = p->versions;
 		p->versions = ex->pv;

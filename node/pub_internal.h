@@ -201,6 +201,7 @@ struct node_pub {
 	uint64_t lease_ms;
 	uint64_t reg_gen, hb_gen; /* registrations so far; the heartbeat's */
 	uint64_t next_version, reoffer;
+	uint64_t published; /* the highest version this process published */
 	uint8_t prev_digest[PROTO_HASH_BYTES];
 
 	struct pub_layout *layouts;

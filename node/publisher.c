@@ -48,6 +48,13 @@ static void fatal(struct node_pub *p, const char *fmt, ...)
 
 /* ---- registration and heartbeats ----------------------------------------------- */
 
+/* The tracker forgot the chain this process saw: stop, loudly. */
+static void on_chain_lost(void *arg, const char *why)
+{
+	if (why != NULL)
+		fatal(arg, "%s", why);
+}
+
 static void on_init_versions(const struct trk_answer *a, void *arg)
 {
 	struct node_pub *p = arg;
@@ -73,6 +80,16 @@ static void on_init_versions(const struct trk_answer *a, void *arg)
 		LOG_WARN("the tracker lists no entry for its latest version %llu: asking again",
 			 (unsigned long long)latest);
 		node__pub_timer_ms(p->reg_ev, RETRY_MS);
+		return;
+	}
+	/* Never number below what this process published: a tracker that
+	 * forgot it lost its state (the chain guard of the tracker client
+	 * refuses it first when its cluster id or instance changed). */
+	if (latest < p->published) {
+		fatal(p, "the tracker's latest version is %llu, below version %llu "
+			 "this publisher published: its state was lost or replaced "
+			 "(restore it, or restart the publisher to start a new chain)",
+		      (unsigned long long)latest, (unsigned long long)p->published);
 		return;
 	}
 	p->next_version = latest + 1;
@@ -383,6 +400,7 @@ int node_pub_new(struct event_base *base, const struct node_pub_opts *o, struct 
 	/* The loop's side. */
 	if ((rc = trk_client_new(base, o->tracker_url, o->cluster_key, &p->trk, err)) != 0)
 		goto fail;
+	trk_client_on_chain_lost(p->trk, on_chain_lost, p);
 	if (evutil_socketpair(AF_UNIX, SOCK_STREAM, 0, p->wake) != 0) {
 		rc = proto_errf(err, errno, "socketpair: %s", strerror(errno));
 		goto fail;

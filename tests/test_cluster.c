@@ -338,7 +338,7 @@ static int kill_teardown(void **state)
  * node, v2 exported and the node part-way through it. Small chunks and a
  * 32 Mbit/s fetch cap: 8 MiB take about two seconds, so what the caller
  * does next lands mid-transfer. */
-static void start_mid_v2(struct kill_env *e)
+static void start_v1(struct kill_env *e)
 {
 	char bin[512], line[512], log[600], state_dir[600], buf[512];
 	struct proto_err err;
@@ -375,6 +375,13 @@ static void start_mid_v2(struct kill_env *e)
 	assert_true(wait_active(e, 1, 30000));
 	check_serving(e, 1);
 
+}
+
+static void start_mid_v2(struct kill_env *e)
+{
+	char line[512];
+
+	start_v1(e);
 	/* v2 is announced and on its way. */
 	assert_int_equal(control(e, "export\n", line, sizeof(line)), 0);
 	assert_int_equal(strncmp(line, "published 2 ", 12), 0);
@@ -443,6 +450,91 @@ static void test_publisher_stalled_mid_transfer(void **state)
 	assert_int_equal(control(e, "quit\n", line, sizeof(line)), 0);
 }
 
+/* True once the log of p holds s. */
+static bool proc_log_has(struct node_proc *p, const char *s)
+{
+	uint8_t *buf;
+	size_t len;
+	struct proto_err err;
+	bool found;
+
+	if (proto_read_file(p->log, 64 << 20, &buf, &len, &err) != 0)
+		return false;
+	found = memmem(buf, len, s, strlen(s)) != NULL;
+	free(buf);
+	return found;
+}
+
+/* The tracker comes back on the same port with its state lost: wiped
+ * (wipe: a new cluster id) or truncated (its versions gone, the cluster id
+ * kept). The publisher stops with an error rather than numbering from 1
+ * again; the node keeps serving v1, says why, and stays up. */
+static void state_lost(struct kill_env *e, bool wipe)
+{
+	char bin[512], state_dir[600], listen[64], line[256];
+	const char *port;
+	int status;
+
+	start_v1(e);
+	snprintf(state_dir, sizeof(state_dir), "%s/state", e->dir);
+	/* The first tracker started on a fresh state and said so. */
+	assert_true(proc_log_has(&e->tracker, "new state in "));
+	port = strrchr(e->url, ':');
+	snprintf(listen, sizeof(listen), "127.0.0.1%s", port);
+	node_proc_stop(&e->tracker, 5000);
+	if (wipe)
+		assert_int_equal(tu_sh("rm -rf '%s'", state_dir), 0);
+	else
+		assert_int_equal(tu_sh("rm -f '%s'/versions/*", state_dir), 0);
+	assert_int_equal(tu_sh("mv '%s/tracker.log' '%s/tracker.1.log'", e->dir, e->dir), 0);
+
+	tu_bin(bin, sizeof(bin), "tessera-tracker");
+	char *argv[] = {bin, "--listen", listen, "--state", state_dir,
+			"--trainer-pubkey", e->pub, NULL};
+	char log[600];
+	snprintf(log, sizeof(log), "%s/tracker.log", e->dir);
+	assert_int_equal(node_proc_spawn(&e->tracker, "tracker", argv, log), 0);
+	assert_int_equal(node_proc_wait_line(&e->tracker, "listening on ", line, sizeof(line),
+					     10000), 0);
+	assert_int_equal(proc_log_has(&e->tracker, "new state in "), wipe);
+
+	/* The publisher stops, non-zero, saying why. */
+	for (int w = 0; w < 30000 && node_proc_alive(&e->publisher); w += 50)
+		usleep(50000);
+	assert_false(node_proc_alive(&e->publisher));
+	status = e->publisher.status;
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+	assert_true(proc_log_has(&e->publisher, "forgot the chain"));
+
+	/* The node refuses the tracker and keeps v1. */
+	for (int w = 0; w < 30000 && !proc_log_has(&e->node, "forgot the chain"); w += 50)
+		usleep(50000);
+	assert_true(proc_log_has(&e->node, wipe ? "forgot the chain: its cluster id is"
+						: "forgot the chain: its latest version is 0"));
+	assert_true(node_proc_alive(&e->node));
+	check_serving(e, 1);
+	/* Nothing was published into the new chain (a new client: the old
+	 * one saw the old chain and refuses this tracker too). */
+	struct trk_reply r;
+	trk_client_free(e->trk);
+	struct proto_err err;
+	assert_int_equal(trk_client_new(NULL, e->url, NULL, &e->trk, &err), 0);
+	assert_int_equal(trk_client_call(e->trk, "GET", TRK_API "/versions", NULL, NULL, 0, &r), 0);
+	assert_int_equal(json_integer_value(json_object_get(r.json, "latest")), 0);
+	trk_reply_fini(&r);
+	assert_true(node_proc_alive(&e->node));
+	check_serving(e, 1);
+}
+
+static void test_tracker_state_wiped(void **state)
+{
+	state_lost(*state, true);
+}
+
+static void test_tracker_state_truncated(void **state)
+{
+	state_lost(*state, false);
+}
 
 /* ---- the trainer's own clock ------------------------------------------------------ */
 
@@ -784,6 +876,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_publisher_killed_mid_transfer, kill_setup,
 						kill_teardown),
 		cmocka_unit_test_setup_teardown(test_publisher_stalled_mid_transfer, kill_setup,
+						kill_teardown),
+		cmocka_unit_test_setup_teardown(test_tracker_state_wiped, kill_setup, kill_teardown),
+		cmocka_unit_test_setup_teardown(test_tracker_state_truncated, kill_setup,
 						kill_teardown),
 		cmocka_unit_test_setup_teardown(test_trainer_clock, clock_setup, clock_teardown),
 		cmocka_unit_test_setup_teardown(test_expose_unwritable, clock_setup, clock_teardown),

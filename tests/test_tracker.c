@@ -65,6 +65,7 @@ struct srv {
 	struct trk_server *s;
 	char url[300];
 	char state[4096];
+	char listen[64]; /* "" : 127.0.0.1:0 */
 	bool with_key, with_pk;
 	atomic_bool stop;
 	uint8_t ckey[PROTO_CLUSTER_KEY_BYTES];
@@ -74,7 +75,8 @@ struct srv {
 static void *srv_main(void *arg)
 {
 	struct srv *v = arg;
-	struct trk_server_opts o = {.listen = "127.0.0.1:0", .state_dir = v->state};
+	struct trk_server_opts o = {.listen = v->listen[0] ? v->listen : "127.0.0.1:0",
+				    .state_dir = v->state};
 	struct trk_server *s = NULL;
 	int rc;
 
@@ -1319,6 +1321,100 @@ static void test_versions(void **state)
 }
 
 /* ---- restart -------------------------------------------------------------------------- */
+
+/* Starts the tracker again on the same port (the client keeps its URL). */
+static int restart_same_port(struct fx *f)
+{
+	const char *port = strrchr(f->srv.url, ':');
+
+	srv_stop(&f->srv);
+	snprintf(f->srv.listen, sizeof(f->srv.listen), "127.0.0.1%s", port);
+	return srv_start(&f->srv);
+}
+
+/* After a failed srv_start: nothing to stop. */
+static void srv_failed(struct fx *f)
+{
+	f->srv.base = NULL;
+	pthread_mutex_destroy(&f->srv.mu);
+	pthread_cond_destroy(&f->srv.cv);
+}
+
+/* The chain guard: a client that saw the chain refuses a tracker that lost
+ * it (an empty state: another cluster id; a truncated one: a lower latest
+ * version), and takes it again once the state is back. A damaged cluster.id
+ * stops the tracker with one line. */
+static void test_state_lost_refused(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	char keep[4096], idpath[4096];
+	static const char *bad[] = {"", "0123\n", "zz0123456789abcdef0123456789abcdef\n",
+				    "0123456789abcdef0123456789abcdef\nx",
+				    "0123456789ABCDEF0123456789ABCDEF\n"};
+
+	snprintf(idpath, sizeof(idpath), "%s/cluster.id", f->srv.state);
+	register_publisher(f);
+	publish_two(f);
+	assert_int_equal(get(f, TRK_API "/versions", &r), 200);
+	trk_reply_fini(&r);
+
+	/* Same state, another process: taken. */
+	assert_int_equal(restart_same_port(f), 0);
+	assert_int_equal(get(f, TRK_API "/versions", &r), 200);
+	trk_reply_fini(&r);
+
+	/* The versions gone, the cluster id kept: latest 0 < 2, refused. */
+	snprintf(keep, sizeof(keep), "%s/kept", f->dir);
+	srv_stop(&f->srv);
+	assert_int_equal(tu_sh("cp -a '%s' '%s'", f->srv.state, keep), 0);
+	assert_int_equal(tu_sh("rm -f '%s'/versions/*", f->srv.state), 0);
+	assert_int_equal(srv_start(&f->srv), 0);
+	assert_int_equal(trk_client_call(f->c, "GET", TRK_API "/versions", NULL, NULL, 0, &r),
+			 -ESTALE);
+	assert_int_equal(r.status, -ESTALE);
+	assert_non_null(strstr(r.error, "forgot the chain: its latest version is 0"));
+	trk_reply_fini(&r);
+
+	/* An empty state: a new cluster id, refused too. */
+	srv_stop(&f->srv);
+	assert_int_equal(tu_sh("rm -rf '%s'", f->srv.state), 0);
+	assert_int_equal(srv_start(&f->srv), 0);
+	assert_int_equal(trk_client_call(f->c, "GET", TRK_API "/status", NULL, NULL, 0, &r),
+			 -ESTALE);
+	assert_int_equal(r.status, -ESTALE);
+	assert_non_null(strstr(r.error, "forgot the chain: its cluster id is"));
+	trk_reply_fini(&r);
+
+	/* The state restored: taken again. */
+	srv_stop(&f->srv);
+	assert_int_equal(tu_sh("rm -rf '%s' && mv '%s' '%s'", f->srv.state, keep,
+			       f->srv.state), 0);
+	assert_int_equal(srv_start(&f->srv), 0);
+	assert_int_equal(get(f, TRK_API "/versions", &r), 200);
+	assert_int_equal(jget_u64(r.json, "latest"), 2);
+	trk_reply_fini(&r);
+
+	/* A damaged cluster.id: one line, no start. */
+	srv_stop(&f->srv);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		FILE *fp = fopen(idpath, "wb");
+		assert_non_null(fp);
+		fputs(bad[i], fp);
+		fclose(fp);
+		assert_int_not_equal(srv_start(&f->srv), 0);
+		assert_non_null(strstr(f->srv.err.msg, "cluster.id: corrupt cluster id"));
+		assert_null(strchr(f->srv.err.msg, '\n'));
+		srv_failed(f);
+	}
+	/* Unreadable (a directory in its place): refused as well. */
+	assert_int_equal(tu_sh("rm -f '%s' && mkdir '%s'", idpath, idpath), 0);
+	assert_int_not_equal(srv_start(&f->srv), 0);
+	srv_failed(f);
+	/* Gone from a state with versions: a new one, said in the log. */
+	assert_int_equal(tu_sh("rmdir '%s'", idpath), 0);
+	assert_int_equal(srv_start(&f->srv), 0);
+}
 
 static void test_restart(void **state)
 {
@@ -3039,6 +3135,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_lease_expiry, setup_short_lease, teardown),
 		cmocka_unit_test_setup_teardown(test_versions, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_restart, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_state_lost_refused, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_trainer_pubkey, setup_with_pk, teardown),
 		cmocka_unit_test_setup_teardown(test_longpoll, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_replica_state, setup_open, teardown),

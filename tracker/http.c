@@ -60,6 +60,11 @@ static void send_buf(struct trk_server *s, struct evhttp_request *req, int code,
 	evhttp_add_header(h, "Cache-Control", "no-store");
 	if (s->auth != NULL)
 		evhttp_add_header(h, TRK_EPOCH_HEADER, trk__auth_epoch(s->auth));
+	if (s->vs != NULL) {
+		char chain[TRK_CHAIN_MAX];
+		trk__versions_chain(s->vs, chain, sizeof(chain));
+		evhttp_add_header(h, TRK_CHAIN_HEADER, chain);
+	}
 	if (out != NULL && len > 0 && evbuffer_add(out, buf, len) != 0) {
 		evbuffer_free(out);
 		out = NULL;

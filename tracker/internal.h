@@ -200,6 +200,10 @@ struct trk_version *trk__versions_at(struct trk_versions *vs, size_t i);
 /* The version numbered v, or NULL. */
 struct trk_version *trk__versions_find(struct trk_versions *vs, uint64_t v);
 uint64_t trk__versions_latest(const struct trk_versions *vs);
+/* The chain's identity (hex) and the TRK_CHAIN_HEADER value: "CLUSTER
+ * INSTANCE LATEST DIGEST" (DIGEST "-" while there is no version). */
+const char *trk__versions_cluster(const struct trk_versions *vs);
+void trk__versions_chain(const struct trk_versions *vs, char *buf, size_t len);
 /* The decoded manifest of v (cached, or loaded and verified from disk; then
  * owned by the caller through *owned, freed with proto_manifest_fini+free).
  * -ENOENT for an unknown version. */

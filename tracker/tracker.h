@@ -51,6 +51,14 @@
 #define TRK_SESSION_BYTES 32      /* a node's session credential */
 #define TRK_SESSION_HEADER "X-Tessera-Session"
 #define TRK_EPOCH_HEADER "X-Tessera-Epoch" /* on every answer, when keyed */
+#define TRK_CLUSTER_ID_BYTES 16   /* a chain's random identity */
+/* On every answer: "CLUSTER INSTANCE LATEST DIGEST", the chain's identity,
+ * the tracker process's random instance, its latest version and that
+ * version's digest (hex; "-" with no version). Clients refuse a tracker
+ * whose chain went back (see tracker/API.md). */
+#define TRK_CHAIN_HEADER "X-Tessera-Chain"
+#define TRK_CHAIN_MAX \
+	(2 * TRK_CLUSTER_ID_BYTES + 2 * TRK_EPOCH_BYTES + 21 + 2 * PROTO_HASH_BYTES + 4)
 
 /* ---- server --------------------------------------------------------------- */
 
@@ -137,6 +145,20 @@ void trk_client_free(struct trk_client *c);
 /* Default per-request timeout in ms (initially 10000). Long-polls add their
  * wait to it. */
 void trk_client_set_timeout(struct trk_client *c, uint32_t ms);
+/*
+ * The chain guard. A client remembers the chain its answers announced
+ * (TRK_CHAIN_HEADER): the cluster id and the highest version with its
+ * digest. An answer whose cluster id differs, or whose tracker process
+ * (instance) is another one and whose latest version is below the one seen
+ * (or equal with another digest), is refused: its callback gets status
+ * -ESTALE and an error that says the tracker forgot the chain. fn (may be
+ * NULL) hears it once when refusing starts, with the one-line reason, and
+ * once with NULL when a tracker with the remembered chain answers again.
+ * Only a new client (a restarted process) accepts another chain.
+ */
+typedef void (*trk_client_chain_fn)(void *arg, const char *why);
+void trk_client_on_chain_lost(struct trk_client *c, trk_client_chain_fn fn,
+			      void *arg);
 struct event_base *trk_client_base(struct trk_client *c);
 
 /*

@@ -22,6 +22,8 @@
  *   versions/<20-digit v>.json      {"published_ms":..} (tracker time)
  *   trainer.pub                     the pinned trainer key (without
  *                                   --trainer-pubkey), in the key file form
+ *   cluster.id                      the chain's identity: 32 hex digits and
+ *                                   a newline, random, made with a fresh state
  * Each file is written temp-fsync-rename and the directory fsynced before the
  * publisher hears 201. The chain is re-verified on every start.
  */
@@ -44,6 +46,8 @@ struct trk_versions {
 	char *vdir;           /* state dir/versions */
 	bool have_pk, pinned; /* pinned: the key came from the pin file / first */
 	uint8_t pk[PROTO_PK_BYTES];
+	char cluster[2 * TRK_CLUSTER_ID_BYTES + 1]; /* cluster.id, hex */
+	char instance[2 * TRK_EPOCH_BYTES + 1];     /* this process's, random */
 	struct trk_version *v; /* oldest first */
 	size_t n, cap;
 	struct waiter_list waiters;
@@ -307,6 +311,62 @@ static int scan(struct trk_versions *vs, uint64_t **out, size_t *n,
 	return 0;
 }
 
+/* Loads state_dir/cluster.id, or makes one when absent (fresh is true when
+ * the state holds no versions either). A malformed file is refused. */
+static int load_cluster_id(struct trk_versions *vs, bool fresh,
+			   struct proto_err *err)
+{
+	char *path = path_join(vs->dir, "cluster.id");
+	const size_t hex = 2 * TRK_CLUSTER_ID_BYTES;
+	uint8_t *buf = NULL, id[TRK_CLUSTER_ID_BYTES];
+	size_t len = 0;
+	struct stat st;
+	int rc = 0;
+
+	if (path == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	if (stat(path, &st) == 0) {
+		if ((rc = proto_read_file(path, 64, &buf, &len, err)) != 0)
+			goto out;
+		if (len < hex || len > hex + 1 ||
+		    strspn((char *)buf, "0123456789abcdef") != hex ||
+		    (len == hex + 1 && buf[hex] != '\n')) {
+			rc = proto_errf(err, EINVAL,
+					"%s: corrupt cluster id (want %zu hex digits "
+					"and a newline); restore it, or start a new "
+					"chain on an empty state directory",
+					path, hex);
+			goto out;
+		}
+		memcpy(vs->cluster, buf, hex);
+		vs->cluster[hex] = 0;
+		goto out;
+	}
+	randombytes_buf(id, sizeof(id));
+	sodium_bin2hex(vs->cluster, sizeof(vs->cluster), id, sizeof(id));
+	vs->cluster[hex] = '\n';
+	rc = proto_write_file_atomic(path, vs->cluster, hex + 1, 0644, err);
+	vs->cluster[hex] = 0;
+	if (rc != 0)
+		goto out;
+	if ((rc = fsync_dir(vs->dir)) != 0) {
+		rc = proto_errf(err, -rc, "%s: %s", vs->dir, strerror(-rc));
+		goto out;
+	}
+	if (fresh)
+		LOG_WARN("new state in %s: cluster id %s, no versions (a new "
+			 "chain: publishers and nodes that saw another refuse "
+			 "this tracker until restarted)",
+			 vs->dir, vs->cluster);
+	else
+		LOG_WARN("state in %s has versions but no cluster id: new "
+			 "cluster id %s", vs->dir, vs->cluster);
+out:
+	free(buf);
+	free(path);
+	return rc;
+}
+
 int trk__versions_open(const char *state_dir, const uint8_t *trainer_pk,
 		       struct trk_versions **out, struct proto_err *err)
 {
@@ -343,6 +403,13 @@ int trk__versions_open(const char *state_dir, const uint8_t *trainer_pk,
 	for (size_t i = 0; i < nlist; i++)
 		if ((rc = load_one(vs, list[i], err)) != 0)
 			goto fail;
+	if ((rc = load_cluster_id(vs, nlist == 0, err)) != 0)
+		goto fail;
+	{
+		uint8_t inst[TRK_EPOCH_BYTES];
+		randombytes_buf(inst, sizeof(inst));
+		sodium_bin2hex(vs->instance, sizeof(vs->instance), inst, sizeof(inst));
+	}
 	free(list);
 	free(pin);
 	if (!vs->have_pk)
@@ -420,6 +487,22 @@ struct trk_version *trk__versions_find(struct trk_versions *vs, uint64_t v)
 uint64_t trk__versions_latest(const struct trk_versions *vs)
 {
 	return vs->n > 0 ? vs->v[vs->n - 1].version : 0;
+}
+
+const char *trk__versions_cluster(const struct trk_versions *vs)
+{
+	return vs->cluster;
+}
+
+void trk__versions_chain(const struct trk_versions *vs, char *buf, size_t len)
+{
+	char hex[2 * PROTO_HASH_BYTES + 1] = "-";
+
+	if (vs->n > 0)
+		sodium_bin2hex(hex, sizeof(hex), vs->v[vs->n - 1].digest,
+			       PROTO_HASH_BYTES);
+	snprintf(buf, len, "%s %s %llu %s", vs->cluster, vs->instance,
+		 (unsigned long long)trk__versions_latest(vs), hex);
 }
 
 /* Reads v's bytes from disk, checking them against the recorded digest. */
