@@ -1414,6 +1414,7 @@ static void start_register(struct node_agent *a)
 		.layout = a->layout_json,
 		.model_digest = a->model.digest,
 		.layout_name = a->layout_name[0] ? a->layout_name : NULL,
+		.layout_digest = a->layout.digest,
 	};
 	if (trk_client_register_node(a->trk, &r, on_register, a) != 0)
 		arm(a->retry_ev, RETRY_MS);

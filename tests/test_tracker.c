@@ -1092,6 +1092,146 @@ static void test_layout_cache(void **state)
 	json_decref(explicit);
 }
 
+/* A registration body naming its layout by digest instead of carrying it. */
+static char *digest_body(struct fx *f, const char *replica, int rank, const char *digest_json,
+			 const char *layout)
+{
+	size_t n = strlen(digest_json) + (layout ? strlen(layout) : 0) + 512;
+	char *b = malloc(n);
+	assert_non_null(b);
+	snprintf(b, n,
+		 "{\"replica\":\"%s\",\"rank\":%d,\"host\":\"h\",\"provider\":\"tcp;ofi_rxm\","
+		 "\"fabric_addr\":\"%02x%02x\",\"layout_digest\":%s,\"model_digest\":\"%s\"%s%s}",
+		 replica, rank, (unsigned)replica[0], (unsigned)rank, digest_json,
+		 HEX(f->model.digest), layout ? ",\"layout\":" : "", layout ? layout : "");
+	return b;
+}
+
+static int register_by_digest(struct fx *f, const char *replica, int rank,
+			      const char *digest_json, const char *layout, struct trk_reply *r)
+{
+	char *b = digest_body(f, replica, rank, digest_json, layout);
+	int code = post(f, TRK_API "/nodes", b, r);
+	free(b);
+	return code;
+}
+
+static int client_register(struct fx *f, const char *replica, const uint8_t *digest,
+			   struct trk_reply *r)
+{
+	json_t *layout = json_loads(TP2, 0, NULL);
+	struct trk_node_reg reg = {
+		.replica = replica,
+		.addr = {.rank = 0, .host = "h0", .provider = "tcp", .fabric_addr = "0a0b"},
+		.layout = layout,
+		.model_digest = f->model.digest,
+		.layout_digest = digest,
+	};
+	trk_reply_init(r);
+	assert_int_equal(trk_client_register_node(f->c, &reg, trk_reply_cb, r), 0);
+	json_decref(layout);
+	trk_client_wait(f->c, r);
+	return r->status;
+}
+
+static void test_layout_by_digest(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r, r2;
+	char want[2 * PROTO_HASH_BYTES + 3], zeros[2 * PROTO_HASH_BYTES + 3], *before;
+	json_t *explicit = proto_layout_to_json(&f->model, &f->tp2);
+
+	snprintf(want, sizeof(want), "\"%s\"", HEX(f->tp2.digest));
+	snprintf(zeros, sizeof(zeros), "\"%064d\"", 0);
+	register_publisher(f);
+
+	/* A digest the tracker holds no layout for: 404, nothing changes. */
+	before = status_snapshot(f);
+	assert_int_equal(register_by_digest(f, "A", 0, want, NULL, &r), 404);
+	assert_non_null(strstr(r.error, "send the layout itself"));
+	trk_reply_fini(&r);
+	/* Nor is the trainer's layout a serving layout it holds. */
+	char tl[2 * PROTO_HASH_BYTES + 3];
+	snprintf(tl, sizeof(tl), "\"%s\"", HEX(f->tl.digest));
+	assert_int_equal(register_by_digest(f, "A", 0, tl, NULL, &r), 404);
+	trk_reply_fini(&r);
+	char *after = status_snapshot(f);
+	assert_string_equal(before, after);
+	free(after);
+	free(before);
+
+	/* The client sends the digest, hears 404 and sends the layout itself. */
+	assert_int_equal(client_register(f, "A", f->tp2.digest, &r), 200);
+	assert_string_equal(json_string_value(json_object_get(r.json, "layout_digest")),
+			    HEX(f->tp2.digest));
+	trk_reply_fini(&r);
+	assert_int_equal(metric_of(f, MISSES), 1);
+
+	/* Now the digest alone registers, with what a full registration gives. */
+	assert_int_equal(register_node(f, "B", 0, TP2, &r2), 200);
+	assert_int_equal(register_by_digest(f, "C", 0, want, NULL, &r), 200);
+	assert_string_equal(json_string_value(json_object_get(r.json, "layout_digest")),
+			    json_string_value(json_object_get(r2.json, "layout_digest")));
+	assert_int_equal(jget_u64(r.json, "lease_ms"), jget_u64(r2.json, "lease_ms"));
+	assert_string_equal(json_string_value(json_object_get(r.json, "node_id")), "C/0");
+	trk_reply_fini(&r);
+	trk_reply_fini(&r2);
+	assert_int_equal(client_register(f, "D", f->tp2.digest, &r), 200);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/replicas/C", &r), 200);
+	assert_int_equal(jget_u64(r.json, "nranks"), 2);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/layouts", &r), 200);
+	json_t *ls = json_object_get(r.json, "layouts");
+	assert_int_equal(json_array_size(ls), 1);
+	assert_true(json_equal(json_object_get(json_array_get(ls, 0), "layout"), explicit));
+	assert_int_equal(json_array_size(json_object_get(json_array_get(ls, 0), "replicas")), 4);
+	trk_reply_fini(&r);
+	assert_int_equal(metric_of(f, MISSES), 1);
+	assert_int_equal(metric_of(f, HITS), 3);
+
+	/* Refused as strictly as a full registration, and nothing changes. */
+	before = status_snapshot(f);
+	assert_int_equal(register_by_digest(f, "E", 0, zeros, NULL, &r), 404);
+	trk_reply_fini(&r);
+	assert_int_equal(register_by_digest(f, "E", 0, "\"zz\"", NULL, &r), 400);
+	assert_non_null(strstr(r.error, "layout_digest"));
+	trk_reply_fini(&r);
+	assert_int_equal(register_by_digest(f, "E", 0, "7", NULL, &r), 400);
+	trk_reply_fini(&r);
+	assert_int_equal(register_by_digest(f, "E", 2, want, NULL, &r), 400);
+	assert_non_null(strstr(r.error, "rank"));
+	trk_reply_fini(&r);
+	/* A layout and a digest that is not its own. */
+	assert_int_equal(register_by_digest(f, "E", 0, zeros, TP2, &r), 400);
+	assert_non_null(strstr(r.error, "layout_digest differs"));
+	trk_reply_fini(&r);
+	/* null counts as absent: then no layout at all. */
+	assert_int_equal(register_by_digest(f, "E", 0, "null", NULL, &r), 400);
+	assert_non_null(strstr(r.error, "layout: missing"));
+	trk_reply_fini(&r);
+	after = status_snapshot(f);
+	assert_string_equal(before, after);
+	free(after);
+	free(before);
+	/* A replica of another layout cannot take this one by digest. */
+	register_node_ok(f, "F", 0, TP1);
+	before = NULL;
+	after = status_snapshot(f);
+	assert_int_equal(register_by_digest(f, "F", 1, want, NULL, &r), 409);
+	assert_non_null(strstr(r.error, "another layout"));
+	trk_reply_fini(&r);
+	char *after2 = status_snapshot(f);
+	assert_string_equal(after, after2);
+	free(after2);
+	free(after);
+	free(before);
+	/* With its own digest, a layout registers as usual. */
+	assert_int_equal(register_by_digest(f, "E", 0, want, TP2, &r), 200);
+	trk_reply_fini(&r);
+	json_decref(explicit);
+}
+
 /* ---- leases ------------------------------------------------------------------------- */
 
 static int setup_short_lease(void **state)
@@ -3132,6 +3272,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_bad_bodies, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_register, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_layout_cache, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_layout_by_digest, setup_keyed, teardown),
 		cmocka_unit_test_setup_teardown(test_lease_expiry, setup_short_lease, teardown),
 		cmocka_unit_test_setup_teardown(test_versions, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_restart, setup_open, teardown),

@@ -70,6 +70,17 @@ struct trk_client {
 	} sessions[CLIENT_SESSIONS];
 	size_t nsessions;
 	TAILQ_HEAD(, pending) pending;
+	/* Registrations sent by layout digest, with their full bodies kept for
+	 * a tracker that does not hold that layout. */
+	TAILQ_HEAD(, reg_retry) regs;
+};
+
+struct reg_retry {
+	struct trk_client *c;
+	json_t *full; /* the body with the layout itself */
+	trk_client_cb cb;
+	void *arg;
+	TAILQ_ENTRY(reg_retry) link;
 };
 
 /* The session of node id, or NULL. */
@@ -117,6 +128,7 @@ int trk_client_new(struct event_base *base, const char *url,
 	if (c == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
 	TAILQ_INIT(&c->pending);
+	TAILQ_INIT(&c->regs);
 	c->timeout_ms = DEFAULT_TIMEOUT_MS;
 	u = evhttp_uri_parse(url);
 	scheme = u ? evhttp_uri_get_scheme(u) : NULL;
@@ -165,6 +177,7 @@ fail:
 void trk_client_free(struct trk_client *c)
 {
 	struct pending *p;
+	struct reg_retry *rr;
 
 	if (c == NULL)
 		return;
@@ -176,6 +189,11 @@ void trk_client_free(struct trk_client *c)
 		free(p->path_query);
 		free(p->body);
 		free(p);
+	}
+	while ((rr = TAILQ_FIRST(&c->regs)) != NULL) {
+		TAILQ_REMOVE(&c->regs, rr, link);
+		json_decref(rr->full);
+		free(rr);
 	}
 	if (c->own_base)
 		event_base_free(c->base);
@@ -624,19 +642,72 @@ int trk_client_register_publisher(struct trk_client *c, json_t *model,
 			cb, arg);
 }
 
+/* A registration sent by digest came back: a tracker that holds no such
+ * layout (restarted, or the layout's last rank went) gets it in full, once. */
+static void on_reg_answer(const struct trk_answer *a, void *arg)
+{
+	struct reg_retry *rr = arg;
+	struct trk_client *c = rr->c;
+	trk_client_cb cb = rr->cb;
+	void *cb_arg = rr->arg;
+	json_t *full = rr->full;
+	/* POST /nodes is answered 404 only for a layout_digest it does not
+	 * hold (API.md). */
+	bool resend = a->status == 404;
+
+	TAILQ_REMOVE(&c->regs, rr, link);
+	free(rr);
+	if (!resend || trk_client_post_json(c, TRK_API "/nodes", full, cb, cb_arg) != 0)
+		cb(a, cb_arg);
+	json_decref(full);
+}
+
 int trk_client_register_node(struct trk_client *c, const struct trk_node_reg *r,
 			     trk_client_cb cb, void *arg)
 {
-	json_t *o = json_pack("{s:s,s:I,s:s,s:s,s:s,s:O,s:o}", "replica", r->replica, "rank",
+	json_t *o = json_pack("{s:s,s:I,s:s,s:s,s:s,s:o}", "replica", r->replica, "rank",
 			      (json_int_t)r->addr.rank, "host", r->addr.host, "provider",
-			      r->addr.provider, "fabric_addr", r->addr.fabric_addr, "layout",
-			      r->layout, "model_digest", hexj(r->model_digest, PROTO_HASH_BYTES));
+			      r->addr.provider, "fabric_addr", r->addr.fabric_addr,
+			      "model_digest", hexj(r->model_digest, PROTO_HASH_BYTES));
+	struct reg_retry *rr;
+	json_t *full;
+	int rc;
+
 	if (o != NULL && r->layout_name != NULL &&
 	    json_object_set_new(o, "layout_name", json_string(r->layout_name)) != 0) {
 		json_decref(o);
 		o = NULL;
 	}
-	return post_new(c, TRK_API "/nodes", o, cb, arg);
+	if (o == NULL)
+		return -ENOMEM;
+	if (r->layout_digest == NULL) {
+		if (json_object_set(o, "layout", r->layout) != 0) {
+			json_decref(o);
+			return -ENOMEM;
+		}
+		return post_new(c, TRK_API "/nodes", o, cb, arg);
+	}
+	if (json_object_set_new(o, "layout_digest", hexj(r->layout_digest, PROTO_HASH_BYTES)) != 0 ||
+	    (full = json_copy(o)) == NULL) {
+		json_decref(o);
+		return -ENOMEM;
+	}
+	rr = calloc(1, sizeof(*rr));
+	if (rr == NULL || json_object_set(full, "layout", r->layout) != 0) {
+		free(rr);
+		json_decref(full);
+		json_decref(o);
+		return -ENOMEM;
+	}
+	*rr = (struct reg_retry){.c = c, .full = full, .cb = cb, .arg = arg};
+	TAILQ_INSERT_TAIL(&c->regs, rr, link);
+	rc = post_new(c, TRK_API "/nodes", o, on_reg_answer, rr);
+	if (rc != 0) {
+		TAILQ_REMOVE(&c->regs, rr, link);
+		json_decref(full);
+		free(rr);
+	}
+	return rc;
 }
 
 int trk_client_heartbeat(struct trk_client *c, const char *id, trk_client_cb cb,

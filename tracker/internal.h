@@ -395,6 +395,10 @@ void trk__registry_counts(struct trk_registry *r, struct trk_counts *out);
  * err (-EINVAL) and is never remembered; -ENOMEM. */
 int trk__slayout_get(struct trk_registry *r, json_t *jl, struct trk_slayout **out,
 		     struct proto_err *err);
+/* The serving layout whose digest is digest, with a new reference, or NULL
+ * when the tracker holds none (never seen, or no longer used). Every entry
+ * was parsed and checked against the registry's model when it was made. */
+struct trk_slayout *trk__slayout_by_digest(struct trk_registry *r, const uint8_t *digest);
 /* Drop a reference; the last one unlinks and frees sl. NULL is fine. */
 void trk__slayout_put(struct trk_registry *r, struct trk_slayout *sl);
 /* Forgets every cached form (the model changes or the registry goes). */

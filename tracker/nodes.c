@@ -47,7 +47,8 @@ void trk__handle_nodes(struct trk_call *c)
 	struct proto_err err = {{0}};
 	const char *replica = NULL, *host = NULL, *provider = NULL, *lname = NULL;
 	uint64_t rank = 0;
-	uint8_t md[PROTO_HASH_BYTES];
+	uint8_t md[PROTO_HASH_BYTES], ld[PROTO_HASH_BYTES];
+	bool have_ld = false;
 	char *addr = NULL, hex[2 * PROTO_HASH_BYTES + 1];
 	json_t *jl = json_object_get(c->json, "layout");
 	struct trk_slayout *sl = NULL; /* holds a reference while here */
@@ -75,7 +76,17 @@ void trk__handle_nodes(struct trk_call *c)
 		trk__fail(c, 400, "layout_name: want 1..%d of [A-Za-z0-9._-]", TRK_REPLICA_MAX);
 		goto out;
 	}
-	if (!json_is_object(jl)) {
+	if (json_object_get(c->json, "layout_digest") != NULL &&
+	    !json_is_null(json_object_get(c->json, "layout_digest"))) {
+		if (trk__get_hex(c->json, "layout_digest", ld, sizeof(ld), &err) != 0) {
+			trk__fail(c, 400, "%s", err.msg);
+			goto out;
+		}
+		have_ld = true;
+	}
+	if (json_is_null(jl))
+		jl = NULL;
+	if (jl != NULL ? !json_is_object(jl) : !have_ld) {
 		trk__fail(c, 400, "layout: missing or not an object");
 		goto out;
 	}
@@ -88,8 +99,22 @@ void trk__handle_nodes(struct trk_call *c)
 		trk__fail(c, 409, "model_digest differs from the trainer's model (%s)", hex);
 		goto out;
 	}
-	if ((rc = trk__slayout_get(r, jl, &sl, &err)) != 0) {
+	if (jl == NULL) {
+		/* By digest: a layout this tracker holds was parsed and checked
+		 * when it was first registered in full. */
+		sl = trk__slayout_by_digest(r, ld);
+		if (sl == NULL) {
+			trk__hex(ld, PROTO_HASH_BYTES, hex);
+			trk__fail(c, 404, "layout_digest %s: this tracker holds no such "
+				  "layout: send the layout itself", hex);
+			goto out;
+		}
+	} else if ((rc = trk__slayout_get(r, jl, &sl, &err)) != 0) {
 		trk__fail(c, rc == -ENOMEM ? 500 : 400, "%s", err.msg);
+		goto out;
+	} else if (have_ld && memcmp(ld, sl->digest, PROTO_HASH_BYTES) != 0) {
+		trk__hex(sl->digest, PROTO_HASH_BYTES, hex);
+		trk__fail(c, 400, "layout_digest differs from the layout's (%s)", hex);
 		goto out;
 	}
 	if (rank >= sl->l.nranks) {

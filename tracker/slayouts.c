@@ -67,6 +67,17 @@ static void cache_add(struct trk_registry *r, json_t *jl, struct trk_slayout *sl
 	r->nforms++;
 }
 
+struct trk_slayout *trk__slayout_by_digest(struct trk_registry *r, const uint8_t *digest)
+{
+	struct trk_slayout *sl = find_digest(r, digest);
+
+	if (sl != NULL) {
+		r->forms_hits++;
+		sl->refs++;
+	}
+	return sl;
+}
+
 int trk__slayout_get(struct trk_registry *r, json_t *jl, struct trk_slayout **out,
 		     struct proto_err *err)
 {

@@ -198,6 +198,10 @@ struct trk_node_reg {
 	json_t *layout; /* serving layout, borrowed */
 	const uint8_t *model_digest; /* PROTO_HASH_BYTES */
 	const char *layout_name; /* how people call it ("tp2"), or NULL */
+	/* The layout's digest (PROTO_HASH_BYTES), or NULL. When set, the
+	 * registration names the layout by digest, and sends it in full only
+	 * when the tracker answers that it holds no such layout. */
+	const uint8_t *layout_digest;
 };
 /* POST /nodes. */
 int trk_client_register_node(struct trk_client *c, const struct trk_node_reg *r,

@@ -193,6 +193,7 @@ static void register_one(struct bench *b, uint32_t i)
 		.addr = {b->nodes[i].rank, host, "tcp;ofi_rxm", addr},
 		.layout = b->sl_json,
 		.model_digest = b->m.digest,
+		.layout_digest = b->sl.digest,
 	};
 	if (trk_client_register_node(b->c, &reg, on_register, r) != 0) {
 		free(r);
