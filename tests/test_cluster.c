@@ -24,23 +24,28 @@
 #include "tests/testcluster.h"
 #include "tests/ckpt_util.h"
 
-static void test_cluster_report(void **state)
+/* Runs `tessera cluster ARGS --report DIR/report.json` (its output shown
+ * when it fails) and returns the report. */
+static json_t *run_cluster(const char *dir, const char *args)
 {
-	char dir[256], bin[512], report[512];
-	uint8_t *buf;
-	size_t len;
-	struct proto_err err;
+	char bin[512], report[512];
 
-	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
 	snprintf(report, sizeof(report), "%s/report.json", dir);
 	tu_bin(bin, sizeof(bin), "tessera");
-	assert_int_equal(tu_sh("%s cluster --synthetic-mb 4 --versions 2 --replica tp2 --replica tp1 "
-			       "--report %s > %s/out 2>&1 || cat %s/out",
-			       bin, report, dir, dir),
+	assert_int_equal(tu_sh("%s cluster %s --report %s > %s/out 2>&1 || cat %s/out", bin, args,
+			       report, dir, dir),
 			 0);
-	assert_int_equal(proto_read_file(report, 1 << 20, &buf, &len, &err), 0);
-	json_t *j = json_loadb((char *)buf, len, 0, NULL);
-	free(buf);
+	json_t *j = tu_load_json(report);
+	assert_non_null(j);
+	return j;
+}
+
+static void test_cluster_report(void **state)
+{
+	char dir[256];
+
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	json_t *j = run_cluster(dir, "--synthetic-mb 4 --versions 2 --replica tp2 --replica tp1");
 	assert_non_null(j);
 	assert_true(json_is_true(json_object_get(j, "ok")));
 	json_t *vs = json_object_get(j, "versions");
@@ -93,11 +98,9 @@ static void test_cluster_report(void **state)
  * equal the checkpoint's (the cluster compares them itself). */
 static void test_cluster_sharded_checkpoints(void **state)
 {
-	char dir[256], mdir[300], vdir[320], bin[512], report[512];
+	char dir[256], mdir[300], vdir[320];
 	struct proto_model m;
 	struct proto_err err;
-	uint8_t *buf;
-	size_t len;
 
 	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
 	snprintf(mdir, sizeof(mdir), "%s/model", dir);
@@ -120,15 +123,9 @@ static void test_cluster_sharded_checkpoints(void **state)
 	}
 	proto_model_fini(&m);
 	assert_int_equal(tu_sh("test -f %s/v2/model-00003-of-00003.safetensors", mdir), 0);
-	snprintf(report, sizeof(report), "%s/report.json", dir);
-	tu_bin(bin, sizeof(bin), "tessera");
-	assert_int_equal(tu_sh("%s cluster --model-dir %s --versions 2 --replica tp2 --replica tp1 "
-			       "--report %s > %s/out 2>&1 || cat %s/out",
-			       bin, mdir, report, dir, dir),
-			 0);
-	assert_int_equal(proto_read_file(report, 1 << 20, &buf, &len, &err), 0);
-	json_t *j = json_loadb((char *)buf, len, 0, NULL);
-	free(buf);
+	char args[1024];
+	snprintf(args, sizeof(args), "--model-dir %s --versions 2 --replica tp2 --replica tp1", mdir);
+	json_t *j = run_cluster(dir, args);
 	assert_non_null(j);
 	assert_true(json_is_true(json_object_get(j, "ok")));
 	json_t *vs = json_object_get(j, "versions");
@@ -152,23 +149,14 @@ static void test_cluster_sharded_checkpoints(void **state)
  * combinations are refused with status 2. */
 static void test_cluster_clock_report(void **state)
 {
-	char dir[256], bin[512], report[512];
-	uint8_t *buf;
-	size_t len;
-	struct proto_err err;
+	char dir[256], bin[512];
 	json_t *r;
 	size_t i;
 
 	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
-	snprintf(report, sizeof(report), "%s/report.json", dir);
+	json_t *j = run_cluster(dir, "--synthetic-mb 4 --every 300 --stagger 500 --duration 8 "
+				     "--replica tp2 --replica tp1");
 	tu_bin(bin, sizeof(bin), "tessera");
-	assert_int_equal(tu_sh("%s cluster --synthetic-mb 4 --every 300 --stagger 500 --duration 8 "
-			       "--replica tp2 --replica tp1 --report %s > %s/out 2>&1 || cat %s/out",
-			       bin, report, dir, dir),
-			 0);
-	assert_int_equal(proto_read_file(report, 1 << 20, &buf, &len, &err), 0);
-	json_t *j = json_loadb((char *)buf, len, 0, NULL);
-	free(buf);
 	assert_non_null(j);
 	assert_true(json_is_true(json_object_get(j, "ok")));
 	json_t *c = json_object_get(j, "clock");
@@ -285,14 +273,11 @@ static bool wait_fetching(struct kill_env *e, uint64_t v, int ms)
 static void check_serving(struct kill_env *e, uint64_t v)
 {
 	char path[600];
-	uint8_t *buf;
-	size_t len, n = e->tp1.ranks[0].nbytes;
-	struct proto_err err;
+	size_t n = e->tp1.ranks[0].nbytes;
 
 	snprintf(path, sizeof(path), "%s/A-0.json", e->expose);
-	assert_int_equal(proto_read_file(path, 1 << 20, &buf, &len, &err), 0);
-	json_t *j = json_loadb((char *)buf, len, 0, NULL);
-	free(buf);
+	json_t *j = tu_load_json(path);
+	assert_non_null(j);
 	assert_int_equal(json_integer_value(json_object_get(j, "version")), (json_int_t)v);
 	int fd = open(json_string_value(json_object_get(j, "memfd_path")), O_RDONLY);
 	assert_true(fd >= 0);
@@ -737,17 +722,14 @@ static void check_rank_bytes(struct clock_env *e, const char *expose, const char
 			     uint32_t rank, const char *layout, uint64_t v)
 {
 	char path[700];
-	uint8_t *buf;
-	size_t len;
 	struct proto_err err;
 	struct proto_layout l;
 
 	assert_int_equal(proto_layout_builtin(&e->m, layout, &l, &err), 0);
 	size_t n = l.ranks[rank].nbytes;
 	snprintf(path, sizeof(path), "%s/%s-%u.json", expose, replica, rank);
-	assert_int_equal(proto_read_file(path, 1 << 20, &buf, &len, &err), 0);
-	json_t *j = json_loadb((char *)buf, len, 0, NULL);
-	free(buf);
+	json_t *j = tu_load_json(path);
+	assert_non_null(j);
 	assert_int_equal(json_integer_value(json_object_get(j, "version")), (json_int_t)v);
 	int fd = open(json_string_value(json_object_get(j, "memfd_path")), O_RDONLY);
 	assert_true(fd >= 0);

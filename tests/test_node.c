@@ -334,13 +334,10 @@ static void test_bad_chunk_refetched(void **state)
 	p.export[3 * CHUNK + 17] ^= 0x40;
 	assert_true(serve_until(e, &p, NULL, 1, 20000));
 	/* What the node serves is exactly tp1's bytes of v1. */
-	uint8_t *buf, *expect = malloc(p.sl.ranks[0].nbytes);
-	size_t len;
-	struct proto_err err;
+	uint8_t *expect = malloc(p.sl.ranks[0].nbytes);
 	snprintf(path, sizeof(path), "%s/A-0.json", e->expose);
-	assert_int_equal(proto_read_file(path, 1 << 20, &buf, &len, &err), 0);
-	json_t *j = json_loadb((char *)buf, len, 0, NULL);
-	free(buf);
+	json_t *j = tu_load_json(path);
+	assert_non_null(j);
 	assert_int_equal(json_integer_value(json_object_get(j, "version")), 1);
 	int fd = open(json_string_value(json_object_get(j, "memfd_path")), O_RDONLY);
 	assert_true(fd >= 0);

@@ -24,6 +24,21 @@ static inline void tu_write_model(const struct proto_model *m, const char *path)
 	json_decref(j);
 }
 
+/* The JSON document in path (a report, an activation record); NULL when it
+ * cannot be read or parsed. The caller json_decref()s it. */
+static inline json_t *tu_load_json(const char *path)
+{
+	struct proto_err err;
+	uint8_t *buf;
+	size_t len;
+
+	if (proto_read_file(path, 1 << 20, &buf, &len, &err) != 0)
+		return NULL;
+	json_t *j = json_loadb((char *)buf, len, 0, NULL);
+	free(buf);
+	return j;
+}
+
 /* Starts tessera-tracker on 127.0.0.1:0 with its state in state_dir and its
  * log in dir/tracker.log, pinning the trainer key pub (NULL: the first
  * signer is pinned), and writes its URL into url. */
