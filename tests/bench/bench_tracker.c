@@ -233,9 +233,12 @@ static void on_timed(const struct trk_answer *a, void *arg)
 	free(r);
 }
 
-static void send_heartbeat(struct bench *b, uint32_t i)
+/* Sends node i's heartbeat (kind 0) or sources query (kind 1), timed;
+ * skipped when the node is not registered or too much is in flight. */
+static void send_timed(struct bench *b, uint32_t i, int kind)
 {
 	struct req *r;
+	int rc;
 
 	if (!b->nodes[i].registered)
 		return;
@@ -246,31 +249,11 @@ static void send_heartbeat(struct bench *b, uint32_t i)
 	r = malloc(sizeof(*r));
 	if (r == NULL)
 		return;
-	*r = (struct req){.b = b, .t0 = proto_now_ns(), .node = i, .kind = 0};
-	if (trk_client_heartbeat(b->c, b->nodes[i].id, on_timed, r) != 0) {
-		free(r);
-		b->errors++;
-		return;
-	}
-	b->inflight++;
-}
-
-static void send_sources(struct bench *b, uint32_t i)
-{
-	struct req *r;
-
-	if (!b->nodes[i].registered)
-		return;
-	if (b->inflight >= INFLIGHT_MAX) {
-		b->skipped++;
-		return;
-	}
-	r = malloc(sizeof(*r));
-	if (r == NULL)
-		return;
-	*r = (struct req){.b = b, .t0 = proto_now_ns(), .node = i, .kind = 1};
-	if (trk_client_sources(b->c, b->src_version, b->sl.digest, 0, b->nodes[i].rank, on_timed,
-			       r) != 0) {
+	*r = (struct req){.b = b, .t0 = proto_now_ns(), .node = i, .kind = kind};
+	rc = kind == 0 ? trk_client_heartbeat(b->c, b->nodes[i].id, on_timed, r)
+		       : trk_client_sources(b->c, b->src_version, b->sl.digest, 0,
+					    b->nodes[i].rank, on_timed, r);
+	if (rc != 0) {
 		free(r);
 		b->errors++;
 		return;
@@ -371,14 +354,14 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	b->hb_budget += (uint64_t)b->nnodes * TICK_MS * 1000 / (lease / 3);
 	while (b->hb_budget >= 1000) {
 		b->hb_budget -= 1000;
-		send_heartbeat(b, b->hb_next);
+		send_timed(b, b->hb_next, 0);
 		b->hb_next = (b->hb_next + 1) % b->nnodes;
 	}
 	/* Sources: every node once within a second of a new version. */
 	if (b->src_version != 0) {
 		uint32_t per_tick = PROTO_MAX(1u, b->nnodes * TICK_MS / 1000);
 		for (uint32_t k = 0; k < per_tick && b->src_next < b->nnodes; k++)
-			send_sources(b, b->src_next++);
+			send_timed(b, b->src_next++, 1);
 	}
 	if (b->publishing_ok && now - b->last_pub_ns >= (uint64_t)VERSION_EVERY_MS * 1000000) {
 		b->last_pub_ns = now;
