@@ -1,0 +1,160 @@
+/* From verified to active: the replica's agreement, the activation record,
+ * the switch of the served slot. */
+#include "node/agent_internal.h"
+
+/*
+ * The activation record, <expose>/<replica>-<rank>.json: what a serving
+ * process reads to find the served slot. A node is active on a version only
+ * once that record names it; when it cannot be written the old version stays
+ * the served one and the node reports the reason as a failure.
+ */
+static int write_expose(struct node_agent *a, struct node_slot *slot, const uint8_t *digest,
+			struct proto_err *err)
+{
+	char path[4096];
+	json_t *o, *locals;
+	int rc = -ENOMEM;
+
+	if (a->o.expose_dir == NULL)
+		return 0;
+	o = node_slot_describe(&a->store, slot);
+	locals = json_array();
+	if (o == NULL || locals == NULL) {
+		proto_errf(err, ENOMEM, "out of memory");
+		goto out;
+	}
+	const struct proto_rank *rk = &a->layout.ranks[a->o.rank];
+	for (uint32_t i = 0; i < rk->nlocals; i++) {
+		const struct proto_local *l = &rk->locals[i];
+		json_t *shape = json_array();
+		for (uint32_t d = 0; d < l->ndim; d++)
+			json_array_append_new(shape, json_integer((json_int_t)l->shape[d]));
+		json_array_append_new(locals, json_pack("{s:s,s:I,s:I,s:s,s:o}", "name", l->name,
+							"offset", (json_int_t)l->offset, "nbytes",
+							(json_int_t)l->nbytes, "dtype",
+							proto_dtype_name(l->dtype), "shape", shape));
+	}
+	char hex[2 * PROTO_HASH_BYTES + 1], mhex[2 * PROTO_HASH_BYTES + 1];
+	sodium_bin2hex(hex, sizeof(hex), a->layout.digest, PROTO_HASH_BYTES);
+	sodium_bin2hex(mhex, sizeof(mhex), digest, PROTO_HASH_BYTES);
+	json_object_set_new(o, "replica", json_string(a->o.replica));
+	json_object_set_new(o, "rank", json_integer(a->o.rank));
+	json_object_set_new(o, "pid", json_integer(getpid()));
+	json_object_set_new(o, "layout_digest", json_string(hex));
+	json_object_set_new(o, "manifest_digest", json_string(mhex));
+	json_object_set_new(o, "activated_ms", json_integer((json_int_t)proto_wall_ms()));
+	json_object_set_new(o, "locals", locals);
+	locals = NULL;
+	if (a->attach != NULL)
+		json_object_set_new(o, "attach", json_string(node_attach_path(a->attach)));
+	snprintf(path, sizeof(path), "%s/%s-%u.json", a->o.expose_dir, a->o.replica, a->o.rank);
+	rc = proto_write_json_atomic(path, o, JSON_COMPACT, err);
+out:
+	json_decref(locals);
+	json_decref(o);
+	return rc;
+}
+
+/* The activation record can be written now: a probe file in the expose
+ * directory (created first if missing) is written and removed. A rank that
+ * could not activate does not say "verified", so its replica never becomes
+ * complete and no other rank switches without it. */
+int agent_probe_expose(struct node_agent *a, struct proto_err *err)
+{
+	char path[4096];
+	int rc;
+
+	if (a->o.expose_dir == NULL)
+		return 0;
+	if ((rc = proto_mkdir_p(a->o.expose_dir, err)) != 0)
+		return rc;
+	snprintf(path, sizeof(path), "%s/.%s-%u.probe", a->o.expose_dir, a->o.replica, a->o.rank);
+	if ((rc = proto_write_file_atomic(path, "{}", 2, 0644, err)) != 0)
+		return rc;
+	unlink(path);
+	return 0;
+}
+
+/* The node cannot activate f: it says so (once per reason) and keeps the
+ * fetch; the next sync tries again. */
+void agent_expose_blocked(struct node_agent *a, const char *what, const struct proto_err *err)
+{
+	struct agent_fetch *f = a->fetch;
+	char msg[sizeof(f->expose_error)];
+
+	snprintf(msg, sizeof(msg), "%s: %s", what, err->msg);
+	if (strcmp(msg, f->expose_error) != 0)
+		LOG_ERR("node %s: v%" PRIu64 " not activated: %s", a->node_id, f->version, msg);
+	snprintf(f->expose_error, sizeof(f->expose_error), "%s", msg);
+	agent_report(a, f->version, TRK_STATE_FAILED, msg, NULL);
+}
+
+void agent_activate(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+	struct proto_err err;
+
+	if (node_slot_activate(&a->store, f->slot, &err) != 0) {
+		agent_fetch_fail(a, "activation: %s", err.msg);
+		return;
+	}
+	if (write_expose(a, f->slot, f->man.digest, &err) != 0) {
+		agent_expose_blocked(a, "cannot write the activation record", &err);
+		return;
+	}
+	/* The switch: from here on the new slot is the served one. */
+	struct node_slot *old = a->active;
+	a->active = f->slot;
+	f->slot = NULL;
+	memcpy(a->active_digest, f->man.digest, PROTO_HASH_BYTES);
+	node_wait_over(&a->wait, NULL);
+	LOG_INFO("node %s: v%" PRIu64 " active (%" PRIu64 " bytes, %" PRIu64 " from trainer, %" PRIu64
+		 " from peers, %" PRIu64 " refetched, %" PRIu64 " ms; %u stalled reads, %u failed "
+		 "reads, %u chunks failed their hash)",
+		 a->node_id, f->version, f->bytes_done, f->from_trainer, f->from_peers, f->refetched,
+		 agent_now_ms() - f->started_ms, f->stalls, f->read_failures, f->bad_chunks);
+	node_metrics_set(a->am.m, a->am.active_version, f->version);
+	node_metrics_set(a->am.m, a->am.serving_bytes, a->active->len);
+	node_metrics_add(a->am.m, a->am.activations, 1);
+	node_metrics_observe(a->am.m, a->am.activation_seconds,
+			     (double)(agent_now_ms() - f->started_ms) / 1000.0);
+	agent_report(a, f->version, TRK_STATE_ACTIVE, NULL, NULL);
+	agent_fetch_drop(a);
+	/* Requests pinning the old slot keep it until they release it. */
+	node_attach_activate(a->attach, a->active, a->active_digest);
+	node_attach_retire(a->attach, &a->store, old);
+	agent_sync_now(a); /* the replica's next target may be there already */
+}
+
+void agent_on_verified_report(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+	json_t *t;
+
+	if (f == NULL || !f->verified)
+		return;
+	if (ans->status != 200) {
+		f->reported_verified = false; /* say it again on the next tick */
+		return;
+	}
+	t = json_object_get(ans->json, "replica_target");
+	agent_follow_target(a, json_is_integer(t) ? (uint64_t)json_integer_value(t) : f->version,
+		      json_is_true(json_object_get(ans->json, "replica_complete")));
+}
+
+void agent_all_verified(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+	struct proto_err err;
+
+	f->verified = true;
+	f->reported_verified = true;
+	LOG_INFO("node %s: v%" PRIu64 " verified in %" PRIu64 " ms", a->node_id, f->version,
+		 agent_now_ms() - f->started_ms);
+	if (agent_probe_expose(a, &err) != 0) {
+		agent_expose_blocked(a, "cannot write the activation record", &err);
+		return;
+	}
+	agent_report(a, f->version, TRK_STATE_VERIFIED, NULL, agent_on_verified_report);
+}

@@ -1,0 +1,493 @@
+/* Pulling chunks: sources from the tracker, a read window paced by each
+ * source's measured rate, verification, and silent sources. */
+#include "node/agent_internal.h"
+
+static void on_sources(const struct trk_answer *ans, void *arg);
+
+struct sources_req {
+	struct node_agent *a;
+	uint64_t gen;
+	uint32_t parcel;
+};
+
+void agent_want_sources(struct node_agent *a, uint32_t pi)
+{
+	struct agent_fetch *f = a->fetch;
+	struct agent_parcel *p = &f->parcels[pi];
+	struct sources_req *req;
+
+	if (p->sources_pending || agent_now_ms() - p->sources_ms < SOURCES_MIN_MS)
+		return;
+	req = malloc(sizeof(*req));
+	if (req == NULL)
+		return;
+	*req = (struct sources_req){a, a->gen, pi};
+	p->sources_pending = true;
+	p->sources_ms = agent_now_ms();
+	if (trk_client_sources(a->trk, f->version, f->ml->layout_digest, p->mp->src_rank,
+			       p->mp->dst_rank, on_sources, req) != 0) {
+		p->sources_pending = false;
+		free(req);
+	}
+}
+
+static void on_sources(const struct trk_answer *ans, void *arg)
+{
+	struct sources_req *req = arg;
+	struct node_agent *a = req->a;
+	struct agent_fetch *f = a->fetch;
+	struct trk_source *s = NULL;
+	struct proto_err err;
+	size_t n = 0;
+
+	if (f == NULL || req->gen != a->gen) {
+		free(req);
+		return;
+	}
+	struct agent_parcel *p = &f->parcels[req->parcel];
+	free(req);
+	p->sources_pending = false;
+	p->sources_ms = agent_now_ms();
+	if (ans->status != 200 || trk_sources_parse(ans->json, &s, &n, &err) != 0) {
+		LOG_DEBUG("node %s: sources: %s", a->node_id, ans->status != 200 ? ans->error : err.msg);
+		return;
+	}
+	/* Keep what we know of sources still listed (their rest periods and
+	 * fabric handles); add new ones. */
+	struct agent_source *ns = calloc(n + 1, sizeof(*ns));
+	if (ns == NULL) {
+		trk_sources_free(s, n);
+		return;
+	}
+	uint32_t *moved = calloc(p->nsrcs + 1, sizeof(*moved)); /* old index -> new + 1 */
+	if (moved == NULL) {
+		free(ns);
+		trk_sources_free(s, n);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		ns[i].info = s[i];
+		for (size_t j = 0; j < p->nsrcs; j++) {
+			struct agent_source *o = &p->srcs[j];
+			if (moved[j] == 0 && o->info.fabric_addr_len == s[i].fabric_addr_len &&
+			    memcmp(o->info.fabric_addr, s[i].fabric_addr, s[i].fabric_addr_len) == 0 &&
+			    o->info.key == s[i].key && o->info.addr == s[i].addr) {
+				struct trk_source info = ns[i].info;
+				ns[i] = *o; /* handle, rest period, pacing */
+				ns[i].info = info;
+				o->fa_valid = false;
+				moved[j] = (uint32_t)i + 1;
+			}
+		}
+	}
+	/* Reads in flight follow their source to the new list; those whose
+	 * source left it no longer name one. */
+	for (uint32_t r = 0; r < a->nreads; r++) {
+		struct agent_read *rd = &a->reads[r];
+		if (rd->in_fabric && rd->gen == a->gen && &f->parcels[rd->parcel] == p &&
+		    rd->src_epoch == p->src_epoch && rd->src_idx < p->nsrcs && moved[rd->src_idx] != 0) {
+			rd->src_idx = moved[rd->src_idx] - 1;
+			rd->src_epoch = p->src_epoch + 1;
+		}
+	}
+	free(moved);
+	p->src_epoch++;
+	for (size_t j = 0; j < p->nsrcs; j++) {
+		if (p->srcs[j].fa_valid)
+			fab_av_remove(a->fab, p->srcs[j].fa);
+		free(p->srcs[j].info.fabric_addr);
+	}
+	free(p->srcs);
+	free(s); /* the strings moved into ns */
+	p->srcs = ns;
+	p->nsrcs = n;
+	agent_pump(a);
+}
+
+/*
+ * Pacing. A source's window is the bytes we keep in flight to it: its
+ * measured rate times TESSERA_FETCH_TARGET_MS, at least WINDOW_MIN_CHUNKS
+ * chunks (enough to keep a link busy between two completions), at most
+ * TESSERA_INFLIGHT chunks. A fixed count of reads per node queued far more
+ * than a shared link carries in the stall timeout, and turned congestion
+ * into a refetch storm.
+ */
+static uint64_t source_window(const struct node_agent *a, const struct agent_source *s)
+{
+	uint64_t lo = (uint64_t)WINDOW_MIN_CHUNKS * a->chunk_size;
+	uint64_t hi = PROTO_MAX(lo, (uint64_t)a->max_inflight * a->chunk_size);
+	uint64_t w = s->rate == 0 ? lo : s->rate * proto_param(PROTO_PARAM_FETCH_TARGET_MS) / 1000;
+	return PROTO_MIN(hi, PROTO_MAX(lo, w));
+}
+
+/* How long s may deliver nothing while it has reads in flight: the time
+ * its window takes at its measured rate, four times over, and never less
+ * than TESSERA_STALL_MS (three times that before it delivered anything). */
+static uint64_t source_patience(const struct agent_source *s)
+{
+	uint64_t stall = proto_param(PROTO_PARAM_STALL_MS);
+
+	if (s->rate == 0)
+		return 3 * stall;
+	return PROTO_MAX(stall, 4 * s->inflight_bytes * 1000 / s->rate);
+}
+
+static bool source_silent(const struct agent_source *s, uint64_t now)
+{
+	return s->inflight_reads > 0 && now - s->progress_ms >= source_patience(s);
+}
+
+/* A source for a read of len bytes of parcel p, round-robin among those
+ * resting from no failure, not silent, and with room in their window; NULL
+ * when there is none (*none_usable: not even one with a full window). */
+static struct agent_source *pick_source(struct node_agent *a, struct agent_parcel *p, uint64_t len,
+					bool *none_usable)
+{
+	uint64_t now = agent_now_ms();
+
+	*none_usable = true;
+	for (size_t k = 0; k < p->nsrcs; k++) {
+		struct agent_source *s = &p->srcs[(p->rr + k) % p->nsrcs];
+		if (s->bad_until_ms > now || source_silent(s, now))
+			continue;
+		*none_usable = false;
+		if (s->inflight_reads > 0 && s->inflight_bytes + len > source_window(a, s))
+			continue;
+		if (!s->fa_valid) {
+			if (fab_av_insert(a->fab, s->info.fabric_addr, s->info.fabric_addr_len, &s->fa) != 0) {
+				s->bad_until_ms = now + BAD_SOURCE_MS;
+				continue;
+			}
+			s->fa_valid = true;
+		}
+		p->rr = (uint32_t)((p->rr + k + 1) % p->nsrcs);
+		return s;
+	}
+	return NULL;
+}
+
+/* Accounting for a read posted to s. */
+static void source_posted(struct agent_source *s, uint64_t len)
+{
+	uint64_t now = agent_now_ms();
+
+	if (s->inflight_reads == 0) {
+		/* Busy from now: silence and rate are measured from here. */
+		s->progress_ms = now;
+		s->meas_ms = now;
+		s->meas_bytes = 0;
+		s->silent_logged = false;
+	}
+	s->inflight_reads++;
+	s->inflight_bytes += len;
+}
+
+/* Accounting for a read of s that completed (ok: with its bytes). The rate
+ * is measured over stretches of at least RATE_SAMPLE_MS while busy, and
+ * smoothed (half the old, half the new). */
+static void source_done(struct agent_source *s, uint64_t len, bool ok)
+{
+	uint64_t now = agent_now_ms();
+
+	s->inflight_reads--;
+	s->inflight_bytes -= PROTO_MIN(len, s->inflight_bytes);
+	if (ok) {
+		s->progress_ms = now;
+		s->silent_logged = false;
+		s->meas_bytes += len;
+		if (now - s->meas_ms >= RATE_SAMPLE_MS) {
+			uint64_t sample = s->meas_bytes * 1000 / (now - s->meas_ms);
+			s->rate = s->rate == 0 ? sample : (s->rate + sample) / 2;
+			s->meas_ms = now;
+			s->meas_bytes = 0;
+		}
+	}
+}
+
+/* The source a read went to, if the parcel's source list is still the one
+ * it was picked from. */
+static struct agent_source *read_source(struct agent_fetch *f, const struct agent_read *rd)
+{
+	struct agent_parcel *p = &f->parcels[rd->parcel];
+	return rd->src_epoch == p->src_epoch && rd->src_idx < p->nsrcs ? &p->srcs[rd->src_idx] : NULL;
+}
+
+static void source_failed(struct node_agent *a, struct agent_source *s)
+{
+	if (s == NULL)
+		return;
+	s->bad_until_ms = agent_now_ms() + BAD_SOURCE_MS;
+	/* tcp;ofi_rxm drops the connection on an error: start afresh. */
+	if (s->fa_valid) {
+		fab_av_remove(a->fab, s->fa);
+		s->fa_valid = false;
+	}
+}
+
+/* A read completed: failures are retried elsewhere, data goes to a worker
+ * to be hashed and scattered (on_verified picks it up). */
+static void on_read(struct fab_op *op, int status)
+{
+	struct agent_read *rd = proto_container_of(op, struct agent_read, op);
+	struct node_agent *a = rd->a;
+	struct agent_fetch *f = a->fetch;
+
+	a->inflight--;
+	rd->in_fabric = false;
+	if (f != NULL && rd->gen == a->gen && read_source(f, rd) != NULL)
+		source_done(read_source(f, rd), rd->len, status == 0);
+	if (rd->abandoned || f == NULL || rd->gen != a->gen) {
+		rd->abandoned = false;
+		rd->busy = false;
+		agent_pump(a);
+		return;
+	}
+	struct agent_parcel *p = &f->parcels[rd->parcel];
+	const struct proto_chunk *c = &p->mp->chunks[rd->chunk];
+
+	if (status != 0) {
+		LOG_DEBUG("node %s: chunk %u/%u of parcel %u<-%u failed: %d", a->node_id, rd->chunk,
+			  p->mp->nchunks, p->mp->dst_rank, p->mp->src_rank, status);
+		f->read_failures++;
+		node_metrics_add(a->am.m, a->am.failed_read, 1);
+		rd->busy = false;
+		source_failed(a, read_source(f, rd));
+		p->state[rd->chunk] = 0;
+		p->next_todo = PROTO_MIN(p->next_todo, rd->chunk);
+		agent_pump(a);
+		return;
+	}
+	f->last_byte_ms = proto_wall_ms();
+	if (f->first_byte_ms == 0)
+		f->first_byte_ms = f->last_byte_ms;
+	rd->job = (struct node_vjob){
+		.buf = a->bounce + (size_t)rd->slot * a->chunk_size,
+		.len = c->size,
+		.hash = c->hash,
+		.plan = f->plan,
+		.parcel = p->pp,
+		.layout = &a->layout,
+		.dst = f->slot->host,
+		.off = (uint64_t)rd->chunk * f->man.chunk_size,
+	};
+	node_verifier_submit(a->ver, &rd->job);
+	agent_pump(a);
+}
+
+void agent_on_verified(struct node_vjob *job, void *arg)
+{
+	struct agent_read *rd = proto_container_of(job, struct agent_read, job);
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+
+	rd->busy = false;
+	if (f == NULL || rd->gen != a->gen) {
+		agent_pump(a);
+		return;
+	}
+	struct agent_parcel *p = &f->parcels[rd->parcel];
+	const struct proto_chunk *c = &p->mp->chunks[rd->chunk];
+	if (!job->ok) {
+		/* Never trust the bytes: discard, set the source aside, refetch. */
+		proto_log(f->bad_chunks++ == 0 ? PROTO_LOG_WARN : PROTO_LOG_DEBUG, __FILE__, __LINE__,
+			  "node %s: v%" PRIu64 " chunk %u of parcel %u<-%u from %s failed its hash; "
+			  "discarded (further ones are counted)",
+			  a->node_id, f->version, rd->chunk, p->mp->dst_rank, p->mp->src_rank,
+			  read_source(f, rd) ? read_source(f, rd)->info.id : "?");
+		node_metrics_add(a->am.m, a->am.failed_hash, 1);
+		source_failed(a, read_source(f, rd));
+		p->state[rd->chunk] = 0;
+		p->next_todo = PROTO_MIN(p->next_todo, rd->chunk);
+		agent_pump(a);
+		return;
+	}
+	node_metrics_add(a->am.m, rd->src_peer ? a->am.fetched_peer : a->am.fetched_trainer, c->size);
+	p->state[rd->chunk] = 2;
+	p->done++;
+	f->bytes_done += c->size;
+	if (rd->src_peer)
+		f->from_peers += c->size;
+	else
+		f->from_trainer += c->size;
+	if (f->bytes_done == f->bytes_total) {
+		agent_all_verified(a);
+		return;
+	}
+	agent_pump(a);
+}
+
+static int free_read_slot(struct node_agent *a)
+{
+	for (uint32_t i = 0; i < a->nreads; i++)
+		if (!a->reads[i].busy)
+			return (int)i;
+	return -1;
+}
+
+/* Takes n bytes from the rate bucket; when it is short, arms a timer for
+ * when it will have them and says no. */
+static bool take_tokens(struct node_agent *a, uint64_t n)
+{
+	uint64_t now = proto_now_ns(), burst = PROTO_MAX(a->chunk_size, a->rate_bps / 10);
+
+	if (a->rate_bps == 0)
+		return true;
+	a->tokens = PROTO_MIN(burst, a->tokens + (now - a->tokens_ns) * a->rate_bps / 1000000000ull);
+	a->tokens_ns = now;
+	if (a->tokens >= n) {
+		a->tokens -= n;
+		return true;
+	}
+	if (!evtimer_pending(a->rate_ev, NULL))
+		agent_arm(a->rate_ev, (n - a->tokens) * 1000 / a->rate_bps + 1);
+	return false;
+}
+
+static void give_tokens(struct node_agent *a, uint64_t n)
+{
+	if (a->rate_bps != 0)
+		a->tokens += n;
+}
+
+void agent_on_rate(evutil_socket_t fd, short what, void *arg)
+{
+	agent_pump(arg);
+}
+
+/* Posts reads until every source's window is full, the node's reads are
+ * all out, or nothing can be fetched now. */
+void agent_pump(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+
+	if (f == NULL || f->verified || f->parcels == NULL)
+		return;
+	for (uint32_t pi = 0; pi < f->nparcels && a->inflight < a->max_inflight; pi++) {
+		struct agent_parcel *p = &f->parcels[pi];
+		while (p->done < p->mp->nchunks && a->inflight < a->max_inflight) {
+			while (p->next_todo < p->mp->nchunks && p->state[p->next_todo] != 0)
+				p->next_todo++;
+			if (p->next_todo >= p->mp->nchunks)
+				break;
+			uint32_t c = p->next_todo, len = p->mp->chunks[c].size;
+			bool none_usable;
+			struct agent_source *s = pick_source(a, p, len, &none_usable);
+			if (s == NULL) {
+				if (none_usable)
+					agent_want_sources(a, pi);
+				break;
+			}
+			int slot = free_read_slot(a);
+			if (slot < 0 || !take_tokens(a, len))
+				return;
+			struct agent_read *rd = &a->reads[slot];
+			struct fab_rkey rk = {s->info.addr, s->info.key, s->info.len};
+			*rd = (struct agent_read){.a = a, .parcel = pi, .chunk = c, .slot = (uint32_t)slot,
+						  .len = len, .src_idx = (uint32_t)(s - p->srcs),
+						  .src_epoch = p->src_epoch, .src_peer = s->info.peer,
+						  .started_ms = agent_now_ms(), .busy = true, .in_fabric = true,
+						  .gen = a->gen};
+			int rc = fab_read(a->fab, &rd->op, a->bounce_mr, (size_t)slot * a->chunk_size, len,
+					  s->fa, &rk, (uint64_t)c * f->man.chunk_size, on_read);
+			if (rc != 0) {
+				rd->busy = false;
+				rd->in_fabric = false;
+				give_tokens(a, len);
+				LOG_DEBUG("node %s: read post failed: %d", a->node_id, rc);
+				source_failed(a, s);
+				continue;
+			}
+			source_posted(s, len);
+			if (p->asked[c])
+				f->refetched += len;
+			p->asked[c] = 1;
+			a->inflight++;
+			p->state[c] = 1;
+		}
+	}
+	node_fabloop_kick(a->fl);
+}
+
+/*
+ * A source is silent when none of its reads completed for its patience
+ * (source_patience: four times what its window takes at its measured
+ * rate). Flows on a busy shared link take turns, so the age of one read
+ * says nothing; a source that delivers is never given up on. A silent
+ * source's reads move to another source of the parcel only when there is
+ * one (resting from no failure, not silent itself): the source rests and
+ * its reads are abandoned (their slots stay reserved until they complete
+ * or the endpoint closes). With nowhere else to go they stay where they
+ * are, since asking the same source again only queues the same bytes
+ * twice; the tracker is asked for sources meanwhile.
+ */
+static bool other_source(const struct agent_parcel *p, const struct agent_source *s, uint64_t now)
+{
+	for (size_t k = 0; k < p->nsrcs; k++)
+		if (&p->srcs[k] != s && p->srcs[k].bad_until_ms <= now && !source_silent(&p->srcs[k], now))
+			return true;
+	return false;
+}
+
+static void check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t pi, uint64_t now)
+{
+	struct agent_parcel *p = &f->parcels[pi];
+
+	for (size_t k = 0; k < p->nsrcs; k++) {
+		struct agent_source *s = &p->srcs[k];
+		uint32_t live = 0;
+		if (!source_silent(s, now))
+			continue;
+		for (uint32_t i = 0; i < a->nreads; i++) {
+			const struct agent_read *rd = &a->reads[i];
+			live += rd->in_fabric && !rd->abandoned && rd->gen == a->gen && rd->parcel == pi &&
+				read_source(f, rd) == s;
+		}
+		if (live == 0) /* only reads already moved elsewhere */
+			continue;
+		if (!other_source(p, s, now)) {
+			if (!s->silent_logged)
+				LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
+					 " ms; no other source, waiting for it",
+					 a->node_id, pi, s->info.id, now - s->progress_ms);
+			s->silent_logged = true;
+			agent_want_sources(a, pi);
+			continue;
+		}
+		LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
+			 " ms; moving its %u reads elsewhere",
+			 a->node_id, pi, s->info.id, now - s->progress_ms, live);
+		f->stalls += live;
+		node_metrics_add(a->am.m, a->am.stalled, live);
+		for (uint32_t i = 0; i < a->nreads; i++) {
+			struct agent_read *rd = &a->reads[i];
+			if (!rd->in_fabric || rd->abandoned || rd->gen != a->gen || rd->parcel != pi ||
+			    read_source(f, rd) != s)
+				continue;
+			rd->abandoned = true;
+			p->state[rd->chunk] = 0;
+			p->next_todo = PROTO_MIN(p->next_todo, rd->chunk);
+		}
+		s->bad_until_ms = now + BAD_SOURCE_MS;
+	}
+}
+
+void agent_on_tick(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+	uint64_t now = agent_now_ms();
+
+	if (f == NULL || f->parcels == NULL)
+		return;
+	if (!f->verified)
+		for (uint32_t pi = 0; pi < f->nparcels; pi++)
+			check_silent(a, f, pi, now);
+	if (f->verified && !f->reported_verified) {
+		f->reported_verified = true;
+		agent_report(a, f->version, TRK_STATE_VERIFIED, NULL, agent_on_verified_report);
+	} else if (!f->verified && now - a->last_report_ms >= REPORT_MS) {
+		a->last_report_ms = now;
+		agent_report(a, f->version, TRK_STATE_FETCHING, NULL, NULL);
+	}
+	agent_pump(a);
+}

@@ -1,0 +1,231 @@
+/*
+ * The node agent's insides, shared by its files (node/agent.h says what the
+ * agent does):
+ *
+ *   agent.c          setup and teardown, the shared helpers
+ *   agent_session.c  the tracker session: registration, lease, watch, the
+ *                    replica's target, progress reports
+ *   agent_version.c  one version's fetch: manifest, parent link, plan, parcels
+ *   agent_fetch.c    pulling chunks: sources, pacing, reads, verification,
+ *                    stalls
+ *   agent_activate.c verified -> active: the replica's agreement, the
+ *                    activation record, the switch
+ *
+ * Everything runs on the agent's one libevent loop.
+ */
+#ifndef NODE_AGENT_INTERNAL_H
+#define NODE_AGENT_INTERNAL_H
+
+#include "node/agent.h"
+#include "node/waitnote.h"
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fabric/fab.h"
+#include "node/agent_metrics.h"
+#include "node/attach.h"
+#include "node/fabloop.h"
+#include "node/store.h"
+#include "node/verifier.h"
+#include "proto/proto.h"
+#include "tracker/tracker.h"
+
+#define RETRY_MS 500        /* registration and metadata retries */
+#define SOURCES_MIN_MS 300  /* least time between two /sources for a parcel */
+#define BAD_SOURCE_MS 2000  /* a failed source rests this long */
+#define REPORT_MS 500       /* progress reports while fetching */
+#define REPLICA_POLL_MS 100 /* waiting for the rest of the replica */
+#define SYNC_MS 200         /* asking the tracker for the replica's target */
+#define FAILED_RETRY_MS 2000 /* a version we gave up on is tried again after */
+#define WINDOW_MIN_CHUNKS 2 /* least read window per source, chunks */
+#define RATE_SAMPLE_MS 250  /* least stretch a source's rate is measured over */
+
+struct agent_source {
+	struct trk_source info;
+	fi_addr_t fa;
+	bool fa_valid;
+	uint64_t bad_until_ms;
+	/* Pacing, kept across source list refreshes (see pump()): */
+	uint64_t inflight_bytes;
+	uint32_t inflight_reads;
+	uint64_t rate;            /* measured bytes/s while busy; 0: not yet */
+	uint64_t meas_ms, meas_bytes; /* the measurement under way */
+	uint64_t progress_ms;     /* a read completed, or it became busy */
+	bool silent_logged;       /* "no other source" said for this silence */
+};
+
+struct agent_parcel {
+	const struct proto_mparcel *mp;
+	const struct proto_parcel *pp;
+	struct agent_source *srcs;
+	size_t nsrcs;
+	uint32_t rr; /* round-robin position among sources */
+	uint32_t src_epoch; /* bumped whenever srcs is replaced */
+	uint64_t sources_ms;
+	bool sources_pending;
+	uint8_t *state; /* per chunk: 0 todo, 1 in flight, 2 done */
+	uint8_t *asked; /* per chunk: a read was posted for it before */
+	uint32_t next_todo;
+	uint32_t done;
+};
+
+struct agent_read {
+	struct fab_op op;
+	struct node_agent *a;
+	uint32_t parcel, chunk, slot, len;
+	uint32_t src_idx, src_epoch; /* srcs[src_idx] while the epoch holds */
+	bool src_peer;
+	uint64_t started_ms;
+	bool abandoned; /* stalled: its slot stays reserved until completion */
+	bool busy;      /* the slot holds this read (in fabric or verifying) */
+	bool in_fabric; /* posted, not completed */
+	struct node_vjob job;
+	uint64_t gen; /* fetch generation it belongs to */
+};
+
+struct agent_fetch {
+	uint64_t version;
+	struct proto_manifest man;
+	bool have_man;
+	const struct proto_mlayout *ml;
+	const struct proto_plan *plan; /* the agent's, checked against the manifest */
+	struct node_slot *slot;
+	struct agent_parcel *parcels;
+	uint32_t nparcels;
+	uint64_t bytes_total, bytes_done, from_trainer, from_peers;
+	uint64_t refetched; /* bytes requested again (failed, bad or moved reads) */
+	uint64_t started_ms;
+	uint64_t first_byte_ms, last_byte_ms; /* wall clock: chunks landed */
+	bool verified, reported_verified;
+	/* The activation record could not be written: not active, and why. */
+	char expose_error[512];
+	/* Per-chunk trouble, tallied and logged once per version (the first
+	 * of each kind at warn, the rest at debug, totals on the way out). */
+	uint32_t stalls, bad_chunks, read_failures;
+};
+
+struct node_agent {
+	struct node_agent_opts o;
+	struct event_base *base;
+	struct trk_client *trk;
+	struct proto_model model;
+	struct proto_layout layout;
+	json_t *layout_json;
+	char layout_name[65]; /* "tp2", or the layout file's name; "" if none fits */
+	uint8_t trainer_pk[PROTO_PK_BYTES];
+	struct node_store store;
+	struct fab_ctx *fab;
+	struct node_fabloop *fl;
+	char fabric_hex[2 * FAB_ADDR_MAX + 1];
+	char host[256];
+	char node_id[TRK_ID_MAX];
+	bool registered, watching;
+	uint64_t lease_ms;
+
+	/* Bounce buffers: reads land here, are hashed, then scattered. */
+	uint8_t *bounce;
+	size_t bounce_len;
+	struct fab_mr *bounce_mr;
+	struct node_verifier *ver;
+	struct agent_read *reads;
+	uint32_t nreads, inflight, max_inflight;
+	uint32_t chunk_size;
+	/* Fetch rate cap (token bucket; rate 0: none), so pulling a version
+	 * cannot starve the serving traffic that shares the host's links. */
+	uint64_t rate_bps, tokens, tokens_ns;
+	struct event *rate_ev;
+
+	uint64_t seen;   /* newest version the tracker told us about */
+	uint64_t failed; /* the version we last gave up on, and when */
+	uint64_t failed_ms;
+	uint64_t target; /* the replica's target, as the tracker last said */
+	bool syncing;
+	struct agent_fetch *fetch;
+	uint64_t gen;
+	/* The plan from the trainer layout to ours, kept across versions. */
+	struct proto_plan plan;
+	bool have_plan;
+	uint8_t plan_src[PROTO_HASH_BYTES];
+	struct node_slot *active;
+	uint8_t active_digest[PROTO_HASH_BYTES];
+	/* Serving processes pin slots through it; it frees retired ones. */
+	struct node_attach *attach;
+
+	/* Verified parent links: the last manifest we accepted. */
+	uint64_t last_version;
+	uint8_t last_digest[PROTO_HASH_BYTES];
+
+	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
+	struct node_wait wait; /* what we wait for, said when it lasts */
+	uint64_t last_report_ms;
+	int fatal;
+	struct proto_err fatal_err;
+	struct node_agent_metrics am;
+};
+
+/* ---- shared between the agent's files ---------------------------------- */
+
+uint64_t agent_now_ms(void);
+
+void agent_arm(struct event *ev, uint64_t ms);
+
+void agent_give_up(struct node_agent *a, const char *why);
+
+void agent_on_chain_lost(void *arg, const char *why);
+
+void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st,
+		   const char *error, trk_client_cb cb);
+
+void agent_fetch_free(struct node_agent *a, struct agent_fetch *f);
+
+void agent_fetch_drop(struct node_agent *a);
+
+void agent_fetch_fail(struct node_agent *a, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+int agent_probe_expose(struct node_agent *a, struct proto_err *err);
+
+void agent_expose_blocked(struct node_agent *a, const char *what, const struct proto_err *err);
+
+void agent_activate(struct node_agent *a);
+
+void agent_follow_target(struct node_agent *a, uint64_t t, bool complete);
+
+void agent_sync_now(struct node_agent *a);
+
+void agent_on_sync_timer(evutil_socket_t fd, short what, void *arg);
+
+void agent_on_verified_report(const struct trk_answer *ans, void *arg);
+
+void agent_all_verified(struct node_agent *a);
+
+void agent_want_sources(struct node_agent *a, uint32_t pi);
+
+void agent_on_verified(struct node_vjob *job, void *arg);
+
+void agent_on_rate(evutil_socket_t fd, short what, void *arg);
+
+void agent_pump(struct node_agent *a);
+
+void agent_on_tick(evutil_socket_t fd, short what, void *arg);
+
+void agent_start_fetch(struct node_agent *a, uint64_t v);
+
+void agent_heartbeat(evutil_socket_t fd, short what, void *arg);
+
+void agent_start_register(struct node_agent *a);
+
+void agent_on_retry(evutil_socket_t fd, short what, void *arg);
+
+void agent_layout_name(const char *arg, char *out, size_t len);
+
+#endif

@@ -1,0 +1,299 @@
+/* The node agent's tracker session: register, keep the lease, watch for
+ * versions, follow the replica's target, report progress. */
+#include "node/agent_internal.h"
+
+static void start_watch(struct node_agent *a);
+
+/* The tracker forgot the chain this node saw (its answers are refused
+ * until it has it again): keep serving the active version, say so. */
+void agent_on_chain_lost(void *arg, const char *why)
+{
+	struct node_agent *a = arg;
+
+	if (why != NULL)
+		node_metrics_set_health(a->am.m, false, why);
+	else if (a->registered)
+		node_metrics_set_health(a->am.m, true, NULL);
+}
+
+static void ignore_answer(const struct trk_answer *ans, void *arg)
+{
+	if (ans->status < 0 || ans->status >= 400)
+		LOG_DEBUG("tracker: %d %s", ans->status, ans->error);
+}
+
+void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st,
+		   const char *error, trk_client_cb cb)
+{
+	struct agent_fetch *f = a->fetch;
+	struct trk_state_report r = {
+		.id = a->node_id,
+		.version = version,
+		.state = st,
+		.error = error,
+	};
+	if (f != NULL && f->version == version) {
+		r.bytes_done = f->bytes_done;
+		r.bytes_total = f->bytes_total;
+		r.bytes_from_trainer = f->from_trainer;
+		r.bytes_from_peers = f->from_peers;
+		r.first_byte_ms = f->first_byte_ms;
+		r.last_byte_ms = f->last_byte_ms;
+	} else if (a->active != NULL && a->active->version == version) {
+		r.bytes_done = r.bytes_total = a->active->len;
+	}
+	if (!a->registered)
+		return;
+	if (trk_client_report_state(a->trk, &r, cb ? cb : ignore_answer, a) != 0)
+		LOG_WARN("node %s: could not report %s for v%" PRIu64, a->node_id,
+			 trk_state_name(st), version);
+}
+
+/* Names the ranks of our replica that do not hold the version we verified. */
+static void note_replica_wait(struct node_agent *a, const struct trk_answer *ans)
+{
+	char missing[256] = "";
+	size_t n = 0, i;
+	json_t *r;
+
+	json_array_foreach(json_object_get(ans->json, "ranks"), i, r)
+	{
+		const char *st = json_string_value(json_object_get(r, "state"));
+		uint64_t v = (uint64_t)json_integer_value(json_object_get(r, "version"));
+		bool alive = json_is_true(json_object_get(r, "alive"));
+		if (alive && v == a->fetch->version && st != NULL &&
+		    (strcmp(st, "verified") == 0 || strcmp(st, "active") == 0))
+			continue;
+		n += (size_t)snprintf(missing + n, n < sizeof(missing) ? sizeof(missing) - n : 0,
+				      "%s%lld (%s)", n ? ", " : "",
+				      (long long)json_integer_value(json_object_get(r, "rank")),
+				      !alive ? (json_is_null(json_object_get(r, "id")) ? "never registered" : "dead")
+					     : st ? st : "?");
+	}
+	node_wait_note(&a->wait, agent_now_ms(), a->node_id, "replica",
+		       "the rest of replica %s to verify v%" PRIu64 "%s%s", a->o.replica,
+		       a->fetch->version, missing[0] ? "; not yet: rank " : "",
+		       ans->status == 200 ? missing : ans->error);
+}
+
+static bool in_list(json_t *arr, uint64_t v)
+{
+	size_t i;
+	json_t *e;
+
+	json_array_foreach(arr, i, e)
+		if (json_is_integer(e) && (uint64_t)json_integer_value(e) == v)
+			return true;
+	return false;
+}
+
+/*
+ * The tracker chose the replica's target t (the rule is in tracker/API.md):
+ * work toward it. A fetch of another version is dropped (the tracker moves
+ * a target away from a version only when no rank can finish it first); no
+ * fetch is started for a version at or below the one we serve. A verified
+ * fetch of t activates once the replica is complete at t.
+ */
+void agent_follow_target(struct node_agent *a, uint64_t t, bool complete)
+{
+	struct agent_fetch *f = a->fetch;
+	uint64_t active = a->active ? a->active->version : 0;
+
+	if (t == 0)
+		return;
+	if (t != a->target)
+		LOG_DEBUG("node %s: replica target v%" PRIu64, a->node_id, t);
+	a->target = t;
+	if (f != NULL && f->version != t) {
+		LOG_INFO("node %s: replica %s moved to v%" PRIu64 ": dropping v%" PRIu64 "%s",
+			 a->node_id, a->o.replica, t, f->version, f->verified ? " (verified)" : "");
+		agent_fetch_drop(a);
+		f = NULL;
+	}
+	if (f == NULL) {
+		if (t > active && (t != a->failed || agent_now_ms() - a->failed_ms >= FAILED_RETRY_MS))
+			agent_start_fetch(a, t);
+		return;
+	}
+	if (!f->verified)
+		return;
+	if (f->expose_error[0] != 0) {
+		struct proto_err err;
+		if (agent_probe_expose(a, &err) != 0) {
+			agent_expose_blocked(a, "cannot write the activation record", &err);
+			return;
+		}
+		LOG_INFO("node %s: the activation record can be written again", a->node_id);
+		f->expose_error[0] = 0;
+		f->reported_verified = false; /* the tick says verified again */
+		return;
+	}
+	if (complete)
+		agent_activate(a);
+}
+
+static void on_sync(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	uint64_t t;
+	bool complete;
+
+	a->syncing = false;
+	if (ans->status != 200 || !json_is_integer(json_object_get(ans->json, "target")))
+		return;
+	t = (uint64_t)json_integer_value(json_object_get(ans->json, "target"));
+	complete = in_list(json_object_get(ans->json, "complete"), t);
+	agent_follow_target(a, t, complete);
+	if (!complete && a->fetch != NULL && a->fetch->verified && a->fetch->version == t)
+		note_replica_wait(a, ans);
+}
+
+/* Asks the tracker for the replica (its target and where it is complete). */
+void agent_sync_now(struct node_agent *a)
+{
+	if (!a->registered || a->syncing)
+		return;
+	if (trk_client_replica(a->trk, a->o.replica, on_sync, a) == 0)
+		a->syncing = true;
+}
+
+void agent_on_sync_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+
+	agent_sync_now(a);
+	agent_arm(a->sync_ev, a->fetch != NULL && a->fetch->verified ? REPLICA_POLL_MS : SYNC_MS);
+}
+
+static void on_watch(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct trk_version_info *vs = NULL;
+	struct proto_err err;
+	uint64_t latest = 0;
+	size_t n = 0;
+
+	a->watching = false;
+	if (ans->status == 200 && trk_versions_parse(ans->json, &latest, &vs, &n, &err) == 0) {
+		free(vs);
+		a->seen = PROTO_MAX(a->seen, latest);
+		node_wait_over(&a->wait, "tracker");
+	} else {
+		LOG_DEBUG("node %s: watch: %s", a->node_id, ans->status == 200 ? err.msg : ans->error);
+		node_wait_note(&a->wait, agent_now_ms(), a->node_id, "tracker", "the tracker at %s (%s)",
+			       a->o.tracker_url, ans->status == 200 ? err.msg : ans->error);
+		agent_arm(a->retry_ev, RETRY_MS);
+		return;
+	}
+	if (a->seen == 0)
+		node_wait_note(&a->wait, agent_now_ms(), a->node_id, "version",
+			       "a first version (registered; the tracker has none yet)");
+	else
+		node_wait_over(&a->wait, "version");
+	/* A new version may move the replica's target: ask now. */
+	agent_sync_now(a);
+	start_watch(a);
+}
+
+static void start_watch(struct node_agent *a)
+{
+	if (!a->registered || a->watching)
+		return;
+	if (trk_client_watch(a->trk, a->seen, (uint32_t)proto_param(PROTO_PARAM_WATCH_MS), on_watch,
+			     a) != 0)
+		agent_arm(a->retry_ev, RETRY_MS);
+	else
+		a->watching = true;
+}
+
+static void on_heartbeat(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+
+	if (ans->status == 404) {
+		/* Expired or the tracker restarted: register again. */
+		LOG_WARN("node %s: lease lost; registering again", a->node_id);
+		a->registered = false;
+		node_metrics_set(a->am.m, a->am.registered, 0);
+		node_metrics_set_health(a->am.m, false, "lease lost; registering again");
+		agent_start_register(a);
+		return;
+	}
+	agent_arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
+}
+
+void agent_heartbeat(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+	if (trk_client_heartbeat(a->trk, a->node_id, on_heartbeat, a) != 0)
+		agent_arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
+}
+
+static void on_register(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	const char *id;
+
+	if (ans->status == 200 || ans->status == 201) {
+		id = json_string_value(json_object_get(ans->json, "node_id"));
+		snprintf(a->node_id, sizeof(a->node_id), "%s", id ? id : a->node_id);
+		a->lease_ms = (uint64_t)json_integer_value(json_object_get(ans->json, "lease_ms"));
+		if (a->lease_ms == 0)
+			a->lease_ms = proto_param(PROTO_PARAM_LEASE_MS);
+		a->registered = true;
+		node_metrics_set(a->am.m, a->am.registered, 1);
+		node_metrics_set_health(a->am.m, true, NULL);
+		node_wait_over(&a->wait, "tracker");
+		LOG_INFO("node %s: registered (lease %" PRIu64 " ms)", a->node_id, a->lease_ms);
+		agent_arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
+		/* What we hold is still good: say so again after a re-register. */
+		if (a->active != NULL)
+			agent_report(a, a->active->version, TRK_STATE_ACTIVE, NULL, NULL);
+		/* The tracker forgot our reports: a verified fetch says so again. */
+		if (a->fetch != NULL)
+			a->fetch->reported_verified = false;
+		start_watch(a);
+		if (!evtimer_pending(a->sync_ev, NULL))
+			agent_arm(a->sync_ev, 0);
+		return;
+	}
+	if (ans->status == 400 || ans->status == 401 || ans->status == 403) {
+		char why[600];
+		snprintf(why, sizeof(why), "registration refused: %s", ans->error);
+		agent_give_up(a, why);
+		return;
+	}
+	/* 409 (no model yet) or the tracker is not up: try again. */
+	LOG_DEBUG("node %s: registration: %d %s; retrying", a->node_id, ans->status, ans->error);
+	if (ans->status <= 0)
+		node_wait_note(&a->wait, agent_now_ms(), a->node_id, "tracker", "the tracker at %s (%s)",
+			       a->o.tracker_url, ans->error);
+	else
+		node_wait_note(&a->wait, agent_now_ms(), a->node_id, "tracker",
+			       "the tracker to accept our registration (%s)", ans->error);
+	agent_arm(a->retry_ev, RETRY_MS);
+}
+
+void agent_start_register(struct node_agent *a)
+{
+	struct trk_node_reg r = {
+		.replica = a->o.replica,
+		.addr = {.rank = a->o.rank, .host = a->host, .provider = fab_provider(a->fab),
+			 .fabric_addr = a->fabric_hex},
+		.layout = a->layout_json,
+		.model_digest = a->model.digest,
+		.layout_name = a->layout_name[0] ? a->layout_name : NULL,
+		.layout_digest = a->layout.digest,
+	};
+	if (trk_client_register_node(a->trk, &r, on_register, a) != 0)
+		agent_arm(a->retry_ev, RETRY_MS);
+}
+
+void agent_on_retry(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+	if (!a->registered)
+		agent_start_register(a);
+	else
+		start_watch(a);
+}

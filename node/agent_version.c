@@ -1,0 +1,294 @@
+/* One version's fetch: its signed manifest and parent link, the plan to our
+ * layout, the parcels to pull; and dropping it again. */
+#include "node/agent_internal.h"
+
+void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
+{
+	if (f == NULL)
+		return;
+	/* No worker may still be scattering into this fetch's slot. */
+	if (a->ver != NULL)
+		node_verifier_drain(a->ver);
+	for (uint32_t i = 0; i < f->nparcels; i++) {
+		struct agent_parcel *p = &f->parcels[i];
+		for (size_t s = 0; s < p->nsrcs; s++) {
+			if (p->srcs[s].fa_valid && a->fab != NULL)
+				fab_av_remove(a->fab, p->srcs[s].fa);
+			free(p->srcs[s].info.fabric_addr);
+		}
+		free(p->srcs);
+		free(p->state);
+		free(p->asked);
+	}
+	free(f->parcels);
+	if (f->slot != NULL)
+		node_slot_free(&a->store, f->slot);
+	if (f->have_man)
+		proto_manifest_fini(&f->man);
+	free(f);
+}
+
+/* Drops the current fetch; reads still in flight finish into their slots
+ * and are ignored (their generation is stale). */
+void agent_fetch_drop(struct node_agent *a)
+{
+	for (uint32_t i = 0; i < a->nreads; i++)
+		if (a->reads[i].in_fabric)
+			a->reads[i].abandoned = true;
+	agent_fetch_free(a, a->fetch);
+	a->fetch = NULL;
+	a->gen++;
+}
+
+void agent_fetch_fail(struct node_agent *a, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	uint64_t v = a->fetch ? a->fetch->version : 0;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (a->fetch != NULL)
+		LOG_WARN("node %s: v%" PRIu64 " refused: %s (%u stalled reads, %u failed reads, "
+			 "%u chunks failed their hash)",
+			 a->node_id, v, msg, a->fetch->stalls, a->fetch->read_failures,
+			 a->fetch->bad_chunks);
+	else
+		LOG_WARN("node %s: v%" PRIu64 " refused: %s", a->node_id, v, msg);
+	agent_report(a, v, TRK_STATE_FAILED, msg, NULL);
+	node_metrics_add(a->am.m, a->am.refused, 1);
+	a->failed = v;
+	a->failed_ms = agent_now_ms();
+	agent_fetch_drop(a);
+}
+
+static int setup_parcels(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+	const struct proto_mlayout *ml = f->ml;
+	struct proto_err err;
+	uint32_t mine = 0;
+
+	for (uint32_t i = 0; i < ml->nparcels; i++)
+		mine += ml->parcels[i].dst_rank == a->o.rank;
+	f->parcels = calloc(mine + 1, sizeof(*f->parcels));
+	if (f->parcels == NULL)
+		return -ENOMEM;
+	/* Every parcel the plan owes this rank must be in the manifest, with
+	 * the plan's size, and nothing else. */
+	uint32_t planned = 0;
+	for (uint32_t i = 0; i < f->plan->nparcels; i++)
+		planned += f->plan->parcels[i].dst_rank == a->o.rank;
+	if (planned != mine) {
+		agent_fetch_fail(a, "manifest lists %u parcels for rank %u, the plan %u", mine, a->o.rank, planned);
+		return -EBADMSG;
+	}
+	for (uint32_t i = 0; i < ml->nparcels; i++) {
+		const struct proto_mparcel *mp = &ml->parcels[i];
+		if (mp->dst_rank != a->o.rank)
+			continue;
+		const struct proto_parcel *pp = proto_plan_parcel(f->plan, mp->src_rank, mp->dst_rank);
+		if (pp == NULL || pp->bytes != mp->bytes || mp->encoding != PROTO_ENC_RAW ||
+		    mp->wire_bytes != mp->bytes) {
+			agent_fetch_fail(a, "parcel %u<-%u does not match the plan", mp->dst_rank, mp->src_rank);
+			return -EBADMSG;
+		}
+		struct agent_parcel *p = &f->parcels[f->nparcels++];
+		p->mp = mp;
+		p->pp = pp;
+		p->state = calloc(mp->nchunks + 1, 1);
+		p->asked = calloc(mp->nchunks + 1, 1);
+		if (p->state == NULL || p->asked == NULL)
+			return -ENOMEM;
+		f->bytes_total += mp->bytes;
+	}
+	if (node_slot_new(&a->store, f->version, a->layout.ranks[a->o.rank].nbytes, &f->slot, &err) != 0) {
+		agent_fetch_fail(a, "%s", err.msg);
+		return -ENOMEM;
+	}
+	LOG_INFO("node %s: fetching v%" PRIu64 ": %u parcels, %" PRIu64 " bytes", a->node_id,
+		 f->version, f->nparcels, f->bytes_total);
+	if (f->bytes_total == 0) {
+		agent_all_verified(a);
+		return 0;
+	}
+	for (uint32_t i = 0; i < f->nparcels; i++)
+		agent_want_sources(a, i);
+	return 0;
+}
+
+/* The plan is known: check it is the one the manifest signed, then fetch. */
+static void with_plan(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+
+	f->plan = &a->plan;
+	if (sodium_memcmp(a->plan.digest, f->ml->plan_digest, PROTO_HASH_BYTES) != 0) {
+		agent_fetch_fail(a, "our plan differs from the one the manifest signed");
+		return;
+	}
+	if (setup_parcels(a) == -ENOMEM && a->fetch != NULL)
+		agent_fetch_fail(a, "out of memory");
+	else
+		agent_pump(a);
+}
+
+static void on_layouts(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+	struct proto_layout tl;
+	struct proto_err err;
+	int rc;
+
+	if (f == NULL)
+		return;
+	if (ans->status != 200) {
+		agent_fetch_fail(a, "cannot read the trainer layout: %s", ans->error);
+		return;
+	}
+	rc = proto_layout_from_json(&a->model, json_object_get(ans->json, "trainer_layout"),
+				    "trainer layout", &tl, &err);
+	if (rc != 0) {
+		agent_fetch_fail(a, "%s", err.msg);
+		return;
+	}
+	/* The tracker is not trusted: the signed manifest names the layout. */
+	if (sodium_memcmp(tl.digest, f->man.src_layout_digest, PROTO_HASH_BYTES) != 0) {
+		proto_layout_fini(&tl);
+		agent_fetch_fail(a, "the trainer layout does not match the manifest's digest");
+		return;
+	}
+	/* No fetch is using the old plan now (one fetch at a time). */
+	if (a->have_plan)
+		proto_plan_fini(&a->plan);
+	a->have_plan = false;
+	rc = proto_plan_build(&a->model, &tl, &a->layout, &a->plan, &err);
+	proto_layout_fini(&tl);
+	if (rc != 0) {
+		agent_fetch_fail(a, "%s", err.msg);
+		return;
+	}
+	a->have_plan = true;
+	memcpy(a->plan_src, f->man.src_layout_digest, PROTO_HASH_BYTES);
+	with_plan(a);
+}
+
+/* The manifest is signed and its parent link checked. */
+static void with_manifest(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+
+	a->last_version = f->man.version;
+	memcpy(a->last_digest, f->man.digest, PROTO_HASH_BYTES);
+
+	f->ml = proto_manifest_layout(&f->man, a->layout.digest);
+	if (f->ml == NULL) {
+		/* Published before our layout registered: wait for the next. The
+		 * tracker hears it, so the replica's target moves past it. */
+		LOG_INFO("node %s: v%" PRIu64 " has no parcels for our layout; waiting for a newer version",
+			 a->node_id, f->version);
+		agent_report(a, f->version, TRK_STATE_FAILED,
+		       "no parcels for our layout (published before it registered)", NULL);
+		a->failed = f->version;
+		a->failed_ms = agent_now_ms();
+		agent_fetch_drop(a);
+		return;
+	}
+	/* The same trainer layout as last time: the plan is already here. */
+	if (a->have_plan && sodium_memcmp(a->plan_src, f->man.src_layout_digest, PROTO_HASH_BYTES) == 0) {
+		with_plan(a);
+		return;
+	}
+	if (trk_client_layouts(a->trk, on_layouts, a) != 0)
+		agent_fetch_fail(a, "cannot ask for the trainer layout");
+}
+
+static void on_parent(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+	struct proto_manifest pm;
+	struct proto_err err;
+
+	if (f == NULL)
+		return;
+	if (ans->status != 200) {
+		agent_fetch_fail(a, "parent v%" PRIu64 ": %s", f->man.parent_version, ans->error);
+		return;
+	}
+	if (proto_manifest_decode(ans->body, ans->len, a->trainer_pk, &pm, &err) != 0) {
+		agent_fetch_fail(a, "parent v%" PRIu64 ": %s", f->man.parent_version, err.msg);
+		return;
+	}
+	bool ok = pm.version == f->man.parent_version &&
+		  sodium_memcmp(pm.digest, f->man.parent_digest, PROTO_HASH_BYTES) == 0;
+	proto_manifest_fini(&pm);
+	if (!ok) {
+		agent_fetch_fail(a, "broken parent chain: v%" PRIu64 " is not the parent it names",
+			   f->man.parent_version);
+		return;
+	}
+	with_manifest(a);
+}
+
+static void on_manifest(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+	struct proto_err err;
+
+	if (f == NULL)
+		return;
+	if (ans->status != 200) {
+		agent_fetch_fail(a, "manifest: %s", ans->error);
+		return;
+	}
+	if (proto_manifest_decode(ans->body, ans->len, a->trainer_pk, &f->man, &err) != 0) {
+		agent_fetch_fail(a, "%s", err.msg);
+		return;
+	}
+	f->have_man = true;
+	if (f->man.version != f->version) {
+		agent_fetch_fail(a, "the tracker sent the manifest of v%" PRIu64, f->man.version);
+		return;
+	}
+	if (sodium_memcmp(f->man.model_digest, a->model.digest, PROTO_HASH_BYTES) != 0) {
+		agent_fetch_fail(a, "the manifest is for another model");
+		return;
+	}
+	if (f->man.chunk_size > a->chunk_size) {
+		agent_fetch_fail(a, "chunk size %u exceeds ours (%u)", f->man.chunk_size, a->chunk_size);
+		return;
+	}
+	/* The parent link: checked against the manifest we accepted last when
+	 * it is the parent, else against the parent's own signed manifest. */
+	if (f->man.parent_version == 0) {
+		with_manifest(a);
+	} else if (a->last_version == f->man.parent_version) {
+		if (sodium_memcmp(a->last_digest, f->man.parent_digest, PROTO_HASH_BYTES) != 0) {
+			agent_fetch_fail(a, "broken parent chain: parent digest differs from v%" PRIu64 "'s",
+				   a->last_version);
+			return;
+		}
+		with_manifest(a);
+	} else if (trk_client_get_manifest(a->trk, f->man.parent_version, on_parent, a) != 0) {
+		agent_fetch_fail(a, "cannot fetch the parent manifest");
+	}
+}
+
+void agent_start_fetch(struct node_agent *a, uint64_t v)
+{
+	struct agent_fetch *f = calloc(1, sizeof(*f));
+
+	if (f == NULL)
+		return;
+	f->version = v;
+	f->started_ms = agent_now_ms();
+	a->fetch = f;
+	a->gen++;
+	agent_report(a, v, TRK_STATE_FETCHING, NULL, NULL);
+	if (trk_client_get_manifest(a->trk, v, on_manifest, a) != 0)
+		agent_fetch_fail(a, "cannot ask for the manifest");
+}
