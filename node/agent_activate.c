@@ -140,7 +140,34 @@ void agent_on_verified_report(const struct trk_answer *ans, void *arg)
 	}
 	t = json_object_get(ans->json, "replica_target");
 	agent_follow_target(a, json_is_integer(t) ? (uint64_t)json_integer_value(t) : f->version,
-		      json_is_true(json_object_get(ans->json, "replica_complete")));
+			    json_is_true(json_object_get(ans->json, "replica_complete")),
+			    json_object_get(ans->json, "statements"));
+}
+
+/*
+ * The tracker says the replica is complete at our verified version: that
+ * holds only when every other rank's statement that it holds the version
+ * (signed with the key it registered, over the manifest digest we verified)
+ * comes with the claim. A tracker fooled by, or a man in the middle posing
+ * as, one other node cannot make us switch without the other ranks.
+ */
+bool agent_replica_backed(struct node_agent *a, json_t *statements)
+{
+	struct agent_fetch *f = a->fetch;
+	struct proto_err err;
+
+	if (trk_statements_check(statements, a->o.replica, a->layout.nranks, a->o.rank,
+				 f->version, f->man.digest, &err) == 0) {
+		f->unbacked[0] = 0;
+		return true;
+	}
+	if (strcmp(err.msg, f->unbacked) != 0) {
+		LOG_WARN("node %s: the tracker says replica %s holds v%" PRIu64
+			 " but %s: not switching", a->node_id, a->o.replica, f->version, err.msg);
+		node_metrics_add(a->am.m, a->am.unbacked_claims, 1);
+	}
+	snprintf(f->unbacked, sizeof(f->unbacked), "%s", err.msg);
+	return false;
 }
 
 void agent_all_verified(struct node_agent *a)

@@ -108,6 +108,9 @@ struct agent_fetch {
 	bool verified, reported_verified;
 	/* The activation record could not be written: not active, and why. */
 	char expose_error[512];
+	/* Why the tracker's last claim that the replica is complete did not
+	 * hold up (a rank's statement missing or forged); "" if none. */
+	char unbacked[256];
 	/* Per-chunk trouble, tallied and logged once per version (the first
 	 * of each kind at warn, the rest at debug, totals on the way out). */
 	uint32_t stalls, bad_chunks, read_failures;
@@ -130,6 +133,10 @@ struct node_agent {
 	char node_id[TRK_ID_MAX];
 	bool registered, watching;
 	uint64_t lease_ms;
+	/* This registration's statement key (made anew for each one): our
+	 * verified and active reports are signed with it, and the other ranks
+	 * check them before they switch (tracker.h, "Statements"). */
+	uint8_t stmt_pk[TRK_STMT_PK_BYTES], stmt_sk[TRK_STMT_SK_BYTES];
 
 	/* Bounce buffers: reads land here, are hashed, then scattered. */
 	uint8_t *bounce;
@@ -198,7 +205,9 @@ void agent_expose_blocked(struct node_agent *a, const char *what, const struct p
 
 void agent_activate(struct node_agent *a);
 
-void agent_follow_target(struct node_agent *a, uint64_t t, bool complete);
+void agent_follow_target(struct node_agent *a, uint64_t t, bool complete, json_t *statements);
+
+bool agent_replica_backed(struct node_agent *a, json_t *statements);
 
 void agent_sync_now(struct node_agent *a);
 

@@ -10,7 +10,7 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 		.active_version = -1, .serving_bytes = -1, .registered = -1,
 		.fetched_trainer = -1, .fetched_peer = -1, .failed_hash = -1,
 		.failed_read = -1, .stalled = -1, .activations = -1, .refused = -1,
-		.activation_seconds = -1,
+		.activation_seconds = -1, .unbacked_claims = -1,
 	};
 	if (m == NULL)
 		return 0;
@@ -38,13 +38,16 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 					     "Versions activated.");
 	t.refused = node_metrics_counter(m, "tessera_node_refused_versions_total", NULL,
 					 "Versions given up (bad manifest, plan mismatch, ...).");
+	t.unbacked_claims = node_metrics_counter(
+		m, "tessera_node_unbacked_claims_total", NULL,
+		"Tracker claims that the replica is complete that other ranks' statements did not back.");
 	t.activation_seconds = node_metrics_histogram(
 		m, "tessera_node_activation_seconds",
 		"From starting to fetch a version to serving it, seconds.", activation_bounds,
 		sizeof(activation_bounds) / sizeof(activation_bounds[0]));
 	const int hs[] = {t.active_version, t.serving_bytes, t.registered, t.fetched_trainer,
 			  t.fetched_peer, t.failed_hash, t.failed_read, t.stalled,
-			  t.activations, t.refused, t.activation_seconds};
+			  t.activations, t.refused, t.activation_seconds, t.unbacked_claims};
 	for (size_t i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
 		if (hs[i] < 0)
 			return hs[i];

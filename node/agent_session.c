@@ -26,12 +26,23 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 		   const char *error, trk_client_cb cb)
 {
 	struct agent_fetch *f = a->fetch;
+	uint8_t sig[TRK_STMT_SIG_BYTES];
+	const uint8_t *digest = NULL;
 	struct trk_state_report r = {
 		.id = a->node_id,
 		.version = version,
 		.state = st,
 		.error = error,
 	};
+	/* Holding a version is claimed with a signed statement. */
+	if (f != NULL && f->version == version && f->have_man)
+		digest = f->man.digest;
+	else if (a->active != NULL && a->active->version == version)
+		digest = a->active_digest;
+	if (digest != NULL && (st == TRK_STATE_VERIFIED || st == TRK_STATE_ACTIVE)) {
+		trk_statement_sign(a->stmt_sk, a->o.replica, a->o.rank, version, digest, sig);
+		r.statement = sig;
+	}
 	if (f != NULL && f->version == version) {
 		r.bytes_done = f->bytes_done;
 		r.bytes_total = f->bytes_total;
@@ -94,7 +105,7 @@ static bool in_list(json_t *arr, uint64_t v)
  * fetch is started for a version at or below the one we serve. A verified
  * fetch of t activates once the replica is complete at t.
  */
-void agent_follow_target(struct node_agent *a, uint64_t t, bool complete)
+void agent_follow_target(struct node_agent *a, uint64_t t, bool complete, json_t *statements)
 {
 	struct agent_fetch *f = a->fetch;
 	uint64_t active = a->active ? a->active->version : 0;
@@ -128,7 +139,7 @@ void agent_follow_target(struct node_agent *a, uint64_t t, bool complete)
 		f->reported_verified = false; /* the tick says verified again */
 		return;
 	}
-	if (complete)
+	if (complete && agent_replica_backed(a, statements))
 		agent_activate(a);
 }
 
@@ -143,7 +154,7 @@ static void on_sync(const struct trk_answer *ans, void *arg)
 		return;
 	t = (uint64_t)json_integer_value(json_object_get(ans->json, "target"));
 	complete = in_list(json_object_get(ans->json, "complete"), t);
-	agent_follow_target(a, t, complete);
+	agent_follow_target(a, t, complete, json_object_get(ans->json, "target_statements"));
 	if (!complete && a->fetch != NULL && a->fetch->verified && a->fetch->version == t)
 		note_replica_wait(a, ans);
 }
@@ -284,7 +295,10 @@ void agent_start_register(struct node_agent *a)
 		.model_digest = a->model.digest,
 		.layout_name = a->layout_name[0] ? a->layout_name : NULL,
 		.layout_digest = a->layout.digest,
+		.statement_key = a->stmt_pk,
 	};
+	/* A key per registration: statements speak for this session only. */
+	crypto_sign_keypair(a->stmt_pk, a->stmt_sk);
 	if (trk_client_register_node(a->trk, &r, on_register, a) != 0)
 		agent_arm(a->retry_ev, RETRY_MS);
 }

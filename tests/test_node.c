@@ -113,6 +113,7 @@ struct fake_pub {
 	struct fab_mr *mr;
 	char id[TRK_ID_MAX];
 	uint8_t sk[PROTO_SK_BYTES];
+	uint8_t digest[PROTO_HASH_BYTES]; /* of v1's manifest */
 };
 
 /* Registers the fake publisher's rank 0 at the tracker (again after its
@@ -148,21 +149,21 @@ static void pub_register(struct env *e, struct fake_pub *p)
 	pub_announce(e, p);
 }
 
-/* Exports v1 for serving layout tp1 and publishes its manifest, signed by sk. */
-static void pub_export(struct env *e, struct fake_pub *p, const uint8_t *sk)
+/* Exports v1 for serving layout sl_name (whose parcels come from the
+ * trainer's one rank) and publishes its manifest, signed by sk; serves and
+ * offers the parcel for destination rank 0 (p->export). */
+static void pub_export_layout(struct env *e, struct fake_pub *p, const uint8_t *sk,
+			      const char *sl_name)
 {
 	struct proto_err err;
 	struct proto_manifest man;
 	struct trk_reply r;
 
-	assert_int_equal(proto_layout_builtin(&e->m, "tp1", &p->sl, &err), 0);
+	assert_int_equal(proto_layout_builtin(&e->m, sl_name, &p->sl, &err), 0);
 	assert_int_equal(proto_plan_build(&e->m, &p->tl, &p->sl, &p->plan, &err), 0);
-	assert_int_equal(p->plan.nparcels, 1);
+	assert_int_equal(p->plan.nparcels, p->sl.nranks);
 	p->block = malloc(p->tl.ranks[0].nbytes);
 	proto_fixture_fill_rank(&e->m, &p->tl, 0, 1, 1, p->block);
-	const struct proto_parcel *pc = &p->plan.parcels[0];
-	p->export = malloc(pc->bytes);
-	proto_parcel_gather(&p->plan, pc, &p->tl, p->block, 0, pc->bytes, p->export);
 
 	proto_manifest_init(&man);
 	man.version = 1;
@@ -171,15 +172,29 @@ static void pub_export(struct env *e, struct fake_pub *p, const uint8_t *sk)
 	man.created_ms = proto_wall_ms();
 	memcpy(man.model_digest, e->m.digest, 32);
 	memcpy(man.src_layout_digest, p->tl.digest, 32);
-	struct proto_mlayout *ml = proto_manifest_add_layout(&man, p->sl.digest, p->plan.digest, 1);
-	ml->parcels[0].src_rank = 0;
-	ml->parcels[0].dst_rank = 0;
-	ml->parcels[0].bytes = pc->bytes;
-	ml->parcels[0].encoding = PROTO_ENC_RAW;
-	assert_int_equal(proto_mparcel_alloc_chunks(&man, &ml->parcels[0], pc->bytes), 0);
-	for (uint32_t c = 0; c < ml->parcels[0].nchunks; c++)
-		crypto_generichash(ml->parcels[0].chunks[c].hash, 32, p->export + (size_t)c * CHUNK,
-				   ml->parcels[0].chunks[c].size, NULL, 0);
+	struct proto_mlayout *ml =
+		proto_manifest_add_layout(&man, p->sl.digest, p->plan.digest, p->plan.nparcels);
+	for (uint32_t i = 0; i < p->plan.nparcels; i++) {
+		const struct proto_parcel *pc = &p->plan.parcels[i];
+		uint8_t *buf = malloc(pc->bytes);
+		proto_parcel_gather(&p->plan, pc, &p->tl, p->block, 0, pc->bytes, buf);
+		ml->parcels[i].src_rank = pc->src_rank;
+		ml->parcels[i].dst_rank = pc->dst_rank;
+		ml->parcels[i].bytes = pc->bytes;
+		ml->parcels[i].encoding = PROTO_ENC_RAW;
+		assert_int_equal(proto_mparcel_alloc_chunks(&man, &ml->parcels[i], pc->bytes), 0);
+		for (uint32_t c = 0; c < ml->parcels[i].nchunks; c++)
+			crypto_generichash(ml->parcels[i].chunks[c].hash, 32,
+					   buf + (size_t)c * CHUNK, ml->parcels[i].chunks[c].size,
+					   NULL, 0);
+		if (pc->dst_rank == 0)
+			p->export = buf;
+		else
+			free(buf);
+	}
+	assert_non_null(p->export);
+	const struct proto_parcel *pc = &p->plan.parcels[0];
+	assert_int_equal(pc->dst_rank, 0);
 	uint8_t *enc;
 	size_t len;
 	assert_int_equal(proto_manifest_sign(&man, sk, &enc, &len, &err), 0);
@@ -187,6 +202,7 @@ static void pub_export(struct env *e, struct fake_pub *p, const uint8_t *sk)
 	assert_int_equal(trk_client_publish(e->trk, enc, len, trk_reply_cb, &r), 0);
 	trk_client_wait(e->trk, &r);
 	assert_int_equal(r.status / 100, 2);
+	memcpy(p->digest, man.digest, sizeof(p->digest));
 	trk_reply_fini(&r);
 	free(enc);
 	proto_manifest_fini(&man);
@@ -214,6 +230,12 @@ static void pub_export(struct env *e, struct fake_pub *p, const uint8_t *sk)
 	if (r.status / 100 != 2)
 		fail_msg("offer: %d %s", r.status, r.error);
 	trk_reply_fini(&r);
+}
+
+/* Exports v1 for tp1 (one parcel). */
+static void pub_export(struct env *e, struct fake_pub *p, const uint8_t *sk)
+{
+	pub_export_layout(e, p, sk, "tp1");
 }
 
 static void pub_fini(struct fake_pub *p)
@@ -267,6 +289,129 @@ static void wait_nodes(struct env *e, int n)
 		usleep(50000);
 	}
 	fail_msg("node did not register");
+}
+
+/* Rank r of replica A in the tracker's status: its last reported state
+ * ("verified", ...) into st and the version it serves. */
+static uint64_t rank_state(struct env *e, int r, char *st, size_t cap)
+{
+	json_t *j = status(e);
+	json_t *rep = json_array_get(json_object_get(j, "replicas"), 0);
+	json_t *rk = json_array_get(json_object_get(rep, "ranks"), (size_t)r);
+	const char *s = json_string_value(json_object_get(rk, "state"));
+	uint64_t active = (uint64_t)json_integer_value(json_object_get(rk, "active"));
+
+	snprintf(st, cap, "%s", s ? s : "");
+	json_decref(j);
+	return active;
+}
+
+/* Serves until rank 0 of A reports state (or serves v1, for "active"). */
+static bool serve_until_rank0(struct env *e, struct fake_pub *p, const char *want, int ms)
+{
+	char st[32];
+	for (int waited = 0; waited < ms; waited += 100) {
+		serve_until(e, p, NULL, 0, 100);
+		uint64_t active = rank_state(e, 0, st, sizeof(st));
+		if (strcmp(want, "active") == 0 ? active == 1 : strcmp(st, want) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* Plays rank 1 of A (tp2): registers it (with statement key pk, or none). */
+static void rank1_register(struct env *e, struct fake_pub *p, const uint8_t *pk)
+{
+	json_t *lj = proto_layout_to_json(&e->m, &p->sl);
+	struct trk_node_reg reg = {.replica = "A",
+				   .addr = {1, "localhost", "tcp;ofi_rxm", "00"},
+				   .layout = lj,
+				   .model_digest = e->m.digest,
+				   .statement_key = pk};
+	struct trk_reply r;
+
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_register_node(e->trk, &reg, trk_reply_cb, &r), 0);
+	trk_client_wait(e->trk, &r);
+	if (r.status != 200)
+		fail_msg("register A/1: %d %s", r.status, r.error);
+	trk_reply_fini(&r);
+	json_decref(lj);
+}
+
+/* Reports A/1 verified at v1 with statement sig (or none); the status. */
+static int rank1_verified(struct env *e, const uint8_t *sig, bool *complete)
+{
+	struct trk_state_report rep = {.id = "A/1", .version = 1, .state = TRK_STATE_VERIFIED,
+				       .statement = sig};
+	struct trk_reply r;
+	int status;
+
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_report_state(e->trk, &rep, trk_reply_cb, &r), 0);
+	trk_client_wait(e->trk, &r);
+	status = r.status;
+	if (complete != NULL)
+		*complete = json_is_true(json_object_get(r.json, "replica_complete"));
+	trk_reply_fini(&r);
+	return status;
+}
+
+/*
+ * A rank switches only on the other ranks' own signed statements, not on
+ * the tracker's word: with A/1 counted verified on no statement (a tracker
+ * fooled, or an answer forged), the tracker claims A complete at v1 and A/0
+ * stays put; statements signed with a key other than A/1's registered one,
+ * or for another rank, are refused; A/1's true statement switches A/0.
+ */
+static void test_forged_complete_not_followed(void **state)
+{
+	struct env *e = *state;
+	struct fake_pub p = {0};
+	uint8_t pk1[TRK_STMT_PK_BYTES], sk1[TRK_STMT_SK_BYTES];
+	uint8_t pkx[TRK_STMT_PK_BYTES], skx[TRK_STMT_SK_BYTES], sig[TRK_STMT_SIG_BYTES];
+	char path[600], st[32];
+	bool complete = false;
+
+	start_tracker(e, true);
+	pub_register(e, &p);
+	start_node(e, "tp2");
+	wait_nodes(e, 1);
+	pub_export_layout(e, &p, p.sk, "tp2");
+	assert_true(serve_until_rank0(e, &p, "verified", 30000));
+
+	/* The tracker counts A/1 verified on its word alone. */
+	rank1_register(e, &p, NULL);
+	assert_int_equal(rank1_verified(e, NULL, &complete), 200);
+	assert_true(complete);
+	assert_true(serve_until(e, &p, "rank 1: no statement: not switching", 0, 20000));
+	assert_int_equal(rank_state(e, 0, st, sizeof(st)), 0);
+	assert_string_equal(st, "verified");
+	snprintf(path, sizeof(path), "%s/A-0.json", e->expose);
+	assert_int_not_equal(access(path, F_OK), 0);
+
+	/* With a key registered, A/1's claims need its signature. */
+	crypto_sign_keypair(pk1, sk1);
+	crypto_sign_keypair(pkx, skx);
+	rank1_register(e, &p, pk1);
+	assert_int_equal(rank1_verified(e, NULL, NULL), 400);
+	trk_statement_sign(skx, "A", 1, 1, p.digest, sig); /* another key */
+	assert_int_equal(rank1_verified(e, sig, NULL), 400);
+	trk_statement_sign(sk1, "A", 0, 1, p.digest, sig); /* another rank */
+	assert_int_equal(rank1_verified(e, sig, NULL), 400);
+	trk_statement_sign(sk1, "A", 1, 2, p.digest, sig); /* another version */
+	assert_int_equal(rank1_verified(e, sig, NULL), 400);
+	assert_int_equal(rank_state(e, 0, st, sizeof(st)), 0);
+
+	trk_statement_sign(sk1, "A", 1, 1, p.digest, sig);
+	assert_int_equal(rank1_verified(e, sig, &complete), 200);
+	assert_true(complete);
+	assert_true(serve_until_rank0(e, &p, "active", 20000));
+	json_t *j = tu_load_json(path);
+	assert_non_null(j);
+	assert_int_equal(json_integer_value(json_object_get(j, "version")), 1);
+	json_decref(j);
+	pub_fini(&p);
 }
 
 static void test_uncovering_layout_refused(void **state)
@@ -708,6 +853,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_broken_parent_chain_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stop_with_reads_in_flight, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_congested_source_nothing_refetched, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_forged_complete_not_followed, setup, teardown),
 	};
 	signal(SIGPIPE, SIG_IGN);
 	return cmocka_run_group_tests(tests, NULL, NULL);

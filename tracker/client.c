@@ -678,6 +678,11 @@ int trk_client_register_node(struct trk_client *c, const struct trk_node_reg *r,
 		json_decref(o);
 		o = NULL;
 	}
+	if (o != NULL && r->statement_key != NULL &&
+	    json_object_set_new(o, "statement_key", hexj(r->statement_key, TRK_STMT_PK_BYTES)) != 0) {
+		json_decref(o);
+		o = NULL;
+	}
 	if (o == NULL)
 		return -ENOMEM;
 	if (r->layout_digest == NULL) {
@@ -764,6 +769,11 @@ int trk_client_report_state(struct trk_client *c,
 	if (o != NULL && r->first_byte_ms != 0 &&
 	    (json_object_set_new(o, "first_byte_ms", json_integer((json_int_t)r->first_byte_ms)) != 0 ||
 	     json_object_set_new(o, "last_byte_ms", json_integer((json_int_t)r->last_byte_ms)) != 0)) {
+		json_decref(o);
+		o = NULL;
+	}
+	if (o != NULL && r->statement != NULL &&
+	    json_object_set_new(o, "statement", hexj(r->statement, TRK_STMT_SIG_BYTES)) != 0) {
 		json_decref(o);
 		o = NULL;
 	}

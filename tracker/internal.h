@@ -281,6 +281,10 @@ struct trk_nver {
 	enum trk_rank_state state;
 	uint64_t done, total, from_trainer, from_peers;
 	uint64_t first_ms; /* wall time of the first report of this version */
+	/* The rank's signed statement that it holds the version (statement.c),
+	 * kept while it reports it verified or active. */
+	bool has_sig;
+	uint8_t sig[TRK_STMT_SIG_BYTES];
 };
 
 struct trk_replica;
@@ -302,6 +306,10 @@ struct trk_node {
 	/* Handed to the node at registration; its heartbeats, reports and
 	 * offers carry it (X-Tessera-Session) when the tracker is keyed. */
 	char session[2 * TRK_SESSION_BYTES + 1];
+	/* The key its statements are signed with, when it registered one: its
+	 * verified and active reports then need a statement that verifies. */
+	bool has_stmt_key;
+	uint8_t stmt_key[TRK_STMT_PK_BYTES];
 };
 
 struct trk_replica {
@@ -419,6 +427,10 @@ struct trk_publisher *trk__publisher_find(struct trk_registry *r,
 struct trk_nver *trk__node_version(struct trk_node *n, uint64_t v);
 /* n is alive and reported v verified or active. NULL n is false. */
 bool trk__node_holds(struct trk_node *n, uint64_t v);
+/* ---- statement.c: ranks' signed statements ---- */
+/* The statements of the ranks of rep that hold v with one, as the array
+ * the answers carry ([{"rank","key","sig"}]); NULL when out of memory. */
+json_t *trk__replica_statements(const struct trk_replica *rep, uint64_t v);
 /* Some rank of rep is alive. */
 bool trk__replica_alive(const struct trk_replica *rep);
 /* Every rank of rep alive and holding v. */

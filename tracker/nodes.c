@@ -47,8 +47,8 @@ void trk__handle_nodes(struct trk_call *c)
 	struct proto_err err = {{0}};
 	const char *replica = NULL, *host = NULL, *provider = NULL, *lname = NULL;
 	uint64_t rank = 0;
-	uint8_t md[PROTO_HASH_BYTES], ld[PROTO_HASH_BYTES];
-	bool have_ld = false;
+	uint8_t md[PROTO_HASH_BYTES], ld[PROTO_HASH_BYTES], sk[TRK_STMT_PK_BYTES];
+	bool have_ld = false, have_sk = false;
 	char *addr = NULL, hex[2 * PROTO_HASH_BYTES + 1];
 	json_t *jl = json_object_get(c->json, "layout");
 	struct trk_slayout *sl = NULL; /* holds a reference while here */
@@ -83,6 +83,14 @@ void trk__handle_nodes(struct trk_call *c)
 			goto out;
 		}
 		have_ld = true;
+	}
+	if (json_object_get(c->json, "statement_key") != NULL &&
+	    !json_is_null(json_object_get(c->json, "statement_key"))) {
+		if (trk__get_hex(c->json, "statement_key", sk, sizeof(sk), &err) != 0) {
+			trk__fail(c, 400, "%s", err.msg);
+			goto out;
+		}
+		have_sk = true;
 	}
 	if (json_is_null(jl))
 		jl = NULL;
@@ -158,6 +166,8 @@ void trk__handle_nodes(struct trk_call *c)
 	n->last = -1;
 	n->registered_ms = proto_wall_ms();
 	trk__session_new(n->session);
+	n->has_stmt_key = have_sk;
+	memcpy(n->stmt_key, sk, have_sk ? sizeof(sk) : 0);
 	n->expires_ns = proto_now_ns() + trk__registry_lease_ns(r);
 	trk__registry_lease_granted(r, n->expires_ns);
 	if (rep == NULL) {
@@ -230,6 +240,9 @@ void trk__handle_node_state(struct trk_call *c)
 	struct trk_node *n;
 	struct trk_nver *e;
 	char error[TRK__ERROR_MAX + 1] = "";
+	uint8_t sig[TRK_STMT_SIG_BYTES];
+	bool have_sig = false;
+	json_t *stmts = NULL;
 
 	if (trk__get_str(c->json, "id", true, TRK_ID_MAX - 1, &id, &err) != 0 ||
 	    trk__get_u64(c->json, "version", true, UINT64_MAX, &version, &err) != 0 ||
@@ -258,6 +271,14 @@ void trk__handle_node_state(struct trk_call *c)
 		trk__fail(c, 400, "state: want fetching, verified, active or failed");
 		return;
 	}
+	if (json_object_get(c->json, "statement") != NULL &&
+	    !json_is_null(json_object_get(c->json, "statement"))) {
+		if (trk__get_hex(c->json, "statement", sig, sizeof(sig), &err) != 0) {
+			trk__fail(c, 400, "%s", err.msg);
+			return;
+		}
+		have_sig = true;
+	}
 	if (version == 0) {
 		trk__fail(c, 400, "version: must be >= 1");
 		return;
@@ -271,6 +292,25 @@ void trk__handle_node_state(struct trk_call *c)
 	if (ver == NULL) {
 		trk__fail(c, 409, "version %llu is not published", (unsigned long long)version);
 		return;
+	}
+	/* A rank that registered a statement key backs every claim that it
+	 * holds a version with its signature (statement.c). */
+	if (st == TRK_STATE_VERIFIED || st == TRK_STATE_ACTIVE) {
+		if (n->has_stmt_key && !have_sig) {
+			trk__fail(c, 400, "statement: missing (node %s registered a "
+				  "statement_key)", id);
+			return;
+		}
+		if (have_sig && !n->has_stmt_key) {
+			trk__fail(c, 400, "statement: node %s registered no statement_key", id);
+			return;
+		}
+		if (have_sig && !trk_statement_verify(n->stmt_key, n->rep->name, n->rank,
+						      version, ver->digest, sig)) {
+			trk__fail(c, 400, "statement: does not verify for %s at v%llu",
+				  id, (unsigned long long)version);
+			return;
+		}
 	}
 	e = trk__node_version(n, version);
 	if (e == NULL) {
@@ -302,6 +342,8 @@ void trk__handle_node_state(struct trk_call *c)
 	r->bytes_from_trainer += grow(e->from_trainer, ft);
 	r->bytes_from_peers += grow(e->from_peers, fp);
 	e->state = st;
+	e->has_sig = have_sig && (st == TRK_STATE_VERIFIED || st == TRK_STATE_ACTIVE);
+	memcpy(e->sig, sig, e->has_sig ? sizeof(sig) : 0);
 	e->done = done;
 	e->total = total;
 	e->from_trainer = ft;
@@ -327,9 +369,15 @@ void trk__handle_node_state(struct trk_call *c)
 	if (n->rep->active != was_active)
 		trk__timeline_replica(r->tl, n->rep->active, n->rep->name, n->rep->nranks, true,
 				      n->report_ms);
+	/* A claim of completeness comes with what backs it. */
+	if (complete && (stmts = trk__replica_statements(n->rep, version)) == NULL) {
+		trk__fail(c, 500, "out of memory");
+		return;
+	}
 	trk__reply_json(c, 200,
-			json_pack("{s:s,s:b,s:I,s:I}", "replica", n->rep->name,
+			json_pack("{s:s,s:b,s:I,s:I,s:o*}", "replica", n->rep->name,
 				  "replica_complete", complete,
 				  "replica_active", (json_int_t)n->rep->active,
-				  "replica_target", (json_int_t)n->rep->target));
+				  "replica_target", (json_int_t)n->rep->target,
+				  "statements", stmts));
 }

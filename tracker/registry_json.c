@@ -155,7 +155,14 @@ void trk__handle_replica(struct trk_call *c, const char *name)
 		trk__fail(c, 404, "no replica named '%s'", name);
 		return;
 	}
-	trk__reply_json(c, 200, replica_json(c->s->reg, rep, false));
+	json_t *o = replica_json(c->s->reg, rep, false);
+	/* A claim of completeness at the target comes with what backs it. */
+	if (o != NULL && rep->target != 0 && trk__replica_complete(rep, rep->target) &&
+	    trk__set(o, "target_statements", trk__replica_statements(rep, rep->target)) != 0) {
+		json_decref(o);
+		o = NULL;
+	}
+	trk__reply_json(c, 200, o);
 }
 
 /* ---- status -------------------------------------------------------------------- */

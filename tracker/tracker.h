@@ -202,6 +202,9 @@ struct trk_node_reg {
 	 * registration names the layout by digest, and sends it in full only
 	 * when the tracker answers that it holds no such layout. */
 	const uint8_t *layout_digest;
+	/* The public key (TRK_STMT_PK_BYTES) this registration signs its
+	 * statements with, or NULL (see "statements" below). */
+	const uint8_t *statement_key;
 };
 /* POST /nodes. */
 int trk_client_register_node(struct trk_client *c, const struct trk_node_reg *r,
@@ -241,11 +244,47 @@ struct trk_state_report {
 	 * wall clock ms; 0: not yet (not sent). */
 	uint64_t first_byte_ms, last_byte_ms;
 	const char *error; /* NULL or one line */
+	/* With verified or active: the rank's statement
+	 * (TRK_STMT_SIG_BYTES), or NULL. */
+	const uint8_t *statement;
 };
 /* POST /nodes/state. */
 int trk_client_report_state(struct trk_client *c,
 			    const struct trk_state_report *r, trk_client_cb cb,
 			    void *arg);
+
+/*
+ * Statements. A rank that holds a version verified (or active) signs
+ * "tessera-holds-v1\n" replica "\n" rank "\n" version "\n" manifest digest
+ * (hex) with an Ed25519 key it made for its registration (sent as
+ * statement_key). The tracker checks each statement against the key the
+ * rank registered, and hands the replica's statements out with every claim
+ * that the replica is complete; a rank switches only when every other rank's
+ * statement verifies, so no single other node (nor the tracker's answer
+ * alone) can make it switch. What this leaves open is in tracker/API.md.
+ */
+#define TRK_STMT_PK_BYTES 32  /* crypto_sign_PUBLICKEYBYTES */
+#define TRK_STMT_SK_BYTES 64  /* crypto_sign_SECRETKEYBYTES */
+#define TRK_STMT_SIG_BYTES 64 /* crypto_sign_BYTES */
+/* Signs the statement that rank of replica holds version (manifest digest).
+ * Cannot fail. */
+void trk_statement_sign(const uint8_t sk[TRK_STMT_SK_BYTES], const char *replica,
+			uint32_t rank, uint64_t version,
+			const uint8_t digest[PROTO_HASH_BYTES], uint8_t sig[TRK_STMT_SIG_BYTES]);
+bool trk_statement_verify(const uint8_t pk[TRK_STMT_PK_BYTES], const char *replica,
+			  uint32_t rank, uint64_t version,
+			  const uint8_t digest[PROTO_HASH_BYTES],
+			  const uint8_t sig[TRK_STMT_SIG_BYTES]);
+/*
+ * Checks a tracker's statements (a JSON array of {"rank","key","sig"}, from
+ * an answer) for every rank of replica (0..nranks-1) but self, at version
+ * with digest: each rank exactly once, each signature valid under its key.
+ * 0 when all hold, else a negative errno and err names the first rank that
+ * fails.
+ */
+int trk_statements_check(json_t *statements, const char *replica, uint32_t nranks,
+			 uint32_t self, uint64_t version,
+			 const uint8_t digest[PROTO_HASH_BYTES], struct proto_err *err);
 
 struct trk_offer {
 	uint8_t layout[PROTO_HASH_BYTES];
