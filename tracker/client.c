@@ -14,7 +14,7 @@
 
 #include "proto/log.h"
 #include "proto/params.h"
-#include "tracker/tracker.h"
+#include "tracker/internal.h"
 
 #define PATH_MAX_LEN 2048
 #define DEFAULT_TIMEOUT_MS 10000
@@ -54,11 +54,8 @@ struct trk_client {
 	char epoch[2 * TRK_EPOCH_BYTES + 1]; /* the tracker's, last seen */
 	/* The chain seen (TRK_CHAIN_HEADER): see trk_client_on_chain_lost. */
 	struct {
-		bool have, lost;
-		char cluster[2 * TRK_CLUSTER_ID_BYTES + 1];
-		char instance[2 * TRK_EPOCH_BYTES + 1]; /* of the latest's answer */
-		uint64_t latest;
-		char digest[2 * PROTO_HASH_BYTES + 1];
+		struct trk__chain_seen seen;
+		bool lost;
 		trk_client_chain_fn fn;
 		void *arg;
 	} chain;
@@ -270,86 +267,33 @@ void trk_client_on_chain_lost(struct trk_client *c, trk_client_chain_fn fn,
 	c->chain.arg = arg;
 }
 
-static bool hex_field(const char *s, size_t n, size_t want)
-{
-	return n == want && strspn(s, "0123456789abcdef") >= n;
-}
-
-/* Checks an answer's chain against the one seen. 0 when it fits (and is
- * then remembered), -ESTALE (msg says why) when the tracker went back,
- * -EPROTO for a malformed header. No header (an answer made before the
- * request was read): 0. */
+/* Checks an answer's chain against the one seen (chain.c). 0 when it fits
+ * (and is then remembered), -ESTALE (msg says why) when the tracker went
+ * back, -EPROTO for a malformed header. No header (an answer made before
+ * the request was read): 0. */
 static int check_chain(struct trk_client *c, struct evhttp_request *req,
 		       char *msg, size_t cap)
 {
 	const char *h = evhttp_find_header(evhttp_request_get_input_headers(req),
 					   TRK_CHAIN_HEADER);
-	char cl[2 * TRK_CLUSTER_ID_BYTES + 1], in[2 * TRK_EPOCH_BYTES + 1];
-	char dg[2 * PROTO_HASH_BYTES + 1], tail;
-	unsigned long long latest;
-	bool back;
+	char who[300];
+	int rc;
 
-	if (h == NULL)
-		return 0;
-	if (strlen(h) >= TRK_CHAIN_MAX ||
-	    sscanf(h, "%32s %16s %llu %64s%c", cl, in, &latest, dg, &tail) != 4 ||
-	    !hex_field(cl, strlen(cl), 2 * TRK_CLUSTER_ID_BYTES) ||
-	    !hex_field(in, strlen(in), 2 * TRK_EPOCH_BYTES) ||
-	    !(strcmp(dg, "-") == 0 ? latest == 0 :
-				      hex_field(dg, strlen(dg), 2 * PROTO_HASH_BYTES))) {
-		snprintf(msg, cap, "tracker %s:%d: malformed %s header", c->host,
-			 c->port, TRK_CHAIN_HEADER);
-		return -EPROTO;
-	}
-	if (!c->chain.have) {
-		c->chain.have = true;
-		memcpy(c->chain.cluster, cl, sizeof(cl));
-	} else if (strcmp(cl, c->chain.cluster) != 0) {
-		snprintf(msg, cap,
-			 "tracker %s:%d forgot the chain: its cluster id is %s, not "
-			 "%s (up to version %llu) seen before; its state was lost "
-			 "or replaced (restore it, or restart this process to "
-			 "accept a new chain)",
-			 c->host, c->port, cl, c->chain.cluster,
-			 (unsigned long long)c->chain.latest);
-		goto refuse;
-	}
-	/* The same tracker process never goes back; answers of one process
-	 * may arrive out of order, so only another process is held to it. */
-	back = strcmp(in, c->chain.instance) != 0 && c->chain.latest > 0 &&
-	       (latest < c->chain.latest ||
-		(latest == c->chain.latest && strcmp(dg, c->chain.digest) != 0));
-	if (back) {
-		snprintf(msg, cap,
-			 "tracker %s:%d forgot the chain: its latest version is %llu "
-			 "%.16s, but version %llu %.16s was seen before; its state "
-			 "was lost or truncated (restore it, or restart this "
-			 "process to accept a new chain)",
-			 c->host, c->port, latest, dg,
-			 (unsigned long long)c->chain.latest, c->chain.digest);
-		goto refuse;
-	}
-	if (latest >= c->chain.latest) {
-		c->chain.latest = latest;
-		memcpy(c->chain.digest, dg, sizeof(dg));
-		memcpy(c->chain.instance, in, sizeof(in));
-	}
-	if (c->chain.lost) {
+	snprintf(who, sizeof(who), "%s:%d", c->host, c->port);
+	rc = trk__chain_check(&c->chain.seen, h, who, msg, cap);
+	if (rc == 0 && c->chain.lost) {
 		c->chain.lost = false;
-		LOG_WARN("tracker %s:%d has the chain seen before again (version "
-			 "%llu)", c->host, c->port, latest);
+		LOG_WARN("tracker %s has the chain seen before again (version "
+			 "%llu)", who, (unsigned long long)c->chain.seen.c.latest);
 		if (c->chain.fn != NULL)
 			c->chain.fn(c->chain.arg, NULL);
-	}
-	return 0;
-refuse:
-	if (!c->chain.lost) {
+	} else if (rc == -ESTALE && !c->chain.lost) {
 		c->chain.lost = true;
 		LOG_ERR("%s", msg);
 		if (c->chain.fn != NULL)
 			c->chain.fn(c->chain.arg, msg);
 	}
-	return -ESTALE;
+	return rc;
 }
 
 static void on_done(struct evhttp_request *req, void *arg)

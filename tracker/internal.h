@@ -427,6 +427,26 @@ struct trk_publisher *trk__publisher_find(struct trk_registry *r,
 struct trk_nver *trk__node_version(struct trk_node *n, uint64_t v);
 /* n is alive and reported v verified or active. NULL n is false. */
 bool trk__node_holds(struct trk_node *n, uint64_t v);
+/* ---- chain.c: the client's chain guard ---- */
+struct trk__chain {
+	char cluster[2 * TRK_CLUSTER_ID_BYTES + 1];
+	char instance[2 * TRK_EPOCH_BYTES + 1];
+	uint64_t latest;
+	char digest[2 * PROTO_HASH_BYTES + 1]; /* or "-" with latest 0 */
+};
+struct trk__chain_seen {
+	bool have;          /* a chain was seen: its cluster id is c.cluster */
+	struct trk__chain c; /* the highest version seen, from which instance */
+};
+/* Parses "CLUSTER INSTANCE LATEST DIGEST" exactly (lower-case hex of the
+ * right lengths, one space apart, LATEST in decimal without sign, leading
+ * zero or overflow, DIGEST "-" only with LATEST 0). 0, or -EPROTO. */
+int trk__chain_parse(const char *h, struct trk__chain *out);
+/* Judges header h (NULL: none, fine) of an answer from tracker who against
+ * seen: 0 when it fits (seen then remembers it), -ESTALE when the tracker
+ * forgot the chain, -EPROTO when h is malformed (msg says why). */
+int trk__chain_check(struct trk__chain_seen *seen, const char *h, const char *who,
+		     char *msg, size_t cap);
 /* ---- statement.c: ranks' signed statements ---- */
 /* The statements of the ranks of rep that hold v with one, as the array
  * the answers carry ([{"rank","key","sig"}]); NULL when out of memory. */

@@ -1,0 +1,429 @@
+/* libFuzzer target: the tracker's request handlers (every GET and POST
+ * endpoint: JSON bodies, query strings, path parameters), driven in-process
+ * through evhttp on a Unix socket against a tracker that holds a model, two
+ * versions, a publisher and a replica of two ranks.
+ *
+ * Input: up to 8 requests separated by NUL bytes. In each, the first byte
+ * picks the endpoint, the bytes up to the first newline are its query (or
+ * path parameter), the rest its body; @MODEL@, @TL@, @TP2@, @PUB@, @D1@
+ * stand for the model and layout digests, the publisher id and version 1's
+ * digest. The soft state is rebuilt before every input, so a finding
+ * replays alone. A 5xx answer, or no answer at all to anything but a
+ * watch (which the tracker may hold), is a finding. */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/listener.h>
+
+#include "proto/log.h"
+#include "proto/proto.h"
+#include "tracker/internal.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static const char MODEL[] = "{\"tensors\":[{\"name\":\"W\",\"dtype\":\"bf16\",\"shape\":[8,8]},"
+			    "{\"name\":\"b\",\"dtype\":\"bf16\",\"shape\":[8]}]}";
+static const char TRAINER[] = "{\"ranks\":2,\"tensors\":[{\"match\":\"*\",\"split\":0}]}";
+static const char TP2[] = "{\"ranks\":2,\"tensors\":[{\"tensor\":\"W\",\"split\":1},"
+			  "{\"tensor\":\"b\",\"replicate\":true}]}";
+static const char RANKS[] =
+	"[{\"rank\":0,\"host\":\"t0\",\"provider\":\"tcp;ofi_rxm\",\"fabric_addr\":\"aa00\"},"
+	"{\"rank\":1,\"host\":\"t1\",\"provider\":\"tcp;ofi_rxm\",\"fabric_addr\":\"aa01\"}]";
+
+static const struct {
+	const char *method, *path; /* path ends in '/': the query is its parameter */
+	const char *suffix;
+} routes[] = {
+	{"GET", TRK_API "/versions", NULL},
+	{"GET", TRK_API "/sources", NULL},
+	{"GET", TRK_API "/status", NULL},
+	{"GET", "/", NULL},
+	{"GET", TRK_API "/replicas/", NULL},
+	{"GET", TRK_API "/versions/", "/manifest"},
+	{"GET", TRK_API "/versions/", "/timeline"},
+	{"GET", TRK_API "/layouts", NULL},
+	{"GET", "/metrics", NULL},
+	{"POST", TRK_API "/publishers", NULL},
+	{"POST", TRK_API "/nodes", NULL},
+	{"POST", TRK_API "/heartbeat", NULL},
+	{"POST", TRK_API "/nodes/state", NULL},
+	{"POST", TRK_API "/offers", NULL},
+	{"POST", TRK_API "/versions", NULL},
+	{"HEAD", TRK_API "/status", NULL},
+};
+#define NROUTES (sizeof(routes) / sizeof(routes[0]))
+
+static struct event_base *base;
+static struct trk_server *srv;
+static char state_dir[512];
+static char hex_model[65], hex_tl[65], hex_tp2[65], hex_d1[65], pub_id[40];
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	return remove(p);
+}
+
+static void cleanup(void)
+{
+	trk_server_free(srv);
+	srv = NULL;
+	if (state_dir[0])
+		nftw(state_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* A request's answer: its status, or -1 when none came (a held long-poll,
+ * or a connection the tracker closed without one). */
+struct answer {
+	int status;
+	char body[4096];
+};
+
+/* One request in flight: what is left to write, what came back. */
+struct trip {
+	const char *req;
+	size_t len, off, got;
+	char *resp;
+	size_t cap;
+	bool done;
+};
+
+static void on_io(evutil_socket_t fd, short what, void *arg)
+{
+	struct trip *t = arg;
+	ssize_t k;
+
+	if (what & EV_TIMEOUT) {
+		t->done = true; /* held (a long-poll), or a body it still waits for */
+		return;
+	}
+	if ((what & EV_WRITE) && t->off < t->len && (k = write(fd, t->req + t->off, t->len - t->off)) > 0)
+		t->off += (size_t)k;
+	if (what & EV_READ) {
+		k = read(fd, t->resp + t->got, t->cap - 1 - t->got);
+		if (k > 0)
+			t->got += (size_t)k;
+		if (k == 0 || (k < 0 && errno != EAGAIN) || t->got + 1 >= t->cap)
+			t->done = true;
+	}
+}
+
+/* Sends one raw request on a fresh connection to the tracker's Unix socket
+ * (no ports, no TIME_WAIT) and runs the loop until the tracker closed it
+ * (Connection: close) or wait_ms passed: short for a watch the tracker may
+ * hold (it is then dropped, as a client that went away), long enough for
+ * anything else on a loaded machine. */
+static void roundtrip(const char *req, size_t len, uint32_t wait_ms, struct answer *a)
+{
+	static char resp[1 << 20];
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct trip t = {.req = req, .len = len, .resp = resp, .cap = sizeof(resp)};
+	struct timeval deadline = {wait_ms / 1000, (wait_ms % 1000) * 1000};
+	struct event *wev, *rev;
+	int fd;
+
+	a->status = -1;
+	a->body[0] = 0;
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/s", state_dir);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+		abort();
+	wev = event_new(base, fd, EV_WRITE | EV_PERSIST, on_io, &t);
+	rev = event_new(base, fd, EV_READ | EV_PERSIST, on_io, &t);
+	if (wev == NULL || rev == NULL)
+		abort();
+	event_add(wev, NULL);
+	event_add(rev, &deadline);
+	while (!t.done) {
+		if (t.off == t.len && event_pending(wev, EV_WRITE, NULL))
+			event_del(wev);
+		event_base_loop(base, EVLOOP_ONCE);
+	}
+	event_free(wev);
+	event_free(rev);
+	close(fd);
+	event_base_loop(base, EVLOOP_NONBLOCK); /* let it see the close */
+	resp[t.got] = 0;
+	if (t.got > 12 && memcmp(resp, "HTTP/1.", 7) == 0)
+		a->status = atoi(resp + 9);
+	const char *b = strstr(resp, "\r\n\r\n");
+	if (b != NULL)
+		snprintf(a->body, sizeof(a->body), "%s", b + 4);
+}
+
+static void request(const char *method, const char *uri, const char *ctype, const void *body,
+		    size_t blen, struct answer *a)
+{
+	bool watch = strcmp(method, "POST") != 0 &&
+		     strncmp(uri, TRK_API "/versions?", strlen(TRK_API "/versions?")) == 0;
+	size_t cap = strlen(uri) + blen + 256;
+	char *req = malloc(cap);
+	int n;
+
+	if (req == NULL)
+		abort();
+	n = snprintf(req, cap,
+		     "%s %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+		     "Content-Type: %s\r\nContent-Length: %zu\r\n\r\n",
+		     method, uri, ctype, blen);
+	memcpy(req + n, body, blen);
+	roundtrip(req, (size_t)n + blen, watch ? 300 : 8000, a);
+	free(req);
+}
+
+static void post_ok(const char *path, const char *ctype, const void *body, size_t len,
+		    struct answer *a)
+{
+	request("POST", path, ctype, body, len, a);
+	if (a->status / 100 != 2) {
+		fprintf(stderr, "setup: POST %s: %d %s\n", path, a->status, a->body);
+		abort();
+	}
+}
+
+static void json_hex_field(const char *body, const char *key, char *out, size_t cap)
+{
+	json_t *j = json_loads(body, 0, NULL);
+	const char *s = json_string_value(json_object_get(j, key));
+
+	if (s == NULL)
+		abort();
+	snprintf(out, cap, "%s", s);
+	json_decref(j);
+}
+
+/* A signed anchor for TP2 (parcels (s,d), 100 + 2s + d bytes). */
+static void publish(struct proto_model *m, struct proto_layout *tl, struct proto_layout *tp2,
+		    const uint8_t *sk, uint64_t v, const uint8_t *parent, uint8_t digest[32])
+{
+	struct proto_manifest man;
+	struct proto_err err;
+	uint8_t plan[PROTO_HASH_BYTES] = {0}, *buf;
+	size_t len;
+	struct answer a;
+
+	proto_manifest_init(&man);
+	man.version = v;
+	man.parent_version = v - 1;
+	if (parent != NULL)
+		memcpy(man.parent_digest, parent, PROTO_HASH_BYTES);
+	man.kind = PROTO_KIND_ANCHOR;
+	memcpy(man.model_digest, m->digest, PROTO_HASH_BYTES);
+	memcpy(man.src_layout_digest, tl->digest, PROTO_HASH_BYTES);
+	man.created_ms = 1700000000000ull + v;
+	man.chunk_size = 64;
+	struct proto_mlayout *l = proto_manifest_add_layout(&man, tp2->digest, plan, 4);
+	for (uint32_t i = 0; i < 4; i++) {
+		struct proto_mparcel *p = &l->parcels[i];
+		p->src_rank = i / 2;
+		p->dst_rank = i % 2;
+		p->encoding = PROTO_ENC_RAW;
+		p->bytes = 100 + i;
+		if (proto_mparcel_alloc_chunks(&man, p, 100 + i) != 0)
+			abort();
+		for (uint32_t c = 0; c < p->nchunks; c++)
+			memset(p->chunks[c].hash, (int)(v * 16 + i + c), PROTO_HASH_BYTES);
+	}
+	if (proto_manifest_sign(&man, sk, &buf, &len, &err) != 0)
+		abort();
+	memcpy(digest, man.digest, PROTO_HASH_BYTES);
+	post_ok(TRK_API "/versions", "application/octet-stream", buf, len, &a);
+	free(buf);
+	proto_manifest_fini(&man);
+}
+
+static void register_publisher(void)
+{
+	char body[2048];
+	struct answer a;
+
+	snprintf(body, sizeof(body), "{\"model\":%s,\"layout\":%s,\"ranks\":%s}", MODEL, TRAINER,
+		 RANKS);
+	post_ok(TRK_API "/publishers", "application/json", body, strlen(body), &a);
+	json_hex_field(a.body, "publisher_id", pub_id, sizeof(pub_id));
+}
+
+static void setup_once(void)
+{
+	struct proto_model m;
+	struct proto_layout tl, tp2;
+	struct proto_err err;
+	uint8_t pk[PROTO_PK_BYTES], sk[PROTO_SK_BYTES], d1[32], d2[32];
+	struct trk_server_opts o = {.listen = "127.0.0.1:0", .state_dir = state_dir};
+
+	if (sodium_init() < 0)
+		abort();
+	signal(SIGPIPE, SIG_IGN);
+	proto_log_setup("fuzz", PROTO_LOG_ERR);
+	snprintf(state_dir, sizeof(state_dir), "%s/tessera-fuzz-trk-XXXXXX",
+		 getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	if (mkdtemp(state_dir) == NULL)
+		abort();
+	atexit(cleanup);
+	base = event_base_new();
+	if (base == NULL || trk_server_new(base, &o, &srv, &err) != 0) {
+		fprintf(stderr, "tracker: %s\n", err.msg);
+		abort();
+	}
+	/* The tracker's evhttp serves a Unix socket too: requests stay in
+	 * this process and leave no TCP state behind. */
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/s", state_dir);
+	struct evconnlistener *lev = evconnlistener_new_bind(
+		base, NULL, NULL, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 128,
+		(struct sockaddr *)&sa, sizeof(sa));
+	if (lev == NULL || evhttp_bind_listener(srv->http, lev) == NULL)
+		abort();
+	proto_model_init(&m);
+	if (proto_model_parse(MODEL, strlen(MODEL), "model", &m, &err) != 0 ||
+	    proto_layout_parse(&m, TRAINER, strlen(TRAINER), "tl", &tl, &err) != 0 ||
+	    proto_layout_parse(&m, TP2, strlen(TP2), "tp2", &tp2, &err) != 0)
+		abort();
+	crypto_sign_keypair(pk, sk);
+	register_publisher();
+	publish(&m, &tl, &tp2, sk, 1, NULL, d1);
+	publish(&m, &tl, &tp2, sk, 2, d1, d2);
+	trk__hex(m.digest, 32, hex_model);
+	trk__hex(tl.digest, 32, hex_tl);
+	trk__hex(tp2.digest, 32, hex_tp2);
+	trk__hex(d1, 32, hex_d1);
+	proto_layout_fini(&tl);
+	proto_layout_fini(&tp2);
+	proto_model_fini(&m);
+}
+
+/* The soft state every input starts from. */
+static void reset(void)
+{
+	char body[2048];
+	struct answer a;
+
+	trk__registry_free(srv->reg);
+	if (trk__registry_new(srv, &srv->reg) != 0)
+		abort();
+	register_publisher();
+	for (int r = 0; r < 2; r++) {
+		snprintf(body, sizeof(body),
+			 "{\"replica\":\"A\",\"rank\":%d,\"host\":\"h\",\"provider\":\"tcp\","
+			 "\"fabric_addr\":\"ab0%d\",\"layout\":%s,\"model_digest\":\"%s\"}",
+			 r, r, TP2, hex_model);
+		post_ok(TRK_API "/nodes", "application/json", body, strlen(body), &a);
+	}
+	snprintf(body, sizeof(body),
+		 "{\"id\":\"%s\",\"version\":1,\"parcels\":[{\"layout\":\"%s\",\"src_rank\":0,"
+		 "\"dst_rank\":0,\"addr\":\"1\",\"key\":\"2\",\"len\":100}]}",
+		 pub_id, hex_tp2);
+	post_ok(TRK_API "/offers", "application/json", body, strlen(body), &a);
+	snprintf(body, sizeof(body), "{\"id\":\"A/0\",\"version\":1,\"state\":\"verified\"}");
+	post_ok(TRK_API "/nodes/state", "application/json", body, strlen(body), &a);
+}
+
+/* Copies in[0..n) with the placeholders replaced; malloc'ed, *outn set. */
+static char *subst(const uint8_t *in, size_t n, size_t *outn)
+{
+	const char *kv[][2] = {{"@MODEL@", hex_model}, {"@TL@", hex_tl}, {"@TP2@", hex_tp2},
+			       {"@PUB@", pub_id},      {"@D1@", hex_d1}};
+	char *out = malloc(n * 10 + 1);
+	size_t o = 0;
+
+	if (out == NULL)
+		abort();
+	for (size_t i = 0; i < n;) {
+		size_t k;
+		for (k = 0; k < sizeof(kv) / sizeof(kv[0]); k++) {
+			size_t kl = strlen(kv[k][0]);
+			if (n - i >= kl && memcmp(in + i, kv[k][0], kl) == 0) {
+				memcpy(out + o, kv[k][1], strlen(kv[k][1]));
+				o += strlen(kv[k][1]);
+				i += kl;
+				break;
+			}
+		}
+		if (k == sizeof(kv) / sizeof(kv[0]))
+			out[o++] = (char)in[i++];
+	}
+	out[o] = 0;
+	*outn = o;
+	return out;
+}
+
+/* The query as it may stand on a request line: unreserved bytes and
+ * & = % + , ; : / stay, others are percent-encoded. */
+static void encode(const char *q, size_t n, char *out, size_t cap)
+{
+	size_t o = 0;
+	for (size_t i = 0; i < n && o + 4 < cap; i++) {
+		unsigned char ch = (unsigned char)q[i];
+		if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+		    (ch >= '0' && ch <= '9') || strchr("-._~&=%+,;:/", ch) != NULL) {
+			out[o++] = (char)ch;
+		} else {
+			snprintf(out + o, cap - o, "%%%02X", ch);
+			o += 3;
+		}
+	}
+	out[o] = 0;
+}
+
+static void one(const uint8_t *rec, size_t n)
+{
+	char uri[4096], q[2048];
+	const uint8_t *nl;
+	size_t qn, bn;
+	struct answer a;
+
+	if (n == 0)
+		return;
+	unsigned r = rec[0] % NROUTES;
+	rec++;
+	n--;
+	nl = memchr(rec, '\n', n);
+	qn = nl ? (size_t)(nl - rec) : n;
+	char *qs = subst(rec, PROTO_MIN(qn, 1024), &qn);
+	char *body = subst(nl ? nl + 1 : rec + n, nl ? n - (size_t)(nl + 1 - rec) : 0, &bn);
+	encode(qs, qn, q, sizeof(q));
+	if (routes[r].path[strlen(routes[r].path) - 1] == '/')
+		snprintf(uri, sizeof(uri), "%s%s%s", routes[r].path, q,
+			 routes[r].suffix ? routes[r].suffix : "");
+	else
+		snprintf(uri, sizeof(uri), "%s%s%s", routes[r].path, qn ? "?" : "", q);
+	request(routes[r].method, uri,
+		strcmp(routes[r].path, TRK_API "/versions") == 0 ? "application/octet-stream" :
+								 "application/json",
+		body, strcmp(routes[r].method, "POST") == 0 ? bn : 0, &a);
+	if (a.status >= 500 || (a.status < 0 && r != 0)) {
+		fprintf(stderr, "%s %s: %d %s\n", routes[r].method, uri, a.status, a.body);
+		abort();
+	}
+	free(qs);
+	free(body);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	if (srv == NULL)
+		setup_once();
+	if (size > (64u << 10))
+		return 0;
+	reset();
+	for (int k = 0; k < 8 && size > 0; k++) {
+		const uint8_t *z = memchr(data, 0, size);
+		size_t n = z ? (size_t)(z - data) : size;
+		one(data, n);
+		data += z ? n + 1 : size;
+		size -= z ? n + 1 : size;
+	}
+	return 0;
+}
