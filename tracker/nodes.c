@@ -29,6 +29,17 @@ int trk_state_parse(const char *s, enum trk_rank_state *out)
 	return -EINVAL;
 }
 
+/* An optional field of exactly n bytes as hex: *have says whether it was
+ * there (absent or null: not). */
+static int get_opt_hex(json_t *o, const char *key, uint8_t *out, size_t n, bool *have,
+		       struct proto_err *err)
+{
+	json_t *v = json_object_get(o, key);
+
+	*have = v != NULL && !json_is_null(v);
+	return *have ? trk__get_hex(o, key, out, n, err) : 0;
+}
+
 /* ---- POST /nodes -------------------------------------------------------------- */
 
 /* Inserts rep keeping the list sorted by name. */
@@ -76,21 +87,10 @@ void trk__handle_nodes(struct trk_call *c)
 		trk__fail(c, 400, "layout_name: want 1..%d of [A-Za-z0-9._-]", TRK_REPLICA_MAX);
 		goto out;
 	}
-	if (json_object_get(c->json, "layout_digest") != NULL &&
-	    !json_is_null(json_object_get(c->json, "layout_digest"))) {
-		if (trk__get_hex(c->json, "layout_digest", ld, sizeof(ld), &err) != 0) {
-			trk__fail(c, 400, "%s", err.msg);
-			goto out;
-		}
-		have_ld = true;
-	}
-	if (json_object_get(c->json, "statement_key") != NULL &&
-	    !json_is_null(json_object_get(c->json, "statement_key"))) {
-		if (trk__get_hex(c->json, "statement_key", sk, sizeof(sk), &err) != 0) {
-			trk__fail(c, 400, "%s", err.msg);
-			goto out;
-		}
-		have_sk = true;
+	if (get_opt_hex(c->json, "layout_digest", ld, sizeof(ld), &have_ld, &err) != 0 ||
+	    get_opt_hex(c->json, "statement_key", sk, sizeof(sk), &have_sk, &err) != 0) {
+		trk__fail(c, 400, "%s", err.msg);
+		goto out;
 	}
 	if (json_is_null(jl))
 		jl = NULL;
@@ -271,13 +271,9 @@ void trk__handle_node_state(struct trk_call *c)
 		trk__fail(c, 400, "state: want fetching, verified, active or failed");
 		return;
 	}
-	if (json_object_get(c->json, "statement") != NULL &&
-	    !json_is_null(json_object_get(c->json, "statement"))) {
-		if (trk__get_hex(c->json, "statement", sig, sizeof(sig), &err) != 0) {
-			trk__fail(c, 400, "%s", err.msg);
-			return;
-		}
-		have_sig = true;
+	if (get_opt_hex(c->json, "statement", sig, sizeof(sig), &have_sig, &err) != 0) {
+		trk__fail(c, 400, "%s", err.msg);
+		return;
 	}
 	if (version == 0) {
 		trk__fail(c, 400, "version: must be >= 1");
