@@ -3,7 +3,7 @@
  * through evhttp on a Unix socket against a tracker that holds a model, two
  * versions, a publisher and a replica of two ranks.
  *
- * Input: up to 8 requests separated by NUL bytes. In each, the first byte
+ * Input: up to 12 requests separated by NUL bytes. In each, the first byte
  * picks the endpoint, the bytes up to the first newline are its query (or
  * path parameter), the rest its body; @MODEL@, @TL@, @TP2@, @PUB@, @D1@
  * stand for the model and layout digests, the publisher id and version 1's
@@ -44,7 +44,7 @@ static const char RANKS[] =
 	"{\"rank\":1,\"host\":\"t1\",\"provider\":\"tcp;ofi_rxm\",\"fabric_addr\":\"aa01\"}]";
 
 static const struct {
-	const char *method, *path; /* path ends in '/': the query is its parameter */
+	const char *method, *path; /* ends in '/' (but "/"): the query is its parameter */
 	const char *suffix;
 } routes[] = {
 	{"GET", TRK_API "/versions", NULL},
@@ -394,7 +394,7 @@ static void one(const uint8_t *rec, size_t n)
 	char *qs = subst(rec, PROTO_MIN(qn, 1024), &qn);
 	char *body = subst(nl ? nl + 1 : rec + n, nl ? n - (size_t)(nl + 1 - rec) : 0, &bn);
 	encode(qs, qn, q, sizeof(q));
-	if (routes[r].path[strlen(routes[r].path) - 1] == '/')
+	if (strcmp(routes[r].path, "/") != 0 && routes[r].path[strlen(routes[r].path) - 1] == '/')
 		snprintf(uri, sizeof(uri), "%s%s%s", routes[r].path, q,
 			 routes[r].suffix ? routes[r].suffix : "");
 	else
@@ -418,7 +418,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size > (64u << 10))
 		return 0;
 	reset();
-	for (int k = 0; k < 8 && size > 0; k++) {
+	for (int k = 0; k < 12 && size > 0; k++) {
 		const uint8_t *z = memchr(data, 0, size);
 		size_t n = z ? (size_t)(z - data) : size;
 		one(data, n);
