@@ -225,6 +225,8 @@ static void on_heartbeat(const struct trk_answer *ans, void *arg)
 void agent_heartbeat(evutil_socket_t fd, short what, void *arg)
 {
 	struct node_agent *a = arg;
+	if (a->leaving)
+		return;
 	if (trk_client_heartbeat(a->trk, a->node_id, on_heartbeat, a) != 0)
 		agent_arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
 }
@@ -285,6 +287,8 @@ void agent_start_register(struct node_agent *a)
 		.layout_name = a->layout_name[0] ? a->layout_name : NULL,
 		.layout_digest = a->layout.digest,
 	};
+	if (a->leaving)
+		return;
 	if (trk_client_register_node(a->trk, &r, on_register, a) != 0)
 		agent_arm(a->retry_ev, RETRY_MS);
 }

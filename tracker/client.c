@@ -723,6 +723,29 @@ int trk_client_publish(struct trk_client *c, const uint8_t *manifest, size_t len
 				  "application/octet-stream", manifest, len, 0, cb, arg);
 }
 
+int trk_client_post_addendum(struct trk_client *c, const uint8_t *addendum, size_t len,
+			     trk_client_cb cb, void *arg)
+{
+	return trk_client_request(c, "POST", TRK_API "/addenda", "application/octet-stream",
+				  addendum, len, 0, cb, arg);
+}
+
+int trk_client_get_addendum(struct trk_client *c, uint64_t version,
+			    const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg)
+{
+	char path[200], hex[2 * PROTO_HASH_BYTES + 1];
+
+	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
+	snprintf(path, sizeof(path), TRK_API "/addenda?version=%llu&layout=%s",
+		 (unsigned long long)version, hex);
+	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
+}
+
+int trk_client_leave(struct trk_client *c, const char *id, trk_client_cb cb, void *arg)
+{
+	return post_new(c, TRK_API "/nodes/leave", json_pack("{s:s}", "id", id), cb, arg);
+}
+
 int trk_client_watch(struct trk_client *c, uint64_t after, uint32_t wait_ms,
 		     trk_client_cb cb, void *arg)
 {
@@ -955,6 +978,30 @@ static int parse_retain_layouts(json_t *e, size_t i, struct trk_version_info *v,
 	return 0;
 }
 
+/* uncovered_layouts (the latest version's only): absent means none; past
+ * TRK_RETAIN_LAYOUTS_MAX the first ones are kept. */
+static int parse_uncovered(json_t *e, size_t i, struct trk_version_info *v,
+			   struct proto_err *err)
+{
+	json_t *a = json_object_get(e, "uncovered_layouts"), *d;
+	size_t k;
+
+	if (a == NULL)
+		return 0;
+	if (!json_is_array(a))
+		return proto_errf(err, EINVAL, "versions[%zu].uncovered_layouts: not an array", i);
+	json_array_foreach(a, k, d) {
+		if (v->nuncovered == TRK_RETAIN_LAYOUTS_MAX)
+			break;
+		if (proto_parse_hex(json_string_value(d), v->uncovered[v->nuncovered],
+				    PROTO_HASH_BYTES) != 0)
+			return proto_errf(err, EINVAL,
+					  "versions[%zu].uncovered_layouts[%zu]: bad digest", i, k);
+		v->nuncovered++;
+	}
+	return 0;
+}
+
 int trk_versions_parse(json_t *answer, uint64_t *latest,
 		       struct trk_version_info **out, size_t *n,
 		       struct proto_err *err)
@@ -993,7 +1040,8 @@ int trk_versions_parse(json_t *answer, uint64_t *latest,
 			goto fail;
 		}
 		v[i].retain = json_is_true(json_object_get(e, "retain"));
-		if ((rc = parse_retain_layouts(e, i, &v[i], err)) != 0)
+		if ((rc = parse_retain_layouts(e, i, &v[i], err)) != 0 ||
+		    (rc = parse_uncovered(e, i, &v[i], err)) != 0)
 			goto fail;
 	}
 	*out = v;

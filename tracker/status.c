@@ -329,6 +329,8 @@ static void page_replicas(struct evbuffer *b, json_t *st, const struct trk_statu
 				layout_cell(b, v, rows, rcls);
 				evbuffer_add_printf(b, "<td rowspan=\"%zu\" class=\"%s\">", rows, rcls);
 				esc_json(b, json_object_get(v, "active"));
+				if (json_is_true(json_object_get(v, "incomplete")))
+					evbuffer_add_printf(b, " <i>incomplete</i>");
 				evbuffer_add_printf(b, "</td><td rowspan=\"%zu\" class=\"%s\">", rows, rcls);
 				esc_json(b, json_object_get(v, "target"));
 				evbuffer_add_printf(b, "</td><td rowspan=\"%zu\" class=\"%s\">", rows, rcls);
