@@ -76,13 +76,25 @@ void node__pub_addendum_check(struct node_pub *p, const struct trk_version_info 
 	for (size_t i = 0; i < n; i++)
 		if (vi[i].version == latest)
 			info = &vi[i];
-	if (info == NULL || info->nuncovered == 0 || !p->leader || p->dead || !p->ready ||
-	    p->ex != NULL)
+	if (info == NULL || (info->nuncovered == 0 && info->nadded == 0) || !p->leader ||
+	    p->dead || !p->ready || p->ex != NULL)
 		return;
 	if (p->add_failed_v == latest && proto_wall_ms() - p->add_failed_ms < ADD_RETRY_MS)
 		return;
 	pv = served(p, latest);
-	sodium_bin2hex(h, sizeof(h), info->uncovered[0], PROTO_HASH_BYTES);
+	/* Layouts no manifest or addendum lists yet, and those added by
+	 * addenda that this process does not serve (it restarted): the same
+	 * addendum is made again (the sources are deterministic) and offered. */
+	p->nadd_want = 0;
+	for (uint32_t k = 0; k < info->nuncovered; k++)
+		if (pv == NULL || !serves_layout(pv, info->uncovered[k]))
+			memcpy(p->add_want[p->nadd_want++], info->uncovered[k], PROTO_HASH_BYTES);
+	for (uint32_t k = 0; k < info->nadded && p->nadd_want < TRK_RETAIN_LAYOUTS_MAX; k++)
+		if (pv == NULL || !serves_layout(pv, info->added[k]))
+			memcpy(p->add_want[p->nadd_want++], info->added[k], PROTO_HASH_BYTES);
+	if (p->nadd_want == 0)
+		return; /* all served; the tracker hears of new ones with their addenda */
+	sodium_bin2hex(h, sizeof(h), p->add_want[0], PROTO_HASH_BYTES);
 	if (p->nhosted != p->tl.nranks) {
 		if (p->add_gone_v != latest)
 			LOG_WARN("version %llu lacks layout %.16s; other processes host trainer ranks "
@@ -99,12 +111,6 @@ void node__pub_addendum_check(struct node_pub *p, const struct trk_version_info 
 		p->add_gone_v = latest;
 		return;
 	}
-	p->nadd_want = 0;
-	for (uint32_t k = 0; k < info->nuncovered; k++)
-		if (!serves_layout(pv, info->uncovered[k]))
-			memcpy(p->add_want[p->nadd_want++], info->uncovered[k], PROTO_HASH_BYTES);
-	if (p->nadd_want == 0)
-		return; /* added already; the tracker hears of it with the addendum */
 	LOG_INFO("version %llu lacks layout %.16s%s: extending it by addendum",
 		 (unsigned long long)latest, h, p->nadd_want > 1 ? " and others" : "");
 	p->add_version = latest;

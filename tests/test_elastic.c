@@ -68,16 +68,25 @@ static void start_tracker(struct env *e)
 	assert_int_equal(trk_client_new(NULL, e->url, e->cluster_key, &e->trk, &err), 0);
 }
 
-static void start_publisher(struct env *e)
+/* Publishes one version (or, with control, none: it only serves what the
+ * tracker has, as after a restart) and serves until stopped. */
+static void start_publisher_opt(struct env *e, bool control)
 {
-	char bin[512], log[512], mb[16];
+	char bin[512], log[512], mb[16], ctl[512];
 
 	tu_bin(bin, sizeof(bin), "tessera");
 	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
 	snprintf(mb, sizeof(mb), "%d", MODEL_MB);
+	snprintf(ctl, sizeof(ctl), "%s/publisher.sock", e->dir);
 	char *argv[] = {bin, "publish", "--tracker", e->url, "--key", e->key, "--cluster-key",
-			e->ckey, "--synthetic-mb", mb, "--layout", "fsdp2", "--versions", "1", "--log-level", "info", NULL};
+			e->ckey, "--synthetic-mb", mb, "--layout", "fsdp2", "--log-level", "info",
+			control ? "--control" : "--versions", control ? ctl : "1", NULL};
 	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", argv, log), 0);
+}
+
+static void start_publisher(struct env *e)
+{
+	start_publisher_opt(e, false);
 }
 
 static int start_node_at(struct env *e, const char *url, const char *replica, int rank,
@@ -295,6 +304,17 @@ static void test_late_layout_addendum(void **state)
 	snprintf(hex, sizeof(hex), "%s", json_string_value(json_object_get(rep, "layout_digest")));
 	json_decref(rep);
 	json_decref(ve);
+
+	/* A restarted publisher serves the added layout again: it makes the
+	 * same addendum (the tracker answers 200, nothing new) and offers. */
+	node_proc_stop(&e->publisher, 5000);
+	start_publisher_opt(e, true);
+	for (int waited = 0; tu_sh("test $(grep -c 'extended by 1 addenda' %s/publisher.log) -ge 2",
+				   e->dir) != 0; waited += 200) {
+		if (waited > WAIT_MS)
+			fail_msg("the restarted publisher did not extend v1 again (see %s)", e->dir);
+		usleep(200000);
+	}
 
 	/* The stored addendum, as nodes get it. */
 	snprintf(path, sizeof(path), TRK_API "/addenda?version=1&layout=%s", hex);

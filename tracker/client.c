@@ -978,26 +978,29 @@ static int parse_retain_layouts(json_t *e, size_t i, struct trk_version_info *v,
 	return 0;
 }
 
-/* uncovered_layouts (the latest version's only): absent means none; past
+/* uncovered_layouts (the latest version's only; digests) and addenda
+ * (objects with layout_digest): absent means none; past
  * TRK_RETAIN_LAYOUTS_MAX the first ones are kept. */
-static int parse_uncovered(json_t *e, size_t i, struct trk_version_info *v,
-			   struct proto_err *err)
+static int parse_layout_list(json_t *e, size_t i, const char *key, const char *field,
+			     uint8_t (*out)[PROTO_HASH_BYTES], uint32_t *n,
+			     struct proto_err *err)
 {
-	json_t *a = json_object_get(e, "uncovered_layouts"), *d;
+	json_t *a = json_object_get(e, key), *d;
 	size_t k;
 
 	if (a == NULL)
 		return 0;
 	if (!json_is_array(a))
-		return proto_errf(err, EINVAL, "versions[%zu].uncovered_layouts: not an array", i);
+		return proto_errf(err, EINVAL, "versions[%zu].%s: not an array", i, key);
 	json_array_foreach(a, k, d) {
-		if (v->nuncovered == TRK_RETAIN_LAYOUTS_MAX)
+		if (*n == TRK_RETAIN_LAYOUTS_MAX)
 			break;
-		if (proto_parse_hex(json_string_value(d), v->uncovered[v->nuncovered],
-				    PROTO_HASH_BYTES) != 0)
-			return proto_errf(err, EINVAL,
-					  "versions[%zu].uncovered_layouts[%zu]: bad digest", i, k);
-		v->nuncovered++;
+		if (field != NULL)
+			d = json_object_get(d, field);
+		if (proto_parse_hex(json_string_value(d), out[*n], PROTO_HASH_BYTES) != 0)
+			return proto_errf(err, EINVAL, "versions[%zu].%s[%zu]: bad digest", i, key,
+					  k);
+		(*n)++;
 	}
 	return 0;
 }
@@ -1041,7 +1044,10 @@ int trk_versions_parse(json_t *answer, uint64_t *latest,
 		}
 		v[i].retain = json_is_true(json_object_get(e, "retain"));
 		if ((rc = parse_retain_layouts(e, i, &v[i], err)) != 0 ||
-		    (rc = parse_uncovered(e, i, &v[i], err)) != 0)
+		    (rc = parse_layout_list(e, i, "uncovered_layouts", NULL, v[i].uncovered,
+					       &v[i].nuncovered, err)) != 0 ||
+		    (rc = parse_layout_list(e, i, "addenda", "layout_digest", v[i].added,
+					       &v[i].nadded, err)) != 0)
 			goto fail;
 	}
 	*out = v;

@@ -314,6 +314,9 @@ struct trk_version_info {
 	 * latest's only): the publisher adds them by addendum. */
 	uint32_t nuncovered;
 	uint8_t uncovered[TRK_RETAIN_LAYOUTS_MAX][PROTO_HASH_BYTES];
+	/* Layouts added to it by addenda (the first TRK_RETAIN_LAYOUTS_MAX). */
+	uint32_t nadded;
+	uint8_t added[TRK_RETAIN_LAYOUTS_MAX][PROTO_HASH_BYTES];
 };
 /* Parses a /versions answer: latest and a malloc'ed array (free() it). */
 int trk_versions_parse(json_t *answer, uint64_t *latest,
