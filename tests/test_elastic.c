@@ -378,6 +378,26 @@ static void test_late_layout_addendum(void **state)
 	snprintf(path, sizeof(path), TRK_API "/addenda?version=1&layout=%064d", 0);
 	bad = get_json(e, path, 404);
 	json_decref(bad);
+
+	/* A damaged stored addendum stops the tracker with the file's name. */
+	node_proc_stop(&e->tracker, 5000);
+	assert_int_equal(tu_sh("f=$(ls %s/addenda/*.addendum) && printf '\\001' | "
+			       "dd of=$f bs=1 seek=200 conv=notrunc status=none", e->state), 0);
+	{
+		char bin[512], log[512];
+		tu_bin(bin, sizeof(bin), "tessera-tracker");
+		snprintf(log, sizeof(log), "%s/tracker-damaged.log", e->dir);
+		char *argv[] = {bin, "--listen", "127.0.0.1:0", "--state", e->state,
+				"--trainer-pubkey", e->pub, NULL};
+		assert_int_equal(node_proc_spawn(&e->tracker, "tracker", argv, log), 0);
+		for (int waited = 0; node_proc_alive(&e->tracker); waited += 100) {
+			if (waited > WAIT_MS)
+				fail_msg("the tracker started on a damaged addendum");
+			usleep(100000);
+		}
+		assert_int_not_equal(WEXITSTATUS(e->tracker.status), 0);
+		assert_int_equal(tu_sh("grep -q 'addenda/.*addendum: bad signature' %s", log), 0);
+	}
 }
 
 
