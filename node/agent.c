@@ -195,6 +195,8 @@ void node_agent_free(struct node_agent *a)
 		event_free(a->heartbeat_ev);
 	if (a->retry_ev)
 		event_free(a->retry_ev);
+	if (a->leave_ev)
+		event_free(a->leave_ev);
 	if (a->rate_ev)
 		event_free(a->rate_ev);
 	node_fabloop_free(a->fl);

@@ -62,6 +62,13 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 int node_agent_failed(const struct node_agent *a, struct proto_err *err);
 /* The version the agent serves now (0: none yet). */
 uint64_t node_agent_active(const struct node_agent *a);
+/* The node is stopping (SIGTERM): tells the tracker it leaves (signed with
+ * its session, as its heartbeats are), so that peers stop being sent to it
+ * and its replica shows incomplete at once rather than at lease expiry.
+ * From now on it neither heartbeats nor registers again. done(arg) runs
+ * once, from the loop, when the tracker answered or after at most
+ * LEAVE_WAIT_MS (agent_leave.c); also when the node was not registered. */
+void node_agent_leave(struct node_agent *a, void (*done)(void *arg), void *arg);
 /* Closes everything in reverse order. NULL is fine. */
 void node_agent_free(struct node_agent *a);
 

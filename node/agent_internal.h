@@ -114,6 +114,9 @@ struct agent_fetch {
 	/* Per-chunk trouble, tallied and logged once per version (the first
 	 * of each kind at warn, the rest at debug, totals on the way out). */
 	uint32_t stalls, bad_chunks, read_failures;
+	/* The manifest lacks our layout: asking for its addendum. */
+	bool want_addendum;
+	struct event *addendum_ev; /* the next ask */
 };
 
 struct node_agent {
@@ -132,6 +135,10 @@ struct node_agent {
 	char host[256];
 	char node_id[TRK_ID_MAX];
 	bool registered, watching;
+	bool leaving; /* node_agent_leave: no heartbeat or registration any more */
+	struct event *leave_ev;
+	void (*leave_done)(void *arg);
+	void *leave_arg;
 	uint64_t lease_ms;
 	/* This registration's statement key (made anew for each one): our
 	 * verified and active reports are signed with it, and the other ranks
@@ -228,6 +235,14 @@ void agent_pump(struct node_agent *a);
 void agent_on_tick(evutil_socket_t fd, short what, void *arg);
 
 void agent_start_fetch(struct node_agent *a, uint64_t v);
+
+/* agent_addendum.c: the manifest does not list our layout: fetch the
+ * layout's signed addendum (asking again while the publisher makes it, up
+ * to TESSERA_ADDENDUM_WAIT_MS), check it, splice it into the fetch's
+ * manifest and go on with agent_with_addendum; without one, report the
+ * version failed and wait for the next. */
+void agent_addendum_wait(struct node_agent *a);
+void agent_with_addendum(struct node_agent *a);
 
 void agent_heartbeat(evutil_socket_t fd, short what, void *arg);
 

@@ -236,6 +236,8 @@ static void on_heartbeat(const struct trk_answer *ans, void *arg)
 void agent_heartbeat(evutil_socket_t fd, short what, void *arg)
 {
 	struct node_agent *a = arg;
+	if (a->leaving)
+		return;
 	if (trk_client_heartbeat(a->trk, a->node_id, on_heartbeat, a) != 0)
 		agent_arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
 }
@@ -297,6 +299,8 @@ void agent_start_register(struct node_agent *a)
 		.layout_digest = a->layout.digest,
 		.statement_key = a->stmt_pk,
 	};
+	if (a->leaving)
+		return;
 	/* A key per registration: statements speak for this session only. */
 	crypto_sign_keypair(a->stmt_pk, a->stmt_sk);
 	if (trk_client_register_node(a->trk, &r, on_register, a) != 0)

@@ -21,6 +21,8 @@ void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
 		free(p->asked);
 	}
 	free(f->parcels);
+	if (f->addendum_ev != NULL)
+		event_free(f->addendum_ev);
 	if (f->slot != NULL)
 		node_slot_free(&a->store, f->slot);
 	if (f->have_man)
@@ -175,6 +177,20 @@ static void on_layouts(const struct trk_answer *ans, void *arg)
 	with_plan(a);
 }
 
+/* Our layout's parcels are known (f->ml): the plan, then the parcels. */
+static void with_layout(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+
+	/* The same trainer layout as last time: the plan is already here. */
+	if (a->have_plan && sodium_memcmp(a->plan_src, f->man.src_layout_digest, PROTO_HASH_BYTES) == 0) {
+		with_plan(a);
+		return;
+	}
+	if (trk_client_layouts(a->trk, on_layouts, a) != 0)
+		agent_fetch_fail(a, "cannot ask for the trainer layout");
+}
+
 /* The manifest is signed and its parent link checked. */
 static void with_manifest(struct node_agent *a)
 {
@@ -185,24 +201,19 @@ static void with_manifest(struct node_agent *a)
 
 	f->ml = proto_manifest_layout(&f->man, a->layout.digest);
 	if (f->ml == NULL) {
-		/* Published before our layout registered: wait for the next. The
-		 * tracker hears it, so the replica's target moves past it. */
-		LOG_INFO("node %s: v%" PRIu64 " has no parcels for our layout; waiting for a newer version",
-			 a->node_id, f->version);
-		agent_report(a, f->version, TRK_STATE_FAILED,
-		       "no parcels for our layout (published before it registered)", NULL);
-		a->failed = f->version;
-		a->failed_ms = agent_now_ms();
-		agent_fetch_drop(a);
+		/* Published before our layout registered: the publisher adds
+		 * it by a signed addendum (agent_addendum.c), else we wait
+		 * for the next version. */
+		agent_addendum_wait(a);
 		return;
 	}
-	/* The same trainer layout as last time: the plan is already here. */
-	if (a->have_plan && sodium_memcmp(a->plan_src, f->man.src_layout_digest, PROTO_HASH_BYTES) == 0) {
-		with_plan(a);
-		return;
-	}
-	if (trk_client_layouts(a->trk, on_layouts, a) != 0)
-		agent_fetch_fail(a, "cannot ask for the trainer layout");
+	with_layout(a);
+}
+
+void agent_with_addendum(struct node_agent *a)
+{
+	a->fetch->ml = proto_manifest_layout(&a->fetch->man, a->layout.digest);
+	with_layout(a);
 }
 
 static void on_parent(const struct trk_answer *ans, void *arg)

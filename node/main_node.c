@@ -60,9 +60,25 @@ static void usage(FILE *f)
 		"      --version              print the release and exit\n");
 }
 
-static void on_signal(evutil_socket_t sig, short what, void *arg)
+static struct node_agent *agent_g; /* for the signal handler */
+
+static void on_left(void *arg)
 {
 	event_base_loopexit(arg, NULL);
+}
+
+/* The first signal: tell the tracker we leave, then stop; a second one
+ * stops at once. */
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+	static bool asked;
+
+	if (agent_g == NULL || asked) {
+		event_base_loopexit(arg, NULL);
+		return;
+	}
+	asked = true;
+	node_agent_leave(agent_g, on_left, arg);
 }
 
 int main(int argc, char **argv)
@@ -165,7 +181,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "tessera-node: %s\n", err.msg);
 		goto out;
 	}
+	agent_g = agent;
 	event_base_dispatch(base);
+	agent_g = NULL;
 	if (node_agent_failed(agent, &err)) {
 		fprintf(stderr, "tessera-node: %s\n", err.msg);
 		goto out;

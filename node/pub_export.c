@@ -180,6 +180,11 @@ static void ex_fail(struct node_pub *p, int code, const char *fmt, ...)
 	evtimer_del(p->ex_ev);
 }
 
+void node__pub_ex_fail(struct node_pub *p, int code, const char *msg)
+{
+	ex_fail(p, code, "%s", msg);
+}
+
 /* Joins the finished workers; a rank whose gather is done unmaps what is
  * left of its snapshot (every layout is in its export buffer now; a delta
  * will want the parent's export, not its snapshot). */
@@ -214,6 +219,7 @@ void node__pub_ex_free(struct node_pub *p, struct pub_export *ex)
 		node__pub_version_free(p, ex->pv);
 	if (ex->have_m)
 		proto_manifest_fini(&ex->m);
+	node__pub_addenda_free(ex->add);
 	free(ex->mbuf);
 	free(ex->layouts);
 	free(ex->jobs);
@@ -250,7 +256,18 @@ static void ex_finish(struct node_pub *p)
 	r.snapshot_ns = ex->snapshot_ns;
 	r.hash_ns = ex->hash_ns;
 	r.wait_ns = ex->wait_ns;
-	if (ex->req == NULL) {
+	if (ex->addendum) {
+		if (ex->failed) {
+			LOG_WARN("version %llu not extended: %s", (unsigned long long)ex->version,
+				 ex->error);
+			p->add_failed_v = ex->version;
+			p->add_failed_ms = proto_wall_ms();
+		} else {
+			LOG_INFO("version %llu extended by %zu addenda (%llu ms)",
+				 (unsigned long long)ex->version, ex->nlayouts,
+				 (unsigned long long)ms_of(r.total_ns));
+		}
+	} else if (ex->req == NULL) {
 		if (ex->failed)
 			LOG_ERR("version %llu not re-offered: %s", (unsigned long long)ex->version,
 				ex->error);
@@ -358,7 +375,7 @@ static void on_ex_manifest(const struct trk_answer *a, void *arg)
 		} else if (memcmp(ex->m.src_layout_digest, p->tl.digest, PROTO_HASH_BYTES) != 0) {
 			sodium_bin2hex(h, sizeof(h), ex->m.src_layout_digest, PROTO_HASH_BYTES);
 			ex_fail(p, EINVAL, "it was published from another trainer layout (%.16s)", h);
-		} else if (ex->m.kind != PROTO_KIND_ANCHOR) {
+		} else if (ex->m.kind != PROTO_KIND_ANCHOR && !ex->addendum) {
 			ex_fail(p, ENOTSUP, "it is a delta; only anchors are rebuilt");
 		} else {
 			ex->chunk_size = ex->m.chunk_size;
@@ -418,7 +435,8 @@ static void on_ex_layouts(const struct trk_answer *a, void *arg)
 	arr = json_object_get(a->json, "layouts");
 	json_array_foreach(arr, i, e) {
 		struct pub_layout *sl = node__pub_layout_absorb(p, e);
-		if (!ex->verify && sl != NULL && !sl->bad && ex_add_layout(ex, sl) != 0) {
+		if (!ex->verify && sl != NULL && !sl->bad &&
+		    (!ex->addendum || node__pub_addendum_wants(p, sl)) && ex_add_layout(ex, sl) != 0) {
 			ex_fail(p, ENOMEM, "out of memory");
 			node__pub_ex_step(p);
 			return;
@@ -455,6 +473,8 @@ static void on_ex_layouts(const struct trk_answer *a, void *arg)
 	}
 	if (ex->failed) {
 		/* nothing more to ask */
+	} else if (ex->nlayouts == 0 && ex->addendum) {
+		ex_fail(p, ENOENT, "none of the layouts to add is registered now");
 	} else if (ex->nlayouts == 0) {
 		if (!ex->verify && !p->layouts_waiting) {
 			p->layouts_waiting = true;
@@ -629,7 +649,8 @@ static void ex_gathered(struct node_pub *p)
 		ex_fail(p, ECANCELED, "stopped");
 		return;
 	}
-	rc = ex->verify ? ex_compare(p, &err) : ex_build_manifest(p, &err);
+	rc = ex->verify ? ex_compare(p, &err) :
+	     ex->addendum ? node__pub_addendum_build(p, &err) : ex_build_manifest(p, &err);
 	if (rc != 0) {
 		ex_fail(p, -rc, "%s", err.msg);
 		return;
@@ -714,7 +735,8 @@ static void ex_request(struct node_pub *p)
 			return;
 		}
 	} else if (ex->phase == EX_PUBLISH) {
-		rc = trk_client_publish(p->trk, ex->mbuf, ex->mlen, on_ex_publish, p);
+		rc = ex->addendum ? node__pub_addendum_post(p) :
+				    trk_client_publish(p->trk, ex->mbuf, ex->mlen, on_ex_publish, p);
 	} else {
 		return;
 	}
@@ -801,8 +823,11 @@ void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t versio
 	ex->req = req;
 	ex->version = version;
 	ex->verify = verify;
+	ex->addendum = p->addendum_next && !verify;
+	p->addendum_next = false;
 	ex->phase = EX_PREP;
-	ex->need = verify ? NEED_WATCH : NEED_LAYOUTS;
+	/* An addendum starts from the tracker's manifest of the version. */
+	ex->need = verify ? NEED_WATCH : ex->addendum ? NEED_MANIFEST : NEED_LAYOUTS;
 	ex->start_ns = proto_now_ns();
 	ex->t0_ns = req ? req->t0_ns : ex->start_ns;
 	ex->created_ms = req ? req->created_ms : proto_wall_ms();

@@ -10,7 +10,9 @@
  *   pub_source.c  where a version's bytes come from (fixture or model dir);
  *   pub_layout.c  the serving layouts and their plans, cached by digest;
  *   pub_export.c  exporting one version: workers, manifest, publish/verify;
- *   pub_serve.c   served versions: buffers, regions, offers, retention.
+ *   pub_serve.c   served versions: buffers, regions, offers, retention;
+ *   pub_addendum.c  a served version extended for a layout registered after
+ *                 it was published (a signed manifest addendum).
  * Everything here is for those files only; the face is publisher.h.
  */
 
@@ -149,6 +151,10 @@ struct pub_export {
 	uint8_t *mbuf; /* signed bytes (leader) */
 	size_t mlen;
 	struct pub_version *pv;
+	/* Extending a published version by addenda (pub_addendum.c): m is
+	 * the tracker's manifest, layouts only those to add. */
+	bool addendum;
+	struct pub_addenda *add;
 };
 
 struct pub_hosted {
@@ -209,6 +215,13 @@ struct node_pub {
 	struct pub_req *queue, **queue_tail;
 	size_t nqueue;
 	struct pub_export *ex;
+
+	/* Addenda (pub_addendum.c): the next export extends add_version by
+	 * the layouts in add_want; a failed try waits before the next. */
+	bool addendum_next;
+	uint64_t add_version, add_failed_v, add_failed_ms, add_gone_v;
+	uint32_t nadd_want;
+	uint8_t add_want[TRK_RETAIN_LAYOUTS_MAX][PROTO_HASH_BYTES];
 };
 
 /* ---- small helpers ---------------------------------------------------------- */
@@ -268,6 +281,9 @@ void node__pub_ex_step(struct node_pub *p);
 /* Joins the workers and frees ex, and its version unless that is among the
  * served ones. The request's callback is not called. */
 void node__pub_ex_free(struct node_pub *p, struct pub_export *ex);
+/* Fails the export in progress with a one-line reason (the first one
+ * counts); cannot fail. */
+void node__pub_ex_fail(struct node_pub *p, int code, const char *msg);
 /* Event callbacks: a worker finished (wake socket), the export's timer. */
 void node__pub_on_wake(evutil_socket_t fd, short what, void *arg);
 void node__pub_on_ex_timer(evutil_socket_t fd, short what, void *arg);
@@ -297,5 +313,24 @@ int node__pub_version_serve(struct node_pub *p, struct pub_version *pv, struct p
 void node__pub_sync_offers(struct node_pub *p);
 /* The retention check's timer: asks which versions are still retained. */
 void node__pub_on_check(evutil_socket_t fd, short what, void *arg);
+
+/* ---- pub_addendum.c: extending a published version ------------------------------- */
+
+struct pub_addenda;
+/* From the retention check's answer (vi[n], latest): when the latest
+ * version lacks layouts of live replicas and this leader serves it, starts
+ * an export that adds them by addendum (when no export runs). */
+void node__pub_addendum_check(struct node_pub *p, const struct trk_version_info *vi, size_t n,
+			      uint64_t latest);
+/* Whether the addendum export wants layout sl. */
+bool node__pub_addendum_wants(const struct node_pub *p, const struct pub_layout *sl);
+/* Builds and signs one addendum per layout of the export, from its parts'
+ * hashes and the tracker's manifest (ex->m). */
+int node__pub_addendum_build(struct node_pub *p, struct proto_err *err);
+/* POSTs the next addendum; its answer moves the export on (and, once all
+ * are in, joins the new layouts to the served version and offers them).
+ * 0 when sent, else a negative errno. */
+int node__pub_addendum_post(struct node_pub *p);
+void node__pub_addenda_free(struct pub_addenda *a);
 
 #endif

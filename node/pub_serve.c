@@ -379,6 +379,7 @@ static void on_check_answer(const struct trk_answer *a, void *arg)
 			if (!all && info != NULL && !pv->releasing && info->version != latest)
 				drop_layouts(pv, info);
 		}
+		node__pub_addendum_check(p, vi, n, latest);
 		free(vi);
 	} else {
 		LOG_DEBUG("retain check: %s", a->status == 200 ? err.msg : a->error);

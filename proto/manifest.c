@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/mlayout.h"
 #include "proto/params.h"
 
 /*
@@ -230,6 +231,34 @@ static int check_parcel(const struct proto_manifest *m, uint32_t li,
 	return 0;
 }
 
+/* Layout li's parcels: sorted by (src, dst), each well-formed. */
+static int check_layout(const struct proto_manifest *m, uint32_t li,
+			struct proto_err *err)
+{
+	const struct proto_mlayout *l = &m->layouts[li];
+	int rc;
+
+	if (l->nparcels > 0 && l->parcels == NULL)
+		return proto_errf(err, EINVAL,
+				  "manifest: layout %u: parcels not allocated", li);
+	for (uint32_t pi = 0; pi < l->nparcels; pi++) {
+		const struct proto_mparcel *p = &l->parcels[pi];
+		if (pi > 0) {
+			const struct proto_mparcel *q = &l->parcels[pi - 1];
+			if (p->src_rank < q->src_rank ||
+			    (p->src_rank == q->src_rank && p->dst_rank <= q->dst_rank))
+				return proto_errf(err, EBADMSG,
+						  "manifest: parcel %u of layout %u (src %u, dst %u) does not sort after (src %u, dst %u)",
+						  pi, li, p->src_rank, p->dst_rank,
+						  q->src_rank, q->dst_rank);
+		}
+		rc = check_parcel(m, li, pi, err);
+		if (rc != 0)
+			return rc;
+	}
+	return 0;
+}
+
 /*
  * Everything a well-formed manifest must satisfy beyond its framing. The
  * encoder runs it so that it never signs what the decoder would refuse.
@@ -273,25 +302,9 @@ static int manifest_check(const struct proto_manifest *m, struct proto_err *err)
 		return proto_errf(err, EINVAL, "manifest: layouts not allocated");
 
 	for (uint32_t li = 0; li < m->nlayouts; li++) {
-		const struct proto_mlayout *l = &m->layouts[li];
-		if (l->nparcels > 0 && l->parcels == NULL)
-			return proto_errf(err, EINVAL,
-					  "manifest: layout %u: parcels not allocated", li);
-		for (uint32_t pi = 0; pi < l->nparcels; pi++) {
-			const struct proto_mparcel *p = &l->parcels[pi];
-			if (pi > 0) {
-				const struct proto_mparcel *q = &l->parcels[pi - 1];
-				if (p->src_rank < q->src_rank ||
-				    (p->src_rank == q->src_rank && p->dst_rank <= q->dst_rank))
-					return proto_errf(err, EBADMSG,
-							  "manifest: parcel %u of layout %u (src %u, dst %u) does not sort after (src %u, dst %u)",
-							  pi, li, p->src_rank, p->dst_rank,
-							  q->src_rank, q->dst_rank);
-			}
-			rc = check_parcel(m, li, pi, err);
-			if (rc != 0)
-				return rc;
-		}
+		rc = check_layout(m, li, err);
+		if (rc != 0)
+			return rc;
 	}
 
 	/* Layout digests unique: sort indices, compare neighbours (n log n, as
@@ -348,6 +361,27 @@ static uint8_t *put_bytes(uint8_t *p, const void *v, size_t n)
 	return p + n;
 }
 
+static uint8_t *put_layout(uint8_t *p, const struct proto_mlayout *l)
+{
+	p = put_bytes(p, l->layout_digest, PROTO_HASH_BYTES);
+	p = put_bytes(p, l->plan_digest, PROTO_HASH_BYTES);
+	p = put_u32(p, l->nparcels);
+	for (uint32_t pi = 0; pi < l->nparcels; pi++) {
+		const struct proto_mparcel *pc = &l->parcels[pi];
+		p = put_u32(p, pc->src_rank);
+		p = put_u32(p, pc->dst_rank);
+		p = put_u64(p, pc->bytes);
+		p = put_u8(p, pc->encoding);
+		p = put_u64(p, pc->wire_bytes);
+		p = put_u32(p, pc->nchunks);
+		for (uint32_t c = 0; c < pc->nchunks; c++) {
+			p = put_u32(p, pc->chunks[c].size);
+			p = put_bytes(p, pc->chunks[c].hash, PROTO_HASH_BYTES);
+		}
+	}
+	return p;
+}
+
 int proto_manifest_sign(struct proto_manifest *m,
 			const uint8_t sk[PROTO_SK_BYTES], uint8_t **out,
 			size_t *outlen, struct proto_err *err)
@@ -393,25 +427,8 @@ int proto_manifest_sign(struct proto_manifest *m,
 	p = put_u64(p, m->created_ms);
 	p = put_u32(p, m->chunk_size);
 	p = put_u32(p, m->nlayouts);
-	for (uint32_t li = 0; li < m->nlayouts; li++) {
-		const struct proto_mlayout *l = &m->layouts[li];
-		p = put_bytes(p, l->layout_digest, PROTO_HASH_BYTES);
-		p = put_bytes(p, l->plan_digest, PROTO_HASH_BYTES);
-		p = put_u32(p, l->nparcels);
-		for (uint32_t pi = 0; pi < l->nparcels; pi++) {
-			const struct proto_mparcel *pc = &l->parcels[pi];
-			p = put_u32(p, pc->src_rank);
-			p = put_u32(p, pc->dst_rank);
-			p = put_u64(p, pc->bytes);
-			p = put_u8(p, pc->encoding);
-			p = put_u64(p, pc->wire_bytes);
-			p = put_u32(p, pc->nchunks);
-			for (uint32_t c = 0; c < pc->nchunks; c++) {
-				p = put_u32(p, pc->chunks[c].size);
-				p = put_bytes(p, pc->chunks[c].hash, PROTO_HASH_BYTES);
-			}
-		}
-	}
+	for (uint32_t li = 0; li < m->nlayouts; li++)
+		p = put_layout(p, &m->layouts[li]);
 	p = put_bytes(p, signer, PROTO_PK_BYTES);
 	if (crypto_sign_detached(p, NULL, buf, (size_t)(p - buf), sk) != 0) {
 		free(buf);
@@ -626,6 +643,58 @@ int proto_manifest_peek_signer(const uint8_t *buf, size_t len,
 		return -EINVAL;
 	memcpy(pk, buf + len - MAN_TRAILER_BYTES, PROTO_PK_BYTES);
 	return 0;
+}
+
+/* ---- one layout's block, for manifest addenda (proto/mlayout.h) ---------- */
+
+uint64_t proto__mlayout_size(const struct proto_mlayout *l)
+{
+	uint64_t size = MAN_LAYOUT_BYTES;
+
+	for (uint32_t pi = 0; pi < l->nparcels; pi++)
+		size += MAN_PARCEL_BYTES + (uint64_t)l->parcels[pi].nchunks * MAN_CHUNK_BYTES;
+	return size;
+}
+
+uint8_t *proto__mlayout_put(uint8_t *p, const struct proto_mlayout *l)
+{
+	return put_layout(p, l);
+}
+
+int proto__mlayout_get(const uint8_t *buf, size_t len, size_t *used,
+		       struct proto_mlayout *out, struct proto_err *err)
+{
+	struct rd r = {buf, len};
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	rc = decode_layout(&r, out, 0, err);
+	if (rc != 0) {
+		proto__mlayout_fini(out);
+		return rc;
+	}
+	*used = len - r.left;
+	return 0;
+}
+
+int proto__mlayout_check(const struct proto_mlayout *l, uint8_t kind,
+			 uint32_t chunk_size, struct proto_err *err)
+{
+	struct proto_manifest m = {.kind = kind, .chunk_size = chunk_size, .nlayouts = 1,
+				   .layouts = (struct proto_mlayout *)l};
+
+	if (chunk_size < PROTO_CHUNK_SIZE_MIN || chunk_size > PROTO_CHUNK_SIZE_MAX)
+		return proto_errf(err, EBADMSG, "manifest: chunk_size %u, not in [%u,%u]",
+				  chunk_size, PROTO_CHUNK_SIZE_MIN, PROTO_CHUNK_SIZE_MAX);
+	return check_layout(&m, 0, err);
+}
+
+void proto__mlayout_fini(struct proto_mlayout *l)
+{
+	for (uint32_t j = 0; l->parcels != NULL && j < l->nparcels; j++)
+		free(l->parcels[j].chunks);
+	free(l->parcels);
+	memset(l, 0, sizeof(*l));
 }
 
 /* ---- JSON -------------------------------------------------------------- */

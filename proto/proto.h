@@ -5,6 +5,7 @@
 
 #include "proto/cli.h"
 #include "proto/log.h"
+#include "proto/addendum.h"
 #include "proto/manifest.h"
 #include "proto/params.h"
 #include "proto/plan.h"

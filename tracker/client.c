@@ -672,6 +672,29 @@ int trk_client_publish(struct trk_client *c, const uint8_t *manifest, size_t len
 				  "application/octet-stream", manifest, len, 0, cb, arg);
 }
 
+int trk_client_post_addendum(struct trk_client *c, const uint8_t *addendum, size_t len,
+			     trk_client_cb cb, void *arg)
+{
+	return trk_client_request(c, "POST", TRK_API "/addenda", "application/octet-stream",
+				  addendum, len, 0, cb, arg);
+}
+
+int trk_client_get_addendum(struct trk_client *c, uint64_t version,
+			    const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg)
+{
+	char path[200], hex[2 * PROTO_HASH_BYTES + 1];
+
+	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
+	snprintf(path, sizeof(path), TRK_API "/addenda?version=%llu&layout=%s",
+		 (unsigned long long)version, hex);
+	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
+}
+
+int trk_client_leave(struct trk_client *c, const char *id, trk_client_cb cb, void *arg)
+{
+	return post_new(c, TRK_API "/nodes/leave", json_pack("{s:s}", "id", id), cb, arg);
+}
+
 int trk_client_watch(struct trk_client *c, uint64_t after, uint32_t wait_ms,
 		     trk_client_cb cb, void *arg)
 {
@@ -909,6 +932,33 @@ static int parse_retain_layouts(json_t *e, size_t i, struct trk_version_info *v,
 	return 0;
 }
 
+/* uncovered_layouts (the latest version's only; digests) and addenda
+ * (objects with layout_digest): absent means none; past
+ * TRK_RETAIN_LAYOUTS_MAX the first ones are kept. */
+static int parse_layout_list(json_t *e, size_t i, const char *key, const char *field,
+			     uint8_t (*out)[PROTO_HASH_BYTES], uint32_t *n,
+			     struct proto_err *err)
+{
+	json_t *a = json_object_get(e, key), *d;
+	size_t k;
+
+	if (a == NULL)
+		return 0;
+	if (!json_is_array(a))
+		return proto_errf(err, EINVAL, "versions[%zu].%s: not an array", i, key);
+	json_array_foreach(a, k, d) {
+		if (*n == TRK_RETAIN_LAYOUTS_MAX)
+			break;
+		if (field != NULL)
+			d = json_object_get(d, field);
+		if (proto_parse_hex(json_string_value(d), out[*n], PROTO_HASH_BYTES) != 0)
+			return proto_errf(err, EINVAL, "versions[%zu].%s[%zu]: bad digest", i, key,
+					  k);
+		(*n)++;
+	}
+	return 0;
+}
+
 int trk_versions_parse(json_t *answer, uint64_t *latest,
 		       struct trk_version_info **out, size_t *n,
 		       struct proto_err *err)
@@ -947,7 +997,11 @@ int trk_versions_parse(json_t *answer, uint64_t *latest,
 			goto fail;
 		}
 		v[i].retain = json_is_true(json_object_get(e, "retain"));
-		if ((rc = parse_retain_layouts(e, i, &v[i], err)) != 0)
+		if ((rc = parse_retain_layouts(e, i, &v[i], err)) != 0 ||
+		    (rc = parse_layout_list(e, i, "uncovered_layouts", NULL, v[i].uncovered,
+					       &v[i].nuncovered, err)) != 0 ||
+		    (rc = parse_layout_list(e, i, "addenda", "layout_digest", v[i].added,
+					       &v[i].nadded, err)) != 0)
 			goto fail;
 	}
 	*out = v;

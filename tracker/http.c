@@ -316,8 +316,11 @@ static const struct route routes[] = {
 	{TRK_API "/nodes", true, BODY_JSON, trk__handle_nodes},
 	{TRK_API "/heartbeat", true, BODY_JSON, trk__handle_heartbeat},
 	{TRK_API "/nodes/state", true, BODY_JSON, trk__handle_node_state},
+	{TRK_API "/nodes/leave", true, BODY_JSON, trk__handle_leave},
 	{TRK_API "/offers", true, BODY_JSON, trk__handle_offers},
 	{TRK_API "/versions", true, BODY_MANIFEST, trk__handle_publish},
+	{TRK_API "/addenda", false, BODY_NONE, trk__handle_addendum_get},
+	{TRK_API "/addenda", true, BODY_MANIFEST, trk__handle_addendum_post},
 };
 
 #define VERSIONS_PREFIX TRK_API "/versions/"
@@ -431,7 +434,8 @@ static int check_session(struct trk_call *c, const struct route *rt)
 
 	if (c->s->auth == NULL || c->json == NULL ||
 	    !(reg || rt->fn == trk__handle_heartbeat ||
-	      rt->fn == trk__handle_node_state || rt->fn == trk__handle_offers))
+	      rt->fn == trk__handle_node_state || rt->fn == trk__handle_offers ||
+	      rt->fn == trk__handle_leave))
 		return 0;
 	if (reg) {
 		json_t *rep = json_object_get(c->json, "replica");
@@ -707,6 +711,8 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 	}
 	if ((rc = trk__versions_open(o->state_dir, o->trainer_pk, &s->vs, err)) != 0)
 		goto fail;
+	if ((rc = trk__addenda_open(s, o->state_dir, &s->ad, err)) != 0)
+		goto fail;
 	if ((rc = trk__registry_new(s, &s->reg)) != 0) {
 		proto_errf(err, -rc, "out of memory");
 		goto fail;
@@ -781,6 +787,7 @@ void trk_server_free(struct trk_server *s)
 		evhttp_free(s->http);
 	trk__conns_free(s->conns);
 	trk__registry_free(s->reg);
+	trk__addenda_free(s->ad);
 	trk__versions_free(s->vs);
 	trk__auth_free(s->auth);
 	free(s);

@@ -32,6 +32,7 @@ struct trk_server {
 	uint64_t answers[6]; /* by status class: [2] = 2xx, ... */
 	uint64_t auth_refused;
 	struct trk_conns *conns; /* the connection guard (conns.c) */
+	struct trk_addenda *ad;  /* layouts added to published versions (addenda.c) */
 };
 
 /* One request being handled: the parsed URI and body. */
@@ -215,6 +216,8 @@ json_t *trk__version_json(struct trk_server *s, const struct trk_version *v);
 /* Drops held long-polls without answering (server shutdown). */
 void trk__versions_drop_waiters(struct trk_versions *vs);
 bool trk__versions_pinned(const struct trk_versions *vs);
+/* The trainer key versions are checked with; NULL before one is known. */
+const uint8_t *trk__versions_pk(const struct trk_versions *vs);
 
 void trk__handle_publish(struct trk_call *c);
 void trk__handle_versions(struct trk_call *c);
@@ -453,6 +456,9 @@ int trk__chain_check(struct trk__chain_seen *seen, const char *h, const char *wh
 json_t *trk__replica_statements(const struct trk_replica *rep, uint64_t v);
 /* Some rank of rep is alive. */
 bool trk__replica_alive(const struct trk_replica *rep);
+/* Every rank of rep registered and alive: only such a replica counts as
+ * holding (or being active at) a version. */
+bool trk__replica_whole(const struct trk_replica *rep);
 /* Every rank of rep alive and holding v. */
 bool trk__replica_complete(const struct trk_replica *rep, uint64_t v);
 /* The versions rep is complete at, ascending, into out[TRK__NODE_VERSIONS];
@@ -465,6 +471,7 @@ void trk__replica_update_active(struct trk_registry *r,
 				struct trk_replica *rep);
 
 void trk__handle_heartbeat(struct trk_call *c);
+void trk__handle_leave(struct trk_call *c);
 
 /* ---- target.c: the version a replica works toward ---- */
 
@@ -527,6 +534,28 @@ json_t *trk__status_json(struct trk_server *s, const struct trk_status_page *pg)
 void trk__handle_status(struct trk_call *c);
 void trk__handle_page(struct trk_call *c);
 void trk__handle_metrics(struct trk_call *c);
+
+/* ---- addenda.c: layouts added to published versions ---- */
+
+struct trk_addenda;
+/* Loads (verifying each against the trainer key and its version's
+ * manifest) the addenda stored under state_dir; s->vs must be open. On
+ * failure *out is NULL and err names the damaged file. */
+int trk__addenda_open(struct trk_server *s, const char *state_dir, struct trk_addenda **out,
+		      struct proto_err *err);
+void trk__addenda_free(struct trk_addenda *ad);
+/* v's parcels of layout: m's (v's manifest) or an addendum's; NULL when
+ * neither lists the layout. */
+const struct proto_mlayout *trk__version_layout(struct trk_server *s, uint64_t v,
+						const struct proto_manifest *m,
+						const uint8_t *layout);
+/* v's addenda as status JSON (new array; NULL on ENOMEM). */
+json_t *trk__addenda_json(struct trk_server *s, uint64_t v);
+/* The layouts (hex, each once) of live replicas that v does not cover yet:
+ * what the publisher is asked to add (new array; NULL on ENOMEM). */
+json_t *trk__version_uncovered(struct trk_server *s, uint64_t v);
+void trk__handle_addendum_post(struct trk_call *c);
+void trk__handle_addendum_get(struct trk_call *c);
 
 /* ---- timeline.c: per-version update timelines (soft) ---- */
 

@@ -66,8 +66,9 @@ static const struct trk_offer *offers_find(struct trk_offers *o, uint64_t v,
 
 /* ---- POST /offers ------------------------------------------------------------ */
 
-static int parse_offer(json_t *o, size_t i, const struct proto_manifest *m,
-		       struct trk_offer *out, struct proto_err *err)
+static int parse_offer(struct trk_server *sv, json_t *o, size_t i,
+		       const struct proto_manifest *m, struct trk_offer *out,
+		       struct proto_err *err)
 {
 	const struct proto_mlayout *ml;
 	const struct proto_mparcel *mp;
@@ -87,7 +88,7 @@ static int parse_offer(json_t *o, size_t i, const struct proto_manifest *m,
 	}
 	out->src_rank = (uint32_t)src;
 	out->dst_rank = (uint32_t)dst;
-	ml = proto_manifest_layout(m, out->layout);
+	ml = trk__version_layout(sv, m->version, m, out->layout); /* or an addendum's */
 	if (ml == NULL)
 		return proto_errf(err, EINVAL,
 				  "parcels[%zu]: version %llu has no such layout", i,
@@ -149,7 +150,7 @@ void trk__handle_offers(struct trk_call *c)
 	}
 	for (size_t i = 0; i < cnt; i++) {
 		struct trk_offer *o = &list[i];
-		if (parse_offer(json_array_get(jp, i), i, m, o, &err) != 0) {
+		if (parse_offer(c->s, json_array_get(jp, i), i, m, o, &err) != 0) {
 			trk__fail(c, 400, "%s", err.msg);
 			goto out;
 		}

@@ -192,6 +192,14 @@ bool trk__replica_alive(const struct trk_replica *rep)
 	return false;
 }
 
+bool trk__replica_whole(const struct trk_replica *rep)
+{
+	for (uint32_t i = 0; i < rep->nranks; i++)
+		if (rep->ranks[i] == NULL || !rep->ranks[i]->alive)
+			return false;
+	return rep->nranks > 0;
+}
+
 /* Complete at v: every rank alive and holding v (model-parallel
  * consistency: a replica is only as complete as its least rank). */
 bool trk__replica_complete(const struct trk_replica *rep, uint64_t v)
@@ -231,6 +239,31 @@ static void node_gone(struct trk_node *n, uint64_t now_ms, const char *why)
 	n->alive = false;
 	n->gone_ms = now_ms;
 	LOG_INFO("node %s gone (%s)", n->id, why);
+}
+
+/* POST /nodes/leave: the node says it goes (SIGTERM). It is gone at once,
+ * as if its lease had run out: never a source again, its replica
+ * incomplete. Its offers go with it. */
+void trk__handle_leave(struct trk_call *c)
+{
+	struct trk_registry *r = c->s->reg;
+	struct proto_err err = {{0}};
+	const char *id = NULL;
+	struct trk_node *n;
+
+	if (trk__get_str(c->json, "id", true, TRK_ID_MAX - 1, &id, &err) != 0) {
+		trk__fail(c, 400, "%s", err.msg);
+		return;
+	}
+	n = trk__node_find(r, id);
+	if (n == NULL || !n->alive) {
+		trk__fail(c, 404, "node %s is unknown or already gone", id);
+		return;
+	}
+	node_gone(n, proto_wall_ms(), "left");
+	trk__offers_clear(&n->offers);
+	trk__registry_changed(r);
+	trk__reply_json(c, 200, json_pack("{s:s,s:b}", "id", n->id, "left", 1));
 }
 
 uint64_t trk__registry_sweep_period_ns(const struct trk_registry *r)

@@ -84,6 +84,7 @@ static json_t *replica_json(struct trk_registry *r, const struct trk_replica *re
 							  json_null());
 		bad |= trk__set(o, "nranks", json_integer(rep->nranks));
 		bad |= trk__set(o, "alive", json_boolean(trk__replica_alive(rep)));
+		bad |= trk__set(o, "incomplete", json_boolean(!trk__replica_whole(rep)));
 		bad |= trk__set(o, "ranks", ranks);
 		ranks = NULL;
 		bad |= trk__set(o, "complete", u64_array(list, k));
@@ -174,7 +175,7 @@ json_t *trk__registry_version_replicas(struct trk_registry *r, uint64_t v,
 
 	*count = 0;
 	for (struct trk_replica *rep = r->reps; a != NULL && rep; rep = rep->next) {
-		bool in = active ? rep->active == v && trk__replica_alive(rep) :
+		bool in = active ? rep->active == v && trk__replica_whole(rep) :
 				   trk__replica_complete(rep, v);
 		if (!in)
 			continue;

@@ -329,6 +329,8 @@ static void page_replicas(struct evbuffer *b, json_t *st, const struct trk_statu
 				layout_cell(b, v, rows, rcls);
 				evbuffer_add_printf(b, "<td rowspan=\"%zu\" class=\"%s\">", rows, rcls);
 				esc_json(b, json_object_get(v, "active"));
+				if (json_is_true(json_object_get(v, "incomplete")))
+					evbuffer_add_printf(b, " <i>incomplete</i>");
 				evbuffer_add_printf(b, "</td><td rowspan=\"%zu\" class=\"%s\">", rows, rcls);
 				esc_json(b, json_object_get(v, "target"));
 				evbuffer_add_printf(b, "</td><td rowspan=\"%zu\" class=\"%s\">", rows, rcls);
@@ -373,7 +375,14 @@ static void version_row(struct evbuffer *b, json_t *v, json_t *now, json_t *mode
 	bytes_text(b, json_object_get(v, "wire_bytes"));
 	evbuffer_add_printf(b, " (");
 	esc_json(b, json_object_get(v, "layouts"));
-	evbuffer_add_printf(b, " layouts)</td>");
+	evbuffer_add_printf(b, " layouts");
+	if (json_array_size(json_object_get(v, "addenda")) > 0)
+		evbuffer_add_printf(b, ", %zu added by addenda",
+				    json_array_size(json_object_get(v, "addenda")));
+	if (json_array_size(json_object_get(v, "uncovered_layouts")) > 0)
+		evbuffer_add_printf(b, ", %zu waiting for one",
+				    json_array_size(json_object_get(v, "uncovered_layouts")));
+	evbuffer_add_printf(b, ")</td>");
 	age(b, now, json_object_get(v, "published_ms"));
 	names_cell(b, v, "complete");
 	names_cell(b, v, "active");

@@ -219,6 +219,14 @@ int trk_client_publish(struct trk_client *c, const uint8_t *manifest,
  * exist, else when one is published or after W ms (capped at 30000). */
 int trk_client_watch(struct trk_client *c, uint64_t after, uint32_t wait_ms,
 		     trk_client_cb cb, void *arg);
+/* POST /addenda with a signed addendum (copied). */
+int trk_client_post_addendum(struct trk_client *c, const uint8_t *addendum, size_t len,
+			     trk_client_cb cb, void *arg);
+/* GET /addenda?version=V&layout=HEX: the raw addendum bytes in a->body. */
+int trk_client_get_addendum(struct trk_client *c, uint64_t version,
+			    const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg);
+/* POST /nodes/leave: node id leaves now (its session goes with it). */
+int trk_client_leave(struct trk_client *c, const char *id, trk_client_cb cb, void *arg);
 /* GET /versions/V/manifest: the raw bytes in a->body. */
 int trk_client_get_manifest(struct trk_client *c, uint64_t version,
 			    trk_client_cb cb, void *arg);
@@ -341,6 +349,13 @@ struct trk_version_info {
 	bool all_layouts;
 	uint32_t nlayouts;
 	uint8_t layouts[TRK_RETAIN_LAYOUTS_MAX][PROTO_HASH_BYTES];
+	/* Layouts of live replicas this version does not cover yet (the
+	 * latest's only): the publisher adds them by addendum. */
+	uint32_t nuncovered;
+	uint8_t uncovered[TRK_RETAIN_LAYOUTS_MAX][PROTO_HASH_BYTES];
+	/* Layouts added to it by addenda (the first TRK_RETAIN_LAYOUTS_MAX). */
+	uint32_t nadded;
+	uint8_t added[TRK_RETAIN_LAYOUTS_MAX][PROTO_HASH_BYTES];
 };
 /* Parses a /versions answer: latest and a malloc'ed array (free() it). */
 int trk_versions_parse(json_t *answer, uint64_t *latest,

@@ -458,6 +458,11 @@ bool trk__versions_pinned(const struct trk_versions *vs)
 	return vs->pinned;
 }
 
+const uint8_t *trk__versions_pk(const struct trk_versions *vs)
+{
+	return vs->have_pk ? vs->pk : NULL;
+}
+
 size_t trk__versions_count(const struct trk_versions *vs)
 {
 	return vs->n;
@@ -583,6 +588,9 @@ json_t *trk__version_json(struct trk_server *s, const struct trk_version *v)
 	bad |= trk__set(o, "retain", json_boolean(retain));
 	bad |= trk__set(o, "retain_layouts", trk__version_retain_layouts(s, v->version));
 	bad |= trk__set(o, "dropped", json_boolean(trk__version_dropped(s, v->version)));
+	bad |= trk__set(o, "addenda", trk__addenda_json(s, v->version));
+	if (v->version == trk__versions_latest(s->vs))
+		bad |= trk__set(o, "uncovered_layouts", trk__version_uncovered(s, v->version));
 	if (bad) {
 		json_decref(o);
 		return NULL;

@@ -1,0 +1,114 @@
+/* A version whose manifest lacks our layout: its signed addendum, checked and spliced in. */
+#include "node/agent_internal.h"
+
+#include "proto/addendum.h"
+
+/*
+ * A replica that registers a layout after the latest version was published
+ * finds no parcels for it in that manifest. The publisher, told by the
+ * tracker, plans and hashes the layout's parcels of that version and posts
+ * an addendum signed by the trainer key (proto/addendum.h). We ask the
+ * tracker for it until it is there (TESSERA_ADDENDUM_WAIT_MS at most),
+ * check its signature with the trainer key and its binding to the manifest
+ * we verified (same version and manifest digest), and splice its layout
+ * into our copy of the manifest: from there on the fetch is the one every
+ * layout gets, every chunk checked against the addendum's hashes. A bad
+ * addendum refuses the version like a bad manifest does.
+ */
+
+static void ask(struct node_agent *a);
+
+/* No addendum came: the old rule, wait for the next version. The tracker
+ * hears the failure, so the replica's target moves past this version. */
+static void no_cover(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+
+	LOG_INFO("node %s: v%" PRIu64 " has no parcels for our layout and no addendum came; "
+		 "waiting for a newer version",
+		 a->node_id, f->version);
+	agent_report(a, f->version, TRK_STATE_FAILED,
+		     "no parcels for our layout (published before it registered, no addendum)", NULL);
+	a->failed = f->version;
+	a->failed_ms = agent_now_ms();
+	agent_fetch_drop(a);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+
+	if (a->fetch != NULL && a->fetch->want_addendum)
+		ask(a);
+}
+
+/* Not there yet (or the tracker did not answer): ask again soon, until the
+ * wait is over. */
+static void again(struct node_agent *a, const char *why)
+{
+	struct agent_fetch *f = a->fetch;
+
+	if (agent_now_ms() - f->started_ms >= proto_param(PROTO_PARAM_ADDENDUM_WAIT_MS)) {
+		no_cover(a);
+		return;
+	}
+	if (f->addendum_ev == NULL)
+		f->addendum_ev = evtimer_new(a->base, on_timer, a);
+	if (f->addendum_ev == NULL) {
+		no_cover(a);
+		return;
+	}
+	node_wait_note(&a->wait, agent_now_ms(), a->node_id, "addendum",
+		       "the addendum of v%" PRIu64 " for our layout (%s)", f->version, why);
+	agent_arm(f->addendum_ev, RETRY_MS);
+}
+
+static void on_addendum(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+	struct proto_addendum ad;
+	struct proto_err err = {{0}};
+
+	if (f == NULL || !f->want_addendum)
+		return;
+	if (ans->status != 200) {
+		again(a, ans->error);
+		return;
+	}
+	if (proto_addendum_decode(ans->body, ans->len, a->trainer_pk, &ad, &err) != 0 ||
+	    proto_addendum_binds(&ad, &f->man, &err) != 0) {
+		if (ad.version != 0)
+			proto_addendum_fini(&ad);
+		agent_fetch_fail(a, "%s", err.msg);
+		return;
+	}
+	if (sodium_memcmp(ad.layout.layout_digest, a->layout.digest, PROTO_HASH_BYTES) != 0) {
+		proto_addendum_fini(&ad);
+		agent_fetch_fail(a, "the tracker sent the addendum of another layout");
+		return;
+	}
+	if (proto_addendum_extend(&f->man, &ad) != 0) {
+		proto_addendum_fini(&ad);
+		agent_fetch_fail(a, "out of memory");
+		return;
+	}
+	proto_addendum_fini(&ad);
+	f->want_addendum = false;
+	node_wait_over(&a->wait, "addendum");
+	LOG_INFO("node %s: v%" PRIu64 " extended for our layout by its signed addendum", a->node_id,
+		 f->version);
+	agent_with_addendum(a);
+}
+
+static void ask(struct node_agent *a)
+{
+	if (trk_client_get_addendum(a->trk, a->fetch->version, a->layout.digest, on_addendum, a) != 0)
+		again(a, "cannot ask the tracker");
+}
+
+void agent_addendum_wait(struct node_agent *a)
+{
+	a->fetch->want_addendum = true;
+	ask(a);
+}

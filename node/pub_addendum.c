@@ -1,0 +1,303 @@
+/* The publisher extends a published version for layouts registered after it (signed addenda). */
+#include "node/pub_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/addendum.h"
+
+/*
+ * A replica may register a serving layout after the latest version was
+ * published; that manifest lists no parcels for it. The tracker says so in
+ * its version list (the latest's `uncovered_layouts`), which the retention
+ * check reads every TESSERA_PUB_CHECK_MS. The leader then runs an export of
+ * the same version in addendum mode (pub_export.c does the work):
+ *   1. the tracker's manifest of the version (its digest and chunk size);
+ *   2. the snapshot, rebuilt from the source (fixture or checkpoint: the
+ *      sources are deterministic, so the bytes are the version's; a
+ *      snapshot is not kept after an export), and the new layouts planned;
+ *   3. only the new layouts' parcels gathered and hashed;
+ *   4. per layout an addendum (proto/addendum.h) signed and POSTed;
+ *   5. the new parcels joined to the served version (their own slices and
+ *      regions, as a layout of the original export has) and offered with it.
+ * Only a version this process still serves is extended: the newest one
+ * always is, unless the publisher restarted and has not re-offered it yet.
+ * Otherwise it says so and the replica waits for the next version. With
+ * several publisher processes nothing is extended yet (the others would
+ * have to rebuild and offer their ranks' parcels of the new layout, as
+ * they do for a version): the replica waits for the next version.
+ */
+
+#define ADD_RETRY_MS 5000 /* a failed extension of a version is tried again after */
+#define POST_TRIES 20     /* transport failures before giving up */
+
+struct pub_addenda {
+	size_t n, sent;
+	unsigned tries;
+	uint8_t **buf;
+	size_t *len;
+};
+
+void node__pub_addenda_free(struct pub_addenda *a)
+{
+	if (a == NULL)
+		return;
+	for (size_t i = 0; i < a->n; i++)
+		free(a->buf[i]);
+	free(a->buf);
+	free(a->len);
+	free(a);
+}
+
+static struct pub_version *served(struct node_pub *p, uint64_t v)
+{
+	for (struct pub_version *pv = p->versions; pv; pv = pv->next)
+		if (pv->version == v && !pv->releasing)
+			return pv;
+	return NULL;
+}
+
+static bool serves_layout(const struct pub_version *pv, const uint8_t *digest)
+{
+	for (size_t li = 0; li < pv->nlayouts; li++)
+		if (memcmp(pv->layouts[li].digest, digest, PROTO_HASH_BYTES) == 0)
+			return true;
+	return false;
+}
+
+void node__pub_addendum_check(struct node_pub *p, const struct trk_version_info *vi, size_t n,
+			      uint64_t latest)
+{
+	const struct trk_version_info *info = NULL;
+	struct pub_version *pv;
+	char h[2 * PROTO_HASH_BYTES + 1];
+
+	for (size_t i = 0; i < n; i++)
+		if (vi[i].version == latest)
+			info = &vi[i];
+	if (info == NULL || (info->nuncovered == 0 && info->nadded == 0) || !p->leader ||
+	    p->dead || !p->ready || p->ex != NULL)
+		return;
+	if (p->add_failed_v == latest && proto_wall_ms() - p->add_failed_ms < ADD_RETRY_MS)
+		return;
+	pv = served(p, latest);
+	/* Layouts no manifest or addendum lists yet, and those added by
+	 * addenda that this process does not serve (it restarted): the same
+	 * addendum is made again (the sources are deterministic) and offered. */
+	p->nadd_want = 0;
+	for (uint32_t k = 0; k < info->nuncovered; k++)
+		if (pv == NULL || !serves_layout(pv, info->uncovered[k]))
+			memcpy(p->add_want[p->nadd_want++], info->uncovered[k], PROTO_HASH_BYTES);
+	for (uint32_t k = 0; k < info->nadded && p->nadd_want < TRK_RETAIN_LAYOUTS_MAX; k++)
+		if (pv == NULL || !serves_layout(pv, info->added[k]))
+			memcpy(p->add_want[p->nadd_want++], info->added[k], PROTO_HASH_BYTES);
+	if (p->nadd_want == 0)
+		return; /* all served; the tracker hears of new ones with their addenda */
+	sodium_bin2hex(h, sizeof(h), p->add_want[0], PROTO_HASH_BYTES);
+	if (p->nhosted != p->tl.nranks) {
+		if (p->add_gone_v != latest)
+			LOG_WARN("version %llu lacks layout %.16s; other processes host trainer ranks "
+				 "and do not extend versions: that replica waits for the next version",
+				 (unsigned long long)latest, h);
+		p->add_gone_v = latest;
+		return;
+	}
+	if (pv == NULL) {
+		if (p->add_gone_v != latest)
+			LOG_WARN("version %llu lacks layout %.16s but this publisher no longer serves it: "
+				 "that replica waits for the next version",
+				 (unsigned long long)latest, h);
+		p->add_gone_v = latest;
+		return;
+	}
+	LOG_INFO("version %llu lacks layout %.16s%s: extending it by addendum",
+		 (unsigned long long)latest, h, p->nadd_want > 1 ? " and others" : "");
+	p->add_version = latest;
+	p->addendum_next = true;
+	node__pub_ex_start(p, NULL, latest, false);
+}
+
+bool node__pub_addendum_wants(const struct node_pub *p, const struct pub_layout *sl)
+{
+	for (uint32_t k = 0; k < p->nadd_want; k++)
+		if (memcmp(p->add_want[k], sl->digest, PROTO_HASH_BYTES) == 0)
+			return true;
+	return false;
+}
+
+/* Addendum li from the parts' hashes (items of that layout). */
+static int build_one(struct node_pub *p, size_t li, struct proto_addendum *ad,
+		     struct proto_err *err)
+{
+	struct pub_export *ex = p->ex;
+	const struct pub_layout *sl = ex->layouts[li];
+	struct proto_manifest tmp;
+	struct proto_mlayout *ml;
+	int rc;
+
+	proto_addendum_init(ad);
+	ad->version = ex->version;
+	memcpy(ad->manifest_digest, ex->m.digest, PROTO_HASH_BYTES);
+	ad->chunk_size = ex->m.chunk_size;
+	/* The layout block is built in a manifest (its chunk-list helpers),
+	 * then moved into the addendum. */
+	proto_manifest_init(&tmp);
+	tmp.chunk_size = ex->m.chunk_size;
+	ml = proto_manifest_add_layout(&tmp, sl->digest, sl->plan.digest, sl->plan.nparcels);
+	if (ml == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	for (size_t i = 0; i < ex->pv->nparts; i++) {
+		const struct pub_part *pt = &ex->pv->parts[i];
+		for (size_t j = 0; j < pt->nitems; j++) {
+			const struct pub_item *it = &pt->items[j];
+			struct proto_mparcel *mp = &ml->parcels[it->pi];
+			if (it->li != li)
+				continue;
+			mp->src_rank = it->pc->src_rank;
+			mp->dst_rank = it->pc->dst_rank;
+			mp->bytes = it->pc->bytes;
+			mp->encoding = PROTO_ENC_RAW;
+			if ((rc = proto_mparcel_alloc_chunks(&tmp, mp, it->pc->bytes)) != 0) {
+				proto_manifest_fini(&tmp);
+				return proto_errf(err, -rc, "sizing parcel %u->%u's chunk list",
+						  mp->src_rank, mp->dst_rank);
+			}
+			for (uint32_t c = 0; c < mp->nchunks; c++)
+				memcpy(mp->chunks[c].hash, it->hash[c], PROTO_HASH_BYTES);
+		}
+	}
+	ad->layout = *ml;
+	ml->parcels = NULL;
+	ml->nparcels = 0;
+	proto_manifest_fini(&tmp);
+	return 0;
+}
+
+int node__pub_addendum_build(struct node_pub *p, struct proto_err *err)
+{
+	struct pub_export *ex = p->ex;
+	struct pub_addenda *a = calloc(1, sizeof(*a));
+	int rc = 0;
+
+	if (a == NULL || (a->buf = calloc(ex->nlayouts, sizeof(*a->buf))) == NULL ||
+	    (a->len = calloc(ex->nlayouts, sizeof(*a->len))) == NULL) {
+		node__pub_addenda_free(a);
+		return proto_errf(err, ENOMEM, "out of memory");
+	}
+	ex->add = a;
+	for (size_t li = 0; li < ex->nlayouts && rc == 0; li++) {
+		struct proto_addendum ad;
+		rc = build_one(p, li, &ad, err);
+		if (rc == 0)
+			rc = proto_addendum_sign(&ad, p->sk, &a->buf[li], &a->len[li], err);
+		proto_addendum_fini(&ad);
+		if (rc == 0)
+			a->n++;
+	}
+	return rc;
+}
+
+/* Joins the export's parts (its new layouts' slices, regions and offers)
+ * to the served version pv, which offers them with its own from now on. */
+static int join(struct node_pub *p, struct pub_version *pv, struct pub_version *add)
+{
+	size_t base = pv->nlayouts, k = add->nlayouts;
+	struct pub_vlayout *ls = realloc(pv->layouts, (base + k) * sizeof(*ls));
+	struct pub_part *parts;
+	struct trk_offer *offers;
+	uint32_t *oli;
+
+	if (ls == NULL)
+		return -ENOMEM;
+	pv->layouts = ls;
+	parts = realloc(pv->parts, (pv->nparts + add->nparts) * sizeof(*parts));
+	if (parts == NULL)
+		return -ENOMEM;
+	pv->parts = parts;
+	offers = realloc(pv->offers, PROTO_MAX(pv->noffers + add->noffers, 1) * sizeof(*offers));
+	if (offers == NULL)
+		return -ENOMEM;
+	pv->offers = offers;
+	oli = realloc(pv->offer_li, PROTO_MAX(pv->noffers + add->noffers, 1) * sizeof(*oli));
+	if (oli == NULL)
+		return -ENOMEM;
+	pv->offer_li = oli;
+	/* Each new part's slices, re-indexed past the version's layouts. */
+	for (size_t i = 0; i < add->nparts; i++) {
+		struct pub_part *pt = &add->parts[i];
+		struct pub_slice *sl;
+		if (pt->buf == NULL)
+			continue;
+		sl = calloc(base + k, sizeof(*sl));
+		if (sl == NULL)
+			return -ENOMEM;
+		memcpy(sl + base, pt->slices, pt->nslices * sizeof(*sl));
+		free(pt->slices);
+		pt->slices = sl;
+		pt->nslices = base + k;
+	}
+	/* Nothing can fail from here: move everything over. */
+	memcpy(pv->layouts + base, add->layouts, k * sizeof(*ls));
+	pv->nlayouts = base + k;
+	for (size_t i = 0; i < add->nparts; i++) {
+		if (add->parts[i].buf == NULL)
+			continue;
+		pv->parts[pv->nparts++] = add->parts[i];
+		memset(&add->parts[i], 0, sizeof(add->parts[i]));
+	}
+	for (size_t i = 0; i < add->noffers; i++) {
+		pv->offers[pv->noffers] = add->offers[i];
+		pv->offer_li[pv->noffers++] = (uint32_t)(add->offer_li[i] + base);
+	}
+	pv->offered = false;
+	pv->offer_tried = false;
+	return 0;
+}
+
+static void on_post(const struct trk_answer *ans, void *arg)
+{
+	struct node_pub *p = arg;
+	struct pub_export *ex = p->ex;
+	struct pub_addenda *a = ex->add;
+	struct pub_version *pv;
+	char msg[600];
+
+	ex->req_busy = false;
+	if (ex->failed) {
+		node__pub_ex_step(p);
+		return;
+	}
+	if (ans->status == 200 || ans->status == 201) {
+		a->sent++;
+		a->tries = 0;
+	} else if ((ans->status < 0 || ans->status >= 500) && ++a->tries < POST_TRIES) {
+		LOG_WARN("posting an addendum of version %llu: %s (retrying)",
+			 (unsigned long long)ex->version, ans->error);
+		node__pub_timer_ms(p->ex_ev, RETRY_MS);
+	} else {
+		snprintf(msg, sizeof(msg), "the tracker refused its addendum: %s", ans->error);
+		node__pub_ex_fail(p, EIO, msg);
+	}
+	if (!ex->failed && a->sent == a->n) {
+		pv = served(p, ex->version);
+		if (pv == NULL) {
+			node__pub_ex_fail(p, ENOENT, "the version stopped being served meanwhile");
+		} else if (join(p, pv, ex->pv) != 0) {
+			node__pub_ex_fail(p, ENOMEM, "out of memory joining the new layouts");
+		} else {
+			node__pub_version_free(p, ex->pv);
+			ex->pv = pv;
+			ex->phase = EX_OFFER;
+			node__pub_sync_offers(p);
+		}
+	}
+	node__pub_ex_step(p);
+}
+
+int node__pub_addendum_post(struct node_pub *p)
+{
+	struct pub_addenda *a = p->ex->add;
+
+	return trk_client_post_addendum(p->trk, a->buf[a->sent], a->len[a->sent], on_post, p);
+}
