@@ -241,6 +241,7 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		if (a->lease_ms == 0)
 			a->lease_ms = proto_param(PROTO_PARAM_LEASE_MS);
 		a->registered = true;
+		agent_swarm_registered(a);
 		node_metrics_set(a->am.m, a->am.registered, 1);
 		node_metrics_set_health(a->am.m, true, NULL);
 		node_wait_over(&a->wait, "tracker");

@@ -87,7 +87,22 @@
 	X(ATTACH_PINS, "TESSERA_ATTACH_PINS", 65536, "pins one attached client may hold") \
 	/* Bytes a node queues for a client that does not read; past it the \
 	 * client is dropped (and its pins with it). */ \
-	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client")
+	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client") \
+	/* Peer fanout (node/agent_swarm.c): 1, nodes serve the chunks they \
+	 * verified to the others of their parcel's swarm and fetch from them; \
+	 * 0, star mode: nodes neither offer nor fetch from peers (everyone \
+	 * pulls every byte from the trainer). The only tunable that may be 0 \
+	 * while its default is not. */ \
+	X(FANOUT, "TESSERA_FANOUT", 1, "peer fanout (1) or star mode (0)") \
+	/* How often a node reads each swarm peer's have-page (proto/have.h) \
+	 * while it still needs chunks of that parcel. */ \
+	X(HAVE_POLL_MS, "TESSERA_HAVE_POLL_MS", 100, "have-page read period per swarm peer, ms") \
+	/* Reads a node keeps in flight to one peer at most (its upload budget \
+	 * as the peer sees it: a reader never queues more on a peer's link). */ \
+	X(PEER_INFLIGHT, "TESSERA_PEER_INFLIGHT", 4, "most chunk reads in flight to one peer") \
+	/* Test only: a node flips one byte of every chunk it serves to peers \
+	 * (its own copy stays right), so that tests can see a bad peer banned. */ \
+	X(TEST_CORRUPT_SERVE, "TESSERA_TEST_CORRUPT_SERVE", 0, "test only: serve corrupt chunks (1)")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

@@ -234,7 +234,9 @@ void trk__handle_sources(struct trk_call *c)
 		goto out;
 	}
 	/* A node offers only parcels of its own layout and rank, so the only
-	 * candidates are rank dst of the replicas with that layout. */
+	 * candidates are rank dst of the replicas with that layout. A node
+	 * offers a parcel while it is still fetching it: which chunks it
+	 * holds, its peers read from its have-page (proto/have.h). */
 	for (struct trk_replica *rep = r->reps; rep; rep = rep->next) {
 		struct trk_node *n;
 		const struct trk_offer *o;
@@ -242,7 +244,7 @@ void trk__handle_sources(struct trk_call *c)
 		    memcmp(rep->layout->digest, layout, PROTO_HASH_BYTES) != 0)
 			continue;
 		n = rep->ranks[dst];
-		if (!trk__node_holds(n, version))
+		if (n == NULL || !n->alive)
 			continue;
 		o = offers_find(&n->offers, version, layout, (uint32_t)src, (uint32_t)dst);
 		if (o != NULL &&
