@@ -44,7 +44,8 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 		free(req);
 		return;
 	}
-	struct agent_parcel *p = &f->parcels[req->parcel];
+	uint32_t req_parcel = req->parcel;
+	struct agent_parcel *p = &f->parcels[req_parcel];
 	free(req);
 	p->sources_pending = false;
 	p->sources_ms = agent_now_ms();
@@ -114,6 +115,7 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 	free(s); /* the strings moved into ns */
 	p->srcs = ns;
 	p->nsrcs = n;
+	agent_swarm_owners(a, req_parcel);
 	agent_pump(a);
 }
 

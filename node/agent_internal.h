@@ -101,6 +101,7 @@ struct agent_parcel {
 	uint8_t *nlive;      /* per chunk: reads of it in flight */
 	uint16_t *avail;     /* per chunk: peers whose have-page lists it */
 	uint8_t *peer_busy;  /* per chunk: a peer is fetching it */
+	uint8_t *mine;       /* per chunk: we own it (we ask the trainer for it first) */
 	uint32_t rot;        /* where our walk over its chunks starts */
 	uint64_t progress_ms; /* a chunk of it verified (or the fetch started) */
 };
@@ -323,6 +324,9 @@ void agent_swarm_mark(struct agent_parcel *p, uint32_t c, int what);
 /* A chunk from the peer with this id failed its hash; true when that bans it. */
 bool agent_swarm_bad_peer(struct node_agent *a, const char *id);
 bool agent_swarm_banned(const struct agent_fetch *f, const char *id);
+/* Which chunks of parcel pi we own among the members we know (after every
+ * source list). */
+void agent_swarm_owners(struct node_agent *a, uint32_t pi);
 /* Source helpers shared with agent_fetch.c. */
 uint64_t agent_source_window(const struct node_agent *a, const struct agent_source *s);
 bool agent_source_silent(const struct agent_source *s, uint64_t now);

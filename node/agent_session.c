@@ -26,6 +26,7 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 		   const char *error, trk_client_cb cb)
 {
 	struct agent_fetch *f = a->fetch;
+	const char *banned[BANS_MAX];
 	struct trk_state_report r = {
 		.id = a->node_id,
 		.version = version,
@@ -39,6 +40,11 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 		r.bytes_from_peers = f->from_peers;
 		r.first_byte_ms = f->first_byte_ms;
 		r.last_byte_ms = f->last_byte_ms;
+		r.duplicate_bytes = f->duplicate;
+		for (uint32_t i = 0; i < f->nbad && r.nbanned < BANS_MAX; i++)
+			if (f->bad_counts[i] >= BAN_BAD_CHUNKS)
+				banned[r.nbanned++] = f->bad_ids[i];
+		r.banned = banned;
 	} else if (a->active != NULL && a->active->version == version) {
 		r.bytes_done = r.bytes_total = a->active->len;
 	}

@@ -18,12 +18,14 @@
  *   1. rarest first among chunks some usable peer holds (fewest holders,
  *      ties broken by our own starting point), from a holder with room;
  *   2. else, from a publisher, a chunk no peer holds and no peer is
- *      fetching (its busy bit): first our share (the members, us included,
- *      sorted by id, own chunk c when c % members is their place), then
- *      the others' shares from the end backwards, so that the trainer's
- *      chunks go to one reader each and spread over the swarm
+ *      fetching (its busy bit): first the chunks we own, then one of the
+ *      others at random while more are left than members. Chunk c's owner is the member
+ *      (us and the peers the tracker listed) with the highest hash of
+ *      (its id, parcel, c): rendezvous hashing, so members that know
+ *      different subsets of the swarm still agree on most owners. The
+ *      trainer's chunks go to one reader each and spread over the swarm
  *      (super-seeding done by the readers: one-sided reads give the
- *      publisher no say); have-pages are a poll old, so shares are what
+ *      publisher no say); have-pages are a poll old, ownership is what
  *      keeps two readers off the same chunk meanwhile;
  *   3. else, when nothing of the parcel is in flight for us and none of
  *      its chunks came for STARVE_MS, a chunk no peer holds even if one is
@@ -491,37 +493,64 @@ static bool pub_wanted(const struct agent_parcel *p, uint32_t c, bool starved)
 	return p->state[c] == 0 && p->avail[c] == 0 && (starved || !p->peer_busy[c]);
 }
 
-/* The chunk to ask a publisher for next, UINT32_MAX if none: first our
- * share of the m members (chunks c with c % m == me, us being the me-th
- * id in order) in order (alone: every chunk from our own starting point);
- * then the next member's share from its end backwards (its owner walks it
- * forwards: we meet late, if at all), then the one after it, so that two
- * helpers do not walk the same share; starved, any chunk no peer holds. */
-static uint32_t pub_next(const struct agent_parcel *p, uint32_t m, uint32_t me, bool starved)
+/* The chunk to ask a publisher for next, UINT32_MAX if none: first the
+ * chunks we own (p->mine; all of them while we know no peer) from our own
+ * starting point on; then, helping, one of the others' at random, but only
+ * while there are at least as many of them left as members (fewer: their
+ * owners are on them, and helpers would all fall on the same last ones);
+ * starved, any chunk no peer holds. */
+static uint32_t pub_next(const struct agent_parcel *p, uint32_t members, bool starved)
 {
-	uint32_t n = p->mp->nchunks;
+	uint32_t n = p->mp->nchunks, left = 0, pick;
 
-	if (starved || m == 1) {
+	if (starved) {
 		for (uint32_t k = 0; k < n; k++)
-			if (pub_wanted(p, (p->rot + k) % n, starved))
+			if (pub_wanted(p, (p->rot + k) % n, true))
 				return (p->rot + k) % n;
 		return UINT32_MAX;
 	}
-	for (uint32_t j = 0; j < m; j++) {
-		uint32_t o = (me + j) % m;
-		if (o >= n)
-			continue;
-		uint32_t last = o + (n - 1 - o) / m * m; /* o's last chunk */
-		for (uint32_t c = j == 0 ? o : last;; c = j == 0 ? c + m : c - m) {
-			if (c >= n)
-				break;
-			if (pub_wanted(p, c, false))
-				return c;
-			if (j != 0 && c < m)
-				break;
-		}
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t c = (p->rot + k) % n;
+		if (p->mine[c] && pub_wanted(p, c, false))
+			return c;
 	}
+	for (uint32_t c = 0; c < n; c++)
+		left += !p->mine[c] && pub_wanted(p, c, false);
+	if (left < members)
+		return UINT32_MAX;
+	pick = randombytes_uniform(left);
+	for (uint32_t c = 0; c < n; c++)
+		if (!p->mine[c] && pub_wanted(p, c, false) && pick-- == 0)
+			return c;
 	return UINT32_MAX;
+}
+
+static uint64_t hrw(const char *id, uint32_t pi, uint32_t c)
+{
+	uint64_t h = 1469598103934665603ull ^ ((uint64_t)pi << 32 | c);
+
+	for (const char *q = id; *q; q++)
+		h = (h ^ (uint8_t)*q) * 1099511628211ull;
+	h ^= h >> 29; /* FNV's low bits mix poorly: finish like splitmix */
+	h *= 0xbf58476d1ce4e5b9ull;
+	return h ^ (h >> 32);
+}
+
+void agent_swarm_owners(struct node_agent *a, uint32_t pi)
+{
+	struct agent_fetch *f = a->fetch;
+	struct agent_parcel *p = &f->parcels[pi];
+
+	for (uint32_t c = 0; c < p->mp->nchunks; c++) {
+		uint64_t me = hrw(a->node_id, pi, c);
+		bool mine = true;
+		for (size_t k = 0; k < p->nsrcs && mine; k++) {
+			const struct agent_source *o = &p->srcs[k];
+			if (o->info.peer && !o->self && !agent_swarm_banned(f, o->info.id))
+				mine = hrw(o->info.id, pi, c) < me;
+		}
+		p->mine[c] = mine;
+	}
 }
 
 struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_t *chunk,
@@ -555,22 +584,18 @@ struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_
 	}
 	if (best_s != NULL)
 		return best_s;
-	/* 2. From a publisher: what no peer holds or fetches, our share first;
+	/* 2. From a publisher: what no peer holds or fetches, ours first;
 	 * 3. when starved, what no peer holds. */
-	uint32_t m = 1, me = 0;
-	for (size_t k = 0; k < p->nsrcs; k++) {
-		const struct agent_source *o = &p->srcs[k];
-		if (o->info.peer && !o->self && !agent_swarm_banned(f, o->info.id)) {
-			m++;
-			me += strcmp(o->info.id, a->node_id) < 0;
-		}
-	}
+	uint32_t members = 1;
+	for (size_t k = 0; k < p->nsrcs; k++)
+		members += p->srcs[k].info.peer && !p->srcs[k].self &&
+			   !agent_swarm_banned(f, p->srcs[k].info.id);
 	for (int pass = 0; pass < 2 && todo; pass++) {
 		bool starved = pass == 1;
 		uint32_t c;
 		if (starved && (live > 0 || now - p->progress_ms < STARVE_MS))
 			break;
-		if ((c = pub_next(p, m, me, starved)) == UINT32_MAX)
+		if ((c = pub_next(p, members, starved)) == UINT32_MAX)
 			continue;
 		if ((s = holder(a, p, c, false, NULL, now)) == NULL)
 			return NULL; /* no publisher with room */

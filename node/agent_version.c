@@ -24,6 +24,7 @@ void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
 		free(p->nlive);
 		free(p->avail);
 		free(p->peer_busy);
+		free(p->mine);
 	}
 	free(f->parcels);
 	free(f->bad_ids);
@@ -109,9 +110,11 @@ static int setup_parcels(struct node_agent *a)
 		p->nlive = calloc(mp->nchunks + 1, 1);
 		p->avail = calloc(mp->nchunks + 1, sizeof(*p->avail));
 		p->peer_busy = calloc(mp->nchunks + 1, 1);
+		p->mine = malloc(mp->nchunks + 1);
 		if (p->state == NULL || p->asked == NULL || p->nlive == NULL || p->avail == NULL ||
-		    p->peer_busy == NULL)
+		    p->peer_busy == NULL || p->mine == NULL)
 			return -ENOMEM;
+		memset(p->mine, 1, mp->nchunks + 1);
 		f->bytes_total += mp->bytes;
 	}
 	if (node_slot_new(&a->store, f->version, a->layout.ranks[a->o.rank].nbytes, &f->slot, &err) != 0) {

@@ -281,6 +281,8 @@ struct trk_nver {
 	enum trk_rank_state state;
 	uint64_t done, total, from_trainer, from_peers;
 	uint64_t first_ms; /* wall time of the first report of this version */
+	uint64_t duplicate; /* bytes the node received twice (duplicate_bytes) */
+	char banned[TRK__ERROR_MAX + 1]; /* peers it banned for the version, space-separated */
 };
 
 struct trk_replica;

@@ -241,6 +241,9 @@ struct trk_state_report {
 	 * wall clock ms; 0: not yet (not sent). */
 	uint64_t first_byte_ms, last_byte_ms;
 	const char *error; /* NULL or one line */
+	uint64_t duplicate_bytes; /* received twice (sent when not 0) */
+	const char *const *banned; /* peers banned for this version (sent when nbanned > 0) */
+	size_t nbanned;
 };
 /* POST /nodes/state. */
 int trk_client_report_state(struct trk_client *c,
