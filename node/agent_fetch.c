@@ -116,6 +116,7 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 	p->srcs = ns;
 	p->nsrcs = n;
 	agent_swarm_owners(a, req_parcel);
+	agent_swarm_recount(a, req_parcel);
 	agent_pump(a);
 }
 
@@ -314,7 +315,10 @@ void agent_on_verified(struct node_vjob *job, void *arg)
 			  a->node_id, f->version, rd->chunk, p->mp->dst_rank, p->mp->src_rank,
 			  rd->src_id);
 		node_metrics_add(a->am.m, a->am.failed_hash, 1);
-		agent_source_failed(a, read_source(f, rd));
+		/* A peer is counted towards its ban, not rested: it answers,
+		 * what it sends is the question. */
+		if (!rd->src_peer)
+			agent_source_failed(a, read_source(f, rd));
 		if (rd->src_peer && agent_swarm_bad_peer(a, rd->src_id))
 			agent_report(a, f->version, TRK_STATE_FETCHING, NULL, NULL); /* says whom */
 		p->state[rd->chunk] = p->nlive[rd->chunk] > 0 ? 1 : 0;

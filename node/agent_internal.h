@@ -327,6 +327,8 @@ bool agent_swarm_banned(const struct agent_fetch *f, const char *id);
 /* Which chunks of parcel pi we own among the members we know (after every
  * source list). */
 void agent_swarm_owners(struct node_agent *a, uint32_t pi);
+/* Recounts which peers hold each chunk of parcel pi (after a source list). */
+void agent_swarm_recount(struct node_agent *a, uint32_t pi);
 /* Source helpers shared with agent_fetch.c. */
 uint64_t agent_source_window(const struct node_agent *a, const struct agent_source *s);
 bool agent_source_silent(const struct agent_source *s, uint64_t now);

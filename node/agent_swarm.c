@@ -314,6 +314,11 @@ static void recount(struct agent_fetch *f, struct agent_parcel *p)
 	}
 }
 
+void agent_swarm_recount(struct node_agent *a, uint32_t pi)
+{
+	recount(a->fetch, &a->fetch->parcels[pi]);
+}
+
 static void on_have(struct fab_op *op, int status)
 {
 	struct agent_have_read *hr = proto_container_of(op, struct agent_have_read, op);
@@ -419,6 +424,8 @@ void agent_swarm_tick(struct node_agent *a)
 			peers |= p->srcs[k].info.peer && !p->srcs[k].self;
 		if (p->done < p->mp->nchunks && now - p->sources_ms >= (peers ? SWARM_REFRESH_MS : SOURCES_MIN_MS))
 			agent_want_sources(a, pi);
+		if (p->done < p->mp->nchunks && peers)
+			recount(f, p); /* peers that rest or were banned since */
 		poll_haves(a, f, pi, now);
 	}
 	node_fabloop_kick(a->fl);
