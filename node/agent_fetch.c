@@ -452,10 +452,11 @@ void agent_pump(struct node_agent *a)
  * are, since asking the same source again only queues the same bytes
  * twice; the tracker is asked for sources meanwhile.
  */
-static bool other_source(const struct agent_parcel *p, const struct agent_source *s, uint64_t now)
+static bool other_source(struct node_agent *a, const struct agent_parcel *p,
+			 const struct agent_source *s, uint64_t now)
 {
 	for (size_t k = 0; k < p->nsrcs; k++)
-		if (&p->srcs[k] != s && p->srcs[k].bad_until_ms <= now && !agent_source_silent(&p->srcs[k], now))
+		if (&p->srcs[k] != s && agent_source_usable(a, a->fetch, &p->srcs[k], now))
 			return true;
 	return false;
 }
@@ -476,7 +477,7 @@ static void check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t p
 		}
 		if (live == 0) /* only reads already moved elsewhere */
 			continue;
-		if (!other_source(p, s, now)) {
+		if (!other_source(a, p, s, now)) {
 			if (!s->silent_logged)
 				LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
 					 " ms; no other source, waiting for it",

@@ -333,5 +333,9 @@ void agent_swarm_recount(struct node_agent *a, uint32_t pi);
 uint64_t agent_source_window(const struct node_agent *a, const struct agent_source *s);
 bool agent_source_silent(const struct agent_source *s, uint64_t now);
 bool agent_source_ready(struct node_agent *a, struct agent_source *s, uint64_t now);
+/* s may be read from now: not us, not resting, not silent; a peer only in
+ * fanout, once its have-page was read, and while not banned. */
+bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
+			 const struct agent_source *s, uint64_t now);
 
 #endif

@@ -442,8 +442,8 @@ static bool has_room(struct node_agent *a, const struct agent_source *s, uint64_
 	return s->inflight_reads == 0 || s->inflight_bytes + len <= agent_source_window(a, s);
 }
 
-static bool usable(struct node_agent *a, const struct agent_fetch *f, const struct agent_source *s,
-		   uint64_t now)
+bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
+			 const struct agent_source *s, uint64_t now)
 {
 	if (s->self || s->bad_until_ms > now || agent_source_silent(s, now))
 		return false;
@@ -462,7 +462,7 @@ static struct agent_source *holder(struct node_agent *a, struct agent_parcel *p,
 
 	for (size_t k = 0; k < p->nsrcs; k++) {
 		struct agent_source *s = &p->srcs[(p->rr + k) % p->nsrcs];
-		if (s == not || s->info.peer != peers || !usable(a, f, s, now) || !has_room(a, s, len))
+		if (s == not || s->info.peer != peers || !agent_source_usable(a, f, s, now) || !has_room(a, s, len))
 			continue;
 		if (peers && !proto_have_bit(s->have, c))
 			continue;
@@ -571,7 +571,7 @@ struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_
 	bool todo = false, any = false;
 
 	for (size_t k = 0; k < p->nsrcs; k++)
-		any |= usable(a, f, &p->srcs[k], now);
+		any |= agent_source_usable(a, f, &p->srcs[k], now);
 	*want_sources = !any;
 	/* 1. Rarest first among chunks peers hold. */
 	for (uint32_t k = 0; k < n; k++) {
