@@ -138,11 +138,18 @@ uint64_t agent_source_window(const struct node_agent *a, const struct agent_sour
 
 /* How long s may deliver nothing while it has reads in flight: the time
  * its window takes at its measured rate, four times over, and never less
- * than TESSERA_STALL_MS (three times that before it delivered anything). */
+ * than TESSERA_STALL_MS (three times that before it delivered anything).
+ * A peer gets PEER_STALL_MS, or twice its window's time if longer: its
+ * window is at most TESSERA_PEER_INFLIGHT reads and the trainer (or
+ * another holder) is always there to move to, so a peer that stops
+ * answering has its reads moved within about two seconds. */
 static uint64_t source_patience(const struct agent_source *s)
 {
 	uint64_t stall = proto_param(PROTO_PARAM_STALL_MS);
 
+	if (s->info.peer)
+		return s->rate == 0 ? PEER_STALL_MS
+				    : PROTO_MAX(PEER_STALL_MS, 2 * s->inflight_bytes * 1000 / s->rate);
 	if (s->rate == 0)
 		return 3 * stall;
 	return PROTO_MAX(stall, 4 * s->inflight_bytes * 1000 / s->rate);

@@ -56,6 +56,7 @@
 #define BAN_BAD_CHUNKS 2    /* bad chunks from one peer that ban it for the version */
 #define BANS_MAX 64         /* peers banned per version at most (reported) */
 #define ENDGAME_MS 1000     /* a last chunk out this long is also asked elsewhere */
+#define PEER_STALL_MS 2000  /* a peer delivering nothing this long is silent */
 #define STARVE_MS 1000      /* no chunk for this long: also take what a peer is fetching */
 #define SWARM_REFRESH_MS 1000 /* sources asked again while fetching (new swarm members) */
 
