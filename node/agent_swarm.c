@@ -15,14 +15,15 @@
  * Members learn what the others hold by reading their have-pages over the
  * fabric every TESSERA_HAVE_POLL_MS (one-sided reads: no receive buffers,
  * nothing a stranger can push). Chunk choice, per parcel:
- *   1. rarest first among chunks some usable peer holds (fewest holders,
- *      ties broken by our own starting point), from a holder with room;
+ *   1. rarest first among chunks some usable peer holds (fewest holders;
+ *      among equals the first from our own starting point), from a holder
+ *      with room (at most TESSERA_PEER_INFLIGHT reads per peer);
  *   2. else, from a publisher, a chunk no peer holds and no peer is
  *      fetching (its busy bit): first the chunks we own, then one of the
- *      others at random while more are left than members. Chunk c's owner is the member
- *      (us and the peers the tracker listed) with the highest hash of
- *      (its id, parcel, c): rendezvous hashing, so members that know
- *      different subsets of the swarm still agree on most owners. The
+ *      others at random while more are left than members. Chunk c's owner
+ *      is the member (us and the peers the tracker listed) with the
+ *      highest hash of (its id, parcel, c): rendezvous hashing, so members
+ *      that know different subsets of the swarm still agree on most. The
  *      trainer's chunks go to one reader each and spread over the swarm
  *      (super-seeding done by the readers: one-sided reads give the
  *      publisher no say); have-pages are a poll old, ownership is what
@@ -38,11 +39,16 @@
  * its id), so the first chunks it takes from the trainer differ from its
  * peers' before any have-page has been read.
  *
- * A peer whose chunk fails its hash rests like any failed source; the
- * second one bans it for the rest of the version (logged, counted, and
- * reported to the tracker with the node's state). A peer that dies fails
- * its reads (they go back to the pool at once) or goes silent (moved after
- * its patience, agent_fetch.c).
+ * A chunk that fails its hash is dropped and fetched again; the second
+ * one from the same peer bans it for the rest of the version (logged,
+ * counted, and reported to the tracker with the node's state). A peer
+ * that dies fails its reads and its have-page reads (its reads go back to
+ * the pool at once, it rests, and its have and busy bits stop counting) or
+ * goes silent (its reads move after PEER_STALL_MS, agent_fetch.c).
+ *
+ * Cost: choosing a chunk walks the parcel's chunks (and recounting, every
+ * tick, its peers' bitmaps): fine for thousands of chunks per parcel and
+ * tens of peers; bigger swarms want per-peer deltas instead.
  */
 
 static void ignore_answer(const struct trk_answer *ans, void *arg)
