@@ -115,7 +115,7 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 	free(s); /* the strings moved into ns */
 	p->srcs = ns;
 	p->nsrcs = n;
-	agent_swarm_owners(a, req_parcel);
+	agent_swarm_owners(a, req_parcel, ans->json);
 	agent_swarm_recount(a, req_parcel);
 	agent_pump(a);
 }

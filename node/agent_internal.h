@@ -55,6 +55,7 @@
 #define HAVE_SLOT_MAX (64u << 10) /* largest have-page read (parcels past it: no swarm) */
 #define BAN_BAD_CHUNKS 2    /* bad chunks from one peer that ban it for the version */
 #define BANS_MAX 64         /* peers banned per version at most (reported) */
+#define MEMBERS_MAX 4096    /* swarm members of a parcel taken from /sources */
 #define ENDGAME_MS 1000     /* a last chunk out this long is also asked elsewhere */
 #define PEER_STALL_MS 2000  /* a peer delivering nothing this long is silent */
 #define STARVE_MS 1000      /* no chunk for this long: also take what a peer is fetching */
@@ -105,6 +106,8 @@ struct agent_parcel {
 	uint8_t *mine;       /* per chunk: we own it (we ask the trainer for it first) */
 	uint32_t rot;        /* where our walk over its chunks starts */
 	uint64_t progress_ms; /* a chunk of it verified (or the fetch started) */
+	char (*members)[TRK_ID_MAX]; /* its swarm as the tracker last listed it */
+	uint32_t nmembers;
 };
 
 struct agent_read {
@@ -325,9 +328,11 @@ void agent_swarm_mark(struct agent_parcel *p, uint32_t c, int what);
 /* A chunk from the peer with this id failed its hash; true when that bans it. */
 bool agent_swarm_bad_peer(struct node_agent *a, const char *id);
 bool agent_swarm_banned(const struct agent_fetch *f, const char *id);
-/* Which chunks of parcel pi we own among the members we know (after every
- * source list). */
-void agent_swarm_owners(struct node_agent *a, uint32_t pi);
+/* Takes the swarm's members from a /sources answer (hostile: at most
+ * MEMBERS_MAX ids, each shorter than TRK_ID_MAX; others are skipped) and
+ * decides which chunks of parcel pi we own among them (or among the peers
+ * listed, when the answer names none). */
+void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer);
 /* Recounts which peers hold each chunk of parcel pi (after a source list). */
 void agent_swarm_recount(struct node_agent *a, uint32_t pi);
 /* Source helpers shared with agent_fetch.c. */

@@ -25,6 +25,7 @@ void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
 		free(p->avail);
 		free(p->peer_busy);
 		free(p->mine);
+		free(p->members);
 	}
 	free(f->parcels);
 	free(f->bad_ids);

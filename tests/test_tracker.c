@@ -2279,6 +2279,10 @@ static void test_sources(void **state)
 	report_ok(f, "A/1", 1, "fetching");
 	assert_int_equal(get(f, path, &r), 200);
 	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 2);
+	/* The swarm of parcel 0 -> 1: rank 1 of the tp2 replica. */
+	assert_int_equal(json_array_size(json_object_get(r.json, "members")), 1);
+	assert_string_equal(json_string_value(json_array_get(json_object_get(r.json, "members"), 0)),
+			    "A/1");
 	trk_reply_fini(&r);
 	report_ok(f, "A/1", 1, "verified");
 	trk_reply_init(&r);
