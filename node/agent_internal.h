@@ -104,8 +104,11 @@ struct agent_parcel {
 	uint16_t *avail;     /* per chunk: peers whose have-page lists it */
 	uint8_t *peer_busy;  /* per chunk: a peer is fetching it */
 	uint8_t *mine;       /* per chunk: we own it (we ask the trainer for it first) */
+	uint32_t *owner;     /* per chunk: its owner's index in members (UINT32_MAX: us, or unknown) */
+	uint8_t *owner_on;   /* per chunk: its owner serves this parcel (a usable peer) */
 	uint32_t rot;        /* where our walk over its chunks starts */
 	uint64_t progress_ms; /* a chunk of it verified (or the fetch started) */
+	bool hungry;          /* it starved once: any unheld chunk may come from the trainer */
 	char (*members)[TRK_ID_MAX]; /* its swarm as the tracker last listed it */
 	uint32_t nmembers;
 };

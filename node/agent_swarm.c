@@ -28,9 +28,11 @@
  *      (super-seeding done by the readers: one-sided reads give the
  *      publisher no say); have-pages are a poll old, ownership is what
  *      keeps two readers off the same chunk meanwhile;
- *   3. else, when nothing of the parcel is in flight for us and none of
- *      its chunks came for STARVE_MS, a chunk no peer holds even if one is
- *      fetching it (a slow peer must not hold us up; a dead one's busy bits
+ *   3. else, once nothing of the parcel was in flight for us and none of
+ *      its chunks came for STARVE_MS (the parcel is hungry from then on),
+ *      chunks whose owner does not serve the parcel (members that do not
+ *      fetch this version own chunks too); while that lasts, any, even one a peer is
+ *      fetching (a slow peer must not hold us up; a dead one's busy bits
  *      are forgotten once its page cannot be read);
  *   4. endgame: with nothing left to ask for, a chunk whose only read has
  *      been out ENDGAME_MS is asked once more from another source; the
@@ -306,6 +308,7 @@ static void recount(struct agent_fetch *f, struct agent_parcel *p)
 
 	memset(p->avail, 0, n * sizeof(*p->avail));
 	memset(p->peer_busy, 0, n);
+	memset(p->owner_on, 0, n);
 	for (size_t k = 0; k < p->nsrcs; k++) {
 		const struct agent_source *s = &p->srcs[k];
 		if (s->have == NULL || s->self || s->bad_until_ms > now ||
@@ -316,6 +319,18 @@ static void recount(struct agent_fetch *f, struct agent_parcel *p)
 				p->avail[c]++;
 			if (proto_have_bit(s->have + bl, c))
 				p->peer_busy[c] = 1;
+		}
+	}
+	/* Owners that serve the parcel (their page was read) are on their
+	 * chunks; the others' chunks are anyone's once we are hungry. */
+	for (uint32_t c = 0; c < n; c++) {
+		uint32_t k = p->owner[c];
+		if (k >= p->nmembers)
+			continue;
+		for (size_t j = 0; j < p->nsrcs && !p->owner_on[c]; j++) {
+			const struct agent_source *s = &p->srcs[j];
+			p->owner_on[c] = s->info.peer && s->have != NULL && s->bad_until_ms <= now &&
+					 strcmp(s->info.id, p->members[k]) == 0;
 		}
 	}
 }
@@ -504,25 +519,30 @@ static const struct agent_source *reading_from(struct node_agent *a, uint32_t pi
 	return NULL;
 }
 
-/* Whether the publisher pass may ask for chunk c. */
-static bool pub_wanted(const struct agent_parcel *p, uint32_t c, bool starved)
+/* Whether the publisher pass may ask for chunk c: no peer holds it, and
+ * (unless busy_too) none is fetching it. */
+static bool pub_wanted(const struct agent_parcel *p, uint32_t c, bool busy_too)
 {
-	return p->state[c] == 0 && p->avail[c] == 0 && (starved || !p->peer_busy[c]);
+	return p->state[c] == 0 && p->avail[c] == 0 && (busy_too || !p->peer_busy[c]);
 }
 
-/* The chunk to ask a publisher for next, UINT32_MAX if none: a chunk we
- * own (p->mine; all of them while we know no other member) from our own
- * starting point on; starved, any chunk no peer holds. Others' chunks are
- * not taken early: their owners are on them, and helpers grabbing them
- * meet the owners on the trainer's link (measured: 8 nodes on loopback,
- * 2 to 4 copies with helpers, about one without). */
-static uint32_t pub_next(const struct agent_parcel *p, bool starved)
+/* The chunk to ask a publisher for next, UINT32_MAX if none, from our own
+ * starting point on: pass 0, a chunk we own (p->mine; all of them while we
+ * know no other member); pass 1, once the parcel went hungry (p->hungry),
+ * also chunks whose owner does not serve the parcel (a member that does
+ * not fetch this version owns chunks nobody would get); pass 2, starved
+ * now, any chunk no peer holds. Others' chunks are not taken early: their owners are on
+ * them, and helpers grabbing them meet the owners on the trainer's link
+ * (measured: 8 nodes on loopback, 2 to 4 copies with helpers, about one
+ * without). */
+static uint32_t pub_next(const struct agent_parcel *p, int pass)
 {
 	uint32_t n = p->mp->nchunks;
 
 	for (uint32_t k = 0; k < n; k++) {
 		uint32_t c = (p->rot + k) % n;
-		if ((starved || p->mine[c]) && pub_wanted(p, c, starved))
+		if ((p->mine[c] || (pass == 1 && !p->owner_on[c]) || pass == 2) &&
+		    pub_wanted(p, c, pass == 2))
 			return c;
 	}
 	return UINT32_MAX;
@@ -564,15 +584,25 @@ void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer)
 	struct agent_parcel *p = &f->parcels[pi];
 
 	take_members(p, answer);
+	if (!a->fanout) { /* star: every chunk is ours to ask the trainer for */
+		memset(p->mine, 1, p->mp->nchunks);
+		return;
+	}
 	for (uint32_t c = 0; c < p->mp->nchunks; c++) {
-		uint64_t me = hrw(a->node_id, pi, c);
+		uint64_t me = hrw(a->node_id, pi, c), best = me;
 		bool mine = true;
+		p->owner[c] = UINT32_MAX;
 		/* The swarm as the tracker knows it (members that did not offer
 		 * yet included: they are about to); else the peers listed. */
-		for (uint32_t k = 0; k < p->nmembers && mine; k++)
-			if (strcmp(p->members[k], a->node_id) != 0 &&
-			    !agent_swarm_banned(f, p->members[k]))
-				mine = hrw(p->members[k], pi, c) < me;
+		for (uint32_t k = 0; k < p->nmembers; k++) {
+			uint64_t h;
+			if (strcmp(p->members[k], a->node_id) == 0 ||
+			    agent_swarm_banned(f, p->members[k]) || (h = hrw(p->members[k], pi, c)) < best)
+				continue;
+			best = h;
+			mine = false;
+			p->owner[c] = k;
+		}
 		for (size_t k = 0; k < p->nsrcs && mine && p->nmembers == 0; k++) {
 			const struct agent_source *o = &p->srcs[k];
 			if (o->info.peer && !o->self && !agent_swarm_banned(f, o->info.id))
@@ -622,18 +652,19 @@ struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_
 		    o->bad_until_ms <= now && !agent_swarm_banned(f, o->info.id))
 			return NULL;
 	}
-	/* 2. From a publisher: what no peer holds or fetches, ours first;
-	 * 3. when starved, what no peer holds. */
-	for (int pass = 0; pass < 2 && todo; pass++) {
-		bool starved = pass == 1;
+	/* 2. From a publisher: what no peer holds or fetches, ours first
+	 * (then, hungry, anyone's); 3. when starved, what no peer holds. */
+	bool starved = live == 0 && now - p->progress_ms >= STARVE_MS;
+	p->hungry |= starved;
+	for (int pass = 0; pass < 3 && todo; pass++) {
 		uint32_t c;
-		if (starved && (live > 0 || now - p->progress_ms < STARVE_MS))
+		if ((pass == 1 && !p->hungry) || (pass == 2 && !starved))
 			break;
-		if ((c = pub_next(p, starved)) == UINT32_MAX)
+		if ((c = pub_next(p, pass)) == UINT32_MAX)
 			continue;
 		if ((s = holder(a, p, c, false, NULL, now)) == NULL)
 			return NULL; /* no publisher with room */
-		if (starved)
+		if (pass == 2)
 			LOG_DEBUG("node %s: parcel %u: starved for %" PRIu64 " ms: chunk %u from %s",
 				  a->node_id, pi, now - p->progress_ms, c, s->info.id);
 		*chunk = c;

@@ -25,6 +25,8 @@ void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
 		free(p->avail);
 		free(p->peer_busy);
 		free(p->mine);
+		free(p->owner);
+		free(p->owner_on);
 		free(p->members);
 	}
 	free(f->parcels);
@@ -112,8 +114,10 @@ static int setup_parcels(struct node_agent *a)
 		p->avail = calloc(mp->nchunks + 1, sizeof(*p->avail));
 		p->peer_busy = calloc(mp->nchunks + 1, 1);
 		p->mine = malloc(mp->nchunks + 1);
+		p->owner = calloc(mp->nchunks + 1, sizeof(*p->owner));
+		p->owner_on = calloc(mp->nchunks + 1, 1);
 		if (p->state == NULL || p->asked == NULL || p->nlive == NULL || p->avail == NULL ||
-		    p->peer_busy == NULL || p->mine == NULL)
+		    p->peer_busy == NULL || p->mine == NULL || p->owner == NULL || p->owner_on == NULL)
 			return -ENOMEM;
 		memset(p->mine, 1, mp->nchunks + 1);
 		f->bytes_total += mp->bytes;
