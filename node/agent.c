@@ -128,6 +128,10 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		proto_errf(err, -rc, "fabric: cannot register read buffers");
 		goto fail;
 	}
+	if ((rc = agent_swarm_init(a)) != 0) {
+		proto_errf(err, -rc, "fabric: cannot set up have-page reads");
+		goto fail;
+	}
 	a->fl = node_fabloop_new(base, a->fab, 1000);
 	a->ver = node_verifier_new(base, (unsigned)proto_param(PROTO_PARAM_VERIFY_THREADS),
 				   agent_on_verified, a);
@@ -207,6 +211,7 @@ void node_agent_free(struct node_agent *a)
 	node_verifier_free(a->ver); /* no worker touches the fetch after this */
 	a->ver = NULL;
 	agent_fetch_free(a, f);
+	agent_swarm_fini(a);
 	if (a->bounce != NULL)
 		munmap(a->bounce, a->bounce_len);
 	free(a->reads);

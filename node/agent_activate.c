@@ -119,7 +119,13 @@ void agent_activate(struct node_agent *a)
 	node_metrics_observe(a->am.m, a->am.activation_seconds,
 			     (double)(agent_now_ms() - f->started_ms) / 1000.0);
 	agent_report(a, f->version, TRK_STATE_ACTIVE, NULL, NULL);
-	agent_fetch_drop(a);
+	/* Its parcels stay served (until the next activation), the fetch ends. */
+	for (uint32_t i = 0; i < a->nreads; i++)
+		if (a->reads[i].in_fabric)
+			a->reads[i].abandoned = true;
+	a->fetch = NULL;
+	a->gen++;
+	agent_swarm_keep(a, f);
 	/* Requests pinning the old slot keep it until they release it. */
 	node_attach_activate(a->attach, a->active, a->active_digest);
 	node_attach_retire(a->attach, &a->store, old);

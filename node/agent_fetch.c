@@ -44,7 +44,8 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 		free(req);
 		return;
 	}
-	struct agent_parcel *p = &f->parcels[req->parcel];
+	uint32_t req_parcel = req->parcel;
+	struct agent_parcel *p = &f->parcels[req_parcel];
 	free(req);
 	p->sources_pending = false;
 	p->sources_ms = agent_now_ms();
@@ -65,17 +66,29 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 		trk_sources_free(s, n);
 		return;
 	}
+	size_t kept = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (s[i].peer && !a->fanout) { /* star mode: publishers only */
+			free(s[i].fabric_addr);
+			continue;
+		}
+		s[kept++] = s[i];
+	}
+	n = kept;
 	for (size_t i = 0; i < n; i++) {
 		ns[i].info = s[i];
+		ns[i].self = s[i].peer && strcmp(s[i].id, a->node_id) == 0;
 		for (size_t j = 0; j < p->nsrcs; j++) {
 			struct agent_source *o = &p->srcs[j];
 			if (moved[j] == 0 && o->info.fabric_addr_len == s[i].fabric_addr_len &&
 			    memcmp(o->info.fabric_addr, s[i].fabric_addr, s[i].fabric_addr_len) == 0 &&
 			    o->info.key == s[i].key && o->info.addr == s[i].addr) {
 				struct trk_source info = ns[i].info;
-				ns[i] = *o; /* handle, rest period, pacing */
+				ns[i] = *o; /* handle, rest period, pacing, have-page */
 				ns[i].info = info;
+				ns[i].have_busy = false; /* a read in flight is dropped (epoch) */
 				o->fa_valid = false;
+				o->have = NULL;
 				moved[j] = (uint32_t)i + 1;
 			}
 		}
@@ -96,11 +109,14 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 		if (p->srcs[j].fa_valid)
 			fab_av_remove(a->fab, p->srcs[j].fa);
 		free(p->srcs[j].info.fabric_addr);
+		free(p->srcs[j].have);
 	}
 	free(p->srcs);
 	free(s); /* the strings moved into ns */
 	p->srcs = ns;
 	p->nsrcs = n;
+	agent_swarm_owners(a, req_parcel, ans->json);
+	agent_swarm_recount(a, req_parcel);
 	agent_pump(a);
 }
 
@@ -112,7 +128,7 @@ static void on_sources(const struct trk_answer *ans, void *arg)
  * than a shared link carries in the stall timeout, and turned congestion
  * into a refetch storm.
  */
-static uint64_t source_window(const struct node_agent *a, const struct agent_source *s)
+uint64_t agent_source_window(const struct node_agent *a, const struct agent_source *s)
 {
 	uint64_t lo = (uint64_t)WINDOW_MIN_CHUNKS * a->chunk_size;
 	uint64_t hi = PROTO_MAX(lo, (uint64_t)a->max_inflight * a->chunk_size);
@@ -122,48 +138,40 @@ static uint64_t source_window(const struct node_agent *a, const struct agent_sou
 
 /* How long s may deliver nothing while it has reads in flight: the time
  * its window takes at its measured rate, four times over, and never less
- * than TESSERA_STALL_MS (three times that before it delivered anything). */
+ * than TESSERA_STALL_MS (three times that before it delivered anything).
+ * A peer gets PEER_STALL_MS, or twice its window's time if longer: its
+ * window is at most TESSERA_PEER_INFLIGHT reads and the trainer (or
+ * another holder) is always there to move to, so a peer that stops
+ * answering has its reads moved within about two seconds. */
 static uint64_t source_patience(const struct agent_source *s)
 {
 	uint64_t stall = proto_param(PROTO_PARAM_STALL_MS);
 
+	if (s->info.peer)
+		return s->rate == 0 ? PEER_STALL_MS
+				    : PROTO_MAX(PEER_STALL_MS, 2 * s->inflight_bytes * 1000 / s->rate);
 	if (s->rate == 0)
 		return 3 * stall;
 	return PROTO_MAX(stall, 4 * s->inflight_bytes * 1000 / s->rate);
 }
 
-static bool source_silent(const struct agent_source *s, uint64_t now)
+bool agent_source_silent(const struct agent_source *s, uint64_t now)
 {
 	return s->inflight_reads > 0 && now - s->progress_ms >= source_patience(s);
 }
 
-/* A source for a read of len bytes of parcel p, round-robin among those
- * resting from no failure, not silent, and with room in their window; NULL
- * when there is none (*none_usable: not even one with a full window). */
-static struct agent_source *pick_source(struct node_agent *a, struct agent_parcel *p, uint64_t len,
-					bool *none_usable)
+/* s has a fabric handle (inserted now if need be); false, with s set
+ * aside for a while, when its address cannot be inserted. */
+bool agent_source_ready(struct node_agent *a, struct agent_source *s, uint64_t now)
 {
-	uint64_t now = agent_now_ms();
-
-	*none_usable = true;
-	for (size_t k = 0; k < p->nsrcs; k++) {
-		struct agent_source *s = &p->srcs[(p->rr + k) % p->nsrcs];
-		if (s->bad_until_ms > now || source_silent(s, now))
-			continue;
-		*none_usable = false;
-		if (s->inflight_reads > 0 && s->inflight_bytes + len > source_window(a, s))
-			continue;
-		if (!s->fa_valid) {
-			if (fab_av_insert(a->fab, s->info.fabric_addr, s->info.fabric_addr_len, &s->fa) != 0) {
-				s->bad_until_ms = now + BAD_SOURCE_MS;
-				continue;
-			}
-			s->fa_valid = true;
-		}
-		p->rr = (uint32_t)((p->rr + k + 1) % p->nsrcs);
-		return s;
+	if (s->fa_valid)
+		return true;
+	if (fab_av_insert(a->fab, s->info.fabric_addr, s->info.fabric_addr_len, &s->fa) != 0) {
+		s->bad_until_ms = now + BAD_SOURCE_MS;
+		return false;
 	}
-	return NULL;
+	s->fa_valid = true;
+	return true;
 }
 
 /* Accounting for a read posted to s. */
@@ -212,7 +220,7 @@ static struct agent_source *read_source(struct agent_fetch *f, const struct agen
 	return rd->src_epoch == p->src_epoch && rd->src_idx < p->nsrcs ? &p->srcs[rd->src_idx] : NULL;
 }
 
-static void source_failed(struct node_agent *a, struct agent_source *s)
+void agent_source_failed(struct node_agent *a, struct agent_source *s)
 {
 	if (s == NULL)
 		return;
@@ -237,6 +245,12 @@ static void on_read(struct fab_op *op, int status)
 	if (f != NULL && rd->gen == a->gen && read_source(f, rd) != NULL)
 		source_done(read_source(f, rd), rd->len, status == 0);
 	if (rd->abandoned || f == NULL || rd->gen != a->gen) {
+		/* Moved elsewhere (its chunk was put back then): what it brought
+		 * came twice. */
+		if (rd->abandoned && status == 0 && f != NULL && rd->gen == a->gen) {
+			f->duplicate += rd->len;
+			node_metrics_add(a->am.m, a->am.duplicate, rd->len);
+		}
 		rd->abandoned = false;
 		rd->busy = false;
 		agent_pump(a);
@@ -245,18 +259,30 @@ static void on_read(struct fab_op *op, int status)
 	struct agent_parcel *p = &f->parcels[rd->parcel];
 	const struct proto_chunk *c = &p->mp->chunks[rd->chunk];
 
+	p->nlive[rd->chunk]--;
+	if (status == 0 && p->state[rd->chunk] != 1) {
+		/* Another read of it (endgame) came first: a duplicate. */
+		f->duplicate += rd->len;
+		node_metrics_add(a->am.m, a->am.duplicate, rd->len);
+		rd->busy = false;
+		agent_pump(a);
+		return;
+	}
 	if (status != 0) {
 		LOG_DEBUG("node %s: chunk %u/%u of parcel %u<-%u failed: %d", a->node_id, rd->chunk,
 			  p->mp->nchunks, p->mp->dst_rank, p->mp->src_rank, status);
 		f->read_failures++;
 		node_metrics_add(a->am.m, a->am.failed_read, 1);
 		rd->busy = false;
-		source_failed(a, read_source(f, rd));
-		p->state[rd->chunk] = 0;
-		p->next_todo = PROTO_MIN(p->next_todo, rd->chunk);
+		agent_source_failed(a, read_source(f, rd));
+		if (p->state[rd->chunk] == 1 && p->nlive[rd->chunk] == 0) {
+			p->state[rd->chunk] = 0;
+			agent_swarm_mark(p, rd->chunk, AGENT_MARK_NONE);
+		}
 		agent_pump(a);
 		return;
 	}
+	p->state[rd->chunk] = 3; /* verifying */
 	f->last_byte_ms = proto_wall_ms();
 	if (f->first_byte_ms == 0)
 		f->first_byte_ms = f->last_byte_ms;
@@ -269,6 +295,7 @@ static void on_read(struct fab_op *op, int status)
 		.layout = &a->layout,
 		.dst = f->slot->host,
 		.off = (uint64_t)rd->chunk * f->man.chunk_size,
+		.keep = p->held != NULL ? p->held + p->head + (size_t)rd->chunk * f->man.chunk_size : NULL,
 	};
 	node_verifier_submit(a->ver, &rd->job);
 	agent_pump(a);
@@ -293,16 +320,28 @@ void agent_on_verified(struct node_vjob *job, void *arg)
 			  "node %s: v%" PRIu64 " chunk %u of parcel %u<-%u from %s failed its hash; "
 			  "discarded (further ones are counted)",
 			  a->node_id, f->version, rd->chunk, p->mp->dst_rank, p->mp->src_rank,
-			  read_source(f, rd) ? read_source(f, rd)->info.id : "?");
+			  rd->src_id);
 		node_metrics_add(a->am.m, a->am.failed_hash, 1);
-		source_failed(a, read_source(f, rd));
-		p->state[rd->chunk] = 0;
-		p->next_todo = PROTO_MIN(p->next_todo, rd->chunk);
+		/* A peer is counted towards its ban, not rested: it answers,
+		 * what it sends is the question. */
+		if (!rd->src_peer)
+			agent_source_failed(a, read_source(f, rd));
+		if (rd->src_peer && agent_swarm_bad_peer(a, rd->src_id))
+			agent_report(a, f->version, TRK_STATE_FETCHING, NULL, NULL); /* says whom */
+		p->state[rd->chunk] = p->nlive[rd->chunk] > 0 ? 1 : 0;
+		if (p->state[rd->chunk] == 0)
+			agent_swarm_mark(p, rd->chunk, AGENT_MARK_NONE);
 		agent_pump(a);
 		return;
 	}
+	if (p->held != NULL && proto_param(PROTO_PARAM_TEST_CORRUPT_SERVE) != 0)
+		p->held[p->head + (size_t)rd->chunk * f->man.chunk_size] ^= 0x5a; /* test only */
+	agent_swarm_mark(p, rd->chunk, AGENT_MARK_HAVE);
 	node_metrics_add(a->am.m, rd->src_peer ? a->am.fetched_peer : a->am.fetched_trainer, c->size);
 	p->state[rd->chunk] = 2;
+	p->progress_ms = agent_now_ms();
+	LOG_DEBUG("node %s: v%" PRIu64 " chunk %u of parcel %u<-%u verified, from %s", a->node_id,
+		  f->version, rd->chunk, p->mp->dst_rank, p->mp->src_rank, rd->src_id);
 	p->done++;
 	f->bytes_done += c->size;
 	if (rd->src_peer)
@@ -365,18 +404,15 @@ void agent_pump(struct node_agent *a)
 	for (uint32_t pi = 0; pi < f->nparcels && a->inflight < a->max_inflight; pi++) {
 		struct agent_parcel *p = &f->parcels[pi];
 		while (p->done < p->mp->nchunks && a->inflight < a->max_inflight) {
-			while (p->next_todo < p->mp->nchunks && p->state[p->next_todo] != 0)
-				p->next_todo++;
-			if (p->next_todo >= p->mp->nchunks)
-				break;
-			uint32_t c = p->next_todo, len = p->mp->chunks[c].size;
-			bool none_usable;
-			struct agent_source *s = pick_source(a, p, len, &none_usable);
+			uint32_t c = 0;
+			bool want;
+			struct agent_source *s = agent_swarm_pick(a, pi, &c, &want);
 			if (s == NULL) {
-				if (none_usable)
+				if (want)
 					agent_want_sources(a, pi);
 				break;
 			}
+			uint32_t len = p->mp->chunks[c].size;
 			int slot = free_read_slot(a);
 			if (slot < 0 || !take_tokens(a, len))
 				return;
@@ -387,6 +423,7 @@ void agent_pump(struct node_agent *a)
 						  .src_epoch = p->src_epoch, .src_peer = s->info.peer,
 						  .started_ms = agent_now_ms(), .busy = true, .in_fabric = true,
 						  .gen = a->gen};
+			snprintf(rd->src_id, sizeof(rd->src_id), "%s", s->info.id);
 			int rc = fab_read(a->fab, &rd->op, a->bounce_mr, (size_t)slot * a->chunk_size, len,
 					  s->fa, &rk, (uint64_t)c * f->man.chunk_size, on_read);
 			if (rc != 0) {
@@ -394,15 +431,17 @@ void agent_pump(struct node_agent *a)
 				rd->in_fabric = false;
 				give_tokens(a, len);
 				LOG_DEBUG("node %s: read post failed: %d", a->node_id, rc);
-				source_failed(a, s);
+				agent_source_failed(a, s);
 				continue;
 			}
 			source_posted(s, len);
-			if (p->asked[c])
+			if (p->asked[c] && p->nlive[c] == 0)
 				f->refetched += len;
 			p->asked[c] = 1;
 			a->inflight++;
 			p->state[c] = 1;
+			p->nlive[c]++;
+			agent_swarm_mark(p, c, AGENT_MARK_BUSY);
 		}
 	}
 	node_fabloop_kick(a->fl);
@@ -420,10 +459,11 @@ void agent_pump(struct node_agent *a)
  * are, since asking the same source again only queues the same bytes
  * twice; the tracker is asked for sources meanwhile.
  */
-static bool other_source(const struct agent_parcel *p, const struct agent_source *s, uint64_t now)
+static bool other_source(struct node_agent *a, const struct agent_parcel *p,
+			 const struct agent_source *s, uint64_t now)
 {
 	for (size_t k = 0; k < p->nsrcs; k++)
-		if (&p->srcs[k] != s && p->srcs[k].bad_until_ms <= now && !source_silent(&p->srcs[k], now))
+		if (&p->srcs[k] != s && agent_source_usable(a, a->fetch, &p->srcs[k], now))
 			return true;
 	return false;
 }
@@ -435,7 +475,7 @@ static void check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t p
 	for (size_t k = 0; k < p->nsrcs; k++) {
 		struct agent_source *s = &p->srcs[k];
 		uint32_t live = 0;
-		if (!source_silent(s, now))
+		if (!agent_source_silent(s, now))
 			continue;
 		for (uint32_t i = 0; i < a->nreads; i++) {
 			const struct agent_read *rd = &a->reads[i];
@@ -444,7 +484,7 @@ static void check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t p
 		}
 		if (live == 0) /* only reads already moved elsewhere */
 			continue;
-		if (!other_source(p, s, now)) {
+		if (!other_source(a, p, s, now)) {
 			if (!s->silent_logged)
 				LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
 					 " ms; no other source, waiting for it",
@@ -464,8 +504,11 @@ static void check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t p
 			    read_source(f, rd) != s)
 				continue;
 			rd->abandoned = true;
-			p->state[rd->chunk] = 0;
-			p->next_todo = PROTO_MIN(p->next_todo, rd->chunk);
+			p->nlive[rd->chunk]--;
+			if (p->state[rd->chunk] == 1 && p->nlive[rd->chunk] == 0) {
+				p->state[rd->chunk] = 0;
+				agent_swarm_mark(p, rd->chunk, AGENT_MARK_NONE);
+			}
 		}
 		s->bad_until_ms = now + BAD_SOURCE_MS;
 	}
@@ -477,6 +520,7 @@ void agent_on_tick(evutil_socket_t fd, short what, void *arg)
 	struct agent_fetch *f = a->fetch;
 	uint64_t now = agent_now_ms();
 
+	agent_swarm_tick(a);
 	if (f == NULL || f->parcels == NULL)
 		return;
 	if (!f->verified)

@@ -10,6 +10,8 @@
  *                    stalls
  *   agent_activate.c verified -> active: the replica's agreement, the
  *                    activation record, the switch
+ *   agent_swarm.c    peer fanout: the parcels we serve (have-pages, offers),
+ *                    what peers hold, which chunk to read from whom, bans
  *
  * Everything runs on the agent's one libevent loop.
  */
@@ -34,6 +36,7 @@
 #include "node/agent_metrics.h"
 #include "node/attach.h"
 #include "node/fabloop.h"
+#include "node/serve.h"
 #include "node/store.h"
 #include "node/verifier.h"
 #include "proto/proto.h"
@@ -48,6 +51,15 @@
 #define FAILED_RETRY_MS 2000 /* a version we gave up on is tried again after */
 #define WINDOW_MIN_CHUNKS 2 /* least read window per source, chunks */
 #define RATE_SAMPLE_MS 250  /* least stretch a source's rate is measured over */
+#define HAVE_SLOTS 32       /* have-page reads in flight at most */
+#define HAVE_SLOT_MAX (64u << 10) /* largest have-page read (parcels past it: no swarm) */
+#define BAN_BAD_CHUNKS 2    /* bad chunks from one peer that ban it for the version */
+#define BANS_MAX 64         /* peers banned per version at most (reported) */
+#define MEMBERS_MAX 4096    /* swarm members of a parcel taken from /sources */
+#define ENDGAME_MS 1000     /* a last chunk out this long is also asked elsewhere */
+#define PEER_STALL_MS 2000  /* a peer delivering nothing this long is silent */
+#define STARVE_MS 1000      /* no chunk for this long: also take what a peer is fetching */
+#define SWARM_REFRESH_MS 1000 /* sources asked again while fetching (new swarm members) */
 
 struct agent_source {
 	struct trk_source info;
@@ -61,6 +73,12 @@ struct agent_source {
 	uint64_t meas_ms, meas_bytes; /* the measurement under way */
 	uint64_t progress_ms;     /* a read completed, or it became busy */
 	bool silent_logged;       /* "no other source" said for this silence */
+	/* A peer's have-page (agent_swarm.c): its have then busy bitmaps, as
+	 * last read; NULL until read. */
+	uint8_t *have;
+	uint64_t have_ms;         /* when the last read of it was posted */
+	bool have_busy;           /* a read of it is in flight */
+	bool self;                /* it is us: never read from */
 };
 
 struct agent_parcel {
@@ -76,6 +94,23 @@ struct agent_parcel {
 	uint8_t *asked; /* per chunk: a read was posted for it before */
 	uint32_t next_todo;
 	uint32_t done;
+	/* Swarm (agent_swarm.c): the region we serve it from (its have-page,
+	 * then its bytes; NULL: not served), and what the peers hold. */
+	uint8_t *held;
+	size_t held_cap;
+	uint32_t head;       /* bytes of the have-page in front of the parcel */
+	struct fab_mr *held_mr;
+	uint8_t *nlive;      /* per chunk: reads of it in flight */
+	uint16_t *avail;     /* per chunk: peers whose have-page lists it */
+	uint8_t *peer_busy;  /* per chunk: a peer is fetching it */
+	uint8_t *mine;       /* per chunk: we own it (we ask the trainer for it first) */
+	uint32_t *owner;     /* per chunk: its owner's index in members (UINT32_MAX: us, or unknown) */
+	uint8_t *owner_on;   /* per chunk: its owner serves this parcel (a usable peer) */
+	uint32_t rot;        /* where our walk over its chunks starts */
+	uint64_t progress_ms; /* a chunk of it verified (or the fetch started) */
+	bool hungry;          /* it starved once: any unheld chunk may come from the trainer */
+	char (*members)[TRK_ID_MAX]; /* its swarm as the tracker last listed it */
+	uint32_t nmembers;
 };
 
 struct agent_read {
@@ -84,6 +119,7 @@ struct agent_read {
 	uint32_t parcel, chunk, slot, len;
 	uint32_t src_idx, src_epoch; /* srcs[src_idx] while the epoch holds */
 	bool src_peer;
+	char src_id[TRK_ID_MAX]; /* the source's id (bans outlive source lists) */
 	uint64_t started_ms;
 	bool abandoned; /* stalled: its slot stays reserved until completion */
 	bool busy;      /* the slot holds this read (in fabric or verifying) */
@@ -103,6 +139,14 @@ struct agent_fetch {
 	uint32_t nparcels;
 	uint64_t bytes_total, bytes_done, from_trainer, from_peers;
 	uint64_t refetched; /* bytes requested again (failed, bad or moved reads) */
+	uint64_t duplicate; /* bytes received for chunks we had or were verifying */
+	/* Peers that sent bad chunks this version: their ids and counts; a
+	 * peer at BAN_BAD_CHUNKS is banned until the version is done. */
+	char (*bad_ids)[TRK_ID_MAX];
+	uint8_t *bad_counts;
+	uint32_t nbad, nbanned;
+	struct node_serve_offer so; /* our offer of its parcels */
+	bool served; /* its parcels are registered and offered (or to be) */
 	uint64_t started_ms;
 	uint64_t first_byte_ms, last_byte_ms; /* wall clock: chunks landed */
 	bool verified, reported_verified;
@@ -184,6 +228,31 @@ struct node_agent {
 	int fatal;
 	struct proto_err fatal_err;
 	struct node_agent_metrics am;
+
+	/* Swarm (agent_swarm.c). */
+	bool fanout;         /* TESSERA_FANOUT */
+	uint8_t *hpool;      /* have-page reads land here, HAVE_SLOTS of HAVE_SLOT_MAX */
+	struct fab_mr *hpool_mr;
+	struct agent_have_read *hreads;
+	uint64_t reg_gen;    /* registrations so far (offers are per registration) */
+	/* The version we served before the one being fetched (the active
+	 * one): its parcels stay offered until the next activation. */
+	struct agent_fetch *kept;
+	/* Offers in flight: which version each answer is about. */
+	struct agent_ticket {
+		struct node_agent *a;
+		uint64_t version;
+		bool used;
+	} tickets[4];
+};
+
+/* A read of a peer's have-page. */
+struct agent_have_read {
+	struct fab_op op;
+	struct node_agent *a;
+	uint64_t gen;
+	uint32_t parcel, src_idx, src_epoch, slot;
+	bool busy;
 };
 
 /* ---- shared between the agent's files ---------------------------------- */
@@ -234,6 +303,8 @@ void agent_pump(struct node_agent *a);
 
 void agent_on_tick(evutil_socket_t fd, short what, void *arg);
 
+void agent_source_failed(struct node_agent *a, struct agent_source *s);
+
 void agent_start_fetch(struct node_agent *a, uint64_t v);
 
 /* agent_addendum.c: the manifest does not list our layout: fetch the
@@ -251,5 +322,53 @@ void agent_start_register(struct node_agent *a);
 void agent_on_retry(evutil_socket_t fd, short what, void *arg);
 
 void agent_layout_name(const char *arg, char *out, size_t len);
+
+/* ---- agent_swarm.c ---- */
+
+/* Sets up the swarm side of the agent (have-read pool); 0 or -errno. */
+int agent_swarm_init(struct node_agent *a);
+/* Frees what agent_swarm_init made and the kept version; after fab_close. */
+void agent_swarm_fini(struct node_agent *a);
+/* The fetch's parcels are set up: map and register their served regions
+ * and offer them (nothing when fanout is off). Failure only logs: the node
+ * then fetches without serving. */
+void agent_swarm_serve(struct node_agent *a, struct agent_fetch *f);
+/* Frees f's served regions (withdrawing its offer); in agent_fetch_free. */
+void agent_swarm_unserve(struct node_agent *a, struct agent_fetch *f);
+/* f became active: keep serving it (in a->kept) until the next activation,
+ * dropping the one kept before. Takes f (the caller forgets it). */
+void agent_swarm_keep(struct node_agent *a, struct agent_fetch *f);
+/* Periodic work: have-page reads, offers not yet accepted. */
+void agent_swarm_tick(struct node_agent *a);
+/* Registered again: every offer must be made again. */
+void agent_swarm_registered(struct node_agent *a);
+/* Chooses the next read of parcel pi: its chunk and source (NULL: none now;
+ * *want_sources: ask the tracker for more). */
+struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_t *chunk,
+				      bool *want_sources);
+/* Our have-page: chunk c of parcel p is being fetched (busy), had, or
+ * neither. */
+void agent_swarm_mark(struct agent_parcel *p, uint32_t c, int what);
+#define AGENT_MARK_NONE 0
+#define AGENT_MARK_BUSY 1
+#define AGENT_MARK_HAVE 2
+/* A chunk from the peer with this id failed its hash; true when that bans it. */
+bool agent_swarm_bad_peer(struct node_agent *a, const char *id);
+bool agent_swarm_banned(const struct agent_fetch *f, const char *id);
+/* Takes the swarm's members from a /sources answer (hostile: at most
+ * MEMBERS_MAX ids, each shorter than TRK_ID_MAX; others are skipped) and
+ * decides which chunks of parcel pi we own among them (or among the peers
+ * listed, when the answer names none). */
+void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer);
+/* Recounts which peers hold each chunk of parcel pi (after a source list). */
+void agent_swarm_recount(struct node_agent *a, uint32_t pi);
+/* Source helpers shared with agent_fetch.c. */
+uint64_t agent_source_window(const struct node_agent *a, const struct agent_source *s);
+bool agent_source_silent(const struct agent_source *s, uint64_t now);
+bool agent_source_ready(struct node_agent *a, struct agent_source *s, uint64_t now);
+/* s may be read from now: not us, not resting, not silent; a peer only in
+ * fanout, once its have-page was read, and while not banned. */
+bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
+			 const struct agent_source *s, uint64_t now);
 
 #endif

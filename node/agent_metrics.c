@@ -10,7 +10,8 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 		.active_version = -1, .serving_bytes = -1, .registered = -1,
 		.fetched_trainer = -1, .fetched_peer = -1, .failed_hash = -1,
 		.failed_read = -1, .stalled = -1, .activations = -1, .refused = -1,
-		.activation_seconds = -1, .unbacked_claims = -1,
+		.activation_seconds = -1, .unbacked_claims = -1, .duplicate = -1, .banned = -1,
+		.offered_parcels = -1,
 	};
 	if (m == NULL)
 		return 0;
@@ -45,9 +46,16 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 		m, "tessera_node_activation_seconds",
 		"From starting to fetch a version to serving it, seconds.", activation_bounds,
 		sizeof(activation_bounds) / sizeof(activation_bounds[0]));
+	t.duplicate = node_metrics_counter(m, "tessera_node_duplicate_bytes_total", NULL,
+					   "Bytes received for chunks already had or being verified.");
+	t.banned = node_metrics_counter(m, "tessera_node_banned_peers_total", NULL,
+					"Peers banned for a version after sending bad chunks twice.");
+	t.offered_parcels = node_metrics_gauge(m, "tessera_node_offered_parcels", NULL,
+					       "Parcels this rank offers to its swarms now.");
 	const int hs[] = {t.active_version, t.serving_bytes, t.registered, t.fetched_trainer,
 			  t.fetched_peer, t.failed_hash, t.failed_read, t.stalled,
-			  t.activations, t.refused, t.activation_seconds, t.unbacked_claims};
+			  t.activations, t.refused, t.activation_seconds, t.unbacked_claims,
+			  t.duplicate, t.banned, t.offered_parcels};
 	for (size_t i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
 		if (hs[i] < 0)
 			return hs[i];

@@ -12,6 +12,7 @@ struct node_agent_metrics {
 	int failed_hash, failed_read, stalled;
 	int activations, refused, activation_seconds;
 	int unbacked_claims;
+	int duplicate, banned, offered_parcels;
 };
 
 /* Registers the node's series in m (NULL: every handle stays a no-op).

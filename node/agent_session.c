@@ -28,6 +28,7 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 	struct agent_fetch *f = a->fetch;
 	uint8_t sig[TRK_STMT_SIG_BYTES];
 	const uint8_t *digest = NULL;
+	const char *banned[BANS_MAX];
 	struct trk_state_report r = {
 		.id = a->node_id,
 		.version = version,
@@ -50,6 +51,11 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 		r.bytes_from_peers = f->from_peers;
 		r.first_byte_ms = f->first_byte_ms;
 		r.last_byte_ms = f->last_byte_ms;
+		r.duplicate_bytes = f->duplicate;
+		for (uint32_t i = 0; i < f->nbad && r.nbanned < BANS_MAX; i++)
+			if (f->bad_counts[i] >= BAN_BAD_CHUNKS)
+				banned[r.nbanned++] = f->bad_ids[i];
+		r.banned = banned;
 	} else if (a->active != NULL && a->active->version == version) {
 		r.bytes_done = r.bytes_total = a->active->len;
 	}
@@ -254,6 +260,7 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		if (a->lease_ms == 0)
 			a->lease_ms = proto_param(PROTO_PARAM_LEASE_MS);
 		a->registered = true;
+		agent_swarm_registered(a);
 		node_metrics_set(a->am.m, a->am.registered, 1);
 		node_metrics_set_health(a->am.m, true, NULL);
 		node_wait_over(&a->wait, "tracker");

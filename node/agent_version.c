@@ -9,20 +9,31 @@ void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
 	/* No worker may still be scattering into this fetch's slot. */
 	if (a->ver != NULL)
 		node_verifier_drain(a->ver);
+	agent_swarm_unserve(a, f);
 	for (uint32_t i = 0; i < f->nparcels; i++) {
 		struct agent_parcel *p = &f->parcels[i];
 		for (size_t s = 0; s < p->nsrcs; s++) {
 			if (p->srcs[s].fa_valid && a->fab != NULL)
 				fab_av_remove(a->fab, p->srcs[s].fa);
 			free(p->srcs[s].info.fabric_addr);
+			free(p->srcs[s].have);
 		}
 		free(p->srcs);
 		free(p->state);
 		free(p->asked);
+		free(p->nlive);
+		free(p->avail);
+		free(p->peer_busy);
+		free(p->mine);
+		free(p->owner);
+		free(p->owner_on);
+		free(p->members);
 	}
 	free(f->parcels);
 	if (f->addendum_ev != NULL)
 		event_free(f->addendum_ev);
+	free(f->bad_ids);
+	free(f->bad_counts);
 	if (f->slot != NULL)
 		node_slot_free(&a->store, f->slot);
 	if (f->have_man)
@@ -101,16 +112,25 @@ static int setup_parcels(struct node_agent *a)
 		p->pp = pp;
 		p->state = calloc(mp->nchunks + 1, 1);
 		p->asked = calloc(mp->nchunks + 1, 1);
-		if (p->state == NULL || p->asked == NULL)
+		p->nlive = calloc(mp->nchunks + 1, 1);
+		p->avail = calloc(mp->nchunks + 1, sizeof(*p->avail));
+		p->peer_busy = calloc(mp->nchunks + 1, 1);
+		p->mine = malloc(mp->nchunks + 1);
+		p->owner = calloc(mp->nchunks + 1, sizeof(*p->owner));
+		p->owner_on = calloc(mp->nchunks + 1, 1);
+		if (p->state == NULL || p->asked == NULL || p->nlive == NULL || p->avail == NULL ||
+		    p->peer_busy == NULL || p->mine == NULL || p->owner == NULL || p->owner_on == NULL)
 			return -ENOMEM;
+		memset(p->mine, 1, mp->nchunks + 1);
 		f->bytes_total += mp->bytes;
 	}
 	if (node_slot_new(&a->store, f->version, a->layout.ranks[a->o.rank].nbytes, &f->slot, &err) != 0) {
 		agent_fetch_fail(a, "%s", err.msg);
 		return -ENOMEM;
 	}
-	LOG_INFO("node %s: fetching v%" PRIu64 ": %u parcels, %" PRIu64 " bytes", a->node_id,
-		 f->version, f->nparcels, f->bytes_total);
+	agent_swarm_serve(a, f);
+	LOG_INFO("node %s: fetching v%" PRIu64 ": %u parcels, %" PRIu64 " bytes%s", a->node_id,
+		 f->version, f->nparcels, f->bytes_total, f->served ? ", serving them to peers" : "");
 	if (f->bytes_total == 0) {
 		agent_all_verified(a);
 		return 0;

@@ -361,7 +361,7 @@ static int run_version(struct cluster *c, uint64_t want_v)
 		usleep(20000);
 	}
 	/* Bytes each rank pulled for v, by source. */
-	uint64_t from_trainer = 0, from_peers = 0;
+	uint64_t from_trainer = 0, from_peers = 0, duplicate = 0;
 	json_t *rep, *rk;
 	size_t i, k;
 	json_array_foreach(json_object_get(st, "replicas"), i, rep)
@@ -372,6 +372,7 @@ static int run_version(struct cluster *c, uint64_t want_v)
 				continue;
 			from_trainer += (uint64_t)json_integer_value(json_object_get(rk, "bytes_from_trainer"));
 			from_peers += (uint64_t)json_integer_value(json_object_get(rk, "bytes_from_peers"));
+			duplicate += (uint64_t)json_integer_value(json_object_get(rk, "duplicate_bytes"));
 		}
 	}
 	uint64_t payload = 0;
@@ -398,6 +399,8 @@ static int run_version(struct cluster *c, uint64_t want_v)
 				  "trainer_upload_bytes", (json_int_t)from_trainer,
 				  "peer_upload_bytes", (json_int_t)from_peers, "t_published_ms",
 				  (json_int_t)(published_ms - created), "replicas", reps);
+	if (entry != NULL)
+		json_object_set_new(entry, "duplicate_bytes", json_integer((json_int_t)duplicate));
 	/* Where the update spent its time, as the tracker recorded it. */
 	char path[128];
 	struct trk_reply tr;

@@ -250,8 +250,8 @@ static int join(struct node_pub *p, struct pub_version *pv, struct pub_version *
 		pv->offers[pv->noffers] = add->offers[i];
 		pv->offer_li[pv->noffers++] = (uint32_t)(add->offer_li[i] + base);
 	}
-	pv->offered = false;
-	pv->offer_tried = false;
+	pv->so.offered = false;
+	pv->so.tried = false;
 	return 0;
 }
 

@@ -776,7 +776,7 @@ void node__pub_ex_step(struct node_pub *p)
 		ex_request(p);
 		break;
 	case EX_OFFER:
-		if (!ex->pv->offer_busy && (ex->pv->offer_tried || !p->registered))
+		if (!ex->pv->so.busy && (ex->pv->so.tried || !p->registered))
 			ex_finish(p);
 		break;
 	}
@@ -849,6 +849,7 @@ void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t versio
 	}
 	pv->p = p;
 	pv->version = version;
+	pv->so.version = version;
 	pv->created_ms = ex->created_ms;
 	pv->nparts = n;
 	ex->njobs = n;
@@ -860,7 +861,7 @@ void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t versio
 			pv->parts[i].hosted |= p->hosted[h].rank == r;
 		if (p->blocks[r] == NULL) {
 			p->block_cap[r] = node__pub_page_round(p->tl.ranks[r].nbytes);
-			p->blocks[r] = node__pub_buf_map(p->block_cap[r]);
+			p->blocks[r] = node_serve_map(p->block_cap[r]);
 			if (p->blocks[r] == NULL) {
 				ex_fail(p, ENOMEM, "cannot map rank %u's %llu-byte snapshot", r,
 					(unsigned long long)p->tl.ranks[r].nbytes);

@@ -26,6 +26,7 @@
 
 #include "fabric/fab.h"
 #include "node/fabloop.h"
+#include "node/serve.h"
 #include "node/publisher.h"
 #include "proto/proto.h"
 #include "proto/checkpoint.h"
@@ -104,12 +105,8 @@ struct pub_version {
 	uint32_t *offer_li; /* per offer: its layout's index */
 	size_t noffers;
 	size_t nsent;       /* parcels in the last offer sent */
-	bool offered;     /* the tracker holds our offer */
-	bool offer_busy;  /* an offer or withdrawal is in flight */
-	bool offer_tried; /* at least one offer answer came */
-	uint64_t offer_gen; /* registration the offer in flight was made under */
+	struct node_serve_offer so; /* the offer at the tracker (node/serve.h) */
 	bool releasing;   /* no longer needed: withdraw, then free */
-	bool warned;      /* an offer failure was logged */
 	bool wanted;      /* the tracker's last answer listed it as retained */
 	struct pub_version *next;
 };
@@ -290,9 +287,6 @@ void node__pub_on_ex_timer(evutil_socket_t fd, short what, void *arg);
 
 /* ---- pub_serve.c: served versions --------------------------------------------------- */
 
-/* Anonymous memory of cap bytes (huge pages when large); NULL when out of
- * memory. Freed with munmap(b, cap). */
-uint8_t *node__pub_buf_map(size_t cap);
 /* Maps pt's export buffer (pt->used bytes, page-rounded). -ENOMEM leaves pt
  * without a buffer. */
 int node__pub_part_alloc(struct node_pub *p, struct pub_part *pt);

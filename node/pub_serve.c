@@ -6,35 +6,6 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#define HUGE_ALIGN (2u << 20)     /* large buffers: transparent huge pages */
-
-/* ---- buffers ------------------------------------------------------------------ */
-
-/* Anonymous memory for snapshots and export buffers. Large ones are aligned
- * to 2 MiB and asked for transparent huge pages: first-touch faults of 4 KiB
- * pages cost about as much as the gather itself (measured: 1.1 s vs 60 ms
- * to touch 220 MiB on a VM). Freed with munmap(b, cap). */
-uint8_t *node__pub_buf_map(size_t cap)
-{
-	size_t slop = cap >= HUGE_ALIGN ? HUGE_ALIGN : 0, head;
-	uint8_t *b = mmap(NULL, cap + slop, PROT_READ | PROT_WRITE,
-			  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	uintptr_t a;
-
-	if (b == MAP_FAILED)
-		return NULL;
-	if (slop == 0)
-		return b;
-	a = ((uintptr_t)b + HUGE_ALIGN - 1) & ~(uintptr_t)(HUGE_ALIGN - 1);
-	head = a - (uintptr_t)b;
-	if (head > 0)
-		munmap(b, head);
-	if (slop > head)
-		munmap((uint8_t *)a + cap, slop - head);
-	(void)madvise((void *)a, cap, MADV_HUGEPAGE); /* a hint; 4 KiB pages work */
-	return (uint8_t *)a;
-}
-
 /* ---- parts and versions ------------------------------------------------------ */
 
 static void items_free(struct pub_part *pt)
@@ -57,8 +28,7 @@ void node__pub_part_release(struct node_pub *p, struct pub_part *pt)
 	pt->slices = NULL;
 	pt->nslices = 0;
 	items_free(pt);
-	if (pt->buf != NULL)
-		munmap(pt->buf, pt->cap);
+	node_serve_unmap(pt->buf, pt->cap);
 	pt->buf = NULL;
 	pt->cap = 0;
 }
@@ -67,7 +37,7 @@ int node__pub_part_alloc(struct node_pub *p, struct pub_part *pt)
 {
 	size_t need = node__pub_page_round(pt->used);
 
-	pt->buf = node__pub_buf_map(need);
+	pt->buf = node_serve_map(need);
 	if (pt->buf == NULL)
 		return -ENOMEM;
 	pt->cap = need;
@@ -146,8 +116,8 @@ int node__pub_version_serve(struct node_pub *p, struct pub_version *pv, struct p
 			struct pub_slice *sl = &pt->slices[li];
 			if (sl->len == 0)
 				continue;
-			rc = fab_mr_reg(p->hosted[hi].fab, pt->buf + sl->off, sl->len,
-					FAB_MR_REMOTE_READ, &sl->mr);
+			rc = node_serve_reg(p->hosted[hi].fab, pt->buf + sl->off, sl->len, false,
+					    &sl->mr);
 			if (rc != 0)
 				return proto_errf(err, -rc,
 						  "registering rank %u's export buffer (%llu bytes): %s",
@@ -156,17 +126,11 @@ int node__pub_version_serve(struct node_pub *p, struct pub_version *pv, struct p
 		for (size_t j = 0; j < pt->nitems; j++) {
 			const struct pub_item *it = &pt->items[j];
 			const struct pub_slice *sl = &pt->slices[it->li];
-			struct trk_offer *o = &pv->offers[k];
-			struct fab_rkey rk;
 			if (it->pc->bytes == 0)
 				continue;
-			fab_mr_rkey(sl->mr, &rk);
-			memcpy(o->layout, it->sl->digest, PROTO_HASH_BYTES);
-			o->src_rank = pt->rank;
-			o->dst_rank = it->pc->dst_rank;
-			o->addr = rk.addr + (it->off - sl->off);
-			o->key = rk.key;
-			o->len = it->pc->bytes;
+			node_serve_offer_fill(&pv->offers[k], it->sl->digest, pt->rank,
+					      it->pc->dst_rank, sl->mr, it->off - sl->off,
+					      it->pc->bytes);
 			pv->offer_li[k] = it->li;
 			k++;
 		}
@@ -208,9 +172,10 @@ static void on_offer(const struct trk_answer *a, void *arg)
 {
 	struct pub_version *pv = arg;
 	struct node_pub *p = pv->p;
+	int ok;
 
-	pv->offer_busy = false;
 	if (pv->releasing) {
+		pv->so.busy = false;
 		if (a->status < 200 || a->status >= 300)
 			LOG_INFO("withdrawing version %llu: %s (freed anyway)",
 				 (unsigned long long)pv->version, a->error);
@@ -218,26 +183,20 @@ static void on_offer(const struct trk_answer *a, void *arg)
 		node__pub_version_free(p, pv);
 		return;
 	}
+	ok = node_serve_offer_done(&pv->so, a, p->reg_gen, "offering");
 	/* Layouts this offer left out are withdrawn (as with a version, also
 	 * when the answer is an error: nobody aims at them). */
 	for (size_t li = 0; li < pv->nlayouts; li++)
 		if (pv->layouts[li].state == PUB_L_WITHDRAW)
 			node__pub_layout_free(pv, li);
-	pv->offer_tried = true;
-	if (a->status >= 200 && a->status < 300) {
-		pv->offered = pv->offer_gen == p->reg_gen && !layouts_to_drop(pv);
+	if (ok == 1) {
+		pv->so.offered = pv->so.gen == p->reg_gen && !layouts_to_drop(pv);
 		LOG_INFO("offered version %llu: %zu parcels", (unsigned long long)pv->version,
 			 pv->nsent);
-	} else if (a->status == 404) {
+	} else if (ok == 0) {
 		/* Only an answer about the current registration says it is gone. */
-		if (pv->offer_gen == p->reg_gen) {
-			p->registered = false;
-			node__pub_register(p);
-		}
-	} else if (!pv->warned) {
-		pv->warned = true;
-		LOG_WARN("offering version %llu: %s (will retry)",
-			 (unsigned long long)pv->version, a->error);
+		p->registered = false;
+		node__pub_register(p);
 	}
 	if (p->ex != NULL && p->ex->pv == pv)
 		node__pub_ex_step(p);
@@ -282,7 +241,7 @@ void node__pub_sync_offers(struct node_pub *p)
 	for (pv = p->versions; pv; pv = next) {
 		int rc;
 		next = pv->next;
-		if (pv->offer_busy)
+		if (pv->so.busy)
 			continue;
 		if (pv->releasing && !p->registered) {
 			node__pub_version_unlink(p, pv);
@@ -296,17 +255,17 @@ void node__pub_sync_offers(struct node_pub *p)
 					node__pub_layout_free(pv, li);
 			continue;
 		}
-		if (p->dead || (pv->offered && !pv->releasing && !layouts_to_drop(pv)))
+		if (p->dead || (pv->so.offered && !pv->releasing && !layouts_to_drop(pv)))
 			continue;
 		if (pv->releasing) {
-			rc = trk_client_offer_timed(p->trk, p->id, pv->version, 0, NULL, 0, on_offer,
-						    pv);
+			rc = node_serve_offer_send(p->trk, p->id, &pv->so, p->reg_gen, 0, NULL, 0,
+						   on_offer, pv);
 		} else {
 			struct trk_offer *live;
 			if ((rc = offers_live(pv, &live, &pv->nsent)) == 0) {
-				rc = trk_client_offer_timed(p->trk, p->id, pv->version,
-							    pv->snapshot_ms, live, pv->nsent,
-							    on_offer, pv);
+				rc = node_serve_offer_send(p->trk, p->id, &pv->so, p->reg_gen,
+							   pv->snapshot_ms, live, pv->nsent,
+							   on_offer, pv);
 				free(live);
 			}
 			if (rc != 0) /* not sent: try the drop again next time */
@@ -314,10 +273,7 @@ void node__pub_sync_offers(struct node_pub *p)
 					if (pv->layouts[li].state == PUB_L_WITHDRAW)
 						pv->layouts[li].state = PUB_L_DROP;
 		}
-		if (rc == 0) {
-			pv->offer_busy = true;
-			pv->offer_gen = p->reg_gen;
-		} else
+		if (rc != 0)
 			LOG_WARN("offering version %llu: %s", (unsigned long long)pv->version,
 				 strerror(-rc));
 	}

@@ -162,7 +162,7 @@ static void on_registered(const struct trk_answer *a, void *arg)
 	event_del(p->hb_ev);
 	node__pub_timer_ms(p->hb_ev, p->lease_ms / 3);
 	for (struct pub_version *pv = p->versions; pv; pv = pv->next)
-		pv->offered = false;
+		pv->so.offered = false;
 	if (!p->ready)
 		node__pub_watch_versions(p);
 	node__pub_sync_offers(p);

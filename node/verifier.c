@@ -1,6 +1,8 @@
 /* Worker threads that hash and scatter fetched chunks (see verifier.h). */
 #include "node/verifier.h"
 
+#include <string.h>
+
 #include <pthread.h>
 #include <sodium.h>
 #include <stdlib.h>
@@ -53,9 +55,12 @@ static void *worker(void *arg)
 
 		crypto_generichash(h, sizeof(h), j->buf, j->len, NULL, 0);
 		j->ok = sodium_memcmp(h, j->hash, sizeof(h)) == 0;
-		if (j->ok)
+		if (j->ok) {
 			proto_parcel_scatter(j->plan, j->parcel, j->layout, j->dst, j->off, j->len,
 					     j->buf);
+			if (j->keep != NULL)
+				memcpy(j->keep, j->buf, j->len);
+		}
 
 		pthread_mutex_lock(&v->mu);
 		push(&v->done_head, &v->done_tail, j);

@@ -24,6 +24,7 @@ struct node_vjob {
 	const struct proto_layout *layout;
 	uint8_t *dst;  /* the destination rank's block */
 	uint64_t off;  /* payload offset of buf inside the parcel */
+	uint8_t *keep; /* not NULL: verified bytes are also copied here (served to peers) */
 	/* out */
 	bool ok;       /* hash matched and the bytes were scattered */
 	struct node_vjob *next_; /* private */

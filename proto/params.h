@@ -89,7 +89,22 @@
 	 * client is dropped (and its pins with it). */ \
 	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client") \
 	X(ADDENDUM_WAIT_MS, "TESSERA_ADDENDUM_WAIT_MS", 10000,                    \
-	  "how long a node whose layout the latest manifest lacks waits for its addendum, ms")
+	  "how long a node whose layout the latest manifest lacks waits for its addendum, ms") \
+	/* Peer fanout (node/agent_swarm.c): 1, nodes serve the chunks they \
+	 * verified to the others of their parcel's swarm and fetch from them; \
+	 * 0, star mode: nodes neither offer nor fetch from peers (everyone \
+	 * pulls every byte from the trainer). The only tunable that may be 0 \
+	 * while its default is not. */ \
+	X(FANOUT, "TESSERA_FANOUT", 1, "peer fanout (1) or star mode (0)") \
+	/* How often a node reads each swarm peer's have-page (proto/have.h) \
+	 * while it still needs chunks of that parcel. */ \
+	X(HAVE_POLL_MS, "TESSERA_HAVE_POLL_MS", 100, "have-page read period per swarm peer, ms") \
+	/* Reads a node keeps in flight to one peer at most (its upload budget \
+	 * as the peer sees it: a reader never queues more on a peer's link). */ \
+	X(PEER_INFLIGHT, "TESSERA_PEER_INFLIGHT", 4, "most chunk reads in flight to one peer") \
+	/* Test only: a node flips one byte of every chunk it serves to peers \
+	 * (its own copy stays right), so that tests can see a bad peer banned. */ \
+	X(TEST_CORRUPT_SERVE, "TESSERA_TEST_CORRUPT_SERVE", 0, "test only: serve corrupt chunks (1)")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,
@@ -113,7 +128,7 @@ enum proto_param_source {
 /* The tunable's name in a configuration file: its id in lower case
  * ("chunk_size"); its environment variable; its one-line doc; its default;
  * the least value accepted (0 only where the default is 0, which means
- * "none"). Cannot fail. */
+ * "none", and for FANOUT, where it means star mode). Cannot fail. */
 const char *proto_param_name(enum proto_param_id id);
 const char *proto_param_env(enum proto_param_id id);
 const char *proto_param_doc(enum proto_param_id id);

@@ -4,6 +4,7 @@
 #define PROTO_PROTO_H
 
 #include "proto/cli.h"
+#include "proto/have.h"
 #include "proto/log.h"
 #include "proto/addendum.h"
 #include "proto/manifest.h"

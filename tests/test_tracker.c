@@ -2270,13 +2270,19 @@ static void test_sources(void **state)
 			fail_msg("bad offer %zu: got %d (%s)", i, r.status, r.error);
 		trk_reply_fini(&r);
 	}
-	/* A peer offers its parcel (0 -> 1) of v1; it counts only once verified. */
+	/* A peer offers its parcel (0 -> 1) of v1: it is listed at once, also
+	 * while it is still fetching (its have-page says which chunks it
+	 * holds). */
 	offer_body(b, sizeof(b), "A/1", 1, HEX(f->tp2.digest), 0, 1, 101);
 	assert_int_equal(post(f, TRK_API "/offers", b, &r), 200);
 	trk_reply_fini(&r);
 	report_ok(f, "A/1", 1, "fetching");
 	assert_int_equal(get(f, path, &r), 200);
-	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 1);
+	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 2);
+	/* The swarm of parcel 0 -> 1: rank 1 of the tp2 replica. */
+	assert_int_equal(json_array_size(json_object_get(r.json, "members")), 1);
+	assert_string_equal(json_string_value(json_array_get(json_object_get(r.json, "members"), 0)),
+			    "A/1");
 	trk_reply_fini(&r);
 	report_ok(f, "A/1", 1, "verified");
 	trk_reply_init(&r);

@@ -744,6 +744,23 @@ int trk_client_report_state(struct trk_client *c,
 		json_decref(o);
 		o = NULL;
 	}
+	if (o != NULL && r->duplicate_bytes != 0 &&
+	    json_object_set_new(o, "duplicate_bytes", json_integer((json_int_t)r->duplicate_bytes)) != 0) {
+		json_decref(o);
+		o = NULL;
+	}
+	if (o != NULL && r->nbanned > 0) {
+		json_t *ban = json_array();
+		for (size_t i = 0; ban != NULL && i < r->nbanned; i++)
+			if (json_array_append_new(ban, json_string(r->banned[i])) != 0) {
+				json_decref(ban);
+				ban = NULL;
+			}
+		if (ban == NULL || json_object_set_new(o, "banned", ban) != 0) {
+			json_decref(o);
+			o = NULL;
+		}
+	}
 	return post_new(c, TRK_API "/nodes/state", o, cb, arg);
 }
 

@@ -288,6 +288,8 @@ struct trk_nver {
 	 * kept while it reports it verified or active. */
 	bool has_sig;
 	uint8_t sig[TRK_STMT_SIG_BYTES];
+	uint64_t duplicate; /* bytes the node received twice (duplicate_bytes) */
+	char banned[TRK__ERROR_MAX + 1]; /* peers it banned for the version, space-separated */
 };
 
 struct trk_replica;

@@ -225,6 +225,33 @@ static uint64_t grow(uint64_t old, uint64_t now)
 	return now >= old ? now - old : now;
 }
 
+/* "banned": peers the node banned for this version (hostile: at most
+ * BANNED_MAX ids, each a printable word shorter than TRK_ID_MAX), joined
+ * with spaces into out. Absent or null: out stays empty. */
+#define BANNED_MAX 16
+static int banned_parse(json_t *j, char *out, size_t cap, struct proto_err *err)
+{
+	size_t i, len = 0;
+	json_t *v;
+
+	if (j == NULL || json_is_null(j))
+		return 0;
+	if (!json_is_array(j) || json_array_size(j) > BANNED_MAX)
+		return proto_errf(err, EINVAL, "banned: want an array of at most %d node ids",
+				  BANNED_MAX);
+	json_array_foreach(j, i, v) {
+		const char *id = json_string_value(v);
+		size_t n = id ? strlen(id) : 0;
+		if (n == 0 || n >= TRK_ID_MAX || len + n + 2 > cap)
+			return proto_errf(err, EINVAL, "banned[%zu]: want a node id", i);
+		for (size_t k = 0; k < n; k++)
+			if ((unsigned char)id[k] <= 0x20 || id[k] == 0x7f)
+				return proto_errf(err, EINVAL, "banned[%zu]: want a node id", i);
+		len += (size_t)snprintf(out + len, cap - len, "%s%s", len ? " " : "", id);
+	}
+	return 0;
+}
+
 void trk__handle_node_state(struct trk_call *c)
 {
 	struct trk_registry *r = c->s->reg;
@@ -235,6 +262,9 @@ void trk__handle_node_state(struct trk_call *c)
 	const uint64_t ABSENT = UINT64_MAX;
 	uint64_t version = 0, done = ABSENT, total = ABSENT, ft = ABSENT, fp = ABSENT;
 	uint64_t first_ms = 0, last_ms = 0; /* the node's clock; 0: not yet */
+	uint64_t dup = ABSENT;
+	char banned[TRK__ERROR_MAX + 1] = "";
+	json_t *jban = json_object_get(c->json, "banned");
 	enum trk_rank_state st;
 	struct trk_version *ver;
 	struct trk_node *n;
@@ -252,7 +282,12 @@ void trk__handle_node_state(struct trk_call *c)
 	    trk__get_u64(c->json, "bytes_from_trainer", false, ABSENT - 1, &ft, &err) != 0 ||
 	    trk__get_u64(c->json, "bytes_from_peers", false, ABSENT - 1, &fp, &err) != 0 ||
 	    trk__get_u64(c->json, "first_byte_ms", false, TRK__WALL_MS_MAX, &first_ms, &err) != 0 ||
-	    trk__get_u64(c->json, "last_byte_ms", false, TRK__WALL_MS_MAX, &last_ms, &err) != 0) {
+	    trk__get_u64(c->json, "last_byte_ms", false, TRK__WALL_MS_MAX, &last_ms, &err) != 0 ||
+	    trk__get_u64(c->json, "duplicate_bytes", false, ABSENT - 1, &dup, &err) != 0) {
+		trk__fail(c, 400, "%s", err.msg);
+		return;
+	}
+	if (banned_parse(jban, banned, sizeof(banned), &err) != 0) {
 		trk__fail(c, 400, "%s", err.msg);
 		return;
 	}
@@ -344,6 +379,9 @@ void trk__handle_node_state(struct trk_call *c)
 	e->total = total;
 	e->from_trainer = ft;
 	e->from_peers = fp;
+	e->duplicate = dup == ABSENT ? e->duplicate : dup;
+	if (jban != NULL && !json_is_null(jban))
+		snprintf(e->banned, sizeof(e->banned), "%s", banned);
 	n->last = (int)(e - n->vers);
 	n->report_ms = proto_wall_ms();
 	if (st == TRK_STATE_FAILED)

@@ -214,9 +214,9 @@ void trk__handle_sources(struct trk_call *c)
 	uint64_t version = 0, src = 0, dst = 0;
 	uint8_t layout[PROTO_HASH_BYTES];
 	const char *lhex = trk__query_str(c, "layout");
-	json_t *peers = json_array(), *pubs = json_array();
+	json_t *peers = json_array(), *pubs = json_array(), *members = json_array();
 
-	if (peers == NULL || pubs == NULL) {
+	if (peers == NULL || pubs == NULL || members == NULL) {
 		trk__fail(c, 500, "out of memory");
 		goto out;
 	}
@@ -235,7 +235,10 @@ void trk__handle_sources(struct trk_call *c)
 		goto out;
 	}
 	/* A node offers only parcels of its own layout and rank, so the only
-	 * candidates are rank dst of the replicas with that layout. */
+	 * candidates are rank dst of the replicas with that layout: the
+	 * parcel's swarm ("members", offered or not yet). A node
+	 * offers a parcel while it is still fetching it: which chunks it
+	 * holds, its peers read from its have-page (proto/have.h). */
 	for (struct trk_replica *rep = r->reps; rep; rep = rep->next) {
 		struct trk_node *n;
 		const struct trk_offer *o;
@@ -243,8 +246,10 @@ void trk__handle_sources(struct trk_call *c)
 		    memcmp(rep->layout->digest, layout, PROTO_HASH_BYTES) != 0)
 			continue;
 		n = rep->ranks[dst];
-		if (!trk__node_holds(n, version))
+		if (n == NULL || !n->alive)
 			continue;
+		if (json_array_append_new(members, json_string(n->id)) != 0)
+			goto oom;
 		o = offers_find(&n->offers, version, layout, (uint32_t)src, (uint32_t)dst);
 		if (o != NULL &&
 		    json_array_append_new(peers, source_json(true, n->id, n->host, n->provider,
@@ -276,11 +281,12 @@ void trk__handle_sources(struct trk_call *c)
 	}
 	if (json_array_extend(peers, pubs) != 0)
 		goto oom;
-	trk__reply_json(c, 200, json_pack("{s:O}", "sources", peers));
+	trk__reply_json(c, 200, json_pack("{s:O,s:O}", "sources", peers, "members", members));
 	goto out;
 oom:
 	trk__fail(c, 500, "out of memory");
 out:
 	json_decref(peers);
 	json_decref(pubs);
+	json_decref(members);
 }

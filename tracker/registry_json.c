@@ -54,6 +54,9 @@ static json_t *rank_json(const struct trk_replica *rep, uint32_t rank, bool full
 		if (e != NULL) {
 			bad |= trk__set(o, "bytes_from_trainer", trk__jint(e->from_trainer));
 			bad |= trk__set(o, "bytes_from_peers", trk__jint(e->from_peers));
+			bad |= trk__set(o, "duplicate_bytes", trk__jint(e->duplicate));
+			if (e->banned[0])
+				bad |= trk__set(o, "banned", json_string(e->banned));
 		}
 	}
 out:

@@ -357,8 +357,13 @@ static void page_replicas(struct evbuffer *b, json_t *st, const struct trk_statu
 			} else {
 				evbuffer_add_printf(b, "<td>-</td>");
 			}
-			cell(b, e, "error");
-			evbuffer_add_printf(b, "</tr>");
+			evbuffer_add_printf(b, "<td>");
+			esc_json(b, json_object_get(e, "error"));
+			if (json_is_string(json_object_get(e, "banned"))) {
+				evbuffer_add_printf(b, " banned peers: ");
+				esc_json(b, json_object_get(e, "banned"));
+			}
+			evbuffer_add_printf(b, "</td></tr>");
 		}
 	}
 	evbuffer_add_printf(b, "</table>");

@@ -255,6 +255,9 @@ struct trk_state_report {
 	/* With verified or active: the rank's statement
 	 * (TRK_STMT_SIG_BYTES), or NULL. */
 	const uint8_t *statement;
+	uint64_t duplicate_bytes; /* received twice (sent when not 0) */
+	const char *const *banned; /* peers banned for this version (sent when nbanned > 0) */
+	size_t nbanned;
 };
 /* POST /nodes/state. */
 int trk_client_report_state(struct trk_client *c,

@@ -1,0 +1,693 @@
+/* Peer fanout: the parcels a node serves (have-pages, offers), what its
+ * swarm peers hold, which chunk to read from whom, and bad peers. */
+#include "node/agent_internal.h"
+
+/*
+ * Swarm model. Nodes that need the same parcel (version, layout, src and
+ * dst rank) form its swarm; the tracker lists its members as "peer"
+ * sources as soon as they offer it, before the publishers. A member serves
+ * the parcel from one registered region (node/serve.h): its have-page
+ * (proto/have.h), then the parcel's bytes. A chunk lands in a read slot,
+ * is hashed against the signed manifest, scattered into the version slot
+ * and copied into the region; only then is its have bit set, so nothing
+ * unverified is ever served.
+ *
+ * Members learn what the others hold by reading their have-pages over the
+ * fabric every TESSERA_HAVE_POLL_MS (one-sided reads: no receive buffers,
+ * nothing a stranger can push). Chunk choice, per parcel:
+ *   1. rarest first among chunks some usable peer holds (fewest holders;
+ *      among equals the first from our own starting point), from a holder
+ *      with room (at most TESSERA_PEER_INFLIGHT reads per peer);
+ *   2. else, from a publisher, a chunk no peer holds and no peer is
+ *      fetching (its busy bit), among those we own. Chunk c's owner
+ *      is the member (the swarm as /sources lists it, "members": also
+ *      those that did not offer yet) with the highest hash of (its id,
+ *      parcel, c): rendezvous hashing, so members that know different
+ *      subsets of the swarm still agree on most owners. The
+ *      trainer's chunks go to one reader each and spread over the swarm
+ *      (super-seeding done by the readers: one-sided reads give the
+ *      publisher no say); have-pages are a poll old, ownership is what
+ *      keeps two readers off the same chunk meanwhile;
+ *   3. else, once nothing of the parcel was in flight for us and none of
+ *      its chunks came for STARVE_MS (the parcel is hungry from then on),
+ *      chunks whose owner does not serve the parcel (members that do not
+ *      fetch this version own chunks too); while that lasts, any, even one a peer is
+ *      fetching (a slow peer must not hold us up; a dead one's busy bits
+ *      are forgotten once its page cannot be read);
+ *   4. endgame: with nothing left to ask for, a chunk whose only read has
+ *      been out ENDGAME_MS is asked once more from another source; the
+ *      later copy counts as duplicate bytes.
+ * Each member starts its walk over the chunks at its own point (a hash of
+ * its id), so the first chunks it takes from the trainer differ from its
+ * peers' before any have-page has been read.
+ *
+ * A chunk that fails its hash is dropped and fetched again; the second
+ * one from the same peer bans it for the rest of the version (logged,
+ * counted, and reported to the tracker with the node's state). A peer
+ * that dies fails its reads and its have-page reads (its reads go back to
+ * the pool at once, it rests, and its have and busy bits stop counting) or
+ * goes silent (its reads move after PEER_STALL_MS, agent_fetch.c).
+ *
+ * Cost: choosing a chunk walks the parcel's chunks (and recounting, every
+ * tick, its peers' bitmaps): fine for thousands of chunks per parcel and
+ * tens of peers; bigger swarms want per-peer deltas instead.
+ */
+
+static void ignore_answer(const struct trk_answer *ans, void *arg)
+{
+}
+
+/* tessera_node_offered_parcels: what the tracker holds offers of now. */
+static void offered_gauge(struct node_agent *a)
+{
+	uint64_t n = 0;
+
+	for (int i = 0; i < 2; i++) {
+		const struct agent_fetch *f = i == 0 ? a->fetch : a->kept;
+		for (uint32_t j = 0; f != NULL && f->so.offered && j < f->nparcels; j++)
+			n += f->parcels[j].held != NULL;
+	}
+	node_metrics_set(a->am.m, a->am.offered_parcels, n);
+}
+
+int agent_swarm_init(struct node_agent *a)
+{
+	size_t len = (size_t)HAVE_SLOTS * HAVE_SLOT_MAX;
+	int rc;
+
+	a->fanout = proto_param(PROTO_PARAM_FANOUT) != 0;
+	if (!a->fanout)
+		return 0;
+	a->hpool = node_serve_map(len);
+	a->hreads = calloc(HAVE_SLOTS, sizeof(*a->hreads));
+	if (a->hpool == NULL || a->hreads == NULL)
+		return -ENOMEM;
+	rc = fab_mr_reg(a->fab, a->hpool, len, FAB_MR_READ, &a->hpool_mr);
+	return rc;
+}
+
+void agent_swarm_fini(struct node_agent *a)
+{
+	agent_fetch_free(a, a->kept);
+	a->kept = NULL;
+	/* The endpoint is closed (it closed the pool's region). */
+	node_serve_unmap(a->hpool, (size_t)HAVE_SLOTS * HAVE_SLOT_MAX);
+	a->hpool = NULL;
+	free(a->hreads);
+	a->hreads = NULL;
+}
+
+/* ---- what we serve -------------------------------------------------------- */
+
+void agent_swarm_mark(struct agent_parcel *p, uint32_t c, int what)
+{
+	if (p->held == NULL)
+		return;
+	proto_have_mark(p->held, c, false, what == AGENT_MARK_BUSY);
+	if (what == AGENT_MARK_HAVE)
+		proto_have_mark(p->held, c, true, true);
+}
+
+static uint32_t start_point(const char *id, uint32_t pi, uint32_t n)
+{
+	uint64_t h = 1469598103934665603ull ^ pi;
+
+	for (const char *c = id; *c; c++)
+		h = (h ^ (uint8_t)*c) * 1099511628211ull;
+	return n == 0 ? 0 : (uint32_t)(h % n);
+}
+
+static void offer(struct node_agent *a, struct agent_fetch *f);
+
+void agent_swarm_serve(struct node_agent *a, struct agent_fetch *f)
+{
+	uint32_t served = 0;
+
+	for (uint32_t i = 0; i < f->nparcels; i++) {
+		f->parcels[i].rot = start_point(a->node_id, i, f->parcels[i].mp->nchunks);
+		f->parcels[i].progress_ms = agent_now_ms();
+	}
+	f->so = (struct node_serve_offer){.version = f->version};
+	if (!a->fanout)
+		return;
+	for (uint32_t i = 0; i < f->nparcels; i++) {
+		struct agent_parcel *p = &f->parcels[i];
+		uint32_t n = p->mp->nchunks;
+		if (n == 0 || proto_have_bytes(n) > HAVE_SLOT_MAX)
+			continue; /* too many chunks for a have-page read: not served */
+		p->head = (uint32_t)proto_have_page(n);
+		p->held_cap = p->head + ((p->mp->bytes + 4095) / 4096) * 4096;
+		p->held = node_serve_map(p->held_cap);
+		if (p->held == NULL ||
+		    proto_have_init(p->held, p->head, f->version, n, p->mp->src_rank,
+				    p->mp->dst_rank) != 0 ||
+		    node_serve_reg(a->fab, p->held, p->held_cap, false, &p->held_mr) != 0) {
+			LOG_WARN("node %s: v%" PRIu64 ": cannot serve parcel %u<-%u (%zu bytes); "
+				 "fetching it without serving it",
+				 a->node_id, f->version, p->mp->dst_rank, p->mp->src_rank, p->held_cap);
+			node_serve_unmap(p->held, p->held_cap);
+			p->held = NULL;
+			continue;
+		}
+		served++;
+	}
+	f->served = served > 0;
+	offer(a, f); /* before we ask for sources: the swarm sees us sooner */
+}
+
+void agent_swarm_unserve(struct node_agent *a, struct agent_fetch *f)
+{
+	if (f == NULL)
+		return;
+	if (f->served && (f->so.offered || f->so.busy) && a->registered && a->trk != NULL &&
+	    trk_client_offer(a->trk, a->node_id, f->version, NULL, 0, ignore_answer, NULL) != 0)
+		LOG_DEBUG("node %s: could not withdraw v%" PRIu64, a->node_id, f->version);
+	for (uint32_t i = 0; i < f->nparcels; i++) {
+		struct agent_parcel *p = &f->parcels[i];
+		if (p->held == NULL)
+			continue;
+		if (a->fab != NULL) /* else fab_close closed it */
+			fab_mr_close(p->held_mr);
+		p->held_mr = NULL;
+		node_serve_unmap(p->held, p->held_cap);
+		p->held = NULL;
+	}
+	f->served = false;
+	f->so.offered = false;
+}
+
+void agent_swarm_keep(struct node_agent *a, struct agent_fetch *f)
+{
+	struct agent_fetch *old = a->kept;
+
+	a->kept = NULL;
+	agent_fetch_free(a, old);
+	if (f != NULL && !f->served) {
+		agent_fetch_free(a, f);
+		f = NULL;
+	}
+	a->kept = f;
+	offered_gauge(a);
+}
+
+static struct agent_fetch *served_fetch(struct node_agent *a, uint64_t v)
+{
+	if (a->fetch != NULL && a->fetch->version == v && a->fetch->served)
+		return a->fetch;
+	if (a->kept != NULL && a->kept->version == v)
+		return a->kept;
+	return NULL;
+}
+
+static void on_offer(const struct trk_answer *ans, void *arg)
+{
+	struct agent_ticket *t = arg;
+	struct node_agent *a = t->a;
+	struct agent_fetch *f = served_fetch(a, t->version);
+	int ok;
+
+	t->used = false;
+	if (f == NULL)
+		return;
+	ok = node_serve_offer_done(&f->so, ans, a->reg_gen, "node: offering");
+	if (ok == 1 && f->so.gen == a->reg_gen && !f->so.offered) {
+		f->so.offered = true;
+		offered_gauge(a);
+		LOG_DEBUG("node %s: offered v%" PRIu64, a->node_id, f->version);
+	}
+}
+
+static void offer(struct node_agent *a, struct agent_fetch *f)
+{
+	struct agent_ticket *t = NULL;
+	struct trk_offer *list;
+	size_t k = 0;
+
+	if (f == NULL || !f->served || f->so.busy || f->so.offered || !a->registered)
+		return;
+	for (size_t i = 0; i < sizeof(a->tickets) / sizeof(a->tickets[0]); i++)
+		if (!a->tickets[i].used)
+			t = &a->tickets[i];
+	if (t == NULL)
+		return; /* next tick */
+	list = calloc(f->nparcels + 1, sizeof(*list));
+	if (list == NULL)
+		return;
+	for (uint32_t i = 0; i < f->nparcels; i++) {
+		struct agent_parcel *p = &f->parcels[i];
+		if (p->held != NULL)
+			node_serve_offer_fill(&list[k++], f->ml->layout_digest, p->mp->src_rank,
+					      p->mp->dst_rank, p->held_mr, p->head, p->mp->bytes);
+	}
+	*t = (struct agent_ticket){a, f->version, true};
+	if (node_serve_offer_send(a->trk, a->node_id, &f->so, a->reg_gen, 0, list, k, on_offer, t) != 0)
+		t->used = false;
+	free(list);
+}
+
+void agent_swarm_registered(struct node_agent *a)
+{
+	a->reg_gen++;
+	for (int i = 0; i < 2; i++) {
+		struct agent_fetch *f = i == 0 ? a->fetch : a->kept;
+		if (f != NULL)
+			f->so.offered = false;
+	}
+	offered_gauge(a);
+}
+
+/* ---- bad peers ------------------------------------------------------------- */
+
+bool agent_swarm_banned(const struct agent_fetch *f, const char *id)
+{
+	for (uint32_t i = 0; i < f->nbad; i++)
+		if (f->bad_counts[i] >= BAN_BAD_CHUNKS && strcmp(f->bad_ids[i], id) == 0)
+			return true;
+	return false;
+}
+
+bool agent_swarm_bad_peer(struct node_agent *a, const char *id)
+{
+	struct agent_fetch *f = a->fetch;
+	uint32_t i;
+
+	for (i = 0; i < f->nbad && strcmp(f->bad_ids[i], id) != 0; i++)
+		;
+	if (i == f->nbad) {
+		if (f->nbad == BANS_MAX)
+			return false;
+		if (f->bad_ids == NULL) {
+			f->bad_ids = calloc(BANS_MAX, sizeof(*f->bad_ids));
+			f->bad_counts = calloc(BANS_MAX, 1);
+			if (f->bad_ids == NULL || f->bad_counts == NULL)
+				return false;
+		}
+		snprintf(f->bad_ids[i], sizeof(f->bad_ids[i]), "%s", id);
+		f->nbad++;
+	}
+	if (f->bad_counts[i] >= BAN_BAD_CHUNKS)
+		return true;
+	if (++f->bad_counts[i] < BAN_BAD_CHUNKS)
+		return false;
+	f->nbanned++;
+	node_metrics_add(a->am.m, a->am.banned, 1);
+	LOG_WARN("node %s: v%" PRIu64 ": peer %s sent %d chunks that failed their hash: banned "
+		 "for this version",
+		 a->node_id, f->version, id, BAN_BAD_CHUNKS);
+	return true;
+}
+
+/* ---- what peers hold -------------------------------------------------------- */
+
+/* Counts, per chunk, the usable peers holding it and whether one is
+ * fetching it, from their last have-pages. */
+static void recount(struct agent_fetch *f, struct agent_parcel *p)
+{
+	uint32_t n = p->mp->nchunks, bl = (n + 7) / 8;
+	uint64_t now = agent_now_ms();
+
+	memset(p->avail, 0, n * sizeof(*p->avail));
+	memset(p->peer_busy, 0, n);
+	memset(p->owner_on, 0, n);
+	for (size_t k = 0; k < p->nsrcs; k++) {
+		const struct agent_source *s = &p->srcs[k];
+		if (s->have == NULL || s->self || s->bad_until_ms > now ||
+		    agent_swarm_banned(f, s->info.id))
+			continue;
+		for (uint32_t c = 0; c < n; c++) {
+			if (proto_have_bit(s->have, c))
+				p->avail[c]++;
+			if (proto_have_bit(s->have + bl, c))
+				p->peer_busy[c] = 1;
+		}
+	}
+	/* Owners that serve the parcel (their page was read) are on their
+	 * chunks; the others' chunks are anyone's once we are hungry. */
+	for (uint32_t c = 0; c < n; c++) {
+		uint32_t k = p->owner[c];
+		if (k >= p->nmembers)
+			continue;
+		for (size_t j = 0; j < p->nsrcs && !p->owner_on[c]; j++) {
+			const struct agent_source *s = &p->srcs[j];
+			p->owner_on[c] = s->info.peer && s->have != NULL && s->bad_until_ms <= now &&
+					 strcmp(s->info.id, p->members[k]) == 0;
+		}
+	}
+}
+
+static void poll_haves(struct node_agent *a, struct agent_fetch *f, uint32_t pi, uint64_t now);
+
+void agent_swarm_recount(struct node_agent *a, uint32_t pi)
+{
+	recount(a->fetch, &a->fetch->parcels[pi]);
+	if (a->fanout)
+		poll_haves(a, a->fetch, pi, agent_now_ms()); /* new peers: read them now */
+}
+
+static void on_have(struct fab_op *op, int status)
+{
+	struct agent_have_read *hr = proto_container_of(op, struct agent_have_read, op);
+	struct node_agent *a = hr->a;
+	struct agent_fetch *f = a->fetch;
+	struct proto_have h;
+	struct proto_err err;
+
+	hr->busy = false;
+	if (f == NULL || hr->gen != a->gen || f->parcels == NULL)
+		return;
+	struct agent_parcel *p = &f->parcels[hr->parcel];
+	if (hr->src_epoch != p->src_epoch || hr->src_idx >= p->nsrcs)
+		return; /* the source list changed: the next poll asks again */
+	struct agent_source *s = &p->srcs[hr->src_idx];
+	uint32_t n = p->mp->nchunks, bl = (n + 7) / 8;
+	s->have_busy = false;
+	if (status != 0) {
+		LOG_DEBUG("node %s: have-page of %s: read failed: %d", a->node_id, s->info.id, status);
+		agent_source_failed(a, s);
+		return;
+	}
+	const uint8_t *buf = a->hpool + (size_t)hr->slot * HAVE_SLOT_MAX;
+	int rc = proto_have_parse(buf, proto_have_bytes(n), &h, &err);
+	if (rc == 0 && (h.version != f->version || h.nchunks != n || h.src_rank != p->mp->src_rank ||
+			h.dst_rank != p->mp->dst_rank)) {
+		rc = -EINVAL;
+		snprintf(err.msg, sizeof(err.msg), "have-page for v%" PRIu64 " parcel %u<-%u with %u chunks",
+			 h.version, h.dst_rank, h.src_rank, h.nchunks);
+	}
+	if (rc != 0) {
+		LOG_WARN("node %s: v%" PRIu64 ": peer %s: %s; dropped", a->node_id, f->version,
+			 s->info.id, err.msg);
+		agent_source_failed(a, s);
+		(void)agent_swarm_bad_peer(a, s->info.id);
+		return;
+	}
+	if (s->have == NULL && (s->have = malloc(2 * (size_t)bl)) == NULL)
+		return;
+	memcpy(s->have, h.have, bl);
+	memcpy(s->have + bl, h.busy, bl);
+	recount(f, p);
+	agent_pump(a);
+}
+
+static struct agent_have_read *free_have_read(struct node_agent *a)
+{
+	for (uint32_t i = 0; i < HAVE_SLOTS; i++)
+		if (!a->hreads[i].busy)
+			return &a->hreads[i];
+	return NULL;
+}
+
+/* Reads the have-pages of the parcel's peers that are due. */
+static void poll_haves(struct node_agent *a, struct agent_fetch *f, uint32_t pi, uint64_t now)
+{
+	struct agent_parcel *p = &f->parcels[pi];
+	uint32_t n = p->mp->nchunks;
+	uint64_t period = proto_param(PROTO_PARAM_HAVE_POLL_MS);
+
+	if (p->done == n || proto_have_bytes(n) > HAVE_SLOT_MAX)
+		return;
+	for (size_t k = 0; k < p->nsrcs; k++) {
+		struct agent_source *s = &p->srcs[k];
+		struct agent_have_read *hr;
+		if (!s->info.peer || s->self || s->have_busy || now - s->have_ms < period ||
+		    s->bad_until_ms > now || agent_swarm_banned(f, s->info.id))
+			continue;
+		if (!agent_source_ready(a, s, now) || (hr = free_have_read(a)) == NULL)
+			continue;
+		uint64_t head = proto_have_page(n);
+		struct fab_rkey rk = {s->info.addr - head, s->info.key, head};
+		*hr = (struct agent_have_read){.a = a, .gen = a->gen, .parcel = pi,
+					       .src_idx = (uint32_t)k, .src_epoch = p->src_epoch,
+					       .slot = (uint32_t)(hr - a->hreads), .busy = true};
+		s->have_ms = now;
+		if (s->info.addr < head ||
+		    fab_read(a->fab, &hr->op, a->hpool_mr, (size_t)hr->slot * HAVE_SLOT_MAX,
+			     proto_have_bytes(n), s->fa, &rk, 0, on_have) != 0) {
+			hr->busy = false;
+			agent_source_failed(a, s);
+			continue;
+		}
+		s->have_busy = true;
+	}
+}
+
+void agent_swarm_tick(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+	uint64_t now = agent_now_ms();
+
+	offer(a, f);
+	offer(a, a->kept);
+	if (!a->fanout || f == NULL || f->parcels == NULL || f->verified)
+		return;
+	for (uint32_t pi = 0; pi < f->nparcels; pi++) {
+		struct agent_parcel *p = &f->parcels[pi];
+		bool peers = false;
+		/* Members join the swarm as they offer: ask again for sources
+		 * (often while we know no peer, else every SWARM_REFRESH_MS). */
+		for (size_t k = 0; k < p->nsrcs; k++)
+			peers |= p->srcs[k].info.peer && !p->srcs[k].self;
+		if (p->done < p->mp->nchunks && now - p->sources_ms >= (peers ? SWARM_REFRESH_MS : SOURCES_MIN_MS))
+			agent_want_sources(a, pi);
+		if (p->done < p->mp->nchunks && peers)
+			recount(f, p); /* peers that rest or were banned since */
+		poll_haves(a, f, pi, now);
+	}
+	node_fabloop_kick(a->fl);
+}
+
+/* ---- chunk choice ---------------------------------------------------------- */
+
+/* s may take a read of len bytes now: usable and with room in its window
+ * (a peer also within TESSERA_PEER_INFLIGHT reads). */
+static bool has_room(struct node_agent *a, const struct agent_source *s, uint64_t len)
+{
+	if (s->info.peer && s->inflight_reads >= proto_param(PROTO_PARAM_PEER_INFLIGHT))
+		return false;
+	return s->inflight_reads == 0 || s->inflight_bytes + len <= agent_source_window(a, s);
+}
+
+bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
+			 const struct agent_source *s, uint64_t now)
+{
+	if (s->self || s->bad_until_ms > now || agent_source_silent(s, now))
+		return false;
+	if (s->info.peer)
+		return a->fanout && s->have != NULL && !agent_swarm_banned(f, s->info.id);
+	return true;
+}
+
+/* A usable source with room holding chunk c (publishers hold them all),
+ * other than not; round-robin from the parcel's position. */
+static struct agent_source *holder(struct node_agent *a, struct agent_parcel *p, uint32_t c,
+				   bool peers, const struct agent_source *not, uint64_t now)
+{
+	struct agent_fetch *f = a->fetch;
+	uint64_t len = p->mp->chunks[c].size;
+
+	for (size_t k = 0; k < p->nsrcs; k++) {
+		struct agent_source *s = &p->srcs[(p->rr + k) % p->nsrcs];
+		if (s == not || s->info.peer != peers || !agent_source_usable(a, f, s, now) || !has_room(a, s, len))
+			continue;
+		if (peers && !proto_have_bit(s->have, c))
+			continue;
+		if (!agent_source_ready(a, s, now))
+			continue;
+		p->rr = (uint32_t)((p->rr + k + 1) % p->nsrcs);
+		return s;
+	}
+	return NULL;
+}
+
+/* The source of chunk c's one read in flight, if known. */
+static const struct agent_source *reading_from(struct node_agent *a, uint32_t pi, uint32_t c,
+					       uint64_t *started)
+{
+	struct agent_fetch *f = a->fetch;
+	struct agent_parcel *p = &f->parcels[pi];
+
+	for (uint32_t i = 0; i < a->nreads; i++) {
+		const struct agent_read *rd = &a->reads[i];
+		if (rd->in_fabric && !rd->abandoned && rd->gen == a->gen && rd->parcel == pi &&
+		    rd->chunk == c) {
+			*started = rd->started_ms;
+			return rd->src_epoch == p->src_epoch && rd->src_idx < p->nsrcs
+				       ? &p->srcs[rd->src_idx]
+				       : NULL;
+		}
+	}
+	return NULL;
+}
+
+/* Whether the publisher pass may ask for chunk c: no peer holds it, and
+ * (unless busy_too) none is fetching it. */
+static bool pub_wanted(const struct agent_parcel *p, uint32_t c, bool busy_too)
+{
+	return p->state[c] == 0 && p->avail[c] == 0 && (busy_too || !p->peer_busy[c]);
+}
+
+/* The chunk to ask a publisher for next, UINT32_MAX if none, from our own
+ * starting point on: pass 0, a chunk we own (p->mine; all of them while we
+ * know no other member); pass 1, once the parcel went hungry (p->hungry),
+ * also chunks whose owner does not serve the parcel (a member that does
+ * not fetch this version owns chunks nobody would get); pass 2, starved
+ * now, any chunk no peer holds. Others' chunks are not taken early: their owners are on
+ * them, and helpers grabbing them meet the owners on the trainer's link
+ * (measured: 8 nodes on loopback, 2 to 4 copies with helpers, about one
+ * without). */
+static uint32_t pub_next(const struct agent_parcel *p, int pass)
+{
+	uint32_t n = p->mp->nchunks;
+
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t c = (p->rot + k) % n;
+		if ((p->mine[c] || (pass == 1 && !p->owner_on[c]) || pass == 2) &&
+		    pub_wanted(p, c, pass == 2))
+			return c;
+	}
+	return UINT32_MAX;
+}
+
+static uint64_t hrw(const char *id, uint32_t pi, uint32_t c)
+{
+	uint64_t h = 1469598103934665603ull ^ ((uint64_t)pi << 32 | c);
+
+	for (const char *q = id; *q; q++)
+		h = (h ^ (uint8_t)*q) * 1099511628211ull;
+	h ^= h >> 29; /* FNV's low bits mix poorly: finish like splitmix */
+	h *= 0xbf58476d1ce4e5b9ull;
+	return h ^ (h >> 32);
+}
+
+static void take_members(struct agent_parcel *p, json_t *answer)
+{
+	json_t *list = json_object_get(answer, "members"), *v;
+	size_t i, n = json_array_size(list);
+
+	free(p->members);
+	p->members = NULL;
+	p->nmembers = 0;
+	if (n == 0 || (p->members = calloc(PROTO_MIN(n, MEMBERS_MAX), sizeof(*p->members))) == NULL)
+		return;
+	json_array_foreach(list, i, v) {
+		const char *id = json_string_value(v);
+		if (p->nmembers == MEMBERS_MAX)
+			break;
+		if (id != NULL && id[0] != 0 && strlen(id) < TRK_ID_MAX)
+			snprintf(p->members[p->nmembers++], TRK_ID_MAX, "%s", id);
+	}
+}
+
+void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer)
+{
+	struct agent_fetch *f = a->fetch;
+	struct agent_parcel *p = &f->parcels[pi];
+
+	take_members(p, answer);
+	if (!a->fanout) { /* star: every chunk is ours to ask the trainer for */
+		memset(p->mine, 1, p->mp->nchunks);
+		return;
+	}
+	for (uint32_t c = 0; c < p->mp->nchunks; c++) {
+		uint64_t me = hrw(a->node_id, pi, c), best = me;
+		bool mine = true;
+		p->owner[c] = UINT32_MAX;
+		/* The swarm as the tracker knows it (members that did not offer
+		 * yet included: they are about to); else the peers listed. */
+		for (uint32_t k = 0; k < p->nmembers; k++) {
+			uint64_t h;
+			if (strcmp(p->members[k], a->node_id) == 0 ||
+			    agent_swarm_banned(f, p->members[k]) || (h = hrw(p->members[k], pi, c)) < best)
+				continue;
+			best = h;
+			mine = false;
+			p->owner[c] = k;
+		}
+		for (size_t k = 0; k < p->nsrcs && mine && p->nmembers == 0; k++) {
+			const struct agent_source *o = &p->srcs[k];
+			if (o->info.peer && !o->self && !agent_swarm_banned(f, o->info.id))
+				mine = hrw(o->info.id, pi, c) < me;
+		}
+		p->mine[c] = mine;
+	}
+}
+
+struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_t *chunk,
+				      bool *want_sources)
+{
+	struct agent_fetch *f = a->fetch;
+	struct agent_parcel *p = &f->parcels[pi];
+	uint32_t n = p->mp->nchunks, best = UINT32_MAX, live = 0;
+	uint64_t now = agent_now_ms();
+	struct agent_source *s, *best_s = NULL;
+	bool todo = false, any = false;
+
+	for (size_t k = 0; k < p->nsrcs; k++)
+		any |= agent_source_usable(a, f, &p->srcs[k], now);
+	*want_sources = !any;
+	/* 1. Rarest first among chunks peers hold. */
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t c = (p->rot + k) % n;
+		if (p->state[c] == 1)
+			live++;
+		if (p->state[c] != 0)
+			continue;
+		todo = true;
+		if (p->avail[c] == 0 || p->avail[c] >= best)
+			continue;
+		if ((s = holder(a, p, c, true, NULL, now)) != NULL) {
+			best = p->avail[c];
+			best_s = s;
+			*chunk = c;
+		}
+	}
+	if (best_s != NULL)
+		return best_s;
+	/* Not from a publisher while a peer's have-page is still to come: it
+	 * may hold what we would ask the trainer for (a member that started
+	 * late would otherwise take its whole share from the trainer again). */
+	for (size_t k = 0; k < p->nsrcs; k++) {
+		const struct agent_source *o = &p->srcs[k];
+		if (a->fanout && o->info.peer && !o->self && o->have == NULL &&
+		    o->bad_until_ms <= now && !agent_swarm_banned(f, o->info.id))
+			return NULL;
+	}
+	/* 2. From a publisher: what no peer holds or fetches, ours first
+	 * (then, hungry, anyone's); 3. when starved, what no peer holds. */
+	bool starved = live == 0 && now - p->progress_ms >= STARVE_MS;
+	p->hungry |= starved;
+	for (int pass = 0; pass < 3 && todo; pass++) {
+		uint32_t c;
+		if ((pass == 1 && !p->hungry) || (pass == 2 && !starved))
+			break;
+		if ((c = pub_next(p, pass)) == UINT32_MAX)
+			continue;
+		if ((s = holder(a, p, c, false, NULL, now)) == NULL)
+			return NULL; /* no publisher with room */
+		if (pass == 2)
+			LOG_DEBUG("node %s: parcel %u: starved for %" PRIu64 " ms: chunk %u from %s",
+				  a->node_id, pi, now - p->progress_ms, c, s->info.id);
+		*chunk = c;
+		return s;
+	}
+	/* 4. Endgame. */
+	if (todo)
+		return NULL;
+	for (uint32_t c = 0; c < n; c++) {
+		uint64_t started = now;
+		const struct agent_source *cur;
+		if (p->state[c] != 1 || p->nlive[c] != 1)
+			continue;
+		cur = reading_from(a, pi, c, &started);
+		if (now - started < ENDGAME_MS)
+			continue;
+		if ((s = holder(a, p, c, true, cur, now)) != NULL ||
+		    (s = holder(a, p, c, false, cur, now)) != NULL) {
+			LOG_DEBUG("node %s: parcel %u: endgame: chunk %u out %" PRIu64 " ms, also from %s",
+				  a->node_id, pi, c, now - started, s->info.id);
+			*chunk = c;
+			return s;
+		}
+	}
+	return NULL;
+}

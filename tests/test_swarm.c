@@ -1,0 +1,378 @@
+/* Peer fanout end to end on loopback: a swarm of nodes gets a version from
+ * about one copy of the trainer's upload, survives a peer killed
+ * mid-transfer, and bans a peer that serves corrupt chunks. */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+
+#include "node/proc.h"
+#include "proto/fixture.h"
+#include "proto/proto.h"
+#include "tracker/tracker.h"
+#include "tests/testutil.h"
+#include "tests/testcluster.h"
+
+#define NODES 4
+#define MODEL_MB 4
+#define SEED 7
+
+/* Small chunks and a per-node fetch cap of 8 Mbit/s: a chunk takes about
+ * 65 ms, so have-pages (read every 20 ms) are fresh next to it, and the
+ * version takes seconds, so a peer can be killed mid-transfer. */
+static void swarm_env(void)
+{
+	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
+	setenv("TESSERA_FETCH_MBPS", "8", 1);
+	setenv("TESSERA_HAVE_POLL_MS", "20", 1);
+	setenv("TESSERA_LEASE_MS", "2000", 1);
+}
+
+static void swarm_env_clear(void)
+{
+	unsetenv("TESSERA_CHUNK_SIZE");
+	unsetenv("TESSERA_FETCH_MBPS");
+	unsetenv("TESSERA_HAVE_POLL_MS");
+	unsetenv("TESSERA_LEASE_MS");
+	unsetenv("TESSERA_TEST_CORRUPT_SERVE");
+	unsetenv("TESSERA_FANOUT");
+}
+
+/*
+ * Four tp1 replicas and a trainer of two ranks (`tessera cluster`): every
+ * replica ends with the version's exact bytes (the cluster compares them),
+ * and the trainer sent about one copy. The bound: one copy S, plus what
+ * every other node may take from the trainer before it knows its peers'
+ * chunks: its first source list may not name them yet (asked again after
+ * SOURCES_MIN_MS = 300 ms) and a have-page is up to two polls old; at 8
+ * Mbit/s that is 1 MB/s x 0.34 s per node. In star mode the trainer sends
+ * NODES copies: that run is the contrast that shows the bound means
+ * something.
+ */
+static json_t *cluster(const char *dir, const char *fanout)
+{
+	char bin[512], report[512];
+
+	setenv("TESSERA_FANOUT", fanout, 1);
+	snprintf(report, sizeof(report), "%s/report.json", dir);
+	tu_bin(bin, sizeof(bin), "tessera");
+	assert_int_equal(tu_sh("%s cluster --synthetic-mb %d --versions 1 --replica tp1 --replica tp1 "
+			       "--replica tp1 --replica tp1 --report %s > %s/out 2>&1 || cat %s/out",
+			       bin, MODEL_MB, report, dir, dir),
+			 0);
+	json_t *j = tu_load_json(report);
+	assert_non_null(j);
+	assert_true(json_is_true(json_object_get(j, "ok")));
+	return j;
+}
+
+static void test_swarm_trainer_uploads_once(void **state)
+{
+	char dir[256];
+
+	swarm_env();
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	json_t *j = cluster(dir, "1");
+	json_t *v = json_array_get(json_object_get(j, "versions"), 0);
+	uint64_t s = (uint64_t)json_integer_value(json_object_get(v, "payload_bytes"));
+	uint64_t up = (uint64_t)json_integer_value(json_object_get(v, "trainer_upload_bytes"));
+	uint64_t peers = (uint64_t)json_integer_value(json_object_get(v, "peer_upload_bytes"));
+	uint64_t blind = 8000000 / 8 * (300 + 2 * 20) / 1000; /* bytes per node, see above */
+	size_t i;
+	json_t *r;
+
+	json_array_foreach(json_object_get(v, "replicas"), i, r) {
+		assert_true(json_is_true(json_object_get(r, "activated")));
+		assert_true(json_is_true(json_object_get(r, "digest_ok")));
+	}
+	assert_true(s > 0);
+	print_message("fanout: trainer sent %.3f S, peers %.3f S (bound %.3f S)\n", (double)up / s,
+		      (double)peers / s, (double)(s + (NODES - 1) * blind) / s);
+	assert_true(up >= s);
+	assert_true(up <= s + (NODES - 1) * blind);
+	assert_int_equal(up + peers, NODES * s); /* every byte counted once, by source */
+	json_decref(j);
+
+	/* Star mode: nobody serves, the trainer sends every copy. */
+	json_t *k = cluster(dir, "0");
+	v = json_array_get(json_object_get(k, "versions"), 0);
+	assert_int_equal(json_integer_value(json_object_get(v, "peer_upload_bytes")), 0);
+	assert_int_equal(json_integer_value(json_object_get(v, "trainer_upload_bytes")),
+			 (json_int_t)(NODES * s));
+	json_decref(k);
+	swarm_env_clear();
+	tu_rmtree(dir);
+}
+
+/* ---- a swarm of separate processes ------------------------------------------ */
+
+struct swarm {
+	char dir[256], url[256], sock[512], expose[512], model[512], key[512], pub[512];
+	struct node_proc tracker, publisher, nodes[NODES];
+	struct trk_client *trk;
+	struct proto_model m;
+	struct proto_layout tp1;
+};
+
+static int control(struct swarm *w, const char *cmd, char *reply, size_t len)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd = -1;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", w->sock);
+	for (int i = 0; i < 300; i++) {
+		fd = socket(AF_UNIX, SOCK_STREAM, 0);
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+			break;
+		close(fd);
+		fd = -1;
+		usleep(50000);
+	}
+	if (fd < 0)
+		return -1;
+	if (write(fd, cmd, strlen(cmd)) != (ssize_t)strlen(cmd)) {
+		close(fd);
+		return -1;
+	}
+	size_t n = 0;
+	while (n + 1 < len && read(fd, reply + n, 1) == 1 && reply[n] != '\n')
+		n++;
+	reply[n] = 0;
+	close(fd);
+	return 0;
+}
+
+/* Node i is replica "A"+i, rank 0, tp1; corrupt: it serves corrupt chunks
+ * (TESSERA_TEST_CORRUPT_SERVE, its own copy stays right). */
+static void start_node(struct swarm *w, int i, bool corrupt)
+{
+	char bin[512], log[600], rep[8];
+
+	snprintf(rep, sizeof(rep), "%c", 'A' + i);
+	snprintf(log, sizeof(log), "%s/node-%s.log", w->dir, rep);
+	tu_bin(bin, sizeof(bin), "tessera-node");
+	char *argv[] = {bin, "--tracker", w->url, "--replica", rep, "--rank", "0", "--layout", "tp1",
+			"--model", w->model, "--trainer-pubkey", w->pub, "--expose", w->expose,
+			"--store", "host", NULL};
+	if (corrupt)
+		setenv("TESSERA_TEST_CORRUPT_SERVE", "1", 1);
+	assert_int_equal(node_proc_spawn(&w->nodes[i], rep, argv, log), 0);
+	unsetenv("TESSERA_TEST_CORRUPT_SERVE");
+}
+
+static void swarm_start(struct swarm *w, int corrupt)
+{
+	char bin[512], log[600], state_dir[600], buf[512];
+	struct proto_err err;
+
+	swarm_env();
+	assert_non_null(tu_mkdtemp(w->dir, sizeof(w->dir)));
+	snprintf(w->sock, sizeof(w->sock), "%s/ctl.sock", w->dir);
+	snprintf(w->expose, sizeof(w->expose), "%s/expose", w->dir);
+	snprintf(w->model, sizeof(w->model), "%s/model.json", w->dir);
+	snprintf(state_dir, sizeof(state_dir), "%s/state", w->dir);
+	snprintf(w->key, sizeof(w->key), "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
+	snprintf(w->pub, sizeof(w->pub), "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
+	mkdir(w->expose, 0755);
+	assert_int_equal(proto_fixture_model(MODEL_MB << 20, &w->m, &err), 0);
+	assert_int_equal(proto_layout_builtin(&w->m, "tp1", &w->tp1, &err), 0);
+	tu_write_model(&w->m, w->model);
+	tu_start_tracker(&w->tracker, w->dir, state_dir, w->pub, w->url, sizeof(w->url));
+	assert_int_equal(trk_client_new(NULL, w->url, NULL, &w->trk, &err), 0);
+	for (int i = 0; i < NODES; i++)
+		start_node(w, i, i == corrupt);
+	tu_bin(bin, sizeof(bin), "tessera");
+	snprintf(log, sizeof(log), "%s/publisher.log", w->dir);
+	char mb[16];
+	snprintf(mb, sizeof(mb), "%d", MODEL_MB);
+	char *argv[] = {bin, "publish", "--tracker", w->url, "--key", w->key, "--synthetic-mb", mb,
+			"--seed", "7", "--layout", "fsdp2", "--control", w->sock, NULL};
+	assert_int_equal(node_proc_spawn(&w->publisher, "publisher", argv, log), 0);
+}
+
+static int swarm_setup(void **state)
+{
+	*state = calloc(1, sizeof(struct swarm));
+	return *state == NULL;
+}
+
+static int swarm_teardown(void **state)
+{
+	struct swarm *w = *state;
+
+	node_proc_stop(&w->publisher, 5000);
+	for (int i = 0; i < NODES; i++)
+		node_proc_stop(&w->nodes[i], 5000);
+	trk_client_free(w->trk);
+	node_proc_stop(&w->tracker, 5000);
+	proto_layout_fini(&w->tp1);
+	proto_model_fini(&w->m);
+	if (w->dir[0] != 0 && getenv("TESSERA_TEST_KEEP") == NULL)
+		tu_rmtree(w->dir);
+	swarm_env_clear();
+	free(w);
+	return 0;
+}
+
+/* Rank 0 of replica "A"+i as /status shows it; NULL if absent. The
+ * caller json_decref()s *st. */
+static json_t *rank_of(struct swarm *w, int i, json_t **st)
+{
+	struct trk_reply r;
+	char rep[8];
+	json_t *v, *found = NULL;
+	size_t k;
+
+	*st = NULL;
+	snprintf(rep, sizeof(rep), "%c", 'A' + i);
+	if (trk_client_call(w->trk, "GET", TRK_API "/status", NULL, NULL, 0, &r) == 0 &&
+	    r.status == 200 && r.json != NULL) {
+		*st = json_incref(r.json);
+		json_array_foreach(json_object_get(r.json, "replicas"), k, v)
+			if (strcmp(json_string_value(json_object_get(v, "replica")), rep) == 0)
+				found = json_array_get(json_object_get(v, "ranks"), 0);
+	}
+	trk_reply_fini(&r);
+	return found;
+}
+
+static uint64_t active_of(struct swarm *w, int i)
+{
+	json_t *st, *rk = rank_of(w, i, &st);
+	uint64_t v = rk ? (uint64_t)json_integer_value(json_object_get(rk, "active")) : 0;
+	json_decref(st);
+	return v;
+}
+
+static bool wait_active(struct swarm *w, int i, uint64_t v, int ms)
+{
+	for (int t = 0; t < ms; t += 50) {
+		if (active_of(w, i) == v)
+			return true;
+		usleep(50000);
+	}
+	return false;
+}
+
+/* Node i serves exactly v's bytes (checked here, not taken from it). */
+static void check_serving(struct swarm *w, int i, uint64_t v)
+{
+	char path[600];
+	size_t n = w->tp1.ranks[0].nbytes;
+
+	snprintf(path, sizeof(path), "%s/%c-0.json", w->expose, 'A' + i);
+	json_t *j = tu_load_json(path);
+	assert_non_null(j);
+	assert_int_equal(json_integer_value(json_object_get(j, "version")), (json_int_t)v);
+	int fd = open(json_string_value(json_object_get(j, "memfd_path")), O_RDONLY);
+	assert_true(fd >= 0);
+	uint8_t *m = mmap(NULL, n, PROT_READ, MAP_SHARED, fd, 0), *expect = malloc(n);
+	assert_true(m != MAP_FAILED);
+	proto_fixture_fill_rank(&w->m, &w->tp1, 0, SEED, v, expect);
+	assert_memory_equal(m, expect, n);
+	free(expect);
+	munmap(m, n);
+	close(fd);
+	json_decref(j);
+}
+
+/* Waits until every node is registered (so that the version's swarm has
+ * all of them), then exports v1. */
+static void export_v1(struct swarm *w)
+{
+	char line[512];
+
+	for (int t = 0; t < 30000; t += 50) {
+		int n = 0;
+		for (int i = 0; i < NODES; i++) {
+			json_t *st, *rk = rank_of(w, i, &st);
+			n += rk != NULL && json_is_true(json_object_get(rk, "alive"));
+			json_decref(st);
+		}
+		if (n == NODES)
+			break;
+		usleep(50000);
+	}
+	assert_int_equal(control(w, "export\n", line, sizeof(line)), 0);
+	assert_int_equal(strncmp(line, "published 1 ", 12), 0);
+}
+
+/* A peer killed while the others read from it: their reads fail and move
+ * to other holders; everyone else finishes with the exact bytes. */
+static void test_swarm_peer_killed(void **state)
+{
+	struct swarm *w = *state;
+	bool mid = false;
+
+	swarm_start(w, -1);
+	export_v1(w);
+	/* B holds part of v1 and its peers have read from it. */
+	for (int t = 0; t < 30000 && !mid; t += 20) {
+		json_t *st, *rk = rank_of(w, 1, &st);
+		uint64_t done = rk ? (uint64_t)json_integer_value(json_object_get(rk, "bytes_done")) : 0;
+		uint64_t total = rk ? (uint64_t)json_integer_value(json_object_get(rk, "bytes_total")) : 0;
+		uint64_t peers = 0;
+		for (int i = 0; i < NODES; i++) {
+			json_t *s2, *r2 = rank_of(w, i, &s2);
+			peers += r2 ? (uint64_t)json_integer_value(json_object_get(r2, "bytes_from_peers")) : 0;
+			json_decref(s2);
+		}
+		mid = total > 0 && done >= total / 4 && done < total && peers > 0;
+		json_decref(st);
+		if (!mid)
+			usleep(20000);
+	}
+	assert_true(mid);
+	node_proc_kill(&w->nodes[1]);
+	for (int i = 0; i < NODES; i++) {
+		if (i == 1)
+			continue;
+		assert_true(wait_active(w, i, 1, 60000));
+		check_serving(w, i, 1);
+	}
+}
+
+/* A peer serving corrupt chunks: its chunks fail their hash, it is banned
+ * for the version by the nodes that read two of them (shown by the
+ * tracker), and every other node ends with the exact bytes. */
+static void test_swarm_corrupt_peer_banned(void **state)
+{
+	struct swarm *w = *state;
+	const int bad = 3; /* node D */
+	int banned = 0;
+
+	swarm_start(w, bad);
+	export_v1(w);
+	for (int i = 0; i < NODES; i++) {
+		json_t *st, *rk;
+		assert_true(wait_active(w, i, 1, 60000));
+		check_serving(w, i, 1); /* the corrupt one's own copy is right too */
+		rk = rank_of(w, i, &st);
+		const char *b = json_string_value(json_object_get(rk, "banned"));
+		if (i != bad && b != NULL) {
+			assert_string_equal(b, "D/0");
+			banned++;
+		}
+		json_decref(st);
+	}
+	assert_true(banned >= 1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_swarm_trainer_uploads_once),
+		cmocka_unit_test_setup_teardown(test_swarm_peer_killed, swarm_setup, swarm_teardown),
+		cmocka_unit_test_setup_teardown(test_swarm_corrupt_peer_banned, swarm_setup,
+						swarm_teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
