@@ -65,6 +65,18 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 		trk_sources_free(s, n);
 		return;
 	}
+	/* In a star (TESSERA_FANOUT=0) peers are no sources. */
+	if (proto_param(PROTO_PARAM_FANOUT) == 0) {
+		size_t kept = 0;
+		for (size_t i = 0; i < n; i++) {
+			if (s[i].peer) {
+				free(s[i].fabric_addr);
+				continue;
+			}
+			s[kept++] = s[i];
+		}
+		n = kept;
+	}
 	for (size_t i = 0; i < n; i++) {
 		ns[i].info = s[i];
 		for (size_t j = 0; j < p->nsrcs; j++) {
@@ -237,6 +249,9 @@ static void on_read(struct fab_op *op, int status)
 	if (f != NULL && rd->gen == a->gen && read_source(f, rd) != NULL)
 		source_done(read_source(f, rd), rd->len, status == 0);
 	if (rd->abandoned || f == NULL || rd->gen != a->gen) {
+		/* Bytes of a moved read that arrived after all: received twice. */
+		if (rd->abandoned && status == 0 && f != NULL && rd->gen == a->gen)
+			f->duplicate += rd->len;
 		rd->abandoned = false;
 		rd->busy = false;
 		agent_pump(a);

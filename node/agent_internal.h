@@ -103,6 +103,7 @@ struct agent_fetch {
 	uint32_t nparcels;
 	uint64_t bytes_total, bytes_done, from_trainer, from_peers;
 	uint64_t refetched; /* bytes requested again (failed, bad or moved reads) */
+	uint64_t duplicate; /* bytes received that were not needed (moved reads) */
 	uint64_t started_ms;
 	uint64_t first_byte_ms, last_byte_ms; /* wall clock: chunks landed */
 	bool verified, reported_verified;

@@ -87,7 +87,12 @@
 	X(ATTACH_PINS, "TESSERA_ATTACH_PINS", 65536, "pins one attached client may hold") \
 	/* Bytes a node queues for a client that does not read; past it the \
 	 * client is dropped (and its pins with it). */ \
-	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client")
+	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client") \
+	/* Whether nodes exchange chunks: 1, each node fetches from the peers \
+	 * the tracker lists besides the publishers and serves its verified \
+	 * chunks; 0, a star: nodes fetch only from publishers and serve no \
+	 * one (the baseline the fanout is measured against). */ \
+	X(FANOUT, "TESSERA_FANOUT", 1, "1: nodes fetch from and serve peers (fanout); 0: only from publishers (star)")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,
@@ -110,8 +115,8 @@ enum proto_param_source {
 
 /* The tunable's name in a configuration file: its id in lower case
  * ("chunk_size"); its environment variable; its one-line doc; its default;
- * the least value accepted (0 only where the default is 0, which means
- * "none"). Cannot fail. */
+ * the least value accepted (0 where the default is 0, which means
+ * "none", and for the FANOUT switch). Cannot fail. */
 const char *proto_param_name(enum proto_param_id id);
 const char *proto_param_env(enum proto_param_id id);
 const char *proto_param_doc(enum proto_param_id id);

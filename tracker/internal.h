@@ -181,6 +181,7 @@ struct trk_version {
 	uint32_t nlayouts;
 	/* Summed from node reports (soft). */
 	uint64_t bytes_from_trainer, bytes_from_peers;
+	uint64_t duplicate_bytes, refetched_bytes;
 	bool offered; /* a publisher offered it at some time (soft) */
 	/* Cache of the newest versions: raw bytes and decoded manifest. */
 	uint8_t *raw;
@@ -280,6 +281,7 @@ struct trk_nver {
 	uint64_t version;
 	enum trk_rank_state state;
 	uint64_t done, total, from_trainer, from_peers;
+	uint64_t duplicate, refetched; /* bytes received twice, asked again */
 	uint64_t first_ms; /* wall time of the first report of this version */
 };
 

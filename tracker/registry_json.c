@@ -54,6 +54,8 @@ static json_t *rank_json(const struct trk_replica *rep, uint32_t rank, bool full
 		if (e != NULL) {
 			bad |= trk__set(o, "bytes_from_trainer", trk__jint(e->from_trainer));
 			bad |= trk__set(o, "bytes_from_peers", trk__jint(e->from_peers));
+			bad |= trk__set(o, "duplicate_bytes", trk__jint(e->duplicate));
+			bad |= trk__set(o, "refetched_bytes", trk__jint(e->refetched));
 		}
 	}
 out:

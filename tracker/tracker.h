@@ -237,6 +237,8 @@ struct trk_state_report {
 	enum trk_rank_state state;
 	uint64_t bytes_done, bytes_total;
 	uint64_t bytes_from_trainer, bytes_from_peers;
+	/* Bytes received that were not needed, and bytes asked for again. */
+	uint64_t duplicate_bytes, refetched_bytes;
 	/* When this version's first and (so far) last chunk arrived, node
 	 * wall clock ms; 0: not yet (not sent). */
 	uint64_t first_byte_ms, last_byte_ms;
