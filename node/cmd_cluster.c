@@ -757,6 +757,10 @@ static bool settle_and_check(struct cluster *c)
 				size_t k;
 				json_array_foreach(json_object_get(rep, "ranks"), k, rk)
 					agree &= (uint64_t)json_integer_value(json_object_get(rk, "active")) == v;
+				/* Ranks that agree on v while their target is newer are
+				 * about to move: wait for it (or the end of the settle
+				 * time, if the target can no longer be fetched). */
+				agree &= v >= (uint64_t)json_integer_value(json_object_get(rep, "target"));
 			}
 			json_decref(st);
 			if (agree && v > 0)
