@@ -116,12 +116,14 @@ $(BUILD)/asan/libtessera-client.a: $(patsubst %.c,$(BUILD)/asan/%.o,$(CLIENT_SRC
 
 .PHONY: all test bench bench-delta bench-steady bench-tracker demo demo-netns fuzz clean deps help \
         check run-bench run-bench-delta run-bench-steady run-demo run-demo-netns run-fuzz \
-        check-deploy run-check-deploy run-bench-tracker check-page run-check-page
+        check-deploy run-check-deploy run-bench-tracker check-page run-check-page \
+        bench-fanout bench-elastic run-bench-fanout run-bench-elastic
 all: $(BINS) $(CLIENT_LIBS)
 
 # The user-facing targets install missing dependencies first, then re-enter
 # make so that pkg-config sees the freshly installed packages.
-test bench bench-delta bench-steady bench-tracker demo demo-netns fuzz check-page: deps
+test bench bench-delta bench-steady bench-tracker demo demo-netns fuzz check-page \
+bench-fanout bench-elastic: deps
 	@$(MAKE) --no-print-directory $(if $(filter test,$@),check,run-$@)
 
 define program
@@ -162,6 +164,14 @@ run-bench: $(BUILD)/bench/bench_fabric
 # options such as --rate 300mbit to deploy/netns-cluster.sh.
 run-demo-netns: $(BINS)
 	BIN=$(BUILD)/bin deploy/netns-cluster.sh $(NETNS_ARGS)
+
+# Namespaced hosts on 100 Mbit/s links (root): N = 8 and 16 TP1 replicas,
+# fanout then star (tests/bench/bench_fanout.sh); a mixed fleet, then late
+# replicas (tests/bench/bench_elastic.sh).
+run-bench-fanout: $(BINS)
+	BIN=$(BUILD)/bin tests/bench/bench_fanout.sh
+run-bench-elastic: $(BINS)
+	BIN=$(BUILD)/bin tests/bench/bench_elastic.sh
 
 # Replicas tp2 tp2 tp1, a 128 MiB model, a version every second for 60 s.
 run-bench-steady: $(BUILD)/bench/bench_steady $(BINS)

@@ -5,28 +5,53 @@
 # host i (1..) runs every rank of replica i. It publishes --versions versions,
 # waits for every replica to activate the last, and prints for each version
 # how long each replica took and the trainer's upload rate against the link
-# rate the run shaped.
+# rate the run shaped. Late replicas (--late-replica) start only then, on
+# hosts of their own, and must activate the last version too.
 #
-# Needs root (ip netns, tc), `make` first, iproute2, curl and jq
-# (deploy/install-deps.sh). Everything it makes (namespaces tsn-*, processes,
-# a temporary directory) is removed on exit; it may be rerun at once.
+# Needs root (ip netns, tc), `make` first, iproute2, curl, jq and python3
+# (deploy/install-deps.sh). Everything it makes (namespaces tsn<pid>-*,
+# processes, a temporary directory) is removed on exit; it may be rerun at
+# once, and several runs may share a machine.
 #
-# usage: deploy/netns-cluster.sh [--replica L]... [--rate R] [--synthetic-mb N]
-#                                [--versions V] [--every MS] [--timeout S]
-#                                [--keep DIR]
+# usage: deploy/netns-cluster.sh [--replica L]... [--late-replica L]...
+#                                [--mode fanout|star] [--rate R]
+#                                [--synthetic-mb N] [--versions V] [--every MS]
+#                                [--timeout S] [--late-timeout S] [--report FILE]
+#                                [--measure-link MB] [--keep DIR]
 #   --replica L   a replica's layout, tpN or a layout file (repeatable;
 #                 default tp2 tp2 tp1)
+#   --late-replica L  a replica started once every other one is active on
+#                 the last version (repeatable); its activation time counts
+#                 from its registration
+#   --mode M      fanout (default): nodes fetch from and serve peers; star:
+#                 nodes fetch only from the publisher (TESSERA_FANOUT=0)
 #   --rate R      tbf rate of every host link, each direction (default 1gbit)
 #   --synthetic-mb N  synthetic model size in MiB (default 64; --model-mb:
 #                 deprecated)
 #   --versions V  versions to publish (default 3)
-#   --every MS    one version every MS ms (default 8000)
+#   --every MS    one version every MS ms (default 8000), the first once
+#                 every (not late) replica registered
 #   --timeout S   give up after S seconds in all (default 240)
+#   --late-timeout S  late replicas must activate within S seconds of
+#                 their start (default: what is left of --timeout)
+#   --report FILE write the JSON report of `tessera cluster --report`: per
+#                 version trainer_upload_bytes, peer_upload_bytes,
+#                 duplicate_bytes and refetched_bytes (the tracker's totals
+#                 for every replica but the late ones), per replica late,
+#                 activated, t_activate_ms, bytes_from_trainer,
+#                 bytes_from_peers, duplicate_bytes, refetched_bytes (exact
+#                 for the last version, as last polled for earlier ones)
+#   --measure-link MB  first time one TCP transfer of MB MiB from host 0 to
+#                 host 1 across the shaped links: b, reported as
+#                 link_bytes_per_s
 #   --keep DIR    copy the logs and the final status JSON to DIR
+#
+# Exit status: 0 when every replica activated the last version; 3 when all
+# but some late replicas did (the report and a line say which); else 1.
 set -euo pipefail
 
 BIN=${BIN:-build/bin}
-PFX=tsn
+PFX=tsn$$ # this run's namespaces: concurrent runs never meet
 NET=10.77.0
 PORT=7400
 RATE=1gbit
@@ -35,35 +60,59 @@ VERSIONS=3
 EVERY=8000
 TIMEOUT=240
 KEEP=""
+REPORT=""
+MODE=fanout
+LINK_MB=0
+LATE_TIMEOUT=""
 LAYOUTS=()
+LATE=()
 
 die() { echo "netns-cluster: $*" >&2; exit 1; }
 
 while [ $# -gt 0 ]; do
+	[ $# -ge 2 ] || case "$1" in -h|--help) ;; *) die "$1 wants a value" ;; esac
 	case "$1" in
 	--replica) LAYOUTS+=("$2"); shift 2 ;;
+	--late-replica) LATE+=("$2"); shift 2 ;;
+	--mode) MODE=$2; shift 2 ;;
 	--rate) RATE=$2; shift 2 ;;
 	--synthetic-mb) MB=$2; shift 2 ;;
 	--model-mb) echo "netns-cluster: --model-mb is deprecated, use --synthetic-mb" >&2; MB=$2; shift 2 ;;
 	--versions) VERSIONS=$2; shift 2 ;;
 	--every) EVERY=$2; shift 2 ;;
 	--timeout) TIMEOUT=$2; shift 2 ;;
+	--late-timeout) LATE_TIMEOUT=$2; shift 2 ;;
+	--report) REPORT=$2; shift 2 ;;
+	--measure-link) LINK_MB=$2; shift 2 ;;
 	--keep) KEEP=$2; shift 2 ;;
 	-h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option '$1' (see --help)" ;;
 	esac
 done
 [ ${#LAYOUTS[@]} -gt 0 ] || LAYOUTS=(tp2 tp2 tp1)
+case "$MODE" in
+fanout) FANOUT=1 ;;
+star) FANOUT=0 ;;
+*) die "--mode wants fanout or star, not '$MODE'" ;;
+esac
+for n in "$MB" "$VERSIONS" "$EVERY" "$TIMEOUT" "$LINK_MB" ${LATE_TIMEOUT:+"$LATE_TIMEOUT"}; do
+	[[ "$n" =~ ^[0-9]+$ ]] || die "'$n' is not a number"
+done
+[ "$VERSIONS" -ge 1 ] || die "--versions wants at least 1"
 [ "$(id -u)" -eq 0 ] || die "needs root for ip netns and tc"
-for t in ip tc curl jq; do
+for t in ip tc curl jq python3; do
 	command -v $t >/dev/null || die "$t not found (deploy/install-deps.sh installs it)"
 done
 for b in tessera tessera-node tessera-tracker; do
 	[ -x "$BIN/$b" ] || die "$BIN/$b not built (run make)"
 done
 BIN=$(cd "$BIN" && pwd)
+[ -z "$REPORT" ] || REPORT=$(realpath -m "$REPORT")
 NREP=${#LAYOUTS[@]}
-[ "$NREP" -le 200 ] || die "at most 200 replica hosts"
+NLATE=${#LATE[@]}
+ALL=("${LAYOUTS[@]}" "${LATE[@]}")
+NHOST=$((NREP + NLATE)) # replica hosts: 1..NREP, then the late ones
+[ "$NHOST" -le 200 ] || die "at most 200 replica hosts"
 
 DIR=$(mktemp -d -t tessera-netns.XXXXXX)
 PIDS=()
@@ -89,18 +138,31 @@ cleanup() {
 	exit $rc
 }
 
+del_netns() { # namespace
+	# Processes left in a namespace would keep it alive: end them.
+	ip netns pids "$1" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+	ip netns del "$1" 2>/dev/null || true
+}
 remove_netns() {
 	local ns
 	for ns in $(ip netns list | awk '{print $1}' | grep "^$PFX-" || true); do
-		# Processes left in a namespace would keep it alive: end them.
-		ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-		ip netns del "$ns" 2>/dev/null || true
+		del_netns "$ns"
+	done
+}
+# What runs killed too hard to clean up left behind: namespaces named after
+# a pid that no longer runs (plain tsn-: older versions of this script).
+remove_stale() {
+	local ns pid
+	for ns in $(ip netns list | awk '{print $1}' | grep -E '^tsn[0-9]*-' || true); do
+		pid=${ns%%-*}
+		pid=${pid#tsn}
+		if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then del_netns "$ns"; fi
 	done
 }
 
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-remove_netns # what an interrupted earlier run may have left
+remove_stale
 DEADLINE=$((SECONDS + TIMEOUT))
 
 # ---- hosts and links ------------------------------------------------------------
@@ -111,7 +173,7 @@ ip -n $PFX-sw link set br0 up
 shape() { # namespace device
 	ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$RATE" burst 1mb latency 400ms
 }
-for i in $(seq 0 "$NREP"); do
+for i in $(seq 0 "$NHOST"); do
 	ns=$PFX-h$i
 	ip netns add "$ns"
 	ip -n "$ns" link set lo up
@@ -144,7 +206,38 @@ wait_for() { # what test-command...
 		sleep 0.5
 	done
 }
-status() { on 0 curl -sf --max-time 5 "$TRK/api/v1/status" >"$DIR/status.json"; }
+status() {
+	on 0 curl -sf --max-time 5 "$TRK/api/v1/status?replicas_limit=1000" >"$DIR/status.json.new" &&
+		mv "$DIR/status.json.new" "$DIR/status.json"
+}
+
+# ---- b: one lone TCP transfer over the shaped links ---------------------------------
+LINK_BPS=0
+if [ "$LINK_MB" -gt 0 ]; then
+	start 0 link-send.log python3 -c '
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 7399)); s.listen(1); c, _ = s.accept()
+buf = bytes(1 << 20)
+for _ in range(int(sys.argv[2])): c.sendall(buf)
+c.close()' "$NET.1" "$LINK_MB"
+	LINK_BPS=$(on 1 timeout $((DEADLINE - SECONDS)) python3 -c '
+import socket, sys, time
+for _ in range(100):
+    try:
+        c = socket.create_connection((sys.argv[1], 7399)); break
+    except OSError: time.sleep(0.1)
+# The first quarter fills the tbf burst and the socket buffers: not timed.
+total = int(sys.argv[2]) << 20; n = 0; t0 = None
+while True:
+    b = c.recv(1 << 20)
+    if not b: break
+    n += len(b)
+    if t0 is None and n >= total // 4: t0, n0 = time.monotonic(), n
+print(int((n - n0) / (time.monotonic() - t0)))' "$NET.1" "$LINK_MB") || die "the link measurement failed"
+	echo "netns-cluster: b = $LINK_BPS bytes/s ($((LINK_BPS * 8 / 1000000)) Mbit/s of payload)" \
+		"from one $LINK_MB MiB TCP transfer, host 0 -> host 1, its first quarter not timed"
+fi
 
 # ---- tracker and publisher on host 0 -----------------------------------------------
 "$BIN/tessera" keygen -o "$DIR/trainer" >/dev/null
@@ -152,37 +245,120 @@ status() { on 0 curl -sf --max-time 5 "$TRK/api/v1/status" >"$DIR/status.json"; 
 start 0 tracker.log "$BIN/tessera-tracker" --listen "$NET.1:$PORT" --state "$DIR/state" \
 	--cluster-key "$DIR/cluster.key" --trainer-pubkey "$DIR/trainer.pub"
 wait_for "the tracker" status
+# Versions are exported on order (below), once every replica registered:
+# a version covers only the layouts registered when it is made.
 start 0 publisher.log "$BIN/tessera" publish --tracker "$TRK" --key "$DIR/trainer.key" \
 	--cluster-key "$DIR/cluster.key" --synthetic-mb "$MB" --layout fsdp2 \
-	--versions "$VERSIONS" --every "$EVERY"
+	--control "$DIR/publisher.sock"
 model_known() {
 	on 0 curl -sf --max-time 5 "$TRK/api/v1/layouts" | jq -e '.model' >"$DIR/model.json" 2>/dev/null
 }
 wait_for "the publisher to register the model" model_known
 
 # ---- one host per replica ----------------------------------------------------------
-for i in $(seq 1 "$NREP"); do
-	layout=${LAYOUTS[$((i - 1))]}
+start_replica() { # host (replica R<host>, layout ALL[host-1])
+	local i=$1 layout=${ALL[$(($1 - 1))]} ranks r
 	case "$layout" in
 	tp[0-9]*) ranks=${layout#tp} ;;
 	*) ranks=$(jq '.ranks | length' "$layout") || die "$layout: not a layout file" ;;
 	esac
 	for r in $(seq 0 $((ranks - 1))); do
-		start "$i" "node-R$i-$r.log" "$BIN/tessera-node" --tracker "$TRK" --replica "R$i" \
-			--rank "$r" --layout "$layout" --model "$DIR/model.json" \
-			--trainer-pubkey "$DIR/trainer.pub" --cluster-key "$DIR/cluster.key" \
-			--host "host$i" --store host
+		start "$i" "node-R$i-$r.log" env TESSERA_FANOUT=$FANOUT "$BIN/tessera-node" \
+			--tracker "$TRK" --replica "R$i" --rank "$r" --layout "$layout" \
+			--model "$DIR/model.json" --trainer-pubkey "$DIR/trainer.pub" \
+			--cluster-key "$DIR/cluster.key" --host "host$i" --store host
 	done
-done
-echo "netns-cluster: $((NREP + 1)) hosts on $NET.0/24, links shaped to $RATE each way;" \
-	"replicas ${LAYOUTS[*]}; $VERSIONS versions of a $MB MiB model every $EVERY ms"
+}
+for i in $(seq 1 "$NREP"); do start_replica "$i"; done
+echo "netns-cluster: $((NHOST + 1)) hosts on $NET.0/24, links shaped to $RATE each way;" \
+	"replicas ${LAYOUTS[*]}${LATE[*]:+, late ${LATE[*]}}; $MODE;" \
+	"$VERSIONS versions of a $MB MiB model every $EVERY ms"
 
-all_active() {
+# Each poll keeps every rank's counters, so that versions the ranks have
+# moved past still have theirs: replica rank version trainer peers
+# duplicate refetched registered_ms, one line per rank.
+poll() {
 	status || return 1
-	jq -e --argjson v "$VERSIONS" --argjson n "$NREP" \
-		'[.replicas[] | select(.active == $v)] | length == $n' "$DIR/status.json" >/dev/null
+	jq -r '.replicas[] | .replica as $r | .ranks[] | select(.version > 0)
+		| [$r, .rank, .version, .bytes_from_trainer // 0, .bytes_from_peers // 0,
+		   .duplicate_bytes // 0, .refetched_bytes // 0, .registered_ms // 0] | @tsv' \
+		"$DIR/status.json" >>"$DIR/counters.tsv"
+}
+active_count() { # version, replicas named in the rest
+	local v=$1
+	shift
+	jq --argjson v "$v" --args '[.activations[] | select(.version == $v) | .replica]
+		| unique | map(select(IN($ARGS.positional[]))) | length' "$@" <"$DIR/status.json"
+}
+RANKS=0
+for i in $(seq 1 "$NREP"); do
+	case "${ALL[$((i - 1))]}" in
+	tp[0-9]*) RANKS=$((RANKS + ${ALL[$((i - 1))]#tp})) ;;
+	*) RANKS=$((RANKS + $(jq '.ranks | length' "${ALL[$((i - 1))]}"))) ;;
+	esac
+done
+registered() {
+	status && jq -e --argjson n "$RANKS" '.nodes_alive >= $n' "$DIR/status.json" >/dev/null
+}
+wait_for "the nodes to register" registered
+# One version every --every ms (each once the previous one was accepted).
+export_version() {
+	python3 -c '
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(b"export\n")
+line = s.makefile().readline().strip()
+print(line)
+sys.exit(0 if line.startswith("published ") else 1)' "$DIR/publisher.sock"
+}
+(
+	for v in $(seq 1 "$VERSIONS"); do
+		[ "$v" -eq 1 ] || sleep "$(awk -v ms="$EVERY" 'BEGIN { print ms / 1000 }')"
+		export_version || exit 1
+	done
+) >"$DIR/exports.log" 2>&1 &
+PIDS+=($!)
+INITIAL=()
+for i in $(seq 1 "$NREP"); do INITIAL+=("R$i"); done
+all_active() {
+	poll || return 1
+	[ "$(active_count "$VERSIONS" "${INITIAL[@]}")" -eq "$NREP" ]
 }
 wait_for "every replica to activate version $VERSIONS" all_active
+cp "$DIR/status.json" "$DIR/first-wave.json"
+
+# ---- late replicas ----------------------------------------------------------------
+LATE_RC=0
+if [ "$NLATE" -gt 0 ]; then
+	LATE_NAMES=()
+	for i in $(seq $((NREP + 1)) "$NHOST"); do
+		start_replica "$i"
+		LATE_NAMES+=("R$i")
+	done
+	echo "netns-cluster: every replica is active on v$VERSIONS; late replicas" \
+		"${LATE_NAMES[*]} (${LATE[*]}) started"
+	late_active() {
+		poll || return 1
+		[ "$(active_count "$VERSIONS" "${LATE_NAMES[@]}")" -eq "$NLATE" ]
+	}
+	LATE_DEADLINE=$DEADLINE
+	if [ -n "$LATE_TIMEOUT" ] && [ $((SECONDS + LATE_TIMEOUT)) -lt "$DEADLINE" ]; then
+		LATE_DEADLINE=$((SECONDS + LATE_TIMEOUT))
+	fi
+	until late_active; do
+		if [ $SECONDS -ge $LATE_DEADLINE ]; then
+			LATE_RC=3
+			break
+		fi
+		sleep 0.5
+	done
+	poll || true
+fi
+for v in $(seq 1 "$VERSIONS"); do
+	on 0 curl -sf --max-time 5 "$TRK/api/v1/versions/$v/timeline" >"$DIR/timeline-$v.json" ||
+		echo null >"$DIR/timeline-$v.json"
+done
 
 # ---- report ---------------------------------------------------------------------
 # Rate bits per second, from tc's notation (kbit, mbit, gbit; bare = bytes/s).
@@ -196,21 +372,78 @@ rate_bps() {
 	""|bps) echo $((n * 8)) ;; *) die "rate '$r': use kbit, mbit or gbit" ;;
 	esac
 }
-jq -r --argjson bps "$(rate_bps "$RATE")" '
-	(.activations | group_by(.version) | map({key: (.[0].version | tostring), value: .})
-	 | from_entries) as $act
-	| .versions | sort_by(.version)[]
-	| . as $v
-	| ($act[$v.version | tostring] // []) as $a
-	| ($a | map(.wall_ms - $v.created_ms)) as $t
-	| "v\($v.version): \($v.bytes_from_trainer / 1048576 | floor) MiB from the trainer, "
-	  + "\($v.bytes_from_peers / 1048576 | floor) MiB from peers; replicas active "
-	  + ($a | sort_by(.replica) | map("\(.replica) \((.wall_ms - $v.created_ms) / 1000)s")
+REPS=$(for i in $(seq 1 "$NHOST"); do
+	jq -cn --arg r "R$i" --arg l "${ALL[$((i - 1))]}" --argjson late "$([ "$i" -gt "$NREP" ] &&
+		echo true || echo false)" '{replica: $r, layout: $l, late: $late}'
+done | jq -cs .)
+jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
+	--rawfile cnt "$DIR/counters.tsv" --argjson reps "$REPS" --arg mode "$MODE" \
+	--argjson ok "$([ $LATE_RC -eq 0 ] && echo true || echo false)" \
+	--argjson vmax "$VERSIONS" --argjson wall "$((SECONDS * 1000))" \
+	--argjson bps "$(rate_bps "$RATE")" --argjson link "$LINK_BPS" \
+	--slurpfile tl <(for v in $(seq 1 "$VERSIONS"); do cat "$DIR/timeline-$v.json"; echo; done) '
+	# rank counters: the highest seen per (replica, rank, version)
+	($cnt | split("\n") | map(select(length > 0) | split("\t")
+		| {r: .[0], k: .[1], v: (.[2] | tonumber), ft: (.[3] | tonumber),
+		   fp: (.[4] | tonumber), dup: (.[5] | tonumber), ref: (.[6] | tonumber),
+		   reg: (.[7] | tonumber)})) as $rows
+	| ($rows | group_by([.r, .k, .v]) | map({r: .[0].r, k: .[0].k, v: .[0].v,
+		ft: (map(.ft) | max), fp: (map(.fp) | max), dup: (map(.dup) | max),
+		ref: (map(.ref) | max)})) as $ranks
+	| ($rows | map(select(.reg > 0)) | group_by(.r)
+		| map({key: .[0].r, value: (map(.reg) | min)}) | from_entries) as $reg
+	| $st[0] as $s
+	| {ok: $ok, mode: $mode, wall_ms: $wall, link_rate_bps: $bps,
+	   link_bytes_per_s: $link,
+	   versions: [range(1; $vmax + 1) as $v
+		| (($s.versions | map(select(.version == $v)) | .[0]) // {}) as $sv
+		| ((if $v == $vmax then $w1[0] else $s end).versions
+		   | map(select(.version == $v)) | .[0] // {}) as $tot
+		| {version: $v, kind: ($sv.kind // "anchor"), payload_bytes: ($sv.wire_bytes // 0),
+		   trainer_upload_bytes: ($tot.bytes_from_trainer // 0),
+		   peer_upload_bytes: ($tot.bytes_from_peers // 0),
+		   duplicate_bytes: ($tot.duplicate_bytes // 0),
+		   refetched_bytes: ($tot.refetched_bytes // 0),
+		   t_published_ms: (($sv.published_ms // 0) - ($sv.created_ms // 0)),
+		   replicas: [$reps[] | select(.late == false or $v == $vmax) | . as $p
+			| ($s.activations | map(select(.replica == $p.replica and .version == $v))
+			   | .[0]) as $a
+			| ($ranks | map(select(.r == $p.replica and .v == $v))) as $rk
+			| $p + {activated: ($a != null),
+				t_activate_ms: (if $a == null then null
+					elif $p.late then $a.wall_ms - ($reg[$p.replica] // $a.wall_ms)
+					else $a.wall_ms - $sv.created_ms end),
+				bytes_from_trainer: ($rk | map(.ft) | add // 0),
+				bytes_from_peers: ($rk | map(.fp) | add // 0),
+				duplicate_bytes: ($rk | map(.dup) | add // 0),
+				refetched_bytes: ($rk | map(.ref) | add // 0)}],
+		   timeline: $tl[$v - 1]}]}' >"$DIR/report.json"
+[ -z "$REPORT" ] || cp "$DIR/report.json" "$REPORT"
+
+jq -r '.link_rate_bps as $bps | .versions[] | . as $v
+	| ([.replicas[] | select(.late | not) | .t_activate_ms // empty]) as $t
+	| "v\(.version): \(.trainer_upload_bytes / 1048576 | floor) MiB from the trainer, "
+	  + "\(.peer_upload_bytes / 1048576 | floor) MiB from peers, "
+	  + "\(.duplicate_bytes / 1048576 | floor) MiB duplicate, "
+	  + "\(.refetched_bytes / 1048576 | floor) MiB refetched; replicas active "
+	  + ([.replicas[] | select(.late | not)]
+	     | map("\(.replica) \(if .activated then "\(.t_activate_ms / 1000)s" else "-" end)")
 	     | join(", "))
-	  + (if ($t | length) > 0 then
-	       "; trainer upload \($v.bytes_from_trainer * 8 / (($t | max) / 1000) / 1e6 | floor)"
-	       + " Mbit/s = \($v.bytes_from_trainer * 8 / (($t | max) / 1000) / $bps * 100
+	  + (if ($t | length) > 0 and ($t | max) > 0 then
+	       "; trainer upload \(.trainer_upload_bytes * 8 / (($t | max) / 1000) / 1e6 | floor)"
+	       + " Mbit/s = \(.trainer_upload_bytes * 8 / (($t | max) / 1000) / $bps * 100
 	                    | floor / 100) of the link"
-	     else "" end)
-' "$DIR/status.json"
-echo "netns-cluster: ok in $SECONDS s (times from each manifest's creation to activation)"
+	     else "" end),
+	  (.replicas[] | select(.late) | "  late \(.replica) (\(.layout)): "
+	   + (if .activated then "active on v\($v.version) \(.t_activate_ms / 1000)s after it registered"
+	      else "DID NOT activate v\($v.version) within the time bound" end)
+	   + ", \(.bytes_from_trainer / 1048576 | floor) MiB from the trainer,"
+	   + " \(.bytes_from_peers / 1048576 | floor) MiB from peers")
+' "$DIR/report.json"
+if [ $LATE_RC -ne 0 ]; then
+	echo "netns-cluster: late replicas did not all activate v$VERSIONS within the time bound" \
+		"($SECONDS s)${REPORT:+; report $REPORT}"
+	exit 3
+fi
+echo "netns-cluster: ok in $SECONDS s (times from each manifest's creation to activation;" \
+	"late replicas from their registration)${REPORT:+; report $REPORT}"

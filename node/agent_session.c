@@ -49,9 +49,10 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 		r.bytes_total = f->bytes_total;
 		r.bytes_from_trainer = f->from_trainer;
 		r.bytes_from_peers = f->from_peers;
+		r.duplicate_bytes = f->duplicate;
+		r.refetched_bytes = f->refetched;
 		r.first_byte_ms = f->first_byte_ms;
 		r.last_byte_ms = f->last_byte_ms;
-		r.duplicate_bytes = f->duplicate;
 		for (uint32_t i = 0; i < f->nbad && r.nbanned < BANS_MAX; i++)
 			if (f->bad_counts[i] >= BAN_BAD_CHUNKS)
 				banned[r.nbanned++] = f->bad_ids[i];

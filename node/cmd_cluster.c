@@ -37,6 +37,12 @@ struct replica {
 	bool activated;
 	uint64_t t_activate_ms;
 	bool digest_ok;
+	/* --late-replica: started once every other replica is active on the
+	 * last version; its t_activate_ms counts from its registration. */
+	bool late;
+	uint64_t registered_ms;
+	/* Its ranks' counters for the version, from the tracker. */
+	uint64_t from_trainer, from_peers, duplicate, refetched;
 };
 
 struct cluster {
@@ -46,6 +52,7 @@ struct cluster {
 	const char *model_dir;
 	uint64_t model_mb, seed, versions;
 	const char *provider, *report, *keep;
+	bool star; /* --mode star: nodes run with TESSERA_FANOUT=0 */
 	/* --every: publish on a clock for duration_s; stagger a replica's ranks */
 	uint64_t every_ms, stagger_ms, duration_s;
 	struct replica reps[MAX_REPLICAS];
@@ -67,7 +74,8 @@ static void usage(FILE *f)
 		"usage: tessera cluster [--trainer-ranks K] [--trainer-layout FILE]\n"
 		"                       [--replica tpN|FILE]... [--synthetic-mb N | --model-dir DIR]\n"
 		"                       [--versions V] [--provider NAME] [--seed S]\n"
-		"                       [--report FILE] [--keep DIR]\n"
+		"                       [--report FILE] [--keep DIR] [--mode fanout|star]\n"
+		"                       [--late-replica tpN|FILE]...\n"
 		"                       [--every MS [--stagger MS] [--duration S]]\n"
 		"\n"
 		"Starts a tracker, a publisher hosting K trainer ranks and one node agent per\n"
@@ -87,6 +95,13 @@ static void usage(FILE *f)
 		"      --provider NAME      libfabric provider (default tcp;ofi_rxm)\n"
 		"      --seed S             seed of the synthetic model (default 1)\n"
 		"      --report FILE        write the JSON report to FILE\n"
+		"      --mode fanout|star   fanout (default): nodes fetch from and serve\n"
+		"                           peers; star: only from the publisher\n"
+		"                           (nodes run with TESSERA_FANOUT=0)\n"
+		"      --late-replica L     a replica of layout L started once every other\n"
+		"                           one is active on the last version; it must\n"
+		"                           activate that version too (repeatable; its\n"
+		"                           t_activate_ms counts from its registration)\n"
 		"      --keep DIR           run in DIR and keep its keys, logs and state\n"
 		"                           (default: a temporary directory, removed when\n"
 		"                           the run succeeds)\n"
@@ -206,8 +221,9 @@ static bool check_digests(struct cluster *c, uint64_t v)
 		struct replica *r = &c->reps[i];
 		bool seen = false;
 		for (uint32_t j = 0; j < i && !seen; j++)
-			seen = memcmp(c->reps[j].layout.digest, r->layout.digest, PROTO_HASH_BYTES) == 0;
-		if (seen)
+			seen = c->reps[j].started > 0 &&
+			       memcmp(c->reps[j].layout.digest, r->layout.digest, PROTO_HASH_BYTES) == 0;
+		if (seen || r->started == 0) /* a late replica not started yet */
 			continue; /* checked with the first replica of its layout */
 		for (uint32_t k = 0; k < r->layout.nranks; k++) {
 			size_t len = r->layout.ranks[k].nbytes;
@@ -219,7 +235,8 @@ static bool check_digests(struct cluster *c, uint64_t v)
 				fprintf(stderr, "cluster: %s\n", expect ? err.msg : "out of memory");
 			for (uint32_t j = i; j < c->nreps; j++) {
 				struct replica *o = &c->reps[j];
-				if (memcmp(o->layout.digest, r->layout.digest, PROTO_HASH_BYTES) != 0)
+				if (o->started == 0 ||
+				    memcmp(o->layout.digest, r->layout.digest, PROTO_HASH_BYTES) != 0)
 					continue;
 				if (!have || !check_rank(c, o, k, v, expect, len))
 					o->digest_ok = false;
@@ -228,7 +245,7 @@ static bool check_digests(struct cluster *c, uint64_t v)
 		}
 	}
 	for (uint32_t i = 0; i < c->nreps; i++)
-		all &= c->reps[i].digest_ok;
+		all &= c->reps[i].digest_ok || c->reps[i].started == 0;
 	return all;
 }
 
@@ -310,7 +327,109 @@ static int control_export(struct cluster *c, uint64_t *v, uint64_t *created_ms)
 	return 0;
 }
 
-/* Publishes one version and waits until every replica is active on it. */
+static json_t *find_replica(json_t *st, const char *name);
+
+/* Marks the replicas (the late ones, or the others) that the status st
+ * shows active on v, with the time it took: from the manifest's creation,
+ * or for a late replica from its registration. */
+static void scan_activations(struct cluster *c, json_t *st, uint64_t v, uint64_t created, bool late)
+{
+	json_t *a;
+	size_t k;
+
+	json_array_foreach(json_object_get(st, "activations"), k, a)
+	{
+		const char *name = json_string_value(json_object_get(a, "replica"));
+		uint64_t wall = (uint64_t)json_integer_value(json_object_get(a, "wall_ms"));
+		if ((uint64_t)json_integer_value(json_object_get(a, "version")) != v || name == NULL)
+			continue;
+		for (uint32_t i = 0; i < c->nreps; i++) {
+			struct replica *r = &c->reps[i];
+			if (r->late != late || r->activated || strcmp(name, r->name) != 0)
+				continue;
+			if (late && r->registered_ms == 0)
+				continue; /* not known to have registered yet */
+			r->activated = true;
+			r->t_activate_ms = wall - PROTO_MIN(wall, late ? r->registered_ms : created);
+		}
+	}
+}
+
+/* From the status st: when r's first rank registered, and the counters of
+ * its ranks whose last report is about v. */
+static void replica_counters(json_t *st, struct replica *r, uint64_t v)
+{
+	json_t *rk;
+	size_t k;
+
+	r->from_trainer = r->from_peers = r->duplicate = r->refetched = 0;
+	json_t *rep = find_replica(st, r->name);
+	json_array_foreach(json_object_get(rep, "ranks"), k, rk)
+	{
+		uint64_t reg = (uint64_t)json_integer_value(json_object_get(rk, "registered_ms"));
+		if (reg != 0 && (r->registered_ms == 0 || reg < r->registered_ms))
+			r->registered_ms = reg;
+		if ((uint64_t)json_integer_value(json_object_get(rk, "version")) != v)
+			continue;
+		r->from_trainer += (uint64_t)json_integer_value(json_object_get(rk, "bytes_from_trainer"));
+		r->from_peers += (uint64_t)json_integer_value(json_object_get(rk, "bytes_from_peers"));
+		r->duplicate += (uint64_t)json_integer_value(json_object_get(rk, "duplicate_bytes"));
+		r->refetched += (uint64_t)json_integer_value(json_object_get(rk, "refetched_bytes"));
+	}
+}
+
+/* Waits (at most VERSION_TIMEOUT_MS) until every replica of the wave
+ * (late or not) is active on v; *st is the last status seen. */
+static int wait_wave(struct cluster *c, uint64_t v, uint64_t created, bool late, json_t **st)
+{
+	for (int waited = 0;; waited += 20) {
+		bool all = true;
+		json_decref(*st);
+		*st = NULL;
+		if (!children_alive(c))
+			return -ECHILD;
+		if (get_status(c, st) == 0) {
+			for (uint32_t i = 0; i < c->nreps; i++)
+				if (c->reps[i].late == late && c->reps[i].started > 0)
+					replica_counters(*st, &c->reps[i], v);
+			scan_activations(c, *st, v, created, late);
+		}
+		for (uint32_t i = 0; i < c->nreps; i++)
+			all &= c->reps[i].late != late || c->reps[i].activated;
+		if (all && *st != NULL)
+			return 0;
+		if (waited > VERSION_TIMEOUT_MS) {
+			for (uint32_t i = 0; i < c->nreps; i++)
+				if (c->reps[i].late == late && !c->reps[i].activated)
+					fprintf(stderr, "cluster: %sreplica %s (%s) not active on v%" PRIu64
+							" after %d s\n",
+						late ? "late " : "", c->reps[i].name, c->reps[i].layout_arg, v,
+						VERSION_TIMEOUT_MS / 1000);
+			return -ETIMEDOUT;
+		}
+		usleep(20000);
+	}
+}
+
+/* The report's entry for replica r at version v. */
+static json_t *replica_entry(const struct replica *r, uint64_t v)
+{
+	printf("  v%" PRIu64 " %sreplica %s (%s): %s after %" PRIu64 " ms%s, %" PRIu64
+	       " bytes from the trainer, %" PRIu64 " from peers, bytes %s\n",
+	       v, r->late ? "late " : "", r->name, r->layout_arg,
+	       r->activated ? "active" : "NOT active", r->t_activate_ms,
+	       r->late ? " from its registration" : "", r->from_trainer, r->from_peers,
+	       r->digest_ok ? "ok" : "WRONG");
+	return json_pack("{s:s,s:s,s:b,s:b,s:I,s:b,s:I,s:I,s:I,s:I}", "replica", r->name, "layout",
+			 r->layout_arg, "late", r->late, "activated", r->activated, "t_activate_ms",
+			 (json_int_t)r->t_activate_ms, "digest_ok", r->digest_ok,
+			 "bytes_from_trainer", (json_int_t)r->from_trainer, "bytes_from_peers",
+			 (json_int_t)r->from_peers, "duplicate_bytes", (json_int_t)r->duplicate,
+			 "refetched_bytes", (json_int_t)r->refetched);
+}
+
+/* Publishes one version and waits until every replica but the late ones
+ * is active on it. The version's byte counts are those of these replicas. */
 static int run_version(struct cluster *c, uint64_t want_v)
 {
 	uint64_t v, created, published_ms;
@@ -325,58 +444,14 @@ static int run_version(struct cluster *c, uint64_t want_v)
 			want_v);
 	for (uint32_t i = 0; i < c->nreps; i++)
 		c->reps[i].activated = false;
-	for (int waited = 0;; waited += 20) {
-		bool all = true;
+	rc = wait_wave(c, v, created, false, &st);
+	if (rc != 0) {
 		json_decref(st);
-		st = NULL;
-		if (!children_alive(c))
-			return -ECHILD;
-		if (get_status(c, &st) == 0) {
-			json_t *a;
-			size_t k;
-			json_array_foreach(json_object_get(st, "activations"), k, a)
-			{
-				const char *name = json_string_value(json_object_get(a, "replica"));
-				if ((uint64_t)json_integer_value(json_object_get(a, "version")) != v)
-					continue;
-				for (uint32_t i = 0; i < c->nreps; i++) {
-					struct replica *r = &c->reps[i];
-					if (name == NULL || strcmp(name, r->name) != 0 || r->activated)
-						continue;
-					r->activated = true;
-					r->t_activate_ms = (uint64_t)json_integer_value(json_object_get(a, "wall_ms")) - created;
-				}
-			}
-		}
-		for (uint32_t i = 0; i < c->nreps; i++)
-			all &= c->reps[i].activated;
-		if (all)
-			break;
-		if (waited > VERSION_TIMEOUT_MS) {
-			fprintf(stderr, "cluster: v%" PRIu64 " not active everywhere after %d s\n", v,
-				VERSION_TIMEOUT_MS / 1000);
-			json_decref(st);
-			return -ETIMEDOUT;
-		}
-		usleep(20000);
-	}
-	/* Bytes each rank pulled for v, by source. */
-	uint64_t from_trainer = 0, from_peers = 0, duplicate = 0;
-	json_t *rep, *rk;
-	size_t i, k;
-	json_array_foreach(json_object_get(st, "replicas"), i, rep)
-	{
-		json_array_foreach(json_object_get(rep, "ranks"), k, rk)
-		{
-			if ((uint64_t)json_integer_value(json_object_get(rk, "version")) != v)
-				continue;
-			from_trainer += (uint64_t)json_integer_value(json_object_get(rk, "bytes_from_trainer"));
-			from_peers += (uint64_t)json_integer_value(json_object_get(rk, "bytes_from_peers"));
-			duplicate += (uint64_t)json_integer_value(json_object_get(rk, "duplicate_bytes"));
-		}
+		return rc;
 	}
 	uint64_t payload = 0;
 	json_t *ver;
+	size_t i;
 	json_array_foreach(json_object_get(st, "versions"), i, ver)
 	{
 		if ((uint64_t)json_integer_value(json_object_get(ver, "version")) == v)
@@ -384,23 +459,25 @@ static int run_version(struct cluster *c, uint64_t want_v)
 	}
 	json_decref(st);
 	bool ok = check_digests(c, v);
+	/* Bytes the replicas pulled for v, by source. */
+	uint64_t from_trainer = 0, from_peers = 0, dup = 0, refetched = 0;
 	json_t *reps = json_array();
 	for (uint32_t r = 0; r < c->nreps; r++) {
 		struct replica *re = &c->reps[r];
-		json_array_append_new(reps, json_pack("{s:s,s:s,s:b,s:I,s:b}", "replica", re->name,
-						      "layout", re->layout_arg, "activated", re->activated,
-						      "t_activate_ms", (json_int_t)re->t_activate_ms,
-						      "digest_ok", re->digest_ok));
-		printf("  v%" PRIu64 " replica %s (%s): active after %" PRIu64 " ms, bytes %s\n", v,
-		       re->name, re->layout_arg, re->t_activate_ms, re->digest_ok ? "ok" : "WRONG");
+		if (re->late)
+			continue;
+		from_trainer += re->from_trainer;
+		from_peers += re->from_peers;
+		dup += re->duplicate;
+		refetched += re->refetched;
+		json_array_append_new(reps, replica_entry(re, v));
 	}
-	json_t *entry = json_pack("{s:I,s:s,s:I,s:I,s:I,s:I,s:o}", "version", (json_int_t)v, "kind",
-				  "anchor", "payload_bytes", (json_int_t)payload,
+	json_t *entry = json_pack("{s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "version", (json_int_t)v,
+				  "kind", "anchor", "payload_bytes", (json_int_t)payload,
 				  "trainer_upload_bytes", (json_int_t)from_trainer,
-				  "peer_upload_bytes", (json_int_t)from_peers, "t_published_ms",
-				  (json_int_t)(published_ms - created), "replicas", reps);
-	if (entry != NULL)
-		json_object_set_new(entry, "duplicate_bytes", json_integer((json_int_t)duplicate));
+				  "peer_upload_bytes", (json_int_t)from_peers, "duplicate_bytes",
+				  (json_int_t)dup, "refetched_bytes", (json_int_t)refetched,
+				  "t_published_ms", (json_int_t)(published_ms - created), "replicas", reps);
 	/* Where the update spent its time, as the tracker recorded it. */
 	char path[128];
 	struct trk_reply tr;
@@ -411,6 +488,43 @@ static int run_version(struct cluster *c, uint64_t want_v)
 	trk_reply_fini(&tr);
 	json_array_append_new(c->out_versions, entry);
 	return ok ? 0 : -EBADMSG;
+}
+
+static int start_rank(struct cluster *c, struct replica *r, struct proto_err *err);
+
+/* After the last version v: starts the late replicas and waits until they
+ * are active on v too; their entries join v's in the report. */
+static int run_late(struct cluster *c, uint64_t v)
+{
+	struct proto_err err;
+	json_t *st = NULL;
+	bool any = false;
+	int rc = 0;
+
+	for (uint32_t i = 0; i < c->nreps; i++) {
+		struct replica *r = &c->reps[i];
+		if (!r->late)
+			continue;
+		any = true;
+		while (r->started < r->layout.nranks)
+			if ((rc = start_rank(c, r, &err)) != 0) {
+				fprintf(stderr, "cluster: %s\n", err.msg);
+				return rc;
+			}
+	}
+	if (!any)
+		return 0;
+	printf("tessera cluster: late replicas started after v%" PRIu64 "\n", v);
+	fflush(stdout);
+	rc = wait_wave(c, v, 0, true, &st);
+	json_decref(st);
+	bool ok = check_digests(c, v) && rc == 0;
+	json_t *entry = json_array_get(c->out_versions, json_array_size(c->out_versions) - 1);
+	json_t *reps = json_object_get(entry, "replicas");
+	for (uint32_t i = 0; i < c->nreps; i++)
+		if (c->reps[i].late)
+			json_array_append_new(reps, replica_entry(&c->reps[i], v));
+	return rc != 0 ? rc : ok ? 0 : -EBADMSG;
 }
 
 /* Spawns the next rank of r (rank r->started). */
@@ -433,7 +547,17 @@ static int start_rank(struct cluster *c, struct replica *r, struct proto_err *er
 			 "--layout", r->layout_arg, "--model", model, "--trainer-pubkey", pub,
 			 "--cluster-key", ckey, "--provider", (char *)c->provider, "--expose",
 			 expose, "--store", "host", NULL};
-	if ((rc = node_proc_spawn(&r->procs[k], name, nargv, log)) != 0)
+	/* The mode is the nodes' alone: set for the spawn, then put back. */
+	const char *was = getenv("TESSERA_FANOUT");
+	char *saved = was ? strdup(was) : NULL;
+	setenv("TESSERA_FANOUT", c->star ? "0" : "1", 1);
+	rc = node_proc_spawn(&r->procs[k], name, nargv, log);
+	if (saved != NULL)
+		setenv("TESSERA_FANOUT", saved, 1);
+	else
+		unsetenv("TESSERA_FANOUT");
+	free(saved);
+	if (rc != 0)
 		return proto_errf(err, -rc, "cannot start %s", bin);
 	r->started++;
 	return 0;
@@ -484,7 +608,7 @@ static int start_all(struct cluster *c, struct proto_err *err)
 		r->procs = calloc(r->layout.nranks, sizeof(*r->procs));
 		if (r->procs == NULL)
 			return proto_errf(err, ENOMEM, "out of memory");
-		while (r->started < (c->stagger_ms > 0 ? 1 : r->layout.nranks))
+		while (!r->late && r->started < (c->stagger_ms > 0 ? 1 : r->layout.nranks))
 			if ((rc = start_rank(c, r, err)) != 0)
 				return rc;
 	}
@@ -633,6 +757,10 @@ static bool settle_and_check(struct cluster *c)
 				size_t k;
 				json_array_foreach(json_object_get(rep, "ranks"), k, rk)
 					agree &= (uint64_t)json_integer_value(json_object_get(rk, "active")) == v;
+				/* Ranks that agree on v while their target is newer are
+				 * about to move: wait for it (or the end of the settle
+				 * time, if the target can no longer be fetched). */
+				agree &= v >= (uint64_t)json_integer_value(json_object_get(rep, "target"));
 			}
 			json_decref(st);
 			if (agree && v > 0)
@@ -818,6 +946,8 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 		{"provider", required_argument, NULL, 'p'},
 		{"seed", required_argument, NULL, 's'},
 		{"report", required_argument, NULL, 'o'},
+		{"mode", required_argument, NULL, 'F'},
+		{"late-replica", required_argument, NULL, 'L'},
 		{"keep", required_argument, NULL, 'K'},
 		{"every", required_argument, NULL, 'e'},
 		{"stagger", required_argument, NULL, 'S'},
@@ -841,12 +971,22 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 		case 'k': bad = proto_parse_u64(optarg, 1, 1024, &k); break;
 		case 'T': c->trainer_layout = optarg; break;
 		case 'r':
+		case 'L':
 			if (c->nreps == MAX_REPLICAS) {
 				fprintf(stderr, "tessera cluster: at most %d replicas\n", MAX_REPLICAS);
 				return 2;
 			}
 			snprintf(c->reps[c->nreps].layout_arg, sizeof(c->reps[0].layout_arg), "%s", optarg);
+			c->reps[c->nreps].late = ch == 'L';
 			c->nreps++;
+			break;
+		case 'F':
+			if (strcmp(optarg, "fanout") != 0 && strcmp(optarg, "star") != 0) {
+				fprintf(stderr, "tessera cluster: --mode wants fanout or star, not '%s'\n",
+					optarg);
+				return 2;
+			}
+			c->star = strcmp(optarg, "star") == 0;
 			break;
 		case 'B':
 			proto_cli_deprecated("tessera cluster", "--model-mb", "--synthetic-mb");
@@ -885,6 +1025,17 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 		return 2;
 	}
 	c->trainer_ranks = (uint32_t)k;
+	uint32_t nlate = 0;
+	for (uint32_t i = 0; i < c->nreps; i++)
+		nlate += c->reps[i].late;
+	if (nlate > 0 && c->every_ms > 0) {
+		fprintf(stderr, "tessera cluster: --late-replica joins after the last version; drop --every\n");
+		return 2;
+	}
+	if (nlate > 0 && nlate == c->nreps) {
+		fprintf(stderr, "tessera cluster: --late-replica joins replicas named by --replica\n");
+		return 2;
+	}
 	if (c->nreps == 0) {
 		static const char *def[] = {"tp2", "tp2", "tp1"};
 		for (; c->nreps < 3; c->nreps++)
@@ -970,9 +1121,9 @@ int node_cmd_cluster(int argc, char **argv)
 		goto out;
 	}
 	printf("tessera cluster: model %.1f MiB (%u tensors), %u trainer ranks, %u replicas, %" PRIu64
-	       " versions, provider %s\n",
+	       " versions, provider %s, %s\n",
 	       (double)proto_model_bytes(&c.model) / (1 << 20), c.model.ntensors, c.trainer_ranks,
-	       c.nreps, c.every_ms ? 0 : c.versions, c.provider);
+	       c.nreps, c.every_ms ? 0 : c.versions, c.provider, c.star ? "star" : "fanout");
 	fflush(stdout);
 	if (start_all(&c, &err) != 0) {
 		fprintf(stderr, "tessera cluster: %s\n", err.msg);
@@ -994,9 +1145,14 @@ int node_cmd_cluster(int argc, char **argv)
 			break;
 		}
 	}
+	if (status == 0 && c.every_ms == 0 && (rc = run_late(&c, c.versions)) != 0) {
+		fprintf(stderr, "tessera cluster: the late replicas failed (logs in %s)\n", c.dir);
+		status = 1;
+	}
 stop:
 	stop_all(&c);
-	report = json_pack("{s:b,s:I,s:o}", "ok", status == 0, "wall_ms",
+	report = json_pack("{s:b,s:s,s:I,s:o}", "ok", status == 0, "mode",
+			   c.star ? "star" : "fanout", "wall_ms",
 			   (json_int_t)((proto_now_ns() - t0) / 1000000), "versions",
 			   json_incref(c.out_versions));
 	if (clock != NULL)

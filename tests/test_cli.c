@@ -36,7 +36,8 @@ static const struct cmd cmds[] = {
 	{"tessera", "plan", "tessera plan", {"model", "from", "to", "json", "help"}, "--model", {NULL}},
 	{"tessera", "cluster", "tessera cluster",
 	 {"trainer-ranks", "trainer-layout", "replica", "synthetic-mb", "model-dir", "versions",
-	  "provider", "seed", "report", "keep", "every", "stagger", "duration", "help"},
+	  "provider", "seed", "report", "keep", "every", "stagger", "duration", "mode", "late-replica",
+	  "help"},
 	 NULL, {NULL}},
 	{"tessera", "keygen", "tessera keygen", {"out", "cluster", "force", "help"}, "-o PATH", {NULL}},
 	{"tessera", "publish", "tessera publish",
@@ -277,6 +278,28 @@ static void test_deprecated_spellings(void **state)
 	free(err);
 }
 
+/* tessera cluster refuses a mode it does not know, late replicas with
+ * nobody to join, and late replicas on a publishing clock, in one line. */
+static void test_cluster_bad_mode_and_late(void **state)
+{
+	struct env *e = *state;
+	static const struct {
+		const char *args, *err;
+	} bad[] = {
+		{"--mode ring", "tessera cluster: --mode wants fanout or star, not 'ring'\n"},
+		{"--late-replica tp1", "tessera cluster: --late-replica joins replicas named by --replica\n"},
+		{"--replica tp1 --late-replica tp1 --every 100",
+		 "tessera cluster: --late-replica joins after the last version; drop --every\n"},
+	};
+
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad); i++) {
+		assert_int_equal(run(e, &cmds[3], bad[i].args), 2);
+		char *err = slurp(e->err);
+		assert_string_equal(err, bad[i].err);
+		free(err);
+	}
+}
+
 /* `tessera model` writes the spec a node takes: the same digest as the
  * synthetic model the publisher builds for the same size. */
 static void test_model_command(void **state)
@@ -329,6 +352,7 @@ int main(void)
 		cmocka_unit_test(test_required_flag_named),
 		cmocka_unit_test(test_version_and_help),
 		cmocka_unit_test(test_deprecated_spellings),
+		cmocka_unit_test(test_cluster_bad_mode_and_late),
 		cmocka_unit_test(test_model_command),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,8 +1,9 @@
 /* End to end with the real programs on loopback: `tessera cluster` runs to a
  * report with "ok":true, a publisher killed mid-transfer leaves the replica
- * on its previous version until a restarted publisher serves again, and with
- * versions published on the trainer's own clock replicas stay consistent,
- * live and bounded. */
+ * on its previous version until a restarted publisher serves again, a star
+ * under congestion asks for nothing twice, a late replica activates the
+ * current version, and with versions published on the trainer's own clock
+ * replicas stay consistent, live and bounded. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -139,6 +140,98 @@ static void test_cluster_sharded_checkpoints(void **state)
 			assert_true(json_is_true(json_object_get(re, "digest_ok")));
 		}
 	}
+	json_decref(j);
+	tu_rmtree(dir);
+}
+
+/*
+ * A star (--mode star: nodes never fetch from peers) where reads far
+ * outnumber what the one source carries: four TP1 replicas, each keeping up
+ * to 64 reads of 256 KiB chunks in flight at the publisher, against a
+ * 100 ms TESSERA_STALL_MS. A source that falls silent has nowhere else to
+ * send its reads, so they stay where they are: nothing is received twice
+ * or asked for again, no byte comes from a peer, the trainer sends exactly
+ * one copy per replica, and every rank ends bit-exact.
+ */
+static void test_cluster_star_congested(void **state)
+{
+	char dir[256];
+
+	setenv("TESSERA_CHUNK_SIZE", "262144", 1);
+	setenv("TESSERA_INFLIGHT", "64", 1);
+	setenv("TESSERA_FETCH_TARGET_MS", "10000", 1);
+	setenv("TESSERA_STALL_MS", "100", 1);
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	json_t *j = run_cluster(dir, "--mode star --synthetic-mb 16 --versions 2 --replica tp1 "
+				     "--replica tp1 --replica tp1 --replica tp1");
+	unsetenv("TESSERA_CHUNK_SIZE");
+	unsetenv("TESSERA_INFLIGHT");
+	unsetenv("TESSERA_FETCH_TARGET_MS");
+	unsetenv("TESSERA_STALL_MS");
+	assert_true(json_is_true(json_object_get(j, "ok")));
+	assert_string_equal(json_string_value(json_object_get(j, "mode")), "star");
+	json_t *vs = json_object_get(j, "versions"), *v;
+	size_t i;
+	assert_int_equal(json_array_size(vs), 2);
+	json_array_foreach(vs, i, v)
+	{
+		json_int_t s = json_integer_value(json_object_get(v, "payload_bytes"));
+		assert_true(s > 0);
+		assert_int_equal(json_integer_value(json_object_get(v, "trainer_upload_bytes")), 4 * s);
+		assert_int_equal(json_integer_value(json_object_get(v, "peer_upload_bytes")), 0);
+		assert_int_equal(json_integer_value(json_object_get(v, "duplicate_bytes")), 0);
+		assert_int_equal(json_integer_value(json_object_get(v, "refetched_bytes")), 0);
+		json_t *reps = json_object_get(v, "replicas"), *re;
+		size_t k;
+		assert_int_equal(json_array_size(reps), 4);
+		json_array_foreach(reps, k, re)
+		{
+			assert_true(json_is_true(json_object_get(re, "activated")));
+			assert_true(json_is_true(json_object_get(re, "digest_ok")));
+			assert_int_equal(json_integer_value(json_object_get(re, "bytes_from_trainer")), s);
+			assert_int_equal(json_integer_value(json_object_get(re, "bytes_from_peers")), 0);
+			assert_int_equal(json_integer_value(json_object_get(re, "refetched_bytes")), 0);
+		}
+	}
+	json_decref(j);
+	tu_rmtree(dir);
+}
+
+/* --late-replica: a replica started once the others are active on the last
+ * version activates it too (a layout the version covers: a new one waits
+ * for an addendum); its entry says late, counts from its registration and
+ * carries its bytes by source. The version's totals are the first wave's. */
+static void test_cluster_late_replica(void **state)
+{
+	char dir[256];
+
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	json_t *j = run_cluster(dir, "--synthetic-mb 4 --versions 1 --replica tp2 --replica tp1 "
+				     "--late-replica tp1");
+	assert_true(json_is_true(json_object_get(j, "ok")));
+	assert_string_equal(json_string_value(json_object_get(j, "mode")), "fanout");
+	json_t *v = json_array_get(json_object_get(j, "versions"), 0);
+	json_t *reps = json_object_get(v, "replicas");
+	assert_int_equal(json_array_size(reps), 3);
+	json_t *first = json_array_get(reps, 1), *late = json_array_get(reps, 2);
+	assert_true(json_is_false(json_object_get(json_array_get(reps, 0), "late")));
+	assert_true(json_is_false(json_object_get(first, "late")));
+	assert_true(json_is_true(json_object_get(late, "late")));
+	assert_string_equal(json_string_value(json_object_get(late, "layout")), "tp1");
+	assert_true(json_is_true(json_object_get(late, "activated")));
+	assert_true(json_is_true(json_object_get(late, "digest_ok")));
+	assert_true(json_integer_value(json_object_get(late, "t_activate_ms")) > 0);
+	json_int_t got = json_integer_value(json_object_get(late, "bytes_from_trainer")) +
+			 json_integer_value(json_object_get(late, "bytes_from_peers"));
+	assert_int_equal(got, json_integer_value(json_object_get(first, "bytes_from_trainer")) +
+				      json_integer_value(json_object_get(first, "bytes_from_peers")));
+	/* The first wave: the tp2 replica (which holds the replicated tensors
+	 * twice) and the tp1 one. */
+	json_t *a = json_array_get(reps, 0);
+	assert_int_equal(json_integer_value(json_object_get(v, "trainer_upload_bytes")) +
+				 json_integer_value(json_object_get(v, "peer_upload_bytes")),
+			 json_integer_value(json_object_get(a, "bytes_from_trainer")) +
+				 json_integer_value(json_object_get(a, "bytes_from_peers")) + got);
 	json_decref(j);
 	tu_rmtree(dir);
 }
@@ -855,6 +948,8 @@ int main(void)
 		cmocka_unit_test(test_cluster_report),
 		cmocka_unit_test(test_cluster_clock_report),
 		cmocka_unit_test(test_cluster_sharded_checkpoints),
+		cmocka_unit_test(test_cluster_star_congested),
+		cmocka_unit_test(test_cluster_late_replica),
 		cmocka_unit_test_setup_teardown(test_publisher_killed_mid_transfer, kill_setup,
 						kill_teardown),
 		cmocka_unit_test_setup_teardown(test_publisher_stalled_mid_transfer, kill_setup,

@@ -170,6 +170,13 @@ static void test_file_then_flags(void **state)
 	setenv("TESSERA_CHUNK_SIZE", "131072", 1);
 	assert_int_equal(proto_param(PROTO_PARAM_CHUNK_SIZE), 131072);
 	assert_int_equal(proto_param_source(PROTO_PARAM_CHUNK_SIZE), PROTO_PARAM_FROM_ENV);
+	/* 0 means "none" only where the default is 0; FANOUT is a switch. */
+	setenv("TESSERA_CHUNK_SIZE", "0", 1);
+	assert_int_equal(proto_param(PROTO_PARAM_CHUNK_SIZE), 65536);
+	setenv("TESSERA_FANOUT", "0", 1);
+	assert_int_equal(proto_param(PROTO_PARAM_FANOUT), 0);
+	unsetenv("TESSERA_FANOUT");
+	assert_int_equal(proto_param(PROTO_PARAM_FANOUT), 1);
 	unsetenv("TESSERA_CHUNK_SIZE");
 	proto_config_reset();
 	assert_int_equal(proto_param(PROTO_PARAM_CHUNK_SIZE), proto_param_default(PROTO_PARAM_CHUNK_SIZE));

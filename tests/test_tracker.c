@@ -1791,6 +1791,62 @@ static bool retained(struct fx *f, uint64_t v)
 	return ret;
 }
 
+/* A version's duplicate and refetched bytes sum what its ranks report, each
+ * counting once however often it is reported; each rank shows its own. */
+static void test_duplicate_and_refetched_bytes(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	static const struct {
+		const char *id;
+		uint64_t v, dup, refetched;
+	} reports[] = {
+		{"A/0", 1, 10, 100}, {"A/0", 1, 30, 100}, /* grows to 30; 100 again */
+		{"A/1", 1, 5, 0},    {"B/0", 1, 0, 7},
+		{"B/0", 2, 1, 2}, /* another version */
+	};
+
+	register_publisher(f);
+	publish_two(f);
+	register_node_ok(f, "A", 0, TP2);
+	register_node_ok(f, "A", 1, TP2);
+	register_node_ok(f, "B", 0, TP1);
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(reports); i++) {
+		char b[512];
+		snprintf(b, sizeof(b),
+			 "{\"id\":\"%s\",\"version\":%llu,\"state\":\"fetching\","
+			 "\"duplicate_bytes\":%llu,\"refetched_bytes\":%llu}",
+			 reports[i].id, (unsigned long long)reports[i].v,
+			 (unsigned long long)reports[i].dup, (unsigned long long)reports[i].refetched);
+		assert_int_equal(post(f, TRK_API "/nodes/state", b, &r), 200);
+		trk_reply_fini(&r);
+	}
+	assert_int_equal(get(f, TRK_API "/status", &r), 200);
+	json_t *v;
+	size_t i;
+	int seen = 0;
+	json_array_foreach(json_object_get(r.json, "versions"), i, v)
+	{
+		uint64_t ver = jget_u64(v, "version");
+		assert_int_equal(jget_u64(v, "duplicate_bytes"), ver == 1 ? 35 : 1);
+		assert_int_equal(jget_u64(v, "refetched_bytes"), ver == 1 ? 107 : 2);
+		seen++;
+	}
+	assert_int_equal(seen, 2);
+	json_t *rep, *rk;
+	json_array_foreach(json_object_get(r.json, "replicas"), i, rep)
+	{
+		if (strcmp(json_string_value(json_object_get(rep, "replica")), "A") != 0)
+			continue;
+		rk = json_array_get(json_object_get(rep, "ranks"), 0);
+		assert_int_equal(jget_u64(rk, "duplicate_bytes"), 30);
+		assert_int_equal(jget_u64(rk, "refetched_bytes"), 100);
+		seen++;
+	}
+	assert_int_equal(seen, 3);
+	trk_reply_fini(&r);
+}
+
 static void test_replica_state(void **state)
 {
 	struct fx *f = *state;
@@ -3289,6 +3345,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_trainer_pubkey, setup_with_pk, teardown),
 		cmocka_unit_test_setup_teardown(test_longpoll, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_replica_state, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_duplicate_and_refetched_bytes, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_replica_target, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_layout_retention, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources, setup_open, teardown),

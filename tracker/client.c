@@ -721,12 +721,14 @@ int trk_client_report_state(struct trk_client *c,
 			    const struct trk_state_report *r, trk_client_cb cb,
 			    void *arg)
 {
-	json_t *o = json_pack("{s:s,s:I,s:s,s:I,s:I,s:I,s:I}", "id", r->id, "version",
+	json_t *o = json_pack("{s:s,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I}", "id", r->id, "version",
 			      (json_int_t)r->version, "state", trk_state_name(r->state),
 			      "bytes_done", (json_int_t)r->bytes_done, "bytes_total",
 			      (json_int_t)r->bytes_total, "bytes_from_trainer",
 			      (json_int_t)r->bytes_from_trainer, "bytes_from_peers",
-			      (json_int_t)r->bytes_from_peers);
+			      (json_int_t)r->bytes_from_peers, "duplicate_bytes",
+			      (json_int_t)r->duplicate_bytes, "refetched_bytes",
+			      (json_int_t)r->refetched_bytes);
 
 	if (o != NULL && r->error != NULL &&
 	    json_object_set_new(o, "error", json_string(r->error)) != 0) {
@@ -741,11 +743,6 @@ int trk_client_report_state(struct trk_client *c,
 	}
 	if (o != NULL && r->statement != NULL &&
 	    json_object_set_new(o, "statement", hexj(r->statement, TRK_STMT_SIG_BYTES)) != 0) {
-		json_decref(o);
-		o = NULL;
-	}
-	if (o != NULL && r->duplicate_bytes != 0 &&
-	    json_object_set_new(o, "duplicate_bytes", json_integer((json_int_t)r->duplicate_bytes)) != 0) {
 		json_decref(o);
 		o = NULL;
 	}

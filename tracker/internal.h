@@ -182,6 +182,7 @@ struct trk_version {
 	uint32_t nlayouts;
 	/* Summed from node reports (soft). */
 	uint64_t bytes_from_trainer, bytes_from_peers;
+	uint64_t duplicate_bytes, refetched_bytes;
 	bool offered; /* a publisher offered it at some time (soft) */
 	/* Cache of the newest versions: raw bytes and decoded manifest. */
 	uint8_t *raw;
@@ -283,12 +284,12 @@ struct trk_nver {
 	uint64_t version;
 	enum trk_rank_state state;
 	uint64_t done, total, from_trainer, from_peers;
+	uint64_t duplicate, refetched; /* bytes received twice, asked again */
 	uint64_t first_ms; /* wall time of the first report of this version */
 	/* The rank's signed statement that it holds the version (statement.c),
 	 * kept while it reports it verified or active. */
 	bool has_sig;
 	uint8_t sig[TRK_STMT_SIG_BYTES];
-	uint64_t duplicate; /* bytes the node received twice (duplicate_bytes) */
 	char banned[TRK__ERROR_MAX + 1]; /* peers it banned for the version, space-separated */
 };
 

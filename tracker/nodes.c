@@ -261,8 +261,8 @@ void trk__handle_node_state(struct trk_call *c)
 	/* Absent counters keep their last reported value. */
 	const uint64_t ABSENT = UINT64_MAX;
 	uint64_t version = 0, done = ABSENT, total = ABSENT, ft = ABSENT, fp = ABSENT;
+	uint64_t dup = ABSENT, refetched = ABSENT;
 	uint64_t first_ms = 0, last_ms = 0; /* the node's clock; 0: not yet */
-	uint64_t dup = ABSENT;
 	char banned[TRK__ERROR_MAX + 1] = "";
 	json_t *jban = json_object_get(c->json, "banned");
 	enum trk_rank_state st;
@@ -281,9 +281,10 @@ void trk__handle_node_state(struct trk_call *c)
 	    trk__get_u64(c->json, "bytes_total", false, ABSENT - 1, &total, &err) != 0 ||
 	    trk__get_u64(c->json, "bytes_from_trainer", false, ABSENT - 1, &ft, &err) != 0 ||
 	    trk__get_u64(c->json, "bytes_from_peers", false, ABSENT - 1, &fp, &err) != 0 ||
+	    trk__get_u64(c->json, "duplicate_bytes", false, ABSENT - 1, &dup, &err) != 0 ||
+	    trk__get_u64(c->json, "refetched_bytes", false, ABSENT - 1, &refetched, &err) != 0 ||
 	    trk__get_u64(c->json, "first_byte_ms", false, TRK__WALL_MS_MAX, &first_ms, &err) != 0 ||
-	    trk__get_u64(c->json, "last_byte_ms", false, TRK__WALL_MS_MAX, &last_ms, &err) != 0 ||
-	    trk__get_u64(c->json, "duplicate_bytes", false, ABSENT - 1, &dup, &err) != 0) {
+	    trk__get_u64(c->json, "last_byte_ms", false, TRK__WALL_MS_MAX, &last_ms, &err) != 0) {
 		trk__fail(c, 400, "%s", err.msg);
 		return;
 	}
@@ -368,8 +369,12 @@ void trk__handle_node_state(struct trk_call *c)
 	total = total == ABSENT ? e->total : total;
 	ft = ft == ABSENT ? e->from_trainer : ft;
 	fp = fp == ABSENT ? e->from_peers : fp;
+	dup = dup == ABSENT ? e->duplicate : dup;
+	refetched = refetched == ABSENT ? e->refetched : refetched;
 	ver->bytes_from_trainer += grow(e->from_trainer, ft);
 	ver->bytes_from_peers += grow(e->from_peers, fp);
+	ver->duplicate_bytes += grow(e->duplicate, dup);
+	ver->refetched_bytes += grow(e->refetched, refetched);
 	r->bytes_from_trainer += grow(e->from_trainer, ft);
 	r->bytes_from_peers += grow(e->from_peers, fp);
 	e->state = st;
@@ -379,7 +384,8 @@ void trk__handle_node_state(struct trk_call *c)
 	e->total = total;
 	e->from_trainer = ft;
 	e->from_peers = fp;
-	e->duplicate = dup == ABSENT ? e->duplicate : dup;
+	e->duplicate = dup;
+	e->refetched = refetched;
 	if (jban != NULL && !json_is_null(jban))
 		snprintf(e->banned, sizeof(e->banned), "%s", banned);
 	n->last = (int)(e - n->vers);

@@ -57,6 +57,7 @@ static json_t *rank_json(const struct trk_replica *rep, uint32_t rank, bool full
 			bad |= trk__set(o, "duplicate_bytes", trk__jint(e->duplicate));
 			if (e->banned[0])
 				bad |= trk__set(o, "banned", json_string(e->banned));
+			bad |= trk__set(o, "refetched_bytes", trk__jint(e->refetched));
 		}
 	}
 out:

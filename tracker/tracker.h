@@ -248,6 +248,8 @@ struct trk_state_report {
 	enum trk_rank_state state;
 	uint64_t bytes_done, bytes_total;
 	uint64_t bytes_from_trainer, bytes_from_peers;
+	/* Bytes received that were not needed, and bytes asked for again. */
+	uint64_t duplicate_bytes, refetched_bytes;
 	/* When this version's first and (so far) last chunk arrived, node
 	 * wall clock ms; 0: not yet (not sent). */
 	uint64_t first_byte_ms, last_byte_ms;
@@ -255,7 +257,6 @@ struct trk_state_report {
 	/* With verified or active: the rank's statement
 	 * (TRK_STMT_SIG_BYTES), or NULL. */
 	const uint8_t *statement;
-	uint64_t duplicate_bytes; /* received twice (sent when not 0) */
 	const char *const *banned; /* peers banned for this version (sent when nbanned > 0) */
 	size_t nbanned;
 };
