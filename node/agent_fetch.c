@@ -265,9 +265,9 @@ static void on_read(struct fab_op *op, int status)
 		.len = c->size,
 		.hash = c->hash,
 		.plan = f->plan,
-		.parcel = p->pp,
+		.parcel = p->wire != NULL ? NULL : p->pp, /* a delta's bytes are kept, not scattered */
 		.layout = &a->layout,
-		.dst = f->slot->host,
+		.dst = p->wire != NULL ? p->wire : f->slot->host,
 		.off = (uint64_t)rd->chunk * f->man.chunk_size,
 	};
 	node_verifier_submit(a->ver, &rd->job);

@@ -76,6 +76,7 @@ struct agent_parcel {
 	uint8_t *asked; /* per chunk: a read was posted for it before */
 	uint32_t next_todo;
 	uint32_t done;
+	uint8_t *wire; /* a delta parcel's bytes (malloc'ed), else NULL */
 };
 
 struct agent_read {
@@ -111,6 +112,9 @@ struct agent_fetch {
 	/* Per-chunk trouble, tallied and logged once per version (the first
 	 * of each kind at warn, the rest at debug, totals on the way out). */
 	uint32_t stalls, bad_chunks, read_failures;
+	/* A delta version: rebuilt from the active slot (node/agent_delta.c). */
+	bool delta;
+	uint64_t rebuild_ms;
 };
 
 struct node_agent {
@@ -163,6 +167,9 @@ struct node_agent {
 	/* Verified parent links: the last manifest we accepted. */
 	uint64_t last_version;
 	uint8_t last_digest[PROTO_HASH_BYTES];
+	/* A delta could not be applied here: the tracker is told, so that the
+	 * publisher sends an anchor next (cleared by any activation). */
+	bool need_anchor;
 
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
 	struct node_wait wait; /* what we wait for, said when it lasts */
@@ -227,5 +234,15 @@ void agent_start_register(struct node_agent *a);
 void agent_on_retry(evutil_socket_t fd, short what, void *arg);
 
 void agent_layout_name(const char *arg, char *out, size_t len);
+
+/* ---- agent_delta.c ---- */
+
+/* A delta fetch: 0 when the active slot is its exact parent (number and
+ * manifest digest), else the fetch is refused (and an anchor asked for). */
+int agent_delta_check_parent(struct node_agent *a);
+/* All delta parcels verified: copies the parent slot into the fetch's slot
+ * and applies every parcel's delta, checking each piece's checksum. 0, or
+ * the fetch is refused (and an anchor asked for). */
+int agent_delta_rebuild(struct node_agent *a);
 
 #endif

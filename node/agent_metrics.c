@@ -10,7 +10,8 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 		.active_version = -1, .serving_bytes = -1, .registered = -1,
 		.fetched_trainer = -1, .fetched_peer = -1, .failed_hash = -1,
 		.failed_read = -1, .stalled = -1, .activations = -1, .refused = -1,
-		.activation_seconds = -1,
+		.activation_seconds = -1, .delta_versions = -1, .full_versions = -1,
+		.delta_refused = -1,
 	};
 	if (m == NULL)
 		return 0;
@@ -42,9 +43,18 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 		m, "tessera_node_activation_seconds",
 		"From starting to fetch a version to serving it, seconds.", activation_bounds,
 		sizeof(activation_bounds) / sizeof(activation_bounds[0]));
+	t.delta_versions = node_metrics_counter(m, "tessera_node_versions_built_total",
+						"how=\"delta\"",
+						"Versions built, by how: from the parent by delta, or full.");
+	t.full_versions = node_metrics_counter(m, "tessera_node_versions_built_total",
+					       "how=\"full\"",
+					       "Versions built, by how: from the parent by delta, or full.");
+	t.delta_refused = node_metrics_counter(m, "tessera_node_delta_refused_total", NULL,
+					       "Delta versions not built here (parent missing or its checksum differs); an anchor was asked for.");
 	const int hs[] = {t.active_version, t.serving_bytes, t.registered, t.fetched_trainer,
 			  t.fetched_peer, t.failed_hash, t.failed_read, t.stalled,
-			  t.activations, t.refused, t.activation_seconds};
+			  t.activations, t.refused, t.activation_seconds, t.delta_versions,
+			  t.full_versions, t.delta_refused};
 	for (size_t i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
 		if (hs[i] < 0)
 			return hs[i];

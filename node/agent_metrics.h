@@ -11,6 +11,7 @@ struct node_agent_metrics {
 	int fetched_trainer, fetched_peer;
 	int failed_hash, failed_read, stalled;
 	int activations, refused, activation_seconds;
+	int delta_versions, full_versions, delta_refused;
 };
 
 /* Registers the node's series in m (NULL: every handle stays a no-op).

@@ -61,6 +61,10 @@ void node__pub_part_release(struct node_pub *p, struct pub_part *pt)
 		munmap(pt->buf, pt->cap);
 	pt->buf = NULL;
 	pt->cap = 0;
+	if (pt->raw != NULL) /* not taken as a parent export */
+		munmap(pt->raw, pt->raw_cap);
+	pt->raw = NULL;
+	pt->raw_cap = 0;
 }
 
 int node__pub_part_alloc(struct node_pub *p, struct pub_part *pt)
@@ -158,7 +162,7 @@ int node__pub_version_serve(struct node_pub *p, struct pub_version *pv, struct p
 			const struct pub_slice *sl = &pt->slices[it->li];
 			struct trk_offer *o = &pv->offers[k];
 			struct fab_rkey rk;
-			if (it->pc->bytes == 0)
+			if (it->wire == 0)
 				continue;
 			fab_mr_rkey(sl->mr, &rk);
 			memcpy(o->layout, it->sl->digest, PROTO_HASH_BYTES);
@@ -166,7 +170,7 @@ int node__pub_version_serve(struct node_pub *p, struct pub_version *pv, struct p
 			o->dst_rank = it->pc->dst_rank;
 			o->addr = rk.addr + (it->off - sl->off);
 			o->key = rk.key;
-			o->len = it->pc->bytes;
+			o->len = it->wire;
 			pv->offer_li[k] = it->li;
 			k++;
 		}

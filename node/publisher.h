@@ -99,6 +99,10 @@ struct node_pub_opts {
 	 * tracker is on loopback, else the provider's choice. */
 	const char *bind;
 	const char *host; /* host name to register; NULL: gethostname() */
+	/* An anchor every this many versions, deltas in between (1: anchors
+	 * only); 0: TESSERA_ANCHOR_EVERY. Deltas need every trainer rank
+	 * hosted by this publisher (else every version is an anchor). */
+	uint32_t anchor_every;
 	/* Called (once) when the publisher cannot go on: the tracker refused
 	 * the registration, ... msg is one line. The caller should stop the
 	 * loop and free the publisher. May be NULL. */
@@ -127,6 +131,9 @@ struct node_pub_result {
 	uint32_t nlayouts;
 	uint64_t total_ns;   /* request -> offers answered */
 	uint64_t snapshot_ns, hash_ns, wait_ns; /* wait: for layouts/manifest */
+	bool delta;            /* a delta version (else an anchor) */
+	uint64_t encode_ns;    /* delta encoding, the slowest rank's */
+	uint64_t anchor_bytes; /* what the version costs as an anchor */
 };
 typedef void (*node_pub_cb)(void *arg, const struct node_pub_result *r);
 

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <sodium.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -53,9 +54,11 @@ static void *worker(void *arg)
 
 		crypto_generichash(h, sizeof(h), j->buf, j->len, NULL, 0);
 		j->ok = sodium_memcmp(h, j->hash, sizeof(h)) == 0;
-		if (j->ok)
+		if (j->ok && j->parcel != NULL)
 			proto_parcel_scatter(j->plan, j->parcel, j->layout, j->dst, j->off, j->len,
 					     j->buf);
+		else if (j->ok)
+			memcpy(j->dst + j->off, j->buf, j->len);
 
 		pthread_mutex_lock(&v->mu);
 		push(&v->done_head, &v->done_tail, j);

@@ -87,7 +87,14 @@
 	X(ATTACH_PINS, "TESSERA_ATTACH_PINS", 65536, "pins one attached client may hold") \
 	/* Bytes a node queues for a client that does not read; past it the \
 	 * client is dropped (and its pins with it). */ \
-	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client")
+	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client") \
+	/* A publisher sends an anchor (full parcels) every this many versions \
+	 * and deltas against the previous version in between (1: anchors \
+	 * only); `tessera publish --anchor-every` overrides it. */ \
+	X(ANCHOR_EVERY, "TESSERA_ANCHOR_EVERY", 10, "versions per anchor (1: no deltas)") \
+	/* A delta version whose parcels would exceed this percentage of the \
+	 * anchor's bytes is sent as an anchor instead. */ \
+	X(DELTA_MAX_PERCENT, "TESSERA_DELTA_MAX_PERCENT", 50, "largest delta, % of the anchor")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,
