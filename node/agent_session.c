@@ -39,9 +39,12 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 		r.bytes_from_peers = f->from_peers;
 		r.first_byte_ms = f->first_byte_ms;
 		r.last_byte_ms = f->last_byte_ms;
+		if (f->verified)
+			r.how = f->delta ? "delta" : "full";
 	} else if (a->active != NULL && a->active->version == version) {
 		r.bytes_done = r.bytes_total = a->active->len;
 	}
+	r.need_anchor = a->need_anchor && st == TRK_STATE_FAILED;
 	if (!a->registered)
 		return;
 	if (trk_client_report_state(a->trk, &r, cb ? cb : ignore_answer, a) != 0)

@@ -861,7 +861,9 @@ void node__pub_ex_step(struct node_pub *p)
 	switch (ex->phase) {
 	case EX_PREP:
 		ex_request(p);
-		if (ex->jobs_left == 0 && ex->need == NEED_NONE) {
+		/* The retention check asked at the start also says whether a
+		 * node wants an anchor: its answer decides this export's kind. */
+		if (ex->jobs_left == 0 && ex->need == NEED_NONE && !(p->check_busy && !ex->verify)) {
 			ex_gather_start(p);
 			node__pub_ex_step(p); /* a failure to finish, or wait for the workers */
 		}

@@ -365,6 +365,9 @@ static void on_check_answer(const struct trk_answer *a, void *arg)
 	size_t n = 0;
 
 	p->check_busy = false;
+	/* A node could not build a delta: the next export is an anchor. */
+	if (a->status == 200 && json_is_true(json_object_get(a->json, "anchor_wanted")))
+		p->anchor_wanted = true;
 	if (a->status == 200 && trk_versions_parse(a->json, &latest, &vi, &n, &err) == 0) {
 		for (struct pub_version *pv = p->versions; pv; pv = pv->next) {
 			bool all = pv->version == newest || (p->ex != NULL && p->ex->pv == pv);
@@ -388,6 +391,7 @@ static void on_check_answer(const struct trk_answer *a, void *arg)
 		LOG_DEBUG("retain check: %s", a->status == 200 ? err.msg : a->error);
 	}
 	node__pub_sync_offers(p);
+	node__pub_ex_step(p); /* an export may wait for this answer */
 }
 
 void node__pub_on_check(evutil_socket_t fd, short what, void *arg)

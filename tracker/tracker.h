@@ -241,6 +241,11 @@ struct trk_state_report {
 	 * wall clock ms; 0: not yet (not sent). */
 	uint64_t first_byte_ms, last_byte_ms;
 	const char *error; /* NULL or one line */
+	/* How the version was built: "delta" (from the parent), "full", or
+	 * NULL (not said); need_anchor: a delta could not be built here, the
+	 * publisher should send an anchor. */
+	const char *how;
+	bool need_anchor;
 };
 /* POST /nodes/state. */
 int trk_client_report_state(struct trk_client *c,

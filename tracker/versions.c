@@ -51,6 +51,9 @@ struct trk_versions {
 	struct trk_version *v; /* oldest first */
 	size_t n, cap;
 	struct waiter_list waiters;
+	/* The newest delta version a node could not build from its parent
+	 * (soft): an anchor is wanted until one newer than it is published. */
+	uint64_t anchor_wanted_v;
 };
 
 static char *path_join(const char *a, const char *b)
@@ -484,6 +487,21 @@ struct trk_version *trk__versions_find(struct trk_versions *vs, uint64_t v)
 	return NULL;
 }
 
+void trk__versions_want_anchor(struct trk_versions *vs, uint64_t v)
+{
+	vs->anchor_wanted_v = PROTO_MAX(vs->anchor_wanted_v, v);
+}
+
+bool trk__versions_anchor_wanted(const struct trk_versions *vs)
+{
+	if (vs->anchor_wanted_v == 0)
+		return false;
+	for (size_t i = vs->n; i > 0; i--)
+		if (vs->v[i - 1].kind == PROTO_KIND_ANCHOR)
+			return vs->v[i - 1].version <= vs->anchor_wanted_v;
+	return true;
+}
+
 uint64_t trk__versions_latest(const struct trk_versions *vs)
 {
 	return vs->n > 0 ? vs->v[vs->n - 1].version : 0;
@@ -606,6 +624,7 @@ static json_t *list_after(struct trk_server *s, uint64_t after)
 		if (json_array_append_new(arr, trk__version_json(s, &vs->v[i])) != 0)
 			goto fail;
 	if (trk__set(o, "latest", trk__jint(trk__versions_latest(vs))) ||
+	    trk__set(o, "anchor_wanted", json_boolean(trk__versions_anchor_wanted(vs))) ||
 	    json_object_set(o, "versions", arr) != 0)
 		goto fail;
 	json_decref(arr);
