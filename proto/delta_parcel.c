@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Parcel deltas carry no header bytes (a non-NULL empty one for memcpy). */
+static const uint8_t no_header[1];
+
 void proto_dparcel_fini(struct proto_dparcel *d)
 {
 	free(d->pieces);
@@ -111,8 +114,8 @@ int proto_dparcel_encode(const struct proto_dparcel *d, const uint8_t *parent,
 		pd[i] = parent + d->pieces[i].pay_off;
 		cd[i] = child + d->pieces[i].pay_off;
 	}
-	struct proto_delta_version pv = {&d->model, NULL, 0, pd, NULL};
-	struct proto_delta_version cv = {&d->model, NULL, 0, cd, NULL};
+	struct proto_delta_version pv = {&d->model, no_header, 0, pd, NULL};
+	struct proto_delta_version cv = {&d->model, no_header, 0, cd, NULL};
 	rc = proto_delta_encode(&pv, &cv, o, out, out_len, st, err);
 	free(pd);
 	free(cd);
@@ -153,7 +156,7 @@ int proto_dparcel_apply(const struct proto_dparcel *d, const uint8_t *delta, siz
 		 * on, so a damaged parent is refused, not patched. */
 		sums[i] = proto_wsum(pp->elsize, bufs[i], pp->len / pp->elsize);
 	}
-	struct proto_delta_parent par = {NULL, 0, d->npieces, sums};
+	struct proto_delta_parent par = {no_header, 0, d->npieces, sums};
 	rc = proto_delta_apply(&dl, &par, bufs, threads, err);
 out:
 	free(sums);

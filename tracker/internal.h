@@ -204,6 +204,10 @@ uint64_t trk__versions_latest(const struct trk_versions *vs);
  * wanted (answered as "anchor_wanted" with the versions) until one newer
  * than v is published. */
 void trk__versions_want_anchor(struct trk_versions *vs, uint64_t v);
+/* A rank reported a version built (by delta or full), for /metrics. */
+void trk__versions_note_built(struct trk_versions *vs, bool delta);
+/* Versions by kind, their wire bytes, builds by how, anchor requests. */
+void trk__versions_metrics(const struct trk_versions *vs, struct evbuffer *b);
 bool trk__versions_anchor_wanted(const struct trk_versions *vs);
 /* The chain's identity (hex) and the TRK_CHAIN_HEADER value: "CLUSTER
  * INSTANCE LATEST DIGEST" (DIGEST "-" while there is no version). */

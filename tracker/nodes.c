@@ -312,6 +312,8 @@ void trk__handle_node_state(struct trk_call *c)
 	r->bytes_from_trainer += grow(e->from_trainer, ft);
 	r->bytes_from_peers += grow(e->from_peers, fp);
 	e->state = st;
+	if (how != NULL && e->how[0] == 0)
+		trk__versions_note_built(c->s->vs, strcmp(how, "delta") == 0);
 	if (how != NULL)
 		snprintf(e->how, sizeof(e->how), "%s", how);
 	if (json_is_true(jneed))
