@@ -13,7 +13,7 @@
 #
 # usage: deploy/netns-cluster.sh [--replica L]... [--rate R] [--synthetic-mb N]
 #                                [--versions V] [--every MS] [--timeout S]
-#                                [--keep DIR]
+#                                [--keep DIR] [--model-dir DIR] [--anchor-every K]
 #   --replica L   a replica's layout, tpN or a layout file (repeatable;
 #                 default tp2 tp2 tp1)
 #   --rate R      tbf rate of every host link, each direction (default 1gbit)
@@ -23,6 +23,10 @@
 #   --every MS    one version every MS ms (default 8000)
 #   --timeout S   give up after S seconds in all (default 240)
 #   --keep DIR    copy the logs and the final status JSON to DIR
+#   --model-dir DIR  publish DIR's checkpoints (`tessera synth` output)
+#                 instead of the synthetic model
+#   --anchor-every K  an anchor every K versions, deltas between (default:
+#                 the publisher's, 10)
 set -euo pipefail
 
 BIN=${BIN:-build/bin}
@@ -35,6 +39,8 @@ VERSIONS=3
 EVERY=8000
 TIMEOUT=240
 KEEP=""
+MODEL_DIR=""
+ANCHOR_EVERY=""
 LAYOUTS=()
 
 die() { echo "netns-cluster: $*" >&2; exit 1; }
@@ -49,6 +55,8 @@ while [ $# -gt 0 ]; do
 	--every) EVERY=$2; shift 2 ;;
 	--timeout) TIMEOUT=$2; shift 2 ;;
 	--keep) KEEP=$2; shift 2 ;;
+	--model-dir) MODEL_DIR=$(realpath "$2"); shift 2 ;;
+	--anchor-every) ANCHOR_EVERY=$2; shift 2 ;;
 	-h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option '$1' (see --help)" ;;
 	esac
@@ -152,8 +160,11 @@ status() { on 0 curl -sf --max-time 5 "$TRK/api/v1/status" >"$DIR/status.json"; 
 start 0 tracker.log "$BIN/tessera-tracker" --listen "$NET.1:$PORT" --state "$DIR/state" \
 	--cluster-key "$DIR/cluster.key" --trainer-pubkey "$DIR/trainer.pub"
 wait_for "the tracker" status
+SOURCE=(--synthetic-mb "$MB")
+[ -z "$MODEL_DIR" ] || SOURCE=(--model-dir "$MODEL_DIR")
+[ -z "$ANCHOR_EVERY" ] || SOURCE+=(--anchor-every "$ANCHOR_EVERY")
 start 0 publisher.log "$BIN/tessera" publish --tracker "$TRK" --key "$DIR/trainer.key" \
-	--cluster-key "$DIR/cluster.key" --synthetic-mb "$MB" --layout fsdp2 \
+	--cluster-key "$DIR/cluster.key" "${SOURCE[@]}" --layout fsdp2 \
 	--versions "$VERSIONS" --every "$EVERY"
 model_known() {
 	on 0 curl -sf --max-time 5 "$TRK/api/v1/layouts" | jq -e '.model' >"$DIR/model.json" 2>/dev/null
