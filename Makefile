@@ -114,15 +114,15 @@ $(BUILD)/asan/libtessera-client.a: $(patsubst %.c,$(BUILD)/asan/%.o,$(CLIENT_SRC
 	@rm -f $@
 	ar rcs $@ $^
 
-.PHONY: all test bench bench-delta bench-steady bench-tracker demo demo-netns fuzz clean deps help \
-        check run-bench run-bench-delta run-bench-steady run-demo run-demo-netns run-fuzz \
+.PHONY: all test bench bench-delta bench-delta-net bench-steady bench-tracker demo demo-netns fuzz clean deps help \
+        check run-bench run-bench-delta run-bench-delta-net run-bench-steady run-demo run-demo-netns run-fuzz \
         check-deploy run-check-deploy run-bench-tracker check-page run-check-page \
         bench-fanout bench-elastic run-bench-fanout run-bench-elastic
 all: $(BINS) $(CLIENT_LIBS)
 
 # The user-facing targets install missing dependencies first, then re-enter
 # make so that pkg-config sees the freshly installed packages.
-test bench bench-delta bench-steady bench-tracker demo demo-netns fuzz check-page \
+test bench bench-delta bench-delta-net bench-steady bench-tracker demo demo-netns fuzz check-page \
 bench-fanout bench-elastic: deps
 	@$(MAKE) --no-print-directory $(if $(filter test,$@),check,run-$@)
 
@@ -186,6 +186,11 @@ run-bench-tracker: $(BUILD)/bench/bench_tracker $(BINS)
 # The 1 GiB synthetic model is generated once into $(BUILD)/bench-delta.
 run-bench-delta: $(BUILD)/bench/bench_delta
 	$(BUILD)/bench/bench_delta $(BUILD)/bench-delta
+
+# Delta versions through the network: a 256 MiB synth model (generated once
+# into $(BUILD)/bench-delta-net), replicas tp2 tp2 tp1, anchors every 10.
+run-bench-delta-net: $(BUILD)/bench/bench_delta_net $(BINS)
+	$(BUILD)/bench/bench_delta_net $(abspath $(BUILD)/bin) $(BUILD)/bench-delta-net
 
 FUZZ_CC    ?= clang
 FUZZ_FLAGS := -std=gnu11 -g -O1 -pthread -D_GNU_SOURCE -I. $(PKG_CFLAGS) \

@@ -18,6 +18,7 @@
 #                                [--synthetic-mb N] [--versions V] [--every MS]
 #                                [--timeout S] [--late-timeout S] [--report FILE]
 #                                [--measure-link MB] [--keep DIR]
+#                                [--model-dir DIR] [--anchor-every K]
 #   --replica L   a replica's layout, tpN or a layout file (repeatable;
 #                 default tp2 tp2 tp1)
 #   --late-replica L  a replica started once every other one is active on
@@ -45,6 +46,10 @@
 #                 host 1 across the shaped links: b, reported as
 #                 link_bytes_per_s
 #   --keep DIR    copy the logs and the final status JSON to DIR
+#   --model-dir DIR  publish DIR's checkpoints (`tessera synth` output)
+#                 instead of the synthetic model
+#   --anchor-every K  an anchor every K versions, deltas between (default:
+#                 the publisher's, 10)
 #
 # Exit status: 0 when every replica activated the last version; 3 when all
 # but some late replicas did (the report and a line say which); else 1.
@@ -64,6 +69,8 @@ REPORT=""
 MODE=fanout
 LINK_MB=0
 LATE_TIMEOUT=""
+MODEL_DIR=""
+ANCHOR_EVERY=""
 LAYOUTS=()
 LATE=()
 
@@ -85,6 +92,8 @@ while [ $# -gt 0 ]; do
 	--report) REPORT=$2; shift 2 ;;
 	--measure-link) LINK_MB=$2; shift 2 ;;
 	--keep) KEEP=$2; shift 2 ;;
+	--model-dir) MODEL_DIR=$(realpath "$2"); shift 2 ;;
+	--anchor-every) ANCHOR_EVERY=$2; shift 2 ;;
 	-h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option '$1' (see --help)" ;;
 	esac
@@ -247,8 +256,11 @@ start 0 tracker.log "$BIN/tessera-tracker" --listen "$NET.1:$PORT" --state "$DIR
 wait_for "the tracker" status
 # Versions are exported on order (below), once every replica registered:
 # a version covers only the layouts registered when it is made.
+SOURCE=(--synthetic-mb "$MB")
+[ -z "$MODEL_DIR" ] || SOURCE=(--model-dir "$MODEL_DIR")
+[ -z "$ANCHOR_EVERY" ] || SOURCE+=(--anchor-every "$ANCHOR_EVERY")
 start 0 publisher.log "$BIN/tessera" publish --tracker "$TRK" --key "$DIR/trainer.key" \
-	--cluster-key "$DIR/cluster.key" --synthetic-mb "$MB" --layout fsdp2 \
+	--cluster-key "$DIR/cluster.key" "${SOURCE[@]}" --layout fsdp2 \
 	--control "$DIR/publisher.sock"
 model_known() {
 	on 0 curl -sf --max-time 5 "$TRK/api/v1/layouts" | jq -e '.model' >"$DIR/model.json" 2>/dev/null

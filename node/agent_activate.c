@@ -107,6 +107,7 @@ void agent_activate(struct node_agent *a)
 	a->active = f->slot;
 	f->slot = NULL;
 	memcpy(a->active_digest, f->man.digest, PROTO_HASH_BYTES);
+	a->need_anchor = false;
 	node_wait_over(&a->wait, NULL);
 	LOG_INFO("node %s: v%" PRIu64 " active (%" PRIu64 " bytes, %" PRIu64 " from trainer, %" PRIu64
 		 " from peers, %" PRIu64 " refetched, %" PRIu64 " ms; %u stalled reads, %u failed "
@@ -181,6 +182,10 @@ void agent_all_verified(struct node_agent *a)
 	struct agent_fetch *f = a->fetch;
 	struct proto_err err;
 
+	if (f->delta && agent_delta_rebuild(a) != 0)
+		return; /* refused: a->fetch is gone */
+	if (!f->delta)
+		node_metrics_add(a->am.m, a->am.full_versions, 1);
 	f->verified = true;
 	f->reported_verified = true;
 	LOG_INFO("node %s: v%" PRIu64 " verified in %" PRIu64 " ms", a->node_id, f->version,

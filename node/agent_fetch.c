@@ -291,9 +291,9 @@ static void on_read(struct fab_op *op, int status)
 		.len = c->size,
 		.hash = c->hash,
 		.plan = f->plan,
-		.parcel = p->pp,
+		.parcel = p->wire != NULL ? NULL : p->pp, /* a delta's bytes are kept, not scattered */
 		.layout = &a->layout,
-		.dst = f->slot->host,
+		.dst = p->wire != NULL ? p->wire : f->slot->host,
 		.off = (uint64_t)rd->chunk * f->man.chunk_size,
 		.keep = p->held != NULL ? p->held + p->head + (size_t)rd->chunk * f->man.chunk_size : NULL,
 	};

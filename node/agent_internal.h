@@ -111,6 +111,7 @@ struct agent_parcel {
 	bool hungry;          /* it starved once: any unheld chunk may come from the trainer */
 	char (*members)[TRK_ID_MAX]; /* its swarm as the tracker last listed it */
 	uint32_t nmembers;
+	uint8_t *wire; /* a delta parcel's bytes (malloc'ed), else NULL */
 };
 
 struct agent_read {
@@ -161,6 +162,9 @@ struct agent_fetch {
 	/* The manifest lacks our layout: asking for its addendum. */
 	bool want_addendum;
 	struct event *addendum_ev; /* the next ask */
+	/* A delta version: rebuilt from the active slot (node/agent_delta.c). */
+	bool delta;
+	uint64_t rebuild_ms;
 };
 
 struct node_agent {
@@ -221,6 +225,9 @@ struct node_agent {
 	/* Verified parent links: the last manifest we accepted. */
 	uint64_t last_version;
 	uint8_t last_digest[PROTO_HASH_BYTES];
+	/* A delta could not be applied here: the tracker is told, so that the
+	 * publisher sends an anchor next (cleared by any activation). */
+	bool need_anchor;
 
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
 	struct node_wait wait; /* what we wait for, said when it lasts */
@@ -370,5 +377,14 @@ bool agent_source_ready(struct node_agent *a, struct agent_source *s, uint64_t n
  * fanout, once its have-page was read, and while not banned. */
 bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
 			 const struct agent_source *s, uint64_t now);
+/* ---- agent_delta.c ---- */
+
+/* A delta fetch: 0 when the active slot is its exact parent (number and
+ * manifest digest), else the fetch is refused (and an anchor asked for). */
+int agent_delta_check_parent(struct node_agent *a);
+/* All delta parcels verified: copies the parent slot into the fetch's slot
+ * and applies every parcel's delta, checking each piece's checksum. 0, or
+ * the fetch is refused (and an anchor asked for). */
+int agent_delta_rebuild(struct node_agent *a);
 
 #endif

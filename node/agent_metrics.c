@@ -11,7 +11,8 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 		.fetched_trainer = -1, .fetched_peer = -1, .failed_hash = -1,
 		.failed_read = -1, .stalled = -1, .activations = -1, .refused = -1,
 		.activation_seconds = -1, .unbacked_claims = -1, .duplicate = -1, .banned = -1,
-		.offered_parcels = -1,
+		.offered_parcels = -1, .delta_versions = -1, .full_versions = -1,
+		.delta_refused = -1,
 	};
 	if (m == NULL)
 		return 0;
@@ -52,10 +53,19 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 					"Peers banned for a version after sending bad chunks twice.");
 	t.offered_parcels = node_metrics_gauge(m, "tessera_node_offered_parcels", NULL,
 					       "Parcels this rank offers to its swarms now.");
+	t.delta_versions = node_metrics_counter(m, "tessera_node_versions_built_total",
+						"how=\"delta\"",
+						"Versions built, by how: from the parent by delta, or full.");
+	t.full_versions = node_metrics_counter(m, "tessera_node_versions_built_total",
+					       "how=\"full\"",
+					       "Versions built, by how: from the parent by delta, or full.");
+	t.delta_refused = node_metrics_counter(m, "tessera_node_delta_refused_total", NULL,
+					       "Delta versions not built here (parent missing or its checksum differs); an anchor was asked for.");
 	const int hs[] = {t.active_version, t.serving_bytes, t.registered, t.fetched_trainer,
 			  t.fetched_peer, t.failed_hash, t.failed_read, t.stalled,
 			  t.activations, t.refused, t.activation_seconds, t.unbacked_claims,
-			  t.duplicate, t.banned, t.offered_parcels};
+			  t.duplicate, t.banned, t.offered_parcels, t.delta_versions,
+			  t.full_versions, t.delta_refused};
 	for (size_t i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
 		if (hs[i] < 0)
 			return hs[i];

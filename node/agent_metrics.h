@@ -13,6 +13,7 @@ struct node_agent_metrics {
 	int activations, refused, activation_seconds;
 	int unbacked_claims;
 	int duplicate, banned, offered_parcels;
+	int delta_versions, full_versions, delta_refused;
 };
 
 /* Registers the node's series in m (NULL: every handle stays a no-op).

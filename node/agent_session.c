@@ -57,9 +57,12 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 			if (f->bad_counts[i] >= BAN_BAD_CHUNKS)
 				banned[r.nbanned++] = f->bad_ids[i];
 		r.banned = banned;
+		if (f->verified)
+			r.how = f->delta ? "delta" : "full";
 	} else if (a->active != NULL && a->active->version == version) {
 		r.bytes_done = r.bytes_total = a->active->len;
 	}
+	r.need_anchor = a->need_anchor && st == TRK_STATE_FAILED;
 	if (!a->registered)
 		return;
 	if (trk_client_report_state(a->trk, &r, cb ? cb : ignore_answer, a) != 0)

@@ -28,6 +28,7 @@ void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
 		free(p->owner);
 		free(p->owner_on);
 		free(p->members);
+		free(p->wire);
 	}
 	free(f->parcels);
 	if (f->addendum_ev != NULL)
@@ -83,6 +84,9 @@ static int setup_parcels(struct node_agent *a)
 	struct proto_err err;
 	uint32_t mine = 0;
 
+	f->delta = f->man.kind == PROTO_KIND_DELTA;
+	if (f->delta && agent_delta_check_parent(a) != 0)
+		return -ENOENT;
 	for (uint32_t i = 0; i < ml->nparcels; i++)
 		mine += ml->parcels[i].dst_rank == a->o.rank;
 	f->parcels = calloc(mine + 1, sizeof(*f->parcels));
@@ -102,8 +106,9 @@ static int setup_parcels(struct node_agent *a)
 		if (mp->dst_rank != a->o.rank)
 			continue;
 		const struct proto_parcel *pp = proto_plan_parcel(f->plan, mp->src_rank, mp->dst_rank);
-		if (pp == NULL || pp->bytes != mp->bytes || mp->encoding != PROTO_ENC_RAW ||
-		    mp->wire_bytes != mp->bytes) {
+		if (pp == NULL || pp->bytes != mp->bytes ||
+		    mp->encoding != (f->delta ? PROTO_ENC_DELTA : PROTO_ENC_RAW) ||
+		    (!f->delta && mp->wire_bytes != mp->bytes)) {
 			agent_fetch_fail(a, "parcel %u<-%u does not match the plan", mp->dst_rank, mp->src_rank);
 			return -EBADMSG;
 		}
@@ -122,15 +127,18 @@ static int setup_parcels(struct node_agent *a)
 		    p->peer_busy == NULL || p->mine == NULL || p->owner == NULL || p->owner_on == NULL)
 			return -ENOMEM;
 		memset(p->mine, 1, mp->nchunks + 1);
-		f->bytes_total += mp->bytes;
+		if (f->delta && (p->wire = malloc(PROTO_MAX(mp->wire_bytes, 1))) == NULL)
+			return -ENOMEM;
+		f->bytes_total += mp->wire_bytes;
 	}
 	if (node_slot_new(&a->store, f->version, a->layout.ranks[a->o.rank].nbytes, &f->slot, &err) != 0) {
 		agent_fetch_fail(a, "%s", err.msg);
 		return -ENOMEM;
 	}
 	agent_swarm_serve(a, f);
-	LOG_INFO("node %s: fetching v%" PRIu64 ": %u parcels, %" PRIu64 " bytes%s", a->node_id,
-		 f->version, f->nparcels, f->bytes_total, f->served ? ", serving them to peers" : "");
+	LOG_INFO("node %s: fetching v%" PRIu64 ": %u parcels, %" PRIu64 " bytes%s%s", a->node_id,
+		 f->version, f->nparcels, f->bytes_total, f->served ? ", serving them to peers" : "",
+		 f->delta ? " (a delta: rebuilt from the active version)" : "");
 	if (f->bytes_total == 0) {
 		agent_all_verified(a);
 		return 0;

@@ -55,6 +55,7 @@ struct cluster {
 	bool star; /* --mode star: nodes run with TESSERA_FANOUT=0 */
 	/* --every: publish on a clock for duration_s; stagger a replica's ranks */
 	uint64_t every_ms, stagger_ms, duration_s;
+	uint64_t anchor_every; /* 0: the publisher's default */
 	struct replica reps[MAX_REPLICAS];
 	uint32_t nreps;
 	/* running */
@@ -77,6 +78,7 @@ static void usage(FILE *f)
 		"                       [--report FILE] [--keep DIR] [--mode fanout|star]\n"
 		"                       [--late-replica tpN|FILE]...\n"
 		"                       [--every MS [--stagger MS] [--duration S]]\n"
+		"                       [--anchor-every K]\n"
 		"\n"
 		"Starts a tracker, a publisher hosting K trainer ranks and one node agent per\n"
 		"replica rank as separate processes on loopback, publishes V versions, checks\n"
@@ -115,6 +117,10 @@ static void usage(FILE *f)
 		"                           MS ms apart (default 0)\n"
 		"      --duration S         with --every: run S seconds (default 60); every\n"
 		"                           rank's bytes are checked at the end\n"
+		"      --anchor-every K     an anchor every K versions, deltas between\n"
+		"                           (default: the publisher's, 10); the report\n"
+		"                           gives each version's kind, wire_bytes (all\n"
+		"                           replicas together) and anchor_bytes\n"
 		"  -h, --help               this text\n");
 }
 
@@ -301,7 +307,13 @@ static int wait_registered(struct cluster *c)
 	return -ETIMEDOUT;
 }
 
-static int control_export(struct cluster *c, uint64_t *v, uint64_t *created_ms)
+/* What the publisher said of one export. */
+struct exported {
+	uint64_t v, created_ms, wire, anchor, encode_us;
+	char kind[8];
+};
+
+static int control_export(struct cluster *c, struct exported *x)
 {
 	char line[512];
 	size_t n = 0;
@@ -317,13 +329,17 @@ static int control_export(struct cluster *c, uint64_t *v, uint64_t *created_ms)
 		n++;
 	}
 	line[n] = 0;
-	unsigned long long vv, cm;
-	if (sscanf(line, "published %llu %llu", &vv, &cm) != 2) {
+	unsigned long long vv, cm, w, an, enc;
+	if (sscanf(line, "published %llu %llu %7s %llu %llu %llu", &vv, &cm, x->kind, &w, &an,
+		   &enc) != 6) {
 		fprintf(stderr, "cluster: publisher said: %s\n", line);
 		return -EIO;
 	}
-	*v = vv;
-	*created_ms = cm;
+	x->v = vv;
+	x->created_ms = cm;
+	x->wire = w;
+	x->anchor = an;
+	x->encode_us = enc;
 	return 0;
 }
 
@@ -434,10 +450,13 @@ static int run_version(struct cluster *c, uint64_t want_v)
 {
 	uint64_t v, created, published_ms;
 	json_t *st = NULL;
-	int rc = control_export(c, &v, &created);
+	struct exported x;
+	int rc = control_export(c, &x);
 
 	if (rc != 0)
 		return rc;
+	v = x.v;
+	created = x.created_ms;
 	published_ms = proto_wall_ms();
 	if (v != want_v)
 		fprintf(stderr, "cluster: publisher exported v%" PRIu64 ", expected v%" PRIu64 "\n", v,
@@ -472,8 +491,22 @@ static int run_version(struct cluster *c, uint64_t want_v)
 		refetched += re->refetched;
 		json_array_append_new(reps, replica_entry(re, v));
 	}
+	/* The wire cost of the version for all replicas together, and what
+	 * the same version costs as an anchor (every replica's full parcels). */
+	uint64_t wire_all = 0, anchor_all = 0;
+	for (uint32_t r = 0; r < c->nreps; r++) {
+		uint64_t full = 0;
+		for (uint32_t q = 0; q < c->reps[r].layout.nranks; q++)
+			full += c->reps[r].layout.ranks[q].nbytes;
+		anchor_all += full;
+	}
+	wire_all = from_trainer + from_peers;
+	printf("  v%" PRIu64 " %s: %" PRIu64 " wire bytes for all replicas, %.2f %% of an anchor"
+	       " (encode %.1f ms)\n",
+	       v, x.kind, wire_all, anchor_all ? 100.0 * (double)wire_all / (double)anchor_all : 0.0,
+	       (double)x.encode_us / 1000.0);
 	json_t *entry = json_pack("{s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "version", (json_int_t)v,
-				  "kind", "anchor", "payload_bytes", (json_int_t)payload,
+				  "kind", x.kind, "payload_bytes", (json_int_t)payload,
 				  "trainer_upload_bytes", (json_int_t)from_trainer,
 				  "peer_upload_bytes", (json_int_t)from_peers, "duplicate_bytes",
 				  (json_int_t)dup, "refetched_bytes", (json_int_t)refetched,
@@ -486,6 +519,9 @@ static int run_version(struct cluster *c, uint64_t want_v)
 	    tr.status == 200 && tr.json != NULL)
 		json_object_set(entry, "timeline", tr.json);
 	trk_reply_fini(&tr);
+	json_object_set_new(entry, "wire_bytes", json_integer((json_int_t)wire_all));
+	json_object_set_new(entry, "anchor_bytes", json_integer((json_int_t)anchor_all));
+	json_object_set_new(entry, "encode_ms", json_real((double)x.encode_us / 1000.0));
 	json_array_append_new(c->out_versions, entry);
 	return ok ? 0 : -EBADMSG;
 }
@@ -624,7 +660,12 @@ static int start_all(struct cluster *c, struct proto_err *err)
 	char *pargv[24] = {bin, "publish", "--tracker", c->url, "--key", key, "--cluster-key", ckey,
 			   "--layout", tlayout, "--provider", (char *)c->provider, "--control", sock};
 	int n = 14;
-	char every[32];
+	char every[32], anchors[32];
+	if (c->anchor_every > 0) {
+		snprintf(anchors, sizeof(anchors), "%" PRIu64, c->anchor_every);
+		pargv[n++] = "--anchor-every";
+		pargv[n++] = anchors;
+	}
 	if (c->every_ms > 0) {
 		snprintf(every, sizeof(every), "%" PRIu64, c->every_ms);
 		pargv[n++] = "--every";
@@ -952,6 +993,7 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 		{"every", required_argument, NULL, 'e'},
 		{"stagger", required_argument, NULL, 'S'},
 		{"duration", required_argument, NULL, 'd'},
+		{"anchor-every", required_argument, NULL, 'A'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
 	uint64_t k = 2;
@@ -1005,6 +1047,7 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 		case 'e': bad = proto_parse_u64(optarg, 1, 86400000, &c->every_ms); break;
 		case 'S': bad = proto_parse_u64(optarg, 0, 3600000, &c->stagger_ms); break;
 		case 'd': bad = proto_parse_u64(optarg, 1, 86400, &c->duration_s); break;
+		case 'A': bad = proto_parse_u64(optarg, 1, UINT32_MAX, &c->anchor_every); break;
 		case 'h': usage(stdout); return 1;
 		default: return proto_cli_bad_option("tessera cluster", ch, argv);
 		}

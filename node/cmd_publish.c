@@ -33,6 +33,7 @@ static void publish_usage(FILE *f)
 		"                       (--synthetic-mb N [--seed S] | --model-dir DIR)\n"
 		"                       [--layout T.json|fsdpK|tpK] [--ranks LIST]\n"
 		"                       [--provider NAME] [--versions V] [--every MS]\n"
+		"                       [--anchor-every K]\n"
 		"                       [--control PATH] [--config FILE]\n"
 		"                       [--log-format text|json] [--log-level LEVEL]\n"
 		"                       [--metrics HOST:PORT|off]\n"
@@ -73,9 +74,17 @@ static void publish_usage(FILE *f)
 		"                         is accepted (with --every: at most V; 0 = no\n"
 		"                         limit)\n"
 		"      --every MS         publish one version every MS ms\n"
+		"      --anchor-every K   an anchor (full parcels) every K versions, and\n"
+		"                         deltas against the previous version between\n"
+		"                         them (default TESSERA_ANCHOR_EVERY, 10; 1: no\n"
+		"                         deltas). Also an anchor for the first version,\n"
+		"                         a new serving layout, a delta over\n"
+		"                         TESSERA_DELTA_MAX_PERCENT of the anchor, or a\n"
+		"                         node that asked for one\n"
 		"      --control PATH     a unix stream socket taking lines: \"export\"\n"
 		"                         exports the next version and answers\n"
-		"                         \"published <v> <created_ms>\" once the tracker\n"
+		"                         \"published <v> <created_ms> <kind> <wire_bytes>\n"
+		"                         <anchor_bytes> <encode_us>\" once the tracker\n"
 		"                         accepted it and it is offered (or \"error <why>\");\n"
 		"                         \"quit\" exits\n"
 		"\n"
@@ -134,8 +143,12 @@ static void print_result(const struct node_pub_result *r)
 		snprintf(wait, sizeof(wait), ", waited %llu ms for %s",
 			 (unsigned long long)(r->wait_ns / 1000000),
 			 r->leader ? "a serving layout" : "the manifest");
-	printf("%s v%llu anchor %s in %llu ms (snapshot %llu ms, gather+hash %llu ms%s)\n",
-	       r->leader ? "published" : "offered", (unsigned long long)r->version, size,
+	if (r->delta)
+		snprintf(wait + strlen(wait), sizeof(wait) - strlen(wait), ", encode %llu ms",
+			 (unsigned long long)(r->encode_ns / 1000000));
+	printf("%s v%llu %s %s in %llu ms (snapshot %llu ms, gather+hash %llu ms%s)\n",
+	       r->leader ? "published" : "offered", (unsigned long long)r->version,
+	       r->delta ? "delta" : "anchor", size,
 	       (unsigned long long)(r->total_ns / 1000000),
 	       (unsigned long long)(r->snapshot_ns / 1000000),
 	       (unsigned long long)(r->hash_ns / 1000000), wait);
@@ -251,8 +264,10 @@ static void on_ctl_done(void *arg, const struct node_pub_result *r)
 	node_pub_metrics_result(&c->app->pm, r);
 	if (r->status == 0) {
 		print_result(r);
-		client_say(c, "published %llu %llu", (unsigned long long)r->version,
-			   (unsigned long long)r->created_ms);
+		client_say(c, "published %llu %llu %s %llu %llu %llu", (unsigned long long)r->version,
+			   (unsigned long long)r->created_ms, r->delta ? "delta" : "anchor",
+			   (unsigned long long)r->wire_bytes, (unsigned long long)r->anchor_bytes,
+			   (unsigned long long)(r->encode_ns / 1000));
 	} else {
 		fprintf(stderr, "tessera publish: version %llu: %s\n",
 			(unsigned long long)r->version, r->error);
@@ -472,6 +487,7 @@ int node_cmd_publish(int argc, char **argv)
 		{"provider", required_argument, NULL, 'p'},
 		{"versions", required_argument, NULL, 'V'},
 		{"every", required_argument, NULL, 'e'},
+		{"anchor-every", required_argument, NULL, 'A'},
 		{"control", required_argument, NULL, 'c'},
 		{"metrics", required_argument, NULL, 'M'},
 		{"help", no_argument, NULL, 'h'},
@@ -559,6 +575,17 @@ int node_cmd_publish(int argc, char **argv)
 		case 'M':
 			metrics_at = optarg;
 			break;
+		case 'A': {
+			uint64_t k;
+			if (proto_parse_u64(optarg, 1, UINT32_MAX, &k) != 0) {
+				fprintf(stderr, "tessera publish: --anchor-every wants 1..%u, not '%s'\n",
+					UINT32_MAX, optarg);
+				rc = 2;
+				goto out;
+			}
+			po.anchor_every = (uint32_t)k;
+			break;
+		}
 		case 'h':
 			publish_usage(stdout);
 			rc = 0;

@@ -9,13 +9,14 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #define HASH_STEP (256u << 10)    /* gather then hash this much while in cache */
 #define LAYOUTS_RETRY_MS 200      /* no serving layout yet: ask again */
 #define WATCH_WAIT_MS 10000       /* long-poll for a version we wait for */
 #define PUBLISH_TRIES 20          /* transport failures before giving up */
 
-enum job_kind { JOB_SNAPSHOT, JOB_GATHER };
+enum job_kind { JOB_SNAPSHOT, JOB_GATHER, JOB_COPY };
 
 /* One worker thread's task; the loop reads its results after joining. */
 struct pub_job {
@@ -26,6 +27,9 @@ struct pub_job {
 	uint8_t *block;
 	struct pub_part *part;
 	uint32_t chunk_size;
+	bool delta;        /* gather into the raw buffer, then encode */
+	unsigned threads;  /* for the encoder */
+	uint64_t encode_ns;
 	pthread_t tid;
 	bool running; /* created and not joined yet */
 	atomic_bool done;
@@ -124,6 +128,9 @@ static void job_gather(struct pub_job *j)
 	struct release rel = {0};
 	bool early = release_plan(j, &rel);
 
+	/* An anchor gathers into the served buffer and hashes, keeping a copy
+	 * in the raw buffer for the next delta; a delta gathers into the raw
+	 * buffer only and encodes afterwards. */
 	for (size_t i = 0; i < pt->nitems && !atomic_load(&p->abort); i++) {
 		struct pub_item *it = &pt->items[i];
 		uint64_t bytes = it->pc->bytes;
@@ -133,17 +140,46 @@ static void job_gather(struct pub_job *j)
 			crypto_generichash_init(&st, NULL, 0, PROTO_HASH_BYTES);
 			for (uint64_t o = 0; o < clen; o += HASH_STEP) {
 				uint64_t n = PROTO_MIN(HASH_STEP, clen - o);
-				uint8_t *dst = pt->buf + it->off + c0 + o;
+				uint8_t *dst = j->delta ? pt->raw + it->raw_off + c0 + o
+							: pt->buf + it->off + c0 + o;
 				proto_parcel_gather(&it->sl->plan, it->pc, &p->tl, j->block, c0 + o, n, dst);
+				if (j->delta)
+					continue;
 				crypto_generichash_update(&st, dst, n);
+				if (pt->raw != NULL)
+					memcpy(pt->raw + it->raw_off + c0 + o, dst, n);
 			}
-			crypto_generichash_final(&st, it->hash[c], PROTO_HASH_BYTES);
+			if (!j->delta)
+				crypto_generichash_final(&st, it->hash[c], PROTO_HASH_BYTES);
 			if (early)
 				release_upto(j, &rel, KEY(i, c0 + clen));
 		}
 	}
 	free(rel.key);
 	free(rel.order);
+	if (j->delta) {
+		uint64_t t0 = proto_now_ns();
+		node__pub_delta_encode_part(p, pt, j->chunk_size, j->threads);
+		j->encode_ns = proto_now_ns() - t0;
+	}
+}
+
+/* A delta turned out too large: the raw payloads are copied into the
+ * served buffer and hashed, as an anchor's. */
+static void job_copy(struct pub_job *j)
+{
+	struct pub_part *pt = j->part;
+	uint64_t cs = j->chunk_size;
+
+	for (size_t i = 0; i < pt->nitems && !atomic_load(&j->p->abort); i++) {
+		struct pub_item *it = &pt->items[i];
+		for (uint32_t c = 0; c < it->nchunks; c++) {
+			uint64_t c0 = (uint64_t)c * cs, clen = PROTO_MIN(cs, it->pc->bytes - c0);
+			memcpy(pt->buf + it->off + c0, pt->raw + it->raw_off + c0, clen);
+			crypto_generichash(it->hash[c], PROTO_HASH_BYTES, pt->buf + it->off + c0, clen,
+					   NULL, 0);
+		}
+	}
 }
 
 static void *job_main(void *arg)
@@ -152,6 +188,8 @@ static void *job_main(void *arg)
 
 	if (j->kind == JOB_SNAPSHOT)
 		job_snapshot(j);
+	else if (j->kind == JOB_COPY)
+		job_copy(j);
 	else
 		job_gather(j);
 	atomic_store(&j->done, true);
@@ -220,6 +258,7 @@ void node__pub_ex_free(struct node_pub *p, struct pub_export *ex)
 	if (ex->have_m)
 		proto_manifest_fini(&ex->m);
 	node__pub_addenda_free(ex->add);
+	node__pub_parent_free(ex->next_parent);
 	free(ex->mbuf);
 	free(ex->layouts);
 	free(ex->jobs);
@@ -256,6 +295,9 @@ static void ex_finish(struct node_pub *p)
 	r.snapshot_ns = ex->snapshot_ns;
 	r.hash_ns = ex->hash_ns;
 	r.wait_ns = ex->wait_ns;
+	r.delta = ex->delta;
+	r.encode_ns = ex->encode_ns;
+	r.anchor_bytes = ex->raw_bytes;
 	if (ex->addendum) {
 		if (ex->failed) {
 			LOG_WARN("version %llu not extended: %s", (unsigned long long)ex->version,
@@ -542,6 +584,8 @@ static void ex_gather_start(struct node_pub *p)
 				it->pi = k;
 				it->nchunks = (uint32_t)nch;
 				it->off = off;
+				it->raw_off = off;
+				it->wire = pc->bytes;
 				off = (off + pc->bytes + PUB_ALIGN - 1) & ~(uint64_t)(PUB_ALIGN - 1);
 				it->hash = calloc(PROTO_MAX(nch, 1), PROTO_HASH_BYTES);
 				if (it->hash == NULL) {
@@ -552,15 +596,52 @@ static void ex_gather_start(struct node_pub *p)
 			pt->slices[li].len = off - pt->slices[li].off;
 		}
 		pt->used = off;
-		if (node__pub_part_alloc(p, pt) != 0) {
+	}
+	/* Anchor or delta: the parcels as they are go to a raw buffer kept
+	 * as the next export's parent (node/pub_delta.c). */
+	/* An addendum's parcels are always full: its layout has no parent. */
+	const char *why = ex->verify     ? "rebuilt after a restart" :
+			  ex->addendum ? "an addendum for a new layout" :
+					 node__pub_delta_why_anchor(p, ex);
+	if (why == NULL && !node__pub_delta_link(p, ex))
+		why = "a serving layout the parent export does not have";
+	ex->delta = why == NULL;
+	ex->since_anchor = ex->delta ? p->parent->since_anchor + 1 : 0;
+	if (why != NULL && why != ex->why)
+		snprintf(ex->why, sizeof(ex->why), "%s", why);
+	bool keep_raw = !ex->verify && !ex->addendum && p->anchor_every > 1 && p->nhosted == p->tl.nranks;
+	for (size_t i = 0; i < pv->nparts; i++) {
+		struct pub_part *pt = &pv->parts[i];
+		if (keep_raw) {
+			pt->raw_cap = node__pub_page_round(pt->used);
+			pt->raw = node_serve_map(pt->raw_cap);
+			if (pt->raw == NULL) {
+				pt->raw_cap = 0;
+				ex_fail(p, ENOMEM, "cannot map a %llu-byte parent buffer for rank %u",
+					(unsigned long long)node__pub_page_round(pt->used), pt->rank);
+				return;
+			}
+		}
+		if (!ex->delta && node__pub_part_alloc(p, pt) != 0) {
 			ex_fail(p, ENOMEM, "cannot map a %llu-byte export buffer for rank %u",
-				(unsigned long long)node__pub_page_round(off), pt->rank);
+				(unsigned long long)node__pub_page_round(pt->used), pt->rank);
 			return;
 		}
 	}
+	if (!ex->verify) {
+		if (ex->delta)
+			LOG_INFO("version %llu: a delta against version %llu (%u since the anchor)",
+				 (unsigned long long)ex->version, (unsigned long long)p->parent->version,
+				 ex->since_anchor);
+		else
+			LOG_INFO("version %llu: an anchor: %s", (unsigned long long)ex->version, ex->why);
+	}
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	for (size_t i = 0; i < ex->njobs; i++) {
 		ex->jobs[i].part = &pv->parts[i];
 		ex->jobs[i].chunk_size = ex->chunk_size;
+		ex->jobs[i].delta = ex->delta;
+		ex->jobs[i].threads = (unsigned)PROTO_MAX(1, ncpu / (long)PROTO_MAX(ex->njobs, 1));
 	}
 	ex_launch(p, JOB_GATHER);
 }
@@ -578,7 +659,7 @@ static int ex_build_manifest(struct node_pub *p, struct proto_err *err)
 	m->parent_version = ex->version - 1;
 	if (m->parent_version > 0)
 		memcpy(m->parent_digest, p->prev_digest, PROTO_HASH_BYTES);
-	m->kind = PROTO_KIND_ANCHOR;
+	m->kind = ex->delta ? PROTO_KIND_DELTA : PROTO_KIND_ANCHOR;
 	memcpy(m->model_digest, p->model.digest, PROTO_HASH_BYTES);
 	memcpy(m->src_layout_digest, p->tl.digest, PROTO_HASH_BYTES);
 	m->created_ms = ex->created_ms;
@@ -598,8 +679,8 @@ static int ex_build_manifest(struct node_pub *p, struct proto_err *err)
 			mp->src_rank = it->pc->src_rank;
 			mp->dst_rank = it->pc->dst_rank;
 			mp->bytes = it->pc->bytes;
-			mp->encoding = PROTO_ENC_RAW;
-			if ((rc = proto_mparcel_alloc_chunks(m, mp, it->pc->bytes)) != 0)
+			mp->encoding = ex->delta ? PROTO_ENC_DELTA : PROTO_ENC_RAW;
+			if ((rc = proto_mparcel_alloc_chunks(m, mp, it->wire)) != 0)
 				return proto_errf(err, -rc, "sizing parcel %u->%u's chunk list",
 						  mp->src_rank, mp->dst_rank);
 			for (uint32_t c = 0; c < mp->nchunks; c++)
@@ -649,6 +730,49 @@ static void ex_gathered(struct node_pub *p)
 		ex_fail(p, ECANCELED, "stopped");
 		return;
 	}
+	for (size_t i = 0; i < ex->njobs; i++)
+		ex->encode_ns = PROTO_MAX(ex->encode_ns, ex->jobs[i].encode_ns);
+	if (ex->delta) {
+		rc = node__pub_delta_place(p, ex, &err);
+		if (rc < 0) {
+			ex_fail(p, -rc, "%s", err.msg);
+			return;
+		}
+		if (rc == 1) {
+			/* Too large: hash the raw parcels and send an anchor. */
+			LOG_INFO("version %llu: an anchor after all: %s", (unsigned long long)ex->version,
+				 ex->why);
+			for (size_t i = 0; i < ex->pv->nparts; i++) {
+				struct pub_part *pt = &ex->pv->parts[i];
+				node__pub_part_layout(pt, ex->nlayouts);
+				for (size_t j = 0; j < pt->nitems; j++) {
+					struct pub_item *it = &pt->items[j];
+					free(it->hash);
+					it->nchunks = (uint32_t)((it->pc->bytes + ex->chunk_size - 1) /
+								 ex->chunk_size);
+					it->hash = calloc(PROTO_MAX(it->nchunks, 1), PROTO_HASH_BYTES);
+					if (it->hash == NULL) {
+						ex_fail(p, ENOMEM, "out of memory");
+						return;
+					}
+				}
+				if (node__pub_part_alloc(p, pt) != 0) {
+					ex_fail(p, ENOMEM, "cannot map a %llu-byte export buffer for rank %u",
+						(unsigned long long)node__pub_page_round(pt->used), pt->rank);
+					return;
+				}
+			}
+			ex->copying = true;
+			ex_launch(p, JOB_COPY);
+			return;
+		}
+	}
+	if (ex->raw_bytes == 0)
+		for (size_t i = 0; i < ex->pv->nparts; i++)
+			for (size_t j = 0; j < ex->pv->parts[i].nitems; j++)
+				ex->raw_bytes += ex->pv->parts[i].items[j].pc->bytes;
+	if (!ex->verify && !ex->addendum)
+		node__pub_parent_stage(p, ex);
 	rc = ex->verify ? ex_compare(p, &err) :
 	     ex->addendum ? node__pub_addendum_build(p, &err) : ex_build_manifest(p, &err);
 	if (rc != 0) {
@@ -686,6 +810,7 @@ static void on_ex_publish(const struct trk_answer *a, void *arg)
 	}
 	if (a->status == 200 || a->status == 201) {
 		memcpy(p->prev_digest, ex->m.digest, PROTO_HASH_BYTES);
+		node__pub_parent_commit(p, ex);
 		p->next_version = ex->version + 1;
 		p->published = PROTO_MAX(p->published, ex->version);
 		ex->phase = EX_OFFER;
@@ -761,7 +886,9 @@ void node__pub_ex_step(struct node_pub *p)
 	switch (ex->phase) {
 	case EX_PREP:
 		ex_request(p);
-		if (ex->jobs_left == 0 && ex->need == NEED_NONE) {
+		/* The retention check asked at the start also says whether a
+		 * node wants an anchor: its answer decides this export's kind. */
+		if (ex->jobs_left == 0 && ex->need == NEED_NONE && !(p->check_busy && !ex->verify)) {
 			ex_gather_start(p);
 			node__pub_ex_step(p); /* a failure to finish, or wait for the workers */
 		}
@@ -769,7 +896,8 @@ void node__pub_ex_step(struct node_pub *p)
 	case EX_GATHER:
 		if (ex->jobs_left == 0) {
 			ex_gathered(p);
-			node__pub_ex_step(p);
+			if (ex->jobs_left == 0) /* else the anchor's copy runs */
+				node__pub_ex_step(p);
 		}
 		break;
 	case EX_PUBLISH:

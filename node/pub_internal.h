@@ -54,6 +54,14 @@ struct pub_item {
 	uint64_t off;    /* in the rank's export buffer */
 	uint32_t nchunks;
 	uint8_t (*hash)[PROTO_HASH_BYTES]; /* nchunks hashes, filled by a worker */
+	/* Deltas (node/pub_delta.c): */
+	uint64_t wire;          /* bytes served: pc->bytes, or the delta's */
+	uint64_t raw_off;       /* in the part's raw buffer */
+	const uint8_t *parent;  /* the parent's payload of this parcel, or NULL */
+	uint8_t *enc;           /* the encoded delta (worker), until placed */
+	uint64_t changed;       /* elements the delta changes */
+	int enc_rc;             /* the encoder's result */
+	bool dense;             /* changed too much to encode (not tried) */
 };
 
 /* One serving layout's parcels in a part's export buffer: contiguous and
@@ -75,6 +83,11 @@ struct pub_part {
 	size_t nslices;
 	struct pub_item *items;
 	size_t nitems;
+	/* The parcels as they are (the payload an anchor would send), kept
+	 * as the parent of the next export (node/pub_delta.c); raw_cap 0:
+	 * none. */
+	uint8_t *raw;
+	size_t raw_cap;
 };
 
 /* Where one layout of a served version stands. A layout no replica of it
@@ -120,6 +133,30 @@ struct pub_req {
 
 struct pub_job; /* one worker thread's task (pub_export.c) */
 
+/* The last published version's parcels as they are, by rank: what the next
+ * export's deltas are encoded against (node/pub_delta.c). Owns its buffers. */
+struct pub_pitem {
+	uint8_t layout[PROTO_HASH_BYTES];
+	uint32_t src, dst;
+	uint64_t raw_off, bytes;
+};
+
+struct pub_praw {
+	uint32_t rank;
+	uint8_t *raw;
+	size_t cap;
+	struct pub_pitem *items;
+	size_t nitems;
+};
+
+struct pub_parent {
+	uint64_t version;
+	uint8_t digest[PROTO_HASH_BYTES]; /* its manifest's */
+	uint32_t since_anchor;
+	struct pub_praw *parts;
+	size_t nparts;
+};
+
 enum ex_phase { EX_PREP, EX_GATHER, EX_PUBLISH, EX_OFFER };
 enum ex_need { NEED_WATCH, NEED_MANIFEST, NEED_LAYOUTS, NEED_NONE };
 
@@ -152,6 +189,13 @@ struct pub_export {
 	 * the tracker's manifest, layouts only those to add. */
 	bool addendum;
 	struct pub_addenda *add;
+	/* Deltas (node/pub_delta.c). */
+	bool delta;            /* parcels encoded against the parent export */
+	bool copying;          /* a delta too large: the anchor is being hashed */
+	char why[128];         /* why this export is an anchor */
+	uint32_t since_anchor; /* versions since the last anchor (0: this one) */
+	uint64_t encode_ns, raw_bytes;
+	struct pub_parent *next_parent; /* becomes p->parent once published */
 };
 
 struct pub_hosted {
@@ -206,6 +250,11 @@ struct node_pub {
 	uint64_t next_version, reoffer;
 	uint64_t published; /* the highest version this process published */
 	uint8_t prev_digest[PROTO_HASH_BYTES];
+	/* Deltas: the parent export, the anchor period, and whether a node
+	 * asked for an anchor (node/pub_delta.c). */
+	struct pub_parent *parent;
+	uint32_t anchor_every;
+	bool anchor_wanted;
 
 	struct pub_layout *layouts;
 	struct pub_version *versions;
@@ -284,6 +333,34 @@ void node__pub_ex_fail(struct node_pub *p, int code, const char *msg);
 /* Event callbacks: a worker finished (wake socket), the export's timer. */
 void node__pub_on_wake(evutil_socket_t fd, short what, void *arg);
 void node__pub_on_ex_timer(evutil_socket_t fd, short what, void *arg);
+
+/* ---- pub_delta.c: delta versions ------------------------------------------------- */
+
+/* Frees a parent export; NULL is fine. */
+void node__pub_parent_free(struct pub_parent *pp);
+/* Decides whether ex (its layouts known, parts listed) can be a delta:
+ * NULL when it can, else why it must be an anchor. */
+const char *node__pub_delta_why_anchor(struct node_pub *p, struct pub_export *ex);
+/* Points every item of ex at its parcel in the parent export; false when
+ * one is missing (then ex must be an anchor). */
+bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex);
+/* Worker: encodes every item of pt against its parent and hashes the
+ * deltas' chunks. Cannot fail: an item's enc_rc says how it went. */
+void node__pub_delta_encode_part(struct node_pub *p, struct pub_part *pt, uint32_t chunk_size,
+				 unsigned threads);
+/* Loop: lays the encoded deltas out in each part's served buffer. 1 when
+ * the deltas are too large (or one failed): ex is then an anchor (served
+ * offsets reset to the raw layout); 0 when placed; -ENOMEM. */
+int node__pub_delta_place(struct node_pub *p, struct pub_export *ex, struct proto_err *err);
+/* Lays out pt's served buffer: each item at a page-aligned offset sized
+ * it->wire, layout by layout (slices); sets pt->used. */
+void node__pub_part_layout(struct pub_part *pt, size_t nlayouts);
+/* Takes the raw buffers of ex's parts as the next parent export (kept in
+ * ex->next_parent until the version is published). Cannot fail: without
+ * memory the next export is an anchor. */
+void node__pub_parent_stage(struct node_pub *p, struct pub_export *ex);
+/* The version is published: its staged parent replaces p->parent. */
+void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex);
 
 /* ---- pub_serve.c: served versions --------------------------------------------------- */
 

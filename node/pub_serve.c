@@ -31,6 +31,10 @@ void node__pub_part_release(struct node_pub *p, struct pub_part *pt)
 	node_serve_unmap(pt->buf, pt->cap);
 	pt->buf = NULL;
 	pt->cap = 0;
+	if (pt->raw != NULL) /* not taken as a parent export */
+		node_serve_unmap(pt->raw, pt->raw_cap);
+	pt->raw = NULL;
+	pt->raw_cap = 0;
 }
 
 int node__pub_part_alloc(struct node_pub *p, struct pub_part *pt)
@@ -126,11 +130,10 @@ int node__pub_version_serve(struct node_pub *p, struct pub_version *pv, struct p
 		for (size_t j = 0; j < pt->nitems; j++) {
 			const struct pub_item *it = &pt->items[j];
 			const struct pub_slice *sl = &pt->slices[it->li];
-			if (it->pc->bytes == 0)
+			if (it->wire == 0)
 				continue;
 			node_serve_offer_fill(&pv->offers[k], it->sl->digest, pt->rank,
-					      it->pc->dst_rank, sl->mr, it->off - sl->off,
-					      it->pc->bytes);
+					      it->pc->dst_rank, sl->mr, it->off - sl->off, it->wire);
 			pv->offer_li[k] = it->li;
 			k++;
 		}
@@ -317,6 +320,9 @@ static void on_check_answer(const struct trk_answer *a, void *arg)
 	size_t n = 0;
 
 	p->check_busy = false;
+	/* A node could not build a delta: the next export is an anchor. */
+	if (a->status == 200 && json_is_true(json_object_get(a->json, "anchor_wanted")))
+		p->anchor_wanted = true;
 	if (a->status == 200 && trk_versions_parse(a->json, &latest, &vi, &n, &err) == 0) {
 		for (struct pub_version *pv = p->versions; pv; pv = pv->next) {
 			bool all = pv->version == newest || (p->ex != NULL && p->ex->pv == pv);
@@ -341,6 +347,7 @@ static void on_check_answer(const struct trk_answer *a, void *arg)
 		LOG_DEBUG("retain check: %s", a->status == 200 ? err.msg : a->error);
 	}
 	node__pub_sync_offers(p);
+	node__pub_ex_step(p); /* an export may wait for this answer */
 }
 
 void node__pub_on_check(evutil_socket_t fd, short what, void *arg)

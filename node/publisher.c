@@ -343,6 +343,9 @@ int node_pub_new(struct event_base *base, const struct node_pub_opts *o, struct 
 	p->base = base;
 	p->wake[0] = p->wake[1] = -1;
 	p->on_fatal = o->on_fatal;
+	p->anchor_every = o->anchor_every ? o->anchor_every
+					  : (uint32_t)PROTO_MIN(proto_param(PROTO_PARAM_ANCHOR_EVERY),
+								(uint64_t)UINT32_MAX);
 	p->arg = o->arg;
 	p->queue_tail = &p->queue;
 	p->lease_ms = proto_param(PROTO_PARAM_LEASE_MS);
@@ -528,6 +531,7 @@ void node_pub_free(struct node_pub *p)
 		p->versions = pv->next;
 		node__pub_version_free(p, pv);
 	}
+	node__pub_parent_free(p->parent);
 	for (size_t i = 0; p->hosted != NULL && i < p->nhosted; i++) {
 		node_fabloop_free(p->hosted[i].fl);
 		fab_close(p->hosted[i].fab);

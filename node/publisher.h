@@ -23,8 +23,23 @@
  *      and its chunks hashed (BLAKE2b-256). The snapshot is given back
  *      behind the gather: each 2 MiB of it once no later parcel byte reads
  *      it, and the rest when the rank's gather is done.
- *   3. the manifest (anchor, parent v-1 with its digest, created_ms = when
- *      the export was requested) is signed and POSTed to /versions.
+ *   2b. deltas (node/pub_delta.c): the publisher keeps the parcels of the
+ *      last version it published as they are (the parent export, one raw
+ *      buffer per rank). Version v is a delta when that export is v-1's
+ *      and holds every parcel of every layout of v; each rank's worker then
+ *      gathers v's parcels into a new raw buffer, encodes each against its
+ *      parent parcel in destination-local pieces (proto/delta.h, "Parcels")
+ *      and hashes the encoded bytes, which are what is served. It is an
+ *      anchor instead for the first version, every anchor_every versions
+ *      (--anchor-every, TESSERA_ANCHOR_EVERY, default 10), when a serving
+ *      layout is new, when a node asked for one (anchor_wanted at the
+ *      tracker), when the ranks are hosted by several publishers, after a
+ *      restart (no parent export), and when the deltas come to more than
+ *      TESSERA_DELTA_MAX_PERCENT of the anchor (a sample of each parcel is
+ *      compared first, so unrelated versions are not encoded at all).
+ *   3. the manifest (anchor or delta, parent v-1 with its digest,
+ *      created_ms = when the export was requested) is signed and POSTed to
+ *      /versions; the raw buffers become the parent export.
  *   4. each export buffer is registered FAB_MR_REMOTE_READ on its rank's own
  *      endpoint and offered (POST /offers); the export is done when the
  *      tracker has answered the offer.
@@ -99,6 +114,10 @@ struct node_pub_opts {
 	 * tracker is on loopback, else the provider's choice. */
 	const char *bind;
 	const char *host; /* host name to register; NULL: gethostname() */
+	/* An anchor every this many versions, deltas in between (1: anchors
+	 * only); 0: TESSERA_ANCHOR_EVERY. Deltas need every trainer rank
+	 * hosted by this publisher (else every version is an anchor). */
+	uint32_t anchor_every;
 	/* Called (once) when the publisher cannot go on: the tracker refused
 	 * the registration, ... msg is one line. The caller should stop the
 	 * loop and free the publisher. May be NULL. */
@@ -127,6 +146,9 @@ struct node_pub_result {
 	uint32_t nlayouts;
 	uint64_t total_ns;   /* request -> offers answered */
 	uint64_t snapshot_ns, hash_ns, wait_ns; /* wait: for layouts/manifest */
+	bool delta;            /* a delta version (else an anchor) */
+	uint64_t encode_ns;    /* delta encoding, the slowest rank's */
+	uint64_t anchor_bytes; /* what the version costs as an anchor */
 };
 typedef void (*node_pub_cb)(void *arg, const struct node_pub_result *r);
 

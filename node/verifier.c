@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <sodium.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -56,8 +57,11 @@ static void *worker(void *arg)
 		crypto_generichash(h, sizeof(h), j->buf, j->len, NULL, 0);
 		j->ok = sodium_memcmp(h, j->hash, sizeof(h)) == 0;
 		if (j->ok) {
-			proto_parcel_scatter(j->plan, j->parcel, j->layout, j->dst, j->off, j->len,
-					     j->buf);
+			if (j->parcel != NULL)
+				proto_parcel_scatter(j->plan, j->parcel, j->layout, j->dst, j->off,
+						     j->len, j->buf);
+			else
+				memcpy(j->dst + j->off, j->buf, j->len);
 			if (j->keep != NULL)
 				memcpy(j->keep, j->buf, j->len);
 		}

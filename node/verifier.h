@@ -22,7 +22,8 @@ struct node_vjob {
 	const struct proto_plan *plan;
 	const struct proto_parcel *parcel;
 	const struct proto_layout *layout;
-	uint8_t *dst;  /* the destination rank's block */
+	uint8_t *dst;  /* the destination rank's block; with parcel NULL, a
+			* buffer the bytes are copied into at off */
 	uint64_t off;  /* payload offset of buf inside the parcel */
 	uint8_t *keep; /* not NULL: verified bytes are also copied here (served to peers) */
 	/* out */

@@ -85,6 +85,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto/plan.h"
 #include "proto/safetensors.h"
 #include "proto/spec.h"
 #include "proto/util.h"
@@ -267,5 +268,46 @@ struct proto_delta_report {
 int proto_delta_compare(const struct proto_st *parent, const struct proto_st *child,
 			const struct proto_delta_opts *o, struct proto_delta_report *r,
 			struct proto_err *err);
+
+/*
+ * Parcels. A parcel's delta is coded in destination-local coordinates: its
+ * runs (proto/plan.h) are merged into pieces, each a stretch adjacent both
+ * in the parcel payload and in the destination rank's block, of one element
+ * width. Each piece is one tensor of the codec (named "p<i>", no header), so
+ * a delta carries the child checksum of every piece (a segment, or several
+ * adjacent ones) and the receiver patches its block in place: no scatter,
+ * nothing dense. Publisher and node derive the same pieces from the plan.
+ */
+struct proto_dpiece {
+	uint64_t pay_off; /* in the parcel payload */
+	uint64_t dst_off; /* in the destination rank's block */
+	uint64_t len;     /* bytes */
+	uint32_t elsize;
+};
+
+struct proto_dparcel {
+	uint32_t npieces;
+	struct proto_dpiece *pieces;
+	struct proto_model model; /* one 1-D tensor per piece */
+};
+
+/* The pieces of parcel pc of plan p (model m, destination layout dst). On
+ * failure *out is empty; fini frees (twice is harmless). */
+int proto_dparcel_build(const struct proto_model *m, const struct proto_plan *p,
+			const struct proto_parcel *pc, const struct proto_layout *dst,
+			struct proto_dparcel *out, struct proto_err *err);
+void proto_dparcel_fini(struct proto_dparcel *d);
+/* Encodes the child payload against the parent payload (both in payload
+ * order, the parcel's bytes each). Like proto_delta_encode. */
+int proto_dparcel_encode(const struct proto_dparcel *d, const uint8_t *parent,
+			 const uint8_t *child, const struct proto_delta_opts *o, uint8_t **out,
+			 size_t *out_len, struct proto_delta_stats *st, struct proto_err *err);
+/* Applies a parcel delta in place to a destination block holding the
+ * parent: parses it (hostile bytes), takes each piece's parent checksum from
+ * the block itself (a damaged parent is refused), patches the changed
+ * positions and checks every piece's child checksum. On failure the block
+ * is as it was and err says why in one line. */
+int proto_dparcel_apply(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
+			uint8_t *block, unsigned threads, struct proto_err *err);
 
 #endif

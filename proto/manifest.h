@@ -7,7 +7,11 @@
  * lists the parcels (source rank -> destination rank) with their chunk lists;
  * a chunk is `chunk_size` bytes of the parcel's wire payload (the last one
  * shorter) with its BLAKE2b-256 hash. For anchors the wire payload is the
- * parcel payload itself (encoding RAW); deltas carry an encoded payload.
+ * parcel payload itself (encoding RAW); deltas carry an encoded payload:
+ * the TSDELTA1 encoding of the parcel against the same parcel of the parent
+ * version (proto/delta.h, "Parcels"), which names the parent parcel's
+ * digest and carries each piece's (segment's) child checksum. Those are
+ * signed through the chunk hashes, like every byte of a parcel.
  *
  * Encoding: little-endian binary, "TSRM" magic and a format number first, the
  * Ed25519 signature (over every byte before it) last. The digest of a

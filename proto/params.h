@@ -104,7 +104,14 @@
 	X(PEER_INFLIGHT, "TESSERA_PEER_INFLIGHT", 4, "most chunk reads in flight to one peer") \
 	/* Test only: a node flips one byte of every chunk it serves to peers \
 	 * (its own copy stays right), so that tests can see a bad peer banned. */ \
-	X(TEST_CORRUPT_SERVE, "TESSERA_TEST_CORRUPT_SERVE", 0, "test only: serve corrupt chunks (1)")
+	X(TEST_CORRUPT_SERVE, "TESSERA_TEST_CORRUPT_SERVE", 0, "test only: serve corrupt chunks (1)") \
+	/* A publisher sends an anchor (full parcels) every this many versions \
+	 * and deltas against the previous version in between (1: anchors \
+	 * only); `tessera publish --anchor-every` overrides it. */ \
+	X(ANCHOR_EVERY, "TESSERA_ANCHOR_EVERY", 10, "versions per anchor (1: no deltas)") \
+	/* A delta version whose parcels would exceed this percentage of the \
+	 * anchor's bytes is sent as an anchor instead. */ \
+	X(DELTA_MAX_PERCENT, "TESSERA_DELTA_MAX_PERCENT", 50, "largest delta, % of the anchor")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

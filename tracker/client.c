@@ -758,6 +758,11 @@ int trk_client_report_state(struct trk_client *c,
 			o = NULL;
 		}
 	}
+	if (o != NULL && ((r->how != NULL && json_object_set_new(o, "how", json_string(r->how)) != 0) ||
+			  (r->need_anchor && json_object_set_new(o, "need_anchor", json_true()) != 0))) {
+		json_decref(o);
+		o = NULL;
+	}
 	return post_new(c, TRK_API "/nodes/state", o, cb, arg);
 }
 

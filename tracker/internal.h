@@ -202,6 +202,15 @@ struct trk_version *trk__versions_at(struct trk_versions *vs, size_t i);
 /* The version numbered v, or NULL. */
 struct trk_version *trk__versions_find(struct trk_versions *vs, uint64_t v);
 uint64_t trk__versions_latest(const struct trk_versions *vs);
+/* A node could not build delta version v from its parent: an anchor is
+ * wanted (answered as "anchor_wanted" with the versions) until one newer
+ * than v is published. */
+void trk__versions_want_anchor(struct trk_versions *vs, uint64_t v);
+/* A rank reported a version built (by delta or full), for /metrics. */
+void trk__versions_note_built(struct trk_versions *vs, bool delta);
+/* Versions by kind, their wire bytes, builds by how, anchor requests. */
+void trk__versions_metrics(const struct trk_versions *vs, struct evbuffer *b);
+bool trk__versions_anchor_wanted(const struct trk_versions *vs);
 /* The chain's identity (hex) and the TRK_CHAIN_HEADER value: "CLUSTER
  * INSTANCE LATEST DIGEST" (DIGEST "-" while there is no version). */
 const char *trk__versions_cluster(const struct trk_versions *vs);
@@ -283,6 +292,7 @@ struct trk_publisher {
 struct trk_nver {
 	uint64_t version;
 	enum trk_rank_state state;
+	char how[8]; /* "delta" or "full" once built ("" until then) */
 	uint64_t done, total, from_trainer, from_peers;
 	uint64_t duplicate, refetched; /* bytes received twice, asked again */
 	uint64_t first_ms; /* wall time of the first report of this version */

@@ -256,8 +256,9 @@ void trk__handle_node_state(struct trk_call *c)
 {
 	struct trk_registry *r = c->s->reg;
 	struct proto_err err = {{0}};
-	const char *id = NULL, *state = NULL;
+	const char *id = NULL, *state = NULL, *how = NULL;
 	json_t *jerr = json_object_get(c->json, "error");
+	json_t *jneed = json_object_get(c->json, "need_anchor");
 	/* Absent counters keep their last reported value. */
 	const uint64_t ABSENT = UINT64_MAX;
 	uint64_t version = 0, done = ABSENT, total = ABSENT, ft = ABSENT, fp = ABSENT;
@@ -284,12 +285,21 @@ void trk__handle_node_state(struct trk_call *c)
 	    trk__get_u64(c->json, "duplicate_bytes", false, ABSENT - 1, &dup, &err) != 0 ||
 	    trk__get_u64(c->json, "refetched_bytes", false, ABSENT - 1, &refetched, &err) != 0 ||
 	    trk__get_u64(c->json, "first_byte_ms", false, TRK__WALL_MS_MAX, &first_ms, &err) != 0 ||
-	    trk__get_u64(c->json, "last_byte_ms", false, TRK__WALL_MS_MAX, &last_ms, &err) != 0) {
+	    trk__get_u64(c->json, "last_byte_ms", false, TRK__WALL_MS_MAX, &last_ms, &err) != 0 ||
+	    trk__get_str(c->json, "how", false, 7, &how, &err) != 0) {
 		trk__fail(c, 400, "%s", err.msg);
 		return;
 	}
 	if (banned_parse(jban, banned, sizeof(banned), &err) != 0) {
 		trk__fail(c, 400, "%s", err.msg);
+		return;
+	}
+	if (how != NULL && strcmp(how, "delta") != 0 && strcmp(how, "full") != 0) {
+		trk__fail(c, 400, "how: want delta or full");
+		return;
+	}
+	if (jneed != NULL && !json_is_boolean(jneed)) {
+		trk__fail(c, 400, "need_anchor: must be true or false");
 		return;
 	}
 	if (jerr != NULL && !json_is_null(jerr)) {
@@ -380,6 +390,12 @@ void trk__handle_node_state(struct trk_call *c)
 	e->state = st;
 	e->has_sig = have_sig && (st == TRK_STATE_VERIFIED || st == TRK_STATE_ACTIVE);
 	memcpy(e->sig, sig, e->has_sig ? sizeof(sig) : 0);
+	if (how != NULL && e->how[0] == 0)
+		trk__versions_note_built(c->s->vs, strcmp(how, "delta") == 0);
+	if (how != NULL)
+		snprintf(e->how, sizeof(e->how), "%s", how);
+	if (json_is_true(jneed))
+		trk__versions_want_anchor(c->s->vs, version);
 	e->done = done;
 	e->total = total;
 	e->from_trainer = ft;

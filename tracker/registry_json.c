@@ -42,6 +42,10 @@ static json_t *rank_json(const struct trk_replica *rep, uint32_t rank, bool full
 	bad |= trk__set(o, "bytes_done", trk__jint(e ? e->done : 0));
 	bad |= trk__set(o, "bytes_total", trk__jint(e ? e->total : 0));
 	bad |= trk__set(o, "active", trk__jint(n->active));
+	/* How the rank got the version it reports on: rebuilt from its parent
+	 * by delta, or full parcels (absent until it is built). */
+	if (e != NULL && e->how[0])
+		bad |= trk__set(o, "how", json_string(e->how));
 	if (full) {
 		bad |= trk__set(o, "host", json_string(n->host));
 		bad |= trk__set(o, "provider", json_string(n->provider));

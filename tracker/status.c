@@ -573,6 +573,7 @@ void trk__handle_metrics(struct trk_call *c)
 	       trk__versions_count(s->vs));
 	metric(b, "tessera_tracker_latest_version", "gauge", "Newest version number.",
 	       trk__versions_latest(s->vs));
+	trk__versions_metrics(s->vs, b);
 	evbuffer_add_printf(b, "# HELP tessera_tracker_replicas Replicas by state (current: "
 			       "active on the latest version).\n# TYPE tessera_tracker_replicas gauge\n");
 	evbuffer_add_printf(b, "tessera_tracker_replicas{state=\"current\"} %" PRIu64 "\n",

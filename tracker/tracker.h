@@ -259,6 +259,11 @@ struct trk_state_report {
 	const uint8_t *statement;
 	const char *const *banned; /* peers banned for this version (sent when nbanned > 0) */
 	size_t nbanned;
+	/* How the version was built: "delta" (from the parent), "full", or
+	 * NULL (not said); need_anchor: a delta could not be built here, the
+	 * publisher should send an anchor. */
+	const char *how;
+	bool need_anchor;
 };
 /* POST /nodes/state. */
 int trk_client_report_state(struct trk_client *c,

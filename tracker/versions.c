@@ -1,7 +1,9 @@
 /* The durable version log: accepting, storing, listing and long-polling. */
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <event2/event.h>
+#include <event2/buffer.h>
 #include <event2/http.h>
 #include <fcntl.h>
 #include <sodium.h>
@@ -51,6 +53,11 @@ struct trk_versions {
 	struct trk_version *v; /* oldest first */
 	size_t n, cap;
 	struct waiter_list waiters;
+	/* The newest delta version a node could not build from its parent
+	 * (soft): an anchor is wanted until one newer than it is published. */
+	uint64_t anchor_wanted_v;
+	/* Rank builds reported, by how, and anchor requests (soft). */
+	uint64_t built_delta, built_full, anchor_requests;
 };
 
 static char *path_join(const char *a, const char *b)
@@ -489,6 +496,59 @@ struct trk_version *trk__versions_find(struct trk_versions *vs, uint64_t v)
 	return NULL;
 }
 
+void trk__versions_want_anchor(struct trk_versions *vs, uint64_t v)
+{
+	vs->anchor_wanted_v = PROTO_MAX(vs->anchor_wanted_v, v);
+	vs->anchor_requests++;
+}
+
+void trk__versions_note_built(struct trk_versions *vs, bool delta)
+{
+	if (delta)
+		vs->built_delta++;
+	else
+		vs->built_full++;
+}
+
+void trk__versions_metrics(const struct trk_versions *vs, struct evbuffer *b)
+{
+	uint64_t n[3] = {0}, wire[3] = {0};
+
+	for (size_t i = 0; i < vs->n; i++) {
+		int k = vs->v[i].kind == PROTO_KIND_DELTA ? 2 : 1;
+		n[k]++;
+		wire[k] += vs->v[i].wire_bytes;
+	}
+	evbuffer_add_printf(b,
+			    "# HELP tessera_tracker_versions_by_kind Versions in the log, by kind.\n"
+			    "# TYPE tessera_tracker_versions_by_kind gauge\n"
+			    "tessera_tracker_versions_by_kind{kind=\"anchor\"} %" PRIu64 "\n"
+			    "tessera_tracker_versions_by_kind{kind=\"delta\"} %" PRIu64 "\n"
+			    "# HELP tessera_tracker_version_wire_bytes Wire bytes of the versions in the log (once per layout), by kind.\n"
+			    "# TYPE tessera_tracker_version_wire_bytes gauge\n"
+			    "tessera_tracker_version_wire_bytes{kind=\"anchor\"} %" PRIu64 "\n"
+			    "tessera_tracker_version_wire_bytes{kind=\"delta\"} %" PRIu64 "\n"
+			    "# HELP tessera_tracker_rank_builds_total Versions ranks reported built, by how: from the parent by delta, or full.\n"
+			    "# TYPE tessera_tracker_rank_builds_total counter\n"
+			    "tessera_tracker_rank_builds_total{how=\"delta\"} %" PRIu64 "\n"
+			    "tessera_tracker_rank_builds_total{how=\"full\"} %" PRIu64 "\n"
+			    "# HELP tessera_tracker_anchor_requests_total Delta versions a node could not build and asked an anchor for.\n"
+			    "# TYPE tessera_tracker_anchor_requests_total counter\n"
+			    "tessera_tracker_anchor_requests_total %" PRIu64 "\n",
+			    n[1], n[2], wire[1], wire[2], vs->built_delta, vs->built_full,
+			    vs->anchor_requests);
+}
+
+bool trk__versions_anchor_wanted(const struct trk_versions *vs)
+{
+	if (vs->anchor_wanted_v == 0)
+		return false;
+	for (size_t i = vs->n; i > 0; i--)
+		if (vs->v[i - 1].kind == PROTO_KIND_ANCHOR)
+			return vs->v[i - 1].version <= vs->anchor_wanted_v;
+	return true;
+}
+
 uint64_t trk__versions_latest(const struct trk_versions *vs)
 {
 	return vs->n > 0 ? vs->v[vs->n - 1].version : 0;
@@ -614,6 +674,7 @@ static json_t *list_after(struct trk_server *s, uint64_t after)
 		if (json_array_append_new(arr, trk__version_json(s, &vs->v[i])) != 0)
 			goto fail;
 	if (trk__set(o, "latest", trk__jint(trk__versions_latest(vs))) ||
+	    trk__set(o, "anchor_wanted", json_boolean(trk__versions_anchor_wanted(vs))) ||
 	    json_object_set(o, "versions", arr) != 0)
 		goto fail;
 	json_decref(arr);

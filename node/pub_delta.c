@@ -1,0 +1,269 @@
+/* The publisher's delta versions: the parent export, when to send an anchor,
+ * encoding each parcel against its parent, laying the deltas out to serve. */
+#include "node/pub_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "proto/delta.h"
+
+void node__pub_parent_free(struct pub_parent *pp)
+{
+	if (pp == NULL)
+		return;
+	for (size_t i = 0; i < pp->nparts; i++) {
+		if (pp->parts[i].raw != NULL)
+			node_serve_unmap(pp->parts[i].raw, pp->parts[i].cap);
+		free(pp->parts[i].items);
+	}
+	free(pp->parts);
+	free(pp);
+}
+
+const char *node__pub_delta_why_anchor(struct node_pub *p, struct pub_export *ex)
+{
+	const struct pub_parent *pp = p->parent;
+
+	if (p->anchor_every <= 1)
+		return "every version is an anchor (anchor every 1)";
+	if (p->nhosted != p->tl.nranks)
+		return "the trainer ranks are hosted by several publishers";
+	if (pp == NULL)
+		return p->published == 0 ? "the first version this publisher exports"
+					 : "no parent export (the last one was not kept)";
+	if (pp->version + 1 != ex->version ||
+	    memcmp(pp->digest, p->prev_digest, PROTO_HASH_BYTES) != 0)
+		return "the parent export is not the latest version's";
+	if (pp->since_anchor + 1 >= p->anchor_every) {
+		snprintf(ex->why, sizeof(ex->why), "one anchor every %u versions", p->anchor_every);
+		return ex->why;
+	}
+	if (p->anchor_wanted)
+		return "a node asked for one (it lacks the parent)";
+	return NULL;
+}
+
+bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex)
+{
+	const struct pub_parent *pp = p->parent;
+
+	for (size_t i = 0; i < ex->pv->nparts; i++) {
+		struct pub_part *pt = &ex->pv->parts[i];
+		const struct pub_praw *pr = NULL;
+		for (size_t k = 0; k < pp->nparts; k++)
+			if (pp->parts[k].rank == pt->rank)
+				pr = &pp->parts[k];
+		for (size_t j = 0; j < pt->nitems; j++) {
+			struct pub_item *it = &pt->items[j];
+			it->parent = NULL;
+			for (size_t k = 0; pr != NULL && k < pr->nitems; k++) {
+				const struct pub_pitem *q = &pr->items[k];
+				if (q->src == it->pc->src_rank && q->dst == it->pc->dst_rank &&
+				    q->bytes == it->pc->bytes &&
+				    memcmp(q->layout, it->sl->digest, PROTO_HASH_BYTES) == 0)
+					it->parent = pr->raw + q->raw_off;
+			}
+			if (it->parent == NULL && it->pc->bytes > 0)
+				return false;
+		}
+	}
+	return true;
+}
+
+/*
+ * Whether a parcel changed too much for a delta to pay: 64 bytes of every
+ * 4 KiB compared with the parent, as 16-bit words. Encoding a dense change
+ * costs seconds per GiB and its result is refused anyway (the synthetic
+ * fixture's versions are unrelated random bytes), so it is not tried when
+ * the sample says more than twice TESSERA_DELTA_MAX_PERCENT changed.
+ */
+static bool too_dense(const uint8_t *parent, const uint8_t *child, uint64_t len)
+{
+	uint64_t seen = 0, diff = 0;
+
+	for (uint64_t o = 0; o + 64 <= len; o += 4096)
+		for (unsigned k = 0; k < 64; k += 2, seen++)
+			diff += memcmp(parent + o + k, child + o + k, 2) != 0;
+	return seen > 0 && diff * 100 > seen * 2 * proto_param(PROTO_PARAM_DELTA_MAX_PERCENT);
+}
+
+void node__pub_delta_encode_part(struct node_pub *p, struct pub_part *pt, uint32_t chunk_size,
+				 unsigned threads)
+{
+	for (size_t j = 0; j < pt->nitems && !atomic_load(&p->abort); j++) {
+		struct pub_item *it = &pt->items[j];
+		struct proto_dparcel dp;
+		struct proto_delta_stats st;
+		struct proto_delta_opts o = {.threads = threads};
+		struct proto_err err;
+		size_t len = 0;
+
+		free(it->hash);
+		it->hash = NULL;
+		it->nchunks = 0;
+		it->wire = 0;
+		if (it->pc->bytes == 0)
+			continue;
+		if (too_dense(it->parent, pt->raw + it->raw_off, it->pc->bytes)) {
+			it->enc_rc = 0;
+			it->wire = it->pc->bytes; /* as the anchor: place() refuses it */
+			it->dense = true;
+			continue;
+		}
+		it->enc_rc = proto_dparcel_build(&p->model, &it->sl->plan, it->pc, &it->sl->layout, &dp,
+						 &err);
+		if (it->enc_rc == 0) {
+			it->enc_rc = proto_dparcel_encode(&dp, it->parent, pt->raw + it->raw_off, &o,
+							  &it->enc, &len, &st, &err);
+			proto_dparcel_fini(&dp);
+		}
+		if (it->enc_rc != 0) {
+			LOG_WARN("version parcel %u->%u: delta encoding failed: %s", it->pc->src_rank,
+				 it->pc->dst_rank, err.msg);
+			continue;
+		}
+		it->wire = len;
+		it->changed = st.nchanged;
+		it->nchunks = (uint32_t)((len + chunk_size - 1) / chunk_size);
+		it->hash = calloc(PROTO_MAX(it->nchunks, 1), PROTO_HASH_BYTES);
+		if (it->hash == NULL) {
+			it->enc_rc = -ENOMEM;
+			continue;
+		}
+		for (uint32_t c = 0; c < it->nchunks; c++) {
+			uint64_t c0 = (uint64_t)c * chunk_size;
+			crypto_generichash(it->hash[c], PROTO_HASH_BYTES, it->enc + c0,
+					   PROTO_MIN((uint64_t)chunk_size, len - c0), NULL, 0);
+		}
+	}
+}
+
+void node__pub_part_layout(struct pub_part *pt, size_t nlayouts)
+{
+	uint64_t off = 0;
+	size_t j = 0;
+
+	for (size_t li = 0; li < nlayouts; li++) {
+		pt->slices[li].off = off;
+		for (; j < pt->nitems && pt->items[j].li == li; j++) {
+			pt->items[j].off = off;
+			off = (off + pt->items[j].wire + PUB_ALIGN - 1) & ~(uint64_t)(PUB_ALIGN - 1);
+		}
+		pt->slices[li].len = off - pt->slices[li].off;
+	}
+	pt->used = off;
+}
+
+/* The deltas are not sent: each item goes back to its raw payload. */
+static void back_to_raw(struct pub_export *ex)
+{
+	for (size_t i = 0; i < ex->pv->nparts; i++) {
+		struct pub_part *pt = &ex->pv->parts[i];
+		for (size_t j = 0; j < pt->nitems; j++) {
+			struct pub_item *it = &pt->items[j];
+			free(it->enc);
+			it->enc = NULL;
+			it->wire = it->pc->bytes;
+		}
+	}
+}
+
+int node__pub_delta_place(struct node_pub *p, struct pub_export *ex, struct proto_err *err)
+{
+	uint64_t wire = 0, raw = 0;
+	bool failed = false, dense = false;
+
+	for (size_t i = 0; i < ex->pv->nparts; i++)
+		for (size_t j = 0; j < ex->pv->parts[i].nitems; j++) {
+			const struct pub_item *it = &ex->pv->parts[i].items[j];
+			failed |= it->enc_rc != 0;
+			dense |= it->dense;
+			wire += it->wire;
+			raw += it->pc->bytes;
+		}
+	ex->raw_bytes = raw;
+	if (failed || dense || wire * 100 > raw * proto_param(PROTO_PARAM_DELTA_MAX_PERCENT)) {
+		if (failed)
+			snprintf(ex->why, sizeof(ex->why), "a parcel's delta could not be encoded");
+		else if (dense)
+			snprintf(ex->why, sizeof(ex->why),
+				 "a parcel changed too much for a delta (sampled before encoding)");
+		else
+			snprintf(ex->why, sizeof(ex->why),
+				 "the delta would be %.1f %% of the anchor (more than TESSERA_DELTA_MAX_PERCENT)",
+				 raw ? 100.0 * (double)wire / (double)raw : 0.0);
+		back_to_raw(ex);
+		ex->delta = false;
+		return 1;
+	}
+	for (size_t i = 0; i < ex->pv->nparts; i++) {
+		struct pub_part *pt = &ex->pv->parts[i];
+		node__pub_part_layout(pt, ex->nlayouts);
+		if (node__pub_part_alloc(p, pt) != 0)
+			return proto_errf(err, ENOMEM, "cannot map a %llu-byte export buffer for rank %u",
+					  (unsigned long long)node__pub_page_round(pt->used), pt->rank);
+		for (size_t j = 0; j < pt->nitems; j++) {
+			struct pub_item *it = &pt->items[j];
+			if (it->enc != NULL)
+				memcpy(pt->buf + it->off, it->enc, it->wire);
+			free(it->enc);
+			it->enc = NULL;
+		}
+	}
+	return 0;
+}
+
+void node__pub_parent_stage(struct node_pub *p, struct pub_export *ex)
+{
+	struct pub_parent *pp = calloc(1, sizeof(*pp));
+	struct pub_version *pv = ex->pv;
+
+	if (pp == NULL || (pp->parts = calloc(PROTO_MAX(pv->nparts, 1), sizeof(*pp->parts))) == NULL)
+		goto fail;
+	for (size_t i = 0; i < pv->nparts; i++)
+		if (pv->parts[i].raw == NULL)
+			goto fail;
+	for (size_t i = 0; i < pv->nparts; i++) {
+		struct pub_part *pt = &pv->parts[i];
+		struct pub_praw *pr = &pp->parts[pp->nparts];
+		pr->items = calloc(PROTO_MAX(pt->nitems, 1), sizeof(*pr->items));
+		if (pr->items == NULL)
+			goto fail;
+		pp->nparts++;
+		pr->rank = pt->rank;
+		for (size_t j = 0; j < pt->nitems; j++) {
+			const struct pub_item *it = &pt->items[j];
+			struct pub_pitem *q = &pr->items[pr->nitems++];
+			memcpy(q->layout, it->sl->digest, PROTO_HASH_BYTES);
+			q->src = it->pc->src_rank;
+			q->dst = it->pc->dst_rank;
+			q->raw_off = it->raw_off;
+			q->bytes = it->pc->bytes;
+		}
+		pr->raw = pt->raw;
+		pr->cap = pt->raw_cap;
+		pt->raw = NULL;
+		pt->raw_cap = 0;
+	}
+	pp->version = ex->version;
+	pp->since_anchor = ex->delta ? ex->since_anchor : 0;
+	node__pub_parent_free(ex->next_parent);
+	ex->next_parent = pp;
+	return;
+fail:
+	node__pub_parent_free(pp);
+}
+
+void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex)
+{
+	if (!ex->delta)
+		p->anchor_wanted = false;
+	node__pub_parent_free(p->parent);
+	p->parent = ex->next_parent;
+	ex->next_parent = NULL;
+	if (p->parent != NULL)
+		memcpy(p->parent->digest, ex->m.digest, PROTO_HASH_BYTES);
+}

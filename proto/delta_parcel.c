@@ -1,0 +1,166 @@
+/* Deltas of one parcel in destination-local coordinates (see proto/delta.h). */
+#include "proto/delta.h"
+#include "proto/wsum.h"
+
+#include <errno.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Parcel deltas carry no header bytes (a non-NULL empty one for memcpy). */
+static const uint8_t no_header[1];
+
+void proto_dparcel_fini(struct proto_dparcel *d)
+{
+	free(d->pieces);
+	proto_model_fini(&d->model);
+	memset(d, 0, sizeof(*d));
+}
+
+/* Appends a piece, growing the array. */
+static int add_piece(struct proto_dparcel *d, size_t *cap, const struct proto_dpiece *pc)
+{
+	if (d->npieces == *cap) {
+		size_t ncap = *cap ? 2 * *cap : 16;
+		struct proto_dpiece *np = realloc(d->pieces, ncap * sizeof(*np));
+		if (np == NULL)
+			return -ENOMEM;
+		d->pieces = np;
+		*cap = ncap;
+	}
+	d->pieces[d->npieces++] = *pc;
+	return 0;
+}
+
+int proto_dparcel_build(const struct proto_model *m, const struct proto_plan *p,
+			const struct proto_parcel *pc, const struct proto_layout *dst,
+			struct proto_dparcel *out, struct proto_err *err)
+{
+	const struct proto_rank *rk = &dst->ranks[pc->dst_rank];
+	struct proto_dpiece cur = {0};
+	bool have = false;
+	size_t cap = 0;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	proto_model_init(&out->model);
+	for (uint64_t s = pc->seg0; s < pc->seg0 + pc->nsegs; s++) {
+		const struct proto_segment *sg = &p->segs[s];
+		uint32_t w = (uint32_t)proto_dtype_size(m->tensors[sg->tensor].dtype);
+		uint64_t base = rk->locals[sg->dst_local].offset;
+		for (uint64_t k = sg->run0; k < sg->run0 + sg->nruns; k++) {
+			const struct proto_run *ru = &p->runs[k];
+			if (ru->len == 0)
+				continue;
+			if (ru->len % w != 0 || ru->dst_off % w != 0) {
+				rc = proto_errf(err, EINVAL,
+						"parcel %u->%u: a run of %llu bytes is not whole %u-byte elements",
+						pc->src_rank, pc->dst_rank, (unsigned long long)ru->len, w);
+				goto fail;
+			}
+			/* Runs adjacent in the payload and in the destination, of the
+			 * same element width, make one piece. */
+			if (have && cur.elsize == w && cur.pay_off + cur.len == ru->pay_off &&
+			    cur.dst_off + cur.len == base + ru->dst_off) {
+				cur.len += ru->len;
+				continue;
+			}
+			if (have && (rc = add_piece(out, &cap, &cur)) != 0)
+				goto oom;
+			cur = (struct proto_dpiece){ru->pay_off, base + ru->dst_off, ru->len, w};
+			have = true;
+		}
+	}
+	if (have && (rc = add_piece(out, &cap, &cur)) != 0)
+		goto oom;
+	for (uint32_t i = 0; i < out->npieces; i++) {
+		const struct proto_dpiece *pp = &out->pieces[i];
+		enum proto_dtype dt = pp->elsize == 1 ? PROTO_DT_U8 :
+				      pp->elsize == 2 ? PROTO_DT_U16 :
+				      pp->elsize == 4 ? PROTO_DT_U32 : PROTO_DT_U64;
+		uint64_t shape[1] = {pp->len / pp->elsize};
+		char name[32];
+		snprintf(name, sizeof(name), "p%u", i);
+		if ((rc = proto_model_add(&out->model, name, dt, 1, shape, err)) != 0)
+			goto fail;
+	}
+	if ((rc = proto_model_finish(&out->model, err)) != 0)
+		goto fail;
+	return 0;
+oom:
+	rc = proto_errf(err, ENOMEM, "parcel %u->%u: out of memory", pc->src_rank, pc->dst_rank);
+fail:
+	proto_dparcel_fini(out);
+	return rc;
+}
+
+int proto_dparcel_encode(const struct proto_dparcel *d, const uint8_t *parent,
+			 const uint8_t *child, const struct proto_delta_opts *o, uint8_t **out,
+			 size_t *out_len, struct proto_delta_stats *st, struct proto_err *err)
+{
+	const uint8_t **pd = malloc(((size_t)d->npieces + 1) * sizeof(*pd));
+	const uint8_t **cd = malloc(((size_t)d->npieces + 1) * sizeof(*cd));
+	int rc;
+
+	*out = NULL;
+	*out_len = 0;
+	if (pd == NULL || cd == NULL) {
+		free(pd);
+		free(cd);
+		return proto_errf(err, ENOMEM, "delta encode: out of memory");
+	}
+	for (uint32_t i = 0; i < d->npieces; i++) {
+		pd[i] = parent + d->pieces[i].pay_off;
+		cd[i] = child + d->pieces[i].pay_off;
+	}
+	struct proto_delta_version pv = {&d->model, no_header, 0, pd, NULL};
+	struct proto_delta_version cv = {&d->model, no_header, 0, cd, NULL};
+	rc = proto_delta_encode(&pv, &cv, o, out, out_len, st, err);
+	free(pd);
+	free(cd);
+	return rc;
+}
+
+int proto_dparcel_apply(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
+			uint8_t *block, unsigned threads, struct proto_err *err)
+{
+	struct proto_delta dl;
+	uint64_t *sums = NULL;
+	uint8_t **bufs = NULL;
+	int rc;
+
+	rc = proto_delta_parse(delta, len, &dl, err);
+	if (rc != 0)
+		return rc;
+	if (dl.ntensors != d->npieces || dl.parent_ntensors != d->npieces) {
+		rc = proto_errf(err, EINVAL, "delta has %u pieces, the parcel %u", dl.ntensors,
+				d->npieces);
+		goto out;
+	}
+	sums = malloc(((size_t)d->npieces + 1) * sizeof(*sums));
+	bufs = malloc(((size_t)d->npieces + 1) * sizeof(*bufs));
+	if (sums == NULL || bufs == NULL) {
+		rc = proto_errf(err, ENOMEM, "delta apply: out of memory");
+		goto out;
+	}
+	for (uint32_t i = 0; i < d->npieces; i++) {
+		const struct proto_dpiece *pp = &d->pieces[i];
+		const struct proto_delta_tensor *t = &dl.tensors[i];
+		if (t->parent != i || t->elsize != pp->elsize || t->nelem != pp->len / pp->elsize) {
+			rc = proto_errf(err, EINVAL, "delta piece %u does not match the parcel's", i);
+			goto out;
+		}
+		bufs[i] = block + pp->dst_off;
+		/* The parent's checksums come from the bytes the child is built
+		 * on, so a damaged parent is refused, not patched. */
+		sums[i] = proto_wsum(pp->elsize, bufs[i], pp->len / pp->elsize);
+	}
+	struct proto_delta_parent par = {no_header, 0, d->npieces, sums};
+	rc = proto_delta_apply(&dl, &par, bufs, threads, err);
+out:
+	free(sums);
+	free(bufs);
+	proto_delta_fini(&dl);
+	return rc;
+}

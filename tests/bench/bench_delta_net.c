@@ -1,0 +1,146 @@
+/* bench_delta_net: delta versions through the whole network on loopback.
+ *
+ * Usage: bench_delta_net BINDIR DIR (make bench-delta-net passes
+ * $(BUILD)/bin and $(BUILD)/bench-delta-net). Writes, once, a 256 MiB
+ * `tessera synth` model of 6 steps at lr 1e-6 into DIR/model, then runs
+ * `tessera cluster` twice on it with replicas tp2, tp2, tp1: once with
+ * anchors only (--anchor-every 1: the bound, measured in the same run) and
+ * once with an anchor every 10 versions (v1 an anchor, v2..v7 deltas). For
+ * every version it prints the kind, wire bytes against anchor bytes, the
+ * time from the manifest's creation to the last replica's activation
+ * against the anchor's (v1 of the same run, and the median warm anchor of
+ * the anchors-only run) and the encode time. Goals: a delta costs at most
+ * 3 % of the anchor's wire bytes and at most 15 % of its end-to-end time.
+ */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#define MODEL_MB 256
+#define STEPS 6
+#define VERSIONS (STEPS + 1)
+#define WIRE_GOAL 3.0 /* % of the anchor */
+#define TIME_GOAL 15.0
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static json_t *run_cluster(const char *bindir, const char *dir, const char *mdir, int every,
+			   const char *name)
+{
+	char cmd[4096], report[1024];
+
+	snprintf(report, sizeof(report), "%s/%s.json", dir, name);
+	snprintf(cmd, sizeof(cmd),
+		 "%s/tessera cluster --model-dir %s --versions %d --anchor-every %d --replica tp2 "
+		 "--replica tp2 --replica tp1 --report %s > %s/%s.out 2>&1",
+		 bindir, mdir, VERSIONS, every, report, dir, name);
+	if (system(cmd) != 0) {
+		fprintf(stderr, "bench_delta_net: `%s` failed; see %s/%s.out\n", cmd, dir, name);
+		return NULL;
+	}
+	json_error_t e;
+	json_t *j = json_load_file(report, 0, &e);
+	if (j == NULL)
+		fprintf(stderr, "bench_delta_net: %s: %s\n", report, e.text);
+	return j;
+}
+
+/* From the manifest's creation to the last replica's activation, ms. */
+static uint64_t last_activation(json_t *v)
+{
+	uint64_t t = 0;
+	size_t i;
+	json_t *r;
+	json_array_foreach(json_object_get(v, "replicas"), i, r) {
+		uint64_t x = (uint64_t)json_integer_value(json_object_get(r, "t_activate_ms"));
+		t = x > t ? x : t;
+	}
+	return t;
+}
+
+int main(int argc, char **argv)
+{
+	char mdir[1024], cmd[4096], probe[1100];
+	struct stat st;
+
+	if (argc != 3) {
+		fprintf(stderr, "usage: bench_delta_net BINDIR DIR\n");
+		return 2;
+	}
+	mkdir(argv[2], 0755);
+	snprintf(mdir, sizeof(mdir), "%s/model", argv[2]);
+	snprintf(probe, sizeof(probe), "%s/v%d.safetensors", mdir, STEPS);
+	if (stat(probe, &st) != 0) {
+		snprintf(cmd, sizeof(cmd), "%s/tessera synth -o %s --synthetic-mb %d --steps %d --lr 1e-6",
+			 argv[1], mdir, MODEL_MB, STEPS);
+		printf("bench_delta_net: %s\n", cmd);
+		fflush(stdout);
+		if (system(cmd) != 0)
+			return 1;
+	}
+	json_t *base = run_cluster(argv[1], argv[2], mdir, 1, "anchors");
+	json_t *run = base ? run_cluster(argv[1], argv[2], mdir, 10, "deltas") : NULL;
+	if (run == NULL)
+		return 1;
+
+	/* The bound: the anchors-only run's warm anchors (v2..), median. */
+	uint64_t warm[VERSIONS];
+	size_t nw = 0, i;
+	json_t *v;
+	json_array_foreach(json_object_get(base, "versions"), i, v)
+		if (i > 0)
+			warm[nw++] = last_activation(v);
+	qsort(warm, nw, sizeof(*warm), cmp_u64);
+	uint64_t warm_ms = nw ? warm[nw / 2] : 0;
+
+	json_t *vs = json_object_get(run, "versions");
+	json_t *v1 = json_array_get(vs, 0);
+	uint64_t anchor_ms = last_activation(v1);
+	uint64_t anchor_bytes = (uint64_t)json_integer_value(json_object_get(v1, "anchor_bytes"));
+	printf("replicas tp2 tp2 tp1, %d MiB synth model, lr 1e-6; anchor v1 %llu ms, warm anchor "
+	       "(anchors-only run, median of v2..v%d) %llu ms\n",
+	       MODEL_MB, (unsigned long long)anchor_ms, VERSIONS, (unsigned long long)warm_ms);
+	printf("%-3s %-7s %14s %14s %9s %9s %11s %11s %10s\n", "v", "kind", "wire_bytes",
+	       "anchor_bytes", "wire/anc", "time_ms", "t/anchor", "t/warm_anc", "encode_ms");
+	double worst_wire = 0, worst_t = 0, worst_tw = 0;
+	bool ok = true;
+	json_array_foreach(vs, i, v) {
+		const char *kind = json_string_value(json_object_get(v, "kind"));
+		uint64_t wire = (uint64_t)json_integer_value(json_object_get(v, "wire_bytes"));
+		uint64_t anc = (uint64_t)json_integer_value(json_object_get(v, "anchor_bytes"));
+		uint64_t t = last_activation(v);
+		double w = anc ? 100.0 * (double)wire / (double)anc : 0;
+		double tr = anchor_ms ? 100.0 * (double)t / (double)anchor_ms : 0;
+		double tw = warm_ms ? 100.0 * (double)t / (double)warm_ms : 0;
+		printf("%-3zu %-7s %14llu %14llu %8.2f%% %9llu %10.1f%% %10.1f%% %10.1f\n", i + 1, kind,
+		       (unsigned long long)wire, (unsigned long long)anc, w, (unsigned long long)t, tr,
+		       tw, json_real_value(json_object_get(v, "encode_ms")));
+		ok &= json_is_true(json_object_get(json_array_get(json_object_get(v, "replicas"), 0),
+						   "digest_ok"));
+		if (kind != NULL && strcmp(kind, "delta") == 0) {
+			worst_wire = w > worst_wire ? w : worst_wire;
+			worst_t = tr > worst_t ? tr : worst_t;
+			worst_tw = tw > worst_tw ? tw : worst_tw;
+		}
+	}
+	(void)anchor_bytes;
+	printf("worst delta: wire %.2f %% of the anchor (goal <= %.0f %%: %s); end to end %.1f %% of "
+	       "anchor v1, %.1f %% of the warm anchor (goal <= %.0f %%: %s)\n",
+	       worst_wire, WIRE_GOAL, worst_wire <= WIRE_GOAL ? "met" : "MISSED", worst_t, worst_tw,
+	       TIME_GOAL, worst_tw <= TIME_GOAL ? "met" : "MISSED");
+	printf("every replica bit-exact on every version: %s\n",
+	       ok && json_is_true(json_object_get(run, "ok")) ? "yes" : "NO");
+	json_decref(base);
+	json_decref(run);
+	return 0;
+}

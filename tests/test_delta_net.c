@@ -1,0 +1,410 @@
+/* Delta versions in the network, end to end with the real programs on
+ * loopback: a cluster of anchors and deltas ends bit-exact on every replica;
+ * a corrupted parent slot, a node restarted between deltas and a publisher
+ * restarted without its parent export each end in an anchor that the node
+ * reaches, while it keeps serving its previous version meanwhile. The
+ * models are `tessera synth` outputs: RL-like steps where ~1.7 % of the
+ * BF16 elements change. */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+
+#include "node/proc.h"
+#include "proto/checkpoint.h"
+#include "proto/proto.h"
+#include "proto/synth.h"
+#include "tracker/tracker.h"
+#include "tests/testutil.h"
+#include "tests/testcluster.h"
+
+#define MODEL_BYTES (4u << 20)
+#define STEPS 6
+
+/* Writes a synth model of STEPS steps into dir. */
+static void synth(const char *dir)
+{
+	struct proto_synth_opts o = {.bytes = MODEL_BYTES, .steps = STEPS, .lr = 1e-6, .seed = 3,
+				     .threads = 2};
+	struct proto_err err;
+	assert_int_equal(mkdir(dir, 0755), 0);
+	assert_int_equal(proto_synth_run(dir, &o, NULL, NULL, &err), 0);
+}
+
+/* `tessera cluster` over a synth model: anchors and deltas alternate as
+ * --anchor-every says, every replica ends bit-exact on every version, and a
+ * delta costs a few percent of the anchor on the wire. */
+static void test_delta_cluster(void **state)
+{
+	char dir[256], mdir[300], bin[512], report[512];
+
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	snprintf(mdir, sizeof(mdir), "%s/model", dir);
+	synth(mdir);
+	tu_bin(bin, sizeof(bin), "tessera");
+	snprintf(report, sizeof(report), "%s/report.json", dir);
+	assert_int_equal(tu_sh("%s cluster --model-dir %s --versions 6 --anchor-every 4 --replica tp2 "
+			       "--replica tp1 --report %s > %s/out 2>&1 || cat %s/out",
+			       bin, mdir, report, dir, dir),
+			 0);
+	json_t *j = tu_load_json(report);
+	assert_non_null(j);
+	assert_true(json_is_true(json_object_get(j, "ok")));
+	json_t *vs = json_object_get(j, "versions");
+	assert_int_equal(json_array_size(vs), 6);
+	static const char *kinds[] = {"anchor", "delta", "delta", "delta", "anchor", "delta"};
+	for (size_t i = 0; i < 6; i++) {
+		json_t *v = json_array_get(vs, i);
+		json_int_t wire = json_integer_value(json_object_get(v, "wire_bytes"));
+		json_int_t anchor = json_integer_value(json_object_get(v, "anchor_bytes"));
+		assert_string_equal(json_string_value(json_object_get(v, "kind")), kinds[i]);
+		assert_true(anchor > 0 && wire > 0);
+		if (i == 1 || i == 5)
+			assert_true(wire * 10 < anchor); /* ~1.7 % changed: ~1 % of the bytes */
+		else if (i == 0 || i == 4)
+			assert_int_equal(wire, anchor);
+		size_t k;
+		json_t *r;
+		json_array_foreach(json_object_get(v, "replicas"), k, r)
+			assert_true(json_is_true(json_object_get(r, "digest_ok")));
+	}
+	json_decref(j);
+	/* Bad option values are refused with a clear line. */
+	assert_int_equal(tu_sh("%s cluster --anchor-every 0 > /dev/null 2>&1", bin), 2);
+	assert_int_equal(tu_sh("%s publish --anchor-every x --tracker http://127.0.0.1:1 --key k "
+			       "> /dev/null 2>&1",
+			       bin),
+			 2);
+	tu_rmtree(dir);
+}
+
+/* ---- one node, one publisher, driven step by step -------------------------- */
+
+struct env {
+	char dir[256], url[256], sock[512], expose[512], model[512], mdir[512], key[512],
+		pub[512];
+	struct node_proc tracker, node, publisher;
+	struct trk_client *trk;
+	struct proto_ckpt ck; /* v0, for the model */
+	struct proto_layout tp1;
+	int nodes_started;
+};
+
+static void start_publisher(struct env *e)
+{
+	char bin[512], log[600];
+	tu_bin(bin, sizeof(bin), "tessera");
+	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
+	unlink(e->sock);
+	char *argv[] = {bin, "publish", "--tracker", e->url, "--key", e->key, "--model-dir", e->mdir,
+			"--layout", "fsdp2", "--control", e->sock, "--anchor-every", "10", NULL};
+	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", argv, log), 0);
+}
+
+static void start_node(struct env *e)
+{
+	char bin[512], log[600];
+	tu_bin(bin, sizeof(bin), "tessera-node");
+	snprintf(log, sizeof(log), "%s/node-%d.log", e->dir, e->nodes_started++);
+	char *argv[] = {bin, "--tracker", e->url, "--replica", "A", "--rank", "0", "--layout", "tp1",
+			"--model", e->model, "--trainer-pubkey", e->pub, "--expose", e->expose,
+			"--store", "host", NULL};
+	assert_int_equal(node_proc_spawn(&e->node, "node", argv, log), 0);
+}
+
+/* Sends one control line and returns the publisher's answer line. */
+static void control(struct env *e, const char *cmd, char *reply, size_t len)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd = -1;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", e->sock);
+	for (int i = 0; i < 600; i++) {
+		fd = socket(AF_UNIX, SOCK_STREAM, 0);
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+			break;
+		close(fd);
+		fd = -1;
+		usleep(50000);
+	}
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, cmd, strlen(cmd)), (ssize_t)strlen(cmd));
+	size_t n = 0;
+	while (n + 1 < len && read(fd, reply + n, 1) == 1 && reply[n] != '\n')
+		n++;
+	reply[n] = 0;
+	close(fd);
+}
+
+/* Exports the next version; asserts its number and kind. */
+static void export_one(struct env *e, uint64_t v, const char *kind)
+{
+	char line[512], want[64];
+
+	control(e, "export\n", line, sizeof(line));
+	snprintf(want, sizeof(want), "published %llu ", (unsigned long long)v);
+	assert_int_equal(strncmp(line, want, strlen(want)), 0);
+	if (strstr(line, kind) == NULL)
+		fail_msg("v%llu: want %s, the publisher said: %s", (unsigned long long)v, kind, line);
+}
+
+static uint64_t active_of(struct env *e)
+{
+	struct trk_reply r;
+	uint64_t v = 0;
+	if (trk_client_call(e->trk, "GET", TRK_API "/replicas/A", NULL, NULL, 0, &r) == 0 &&
+	    r.status == 200)
+		v = (uint64_t)json_integer_value(json_object_get(r.json, "active"));
+	trk_reply_fini(&r);
+	return v;
+}
+
+static bool wait_active(struct env *e, uint64_t v, int ms)
+{
+	for (int w = 0; w < ms; w += 50) {
+		if (active_of(e) == v)
+			return true;
+		usleep(50000);
+	}
+	return false;
+}
+
+/* How the tracker says rank 0 of A got the version it last reported. */
+static bool rank_how(struct env *e, const char *how)
+{
+	struct trk_reply r;
+	bool ok = false;
+	if (trk_client_call(e->trk, "GET", TRK_API "/replicas/A", NULL, NULL, 0, &r) == 0 &&
+	    r.status == 200) {
+		json_t *rk = json_array_get(json_object_get(r.json, "ranks"), 0);
+		const char *h = json_string_value(json_object_get(rk, "how"));
+		ok = h != NULL && strcmp(h, how) == 0;
+	}
+	trk_reply_fini(&r);
+	return ok;
+}
+
+static bool file_has(const char *path, const char *s)
+{
+	uint8_t *buf;
+	size_t len;
+	struct proto_err err;
+	bool found;
+
+	if (proto_read_file(path, 64 << 20, &buf, &len, &err) != 0)
+		return false;
+	found = memmem(buf, len, s, strlen(s)) != NULL;
+	free(buf);
+	return found;
+}
+
+static bool wait_log(struct env *e, const char *s, int ms)
+{
+	for (int w = 0; w < ms; w += 50) {
+		if (file_has(e->node.log, s))
+			return true;
+		usleep(50000);
+	}
+	return false;
+}
+
+/* The tracker passes a node's request for an anchor on. */
+static bool wait_anchor_wanted(struct env *e, int ms)
+{
+	for (int w = 0; w < ms; w += 50) {
+		struct trk_reply r;
+		bool want = false;
+		if (trk_client_call(e->trk, "GET", TRK_API "/versions", NULL, NULL, 0, &r) == 0 &&
+		    r.status == 200)
+			want = json_is_true(json_object_get(r.json, "anchor_wanted"));
+		trk_reply_fini(&r);
+		if (want)
+			return true;
+		usleep(50000);
+	}
+	return false;
+}
+
+static void ck_fill(void *arg, uint32_t t, uint64_t first, uint64_t count, uint8_t *out)
+{
+	const struct proto_ckpt *ck = arg;
+	size_t es = proto_dtype_size(ck->model.tensors[t].dtype);
+	memcpy(out, proto_ckpt_tensor(ck, t) + first * es, count * es);
+}
+
+/* Maps the slot the node serves (writable when corrupt is set). */
+static uint8_t *map_served(struct env *e, uint64_t v, bool writable)
+{
+	char path[600];
+	size_t n = e->tp1.ranks[0].nbytes;
+
+	snprintf(path, sizeof(path), "%s/A-0.json", e->expose);
+	json_t *j = tu_load_json(path);
+	assert_non_null(j);
+	assert_int_equal(json_integer_value(json_object_get(j, "version")), (json_int_t)v);
+	int fd = open(json_string_value(json_object_get(j, "memfd_path")), writable ? O_RDWR : O_RDONLY);
+	assert_true(fd >= 0);
+	uint8_t *m = mmap(NULL, n, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+	assert_true(m != MAP_FAILED);
+	close(fd);
+	json_decref(j);
+	return m;
+}
+
+/* The node serves exactly version v's bytes (v is file v<v-1>). */
+static void check_serving(struct env *e, uint64_t v)
+{
+	char path[600];
+	struct proto_ckpt ck;
+	struct proto_err err;
+	size_t n = e->tp1.ranks[0].nbytes;
+	uint8_t *expect = malloc(n), *m = map_served(e, v, false);
+
+	snprintf(path, sizeof(path), "%s/v%llu.safetensors", e->mdir, (unsigned long long)v - 1);
+	assert_int_equal(proto_ckpt_open(path, &ck, &err), 0);
+	proto_layout_fill_rank(&ck.model, &e->tp1, 0, ck_fill, &ck, expect);
+	proto_ckpt_fini(&ck);
+	assert_memory_equal(m, expect, n);
+	free(expect);
+	munmap(m, n);
+}
+
+static int env_setup(void **state)
+{
+	struct env *e = calloc(1, sizeof(*e));
+	char path[600], buf[512], state_dir[600];
+	struct proto_err err;
+
+	*state = e;
+	if (e == NULL)
+		return 1;
+	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
+	setenv("TESSERA_LEASE_MS", "2000", 1);
+	assert_non_null(tu_mkdtemp(e->dir, sizeof(e->dir)));
+	snprintf(e->sock, sizeof(e->sock), "%s/ctl.sock", e->dir);
+	snprintf(e->expose, sizeof(e->expose), "%s/expose", e->dir);
+	snprintf(e->model, sizeof(e->model), "%s/model.json", e->dir);
+	snprintf(e->mdir, sizeof(e->mdir), "%s/synth", e->dir);
+	snprintf(state_dir, sizeof(state_dir), "%s/state", e->dir);
+	snprintf(e->key, sizeof(e->key), "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
+	snprintf(e->pub, sizeof(e->pub), "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
+	mkdir(e->expose, 0755);
+	synth(e->mdir);
+	snprintf(path, sizeof(path), "%s/v0.safetensors", e->mdir);
+	assert_int_equal(proto_ckpt_open(path, &e->ck, &err), 0);
+	assert_int_equal(proto_layout_builtin(&e->ck.model, "tp1", &e->tp1, &err), 0);
+	tu_write_model(&e->ck.model, e->model);
+	tu_start_tracker(&e->tracker, e->dir, state_dir, e->pub, e->url, sizeof(e->url));
+	assert_int_equal(trk_client_new(NULL, e->url, NULL, &e->trk, &err), 0);
+	start_node(e);
+	start_publisher(e);
+	/* v1 is an anchor, v2 a delta the node rebuilds. */
+	export_one(e, 1, "anchor");
+	assert_true(wait_active(e, 1, 60000));
+	check_serving(e, 1);
+	export_one(e, 2, "delta");
+	assert_true(wait_active(e, 2, 60000));
+	assert_true(rank_how(e, "delta"));
+	check_serving(e, 2);
+	return 0;
+}
+
+/* Runs even when the test failed: no child outlives it. */
+static int env_teardown(void **state)
+{
+	struct env *e = *state;
+	node_proc_stop(&e->publisher, 5000);
+	node_proc_stop(&e->node, 5000);
+	trk_client_free(e->trk);
+	node_proc_stop(&e->tracker, 5000);
+	proto_layout_fini(&e->tp1);
+	proto_ckpt_fini(&e->ck);
+	if (e->dir[0] != 0 && getenv("TESSERA_TEST_KEEP") == NULL)
+		tu_rmtree(e->dir);
+	unsetenv("TESSERA_CHUNK_SIZE");
+	unsetenv("TESSERA_LEASE_MS");
+	free(e);
+	return 0;
+}
+
+/* A byte of the served parent flips (as a stray write by a serving process
+ * would): the next delta's parent checksums, taken from the bytes the child
+ * is built on, differ from the delta's, so the node refuses it, keeps
+ * serving v2 and asks for an anchor; the publisher's next version is one. */
+static void test_corrupted_parent(void **state)
+{
+	struct env *e = *state;
+	size_t n = e->tp1.ranks[0].nbytes;
+	uint8_t *m = map_served(e, 2, true);
+
+	m[n / 2] ^= 0x40;
+	munmap(m, n);
+	export_one(e, 3, "delta");
+	assert_true(wait_log(e, "delta is for another parent", 30000));
+	assert_true(wait_log(e, "asking for an anchor", 30000));
+	assert_int_equal(active_of(e), 2);
+	/* The request reached the publisher: v4 is an anchor the node takes. */
+	assert_true(wait_anchor_wanted(e, 30000));
+	export_one(e, 4, "anchor");
+	assert_true(wait_active(e, 4, 60000));
+	assert_true(rank_how(e, "full"));
+	check_serving(e, 4);
+	/* The chain goes on with deltas. */
+	export_one(e, 5, "delta");
+	assert_true(wait_active(e, 5, 60000));
+	check_serving(e, 5);
+}
+
+/* A node restarted between two deltas holds no parent: it says so, asks for
+ * an anchor and reaches it; then deltas again. */
+static void test_node_restarted(void **state)
+{
+	struct env *e = *state;
+
+	node_proc_stop(&e->node, 5000);
+	start_node(e);
+	assert_true(wait_log(e, "this node holds no version", 30000));
+	assert_true(wait_log(e, "asking for an anchor", 30000));
+	assert_true(wait_anchor_wanted(e, 30000));
+	export_one(e, 3, "anchor");
+	assert_true(wait_active(e, 3, 60000));
+	check_serving(e, 3);
+	export_one(e, 4, "delta");
+	assert_true(wait_active(e, 4, 60000));
+	assert_true(rank_how(e, "delta"));
+	check_serving(e, 4);
+}
+
+/* A publisher restarted without its parent export publishes an anchor. */
+static void test_publisher_restarted(void **state)
+{
+	struct env *e = *state;
+
+	node_proc_stop(&e->publisher, 5000);
+	start_publisher(e);
+	export_one(e, 3, "anchor");
+	assert_true(wait_active(e, 3, 60000));
+	check_serving(e, 3);
+	export_one(e, 4, "delta");
+	assert_true(wait_active(e, 4, 60000));
+	check_serving(e, 4);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_delta_cluster),
+		cmocka_unit_test_setup_teardown(test_corrupted_parent, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_node_restarted, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_publisher_restarted, env_setup, env_teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

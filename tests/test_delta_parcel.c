@@ -1,0 +1,179 @@
+/* Parcel deltas in destination-local coordinates (proto/delta_parcel.c):
+ * the pieces cover each parcel exactly; a delta applied in place to a
+ * destination block holding the parent gives the child bit for bit; a
+ * damaged parent, a truncated or forged delta, or a delta for another
+ * parcel is refused with the block unchanged. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "proto/delta.h"
+#include "proto/fixture.h"
+#include "proto/plan.h"
+#include "tests/testutil.h"
+
+struct fx {
+	struct proto_model m;
+	struct proto_layout src, dst;
+	struct proto_plan plan;
+	uint8_t *srcblk[2]; /* parent trainer ranks' blocks */
+};
+
+static void fx_init(struct fx *f, const char *dst)
+{
+	struct proto_err err;
+
+	assert_int_equal(proto_fixture_model(2 << 20, &f->m, &err), 0);
+	assert_int_equal(proto_layout_builtin(&f->m, "fsdp2", &f->src, &err), 0);
+	assert_int_equal(proto_layout_builtin(&f->m, dst, &f->dst, &err), 0);
+	assert_int_equal(proto_plan_build(&f->m, &f->src, &f->dst, &f->plan, &err), 0);
+	for (uint32_t r = 0; r < 2; r++) {
+		f->srcblk[r] = malloc(f->src.ranks[r].nbytes + 1);
+		proto_fixture_fill_rank(&f->m, &f->src, r, 5, 1, f->srcblk[r]);
+	}
+}
+
+static void fx_fini(struct fx *f)
+{
+	for (uint32_t r = 0; r < 2; r++)
+		free(f->srcblk[r]);
+	proto_plan_fini(&f->plan);
+	proto_layout_fini(&f->src);
+	proto_layout_fini(&f->dst);
+	proto_model_fini(&f->m);
+}
+
+/* The parcel's parent payload, and a child made from it by changing about
+ * one element in 64 by one ulp (as an optimizer step does to BF16). */
+static void payloads(struct fx *f, const struct proto_parcel *pc, uint8_t **parent, uint8_t **child)
+{
+	*parent = malloc(pc->bytes + 1);
+	*child = malloc(pc->bytes + 1);
+	proto_parcel_gather(&f->plan, pc, &f->src, f->srcblk[pc->src_rank], 0, pc->bytes, *parent);
+	memcpy(*child, *parent, pc->bytes);
+	for (uint64_t i = 0; i + 2 <= pc->bytes; i += 2 * 61)
+		(*child)[i] ^= 1;
+}
+
+/* A destination block holding the payload p of every parcel of rank dst. */
+static uint8_t *block_of(struct fx *f, uint32_t dst, const struct proto_parcel *pc, const uint8_t *p)
+{
+	uint8_t *b = calloc(1, f->dst.ranks[dst].nbytes + 1);
+	proto_parcel_scatter(&f->plan, pc, &f->dst, b, 0, pc->bytes, p);
+	return b;
+}
+
+static void test_roundtrip(void **state)
+{
+	const char *dsts[] = {"tp2", "tp1", "fsdp2"};
+
+	for (size_t d = 0; d < 3; d++) {
+		struct fx f;
+		fx_init(&f, dsts[d]);
+		for (uint32_t k = 0; k < f.plan.nparcels; k++) {
+			const struct proto_parcel *pc = &f.plan.parcels[k];
+			struct proto_dparcel dp;
+			struct proto_delta_stats st;
+			struct proto_err err;
+			uint8_t *par, *chi, *enc;
+			size_t len;
+
+			assert_int_equal(proto_dparcel_build(&f.m, &f.plan, pc, &f.dst, &dp, &err), 0);
+			/* The pieces cover the parcel's payload exactly, in order. */
+			uint64_t covered = 0;
+			for (uint32_t i = 0; i < dp.npieces; i++) {
+				assert_int_equal(dp.pieces[i].pay_off, covered);
+				covered += dp.pieces[i].len;
+			}
+			assert_int_equal(covered, pc->bytes);
+			payloads(&f, pc, &par, &chi);
+			assert_int_equal(proto_dparcel_encode(&dp, par, chi, NULL, &enc, &len, &st, &err), 0);
+			assert_true(st.nchanged > 0 && len < pc->bytes / 4);
+			uint8_t *blk = block_of(&f, pc->dst_rank, pc, par);
+			uint8_t *want = block_of(&f, pc->dst_rank, pc, chi);
+			assert_int_equal(proto_dparcel_apply(&dp, enc, len, blk, 2, &err), 0);
+			assert_memory_equal(blk, want, f.dst.ranks[pc->dst_rank].nbytes);
+			free(blk);
+			free(want);
+			free(enc);
+			free(par);
+			free(chi);
+			proto_dparcel_fini(&dp);
+			proto_dparcel_fini(&dp); /* twice is harmless */
+		}
+		fx_fini(&f);
+	}
+}
+
+/* Every refusal leaves the block as it was and says why. */
+static void test_refusals(void **state)
+{
+	struct fx f;
+	fx_init(&f, "tp2");
+	const struct proto_parcel *pc = &f.plan.parcels[0], *other = &f.plan.parcels[1];
+	struct proto_dparcel dp, dq;
+	struct proto_err err;
+	uint8_t *par, *chi, *enc;
+	size_t len, n = f.dst.ranks[pc->dst_rank].nbytes;
+
+	assert_int_equal(proto_dparcel_build(&f.m, &f.plan, pc, &f.dst, &dp, &err), 0);
+	assert_int_equal(proto_dparcel_build(&f.m, &f.plan, other, &f.dst, &dq, &err), 0);
+	payloads(&f, pc, &par, &chi);
+	assert_int_equal(proto_dparcel_encode(&dp, par, chi, NULL, &enc, &len, NULL, &err), 0);
+	uint8_t *blk = block_of(&f, pc->dst_rank, pc, par), *orig = malloc(n);
+	memcpy(orig, blk, n);
+
+	/* Truncated anywhere. */
+	for (size_t cut = 0; cut < len; cut += len / 7 + 1) {
+		assert_int_not_equal(proto_dparcel_apply(&dp, enc, cut, blk, 1, &err), 0);
+		assert_true(strlen(err.msg) > 0);
+		assert_memory_equal(blk, orig, n);
+	}
+	/* Forged: one byte flipped in the body (zstd checksums, the checksum
+	 * after apply) or in the header (its hash). */
+	for (size_t at = 0; at < len; at += len / 11 + 1) {
+		enc[at] ^= 0x10;
+		assert_int_not_equal(proto_dparcel_apply(&dp, enc, len, blk, 1, &err), 0);
+		assert_memory_equal(blk, orig, n);
+		enc[at] ^= 0x10;
+	}
+	/* A damaged parent: its checksums, taken from the block, are not the
+	 * delta's parent's. */
+	uint64_t mid = dp.pieces[dp.npieces / 2].dst_off + 2;
+	blk[mid] ^= 0x01;
+	memcpy(orig, blk, n);
+	assert_int_not_equal(proto_dparcel_apply(&dp, enc, len, blk, 1, &err), 0);
+	assert_non_null(strstr(err.msg, "another parent"));
+	assert_memory_equal(blk, orig, n);
+	blk[mid] ^= 0x01;
+	memcpy(orig, blk, n);
+	/* A delta for another parcel's pieces. */
+	if (dq.npieces != dp.npieces || dq.pieces[0].len != dp.pieces[0].len) {
+		assert_int_not_equal(proto_dparcel_apply(&dq, enc, len, blk, 1, &err), 0);
+		assert_memory_equal(blk, orig, n);
+	}
+	/* And the intact delta still applies. */
+	assert_int_equal(proto_dparcel_apply(&dp, enc, len, blk, 1, &err), 0);
+	free(orig);
+	free(blk);
+	free(enc);
+	free(par);
+	free(chi);
+	proto_dparcel_fini(&dp);
+	proto_dparcel_fini(&dq);
+	fx_fini(&f);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_roundtrip),
+		cmocka_unit_test(test_refusals),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
