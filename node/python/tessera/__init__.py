@@ -28,7 +28,7 @@ try:
 except ImportError:  # numpy is optional
     _np = None
 
-__all__ = ["Client", "Pin", "Tensor", "TesseraError", "numpy_dtype"]
+__all__ = ["Client", "Pin", "Tensor", "TesseraError", "Trainer", "TrainerTensor", "numpy_dtype"]
 
 _DIMS_MAX = 8
 
@@ -300,3 +300,6 @@ class Client:
             self.close()
         except Exception:
             pass
+
+
+from tessera.trainer import Trainer, TrainerTensor  # noqa: E402  (the trainer's side)
