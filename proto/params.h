@@ -87,7 +87,11 @@
 	X(ATTACH_PINS, "TESSERA_ATTACH_PINS", 65536, "pins one attached client may hold") \
 	/* Bytes a node queues for a client that does not read; past it the \
 	 * client is dropped (and its pins with it). */ \
-	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client")
+	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client") \
+	/* A retired slot's pages are given back this long after its last pin \
+	 * went, on a worker thread: the serving process unmaps its view first \
+	 * (cheap), so neither it nor the node's loop pays for freeing them. */ \
+	X(ATTACH_FREE_GRACE_MS, "TESSERA_ATTACH_FREE_GRACE_MS", 200, "delay before a retired slot is freed, ms")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

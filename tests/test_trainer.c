@@ -29,24 +29,6 @@ struct env {
 	struct proto_layout fsdp2;
 };
 
-static int ctl_connect(const char *path)
-{
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	int fd;
-
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	for (int i = 0; i < 1200; i++) {
-		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		assert_true(fd >= 0);
-		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
-			return fd;
-		close(fd);
-		usleep(50000);
-	}
-	fail_msg("cannot connect to %s", path);
-	return -1;
-}
-
 /* One line into buf (no newline); the fd riding on it into *fd (or -1).
  * Returns false when the socket closed first. */
 static bool ctl_line_fd(int fd, char *buf, size_t cap, int *rfd)
@@ -169,7 +151,7 @@ static void test_control_refusals(void **state)
 	assert_non_null(e);
 	*state = e;
 	start_cluster(e);
-	fd = ctl_connect(e->ctl);
+	fd = tu_control_connect(e->ctl);
 	expect(fd, "export\n", "error the source is the trainer");
 	expect(fd, "export 7\n", "error export STEP is for trainer ranks");
 	expect(fd, "export x7\n", "error export wants a step number");
@@ -216,7 +198,7 @@ static void test_control_refusals(void **state)
 	}
 	close(bfd);
 	expect(fd, "trainer 0\n", "error this connection is trainer rank 1 already");
-	int other = ctl_connect(e->ctl);
+	int other = tu_control_connect(e->ctl);
 	expect(other, "trainer 1\n", "error rank 1 is held by another trainer connection");
 	/* The step gathers: rank 1 waits; a different step from rank 0 is refused. */
 	ctl_send(fd, "export 3\n");
@@ -240,7 +222,7 @@ static void test_control_refusals(void **state)
 	assert_false(ctl_line_fd(other, line, sizeof(line), NULL));
 	close(other);
 	/* Rank 0 left: a new connection holds it at once. */
-	other = ctl_connect(e->ctl);
+	other = tu_control_connect(e->ctl);
 	ctl_send(other, "trainer 0\n");
 	assert_true(ctl_line_fd(other, line, sizeof(line), &bfd));
 	assert_true(strncmp(line, "buffer 0 ", 9) == 0);

@@ -4,9 +4,13 @@
 #define TESTS_TESTCLUSTER_H
 
 #include <jansson.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "node/proc.h"
 #include "proto/proto.h"
@@ -53,6 +57,45 @@ static inline void tu_start_tracker(struct node_proc *p, const char *dir, const 
 	assert_int_equal(node_proc_spawn(p, "tracker", argv, log), 0);
 	assert_int_equal(node_proc_wait_line(p, "listening on ", line, sizeof(line), 10000), 0);
 	snprintf(url, url_len, "%s", line);
+}
+
+/* Connects to the publisher's control socket (tessera publish --control),
+ * waiting (bounded: 60 s) for the publisher to open it. */
+static inline int tu_control_connect(const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	for (int i = 0; i < 1200; i++) {
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		assert_true(fd >= 0);
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+			return fd;
+		close(fd);
+		usleep(50000);
+	}
+	fail_msg("cannot connect to %s", path);
+	return -1;
+}
+
+/* "export" on the control socket at path; wants "published v ..." (120 s). */
+static inline void tu_control_export(const char *path, uint64_t v)
+{
+	char reply[256], want[64];
+	int fd = tu_control_connect(path);
+	size_t n = 0;
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+
+	assert_int_equal(write(fd, "export\n", 7), 7);
+	while (n + 1 < sizeof(reply) && poll(&p, 1, 120000) == 1 && read(fd, reply + n, 1) == 1 &&
+	       reply[n] != '\n')
+		n++;
+	reply[n] = 0;
+	close(fd);
+	snprintf(want, sizeof(want), "published %llu ", (unsigned long long)v);
+	if (strncmp(reply, want, strlen(want)) != 0)
+		fail_msg("publisher said '%s', want '%s...'", reply, want);
 }
 
 #endif
