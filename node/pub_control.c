@@ -39,6 +39,7 @@ struct ctl_round {
 	uint64_t step;
 	uint32_t n;
 	struct ctl_client **who; /* per rank */
+	struct ctl_round *next;
 };
 
 struct node_pub_control {
@@ -49,6 +50,8 @@ struct node_pub_control {
 	bool bound;
 	struct evconnlistener *lis;
 	struct ctl_client *clients;
+	/* Rounds queued or exporting: node_pub_free drops them unanswered. */
+	struct ctl_round *rounds;
 	/* Trainer ranks: who holds each, and the step being gathered. */
 	uint32_t nranks;
 	struct ctl_client **holder;
@@ -167,6 +170,11 @@ static void on_round_done(void *arg, const struct node_pub_result *r)
 			 (unsigned long long)r->version);
 	for (uint32_t i = 0; i < rd->n; i++)
 		client_answer(rd->who[i], r);
+	for (struct ctl_round **pp = &rd->pc->rounds; *pp; pp = &(*pp)->next)
+		if (*pp == rd) {
+			*pp = rd->next;
+			break;
+		}
 	free(rd->who);
 	free(rd);
 }
@@ -189,6 +197,8 @@ static void round_start(struct node_pub_control *pc)
 		rd->step = pc->step;
 		rd->n = pc->nranks;
 		rd->who = who;
+		rd->next = pc->rounds;
+		pc->rounds = rd;
 		for (uint32_t r = 0; r < pc->nranks; r++) {
 			who[r] = pc->holder[r];
 			who[r]->pending++;
@@ -567,6 +577,12 @@ void node_pub_control_free(struct node_pub_control *pc)
 		unlink(pc->path);
 	while (pc->clients != NULL)
 		client_free(pc->clients);
+	while (pc->rounds != NULL) {
+		struct ctl_round *rd = pc->rounds;
+		pc->rounds = rd->next;
+		free(rd->who);
+		free(rd);
+	}
 	free(pc->holder);
 	free(pc->ready);
 	free(pc->path);
