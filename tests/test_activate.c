@@ -53,19 +53,6 @@ static int teardown(void **state)
 	return 0;
 }
 
-static void node(struct env *e, int i, const char *replica, const char *rank, const char *layout,
-		 const char *expose, const char *tag)
-{
-	char bin[512], log[600];
-
-	tu_bin(bin, sizeof(bin), "tessera-node");
-	snprintf(log, sizeof(log), "%s/%s.log", e->dir, tag);
-	char *argv[] = {bin, "--tracker", e->url, "--replica", (char *)replica, "--rank", (char *)rank,
-			"--layout", (char *)layout, "--model", e->model, "--trainer-pubkey", e->pub,
-			"--expose", (char *)expose, "--store", "host", "--log-level", "info", NULL};
-	assert_int_equal(node_proc_spawn(&e->nodes[i], tag, argv, log), 0);
-}
-
 static json_t *get(struct env *e, const char *path)
 {
 	struct trk_reply r;
@@ -153,7 +140,7 @@ static uint64_t record_version(const char *expose, const char *replica, uint32_t
 static void test_failed_prepare_holds_its_replica_only(void **state)
 {
 	struct env *e = *state;
-	char bin[512], log[600], state_dir[600], buf[512], err[512];
+	char bin[512], log[600], state_dir[600], err[512];
 	struct proto_err perr;
 
 	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
@@ -165,8 +152,7 @@ static void test_failed_prepare_holds_its_replica_only(void **state)
 	snprintf(e->expose_b0, sizeof(e->expose_b0), "%s/expose-b0", e->dir);
 	snprintf(e->expose_b1, sizeof(e->expose_b1), "%s/expose-b1", e->dir);
 	snprintf(state_dir, sizeof(state_dir), "%s/state", e->dir);
-	snprintf(e->key, sizeof(e->key), "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
-	snprintf(e->pub, sizeof(e->pub), "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
+	tu_trainer_keys(e->key, sizeof(e->key), e->pub, sizeof(e->pub));
 	assert_int_equal(proto_fixture_model(4 << 20, &e->m, &perr), 0);
 	tu_write_model(&e->m, e->model);
 	tu_start_tracker(&e->tracker, e->dir, state_dir, e->pub, e->url, sizeof(e->url));
@@ -176,9 +162,12 @@ static void test_failed_prepare_holds_its_replica_only(void **state)
 	char *pargv[] = {bin, "publish", "--tracker", e->url, "--key", e->key, "--synthetic-mb", "4",
 			 "--seed", "7", "--layout", "fsdp2", "--control", e->ctl, NULL};
 	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", pargv, log), 0);
-	node(e, 0, "A", "0", "tp1", e->expose_a, "A0");
-	node(e, 1, "B", "0", "tp2", e->expose_b0, "B0");
-	node(e, 2, "B", "1", "tp2", e->expose_b1, "B1");
+	tu_start_node(&e->nodes[0], e->dir, e->url, "A", "0", "tp1", e->model, e->pub, e->expose_a,
+		      NULL, "A0");
+	tu_start_node(&e->nodes[1], e->dir, e->url, "B", "0", "tp2", e->model, e->pub, e->expose_b0,
+		      NULL, "B0");
+	tu_start_node(&e->nodes[2], e->dir, e->url, "B", "1", "tp2", e->model, e->pub, e->expose_b1,
+		      NULL, "B1");
 
 	/* Both layouts registered before the first export, so that it has
 	 * parcels for each. */

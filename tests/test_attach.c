@@ -903,20 +903,15 @@ static void test_real_node(void **state)
 	snprintf(e->expose, sizeof(e->expose), "%s/expose", e->dir);
 	snprintf(e->model, sizeof(e->model), "%s/model.json", e->dir);
 	snprintf(state_dir, sizeof(state_dir), "%s/state", e->dir);
-	snprintf(e->key, sizeof(e->key), "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
-	snprintf(e->pub, sizeof(e->pub), "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
+	tu_trainer_keys(e->key, sizeof(e->key), e->pub, sizeof(e->pub));
 	assert_int_equal(proto_fixture_model(8 << 20, &e->m, &err), 0);
 	assert_int_equal(proto_layout_builtin(&e->m, "tp1", &e->tp1, &err), 0);
 	tu_write_model(&e->m, e->model);
 
 	tu_start_tracker(&e->tracker, e->dir, state_dir, e->pub, e->url, sizeof(e->url));
 
-	tu_bin(bin, sizeof(bin), "tessera-node");
-	snprintf(log, sizeof(log), "%s/node.log", e->dir);
-	char *nargv[] = {bin, "--tracker", e->url, "--replica", "A", "--rank", "0", "--layout", "tp1",
-			 "--model", e->model, "--trainer-pubkey", e->pub, "--expose", e->expose,
-			 "--store", "host", "--attach", e->sock, "--log-level", "info", NULL};
-	assert_int_equal(node_proc_spawn(&e->node, "node", nargv, log), 0);
+	tu_start_node(&e->node, e->dir, e->url, "A", "0", "tp1", e->model, e->pub, e->expose, e->sock,
+		      "node");
 	tu_bin(bin, sizeof(bin), "tessera");
 	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
 	char *pargv[] = {bin, "publish", "--tracker", e->url, "--key", e->key, "--synthetic-mb", "8",

@@ -86,7 +86,7 @@ static void expect(int fd, const char *cmd, const char *want)
 
 static void start_cluster(struct env *e)
 {
-	char bin[512], log[600], state_dir[600], buf[512];
+	char bin[512], log[600], state_dir[600];
 	struct proto_err err;
 
 	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
@@ -96,19 +96,14 @@ static void start_cluster(struct env *e)
 	snprintf(e->expose, sizeof(e->expose), "%s/expose", e->dir);
 	snprintf(e->model, sizeof(e->model), "%s/model.json", e->dir);
 	snprintf(state_dir, sizeof(state_dir), "%s/state", e->dir);
-	snprintf(e->key, sizeof(e->key), "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
-	snprintf(e->pub, sizeof(e->pub), "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
+	tu_trainer_keys(e->key, sizeof(e->key), e->pub, sizeof(e->pub));
 	assert_int_equal(proto_fixture_model(8 << 20, &e->m, &err), 0);
 	assert_int_equal(proto_layout_builtin(&e->m, "fsdp2", &e->fsdp2, &err), 0);
 	tu_write_model(&e->m, e->model);
 
 	tu_start_tracker(&e->tracker, e->dir, state_dir, e->pub, e->url, sizeof(e->url));
-	tu_bin(bin, sizeof(bin), "tessera-node");
-	snprintf(log, sizeof(log), "%s/node.log", e->dir);
-	char *nargv[] = {bin, "--tracker", e->url, "--replica", "A", "--rank", "0", "--layout", "fsdp1",
-			 "--model", e->model, "--trainer-pubkey", e->pub, "--expose", e->expose,
-			 "--store", "host", "--attach", e->sock, "--log-level", "info", NULL};
-	assert_int_equal(node_proc_spawn(&e->node, "node", nargv, log), 0);
+	tu_start_node(&e->node, e->dir, e->url, "A", "0", "fsdp1", e->model, e->pub, e->expose, e->sock,
+		      "node");
 	tu_bin(bin, sizeof(bin), "tessera");
 	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
 	char *pargv[] = {bin, "publish", "--tracker", e->url, "--key", e->key, "--trainer", e->model,

@@ -59,6 +59,34 @@ static inline void tu_start_tracker(struct node_proc *p, const char *dir, const 
 	snprintf(url, url_len, "%s", line);
 }
 
+/* The trainer key pair of tests/data: paths of the secret and public key. */
+static inline void tu_trainer_keys(char *key, size_t klen, char *pub, size_t plen)
+{
+	char buf[512];
+
+	snprintf(key, klen, "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
+	snprintf(pub, plen, "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
+}
+
+/* Starts tessera-node (host store, log level info, log in dir/<tag>.log) as
+ * (replica, rank) in layout, trusting the trainer key pub; attach is its
+ * attach socket (NULL: none). */
+static inline void tu_start_node(struct node_proc *p, const char *dir, const char *url,
+				 const char *replica, const char *rank, const char *layout,
+				 const char *model, const char *pub, const char *expose,
+				 const char *attach, const char *tag)
+{
+	char bin[512], log[600];
+
+	tu_bin(bin, sizeof(bin), "tessera-node");
+	snprintf(log, sizeof(log), "%s/%s.log", dir, tag);
+	char *argv[] = {bin, "--tracker", (char *)url, "--replica", (char *)replica,
+			"--rank", (char *)rank, "--layout", (char *)layout, "--model", (char *)model,
+			"--trainer-pubkey", (char *)pub, "--expose", (char *)expose, "--store", "host",
+			"--log-level", "info", attach ? "--attach" : NULL, (char *)attach, NULL};
+	assert_int_equal(node_proc_spawn(p, tag, argv, log), 0);
+}
+
 /* Connects to the publisher's control socket (tessera publish --control),
  * waiting (bounded: 60 s) for the publisher to open it. */
 static inline int tu_control_connect(const char *path)
