@@ -114,7 +114,7 @@ $(BUILD)/asan/libtessera-client.a: $(patsubst %.c,$(BUILD)/asan/%.o,$(CLIENT_SRC
 	@rm -f $@
 	ar rcs $@ $^
 
-.PHONY: all test bench bench-delta bench-delta-net bench-steady bench-tracker demo demo-netns fuzz clean deps help \
+.PHONY: all test bench bench-delta bench-delta-net bench-steady bench-tracker bench-activate run-bench-activate demo demo-netns fuzz clean deps help \
         check run-bench run-bench-delta run-bench-delta-net run-bench-steady run-demo run-demo-netns run-fuzz \
         check-deploy run-check-deploy run-bench-tracker check-page run-check-page \
         bench-fanout bench-elastic run-bench-fanout run-bench-elastic
@@ -122,8 +122,8 @@ all: $(BINS) $(CLIENT_LIBS)
 
 # The user-facing targets install missing dependencies first, then re-enter
 # make so that pkg-config sees the freshly installed packages.
-test bench bench-delta bench-delta-net bench-steady bench-tracker demo demo-netns fuzz check-page \
-bench-fanout bench-elastic: deps
+test bench bench-delta bench-delta-net bench-steady bench-tracker bench-activate demo demo-netns fuzz \
+check-page bench-fanout bench-elastic: deps
 	@$(MAKE) --no-print-directory $(if $(filter test,$@),check,run-$@)
 
 define program
@@ -182,6 +182,16 @@ run-bench-steady: $(BUILD)/bench/bench_steady $(BINS)
 BENCH_TRACKER_ARGS ?= 10000 30
 run-bench-tracker: $(BUILD)/bench/bench_tracker $(BINS)
 	TESSERA_BIN=$(abspath $(BUILD)/bin) $(BUILD)/bench/bench_tracker $(BENCH_TRACKER_ARGS)
+
+# The pause a serving probe sees at activation (tests/bench/bench_activate.c);
+# BENCH_ACTIVATE_ARGS="MODEL_MIB SWITCHES" (default 128 MiB, 100 switches).
+BENCH_ACTIVATE_ARGS ?= 128 100
+$(BUILD)/bench/bench_activate: $(BUILD)/rel/tests/bench/bench_activate.o $(rel_LIBS) \
+		$(BUILD)/lib/libtessera-client.a
+	@mkdir -p $(dir $@)
+	$(CC) $(BASEFLAGS) $(OPTFLAGS) $< $(rel_LIBS) $(BUILD)/lib/libtessera-client.a $(ALL_LIBS) -o $@
+run-bench-activate: $(BUILD)/bench/bench_activate
+	$(BUILD)/bench/bench_activate $(BENCH_ACTIVATE_ARGS)
 
 # The 1 GiB synthetic model is generated once into $(BUILD)/bench-delta.
 run-bench-delta: $(BUILD)/bench/bench_delta

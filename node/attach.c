@@ -14,6 +14,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "node/attach_reap.h"
 #include "node/client/wire.h"
 #include "proto/log.h"
 #include "proto/params.h"
@@ -26,6 +27,9 @@ struct att_ver {
 	uint8_t digest[32];
 	uint32_t pins;
 	bool retired;
+	/* Attribution: when it became active, requests that ran on it and the
+	 * wall clock of the first and last (logged when it is forgotten). */
+	uint64_t activated_ms, requests, first_pin_ms, last_pin_ms;
 };
 
 struct att_pin {
@@ -69,6 +73,7 @@ struct node_attach {
 	struct att_ver *active;
 	struct att_client *clients;
 	uint32_t nclients;
+	struct node_reaper *reaper; /* frees retired host slots off the loop; NULL: inline */
 	uint8_t *table; /* the ATTACHED frame, built once */
 	size_t table_len;
 };
@@ -98,6 +103,10 @@ static void ver_forget(struct node_attach *at, struct att_ver *v)
 	}
 	if (at->active == v)
 		at->active = NULL;
+	LOG_INFO("attach: replica %s rank %u v%" PRIu64 " (active from %" PRIu64 " ms) ran %" PRIu64
+		 " requests, pinned from %" PRIu64 " to %" PRIu64 " ms",
+		 at->replica, at->info.rank, v->version, v->activated_ms, v->requests,
+		 v->first_pin_ms, v->last_pin_ms);
 	free(v);
 }
 
@@ -106,7 +115,7 @@ static void ver_unpin(struct node_attach *at, struct att_ver *v)
 	if (--v->pins > 0 || !v->retired)
 		return;
 	LOG_INFO("attach: v%" PRIu64 " released by its last request; freeing its slot", v->version);
-	node_slot_free(at->info.store, v->slot);
+	node_reaper_free(at->reaper, at->info.store, v->slot);
 	ver_forget(at, v);
 }
 
@@ -358,6 +367,10 @@ static void on_acquire(struct att_client *c, struct tsr_rd *r)
 	c->pins[c->npins].v = at->active;
 	c->npins++;
 	at->active->pins++;
+	at->active->requests++;
+	at->active->last_pin_ms = proto_wall_ms();
+	if (at->active->first_pin_ms == 0)
+		at->active->first_pin_ms = at->active->last_pin_ms;
 	tsr_put64(p, c->next_pin);
 	tsr_put64(p + 8, at->active->version);
 }
@@ -611,6 +624,10 @@ int node_attach_new(struct event_base *base, const char *path, const struct node
 		rc = proto_errf(err, ENOMEM, "attach: out of memory");
 		goto fail;
 	}
+	/* Host slots are freed on a worker (CUDA ones where they were made);
+	 * without the worker they are freed inline, as before. */
+	if (info->store->device < 0 && node_reaper_new(info->store, &at->reaper) != 0)
+		LOG_WARN("attach: no reaper thread; retired slots are freed on the loop");
 	LOG_INFO("attach: serving replica %s rank %u on %s", at->replica, at->info.rank, path);
 	*out = at;
 	return 0;
@@ -642,6 +659,7 @@ void node_attach_activate(struct node_attach *at, struct node_slot *slot, const 
 	v->version = slot->version;
 	memcpy(v->digest, digest, 32);
 	v->retired = false;
+	v->activated_ms = proto_wall_ms();
 	at->active = v;
 	for (struct att_client *c = at->clients, *next; c != NULL; c = next) {
 		next = c->next; /* c may be dropped */
@@ -668,7 +686,7 @@ void node_attach_retire(struct node_attach *at, struct node_store *store, struct
 	if (at->active == v)
 		at->active = NULL;
 	if (v->pins == 0) {
-		node_slot_free(store, slot);
+		node_reaper_free(at->reaper, store, slot);
 		ver_forget(at, v);
 		return;
 	}
@@ -715,9 +733,10 @@ void node_attach_free(struct node_attach *at)
 	while (at->vers != NULL) {
 		struct att_ver *v = at->vers;
 		if (v->retired)
-			node_slot_free(at->info.store, v->slot);
+			node_reaper_free(at->reaper, at->info.store, v->slot);
 		ver_forget(at, v);
 	}
+	node_reaper_stop(at->reaper); /* frees what it still holds */
 	if (at->lev != NULL)
 		event_free(at->lev);
 	if (at->lfd >= 0) {

@@ -13,6 +13,9 @@
  * pins are dropped when its socket closes, so a client that goes away cannot
  * keep a slot (or block activation). The agent never waits for pins: the
  * switch to a new version is immediate; old readers keep the old slot.
+ * Host slots are freed on a worker thread (node/attach_reap.h) a short grace
+ * after their last pin, so that neither the loop nor the serving process
+ * (whose unmapping then is not the last reference) pays for their pages.
  *
  * Everything runs on the node's libevent loop. Bytes from clients are
  * hostile: every frame is length-checked before it is buffered, every field

@@ -1,36 +1,28 @@
 /* `tessera publish`: the trainer-side publisher process (see node/publisher.h). */
 #include <errno.h>
-#include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <event2/listener.h>
 #include <getopt.h>
 #include <signal.h>
 #include <sodium.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include "node/cmd.h"
 #include "node/metrics_http.h"
+#include "node/pub_control.h"
 #include "node/pub_metrics.h"
 #include "node/publisher.h"
 #include "proto/config.h"
 #include "proto/proto.h"
 
-#define CTL_LINE_MAX 256 /* longest control command, bytes */
-
 static void publish_usage(FILE *f)
 {
 	fprintf(f,
 		"usage: tessera publish --tracker URL --key TRAINER.key [--cluster-key FILE]\n"
-		"                       (--synthetic-mb N [--seed S] | --model-dir DIR)\n"
+		"                       (--synthetic-mb N [--seed S] | --model-dir DIR |\n"
+		"                        --trainer MODEL.json --control PATH)\n"
 		"                       [--layout T.json|fsdpK|tpK] [--ranks LIST]\n"
 		"                       [--provider NAME] [--versions V] [--every MS]\n"
 		"                       [--anchor-every K]\n"
@@ -57,6 +49,12 @@ static void publish_usage(FILE *f)
 		"                         version i, so v0 is version 1. A Hugging Face\n"
 		"                         directory given as DIR is one version. All\n"
 		"                         versions must hold the same tensors.\n"
+		"      --trainer MODEL.json  the trainer hands over each version: every\n"
+		"                         trainer rank attaches over --control, fills the\n"
+		"                         shared buffer it is given and says \"export STEP\"\n"
+		"                         (the Python package's tessera.Trainer does it);\n"
+		"                         MODEL.json is the model spec (tessera model).\n"
+		"                         This process hosts every trainer rank.\n"
 		"\n"
 		"Ranks:\n"
 		"      --layout L         trainer layout: a layout file or a built-in\n"
@@ -86,7 +84,7 @@ static void publish_usage(FILE *f)
 		"                         \"published <v> <created_ms> <kind> <wire_bytes>\n"
 		"                         <anchor_bytes> <encode_us>\" once the tracker\n"
 		"                         accepted it and it is offered (or \"error <why>\");\n"
-		"                         \"quit\" exits\n"
+		"                         \"quit\" exits; trainer ranks attach there too\n"
 		"\n"
 		"After a restart, numbering continues after the tracker's latest version,\n"
 		"which is rebuilt and offered again if its chunk hashes still match.\n"
@@ -105,16 +103,6 @@ static void publish_usage(FILE *f)
 
 struct app;
 
-/* One control connection. It outlives its socket while exports it asked for
- * are still running, so that their answers have somewhere to go. */
-struct ctl_client {
-	struct app *app;
-	struct bufferevent *bev; /* NULL once the peer went away */
-	unsigned pending;
-	bool closing; /* close once the output is flushed */
-	struct ctl_client *next;
-};
-
 struct app {
 	struct event_base *base;
 	struct node_pub *pub;
@@ -123,10 +111,8 @@ struct app {
 	bool have_versions, every;
 	uint64_t done;
 	struct event *every_ev;
-	struct evconnlistener *lis;
 	const char *control;
-	bool control_bound;
-	struct ctl_client *clients;
+	struct node_pub_control *ctl;
 	struct node_pub_metrics pm;
 };
 
@@ -205,199 +191,25 @@ static void on_every(evutil_socket_t fd, short what, void *arg)
 	trigger(a);
 }
 
-/* ---- the control socket ----------------------------------------------------------- */
+/* ---- the control socket (node/pub_control.c) ---------------------------------------- */
 
-static void client_free(struct ctl_client *c)
-{
-	struct app *a = c->app;
-
-	for (struct ctl_client **pp = &a->clients; *pp; pp = &(*pp)->next)
-		if (*pp == c) {
-			*pp = c->next;
-			break;
-		}
-	if (c->bev != NULL)
-		bufferevent_free(c->bev);
-	free(c);
-}
-
-/* The peer is gone (or we are done with it): drop the socket, keep the
- * struct while answers are owed. */
-static void client_gone(struct ctl_client *c)
-{
-	if (c->bev != NULL) {
-		bufferevent_free(c->bev);
-		c->bev = NULL;
-	}
-	if (c->pending == 0)
-		client_free(c);
-}
-
-static void client_say(struct ctl_client *c, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-static void client_say(struct ctl_client *c, const char *fmt, ...)
-{
-	char line[600];
-	va_list ap;
-	int n;
-
-	if (c->bev == NULL)
-		return;
-	va_start(ap, fmt);
-	n = vsnprintf(line, sizeof(line) - 1, fmt, ap);
-	va_end(ap);
-	if (n < 0)
-		return;
-	n = PROTO_MIN(n, (int)sizeof(line) - 2);
-	for (int i = 0; i < n; i++)
-		if (line[i] == '\n' || line[i] == '\r')
-			line[i] = ' ';
-	line[n++] = '\n';
-	bufferevent_write(c->bev, line, (size_t)n);
-}
-
-static void on_ctl_done(void *arg, const struct node_pub_result *r)
-{
-	struct ctl_client *c = arg;
-
-	c->pending--;
-	node_pub_metrics_result(&c->app->pm, r);
-	if (r->status == 0) {
-		print_result(r);
-		client_say(c, "published %llu %llu %s %llu %llu %llu", (unsigned long long)r->version,
-			   (unsigned long long)r->created_ms, r->delta ? "delta" : "anchor",
-			   (unsigned long long)r->wire_bytes, (unsigned long long)r->anchor_bytes,
-			   (unsigned long long)(r->encode_ns / 1000));
-	} else {
-		fprintf(stderr, "tessera publish: version %llu: %s\n",
-			(unsigned long long)r->version, r->error);
-		client_say(c, "error version %llu: %s", (unsigned long long)r->version, r->error);
-	}
-	if (c->bev == NULL && c->pending == 0)
-		client_free(c);
-}
-
-static void ctl_command(struct ctl_client *c, char *line)
-{
-	struct app *a = c->app;
-	char *s = line, *e;
-	int rc;
-
-	while (*s == ' ' || *s == '\t')
-		s++;
-	e = s + strlen(s);
-	while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r'))
-		*--e = 0;
-	if (*s == 0)
-		return;
-	if (strcmp(s, "export") == 0) {
-		rc = node_pub_export(a->pub, on_ctl_done, c);
-		if (rc != 0)
-			client_say(c, "error cannot queue an export: %s", strerror(-rc));
-		else
-			c->pending++;
-	} else if (strcmp(s, "quit") == 0) {
-		LOG_INFO("control: quit");
-		event_base_loopexit(a->base, NULL);
-	} else {
-		client_say(c, "error unknown command '%.64s' (want export or quit)", s);
-	}
-}
-
-static void on_ctl_write(struct bufferevent *bev, void *arg)
-{
-	struct ctl_client *c = arg;
-
-	if (c->closing)
-		client_gone(c);
-}
-
-static void on_ctl_read(struct bufferevent *bev, void *arg)
-{
-	struct ctl_client *c = arg;
-	struct evbuffer *in = bufferevent_get_input(bev);
-	char *line;
-	size_t n;
-
-	while (!c->closing && (line = evbuffer_readln(in, &n, EVBUFFER_EOL_LF)) != NULL) {
-		if (n > CTL_LINE_MAX)
-			client_say(c, "error line too long (at most %d bytes)", CTL_LINE_MAX);
-		else
-			ctl_command(c, line);
-		free(line);
-	}
-	if (!c->closing && evbuffer_get_length(in) > CTL_LINE_MAX) {
-		client_say(c, "error line too long (at most %d bytes)", CTL_LINE_MAX);
-		c->closing = true;
-		bufferevent_disable(bev, EV_READ);
-	}
-}
-
-static void on_ctl_event(struct bufferevent *bev, short what, void *arg)
-{
-	struct ctl_client *c = arg;
-
-	if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))
-		client_gone(c);
-}
-
-static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
-		      int salen, void *arg)
+static void on_control_result(void *arg, const struct node_pub_result *r)
 {
 	struct app *a = arg;
-	struct ctl_client *c = calloc(1, sizeof(*c));
 
-	if (c == NULL || (c->bev = bufferevent_socket_new(a->base, fd, BEV_OPT_CLOSE_ON_FREE)) == NULL) {
-		LOG_WARN("control: out of memory; connection refused");
-		free(c);
-		evutil_closesocket(fd);
-		return;
-	}
-	c->app = a;
-	c->next = a->clients;
-	a->clients = c;
-	bufferevent_setcb(c->bev, on_ctl_read, on_ctl_write, on_ctl_event, c);
-	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+	node_pub_metrics_result(&a->pm, r);
+	if (r->status == 0)
+		print_result(r);
+	else
+		fprintf(stderr, "tessera publish: version %llu: %s\n", (unsigned long long)r->version,
+			r->error);
 }
 
-static int control_open(struct app *a, const char *path)
+static void on_control_quit(void *arg)
 {
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	struct stat st;
-	evutil_socket_t fd;
+	struct app *a = arg;
 
-	if (strlen(path) >= sizeof(sa.sun_path)) {
-		fprintf(stderr, "tessera publish: --control %s: path too long (at most %zu bytes)\n",
-			path, sizeof(sa.sun_path) - 1);
-		return -ENAMETOOLONG;
-	}
-	if (lstat(path, &st) == 0) {
-		if (!S_ISSOCK(st.st_mode)) {
-			fprintf(stderr, "tessera publish: --control %s: exists and is not a socket\n",
-				path);
-			return -EEXIST;
-		}
-		unlink(path); /* a stale socket of an earlier run */
-	}
-	memcpy(sa.sun_path, path, strlen(path) + 1);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-		int e = errno;
-		fprintf(stderr, "tessera publish: --control %s: %s\n", path, strerror(e));
-		if (fd >= 0)
-			close(fd);
-		return -e;
-	}
-	a->control_bound = true;
-	chmod(path, 0600); /* whoever can connect can export and stop us */
-	evutil_make_socket_nonblocking(fd);
-	a->lis = evconnlistener_new(a->base, on_accept, a, LEV_OPT_CLOSE_ON_FREE, 16, fd);
-	if (a->lis == NULL) {
-		fprintf(stderr, "tessera publish: --control %s: cannot listen\n", path);
-		close(fd);
-		return -EIO;
-	}
-	return 0;
+	event_base_loopexit(a->base, NULL);
 }
 
 /* ---- main ----------------------------------------------------------------------- */
@@ -489,6 +301,7 @@ int node_cmd_publish(int argc, char **argv)
 		{"every", required_argument, NULL, 'e'},
 		{"anchor-every", required_argument, NULL, 'A'},
 		{"control", required_argument, NULL, 'c'},
+		{"trainer", required_argument, NULL, 'T'},
 		{"metrics", required_argument, NULL, 'M'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
@@ -572,6 +385,9 @@ int node_cmd_publish(int argc, char **argv)
 		case 'c':
 			a.control = optarg;
 			break;
+		case 'T':
+			po.trainer_model = optarg;
+			break;
 		case 'M':
 			metrics_at = optarg;
 			break;
@@ -603,8 +419,12 @@ int node_cmd_publish(int argc, char **argv)
 		rc = proto_cli_missing("tessera publish", po.tracker_url == NULL ? "--tracker URL" : "--key FILE");
 		goto out;
 	}
-	if ((po.synthetic_bytes > 0) == (po.model_dir != NULL)) {
-		fprintf(stderr, "tessera publish: give exactly one of --synthetic-mb N and --model-dir DIR (see --help)\n");
+	if ((po.synthetic_bytes > 0) + (po.model_dir != NULL) + (po.trainer_model != NULL) != 1) {
+		fprintf(stderr, "tessera publish: give exactly one of --synthetic-mb N, --model-dir DIR and --trainer MODEL.json (see --help)\n");
+		goto out;
+	}
+	if (po.trainer_model != NULL && (a.control == NULL || a.have_versions || a.every)) {
+		fprintf(stderr, "tessera publish: --trainer takes its versions from trainer ranks over --control PATH (and not --versions or --every)\n");
 		goto out;
 	}
 	if (!a.have_versions && !a.every && a.control == NULL) {
@@ -632,8 +452,13 @@ int node_cmd_publish(int argc, char **argv)
 		fprintf(stderr, "tessera publish: %s\n", err.msg);
 		goto out;
 	}
-	if (a.control != NULL && control_open(&a, a.control) != 0)
-		goto out;
+	if (a.control != NULL) {
+		struct node_pub_control_ops ops = {on_control_result, on_control_quit, &a};
+		if (node_pub_control_new(a.base, a.control, a.pub, &ops, &a.ctl, &err) != 0) {
+			fprintf(stderr, "tessera publish: %s\n", err.msg);
+			goto out;
+		}
+	}
 	if (strcmp(metrics_at, "off") != 0) {
 		metrics = node_metrics_new();
 		if (metrics == NULL || node_pub_metrics_init(&a.pm, metrics, a.base, a.pub) != 0) {
@@ -673,16 +498,11 @@ out:
 		event_free(sigterm);
 	if (sigint != NULL)
 		event_free(sigint);
-	if (a.lis != NULL)
-		evconnlistener_free(a.lis);
-	if (a.control_bound)
-		unlink(a.control);
 	node_metrics_http_free(mhttp);
 	node_pub_metrics_fini(&a.pm);
 	node_metrics_free(metrics);
 	node_pub_free(a.pub); /* drops queued exports: no callback after this */
-	while (a.clients != NULL)
-		client_free(a.clients);
+	node_pub_control_free(a.ctl);
 	if (a.base != NULL)
 		event_base_free(a.base);
 	free(ranks);

@@ -928,6 +928,8 @@ void node__pub_on_wake(evutil_socket_t fd, short what, void *arg)
 		 * (not a rebuild after a restart). */
 		if (ex->pv != NULL && ex->req != NULL && !ex->verify)
 			ex->pv->snapshot_ms = proto_wall_ms();
+		if (!ex->failed && ex->req != NULL && ex->req->on_snap != NULL)
+			ex->req->on_snap(ex->req->arg, ex->version);
 	}
 	node__pub_ex_step(p);
 }
@@ -961,8 +963,12 @@ void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t versio
 	ex->created_ms = req ? req->created_ms : proto_wall_ms();
 	ex->chunk_size = (uint32_t)proto_param(PROTO_PARAM_CHUNK_SIZE);
 	if (!node__pub_source_has(p, version)) {
-		ex_fail(p, ERANGE, "version %llu: the model dir holds only %zu versions",
-			(unsigned long long)version, p->nfiles);
+		if (p->trainer)
+			ex_fail(p, ERANGE, "version %llu: only a trainer's export can be published",
+				(unsigned long long)version);
+		else
+			ex_fail(p, ERANGE, "version %llu: the model dir holds only %zu versions",
+				(unsigned long long)version, p->nfiles);
 		node__pub_ex_step(p);
 		return;
 	}

@@ -8,6 +8,7 @@
  *   publisher.c   the object: new/free, the export queue, tracker
  *                 registration, heartbeats and the version resync;
  *   pub_source.c  where a version's bytes come from (fixture or model dir);
+ *   pub_trainer.c the trainer source: a shared buffer per trainer rank;
  *   pub_layout.c  the serving layouts and their plans, cached by digest;
  *   pub_export.c  exporting one version: workers, manifest, publish/verify;
  *   pub_serve.c   served versions: buffers, regions, offers, retention;
@@ -126,6 +127,7 @@ struct pub_version {
 
 struct pub_req {
 	node_pub_cb cb;
+	node_pub_snap_cb on_snap; /* NULL: not asked for */
 	void *arg;
 	uint64_t created_ms, t0_ns;
 	struct pub_req *next;
@@ -229,6 +231,11 @@ struct node_pub {
 	struct proto_layout tl;
 	bool have_tl;
 	json_t *model_json, *tl_json;
+	/* The trainer source (pub_trainer.c): per trainer rank a sealed memfd
+	 * the trainer fills, mapped here; NULL / -1 for other sources. */
+	bool trainer;
+	int *tr_fd;
+	uint8_t **tr_map;
 	uint8_t **blocks;        /* per trainer rank: its snapshot, during an export */
 	size_t *block_cap;
 
@@ -306,6 +313,15 @@ int node__pub_load_model_dir(struct node_pub *p, const char *dir, struct proto_e
  * thread; cannot fail. */
 void node__pub_source_fill(struct node_pub *p, uint32_t rank, uint64_t version,
 			   uint8_t *block);
+
+/* ---- pub_trainer.c: the trainer's shared buffers ------------------------------------ */
+
+/* Loads the model spec (JSON, as `tessera model` writes it) into p->model. */
+int node__pub_trainer_model(struct node_pub *p, const char *path, struct proto_err *err);
+/* Creates and maps one sealed memfd per trainer rank, sized by its rank
+ * spec. On failure what was made stays in p for node__pub_trainer_free. */
+int node__pub_trainer_open(struct node_pub *p, struct proto_err *err);
+void node__pub_trainer_free(struct node_pub *p);
 
 /* ---- pub_layout.c: serving layouts -------------------------------------------------- */
 

@@ -12,6 +12,10 @@
 
 bool node__pub_source_has(const struct node_pub *p, uint64_t v)
 {
+	/* The trainer's buffers hold the version a trainer asked to export,
+	 * nothing that could be rebuilt after a restart. */
+	if (p->trainer)
+		return v >= 1 && p->ex != NULL && p->ex->req != NULL && !p->ex->verify;
 	return v >= 1 && (p->synthetic || v <= p->nfiles);
 }
 
@@ -106,6 +110,9 @@ void node__pub_source_fill(struct node_pub *p, uint32_t rank, uint64_t version, 
 {
 	if (p->synthetic) {
 		proto_fixture_fill_rank(&p->model, &p->tl, rank, p->seed, version, block);
+	} else if (p->trainer) {
+		if (p->tl.ranks[rank].nbytes > 0)
+			memcpy(block, p->tr_map[rank], p->tl.ranks[rank].nbytes);
 	} else {
 		struct st_src s = {&p->files[version - 1]};
 		proto_layout_fill_rank(&p->model, &p->tl, rank, st_source, &s, block);

@@ -109,6 +109,9 @@ static void on_init_versions(const struct trk_answer *a, void *arg)
 		p->reoffer = latest;
 		LOG_INFO("the tracker has versions up to %llu: rebuilding it to offer it again",
 			 (unsigned long long)latest);
+	} else if (latest > 0 && p->trainer) {
+		LOG_INFO("the tracker has versions up to %llu: the trainer's next export follows them",
+			 (unsigned long long)latest);
 	} else if (latest > 0) {
 		LOG_ERR("the tracker's latest version %llu is beyond the model dir's %zu versions: not offered",
 			(unsigned long long)latest, p->nfiles);
@@ -334,9 +337,9 @@ int node_pub_new(struct event_base *base, const struct node_pub_opts *o, struct 
 	if (sodium_init() < 0)
 		return proto_errf(err, EIO, "libsodium failed to initialise");
 	if (o->sk == NULL || o->tracker_url == NULL ||
-	    (o->synthetic_bytes == 0) == (o->model_dir == NULL))
+	    (o->synthetic_bytes > 0) + (o->model_dir != NULL) + (o->trainer_model != NULL) != 1)
 		return proto_errf(err, EINVAL,
-				  "publisher: a tracker, a key and one source (synthetic or model dir) are needed");
+				  "publisher: a tracker, a key and one source (synthetic, model dir or trainer) are needed");
 	p = calloc(1, sizeof(*p));
 	if (p == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
@@ -363,6 +366,9 @@ int node_pub_new(struct event_base *base, const struct node_pub_opts *o, struct 
 		if ((rc = proto_fixture_model(o->synthetic_bytes, &p->model, err)) != 0)
 			goto fail;
 		p->have_model = true;
+	} else if (o->trainer_model != NULL) {
+		if ((rc = node__pub_trainer_model(p, o->trainer_model, err)) != 0)
+			goto fail;
 	} else if ((rc = node__pub_load_model_dir(p, o->model_dir, err)) != 0) {
 		goto fail;
 	}
@@ -396,6 +402,17 @@ int node_pub_new(struct event_base *base, const struct node_pub_opts *o, struct 
 			}
 		p->hosted[i].rank = r;
 		p->leader |= r == 0;
+	}
+	if (p->trainer) {
+		/* The leader needs every rank's bytes, which only the trainer has. */
+		if (p->nhosted != nr) {
+			rc = proto_errf(err, EINVAL,
+					"the trainer source needs every trainer rank (0..%u) in this process",
+					nr - 1);
+			goto fail;
+		}
+		if ((rc = node__pub_trainer_open(p, err)) != 0)
+			goto fail;
 	}
 	if ((rc = open_hosted(p, o, err)) != 0)
 		goto fail;
@@ -441,11 +458,17 @@ fail:
 
 int node_pub_export(struct node_pub *p, node_pub_cb cb, void *arg)
 {
+	return node_pub_export_snap(p, cb, NULL, arg);
+}
+
+int node_pub_export_snap(struct node_pub *p, node_pub_cb cb, node_pub_snap_cb on_snap, void *arg)
+{
 	struct pub_req *r = calloc(1, sizeof(*r));
 
 	if (r == NULL)
 		return -ENOMEM;
 	r->cb = cb;
+	r->on_snap = on_snap;
 	r->arg = arg;
 	r->created_ms = proto_wall_ms();
 	r->t0_ns = proto_now_ns();
@@ -552,6 +575,7 @@ void node_pub_free(struct node_pub *p)
 	}
 	free(p->blocks);
 	free(p->block_cap);
+	node__pub_trainer_free(p);
 	json_decref(p->model_json);
 	json_decref(p->tl_json);
 	if (p->have_tl)

@@ -87,6 +87,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto/spec.h"
 #include "proto/util.h"
 
 struct node_pub;
@@ -104,6 +105,10 @@ struct node_pub_opts {
 	uint64_t synthetic_bytes;
 	uint64_t seed;
 	const char *model_dir;
+	/* Or trainer_model: the model spec (JSON) of a trainer that hands each
+	 * version's shards over shared buffers (node_pub_trainer_buffer); the
+	 * process must host every trainer rank. */
+	const char *trainer_model;
 	/* Trainer layout: a built-in name (fsdpN, tpN) or a layout file; NULL
 	 * means "fsdp2". */
 	const char *layout;
@@ -160,6 +165,26 @@ typedef void (*node_pub_cb)(void *arg, const struct node_pub_result *r);
  * cb never called.
  */
 int node_pub_export(struct node_pub *p, node_pub_cb cb, void *arg);
+
+/* Called once the snapshot of the export is taken: the source (the
+ * trainer's buffers) may change from then on. Not called when the export
+ * fails before. */
+typedef void (*node_pub_snap_cb)(void *arg, uint64_t version);
+/* node_pub_export, with on_snap (may be NULL) called when the snapshot is
+ * taken, before cb. */
+int node_pub_export_snap(struct node_pub *p, node_pub_cb cb, node_pub_snap_cb on_snap,
+			 void *arg);
+
+/* Trainer source: the shared buffer of trainer rank (a sealed memfd of
+ * *bytes bytes, the rank's block of the trainer layout: its local tensors
+ * back to back). The publisher keeps the fd: the caller dups or sends it.
+ * -ENOENT when the source is not the trainer, -ERANGE for a rank the
+ * layout does not have. */
+int node_pub_trainer_buffer(const struct node_pub *p, uint32_t rank, int *fd, uint64_t *bytes);
+/* Whether the source is the trainer; the trainer layout. */
+bool node_pub_trainer_source(const struct node_pub *p);
+const struct proto_layout *node_pub_trainer_layout(const struct node_pub *p);
+const struct proto_model *node_pub_model(const struct node_pub *p);
 
 /* Exports queued or running. Cannot fail. */
 size_t node_pub_pending(const struct node_pub *p);

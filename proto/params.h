@@ -111,7 +111,11 @@
 	X(ANCHOR_EVERY, "TESSERA_ANCHOR_EVERY", 10, "versions per anchor (1: no deltas)") \
 	/* A delta version whose parcels would exceed this percentage of the \
 	 * anchor's bytes is sent as an anchor instead. */ \
-	X(DELTA_MAX_PERCENT, "TESSERA_DELTA_MAX_PERCENT", 50, "largest delta, % of the anchor")
+	X(DELTA_MAX_PERCENT, "TESSERA_DELTA_MAX_PERCENT", 50, "largest delta, % of the anchor") \
+	/* A retired slot's pages are given back this long after its last pin \
+	 * went, on a worker thread: the serving process unmaps its view first \
+	 * (cheap), so neither it nor the node's loop pays for freeing them. */ \
+	X(ATTACH_FREE_GRACE_MS, "TESSERA_ATTACH_FREE_GRACE_MS", 200, "delay before a retired slot is freed, ms")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

@@ -328,6 +328,10 @@ static void test_pin_across_switch(void **state)
 	/* New requests get the new version, on this client and another. */
 	assert_int_equal(tessera_acquire(c, &young), 0);
 	assert_int_equal(young.version, 2);
+	/* Attribution: each pin names its version and when it was granted. */
+	assert_true(old.acquired_ms > 0 && old.acquired_ms <= young.acquired_ms);
+	assert_true(young.acquired_ms <= proto_wall_ms());
+	assert_memory_equal(tessera_version_info(c, 1)->digest, (uint8_t[32]){[0 ... 31] = 1}, 32);
 	assert_version_bytes(&young, 2);
 	assert_version_bytes(&old, 1);
 	struct tessera_pin op;
@@ -849,29 +853,7 @@ struct cl {
 
 static void cl_export(struct cl *e, uint64_t v)
 {
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	char reply[256], want[64];
-	int fd = -1;
-	size_t n = 0;
-
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", e->ctl);
-	for (int i = 0; i < 600 && fd < 0; i++) {
-		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-			close(fd);
-			fd = -1;
-			usleep(50000);
-		}
-	}
-	assert_true(fd >= 0);
-	assert_int_equal(write(fd, "export\n", 7), 7);
-	while (n + 1 < sizeof(reply) && read(fd, reply + n, 1) == 1 && reply[n] != '\n')
-		n++;
-	reply[n] = 0;
-	close(fd);
-	snprintf(want, sizeof(want), "published %llu ", (unsigned long long)v);
-	if (strncmp(reply, want, strlen(want)) != 0)
-		fail_msg("publisher said '%s'", reply);
+	tu_control_export(e->ctl, v);
 }
 
 static void assert_rank_bytes(struct cl *e, const struct tessera_pin *p, uint64_t v)
@@ -921,20 +903,15 @@ static void test_real_node(void **state)
 	snprintf(e->expose, sizeof(e->expose), "%s/expose", e->dir);
 	snprintf(e->model, sizeof(e->model), "%s/model.json", e->dir);
 	snprintf(state_dir, sizeof(state_dir), "%s/state", e->dir);
-	snprintf(e->key, sizeof(e->key), "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
-	snprintf(e->pub, sizeof(e->pub), "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
+	tu_trainer_keys(e->key, sizeof(e->key), e->pub, sizeof(e->pub));
 	assert_int_equal(proto_fixture_model(8 << 20, &e->m, &err), 0);
 	assert_int_equal(proto_layout_builtin(&e->m, "tp1", &e->tp1, &err), 0);
 	tu_write_model(&e->m, e->model);
 
 	tu_start_tracker(&e->tracker, e->dir, state_dir, e->pub, e->url, sizeof(e->url));
 
-	tu_bin(bin, sizeof(bin), "tessera-node");
-	snprintf(log, sizeof(log), "%s/node.log", e->dir);
-	char *nargv[] = {bin, "--tracker", e->url, "--replica", "A", "--rank", "0", "--layout", "tp1",
-			 "--model", e->model, "--trainer-pubkey", e->pub, "--expose", e->expose,
-			 "--store", "host", "--attach", e->sock, "--log-level", "info", NULL};
-	assert_int_equal(node_proc_spawn(&e->node, "node", nargv, log), 0);
+	tu_start_node(&e->node, e->dir, e->url, "A", "0", "tp1", e->model, e->pub, e->expose, e->sock,
+		      "node");
 	tu_bin(bin, sizeof(bin), "tessera");
 	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
 	char *pargv[] = {bin, "publish", "--tracker", e->url, "--key", e->key, "--synthetic-mb", "8",

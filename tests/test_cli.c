@@ -43,7 +43,7 @@ static const struct cmd cmds[] = {
 	{"tessera", "publish", "tessera publish",
 	 {"tracker", "key", "cluster-key", "synthetic-mb", "seed", "model-dir", "layout", "ranks",
 	  "provider", "versions", "every", "anchor-every", "control", "metrics", "config", "log-format", "log-level",
-	  "help"},
+	  "help", "trainer"},
 	 "--tracker URL", {NULL}},
 	{"tessera", "synth", "tessera synth",
 	 {"out", "synthetic-mb", "steps", "lr", "seed", "threads", "help"}, "-o DIR", {NULL}},

@@ -4,9 +4,13 @@
 #define TESTS_TESTCLUSTER_H
 
 #include <jansson.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "node/proc.h"
 #include "proto/proto.h"
@@ -53,6 +57,73 @@ static inline void tu_start_tracker(struct node_proc *p, const char *dir, const 
 	assert_int_equal(node_proc_spawn(p, "tracker", argv, log), 0);
 	assert_int_equal(node_proc_wait_line(p, "listening on ", line, sizeof(line), 10000), 0);
 	snprintf(url, url_len, "%s", line);
+}
+
+/* The trainer key pair of tests/data: paths of the secret and public key. */
+static inline void tu_trainer_keys(char *key, size_t klen, char *pub, size_t plen)
+{
+	char buf[512];
+
+	snprintf(key, klen, "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
+	snprintf(pub, plen, "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
+}
+
+/* Starts tessera-node (host store, log level info, log in dir/<tag>.log) as
+ * (replica, rank) in layout, trusting the trainer key pub; attach is its
+ * attach socket (NULL: none). */
+static inline void tu_start_node(struct node_proc *p, const char *dir, const char *url,
+				 const char *replica, const char *rank, const char *layout,
+				 const char *model, const char *pub, const char *expose,
+				 const char *attach, const char *tag)
+{
+	char bin[512], log[600];
+
+	tu_bin(bin, sizeof(bin), "tessera-node");
+	snprintf(log, sizeof(log), "%s/%s.log", dir, tag);
+	char *argv[] = {bin, "--tracker", (char *)url, "--replica", (char *)replica,
+			"--rank", (char *)rank, "--layout", (char *)layout, "--model", (char *)model,
+			"--trainer-pubkey", (char *)pub, "--expose", (char *)expose, "--store", "host",
+			"--log-level", "info", attach ? "--attach" : NULL, (char *)attach, NULL};
+	assert_int_equal(node_proc_spawn(p, tag, argv, log), 0);
+}
+
+/* Connects to the publisher's control socket (tessera publish --control),
+ * waiting (bounded: 60 s) for the publisher to open it. */
+static inline int tu_control_connect(const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	for (int i = 0; i < 1200; i++) {
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		assert_true(fd >= 0);
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+			return fd;
+		close(fd);
+		usleep(50000);
+	}
+	fail_msg("cannot connect to %s", path);
+	return -1;
+}
+
+/* "export" on the control socket at path; wants "published v ..." (120 s). */
+static inline void tu_control_export(const char *path, uint64_t v)
+{
+	char reply[256], want[64];
+	int fd = tu_control_connect(path);
+	size_t n = 0;
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+
+	assert_int_equal(write(fd, "export\n", 7), 7);
+	while (n + 1 < sizeof(reply) && poll(&p, 1, 120000) == 1 && read(fd, reply + n, 1) == 1 &&
+	       reply[n] != '\n')
+		n++;
+	reply[n] = 0;
+	close(fd);
+	snprintf(want, sizeof(want), "published %llu ", (unsigned long long)v);
+	if (strncmp(reply, want, strlen(want)) != 0)
+		fail_msg("publisher said '%s', want '%s...'", reply, want);
 }
 
 #endif

@@ -10,8 +10,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "node/client/wire.h"
@@ -505,6 +505,9 @@ API int tessera_acquire(tessera_client *c, struct tessera_pin *out)
 	v->pins++;
 	out->base = v->v.host;
 	out->size = v->v.size;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	out->acquired_ms = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 	return 0;
 }
 

@@ -62,12 +62,15 @@ struct tessera_version {
 	const uint8_t *host;    /* mapped read-only (NULL when size is 0) */
 };
 
-/* One request's hold on a version. */
+/* One request's hold on a version: version is what the request ran on (to
+ * record with its trajectory, with the version's manifest digest from
+ * tessera_version_info()). */
 struct tessera_pin {
 	uint64_t id;
 	uint64_t version;
 	const uint8_t *base;    /* host bytes of the version (NULL when empty) */
 	uint64_t size;
+	uint64_t acquired_ms;   /* wall clock (ms since the epoch) when the node granted it */
 };
 
 /*

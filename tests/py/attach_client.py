@@ -70,6 +70,12 @@ def main():
         with c.acquire() as new:
             check(c, new, 2)
             check(c, old, 1)
+            # Each request can say which version it ran on, and when.
+            rec_old, rec_new = old.record(), new.record()
+            assert rec_old["version"] == 1 and rec_new["version"] == 2, (rec_old, rec_new)
+            assert rec_new["replica"] == replica and rec_new["rank"] == rank, rec_new
+            assert rec_new["manifest_digest"] == c.version_info(2)["digest"], rec_new
+            assert 0 < rec_old["acquired_ms"] <= rec_new["acquired_ms"], (rec_old, rec_new)
         old.release()
     print("ok " + ("numpy" if numpy is not None else "memoryview"), flush=True)
 

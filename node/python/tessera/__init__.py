@@ -28,7 +28,7 @@ try:
 except ImportError:  # numpy is optional
     _np = None
 
-__all__ = ["Client", "Pin", "Tensor", "TesseraError", "numpy_dtype"]
+__all__ = ["Client", "Pin", "Tensor", "TesseraError", "Trainer", "TrainerTensor", "numpy_dtype"]
 
 _DIMS_MAX = 8
 
@@ -63,6 +63,7 @@ class _Pin(ctypes.Structure):
         ("version", ctypes.c_uint64),
         ("base", ctypes.c_void_p),
         ("size", ctypes.c_uint64),
+        ("acquired_ms", ctypes.c_uint64),
     ]
 
 
@@ -143,9 +144,18 @@ class Pin:
 
     def __init__(self, client, raw):
         self._client, self._raw = client, raw
-        self.id, self.version = raw.id, raw.version
+        self.id, self.version, self.acquired_ms = raw.id, raw.version, raw.acquired_ms
         self._mm = client._mapping(raw.version)
         self.released = False
+
+    def record(self):
+        """What to store with the request's trajectory: the version it really
+        ran on, that version's signed manifest digest, the replica and rank,
+        and when the node granted the pin (ms since the epoch)."""
+        info = self._client.version_info(self.version)
+        return {"replica": self._client.replica, "rank": self._client.rank,
+                "version": self.version, "manifest_digest": info["digest"],
+                "acquired_ms": self.acquired_ms}
 
     def buffer(self):
         """The whole version as a read-only memoryview."""
@@ -183,6 +193,7 @@ class Client:
 
     def __init__(self, path, replica, rank, timeout_ms=10000, lib=None):
         self._lib = _load(lib)
+        self.replica, self.rank = replica, rank
         self._c = ctypes.c_void_p()
         err = ctypes.create_string_buffer(512)
         rc = self._lib.tessera_attach(path.encode(), replica.encode(), rank, timeout_ms,
@@ -300,3 +311,6 @@ class Client:
             self.close()
         except Exception:
             pass
+
+
+from tessera.trainer import Trainer, TrainerTensor  # noqa: E402  (the trainer's side)

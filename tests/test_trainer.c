@@ -1,0 +1,303 @@
+/* The trainer's side: a publisher fed by trainer ranks through shared buffers (--trainer). */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+#include "node/proc.h"
+#include "proto/fixture.h"
+#include "proto/proto.h"
+#include "tests/testutil.h"
+#include "tests/testcluster.h"
+
+#define WAIT_MS 120000
+
+struct env {
+	char dir[256], url[256], ctl[512], sock[512], expose[512], model[512], key[512], pub[512];
+	struct node_proc tracker, node, publisher;
+	struct proto_model m;
+	struct proto_layout fsdp2;
+};
+
+/* One line into buf (no newline); the fd riding on it into *fd (or -1).
+ * Returns false when the socket closed first. */
+static bool ctl_line_fd(int fd, char *buf, size_t cap, int *rfd)
+{
+	size_t n = 0;
+
+	if (rfd != NULL)
+		*rfd = -1;
+	while (n + 1 < cap) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		union {
+			struct cmsghdr h;
+			char b[CMSG_SPACE(sizeof(int))];
+		} cm;
+		struct iovec iov = {buf + n, 1};
+		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+				    .msg_controllen = sizeof(cm.b)};
+		if (poll(&p, 1, WAIT_MS) <= 0)
+			fail_msg("no answer on the control socket (have '%.*s')", (int)n, buf);
+		if (recvmsg(fd, &mh, MSG_CMSG_CLOEXEC) != 1)
+			return false;
+		for (struct cmsghdr *h = CMSG_FIRSTHDR(&mh); h; h = CMSG_NXTHDR(&mh, h))
+			if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) {
+				int got;
+				memcpy(&got, CMSG_DATA(h), sizeof(got));
+				if (rfd != NULL && *rfd < 0)
+					*rfd = got;
+				else
+					close(got);
+			}
+		if (buf[n] == '\n')
+			break;
+		n++;
+	}
+	buf[n] = 0;
+	return true;
+}
+
+static void ctl_send(int fd, const char *s)
+{
+	assert_int_equal(write(fd, s, strlen(s)), (ssize_t)strlen(s));
+}
+
+/* Sends cmd and wants an answer starting with want. */
+static void expect(int fd, const char *cmd, const char *want)
+{
+	char line[700];
+
+	ctl_send(fd, cmd);
+	if (!ctl_line_fd(fd, line, sizeof(line), NULL))
+		fail_msg("'%s': the publisher closed the socket", cmd);
+	if (strncmp(line, want, strlen(want)) != 0)
+		fail_msg("'%s': publisher said '%s', want '%s...'", cmd, line, want);
+}
+
+static void start_cluster(struct env *e)
+{
+	char bin[512], log[600], state_dir[600];
+	struct proto_err err;
+
+	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
+	assert_non_null(tu_mkdtemp(e->dir, sizeof(e->dir)));
+	snprintf(e->ctl, sizeof(e->ctl), "%s/ctl.sock", e->dir);
+	snprintf(e->sock, sizeof(e->sock), "%s/A-0.sock", e->dir);
+	snprintf(e->expose, sizeof(e->expose), "%s/expose", e->dir);
+	snprintf(e->model, sizeof(e->model), "%s/model.json", e->dir);
+	snprintf(state_dir, sizeof(state_dir), "%s/state", e->dir);
+	tu_trainer_keys(e->key, sizeof(e->key), e->pub, sizeof(e->pub));
+	assert_int_equal(proto_fixture_model(8 << 20, &e->m, &err), 0);
+	assert_int_equal(proto_layout_builtin(&e->m, "fsdp2", &e->fsdp2, &err), 0);
+	tu_write_model(&e->m, e->model);
+
+	tu_start_tracker(&e->tracker, e->dir, state_dir, e->pub, e->url, sizeof(e->url));
+	tu_start_node(&e->node, e->dir, e->url, "A", "0", "fsdp1", e->model, e->pub, e->expose, e->sock,
+		      "node");
+	tu_bin(bin, sizeof(bin), "tessera");
+	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
+	char *pargv[] = {bin, "publish", "--tracker", e->url, "--key", e->key, "--trainer", e->model,
+			 "--layout", "fsdp2", "--control", e->ctl, "--log-level", "info", NULL};
+	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", pargv, log), 0);
+}
+
+static int teardown(void **state)
+{
+	struct env *e = *state;
+
+	if (e == NULL)
+		return 0;
+	node_proc_stop(&e->publisher, 5000);
+	node_proc_stop(&e->node, 5000);
+	node_proc_stop(&e->tracker, 5000);
+	proto_layout_fini(&e->fsdp2);
+	proto_model_fini(&e->m);
+	if (getenv("TESSERA_TEST_KEEP") != NULL)
+		print_message("kept %s\n", e->dir);
+	else if (e->dir[0] != 0)
+		tu_rmtree(e->dir);
+	unsetenv("TESSERA_CHUNK_SIZE");
+	free(e);
+	return 0;
+}
+
+/*
+ * Bad input on the control socket of a trainer-fed publisher: every refused
+ * command gets one "error" line naming the reason and changes nothing (the
+ * rank stays free, the publisher stays up); the buffer handed out is the
+ * rank's block and cannot be resized by the trainer.
+ */
+static void test_control_refusals(void **state)
+{
+	struct env *e = calloc(1, sizeof(*e));
+	char line[700], longline[400];
+	int fd, bfd;
+
+	assert_non_null(e);
+	*state = e;
+	start_cluster(e);
+	fd = tu_control_connect(e->ctl);
+	expect(fd, "export\n", "error the source is the trainer");
+	expect(fd, "export 7\n", "error export STEP is for trainer ranks");
+	expect(fd, "export x7\n", "error export wants a step number");
+	expect(fd, "export -1\n", "error export wants a step number");
+	expect(fd, "trainer\n", "error usage: trainer RANK");
+	expect(fd, "trainer x\n", "error usage: trainer RANK");
+	expect(fd, "trainer 0 bytes\n", "error usage: trainer RANK");
+	expect(fd, "trainer 0 bytes -5\n", "error usage: trainer RANK");
+	expect(fd, "trainer 0 colour red\n", "error usage: trainer RANK");
+	expect(fd, "trainer 2\n", "error rank 2 is not a rank of the trainer layout (ranks 0..1)");
+	expect(fd, "trainer 99999999999\n", "error usage: trainer RANK");
+	snprintf(line, sizeof(line), "trainer 1 bytes %llu\n",
+		 (unsigned long long)e->fsdp2.ranks[1].nbytes + 1);
+	snprintf(longline, sizeof(longline), "error rank 1 holds %llu bytes",
+		 (unsigned long long)e->fsdp2.ranks[1].nbytes);
+	expect(fd, line, longline);
+	expect(fd, "trainer 1 dtype fp8_e4m3\n", "error rank 1's tensor ");
+	expect(fd, "flip\n", "error unknown command 'flip'");
+
+	/* Now a good claim: the buffer comes with its size and table. */
+	snprintf(line, sizeof(line), "trainer 1 bytes %llu dtype bf16\n",
+		 (unsigned long long)e->fsdp2.ranks[1].nbytes);
+	ctl_send(fd, line);
+	assert_true(ctl_line_fd(fd, line, sizeof(line), &bfd));
+	snprintf(longline, sizeof(longline), "buffer 1 %llu %u",
+		 (unsigned long long)e->fsdp2.ranks[1].nbytes, e->fsdp2.ranks[1].nlocals);
+	assert_string_equal(line, longline);
+	assert_true(bfd >= 0);
+	struct stat st;
+	assert_int_equal(fstat(bfd, &st), 0);
+	assert_int_equal((uint64_t)st.st_size, e->fsdp2.ranks[1].nbytes);
+	/* Sealed: the trainer cannot shrink it under the snapshot. */
+	assert_int_equal(ftruncate(bfd, 4096), -1);
+	assert_int_equal(errno, EPERM);
+	for (uint32_t i = 0; i < e->fsdp2.ranks[1].nlocals; i++) {
+		const struct proto_local *l = &e->fsdp2.ranks[1].locals[i];
+		assert_true(ctl_line_fd(fd, line, sizeof(line), NULL));
+		char want[400];
+		snprintf(want, sizeof(want), "tensor %s %llu %llu ", proto_dtype_name(l->dtype),
+			 (unsigned long long)l->offset, (unsigned long long)l->nbytes);
+		if (strncmp(line, want, strlen(want)) != 0 ||
+		    strcmp(line + strlen(line) - strlen(l->name), l->name) != 0)
+			fail_msg("table line '%s', want '%s... %s'", line, want, l->name);
+	}
+	close(bfd);
+	expect(fd, "trainer 0\n", "error this connection is trainer rank 1 already");
+	int other = tu_control_connect(e->ctl);
+	expect(other, "trainer 1\n", "error rank 1 is held by another trainer connection");
+	/* The step gathers: rank 1 waits; a different step from rank 0 is refused. */
+	ctl_send(fd, "export 3\n");
+	ctl_send(other, "trainer 0\n");
+	assert_true(ctl_line_fd(other, line, sizeof(line), &bfd));
+	assert_true(bfd >= 0);
+	close(bfd);
+	for (uint32_t i = 0; i < e->fsdp2.ranks[0].nlocals; i++)
+		assert_true(ctl_line_fd(other, line, sizeof(line), NULL));
+	/* fd's export is taken once fd's next command is answered. */
+	expect(fd, "trainer 1\n", "error this connection is trainer rank 1 already");
+	expect(other, "export 4\n", "error rank 0 exports step 4 while other ranks export step 3");
+	expect(fd, "export 3\n", "error rank 1 already exports step 3");
+	/* A line over the cap: refused; without its end the connection is closed. */
+	memset(longline, 'x', sizeof(longline) - 2);
+	longline[sizeof(longline) - 2] = '\n';
+	longline[sizeof(longline) - 1] = 0;
+	expect(other, longline, "error line too long");
+	longline[sizeof(longline) - 2] = 0;
+	expect(other, longline, "error line too long");
+	assert_false(ctl_line_fd(other, line, sizeof(line), NULL));
+	close(other);
+	/* Rank 0 left: a new connection holds it at once. */
+	other = tu_control_connect(e->ctl);
+	ctl_send(other, "trainer 0\n");
+	assert_true(ctl_line_fd(other, line, sizeof(line), &bfd));
+	assert_true(strncmp(line, "buffer 0 ", 9) == 0);
+	close(bfd);
+	close(other);
+	close(fd);
+	assert_true(node_proc_alive(&e->publisher));
+}
+
+/*
+ * The done-when of the trainer's side: a Python trainer (two ranks, fsdp2)
+ * fills shared buffers and exports two steps; a Python serving client of a
+ * TP1 node reads each as numpy arrays equal to the expected bytes.
+ */
+static void test_python_trainer(void **state)
+{
+	const char *py = "/usr/bin/python3";
+	const char *pydir = getenv("TESSERA_PYTHON_DIR");
+	const char *lib = getenv("TESSERA_CLIENT_LIB");
+	char script[512], out[600], errf[600];
+	struct env *e;
+	int rc;
+
+	if (access(py, X_OK) != 0 || pydir == NULL || lib == NULL) {
+		print_message("skipped: needs %s, TESSERA_PYTHON_DIR and TESSERA_CLIENT_LIB "
+			      "(make test sets them)\n", py);
+		skip();
+	}
+	if (tu_sh("%s -c 'import numpy' 2>/dev/null", py) != 0) {
+		print_message("skipped: numpy is not installed for %s\n", py);
+		skip();
+	}
+	e = calloc(1, sizeof(*e));
+	assert_non_null(e);
+	*state = e;
+	start_cluster(e);
+	snprintf(script, sizeof(script), "%s/../../tests/py/trainer_export.py", pydir);
+	snprintf(out, sizeof(out), "%s/py.out", e->dir);
+	snprintf(errf, sizeof(errf), "%s/py.err", e->dir);
+	/* The library is a plain build: keep ASan's runtime out of python. */
+	rc = tu_sh("env -u LD_PRELOAD PYTHONPATH='%s' timeout 600 %s '%s' '%s' '%s' A 2 >'%s' 2>'%s'",
+		   pydir, py, script, e->ctl, e->sock, out, errf);
+	if (rc != 0 || tu_sh("grep -qx ok '%s'", out) != 0) {
+		tu_sh("cat '%s' >&2; tail -n 20 '%s/publisher.log' >&2", errf, e->dir);
+		fail_msg("the python trainer failed (status %d)", rc);
+	}
+	assert_int_equal(tu_sh("grep -q 'trainer step 200 is version' '%s/publisher.log'", e->dir), 0);
+	assert_true(node_proc_alive(&e->publisher));
+	assert_true(node_proc_alive(&e->node));
+}
+
+/* --trainer wants a control socket and no other trigger: one clear line. */
+static void test_cli_trainer_needs_control(void **state)
+{
+	char bin[512], dir[256], errf[300];
+
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	snprintf(errf, sizeof(errf), "%s/err", dir);
+	tu_bin(bin, sizeof(bin), "tessera");
+	const char *bad[] = {"--trainer model.json", "--trainer model.json --control c.sock --every 5",
+			     "--trainer model.json --synthetic-mb 1 --control c.sock"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int rc = tu_sh("cd %s && %s publish --tracker http://127.0.0.1:1 --key k %s >/dev/null 2>%s",
+			       dir, bin, bad[i], errf);
+		assert_int_not_equal(rc, 0);
+		if (tu_sh("test $(wc -l < %s) -eq 1 && grep -q -- '--trainer' %s", errf, errf) != 0) {
+			tu_sh("cat %s >&2", errf);
+			fail_msg("'%s': want one line naming --trainer", bad[i]);
+		}
+	}
+	tu_rmtree(dir);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_cli_trainer_needs_control),
+		cmocka_unit_test_teardown(test_control_refusals, teardown),
+		cmocka_unit_test_teardown(test_python_trainer, teardown),
+	};
+	signal(SIGPIPE, SIG_IGN);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
