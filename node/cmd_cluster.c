@@ -97,9 +97,10 @@ static void usage(FILE *f)
 		"      --provider NAME      libfabric provider (default tcp;ofi_rxm)\n"
 		"      --seed S             seed of the synthetic model (default 1)\n"
 		"      --report FILE        write the JSON report to FILE\n"
-		"      --mode fanout|star   fanout (default): nodes fetch from and serve\n"
-		"                           peers; star: only from the publisher\n"
-		"                           (nodes run with TESSERA_FANOUT=0)\n"
+		"      --mode fanout|star   fanout: nodes fetch from and serve peers;\n"
+		"                           star: only from the publisher (nodes run\n"
+		"                           with TESSERA_FANOUT=0); default: as\n"
+		"                           TESSERA_FANOUT says (fanout unless 0)\n"
 		"      --late-replica L     a replica of layout L started once every other\n"
 		"                           one is active on the last version; it must\n"
 		"                           activate that version too (repeatable; its\n"
@@ -1133,7 +1134,8 @@ static int load_model_and_layouts(struct cluster *c, struct proto_err *err)
 
 int node_cmd_cluster(int argc, char **argv)
 {
-	struct cluster c = {.control = -1};
+	/* Without --mode, the nodes' mode is what TESSERA_FANOUT says. */
+	struct cluster c = {.control = -1, .star = proto_param(PROTO_PARAM_FANOUT) == 0};
 	struct proto_err err;
 	uint64_t t0 = proto_now_ns();
 	int rc = parse_args(&c, argc, argv), status = 1;
