@@ -4,8 +4,9 @@
  *
  *   export             exports the next version from the configured source
  *                      (synthetic, model dir); answers "published V
- *                      CREATED_MS" once the tracker accepted it and it is
- *                      offered, or "error WHY".
+ *                      CREATED_MS KIND WIRE_BYTES ANCHOR_BYTES ENCODE_US"
+ *                      (KIND anchor or delta) once the tracker accepted it
+ *                      and it is offered, or "error WHY".
  *   trainer R [bytes N] [dtype D]
  *                      (source: the trainer) this connection is trainer
  *                      rank R. Answers "buffer R BYTES NTENSORS" with the
@@ -26,8 +27,8 @@
  *                      said export for the same STEP, the version is
  *                      exported; each of them is answered "snapshot STEP V"
  *                      when the publisher has copied the buffers (they may
- *                      be written again from then on), then "published V
- *                      CREATED_MS" or "error WHY".
+ *                      be written again from then on), then the same
+ *                      "published ..." line as export, or "error WHY".
  *   quit               stops the publisher.
  *
  * Bytes on the socket are hostile: lines are capped, numbers range-checked;

@@ -209,8 +209,10 @@ class Trainer:
         if line.startswith("error "):
             raise _error(line[6:])
         f = line.split()
-        if len(f) != 3 or f[0] != "published":
-            raise _error("publisher said %r, want 'published V CREATED_MS'" % line)
+        # published V CREATED_MS KIND WIRE_BYTES ANCHOR_BYTES ENCODE_US
+        if len(f) != 7 or f[0] != "published" or not f[1].isdigit():
+            raise _error("publisher said %r, want 'published V CREATED_MS KIND WIRE "
+                         "ANCHOR ENCODE_US'" % line)
         return int(f[1])
 
     def close(self):
