@@ -291,55 +291,6 @@ static void start_publisher(struct kill_env *e)
 	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", argv, log), 0);
 }
 
-static int control(struct kill_env *e, const char *cmd, char *reply, size_t len)
-{
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	int fd = -1;
-
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", e->sock);
-	for (int i = 0; i < 300; i++) {
-		fd = socket(AF_UNIX, SOCK_STREAM, 0);
-		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
-			break;
-		close(fd);
-		fd = -1;
-		usleep(50000);
-	}
-	if (fd < 0)
-		return -1;
-	if (write(fd, cmd, strlen(cmd)) != (ssize_t)strlen(cmd)) {
-		close(fd);
-		return -1;
-	}
-	size_t n = 0;
-	while (n + 1 < len && read(fd, reply + n, 1) == 1 && reply[n] != '\n')
-		n++;
-	reply[n] = 0;
-	close(fd);
-	return 0;
-}
-
-static uint64_t active_of(struct kill_env *e)
-{
-	struct trk_reply r;
-	uint64_t v = 0;
-	if (trk_client_call(e->trk, "GET", TRK_API "/replicas/A", NULL, NULL, 0, &r) == 0 &&
-	    r.status == 200)
-		v = (uint64_t)json_integer_value(json_object_get(r.json, "active"));
-	trk_reply_fini(&r);
-	return v;
-}
-
-static bool wait_active(struct kill_env *e, uint64_t v, int ms)
-{
-	for (int w = 0; w < ms; w += 50) {
-		if (active_of(e) == v)
-			return true;
-		usleep(50000);
-	}
-	return false;
-}
-
 /* True once the node reported some but not all of v's bytes. */
 static bool wait_fetching(struct kill_env *e, uint64_t v, int ms)
 {
@@ -448,9 +399,9 @@ static void start_v1(struct kill_env *e)
 	start_publisher(e);
 
 	/* v1 everywhere. */
-	assert_int_equal(control(e, "export\n", line, sizeof(line)), 0);
+	tu_control(e->sock, "export\n", line, sizeof(line));
 	assert_int_equal(strncmp(line, "published 1 ", 12), 0);
-	assert_true(wait_active(e, 1, 30000));
+	assert_true(tu_wait_active(e->trk, "A", 1, 30000));
 	check_serving(e, 1);
 
 }
@@ -461,7 +412,7 @@ static void start_mid_v2(struct kill_env *e)
 
 	start_v1(e);
 	/* v2 is announced and on its way. */
-	assert_int_equal(control(e, "export\n", line, sizeof(line)), 0);
+	tu_control(e->sock, "export\n", line, sizeof(line));
 	assert_int_equal(strncmp(line, "published 2 ", 12), 0);
 	assert_true(wait_fetching(e, 2, 10000));
 }
@@ -475,16 +426,16 @@ static void test_publisher_killed_mid_transfer(void **state)
 	/* v2's only source dies. */
 	node_proc_kill(&e->publisher);
 	sleep(3);
-	assert_int_equal(active_of(e), 1);
+	assert_int_equal(tu_replica_active(e->trk, "A"), 1);
 	check_serving(e, 1);
 	assert_true(node_proc_alive(&e->node));
 
 	/* The publisher is back: it serves v2 again and the node finishes. */
 	start_publisher(e);
-	assert_true(wait_active(e, 2, 60000));
+	assert_true(tu_wait_active(e->trk, "A", 2, 60000));
 	check_serving(e, 2);
 
-	assert_int_equal(control(e, "quit\n", line, sizeof(line)), 0);
+	tu_control(e->sock, "quit\n", line, sizeof(line));
 }
 
 /* True once the node's log holds s. */
@@ -518,14 +469,14 @@ static void test_publisher_stalled_mid_transfer(void **state)
 	for (int w = 0; w < 10000 && !log_has(e, "no other source, waiting for it"); w += 50)
 		usleep(50000);
 	assert_true(log_has(e, "no other source, waiting for it"));
-	assert_int_equal(active_of(e), 1);
+	assert_int_equal(tu_replica_active(e->trk, "A"), 1);
 	check_serving(e, 1);
 	assert_true(node_proc_alive(&e->node));
 
 	assert_int_equal(kill(e->publisher.pid, SIGCONT), 0);
-	assert_true(wait_active(e, 2, 60000));
+	assert_true(tu_wait_active(e->trk, "A", 2, 60000));
 	check_serving(e, 2);
-	assert_int_equal(control(e, "quit\n", line, sizeof(line)), 0);
+	tu_control(e->sock, "quit\n", line, sizeof(line));
 }
 
 /* True once the log of p holds s. */

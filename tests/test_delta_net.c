@@ -120,61 +120,16 @@ static void start_node(struct env *e)
 	assert_int_equal(node_proc_spawn(&e->node, "node", argv, log), 0);
 }
 
-/* Sends one control line and returns the publisher's answer line. */
-static void control(struct env *e, const char *cmd, char *reply, size_t len)
-{
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	int fd = -1;
-
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", e->sock);
-	for (int i = 0; i < 600; i++) {
-		fd = socket(AF_UNIX, SOCK_STREAM, 0);
-		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
-			break;
-		close(fd);
-		fd = -1;
-		usleep(50000);
-	}
-	assert_true(fd >= 0);
-	assert_int_equal(write(fd, cmd, strlen(cmd)), (ssize_t)strlen(cmd));
-	size_t n = 0;
-	while (n + 1 < len && read(fd, reply + n, 1) == 1 && reply[n] != '\n')
-		n++;
-	reply[n] = 0;
-	close(fd);
-}
-
 /* Exports the next version; asserts its number and kind. */
 static void export_one(struct env *e, uint64_t v, const char *kind)
 {
 	char line[512], want[64];
 
-	control(e, "export\n", line, sizeof(line));
+	tu_control(e->sock, "export\n", line, sizeof(line));
 	snprintf(want, sizeof(want), "published %llu ", (unsigned long long)v);
 	assert_int_equal(strncmp(line, want, strlen(want)), 0);
 	if (strstr(line, kind) == NULL)
 		fail_msg("v%llu: want %s, the publisher said: %s", (unsigned long long)v, kind, line);
-}
-
-static uint64_t active_of(struct env *e)
-{
-	struct trk_reply r;
-	uint64_t v = 0;
-	if (trk_client_call(e->trk, "GET", TRK_API "/replicas/A", NULL, NULL, 0, &r) == 0 &&
-	    r.status == 200)
-		v = (uint64_t)json_integer_value(json_object_get(r.json, "active"));
-	trk_reply_fini(&r);
-	return v;
-}
-
-static bool wait_active(struct env *e, uint64_t v, int ms)
-{
-	for (int w = 0; w < ms; w += 50) {
-		if (active_of(e) == v)
-			return true;
-		usleep(50000);
-	}
-	return false;
 }
 
 /* How the tracker says rank 0 of A got the version it last reported. */
@@ -308,10 +263,10 @@ static int env_setup(void **state)
 	start_publisher(e);
 	/* v1 is an anchor, v2 a delta the node rebuilds. */
 	export_one(e, 1, "anchor");
-	assert_true(wait_active(e, 1, 60000));
+	assert_true(tu_wait_active(e->trk, "A", 1, 60000));
 	check_serving(e, 1);
 	export_one(e, 2, "delta");
-	assert_true(wait_active(e, 2, 60000));
+	assert_true(tu_wait_active(e->trk, "A", 2, 60000));
 	assert_true(rank_how(e, "delta"));
 	check_serving(e, 2);
 	return 0;
@@ -350,16 +305,16 @@ static void test_corrupted_parent(void **state)
 	export_one(e, 3, "delta");
 	assert_true(wait_log(e, "delta is for another parent", 30000));
 	assert_true(wait_log(e, "asking for an anchor", 30000));
-	assert_int_equal(active_of(e), 2);
+	assert_int_equal(tu_replica_active(e->trk, "A"), 2);
 	/* The request reached the publisher: v4 is an anchor the node takes. */
 	assert_true(wait_anchor_wanted(e, 30000));
 	export_one(e, 4, "anchor");
-	assert_true(wait_active(e, 4, 60000));
+	assert_true(tu_wait_active(e->trk, "A", 4, 60000));
 	assert_true(rank_how(e, "full"));
 	check_serving(e, 4);
 	/* The chain goes on with deltas. */
 	export_one(e, 5, "delta");
-	assert_true(wait_active(e, 5, 60000));
+	assert_true(tu_wait_active(e->trk, "A", 5, 60000));
 	check_serving(e, 5);
 }
 
@@ -375,10 +330,10 @@ static void test_node_restarted(void **state)
 	assert_true(wait_log(e, "asking for an anchor", 30000));
 	assert_true(wait_anchor_wanted(e, 30000));
 	export_one(e, 3, "anchor");
-	assert_true(wait_active(e, 3, 60000));
+	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
 	check_serving(e, 3);
 	export_one(e, 4, "delta");
-	assert_true(wait_active(e, 4, 60000));
+	assert_true(tu_wait_active(e->trk, "A", 4, 60000));
 	assert_true(rank_how(e, "delta"));
 	check_serving(e, 4);
 }
@@ -391,10 +346,10 @@ static void test_publisher_restarted(void **state)
 	node_proc_stop(&e->publisher, 5000);
 	start_publisher(e);
 	export_one(e, 3, "anchor");
-	assert_true(wait_active(e, 3, 60000));
+	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
 	check_serving(e, 3);
 	export_one(e, 4, "delta");
-	assert_true(wait_active(e, 4, 60000));
+	assert_true(tu_wait_active(e->trk, "A", 4, 60000));
 	check_serving(e, 4);
 }
 

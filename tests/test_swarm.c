@@ -122,34 +122,6 @@ struct swarm {
 	struct proto_layout tp1;
 };
 
-static int control(struct swarm *w, const char *cmd, char *reply, size_t len)
-{
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	int fd = -1;
-
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", w->sock);
-	for (int i = 0; i < 300; i++) {
-		fd = socket(AF_UNIX, SOCK_STREAM, 0);
-		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
-			break;
-		close(fd);
-		fd = -1;
-		usleep(50000);
-	}
-	if (fd < 0)
-		return -1;
-	if (write(fd, cmd, strlen(cmd)) != (ssize_t)strlen(cmd)) {
-		close(fd);
-		return -1;
-	}
-	size_t n = 0;
-	while (n + 1 < len && read(fd, reply + n, 1) == 1 && reply[n] != '\n')
-		n++;
-	reply[n] = 0;
-	close(fd);
-	return 0;
-}
-
 /* Node i is replica "A"+i, rank 0, tp1; corrupt: it serves corrupt chunks
  * (TESSERA_TEST_CORRUPT_SERVE, its own copy stays right). */
 static void start_node(struct swarm *w, int i, bool corrupt)
@@ -301,7 +273,7 @@ static void export_v1(struct swarm *w)
 			break;
 		usleep(50000);
 	}
-	assert_int_equal(control(w, "export\n", line, sizeof(line)), 0);
+	tu_control(w->sock, "export\n", line, sizeof(line));
 	assert_int_equal(strncmp(line, "published 1 ", 12), 0);
 }
 

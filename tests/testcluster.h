@@ -15,6 +15,7 @@
 #include "node/proc.h"
 #include "proto/proto.h"
 #include "tests/testutil.h"
+#include "tracker/tracker.h"
 
 /* Writes m as the model spec JSON that `tessera-node --model` reads. */
 static inline void tu_write_model(const struct proto_model *m, const char *path)
@@ -107,23 +108,57 @@ static inline int tu_control_connect(const char *path)
 	return -1;
 }
 
-/* "export" on the control socket at path; wants "published v ..." (120 s). */
-static inline void tu_control_export(const char *path, uint64_t v)
+/* Sends cmd (a line) on the control socket at path and reads the answer
+ * line into reply ("" when the publisher closed without one; 120 s). */
+static inline void tu_control(const char *path, const char *cmd, char *reply, size_t len)
 {
-	char reply[256], want[64];
 	int fd = tu_control_connect(path);
 	size_t n = 0;
 	struct pollfd p = {.fd = fd, .events = POLLIN};
 
-	assert_int_equal(write(fd, "export\n", 7), 7);
-	while (n + 1 < sizeof(reply) && poll(&p, 1, 120000) == 1 && read(fd, reply + n, 1) == 1 &&
+	assert_int_equal(write(fd, cmd, strlen(cmd)), (ssize_t)strlen(cmd));
+	while (n + 1 < len && poll(&p, 1, 120000) == 1 && read(fd, reply + n, 1) == 1 &&
 	       reply[n] != '\n')
 		n++;
 	reply[n] = 0;
 	close(fd);
+}
+
+/* "export" on the control socket at path; wants "published v ..." (120 s). */
+static inline void tu_control_export(const char *path, uint64_t v)
+{
+	char reply[256], want[64];
+
+	tu_control(path, "export\n", reply, sizeof(reply));
 	snprintf(want, sizeof(want), "published %llu ", (unsigned long long)v);
 	if (strncmp(reply, want, strlen(want)) != 0)
 		fail_msg("publisher said '%s', want '%s...'", reply, want);
+}
+
+/* The version replica name is active on, as the tracker says (0: none or
+ * no answer). */
+static inline uint64_t tu_replica_active(struct trk_client *trk, const char *name)
+{
+	char path[128];
+	struct trk_reply r;
+	uint64_t v = 0;
+
+	snprintf(path, sizeof(path), TRK_API "/replicas/%s", name);
+	if (trk_client_call(trk, "GET", path, NULL, NULL, 0, &r) == 0 && r.status == 200)
+		v = (uint64_t)json_integer_value(json_object_get(r.json, "active"));
+	trk_reply_fini(&r);
+	return v;
+}
+
+/* Waits up to ms until replica name is active on exactly v. */
+static inline bool tu_wait_active(struct trk_client *trk, const char *name, uint64_t v, int ms)
+{
+	for (int w = 0; w < ms; w += 50) {
+		if (tu_replica_active(trk, name) == v)
+			return true;
+		usleep(50000);
+	}
+	return false;
 }
 
 #endif
