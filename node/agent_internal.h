@@ -228,6 +228,7 @@ struct node_agent {
 	/* A delta could not be applied here: the tracker is told, so that the
 	 * publisher sends an anchor next (cleared by any activation). */
 	bool need_anchor;
+	uint64_t report_seq; /* the number of the last state report sent */
 
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
 	struct node_wait wait; /* what we wait for, said when it lasts */

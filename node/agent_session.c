@@ -65,6 +65,7 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 	r.need_anchor = a->need_anchor && st == TRK_STATE_FAILED;
 	if (!a->registered)
 		return;
+	r.seq = ++a->report_seq;
 	if (trk_client_report_state(a->trk, &r, cb ? cb : ignore_answer, a) != 0)
 		LOG_WARN("node %s: could not report %s for v%" PRIu64, a->node_id,
 			 trk_state_name(st), version);

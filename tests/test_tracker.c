@@ -1847,6 +1847,48 @@ static void test_duplicate_and_refetched_bytes(void **state)
 	trk_reply_fini(&r);
 }
 
+/* Reports overtaking each other on their way (each travels on its own
+ * connection): one numbered below a report already applied changes nothing
+ * and is told so; unnumbered reports apply in arrival order. */
+static void test_reports_out_of_order(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	static const struct {
+		uint64_t seq; /* 0: none */
+		const char *state;
+		bool stale;
+		const char *rank_state; /* B/0's state at v1 after it */
+	} reports[] = {
+		{2, "verified", false, "verified"},
+		{1, "failed", true, "verified"}, /* sent before the verified */
+		{2, "failed", true, "verified"}, /* the same number again */
+		{3, "failed", false, "failed"},
+		{0, "verified", false, "verified"},
+	};
+
+	register_publisher(f);
+	publish_two(f);
+	register_node_ok(f, "B", 0, TP1);
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(reports); i++) {
+		char b[512], seq[32] = "";
+		if (reports[i].seq != 0)
+			snprintf(seq, sizeof(seq), ",\"seq\":%llu", (unsigned long long)reports[i].seq);
+		snprintf(b, sizeof(b), "{\"id\":\"B/0\",\"version\":1,\"state\":\"%s\"%s}",
+			 reports[i].state, seq);
+		assert_int_equal(post(f, TRK_API "/nodes/state", b, &r), 200);
+		assert_int_equal(json_is_true(json_object_get(r.json, "stale")), reports[i].stale);
+		assert_int_equal(json_is_true(json_object_get(r.json, "replica_complete")),
+				 strcmp(reports[i].rank_state, "verified") == 0);
+		trk_reply_fini(&r);
+		assert_int_equal(get(f, TRK_API "/replicas/B", &r), 200);
+		json_t *rk = json_array_get(json_object_get(r.json, "ranks"), 0);
+		assert_string_equal(json_string_value(json_object_get(rk, "state")),
+				    reports[i].rank_state);
+		trk_reply_fini(&r);
+	}
+}
+
 static void test_replica_state(void **state)
 {
 	struct fx *f = *state;
@@ -3346,6 +3388,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_longpoll, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_replica_state, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_duplicate_and_refetched_bytes, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_reports_out_of_order, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_replica_target, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_layout_retention, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources, setup_open, teardown),

@@ -759,7 +759,8 @@ int trk_client_report_state(struct trk_client *c,
 		}
 	}
 	if (o != NULL && ((r->how != NULL && json_object_set_new(o, "how", json_string(r->how)) != 0) ||
-			  (r->need_anchor && json_object_set_new(o, "need_anchor", json_true()) != 0))) {
+			  (r->need_anchor && json_object_set_new(o, "need_anchor", json_true()) != 0) ||
+			  (r->seq != 0 && json_object_set_new(o, "seq", json_integer((json_int_t)r->seq)) != 0))) {
 		json_decref(o);
 		o = NULL;
 	}

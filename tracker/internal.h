@@ -317,6 +317,7 @@ struct trk_node {
 	struct trk_nver vers[TRK__NODE_VERSIONS];
 	size_t nvers;
 	int last; /* index of the last report in vers, -1 none */
+	uint64_t report_seq; /* the highest `seq` of a report applied */
 	char error[TRK__ERROR_MAX + 1];
 	struct trk_offers offers;
 	/* Handed to the node at registration; its heartbeats, reports and

@@ -252,6 +252,25 @@ static int banned_parse(json_t *j, char *out, size_t cap, struct proto_err *err)
 	return 0;
 }
 
+/* The answer to a state report: where the replica stands at version. */
+static void reply_state(struct trk_call *c, struct trk_replica *rep, uint64_t version, bool stale)
+{
+	bool complete = trk__replica_complete(rep, version);
+	json_t *stmts = NULL;
+
+	/* A claim of completeness comes with what backs it. */
+	if (complete && (stmts = trk__replica_statements(rep, version)) == NULL) {
+		trk__fail(c, 500, "out of memory");
+		return;
+	}
+	trk__reply_json(c, 200,
+			json_pack("{s:s,s:b,s:I,s:I,s:o*,s:b}", "replica", rep->name,
+				  "replica_complete", complete,
+				  "replica_active", (json_int_t)rep->active,
+				  "replica_target", (json_int_t)rep->target,
+				  "statements", stmts, "stale", stale));
+}
+
 void trk__handle_node_state(struct trk_call *c)
 {
 	struct trk_registry *r = c->s->reg;
@@ -262,7 +281,7 @@ void trk__handle_node_state(struct trk_call *c)
 	/* Absent counters keep their last reported value. */
 	const uint64_t ABSENT = UINT64_MAX;
 	uint64_t version = 0, done = ABSENT, total = ABSENT, ft = ABSENT, fp = ABSENT;
-	uint64_t dup = ABSENT, refetched = ABSENT;
+	uint64_t dup = ABSENT, refetched = ABSENT, seq = 0;
 	uint64_t first_ms = 0, last_ms = 0; /* the node's clock; 0: not yet */
 	char banned[TRK__ERROR_MAX + 1] = "";
 	json_t *jban = json_object_get(c->json, "banned");
@@ -273,7 +292,6 @@ void trk__handle_node_state(struct trk_call *c)
 	char error[TRK__ERROR_MAX + 1] = "";
 	uint8_t sig[TRK_STMT_SIG_BYTES];
 	bool have_sig = false;
-	json_t *stmts = NULL;
 
 	if (trk__get_str(c->json, "id", true, TRK_ID_MAX - 1, &id, &err) != 0 ||
 	    trk__get_u64(c->json, "version", true, UINT64_MAX, &version, &err) != 0 ||
@@ -286,7 +304,8 @@ void trk__handle_node_state(struct trk_call *c)
 	    trk__get_u64(c->json, "refetched_bytes", false, ABSENT - 1, &refetched, &err) != 0 ||
 	    trk__get_u64(c->json, "first_byte_ms", false, TRK__WALL_MS_MAX, &first_ms, &err) != 0 ||
 	    trk__get_u64(c->json, "last_byte_ms", false, TRK__WALL_MS_MAX, &last_ms, &err) != 0 ||
-	    trk__get_str(c->json, "how", false, 7, &how, &err) != 0) {
+	    trk__get_str(c->json, "how", false, 7, &how, &err) != 0 ||
+	    trk__get_u64(c->json, "seq", false, TRK__WALL_MS_MAX, &seq, &err) != 0) {
 		trk__fail(c, 400, "%s", err.msg);
 		return;
 	}
@@ -354,6 +373,18 @@ void trk__handle_node_state(struct trk_call *c)
 			return;
 		}
 	}
+	/* Each report travels on its own connection: an older one that arrives
+	 * after a newer one (a "failed" overtaking the "verified" that followed
+	 * it) changes nothing; its sender is told where the replica stands. */
+	if (seq != 0 && seq <= n->report_seq) {
+		LOG_DEBUG("tracker: %s's report %llu (%s v%llu) arrived after its report %llu: "
+			  "ignored", id, (unsigned long long)seq, state,
+			  (unsigned long long)version, (unsigned long long)n->report_seq);
+		reply_state(c, n->rep, version, true);
+		return;
+	}
+	if (seq != 0)
+		n->report_seq = seq;
 	e = trk__node_version(n, version);
 	if (e == NULL) {
 		if (n->nvers < TRK__NODE_VERSIONS) {
@@ -425,15 +456,5 @@ void trk__handle_node_state(struct trk_call *c)
 	if (n->rep->active != was_active)
 		trk__timeline_replica(r->tl, n->rep->active, n->rep->name, n->rep->nranks, true,
 				      n->report_ms);
-	/* A claim of completeness comes with what backs it. */
-	if (complete && (stmts = trk__replica_statements(n->rep, version)) == NULL) {
-		trk__fail(c, 500, "out of memory");
-		return;
-	}
-	trk__reply_json(c, 200,
-			json_pack("{s:s,s:b,s:I,s:I,s:o*}", "replica", n->rep->name,
-				  "replica_complete", complete,
-				  "replica_active", (json_int_t)n->rep->active,
-				  "replica_target", (json_int_t)n->rep->target,
-				  "statements", stmts));
+	reply_state(c, n->rep, version, false);
 }

@@ -264,6 +264,10 @@ struct trk_state_report {
 	 * publisher should send an anchor. */
 	const char *how;
 	bool need_anchor;
+	/* This node's report number, growing with each report it sends (0: not
+	 * sent): the tracker ignores a report older than one it applied, so
+	 * reports overtaking each other on their way never roll a rank back. */
+	uint64_t seq;
 };
 /* POST /nodes/state. */
 int trk_client_report_state(struct trk_client *c,
