@@ -2975,6 +2975,110 @@ static void test_binary(void **state)
 
 /* Sources hand out fabric addresses and memory keys: with a cluster key,
  * only signed reads get them, and the status outputs show no keys. */
+#define SRC_HITS "tessera_tracker_sources_cache_answers_total{result=\"hit\"}"
+#define SRC_MISSES "tessera_tracker_sources_cache_answers_total{result=\"miss\"}"
+
+/* The members of the /sources answer at path, as "A/1,B/1" (name order). */
+static void members_of(struct fx *f, const char *path, char *out, size_t cap)
+{
+	struct trk_reply r;
+	json_t *m, *v;
+	size_t i, at = 0;
+
+	assert_int_equal(get(f, path, &r), 200);
+	m = json_object_get(r.json, "members");
+	assert_true(json_is_array(m));
+	out[0] = 0;
+	json_array_foreach(m, i, v)
+		at += (size_t)snprintf(out + at, cap - at, "%s%s", i ? "," : "",
+				       json_string_value(v));
+	trk_reply_fini(&r);
+}
+
+/* /sources answers are kept per parcel until the swarm changes: repeated
+ * queries are served from the kept answer, and every change (a node
+ * registering, offering, leaving; a publisher offering) shows at once. */
+static void test_sources_kept(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	char ob[1200], path[300], got[256];
+	uint64_t hits, misses;
+	bool seen[2] = {false, false};
+
+	register_publisher(f);
+	publish_two(f);
+	register_node_ok(f, "A", 1, TP2);
+	register_node_ok(f, "B", 1, TP2);
+	snprintf(path, sizeof(path), TRK_API "/sources?version=1&layout=%s&src_rank=0&dst_rank=1",
+		 HEX(f->tp2.digest));
+	members_of(f, path, got, sizeof(got));
+	assert_string_equal(got, "A/1,B/1");
+	hits = metric_of(f, SRC_HITS);
+	misses = metric_of(f, SRC_MISSES);
+	members_of(f, path, got, sizeof(got));
+	assert_string_equal(got, "A/1,B/1");
+	assert_int_equal(metric_of(f, SRC_HITS), hits + 1);
+	assert_int_equal(metric_of(f, SRC_MISSES), misses);
+
+	/* Both nodes and the publisher offer: peers (in some order) first. */
+	offer_body(ob, sizeof(ob), "A/1", 1, HEX(f->tp2.digest), 0, 1, 101);
+	assert_int_equal(post(f, TRK_API "/offers", ob, &r), 200);
+	trk_reply_fini(&r);
+	offer_body(ob, sizeof(ob), "B/1", 1, HEX(f->tp2.digest), 0, 1, 101);
+	assert_int_equal(post(f, TRK_API "/offers", ob, &r), 200);
+	trk_reply_fini(&r);
+	offer_body(ob, sizeof(ob), f->pub_id, 1, HEX(f->tp2.digest), 0, 1, 101);
+	assert_int_equal(post(f, TRK_API "/offers", ob, &r), 200);
+	trk_reply_fini(&r);
+	/* Kept answers still list peers in a fresh order each time: both
+	 * orders show up within a few hundred queries. */
+	for (int i = 0; i < 400 && !(seen[0] && seen[1]); i++) {
+		struct trk_source *src;
+		size_t n;
+		struct proto_err err = {{0}};
+
+		assert_int_equal(get(f, path, &r), 200);
+		assert_int_equal(trk_sources_parse(r.json, &src, &n, &err), 0);
+		assert_int_equal(n, 3);
+		assert_true(src[0].peer && src[1].peer);
+		assert_false(src[2].peer);
+		assert_string_equal(src[2].id, f->pub_id);
+		seen[strcmp(src[0].id, "A/1") == 0] = true;
+		trk_sources_free(src, n);
+		trk_reply_fini(&r);
+	}
+	assert_true(seen[0] && seen[1]);
+
+	/* A node that leaves is gone from the next answer, with its offer. */
+	assert_int_equal(post(f, TRK_API "/nodes/leave", "{\"id\":\"A/1\"}", &r), 200);
+	trk_reply_fini(&r);
+	members_of(f, path, got, sizeof(got));
+	assert_string_equal(got, "B/1");
+	assert_int_equal(get(f, path, &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 2);
+	trk_reply_fini(&r);
+	/* Registering again brings it back (without its offer). */
+	register_node_ok(f, "A", 1, TP2);
+	members_of(f, path, got, sizeof(got));
+	assert_string_equal(got, "A/1,B/1");
+	assert_int_equal(get(f, path, &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 2);
+	trk_reply_fini(&r);
+	/* The publisher withdraws: only B/1's offer remains. */
+	snprintf(ob, sizeof(ob), "{\"id\":\"%s\",\"version\":1,\"parcels\":[]}", f->pub_id);
+	assert_int_equal(post(f, TRK_API "/offers", ob, &r), 200);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, path, &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 1);
+	trk_reply_fini(&r);
+	/* Another parcel of the same version is its own entry. */
+	snprintf(path, sizeof(path), TRK_API "/sources?version=1&layout=%s&src_rank=0&dst_rank=0",
+		 HEX(f->tp2.digest));
+	members_of(f, path, got, sizeof(got));
+	assert_string_equal(got, "");
+}
+
 static void test_sources_members_only(void **state)
 {
 	struct fx *f = *state;
@@ -3392,6 +3496,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_replica_target, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_layout_retention, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_sources_kept, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_status_outputs, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_timeline, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_layout_names, setup_open, teardown),

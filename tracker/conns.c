@@ -60,6 +60,7 @@ struct trk_conn {
 	enum conn_state state;
 	bool closing;       /* shut down, waiting for evhttp to let go */
 	bool admitted;      /* its peer address is known and counted */
+	int fd;             /* its slot in by_fd, once indexed; -1 before */
 	uint64_t addr;      /* the peer's address, folded to 64 bits */
 	bool skip_head;     /* head too long to judge: evhttp refuses it */
 	uint64_t opened_ms, head_ms, refused_ms;
@@ -79,6 +80,11 @@ struct trk_conns {
 	struct evconnlistener *lev;
 	struct event *sweep_ev, *resume_ev, *admit_ev;
 	struct trk_conn *head, *tail;
+	/* The connections by socket: a request finds its connection in O(1)
+	 * (thousands are open at once, one per node's held watch). A socket
+	 * stays open until conn_free, so a descriptor names one connection. */
+	struct trk_conn **by_fd;
+	size_t nfd;
 	size_t n, cap;
 	size_t live; /* n less those closing */
 	uint64_t header_ms;
@@ -106,10 +112,33 @@ static void conn_unlink(struct trk_conns *g, struct trk_conn *c)
 	g->n--;
 }
 
+/* Enters c under its socket once the socket is set; a failure to grow the
+ * index leaves c unindexed (found by walking the list). */
+static void conn_index(struct trk_conns *g, struct trk_conn *c)
+{
+	evutil_socket_t fd = bufferevent_getfd(c->bev);
+
+	if (c->fd >= 0 || fd < 0)
+		return;
+	if ((size_t)fd >= g->nfd) {
+		size_t n = PROTO_MAX(g->nfd * 2, (size_t)fd + 1);
+		struct trk_conn **t = realloc(g->by_fd, n * sizeof(*t));
+		if (t == NULL)
+			return;
+		memset(t + g->nfd, 0, (n - g->nfd) * sizeof(*t));
+		g->by_fd = t;
+		g->nfd = n;
+	}
+	g->by_fd[fd] = c;
+	c->fd = fd;
+}
+
 static void conn_free(struct trk_conns *g, struct trk_conn *c)
 {
 	if (!c->closing)
 		g->live--;
+	if (c->fd >= 0 && (size_t)c->fd < g->nfd && g->by_fd[c->fd] == c)
+		g->by_fd[c->fd] = NULL;
 	conn_unlink(g, c);
 	/* evhttp has freed it: ours is the last reference; this closes the
 	 * socket. */
@@ -398,6 +427,7 @@ static void on_input(struct evbuffer *buf, const struct evbuffer_cb_info *info,
 
 	if (info->n_added == 0 || c->closing)
 		return;
+	conn_index(c->g, c);
 	if (c->state == C_REFUSED) {
 		drain_refused(c, buf, 0);
 		return;
@@ -424,6 +454,7 @@ static struct bufferevent *new_bev(struct event_base *base, void *arg)
 	}
 	c->bev = bev;
 	c->g = g;
+	c->fd = -1;
 	c->opened_ms = now_ms();
 	bufferevent_incref(bev);
 	evbuffer_add_cb(bufferevent_get_input(bev), on_input, c);
@@ -531,10 +562,15 @@ void trk__conns_request(struct trk_conns *g, struct evhttp_request *req,
 	*refused = false;
 	if (g == NULL || bev == NULL)
 		return;
-	for (c = g->tail; c != NULL && c->bev != bev; c = c->prev)
-		;
-	if (c == NULL)
-		return;
+	evutil_socket_t fd = bufferevent_getfd(bev);
+	c = fd >= 0 && (size_t)fd < g->nfd ? g->by_fd[fd] : NULL;
+	if (c == NULL || c->bev != bev) {
+		for (c = g->tail; c != NULL && c->bev != bev; c = c->prev)
+			;
+		if (c == NULL)
+			return;
+		conn_index(g, c);
+	}
 	if (c->state == C_REFUSED) {
 		*refused = true;
 		return;
@@ -621,6 +657,7 @@ void trk__conns_free(struct trk_conns *g)
 	/* Run after evhttp_free: every bufferevent is released. */
 	while (g->head != NULL)
 		conn_free(g, g->head);
+	free(g->by_fd);
 	free(g);
 }
 

@@ -343,6 +343,7 @@ struct trk_replica {
 	bool disagree_logged;
 	char why[512];           /* what each rank holds and waits for, one line */
 	struct trk_replica *next;
+	struct trk_replica *hnext; /* its bucket's chain in the name index */
 };
 
 struct trk_activation {
@@ -363,6 +364,15 @@ struct trk_registry {
 	uint64_t forms_hits, forms_misses;
 	struct trk_publisher *pubs;
 	struct trk_replica *reps; /* sorted by name */
+	/* The same replicas by name (repindex.c). */
+	struct trk_replica **rix;
+	size_t rix_nb, rix_n;
+	uint8_t rix_key[16]; /* crypto_shorthash_KEYBYTES */
+	/* Bumped by every change to who serves what (registrations, nodes
+	 * gone, offers, publishers): /sources answers are kept against it
+	 * (srcache.c). */
+	uint64_t swarm_gen;
+	struct trk_srcache *srcache;
 	struct trk_activation act[TRK__ACTIVATIONS_MAX];
 	size_t act_n, act_next;
 	uint64_t act_total;
@@ -410,6 +420,19 @@ struct trk_counts {
 	uint64_t layout_cache_hits, layout_cache_misses;
 };
 void trk__registry_counts(struct trk_registry *r, struct trk_counts *out);
+
+/* ---- repindex.c: replicas by name ---- */
+
+/* An empty index (-ENOMEM); fini frees it (the replicas stay). */
+int trk__repindex_init(struct trk_registry *r);
+void trk__repindex_fini(struct trk_registry *r);
+/* Enters rep (named, not yet in the index); cannot fail. */
+void trk__repindex_add(struct trk_registry *r, struct trk_replica *rep);
+/* Takes rep out (a no-op when it is not in). */
+void trk__repindex_del(struct trk_registry *r, struct trk_replica *rep);
+
+/* A change to the swarms: cached /sources answers are rebuilt. */
+void trk__registry_swarm_changed(struct trk_registry *r);
 
 /* ---- slayouts.c: shared serving layouts and the cache of their forms ---- */
 
@@ -526,6 +549,36 @@ void trk__handle_node_state(struct trk_call *c);
 void trk__offers_clear(struct trk_offers *o);
 void trk__handle_offers(struct trk_call *c);
 void trk__handle_sources(struct trk_call *c);
+
+/* ---- srcache.c: /sources answers kept per swarm state ---- */
+
+struct trk_srcache;
+struct trk_srcentry;
+struct trk_srckey {
+	uint64_t version;
+	uint8_t layout[PROTO_HASH_BYTES];
+	uint32_t src, dst;
+};
+int trk__srcache_new(struct trk_srcache **out);
+void trk__srcache_free(struct trk_srcache *sc); /* NULL is fine */
+/* k's entry. Current when made at generation gen (trk__srcache_ready):
+ * then render it. Else it comes back empty for the caller to fill (members,
+ * then sources: peers first) and mark ready; one left unready (a failure)
+ * is rebuilt by the next query. Cannot fail. */
+struct trk_srcentry *trk__srcache_get(struct trk_srcache *sc, const struct trk_srckey *k,
+				      uint64_t gen);
+bool trk__srcache_ready(const struct trk_srcentry *e);
+/* Stores the rendered members array (borrowed); -ENOMEM. */
+int trk__srcache_set_members(struct trk_srcentry *e, json_t *members);
+/* Stores one source object (its reference stolen; NULL: -ENOMEM). Peers
+ * come before publishers (-EINVAL else). */
+int trk__srcache_add_source(struct trk_srcentry *e, json_t *src, bool peer);
+void trk__srcache_set_ready(struct trk_srcentry *e);
+/* The answer's body, peers in a fresh random order: malloc'ed, *len set;
+ * NULL on ENOMEM. */
+char *trk__srcache_render(struct trk_srcentry *e, size_t *len);
+/* Queries answered from an entry / that built one, for /metrics. */
+void trk__srcache_stats(const struct trk_srcache *sc, uint64_t *hits, uint64_t *misses);
 
 /* ---- registry_json.c: the registry's JSON views ---- */
 

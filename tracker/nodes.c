@@ -50,6 +50,7 @@ static void insert_replica(struct trk_registry *r, struct trk_replica *rep)
 		pp = &(*pp)->next;
 	rep->next = *pp;
 	*pp = rep;
+	trk__repindex_add(r, rep);
 }
 
 void trk__handle_nodes(struct trk_call *c)
@@ -197,6 +198,7 @@ void trk__handle_nodes(struct trk_call *c)
 	trk__node_free(rep->ranks[rank]); /* re-registration replaces */
 	rep->ranks[rank] = n;
 	n->rep = rep;
+	trk__registry_swarm_changed(r);
 	trk__replica_update_target(c->s, rep);
 	LOG_INFO("node %s registered (%s, %s)", n->id, host, provider);
 	trk__reply_json(c, 200, json_pack("{s:s,s:I,s:o,s:s}", "node_id", n->id,

@@ -178,6 +178,7 @@ void trk__handle_offers(struct trk_call *c)
 	if (p != NULL) /* what publishers serve moves replica targets */
 		trk__registry_changed(r);
 	offers_put(n != NULL ? &n->offers : &p->offers, version, list, cnt);
+	trk__registry_swarm_changed(r);
 	if (p != NULL && snapshot_ms != 0)
 		trk__timeline_snapshot(r->tl, version, snapshot_ms);
 	list = NULL;
@@ -207,33 +208,16 @@ static json_t *source_json(bool peer, const char *id, const char *host,
 			 "key", k, "len", (json_int_t)o->len);
 }
 
-void trk__handle_sources(struct trk_call *c)
+/* Fills e with the answer for parcel k: the swarm's members, its peers that
+ * offer the parcel, then the publishers that do. 0 or -ENOMEM. */
+static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
+			 struct trk_srcentry *e)
 {
-	struct trk_registry *r = c->s->reg;
-	struct proto_err err = {{0}};
-	uint64_t version = 0, src = 0, dst = 0;
-	uint8_t layout[PROTO_HASH_BYTES];
-	const char *lhex = trk__query_str(c, "layout");
-	json_t *peers = json_array(), *pubs = json_array(), *members = json_array();
+	json_t *members = json_array();
+	int rc = -ENOMEM;
 
-	if (peers == NULL || pubs == NULL || members == NULL) {
-		trk__fail(c, 500, "out of memory");
-		goto out;
-	}
-	if (trk__query_u64(c, "version", true, UINT64_MAX, &version, &err) != 0 ||
-	    trk__query_u64(c, "src_rank", true, UINT32_MAX, &src, &err) != 0 ||
-	    trk__query_u64(c, "dst_rank", true, UINT32_MAX, &dst, &err) != 0) {
-		trk__fail(c, 400, "%s", err.msg);
-		goto out;
-	}
-	if (lhex == NULL || proto_parse_hex(lhex, layout, sizeof(layout)) != 0) {
-		trk__fail(c, 400, "layout: want %d hex digits", 2 * PROTO_HASH_BYTES);
-		goto out;
-	}
-	if (trk__versions_find(c->s->vs, version) == NULL) {
-		trk__fail(c, 404, "version %llu is unknown", (unsigned long long)version);
-		goto out;
-	}
+	if (members == NULL)
+		return -ENOMEM;
 	/* A node offers only parcels of its own layout and rank, so the only
 	 * candidates are rank dst of the replicas with that layout: the
 	 * parcel's swarm ("members", offered or not yet). A node
@@ -242,51 +226,79 @@ void trk__handle_sources(struct trk_call *c)
 	for (struct trk_replica *rep = r->reps; rep; rep = rep->next) {
 		struct trk_node *n;
 		const struct trk_offer *o;
-		if (dst >= rep->nranks ||
-		    memcmp(rep->layout->digest, layout, PROTO_HASH_BYTES) != 0)
+		if (k->dst >= rep->nranks ||
+		    memcmp(rep->layout->digest, k->layout, PROTO_HASH_BYTES) != 0)
 			continue;
-		n = rep->ranks[dst];
+		n = rep->ranks[k->dst];
 		if (n == NULL || !n->alive)
 			continue;
 		if (json_array_append_new(members, json_string(n->id)) != 0)
-			goto oom;
-		o = offers_find(&n->offers, version, layout, (uint32_t)src, (uint32_t)dst);
+			goto out;
+		o = offers_find(&n->offers, k->version, k->layout, k->src, k->dst);
 		if (o != NULL &&
-		    json_array_append_new(peers, source_json(true, n->id, n->host, n->provider,
-							     n->addr, o)) != 0)
-			goto oom;
-	}
-	/* Spread the swarm: peers in random order. */
-	for (size_t i = json_array_size(peers); i > 1; i--) {
-		size_t j = randombytes_uniform((uint32_t)i);
-		json_t *a = json_incref(json_array_get(peers, i - 1));
-		json_t *b = json_incref(json_array_get(peers, j));
-		json_array_set_new(peers, i - 1, b);
-		json_array_set_new(peers, j, a);
+		    trk__srcache_add_source(e, source_json(true, n->id, n->host, n->provider,
+							   n->addr, o), true) != 0)
+			goto out;
 	}
 	for (struct trk_publisher *p = r->pubs; p; p = p->next) {
 		const struct trk_offer *o;
 		if (!p->alive)
 			continue;
-		o = offers_find(&p->offers, version, layout, (uint32_t)src, (uint32_t)dst);
+		o = offers_find(&p->offers, k->version, k->layout, k->src, k->dst);
 		if (o == NULL)
 			continue;
 		for (size_t i = 0; i < p->nranks; i++)
 			if (p->ranks[i].rank == o->src_rank &&
-			    json_array_append_new(pubs, source_json(false, p->id,
-								    p->ranks[i].host,
-								    p->ranks[i].provider,
-								    p->ranks[i].addr, o)) != 0)
-				goto oom;
+			    trk__srcache_add_source(e, source_json(false, p->id, p->ranks[i].host,
+								   p->ranks[i].provider,
+								   p->ranks[i].addr, o),
+						    false) != 0)
+				goto out;
 	}
-	if (json_array_extend(peers, pubs) != 0)
-		goto oom;
-	trk__reply_json(c, 200, json_pack("{s:O,s:O}", "sources", peers, "members", members));
-	goto out;
-oom:
-	trk__fail(c, 500, "out of memory");
+	rc = trk__srcache_set_members(e, members);
+	if (rc == 0)
+		trk__srcache_set_ready(e);
 out:
-	json_decref(peers);
-	json_decref(pubs);
 	json_decref(members);
+	return rc;
+}
+
+void trk__handle_sources(struct trk_call *c)
+{
+	struct trk_registry *r = c->s->reg;
+	struct proto_err err = {{0}};
+	uint64_t version = 0, src = 0, dst = 0;
+	struct trk_srckey k = {0};
+	const char *lhex = trk__query_str(c, "layout");
+	struct trk_srcentry *e;
+	char *body;
+	size_t len;
+
+	if (trk__query_u64(c, "version", true, UINT64_MAX, &version, &err) != 0 ||
+	    trk__query_u64(c, "src_rank", true, UINT32_MAX, &src, &err) != 0 ||
+	    trk__query_u64(c, "dst_rank", true, UINT32_MAX, &dst, &err) != 0) {
+		trk__fail(c, 400, "%s", err.msg);
+		return;
+	}
+	if (lhex == NULL || proto_parse_hex(lhex, k.layout, sizeof(k.layout)) != 0) {
+		trk__fail(c, 400, "layout: want %d hex digits", 2 * PROTO_HASH_BYTES);
+		return;
+	}
+	if (trk__versions_find(c->s->vs, version) == NULL) {
+		trk__fail(c, 404, "version %llu is unknown", (unsigned long long)version);
+		return;
+	}
+	k.version = version;
+	k.src = (uint32_t)src;
+	k.dst = (uint32_t)dst;
+	/* Built once per swarm state (srcache.c); peers shuffled per answer,
+	 * to spread the swarm. */
+	e = trk__srcache_get(r->srcache, &k, r->swarm_gen);
+	if ((!trk__srcache_ready(e) && build_sources(r, &k, e) != 0) ||
+	    (body = trk__srcache_render(e, &len)) == NULL) {
+		trk__fail(c, 500, "out of memory");
+		return;
+	}
+	trk__reply_raw(c, 200, "application/json", body, len);
+	free(body);
 }

@@ -606,6 +606,14 @@ void trk__handle_metrics(struct trk_call *c)
 			       "tessera_tracker_layout_cache_lookups_total{result=\"hit\"} %" PRIu64 "\n"
 			       "tessera_tracker_layout_cache_lookups_total{result=\"miss\"} %" PRIu64 "\n",
 			    k.layout_cache_hits, k.layout_cache_misses);
+	uint64_t sh, sm;
+	trk__srcache_stats(s->reg->srcache, &sh, &sm);
+	evbuffer_add_printf(b, "# HELP tessera_tracker_sources_cache_answers_total Sources "
+			       "queries answered from a kept answer (hit) or that built one (miss).\n"
+			       "# TYPE tessera_tracker_sources_cache_answers_total counter\n"
+			       "tessera_tracker_sources_cache_answers_total{result=\"hit\"} %" PRIu64 "\n"
+			       "tessera_tracker_sources_cache_answers_total{result=\"miss\"} %" PRIu64 "\n",
+			    sh, sm);
 	metric(b, "tessera_tracker_auth_refused_requests_total", "counter",
 	       "POSTs refused by authentication.", s->auth_refused);
 	trk__conns_metrics(s, b);

@@ -401,6 +401,11 @@ static void on_phase(evutil_socket_t fd, short what, void *arg)
 struct probe {
 	const char *url;
 	struct bench *b;
+	pid_t tracker;
+	/* CPU time (s) of the tracker and of this load generator, and the
+	 * machine's run queue, at the ends of the window. */
+	double trk_cpu0, trk_cpu1, gen_cpu0, gen_cpu1;
+	double load1;
 	double page_ms[3], status_ms[3];
 	size_t page_bytes, status_bytes;
 	uint64_t answers0, answers1;
@@ -424,6 +429,38 @@ static uint64_t answers_total(struct trk_client *c)
 	}
 	trk_reply_fini(&r);
 	return sum;
+}
+
+/* utime + stime of process pid, in seconds (0 when unreadable). */
+static double proc_cpu_s(pid_t pid)
+{
+	char path[64], buf[1024];
+	unsigned long long ut = 0, st = 0;
+	size_t n;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	if ((f = fopen(path, "r")) == NULL)
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	/* Fields 14 and 15, counted after the command name's closing ')'. */
+	const char *p = strrchr(buf, ')');
+	if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
+				&ut, &st) != 2)
+		return 0;
+	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double self_cpu_s(void)
+{
+	struct rusage ru;
+
+	if (getrusage(RUSAGE_SELF, &ru) != 0)
+		return 0;
+	return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+	       (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
 static double timed_get(struct trk_client *c, const char *path, size_t *bytes)
@@ -455,6 +492,8 @@ static void *probe_main(void *arg)
 	usleep(2000000); /* let the heartbeat wave settle */
 	uint64_t t0 = proto_now_ns();
 	p->answers0 = answers_total(c);
+	p->trk_cpu0 = proc_cpu_s(p->tracker);
+	p->gen_cpu0 = self_cpu_s();
 	for (int i = 0; i < 3; i++) {
 		p->page_ms[i] = timed_get(c, "/", &p->page_bytes);
 		p->status_ms[i] = timed_get(c, TRK_API "/status", &p->status_bytes);
@@ -463,7 +502,11 @@ static void *probe_main(void *arg)
 	while (proto_now_ns() - t0 < (uint64_t)(p->b->seconds - 4) * 1000000000ull)
 		usleep(100000);
 	p->answers1 = answers_total(c);
+	p->trk_cpu1 = proc_cpu_s(p->tracker);
+	p->gen_cpu1 = self_cpu_s();
 	p->window_s = (double)(proto_now_ns() - t0) / 1e9;
+	if (getloadavg(&p->load1, 1) != 1)
+		p->load1 = -1;
 	trk_client_free(c);
 	return NULL;
 }
@@ -502,6 +545,9 @@ int main(int argc, char **argv)
 	/* Thousands of nodes reconnect at once after every version: the
 	 * tracker this bench starts gets a long listen queue (see params.h). */
 	setenv("TESSERA_LISTEN_BACKLOG", "4096", 0);
+	/* Every node holds a watch open: the tracker needs a connection per
+	 * node and those in flight (its cap also stops at the fd limit). */
+	setenv("TESSERA_TRACKER_CONNS", "32768", 0);
 	if (argc > 1 && (proto_parse_u64(argv[1], RANKS, 1000000, &v) != 0 || v % RANKS != 0)) {
 		fprintf(stderr, "usage: bench_tracker [NODES (a multiple of %d) [SECONDS >= 10]]\n", RANKS);
 		return 2;
@@ -587,7 +633,7 @@ int main(int argc, char **argv)
 	b.pub_hb = event_new(b.base, -1, EV_PERSIST, on_pub_heartbeat, &b);
 	event_add(b.pub_hb, &pub_every);
 
-	struct probe pr = {.url = url, .b = &b};
+	struct probe pr = {.url = url, .b = &b, .tracker = tracker.pid};
 	pthread_t thr;
 	pthread_create(&thr, NULL, probe_main, &pr);
 	printf("bench_tracker: %u nodes in %u replicas of %s, lease %" PRIu64 " ms (heartbeat every %" PRIu64
@@ -610,8 +656,22 @@ int main(int argc, char **argv)
 	       b.reg_next < b.nnodes || b.registered < b.nnodes
 		       ? " (incomplete when measuring began: saturated)"
 		       : "");
-	printf("served: %.0f requests/s over %.1f s (the tracker's own answer counters)\n",
-	       pr.window_s > 0 ? (double)(pr.answers1 - pr.answers0) / pr.window_s : 0, pr.window_s);
+	double served = pr.window_s > 0 ? (double)(pr.answers1 - pr.answers0) / pr.window_s : 0;
+	double trk_cpu = pr.trk_cpu1 - pr.trk_cpu0, gen_cpu = pr.gen_cpu1 - pr.gen_cpu0;
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	printf("served: %.0f requests/s over %.1f s (the tracker's own answer counters)\n", served,
+	       pr.window_s);
+	/* CPU time per request does not depend on how much of the machine the
+	 * tracker got: the figure to compare between runs on a shared host. */
+	printf("tracker CPU: %.0f%% of one core, %.1f us per request served (at most %.0f "
+	       "requests/s per core at this mix)\n",
+	       pr.window_s > 0 ? 100 * trk_cpu / pr.window_s : 0,
+	       served > 0 ? 1e6 * trk_cpu / (served * pr.window_s) : 0,
+	       trk_cpu > 0 ? served * pr.window_s / trk_cpu : 0);
+	printf("load generator CPU: %.0f%% of one core (%.1f us per request); machine: %ld cores, "
+	       "load average %.1f\n",
+	       pr.window_s > 0 ? 100 * gen_cpu / pr.window_s : 0,
+	       served > 0 ? 1e6 * gen_cpu / (served * pr.window_s) : 0, ncpu, pr.load1);
 	printf("heartbeats: %zu, p50 %.2f ms, p99 %.2f ms (goal p99 < 20 ms: %s)\n", b.hb.n,
 	       pct_ms(&b.hb, 0.5), pct_ms(&b.hb, 0.99), pct_ms(&b.hb, 0.99) < 20 ? "met" : "MISSED");
 	printf("sources: %zu, p50 %.2f ms, p99 %.2f ms (goal p99 < 20 ms: %s)\n", b.src.n,

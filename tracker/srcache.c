@@ -1,0 +1,216 @@
+/* /sources answers rendered once per swarm state and reused until it changes. */
+#include <errno.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tracker/internal.h"
+
+/*
+ * After a version lands, every node asks for the sources of its parcel
+ * within about a second: with 1 000 replicas of a layout, each answer lists
+ * 1 000 members (and as many peers once they offer), and building it with
+ * jansson for every one of 10 000 queries was most of the tracker's work.
+ * An entry keeps, per parcel (version, layout, src rank, dst rank), the
+ * rendered members array and each source's rendered object, stamped with
+ * the registry's swarm generation (bumped by every registration, node gone,
+ * offer and publisher change: trk__registry_swarm_changed). A query whose
+ * entry is current costs a shuffle of the peers and one copy: peers still
+ * come in a fresh random order for every query, as before.
+ */
+
+#define ENTRIES 32
+
+struct trk_srcentry {
+	bool used;               /* holds key's answer, or is being built */
+	bool ready;              /* built completely at generation gen */
+	uint64_t gen, last_use;
+	struct trk_srckey key;
+	char *members;           /* the JSON array */
+	char **src;              /* source objects: peers, then publishers */
+	size_t *srclen;
+	size_t npeers, nsrc, cap;
+	size_t bytes;            /* sum of the above texts */
+	size_t *order;           /* scratch for the shuffle */
+};
+
+struct trk_srcache {
+	struct trk_srcentry e[ENTRIES];
+	uint64_t tick;
+	uint64_t hits, misses;
+};
+
+static void entry_clear(struct trk_srcentry *e)
+{
+	for (size_t i = 0; i < e->nsrc; i++)
+		free(e->src[i]);
+	free(e->members);
+	e->members = NULL;
+	e->npeers = e->nsrc = 0;
+	e->bytes = 0;
+	e->used = e->ready = false;
+}
+
+int trk__srcache_new(struct trk_srcache **out)
+{
+	*out = calloc(1, sizeof(**out));
+	return *out != NULL ? 0 : -ENOMEM;
+}
+
+void trk__srcache_free(struct trk_srcache *sc)
+{
+	if (sc == NULL)
+		return;
+	for (size_t i = 0; i < ENTRIES; i++) {
+		entry_clear(&sc->e[i]);
+		free(sc->e[i].src);
+		free(sc->e[i].srclen);
+		free(sc->e[i].order);
+	}
+	free(sc);
+}
+
+static bool key_eq(const struct trk_srckey *a, const struct trk_srckey *b)
+{
+	return a->version == b->version && a->src == b->src && a->dst == b->dst &&
+	       memcmp(a->layout, b->layout, PROTO_HASH_BYTES) == 0;
+}
+
+struct trk_srcentry *trk__srcache_get(struct trk_srcache *sc, const struct trk_srckey *k,
+			       uint64_t gen)
+{
+	struct trk_srcentry *e, *lru = &sc->e[0];
+
+	sc->tick++;
+	for (size_t i = 0; i < ENTRIES; i++) {
+		e = &sc->e[i];
+		if (e->used && key_eq(&e->key, k)) {
+			e->last_use = sc->tick;
+			if (e->ready && e->gen == gen) {
+				sc->hits++;
+				return e;
+			}
+			lru = e;
+			goto rebuild;
+		}
+		if (!e->used || (lru->used && e->last_use < lru->last_use))
+			lru = e;
+	}
+rebuild:
+	sc->misses++;
+	entry_clear(lru);
+	lru->used = true;
+	lru->key = *k;
+	lru->gen = gen;
+	lru->last_use = sc->tick;
+	return lru;
+}
+
+int trk__srcache_set_members(struct trk_srcentry *e, json_t *members)
+{
+	e->members = json_dumps(members, JSON_COMPACT);
+	if (e->members == NULL)
+		return -ENOMEM;
+	e->bytes += strlen(e->members);
+	return 0;
+}
+
+int trk__srcache_add_source(struct trk_srcentry *e, json_t *src, bool peer)
+{
+	char *t;
+
+	if (src == NULL)
+		return -ENOMEM;
+	t = json_dumps(src, JSON_COMPACT);
+	json_decref(src);
+	if (t == NULL)
+		return -ENOMEM;
+	if (e->nsrc == e->cap) {
+		size_t cap = e->cap ? 2 * e->cap : 16;
+		char **s = realloc(e->src, cap * sizeof(*s));
+		if (s != NULL)
+			e->src = s;
+		size_t *l = s != NULL ? realloc(e->srclen, cap * sizeof(*l)) : NULL;
+		if (l != NULL)
+			e->srclen = l;
+		size_t *o = l != NULL ? realloc(e->order, cap * sizeof(*o)) : NULL;
+		if (o == NULL) {
+			free(t);
+			return -ENOMEM;
+		}
+		e->order = o;
+		e->cap = cap;
+	}
+	if (peer && e->npeers != e->nsrc) {
+		free(t); /* peers come first: the caller adds them first */
+		return -EINVAL;
+	}
+	e->srclen[e->nsrc] = strlen(t);
+	e->src[e->nsrc++] = t;
+	e->npeers += peer;
+	e->bytes += strlen(t) + 1;
+	return 0;
+}
+
+void trk__srcache_set_ready(struct trk_srcentry *e)
+{
+	e->ready = true;
+}
+
+bool trk__srcache_ready(const struct trk_srcentry *e)
+{
+	return e->ready;
+}
+
+/* A small fast generator for the shuffle, seeded per answer from libsodium:
+ * the order only spreads the swarm, it protects nothing. */
+static uint64_t splitmix(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+char *trk__srcache_render(struct trk_srcentry *e, size_t *len)
+{
+	static const char head[] = "{\"sources\":[", mid[] = "],\"members\":", tail[] = "}\n";
+	size_t n = sizeof(head) + sizeof(mid) + sizeof(tail) + e->bytes, at = 0;
+	char *out = malloc(n);
+	uint64_t seed;
+
+	if (out == NULL)
+		return NULL;
+	randombytes_buf(&seed, sizeof(seed));
+	for (size_t i = 0; i < e->nsrc; i++)
+		e->order[i] = i;
+	for (size_t i = e->npeers; i > 1; i--) {
+		size_t j = (size_t)(splitmix(&seed) % i), t = e->order[i - 1];
+		e->order[i - 1] = e->order[j];
+		e->order[j] = t;
+	}
+	memcpy(out, head, sizeof(head) - 1);
+	at += sizeof(head) - 1;
+	for (size_t i = 0; i < e->nsrc; i++) {
+		size_t k = e->order[i];
+		if (i > 0)
+			out[at++] = ',';
+		memcpy(out + at, e->src[k], e->srclen[k]);
+		at += e->srclen[k];
+	}
+	memcpy(out + at, mid, sizeof(mid) - 1);
+	at += sizeof(mid) - 1;
+	size_t ml = strlen(e->members);
+	memcpy(out + at, e->members, ml);
+	at += ml;
+	memcpy(out + at, tail, sizeof(tail) - 1);
+	at += sizeof(tail) - 1;
+	*len = at;
+	return out;
+}
+
+void trk__srcache_stats(const struct trk_srcache *sc, uint64_t *hits, uint64_t *misses)
+{
+	*hits = sc != NULL ? sc->hits : 0;
+	*misses = sc != NULL ? sc->misses : 0;
+}
