@@ -260,9 +260,10 @@ static void admit(evutil_socket_t fd, short what, void *arg)
 /* Writes a whole small answer straight to the socket: evhttp has not
  * parsed this request and never will. Best effort (a full socket buffer
  * loses it; the connection closes either way). */
-static void answer_raw(const struct trk_server *s, evutil_socket_t fd,
+static void answer_raw(const struct trk_server *s, struct bufferevent *bev,
 		       int code, const char *msg)
 {
+	evutil_socket_t fd = bufferevent_getfd(bev);
 	char body[400], all[800], ep[100] = "";
 	int bl, n;
 
@@ -277,7 +278,8 @@ static void answer_raw(const struct trk_server *s, evutil_socket_t fd,
 		     "Cache-Control: no-store\r\nConnection: close\r\n%s"
 		     "Content-Length: %d\r\n\r\n%s",
 		     code, trk__reason(code), ep, bl, body);
-	if (n > 0 && (size_t)n < sizeof(all))
+	if (n > 0 && (size_t)n < sizeof(all) &&
+	    trk__tls_write_now(bev, all, (size_t)n) == -ENOTSUP)
 		(void)send(fd, all, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
 	shutdown(fd, SHUT_WR);
 }
@@ -325,7 +327,7 @@ static void drain_refused(struct trk_conn *c, struct evbuffer *buf, size_t from)
 	if (c->drained > c->declared && !c->chunked) {
 		conn_close(c); /* more than it declared: not HTTP we speak */
 	} else if (c->drained >= c->declared) {
-		answer_raw(c->g->s, bufferevent_getfd(c->bev), c->code, c->msg);
+		answer_raw(c->g->s, c->bev, c->code, c->msg);
 		c->answered = true;
 	}
 }
@@ -414,9 +416,15 @@ static struct bufferevent *new_bev(struct event_base *base, void *arg)
 	struct bufferevent *bev;
 	struct trk_conn *c;
 
-	bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
-	if (bev == NULL)
-		return NULL; /* evhttp makes one itself, unguarded */
+	if (g->s->tls != NULL) {
+		bev = trk__tls_server_bev(g->s->tls, base);
+		if (bev == NULL)
+			return NULL; /* evhttp then closes the connection */
+	} else {
+		bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+		if (bev == NULL)
+			return NULL; /* evhttp makes one itself, unguarded */
+	}
 	c = calloc(1, sizeof(*c));
 	if (c == NULL) {
 		/* Unguarded but working; caps hold for the others. */
