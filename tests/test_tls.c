@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
 
 #include "proto/fixture.h"
@@ -120,6 +122,33 @@ static int get_status(const char *url, const char *ca, struct trk_reply *r)
 	return rc;
 }
 
+/* Connects to the tracker at url and sends one byte of a TLS hello every
+ * 200 ms; true once the tracker closed the connection (within 30 s). */
+static bool dribble_closed(const char *url)
+{
+	const char *colon = strrchr(url, ':');
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	static const uint8_t hello[] = {0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01};
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	bool closed = false;
+
+	assert_true(fd >= 0 && colon != NULL);
+	sa.sin_port = htons((uint16_t)atoi(colon + 1));
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	for (int i = 0; i < 150 && !closed; i++) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		uint8_t b;
+
+		if (send(fd, &hello[i % sizeof(hello)], 1, MSG_NOSIGNAL) != 1)
+			closed = true;
+		else if (poll(&p, 1, 200) == 1 && read(fd, &b, 1) <= 0)
+			closed = true;
+	}
+	close(fd);
+	return closed;
+}
+
 static void test_tls_client(void **state)
 {
 	struct env *e = *state;
@@ -170,9 +199,14 @@ static void test_tls_client(void **state)
 	trk_reply_fini(&r);
 	trk_client_free(c);
 
-	/* A certificate for another address, from the right CA: refused. */
+	/* A certificate for another address, from the right CA: refused. That
+	 * tracker has a short head deadline: a TLS handshake dribbled byte by
+	 * byte is cut off as a slow head is. */
+	setenv("TESSERA_HEADER_MS", "2000", 1);
 	start_tls_tracker(e, &e->tracker2, "tracker2", e->wrong_cert, e->wrong_key, false, url2,
 			  sizeof(url2));
+	unsetenv("TESSERA_HEADER_MS");
+	assert_true(dribble_closed(url2));
 	assert_int_equal(get_status(url2, e->ca, &r), -EPROTO);
 	assert_non_null(strstr(r.error, "certificate not verified"));
 	assert_non_null(strstr(r.error, "mismatch"));

@@ -34,7 +34,8 @@
  * address that holds the most, idle or still-sending-a-head ones first
  * (make_room): a flood closes its own connections, not the one or two a
  * node or publisher holds. A head still incomplete TESSERA_HEADER_MS after
- * its first byte closes its connection (slowloris). accept() failures are
+ * its first byte closes its connection (slowloris), and so does a TLS
+ * handshake unfinished that long after the connection opened. accept() failures are
  * logged once per LOG_EVERY_MS with a count, and pause the listener.
  */
 
@@ -472,6 +473,10 @@ static void sweep(evutil_socket_t fd, short what, void *arg)
 			conn_close(c);
 		} else if (c->state == C_REFUSED &&
 			   now - c->refused_ms > REFUSED_LINGER_MS) {
+			conn_close(c);
+		} else if (c->state == C_IDLE && now - c->opened_ms > g->header_ms &&
+			   trk__tls_handshaking(c->bev)) {
+			g->slow++; /* a TLS handshake dribbled: slowloris too */
 			conn_close(c);
 		}
 	}

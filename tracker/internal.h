@@ -153,6 +153,8 @@ bool trk__tls_failure(struct bufferevent *bev, char *msg, size_t cap);
  * connection guard answers itself). -ENOTSUP for a plain bev, -EIO when the
  * write fails. */
 int trk__tls_write_now(struct bufferevent *bev, const void *buf, size_t len);
+/* True while a TLS bev's handshake is unfinished; false for a plain bev. */
+bool trk__tls_handshaking(struct bufferevent *bev);
 
 /* ---- conns.c: the connection guard ---- */
 

@@ -241,3 +241,10 @@ int trk__tls_write_now(struct bufferevent *bev, const void *buf, size_t len)
 	ERR_clear_error();
 	return n > 0 ? 0 : -EIO;
 }
+
+bool trk__tls_handshaking(struct bufferevent *bev)
+{
+	SSL *ssl = bufferevent_openssl_get_ssl(bev);
+
+	return ssl != NULL && !SSL_is_init_finished(ssl);
+}
