@@ -283,6 +283,14 @@ static void test_tagged_flood_node_and_publisher(void **state)
 	assert_true(n1 - n0 < FLOOD_BOUND_KIB && n2 - n1 < FLOOD_BOUND_KIB);
 	assert_true(p1 - p0 < FLOOD_BOUND_KIB && p2 - p1 < FLOOD_BOUND_KIB);
 	assert_true(node_proc_alive(&e->node) && node_proc_alive(&e->publisher));
+	/* Each says so in a few lines (one per 10 s at most), not one per
+	 * message. */
+	for (int i = 0; i < 2; i++) {
+		const char *name = i == 0 ? "node" : "publisher";
+		int lines = tu_sh("exit $(grep -c 'unsolicited message' %s/%s.log)", e->dir, name);
+		fprintf(stderr, "# %s logged %d line(s) about dropped messages\n", name, lines);
+		assert_true(lines >= 1 && lines < 100);
+	}
 }
 
 int main(void)
