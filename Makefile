@@ -11,7 +11,7 @@
 BUILD    ?= build
 .DEFAULT_GOAL := all
 CC       ?= cc
-PKGS     := libfabric libsodium libzstd libevent libevent_pthreads jansson inih
+PKGS     := libfabric libsodium libzstd libevent libevent_pthreads libevent_openssl openssl jansson inih
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)

@@ -7,7 +7,7 @@
 set -eu
 
 PKGS="build-essential pkg-config libfabric-dev libfabric-bin libsodium-dev \
-libzstd-dev libevent-dev libcmocka-dev libjansson-dev libinih-dev iproute2 curl jq \
+libzstd-dev libevent-dev libssl-dev openssl libcmocka-dev libjansson-dev libinih-dev iproute2 curl jq \
 clang libclang-rt-dev python3 python3-numpy"
 
 deploy_check=0

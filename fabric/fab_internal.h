@@ -91,6 +91,7 @@ struct fab_ctx {
 	/* the sink (msg.c): nsink receives that drop what they take */
 	struct fab_op *sink;
 	unsigned nsink;
+	uint64_t sink_logged, sink_log_ms; /* drops logged so far, and when */
 
 	struct fab_stats stats;
 	struct fab_ctx *abandoned_next; /* closed with transfers pending */

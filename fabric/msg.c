@@ -5,6 +5,7 @@
 
 #include "fabric/fab_internal.h"
 #include "proto/log.h"
+#include "proto/util.h"
 
 int fab__slots_init(struct fab_ctx *ctx, unsigned n)
 {
@@ -146,14 +147,28 @@ int fab_trecv(struct fab_ctx *ctx, struct fab_op *op, uint64_t tag,
 	return post_recv(ctx, op, tag, ignore, buf, cap, cb, false);
 }
 
-/* A sink receive took a message (or failed): count it, post it again. */
+#define SINK_LOG_MS 10000 /* one line per this long while messages come */
+
+/* A sink receive took a message (or failed): count it, say so at most
+ * once per SINK_LOG_MS, post it again. */
 static void sink_cb(struct fab_op *op, int status)
 {
 	struct fab_ctx *ctx = op->ctx_;
+	uint64_t now;
 
 	if (status == -ECANCELED || ctx->closing)
 		return;
 	ctx->stats.msgs_dropped++;
+	now = proto_now_ns() / 1000000u;
+	if (ctx->sink_log_ms == 0 || now - ctx->sink_log_ms >= SINK_LOG_MS) {
+		LOG_WARN("fabric: dropped %llu unsolicited message(s) since %s "
+			 "(this process takes none: a stranger or a misconfigured "
+			 "peer sends them)",
+			 (unsigned long long)(ctx->stats.msgs_dropped - ctx->sink_logged),
+			 ctx->sink_log_ms == 0 ? "start" : "the last such line");
+		ctx->sink_logged = ctx->stats.msgs_dropped;
+		ctx->sink_log_ms = now;
+	}
 	if (post_recv(ctx, op, 0, ~0ull, NULL, 0, sink_cb, true) != 0)
 		LOG_WARN("fabric: a sink receive could not be posted again");
 }

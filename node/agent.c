@@ -93,6 +93,8 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		goto fail;
 	rc = trk_client_new(base, o->tracker_url, o->cluster_key ? ckey : NULL, &a->trk, err);
 	sodium_memzero(ckey, sizeof(ckey));
+	if (rc == 0 && o->tls_ca != NULL)
+		rc = trk_client_set_tls_ca(a->trk, o->tls_ca, err);
 	if (rc != 0)
 		goto fail;
 	trk_client_on_chain_lost(a->trk, agent_on_chain_lost, a);

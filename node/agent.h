@@ -43,6 +43,7 @@ struct node_agent_opts {
 	const char *model;         /* model spec file */
 	const char *trainer_pubkey;
 	const char *cluster_key;   /* NULL: unsigned requests */
+	const char *tls_ca;        /* CA file for an https:// tracker (NULL: system's) */
 	const char *provider;      /* NULL: tcp;ofi_rxm */
 	const char *store;         /* "host", "cuda" or "auto" (NULL) */
 	const char *expose_dir;    /* NULL: no activation records */

@@ -20,6 +20,8 @@ static const struct option tracker_opts[] = {
 	{"state", required_argument, NULL, 0},
 	{"cluster-key", required_argument, NULL, 0},
 	{"trainer-pubkey", required_argument, NULL, 0},
+	{"tls-cert", required_argument, NULL, 0},
+	{"tls-key", required_argument, NULL, 0},
 	{NULL, 0, NULL, 0},
 };
 
@@ -36,6 +38,7 @@ static const struct option node_opts[] = {
 	{"expose", required_argument, NULL, 0},
 	{"host", required_argument, NULL, 0},
 	{"metrics", required_argument, NULL, 0},
+	{"tls-ca", required_argument, NULL, 0},
 	{NULL, 0, NULL, 0},
 };
 
@@ -53,6 +56,7 @@ static const struct option publish_opts[] = {
 	{"every", required_argument, NULL, 0},
 	{"control", required_argument, NULL, 0},
 	{"metrics", required_argument, NULL, 0},
+	{"tls-ca", required_argument, NULL, 0},
 	{NULL, 0, NULL, 0},
 };
 

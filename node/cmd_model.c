@@ -29,17 +29,22 @@ static void model_usage(FILE *f)
 		"                         (its first version's checkpoint)\n"
 		"      --tracker URL      the model a publisher registered at the tracker\n"
 		"                         (http://HOST:PORT; fails while none did)\n"
+		"      --tls-ca FILE      verify an https:// tracker against these PEM CA\n"
+		"                         certificates (default: the system's)\n"
 		"  -o, --out FILE         write FILE (atomically) instead of stdout\n"
 		"  -h, --help             this text\n");
 }
 
 /* The model a live publisher registered: the `model` of GET /api/v1/layouts. */
-static int model_from_tracker(const char *url, struct proto_model *m, struct proto_err *err)
+static int model_from_tracker(const char *url, const char *ca, struct proto_model *m,
+			      struct proto_err *err)
 {
 	struct trk_client *c = NULL;
 	struct trk_reply r;
 	int rc = trk_client_new(NULL, url, NULL, &c, err);
 
+	if (rc == 0 && ca != NULL && (rc = trk_client_set_tls_ca(c, ca, err)) != 0)
+		trk_client_free(c);
 	if (rc != 0)
 		return rc;
 	rc = trk_client_call(c, "GET", TRK_API "/layouts", NULL, NULL, 0, &r);
@@ -84,11 +89,12 @@ int node_cmd_model(int argc, char **argv)
 		{"synthetic-mb", required_argument, NULL, 'm'},
 		{"model-dir", required_argument, NULL, 'd'},
 		{"tracker", required_argument, NULL, 't'},
+		{"tls-ca", required_argument, NULL, 'C'},
 		{"out", required_argument, NULL, 'o'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
-	const char *tracker = NULL, *dir = NULL, *out = NULL;
+	const char *tracker = NULL, *dir = NULL, *out = NULL, *ca = NULL;
 	uint64_t bytes = 0;
 	struct proto_model m;
 	struct proto_err err = {{0}};
@@ -108,6 +114,7 @@ int node_cmd_model(int argc, char **argv)
 			break;
 		case 'd': dir = optarg; break;
 		case 't': tracker = optarg; break;
+		case 'C': ca = optarg; break;
 		case 'o': out = optarg; break;
 		case 'h': model_usage(stdout); return 0;
 		default: return proto_cli_bad_option(PROG, c, argv);
@@ -125,7 +132,7 @@ int node_cmd_model(int argc, char **argv)
 	else if (dir != NULL)
 		rc = model_from_dir(dir, &m, &err);
 	else
-		rc = model_from_tracker(tracker, &m, &err);
+		rc = model_from_tracker(tracker, ca, &m, &err);
 	if (rc == 0 && (j = proto_model_to_json(&m)) == NULL)
 		rc = proto_errf(&err, ENOMEM, "out of memory");
 	if (rc == 0 && out != NULL)

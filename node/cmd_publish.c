@@ -27,6 +27,7 @@ static void publish_usage(FILE *f)
 		"                       [--provider NAME] [--versions V] [--every MS]\n"
 		"                       [--anchor-every K]\n"
 		"                       [--control PATH] [--config FILE]\n"
+		"                       [--tls-ca FILE]\n"
 		"                       [--log-format text|json] [--log-level LEVEL]\n"
 		"                       [--metrics HOST:PORT|off]\n"
 		"\n"
@@ -89,7 +90,9 @@ static void publish_usage(FILE *f)
 		"After a restart, numbering continues after the tracker's latest version,\n"
 		"which is rebuilt and offered again if its chunk hashes still match.\n"
 		"\n"
-		"      --tracker URL      http://HOST:PORT\n"
+		"      --tracker URL      http://HOST:PORT (https:// with TLS)\n"
+		"      --tls-ca FILE      verify an https:// tracker against these PEM CA\n"
+		"                         certificates (default: the system's)\n"
 		"      --key FILE         trainer secret key (tessera keygen)\n"
 		"      --cluster-key FILE sign tracker requests with this cluster key\n"
 		"      --config FILE      the [publish] section gives options (flags\n"
@@ -303,6 +306,7 @@ int node_cmd_publish(int argc, char **argv)
 		{"control", required_argument, NULL, 'c'},
 		{"trainer", required_argument, NULL, 'T'},
 		{"metrics", required_argument, NULL, 'M'},
+		{"tls-ca", required_argument, NULL, 'a'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -333,6 +337,9 @@ int node_cmd_publish(int argc, char **argv)
 			break;
 		case 'C':
 			ckey = optarg;
+			break;
+		case 'a':
+			po.tls_ca = optarg;
 			break;
 		case 'm':
 			if (proto_cli_parse_mib(optarg, &po.synthetic_bytes) != 0) {

@@ -16,6 +16,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: tessera-node --tracker URL --replica ID --rank R --layout L\n"
 		"                    --model M.json --trainer-pubkey FILE [--cluster-key FILE]\n"
+		"                    [--tls-ca FILE]\n"
 		"                    [--provider NAME] [--store host|cuda|auto] [--expose DIR]\n"
 		"                    [--attach SOCK]\n"
 		"                    [--host NAME] [--config FILE] [--log-format text|json]\n"
@@ -27,7 +28,8 @@ static void usage(FILE *f)
 		"serves them to peers and activates a version once every rank of its\n"
 		"replica holds it. Start one per rank of the replica's layout.\n"
 		"\n"
-		"      --tracker URL          the tracker, http://HOST:PORT\n"
+		"      --tracker URL          the tracker, http://HOST:PORT (https:// for\n"
+		"                             a tracker with TLS)\n"
 		"      --replica ID           the replica this rank belongs to (A, B, ...)\n"
 		"      --rank R               this rank, 0 .. ranks of the layout - 1\n"
 		"      --layout L             the replica's serving layout: a layout file\n"
@@ -36,6 +38,8 @@ static void usage(FILE *f)
 		"                             (`tessera model` writes it)\n"
 		"      --trainer-pubkey FILE  verify manifests with this key\n"
 		"      --cluster-key FILE     sign tracker requests with this cluster key\n"
+		"      --tls-ca FILE          verify an https:// tracker against these PEM\n"
+		"                             CA certificates (default: the system's)\n"
 		"      --provider NAME        libfabric provider (default tcp;ofi_rxm)\n"
 		"      --store KIND           where the weights live: host memory, cuda\n"
 		"                             (GPU) or auto (cuda when a GPU is usable)\n"
@@ -91,6 +95,7 @@ int main(int argc, char **argv)
 		{"model", required_argument, NULL, 'm'},
 		{"trainer-pubkey", required_argument, NULL, 'p'},
 		{"cluster-key", required_argument, NULL, 'c'},
+		{"tls-ca", required_argument, NULL, 'T'},
 		{"provider", required_argument, NULL, 'P'},
 		{"store", required_argument, NULL, 's'},
 		{"expose", required_argument, NULL, 'e'},
@@ -129,6 +134,7 @@ int main(int argc, char **argv)
 		case 'm': o.model = optarg; break;
 		case 'p': o.trainer_pubkey = optarg; break;
 		case 'c': o.cluster_key = optarg; break;
+		case 'T': o.tls_ca = optarg; break;
 		case 'P': o.provider = optarg; break;
 		case 's': o.store = optarg; break;
 		case 'e': o.expose_dir = optarg; break;

@@ -19,7 +19,7 @@ struct cmd {
 	const char *bin;       /* program under build/bin */
 	const char *sub;       /* subcommand of `tessera`, or NULL */
 	const char *prog;      /* how its messages name it */
-	const char *opts[20];  /* every long option it takes (NULL-terminated) */
+	const char *opts[24];  /* every long option it takes (NULL-terminated) */
 	const char *required;  /* one flag the error names when nothing is given */
 	const char *mentions[4]; /* other commands' options its help refers to */
 };
@@ -27,11 +27,11 @@ struct cmd {
 static const struct cmd cmds[] = {
 	{"tessera-tracker", NULL, "tessera-tracker",
 	 {"listen", "state", "cluster-key", "trainer-pubkey", "config", "log-format", "log-level", "help",
-	  "version"}, "--listen", {NULL}},
+	  "version", "tls-cert", "tls-key"}, "--listen", {NULL}},
 	{"tessera-node", NULL, "tessera-node",
 	 {"tracker", "replica", "rank", "layout", "model", "trainer-pubkey", "cluster-key",
 	  "provider", "store", "expose", "attach", "host", "metrics", "config", "log-format", "log-level", "help",
-	  "version"},
+	  "version", "tls-ca"},
 	 "--tracker", {NULL}},
 	{"tessera", "plan", "tessera plan", {"model", "from", "to", "json", "help"}, "--model", {NULL}},
 	{"tessera", "cluster", "tessera cluster",
@@ -43,13 +43,13 @@ static const struct cmd cmds[] = {
 	{"tessera", "publish", "tessera publish",
 	 {"tracker", "key", "cluster-key", "synthetic-mb", "seed", "model-dir", "layout", "ranks",
 	  "provider", "versions", "every", "anchor-every", "control", "metrics", "config", "log-format", "log-level",
-	  "help", "trainer"},
+	  "help", "trainer", "tls-ca"},
 	 "--tracker URL", {NULL}},
 	{"tessera", "synth", "tessera synth",
 	 {"out", "synthetic-mb", "steps", "lr", "seed", "threads", "help"}, "-o DIR", {NULL}},
 	{"tessera", "delta", "tessera delta",
 	 {"parent", "child", "out", "level", "chunk", "threads", "help"}, NULL, {NULL}},
-	{"tessera", "model", "tessera model", {"synthetic-mb", "model-dir", "tracker", "out", "help"}, NULL,
+	{"tessera", "model", "tessera model", {"synthetic-mb", "model-dir", "tracker", "out", "help", "tls-ca"}, NULL,
 	 {"model"}},
 };
 

@@ -2,6 +2,7 @@
  * answer parsers and a blocking mode for command-line use. */
 #include <errno.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -45,6 +46,7 @@ struct pending {
 struct trk_client {
 	struct event_base *base;
 	bool own_base;
+	struct ssl_ctx_st *tls; /* https:// URLs: verifies the tracker (tls.c) */
 	char host[256];
 	int port;
 	char prefix[256]; /* path prefix of the base URL, without a trailing / */
@@ -130,11 +132,16 @@ int trk_client_new(struct event_base *base, const char *url,
 	u = evhttp_uri_parse(url);
 	scheme = u ? evhttp_uri_get_scheme(u) : NULL;
 	host = u ? evhttp_uri_get_host(u) : NULL;
-	if (u == NULL || scheme == NULL || strcmp(scheme, "http") != 0 ||
+	if (u == NULL || scheme == NULL ||
+	    (strcmp(scheme, "http") != 0 && strcmp(scheme, "https") != 0) ||
 	    host == NULL || host[0] == 0) {
-		rc = proto_errf(err, EINVAL, "tracker URL '%s': want http://HOST:PORT", url);
+		rc = proto_errf(err, EINVAL,
+				"tracker URL '%s': want http://HOST:PORT or https://HOST:PORT", url);
 		goto fail;
 	}
+	if (strcmp(scheme, "https") == 0 &&
+	    (rc = trk__tls_client_ctx(NULL, &c->tls, err)) != 0)
+		goto fail;
 	snprintf(c->host, sizeof(c->host), "%s", host);
 	/* evhttp wants a v6 address without its brackets. */
 	if (c->host[0] == '[') {
@@ -143,7 +150,7 @@ int trk_client_new(struct event_base *base, const char *url,
 		if (n >= 2 && c->host[n - 2] == ']')
 			c->host[n - 2] = 0;
 	}
-	c->port = evhttp_uri_get_port(u) > 0 ? evhttp_uri_get_port(u) : 80;
+	c->port = evhttp_uri_get_port(u) > 0 ? evhttp_uri_get_port(u) : c->tls ? 443 : 80;
 	path = evhttp_uri_get_path(u);
 	snprintf(c->prefix, sizeof(c->prefix), "%s", path ? path : "");
 	while (c->prefix[0] && c->prefix[strlen(c->prefix) - 1] == '/')
@@ -167,8 +174,24 @@ int trk_client_new(struct event_base *base, const char *url,
 fail:
 	if (u != NULL)
 		evhttp_uri_free(u);
+	trk__tls_ctx_free(c->tls);
 	free(c);
 	return rc;
+}
+
+int trk_client_set_tls_ca(struct trk_client *c, const char *ca_file, struct proto_err *err)
+{
+	struct ssl_ctx_st *ctx;
+	int rc;
+
+	if (c->tls == NULL)
+		return proto_errf(err, EINVAL, "--tls-ca %s: the tracker URL is not https://",
+				  ca_file);
+	if ((rc = trk__tls_client_ctx(ca_file, &ctx, err)) != 0)
+		return rc;
+	trk__tls_ctx_free(c->tls);
+	c->tls = ctx;
+	return 0;
 }
 
 void trk_client_free(struct trk_client *c)
@@ -194,6 +217,7 @@ void trk_client_free(struct trk_client *c)
 	}
 	if (c->own_base)
 		event_base_free(c->base);
+	trk__tls_ctx_free(c->tls);
 	sodium_memzero(c->key, sizeof(c->key));
 	free(c);
 }
@@ -327,9 +351,19 @@ static void on_done(struct evhttp_request *req, void *arg)
 		}
 	}
 	if (a.status == 0) {
+		char why[300];
+
 		a.status = transport_errno(p);
-		snprintf(msg, sizeof(msg), "tracker %s:%d: %s", p->c->host, p->c->port,
-			 strerror(-a.status));
+		if (p->c->tls != NULL &&
+		    trk__tls_failure(evhttp_connection_get_bufferevent(p->conn), why,
+				     sizeof(why))) {
+			a.status = -EPROTO;
+			snprintf(msg, sizeof(msg), "tracker %s:%d: %s", p->c->host,
+				 p->c->port, why);
+		} else {
+			snprintf(msg, sizeof(msg), "tracker %s:%d: %s", p->c->host,
+				 p->c->port, strerror(-a.status));
+		}
 		a.body = (const uint8_t *)"";
 	} else {
 		struct evbuffer *in = evhttp_request_get_input_buffer(req);
@@ -433,7 +467,19 @@ static int start_request(struct trk_client *c, const char *method,
 			memcpy(p->body, body, len);
 	}
 	p->reap = evtimer_new(c->base, reap_cb, p);
-	p->conn = evhttp_connection_base_new(c->base, NULL, c->host, (uint16_t)c->port);
+	if (c->tls != NULL) {
+		struct bufferevent *bev = trk__tls_client_bev(c->tls, c->base, c->host);
+
+		/* The connection owns bev from here, even when it fails. */
+		p->conn = bev == NULL ? NULL :
+			evhttp_connection_base_bufferevent_new(c->base, NULL, bev, c->host,
+							       (uint16_t)c->port);
+		if (p->conn == NULL && bev != NULL)
+			bufferevent_free(bev);
+	} else {
+		p->conn = evhttp_connection_base_new(c->base, NULL, c->host,
+						     (uint16_t)c->port);
+	}
 	if (p->conn == NULL || p->reap == NULL) {
 		if (p->reap != NULL)
 			event_free(p->reap);

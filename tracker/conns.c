@@ -34,7 +34,8 @@
  * address that holds the most, idle or still-sending-a-head ones first
  * (make_room): a flood closes its own connections, not the one or two a
  * node or publisher holds. A head still incomplete TESSERA_HEADER_MS after
- * its first byte closes its connection (slowloris). accept() failures are
+ * its first byte closes its connection (slowloris), and so does a TLS
+ * handshake unfinished that long after the connection opened. accept() failures are
  * logged once per LOG_EVERY_MS with a count, and pause the listener.
  */
 
@@ -289,9 +290,10 @@ static void admit(evutil_socket_t fd, short what, void *arg)
 /* Writes a whole small answer straight to the socket: evhttp has not
  * parsed this request and never will. Best effort (a full socket buffer
  * loses it; the connection closes either way). */
-static void answer_raw(const struct trk_server *s, evutil_socket_t fd,
+static void answer_raw(const struct trk_server *s, struct bufferevent *bev,
 		       int code, const char *msg)
 {
+	evutil_socket_t fd = bufferevent_getfd(bev);
 	char body[400], all[800], ep[100] = "";
 	int bl, n;
 
@@ -306,7 +308,8 @@ static void answer_raw(const struct trk_server *s, evutil_socket_t fd,
 		     "Cache-Control: no-store\r\nConnection: close\r\n%s"
 		     "Content-Length: %d\r\n\r\n%s",
 		     code, trk__reason(code), ep, bl, body);
-	if (n > 0 && (size_t)n < sizeof(all))
+	if (n > 0 && (size_t)n < sizeof(all) &&
+	    trk__tls_write_now(bev, all, (size_t)n) == -ENOTSUP)
 		(void)send(fd, all, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
 	shutdown(fd, SHUT_WR);
 }
@@ -354,7 +357,7 @@ static void drain_refused(struct trk_conn *c, struct evbuffer *buf, size_t from)
 	if (c->drained > c->declared && !c->chunked) {
 		conn_close(c); /* more than it declared: not HTTP we speak */
 	} else if (c->drained >= c->declared) {
-		answer_raw(c->g->s, bufferevent_getfd(c->bev), c->code, c->msg);
+		answer_raw(c->g->s, c->bev, c->code, c->msg);
 		c->answered = true;
 	}
 }
@@ -444,9 +447,15 @@ static struct bufferevent *new_bev(struct event_base *base, void *arg)
 	struct bufferevent *bev;
 	struct trk_conn *c;
 
-	bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
-	if (bev == NULL)
-		return NULL; /* evhttp makes one itself, unguarded */
+	if (g->s->tls != NULL) {
+		bev = trk__tls_server_bev(g->s->tls, base);
+		if (bev == NULL)
+			return NULL; /* evhttp then closes the connection */
+	} else {
+		bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+		if (bev == NULL)
+			return NULL; /* evhttp makes one itself, unguarded */
+	}
 	c = calloc(1, sizeof(*c));
 	if (c == NULL) {
 		/* Unguarded but working; caps hold for the others. */
@@ -495,6 +504,10 @@ static void sweep(evutil_socket_t fd, short what, void *arg)
 			conn_close(c);
 		} else if (c->state == C_REFUSED &&
 			   now - c->refused_ms > REFUSED_LINGER_MS) {
+			conn_close(c);
+		} else if (c->state == C_IDLE && now - c->opened_ms > g->header_ms &&
+			   trk__tls_handshaking(c->bev)) {
+			g->slow++; /* a TLS handshake dribbled: slowloris too */
 			conn_close(c);
 		}
 	}

@@ -700,6 +700,9 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 	s->base = base;
 	s->started_ms = proto_wall_ms();
 	s->lease_ms = proto_param(PROTO_PARAM_LEASE_MS);
+	if ((o->tls_cert != NULL || o->tls_key != NULL) &&
+	    (rc = trk__tls_server_ctx(o->tls_cert, o->tls_key, &s->tls, err)) != 0)
+		goto fail;
 	if (o->cluster_key != NULL) {
 		if (trk__auth_new(o->cluster_key, proto_param(PROTO_PARAM_AUTH_WINDOW_S),
 				  &s->auth) != 0) {
@@ -749,9 +752,8 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 		rc = proto_errf(err, EIO, "cannot read the bound port");
 		goto fail;
 	}
-	snprintf(s->url, sizeof(s->url), strchr(host, ':') ? "http://[%s]:%u" :
-							     "http://%s:%u",
-		 host, (unsigned)port);
+	snprintf(s->url, sizeof(s->url), strchr(host, ':') ? "%s://[%s]:%u" : "%s://%s:%u",
+		 s->tls != NULL ? "https" : "http", host, (unsigned)port);
 	s->sweep_ev = event_new(base, -1, EV_PERSIST, sweep_cb, s);
 	if (s->sweep_ev == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
@@ -790,5 +792,6 @@ void trk_server_free(struct trk_server *s)
 	trk__addenda_free(s->ad);
 	trk__versions_free(s->vs);
 	trk__auth_free(s->auth);
+	trk__tls_ctx_free(s->tls);
 	free(s);
 }

@@ -16,6 +16,8 @@
 struct trk_auth;
 struct trk_versions;
 struct trk_registry;
+struct ssl_ctx_st; /* OpenSSL's SSL_CTX (tls.c) */
+struct bufferevent;
 
 struct trk_server {
 	struct event_base *base;
@@ -33,6 +35,7 @@ struct trk_server {
 	uint64_t auth_refused;
 	struct trk_conns *conns; /* the connection guard (conns.c) */
 	struct trk_addenda *ad;  /* layouts added to published versions (addenda.c) */
+	struct ssl_ctx_st *tls;  /* NULL: plain HTTP (tls.c) */
 };
 
 /* One request being handled: the parsed URI and body. */
@@ -123,6 +126,35 @@ int trk__head_parse(const uint8_t *buf, size_t len, struct trk_head *out);
  * Uses the routes' body caps and trk__auth_check_head. */
 int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
 		      char *msg, size_t cap);
+
+/* ---- tls.c: TLS for the HTTP API ---- */
+
+/* The server's context from a PEM certificate chain and its key; 0 or a
+ * negative errno with err set (*out NULL). Freed with trk__tls_ctx_free. */
+int trk__tls_server_ctx(const char *cert, const char *key, struct ssl_ctx_st **out,
+			struct proto_err *err);
+/* A client's context: verifies the server against ca_file (PEM), or the
+ * system's trust store when NULL. 0 or a negative errno with err set. */
+int trk__tls_client_ctx(const char *ca_file, struct ssl_ctx_st **out,
+			struct proto_err *err);
+/* NULL is fine. */
+void trk__tls_ctx_free(struct ssl_ctx_st *ctx);
+/* Bufferevents without a socket yet (evhttp sets it), closing it when
+ * freed; NULL on failure. The client's checks that the certificate names
+ * host. */
+struct bufferevent *trk__tls_server_bev(struct ssl_ctx_st *ctx, struct event_base *base);
+struct bufferevent *trk__tls_client_bev(struct ssl_ctx_st *ctx, struct event_base *base,
+					const char *host);
+/* After a failed request on bev: true with one line in msg when TLS is why
+ * (an unverified certificate, a failed handshake); false for a plain bev or
+ * no TLS error. */
+bool trk__tls_failure(struct bufferevent *bev, char *msg, size_t cap);
+/* Writes buf to a TLS bev's peer now, past its output buffer (a refusal the
+ * connection guard answers itself). -ENOTSUP for a plain bev, -EIO when the
+ * write fails. */
+int trk__tls_write_now(struct bufferevent *bev, const void *buf, size_t len);
+/* True while a TLS bev's handshake is unfinished; false for a plain bev. */
+bool trk__tls_handshaking(struct bufferevent *bev);
 
 /* ---- conns.c: the connection guard ---- */
 

@@ -15,11 +15,13 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: tessera-tracker --listen HOST:PORT --state DIR\n"
 		"                       [--cluster-key FILE] [--trainer-pubkey FILE]\n"
+		"                       [--tls-cert FILE --tls-key FILE]\n"
 		"                       [--config FILE] [--log-format text|json]\n"
 		"                       [--log-level err|warn|info|debug]\n"
 		"\n"
 		"The versioned registry of a tessera cluster. Prints\n"
-		"`listening on http://HOST:PORT` first (port 0 picks a free one).\n"
+		"`listening on http://HOST:PORT` first (https:// with TLS; port 0\n"
+		"picks a free one).\n"
 		"\n"
 		"  -l, --listen HOST:PORT      address to serve HTTP on\n"
 		"  -s, --state DIR             durable version log (created if missing)\n"
@@ -27,6 +29,9 @@ static void usage(FILE *f)
 		"                              (without it, POSTs are open)\n"
 		"  -p, --trainer-pubkey FILE   verify manifests with this key (without\n"
 		"                              it, the first version's signer is pinned)\n"
+		"      --tls-cert FILE         serve HTTPS only, presenting this PEM\n"
+		"                              certificate (chain); with --tls-key\n"
+		"      --tls-key FILE          the certificate's PEM private key\n"
 		"      --config FILE           the [tracker] section gives options (flags\n"
 		"                              override it), [params] tunables, [log]\n"
 		"                              level and format\n"
@@ -69,11 +74,14 @@ int main(int argc, char **argv)
 		{"state", required_argument, NULL, 's'},
 		{"cluster-key", required_argument, NULL, 'k'},
 		{"trainer-pubkey", required_argument, NULL, 'p'},
+		{"tls-cert", required_argument, NULL, 'C'},
+		{"tls-key", required_argument, NULL, 'K'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, 'V'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *listen = NULL, *state = NULL, *ckey = NULL, *pkey = NULL;
+	const char *tls_cert = NULL, *tls_key = NULL;
 	uint8_t cluster[PROTO_CLUSTER_KEY_BYTES], pk[PROTO_PK_BYTES];
 	struct trk_server_opts o = {0};
 	struct proto_err err = {{0}};
@@ -92,6 +100,8 @@ int main(int argc, char **argv)
 		case 's': state = optarg; break;
 		case 'k': ckey = optarg; break;
 		case 'p': pkey = optarg; break;
+		case 'C': tls_cert = optarg; break;
+		case 'K': tls_key = optarg; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': proto_cli_version("tessera-tracker"); return 0;
 		default: return proto_cli_bad_option("tessera-tracker", c, argv);
@@ -103,6 +113,10 @@ int main(int argc, char **argv)
 		return proto_cli_missing("tessera-tracker", "--listen");
 	if (state == NULL)
 		return proto_cli_missing("tessera-tracker", "--state");
+	if ((tls_cert == NULL) != (tls_key == NULL)) {
+		fprintf(stderr, "tessera-tracker: --tls-cert and --tls-key go together\n");
+		return 2;
+	}
 	if (ckey != NULL && proto_key_load_cluster(ckey, cluster, &err) != 0) {
 		fprintf(stderr, "tessera-tracker: %s\n", err.msg);
 		return 1;
@@ -117,6 +131,8 @@ int main(int argc, char **argv)
 	o.state_dir = state;
 	o.cluster_key = ckey ? cluster : NULL;
 	o.trainer_pk = pkey ? pk : NULL;
+	o.tls_cert = tls_cert;
+	o.tls_key = tls_key;
 	base = tracker_base();
 	if (base == NULL) {
 		fprintf(stderr, "tessera-tracker: event_base_new failed\n");

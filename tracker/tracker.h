@@ -69,6 +69,9 @@ struct trk_server_opts {
 	const char *state_dir; /* created if missing */
 	const uint8_t *cluster_key; /* PROTO_CLUSTER_KEY_BYTES, or NULL: open */
 	const uint8_t *trainer_pk;  /* PROTO_PK_BYTES, or NULL: pin the first */
+	/* Both set: serve HTTPS only, with this PEM certificate chain and key
+	 * (one set alone is refused). */
+	const char *tls_cert, *tls_key;
 };
 
 /*
@@ -78,7 +81,8 @@ struct trk_server_opts {
  */
 int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 		   struct trk_server **out, struct proto_err *err);
-/* "http://HOST:PORT" with the port actually bound. Owned by the server. */
+/* "http://HOST:PORT" ("https://" with TLS) with the port actually bound.
+ * Owned by the server. */
 const char *trk_server_url(const struct trk_server *s);
 /* Closes the listener, drops held long-polls and frees everything. Must run
  * on the loop's thread, with the loop not dispatching a tracker callback.
@@ -132,13 +136,22 @@ typedef void (*trk_client_cb)(const struct trk_answer *a, void *arg);
 
 /*
  * A client bound to an event_base (NULL: the client makes a private one, for
- * blocking use through trk_client_wait) and a base URL ("http://host:port").
+ * blocking use through trk_client_wait) and a base URL ("http://host:port", or
+ * "https://host:port": TLS, verified against the system's trust store unless
+ * trk_client_set_tls_ca names a CA file).
  * cluster_key may be NULL (unsigned POSTs). The client keeps no pointer to its
  * arguments. On failure *out is NULL.
  */
 int trk_client_new(struct event_base *base, const char *url,
 		   const uint8_t *cluster_key, struct trk_client **out,
 		   struct proto_err *err);
+/* Verify an https:// tracker against the PEM CA certificates in ca_file
+ * instead of the system's trust store (the certificate must also name the
+ * URL's host). Refused (EINVAL) for an http:// URL or a file that does not
+ * load; the client is then unchanged. A request to a tracker whose
+ * certificate does not verify fails with status -EPROTO and a one-line
+ * error. */
+int trk_client_set_tls_ca(struct trk_client *c, const char *ca_file, struct proto_err *err);
 /* Cancels pending requests without calling their callbacks, frees the client
  * (and its private base). Not from inside one of its callbacks. NULL is fine. */
 void trk_client_free(struct trk_client *c);
