@@ -51,6 +51,9 @@ static const struct cmd cmds[] = {
 	 {"parent", "child", "out", "level", "chunk", "threads", "help"}, NULL, {NULL}},
 	{"tessera", "model", "tessera model", {"synthetic-mb", "model-dir", "tracker", "out", "help"}, NULL,
 	 {"model"}},
+	{"tessera", "probe", "tessera probe",
+	 {"attach", "replica", "rank", "min-version", "timeout-ms", "tracker", "cluster-key", "help"},
+	 "--attach SOCK", {NULL}},
 };
 
 struct env {
