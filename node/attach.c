@@ -694,6 +694,16 @@ void node_attach_retire(struct node_attach *at, struct node_store *store, struct
 	v->retired = true;
 }
 
+size_t node_attach_held(const struct node_attach *at, struct node_attach_count *out, size_t max)
+{
+	size_t n = 0;
+
+	/* at->vers is newest first (each activation is pushed in front). */
+	for (const struct att_ver *v = at ? at->vers : NULL; v != NULL && n < max; v = v->next)
+		out[n++] = (struct node_attach_count){v->version, v->requests, v->pins};
+	return n;
+}
+
 uint32_t node_attach_pins(const struct node_attach *at, uint64_t version)
 {
 	uint32_t n = 0;

@@ -68,6 +68,16 @@ void node_attach_activate(struct node_attach *at, struct node_slot *slot,
 void node_attach_retire(struct node_attach *at, struct node_store *store,
 			struct node_slot *slot);
 
+/* One version the server holds (active, or retired and pinned): its pins
+ * now and the requests that ran on it. */
+struct node_attach_count {
+	uint64_t version, requests;
+	uint32_t pins;
+};
+/* Fills out with at most max held versions, newest first; returns how
+ * many. at may be NULL (0). Cannot fail. */
+size_t node_attach_held(const struct node_attach *at, struct node_attach_count *out, size_t max);
+
 /* Pins held on version v across all clients; clients attached now. */
 uint32_t node_attach_pins(const struct node_attach *at, uint64_t v);
 uint32_t node_attach_clients(const struct node_attach *at);

@@ -162,6 +162,40 @@ static void start(struct env *e)
 	}
 }
 
+/* The pins the tracker lists for rank of replica name at version v, as its
+ * node last said (-1: the version is not listed); requests into *req. */
+static int64_t tracker_pins(struct env *e, const char *name, uint32_t rank, uint64_t v,
+			    uint64_t *req)
+{
+	json_t *rep = replica_status(e, name), *p;
+	json_t *rk = json_array_get(json_object_get(rep, "ranks"), rank);
+	int64_t n = -1;
+	size_t i;
+
+	json_array_foreach(json_object_get(rk, "pins"), i, p)
+		if ((uint64_t)json_integer_value(json_object_get(p, "version")) == v) {
+			n = json_integer_value(json_object_get(p, "pins"));
+			*req = (uint64_t)json_integer_value(json_object_get(p, "requests"));
+		}
+	json_decref(rep);
+	return n;
+}
+
+/* Waits (bounded) until the tracker lists want pins (and at least min_req
+ * requests) for rank of name at v; want 0 also takes v no longer listed. */
+static bool wait_pins(struct env *e, const char *name, uint32_t rank, uint64_t v, int64_t want,
+		      uint64_t min_req)
+{
+	for (int w = 0; w < DEADLINE_MS; w += 100) {
+		uint64_t req = 0;
+		int64_t n = tracker_pins(e, name, rank, v, &req);
+		if ((n == want && req >= min_req) || (want == 0 && n == -1))
+			return true;
+		usleep(100000);
+	}
+	return false;
+}
+
 /* Writes through the memfd the node hands serving processes: element 0 of
  * the rank's first tensor (bf16) becomes another value. */
 static void alter_live(struct env *e, int i)
@@ -241,9 +275,23 @@ static void test_canary_matches_then_catches_altered_memory(void **state)
 			       e->url), 0);
 	assert_int_equal(tu_sh("curl -s '%s/' | grep -q 'MISMATCH'", e->url), 0);
 
-	/* v2 serves the right bytes again: B matches at v2. */
+	/* v2 serves the right bytes again: B matches at v2. A request pinning
+	 * v1 on B0 across the switch: the tracker lists, from B0's heartbeats,
+	 * one request running on v1 (and the probes' requests that ran on it),
+	 * then none once it is released; the pin names the version it ran on. */
+	char why[256];
+	tessera_client *c;
+	struct tessera_pin pin;
+	assert_int_equal(tessera_attach(e->sock[1], "B", 0, 30000, &c, why, sizeof(why)), 0);
+	assert_int_equal(tessera_wait_version(c, 1, 30000), 0);
+	assert_int_equal(tessera_acquire(c, &pin), 0);
+	assert_int_equal(pin.version, 1);
 	tu_control_export(e->ctl, 2);
 	assert_true(tu_wait_active(e->trk, "B", 2, DEADLINE_MS));
+	assert_true(wait_pins(e, "B", 0, 1, 1, 2));
+	assert_int_equal(tessera_release(c, &pin), 0);
+	assert_true(wait_pins(e, "B", 0, 1, 0, 0));
+	tessera_detach(c);
 	assert_int_equal(probe(e, 2, 2).ok, 1);
 	assert_int_equal(probe(e, 1, 2).ok, 1);
 	assert_int_equal(replica_canary(e, "B"), 1);
@@ -295,6 +343,30 @@ static void test_canary_bad_input(void **state)
 		 lay);
 	assert_int_equal(post(e, TRK_API "/canary/expected", body), 404);
 	json_decref(rep);
+	/* A node's pin counts: every entry checked, nothing kept of a bad one. */
+	static const char *const beats[] = {
+		"{\"id\":\"A/0\",\"pins\":{}}",
+		"{\"id\":\"A/0\",\"pins\":[{\"version\":1}]}",
+		"{\"id\":\"A/0\",\"pins\":[{\"version\":1,\"pins\":-1,\"requests\":0}]}",
+		"{\"id\":\"A/0\",\"pins\":[7]}",
+		"{\"id\":\"A/0\",\"pins\":[{},{},{},{},{},{},{},{},{}]}",
+		"{\"id\":\"A/0\",\"pins\":[{\"version\":1,\"pins\":5,\"requests\":5},"
+		"{\"version\":\"2\",\"pins\":0,\"requests\":0}]}",
+	};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(beats); i++)
+		assert_int_equal(post(e, TRK_API "/heartbeat", beats[i]), 400);
+	uint64_t req = 0;
+	assert_true(tracker_pins(e, "A", 0, 1, &req) != 5);
+	/* A good one is kept (until A0's own next heartbeat, which may come in
+	 * between: then again). */
+	bool kept = false;
+	for (int tries = 0; tries < 10 && !kept; tries++) {
+		assert_int_equal(post(e, TRK_API "/heartbeat",
+				      "{\"id\":\"A/0\",\"pins\":[{\"version\":1,\"pins\":5,\"requests\":9}]}"),
+				 200);
+		kept = tracker_pins(e, "A", 0, 1, &req) == 5 && req == 9;
+	}
+	assert_true(kept);
 	/* Nothing of those was kept: A still matches the publisher's score. */
 	assert_int_equal(probe(e, 0, 1).ok, 1);
 	assert_int_equal(replica_canary(e, "A"), 1);

@@ -328,6 +328,11 @@ struct trk_node {
 	 * verified and active reports then need a statement that verifies. */
 	bool has_stmt_key;
 	uint8_t stmt_key[TRK_STMT_PK_BYTES];
+	/* What serving processes pinned on it, per version, at its last
+	 * heartbeat (registry.c). */
+	struct trk_pin_count pins[TRK_PIN_VERSIONS_MAX];
+	size_t npins;
+	uint64_t pins_ms;
 	/* The last live canary score a probe reported for it (canary.c). */
 	struct {
 		bool have;

@@ -46,6 +46,14 @@ static json_t *rank_json(const struct trk_replica *rep, uint32_t rank, bool full
 	 * by delta, or full parcels (absent until it is built). */
 	if (e != NULL && e->how[0])
 		bad |= trk__set(o, "how", json_string(e->how));
+	/* Requests pinning each version the rank holds, as it last said. */
+	json_t *pins = json_array();
+	for (size_t i = 0; pins != NULL && i < n->npins; i++)
+		bad |= json_array_append_new(pins, json_pack("{s:o,s:I,s:o}", "version",
+							     trk__jint(n->pins[i].version), "pins",
+							     (json_int_t)n->pins[i].pins, "requests",
+							     trk__jint(n->pins[i].requests))) != 0;
+	bad |= trk__set(o, "pins", pins);
 	if (full) {
 		bad |= trk__set(o, "host", json_string(n->host));
 		bad |= trk__set(o, "provider", json_string(n->provider));
