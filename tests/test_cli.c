@@ -30,7 +30,7 @@ static const struct cmd cmds[] = {
 	  "version"}, "--listen", {NULL}},
 	{"tessera-node", NULL, "tessera-node",
 	 {"tracker", "replica", "rank", "layout", "model", "trainer-pubkey", "cluster-key",
-	  "provider", "store", "expose", "attach", "host", "metrics", "config", "log-format", "log-level", "help",
+	  "provider", "store", "expose", "attach", "install", "host", "metrics", "config", "log-format", "log-level", "help",
 	  "version"},
 	 "--tracker", {NULL}},
 	{"tessera", "plan", "tessera plan", {"model", "from", "to", "json", "help"}, "--model", {NULL}},
