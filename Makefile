@@ -127,9 +127,10 @@ check-page bench-fanout bench-elastic: deps
 	@$(MAKE) --no-print-directory $(if $(filter test,$@),check,run-$@)
 
 define program
-$(BUILD)/bin/$(call bin_name,$(basename $(notdir $(1)))): $(BUILD)/rel/$(1:.c=.o) $$(rel_LIBS)
+$(BUILD)/bin/$(call bin_name,$(basename $(notdir $(1)))): $(BUILD)/rel/$(1:.c=.o) $$(rel_LIBS) \
+		$(BUILD)/lib/libtessera-client.a
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(BASEFLAGS) $$(OPTFLAGS) $$< $$(rel_LIBS) $$(ALL_LIBS) -o $$@
+	$$(CC) $$(BASEFLAGS) $$(OPTFLAGS) $$< $$(rel_LIBS) $(BUILD)/lib/libtessera-client.a $$(ALL_LIBS) -o $$@
 endef
 $(foreach m,$(MAINS),$(eval $(call program,$(m))))
 

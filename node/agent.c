@@ -217,6 +217,7 @@ void node_agent_free(struct node_agent *a)
 	if (a->bounce != NULL)
 		munmap(a->bounce, a->bounce_len);
 	free(a->reads);
+	agent_inplace_fini(a);
 	node_attach_free(a->attach); /* frees the slots only requests kept */
 	if (a->active != NULL)
 		node_slot_free(&a->store, a->active);

@@ -31,6 +31,7 @@
 #define NODE_AGENT_H
 
 #include <event2/event.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "proto/util.h"
@@ -48,6 +49,9 @@ struct node_agent_opts {
 	const char *store;         /* "host", "cuda" or "auto" (NULL) */
 	const char *expose_dir;    /* NULL: no activation records */
 	const char *attach_path;   /* Unix socket for serving processes (node/attach.h); NULL: none */
+	/* --install in-place: versions are written into the served slot at
+	 * activation (node/agent_inplace.c); else double-buffered. */
+	bool install_inplace;
 	const char *host;          /* host name to report (NULL: gethostname) */
 	struct node_metrics *metrics; /* series to update (NULL: none); outlives the agent */
 };

@@ -8,8 +8,8 @@
  * once that record names it; when it cannot be written the old version stays
  * the served one and the node reports the reason as a failure.
  */
-static int write_expose(struct node_agent *a, struct node_slot *slot, const uint8_t *digest,
-			struct proto_err *err)
+int agent_write_expose(struct node_agent *a, struct node_slot *slot, const uint8_t *digest,
+		       struct proto_err *err)
 {
 	char path[4096];
 	json_t *o, *locals;
@@ -94,11 +94,16 @@ void agent_activate(struct node_agent *a)
 	struct agent_fetch *f = a->fetch;
 	struct proto_err err;
 
+	/* Memory-tight: written into the served slot (node/agent_inplace.c). */
+	if (agent_inplace(a)) {
+		agent_inplace_start(a);
+		return;
+	}
 	if (node_slot_activate(&a->store, f->slot, &err) != 0) {
 		agent_fetch_fail(a, "activation: %s", err.msg);
 		return;
 	}
-	if (write_expose(a, f->slot, f->man.digest, &err) != 0) {
+	if (agent_write_expose(a, f->slot, f->man.digest, &err) != 0) {
 		agent_expose_blocked(a, "cannot write the activation record", &err);
 		return;
 	}
@@ -106,6 +111,13 @@ void agent_activate(struct node_agent *a)
 	struct node_slot *old = a->active;
 	a->active = f->slot;
 	f->slot = NULL;
+	agent_activated(a, old);
+}
+
+void agent_activated(struct node_agent *a, struct node_slot *old)
+{
+	struct agent_fetch *f = a->fetch;
+
 	memcpy(a->active_digest, f->man.digest, PROTO_HASH_BYTES);
 	a->need_anchor = false;
 	node_wait_over(&a->wait, NULL);
@@ -127,9 +139,14 @@ void agent_activate(struct node_agent *a)
 	a->fetch = NULL;
 	a->gen++;
 	agent_swarm_keep(a, f);
-	/* Requests pinning the old slot keep it until they release it. */
-	node_attach_activate(a->attach, a->active, a->active_digest);
-	node_attach_retire(a->attach, &a->store, old);
+	/* Requests pinning the old slot keep it until they release it. In
+	 * place, the same slot comes back with the new version. */
+	if (old == a->active) {
+		node_attach_resume(a->attach, a->active, a->active_digest);
+	} else {
+		node_attach_activate(a->attach, a->active, a->active_digest);
+		node_attach_retire(a->attach, &a->store, old);
+	}
 	agent_sync_now(a); /* the replica's next target may be there already */
 }
 
@@ -182,7 +199,8 @@ void agent_all_verified(struct node_agent *a)
 	struct agent_fetch *f = a->fetch;
 	struct proto_err err;
 
-	if (f->delta && agent_delta_rebuild(a) != 0)
+	/* In place, a delta is applied to the served slot at activation. */
+	if (f->delta && !agent_inplace(a) && agent_delta_rebuild(a) != 0)
 		return; /* refused: a->fetch is gone */
 	if (!f->delta)
 		node_metrics_add(a->am.m, a->am.full_versions, 1);

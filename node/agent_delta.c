@@ -29,9 +29,9 @@ int agent_delta_check_parent(struct node_agent *a)
 	char want[17], have[17];
 
 	sodium_bin2hex(want, sizeof(want), f->man.parent_digest, 8);
-	if (a->active == NULL) {
-		need_anchor(a, "a delta against v%" PRIu64 " (%s), and this node holds no version",
-			    f->man.parent_version, want);
+	if (a->active == NULL || a->inplace_broken) {
+		need_anchor(a, "a delta against v%" PRIu64 " (%s), and this node holds no %sversion",
+			    f->man.parent_version, want, a->active ? "complete " : "");
 		return -ENOENT;
 	}
 	if (a->active->version != f->man.parent_version ||

@@ -221,6 +221,14 @@ struct node_agent {
 	uint8_t active_digest[PROTO_HASH_BYTES];
 	/* Serving processes pin slots through it; it frees retired ones. */
 	struct node_attach *attach;
+	/* In-place installs (agent_inplace.c): the drain bound's timer, when
+	 * the install paused admission, and whether a failed write left the
+	 * served slot incomplete (admission stays paused, the next version
+	 * must be an anchor). */
+	struct event *inplace_ev;
+	bool installing;
+	uint64_t inplace_version, inplace_t0_ns;
+	bool inplace_broken;
 
 	/* Verified parent links: the last manifest we accepted. */
 	uint64_t last_version;
@@ -288,6 +296,13 @@ int agent_probe_expose(struct node_agent *a, struct proto_err *err);
 void agent_expose_blocked(struct node_agent *a, const char *what, const struct proto_err *err);
 
 void agent_activate(struct node_agent *a);
+/* The activation record of slot (at digest); 0 or an error in err. */
+int agent_write_expose(struct node_agent *a, struct node_slot *slot, const uint8_t *digest,
+		       struct proto_err *err);
+/* a->active serves a->fetch's version now (old: the slot served before; the
+ * same slot when it was written in place): report, metrics, attach, the
+ * fetch ends. */
+void agent_activated(struct node_agent *a, struct node_slot *old);
 
 void agent_follow_target(struct node_agent *a, uint64_t t, bool complete, json_t *statements);
 
@@ -378,6 +393,19 @@ bool agent_source_ready(struct node_agent *a, struct agent_source *s, uint64_t n
  * fanout, once its have-page was read, and while not banned. */
 bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
 			 const struct agent_source *s, uint64_t now);
+/* ---- agent_inplace.c ---- */
+
+/* The node installs versions in place (--install in-place) and has a
+ * served slot to write into. */
+bool agent_inplace(const struct node_agent *a);
+/* The replica agreed on a->fetch: pause admission, drain pins (bounded),
+ * write the version into the served slot, resume. A failure while writing
+ * leaves admission paused (a->inplace_broken) until a complete version is
+ * installed. */
+void agent_inplace_start(struct node_agent *a);
+/* Frees the install's timer (teardown). */
+void agent_inplace_fini(struct node_agent *a);
+
 /* ---- agent_delta.c ---- */
 
 /* A delta fetch: 0 when the active slot is its exact parent (number and

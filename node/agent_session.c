@@ -249,7 +249,14 @@ void agent_heartbeat(evutil_socket_t fd, short what, void *arg)
 	struct node_agent *a = arg;
 	if (a->leaving)
 		return;
-	if (trk_client_heartbeat(a->trk, a->node_id, on_heartbeat, a) != 0)
+	/* With what serving processes pin here, per version (the tracker shows
+	 * it per rank: which versions requests are running on). */
+	struct node_attach_count held[TRK_PIN_VERSIONS_MAX];
+	struct trk_pin_count pins[TRK_PIN_VERSIONS_MAX];
+	size_t n = node_attach_held(a->attach, held, TRK_PIN_VERSIONS_MAX);
+	for (size_t i = 0; i < n; i++)
+		pins[i] = (struct trk_pin_count){held[i].version, held[i].requests, held[i].pins};
+	if (trk_client_heartbeat_pins(a->trk, a->node_id, pins, n, on_heartbeat, a) != 0)
 		agent_arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
 }
 

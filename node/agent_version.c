@@ -131,7 +131,9 @@ static int setup_parcels(struct node_agent *a)
 			return -ENOMEM;
 		f->bytes_total += mp->wire_bytes;
 	}
-	if (node_slot_new(&a->store, f->version, a->layout.ranks[a->o.rank].nbytes, &f->slot, &err) != 0) {
+	/* In place, a delta is applied to the served slot: no second one. */
+	if (!(f->delta && agent_inplace(a)) &&
+	    node_slot_new(&a->store, f->version, a->layout.ranks[a->o.rank].nbytes, &f->slot, &err) != 0) {
 		agent_fetch_fail(a, "%s", err.msg);
 		return -ENOMEM;
 	}

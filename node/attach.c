@@ -76,6 +76,14 @@ struct node_attach {
 	struct node_reaper *reaper; /* frees retired host slots off the loop; NULL: inline */
 	uint8_t *table; /* the ATTACHED frame, built once */
 	size_t table_len;
+	/* An in-place install: admission paused for version paused_for;
+	 * drained(arg) once nothing pins the active slot (via drain_ev, from
+	 * the loop, never from inside a handler). */
+	bool paused;
+	uint64_t paused_for;
+	void (*drained)(void *arg);
+	void *drained_arg;
+	struct event *drain_ev;
 };
 
 static void client_close(struct att_client *c);
@@ -112,7 +120,9 @@ static void ver_forget(struct node_attach *at, struct att_ver *v)
 
 static void ver_unpin(struct node_attach *at, struct att_ver *v)
 {
-	if (--v->pins > 0 || !v->retired)
+	if (--v->pins == 0 && at->paused && at->drained != NULL && v == at->active)
+		event_active(at->drain_ev, 0, 0);
+	if (v->pins > 0 || !v->retired)
 		return;
 	LOG_INFO("attach: v%" PRIu64 " released by its last request; freeing its slot", v->version);
 	node_reaper_free(at->reaper, at->info.store, v->slot);
@@ -345,6 +355,18 @@ static void on_acquire(struct att_client *c, struct tsr_rd *r)
 	}
 	if (at->active == NULL) {
 		client_error(c, "no version is active yet");
+		return;
+	}
+	if (at->paused) {
+		char msg[128];
+		size_t n = (size_t)snprintf(msg, sizeof(msg), "admission paused: installing v%" PRIu64
+							      " in place",
+					    at->paused_for);
+		if ((p = client_frame(c, TSR_MSG_ERROR, 3 + n, -1)) == NULL)
+			return;
+		p[0] = TSR_ERR_PAUSED;
+		tsr_put16(p + 1, (uint16_t)n);
+		memcpy(p + 3, msg, n);
 		return;
 	}
 	if (c->npins >= proto_param(PROTO_PARAM_ATTACH_PINS)) {
@@ -694,6 +716,83 @@ void node_attach_retire(struct node_attach *at, struct node_store *store, struct
 	v->retired = true;
 }
 
+static void on_drain(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_attach *at = arg;
+
+	if (at->paused && at->drained != NULL && (at->active == NULL || at->active->pins == 0)) {
+		void (*cb)(void *) = at->drained;
+		at->drained = NULL;
+		cb(at->drained_arg);
+	}
+}
+
+int node_attach_pause(struct node_attach *at, uint64_t version, void (*drained)(void *arg),
+		      void *arg)
+{
+	if (at->drain_ev == NULL && (at->drain_ev = event_new(at->base, -1, 0, on_drain, at)) == NULL)
+		return -ENOMEM;
+	at->paused = true;
+	at->paused_for = version;
+	at->drained = drained;
+	at->drained_arg = arg;
+	LOG_INFO("attach: admission paused for v%" PRIu64 " (installed in place); %u requests "
+		 "running on v%" PRIu64,
+		 version, at->active ? at->active->pins : 0, at->active ? at->active->version : 0);
+	event_active(at->drain_ev, 0, 0);
+	return 0;
+}
+
+uint32_t node_attach_evict(struct node_attach *at)
+{
+	uint32_t n = 0;
+
+	if (at == NULL || at->active == NULL)
+		return 0;
+	for (struct att_client *c = at->clients, *next; c != NULL; c = next) {
+		next = c->next;
+		bool pins = false;
+		for (uint32_t i = 0; i < c->npins && !pins; i++)
+			pins = c->pins[i].v == at->active;
+		if (!pins || c->closing)
+			continue;
+		n++;
+		client_fail(c, "v%" PRIu64 " is installed in place: requests pinning v%" PRIu64
+			       " past the drain bound (TESSERA_INPLACE_DRAIN_MS) are dropped",
+			    at->paused_for, at->active->version);
+		client_flush(c);
+	}
+	return n;
+}
+
+bool node_attach_paused(const struct node_attach *at)
+{
+	return at != NULL && at->paused;
+}
+
+void node_attach_resume(struct node_attach *at, struct node_slot *slot, const uint8_t digest[32])
+{
+	if (at == NULL)
+		return;
+	at->paused = false;
+	at->drained = NULL;
+	/* The slot's old version goes (nothing pins it: drained or evicted);
+	 * the same memory comes back as the new one. */
+	if (at->active != NULL && at->active->slot == slot && at->active->pins == 0)
+		ver_forget(at, at->active);
+	node_attach_activate(at, slot, digest);
+}
+
+size_t node_attach_held(const struct node_attach *at, struct node_attach_count *out, size_t max)
+{
+	size_t n = 0;
+
+	/* at->vers is newest first (each activation is pushed in front). */
+	for (const struct att_ver *v = at ? at->vers : NULL; v != NULL && n < max; v = v->next)
+		out[n++] = (struct node_attach_count){v->version, v->requests, v->pins};
+	return n;
+}
+
 uint32_t node_attach_pins(const struct node_attach *at, uint64_t version)
 {
 	uint32_t n = 0;
@@ -727,8 +826,11 @@ void node_attach_free(struct node_attach *at)
 {
 	if (at == NULL)
 		return;
+	at->drained = NULL;
 	while (at->clients != NULL)
 		client_close(at->clients);
+	if (at->drain_ev != NULL)
+		event_free(at->drain_ev);
 	/* Retired slots die with the server; the active one is the caller's. */
 	while (at->vers != NULL) {
 		struct att_ver *v = at->vers;

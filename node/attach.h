@@ -26,6 +26,8 @@
 #define NODE_ATTACH_H
 
 #include <event2/event.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "node/store.h"
@@ -67,6 +69,34 @@ void node_attach_activate(struct node_attach *at, struct node_slot *slot,
  */
 void node_attach_retire(struct node_attach *at, struct node_store *store,
 			struct node_slot *slot);
+
+/* One version the server holds (active, or retired and pinned): its pins
+ * now and the requests that ran on it. */
+struct node_attach_count {
+	uint64_t version, requests;
+	uint32_t pins;
+};
+/* Fills out with at most max held versions, newest first; returns how
+ * many. at may be NULL (0). Cannot fail. */
+size_t node_attach_held(const struct node_attach *at, struct node_attach_count *out, size_t max);
+
+/*
+ * In-place installs (node/agent_inplace.c). node_attach_pause: admission is
+ * paused from now on (an ACQUIRE is answered "paused" and the client library
+ * waits for the next VERSION, then asks again); drained(arg) is called once,
+ * from the loop, when no request pins the active slot any more (soon if none
+ * does). -ENOMEM: nothing changed. node_attach_evict: the drain bound
+ * passed: clients still pinning the active slot are told why and closed
+ * (their pins dropped); returns how many. node_attach_resume: the active
+ * slot now holds slot->version (written in place): every client is sent it
+ * and admission resumes. A failed install never resumes: admission stays
+ * paused until a complete version is installed.
+ */
+int node_attach_pause(struct node_attach *at, uint64_t version, void (*drained)(void *arg),
+		      void *arg);
+uint32_t node_attach_evict(struct node_attach *at);
+void node_attach_resume(struct node_attach *at, struct node_slot *slot, const uint8_t digest[32]);
+bool node_attach_paused(const struct node_attach *at);
 
 /* Pins held on version v across all clients; clients attached now. */
 uint32_t node_attach_pins(const struct node_attach *at, uint64_t v);

@@ -17,5 +17,6 @@ int node_cmd_synth(int argc, char **argv);
 int node_cmd_delta(int argc, char **argv);
 int node_cmd_config(int argc, char **argv);
 int node_cmd_model(int argc, char **argv);
+int node_cmd_probe(int argc, char **argv);
 
 #endif

@@ -18,6 +18,7 @@
 
 #include "fabric/fab.h"
 #include "node/cmd.h"
+#include "node/probe.h"
 #include "node/proc.h"
 #include "proto/checkpoint.h"
 #include "proto/fixture.h"
@@ -43,6 +44,9 @@ struct replica {
 	uint64_t registered_ms;
 	/* Its ranks' counters for the version, from the tracker. */
 	uint64_t from_trainer, from_peers, duplicate, refetched;
+	/* Its ranks' live canary scores against the publisher's: 1 all match,
+	 * 0 one does not, -1 no verdict (probe_replica). */
+	int canary_ok;
 };
 
 struct cluster {
@@ -428,18 +432,68 @@ static int wait_wave(struct cluster *c, uint64_t v, uint64_t created, bool late,
 	}
 }
 
+/* The attach socket of rank k of r. */
+static void attach_path(const struct cluster *c, const struct replica *r, uint32_t k, char *out,
+			size_t cap)
+{
+	char name[64];
+
+	snprintf(name, sizeof(name), "attach-%s-%u.sock", r->name, k);
+	path_join(out, cap, c->dir, name);
+}
+
+/* Probes every rank of r like a serving engine (node/probe.h) and reports
+ * the live canary scores to the tracker, which compares them with the
+ * publisher's for v. The publisher posts its scores right after publishing
+ * v, long before a replica activates; a verdict still missing is asked for
+ * again for a few seconds. */
+static void probe_replica(struct cluster *c, struct replica *r, uint64_t v)
+{
+	struct proto_err err;
+	char sock[4200];
+
+	r->canary_ok = 1;
+	for (uint32_t k = 0; k < r->layout.nranks && r->canary_ok != 0; k++) {
+		struct node_probe pr;
+		int rc = -1;
+		attach_path(c, r, k, sock, sizeof(sock));
+		for (int tries = 0; tries < 50; tries++) {
+			rc = node_probe_read(sock, r->name, k, v, 10000, &pr, &err);
+			if (rc == 0)
+				rc = node_probe_report(c->trk, r->name, k, &pr, &err);
+			if (rc != 0 || pr.ok >= 0)
+				break;
+			usleep(100000);
+		}
+		if (rc != 0) {
+			fprintf(stderr, "cluster: canary of %s/%u: %s\n", r->name, k, err.msg);
+			r->canary_ok = -1;
+			continue;
+		}
+		if (pr.version != v)
+			fprintf(stderr, "cluster: canary of %s/%u read v%" PRIu64 ", not v%" PRIu64 "\n",
+				r->name, k, pr.version, v);
+		if (pr.ok == 0 || pr.version != v)
+			r->canary_ok = 0;
+		else if (pr.ok < 0 && r->canary_ok == 1)
+			r->canary_ok = -1;
+	}
+}
+
 /* The report's entry for replica r at version v. */
 static json_t *replica_entry(const struct replica *r, uint64_t v)
 {
 	printf("  v%" PRIu64 " %sreplica %s (%s): %s after %" PRIu64 " ms%s, %" PRIu64
-	       " bytes from the trainer, %" PRIu64 " from peers, bytes %s\n",
+	       " bytes from the trainer, %" PRIu64 " from peers, bytes %s, canary %s\n",
 	       v, r->late ? "late " : "", r->name, r->layout_arg,
 	       r->activated ? "active" : "NOT active", r->t_activate_ms,
 	       r->late ? " from its registration" : "", r->from_trainer, r->from_peers,
-	       r->digest_ok ? "ok" : "WRONG");
-	return json_pack("{s:s,s:s,s:b,s:b,s:I,s:b,s:I,s:I,s:I,s:I}", "replica", r->name, "layout",
-			 r->layout_arg, "late", r->late, "activated", r->activated, "t_activate_ms",
-			 (json_int_t)r->t_activate_ms, "digest_ok", r->digest_ok,
+	       r->digest_ok ? "ok" : "WRONG",
+	       r->canary_ok == 1 ? "ok" : r->canary_ok == 0 ? "MISMATCH" : "unknown");
+	return json_pack("{s:s,s:s,s:b,s:b,s:I,s:b,s:o,s:I,s:I,s:I,s:I}", "replica", r->name,
+			 "layout", r->layout_arg, "late", r->late, "activated", r->activated,
+			 "t_activate_ms", (json_int_t)r->t_activate_ms, "digest_ok", r->digest_ok,
+			 "canary_ok", r->canary_ok < 0 ? json_null() : json_boolean(r->canary_ok),
 			 "bytes_from_trainer", (json_int_t)r->from_trainer, "bytes_from_peers",
 			 (json_int_t)r->from_peers, "duplicate_bytes", (json_int_t)r->duplicate,
 			 "refetched_bytes", (json_int_t)r->refetched);
@@ -479,6 +533,11 @@ static int run_version(struct cluster *c, uint64_t want_v)
 	}
 	json_decref(st);
 	bool ok = check_digests(c, v);
+	for (uint32_t r = 0; r < c->nreps; r++)
+		if (!c->reps[r].late) {
+			probe_replica(c, &c->reps[r], v);
+			ok &= c->reps[r].canary_ok != 0;
+		}
 	/* Bytes the replicas pulled for v, by source. */
 	uint64_t from_trainer = 0, from_peers = 0, dup = 0, refetched = 0;
 	json_t *reps = json_array();
@@ -556,6 +615,11 @@ static int run_late(struct cluster *c, uint64_t v)
 	rc = wait_wave(c, v, 0, true, &st);
 	json_decref(st);
 	bool ok = check_digests(c, v) && rc == 0;
+	for (uint32_t i = 0; i < c->nreps && rc == 0; i++)
+		if (c->reps[i].late) {
+			probe_replica(c, &c->reps[i], v);
+			ok &= c->reps[i].canary_ok != 0;
+		}
 	json_t *entry = json_array_get(c->out_versions, json_array_size(c->out_versions) - 1);
 	json_t *reps = json_object_get(entry, "replicas");
 	for (uint32_t i = 0; i < c->nreps; i++)
@@ -568,7 +632,7 @@ static int run_late(struct cluster *c, uint64_t v)
 static int start_rank(struct cluster *c, struct replica *r, struct proto_err *err)
 {
 	char bin[4200], log[4200], pub[4200], ckey[4200], model[4200], expose[4200];
-	char rank[16], name[32];
+	char rank[16], name[32], sock[4200];
 	uint32_t k = r->started;
 	int rc;
 
@@ -580,10 +644,11 @@ static int start_rank(struct cluster *c, struct replica *r, struct proto_err *er
 	snprintf(rank, sizeof(rank), "%u", k);
 	snprintf(name, sizeof(name), "node-%s-%u.log", r->name, k);
 	path_join(log, sizeof(log), c->dir, name);
+	attach_path(c, r, k, sock, sizeof(sock));
 	char *nargv[] = {bin, "--tracker", c->url, "--replica", r->name, "--rank", rank,
 			 "--layout", r->layout_arg, "--model", model, "--trainer-pubkey", pub,
 			 "--cluster-key", ckey, "--provider", (char *)c->provider, "--expose",
-			 expose, "--store", "host", NULL};
+			 expose, "--store", "host", "--attach", sock, NULL};
 	/* The mode is the nodes' alone: set for the spawn, then put back. */
 	const char *was = getenv("TESSERA_FANOUT");
 	char *saved = was ? strdup(was) : NULL;

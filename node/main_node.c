@@ -18,7 +18,7 @@ static void usage(FILE *f)
 		"                    --model M.json --trainer-pubkey FILE [--cluster-key FILE]\n"
 		"                    [--tls-ca FILE]\n"
 		"                    [--provider NAME] [--store host|cuda|auto] [--expose DIR]\n"
-		"                    [--attach SOCK]\n"
+		"                    [--attach SOCK] [--install double|in-place]\n"
 		"                    [--host NAME] [--config FILE] [--log-format text|json]\n"
 		"                    [--log-level err|warn|info|debug] [--metrics HOST:PORT|off]\n"
 		"\n"
@@ -51,6 +51,13 @@ static void usage(FILE *f)
 		"                             processes (libtessera-client): tensor table,\n"
 		"                             the active version's memory, per-request\n"
 		"                             pins, new-version notifications\n"
+		"      --install MODE         double (default): a new version is built in\n"
+		"                             a second buffer while the old one serves;\n"
+		"                             in-place (memory-tight): deltas are fetched\n"
+		"                             without a second buffer and written into the\n"
+		"                             served one at activation, admission paused\n"
+		"                             and running requests drained first\n"
+		"                             (TESSERA_INPLACE_DRAIN_MS)\n"
 		"      --host NAME            host name to report (default: gethostname)\n"
 		"      --metrics A            serve /metrics and /healthz on A (default\n"
 		"                             127.0.0.1:0, a free port; printed as\n"
@@ -100,6 +107,7 @@ int main(int argc, char **argv)
 		{"store", required_argument, NULL, 's'},
 		{"expose", required_argument, NULL, 'e'},
 		{"attach", required_argument, NULL, 'A'},
+		{"install", required_argument, NULL, 'I'},
 		{"host", required_argument, NULL, 'H'},
 		{"metrics", required_argument, NULL, 'M'},
 		{"help", no_argument, NULL, 'h'},
@@ -139,6 +147,14 @@ int main(int argc, char **argv)
 		case 's': o.store = optarg; break;
 		case 'e': o.expose_dir = optarg; break;
 		case 'A': o.attach_path = optarg; break;
+		case 'I':
+			if (strcmp(optarg, "double") != 0 && strcmp(optarg, "in-place") != 0) {
+				fprintf(stderr, "tessera-node: --install %s: want double or in-place\n",
+					optarg);
+				return 2;
+			}
+			o.install_inplace = strcmp(optarg, "in-place") == 0;
+			break;
 		case 'H': o.host = optarg; break;
 		case 'M': metrics_at = optarg; break;
 		case 'h': usage(stdout); return 0;

@@ -14,6 +14,7 @@ static const struct node_cmd cmds[] = {
 	{"delta", "encode, apply or measure a delta between safetensors files", node_cmd_delta},
 	{"config", "check a configuration file and print its effective values", node_cmd_config},
 	{"model", "write the model spec JSON a node's --model takes", node_cmd_model},
+	{"probe", "score a rank's live weights (canary) and check them at the tracker", node_cmd_probe},
 };
 
 static void usage(FILE *f)

@@ -1,5 +1,6 @@
 /* The publisher's export of a version: snapshot, gather/hash workers, manifest, publish/verify. */
 #include "node/pub_internal.h"
+#include "proto/canary.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -154,6 +155,10 @@ static void job_gather(struct pub_job *j)
 			if (early)
 				release_upto(j, &rel, KEY(i, c0 + clen));
 		}
+		if (!atomic_load(&p->abort))
+			it->canary = proto_canary_parcel(&it->sl->plan, it->pc, &it->sl->layout,
+							 j->delta ? pt->raw + it->raw_off :
+								    pt->buf + it->off);
 	}
 	free(rel.key);
 	free(rel.order);
@@ -259,6 +264,7 @@ void node__pub_ex_free(struct node_pub *p, struct pub_export *ex)
 		proto_manifest_fini(&ex->m);
 	node__pub_addenda_free(ex->add);
 	node__pub_parent_free(ex->next_parent);
+	json_decref(ex->canary);
 	free(ex->mbuf);
 	free(ex->layouts);
 	free(ex->jobs);
@@ -687,6 +693,8 @@ static int ex_build_manifest(struct node_pub *p, struct proto_err *err)
 				memcpy(mp->chunks[c].hash, it->hash[c], PROTO_HASH_BYTES);
 		}
 	}
+	if ((ex->canary = node__pub_canary_json(ex)) == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
 	return proto_manifest_sign(m, p->sk, &ex->mbuf, &ex->mlen, err);
 }
 
@@ -811,6 +819,7 @@ static void on_ex_publish(const struct trk_answer *a, void *arg)
 	if (a->status == 200 || a->status == 201) {
 		memcpy(p->prev_digest, ex->m.digest, PROTO_HASH_BYTES);
 		node__pub_parent_commit(p, ex);
+		node__pub_canary_post(p, ex);
 		p->next_version = ex->version + 1;
 		p->published = PROTO_MAX(p->published, ex->version);
 		ex->phase = EX_OFFER;

@@ -63,6 +63,9 @@ struct pub_item {
 	uint64_t changed;       /* elements the delta changes */
 	int enc_rc;             /* the encoder's result */
 	bool dense;             /* changed too much to encode (not tried) */
+	/* The parcel's part of its destination rank's canary score
+	 * (proto/canary.h), from its raw payload (worker). */
+	uint64_t canary;
 };
 
 /* One serving layout's parcels in a part's export buffer: contiguous and
@@ -198,6 +201,9 @@ struct pub_export {
 	uint32_t since_anchor; /* versions since the last anchor (0: this one) */
 	uint64_t encode_ns, raw_bytes;
 	struct pub_parent *next_parent; /* becomes p->parent once published */
+	/* The expected canary scores of the export's layouts (leader, built
+	 * with the manifest; pub_canary.c), posted once it is published. */
+	json_t *canary;
 };
 
 struct pub_hosted {
@@ -418,6 +424,13 @@ int node__pub_addendum_build(struct node_pub *p, struct proto_err *err);
  * are in, joins the new layouts to the served version and offers them).
  * 0 when sent, else a negative errno. */
 int node__pub_addendum_post(struct node_pub *p);
+/* pub_canary.c: the expected canary score of every destination rank of
+ * every layout of ex, summed from its parcels' parts (every rank's parcels
+ * must be there: the leader's). New reference; NULL on ENOMEM. */
+json_t *node__pub_canary_json(const struct pub_export *ex);
+/* POSTs ex->canary to the tracker (fire and forget: a failure is logged,
+ * the probe then finds no expected score). */
+void node__pub_canary_post(struct node_pub *p, struct pub_export *ex);
 void node__pub_addenda_free(struct pub_addenda *a);
 
 #endif

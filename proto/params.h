@@ -115,7 +115,16 @@
 	/* A retired slot's pages are given back this long after its last pin \
 	 * went, on a worker thread: the serving process unmaps its view first \
 	 * (cheap), so neither it nor the node's loop pays for freeing them. */ \
-	X(ATTACH_FREE_GRACE_MS, "TESSERA_ATTACH_FREE_GRACE_MS", 200, "delay before a retired slot is freed, ms")
+	X(ATTACH_FREE_GRACE_MS, "TESSERA_ATTACH_FREE_GRACE_MS", 200, "delay before a retired slot is freed, ms") \
+	/* An in-place install (tessera-node --install in-place) pauses \
+	 * admission, then waits this long for running requests to release \
+	 * their pins; clients still holding one are disconnected (their pins \
+	 * dropped) and the install goes on. */ \
+	X(INPLACE_DRAIN_MS, "TESSERA_INPLACE_DRAIN_MS", 2000, "in-place install: wait for pins to drain, ms") \
+	/* Test only: the in-place install of this version number fails after \
+	 * writing half of it (0: none), so that tests can see serving stay \
+	 * blocked until a complete version is installed. */ \
+	X(TEST_INPLACE_FAIL, "TESSERA_TEST_INPLACE_FAIL", 0, "test only: fail the in-place install of this version")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

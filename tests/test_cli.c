@@ -30,7 +30,7 @@ static const struct cmd cmds[] = {
 	  "version", "tls-cert", "tls-key"}, "--listen", {NULL}},
 	{"tessera-node", NULL, "tessera-node",
 	 {"tracker", "replica", "rank", "layout", "model", "trainer-pubkey", "cluster-key",
-	  "provider", "store", "expose", "attach", "host", "metrics", "config", "log-format", "log-level", "help",
+	  "provider", "store", "expose", "attach", "install", "host", "metrics", "config", "log-format", "log-level", "help",
 	  "version", "tls-ca"},
 	 "--tracker", {NULL}},
 	{"tessera", "plan", "tessera plan", {"model", "from", "to", "json", "help"}, "--model", {NULL}},
@@ -51,6 +51,9 @@ static const struct cmd cmds[] = {
 	 {"parent", "child", "out", "level", "chunk", "threads", "help"}, NULL, {NULL}},
 	{"tessera", "model", "tessera model", {"synthetic-mb", "model-dir", "tracker", "out", "help", "tls-ca"}, NULL,
 	 {"model"}},
+	{"tessera", "probe", "tessera probe",
+	 {"attach", "replica", "rank", "min-version", "timeout-ms", "tracker", "cluster-key", "help"},
+	 "--attach SOCK", {NULL}},
 };
 
 struct env {

@@ -711,6 +711,23 @@ int trk_client_heartbeat(struct trk_client *c, const char *id, trk_client_cb cb,
 	return post_new(c, TRK_API "/heartbeat", json_pack("{s:s}", "id", id), cb, arg);
 }
 
+int trk_client_heartbeat_pins(struct trk_client *c, const char *id,
+			      const struct trk_pin_count *pins, size_t n, trk_client_cb cb,
+			      void *arg)
+{
+	json_t *o = json_pack("{s:s}", "id", id), *arr = json_array();
+
+	for (size_t i = 0; o != NULL && arr != NULL && i < PROTO_MIN(n, TRK_PIN_VERSIONS_MAX); i++)
+		json_array_append_new(arr, json_pack("{s:I,s:I,s:I}", "version",
+						     (json_int_t)pins[i].version, "pins",
+						     (json_int_t)pins[i].pins, "requests",
+						     (json_int_t)pins[i].requests));
+	if (o != NULL && arr != NULL)
+		json_object_set(o, "pins", arr);
+	json_decref(arr);
+	return post_new(c, TRK_API "/heartbeat", o, cb, arg);
+}
+
 int trk_client_publish(struct trk_client *c, const uint8_t *manifest, size_t len,
 		       trk_client_cb cb, void *arg)
 {

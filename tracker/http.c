@@ -321,6 +321,8 @@ static const struct route routes[] = {
 	{TRK_API "/versions", true, BODY_MANIFEST, trk__handle_publish},
 	{TRK_API "/addenda", false, BODY_NONE, trk__handle_addendum_get},
 	{TRK_API "/addenda", true, BODY_MANIFEST, trk__handle_addendum_post},
+	{TRK_API "/canary/expected", true, BODY_JSON, trk__handle_canary_expected},
+	{TRK_API "/canary", true, BODY_JSON, trk__handle_canary_live},
 };
 
 #define VERSIONS_PREFIX TRK_API "/versions/"
@@ -716,6 +718,10 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 		goto fail;
 	if ((rc = trk__addenda_open(s, o->state_dir, &s->ad, err)) != 0)
 		goto fail;
+	if ((rc = trk__canary_new(&s->canary)) != 0) {
+		proto_errf(err, -rc, "out of memory");
+		goto fail;
+	}
 	if ((rc = trk__registry_new(s, &s->reg)) != 0) {
 		proto_errf(err, -rc, "out of memory");
 		goto fail;
@@ -790,6 +796,7 @@ void trk_server_free(struct trk_server *s)
 	trk__conns_free(s->conns);
 	trk__registry_free(s->reg);
 	trk__addenda_free(s->ad);
+	trk__canary_free(s->canary);
 	trk__versions_free(s->vs);
 	trk__auth_free(s->auth);
 	trk__tls_ctx_free(s->tls);

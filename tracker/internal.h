@@ -36,6 +36,7 @@ struct trk_server {
 	struct trk_conns *conns; /* the connection guard (conns.c) */
 	struct trk_addenda *ad;  /* layouts added to published versions (addenda.c) */
 	struct ssl_ctx_st *tls;  /* NULL: plain HTTP (tls.c) */
+	struct trk_canary *canary; /* expected canary scores (canary.c) */
 };
 
 /* One request being handled: the parsed URI and body. */
@@ -278,6 +279,7 @@ void trk__handle_manifest(struct trk_call *c, const char *v);
 #define TRK__TIMELINE_VERSIONS 64 /* versions whose timeline is kept */
 #define TRK__TIMELINE_RANKS 4096  /* ranks (and replicas) per timeline */
 #define TRK__LAYOUT_FORMS 16 /* layout forms (as nodes wrote them) cached */
+#define TRK__CANARY_ENTRIES 256 /* (version, layout) expected canary scores kept */
 
 /* A serving layout some replica uses, shared by its replicas. */
 struct trk_slayout {
@@ -359,6 +361,17 @@ struct trk_node {
 	 * verified and active reports then need a statement that verifies. */
 	bool has_stmt_key;
 	uint8_t stmt_key[TRK_STMT_PK_BYTES];
+	/* What serving processes pinned on it, per version, at its last
+	 * heartbeat (registry.c). */
+	struct trk_pin_count pins[TRK_PIN_VERSIONS_MAX];
+	size_t npins;
+	uint64_t pins_ms;
+	/* The last live canary score a probe reported for it (canary.c). */
+	struct {
+		bool have;
+		uint64_t version, ms;
+		int64_t score;
+	} canary;
 };
 
 struct trk_replica {
@@ -678,5 +691,22 @@ json_t *trk__timeline_json(struct trk_timeline *tl, const struct trk_version *ve
 void trk__handle_timeline(struct trk_call *c, const char *v);
 /* Draws a timeline object as an inline SVG chart into out (status page). */
 void trk__timeline_svg(struct evbuffer *out, json_t *timeline);
+
+/* ---- canary.c: expected and live canary scores ---- */
+struct trk_canary;
+int trk__canary_new(struct trk_canary **out);
+void trk__canary_free(struct trk_canary *cn);
+/* The expected score of rank of layout at v; -ENOENT when none was posted. */
+int trk__canary_expected(struct trk_server *s, uint64_t v, const uint8_t *layout, uint32_t rank,
+			 int64_t *out);
+void trk__handle_canary_expected(struct trk_call *c);
+void trk__handle_canary_live(struct trk_call *c);
+/* n's last live score with its verdict ({"version","score","expected","ok",...};
+ * JSON null when never probed). New reference; NULL on ENOMEM. */
+json_t *trk__canary_rank_json(struct trk_server *s, const struct trk_node *n);
+/* true when every rank of rep was probed at v and matches, false when one
+ * does not, null otherwise. */
+json_t *trk__canary_replica_ok(struct trk_server *s, const struct trk_replica *rep, uint64_t v);
+void trk__canary_metrics(const struct trk_server *s, struct evbuffer *b);
 
 #endif

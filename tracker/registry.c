@@ -372,6 +372,26 @@ void trk__handle_heartbeat(struct trk_call *c)
 		trk__fail(c, 400, "%s", err.msg);
 		return;
 	}
+	/* A node says what serving processes pin on it: every entry is
+	 * checked before any is kept. */
+	json_t *pins = json_object_get(c->json, "pins"), *e;
+	struct trk_pin_count pc[TRK_PIN_VERSIONS_MAX];
+	size_t i, npc = 0;
+	if (pins != NULL && (!json_is_array(pins) || json_array_size(pins) > TRK_PIN_VERSIONS_MAX)) {
+		trk__fail(c, 400, "pins: must be an array of at most %d entries", TRK_PIN_VERSIONS_MAX);
+		return;
+	}
+	json_array_foreach(pins, i, e) {
+		uint64_t v = 0, k = 0, q = 0;
+		if (!json_is_object(e) ||
+		    trk__get_u64(e, "version", true, INT64_MAX, &v, &err) != 0 ||
+		    trk__get_u64(e, "pins", true, UINT32_MAX, &k, &err) != 0 ||
+		    trk__get_u64(e, "requests", true, INT64_MAX, &q, &err) != 0) {
+			trk__fail(c, 400, "pins[%zu]: %s", i, json_is_object(e) ? err.msg : "must be an object");
+			return;
+		}
+		pc[npc++] = (struct trk_pin_count){v, q, (uint32_t)k};
+	}
 	n = trk__node_find(r, id);
 	p = n == NULL ? trk__publisher_find(r, id) : NULL;
 	/* Sweeps notice a lease end a little late (trk__registry_sweep); a
@@ -383,6 +403,11 @@ void trk__handle_heartbeat(struct trk_call *c)
 		p->gone_ms = proto_wall_ms();
 		trk__registry_changed(r);
 		LOG_INFO("publisher %s gone (lease expired)", p->id);
+	}
+	if (n != NULL && n->alive && pins != NULL) {
+		memcpy(n->pins, pc, npc * sizeof(pc[0]));
+		n->npins = npc;
+		n->pins_ms = proto_wall_ms();
 	}
 	if (n != NULL && n->alive)
 		n->expires_ns = exp;

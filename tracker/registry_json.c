@@ -46,6 +46,14 @@ static json_t *rank_json(const struct trk_replica *rep, uint32_t rank, bool full
 	 * by delta, or full parcels (absent until it is built). */
 	if (e != NULL && e->how[0])
 		bad |= trk__set(o, "how", json_string(e->how));
+	/* Requests pinning each version the rank holds, as it last said. */
+	json_t *pins = json_array();
+	for (size_t i = 0; pins != NULL && i < n->npins; i++)
+		bad |= json_array_append_new(pins, json_pack("{s:o,s:I,s:o}", "version",
+							     trk__jint(n->pins[i].version), "pins",
+							     (json_int_t)n->pins[i].pins, "requests",
+							     trk__jint(n->pins[i].requests))) != 0;
+	bad |= trk__set(o, "pins", pins);
 	if (full) {
 		bad |= trk__set(o, "host", json_string(n->host));
 		bad |= trk__set(o, "provider", json_string(n->provider));
@@ -81,8 +89,13 @@ static json_t *replica_json(struct trk_registry *r, const struct trk_replica *re
 
 	trk__replica_lag(r->s, rep, now, &lag_v, &lag_ms);
 
-	for (uint32_t i = 0; !bad && i < rep->nranks; i++)
-		bad |= json_array_append_new(ranks, rank_json(rep, i, full)) != 0;
+	for (uint32_t i = 0; !bad && i < rep->nranks; i++) {
+		json_t *rk = rank_json(rep, i, full);
+		/* What a probe last read through the rank's live memory. */
+		if (rk != NULL)
+			bad |= trk__set(rk, "canary", trk__canary_rank_json(r->s, rep->ranks[i]));
+		bad |= json_array_append_new(ranks, rk) != 0;
+	}
 	if (!bad) {
 		bad |= trk__set(o, "replica", json_string(rep->name));
 		bad |= trk__set(o, "layout_digest",
@@ -97,6 +110,7 @@ static json_t *replica_json(struct trk_registry *r, const struct trk_replica *re
 		ranks = NULL;
 		bad |= trk__set(o, "complete", u64_array(list, k));
 		bad |= trk__set(o, "active", trk__jint(rep->active));
+		bad |= trk__set(o, "canary_ok", trk__canary_replica_ok(r->s, rep, rep->active));
 		bad |= trk__set(o, "target", trk__jint(rep->target));
 		bad |= trk__set(o, "target_ms", trk__jint(rep->target_ms));
 		bad |= trk__set(o, "lag_versions", trk__jint(lag_v));

@@ -298,6 +298,22 @@ static void lag_text(struct evbuffer *b, json_t *rep)
 	}
 }
 
+/* The rank's last canary probe: the version it read and whether its score
+ * is the publisher's. */
+static void canary_cell(struct evbuffer *b, json_t *cn)
+{
+	json_t *ok = json_object_get(cn, "ok");
+
+	if (!json_is_object(cn)) {
+		evbuffer_add_printf(b, "<td>-</td>");
+		return;
+	}
+	evbuffer_add_printf(b, "<td class=\"%s\">v%lld ", json_is_false(ok) ? "failed" : "",
+			    (long long)json_integer_value(json_object_get(cn, "version")));
+	evbuffer_add_printf(b, "%s</td>", json_is_true(ok) ? "ok" :
+					  json_is_false(ok) ? "<b>MISMATCH</b>" : "no expected score");
+}
+
 /* Replicas first: what serves which version, rank by rank. Everything of a
  * dead node (or of a replica with none alive) is greyed out. */
 static void page_replicas(struct evbuffer *b, json_t *st, const struct trk_status_page *pg)
@@ -310,7 +326,7 @@ static void page_replicas(struct evbuffer *b, json_t *st, const struct trk_statu
 			       "<th>active</th><th>target</th><th>lag</th><th>complete at</th>"
 			       "<th>rank</th><th>node</th>"
 			       "<th>host</th><th>state</th><th>version</th><th>progress</th>"
-			       "<th>error</th></tr>");
+			       "<th>canary</th><th>error</th></tr>");
 	json_array_foreach(json_object_get(st, "replicas"), i, v) {
 		json_t *ranks = json_object_get(v, "ranks");
 		size_t rows = json_array_size(ranks);
@@ -359,6 +375,7 @@ static void page_replicas(struct evbuffer *b, json_t *st, const struct trk_statu
 			} else {
 				evbuffer_add_printf(b, "<td>-</td>");
 			}
+			canary_cell(b, json_object_get(e, "canary"));
 			evbuffer_add_printf(b, "<td>");
 			esc_json(b, json_object_get(e, "error"));
 			if (json_is_string(json_object_get(e, "banned"))) {
@@ -600,6 +617,7 @@ void trk__handle_metrics(struct trk_call *c)
 			    k.bytes_from_trainer, k.bytes_from_peers);
 	metric(b, "tessera_tracker_activations_total", "counter",
 	       "Replica activations since start.", k.activations);
+	trk__canary_metrics(s, b);
 	evbuffer_add_printf(b, "# HELP tessera_tracker_layout_cache_lookups_total Node "
 			       "registrations by whether their layout was a form already parsed.\n"
 			       "# TYPE tessera_tracker_layout_cache_lookups_total counter\n"

@@ -225,6 +225,17 @@ int trk_client_register_node(struct trk_client *c, const struct trk_node_reg *r,
 /* POST /heartbeat for a node id ("A/0") or a publisher id. */
 int trk_client_heartbeat(struct trk_client *c, const char *id,
 			 trk_client_cb cb, void *arg);
+/* A node's heartbeat with what serving processes pin on it: per version it
+ * holds, the requests pinning it now and those that ran on it (at most
+ * TRK_PIN_VERSIONS_MAX entries are sent). */
+#define TRK_PIN_VERSIONS_MAX 8
+struct trk_pin_count {
+	uint64_t version, requests;
+	uint32_t pins;
+};
+int trk_client_heartbeat_pins(struct trk_client *c, const char *id,
+			      const struct trk_pin_count *pins, size_t n, trk_client_cb cb,
+			      void *arg);
 /* POST /versions with signed manifest bytes (copied). */
 int trk_client_publish(struct trk_client *c, const uint8_t *manifest,
 		       size_t len, trk_client_cb cb, void *arg);

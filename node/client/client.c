@@ -248,6 +248,8 @@ static int on_error_frame(tessera_client *c, const uint8_t *p, uint32_t len)
 
 	if (r.bad)
 		return broke(c, EPROTO, "malformed ERROR message");
+	if (fatal == TSR_ERR_PAUSED)
+		return fail(c, EBUSY, "tessera node: %.*s", (int)n, (const char *)msg);
 	if (fatal)
 		c->broken = true;
 	return fail(c, fatal ? ECONNREFUSED : EAGAIN, "tessera node: %.*s", (int)n,
@@ -490,10 +492,29 @@ API int tessera_acquire(tessera_client *c, struct tessera_pin *out)
 	struct cver *v;
 	int rc;
 
+	int64_t deadline = now_ms() + c->timeout_ms;
+
 	memset(out, 0, sizeof(*out));
-	if ((rc = send_frame(c, TSR_MSG_ACQUIRE, NULL, 0)) != 0)
-		return rc;
-	if ((rc = pump(c, TSR_MSG_ACQUIRED, c->timeout_ms, &p, &len)) != 0)
+	/* Admission paused (a version being installed in place): the request
+	 * waits for the next version, then asks again, within the timeout. */
+	for (;;) {
+		if ((rc = send_frame(c, TSR_MSG_ACQUIRE, NULL, 0)) != 0)
+			return rc;
+		rc = pump(c, TSR_MSG_ACQUIRED, c->timeout_ms, &p, &len);
+		if (rc != -EBUSY)
+			break;
+		int news = 0;
+		while (news == 0) {
+			int64_t left = deadline - now_ms();
+			if (left <= 0)
+				return fail(c, EBUSY, "tessera node: admission paused (a version is being "
+						      "installed in place) for more than %d ms",
+					    c->timeout_ms);
+			if ((news = pump(c, 0, (int)left, NULL, NULL)) < 0)
+				return news;
+		}
+	}
+	if (rc != 0)
 		return rc;
 	if (len != 16)
 		return broke(c, EPROTO, "malformed ACQUIRED message");

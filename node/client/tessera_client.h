@@ -98,7 +98,9 @@ uint64_t tessera_active(const tessera_client *c);
 /* A version this client still holds (active, or pinned); NULL otherwise. */
 const struct tessera_version *tessera_version_info(const tessera_client *c, uint64_t version);
 
-/* Pins the active version for a request; -EAGAIN when none is active yet. */
+/* Pins the active version for a request; -EAGAIN when none is active yet.
+ * While the node installs a version in place (admission paused) it waits
+ * for that version, at most the client's timeout (then -EBUSY). */
 int tessera_acquire(tessera_client *c, struct tessera_pin *out);
 /* Ends the request: the pin's memory may be unmapped after. */
 int tessera_release(tessera_client *c, const struct tessera_pin *pin);

@@ -24,8 +24,10 @@
  *              a version becomes active; it precedes every reply naming it.
  *     ACQUIRED u64 pin id, u64 version.
  *     RELEASED u64 pin id.
- *     ERROR    u8 fatal, u16 length, reason. Fatal: the node closes the
- *              connection after it (and drops the client's pins).
+ *     ERROR    u8 fatal, u16 length, reason. Fatal (1): the node closes the
+ *              connection after it (and drops the client's pins). 2: an
+ *              ACQUIRE found admission paused (the node installs a version
+ *              in place): ask again after the next VERSION.
  *
  * A client's pins are dropped when its socket closes: a client that
  * disappears cannot hold a version forever.
@@ -45,6 +47,11 @@
 #define TSR_WIRE_NAME_MAX 255
 #define TSR_WIRE_DIMS_MAX 8
 #define TSR_WIRE_VERSION_LEN (8 + 8 + 32 + 1 + 4 + 64)
+
+/* ERROR's first byte. */
+#define TSR_ERR_SURVIVABLE 0
+#define TSR_ERR_FATAL 1
+#define TSR_ERR_PAUSED 2
 
 enum tsr_wire_type {
 	TSR_MSG_ATTACH = 1,

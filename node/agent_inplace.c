@@ -1,0 +1,173 @@
+/*
+ * In-place installs (tessera-node --install in-place), for nodes without the
+ * memory for a second copy of their rank. A delta's parcels are fetched and
+ * verified as they are (no second slot); an anchor is staged in a second
+ * slot, as there is nothing to apply it against. When the replica agrees on
+ * the version (the same two-phase activation as double-buffered):
+ *
+ *   1. admission is paused: new acquires wait (node/attach.h);
+ *   2. running requests drain: the install waits until no request pins the
+ *      served slot, at most TESSERA_INPLACE_DRAIN_MS (default 2 s); clients
+ *      still pinning it then are disconnected (their requests fail rather
+ *      than read a mix of versions);
+ *   3. the version is written into the served slot: a delta's changes only
+ *      (proto_dparcel_apply, every piece's checksum verified), an anchor by
+ *      a copy from its staging slot;
+ *   4. admission resumes: clients are sent the new version, waiting acquires
+ *      get it.
+ * A failure while writing (a piece whose checksum does not verify) leaves
+ * the served slot holding neither version: admission stays paused, the
+ * node refuses deltas against it and asks for an anchor, and serving
+ * resumes only once a complete version is installed. Never a mix.
+ */
+#include "node/agent_internal.h"
+
+#include "proto/delta.h"
+
+bool agent_inplace(const struct node_agent *a)
+{
+	return a->o.install_inplace && a->active != NULL;
+}
+
+/* Writes f into the served slot s; 0, or an error in err (s then holds a
+ * part of f: incomplete). */
+static int write_version(struct node_agent *a, struct agent_fetch *f, struct node_slot *s,
+			 struct proto_err *err)
+{
+	uint64_t fail_v = proto_param(PROTO_PARAM_TEST_INPLACE_FAIL);
+	unsigned threads = (unsigned)PROTO_MAX(proto_param(PROTO_PARAM_VERIFY_THREADS), 1);
+
+	if (!f->delta) {
+		size_t len = PROTO_MIN(s->len, f->slot->len);
+		if (fail_v == f->version) {
+			memcpy(s->host, f->slot->host, len / 2);
+			return proto_errf(err, EIO, "TESSERA_TEST_INPLACE_FAIL: stopped halfway");
+		}
+		memcpy(s->host, f->slot->host, len);
+		return 0;
+	}
+	for (uint32_t i = 0; i < f->nparcels; i++) {
+		struct agent_parcel *p = &f->parcels[i];
+		struct proto_dparcel dp;
+		int rc;
+		if (fail_v == f->version && i >= f->nparcels / 2 && i > 0)
+			return proto_errf(err, EIO, "TESSERA_TEST_INPLACE_FAIL: stopped after %u of %u parcels",
+					  i, f->nparcels);
+		rc = proto_dparcel_build(&a->model, f->plan, p->pp, &a->layout, &dp, err);
+		if (rc == 0) {
+			rc = proto_dparcel_apply(&dp, p->wire, p->mp->wire_bytes, s->host, threads, err);
+			proto_dparcel_fini(&dp);
+		}
+		if (rc != 0)
+			return rc;
+		free(p->wire);
+		p->wire = NULL;
+	}
+	return 0;
+}
+
+static void install(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+	struct node_slot *s = a->active;
+	uint64_t t_write = proto_now_ns();
+	struct proto_err err = {{0}};
+	int rc;
+
+	a->installing = false;
+	event_del(a->inplace_ev);
+	if (f == NULL || f->version != a->inplace_version || !f->verified) {
+		/* The version went away before anything was written. */
+		LOG_INFO("node %s: v%" PRIu64 " no longer installed in place; serving goes on",
+			 a->node_id, a->inplace_version);
+		if (!a->inplace_broken)
+			node_attach_resume(a->attach, s, a->active_digest);
+		return;
+	}
+	rc = write_version(a, f, s, &err);
+	if (rc == 0) {
+		s->version = f->version;
+		if (f->slot != NULL) {
+			node_slot_free(&a->store, f->slot);
+			f->slot = NULL;
+		}
+		rc = node_slot_activate(&a->store, s, &err);
+	}
+	if (rc == 0)
+		rc = agent_write_expose(a, s, f->man.digest, &err);
+	if (rc != 0) {
+		a->inplace_broken = true;
+		a->need_anchor = f->delta;
+		LOG_ERR("node %s: v%" PRIu64 " in-place install failed: %s; admission stays paused "
+			"until a complete version is installed",
+			a->node_id, f->version, err.msg);
+		agent_fetch_fail(a, "in-place install of v%" PRIu64 " failed: %s (serving paused)",
+				 f->version, err.msg);
+		return;
+	}
+	a->inplace_broken = false;
+	if (f->delta)
+		node_metrics_add(a->am.m, a->am.delta_versions, 1);
+	uint64_t now = proto_now_ns();
+	LOG_INFO("node %s: v%" PRIu64 " installed in place (%s): admission paused %.1f ms "
+		 "(drain %.1f ms, write %.1f ms)",
+		 a->node_id, f->version, f->delta ? "delta" : "full copy",
+		 (double)(now - a->inplace_t0_ns) / 1e6, (double)(t_write - a->inplace_t0_ns) / 1e6,
+		 (double)(now - t_write) / 1e6);
+	agent_activated(a, s);
+}
+
+static void on_drained(void *arg)
+{
+	struct node_agent *a = arg;
+
+	if (a->installing)
+		install(a);
+}
+
+static void on_drain_bound(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+
+	if (!a->installing)
+		return;
+	uint32_t n = node_attach_evict(a->attach);
+	LOG_WARN("node %s: %u serving clients still pinned v%" PRIu64 " after %" PRIu64
+		 " ms (TESSERA_INPLACE_DRAIN_MS): disconnected",
+		 a->node_id, n, a->active->version, proto_param(PROTO_PARAM_INPLACE_DRAIN_MS));
+	install(a);
+}
+
+void agent_inplace_start(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+
+	if (a->installing)
+		return;
+	if (a->inplace_ev == NULL && (a->inplace_ev = evtimer_new(a->base, on_drain_bound, a)) == NULL) {
+		agent_fetch_fail(a, "in-place install: out of memory");
+		return;
+	}
+	a->installing = true;
+	a->inplace_version = f->version;
+	a->inplace_t0_ns = proto_now_ns();
+	LOG_INFO("node %s: installing v%" PRIu64 " in place over v%" PRIu64 ": admission paused",
+		 a->node_id, f->version, a->active->version);
+	if (a->attach == NULL) {
+		install(a);
+		return;
+	}
+	if (node_attach_pause(a->attach, f->version, on_drained, a) != 0) {
+		a->installing = false;
+		agent_fetch_fail(a, "in-place install: out of memory");
+		return;
+	}
+	agent_arm(a->inplace_ev, proto_param(PROTO_PARAM_INPLACE_DRAIN_MS));
+}
+
+void agent_inplace_fini(struct node_agent *a)
+{
+	if (a->inplace_ev != NULL)
+		event_free(a->inplace_ev);
+	a->inplace_ev = NULL;
+}

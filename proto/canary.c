@@ -1,0 +1,164 @@
+/* The canary score (proto/canary.h): a fixed-input pass through the weights. */
+#include "proto/canary.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+/* An odd multiple of 1/32 in [-31/32, 31/32] from a 64-bit key. */
+static float coef(uint64_t key)
+{
+	uint64_t h = key * 0x9E3779B97F4A7C15ull;
+	h ^= h >> 29;
+	h *= 0xBF58476D1CE4E5B9ull;
+	int a = (int)((h >> 59) & 31) * 2 - 31;
+	return (float)a / 32.0f;
+}
+
+static float half_to_float(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h >> 15), e = (h >> 10) & 31, m = h & 1023;
+	float v;
+
+	if (e == 31)
+		return NAN;
+	v = e == 0 ? ldexpf((float)m, -24) : ldexpf((float)(m | 1024), (int)e - 25);
+	return sign ? -v : v;
+}
+
+/* fp8 e4m3 (the "fn" variant: no infinities, S.1111.111 is NaN). */
+static float e4m3_to_float(uint8_t b)
+{
+	uint32_t e = (b >> 3) & 15, m = b & 7;
+	float v;
+
+	if (e == 15 && m == 7)
+		return NAN;
+	v = e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(m | 8), (int)e - 10);
+	return (b & 0x80) ? -v : v;
+}
+
+static float load(enum proto_dtype dt, const uint8_t *p)
+{
+	uint8_t b[8];
+	uint16_t u16;
+	uint32_t u32;
+	uint64_t u64;
+	float f;
+	double d;
+
+	switch (dt) {
+	case PROTO_DT_BF16:
+		u32 = (uint32_t)(p[0] | p[1] << 8) << 16;
+		memcpy(&f, &u32, 4);
+		return f;
+	case PROTO_DT_FP16:
+		return half_to_float((uint16_t)(p[0] | p[1] << 8));
+	case PROTO_DT_FP32:
+		memcpy(&f, p, 4);
+		return f;
+	case PROTO_DT_FP64:
+		memcpy(&d, p, 8);
+		return (float)d;
+	case PROTO_DT_FP8_E4M3:
+		return e4m3_to_float(p[0]);
+	case PROTO_DT_FP8_E5M2:
+		return half_to_float((uint16_t)(p[0] << 8));
+	case PROTO_DT_BOOL:
+		return p[0] ? 1.0f : 0.0f;
+	case PROTO_DT_U8:
+		return (float)p[0];
+	case PROTO_DT_I8:
+		return (float)(int8_t)p[0];
+	case PROTO_DT_U16:
+		u16 = (uint16_t)(p[0] | p[1] << 8);
+		return (float)u16;
+	case PROTO_DT_I16:
+		u16 = (uint16_t)(p[0] | p[1] << 8);
+		return (float)(int16_t)u16;
+	case PROTO_DT_U32:
+	case PROTO_DT_I32:
+		memcpy(&u32, p, 4);
+		return dt == PROTO_DT_U32 ? (float)u32 : (float)(int32_t)u32;
+	case PROTO_DT_U64:
+	case PROTO_DT_I64:
+		memcpy(b, p, 8);
+		memcpy(&u64, b, 8);
+		return dt == PROTO_DT_U64 ? (float)u64 : (float)(int64_t)u64;
+	default:
+		return 0.0f;
+	}
+}
+
+uint64_t proto_canary_elems(enum proto_dtype dt, uint32_t index, uint64_t cols,
+			    uint64_t first, uint64_t count, const uint8_t *bytes)
+{
+	size_t es = proto_dtype_size(dt);
+	uint64_t salt = ((uint64_t)index + 1) << 40, sum = 0;
+	uint64_t r, j;
+	float u;
+
+	if (cols == 0)
+		cols = 1;
+	r = first / cols;
+	j = first % cols;
+	u = coef(salt ^ (r | 1ull << 63));
+	for (uint64_t i = 0; i < count; i++) {
+		float w = load(dt, bytes + i * es);
+		if (!isfinite(w))
+			w = 0.0f;
+		float g = w / (1.0f + fabsf(w));
+		float prod = (u * coef(salt ^ j)) * g;
+		sum += (uint64_t)(int64_t)(prod * 4294967296.0f);
+		if (++j == cols) {
+			j = 0;
+			u = coef(salt ^ (++r | 1ull << 63));
+		}
+	}
+	return sum;
+}
+
+static uint64_t last_dim(const struct proto_local *l)
+{
+	return l->ndim == 0 ? 1 : l->shape[l->ndim - 1];
+}
+
+int proto_canary_rank(const struct proto_rank *rank, const uint8_t *block, size_t len,
+		      uint64_t *out)
+{
+	uint64_t sum = 0;
+
+	if (len < rank->nbytes)
+		return -ERANGE;
+	for (uint32_t t = 0; t < rank->nlocals; t++) {
+		const struct proto_local *l = &rank->locals[t];
+		sum += proto_canary_elems(l->dtype, t, last_dim(l), 0, l->nelem, block + l->offset);
+	}
+	*out = sum;
+	return 0;
+}
+
+uint64_t proto_canary_parcel(const struct proto_plan *p, const struct proto_parcel *pc,
+			     const struct proto_layout *dst, const uint8_t *payload)
+{
+	const struct proto_rank *rk = &dst->ranks[pc->dst_rank];
+	uint64_t sum = 0;
+
+	for (uint64_t s = pc->seg0; s < pc->seg0 + pc->nsegs; s++) {
+		const struct proto_segment *sg = &p->segs[s];
+		const struct proto_local *l = &rk->locals[sg->dst_local];
+		size_t es = proto_dtype_size(l->dtype);
+		for (uint64_t k = sg->run0; k < sg->run0 + sg->nruns; k++) {
+			const struct proto_run *run = &p->runs[k];
+			sum += proto_canary_elems(l->dtype, sg->dst_local, last_dim(l),
+						  run->dst_off / es, run->len / es,
+						  payload + run->pay_off);
+		}
+	}
+	return sum;
+}
+
+double proto_canary_value(uint64_t s)
+{
+	return (double)(int64_t)s / PROTO_CANARY_ONE;
+}

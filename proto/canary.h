@@ -1,0 +1,67 @@
+/*
+ * The canary score: a fixed-input number computed through a rank's live
+ * weights, so that anyone holding the expected value can check that what a
+ * serving engine reads is the version it should be.
+ *
+ * Definition. Each local tensor t of a rank (in the rank's order) is read as
+ * a matrix W of rows x cols, cols its last dimension (1 for a scalar) and
+ * rows the product of the others. A fixed input vector x (one entry per
+ * column) and a fixed readout u (one per row), both derived from t's index,
+ * give the tensor's term u^T g(W) x, and the score is the sum of the terms
+ * of all tensors: a matrix-vector product and a dot product per tensor.
+ *
+ *   x_j, u_r  odd multiples of 1/32 in (-1, 1) from a hash of (t, j) and
+ *             (t, r); u_r * x_j is exact in FP32;
+ *   g(w)      the element as FP32 (bf16, fp16, fp8, fp32, fp64 rounded,
+ *             integers and bool converted), 0 when not finite, then
+ *             w / (1 + |w|): bounded, so random bit patterns cannot make
+ *             the score infinite, and monotone, so a changed value moves it;
+ *   term      each product (u_r * x_j) * g(w) is rounded once to FP32 and
+ *             then accumulated exactly in 32.32 fixed point (truncated to
+ *             a multiple of 2^-32), in a wrapping 64-bit sum.
+ *
+ * The exact accumulation makes the score independent of the order in which
+ * elements are visited: the publisher adds up the parcels of a destination
+ * rank as it gathers them (the bytes of one rank come from several trainer
+ * ranks) and gets bit for bit what a probe reading the rank's block gets.
+ * Padding between local tensors does not count.
+ *
+ * It is a check of the live weights, not an integrity hash (that is the
+ * manifest's job): a change to an element moves the score unless the
+ * change is below what the fixed point resolves (about 2^-32 of a weight
+ * near 0, more for huge weights, which g squashes near +-1).
+ */
+#ifndef PROTO_CANARY_H
+#define PROTO_CANARY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/plan.h"
+#include "proto/spec.h"
+
+/* Scale of the fixed point: a score s stands for s / 2^32. */
+#define PROTO_CANARY_ONE 4294967296.0
+
+/* The term of elements [first, first + count) (row-major) of local tensor
+ * number index of a rank, whose dtype is dt and whose last dimension is cols
+ * (0 is taken as 1), read from bytes (count elements, any alignment).
+ * Cannot fail. */
+uint64_t proto_canary_elems(enum proto_dtype dt, uint32_t index, uint64_t cols,
+			    uint64_t first, uint64_t count, const uint8_t *bytes);
+
+/* The score of a whole rank block (local tensors at their offsets; len
+ * bytes, at least rank->nbytes, else -ERANGE and *out unchanged). */
+int proto_canary_rank(const struct proto_rank *rank, const uint8_t *block, size_t len,
+		      uint64_t *out);
+
+/* A parcel's part of its destination rank's score, from its payload
+ * (pc->bytes bytes, as gathered). The parts of every parcel of a
+ * destination rank add up (wrapping) to the rank's score. Cannot fail. */
+uint64_t proto_canary_parcel(const struct proto_plan *p, const struct proto_parcel *pc,
+			     const struct proto_layout *dst, const uint8_t *payload);
+
+/* The score as a number (s / 2^32, s read as signed). */
+double proto_canary_value(uint64_t s);
+
+#endif

@@ -1,0 +1,176 @@
+/* The canary score: deterministic, sums of parcel parts equal the rank's
+ * score in every layout pair, moved by one changed element, finite on
+ * random bit patterns in every dtype. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "proto/canary.h"
+#include "proto/fixture.h"
+#include "proto/proto.h"
+
+struct env {
+	struct proto_model m;
+};
+
+static int setup(void **state)
+{
+	struct env *e = calloc(1, sizeof(*e));
+	struct proto_err err;
+
+	assert_non_null(e);
+	assert_int_equal(proto_fixture_model(2 << 20, &e->m, &err), 0);
+	*state = e;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct env *e = *state;
+
+	proto_model_fini(&e->m);
+	free(e);
+	return 0;
+}
+
+/* For src -> dst: the rank score of every destination rank (from the
+ * fixture's block) equals the sum of its parcels' parts (from payloads
+ * gathered out of the source blocks, as the publisher does). */
+static void check_pair(const struct proto_model *m, const char *src_name, const char *dst_name)
+{
+	struct proto_layout src, dst;
+	struct proto_plan plan;
+	struct proto_err err;
+
+	assert_int_equal(proto_layout_builtin(m, src_name, &src, &err), 0);
+	assert_int_equal(proto_layout_builtin(m, dst_name, &dst, &err), 0);
+	assert_int_equal(proto_plan_build(m, &src, &dst, &plan, &err), 0);
+	uint8_t **sblk = calloc(src.nranks, sizeof(*sblk));
+	assert_non_null(sblk);
+	for (uint32_t r = 0; r < src.nranks; r++) {
+		sblk[r] = malloc(src.ranks[r].nbytes + 1);
+		assert_non_null(sblk[r]);
+		proto_fixture_fill_rank(m, &src, r, 7, 3, sblk[r]);
+	}
+	for (uint32_t d = 0; d < dst.nranks; d++) {
+		uint8_t *blk = malloc(dst.ranks[d].nbytes + 1);
+		uint64_t want, sum = 0;
+		assert_non_null(blk);
+		proto_fixture_fill_rank(m, &dst, d, 7, 3, blk);
+		assert_int_equal(proto_canary_rank(&dst.ranks[d], blk, dst.ranks[d].nbytes, &want), 0);
+		for (uint32_t i = 0; i < plan.nparcels; i++) {
+			const struct proto_parcel *pc = &plan.parcels[i];
+			if (pc->dst_rank != d)
+				continue;
+			uint8_t *pay = malloc(pc->bytes + 1);
+			assert_non_null(pay);
+			proto_parcel_gather(&plan, pc, &src, sblk[pc->src_rank], 0, pc->bytes, pay);
+			sum += proto_canary_parcel(&plan, pc, &dst, pay);
+			free(pay);
+		}
+		assert_true(sum == want);
+		assert_true(isfinite(proto_canary_value(want)));
+		free(blk);
+	}
+	for (uint32_t r = 0; r < src.nranks; r++)
+		free(sblk[r]);
+	free(sblk);
+	proto_plan_fini(&plan);
+	proto_layout_fini(&src);
+	proto_layout_fini(&dst);
+}
+
+static void test_parcels_add_up(void **state)
+{
+	struct env *e = *state;
+
+	check_pair(&e->m, "fsdp2", "tp2");
+	check_pair(&e->m, "fsdp2", "tp1");
+	check_pair(&e->m, "tp2", "fsdp4");
+	check_pair(&e->m, "fsdp4", "tp4");
+}
+
+/* Same bytes, same score; one changed element (even one low bit of a bf16
+ * weight) moves it; another version differs; too short a block is refused. */
+static void test_sensitive(void **state)
+{
+	struct env *e = *state;
+	struct proto_layout l;
+	struct proto_err err;
+	uint64_t a, b, c;
+
+	assert_int_equal(proto_layout_builtin(&e->m, "tp2", &l, &err), 0);
+	const struct proto_rank *rk = &l.ranks[1];
+	uint8_t *blk = malloc(rk->nbytes);
+	assert_non_null(blk);
+	proto_fixture_fill_rank(&e->m, &l, 1, 7, 3, blk);
+	assert_int_equal(proto_canary_rank(rk, blk, rk->nbytes, &a), 0);
+	assert_int_equal(proto_canary_rank(rk, blk, rk->nbytes, &b), 0);
+	assert_true(a == b);
+	/* The middle element of the last tensor: its low mantissa bit. */
+	const struct proto_local *lt = &rk->locals[rk->nlocals - 1];
+	uint64_t at = lt->offset + (lt->nelem / 2) * 2;
+	blk[at] ^= 1;
+	assert_int_equal(proto_canary_rank(rk, blk, rk->nbytes, &c), 0);
+	assert_true(c != a);
+	blk[at] ^= 1;
+	/* A sign flip of a first element. */
+	blk[rk->locals[0].offset + 1] ^= 0x80;
+	assert_int_equal(proto_canary_rank(rk, blk, rk->nbytes, &c), 0);
+	assert_true(c != a);
+	proto_fixture_fill_rank(&e->m, &l, 1, 7, 4, blk);
+	assert_int_equal(proto_canary_rank(rk, blk, rk->nbytes, &c), 0);
+	assert_true(c != a);
+	c = 42;
+	assert_int_equal(proto_canary_rank(rk, blk, rk->nbytes - 1, &c), -ERANGE);
+	assert_true(c == 42);
+	free(blk);
+	proto_layout_fini(&l);
+}
+
+/* Random bit patterns (NaN, infinities, huge values) in every dtype give a
+ * finite score that still depends on the order of rows and columns. */
+static void test_every_dtype(void **state)
+{
+	(void)state;
+	uint8_t buf[8 * 64];
+	uint64_t x = 0x1234567;
+
+	for (size_t i = 0; i < sizeof(buf); i++) {
+		x = x * 6364136223846793005ull + 1442695040888963407ull;
+		buf[i] = (uint8_t)(x >> 56);
+	}
+	for (int dt = PROTO_DT_BF16; dt <= PROTO_DT_I64; dt++) {
+		size_t es = proto_dtype_size((enum proto_dtype)dt);
+		uint64_t s = proto_canary_elems((enum proto_dtype)dt, 0, 8, 0, 64, buf);
+		assert_true(isfinite(proto_canary_value(s)));
+		/* Split in two, any way: the same sum. */
+		uint64_t s1 = proto_canary_elems((enum proto_dtype)dt, 0, 8, 0, 13, buf);
+		uint64_t s2 = proto_canary_elems((enum proto_dtype)dt, 0, 8, 13, 51, buf + 13 * es);
+		assert_true(s1 + s2 == s);
+		if (dt != PROTO_DT_BOOL) {
+			/* Another tensor index or shape reads the same bytes otherwise. */
+			assert_true(proto_canary_elems((enum proto_dtype)dt, 1, 8, 0, 64, buf) != s);
+			assert_true(proto_canary_elems((enum proto_dtype)dt, 0, 16, 0, 64, buf) != s);
+		}
+	}
+	/* All-NaN fp32 counts as zero weights: score 0. */
+	float nan[4] = {NAN, NAN, INFINITY, -INFINITY};
+	assert_true(proto_canary_elems(PROTO_DT_FP32, 0, 2, 0, 4, (const uint8_t *)nan) == 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_parcels_add_up),
+		cmocka_unit_test(test_sensitive),
+		cmocka_unit_test(test_every_dtype),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
