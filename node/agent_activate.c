@@ -179,13 +179,19 @@ bool agent_replica_backed(struct node_agent *a, json_t *statements)
 
 void agent_all_verified(struct node_agent *a)
 {
+	if (a->fetch->delta) {
+		agent_delta_rebuild(a); /* agent_verified once rebuilt */
+		return;
+	}
+	node_metrics_add(a->am.m, a->am.full_versions, 1);
+	agent_verified(a);
+}
+
+void agent_verified(struct node_agent *a)
+{
 	struct agent_fetch *f = a->fetch;
 	struct proto_err err;
 
-	if (f->delta && agent_delta_rebuild(a) != 0)
-		return; /* refused: a->fetch is gone */
-	if (!f->delta)
-		node_metrics_add(a->am.m, a->am.full_versions, 1);
 	f->verified = true;
 	f->reported_verified = true;
 	LOG_INFO("node %s: v%" PRIu64 " verified in %" PRIu64 " ms", a->node_id, f->version,

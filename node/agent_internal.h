@@ -36,6 +36,7 @@
 #include "node/agent_metrics.h"
 #include "node/attach.h"
 #include "node/fabloop.h"
+#include "node/rebuild.h"
 #include "node/serve.h"
 #include "node/store.h"
 #include "node/verifier.h"
@@ -164,6 +165,7 @@ struct agent_fetch {
 	struct event *addendum_ev; /* the next ask */
 	/* A delta version: rebuilt from the active slot (node/agent_delta.c). */
 	bool delta;
+	struct node_rebuild *rebuild; /* the copy and apply's worker (node/rebuild.h) */
 	uint64_t rebuild_ms;
 };
 
@@ -300,6 +302,9 @@ void agent_on_verified_report(const struct trk_answer *ans, void *arg);
 
 void agent_all_verified(struct node_agent *a);
 
+/* Every chunk verified and the slot holds the version: report it verified. */
+void agent_verified(struct node_agent *a);
+
 void agent_want_sources(struct node_agent *a, uint32_t pi);
 
 void agent_on_verified(struct node_vjob *job, void *arg);
@@ -382,9 +387,12 @@ bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
 /* A delta fetch: 0 when the active slot is its exact parent (number and
  * manifest digest), else the fetch is refused (and an anchor asked for). */
 int agent_delta_check_parent(struct node_agent *a);
-/* All delta parcels verified: copies the parent slot into the fetch's slot
- * and applies every parcel's delta, checking each piece's checksum. 0, or
- * the fetch is refused (and an anchor asked for). */
-int agent_delta_rebuild(struct node_agent *a);
+/* The delta fetch's slot exists: starts copying the parent slot into it on
+ * a worker, while the chunks arrive. 0, or the fetch is refused. */
+int agent_delta_start(struct node_agent *a);
+/* All delta parcels verified: the worker applies every parcel's delta once
+ * the copy is done, checking each piece's checksum; then, on the loop,
+ * agent_verified, or the fetch is refused (and an anchor asked for). */
+void agent_delta_rebuild(struct node_agent *a);
 
 #endif

@@ -6,7 +6,10 @@ void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
 {
 	if (f == NULL)
 		return;
-	/* No worker may still be scattering into this fetch's slot. */
+	/* No worker may still be copying, applying or scattering into this
+	 * fetch's slot. */
+	node_rebuild_free(f->rebuild);
+	f->rebuild = NULL;
 	if (a->ver != NULL)
 		node_verifier_drain(a->ver);
 	agent_swarm_unserve(a, f);
@@ -135,6 +138,8 @@ static int setup_parcels(struct node_agent *a)
 		agent_fetch_fail(a, "%s", err.msg);
 		return -ENOMEM;
 	}
+	if (f->delta && agent_delta_start(a) != 0)
+		return -ENOMEM;
 	agent_swarm_serve(a, f);
 	LOG_INFO("node %s: fetching v%" PRIu64 ": %u parcels, %" PRIu64 " bytes%s%s", a->node_id,
 		 f->version, f->nparcels, f->bytes_total, f->served ? ", serving them to peers" : "",
