@@ -1,7 +1,8 @@
 /* Delta versions in the network, end to end with the real programs on
  * loopback: a cluster of anchors and deltas ends bit-exact on every replica;
- * a corrupted parent slot, a node restarted between deltas and a publisher
- * restarted without its parent export each end in an anchor that the node
+ * a corrupted parent slot, a node restarted between deltas, a node that
+ * missed a version (a delta for another parent) and a publisher restarted
+ * without its parent export each end in an anchor that the node
  * reaches, while it keeps serving its previous version meanwhile. The
  * models are `tessera synth` outputs: RL-like steps where ~1.7 % of the
  * BF16 elements change. */
@@ -338,6 +339,33 @@ static void test_node_restarted(void **state)
 	check_serving(e, 4);
 }
 
+/* A node that missed a version (stopped while v3 and v4 went out) holds v2,
+ * but v4's delta is against v3: it refuses the delta with a line saying
+ * which parent it holds, keeps serving v2, asks for an anchor and reaches
+ * it; then deltas again. */
+static void test_missed_version(void **state)
+{
+	struct env *e = *state;
+
+	assert_int_equal(kill(e->node.pid, SIGSTOP), 0);
+	export_one(e, 3, "delta");
+	export_one(e, 4, "delta");
+	assert_int_equal(kill(e->node.pid, SIGCONT), 0);
+	assert_true(wait_log(e, "a delta against v3", 30000));
+	assert_true(wait_log(e, "but this node holds v2", 30000));
+	assert_int_equal(tu_replica_active(e->trk, "A"), 2);
+	check_serving(e, 2);
+	assert_true(wait_anchor_wanted(e, 30000));
+	export_one(e, 5, "anchor");
+	assert_true(tu_wait_active(e->trk, "A", 5, 60000));
+	assert_true(rank_how(e, "full"));
+	check_serving(e, 5);
+	export_one(e, 6, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 6, 60000));
+	assert_true(rank_how(e, "delta"));
+	check_serving(e, 6);
+}
+
 /* A publisher restarted without its parent export publishes an anchor. */
 static void test_publisher_restarted(void **state)
 {
@@ -359,6 +387,7 @@ int main(void)
 		cmocka_unit_test(test_delta_cluster),
 		cmocka_unit_test_setup_teardown(test_corrupted_parent, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_node_restarted, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_missed_version, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_publisher_restarted, env_setup, env_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
