@@ -129,6 +129,7 @@ void agent_activate(struct node_agent *a)
 	agent_swarm_keep(a, f);
 	/* Requests pinning the old slot keep it until they release it. */
 	node_attach_activate(a->attach, a->active, a->active_digest);
+	agent_delta_activated(a); /* a standby copied from old goes first */
 	node_attach_retire(a->attach, &a->store, old);
 	agent_sync_now(a); /* the replica's next target may be there already */
 }

@@ -1,7 +1,8 @@
 /* Delta versions on a node: the exact-parent check, the rebuild of the new
- * slot from the active one (a copy on a worker while the delta's chunks
- * arrive, then a sparse apply checked by wsum on the same worker), and
- * asking for an anchor when the parent is missing or does not verify. */
+ * slot from the active one (a copy on a worker, made between versions into a
+ * standby slot or else while the delta's chunks arrive, then a sparse apply
+ * checked by wsum on the same worker), and asking for an anchor when the
+ * parent is missing or does not verify. */
 #include "node/agent_internal.h"
 
 #include "node/rebuild.h"
@@ -46,14 +47,85 @@ int agent_delta_check_parent(struct node_agent *a)
 	return 0;
 }
 
-int agent_delta_start(struct node_agent *a)
+/* Stops and frees the standby copy (its slot may become the store's spare). */
+static void standby_drop(struct node_agent *a)
 {
-	struct agent_fetch *f = a->fetch;
+	node_rebuild_free(a->standby_rb);
+	a->standby_rb = NULL;
+	if (a->standby != NULL)
+		node_slot_free(&a->store, a->standby);
+	a->standby = NULL;
+}
+
+/* Between versions: the active slot is copied into a standby slot on a
+ * worker, so that a delta against it, when it comes, is only applied. A
+ * fetch that began first made its own slot: nothing to do then. */
+static void on_standby(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+	size_t len = a->layout.ranks[a->o.rank].nbytes;
 	struct proto_err err;
 
-	if (node_rebuild_start(a->base, f->slot->host, f->slot->memfd, a->active->host,
-			       a->active->memfd, PROTO_MIN(f->slot->len, a->active->len), &f->rebuild,
-			       &err) != 0) {
+	(void)fd;
+	(void)what;
+	if (a->fetch != NULL || a->active == NULL || a->standby != NULL || a->active->len != len)
+		return;
+	if (node_slot_new(&a->store, a->active->version + 1, len, &a->standby, &err) != 0 ||
+	    node_rebuild_start(a->base, a->standby->host, a->standby->memfd, a->active->host,
+			       a->active->memfd, len, &a->standby_rb, &err) != 0) {
+		LOG_WARN("node %s: no standby copy of v%" PRIu64 " (%s); a delta will copy it then",
+			 a->node_id, a->active->version, err.msg);
+		standby_drop(a);
+		return;
+	}
+	LOG_INFO("node %s: copying v%" PRIu64 " into a standby slot for the next delta", a->node_id,
+		 a->active->version);
+}
+
+void agent_delta_activated(struct node_agent *a)
+{
+	standby_drop(a);
+	if (a->standby_ev == NULL)
+		a->standby_ev = evtimer_new(a->base, on_standby, a);
+	if (a->standby_ev != NULL)
+		agent_arm(a->standby_ev, proto_param(PROTO_PARAM_DELTA_STANDBY_MS));
+}
+
+void agent_delta_fini(struct node_agent *a)
+{
+	standby_drop(a);
+	if (a->standby_ev != NULL)
+		event_free(a->standby_ev);
+	a->standby_ev = NULL;
+}
+
+int agent_delta_slot(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+	size_t len = a->layout.ranks[a->o.rank].nbytes;
+	struct proto_err err;
+
+	if (a->standby != NULL && a->standby->len == len) {
+		/* The standby copies the active slot: a delta's exact parent
+		 * (checked before); for anything else it is only memory, which
+		 * the fetch overwrites whole. */
+		f->slot = a->standby;
+		f->slot->version = f->version;
+		a->standby = NULL;
+		if (f->delta) {
+			f->rebuild = a->standby_rb;
+			f->from_standby = true;
+		} else {
+			node_rebuild_free(a->standby_rb);
+		}
+		a->standby_rb = NULL;
+		return 0;
+	}
+	standby_drop(a);
+	if (node_slot_new(&a->store, f->version, len, &f->slot, &err) != 0 ||
+	    (f->delta && node_rebuild_start(a->base, f->slot->host, f->slot->memfd, a->active->host,
+					    a->active->memfd, PROTO_MIN(f->slot->len, a->active->len),
+					    &f->rebuild, &err) != 0)) {
 		agent_fetch_fail(a, "%s", err.msg);
 		return -ENOMEM;
 	}
@@ -108,10 +180,11 @@ static void rebuilt(int rc, const struct proto_err *err, const struct node_rebui
 	node_metrics_add(a->am.m, a->am.delta_versions, 1);
 	LOG_INFO("node %s: v%" PRIu64 " rebuilt from v%" PRIu64 " by delta (%" PRIu64
 		 " wire bytes for %" PRIu64 " bytes, every piece's checksum verified, %" PRIu64
-		 " ms after the last chunk: the parent's copy took %" PRIu64 " ms, %" PRIu64
+		 " ms after the last chunk: the parent's copy%s took %" PRIu64 " ms, %" PRIu64
 		 " ms of it after the last chunk, the apply %" PRIu64 " ms)",
 		 a->node_id, f->version, f->man.parent_version, f->bytes_total, f->slot->len,
-		 f->rebuild_ms, t->copy_ms, t->wait_ms, t->apply_ms);
+		 f->rebuild_ms, f->from_standby ? " (the standby one)" : "", t->copy_ms, t->wait_ms,
+		 t->apply_ms);
 	agent_verified(a);
 }
 

@@ -166,6 +166,7 @@ struct agent_fetch {
 	/* A delta version: rebuilt from the active slot (node/agent_delta.c). */
 	bool delta;
 	struct node_rebuild *rebuild; /* the copy and apply's worker (node/rebuild.h) */
+	bool from_standby;            /* it is the standby copy's */
 	uint64_t rebuild_ms;
 };
 
@@ -230,6 +231,12 @@ struct node_agent {
 	/* A delta could not be applied here: the tracker is told, so that the
 	 * publisher sends an anchor next (cleared by any activation). */
 	bool need_anchor;
+	/* The active slot's copy made ahead of the next version (agent_delta.c):
+	 * a delta against the active version starts from it, anything else
+	 * takes its slot. NULL when none; dropped at every activation. */
+	struct node_slot *standby;
+	struct node_rebuild *standby_rb;
+	struct event *standby_ev;
 
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
 	struct node_wait wait; /* what we wait for, said when it lasts */
@@ -387,9 +394,16 @@ bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
 /* A delta fetch: 0 when the active slot is its exact parent (number and
  * manifest digest), else the fetch is refused (and an anchor asked for). */
 int agent_delta_check_parent(struct node_agent *a);
-/* The delta fetch's slot exists: starts copying the parent slot into it on
- * a worker, while the chunks arrive. 0, or the fetch is refused. */
-int agent_delta_start(struct node_agent *a);
+/* The fetch's slot: the standby slot when there is one (for a delta, with
+ * the active slot's copy in it or under way), else a new one, into which a
+ * delta's parent is then copied on a worker while the chunks arrive. 0, or
+ * the fetch is refused. */
+int agent_delta_slot(struct node_agent *a);
+/* A version became active: drops the standby, and arms the next one
+ * (TESSERA_DELTA_STANDBY_MS later, when no fetch has begun by then). */
+void agent_delta_activated(struct node_agent *a);
+/* Drops the standby copy and its timer (teardown). */
+void agent_delta_fini(struct node_agent *a);
 /* All delta parcels verified: the worker applies every parcel's delta once
  * the copy is done, checking each piece's checksum; then, on the loop,
  * agent_verified, or the fetch is refused (and an anchor asked for). */

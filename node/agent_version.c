@@ -84,10 +84,16 @@ static int setup_parcels(struct node_agent *a)
 {
 	struct agent_fetch *f = a->fetch;
 	const struct proto_mlayout *ml = f->ml;
-	struct proto_err err;
 	uint32_t mine = 0;
 
-	f->delta = f->man.kind == PROTO_KIND_DELTA;
+	/* A delta version's parcels for our layout are deltas, unless our
+	 * layout came by an addendum after it (addenda are always raw: a late
+	 * layout gets the version whole). */
+	f->delta = false;
+	for (uint32_t i = 0; i < ml->nparcels; i++)
+		if (ml->parcels[i].dst_rank == a->o.rank)
+			f->delta = f->man.kind == PROTO_KIND_DELTA &&
+				   ml->parcels[i].encoding == PROTO_ENC_DELTA;
 	if (f->delta && agent_delta_check_parent(a) != 0)
 		return -ENOENT;
 	for (uint32_t i = 0; i < ml->nparcels; i++)
@@ -134,11 +140,7 @@ static int setup_parcels(struct node_agent *a)
 			return -ENOMEM;
 		f->bytes_total += mp->wire_bytes;
 	}
-	if (node_slot_new(&a->store, f->version, a->layout.ranks[a->o.rank].nbytes, &f->slot, &err) != 0) {
-		agent_fetch_fail(a, "%s", err.msg);
-		return -ENOMEM;
-	}
-	if (f->delta && agent_delta_start(a) != 0)
+	if (agent_delta_slot(a) != 0)
 		return -ENOMEM;
 	agent_swarm_serve(a, f);
 	LOG_INFO("node %s: fetching v%" PRIu64 ": %u parcels, %" PRIu64 " bytes%s%s", a->node_id,

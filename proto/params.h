@@ -115,7 +115,12 @@
 	/* A retired slot's pages are given back this long after its last pin \
 	 * went, on a worker thread: the serving process unmaps its view first \
 	 * (cheap), so neither it nor the node's loop pays for freeing them. */ \
-	X(ATTACH_FREE_GRACE_MS, "TESSERA_ATTACH_FREE_GRACE_MS", 200, "delay before a retired slot is freed, ms")
+	X(ATTACH_FREE_GRACE_MS, "TESSERA_ATTACH_FREE_GRACE_MS", 200, "delay before a retired slot is freed, ms") \
+	/* After an activation the node copies the new active slot into a \
+	 * standby slot, so that a delta against it needs only its apply; it \
+	 * waits this long first (past ATTACH_FREE_GRACE_MS, so that the \
+	 * retired slot is there to be reused). */ \
+	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,
