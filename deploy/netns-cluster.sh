@@ -36,9 +36,11 @@
 #   --late-timeout S  late replicas must activate within S seconds of
 #                 their start (default: what is left of --timeout)
 #   --report FILE write the JSON report of `tessera cluster --report`: per
-#                 version trainer_upload_bytes, peer_upload_bytes,
+#                 version kind, trainer_upload_bytes, peer_upload_bytes,
 #                 duplicate_bytes and refetched_bytes (the tracker's totals
-#                 for every replica but the late ones), per replica late,
+#                 for every replica but the late ones), wire_bytes (their
+#                 sum), anchor_bytes (what those replicas' layouts hold: the
+#                 version's cost as an anchor), encode_ms, per replica late,
 #                 activated, t_activate_ms, bytes_from_trainer,
 #                 bytes_from_peers, duplicate_bytes, refetched_bytes (exact
 #                 for the last version, as last polled for earlier ones)
@@ -388,8 +390,15 @@ REPS=$(for i in $(seq 1 "$NHOST"); do
 	jq -cn --arg r "R$i" --arg l "${ALL[$((i - 1))]}" --argjson late "$([ "$i" -gt "$NREP" ] &&
 		echo true || echo false)" '{replica: $r, layout: $l, late: $late}'
 done | jq -cs .)
+# What each replica's layout holds, i.e. what a version costs it as an anchor:
+# the planner's retained bytes, as `tessera cluster` counts them.
+ANCHORS=$(for l in "${ALL[@]}"; do
+	"$BIN/tessera" plan --model "$DIR/model.json" --from fsdp2 --to "$l" --json |
+		jq '.retained_bytes'
+done | jq -cs .)
 jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
 	--rawfile cnt "$DIR/counters.tsv" --argjson reps "$REPS" --arg mode "$MODE" \
+	--argjson anchors "$ANCHORS" --rawfile exports "$DIR/exports.log" \
 	--argjson ok "$([ $LATE_RC -eq 0 ] && echo true || echo false)" \
 	--argjson vmax "$VERSIONS" --argjson wall "$((SECONDS * 1000))" \
 	--argjson bps "$(rate_bps "$RATE")" --argjson link "$LINK_BPS" \
@@ -404,6 +413,11 @@ jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
 		ref: (map(.ref) | max)})) as $ranks
 	| ($rows | map(select(.reg > 0)) | group_by(.r)
 		| map({key: .[0].r, value: (map(.reg) | min)}) | from_entries) as $reg
+	# the lines "published V CREATED KIND WIRE ANCHOR ENCODE_US" of the exports
+	| ($exports | split("\n") | map(select(startswith("published ")) | split(" ")
+		| {key: .[1], value: ((.[6] | tonumber) / 1000)}) | from_entries) as $encode
+	| ([range(0; $reps | length) | select($reps[.].late | not) | $anchors[.]] | add // 0)
+		as $anchor_all
 	| $st[0] as $s
 	| {ok: $ok, mode: $mode, wall_ms: $wall, link_rate_bps: $bps,
 	   link_bytes_per_s: $link,
@@ -416,6 +430,8 @@ jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
 		   peer_upload_bytes: ($tot.bytes_from_peers // 0),
 		   duplicate_bytes: ($tot.duplicate_bytes // 0),
 		   refetched_bytes: ($tot.refetched_bytes // 0),
+		   wire_bytes: (($tot.bytes_from_trainer // 0) + ($tot.bytes_from_peers // 0)),
+		   anchor_bytes: $anchor_all, encode_ms: ($encode[$v | tostring] // 0),
 		   t_published_ms: (($sv.published_ms // 0) - ($sv.created_ms // 0)),
 		   replicas: [$reps[] | select(.late == false or $v == $vmax) | . as $p
 			| ($s.activations | map(select(.replica == $p.replica and .version == $v))

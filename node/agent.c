@@ -91,6 +91,7 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		rc = node_store_open(o->store ? o->store : "auto", &a->store, err);
 	if (rc != 0)
 		goto fail;
+	node_store_keep_spare(&a->store); /* the retired version's slot makes the next one */
 	rc = trk_client_new(base, o->tracker_url, o->cluster_key ? ckey : NULL, &a->trk, err);
 	sodium_memzero(ckey, sizeof(ckey));
 	if (rc == 0 && o->tls_ca != NULL)
@@ -213,6 +214,7 @@ void node_agent_free(struct node_agent *a)
 	node_verifier_free(a->ver); /* no worker touches the fetch after this */
 	a->ver = NULL;
 	agent_fetch_free(a, f);
+	agent_delta_fini(a);
 	agent_swarm_fini(a);
 	if (a->bounce != NULL)
 		munmap(a->bounce, a->bounce_len);
@@ -221,6 +223,7 @@ void node_agent_free(struct node_agent *a)
 	node_attach_free(a->attach); /* frees the slots only requests kept */
 	if (a->active != NULL)
 		node_slot_free(&a->store, a->active);
+	node_store_close(&a->store);
 	trk_client_free(a->trk);
 	if (a->have_plan)
 		proto_plan_fini(&a->plan);

@@ -141,6 +141,7 @@ void agent_activated(struct node_agent *a, struct node_slot *old)
 	agent_swarm_keep(a, f);
 	/* Requests pinning the old slot keep it until they release it. In
 	 * place, the same slot comes back with the new version. */
+	agent_delta_activated(a); /* a standby copied from old goes first */
 	if (old == a->active) {
 		node_attach_resume(a->attach, a->active, a->active_digest);
 	} else {
@@ -196,14 +197,24 @@ bool agent_replica_backed(struct node_agent *a, json_t *statements)
 
 void agent_all_verified(struct node_agent *a)
 {
+	/* In place, a delta is applied to the served slot at activation. */
+	if (a->fetch->delta && !agent_inplace(a)) {
+		agent_delta_rebuild(a); /* agent_verified once rebuilt */
+		return;
+	}
+	if (a->fetch->delta) {
+		agent_verified(a);
+		return;
+	}
+	node_metrics_add(a->am.m, a->am.full_versions, 1);
+	agent_verified(a);
+}
+
+void agent_verified(struct node_agent *a)
+{
 	struct agent_fetch *f = a->fetch;
 	struct proto_err err;
 
-	/* In place, a delta is applied to the served slot at activation. */
-	if (f->delta && !agent_inplace(a) && agent_delta_rebuild(a) != 0)
-		return; /* refused: a->fetch is gone */
-	if (!f->delta)
-		node_metrics_add(a->am.m, a->am.full_versions, 1);
 	f->verified = true;
 	f->reported_verified = true;
 	LOG_INFO("node %s: v%" PRIu64 " verified in %" PRIu64 " ms", a->node_id, f->version,

@@ -36,6 +36,7 @@
 #include "node/agent_metrics.h"
 #include "node/attach.h"
 #include "node/fabloop.h"
+#include "node/rebuild.h"
 #include "node/serve.h"
 #include "node/store.h"
 #include "node/verifier.h"
@@ -164,6 +165,8 @@ struct agent_fetch {
 	struct event *addendum_ev; /* the next ask */
 	/* A delta version: rebuilt from the active slot (node/agent_delta.c). */
 	bool delta;
+	struct node_rebuild *rebuild; /* the copy and apply's worker (node/rebuild.h) */
+	bool from_standby;            /* it is the standby copy's */
 	uint64_t rebuild_ms;
 };
 
@@ -237,6 +240,12 @@ struct node_agent {
 	 * publisher sends an anchor next (cleared by any activation). */
 	bool need_anchor;
 	uint64_t report_seq; /* the number of the last state report sent */
+	/* The active slot's copy made ahead of the next version (agent_delta.c):
+	 * a delta against the active version starts from it, anything else
+	 * takes its slot. NULL when none; dropped at every activation. */
+	struct node_slot *standby;
+	struct node_rebuild *standby_rb;
+	struct event *standby_ev;
 
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
 	struct node_wait wait; /* what we wait for, said when it lasts */
@@ -315,6 +324,9 @@ void agent_on_sync_timer(evutil_socket_t fd, short what, void *arg);
 void agent_on_verified_report(const struct trk_answer *ans, void *arg);
 
 void agent_all_verified(struct node_agent *a);
+
+/* Every chunk verified and the slot holds the version: report it verified. */
+void agent_verified(struct node_agent *a);
 
 void agent_want_sources(struct node_agent *a, uint32_t pi);
 
@@ -411,9 +423,19 @@ void agent_inplace_fini(struct node_agent *a);
 /* A delta fetch: 0 when the active slot is its exact parent (number and
  * manifest digest), else the fetch is refused (and an anchor asked for). */
 int agent_delta_check_parent(struct node_agent *a);
-/* All delta parcels verified: copies the parent slot into the fetch's slot
- * and applies every parcel's delta, checking each piece's checksum. 0, or
- * the fetch is refused (and an anchor asked for). */
-int agent_delta_rebuild(struct node_agent *a);
+/* The fetch's slot: the standby slot when there is one (for a delta, with
+ * the active slot's copy in it or under way), else a new one, into which a
+ * delta's parent is then copied on a worker while the chunks arrive. 0, or
+ * the fetch is refused. */
+int agent_delta_slot(struct node_agent *a);
+/* A version became active: drops the standby, and arms the next one
+ * (TESSERA_DELTA_STANDBY_MS later, when no fetch has begun by then). */
+void agent_delta_activated(struct node_agent *a);
+/* Drops the standby copy and its timer (teardown). */
+void agent_delta_fini(struct node_agent *a);
+/* All delta parcels verified: the worker applies every parcel's delta once
+ * the copy is done, checking each piece's checksum; then, on the loop,
+ * agent_verified, or the fetch is refused (and an anchor asked for). */
+void agent_delta_rebuild(struct node_agent *a);
 
 #endif

@@ -136,7 +136,7 @@ void agent_swarm_serve(struct node_agent *a, struct agent_fetch *f)
 		if (n == 0 || proto_have_bytes(n) > HAVE_SLOT_MAX)
 			continue; /* too many chunks for a have-page read: not served */
 		p->head = (uint32_t)proto_have_page(n);
-		p->held_cap = p->head + ((p->mp->bytes + 4095) / 4096) * 4096;
+		p->held_cap = p->head + ((p->mp->wire_bytes + 4095) / 4096) * 4096;
 		p->held = node_serve_map(p->held_cap);
 		if (p->held == NULL ||
 		    proto_have_init(p->held, p->head, f->version, n, p->mp->src_rank,
@@ -237,7 +237,7 @@ static void offer(struct node_agent *a, struct agent_fetch *f)
 		struct agent_parcel *p = &f->parcels[i];
 		if (p->held != NULL)
 			node_serve_offer_fill(&list[k++], f->ml->layout_digest, p->mp->src_rank,
-					      p->mp->dst_rank, p->held_mr, p->head, p->mp->bytes);
+					      p->mp->dst_rank, p->held_mr, p->head, p->mp->wire_bytes);
 	}
 	*t = (struct agent_ticket){a, f->version, true};
 	if (node_serve_offer_send(a->trk, a->node_id, &f->so, a->reg_gen, 0, list, k, on_offer, t) != 0)

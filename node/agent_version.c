@@ -6,7 +6,10 @@ void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
 {
 	if (f == NULL)
 		return;
-	/* No worker may still be scattering into this fetch's slot. */
+	/* No worker may still be copying, applying or scattering into this
+	 * fetch's slot. */
+	node_rebuild_free(f->rebuild);
+	f->rebuild = NULL;
 	if (a->ver != NULL)
 		node_verifier_drain(a->ver);
 	agent_swarm_unserve(a, f);
@@ -81,10 +84,16 @@ static int setup_parcels(struct node_agent *a)
 {
 	struct agent_fetch *f = a->fetch;
 	const struct proto_mlayout *ml = f->ml;
-	struct proto_err err;
 	uint32_t mine = 0;
 
-	f->delta = f->man.kind == PROTO_KIND_DELTA;
+	/* A delta version's parcels for our layout are deltas, unless our
+	 * layout came by an addendum after it (addenda are always raw: a late
+	 * layout gets the version whole). */
+	f->delta = false;
+	for (uint32_t i = 0; i < ml->nparcels; i++)
+		if (ml->parcels[i].dst_rank == a->o.rank)
+			f->delta = f->man.kind == PROTO_KIND_DELTA &&
+				   ml->parcels[i].encoding == PROTO_ENC_DELTA;
 	if (f->delta && agent_delta_check_parent(a) != 0)
 		return -ENOENT;
 	for (uint32_t i = 0; i < ml->nparcels; i++)
@@ -132,11 +141,8 @@ static int setup_parcels(struct node_agent *a)
 		f->bytes_total += mp->wire_bytes;
 	}
 	/* In place, a delta is applied to the served slot: no second one. */
-	if (!(f->delta && agent_inplace(a)) &&
-	    node_slot_new(&a->store, f->version, a->layout.ranks[a->o.rank].nbytes, &f->slot, &err) != 0) {
-		agent_fetch_fail(a, "%s", err.msg);
+	if (!(f->delta && agent_inplace(a)) && agent_delta_slot(a) != 0)
 		return -ENOMEM;
-	}
 	agent_swarm_serve(a, f);
 	LOG_INFO("node %s: fetching v%" PRIu64 ": %u parcels, %" PRIu64 " bytes%s%s", a->node_id,
 		 f->version, f->nparcels, f->bytes_total, f->served ? ", serving them to peers" : "",

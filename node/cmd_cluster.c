@@ -556,6 +556,8 @@ static int run_version(struct cluster *c, uint64_t want_v)
 	uint64_t wire_all = 0, anchor_all = 0;
 	for (uint32_t r = 0; r < c->nreps; r++) {
 		uint64_t full = 0;
+		if (c->reps[r].late)
+			continue; /* as in wire_all */
 		for (uint32_t q = 0; q < c->reps[r].layout.nranks; q++)
 			full += c->reps[r].layout.ranks[q].nbytes;
 		anchor_all += full;

@@ -18,6 +18,7 @@ extern const struct node_store_ops node_store_cuda_ops;
 int node_store_open(const char *name, struct node_store *out, struct proto_err *err)
 {
 	memset(out, 0, sizeof(*out));
+	pthread_mutex_init(&out->mu, NULL);
 	out->device = -1;
 	out->ops = &node_store_host_ops;
 	if (strcmp(name, "host") == 0)
@@ -41,14 +42,66 @@ int node_store_open(const char *name, struct node_store *out, struct proto_err *
 	return 0;
 }
 
+static void slot_release(struct node_store *s, struct node_slot *slot)
+{
+	munmap(slot->host, slot->len ? slot->len : 1);
+	close(slot->memfd);
+	free(slot);
+}
+
+void node_store_keep_spare(struct node_store *s)
+{
+	s->keep_spare = true;
+}
+
+void node_store_close(struct node_store *s)
+{
+	pthread_mutex_lock(&s->mu);
+	struct node_slot *spare = s->spare;
+	s->spare = NULL;
+	s->keep_spare = false;
+	pthread_mutex_unlock(&s->mu);
+	if (spare != NULL)
+		slot_release(s, spare);
+}
+
+/* The spare slot if it has len bytes (attached again), else NULL. */
+static struct node_slot *take_spare(struct node_store *s, uint64_t version, size_t len)
+{
+	struct node_slot *slot = NULL, *drop = NULL;
+	struct proto_err err;
+
+	pthread_mutex_lock(&s->mu);
+	if (s->spare != NULL && s->spare->len == len)
+		slot = s->spare;
+	else
+		drop = s->spare; /* another size: the layout changed, it will not fit again */
+	s->spare = NULL;
+	pthread_mutex_unlock(&s->mu);
+	if (drop != NULL)
+		slot_release(s, drop);
+	if (slot == NULL)
+		return NULL;
+	slot->version = version;
+	if (s->ops->attach != NULL && s->ops->attach(s, slot, &err) != 0) {
+		LOG_WARN("store: cannot reuse a retired slot (%s); making a new one", err.msg);
+		slot_release(s, slot);
+		return NULL;
+	}
+	return slot;
+}
+
 int node_slot_new(struct node_store *s, uint64_t version, size_t len, struct node_slot **out,
 		  struct proto_err *err)
 {
-	struct node_slot *slot = calloc(1, sizeof(*slot));
+	struct node_slot *slot;
 	char name[64];
 	int rc;
 
-	*out = NULL;
+	*out = take_spare(s, version, len);
+	if (*out != NULL)
+		return 0;
+	slot = calloc(1, sizeof(*slot));
 	if (slot == NULL)
 		return proto_errf(err, ENOMEM, "slot: out of memory");
 	slot->version = version;
@@ -92,9 +145,13 @@ void node_slot_free(struct node_store *s, struct node_slot *slot)
 		return;
 	if (s->ops->detach)
 		s->ops->detach(s, slot);
-	munmap(slot->host, slot->len ? slot->len : 1);
-	close(slot->memfd);
-	free(slot);
+	pthread_mutex_lock(&s->mu);
+	bool keep = s->keep_spare && s->spare == NULL;
+	if (keep)
+		s->spare = slot;
+	pthread_mutex_unlock(&s->mu);
+	if (!keep)
+		slot_release(s, slot);
 }
 
 int node_slot_activate(struct node_store *s, struct node_slot *slot, struct proto_err *err)

@@ -12,6 +12,8 @@
 #define NODE_STORE_H
 
 #include <jansson.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,6 +46,14 @@ struct node_store_ops {
 struct node_store {
 	const struct node_store_ops *ops;
 	int device; /* CUDA device ordinal, -1 for host */
+	/* One freed slot kept for reuse (node_store_keep_spare): its pages
+	 * are allocated and already written, which a fresh memfd's are not
+	 * (a first write to each page costs microseconds, more in a VM), so
+	 * a node alternating between two slots never pays for new pages.
+	 * Slots are freed from the attach reaper's thread too: mu guards it. */
+	bool keep_spare;
+	struct node_slot *spare;
+	pthread_mutex_t mu;
 };
 
 /*
@@ -54,7 +64,15 @@ struct node_store {
 int node_store_open(const char *name, struct node_store *out,
 		    struct proto_err *err);
 
-/* Creates a slot of len bytes (zeroed memfd mapping). On failure *out is
+/* Keeps the next slot freed for reuse instead of unmapping it, until
+ * node_store_close. Call before any slot is freed from another thread. */
+void node_store_keep_spare(struct node_store *s);
+/* Frees the spare slot, if any. The store may be opened again. */
+void node_store_close(struct node_store *s);
+
+/* Creates a slot of len bytes: a zeroed memfd mapping, or the spare slot
+ * when it has that size (then its bytes are a retired version's: the
+ * caller writes every byte before it serves them). On failure *out is
  * NULL and nothing is left open. The caller frees with node_slot_free. */
 int node_slot_new(struct node_store *s, uint64_t version, size_t len,
 		  struct node_slot **out, struct proto_err *err);

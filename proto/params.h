@@ -124,7 +124,12 @@
 	/* Test only: the in-place install of this version number fails after \
 	 * writing half of it (0: none), so that tests can see serving stay \
 	 * blocked until a complete version is installed. */ \
-	X(TEST_INPLACE_FAIL, "TESSERA_TEST_INPLACE_FAIL", 0, "test only: fail the in-place install of this version")
+	X(TEST_INPLACE_FAIL, "TESSERA_TEST_INPLACE_FAIL", 0, "test only: fail the in-place install of this version") \
+	/* After an activation the node copies the new active slot into a \
+	 * standby slot, so that a delta against it needs only its apply; it \
+	 * waits this long first (past ATTACH_FREE_GRACE_MS, so that the \
+	 * retired slot is there to be reused). */ \
+	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

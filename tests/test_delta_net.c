@@ -1,7 +1,8 @@
 /* Delta versions in the network, end to end with the real programs on
  * loopback: a cluster of anchors and deltas ends bit-exact on every replica;
- * a corrupted parent slot, a node restarted between deltas and a publisher
- * restarted without its parent export each end in an anchor that the node
+ * a corrupted parent slot, a node restarted between deltas, a node that
+ * missed a version (a delta for another parent) and a publisher restarted
+ * without its parent export each end in an anchor that the node
  * reaches, while it keeps serving its previous version meanwhile. The
  * models are `tessera synth` outputs: RL-like steps where ~1.7 % of the
  * BF16 elements change. */
@@ -41,7 +42,9 @@ static void synth(const char *dir)
 
 /* `tessera cluster` over a synth model: anchors and deltas alternate as
  * --anchor-every says, every replica ends bit-exact on every version, and a
- * delta costs a few percent of the anchor on the wire. */
+ * delta costs a few percent of the anchor on the wire. A replica of a new
+ * layout joining while the latest version is a delta gets it whole (by a raw
+ * addendum) and ends bit-exact too. */
 static void test_delta_cluster(void **state)
 {
 	char dir[256], mdir[300], bin[512], report[512];
@@ -52,7 +55,7 @@ static void test_delta_cluster(void **state)
 	tu_bin(bin, sizeof(bin), "tessera");
 	snprintf(report, sizeof(report), "%s/report.json", dir);
 	assert_int_equal(tu_sh("%s cluster --model-dir %s --versions 6 --anchor-every 4 --replica tp2 "
-			       "--replica tp1 --report %s > %s/out 2>&1 || cat %s/out",
+			       "--replica tp1 --late-replica tp4 --report %s > %s/out 2>&1 || cat %s/out",
 			       bin, mdir, report, dir, dir),
 			 0);
 	json_t *j = tu_load_json(report);
@@ -76,6 +79,12 @@ static void test_delta_cluster(void **state)
 		json_array_foreach(json_object_get(v, "replicas"), k, r)
 			assert_true(json_is_true(json_object_get(r, "digest_ok")));
 	}
+	/* v6, a delta, reached the late tp4 replica too. */
+	json_t *last = json_object_get(json_array_get(vs, 5), "replicas");
+	assert_int_equal(json_array_size(last), 3);
+	json_t *late = json_array_get(last, 2);
+	assert_true(json_is_true(json_object_get(late, "late")));
+	assert_true(json_is_true(json_object_get(late, "activated")));
 	json_decref(j);
 	/* Bad option values are refused with a clear line. */
 	assert_int_equal(tu_sh("%s cluster --anchor-every 0 > /dev/null 2>&1", bin), 2);
@@ -157,6 +166,26 @@ static bool file_has(const char *path, const char *s)
 	if (proto_read_file(path, 64 << 20, &buf, &len, &err) != 0)
 		return false;
 	found = memmem(buf, len, s, strlen(s)) != NULL;
+	free(buf);
+	return found;
+}
+
+/* The first line of path holding s also holds t. */
+static bool line_has(const char *path, const char *s, const char *t)
+{
+	uint8_t *buf;
+	size_t len;
+	struct proto_err err;
+	bool found = false;
+
+	if (proto_read_file(path, 64 << 20, &buf, &len, &err) != 0)
+		return false;
+	const uint8_t *at = memmem(buf, len, s, strlen(s));
+	if (at != NULL) {
+		const uint8_t *end = memchr(at, '\n', len - (size_t)(at - buf));
+		size_t n = end != NULL ? (size_t)(end - at) : len - (size_t)(at - buf);
+		found = memmem(at, n, t, strlen(t)) != NULL;
+	}
 	free(buf);
 	return found;
 }
@@ -243,6 +272,7 @@ static int env_setup(void **state)
 		return 1;
 	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
 	setenv("TESSERA_LEASE_MS", "2000", 1);
+	setenv("TESSERA_LOG", "info", 1); /* the node's rebuild lines */
 	assert_non_null(tu_mkdtemp(e->dir, sizeof(e->dir)));
 	snprintf(e->sock, sizeof(e->sock), "%s/ctl.sock", e->dir);
 	snprintf(e->expose, sizeof(e->expose), "%s/expose", e->dir);
@@ -286,8 +316,23 @@ static int env_teardown(void **state)
 		tu_rmtree(e->dir);
 	unsetenv("TESSERA_CHUNK_SIZE");
 	unsetenv("TESSERA_LEASE_MS");
+	unsetenv("TESSERA_LOG");
 	free(e);
 	return 0;
+}
+
+/* The node's standby copy of its active slot is made long after the test
+ * (a stray write to the served slot after that copy cannot reach a child). */
+static int env_setup_no_standby(void **state)
+{
+	setenv("TESSERA_DELTA_STANDBY_MS", "3600000", 1);
+	return env_setup(state);
+}
+
+static int env_teardown_no_standby(void **state)
+{
+	unsetenv("TESSERA_DELTA_STANDBY_MS");
+	return env_teardown(state);
 }
 
 /* A byte of the served parent flips (as a stray write by a serving process
@@ -338,6 +383,37 @@ static void test_node_restarted(void **state)
 	check_serving(e, 4);
 }
 
+/* A node that missed a version (stopped while v3 and v4 went out) holds v2,
+ * but v4's delta is against v3: it refuses the delta with a line saying
+ * which parent it holds, keeps serving v2, asks for an anchor and reaches
+ * it; then deltas again. */
+static void test_missed_version(void **state)
+{
+	struct env *e = *state;
+
+	assert_int_equal(kill(e->node.pid, SIGSTOP), 0);
+	export_one(e, 3, "delta");
+	export_one(e, 4, "delta");
+	assert_int_equal(kill(e->node.pid, SIGCONT), 0);
+	assert_true(wait_log(e, "a delta against v3", 30000));
+	assert_true(wait_log(e, "but this node holds v2", 30000));
+	assert_int_equal(tu_replica_active(e->trk, "A"), 2);
+	check_serving(e, 2);
+	assert_true(wait_anchor_wanted(e, 30000));
+	export_one(e, 5, "anchor");
+	assert_true(tu_wait_active(e->trk, "A", 5, 60000));
+	assert_true(rank_how(e, "full"));
+	check_serving(e, 5);
+	/* Once the node copied v5 into its standby slot, v6 starts from it. */
+	assert_true(wait_log(e, "copying v5 into a standby slot", 30000));
+	export_one(e, 6, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 6, 60000));
+	assert_true(rank_how(e, "delta"));
+	assert_true(wait_log(e, "v6 rebuilt from v5 by delta", 30000));
+	assert_true(line_has(e->node.log, "v6 rebuilt from v5 by delta", "(the standby one)"));
+	check_serving(e, 6);
+}
+
 /* A publisher restarted without its parent export publishes an anchor. */
 static void test_publisher_restarted(void **state)
 {
@@ -357,8 +433,10 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_delta_cluster),
-		cmocka_unit_test_setup_teardown(test_corrupted_parent, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_corrupted_parent, env_setup_no_standby,
+						env_teardown_no_standby),
 		cmocka_unit_test_setup_teardown(test_node_restarted, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_missed_version, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_publisher_restarted, env_setup, env_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -40,6 +40,46 @@ static void test_host_slot_is_mappable(void **state)
 	node_slot_free(&s, slot);
 }
 
+/* A node keeps its last freed slot and makes the next one of that size
+ * from it (same memory, the new version); another size gets a new slot,
+ * and close frees the spare (ASan sees any leak). */
+static void test_spare_slot_is_reused(void **state)
+{
+	struct node_store s;
+	struct node_slot *a, *b, *c, *d;
+	struct proto_err err;
+
+	assert_int_equal(node_store_open("host", &s, &err), 0);
+	node_store_keep_spare(&s);
+	assert_int_equal(node_slot_new(&s, 1, 8192, &a, &err), 0);
+	assert_int_equal(node_slot_new(&s, 2, 8192, &b, &err), 0);
+	memset(a->host, 0x11, a->len);
+	uint8_t *mem = a->host;
+	node_slot_free(&s, a);
+	node_slot_free(&s, b); /* one spare at most: this one is unmapped */
+	assert_int_equal(node_slot_new(&s, 3, 8192, &c, &err), 0);
+	assert_ptr_equal(c->host, mem);
+	assert_int_equal(c->version, 3);
+	assert_int_equal(c->host[100], 0x11); /* the retired bytes: the caller overwrites */
+	assert_int_equal(node_slot_new(&s, 4, 8192, &d, &err), 0);
+	assert_ptr_not_equal(d->host, mem); /* no spare left: a new, zeroed one */
+	assert_int_equal(d->host[100], 0);
+	node_slot_free(&s, c);
+	node_slot_free(&s, d);
+	struct node_slot *e;
+	assert_int_equal(node_slot_new(&s, 5, 4096, &e, &err), 0); /* another size */
+	assert_int_equal(e->len, 4096);
+	assert_int_equal(e->host[100], 0);
+	node_slot_free(&s, e);
+	node_store_close(&s);
+	/* Without keep_spare, freeing frees. */
+	assert_int_equal(node_store_open("host", &s, &err), 0);
+	assert_int_equal(node_slot_new(&s, 6, 8192, &a, &err), 0);
+	node_slot_free(&s, a);
+	assert_null(s.spare);
+	node_store_close(&s);
+}
+
 static void test_store_names(void **state)
 {
 	struct node_store s;
@@ -99,6 +139,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_host_slot_is_mappable),
+		cmocka_unit_test(test_spare_slot_is_reused),
 		cmocka_unit_test(test_store_names),
 		cmocka_unit_test(test_fold_matches_on_host),
 		cmocka_unit_test(test_cuda_store),

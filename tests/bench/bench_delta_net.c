@@ -9,7 +9,10 @@
  * every version it prints the kind, wire bytes against anchor bytes, the
  * time from the manifest's creation to the last replica's activation
  * against the anchor's (v1 of the same run, and the median warm anchor of
- * the anchors-only run) and the encode time. Goals: a delta costs at most
+ * the anchors-only run), the encode time, and where the time went (ms, from
+ * the tracker's timeline: publish = export asked to published, fetch = to
+ * the last chunk, verify = to the last rank verified, which for a delta
+ * includes the rebuild, switch = to the last activation). Goals: a delta costs at most
  * 3 % of the anchor's wire bytes and at most 15 % of its end-to-end time.
  */
 #include <stdbool.h>
@@ -68,6 +71,41 @@ static uint64_t last_activation(json_t *v)
 	return t;
 }
 
+/* The largest field among the version's replicas' ranks (timeline). */
+static uint64_t rank_max(json_t *tl, const char *field)
+{
+	uint64_t t = 0;
+	size_t i, k;
+	json_t *r, *rk;
+	json_array_foreach(json_object_get(tl, "replicas"), i, r)
+		json_array_foreach(json_object_get(r, "ranks"), k, rk) {
+			uint64_t x = (uint64_t)json_integer_value(json_object_get(rk, field));
+			t = x > t ? x : t;
+		}
+	return t;
+}
+
+static uint64_t span(uint64_t from, uint64_t to)
+{
+	return from != 0 && to > from ? to - from : 0;
+}
+
+/* Where a version's time went, from the tracker's timeline: the publisher
+ * (export asked to published: snapshot, gather, hash, encode), the fetch
+ * (to the last rank's last chunk), verification or the delta's rebuild (to
+ * the last rank verified) and the switch (to the last activation). */
+static void breakdown(json_t *v)
+{
+	json_t *tl = json_object_get(v, "timeline");
+	uint64_t asked = (uint64_t)json_integer_value(json_object_get(tl, "export_asked_ms"));
+	uint64_t pub = (uint64_t)json_integer_value(json_object_get(tl, "published_ms"));
+	uint64_t last = rank_max(tl, "last_byte_ms"), ver = rank_max(tl, "verified_ms");
+	uint64_t act = rank_max(tl, "activated_ms");
+	printf(" %9llu %9llu %9llu %9llu", (unsigned long long)span(asked, pub),
+	       (unsigned long long)span(pub, last), (unsigned long long)span(last, ver),
+	       (unsigned long long)span(ver, act));
+}
+
 int main(int argc, char **argv)
 {
 	char mdir[1024], cmd[4096], probe[1100];
@@ -110,8 +148,9 @@ int main(int argc, char **argv)
 	printf("replicas tp2 tp2 tp1, %d MiB synth model, lr 1e-6; anchor v1 %llu ms, warm anchor "
 	       "(anchors-only run, median of v2..v%d) %llu ms\n",
 	       MODEL_MB, (unsigned long long)anchor_ms, VERSIONS, (unsigned long long)warm_ms);
-	printf("%-3s %-7s %14s %14s %9s %9s %11s %11s %10s\n", "v", "kind", "wire_bytes",
-	       "anchor_bytes", "wire/anc", "time_ms", "t/anchor", "t/warm_anc", "encode_ms");
+	printf("%-3s %-7s %14s %14s %9s %9s %11s %11s %10s %9s %9s %9s %9s\n", "v", "kind",
+	       "wire_bytes", "anchor_bytes", "wire/anc", "time_ms", "t/anchor", "t/warm_anc",
+	       "encode_ms", "publish", "fetch", "verify", "switch");
 	double worst_wire = 0, worst_t = 0, worst_tw = 0;
 	bool ok = true;
 	json_array_foreach(vs, i, v) {
@@ -122,9 +161,11 @@ int main(int argc, char **argv)
 		double w = anc ? 100.0 * (double)wire / (double)anc : 0;
 		double tr = anchor_ms ? 100.0 * (double)t / (double)anchor_ms : 0;
 		double tw = warm_ms ? 100.0 * (double)t / (double)warm_ms : 0;
-		printf("%-3zu %-7s %14llu %14llu %8.2f%% %9llu %10.1f%% %10.1f%% %10.1f\n", i + 1, kind,
+		printf("%-3zu %-7s %14llu %14llu %8.2f%% %9llu %10.1f%% %10.1f%% %10.1f", i + 1, kind,
 		       (unsigned long long)wire, (unsigned long long)anc, w, (unsigned long long)t, tr,
 		       tw, json_real_value(json_object_get(v, "encode_ms")));
+		breakdown(v);
+		printf("\n");
 		ok &= json_is_true(json_object_get(json_array_get(json_object_get(v, "replicas"), 0),
 						   "digest_ok"));
 		if (kind != NULL && strcmp(kind, "delta") == 0) {

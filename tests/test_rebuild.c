@@ -1,0 +1,166 @@
+/* node/rebuild.c: a slot copied from its parent on a worker, then the apply
+ * handed to it, its result back on the loop; stopped rebuilds call nothing. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "node/rebuild.h"
+#include "tests/testutil.h"
+
+#define LEN ((size_t)(20u << 20) + 4096 + 123) /* several copy blocks, a ragged end */
+
+struct mem {
+	int fd;
+	uint8_t *p;
+};
+
+static void mem_new(struct mem *m, uint8_t seed)
+{
+	m->fd = memfd_create("test-rebuild", MFD_CLOEXEC);
+	assert_true(m->fd >= 0);
+	assert_int_equal(ftruncate(m->fd, (off_t)LEN), 0);
+	m->p = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
+	assert_true(m->p != MAP_FAILED);
+	for (size_t i = 0; i < LEN; i++)
+		m->p[i] = (uint8_t)(i * 131 + seed + (i >> 12));
+}
+
+static void mem_free(struct mem *m)
+{
+	munmap(m->p, LEN);
+	close(m->fd);
+}
+
+struct run {
+	struct event_base *base;
+	struct mem src, dst;
+	bool copied_before_apply; /* what the apply saw */
+	int fail_with;            /* the apply's result */
+	int done_rc;
+	char done_msg[256];
+	int dones;
+	struct node_rebuild_times t;
+};
+
+static int apply(void *arg, struct proto_err *err)
+{
+	struct run *r = arg;
+
+	r->copied_before_apply = memcmp(r->dst.p, r->src.p, LEN) == 0;
+	if (r->fail_with != 0)
+		return proto_errf(err, r->fail_with, "piece 3: checksum mismatch");
+	r->dst.p[5] ^= 0xff; /* the delta's change */
+	r->dst.p[LEN - 1] ^= 0x0f;
+	return 0;
+}
+
+static void done(int rc, const struct proto_err *err, const struct node_rebuild_times *t, void *arg)
+{
+	struct run *r = arg;
+
+	r->dones++;
+	r->done_rc = rc;
+	r->t = *t;
+	snprintf(r->done_msg, sizeof(r->done_msg), "%s", rc != 0 ? err->msg : "");
+	event_base_loopbreak(r->base);
+}
+
+/* Runs the loop until done ran, or a generous bound passed (then fails). */
+static void wait_done(struct run *r)
+{
+	struct timeval bound = {120, 0};
+	event_base_loopexit(r->base, &bound);
+	event_base_dispatch(r->base);
+	assert_int_equal(r->dones, 1);
+}
+
+static void run_once(bool by_kernel, int fail_with)
+{
+	struct run r = {.fail_with = fail_with};
+	struct node_rebuild *rb;
+	struct proto_err err;
+
+	r.base = event_base_new();
+	assert_non_null(r.base);
+	mem_new(&r.src, 1);
+	mem_new(&r.dst, 2);
+	assert_int_equal(node_rebuild_start(r.base, r.dst.p, by_kernel ? r.dst.fd : -1, r.src.p,
+					    by_kernel ? r.src.fd : -1, LEN, &rb, &err),
+			 0);
+	node_rebuild_apply(rb, apply, &r, done, &r);
+	wait_done(&r);
+	assert_true(r.copied_before_apply);
+	assert_int_equal(r.done_rc, fail_with != 0 ? -fail_with : 0);
+	if (fail_with != 0) {
+		assert_non_null(strstr(r.done_msg, "checksum mismatch"));
+	} else {
+		assert_int_equal(r.dst.p[5], r.src.p[5] ^ 0xff);
+		assert_int_equal(r.dst.p[LEN - 1], r.src.p[LEN - 1] ^ 0x0f);
+		assert_memory_equal(r.dst.p + 6, r.src.p + 6, LEN - 7);
+	}
+	node_rebuild_free(rb);
+	mem_free(&r.src);
+	mem_free(&r.dst);
+	event_base_free(r.base);
+}
+
+static void test_copy_then_apply_by_kernel(void **state)
+{
+	run_once(true, 0);
+}
+
+static void test_copy_then_apply_by_memcpy(void **state)
+{
+	run_once(false, 0);
+}
+
+static void test_apply_failure_reaches_the_loop(void **state)
+{
+	run_once(true, EBADMSG);
+}
+
+/* Freed while copying, or with its result not yet seen by the loop: done is
+ * never called, and nothing is left running (ASan/LSan would say). */
+static void test_free_stops_it(void **state)
+{
+	struct run r = {0};
+	struct node_rebuild *rb;
+	struct proto_err err;
+
+	r.base = event_base_new();
+	mem_new(&r.src, 1);
+	mem_new(&r.dst, 2);
+	assert_int_equal(node_rebuild_start(r.base, r.dst.p, -1, r.src.p, -1, LEN, &rb, &err), 0);
+	node_rebuild_free(rb); /* mid-copy, or before the apply was asked */
+	assert_int_equal(node_rebuild_start(r.base, r.dst.p, r.dst.fd, r.src.p, r.src.fd, LEN, &rb,
+					    &err),
+			 0);
+	node_rebuild_apply(rb, apply, &r, done, &r);
+	node_rebuild_free(rb); /* the apply may have finished: its result is dropped */
+	struct timeval none = {0, 200000};
+	event_base_loopexit(r.base, &none);
+	event_base_dispatch(r.base);
+	assert_int_equal(r.dones, 0);
+	mem_free(&r.src);
+	mem_free(&r.dst);
+	event_base_free(r.base);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_copy_then_apply_by_kernel),
+		cmocka_unit_test(test_copy_then_apply_by_memcpy),
+		cmocka_unit_test(test_apply_failure_reaches_the_loop),
+		cmocka_unit_test(test_free_stops_it),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
