@@ -1234,10 +1234,18 @@ static void test_layout_by_digest(void **state)
 
 /* ---- leases ------------------------------------------------------------------------- */
 
+/* A lease ten heartbeat periods long: a heartbeat late by a loaded
+ * machine's scheduling never loses it, and a node that stops still expires
+ * within seconds. */
+#define SHORT_LEASE_MS 2000
+#define SHORT_LEASE_BEAT_MS 200
+
 static int setup_short_lease(void **state)
 {
+	char ms[16];
 	int rc;
-	setenv("TESSERA_LEASE_MS", "500", 1);
+	snprintf(ms, sizeof(ms), "%d", SHORT_LEASE_MS);
+	setenv("TESSERA_LEASE_MS", ms, 1);
 	rc = fx_setup(state, false);
 	unsetenv("TESSERA_LEASE_MS");
 	return rc;
@@ -1256,10 +1264,10 @@ static void test_lease_expiry(void **state)
 	report_ok(f, "A/1", 1, "verified");
 	snprintf(hb, sizeof(hb), "{\"id\":\"%s\"}", f->pub_id);
 	/* Heartbeats keep both alive past one lease. */
-	for (int i = 0; i < 4; i++) {
-		msleep(200);
+	for (int i = 0; i <= SHORT_LEASE_MS / SHORT_LEASE_BEAT_MS; i++) {
+		msleep(SHORT_LEASE_BEAT_MS);
 		assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"A/1\"}", &r), 200);
-		assert_int_equal(jget_u64(r.json, "lease_ms"), 500);
+		assert_int_equal(jget_u64(r.json, "lease_ms"), SHORT_LEASE_MS);
 		trk_reply_fini(&r);
 		assert_int_equal(post(f, TRK_API "/heartbeat", hb, &r), 200);
 		trk_reply_fini(&r);
@@ -1291,7 +1299,7 @@ static void test_lease_expiry(void **state)
 	trk_reply_fini(&r);
 
 	/* Now let everything expire. */
-	msleep(700);
+	msleep(SHORT_LEASE_MS + SHORT_LEASE_MS / 2);
 	assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"A/1\"}", &r), 404);
 	trk_reply_fini(&r);
 	assert_int_equal(post(f, TRK_API "/heartbeat", hb, &r), 404);
