@@ -672,10 +672,13 @@ int main(int argc, char **argv)
 	       "load average %.1f\n",
 	       pr.window_s > 0 ? 100 * gen_cpu / pr.window_s : 0,
 	       served > 0 ? 1e6 * gen_cpu / (served * pr.window_s) : 0, ncpu, pr.load1);
+	/* None answered in the window is no evidence of speed. */
 	printf("heartbeats: %zu, p50 %.2f ms, p99 %.2f ms (goal p99 < 20 ms: %s)\n", b.hb.n,
-	       pct_ms(&b.hb, 0.5), pct_ms(&b.hb, 0.99), pct_ms(&b.hb, 0.99) < 20 ? "met" : "MISSED");
+	       pct_ms(&b.hb, 0.5), pct_ms(&b.hb, 0.99),
+	       b.hb.n == 0 ? "MISSED, none answered" : pct_ms(&b.hb, 0.99) < 20 ? "met" : "MISSED");
 	printf("sources: %zu, p50 %.2f ms, p99 %.2f ms (goal p99 < 20 ms: %s)\n", b.src.n,
-	       pct_ms(&b.src, 0.5), pct_ms(&b.src, 0.99), pct_ms(&b.src, 0.99) < 20 ? "met" : "MISSED");
+	       pct_ms(&b.src, 0.5), pct_ms(&b.src, 0.99),
+	       b.src.n == 0 ? "MISSED, none answered" : pct_ms(&b.src, 0.99) < 20 ? "met" : "MISSED");
 	printf("watches: %" PRIu64 " answered, %" PRIu64 " open at the end; versions published: %" PRIu64 "\n",
 	       b.watch_answers, watching, b.version);
 	printf("leases lost (heartbeat answered 404, node registered again): %u\n", b.expired);
