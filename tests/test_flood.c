@@ -226,33 +226,26 @@ static void find_addrs(struct env *e, char *node_hex, char *pub_hex, size_t cap)
 static void test_tagged_flood_node_and_publisher(void **state)
 {
 	struct env *e = *state;
-	char bin[512], log[600], model[600], expose[600], key[600], pub[600], buf[600];
-	char node_hex[2100], pub_hex[2100], state_dir[600];
+	char bin[512], log[600], node_hex[2100], pub_hex[2100], state_dir[600];
 	long n0, p0, n1, p1, n2, p2;
-	struct proto_model m;
+	struct tu_run_files f;
 	struct proto_err err;
 
 	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
 	snprintf(state_dir, sizeof(state_dir), "%s/state", e->dir);
-	snprintf(e->sock, sizeof(e->sock), "%s/ctl.sock", e->dir);
-	snprintf(model, sizeof(model), "%s/model.json", e->dir);
-	snprintf(expose, sizeof(expose), "%s/expose", e->dir);
-	snprintf(key, sizeof(key), "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
-	snprintf(pub, sizeof(pub), "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
-	mkdir(expose, 0755);
-	assert_int_equal(proto_fixture_model(4 << 20, &m, &err), 0);
-	tu_write_model(&m, model);
-	proto_model_fini(&m);
+	tu_run_files(&f, e->dir);
+	snprintf(e->sock, sizeof(e->sock), "%s", f.sock);
 
-	tu_start_tracker(&e->tracker, e->dir, state_dir, pub, e->url, sizeof(e->url));
+	tu_start_tracker(&e->tracker, e->dir, state_dir, f.pub, e->url, sizeof(e->url));
 	assert_int_equal(trk_client_new(NULL, e->url, NULL, &e->trk, &err), 0);
 	trk_client_set_timeout(e->trk, 30000);
 	tu_bin(bin, sizeof(bin), "tessera");
 	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
-	char *pargv[] = {bin, "publish", "--tracker", e->url, "--key", key, "--synthetic-mb", "4",
+	char *pargv[] = {bin, "publish", "--tracker", e->url, "--key", f.key, "--synthetic-mb", "4",
 			 "--seed", "7", "--layout", "fsdp2", "--control", e->sock, NULL};
 	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", pargv, log), 0);
-	tu_start_node(&e->node, e->dir, e->url, "A", "0", "tp1", model, pub, expose, NULL, "node");
+	tu_start_node(&e->node, e->dir, e->url, "A", "0", "tp1", f.model, f.pub, f.expose, NULL,
+		      "node");
 
 	tu_control_export(e->sock, 1);
 	assert_true(tu_wait_active(e->trk, "A", 1, 60000));

@@ -225,35 +225,37 @@ static void test_tls_client(void **state)
 	assert_null(c);
 }
 
-/* The tracker's refusals of bad TLS options: one line, non-zero status. */
-static void test_tls_tracker_options(void **state)
+/* Runs tessera-tracker with args (on a fresh state dir n): wants status
+ * and one line of stderr holding want. */
+static void tracker_refuses(struct env *e, int n, const char *args, int status,
+			    const char *want)
 {
-	struct env *e = *state;
 	char bin[512], out[600];
 
 	tu_bin(bin, sizeof(bin), "tessera-tracker");
 	snprintf(out, sizeof(out), "%s/opt.err", e->dir);
-	assert_int_equal(tu_sh("%s --listen 127.0.0.1:0 --state %s/s1 --tls-cert %s 2> %s", bin,
-			       e->dir, e->cert, out),
-			 2);
-	assert_int_equal(tu_sh("grep -q 'go together' %s && test $(wc -l < %s) = 1", out, out), 0);
+	assert_int_equal(tu_sh("%s --listen 127.0.0.1:0 --state %s/s%d %s 2> %s", bin, e->dir, n,
+			       args, out),
+			 status);
+	assert_int_equal(tu_sh("grep -q -- '%s' %s && test $(wc -l < %s) = 1", want, out, out), 0);
+}
+
+/* The tracker's refusals of bad TLS options: one line, non-zero status. */
+static void test_tls_tracker_options(void **state)
+{
+	struct env *e = *state;
+	char args[2000];
+
+	snprintf(args, sizeof(args), "--tls-cert %s", e->cert);
+	tracker_refuses(e, 1, args, 2, "go together");
 	/* A key that is not the certificate's. */
-	assert_int_equal(tu_sh("%s --listen 127.0.0.1:0 --state %s/s2 --tls-cert %s --tls-key %s "
-			       "2> %s",
-			       bin, e->dir, e->cert, e->wrong_key, out),
-			 1);
-	assert_int_equal(tu_sh("grep -q 'does not match' %s && test $(wc -l < %s) = 1", out, out), 0);
-	/* Files that are not PEM. */
-	assert_int_equal(tu_sh("%s --listen 127.0.0.1:0 --state %s/s3 --tls-cert %s/openssl.log "
-			       "--tls-key %s 2> %s",
-			       bin, e->dir, e->dir, e->key, out),
-			 1);
-	assert_int_equal(tu_sh("grep -q -- '--tls-cert' %s && test $(wc -l < %s) = 1", out, out), 0);
-	assert_int_equal(tu_sh("%s --listen 127.0.0.1:0 --state %s/s4 --tls-cert %s "
-			       "--tls-key %s/missing 2> %s",
-			       bin, e->dir, e->cert, e->dir, out),
-			 1);
-	assert_int_equal(tu_sh("grep -q -- '--tls-key' %s && test $(wc -l < %s) = 1", out, out), 0);
+	snprintf(args, sizeof(args), "--tls-cert %s --tls-key %s", e->cert, e->wrong_key);
+	tracker_refuses(e, 2, args, 1, "does not match");
+	/* Files that are not PEM, or not there. */
+	snprintf(args, sizeof(args), "--tls-cert %s/openssl.log --tls-key %s", e->dir, e->key);
+	tracker_refuses(e, 3, args, 1, "--tls-cert");
+	snprintf(args, sizeof(args), "--tls-cert %s --tls-key %s/missing", e->cert, e->dir);
+	tracker_refuses(e, 4, args, 1, "--tls-key");
 }
 
 /* A publisher and a node through an https:// tracker: v1 goes active;
@@ -261,39 +263,30 @@ static void test_tls_tracker_options(void **state)
 static void test_tls_cluster(void **state)
 {
 	struct env *e = *state;
-	char bin[512], log[600], sock[600], model[600], expose[600], key[600], pub[600];
-	char buf[600], line[300];
-	struct proto_model m;
+	char bin[512], log[600], buf[600], line[300];
+	struct tu_run_files f;
 	struct proto_err err;
 
 	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
 	start_tls_tracker(e, &e->tracker, "tracker", e->cert, e->key, true, e->url,
 			  sizeof(e->url));
-	snprintf(sock, sizeof(sock), "%s/ctl.sock", e->dir);
-	snprintf(model, sizeof(model), "%s/model.json", e->dir);
-	snprintf(expose, sizeof(expose), "%s/expose", e->dir);
-	snprintf(key, sizeof(key), "%s", tu_data(buf, sizeof(buf), "test-trainer.key"));
-	snprintf(pub, sizeof(pub), "%s", tu_data(buf, sizeof(buf), "test-trainer.pub"));
-	mkdir(expose, 0755);
-	assert_int_equal(proto_fixture_model(4 << 20, &m, &err), 0);
-	tu_write_model(&m, model);
-	proto_model_fini(&m);
+	tu_run_files(&f, e->dir);
 
 	tu_bin(bin, sizeof(bin), "tessera");
 	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
-	char *pargv[] = {bin, "publish", "--tracker", e->url, "--tls-ca", e->ca, "--key", key,
+	char *pargv[] = {bin, "publish", "--tracker", e->url, "--tls-ca", e->ca, "--key", f.key,
 			 "--cluster-key", e->ckey, "--synthetic-mb", "4", "--seed", "7",
-			 "--layout", "fsdp2", "--control", sock, NULL};
+			 "--layout", "fsdp2", "--control", f.sock, NULL};
 	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", pargv, log), 0);
 
 	tu_bin(bin, sizeof(bin), "tessera-node");
 	snprintf(log, sizeof(log), "%s/node.log", e->dir);
 	char *nargv[] = {bin, "--tracker", e->url, "--tls-ca", e->ca, "--cluster-key", e->ckey,
-			 "--replica", "A", "--rank", "0", "--layout", "tp1", "--model", model,
-			 "--trainer-pubkey", pub, "--expose", expose, "--store", "host", NULL};
+			 "--replica", "A", "--rank", "0", "--layout", "tp1", "--model", f.model,
+			 "--trainer-pubkey", f.pub, "--expose", f.expose, "--store", "host", NULL};
 	assert_int_equal(node_proc_spawn(&e->node, "node", nargv, log), 0);
 
-	tu_control(sock, "export\n", line, sizeof(line));
+	tu_control(f.sock, "export\n", line, sizeof(line));
 	assert_int_equal(strncmp(line, "published 1 ", 12), 0);
 	assert_int_equal(trk_client_new(NULL, e->url, NULL, &e->trk, &err), 0);
 	assert_int_equal(trk_client_set_tls_ca(e->trk, e->ca, &err), 0);
@@ -307,7 +300,7 @@ static void test_tls_cluster(void **state)
 			       e->ca, e->dir),
 			 0);
 	snprintf(buf, sizeof(buf), "%s/model2.json", e->dir);
-	json_t *want = tu_load_json(model), *got = tu_load_json(buf);
+	json_t *want = tu_load_json(f.model), *got = tu_load_json(buf);
 	assert_true(want != NULL && got != NULL && json_equal(want, got));
 	json_decref(want);
 	json_decref(got);
@@ -323,7 +316,7 @@ static void test_tls_cluster(void **state)
 	assert_int_not_equal(tu_sh("%s --tracker http://127.0.0.1:1 --tls-ca %s --replica B "
 				   "--rank 0 --layout tp1 --model %s --trainer-pubkey %s --store host "
 				   "--metrics off 2> %s/node2.err",
-				   bin, e->ca, model, pub, e->dir),
+				   bin, e->ca, f.model, f.pub, e->dir),
 			     0);
 	assert_int_equal(tu_sh("grep -q 'not https://' %s/node2.err", e->dir), 0);
 	unsetenv("TESSERA_CHUNK_SIZE");

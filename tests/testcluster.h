@@ -9,10 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "node/proc.h"
+#include "proto/fixture.h"
 #include "proto/proto.h"
 #include "tests/testutil.h"
 #include "tracker/tracker.h"
@@ -159,6 +161,28 @@ static inline bool tu_wait_active(struct trk_client *trk, const char *name, uint
 		usleep(50000);
 	}
 	return false;
+}
+
+/* The files of a one-replica run in dir: the publisher's control socket,
+ * the model spec of a 4 MiB fixture model (written), the expose directory
+ * (made) and the trainer key pair of tests/data. */
+struct tu_run_files {
+	char sock[512], model[512], expose[512], key[512], pub[512];
+};
+
+static inline void tu_run_files(struct tu_run_files *f, const char *dir)
+{
+	struct proto_model m;
+	struct proto_err err;
+
+	snprintf(f->sock, sizeof(f->sock), "%s/ctl.sock", dir);
+	snprintf(f->model, sizeof(f->model), "%s/model.json", dir);
+	snprintf(f->expose, sizeof(f->expose), "%s/expose", dir);
+	tu_trainer_keys(f->key, sizeof(f->key), f->pub, sizeof(f->pub));
+	mkdir(f->expose, 0755);
+	assert_int_equal(proto_fixture_model(4 << 20, &m, &err), 0);
+	tu_write_model(&m, f->model);
+	proto_model_fini(&m);
 }
 
 #endif
