@@ -185,8 +185,9 @@ run-bench-tracker: $(BUILD)/bench/bench_tracker $(BINS)
 	TESSERA_BIN=$(abspath $(BUILD)/bin) $(BUILD)/bench/bench_tracker $(BENCH_TRACKER_ARGS)
 
 # The pause a serving probe sees at activation (tests/bench/bench_activate.c);
-# BENCH_ACTIVATE_ARGS="MODEL_MIB SWITCHES" (default 128 MiB, 100 switches).
-BENCH_ACTIVATE_ARGS ?= 128 100
+# BENCH_ACTIVATE_ARGS="MODEL_MIB SWITCHES INPLACE_MIB" (default 128 MiB, 100
+# switches, then in-place installs of a 1 % delta of a 1024 MiB model).
+BENCH_ACTIVATE_ARGS ?= 128 100 1024
 $(BUILD)/bench/bench_activate: $(BUILD)/rel/tests/bench/bench_activate.o $(rel_LIBS) \
 		$(BUILD)/lib/libtessera-client.a
 	@mkdir -p $(dir $@)

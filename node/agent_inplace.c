@@ -11,8 +11,9 @@
  *      still pinning it then are disconnected (their requests fail rather
  *      than read a mix of versions);
  *   3. the version is written into the served slot: a delta's changes only
- *      (proto_dparcel_apply, every piece's checksum verified), an anchor by
- *      a copy from its staging slot;
+ *      (proto_dparcel_apply_sums: O(changes), every piece's child checksum
+ *      verified; the parent's checksums were read before step 1, while the
+ *      slot still served), an anchor by a copy from its staging slot;
  *   4. admission resumes: clients are sent the new version, waiting acquires
  *      get it.
  * A failure while writing (a piece whose checksum does not verify) leaves
@@ -24,9 +25,51 @@
 
 #include "proto/delta.h"
 
+/* What a delta's install prepares before pausing: per parcel, its pieces
+ * and the served slot's checksums of them (the parent's). */
+struct agent_inplace_prep {
+	struct proto_dparcel dp;
+	uint64_t *sums;
+};
+
 bool agent_inplace(const struct node_agent *a)
 {
 	return a->o.install_inplace && a->active != NULL;
+}
+
+static void prep_free(struct node_agent *a)
+{
+	for (uint32_t i = 0; i < a->inplace_nprep; i++) {
+		proto_dparcel_fini(&a->inplace_prep[i].dp);
+		free(a->inplace_prep[i].sums);
+	}
+	free(a->inplace_prep);
+	a->inplace_prep = NULL;
+	a->inplace_nprep = 0;
+}
+
+/* Reads the parent's checksums of every delta parcel from the served slot
+ * (it serves on meanwhile: nothing writes it). */
+static int prep(struct node_agent *a, struct agent_fetch *f, struct proto_err *err)
+{
+	prep_free(a);
+	if (!f->delta)
+		return 0;
+	a->inplace_prep = calloc(f->nparcels + 1, sizeof(*a->inplace_prep));
+	if (a->inplace_prep == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	for (uint32_t i = 0; i < f->nparcels; i++) {
+		struct agent_inplace_prep *pr = &a->inplace_prep[i];
+		int rc = proto_dparcel_build(&a->model, f->plan, f->parcels[i].pp, &a->layout, &pr->dp,
+					     err);
+		if (rc != 0)
+			return rc;
+		a->inplace_nprep = i + 1;
+		if ((pr->sums = malloc(((size_t)pr->dp.npieces + 1) * sizeof(uint64_t))) == NULL)
+			return proto_errf(err, ENOMEM, "out of memory");
+		proto_dparcel_sums(&pr->dp, a->active->host, pr->sums);
+	}
+	return 0;
 }
 
 /* Writes f into the served slot s; 0, or an error in err (s then holds a
@@ -46,18 +89,17 @@ static int write_version(struct node_agent *a, struct agent_fetch *f, struct nod
 		memcpy(s->host, f->slot->host, len);
 		return 0;
 	}
+	if (a->inplace_nprep != f->nparcels)
+		return proto_errf(err, EINVAL, "the delta's parcels were not prepared");
 	for (uint32_t i = 0; i < f->nparcels; i++) {
 		struct agent_parcel *p = &f->parcels[i];
-		struct proto_dparcel dp;
+		struct agent_inplace_prep *pr = &a->inplace_prep[i];
 		int rc;
 		if (fail_v == f->version && i >= f->nparcels / 2 && i > 0)
 			return proto_errf(err, EIO, "TESSERA_TEST_INPLACE_FAIL: stopped after %u of %u parcels",
 					  i, f->nparcels);
-		rc = proto_dparcel_build(&a->model, f->plan, p->pp, &a->layout, &dp, err);
-		if (rc == 0) {
-			rc = proto_dparcel_apply(&dp, p->wire, p->mp->wire_bytes, s->host, threads, err);
-			proto_dparcel_fini(&dp);
-		}
+		rc = proto_dparcel_apply_sums(&pr->dp, p->wire, p->mp->wire_bytes, s->host, pr->sums,
+					      threads, err);
 		if (rc != 0)
 			return rc;
 		free(p->wire);
@@ -77,6 +119,7 @@ static void install(struct node_agent *a)
 	a->installing = false;
 	event_del(a->inplace_ev);
 	if (f == NULL || f->version != a->inplace_version || !f->verified) {
+		prep_free(a);
 		/* The version went away before anything was written. */
 		LOG_INFO("node %s: v%" PRIu64 " no longer installed in place; serving goes on",
 			 a->node_id, a->inplace_version);
@@ -85,6 +128,7 @@ static void install(struct node_agent *a)
 		return;
 	}
 	rc = write_version(a, f, s, &err);
+	prep_free(a);
 	if (rc == 0) {
 		s->version = f->version;
 		if (f->slot != NULL) {
@@ -142,10 +186,17 @@ void agent_inplace_start(struct node_agent *a)
 {
 	struct agent_fetch *f = a->fetch;
 
+	struct proto_err err = {{0}};
+
 	if (a->installing)
 		return;
 	if (a->inplace_ev == NULL && (a->inplace_ev = evtimer_new(a->base, on_drain_bound, a)) == NULL) {
 		agent_fetch_fail(a, "in-place install: out of memory");
+		return;
+	}
+	if (prep(a, f, &err) != 0) {
+		prep_free(a);
+		agent_fetch_fail(a, "in-place install of v%" PRIu64 ": %s", f->version, err.msg);
 		return;
 	}
 	a->installing = true;
@@ -167,6 +218,7 @@ void agent_inplace_start(struct node_agent *a)
 
 void agent_inplace_fini(struct node_agent *a)
 {
+	prep_free(a);
 	if (a->inplace_ev != NULL)
 		event_free(a->inplace_ev);
 	a->inplace_ev = NULL;

@@ -231,6 +231,8 @@ struct node_agent {
 	struct event *inplace_ev;
 	bool installing;
 	uint64_t inplace_version, inplace_t0_ns;
+	struct agent_inplace_prep *inplace_prep; /* a delta's, until it is written */
+	uint32_t inplace_nprep;
 	bool inplace_broken;
 
 	/* Verified parent links: the last manifest we accepted. */

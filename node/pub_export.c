@@ -787,6 +787,9 @@ static void ex_gathered(struct node_pub *p)
 		ex_fail(p, -rc, "%s", err.msg);
 		return;
 	}
+	/* The added layouts' canary scores: their version is published already. */
+	if (ex->addendum && (ex->canary = node__pub_canary_json(ex)) != NULL)
+		node__pub_canary_post(p, ex);
 	/* Parts of ranks hosted elsewhere were only needed for their hashes. */
 	for (size_t i = 0; i < ex->pv->nparts; i++)
 		if (!ex->pv->parts[i].hosted)

@@ -13,9 +13,10 @@
  *   x_j, u_r  odd multiples of 1/32 in (-1, 1) from a hash of (t, j) and
  *             (t, r); u_r * x_j is exact in FP32;
  *   g(w)      the element as FP32 (bf16, fp16, fp8, fp32, fp64 rounded,
- *             integers and bool converted), 0 when not finite, then
- *             w / (1 + |w|): bounded, so random bit patterns cannot make
- *             the score infinite, and monotone, so a changed value moves it;
+ *             integers and bool converted), clamped to +-2^30 (NaN to
+ *             -2^30): bounded, so random bit patterns cannot overflow the
+ *             fixed point, and the identity on any real weight, so a changed
+ *             value moves the score (weights beyond 2^30 all read the same);
  *   term      each product (u_r * x_j) * g(w) is rounded once to FP32 and
  *             then accumulated exactly in 32.32 fixed point (truncated to
  *             a multiple of 2^-32), in a wrapping 64-bit sum.
@@ -28,8 +29,10 @@
  *
  * It is a check of the live weights, not an integrity hash (that is the
  * manifest's job): a change to an element moves the score unless the
- * change is below what the fixed point resolves (about 2^-32 of a weight
- * near 0, more for huge weights, which g squashes near +-1).
+ * change is below what the fixed point resolves (2^-32 absolute; for large
+ * weights the FP32 product's 24-bit precision). Cost: about one pass of
+ * scalar FP32 work per element (a few ns; the publisher pays it per
+ * gathered parcel, a probe per read of its rank).
  */
 #ifndef PROTO_CANARY_H
 #define PROTO_CANARY_H

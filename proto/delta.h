@@ -309,5 +309,14 @@ int proto_dparcel_encode(const struct proto_dparcel *d, const uint8_t *parent,
  * is as it was and err says why in one line. */
 int proto_dparcel_apply(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
 			uint8_t *block, unsigned threads, struct proto_err *err);
+/* The same in two steps, for an in-place install: proto_dparcel_sums reads
+ * the parent's checksums (one per piece, d->npieces) from the block ahead,
+ * while it still serves; proto_dparcel_apply_sums then patches the block in
+ * O(changes). The block must still hold the bytes the sums were taken from:
+ * a parent damaged in between is not refused here (the canary sees it). */
+void proto_dparcel_sums(const struct proto_dparcel *d, const uint8_t *block, uint64_t *sums);
+int proto_dparcel_apply_sums(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
+			     uint8_t *block, const uint64_t *sums, unsigned threads,
+			     struct proto_err *err);
 
 #endif

@@ -122,11 +122,19 @@ int proto_dparcel_encode(const struct proto_dparcel *d, const uint8_t *parent,
 	return rc;
 }
 
-int proto_dparcel_apply(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
-			uint8_t *block, unsigned threads, struct proto_err *err)
+void proto_dparcel_sums(const struct proto_dparcel *d, const uint8_t *block, uint64_t *sums)
+{
+	for (uint32_t i = 0; i < d->npieces; i++) {
+		const struct proto_dpiece *pp = &d->pieces[i];
+		sums[i] = proto_wsum(pp->elsize, block + pp->dst_off, pp->len / pp->elsize);
+	}
+}
+
+int proto_dparcel_apply_sums(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
+			     uint8_t *block, const uint64_t *sums, unsigned threads,
+			     struct proto_err *err)
 {
 	struct proto_delta dl;
-	uint64_t *sums = NULL;
 	uint8_t **bufs = NULL;
 	int rc;
 
@@ -138,9 +146,8 @@ int proto_dparcel_apply(const struct proto_dparcel *d, const uint8_t *delta, siz
 				d->npieces);
 		goto out;
 	}
-	sums = malloc(((size_t)d->npieces + 1) * sizeof(*sums));
 	bufs = malloc(((size_t)d->npieces + 1) * sizeof(*bufs));
-	if (sums == NULL || bufs == NULL) {
+	if (bufs == NULL) {
 		rc = proto_errf(err, ENOMEM, "delta apply: out of memory");
 		goto out;
 	}
@@ -152,15 +159,27 @@ int proto_dparcel_apply(const struct proto_dparcel *d, const uint8_t *delta, siz
 			goto out;
 		}
 		bufs[i] = block + pp->dst_off;
-		/* The parent's checksums come from the bytes the child is built
-		 * on, so a damaged parent is refused, not patched. */
-		sums[i] = proto_wsum(pp->elsize, bufs[i], pp->len / pp->elsize);
 	}
 	struct proto_delta_parent par = {no_header, 0, d->npieces, sums};
 	rc = proto_delta_apply(&dl, &par, bufs, threads, err);
 out:
-	free(sums);
 	free(bufs);
 	proto_delta_fini(&dl);
+	return rc;
+}
+
+int proto_dparcel_apply(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
+			uint8_t *block, unsigned threads, struct proto_err *err)
+{
+	uint64_t *sums = malloc(((size_t)d->npieces + 1) * sizeof(*sums));
+	int rc;
+
+	if (sums == NULL)
+		return proto_errf(err, ENOMEM, "delta apply: out of memory");
+	/* The parent's checksums come from the bytes the child is built on,
+	 * so a damaged parent is refused, not patched. */
+	proto_dparcel_sums(d, block, sums);
+	rc = proto_dparcel_apply_sums(d, delta, len, block, sums, threads, err);
+	free(sums);
 	return rc;
 }

@@ -160,9 +160,13 @@ static void test_every_dtype(void **state)
 			assert_true(proto_canary_elems((enum proto_dtype)dt, 0, 16, 0, 64, buf) != s);
 		}
 	}
-	/* All-NaN fp32 counts as zero weights: score 0. */
-	float nan[4] = {NAN, NAN, INFINITY, -INFINITY};
-	assert_true(proto_canary_elems(PROTO_DT_FP32, 0, 2, 0, 4, (const uint8_t *)nan) == 0);
+	/* NaN and infinities are clamped: finite, the same on every call, and
+	 * +inf differs from -inf. */
+	float nan[4] = {NAN, NAN, INFINITY, -INFINITY}, flip[4] = {NAN, NAN, -INFINITY, -INFINITY};
+	uint64_t a = proto_canary_elems(PROTO_DT_FP32, 0, 2, 0, 4, (const uint8_t *)nan);
+	assert_true(isfinite(proto_canary_value(a)));
+	assert_true(a == proto_canary_elems(PROTO_DT_FP32, 0, 2, 0, 4, (const uint8_t *)nan));
+	assert_true(a != proto_canary_elems(PROTO_DT_FP32, 0, 2, 0, 4, (const uint8_t *)flip));
 }
 
 int main(void)

@@ -14,8 +14,21 @@
  * notification, mapping the new memory). The switch also reports how long
  * until the probe first runs on the new version.
  *
+ * Then the in-place install (tessera-node --install in-place) of a 1 %
+ * delta of an INPLACE_MIB model (default 1024), as node/agent_inplace.c does
+ * it on its loop: admission paused, the pins drained (the probe's request in
+ * flight ends), the delta parcel applied into the served memory
+ * (proto_dparcel_apply_sums: the parent's checksums read before the pause,
+ * the changes patched and every piece's child checksum checked), admission
+ * resumed.
+ * Its pause is the probe's gap around the install, against a memcpy of that
+ * model in the same run; installs alternate between two deltas (forward,
+ * back).
+ *
  * usage: bench_activate [MODEL_MIB (default 128)] [SWITCHES (default 100)]
- * Goal (issue 11): p99 pause <= 1 ms. Not a test: it prints figures.
+ *                       [INPLACE_MIB (default 1024; 0: skip)]
+ * Goals (issue 11): p99 pause <= 1 ms double-buffered; in place, <= 50 ms
+ * for a 1 % delta of 1 GiB. Not a test: it prints figures.
  */
 #include <errno.h>
 #include <event2/event.h>
@@ -29,6 +42,7 @@
 
 #include "node/attach.h"
 #include "node/client/tessera_client.h"
+#include "proto/delta.h"
 #include "proto/proto.h"
 
 #define PROBE_MAX (1u << 22) /* acquires recorded */
@@ -152,17 +166,242 @@ static struct node_slot *build(struct bench *b, uint64_t v)
 	return s;
 }
 
+/* ---- in place -------------------------------------------------------------------- */
+
+struct ip_job {
+	struct bench *b;
+	const struct proto_dparcel *dp;
+	const uint64_t *sums; /* the parent's, read before the pause */
+	const uint8_t *enc;
+	size_t len;
+	uint64_t version;
+	uint64_t t_pause, t_drained, t_resume;
+	int rc;
+	struct proto_err err;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int done;
+};
+
+static void ip_drained(void *arg)
+{
+	struct ip_job *j = arg;
+	struct bench *b = j->b;
+	unsigned threads = (unsigned)PROTO_MAX(proto_param(PROTO_PARAM_VERIFY_THREADS), 1);
+
+	j->t_drained = proto_now_ns();
+	j->rc = proto_dparcel_apply_sums(j->dp, j->enc, j->len, b->active->host, j->sums, threads,
+					 &j->err);
+	if (j->rc == 0) {
+		b->active->version = j->version;
+		node_attach_resume(b->at, b->active, b->digest);
+	}
+	j->t_resume = proto_now_ns();
+	pthread_mutex_lock(&j->mu);
+	j->done = 1;
+	pthread_cond_signal(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+}
+
+static void ip_start(evutil_socket_t fd, short what, void *arg)
+{
+	struct ip_job *j = arg;
+
+	j->t_pause = proto_now_ns();
+	if (node_attach_pause(j->b->at, j->version, ip_drained, j) != 0) {
+		fprintf(stderr, "bench_activate: pause failed\n");
+		exit(1);
+	}
+}
+
+#define INSTALLS 6
+
+/* The in-place phase: its own attach server, slot and probe. */
+static void run_inplace(uint64_t mib)
+{
+	struct bench b = {0};
+	struct proto_model m;
+	struct proto_layout l;
+	struct proto_plan plan;
+	struct proto_dparcel dp;
+	struct proto_err err = {{0}};
+	pthread_t loop, probe;
+	char dir[] = "/tmp/tessera-bench-inplace-XXXXXX", cerr[256];
+	uint64_t shape[2] = {mib * 512, 1024}; /* bf16: 1024 elements a row, 2 KiB */
+
+	proto_model_init(&m);
+	if (mkdtemp(dir) == NULL || proto_model_add(&m, "w", PROTO_DT_BF16, 2, shape, &err) != 0 ||
+	    proto_model_finish(&m, &err) != 0 || proto_layout_builtin(&m, "tp1", &l, &err) != 0 ||
+	    proto_plan_build(&m, &l, &l, &plan, &err) != 0 || plan.nparcels != 1 ||
+	    proto_dparcel_build(&m, &plan, &plan.parcels[0], &l, &dp, &err) != 0) {
+		fprintf(stderr, "bench_activate: in-place setup: %s\n", err.msg);
+		exit(1);
+	}
+	size_t n = l.ranks[0].nbytes;
+	b.rank = l.ranks[0];
+	b.t_ns = calloc(PROBE_MAX, sizeof(*b.t_ns));
+	b.ver = calloc(PROBE_MAX, sizeof(*b.ver));
+	snprintf(b.sock, sizeof(b.sock), "%s/A-0.sock", dir);
+	if (b.t_ns == NULL || b.ver == NULL || node_store_open("host", &b.store, &err) != 0 ||
+	    (b.base = event_base_new()) == NULL) {
+		fprintf(stderr, "bench_activate: setup failed\n");
+		exit(1);
+	}
+	/* Version 1: bf16 values near +-1; the next changes 1 % of the
+	 * elements (at random, by 1 to 3 ulp), as an RL step does. */
+	if (node_slot_new(&b.store, 1, n, &b.active, &err) != 0) {
+		fprintf(stderr, "bench_activate: slot: %s\n", err.msg);
+		exit(1);
+	}
+	uint16_t *w = (uint16_t *)b.active->host;
+	uint64_t x = 88172645463325252ull;
+	for (size_t i = 0; i < n / 2; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		w[i] = (uint16_t)((0x3c00 + (x & 0x3ff)) | ((x >> 20 & 1) << 15));
+	}
+	uint8_t *v1 = malloc(n), *v2 = malloc(n), *fwd = NULL, *back = NULL;
+	size_t fwd_len = 0, back_len = 0;
+	if (v1 == NULL || v2 == NULL) {
+		fprintf(stderr, "bench_activate: out of memory\n");
+		exit(1);
+	}
+	memcpy(v1, b.active->host, n);
+	memcpy(v2, v1, n);
+	for (size_t i = 0; i < n / 2; i++) { /* 1 % of the elements, at random */
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		if (x % 100 == 0)
+			((uint16_t *)v2)[i] += (uint16_t)(1 + (x >> 40) % 3);
+	}
+	struct proto_delta_opts o = {.threads = 2};
+	if (proto_dparcel_encode(&dp, v1, v2, &o, &fwd, &fwd_len, NULL, &err) != 0 ||
+	    proto_dparcel_encode(&dp, v2, v1, &o, &back, &back_len, NULL, &err) != 0) {
+		fprintf(stderr, "bench_activate: encode: %s\n", err.msg);
+		exit(1);
+	}
+	free(v2);
+
+	/* The bound: one memcpy of this model, best of 3. */
+	uint64_t memcpy_ns = UINT64_MAX;
+	for (int i = 0; i < 3; i++) {
+		uint64_t t0 = proto_now_ns();
+		memcpy(v1, b.active->host, n);
+		__asm__ volatile("" : : "r"(v1) : "memory");
+		memcpy_ns = PROTO_MIN(memcpy_ns, proto_now_ns() - t0);
+	}
+	free(v1);
+
+	struct node_attach_info ai = {"A", 0, &b.rank, b.digest, &b.store};
+	if (node_attach_new(b.base, b.sock, &ai, &b.at, &err) != 0) {
+		fprintf(stderr, "bench_activate: %s\n", err.msg);
+		exit(1);
+	}
+	node_attach_activate(b.at, b.active, b.digest);
+	pthread_create(&loop, NULL, loop_main, &b);
+	if (tessera_attach(b.sock, "A", 0, 30000, &b.c, cerr, sizeof(cerr)) != 0 ||
+	    tessera_wait_version(b.c, 1, 30000) != 0) {
+		fprintf(stderr, "bench_activate: attach: %s\n", cerr);
+		exit(1);
+	}
+	pthread_create(&probe, NULL, probe_main, &b);
+	uint64_t install_ns[INSTALLS], write_ns[INSTALLS], drain_ns[INSTALLS];
+	uint64_t *sums = malloc(((size_t)dp.npieces + 1) * sizeof(*sums));
+	if (sums == NULL) {
+		fprintf(stderr, "bench_activate: out of memory\n");
+		exit(1);
+	}
+	for (int k = 0; k < INSTALLS; k++) {
+		struct ip_job j = {.b = &b, .dp = &dp, .enc = k % 2 ? back : fwd,
+				   .len = k % 2 ? back_len : fwd_len, .version = (uint64_t)k + 2,
+				   .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+		struct timeval now = {0, 0};
+		proto_dparcel_sums(&dp, b.active->host, sums); /* before the pause, as the node */
+		j.sums = sums;
+		usleep(20000); /* the probe runs steadily on the old version */
+		if (event_base_once(b.base, -1, EV_TIMEOUT, ip_start, &j, &now) != 0) {
+			fprintf(stderr, "bench_activate: event_base_once failed\n");
+			exit(1);
+		}
+		pthread_mutex_lock(&j.mu);
+		while (!j.done)
+			pthread_cond_wait(&j.cv, &j.mu);
+		pthread_mutex_unlock(&j.mu);
+		if (j.rc != 0) {
+			fprintf(stderr, "bench_activate: in-place apply: %s\n", j.err.msg);
+			exit(1);
+		}
+		install_ns[k] = j.t_resume - j.t_pause;
+		write_ns[k] = j.t_resume - j.t_drained;
+		drain_ns[k] = j.t_drained - j.t_pause;
+		for (int wt = 0; wt < 100000; wt++) {
+			size_t i = atomic_load(&b.n);
+			if (i > 0 && b.ver[i - 1] >= (uint64_t)k + 2)
+				break;
+			usleep(100);
+		}
+	}
+	usleep(20000);
+	atomic_store(&b.stop, true);
+	pthread_join(probe, NULL);
+
+	/* The probe's gap around each install: its pause. */
+	uint64_t pause[INSTALLS];
+	size_t got = 0, cnt = atomic_load(&b.n);
+	for (size_t i = 1; i < cnt && got < INSTALLS; i++)
+		if (b.ver[i] != b.ver[i - 1] && b.ver[i] >= 2)
+			pause[got++] = b.t_ns[i] - b.t_ns[i - 1];
+	if (got == 0) {
+		fprintf(stderr, "bench_activate: the probe saw no in-place install\n");
+		exit(1);
+	}
+	qsort(pause, got, sizeof(*pause), cmp_u64);
+	qsort(install_ns, INSTALLS, sizeof(*install_ns), cmp_u64);
+	qsort(write_ns, INSTALLS, sizeof(*write_ns), cmp_u64);
+	qsort(drain_ns, INSTALLS, sizeof(*drain_ns), cmp_u64);
+	double mc = (double)memcpy_ns / 1e6, p50 = (double)pause[got / 2] / 1e6,
+	       pmax = (double)pause[got - 1] / 1e6;
+	printf("bench_activate: in place, a 1 %% delta (%zu and %zu wire bytes) of a %llu MiB model, "
+	       "%d installs, %llu apply threads\n",
+	       fwd_len, back_len, (unsigned long long)mib, INSTALLS,
+	       (unsigned long long)PROTO_MAX(proto_param(PROTO_PARAM_VERIFY_THREADS), 1));
+	printf("  memcpy of the model (bound, same run): %.2f ms (%.2f GB/s)\n", mc,
+	       (double)n / (double)memcpy_ns);
+	printf("  in-place pause the probe saw: p50 %.2f ms, max %.2f ms (p50 = %.3f x memcpy; "
+	       "goal <= 50 ms: %s)\n",
+	       p50, pmax, p50 / mc, p50 <= 50.0 ? "met" : "NOT met");
+	printf("  install (pause -> resume) p50 %.2f ms: drain %.3f ms, write %.2f ms\n",
+	       (double)install_ns[INSTALLS / 2] / 1e6, (double)drain_ns[INSTALLS / 2] / 1e6,
+	       (double)write_ns[INSTALLS / 2] / 1e6);
+
+	tessera_detach(b.c);
+	event_base_loopbreak(b.base);
+	pthread_join(loop, NULL);
+	node_attach_free(b.at);
+	node_slot_free(&b.store, b.active);
+	event_base_free(b.base);
+	rmdir(dir);
+	free(fwd);
+	free(back);
+	free(sums);
+	free(b.t_ns);
+	free(b.ver);
+	proto_dparcel_fini(&dp);
+	proto_plan_fini(&plan);
+	proto_layout_fini(&l);
+	proto_model_fini(&m);
+}
+
 int main(int argc, char **argv)
 {
 	uint64_t mib = argc > 1 ? strtoull(argv[1], NULL, 10) : 128;
 	uint64_t switches = argc > 2 ? strtoull(argv[2], NULL, 10) : 100;
+	uint64_t inplace_mib = argc > 3 ? strtoull(argv[3], NULL, 10) : 1024;
 	struct bench b = {0};
 	struct proto_err err;
 	pthread_t loop, probe;
 	char dir[] = "/tmp/tessera-bench-activate-XXXXXX", cerr[256];
 
-	if (mib == 0 || switches == 0 || mib > (1u << 20)) {
-		fprintf(stderr, "usage: bench_activate [MODEL_MIB] [SWITCHES]\n");
+	if (mib == 0 || switches == 0 || mib > (1u << 20) || inplace_mib > (1u << 20)) {
+		fprintf(stderr, "usage: bench_activate [MODEL_MIB] [SWITCHES] [INPLACE_MIB]\n");
 		return 2;
 	}
 	evthread_use_pthreads();
@@ -284,5 +523,7 @@ int main(int argc, char **argv)
 	free(steady);
 	free(b.t_ns);
 	free(b.ver);
+	if (inplace_mib > 0)
+		run_inplace(inplace_mib);
 	return 0;
 }
