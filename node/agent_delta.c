@@ -140,8 +140,8 @@ int agent_delta_slot(struct node_agent *a)
  * parcels' manifest entries and wire bytes, the slot). */
 static int apply_all(void *arg, struct proto_err *err)
 {
-	struct node_agent *a = arg;
-	struct agent_fetch *f = a->fetch;
+	struct agent_fetch *f = arg; /* not a->fetch: the loop may clear that before the join */
+	const struct node_agent *a = f->rebuild_agent;
 	unsigned threads = (unsigned)PROTO_MAX(proto_param(PROTO_PARAM_VERIFY_THREADS), 1);
 
 	for (uint32_t i = 0; i < f->nparcels; i++) {
@@ -203,5 +203,6 @@ void agent_delta_rebuild(struct node_agent *a)
 		return;
 	}
 	f->rebuild_ms = agent_now_ms();
-	node_rebuild_apply(f->rebuild, apply_all, a, rebuilt, a);
+	f->rebuild_agent = a;
+	node_rebuild_apply(f->rebuild, apply_all, f, rebuilt, a);
 }

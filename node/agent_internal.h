@@ -167,6 +167,7 @@ struct agent_fetch {
 	bool delta;
 	struct node_rebuild *rebuild; /* the copy and apply's worker (node/rebuild.h) */
 	bool from_standby;            /* it is the standby copy's */
+	const struct node_agent *rebuild_agent; /* what the apply reads (model, layout) */
 	uint64_t rebuild_ms;
 };
 
