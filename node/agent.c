@@ -212,6 +212,7 @@ void node_agent_free(struct node_agent *a)
 	a->ver = NULL;
 	agent_fetch_free(a, f);
 	agent_swarm_fini(a);
+	agent_xl_fini(a);
 	if (a->bounce != NULL)
 		munmap(a->bounce, a->bounce_len);
 	free(a->reads);

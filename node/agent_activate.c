@@ -127,6 +127,7 @@ void agent_activate(struct node_agent *a)
 	a->fetch = NULL;
 	a->gen++;
 	agent_swarm_keep(a, f);
+	agent_xl_serve(a, old);
 	/* Requests pinning the old slot keep it until they release it. */
 	node_attach_activate(a->attach, a->active, a->active_digest);
 	node_attach_retire(a->attach, &a->store, old);

@@ -390,8 +390,9 @@ static int start_request(struct trk_client *c, const char *method,
 	if (path_query[0] != '/' || strlen(path_query) > PATH_MAX_LEN)
 		return -EINVAL;
 	/* Reads that hand out memory keys are signed too (tracker.h). */
-	sign = c->have_key && (post || strncmp(path_query, TRK_API "/sources",
-					       strlen(TRK_API "/sources")) == 0);
+	sign = c->have_key && (post ||
+			       strncmp(path_query, TRK_API "/sources", strlen(TRK_API "/sources")) == 0 ||
+			       strncmp(path_query, TRK_API "/holders", strlen(TRK_API "/holders")) == 0);
 	if (sign) {
 		uint8_t nonce[8];
 		char nhex[17];
@@ -777,10 +778,16 @@ int trk_client_offer_timed(struct trk_client *c, const char *id, uint64_t versio
 			   uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
 			   trk_client_cb cb, void *arg)
 {
-	json_t *arr = json_array();
+	json_t *arr = json_array(), *slot = NULL;
 
 	for (size_t i = 0; arr != NULL && i < n; i++) {
 		const struct trk_offer *o = &parcels[i];
+		if (o->slot) {
+			json_decref(slot);
+			slot = json_pack("{s:o,s:o,s:I}", "addr", u64s(o->addr), "key", u64s(o->key),
+					 "len", (json_int_t)o->len);
+			continue;
+		}
 		if (json_array_append_new(
 			    arr, json_pack("{s:o,s:I,s:I,s:o,s:o,s:I}", "layout",
 					   hexj(o->layout, PROTO_HASH_BYTES), "src_rank",
@@ -791,10 +798,17 @@ int trk_client_offer_timed(struct trk_client *c, const char *id, uint64_t versio
 			arr = NULL;
 		}
 	}
-	if (arr == NULL)
+	if (arr == NULL) {
+		json_decref(slot);
 		return -ENOMEM;
+	}
 	json_t *o = json_pack("{s:s,s:I,s:o}", "id", id, "version", (json_int_t)version, "parcels",
 			      arr);
+	if (o != NULL && slot != NULL && json_object_set(o, "slot", slot) != 0) {
+		json_decref(o);
+		o = NULL;
+	}
+	json_decref(slot);
 	if (o != NULL && snapshot_ms != 0 &&
 	    json_object_set_new(o, "snapshot_ms", json_integer((json_int_t)snapshot_ms)) != 0) {
 		json_decref(o);
@@ -813,6 +827,17 @@ int trk_client_sources(struct trk_client *c, uint64_t version,
 	snprintf(path, sizeof(path),
 		 TRK_API "/sources?version=%llu&layout=%s&src_rank=%u&dst_rank=%u",
 		 (unsigned long long)version, hex, src_rank, dst_rank);
+	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
+}
+
+int trk_client_holders(struct trk_client *c, uint64_t version,
+		       const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg)
+{
+	char path[256], hex[2 * PROTO_HASH_BYTES + 1];
+
+	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
+	snprintf(path, sizeof(path), TRK_API "/holders?version=%llu&layout=%s",
+		 (unsigned long long)version, hex);
 	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
 }
 

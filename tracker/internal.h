@@ -267,6 +267,9 @@ struct trk_offer_set {
 	uint64_t version;
 	size_t n;
 	struct trk_offer *o;
+	/* A node's whole rank memory holding the version complete, for
+	 * cross-layout readers (holders.c); len 0: none offered. */
+	struct trk_offer slot;
 };
 
 struct trk_offers {
@@ -525,6 +528,15 @@ void trk__handle_node_state(struct trk_call *c);
 void trk__offers_clear(struct trk_offers *o);
 void trk__handle_offers(struct trk_call *c);
 void trk__handle_sources(struct trk_call *c);
+/* One /sources entry (new reference; NULL on ENOMEM). */
+json_t *trk__source_json(bool peer, const char *id, const char *host, const char *provider,
+			 const char *addr, const struct trk_offer *o);
+/* The slot a holder offers for version v (NULL: none). */
+const struct trk_offer *trk__offers_slot(const struct trk_offers *o, uint64_t v);
+
+/* ---- holders.c ---- */
+
+void trk__handle_holders(struct trk_call *c);
 
 /* ---- registry_json.c: the registry's JSON views ---- */
 

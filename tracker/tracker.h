@@ -308,6 +308,11 @@ struct trk_offer {
 	uint32_t src_rank, dst_rank;
 	uint64_t addr, key; /* remote address and key of the registered memory */
 	uint64_t len;       /* the parcel's wire bytes */
+	/* Not a parcel: the holder's whole rank memory (its layout's bytes for
+	 * dst_rank), which holds the version complete, for readers of other
+	 * layouts (GET /holders). One per offer at most, sent as "slot";
+	 * src_rank and layout are not sent. */
+	bool slot;
 };
 /* POST /offers: replaces id's offers for version (n == 0 withdraws them). */
 int trk_client_offer(struct trk_client *c, const char *id, uint64_t version,
@@ -322,6 +327,11 @@ int trk_client_offer_timed(struct trk_client *c, const char *id, uint64_t versio
 int trk_client_sources(struct trk_client *c, uint64_t version,
 		       const uint8_t layout[PROTO_HASH_BYTES], uint32_t src_rank,
 		       uint32_t dst_rank, trk_client_cb cb, void *arg);
+/* GET /holders?version=&layout=: complete replicas of other layouts that
+ * offer their ranks' memory for the version (each holder's "sources", in
+ * rank order, parse with trk_sources_parse). */
+int trk_client_holders(struct trk_client *c, uint64_t version,
+		       const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg);
 /* GET /layouts, /replicas/R, /status. */
 int trk_client_layouts(struct trk_client *c, trk_client_cb cb, void *arg);
 int trk_client_replica(struct trk_client *c, const char *replica,
