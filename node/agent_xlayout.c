@@ -55,6 +55,7 @@
 struct xl_layout {
 	uint8_t digest[PROTO_HASH_BYTES];
 	int state; /* 0: to read from /layouts, 1: ready, -1: unusable */
+	bool asked; /* a /layouts request went out since it was added */
 	struct proto_layout l;
 	struct proto_xmap map;
 };
@@ -354,8 +355,11 @@ static void on_holders(const struct trk_answer *ans, void *arg)
 	bool want = false;
 	for (uint32_t k = 0; k < x->nlays; k++)
 		want |= x->lays[k].state == 0;
-	if (want && !x->lays_pending && trk_client_layouts(a->trk, on_layouts, a) == 0)
+	if (want && !x->lays_pending && trk_client_layouts(a->trk, on_layouts, a) == 0) {
 		x->lays_pending = true;
+		for (uint32_t k = 0; k < x->nlays; k++)
+			x->lays[k].asked |= x->lays[k].state == 0;
+	}
 	agent_pump(a);
 }
 
@@ -404,8 +408,7 @@ static void on_layouts(const struct trk_answer *ans, void *arg)
 	size_t i;
 
 	x->lays_pending = false;
-	if (ans->status != 200 || !json_is_array(list = json_object_get(ans->json, "layouts")))
-		return;
+	list = ans->status == 200 ? json_object_get(ans->json, "layouts") : NULL;
 	json_array_foreach(list, i, e) {
 		const char *hex = json_string_value(json_object_get(e, "digest"));
 		uint8_t d[PROTO_HASH_BYTES];
@@ -415,6 +418,10 @@ static void on_layouts(const struct trk_answer *ans, void *arg)
 			if (x->lays[k].state == 0 && memcmp(x->lays[k].digest, d, PROTO_HASH_BYTES) == 0)
 				layout_ready(a, &x->lays[k], json_object_get(e, "layout"));
 	}
+	/* Asked and not answered: not waited for again (never used). */
+	for (uint32_t k = 0; k < x->nlays; k++)
+		if (x->lays[k].state == 0 && x->lays[k].asked)
+			x->lays[k].state = -1;
 	agent_pump(a);
 }
 
@@ -582,8 +589,13 @@ int agent_xl_post(struct node_agent *a, uint32_t pi, uint32_t hint)
 			x->rr = (x->rr + k + 1) % XL_HOLDERS_MAX;
 		}
 	}
-	if (!any)
+	if (!any) {
+		/* A holder whose layout is being read: wait for it, not the trainer. */
+		for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++)
+			if (x->hs[k].used && x->hs[k].listed && x->lays[x->hs[k].lay].state == 0)
+				return -1;
 		return 0;
+	}
 	for (uint32_t i = 0; i < XL_STAGES; i++) {
 		live += x->reads[i].busy && !x->reads[i].rd->abandoned;
 		if (!x->reads[i].busy && xr == NULL)
