@@ -111,16 +111,8 @@ int proto_xmap_pieces(const struct proto_xmap *x, const struct proto_plan *p,
 		return -ERANGE;
 	if (len == 0)
 		return 0;
-	/* The run holding off (runs are in payload order). */
-	uint64_t lo = pc->run0, hi = pc->run0 + pc->nruns, sg = pc->seg0;
-	while (hi - lo > 1) {
-		uint64_t mid = lo + (hi - lo) / 2;
-		if (p->runs[mid].pay_off <= off)
-			lo = mid;
-		else
-			hi = mid;
-	}
-	for (uint64_t r = lo; off < end && r < pc->run0 + pc->nruns; r++) {
+	uint64_t sg = pc->seg0;
+	for (uint64_t r = proto_parcel_run_at(p, pc, off); off < end && r < pc->run0 + pc->nruns; r++) {
 		const struct proto_run *run = &p->runs[r];
 		while (sg + 1 < pc->seg0 + pc->nsegs && p->segs[sg + 1].run0 <= r)
 			sg++;

@@ -50,7 +50,6 @@ void trk__handle_holders(struct trk_call *c)
 	struct proto_err err = {{0}};
 	uint64_t version = 0;
 	uint8_t layout[PROTO_HASH_BYTES];
-	const char *lhex = trk__query_str(c, "layout");
 	json_t *list = json_array();
 	bool oom = false;
 
@@ -62,14 +61,8 @@ void trk__handle_holders(struct trk_call *c)
 		trk__fail(c, 400, "%s", err.msg);
 		goto out;
 	}
-	if (lhex == NULL || proto_parse_hex(lhex, layout, sizeof(layout)) != 0) {
-		trk__fail(c, 400, "layout: want %d hex digits", 2 * PROTO_HASH_BYTES);
+	if (trk__query_layout_known(c, version, layout) != 0)
 		goto out;
-	}
-	if (trk__versions_find(c->s->vs, version) == NULL) {
-		trk__fail(c, 404, "version %llu is unknown", (unsigned long long)version);
-		goto out;
-	}
 	/* The asker's own layout is left out: its peers there are its
 	 * parcels' swarm (GET /sources). */
 	for (struct trk_replica *rep = r->reps; rep != NULL && !oom; rep = rep->next) {
@@ -83,14 +76,7 @@ void trk__handle_holders(struct trk_call *c)
 		trk__fail(c, 500, "out of memory");
 		goto out;
 	}
-	/* Spread the readers: holders in random order. */
-	for (size_t i = json_array_size(list); i > 1; i--) {
-		size_t j = randombytes_uniform((uint32_t)i);
-		json_t *a = json_incref(json_array_get(list, i - 1));
-		json_t *b = json_incref(json_array_get(list, j));
-		json_array_set_new(list, i - 1, b);
-		json_array_set_new(list, j, a);
-	}
+	trk__json_shuffle(list); /* spread the readers: holders in random order */
 	trk__reply_json(c, 200, json_pack("{s:O}", "holders", list));
 out:
 	json_decref(list);

@@ -247,13 +247,39 @@ json_t *trk__source_json(bool peer, const char *id, const char *host,
 			 "key", k, "len", (json_int_t)o->len);
 }
 
+int trk__query_layout_known(struct trk_call *c, uint64_t version,
+			    uint8_t layout[PROTO_HASH_BYTES])
+{
+	const char *lhex = trk__query_str(c, "layout");
+
+	if (lhex == NULL || proto_parse_hex(lhex, layout, PROTO_HASH_BYTES) != 0) {
+		trk__fail(c, 400, "layout: want %d hex digits", 2 * PROTO_HASH_BYTES);
+		return -EINVAL;
+	}
+	if (trk__versions_find(c->s->vs, version) == NULL) {
+		trk__fail(c, 404, "version %llu is unknown", (unsigned long long)version);
+		return -ENOENT;
+	}
+	return 0;
+}
+
+void trk__json_shuffle(json_t *a)
+{
+	for (size_t i = json_array_size(a); i > 1; i--) {
+		size_t j = randombytes_uniform((uint32_t)i);
+		json_t *x = json_incref(json_array_get(a, i - 1));
+		json_t *y = json_incref(json_array_get(a, j));
+		json_array_set_new(a, i - 1, y);
+		json_array_set_new(a, j, x);
+	}
+}
+
 void trk__handle_sources(struct trk_call *c)
 {
 	struct trk_registry *r = c->s->reg;
 	struct proto_err err = {{0}};
 	uint64_t version = 0, src = 0, dst = 0;
 	uint8_t layout[PROTO_HASH_BYTES];
-	const char *lhex = trk__query_str(c, "layout");
 	json_t *peers = json_array(), *pubs = json_array(), *members = json_array();
 
 	if (peers == NULL || pubs == NULL || members == NULL) {
@@ -266,14 +292,8 @@ void trk__handle_sources(struct trk_call *c)
 		trk__fail(c, 400, "%s", err.msg);
 		goto out;
 	}
-	if (lhex == NULL || proto_parse_hex(lhex, layout, sizeof(layout)) != 0) {
-		trk__fail(c, 400, "layout: want %d hex digits", 2 * PROTO_HASH_BYTES);
+	if (trk__query_layout_known(c, version, layout) != 0)
 		goto out;
-	}
-	if (trk__versions_find(c->s->vs, version) == NULL) {
-		trk__fail(c, 404, "version %llu is unknown", (unsigned long long)version);
-		goto out;
-	}
 	/* A node offers only parcels of its own layout and rank, so the only
 	 * candidates are rank dst of the replicas with that layout: the
 	 * parcel's swarm ("members", offered or not yet). A node
@@ -296,14 +316,7 @@ void trk__handle_sources(struct trk_call *c)
 							     n->addr, o)) != 0)
 			goto oom;
 	}
-	/* Spread the swarm: peers in random order. */
-	for (size_t i = json_array_size(peers); i > 1; i--) {
-		size_t j = randombytes_uniform((uint32_t)i);
-		json_t *a = json_incref(json_array_get(peers, i - 1));
-		json_t *b = json_incref(json_array_get(peers, j));
-		json_array_set_new(peers, i - 1, b);
-		json_array_set_new(peers, j, a);
-	}
+	trk__json_shuffle(peers); /* spread the swarm: peers in random order */
 	for (struct trk_publisher *p = r->pubs; p; p = p->next) {
 		const struct trk_offer *o;
 		if (!p->alive)
