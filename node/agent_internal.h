@@ -415,8 +415,9 @@ void agent_xl_tick(struct node_agent *a);
 /* The switch made a->active the served slot (old is retired): offer it to
  * readers of other layouts instead of old. */
 void agent_xl_serve(struct node_agent *a, struct node_slot *old);
-/* The slot entry to add to an offer of f (true: *o filled). */
-bool agent_xl_offer_slot(struct node_agent *a, const struct agent_fetch *f, struct trk_offer *o);
+/* Our slot to offer with f's parcels (for readers of other layouts), or
+ * NULL; valid until the next call. */
+const struct trk_offer *agent_xl_offer_slot(struct node_agent *a, const struct agent_fetch *f);
 /* Frees what the module holds; after fab_close. */
 void agent_xl_fini(struct node_agent *a);
 

@@ -116,6 +116,7 @@ struct agent_xl {
 	struct fab_mr *slot_mr;
 	const struct node_slot *slot;
 	bool slot_in_offer; /* the last offer built for it carried it */
+	struct trk_offer slot_offer;
 	/* Test only (TESSERA_TEST_CORRUPT_SERVE): a damaged copy served instead. */
 	uint8_t *liar;
 	size_t liar_len;
@@ -171,19 +172,19 @@ void agent_xl_serve(struct node_agent *a, struct node_slot *old)
 	a->kept->so.offered = false; /* offered again, with the slot */
 }
 
-bool agent_xl_offer_slot(struct node_agent *a, const struct agent_fetch *f, struct trk_offer *o)
+const struct trk_offer *agent_xl_offer_slot(struct node_agent *a, const struct agent_fetch *f)
 {
 	struct agent_xl *x = a->xl;
 	struct fab_rkey rk;
 
 	if (x == NULL || x->slot_mr == NULL || f != a->kept || x->slot->version != f->version)
-		return false;
+		return NULL;
 	fab_mr_rkey(x->slot_mr, &rk);
-	*o = (struct trk_offer){.dst_rank = a->o.rank, .addr = rk.addr, .key = rk.key,
-				.len = a->layout.ranks[a->o.rank].nbytes, .slot = true};
-	memcpy(o->layout, a->layout.digest, PROTO_HASH_BYTES);
+	x->slot_offer = (struct trk_offer){.dst_rank = a->o.rank, .addr = rk.addr, .key = rk.key,
+					   .len = a->layout.ranks[a->o.rank].nbytes};
+	memcpy(x->slot_offer.layout, a->layout.digest, PROTO_HASH_BYTES);
 	x->slot_in_offer = true;
-	return true;
+	return &x->slot_offer;
 }
 
 /* ---- holders ------------------------------------------------------------------ */
@@ -623,6 +624,10 @@ int agent_xl_post(struct node_agent *a, uint32_t pi, uint32_t hint)
 				return -1;
 		return 0;
 	}
+	/* The swarm's endgame (a chunk already out, asked again): not from
+	 * the trainer while holders deliver; a silent one's reads move. */
+	if (hint < p->mp->nchunks && p->state[hint] == 1)
+		return -1;
 	for (uint32_t i = 0; i < XL_STAGES; i++) {
 		live += x->reads[i].busy && !x->reads[i].rd->abandoned;
 		if (!x->reads[i].busy && xr == NULL)

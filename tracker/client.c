@@ -680,15 +680,22 @@ int trk_client_post_addendum(struct trk_client *c, const uint8_t *addendum, size
 				  addendum, len, 0, cb, arg);
 }
 
-int trk_client_get_addendum(struct trk_client *c, uint64_t version,
-			    const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg)
+/* GET TRK_API what?version=V&layout=HEX. */
+static int get_version_layout(struct trk_client *c, const char *what, uint64_t version,
+			      const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg)
 {
 	char path[200], hex[2 * PROTO_HASH_BYTES + 1];
 
 	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
-	snprintf(path, sizeof(path), TRK_API "/addenda?version=%llu&layout=%s",
+	snprintf(path, sizeof(path), TRK_API "%s?version=%llu&layout=%s", what,
 		 (unsigned long long)version, hex);
 	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
+}
+
+int trk_client_get_addendum(struct trk_client *c, uint64_t version,
+			    const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg)
+{
+	return get_version_layout(c, "/addenda", version, layout, cb, arg);
 }
 
 int trk_client_leave(struct trk_client *c, const char *id, trk_client_cb cb, void *arg)
@@ -778,16 +785,23 @@ int trk_client_offer_timed(struct trk_client *c, const char *id, uint64_t versio
 			   uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
 			   trk_client_cb cb, void *arg)
 {
+	return trk_client_offer_slot(c, id, version, snapshot_ms, parcels, n, NULL, cb, arg);
+}
+
+int trk_client_offer_slot(struct trk_client *c, const char *id, uint64_t version,
+			  uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
+			  const struct trk_offer *so, trk_client_cb cb, void *arg)
+{
 	json_t *arr = json_array(), *slot = NULL;
 
+	if (so != NULL &&
+	    (slot = json_pack("{s:o,s:o,s:I}", "addr", u64s(so->addr), "key", u64s(so->key), "len",
+			      (json_int_t)so->len)) == NULL) {
+		json_decref(arr);
+		return -ENOMEM;
+	}
 	for (size_t i = 0; arr != NULL && i < n; i++) {
 		const struct trk_offer *o = &parcels[i];
-		if (o->slot) {
-			json_decref(slot);
-			slot = json_pack("{s:o,s:o,s:I}", "addr", u64s(o->addr), "key", u64s(o->key),
-					 "len", (json_int_t)o->len);
-			continue;
-		}
 		if (json_array_append_new(
 			    arr, json_pack("{s:o,s:I,s:I,s:o,s:o,s:I}", "layout",
 					   hexj(o->layout, PROTO_HASH_BYTES), "src_rank",
@@ -833,12 +847,7 @@ int trk_client_sources(struct trk_client *c, uint64_t version,
 int trk_client_holders(struct trk_client *c, uint64_t version,
 		       const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg)
 {
-	char path[256], hex[2 * PROTO_HASH_BYTES + 1];
-
-	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
-	snprintf(path, sizeof(path), TRK_API "/holders?version=%llu&layout=%s",
-		 (unsigned long long)version, hex);
-	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
+	return get_version_layout(c, "/holders", version, layout, cb, arg);
 }
 
 int trk_client_layouts(struct trk_client *c, trk_client_cb cb, void *arg)

@@ -138,7 +138,6 @@ static int parse_slot(json_t *js, const struct trk_node *n, struct trk_offer *ou
 				  (unsigned long long)n->layout->l.ranks[n->rank].nbytes);
 	memcpy(out->layout, n->layout->digest, PROTO_HASH_BYTES);
 	out->dst_rank = n->rank;
-	out->slot = true;
 	return 0;
 }
 

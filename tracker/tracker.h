@@ -308,11 +308,6 @@ struct trk_offer {
 	uint32_t src_rank, dst_rank;
 	uint64_t addr, key; /* remote address and key of the registered memory */
 	uint64_t len;       /* the parcel's wire bytes */
-	/* Not a parcel: the holder's whole rank memory (its layout's bytes for
-	 * dst_rank), which holds the version complete, for readers of other
-	 * layouts (GET /holders). One per offer at most, sent as "slot";
-	 * src_rank and layout are not sent. */
-	bool slot;
 };
 /* POST /offers: replaces id's offers for version (n == 0 withdraws them). */
 int trk_client_offer(struct trk_client *c, const char *id, uint64_t version,
@@ -323,6 +318,12 @@ int trk_client_offer(struct trk_client *c, const char *id, uint64_t version,
 int trk_client_offer_timed(struct trk_client *c, const char *id, uint64_t version,
 			   uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
 			   trk_client_cb cb, void *arg);
+/* The same with a node's slot (NULL: none): its whole rank memory, which
+ * holds the version complete, for readers of other layouts (GET /holders);
+ * only its addr, key and len are sent. */
+int trk_client_offer_slot(struct trk_client *c, const char *id, uint64_t version,
+			  uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
+			  const struct trk_offer *slot, trk_client_cb cb, void *arg);
 /* GET /sources?version=&layout=&src_rank=&dst_rank=. */
 int trk_client_sources(struct trk_client *c, uint64_t version,
 		       const uint8_t layout[PROTO_HASH_BYTES], uint32_t src_rank,
