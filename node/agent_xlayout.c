@@ -29,7 +29,10 @@
  * any chunk, when the swarm has nothing to ask) goes to a usable holder
  * with room instead: chunks same-layout peers hold still come from them
  * first, the trainer only when no holder can serve (last resort). Holders
- * are taken round-robin; each is paced like a source (its measured rate
+ * are taken round-robin, the first whose reads of the chunk carry at most
+ * 1.5 times its bytes (else the one with the fewest: a TP4 rank reading a
+ * TP1 holder reads its rows' other quarters along); each is paced like a
+ * source (its measured rate
  * times TESSERA_FETCH_TARGET_MS, at least two chunks) and the node keeps
  * at most XL_INFLIGHT such chunks in flight.
  *
@@ -638,11 +641,12 @@ int agent_xl_post(struct node_agent *a, uint32_t pi, uint32_t hint)
 	if ((c = xl_chunk(p, hint)) == UINT32_MAX)
 		return 0;
 	const struct proto_chunk *ch = &p->mp->chunks[c];
-	/* The holder with room whose reads of the chunk carry the fewest
-	 * bytes (gaps read along), round-robin among equals. */
+	/* Round-robin over the holders with room (readers spread over their
+	 * uplinks): the first whose reads of the chunk carry at most half as
+	 * many bytes again (gaps read along), else the one with the fewest. */
 	uint64_t best = UINT64_MAX, staged;
 	bool room = false;
-	for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++) {
+	for (uint32_t k = 0; k < XL_HOLDERS_MAX && best > ch->size + ch->size / 2; k++) {
 		struct xl_holder *o = &x->hs[(x->rr + k) % XL_HOLDERS_MAX];
 		if (!holder_usable(a, o, now) || !holder_room(a, o, ch->size))
 			continue;
