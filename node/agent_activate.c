@@ -139,6 +139,7 @@ void agent_activated(struct node_agent *a, struct node_slot *old)
 	a->fetch = NULL;
 	a->gen++;
 	agent_swarm_keep(a, f);
+	agent_xl_serve(a, old);
 	/* Requests pinning the old slot keep it until they release it. In
 	 * place, the same slot comes back with the new version. */
 	agent_delta_activated(a); /* a standby copied from old goes first */

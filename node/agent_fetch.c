@@ -175,7 +175,7 @@ bool agent_source_ready(struct node_agent *a, struct agent_source *s, uint64_t n
 }
 
 /* Accounting for a read posted to s. */
-static void source_posted(struct agent_source *s, uint64_t len)
+void agent_source_posted(struct agent_source *s, uint64_t len)
 {
 	uint64_t now = agent_now_ms();
 
@@ -193,7 +193,7 @@ static void source_posted(struct agent_source *s, uint64_t len)
 /* Accounting for a read of s that completed (ok: with its bytes). The rate
  * is measured over stretches of at least RATE_SAMPLE_MS while busy, and
  * smoothed (half the old, half the new). */
-static void source_done(struct agent_source *s, uint64_t len, bool ok)
+void agent_source_done(struct agent_source *s, uint64_t len, bool ok)
 {
 	uint64_t now = agent_now_ms();
 
@@ -236,14 +236,18 @@ void agent_source_failed(struct node_agent *a, struct agent_source *s)
  * to be hashed and scattered (on_verified picks it up). */
 static void on_read(struct fab_op *op, int status)
 {
-	struct agent_read *rd = proto_container_of(op, struct agent_read, op);
+	agent_read_landed(proto_container_of(op, struct agent_read, op), status);
+}
+
+void agent_read_landed(struct agent_read *rd, int status)
+{
 	struct node_agent *a = rd->a;
 	struct agent_fetch *f = a->fetch;
 
 	a->inflight--;
 	rd->in_fabric = false;
 	if (f != NULL && rd->gen == a->gen && read_source(f, rd) != NULL)
-		source_done(read_source(f, rd), rd->len, status == 0);
+		agent_source_done(read_source(f, rd), rd->len, status == 0);
 	if (rd->abandoned || f == NULL || rd->gen != a->gen) {
 		/* Moved elsewhere (its chunk was put back then): what it brought
 		 * came twice. */
@@ -355,6 +359,8 @@ void agent_on_verified(struct node_vjob *job, void *arg)
 	agent_pump(a);
 }
 
+static bool take_tokens(struct node_agent *a, uint64_t n);
+
 static int free_read_slot(struct node_agent *a)
 {
 	for (uint32_t i = 0; i < a->nreads; i++)
@@ -393,6 +399,32 @@ void agent_on_rate(evutil_socket_t fd, short what, void *arg)
 	agent_pump(arg);
 }
 
+int agent_read_claim(struct node_agent *a, uint32_t len)
+{
+	int slot = free_read_slot(a);
+
+	return slot < 0 || !take_tokens(a, len) ? -1 : slot;
+}
+
+void agent_read_unclaim(struct node_agent *a, uint32_t len)
+{
+	give_tokens(a, len);
+}
+
+void agent_read_started(struct node_agent *a, uint32_t pi, uint32_t c, uint32_t len)
+{
+	struct agent_fetch *f = a->fetch;
+	struct agent_parcel *p = &f->parcels[pi];
+
+	if (p->asked[c] && p->nlive[c] == 0)
+		f->refetched += len;
+	p->asked[c] = 1;
+	a->inflight++;
+	p->state[c] = 1;
+	p->nlive[c]++;
+	agent_swarm_mark(p, c, AGENT_MARK_BUSY);
+}
+
 /* Posts reads until every source's window is full, the node's reads are
  * all out, or nothing can be fetched now. */
 void agent_pump(struct node_agent *a)
@@ -407,14 +439,20 @@ void agent_pump(struct node_agent *a)
 			uint32_t c = 0;
 			bool want;
 			struct agent_source *s = agent_swarm_pick(a, pi, &c, &want);
+			/* Cross-layout holders before the trainer (agent_xlayout.c). */
+			int x = s == NULL || !s->info.peer ? agent_xl_post(a, pi, s != NULL ? c : UINT32_MAX) : 0;
+			if (x > 0)
+				continue;
+			if (x < 0)
+				break;
 			if (s == NULL) {
 				if (want)
 					agent_want_sources(a, pi);
 				break;
 			}
 			uint32_t len = p->mp->chunks[c].size;
-			int slot = free_read_slot(a);
-			if (slot < 0 || !take_tokens(a, len))
+			int slot = agent_read_claim(a, len);
+			if (slot < 0)
 				return;
 			struct agent_read *rd = &a->reads[slot];
 			struct fab_rkey rk = {s->info.addr, s->info.key, s->info.len};
@@ -434,14 +472,8 @@ void agent_pump(struct node_agent *a)
 				agent_source_failed(a, s);
 				continue;
 			}
-			source_posted(s, len);
-			if (p->asked[c] && p->nlive[c] == 0)
-				f->refetched += len;
-			p->asked[c] = 1;
-			a->inflight++;
-			p->state[c] = 1;
-			p->nlive[c]++;
-			agent_swarm_mark(p, c, AGENT_MARK_BUSY);
+			agent_source_posted(s, len);
+			agent_read_started(a, pi, c, len);
 		}
 	}
 	node_fabloop_kick(a->fl);
@@ -465,7 +497,7 @@ static bool other_source(struct node_agent *a, const struct agent_parcel *p,
 	for (size_t k = 0; k < p->nsrcs; k++)
 		if (&p->srcs[k] != s && agent_source_usable(a, a->fetch, &p->srcs[k], now))
 			return true;
-	return false;
+	return p->wire == NULL && agent_xl_serves(a);
 }
 
 static void check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t pi, uint64_t now)
@@ -521,6 +553,7 @@ void agent_on_tick(evutil_socket_t fd, short what, void *arg)
 	uint64_t now = agent_now_ms();
 
 	agent_swarm_tick(a);
+	agent_xl_tick(a);
 	if (f == NULL || f->parcels == NULL)
 		return;
 	if (!f->verified)

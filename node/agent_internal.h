@@ -12,6 +12,8 @@
  *                    activation record, the switch
  *   agent_swarm.c    peer fanout: the parcels we serve (have-pages, offers),
  *                    what peers hold, which chunk to read from whom, bans
+ *   agent_xlayout.c  cross-layout sources: chunks assembled from complete
+ *                    replicas of other layouts; our own slot offered to them
  *
  * Everything runs on the agent's one libevent loop.
  */
@@ -121,6 +123,7 @@ struct agent_read {
 	uint32_t parcel, chunk, slot, len;
 	uint32_t src_idx, src_epoch; /* srcs[src_idx] while the epoch holds */
 	bool src_peer;
+	bool xl; /* assembled from a cross-layout holder (agent_xlayout.c) */
 	char src_id[TRK_ID_MAX]; /* the source's id (bans outlive source lists) */
 	uint64_t started_ms;
 	bool abandoned; /* stalled: its slot stays reserved until completion */
@@ -272,6 +275,9 @@ struct node_agent {
 		uint64_t version;
 		bool used;
 	} tickets[4];
+	/* Cross-layout sources and our served slot (agent_xlayout.c); NULL
+	 * until first needed. */
+	struct agent_xl *xl;
 };
 
 /* A read of a peer's have-page. */
@@ -420,6 +426,44 @@ bool agent_inplace(const struct node_agent *a);
 void agent_inplace_start(struct node_agent *a);
 /* Frees the install's timer (teardown). */
 void agent_inplace_fini(struct node_agent *a);
+
+/* Pacing accounting of a read of len bytes posted to s / completed from s
+ * (ok: with its bytes), for rate and silence (agent_fetch.c). */
+void agent_source_posted(struct agent_source *s, uint64_t len);
+void agent_source_done(struct agent_source *s, uint64_t len, bool ok);
+/* A read slot (index into reads and bounce) for len bytes with the rate
+ * bucket's tokens taken, or -1 (nothing taken) when none is free now. */
+int agent_read_claim(struct node_agent *a, uint32_t len);
+/* Gives back the tokens of a claimed read that could not be posted. */
+void agent_read_unclaim(struct node_agent *a, uint32_t len);
+/* A read of chunk c of parcel pi (len bytes) was posted. */
+void agent_read_started(struct node_agent *a, uint32_t pi, uint32_t c, uint32_t len);
+/* A read's bytes are in its bounce slot (status 0) or it failed: on to
+ * verification, or back to the pool. */
+void agent_read_landed(struct agent_read *rd, int status);
+
+/* ---- agent_xlayout.c ---- */
+
+/* Posts a read of a chunk of parcel pi assembled from a complete replica
+ * of another layout (chunk hint if it is still to fetch, else one no peer
+ * of our swarm holds or fetches). 1: posted; 0: no such holder can serve
+ * the parcel (go on with the trainer); -1: holders can, but have no room
+ * now or no read slot is free (wait for them rather than ask the trainer). */
+int agent_xl_post(struct node_agent *a, uint32_t pi, uint32_t hint);
+/* A usable cross-layout holder exists for the fetch (somewhere to move a
+ * silent source's reads). */
+bool agent_xl_serves(struct node_agent *a);
+/* Periodic: asks the tracker for holders while fetching, moves the reads
+ * of a silent holder, keeps our own slot offered. */
+void agent_xl_tick(struct node_agent *a);
+/* The switch made a->active the served slot (old is retired): offer it to
+ * readers of other layouts instead of old. */
+void agent_xl_serve(struct node_agent *a, struct node_slot *old);
+/* Our slot to offer with f's parcels (for readers of other layouts), or
+ * NULL; valid until the next call. */
+const struct trk_offer *agent_xl_offer_slot(struct node_agent *a, const struct agent_fetch *f);
+/* Frees what the module holds; after fab_close. */
+void agent_xl_fini(struct node_agent *a);
 
 /* ---- agent_delta.c ---- */
 

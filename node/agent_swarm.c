@@ -239,8 +239,10 @@ static void offer(struct node_agent *a, struct agent_fetch *f)
 			node_serve_offer_fill(&list[k++], f->ml->layout_digest, p->mp->src_rank,
 					      p->mp->dst_rank, p->held_mr, p->head, p->mp->wire_bytes);
 	}
+
 	*t = (struct agent_ticket){a, f->version, true};
-	if (node_serve_offer_send(a->trk, a->node_id, &f->so, a->reg_gen, 0, list, k, on_offer, t) != 0)
+	if (node_serve_offer_send(a->trk, a->node_id, &f->so, a->reg_gen, 0, list, k,
+				  agent_xl_offer_slot(a, f), on_offer, t) != 0)
 		t->used = false;
 	free(list);
 }

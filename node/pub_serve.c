@@ -262,12 +262,12 @@ void node__pub_sync_offers(struct node_pub *p)
 			continue;
 		if (pv->releasing) {
 			rc = node_serve_offer_send(p->trk, p->id, &pv->so, p->reg_gen, 0, NULL, 0,
-						   on_offer, pv);
+						   NULL, on_offer, pv);
 		} else {
 			struct trk_offer *live;
 			if ((rc = offers_live(pv, &live, &pv->nsent)) == 0) {
 				rc = node_serve_offer_send(p->trk, p->id, &pv->so, p->reg_gen,
-							   pv->snapshot_ms, live, pv->nsent,
+							   pv->snapshot_ms, live, pv->nsent, NULL,
 							   on_offer, pv);
 				free(live);
 			}

@@ -60,13 +60,15 @@ struct node_serve_offer {
 	uint64_t gen; /* the holder's registration the request in flight was made under */
 };
 
-/* Sends so's offer (n parcels; n == 0 withdraws it) with the snapshot time
- * (0: none) under registration gen; cb runs once with the answer. -EBUSY
+/* Sends so's offer (n parcels; n == 0 and no slot withdraws it; slot: a
+ * node's whole rank memory, NULL: none, see trk_client_offer_slot) with the
+ * snapshot time (0: none) under registration gen; cb runs once with the
+ * answer. -EBUSY
  * when one is in flight; other negative errno when it could not start (cb
  * is then not called). */
 int node_serve_offer_send(struct trk_client *trk, const char *id, struct node_serve_offer *so,
 			  uint64_t gen, uint64_t snapshot_ms, const struct trk_offer *list, size_t n,
-			  trk_client_cb cb, void *arg);
+			  const struct trk_offer *slot, trk_client_cb cb, void *arg);
 
 /* What an answer to so's request means, to be called first in its
  * callback: clears busy; returns 1 when accepted, 0 when the tracker no

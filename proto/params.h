@@ -103,7 +103,9 @@
 	 * as the peer sees it: a reader never queues more on a peer's link). */ \
 	X(PEER_INFLIGHT, "TESSERA_PEER_INFLIGHT", 4, "most chunk reads in flight to one peer") \
 	/* Test only: a node flips one byte of every chunk it serves to peers \
-	 * (its own copy stays right), so that tests can see a bad peer banned. */ \
+	 * (its own copy stays right; its slot is served to other layouts as a \
+	 * copy with a byte flipped every 4 KiB), so that tests can see a bad \
+	 * peer banned. */ \
 	X(TEST_CORRUPT_SERVE, "TESSERA_TEST_CORRUPT_SERVE", 0, "test only: serve corrupt chunks (1)") \
 	/* A publisher sends an anchor (full parcels) every this many versions \
 	 * and deltas against the previous version in between (1: anchors \

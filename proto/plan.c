@@ -444,8 +444,8 @@ json_t *proto_plan_to_json(const struct proto_plan *p, const struct proto_model 
 			 "broadcast_bytes", (json_int_t)p->broadcast_bytes);
 }
 
-/* First run of the parcel whose payload range contains off. */
-static uint64_t run_at(const struct proto_plan *p, const struct proto_parcel *pc, uint64_t off)
+uint64_t proto_parcel_run_at(const struct proto_plan *p, const struct proto_parcel *pc,
+			     uint64_t off)
 {
 	uint64_t lo = pc->run0, hi = pc->run0 + pc->nruns;
 	while (hi - lo > 1) {
@@ -463,7 +463,7 @@ static void walk(const struct proto_plan *p, const struct proto_parcel *pc,
 		 const struct proto_layout *l, uint32_t rank, uint8_t *base, uint64_t off,
 		 uint64_t len, uint8_t *buf, int scatter)
 {
-	uint64_t r = run_at(p, pc, off), end = off + len;
+	uint64_t r = proto_parcel_run_at(p, pc, off), end = off + len;
 
 	for (; off < end && r < pc->run0 + pc->nruns; r++) {
 		const struct proto_run *run = &p->runs[r];

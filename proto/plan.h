@@ -78,6 +78,11 @@ json_t *proto_plan_to_json(const struct proto_plan *p,
 			   const struct proto_layout *src,
 			   const struct proto_layout *dst);
 
+/* The index (into p->runs) of the parcel's run whose payload range holds
+ * payload offset off (its last run for an offset past the end). */
+uint64_t proto_parcel_run_at(const struct proto_plan *p, const struct proto_parcel *pc,
+			     uint64_t off);
+
 /*
  * Copies payload bytes [off, off+len) of a parcel out of the source rank's
  * memory (local tensors at src_rank_base + local->offset) into out.

@@ -12,5 +12,6 @@
 #include "proto/plan.h"
 #include "proto/spec.h"
 #include "proto/util.h"
+#include "proto/xmap.h"
 
 #endif

@@ -424,8 +424,9 @@ static int start_request(struct trk_client *c, const char *method,
 	if (path_query[0] != '/' || strlen(path_query) > PATH_MAX_LEN)
 		return -EINVAL;
 	/* Reads that hand out memory keys are signed too (tracker.h). */
-	sign = c->have_key && (post || strncmp(path_query, TRK_API "/sources",
-					       strlen(TRK_API "/sources")) == 0);
+	sign = c->have_key && (post ||
+			       strncmp(path_query, TRK_API "/sources", strlen(TRK_API "/sources")) == 0 ||
+			       strncmp(path_query, TRK_API "/holders", strlen(TRK_API "/holders")) == 0);
 	if (sign) {
 		uint8_t nonce[8];
 		char nhex[17];
@@ -742,15 +743,22 @@ int trk_client_post_addendum(struct trk_client *c, const uint8_t *addendum, size
 				  addendum, len, 0, cb, arg);
 }
 
-int trk_client_get_addendum(struct trk_client *c, uint64_t version,
-			    const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg)
+/* GET TRK_API what?version=V&layout=HEX. */
+static int get_version_layout(struct trk_client *c, const char *what, uint64_t version,
+			      const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg)
 {
 	char path[200], hex[2 * PROTO_HASH_BYTES + 1];
 
 	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
-	snprintf(path, sizeof(path), TRK_API "/addenda?version=%llu&layout=%s",
+	snprintf(path, sizeof(path), TRK_API "%s?version=%llu&layout=%s", what,
 		 (unsigned long long)version, hex);
 	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
+}
+
+int trk_client_get_addendum(struct trk_client *c, uint64_t version,
+			    const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg)
+{
+	return get_version_layout(c, "/addenda", version, layout, cb, arg);
 }
 
 int trk_client_leave(struct trk_client *c, const char *id, trk_client_cb cb, void *arg)
@@ -841,8 +849,21 @@ int trk_client_offer_timed(struct trk_client *c, const char *id, uint64_t versio
 			   uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
 			   trk_client_cb cb, void *arg)
 {
-	json_t *arr = json_array();
+	return trk_client_offer_slot(c, id, version, snapshot_ms, parcels, n, NULL, cb, arg);
+}
 
+int trk_client_offer_slot(struct trk_client *c, const char *id, uint64_t version,
+			  uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
+			  const struct trk_offer *so, trk_client_cb cb, void *arg)
+{
+	json_t *arr = json_array(), *slot = NULL;
+
+	if (so != NULL &&
+	    (slot = json_pack("{s:o,s:o,s:I}", "addr", u64s(so->addr), "key", u64s(so->key), "len",
+			      (json_int_t)so->len)) == NULL) {
+		json_decref(arr);
+		return -ENOMEM;
+	}
 	for (size_t i = 0; arr != NULL && i < n; i++) {
 		const struct trk_offer *o = &parcels[i];
 		if (json_array_append_new(
@@ -855,10 +876,17 @@ int trk_client_offer_timed(struct trk_client *c, const char *id, uint64_t versio
 			arr = NULL;
 		}
 	}
-	if (arr == NULL)
+	if (arr == NULL) {
+		json_decref(slot);
 		return -ENOMEM;
+	}
 	json_t *o = json_pack("{s:s,s:I,s:o}", "id", id, "version", (json_int_t)version, "parcels",
 			      arr);
+	if (o != NULL && slot != NULL && json_object_set(o, "slot", slot) != 0) {
+		json_decref(o);
+		o = NULL;
+	}
+	json_decref(slot);
 	if (o != NULL && snapshot_ms != 0 &&
 	    json_object_set_new(o, "snapshot_ms", json_integer((json_int_t)snapshot_ms)) != 0) {
 		json_decref(o);
@@ -878,6 +906,12 @@ int trk_client_sources(struct trk_client *c, uint64_t version,
 		 TRK_API "/sources?version=%llu&layout=%s&src_rank=%u&dst_rank=%u",
 		 (unsigned long long)version, hex, src_rank, dst_rank);
 	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
+}
+
+int trk_client_holders(struct trk_client *c, uint64_t version,
+		       const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg)
+{
+	return get_version_layout(c, "/holders", version, layout, cb, arg);
 }
 
 int trk_client_layouts(struct trk_client *c, trk_client_cb cb, void *arg)

@@ -312,6 +312,7 @@ static const struct route routes[] = {
 	{TRK_API "/layouts", false, BODY_NONE, trk__handle_layouts},
 	{TRK_API "/versions", false, BODY_NONE, trk__handle_versions},
 	{TRK_API "/sources", false, BODY_NONE, trk__handle_sources},
+	{TRK_API "/holders", false, BODY_NONE, trk__handle_holders},
 	{TRK_API "/publishers", true, BODY_JSON, trk__handle_publishers},
 	{TRK_API "/nodes", true, BODY_JSON, trk__handle_nodes},
 	{TRK_API "/heartbeat", true, BODY_JSON, trk__handle_heartbeat},
@@ -534,7 +535,8 @@ static void dispatch(struct evhttp_request *req, void *arg)
 	}
 
 	/* Sources hand out memory keys: members only (tracker.h). */
-	if (!c->post && rt->fn == trk__handle_sources && s->auth != NULL) {
+	if (!c->post && (rt->fn == trk__handle_sources || rt->fn == trk__handle_holders) &&
+	    s->auth != NULL) {
 		const char *h = evhttp_find_header(
 			evhttp_request_get_input_headers(req), "Authorization");
 		if (trk__auth_check(s->auth, "GET", raw_uri, h, NULL, 0,

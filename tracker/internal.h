@@ -301,6 +301,9 @@ struct trk_offer_set {
 	uint64_t version;
 	size_t n;
 	struct trk_offer *o;
+	/* A node's whole rank memory holding the version complete, for
+	 * cross-layout readers (holders.c); len 0: none offered. */
+	struct trk_offer slot;
 };
 
 struct trk_offers {
@@ -594,6 +597,21 @@ void trk__handle_node_state(struct trk_call *c);
 void trk__offers_clear(struct trk_offers *o);
 void trk__handle_offers(struct trk_call *c);
 void trk__handle_sources(struct trk_call *c);
+/* The query's layout (hex) for a known version; else the call is failed
+ * (400 bad layout, 404 unknown version) and -errno returned. */
+int trk__query_layout_known(struct trk_call *c, uint64_t version,
+			    uint8_t layout[PROTO_HASH_BYTES]);
+/* Puts a JSON array in random order. */
+void trk__json_shuffle(json_t *a);
+/* One /sources entry (new reference; NULL on ENOMEM). */
+json_t *trk__source_json(bool peer, const char *id, const char *host, const char *provider,
+			 const char *addr, const struct trk_offer *o);
+/* The slot a holder offers for version v (NULL: none). */
+const struct trk_offer *trk__offers_slot(const struct trk_offers *o, uint64_t v);
+
+/* ---- holders.c ---- */
+
+void trk__handle_holders(struct trk_call *c);
 
 /* ---- srcache.c: /sources answers kept per swarm state ---- */
 

@@ -26,9 +26,17 @@ static struct trk_offer_set *offers_get(struct trk_offers *o, uint64_t v)
 	return NULL;
 }
 
-/* Replaces the set for v (n == 0 removes it); takes list. */
+const struct trk_offer *trk__offers_slot(const struct trk_offers *o, uint64_t v)
+{
+	for (size_t i = 0; i < o->n; i++)
+		if (o->sets[i].version == v)
+			return o->sets[i].slot.len > 0 ? &o->sets[i].slot : NULL;
+	return NULL;
+}
+
+/* Replaces the set for v (n == 0 without a slot removes it); takes list. */
 static void offers_put(struct trk_offers *o, uint64_t v, struct trk_offer *list,
-		       size_t n)
+		       size_t n, const struct trk_offer *slot)
 {
 	struct trk_offer_set *s = offers_get(o, v);
 
@@ -36,7 +44,7 @@ static void offers_put(struct trk_offers *o, uint64_t v, struct trk_offer *list,
 		free(s->o);
 		*s = o->sets[--o->n];
 	}
-	if (n == 0) {
+	if (n == 0 && slot->len == 0) {
 		free(list);
 		return;
 	}
@@ -48,7 +56,7 @@ static void offers_put(struct trk_offers *o, uint64_t v, struct trk_offer *list,
 		free(o->sets[lo].o);
 		o->sets[lo] = o->sets[--o->n];
 	}
-	o->sets[o->n++] = (struct trk_offer_set){v, n, list};
+	o->sets[o->n++] = (struct trk_offer_set){v, n, list, *slot};
 }
 
 static const struct trk_offer *offers_find(struct trk_offers *o, uint64_t v,
@@ -107,6 +115,32 @@ static int parse_offer(struct trk_server *sv, json_t *o, size_t i,
 	return 0;
 }
 
+/* "slot": a node's whole rank memory, which holds the version complete
+ * (its layout's bytes for its rank). */
+static int parse_slot(json_t *js, const struct trk_node *n, struct trk_offer *out,
+		      struct proto_err *err)
+{
+	int rc;
+
+	if (n == NULL)
+		return proto_errf(err, EINVAL, "slot: only a node offers one");
+	if (!json_is_object(js))
+		return proto_errf(err, EINVAL, "slot: must be an object");
+	if ((rc = trk__get_u64_str(js, "addr", &out->addr, err)) != 0 ||
+	    (rc = trk__get_u64_str(js, "key", &out->key, err)) != 0 ||
+	    (rc = trk__get_u64(js, "len", true, UINT64_MAX, &out->len, err)) != 0) {
+		proto_err_prefix(err, "slot");
+		return rc;
+	}
+	if (out->len != n->layout->l.ranks[n->rank].nbytes)
+		return proto_errf(err, EINVAL, "slot: len %llu but rank %u of its layout holds %llu bytes",
+				  (unsigned long long)out->len, n->rank,
+				  (unsigned long long)n->layout->l.ranks[n->rank].nbytes);
+	memcpy(out->layout, n->layout->digest, PROTO_HASH_BYTES);
+	out->dst_rank = n->rank;
+	return 0;
+}
+
 void trk__handle_offers(struct trk_call *c)
 {
 	struct trk_registry *r = c->s->reg;
@@ -116,7 +150,8 @@ void trk__handle_offers(struct trk_call *c)
 	json_t *jp = json_object_get(c->json, "parcels");
 	const struct proto_manifest *m = NULL;
 	struct proto_manifest *owned = NULL;
-	struct trk_offer *list = NULL;
+	struct trk_offer *list = NULL, slot = {.len = 0};
+	json_t *js = json_object_get(c->json, "slot");
 	struct trk_publisher *p;
 	struct trk_node *n;
 	size_t cnt;
@@ -173,11 +208,15 @@ void trk__handle_offers(struct trk_call *c)
 				goto out;
 			}
 	}
+	if (js != NULL && parse_slot(js, n, &slot, &err) != 0) {
+		trk__fail(c, 400, "%s", err.msg);
+		goto out;
+	}
 	if (p != NULL && cnt > 0)
 		trk__versions_find(c->s->vs, version)->offered = true;
 	if (p != NULL) /* what publishers serve moves replica targets */
 		trk__registry_changed(r);
-	offers_put(n != NULL ? &n->offers : &p->offers, version, list, cnt);
+	offers_put(n != NULL ? &n->offers : &p->offers, version, list, cnt, &slot);
 	trk__registry_swarm_changed(r);
 	if (p != NULL && snapshot_ms != 0)
 		trk__timeline_snapshot(r->tl, version, snapshot_ms);
@@ -194,7 +233,7 @@ out:
 
 /* ---- GET /sources ------------------------------------------------------------ */
 
-static json_t *source_json(bool peer, const char *id, const char *host,
+json_t *trk__source_json(bool peer, const char *id, const char *host,
 			   const char *provider, const char *addr,
 			   const struct trk_offer *o)
 {
@@ -206,6 +245,33 @@ static json_t *source_json(bool peer, const char *id, const char *host,
 			 peer ? "peer" : "publisher", "id", id, "host", host,
 			 "provider", provider, "fabric_addr", addr, "addr", a,
 			 "key", k, "len", (json_int_t)o->len);
+}
+
+int trk__query_layout_known(struct trk_call *c, uint64_t version,
+			    uint8_t layout[PROTO_HASH_BYTES])
+{
+	const char *lhex = trk__query_str(c, "layout");
+
+	if (lhex == NULL || proto_parse_hex(lhex, layout, PROTO_HASH_BYTES) != 0) {
+		trk__fail(c, 400, "layout: want %d hex digits", 2 * PROTO_HASH_BYTES);
+		return -EINVAL;
+	}
+	if (trk__versions_find(c->s->vs, version) == NULL) {
+		trk__fail(c, 404, "version %llu is unknown", (unsigned long long)version);
+		return -ENOENT;
+	}
+	return 0;
+}
+
+void trk__json_shuffle(json_t *a)
+{
+	for (size_t i = json_array_size(a); i > 1; i--) {
+		size_t j = randombytes_uniform((uint32_t)i);
+		json_t *x = json_incref(json_array_get(a, i - 1));
+		json_t *y = json_incref(json_array_get(a, j));
+		json_array_set_new(a, i - 1, y);
+		json_array_set_new(a, j, x);
+	}
 }
 
 /* Fills e with the answer for parcel k: the swarm's members, its peers that
@@ -236,7 +302,7 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 			goto out;
 		o = offers_find(&n->offers, k->version, k->layout, k->src, k->dst);
 		if (o != NULL &&
-		    trk__srcache_add_source(e, source_json(true, n->id, n->host, n->provider,
+		    trk__srcache_add_source(e, trk__source_json(true, n->id, n->host, n->provider,
 							   n->addr, o), true) != 0)
 			goto out;
 	}
@@ -249,7 +315,7 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 			continue;
 		for (size_t i = 0; i < p->nranks; i++)
 			if (p->ranks[i].rank == o->src_rank &&
-			    trk__srcache_add_source(e, source_json(false, p->id, p->ranks[i].host,
+			    trk__srcache_add_source(e, trk__source_json(false, p->id, p->ranks[i].host,
 								   p->ranks[i].provider,
 								   p->ranks[i].addr, o),
 						    false) != 0)
@@ -269,7 +335,6 @@ void trk__handle_sources(struct trk_call *c)
 	struct proto_err err = {{0}};
 	uint64_t version = 0, src = 0, dst = 0;
 	struct trk_srckey k = {0};
-	const char *lhex = trk__query_str(c, "layout");
 	struct trk_srcentry *e;
 	char *body;
 	size_t len;
@@ -280,14 +345,8 @@ void trk__handle_sources(struct trk_call *c)
 		trk__fail(c, 400, "%s", err.msg);
 		return;
 	}
-	if (lhex == NULL || proto_parse_hex(lhex, k.layout, sizeof(k.layout)) != 0) {
-		trk__fail(c, 400, "layout: want %d hex digits", 2 * PROTO_HASH_BYTES);
+	if (trk__query_layout_known(c, version, k.layout) != 0)
 		return;
-	}
-	if (trk__versions_find(c->s->vs, version) == NULL) {
-		trk__fail(c, 404, "version %llu is unknown", (unsigned long long)version);
-		return;
-	}
 	k.version = version;
 	k.src = (uint32_t)src;
 	k.dst = (uint32_t)dst;

@@ -346,10 +346,21 @@ int trk_client_offer(struct trk_client *c, const char *id, uint64_t version,
 int trk_client_offer_timed(struct trk_client *c, const char *id, uint64_t version,
 			   uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
 			   trk_client_cb cb, void *arg);
+/* The same with a node's slot (NULL: none): its whole rank memory, which
+ * holds the version complete, for readers of other layouts (GET /holders);
+ * only its addr, key and len are sent. */
+int trk_client_offer_slot(struct trk_client *c, const char *id, uint64_t version,
+			  uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
+			  const struct trk_offer *slot, trk_client_cb cb, void *arg);
 /* GET /sources?version=&layout=&src_rank=&dst_rank=. */
 int trk_client_sources(struct trk_client *c, uint64_t version,
 		       const uint8_t layout[PROTO_HASH_BYTES], uint32_t src_rank,
 		       uint32_t dst_rank, trk_client_cb cb, void *arg);
+/* GET /holders?version=&layout=: complete replicas of other layouts that
+ * offer their ranks' memory for the version (each holder's "sources", in
+ * rank order, parse with trk_sources_parse). */
+int trk_client_holders(struct trk_client *c, uint64_t version,
+		       const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg);
 /* GET /layouts, /replicas/R, /status. */
 int trk_client_layouts(struct trk_client *c, trk_client_cb cb, void *arg);
 int trk_client_replica(struct trk_client *c, const char *replica,

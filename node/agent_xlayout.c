@@ -1,0 +1,857 @@
+/* Cross-layout sources: chunks assembled from the ranks of complete
+ * replicas of other layouts, and our own slot offered to their readers. */
+#include "node/agent_internal.h"
+
+/*
+ * Model. A node that holds a version complete and active offers, with the
+ * parcels it keeps serving, its whole slot (its rank's memory in its own
+ * layout, registered for remote read only) as the offer's "slot". The
+ * tracker lists, for a version, every replica of another layout whose
+ * ranks are all alive and all offer their slot for it (GET /holders: each
+ * holder's layout digest and its ranks' fabric addresses and slot keys).
+ *
+ * A fetching node asks for holders every XL_ASK_MS while it fetches a
+ * full version (a delta's parcels are encoded, so their chunks cannot be
+ * assembled from anyone's memory: delta fetches never use holders). For a
+ * holder layout it has not seen it reads the layout from GET /layouts,
+ * plans holder -> its own layout and keeps, for its rank, the map of where
+ * its bytes sit in the holder's ranks (proto/xmap.h). A chunk of one of its
+ * parcels (payload [c*chunk, c*chunk+size)) then becomes pieces (holder
+ * rank, offset, length, place in the chunk), grouped into a few reads
+ * (windows) per holder rank; the windows land in a staging slot (at most
+ * XL_POST_MAX reads of one chunk in flight), the pieces are copied into
+ * the chunk's bounce slot, and the chunk goes through the same path as
+ * any other read: hashed against our own layout's signed chunk hash,
+ * scattered into our slot, served to our swarm. Nothing from a holder
+ * counts before that hash verifies.
+ *
+ * Choice. In agent_pump, a chunk the swarm would ask a publisher for (or
+ * any chunk, when the swarm has nothing to ask) goes to a usable holder
+ * with room instead: chunks same-layout peers hold still come from them
+ * first, the trainer only when no holder can serve (last resort). Holders
+ * are taken round-robin, the first whose reads of the chunk carry at most
+ * 1.5 times its bytes (else the one with the fewest: a TP4 rank reading a
+ * TP1 holder reads its rows' other quarters along); each is paced like a
+ * source (its measured rate
+ * times TESSERA_FETCH_TARGET_MS, at least two chunks) and the node keeps
+ * at most XL_INFLIGHT such chunks in flight.
+ *
+ * Bad holders. A chunk that fails its hash counts against the holder rank
+ * that sent all of it, or, assembled from several ranks, against the
+ * replica (its name): we cannot tell which rank lied. Two bad chunks ban
+ * it for the version (agent_swarm_bad_peer), and a holder with a banned
+ * name or rank is not used again for it; the chunk is fetched again from
+ * elsewhere. A failed read rests the holder for BAD_SOURCE_MS; one that
+ * delivers nothing for its patience has its reads moved.
+ */
+
+#define XL_HOLDERS_MAX 16
+#define XL_LAYOUTS_MAX 8
+#define XL_RANKS_MAX 64
+#define XL_INFLIGHT 4               /* cross-layout chunk reads in flight per node */
+#define XL_STAGES (2 * XL_INFLIGHT) /* staging slots (a moved read keeps its own) */
+#define XL_POST_MAX 16              /* reads of one chunk in flight at once */
+#define XL_PIECES_MAX 65536         /* pieces of one chunk */
+/* Reads of one chunk at most: pieces of a holder rank that nearly touch
+ * are read as one (the gaps along) until there are this few. Thousands of
+ * small reads of one chunk crawl behind the big ones queued on a busy
+ * link; a few larger ones cost at most a quarter more bytes (tp4 from
+ * tp2: 23 reads a chunk, 1.26 x its bytes; tp1 from tp2: 7, 1.0 x). */
+#define XL_WINS_MAX 64
+#define XL_ASK_MS 1000              /* holders asked again while fetching */
+
+struct xl_layout {
+	uint8_t digest[PROTO_HASH_BYTES];
+	int state; /* 0: to read from /layouts, 1: ready, -1: unusable */
+	bool asked; /* a /layouts request went out since it was added */
+	struct proto_layout l;
+	struct proto_xmap map;
+};
+
+struct xl_holder {
+	bool used, listed;
+	uint32_t epoch; /* bumped whenever the entry is reused */
+	char replica[TRK_ID_MAX];
+	uint32_t lay, nranks;
+	struct agent_source *ranks; /* info: the rank's slot offer; fabric handle */
+	struct agent_source pace;   /* the holder's rate, bytes in flight, progress */
+	uint64_t bad_until_ms;
+};
+
+struct xl_read;
+
+struct xl_op {
+	struct fab_op op;
+	struct xl_read *xr;
+	uint32_t win;
+};
+
+struct xl_read {
+	struct node_agent *a;
+	bool busy;
+	struct agent_read *rd;
+	uint32_t holder, epoch, stage;
+	struct proto_xpiece *pcs;
+	size_t npcs;
+	struct proto_xwin *wins;
+	uint32_t nwins, next, live;
+	int status;
+	struct xl_op ops[XL_POST_MAX];
+};
+
+struct agent_xl {
+	struct xl_layout lays[XL_LAYOUTS_MAX];
+	uint32_t nlays;
+	bool lays_pending;
+	uint64_t version, gen; /* the fetch the holders were listed for */
+	struct xl_holder hs[XL_HOLDERS_MAX];
+	uint32_t rr;
+	bool pending, answered; /* answered: the first /holders for this fetch came */
+	uint64_t asked_ms;
+	uint8_t *stage;
+	size_t stage_len, stage_slot;
+	struct fab_mr *stage_mr;
+	struct xl_read reads[XL_STAGES];
+	struct proto_xpiece *scratch;
+	struct proto_xwin *wscratch;
+	size_t npieces; /* in scratch */
+	/* Our slot, served to readers of other layouts. */
+	struct fab_mr *slot_mr;
+	const struct node_slot *slot;
+	bool slot_in_offer; /* the last offer built for it carried it */
+	struct trk_offer slot_offer;
+	/* Test only (TESSERA_TEST_CORRUPT_SERVE): a damaged copy served instead. */
+	uint8_t *liar;
+	size_t liar_len;
+};
+
+static struct agent_xl *xl_get(struct node_agent *a)
+{
+	if (a->xl == NULL)
+		a->xl = calloc(1, sizeof(*a->xl));
+	return a->xl;
+}
+
+static bool xl_refresh(struct node_agent *a);
+static void ask_holders(struct node_agent *a, uint64_t now);
+
+/* ---- our slot, served ------------------------------------------------------ */
+
+void agent_xl_serve(struct node_agent *a, struct node_slot *old)
+{
+	struct agent_xl *x;
+
+	if (!a->fanout || (x = xl_get(a)) == NULL)
+		return;
+	size_t len = a->layout.ranks[a->o.rank].nbytes;
+	uint8_t *served;
+
+	if (x->slot_mr != NULL) /* readers of the old slot now fail and move on */
+		fab_mr_close(x->slot_mr);
+	x->slot_mr = NULL;
+	x->slot = NULL;
+	node_serve_unmap(x->liar, x->liar_len);
+	x->liar = NULL;
+	if (a->active == NULL || a->active->host == NULL || a->kept == NULL)
+		return;
+	served = a->active->host;
+	if (proto_param(PROTO_PARAM_TEST_CORRUPT_SERVE) != 0 && len > 0 &&
+	    (x->liar = node_serve_map(len)) != NULL) {
+		/* Test only: serve a copy with one byte in every 4 KiB flipped. */
+		x->liar_len = len;
+		memcpy(x->liar, served, len);
+		for (size_t i = 0; i < len; i += 4096)
+			x->liar[i] ^= 0x5a;
+		served = x->liar;
+	}
+	if (node_serve_reg(a->fab, served, len, false, &x->slot_mr) != 0) {
+		LOG_WARN("node %s: v%" PRIu64 ": cannot register the slot for readers of other "
+			 "layouts; serving only our parcels",
+			 a->node_id, a->active->version);
+		return;
+	}
+	x->slot = a->active;
+	x->slot_in_offer = false;
+	a->kept->so.offered = false; /* offered again, with the slot */
+}
+
+const struct trk_offer *agent_xl_offer_slot(struct node_agent *a, const struct agent_fetch *f)
+{
+	struct agent_xl *x = a->xl;
+	struct fab_rkey rk;
+
+	if (x == NULL || x->slot_mr == NULL || f != a->kept || x->slot->version != f->version)
+		return NULL;
+	fab_mr_rkey(x->slot_mr, &rk);
+	x->slot_offer = (struct trk_offer){.dst_rank = a->o.rank, .addr = rk.addr, .key = rk.key,
+					   .len = a->layout.ranks[a->o.rank].nbytes};
+	memcpy(x->slot_offer.layout, a->layout.digest, PROTO_HASH_BYTES);
+	x->slot_in_offer = true;
+	return &x->slot_offer;
+}
+
+/* ---- holders ------------------------------------------------------------------ */
+
+static void holder_drop(struct node_agent *a, struct xl_holder *h)
+{
+	for (uint32_t r = 0; r < h->nranks; r++) {
+		if (h->ranks[r].fa_valid && a->fab != NULL)
+			fab_av_remove(a->fab, h->ranks[r].fa);
+		free(h->ranks[r].info.fabric_addr);
+	}
+	free(h->ranks);
+	uint32_t epoch = h->epoch + 1;
+	*h = (struct xl_holder){.epoch = epoch};
+}
+
+static bool holder_banned(const struct agent_fetch *f, const struct xl_holder *h)
+{
+	if (agent_swarm_banned(f, h->replica))
+		return true;
+	for (uint32_t r = 0; r < h->nranks; r++)
+		if (agent_swarm_banned(f, h->ranks[r].info.id))
+			return true;
+	return false;
+}
+
+/* A holder delivering nothing this long with reads in flight is silent:
+ * like a publisher (a chunk needs all its reads, which share our link with
+ * the other holders'), three times TESSERA_STALL_MS before it delivered
+ * anything, then four times what its bytes in flight take at its rate. */
+static bool holder_silent(const struct xl_holder *h, uint64_t now)
+{
+	uint64_t stall = proto_param(PROTO_PARAM_STALL_MS), pat;
+
+	if (h->pace.inflight_reads == 0)
+		return false;
+	pat = h->pace.rate == 0 ? 3 * stall
+				: PROTO_MAX(stall, 4 * h->pace.inflight_bytes * 1000 / h->pace.rate);
+	return now - h->pace.progress_ms >= pat;
+}
+
+static bool holder_usable(struct node_agent *a, const struct xl_holder *h, uint64_t now)
+{
+	const struct agent_xl *x = a->xl;
+
+	if (!h->used || !h->listed || x->lays[h->lay].state != 1 || h->bad_until_ms > now ||
+	    holder_silent(h, now) || holder_banned(a->fetch, h))
+		return false;
+	for (uint32_t r = 0; r < h->nranks; r++)
+		if (h->ranks[r].bad_until_ms > now)
+			return false;
+	return true;
+}
+
+static bool holder_room(struct node_agent *a, const struct xl_holder *h, uint64_t len)
+{
+	return h->pace.inflight_reads == 0 ||
+	       h->pace.inflight_bytes + len <= agent_source_window(a, &h->pace);
+}
+
+static void on_layouts(const struct trk_answer *ans, void *arg);
+
+/* The layout entry for digest, added (to be read) if new; NULL when full. */
+static struct xl_layout *layout_for(struct node_agent *a, const uint8_t *digest)
+{
+	struct agent_xl *x = a->xl;
+
+	for (uint32_t i = 0; i < x->nlays; i++)
+		if (memcmp(x->lays[i].digest, digest, PROTO_HASH_BYTES) == 0)
+			return &x->lays[i];
+	if (x->nlays == XL_LAYOUTS_MAX)
+		return NULL;
+	struct xl_layout *l = &x->lays[x->nlays++];
+	memcpy(l->digest, digest, PROTO_HASH_BYTES);
+	return l;
+}
+
+/* Takes one holder of a /holders answer (hostile: every field checked). */
+static void take_holder(struct node_agent *a, json_t *e, size_t i)
+{
+	struct agent_xl *x = a->xl;
+	const char *name = json_string_value(json_object_get(e, "replica"));
+	const char *lhex = json_string_value(json_object_get(e, "layout"));
+	json_int_t nranks = json_integer_value(json_object_get(e, "nranks"));
+	uint8_t digest[PROTO_HASH_BYTES];
+	struct trk_source *s = NULL;
+	struct proto_err err;
+	size_t n = 0;
+
+	if (name == NULL || name[0] == 0 || strlen(name) >= TRK_ID_MAX || lhex == NULL ||
+	    proto_parse_hex(lhex, digest, sizeof(digest)) != 0 || nranks < 1 ||
+	    nranks > XL_RANKS_MAX || trk_sources_parse(e, &s, &n, &err) != 0 ||
+	    n != (size_t)nranks) {
+		LOG_DEBUG("node %s: holders[%zu]: malformed; skipped", a->node_id, i);
+		trk_sources_free(s, n);
+		return;
+	}
+	struct xl_layout *l = layout_for(a, digest);
+	if (l == NULL || l->state < 0) {
+		trk_sources_free(s, n);
+		return;
+	}
+	/* The same holder as before (same replica, same keys): keep it. */
+	struct xl_holder *h = NULL, *free_h = NULL;
+	for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++) {
+		struct xl_holder *o = &x->hs[k];
+		if (!o->used) {
+			free_h = free_h != NULL ? free_h : o;
+			continue;
+		}
+		if (strcmp(o->replica, name) != 0)
+			continue;
+		bool same = o->nranks == n && o->lay == (uint32_t)(l - x->lays);
+		for (uint32_t r = 0; same && r < n; r++)
+			same = o->ranks[r].info.key == s[r].key && o->ranks[r].info.addr == s[r].addr &&
+			       o->ranks[r].info.fabric_addr_len == s[r].fabric_addr_len &&
+			       memcmp(o->ranks[r].info.fabric_addr, s[r].fabric_addr, s[r].fabric_addr_len) == 0;
+		if (same) {
+			h = o;
+			break;
+		}
+		holder_drop(a, o); /* it offers anew: start afresh */
+		free_h = free_h != NULL ? free_h : o;
+	}
+	if (h != NULL || free_h == NULL) {
+		if (h != NULL)
+			h->listed = true;
+		trk_sources_free(s, n);
+		return;
+	}
+	h = free_h;
+	if ((h->ranks = calloc(n, sizeof(*h->ranks))) == NULL) {
+		trk_sources_free(s, n);
+		return;
+	}
+	h->used = h->listed = true;
+	snprintf(h->replica, sizeof(h->replica), "%s", name);
+	h->lay = (uint32_t)(l - x->lays);
+	h->nranks = (uint32_t)n;
+	h->pace = (struct agent_source){.info.peer = true};
+	for (size_t r = 0; r < n; r++)
+		h->ranks[r].info = s[r]; /* takes the fabric address */
+	free(s);
+}
+
+struct xl_req {
+	struct node_agent *a;
+	uint64_t gen;
+};
+
+static void on_holders(const struct trk_answer *ans, void *arg)
+{
+	struct xl_req *req = arg;
+	struct node_agent *a = req->a;
+	struct agent_xl *x = a->xl;
+	bool stale = req->gen != a->gen || a->fetch == NULL;
+	json_t *list, *e;
+	size_t i;
+
+	free(req);
+	x->pending = false;
+	x->answered |= !stale;
+	if (stale || ans->status != 200 || !json_is_array(list = json_object_get(ans->json, "holders"))) {
+		if (!stale && ans->status != 200)
+			LOG_DEBUG("node %s: holders: %s", a->node_id, ans->error);
+		return;
+	}
+	for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++)
+		x->hs[k].listed = false;
+	json_array_foreach(list, i, e) {
+		if (i == XL_HOLDERS_MAX)
+			break;
+		take_holder(a, e, i);
+	}
+	bool want = false;
+	for (uint32_t k = 0; k < x->nlays; k++)
+		want |= x->lays[k].state == 0;
+	if (want && !x->lays_pending && trk_client_layouts(a->trk, on_layouts, a) == 0) {
+		x->lays_pending = true;
+		for (uint32_t k = 0; k < x->nlays; k++)
+			x->lays[k].asked |= x->lays[k].state == 0;
+	}
+	agent_pump(a);
+}
+
+/* Makes layout l ready: parsed from its explicit form, its digest checked,
+ * planned into ours, our rank's map built. */
+static void layout_ready(struct node_agent *a, struct xl_layout *l, json_t *form)
+{
+	struct proto_plan hp;
+	struct proto_err err;
+	char hex[17];
+
+	sodium_bin2hex(hex, sizeof(hex), l->digest, 8);
+	if (proto_layout_from_json(&a->model, form, "holder layout", &l->l, &err) != 0) {
+		LOG_WARN("node %s: holder layout %s: %s; not used", a->node_id, hex, err.msg);
+		l->state = -1;
+		return;
+	}
+	if (memcmp(l->l.digest, l->digest, PROTO_HASH_BYTES) != 0 ||
+	    proto_layout_check_complete(&a->model, &l->l, &err) != 0 ||
+	    proto_plan_build(&a->model, &l->l, &a->layout, &hp, &err) != 0) {
+		if (memcmp(l->l.digest, l->digest, PROTO_HASH_BYTES) != 0)
+			snprintf(err.msg, sizeof(err.msg), "its form has another digest");
+		LOG_WARN("node %s: holder layout %s: %s; not used", a->node_id, hex, err.msg);
+		proto_layout_fini(&l->l);
+		l->state = -1;
+		return;
+	}
+	int rc = proto_xmap_build(&hp, &l->l, &a->layout, a->o.rank, &l->map, &err);
+	proto_plan_fini(&hp);
+	if (rc != 0) {
+		LOG_WARN("node %s: holder layout %s: %s; not used", a->node_id, hex, err.msg);
+		proto_layout_fini(&l->l);
+		l->state = -1;
+		return;
+	}
+	l->state = 1;
+	LOG_DEBUG("node %s: holder layout %s: %" PRIu64 " spans for rank %u", a->node_id, hex,
+		  l->map.nspans, a->o.rank);
+}
+
+static void on_layouts(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_xl *x = a->xl;
+	json_t *list, *e;
+	size_t i;
+
+	x->lays_pending = false;
+	list = ans->status == 200 ? json_object_get(ans->json, "layouts") : NULL;
+	json_array_foreach(list, i, e) {
+		const char *hex = json_string_value(json_object_get(e, "digest"));
+		uint8_t d[PROTO_HASH_BYTES];
+		if (hex == NULL || proto_parse_hex(hex, d, sizeof(d)) != 0)
+			continue;
+		for (uint32_t k = 0; k < x->nlays; k++)
+			if (x->lays[k].state == 0 && memcmp(x->lays[k].digest, d, PROTO_HASH_BYTES) == 0)
+				layout_ready(a, &x->lays[k], json_object_get(e, "layout"));
+	}
+	/* Asked and not answered: not waited for again (never used). */
+	for (uint32_t k = 0; k < x->nlays; k++)
+		if (x->lays[k].state == 0 && x->lays[k].asked)
+			x->lays[k].state = -1;
+	agent_pump(a);
+}
+
+/* ---- reads ------------------------------------------------------------------- */
+
+static int post_window(struct node_agent *a, struct xl_read *xr, struct xl_op *op);
+
+/* All of a chunk's reads are back: its pieces go from staging into its
+ * bounce slot, and the read takes the common path (agent_read_landed). */
+static void xl_finish(struct node_agent *a, struct xl_read *xr)
+{
+	struct agent_xl *x = a->xl;
+	struct agent_read *rd = xr->rd;
+	struct xl_holder *h = &x->hs[xr->holder];
+	int status = xr->status;
+
+	if (status == 0) {
+		uint8_t *out = a->bounce + (size_t)rd->slot * a->chunk_size;
+		const uint8_t *st = x->stage + (size_t)xr->stage * x->stage_slot;
+		for (size_t i = 0; i < xr->npcs; i++) {
+			const struct proto_xpiece *q = &xr->pcs[i];
+			const struct proto_xwin *w = &xr->wins[q->win];
+			memcpy(out + q->out, st + w->stage + (q->src - w->src), q->len);
+		}
+	}
+	if (h->used && h->epoch == xr->epoch && rd->gen == a->gen) {
+		agent_source_done(&h->pace, rd->len, status == 0);
+		if (status != 0 && status != -ECANCELED)
+			h->bad_until_ms = agent_now_ms() + BAD_SOURCE_MS;
+	}
+	free(xr->pcs);
+	free(xr->wins);
+	xr->pcs = NULL;
+	xr->wins = NULL;
+	xr->busy = false;
+	agent_read_landed(rd, status);
+}
+
+static void on_window(struct fab_op *op, int status)
+{
+	struct xl_op *xo = proto_container_of(op, struct xl_op, op);
+	struct xl_read *xr = xo->xr;
+	struct node_agent *a = xr->a;
+	struct agent_xl *x = a->xl;
+	struct xl_holder *h = &x->hs[xr->holder];
+	bool ours = h->used && h->epoch == xr->epoch;
+
+	xr->live--;
+	if (status != 0 && xr->status == 0) {
+		xr->status = status;
+		if (ours && status != -ECANCELED) {
+			LOG_DEBUG("node %s: holder %s rank %u: read failed: %d", a->node_id, h->replica,
+				  xr->wins[xo->win].rank, status);
+			agent_source_failed(a, &h->ranks[xr->wins[xo->win].rank]);
+		}
+	}
+	if (xr->status == 0 && xr->next < xr->nwins) {
+		/* More of the chunk to read: only for the fetch it belongs to,
+		 * from the holder it was planned on. */
+		int rc = !ours || xr->rd->abandoned || xr->rd->gen != a->gen || a->fetch == NULL
+				 ? -ECANCELED
+				 : post_window(a, xr, xo);
+		if (rc == 0)
+			return;
+		xr->status = rc;
+	}
+	if (xr->live > 0)
+		return;
+	xl_finish(a, xr);
+}
+
+static int post_window(struct node_agent *a, struct xl_read *xr, struct xl_op *op)
+{
+	struct agent_xl *x = a->xl;
+	struct xl_holder *h = &x->hs[xr->holder];
+	const struct proto_xwin *w = &xr->wins[xr->next];
+	struct agent_source *s = &h->ranks[w->rank];
+	int rc;
+
+	if (!agent_source_ready(a, s, agent_now_ms()))
+		return -EHOSTUNREACH;
+	struct fab_rkey rk = {s->info.addr, s->info.key, s->info.len};
+	op->xr = xr;
+	op->win = xr->next;
+	rc = fab_read(a->fab, &op->op, x->stage_mr, (size_t)xr->stage * x->stage_slot + w->stage,
+		      w->len, s->fa, &rk, w->src, on_window);
+	if (rc != 0) {
+		agent_source_failed(a, s);
+		return rc;
+	}
+	xr->next++;
+	xr->live++;
+	return 0;
+}
+
+/* Staging and scratch, made on first use; false when out of memory. */
+static bool xl_buffers(struct node_agent *a)
+{
+	struct agent_xl *x = a->xl;
+
+	if (x->stage != NULL)
+		return true;
+	x->stage_slot = ((size_t)2 * a->chunk_size + 4095) / 4096 * 4096;
+	x->stage_len = XL_STAGES * x->stage_slot;
+	x->scratch = malloc(XL_PIECES_MAX * sizeof(*x->scratch));
+	x->wscratch = malloc(XL_WINS_MAX * sizeof(*x->wscratch));
+	x->stage = node_serve_map(x->stage_len);
+	if (x->scratch == NULL || x->wscratch == NULL || x->stage == NULL ||
+	    fab_mr_reg(a->fab, x->stage, x->stage_len, FAB_MR_READ, &x->stage_mr) != 0) {
+		node_serve_unmap(x->stage, x->stage_len);
+		x->stage = NULL;
+		free(x->scratch);
+		free(x->wscratch);
+		x->scratch = NULL;
+		x->wscratch = NULL;
+		return false;
+	}
+	for (uint32_t i = 0; i < XL_STAGES; i++)
+		x->reads[i] = (struct xl_read){.a = a, .stage = i};
+	return true;
+}
+
+/* The chunk of parcel p to read from a holder: hint if still to fetch,
+ * else the first from our starting point that no peer holds or fetches. */
+static uint32_t xl_chunk(const struct agent_parcel *p, uint32_t hint)
+{
+	uint32_t n = p->mp->nchunks;
+
+	if (hint < n && p->state[hint] == 0)
+		return hint;
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t c = (p->rot + k) % n;
+		if (p->state[c] == 0 && p->avail[c] == 0 && !p->peer_busy[c])
+			return c;
+	}
+	return UINT32_MAX;
+}
+
+/* Chunk c of parcel pi from holder h: pieces into scratch (npieces),
+ * windows into wscratch; the count of windows and their bytes, or <= 0
+ * when the holder cannot give it in XL_WINS_MAX reads within staging. */
+static int xl_plan(struct node_agent *a, const struct xl_holder *h, uint32_t pi, uint32_t c,
+		   uint64_t *staged)
+{
+	struct agent_xl *x = a->xl;
+	struct agent_fetch *f = a->fetch;
+	const struct agent_parcel *p = &f->parcels[pi];
+	const struct xl_layout *l = &x->lays[h->lay];
+	size_t n = 0;
+	int rc = proto_xmap_pieces(&l->map, f->plan, p->pp, &a->layout, (uint64_t)c * f->man.chunk_size,
+				   p->mp->chunks[c].size, x->scratch, XL_PIECES_MAX, &n);
+
+	for (size_t i = 0; rc == 0 && i < n; i++)
+		if (x->scratch[i].rank >= h->nranks ||
+		    x->scratch[i].src + x->scratch[i].len > h->ranks[x->scratch[i].rank].info.len)
+			rc = -ERANGE; /* the holder offered less than its layout holds */
+	int w = rc == 0 ? proto_xmap_windows(x->scratch, n, x->stage_slot, x->wscratch, XL_WINS_MAX) : rc;
+	x->npieces = n;
+	*staged = 0;
+	for (int i = 0; i < w; i++)
+		*staged += x->wscratch[i].len;
+	if (w <= 0)
+		LOG_DEBUG("node %s: parcel %u chunk %u: not from holder %s (%d)", a->node_id, pi, c,
+			  h->replica, w);
+	return w;
+}
+
+int agent_xl_post(struct node_agent *a, uint32_t pi, uint32_t hint)
+{
+	struct agent_xl *x = a->xl;
+	struct agent_fetch *f = a->fetch;
+	struct agent_parcel *p = &f->parcels[pi];
+	struct xl_holder *h = NULL;
+	struct xl_read *xr = NULL;
+	uint64_t now = agent_now_ms();
+	uint32_t live = 0, c;
+	bool any = false;
+
+	if (p->wire != NULL || !xl_refresh(a))
+		return 0;
+	x = a->xl;
+	ask_holders(a, now);
+	/* Not from the trainer before we know whether holders exist (one
+	 * round trip at the start of a fetch). */
+	if (!x->answered)
+		return -1;
+	for (uint32_t k = 0; k < XL_HOLDERS_MAX && !any; k++)
+		any = holder_usable(a, &x->hs[k], now);
+	if (!any) {
+		/* A holder whose layout is being read: wait for it, not the trainer. */
+		for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++)
+			if (x->hs[k].used && x->hs[k].listed && x->lays[x->hs[k].lay].state == 0)
+				return -1;
+		return 0;
+	}
+	/* The swarm's endgame (a chunk already out, asked again): not from
+	 * the trainer while holders deliver; a silent one's reads move. */
+	if (hint < p->mp->nchunks && p->state[hint] == 1)
+		return -1;
+	for (uint32_t i = 0; i < XL_STAGES; i++) {
+		live += x->reads[i].busy && !x->reads[i].rd->abandoned;
+		if (!x->reads[i].busy && xr == NULL)
+			xr = &x->reads[i];
+	}
+	if (xr == NULL || live >= XL_INFLIGHT)
+		return -1;
+	if ((c = xl_chunk(p, hint)) == UINT32_MAX)
+		return 0;
+	const struct proto_chunk *ch = &p->mp->chunks[c];
+	/* Round-robin over the holders with room (readers spread over their
+	 * uplinks): the first whose reads of the chunk carry at most half as
+	 * many bytes again (gaps read along), else the one with the fewest. */
+	uint64_t best = UINT64_MAX, staged;
+	bool room = false;
+	for (uint32_t k = 0; k < XL_HOLDERS_MAX && best > ch->size + ch->size / 2; k++) {
+		struct xl_holder *o = &x->hs[(x->rr + k) % XL_HOLDERS_MAX];
+		if (!holder_usable(a, o, now) || !holder_room(a, o, ch->size))
+			continue;
+		room = true;
+		if (xl_plan(a, o, pi, c, &staged) > 0 && staged < best) {
+			best = staged;
+			h = o;
+		}
+	}
+	if (h == NULL)
+		return room ? 0 : -1; /* no holder can give it: the trainer */
+	x->rr = (uint32_t)(h - x->hs + 1) % XL_HOLDERS_MAX;
+	int w = xl_plan(a, h, pi, c, &staged);
+	if (w <= 0)
+		return 0;
+	size_t n = x->npieces;
+	int slot = agent_read_claim(a, ch->size);
+	if (slot < 0)
+		return -1;
+	xr->pcs = malloc(n * sizeof(*xr->pcs));
+	xr->wins = malloc((size_t)w * sizeof(*xr->wins));
+	if (xr->pcs == NULL || xr->wins == NULL) {
+		free(xr->pcs);
+		free(xr->wins);
+		xr->pcs = NULL;
+		xr->wins = NULL;
+		agent_read_unclaim(a, ch->size);
+		return -1;
+	}
+	memcpy(xr->pcs, x->scratch, n * sizeof(*xr->pcs));
+	memcpy(xr->wins, x->wscratch, (size_t)w * sizeof(*xr->wins));
+	xr->npcs = n;
+	xr->nwins = (uint32_t)w;
+	xr->next = xr->live = 0;
+	xr->status = 0;
+	xr->holder = (uint32_t)(h - x->hs);
+	xr->epoch = h->epoch;
+	struct agent_read *rd = &a->reads[slot];
+	*rd = (struct agent_read){.a = a, .parcel = pi, .chunk = c, .slot = (uint32_t)slot,
+				  .len = ch->size, .src_idx = UINT32_MAX, .src_peer = true, .xl = true,
+				  .started_ms = now, .busy = true, .in_fabric = true, .gen = a->gen};
+	/* Whom a bad chunk counts against: the one rank that sent it all, else
+	 * the replica. */
+	bool one = true;
+	for (int i = 1; i < w; i++)
+		one &= xr->wins[i].rank == xr->wins[0].rank;
+	snprintf(rd->src_id, sizeof(rd->src_id), "%s",
+		 one ? h->ranks[xr->wins[0].rank].info.id : h->replica);
+	xr->rd = rd;
+	int rc = 0;
+	for (uint32_t i = 0; i < XL_POST_MAX && xr->next < xr->nwins; i++)
+		if ((rc = post_window(a, xr, &xr->ops[i])) != 0)
+			break;
+	if (xr->live == 0) { /* nothing went out: as if never tried */
+		rd->busy = rd->in_fabric = false;
+		free(xr->pcs);
+		free(xr->wins);
+		xr->pcs = NULL;
+		xr->wins = NULL;
+		agent_read_unclaim(a, ch->size);
+		h->bad_until_ms = now + BAD_SOURCE_MS;
+		return 0;
+	}
+	if (rc != 0)
+		xr->status = rc; /* the rest is not asked; what went out comes back first */
+	xr->busy = true;
+	agent_source_posted(&h->pace, ch->size);
+	agent_read_started(a, pi, c, ch->size);
+	return 1;
+}
+
+bool agent_xl_serves(struct node_agent *a)
+{
+	uint64_t now = agent_now_ms();
+
+	if (a->xl == NULL || a->fetch == NULL || a->xl->version != a->fetch->version ||
+	    a->xl->gen != a->gen)
+		return false;
+	for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++)
+		if (holder_usable(a, &a->xl->hs[k], now))
+			return true;
+	return false;
+}
+
+/* ---- periodic work -------------------------------------------------------------- */
+
+
+/* A silent holder's reads go back to the pool (their slots stay reserved
+ * until they complete) and it rests. */
+static void move_silent(struct node_agent *a, struct agent_fetch *f, uint64_t now)
+{
+	struct agent_xl *x = a->xl;
+
+	for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++) {
+		struct xl_holder *h = &x->hs[k];
+		uint32_t moved = 0;
+		if (!h->used || !holder_silent(h, now) || h->bad_until_ms > now)
+			continue;
+		for (uint32_t i = 0; i < XL_STAGES; i++) {
+			struct xl_read *xr = &x->reads[i];
+			struct agent_read *rd = xr->rd;
+			if (!xr->busy || xr->holder != k || xr->epoch != h->epoch || rd->abandoned ||
+			    rd->gen != a->gen || !rd->in_fabric)
+				continue;
+			struct agent_parcel *p = &f->parcels[rd->parcel];
+			rd->abandoned = true;
+			p->nlive[rd->chunk]--;
+			if (p->state[rd->chunk] == 1 && p->nlive[rd->chunk] == 0) {
+				p->state[rd->chunk] = 0;
+				agent_swarm_mark(p, rd->chunk, AGENT_MARK_NONE);
+			}
+			moved++;
+		}
+		if (moved == 0)
+			continue;
+		LOG_WARN("node %s: holder %s delivered nothing for %" PRIu64 " ms; moving its %u reads "
+			 "elsewhere",
+			 a->node_id, h->replica, now - h->pace.progress_ms, moved);
+		f->stalls += moved;
+		node_metrics_add(a->am.m, a->am.stalled, moved);
+		h->bad_until_ms = now + BAD_SOURCE_MS;
+	}
+}
+
+void agent_xl_tick(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+	struct agent_xl *x = a->xl;
+	uint64_t now = agent_now_ms();
+
+	/* An offer without our slot was accepted: offer again, with it. */
+	if (x != NULL && x->slot_mr != NULL && a->kept != NULL && a->kept->so.offered &&
+	    !a->kept->so.busy && !x->slot_in_offer)
+		a->kept->so.offered = false;
+	if (!xl_refresh(a))
+		return;
+	move_silent(a, f, now);
+	ask_holders(a, now);
+}
+
+/* Holders are for the fetch under way (dropped when it changed); asked
+ * again every XL_ASK_MS. False when there is nothing to do for this fetch. */
+static bool xl_refresh(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+	struct agent_xl *x;
+
+	if (!a->fanout || f == NULL || f->parcels == NULL || f->verified || f->delta ||
+	    (x = xl_get(a)) == NULL || !xl_buffers(a))
+		return false;
+	if (x->version != f->version || x->gen != a->gen) {
+		for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++)
+			if (x->hs[k].used)
+				holder_drop(a, &x->hs[k]);
+		x->version = f->version;
+		x->gen = a->gen;
+		x->asked_ms = 0;
+		x->answered = false;
+	}
+	return true;
+}
+
+static void ask_holders(struct node_agent *a, uint64_t now)
+{
+	struct agent_fetch *f = a->fetch;
+	struct agent_xl *x = a->xl;
+
+	if (x->pending || now - x->asked_ms < XL_ASK_MS)
+		return;
+	struct xl_req *req = malloc(sizeof(*req));
+	x->asked_ms = now;
+	if (req != NULL)
+		*req = (struct xl_req){a, a->gen};
+	if (req == NULL ||
+	    trk_client_holders(a->trk, f->version, f->ml->layout_digest, on_holders, req) != 0) {
+		free(req);
+		x->answered = true; /* not waiting for an answer that will not come */
+	} else {
+		x->pending = true;
+	}
+}
+
+void agent_xl_fini(struct node_agent *a)
+{
+	struct agent_xl *x = a->xl;
+
+	if (x == NULL)
+		return;
+	/* The endpoint is closed (it closed the regions and cancelled reads). */
+	for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++)
+		if (x->hs[k].used)
+			holder_drop(a, &x->hs[k]);
+	for (uint32_t i = 0; i < x->nlays; i++)
+		if (x->lays[i].state == 1) {
+			proto_xmap_fini(&x->lays[i].map);
+			proto_layout_fini(&x->lays[i].l);
+		}
+	for (uint32_t i = 0; i < XL_STAGES; i++) {
+		free(x->reads[i].pcs);
+		free(x->reads[i].wins);
+	}
+	node_serve_unmap(x->stage, x->stage_len);
+	node_serve_unmap(x->liar, x->liar_len);
+	free(x->scratch);
+	free(x->wscratch);
+	free(x);
+	a->xl = NULL;
+}

@@ -1,0 +1,211 @@
+/* Cross-layout sources: a destination rank's bytes in another layout's
+ * ranks (proto/xmap.h says how). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/xmap.h"
+
+static int span_cmp(const void *a, const void *b)
+{
+	const struct proto_xspan *x = a, *y = b;
+	return x->dst < y->dst ? -1 : x->dst > y->dst;
+}
+
+int proto_xmap_build(const struct proto_plan *hp, const struct proto_layout *holder,
+		     const struct proto_layout *dst, uint32_t dst_rank, struct proto_xmap *out,
+		     struct proto_err *err)
+{
+	uint64_t n = 0, k = 0;
+
+	memset(out, 0, sizeof(*out));
+	if (dst_rank >= dst->nranks || hp->ndst != dst->nranks || hp->nsrc != holder->nranks)
+		return proto_errf(err, EINVAL, "cross-layout map: plan and layouts differ");
+	for (uint32_t i = 0; i < hp->nparcels; i++)
+		if (hp->parcels[i].dst_rank == dst_rank)
+			n += hp->parcels[i].nruns;
+	struct proto_xspan *sp = calloc(n + 1, sizeof(*sp));
+	if (sp == NULL)
+		return proto_errf(err, ENOMEM, "cross-layout map: out of memory");
+	for (uint32_t i = 0; i < hp->nparcels; i++) {
+		const struct proto_parcel *pc = &hp->parcels[i];
+		if (pc->dst_rank != dst_rank)
+			continue;
+		for (uint64_t s = pc->seg0; s < pc->seg0 + pc->nsegs; s++) {
+			const struct proto_segment *sg = &hp->segs[s];
+			uint64_t db = dst->ranks[dst_rank].locals[sg->dst_local].offset;
+			uint64_t sb = holder->ranks[pc->src_rank].locals[sg->src_local].offset;
+			for (uint64_t r = sg->run0; r < sg->run0 + sg->nruns; r++) {
+				const struct proto_run *run = &hp->runs[r];
+				sp[k++] = (struct proto_xspan){db + run->dst_off, run->len,
+							       sb + run->src_off, pc->src_rank};
+			}
+		}
+	}
+	qsort(sp, k, sizeof(*sp), span_cmp);
+	uint64_t m = 0;
+	for (uint64_t i = 0; i < k; i++) {
+		struct proto_xspan *last = m > 0 ? &sp[m - 1] : NULL;
+		if (last != NULL && sp[i].dst < last->dst + last->len) {
+			unsigned long long twice = sp[i].dst;
+			free(sp);
+			return proto_errf(err, EINVAL, "cross-layout map: byte %llu of rank %u mapped twice",
+					  twice, dst_rank);
+		}
+		if (last != NULL && last->rank == sp[i].rank && last->dst + last->len == sp[i].dst &&
+		    last->src + last->len == sp[i].src)
+			last->len += sp[i].len;
+		else
+			sp[m++] = sp[i];
+	}
+	*out = (struct proto_xmap){dst_rank, holder->nranks, m, sp};
+	return 0;
+}
+
+void proto_xmap_fini(struct proto_xmap *x)
+{
+	free(x->spans);
+	memset(x, 0, sizeof(*x));
+}
+
+/* The span holding destination byte d, or the first after it. */
+static uint64_t span_at(const struct proto_xmap *x, uint64_t d)
+{
+	uint64_t lo = 0, hi = x->nspans;
+
+	while (lo < hi) {
+		uint64_t mid = lo + (hi - lo) / 2;
+		if (x->spans[mid].dst + x->spans[mid].len <= d)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Appends a piece, merging it into the last when both continue each other. */
+static int put_piece(struct proto_xpiece *out, size_t max, size_t *n, uint32_t rank, uint64_t src,
+		     uint64_t len, uint64_t o)
+{
+	struct proto_xpiece *last = *n > 0 ? &out[*n - 1] : NULL;
+
+	if (last != NULL && last->rank == rank && last->src + last->len == src &&
+	    last->out + last->len == o) {
+		last->len += len;
+		return 0;
+	}
+	if (*n == max)
+		return -ENOSPC;
+	out[(*n)++] = (struct proto_xpiece){rank, 0, src, len, o};
+	return 0;
+}
+
+int proto_xmap_pieces(const struct proto_xmap *x, const struct proto_plan *p,
+		      const struct proto_parcel *pc, const struct proto_layout *dst, uint64_t off,
+		      uint64_t len, struct proto_xpiece *out, size_t max, size_t *n)
+{
+	uint64_t end = off + len, o = 0;
+
+	*n = 0;
+	if (pc->dst_rank != x->dst_rank || end < off || end > pc->bytes)
+		return -ERANGE;
+	if (len == 0)
+		return 0;
+	uint64_t sg = pc->seg0;
+	for (uint64_t r = proto_parcel_run_at(p, pc, off); off < end && r < pc->run0 + pc->nruns; r++) {
+		const struct proto_run *run = &p->runs[r];
+		while (sg + 1 < pc->seg0 + pc->nsegs && p->segs[sg + 1].run0 <= r)
+			sg++;
+		uint64_t in = off - run->pay_off, take = PROTO_MIN(run->len - in, end - off);
+		uint64_t d = dst->ranks[pc->dst_rank].locals[p->segs[sg].dst_local].offset +
+			     run->dst_off + in;
+		/* Destination bytes [d, d+take) through the map's spans. */
+		for (uint64_t k = span_at(x, d); take > 0; k++) {
+			const struct proto_xspan *s = &x->spans[k];
+			if (k >= x->nspans || s->dst > d)
+				return -ENOENT;
+			uint64_t sin = d - s->dst, t = PROTO_MIN(s->len - sin, take);
+			int rc = put_piece(out, max, n, s->rank, s->src + sin, t, o);
+			if (rc != 0)
+				return rc;
+			d += t;
+			o += t;
+			off += t;
+			take -= t;
+		}
+	}
+	return off == end ? 0 : -ERANGE;
+}
+
+static int piece_cmp(const void *a, const void *b)
+{
+	const struct proto_xpiece *x = *(const struct proto_xpiece *const *)a;
+	const struct proto_xpiece *y = *(const struct proto_xpiece *const *)b;
+	if (x->rank != y->rank)
+		return x->rank < y->rank ? -1 : 1;
+	return x->src < y->src ? -1 : x->src > y->src;
+}
+
+/* Groups the sorted pieces with gap; the count of windows, and their
+ * staging bytes in *bytes; fills out when it is not NULL. */
+static size_t group(struct proto_xpiece **sorted, size_t n, uint64_t gap, uint64_t *bytes,
+		    struct proto_xwin *out)
+{
+	size_t w = 0;
+	uint64_t start = 0, wend = 0, total = 0;
+	uint32_t rank = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		struct proto_xpiece *q = sorted[i];
+		if (w == 0 || q->rank != rank || q->src > wend + gap) {
+			if (w > 0) {
+				if (out != NULL)
+					out[w - 1] = (struct proto_xwin){rank, start, wend - start, total};
+				total += wend - start;
+			}
+			w++;
+			rank = q->rank;
+			start = q->src;
+			wend = q->src + q->len;
+		} else if (q->src + q->len > wend) {
+			wend = q->src + q->len;
+		}
+		if (out != NULL)
+			q->win = (uint32_t)(w - 1);
+	}
+	if (w > 0) {
+		if (out != NULL)
+			out[w - 1] = (struct proto_xwin){rank, start, wend - start, total};
+		total += wend - start;
+	}
+	*bytes = total;
+	return w;
+}
+
+int proto_xmap_windows(struct proto_xpiece *pc, size_t n, uint64_t stage_cap,
+		       struct proto_xwin *out, size_t max)
+{
+	struct proto_xpiece **sorted;
+	uint64_t gap = 0, bytes = 0;
+	size_t w;
+
+	if (max == 0)
+		return -ENOSPC;
+	if (n == 0)
+		return 0;
+	if ((sorted = malloc(n * sizeof(*sorted))) == NULL)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		sorted[i] = &pc[i];
+	qsort(sorted, n, sizeof(*sorted), piece_cmp);
+	while ((w = group(sorted, n, gap, &bytes, NULL)) > max && bytes <= stage_cap &&
+	       gap < (1ull << 40))
+		gap = gap == 0 ? 64 : 2 * gap;
+	if (w > max || bytes > stage_cap) {
+		free(sorted);
+		return -ENOSPC;
+	}
+	group(sorted, n, gap, &bytes, out);
+	free(sorted);
+	return (int)w;
+}

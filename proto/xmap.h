@@ -1,0 +1,93 @@
+/* Cross-layout sources: where the bytes a destination rank keeps sit in the
+ * ranks of a replica of another layout. */
+#ifndef PROTO_XMAP_H
+#define PROTO_XMAP_H
+
+/*
+ * A replica that holds a version complete holds the whole model in its own
+ * layout (the holder layout H): rank h's memory is its local tensors back
+ * to back (proto_layout, locals[i].offset). A node of layout L fetching the
+ * same version needs, for each chunk of each of its parcels (trainer rank
+ * s -> its rank d), payload bytes [off, off+len); the parcel's runs say
+ * where each payload byte sits in rank d's memory. The plan H -> L
+ * (proto_plan_build with H as source) says, for every byte of rank d's
+ * memory, which rank of H holds it and where: that is the map built here,
+ * a sorted list of spans (dst offset in rank d's memory, length, holder
+ * rank, offset in that rank's memory). Composing the two gives a chunk's
+ * pieces: (holder rank, offset, length, offset inside the chunk), in
+ * payload order. A TP1 rank's chunk comes from both ranks of a TP2 replica,
+ * a TP4 rank's from one quarter of a TP2 rank, a TP2 rank's from two TP4
+ * ranks; replicated tensors from whichever rank the planner's rotation
+ * picked.
+ *
+ * Reading: pieces of one holder rank that touch (or nearly: gaps are read
+ * too, within a staging budget) are read as one window, so a chunk costs a
+ * few one-sided reads, not one per row; the windows land in a staging area
+ * and the pieces are copied out of it into the chunk's bytes. What comes
+ * out is checked against the fetching layout's own signed chunk hash, like
+ * any other chunk: the map only says where to look.
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/plan.h"
+#include "proto/spec.h"
+
+struct proto_xspan {
+	uint64_t dst;  /* byte offset in the destination rank's memory */
+	uint64_t len;
+	uint64_t src;  /* byte offset in the holder rank's memory */
+	uint32_t rank; /* the holder rank */
+};
+
+struct proto_xmap {
+	uint32_t dst_rank;
+	uint32_t nranks; /* the holder layout's */
+	uint64_t nspans;
+	struct proto_xspan *spans; /* sorted by dst, disjoint, adjacent ones merged */
+};
+
+/* A chunk's bytes [out, out+len) are holder rank `rank`'s bytes [src, src+len). */
+struct proto_xpiece {
+	uint32_t rank;
+	uint32_t win; /* its window (proto_xmap_windows) */
+	uint64_t src, len, out;
+};
+
+/* One read: holder rank `rank`'s bytes [src, src+len) into the staging
+ * area at stage. */
+struct proto_xwin {
+	uint32_t rank;
+	uint64_t src, len, stage;
+};
+
+/* Builds the map of destination rank dst_rank from hp, the plan from the
+ * holder layout to the destination layout (proto_plan_build(m, holder,
+ * dst)). On failure (-ENOMEM, -EINVAL: a byte mapped twice) *out is empty
+ * and err says why. */
+int proto_xmap_build(const struct proto_plan *hp, const struct proto_layout *holder,
+		     const struct proto_layout *dst, uint32_t dst_rank, struct proto_xmap *out,
+		     struct proto_err *err);
+void proto_xmap_fini(struct proto_xmap *x);
+
+/* The pieces of payload bytes [off, off+len) of parcel pc of plan p (the
+ * trainer's plan into the destination layout dst; pc->dst_rank must be
+ * x->dst_rank), in payload order, adjacent ones merged, into out (max
+ * entries); *n gets the count. -ENOSPC when more than max are needed,
+ * -ERANGE when the range leaves the parcel, -ENOENT when the map lacks a
+ * byte (a holder layout that does not cover the model). */
+int proto_xmap_pieces(const struct proto_xmap *x, const struct proto_plan *p,
+		      const struct proto_parcel *pc, const struct proto_layout *dst, uint64_t off,
+		      uint64_t len, struct proto_xpiece *out, size_t max, size_t *n);
+
+/* Groups n pieces into reads (windows): per holder rank, pieces in source
+ * order, merged when they touch; while there are more than max windows the
+ * gap read along grows (64 bytes, doubling). Windows are placed back to
+ * back in a staging area; sets each piece's win. Returns the number of
+ * windows, -ENOSPC when the windows would need more than stage_cap bytes
+ * of staging (or max is 0), -ENOMEM. */
+int proto_xmap_windows(struct proto_xpiece *pc, size_t n, uint64_t stage_cap,
+		       struct proto_xwin *out, size_t max);
+
+#endif
