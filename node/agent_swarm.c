@@ -31,12 +31,17 @@
  *   3. else, once nothing of the parcel was in flight for us and none of
  *      its chunks came for STARVE_MS (the parcel is hungry from then on),
  *      chunks whose owner does not serve the parcel (members that do not
- *      fetch this version own chunks too); while that lasts, any, even one a peer is
- *      fetching (a slow peer must not hold us up; a dead one's busy bits
- *      are forgotten once its page cannot be read);
+ *      fetch this version own chunks too); while that lasts, a chunk a
+ *      peer has been fetching for longer than our own reads from the
+ *      trainer would take at its measured rate (busy_patience: a slow
+ *      peer must not hold us up, a merely queued one must not cost the
+ *      trainer a second copy; a dead one's busy bits are forgotten once
+ *      its page cannot be read), and, starved that long, any chunk no
+ *      peer holds;
  *   4. endgame: with nothing left to ask for, a chunk whose only read has
- *      been out ENDGAME_MS is asked once more from another source; the
- *      later copy counts as duplicate bytes.
+ *      been out ENDGAME_MS, and twice what its source's measured rate
+ *      predicts for the bytes queued on it, is asked once more from
+ *      another source; the later copy counts as duplicate bytes.
  * Each member starts its walk over the chunks at its own point (a hash of
  * its id), so the first chunks it takes from the trainer differ from its
  * peers' before any have-page has been read.
@@ -674,7 +679,10 @@ struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_
 		return best_s;
 	/* Not from a publisher while a peer's have-page is still to come: it
 	 * may hold what we would ask the trainer for (a member that started
-	 * late would otherwise take its whole share from the trainer again). */
+	 * late would otherwise take its whole share from the trainer again);
+	 * for HAVE_WAIT_MS after the tracker listed it at most: at a version's
+	 * start nobody holds anything, and waiting on every peer's first page
+	 * (a connection each) left the trainer's link idle for seconds. */
 	for (size_t k = 0; k < p->nsrcs; k++) {
 		const struct agent_source *o = &p->srcs[k];
 		if (a->fanout && o->info.peer && !o->self && o->have == NULL &&
