@@ -61,9 +61,46 @@ static int ref_handle(struct fab_ctx *ctx, fi_addr_t addr)
 		ctx->av_refs = r;
 		ctx->av_refs_cap = cap;
 	}
+	if (ctx->av_refs[addr].doomed) { /* handed out again before it went */
+		ctx->av_refs[addr].doomed = false;
+		ctx->av_doomed--;
+	}
 	ctx->av_refs[addr].handles++;
 	ctx->av_refs[addr].inserts++;
 	return 0;
+}
+
+static bool transfers_to(const struct fab_ctx *ctx, fi_addr_t addr)
+{
+	for (const struct fab_op *op = ctx->posted; op != NULL; op = op->next_)
+		if (op->kind_ != FAB_OP_RECV && op->peer_ == addr)
+			return true;
+	return false;
+}
+
+static int forget(struct fab_ctx *ctx, fi_addr_t addr)
+{
+	struct fab__av_ref *r = &ctx->av_refs[addr];
+	int first = 0;
+
+	for (; r->inserts > 0; r->inserts--) {
+		int ret = fi_av_remove(ctx->av, &addr, 1, 0);
+
+		if (ret != 0 && first == 0)
+			first = FAB_FI_ERR(ret, "fi_av_remove");
+	}
+	return first;
+}
+
+void fab__av_reap_doomed(struct fab_ctx *ctx)
+{
+	for (size_t a = 0; a < ctx->av_refs_cap && ctx->av_doomed > 0 && !ctx->closing; a++) {
+		if (!ctx->av_refs[a].doomed || transfers_to(ctx, a))
+			continue;
+		ctx->av_refs[a].doomed = false;
+		ctx->av_doomed--;
+		forget(ctx, a);
+	}
 }
 
 int fab_av_insert(struct fab_ctx *ctx, const void *addr, size_t len,
@@ -101,7 +138,6 @@ int fab_av_insert(struct fab_ctx *ctx, const void *addr, size_t len,
 int fab_av_remove(struct fab_ctx *ctx, fi_addr_t addr)
 {
 	struct fab__av_ref *r;
-	int first = 0;
 
 	if (addr >= ctx->av_refs_cap || ctx->av_refs[addr].handles == 0)
 		return -ENOENT;
@@ -109,13 +145,17 @@ int fab_av_remove(struct fab_ctx *ctx, fi_addr_t addr)
 	if (--r->handles > 0)
 		return 0; /* another handle still uses the peer */
 	/* The last handle: forget the peer and drop its connection. The
-	 * provider takes one fi_av_remove per fi_av_insert. */
+	 * provider takes one fi_av_remove per fi_av_insert. tcp;ofi_rxm
+	 * (1.17) crashes dropping a connection that still carries RMA (as in
+	 * fab_close): nodes whose source list lost a peer with reads in
+	 * flight died in fi_av_remove. So while transfers to the peer are
+	 * with the provider, the removal waits for them (they end with
+	 * -ECONNABORTED or their result; fab__av_reap_doomed). */
 	fab__fail_parked_peer(ctx, addr);
-	for (; r->inserts > 0; r->inserts--) {
-		int ret = fi_av_remove(ctx->av, &addr, 1, 0);
-
-		if (ret != 0 && first == 0)
-			first = FAB_FI_ERR(ret, "fi_av_remove");
+	if (transfers_to(ctx, addr)) {
+		r->doomed = true;
+		ctx->av_doomed++;
+		return 0;
 	}
-	return first;
+	return forget(ctx, addr);
 }

@@ -229,7 +229,9 @@ int fab_av_insert(struct fab_ctx *ctx, const void *addr, size_t len,
  * peer is forgotten: its connection is closed (a later insert connects
  * afresh, never reusing one the provider has not yet seen die), ops parked
  * for it fail with -ECONNABORTED at the next fab_poll, and ops in flight to
- * it complete with -ECONNABORTED (or their result, if it came first).
+ * it complete with -ECONNABORTED (or their result, if it came first); the
+ * connection is closed only once none of them is with the provider (a new
+ * insert before then keeps it).
  * -ENOENT for a handle that is not held. */
 int fab_av_remove(struct fab_ctx *ctx, fi_addr_t addr);
 

@@ -47,6 +47,7 @@ struct fab_mr {
 struct fab__av_ref {
 	uint32_t handles; /* fab_av_insert calls not yet removed */
 	uint32_t inserts; /* fi_av_insert calls the provider still counts */
+	bool doomed;      /* no handle left, removal waits for transfers to end */
 };
 
 struct fab_ctx {
@@ -70,6 +71,7 @@ struct fab_ctx {
 	 * Indexed by fi_addr (FI_AV_TABLE: small integers); grows. */
 	struct fab__av_ref *av_refs;
 	size_t av_refs_cap;
+	size_t av_doomed; /* entries with doomed set */
 
 	/* ops handed to the provider (doubly linked); ops parked on
 	 * -FI_EAGAIN and ops reaped awaiting their callback (FIFOs via
@@ -122,6 +124,9 @@ void fab__retry_parked(struct fab_ctx *ctx);
  * and marks its posted ops so that their cancellation by the provider
  * (the connection is being closed) reads -ECONNABORTED too. */
 void fab__fail_parked_peer(struct fab_ctx *ctx, fi_addr_t peer);
+/* Removes the peers whose last handle went while transfers to them were
+ * with the provider, once none is (fab_av_remove). */
+void fab__av_reap_doomed(struct fab_ctx *ctx);
 /* op->cancel_ values: the caller cancelled it / its peer was removed. */
 #define FAB__CANCEL_ASKED 1
 #define FAB__CANCEL_PEER_GONE 2

@@ -321,6 +321,8 @@ int fab__dispatch(struct fab_ctx *ctx)
 			op->cb(op, op->status); /* may repost or free op */
 	}
 	ctx->dispatching = false;
+	if (ctx->av_doomed > 0)
+		fab__av_reap_doomed(ctx);
 	return ran;
 }
 

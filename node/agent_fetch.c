@@ -77,6 +77,7 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 	n = kept;
 	for (size_t i = 0; i < n; i++) {
 		ns[i].info = s[i];
+		ns[i].listed_ms = agent_now_ms(); /* unless known before (below) */
 		ns[i].self = s[i].peer && strcmp(s[i].id, a->node_id) == 0;
 		for (size_t j = 0; j < p->nsrcs; j++) {
 			struct agent_source *o = &p->srcs[j];
@@ -153,6 +154,11 @@ static uint64_t source_patience(const struct agent_source *s)
 	if (s->rate == 0)
 		return 3 * stall;
 	return PROTO_MAX(stall, 4 * s->inflight_bytes * 1000 / s->rate);
+}
+
+uint64_t agent_source_queue_ms(const struct agent_source *s, uint64_t bytes)
+{
+	return s == NULL || s->rate == 0 ? 0 : bytes * 1000 / s->rate;
 }
 
 bool agent_source_silent(const struct agent_source *s, uint64_t now)
@@ -473,6 +479,7 @@ void agent_pump(struct node_agent *a)
 				continue;
 			}
 			agent_source_posted(s, len);
+			LOG_DEBUG("node %s: post %u/%u from %s", a->node_id, pi, c, s->info.id);
 			agent_read_started(a, pi, c, len);
 		}
 	}

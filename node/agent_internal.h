@@ -63,6 +63,7 @@
 #define PEER_STALL_MS 2000  /* a peer delivering nothing this long is silent */
 #define STARVE_MS 1000      /* no chunk for this long: also take what a peer is fetching */
 #define SWARM_REFRESH_MS 1000 /* sources asked again while fetching (new swarm members) */
+#define HAVE_WAIT_MS 300    /* a newly listed peer's have-page is waited for this long at most */
 
 struct agent_source {
 	struct trk_source info;
@@ -82,6 +83,7 @@ struct agent_source {
 	uint64_t have_ms;         /* when the last read of it was posted */
 	bool have_busy;           /* a read of it is in flight */
 	bool self;                /* it is us: never read from */
+	uint64_t listed_ms;       /* first listed by the tracker */
 };
 
 struct agent_parcel {
@@ -106,6 +108,7 @@ struct agent_parcel {
 	uint8_t *nlive;      /* per chunk: reads of it in flight */
 	uint16_t *avail;     /* per chunk: peers whose have-page lists it */
 	uint8_t *peer_busy;  /* per chunk: a peer is fetching it */
+	uint64_t *busy_ms;   /* per chunk: since when a peer is fetching it (0: none is) */
 	uint8_t *mine;       /* per chunk: we own it (we ask the trainer for it first) */
 	uint32_t *owner;     /* per chunk: its owner's index in members (UINT32_MAX: us, or unknown) */
 	uint8_t *owner_on;   /* per chunk: its owner serves this parcel (a usable peer) */
@@ -409,6 +412,8 @@ void agent_swarm_recount(struct node_agent *a, uint32_t pi);
 /* Source helpers shared with agent_fetch.c. */
 uint64_t agent_source_window(const struct node_agent *a, const struct agent_source *s);
 bool agent_source_silent(const struct agent_source *s, uint64_t now);
+/* How long s takes for bytes at its measured rate; 0 while unmeasured. */
+uint64_t agent_source_queue_ms(const struct agent_source *s, uint64_t bytes);
 bool agent_source_ready(struct node_agent *a, struct agent_source *s, uint64_t now);
 /* s may be read from now: not us, not resting, not silent; a peer only in
  * fanout, once its have-page was read, and while not banned. */

@@ -31,12 +31,17 @@
  *   3. else, once nothing of the parcel was in flight for us and none of
  *      its chunks came for STARVE_MS (the parcel is hungry from then on),
  *      chunks whose owner does not serve the parcel (members that do not
- *      fetch this version own chunks too); while that lasts, any, even one a peer is
- *      fetching (a slow peer must not hold us up; a dead one's busy bits
- *      are forgotten once its page cannot be read);
+ *      fetch this version own chunks too); while that lasts, a chunk a
+ *      peer has been fetching for longer than our own reads from the
+ *      trainer would take at its measured rate (busy_patience: a slow
+ *      peer must not hold us up, a merely queued one must not cost the
+ *      trainer a second copy; a dead one's busy bits are forgotten once
+ *      its page cannot be read), and, starved that long, any chunk no
+ *      peer holds;
  *   4. endgame: with nothing left to ask for, a chunk whose only read has
- *      been out ENDGAME_MS is asked once more from another source; the
- *      later copy counts as duplicate bytes.
+ *      been out ENDGAME_MS, and twice what its source's measured rate
+ *      predicts for the bytes queued on it, is asked once more from
+ *      another source; the later copy counts as duplicate bytes.
  * Each member starts its walk over the chunks at its own point (a hash of
  * its id), so the first chunks it takes from the trainer differ from its
  * peers' before any have-page has been read.
@@ -323,6 +328,8 @@ static void recount(struct agent_fetch *f, struct agent_parcel *p)
 				p->peer_busy[c] = 1;
 		}
 	}
+	for (uint32_t c = 0; c < n; c++)
+		p->busy_ms[c] = !p->peer_busy[c] ? 0 : p->busy_ms[c] != 0 ? p->busy_ms[c] : now;
 	/* Owners that serve the parcel (their page was read) are on their
 	 * chunks; the others' chunks are anyone's once we are hungry. */
 	for (uint32_t c = 0; c < n; c++) {
@@ -521,11 +528,17 @@ static const struct agent_source *reading_from(struct node_agent *a, uint32_t pi
 	return NULL;
 }
 
-/* Whether the publisher pass may ask for chunk c: no peer holds it, and
- * (unless busy_too) none is fetching it. */
-static bool pub_wanted(const struct agent_parcel *p, uint32_t c, bool busy_too)
+/* Whether the publisher pass may ask for chunk c: no peer holds it and
+ * none is fetching it; late (the starved pass), only one a peer has been
+ * fetching since before busy_before, or (idle_too) also one nobody is. */
+static bool pub_wanted(const struct agent_parcel *p, uint32_t c, bool late, uint64_t busy_before,
+		       bool idle_too)
 {
-	return p->state[c] == 0 && p->avail[c] == 0 && (busy_too || !p->peer_busy[c]);
+	if (p->state[c] != 0 || p->avail[c] != 0)
+		return false;
+	if (!late)
+		return !p->peer_busy[c];
+	return p->peer_busy[c] ? p->busy_ms[c] < busy_before : idle_too;
 }
 
 /* The chunk to ask a publisher for next, UINT32_MAX if none, from our own
@@ -533,21 +546,42 @@ static bool pub_wanted(const struct agent_parcel *p, uint32_t c, bool busy_too)
  * know no other member); pass 1, once the parcel went hungry (p->hungry),
  * also chunks whose owner does not serve the parcel (a member that does
  * not fetch this version owns chunks nobody would get); pass 2, starved
- * now, any chunk no peer holds. Others' chunks are not taken early: their owners are on
- * them, and helpers grabbing them meet the owners on the trainer's link
- * (measured: 8 nodes on loopback, 2 to 4 copies with helpers, about one
- * without). */
-static uint32_t pub_next(const struct agent_parcel *p, int pass)
+ * now, a chunk a peer has been fetching for longer than busy_patience(),
+ * and, starved that long ourselves, any chunk no peer holds (owners that
+ * disagree on who owns what). Others' chunks are not taken early: their
+ * owners are on them, and helpers grabbing them meet the owners on the
+ * trainer's link (measured: 8 nodes on loopback, 2 to 4 copies with
+ * helpers, about one without). */
+static uint32_t pub_next(const struct agent_parcel *p, int pass, uint64_t busy_before, bool idle_too)
 {
 	uint32_t n = p->mp->nchunks;
 
 	for (uint32_t k = 0; k < n; k++) {
 		uint32_t c = (p->rot + k) % n;
 		if ((p->mine[c] || (pass == 1 && !p->owner_on[c]) || pass == 2) &&
-		    pub_wanted(p, c, pass == 2))
+		    pub_wanted(p, c, pass == 2, busy_before, idle_too))
 			return c;
 	}
 	return UINT32_MAX;
+}
+
+/* A peer fetching a chunk from the trainer is late once it has been at it
+ * for four times what our own window to the trainer takes at our measured
+ * rate (it shares the trainer's link with us), and TESSERA_STALL_MS at
+ * least: only then may a starved node take the chunk from the trainer too.
+ * A fixed STARVE_MS sent the trainer's link a second copy of chunks that
+ * were merely queued behind the others on it. */
+static uint64_t busy_patience(struct node_agent *a, const struct agent_parcel *p)
+{
+	uint64_t ms = 3 * proto_param(PROTO_PARAM_STALL_MS);
+
+	for (size_t k = 0; k < p->nsrcs; k++) {
+		const struct agent_source *s = &p->srcs[k];
+		if (!s->info.peer && s->rate != 0)
+			ms = PROTO_MAX(proto_param(PROTO_PARAM_STALL_MS),
+				       4 * agent_source_queue_ms(s, agent_source_window(a, s)));
+	}
+	return ms;
 }
 
 static uint64_t hrw(const char *id, uint32_t pi, uint32_t c)
@@ -647,22 +681,29 @@ struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_
 		return best_s;
 	/* Not from a publisher while a peer's have-page is still to come: it
 	 * may hold what we would ask the trainer for (a member that started
-	 * late would otherwise take its whole share from the trainer again). */
+	 * late would otherwise take its whole share from the trainer again);
+	 * for HAVE_WAIT_MS after the tracker listed it at most: at a version's
+	 * start nobody holds anything, and waiting on every peer's first page
+	 * (a connection each) left the trainer's link idle for seconds. */
 	for (size_t k = 0; k < p->nsrcs; k++) {
 		const struct agent_source *o = &p->srcs[k];
 		if (a->fanout && o->info.peer && !o->self && o->have == NULL &&
-		    o->bad_until_ms <= now && !agent_swarm_banned(f, o->info.id))
+		    o->bad_until_ms <= now && !agent_swarm_banned(f, o->info.id) &&
+		    now - o->listed_ms < HAVE_WAIT_MS)
 			return NULL;
 	}
 	/* 2. From a publisher: what no peer holds or fetches, ours first
-	 * (then, hungry, anyone's); 3. when starved, what no peer holds. */
+	 * (then, hungry, what nobody serving owns); 3. when starved, what a
+	 * peer is late with. */
 	bool starved = live == 0 && now - p->progress_ms >= STARVE_MS;
 	p->hungry |= starved;
 	for (int pass = 0; pass < 3 && todo; pass++) {
 		uint32_t c;
 		if ((pass == 1 && !p->hungry) || (pass == 2 && !starved))
 			break;
-		if ((c = pub_next(p, pass)) == UINT32_MAX)
+		uint64_t patience = pass == 2 ? busy_patience(a, p) : 0;
+		if ((c = pub_next(p, pass, now > patience ? now - patience : 1,
+				  now - p->progress_ms >= patience)) == UINT32_MAX)
 			continue;
 		if ((s = holder(a, p, c, false, NULL, now)) == NULL)
 			return NULL; /* no publisher with room */
@@ -681,7 +722,11 @@ struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_
 		if (p->state[c] != 1 || p->nlive[c] != 1)
 			continue;
 		cur = reading_from(a, pi, c, &started);
-		if (now - started < ENDGAME_MS)
+		/* Late only against what its source's measured rate predicts
+		 * for the bytes queued on it: a read that is merely queued
+		 * behind others is not asked for twice. */
+		if (now - started < PROTO_MAX(ENDGAME_MS, 2 * agent_source_queue_ms(
+								  cur, cur != NULL ? cur->inflight_bytes : 0)))
 			continue;
 		if ((s = holder(a, p, c, true, cur, now)) != NULL ||
 		    (s = holder(a, p, c, false, cur, now)) != NULL) {

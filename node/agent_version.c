@@ -27,6 +27,7 @@ void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
 		free(p->nlive);
 		free(p->avail);
 		free(p->peer_busy);
+		free(p->busy_ms);
 		free(p->mine);
 		free(p->owner);
 		free(p->owner_on);
@@ -129,11 +130,13 @@ static int setup_parcels(struct node_agent *a)
 		p->nlive = calloc(mp->nchunks + 1, 1);
 		p->avail = calloc(mp->nchunks + 1, sizeof(*p->avail));
 		p->peer_busy = calloc(mp->nchunks + 1, 1);
+		p->busy_ms = calloc(mp->nchunks + 1, sizeof(*p->busy_ms));
 		p->mine = malloc(mp->nchunks + 1);
 		p->owner = calloc(mp->nchunks + 1, sizeof(*p->owner));
 		p->owner_on = calloc(mp->nchunks + 1, 1);
 		if (p->state == NULL || p->asked == NULL || p->nlive == NULL || p->avail == NULL ||
-		    p->peer_busy == NULL || p->mine == NULL || p->owner == NULL || p->owner_on == NULL)
+		    p->peer_busy == NULL || p->busy_ms == NULL || p->mine == NULL || p->owner == NULL ||
+		    p->owner_on == NULL)
 			return -ENOMEM;
 		memset(p->mine, 1, mp->nchunks + 1);
 		if (f->delta && (p->wire = malloc(PROTO_MAX(mp->wire_bytes, 1))) == NULL)

@@ -685,6 +685,54 @@ static void test_shared_handles(void **state)
 /* An outsider who knows a peer's address but no key cannot read: keys are
  * random 64-bit values (not 1, 2, 3 ...), reads with guessed keys are
  * refused, and the message buffers have no key to guess. */
+/* The last handle of a peer goes while a large read from it is still with
+ * the provider (a node's source list dropped the peer): tcp;ofi_rxm
+ * crashes closing a connection that carries a half-received read
+ * response, so the connection must outlive the read. The read ends (with
+ * its bytes or -ECONNABORTED), and the peer can be inserted and read from
+ * again. */
+static void test_remove_with_read_in_flight(void **state)
+{
+	struct fx *f = *state, pair;
+	fi_addr_t h, back;
+	struct fab_rkey rk;
+	struct req q = {0}, again = {0};
+	uint8_t name[FAB_ADDR_MAX];
+	size_t nlen;
+	const size_t len = 64 * MiB;
+
+	SKIP_IF_UNAVAILABLE(f);
+	assert_int_equal(open_pair(f, &own.c, &own.d, &h, &back, NULL), 0);
+	pair = *f;
+	pair.a = own.c;
+	pair.b = own.d;
+	own.src = xalloc(len);
+	own.dst = xalloc(len);
+	fill(own.src, len, 23);
+	assert_int_equal(fab_mr_reg(own.d, own.src, len, FAB_MR_REMOTE_READ, &own.smr), 0);
+	assert_int_equal(fab_mr_reg(own.c, own.dst, len, FAB_MR_READ, &own.dmr), 0);
+	fab_mr_rkey(own.smr, &rk);
+	assert_int_equal(fab_getname(own.d, name, sizeof(name), &nlen), 0);
+
+	assert_int_equal(fab_read(own.c, &q.op, own.dmr, 0, len, h, &rk, 0, req_cb), 0);
+	pump_both(&pair); /* under way: the request went out */
+	assert_int_equal(fab_av_remove(own.c, h), 0);
+	assert_int_equal(fab_av_remove(own.c, h), -ENOENT); /* no handle left */
+	pump_until(&pair, &q.done, 1);
+	assert_true(q.status == 0 || q.status == -ECONNABORTED);
+	if (q.status == 0)
+		assert_memory_equal(own.dst, own.src, len);
+
+	/* Forgotten once the read ended: a new handle reads afresh. */
+	memset(own.dst, 0, len);
+	assert_int_equal(fab_av_insert(own.c, name, nlen, &h), 0);
+	assert_int_equal(fab_read(own.c, &again.op, own.dmr, 0, 1 * MiB, h, &rk, 0, req_cb), 0);
+	pump_until(&pair, &again.done, 1);
+	assert_int_equal(again.status, 0);
+	assert_memory_equal(own.dst, own.src, 1 * MiB);
+	assert_int_equal(fab_av_remove(own.c, h), 0);
+}
+
 static void test_outsider_keys(void **state)
 {
 	struct fx *f = *state, pair;
@@ -1180,7 +1228,9 @@ static void test_mr_mode_names(void **state)
 int main(void)
 {
 	const struct CMUnitTest tcp[] = {FABRIC_TESTS,
-					 cmocka_unit_test(test_dead_peer_does_not_block)};
+					 cmocka_unit_test(test_dead_peer_does_not_block),
+					 cmocka_unit_test_teardown(test_remove_with_read_in_flight,
+								   own_teardown)};
 	const struct CMUnitTest shm[] = {FABRIC_TESTS};
 	const struct CMUnitTest local[] = {
 		cmocka_unit_test(test_unknown_provider),
