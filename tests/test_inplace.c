@@ -61,7 +61,8 @@ static int teardown(void **state)
 	return 0;
 }
 
-static void start(struct env *e)
+/* drain_ms: the node's TESSERA_INPLACE_DRAIN_MS. */
+static void start(struct env *e, const char *drain_ms)
 {
 	char bin[512], log[600], state_dir[600], path[600];
 	struct proto_err err;
@@ -69,7 +70,7 @@ static void start(struct env *e)
 				      .threads = 2};
 
 	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
-	setenv("TESSERA_INPLACE_DRAIN_MS", "1500", 1);
+	setenv("TESSERA_INPLACE_DRAIN_MS", drain_ms, 1);
 	setenv("TESSERA_TEST_INPLACE_FAIL", "4", 1);
 	assert_non_null(tu_mkdtemp(e->dir, sizeof(e->dir)));
 	snprintf(e->ctl, sizeof(e->ctl), "%s/ctl.sock", e->dir);
@@ -191,10 +192,11 @@ static void serving(struct env *e, uint64_t v)
 	assert_int_equal(pr.ok, 1);
 }
 
-/* Admission is paused now: an acquire waits, then gives up (-EBUSY). */
+/* Admission is paused now: an acquire waits (the client's 5 s timeout),
+ * then gives up (-EBUSY). */
 static void paused(struct env *e)
 {
-	tessera_client *c = attach(e, 300);
+	tessera_client *c = attach(e, 5000);
 	struct tessera_pin pin;
 
 	assert_int_equal(tessera_acquire(c, &pin), -EBUSY);
@@ -206,17 +208,17 @@ static void paused(struct env *e)
  * v1 (an anchor, nothing served yet) activates as usual. v2, a delta: a
  * request pinning v1 holds the install (admission paused, the pinned bytes
  * stay v1's) until it releases; then v2 is written into the same memory
- * and served. v3: a request that never releases is dropped after the drain
- * bound and v3 installed. v4: the install fails halfway (test hook):
- * serving stays blocked, the node asks for an anchor; v5 is one, and once
- * installed serving resumes with v5's exact bytes.
+ * and served. v3 (nothing pinned) goes straight in. v4: the install fails
+ * halfway (test hook): serving stays blocked, the node asks for an anchor;
+ * v5 is one, and once installed serving resumes with v5's exact bytes. The
+ * drain bound is far (120 s): the pause lasts as long as the pin.
  */
-static void test_inplace_pause_drain_fail(void **state)
+static void test_inplace_pause_and_fail(void **state)
 {
 	struct env *e = *state;
 	struct tessera_pin p1;
 
-	start(e);
+	start(e, "120000");
 	export_one(e, 1, "anchor");
 	assert_true(tu_wait_active(e->trk, "A", 1, DEADLINE_MS));
 	serving(e, 1);
@@ -236,15 +238,10 @@ static void test_inplace_pause_drain_fail(void **state)
 	serving(e, 2);
 	/* c1 was told of v2: the same memory, now v2's. */
 	assert_int_equal(tessera_wait_version(c1, 2, DEADLINE_MS), 0);
+	tessera_detach(c1);
 
-	/* v3: c1 holds a pin past the drain bound and is dropped. */
-	assert_int_equal(tessera_acquire(c1, &p1), 0);
-	assert_int_equal(p1.version, 2);
 	export_one(e, 3, "delta");
 	assert_true(tu_wait_active(e->trk, "A", 3, DEADLINE_MS));
-	assert_true(wait_log(e, "after 1500 ms (TESSERA_INPLACE_DRAIN_MS): disconnected"));
-	assert_true(tessera_release(c1, &p1) != 0);
-	tessera_detach(c1);
 	serving(e, 3);
 
 	/* v4: the install fails halfway; serving stays blocked. */
@@ -269,6 +266,27 @@ static void test_inplace_pause_drain_fail(void **state)
 	assert_true(node_proc_alive(&e->node));
 }
 
+/* A request that never releases its pin is dropped once the drain bound
+ * (1 s here) passed, and the version is installed. */
+static void test_inplace_drain_bound(void **state)
+{
+	struct env *e = *state;
+	struct tessera_pin p1;
+
+	start(e, "1000");
+	export_one(e, 1, "anchor");
+	assert_true(tu_wait_active(e->trk, "A", 1, DEADLINE_MS));
+	tessera_client *c1 = attach(e, 30000);
+	assert_int_equal(tessera_wait_version(c1, 1, DEADLINE_MS), 0);
+	assert_int_equal(tessera_acquire(c1, &p1), 0);
+	export_one(e, 2, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 2, DEADLINE_MS));
+	assert_true(wait_log(e, "after 1000 ms (TESSERA_INPLACE_DRAIN_MS): disconnected"));
+	assert_true(tessera_release(c1, &p1) != 0);
+	tessera_detach(c1);
+	serving(e, 2);
+}
+
 /* --install takes double or in-place only. */
 static void test_install_option(void **state)
 {
@@ -285,7 +303,8 @@ static void test_install_option(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_inplace_pause_drain_fail, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_inplace_pause_and_fail, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_inplace_drain_bound, setup, teardown),
 		cmocka_unit_test(test_install_option),
 	};
 	signal(SIGPIPE, SIG_IGN);
