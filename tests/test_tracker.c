@@ -123,8 +123,11 @@ static int srv_start(struct srv *v)
 
 static void srv_stop(struct srv *v)
 {
-	atomic_store(&v->stop, true);
+	/* Break first: the thread frees the base once it sees stop. A break
+	 * that lands between passes is forgotten, and the pass after it, bounded
+	 * by the tracker's timers, sees stop. */
 	event_base_loopbreak(v->base); /* thread-safe: evthread_use_pthreads */
+	atomic_store(&v->stop, true);
 	pthread_join(v->th, NULL);
 	pthread_mutex_destroy(&v->mu);
 	pthread_cond_destroy(&v->cv);
