@@ -636,7 +636,9 @@ int agent_xl_post(struct node_agent *a, uint32_t pi, uint32_t hint)
 		if (!x->reads[i].busy && xr == NULL)
 			xr = &x->reads[i];
 	}
-	if (xr == NULL || live >= XL_INFLIGHT)
+	if (xr == NULL) /* every staging slot held by reads that never came back */
+		return 0;
+	if (live >= XL_INFLIGHT)
 		return -1;
 	if ((c = xl_chunk(p, hint)) == UINT32_MAX)
 		return 0;
