@@ -127,6 +127,7 @@ static void install(struct node_agent *a)
 			node_attach_resume(a->attach, s, a->active_digest);
 		return;
 	}
+	agent_xl_withdraw(a); /* served again by the switch, if it comes */
 	rc = write_version(a, f, s, &err);
 	prep_free(a);
 	if (rc == 0) {

@@ -464,6 +464,10 @@ void agent_xl_tick(struct node_agent *a);
 /* The switch made a->active the served slot (old is retired): offer it to
  * readers of other layouts instead of old. */
 void agent_xl_serve(struct node_agent *a, struct node_slot *old);
+/* Stops serving our slot to readers of other layouts (an in-place install
+ * is about to write into it): their reads fail and move elsewhere, rather
+ * than assemble a mix of versions and ban us for it. */
+void agent_xl_withdraw(struct node_agent *a);
 /* Our slot to offer with f's parcels (for readers of other layouts), or
  * NULL; valid until the next call. */
 const struct trk_offer *agent_xl_offer_slot(struct node_agent *a, const struct agent_fetch *f);

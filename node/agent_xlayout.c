@@ -137,6 +137,20 @@ static void ask_holders(struct node_agent *a, uint64_t now);
 
 /* ---- our slot, served ------------------------------------------------------ */
 
+void agent_xl_withdraw(struct node_agent *a)
+{
+	struct agent_xl *x = a->xl;
+
+	if (x == NULL)
+		return;
+	if (x->slot_mr != NULL) /* readers of the slot now fail and move on */
+		fab_mr_close(x->slot_mr);
+	x->slot_mr = NULL;
+	x->slot = NULL;
+	node_serve_unmap(x->liar, x->liar_len);
+	x->liar = NULL;
+}
+
 void agent_xl_serve(struct node_agent *a, struct node_slot *old)
 {
 	struct agent_xl *x;
@@ -146,12 +160,7 @@ void agent_xl_serve(struct node_agent *a, struct node_slot *old)
 	size_t len = a->layout.ranks[a->o.rank].nbytes;
 	uint8_t *served;
 
-	if (x->slot_mr != NULL) /* readers of the old slot now fail and move on */
-		fab_mr_close(x->slot_mr);
-	x->slot_mr = NULL;
-	x->slot = NULL;
-	node_serve_unmap(x->liar, x->liar_len);
-	x->liar = NULL;
+	agent_xl_withdraw(a);
 	if (a->active == NULL || a->active->host == NULL || a->kept == NULL)
 		return;
 	served = a->active->host;
