@@ -55,29 +55,13 @@ static int teardown(void **state)
 
 static json_t *get(struct env *e, const char *path)
 {
-	struct trk_reply r;
-	json_t *j = NULL;
-
-	if (trk_client_call(e->trk, "GET", path, NULL, NULL, 0, &r) == 0 && r.status == 200)
-		j = json_incref(r.json);
-	trk_reply_fini(&r);
-	return j;
-}
-
-static uint64_t replica_active(struct env *e, const char *name)
-{
-	char path[128];
-	snprintf(path, sizeof(path), TRK_API "/replicas/%s", name);
-	json_t *j = get(e, path);
-	uint64_t v = j ? (uint64_t)json_integer_value(json_object_get(j, "active")) : 0;
-	json_decref(j);
-	return v;
+	return tu_get_json(e->trk, path);
 }
 
 static bool wait_active(struct env *e, const char *name, uint64_t v)
 {
 	for (int w = 0; w < DEADLINE_MS; w += 100) {
-		if (replica_active(e, name) >= v)
+		if (tu_replica_active(e->trk, name) >= v)
 			return true;
 		usleep(100000);
 	}
@@ -206,7 +190,7 @@ static void test_failed_prepare_holds_its_replica_only(void **state)
 			usleep(100000);
 	}
 	assert_true(verified);
-	assert_int_equal(replica_active(e, "B"), 1);
+	assert_int_equal(tu_replica_active(e->trk, "B"), 1);
 	assert_int_equal(record_version(e->expose_b0, "B", 0), 1);
 	assert_int_equal(tu_sh("grep -q 'v2 active' '%s/B0.log'", e->dir), 1);
 	assert_true(activation_logged(e, "A", 2));

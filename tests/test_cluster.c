@@ -648,12 +648,7 @@ static void clock_node(struct clock_env *e, int i, const char *replica, const ch
 
 static json_t *clock_get(struct clock_env *e, const char *path)
 {
-	struct trk_reply r;
-	json_t *j = NULL;
-	if (trk_client_call(e->trk, "GET", path, NULL, NULL, 0, &r) == 0 && r.status == 200)
-		j = json_incref(r.json);
-	trk_reply_fini(&r);
-	return j;
+	return tu_get_json(e->trk, path);
 }
 
 static uint64_t clock_replica_u64(struct clock_env *e, const char *name, const char *key)

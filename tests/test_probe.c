@@ -60,13 +60,7 @@ static int teardown(void **state)
 
 static json_t *get(struct env *e, const char *path)
 {
-	struct trk_reply r;
-	json_t *j = NULL;
-
-	if (trk_client_call(e->trk, "GET", path, NULL, NULL, 0, &r) == 0 && r.status == 200)
-		j = json_incref(r.json);
-	trk_reply_fini(&r);
-	return j;
+	return tu_get_json(e->trk, path);
 }
 
 /* POSTs body (text) to path; the HTTP status. */

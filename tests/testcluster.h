@@ -137,18 +137,31 @@ static inline void tu_control_export(const char *path, uint64_t v)
 		fail_msg("publisher said '%s', want '%s...'", reply, want);
 }
 
+/* The tracker's JSON answer to GET path (a reference the caller drops),
+ * or NULL when it did not answer 200. */
+static inline json_t *tu_get_json(struct trk_client *trk, const char *path)
+{
+	struct trk_reply r;
+	json_t *j = NULL;
+
+	if (trk_client_call(trk, "GET", path, NULL, NULL, 0, &r) == 0 && r.status == 200)
+		j = json_incref(r.json);
+	trk_reply_fini(&r);
+	return j;
+}
+
 /* The version replica name is active on, as the tracker says (0: none or
  * no answer). */
 static inline uint64_t tu_replica_active(struct trk_client *trk, const char *name)
 {
 	char path[128];
-	struct trk_reply r;
-	uint64_t v = 0;
+	json_t *j;
+	uint64_t v;
 
 	snprintf(path, sizeof(path), TRK_API "/replicas/%s", name);
-	if (trk_client_call(trk, "GET", path, NULL, NULL, 0, &r) == 0 && r.status == 200)
-		v = (uint64_t)json_integer_value(json_object_get(r.json, "active"));
-	trk_reply_fini(&r);
+	j = tu_get_json(trk, path);
+	v = j != NULL ? (uint64_t)json_integer_value(json_object_get(j, "active")) : 0;
+	json_decref(j);
 	return v;
 }
 
