@@ -16,7 +16,7 @@ void agent_give_up(struct node_agent *a, const char *why)
 {
 	a->fatal = 1;
 	snprintf(a->fatal_err.msg, sizeof(a->fatal_err.msg), "%s", why);
-	node_metrics_set_health(a->am.m, false, why);
+	node_agent_metrics_health(&a->am, false, why);
 	event_base_loopexit(a->base, NULL);
 }
 
@@ -50,8 +50,8 @@ static int load_layout(struct node_agent *a, struct proto_err *err)
 	if (rc != 0)
 		return rc;
 	if (a->o.rank >= a->layout.nranks)
-		return proto_errf(err, EINVAL, "rank %u: layout %s has %u ranks", a->o.rank, s,
-				  a->layout.nranks);
+		return proto_errf(err, EINVAL, "replica %s rank %u: layout %s has ranks 0-%u",
+				  a->o.replica, a->o.rank, s, a->layout.nranks - 1);
 	a->layout_json = proto_layout_to_json(&a->model, &a->layout);
 	agent_layout_name(s, a->layout_name, sizeof(a->layout_name));
 	return a->layout_json ? 0 : proto_errf(err, ENOMEM, "out of memory");
@@ -61,17 +61,22 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		   struct node_agent **out, struct proto_err *err)
 {
 	struct node_agent *a = calloc(1, sizeof(*a));
-	uint8_t ckey[PROTO_CLUSTER_KEY_BYTES], addr[FAB_ADDR_MAX];
+	uint8_t addr[FAB_ADDR_MAX];
 	size_t alen;
 	int rc;
 
 	*out = NULL;
-	if (a == NULL || sodium_init() < 0)
+	if (a == NULL || sodium_init() < 0) {
+		free(a);
 		return proto_errf(err, ENOMEM, "out of memory");
+	}
 	a->o = *o;
 	a->base = base;
+	a->trk = o->shared->trk;
+	a->fab = o->shared->fab;
+	a->fl = o->shared->fl;
 	proto_model_init(&a->model);
-	if ((rc = node_agent_metrics_init(&a->am, o->metrics)) != 0) {
+	if ((rc = node_agent_metrics_init(&a->am, o->metrics, o->replica, o->rank)) != 0) {
 		proto_errf(err, -rc, "metrics: cannot register the node's series");
 		goto fail;
 	}
@@ -85,24 +90,11 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		rc = load_layout(a, err);
 	if (rc == 0)
 		rc = proto_key_load_public(o->trainer_pubkey, a->trainer_pk, err);
-	if (rc == 0 && o->cluster_key != NULL)
-		rc = proto_key_load_cluster(o->cluster_key, ckey, err);
 	if (rc == 0)
 		rc = node_store_open(o->store ? o->store : "auto", &a->store, err);
 	if (rc != 0)
 		goto fail;
 	node_store_keep_spare(&a->store); /* the retired version's slot makes the next one */
-	rc = trk_client_new(base, o->tracker_url, o->cluster_key ? ckey : NULL, &a->trk, err);
-	sodium_memzero(ckey, sizeof(ckey));
-	if (rc == 0 && o->tls_ca != NULL)
-		rc = trk_client_set_tls_ca(a->trk, o->tls_ca, err);
-	if (rc != 0)
-		goto fail;
-	trk_client_on_chain_lost(a->trk, agent_on_chain_lost, a);
-	rc = fab_open(o->provider, NULL, &(struct fab_opts){.sink = FAB_SINK_DEFAULT},
-		      &a->fab, err); /* a node takes no messages: drop strangers' */
-	if (rc != 0)
-		goto fail;
 	rc = fab_getname(a->fab, addr, sizeof(addr), &alen);
 	if (rc != 0) {
 		proto_errf(err, -rc, "fabric: cannot read our address");
@@ -135,7 +127,6 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		proto_errf(err, -rc, "fabric: cannot set up have-page reads");
 		goto fail;
 	}
-	a->fl = node_fabloop_new(base, a->fab, 1000);
 	a->ver = node_verifier_new(base, (unsigned)proto_param(PROTO_PARAM_VERIFY_THREADS),
 				   agent_on_verified, a);
 	a->rate_bps = proto_param(PROTO_PARAM_FETCH_MBPS) * 1000000ull / 8;
@@ -144,7 +135,7 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 	a->heartbeat_ev = evtimer_new(base, agent_heartbeat, a);
 	a->sync_ev = evtimer_new(base, agent_on_sync_timer, a);
 	a->tick_ev = event_new(base, -1, EV_PERSIST, agent_on_tick, a);
-	if (a->fl == NULL || a->ver == NULL || a->rate_ev == NULL || a->retry_ev == NULL || a->heartbeat_ev == NULL ||
+	if (a->ver == NULL || a->rate_ev == NULL || a->retry_ev == NULL || a->heartbeat_ev == NULL ||
 	    a->sync_ev == NULL || a->tick_ev == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
@@ -166,14 +157,37 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		if ((rc = node_attach_new(base, o->attach_path, &ai, &a->attach, err)) != 0)
 			goto fail;
 	}
-	struct timeval tick = {0, 100000};
-	event_add(a->tick_ev, &tick);
-	agent_start_register(a);
 	*out = a;
 	return 0;
 fail:
+	/* The shared endpoint stays open: close the regions we registered
+	 * (node_agent_free expects the endpoint closed). */
+	if (a->bounce_mr != NULL)
+		fab_mr_close(a->bounce_mr);
+	if (a->hpool_mr != NULL)
+		fab_mr_close(a->hpool_mr);
+	a->bounce_mr = a->hpool_mr = NULL;
+	node_agent_stop(a);
 	node_agent_free(a);
 	return rc;
+}
+
+void node_agent_start(struct node_agent *a)
+{
+	struct timeval tick = {0, 100000};
+
+	event_add(a->tick_ev, &tick);
+	agent_start_register(a);
+}
+
+const uint8_t *node_agent_layout_digest(const struct node_agent *a)
+{
+	return a->layout.digest;
+}
+
+void node_agent_chain_lost(struct node_agent *a, const char *why)
+{
+	agent_on_chain_lost(a, why);
 }
 
 int node_agent_failed(const struct node_agent *a, struct proto_err *err)
@@ -188,12 +202,12 @@ uint64_t node_agent_active(const struct node_agent *a)
 	return a->active ? a->active->version : 0;
 }
 
-void node_agent_free(struct node_agent *a)
+void node_agent_stop(struct node_agent *a)
 {
 	if (a == NULL)
 		return;
-	/* Reverse order: timers, the fetch, fabric (cancels reads), then the
-	 * memory reads could land in, the tracker client, the specs. */
+	/* Timers first; then the fetch is detached: the read callbacks that
+	 * the shared fab_close runs see no fetch and return. */
 	if (a->tick_ev)
 		event_free(a->tick_ev);
 	if (a->sync_ev)
@@ -206,11 +220,22 @@ void node_agent_free(struct node_agent *a)
 		event_free(a->leave_ev);
 	if (a->rate_ev)
 		event_free(a->rate_ev);
-	node_fabloop_free(a->fl);
-	struct agent_fetch *f = a->fetch;
+	a->tick_ev = a->sync_ev = a->heartbeat_ev = a->retry_ev = a->leave_ev = a->rate_ev = NULL;
+	a->stopped_fetch = a->fetch;
 	a->fetch = NULL;
-	fab_close(a->fab); /* read callbacks see no fetch and return */
+}
+
+void node_agent_free(struct node_agent *a)
+{
+	if (a == NULL)
+		return;
+	/* The host closed the shared endpoint (cancelling our reads, closing
+	 * our regions) after node_agent_stop; now the memory reads could land
+	 * in, the specs. The tracker client is the host's too. */
+	struct agent_fetch *f = a->stopped_fetch;
+	a->stopped_fetch = NULL;
 	a->fab = NULL;
+	a->fl = NULL;
 	node_verifier_free(a->ver); /* no worker touches the fetch after this */
 	a->ver = NULL;
 	agent_fetch_free(a, f);
@@ -225,7 +250,7 @@ void node_agent_free(struct node_agent *a)
 	if (a->active != NULL)
 		node_slot_free(&a->store, a->active);
 	node_store_close(&a->store);
-	trk_client_free(a->trk);
+	a->trk = NULL;
 	if (a->have_plan)
 		proto_plan_fini(&a->plan);
 	json_decref(a->layout_json);

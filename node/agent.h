@@ -25,7 +25,13 @@
  * record itself fails, keeps serving the old slot; either way it reports
  * "failed" with the reason and tries again while the version is its target.
  *
- * Everything runs on one libevent loop; the agent owns its state.
+ * Everything runs on one libevent loop; the agent owns its state. One
+ * process may run several agents, one per rank it serves (node/host.h):
+ * they share the loop, the tracker client and the fabric endpoint, which
+ * the host owns and lends them (struct node_agent_shared); each keeps its
+ * own identity at the tracker, its store, its registered memory and its
+ * fetches. Fabric completions reach the agent that posted the operation
+ * through the operation itself (its callback and container).
  */
 #ifndef NODE_AGENT_H
 #define NODE_AGENT_H
@@ -36,7 +42,21 @@
 
 #include "proto/util.h"
 
+struct trk_client;
+struct fab_ctx;
+struct node_fabloop;
+
+/* What the agents of one process share, owned by its host (node/host.h):
+ * the tracker client (it keeps each rank's session), the fabric endpoint
+ * and the loop driving it. They outlive the agents. */
+struct node_agent_shared {
+	struct trk_client *trk;
+	struct fab_ctx *fab;
+	struct node_fabloop *fl;
+};
+
 struct node_agent_opts {
+	const struct node_agent_shared *shared; /* required */
 	const char *tracker_url;
 	const char *replica;
 	uint32_t rank;
@@ -58,10 +78,19 @@ struct node_agent_opts {
 
 struct node_agent;
 
-/* Loads keys, model and layout, opens the fabric endpoint and starts
- * registering on base. On failure *out is NULL and err says why. */
+/* Loads keys, model and layout, opens the store and registers its read
+ * buffers with the shared endpoint; nothing is sent yet (node_agent_start).
+ * On failure *out is NULL and err says why. */
 int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		   struct node_agent **out, struct proto_err *err);
+/* Starts registering and the agent's timers. */
+void node_agent_start(struct node_agent *a);
+/* The digest of the agent's layout (PROTO_HASH_BYTES), for the host to
+ * check that the ranks of one replica agree on it. */
+const uint8_t *node_agent_layout_digest(const struct node_agent *a);
+/* The tracker client's chain guard (trk_client_on_chain_lost) for this
+ * agent: the host hears it once and tells every agent. */
+void node_agent_chain_lost(struct node_agent *a, const char *why);
 /* Non-zero once the agent gave up (e.g. registration refused); err says why.
  * The agent has then asked its base to exit. */
 int node_agent_failed(const struct node_agent *a, struct proto_err *err);
@@ -74,7 +103,12 @@ uint64_t node_agent_active(const struct node_agent *a);
  * once, from the loop, when the tracker answered or after at most
  * LEAVE_WAIT_MS (agent_leave.c); also when the node was not registered. */
 void node_agent_leave(struct node_agent *a, void (*done)(void *arg), void *arg);
-/* Closes everything in reverse order. NULL is fine. */
+/* Teardown is in two steps around the shared endpoint's fab_close (whose
+ * cancelled operations call back into the agents): node_agent_stop frees
+ * the timers and detaches the fetch, so that callbacks find nothing to do;
+ * node_agent_free, after fab_close, frees the rest in reverse order. NULL
+ * is fine for both. */
+void node_agent_stop(struct node_agent *a);
 void node_agent_free(struct node_agent *a);
 
 #endif

@@ -222,6 +222,7 @@ struct node_agent {
 	uint64_t target; /* the replica's target, as the tracker last said */
 	bool syncing;
 	struct agent_fetch *fetch;
+	struct agent_fetch *stopped_fetch; /* node_agent_stop -> node_agent_free */
 	uint64_t gen;
 	/* The plan from the trainer layout to ours, kept across versions. */
 	struct proto_plan plan;

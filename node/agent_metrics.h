@@ -3,6 +3,9 @@
 #ifndef NODE_AGENT_METRICS_H
 #define NODE_AGENT_METRICS_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 #include "node/metrics.h"
 
 struct node_agent_metrics {
@@ -14,10 +17,16 @@ struct node_agent_metrics {
 	int unbacked_claims;
 	int duplicate, banned, offered_parcels;
 	int delta_versions, full_versions, delta_refused;
+	int health; /* the rank's part of /healthz (node_metrics_health_part) */
 };
 
-/* Registers the node's series in m (NULL: every handle stays a no-op).
- * Returns 0 or a negative errno (then handles are no-ops). */
-int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *m);
+/* Registers the series of one rank in m, labelled replica="R",rank="N"
+ * (a multi-rank node registers each of its ranks in one registry), and the
+ * rank's part of /healthz (NULL m: every handle stays a no-op). Returns 0
+ * or a negative errno (then handles are no-ops). */
+int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *m,
+			    const char *replica, uint32_t rank);
+/* The rank's health for /healthz: ok, or not and why. */
+void node_agent_metrics_health(struct node_agent_metrics *am, bool ok, const char *why);
 
 #endif

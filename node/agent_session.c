@@ -11,9 +11,9 @@ void agent_on_chain_lost(void *arg, const char *why)
 	struct node_agent *a = arg;
 
 	if (why != NULL)
-		node_metrics_set_health(a->am.m, false, why);
+		node_agent_metrics_health(&a->am, false, why);
 	else if (a->registered)
-		node_metrics_set_health(a->am.m, true, NULL);
+		node_agent_metrics_health(&a->am, true, NULL);
 }
 
 static void ignore_answer(const struct trk_answer *ans, void *arg)
@@ -237,7 +237,7 @@ static void on_heartbeat(const struct trk_answer *ans, void *arg)
 		LOG_WARN("node %s: lease lost; registering again", a->node_id);
 		a->registered = false;
 		node_metrics_set(a->am.m, a->am.registered, 0);
-		node_metrics_set_health(a->am.m, false, "lease lost; registering again");
+		node_agent_metrics_health(&a->am, false, "lease lost; registering again");
 		agent_start_register(a);
 		return;
 	}
@@ -274,7 +274,7 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		a->registered = true;
 		agent_swarm_registered(a);
 		node_metrics_set(a->am.m, a->am.registered, 1);
-		node_metrics_set_health(a->am.m, true, NULL);
+		node_agent_metrics_health(&a->am, true, NULL);
 		node_wait_over(&a->wait, "tracker");
 		LOG_INFO("node %s: registered (lease %" PRIu64 " ms)", a->node_id, a->lease_ms);
 		agent_arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));

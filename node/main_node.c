@@ -1,4 +1,5 @@
-/* `tessera-node`: the node agent for one rank of one serving replica. */
+/* `tessera-node`: the node agent for the serving ranks of one host: one rank
+ * of one replica, or several, of one or several replicas (node/host.h). */
 #include <event2/event.h>
 #include <getopt.h>
 #include <signal.h>
@@ -7,6 +8,7 @@
 #include <string.h>
 
 #include "node/agent.h"
+#include "node/host.h"
 #include "node/metrics_http.h"
 #include "proto/config.h"
 #include "proto/proto.h"
@@ -16,6 +18,8 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: tessera-node --tracker URL --replica ID --rank R --layout L\n"
 		"                    --model M.json --trainer-pubkey FILE [--cluster-key FILE]\n"
+		"       tessera-node ... --replica ID --ranks LIST [--replica ID --ranks LIST]\n"
+		"       tessera-node ... --serve 'REPLICA/RANKS[@LAYOUT] ...'\n"
 		"                    [--tls-ca FILE]\n"
 		"                    [--provider NAME] [--store host|cuda|auto] [--expose DIR]\n"
 		"                    [--attach SOCK] [--install double|in-place]\n"
@@ -26,13 +30,25 @@ static void usage(FILE *f)
 		"tracker, pulls the bytes its rank keeps of every new version from the\n"
 		"publisher and from peers, verifies them against the signed manifest,\n"
 		"serves them to peers and activates a version once every rank of its\n"
-		"replica holds it. Start one per rank of the replica's layout.\n"
+		"replica holds it. One process serves every rank its host holds (all\n"
+		"ranks of a replica, several replicas), sharing one tracker client and\n"
+		"one fabric endpoint, with a store, expose record and attach socket per\n"
+		"rank; a replica activates a version only when all its ranks, in this\n"
+		"process or others, hold it.\n"
 		"\n"
 		"      --tracker URL          the tracker, http://HOST:PORT (https:// for\n"
 		"                             a tracker with TLS)\n"
-		"      --replica ID           the replica this rank belongs to (A, B, ...)\n"
-		"      --rank R               this rank, 0 .. ranks of the layout - 1\n"
-		"      --layout L             the replica's serving layout: a layout file\n"
+		"      --replica ID           the replica this rank belongs to (A, B, ...);\n"
+		"                             again for another replica: the --rank and\n"
+		"                             --ranks after it are its ranks\n"
+		"      --rank R               this rank, 0 .. ranks of the layout - 1;\n"
+		"                             again for more ranks of the replica\n"
+		"      --ranks LIST           ranks of the replica: R-S or a comma list\n"
+		"                             of R and R-S (0-3, 0,2)\n"
+		"      --serve LIST           ranks of any replicas: items REPLICA/RANKS\n"
+		"                             with an optional @LAYOUT (A/0-3@tp4 B/0@tp1),\n"
+		"                             separated by spaces or ';'\n"
+		"      --layout L             the replicas' serving layout: a layout file\n"
 		"                             or a built-in (tpN)\n"
 		"      --model M.json         the model spec JSON the publisher serves\n"
 		"                             (`tessera model` writes it)\n"
@@ -50,7 +66,9 @@ static void usage(FILE *f)
 		"      --attach SOCK          listen on the Unix socket SOCK for serving\n"
 		"                             processes (libtessera-client): tensor table,\n"
 		"                             the active version's memory, per-request\n"
-		"                             pins, new-version notifications\n"
+		"                             pins, new-version notifications; with\n"
+		"                             several ranks SOCK is a directory and each\n"
+		"                             rank listens on SOCK/<replica>-<rank>.sock\n"
 		"      --install MODE         double (default): a new version is built in\n"
 		"                             a second buffer while the old one serves;\n"
 		"                             in-place (memory-tight): deltas are fetched\n"
@@ -71,7 +89,7 @@ static void usage(FILE *f)
 		"      --version              print the release and exit\n");
 }
 
-static struct node_agent *agent_g; /* for the signal handler */
+static struct node_host *host_g; /* for the signal handler */
 
 static void on_left(void *arg)
 {
@@ -84,12 +102,74 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
 	static bool asked;
 
-	if (agent_g == NULL || asked) {
+	if (host_g == NULL || asked) {
 		event_base_loopexit(arg, NULL);
 		return;
 	}
 	asked = true;
-	node_agent_leave(agent_g, on_left, arg);
+	node_host_leave(host_g, on_left, arg);
+}
+
+/* The replica/rank options in the order given, and where each came from. */
+struct rank_opt {
+	int c;           /* 'r' --replica, 'k' --rank, 'R' --ranks, 'S' --serve */
+	const char *val;
+	bool from_file;
+};
+
+/* The ranks the options name. Of each kind (replicas, ranks, serve lists)
+ * the command line's replace the file's, as flags override the file. Ranks
+ * belong to the --replica before them (those before the first, to the
+ * first). 0, or a one-line error. */
+static int collect_ranks(const struct rank_opt *ro, size_t n, struct node_host_ranks *l,
+			 struct proto_err *err)
+{
+	enum { K_REPLICA, K_RANK, K_SERVE };
+	bool line[3] = {false};
+	struct {
+		const char *replica;
+		char ranks[1024];
+	} g[2 * NODE_HOST_RANKS_MAX];
+	char pre[1024] = ""; /* ranks before the first --replica */
+	size_t ng = 0;
+	int rc = 0;
+
+#define KIND(c) ((c) == 'r' ? K_REPLICA : (c) == 'S' ? K_SERVE : K_RANK)
+	for (size_t i = 0; i < n; i++)
+		line[KIND(ro[i].c)] |= !ro[i].from_file;
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		if (ro[i].from_file && line[KIND(ro[i].c)])
+			continue;
+		if (ro[i].c == 'S') {
+			rc = node_host_ranks_serve(l, ro[i].val, err);
+		} else if (ro[i].c == 'r') {
+			if (ng == PROTO_ARRAY_LEN(g))
+				return proto_errf(err, E2BIG, "too many --replica");
+			g[ng].replica = ro[i].val;
+			g[ng++].ranks[0] = '\0';
+		} else {
+			char *to = ng ? g[ng - 1].ranks : pre;
+			size_t len = strlen(to);
+			if ((size_t)snprintf(to + len, sizeof(pre) - len, "%s%s", len ? "," : "",
+					     ro[i].val) >= sizeof(pre) - len)
+				return proto_errf(err, E2BIG, "--rank %s: too many ranks", ro[i].val);
+		}
+	}
+#undef KIND
+	if (rc != 0)
+		return rc;
+	if (ng == 0 && pre[0] != '\0')
+		return proto_errf(err, EINVAL, "--rank %s: no --replica for it", pre);
+	for (size_t i = 0; i < ng && rc == 0; i++) {
+		char all[2048];
+		snprintf(all, sizeof(all), "%s%s%s", i == 0 ? pre : "",
+			 i == 0 && pre[0] && g[i].ranks[0] ? "," : "", g[i].ranks);
+		if (all[0] == '\0')
+			return proto_errf(err, EINVAL, "--replica %s: no --rank or --ranks for it",
+					  g[i].replica);
+		rc = node_host_ranks_add(l, g[i].replica, all, NULL, err);
+	}
+	return rc;
 }
 
 int main(int argc, char **argv)
@@ -98,6 +178,8 @@ int main(int argc, char **argv)
 		{"tracker", required_argument, NULL, 't'},
 		{"replica", required_argument, NULL, 'r'},
 		{"rank", required_argument, NULL, 'k'},
+		{"ranks", required_argument, NULL, 'R'},
+		{"serve", required_argument, NULL, 'S'},
 		{"layout", required_argument, NULL, 'l'},
 		{"model", required_argument, NULL, 'm'},
 		{"trainer-pubkey", required_argument, NULL, 'p'},
@@ -114,29 +196,41 @@ int main(int argc, char **argv)
 		{"version", no_argument, NULL, 'V'},
 		{NULL, 0, NULL, 0}};
 	struct node_agent_opts o = {0};
-	struct node_agent *agent = NULL;
+	struct node_host *host = NULL;
+	struct node_host_ranks ranks = {0};
+	struct rank_opt ro[2 * NODE_HOST_RANKS_MAX];
+	size_t nro = 0;
 	struct node_metrics *metrics = NULL;
 	struct node_metrics_http *mhttp = NULL;
 	const char *metrics_at = NODE_METRICS_DEFAULT;
-	struct event_base *base;
-	struct event *sigint, *sigterm;
+	struct event_base *base = NULL;
+	struct event *sigint = NULL, *sigterm = NULL;
 	struct proto_err err;
-	uint64_t rank = UINT64_MAX;
-	int c, rc = 1;
+	int c, rc = 1, nfile;
 
 	proto_cli_setup();
 	proto_log_setup("tessera-node", -1);
 	proto_config_cli("tessera-node", "node", opts, &argc, &argv);
+	nfile = proto_config_file_args();
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		switch (c) {
 		case 't': o.tracker_url = optarg; break;
-		case 'r': o.replica = optarg; break;
+		case 'r':
 		case 'k':
-			if (proto_parse_u64(optarg, 0, 65535, &rank) != 0) {
+		case 'R':
+		case 'S':
+			if (c == 'k' && proto_parse_u64(optarg, 0, 65535, &(uint64_t){0}) != 0) {
 				fprintf(stderr, "tessera-node: --rank %s is not a rank\n", optarg);
 				return 2;
 			}
+			if (nro == PROTO_ARRAY_LEN(ro)) {
+				fprintf(stderr, "tessera-node: more than %zu --replica, --rank, --ranks and --serve\n",
+					PROTO_ARRAY_LEN(ro));
+				return 2;
+			}
+			/* The file's options are argv[1..nfile], one element each. */
+			ro[nro++] = (struct rank_opt){c, optarg, optind - 1 <= nfile};
 			break;
 		case 'l': o.layout = optarg; break;
 		case 'm': o.model = optarg; break;
@@ -164,22 +258,38 @@ int main(int argc, char **argv)
 	}
 	if (optind != argc)
 		return proto_cli_extra("tessera-node", argv[optind]);
-	static const char *const required[] = {"--tracker", "--replica", "--rank", "--layout",
-					       "--model", "--trainer-pubkey"};
-	const bool given[] = {o.tracker_url, o.replica, rank != UINT64_MAX, o.layout, o.model,
-			      o.trainer_pubkey};
+	bool has_replica = false, has_rank = false;
+	for (size_t i = 0; i < nro; i++) {
+		has_replica |= ro[i].c == 'r' || ro[i].c == 'S';
+		has_rank |= ro[i].c != 'r';
+	}
+	static const char *const required[] = {"--tracker", "--replica", "--rank", "--model",
+					       "--trainer-pubkey"};
+	const bool given[] = {o.tracker_url, has_replica, has_rank, o.model, o.trainer_pubkey};
 	for (size_t i = 0; i < PROTO_ARRAY_LEN(required); i++)
 		if (!given[i])
 			return proto_cli_missing("tessera-node", required[i]);
-	o.rank = (uint32_t)rank;
-	char ident[128];
-	snprintf(ident, sizeof(ident), "%s/%u", o.replica, o.rank);
+	if (collect_ranks(ro, nro, &ranks, &err) != 0) {
+		fprintf(stderr, "tessera-node: %s\n", err.msg);
+		node_host_ranks_fini(&ranks);
+		return 2;
+	}
+	for (size_t i = 0; i < ranks.n && o.layout == NULL; i++)
+		if (ranks.r[i].layout == NULL) {
+			node_host_ranks_fini(&ranks);
+			return proto_cli_missing("tessera-node", "--layout");
+		}
+	/* Log lines say whom they speak for: "A/0", or every rank served. */
+	char ident[128] = "";
+	for (size_t i = 0, len = 0; i < ranks.n && len < sizeof(ident); i++)
+		len += (size_t)snprintf(ident + len, sizeof(ident) - len, "%s%s/%u", i ? "," : "",
+					ranks.r[i].replica, ranks.r[i].rank);
 	proto_log_set_identity(ident);
 	signal(SIGPIPE, SIG_IGN);
 	base = event_base_new();
 	if (base == NULL) {
 		fprintf(stderr, "tessera-node: cannot create an event loop\n");
-		return 1;
+		goto out;
 	}
 	sigint = evsignal_new(base, SIGINT, on_signal, base);
 	sigterm = evsignal_new(base, SIGTERM, on_signal, base);
@@ -199,24 +309,30 @@ int main(int argc, char **argv)
 		fflush(stdout);
 		o.metrics = metrics;
 	}
-	if (node_agent_new(base, &o, &agent, &err) != 0) {
+	if (node_host_new(base, &o, &ranks, &host, &err) != 0) {
 		fprintf(stderr, "tessera-node: %s\n", err.msg);
 		goto out;
 	}
-	agent_g = agent;
+	/* The process is up; each rank's part of /healthz says the rest. */
+	node_metrics_set_health(metrics, true, NULL);
+	host_g = host;
 	event_base_dispatch(base);
-	agent_g = NULL;
-	if (node_agent_failed(agent, &err)) {
+	host_g = NULL;
+	if (node_host_failed(host, &err)) {
 		fprintf(stderr, "tessera-node: %s\n", err.msg);
 		goto out;
 	}
 	rc = 0;
 out:
-	node_agent_free(agent);
+	node_host_free(host);
+	node_host_ranks_fini(&ranks);
 	node_metrics_http_free(mhttp);
 	node_metrics_free(metrics);
-	event_free(sigint);
-	event_free(sigterm);
-	event_base_free(base);
+	if (sigint != NULL)
+		event_free(sigint);
+	if (sigterm != NULL)
+		event_free(sigterm);
+	if (base != NULL)
+		event_base_free(base);
 	return rc;
 }

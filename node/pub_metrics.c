@@ -37,7 +37,7 @@ int node_pub_metrics_init(struct node_pub_metrics *pm, struct node_metrics *m,
 	t.exported_bytes = node_metrics_counter(m, "tessera_publisher_exported_bytes_total", NULL,
 						"Bytes gathered and offered for serving layouts.");
 	t.export_seconds = node_metrics_histogram(
-		m, "tessera_publisher_export_seconds",
+		m, "tessera_publisher_export_seconds", NULL,
 		"From the export request to published and offered, seconds.", export_bounds,
 		sizeof(export_bounds) / sizeof(export_bounds[0]));
 	t.registered = node_metrics_gauge(m, "tessera_publisher_registered", NULL,

@@ -36,6 +36,7 @@ struct config_file {
 /* What proto_config_args() made; lives until exit or proto_config_reset(). */
 static char **made_argv;
 static int made_argc;
+static int made_nfile; /* of made_argv[1..], the file's options */
 
 static char *reader(char *str, int num, void *stream)
 {
@@ -292,6 +293,7 @@ void proto_config_reset(void)
 	free(made_argv);
 	made_argv = NULL;
 	made_argc = 0;
+	made_nfile = 0;
 	proto_param_clear_file();
 }
 
@@ -401,6 +403,7 @@ int proto_config_args(const char *section, const struct option *opts, int *argc,
 			rc = push(&nv, &nc, format_opt(e->key, e->value));
 		}
 	}
+	int nfile = nc - 1;
 	for (int i = 1; rc == 0 && i < *argc; i++)
 		if (keep[i])
 			rc = push(&nv, &nc, strdup((*argv)[i]));
@@ -425,6 +428,7 @@ int proto_config_args(const char *section, const struct option *opts, int *argc,
 	free(made_argv);
 	made_argv = nv;
 	made_argc = nc;
+	made_nfile = nfile;
 	nv = NULL;
 	*argc = made_argc;
 	*argv = made_argv;
@@ -435,6 +439,11 @@ out:
 	file_free(&cf);
 	free(keep);
 	return rc;
+}
+
+int proto_config_file_args(void)
+{
+	return made_nfile;
 }
 
 void proto_config_cli(const char *prog, const char *section, const struct option *opts,

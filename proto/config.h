@@ -39,6 +39,12 @@ extern const char *const proto_config_sections[];
 int proto_config_args(const char *section, const struct option *opts, int *argc,
 		      char ***argv, struct proto_err *err);
 
+/* How many of the options in the vector the last proto_config_args made
+ * came from the file: argv[1] .. argv[n] (each one "--key" or "--key=value"
+ * element); 0 without a file. For options that accumulate (tessera-node's
+ * ranks), where the command line replaces the file's rather than adds. */
+int proto_config_file_args(void);
+
 /* The same, printing "prog: message" and exiting with status 2 on error. */
 void proto_config_cli(const char *prog, const char *section, const struct option *opts,
 		      int *argc, char ***argv);

@@ -31,7 +31,7 @@ static const struct cmd cmds[] = {
 	{"tessera-node", NULL, "tessera-node",
 	 {"tracker", "replica", "rank", "layout", "model", "trainer-pubkey", "cluster-key",
 	  "provider", "store", "expose", "attach", "install", "host", "metrics", "config", "log-format", "log-level", "help",
-	  "version", "tls-ca"},
+	  "version", "tls-ca", "ranks", "serve"},
 	 "--tracker", {NULL}},
 	{"tessera", "plan", "tessera plan", {"model", "from", "to", "json", "help"}, "--model", {NULL}},
 	{"tessera", "cluster", "tessera cluster",

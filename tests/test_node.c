@@ -572,19 +572,19 @@ static void test_metrics_and_health(void **state)
 	assert_int_equal(http_get(e, "GET", url, body, sizeof(body)), 200);
 	char want[256];
 	assert_non_null(strstr(body, "# TYPE tessera_node_fetched_bytes_total counter\n"));
-	assert_non_null(strstr(body, "\ntessera_node_active_version 1\n"));
-	assert_non_null(strstr(body, "\ntessera_node_registered 1\n"));
-	assert_non_null(strstr(body, "\ntessera_node_activations_total 1\n"));
-	assert_non_null(strstr(body, "\ntessera_node_activation_seconds_count 1\n"));
-	assert_non_null(strstr(body, "tessera_node_activation_seconds_bucket{le=\"+Inf\"} 1\n"));
-	snprintf(want, sizeof(want), "\ntessera_node_fetched_bytes_total{source=\"trainer\"} %" PRIu64 "\n",
+	assert_non_null(strstr(body, "\ntessera_node_active_version{replica=\"A\",rank=\"0\"} 1\n"));
+	assert_non_null(strstr(body, "\ntessera_node_registered{replica=\"A\",rank=\"0\"} 1\n"));
+	assert_non_null(strstr(body, "\ntessera_node_activations_total{replica=\"A\",rank=\"0\"} 1\n"));
+	assert_non_null(strstr(body, "\ntessera_node_activation_seconds_count{replica=\"A\",rank=\"0\"} 1\n"));
+	assert_non_null(strstr(body, "tessera_node_activation_seconds_bucket{replica=\"A\",rank=\"0\",le=\"+Inf\"} 1\n"));
+	snprintf(want, sizeof(want), "\ntessera_node_fetched_bytes_total{replica=\"A\",rank=\"0\",source=\"trainer\"} %" PRIu64 "\n",
 		 pc->bytes);
 	assert_non_null(strstr(body, want));
-	snprintf(want, sizeof(want), "\ntessera_node_serving_bytes %" PRIu64 "\n",
+	snprintf(want, sizeof(want), "\ntessera_node_serving_bytes{replica=\"A\",rank=\"0\"} %" PRIu64 "\n",
 		 p.sl.ranks[0].nbytes);
 	assert_non_null(strstr(body, want));
-	assert_non_null(strstr(body, "\ntessera_node_fetched_bytes_total{source=\"peer\"} 0\n"));
-	const char *hash = strstr(body, "\ntessera_node_chunk_failures_total{reason=\"hash\"} ");
+	assert_non_null(strstr(body, "\ntessera_node_fetched_bytes_total{replica=\"A\",rank=\"0\",source=\"peer\"} 0\n"));
+	const char *hash = strstr(body, "\ntessera_node_chunk_failures_total{replica=\"A\",rank=\"0\",reason=\"hash\"} ");
 	assert_non_null(hash);
 	assert_true(strtoull(strchr(hash, '}') + 2, NULL, 10) >= 1);
 	pub_fini(&p);

@@ -78,7 +78,7 @@ echo "try-one-host: job $JOB, tracker $URL"
 	--cluster-key "$T/keep/cluster.key" --synthetic-mb 4 >"$T/publish.out" 2>"$T/publish.err" &
 PIDS+=($!)
 for _ in $(seq 1 600); do
-	if curl -s http://127.0.0.1:9464/metrics | grep -q '^tessera_node_active_version 1$'; then
+	if curl -s http://127.0.0.1:9464/metrics | grep -q '^tessera_node_active_version{.*} 1$'; then
 		echo "try-one-host: the agent of job $JOB on $H activated v1"
 		exit 0
 	fi
