@@ -94,6 +94,7 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		rc = node_store_open(o->store ? o->store : "auto", &a->store, err);
 	if (rc != 0)
 		goto fail;
+	node_store_spread(&a->store, o->store_index);
 	node_store_keep_spare(&a->store); /* the retired version's slot makes the next one */
 	rc = fab_getname(a->fab, addr, sizeof(addr), &alen);
 	if (rc != 0) {

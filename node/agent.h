@@ -67,6 +67,7 @@ struct node_agent_opts {
 	const char *tls_ca;        /* CA file for an https:// tracker (NULL: system's) */
 	const char *provider;      /* NULL: tcp;ofi_rxm */
 	const char *store;         /* "host", "cuda" or "auto" (NULL) */
+	unsigned store_index;      /* the rank's place in its process (node_store_spread) */
 	const char *expose_dir;    /* NULL: no activation records */
 	const char *attach_path;   /* Unix socket for serving processes (node/attach.h); NULL: none */
 	/* --install in-place: versions are written into the served slot at

@@ -112,6 +112,7 @@ int node_host_new(struct event_base *base, const struct node_agent_opts *o,
 		ro.shared = &h->shared;
 		ro.replica = r->replica;
 		ro.rank = r->rank;
+		ro.store_index = (unsigned)i;
 		if (r->layout != NULL)
 			ro.layout = r->layout;
 		if (o->attach_path != NULL && ranks->n > 1) {

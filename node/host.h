@@ -9,7 +9,8 @@
  * drives it, the metrics registry (the caller's: each rank's series carry
  * replica and rank labels, and each rank is a part of /healthz). Each rank
  * is a full node agent (node/agent.h) with its own identity at the tracker
- * (replica, rank, node id, lease, statement key), its own store, memory
+ * (replica, rank, node id, lease, statement key), its own store (a CUDA
+ * store puts the i-th rank given on device i modulo the visible ones), memory
  * registrations, fetches, expose record and attach socket; the tracker
  * protocol is the one-rank agent's, so two-phase activation is unchanged:
  * a replica switches when all its ranks, in this process or in others,

@@ -42,6 +42,20 @@ int node_store_open(const char *name, struct node_store *out, struct proto_err *
 	return 0;
 }
 
+void node_store_spread(struct node_store *s, unsigned index)
+{
+#ifdef TESSERA_CUDA
+	char why[256];
+	int ndev = 0;
+
+	if (s->device >= 0 && node_cuda_probe(&ndev, why, sizeof(why)) == 0 && ndev > 0)
+		s->device = (int)(index % (unsigned)ndev);
+#else
+	(void)s;
+	(void)index;
+#endif
+}
+
 static void slot_release(struct node_store *s, struct node_slot *slot)
 {
 	munmap(slot->host, slot->len ? slot->len : 1);

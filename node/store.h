@@ -64,6 +64,11 @@ struct node_store {
 int node_store_open(const char *name, struct node_store *out,
 		    struct proto_err *err);
 
+/* For a process serving several ranks (node/host.h): its index-th rank
+ * takes CUDA device index modulo the visible devices (the ranks of a TP8
+ * host on its eight GPUs). Nothing for a host store. */
+void node_store_spread(struct node_store *s, unsigned index);
+
 /* Keeps the next slot freed for reuse instead of unmapping it, until
  * node_store_close. Call before any slot is freed from another thread. */
 void node_store_keep_spare(struct node_store *s);

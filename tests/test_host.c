@@ -249,14 +249,39 @@ static void test_tp2_in_one_process(void **state)
 	assert_true(node_proc_alive(&e->nodes[0]));
 }
 
-/* One process serves two TP1 replicas (the same swarm: they may read from
- * each other through the one endpoint); both activate v1 and v2 exactly. */
+/* What rank 0 of replica name says it took from peers for the version it
+ * last reported (/status). */
+static uint64_t from_peers(struct env *e, const char *name)
+{
+	json_t *st = tu_get_json(e->trk, TRK_API "/status"), *rep;
+	uint64_t n = 0;
+	size_t i;
+
+	json_array_foreach(json_object_get(st, "replicas"), i, rep)
+		if (strcmp(json_string_value(json_object_get(rep, "replica")) ?: "", name) == 0)
+			n = (uint64_t)json_integer_value(json_object_get(
+				json_array_get(json_object_get(rep, "ranks"), 0), "bytes_from_peers"));
+	json_decref(st);
+	return n;
+}
+
+/*
+ * One process serves two TP1 replicas. They need the same parcels, so they
+ * are one swarm and read from each other through the process's one
+ * endpoint (the fetch rate is capped so that each takes seconds, and each
+ * owns half the chunks: what it does not own it takes from the other).
+ * Both activate v1 and v2 exactly.
+ */
 static void test_two_tp1_replicas_in_one_process(void **state)
 {
 	struct env *e = *state;
 
+	setenv("TESSERA_FETCH_MBPS", "8", 1);
+	setenv("TESSERA_HAVE_POLL_MS", "20", 1);
 	start(e);
 	start_node(e, 0, "AC", "--serve", "A/0 C/0", "--layout", "tp1", NULL);
+	unsetenv("TESSERA_FETCH_MBPS");
+	unsetenv("TESSERA_HAVE_POLL_MS");
 	wait_registered(e, (const char *[]){"A", "C"}, (int[]){1, 1}, 2);
 	for (uint64_t v = 1; v <= 2; v++) {
 		tu_control_export(e->ctl, v);
@@ -264,6 +289,10 @@ static void test_two_tp1_replicas_in_one_process(void **state)
 		assert_true(tu_wait_active(e->trk, "C", v, DEADLINE_MS));
 		check_serving(e, "A", 0, "tp1", v);
 		check_serving(e, "C", 0, "tp1", v);
+		uint64_t pa = from_peers(e, "A"), pc = from_peers(e, "C");
+		print_message("v%llu: A took %llu bytes from peers, C %llu\n", (unsigned long long)v,
+			      (unsigned long long)pa, (unsigned long long)pc);
+		assert_true(pa + pc > 0);
 	}
 	assert_true(node_proc_alive(&e->nodes[0]));
 }
