@@ -696,6 +696,9 @@ void trk__conns_metrics(const struct trk_server *s, struct evbuffer *b)
 		"# TYPE tessera_tracker_http_connections gauge\n"
 		"tessera_tracker_http_connections %zu\n"
 		"tessera_tracker_http_connections_cap %zu\n"
+		"# HELP tessera_tracker_http_accepted_total Connections accepted (clients keep theirs open).\n"
+		"# TYPE tessera_tracker_http_accepted_total counter\n"
+		"tessera_tracker_http_accepted_total %llu\n"
 		"# HELP tessera_tracker_http_closed_total Connections the tracker closed, by reason.\n"
 		"# TYPE tessera_tracker_http_closed_total counter\n"
 		"tessera_tracker_http_closed_total{reason=\"over_cap\"} %llu\n"
@@ -705,7 +708,7 @@ void trk__conns_metrics(const struct trk_server *s, struct evbuffer *b)
 		"# HELP tessera_tracker_http_accept_errors_total Failed accept() calls.\n"
 		"# TYPE tessera_tracker_http_accept_errors_total counter\n"
 		"tessera_tracker_http_accept_errors_total %llu\n",
-		st.open, st.cap, (unsigned long long)st.evicted,
+		st.open, st.cap, (unsigned long long)st.accepted, (unsigned long long)st.evicted,
 		(unsigned long long)st.slow, (unsigned long long)st.refused_heads,
 		(unsigned long long)st.idle,
 		(unsigned long long)st.accept_errors);
