@@ -1858,8 +1858,8 @@ static int setup_idle(void **state)
 	return rc;
 }
 
-/* The tracker closes a connection idle for TESSERA_TRACKER_IDLE_MS. The
- * client, whose loop did not run meanwhile, learns it only when its next
+/* The tracker closes a connection idle for TESSERA_TRACKER_IDLE_MS (not
+ * one whose long-poll it holds). The client, whose loop did not run meanwhile, learns it only when its next
  * request meets the closed connection: that request goes again, once, on a
  * new connection, and is answered. */
 static void test_idle_close(void **state)
@@ -1869,6 +1869,14 @@ static void test_idle_close(void **state)
 	uint64_t closed = 0, acc0;
 	struct trk_reply r;
 
+	/* A long-poll held past the idle bound is not idle: it ends with its
+	 * wait, answered (no versions yet). */
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_watch(f->c, 0, 4 * IDLE_MS, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "versions")), 0);
+	trk_reply_fini(&r);
 	acc0 = metric_value(f, "tessera_tracker_http_accepted_total");
 	for (int i = 0; i < 50 && closed == 0; i++) {
 		msleep(4 * IDLE_MS);

@@ -73,6 +73,7 @@ struct trk_conn {
 				     * what its head declared */
 	size_t head_end;    /* where the judged head ended in the input */
 	bool answered;      /* refused: the answer is written */
+	bool serving;       /* a request of it is with evhttp, not yet all answered */
 	bool chunked;       /* refused: no declared length (answered at once) */
 	int code;           /* refused: the answer */
 	char msg[300];
@@ -176,10 +177,11 @@ static bool conn_released(const struct trk_conn *c)
 	return rd == NULL && ev == NULL;
 }
 
-/* Between requests and reading: nothing of ours would be lost. */
+/* Between requests and reading: nothing of ours would be lost. (evhttp
+ * keeps reading while it holds a request without a body, a long-poll.) */
 static bool conn_idle(const struct trk_conn *c)
 {
-	return c->state == C_IDLE && !c->closing &&
+	return c->state == C_IDLE && !c->closing && !c->serving &&
 	       (bufferevent_get_enabled(c->bev) & EV_READ);
 }
 
@@ -574,6 +576,15 @@ static void on_accept_error(struct evconnlistener *lev, void *arg)
 	event_add(g->resume_ev, &tv);
 }
 
+/* A request's answer is all written: its connection is idle again. */
+static void served(struct evhttp_request *req, void *arg)
+{
+	struct trk_conn *c = arg;
+
+	c->serving = false;
+	c->active_ms = now_ms();
+}
+
 void trk__conns_request(struct trk_conns *g, struct evhttp_request *req,
 			bool *refused)
 {
@@ -599,7 +610,11 @@ void trk__conns_request(struct trk_conns *g, struct evhttp_request *req,
 		return;
 	}
 	/* This request is evhttp's now; bytes still in the buffer begin the
-	 * next one. */
+	 * next one. The connection is not idle until it is answered (evhttp
+	 * frees it, and never calls served, if the connection goes first;
+	 * c outlives it: it is freed only once evhttp let go of the socket). */
+	c->serving = true;
+	evhttp_request_set_on_complete_cb(req, served, c);
 	c->state = C_IDLE;
 	free(c->head);
 	c->head = NULL;
