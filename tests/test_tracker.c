@@ -1243,15 +1243,22 @@ static void test_layout_by_digest(void **state)
 #define SHORT_LEASE_MS 2000
 #define SHORT_LEASE_BEAT_MS 200
 
+/* An open tracker started with the tunable env set to ms. */
+static int fx_setup_ms(void **state, const char *env, unsigned ms)
+{
+	char v[16];
+	int rc;
+
+	snprintf(v, sizeof(v), "%u", ms);
+	setenv(env, v, 1);
+	rc = fx_setup(state, false);
+	unsetenv(env);
+	return rc;
+}
+
 static int setup_short_lease(void **state)
 {
-	char ms[16];
-	int rc;
-	snprintf(ms, sizeof(ms), "%d", SHORT_LEASE_MS);
-	setenv("TESSERA_LEASE_MS", ms, 1);
-	rc = fx_setup(state, false);
-	unsetenv("TESSERA_LEASE_MS");
-	return rc;
+	return fx_setup_ms(state, "TESSERA_LEASE_MS", SHORT_LEASE_MS);
 }
 
 static void test_lease_expiry(void **state)
@@ -1848,14 +1855,7 @@ static void test_keepalive(void **state)
 #define IDLE_MS 300
 static int setup_idle(void **state)
 {
-	char ms[16];
-	int rc;
-
-	snprintf(ms, sizeof(ms), "%d", IDLE_MS);
-	setenv("TESSERA_TRACKER_IDLE_MS", ms, 1);
-	rc = fx_setup(state, false);
-	unsetenv("TESSERA_TRACKER_IDLE_MS");
-	return rc;
+	return fx_setup_ms(state, "TESSERA_TRACKER_IDLE_MS", IDLE_MS);
 }
 
 /* The tracker closes a connection idle for TESSERA_TRACKER_IDLE_MS (not
