@@ -73,6 +73,7 @@ struct bench {
 	uint32_t hb_next, src_next, src_version;
 	uint64_t hb_budget; /* heartbeats owed, in thousandths */
 	uint32_t inflight, skipped, errors, expired;
+	uint64_t expired_first_ns, expired_last_ns; /* when leases were lost */
 	uint64_t version, watch_answers;
 	uint8_t last_digest[PROTO_HASH_BYTES];
 	bool measuring, publishing_ok;
@@ -226,7 +227,9 @@ static void on_timed(const struct trk_answer *a, void *arg)
 	if (r->kind == 0 && a->status == 404 && b->nodes[r->node].registered) {
 		/* The lease ran out before the heartbeat got through: a real node
 		 * registers again, so does this one. */
-		b->expired++;
+		if (b->expired++ == 0)
+			b->expired_first_ns = proto_now_ns();
+		b->expired_last_ns = proto_now_ns();
 		b->nodes[r->node].registered = false;
 		b->registered--;
 		register_one(b, r->node);
@@ -722,7 +725,12 @@ int main(int argc, char **argv)
 	       b.src.n == 0 ? "MISSED, none answered" : pct_ms(&b.src, 0.99) < 20 ? "met" : "MISSED");
 	printf("watches: %" PRIu64 " answered, %" PRIu64 " open at the end; versions published: %" PRIu64 "\n",
 	       b.watch_answers, watching, b.version);
-	printf("leases lost (heartbeat answered 404, node registered again): %u\n", b.expired);
+	printf("leases lost (heartbeat answered 404, node registered again): %u", b.expired);
+	if (b.expired > 0)
+		printf(" (the first %.1f s, the last %.1f s after measuring began)",
+		       ((double)b.expired_first_ns - (double)b.reg_done_ns) / 1e9,
+		       ((double)b.expired_last_ns - (double)b.reg_done_ns) / 1e9);
+	printf("\n");
 	printf("load generator: %u requests skipped (more than %d in flight), %u errors\n", b.skipped,
 	       INFLIGHT_MAX, b.errors);
 	printf("tracker memory: %.1f MiB RSS\n", (double)rss / 1024.0);
