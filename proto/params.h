@@ -33,8 +33,10 @@
 	/* Window in which an authenticated request's timestamp is accepted. */ \
 	X(AUTH_WINDOW_S, "TESSERA_AUTH_WINDOW_S", 30,                             \
 	  "accepted clock skew for signed requests, s")                           \
-	/* Long-poll timeout for watching versions. */                          \
-	X(WATCH_MS, "TESSERA_WATCH_MS", 2000, "long-poll wait for new versions, ms") \
+	/* Long-poll timeout for watching versions: a new version answers a \
+	 * watch at once, so this only sets how often an idle node asks again \
+	 * (the tracker ends each somewhere in its last tenth). */              \
+	X(WATCH_MS, "TESSERA_WATCH_MS", 25000, "long-poll wait for new versions, ms") \
 	/* A source with reads in flight that completes none for this long, or \
 	 * four times what its window takes at its measured rate if longer (3x \
 	 * this before it delivered anything), is silent: its reads move to \
@@ -135,7 +137,11 @@
 	 * standby slot, so that a delta against it needs only its apply; it \
 	 * waits this long first (past ATTACH_FREE_GRACE_MS, so that the \
 	 * retired slot is there to be reused). */ \
-	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms")
+	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms") \
+	/* Clients keep their connection to the tracker open between requests \
+	 * (a node sends one at least every lease/3); the tracker closes one \
+	 * that has carried nothing for this long. */ \
+	X(TRACKER_IDLE_MS, "TESSERA_TRACKER_IDLE_MS", 30000, "tracker closes a connection idle for, ms")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

@@ -1243,15 +1243,22 @@ static void test_layout_by_digest(void **state)
 #define SHORT_LEASE_MS 2000
 #define SHORT_LEASE_BEAT_MS 200
 
+/* An open tracker started with the tunable env set to ms. */
+static int fx_setup_ms(void **state, const char *env, unsigned ms)
+{
+	char v[16];
+	int rc;
+
+	snprintf(v, sizeof(v), "%u", ms);
+	setenv(env, v, 1);
+	rc = fx_setup(state, false);
+	unsetenv(env);
+	return rc;
+}
+
 static int setup_short_lease(void **state)
 {
-	char ms[16];
-	int rc;
-	snprintf(ms, sizeof(ms), "%d", SHORT_LEASE_MS);
-	setenv("TESSERA_LEASE_MS", ms, 1);
-	rc = fx_setup(state, false);
-	unsetenv("TESSERA_LEASE_MS");
-	return rc;
+	return fx_setup_ms(state, "TESSERA_LEASE_MS", SHORT_LEASE_MS);
 }
 
 static void test_lease_expiry(void **state)
@@ -1780,6 +1787,109 @@ static void test_longpoll(void **state)
 	trk_reply_fini(&b.watch);
 	trk_reply_fini(&b.pub);
 	free(buf);
+}
+
+/* ---- keep-alive ---------------------------------------------------------------------------- */
+
+static uint64_t metric_value(struct fx *f, const char *name);
+
+/* A client keeps its connection open: its ordinary requests share one, a
+ * long-poll holds another and nothing waits behind it, and numbered state
+ * reports made at once (without waiting for answers) reach the tracker in
+ * the order they were made: none is stale. */
+static void test_keepalive(void **state)
+{
+	struct fx *f = *state;
+	enum { N = 20 };
+	struct trk_reply rs[N], w, r;
+	uint64_t acc0;
+	uint8_t *buf;
+	size_t len;
+
+	register_publisher(f);
+	publish_two(f);
+	register_node_ok(f, "B", 0, TP1);
+	acc0 = metric_value(f, "tessera_tracker_http_accepted_total");
+	/* Held: nothing after version 2 yet (the tracker ends it after 27 s
+	 * at the earliest). */
+	trk_reply_init(&w);
+	assert_int_equal(trk_client_watch(f->c, 2, TRK_WAIT_MAX_MS, trk_reply_cb, &w), 0);
+	for (int i = 0; i < N; i++) {
+		char b[200];
+		int n = snprintf(b, sizeof(b),
+				 "{\"id\":\"B/0\",\"version\":1,\"state\":\"%s\",\"seq\":%d}",
+				 i % 2 ? "verified" : "fetching", i + 1);
+		trk_reply_init(&rs[i]);
+		assert_int_equal(trk_client_request(f->c, "POST", TRK_API "/nodes/state", NULL, b,
+						    (size_t)n, 0, trk_reply_cb, &rs[i]),
+				 0);
+	}
+	for (int i = 0; i < N; i++) {
+		trk_client_wait(f->c, &rs[i]);
+		assert_int_equal(rs[i].status, 200);
+		if (json_is_true(json_object_get(rs[i].json, "stale")))
+			fail_msg("report %d arrived after a later one", i + 1);
+		trk_reply_fini(&rs[i]);
+	}
+	assert_false(w.done); /* all answered while the watch is held */
+	assert_int_equal(get(f, TRK_API "/replicas/B", &r), 200);
+	assert_string_equal(json_string_value(json_object_get(
+				    json_array_get(json_object_get(r.json, "ranks"), 0), "state")),
+			    "verified");
+	trk_reply_fini(&r);
+	/* One connection for the watch; the ordinary one was already open.
+	 * (A connection per request would have made N + 2.) */
+	assert_true(metric_value(f, "tessera_tracker_http_accepted_total") - acc0 <= 2);
+	/* A new version answers the held watch at once. */
+	make_manifest(f, &(struct mopts){.version = 3, .parent = 2, .parent_digest = f->d2},
+		      &buf, &len, NULL);
+	assert_int_equal(publish(f, buf, len, &r), 201);
+	trk_reply_fini(&r);
+	free(buf);
+	trk_client_wait(f->c, &w);
+	assert_int_equal(w.status, 200);
+	assert_int_equal(jget_u64(w.json, "latest"), 3);
+	trk_reply_fini(&w);
+}
+
+#define IDLE_MS 300
+static int setup_idle(void **state)
+{
+	return fx_setup_ms(state, "TESSERA_TRACKER_IDLE_MS", IDLE_MS);
+}
+
+/* The tracker closes a connection idle for TESSERA_TRACKER_IDLE_MS (not
+ * one whose long-poll it holds). The client, whose loop did not run meanwhile, learns it only when its next
+ * request meets the closed connection: that request goes again, once, on a
+ * new connection, and is answered. */
+static void test_idle_close(void **state)
+{
+	struct fx *f = *state;
+	const char *idle = "tessera_tracker_http_closed_total{reason=\"idle\"}";
+	uint64_t closed = 0, acc0;
+	struct trk_reply r;
+
+	/* A long-poll held past the idle bound is not idle: it ends with its
+	 * wait, answered (no versions yet). */
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_watch(f->c, 0, 4 * IDLE_MS, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "versions")), 0);
+	trk_reply_fini(&r);
+	acc0 = metric_value(f, "tessera_tracker_http_accepted_total");
+	for (int i = 0; i < 50 && closed == 0; i++) {
+		msleep(4 * IDLE_MS);
+		/* Each call finds its connection closed by now. */
+		closed = metric_value(f, idle);
+	}
+	assert_true(closed >= 1);
+	msleep(4 * IDLE_MS);
+	assert_int_equal(get(f, TRK_API "/status", &r), 200);
+	trk_reply_fini(&r);
+	/* Every call after an idle close opened a new connection. */
+	assert_true(metric_value(f, "tessera_tracker_http_accepted_total") > acc0);
+	assert_true(metric_value(f, idle) >= closed);
 }
 
 /* ---- replica state ----------------------------------------------------------------------- */
@@ -3505,6 +3615,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_state_lost_refused, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_trainer_pubkey, setup_with_pk, teardown),
 		cmocka_unit_test_setup_teardown(test_longpoll, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_keepalive, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_idle_close, setup_idle, teardown),
 		cmocka_unit_test_setup_teardown(test_replica_state, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_duplicate_and_refetched_bytes, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_reports_out_of_order, setup_open, teardown),

@@ -15,25 +15,31 @@
 
 #include "proto/log.h"
 #include "proto/params.h"
+#include "proto/util.h"
+#include "tracker/client_conn.h"
 #include "tracker/internal.h"
 
 #define PATH_MAX_LEN 2048
 #define DEFAULT_TIMEOUT_MS 10000
 #define CLIENT_SESSIONS 64 /* node sessions one client remembers */
 
+/* How a request came to be sent again. */
+#define SENT_AGAIN_EPOCH 1u  /* signed again for the tracker's new epoch */
+#define SENT_AGAIN_STALE 2u  /* its kept-open connection had been closed */
+
 struct pending {
 	struct trk_client *c;
-	struct evhttp_connection *conn;
-	struct evhttp_request *req;
+	struct trk__creq cr; /* on the client's connections (client_conn.h) */
 	trk_client_cb cb;
 	void *arg;
-	struct event *reap; /* frees conn after the callback, from the loop */
 	enum evhttp_request_error error;
 	bool have_error;
-	/* A signed request, kept to sign it again once if the tracker
-	 * answers 401 under another epoch (it restarted, or this client had
-	 * not yet seen its epoch). */
-	bool sign, retried, registers;
+	/* The request is kept to send it again once: signed again if the
+	 * tracker answers 401 under another epoch (it restarted, or this
+	 * client had not yet seen its epoch), and on a new connection if the
+	 * kept-open one turns out closed. */
+	bool sign, registers;
+	unsigned again; /* SENT_AGAIN_* bits of this request's past */
 	char epoch_used[2 * TRK_EPOCH_BYTES + 1];
 	char method[8], ctype[64];
 	char *path_query;
@@ -69,6 +75,7 @@ struct trk_client {
 	} sessions[CLIENT_SESSIONS];
 	size_t nsessions;
 	TAILQ_HEAD(, pending) pending;
+	struct trk__cconns *cc; /* its connections to the tracker */
 	/* Registrations sent by layout digest, with their full bodies kept for
 	 * a tracker that does not hold that layout. */
 	TAILQ_HEAD(, reg_retry) regs;
@@ -110,6 +117,8 @@ static void keep_session(struct trk_client *c, json_t *answer)
 	snprintf(c->sessions[i].id, sizeof(c->sessions[i].id), "%s", id);
 	snprintf(c->sessions[i].session, sizeof(c->sessions[i].session), "%s", ses);
 }
+
+static void on_fail(struct trk__creq *r, void *arg);
 
 int trk_client_new(struct event_base *base, const char *url,
 		   const uint8_t *cluster_key, struct trk_client **out,
@@ -168,12 +177,18 @@ int trk_client_new(struct event_base *base, const char *url,
 		c->own_base = true;
 	}
 	c->base = base;
+	if (trk__cconns_new(base, c->host, c->port, &c->tls, on_fail, c, &c->cc) != 0) {
+		rc = proto_errf(err, ENOMEM, "out of memory");
+		goto fail;
+	}
 	evhttp_uri_free(u);
 	*out = c;
 	return 0;
 fail:
 	if (u != NULL)
 		evhttp_uri_free(u);
+	if (c->own_base && c->base != NULL)
+		event_base_free(c->base);
 	trk__tls_ctx_free(c->tls);
 	free(c);
 	return rc;
@@ -203,13 +218,15 @@ void trk_client_free(struct trk_client *c)
 		return;
 	while ((p = TAILQ_FIRST(&c->pending)) != NULL) {
 		TAILQ_REMOVE(&c->pending, p, link);
-		event_free(p->reap);
-		/* Frees a queued request too, without calling back. */
-		evhttp_connection_free(p->conn);
+		/* A queued request is freed here, a sent one with its
+		 * connection below; neither calls back. */
+		trk__cconns_cancel(c->cc, &p->cr);
+		free(p->cr.uri);
 		free(p->path_query);
 		free(p->body);
 		free(p);
 	}
+	trk__cconns_free(c->cc);
 	while ((rr = TAILQ_FIRST(&c->regs)) != NULL) {
 		TAILQ_REMOVE(&c->regs, rr, link);
 		json_decref(rr->full);
@@ -252,16 +269,10 @@ static void on_error(enum evhttp_request_error e, void *arg)
 	p->have_error = true;
 }
 
-/* libevent frees a connection by itself only after a success; freeing it
- * inside the callback is not allowed, so every connection is freed here, on
- * the next loop turn. */
-static void reap_cb(evutil_socket_t fd, short what, void *arg)
+static void pending_free(struct pending *p)
 {
-	struct pending *p = arg;
-
 	TAILQ_REMOVE(&p->c->pending, p, link);
-	event_free(p->reap);
-	evhttp_connection_free(p->conn);
+	free(p->cr.uri);
 	free(p->path_query);
 	free(p->body);
 	free(p);
@@ -270,7 +281,28 @@ static void reap_cb(evutil_socket_t fd, short what, void *arg)
 static int start_request(struct trk_client *c, const char *method,
 			 const char *path_query, const char *ctype,
 			 const void *body, size_t len, uint32_t timeout_ms,
-			 trk_client_cb cb, void *arg, bool retried);
+			 trk_client_cb cb, void *arg, unsigned again);
+
+/* Sends p's request once more (again: the reason); 0 when it went. */
+static int send_again(struct pending *p, unsigned again)
+{
+	return start_request(p->c, p->method, p->path_query, p->ctype, p->body, p->len,
+			     p->timeout_ms, p->cb, p->arg, p->again | again);
+}
+
+/* A request that failed before it was sent (client_conn.c). */
+static void on_fail(struct trk__creq *r, void *arg)
+{
+	struct pending *p = proto_container_of(r, struct pending, cr);
+	struct trk_answer a = {.status = r->fail, .body = (const uint8_t *)""};
+	char msg[512];
+
+	snprintf(msg, sizeof(msg), "tracker %s:%d: %s", p->c->host, p->c->port,
+		 r->fail == -ETIMEDOUT ? "timed out waiting to be sent" : strerror(-r->fail));
+	a.error = msg;
+	p->cb(&a, p->arg);
+	pending_free(p);
+}
 
 /* Keeps the tracker's epoch from an answer's header (hex, bounded). */
 static void learn_epoch(struct trk_client *c, struct evhttp_request *req)
@@ -323,46 +355,52 @@ static int check_chain(struct trk_client *c, struct evhttp_request *req,
 static void on_done(struct evhttp_request *req, void *arg)
 {
 	struct pending *p = arg;
+	struct trk_client *c = p->c;
 	struct trk_answer a = {.error = ""};
-	char msg[512] = "";
+	char msg[512] = "", why[300] = "";
 	json_t *json = NULL;
-	static const struct timeval now = {0, 0};
+	bool tls_failed = false;
 
 	a.status = req != NULL ? evhttp_request_get_response_code(req) : 0;
+	if (a.status == 0 && c->tls != NULL)
+		tls_failed = trk__tls_failure(trk__cconns_bev(&p->cr), why, sizeof(why));
+	/* Its connection is free for the next request (or dropped). */
+	trk__cconns_done(c->cc, &p->cr, a.status != 0);
 	if (a.status != 0)
-		learn_epoch(p->c, req);
+		learn_epoch(c, req);
 	/* Signed for an epoch the tracker does not have: sign again, once. */
-	if (a.status == 401 && p->sign && !p->retried &&
-	    strcmp(p->c->epoch, p->epoch_used) != 0 &&
-	    start_request(p->c, p->method, p->path_query, p->ctype, p->body,
-			  p->len, p->timeout_ms, p->cb, p->arg, true) == 0) {
-		evtimer_add(p->reap, &now);
+	if (a.status == 401 && p->sign && !(p->again & SENT_AGAIN_EPOCH) &&
+	    strcmp(c->epoch, p->epoch_used) != 0 && send_again(p, SENT_AGAIN_EPOCH) == 0) {
+		pending_free(p);
+		return;
+	}
+	/* The kept-open connection was closed by the tracker (idle, or it
+	 * restarted) while this request was on its way: once more, on a new
+	 * connection. A tracker that is down then refuses the connect. */
+	if (a.status == 0 && p->cr.reused && p->have_error && p->error == EVREQ_HTTP_EOF &&
+	    !(p->again & SENT_AGAIN_STALE) && send_again(p, SENT_AGAIN_STALE) == 0) {
+		pending_free(p);
 		return;
 	}
 	if (a.status != 0) {
-		int rc = check_chain(p->c, req, msg, sizeof(msg));
+		int rc = check_chain(c, req, msg, sizeof(msg));
 		if (rc != 0) {
 			a.status = rc;
 			a.body = (const uint8_t *)"";
 			a.error = msg;
-			evtimer_add(p->reap, &now);
 			p->cb(&a, p->arg);
+			pending_free(p);
 			return;
 		}
 	}
 	if (a.status == 0) {
-		char why[300];
-
 		a.status = transport_errno(p);
-		if (p->c->tls != NULL &&
-		    trk__tls_failure(evhttp_connection_get_bufferevent(p->conn), why,
-				     sizeof(why))) {
+		if (tls_failed) {
 			a.status = -EPROTO;
-			snprintf(msg, sizeof(msg), "tracker %s:%d: %s", p->c->host,
-				 p->c->port, why);
+			snprintf(msg, sizeof(msg), "tracker %s:%d: %s", c->host, c->port, why);
 		} else {
-			snprintf(msg, sizeof(msg), "tracker %s:%d: %s", p->c->host,
-				 p->c->port, strerror(-a.status));
+			snprintf(msg, sizeof(msg), "tracker %s:%d: %s", c->host, c->port,
+				 strerror(-a.status));
 		}
 		a.body = (const uint8_t *)"";
 	} else {
@@ -383,7 +421,7 @@ static void on_done(struct evhttp_request *req, void *arg)
 		}
 		a.json = json;
 		if (a.status == 200 && p->registers)
-			keep_session(p->c, json);
+			keep_session(c, json);
 		if (a.status >= 400) {
 			const char *e = json_string_value(json_object_get(json, "error"));
 			snprintf(msg, sizeof(msg), "HTTP %d: %s", a.status,
@@ -392,9 +430,9 @@ static void on_done(struct evhttp_request *req, void *arg)
 		}
 	}
 	a.error = msg;
-	evtimer_add(p->reap, &now);
 	p->cb(&a, p->arg);
 	json_decref(json);
+	pending_free(p);
 }
 
 int trk_client_request(struct trk_client *c, const char *method,
@@ -403,20 +441,19 @@ int trk_client_request(struct trk_client *c, const char *method,
 		       trk_client_cb cb, void *arg)
 {
 	return start_request(c, method, path_query, ctype, body, len,
-			     timeout_ms, cb, arg, false);
+			     timeout_ms, cb, arg, 0);
 }
 
 static int start_request(struct trk_client *c, const char *method,
 			 const char *path_query, const char *ctype,
 			 const void *body, size_t len, uint32_t timeout_ms,
-			 trk_client_cb cb, void *arg, bool retried)
+			 trk_client_cb cb, void *arg, unsigned again)
 {
 	bool post = strcmp(method, "POST") == 0, sign;
 	char uri[PATH_MAX_LEN + 64], auth[256], hostport[300];
 	struct pending *p;
 	struct evkeyvalq *h;
 	uint32_t t = timeout_ms ? timeout_ms : c->timeout_ms;
-	struct timeval tv = {(time_t)(t / 1000), (suseconds_t)(t % 1000) * 1000};
 	int n;
 
 	if (!post && strcmp(method, "GET") != 0)
@@ -446,64 +483,36 @@ static int start_request(struct trk_client *c, const char *method,
 	p->cb = cb;
 	p->arg = arg;
 	p->sign = sign;
-	p->retried = retried;
+	p->again = again;
 	p->registers = post && strncmp(path_query, TRK_API "/nodes", strlen(TRK_API "/nodes")) == 0 &&
 		       strchr("?", path_query[strlen(TRK_API "/nodes")]) != NULL;
-	if (sign && !retried) {
-		/* Kept for one retry under a new epoch. */
-		snprintf(p->method, sizeof(p->method), "%s", method);
-		snprintf(p->ctype, sizeof(p->ctype), "%s",
-			 ctype ? ctype : "application/json");
-		p->path_query = strdup(path_query);
-		p->body = len > 0 ? malloc(len) : NULL;
-		p->len = len;
-		p->timeout_ms = timeout_ms;
-		if (p->path_query == NULL || (len > 0 && p->body == NULL)) {
-			free(p->path_query);
-			free(p->body);
-			free(p);
-			return -ENOMEM;
-		}
-		if (len > 0)
-			memcpy(p->body, body, len);
-	}
-	p->reap = evtimer_new(c->base, reap_cb, p);
-	if (c->tls != NULL) {
-		struct bufferevent *bev = trk__tls_client_bev(c->tls, c->base, c->host);
-
-		/* The connection owns bev from here, even when it fails. */
-		p->conn = bev == NULL ? NULL :
-			evhttp_connection_base_bufferevent_new(c->base, NULL, bev, c->host,
-							       (uint16_t)c->port);
-		if (p->conn == NULL && bev != NULL)
-			bufferevent_free(bev);
-	} else {
-		p->conn = evhttp_connection_base_new(c->base, NULL, c->host,
-						     (uint16_t)c->port);
-	}
-	if (p->conn == NULL || p->reap == NULL) {
-		if (p->reap != NULL)
-			event_free(p->reap);
-		if (p->conn != NULL)
-			evhttp_connection_free(p->conn);
-		free(p->path_query);
-		free(p->body);
-		free(p);
-		return -ENOMEM;
-	}
-	evhttp_connection_set_timeout_tv(p->conn, &tv);
-	evhttp_connection_set_retries(p->conn, 0);
-	evhttp_connection_set_max_body_size(
-		p->conn, (ev_ssize_t)proto_param(PROTO_PARAM_MANIFEST_MAX) + 4096);
-	p->req = evhttp_request_new(on_done, p);
-	if (p->req == NULL)
+	/* Kept to send it again (a new epoch, a closed connection). */
+	snprintf(p->method, sizeof(p->method), "%s", method);
+	snprintf(p->ctype, sizeof(p->ctype), "%s", ctype ? ctype : "application/json");
+	p->path_query = strdup(path_query);
+	p->cr.uri = strdup(uri);
+	p->body = len > 0 ? malloc(len) : NULL;
+	p->len = len;
+	p->timeout_ms = timeout_ms;
+	if (p->path_query == NULL || p->cr.uri == NULL || (len > 0 && p->body == NULL))
 		goto fail;
-	evhttp_request_set_error_cb(p->req, on_error);
-	h = evhttp_request_get_output_headers(p->req);
+	if (len > 0)
+		memcpy(p->body, body, len);
+	p->cr.cmd = post ? EVHTTP_REQ_POST : EVHTTP_REQ_GET;
+	p->cr.deadline_ns = proto_now_ns() + (uint64_t)t * 1000000u;
+	/* Held by the tracker past an ordinary answer: its own connection,
+	 * so that nothing waits behind it. */
+	p->cr.long_poll = timeout_ms > c->timeout_ms;
+	p->cr.req = evhttp_request_new(on_done, p);
+	if (p->cr.req == NULL)
+		goto fail;
+	evhttp_request_set_error_cb(p->cr.req, on_error);
+	h = evhttp_request_get_output_headers(p->cr.req);
 	snprintf(hostport, sizeof(hostport), strchr(c->host, ':') ? "[%s]:%d" : "%s:%d",
 		 c->host, c->port);
 	evhttp_add_header(h, "Host", hostport);
-	evhttp_add_header(h, "Connection", "close");
+	/* No "Connection: close": the connection stays open for the next
+	 * request (client_conn.h). */
 	if (post && c->nsessions > 0 && len > 0 && len <= TRK_JSON_MAX) {
 		/* A node's own calls carry its session credential. */
 		json_t *j = json_loadb(body, len, 0, NULL);
@@ -526,9 +535,9 @@ static int start_request(struct trk_client *c, const char *method,
 	}
 	if (post) {
 		evhttp_add_header(h, "Content-Type", ctype ? ctype : "application/json");
-		if (len > 0 && evbuffer_add(evhttp_request_get_output_buffer(p->req), body,
+		if (len > 0 && evbuffer_add(evhttp_request_get_output_buffer(p->cr.req), body,
 					    len) != 0)
-			goto fail_req;
+			goto fail;
 	}
 	if (sign) {
 		snprintf(p->epoch_used, sizeof(p->epoch_used), "%s", c->epoch);
@@ -536,27 +545,22 @@ static int start_request(struct trk_client *c, const char *method,
 				    (uint64_t)time(NULL), c->epoch,
 				    post ? body : NULL, post ? len : 0, auth,
 				    sizeof(auth)) != 0)
-			goto fail_req;
+			goto fail;
 		evhttp_add_header(h, "Authorization", auth);
 	}
 	TAILQ_INSERT_TAIL(&c->pending, p, link);
-	if (evhttp_make_request(p->conn, p->req,
-				post ? EVHTTP_REQ_POST : EVHTTP_REQ_GET, uri) != 0) {
-		/* The request is freed by evhttp_make_request on failure. */
-		TAILQ_REMOVE(&c->pending, p, link);
-		p->req = NULL;
-		goto fail;
-	}
+	/* Sent now or queued; the callback comes later either way (and p
+	 * may be gone when this returns). */
+	trk__cconns_submit(c->cc, &p->cr, again != 0);
 	return 0;
-fail_req:
-	evhttp_request_free(p->req);
 fail:
-	event_free(p->reap);
-	evhttp_connection_free(p->conn);
+	if (p->cr.req != NULL)
+		evhttp_request_free(p->cr.req);
+	free(p->cr.uri);
 	free(p->path_query);
 	free(p->body);
 	free(p);
-	return -EIO;
+	return -ENOMEM;
 }
 
 int trk_client_post_json(struct trk_client *c, const char *path, json_t *body,

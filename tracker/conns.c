@@ -35,7 +35,10 @@
  * (make_room): a flood closes its own connections, not the one or two a
  * node or publisher holds. A head still incomplete TESSERA_HEADER_MS after
  * its first byte closes its connection (slowloris), and so does a TLS
- * handshake unfinished that long after the connection opened. accept() failures are
+ * handshake unfinished that long after the connection opened. Clients keep
+ * their connection open between requests (HTTP/1.1 keep-alive); one that
+ * has carried nothing for TESSERA_TRACKER_IDLE_MS is closed, and idle ones
+ * are the first a flood's address loses. accept() failures are
  * logged once per LOG_EVERY_MS with a count, and pause the listener.
  */
 
@@ -65,10 +68,12 @@ struct trk_conn {
 	uint64_t addr;      /* the peer's address, folded to 64 bits */
 	bool skip_head;     /* head too long to judge: evhttp refuses it */
 	uint64_t opened_ms, head_ms, refused_ms;
+	uint64_t active_ms; /* bytes last came in, or last seen busy */
 	uint64_t drained, declared; /* refused: body bytes thrown away, and
 				     * what its head declared */
 	size_t head_end;    /* where the judged head ended in the input */
 	bool answered;      /* refused: the answer is written */
+	bool serving;       /* a request of it is with evhttp, not yet all answered */
 	bool chunked;       /* refused: no declared length (answered at once) */
 	int code;           /* refused: the answer */
 	char msg[300];
@@ -88,9 +93,9 @@ struct trk_conns {
 	size_t nfd;
 	size_t n, cap;
 	size_t live; /* n less those closing */
-	uint64_t header_ms;
+	uint64_t header_ms, idle_ms;
 	/* Counters for /metrics and the rate-limited log. */
-	uint64_t accepted, evicted, slow, refused_heads;
+	uint64_t accepted, evicted, slow, refused_heads, idle;
 	uint64_t accept_errors, accept_errors_logged, last_log_ms;
 	struct trk_conns *next_guard; /* guards, by listener */
 };
@@ -172,10 +177,11 @@ static bool conn_released(const struct trk_conn *c)
 	return rd == NULL && ev == NULL;
 }
 
-/* Between requests and reading: nothing of ours would be lost. */
+/* Between requests and reading: nothing of ours would be lost. (evhttp
+ * keeps reading while it holds a request without a body, a long-poll.) */
 static bool conn_idle(const struct trk_conn *c)
 {
-	return c->state == C_IDLE && !c->closing &&
+	return c->state == C_IDLE && !c->closing && !c->serving &&
 	       (bufferevent_get_enabled(c->bev) & EV_READ);
 }
 
@@ -430,6 +436,7 @@ static void on_input(struct evbuffer *buf, const struct evbuffer_cb_info *info,
 
 	if (info->n_added == 0 || c->closing)
 		return;
+	c->active_ms = now_ms();
 	conn_index(c->g, c);
 	if (c->state == C_REFUSED) {
 		drain_refused(c, buf, 0);
@@ -464,7 +471,7 @@ static struct bufferevent *new_bev(struct event_base *base, void *arg)
 	c->bev = bev;
 	c->g = g;
 	c->fd = -1;
-	c->opened_ms = now_ms();
+	c->opened_ms = c->active_ms = now_ms();
 	bufferevent_incref(bev);
 	evbuffer_add_cb(bufferevent_get_input(bev), on_input, c);
 	c->prev = g->tail;
@@ -508,6 +515,11 @@ static void sweep(evutil_socket_t fd, short what, void *arg)
 		} else if (c->state == C_IDLE && now - c->opened_ms > g->header_ms &&
 			   trk__tls_handshaking(c->bev)) {
 			g->slow++; /* a TLS handshake dribbled: slowloris too */
+			conn_close(c);
+		} else if (!conn_idle(c)) {
+			c->active_ms = now; /* a request is being served or held */
+		} else if (now - c->active_ms > g->idle_ms) {
+			g->idle++;
 			conn_close(c);
 		}
 	}
@@ -564,6 +576,15 @@ static void on_accept_error(struct evconnlistener *lev, void *arg)
 	event_add(g->resume_ev, &tv);
 }
 
+/* A request's answer is all written: its connection is idle again. */
+static void served(struct evhttp_request *req, void *arg)
+{
+	struct trk_conn *c = arg;
+
+	c->serving = false;
+	c->active_ms = now_ms();
+}
+
 void trk__conns_request(struct trk_conns *g, struct evhttp_request *req,
 			bool *refused)
 {
@@ -589,7 +610,11 @@ void trk__conns_request(struct trk_conns *g, struct evhttp_request *req,
 		return;
 	}
 	/* This request is evhttp's now; bytes still in the buffer begin the
-	 * next one. */
+	 * next one. The connection is not idle until it is answered (evhttp
+	 * frees it, and never calls served, if the connection goes first;
+	 * c outlives it: it is freed only once evhttp let go of the socket). */
+	c->serving = true;
+	evhttp_request_set_on_complete_cb(req, served, c);
 	c->state = C_IDLE;
 	free(c->head);
 	c->head = NULL;
@@ -610,6 +635,7 @@ void trk__conns_stats(const struct trk_conns *g, struct trk_conns_stats *out)
 	out->evicted = g->evicted;
 	out->slow = g->slow;
 	out->refused_heads = g->refused_heads;
+	out->idle = g->idle;
 	out->accept_errors = g->accept_errors;
 }
 
@@ -629,6 +655,7 @@ int trk__conns_new(struct trk_server *s, struct trk_conns **out)
 	g->s = s;
 	g->cap = PROTO_MAX(cap, 2);
 	g->header_ms = proto_param(PROTO_PARAM_HEADER_MS);
+	g->idle_ms = proto_param(PROTO_PARAM_TRACKER_IDLE_MS);
 	g->last_log_ms = now_ms();
 	g->lev = evhttp_bound_socket_get_listener(s->sock);
 	g->sweep_ev = event_new(s->base, -1, EV_PERSIST, sweep, g);
@@ -684,15 +711,20 @@ void trk__conns_metrics(const struct trk_server *s, struct evbuffer *b)
 		"# TYPE tessera_tracker_http_connections gauge\n"
 		"tessera_tracker_http_connections %zu\n"
 		"tessera_tracker_http_connections_cap %zu\n"
+		"# HELP tessera_tracker_http_accepted_total Connections accepted (clients keep theirs open).\n"
+		"# TYPE tessera_tracker_http_accepted_total counter\n"
+		"tessera_tracker_http_accepted_total %llu\n"
 		"# HELP tessera_tracker_http_closed_total Connections the tracker closed, by reason.\n"
 		"# TYPE tessera_tracker_http_closed_total counter\n"
 		"tessera_tracker_http_closed_total{reason=\"over_cap\"} %llu\n"
 		"tessera_tracker_http_closed_total{reason=\"slow_head\"} %llu\n"
 		"tessera_tracker_http_closed_total{reason=\"refused_head\"} %llu\n"
+		"tessera_tracker_http_closed_total{reason=\"idle\"} %llu\n"
 		"# HELP tessera_tracker_http_accept_errors_total Failed accept() calls.\n"
 		"# TYPE tessera_tracker_http_accept_errors_total counter\n"
 		"tessera_tracker_http_accept_errors_total %llu\n",
-		st.open, st.cap, (unsigned long long)st.evicted,
+		st.open, st.cap, (unsigned long long)st.accepted, (unsigned long long)st.evicted,
 		(unsigned long long)st.slow, (unsigned long long)st.refused_heads,
+		(unsigned long long)st.idle,
 		(unsigned long long)st.accept_errors);
 }

@@ -162,7 +162,7 @@ bool trk__tls_handshaking(struct bufferevent *bev);
 struct trk_conns;
 struct trk_conns_stats {
 	size_t open, cap;
-	uint64_t accepted, evicted, slow, refused_heads;
+	uint64_t accepted, evicted, slow, refused_heads, idle;
 	uint64_t accept_errors;
 };
 

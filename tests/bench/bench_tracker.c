@@ -1,16 +1,21 @@
 /*
  * bench_tracker: a real tessera-tracker on loopback under a simulated
- * cluster. One load generator (one libevent loop, one connection per
- * request as the nodes' client makes them) registers N nodes (default
- * 10 000) in N/10 replicas of a 10-rank serving layout, heartbeats each at the
- * lease rate (every lease/3), keeps one version watch (long-poll) open per
- * node, and publishes a version every few seconds; after each version every
- * node asks for the sources of its parcel, spread over one second. Prints
- * requests served per second (from the tracker's own counters), p50/p99 of
- * heartbeats and of sources queries, the tracker's memory, and the time to
- * render the status page and /api/v1/status while under load.
+ * cluster. One load generator (one libevent loop) registers N nodes
+ * (default 10 000) in N/10 replicas of a 10-rank serving layout, heartbeats
+ * each at the lease rate (every lease/3), keeps one version watch
+ * (long-poll) open per node, and publishes a version every few seconds;
+ * after each version every node asks for the sources of its parcel, spread
+ * over one second. The simulated nodes talk to the tracker as real ones do:
+ * through a tracker client each (one tessera-node process per rank, as
+ * deployed today), which keeps one connection open for its requests and one
+ * for its watch; PER_CLIENT > 1 shares a client among that many nodes, as
+ * one agent process serving every rank of its host would. Prints requests
+ * served per second (from the tracker's own counters), the connections it
+ * accepted, p50/p99 of heartbeats and of sources queries, the tracker's
+ * memory, and the time to render the status page and /api/v1/status while
+ * under load.
  *
- *   bench_tracker [NODES [SECONDS]]
+ *   bench_tracker [NODES [SECONDS [PER_CLIENT]]]
  *
  * The goals (p99 under 20 ms, status under 200 ms) are printed beside the
  * figures; nothing here asserts a time.
@@ -47,6 +52,7 @@ struct lat {
 };
 
 struct sim_node {
+	struct trk_client *c; /* shared by PER_CLIENT nodes */
 	char id[TRK_ID_MAX];
 	uint32_t rank;
 	bool registered, watching;
@@ -63,10 +69,11 @@ struct bench {
 	uint8_t pk[PROTO_PK_BYTES], sk[PROTO_SK_BYTES];
 	char pub_id[TRK_ID_MAX];
 	struct sim_node *nodes;
-	uint32_t nnodes, registered, reg_next, reg_inflight, reg_failed;
+	uint32_t nnodes, per_client, registered, reg_next, reg_inflight, reg_failed;
 	uint32_t hb_next, src_next, src_version;
 	uint64_t hb_budget; /* heartbeats owed, in thousandths */
 	uint32_t inflight, skipped, errors, expired;
+	uint64_t expired_first_ns, expired_last_ns; /* when leases were lost */
 	uint64_t version, watch_answers;
 	uint8_t last_digest[PROTO_HASH_BYTES];
 	bool measuring, publishing_ok;
@@ -146,7 +153,7 @@ static void start_watch(struct bench *b, uint32_t i)
 	if (r == NULL)
 		return;
 	*r = (struct req){.b = b, .node = i};
-	if (trk_client_watch(b->c, b->nodes[i].seen, (uint32_t)proto_param(PROTO_PARAM_WATCH_MS),
+	if (trk_client_watch(b->nodes[i].c, b->nodes[i].seen, (uint32_t)proto_param(PROTO_PARAM_WATCH_MS),
 			     on_watch, r) != 0) {
 		free(r);
 		return;
@@ -195,7 +202,7 @@ static void register_one(struct bench *b, uint32_t i)
 		.model_digest = b->m.digest,
 		.layout_digest = b->sl.digest,
 	};
-	if (trk_client_register_node(b->c, &reg, on_register, r) != 0) {
+	if (trk_client_register_node(b->nodes[i].c, &reg, on_register, r) != 0) {
 		free(r);
 		b->reg_failed++;
 		return;
@@ -220,7 +227,9 @@ static void on_timed(const struct trk_answer *a, void *arg)
 	if (r->kind == 0 && a->status == 404 && b->nodes[r->node].registered) {
 		/* The lease ran out before the heartbeat got through: a real node
 		 * registers again, so does this one. */
-		b->expired++;
+		if (b->expired++ == 0)
+			b->expired_first_ns = proto_now_ns();
+		b->expired_last_ns = proto_now_ns();
 		b->nodes[r->node].registered = false;
 		b->registered--;
 		register_one(b, r->node);
@@ -250,8 +259,8 @@ static void send_timed(struct bench *b, uint32_t i, int kind)
 	if (r == NULL)
 		return;
 	*r = (struct req){.b = b, .t0 = proto_now_ns(), .node = i, .kind = kind};
-	rc = kind == 0 ? trk_client_heartbeat(b->c, b->nodes[i].id, on_timed, r)
-		       : trk_client_sources(b->c, b->src_version, b->sl.digest, 0,
+	rc = kind == 0 ? trk_client_heartbeat(b->nodes[i].c, b->nodes[i].id, on_timed, r)
+		       : trk_client_sources(b->nodes[i].c, b->src_version, b->sl.digest, 0,
 					    b->nodes[i].rank, on_timed, r);
 	if (rc != 0) {
 		free(r);
@@ -408,15 +417,18 @@ struct probe {
 	double load1;
 	double page_ms[3], status_ms[3];
 	size_t page_bytes, status_bytes;
-	uint64_t answers0, answers1;
+	uint64_t answers0, answers1, accepted0, accepted1;
 	double window_s;
 };
 
-static uint64_t answers_total(struct trk_client *c)
+/* The tracker's answers (all codes) and connections accepted so far. */
+static uint64_t answers_total(struct trk_client *c, uint64_t *accepted)
 {
 	struct trk_reply r;
 	uint64_t sum = 0;
+	const char *a;
 
+	*accepted = 0;
 	if (trk_client_call(c, "GET", "/metrics", NULL, NULL, 0, &r) != 0 || r.status != 200) {
 		trk_reply_fini(&r);
 		return 0;
@@ -427,6 +439,8 @@ static uint64_t answers_total(struct trk_client *c)
 			break;
 		sum += strtoull(p + 2, NULL, 10);
 	}
+	if ((a = strstr((const char *)r.body, "\ntessera_tracker_http_accepted_total ")) != NULL)
+		*accepted = strtoull(a + strlen("\ntessera_tracker_http_accepted_total "), NULL, 10);
 	trk_reply_fini(&r);
 	return sum;
 }
@@ -491,7 +505,7 @@ static void *probe_main(void *arg)
 		usleep(20000);
 	usleep(2000000); /* let the heartbeat wave settle */
 	uint64_t t0 = proto_now_ns();
-	p->answers0 = answers_total(c);
+	p->answers0 = answers_total(c, &p->accepted0);
 	p->trk_cpu0 = proc_cpu_s(p->tracker);
 	p->gen_cpu0 = self_cpu_s();
 	for (int i = 0; i < 3; i++) {
@@ -501,7 +515,7 @@ static void *probe_main(void *arg)
 	}
 	while (proto_now_ns() - t0 < (uint64_t)(p->b->seconds - 4) * 1000000000ull)
 		usleep(100000);
-	p->answers1 = answers_total(c);
+	p->answers1 = answers_total(c, &p->accepted1);
 	p->trk_cpu1 = proc_cpu_s(p->tracker);
 	p->gen_cpu1 = self_cpu_s();
 	p->window_s = (double)(proto_now_ns() - t0) / 1e9;
@@ -535,7 +549,7 @@ static double median3(const double *v)
 
 int main(int argc, char **argv)
 {
-	struct bench b = {.nnodes = 10000, .seconds = 30};
+	struct bench b = {.nnodes = 10000, .seconds = 30, .per_client = 1};
 	struct proto_err err;
 	struct node_proc tracker = {0};
 	char dir[256], state[300], log[300], url[256], bin[512];
@@ -545,11 +559,13 @@ int main(int argc, char **argv)
 	/* Thousands of nodes reconnect at once after every version: the
 	 * tracker this bench starts gets a long listen queue (see params.h). */
 	setenv("TESSERA_LISTEN_BACKLOG", "4096", 0);
-	/* Every node holds a watch open: the tracker needs a connection per
-	 * node and those in flight (its cap also stops at the fd limit). */
-	setenv("TESSERA_TRACKER_CONNS", "32768", 0);
+	/* Every client keeps a connection open for its requests and one for
+	 * its watch: the tracker needs two per client (its cap also stops at
+	 * the fd limit). */
+	setenv("TESSERA_TRACKER_CONNS", "65536", 0);
 	if (argc > 1 && (proto_parse_u64(argv[1], RANKS, 1000000, &v) != 0 || v % RANKS != 0)) {
-		fprintf(stderr, "usage: bench_tracker [NODES (a multiple of %d) [SECONDS >= 10]]\n", RANKS);
+		fprintf(stderr, "usage: bench_tracker [NODES (a multiple of %d) [SECONDS >= 10 "
+			"[PER_CLIENT]]]\n", RANKS);
 		return 2;
 	}
 	if (argc > 1)
@@ -561,10 +577,25 @@ int main(int argc, char **argv)
 		}
 		b.seconds = (uint32_t)v;
 	}
-	/* A connection per open watch plus those in flight, on both sides. */
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-		rl.rlim_cur = rl.rlim_max;
-		setrlimit(RLIMIT_NOFILE, &rl);
+	if (argc > 3) {
+		if (proto_parse_u64(argv[3], 1, b.nnodes, &v) != 0) {
+			fprintf(stderr, "bench_tracker: PER_CLIENT is 1..NODES\n");
+			return 2;
+		}
+		b.per_client = (uint32_t)v;
+	}
+	/* Two connections per client on both sides (the tracker inherits the
+	 * limit), and slack: raised past the hard limit when allowed (root). */
+	uint64_t want_fds = 2ull * (b.nnodes / b.per_client + 1) + 4096;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < want_fds) {
+		struct rlimit more = {want_fds, PROTO_MAX(want_fds, rl.rlim_max)};
+		if (setrlimit(RLIMIT_NOFILE, &more) != 0) {
+			rl.rlim_cur = rl.rlim_max;
+			setrlimit(RLIMIT_NOFILE, &rl);
+			fprintf(stderr, "bench_tracker: descriptor limit %llu, below the %llu "
+				"this run wants: connections will be refused\n",
+				(unsigned long long)rl.rlim_cur, (unsigned long long)want_fds);
+		}
 	}
 	signal(SIGPIPE, SIG_IGN);
 	if (sodium_init() < 0 || tu_mkdtemp(dir, sizeof(dir)) == NULL)
@@ -621,8 +652,18 @@ int main(int argc, char **argv)
 	trk_client_free(sync);
 
 	b.nodes = calloc(b.nnodes, sizeof(*b.nodes));
-	for (uint32_t i = 0; i < b.nnodes; i++)
+	if (b.nodes == NULL)
+		return 1;
+	for (uint32_t i = 0; i < b.nnodes; i++) {
 		b.nodes[i].rank = i % RANKS;
+		if (i % b.per_client == 0) {
+			if (trk_client_new(b.base, url, NULL, &b.nodes[i].c, &err) != 0)
+				return 1;
+			trk_client_set_timeout(b.nodes[i].c, 30000);
+		} else {
+			b.nodes[i].c = b.nodes[i - i % b.per_client].c;
+		}
+	}
 	struct timeval tick = {0, TICK_MS * 1000}, phase = {0, 100000};
 	b.tick = event_new(b.base, -1, EV_PERSIST, on_tick, &b);
 	b.pub_ev = event_new(b.base, -1, EV_PERSIST, on_phase, &b);
@@ -636,9 +677,10 @@ int main(int argc, char **argv)
 	struct probe pr = {.url = url, .b = &b, .tracker = tracker.pid};
 	pthread_t thr;
 	pthread_create(&thr, NULL, probe_main, &pr);
-	printf("bench_tracker: %u nodes in %u replicas of %s, lease %" PRIu64 " ms (heartbeat every %" PRIu64
-	       " ms), watch %" PRIu64 " ms, a version every %d ms, %u s measured\n",
-	       b.nnodes, b.nnodes / RANKS, lname, proto_param(PROTO_PARAM_LEASE_MS),
+	printf("bench_tracker: %u nodes in %u replicas of %s, %u node(s) per tracker client, lease %" PRIu64
+	       " ms (heartbeat every %" PRIu64 " ms), watch %" PRIu64 " ms, a version every %d ms, %u s "
+	       "measured\n",
+	       b.nnodes, b.nnodes / RANKS, lname, b.per_client, proto_param(PROTO_PARAM_LEASE_MS),
 	       proto_param(PROTO_PARAM_LEASE_MS) / 3, proto_param(PROTO_PARAM_WATCH_MS),
 	       VERSION_EVERY_MS, b.seconds);
 	fflush(stdout);
@@ -659,8 +701,10 @@ int main(int argc, char **argv)
 	double served = pr.window_s > 0 ? (double)(pr.answers1 - pr.answers0) / pr.window_s : 0;
 	double trk_cpu = pr.trk_cpu1 - pr.trk_cpu0, gen_cpu = pr.gen_cpu1 - pr.gen_cpu0;
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	printf("served: %.0f requests/s over %.1f s (the tracker's own answer counters)\n", served,
-	       pr.window_s);
+	printf("served: %.0f requests/s over %.1f s (the tracker's own answer counters); "
+	       "connections accepted: %.1f/s\n",
+	       served, pr.window_s,
+	       pr.window_s > 0 ? (double)(pr.accepted1 - pr.accepted0) / pr.window_s : 0);
 	/* CPU time per request does not depend on how much of the machine the
 	 * tracker got: the figure to compare between runs on a shared host. */
 	printf("tracker CPU: %.0f%% of one core, %.1f us per request served (at most %.0f "
@@ -681,7 +725,12 @@ int main(int argc, char **argv)
 	       b.src.n == 0 ? "MISSED, none answered" : pct_ms(&b.src, 0.99) < 20 ? "met" : "MISSED");
 	printf("watches: %" PRIu64 " answered, %" PRIu64 " open at the end; versions published: %" PRIu64 "\n",
 	       b.watch_answers, watching, b.version);
-	printf("leases lost (heartbeat answered 404, node registered again): %u\n", b.expired);
+	printf("leases lost (heartbeat answered 404, node registered again): %u", b.expired);
+	if (b.expired > 0)
+		printf(" (the first %.1f s, the last %.1f s after measuring began)",
+		       ((double)b.expired_first_ns - (double)b.reg_done_ns) / 1e9,
+		       ((double)b.expired_last_ns - (double)b.reg_done_ns) / 1e9);
+	printf("\n");
 	printf("load generator: %u requests skipped (more than %d in flight), %u errors\n", b.skipped,
 	       INFLIGHT_MAX, b.errors);
 	printf("tracker memory: %.1f MiB RSS\n", (double)rss / 1024.0);
@@ -696,6 +745,8 @@ int main(int argc, char **argv)
 	event_free(b.tick);
 	event_free(b.pub_ev);
 	event_free(b.pub_hb);
+	for (uint32_t i = 0; i < b.nnodes; i += b.per_client)
+		trk_client_free(b.nodes[i].c);
 	trk_client_free(b.c);
 	event_base_free(b.base);
 	node_proc_stop(&tracker, 5000);
