@@ -135,7 +135,13 @@
 	 * standby slot, so that a delta against it needs only its apply; it \
 	 * waits this long first (past ATTACH_FREE_GRACE_MS, so that the \
 	 * retired slot is there to be reused). */ \
-	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms")
+	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms") \
+	/* Trainer bytes across layouts (node/agent_xlayout.c): a node whose \
+	 * layout does not lead leaves them to a leading layout's replicas \
+	 * fetching the same version and reads them from their partial slots; \
+	 * when none of those has verified anything new for this long, it \
+	 * takes them from the trainer. */ \
+	X(XL_PATIENCE_MS, "TESSERA_XL_PATIENCE_MS", 3000, "a node leaving the trainer's bytes to a leading layout waits this long for its progress, ms")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

@@ -209,3 +209,39 @@ int proto_xmap_windows(struct proto_xpiece *pc, size_t n, uint64_t stage_cap,
 	free(sorted);
 	return (int)w;
 }
+
+/* ---- have-maps of partial holders ------------------------------------------ */
+
+uint64_t proto_xmap_have_len(uint64_t slot_len)
+{
+	return (slot_len + PROTO_XMAP_HAVE_BLOCK - 1) / PROTO_XMAP_HAVE_BLOCK;
+}
+
+void proto_xmap_have_add(uint32_t *cnt, uint8_t *map, uint64_t slot_len, uint64_t at, uint64_t n)
+{
+	uint64_t end = at + n < at || at + n > slot_len ? slot_len : at + n;
+
+	while (at < end) {
+		uint64_t b = at / PROTO_XMAP_HAVE_BLOCK, lo = b * PROTO_XMAP_HAVE_BLOCK;
+		uint64_t hi = PROTO_MIN(lo + PROTO_XMAP_HAVE_BLOCK, slot_len);
+		uint64_t k = PROTO_MIN(hi, end) - at;
+		cnt[b] = (uint32_t)PROTO_MIN((uint64_t)cnt[b] + k, hi - lo);
+		if (cnt[b] == hi - lo)
+			map[b] = 1;
+		at += k;
+	}
+}
+
+bool proto_xmap_have_covers(const uint8_t *map, uint64_t nblocks, uint64_t src, uint64_t len)
+{
+	if (len == 0)
+		return true;
+	uint64_t b0 = src / PROTO_XMAP_HAVE_BLOCK, b1 = (src + len - 1) / PROTO_XMAP_HAVE_BLOCK;
+
+	if (src + len < src || b1 >= nblocks)
+		return false;
+	for (uint64_t b = b0; b <= b1; b++)
+		if (map[b] == 0)
+			return false;
+	return true;
+}
