@@ -1,5 +1,6 @@
-/* Cross-layout sources: chunks assembled from the ranks of complete
- * replicas of other layouts, and our own slot offered to their readers. */
+/* Cross-layout sources: chunks assembled from the ranks of replicas of
+ * other layouts (complete, or partial while they fetch), and our own slot
+ * offered to their readers. */
 #include "node/agent_internal.h"
 
 /*
@@ -35,6 +36,32 @@
  * source (its measured rate
  * times TESSERA_FETCH_TARGET_MS, at least two chunks) and the node keeps
  * at most XL_INFLIGHT such chunks in flight.
+ *
+ * Partial holders. A node fetching a full version into a slot of its own
+ * offers that slot at once, partial, with a have-map (proto/xmap.h: a
+ * byte per 64 KiB block, set once every byte of the block is verified and
+ * scattered; a block's bytes may come from several chunks, so each block
+ * counts its bytes). Readers poll each partial rank's map every
+ * TESSERA_HAVE_POLL_MS (one small one-sided read) and read a chunk from a
+ * partial holder only when every window it would read (gaps included)
+ * lies in set blocks: nothing unverified is ever read. A map only grows
+ * while its registration lasts; the node closes the registration before
+ * the slot is reused (a failed or dropped fetch), and at activation the
+ * same registration becomes the served slot (offered complete), so its
+ * readers go on. Delta fetches and in-place writes never serve partial.
+ * A holder that lies in its map sends chunks that fail our hashes: banned
+ * like any bad holder (below).
+ *
+ * Trainer bytes across layouts. Among the layouts fetching one version,
+ * one leads (leads(): more ranks, then the lower digest). Its nodes take
+ * from the trainer what their swarm does not hold, as alone. A node of any
+ * other layout takes a chunk from the trainer only when no replica of a
+ * leading layout will have it soon: while one works toward the version
+ * (/holders "fetching", or a partial holder whose map grew within
+ * TESSERA_XL_PATIENCE_MS), the node reads what such holders have verified
+ * and waits for the rest; once none progressed for the patience (or they
+ * are banned or gone) the trainer is the last resort again. The trainer
+ * so sends each byte about once per version for all layouts together.
  *
  * Bad holders. A chunk that fails its hash counts against the holder rank
  * that sent all of it, or, assembled from several ranks, against the
