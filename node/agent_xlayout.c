@@ -314,6 +314,11 @@ static void part_serve(struct node_agent *a, struct agent_xl *x)
 		/* Test only: a have-map that claims every block from the start. */
 		memset(x->part_have, 1, x->part_nblocks);
 	} else {
+		/* Bytes no tensor holds (alignment, tail) come with no chunk. */
+		if (proto_xmap_rank_gaps(&a->layout.ranks[a->o.rank], part_span, a) != 0)
+			LOG_DEBUG("node %s: slot gaps not counted (out of memory): blocks with "
+				  "alignment gaps are served once complete",
+				  a->node_id);
 		for (uint32_t pi = 0; pi < f->nparcels; pi++)
 			for (uint32_t c = 0; c < f->parcels[pi].mp->nchunks; c++)
 				if (f->parcels[pi].state[c] == 2)
@@ -540,9 +545,13 @@ static void take_holder(struct node_agent *a, json_t *e, size_t i)
 			bool partial = false;
 			for (uint32_t r = 0; r < h->nranks; r++) {
 				h->ranks[r].info.partial = s[r].partial;
+				h->ranks[r].info.have_addr = s[r].have_addr;
+				h->ranks[r].info.have_key = s[r].have_key;
 				partial |= s[r].partial;
 			}
 			h->partial = partial;
+			if (partial && h->hv_off == NULL)
+				h->hv_fits = false; /* complete before: no room laid out for maps */
 			h->listed = true;
 		}
 		trk_sources_free(s, n);

@@ -232,6 +232,35 @@ void proto_xmap_have_add(uint32_t *cnt, uint8_t *map, uint64_t slot_len, uint64_
 	}
 }
 
+static int range_cmp(const void *a, const void *b)
+{
+	const uint64_t *x = a, *y = b;
+	return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+int proto_xmap_rank_gaps(const struct proto_rank *rk,
+			 void (*span)(void *arg, uint64_t at, uint64_t n), void *arg)
+{
+	uint64_t (*r)[2] = calloc(rk->nlocals + 1, sizeof(*r)), at = 0;
+
+	if (r == NULL)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < rk->nlocals; i++) {
+		r[i][0] = rk->locals[i].offset;
+		r[i][1] = rk->locals[i].offset + rk->locals[i].nbytes;
+	}
+	qsort(r, rk->nlocals, sizeof(*r), range_cmp);
+	for (uint32_t i = 0; i < rk->nlocals; i++) {
+		if (r[i][0] > at)
+			span(arg, at, r[i][0] - at);
+		at = PROTO_MAX(at, r[i][1]);
+	}
+	if (rk->nbytes > at)
+		span(arg, at, rk->nbytes - at);
+	free(r);
+	return 0;
+}
+
 bool proto_xmap_have_covers(const uint8_t *map, uint64_t nblocks, uint64_t src, uint64_t len)
 {
 	if (len == 0)

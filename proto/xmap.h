@@ -108,6 +108,12 @@ uint64_t proto_xmap_have_len(uint64_t slot_len);
  * block whose bytes are all counted. Bytes past slot_len are ignored.
  * Cannot fail. */
 void proto_xmap_have_add(uint32_t *cnt, uint8_t *map, uint64_t slot_len, uint64_t at, uint64_t n);
+/* The bytes of rank memory rk that no local tensor holds (alignment gaps,
+ * the tail): span(arg, offset, length) for each, in order; a holder counts
+ * them into its have-map up front (no chunk ever brings them). Cannot
+ * fail (-ENOMEM: nothing called). */
+int proto_xmap_rank_gaps(const struct proto_rank *rk,
+			 void (*span)(void *arg, uint64_t at, uint64_t n), void *arg);
 /* Every block of [src, src+len) is set in map (nblocks long); false for a
  * range past it. */
 bool proto_xmap_have_covers(const uint8_t *map, uint64_t nblocks, uint64_t src, uint64_t len);
