@@ -349,6 +349,7 @@ void agent_on_verified(struct node_vjob *job, void *arg)
 	agent_swarm_mark(p, rd->chunk, AGENT_MARK_HAVE);
 	node_metrics_add(a->am.m, rd->src_peer ? a->am.fetched_peer : a->am.fetched_trainer, c->size);
 	p->state[rd->chunk] = 2;
+	agent_xl_landed(a, rd->parcel, rd->chunk); /* our slot's have-map, for other layouts */
 	p->progress_ms = agent_now_ms();
 	LOG_DEBUG("node %s: v%" PRIu64 " chunk %u of parcel %u<-%u verified, from %s", a->node_id,
 		  f->version, rd->chunk, p->mp->dst_rank, p->mp->src_rank, rd->src_id);

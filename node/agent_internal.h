@@ -12,8 +12,9 @@
  *                    activation record, the switch
  *   agent_swarm.c    peer fanout: the parcels we serve (have-pages, offers),
  *                    what peers hold, which chunk to read from whom, bans
- *   agent_xlayout.c  cross-layout sources: chunks assembled from complete
- *                    replicas of other layouts; our own slot offered to them
+ *   agent_xlayout.c  cross-layout sources: chunks assembled from replicas
+ *                    of other layouts (complete, or partial with have-maps);
+ *                    our own slot offered to them, also while it fills
  *
  * Everything runs on the agent's one libevent loop.
  */
@@ -469,8 +470,14 @@ void agent_xl_serve(struct node_agent *a, struct node_slot *old);
  * is about to write into it): their reads fail and move elsewhere, rather
  * than assemble a mix of versions and ban us for it. */
 void agent_xl_withdraw(struct node_agent *a);
-/* Our slot to offer with f's parcels (for readers of other layouts), or
- * NULL; valid until the next call. */
+/* Chunk c of parcel pi of a->fetch is verified and in its slot: marked in
+ * the have-map of the slot we serve while fetching (if we do). */
+void agent_xl_landed(struct node_agent *a, uint32_t pi, uint32_t c);
+/* f is freed: the slot served while it filled is withdrawn first. */
+void agent_xl_unserve(struct node_agent *a, const struct agent_fetch *f);
+/* Our slot to offer with f's parcels (for readers of other layouts: the
+ * active one with the kept fetch, the one filling, partial, with the
+ * fetch), or NULL; valid until the next call. */
 const struct trk_offer *agent_xl_offer_slot(struct node_agent *a, const struct agent_fetch *f);
 /* Frees what the module holds; after fab_close. */
 void agent_xl_fini(struct node_agent *a);

@@ -13,6 +13,7 @@ void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
 	if (a->ver != NULL)
 		node_verifier_drain(a->ver);
 	agent_swarm_unserve(a, f);
+	agent_xl_unserve(a, f); /* before its slot goes back to the store */
 	for (uint32_t i = 0; i < f->nparcels; i++) {
 		struct agent_parcel *p = &f->parcels[i];
 		for (size_t s = 0; s < p->nsrcs; s++) {

@@ -1,5 +1,6 @@
-/* Cross-layout sources: chunks assembled from the ranks of complete
- * replicas of other layouts, and our own slot offered to their readers. */
+/* Cross-layout sources: chunks assembled from the ranks of replicas of
+ * other layouts (complete, or partial while they fetch), and our own slot
+ * offered to their readers. */
 #include "node/agent_internal.h"
 
 /*
@@ -36,6 +37,32 @@
  * times TESSERA_FETCH_TARGET_MS, at least two chunks) and the node keeps
  * at most XL_INFLIGHT such chunks in flight.
  *
+ * Partial holders. A node fetching a full version into a slot of its own
+ * offers that slot at once, partial, with a have-map (proto/xmap.h: a
+ * byte per 64 KiB block, set once every byte of the block is verified and
+ * scattered; a block's bytes may come from several chunks, so each block
+ * counts its bytes). Readers poll each partial rank's map every
+ * TESSERA_HAVE_POLL_MS (one small one-sided read) and read a chunk from a
+ * partial holder only when every window it would read (gaps included)
+ * lies in set blocks: nothing unverified is ever read. A map only grows
+ * while its registration lasts; the node closes the registration before
+ * the slot is reused (a failed or dropped fetch), and at activation the
+ * same registration becomes the served slot (offered complete), so its
+ * readers go on. Delta fetches and in-place writes never serve partial.
+ * A holder that lies in its map sends chunks that fail our hashes: banned
+ * like any bad holder (below).
+ *
+ * Trainer bytes across layouts. Among the layouts fetching one version,
+ * one leads (leads(): more ranks, then the lower digest). Its nodes take
+ * from the trainer what their swarm does not hold, as alone. A node of any
+ * other layout takes a chunk from the trainer only when no replica of a
+ * leading layout will have it soon: while one works toward the version
+ * (/holders "fetching", or a partial holder whose map grew within
+ * TESSERA_XL_PATIENCE_MS), the node reads what such holders have verified
+ * and waits for the rest; once none progressed for the patience (or they
+ * are banned or gone) the trainer is the last resort again. The trainer
+ * so sends each byte about once per version for all layouts together.
+ *
  * Bad holders. A chunk that fails its hash counts against the holder rank
  * that sent all of it, or, assembled from several ranks, against the
  * replica (its name): we cannot tell which rank lied. Two bad chunks ban
@@ -59,6 +86,9 @@
  * tp2: 23 reads a chunk, 1.26 x its bytes; tp1 from tp2: 7, 1.0 x). */
 #define XL_WINS_MAX 64
 #define XL_ASK_MS 1000              /* holders asked again while fetching */
+#define XL_HV_MAX (64u << 10)       /* have-map bytes of one partial holder (all ranks) */
+#define XL_SCAN 64                  /* chunks tried against partial holders per call */
+#define XL_FETCHING_MAX 16          /* replicas working toward the version, remembered */
 
 struct xl_layout {
 	uint8_t digest[PROTO_HASH_BYTES];
@@ -76,6 +106,32 @@ struct xl_holder {
 	struct agent_source *ranks; /* info: the rank's slot offer; fabric handle */
 	struct agent_source pace;   /* the holder's rate, bytes in flight, progress */
 	uint64_t bad_until_ms;
+	/* A partial holder (a rank's slot offered while it fetches): the
+	 * ranks' have-maps, read back to back into the entry's part of
+	 * x->hv (rank r's at hv_off[r]), polled every TESSERA_HAVE_POLL_MS. */
+	bool partial, hv_fits, hv_ready;
+	uint64_t *hv_off;
+	uint32_t hv_live;  /* have-map reads in flight (kept across reuse) */
+	uint32_t hv_bad;   /* reads of this poll that failed */
+	uint64_t hv_ms;    /* the last poll posted */
+	uint64_t hv_set;   /* blocks set at the last poll */
+	uint64_t grew_ms;  /* hv_set grew (or the holder was listed) */
+};
+
+/* A replica of another layout working toward the version that offers no
+ * slot yet (/holders "fetching"). */
+struct xl_fetching {
+	char replica[TRK_ID_MAX];
+	uint8_t digest[PROTO_HASH_BYTES];
+	uint32_t nranks;
+	uint64_t since_ms;
+	bool listed;
+};
+
+struct xl_hvop {
+	struct fab_op op;
+	struct node_agent *a;
+	uint32_t holder, epoch;
 };
 
 struct xl_read;
@@ -115,11 +171,34 @@ struct agent_xl {
 	struct proto_xpiece *scratch;
 	struct proto_xwin *wscratch;
 	size_t npieces; /* in scratch */
+	/* Partial holders' have-maps land here (XL_HV_MAX per holder entry). */
+	uint8_t *hv;
+	struct fab_mr *hv_mr;
+	struct xl_hvop hvops[XL_HOLDERS_MAX][XL_RANKS_MAX];
+	struct xl_fetching fetching[XL_FETCHING_MAX];
+	/* Chunks no holder could give as of cov_gen (per parcel, by chunk). */
+	uint32_t **uncov;
+	uint32_t nuncov;
+	uint32_t cov_gen;
 	/* Our slot, served to readers of other layouts. */
 	struct fab_mr *slot_mr;
 	const struct node_slot *slot;
 	bool slot_in_offer; /* the last offer built for it carried it */
 	struct trk_offer slot_offer;
+	/* Its have-map, when it was first served partial (all set now). */
+	uint8_t *slot_have;
+	size_t slot_have_cap;
+	struct fab_mr *slot_have_mr;
+	/* The fetch's slot, served while it fills (partial): its registration,
+	 * its have-map (registered for remote read) and per-block byte counts. */
+	const struct agent_fetch *part_f;
+	struct fab_mr *part_mr, *part_have_mr;
+	uint8_t *part_have;
+	size_t part_have_cap;
+	uint32_t *part_cnt;
+	uint64_t part_nblocks;
+	bool part_in_offer;
+	struct trk_offer part_offer;
 	/* Test only (TESSERA_TEST_CORRUPT_SERVE): a damaged copy served instead. */
 	uint8_t *liar;
 	size_t liar_len;
@@ -137,6 +216,16 @@ static void ask_holders(struct node_agent *a, uint64_t now);
 
 /* ---- our slot, served ------------------------------------------------------ */
 
+static void have_free(struct node_agent *a, uint8_t **have, size_t *cap, struct fab_mr **mr)
+{
+	if (*mr != NULL && a->fab != NULL) /* else fab_close closed it */
+		fab_mr_close(*mr);
+	*mr = NULL;
+	node_serve_unmap(*have, *cap);
+	*have = NULL;
+	*cap = 0;
+}
+
 void agent_xl_withdraw(struct node_agent *a)
 {
 	struct agent_xl *x = a->xl;
@@ -147,8 +236,96 @@ void agent_xl_withdraw(struct node_agent *a)
 		fab_mr_close(x->slot_mr);
 	x->slot_mr = NULL;
 	x->slot = NULL;
+	have_free(a, &x->slot_have, &x->slot_have_cap, &x->slot_have_mr);
 	node_serve_unmap(x->liar, x->liar_len);
 	x->liar = NULL;
+}
+
+void agent_xl_unserve(struct node_agent *a, const struct agent_fetch *f)
+{
+	struct agent_xl *x = a->xl;
+
+	if (x == NULL || f == NULL || x->part_f != f)
+		return;
+	/* Before its slot goes back to the store: readers fail and move on. */
+	if (x->part_mr != NULL && a->fab != NULL)
+		fab_mr_close(x->part_mr);
+	x->part_mr = NULL;
+	have_free(a, &x->part_have, &x->part_have_cap, &x->part_have_mr);
+	free(x->part_cnt);
+	x->part_cnt = NULL;
+	x->part_f = NULL;
+}
+
+/* Bytes [at, at+n) of our slot are verified and in place. */
+static void part_span(void *arg, uint64_t at, uint64_t n)
+{
+	struct node_agent *a = arg;
+	struct agent_xl *x = a->xl;
+
+	proto_xmap_have_add(x->part_cnt, x->part_have, a->layout.ranks[a->o.rank].nbytes, at, n);
+}
+
+static void part_mark(struct node_agent *a, const struct agent_fetch *f, uint32_t pi, uint32_t c)
+{
+	const struct agent_parcel *p = &f->parcels[pi];
+	uint64_t off = (uint64_t)c * f->man.chunk_size;
+
+	proto_parcel_dst_spans(f->plan, p->pp, &a->layout, off, p->mp->chunks[c].size, part_span, a);
+}
+
+void agent_xl_landed(struct node_agent *a, uint32_t pi, uint32_t c)
+{
+	struct agent_xl *x = a->xl;
+
+	if (x != NULL && x->part_f == a->fetch && x->part_cnt != NULL &&
+	    proto_param(PROTO_PARAM_TEST_CORRUPT_SERVE) == 0)
+		part_mark(a, a->fetch, pi, c);
+}
+
+/* The fetch's slot is offered while it fills (a full fetch into a slot of
+ * its own, its parcels served): registered for remote read with a
+ * have-map, marked with what is verified so far. Failure only logs. */
+static void part_serve(struct node_agent *a, struct agent_xl *x)
+{
+	struct agent_fetch *f = a->fetch;
+	size_t len = a->layout.ranks[a->o.rank].nbytes;
+
+	if (f == NULL || x->part_f == f || !f->served || f->delta || f->slot == NULL ||
+	    f->slot->host == NULL || f->slot == a->active || f->parcels == NULL || len == 0)
+		return;
+	agent_xl_unserve(a, x->part_f);
+	x->part_nblocks = proto_xmap_have_len(len);
+	x->part_have_cap = (x->part_nblocks + 4095) / 4096 * 4096;
+	x->part_have = node_serve_map(x->part_have_cap);
+	x->part_cnt = calloc(x->part_nblocks, sizeof(*x->part_cnt));
+	x->part_f = f; /* unserve frees what was made if the rest fails */
+	if (x->part_have == NULL || x->part_cnt == NULL ||
+	    node_serve_reg(a->fab, x->part_have, x->part_have_cap, false, &x->part_have_mr) != 0 ||
+	    node_serve_reg(a->fab, f->slot->host, len, false, &x->part_mr) != 0) {
+		LOG_WARN("node %s: v%" PRIu64 ": cannot serve the slot while fetching; readers of "
+			 "other layouts wait until it is complete",
+			 a->node_id, f->version);
+		agent_xl_unserve(a, f);
+		x->part_f = f; /* not tried again for this fetch */
+		return;
+	}
+	if (proto_param(PROTO_PARAM_TEST_CORRUPT_SERVE) != 0) {
+		/* Test only: a have-map that claims every block from the start. */
+		memset(x->part_have, 1, x->part_nblocks);
+	} else {
+		/* Bytes no tensor holds (alignment, tail) come with no chunk. */
+		if (proto_xmap_rank_gaps(&a->layout.ranks[a->o.rank], part_span, a) != 0)
+			LOG_DEBUG("node %s: slot gaps not counted (out of memory): blocks with "
+				  "alignment gaps are served once complete",
+				  a->node_id);
+		for (uint32_t pi = 0; pi < f->nparcels; pi++)
+			for (uint32_t c = 0; c < f->parcels[pi].mp->nchunks; c++)
+				if (f->parcels[pi].state[c] == 2)
+					part_mark(a, f, pi, c);
+	}
+	x->part_in_offer = false;
+	f->so.offered = false; /* offered again, with the slot */
 }
 
 void agent_xl_serve(struct node_agent *a, struct node_slot *old)
@@ -161,6 +338,27 @@ void agent_xl_serve(struct node_agent *a, struct node_slot *old)
 	uint8_t *served;
 
 	agent_xl_withdraw(a);
+	if (x->part_f != NULL && x->part_f == a->kept && x->part_mr != NULL &&
+	    a->active == a->kept->slot && proto_param(PROTO_PARAM_TEST_CORRUPT_SERVE) == 0) {
+		/* The slot served while it filled is the active one now: the
+		 * same registration goes on (its readers keep reading), offered
+		 * complete. */
+		x->slot_mr = x->part_mr;
+		x->slot_have = x->part_have;
+		x->slot_have_cap = x->part_have_cap;
+		x->slot_have_mr = x->part_have_mr;
+		x->part_mr = x->part_have_mr = NULL;
+		x->part_have = NULL;
+		x->part_have_cap = 0;
+		free(x->part_cnt);
+		x->part_cnt = NULL;
+		x->part_f = NULL;
+		x->slot = a->active;
+		x->slot_in_offer = false;
+		a->kept->so.offered = false;
+		return;
+	}
+	agent_xl_unserve(a, x->part_f);
 	if (a->active == NULL || a->active->host == NULL || a->kept == NULL)
 		return;
 	served = a->active->host;
@@ -189,6 +387,18 @@ const struct trk_offer *agent_xl_offer_slot(struct node_agent *a, const struct a
 	struct agent_xl *x = a->xl;
 	struct fab_rkey rk;
 
+	if (x != NULL && x->part_mr != NULL && f == x->part_f && f == a->fetch) {
+		fab_mr_rkey(x->part_mr, &rk);
+		x->part_offer = (struct trk_offer){.dst_rank = a->o.rank, .addr = rk.addr,
+						   .key = rk.key, .len = rk.len, .partial = true};
+		fab_mr_rkey(x->part_have_mr, &rk);
+		x->part_offer.have_addr = rk.addr;
+		x->part_offer.have_key = rk.key;
+		x->part_offer.len = a->layout.ranks[a->o.rank].nbytes;
+		memcpy(x->part_offer.layout, a->layout.digest, PROTO_HASH_BYTES);
+		x->part_in_offer = true;
+		return &x->part_offer;
+	}
 	if (x == NULL || x->slot_mr == NULL || f != a->kept || x->slot->version != f->version)
 		return NULL;
 	fab_mr_rkey(x->slot_mr, &rk);
@@ -209,8 +419,11 @@ static void holder_drop(struct node_agent *a, struct xl_holder *h)
 		free(h->ranks[r].info.fabric_addr);
 	}
 	free(h->ranks);
-	uint32_t epoch = h->epoch + 1;
-	*h = (struct xl_holder){.epoch = epoch};
+	free(h->hv_off);
+	uint32_t epoch = h->epoch + 1, live = h->hv_live;
+	/* Have-map reads still in flight land in the entry's part of x->hv:
+	 * it is not reused before they are back (take_holder). */
+	*h = (struct xl_holder){.epoch = epoch, .hv_live = live};
 }
 
 static bool holder_banned(const struct agent_fetch *f, const struct xl_holder *h)
@@ -243,7 +456,8 @@ static bool holder_usable(struct node_agent *a, const struct xl_holder *h, uint6
 	const struct agent_xl *x = a->xl;
 
 	if (!h->used || !h->listed || x->lays[h->lay].state != 1 || h->bad_until_ms > now ||
-	    holder_silent(h, now) || holder_banned(a->fetch, h))
+	    holder_silent(h, now) || holder_banned(a->fetch, h) ||
+	    (h->partial && (!h->hv_fits || !h->hv_ready)))
 		return false;
 	for (uint32_t r = 0; r < h->nranks; r++)
 		if (h->ranks[r].bad_until_ms > now)
@@ -273,6 +487,8 @@ static struct xl_layout *layout_for(struct node_agent *a, const uint8_t *digest)
 	memcpy(l->digest, digest, PROTO_HASH_BYTES);
 	return l;
 }
+
+static void poll_have(struct node_agent *a, struct xl_holder *h, uint64_t now);
 
 /* Takes one holder of a /holders answer (hostile: every field checked). */
 static void take_holder(struct node_agent *a, json_t *e, size_t i)
@@ -304,7 +520,8 @@ static void take_holder(struct node_agent *a, json_t *e, size_t i)
 	for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++) {
 		struct xl_holder *o = &x->hs[k];
 		if (!o->used) {
-			free_h = free_h != NULL ? free_h : o;
+			if (o->hv_live == 0)
+				free_h = free_h != NULL ? free_h : o;
 			continue;
 		}
 		if (strcmp(o->replica, name) != 0)
@@ -319,11 +536,24 @@ static void take_holder(struct node_agent *a, json_t *e, size_t i)
 			break;
 		}
 		holder_drop(a, o); /* it offers anew: start afresh */
-		free_h = free_h != NULL ? free_h : o;
+		if (o->hv_live == 0)
+			free_h = free_h != NULL ? free_h : o;
 	}
 	if (h != NULL || free_h == NULL) {
-		if (h != NULL)
+		if (h != NULL) {
+			/* The same memory: a partial rank may have become complete. */
+			bool partial = false;
+			for (uint32_t r = 0; r < h->nranks; r++) {
+				h->ranks[r].info.partial = s[r].partial;
+				h->ranks[r].info.have_addr = s[r].have_addr;
+				h->ranks[r].info.have_key = s[r].have_key;
+				partial |= s[r].partial;
+			}
+			h->partial = partial;
+			if (partial && h->hv_off == NULL)
+				h->hv_fits = false; /* complete before: no room laid out for maps */
 			h->listed = true;
+		}
 		trk_sources_free(s, n);
 		return;
 	}
@@ -340,6 +570,60 @@ static void take_holder(struct node_agent *a, json_t *e, size_t i)
 	for (size_t r = 0; r < n; r++)
 		h->ranks[r].info = s[r]; /* takes the fabric address */
 	free(s);
+	h->grew_ms = agent_now_ms();
+	h->hv_fits = true;
+	for (uint32_t r = 0; r < h->nranks; r++)
+		h->partial |= h->ranks[r].info.partial;
+	if (h->partial && (h->hv_off = calloc(h->nranks + 1, sizeof(*h->hv_off))) != NULL) {
+		for (uint32_t r = 0; r < h->nranks; r++)
+			h->hv_off[r + 1] = h->hv_off[r] + proto_xmap_have_len(h->ranks[r].info.len);
+		h->hv_fits = h->hv_off[h->nranks] <= XL_HV_MAX;
+	} else if (h->partial) {
+		h->hv_fits = false;
+	}
+	x->cov_gen++;
+	poll_have(a, h, agent_now_ms());
+}
+
+/* Takes /holders "fetching" (hostile: malformed entries are skipped):
+ * replicas of other layouts working toward the version that offer no slot
+ * yet, each remembered with when it was first listed. */
+static void take_fetching(struct node_agent *a, json_t *list)
+{
+	struct agent_xl *x = a->xl;
+	uint64_t now = agent_now_ms();
+	json_t *e;
+	size_t i;
+
+	for (uint32_t k = 0; k < XL_FETCHING_MAX; k++)
+		x->fetching[k].listed = false;
+	json_array_foreach(list, i, e) {
+		const char *name = json_string_value(json_object_get(e, "replica"));
+		const char *lhex = json_string_value(json_object_get(e, "layout"));
+		json_int_t nranks = json_integer_value(json_object_get(e, "nranks"));
+		uint8_t digest[PROTO_HASH_BYTES];
+		struct xl_fetching *q = NULL;
+		if (name == NULL || name[0] == 0 || strlen(name) >= TRK_ID_MAX || lhex == NULL ||
+		    proto_parse_hex(lhex, digest, sizeof(digest)) != 0 || nranks < 1 ||
+		    nranks > XL_RANKS_MAX)
+			continue;
+		for (uint32_t k = 0; k < XL_FETCHING_MAX && q == NULL; k++)
+			if (x->fetching[k].since_ms != 0 && strcmp(x->fetching[k].replica, name) == 0 &&
+			    memcmp(x->fetching[k].digest, digest, PROTO_HASH_BYTES) == 0)
+				q = &x->fetching[k];
+		for (uint32_t k = 0; k < XL_FETCHING_MAX && q == NULL; k++)
+			if (x->fetching[k].since_ms == 0) {
+				q = &x->fetching[k];
+				*q = (struct xl_fetching){.since_ms = now, .nranks = (uint32_t)nranks};
+				snprintf(q->replica, sizeof(q->replica), "%s", name);
+				memcpy(q->digest, digest, PROTO_HASH_BYTES);
+			}
+		if (q != NULL)
+			q->listed = true;
+	}
+	for (uint32_t k = 0; k < XL_FETCHING_MAX; k++)
+		if (!x->fetching[k].listed)
+			x->fetching[k].since_ms = 0; /* it offers now, or stopped */
 }
 
 struct xl_req {
@@ -371,6 +655,7 @@ static void on_holders(const struct trk_answer *ans, void *arg)
 			break;
 		take_holder(a, e, i);
 	}
+	take_fetching(a, json_object_get(ans->json, "fetching"));
 	bool want = false;
 	for (uint32_t k = 0; k < x->nlays; k++)
 		want |= x->lays[k].state == 0;
@@ -536,6 +821,147 @@ static int post_window(struct node_agent *a, struct xl_read *xr, struct xl_op *o
 	return 0;
 }
 
+/* ---- partial holders: their have-maps, and who leads ------------------------ */
+
+static void on_have_map(struct fab_op *op, int status)
+{
+	struct xl_hvop *ho = proto_container_of(op, struct xl_hvop, op);
+	struct node_agent *a = ho->a;
+	struct agent_xl *x = a->xl;
+	struct xl_holder *h = &x->hs[ho->holder];
+
+	h->hv_live--;
+	if (!h->used || h->epoch != ho->epoch)
+		return; /* the entry was dropped (or reused once every read was back) */
+	if (status != 0) {
+		h->hv_bad++;
+		if (status != -ECANCELED)
+			h->bad_until_ms = agent_now_ms() + BAD_SOURCE_MS;
+	}
+	if (h->hv_live > 0)
+		return;
+	if (h->hv_bad == 0) {
+		const uint8_t *m = x->hv + (size_t)(h - x->hs) * XL_HV_MAX;
+		uint64_t set = 0;
+		for (uint64_t b = 0; b < h->hv_off[h->nranks]; b++)
+			set += m[b] != 0;
+		if (set > h->hv_set) {
+			h->hv_set = set;
+			h->grew_ms = agent_now_ms();
+			x->cov_gen++;
+		}
+		h->hv_ready = true;
+	}
+	agent_pump(a);
+}
+
+/* Reads every rank's have-map of partial holder h (one read each), at most
+ * every TESSERA_HAVE_POLL_MS and one poll at a time. Each map only grows
+ * while the holder's registration lasts (a new registration is a new key,
+ * a new holder entry), so a map read in place is never ahead of its slot. */
+static void poll_have(struct node_agent *a, struct xl_holder *h, uint64_t now)
+{
+	struct agent_xl *x = a->xl;
+	uint32_t k = (uint32_t)(h - x->hs);
+
+	if (!h->used || !h->listed || !h->partial || !h->hv_fits || h->hv_live > 0 ||
+	    h->bad_until_ms > now || holder_banned(a->fetch, h) || x->hv == NULL ||
+	    now - h->hv_ms < proto_param(PROTO_PARAM_HAVE_POLL_MS))
+		return;
+	h->hv_ms = now;
+	h->hv_bad = 0;
+	for (uint32_t r = 0; r < h->nranks; r++) {
+		struct agent_source *rs = &h->ranks[r];
+		uint64_t nb = h->hv_off[r + 1] - h->hv_off[r];
+		uint8_t *m = x->hv + (size_t)k * XL_HV_MAX + h->hv_off[r];
+		if (!rs->info.partial) { /* complete: every block is there */
+			memset(m, 1, nb);
+			continue;
+		}
+		struct xl_hvop *ho = &x->hvops[k][r];
+		struct fab_rkey rk = {rs->info.have_addr, rs->info.have_key, nb};
+		*ho = (struct xl_hvop){.a = a, .holder = k, .epoch = h->epoch};
+		if (!agent_source_ready(a, rs, now) ||
+		    fab_read(a->fab, &ho->op, x->hv_mr, (size_t)k * XL_HV_MAX + h->hv_off[r], nb, rs->fa,
+			     &rk, 0, on_have_map) != 0) {
+			h->hv_bad++;
+			h->bad_until_ms = now + BAD_SOURCE_MS;
+			break;
+		}
+		h->hv_live++;
+	}
+	node_fabloop_kick(a->fl);
+}
+
+/* Layout (nranks, digest) leads ours for the trainer's bytes: more ranks
+ * (more uplinks to relay from), then the lower digest. */
+static bool leads(const struct node_agent *a, uint32_t nranks, const uint8_t *digest)
+{
+	if (nranks != a->layout.nranks)
+		return nranks > a->layout.nranks;
+	return memcmp(digest, a->layout.digest, PROTO_HASH_BYTES) < 0;
+}
+
+static bool replica_banned(const struct agent_fetch *f, const char *name)
+{
+	size_t n = strlen(name);
+
+	if (agent_swarm_banned(f, name))
+		return true;
+	for (uint32_t i = 0; i < f->nbad; i++)
+		if (f->bad_counts[i] >= BAN_BAD_CHUNKS && strncmp(f->bad_ids[i], name, n) == 0 &&
+		    f->bad_ids[i][n] == '/')
+			return true;
+	return false;
+}
+
+/*
+ * Trainer chunks across layouts. Replicas of several layouts fetching one
+ * version would each take it all from the trainer. The rule: one layout
+ * leads (leads()); its nodes take from the trainer what their own swarm
+ * does not hold, as alone. A node of any other layout takes a byte range
+ * from the trainer only when no replica of a leading layout will have it
+ * soon: while a leading replica works toward the version (listed as
+ * fetching, or as a partial holder whose have-map still grows), its chunks
+ * are awaited and read from that replica's verified blocks; once none of
+ * them has progressed for TESSERA_XL_PATIENCE_MS (or they are banned, or
+ * gone), the trainer is the last resort again. True: wait.
+ */
+static bool wait_for_lead(struct node_agent *a, uint64_t now)
+{
+	struct agent_xl *x = a->xl;
+	uint64_t patience = proto_param(PROTO_PARAM_XL_PATIENCE_MS);
+
+	for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++) {
+		const struct xl_holder *h = &x->hs[k];
+		if (h->used && h->listed && h->partial && h->hv_fits &&
+		    x->lays[h->lay].state >= 0 && !holder_banned(a->fetch, h) &&
+		    leads(a, h->nranks, x->lays[h->lay].digest) && now - h->grew_ms < patience)
+			return true;
+	}
+	for (uint32_t k = 0; k < XL_FETCHING_MAX; k++) {
+		const struct xl_fetching *q = &x->fetching[k];
+		if (q->since_ms != 0 && q->listed && !replica_banned(a->fetch, q->replica) &&
+		    leads(a, q->nranks, q->digest) && now - q->since_ms < patience)
+			return true;
+	}
+	return false;
+}
+
+/* Partial holder h has every window's bytes verified (its have-maps). */
+static bool have_covers(const struct agent_xl *x, const struct xl_holder *h, int nwins)
+{
+	const uint8_t *m = x->hv + (size_t)(h - x->hs) * XL_HV_MAX;
+
+	for (int i = 0; i < nwins; i++) {
+		const struct proto_xwin *w = &x->wscratch[i];
+		if (!proto_xmap_have_covers(m + h->hv_off[w->rank], h->hv_off[w->rank + 1] - h->hv_off[w->rank],
+					    w->src, w->len))
+			return false;
+	}
+	return true;
+}
+
 /* Staging and scratch, made on first use; false when out of memory. */
 static bool xl_buffers(struct node_agent *a)
 {
@@ -548,10 +974,16 @@ static bool xl_buffers(struct node_agent *a)
 	x->scratch = malloc(XL_PIECES_MAX * sizeof(*x->scratch));
 	x->wscratch = malloc(XL_WINS_MAX * sizeof(*x->wscratch));
 	x->stage = node_serve_map(x->stage_len);
-	if (x->scratch == NULL || x->wscratch == NULL || x->stage == NULL ||
-	    fab_mr_reg(a->fab, x->stage, x->stage_len, FAB_MR_READ, &x->stage_mr) != 0) {
+	x->hv = node_serve_map((size_t)XL_HOLDERS_MAX * XL_HV_MAX);
+	if (x->scratch == NULL || x->wscratch == NULL || x->stage == NULL || x->hv == NULL ||
+	    fab_mr_reg(a->fab, x->stage, x->stage_len, FAB_MR_READ, &x->stage_mr) != 0 ||
+	    fab_mr_reg(a->fab, x->hv, (size_t)XL_HOLDERS_MAX * XL_HV_MAX, FAB_MR_READ, &x->hv_mr) != 0) {
+		if (x->stage_mr != NULL)
+			fab_mr_close(x->stage_mr);
+		x->stage_mr = NULL;
 		node_serve_unmap(x->stage, x->stage_len);
-		x->stage = NULL;
+		node_serve_unmap(x->hv, (size_t)XL_HOLDERS_MAX * XL_HV_MAX);
+		x->stage = x->hv = NULL;
 		free(x->scratch);
 		free(x->wscratch);
 		x->scratch = NULL;
@@ -564,16 +996,19 @@ static bool xl_buffers(struct node_agent *a)
 }
 
 /* The chunk of parcel p to read from a holder: hint if still to fetch,
- * else the first from our starting point that no peer holds or fetches. */
-static uint32_t xl_chunk(const struct agent_parcel *p, uint32_t hint)
+ * else the first from our starting point that no peer holds or fetches
+ * and that no holder could give as of gen (uncov, when not NULL). */
+static uint32_t xl_chunk(const struct agent_parcel *p, uint32_t hint, const uint32_t *uncov,
+			 uint32_t gen)
 {
 	uint32_t n = p->mp->nchunks;
 
-	if (hint < n && p->state[hint] == 0)
+	if (hint < n && p->state[hint] == 0 && (uncov == NULL || uncov[hint] != gen))
 		return hint;
 	for (uint32_t k = 0; k < n; k++) {
 		uint32_t c = (p->rot + k) % n;
-		if (p->state[c] == 0 && p->avail[c] == 0 && !p->peer_busy[c])
+		if (p->state[c] == 0 && p->avail[c] == 0 && !p->peer_busy[c] &&
+		    (uncov == NULL || uncov[c] != gen))
 			return c;
 	}
 	return UINT32_MAX;
@@ -598,11 +1033,13 @@ static int xl_plan(struct node_agent *a, const struct xl_holder *h, uint32_t pi,
 		    x->scratch[i].src + x->scratch[i].len > h->ranks[x->scratch[i].rank].info.len)
 			rc = -ERANGE; /* the holder offered less than its layout holds */
 	int w = rc == 0 ? proto_xmap_windows(x->scratch, n, x->stage_slot, x->wscratch, XL_WINS_MAX) : rc;
+	if (w > 0 && h->partial && !have_covers(x, h, w))
+		w = -ENODATA; /* not all verified there yet: nothing of it is read */
 	x->npieces = n;
 	*staged = 0;
 	for (int i = 0; i < w; i++)
 		*staged += x->wscratch[i].len;
-	if (w <= 0)
+	if (w <= 0 && w != -ENODATA)
 		LOG_DEBUG("node %s: parcel %u chunk %u: not from holder %s (%d)", a->node_id, pi, c,
 			  h->replica, w);
 	return w;
@@ -616,7 +1053,7 @@ int agent_xl_post(struct node_agent *a, uint32_t pi, uint32_t hint)
 	struct xl_holder *h = NULL;
 	struct xl_read *xr = NULL;
 	uint64_t now = agent_now_ms();
-	uint32_t live = 0, c;
+	uint32_t live = 0, c = UINT32_MAX;
 	bool any = false;
 
 	if (p->wire != NULL || !xl_refresh(a))
@@ -634,7 +1071,7 @@ int agent_xl_post(struct node_agent *a, uint32_t pi, uint32_t hint)
 		for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++)
 			if (x->hs[k].used && x->hs[k].listed && x->lays[x->hs[k].lay].state == 0)
 				return -1;
-		return 0;
+		return wait_for_lead(a, now) ? -1 : 0;
 	}
 	/* The swarm's endgame (a chunk already out, asked again): not from
 	 * the trainer while holders deliver; a silent one's reads move. */
@@ -649,28 +1086,43 @@ int agent_xl_post(struct node_agent *a, uint32_t pi, uint32_t hint)
 		return 0;
 	if (live >= XL_INFLIGHT)
 		return -1;
-	if ((c = xl_chunk(p, hint)) == UINT32_MAX)
-		return 0;
-	const struct proto_chunk *ch = &p->mp->chunks[c];
-	/* Round-robin over the holders with room (readers spread over their
-	 * uplinks): the first whose reads of the chunk carry at most half as
-	 * many bytes again (gaps read along), else the one with the fewest. */
-	uint64_t best = UINT64_MAX, staged;
-	bool room = false;
-	for (uint32_t k = 0; k < XL_HOLDERS_MAX && best > ch->size + ch->size / 2; k++) {
-		struct xl_holder *o = &x->hs[(x->rr + k) % XL_HOLDERS_MAX];
-		if (!holder_usable(a, o, now) || !holder_room(a, o, ch->size))
-			continue;
-		room = true;
-		if (xl_plan(a, o, pi, c, &staged) > 0 && staged < best) {
-			best = staged;
-			h = o;
+	/* The chunk: the hint, else ones no peer of our swarm holds or
+	 * fetches, from our starting point; partial holders give only those
+	 * whose every read is verified there (chunks none could give are not
+	 * tried again before something changes: cov_gen). */
+	const struct proto_chunk *ch = NULL;
+	uint64_t staged;
+	int w = 0;
+	uint32_t *uncov = pi < x->nuncov ? x->uncov[pi] : NULL;
+	for (uint32_t tries = 0; h == NULL && tries < XL_SCAN; tries++) {
+		if ((c = xl_chunk(p, tries == 0 ? hint : UINT32_MAX, uncov, x->cov_gen)) == UINT32_MAX)
+			break;
+		ch = &p->mp->chunks[c];
+		/* Round-robin over the holders with room (readers spread over
+		 * their uplinks): the first whose reads of the chunk carry at
+		 * most half as many bytes again (gaps read along), else the one
+		 * with the fewest. */
+		uint64_t best = UINT64_MAX;
+		bool room = false;
+		for (uint32_t k = 0; k < XL_HOLDERS_MAX && best > ch->size + ch->size / 2; k++) {
+			struct xl_holder *o = &x->hs[(x->rr + k) % XL_HOLDERS_MAX];
+			if (!holder_usable(a, o, now) || !holder_room(a, o, ch->size))
+				continue;
+			room = true;
+			if (xl_plan(a, o, pi, c, &staged) > 0 && staged < best) {
+				best = staged;
+				h = o;
+			}
 		}
+		if (!room)
+			return -1; /* holders, all busy: wait for them, not the trainer */
+		if (h == NULL && uncov != NULL)
+			uncov[c] = x->cov_gen;
 	}
-	if (h == NULL)
-		return room ? 0 : -1; /* no holder can give it: the trainer */
+	if (h == NULL) /* no holder can give one now: a leading layout's, or the trainer */
+		return wait_for_lead(a, now) ? -1 : 0;
 	x->rr = (uint32_t)(h - x->hs + 1) % XL_HOLDERS_MAX;
-	int w = xl_plan(a, h, pi, c, &staged);
+	w = xl_plan(a, h, pi, c, &staged);
 	if (w <= 0)
 		return 0;
 	size_t n = x->npieces;
@@ -794,8 +1246,24 @@ void agent_xl_tick(struct node_agent *a)
 		a->kept->so.offered = false;
 	if (!xl_refresh(a))
 		return;
+	x = a->xl;
+	part_serve(a, x);
+	if (x->part_mr != NULL && x->part_f == f && f->so.offered && !f->so.busy && !x->part_in_offer)
+		f->so.offered = false;
 	move_silent(a, f, now);
 	ask_holders(a, now);
+	x->cov_gen++; /* holders rest and come back: chunks are tried again */
+	for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++)
+		poll_have(a, &x->hs[k], now);
+}
+
+static void uncov_free(struct agent_xl *x)
+{
+	for (uint32_t i = 0; i < x->nuncov; i++)
+		free(x->uncov[i]);
+	free(x->uncov);
+	x->uncov = NULL;
+	x->nuncov = 0;
 }
 
 /* Holders are for the fetch under way (dropped when it changed); asked
@@ -812,6 +1280,15 @@ static bool xl_refresh(struct node_agent *a)
 		for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++)
 			if (x->hs[k].used)
 				holder_drop(a, &x->hs[k]);
+		for (uint32_t k = 0; k < XL_FETCHING_MAX; k++)
+			x->fetching[k] = (struct xl_fetching){.since_ms = 0};
+		uncov_free(x);
+		if ((x->uncov = calloc(f->nparcels, sizeof(*x->uncov))) != NULL) {
+			x->nuncov = f->nparcels;
+			for (uint32_t i = 0; i < f->nparcels; i++)
+				x->uncov[i] = calloc(f->parcels[i].mp->nchunks + 1, sizeof(**x->uncov));
+		}
+		x->cov_gen = 1;
 		x->version = f->version;
 		x->gen = a->gen;
 		x->asked_ms = 0;
@@ -860,7 +1337,11 @@ void agent_xl_fini(struct node_agent *a)
 		free(x->reads[i].wins);
 	}
 	node_serve_unmap(x->stage, x->stage_len);
+	node_serve_unmap(x->hv, (size_t)XL_HOLDERS_MAX * XL_HV_MAX);
 	node_serve_unmap(x->liar, x->liar_len);
+	agent_xl_unserve(a, x->part_f);
+	have_free(a, &x->slot_have, &x->slot_have_cap, &x->slot_have_mr);
+	uncov_free(x);
 	free(x->scratch);
 	free(x->wscratch);
 	free(x);

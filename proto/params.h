@@ -141,7 +141,14 @@
 	/* Clients keep their connection to the tracker open between requests \
 	 * (a node sends one at least every lease/3); the tracker closes one \
 	 * that has carried nothing for this long. */ \
-	X(TRACKER_IDLE_MS, "TESSERA_TRACKER_IDLE_MS", 30000, "tracker closes a connection idle for, ms")
+	X(TRACKER_IDLE_MS, "TESSERA_TRACKER_IDLE_MS", 30000, "tracker closes a connection idle for, ms") \
+	/* Trainer bytes across layouts (node/agent_xlayout.c): a node whose \
+	 * layout does not lead leaves them to a leading layout's replicas \
+	 * fetching the same version and reads them from their partial slots; \
+	 * when none of those has verified anything new for this long, it \
+	 * takes them from the trainer (a loaded leader's first block can \
+	 * take seconds: its sources and have-pages come first). */ \
+	X(XL_PATIENCE_MS, "TESSERA_XL_PATIENCE_MS", 6000, "a node leaving the trainer's bytes to a leading layout waits this long for its progress, ms")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

@@ -458,10 +458,12 @@ uint64_t proto_parcel_run_at(const struct proto_plan *p, const struct proto_parc
 	return lo;
 }
 
-/* Walks payload [off, off+len) run by run; dir 0 gathers, 1 scatters. */
+/* Walks payload [off, off+len) run by run; dir 0 gathers, 1 scatters, 2
+ * calls span with each run's place in rank memory (base and buf unused). */
 static void walk(const struct proto_plan *p, const struct proto_parcel *pc,
 		 const struct proto_layout *l, uint32_t rank, uint8_t *base, uint64_t off,
-		 uint64_t len, uint8_t *buf, int scatter)
+		 uint64_t len, uint8_t *buf, int dir,
+		 void (*span)(void *arg, uint64_t at, uint64_t n), void *arg)
 {
 	uint64_t r = proto_parcel_run_at(p, pc, off), end = off + len;
 
@@ -480,13 +482,16 @@ static void walk(const struct proto_plan *p, const struct proto_parcel *pc,
 		}
 		sg = &p->segs[lo];
 		const struct proto_local *lt =
-			&l->ranks[rank].locals[scatter ? sg->dst_local : sg->src_local];
-		uint8_t *mem = base + lt->offset + (scatter ? run->dst_off : run->src_off) + in;
-		if (scatter)
-			memcpy(mem, buf, n);
+			&l->ranks[rank].locals[dir != 0 ? sg->dst_local : sg->src_local];
+		uint64_t at = lt->offset + (dir != 0 ? run->dst_off : run->src_off) + in;
+		if (dir == 2)
+			span(arg, at, n);
+		else if (dir == 1)
+			memcpy(base + at, buf, n);
 		else
-			memcpy(buf, mem, n);
-		buf += n;
+			memcpy(buf, base + at, n);
+		if (dir != 2)
+			buf += n;
 		off += n;
 	}
 }
@@ -495,12 +500,19 @@ void proto_parcel_gather(const struct proto_plan *p, const struct proto_parcel *
 			 const struct proto_layout *src, const uint8_t *src_rank_base,
 			 uint64_t off, uint64_t len, uint8_t *out)
 {
-	walk(p, pc, src, pc->src_rank, (uint8_t *)src_rank_base, off, len, out, 0);
+	walk(p, pc, src, pc->src_rank, (uint8_t *)src_rank_base, off, len, out, 0, NULL, NULL);
 }
 
 void proto_parcel_scatter(const struct proto_plan *p, const struct proto_parcel *pc,
 			  const struct proto_layout *dst, uint8_t *dst_rank_base, uint64_t off,
 			  uint64_t len, const uint8_t *in)
 {
-	walk(p, pc, dst, pc->dst_rank, dst_rank_base, off, len, (uint8_t *)in, 1);
+	walk(p, pc, dst, pc->dst_rank, dst_rank_base, off, len, (uint8_t *)in, 1, NULL, NULL);
+}
+
+void proto_parcel_dst_spans(const struct proto_plan *p, const struct proto_parcel *pc,
+			    const struct proto_layout *dst, uint64_t off, uint64_t len,
+			    void (*span)(void *arg, uint64_t at, uint64_t n), void *arg)
+{
+	walk(p, pc, dst, pc->dst_rank, NULL, off, len, NULL, 2, span, arg);
 }

@@ -99,5 +99,10 @@ void proto_parcel_scatter(const struct proto_plan *p,
 			  const struct proto_parcel *pc,
 			  const struct proto_layout *dst, uint8_t *dst_rank_base,
 			  uint64_t off, uint64_t len, const uint8_t *in);
+/* Where payload bytes [off, off+len) go in the destination rank's memory:
+ * span(arg, offset, length) once per run, in payload order. */
+void proto_parcel_dst_spans(const struct proto_plan *p, const struct proto_parcel *pc,
+			    const struct proto_layout *dst, uint64_t off, uint64_t len,
+			    void (*span)(void *arg, uint64_t at, uint64_t n), void *arg);
 
 #endif

@@ -209,3 +209,68 @@ int proto_xmap_windows(struct proto_xpiece *pc, size_t n, uint64_t stage_cap,
 	free(sorted);
 	return (int)w;
 }
+
+/* ---- have-maps of partial holders ------------------------------------------ */
+
+uint64_t proto_xmap_have_len(uint64_t slot_len)
+{
+	return (slot_len + PROTO_XMAP_HAVE_BLOCK - 1) / PROTO_XMAP_HAVE_BLOCK;
+}
+
+void proto_xmap_have_add(uint32_t *cnt, uint8_t *map, uint64_t slot_len, uint64_t at, uint64_t n)
+{
+	uint64_t end = at + n < at || at + n > slot_len ? slot_len : at + n;
+
+	while (at < end) {
+		uint64_t b = at / PROTO_XMAP_HAVE_BLOCK, lo = b * PROTO_XMAP_HAVE_BLOCK;
+		uint64_t hi = PROTO_MIN(lo + PROTO_XMAP_HAVE_BLOCK, slot_len);
+		uint64_t k = PROTO_MIN(hi, end) - at;
+		cnt[b] = (uint32_t)PROTO_MIN((uint64_t)cnt[b] + k, hi - lo);
+		if (cnt[b] == hi - lo)
+			map[b] = 1;
+		at += k;
+	}
+}
+
+static int range_cmp(const void *a, const void *b)
+{
+	const uint64_t *x = a, *y = b;
+	return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+int proto_xmap_rank_gaps(const struct proto_rank *rk,
+			 void (*span)(void *arg, uint64_t at, uint64_t n), void *arg)
+{
+	uint64_t (*r)[2] = calloc(rk->nlocals + 1, sizeof(*r)), at = 0;
+
+	if (r == NULL)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < rk->nlocals; i++) {
+		r[i][0] = rk->locals[i].offset;
+		r[i][1] = rk->locals[i].offset + rk->locals[i].nbytes;
+	}
+	qsort(r, rk->nlocals, sizeof(*r), range_cmp);
+	for (uint32_t i = 0; i < rk->nlocals; i++) {
+		if (r[i][0] > at)
+			span(arg, at, r[i][0] - at);
+		at = PROTO_MAX(at, r[i][1]);
+	}
+	if (rk->nbytes > at)
+		span(arg, at, rk->nbytes - at);
+	free(r);
+	return 0;
+}
+
+bool proto_xmap_have_covers(const uint8_t *map, uint64_t nblocks, uint64_t src, uint64_t len)
+{
+	if (len == 0)
+		return true;
+	uint64_t b0 = src / PROTO_XMAP_HAVE_BLOCK, b1 = (src + len - 1) / PROTO_XMAP_HAVE_BLOCK;
+
+	if (src + len < src || b1 >= nblocks)
+		return false;
+	for (uint64_t b = b0; b <= b1; b++)
+		if (map[b] == 0)
+			return false;
+	return true;
+}

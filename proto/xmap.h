@@ -28,6 +28,7 @@
  * any other chunk: the map only says where to look.
  */
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -89,5 +90,32 @@ int proto_xmap_pieces(const struct proto_xmap *x, const struct proto_plan *p,
  * of staging (or max is 0), -ENOMEM. */
 int proto_xmap_windows(struct proto_xpiece *pc, size_t n, uint64_t stage_cap,
 		       struct proto_xwin *out, size_t max);
+
+/*
+ * Partial holders. A node offers its slot while it still fetches, with a
+ * have-map: one byte per PROTO_XMAP_HAVE_BLOCK bytes of its rank's memory,
+ * set once every byte of the block is verified and in place (a block's
+ * bytes may come from several chunks; the holder counts them). A reader
+ * reads the map and reads a piece only when every block it touches is
+ * set: it never asks for bytes the holder has not verified.
+ */
+#define PROTO_XMAP_HAVE_BLOCK (64u << 10)
+
+/* The have-map's length (blocks) for a rank memory of slot_len bytes. */
+uint64_t proto_xmap_have_len(uint64_t slot_len);
+/* Counts bytes [at, at+n) of the memory (slot_len bytes) into cnt (one
+ * counter per block, each byte counted once) and sets map[b] = 1 for every
+ * block whose bytes are all counted. Bytes past slot_len are ignored.
+ * Cannot fail. */
+void proto_xmap_have_add(uint32_t *cnt, uint8_t *map, uint64_t slot_len, uint64_t at, uint64_t n);
+/* The bytes of rank memory rk that no local tensor holds (alignment gaps,
+ * the tail): span(arg, offset, length) for each, in order; a holder counts
+ * them into its have-map up front (no chunk ever brings them). Cannot
+ * fail (-ENOMEM: nothing called). */
+int proto_xmap_rank_gaps(const struct proto_rank *rk,
+			 void (*span)(void *arg, uint64_t at, uint64_t n), void *arg);
+/* Every block of [src, src+len) is set in map (nblocks long); false for a
+ * range past it. */
+bool proto_xmap_have_covers(const uint8_t *map, uint64_t nblocks, uint64_t src, uint64_t len);
 
 #endif

@@ -4,7 +4,10 @@
  * a damaged slot is banned by the TP1 reader, which still activates the
  * right bytes (every assembled chunk is checked against its own layout's
  * hashes); the tracker's /holders and slot offers refuse bad input with a
- * one-line 4xx and no change. */
+ * one-line 4xx and no change. A mixed first wave (TP2 and TP1 replicas
+ * fetching at once) costs the trainer about one copy: the TP1 node reads
+ * the TP2 ranks' verified blocks while they still fetch (partial holders),
+ * never an unverified one; a partial holder whose have-map lies is banned. */
 #include <errno.h>
 #include <inttypes.h>
 #include <setjmp.h>
@@ -13,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "node/proc.h"
@@ -87,6 +91,8 @@ static int teardown(void **state)
 		tu_rmtree(e->dir);
 	unsetenv("TESSERA_LEASE_MS");
 	unsetenv("TESSERA_TEST_CORRUPT_SERVE");
+	unsetenv("TESSERA_XL_PATIENCE_MS");
+	unsetenv("TESSERA_FETCH_MBPS");
 	free(e);
 	return 0;
 }
@@ -310,11 +316,138 @@ static void test_lying_holder_banned(void **state)
 	json_decref(rk);
 }
 
+/* Starts TP2 replica A (A/1 lying about its have-map and capped to the
+ * slowest fetch rate when liar) and TP1 replica C at once, waits until
+ * all are registered and exports v1. A TP1 node waits for the TP2 replica
+ * (the leading layout) as long as the test runs: the trainer's upload
+ * does not depend on how fast this machine is. */
+static void mixed_wave(struct env *e, bool liar)
+{
+	setenv("TESSERA_XL_PATIENCE_MS", "600000", 1);
+	start_node(e, "A", "0", "tp2");
+	if (liar) {
+		setenv("TESSERA_TEST_CORRUPT_SERVE", "1", 1);
+		setenv("TESSERA_FETCH_MBPS", "1", 1); /* its blocks come slowly */
+	}
+	start_node(e, "A", "1", "tp2");
+	unsetenv("TESSERA_TEST_CORRUPT_SERVE");
+	unsetenv("TESSERA_FETCH_MBPS");
+	start_node(e, "C", "0", "tp1");
+	wait_registered(e, "A/0");
+	wait_registered(e, "A/1");
+	wait_registered(e, "C/0");
+	tu_control_export(e->sock, 1);
+}
+
+/* Log of node tag contains needle. */
+static bool log_has(struct env *e, const char *tag, const char *needle)
+{
+	char path[600];
+	uint8_t *buf;
+	size_t len;
+	struct proto_err err;
+
+	snprintf(path, sizeof(path), "%s/%s.log", e->dir, tag);
+	if (proto_read_file(path, 64u << 20, &buf, &len, &err) != 0)
+		fail_msg("cannot read %s: %s", path, err.msg);
+	bool has = memmem(buf, len, needle, strlen(needle)) != NULL;
+	free(buf);
+	return has;
+}
+
+/* Part 3's done-when: a TP2 and a TP1 replica fetch v1 at once; the
+ * trainer uploads about one copy of the model in all (the readers' own
+ * counters: every byte a node took from the publisher), the TP1 node
+ * almost nothing; no chunk it read failed its hash (it never read a
+ * block a holder had not verified); both replicas activate v1, every
+ * chunk checked against the signed manifest. */
+static void test_mixed_wave_one_copy(void **state)
+{
+	struct env *e = *state;
+	char tp1[80], path[256], err[512], body[512];
+
+	mixed_wave(e, false);
+	if (!tu_wait_active(e->trk, "A", 1, WAIT_MS) || !tu_wait_active(e->trk, "C", 1, WAIT_MS))
+		fail_msg("replicas A and C did not both activate v1 (see %s)", e->dir);
+	uint64_t trainer = 0, S = 0;
+	const char *ids[] = {"A/0", "A/1", "C/0"};
+	for (int i = 0; i < 3; i++) {
+		json_t *rk = rank_entry(e, ids[i]);
+		assert_non_null(rk);
+		assert_int_equal(jint(rk, "bytes_done"), jint(rk, "bytes_total"));
+		trainer += jint(rk, "bytes_from_trainer");
+		if (i == 2)
+			S = jint(rk, "bytes_total"); /* TP1: the whole model */
+		print_message("%s: %" PRIu64 " bytes from the trainer, %" PRIu64 " from peers\n", ids[i],
+			      jint(rk, "bytes_from_trainer"), jint(rk, "bytes_from_peers"));
+		json_decref(rk);
+	}
+	assert_true(S > ((uint64_t)MODEL_MB << 20) / 2);
+	if (trainer > S + S / 4)
+		fail_msg("the trainer uploaded %" PRIu64 " bytes for a model of %" PRIu64 " (see %s)",
+			 trainer, S, e->dir);
+	json_t *rk = rank_entry(e, "C/0");
+	if (jint(rk, "bytes_from_trainer") > S / 8)
+		fail_msg("C/0 took %" PRIu64 " bytes from the trainer (see %s)",
+			 jint(rk, "bytes_from_trainer"), e->dir);
+	const char *banned = json_string_value(json_object_get(rk, "banned"));
+	if (banned != NULL && banned[0] != 0)
+		fail_msg("C/0 banned '%s' (see %s)", banned, e->dir);
+	json_decref(rk);
+	if (log_has(e, "node-C-0", "failed its hash"))
+		fail_msg("C/0 read bytes a holder had not verified (see %s)", e->dir);
+
+	/* A partial slot's have-map: bad input refused with one line. */
+	replica_layout(e, "C", tp1, sizeof(tp1));
+	snprintf(path, sizeof(path), TRK_API "/holders?version=1&layout=%s", tp1);
+	json_t *h = get_json(e, path, 200);
+	assert_true(json_is_array(json_object_get(h, "fetching")));
+	json_decref(h);
+	snprintf(body, sizeof(body),
+		 "{\"id\":\"A/1\",\"version\":1,\"parcels\":[],\"slot\":{\"addr\":\"1\",\"key\":\"2\","
+		 "\"len\":1048576,\"have\":\"x\"}}");
+	assert_int_equal(post_offer(e, body, err, sizeof(err)), 400);
+	assert_non_null(strstr(err, "slot.have: must be an object"));
+	assert_null(strchr(err, '\n'));
+	snprintf(body, sizeof(body),
+		 "{\"id\":\"A/1\",\"version\":1,\"parcels\":[],\"slot\":{\"addr\":\"1\",\"key\":\"2\","
+		 "\"len\":1048576,\"have\":{\"addr\":\"-1\",\"key\":\"3\"}}}");
+	assert_int_equal(post_offer(e, body, err, sizeof(err)), 400);
+	assert_non_null(strstr(err, "slot.have"));
+	h = wait_holder(e, tp1, "A"); /* unchanged: complete, both ranks */
+	assert_true(json_is_true(json_object_get(h, "complete")));
+	assert_int_equal(json_array_size(json_object_get(h, "sources")), 2);
+	json_decref(h);
+}
+
+/* A partial holder rank whose have-map claims blocks it has not verified
+ * (TESSERA_TEST_CORRUPT_SERVE; it fetches slowly, so they are not there):
+ * the TP1 reader's chunks fail its own hashes, it bans the holder, stops
+ * waiting for it and completes from the trainer, with the right bytes. */
+static void test_lying_have_map_banned(void **state)
+{
+	struct env *e = *state;
+
+	mixed_wave(e, true);
+	if (!tu_wait_active(e->trk, "C", 1, WAIT_MS))
+		fail_msg("replica C did not activate v1 (see %s)", e->dir);
+	json_t *rk = rank_entry(e, "C/0");
+	assert_non_null(rk);
+	const char *banned = json_string_value(json_object_get(rk, "banned"));
+	if (banned == NULL || strstr(banned, "A") == NULL)
+		fail_msg("C/0 banned '%s', want the lying holder (see %s)", banned ? banned : "", e->dir);
+	assert_int_equal(jint(rk, "bytes_done"), jint(rk, "bytes_total"));
+	assert_true(jint(rk, "bytes_from_trainer") > 0); /* what the liar could not give */
+	json_decref(rk);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_tp1_from_tp2_ranks, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lying_holder_banned, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_mixed_wave_one_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_lying_have_map_banned, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -165,6 +165,98 @@ static void test_every_pair(void **state)
 	proto_model_fini(&m);
 }
 
+struct truth {
+	uint8_t *byte; /* per byte of the rank: counted */
+	uint64_t total;
+};
+
+struct have_arg {
+	uint32_t *cnt;
+	uint8_t *map;
+	uint64_t len;
+};
+
+static void have_span(void *arg, uint64_t at, uint64_t n)
+{
+	struct have_arg *h = arg;
+	proto_xmap_have_add(h->cnt, h->map, h->len, at, n);
+}
+
+static void truth_span(void *arg, uint64_t at, uint64_t n)
+{
+	struct truth *t = arg;
+	for (uint64_t k = 0; k < n; k++) {
+		assert_int_equal(t->byte[at + k], 0); /* every byte from one chunk only */
+		t->byte[at + k] = 1;
+	}
+	t->total += n;
+}
+
+/* A partial holder's have-map (tp2 rank 1 filled chunk by chunk): a block
+ * is set only once every byte of it came (never ahead of its bytes), all
+ * are set at the end, and covers() refuses ranges past the map. */
+static void test_have_map(void **state)
+{
+	struct proto_model m;
+	struct proto_layout tl, dst;
+	struct proto_plan tp;
+	struct proto_err err;
+	const uint64_t chunk = 50000; /* cuts blocks anywhere */
+
+	assert_int_equal(proto_synth_model(2u << 20, &m, &err), 0);
+	assert_int_equal(proto_layout_builtin(&m, "fsdp2", &tl, &err), 0);
+	assert_int_equal(proto_layout_builtin(&m, "tp2", &dst, &err), 0);
+	assert_int_equal(proto_plan_build(&m, &tl, &dst, &tp, &err), 0);
+	uint64_t len = dst.ranks[1].nbytes, nb = proto_xmap_have_len(len);
+	assert_int_equal(nb, (len + PROTO_XMAP_HAVE_BLOCK - 1) / PROTO_XMAP_HAVE_BLOCK);
+	uint32_t *cnt = calloc(nb, sizeof(*cnt));
+	uint8_t *map = calloc(nb, 1);
+	struct truth t = {calloc(len, 1), 0};
+	assert_non_null(cnt);
+	assert_non_null(map);
+	assert_non_null(t.byte);
+	/* Alignment gaps and the tail first (no chunk brings them), then chunk
+	 * by chunk, the map beside the truth. */
+	assert_int_equal(proto_xmap_rank_gaps(&dst.ranks[1], truth_span, &t), 0);
+	assert_int_equal(proto_xmap_rank_gaps(&dst.ranks[1], have_span,
+					      &(struct have_arg){cnt, map, len}), 0);
+	assert_true(t.total > 0); /* this model's rank has some */
+	for (uint32_t i = 0; i < tp.nparcels; i++) {
+		const struct proto_parcel *pc = &tp.parcels[i];
+		if (pc->dst_rank != 1)
+			continue;
+		for (uint64_t off = 0; off < pc->bytes; off += chunk) {
+			uint64_t n = PROTO_MIN(chunk, pc->bytes - off);
+			proto_parcel_dst_spans(&tp, pc, &dst, off, n, truth_span, &t);
+			proto_parcel_dst_spans(&tp, pc, &dst, off, n, have_span,
+					       &(struct have_arg){cnt, map, len});
+			/* Never ahead of the bytes: a set block has all its bytes. */
+			for (uint64_t b = 0; b < nb; b++) {
+				uint64_t lo = b * PROTO_XMAP_HAVE_BLOCK;
+				uint64_t hi = PROTO_MIN(lo + PROTO_XMAP_HAVE_BLOCK, len);
+				bool all = true;
+				for (uint64_t k = lo; k < hi && all; k++)
+					all = t.byte[k] == 1;
+				assert_int_equal(map[b] != 0, all);
+				assert_int_equal(proto_xmap_have_covers(map, nb, lo, hi - lo), all);
+			}
+		}
+	}
+	assert_int_equal(t.total, len); /* gaps and parcels fill the rank exactly once */
+	assert_true(proto_xmap_have_covers(map, nb, 0, len));
+	assert_true(proto_xmap_have_covers(map, nb, len - 1, 1));
+	assert_false(proto_xmap_have_covers(map, nb, 0, nb * PROTO_XMAP_HAVE_BLOCK + 1));
+	assert_false(proto_xmap_have_covers(map, nb, UINT64_MAX - 5, 10));
+	assert_true(proto_xmap_have_covers(map, nb, 12, 0));
+	free(cnt);
+	free(map);
+	free(t.byte);
+	proto_plan_fini(&tp);
+	proto_layout_fini(&dst);
+	proto_layout_fini(&tl);
+	proto_model_fini(&m);
+}
+
 /* The refusals: each one a clean error, nothing half-written. */
 static void test_refusals(void **state)
 {
@@ -224,6 +316,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_every_pair),
 		cmocka_unit_test(test_refusals),
+		cmocka_unit_test(test_have_map),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

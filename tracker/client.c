@@ -868,6 +868,13 @@ int trk_client_offer_slot(struct trk_client *c, const char *id, uint64_t version
 		json_decref(arr);
 		return -ENOMEM;
 	}
+	if (slot != NULL && so->partial &&
+	    json_object_set_new(slot, "have", json_pack("{s:o,s:o}", "addr", u64s(so->have_addr),
+							  "key", u64s(so->have_key))) != 0) {
+		json_decref(slot);
+		json_decref(arr);
+		return -ENOMEM;
+	}
 	for (size_t i = 0; arr != NULL && i < n; i++) {
 		const struct trk_offer *o = &parcels[i];
 		if (json_array_append_new(
@@ -1012,6 +1019,13 @@ int trk_sources_parse(json_t *answer, struct trk_source **out, size_t *n,
 		    (rc = ju64s(e, "key", &x->key, err)) != 0 ||
 		    (rc = ju64(e, "len", &x->len, err)) != 0)
 			goto fail;
+		json_t *hv = json_object_get(e, "have");
+		if (hv != NULL && (!json_is_object(hv) || ju64s(hv, "addr", &x->have_addr, err) != 0 ||
+				   ju64s(hv, "key", &x->have_key, err) != 0)) {
+			rc = proto_errf(err, EINVAL, "sources[%zu].have: bad", i);
+			goto fail;
+		}
+		x->partial = hv != NULL;
 		if (hl == 0 || hl % 2 != 0 ||
 		    (x->fabric_addr = malloc(hl / 2)) == NULL ||
 		    sodium_hex2bin(x->fabric_addr, hl / 2, hex, hl, NULL,

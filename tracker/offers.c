@@ -115,8 +115,9 @@ static int parse_offer(struct trk_server *sv, json_t *o, size_t i,
 	return 0;
 }
 
-/* "slot": a node's whole rank memory, which holds the version complete
- * (its layout's bytes for its rank). */
+/* "slot": a node's whole rank memory (its layout's bytes for its rank),
+ * which holds the version complete, or, with "have", in part: the have-map
+ * says which blocks are verified. */
 static int parse_slot(json_t *js, const struct trk_node *n, struct trk_offer *out,
 		      struct proto_err *err)
 {
@@ -132,6 +133,15 @@ static int parse_slot(json_t *js, const struct trk_node *n, struct trk_offer *ou
 		proto_err_prefix(err, "slot");
 		return rc;
 	}
+	json_t *hv = json_object_get(js, "have");
+	if (hv != NULL && !json_is_object(hv))
+		return proto_errf(err, EINVAL, "slot.have: must be an object");
+	if (hv != NULL && ((rc = trk__get_u64_str(hv, "addr", &out->have_addr, err)) != 0 ||
+			   (rc = trk__get_u64_str(hv, "key", &out->have_key, err)) != 0)) {
+		proto_err_prefix(err, "slot.have");
+		return rc;
+	}
+	out->partial = hv != NULL;
 	if (out->len != n->layout->l.ranks[n->rank].nbytes)
 		return proto_errf(err, EINVAL, "slot: len %llu but rank %u of its layout holds %llu bytes",
 				  (unsigned long long)out->len, n->rank,
@@ -239,12 +249,22 @@ json_t *trk__source_json(bool peer, const char *id, const char *host,
 {
 	char a[24], k[24];
 
+	json_t *j;
+
 	snprintf(a, sizeof(a), "%llu", (unsigned long long)o->addr);
 	snprintf(k, sizeof(k), "%llu", (unsigned long long)o->key);
-	return json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:I}", "kind",
-			 peer ? "peer" : "publisher", "id", id, "host", host,
-			 "provider", provider, "fabric_addr", addr, "addr", a,
-			 "key", k, "len", (json_int_t)o->len);
+	j = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:I}", "kind", peer ? "peer" : "publisher", "id",
+		      id, "host", host, "provider", provider, "fabric_addr", addr, "addr", a, "key", k,
+		      "len", (json_int_t)o->len);
+	if (j != NULL && o->partial) {
+		snprintf(a, sizeof(a), "%llu", (unsigned long long)o->have_addr);
+		snprintf(k, sizeof(k), "%llu", (unsigned long long)o->have_key);
+		if (json_object_set_new(j, "have", json_pack("{s:s,s:s}", "addr", a, "key", k)) != 0) {
+			json_decref(j);
+			j = NULL;
+		}
+	}
+	return j;
 }
 
 int trk__query_layout_known(struct trk_call *c, uint64_t version,

@@ -336,6 +336,11 @@ struct trk_offer {
 	uint32_t src_rank, dst_rank;
 	uint64_t addr, key; /* remote address and key of the registered memory */
 	uint64_t len;       /* the parcel's wire bytes */
+	/* A slot offered while its node still fetches (partial): its have-map
+	 * (one byte per PROTO_XMAP_HAVE_BLOCK of the slot, nonzero once those
+	 * bytes are verified and in place), registered for remote read. */
+	bool partial;
+	uint64_t have_addr, have_key;
 };
 /* POST /offers: replaces id's offers for version (n == 0 withdraws them). */
 int trk_client_offer(struct trk_client *c, const char *id, uint64_t version,
@@ -346,9 +351,9 @@ int trk_client_offer(struct trk_client *c, const char *id, uint64_t version,
 int trk_client_offer_timed(struct trk_client *c, const char *id, uint64_t version,
 			   uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
 			   trk_client_cb cb, void *arg);
-/* The same with a node's slot (NULL: none): its whole rank memory, which
- * holds the version complete, for readers of other layouts (GET /holders);
- * only its addr, key and len are sent. */
+/* The same with a node's slot (NULL: none): its whole rank memory, for
+ * readers of other layouts (GET /holders); its addr, key and len are sent,
+ * and, for a partial slot, its have-map's addr and key. */
 int trk_client_offer_slot(struct trk_client *c, const char *id, uint64_t version,
 			  uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
 			  const struct trk_offer *slot, trk_client_cb cb, void *arg);
@@ -377,6 +382,9 @@ struct trk_source {
 	uint8_t *fabric_addr; /* malloc'ed */
 	size_t fabric_addr_len;
 	uint64_t addr, key, len;
+	/* A /holders rank whose slot is partial: where its have-map is. */
+	bool partial;
+	uint64_t have_addr, have_key;
 };
 /* Parses a /sources answer into a malloc'ed array (trk_sources_free frees it).
  * -EINVAL on a malformed answer; *out is then NULL. */
