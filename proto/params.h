@@ -135,7 +135,15 @@
 	 * standby slot, so that a delta against it needs only its apply; it \
 	 * waits this long first (past ATTACH_FREE_GRACE_MS, so that the \
 	 * retired slot is there to be reused). */ \
-	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms")
+	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms") \
+	/* A node lacking a delta's parent replays the chain from the latest \
+	 * anchor (or from its active version) at most this many versions \
+	 * long; a longer one waits for an anchor instead. */ \
+	X(CHAIN_MAX, "TESSERA_CHAIN_MAX", 64, "longest chain of versions a node replays") \
+	/* Test only: a chain replay step of this version number has one byte \
+	 * of its delta flipped after its hashes verified (0: none), so that \
+	 * tests can see the replay fail and fall back to an anchor. */ \
+	X(TEST_CORRUPT_CHAIN, "TESSERA_TEST_CORRUPT_CHAIN", 0, "test only: damage this version's delta in a chain replay")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,
