@@ -5,6 +5,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "proto/util.h"
+
 /* An odd multiple of 1/32 in [-31/32, 31/32] from a 64-bit key. */
 static float coef(uint64_t key)
 {
@@ -184,6 +186,42 @@ uint64_t proto_canary_parcel(const struct proto_plan *p, const struct proto_parc
 			sum += proto_canary_elems(l->dtype, sg->dst_local, last_dim(l),
 						  run->dst_off / es, run->len / es,
 						  payload + run->pay_off);
+		}
+	}
+	return sum;
+}
+
+/* Elements compared at once: a block that did not change costs one memcmp. */
+#define UPDATE_BLOCK 64u
+
+uint64_t proto_canary_parcel_update(const struct proto_plan *p, const struct proto_parcel *pc,
+				    const struct proto_layout *dst, uint64_t parent_part,
+				    const uint8_t *parent, const uint8_t *payload)
+{
+	const struct proto_rank *rk = &dst->ranks[pc->dst_rank];
+	uint64_t sum = parent_part;
+
+	for (uint64_t s = pc->seg0; s < pc->seg0 + pc->nsegs; s++) {
+		const struct proto_segment *sg = &p->segs[s];
+		const struct proto_local *l = &rk->locals[sg->dst_local];
+		size_t es = proto_dtype_size(l->dtype);
+		for (uint64_t k = sg->run0; k < sg->run0 + sg->nruns; k++) {
+			const struct proto_run *run = &p->runs[k];
+			const uint8_t *a = parent + run->pay_off, *b = payload + run->pay_off;
+			uint64_t n = run->len / es, first = run->dst_off / es;
+			for (uint64_t i0 = 0; i0 < n; i0 += UPDATE_BLOCK) {
+				uint64_t m = PROTO_MIN((uint64_t)UPDATE_BLOCK, n - i0);
+				if (memcmp(a + i0 * es, b + i0 * es, m * es) == 0)
+					continue;
+				for (uint64_t i = i0; i < i0 + m; i++) {
+					if (memcmp(a + i * es, b + i * es, es) == 0)
+						continue;
+					sum -= proto_canary_elems(l->dtype, sg->dst_local, last_dim(l),
+								  first + i, 1, a + i * es);
+					sum += proto_canary_elems(l->dtype, sg->dst_local, last_dim(l),
+								  first + i, 1, b + i * es);
+				}
+			}
 		}
 	}
 	return sum;

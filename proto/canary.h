@@ -64,6 +64,15 @@ int proto_canary_rank(const struct proto_rank *rank, const uint8_t *block, size_
 uint64_t proto_canary_parcel(const struct proto_plan *p, const struct proto_parcel *pc,
 			     const struct proto_layout *dst, const uint8_t *payload);
 
+/* The same part for a payload that differs from a parent payload of the
+ * same parcel in few elements, given the parent's part: the terms are
+ * summed exactly, so only the changed elements are scored (old terms out,
+ * new ones in), and the result is bit for bit proto_canary_parcel's. Both
+ * payloads are read once, compared in blocks. Cannot fail. */
+uint64_t proto_canary_parcel_update(const struct proto_plan *p, const struct proto_parcel *pc,
+				    const struct proto_layout *dst, uint64_t parent_part,
+				    const uint8_t *parent, const uint8_t *payload);
+
 /* The score as a number (s / 2^32, s read as signed). */
 double proto_canary_value(uint64_t s);
 
