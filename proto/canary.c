@@ -171,26 +171,6 @@ int proto_canary_rank(const struct proto_rank *rank, const uint8_t *block, size_
 	return 0;
 }
 
-uint64_t proto_canary_parcel(const struct proto_plan *p, const struct proto_parcel *pc,
-			     const struct proto_layout *dst, const uint8_t *payload)
-{
-	const struct proto_rank *rk = &dst->ranks[pc->dst_rank];
-	uint64_t sum = 0;
-
-	for (uint64_t s = pc->seg0; s < pc->seg0 + pc->nsegs; s++) {
-		const struct proto_segment *sg = &p->segs[s];
-		const struct proto_local *l = &rk->locals[sg->dst_local];
-		size_t es = proto_dtype_size(l->dtype);
-		for (uint64_t k = sg->run0; k < sg->run0 + sg->nruns; k++) {
-			const struct proto_run *run = &p->runs[k];
-			sum += proto_canary_elems(l->dtype, sg->dst_local, last_dim(l),
-						  run->dst_off / es, run->len / es,
-						  payload + run->pay_off);
-		}
-	}
-	return sum;
-}
-
 /* Elements compared at once: a block that did not change costs one memcmp. */
 #define UPDATE_BLOCK 64u
 
@@ -207,8 +187,14 @@ uint64_t proto_canary_parcel_update(const struct proto_plan *p, const struct pro
 		size_t es = proto_dtype_size(l->dtype);
 		for (uint64_t k = sg->run0; k < sg->run0 + sg->nruns; k++) {
 			const struct proto_run *run = &p->runs[k];
-			const uint8_t *a = parent + run->pay_off, *b = payload + run->pay_off;
+			const uint8_t *a = parent ? parent + run->pay_off : NULL;
+			const uint8_t *b = payload + run->pay_off;
 			uint64_t n = run->len / es, first = run->dst_off / es;
+			if (parent == NULL) {
+				sum += proto_canary_elems(l->dtype, sg->dst_local, last_dim(l), first,
+							  n, b);
+				continue;
+			}
 			for (uint64_t i0 = 0; i0 < n; i0 += UPDATE_BLOCK) {
 				uint64_t m = PROTO_MIN((uint64_t)UPDATE_BLOCK, n - i0);
 				if (memcmp(a + i0 * es, b + i0 * es, m * es) == 0)
@@ -225,6 +211,12 @@ uint64_t proto_canary_parcel_update(const struct proto_plan *p, const struct pro
 		}
 	}
 	return sum;
+}
+
+uint64_t proto_canary_parcel(const struct proto_plan *p, const struct proto_parcel *pc,
+			     const struct proto_layout *dst, const uint8_t *payload)
+{
+	return proto_canary_parcel_update(p, pc, dst, 0, NULL, payload);
 }
 
 double proto_canary_value(uint64_t s)

@@ -68,7 +68,8 @@ uint64_t proto_canary_parcel(const struct proto_plan *p, const struct proto_parc
  * same parcel in few elements, given the parent's part: the terms are
  * summed exactly, so only the changed elements are scored (old terms out,
  * new ones in), and the result is bit for bit proto_canary_parcel's. Both
- * payloads are read once, compared in blocks. Cannot fail. */
+ * payloads are read once, compared in blocks. parent NULL: every element
+ * is scored (parent_part is added). Cannot fail. */
 uint64_t proto_canary_parcel_update(const struct proto_plan *p, const struct proto_parcel *pc,
 				    const struct proto_layout *dst, uint64_t parent_part,
 				    const uint8_t *parent, const uint8_t *payload);

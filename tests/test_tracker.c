@@ -2103,18 +2103,26 @@ static void pub_offer_layouts(struct fx *f, uint64_t v, bool tp2, bool tp1)
 	trk_reply_fini(&r);
 }
 
+/* Every version, through the typed parser (free() *vi). */
+static void versions_of(struct fx *f, struct trk_version_info **vi, size_t *n)
+{
+	struct trk_reply r;
+	struct proto_err err = {{0}};
+	uint64_t latest;
+
+	assert_int_equal(get(f, TRK_API "/versions?after=0", &r), 200);
+	assert_int_equal(trk_versions_parse(r.json, &latest, vi, n, &err), 0);
+	trk_reply_fini(&r);
+}
+
 /* v's retain_layouts, through the typed parser: which of TP2 / TP1 it names. */
 static void retain_layouts_of(struct fx *f, uint64_t v, bool *tp2, bool *tp1)
 {
-	struct trk_reply r;
 	struct trk_version_info *vi;
-	struct proto_err err = {{0}};
-	uint64_t latest;
 	size_t n;
 
 	*tp2 = *tp1 = false;
-	assert_int_equal(get(f, TRK_API "/versions?after=0", &r), 200);
-	assert_int_equal(trk_versions_parse(r.json, &latest, &vi, &n, &err), 0);
+	versions_of(f, &vi, &n);
 	for (size_t i = 0; i < n; i++) {
 		if (vi[i].version != v)
 			continue;
@@ -2125,7 +2133,6 @@ static void retain_layouts_of(struct fx *f, uint64_t v, bool *tp2, bool *tp1)
 		}
 	}
 	free(vi);
-	trk_reply_fini(&r);
 }
 
 /* The chain of the latest version: its anchor and the deltas after it are
@@ -2153,16 +2160,12 @@ static void test_chain_retention(void **state)
 			assert_null(json_object_get(e1, "retain_layouts"));
 			trk_reply_fini(&r);
 			struct trk_version_info *vi;
-			struct proto_err err = {{0}};
-			uint64_t latest;
 			size_t n;
-			assert_int_equal(get(f, TRK_API "/versions?after=0", &r), 200);
-			assert_int_equal(trk_versions_parse(r.json, &latest, &vi, &n, &err), 0);
+			versions_of(f, &vi, &n);
 			assert_int_equal(n, 3);
 			assert_true(vi[0].chain && vi[0].all_layouts && !vi[0].dropped);
 			assert_true(vi[1].chain && !vi[2].chain); /* the latest: retained as such */
 			free(vi);
-			trk_reply_fini(&r);
 		}
 		make_manifest(f, &(struct mopts){.version = v, .parent = v - 1,
 						 .parent_digest = digs[v - 1],
