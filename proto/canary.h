@@ -32,7 +32,8 @@
  * change is below what the fixed point resolves (2^-32 absolute; for large
  * weights the FP32 product's 24-bit precision). Cost: about one pass of
  * scalar FP32 work per element (a few ns; the publisher pays it per
- * gathered parcel, a probe per read of its rank).
+ * gathered anchor parcel, a probe per read of its rank); a delta parcel's
+ * part is its parent's updated from the changed elements (a compare pass).
  */
 #ifndef PROTO_CANARY_H
 #define PROTO_CANARY_H
