@@ -216,6 +216,9 @@ void agent_verified(struct node_agent *a)
 	struct agent_fetch *f = a->fetch;
 	struct proto_err err;
 
+	if (agent_chain_step_done(a)) /* a step of a chain: on to the next */
+		return;
+
 	f->verified = true;
 	f->reported_verified = true;
 	LOG_INFO("node %s: v%" PRIu64 " verified in %" PRIu64 " ms", a->node_id, f->version,

@@ -26,25 +26,42 @@ static void need_anchor(struct node_agent *a, const char *fmt, ...)
 	agent_fetch_fail(a, "%s; falling back to a full fetch: asking for an anchor", msg);
 }
 
+/* The slot a delta of a->fetch builds on, and its manifest digest: the
+ * chain's last step while replaying one, else the active slot (NULL: none). */
+static struct node_slot *parent_slot(const struct node_agent *a, const uint8_t **digest)
+{
+	struct node_slot *s = agent_chain_parent(a, digest);
+
+	if (s != NULL)
+		return s;
+	*digest = a->active_digest;
+	return a->inplace_broken ? NULL : a->active;
+}
+
 int agent_delta_check_parent(struct node_agent *a)
 {
 	struct agent_fetch *f = a->fetch;
 	char want[17], have[17];
+	const uint8_t *digest;
+	struct node_slot *parent = parent_slot(a, &digest);
 
+	if (parent != NULL && parent->version == f->man.parent_version &&
+	    sodium_memcmp(digest, f->man.parent_digest, PROTO_HASH_BYTES) == 0)
+		return 0;
+	/* Not the parent: replay the chain to it if one is served. */
+	if (agent_chain_begin(a) == 0)
+		return -ENOENT;
 	sodium_bin2hex(want, sizeof(want), f->man.parent_digest, 8);
 	if (a->active == NULL || a->inplace_broken) {
 		need_anchor(a, "a delta against v%" PRIu64 " (%s), and this node holds no %sversion",
 			    f->man.parent_version, want, a->active ? "complete " : "");
 		return -ENOENT;
 	}
-	if (a->active->version != f->man.parent_version ||
-	    sodium_memcmp(a->active_digest, f->man.parent_digest, PROTO_HASH_BYTES) != 0) {
-		sodium_bin2hex(have, sizeof(have), a->active_digest, 8);
-		need_anchor(a, "a delta against v%" PRIu64 " (%s), but this node holds v%" PRIu64 " (%s)",
-			    f->man.parent_version, want, a->active->version, have);
-		return -ENOENT;
-	}
-	return 0;
+	sodium_bin2hex(have, sizeof(have), parent != NULL ? digest : a->active_digest, 8);
+	need_anchor(a, "a delta against v%" PRIu64 " (%s), but this node holds v%" PRIu64 " (%s)",
+		    f->man.parent_version, want, parent != NULL ? parent->version : a->active->version,
+		    have);
+	return -ENOENT;
 }
 
 /* Stops and frees the standby copy (its slot may become the store's spare). */
@@ -84,6 +101,7 @@ static void on_standby(evutil_socket_t fd, short what, void *arg)
 
 void agent_delta_activated(struct node_agent *a)
 {
+	agent_chain_end(a, false); /* the target is active: the replay is over */
 	standby_drop(a);
 	if (a->o.install_inplace)
 		return; /* memory-tight: no second copy of the rank */
@@ -95,6 +113,7 @@ void agent_delta_activated(struct node_agent *a)
 
 void agent_delta_fini(struct node_agent *a)
 {
+	agent_chain_end(a, false);
 	standby_drop(a);
 	if (a->standby_ev != NULL)
 		event_free(a->standby_ev);
@@ -107,7 +126,10 @@ int agent_delta_slot(struct node_agent *a)
 	size_t len = a->layout.ranks[a->o.rank].nbytes;
 	struct proto_err err;
 
-	if (a->standby != NULL && a->standby->len == len) {
+	const uint8_t *pdigest;
+	struct node_slot *chain = agent_chain_parent(a, &pdigest);
+
+	if (a->standby != NULL && a->standby->len == len && !(f->delta && chain != NULL)) {
 		/* The standby copies the active slot: a delta's exact parent
 		 * (checked before); for anything else it is only memory, which
 		 * the fetch overwrites whole. */
@@ -123,10 +145,12 @@ int agent_delta_slot(struct node_agent *a)
 		a->standby_rb = NULL;
 		return 0;
 	}
+	/* A chain's delta builds on the step before, not on the active slot. */
+	struct node_slot *parent = chain != NULL ? chain : a->active;
 	standby_drop(a);
 	if (node_slot_new(&a->store, f->version, len, &f->slot, &err) != 0 ||
-	    (f->delta && node_rebuild_start(a->base, f->slot->host, f->slot->memfd, a->active->host,
-					    a->active->memfd, PROTO_MIN(f->slot->len, a->active->len),
+	    (f->delta && node_rebuild_start(a->base, f->slot->host, f->slot->memfd, parent->host,
+					    parent->memfd, PROTO_MIN(f->slot->len, parent->len),
 					    &f->rebuild, &err) != 0)) {
 		agent_fetch_fail(a, "%s", err.msg);
 		return -ENOMEM;
@@ -147,6 +171,10 @@ static int apply_all(void *arg, struct proto_err *err)
 	for (uint32_t i = 0; i < f->nparcels; i++) {
 		struct agent_parcel *p = &f->parcels[i];
 		struct proto_dparcel dp;
+		if (f->test_corrupt && p->mp->wire_bytes > 0) { /* test only */
+			p->wire[p->mp->wire_bytes / 2] ^= 0x40;
+			f->test_corrupt = false;
+		}
 		struct proto_err e;
 		int rc = proto_dparcel_build(&a->model, f->plan, p->pp, &a->layout, &dp, &e);
 		if (rc == 0) {
@@ -193,16 +221,19 @@ static void rebuilt(int rc, const struct proto_err *err, const struct node_rebui
 void agent_delta_rebuild(struct node_agent *a)
 {
 	struct agent_fetch *f = a->fetch;
-	struct node_slot *parent = a->active;
+	const uint8_t *digest;
+	struct node_slot *parent = parent_slot(a, &digest);
 
 	/* The parent may have changed since the fetch began only through an
 	 * activation, which needs this fetch: check anyway, cheaply. */
 	if (parent == NULL || parent->version != f->man.parent_version ||
-	    sodium_memcmp(a->active_digest, f->man.parent_digest, PROTO_HASH_BYTES) != 0) {
+	    sodium_memcmp(digest, f->man.parent_digest, PROTO_HASH_BYTES) != 0) {
 		need_anchor(a, "the parent slot changed during the fetch");
 		return;
 	}
 	f->rebuild_ms = agent_now_ms();
 	f->rebuild_agent = a;
+	f->test_corrupt = a->chain != NULL &&
+			  proto_param(PROTO_PARAM_TEST_CORRUPT_CHAIN) == f->version;
 	node_rebuild_apply(f->rebuild, apply_all, f, rebuilt, a);
 }

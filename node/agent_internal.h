@@ -176,6 +176,36 @@ struct agent_fetch {
 	bool from_standby;            /* it is the standby copy's */
 	const struct node_agent *rebuild_agent; /* what the apply reads (model, layout) */
 	uint64_t rebuild_ms;
+	bool test_corrupt; /* TESSERA_TEST_CORRUPT_CHAIN: damage the delta before the apply */
+};
+
+/* Replaying a chain (agent_chain.c): the node lacks a delta version's
+ * parent, so it fetches the latest anchor (or starts from its active
+ * version, when that is in the chain) and each delta after it in turn,
+ * building each step in a slot it does not serve; only the target is
+ * reported verified and activated. */
+struct agent_chain {
+	uint64_t target;
+	uint64_t *steps; /* versions to fetch, oldest first; the last is target */
+	uint32_t nsteps, next;
+	uint64_t wire;   /* the steps' wire bytes for our rank, planned */
+	/* The last step built (NULL before the first, or when the chain
+	 * starts from the active slot): the next delta's parent. */
+	struct node_slot *slot;
+	uint64_t slot_version;
+	uint8_t slot_digest[PROTO_HASH_BYTES];
+	/* What the finished steps took (reported with the target's). */
+	uint64_t done, from_trainer, from_peers, duplicate, refetched;
+	/* Planning: the manifests are walked back from the target's parent. */
+	bool planning;
+	uint64_t walk_v;
+	uint8_t walk_digest[PROTO_HASH_BYTES];
+	uint64_t *walked, *walked_wire; /* newest first */
+	uint32_t nwalked;
+	bool from_active;
+	uint64_t target_raw, target_wire; /* the target whole, and as its delta */
+	struct trk_version_info *vi;     /* the tracker's versions */
+	size_t nvi;
 };
 
 struct node_agent {
@@ -257,6 +287,12 @@ struct node_agent {
 	struct node_slot *standby;
 	struct node_rebuild *standby_rb;
 	struct event *standby_ev;
+	/* The chain being replayed (agent_chain.c), or NULL; whether a
+	 * planning request of one is on its way (its answer is awaited even
+	 * when the chain is gone); the target a replay failed for. */
+	struct agent_chain *chain;
+	bool chain_asking;
+	uint64_t chain_failed_v;
 
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
 	struct node_wait wait; /* what we wait for, said when it lasts */
@@ -481,6 +517,28 @@ void agent_xl_unserve(struct node_agent *a, const struct agent_fetch *f);
 const struct trk_offer *agent_xl_offer_slot(struct node_agent *a, const struct agent_fetch *f);
 /* Frees what the module holds; after fab_close. */
 void agent_xl_fini(struct node_agent *a);
+
+/* ---- agent_chain.c ---- */
+
+/* a->fetch is a delta whose parent this node does not hold: plans a chain
+ * replay (walking the manifests back to an anchor or to the active
+ * version, then checking the tracker still serves every step) and, when
+ * one is served, fetches its steps; the fetch is dropped meanwhile. 0 when
+ * it took over; -1 when no replay is possible now (in-place installs, a
+ * replay of this target failed before, or one is under way): the caller
+ * asks for an anchor. */
+int agent_chain_begin(struct node_agent *a);
+/* At verification: when a->fetch is a step before the chain's target, its
+ * slot becomes the next step's parent and the next step starts: true.
+ * False when there is no chain or a->fetch is its target. */
+bool agent_chain_step_done(struct node_agent *a);
+/* The parent slot of a->fetch's delta when replaying a chain (NULL when
+ * the chain starts from the active slot, or there is none) and its digest. */
+struct node_slot *agent_chain_parent(const struct node_agent *a, const uint8_t **digest);
+/* Ends the chain (after the fetch building on its slot was freed): frees
+ * its slot; failed: the target is not replayed again (an anchor is waited
+ * for). NULL chain is fine. */
+void agent_chain_end(struct node_agent *a, bool failed);
 
 /* ---- agent_delta.c ---- */
 

@@ -29,6 +29,12 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 	uint8_t sig[TRK_STMT_SIG_BYTES];
 	const uint8_t *digest = NULL;
 	const char *banned[BANS_MAX];
+	/* Replaying a chain, the steps speak for the target, with what the
+	 * steps before took (agent_chain.c). */
+	const struct agent_chain *c = a->chain;
+	bool step = c != NULL && f != NULL && f->version == version && version != c->target;
+	if (step)
+		version = c->target;
 	struct trk_state_report r = {
 		.id = a->node_id,
 		.version = version,
@@ -44,13 +50,14 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 		trk_statement_sign(a->stmt_sk, a->o.replica, a->o.rank, version, digest, sig);
 		r.statement = sig;
 	}
-	if (f != NULL && f->version == version) {
-		r.bytes_done = f->bytes_done;
-		r.bytes_total = f->bytes_total;
-		r.bytes_from_trainer = f->from_trainer;
-		r.bytes_from_peers = f->from_peers;
-		r.duplicate_bytes = f->duplicate;
-		r.refetched_bytes = f->refetched;
+	if (f != NULL && (f->version == version || step)) {
+		bool chained = c != NULL && c->target == version;
+		r.bytes_done = f->bytes_done + (chained ? c->done : 0);
+		r.bytes_total = chained ? PROTO_MAX(c->wire, r.bytes_done) : f->bytes_total;
+		r.bytes_from_trainer = f->from_trainer + (chained ? c->from_trainer : 0);
+		r.bytes_from_peers = f->from_peers + (chained ? c->from_peers : 0);
+		r.duplicate_bytes = f->duplicate + (chained ? c->duplicate : 0);
+		r.refetched_bytes = f->refetched + (chained ? c->refetched : 0);
 		r.first_byte_ms = f->first_byte_ms;
 		r.last_byte_ms = f->last_byte_ms;
 		for (uint32_t i = 0; i < f->nbad && r.nbanned < BANS_MAX; i++)
@@ -58,7 +65,7 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 				banned[r.nbanned++] = f->bad_ids[i];
 		r.banned = banned;
 		if (f->verified)
-			r.how = f->delta ? "delta" : "full";
+			r.how = chained ? "chain" : f->delta ? "delta" : "full";
 	} else if (a->active != NULL && a->active->version == version) {
 		r.bytes_done = r.bytes_total = a->active->len;
 	}
@@ -126,13 +133,22 @@ void agent_follow_target(struct node_agent *a, uint64_t t, bool complete, json_t
 	if (t != a->target)
 		LOG_DEBUG("node %s: replica target v%" PRIu64, a->node_id, t);
 	a->target = t;
-	if (f != NULL && f->version != t) {
+	if (a->chain != NULL && a->chain->target != t) {
+		LOG_INFO("node %s: replica %s moved to v%" PRIu64 ": dropping the chain replay to v%" PRIu64,
+			 a->node_id, a->o.replica, t, a->chain->target);
+		agent_fetch_drop(a); /* first: no worker reads the chain's slot then */
+		agent_chain_end(a, false);
+		f = NULL;
+	}
+	if (f != NULL && f->version != t && a->chain == NULL) {
 		LOG_INFO("node %s: replica %s moved to v%" PRIu64 ": dropping v%" PRIu64 "%s",
 			 a->node_id, a->o.replica, t, f->version, f->verified ? " (verified)" : "");
 		agent_fetch_drop(a);
 		f = NULL;
 	}
 	if (f == NULL) {
+		if (a->chain != NULL)
+			return; /* planning the replay to t */
 		if (t > active && (t != a->failed || agent_now_ms() - a->failed_ms >= FAILED_RETRY_MS))
 			agent_start_fetch(a, t);
 		return;

@@ -77,9 +77,10 @@ void agent_fetch_fail(struct node_agent *a, const char *fmt, ...)
 		LOG_WARN("node %s: v%" PRIu64 " refused: %s", a->node_id, v, msg);
 	agent_report(a, v, TRK_STATE_FAILED, msg, NULL);
 	node_metrics_add(a->am.m, a->am.refused, 1);
-	a->failed = v;
+	a->failed = a->chain != NULL ? a->chain->target : v;
 	a->failed_ms = agent_now_ms();
 	agent_fetch_drop(a);
+	agent_chain_end(a, true); /* a failed step ends the replay: an anchor next */
 }
 
 static int setup_parcels(struct node_agent *a)

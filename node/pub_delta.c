@@ -41,6 +41,11 @@ const char *node__pub_delta_why_anchor(struct node_pub *p, struct pub_export *ex
 		snprintf(ex->why, sizeof(ex->why), "one anchor every %u versions", p->anchor_every);
 		return ex->why;
 	}
+	/* The publisher serves the anchor and every delta after it (a node
+	 * lacking the parent replays them): a chain that costs as much as the
+	 * anchor is cut, which bounds what it keeps at twice the anchor. */
+	if (pp->chain_wire >= pp->anchor_bytes)
+		return "the deltas since the anchor add up to its size";
 	if (p->anchor_wanted)
 		return "a node asked for one (it lacks the parent)";
 	return NULL;
@@ -63,8 +68,10 @@ bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex)
 				const struct pub_pitem *q = &pr->items[k];
 				if (q->src == it->pc->src_rank && q->dst == it->pc->dst_rank &&
 				    q->bytes == it->pc->bytes &&
-				    memcmp(q->layout, it->sl->digest, PROTO_HASH_BYTES) == 0)
+				    memcmp(q->layout, it->sl->digest, PROTO_HASH_BYTES) == 0) {
 					it->parent = pr->raw + q->raw_off;
+					it->parent_canary = q->canary;
+				}
 			}
 			if (it->parent == NULL && it->pc->bytes > 0)
 				return false;
@@ -242,6 +249,7 @@ void node__pub_parent_stage(struct node_pub *p, struct pub_export *ex)
 			q->dst = it->pc->dst_rank;
 			q->raw_off = it->raw_off;
 			q->bytes = it->pc->bytes;
+			q->canary = it->canary;
 		}
 		pr->raw = pt->raw;
 		pr->cap = pt->raw_cap;
@@ -250,6 +258,13 @@ void node__pub_parent_stage(struct node_pub *p, struct pub_export *ex)
 	}
 	pp->version = ex->version;
 	pp->since_anchor = ex->delta ? ex->since_anchor : 0;
+	pp->anchor_bytes = ex->delta && p->parent != NULL ? p->parent->anchor_bytes : ex->raw_bytes;
+	if (ex->delta && p->parent != NULL) {
+		pp->chain_wire = p->parent->chain_wire;
+		for (size_t i = 0; i < pv->nparts; i++)
+			for (size_t j = 0; j < pv->parts[i].nitems; j++)
+				pp->chain_wire += pv->parts[i].items[j].wire;
+	}
 	node__pub_parent_free(ex->next_parent);
 	ex->next_parent = pp;
 	return;

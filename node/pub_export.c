@@ -155,7 +155,13 @@ static void job_gather(struct pub_job *j)
 			if (early)
 				release_upto(j, &rel, KEY(i, c0 + clen));
 		}
-		if (!atomic_load(&p->abort))
+		/* A delta's part: the parent's, updated from the changed
+		 * elements (a compare, not a scoring pass over every element). */
+		if (!atomic_load(&p->abort) && j->delta && it->parent != NULL)
+			it->canary = proto_canary_parcel_update(&it->sl->plan, it->pc,
+								&it->sl->layout, it->parent_canary,
+								it->parent, pt->raw + it->raw_off);
+		else if (!atomic_load(&p->abort))
 			it->canary = proto_canary_parcel(&it->sl->plan, it->pc, &it->sl->layout,
 							 j->delta ? pt->raw + it->raw_off :
 								    pt->buf + it->off);
@@ -823,6 +829,7 @@ static void on_ex_publish(const struct trk_answer *a, void *arg)
 		memcpy(p->prev_digest, ex->m.digest, PROTO_HASH_BYTES);
 		node__pub_parent_commit(p, ex);
 		node__pub_canary_post(p, ex);
+		ex->pv->delta = ex->delta;
 		p->next_version = ex->version + 1;
 		p->published = PROTO_MAX(p->published, ex->version);
 		ex->phase = EX_OFFER;

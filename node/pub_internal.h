@@ -59,6 +59,7 @@ struct pub_item {
 	uint64_t wire;          /* bytes served: pc->bytes, or the delta's */
 	uint64_t raw_off;       /* in the part's raw buffer */
 	const uint8_t *parent;  /* the parent's payload of this parcel, or NULL */
+	uint64_t parent_canary; /* the parent parcel's canary part (with parent) */
 	uint8_t *enc;           /* the encoded delta (worker), until placed */
 	uint64_t changed;       /* elements the delta changes */
 	int enc_rc;             /* the encoder's result */
@@ -123,6 +124,7 @@ struct pub_version {
 	size_t noffers;
 	size_t nsent;       /* parcels in the last offer sent */
 	struct node_serve_offer so; /* the offer at the tracker (node/serve.h) */
+	bool delta;       /* published as a delta (else an anchor) */
 	bool releasing;   /* no longer needed: withdraw, then free */
 	bool wanted;      /* the tracker's last answer listed it as retained */
 	struct pub_version *next;
@@ -144,6 +146,7 @@ struct pub_pitem {
 	uint8_t layout[PROTO_HASH_BYTES];
 	uint32_t src, dst;
 	uint64_t raw_off, bytes;
+	uint64_t canary; /* its canary part: the child's is updated from it */
 };
 
 struct pub_praw {
@@ -158,6 +161,10 @@ struct pub_parent {
 	uint64_t version;
 	uint8_t digest[PROTO_HASH_BYTES]; /* its manifest's */
 	uint32_t since_anchor;
+	/* The anchor's raw bytes and the wire bytes of the deltas since it
+	 * (this one included): once the chain costs as much as the anchor,
+	 * the next version is an anchor (node/pub_delta.c). */
+	uint64_t anchor_bytes, chain_wire;
 	struct pub_praw *parts;
 	size_t nparts;
 };

@@ -207,19 +207,43 @@ static void on_offer(const struct trk_answer *a, void *arg)
 		node__pub_sync_offers(p); /* marked while the offer was in flight */
 }
 
+/* The first version of the newest chain served: the newest anchor when
+ * every version from it to the newest is served and a delta; else
+ * UINT64_MAX (no chain). */
+static uint64_t chain_start(const struct node_pub *p, uint64_t newest)
+{
+	uint64_t v = newest;
+
+	for (;;) {
+		const struct pub_version *pv = NULL;
+		for (const struct pub_version *q = p->versions; q; q = q->next)
+			if (q->version == v && !q->releasing)
+				pv = q;
+		if (pv == NULL || v == 0)
+			return UINT64_MAX;
+		if (!pv->delta)
+			return v;
+		v--;
+	}
+}
+
 /* Keeps at most TESSERA_PUB_RETAIN versions: the newest and the one being
  * exported always; beyond those the oldest go first, those the tracker did
  * not list as retained (no replica aims at them) before those it did. The
- * tracker then lists them dropped and replicas aiming at them retarget. */
+ * tracker then lists them dropped and replicas aiming at them retarget.
+ * The newest chain (its anchor and the deltas after it, which nodes that
+ * lack a parent replay) is kept besides, whole: at most anchor_every
+ * versions, whose deltas add up to less than the anchor (pub_delta.c). */
 static void cap_retained(struct node_pub *p, uint64_t newest)
 {
 	uint64_t cap = PROTO_MAX(proto_param(PROTO_PARAM_PUB_RETAIN), 1), kept = 0;
+	uint64_t chain = chain_start(p, newest);
 
 	for (;;) {
 		struct pub_version *oldest = NULL;
 		kept = 0;
 		for (struct pub_version *pv = p->versions; pv; pv = pv->next) {
-			if (pv->releasing)
+			if (pv->releasing || (pv->version >= chain && pv->version <= newest))
 				continue;
 			kept++;
 			if (pv->version == newest || (p->ex != NULL && p->ex->pv == pv))

@@ -3,7 +3,10 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
+
+#include "proto/util.h"
 
 /* An odd multiple of 1/32 in [-31/32, 31/32] from a 64-bit key. */
 static float coef(uint64_t key)
@@ -169,11 +172,33 @@ int proto_canary_rank(const struct proto_rank *rank, const uint8_t *block, size_
 	return 0;
 }
 
-uint64_t proto_canary_parcel(const struct proto_plan *p, const struct proto_parcel *pc,
-			     const struct proto_layout *dst, const uint8_t *payload)
+/* Whether element i of es bytes is the same in a and b. */
+static inline bool same_elem(const uint8_t *a, const uint8_t *b, uint64_t i, size_t es)
+{
+	uint64_t x = 0, y = 0;
+
+	switch (es) {
+	case 1:
+		return a[i] == b[i];
+	case 2:
+		memcpy(&x, a + i * 2, 2);
+		memcpy(&y, b + i * 2, 2);
+		return x == y;
+	case 4:
+		memcpy(&x, a + i * 4, 4);
+		memcpy(&y, b + i * 4, 4);
+		return x == y;
+	default:
+		return memcmp(a + i * es, b + i * es, es) == 0;
+	}
+}
+
+uint64_t proto_canary_parcel_update(const struct proto_plan *p, const struct proto_parcel *pc,
+				    const struct proto_layout *dst, uint64_t parent_part,
+				    const uint8_t *parent, const uint8_t *payload)
 {
 	const struct proto_rank *rk = &dst->ranks[pc->dst_rank];
-	uint64_t sum = 0;
+	uint64_t sum = parent_part;
 
 	for (uint64_t s = pc->seg0; s < pc->seg0 + pc->nsegs; s++) {
 		const struct proto_segment *sg = &p->segs[s];
@@ -181,12 +206,43 @@ uint64_t proto_canary_parcel(const struct proto_plan *p, const struct proto_parc
 		size_t es = proto_dtype_size(l->dtype);
 		for (uint64_t k = sg->run0; k < sg->run0 + sg->nruns; k++) {
 			const struct proto_run *run = &p->runs[k];
-			sum += proto_canary_elems(l->dtype, sg->dst_local, last_dim(l),
-						  run->dst_off / es, run->len / es,
-						  payload + run->pay_off);
+			const uint8_t *a = parent ? parent + run->pay_off : NULL;
+			const uint8_t *b = payload + run->pay_off;
+			uint64_t n = run->len / es, first = run->dst_off / es;
+			if (parent == NULL) {
+				sum += proto_canary_elems(l->dtype, sg->dst_local, last_dim(l), first,
+							  n, b);
+				continue;
+			}
+			/* Eight bytes at a time (inlined loads): with a few
+			 * percent of the elements changed, most words are equal. */
+			uint64_t per = es <= 8 ? 8 / es : 1;
+			for (uint64_t i0 = 0; i0 < n; i0 += per) {
+				uint64_t m = PROTO_MIN(per, n - i0), x, y;
+				if (m == per && es <= 8) {
+					memcpy(&x, a + i0 * es, 8);
+					memcpy(&y, b + i0 * es, 8);
+					if (x == y)
+						continue;
+				}
+				for (uint64_t i = i0; i < i0 + m; i++) {
+					if (same_elem(a, b, i, es))
+						continue;
+					sum -= proto_canary_elems(l->dtype, sg->dst_local, last_dim(l),
+								  first + i, 1, a + i * es);
+					sum += proto_canary_elems(l->dtype, sg->dst_local, last_dim(l),
+								  first + i, 1, b + i * es);
+				}
+			}
 		}
 	}
 	return sum;
+}
+
+uint64_t proto_canary_parcel(const struct proto_plan *p, const struct proto_parcel *pc,
+			     const struct proto_layout *dst, const uint8_t *payload)
+{
+	return proto_canary_parcel_update(p, pc, dst, 0, NULL, payload);
 }
 
 double proto_canary_value(uint64_t s)

@@ -32,7 +32,8 @@
  * change is below what the fixed point resolves (2^-32 absolute; for large
  * weights the FP32 product's 24-bit precision). Cost: about one pass of
  * scalar FP32 work per element (a few ns; the publisher pays it per
- * gathered parcel, a probe per read of its rank).
+ * gathered anchor parcel, a probe per read of its rank); a delta parcel's
+ * part is its parent's updated from the changed elements (a compare pass).
  */
 #ifndef PROTO_CANARY_H
 #define PROTO_CANARY_H
@@ -63,6 +64,16 @@ int proto_canary_rank(const struct proto_rank *rank, const uint8_t *block, size_
  * destination rank add up (wrapping) to the rank's score. Cannot fail. */
 uint64_t proto_canary_parcel(const struct proto_plan *p, const struct proto_parcel *pc,
 			     const struct proto_layout *dst, const uint8_t *payload);
+
+/* The same part for a payload that differs from a parent payload of the
+ * same parcel in few elements, given the parent's part: the terms are
+ * summed exactly, so only the changed elements are scored (old terms out,
+ * new ones in), and the result is bit for bit proto_canary_parcel's. Both
+ * payloads are read once, compared in blocks. parent NULL: every element
+ * is scored (parent_part is added). Cannot fail. */
+uint64_t proto_canary_parcel_update(const struct proto_plan *p, const struct proto_parcel *pc,
+				    const struct proto_layout *dst, uint64_t parent_part,
+				    const uint8_t *parent, const uint8_t *payload);
 
 /* The score as a number (s / 2^32, s read as signed). */
 double proto_canary_value(uint64_t s);

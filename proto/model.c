@@ -126,12 +126,10 @@ int proto_model_add(struct proto_model *m, const char *name,
 	return 0;
 }
 
-static const struct proto_model *sort_model;
-
-static int cmp_by_name(const void *a, const void *b)
+static int cmp_by_name(const void *a, const void *b, void *model)
 {
-	return strcmp(sort_model->tensors[*(const uint32_t *)a].name,
-		      sort_model->tensors[*(const uint32_t *)b].name);
+	const struct proto_model *m = model;
+	return strcmp(m->tensors[*(const uint32_t *)a].name, m->tensors[*(const uint32_t *)b].name);
 }
 
 int proto_model_finish(struct proto_model *m, struct proto_err *err)
@@ -144,10 +142,9 @@ int proto_model_finish(struct proto_model *m, struct proto_err *err)
 		return proto_errf(err, ENOMEM, "out of memory");
 	for (uint32_t i = 0; i < m->ntensors; i++)
 		idx[i] = i;
-	/* qsort has no context argument; models are finished on one thread. */
-	sort_model = m;
-	qsort(idx, m->ntensors, sizeof(*idx), cmp_by_name);
-	sort_model = NULL;
+	/* Models are finished on several threads at once (the publisher's
+	 * and a node's delta workers build parcel models): no global. */
+	qsort_r(idx, m->ntensors, sizeof(*idx), cmp_by_name, m);
 	for (uint32_t i = 1; i < m->ntensors; i++) {
 		if (strcmp(m->tensors[idx[i - 1]].name, m->tensors[idx[i]].name) == 0) {
 			int rc = proto_errf(err, EINVAL, "tensor %s is defined twice",

@@ -148,7 +148,15 @@
 	 * when none of those has verified anything new for this long, it \
 	 * takes them from the trainer (a loaded leader's first block can \
 	 * take seconds: its sources and have-pages come first). */ \
-	X(XL_PATIENCE_MS, "TESSERA_XL_PATIENCE_MS", 6000, "a node leaving the trainer's bytes to a leading layout waits this long for its progress, ms")
+	X(XL_PATIENCE_MS, "TESSERA_XL_PATIENCE_MS", 6000, "a node leaving the trainer's bytes to a leading layout waits this long for its progress, ms") \
+	/* A node lacking a delta's parent replays the chain from the latest \
+	 * anchor (or from its active version) at most this many versions \
+	 * long; a longer one waits for an anchor instead. */ \
+	X(CHAIN_MAX, "TESSERA_CHAIN_MAX", 64, "longest chain of versions a node replays") \
+	/* Test only: a chain replay step of this version number has one byte \
+	 * of its delta flipped after its hashes verified (0: none), so that \
+	 * tests can see the replay fail and fall back to an anchor. */ \
+	X(TEST_CORRUPT_CHAIN, "TESSERA_TEST_CORRUPT_CHAIN", 0, "test only: damage this version's delta in a chain replay")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

@@ -96,6 +96,49 @@ static void test_parcels_add_up(void **state)
 	check_pair(&e->m, "fsdp4", "tp4");
 }
 
+/* A parcel's part updated from its parent's part and the changed elements
+ * alone equals the part computed from scratch, in every parcel of a layout
+ * pair: a few scattered bytes changed, none, or every byte. */
+static void test_update_from_changes(void **state)
+{
+	struct env *e = *state;
+	struct proto_layout src, dst;
+	struct proto_plan plan;
+	struct proto_err err;
+
+	assert_int_equal(proto_layout_builtin(&e->m, "fsdp2", &src, &err), 0);
+	assert_int_equal(proto_layout_builtin(&e->m, "tp2", &dst, &err), 0);
+	assert_int_equal(proto_plan_build(&e->m, &src, &dst, &plan, &err), 0);
+	srand(11);
+	for (uint32_t i = 0; i < plan.nparcels; i++) {
+		const struct proto_parcel *pc = &plan.parcels[i];
+		uint8_t *blk = malloc(src.ranks[pc->src_rank].nbytes + 1);
+		uint8_t *par = malloc(pc->bytes + 1), *child = malloc(pc->bytes + 1);
+		assert_true(blk != NULL && par != NULL && child != NULL);
+		proto_fixture_fill_rank(&e->m, &src, pc->src_rank, 7, 3, blk);
+		proto_parcel_gather(&plan, pc, &src, blk, 0, pc->bytes, par);
+		uint64_t pp = proto_canary_parcel(&plan, pc, &dst, par);
+		for (int round = 0; round < 3; round++) {
+			memcpy(child, par, pc->bytes);
+			for (uint64_t b = 0; round == 1 && b < pc->bytes; b++)
+				if (rand() % 50 == 0)
+					child[b] ^= (uint8_t)(1u << (rand() % 8));
+			for (uint64_t b = 0; round == 2 && b < pc->bytes; b++)
+				child[b] = (uint8_t)rand();
+			uint64_t want = proto_canary_parcel(&plan, pc, &dst, child);
+			assert_true(proto_canary_parcel_update(&plan, pc, &dst, pp, par, child) == want);
+			if (round == 1 && pc->bytes > 0)
+				assert_true(want != pp);
+		}
+		free(blk);
+		free(par);
+		free(child);
+	}
+	proto_plan_fini(&plan);
+	proto_layout_fini(&src);
+	proto_layout_fini(&dst);
+}
+
 /* Same bytes, same score; one changed element (even one low bit of a bf16
  * weight) moves it; another version differs; too short a block is refused. */
 static void test_sensitive(void **state)
@@ -173,6 +216,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_parcels_add_up),
+		cmocka_unit_test(test_update_from_changes),
 		cmocka_unit_test(test_sensitive),
 		cmocka_unit_test(test_every_dtype),
 	};

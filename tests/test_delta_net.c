@@ -1,9 +1,11 @@
 /* Delta versions in the network, end to end with the real programs on
  * loopback: a cluster of anchors and deltas ends bit-exact on every replica;
- * a corrupted parent slot, a node restarted between deltas, a node that
- * missed a version (a delta for another parent) and a publisher restarted
- * without its parent export each end in an anchor that the node
- * reaches, while it keeps serving its previous version meanwhile. The
+ * a corrupted parent slot and a publisher restarted without its parent
+ * export each end in an anchor that the node reaches, while it keeps
+ * serving its previous version meanwhile; a node restarted between deltas,
+ * a node that missed versions and a late replica replay the chain (from the
+ * anchor, or from the version they hold) to the latest delta, and a chain
+ * with a damaged step falls back to an anchor. The
  * models are `tessera synth` outputs: RL-like steps where ~1.7 % of the
  * BF16 elements change. */
 #include <errno.h>
@@ -101,6 +103,7 @@ struct env {
 	char dir[256], url[256], sock[512], expose[512], model[512], mdir[512], key[512],
 		pub[512];
 	struct node_proc tracker, node, publisher;
+	struct node_proc late; /* replica B, when a test starts it */
 	struct trk_client *trk;
 	struct proto_ckpt ck; /* v0, for the model */
 	struct proto_layout tp1;
@@ -118,15 +121,21 @@ static void start_publisher(struct env *e)
 	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", argv, log), 0);
 }
 
-static void start_node(struct env *e)
+static void start_node_as(struct env *e, struct node_proc *proc, const char *replica)
 {
-	char bin[512], log[600];
+	char bin[512], log[600], rep[64];
 	tu_bin(bin, sizeof(bin), "tessera-node");
 	snprintf(log, sizeof(log), "%s/node-%d.log", e->dir, e->nodes_started++);
-	char *argv[] = {bin, "--tracker", e->url, "--replica", "A", "--rank", "0", "--layout", "tp1",
+	snprintf(rep, sizeof(rep), "%s", replica);
+	char *argv[] = {bin, "--tracker", e->url, "--replica", rep, "--rank", "0", "--layout", "tp1",
 			"--model", e->model, "--trainer-pubkey", e->pub, "--expose", e->expose,
 			"--store", "host", NULL};
-	assert_int_equal(node_proc_spawn(&e->node, "node", argv, log), 0);
+	assert_int_equal(node_proc_spawn(proc, "node", argv, log), 0);
+}
+
+static void start_node(struct env *e)
+{
+	start_node_as(e, &e->node, "A");
 }
 
 /* Exports the next version; asserts its number and kind. */
@@ -141,12 +150,15 @@ static void export_one(struct env *e, uint64_t v, const char *kind)
 		fail_msg("v%llu: want %s, the publisher said: %s", (unsigned long long)v, kind, line);
 }
 
-/* How the tracker says rank 0 of A got the version it last reported. */
-static bool rank_how(struct env *e, const char *how)
+/* How the tracker says rank 0 of replica rep got the version it last
+ * reported. */
+static bool replica_how(struct env *e, const char *rep, const char *how)
 {
 	struct trk_reply r;
+	char path[128];
 	bool ok = false;
-	if (trk_client_call(e->trk, "GET", TRK_API "/replicas/A", NULL, NULL, 0, &r) == 0 &&
+	snprintf(path, sizeof(path), TRK_API "/replicas/%s", rep);
+	if (trk_client_call(e->trk, "GET", path, NULL, NULL, 0, &r) == 0 &&
 	    r.status == 200) {
 		json_t *rk = json_array_get(json_object_get(r.json, "ranks"), 0);
 		const char *h = json_string_value(json_object_get(rk, "how"));
@@ -154,6 +166,11 @@ static bool rank_how(struct env *e, const char *how)
 	}
 	trk_reply_fini(&r);
 	return ok;
+}
+
+static bool rank_how(struct env *e, const char *how)
+{
+	return replica_how(e, "A", how);
 }
 
 static bool file_has(const char *path, const char *s)
@@ -190,6 +207,16 @@ static bool line_has(const char *path, const char *s, const char *t)
 	return found;
 }
 
+static bool wait_log_of(const struct node_proc *proc, const char *s, int ms)
+{
+	for (int w = 0; w < ms; w += 50) {
+		if (file_has(proc->log, s))
+			return true;
+		usleep(50000);
+	}
+	return false;
+}
+
 static bool wait_log(struct env *e, const char *s, int ms)
 {
 	for (int w = 0; w < ms; w += 50) {
@@ -224,13 +251,13 @@ static void ck_fill(void *arg, uint32_t t, uint64_t first, uint64_t count, uint8
 	memcpy(out, proto_ckpt_tensor(ck, t) + first * es, count * es);
 }
 
-/* Maps the slot the node serves (writable when corrupt is set). */
-static uint8_t *map_served(struct env *e, uint64_t v, bool writable)
+/* Maps the slot replica rep's node serves (writable when corrupt is set). */
+static uint8_t *map_served_of(struct env *e, const char *rep, uint64_t v, bool writable)
 {
 	char path[600];
 	size_t n = e->tp1.ranks[0].nbytes;
 
-	snprintf(path, sizeof(path), "%s/A-0.json", e->expose);
+	snprintf(path, sizeof(path), "%s/%s-0.json", e->expose, rep);
 	json_t *j = tu_load_json(path);
 	assert_non_null(j);
 	assert_int_equal(json_integer_value(json_object_get(j, "version")), (json_int_t)v);
@@ -243,14 +270,19 @@ static uint8_t *map_served(struct env *e, uint64_t v, bool writable)
 	return m;
 }
 
-/* The node serves exactly version v's bytes (v is file v<v-1>). */
-static void check_serving(struct env *e, uint64_t v)
+static uint8_t *map_served(struct env *e, uint64_t v, bool writable)
+{
+	return map_served_of(e, "A", v, writable);
+}
+
+/* Replica rep's node serves exactly version v's bytes (v is file v<v-1>). */
+static void check_serving_of(struct env *e, const char *rep, uint64_t v)
 {
 	char path[600];
 	struct proto_ckpt ck;
 	struct proto_err err;
 	size_t n = e->tp1.ranks[0].nbytes;
-	uint8_t *expect = malloc(n), *m = map_served(e, v, false);
+	uint8_t *expect = malloc(n), *m = map_served_of(e, rep, v, false);
 
 	snprintf(path, sizeof(path), "%s/v%llu.safetensors", e->mdir, (unsigned long long)v - 1);
 	assert_int_equal(proto_ckpt_open(path, &ck, &err), 0);
@@ -259,6 +291,11 @@ static void check_serving(struct env *e, uint64_t v)
 	assert_memory_equal(m, expect, n);
 	free(expect);
 	munmap(m, n);
+}
+
+static void check_serving(struct env *e, uint64_t v)
+{
+	check_serving_of(e, "A", v);
 }
 
 static int env_setup(void **state)
@@ -307,6 +344,7 @@ static int env_teardown(void **state)
 {
 	struct env *e = *state;
 	node_proc_stop(&e->publisher, 5000);
+	node_proc_stop(&e->late, 5000);
 	node_proc_stop(&e->node, 5000);
 	trk_client_free(e->trk);
 	node_proc_stop(&e->tracker, 5000);
@@ -363,30 +401,34 @@ static void test_corrupted_parent(void **state)
 	check_serving(e, 5);
 }
 
-/* A node restarted between two deltas holds no parent: it says so, asks for
- * an anchor and reaches it; then deltas again. */
+/* A node restarted between two deltas holds no parent: it replays the
+ * chain (the anchor v1, then v2's delta onto it), says so, and activates
+ * v2 bit-exact; then deltas again. */
 static void test_node_restarted(void **state)
 {
 	struct env *e = *state;
 
 	node_proc_stop(&e->node, 5000);
 	start_node(e);
-	assert_true(wait_log(e, "this node holds no version", 30000));
-	assert_true(wait_log(e, "asking for an anchor", 30000));
-	assert_true(wait_anchor_wanted(e, 30000));
-	export_one(e, 3, "anchor");
+	assert_true(wait_log(e, "this node holds no version: looking for the chain", 30000));
+	assert_true(wait_log(e, "replaying the chain to v2: the anchor v1, then 1 delta", 30000));
+	/* The replica served v2 before: the restarted node's activation is
+	 * seen in its log (the activation record is written by then). */
+	assert_true(wait_log(e, "v2 active", 60000));
+	assert_true(rank_how(e, "chain"));
+	assert_int_equal(tu_replica_active(e->trk, "A"), 2);
+	check_serving(e, 2);
+	assert_true(wait_log(e, "copying v2 into a standby slot", 30000));
+	export_one(e, 3, "delta");
 	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
-	check_serving(e, 3);
-	export_one(e, 4, "delta");
-	assert_true(tu_wait_active(e->trk, "A", 4, 60000));
 	assert_true(rank_how(e, "delta"));
-	check_serving(e, 4);
+	check_serving(e, 3);
 }
 
-/* A node that missed a version (stopped while v3 and v4 went out) holds v2,
- * but v4's delta is against v3: it refuses the delta with a line saying
- * which parent it holds, keeps serving v2, asks for an anchor and reaches
- * it; then deltas again. */
+/* A node that missed versions (stopped while v3 and v4 went out) holds v2,
+ * but v4's delta is against v3: it replays the chain from its active v2
+ * (v3's delta, then v4's), serving v2 meanwhile, and activates v4; then
+ * v5's delta starts from its standby copy of v4. */
 static void test_missed_version(void **state)
 {
 	struct env *e = *state;
@@ -395,23 +437,79 @@ static void test_missed_version(void **state)
 	export_one(e, 3, "delta");
 	export_one(e, 4, "delta");
 	assert_int_equal(kill(e->node.pid, SIGCONT), 0);
-	assert_true(wait_log(e, "a delta against v3", 30000));
-	assert_true(wait_log(e, "but this node holds v2", 30000));
-	assert_int_equal(tu_replica_active(e->trk, "A"), 2);
-	check_serving(e, 2);
-	assert_true(wait_anchor_wanted(e, 30000));
-	export_one(e, 5, "anchor");
+	assert_true(wait_log(e, "v4 is a delta against v3, but this node holds v2", 30000));
+	assert_true(wait_log(e, "replaying the chain to v4: from the active v2, then 2 deltas", 30000));
+	assert_true(tu_wait_active(e->trk, "A", 4, 60000));
+	assert_true(rank_how(e, "chain"));
+	check_serving(e, 4);
+	assert_true(wait_log(e, "copying v4 into a standby slot", 30000));
+	export_one(e, 5, "delta");
 	assert_true(tu_wait_active(e->trk, "A", 5, 60000));
-	assert_true(rank_how(e, "full"));
-	check_serving(e, 5);
-	/* Once the node copied v5 into its standby slot, v6 starts from it. */
-	assert_true(wait_log(e, "copying v5 into a standby slot", 30000));
-	export_one(e, 6, "delta");
-	assert_true(tu_wait_active(e->trk, "A", 6, 60000));
 	assert_true(rank_how(e, "delta"));
-	assert_true(wait_log(e, "v6 rebuilt from v5 by delta", 30000));
-	assert_true(line_has(e->node.log, "v6 rebuilt from v5 by delta", "(the standby one)"));
-	check_serving(e, 6);
+	assert_true(wait_log(e, "v5 rebuilt from v4 by delta", 30000));
+	assert_true(line_has(e->node.log, "v5 rebuilt from v4 by delta", "(the standby one)"));
+	check_serving(e, 5);
+}
+
+/* Versions anchor (v1), delta (v2), delta (v3); replica B, of A's layout,
+ * joins after the last one: it replays the chain (v1 whole, then v2's and
+ * v3's deltas, each onto the step before) and activates v3 bit-exact; the
+ * tracker shows it built v3 by chain, with what every step took. */
+static void test_chain_replay(void **state)
+{
+	struct env *e = *state;
+
+	export_one(e, 3, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
+	start_node_as(e, &e->late, "B");
+	assert_true(tu_wait_active(e->trk, "B", 3, 60000));
+	assert_true(replica_how(e, "B", "chain"));
+	assert_true(wait_log_of(&e->late, "replaying the chain to v3: the anchor v1, then 2 deltas",
+				30000));
+	assert_true(wait_log_of(&e->late, "chain step v2 of 3 built (by delta from the step before",
+				30000));
+	check_serving_of(e, "B", 3);
+	check_serving(e, 3);
+	/* Its bytes: the anchor's and the two deltas', more than v3's delta. */
+	struct trk_reply r;
+	assert_int_equal(trk_client_call(e->trk, "GET", TRK_API "/replicas/B", NULL, NULL, 0, &r), 0);
+	json_t *rk = json_array_get(json_object_get(r.json, "ranks"), 0);
+	assert_true((size_t)json_integer_value(json_object_get(rk, "bytes_done")) >
+		    e->tp1.ranks[0].nbytes);
+	trk_reply_fini(&r);
+	/* The versions of the chain are listed as kept whole. */
+	assert_int_equal(trk_client_call(e->trk, "GET", TRK_API "/versions", NULL, NULL, 0, &r), 0);
+	json_t *v1 = json_array_get(json_object_get(r.json, "versions"), 0);
+	assert_int_equal(json_integer_value(json_object_get(v1, "version")), 1);
+	assert_true(json_is_true(json_object_get(v1, "chain")));
+	assert_true(json_is_true(json_object_get(v1, "retain")));
+	trk_reply_fini(&r);
+}
+
+/* The same late replica, but the middle step's delta arrives damaged (test
+ * hook, after its hashes verified, as a wrong delta would): the step's
+ * checksum check refuses it, B says so, serves nothing meanwhile and asks
+ * for an anchor; the next version is one, and B activates it. */
+static void test_chain_corrupt(void **state)
+{
+	struct env *e = *state;
+
+	export_one(e, 3, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
+	setenv("TESSERA_TEST_CORRUPT_CHAIN", "2", 1);
+	start_node_as(e, &e->late, "B");
+	unsetenv("TESSERA_TEST_CORRUPT_CHAIN");
+	assert_true(wait_log_of(&e->late, "replaying the chain to v3", 30000));
+	assert_true(wait_log_of(&e->late, "v2 refused: delta parcel", 30000));
+	assert_true(wait_log_of(&e->late, "asking for an anchor", 30000));
+	assert_int_equal(tu_replica_active(e->trk, "B"), 0);
+	assert_true(wait_anchor_wanted(e, 30000));
+	export_one(e, 4, "anchor");
+	assert_true(tu_wait_active(e->trk, "B", 4, 60000));
+	assert_true(replica_how(e, "B", "full"));
+	check_serving_of(e, "B", 4);
+	assert_true(tu_wait_active(e->trk, "A", 4, 60000));
+	check_serving(e, 4);
 }
 
 /* A publisher restarted without its parent export publishes an anchor. */
@@ -438,6 +536,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_node_restarted, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_missed_version, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_publisher_restarted, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_chain_replay, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_chain_corrupt, env_setup, env_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

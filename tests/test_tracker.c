@@ -442,6 +442,7 @@ struct mopts {
 	const uint8_t *model_digest, *tl_digest; /* NULL: the fixture's */
 	const uint8_t *sk;                       /* NULL: the fixture's */
 	bool tp1; /* also a TP1 layout: parcels (s,0) with 200 + s wire bytes */
+	bool delta; /* a delta version (parcels delta-encoded) */
 };
 
 /* A signed anchor manifest for the TP2 layout: parcels (s,d) for s,d in 0..1
@@ -459,7 +460,7 @@ static void make_manifest(struct fx *f, const struct mopts *o, uint8_t **buf, si
 	m.parent_version = o->parent;
 	if (o->parent != 0)
 		memcpy(m.parent_digest, o->parent_digest, PROTO_HASH_BYTES);
-	m.kind = PROTO_KIND_ANCHOR;
+	m.kind = o->delta ? PROTO_KIND_DELTA : PROTO_KIND_ANCHOR;
 	memcpy(m.model_digest, o->model_digest ? o->model_digest : f->model.digest,
 	       PROTO_HASH_BYTES);
 	memcpy(m.src_layout_digest, o->tl_digest ? o->tl_digest : f->tl.digest,
@@ -472,7 +473,7 @@ static void make_manifest(struct fx *f, const struct mopts *o, uint8_t **buf, si
 		struct proto_mparcel *p = &l->parcels[i];
 		p->src_rank = i / 2;
 		p->dst_rank = i % 2;
-		p->encoding = PROTO_ENC_RAW;
+		p->encoding = o->delta ? PROTO_ENC_DELTA : PROTO_ENC_RAW;
 		p->bytes = 100 + i;
 		assert_int_equal(proto_mparcel_alloc_chunks(&m, p, 100 + i), 0);
 		for (uint32_t c = 0; c < p->nchunks; c++)
@@ -2212,18 +2213,26 @@ static void pub_offer_layouts(struct fx *f, uint64_t v, bool tp2, bool tp1)
 	trk_reply_fini(&r);
 }
 
+/* Every version, through the typed parser (free() *vi). */
+static void versions_of(struct fx *f, struct trk_version_info **vi, size_t *n)
+{
+	struct trk_reply r;
+	struct proto_err err = {{0}};
+	uint64_t latest;
+
+	assert_int_equal(get(f, TRK_API "/versions?after=0", &r), 200);
+	assert_int_equal(trk_versions_parse(r.json, &latest, vi, n, &err), 0);
+	trk_reply_fini(&r);
+}
+
 /* v's retain_layouts, through the typed parser: which of TP2 / TP1 it names. */
 static void retain_layouts_of(struct fx *f, uint64_t v, bool *tp2, bool *tp1)
 {
-	struct trk_reply r;
 	struct trk_version_info *vi;
-	struct proto_err err = {{0}};
-	uint64_t latest;
 	size_t n;
 
 	*tp2 = *tp1 = false;
-	assert_int_equal(get(f, TRK_API "/versions?after=0", &r), 200);
-	assert_int_equal(trk_versions_parse(r.json, &latest, &vi, &n, &err), 0);
+	versions_of(f, &vi, &n);
 	for (size_t i = 0; i < n; i++) {
 		if (vi[i].version != v)
 			continue;
@@ -2234,6 +2243,70 @@ static void retain_layouts_of(struct fx *f, uint64_t v, bool *tp2, bool *tp1)
 		}
 	}
 	free(vi);
+}
+
+/* The chain of the latest version: its anchor and the deltas after it are
+ * retained (kept whole: "chain", no retain_layouts) while it is the latest's;
+ * a newer anchor releases them. A rank's "how" may be "chain", and is
+ * counted in /metrics; another word is refused. */
+static void test_chain_retention(void **state)
+{
+	struct fx *f = *state;
+	uint8_t digs[8][PROTO_HASH_BYTES] = {{0}};
+	struct trk_reply r;
+
+	register_publisher(f);
+	for (uint64_t v = 1; v <= 4; v++) {
+		uint8_t *buf;
+		size_t len;
+		/* v1 anchor, v2 v3 deltas; v4 (published later) an anchor */
+		if (v == 4) {
+			/* Before v4: v1..v3 are the chain; nobody aims at them. */
+			for (uint64_t k = 1; k <= 3; k++)
+				assert_true(retained(f, k));
+			assert_int_equal(get(f, TRK_API "/versions?after=0", &r), 200);
+			json_t *e1 = json_array_get(json_object_get(r.json, "versions"), 0);
+			assert_true(json_is_true(json_object_get(e1, "chain")));
+			assert_null(json_object_get(e1, "retain_layouts"));
+			trk_reply_fini(&r);
+			struct trk_version_info *vi;
+			size_t n;
+			versions_of(f, &vi, &n);
+			assert_int_equal(n, 3);
+			assert_true(vi[0].chain && vi[0].all_layouts && !vi[0].dropped);
+			assert_true(vi[1].chain && !vi[2].chain); /* the latest: retained as such */
+			free(vi);
+		}
+		make_manifest(f, &(struct mopts){.version = v, .parent = v - 1,
+						 .parent_digest = digs[v - 1],
+						 .delta = v == 2 || v == 3},
+			      &buf, &len, digs[v]);
+		assert_int_equal(publish(f, buf, len, &r), 201);
+		trk_reply_fini(&r);
+		free(buf);
+	}
+	for (uint64_t k = 1; k <= 3; k++)
+		assert_false(retained(f, k));
+	assert_true(retained(f, 4));
+
+	register_node_ok(f, "A", 0, TP2);
+	assert_int_equal(post(f, TRK_API "/nodes/state",
+			      "{\"id\":\"A/0\",\"version\":4,\"state\":\"verified\",\"how\":\"chain\"}",
+			      &r),
+			 200);
+	trk_reply_fini(&r);
+	json_t *rep = replica_get(f, "A");
+	json_t *rk = json_array_get(json_object_get(rep, "ranks"), 0);
+	assert_string_equal(json_string_value(json_object_get(rk, "how")), "chain");
+	json_decref(rep);
+	assert_int_equal(get(f, "/metrics", &r), 200);
+	assert_non_null(strstr((const char *)r.body, "tessera_tracker_rank_builds_total{how=\"chain\"} 1"));
+	trk_reply_fini(&r);
+	assert_int_equal(post(f, TRK_API "/nodes/state",
+			      "{\"id\":\"A/0\",\"version\":4,\"state\":\"verified\",\"how\":\"replay\"}",
+			      &r),
+			 400);
+	assert_non_null(strstr(r.error, "want delta, chain or full"));
 	trk_reply_fini(&r);
 }
 
@@ -3622,6 +3695,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_reports_out_of_order, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_replica_target, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_layout_retention, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_chain_retention, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources_kept, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_status_outputs, setup_open, teardown),

@@ -1132,6 +1132,8 @@ int trk_versions_parse(json_t *answer, uint64_t *latest,
 			goto fail;
 		}
 		v[i].retain = json_is_true(json_object_get(e, "retain"));
+		v[i].chain = json_is_true(json_object_get(e, "chain"));
+		v[i].dropped = json_is_true(json_object_get(e, "dropped"));
 		if ((rc = parse_retain_layouts(e, i, &v[i], err)) != 0 ||
 		    (rc = parse_layout_list(e, i, "uncovered_layouts", NULL, v[i].uncovered,
 					       &v[i].nuncovered, err)) != 0 ||

@@ -240,7 +240,8 @@ uint64_t trk__versions_latest(const struct trk_versions *vs);
  * than v is published. */
 void trk__versions_want_anchor(struct trk_versions *vs, uint64_t v);
 /* A rank reported a version built (by delta or full), for /metrics. */
-void trk__versions_note_built(struct trk_versions *vs, bool delta);
+/* how: "delta", "chain" or "full". */
+void trk__versions_note_built(struct trk_versions *vs, const char *how);
 /* Versions by kind, their wire bytes, builds by how, anchor requests. */
 void trk__versions_metrics(const struct trk_versions *vs, struct evbuffer *b);
 bool trk__versions_anchor_wanted(const struct trk_versions *vs);
@@ -329,7 +330,7 @@ struct trk_publisher {
 struct trk_nver {
 	uint64_t version;
 	enum trk_rank_state state;
-	char how[8]; /* "delta" or "full" once built ("" until then) */
+	char how[8]; /* "delta", "chain" or "full" once built ("" until then) */
 	uint64_t done, total, from_trainer, from_peers;
 	uint64_t duplicate, refetched; /* bytes received twice, asked again */
 	uint64_t first_ms; /* wall time of the first report of this version */
@@ -571,6 +572,9 @@ bool trk__version_dropped(struct trk_server *s, uint64_t v);
  * layouts of a version that no replica of that layout aims at. */
 bool trk__version_dropped_for(struct trk_server *s, uint64_t v, const uint8_t *layout);
 /* v is the latest or the target of a live replica: publishers keep it. */
+/* v is the latest version's anchor or one of the deltas after it (the
+ * chain a node without the latest's parent replays): kept whole. */
+bool trk__version_in_chain(struct trk_server *s, uint64_t v);
 bool trk__version_retained(struct trk_server *s, uint64_t v);
 /* The digests (hex) of the layouts of the live replicas aiming at v, each
  * once: a new JSON array, NULL on ENOMEM. */

@@ -315,8 +315,9 @@ void trk__handle_node_state(struct trk_call *c)
 		trk__fail(c, 400, "%s", err.msg);
 		return;
 	}
-	if (how != NULL && strcmp(how, "delta") != 0 && strcmp(how, "full") != 0) {
-		trk__fail(c, 400, "how: want delta or full");
+	if (how != NULL && strcmp(how, "delta") != 0 && strcmp(how, "chain") != 0 &&
+	    strcmp(how, "full") != 0) {
+		trk__fail(c, 400, "how: want delta, chain or full");
 		return;
 	}
 	if (jneed != NULL && !json_is_boolean(jneed)) {
@@ -424,7 +425,7 @@ void trk__handle_node_state(struct trk_call *c)
 	e->has_sig = have_sig && (st == TRK_STATE_VERIFIED || st == TRK_STATE_ACTIVE);
 	memcpy(e->sig, sig, e->has_sig ? sizeof(sig) : 0);
 	if (how != NULL && e->how[0] == 0)
-		trk__versions_note_built(c->s->vs, strcmp(how, "delta") == 0);
+		trk__versions_note_built(c->s->vs, how);
 	if (how != NULL)
 		snprintf(e->how, sizeof(e->how), "%s", how);
 	if (json_is_true(jneed))

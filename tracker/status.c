@@ -364,7 +364,14 @@ static void page_replicas(struct evbuffer *b, json_t *st, const struct trk_statu
 			trk__html_esc(b, alive ? state :
 			       json_is_null(json_object_get(e, "id")) ? "absent" : "dead");
 			evbuffer_add_printf(b, "</td>");
-			cell(b, e, "version");
+			/* The version, and how the rank built it (delta, chain, full). */
+			evbuffer_add_printf(b, "<td>");
+			esc_json(b, json_object_get(e, "version"));
+			if (json_is_string(json_object_get(e, "how"))) {
+				evbuffer_add_printf(b, " by ");
+				esc_json(b, json_object_get(e, "how"));
+			}
+			evbuffer_add_printf(b, "</td>");
 			if (total > 0 && alive) {
 				evbuffer_add_printf(b, "<td><progress max=\"%lld\" value=\"%lld\">"
 						       "</progress> %.0f%% of ",

@@ -89,9 +89,25 @@ bool trk__version_dropped_for(struct trk_server *s, uint64_t v, const uint8_t *l
 	return dropped(s, v, layout);
 }
 
+bool trk__version_in_chain(struct trk_server *s, uint64_t v)
+{
+	struct trk_version *x = trk__versions_find(s->vs, trk__versions_latest(s->vs));
+
+	/* From the latest back along parents while they are deltas: at most
+	 * one step per version in the log. */
+	for (size_t n = trk__versions_count(s->vs); x != NULL && n > 0; n--) {
+		if (x->version == v)
+			return true;
+		if (x->kind != PROTO_KIND_DELTA || x->version < v)
+			return false;
+		x = trk__versions_find(s->vs, x->parent);
+	}
+	return false;
+}
+
 bool trk__version_retained(struct trk_server *s, uint64_t v)
 {
-	if (v == trk__versions_latest(s->vs))
+	if (v == trk__versions_latest(s->vs) || trk__version_in_chain(s, v))
 		return true;
 	for (struct trk_replica *rep = s->reg->reps; rep; rep = rep->next)
 		if (rep->target == v && trk__replica_alive(rep))

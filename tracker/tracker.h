@@ -399,6 +399,9 @@ struct trk_version_info {
 	uint8_t digest[PROTO_HASH_BYTES];
 	uint64_t wire_bytes, created_ms, published_ms;
 	bool retain;
+	/* Kept whole as part of the latest version's chain (its anchor and the
+	 * deltas after it); no live publisher offers it any more. */
+	bool chain, dropped;
 	/* The layouts whose replicas aim at it (retain_layouts); all_layouts
 	 * when the answer did not say or named more than TRK_RETAIN_LAYOUTS_MAX:
 	 * then keep every layout. */

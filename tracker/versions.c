@@ -57,7 +57,7 @@ struct trk_versions {
 	 * (soft): an anchor is wanted until one newer than it is published. */
 	uint64_t anchor_wanted_v;
 	/* Rank builds reported, by how, and anchor requests (soft). */
-	uint64_t built_delta, built_full, anchor_requests;
+	uint64_t built_delta, built_chain, built_full, anchor_requests;
 };
 
 static char *path_join(const char *a, const char *b)
@@ -502,10 +502,12 @@ void trk__versions_want_anchor(struct trk_versions *vs, uint64_t v)
 	vs->anchor_requests++;
 }
 
-void trk__versions_note_built(struct trk_versions *vs, bool delta)
+void trk__versions_note_built(struct trk_versions *vs, const char *how)
 {
-	if (delta)
+	if (strcmp(how, "delta") == 0)
 		vs->built_delta++;
+	else if (strcmp(how, "chain") == 0)
+		vs->built_chain++;
 	else
 		vs->built_full++;
 }
@@ -528,14 +530,15 @@ void trk__versions_metrics(const struct trk_versions *vs, struct evbuffer *b)
 			    "# TYPE tessera_tracker_version_wire_bytes gauge\n"
 			    "tessera_tracker_version_wire_bytes{kind=\"anchor\"} %" PRIu64 "\n"
 			    "tessera_tracker_version_wire_bytes{kind=\"delta\"} %" PRIu64 "\n"
-			    "# HELP tessera_tracker_rank_builds_total Versions ranks reported built, by how: from the parent by delta, or full.\n"
+			    "# HELP tessera_tracker_rank_builds_total Versions ranks reported built, by how: from the parent by delta, by replaying the chain from an anchor, or full.\n"
 			    "# TYPE tessera_tracker_rank_builds_total counter\n"
 			    "tessera_tracker_rank_builds_total{how=\"delta\"} %" PRIu64 "\n"
+			    "tessera_tracker_rank_builds_total{how=\"chain\"} %" PRIu64 "\n"
 			    "tessera_tracker_rank_builds_total{how=\"full\"} %" PRIu64 "\n"
 			    "# HELP tessera_tracker_anchor_requests_total Delta versions a node could not build and asked an anchor for.\n"
 			    "# TYPE tessera_tracker_anchor_requests_total counter\n"
 			    "tessera_tracker_anchor_requests_total %" PRIu64 "\n",
-			    n[1], n[2], wire[1], wire[2], vs->built_delta, vs->built_full,
+			    n[1], n[2], wire[1], wire[2], vs->built_delta, vs->built_chain, vs->built_full,
 			    vs->anchor_requests);
 }
 
@@ -646,7 +649,12 @@ json_t *trk__version_json(struct trk_server *s, const struct trk_version *v)
 	bad |= trk__set(o, "created_ms", trk__jint(v->created_ms));
 	bad |= trk__set(o, "published_ms", trk__jint(v->published_ms));
 	bad |= trk__set(o, "retain", json_boolean(retain));
-	bad |= trk__set(o, "retain_layouts", trk__version_retain_layouts(s, v->version));
+	/* A version of the latest chain is kept in every layout (a late
+	 * joiner of any layout may replay it): no retain_layouts. */
+	if (trk__version_in_chain(s, v->version) && v->version != trk__versions_latest(s->vs))
+		bad |= trk__set(o, "chain", json_true());
+	else
+		bad |= trk__set(o, "retain_layouts", trk__version_retain_layouts(s, v->version));
 	bad |= trk__set(o, "dropped", json_boolean(trk__version_dropped(s, v->version)));
 	bad |= trk__set(o, "addenda", trk__addenda_json(s, v->version));
 	if (v->version == trk__versions_latest(s->vs))
