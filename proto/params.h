@@ -135,7 +135,13 @@
 	 * standby slot, so that a delta against it needs only its apply; it \
 	 * waits this long first (past ATTACH_FREE_GRACE_MS, so that the \
 	 * retired slot is there to be reused). */ \
-	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms")
+	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms") \
+	/* CUDA store: verified chunks are staged in a ring of pinned host \
+	 * entries of this many bytes (a chunk and its span table fit in one) \
+	 * and copied to the device while the next ones arrive. */ \
+	X(CUDA_RING_ENTRY, "TESSERA_CUDA_RING_ENTRY", 2u << 20, "CUDA store: bytes per pinned upload entry") \
+	/* Pinned upload entries in the ring: uploads in flight at most. */ \
+	X(CUDA_RING_ENTRIES, "TESSERA_CUDA_RING_ENTRIES", 16, "CUDA store: pinned upload entries")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

@@ -100,4 +100,17 @@ void proto_parcel_scatter(const struct proto_plan *p,
 			  const struct proto_layout *dst, uint8_t *dst_rank_base,
 			  uint64_t off, uint64_t len, const uint8_t *in);
 
+/* Where payload bytes [off, off+len) of a parcel land in the destination
+ * rank's block: spans (block offset, offset from off, length), adjacent ones
+ * merged. Fills at most cap and returns how many there are (more than cap:
+ * call again with room for that many). Cannot fail. */
+struct proto_span {
+	uint64_t dst_off;
+	uint64_t src_off;
+	uint64_t len;
+};
+size_t proto_parcel_spans(const struct proto_plan *p, const struct proto_parcel *pc,
+			  const struct proto_layout *dst, uint64_t off, uint64_t len,
+			  struct proto_span *out, size_t cap);
+
 #endif
