@@ -99,10 +99,18 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 	if (rc != 0)
 		goto fail;
 	trk_client_on_chain_lost(a->trk, agent_on_chain_lost, a);
-	rc = fab_open(o->provider, NULL, &(struct fab_opts){.sink = FAB_SINK_DEFAULT},
-		      &a->fab, err); /* a node takes no messages: drop strangers' */
+	bool gpu = a->store.device >= 0;
+	rc = fab_open(o->provider, NULL,
+		      &(struct fab_opts){.sink = FAB_SINK_DEFAULT, /* a node takes no messages */
+					 .flags = gpu ? FAB_F_HMEM_CUDA : 0},
+		      &a->fab, err);
 	if (rc != 0)
 		goto fail;
+	if (gpu)
+		LOG_INFO("node: fabric %s %s", fab_provider(a->fab),
+			 fab_hmem_cuda(a->fab)
+				 ? "registers CUDA memory (FI_HMEM): device buffers can be registered directly"
+				 : "has no FI_HMEM: the GPU store uploads verified chunks from host staging");
 	rc = fab_getname(a->fab, addr, sizeof(addr), &alen);
 	if (rc != 0) {
 		proto_errf(err, -rc, "fabric: cannot read our address");
