@@ -20,19 +20,24 @@ int node_store_open(const char *name, struct node_store *out, struct proto_err *
 	out->ops = &node_store_host_ops;
 	if (strcmp(name, "host") == 0)
 		return 0;
-	if (strcmp(name, "cuda") != 0 && strcmp(name, "auto") != 0)
-		return proto_errf(err, EINVAL, "store %s: want host, cuda or auto", name);
+	/* "cuda:N": device N (checked against those visible below). */
+	uint64_t dev = 0;
+	bool cuda = strncmp(name, "cuda", 4) == 0 &&
+		    (name[4] == '\0' || (name[4] == ':' && proto_parse_u64(name + 5, 0, 1023, &dev) == 0));
+	if (!cuda && strcmp(name, "auto") != 0)
+		return proto_errf(err, EINVAL, "store %s: want host, cuda, cuda:DEVICE or auto", name);
 #ifdef TESSERA_CUDA
 	char why[256];
 	int ndev = 0;
-	if (node_cuda_probe(&ndev, why, sizeof(why)) == 0 && ndev > 0 &&
-	    node_store_cuda_open(out, 0, why, sizeof(why)) == 0)
+	if (node_cuda_probe(&ndev, why, sizeof(why)) == 0 && (int)dev >= ndev)
+		snprintf(why, sizeof(why), "no CUDA device %d (%d visible)", (int)dev, ndev);
+	else if (ndev > 0 && node_store_cuda_open(out, (int)dev, why, sizeof(why)) == 0)
 		return 0;
 #else
 	const char *why = "tessera was built without CUDA (no nvcc)";
 #endif
-	if (strcmp(name, "cuda") == 0)
-		return proto_errf(err, ENODEV, "store cuda: %s", why);
+	if (cuda)
+		return proto_errf(err, ENODEV, "store %s: %s", name, why);
 	LOG_INFO("store: %s; serving weights stay in host memory", why);
 	return 0;
 }

@@ -77,8 +77,8 @@ struct node_store {
 };
 
 /*
- * Opens a store by name: "host", "cuda" (fails when built without CUDA or no
- * device is visible, err says which) or "auto" (cuda when possible, else host
+ * Opens a store by name: "host", "cuda" or "cuda:N" for device N (fails when
+ * built without CUDA or no such device is visible, err says which) or "auto" (cuda when possible, else host
  * with a log line saying why). *out is a static-lifetime store.
  */
 int node_store_open(const char *name, struct node_store *out,

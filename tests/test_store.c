@@ -87,6 +87,14 @@ static void test_store_names(void **state)
 	struct proto_err err;
 	assert_int_equal(node_store_open("disk", &s, &err), -EINVAL);
 	assert_non_null(strstr(err.msg, "disk"));
+	const char *bad[] = {"cuda:", "cuda:x", "cuda:-1", "cuda:1x", "cuda:99999", "cudax", "cuda1"};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad); i++) {
+		assert_int_equal(node_store_open(bad[i], &s, &err), -EINVAL);
+		assert_non_null(strstr(err.msg, "want host, cuda, cuda:DEVICE or auto"));
+	}
+	/* A device that is not there (none, or not that many) is named. */
+	assert_int_equal(node_store_open("cuda:1000", &s, &err), -ENODEV);
+	assert_non_null(strstr(err.msg, "store cuda:1000: "));
 	/* auto always works: CUDA when there is a GPU, else host. */
 	assert_int_equal(node_store_open("auto", &s, &err), 0);
 	node_store_close(&s);
