@@ -36,9 +36,12 @@ extern "C" int node_cuda_alloc(int dev, size_t len, void **out, char *why, size_
 	if (e == cudaSuccess)
 		e = cudaMalloc(&p, len ? len : 1);
 	/* Zeroed: bytes between local tensors are never uploaded, and a
-	 * fold of the whole buffer must match the host's zeroed memfd. */
+	 * fold of the whole buffer must match the host's zeroed memfd. The
+	 * ring's stream does not wait for the default one: wait here. */
 	if (e == cudaSuccess)
 		e = cudaMemset(p, 0, len ? len : 1);
+	if (e == cudaSuccess)
+		e = cudaStreamSynchronize(cudaStreamLegacy);
 	if (e != cudaSuccess) {
 		if (p != nullptr)
 			cudaFree(p);
@@ -54,6 +57,10 @@ extern "C" int node_cuda_upload(int dev, void *dst, const void *src, size_t len,
 	cudaError_t e = cudaSetDevice(dev);
 	if (e == cudaSuccess)
 		e = cudaMemcpy(dst, src, len, cudaMemcpyHostToDevice);
+	/* From pageable memory cudaMemcpy may return before the last DMA
+	 * lands: the bytes must be there for the serving process. */
+	if (e == cudaSuccess)
+		e = cudaStreamSynchronize(cudaStreamLegacy);
 	return e == cudaSuccess ? 0 : node_cuda__fail(e, "cudaMemcpy H2D", why, whylen);
 }
 

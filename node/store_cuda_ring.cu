@@ -205,6 +205,7 @@ extern "C" int node_cuda_ring_put(node_cuda_ring *r, void *dst, const node_cuda_
 	for (uint32_t k = 0; k < nspans; k++) {
 		if (spans[k].src_off > len || spans[k].len > len - spans[k].src_off) {
 			snprintf(why, whylen, "upload ring: span %u outside the %zu staged bytes", k, len);
+			ring_note(r, -EINVAL, why);
 			return -EINVAL;
 		}
 	}

@@ -189,18 +189,18 @@ extern "C" int node_cuda_scatter_apply(node_cuda_scatter *sc, void *dptr, uint64
 			return -EINVAL;
 		}
 	}
+	// Each batch's sums come back and are reduced mod p here, so no
+	// number of batches can wrap the device's 64-bit accumulators.
+	unsigned long long a = 0, b = 0;
 	cudaError_t e = cudaSetDevice(sc->dev);
-	if (e == cudaSuccess)
-		e = cudaMemsetAsync(sc->acc_d, 0, 2 * sizeof(*sc->acc_d), sc->stream);
 	for (uint64_t at = 0; at < n && e == cudaSuccess; at += sc->batch) {
 		uint64_t k = n - at < sc->batch ? n - at : sc->batch;
-		// The pinned buffers are reused: the previous batch must be in.
-		e = cudaStreamSynchronize(sc->stream);
-		if (e != cudaSuccess)
-			break;
 		memcpy(sc->pos_h, pos + at, k * 8);
 		memcpy(sc->vals_h, (const uint8_t *)vals + at * elsize, k * elsize);
-		e = cudaMemcpyAsync(sc->pos_d, sc->pos_h, k * 8, cudaMemcpyHostToDevice, sc->stream);
+		e = cudaMemsetAsync(sc->acc_d, 0, 2 * sizeof(*sc->acc_d), sc->stream);
+		if (e == cudaSuccess)
+			e = cudaMemcpyAsync(sc->pos_d, sc->pos_h, k * 8, cudaMemcpyHostToDevice,
+					    sc->stream);
 		if (e == cudaSuccess)
 			e = cudaMemcpyAsync(sc->vals_d, sc->vals_h, k * elsize, cudaMemcpyHostToDevice,
 					    sc->stream);
@@ -209,15 +209,18 @@ extern "C" int node_cuda_scatter_apply(node_cuda_scatter *sc, void *dptr, uint64
 				(uint8_t *)dptr, elsize, sc->pos_d, sc->vals_d, k, sc->acc_d);
 			e = cudaGetLastError();
 		}
+		if (e == cudaSuccess)
+			e = cudaMemcpyAsync(sc->acc_h, sc->acc_d, 2 * sizeof(*sc->acc_h),
+					    cudaMemcpyDeviceToHost, sc->stream);
+		// The pinned buffers are reused by the next batch.
+		if (e == cudaSuccess)
+			e = cudaStreamSynchronize(sc->stream);
+		a = (a + sc->acc_h[0] % P) % P;
+		b = (b + sc->acc_h[1] % P) % P;
 	}
-	if (e == cudaSuccess)
-		e = cudaMemcpyAsync(sc->acc_h, sc->acc_d, 2 * sizeof(*sc->acc_h), cudaMemcpyDeviceToHost,
-				    sc->stream);
-	if (e == cudaSuccess)
-		e = cudaStreamSynchronize(sc->stream);
 	if (e != cudaSuccess)
 		return node_cuda__fail(e, "scatter", why, whylen);
-	*delta = sums_of(sc->acc_h);
+	*delta = (uint64_t)b << 32 | (uint64_t)a;
 	return 0;
 }
 
