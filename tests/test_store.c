@@ -112,6 +112,20 @@ static void test_fold_matches_on_host(void **state)
 	assert_true(node_host_fold(w, 16) != node_host_fold(v, 16));
 }
 
+#ifdef TESSERA_CUDA
+/* Skips the calling test, saying why, when no CUDA device is visible. */
+static void skip_without_gpu(void)
+{
+	char why[256];
+	int ndev = 0;
+
+	if (node_cuda_probe(&ndev, why, sizeof(why)) != 0) {
+		print_message("skipped: %s\n", why);
+		skip();
+	}
+}
+#endif
+
 static void test_cuda_store(void **state)
 {
 #ifndef TESSERA_CUDA
@@ -122,12 +136,8 @@ static void test_cuda_store(void **state)
 	struct node_slot *slot;
 	struct proto_err err;
 	char why[256];
-	int ndev = 0;
 
-	if (node_cuda_probe(&ndev, why, sizeof(why)) != 0) {
-		print_message("skipped: %s\n", why);
-		skip();
-	}
+	skip_without_gpu();
 	assert_int_equal(node_store_open("cuda", &s, &err), 0);
 	assert_int_equal(node_slot_new(&s, 1, (64 << 20) + 5, &slot, &err), 0);
 	for (size_t i = 0; i < slot->len; i++)
@@ -256,12 +266,8 @@ static void test_cuda_streamed_slot(void **state)
 	struct node_store s;
 	struct proto_err err;
 	char why[256];
-	int ndev = 0;
 
-	if (node_cuda_probe(&ndev, why, sizeof(why)) != 0) {
-		print_message("skipped: %s\n", why);
-		skip();
-	}
+	skip_without_gpu();
 	stream_env_init(&e);
 	assert_int_equal(node_store_open("cuda", &s, &err), 0);
 	assert_true(node_store_streams(&s));
