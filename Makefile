@@ -222,6 +222,8 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(wildcard proto/*.c pr
 GPU_CHECK_SRCS := tests/gpu/gpu_check.c node/store_fold.c proto/wsum.c
 GPU_CHECK_CU   := $(wildcard node/store_cuda*.cu)
 ifneq ($(NVCC),)
+# The static runtime when the toolkit has it (then only libc is needed).
+GPU_CUDART := $(if $(wildcard $(CUDA_LIBDIR)/libcudart_static.a),-L$(CUDA_LIBDIR) -lcudart_static,$(CUDA_LIBS))
 all: $(BUILD)/gpu/gpu_check
 $(BUILD)/gpu/%.cu.o: %.cu node/store_cuda.h
 	@mkdir -p $(dir $@)
@@ -231,7 +233,7 @@ $(BUILD)/gpu/gpu_check: $(GPU_CHECK_SRCS) $(patsubst %.cu,$(BUILD)/gpu/%.cu.o,$(
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 -O2 -g -pthread -D_GNU_SOURCE -I. $(WARN) -I$(CUDA_HOME)/include \
 		$(GPU_CHECK_SRCS) $(patsubst %.cu,$(BUILD)/gpu/%.cu.o,$(GPU_CHECK_CU)) \
-		-L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic -lm -o $@
+		$(GPU_CUDART) -ldl -lrt -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic -lm -o $@
 endif
 gpu-check:
 	BUILD=$(BUILD) NVCC=$(NVCC) tests/gpu/gpu-check.sh
