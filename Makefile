@@ -117,7 +117,7 @@ $(BUILD)/asan/libtessera-client.a: $(patsubst %.c,$(BUILD)/asan/%.o,$(CLIENT_SRC
 .PHONY: all test bench bench-delta bench-delta-net bench-steady bench-tracker bench-activate run-bench-activate demo demo-netns fuzz clean deps help \
         check run-bench run-bench-delta run-bench-delta-net run-bench-steady run-demo run-demo-netns run-fuzz \
         check-deploy run-check-deploy run-bench-tracker check-page run-check-page \
-        bench-fanout bench-elastic run-bench-fanout run-bench-elastic
+        bench-fanout bench-elastic run-bench-fanout run-bench-elastic gpu-check
 all: $(BINS) $(CLIENT_LIBS)
 
 # The user-facing targets install missing dependencies first, then re-enter
@@ -215,6 +215,28 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(wildcard proto/*.c pr
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(if $(filter fuzz_tracker_%,$*),$(call lib_srcs,tracker)) \
 		$(call lib_srcs,proto) $(PKG_LIBS) -lm -o $@
+
+# The CUDA store's checks and benchmark (tests/gpu/): one binary linking only
+# the static CUDA runtime, built with everything when nvcc exists, so that a
+# GPU machine without tessera's Debian libraries runs it from the built tree.
+GPU_CHECK_SRCS := tests/gpu/gpu_check.c node/store_fold.c proto/wsum.c
+GPU_CHECK_CU   := $(wildcard node/store_cuda*.cu)
+ifneq ($(NVCC),)
+# The static runtime when the toolkit has it (then only libc is needed).
+GPU_CUDART := $(if $(wildcard $(CUDA_LIBDIR)/libcudart_static.a),-L$(CUDA_LIBDIR) -lcudart_static,$(CUDA_LIBS))
+all: $(BUILD)/gpu/gpu_check
+$(BUILD)/gpu/%.cu.o: %.cu node/store_cuda.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+$(BUILD)/gpu/gpu_check: $(GPU_CHECK_SRCS) $(patsubst %.cu,$(BUILD)/gpu/%.cu.o,$(GPU_CHECK_CU)) \
+		node/store_cuda.h proto/wsum.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 -O2 -g -pthread -D_GNU_SOURCE -I. $(WARN) -I$(CUDA_HOME)/include \
+		$(GPU_CHECK_SRCS) $(patsubst %.cu,$(BUILD)/gpu/%.cu.o,$(GPU_CHECK_CU)) \
+		$(GPU_CUDART) -ldl -lrt -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic -lm -o $@
+endif
+gpu-check:
+	BUILD=$(BUILD) NVCC=$(NVCC) tests/gpu/gpu-check.sh
 
 run-fuzz: $(FUZZ_BINS)
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_BINS)

@@ -62,6 +62,22 @@ class TesseraWorkerExtension:
         return pin.version
 
 
+def gpu_tensors(client, pin):
+    """GPU mode (tessera-node --store cuda): the version lives in one device
+    buffer the node exports with a CUDA IPC handle; each tensor sits at its
+    table offset in it. The tessera package stays numpy-only and gives the
+    handle as bytes; here CuPy opens it (torch has no public call for it).
+    Keep the pin while the tensors are in use."""
+    import cupy
+    info = client.version_info(pin.version)
+    with cupy.cuda.Device(info["cuda_device"]):
+        base = cupy.cuda.runtime.ipcOpenMemHandle(info["cuda_ipc_handle"])
+        mem = cupy.cuda.UnownedMemory(base, info["size"], client)
+        return {t.name: cupy.ndarray((t.nbytes,), cupy.uint8,
+                                     cupy.cuda.MemoryPointer(mem, t.offset))
+                for t in client.tensors}
+
+
 def serve_request(client, run):
     """Per-request pinning: the request sees one version from start to end."""
     with client.acquire() as pin:

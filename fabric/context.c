@@ -149,8 +149,25 @@ int fab_open(const char *provider, const char *node,
 	ctx->wait_fd = -1;
 	ctx->write_dc = true;
 
-	ret = fi_getinfo(FAB__API_VERSION, node, NULL, node ? FI_SOURCE : 0,
-			 hints, &ctx->info);
+	ret = -FI_ENODATA;
+	if (opts && (opts->flags & FAB_F_HMEM_CUDA)) {
+		/* Device memory too, when the provider offers it. */
+		hints->caps |= FI_HMEM;
+		hints->domain_attr->mr_mode |= FI_MR_HMEM;
+		ret = fi_getinfo(FAB__API_VERSION, node, NULL, node ? FI_SOURCE : 0,
+				 hints, &ctx->info);
+		ctx->hmem = ret == 0 && (ctx->info->caps & FI_HMEM);
+		if (ret == 0 && !ctx->hmem) {
+			fi_freeinfo(ctx->info);
+			ctx->info = NULL;
+			ret = -FI_ENODATA;
+		}
+		hints->caps &= ~(uint64_t)FI_HMEM;
+		hints->domain_attr->mr_mode &= ~(uint64_t)FI_MR_HMEM;
+	}
+	if (ret != 0)
+		ret = fi_getinfo(FAB__API_VERSION, node, NULL, node ? FI_SOURCE : 0,
+				 hints, &ctx->info);
 	if (ret != 0) {
 		char avail[512];
 
@@ -172,7 +189,7 @@ int fab_open(const char *provider, const char *node,
 		goto fail;
 	}
 	ctx->mr_mode = ctx->info->domain_attr->mr_mode;
-	if (ctx->mr_mode & ~(uint64_t)(FAB__MR_MODE_HANDLED)) {
+	if (ctx->mr_mode & ~(uint64_t)(FAB__MR_MODE_HANDLED | (ctx->hmem ? FI_MR_HMEM : 0))) {
 		char bits[256];
 
 		fab_mr_mode_str(ctx->mr_mode, bits, sizeof(bits));

@@ -154,6 +154,9 @@ struct fab_stats {
 
 /* fab_open flags */
 #define FAB_F_NO_WAIT_FD 0x1u /* open the CQ without a wait object */
+/* Ask for FI_HMEM (registering CUDA device memory) when the provider offers
+ * it; open without it otherwise. fab_hmem_cuda says which it got. */
+#define FAB_F_HMEM_CUDA  0x2u
 
 struct fab_opts {
 	unsigned flags;     /* FAB_F_* */
@@ -248,6 +251,14 @@ int fab_av_remove(struct fab_ctx *ctx, fi_addr_t addr);
  */
 int fab_mr_reg(struct fab_ctx *ctx, void *buf, size_t len, unsigned access,
 	       struct fab_mr **out);
+/* Whether ctx was opened with FI_HMEM (FAB_F_HMEM_CUDA, and the provider
+ * offers it: shm and verbs/efa builds with CUDA do, tcp;ofi_rxm does not). */
+bool fab_hmem_cuda(const struct fab_ctx *ctx);
+/* Registers len bytes of CUDA device memory (cudaMalloc'ed on device dev)
+ * like fab_mr_reg. -EOPNOTSUPP when ctx has no FI_HMEM: the caller then
+ * stages through registered host memory. */
+int fab_mr_reg_cuda(struct fab_ctx *ctx, void *dptr, size_t len, unsigned access, int dev,
+		    struct fab_mr **out);
 /* Deregisters; no op may be in flight on it. NULL is fine; cannot fail. */
 void fab_mr_close(struct fab_mr *mr);
 /* The region's base and length. */

@@ -59,6 +59,7 @@ struct fab_ctx {
 	struct fid_ep *ep;
 	int wait_fd;       /* -1: none */
 	uint64_t mr_mode;  /* as returned by the provider */
+	bool hmem;         /* opened with FI_HMEM (FAB_F_HMEM_CUDA) */
 	size_t max_rma;
 	bool write_dc;     /* fab_write asks FI_DELIVERY_COMPLETE */
 	bool closing;
@@ -155,6 +156,9 @@ int fab__sink_start(struct fab_ctx *ctx, unsigned n);
  * fab_close. */
 int fab__mr_reg_private(struct fab_ctx *ctx, void *buf, size_t len,
 			uint64_t access, struct fab_mr **out);
+/* The same for memory of another interface (FI_HMEM_CUDA on device dev). */
+int fab__mr_reg_iface(struct fab_ctx *ctx, void *buf, size_t len, uint64_t access,
+		      enum fi_hmem_iface iface, int dev, struct fab_mr **out);
 void fab__mr_close_private(struct fab_mr *m);
 void fab__mr_close_all(struct fab_ctx *ctx);
 

@@ -43,9 +43,15 @@ static int random_key(const struct fab_ctx *ctx, uint64_t *out)
 	return 0;
 }
 
-/* Registers without putting the region on ctx's list. */
 int fab__mr_reg_private(struct fab_ctx *ctx, void *buf, size_t len,
 			uint64_t access, struct fab_mr **out)
+{
+	return fab__mr_reg_iface(ctx, buf, len, access, FI_HMEM_SYSTEM, 0, out);
+}
+
+/* Registers without putting the region on ctx's list. */
+int fab__mr_reg_iface(struct fab_ctx *ctx, void *buf, size_t len, uint64_t access,
+		      enum fi_hmem_iface iface, int dev, struct fab_mr **out)
 {
 	struct fab_mr *m;
 	uint64_t want_key = 0;
@@ -68,8 +74,17 @@ int fab__mr_reg_private(struct fab_ctx *ctx, void *buf, size_t len,
 			m->mr = NULL;
 			goto fail;
 		}
-		ret = fi_mr_reg(ctx->domain, buf, len, access, 0, want_key, 0,
-				&m->mr, NULL);
+		if (iface == FI_HMEM_SYSTEM) {
+			ret = fi_mr_reg(ctx->domain, buf, len, access, 0, want_key, 0,
+					&m->mr, NULL);
+		} else {
+			struct iovec iov = {.iov_base = buf, .iov_len = len};
+			struct fi_mr_attr attr = {.mr_iov = &iov, .iov_count = 1,
+						  .access = access, .requested_key = want_key,
+						  .iface = iface};
+			attr.device.cuda = dev;
+			ret = fi_mr_regattr(ctx->domain, &attr, 0, &m->mr);
+		}
 		if (ret != -FI_ENOKEY || (ctx->mr_mode & FI_MR_PROV_KEY) ||
 		    tries == 8)
 			break;
@@ -125,8 +140,9 @@ void fab__mr_close_private(struct fab_mr *m)
 	free(m);
 }
 
-int fab_mr_reg(struct fab_ctx *ctx, void *buf, size_t len, unsigned access,
-	       struct fab_mr **out)
+/* Registers and puts the region on ctx's list. */
+static int reg_listed(struct fab_ctx *ctx, void *buf, size_t len, unsigned access,
+		      enum fi_hmem_iface iface, int dev, struct fab_mr **out)
 {
 	struct fab_mr *m;
 	int ret;
@@ -135,7 +151,7 @@ int fab_mr_reg(struct fab_ctx *ctx, void *buf, size_t len, unsigned access,
 	if (access == 0 || access & ~(FAB_MR_REMOTE_READ | FAB_MR_REMOTE_WRITE |
 				      FAB_MR_READ | FAB_MR_WRITE))
 		return -EINVAL;
-	ret = fab__mr_reg_private(ctx, buf, len, fi_access(access), &m);
+	ret = fab__mr_reg_iface(ctx, buf, len, fi_access(access), iface, dev, &m);
 	if (ret != 0)
 		return ret;
 	m->access = access;
@@ -145,6 +161,26 @@ int fab_mr_reg(struct fab_ctx *ctx, void *buf, size_t len, unsigned access,
 	ctx->mrs = m;
 	*out = m;
 	return 0;
+}
+
+int fab_mr_reg(struct fab_ctx *ctx, void *buf, size_t len, unsigned access,
+	       struct fab_mr **out)
+{
+	return reg_listed(ctx, buf, len, access, FI_HMEM_SYSTEM, 0, out);
+}
+
+bool fab_hmem_cuda(const struct fab_ctx *ctx)
+{
+	return ctx->hmem;
+}
+
+int fab_mr_reg_cuda(struct fab_ctx *ctx, void *dptr, size_t len, unsigned access, int dev,
+		    struct fab_mr **out)
+{
+	*out = NULL;
+	if (!ctx->hmem)
+		return -EOPNOTSUPP;
+	return reg_listed(ctx, dptr, len, access, FI_HMEM_CUDA, dev, out);
 }
 
 void fab_mr_close(struct fab_mr *m)

@@ -245,6 +245,17 @@ static void on_read(struct fab_op *op, int status)
 	agent_read_landed(proto_container_of(op, struct agent_read, op), status);
 }
 
+/* On a verification worker: the chunk is in the host slot; the CUDA store
+ * uploads it now, while the network brings the next ones. */
+static void chunk_placed(struct node_vjob *job, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_read *rd = proto_container_of(job, struct agent_read, job);
+
+	node_slot_stream_chunk(&a->store, rd->vslot, job->plan, job->parcel, job->layout, job->off,
+			       job->buf, job->len);
+}
+
 void agent_read_landed(struct agent_read *rd, int status)
 {
 	struct node_agent *a = rd->a;
@@ -306,7 +317,10 @@ void agent_read_landed(struct agent_read *rd, int status)
 		.dst = p->wire != NULL ? p->wire : f->slot->host,
 		.off = (uint64_t)rd->chunk * f->man.chunk_size,
 		.keep = p->held != NULL ? p->held + p->head + (size_t)rd->chunk * f->man.chunk_size : NULL,
+		.placed = p->wire == NULL && __atomic_load_n(&f->slot->streaming, __ATOMIC_RELAXED) ? chunk_placed : NULL,
+		.placed_arg = a,
 	};
+	rd->vslot = f->slot;
 	node_verifier_submit(a->ver, &rd->job);
 	agent_pump(a);
 }

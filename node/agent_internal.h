@@ -134,6 +134,7 @@ struct agent_read {
 	bool busy;      /* the slot holds this read (in fabric or verifying) */
 	bool in_fabric; /* posted, not completed */
 	struct node_vjob job;
+	struct node_slot *vslot; /* the slot job places into (uploads while fetching) */
 	uint64_t gen; /* fetch generation it belongs to */
 };
 

@@ -148,6 +148,8 @@ static int setup_parcels(struct node_agent *a)
 	/* In place, a delta is applied to the served slot: no second one. */
 	if (!(f->delta && agent_inplace(a)) && agent_delta_slot(a) != 0)
 		return -ENOMEM;
+	if (!f->delta) /* every byte comes as a verified chunk: upload them as they do */
+		node_slot_stream_begin(&a->store, f->slot, f->bytes_total);
 	agent_swarm_serve(a, f);
 	LOG_INFO("node %s: fetching v%" PRIu64 ": %u parcels, %" PRIu64 " bytes%s%s", a->node_id,
 		 f->version, f->nparcels, f->bytes_total, f->served ? ", serving them to peers" : "",

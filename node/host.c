@@ -50,11 +50,19 @@ static int open_shared(struct node_host *h, const struct node_agent_opts *o,
 	if (rc != 0)
 		return rc;
 	trk_client_on_chain_lost(h->shared.trk, on_chain_lost, h);
-	/* A node takes no messages: drop strangers'. */
-	rc = fab_open(o->provider, NULL, &(struct fab_opts){.sink = FAB_SINK_DEFAULT},
+	/* A node takes no messages: drop strangers'. A GPU store registers
+	 * device memory where the provider can (FI_HMEM). */
+	bool gpu = o->store != NULL && strncmp(o->store, "cuda", 4) == 0;
+	rc = fab_open(o->provider, NULL,
+		      &(struct fab_opts){.sink = FAB_SINK_DEFAULT, .flags = gpu ? FAB_F_HMEM_CUDA : 0},
 		      &h->shared.fab, err);
 	if (rc != 0)
 		return rc;
+	if (gpu)
+		LOG_INFO("node: fabric %s %s", fab_provider(h->shared.fab),
+			 fab_hmem_cuda(h->shared.fab)
+				 ? "registers CUDA memory (FI_HMEM): device buffers can be registered directly"
+				 : "has no FI_HMEM: the GPU store uploads verified chunks from host staging");
 	h->shared.fl = node_fabloop_new(h->base, h->shared.fab, 1000);
 	if (h->shared.fl == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");

@@ -11,9 +11,6 @@
 #include "proto/log.h"
 
 extern const struct node_store_ops node_store_host_ops;
-#ifdef TESSERA_CUDA
-extern const struct node_store_ops node_store_cuda_ops;
-#endif
 
 int node_store_open(const char *name, struct node_store *out, struct proto_err *err)
 {
@@ -23,21 +20,24 @@ int node_store_open(const char *name, struct node_store *out, struct proto_err *
 	out->ops = &node_store_host_ops;
 	if (strcmp(name, "host") == 0)
 		return 0;
-	if (strcmp(name, "cuda") != 0 && strcmp(name, "auto") != 0)
-		return proto_errf(err, EINVAL, "store %s: want host, cuda or auto", name);
+	/* "cuda:N": device N (checked against those visible below). */
+	uint64_t dev = 0;
+	bool cuda = strncmp(name, "cuda", 4) == 0 &&
+		    (name[4] == '\0' || (name[4] == ':' && proto_parse_u64(name + 5, 0, 1023, &dev) == 0));
+	if (!cuda && strcmp(name, "auto") != 0)
+		return proto_errf(err, EINVAL, "store %s: want host, cuda, cuda:DEVICE or auto", name);
 #ifdef TESSERA_CUDA
 	char why[256];
 	int ndev = 0;
-	if (node_cuda_probe(&ndev, why, sizeof(why)) == 0 && ndev > 0) {
-		out->ops = &node_store_cuda_ops;
-		out->device = 0;
+	if (node_cuda_probe(&ndev, why, sizeof(why)) == 0 && (int)dev >= ndev)
+		snprintf(why, sizeof(why), "no CUDA device %d (%d visible)", (int)dev, ndev);
+	else if (ndev > 0 && node_store_cuda_open(out, (int)dev, why, sizeof(why)) == 0)
 		return 0;
-	}
 #else
 	const char *why = "tessera was built without CUDA (no nvcc)";
 #endif
-	if (strcmp(name, "cuda") == 0)
-		return proto_errf(err, ENODEV, "store cuda: %s", why);
+	if (cuda)
+		return proto_errf(err, ENODEV, "store %s: %s", name, why);
 	LOG_INFO("store: %s; serving weights stay in host memory", why);
 	return 0;
 }
@@ -48,8 +48,18 @@ void node_store_spread(struct node_store *s, unsigned index)
 	char why[256];
 	int ndev = 0;
 
-	if (s->device >= 0 && node_cuda_probe(&ndev, why, sizeof(why)) == 0 && ndev > 0)
-		s->device = (int)(index % (unsigned)ndev);
+	if (s->device < 0 || node_cuda_probe(&ndev, why, sizeof(why)) != 0 || ndev <= 0)
+		return;
+	int dev = (int)(((unsigned)s->device + index) % (unsigned)ndev);
+	if (dev == s->device)
+		return;
+	struct node_cuda_ring *ring = s->ring;
+	/* The upload ring is pinned for its device: make the new one first. */
+	if (node_store_cuda_open(s, dev, why, sizeof(why)) != 0) {
+		LOG_WARN("store cuda: rank %u stays on device %d: %s", index, s->device, why);
+		return;
+	}
+	node_cuda_ring_free(ring);
 #else
 	(void)s;
 	(void)index;
@@ -77,6 +87,8 @@ void node_store_close(struct node_store *s)
 	pthread_mutex_unlock(&s->mu);
 	if (spare != NULL)
 		slot_release(s, spare);
+	if (s->ops->close != NULL)
+		s->ops->close(s);
 }
 
 /* The spare slot if it has len bytes (attached again), else NULL. */
@@ -173,6 +185,53 @@ int node_slot_activate(struct node_store *s, struct node_slot *slot, struct prot
 	return s->ops->activate ? s->ops->activate(s, slot, err) : 0;
 }
 
+bool node_store_streams(const struct node_store *s)
+{
+	return s->ops->upload != NULL;
+}
+
+void node_slot_stream_begin(struct node_store *s, struct node_slot *slot, uint64_t expect)
+{
+	slot->streaming = node_store_streams(s);
+	slot->stream_expect = expect;
+	__atomic_store_n(&slot->streamed, 0, __ATOMIC_RELAXED);
+}
+
+void node_slot_stream_chunk(struct node_store *s, struct node_slot *slot,
+			    const struct proto_plan *p, const struct proto_parcel *pc,
+			    const struct proto_layout *dst, uint64_t off, const uint8_t *buf,
+			    size_t len)
+{
+	struct proto_span few[64], *spans = few;
+	struct proto_err err;
+	size_t n;
+
+	if (!__atomic_load_n(&slot->streaming, __ATOMIC_RELAXED))
+		return;
+	n = proto_parcel_spans(p, pc, dst, off, len, few, PROTO_ARRAY_LEN(few));
+	if (n > PROTO_ARRAY_LEN(few)) {
+		spans = malloc(n * sizeof(*spans));
+		if (spans == NULL) {
+			proto_errf(&err, ENOMEM, "no memory for %zu spans", n);
+			goto fail;
+		}
+		n = proto_parcel_spans(p, pc, dst, off, len, spans, n);
+	}
+	if (s->ops->upload(s, slot, spans, n, buf, len, &err) != 0)
+		goto fail;
+	__atomic_add_fetch(&slot->streamed, len, __ATOMIC_RELAXED);
+	if (spans != few)
+		free(spans);
+	return;
+fail:
+	/* The first failure stops streaming this slot; the others are quiet. */
+	if (__atomic_exchange_n(&slot->streaming, false, __ATOMIC_RELAXED))
+		LOG_WARN("store %s: v%llu: %s; the slot is uploaded whole at activation",
+			 s->ops->name, (unsigned long long)slot->version, err.msg);
+	if (spans != few)
+		free(spans);
+}
+
 json_t *node_slot_describe(struct node_store *s, const struct node_slot *slot)
 {
 	char path[64];
@@ -186,19 +245,6 @@ json_t *node_slot_describe(struct node_store *s, const struct node_slot *slot)
 		return NULL;
 	}
 	return o;
-}
-
-uint64_t node_host_fold(const void *buf, size_t len)
-{
-	const uint8_t *p = buf;
-	uint64_t acc = 0;
-
-	for (size_t i = 0; i * 8 < len; i++) {
-		uint64_t w = 0;
-		memcpy(&w, p + i * 8, PROTO_MIN(8, len - i * 8));
-		acc ^= w * (2 * (uint64_t)i + 1);
-	}
-	return acc;
 }
 
 /* The host store: the memfd slot is what serving maps; nothing more to do. */

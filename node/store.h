@@ -4,9 +4,14 @@
  *
  * Slots are filled in host memory that a serving process can map (a memfd,
  * shared), then activated. The host store serves straight from that memory;
- * the CUDA store (built when nvcc exists, used when a GPU is visible) copies
- * the slot into GPU memory at activation and exports a CUDA IPC handle.
- * Both sit behind node_store_ops so tests run without a GPU.
+ * the CUDA store (built when nvcc exists, used when a GPU is visible) keeps a
+ * device buffer per slot and exports a CUDA IPC handle of it. While a fetch
+ * runs, each verified chunk is uploaded as soon as it is placed in the host
+ * slot (node_slot_stream_chunk, from the verification workers, through the
+ * pinned ring of node/store_cuda.h), so the copies overlap the network and
+ * activation only waits for the stream; a slot written any other way (a
+ * delta rebuilt from its parent, an in-place install) is uploaded whole at
+ * activation. Both sit behind node_store_ops so tests run without a GPU.
  */
 #ifndef NODE_STORE_H
 #define NODE_STORE_H
@@ -17,6 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "node/store_cuda.h"
+#include "proto/plan.h"
 #include "proto/util.h"
 
 struct node_slot {
@@ -25,6 +32,11 @@ struct node_slot {
 	size_t len;
 	int memfd;
 	void *dev;     /* device copy (CUDA store), else NULL */
+	/* Uploads while fetching (CUDA store): the bytes the fetch will
+	 * deliver as verified chunks and those queued so far (atomic: the
+	 * verification workers add). */
+	bool streaming;
+	uint64_t stream_expect, streamed;
 };
 
 struct node_store;
@@ -41,11 +53,19 @@ struct node_store_ops {
 	int (*describe)(struct node_store *s, const struct node_slot *slot,
 			json_t *obj);
 	void (*detach)(struct node_store *s, struct node_slot *slot);
+	/* Queues the upload of a verified chunk placed in the host slot along
+	 * spans (block offsets; src_off into buf). NULL: the store does not
+	 * stream. Called from verification workers. */
+	int (*upload)(struct node_store *s, struct node_slot *slot,
+		      const struct proto_span *spans, size_t nspans,
+		      const uint8_t *buf, size_t len, struct proto_err *err);
+	void (*close)(struct node_store *s);
 };
 
 struct node_store {
 	const struct node_store_ops *ops;
 	int device; /* CUDA device ordinal, -1 for host */
+	struct node_cuda_ring *ring; /* CUDA store: the pinned upload ring */
 	/* One freed slot kept for reuse (node_store_keep_spare): its pages
 	 * are allocated and already written, which a fresh memfd's are not
 	 * (a first write to each page costs microseconds, more in a VM), so
@@ -57,17 +77,23 @@ struct node_store {
 };
 
 /*
- * Opens a store by name: "host", "cuda" (fails when built without CUDA or no
- * device is visible, err says which) or "auto" (cuda when possible, else host
+ * Opens a store by name: "host", "cuda" or "cuda:N" for device N (fails when
+ * built without CUDA or no such device is visible, err says which) or "auto" (cuda when possible, else host
  * with a log line saying why). *out is a static-lifetime store.
  */
 int node_store_open(const char *name, struct node_store *out,
 		    struct proto_err *err);
 
 /* For a process serving several ranks (node/host.h): its index-th rank
- * takes CUDA device index modulo the visible devices (the ranks of a TP8
- * host on its eight GPUs). Nothing for a host store. */
+ * takes the CUDA device index places after the one its store named, modulo
+ * the visible devices (the ranks of a TP8 host on its eight GPUs). Nothing
+ * for a host store. */
 void node_store_spread(struct node_store *s, unsigned index);
+#ifdef TESSERA_CUDA
+/* node/store_cuda_ops.c: makes s the CUDA store on device dev (its upload
+ * ring made); 0, or a negative errno with why set and s unchanged. */
+int node_store_cuda_open(struct node_store *s, int dev, char *why, size_t whylen);
+#endif
 
 /* Keeps the next slot freed for reuse instead of unmapping it, until
  * node_store_close. Call before any slot is freed from another thread. */
@@ -84,25 +110,24 @@ int node_slot_new(struct node_store *s, uint64_t version, size_t len,
 void node_slot_free(struct node_store *s, struct node_slot *slot);
 int node_slot_activate(struct node_store *s, struct node_slot *slot,
 		       struct proto_err *err);
+/* Uploads while fetching: the fetch into slot delivers expect bytes as
+ * verified chunks (node_slot_stream_chunk); activation then only waits for
+ * them when they all came, and uploads the slot whole otherwise. Nothing
+ * for a store that does not stream. Cannot fail. */
+void node_slot_stream_begin(struct node_store *s, struct node_slot *slot, uint64_t expect);
+/* Whether chunks should be handed to node_slot_stream_chunk. */
+bool node_store_streams(const struct node_store *s);
+/* A verified chunk: payload bytes buf[0..len) of parcel pc at payload
+ * offset off, already placed in slot->host by the plan. Queues their
+ * upload; on failure the slot is uploaded whole at activation (logged).
+ * Called from verification workers. */
+void node_slot_stream_chunk(struct node_store *s, struct node_slot *slot,
+			    const struct proto_plan *p, const struct proto_parcel *pc,
+			    const struct proto_layout *dst, uint64_t off, const uint8_t *buf,
+			    size_t len);
 /* JSON for the activation record: {"store","memfd_path","size",...}. */
 json_t *node_slot_describe(struct node_store *s, const struct node_slot *slot);
 
-#ifdef TESSERA_CUDA
-/* CUDA runtime glue, in node/store_cuda.cu (C linkage). All return 0 or a
- * negative errno and write a one-line reason into why. */
-int node_cuda_probe(int *ndev, char *why, size_t whylen);
-int node_cuda_alloc(int dev, size_t len, void **out, char *why, size_t whylen);
-int node_cuda_upload(int dev, void *dst, const void *src, size_t len,
-		     char *why, size_t whylen);
-int node_cuda_ipc_handle(void *dptr, uint8_t out[64], char *why, size_t whylen);
-/* Order-independent 64-bit fold of a device buffer, for checking copies. */
-int node_cuda_fold(int dev, const void *dptr, size_t len, uint64_t *out,
-		   char *why, size_t whylen);
-void node_cuda_free(void *dptr);
-#endif
 
-/* The same fold on host memory: XOR over words w_i * (2i+1) of the
- * zero-padded 8-byte words. */
-uint64_t node_host_fold(const void *buf, size_t len);
 
 #endif

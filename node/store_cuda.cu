@@ -1,4 +1,4 @@
-// CUDA runtime glue for the CUDA store: device memory, uploads, IPC handles
+// CUDA runtime glue for the CUDA store: device memory, copies, IPC handles
 // and a fold kernel that lets tests check a copy on the device.
 #include <cerrno>
 #include <cstdint>
@@ -6,11 +6,9 @@
 #include <cstring>
 #include <cuda_runtime.h>
 
-extern "C" {
-#include "node/store.h"
-}
+#include "node/store_cuda.h"
 
-static int fail(cudaError_t e, const char *what, char *why, size_t whylen)
+int node_cuda__fail(cudaError_t e, const char *what, char *why, size_t whylen)
 {
 	snprintf(why, whylen, "%s: %s", what, cudaGetErrorString(e));
 	return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
@@ -33,10 +31,24 @@ extern "C" int node_cuda_probe(int *ndev, char *why, size_t whylen)
 
 extern "C" int node_cuda_alloc(int dev, size_t len, void **out, char *why, size_t whylen)
 {
+	void *p = nullptr;
 	cudaError_t e = cudaSetDevice(dev);
 	if (e == cudaSuccess)
-		e = cudaMalloc(out, len ? len : 1);
-	return e == cudaSuccess ? 0 : fail(e, "cudaMalloc", why, whylen);
+		e = cudaMalloc(&p, len ? len : 1);
+	/* Zeroed: bytes between local tensors are never uploaded, and a
+	 * fold of the whole buffer must match the host's zeroed memfd. The
+	 * ring's stream does not wait for the default one: wait here. */
+	if (e == cudaSuccess)
+		e = cudaMemset(p, 0, len ? len : 1);
+	if (e == cudaSuccess)
+		e = cudaStreamSynchronize(cudaStreamLegacy);
+	if (e != cudaSuccess) {
+		if (p != nullptr)
+			cudaFree(p);
+		return node_cuda__fail(e, "cudaMalloc", why, whylen);
+	}
+	*out = p;
+	return 0;
 }
 
 extern "C" int node_cuda_upload(int dev, void *dst, const void *src, size_t len, char *why,
@@ -45,7 +57,20 @@ extern "C" int node_cuda_upload(int dev, void *dst, const void *src, size_t len,
 	cudaError_t e = cudaSetDevice(dev);
 	if (e == cudaSuccess)
 		e = cudaMemcpy(dst, src, len, cudaMemcpyHostToDevice);
-	return e == cudaSuccess ? 0 : fail(e, "cudaMemcpy", why, whylen);
+	/* From pageable memory cudaMemcpy may return before the last DMA
+	 * lands: the bytes must be there for the serving process. */
+	if (e == cudaSuccess)
+		e = cudaStreamSynchronize(cudaStreamLegacy);
+	return e == cudaSuccess ? 0 : node_cuda__fail(e, "cudaMemcpy H2D", why, whylen);
+}
+
+extern "C" int node_cuda_download(int dev, void *dst, const void *src, size_t len, char *why,
+				  size_t whylen)
+{
+	cudaError_t e = cudaSetDevice(dev);
+	if (e == cudaSuccess)
+		e = cudaMemcpy(dst, src, len, cudaMemcpyDeviceToHost);
+	return e == cudaSuccess ? 0 : node_cuda__fail(e, "cudaMemcpy D2H", why, whylen);
 }
 
 extern "C" int node_cuda_ipc_handle(void *dptr, uint8_t out[64], char *why, size_t whylen)
@@ -54,9 +79,27 @@ extern "C" int node_cuda_ipc_handle(void *dptr, uint8_t out[64], char *why, size
 	static_assert(sizeof(h) == 64, "CUDA IPC handles are 64 bytes");
 	cudaError_t e = cudaIpcGetMemHandle(&h, dptr);
 	if (e != cudaSuccess)
-		return fail(e, "cudaIpcGetMemHandle", why, whylen);
+		return node_cuda__fail(e, "cudaIpcGetMemHandle", why, whylen);
 	memcpy(out, &h, sizeof(h));
 	return 0;
+}
+
+extern "C" int node_cuda_ipc_open(int dev, const uint8_t handle[64], void **out, char *why,
+				  size_t whylen)
+{
+	cudaIpcMemHandle_t h;
+	cudaError_t e = cudaSetDevice(dev);
+
+	memcpy(&h, handle, sizeof(h));
+	if (e == cudaSuccess)
+		e = cudaIpcOpenMemHandle(out, h, cudaIpcMemLazyEnablePeerAccess);
+	return e == cudaSuccess ? 0 : node_cuda__fail(e, "cudaIpcOpenMemHandle", why, whylen);
+}
+
+extern "C" void node_cuda_ipc_close(void *dptr)
+{
+	if (dptr != nullptr)
+		cudaIpcCloseMemHandle(dptr);
 }
 
 // acc ^= word_i * (2i+1) over zero-padded 8-byte words, like node_host_fold.
@@ -93,7 +136,7 @@ extern "C" int node_cuda_fold(int dev, const void *dptr, size_t len, uint64_t *o
 	if (acc != nullptr)
 		cudaFree(acc);
 	if (e != cudaSuccess)
-		return fail(e, "fold", why, whylen);
+		return node_cuda__fail(e, "fold", why, whylen);
 	*out = host;
 	return 0;
 }

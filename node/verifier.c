@@ -57,10 +57,12 @@ static void *worker(void *arg)
 		crypto_generichash(h, sizeof(h), j->buf, j->len, NULL, 0);
 		j->ok = sodium_memcmp(h, j->hash, sizeof(h)) == 0;
 		if (j->ok) {
-			if (j->parcel != NULL)
+			if (j->parcel != NULL) {
 				proto_parcel_scatter(j->plan, j->parcel, j->layout, j->dst, j->off,
 						     j->len, j->buf);
-			else
+				if (j->placed != NULL)
+					j->placed(j, j->placed_arg);
+			} else
 				memcpy(j->dst + j->off, j->buf, j->len);
 			if (j->keep != NULL)
 				memcpy(j->keep, j->buf, j->len);

@@ -26,6 +26,10 @@ struct node_vjob {
 			* buffer the bytes are copied into at off */
 	uint64_t off;  /* payload offset of buf inside the parcel */
 	uint8_t *keep; /* not NULL: verified bytes are also copied here (served to peers) */
+	/* Not NULL: called on the worker once the bytes were scattered (the
+	 * CUDA store queues their upload). */
+	void (*placed)(struct node_vjob *job, void *arg);
+	void *placed_arg;
 	/* out */
 	bool ok;       /* hash matched and the bytes were scattered */
 	struct node_vjob *next_; /* private */

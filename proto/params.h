@@ -156,7 +156,13 @@
 	/* Test only: a chain replay step of this version number has one byte \
 	 * of its delta flipped after its hashes verified (0: none), so that \
 	 * tests can see the replay fail and fall back to an anchor. */ \
-	X(TEST_CORRUPT_CHAIN, "TESSERA_TEST_CORRUPT_CHAIN", 0, "test only: damage this version's delta in a chain replay")
+	X(TEST_CORRUPT_CHAIN, "TESSERA_TEST_CORRUPT_CHAIN", 0, "test only: damage this version's delta in a chain replay") \
+	/* CUDA store: verified chunks are staged in a ring of pinned host \
+	 * entries of this many bytes (a chunk and its span table fit in one) \
+	 * and copied to the device while the next ones arrive. */ \
+	X(CUDA_RING_ENTRY, "TESSERA_CUDA_RING_ENTRY", 2u << 20, "CUDA store: bytes per pinned upload entry") \
+	/* Pinned upload entries in the ring: uploads in flight at most. */ \
+	X(CUDA_RING_ENTRIES, "TESSERA_CUDA_RING_ENTRIES", 16, "CUDA store: pinned upload entries")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

@@ -458,6 +458,22 @@ uint64_t proto_parcel_run_at(const struct proto_plan *p, const struct proto_parc
 	return lo;
 }
 
+/* The segment of parcel pc owning run r, for its local tensor. */
+static const struct proto_segment *run_segment(const struct proto_plan *p,
+					       const struct proto_parcel *pc, uint64_t r)
+{
+	uint64_t lo = pc->seg0, hi = pc->seg0 + pc->nsegs;
+
+	while (hi - lo > 1) {
+		uint64_t mid = lo + (hi - lo) / 2;
+		if (p->segs[mid].run0 <= r)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return &p->segs[lo];
+}
+
 /* Walks payload [off, off+len) run by run; dir 0 gathers, 1 scatters, 2
  * calls span with each run's place in rank memory (base and buf unused). */
 static void walk(const struct proto_plan *p, const struct proto_parcel *pc,
@@ -469,18 +485,8 @@ static void walk(const struct proto_plan *p, const struct proto_parcel *pc,
 
 	for (; off < end && r < pc->run0 + pc->nruns; r++) {
 		const struct proto_run *run = &p->runs[r];
-		const struct proto_segment *sg = NULL;
+		const struct proto_segment *sg = run_segment(p, pc, r);
 		uint64_t in = off - run->pay_off, n = PROTO_MIN(run->len - in, end - off);
-		uint64_t lo = pc->seg0, hi = pc->seg0 + pc->nsegs;
-		/* The segment owning run r, for its local tensor. */
-		while (hi - lo > 1) {
-			uint64_t mid = lo + (hi - lo) / 2;
-			if (p->segs[mid].run0 <= r)
-				lo = mid;
-			else
-				hi = mid;
-		}
-		sg = &p->segs[lo];
 		const struct proto_local *lt =
 			&l->ranks[rank].locals[dir != 0 ? sg->dst_local : sg->src_local];
 		uint64_t at = lt->offset + (dir != 0 ? run->dst_off : run->src_off) + in;
@@ -515,4 +521,26 @@ void proto_parcel_dst_spans(const struct proto_plan *p, const struct proto_parce
 			    void (*span)(void *arg, uint64_t at, uint64_t n), void *arg)
 {
 	walk(p, pc, dst, pc->dst_rank, NULL, off, len, NULL, 2, span, arg);
+}
+
+size_t proto_parcel_spans(const struct proto_plan *p, const struct proto_parcel *pc,
+			  const struct proto_layout *dst, uint64_t off, uint64_t len,
+			  struct proto_span *out, size_t cap)
+{
+	uint64_t r = proto_parcel_run_at(p, pc, off), end = off + len, start = off;
+	size_t n = 0;
+
+	for (; off < end && r < pc->run0 + pc->nruns; r++) {
+		const struct proto_run *run = &p->runs[r];
+		const struct proto_local *lt =
+			&dst->ranks[pc->dst_rank].locals[run_segment(p, pc, r)->dst_local];
+		uint64_t in = off - run->pay_off, k = PROTO_MIN(run->len - in, end - off);
+		uint64_t at = lt->offset + run->dst_off + in;
+		if (n > 0 && n <= cap && out[n - 1].dst_off + out[n - 1].len == at)
+			out[n - 1].len += k; /* adjacent in the block too: one span */
+		else if (n++ < cap)
+			out[n - 1] = (struct proto_span){at, off - start, k};
+		off += k;
+	}
+	return n;
 }

@@ -105,4 +105,17 @@ void proto_parcel_dst_spans(const struct proto_plan *p, const struct proto_parce
 			    const struct proto_layout *dst, uint64_t off, uint64_t len,
 			    void (*span)(void *arg, uint64_t at, uint64_t n), void *arg);
 
+/* Where payload bytes [off, off+len) of a parcel land in the destination
+ * rank's block: spans (block offset, offset from off, length), adjacent ones
+ * merged. Fills at most cap and returns how many there are (more than cap:
+ * call again with room for that many). Cannot fail. */
+struct proto_span {
+	uint64_t dst_off;
+	uint64_t src_off;
+	uint64_t len;
+};
+size_t proto_parcel_spans(const struct proto_plan *p, const struct proto_parcel *pc,
+			  const struct proto_layout *dst, uint64_t off, uint64_t len,
+			  struct proto_span *out, size_t cap);
+
 #endif

@@ -1216,6 +1216,30 @@ static void test_open_options(void **state)
 	fab_close(c);
 }
 
+/* FI_HMEM asked of tcp;ofi_rxm, which has none: the context opens without
+ * it, says so, refuses device registrations and registers host memory as
+ * before. Without the flag no context claims FI_HMEM. */
+static void test_hmem_fallback(void **state)
+{
+	struct fab_opts o = {.flags = FAB_F_HMEM_CUDA};
+	struct fab_ctx *c;
+	struct fab_mr *mr = (struct fab_mr *)&o;
+	static uint8_t buf[4096];
+
+	(void)state;
+	assert_int_equal(fab_open("tcp;ofi_rxm", "127.0.0.1", &o, &c, NULL), 0);
+	assert_false(fab_hmem_cuda(c));
+	assert_int_equal(fab_mr_reg_cuda(c, buf, sizeof(buf), FAB_MR_REMOTE_READ, 0, &mr),
+			 -EOPNOTSUPP);
+	assert_null(mr);
+	assert_int_equal(fab_mr_reg(c, buf, sizeof(buf), FAB_MR_REMOTE_READ, &mr), 0);
+	fab_mr_close(mr);
+	fab_close(c);
+	assert_int_equal(fab_open("tcp;ofi_rxm", "127.0.0.1", NULL, &c, NULL), 0);
+	assert_false(fab_hmem_cuda(c));
+	fab_close(c);
+}
+
 static void test_mr_mode_names(void **state)
 {
 	char buf[128];
@@ -1248,6 +1272,7 @@ int main(void)
 	const struct CMUnitTest local[] = {
 		cmocka_unit_test(test_unknown_provider),
 		cmocka_unit_test(test_open_options),
+		cmocka_unit_test(test_hmem_fallback),
 		cmocka_unit_test(test_mr_mode_names),
 	};
 	int fails = 0;

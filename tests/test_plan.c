@@ -109,8 +109,11 @@ static void move_and_check(const struct proto_model *m, const struct proto_layou
 				for_each_elem(m, &src->ranks[r].locals[i], &src->ranks[r].locals[i].pieces[k],
 					      fill_fn, &f);
 	}
-	for (uint32_t r = 0; r < dst->nranks; r++)
+	uint8_t **smem2 = calloc(dst->nranks, sizeof(*smem2)); /* placed along proto_parcel_spans */
+	for (uint32_t r = 0; r < dst->nranks; r++) {
 		dmem[r] = calloc(1, dst->ranks[r].nbytes + 1);
+		smem2[r] = calloc(1, dst->ranks[r].nbytes + 1);
+	}
 	for (uint32_t i = 0; i < p.nparcels; i++) {
 		const struct proto_parcel *pc = &p.parcels[i];
 		uint8_t *pay = malloc(pc->bytes + 1);
@@ -122,6 +125,28 @@ static void move_and_check(const struct proto_model *m, const struct proto_layou
 		for (uint64_t off = 0, step = 5; off < pc->bytes; off += step, step = step * 7 % 53 + 1) {
 			uint64_t n = PROTO_MIN(step, pc->bytes - off);
 			proto_parcel_scatter(&p, pc, dst, dmem[pc->dst_rank], off, n, pay + off);
+		}
+		/* The same payload placed along its spans, in uneven pieces, with
+		 * too little room first. */
+		for (uint64_t off = 0, step = 3; off < pc->bytes; off += step, step = step * 5 % 97 + 1) {
+			uint64_t n = PROTO_MIN(step, pc->bytes - off), sum = 0;
+			struct proto_span one[1], *sp;
+			size_t k = proto_parcel_spans(&p, pc, dst, off, n, one, 1);
+			assert_true(k >= 1);
+			sp = calloc(k, sizeof(*sp));
+			size_t k2 = proto_parcel_spans(&p, pc, dst, off, n, sp, k);
+			assert_true(k2 <= k);
+			for (size_t j = 0; j < k2; j++) {
+				assert_true(sp[j].src_off == sum); /* in payload order, no gap */
+				if (j > 0) /* merged: never adjacent in the block */
+					assert_true(sp[j - 1].dst_off + sp[j - 1].len != sp[j].dst_off);
+				assert_true(sp[j].dst_off + sp[j].len <= dst->ranks[pc->dst_rank].nbytes);
+				memcpy(smem2[pc->dst_rank] + sp[j].dst_off, pay + off + sp[j].src_off,
+				       sp[j].len);
+				sum += sp[j].len;
+			}
+			assert_true(sum == n);
+			free(sp);
 		}
 		free(pay);
 	}
@@ -142,8 +167,12 @@ static void move_and_check(const struct proto_model *m, const struct proto_layou
 				     p.runs[r - 1].dst_off + p.runs[r - 1].len == p.runs[r].dst_off);
 	for (uint32_t r = 0; r < src->nranks; r++)
 		free(smem[r]);
-	for (uint32_t r = 0; r < dst->nranks; r++)
+	for (uint32_t r = 0; r < dst->nranks; r++) {
+		assert_memory_equal(smem2[r], dmem[r], dst->ranks[r].nbytes);
 		free(dmem[r]);
+		free(smem2[r]);
+	}
+	free(smem2);
 	free(smem);
 	free(dmem);
 	if (out != NULL)

@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 
 #include "node/store.h"
+#include "proto/proto.h"
 #include "tests/testutil.h"
 
 static void test_host_slot_is_mappable(void **state)
@@ -86,8 +87,17 @@ static void test_store_names(void **state)
 	struct proto_err err;
 	assert_int_equal(node_store_open("disk", &s, &err), -EINVAL);
 	assert_non_null(strstr(err.msg, "disk"));
+	const char *bad[] = {"cuda:", "cuda:x", "cuda:-1", "cuda:1x", "cuda:99999", "cudax", "cuda1"};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad); i++) {
+		assert_int_equal(node_store_open(bad[i], &s, &err), -EINVAL);
+		assert_non_null(strstr(err.msg, "want host, cuda, cuda:DEVICE or auto"));
+	}
+	/* A device that is not there (none, or not that many) is named. */
+	assert_int_equal(node_store_open("cuda:1000", &s, &err), -ENODEV);
+	assert_non_null(strstr(err.msg, "store cuda:1000: "));
 	/* auto always works: CUDA when there is a GPU, else host. */
 	assert_int_equal(node_store_open("auto", &s, &err), 0);
+	node_store_close(&s);
 }
 
 static void test_fold_matches_on_host(void **state)
@@ -102,6 +112,20 @@ static void test_fold_matches_on_host(void **state)
 	assert_true(node_host_fold(w, 16) != node_host_fold(v, 16));
 }
 
+#ifdef TESSERA_CUDA
+/* Skips the calling test, saying why, when no CUDA device is visible. */
+static void skip_without_gpu(void)
+{
+	char why[256];
+	int ndev = 0;
+
+	if (node_cuda_probe(&ndev, why, sizeof(why)) != 0) {
+		print_message("skipped: %s\n", why);
+		skip();
+	}
+}
+#endif
+
 static void test_cuda_store(void **state)
 {
 #ifndef TESSERA_CUDA
@@ -112,12 +136,8 @@ static void test_cuda_store(void **state)
 	struct node_slot *slot;
 	struct proto_err err;
 	char why[256];
-	int ndev = 0;
 
-	if (node_cuda_probe(&ndev, why, sizeof(why)) != 0) {
-		print_message("skipped: %s\n", why);
-		skip();
-	}
+	skip_without_gpu();
 	assert_int_equal(node_store_open("cuda", &s, &err), 0);
 	assert_int_equal(node_slot_new(&s, 1, (64 << 20) + 5, &slot, &err), 0);
 	for (size_t i = 0; i < slot->len; i++)
@@ -132,6 +152,143 @@ static void test_cuda_store(void **state)
 	assert_int_equal(strlen(json_string_value(json_object_get(d, "cuda_ipc_handle"))), 128);
 	json_decref(d);
 	node_slot_free(&s, slot);
+	node_store_close(&s);
+#endif
+}
+
+/* A tp2 rank's slot filled as a fetch fills it: payload chunks scattered by
+ * the plan, each handed to node_slot_stream_chunk. */
+struct stream_env {
+	struct proto_model m;
+	struct proto_layout src, dst;
+	struct proto_plan plan;
+	uint64_t expect; /* payload bytes for dst rank 0 */
+};
+
+static void stream_env_init(struct stream_env *e)
+{
+	/* Llama-shaped: tp2 splits rows of some tensors and columns of others. */
+	const char *model =
+		"{\"tensors\":["
+		"{\"name\":\"model.embed_tokens.weight\",\"dtype\":\"bf16\",\"shape\":[64,256]},"
+		"{\"name\":\"model.layers.0.self_attn.q_proj.weight\",\"dtype\":\"bf16\",\"shape\":[256,256]},"
+		"{\"name\":\"model.layers.0.self_attn.k_proj.weight\",\"dtype\":\"bf16\",\"shape\":[128,256]},"
+		"{\"name\":\"model.layers.0.self_attn.v_proj.weight\",\"dtype\":\"bf16\",\"shape\":[128,256]},"
+		"{\"name\":\"model.layers.0.self_attn.o_proj.weight\",\"dtype\":\"bf16\",\"shape\":[256,256]},"
+		"{\"name\":\"model.layers.0.mlp.gate_proj.weight\",\"dtype\":\"bf16\",\"shape\":[512,256]},"
+		"{\"name\":\"model.layers.0.mlp.up_proj.weight\",\"dtype\":\"bf16\",\"shape\":[512,256]},"
+		"{\"name\":\"model.layers.0.mlp.down_proj.weight\",\"dtype\":\"bf16\",\"shape\":[256,512]},"
+		"{\"name\":\"model.layers.0.input_layernorm.weight\",\"dtype\":\"bf16\",\"shape\":[256]},"
+		"{\"name\":\"model.norm.weight\",\"dtype\":\"bf16\",\"shape\":[256]},"
+		"{\"name\":\"lm_head.weight\",\"dtype\":\"bf16\",\"shape\":[64,256]}]}";
+	struct proto_err err;
+
+	assert_int_equal(proto_model_parse(model, strlen(model), "model", &e->m, &err), 0);
+	assert_int_equal(proto_layout_builtin(&e->m, "fsdp2", &e->src, &err), 0);
+	assert_int_equal(proto_layout_builtin(&e->m, "tp2", &e->dst, &err), 0);
+	assert_int_equal(proto_plan_build(&e->m, &e->src, &e->dst, &e->plan, &err), 0);
+	e->expect = 0;
+	for (uint32_t i = 0; i < e->plan.nparcels; i++)
+		if (e->plan.parcels[i].dst_rank == 0)
+			e->expect += e->plan.parcels[i].bytes;
+}
+
+static void stream_env_fini(struct stream_env *e)
+{
+	proto_plan_fini(&e->plan);
+	proto_layout_fini(&e->src);
+	proto_layout_fini(&e->dst);
+	proto_model_fini(&e->m);
+}
+
+/* Scatters random payload into slot chunk by chunk, streaming each but
+ * chunk `skip` (UINT64_MAX: none); returns the bytes handed over. */
+static uint64_t stream_fill(struct stream_env *e, struct node_store *s, struct node_slot *slot,
+			    uint64_t skip)
+{
+	const uint64_t chunk = 10000; /* odd: chunks straddle runs */
+	uint64_t k = 0, handed = 0;
+	uint8_t *buf = malloc(chunk);
+
+	assert_non_null(buf);
+	for (uint32_t i = 0; i < e->plan.nparcels; i++) {
+		const struct proto_parcel *pc = &e->plan.parcels[i];
+		if (pc->dst_rank != 0)
+			continue;
+		for (uint64_t off = 0; off < pc->bytes; off += chunk, k++) {
+			uint64_t n = PROTO_MIN(chunk, pc->bytes - off);
+			for (uint64_t j = 0; j < n; j++)
+				buf[j] = (uint8_t)((k * 131 + j * 7) >> 1);
+			proto_parcel_scatter(&e->plan, pc, &e->dst, slot->host, off, n, buf);
+			if (k == skip)
+				continue;
+			node_slot_stream_chunk(s, slot, &e->plan, pc, &e->dst, off, buf, n);
+			handed += n;
+		}
+	}
+	free(buf);
+	return handed;
+}
+
+/* The host store does not stream: chunks are left where they were placed. */
+static void test_host_store_does_not_stream(void **state)
+{
+	struct stream_env e;
+	struct node_store s;
+	struct node_slot *slot;
+	struct proto_err err;
+
+	stream_env_init(&e);
+	assert_int_equal(node_store_open("host", &s, &err), 0);
+	assert_false(node_store_streams(&s));
+	assert_int_equal(node_slot_new(&s, 1, e.dst.ranks[0].nbytes, &slot, &err), 0);
+	node_slot_stream_begin(&s, slot, e.expect);
+	assert_false(slot->streaming);
+	stream_fill(&e, &s, slot, UINT64_MAX);
+	assert_int_equal(slot->streamed, 0);
+	assert_int_equal(node_slot_activate(&s, slot, &err), 0);
+	assert_null(slot->dev);
+	node_slot_free(&s, slot);
+	node_store_close(&s);
+	stream_env_fini(&e);
+}
+
+/* The CUDA store uploads each chunk as it is handed over; activation waits
+ * for them, and the device holds the host slot's bytes. With a chunk not
+ * handed over, activation uploads the slot whole. */
+static void test_cuda_streamed_slot(void **state)
+{
+#ifndef TESSERA_CUDA
+	print_message("skipped: tessera was built without CUDA (no nvcc)\n");
+	skip();
+#else
+	struct stream_env e;
+	struct node_store s;
+	struct proto_err err;
+	char why[256];
+
+	skip_without_gpu();
+	stream_env_init(&e);
+	assert_int_equal(node_store_open("cuda", &s, &err), 0);
+	assert_true(node_store_streams(&s));
+	for (int round = 0; round < 2; round++) {
+		struct node_slot *slot;
+		size_t len = e.dst.ranks[0].nbytes;
+		assert_int_equal(node_slot_new(&s, 1 + round, len, &slot, &err), 0);
+		node_slot_stream_begin(&s, slot, e.expect);
+		uint64_t handed = stream_fill(&e, &s, slot, round == 0 ? UINT64_MAX : 3);
+		assert_int_equal(slot->streamed, handed);
+		assert_true(round == 0 ? handed == e.expect : handed < e.expect);
+		assert_int_equal(node_slot_activate(&s, slot, &err), 0);
+		uint8_t *got = malloc(len);
+		assert_non_null(got);
+		assert_int_equal(node_cuda_download(s.device, got, slot->dev, len, why, sizeof(why)), 0);
+		assert_memory_equal(got, slot->host, len);
+		free(got);
+		node_slot_free(&s, slot);
+	}
+	node_store_close(&s);
+	stream_env_fini(&e);
 #endif
 }
 
@@ -143,6 +300,8 @@ int main(void)
 		cmocka_unit_test(test_store_names),
 		cmocka_unit_test(test_fold_matches_on_host),
 		cmocka_unit_test(test_cuda_store),
+		cmocka_unit_test(test_host_store_does_not_stream),
+		cmocka_unit_test(test_cuda_streamed_slot),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

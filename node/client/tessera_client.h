@@ -57,7 +57,10 @@ struct tessera_version {
 	uint8_t digest[32];     /* the signed manifest's digest */
 	int store;              /* 0 host, 1 cuda */
 	int cuda_device;        /* -1 on host */
-	uint8_t cuda_ipc_handle[64]; /* cudaIpcMemHandle_t in GPU mode */
+	/* cudaIpcMemHandle_t in GPU mode: the serving process copies it into
+	 * one and calls cudaIpcOpenMemHandle on cuda_device (this library
+	 * itself links libc only); the tensor table's offsets hold there. */
+	uint8_t cuda_ipc_handle[64];
 	int memfd;              /* the host copy; the client owns it */
 	const uint8_t *host;    /* mapped read-only (NULL when size is 0) */
 };
