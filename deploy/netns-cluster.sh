@@ -1,8 +1,13 @@
 #!/bin/bash
 # A tessera cluster across hosts: one network namespace per host, each joined
 # to a switch namespace's bridge by a veth pair shaped with tbf in both
-# directions. Host 0 runs the tracker and the publisher (every trainer rank);
-# host i (1..) runs every rank of replica i. It publishes --versions versions,
+# directions (the data network: the fabric). Host 0 runs the publisher
+# (every trainer rank); host i (1..) runs every rank of replica i. The
+# tracker runs on a host of its own, reached by every host over a second,
+# unshaped management network, as a cluster's control plane sits on its
+# front-end network beside the data fabric: heartbeats queued behind a
+# saturated data link's backlog cost nodes their leases (--tracker-net data
+# puts the tracker on host 0 behind the trainer's shaped link instead). It publishes --versions versions,
 # waits for every replica to activate the last, and prints for each version
 # how long each replica took and the trainer's upload rate against the link
 # rate the run shaped. Late replicas (--late-replica) start only then, on
@@ -19,6 +24,7 @@
 #                                [--timeout S] [--late-timeout S] [--report FILE]
 #                                [--measure-link MB] [--keep DIR]
 #                                [--model-dir DIR] [--anchor-every K]
+#                                [--tracker-net mgmt|data]
 #   --replica L   a replica's layout, tpN or a layout file (repeatable;
 #                 default tp2 tp2 tp1)
 #   --late-replica L  a replica started once every other one is active on
@@ -42,7 +48,8 @@
 #                 sum), anchor_bytes (what those replicas' layouts hold: the
 #                 version's cost as an anchor), encode_ms, per replica late,
 #                 activated, t_activate_ms, bytes_from_trainer,
-#                 bytes_from_peers, duplicate_bytes, refetched_bytes (exact
+#                 bytes_from_peers, duplicate_bytes, refetched_bytes,
+#                 leases_lost (times a rank re-registered) (exact
 #                 for the last version, as last polled for earlier ones)
 #   --measure-link MB  first time one TCP transfer of MB MiB from host 0 to
 #                 host 1 across the shaped links: b, reported as
@@ -52,6 +59,9 @@
 #                 instead of the synthetic model
 #   --anchor-every K  an anchor every K versions, deltas between (default:
 #                 the publisher's, 10)
+#   --tracker-net N  mgmt (default): the tracker on its own host, on the
+#                 unshaped management network; data: on host 0, behind the
+#                 publisher's shaped link (control and data share it)
 #
 # Exit status: 0 when every replica activated the last version; 3 when all
 # but some late replicas did (the report and a line say which); else 1.
@@ -73,6 +83,8 @@ LINK_MB=0
 LATE_TIMEOUT=""
 MODEL_DIR=""
 ANCHOR_EVERY=""
+TRACKER_NET=mgmt
+MGMT=10.78.0 # the management network: host i is .i+1, the tracker .254
 LAYOUTS=()
 LATE=()
 
@@ -96,6 +108,7 @@ while [ $# -gt 0 ]; do
 	--keep) KEEP=$2; shift 2 ;;
 	--model-dir) MODEL_DIR=$(realpath "$2"); shift 2 ;;
 	--anchor-every) ANCHOR_EVERY=$2; shift 2 ;;
+	--tracker-net) TRACKER_NET=$2; shift 2 ;;
 	-h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option '$1' (see --help)" ;;
 	esac
@@ -105,6 +118,10 @@ case "$MODE" in
 fanout) FANOUT=1 ;;
 star) FANOUT=0 ;;
 *) die "--mode wants fanout or star, not '$MODE'" ;;
+esac
+case "$TRACKER_NET" in
+mgmt|data) ;;
+*) die "--tracker-net wants mgmt or data, not '$TRACKER_NET'" ;;
 esac
 for n in "$MB" "$VERSIONS" "$EVERY" "$TIMEOUT" "$LINK_MB" ${LATE_TIMEOUT:+"$LATE_TIMEOUT"}; do
 	[[ "$n" =~ ^[0-9]+$ ]] || die "'$n' is not a number"
@@ -181,6 +198,8 @@ ip netns add $PFX-sw
 ip -n $PFX-sw link set lo up
 ip -n $PFX-sw link add br0 type bridge
 ip -n $PFX-sw link set br0 up
+ip -n $PFX-sw link add br1 type bridge # management: not shaped
+ip -n $PFX-sw link set br1 up
 shape() { # namespace device
 	ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$RATE" burst 1mb latency 400ms
 }
@@ -195,7 +214,20 @@ for i in $(seq 0 "$NHOST"); do
 	ip -n $PFX-sw link set "p$i" up
 	shape "$ns" eth0
 	shape $PFX-sw "p$i"
+	ip link add mgmt0 netns "$ns" type veth peer name "m$i" netns $PFX-sw
+	ip -n "$ns" addr add "$MGMT.$((i + 1))/24" dev mgmt0
+	ip -n "$ns" link set mgmt0 up
+	ip -n $PFX-sw link set "m$i" master br1
+	ip -n $PFX-sw link set "m$i" up
 done
+# The tracker's host: on the management network only.
+ip netns add $PFX-ht
+ip -n $PFX-ht link set lo up
+ip link add mgmt0 netns $PFX-ht type veth peer name mt netns $PFX-sw
+ip -n $PFX-ht addr add "$MGMT.254/24" dev mgmt0
+ip -n $PFX-ht link set mgmt0 up
+ip -n $PFX-sw link set mt master br1
+ip -n $PFX-sw link set mt up
 on() { # host command...
 	local h=$1
 	shift
@@ -204,10 +236,18 @@ on() { # host command...
 start() { # host log command... (in the background; $! is the command itself)
 	local h=$1 log=$2
 	shift 2
-	ip netns exec "$PFX-h$h" "$@" >"$DIR/$log" 2>&1 &
+	# The fabric takes the data network's interface, never mgmt0.
+	ip netns exec "$PFX-h$h" env FI_TCP_IFACE=eth0 "$@" >"$DIR/$log" 2>&1 &
 	PIDS+=($!)
 }
-TRK=http://$NET.1:$PORT
+if [ "$TRACKER_NET" = mgmt ]; then
+	TRK_HOST=t
+	TRK_ADDR=$MGMT.254
+else
+	TRK_HOST=0
+	TRK_ADDR=$NET.1
+fi
+TRK=http://$TRK_ADDR:$PORT
 
 wait_for() { # what test-command...
 	local what=$1
@@ -250,10 +290,10 @@ print(int((n - n0) / (time.monotonic() - t0)))' "$NET.1" "$LINK_MB") || die "the
 		"from one $LINK_MB MiB TCP transfer, host 0 -> host 1, its first quarter not timed"
 fi
 
-# ---- tracker and publisher on host 0 -----------------------------------------------
+# ---- tracker (its own host, or host 0) and publisher (host 0) -----------------------
 "$BIN/tessera" keygen -o "$DIR/trainer" >/dev/null
 "$BIN/tessera" keygen --cluster -o "$DIR/cluster.key" >/dev/null
-start 0 tracker.log "$BIN/tessera-tracker" --listen "$NET.1:$PORT" --state "$DIR/state" \
+start $TRK_HOST tracker.log "$BIN/tessera-tracker" --listen "$TRK_ADDR:$PORT" --state "$DIR/state" \
 	--cluster-key "$DIR/cluster.key" --trainer-pubkey "$DIR/trainer.pub"
 wait_for "the tracker" status
 # Versions are exported on order (below), once every replica registered:
@@ -386,9 +426,11 @@ rate_bps() {
 	""|bps) echo $((n * 8)) ;; *) die "rate '$r': use kbit, mbit or gbit" ;;
 	esac
 }
+# leases_lost: how often its ranks found their lease gone (their logs).
 REPS=$(for i in $(seq 1 "$NHOST"); do
 	jq -cn --arg r "R$i" --arg l "${ALL[$((i - 1))]}" --argjson late "$([ "$i" -gt "$NREP" ] &&
-		echo true || echo false)" '{replica: $r, layout: $l, late: $late}'
+		echo true || echo false)" --argjson lost "$(cat "$DIR"/node-R$i-*.log 2>/dev/null |
+		grep -c 'lease lost' || true)" '{replica: $r, layout: $l, late: $late, leases_lost: $lost}'
 done | jq -cs .)
 # What each replica's layout holds, i.e. what a version costs it as an anchor:
 # the planner's retained bytes, as `tessera cluster` counts them.
@@ -466,7 +508,20 @@ jq -r '.link_rate_bps as $bps | .versions[] | . as $v
 	   + (if .activated then "active on v\($v.version) \(.t_activate_ms / 1000)s after it registered"
 	      else "DID NOT activate v\($v.version) within the time bound" end)
 	   + ", \(.bytes_from_trainer / 1048576 | floor) MiB from the trainer,"
-	   + " \(.bytes_from_peers / 1048576 | floor) MiB from peers")
+	   + " \(.bytes_from_peers / 1048576 | floor) MiB from peers"),
+	  # Where the time went: the median of each phase over the ranks, from the
+	  # timeline of the version (publisher: asked, snapshot, published; ranks:
+	  # first and last byte, verified, active).
+	  (.timeline | select(type == "object") | . as $tl
+	   | [.replicas[]?.ranks[]?] as $rk
+	   | def med(f): [$rk[] | f | select(. != null and . >= 0)] | sort
+		| if length == 0 then "-" else .[length / 2 | floor] / 1000 | tostring end;
+	   "  phases, median over ranks (s): export -> published "
+	   + "\((($tl.published_ms // 0) - ($tl.export_asked_ms // 0)) / 1000), published -> first byte "
+	   + med(.first_byte_ms - $tl.published_ms) + ", first -> last byte "
+	   + med(.last_byte_ms - .first_byte_ms) + ", last byte -> verified "
+	   + med(.verified_ms - .last_byte_ms) + ", verified -> active " + med(.activated_ms - .verified_ms)
+	   + "; leases lost \([$v.replicas[].leases_lost] | add // 0)")
 ' "$DIR/report.json"
 if [ $LATE_RC -ne 0 ]; then
 	echo "netns-cluster: late replicas did not all activate v$VERSIONS within the time bound" \
