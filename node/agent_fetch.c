@@ -31,6 +31,47 @@ void agent_want_sources(struct node_agent *a, uint32_t pi)
 	}
 }
 
+/*
+ * Peers the tracker stopped listing. A node whose lease lapsed (heartbeats
+ * lost or late on a congested control path, a tracker restarted or paused)
+ * drops out of every /sources answer until it has registered and offered
+ * again, about a heartbeat later; meanwhile it still serves what it holds.
+ * Dropping it cost the swarm: its have-page, its pacing and its share of
+ * the chunk owners went, and its chunks went to the trainer. So such a
+ * peer stays a source (and a member, agent_swarm_owners) for
+ * TESSERA_PEER_GRACE_MS while it answers: once one of its reads fails it
+ * rests (agent_source_failed) and the next answer drops it, so a peer that
+ * left or died costs one failed read. Copies the peers of p's list that
+ * the answer lacks (moved[j] == 0), their have-page read and in grace,
+ * into ns after its n listed ones (they move: the old entries give up
+ * their handles; moved[j] says where); returns how many.
+ */
+static size_t keep_unlisted(struct node_agent *a, const struct agent_fetch *f,
+			    struct agent_parcel *p, struct agent_source *ns, size_t n, uint32_t *moved)
+{
+	uint64_t now = agent_now_ms(), grace = proto_param(PROTO_PARAM_PEER_GRACE_MS);
+	size_t k = n;
+
+	for (size_t j = 0; j < p->nsrcs; j++) {
+		struct agent_source *o = &p->srcs[j];
+		if (moved[j] != 0 || !o->info.peer || o->self || o->have == NULL ||
+		    o->bad_until_ms > now || agent_swarm_banned(f, o->info.id) ||
+		    (o->unlisted_ms != 0 && now - o->unlisted_ms >= grace))
+			continue;
+		if (o->unlisted_ms == 0)
+			LOG_DEBUG("node %s: peer %s no longer listed; kept while it answers",
+				  a->node_id, o->info.id);
+		ns[k] = *o;
+		ns[k].unlisted_ms = o->unlisted_ms != 0 ? o->unlisted_ms : now;
+		ns[k].have_busy = false; /* a read in flight is dropped (epoch) */
+		o->fa_valid = false;
+		o->have = NULL;
+		o->info.fabric_addr = NULL;
+		moved[j] = (uint32_t)++k;
+	}
+	return k - n;
+}
+
 static void on_sources(const struct trk_answer *ans, void *arg)
 {
 	struct sources_req *req = arg;
@@ -55,7 +96,7 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 	}
 	/* Keep what we know of sources still listed (their rest periods and
 	 * fabric handles); add new ones. */
-	struct agent_source *ns = calloc(n + 1, sizeof(*ns));
+	struct agent_source *ns = calloc(n + p->nsrcs + 1, sizeof(*ns));
 	if (ns == NULL) {
 		trk_sources_free(s, n);
 		return;
@@ -87,6 +128,7 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 				struct trk_source info = ns[i].info;
 				ns[i] = *o; /* handle, rest period, pacing, have-page */
 				ns[i].info = info;
+				ns[i].unlisted_ms = 0;
 				ns[i].have_busy = false; /* a read in flight is dropped (epoch) */
 				o->fa_valid = false;
 				o->have = NULL;
@@ -94,6 +136,7 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 			}
 		}
 	}
+	n += keep_unlisted(a, f, p, ns, n, moved);
 	/* Reads in flight follow their source to the new list; those whose
 	 * source left it no longer name one. */
 	for (uint32_t r = 0; r < a->nreads; r++) {

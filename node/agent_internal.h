@@ -84,6 +84,7 @@ struct agent_source {
 	bool have_busy;           /* a read of it is in flight */
 	bool self;                /* it is us: never read from */
 	uint64_t listed_ms;       /* first listed by the tracker */
+	uint64_t unlisted_ms;     /* a peer the tracker stopped listing: since when (0: listed) */
 };
 
 struct agent_parcel {

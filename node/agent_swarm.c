@@ -595,6 +595,16 @@ static uint64_t hrw(const char *id, uint32_t pi, uint32_t c)
 	return h ^ (h >> 32);
 }
 
+static bool is_member(const struct agent_parcel *p, const char *id)
+{
+	for (uint32_t k = 0; k < p->nmembers; k++)
+		if (strcmp(p->members[k], id) == 0)
+			return true;
+	return false;
+}
+
+/* The members the answer lists, and the peers kept while unlisted
+ * (agent_fetch.c, keep_unlisted): their chunks stay theirs. */
 static void take_members(struct agent_parcel *p, json_t *answer)
 {
 	json_t *list = json_object_get(answer, "members"), *v;
@@ -603,7 +613,8 @@ static void take_members(struct agent_parcel *p, json_t *answer)
 	free(p->members);
 	p->members = NULL;
 	p->nmembers = 0;
-	if (n == 0 || (p->members = calloc(PROTO_MIN(n, MEMBERS_MAX), sizeof(*p->members))) == NULL)
+	if (n == 0 || (p->members = calloc(PROTO_MIN(n + p->nsrcs, MEMBERS_MAX),
+					   sizeof(*p->members))) == NULL)
 		return;
 	json_array_foreach(list, i, v) {
 		const char *id = json_string_value(v);
@@ -612,6 +623,9 @@ static void take_members(struct agent_parcel *p, json_t *answer)
 		if (id != NULL && id[0] != 0 && strlen(id) < TRK_ID_MAX)
 			snprintf(p->members[p->nmembers++], TRK_ID_MAX, "%s", id);
 	}
+	for (size_t k = 0; k < p->nsrcs && p->nmembers < MEMBERS_MAX; k++)
+		if (p->srcs[k].unlisted_ms != 0 && !is_member(p, p->srcs[k].info.id))
+			snprintf(p->members[p->nmembers++], TRK_ID_MAX, "%s", p->srcs[k].info.id);
 }
 
 void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer)

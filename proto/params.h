@@ -135,7 +135,12 @@
 	 * standby slot, so that a delta against it needs only its apply; it \
 	 * waits this long first (past ATTACH_FREE_GRACE_MS, so that the \
 	 * retired slot is there to be reused). */ \
-	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms")
+	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms") \
+	/* A swarm peer the tracker stops listing (its lease lapsed, or the \
+	 * tracker restarted) stays a source and a member for this long while \
+	 * it answers: it re-registers within about a heartbeat, and dropping \
+	 * it sent its share of chunks to the trainer meanwhile. */ \
+	X(PEER_GRACE_MS, "TESSERA_PEER_GRACE_MS", 6000, "an unlisted peer stays a source this long while it answers, ms")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,
