@@ -48,9 +48,11 @@
 #                 sum), anchor_bytes (what those replicas' layouts hold: the
 #                 version's cost as an anchor), encode_ms, per replica late,
 #                 activated, t_activate_ms, bytes_from_trainer,
-#                 bytes_from_peers, duplicate_bytes, refetched_bytes,
-#                 leases_lost (times a rank re-registered) (exact
-#                 for the last version, as last polled for earlier ones)
+#                 bytes_from_peers, duplicate_bytes, refetched_bytes (exact
+#                 for the last version, as last polled for earlier ones),
+#                 leases_lost (times a rank re-registered) and cpu_ms (its
+#                 processes' CPU time in the run); publisher_cpu_ms and
+#                 loadavg_1m (the machine's, at the end)
 #   --measure-link MB  first time one TCP transfer of MB MiB from host 0 to
 #                 host 1 across the shaped links: b, reported as
 #                 link_bytes_per_s
@@ -304,12 +306,24 @@ SOURCE=(--synthetic-mb "$MB")
 start 0 publisher.log "$BIN/tessera" publish --tracker "$TRK" --key "$DIR/trainer.key" \
 	--cluster-key "$DIR/cluster.key" "${SOURCE[@]}" --layout fsdp2 \
 	--control "$DIR/publisher.sock"
+PUB_PID=$!
 model_known() {
 	on 0 curl -sf --max-time 5 "$TRK/api/v1/layouts" | jq -e '.model' >"$DIR/model.json" 2>/dev/null
 }
 wait_for "the publisher to register the model" model_known
 
 # ---- one host per replica ----------------------------------------------------------
+declare -A NODE_PIDS # host -> its node processes (for their CPU time)
+# CPU seconds (user + system) the processes used so far, from /proc.
+cpu_ms() {
+	local p t=0 hz
+	hz=$(getconf CLK_TCK)
+	for p in "$@"; do
+		[ -r "/proc/$p/stat" ] || continue
+		t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+	done
+	echo $((t * 1000 / hz))
+}
 start_replica() { # host (replica R<host>, layout ALL[host-1])
 	local i=$1 layout=${ALL[$(($1 - 1))]} ranks r
 	case "$layout" in
@@ -321,6 +335,7 @@ start_replica() { # host (replica R<host>, layout ALL[host-1])
 			--tracker "$TRK" --replica "R$i" --rank "$r" --layout "$layout" \
 			--model "$DIR/model.json" --trainer-pubkey "$DIR/trainer.pub" \
 			--cluster-key "$DIR/cluster.key" --host "host$i" --store host
+		NODE_PIDS[$i]+=" $!"
 	done
 }
 for i in $(seq 1 "$NREP"); do start_replica "$i"; done
@@ -426,12 +441,17 @@ rate_bps() {
 	""|bps) echo $((n * 8)) ;; *) die "rate '$r': use kbit, mbit or gbit" ;;
 	esac
 }
-# leases_lost: how often its ranks found their lease gone (their logs).
+# leases_lost: how often its ranks found their lease gone (their logs);
+# cpu_ms: the CPU time its node processes used in the whole run.
 REPS=$(for i in $(seq 1 "$NHOST"); do
+	# shellcheck disable=SC2086 # a list of pids
 	jq -cn --arg r "R$i" --arg l "${ALL[$((i - 1))]}" --argjson late "$([ "$i" -gt "$NREP" ] &&
 		echo true || echo false)" --argjson lost "$(cat "$DIR"/node-R$i-*.log 2>/dev/null |
-		grep -c 'lease lost' || true)" '{replica: $r, layout: $l, late: $late, leases_lost: $lost}'
+		grep -c 'lease lost' || true)" --argjson cpu "$(cpu_ms ${NODE_PIDS[$i]:-})" \
+		'{replica: $r, layout: $l, late: $late, leases_lost: $lost, cpu_ms: $cpu}'
 done | jq -cs .)
+PUB_CPU=$(cpu_ms "$PUB_PID")
+LOAD=$(cut -d' ' -f1 /proc/loadavg)
 # What each replica's layout holds, i.e. what a version costs it as an anchor:
 # the planner's retained bytes, as `tessera cluster` counts them.
 ANCHORS=$(for l in "${ALL[@]}"; do
@@ -444,6 +464,7 @@ jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
 	--argjson ok "$([ $LATE_RC -eq 0 ] && echo true || echo false)" \
 	--argjson vmax "$VERSIONS" --argjson wall "$((SECONDS * 1000))" \
 	--argjson bps "$(rate_bps "$RATE")" --argjson link "$LINK_BPS" \
+	--argjson pubcpu "$PUB_CPU" --argjson load "$LOAD" \
 	--slurpfile tl <(for v in $(seq 1 "$VERSIONS"); do cat "$DIR/timeline-$v.json"; echo; done) '
 	# rank counters: the highest seen per (replica, rank, version)
 	($cnt | split("\n") | map(select(length > 0) | split("\t")
@@ -462,7 +483,7 @@ jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
 		as $anchor_all
 	| $st[0] as $s
 	| {ok: $ok, mode: $mode, wall_ms: $wall, link_rate_bps: $bps,
-	   link_bytes_per_s: $link,
+	   link_bytes_per_s: $link, publisher_cpu_ms: $pubcpu, loadavg_1m: $load,
 	   versions: [range(1; $vmax + 1) as $v
 		| (($s.versions | map(select(.version == $v)) | .[0]) // {}) as $sv
 		| ((if $v == $vmax then $w1[0] else $s end).versions
@@ -490,7 +511,8 @@ jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
 		   timeline: $tl[$v - 1]}]}' >"$DIR/report.json"
 [ -z "$REPORT" ] || cp "$DIR/report.json" "$REPORT"
 
-jq -r '.link_rate_bps as $bps | .versions[] | . as $v
+jq -r --argjson vmax "$VERSIONS" --argjson pub "$PUB_CPU" --argjson load "$LOAD" \
+	--argjson ncpu "$(nproc)" '.link_rate_bps as $bps | .versions[] | . as $v
 	| ([.replicas[] | select(.late | not) | .t_activate_ms // empty]) as $t
 	| "v\(.version): \(.trainer_upload_bytes / 1048576 | floor) MiB from the trainer, "
 	  + "\(.peer_upload_bytes / 1048576 | floor) MiB from peers, "
@@ -521,7 +543,10 @@ jq -r '.link_rate_bps as $bps | .versions[] | . as $v
 	   + med(.first_byte_ms - $tl.published_ms) + ", first -> last byte "
 	   + med(.last_byte_ms - .first_byte_ms) + ", last byte -> verified "
 	   + med(.verified_ms - .last_byte_ms) + ", verified -> active " + med(.activated_ms - .verified_ms)
-	   + "; leases lost \([$v.replicas[].leases_lost] | add // 0)")
+	   + "; leases lost \([$v.replicas[].leases_lost] | add // 0)"),
+	  (select(.version == $vmax) | "  CPU: nodes \([$v.replicas[].cpu_ms] | sort | .[length / 2 | floor] / 1000) s"
+	   + " each (median, whole run), publisher \($pub / 1000) s; load average \($load) on"
+	   + " \($ncpu) CPUs")
 ' "$DIR/report.json"
 if [ $LATE_RC -ne 0 ]; then
 	echo "netns-cluster: late replicas did not all activate v$VERSIONS within the time bound" \
