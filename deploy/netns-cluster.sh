@@ -51,8 +51,8 @@
 #                 bytes_from_peers, duplicate_bytes, refetched_bytes (exact
 #                 for the last version, as last polled for earlier ones),
 #                 leases_lost (times a rank re-registered) and cpu_ms (its
-#                 processes' CPU time in the run); publisher_cpu_ms and
-#                 loadavg_1m (the machine's, at the end)
+#                 processes' CPU time in the run); publisher_cpu_ms,
+#                 tracker_cpu_ms and loadavg_1m (the machine's, at the end)
 #   --measure-link MB  first time one TCP transfer of MB MiB from host 0 to
 #                 host 1 across the shaped links: b, reported as
 #                 link_bytes_per_s
@@ -297,6 +297,7 @@ fi
 "$BIN/tessera" keygen --cluster -o "$DIR/cluster.key" >/dev/null
 start $TRK_HOST tracker.log "$BIN/tessera-tracker" --listen "$TRK_ADDR:$PORT" --state "$DIR/state" \
 	--cluster-key "$DIR/cluster.key" --trainer-pubkey "$DIR/trainer.pub"
+TRK_PID=$!
 wait_for "the tracker" status
 # Versions are exported on order (below), once every replica registered:
 # a version covers only the layouts registered when it is made.
@@ -451,6 +452,7 @@ REPS=$(for i in $(seq 1 "$NHOST"); do
 		'{replica: $r, layout: $l, late: $late, leases_lost: $lost, cpu_ms: $cpu}'
 done | jq -cs .)
 PUB_CPU=$(cpu_ms "$PUB_PID")
+TRK_CPU=$(cpu_ms "$TRK_PID")
 LOAD=$(cut -d' ' -f1 /proc/loadavg)
 # What each replica's layout holds, i.e. what a version costs it as an anchor:
 # the planner's retained bytes, as `tessera cluster` counts them.
@@ -464,7 +466,7 @@ jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
 	--argjson ok "$([ $LATE_RC -eq 0 ] && echo true || echo false)" \
 	--argjson vmax "$VERSIONS" --argjson wall "$((SECONDS * 1000))" \
 	--argjson bps "$(rate_bps "$RATE")" --argjson link "$LINK_BPS" \
-	--argjson pubcpu "$PUB_CPU" --argjson load "$LOAD" \
+	--argjson pubcpu "$PUB_CPU" --argjson trkcpu "$TRK_CPU" --argjson load "$LOAD" \
 	--slurpfile tl <(for v in $(seq 1 "$VERSIONS"); do cat "$DIR/timeline-$v.json"; echo; done) '
 	# rank counters: the highest seen per (replica, rank, version)
 	($cnt | split("\n") | map(select(length > 0) | split("\t")
@@ -483,7 +485,8 @@ jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
 		as $anchor_all
 	| $st[0] as $s
 	| {ok: $ok, mode: $mode, wall_ms: $wall, link_rate_bps: $bps,
-	   link_bytes_per_s: $link, publisher_cpu_ms: $pubcpu, loadavg_1m: $load,
+	   link_bytes_per_s: $link, publisher_cpu_ms: $pubcpu, tracker_cpu_ms: $trkcpu,
+	   loadavg_1m: $load,
 	   versions: [range(1; $vmax + 1) as $v
 		| (($s.versions | map(select(.version == $v)) | .[0]) // {}) as $sv
 		| ((if $v == $vmax then $w1[0] else $s end).versions
@@ -511,7 +514,8 @@ jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
 		   timeline: $tl[$v - 1]}]}' >"$DIR/report.json"
 [ -z "$REPORT" ] || cp "$DIR/report.json" "$REPORT"
 
-jq -r --argjson vmax "$VERSIONS" --argjson pub "$PUB_CPU" --argjson load "$LOAD" \
+jq -r --argjson vmax "$VERSIONS" --argjson pub "$PUB_CPU" --argjson trk "$TRK_CPU" \
+	--argjson load "$LOAD" \
 	--argjson ncpu "$(nproc)" '.link_rate_bps as $bps | .versions[] | . as $v
 	| ([.replicas[] | select(.late | not) | .t_activate_ms // empty]) as $t
 	| "v\(.version): \(.trainer_upload_bytes / 1048576 | floor) MiB from the trainer, "
@@ -545,7 +549,8 @@ jq -r --argjson vmax "$VERSIONS" --argjson pub "$PUB_CPU" --argjson load "$LOAD"
 	   + med(.verified_ms - .last_byte_ms) + ", verified -> active " + med(.activated_ms - .verified_ms)
 	   + "; leases lost \([$v.replicas[].leases_lost] | add // 0)"),
 	  (select(.version == $vmax) | "  CPU: nodes \([$v.replicas[].cpu_ms] | sort | .[length / 2 | floor] / 1000) s"
-	   + " each (median, whole run), publisher \($pub / 1000) s; load average \($load) on"
+	   + " each (median, whole run), publisher \($pub / 1000) s, tracker \($trk / 1000) s;"
+	   + " load average \($load) on"
 	   + " \($ncpu) CPUs")
 ' "$DIR/report.json"
 if [ $LATE_RC -ne 0 ]; then
