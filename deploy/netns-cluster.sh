@@ -1,8 +1,13 @@
 #!/bin/bash
 # A tessera cluster across hosts: one network namespace per host, each joined
 # to a switch namespace's bridge by a veth pair shaped with tbf in both
-# directions. Host 0 runs the tracker and the publisher (every trainer rank);
-# host i (1..) runs every rank of replica i. It publishes --versions versions,
+# directions (the data network: the fabric). Host 0 runs the publisher
+# (every trainer rank); host i (1..) runs every rank of replica i. The
+# tracker runs on a host of its own, reached by every host over a second,
+# unshaped management network, as a cluster's control plane sits on its
+# front-end network beside the data fabric: heartbeats queued behind a
+# saturated data link's backlog cost nodes their leases (--tracker-net data
+# puts the tracker on host 0 behind the trainer's shaped link instead). It publishes --versions versions,
 # waits for every replica to activate the last, and prints for each version
 # how long each replica took and the trainer's upload rate against the link
 # rate the run shaped. Late replicas (--late-replica) start only then, on
@@ -19,6 +24,7 @@
 #                                [--timeout S] [--late-timeout S] [--report FILE]
 #                                [--measure-link MB] [--keep DIR]
 #                                [--model-dir DIR] [--anchor-every K]
+#                                [--tracker-net mgmt|data]
 #   --replica L   a replica's layout, tpN or a layout file (repeatable;
 #                 default tp2 tp2 tp1)
 #   --late-replica L  a replica started once every other one is active on
@@ -43,7 +49,10 @@
 #                 version's cost as an anchor), encode_ms, per replica late,
 #                 activated, t_activate_ms, bytes_from_trainer,
 #                 bytes_from_peers, duplicate_bytes, refetched_bytes (exact
-#                 for the last version, as last polled for earlier ones)
+#                 for the last version, as last polled for earlier ones),
+#                 leases_lost (times a rank re-registered) and cpu_ms (its
+#                 processes' CPU time in the run); publisher_cpu_ms,
+#                 tracker_cpu_ms and loadavg_1m (the machine's, at the end)
 #   --measure-link MB  first time one TCP transfer of MB MiB from host 0 to
 #                 host 1 across the shaped links: b, reported as
 #                 link_bytes_per_s
@@ -52,6 +61,9 @@
 #                 instead of the synthetic model
 #   --anchor-every K  an anchor every K versions, deltas between (default:
 #                 the publisher's, 10)
+#   --tracker-net N  mgmt (default): the tracker on its own host, on the
+#                 unshaped management network; data: on host 0, behind the
+#                 publisher's shaped link (control and data share it)
 #
 # Exit status: 0 when every replica activated the last version; 3 when all
 # but some late replicas did (the report and a line say which); else 1.
@@ -73,6 +85,8 @@ LINK_MB=0
 LATE_TIMEOUT=""
 MODEL_DIR=""
 ANCHOR_EVERY=""
+TRACKER_NET=mgmt
+MGMT=10.78.0 # the management network: host i is .i+1, the tracker .254
 LAYOUTS=()
 LATE=()
 
@@ -96,6 +110,7 @@ while [ $# -gt 0 ]; do
 	--keep) KEEP=$2; shift 2 ;;
 	--model-dir) MODEL_DIR=$(realpath "$2"); shift 2 ;;
 	--anchor-every) ANCHOR_EVERY=$2; shift 2 ;;
+	--tracker-net) TRACKER_NET=$2; shift 2 ;;
 	-h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option '$1' (see --help)" ;;
 	esac
@@ -105,6 +120,10 @@ case "$MODE" in
 fanout) FANOUT=1 ;;
 star) FANOUT=0 ;;
 *) die "--mode wants fanout or star, not '$MODE'" ;;
+esac
+case "$TRACKER_NET" in
+mgmt|data) ;;
+*) die "--tracker-net wants mgmt or data, not '$TRACKER_NET'" ;;
 esac
 for n in "$MB" "$VERSIONS" "$EVERY" "$TIMEOUT" "$LINK_MB" ${LATE_TIMEOUT:+"$LATE_TIMEOUT"}; do
 	[[ "$n" =~ ^[0-9]+$ ]] || die "'$n' is not a number"
@@ -181,6 +200,8 @@ ip netns add $PFX-sw
 ip -n $PFX-sw link set lo up
 ip -n $PFX-sw link add br0 type bridge
 ip -n $PFX-sw link set br0 up
+ip -n $PFX-sw link add br1 type bridge # management: not shaped
+ip -n $PFX-sw link set br1 up
 shape() { # namespace device
 	ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$RATE" burst 1mb latency 400ms
 }
@@ -195,7 +216,20 @@ for i in $(seq 0 "$NHOST"); do
 	ip -n $PFX-sw link set "p$i" up
 	shape "$ns" eth0
 	shape $PFX-sw "p$i"
+	ip link add mgmt0 netns "$ns" type veth peer name "m$i" netns $PFX-sw
+	ip -n "$ns" addr add "$MGMT.$((i + 1))/24" dev mgmt0
+	ip -n "$ns" link set mgmt0 up
+	ip -n $PFX-sw link set "m$i" master br1
+	ip -n $PFX-sw link set "m$i" up
 done
+# The tracker's host: on the management network only.
+ip netns add $PFX-ht
+ip -n $PFX-ht link set lo up
+ip link add mgmt0 netns $PFX-ht type veth peer name mt netns $PFX-sw
+ip -n $PFX-ht addr add "$MGMT.254/24" dev mgmt0
+ip -n $PFX-ht link set mgmt0 up
+ip -n $PFX-sw link set mt master br1
+ip -n $PFX-sw link set mt up
 on() { # host command...
 	local h=$1
 	shift
@@ -204,10 +238,18 @@ on() { # host command...
 start() { # host log command... (in the background; $! is the command itself)
 	local h=$1 log=$2
 	shift 2
-	ip netns exec "$PFX-h$h" "$@" >"$DIR/$log" 2>&1 &
+	# The fabric takes the data network's interface, never mgmt0.
+	ip netns exec "$PFX-h$h" env FI_TCP_IFACE=eth0 "$@" >"$DIR/$log" 2>&1 &
 	PIDS+=($!)
 }
-TRK=http://$NET.1:$PORT
+if [ "$TRACKER_NET" = mgmt ]; then
+	TRK_HOST=t
+	TRK_ADDR=$MGMT.254
+else
+	TRK_HOST=0
+	TRK_ADDR=$NET.1
+fi
+TRK=http://$TRK_ADDR:$PORT
 
 wait_for() { # what test-command...
 	local what=$1
@@ -250,11 +292,12 @@ print(int((n - n0) / (time.monotonic() - t0)))' "$NET.1" "$LINK_MB") || die "the
 		"from one $LINK_MB MiB TCP transfer, host 0 -> host 1, its first quarter not timed"
 fi
 
-# ---- tracker and publisher on host 0 -----------------------------------------------
+# ---- tracker (its own host, or host 0) and publisher (host 0) -----------------------
 "$BIN/tessera" keygen -o "$DIR/trainer" >/dev/null
 "$BIN/tessera" keygen --cluster -o "$DIR/cluster.key" >/dev/null
-start 0 tracker.log "$BIN/tessera-tracker" --listen "$NET.1:$PORT" --state "$DIR/state" \
+start $TRK_HOST tracker.log "$BIN/tessera-tracker" --listen "$TRK_ADDR:$PORT" --state "$DIR/state" \
 	--cluster-key "$DIR/cluster.key" --trainer-pubkey "$DIR/trainer.pub"
+TRK_PID=$!
 wait_for "the tracker" status
 # Versions are exported on order (below), once every replica registered:
 # a version covers only the layouts registered when it is made.
@@ -264,12 +307,24 @@ SOURCE=(--synthetic-mb "$MB")
 start 0 publisher.log "$BIN/tessera" publish --tracker "$TRK" --key "$DIR/trainer.key" \
 	--cluster-key "$DIR/cluster.key" "${SOURCE[@]}" --layout fsdp2 \
 	--control "$DIR/publisher.sock"
+PUB_PID=$!
 model_known() {
 	on 0 curl -sf --max-time 5 "$TRK/api/v1/layouts" | jq -e '.model' >"$DIR/model.json" 2>/dev/null
 }
 wait_for "the publisher to register the model" model_known
 
 # ---- one host per replica ----------------------------------------------------------
+declare -A NODE_PIDS # host -> its node processes (for their CPU time)
+# CPU seconds (user + system) the processes used so far, from /proc.
+cpu_ms() {
+	local p t=0 hz
+	hz=$(getconf CLK_TCK)
+	for p in "$@"; do
+		[ -r "/proc/$p/stat" ] || continue
+		t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+	done
+	echo $((t * 1000 / hz))
+}
 start_replica() { # host (replica R<host>, layout ALL[host-1])
 	local i=$1 layout=${ALL[$(($1 - 1))]} ranks r
 	case "$layout" in
@@ -281,6 +336,7 @@ start_replica() { # host (replica R<host>, layout ALL[host-1])
 			--tracker "$TRK" --replica "R$i" --rank "$r" --layout "$layout" \
 			--model "$DIR/model.json" --trainer-pubkey "$DIR/trainer.pub" \
 			--cluster-key "$DIR/cluster.key" --host "host$i" --store host
+		NODE_PIDS[$i]+=" $!"
 	done
 }
 for i in $(seq 1 "$NREP"); do start_replica "$i"; done
@@ -386,10 +442,18 @@ rate_bps() {
 	""|bps) echo $((n * 8)) ;; *) die "rate '$r': use kbit, mbit or gbit" ;;
 	esac
 }
+# leases_lost: how often its ranks found their lease gone (their logs);
+# cpu_ms: the CPU time its node processes used in the whole run.
 REPS=$(for i in $(seq 1 "$NHOST"); do
+	# shellcheck disable=SC2086 # a list of pids
 	jq -cn --arg r "R$i" --arg l "${ALL[$((i - 1))]}" --argjson late "$([ "$i" -gt "$NREP" ] &&
-		echo true || echo false)" '{replica: $r, layout: $l, late: $late}'
+		echo true || echo false)" --argjson lost "$(cat "$DIR"/node-R$i-*.log 2>/dev/null |
+		grep -c 'lease lost' || true)" --argjson cpu "$(cpu_ms ${NODE_PIDS[$i]:-})" \
+		'{replica: $r, layout: $l, late: $late, leases_lost: $lost, cpu_ms: $cpu}'
 done | jq -cs .)
+PUB_CPU=$(cpu_ms "$PUB_PID")
+TRK_CPU=$(cpu_ms "$TRK_PID")
+LOAD=$(cut -d' ' -f1 /proc/loadavg)
 # What each replica's layout holds, i.e. what a version costs it as an anchor:
 # the planner's retained bytes, as `tessera cluster` counts them.
 ANCHORS=$(for l in "${ALL[@]}"; do
@@ -402,6 +466,7 @@ jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
 	--argjson ok "$([ $LATE_RC -eq 0 ] && echo true || echo false)" \
 	--argjson vmax "$VERSIONS" --argjson wall "$((SECONDS * 1000))" \
 	--argjson bps "$(rate_bps "$RATE")" --argjson link "$LINK_BPS" \
+	--argjson pubcpu "$PUB_CPU" --argjson trkcpu "$TRK_CPU" --argjson load "$LOAD" \
 	--slurpfile tl <(for v in $(seq 1 "$VERSIONS"); do cat "$DIR/timeline-$v.json"; echo; done) '
 	# rank counters: the highest seen per (replica, rank, version)
 	($cnt | split("\n") | map(select(length > 0) | split("\t")
@@ -420,7 +485,8 @@ jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
 		as $anchor_all
 	| $st[0] as $s
 	| {ok: $ok, mode: $mode, wall_ms: $wall, link_rate_bps: $bps,
-	   link_bytes_per_s: $link,
+	   link_bytes_per_s: $link, publisher_cpu_ms: $pubcpu, tracker_cpu_ms: $trkcpu,
+	   loadavg_1m: $load,
 	   versions: [range(1; $vmax + 1) as $v
 		| (($s.versions | map(select(.version == $v)) | .[0]) // {}) as $sv
 		| ((if $v == $vmax then $w1[0] else $s end).versions
@@ -448,7 +514,9 @@ jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
 		   timeline: $tl[$v - 1]}]}' >"$DIR/report.json"
 [ -z "$REPORT" ] || cp "$DIR/report.json" "$REPORT"
 
-jq -r '.link_rate_bps as $bps | .versions[] | . as $v
+jq -r --argjson vmax "$VERSIONS" --argjson pub "$PUB_CPU" --argjson trk "$TRK_CPU" \
+	--argjson load "$LOAD" \
+	--argjson ncpu "$(nproc)" '.link_rate_bps as $bps | .versions[] | . as $v
 	| ([.replicas[] | select(.late | not) | .t_activate_ms // empty]) as $t
 	| "v\(.version): \(.trainer_upload_bytes / 1048576 | floor) MiB from the trainer, "
 	  + "\(.peer_upload_bytes / 1048576 | floor) MiB from peers, "
@@ -466,7 +534,24 @@ jq -r '.link_rate_bps as $bps | .versions[] | . as $v
 	   + (if .activated then "active on v\($v.version) \(.t_activate_ms / 1000)s after it registered"
 	      else "DID NOT activate v\($v.version) within the time bound" end)
 	   + ", \(.bytes_from_trainer / 1048576 | floor) MiB from the trainer,"
-	   + " \(.bytes_from_peers / 1048576 | floor) MiB from peers")
+	   + " \(.bytes_from_peers / 1048576 | floor) MiB from peers"),
+	  # Where the time went: the median of each phase over the ranks, from the
+	  # timeline of the version (publisher: asked, snapshot, published; ranks:
+	  # first and last byte, verified, active).
+	  (.timeline | select(type == "object") | . as $tl
+	   | [.replicas[]?.ranks[]?] as $rk
+	   | def med(f): [$rk[] | f | select(. != null and . >= 0)] | sort
+		| if length == 0 then "-" else .[length / 2 | floor] / 1000 | tostring end;
+	   "  phases, median over ranks (s): export -> published "
+	   + "\((($tl.published_ms // 0) - ($tl.export_asked_ms // 0)) / 1000), published -> first byte "
+	   + med(.first_byte_ms - $tl.published_ms) + ", first -> last byte "
+	   + med(.last_byte_ms - .first_byte_ms) + ", last byte -> verified "
+	   + med(.verified_ms - .last_byte_ms) + ", verified -> active " + med(.activated_ms - .verified_ms)
+	   + "; leases lost \([$v.replicas[].leases_lost] | add // 0)"),
+	  (select(.version == $vmax) | "  CPU: nodes \([$v.replicas[].cpu_ms] | sort | .[length / 2 | floor] / 1000) s"
+	   + " each (median, whole run), publisher \($pub / 1000) s, tracker \($trk / 1000) s;"
+	   + " load average \($load) on"
+	   + " \($ncpu) CPUs")
 ' "$DIR/report.json"
 if [ $LATE_RC -ne 0 ]; then
 	echo "netns-cluster: late replicas did not all activate v$VERSIONS within the time bound" \

@@ -243,6 +243,7 @@ void node_agent_free(struct node_agent *a)
 	agent_delta_fini(a);
 	agent_swarm_fini(a);
 	agent_xl_fini(a);
+	agent_hosts_fini(a);
 	if (a->bounce != NULL)
 		munmap(a->bounce, a->bounce_len);
 	free(a->reads);

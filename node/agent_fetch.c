@@ -31,6 +31,47 @@ void agent_want_sources(struct node_agent *a, uint32_t pi)
 	}
 }
 
+/*
+ * Peers the tracker stopped listing. A node whose lease lapsed (heartbeats
+ * lost or late on a congested control path, a tracker restarted or paused)
+ * drops out of every /sources answer until it has registered and offered
+ * again, about a heartbeat later; meanwhile it still serves what it holds.
+ * Dropping it cost the swarm: its have-page, its pacing and its share of
+ * the chunk owners went, and its chunks went to the trainer. So such a
+ * peer stays a source (and a member, agent_swarm_owners) for
+ * TESSERA_PEER_GRACE_MS while it answers: once one of its reads fails it
+ * rests (agent_source_failed) and the next answer drops it, so a peer that
+ * left or died costs one failed read. Copies the peers of p's list that
+ * the answer lacks (moved[j] == 0), their have-page read and in grace,
+ * into ns after its n listed ones (they move: the old entries give up
+ * their handles; moved[j] says where); returns how many.
+ */
+static size_t keep_unlisted(struct node_agent *a, const struct agent_fetch *f,
+			    struct agent_parcel *p, struct agent_source *ns, size_t n, uint32_t *moved)
+{
+	uint64_t now = agent_now_ms(), grace = proto_param(PROTO_PARAM_PEER_GRACE_MS);
+	size_t k = n;
+
+	for (size_t j = 0; j < p->nsrcs; j++) {
+		struct agent_source *o = &p->srcs[j];
+		if (moved[j] != 0 || !o->info.peer || o->self || o->have == NULL ||
+		    o->bad_until_ms > now || agent_swarm_banned(f, o->info.id) ||
+		    (o->unlisted_ms != 0 && now - o->unlisted_ms >= grace))
+			continue;
+		if (o->unlisted_ms == 0)
+			LOG_DEBUG("node %s: peer %s no longer listed; kept while it answers",
+				  a->node_id, o->info.id);
+		ns[k] = *o;
+		ns[k].unlisted_ms = o->unlisted_ms != 0 ? o->unlisted_ms : now;
+		ns[k].have_busy = false; /* a read in flight is dropped (epoch) */
+		o->fa_valid = false;
+		o->have = NULL;
+		o->info.fabric_addr = NULL;
+		moved[j] = (uint32_t)++k;
+	}
+	return k - n;
+}
+
 static void on_sources(const struct trk_answer *ans, void *arg)
 {
 	struct sources_req *req = arg;
@@ -55,7 +96,7 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 	}
 	/* Keep what we know of sources still listed (their rest periods and
 	 * fabric handles); add new ones. */
-	struct agent_source *ns = calloc(n + 1, sizeof(*ns));
+	struct agent_source *ns = calloc(n + p->nsrcs + 1, sizeof(*ns));
 	if (ns == NULL) {
 		trk_sources_free(s, n);
 		return;
@@ -87,6 +128,7 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 				struct trk_source info = ns[i].info;
 				ns[i] = *o; /* handle, rest period, pacing, have-page */
 				ns[i].info = info;
+				ns[i].unlisted_ms = 0;
 				ns[i].have_busy = false; /* a read in flight is dropped (epoch) */
 				o->fa_valid = false;
 				o->have = NULL;
@@ -94,6 +136,10 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 			}
 		}
 	}
+	n += keep_unlisted(a, f, p, ns, n, moved);
+	for (size_t i = 0; i < n; i++)
+		if (ns[i].hp == NULL)
+			ns[i].hp = agent_host_pace(a, &ns[i].info);
 	/* Reads in flight follow their source to the new list; those whose
 	 * source left it no longer name one. */
 	for (uint32_t r = 0; r < a->nreads; r++) {
@@ -122,7 +168,8 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 }
 
 /*
- * Pacing. A source's window is the bytes we keep in flight to it: its
+ * Pacing. A source's window is the bytes we keep in flight to its host
+ * (every source on one host shares one record, agent_hosts.c): the host's
  * measured rate times TESSERA_FETCH_TARGET_MS, at least WINDOW_MIN_CHUNKS
  * chunks (enough to keep a link busy between two completions), at most
  * TESSERA_INFLIGHT chunks. A fixed count of reads per node queued far more
@@ -133,7 +180,8 @@ uint64_t agent_source_window(const struct node_agent *a, const struct agent_sour
 {
 	uint64_t lo = (uint64_t)WINDOW_MIN_CHUNKS * a->chunk_size;
 	uint64_t hi = PROTO_MAX(lo, (uint64_t)a->max_inflight * a->chunk_size);
-	uint64_t w = s->rate == 0 ? lo : s->rate * proto_param(PROTO_PARAM_FETCH_TARGET_MS) / 1000;
+	uint64_t rate = agent_pace(s)->rate;
+	uint64_t w = rate == 0 ? lo : rate * proto_param(PROTO_PARAM_FETCH_TARGET_MS) / 1000;
 	return PROTO_MIN(hi, PROTO_MAX(lo, w));
 }
 
@@ -144,9 +192,10 @@ uint64_t agent_source_window(const struct node_agent *a, const struct agent_sour
  * window is at most TESSERA_PEER_INFLIGHT reads and the trainer (or
  * another holder) is always there to move to, so a peer that stops
  * answering has its reads moved within about two seconds. */
-static uint64_t source_patience(const struct agent_source *s)
+static uint64_t source_patience(const struct agent_source *src)
 {
 	uint64_t stall = proto_param(PROTO_PARAM_STALL_MS);
+	const struct agent_source *s = agent_pace(src);
 
 	if (s->info.peer)
 		return s->rate == 0 ? PEER_STALL_MS
@@ -158,12 +207,15 @@ static uint64_t source_patience(const struct agent_source *s)
 
 uint64_t agent_source_queue_ms(const struct agent_source *s, uint64_t bytes)
 {
-	return s == NULL || s->rate == 0 ? 0 : bytes * 1000 / s->rate;
+	return s == NULL || agent_pace(s)->rate == 0 ? 0 : bytes * 1000 / agent_pace(s)->rate;
 }
 
+/* Its host delivered nothing for its patience while reads were out. */
 bool agent_source_silent(const struct agent_source *s, uint64_t now)
 {
-	return s->inflight_reads > 0 && now - s->progress_ms >= source_patience(s);
+	const struct agent_source *h = agent_pace(s);
+
+	return h->inflight_reads > 0 && now - h->progress_ms >= source_patience(s);
 }
 
 /* s has a fabric handle (inserted now if need be); false, with s set
@@ -180,8 +232,17 @@ bool agent_source_ready(struct node_agent *a, struct agent_source *s, uint64_t n
 	return true;
 }
 
-/* Accounting for a read posted to s. */
+static void pace_posted(struct agent_source *s, uint64_t len);
+
+/* Accounting for a read posted to s (and to its host's record). */
 void agent_source_posted(struct agent_source *s, uint64_t len)
+{
+	pace_posted(s, len);
+	if (s->hp != NULL)
+		pace_posted(s->hp, len);
+}
+
+static void pace_posted(struct agent_source *s, uint64_t len)
 {
 	uint64_t now = agent_now_ms();
 
@@ -263,6 +324,8 @@ void agent_read_landed(struct agent_read *rd, int status)
 
 	a->inflight--;
 	rd->in_fabric = false;
+	if (rd->hp != NULL) /* the host's record, whatever became of the fetch */
+		agent_source_done(rd->hp, rd->len, status == 0);
 	if (f != NULL && rd->gen == a->gen && read_source(f, rd) != NULL)
 		agent_source_done(read_source(f, rd), rd->len, status == 0);
 	if (rd->abandoned || f == NULL || rd->gen != a->gen) {
@@ -481,7 +544,7 @@ void agent_pump(struct node_agent *a)
 						  .len = len, .src_idx = (uint32_t)(s - p->srcs),
 						  .src_epoch = p->src_epoch, .src_peer = s->info.peer,
 						  .started_ms = agent_now_ms(), .busy = true, .in_fabric = true,
-						  .gen = a->gen};
+						  .gen = a->gen, .hp = s->hp};
 			snprintf(rd->src_id, sizeof(rd->src_id), "%s", s->info.id);
 			int rc = fab_read(a->fab, &rd->op, a->bounce_mr, (size_t)slot * a->chunk_size, len,
 					  s->fa, &rk, (uint64_t)c * f->man.chunk_size, on_read);
@@ -542,14 +605,14 @@ static void check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t p
 			if (!s->silent_logged)
 				LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
 					 " ms; no other source, waiting for it",
-					 a->node_id, pi, s->info.id, now - s->progress_ms);
+					 a->node_id, pi, s->info.id, now - agent_pace(s)->progress_ms);
 			s->silent_logged = true;
 			agent_want_sources(a, pi);
 			continue;
 		}
 		LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
 			 " ms; moving its %u reads elsewhere",
-			 a->node_id, pi, s->info.id, now - s->progress_ms, live);
+			 a->node_id, pi, s->info.id, now - agent_pace(s)->progress_ms, live);
 		f->stalls += live;
 		node_metrics_add(a->am.m, a->am.stalled, live);
 		for (uint32_t i = 0; i < a->nreads; i++) {

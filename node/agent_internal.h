@@ -85,7 +85,17 @@ struct agent_source {
 	bool have_busy;           /* a read of it is in flight */
 	bool self;                /* it is us: never read from */
 	uint64_t listed_ms;       /* first listed by the tracker */
+	uint64_t unlisted_ms;     /* a peer the tracker stopped listing: since when (0: listed) */
+	/* The pacing record every source on its host shares (agent_hosts.c):
+	 * rate, window and silence are its; NULL: paced on its own. */
+	struct agent_source *hp;
 };
+
+/* The pacing s follows: its host's, or its own. */
+static inline struct agent_source *agent_pace(const struct agent_source *s)
+{
+	return s->hp != NULL ? s->hp : (struct agent_source *)s;
+}
 
 struct agent_parcel {
 	const struct proto_mparcel *mp;
@@ -127,6 +137,7 @@ struct agent_read {
 	uint32_t parcel, chunk, slot, len;
 	uint32_t src_idx, src_epoch; /* srcs[src_idx] while the epoch holds */
 	bool src_peer;
+	struct agent_source *hp; /* its source's host record, given back at landing */
 	bool xl; /* assembled from a cross-layout holder (agent_xlayout.c) */
 	char src_id[TRK_ID_MAX]; /* the source's id (bans outlive source lists) */
 	uint64_t started_ms;
@@ -320,6 +331,9 @@ struct node_agent {
 	/* Cross-layout sources and our served slot (agent_xlayout.c); NULL
 	 * until first needed. */
 	struct agent_xl *xl;
+	/* Pacing per source host (agent_hosts.c); NULL until first needed. */
+	struct agent_source *hosts;
+	uint32_t nhosts;
 };
 
 /* A read of a peer's have-page. */
@@ -458,6 +472,13 @@ bool agent_source_ready(struct node_agent *a, struct agent_source *s, uint64_t n
  * fanout, once its have-page was read, and while not banned. */
 bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
 			 const struct agent_source *s, uint64_t now);
+/* ---- agent_hosts.c ---- */
+
+/* The pacing record of the host that serves info (made at first sight,
+ * kept until agent_hosts_fini), or NULL when too many hosts are known. */
+struct agent_source *agent_host_pace(struct node_agent *a, const struct trk_source *info);
+void agent_hosts_fini(struct node_agent *a);
+
 /* ---- agent_inplace.c ---- */
 
 /* The node installs versions in place (--install in-place) and has a

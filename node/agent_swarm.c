@@ -471,9 +471,11 @@ void agent_swarm_tick(struct node_agent *a)
  * (a peer also within TESSERA_PEER_INFLIGHT reads). */
 static bool has_room(struct node_agent *a, const struct agent_source *s, uint64_t len)
 {
-	if (s->info.peer && s->inflight_reads >= proto_param(PROTO_PARAM_PEER_INFLIGHT))
+	const struct agent_source *h = agent_pace(s); /* its host's (agent_hosts.c) */
+
+	if (s->info.peer && h->inflight_reads >= proto_param(PROTO_PARAM_PEER_INFLIGHT))
 		return false;
-	return s->inflight_reads == 0 || s->inflight_bytes + len <= agent_source_window(a, s);
+	return h->inflight_reads == 0 || h->inflight_bytes + len <= agent_source_window(a, s);
 }
 
 bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
@@ -577,7 +579,7 @@ static uint64_t busy_patience(struct node_agent *a, const struct agent_parcel *p
 
 	for (size_t k = 0; k < p->nsrcs; k++) {
 		const struct agent_source *s = &p->srcs[k];
-		if (!s->info.peer && s->rate != 0)
+		if (!s->info.peer && agent_pace(s)->rate != 0)
 			ms = PROTO_MAX(proto_param(PROTO_PARAM_STALL_MS),
 				       4 * agent_source_queue_ms(s, agent_source_window(a, s)));
 	}
@@ -595,6 +597,16 @@ static uint64_t hrw(const char *id, uint32_t pi, uint32_t c)
 	return h ^ (h >> 32);
 }
 
+static bool is_member(const struct agent_parcel *p, const char *id)
+{
+	for (uint32_t k = 0; k < p->nmembers; k++)
+		if (strcmp(p->members[k], id) == 0)
+			return true;
+	return false;
+}
+
+/* The members the answer lists, and the peers kept while unlisted
+ * (agent_fetch.c, keep_unlisted): their chunks stay theirs. */
 static void take_members(struct agent_parcel *p, json_t *answer)
 {
 	json_t *list = json_object_get(answer, "members"), *v;
@@ -603,7 +615,8 @@ static void take_members(struct agent_parcel *p, json_t *answer)
 	free(p->members);
 	p->members = NULL;
 	p->nmembers = 0;
-	if (n == 0 || (p->members = calloc(PROTO_MIN(n, MEMBERS_MAX), sizeof(*p->members))) == NULL)
+	if (n == 0 || (p->members = calloc(PROTO_MIN(n + p->nsrcs, MEMBERS_MAX),
+					   sizeof(*p->members))) == NULL)
 		return;
 	json_array_foreach(list, i, v) {
 		const char *id = json_string_value(v);
@@ -612,6 +625,9 @@ static void take_members(struct agent_parcel *p, json_t *answer)
 		if (id != NULL && id[0] != 0 && strlen(id) < TRK_ID_MAX)
 			snprintf(p->members[p->nmembers++], TRK_ID_MAX, "%s", id);
 	}
+	for (size_t k = 0; k < p->nsrcs && p->nmembers < MEMBERS_MAX; k++)
+		if (p->srcs[k].unlisted_ms != 0 && !is_member(p, p->srcs[k].info.id))
+			snprintf(p->members[p->nmembers++], TRK_ID_MAX, "%s", p->srcs[k].info.id);
 }
 
 void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer)
@@ -726,7 +742,7 @@ struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_
 		 * for the bytes queued on it: a read that is merely queued
 		 * behind others is not asked for twice. */
 		if (now - started < PROTO_MAX(ENDGAME_MS, 2 * agent_source_queue_ms(
-								  cur, cur != NULL ? cur->inflight_bytes : 0)))
+								  cur, cur != NULL ? agent_pace(cur)->inflight_bytes : 0)))
 			continue;
 		if ((s = holder(a, p, c, true, cur, now)) != NULL ||
 		    (s = holder(a, p, c, false, cur, now)) != NULL) {

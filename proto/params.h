@@ -162,7 +162,12 @@
 	 * and copied to the device while the next ones arrive. */ \
 	X(CUDA_RING_ENTRY, "TESSERA_CUDA_RING_ENTRY", 2u << 20, "CUDA store: bytes per pinned upload entry") \
 	/* Pinned upload entries in the ring: uploads in flight at most. */ \
-	X(CUDA_RING_ENTRIES, "TESSERA_CUDA_RING_ENTRIES", 16, "CUDA store: pinned upload entries")
+	X(CUDA_RING_ENTRIES, "TESSERA_CUDA_RING_ENTRIES", 16, "CUDA store: pinned upload entries") \
+	/* A swarm peer the tracker stops listing (its lease lapsed, or the \
+	 * tracker restarted) stays a source and a member for this long while \
+	 * it answers: it re-registers within about a heartbeat, and dropping \
+	 * it sent its share of chunks to the trainer meanwhile. */ \
+	X(PEER_GRACE_MS, "TESSERA_PEER_GRACE_MS", 6000, "an unlisted peer stays a source this long while it answers, ms")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

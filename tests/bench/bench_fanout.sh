@@ -77,9 +77,15 @@ run() { # n mode
 	fi
 }
 
+# Where the time went: the run's phase medians and CPU (netns-cluster.sh).
+phases() { # n mode
+	grep -E '^  (phases|CPU)' "$OUT/run-$1-$2.log" | sed 's/^  /         /'
+}
 for n in $NS; do
 	run "$n" fanout
+	phases "$n" fanout
 	run "$n" star
+	phases "$n" star
 done
 if [ -n "${T_OF[8-fanout]:-}" ] && [ -n "${T_OF[16-fanout]:-}" ]; then
 	awk -v a="${T_OF[8-fanout]}" -v b="${T_OF[16-fanout]}" 'BEGIN {
