@@ -80,6 +80,8 @@ void node_store_keep_spare(struct node_store *s)
 
 void node_store_close(struct node_store *s)
 {
+	if (s->ops == NULL) /* never opened: the agent failed before its store */
+		return;
 	pthread_mutex_lock(&s->mu);
 	struct node_slot *spare = s->spare;
 	s->spare = NULL;
