@@ -135,7 +135,11 @@
 	 * standby slot, so that a delta against it needs only its apply; it \
 	 * waits this long first (past ATTACH_FREE_GRACE_MS, so that the \
 	 * retired slot is there to be reused). */ \
-	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms")
+	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms") \
+	/* An in-place install decodes and verifies a delta's changes on this \
+	 * many threads before it pauses admission, then writes them on the \
+	 * same threads while paused (0: one per online CPU, at most 8). */ \
+	X(INPLACE_THREADS, "TESSERA_INPLACE_THREADS", 0, "in-place install: threads decoding and writing a delta (0: CPUs)")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

@@ -16,11 +16,11 @@
  *
  * Then the in-place install (tessera-node --install in-place) of a 1 %
  * delta of an INPLACE_MIB model (default 1024), as node/agent_inplace.c does
- * it on its loop: admission paused, the pins drained (the probe's request in
- * flight ends), the delta parcel applied into the served memory
- * (proto_dparcel_apply_sums: the parent's checksums read before the pause,
- * the changes patched and every piece's child checksum checked), admission
- * resumed.
+ * it: while the old version serves, the parent's checksums are read and the
+ * delta decoded and verified (proto_dpatch_prepare); then on the loop
+ * admission is paused, the pins drained (the probe's request in flight
+ * ends), the prepared changes written into the served memory
+ * (proto_dpatch_write, TESSERA_INPLACE_THREADS threads), admission resumed.
  * Its pause is the probe's gap around the install, against a memcpy of that
  * model in the same run; installs alternate between two deltas (forward,
  * back).
@@ -43,6 +43,7 @@
 #include "node/attach.h"
 #include "node/client/tessera_client.h"
 #include "proto/delta.h"
+#include "proto/dpatch.h"
 #include "proto/proto.h"
 
 #define PROBE_MAX (1u << 22) /* acquires recorded */
@@ -170,14 +171,9 @@ static struct node_slot *build(struct bench *b, uint64_t v)
 
 struct ip_job {
 	struct bench *b;
-	const struct proto_dparcel *dp;
-	const uint64_t *sums; /* the parent's, read before the pause */
-	const uint8_t *enc;
-	size_t len;
+	const struct proto_dpatch *patch; /* prepared before the pause */
 	uint64_t version;
 	uint64_t t_pause, t_drained, t_resume;
-	int rc;
-	struct proto_err err;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	int done;
@@ -187,15 +183,11 @@ static void ip_drained(void *arg)
 {
 	struct ip_job *j = arg;
 	struct bench *b = j->b;
-	unsigned threads = (unsigned)PROTO_MAX(proto_param(PROTO_PARAM_VERIFY_THREADS), 1);
 
 	j->t_drained = proto_now_ns();
-	j->rc = proto_dparcel_apply_sums(j->dp, j->enc, j->len, b->active->host, j->sums, threads,
-					 &j->err);
-	if (j->rc == 0) {
-		b->active->version = j->version;
-		node_attach_resume(b->at, b->active, b->digest);
-	}
+	proto_dpatch_write(j->patch);
+	b->active->version = j->version;
+	node_attach_resume(b->at, b->active, b->digest);
 	j->t_resume = proto_now_ns();
 	pthread_mutex_lock(&j->mu);
 	j->done = 1;
@@ -303,19 +295,28 @@ static void run_inplace(uint64_t mib)
 		exit(1);
 	}
 	pthread_create(&probe, NULL, probe_main, &b);
-	uint64_t install_ns[INSTALLS], write_ns[INSTALLS], drain_ns[INSTALLS];
+	uint64_t install_ns[INSTALLS], write_ns[INSTALLS], drain_ns[INSTALLS], prep_ns[INSTALLS];
+	unsigned threads = (unsigned)proto_param(PROTO_PARAM_INPLACE_THREADS);
 	uint64_t *sums = malloc(((size_t)dp.npieces + 1) * sizeof(*sums));
 	if (sums == NULL) {
 		fprintf(stderr, "bench_activate: out of memory\n");
 		exit(1);
 	}
 	for (int k = 0; k < INSTALLS; k++) {
-		struct ip_job j = {.b = &b, .dp = &dp, .enc = k % 2 ? back : fwd,
-				   .len = k % 2 ? back_len : fwd_len, .version = (uint64_t)k + 2,
+		struct proto_dpatch patch;
+		struct ip_job j = {.b = &b, .patch = &patch, .version = (uint64_t)k + 2,
 				   .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 		struct timeval now = {0, 0};
-		proto_dparcel_sums(&dp, b.active->host, sums); /* before the pause, as the node */
-		j.sums = sums;
+		/* Before the pause, as the node: the parent's checksums, the
+		 * delta decoded and verified against the served bytes. */
+		uint64_t t0 = proto_now_ns();
+		proto_dparcel_sums(&dp, b.active->host, sums);
+		if (proto_dpatch_prepare(&dp, k % 2 ? back : fwd, k % 2 ? back_len : fwd_len,
+					 b.active->host, sums, threads, &patch, &err) != 0) {
+			fprintf(stderr, "bench_activate: in-place prepare: %s\n", err.msg);
+			exit(1);
+		}
+		prep_ns[k] = proto_now_ns() - t0;
 		usleep(20000); /* the probe runs steadily on the old version */
 		if (event_base_once(b.base, -1, EV_TIMEOUT, ip_start, &j, &now) != 0) {
 			fprintf(stderr, "bench_activate: event_base_once failed\n");
@@ -325,10 +326,7 @@ static void run_inplace(uint64_t mib)
 		while (!j.done)
 			pthread_cond_wait(&j.cv, &j.mu);
 		pthread_mutex_unlock(&j.mu);
-		if (j.rc != 0) {
-			fprintf(stderr, "bench_activate: in-place apply: %s\n", j.err.msg);
-			exit(1);
-		}
+		proto_dpatch_fini(&patch);
 		install_ns[k] = j.t_resume - j.t_pause;
 		write_ns[k] = j.t_resume - j.t_drained;
 		drain_ns[k] = j.t_drained - j.t_pause;
@@ -357,12 +355,12 @@ static void run_inplace(uint64_t mib)
 	qsort(install_ns, INSTALLS, sizeof(*install_ns), cmp_u64);
 	qsort(write_ns, INSTALLS, sizeof(*write_ns), cmp_u64);
 	qsort(drain_ns, INSTALLS, sizeof(*drain_ns), cmp_u64);
+	qsort(prep_ns, INSTALLS, sizeof(*prep_ns), cmp_u64);
 	double mc = (double)memcpy_ns / 1e6, p50 = (double)pause[got / 2] / 1e6,
 	       pmax = (double)pause[got - 1] / 1e6;
 	printf("bench_activate: in place, a 1 %% delta (%zu and %zu wire bytes) of a %llu MiB model, "
-	       "%d installs, %llu apply threads\n",
-	       fwd_len, back_len, (unsigned long long)mib, INSTALLS,
-	       (unsigned long long)PROTO_MAX(proto_param(PROTO_PARAM_VERIFY_THREADS), 1));
+	       "%d installs, %u write threads\n",
+	       fwd_len, back_len, (unsigned long long)mib, INSTALLS, proto_dpatch_threads(threads));
 	printf("  memcpy of the model (bound, same run): %.2f ms (%.2f GB/s)\n", mc,
 	       (double)n / (double)memcpy_ns);
 	printf("  in-place pause the probe saw: p50 %.2f ms, max %.2f ms (p50 = %.3f x memcpy; "
@@ -371,6 +369,8 @@ static void run_inplace(uint64_t mib)
 	printf("  install (pause -> resume) p50 %.2f ms: drain %.3f ms, write %.2f ms\n",
 	       (double)install_ns[INSTALLS / 2] / 1e6, (double)drain_ns[INSTALLS / 2] / 1e6,
 	       (double)write_ns[INSTALLS / 2] / 1e6);
+	printf("  prepared before the pause (parent checksums, decode, verify) p50 %.1f ms\n",
+	       (double)prep_ns[INSTALLS / 2] / 1e6);
 
 	tessera_detach(b.c);
 	event_base_loopbreak(b.base);
