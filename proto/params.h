@@ -139,7 +139,11 @@
 	/* An in-place install decodes and verifies a delta's changes on this \
 	 * many threads before it pauses admission, then writes them on the \
 	 * same threads while paused (0: one per online CPU, at most 8). */ \
-	X(INPLACE_THREADS, "TESSERA_INPLACE_THREADS", 0, "in-place install: threads decoding and writing a delta (0: CPUs)")
+	X(INPLACE_THREADS, "TESSERA_INPLACE_THREADS", 0, "in-place install: threads decoding and writing a delta (0: CPUs)") \
+	/* A serving client releasing a pin through its pin page does not wake \
+	 * the node (a wake-up at a switch would stall it); the node looks at \
+	 * the pin pages this often while a retired version is still pinned. */ \
+	X(ATTACH_SCAN_MS, "TESSERA_ATTACH_SCAN_MS", 20, "how often retired pinned versions are checked, ms")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,
