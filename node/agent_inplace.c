@@ -11,25 +11,32 @@
  *      still pinning it then are disconnected (their requests fail rather
  *      than read a mix of versions);
  *   3. the version is written into the served slot: a delta's changes only
- *      (proto_dparcel_apply_sums: O(changes), every piece's child checksum
- *      verified; the parent's checksums were read before step 1, while the
- *      slot still served), an anchor by a copy from its staging slot;
+ *      (proto_dpatch_write: the new bytes at the changed positions, on
+ *      TESSERA_INPLACE_THREADS threads), an anchor by a copy from its
+ *      staging slot;
  *   4. admission resumes: clients are sent the new version, waiting acquires
  *      get it.
- * A failure while writing (a piece whose checksum does not verify) leaves
- * the served slot holding neither version: admission stays paused, the
- * node refuses deltas against it and asks for an anchor, and serving
- * resumes only once a complete version is installed. Never a mix.
+ * Everything else happens before step 1, while the slot still serves the
+ * parent: the parent's checksums are read, the delta is decoded, the old
+ * bytes at its positions read and every piece's child checksum verified
+ * (proto/dpatch.h). So the pause is the writes alone.
+ * A delta that does not verify against the served parent pauses admission
+ * all the same (the replica committed to the version: its other ranks
+ * switch, this one must not serve the old version beside them), and so
+ * does a failure while writing (a test hook): the node refuses deltas
+ * against the slot and asks for an anchor, and serving resumes only once a
+ * complete version is installed. Never a mix.
  */
 #include "node/agent_internal.h"
 
 #include "proto/delta.h"
+#include "proto/dpatch.h"
 
 /* What a delta's install prepares before pausing: per parcel, its pieces
- * and the served slot's checksums of them (the parent's). */
+ * and its changes, decoded and verified against the served slot. */
 struct agent_inplace_prep {
 	struct proto_dparcel dp;
-	uint64_t *sums;
+	struct proto_dpatch patch;
 };
 
 bool agent_inplace(const struct node_agent *a)
@@ -41,35 +48,47 @@ static void prep_free(struct node_agent *a)
 {
 	for (uint32_t i = 0; i < a->inplace_nprep; i++) {
 		proto_dparcel_fini(&a->inplace_prep[i].dp);
-		free(a->inplace_prep[i].sums);
+		proto_dpatch_fini(&a->inplace_prep[i].patch);
 	}
 	free(a->inplace_prep);
 	a->inplace_prep = NULL;
 	a->inplace_nprep = 0;
 }
 
-/* Reads the parent's checksums of every delta parcel from the served slot
- * (it serves on meanwhile: nothing writes it). */
+/* Decodes and verifies every delta parcel against the served slot (it
+ * serves on meanwhile: nothing writes it). */
 static int prep(struct node_agent *a, struct agent_fetch *f, struct proto_err *err)
 {
+	unsigned threads = (unsigned)proto_param(PROTO_PARAM_INPLACE_THREADS);
+	uint64_t *sums = NULL;
+	int rc = 0;
+
 	prep_free(a);
 	if (!f->delta)
 		return 0;
 	a->inplace_prep = calloc(f->nparcels + 1, sizeof(*a->inplace_prep));
 	if (a->inplace_prep == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
-	for (uint32_t i = 0; i < f->nparcels; i++) {
+	for (uint32_t i = 0; i < f->nparcels && rc == 0; i++) {
+		struct agent_parcel *p = &f->parcels[i];
 		struct agent_inplace_prep *pr = &a->inplace_prep[i];
-		int rc = proto_dparcel_build(&a->model, f->plan, f->parcels[i].pp, &a->layout, &pr->dp,
-					     err);
+		rc = proto_dparcel_build(&a->model, f->plan, p->pp, &a->layout, &pr->dp, err);
 		if (rc != 0)
-			return rc;
+			break;
 		a->inplace_nprep = i + 1;
-		if ((pr->sums = malloc(((size_t)pr->dp.npieces + 1) * sizeof(uint64_t))) == NULL)
-			return proto_errf(err, ENOMEM, "out of memory");
-		proto_dparcel_sums(&pr->dp, a->active->host, pr->sums);
+		free(sums);
+		if ((sums = malloc(((size_t)pr->dp.npieces + 1) * sizeof(uint64_t))) == NULL) {
+			rc = proto_errf(err, ENOMEM, "out of memory");
+			break;
+		}
+		proto_dparcel_sums(&pr->dp, a->active->host, sums);
+		rc = proto_dpatch_prepare(&pr->dp, p->wire, p->mp->wire_bytes, a->active->host, sums,
+					  threads, &pr->patch, err);
+		if (rc != 0)
+			proto_err_prefix(err, "parcel %u", i);
 	}
-	return 0;
+	free(sums);
+	return rc;
 }
 
 /* Writes f into the served slot s; 0, or an error in err (s then holds a
@@ -78,7 +97,6 @@ static int write_version(struct node_agent *a, struct agent_fetch *f, struct nod
 			 struct proto_err *err)
 {
 	uint64_t fail_v = proto_param(PROTO_PARAM_TEST_INPLACE_FAIL);
-	unsigned threads = (unsigned)PROTO_MAX(proto_param(PROTO_PARAM_VERIFY_THREADS), 1);
 
 	if (!f->delta) {
 		size_t len = PROTO_MIN(s->len, f->slot->len);
@@ -93,19 +111,27 @@ static int write_version(struct node_agent *a, struct agent_fetch *f, struct nod
 		return proto_errf(err, EINVAL, "the delta's parcels were not prepared");
 	for (uint32_t i = 0; i < f->nparcels; i++) {
 		struct agent_parcel *p = &f->parcels[i];
-		struct agent_inplace_prep *pr = &a->inplace_prep[i];
-		int rc;
 		if (fail_v == f->version && i >= f->nparcels / 2 && i > 0)
 			return proto_errf(err, EIO, "TESSERA_TEST_INPLACE_FAIL: stopped after %u of %u parcels",
 					  i, f->nparcels);
-		rc = proto_dparcel_apply_sums(&pr->dp, p->wire, p->mp->wire_bytes, s->host, pr->sums,
-					      threads, err);
-		if (rc != 0)
-			return rc;
+		proto_dpatch_write(&a->inplace_prep[i].patch);
 		free(p->wire);
 		p->wire = NULL;
 	}
 	return 0;
+}
+
+/* f cannot be installed: admission stays paused until a complete version
+ * is (see the top of the file). */
+static void fail_paused(struct node_agent *a, struct agent_fetch *f, const struct proto_err *err)
+{
+	a->inplace_broken = true;
+	a->need_anchor = f->delta;
+	LOG_ERR("node %s: v%" PRIu64 " in-place install failed: %s; admission stays paused "
+		"until a complete version is installed",
+		a->node_id, f->version, err->msg);
+	agent_fetch_fail(a, "in-place install of v%" PRIu64 " failed: %s (serving paused)",
+			 f->version, err->msg);
 }
 
 static void install(struct node_agent *a)
@@ -141,13 +167,7 @@ static void install(struct node_agent *a)
 	if (rc == 0)
 		rc = agent_write_expose(a, s, f->man.digest, &err);
 	if (rc != 0) {
-		a->inplace_broken = true;
-		a->need_anchor = f->delta;
-		LOG_ERR("node %s: v%" PRIu64 " in-place install failed: %s; admission stays paused "
-			"until a complete version is installed",
-			a->node_id, f->version, err.msg);
-		agent_fetch_fail(a, "in-place install of v%" PRIu64 " failed: %s (serving paused)",
-				 f->version, err.msg);
+		fail_paused(a, f, &err);
 		return;
 	}
 	a->inplace_broken = false;
@@ -195,11 +215,21 @@ void agent_inplace_start(struct node_agent *a)
 		agent_fetch_fail(a, "in-place install: out of memory");
 		return;
 	}
+	uint64_t t_prep = proto_now_ns();
 	if (prep(a, f, &err) != 0) {
 		prep_free(a);
-		agent_fetch_fail(a, "in-place install of v%" PRIu64 ": %s", f->version, err.msg);
+		if (a->attach != NULL && node_attach_pause(a->attach, f->version, NULL, NULL) != 0) {
+			agent_fetch_fail(a, "in-place install: out of memory");
+			return;
+		}
+		fail_paused(a, f, &err);
 		return;
 	}
+	if (f->delta)
+		LOG_INFO("node %s: v%" PRIu64 " prepared for an in-place install in %.1f ms (decoded "
+			 "and verified against v%" PRIu64 " while it serves)",
+			 a->node_id, f->version, (double)(proto_now_ns() - t_prep) / 1e6,
+			 a->active->version);
 	a->installing = true;
 	a->inplace_version = f->version;
 	a->inplace_t0_ns = proto_now_ns();

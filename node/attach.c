@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -25,7 +26,8 @@ struct att_ver {
 	struct node_slot *slot;
 	uint64_t version;
 	uint8_t digest[32];
-	uint32_t pins;
+	uint32_t pins;    /* socket pins; pin pages hold the others */
+	uint8_t entry;    /* in the pin pages (TSR_ENTRY_NONE: none) */
 	bool retired;
 	/* Attribution: when it became active, requests that ran on it and the
 	 * wall clock of the first and last (logged when it is forgotten). */
@@ -60,6 +62,12 @@ struct att_client {
 	struct att_pin *pins;
 	uint32_t npins, cap;
 	uint64_t next_pin;
+	/* Protocol 2: its pin page (the client writes it; read here only) and
+	 * each entry's request count when the entry took its version. */
+	uint16_t proto;
+	int page_fd;
+	uint8_t *page;
+	uint64_t base[TSR_ENTRIES];
 };
 
 struct node_attach {
@@ -76,6 +84,12 @@ struct node_attach {
 	struct node_reaper *reaper; /* frees retired host slots off the loop; NULL: inline */
 	uint8_t *table; /* the ATTACHED frame, built once */
 	size_t table_len;
+	/* Protocol 2: the epoch page (the state word clients read) and the
+	 * entries given to versions (a bit each). */
+	int epoch_fd;
+	uint8_t *epoch;
+	uint64_t entries;
+	struct event *scan_ev; /* looks at the pin pages while a retired version is pinned */
 	/* An in-place install: admission paused for version paused_for;
 	 * drained(arg) once nothing pins the active slot (via drain_ev, from
 	 * the loop, never from inside a handler). */
@@ -97,6 +111,91 @@ static void client_flush(struct att_client *c);
 static void client_kill(struct att_client *c)
 {
 	c->closing = c->dead = true;
+	if (c->page != NULL) /* its page's pins stop counting now */
+		__atomic_store_n((uint32_t *)(void *)(c->page + TSR_PAGE_REVOKED), 1,
+				 __ATOMIC_SEQ_CST);
+}
+
+/* ---- protocol 2's pages -------------------------------------------------------- */
+
+/* A sealed memfd of one page, mapped read-write here. future_write: clients
+ * can map it read-only only. -errno on failure (nothing left open). */
+static int page_new(const char *name, bool future_write, int *fd, uint8_t **map)
+{
+	unsigned seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+	int e;
+
+	*fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (*fd < 0)
+		return -errno;
+	if (ftruncate(*fd, TSR_PAGE_SIZE) != 0)
+		goto fail;
+	*map = mmap(NULL, TSR_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+	if (*map == MAP_FAILED)
+		goto fail;
+	/* Sealed against shrinking: a client cannot make our view fault. */
+	if (fcntl(*fd, F_ADD_SEALS, seals | (future_write ? F_SEAL_FUTURE_WRITE : 0)) == 0)
+		return 0;
+	munmap(*map, TSR_PAGE_SIZE);
+fail:
+	e = errno;
+	close(*fd);
+	*fd = -1;
+	*map = NULL;
+	return -e;
+}
+
+static uint32_t page_pins(const struct att_client *c, uint8_t entry)
+{
+	return __atomic_load_n((uint32_t *)(void *)c->page + entry, __ATOMIC_SEQ_CST);
+}
+
+static uint64_t page_requests(const struct att_client *c, uint8_t entry)
+{
+	return __atomic_load_n((uint64_t *)(void *)(c->page + TSR_PAGE_REQUESTS) + entry,
+			       __ATOMIC_RELAXED);
+}
+
+/* Publishes who admits requests now: one atomic store (the switch). */
+static void epoch_publish(struct node_attach *at)
+{
+	uint64_t s = TSR_ENTRY_NONE;
+
+	if (at->paused) /* an in-place install: acquires wait */
+		s = (at->active != NULL ? at->active->version : at->paused_for) << 8 | TSR_ENTRY_NONE;
+	else if (at->active != NULL)
+		s = at->active->version << 8 |
+		    (at->paused                           ? TSR_ENTRY_NONE
+		     : at->active->entry == TSR_ENTRY_NONE ? TSR_ENTRY_SOCKET
+							   : at->active->entry);
+	if (at->epoch != NULL)
+		__atomic_store_n((uint64_t *)(void *)(at->epoch + TSR_EPOCH_STATE), s,
+				 __ATOMIC_SEQ_CST);
+}
+
+/* Pins on v: socket pins plus the pin pages of clients still attached.
+ * Read after the state that retired v was published (see wire.h). */
+static uint32_t ver_pins(const struct node_attach *at, const struct att_ver *v)
+{
+	uint64_t n = v->pins;
+
+	if (v->entry != TSR_ENTRY_NONE)
+		for (const struct att_client *c = at->clients; c != NULL; c = c->next)
+			if (c->page != NULL && !c->closing)
+				n += page_pins(c, v->entry);
+	return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
+/* Requests that ran on v: counted here (socket) and by each pin page. */
+static uint64_t ver_requests(const struct node_attach *at, const struct att_ver *v)
+{
+	uint64_t n = v->requests;
+
+	if (v->entry != TSR_ENTRY_NONE)
+		for (const struct att_client *c = at->clients; c != NULL; c = c->next)
+			if (c->page != NULL)
+				n += page_requests(c, v->entry) - c->base[v->entry];
+	return n;
 }
 
 /* ---- slots ----------------------------------------------------------------- */
@@ -109,24 +208,60 @@ static void ver_forget(struct node_attach *at, struct att_ver *v)
 			break;
 		}
 	}
-	if (at->active == v)
+	if (at->active == v) {
 		at->active = NULL;
+		epoch_publish(at);
+	}
 	LOG_INFO("attach: replica %s rank %u v%" PRIu64 " (active from %" PRIu64 " ms) ran %" PRIu64
 		 " requests, pinned from %" PRIu64 " to %" PRIu64 " ms",
-		 at->replica, at->info.rank, v->version, v->activated_ms, v->requests,
+		 at->replica, at->info.rank, v->version, v->activated_ms, ver_requests(at, v),
 		 v->first_pin_ms, v->last_pin_ms);
+	if (v->entry != TSR_ENTRY_NONE)
+		at->entries &= ~(1ull << v->entry);
 	free(v);
 }
 
-static void ver_unpin(struct node_attach *at, struct att_ver *v)
+/* v's pins may have gone: the drain goes on, a retired slot is freed. */
+static void ver_check(struct node_attach *at, struct att_ver *v)
 {
-	if (--v->pins == 0 && at->paused && at->drained != NULL && v == at->active)
+	uint32_t pins = ver_pins(at, v);
+
+	if (pins == 0 && at->paused && at->drained != NULL && v == at->active)
 		event_active(at->drain_ev, 0, 0);
-	if (v->pins > 0 || !v->retired)
+	if (pins > 0 || !v->retired)
 		return;
 	LOG_INFO("attach: v%" PRIu64 " released by its last request; freeing its slot", v->version);
 	node_reaper_free(at->reaper, at->info.store, v->slot);
 	ver_forget(at, v);
+}
+
+static void ver_check_all(struct node_attach *at)
+{
+	bool retained = false;
+
+	for (struct att_ver *v = at->vers, *next; v != NULL; v = next) {
+		next = v->next;
+		ver_check(at, v);
+	}
+	for (struct att_ver *v = at->vers; v != NULL; v = v->next)
+		retained |= v->retired && v->entry != TSR_ENTRY_NONE;
+	/* Releases through a pin page do not wake us (see wire.h): look again. */
+	if (retained && at->scan_ev != NULL && !evtimer_pending(at->scan_ev, NULL)) {
+		uint64_t ms = proto_param(PROTO_PARAM_ATTACH_SCAN_MS);
+		struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+		evtimer_add(at->scan_ev, &tv);
+	}
+}
+
+static void on_scan(evutil_socket_t fd, short what, void *arg)
+{
+	ver_check_all(arg);
+}
+
+static void ver_unpin(struct node_attach *at, struct att_ver *v)
+{
+	v->pins--;
+	ver_check(at, v);
 }
 
 /* ---- output ------------------------------------------------------------------ */
@@ -191,6 +326,9 @@ static void client_fail(struct att_client *c, const char *fmt, ...)
 	memcpy(p + 3, msg, n);
 	c->closing = true;
 	event_del(c->rev);
+	if (c->page != NULL) /* its page's pins stop counting now */
+		__atomic_store_n((uint32_t *)(void *)(c->page + TSR_PAGE_REVOKED), 1,
+				 __ATOMIC_SEQ_CST);
 	/* Its pins go now, not when it gets round to reading the reason. */
 	for (uint32_t i = 0; i < c->npins; i++)
 		ver_unpin(c->at, c->pins[i].v);
@@ -292,8 +430,12 @@ static void send_version(struct att_client *c, const struct att_ver *v)
 		dev = c->at->info.store->device;
 	}
 #endif
-	if ((p = client_frame(c, TSR_MSG_VERSION, TSR_WIRE_VERSION_LEN, s->memfd)) == NULL)
+	if ((p = client_frame(c, TSR_MSG_VERSION,
+			      c->proto >= 2 ? TSR_WIRE_VERSION2_LEN : TSR_WIRE_VERSION_LEN,
+			      s->memfd)) == NULL)
 		return;
+	if (c->proto >= 2)
+		p[TSR_WIRE_VERSION_LEN] = v->entry;
 	tsr_put64(p, v->version);
 	tsr_put64(p + 8, s->len);
 	memcpy(p + 16, v->digest, 32);
@@ -315,8 +457,8 @@ static void on_attach(struct att_client *c, struct tsr_rd *r)
 		client_fail(c, "ATTACH: %zu bytes is too short", r->left);
 		return;
 	}
-	if (proto != TSR_WIRE_PROTOCOL) {
-		client_fail(c, "ATTACH: protocol %u, this node speaks %u", proto, TSR_WIRE_PROTOCOL);
+	if (proto != 1 && proto != 2) {
+		client_fail(c, "ATTACH: protocol %u, this node speaks 1 and 2", proto);
 		return;
 	}
 	if (rlen == 0 || rlen > TSR_WIRE_NAME_MAX || rlen != r->left) {
@@ -335,11 +477,29 @@ static void on_attach(struct att_client *c, struct tsr_rd *r)
 			    at->replica, at->info.rank, asked, rank);
 		return;
 	}
+	if (proto == 2 && at->epoch != NULL) {
+		int rc = page_new("tessera-pins", false, &c->page_fd, &c->page);
+		if (rc != 0) {
+			client_fail(c, "ATTACH: no pin page: %s", strerror(-rc));
+			return;
+		}
+		c->proto = 2;
+	}
 	if ((p = client_frame(c, TSR_MSG_ATTACHED, 8 + at->table_len, -1)) == NULL)
 		return;
 	tsr_put64(p, at->active ? at->active->version : 0);
 	memcpy(p + 8, at->table, at->table_len);
 	c->attached = true;
+	if (c->proto == 2) {
+		if ((p = client_frame(c, TSR_MSG_PAGES, 5, at->epoch_fd)) == NULL)
+			return;
+		p[0] = TSR_PAGE_EPOCH;
+		tsr_put32(p + 1, TSR_PAGE_SIZE);
+		if ((p = client_frame(c, TSR_MSG_PAGES, 5, c->page_fd)) == NULL)
+			return;
+		p[0] = TSR_PAGE_PINS;
+		tsr_put32(p + 1, TSR_PAGE_SIZE);
+	}
 	if (at->active != NULL)
 		send_version(c, at->active);
 }
@@ -437,6 +597,12 @@ static void on_frame(struct att_client *c, uint16_t type, const uint8_t *payload
 		break;
 	case TSR_MSG_ACQUIRE: on_acquire(c, &r); break;
 	case TSR_MSG_RELEASE: on_release(c, &r); break;
+	case TSR_MSG_UNPIN:
+		if (r.left != 0)
+			client_fail(c, "UNPIN carries no payload (got %zu bytes)", r.left);
+		else
+			ver_check_all(c->at);
+		break;
 	default: client_fail(c, "unknown message type %u", type); break;
 	}
 }
@@ -497,9 +663,21 @@ static void client_close(struct att_client *c)
 	if (c->next != NULL)
 		c->next->prev = c->prev;
 	at->nclients--;
+	if (c->page != NULL) {
+		/* Its requests stay counted; its pins go. */
+		for (struct att_ver *v = at->vers; v != NULL; v = v->next)
+			if (v->entry != TSR_ENTRY_NONE)
+				v->requests += page_requests(c, v->entry) - c->base[v->entry];
+		__atomic_store_n((uint32_t *)(void *)(c->page + TSR_PAGE_REVOKED), 1,
+				 __ATOMIC_SEQ_CST);
+		munmap(c->page, TSR_PAGE_SIZE);
+		close(c->page_fd);
+	}
 	for (uint32_t i = 0; i < c->npins; i++)
 		ver_unpin(at, c->pins[i].v);
 	free(c->pins);
+	if (c->page != NULL)
+		ver_check_all(at);
 	free(c);
 }
 
@@ -531,6 +709,7 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
 	}
 	c->at = at;
 	c->fd = fd;
+	c->page_fd = -1;
 	c->rev = event_new(at->base, fd, EV_READ | EV_PERSIST, on_readable, c);
 	c->wev = event_new(at->base, fd, EV_WRITE, on_writable, c);
 	if (c->rev == NULL || c->wev == NULL || event_add(c->rev, NULL) != 0) {
@@ -609,6 +788,7 @@ int node_attach_new(struct event_base *base, const char *path, const struct node
 	at->base = base;
 	at->info = *info;
 	at->lfd = -1;
+	at->epoch_fd = -1;
 	at->replica = strdup(info->replica);
 	if (at->replica == NULL) {
 		rc = proto_errf(err, ENOMEM, "attach: out of memory");
@@ -621,6 +801,13 @@ int node_attach_new(struct event_base *base, const char *path, const struct node
 	}
 	if ((rc = build_table(at, err)) != 0)
 		goto fail;
+	/* Without it clients acquire over the socket (protocol 1). */
+	if ((rc = page_new("tessera-epoch", true, &at->epoch_fd, &at->epoch)) != 0)
+		LOG_WARN("attach: no epoch page (%s); clients acquire over the socket",
+			 strerror(-rc));
+	else
+		tsr_put64(at->epoch, TSR_EPOCH_MAGIC);
+	epoch_publish(at);
 	/* A socket left by an earlier node is replaced; anything else stays. */
 	if (lstat(path, &st) == 0) {
 		if (!S_ISSOCK(st.st_mode)) {
@@ -642,7 +829,8 @@ int node_attach_new(struct event_base *base, const char *path, const struct node
 		goto fail;
 	}
 	at->lev = event_new(base, at->lfd, EV_READ | EV_PERSIST, on_accept, at);
-	if (at->lev == NULL || event_add(at->lev, NULL) != 0) {
+	at->scan_ev = evtimer_new(base, on_scan, at);
+	if (at->lev == NULL || at->scan_ev == NULL || event_add(at->lev, NULL) != 0) {
 		rc = proto_errf(err, ENOMEM, "attach: out of memory");
 		goto fail;
 	}
@@ -656,6 +844,40 @@ int node_attach_new(struct event_base *base, const char *path, const struct node
 fail:
 	node_attach_free(at);
 	return rc;
+}
+
+/* A free entry for a new version (TSR_ENTRY_NONE: protocol-2 clients
+ * then acquire it over the socket). When all are held by retired versions
+ * still pinned, the clients pinning the oldest are dropped. */
+static uint8_t entry_take(struct node_attach *at)
+{
+	if (at->epoch == NULL)
+		return TSR_ENTRY_NONE;
+	if (at->entries == ~0ull) {
+		struct att_ver *old = NULL;
+		for (struct att_ver *v = at->vers; v != NULL; v = v->next)
+			if (v->retired && v->entry != TSR_ENTRY_NONE)
+				old = v; /* newest first: the last is the oldest */
+		for (struct att_client *c = at->clients; old != NULL && c != NULL; c = c->next)
+			if (c->page != NULL && !c->closing && page_pins(c, old->entry) > 0)
+				client_fail(c, "v%" PRIu64 " pinned while %d newer versions came",
+					    old->version, TSR_ENTRIES);
+		if (old != NULL)
+			ver_check(at, old);
+		for (struct att_client *c = at->clients, *next; c != NULL; c = next) {
+			next = c->next;
+			if (c->closing)
+				client_flush(c);
+		}
+	}
+	if (at->entries == ~0ull)
+		return TSR_ENTRY_NONE;
+	uint8_t e = (uint8_t)__builtin_ctzll(~at->entries);
+	at->entries |= 1ull << e;
+	for (struct att_client *c = at->clients; c != NULL; c = c->next)
+		if (c->page != NULL)
+			c->base[e] = page_requests(c, e);
+	return e;
 }
 
 void node_attach_activate(struct node_attach *at, struct node_slot *slot, const uint8_t digest[32])
@@ -675,6 +897,7 @@ void node_attach_activate(struct node_attach *at, struct node_slot *slot, const 
 			return;
 		}
 		v->slot = slot;
+		v->entry = entry_take(at);
 		v->next = at->vers;
 		at->vers = v;
 	}
@@ -690,6 +913,8 @@ void node_attach_activate(struct node_attach *at, struct node_slot *slot, const 
 		send_version(c, v);
 		client_flush(c);
 	}
+	/* Every client has been sent the version: now admit requests to it. */
+	epoch_publish(at);
 }
 
 void node_attach_retire(struct node_attach *at, struct node_store *store, struct node_slot *slot)
@@ -705,22 +930,27 @@ void node_attach_retire(struct node_attach *at, struct node_store *store, struct
 		node_slot_free(store, slot);
 		return;
 	}
-	if (at->active == v)
+	if (at->active == v) {
 		at->active = NULL;
-	if (v->pins == 0) {
+		epoch_publish(at);
+	}
+	if (ver_pins(at, v) == 0) {
 		node_reaper_free(at->reaper, store, slot);
 		ver_forget(at, v);
 		return;
 	}
-	LOG_INFO("attach: v%" PRIu64 " retired; %u requests still pin it", v->version, v->pins);
+	LOG_INFO("attach: v%" PRIu64 " retired; %u requests still pin it", v->version,
+		 ver_pins(at, v));
 	v->retired = true;
+	ver_check_all(at); /* arms the scan */
 }
 
 static void on_drain(evutil_socket_t fd, short what, void *arg)
 {
 	struct node_attach *at = arg;
 
-	if (at->paused && at->drained != NULL && (at->active == NULL || at->active->pins == 0)) {
+	if (at->paused && at->drained != NULL &&
+	    (at->active == NULL || ver_pins(at, at->active) == 0)) {
 		void (*cb)(void *) = at->drained;
 		at->drained = NULL;
 		cb(at->drained_arg);
@@ -736,9 +966,11 @@ int node_attach_pause(struct node_attach *at, uint64_t version, void (*drained)(
 	at->paused_for = version;
 	at->drained = drained;
 	at->drained_arg = arg;
+	epoch_publish(at);
 	LOG_INFO("attach: admission paused for v%" PRIu64 " (installed in place); %u requests "
 		 "running on v%" PRIu64,
-		 version, at->active ? at->active->pins : 0, at->active ? at->active->version : 0);
+		 version, at->active ? ver_pins(at, at->active) : 0,
+		 at->active ? at->active->version : 0);
 	event_active(at->drain_ev, 0, 0);
 	return 0;
 }
@@ -751,7 +983,8 @@ uint32_t node_attach_evict(struct node_attach *at)
 		return 0;
 	for (struct att_client *c = at->clients, *next; c != NULL; c = next) {
 		next = c->next;
-		bool pins = false;
+		bool pins = c->page != NULL && at->active->entry != TSR_ENTRY_NONE &&
+			    page_pins(c, at->active->entry) > 0;
 		for (uint32_t i = 0; i < c->npins && !pins; i++)
 			pins = c->pins[i].v == at->active;
 		if (!pins || c->closing)
@@ -774,12 +1007,12 @@ void node_attach_resume(struct node_attach *at, struct node_slot *slot, const ui
 {
 	if (at == NULL)
 		return;
-	at->paused = false;
 	at->drained = NULL;
 	/* The slot's old version goes (nothing pins it: drained or evicted);
-	 * the same memory comes back as the new one. */
-	if (at->active != NULL && at->active->slot == slot && at->active->pins == 0)
+	 * the same memory comes back as the new one. Still paused meanwhile. */
+	if (at->active != NULL && at->active->slot == slot && ver_pins(at, at->active) == 0)
 		ver_forget(at, at->active);
+	at->paused = false;
 	node_attach_activate(at, slot, digest);
 }
 
@@ -789,7 +1022,7 @@ size_t node_attach_held(const struct node_attach *at, struct node_attach_count *
 
 	/* at->vers is newest first (each activation is pushed in front). */
 	for (const struct att_ver *v = at ? at->vers : NULL; v != NULL && n < max; v = v->next)
-		out[n++] = (struct node_attach_count){v->version, v->requests, v->pins};
+		out[n++] = (struct node_attach_count){v->version, ver_requests(at, v), ver_pins(at, v)};
 	return n;
 }
 
@@ -799,7 +1032,7 @@ uint32_t node_attach_pins(const struct node_attach *at, uint64_t version)
 
 	for (const struct att_ver *v = at ? at->vers : NULL; v != NULL; v = v->next)
 		if (v->version == version)
-			n += v->pins;
+			n += ver_pins(at, v);
 	return n;
 }
 
@@ -831,6 +1064,8 @@ void node_attach_free(struct node_attach *at)
 		client_close(at->clients);
 	if (at->drain_ev != NULL)
 		event_free(at->drain_ev);
+	if (at->scan_ev != NULL)
+		event_free(at->scan_ev);
 	/* Retired slots die with the server; the active one is the caller's. */
 	while (at->vers != NULL) {
 		struct att_ver *v = at->vers;
@@ -846,6 +1081,10 @@ void node_attach_free(struct node_attach *at)
 		if (at->path[0] != 0)
 			unlink(at->path);
 	}
+	if (at->epoch != NULL)
+		munmap(at->epoch, TSR_PAGE_SIZE);
+	if (at->epoch_fd >= 0)
+		close(at->epoch_fd);
 	free(at->table);
 	free(at->replica);
 	free(at);

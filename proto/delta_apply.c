@@ -447,7 +447,8 @@ static int bits_next(struct worker *wk, struct sreader *r, struct bitwalk *bw, u
  */
 static int apply_chunk(struct worker *wk, const struct proto_delta *d,
 		       const struct proto_delta_chunk *c, uint8_t *base, bool undo, uint64_t limit,
-		       uint64_t *done, uint64_t *part, struct proto_err *err)
+		       uint64_t *done, uint64_t *part, delta__emit_fn emit, void *emit_arg,
+		       struct proto_err *err)
 {
 	const struct proto_delta_tensor *t = &d->tensors[c->tensor];
 	uint32_t w = t->elsize;
@@ -471,7 +472,7 @@ static int apply_chunk(struct worker *wk, const struct proto_delta *d,
 		count = PROTO_MIN(count, limit);
 	for (uint64_t k = 0; k < count;) {
 		uint32_t m = (uint32_t)PROTO_MIN((uint64_t)BATCH, count - k);
-		if (c->mode == PROTO_DELTA_SPARSE && !undo) {
+		if (c->mode == PROTO_DELTA_SPARSE && !undo && emit == NULL) {
 			/* Values first, then positions fused with the writes. */
 			const uint8_t *g = sr_get(&wk->sr[0], m, err);
 			if (g == NULL)
@@ -486,7 +487,7 @@ static int apply_chunk(struct worker *wk, const struct proto_delta *d,
 			*done = k;
 			continue;
 		}
-		if (c->mode == PROTO_DELTA_SPARSE) { /* the undo's replay */
+		if (c->mode == PROTO_DELTA_SPARSE) { /* the undo's replay, or emit */
 			const uint8_t *g = sr_get(&wk->sr[0], m, err);
 			if (g == NULL)
 				return -EINVAL;
@@ -504,7 +505,10 @@ static int apply_chunk(struct worker *wk, const struct proto_delta *d,
 		rc = get_values(wk, c, s0, w, m, c->mode != PROTO_DELTA_DENSE, &nesc, err);
 		if (rc != 0)
 			return rc;
-		rmw(w, base, wk->pos, wk->val, m, undo, &pa, &pb);
+		if (emit != NULL)
+			emit(emit_arg, wk->pos, wk->val, m);
+		else
+			rmw(w, base, wk->pos, wk->val, m, undo, &pa, &pb);
 		k += m;
 		*done = k;
 	}
@@ -598,7 +602,7 @@ static void *apply_worker(void *arg)
 			break;
 		uint32_t ci = j->work[i];
 		int rc = apply_chunk(wk, j->d, &j->d->chunks[ci], chunk_base(j->d, j->bufs, ci), false,
-				     0, &j->done[ci], &j->part[ci], &wk->err);
+				     0, &j->done[ci], &j->part[ci], NULL, NULL, &wk->err);
 		if (rc != 0) {
 			pthread_mutex_lock(&j->lock);
 			if (j->rc == 0 || ci < j->err_chunk) {
@@ -626,9 +630,38 @@ static void undo_all(struct job *j, struct worker *wk)
 		if (j->done[ci] == 0)
 			continue;
 		if (apply_chunk(wk, j->d, &j->d->chunks[ci], chunk_base(j->d, j->bufs, ci), true,
-				j->done[ci], &dn, &part, &e) != 0 || dn != j->done[ci])
+				j->done[ci], &dn, &part, NULL, NULL, &e) != 0 || dn != j->done[ci])
 			abort(); /* unreachable; never leave half-patched bytes silently */
 	}
+}
+
+struct delta__worker *delta__worker_new(void)
+{
+	struct worker *wk = malloc(sizeof(*wk));
+
+	if (wk != NULL && worker_init(wk) != 0) {
+		worker_fini(wk);
+		free(wk);
+		wk = NULL;
+	}
+	return (struct delta__worker *)wk;
+}
+
+void delta__worker_free(struct delta__worker *w)
+{
+	if (w != NULL) {
+		worker_fini((struct worker *)w);
+		free(w);
+	}
+}
+
+int delta__decode_chunk(struct delta__worker *w, const struct proto_delta *d, uint32_t ci,
+			delta__emit_fn emit, void *arg, struct proto_err *err)
+{
+	uint64_t done, part;
+
+	return apply_chunk((struct worker *)w, d, &d->chunks[ci], NULL, false, 0, &done, &part, emit,
+			   arg, err);
 }
 
 int proto_delta_apply(const struct proto_delta *d, const struct proto_delta_parent *parent,

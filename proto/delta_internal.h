@@ -95,4 +95,19 @@ static inline unsigned delta__put_varint(uint8_t *p, uint64_t v)
 	return n;
 }
 
+/*
+ * Decoding without writing (proto/delta_apply_mt.c): a worker holds one
+ * thread's decoders; delta__decode_chunk hands chunk ci's changes, a batch
+ * at a time, to emit (positions from the chunk's first element, ascending;
+ * differences as apply adds them; DENSE chunks pass every element, 0 for
+ * unchanged) and checks the chunk's streams like an apply. Nothing is
+ * written. worker_new: NULL when out of memory.
+ */
+struct delta__worker;
+typedef void (*delta__emit_fn)(void *arg, const uint32_t *pos, const uint64_t *diff, uint32_t m);
+struct delta__worker *delta__worker_new(void);
+void delta__worker_free(struct delta__worker *w);
+int delta__decode_chunk(struct delta__worker *w, const struct proto_delta *d, uint32_t ci,
+			delta__emit_fn emit, void *arg, struct proto_err *err);
+
 #endif

@@ -167,7 +167,15 @@
 	 * tracker restarted) stays a source and a member for this long while \
 	 * it answers: it re-registers within about a heartbeat, and dropping \
 	 * it sent its share of chunks to the trainer meanwhile. */ \
-	X(PEER_GRACE_MS, "TESSERA_PEER_GRACE_MS", 6000, "an unlisted peer stays a source this long while it answers, ms")
+	X(PEER_GRACE_MS, "TESSERA_PEER_GRACE_MS", 6000, "an unlisted peer stays a source this long while it answers, ms") \
+	/* An in-place install decodes and verifies a delta's changes on this \
+	 * many threads before it pauses admission, then writes them on the \
+	 * same threads while paused (0: one per online CPU, at most 8). */ \
+	X(INPLACE_THREADS, "TESSERA_INPLACE_THREADS", 0, "in-place install: threads decoding and writing a delta (0: CPUs)") \
+	/* A serving client releasing a pin through its pin page does not wake \
+	 * the node (a wake-up at a switch would stall it); the node looks at \
+	 * the pin pages this often while a retired version is still pinned. */ \
+	X(ATTACH_SCAN_MS, "TESSERA_ATTACH_SCAN_MS", 20, "how often retired pinned versions are checked, ms")
 
 enum proto_param_id {
 #define PROTO_PARAM_ENUM(id, env, def, doc) PROTO_PARAM_##id,

@@ -15,6 +15,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <cmocka.h>
@@ -345,14 +346,20 @@ static void test_pin_across_switch(void **state)
 	assert_version_bytes(&old, 1);
 	assert_version_bytes(&young, 2);
 
-	/* The last pin of v1 released: its slot is freed. */
+	/* The last pin of v1 released: its slot is freed (the release goes
+	 * through the pin page; the node notices within TESSERA_ATTACH_SCAN_MS). */
 	assert_int_equal(tessera_release(c, &old), 0);
-	k = counts(e, 1);
+	for (int i = 0; i < 3000 && ((k = counts(e, 1)).pins != 0 || k.retained != 1); i++)
+		usleep(10000);
 	assert_int_equal(k.pins, 0);
 	assert_int_equal(k.retained, 1);
 	assert_null(tessera_version_info(c, 1)); /* unmapped by the client too */
 	assert_int_equal(tessera_release(c, &young), 0);
-	assert_int_equal(counts(e, 2).retained, 0);
+	for (int i = 0; i < 3000 && (k = counts(e, 2)).retained != 0; i++)
+		usleep(10000);
+	assert_int_equal(k.retained, 0);
+	/* Told of v3 once it reads the socket (acquire and release did not). */
+	assert_int_equal(tessera_wait_version(c, 3, 30000), 0);
 	assert_int_equal(tessera_active(c), 3);
 	tessera_detach(other);
 	tessera_detach(c);
@@ -464,6 +471,7 @@ static void test_garbage_refused(void **state)
 		{"acquire payload", "no payload", {1, 0, 0, 0, 4, 0, 0, 0, 0}, 9, true},
 		{"short release", "exactly a u64", {4, 0, 0, 0, 6, 0, 0, 0, 1, 0, 0, 0}, 12, true},
 		{"foreign pin", "does not hold", {8, 0, 0, 0, 6, 0, 0, 0, 42, 0, 0, 0, 0, 0, 0, 0}, 16, true},
+		{"unpin payload", "UNPIN carries no payload", {1, 0, 0, 0, 10, 0, 0, 0, 0}, 9, true},
 	};
 	static uint8_t buf[1 << 16];
 
@@ -550,6 +558,145 @@ static void test_garbage_refused(void **state)
 	tessera_detach(c);
 	assert_int_equal(tessera_release(good, &pin), 0);
 	tessera_detach(good);
+}
+
+/* Reads from a raw client's socket until `want` whole frames are there
+ * (bounded); the memfds that came with them in *fds, in order. Returns the
+ * bytes of those frames. */
+static size_t recv_frames(int fd, uint8_t *buf, size_t cap, int *fds, size_t *nfds, int want)
+{
+	size_t n = 0;
+
+	*nfds = 0;
+	for (;;) {
+		size_t off = 0;
+		int k = 0;
+		while (off + TSR_WIRE_HDR <= n && off + TSR_WIRE_HDR + tsr_get32(buf + off) <= n) {
+			off += TSR_WIRE_HDR + tsr_get32(buf + off);
+			k++;
+		}
+		if (k >= want)
+			return off;
+		struct pollfd p = {fd, POLLIN, 0};
+		assert_int_equal(poll(&p, 1, 30000), 1);
+		union {
+			struct cmsghdr h;
+			char b[CMSG_SPACE(8 * sizeof(int))];
+		} cm;
+		struct iovec iov = {buf + n, cap - n};
+		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+				    .msg_controllen = sizeof(cm.b)};
+		ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+		assert_true(r > 0);
+		for (struct cmsghdr *h = CMSG_FIRSTHDR(&mh); h != NULL; h = CMSG_NXTHDR(&mh, h)) {
+			size_t q = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			assert_true(*nfds + q <= 8);
+			memcpy(fds + *nfds, CMSG_DATA(h), q * sizeof(int));
+			*nfds += q;
+		}
+		n += (size_t)r;
+	}
+}
+
+static uint64_t epoch_state(const uint8_t *epoch)
+{
+	return __atomic_load_n((const uint64_t *)(const void *)(epoch + TSR_EPOCH_STATE),
+			       __ATOMIC_SEQ_CST);
+}
+
+/* Protocol 2 as a client sees it on the wire: the epoch page names the
+ * active version (old, then new after a switch, each with its VERSION sent
+ * first); a pin in the client's page keeps a retired version until it is
+ * cleared, which the node notices by itself; the pages cannot be misused
+ * (the epoch page is not writable, the pin page cannot shrink); a pin page
+ * full of garbage pins nothing once its client is gone. */
+static void test_epoch_page(void **state)
+{
+	struct env *e = *state;
+	static uint8_t buf[1 << 16];
+	int fds[8];
+	size_t nfds, n;
+	uint8_t req[64];
+
+	activate(e, 1);
+	int fd = raw_connect(e);
+	n = attach_req(req, "A", 0);
+	assert_int_equal(write(fd, req, n), (ssize_t)n);
+	n = recv_frames(fd, buf, sizeof(buf), fds, &nfds, 4);
+	assert_int_equal(nfds, 3);
+	/* ATTACHED, PAGES (epoch), PAGES (pins), VERSION (v1, its entry). */
+	size_t off = TSR_WIRE_HDR + tsr_get32(buf);
+	assert_int_equal(tsr_get16(buf + 4), TSR_MSG_ATTACHED);
+	for (uint8_t kind = 0; kind < 2; kind++) {
+		assert_int_equal(tsr_get16(buf + off + 4), TSR_MSG_PAGES);
+		assert_int_equal(buf[off + TSR_WIRE_HDR], kind);
+		assert_int_equal(tsr_get32(buf + off + TSR_WIRE_HDR + 1), TSR_PAGE_SIZE);
+		off += TSR_WIRE_HDR + 5;
+	}
+	assert_int_equal(tsr_get16(buf + off + 4), TSR_MSG_VERSION);
+	assert_int_equal(tsr_get32(buf + off), TSR_WIRE_VERSION2_LEN);
+	assert_int_equal(tsr_get64(buf + off + TSR_WIRE_HDR), 1);
+	uint8_t e1 = buf[off + TSR_WIRE_HDR + TSR_WIRE_VERSION_LEN];
+	assert_true(e1 < TSR_ENTRIES);
+
+	uint8_t *epoch = mmap(NULL, TSR_PAGE_SIZE, PROT_READ, MAP_SHARED, fds[0], 0);
+	assert_true(epoch != MAP_FAILED);
+	assert_true(mmap(NULL, TSR_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0) ==
+		    MAP_FAILED);
+	assert_int_not_equal(ftruncate(fds[1], 0), 0);
+	uint8_t *page = mmap(NULL, TSR_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1], 0);
+	assert_true(page != MAP_FAILED);
+	uint32_t *pins = (uint32_t *)(void *)page;
+	assert_int_equal(tsr_get64(epoch), TSR_EPOCH_MAGIC);
+	assert_int_equal(epoch_state(epoch), 1u << 8 | e1);
+
+	/* A pin through the page counts, and keeps v1 past the switch. */
+	__atomic_store_n(&pins[e1], 1, __ATOMIC_SEQ_CST);
+	assert_int_equal(counts(e, 1).pins, 1);
+	activate(e, 2);
+	n = recv_frames(fd, buf, sizeof(buf), fds + 3, &nfds, 1);
+	assert_int_equal(nfds, 1);
+	assert_int_equal(tsr_get16(buf + 4), TSR_MSG_VERSION);
+	assert_int_equal(tsr_get64(buf + TSR_WIRE_HDR), 2);
+	uint8_t e2 = buf[TSR_WIRE_HDR + TSR_WIRE_VERSION_LEN];
+	assert_true(e2 < TSR_ENTRIES && e2 != e1);
+	assert_int_equal(epoch_state(epoch), 2u << 8 | e2);
+	struct counts k = counts(e, 1);
+	assert_int_equal(k.retained, 1);
+	assert_int_equal(k.pins, 1);
+	/* Released without a word to the node: it looks by itself. */
+	__atomic_store_n(&pins[e1], 0, __ATOMIC_SEQ_CST);
+	for (int i = 0; i < 3000 && (k = counts(e, 1)).retained != 0; i++)
+		usleep(10000);
+	assert_int_equal(k.retained, 0);
+
+	/* Garbage pins v2 for as long as its client stays, no longer. */
+	__atomic_store_n(&pins[e2], 0xffffffffu, __ATOMIC_SEQ_CST);
+	assert_int_equal(counts(e, 2).pins, 0xffffffffu);
+	munmap(page, TSR_PAGE_SIZE);
+	for (size_t i = 0; i < 4; i++)
+		close(fds[i]);
+	close(fd);
+	for (int i = 0; i < 3000 && ((k = counts(e, 2)).pins != 0 || k.clients != 0); i++)
+		usleep(10000);
+	assert_int_equal(k.pins, 0);
+	assert_int_equal(k.clients, 0);
+	/* The switch still goes by the page for a library client. */
+	tessera_client *c = attach_ok(e);
+	struct tessera_pin pin;
+	assert_int_equal(tessera_acquire(c, &pin), 0);
+	assert_int_equal(pin.version, 2);
+	assert_int_equal(counts(e, 2).pins, 1);
+	activate(e, 3);
+	assert_int_equal(epoch_state(epoch), 3u << 8 | (epoch_state(epoch) & 0xff));
+	assert_version_bytes(&pin, 2);
+	assert_int_equal(tessera_release(c, &pin), 0);
+	assert_int_equal(tessera_acquire(c, &pin), 0);
+	assert_int_equal(pin.version, 3);
+	assert_version_bytes(&pin, 3);
+	assert_int_equal(tessera_release(c, &pin), 0);
+	tessera_detach(c);
+	munmap(epoch, TSR_PAGE_SIZE);
 }
 
 static void test_socket_path_checked(void **state)
@@ -682,6 +829,11 @@ static void test_client_refuses_bad_node(void **state)
 	static uint8_t wrong[] = {16, 0, 0, 0, 5, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
 				  1, 0, 0, 0, 0, 0, 0, 0};
 	static uint8_t badmsg[] = {3, 0, 0, 0, 8, 0, 0, 0, 1, 9, 0};
+	/* ATTACHED (v1 active) then PAGES without its memfd, or of a wrong size. */
+	static uint8_t nopage[8 + 53 + 8 + 5] = {
+		53, 0, 0, 0, 2, 0, 0, 0, 1, [61] = 5, 0, 0, 0, 9, 0, 0, 0, 0, 0, 16, 0, 0};
+	static uint8_t badpage[8 + 53 + 8 + 5] = {
+		53, 0, 0, 0, 2, 0, 0, 0, 1, [61] = 5, 0, 0, 0, 9, 0, 0, 0, 0, 1, 0, 0, 0};
 	struct {
 		const char *what, *reason;
 		const uint8_t *bytes;
@@ -694,6 +846,8 @@ static void test_client_refuses_bad_node(void **state)
 		{"version without memfd", "without its memfd", nofd, sizeof(nofd)},
 		{"unexpected reply", "unexpected message", wrong, sizeof(wrong)},
 		{"truncated error", "malformed ERROR", badmsg, sizeof(badmsg)},
+		{"pages without memfd", "PAGES message without its memfd", nopage, sizeof(nopage)},
+		{"page of a wrong size", "malformed PAGES", badpage, sizeof(badpage)},
 	};
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 
@@ -996,6 +1150,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_vanishing_client, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wrong_replica_or_rank, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_garbage_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_epoch_page, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_socket_path_checked, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cuda_handle, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_client_refuses_bad_node, setup, teardown),

@@ -2,7 +2,9 @@
  * the pieces cover each parcel exactly; a delta applied in place to a
  * destination block holding the parent gives the child bit for bit; a
  * damaged parent, a truncated or forged delta, or a delta for another
- * parcel is refused with the block unchanged. */
+ * parcel is refused with the block unchanged. The same for a delta
+ * prepared ahead and written later (proto/dpatch.c), on any number of
+ * threads: preparing never writes, a refusal comes before any write. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +15,7 @@
 #include <cmocka.h>
 
 #include "proto/delta.h"
+#include "proto/dpatch.h"
 #include "proto/fixture.h"
 #include "proto/plan.h"
 #include "tests/testutil.h"
@@ -169,11 +172,124 @@ static void test_refusals(void **state)
 	fx_fini(&f);
 }
 
+/* Prepared ahead, written later: the block is untouched until the write,
+ * then equals the child, for sparse and dense changes and any pool size. */
+static void test_dpatch_roundtrip(void **state)
+{
+	struct fx f;
+	fx_init(&f, "tp2");
+	for (uint32_t k = 0; k < f.plan.nparcels; k++) {
+		const struct proto_parcel *pc = &f.plan.parcels[k];
+		struct proto_dparcel dp;
+		struct proto_err err;
+		uint8_t *par, *chi, *enc;
+		size_t len, n = f.dst.ranks[pc->dst_rank].nbytes;
+
+		assert_int_equal(proto_dparcel_build(&f.m, &f.plan, pc, &f.dst, &dp, &err), 0);
+		payloads(&f, pc, &par, &chi);
+		if (k == 1) /* every element changed: dense chunks */
+			for (uint64_t i = 0; i < pc->bytes; i++)
+				chi[i] = (uint8_t)(par[i] + 3);
+		assert_int_equal(proto_dparcel_encode(&dp, par, chi, NULL, &enc, &len, NULL, &err), 0);
+		uint8_t *want = block_of(&f, pc->dst_rank, pc, chi);
+		uint64_t *sums = malloc((dp.npieces + 1) * sizeof(*sums));
+		for (unsigned threads = 1; threads <= 3; threads++) {
+			uint8_t *blk = block_of(&f, pc->dst_rank, pc, par), *orig = malloc(n);
+			struct proto_dpatch pt;
+			memcpy(orig, blk, n);
+			proto_dparcel_sums(&dp, blk, sums);
+			assert_int_equal(proto_dpatch_prepare(&dp, enc, len, blk, sums, threads, &pt,
+							      &err), 0);
+			assert_memory_equal(blk, orig, n);
+			assert_true(pt.nchanges > 0);
+			proto_dpatch_write(&pt);
+			assert_memory_equal(blk, want, n);
+			proto_dpatch_fini(&pt);
+			proto_dpatch_fini(&pt); /* twice is harmless */
+			free(blk);
+			free(orig);
+		}
+		free(sums);
+		free(want);
+		free(enc);
+		free(par);
+		free(chi);
+		proto_dparcel_fini(&dp);
+	}
+	fx_fini(&f);
+}
+
+/* A delta that is truncated, forged, for another parent or another
+ * parcel is refused by prepare, which writes nothing. */
+static void test_dpatch_refusals(void **state)
+{
+	struct fx f;
+	fx_init(&f, "tp2");
+	const struct proto_parcel *pc = &f.plan.parcels[0], *other = &f.plan.parcels[1];
+	struct proto_dparcel dp, dq;
+	struct proto_dpatch pt;
+	struct proto_err err;
+	uint8_t *par, *chi, *enc;
+	size_t len, n = f.dst.ranks[pc->dst_rank].nbytes;
+
+	assert_int_equal(proto_dparcel_build(&f.m, &f.plan, pc, &f.dst, &dp, &err), 0);
+	assert_int_equal(proto_dparcel_build(&f.m, &f.plan, other, &f.dst, &dq, &err), 0);
+	payloads(&f, pc, &par, &chi);
+	assert_int_equal(proto_dparcel_encode(&dp, par, chi, NULL, &enc, &len, NULL, &err), 0);
+	uint8_t *blk = block_of(&f, pc->dst_rank, pc, par), *orig = malloc(n);
+	uint64_t *sums = malloc((dp.npieces + dq.npieces + 1) * sizeof(*sums));
+	memcpy(orig, blk, n);
+	proto_dparcel_sums(&dp, blk, sums);
+
+	for (size_t cut = 0; cut < len; cut += len / 7 + 1) {
+		assert_int_not_equal(proto_dpatch_prepare(&dp, enc, cut, blk, sums, 2, &pt, &err), 0);
+		assert_true(strlen(err.msg) > 0);
+		assert_null(pt.chunks);
+	}
+	for (size_t at = 0; at < len; at += len / 11 + 1) {
+		enc[at] ^= 0x10;
+		assert_int_not_equal(proto_dpatch_prepare(&dp, enc, len, blk, sums, 2, &pt, &err), 0);
+		assert_true(strlen(err.msg) > 0);
+		enc[at] ^= 0x10;
+	}
+	/* The served block is not the delta's parent: checksums differ. */
+	uint64_t mid = dp.pieces[dp.npieces / 2].dst_off + 2;
+	blk[mid] ^= 0x01;
+	uint64_t keep = sums[dp.npieces / 2];
+	proto_dparcel_sums(&dp, blk, sums);
+	assert_int_not_equal(proto_dpatch_prepare(&dp, enc, len, blk, sums, 2, &pt, &err), 0);
+	assert_non_null(strstr(err.msg, "parent"));
+	blk[mid] ^= 0x01;
+	sums[dp.npieces / 2] = keep;
+	/* Another parcel's pieces. */
+	if (dq.npieces != dp.npieces || dq.pieces[0].len != dp.pieces[0].len)
+		assert_int_not_equal(proto_dpatch_prepare(&dq, enc, len, blk, sums, 2, &pt, &err), 0);
+	assert_memory_equal(blk, orig, n);
+	/* And the intact delta still prepares and writes the child. */
+	assert_int_equal(proto_dpatch_prepare(&dp, enc, len, blk, sums, 2, &pt, &err), 0);
+	proto_dpatch_write(&pt);
+	proto_dpatch_fini(&pt);
+	uint8_t *want = block_of(&f, pc->dst_rank, pc, chi);
+	assert_memory_equal(blk, want, n);
+	free(want);
+	free(sums);
+	free(orig);
+	free(blk);
+	free(enc);
+	free(par);
+	free(chi);
+	proto_dparcel_fini(&dp);
+	proto_dparcel_fini(&dq);
+	fx_fini(&f);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_roundtrip),
 		cmocka_unit_test(test_refusals),
+		cmocka_unit_test(test_dpatch_roundtrip),
+		cmocka_unit_test(test_dpatch_refusals),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,11 +18,16 @@
 
 #define API __attribute__((visibility("default")))
 #define FDQ_MAX 16
+/* Pins taken through the pin page (protocol 2) carry this bit in their id. */
+#define PAGE_PIN (1ull << 63)
+/* While admission is paused, the state is looked at again this often, ms. */
+#define PAUSE_POLL_MS 1
 
 struct cver {
 	struct cver *next;
 	struct tessera_version v;
 	uint32_t pins;
+	uint8_t entry; /* in the pin page; TSR_ENTRY_NONE: acquire over the socket */
 };
 
 struct tessera_client {
@@ -43,6 +48,11 @@ struct tessera_client {
 	size_t inlen, incap, consumed;
 	tessera_version_cb cb;
 	void *cbarg;
+	/* Protocol 2 (wire.h): the node's epoch page, read-only, and this
+	 * client's pin page; NULL until the node sent them. */
+	const uint8_t *epoch;
+	uint8_t *page;
+	uint64_t next_page_pin;
 };
 
 static int fail(tessera_client *c, int code, const char *fmt, ...)
@@ -110,7 +120,7 @@ static int on_version(tessera_client *c, const uint8_t *p, uint32_t len)
 	struct cver *v;
 	int memfd;
 
-	if (len != TSR_WIRE_VERSION_LEN)
+	if (len != TSR_WIRE_VERSION_LEN && len != TSR_WIRE_VERSION2_LEN)
 		return broke(c, EPROTO, "VERSION message of the wrong size");
 	if (c->nfdq == 0)
 		return broke(c, EPROTO, "VERSION message without its memfd");
@@ -128,7 +138,9 @@ static int on_version(tessera_client *c, const uint8_t *p, uint32_t len)
 	v->v.store = (int)tsr_take_int(&r, 1);
 	v->v.cuda_device = (int)(int32_t)tsr_take_int(&r, 4);
 	memcpy(v->v.cuda_ipc_handle, tsr_take(&r, 64), 64);
-	if (v->v.version <= c->active || v->v.store > 1 || v->v.size != c->block) {
+	v->entry = len == TSR_WIRE_VERSION2_LEN ? (uint8_t)tsr_take_int(&r, 1) : TSR_ENTRY_NONE;
+	if (v->v.version <= c->active || v->v.store > 1 || v->v.size != c->block ||
+	    (v->entry >= TSR_ENTRIES && v->entry != TSR_ENTRY_NONE)) {
 		ver_free(v);
 		return broke(c, EPROTO, "VERSION message out of order or of the wrong size");
 	}
@@ -145,10 +157,42 @@ static int on_version(tessera_client *c, const uint8_t *p, uint32_t len)
 	v->next = c->vers;
 	c->vers = v;
 	c->active = v->v.version;
-	sweep(c);
+	/* The versions this one replaces are unmapped later (release, poll,
+	 * wait): not inside the acquire that switches to it. */
 	if (c->cb != NULL)
 		c->cb(c, c->active, c->cbarg);
 	return 1;
+}
+
+/* A PAGES frame (protocol 2): maps the epoch page or this client's pin page. */
+static int on_pages(tessera_client *c, const uint8_t *p, uint32_t len)
+{
+	struct tsr_rd r = {p, len, 0};
+	uint8_t kind = (uint8_t)tsr_take_int(&r, 1);
+	uint32_t size = (uint32_t)tsr_take_int(&r, 4);
+	int fd;
+	void *m;
+
+	if (r.bad || r.left != 0 || size != TSR_PAGE_SIZE || kind > TSR_PAGE_PINS ||
+	    (kind == TSR_PAGE_EPOCH ? c->epoch != NULL : c->page != NULL))
+		return broke(c, EPROTO, "malformed PAGES message");
+	if (c->nfdq == 0)
+		return broke(c, EPROTO, "PAGES message without its memfd");
+	fd = c->fdq[0];
+	memmove(c->fdq, c->fdq + 1, --c->nfdq * sizeof(int));
+	m = mmap(NULL, TSR_PAGE_SIZE, kind == TSR_PAGE_EPOCH ? PROT_READ : PROT_READ | PROT_WRITE,
+		 MAP_SHARED, fd, 0);
+	close(fd);
+	if (m == MAP_FAILED)
+		return broke(c, errno, "cannot map a shared page");
+	if (kind == TSR_PAGE_EPOCH) {
+		c->epoch = m;
+		if (tsr_get64(c->epoch) != TSR_EPOCH_MAGIC)
+			return broke(c, EPROTO, "the epoch page is not one");
+	} else {
+		c->page = m;
+	}
+	return 0;
 }
 
 /* ---- the socket -------------------------------------------------------------- */
@@ -277,6 +321,9 @@ static int pump(tessera_client *c, uint16_t want, int timeout_ms, const uint8_t 
 				if ((rc = on_version(c, fp, flen)) < 0)
 					return rc;
 				news++;
+			} else if (type == TSR_MSG_PAGES) {
+				if ((rc = on_pages(c, fp, flen)) < 0)
+					return rc;
 			} else if (type == TSR_MSG_ERROR) {
 				return on_error_frame(c, fp, flen);
 			} else if (want != 0 && type == want) {
@@ -430,6 +477,10 @@ API void tessera_detach(tessera_client *c)
 		return;
 	if (c->fd >= 0)
 		close(c->fd);
+	if (c->epoch != NULL)
+		munmap((void *)c->epoch, TSR_PAGE_SIZE);
+	if (c->page != NULL)
+		munmap(c->page, TSR_PAGE_SIZE);
 	while (c->vers != NULL) {
 		struct cver *v = c->vers;
 		c->vers = v->next;
@@ -485,6 +536,104 @@ API const struct tessera_version *tessera_version_info(const tessera_client *c, 
 	return v ? &v->v : NULL;
 }
 
+/* ---- protocol 2: pins in shared memory ------------------------------------------- */
+
+static uint64_t epoch_state(const tessera_client *c)
+{
+	return __atomic_load_n((const uint64_t *)(const void *)(c->epoch + TSR_EPOCH_STATE),
+			       __ATOMIC_SEQ_CST);
+}
+
+static uint32_t *page_pin(tessera_client *c, uint8_t entry)
+{
+	return (uint32_t *)(void *)c->page + entry;
+}
+
+static uint64_t *page_requests(tessera_client *c, uint8_t entry)
+{
+	return (uint64_t *)(void *)(c->page + TSR_PAGE_REQUESTS) + entry;
+}
+
+static bool revoked(const tessera_client *c)
+{
+	return __atomic_load_n((const uint32_t *)(const void *)(c->page + TSR_PAGE_REVOKED),
+			       __ATOMIC_SEQ_CST) != 0;
+}
+
+/* A pin on entry went that the node may be waiting for. While admission
+ * is paused (an in-place install drains its pins) the node is told at once;
+ * otherwise (a retired version) it looks at the pin pages by itself, every
+ * TESSERA_ATTACH_SCAN_MS: waking it here, at a switch, would stall this
+ * request behind it. */
+static void ring(tessera_client *c)
+{
+	if ((uint8_t)epoch_state(c) == TSR_ENTRY_NONE)
+		(void)send_frame(c, TSR_MSG_UNPIN, NULL, 0);
+}
+
+static void fill_pin(struct tessera_pin *out, uint64_t id, const struct cver *v)
+{
+	struct timespec ts;
+
+	out->id = id;
+	out->version = v->v.version;
+	out->base = v->v.host;
+	out->size = v->v.size;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	out->acquired_ms = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/*
+ * Pins the admitted version through the pin page: 1 when pinned, 0 when it
+ * must be acquired over the socket (no entry), or an error. No syscall
+ * unless the version's VERSION frame is still unread or admission is
+ * paused (then the state is looked at again every PAUSE_POLL_MS, reading
+ * the socket meanwhile, until deadline).
+ */
+static int acquire_page(tessera_client *c, struct tessera_pin *out, int64_t deadline)
+{
+	for (;;) {
+		if (revoked(c)) {
+			int rc = pump(c, 0, 0, NULL, NULL); /* the reason, if it came */
+			return rc < 0 ? rc : broke(c, ECONNREFUSED, "the node dropped this client");
+		}
+		uint64_t s = epoch_state(c), ver = s >> 8;
+		uint8_t e = (uint8_t)s;
+		struct cver *v = e < TSR_ENTRIES ? find_ver(c, ver) : NULL;
+		if (e == TSR_ENTRY_SOCKET)
+			return 0;
+		if (e == TSR_ENTRY_NONE && ver == 0)
+			return fail(c, EAGAIN, "tessera node: no version is active yet");
+		if (v == NULL || v->entry != e) {
+			/* Paused, or the version's VERSION frame not read yet. */
+			int64_t left = deadline - now_ms();
+			if (left <= 0 && e == TSR_ENTRY_NONE)
+				return fail(c, EBUSY, "tessera node: admission paused (a version is being "
+						      "installed in place) for more than %d ms",
+					    c->timeout_ms);
+			if (left <= 0)
+				return fail(c, ETIMEDOUT, "tessera node: v%llu announced but not sent "
+							  "within %d ms",
+					    (unsigned long long)ver, c->timeout_ms);
+			int rc = pump(c, 0, (int)(left < PAUSE_POLL_MS ? left : PAUSE_POLL_MS), NULL,
+				      NULL);
+			if (rc < 0)
+				return rc;
+			continue;
+		}
+		__atomic_fetch_add(page_pin(c, e), 1, __ATOMIC_SEQ_CST);
+		if (epoch_state(c) != s) { /* switched meanwhile: not pinned */
+			__atomic_fetch_sub(page_pin(c, e), 1, __ATOMIC_SEQ_CST);
+			ring(c);
+			continue;
+		}
+		__atomic_fetch_add(page_requests(c, e), 1, __ATOMIC_RELAXED);
+		v->pins++;
+		fill_pin(out, PAGE_PIN | ++c->next_page_pin, v);
+		return 1;
+	}
+}
+
 API int tessera_acquire(tessera_client *c, struct tessera_pin *out)
 {
 	const uint8_t *p;
@@ -495,6 +644,10 @@ API int tessera_acquire(tessera_client *c, struct tessera_pin *out)
 	int64_t deadline = now_ms() + c->timeout_ms;
 
 	memset(out, 0, sizeof(*out));
+	if (c->broken)
+		return fail(c, ENOTCONN, "tessera client: the connection is closed");
+	if (c->epoch != NULL && c->page != NULL && (rc = acquire_page(c, out, deadline)) != 0)
+		return rc < 0 ? rc : 0;
 	/* Admission paused (a version being installed in place): the request
 	 * waits for the next version, then asks again, within the timeout. */
 	for (;;) {
@@ -524,11 +677,7 @@ API int tessera_acquire(tessera_client *c, struct tessera_pin *out)
 	if ((v = find_ver(c, out->version)) == NULL)
 		return broke(c, EPROTO, "ACQUIRED names a version never sent");
 	v->pins++;
-	out->base = v->v.host;
-	out->size = v->v.size;
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	out->acquired_ms = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+	fill_pin(out, out->id, v);
 	return 0;
 }
 
@@ -543,6 +692,24 @@ API int tessera_release(tessera_client *c, const struct tessera_pin *pin)
 	if (v == NULL || v->pins == 0)
 		return fail(c, EINVAL, "tessera client: pin %llu is not held",
 			    (unsigned long long)pin->id);
+	if (pin->id & PAGE_PIN) {
+		if (v->entry == TSR_ENTRY_NONE || c->page == NULL)
+			return fail(c, EINVAL, "tessera client: pin %llu is not held",
+				    (unsigned long long)pin->id);
+		__atomic_fetch_sub(page_pin(c, v->entry), 1, __ATOMIC_SEQ_CST);
+		/* Not the admitted version any more: the node may be waiting. */
+		if (epoch_state(c) != (v->v.version << 8 | v->entry))
+			ring(c);
+		v->pins--;
+		sweep(c);
+		/* Dropped meanwhile (e.g. past an in-place drain bound): the pin
+		 * stopped counting, so the request may have read a mix. */
+		if (revoked(c)) {
+			rc = pump(c, 0, 0, NULL, NULL); /* the reason, if it came */
+			return rc < 0 ? rc : broke(c, ECONNREFUSED, "the node dropped this client");
+		}
+		return 0;
+	}
 	tsr_put64(req, pin->id);
 	if ((rc = send_frame(c, TSR_MSG_RELEASE, req, 8)) != 0)
 		return rc;
@@ -568,12 +735,16 @@ API int tessera_wait_version(tessera_client *c, uint64_t min, int timeout_ms)
 		if (rc < 0)
 			return rc;
 	}
+	sweep(c);
 	return 0;
 }
 
 API int tessera_poll(tessera_client *c, int timeout_ms)
 {
-	return pump(c, 0, timeout_ms, NULL, NULL);
+	int rc = pump(c, 0, timeout_ms, NULL, NULL);
+
+	sweep(c);
+	return rc;
 }
 
 API int tessera_fd(const tessera_client *c)

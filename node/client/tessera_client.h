@@ -18,11 +18,17 @@
  * A pin keeps its version's memory valid and unchanged until it is
  * released, however many versions become active meanwhile; new acquires
  * get the newest. When the client detaches (or dies) its pins are dropped.
+ * Acquire and release go through memory shared with the node (an epoch
+ * page naming the active version, and this client's pin counters; see
+ * wire.h, protocol 2): no syscall and no round trip to the node, except
+ * the first acquire of a new version, which reads its announcement (and
+ * maps it) from the socket. Older nodes are asked over the socket.
  *
  * The library is synchronous and not thread-safe: one thread per client (or
  * a lock around it). Notifications of new versions arrive on the socket and
- * are handled whenever the client reads it: in every call, or explicitly
- * with tessera_poll() when tessera_fd() is readable (for an event loop).
+ * are handled whenever the client reads it: in an acquire that finds a new
+ * version admitted, in tessera_wait_version(), or explicitly with
+ * tessera_poll() when tessera_fd() is readable (for an event loop).
  * Functions returning int return 0 or a negative errno; tessera_error()
  * then says why in one line.
  */
@@ -96,7 +102,8 @@ const struct tessera_tensor *tessera_find(const tessera_client *c, const char *n
 uint64_t tessera_block_size(const tessera_client *c);
 int tessera_store(const tessera_client *c);
 
-/* The newest version the node said is active (0: none yet). */
+/* The newest version the node said is active (0: none yet), as far as
+ * the client has read the socket (see tessera_poll). */
 uint64_t tessera_active(const tessera_client *c);
 /* A version this client still holds (active, or pinned); NULL otherwise. */
 const struct tessera_version *tessera_version_info(const tessera_client *c, uint64_t version);

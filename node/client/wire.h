@@ -12,6 +12,7 @@
  *              VERSION for the active version if there is one.
  *     ACQUIRE  empty: pin the active version for one request.
  *     RELEASE  u64 pin id.
+ *     UNPIN    empty (protocol 2): look at this client's pin page again.
  *
  *   node -> client
  *     ATTACHED u64 active version (0: none; its VERSION follows), u32 tensors, u64 bytes of the rank's block, 32-byte layout
@@ -31,6 +32,48 @@
  *
  * A client's pins are dropped when its socket closes: a client that
  * disappears cannot hold a version forever.
+ *
+ * Protocol 2: acquire and release without a round trip. A client that
+ * attaches with protocol 2 is also sent, right after ATTACHED, two PAGES
+ * frames, each with a memfd of TSR_PAGE_SIZE bytes:
+ *
+ *     PAGES    u8 kind, u32 bytes; the memfd rides along (SCM_RIGHTS).
+ *     kind 0, the epoch page, one for the whole node, mapped read-only:
+ *              u64 magic TSR_EPOCH_MAGIC at 0; u64 state at 8, written by
+ *              the node with one atomic store: active version << 8 | entry
+ *              (entry TSR_ENTRY_NONE: no admission, i.e. nothing active,
+ *              or paused by an in-place install; TSR_ENTRY_SOCKET: the
+ *              active version has no entry, ACQUIRE it over the socket).
+ *     kind 1, the client's pin page, its own, mapped read-write: u32
+ *              pins[TSR_ENTRIES] at 0 and u64 requests[TSR_ENTRIES] at
+ *              TSR_PAGE_REQUESTS, written by the client only; u32 revoked
+ *              at TSR_PAGE_REVOKED, set by the node when it drops the
+ *              client (its pins no longer count: read the socket's ERROR).
+ *
+ * Every version a protocol-2 client is sent has an entry (0 ..
+ * TSR_ENTRIES - 1): its VERSION frame carries u8 entry after the CUDA
+ * handle (TSR_WIRE_VERSION2_LEN). The node sends a version's VERSION frame
+ * before it stores the state naming it, and keeps an entry for one version
+ * until no client pins it. A request:
+ *     acquire  s = state; the entry's version mapped (else read the socket
+ *              for its VERSION, already sent); pins[entry] += 1 (atomic,
+ *              sequentially consistent); requests[entry] += 1; read state
+ *              again: equal to s, the request runs on s's version; else
+ *              pins[entry] -= 1 and start over.
+ *     release  pins[entry] -= 1 (atomic, sequentially consistent); read
+ *              state: if admission is paused (an in-place install waits
+ *              for its pins to drain), send UNPIN (no payload, no reply)
+ *              so that the node looks again at once. A retired version's
+ *              pins the node looks at by itself, every
+ *              TESSERA_ATTACH_SCAN_MS: no wake-up of the node at a switch.
+ *              (acquire's "start over" does the same.)
+ * The node stores a new state, then reads the pins of what it retires
+ * (sequentially consistent): either it sees a pin, or the client sees the
+ * new state. A switch is one store; acquire and release are a few memory
+ * operations and no syscall. The socket ACQUIRE/RELEASE stay valid.
+ * The node counts a version's pins as the socket pins plus the pins[entry]
+ * of every open pin page; a page's counts stop counting when its client's
+ * socket closes (or the node drops it).
  */
 #ifndef TESSERA_CLIENT_WIRE_H
 #define TESSERA_CLIENT_WIRE_H
@@ -38,7 +81,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define TSR_WIRE_PROTOCOL 1
+#define TSR_WIRE_PROTOCOL 2 /* what the client speaks; nodes take 1 and 2 */
 #define TSR_WIRE_HDR 8
 /* Largest client message a node reads (before anything is allocated). */
 #define TSR_WIRE_REQ_MAX 1024
@@ -47,6 +90,19 @@
 #define TSR_WIRE_NAME_MAX 255
 #define TSR_WIRE_DIMS_MAX 8
 #define TSR_WIRE_VERSION_LEN (8 + 8 + 32 + 1 + 4 + 64)
+#define TSR_WIRE_VERSION2_LEN (TSR_WIRE_VERSION_LEN + 1)
+
+/* Protocol 2's shared pages. */
+#define TSR_PAGE_SIZE 4096
+#define TSR_ENTRIES 64
+#define TSR_ENTRY_NONE 0xff   /* state: nothing admitted (none active, or paused) */
+#define TSR_ENTRY_SOCKET 0xfe /* state: the active version has no entry: ACQUIRE it */
+#define TSR_EPOCH_MAGIC 0x48434f5045525354ull /* "TSREPOCH" */
+#define TSR_EPOCH_STATE 8      /* byte offset of the state word */
+#define TSR_PAGE_REQUESTS 256  /* byte offset of requests[] in a pin page */
+#define TSR_PAGE_REVOKED 4092  /* u32 in a pin page: the node dropped this client */
+#define TSR_PAGE_EPOCH 0
+#define TSR_PAGE_PINS 1
 
 /* ERROR's first byte. */
 #define TSR_ERR_SURVIVABLE 0
@@ -62,6 +118,8 @@ enum tsr_wire_type {
 	TSR_MSG_RELEASE = 6,
 	TSR_MSG_RELEASED = 7,
 	TSR_MSG_ERROR = 8,
+	TSR_MSG_PAGES = 9,
+	TSR_MSG_UNPIN = 10,
 };
 
 static inline void tsr_put16(uint8_t *p, uint16_t v)

@@ -10,17 +10,19 @@
  * does), then asks the loop to switch (activate the new slot, retire the
  * old one). For each switch the pause is the gap between the probe's last
  * acquire before the switch reached it and its first acquire of the new
- * version: everything the switch costs the serving side (the flip, the
+ * version, less the request's own time: what the release of the last
+ * request on the old version and the acquire of the first on the new one
+ * took (each request holds its pin about REQUEST_US, asleep): everything the switch costs the serving side (the flip, the
  * notification, mapping the new memory). The switch also reports how long
  * until the probe first runs on the new version.
  *
  * Then the in-place install (tessera-node --install in-place) of a 1 %
  * delta of an INPLACE_MIB model (default 1024), as node/agent_inplace.c does
- * it on its loop: admission paused, the pins drained (the probe's request in
- * flight ends), the delta parcel applied into the served memory
- * (proto_dparcel_apply_sums: the parent's checksums read before the pause,
- * the changes patched and every piece's child checksum checked), admission
- * resumed.
+ * it: while the old version serves, the parent's checksums are read and the
+ * delta decoded and verified (proto_dpatch_prepare); then on the loop
+ * admission is paused, the pins drained (the probe's request in flight
+ * ends), the prepared changes written into the served memory
+ * (proto_dpatch_write, TESSERA_INPLACE_THREADS threads), admission resumed.
  * Its pause is the probe's gap around the install, against a memcpy of that
  * model in the same run; installs alternate between two deltas (forward,
  * back).
@@ -43,9 +45,11 @@
 #include "node/attach.h"
 #include "node/client/tessera_client.h"
 #include "proto/delta.h"
+#include "proto/dpatch.h"
 #include "proto/proto.h"
 
 #define PROBE_MAX (1u << 22) /* acquires recorded */
+#define REQUEST_US 20        /* how long the probe's request holds its pin */
 
 struct bench {
 	struct event_base *base;
@@ -58,7 +62,7 @@ struct bench {
 	char sock[128];
 
 	/* The probe's record: completion time and version of each acquire. */
-	uint64_t *t_ns, *ver;
+	uint64_t *t_ns, *cost_ns, *ver;
 	atomic_size_t n;
 	atomic_bool stop;
 	tessera_client *c;
@@ -113,30 +117,44 @@ static void *loop_main(void *arg)
 	return NULL;
 }
 
-/* The serving probe: one request after another, each reading its version. */
+/*
+ * The serving probe: one request after another, each reading its version
+ * and holding its pin for about REQUEST_US (asleep: a request's compute).
+ * What serving waits for is recorded per request: the release of the
+ * previous request plus this acquire (cost_ns), and when it got its pin.
+ */
 static void *probe_main(void *arg)
 {
 	struct bench *b = arg;
 	volatile uint8_t sink = 0;
+	struct tessera_pin pin, prev;
+	bool held = false;
 
 	while (!atomic_load(&b->stop)) {
-		struct tessera_pin pin;
+		uint64_t t0 = proto_now_ns();
+		if (held && tessera_release(b->c, &prev) != 0) {
+			fprintf(stderr, "bench_activate: release: %s\n", tessera_error(b->c));
+			exit(1);
+		}
 		if (tessera_acquire(b->c, &pin) != 0) {
 			fprintf(stderr, "bench_activate: acquire: %s\n", tessera_error(b->c));
 			exit(1);
 		}
+		uint64_t t1 = proto_now_ns();
 		sink ^= pin.base[0] ^ pin.base[pin.size - 1]; /* the request reads */
 		size_t i = atomic_load(&b->n);
 		if (i < PROBE_MAX) {
-			b->t_ns[i] = proto_now_ns();
+			b->t_ns[i] = t1;
+			b->cost_ns[i] = t1 - t0;
 			b->ver[i] = pin.version;
 			atomic_store(&b->n, i + 1);
 		}
-		if (tessera_release(b->c, &pin) != 0) {
-			fprintf(stderr, "bench_activate: release: %s\n", tessera_error(b->c));
-			exit(1);
-		}
+		prev = pin;
+		held = true;
+		usleep(REQUEST_US);
 	}
+	if (held)
+		(void)tessera_release(b->c, &prev);
 	(void)sink;
 	return NULL;
 }
@@ -170,14 +188,9 @@ static struct node_slot *build(struct bench *b, uint64_t v)
 
 struct ip_job {
 	struct bench *b;
-	const struct proto_dparcel *dp;
-	const uint64_t *sums; /* the parent's, read before the pause */
-	const uint8_t *enc;
-	size_t len;
+	const struct proto_dpatch *patch; /* prepared before the pause */
 	uint64_t version;
 	uint64_t t_pause, t_drained, t_resume;
-	int rc;
-	struct proto_err err;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	int done;
@@ -187,15 +200,11 @@ static void ip_drained(void *arg)
 {
 	struct ip_job *j = arg;
 	struct bench *b = j->b;
-	unsigned threads = (unsigned)PROTO_MAX(proto_param(PROTO_PARAM_VERIFY_THREADS), 1);
 
 	j->t_drained = proto_now_ns();
-	j->rc = proto_dparcel_apply_sums(j->dp, j->enc, j->len, b->active->host, j->sums, threads,
-					 &j->err);
-	if (j->rc == 0) {
-		b->active->version = j->version;
-		node_attach_resume(b->at, b->active, b->digest);
-	}
+	proto_dpatch_write(j->patch);
+	b->active->version = j->version;
+	node_attach_resume(b->at, b->active, b->digest);
 	j->t_resume = proto_now_ns();
 	pthread_mutex_lock(&j->mu);
 	j->done = 1;
@@ -240,9 +249,10 @@ static void run_inplace(uint64_t mib)
 	size_t n = l.ranks[0].nbytes;
 	b.rank = l.ranks[0];
 	b.t_ns = calloc(PROBE_MAX, sizeof(*b.t_ns));
+	b.cost_ns = calloc(PROBE_MAX, sizeof(*b.cost_ns));
 	b.ver = calloc(PROBE_MAX, sizeof(*b.ver));
 	snprintf(b.sock, sizeof(b.sock), "%s/A-0.sock", dir);
-	if (b.t_ns == NULL || b.ver == NULL || node_store_open("host", &b.store, &err) != 0 ||
+	if (b.t_ns == NULL || b.cost_ns == NULL || b.ver == NULL || node_store_open("host", &b.store, &err) != 0 ||
 	    (b.base = event_base_new()) == NULL) {
 		fprintf(stderr, "bench_activate: setup failed\n");
 		exit(1);
@@ -303,19 +313,28 @@ static void run_inplace(uint64_t mib)
 		exit(1);
 	}
 	pthread_create(&probe, NULL, probe_main, &b);
-	uint64_t install_ns[INSTALLS], write_ns[INSTALLS], drain_ns[INSTALLS];
+	uint64_t install_ns[INSTALLS], write_ns[INSTALLS], drain_ns[INSTALLS], prep_ns[INSTALLS];
+	unsigned threads = (unsigned)proto_param(PROTO_PARAM_INPLACE_THREADS);
 	uint64_t *sums = malloc(((size_t)dp.npieces + 1) * sizeof(*sums));
 	if (sums == NULL) {
 		fprintf(stderr, "bench_activate: out of memory\n");
 		exit(1);
 	}
 	for (int k = 0; k < INSTALLS; k++) {
-		struct ip_job j = {.b = &b, .dp = &dp, .enc = k % 2 ? back : fwd,
-				   .len = k % 2 ? back_len : fwd_len, .version = (uint64_t)k + 2,
+		struct proto_dpatch patch;
+		struct ip_job j = {.b = &b, .patch = &patch, .version = (uint64_t)k + 2,
 				   .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 		struct timeval now = {0, 0};
-		proto_dparcel_sums(&dp, b.active->host, sums); /* before the pause, as the node */
-		j.sums = sums;
+		/* Before the pause, as the node: the parent's checksums, the
+		 * delta decoded and verified against the served bytes. */
+		uint64_t t0 = proto_now_ns();
+		proto_dparcel_sums(&dp, b.active->host, sums);
+		if (proto_dpatch_prepare(&dp, k % 2 ? back : fwd, k % 2 ? back_len : fwd_len,
+					 b.active->host, sums, threads, &patch, &err) != 0) {
+			fprintf(stderr, "bench_activate: in-place prepare: %s\n", err.msg);
+			exit(1);
+		}
+		prep_ns[k] = proto_now_ns() - t0;
 		usleep(20000); /* the probe runs steadily on the old version */
 		if (event_base_once(b.base, -1, EV_TIMEOUT, ip_start, &j, &now) != 0) {
 			fprintf(stderr, "bench_activate: event_base_once failed\n");
@@ -325,10 +344,7 @@ static void run_inplace(uint64_t mib)
 		while (!j.done)
 			pthread_cond_wait(&j.cv, &j.mu);
 		pthread_mutex_unlock(&j.mu);
-		if (j.rc != 0) {
-			fprintf(stderr, "bench_activate: in-place apply: %s\n", j.err.msg);
-			exit(1);
-		}
+		proto_dpatch_fini(&patch);
 		install_ns[k] = j.t_resume - j.t_pause;
 		write_ns[k] = j.t_resume - j.t_drained;
 		drain_ns[k] = j.t_drained - j.t_pause;
@@ -348,7 +364,7 @@ static void run_inplace(uint64_t mib)
 	size_t got = 0, cnt = atomic_load(&b.n);
 	for (size_t i = 1; i < cnt && got < INSTALLS; i++)
 		if (b.ver[i] != b.ver[i - 1] && b.ver[i] >= 2)
-			pause[got++] = b.t_ns[i] - b.t_ns[i - 1];
+			pause[got++] = b.cost_ns[i];
 	if (got == 0) {
 		fprintf(stderr, "bench_activate: the probe saw no in-place install\n");
 		exit(1);
@@ -357,12 +373,12 @@ static void run_inplace(uint64_t mib)
 	qsort(install_ns, INSTALLS, sizeof(*install_ns), cmp_u64);
 	qsort(write_ns, INSTALLS, sizeof(*write_ns), cmp_u64);
 	qsort(drain_ns, INSTALLS, sizeof(*drain_ns), cmp_u64);
+	qsort(prep_ns, INSTALLS, sizeof(*prep_ns), cmp_u64);
 	double mc = (double)memcpy_ns / 1e6, p50 = (double)pause[got / 2] / 1e6,
 	       pmax = (double)pause[got - 1] / 1e6;
 	printf("bench_activate: in place, a 1 %% delta (%zu and %zu wire bytes) of a %llu MiB model, "
-	       "%d installs, %llu apply threads\n",
-	       fwd_len, back_len, (unsigned long long)mib, INSTALLS,
-	       (unsigned long long)PROTO_MAX(proto_param(PROTO_PARAM_VERIFY_THREADS), 1));
+	       "%d installs, %u write threads\n",
+	       fwd_len, back_len, (unsigned long long)mib, INSTALLS, proto_dpatch_threads(threads));
 	printf("  memcpy of the model (bound, same run): %.2f ms (%.2f GB/s)\n", mc,
 	       (double)n / (double)memcpy_ns);
 	printf("  in-place pause the probe saw: p50 %.2f ms, max %.2f ms (p50 = %.3f x memcpy; "
@@ -371,6 +387,8 @@ static void run_inplace(uint64_t mib)
 	printf("  install (pause -> resume) p50 %.2f ms: drain %.3f ms, write %.2f ms\n",
 	       (double)install_ns[INSTALLS / 2] / 1e6, (double)drain_ns[INSTALLS / 2] / 1e6,
 	       (double)write_ns[INSTALLS / 2] / 1e6);
+	printf("  prepared before the pause (parent checksums, decode, verify) p50 %.1f ms\n",
+	       (double)prep_ns[INSTALLS / 2] / 1e6);
 
 	tessera_detach(b.c);
 	event_base_loopbreak(b.base);
@@ -383,6 +401,7 @@ static void run_inplace(uint64_t mib)
 	free(back);
 	free(sums);
 	free(b.t_ns);
+	free(b.cost_ns);
 	free(b.ver);
 	proto_dparcel_fini(&dp);
 	proto_plan_fini(&plan);
@@ -415,8 +434,9 @@ int main(int argc, char **argv)
 	b.local.nbytes = mib << 20;
 	b.rank = (struct proto_rank){1, &b.local, mib << 20};
 	b.t_ns = calloc(PROBE_MAX, sizeof(*b.t_ns));
+	b.cost_ns = calloc(PROBE_MAX, sizeof(*b.cost_ns));
 	b.ver = calloc(PROBE_MAX, sizeof(*b.ver));
-	if (b.t_ns == NULL || b.ver == NULL || node_store_open("host", &b.store, &err) != 0 ||
+	if (b.t_ns == NULL || b.cost_ns == NULL || b.ver == NULL || node_store_open("host", &b.store, &err) != 0 ||
 	    (b.base = event_base_new()) == NULL) {
 		fprintf(stderr, "bench_activate: setup failed\n");
 		return 1;
@@ -479,7 +499,7 @@ int main(int argc, char **argv)
 	uint64_t *steady = calloc(n, sizeof(*steady));
 	size_t nsteady = 0;
 	for (size_t i = 1; i < n; i++) {
-		uint64_t gap = b.t_ns[i] - b.t_ns[i - 1];
+		uint64_t gap = b.cost_ns[i];
 		if (b.ver[i] != b.ver[i - 1] && b.ver[i] >= 2 && b.ver[i] - 2 < switches) {
 			uint64_t k = b.ver[i] - 2;
 			pause[got] = gap;
@@ -501,7 +521,7 @@ int main(int argc, char **argv)
 	       (unsigned long long)mib, got, (unsigned long long)switches, n);
 	printf("  memcpy of the model (bound, same run): %.2f ms (%.2f GB/s)\n", mc_ms,
 	       (double)b.rank.nbytes / (double)memcpy_ns);
-	printf("  probe request, no switch: p50 %.1f us, p99 %.1f us\n", pct_us(steady, nsteady, 0.5),
+	printf("  probe acquire+release between requests, no switch: p50 %.1f us, p99 %.1f us\n", pct_us(steady, nsteady, 0.5),
 	       pct_us(steady, nsteady, 0.99));
 	printf("  double-buffered pause at a switch: p50 %.1f us, p99 %.1f us, max %.1f us "
 	       "(p99 = %.4f x memcpy; goal p99 <= 1 ms: %s)\n",
@@ -522,6 +542,7 @@ int main(int argc, char **argv)
 	free(delay);
 	free(steady);
 	free(b.t_ns);
+	free(b.cost_ns);
 	free(b.ver);
 	if (inplace_mib > 0)
 		run_inplace(inplace_mib);

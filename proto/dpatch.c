@@ -1,0 +1,421 @@
+/* A parcel delta decoded and verified ahead, written on a thread pool (see dpatch.h). */
+#include "proto/dpatch.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "proto/delta_internal.h"
+#include "proto/wsum.h"
+
+#define P PROTO_WSUM_P
+#define PF 64 /* changes prefetched ahead (as delta_apply.c) */
+#define THREADS_MAX 8
+
+static const uint8_t no_header[1];
+
+/* ---- the pool ----------------------------------------------------------------- */
+
+/* Threads that run one function together: the caller is thread 0. */
+struct proto_dpatch_pool {
+	unsigned started;
+	pthread_t th[THREADS_MAX];
+	pthread_mutex_t mu;
+	pthread_cond_t go, done;
+	uint64_t gen;
+	unsigned running;
+	bool quit;
+	void (*fn)(void *arg, unsigned tid);
+	void *arg;
+};
+
+struct pool_start {
+	struct proto_dpatch_pool *pool;
+	unsigned tid;
+};
+
+static void *pool_main(void *a)
+{
+	struct proto_dpatch_pool *pl = ((struct pool_start *)a)->pool;
+	unsigned tid = ((struct pool_start *)a)->tid;
+	uint64_t seen = 0;
+
+	free(a);
+	pthread_mutex_lock(&pl->mu);
+	for (;;) {
+		while (pl->gen == seen && !pl->quit)
+			pthread_cond_wait(&pl->go, &pl->mu);
+		if (pl->quit)
+			break;
+		seen = pl->gen;
+		void (*fn)(void *, unsigned) = pl->fn;
+		void *arg = pl->arg;
+		pthread_mutex_unlock(&pl->mu);
+		fn(arg, tid);
+		pthread_mutex_lock(&pl->mu);
+		if (--pl->running == 0)
+			pthread_cond_signal(&pl->done);
+	}
+	pthread_mutex_unlock(&pl->mu);
+	return NULL;
+}
+
+static void pool_stop(struct proto_dpatch_pool *pl)
+{
+	if (pl == NULL)
+		return;
+	pthread_mutex_lock(&pl->mu);
+	pl->quit = true;
+	pthread_cond_broadcast(&pl->go);
+	pthread_mutex_unlock(&pl->mu);
+	for (unsigned i = 0; i < pl->started; i++)
+		pthread_join(pl->th[i], NULL);
+	pthread_mutex_destroy(&pl->mu);
+	pthread_cond_destroy(&pl->go);
+	pthread_cond_destroy(&pl->done);
+	free(pl);
+}
+
+/* A pool of n threads in all (n - 1 workers); fewer if threads cannot be
+ * started. NULL: out of memory. */
+static struct proto_dpatch_pool *pool_new(unsigned n)
+{
+	struct proto_dpatch_pool *pl = calloc(1, sizeof(*pl));
+
+	if (pl == NULL)
+		return NULL;
+	pthread_mutex_init(&pl->mu, NULL);
+	pthread_cond_init(&pl->go, NULL);
+	pthread_cond_init(&pl->done, NULL);
+	for (unsigned i = 1; i < n && i < THREADS_MAX; i++) {
+		struct pool_start *a = malloc(sizeof(*a));
+		if (a == NULL)
+			break;
+		*a = (struct pool_start){pl, i};
+		if (pthread_create(&pl->th[pl->started], NULL, pool_main, a) != 0) {
+			free(a);
+			break;
+		}
+		pl->started++;
+	}
+	return pl;
+}
+
+static unsigned pool_size(const struct proto_dpatch_pool *pl)
+{
+	return pl->started + 1;
+}
+
+/* Runs fn(arg, tid) on every thread of the pool; returns when all did. */
+static void pool_run(struct proto_dpatch_pool *pl, void (*fn)(void *, unsigned), void *arg)
+{
+	pthread_mutex_lock(&pl->mu);
+	pl->fn = fn;
+	pl->arg = arg;
+	pl->running = pl->started;
+	pl->gen++;
+	pthread_cond_broadcast(&pl->go);
+	pthread_mutex_unlock(&pl->mu);
+	fn(arg, 0);
+	pthread_mutex_lock(&pl->mu);
+	while (pl->running > 0)
+		pthread_cond_wait(&pl->done, &pl->mu);
+	pthread_mutex_unlock(&pl->mu);
+}
+
+unsigned proto_dpatch_threads(unsigned threads)
+{
+	if (threads == 0) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		threads = n > 0 ? (unsigned)n : 1;
+	}
+	return threads > THREADS_MAX ? THREADS_MAX : threads;
+}
+
+/* ---- decoding ------------------------------------------------------------------ */
+
+static inline uint64_t modp(__int128 x)
+{
+	__int128 r = x % P;
+	return (uint64_t)(r < 0 ? r + P : r);
+}
+
+/* One chunk being decoded: where its old bytes are, and its checksum
+ * movement so far. */
+struct emit_ctx {
+	struct proto_dpatch_chunk *pc;
+	const uint8_t *old;
+	uint64_t pa, pb;
+	bool nomem;
+};
+
+static int chunk_grow(struct proto_dpatch_chunk *pc)
+{
+	uint32_t cap = pc->cap ? 2 * pc->cap : 4096;
+	uint32_t *np = realloc(pc->pos, (size_t)cap * sizeof(*np));
+	if (np == NULL)
+		return -ENOMEM;
+	pc->pos = np;
+	uint8_t *nv = realloc(pc->val, (size_t)cap * pc->w);
+	if (nv == NULL)
+		return -ENOMEM;
+	pc->val = nv;
+	pc->cap = cap;
+	return 0;
+}
+
+/* A batch of decoded changes: old bytes read, new bytes recorded, the
+ * checksum moved (exact in 128 bits within a batch: |d| < 2^32, positions
+ * below 2^24, at most PROTO_DELTA_BATCH terms). */
+static void emit(void *arg, const uint32_t *pos, const uint64_t *diff, uint32_t m)
+{
+	struct emit_ctx *e = arg;
+	struct proto_dpatch_chunk *pc = e->pc;
+	uint32_t w = pc->w;
+	uint64_t mask = delta__mask(w);
+	__int128 sa = 0, sb = 0;
+
+	if (e->nomem)
+		return;
+	for (uint32_t j = 0; j < m; j++) {
+		uint64_t o = 0, n;
+		if (j + PF < m)
+			__builtin_prefetch(e->old + (size_t)pos[j + PF] * w, 0, 0);
+		if (diff[j] == 0)
+			continue; /* a DENSE chunk's unchanged element */
+		if (pc->n == pc->cap && chunk_grow(pc) != 0) {
+			e->nomem = true;
+			return;
+		}
+		memcpy(&o, e->old + (size_t)pos[j] * w, w);
+		n = (o + diff[j]) & mask;
+		pc->pos[pc->n] = pos[j];
+		memcpy(pc->val + (size_t)pc->n * w, &n, w);
+		pc->n++;
+		int64_t dl = (int64_t)(n % P) - (int64_t)(o % P);
+		sa += dl;
+		sb += (__int128)(pos[j] + 1) * dl;
+	}
+	e->pa = (e->pa + modp(sa)) % P;
+	e->pb = (e->pb + modp(sb)) % P;
+}
+
+struct prep_job {
+	const struct proto_delta *d;
+	struct proto_dpatch *p;
+	struct delta__worker **wk;
+	_Atomic uint32_t next;
+	_Atomic int stop;
+	pthread_mutex_t lock;
+	int rc;
+	uint32_t err_chunk;
+	struct proto_err err;
+};
+
+static void prep_thread(void *arg, unsigned tid)
+{
+	struct prep_job *j = arg;
+	struct proto_err err = {{0}};
+
+	while (!atomic_load(&j->stop)) {
+		uint32_t ci = atomic_fetch_add(&j->next, 1);
+		if (ci >= j->d->nchunks)
+			break;
+		const struct proto_delta_chunk *c = &j->d->chunks[ci];
+		struct proto_dpatch_chunk *pc = &j->p->chunks[ci];
+		if (c->mode == PROTO_DELTA_ZERO)
+			continue;
+		struct emit_ctx e = {pc, pc->dst, 0, 0, false};
+		int rc;
+		/* Sparse and bitmap chunks say how many changes they hold. */
+		if (c->mode != PROTO_DELTA_DENSE && c->nchanges > 0) {
+			pc->pos = malloc((size_t)c->nchanges * sizeof(*pc->pos));
+			pc->val = malloc((size_t)c->nchanges * pc->w);
+			if (pc->pos != NULL && pc->val != NULL)
+				pc->cap = c->nchanges;
+		}
+		rc = delta__decode_chunk(j->wk[tid], j->d, ci, emit, &e, &err);
+		if (rc == 0 && e.nomem)
+			rc = proto_errf(&err, ENOMEM, "out of memory");
+		if (rc != 0) {
+			pthread_mutex_lock(&j->lock);
+			if (j->rc == 0 || ci < j->err_chunk) {
+				j->rc = rc;
+				j->err_chunk = ci;
+				j->err = err;
+			}
+			pthread_mutex_unlock(&j->lock);
+			atomic_store(&j->stop, 1);
+			continue;
+		}
+		pc->part = e.pb << 32 | e.pa;
+	}
+}
+
+void proto_dpatch_fini(struct proto_dpatch *p)
+{
+	for (uint32_t i = 0; p->chunks != NULL && i < p->nchunks; i++) {
+		free(p->chunks[i].pos);
+		free(p->chunks[i].val);
+	}
+	free(p->chunks);
+	pool_stop(p->pool);
+	memset(p, 0, sizeof(*p));
+}
+
+int proto_dpatch_prepare(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
+			 uint8_t *block, const uint64_t *sums, unsigned threads,
+			 struct proto_dpatch *out, struct proto_err *err)
+{
+	struct proto_delta dl;
+	struct prep_job j;
+	unsigned nt = 0;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	memset(&j, 0, sizeof(j));
+	rc = proto_delta_parse(delta, len, &dl, err);
+	if (rc != 0)
+		return rc;
+	pthread_mutex_init(&j.lock, NULL);
+	if (dl.ntensors != d->npieces || dl.parent_ntensors != d->npieces) {
+		rc = proto_errf(err, EINVAL, "delta has %u pieces, the parcel %u", dl.ntensors,
+				d->npieces);
+		goto out;
+	}
+	for (uint32_t i = 0; i < d->npieces; i++) {
+		const struct proto_dpiece *pp = &d->pieces[i];
+		const struct proto_delta_tensor *t = &dl.tensors[i];
+		if (t->parent != i || t->elsize != pp->elsize || t->nelem != pp->len / pp->elsize) {
+			rc = proto_errf(err, EINVAL, "delta piece %u does not match the parcel's", i);
+			goto out;
+		}
+		if (sums[i] != t->parent_sum) {
+			rc = proto_errf(err, EINVAL,
+					"delta piece %u: the parent's checksum differs from the delta's", i);
+			goto out;
+		}
+	}
+	struct proto_delta_parent par = {no_header, 0, d->npieces, sums};
+	if ((rc = proto_delta_check_parent(&dl, &par, err)) != 0)
+		goto out;
+	out->nchunks = dl.nchunks;
+	out->chunks = calloc(dl.nchunks + 1, sizeof(*out->chunks));
+	out->pool = pool_new(proto_dpatch_threads(threads));
+	if (out->chunks == NULL || out->pool == NULL) {
+		rc = proto_errf(err, ENOMEM, "delta prepare: out of memory");
+		goto out;
+	}
+	for (uint32_t ci = 0; ci < dl.nchunks; ci++) {
+		const struct proto_delta_chunk *c = &dl.chunks[ci];
+		const struct proto_delta_tensor *t = &dl.tensors[c->tensor];
+		out->chunks[ci].w = t->elsize;
+		out->chunks[ci].dst = block + d->pieces[c->tensor].dst_off + c->base * t->elsize;
+	}
+	nt = pool_size(out->pool);
+	j.d = &dl;
+	j.p = out;
+	j.wk = calloc(nt, sizeof(*j.wk));
+	for (unsigned i = 0; j.wk != NULL && i < nt; i++)
+		if ((j.wk[i] = delta__worker_new()) == NULL) {
+			rc = proto_errf(err, ENOMEM, "delta prepare: out of memory");
+			goto out;
+		}
+	if (j.wk == NULL) {
+		rc = proto_errf(err, ENOMEM, "delta prepare: out of memory");
+		goto out;
+	}
+	pool_run(out->pool, prep_thread, &j);
+	if (j.rc != 0) {
+		rc = j.rc;
+		*err = j.err;
+		proto_err_prefix(err, "delta: piece %u chunk %u", dl.chunks[j.err_chunk].tensor,
+				 j.err_chunk - dl.tensors[dl.chunks[j.err_chunk].tensor].chunk0);
+		goto out;
+	}
+	/* Every piece's child checksum, from the parent's and the movement. */
+	for (uint32_t i = 0; i < dl.ntensors; i++) {
+		const struct proto_delta_tensor *t = &dl.tensors[i];
+		uint64_t s = sums[i];
+		for (uint32_t k = 0; k < t->nchunks; k++) {
+			const struct proto_delta_chunk *c = &dl.chunks[t->chunk0 + k];
+			if (c->mode != PROTO_DELTA_ZERO)
+				s = proto_wsum_combine(s, c->base, out->chunks[t->chunk0 + k].part);
+		}
+		if (s != t->child_sum) {
+			rc = proto_errf(err, EINVAL,
+					"delta: piece %u: checksum after the changes would be %016llx, the "
+					"child's is %016llx",
+					i, (unsigned long long)s, (unsigned long long)t->child_sum);
+			goto out;
+		}
+	}
+	for (uint32_t ci = 0; ci < out->nchunks; ci++)
+		out->nchanges += out->chunks[ci].n;
+	rc = 0;
+out:
+	for (unsigned i = 0; j.wk != NULL && i < nt; i++)
+		delta__worker_free(j.wk[i]);
+	free(j.wk);
+	pthread_mutex_destroy(&j.lock);
+	proto_delta_fini(&dl);
+	if (rc != 0)
+		proto_dpatch_fini(out);
+	return rc;
+}
+
+/* ---- writing --------------------------------------------------------------------- */
+
+struct write_job {
+	const struct proto_dpatch *p;
+	_Atomic uint32_t next;
+};
+
+static void write_chunk(const struct proto_dpatch_chunk *pc)
+{
+	uint8_t *dst = pc->dst;
+	const uint32_t *pos = pc->pos;
+	uint32_t n = pc->n, w = pc->w;
+
+	if (w == 2) {
+		const uint16_t *v = (const uint16_t *)(const void *)pc->val;
+		for (uint32_t j = 0; j < n; j++) {
+			if (j + PF < n)
+				__builtin_prefetch(dst + (size_t)pos[j + PF] * 2, 1, 0);
+			memcpy(dst + (size_t)pos[j] * 2, &v[j], 2);
+		}
+		return;
+	}
+	for (uint32_t j = 0; j < n; j++) {
+		if (j + PF < n)
+			__builtin_prefetch(dst + (size_t)pos[j + PF] * w, 1, 0);
+		memcpy(dst + (size_t)pos[j] * w, pc->val + (size_t)j * w, w);
+	}
+}
+
+static void write_thread(void *arg, unsigned tid)
+{
+	struct write_job *j = arg;
+
+	for (;;) {
+		uint32_t ci = atomic_fetch_add(&j->next, 1);
+		if (ci >= j->p->nchunks)
+			break;
+		if (j->p->chunks[ci].n > 0)
+			write_chunk(&j->p->chunks[ci]);
+	}
+}
+
+void proto_dpatch_write(const struct proto_dpatch *p)
+{
+	struct write_job j = {p, 0};
+
+	if (p->pool != NULL)
+		pool_run(p->pool, write_thread, &j);
+	else
+		write_thread(&j, 0);
+}
