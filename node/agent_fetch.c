@@ -215,7 +215,9 @@ bool agent_source_silent(const struct agent_source *s, uint64_t now)
 {
 	const struct agent_source *h = agent_pace(s);
 
-	return h->inflight_reads > 0 && now - h->progress_ms >= source_patience(s);
+	/* now may predate the last progress (taken before a read landed). */
+	return h->inflight_reads > 0 && now > h->progress_ms &&
+	       now - h->progress_ms >= source_patience(s);
 }
 
 /* s has a fabric handle (inserted now if need be); false, with s set
