@@ -110,4 +110,10 @@ void delta__worker_free(struct delta__worker *w);
 int delta__decode_chunk(struct delta__worker *w, const struct proto_delta *d, uint32_t ci,
 			delta__emit_fn emit, void *arg, struct proto_err *err);
 
+/* proto/delta_parcel.c: the delta dl speaks of parcel d's pieces, in
+ * order, with their element sizes and counts; 0 or -EINVAL with err set. */
+struct proto_dparcel;
+int delta__match_parcel(const struct proto_dparcel *d, const struct proto_delta *dl,
+			struct proto_err *err);
+
 #endif

@@ -1,5 +1,6 @@
 /* Deltas of one parcel in destination-local coordinates (see proto/delta.h). */
 #include "proto/delta.h"
+#include "proto/delta_internal.h"
 #include "proto/wsum.h"
 
 #include <errno.h>
@@ -130,6 +131,23 @@ void proto_dparcel_sums(const struct proto_dparcel *d, const uint8_t *block, uin
 	}
 }
 
+/* dl speaks of parcel d's pieces, one tensor per piece in order, with
+ * their element sizes and counts: 0, or -EINVAL with err set. */
+int delta__match_parcel(const struct proto_dparcel *d, const struct proto_delta *dl,
+			struct proto_err *err)
+{
+	if (dl->ntensors != d->npieces || dl->parent_ntensors != d->npieces)
+		return proto_errf(err, EINVAL, "delta has %u pieces, the parcel %u", dl->ntensors,
+				  d->npieces);
+	for (uint32_t i = 0; i < d->npieces; i++) {
+		const struct proto_dpiece *pp = &d->pieces[i];
+		const struct proto_delta_tensor *t = &dl->tensors[i];
+		if (t->parent != i || t->elsize != pp->elsize || t->nelem != pp->len / pp->elsize)
+			return proto_errf(err, EINVAL, "delta piece %u does not match the parcel's", i);
+	}
+	return 0;
+}
+
 int proto_dparcel_apply_sums(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
 			     uint8_t *block, const uint64_t *sums, unsigned threads,
 			     struct proto_err *err)
@@ -141,25 +159,15 @@ int proto_dparcel_apply_sums(const struct proto_dparcel *d, const uint8_t *delta
 	rc = proto_delta_parse(delta, len, &dl, err);
 	if (rc != 0)
 		return rc;
-	if (dl.ntensors != d->npieces || dl.parent_ntensors != d->npieces) {
-		rc = proto_errf(err, EINVAL, "delta has %u pieces, the parcel %u", dl.ntensors,
-				d->npieces);
+	if ((rc = delta__match_parcel(d, &dl, err)) != 0)
 		goto out;
-	}
 	bufs = malloc(((size_t)d->npieces + 1) * sizeof(*bufs));
 	if (bufs == NULL) {
 		rc = proto_errf(err, ENOMEM, "delta apply: out of memory");
 		goto out;
 	}
-	for (uint32_t i = 0; i < d->npieces; i++) {
-		const struct proto_dpiece *pp = &d->pieces[i];
-		const struct proto_delta_tensor *t = &dl.tensors[i];
-		if (t->parent != i || t->elsize != pp->elsize || t->nelem != pp->len / pp->elsize) {
-			rc = proto_errf(err, EINVAL, "delta piece %u does not match the parcel's", i);
-			goto out;
-		}
-		bufs[i] = block + pp->dst_off;
-	}
+	for (uint32_t i = 0; i < d->npieces; i++)
+		bufs[i] = block + d->pieces[i].dst_off;
 	struct proto_delta_parent par = {no_header, 0, d->npieces, sums};
 	rc = proto_delta_apply(&dl, &par, bufs, threads, err);
 out:

@@ -282,19 +282,10 @@ int proto_dpatch_prepare(const struct proto_dparcel *d, const uint8_t *delta, si
 	if (rc != 0)
 		return rc;
 	pthread_mutex_init(&j.lock, NULL);
-	if (dl.ntensors != d->npieces || dl.parent_ntensors != d->npieces) {
-		rc = proto_errf(err, EINVAL, "delta has %u pieces, the parcel %u", dl.ntensors,
-				d->npieces);
+	if ((rc = delta__match_parcel(d, &dl, err)) != 0)
 		goto out;
-	}
 	for (uint32_t i = 0; i < d->npieces; i++) {
-		const struct proto_dpiece *pp = &d->pieces[i];
-		const struct proto_delta_tensor *t = &dl.tensors[i];
-		if (t->parent != i || t->elsize != pp->elsize || t->nelem != pp->len / pp->elsize) {
-			rc = proto_errf(err, EINVAL, "delta piece %u does not match the parcel's", i);
-			goto out;
-		}
-		if (sums[i] != t->parent_sum) {
+		if (sums[i] != dl.tensors[i].parent_sum) {
 			rc = proto_errf(err, EINVAL,
 					"delta piece %u: the parent's checksum differs from the delta's", i);
 			goto out;
