@@ -587,14 +587,8 @@ static int clock_setup(void **state)
 static int clock_teardown(void **state)
 {
 	struct clock_env *e = *state;
-	for (size_t i = 0; i < PROTO_ARRAY_LEN(e->nodes); i++)
-		node_proc_stop(&e->nodes[i], 5000);
-	node_proc_stop(&e->publisher, 5000);
-	trk_client_free(e->trk);
-	node_proc_stop(&e->tracker, 5000);
-	proto_model_fini(&e->m);
-	if (e->dir[0] != 0 && getenv("TESSERA_TEST_KEEP") == NULL)
-		tu_rmtree(e->dir);
+	tu_cluster_down(e->nodes, PROTO_ARRAY_LEN(e->nodes), &e->publisher, e->trk, &e->tracker, &e->m,
+			e->dir);
 	unsetenv("TESSERA_CHUNK_SIZE");
 	unsetenv("TESSERA_LEASE_MS");
 	unsetenv("TESSERA_LOG");

@@ -137,6 +137,25 @@ static inline void tu_control_export(const char *path, uint64_t v)
 		fail_msg("publisher said '%s', want '%s...'", reply, want);
 }
 
+/* Stops a test cluster, nodes first, then the publisher, the client and the
+ * tracker; removes its directory unless TESSERA_TEST_KEEP is set (then says
+ * where it is). */
+static inline void tu_cluster_down(struct node_proc *nodes, size_t n, struct node_proc *publisher,
+				   struct trk_client *trk, struct node_proc *tracker,
+				   struct proto_model *m, const char *dir)
+{
+	for (size_t i = 0; i < n; i++)
+		node_proc_stop(&nodes[i], 5000);
+	node_proc_stop(publisher, 5000);
+	trk_client_free(trk);
+	node_proc_stop(tracker, 5000);
+	proto_model_fini(m);
+	if (dir[0] != 0 && getenv("TESSERA_TEST_KEEP") == NULL)
+		tu_rmtree(dir);
+	else if (dir[0] != 0)
+		print_message("kept %s\n", dir);
+}
+
 /* The tracker's JSON answer to GET path (a reference the caller drops),
  * or NULL when it did not answer 200. */
 static inline json_t *tu_get_json(struct trk_client *trk, const char *path)
