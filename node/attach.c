@@ -913,6 +913,11 @@ void node_attach_activate(struct node_attach *at, struct node_slot *slot, const 
 		send_version(c, v);
 		client_flush(c);
 	}
+	/* Test only: widen the window in which clients know the version but
+	 * may not pin it yet through the epoch page. */
+	uint64_t lag = proto_param(PROTO_PARAM_TEST_ADMIT_LAG_MS);
+	if (lag > 0)
+		usleep((useconds_t)(lag > 10000 ? 10000 : lag) * 1000u);
 	/* Every client has been sent the version: now admit requests to it. */
 	epoch_publish(at);
 }

@@ -602,6 +602,12 @@ static int acquire_page(tessera_client *c, struct tessera_pin *out, int64_t dead
 		struct cver *v = e < TSR_ENTRIES ? find_ver(c, ver) : NULL;
 		if (e == TSR_ENTRY_SOCKET)
 			return 0;
+		/* Sent a version's VERSION frame, a client sees an older state
+		 * until the node stores the one naming it (just after): the
+		 * socket answers then, once the switch is done, so that an
+		 * acquire never returns a version older than the one announced. */
+		if (ver < c->active)
+			return 0;
 		if (e == TSR_ENTRY_NONE && ver == 0)
 			return fail(c, EAGAIN, "tessera node: no version is active yet");
 		if (v == NULL || v->entry != e) {

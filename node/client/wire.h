@@ -55,8 +55,11 @@
  * handle (TSR_WIRE_VERSION2_LEN). The node sends a version's VERSION frame
  * before it stores the state naming it, and keeps an entry for one version
  * until no client pins it. A request:
- *     acquire  s = state; the entry's version mapped (else read the socket
- *              for its VERSION, already sent); pins[entry] += 1 (atomic,
+ *     acquire  s = state; if s names a version older than the newest
+ *              VERSION received, ACQUIRE over the socket (the node is
+ *              between sending and storing); the entry's version mapped
+ *              (else read the socket for its VERSION, already sent);
+ *              pins[entry] += 1 (atomic,
  *              sequentially consistent); requests[entry] += 1; read state
  *              again: equal to s, the request runs on s's version; else
  *              pins[entry] -= 1 and start over.
