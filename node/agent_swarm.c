@@ -21,9 +21,10 @@
  *   2. else, from a publisher, a chunk no peer holds and no peer is
  *      fetching (its busy bit), among those we own. Chunk c's owner
  *      is the member (the swarm as /sources lists it, "members": also
- *      those that did not offer yet) with the highest hash of (its id,
- *      parcel, c): rendezvous hashing, so members that know different
- *      subsets of the swarm still agree on most owners. The
+ *      those that did not offer yet; under TESSERA_PUB_UPLOAD_READERS
+ *      only the parcel's seed readers, pick_seeds) with the highest hash
+ *      of (its id, parcel, c): rendezvous hashing, so members that know
+ *      different subsets of the swarm still agree on most owners. The
  *      trainer's chunks go to one reader each and spread over the swarm
  *      (super-seeding done by the readers: one-sided reads give the
  *      publisher no say); have-pages are a poll old, ownership is what
@@ -45,6 +46,8 @@
  * Each member starts its walk over the chunks at its own point (a hash of
  * its id), so the first chunks it takes from the trainer differ from its
  * peers' before any have-page has been read.
+ * A peer's upload budget (announced on its have-page) may leave us out
+ * or limit our rate from it: see "upload budgets" below.
  *
  * A chunk that fails its hash is dropped and fetched again; the second
  * one from the same peer bans it for the rest of the version (logged,
@@ -360,11 +363,11 @@ static void budget_share(struct node_agent *a, const struct agent_parcel *p,
 	if (s->up_peers != 0)
 		readers = PROTO_MIN(readers, s->up_peers);
 	s->up_bps = s->up_mbps == 0 ? 0 : (uint64_t)s->up_mbps * 1000000 / 8 / readers;
-	if (s->up_refused && !was)
+	if (s->up_refused && !was) {
 		node_metrics_add(a->am.m, a->am.budget_refusals, 1);
-	if (s->up_refused && !was)
 		LOG_DEBUG("node %s: peer %s serves %u readers at once, others first: reading "
 			  "its chunks elsewhere", a->node_id, s->info.id, s->up_peers);
+	}
 }
 
 /* s's budget has room for a read of len bytes now (its tokens are spent
@@ -724,18 +727,6 @@ static int cmp_desc(const void *x, const void *y)
 	return a < b ? 1 : a > b ? -1 : 0;
 }
 
-/*
- * Super-seeding under a cap (TESSERA_PUB_UPLOAD_READERS = k): the members
- * that read the parcel from the trainer are the k with the highest
- * hrw(member, parcel, SEED_SALT) among the members not banned and us;
- * the trainer's chunks are owned among them only, the others take them
- * from peers. Marks seed[k] for members (NULL-safe when no cap) and
- * p->seed for us. A reader that dies or leaves stops being an owner that
- * serves (owner_on): its chunks go to whoever starves first (pass 1),
- * and once the tracker stops listing it, to the next member in line.
- */
-#define SEED_SALT UINT32_MAX
-
 static void seed_gauge(struct node_agent *a)
 {
 	uint64_t n = 0;
@@ -744,6 +735,22 @@ static void seed_gauge(struct node_agent *a)
 		n += a->fetch->parcels[i].seed;
 	node_metrics_set(a->am.m, a->am.seed_parcels, n);
 }
+
+/*
+ * Super-seeding under a cap (TESSERA_PUB_UPLOAD_READERS = k): the members
+ * that read the parcel from the trainer (its seed readers) are the k with
+ * the highest hrw(member, parcel, SEED_SALT) among the members not banned
+ * and us; every member computes the same set from the same list, and the
+ * trainer's chunks are owned among them only (the others take them from
+ * peers). Sets seed[k] per member (nmembers bytes, at least one) and
+ * p->seed for us; without a cap, or with k members or fewer, everyone.
+ * A reader that dies or leaves stops being an owner that serves
+ * (owner_on): its chunks go to whoever starves first (passes 1 and 2 of
+ * agent_swarm_pick), and once the tracker stops listing it, to the next
+ * member in line. The cap is kept by the readers, not the trainer: reads
+ * are one-sided.
+ */
+#define SEED_SALT UINT32_MAX
 
 static void pick_seeds(struct node_agent *a, uint32_t pi, uint8_t *seed)
 {

@@ -3,6 +3,7 @@
  * mid-transfer, and bans a peer that serves corrupt chunks. */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -404,13 +405,40 @@ static uint64_t from_trainer_of(struct swarm *w, int i)
 	return b;
 }
 
+/* The sum over the live nodes of one metric series (their /metrics). */
+static uint64_t metric_sum(struct swarm *w, int skip, const char *series)
+{
+	char out[600];
+	uint64_t sum = 0;
+
+	snprintf(out, sizeof(out), "%s/metric.out", w->dir);
+	for (int i = 0; i < NODES; i++) {
+		if (i == skip)
+			continue;
+		assert_int_equal(tu_sh("url=$(sed -n 's/^metrics on //p' %s/node-%c.log | head -1); "
+				       "curl -s -m 10 \"$url/metrics\" | awk '$1 ~ /^%s/ {s += $2} "
+				       "END {print s + 0}' > %s",
+				       w->dir, 'A' + i, series, out),
+			 0);
+		struct proto_err err;
+		uint8_t *text;
+		size_t len;
+		assert_int_equal(proto_read_file(out, 4096, &text, &len, &err), 0);
+		sum += strtoull((const char *)text, NULL, 10);
+		free(text);
+	}
+	return sum;
+}
+
 /*
  * The trainer capped to one reader per parcel, and that reader killed
  * mid-transfer, while the others read the trainer's chunks from it: the
  * chunks it owned and had not passed on can come from nobody else, so the
  * survivors must take them from the trainer past the cap (starved, then
  * as the next reader in line once the tracker drops it). Every survivor
- * activates the exact bytes.
+ * activates the exact bytes. Every node also serves two readers at most
+ * (TESSERA_UPLOAD_PEERS): readers left out by a peer read elsewhere, and
+ * nobody counts that peer as bad.
  */
 static void test_swarm_capped_reader_killed(void **state)
 {
@@ -420,6 +448,7 @@ static void test_swarm_capped_reader_killed(void **state)
 	bool mid = false;
 
 	setenv("TESSERA_PUB_UPLOAD_READERS", "1", 1);
+	setenv("TESSERA_UPLOAD_PEERS", "2", 1);
 	swarm_start(w, -1);
 	s = w->tp1.ranks[0].nbytes;
 	export_v1(w);
@@ -454,6 +483,13 @@ static void test_swarm_capped_reader_killed(void **state)
 		if (i != reader)
 			print_message("node %c took %.3f S from the trainer\n", 'A' + i,
 				      (double)from_trainer_of(w, i) / s);
+	uint64_t refusals = metric_sum(w, reader, "tessera_node_budget_refusals_total");
+	uint64_t unowned = metric_sum(w, reader, "tessera_node_trainer_unowned_bytes_total");
+	print_message("budget refusals %" PRIu64 ", trainer bytes past the cap %.3f S\n", refusals,
+		      (double)unowned / s);
+	assert_true(refusals > 0); /* with 4 members, each peer leaves one reader out */
+	assert_true(unowned > 0);  /* the dead reader's chunks came past the cap */
+	assert_int_equal(metric_sum(w, reader, "tessera_node_banned_peers_total"), 0);
 }
 
 /* A peer serving corrupt chunks: its chunks fail their hash, it is banned
