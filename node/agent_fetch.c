@@ -240,6 +240,7 @@ static void pace_posted(struct agent_source *s, uint64_t len);
 void agent_source_posted(struct agent_source *s, uint64_t len)
 {
 	pace_posted(s, len);
+	s->up_tokens -= PROTO_MIN(len, s->up_tokens); /* its upload budget (agent_swarm.c) */
 	if (s->hp != NULL)
 		pace_posted(s->hp, len);
 }
@@ -438,6 +439,8 @@ void agent_on_verified(struct node_vjob *job, void *arg)
 		f->from_peers += c->size;
 	else
 		f->from_trainer += c->size;
+	if (!rd->src_peer && a->fanout && !p->mine[rd->chunk])
+		node_metrics_add(a->am.m, a->am.unowned_trainer, c->size);
 	if (f->bytes_done == f->bytes_total) {
 		agent_all_verified(a);
 		return;

@@ -86,6 +86,13 @@ struct agent_source {
 	bool self;                /* it is us: never read from */
 	uint64_t listed_ms;       /* first listed by the tracker */
 	uint64_t unlisted_ms;     /* a peer the tracker stopped listing: since when (0: listed) */
+	/* A peer's upload budget, as its have-page announces it, and what it
+	 * leaves us (agent_swarm.c): refused, we are not among the readers it
+	 * serves; else our share of its rate, bytes/s (0: no cap), spent from
+	 * a bucket of tokens. */
+	uint32_t up_peers, up_mbps;
+	bool up_refused;
+	uint64_t up_bps, up_tokens, up_ns;
 	/* The pacing record every source on its host shares (agent_hosts.c):
 	 * rate, window and silence are its; NULL: paced on its own. */
 	struct agent_source *hp;
@@ -128,6 +135,7 @@ struct agent_parcel {
 	bool hungry;          /* it starved once: any unheld chunk may come from the trainer */
 	char (*members)[TRK_ID_MAX]; /* its swarm as the tracker last listed it */
 	uint32_t nmembers;
+	bool seed;           /* we read it from the trainer (TESSERA_PUB_UPLOAD_READERS) */
 	uint8_t *wire; /* a delta parcel's bytes (malloc'ed), else NULL */
 };
 

@@ -23,7 +23,8 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 		.fetched_trainer = -1, .fetched_peer = -1, .failed_hash = -1,
 		.failed_read = -1, .stalled = -1, .activations = -1, .refused = -1,
 		.activation_seconds = -1, .unbacked_claims = -1, .duplicate = -1, .banned = -1,
-		.offered_parcels = -1, .delta_versions = -1, .full_versions = -1,
+		.offered_parcels = -1, .unowned_trainer = -1, .seed_parcels = -1,
+		.budget_refusals = -1, .delta_versions = -1, .full_versions = -1,
 		.delta_refused = -1, .health = -1,
 	};
 	if (m == NULL)
@@ -67,6 +68,16 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 					"Peers banned for a version after sending bad chunks twice.");
 	t.offered_parcels = node_metrics_gauge(m, "tessera_node_offered_parcels", lbl(b, sizeof(b), who, NULL),
 					       "Parcels this rank offers to its swarms now.");
+	t.unowned_trainer = node_metrics_counter(
+		m, "tessera_node_trainer_unowned_bytes_total", lbl(b, sizeof(b), who, NULL),
+		"Verified bytes taken from the trainer for chunks another reader owned (it died, "
+		"left or was slow; capped readers' chunks included).");
+	t.seed_parcels = node_metrics_gauge(m, "tessera_node_seed_parcels", lbl(b, sizeof(b), who, NULL),
+					    "Parcels this rank reads from the trainer as one of its readers "
+					    "(TESSERA_PUB_UPLOAD_READERS).");
+	t.budget_refusals = node_metrics_counter(
+		m, "tessera_node_budget_refusals_total", lbl(b, sizeof(b), who, NULL),
+		"Times a peer's upload budget left this rank out (its chunks were read elsewhere).");
 	t.delta_versions = node_metrics_counter(m, "tessera_node_versions_built_total",
 						lbl(b, sizeof(b), who, "how=\"delta\""),
 						"Versions built, by how: from the parent by delta, or full.");
@@ -79,7 +90,8 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 	const int hs[] = {t.active_version, t.serving_bytes, t.registered, t.fetched_trainer,
 			  t.fetched_peer, t.failed_hash, t.failed_read, t.stalled,
 			  t.activations, t.refused, t.activation_seconds, t.unbacked_claims,
-			  t.duplicate, t.banned, t.offered_parcels, t.delta_versions,
+			  t.duplicate, t.banned, t.offered_parcels, t.unowned_trainer,
+			  t.seed_parcels, t.budget_refusals, t.delta_versions,
 			  t.full_versions, t.delta_refused, t.health};
 	for (size_t i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
 		if (hs[i] < 0)

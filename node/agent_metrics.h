@@ -16,6 +16,7 @@ struct node_agent_metrics {
 	int activations, refused, activation_seconds;
 	int unbacked_claims;
 	int duplicate, banned, offered_parcels;
+	int unowned_trainer, seed_parcels, budget_refusals;
 	int delta_versions, full_versions, delta_refused;
 	int health; /* the rank's part of /healthz (node_metrics_health_part) */
 };

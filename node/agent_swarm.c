@@ -21,9 +21,10 @@
  *   2. else, from a publisher, a chunk no peer holds and no peer is
  *      fetching (its busy bit), among those we own. Chunk c's owner
  *      is the member (the swarm as /sources lists it, "members": also
- *      those that did not offer yet) with the highest hash of (its id,
- *      parcel, c): rendezvous hashing, so members that know different
- *      subsets of the swarm still agree on most owners. The
+ *      those that did not offer yet; under TESSERA_PUB_UPLOAD_READERS
+ *      only the parcel's seed readers, pick_seeds) with the highest hash
+ *      of (its id, parcel, c): rendezvous hashing, so members that know
+ *      different subsets of the swarm still agree on most owners. The
  *      trainer's chunks go to one reader each and spread over the swarm
  *      (super-seeding done by the readers: one-sided reads give the
  *      publisher no say); have-pages are a poll old, ownership is what
@@ -45,6 +46,8 @@
  * Each member starts its walk over the chunks at its own point (a hash of
  * its id), so the first chunks it takes from the trainer differ from its
  * peers' before any have-page has been read.
+ * A peer's upload budget (announced on its have-page) may leave us out
+ * or limit our rate from it: see "upload budgets" below.
  *
  * A chunk that fails its hash is dropped and fetched again; the second
  * one from the same peer bans it for the rest of the version (logged,
@@ -157,6 +160,14 @@ void agent_swarm_serve(struct node_agent *a, struct agent_fetch *f)
 		served++;
 	}
 	f->served = served > 0;
+	/* The node's budget on each page; its rate split over the parcels. */
+	for (uint32_t i = 0; i < f->nparcels && served > 0; i++) {
+		uint64_t mbps = proto_param(PROTO_PARAM_UPLOAD_MBPS);
+		if (f->parcels[i].held != NULL)
+			proto_have_set_budget(f->parcels[i].held,
+					      proto_param(PROTO_PARAM_UPLOAD_PEERS),
+					      mbps == 0 ? 0 : PROTO_MAX(mbps / served, 1));
+	}
 	offer(a, f); /* before we ask for sources: the swarm sees us sooner */
 }
 
@@ -304,6 +315,78 @@ bool agent_swarm_bad_peer(struct node_agent *a, const char *id)
 	return true;
 }
 
+/* ---- upload budgets ---------------------------------------------------------- */
+
+/*
+ * A node announces its upload budget on its have-pages: the readers it
+ * serves at once and its upload rate (TESSERA_UPLOAD_PEERS, _MBPS; the
+ * rate split over the parcels it serves). Reads are one-sided, so its
+ * readers keep the budget; the node is never asked. The readers it serves
+ * are the k members of the swarm with the highest hrw(member, its id):
+ * every reader computes the same set from the same member list. A reader
+ * left out counts none of the node's chunks as available (so rarest-first
+ * skips them, and a chunk only it holds may come from the trainer) and
+ * takes them elsewhere; the node is full, not bad, and is not counted
+ * against. A reader let in takes at most its share of the rate: the rate
+ * over the readers served (k, or the swarm's other members if fewer).
+ * A reader no holder serves starves and reads the trainer after
+ * STARVE_MS (agent_swarm_pick, passes 1 and 2): a budget never strands a
+ * chunk.
+ */
+
+static uint64_t hrw(const char *id, uint32_t pi, uint32_t c);
+
+static uint32_t id_hash32(const char *id)
+{
+	uint32_t h = 2166136261u;
+
+	for (const char *q = id; *q; q++)
+		h = (h ^ (uint8_t)*q) * 16777619u;
+	return h;
+}
+
+/* Whether s's budget lets us in, and our share of its rate. */
+static void budget_share(struct node_agent *a, const struct agent_parcel *p,
+			 struct agent_source *s)
+{
+	uint32_t salt = id_hash32(s->info.id), above = 0, readers = 1; /* us */
+	uint64_t me = hrw(a->node_id, 0, salt);
+	bool was = s->up_refused;
+
+	for (uint32_t k = 0; k < p->nmembers; k++) {
+		if (strcmp(p->members[k], s->info.id) == 0 || strcmp(p->members[k], a->node_id) == 0)
+			continue;
+		readers++;
+		above += hrw(p->members[k], 0, salt) > me;
+	}
+	s->up_refused = s->up_peers != 0 && above >= s->up_peers;
+	if (s->up_peers != 0)
+		readers = PROTO_MIN(readers, s->up_peers);
+	s->up_bps = s->up_mbps == 0 ? 0 : (uint64_t)s->up_mbps * 1000000 / 8 / readers;
+	if (s->up_refused && !was) {
+		node_metrics_add(a->am.m, a->am.budget_refusals, 1);
+		LOG_DEBUG("node %s: peer %s serves %u readers at once, others first: reading "
+			  "its chunks elsewhere", a->node_id, s->info.id, s->up_peers);
+	}
+}
+
+/* s's budget has room for a read of len bytes now (its tokens are spent
+ * when the read is posted, agent_source_posted). */
+static bool budget_room(struct agent_source *s, uint64_t len)
+{
+	uint64_t now, burst, el;
+
+	if (s->up_bps == 0)
+		return true;
+	now = proto_now_ns();
+	burst = PROTO_MAX(len, s->up_bps / 10);
+	el = PROTO_MIN(now - s->up_ns, 1000000000ull);
+	s->up_tokens = PROTO_MIN(burst, s->up_tokens + (uint64_t)((unsigned __int128)el * s->up_bps /
+								1000000000u));
+	s->up_ns = now;
+	return s->up_tokens >= len;
+}
+
 /* ---- what peers hold -------------------------------------------------------- */
 
 /* Counts, per chunk, the usable peers holding it and whether one is
@@ -322,7 +405,7 @@ static void recount(struct agent_fetch *f, struct agent_parcel *p)
 		    agent_swarm_banned(f, s->info.id))
 			continue;
 		for (uint32_t c = 0; c < n; c++) {
-			if (proto_have_bit(s->have, c))
+			if (!s->up_refused && proto_have_bit(s->have, c))
 				p->avail[c]++;
 			if (proto_have_bit(s->have + bl, c))
 				p->peer_busy[c] = 1;
@@ -394,6 +477,11 @@ static void on_have(struct fab_op *op, int status)
 		return;
 	memcpy(s->have, h.have, bl);
 	memcpy(s->have + bl, h.busy, bl);
+	if (h.upload_peers != s->up_peers || h.upload_mbps != s->up_mbps) {
+		s->up_peers = h.upload_peers;
+		s->up_mbps = h.upload_mbps;
+		budget_share(a, p, s);
+	}
 	recount(f, p);
 	agent_pump(a);
 }
@@ -469,11 +557,13 @@ void agent_swarm_tick(struct node_agent *a)
 
 /* s may take a read of len bytes now: usable and with room in its window
  * (a peer also within TESSERA_PEER_INFLIGHT reads). */
-static bool has_room(struct node_agent *a, const struct agent_source *s, uint64_t len)
+static bool has_room(struct node_agent *a, struct agent_source *s, uint64_t len)
 {
 	const struct agent_source *h = agent_pace(s); /* its host's (agent_hosts.c) */
 
 	if (s->info.peer && h->inflight_reads >= proto_param(PROTO_PARAM_PEER_INFLIGHT))
+		return false;
+	if (s->info.peer && !budget_room(s, len))
 		return false;
 	return h->inflight_reads == 0 || h->inflight_bytes + len <= agent_source_window(a, s);
 }
@@ -500,7 +590,7 @@ static struct agent_source *holder(struct node_agent *a, struct agent_parcel *p,
 		struct agent_source *s = &p->srcs[(p->rr + k) % p->nsrcs];
 		if (s == not || s->info.peer != peers || !agent_source_usable(a, f, s, now) || !has_room(a, s, len))
 			continue;
-		if (peers && !proto_have_bit(s->have, c))
+		if (peers && (s->up_refused || !proto_have_bit(s->have, c)))
 			continue;
 		if (!agent_source_ready(a, s, now))
 			continue;
@@ -630,25 +720,90 @@ static void take_members(struct agent_parcel *p, json_t *answer)
 			snprintf(p->members[p->nmembers++], TRK_ID_MAX, "%s", p->srcs[k].info.id);
 }
 
+static int cmp_desc(const void *x, const void *y)
+{
+	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+
+	return a < b ? 1 : a > b ? -1 : 0;
+}
+
+static void seed_gauge(struct node_agent *a)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < a->fetch->nparcels; i++)
+		n += a->fetch->parcels[i].seed;
+	node_metrics_set(a->am.m, a->am.seed_parcels, n);
+}
+
+/*
+ * Super-seeding under a cap (TESSERA_PUB_UPLOAD_READERS = k): the members
+ * that read the parcel from the trainer (its seed readers) are the k with
+ * the highest hrw(member, parcel, SEED_SALT) among the members not banned
+ * and us; every member computes the same set from the same list, and the
+ * trainer's chunks are owned among them only (the others take them from
+ * peers). Sets seed[k] per member (nmembers bytes, at least one) and
+ * p->seed for us; without a cap, or with k members or fewer, everyone.
+ * A reader that dies or leaves stops being an owner that serves
+ * (owner_on): its chunks go to whoever starves first (passes 1 and 2 of
+ * agent_swarm_pick), and once the tracker stops listing it, to the next
+ * member in line. The cap is kept by the readers, not the trainer: reads
+ * are one-sided.
+ */
+#define SEED_SALT UINT32_MAX
+
+static void pick_seeds(struct node_agent *a, uint32_t pi, uint8_t *seed)
+{
+	struct agent_fetch *f = a->fetch;
+	struct agent_parcel *p = &f->parcels[pi];
+	uint64_t cap = proto_param(PROTO_PARAM_PUB_UPLOAD_READERS), *sc, cut, me;
+	uint32_t n = 0;
+
+	memset(seed, 1, PROTO_MAX(p->nmembers, 1));
+	p->seed = true;
+	if (cap == 0 || p->nmembers < cap || (sc = malloc((p->nmembers + 1) * sizeof(*sc))) == NULL)
+		return;
+	me = hrw(a->node_id, pi, SEED_SALT);
+	sc[n++] = me;
+	for (uint32_t k = 0; k < p->nmembers; k++)
+		if (strcmp(p->members[k], a->node_id) != 0 && !agent_swarm_banned(f, p->members[k]))
+			sc[n++] = hrw(p->members[k], pi, SEED_SALT);
+	if (n > cap) {
+		qsort(sc, n, sizeof(*sc), cmp_desc);
+		cut = sc[cap - 1];
+		for (uint32_t k = 0; k < p->nmembers; k++)
+			seed[k] = hrw(p->members[k], pi, SEED_SALT) >= cut;
+		p->seed = me >= cut;
+	}
+	free(sc);
+}
+
 void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer)
 {
 	struct agent_fetch *f = a->fetch;
 	struct agent_parcel *p = &f->parcels[pi];
+	uint8_t *seed;
 
 	take_members(p, answer);
+	for (size_t k = 0; k < p->nsrcs; k++)
+		if (p->srcs[k].info.peer && !p->srcs[k].self)
+			budget_share(a, p, &p->srcs[k]); /* the members changed */
 	if (!a->fanout) { /* star: every chunk is ours to ask the trainer for */
 		memset(p->mine, 1, p->mp->nchunks);
 		return;
 	}
+	if ((seed = malloc(PROTO_MAX(p->nmembers, 1))) == NULL)
+		return; /* the owners stay as they were */
+	pick_seeds(a, pi, seed);
 	for (uint32_t c = 0; c < p->mp->nchunks; c++) {
-		uint64_t me = hrw(a->node_id, pi, c), best = me;
-		bool mine = true;
+		uint64_t me = hrw(a->node_id, pi, c), best = p->seed ? me : 0;
+		bool mine = p->seed;
 		p->owner[c] = UINT32_MAX;
 		/* The swarm as the tracker knows it (members that did not offer
 		 * yet included: they are about to); else the peers listed. */
 		for (uint32_t k = 0; k < p->nmembers; k++) {
 			uint64_t h;
-			if (strcmp(p->members[k], a->node_id) == 0 ||
+			if (strcmp(p->members[k], a->node_id) == 0 || !seed[k] ||
 			    agent_swarm_banned(f, p->members[k]) || (h = hrw(p->members[k], pi, c)) < best)
 				continue;
 			best = h;
@@ -662,6 +817,8 @@ void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer)
 		}
 		p->mine[c] = mine;
 	}
+	free(seed);
+	seed_gauge(a);
 }
 
 struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_t *chunk,

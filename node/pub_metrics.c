@@ -5,6 +5,8 @@
 
 #include <event2/event.h>
 
+#include "proto/params.h"
+
 static const double export_bounds[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100};
 
 static void sample(evutil_socket_t fd, short what, void *arg)
@@ -25,7 +27,7 @@ int node_pub_metrics_init(struct node_pub_metrics *pm, struct node_metrics *m,
 
 	*pm = (struct node_pub_metrics){.exports_ok = -1, .exports_failed = -1, .latest_version = -1,
 					.exported_bytes = -1, .export_seconds = -1,
-					.registered = -1, .pending = -1};
+					.registered = -1, .pending = -1, .upload_readers = -1};
 	if (m == NULL)
 		return 0;
 	t.exports_ok = node_metrics_counter(m, "tessera_publisher_exports_total", "result=\"ok\"",
@@ -44,8 +46,14 @@ int node_pub_metrics_init(struct node_pub_metrics *pm, struct node_metrics *m,
 					  "1 while the publisher holds a lease at the tracker.");
 	t.pending = node_metrics_gauge(m, "tessera_publisher_pending_exports", NULL,
 				       "Exports queued or running.");
+	/* Reads are one-sided: the publisher sees none of them. Its swarms'
+	 * readers keep the cap (node/agent_swarm.c, super-seeding), and count
+	 * what they took past it (tessera_node_trainer_unowned_bytes_total). */
+	t.upload_readers = node_metrics_gauge(m, "tessera_publisher_upload_readers", NULL,
+					      "Members of a parcel's swarm assigned to read it from "
+					      "this publisher at once (TESSERA_PUB_UPLOAD_READERS; 0: all).");
 	const int hs[] = {t.exports_ok,     t.exports_failed, t.latest_version, t.exported_bytes,
-			  t.export_seconds, t.registered,     t.pending};
+			  t.export_seconds, t.registered,     t.pending,        t.upload_readers};
 	for (size_t i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
 		if (hs[i] < 0)
 			return hs[i];
@@ -56,6 +64,7 @@ int node_pub_metrics_init(struct node_pub_metrics *pm, struct node_metrics *m,
 		return -ENOMEM;
 	}
 	*pm = t;
+	node_metrics_set(m, t.upload_readers, proto_param(PROTO_PARAM_PUB_UPLOAD_READERS));
 	node_metrics_set_health(m, false, "not registered with the tracker yet");
 	return 0;
 }

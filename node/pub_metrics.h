@@ -13,7 +13,7 @@ struct node_pub_metrics {
 	const struct node_pub *pub;
 	struct event *tick;
 	int exports_ok, exports_failed, latest_version, exported_bytes, export_seconds;
-	int registered, pending;
+	int registered, pending, upload_readers;
 };
 
 /* Registers the series in m and samples the publisher's lease and queue

@@ -57,6 +57,12 @@ int proto_have_init(uint8_t *buf, size_t cap, uint64_t version, uint32_t nchunks
 	return 0;
 }
 
+void proto_have_set_budget(uint8_t *page, uint64_t peers, uint64_t mbps)
+{
+	page[5] = (uint8_t)PROTO_MIN(peers, 255);
+	put32(page + 28, (uint32_t)PROTO_MIN(mbps, UINT32_MAX));
+}
+
 void proto_have_mark(uint8_t *page, uint32_t c, bool have, bool on)
 {
 	uint8_t *bits = page + PROTO_HAVE_HEADER + (have ? 0 : bits_len(get32(page + 16)));
@@ -93,6 +99,8 @@ int proto_have_parse(const uint8_t *buf, size_t len, struct proto_have *out, str
 	out->nchunks = n;
 	out->src_rank = get32(buf + 20);
 	out->dst_rank = get32(buf + 24);
+	out->upload_peers = buf[5];
+	out->upload_mbps = get32(buf + 28);
 	out->have = buf + PROTO_HAVE_HEADER;
 	out->busy = out->have + bits_len(n);
 	return 0;

@@ -16,20 +16,22 @@
  * Wire format (little endian), version 1:
  *   0  u32  magic 0x56414854 ("THAV")
  *   4  u8   format (1)
- *   5  u8   reserved (0)
+ *   5  u8   upload peers: readers the node serves at once (0: any)
  *   6  u16  header bytes (32)
  *   8  u64  policy version
  *   16 u32  chunks in the parcel (n, at most PROTO_HAVE_MAX_CHUNKS)
  *   20 u32  src_rank
  *   24 u32  dst_rank
- *   28 u32  reserved (0)
+ *   28 u32  upload rate the node allows its readers together, Mbit/s (0: any)
  *   32      have bits: ceil(n/8) bytes, chunk c is bit c%8 of byte c/8
  *   ..      busy bits: the same
  * The page occupies proto_have_page(n) bytes (page-rounded); the parcel's
  * bytes follow it. A reader checks every field against what it expects
  * (its manifest says n and the ranks): a page that is truncated, declares
  * more chunks than the cap or than it carries, or has another magic or
- * format is refused with a one-line reason.
+ * format is refused with a one-line reason. The upload budget (bytes 5
+ * and 28, once reserved and 0: "no budget") is the node's word on how
+ * much it serves; readers keep it (reads are one-sided, the node cannot).
  */
 
 #include <stdbool.h>
@@ -46,6 +48,7 @@
 struct proto_have {
 	uint64_t version;
 	uint32_t nchunks, src_rank, dst_rank;
+	uint32_t upload_peers, upload_mbps; /* the node's upload budget (0: none) */
 	const uint8_t *have, *busy; /* ceil(nchunks/8) bytes each, inside the parsed buffer */
 };
 
@@ -58,6 +61,10 @@ size_t proto_have_page(uint32_t n);
  * -EINVAL when n is over the cap or buf too small. */
 int proto_have_init(uint8_t *buf, size_t cap, uint64_t version, uint32_t nchunks,
 		    uint32_t src_rank, uint32_t dst_rank);
+
+/* Announces the node's upload budget on a page built by proto_have_init:
+ * peers (more than 255: 255) and Mbit/s, 0 for none. Cannot fail. */
+void proto_have_set_budget(uint8_t *page, uint64_t peers, uint64_t mbps);
 
 /* Sets or clears chunk c's bit in a page built by proto_have_init. */
 void proto_have_mark(uint8_t *page, uint32_t c, bool have, bool on);

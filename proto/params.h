@@ -108,6 +108,21 @@
 	/* Reads a node keeps in flight to one peer at most (its upload budget \
 	 * as the peer sees it: a reader never queues more on a peer's link). */ \
 	X(PEER_INFLIGHT, "TESSERA_PEER_INFLIGHT", 4, "most chunk reads in flight to one peer") \
+	/* Super-seeding under a cap (node/agent_swarm.c): the members of a \
+	 * parcel's swarm that read it from the trainer at once, at most (0: \
+	 * every member). The trainer's chunks are shared out among these \
+	 * readers, the others take them from peers; a member starved of a \
+	 * chunk that no peer can supply (its reader died or left) reads it \
+	 * from the trainer anyway after STARVE_MS. Reads are one-sided, so \
+	 * the readers keep the cap: it must be the same on every node. */ \
+	X(PUB_UPLOAD_READERS, "TESSERA_PUB_UPLOAD_READERS", 0, "swarm members of a parcel reading it from the trainer at once (0: all)") \
+	/* A node's upload budget, which it announces on its have-pages \
+	 * (proto/have.h) and its readers keep: the peers it serves a parcel \
+	 * to at once (0: any; at most 255), and its upload rate, Mbit/s, \
+	 * shared among them (0: none). A reader outside the budget takes \
+	 * the chunks elsewhere; the peer does not count as bad. */ \
+	X(UPLOAD_PEERS, "TESSERA_UPLOAD_PEERS", 0, "peers a node serves a parcel to at once (0: any)") \
+	X(UPLOAD_MBPS, "TESSERA_UPLOAD_MBPS", 0, "node upload rate cap, Mbit/s (0: none)") \
 	/* Test only: a node flips one byte of every chunk it serves to peers \
 	 * (its own copy stays right; its slot is served to other layouts as a \
 	 * copy with a byte flipped every 4 KiB), so that tests can see a bad \

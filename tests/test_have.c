@@ -31,10 +31,23 @@ static void test_have_round_trip(void **state)
 	assert_int_equal(h.nchunks, 100);
 	assert_int_equal(h.src_rank, 3);
 	assert_int_equal(h.dst_rank, 5);
+	assert_int_equal(h.upload_peers, 0); /* no budget unless announced */
+	assert_int_equal(h.upload_mbps, 0);
 	for (uint32_t c = 0; c < 100; c++) {
 		assert_int_equal(proto_have_bit(h.have, c), c == 0 || c == 99);
 		assert_int_equal(proto_have_bit(h.busy, c), c == 42);
 	}
+	/* An upload budget: every value a peer may send is taken as it is
+	 * (a reader only ever uses it to ask for less); over 255 peers is 255. */
+	proto_have_set_budget(page, 3, 400);
+	assert_int_equal(proto_have_parse(page, proto_have_bytes(100), &h, &err), 0);
+	assert_int_equal(h.upload_peers, 3);
+	assert_int_equal(h.upload_mbps, 400);
+	assert_true(proto_have_bit(h.have, 99)); /* the bitmaps are untouched */
+	proto_have_set_budget(page, 1000, (uint64_t)1 << 40);
+	assert_int_equal(proto_have_parse(page, proto_have_bytes(100), &h, &err), 0);
+	assert_int_equal(h.upload_peers, 255);
+	assert_int_equal(h.upload_mbps, UINT32_MAX);
 	/* Too small a buffer or too many chunks: nothing is written. */
 	assert_int_equal(proto_have_init(page, 40, 7, 100, 3, 5), -EINVAL);
 	assert_int_equal(proto_have_init(page, sizeof(page), 7, PROTO_HAVE_MAX_CHUNKS + 1, 0, 0),

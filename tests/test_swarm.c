@@ -3,6 +3,7 @@
  * mid-transfer, and bans a peer that serves corrupt chunks. */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -44,6 +45,9 @@ static void swarm_env_clear(void)
 	unsetenv("TESSERA_LEASE_MS");
 	unsetenv("TESSERA_TEST_CORRUPT_SERVE");
 	unsetenv("TESSERA_FANOUT");
+	unsetenv("TESSERA_PUB_UPLOAD_READERS");
+	unsetenv("TESSERA_UPLOAD_PEERS");
+	unsetenv("TESSERA_UPLOAD_MBPS");
 }
 
 /*
@@ -100,6 +104,33 @@ static void test_swarm_trainer_uploads_once(void **state)
 	assert_true(up <= s + (NODES - 1) * blind);
 	assert_int_equal(up + peers, NODES * s); /* every byte counted once, by source */
 	json_decref(j);
+
+	/* The trainer's upload capped to one reader per parcel (two parcels:
+	 * one per trainer rank): the other members take the trainer's chunks
+	 * from peers, every node ends with the exact bytes and the trainer
+	 * sends about one copy, within the bound above: a member that starves
+	 * (its reader's have-page not read yet on a loaded machine) reads the
+	 * trainer past the cap, as a blind one does. How many replicas read
+	 * more than that from the trainer is printed (2 on an idle machine). */
+	int readers = 0;
+	setenv("TESSERA_PUB_UPLOAD_READERS", "1", 1);
+	j = cluster(dir, "1");
+	v = json_array_get(json_object_get(j, "versions"), 0);
+	up = (uint64_t)json_integer_value(json_object_get(v, "trainer_upload_bytes"));
+	peers = (uint64_t)json_integer_value(json_object_get(v, "peer_upload_bytes"));
+	json_array_foreach(json_object_get(v, "replicas"), i, r) {
+		assert_true(json_is_true(json_object_get(r, "activated")));
+		assert_true(json_is_true(json_object_get(r, "digest_ok")));
+		readers += (uint64_t)json_integer_value(json_object_get(r, "bytes_from_trainer")) > blind;
+	}
+	print_message("capped: trainer sent %.3f S, peers %.3f S (bound %.3f S), %d readers\n",
+		      (double)up / s, (double)peers / s, (double)(s + (NODES - 1) * blind) / s,
+		      readers);
+	assert_true(up >= s);
+	assert_true(up <= s + (NODES - 1) * blind);
+	assert_int_equal(up + peers, NODES * s);
+	json_decref(j);
+	unsetenv("TESSERA_PUB_UPLOAD_READERS");
 
 	/* Star mode: nobody serves, the trainer sends every copy. */
 	json_t *k = cluster(dir, "0");
@@ -359,6 +390,103 @@ static void test_swarm_peer_killed(void **state)
 	}
 }
 
+/* Node i's bytes from the trainer as the tracker last heard them. */
+static uint64_t from_trainer_of(struct swarm *w, int i)
+{
+	json_t *st, *rk = rank_of(w, i, &st);
+	uint64_t b = rk ? (uint64_t)json_integer_value(json_object_get(rk, "bytes_from_trainer")) : 0;
+
+	json_decref(st);
+	return b;
+}
+
+/* The sum over the live nodes of one metric series (their /metrics). */
+static uint64_t metric_sum(struct swarm *w, int skip, const char *series)
+{
+	char out[600];
+	uint64_t sum = 0;
+
+	snprintf(out, sizeof(out), "%s/metric.out", w->dir);
+	for (int i = 0; i < NODES; i++) {
+		if (i == skip)
+			continue;
+		assert_int_equal(tu_sh("url=$(sed -n 's/^metrics on //p' %s/node-%c.log | head -1); "
+				       "curl -s -m 10 \"$url/metrics\" | awk '$1 ~ /^%s/ {s += $2} "
+				       "END {print s + 0}' > %s",
+				       w->dir, 'A' + i, series, out),
+			 0);
+		struct proto_err err;
+		uint8_t *text;
+		size_t len;
+		assert_int_equal(proto_read_file(out, 4096, &text, &len, &err), 0);
+		sum += strtoull((const char *)text, NULL, 10);
+		free(text);
+	}
+	return sum;
+}
+
+/*
+ * The trainer capped to one reader per parcel, and that reader killed
+ * mid-transfer, while the others read the trainer's chunks from it: the
+ * chunks it owned and had not passed on can come from nobody else, so the
+ * survivors must take them from the trainer past the cap (starved, then
+ * as the next reader in line once the tracker drops it). Every survivor
+ * activates the exact bytes. Every node also serves two readers at most
+ * (TESSERA_UPLOAD_PEERS): readers left out by a peer read elsewhere, and
+ * nobody counts that peer as bad.
+ */
+static void test_swarm_capped_reader_killed(void **state)
+{
+	struct swarm *w = *state;
+	uint64_t s, most = 0;
+	int reader = -1;
+	bool mid = false;
+
+	setenv("TESSERA_PUB_UPLOAD_READERS", "1", 1);
+	setenv("TESSERA_UPLOAD_PEERS", "2", 1);
+	swarm_start(w, -1);
+	s = w->tp1.ranks[0].nbytes;
+	export_v1(w);
+	/* The reader (whoever took the most from the trainer) holds part of
+	 * v1, and the others have read some of it from peers. */
+	for (int t = 0; t < 30000 && !mid; t += 20) {
+		uint64_t peers = 0;
+		most = 0;
+		for (int i = 0; i < NODES; i++) {
+			json_t *st, *rk = rank_of(w, i, &st);
+			uint64_t ft = rk ? (uint64_t)json_integer_value(json_object_get(rk, "bytes_from_trainer")) : 0;
+			peers += rk ? (uint64_t)json_integer_value(json_object_get(rk, "bytes_from_peers")) : 0;
+			json_decref(st);
+			if (ft > most) {
+				most = ft;
+				reader = i;
+			}
+		}
+		mid = most >= s / 8 && most < s / 2 && peers > 0;
+		if (!mid)
+			usleep(20000);
+	}
+	assert_true(mid);
+	node_proc_kill(&w->nodes[reader]);
+	for (int i = 0; i < NODES; i++) {
+		if (i == reader)
+			continue;
+		assert_true(wait_active(w, i, 1, 60000));
+		check_serving(w, i, 1);
+	}
+	for (int i = 0; i < NODES; i++)
+		if (i != reader)
+			print_message("node %c took %.3f S from the trainer\n", 'A' + i,
+				      (double)from_trainer_of(w, i) / s);
+	uint64_t refusals = metric_sum(w, reader, "tessera_node_budget_refusals_total");
+	uint64_t unowned = metric_sum(w, reader, "tessera_node_trainer_unowned_bytes_total");
+	print_message("budget refusals %" PRIu64 ", trainer bytes past the cap %.3f S\n", refusals,
+		      (double)unowned / s);
+	assert_true(refusals > 0); /* with 4 members, each peer leaves one reader out */
+	assert_true(unowned > 0);  /* the dead reader's chunks came past the cap */
+	assert_int_equal(metric_sum(w, reader, "tessera_node_banned_peers_total"), 0);
+}
+
 /* A peer serving corrupt chunks: its chunks fail their hash, it is banned
  * for the version by the nodes that read two of them (shown by the
  * tracker), and every other node ends with the exact bytes. */
@@ -466,6 +594,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_swarm_corrupt_peer_banned, swarm_setup,
 						swarm_teardown),
 		cmocka_unit_test_setup_teardown(test_swarm_lease_lapse, swarm_setup, swarm_teardown),
+		cmocka_unit_test_setup_teardown(test_swarm_capped_reader_killed, swarm_setup,
+						swarm_teardown),
 	};
 	/* TEST_FILTER=pattern runs only the matching tests (cmocka glob). */
 	if (getenv("TEST_FILTER") != NULL)
