@@ -191,7 +191,8 @@ remove_stale() {
 }
 
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT
+trap 'exit 143' TERM
 remove_stale
 DEADLINE=$((SECONDS + TIMEOUT))
 

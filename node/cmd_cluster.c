@@ -87,6 +87,8 @@ static void usage(FILE *f)
 		"Starts a tracker, a publisher hosting K trainer ranks and one node agent per\n"
 		"replica rank as separate processes on loopback, publishes V versions, checks\n"
 		"every rank's bytes itself, stops everything and writes a JSON report.\n"
+		"SIGINT, SIGTERM or SIGHUP stop the run and every process it started\n"
+		"(exit status 128 + the signal).\n"
 		"\n"
 		"      --trainer-ranks K    trainer ranks the publisher hosts (default 2)\n"
 		"      --trainer-layout L   trainer layout file or built-in (default fsdpK)\n"
@@ -111,7 +113,7 @@ static void usage(FILE *f)
 		"                           t_activate_ms counts from its registration)\n"
 		"      --keep DIR           run in DIR and keep its keys, logs and state\n"
 		"                           (default: a temporary directory, removed when\n"
-		"                           the run succeeds)\n"
+		"                           the run succeeds or is stopped by a signal)\n"
 		"      --every MS           publish a version every MS ms whatever the\n"
 		"                           replicas do (the trainer's own clock); the\n"
 		"                           report then gives per replica the versions\n"
@@ -262,8 +264,30 @@ static bool check_digests(struct cluster *c, uint64_t v)
 
 /* ---- the run ------------------------------------------------------------- */
 
+/* SIGINT, SIGTERM or SIGHUP, once one came: every wait below gives up, the
+ * children are stopped and the run ends with status 128 + the signal. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig)
+{
+	stop_signal = sig;
+}
+
+/* Catches the signals that stop a run, without SA_RESTART, so that a read
+ * from the publisher's control socket returns at once. */
+static void catch_stop_signals(void)
+{
+	struct sigaction sa = {.sa_handler = on_stop_signal};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
+}
+
 static bool children_alive(struct cluster *c)
 {
+	if (stop_signal)
+		return false;
 	bool ok = node_proc_alive(&c->tracker) && node_proc_alive(&c->publisher);
 	for (uint32_t i = 0; i < c->nreps; i++)
 		for (uint32_t k = 0; k < c->reps[i].started; k++)
@@ -457,7 +481,7 @@ static void probe_replica(struct cluster *c, struct replica *r, uint64_t v)
 		struct node_probe pr;
 		int rc = -1;
 		attach_path(c, r, k, sock, sizeof(sock));
-		for (int tries = 0; tries < 50; tries++) {
+		for (int tries = 0; tries < 50 && !stop_signal; tries++) {
 			rc = node_probe_read(sock, r->name, k, v, 10000, &pr, &err);
 			if (rc == 0)
 				rc = node_probe_report(c->trk, r->name, k, &pr, &err);
@@ -567,6 +591,7 @@ static int run_version(struct cluster *c, uint64_t want_v)
 	       " (encode %.1f ms)\n",
 	       v, x.kind, wire_all, anchor_all ? 100.0 * (double)wire_all / (double)anchor_all : 0.0,
 	       (double)x.encode_us / 1000.0);
+	fflush(stdout); /* progress shows as it happens, into a file or a pipe too */
 	json_t *entry = json_pack("{s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "version", (json_int_t)v,
 				  "kind", x.kind, "payload_bytes", (json_int_t)payload,
 				  "trainer_upload_bytes", (json_int_t)from_trainer,
@@ -766,7 +791,7 @@ static int start_all(struct cluster *c, struct proto_err *err)
 		if (c->control >= 0)
 			close(c->control);
 		c->control = -1;
-		if (!node_proc_alive(&c->publisher) || waited > 30000)
+		if (!children_alive(c) || waited > 30000)
 			return proto_errf(err, EIO, "the publisher did not open %s (log %s)", sock,
 					  c->publisher.log);
 		usleep(50000);
@@ -857,7 +882,7 @@ static bool settle_and_check(struct cluster *c)
 		struct replica *r = &c->reps[i];
 		uint64_t v = 0;
 		r->digest_ok = false;
-		for (int w = 0; w < CLOCK_SETTLE_MS; w += CLOCK_SAMPLE_MS) {
+		for (int w = 0; w < CLOCK_SETTLE_MS && !stop_signal; w += CLOCK_SAMPLE_MS) {
 			json_t *st = NULL, *rep;
 			bool agree = get_status(c, &st) == 0 && (rep = find_replica(st, r->name)) != NULL;
 			if (agree) {
@@ -1211,11 +1236,16 @@ int node_cmd_cluster(int argc, char **argv)
 	if (rc != 0)
 		return rc == 1 ? 0 : rc;
 	signal(SIGPIPE, SIG_IGN);
+	catch_stop_signals();
 	proto_model_init(&c.model);
 	c.out_versions = json_array();
 	if (node_self_dir(c.bindir, sizeof(c.bindir)) != 0) {
 		fprintf(stderr, "tessera cluster: cannot find my own directory\n");
 		goto out;
+	}
+	if (load_model_and_layouts(&c, &err) != 0) {
+		fprintf(stderr, "tessera cluster: %s\n", err.msg);
+		goto out; /* before making a directory: nothing to remove */
 	}
 	if (c.keep != NULL) {
 		mkdir(c.keep, 0755);
@@ -1228,23 +1258,20 @@ int node_cmd_cluster(int argc, char **argv)
 			goto out;
 		}
 	}
-	if (load_model_and_layouts(&c, &err) != 0) {
-		fprintf(stderr, "tessera cluster: %s\n", err.msg);
-		goto out;
-	}
 	printf("tessera cluster: model %.1f MiB (%u tensors), %u trainer ranks, %u replicas, %" PRIu64
 	       " versions, provider %s, %s\n",
 	       (double)proto_model_bytes(&c.model) / (1 << 20), c.model.ntensors, c.trainer_ranks,
 	       c.nreps, c.every_ms ? 0 : c.versions, c.provider, c.star ? "star" : "fanout");
 	fflush(stdout);
 	if (start_all(&c, &err) != 0) {
-		fprintf(stderr, "tessera cluster: %s\n", err.msg);
+		if (!stop_signal)
+			fprintf(stderr, "tessera cluster: %s\n", err.msg);
 		goto stop;
 	}
 	status = 0;
 	if (c.every_ms > 0) {
 		rc = run_clock(&c, &clock);
-		if (rc != 0) {
+		if (rc != 0 && !stop_signal) {
 			fprintf(stderr, "tessera cluster: the clock run failed (logs in %s)\n", c.dir);
 			status = 1;
 		}
@@ -1252,17 +1279,26 @@ int node_cmd_cluster(int argc, char **argv)
 	for (uint64_t v = 1; c.every_ms == 0 && v <= c.versions; v++) {
 		rc = run_version(&c, v);
 		if (rc != 0) {
-			fprintf(stderr, "tessera cluster: v%" PRIu64 " failed (logs in %s)\n", v, c.dir);
+			if (!stop_signal)
+				fprintf(stderr, "tessera cluster: v%" PRIu64 " failed (logs in %s)\n", v,
+					c.dir);
 			status = 1;
 			break;
 		}
 	}
 	if (status == 0 && c.every_ms == 0 && (rc = run_late(&c, c.versions)) != 0) {
-		fprintf(stderr, "tessera cluster: the late replicas failed (logs in %s)\n", c.dir);
+		if (!stop_signal)
+			fprintf(stderr, "tessera cluster: the late replicas failed (logs in %s)\n", c.dir);
 		status = 1;
 	}
 stop:
 	stop_all(&c);
+	if (stop_signal) {
+		/* Stopped on purpose: no run to look into, nothing left behind. */
+		fprintf(stderr, "tessera cluster: stopped by SIG%s; every process it started has exited\n",
+			sigabbrev_np(stop_signal));
+		status = 128 + stop_signal;
+	}
 	report = json_pack("{s:b,s:s,s:I,s:o}", "ok", status == 0, "mode",
 			   c.star ? "star" : "fanout", "wall_ms",
 			   (json_int_t)((proto_now_ns() - t0) / 1000000), "versions",
@@ -1273,11 +1309,12 @@ stop:
 		fprintf(stderr, "tessera cluster: %s\n", err.msg);
 		status = 1;
 	}
-	printf("tessera cluster: %s in %.1f s%s%s\n", status == 0 ? "ok" : "FAILED",
+	printf("tessera cluster: %s in %.1f s%s%s\n",
+	       status == 0 ? "ok" : stop_signal ? "stopped" : "FAILED",
 	       (double)(proto_now_ns() - t0) / 1e9, c.report ? ", report " : "",
 	       c.report ? c.report : "");
 	json_decref(report);
-	if (status == 0 && c.keep == NULL) {
+	if ((status == 0 || stop_signal) && c.keep == NULL) {
 		char cmd[4200];
 		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", c.dir);
 		if (system(cmd) != 0)

@@ -4,33 +4,74 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 extern char **environ;
 
+/* In the child between fork and exec: only async-signal-safe calls. The
+ * child asks for SIGTERM when the process that started it dies, so a
+ * launcher killed without a chance to stop its children (SIGKILL, a crash)
+ * leaves no orphan behind. An exec failure is written to err_fd. */
+static void spawn_child(pid_t parent, char *const argv[], const char *log, int err_fd)
+{
+	int e, fd;
+
+	if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent)
+		_exit(127); /* the parent died already */
+	if ((fd = open("/dev/null", O_RDONLY)) < 0 || dup2(fd, 0) < 0)
+		goto fail;
+	if (fd != 0)
+		close(fd);
+	if ((fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644)) < 0 || dup2(fd, 1) < 0 ||
+	    dup2(fd, 2) < 0)
+		goto fail;
+	if (fd > 2)
+		close(fd);
+	execve(argv[0], argv, environ);
+fail:
+	e = errno;
+	if (write(err_fd, &e, sizeof(e)) < 0)
+		_exit(127);
+	_exit(127);
+}
+
 int node_proc_spawn(struct node_proc *p, const char *name, char *const argv[], const char *log)
 {
-	posix_spawn_file_actions_t fa;
-	int rc;
+	int pipefd[2], e = 0;
+	pid_t parent = getpid();
+	ssize_t n;
 
 	memset(p, 0, sizeof(*p));
 	snprintf(p->name, sizeof(p->name), "%s", name);
 	snprintf(p->log, sizeof(p->log), "%s", log);
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-	posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-	posix_spawn_file_actions_adddup2(&fa, 1, 2);
-	rc = posix_spawn(&p->pid, argv[0], &fa, NULL, argv, environ);
-	posix_spawn_file_actions_destroy(&fa);
-	if (rc != 0) {
+	if (pipe2(pipefd, O_CLOEXEC) != 0)
+		return -errno;
+	p->pid = fork();
+	if (p->pid == 0)
+		spawn_child(parent, argv, log, pipefd[1]);
+	if (p->pid < 0) {
+		e = errno;
 		p->pid = 0;
-		return -rc;
+		close(pipefd[0]);
+		close(pipefd[1]);
+		return -e;
+	}
+	close(pipefd[1]);
+	/* The write end closes at exec: nothing read means it started. */
+	do
+		n = read(pipefd[0], &e, sizeof(e));
+	while (n < 0 && errno == EINTR);
+	close(pipefd[0]);
+	if (n == (ssize_t)sizeof(e)) {
+		waitpid(p->pid, &p->status, 0);
+		p->pid = 0;
+		return -(e ? e : ECHILD);
 	}
 	return 0;
 }

@@ -15,7 +15,10 @@ struct node_proc {
 };
 
 /* Starts argv[0] (a path) with argv, stdin from /dev/null, stdout+stderr
- * appended to log. Returns 0 or a negative errno (nothing started). */
+ * appended to log. The child gets SIGTERM when the thread that started it
+ * ends (PR_SET_PDEATHSIG): a launcher that dies without stopping its
+ * children (SIGKILL, a crash) leaves none running. Returns 0 or a negative
+ * errno (nothing started). */
 int node_proc_spawn(struct node_proc *p, const char *name, char *const argv[],
 		    const char *log);
 /* True while the child runs (reaps it, without blocking, when it ended). */

@@ -4,6 +4,7 @@
  * under congestion asks for nothing twice, a late replica activates the
  * current version, and with versions published on the trainer's own clock
  * replicas stay consistent, live and bounded. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -882,6 +883,98 @@ static void test_expose_unwritable(void **state)
 	check_rank_bytes(e, expose, "D", 0, "tp1", 4);
 }
 
+/* How many running processes have needle in their command line (zombies
+ * have none, so they do not count). */
+static int procs_naming(const char *needle)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	int n = 0;
+
+	assert_non_null(d);
+	while ((e = readdir(d)) != NULL) {
+		char path[300], cmd[8192];
+		if (e->d_name[0] < '0' || e->d_name[0] > '9')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
+		int fd = open(path, O_RDONLY);
+		if (fd < 0)
+			continue;
+		ssize_t len = read(fd, cmd, sizeof(cmd) - 1);
+		close(fd);
+		for (ssize_t i = 0; i < len; i++)
+			cmd[i] = cmd[i] ? cmd[i] : ' ';
+		cmd[len > 0 ? len : 0] = 0;
+		n += strstr(cmd, needle) != NULL;
+	}
+	closedir(d);
+	return n;
+}
+
+/* Starts `tessera cluster` (output in dir/<out>) with its temporary
+ * directory under dir/tmp and waits (bounded) until v1 is reported:
+ * tracker, publisher and node are running. */
+static void start_long_cluster(struct node_proc *p, const char *dir, const char *out)
+{
+	char bin[512], tmp[600], env[620], log[600], line[256];
+
+	tu_bin(bin, sizeof(bin), "tessera");
+	snprintf(tmp, sizeof(tmp), "%s/tmp", dir);
+	snprintf(env, sizeof(env), "TMPDIR=%s", tmp);
+	snprintf(log, sizeof(log), "%s/%s", dir, out);
+	assert_int_equal(mkdir(tmp, 0755), 0);
+	char *argv[] = {"/usr/bin/env", env, bin, "cluster", "--synthetic-mb", "1", "--versions",
+			"100000", "--replica", "tp1", NULL};
+	assert_int_equal(node_proc_spawn(p, "cluster", argv, log), 0);
+	if (node_proc_wait_line(p, "  v1 anchor", line, sizeof(line), 120000) != 0) {
+		tu_sh("cat %s", log);
+		fail_msg("the cluster did not activate v1");
+	}
+	assert_int_equal(procs_naming(tmp), 3); /* tracker, publisher, node */
+}
+
+/* Waits (at most 30 s) until p exited; its wait status. */
+static int wait_exit(struct node_proc *p)
+{
+	for (int waited = 0; node_proc_alive(p); waited += 20) {
+		assert_true(waited < 30000);
+		usleep(20000);
+	}
+	return p->status;
+}
+
+/* `tessera cluster` stopped by SIGTERM stops what it started and removes
+ * its temporary directory; killed with SIGKILL, it cannot, and its
+ * children still exit (they asked for SIGTERM when their parent dies). */
+static void test_cluster_stopped_by_signal(void **state)
+{
+	char dir[256], tmp[300];
+	struct node_proc p;
+
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	snprintf(tmp, sizeof(tmp), "%s/tmp", dir);
+	start_long_cluster(&p, dir, "out");
+	assert_int_equal(kill(p.pid, SIGTERM), 0);
+	int st = wait_exit(&p);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 128 + SIGTERM)
+		tu_sh("cat %s/out", dir);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 128 + SIGTERM);
+	/* It reaped its children before it exited. */
+	assert_int_equal(procs_naming(tmp), 0);
+	assert_int_equal(tu_sh("test -z \"$(ls -A %s)\"", tmp), 0);
+	assert_int_equal(tu_sh("grep -q 'stopped by SIGTERM' %s/out", dir), 0);
+
+	tu_rmtree(tmp);
+	start_long_cluster(&p, dir, "out-killed");
+	node_proc_kill(&p);
+	for (int waited = 0; procs_naming(tmp) > 0; waited += 20) {
+		assert_true(waited < 30000);
+		usleep(20000);
+	}
+	tu_rmtree(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -890,6 +983,7 @@ int main(void)
 		cmocka_unit_test(test_cluster_sharded_checkpoints),
 		cmocka_unit_test(test_cluster_star_congested),
 		cmocka_unit_test(test_cluster_late_replica),
+		cmocka_unit_test(test_cluster_stopped_by_signal),
 		cmocka_unit_test_setup_teardown(test_publisher_killed_mid_transfer, kill_setup,
 						kill_teardown),
 		cmocka_unit_test_setup_teardown(test_publisher_stalled_mid_transfer, kill_setup,

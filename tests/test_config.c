@@ -218,6 +218,38 @@ static void test_programs_take_every_key(void **state)
 			       tu_bin(bin, sizeof(bin), "tessera"), path), 0);
 }
 
+/* Every long option a program lists in its --help is a key `tessera config
+ * check` takes in that program's section (its copy of the tables had lost
+ * `ranks`, `serve`, `attach`, `install`, `anchor-every` and `trainer`, and
+ * refused the `ranks = 0-7` deploy/ suggests). */
+static void test_check_knows_every_flag(void **state)
+{
+	static const char *progs[][2] = {
+		{"tessera-tracker", "tracker"}, {"tessera-node", "node"}, {"tessera publish", "publish"}};
+	char bin[4096], dir[256];
+
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	for (size_t i = 0; i < sizeof(progs) / sizeof(progs[0]); i++) {
+		char prog[4200];
+		const char *sub = strchr(progs[i][0], ' ');
+		if (sub != NULL)
+			snprintf(prog, sizeof(prog), "%s%s", tu_bin(bin, sizeof(bin), "tessera"), sub);
+		else
+			snprintf(prog, sizeof(prog), "%s", tu_bin(bin, sizeof(bin), progs[i][0]));
+		/* The options are the help's lines that start with one. */
+		int rc = tu_sh("n=0; for k in $(%s --help 2>&1 | grep -o -- '^ *\\(-[a-zA-Z], \\)\\?--[a-z][a-z-]*'"
+			       " | sed 's/.*--//' | sort -u); do"
+			       " case $k in help|version|config|log-level|log-format) continue;; esac;"
+			       " n=$((n + 1)); printf '[%s]\\n%%s = x\\n' $k > %s/k.ini;"
+			       " %s config check %s/k.ini >/dev/null ||"
+			       " { echo \"config check refuses [%s] $k\"; exit 1; }; done; [ $n -ge 5 ]",
+			       prog, progs[i][1], dir, tu_bin(bin, sizeof(bin), "tessera"), dir,
+			       progs[i][1]);
+		assert_int_equal(rc, 0);
+	}
+	tu_rmtree(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -227,6 +259,7 @@ int main(void)
 		cmocka_unit_test(test_file_then_flags),
 		cmocka_unit_test(test_missing_values),
 		cmocka_unit_test(test_programs_take_every_key),
+		cmocka_unit_test(test_check_knows_every_flag),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

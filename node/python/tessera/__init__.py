@@ -76,7 +76,8 @@ def _load(path=None):
         return _lib
     path = path or os.environ.get("TESSERA_CLIENT_LIB") or ctypes.util.find_library("tessera-client")
     if not path:
-        raise OSError("libtessera-client not found: set TESSERA_CLIENT_LIB to libtessera-client.so")
+        raise OSError("libtessera-client not found: set TESSERA_CLIENT_LIB to the path of "
+                      "libtessera-client.so (`make` builds it in build/lib/)")
     lib = ctypes.CDLL(path)
     P, C = ctypes.c_void_p, ctypes.c_char_p
     sigs = {
