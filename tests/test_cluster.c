@@ -414,7 +414,7 @@ static void start_mid_v2(struct kill_env *e)
 	/* v2 is announced and on its way. */
 	tu_control(e->sock, "export\n", line, sizeof(line));
 	assert_int_equal(strncmp(line, "published 2 ", 12), 0);
-	assert_true(wait_fetching(e, 2, 10000));
+	assert_true(wait_fetching(e, 2, 60000));
 }
 
 static void test_publisher_killed_mid_transfer(void **state)
