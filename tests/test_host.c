@@ -210,7 +210,7 @@ static void test_tp2_in_one_process(void **state)
 
 	start(e);
 	start_node(e, 0, "B", "--replica", "B", "--ranks", "0-1", "--layout", "tp2", NULL);
-	assert_int_equal(node_proc_wait_line(&e->nodes[0], "metrics on ", murl, sizeof(murl), 10000), 0);
+	assert_int_equal(node_proc_wait_line(&e->nodes[0], "metrics on ", murl, sizeof(murl), 30000), 0);
 	wait_registered(e, (const char *[]){"B"}, (int[]){2}, 1);
 	for (uint64_t v = 1; v <= 2; v++) {
 		tu_control_export(e->ctl, v);

@@ -542,7 +542,7 @@ static void test_metrics_and_health(void **state)
 			 "--layout", "tp1", "--model", e->model, "--trainer-pubkey", e->pub,
 			 "--store", "host", "--metrics", "127.0.0.1:0", NULL};
 	assert_int_equal(node_proc_spawn(&e->node, "node", argv0, log), 0);
-	assert_int_equal(node_proc_wait_line(&e->node, "metrics on ", murl, sizeof(murl), 10000), 0);
+	assert_int_equal(node_proc_wait_line(&e->node, "metrics on ", murl, sizeof(murl), 30000), 0);
 	snprintf(url, sizeof(url), "%s/healthz", murl);
 	assert_int_equal(http_get(e, "GET", url, body, sizeof(body)), 503);
 	assert_non_null(strstr(body, "not registered"));
@@ -555,7 +555,7 @@ static void test_metrics_and_health(void **state)
 	start_tracker(e, true);
 	pub_register(e, &p);
 	start_node(e, "tp1"); /* the default: metrics on a free loopback port */
-	assert_int_equal(node_proc_wait_line(&e->node, "metrics on ", murl, sizeof(murl), 10000), 0);
+	assert_int_equal(node_proc_wait_line(&e->node, "metrics on ", murl, sizeof(murl), 30000), 0);
 	wait_nodes(e, 1);
 	snprintf(url, sizeof(url), "%s/healthz", murl);
 	assert_int_equal(http_get(e, "GET", url, body, sizeof(body)), 200);

@@ -309,7 +309,7 @@ static void read_and_check(uint64_t v)
 			size_t len = mp->chunks[c].size;
 			int rc = fab_read(rd, &op, lmr, 0, len, fa, &rk, (uint64_t)c * cs, NULL);
 			assert_int_equal(rc, 0);
-			rc = fab_wait(rd, &op, 5000);
+			rc = fab_wait(rd, &op, 30000);
 			if (rc != 0)
 				fail_msg("v%llu parcel %u->%u chunk %u: read: %s", (unsigned long long)v,
 					 mp->src_rank, mp->dst_rank, c, strerror(-rc));
@@ -845,7 +845,7 @@ static void test_cli_control_model_dir(void **state)
 		read_and_check(v);
 	}
 	ctl_send(b, "quit\n");
-	assert_int_equal(wait_exit(pid, 10000), 0);
+	assert_int_equal(wait_exit(pid, 30000), 0);
 	close(b);
 	assert_int_equal(access(sock, F_OK), -1); /* removed on exit */
 	assert_int_equal(tu_sh("grep -q '^published v%llu anchor' %s", (unsigned long long)L + 1, out), 0);

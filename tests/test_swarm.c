@@ -207,7 +207,7 @@ static void start_proxy(struct swarm *w)
 
 	snprintf(log, sizeof(log), "%s/proxy.log", w->dir);
 	assert_int_equal(node_proc_spawn(&w->proxy, "proxy", argv, log), 0);
-	assert_int_equal(node_proc_wait_line(&w->proxy, "proxy on ", line, sizeof(line), 10000), 0);
+	assert_int_equal(node_proc_wait_line(&w->proxy, "proxy on ", line, sizeof(line), 30000), 0);
 	snprintf(w->proxy_url, sizeof(w->proxy_url), "http://127.0.0.1:%s", line);
 }
 

@@ -58,7 +58,7 @@ static inline void tu_start_tracker(struct node_proc *p, const char *dir, const 
 	char *argv[] = {bin, "--listen", "127.0.0.1:0", "--state", (char *)state_dir,
 			pub ? "--trainer-pubkey" : NULL, (char *)pub, NULL};
 	assert_int_equal(node_proc_spawn(p, "tracker", argv, log), 0);
-	assert_int_equal(node_proc_wait_line(p, "listening on ", line, sizeof(line), 10000), 0);
+	assert_int_equal(node_proc_wait_line(p, "listening on ", line, sizeof(line), 30000), 0);
 	snprintf(url, url_len, "%s", line);
 }
 
