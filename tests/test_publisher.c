@@ -295,9 +295,15 @@ static void read_and_check(uint64_t v)
 		fi_addr_t fa;
 		assert_non_null(pc);
 		assert_int_equal(mp->bytes, pc->bytes);
-		if (pub_sources(v, mp->src_rank, mp->dst_rank, &s) == 0)
-			fail_msg("v%llu parcel %u->%u: no publisher offers it", (unsigned long long)v,
-				 mp->src_rank, mp->dst_rank);
+		/* An offer can be missing for a moment (a publisher that registers
+		 * again re-sends its offers): wait for one, bounded, as a node would. */
+		uint64_t until = proto_now_ns() + (uint64_t)WAIT_MS * 1000000u;
+		while (pub_sources(v, mp->src_rank, mp->dst_rank, &s) == 0) {
+			if (proto_now_ns() > until)
+				fail_msg("v%llu parcel %u->%u: no publisher offers it",
+					 (unsigned long long)v, mp->src_rank, mp->dst_rank);
+			usleep(20000);
+		}
 		assert_int_equal(s.len, mp->wire_bytes);
 		assert_int_equal(fab_av_insert(rd, s.fabric_addr, s.fabric_addr_len, &fa), 0);
 		free(s.fabric_addr);
