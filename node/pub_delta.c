@@ -97,54 +97,51 @@ static bool too_dense(const uint8_t *parent, const uint8_t *child, uint64_t len)
 	return seen > 0 && diff * 100 > seen * 2 * proto_param(PROTO_PARAM_DELTA_MAX_PERCENT);
 }
 
-void node__pub_delta_encode_part(struct node_pub *p, struct pub_part *pt, uint32_t chunk_size,
-				 unsigned threads)
+void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct pub_item *it,
+				 uint32_t chunk_size, unsigned threads)
 {
-	for (size_t j = 0; j < pt->nitems && !atomic_load(&p->abort); j++) {
-		struct pub_item *it = &pt->items[j];
-		struct proto_dparcel dp;
-		struct proto_delta_stats st;
-		struct proto_delta_opts o = {.threads = threads};
-		struct proto_err err;
-		size_t len = 0;
+	struct proto_dparcel dp;
+	struct proto_delta_stats st;
+	struct proto_delta_opts o = {.threads = threads};
+	struct proto_err err;
+	size_t len = 0;
 
-		free(it->hash);
-		it->hash = NULL;
-		it->nchunks = 0;
-		it->wire = 0;
-		if (it->pc->bytes == 0)
-			continue;
-		if (too_dense(it->parent, pt->raw + it->raw_off, it->pc->bytes)) {
-			it->enc_rc = 0;
-			it->wire = it->pc->bytes; /* as the anchor: place() refuses it */
-			it->dense = true;
-			continue;
-		}
-		it->enc_rc = proto_dparcel_build(&p->model, &it->sl->plan, it->pc, &it->sl->layout, &dp,
-						 &err);
-		if (it->enc_rc == 0) {
-			it->enc_rc = proto_dparcel_encode(&dp, it->parent, pt->raw + it->raw_off, &o,
-							  &it->enc, &len, &st, &err);
-			proto_dparcel_fini(&dp);
-		}
-		if (it->enc_rc != 0) {
-			LOG_WARN("version parcel %u->%u: delta encoding failed: %s", it->pc->src_rank,
-				 it->pc->dst_rank, err.msg);
-			continue;
-		}
-		it->wire = len;
-		it->changed = st.nchanged;
-		it->nchunks = (uint32_t)((len + chunk_size - 1) / chunk_size);
-		it->hash = calloc(PROTO_MAX(it->nchunks, 1), PROTO_HASH_BYTES);
-		if (it->hash == NULL) {
-			it->enc_rc = -ENOMEM;
-			continue;
-		}
-		for (uint32_t c = 0; c < it->nchunks; c++) {
-			uint64_t c0 = (uint64_t)c * chunk_size;
-			crypto_generichash(it->hash[c], PROTO_HASH_BYTES, it->enc + c0,
-					   PROTO_MIN((uint64_t)chunk_size, len - c0), NULL, 0);
-		}
+	free(it->hash);
+	it->hash = NULL;
+	it->nchunks = 0;
+	it->wire = 0;
+	if (it->pc->bytes == 0)
+		return;
+	if (too_dense(it->parent, pt->raw + it->raw_off, it->pc->bytes)) {
+		it->enc_rc = 0;
+		it->wire = it->pc->bytes; /* as the anchor: place() refuses it */
+		it->dense = true;
+		return;
+	}
+	it->enc_rc = proto_dparcel_build(&p->model, &it->sl->plan, it->pc, &it->sl->layout, &dp,
+					 &err);
+	if (it->enc_rc == 0) {
+		it->enc_rc = proto_dparcel_encode(&dp, it->parent, pt->raw + it->raw_off, &o, &it->enc,
+						  &len, &st, &err);
+		proto_dparcel_fini(&dp);
+	}
+	if (it->enc_rc != 0) {
+		LOG_WARN("version parcel %u->%u: delta encoding failed: %s", it->pc->src_rank,
+			 it->pc->dst_rank, err.msg);
+		return;
+	}
+	it->wire = len;
+	it->changed = st.nchanged;
+	it->nchunks = (uint32_t)((len + chunk_size - 1) / chunk_size);
+	it->hash = calloc(PROTO_MAX(it->nchunks, 1), PROTO_HASH_BYTES);
+	if (it->hash == NULL) {
+		it->enc_rc = -ENOMEM;
+		return;
+	}
+	for (uint32_t c = 0; c < it->nchunks; c++) {
+		uint64_t c0 = (uint64_t)c * chunk_size;
+		crypto_generichash(it->hash[c], PROTO_HASH_BYTES, it->enc + c0,
+				   PROTO_MIN((uint64_t)chunk_size, len - c0), NULL, 0);
 	}
 }
 
@@ -272,10 +269,46 @@ fail:
 	node__pub_parent_free(pp);
 }
 
+bool node__pub_keeps_parent(const struct node_pub *p)
+{
+	return p->anchor_every > 1 && p->nhosted == p->tl.nranks;
+}
+
+uint8_t *node__pub_raw_take(struct node_pub *p, uint32_t rank, size_t cap, size_t *got)
+{
+	uint8_t *b = p->spare_raw[rank];
+
+	if (b != NULL && p->spare_cap[rank] >= cap) {
+		*got = p->spare_cap[rank];
+		p->spare_raw[rank] = NULL;
+		p->spare_cap[rank] = 0;
+		return b;
+	}
+	node__pub_raw_give(p, rank, NULL, 0); /* too small: unmapped */
+	*got = cap;
+	return node_serve_map(cap);
+}
+
+void node__pub_raw_give(struct node_pub *p, uint32_t rank, uint8_t *raw, size_t cap)
+{
+	node_serve_unmap(p->spare_raw[rank], p->spare_cap[rank]);
+	p->spare_raw[rank] = raw;
+	p->spare_cap[rank] = raw != NULL ? cap : 0;
+}
+
 void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex)
 {
 	if (!ex->delta)
 		p->anchor_wanted = false;
+	/* The parent before this one is no longer encoded against: its
+	 * buffers are the next export's raw buffers. */
+	for (size_t i = 0; p->parent != NULL && i < p->parent->nparts; i++) {
+		struct pub_praw *pr = &p->parent->parts[i];
+		if (pr->rank < p->tl.nranks) {
+			node__pub_raw_give(p, pr->rank, pr->raw, pr->cap);
+			pr->raw = NULL;
+		}
+	}
 	node__pub_parent_free(p->parent);
 	p->parent = ex->next_parent;
 	ex->next_parent = NULL;

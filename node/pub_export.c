@@ -30,7 +30,13 @@ struct pub_job {
 	uint32_t chunk_size;
 	bool delta;        /* gather into the raw buffer, then encode */
 	unsigned threads;  /* for the encoder */
-	uint64_t encode_ns;
+	uint64_t encode_ns; /* the encoder's own time, waits for the gather left out */
+	/* A delta's encoder follows the gather: items [0, gathered) are in the
+	 * raw buffer; gather_over: no more will come. */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	size_t gathered;
+	bool gather_over;
 	pthread_t tid;
 	bool running; /* created and not joined yet */
 	atomic_bool done;
@@ -119,6 +125,39 @@ static void release_upto(struct pub_job *j, struct release *r, uint64_t pos)
 	}
 }
 
+/* A delta's encoder, on a thread of its own: encodes each item as soon as
+ * the gather has put it in the raw buffer, so that encoding overlaps the
+ * gather of the items after it. */
+static void *job_encode(void *arg)
+{
+	struct pub_job *j = arg;
+	struct pub_part *pt = j->part;
+
+	for (size_t i = 0; i < pt->nitems; i++) {
+		pthread_mutex_lock(&j->mu);
+		while (j->gathered <= i && !j->gather_over)
+			pthread_cond_wait(&j->cv, &j->mu);
+		bool go = j->gathered > i;
+		pthread_mutex_unlock(&j->mu);
+		if (!go || atomic_load(&j->p->abort))
+			break;
+		uint64_t t0 = proto_now_ns();
+		node__pub_delta_encode_item(j->p, pt, &pt->items[i], j->chunk_size, j->threads);
+		j->encode_ns += proto_now_ns() - t0;
+	}
+	return NULL;
+}
+
+/* The gather tells its encoder how far it came (over: it stopped). */
+static void gathered_upto(struct pub_job *j, size_t n, bool over)
+{
+	pthread_mutex_lock(&j->mu);
+	j->gathered = n;
+	j->gather_over |= over;
+	pthread_cond_signal(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+}
+
 /* Gathers each chunk in cache-sized steps and hashes it as it goes, giving
  * the snapshot back behind it. */
 static void job_gather(struct pub_job *j)
@@ -127,7 +166,20 @@ static void job_gather(struct pub_job *j)
 	struct pub_part *pt = j->part;
 	uint64_t cs = j->chunk_size;
 	struct release rel = {0};
-	bool early = release_plan(j, &rel);
+	pthread_t enc;
+	bool follow = false;
+
+	j->encode_ns = 0;
+	if (j->delta) {
+		j->gathered = 0;
+		j->gather_over = false;
+		pthread_mutex_init(&j->mu, NULL);
+		pthread_cond_init(&j->cv, NULL);
+		follow = pthread_create(&enc, NULL, job_encode, j) == 0;
+	}
+	/* A publisher that keeps parents keeps its snapshot blocks too, so
+	 * that the next snapshot writes into pages already there. */
+	bool early = !node__pub_keeps_parent(p) && release_plan(j, &rel);
 
 	/* An anchor gathers into the served buffer and hashes, keeping a copy
 	 * in the raw buffer for the next delta; a delta gathers into the raw
@@ -155,6 +207,8 @@ static void job_gather(struct pub_job *j)
 			if (early)
 				release_upto(j, &rel, KEY(i, c0 + clen));
 		}
+		if (follow)
+			gathered_upto(j, i + 1, false);
 		/* A delta's part: the parent's, updated from the changed
 		 * elements (a compare, not a scoring pass over every element). */
 		if (!atomic_load(&p->abort) && j->delta && it->parent != NULL)
@@ -168,10 +222,18 @@ static void job_gather(struct pub_job *j)
 	}
 	free(rel.key);
 	free(rel.order);
-	if (j->delta) {
+	if (follow) {
+		gathered_upto(j, j->gathered, true);
+		pthread_join(enc, NULL);
+	} else if (j->delta) { /* no thread for the encoder: encode here */
 		uint64_t t0 = proto_now_ns();
-		node__pub_delta_encode_part(p, pt, j->chunk_size, j->threads);
+		for (size_t i = 0; i < pt->nitems && !atomic_load(&p->abort); i++)
+			node__pub_delta_encode_item(p, pt, &pt->items[i], j->chunk_size, j->threads);
 		j->encode_ns = proto_now_ns() - t0;
+	}
+	if (j->delta) {
+		pthread_cond_destroy(&j->cv);
+		pthread_mutex_destroy(&j->mu);
 	}
 }
 
@@ -236,7 +298,9 @@ void node__pub_ex_fail(struct node_pub *p, int code, const char *msg)
 
 /* Joins the finished workers; a rank whose gather is done unmaps what is
  * left of its snapshot (every layout is in its export buffer now; a delta
- * will want the parent's export, not its snapshot). */
+ * will want the parent's export, not its snapshot), unless the publisher
+ * keeps parents: then the next snapshot reuses the block's pages (at rest
+ * it holds the snapshot, the parent and a spare raw buffer per rank). */
 static void ex_join(struct node_pub *p, struct pub_export *ex)
 {
 	for (size_t i = 0; i < ex->njobs; i++) {
@@ -245,7 +309,8 @@ static void ex_join(struct node_pub *p, struct pub_export *ex)
 			pthread_join(j->tid, NULL);
 			j->running = false;
 			ex->jobs_left--;
-			if (j->kind == JOB_GATHER && p->blocks[j->rank] != NULL) {
+			if (j->kind == JOB_GATHER && p->blocks[j->rank] != NULL &&
+			    !node__pub_keeps_parent(p)) {
 				munmap(p->blocks[j->rank], p->block_cap[j->rank]);
 				p->blocks[j->rank] = NULL;
 			}
@@ -621,12 +686,14 @@ static void ex_gather_start(struct node_pub *p)
 	ex->since_anchor = ex->delta ? p->parent->since_anchor + 1 : 0;
 	if (why != NULL && why != ex->why)
 		snprintf(ex->why, sizeof(ex->why), "%s", why);
-	bool keep_raw = !ex->verify && !ex->addendum && p->anchor_every > 1 && p->nhosted == p->tl.nranks;
+	bool keep_raw = !ex->verify && !ex->addendum && node__pub_keeps_parent(p);
+	size_t recycled = 0;
 	for (size_t i = 0; i < pv->nparts; i++) {
 		struct pub_part *pt = &pv->parts[i];
 		if (keep_raw) {
-			pt->raw_cap = node__pub_page_round(pt->used);
-			pt->raw = node_serve_map(pt->raw_cap);
+			size_t need = node__pub_page_round(pt->used);
+			recycled += p->spare_raw[pt->rank] != NULL && p->spare_cap[pt->rank] >= need;
+			pt->raw = node__pub_raw_take(p, pt->rank, need, &pt->raw_cap);
 			if (pt->raw == NULL) {
 				pt->raw_cap = 0;
 				ex_fail(p, ENOMEM, "cannot map a %llu-byte parent buffer for rank %u",
@@ -642,11 +709,14 @@ static void ex_gather_start(struct node_pub *p)
 	}
 	if (!ex->verify) {
 		if (ex->delta)
-			LOG_INFO("version %llu: a delta against version %llu (%u since the anchor)",
+			LOG_INFO("version %llu: a delta against version %llu (%u since the anchor; "
+				 "%zu of %zu raw buffers recycled)",
 				 (unsigned long long)ex->version, (unsigned long long)p->parent->version,
-				 ex->since_anchor);
+				 ex->since_anchor, recycled, keep_raw ? pv->nparts : 0);
 		else
-			LOG_INFO("version %llu: an anchor: %s", (unsigned long long)ex->version, ex->why);
+			LOG_INFO("version %llu: an anchor: %s (%zu of %zu raw buffers recycled)",
+				 (unsigned long long)ex->version, ex->why, recycled,
+				 keep_raw ? pv->nparts : 0);
 	}
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	for (size_t i = 0; i < ex->njobs; i++) {

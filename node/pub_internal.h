@@ -250,7 +250,12 @@ struct node_pub {
 	int *tr_fd;
 	uint8_t **tr_map;
 	uint8_t **blocks;        /* per trainer rank: its snapshot, during an export */
-	size_t *block_cap;
+	size_t *block_cap;       /* (kept between exports when parents are kept) */
+	/* Per trainer rank: a raw buffer given back by the parent export
+	 * before the current one, which the next export gathers into instead
+	 * of fresh pages the kernel must fault in and zero (node/pub_delta.c). */
+	uint8_t **spare_raw;
+	size_t *spare_cap;
 
 	/* Hosted ranks. */
 	struct pub_hosted *hosted;
@@ -373,10 +378,10 @@ const char *node__pub_delta_why_anchor(struct node_pub *p, struct pub_export *ex
 /* Points every item of ex at its parcel in the parent export; false when
  * one is missing (then ex must be an anchor). */
 bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex);
-/* Worker: encodes every item of pt against its parent and hashes the
- * deltas' chunks. Cannot fail: an item's enc_rc says how it went. */
-void node__pub_delta_encode_part(struct node_pub *p, struct pub_part *pt, uint32_t chunk_size,
-				 unsigned threads);
+/* Worker: encodes one gathered item of pt against its parent and hashes
+ * the delta's chunks. Cannot fail: the item's enc_rc says how it went. */
+void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct pub_item *it,
+				 uint32_t chunk_size, unsigned threads);
 /* Loop: lays the encoded deltas out in each part's served buffer. 1 when
  * the deltas are too large (or one failed): ex is then an anchor (served
  * offsets reset to the raw layout); 0 when placed; -ENOMEM. */
@@ -388,8 +393,21 @@ void node__pub_part_layout(struct pub_part *pt, size_t nlayouts);
  * ex->next_parent until the version is published). Cannot fail: without
  * memory the next export is an anchor. */
 void node__pub_parent_stage(struct node_pub *p, struct pub_export *ex);
-/* The version is published: its staged parent replaces p->parent. */
+/* The version is published: its staged parent replaces p->parent, whose
+ * raw buffers become the spares of the next export. */
 void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex);
+/* Whether exports keep their raw parcels as the next one's parent (deltas
+ * are on and this publisher hosts every trainer rank); then the snapshot
+ * blocks and raw buffers are recycled from version to version. */
+bool node__pub_keeps_parent(const struct node_pub *p);
+/* A raw buffer of at least cap bytes for rank: its spare when that is large
+ * enough (holding an older version's bytes: the gather overwrites every
+ * parcel byte, and nothing else of it is read), else a fresh mapping.
+ * *got: its size, for node_serve_unmap. NULL: out of memory. */
+uint8_t *node__pub_raw_take(struct node_pub *p, uint32_t rank, size_t cap, size_t *got);
+/* Gives a raw buffer back as rank's spare (one is kept: a spare already
+ * there is unmapped); NULL is fine; cannot fail. */
+void node__pub_raw_give(struct node_pub *p, uint32_t rank, uint8_t *raw, size_t cap);
 
 /* ---- pub_serve.c: served versions --------------------------------------------------- */
 

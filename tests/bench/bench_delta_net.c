@@ -9,7 +9,9 @@
  * every version it prints the kind, wire bytes against anchor bytes, the
  * time from the manifest's creation to the last replica's activation
  * against the anchor's (v1 of the same run, and the median warm anchor of
- * the anchors-only run), the encode time, and where the time went (ms, from
+ * the anchors-only run), the encode time (also per GiB of the parcels it
+ * went over, the anchor's payload: the longest rank's encoding time, the
+ * ranks encoding at once, so a throughput of the whole publisher), and where the time went (ms, from
  * the tracker's timeline: publish = export asked to published, fetch = to
  * the last chunk, verify = to the last rank verified, which for a delta
  * includes the rebuild, switch = to the last activation). Goals: a delta costs at most
@@ -148,9 +150,13 @@ int main(int argc, char **argv)
 	printf("replicas tp2 tp2 tp1, %d MiB synth model, lr 1e-6; anchor v1 %llu ms, warm anchor "
 	       "(anchors-only run, median of v2..v%d) %llu ms\n",
 	       MODEL_MB, (unsigned long long)anchor_ms, VERSIONS, (unsigned long long)warm_ms);
-	printf("%-3s %-7s %14s %14s %9s %9s %11s %11s %10s %9s %9s %9s %9s\n", "v", "kind",
+	/* What the encoder went over: every parcel of the version as it is
+	 * (the anchor's payload, each layout once). */
+	double raw_gib = (double)json_integer_value(json_object_get(v1, "payload_bytes")) /
+			 (double)(1u << 30);
+	printf("%-3s %-7s %14s %14s %9s %9s %11s %11s %10s %9s %9s %9s %9s %9s\n", "v", "kind",
 	       "wire_bytes", "anchor_bytes", "wire/anc", "time_ms", "t/anchor", "t/warm_anc",
-	       "encode_ms", "publish", "fetch", "verify", "switch");
+	       "encode_ms", "enc_s/GiB", "publish", "fetch", "verify", "switch");
 	double worst_wire = 0, worst_t = 0, worst_tw = 0;
 	bool ok = true;
 	json_array_foreach(vs, i, v) {
@@ -161,9 +167,10 @@ int main(int argc, char **argv)
 		double w = anc ? 100.0 * (double)wire / (double)anc : 0;
 		double tr = anchor_ms ? 100.0 * (double)t / (double)anchor_ms : 0;
 		double tw = warm_ms ? 100.0 * (double)t / (double)warm_ms : 0;
-		printf("%-3zu %-7s %14llu %14llu %8.2f%% %9llu %10.1f%% %10.1f%% %10.1f", i + 1, kind,
-		       (unsigned long long)wire, (unsigned long long)anc, w, (unsigned long long)t, tr,
-		       tw, json_real_value(json_object_get(v, "encode_ms")));
+		double enc = json_real_value(json_object_get(v, "encode_ms"));
+		printf("%-3zu %-7s %14llu %14llu %8.2f%% %9llu %10.1f%% %10.1f%% %10.1f %9.2f", i + 1,
+		       kind, (unsigned long long)wire, (unsigned long long)anc, w,
+		       (unsigned long long)t, tr, tw, enc, raw_gib > 0 ? enc / 1000.0 / raw_gib : 0.0);
 		breakdown(v);
 		printf("\n");
 		ok &= json_is_true(json_object_get(json_array_get(json_object_get(v, "replicas"), 0),
