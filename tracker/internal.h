@@ -65,6 +65,13 @@ void trk__reply_raw(struct trk_call *c, int code, const char *ctype,
 /* Answers a held request (outside trk_call): obj stolen. */
 void trk__reply_req_json(struct trk_server *s, struct evhttp_request *req,
 			 int code, json_t *obj);
+/* obj as an answer's text (compact, one trailing newline), malloc'ed, its
+ * length in *len; NULL (out of memory, or obj NULL). */
+char *trk__json_text(const json_t *obj, size_t *len);
+/* Answers a held request with JSON text already made (txt NULL: a 500),
+ * for one answer sent to many. */
+void trk__reply_req_text(struct trk_server *s, struct evhttp_request *req, int code,
+			 const char *txt, size_t len);
 
 /*
  * Field getters for request JSON. Each returns 0 and sets *out, or -EINVAL
