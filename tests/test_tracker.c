@@ -2833,6 +2833,24 @@ static void test_status_pages(void **state)
 	assert_null(strstr(reps, ">P09<"));
 	assert_null(strstr(reps, ">P15<"));
 	trk_reply_fini(&r);
+
+	/* Two replicas of 150 ranks each (one registered): unasked, a page
+	 * stops before its rank rows pass 200 (40 + 150 here) and says how
+	 * many replicas it shows; asked for a count, it shows that many. */
+	static const char W150[] = "{\"ranks\":150,\"tensors\":[{\"match\":\"*\",\"replicate\":true}]}";
+	register_node_ok(f, "W0", 0, W150);
+	register_node_ok(f, "W1", 0, W150);
+	assert_int_equal(get(f, TRK_API "/status", &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "replicas")), 41);
+	assert_int_equal(jget_u64(r.json, "replicas_limit"), 41);
+	assert_int_equal(jget_u64(r.json, "replicas_total"), 42);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, "/", &r), 200);
+	assert_non_null(strstr((char *)r.body, "href=\"/?replicas_offset=41&amp;replicas_limit=41\">next"));
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/status?replicas_limit=100", &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "replicas")), 42);
+	trk_reply_fini(&r);
 }
 
 /* ---- the client on its own ----------------------------------------------------------------- */
