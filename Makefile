@@ -179,7 +179,8 @@ run-bench-steady: $(BUILD)/bench/bench_steady $(BINS)
 	$(BUILD)/bench/bench_steady $(BUILD)/bin
 
 # A real tracker under a simulated cluster on loopback (tests/bench/bench_tracker.c);
-# BENCH_TRACKER_ARGS="NODES SECONDS" (default 10000 nodes, 30 s measured).
+# BENCH_TRACKER_ARGS="NODES SECONDS [PER_CLIENT]" (default 10000 nodes, 30 s measured,
+# the 10 ranks of a host on one tracker client with one heartbeat).
 BENCH_TRACKER_ARGS ?= 10000 30
 run-bench-tracker: $(BUILD)/bench/bench_tracker $(BINS)
 	TESSERA_BIN=$(abspath $(BUILD)/bin) $(BUILD)/bench/bench_tracker $(BENCH_TRACKER_ARGS)

@@ -53,6 +53,9 @@ struct node_agent_shared {
 	struct trk_client *trk;
 	struct fab_ctx *fab;
 	struct node_fabloop *fl;
+	/* The host renews every agent's lease in one request (node/host.c):
+	 * agents then send no heartbeat of their own. */
+	bool host_heartbeat;
 };
 
 struct node_agent_opts {
@@ -82,6 +85,14 @@ struct node_agent;
 /* Loads keys, model and layout, opens the store and registers its read
  * buffers with the shared endpoint; nothing is sent yet (node_agent_start).
  * On failure *out is NULL and err says why. */
+/* For the host's heartbeat (node_agent_shared.host_heartbeat): fills e
+ * with a's node id (borrowed from a) and what serving processes pin on it;
+ * false when a is not registered or is leaving (nothing to renew). */
+struct trk_hb_node;
+bool node_agent_heartbeat_entry(struct node_agent *a, struct trk_hb_node *e);
+/* The tracker answered that a's lease ran out: a registers again. */
+void node_agent_lease_lost(struct node_agent *a);
+
 int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		   struct node_agent **out, struct proto_err *err);
 /* Starts registering and the agent's timers. */

@@ -244,36 +244,67 @@ static void start_watch(struct node_agent *a)
 		a->watching = true;
 }
 
+/* The next heartbeat in a third of a lease, unless the host sends it. */
+static void arm_heartbeat(struct node_agent *a)
+{
+	if (!a->o.shared->host_heartbeat)
+		agent_arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
+}
+
+void node_agent_lease_lost(struct node_agent *a)
+{
+	/* Expired or the tracker restarted: register again. */
+	if (a->leaving || !a->registered)
+		return;
+	LOG_WARN("node %s: lease lost; registering again", a->node_id);
+	a->registered = false;
+	node_metrics_set(a->am.m, a->am.registered, 0);
+	node_agent_metrics_health(&a->am, false, "lease lost; registering again");
+	agent_start_register(a);
+}
+
 static void on_heartbeat(const struct trk_answer *ans, void *arg)
 {
 	struct node_agent *a = arg;
 
 	if (ans->status == 404) {
-		/* Expired or the tracker restarted: register again. */
-		LOG_WARN("node %s: lease lost; registering again", a->node_id);
-		a->registered = false;
-		node_metrics_set(a->am.m, a->am.registered, 0);
-		node_agent_metrics_health(&a->am, false, "lease lost; registering again");
-		agent_start_register(a);
+		node_agent_lease_lost(a);
 		return;
 	}
-	agent_arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
+	arm_heartbeat(a);
+}
+
+/* What serving processes pin here, per version (the tracker shows it per
+ * rank: which versions requests are running on). */
+static size_t held_pins(struct node_agent *a, struct trk_pin_count pins[TRK_PIN_VERSIONS_MAX])
+{
+	struct node_attach_count held[TRK_PIN_VERSIONS_MAX];
+	size_t n = node_attach_held(a->attach, held, TRK_PIN_VERSIONS_MAX);
+
+	for (size_t i = 0; i < n; i++)
+		pins[i] = (struct trk_pin_count){held[i].version, held[i].requests, held[i].pins};
+	return n;
+}
+
+bool node_agent_heartbeat_entry(struct node_agent *a, struct trk_hb_node *e)
+{
+	if (a->leaving || !a->registered)
+		return false;
+	e->id = a->node_id;
+	e->npins = held_pins(a, e->pins);
+	return true;
 }
 
 void agent_heartbeat(evutil_socket_t fd, short what, void *arg)
 {
 	struct node_agent *a = arg;
+	struct trk_pin_count pins[TRK_PIN_VERSIONS_MAX];
+
 	if (a->leaving)
 		return;
-	/* With what serving processes pin here, per version (the tracker shows
-	 * it per rank: which versions requests are running on). */
-	struct node_attach_count held[TRK_PIN_VERSIONS_MAX];
-	struct trk_pin_count pins[TRK_PIN_VERSIONS_MAX];
-	size_t n = node_attach_held(a->attach, held, TRK_PIN_VERSIONS_MAX);
-	for (size_t i = 0; i < n; i++)
-		pins[i] = (struct trk_pin_count){held[i].version, held[i].requests, held[i].pins};
+	size_t n = held_pins(a, pins);
 	if (trk_client_heartbeat_pins(a->trk, a->node_id, pins, n, on_heartbeat, a) != 0)
-		agent_arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
+		arm_heartbeat(a);
 }
 
 static void on_register(const struct trk_answer *ans, void *arg)
@@ -293,7 +324,7 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		node_agent_metrics_health(&a->am, true, NULL);
 		node_wait_over(&a->wait, "tracker");
 		LOG_INFO("node %s: registered (lease %" PRIu64 " ms)", a->node_id, a->lease_ms);
-		agent_arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
+		arm_heartbeat(a);
 		/* What we hold is still good: say so again after a re-register. */
 		if (a->active != NULL)
 			agent_report(a, a->active->version, TRK_STATE_ACTIVE, NULL, NULL);

@@ -23,7 +23,56 @@ struct node_host {
 	size_t leaving;
 	void (*leave_done)(void *arg);
 	void *leave_arg;
+	/* Several ranks: one heartbeat renews all their leases. */
+	struct event *hb_ev;
+	uint64_t hb_every_ms;
 };
+
+/* ---- one heartbeat for every rank --------------------------------------------- */
+
+static void host_heartbeat(evutil_socket_t fd, short what, void *arg);
+
+static void arm_heartbeat(struct node_host *h)
+{
+	struct timeval tv = {(time_t)(h->hb_every_ms / 1000),
+			     (suseconds_t)(h->hb_every_ms % 1000) * 1000};
+
+	evtimer_add(h->hb_ev, &tv);
+}
+
+/* The ranks the tracker no longer knows register again; the others hold
+ * their leases for another lease_ms. */
+static void on_host_heartbeat(const struct trk_answer *a, void *arg)
+{
+	struct node_host *h = arg;
+	json_t *id;
+	size_t k;
+
+	if (a->status == 200) {
+		uint64_t lease = (uint64_t)json_integer_value(json_object_get(a->json, "lease_ms"));
+		if (lease > 0)
+			h->hb_every_ms = PROTO_MAX(lease / 3, 100);
+		json_array_foreach(json_object_get(a->json, "gone"), k, id)
+			for (size_t i = 0; i < h->n; i++)
+				if (json_is_string(id) && strcmp(json_string_value(id), h->ids[i]) == 0)
+					node_agent_lease_lost(h->agents[i]);
+	} else {
+		LOG_DEBUG("host heartbeat: %d %s", a->status, a->error);
+	}
+	arm_heartbeat(h);
+}
+
+static void host_heartbeat(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_host *h = arg;
+	struct trk_hb_node e[TRK_HOST_HEARTBEAT_MAX];
+	size_t n = 0;
+
+	for (size_t i = 0; i < h->n && n < TRK_HOST_HEARTBEAT_MAX; i++)
+		n += node_agent_heartbeat_entry(h->agents[i], &e[n]);
+	if (n == 0 || trk_client_heartbeat_host(h->shared.trk, e, n, on_host_heartbeat, h) != 0)
+		arm_heartbeat(h);
+}
 
 /* The tracker client's chain guard speaks for every rank it carries. */
 static void on_chain_lost(void *arg, const char *why)
@@ -113,6 +162,14 @@ int node_host_new(struct event_base *base, const struct node_agent_opts *o,
 	}
 	if ((rc = open_shared(h, o, err)) != 0)
 		goto fail;
+	/* One request renews the leases of all ranks (a tenth of the
+	 * heartbeats a tracker of 10 000 ranks on 1 000 hosts answers). */
+	h->shared.host_heartbeat = ranks->n > 1;
+	h->hb_every_ms = PROTO_MAX(proto_param(PROTO_PARAM_LEASE_MS) / 3, 100);
+	if (h->shared.host_heartbeat && (h->hb_ev = evtimer_new(base, host_heartbeat, h)) == NULL) {
+		rc = proto_errf(err, ENOMEM, "out of memory");
+		goto fail;
+	}
 	for (size_t i = 0; i < ranks->n; i++) {
 		const struct node_host_rank *r = &ranks->r[i];
 		struct node_agent_opts ro = *o;
@@ -146,6 +203,8 @@ int node_host_new(struct event_base *base, const struct node_agent_opts *o,
 		goto fail;
 	for (size_t i = 0; i < h->n; i++)
 		node_agent_start(h->agents[i]);
+	if (h->hb_ev != NULL)
+		arm_heartbeat(h);
 	*out = h;
 	return 0;
 fail:
@@ -184,6 +243,8 @@ void node_host_leave(struct node_host *h, void (*done)(void *arg), void *arg)
 	h->leave_done = done;
 	h->leave_arg = arg;
 	h->leaving = h->n;
+	if (h->hb_ev != NULL)
+		evtimer_del(h->hb_ev);
 	for (size_t i = 0; i < h->n; i++)
 		node_agent_leave(h->agents[i], on_left, h);
 }
@@ -195,6 +256,8 @@ void node_host_free(struct node_host *h)
 	/* Every rank lets go of its timers and fetch, then the endpoint is
 	 * closed (its cancelled reads call back into the ranks, which find
 	 * nothing to do), then the ranks' memory, then the tracker client. */
+	if (h->hb_ev != NULL)
+		event_free(h->hb_ev);
 	for (size_t i = 0; i < h->n; i++)
 		node_agent_stop(h->agents[i]);
 	node_fabloop_free(h->shared.fl);

@@ -2833,6 +2833,24 @@ static void test_status_pages(void **state)
 	assert_null(strstr(reps, ">P09<"));
 	assert_null(strstr(reps, ">P15<"));
 	trk_reply_fini(&r);
+
+	/* Two replicas of 150 ranks each (one registered): unasked, a page
+	 * stops before its rank rows pass 200 (40 + 150 here) and says how
+	 * many replicas it shows; asked for a count, it shows that many. */
+	static const char W150[] = "{\"ranks\":150,\"tensors\":[{\"match\":\"*\",\"replicate\":true}]}";
+	register_node_ok(f, "W0", 0, W150);
+	register_node_ok(f, "W1", 0, W150);
+	assert_int_equal(get(f, TRK_API "/status", &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "replicas")), 41);
+	assert_int_equal(jget_u64(r.json, "replicas_limit"), 41);
+	assert_int_equal(jget_u64(r.json, "replicas_total"), 42);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, "/", &r), 200);
+	assert_non_null(strstr((char *)r.body, "href=\"/?replicas_offset=41&amp;replicas_limit=41\">next"));
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/status?replicas_limit=100", &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "replicas")), 42);
+	trk_reply_fini(&r);
 }
 
 /* ---- the client on its own ----------------------------------------------------------------- */
@@ -3400,6 +3418,56 @@ static void test_forged_report(void **state)
 	trk_client_free(other);
 }
 
+/* A host heartbeat for ids through client c; its answer in *r (caller finis). */
+static void host_hb(struct trk_client *c, const struct trk_hb_node *e, size_t n,
+		    struct trk_reply *r)
+{
+	trk_reply_init(r);
+	assert_int_equal(trk_client_heartbeat_host(c, e, n, trk_reply_cb, r), 0);
+	trk_client_wait(c, r);
+}
+
+/* One request renews every rank a host holds and names those the tracker
+ * does not know; on a keyed tracker only the client that registered them
+ * (it sends their sessions) may, and a refused one renews none. */
+static void test_host_heartbeat(void **state)
+{
+	struct fx *f = *state;
+	struct trk_client *other;
+	struct trk_reply r;
+	struct trk_hb_node e[3] = {{.id = "A/0"}, {.id = "Z/7"}, {.id = "A/1"}};
+	json_t *rk;
+
+	populate(f);
+	e[2].pins[0] = (struct trk_pin_count){.version = 2, .requests = 9, .pins = 1};
+	e[2].npins = 1;
+	host_hb(f->c, e, 3, &r);
+	assert_int_equal(r.status, 200);
+	assert_int_equal(json_integer_value(json_object_get(r.json, "lease_ms")),
+			 (json_int_t)proto_param(PROTO_PARAM_LEASE_MS));
+	assert_int_equal(json_array_size(json_object_get(r.json, "gone")), 1);
+	assert_string_equal(json_string_value(json_array_get(json_object_get(r.json, "gone"), 0)),
+			    "Z/7");
+	trk_reply_fini(&r);
+	/* A/1's pins are kept, as its own heartbeat's would be. */
+	assert_int_equal(get(f, TRK_API "/replicas/A", &r), 200);
+	rk = json_array_get(json_object_get(r.json, "ranks"), 1);
+	assert_int_equal(json_integer_value(json_object_get(
+				 json_array_get(json_object_get(rk, "pins"), 0), "requests")), 9);
+	trk_reply_fini(&r);
+
+	/* Another member (same key, no sessions of these nodes) is refused. */
+	assert_int_equal(trk_client_new(NULL, f->srv.url, f->srv.ckey, &other, NULL), 0);
+	host_hb(other, e, 1, &r);
+	assert_int_equal(r.status, 403);
+	check_error_body(&r);
+	trk_reply_fini(&r);
+	trk_client_free(other);
+	assert_int_equal(trk_client_heartbeat_host(f->c, e, 0, trk_reply_cb, &r), -EINVAL);
+	assert_int_equal(trk_client_heartbeat_host(f->c, e, TRK_HOST_HEARTBEAT_MAX + 1,
+						   trk_reply_cb, &r), -EINVAL);
+}
+
 /* ---- floods: slow heads, unread bodies, connection floods ------------------------- */
 
 /* A keyed tracker with a small connection cap, a short head deadline and a
@@ -3709,6 +3777,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_replay_after_restart, setup_keyed,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_forged_report, setup_keyed, teardown),
+		cmocka_unit_test_setup_teardown(test_host_heartbeat, setup_keyed, teardown),
 		cmocka_unit_test_setup_teardown(test_slow_heads, setup_guarded, teardown),
 		cmocka_unit_test_setup_teardown(test_unauthenticated_body, setup_guarded,
 						teardown),

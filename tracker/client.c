@@ -716,20 +716,49 @@ int trk_client_heartbeat(struct trk_client *c, const char *id, trk_client_cb cb,
 	return post_new(c, TRK_API "/heartbeat", json_pack("{s:s}", "id", id), cb, arg);
 }
 
+static json_t *pins_json(const struct trk_pin_count *pins, size_t n)
+{
+	json_t *arr = json_array();
+
+	for (size_t i = 0; arr != NULL && i < PROTO_MIN(n, TRK_PIN_VERSIONS_MAX); i++)
+		if (json_array_append_new(arr, json_pack("{s:I,s:I,s:I}", "version",
+							 (json_int_t)pins[i].version, "pins",
+							 (json_int_t)pins[i].pins, "requests",
+							 (json_int_t)pins[i].requests)) != 0) {
+			json_decref(arr);
+			return NULL;
+		}
+	return arr;
+}
+
 int trk_client_heartbeat_pins(struct trk_client *c, const char *id,
 			      const struct trk_pin_count *pins, size_t n, trk_client_cb cb,
 			      void *arg)
 {
-	json_t *o = json_pack("{s:s}", "id", id), *arr = json_array();
+	return post_new(c, TRK_API "/heartbeat",
+			json_pack("{s:s,s:o}", "id", id, "pins", pins_json(pins, n)), cb, arg);
+}
 
-	for (size_t i = 0; o != NULL && arr != NULL && i < PROTO_MIN(n, TRK_PIN_VERSIONS_MAX); i++)
-		json_array_append_new(arr, json_pack("{s:I,s:I,s:I}", "version",
-						     (json_int_t)pins[i].version, "pins",
-						     (json_int_t)pins[i].pins, "requests",
-						     (json_int_t)pins[i].requests));
-	if (o != NULL && arr != NULL)
-		json_object_set(o, "pins", arr);
-	json_decref(arr);
+int trk_client_heartbeat_host(struct trk_client *c, const struct trk_hb_node *nodes, size_t n,
+			      trk_client_cb cb, void *arg)
+{
+	json_t *o, *arr;
+
+	if (n == 0 || n > TRK_HOST_HEARTBEAT_MAX)
+		return -EINVAL;
+	arr = json_array();
+	for (size_t i = 0; arr != NULL && i < n; i++) {
+		const char *ses = session_of(c, nodes[i].id);
+		json_t *e = json_pack("{s:s,s:o}", "id", nodes[i].id, "pins",
+				      pins_json(nodes[i].pins, nodes[i].npins));
+		if (e != NULL && ses != NULL)
+			json_object_set_new(e, "session", json_string(ses));
+		if (e == NULL || json_array_append_new(arr, e) != 0) {
+			json_decref(arr);
+			arr = NULL;
+		}
+	}
+	o = arr != NULL ? json_pack("{s:o}", "nodes", arr) : NULL;
 	return post_new(c, TRK_API "/heartbeat", o, cb, arg);
 }
 

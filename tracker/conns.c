@@ -43,7 +43,15 @@
  */
 
 #define SWEEP_MS 100
+#define SWEEP_SLICES 10          /* a sweep visits this share of the connections,
+				  * so each is looked at every second: walking
+				  * ten thousand every 100 ms cost more than
+				  * the requests on them */
+#define SWEEP_MIN 64             /* visited per sweep at least */
 #define HEAD_CAP (20u << 10)    /* request line and headers copied, bytes */
+#define HEAD_FIRST 1024u         /* first size of a head's copy, doubled as needed:
+				  * a 20 KiB block per request made malloc
+				  * consolidate its free lists every time */
 #define REFUSED_LINGER_MS 5000   /* time a refused client gets to finish
 				  * sending (thrown away) and read */
 #define ACCEPT_PAUSE_MS 100      /* listener pause after accept() fails */
@@ -77,8 +85,8 @@ struct trk_conn {
 	bool chunked;       /* refused: no declared length (answered at once) */
 	int code;           /* refused: the answer */
 	char msg[300];
-	uint8_t *head;      /* HEAD_CAP bytes while receiving a head */
-	size_t headlen;
+	uint8_t *head;      /* headcap bytes while receiving a head */
+	size_t headlen, headcap;
 };
 
 struct trk_conns {
@@ -86,6 +94,7 @@ struct trk_conns {
 	struct evconnlistener *lev;
 	struct event *sweep_ev, *resume_ev, *admit_ev;
 	struct trk_conn *head, *tail;
+	struct trk_conn *cursor; /* where the next sweep starts (NULL: head) */
 	/* The connections by socket: a request finds its connection in O(1)
 	 * (thousands are open at once, one per node's held watch). A socket
 	 * stays open until conn_free, so a descriptor names one connection. */
@@ -107,6 +116,8 @@ static uint64_t now_ms(void)
 
 static void conn_unlink(struct trk_conns *g, struct trk_conn *c)
 {
+	if (g->cursor == c)
+		g->cursor = c->next;
 	if (c->prev != NULL)
 		c->prev->next = c->next;
 	else
@@ -320,6 +331,27 @@ static void answer_raw(const struct trk_server *s, struct bufferevent *bev,
 	shutdown(fd, SHUT_WR);
 }
 
+/* Room for more of c's head: its copy doubles, up to HEAD_CAP. */
+static int head_grow(struct trk_conn *c)
+{
+	size_t cap = c->headcap ? PROTO_MIN(2 * c->headcap, HEAD_CAP) : HEAD_FIRST;
+	uint8_t *h = realloc(c->head, cap);
+
+	if (h == NULL)
+		return -ENOMEM;
+	c->head = h;
+	c->headcap = cap;
+	return 0;
+}
+
+/* Drops c's copy of a head. */
+static void head_drop(struct trk_conn *c)
+{
+	free(c->head);
+	c->head = NULL;
+	c->headlen = c->headcap = 0;
+}
+
 /* Refuses the request whose head was just read. Its body (len bytes, as
  * declared; -2: chunked, answered at once) is read and thrown away, never buffered; the answer goes out
  * once the client has sent it all: a libevent client that receives an
@@ -345,9 +377,7 @@ static void refuse(struct trk_conn *c, int code, const char *msg, int64_t len)
 	c->answered = false;
 	c->declared = (uint64_t)PROTO_MAX(len, 0);
 	c->chunked = len == -2;
-	free(c->head);
-	c->head = NULL;
-	c->headlen = 0;
+	head_drop(c);
 }
 
 /* Throws away what is in buf from byte from on (the refused body) and
@@ -379,9 +409,7 @@ static void judge(struct trk_conn *c)
 	if (trk__head_parse(c->head, c->headlen, &h) != 1)
 		return; /* malformed: evhttp answers 400 itself */
 	code = trk__head_verdict(c->g->s, &h, msg, sizeof(msg));
-	free(c->head);
-	c->head = NULL;
-	c->headlen = 0;
+	head_drop(c);
 	if (code != 0)
 		refuse(c, code, msg, h.chunked ? -2 : h.content_length);
 }
@@ -410,12 +438,12 @@ static void take_head(struct trk_conn *c, struct evbuffer *buf, size_t from)
 		for (ev_ssize_t i = 0; i < got; i++) {
 			if (c->skip_head)
 				break;
-			if (c->head == NULL && (c->head = malloc(HEAD_CAP)) == NULL) {
-				c->skip_head = true;
-				break;
-			}
 			if (c->headlen == HEAD_CAP) {
 				c->skip_head = true; /* evhttp refuses it */
+				break;
+			}
+			if (c->headlen == c->headcap && head_grow(c) != 0) {
+				c->skip_head = true;
 				break;
 			}
 			c->head[c->headlen++] = chunk[i];
@@ -495,11 +523,14 @@ static void sweep(evutil_socket_t fd, short what, void *arg)
 	struct trk_conns *g = arg;
 	uint64_t now = now_ms();
 	struct trk_conn *c, *next;
+	size_t budget = PROTO_MAX(SWEEP_MIN, (g->n + SWEEP_SLICES - 1) / SWEEP_SLICES);
 
 	if (g->live > g->cap)
 		g->evicted += make_room(g, 0);
-	for (c = g->head; c != NULL; c = next) {
+	for (c = g->cursor != NULL ? g->cursor : g->head; c != NULL && budget > 0;
+	     c = next, budget--) {
 		next = c->next;
+		g->cursor = next;
 		if (conn_released(c)) {
 			conn_free(g, c);
 			continue;
@@ -616,9 +647,7 @@ void trk__conns_request(struct trk_conns *g, struct evhttp_request *req,
 	c->serving = true;
 	evhttp_request_set_on_complete_cb(req, served, c);
 	c->state = C_IDLE;
-	free(c->head);
-	c->head = NULL;
-	c->headlen = 0;
+	head_drop(c);
 	take_head(c, bufferevent_get_input(bev), 0);
 	if (c->state == C_REFUSED)
 		drain_refused(c, bufferevent_get_input(bev), c->head_end);

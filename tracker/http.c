@@ -77,17 +77,12 @@ static void send_buf(struct trk_server *s, struct evhttp_request *req, int code,
 		evbuffer_free(out);
 }
 
-void trk__reply_req_json(struct trk_server *s, struct evhttp_request *req,
-			 int code, json_t *obj)
+char *trk__json_text(const json_t *obj, size_t *len)
 {
 	char *txt = obj != NULL ? json_dumps(obj, JSON_COMPACT) : NULL;
 
-	json_decref(obj);
-	if (txt == NULL) {
-		static const char oom[] = "{\"error\":\"out of memory\"}\n";
-		send_buf(s, req, 500, "application/json", oom, sizeof(oom) - 1);
-		return;
-	}
+	if (txt == NULL)
+		return NULL;
 	size_t n = strlen(txt);
 	/* One trailing newline makes curl output readable. */
 	char *t = realloc(txt, n + 2);
@@ -96,7 +91,29 @@ void trk__reply_req_json(struct trk_server *s, struct evhttp_request *req,
 		txt[n++] = '\n';
 		txt[n] = 0;
 	}
-	send_buf(s, req, code, "application/json", txt, n);
+	*len = n;
+	return txt;
+}
+
+void trk__reply_req_text(struct trk_server *s, struct evhttp_request *req, int code,
+			 const char *txt, size_t len)
+{
+	static const char oom[] = "{\"error\":\"out of memory\"}\n";
+
+	if (txt == NULL)
+		send_buf(s, req, 500, "application/json", oom, sizeof(oom) - 1);
+	else
+		send_buf(s, req, code, "application/json", txt, len);
+}
+
+void trk__reply_req_json(struct trk_server *s, struct evhttp_request *req,
+			 int code, json_t *obj)
+{
+	size_t n = 0;
+	char *txt = trk__json_text(obj, &n);
+
+	json_decref(obj);
+	trk__reply_req_text(s, req, code, txt, n);
 	free(txt);
 }
 

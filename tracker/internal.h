@@ -65,6 +65,13 @@ void trk__reply_raw(struct trk_call *c, int code, const char *ctype,
 /* Answers a held request (outside trk_call): obj stolen. */
 void trk__reply_req_json(struct trk_server *s, struct evhttp_request *req,
 			 int code, json_t *obj);
+/* obj as an answer's text (compact, one trailing newline), malloc'ed, its
+ * length in *len; NULL (out of memory, or obj NULL). */
+char *trk__json_text(const json_t *obj, size_t *len);
+/* Answers a held request with JSON text already made (txt NULL: a 500),
+ * for one answer sent to many. */
+void trk__reply_req_text(struct trk_server *s, struct evhttp_request *req, int code,
+			 const char *txt, size_t len);
 
 /*
  * Field getters for request JSON. Each returns 0 and sets *out, or -EINVAL
@@ -431,6 +438,10 @@ struct trk_registry {
 	 * lease end or prune time seen by the last sweep, at most one sweep
 	 * period after it; 0 forces one at the next request. */
 	uint64_t sweep_due_ns;
+	/* Replica targets are looked at again by every sweep at this time or
+	 * after (once a sweep period), by a forced one, and for a replica a
+	 * sweep changed; other sweeps only end leases and prune. */
+	uint64_t targets_due_ns;
 };
 
 /* ---- registry.c: lifetime, lookups, leases, derived state ---- */
@@ -652,9 +663,13 @@ void trk__srcache_stats(const struct trk_srcache *sc, uint64_t *hits, uint64_t *
 /* Which replicas a status shows: `limit` of them from `offset`, by name. */
 struct trk_status_page {
 	uint64_t offset, limit;
+	/* Not 0: the page also stops before the replica that would take its
+	 * rank rows past this (at least one replica is shown); limit is then
+	 * lowered to the replicas shown. */
+	uint64_t ranks_max;
 };
 /* Status pieces (new references). */
-json_t *trk__registry_status(struct trk_registry *r, const struct trk_status_page *pg);
+json_t *trk__registry_status(struct trk_registry *r, struct trk_status_page *pg);
 /* The names of the replicas complete / active at v, the first max of them by
  * name, for a version's status entry; *count gets how many there are. */
 json_t *trk__registry_version_replicas(struct trk_registry *r, uint64_t v,
@@ -664,7 +679,7 @@ void trk__handle_replica(struct trk_call *c, const char *name);
 
 /* ---- status.c ---- */
 
-json_t *trk__status_json(struct trk_server *s, const struct trk_status_page *pg);
+json_t *trk__status_json(struct trk_server *s, struct trk_status_page *pg);
 void trk__handle_status(struct trk_call *c);
 void trk__handle_page(struct trk_call *c);
 void trk__handle_metrics(struct trk_call *c);

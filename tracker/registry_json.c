@@ -240,9 +240,9 @@ static json_t *publisher_json(const struct trk_publisher *p)
 	return o;
 }
 
-json_t *trk__registry_status(struct trk_registry *r, const struct trk_status_page *pg)
+json_t *trk__registry_status(struct trk_registry *r, struct trk_status_page *pg)
 {
-	uint64_t total = 0;
+	uint64_t total = 0, shown = 0, rows = 0;
 	json_t *o = json_object(), *pubs = json_array(), *reps = json_array(),
 	       *acts = json_array();
 	int bad = o == NULL || pubs == NULL || reps == NULL || acts == NULL;
@@ -250,9 +250,17 @@ json_t *trk__registry_status(struct trk_registry *r, const struct trk_status_pag
 
 	for (struct trk_publisher *p = r->pubs; !bad && p; p = p->next)
 		bad |= json_array_append_new(pubs, publisher_json(p)) != 0;
-	for (struct trk_replica *rep = r->reps; !bad && rep; rep = rep->next, total++)
-		if (total >= pg->offset && total - pg->offset < pg->limit)
-			bad |= json_array_append_new(reps, replica_json(r, rep, true)) != 0;
+	for (struct trk_replica *rep = r->reps; !bad && rep; rep = rep->next, total++) {
+		if (total < pg->offset || shown >= pg->limit)
+			continue;
+		if (pg->ranks_max > 0 && shown > 0 && rows + rep->nranks > pg->ranks_max) {
+			pg->limit = shown; /* a page a person can read */
+			continue;
+		}
+		bad |= json_array_append_new(reps, replica_json(r, rep, true)) != 0;
+		shown++;
+		rows += rep->nranks;
+	}
 	/* Newest activation first. */
 	for (size_t k = 0; !bad && k < r->act_n; k++) {
 		const struct trk_activation *a =

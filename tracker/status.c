@@ -12,8 +12,11 @@
 #define STATUS_NAMES 32     /* replica names a version entry lists */
 #define STATUS_REPLICAS 100 /* replicas a status shows unless asked for more */
 #define STATUS_REPLICAS_MAX 100000
+#define STATUS_RANKS 200    /* rank rows a status shows unless asked for a count of
+			     * replicas: a page of 100 ten-rank replicas took the
+			     * tracker longer to make than a person to scroll */
 
-json_t *trk__status_json(struct trk_server *s, const struct trk_status_page *pg)
+json_t *trk__status_json(struct trk_server *s, struct trk_status_page *pg)
 {
 	struct trk_versions *vs = s->vs;
 	size_t n = trk__versions_count(vs), first = n > STATUS_VERSIONS ?
@@ -69,6 +72,7 @@ static int status_page(struct trk_call *c, struct trk_status_page *pg)
 
 	pg->offset = 0;
 	pg->limit = STATUS_REPLICAS;
+	pg->ranks_max = trk__query_str(c, "replicas_limit") == NULL ? STATUS_RANKS : 0;
 	if (trk__query_u64(c, "replicas_offset", false, UINT64_MAX, &pg->offset, &err) != 0 ||
 	    trk__query_u64(c, "replicas_limit", false, STATUS_REPLICAS_MAX, &pg->limit,
 			   &err) != 0) {

@@ -161,27 +161,63 @@ static json_t *ms_json(uint64_t ms)
 	return ms ? json_integer((json_int_t)ms) : json_null();
 }
 
+/* Rank entries by replica name, then in the order they came. */
+static int cmp_rank_entry(const void *a, const void *b)
+{
+	const struct trk_tl_rank *x = *(const struct trk_tl_rank *const *)a;
+	const struct trk_tl_rank *y = *(const struct trk_tl_rank *const *)b;
+	int c = strcmp(x->replica, y->replica);
+
+	return c != 0 ? c : (x > y) - (x < y);
+}
+
+/* The first of n entries (sorted by cmp_rank_entry) of replica name: n
+ * when there is none. */
+static size_t first_of(const struct trk_tl_rank *const *by, size_t n, const char *name)
+{
+	size_t lo = 0, hi = n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (strcmp(by[mid]->replica, name) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 json_t *trk__timeline_json(struct trk_timeline *tl, const struct trk_version *ver)
 {
 	struct trk_tl_version *s = slot(tl, ver->version, false);
 	json_t *reps = json_array();
+	/* Each replica's ranks found by name in a sorted index, not by
+	 * walking every rank per replica (thousands of each). */
+	const struct trk_tl_rank **by = NULL;
+	size_t nby = s != NULL ? s->nranks : 0;
 	json_t *o = json_pack("{s:I,s:s,s:I,s:o,s:o,s:o}", "version", (json_int_t)ver->version,
 			      "kind", ver->kind == PROTO_KIND_DELTA ? "delta" : "anchor", "wire_bytes",
 			      (json_int_t)ver->wire_bytes, "export_asked_ms", ms_json(ver->created_ms),
 			      "snapshot_ms", ms_json(s ? s->snapshot_ms : 0), "published_ms",
 			      ms_json(ver->published_ms));
 
-	if (o == NULL || reps == NULL || json_object_set_new(o, "replicas", reps) != 0) {
+	if (nby > 0 && (by = malloc(nby * sizeof(*by))) != NULL) {
+		for (size_t k = 0; k < nby; k++)
+			by[k] = &s->ranks[k];
+		qsort(by, nby, sizeof(*by), cmp_rank_entry);
+	}
+	if (o == NULL || reps == NULL || json_object_set_new(o, "replicas", reps) != 0 ||
+	    (nby > 0 && by == NULL)) {
+		free(by);
 		json_decref(o);
 		return NULL;
 	}
 	for (size_t i = 0; s != NULL && i < s->nreps; i++) {
 		const struct trk_tl_replica *rp = &s->reps[i];
 		json_t *ranks = json_array();
-		for (size_t k = 0; k < s->nranks; k++) {
-			const struct trk_tl_rank *e = &s->ranks[k];
-			if (strcmp(e->replica, rp->name) != 0)
-				continue;
+		for (size_t k = first_of(by, nby, rp->name);
+		     k < nby && strcmp(by[k]->replica, rp->name) == 0; k++) {
+			const struct trk_tl_rank *e = by[k];
 			json_array_append_new(ranks, json_pack("{s:I,s:o,s:o,s:o,s:o}", "rank",
 							       (json_int_t)e->rank, "first_byte_ms",
 							       ms_json(e->first_byte_ms), "last_byte_ms",
@@ -194,6 +230,7 @@ json_t *trk__timeline_json(struct trk_timeline *tl, const struct trk_version *ve
 						      ms_json(rp->prepared_ms), "activated_ms",
 						      ms_json(rp->activated_ms), "ranks", ranks));
 	}
+	free(by);
 	return o;
 }
 

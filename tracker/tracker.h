@@ -236,6 +236,20 @@ struct trk_pin_count {
 int trk_client_heartbeat_pins(struct trk_client *c, const char *id,
 			      const struct trk_pin_count *pins, size_t n, trk_client_cb cb,
 			      void *arg);
+/* One rank's part of a host heartbeat. */
+#define TRK_HOST_HEARTBEAT_MAX 64 /* ranks one host heartbeat renews at most */
+struct trk_hb_node {
+	const char *id; /* "A/0" */
+	struct trk_pin_count pins[TRK_PIN_VERSIONS_MAX];
+	size_t npins;
+};
+/* POST /heartbeat for every rank of a host at once (1..TRK_HOST_HEARTBEAT_MAX
+ * of them; -EINVAL else, nothing sent): each entry carries its pins and the
+ * session this client keeps for it. Answered {"lease_ms":N,"gone":[ids]}:
+ * the ids in "gone" are unknown or their lease ran out (register them
+ * again); every other one is renewed. */
+int trk_client_heartbeat_host(struct trk_client *c, const struct trk_hb_node *nodes, size_t n,
+			      trk_client_cb cb, void *arg);
 /* POST /versions with signed manifest bytes (copied). */
 int trk_client_publish(struct trk_client *c, const uint8_t *manifest,
 		       size_t len, trk_client_cb cb, void *arg);

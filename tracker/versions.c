@@ -718,15 +718,17 @@ static void waiter_closed(struct evhttp_connection *conn, void *arg)
 }
 
 /* Answers every waiter a new version concerns. They mostly wait after the
- * same version, so each distinct answer is built once (the last few are
- * remembered), not once per waiter: a version wakes every node at once. */
+ * same version, so each distinct answer is built and encoded once (the last
+ * few are remembered), not once per waiter: a version wakes every node at
+ * once. */
 static void wake_waiters(struct trk_versions *vs)
 {
 	uint64_t latest = trk__versions_latest(vs);
 	struct waiter *w, *next;
 	struct {
 		uint64_t after;
-		json_t *answer;
+		char *text;
+		size_t len;
 	} memo[4] = {{0}};
 	size_t nmemo = 0, at = 0;
 
@@ -734,28 +736,39 @@ static void wake_waiters(struct trk_versions *vs)
 		struct trk_server *s = w->vs->s;
 		struct evhttp_request *req = w->req;
 		uint64_t after = w->after;
-		json_t *a = NULL;
+		const char *txt = NULL;
+		size_t len = 0;
 
 		next = TAILQ_NEXT(w, link);
 		if (latest <= after)
 			continue;
-		for (size_t i = 0; i < nmemo && a == NULL; i++)
-			if (memo[i].after == after)
-				a = memo[i].answer;
-		if (a == NULL && (a = list_after(s, after)) != NULL) {
-			if (nmemo < PROTO_ARRAY_LEN(memo))
-				at = nmemo++;
-			else
-				at = (at + 1) % PROTO_ARRAY_LEN(memo);
-			json_decref(memo[at].answer);
-			memo[at].after = after;
-			memo[at].answer = a;
+		for (size_t i = 0; i < nmemo && txt == NULL; i++)
+			if (memo[i].after == after) {
+				txt = memo[i].text;
+				len = memo[i].len;
+			}
+		if (txt == NULL) {
+			json_t *a = list_after(s, after);
+			char *t = trk__json_text(a, &len);
+
+			json_decref(a);
+			if (t != NULL) {
+				if (nmemo < PROTO_ARRAY_LEN(memo))
+					at = nmemo++;
+				else
+					at = (at + 1) % PROTO_ARRAY_LEN(memo);
+				free(memo[at].text);
+				memo[at].after = after;
+				memo[at].text = t;
+				memo[at].len = len;
+			}
+			txt = t;
 		}
 		waiter_free(w);
-		trk__reply_req_json(s, req, 200, json_incref(a));
+		trk__reply_req_text(s, req, 200, txt, len);
 	}
 	for (size_t i = 0; i < nmemo; i++)
-		json_decref(memo[i].answer);
+		free(memo[i].text);
 }
 
 void trk__handle_versions(struct trk_call *c)

@@ -6,10 +6,13 @@
  * (long-poll) open per node, and publishes a version every few seconds;
  * after each version every node asks for the sources of its parcel, spread
  * over one second. The simulated nodes talk to the tracker as real ones do:
- * through a tracker client each (one tessera-node process per rank, as
- * deployed today), which keeps one connection open for its requests and one
- * for its watch; PER_CLIENT > 1 shares a client among that many nodes, as
- * one agent process serving every rank of its host would. Prints requests
+ * through a tracker client per host (default: the ten ranks of a replica
+ * on one host, served by one tessera-node process), which keeps one
+ * connection open for its requests and one per watch, and renews the
+ * leases of all its ranks with one host heartbeat, as the multi-rank agent
+ * does (node/host.c). PER_CLIENT 1 is one process per rank, each with its
+ * own heartbeat (two descriptors per node on each side: 10 000 nodes need
+ * more than a 20 000 descriptor limit allows). Prints requests
  * served per second (from the tracker's own counters), the connections it
  * accepted, p50/p99 of heartbeats and of sources queries, the tracker's
  * memory, and the time to render the status page and /api/v1/status while
@@ -70,7 +73,7 @@ struct bench {
 	char pub_id[TRK_ID_MAX];
 	struct sim_node *nodes;
 	uint32_t nnodes, per_client, registered, reg_next, reg_inflight, reg_failed;
-	uint32_t hb_next, src_next, src_version;
+	uint32_t hb_next, src_next, src_version; /* hb_next: a node, or a host's first */
 	uint64_t hb_budget; /* heartbeats owed, in thousandths */
 	uint32_t inflight, skipped, errors, expired;
 	uint64_t expired_first_ns, expired_last_ns; /* when leases were lost */
@@ -88,7 +91,7 @@ struct req {
 	struct bench *b;
 	uint64_t t0;
 	uint32_t node;
-	int kind; /* 0 heartbeat, 1 sources */
+	int kind; /* 0 heartbeat, 1 sources, 2 host heartbeat (node: the host's first) */
 };
 
 static void lat_add(struct lat *l, uint64_t ns)
@@ -217,39 +220,68 @@ static void register_some(struct bench *b)
 		register_one(b, b->reg_next++);
 }
 
+/* The lease of node i ran out before its heartbeat got through: a real
+ * node registers again, so does this one. */
+static void lease_lost(struct bench *b, uint32_t i)
+{
+	if (!b->nodes[i].registered)
+		return;
+	if (b->expired++ == 0)
+		b->expired_first_ns = proto_now_ns();
+	b->expired_last_ns = proto_now_ns();
+	b->nodes[i].registered = false;
+	b->registered--;
+	register_one(b, i);
+}
+
 static void on_timed(const struct trk_answer *a, void *arg)
 {
 	struct req *r = arg;
 	struct bench *b = r->b;
 	uint64_t dt = proto_now_ns() - r->t0;
+	static const char *const what[] = {"heartbeat", "sources", "host heartbeat"};
+	json_t *id;
+	size_t k;
 
 	b->inflight--;
-	if (r->kind == 0 && a->status == 404 && b->nodes[r->node].registered) {
-		/* The lease ran out before the heartbeat got through: a real node
-		 * registers again, so does this one. */
-		if (b->expired++ == 0)
-			b->expired_first_ns = proto_now_ns();
-		b->expired_last_ns = proto_now_ns();
-		b->nodes[r->node].registered = false;
-		b->registered--;
-		register_one(b, r->node);
+	if (r->kind == 0 && a->status == 404) {
+		lease_lost(b, r->node);
 	} else if (a->status != 200) {
 		if (b->errors++ < 3)
-			fprintf(stderr, "bench_tracker: %s: %d %s\n", r->kind ? "sources" : "heartbeat",
-				a->status, a->error);
-	} else if (b->measuring)
-		lat_add(r->kind == 0 ? &b->hb : &b->src, dt);
+			fprintf(stderr, "bench_tracker: %s: %d %s\n", what[r->kind], a->status, a->error);
+	} else {
+		if (r->kind == 2)
+			json_array_foreach(json_object_get(a->json, "gone"), k, id)
+				for (uint32_t i = r->node; i < r->node + b->per_client && i < b->nnodes; i++)
+					if (strcmp(b->nodes[i].id, json_string_value(id)) == 0)
+						lease_lost(b, i);
+		if (b->measuring)
+			lat_add(r->kind == 1 ? &b->src : &b->hb, dt);
+	}
 	free(r);
 }
 
-/* Sends node i's heartbeat (kind 0) or sources query (kind 1), timed;
- * skipped when the node is not registered or too much is in flight. */
+/* One heartbeat for the registered ranks of the host whose first node is i. */
+static int host_heartbeat(struct bench *b, uint32_t i, struct req *r)
+{
+	struct trk_hb_node e[TRK_HOST_HEARTBEAT_MAX];
+	size_t n = 0;
+
+	for (uint32_t k = i; k < i + b->per_client && k < b->nnodes && n < TRK_HOST_HEARTBEAT_MAX; k++)
+		if (b->nodes[k].registered)
+			e[n++] = (struct trk_hb_node){.id = b->nodes[k].id};
+	return n == 0 ? -ENOENT : trk_client_heartbeat_host(b->nodes[i].c, e, n, on_timed, r);
+}
+
+/* Sends node i's heartbeat (kind 0), sources query (kind 1) or its host's
+ * heartbeat (kind 2, i its first node), timed; skipped when the node is not
+ * registered or too much is in flight. */
 static void send_timed(struct bench *b, uint32_t i, int kind)
 {
 	struct req *r;
 	int rc;
 
-	if (!b->nodes[i].registered)
+	if (kind != 2 && !b->nodes[i].registered)
 		return;
 	if (b->inflight >= INFLIGHT_MAX) {
 		b->skipped++;
@@ -260,11 +292,12 @@ static void send_timed(struct bench *b, uint32_t i, int kind)
 		return;
 	*r = (struct req){.b = b, .t0 = proto_now_ns(), .node = i, .kind = kind};
 	rc = kind == 0 ? trk_client_heartbeat(b->nodes[i].c, b->nodes[i].id, on_timed, r)
-		       : trk_client_sources(b->nodes[i].c, b->src_version, b->sl.digest, 0,
-					    b->nodes[i].rank, on_timed, r);
+	     : kind == 1 ? trk_client_sources(b->nodes[i].c, b->src_version, b->sl.digest, 0,
+					      b->nodes[i].rank, on_timed, r)
+			 : host_heartbeat(b, i, r);
 	if (rc != 0) {
 		free(r);
-		b->errors++;
+		b->errors += rc != -ENOENT;
 		return;
 	}
 	b->inflight++;
@@ -359,12 +392,13 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	uint64_t now = proto_now_ns();
 
 	register_some(b);
-	/* Heartbeats: every node once per lease/3, spread evenly. */
-	b->hb_budget += (uint64_t)b->nnodes * TICK_MS * 1000 / (lease / 3);
+	/* Heartbeats: every node (or host) once per lease/3, spread evenly. */
+	uint32_t step = b->per_client > 1 ? b->per_client : 1;
+	b->hb_budget += (uint64_t)(b->nnodes / step) * TICK_MS * 1000 / (lease / 3);
 	while (b->hb_budget >= 1000) {
 		b->hb_budget -= 1000;
-		send_timed(b, b->hb_next, 0);
-		b->hb_next = (b->hb_next + 1) % b->nnodes;
+		send_timed(b, b->hb_next, step > 1 ? 2 : 0);
+		b->hb_next = (b->hb_next + step) % (b->nnodes / step * step);
 	}
 	/* Sources: every node once within a second of a new version. */
 	if (b->src_version != 0) {
@@ -549,7 +583,7 @@ static double median3(const double *v)
 
 int main(int argc, char **argv)
 {
-	struct bench b = {.nnodes = 10000, .seconds = 30, .per_client = 1};
+	struct bench b = {.nnodes = 10000, .seconds = 30, .per_client = RANKS};
 	struct proto_err err;
 	struct node_proc tracker = {0};
 	char dir[256], state[300], log[300], url[256], bin[512];
@@ -578,23 +612,28 @@ int main(int argc, char **argv)
 		b.seconds = (uint32_t)v;
 	}
 	if (argc > 3) {
-		if (proto_parse_u64(argv[3], 1, b.nnodes, &v) != 0) {
-			fprintf(stderr, "bench_tracker: PER_CLIENT is 1..NODES\n");
+		if (proto_parse_u64(argv[3], 1, PROTO_MIN(b.nnodes, TRK_HOST_HEARTBEAT_MAX), &v) != 0 ||
+		    b.nnodes % v != 0) {
+			fprintf(stderr, "bench_tracker: PER_CLIENT is 1..%d and divides NODES\n",
+				TRK_HOST_HEARTBEAT_MAX);
 			return 2;
 		}
 		b.per_client = (uint32_t)v;
 	}
-	/* Two connections per client on both sides (the tracker inherits the
-	 * limit), and slack: raised past the hard limit when allowed (root). */
-	uint64_t want_fds = 2ull * (b.nnodes / b.per_client + 1) + 4096;
+	/* Per client one connection for requests and one per node's watch, on
+	 * both sides (the tracker inherits the limit), and slack: raised past
+	 * the hard limit when allowed (CAP_SYS_RESOURCE), else up to it. */
+	uint64_t want_fds = (uint64_t)(b.nnodes / b.per_client) * (b.per_client + 1) + 4096;
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < want_fds) {
 		struct rlimit more = {want_fds, PROTO_MAX(want_fds, rl.rlim_max)};
 		if (setrlimit(RLIMIT_NOFILE, &more) != 0) {
 			rl.rlim_cur = rl.rlim_max;
 			setrlimit(RLIMIT_NOFILE, &rl);
-			fprintf(stderr, "bench_tracker: descriptor limit %llu, below the %llu "
-				"this run wants: connections will be refused\n",
-				(unsigned long long)rl.rlim_cur, (unsigned long long)want_fds);
+			if (rl.rlim_cur < want_fds)
+				fprintf(stderr, "bench_tracker: descriptor limit %llu (hard), below the "
+					"%llu this run wants: connections will be refused (run with "
+					"more nodes per client, or a higher hard limit)\n",
+					(unsigned long long)rl.rlim_cur, (unsigned long long)want_fds);
 		}
 	}
 	signal(SIGPIPE, SIG_IGN);
@@ -677,10 +716,12 @@ int main(int argc, char **argv)
 	struct probe pr = {.url = url, .b = &b, .tracker = tracker.pid};
 	pthread_t thr;
 	pthread_create(&thr, NULL, probe_main, &pr);
-	printf("bench_tracker: %u nodes in %u replicas of %s, %u node(s) per tracker client, lease %" PRIu64
+	printf("bench_tracker: %u nodes in %u replicas of %s, %u node(s) per tracker client (%s), lease %" PRIu64
 	       " ms (heartbeat every %" PRIu64 " ms), watch %" PRIu64 " ms, a version every %d ms, %u s "
 	       "measured\n",
-	       b.nnodes, b.nnodes / RANKS, lname, b.per_client, proto_param(PROTO_PARAM_LEASE_MS),
+	       b.nnodes, b.nnodes / RANKS, lname, b.per_client,
+	       b.per_client > 1 ? "one heartbeat per host" : "one heartbeat per node",
+	       proto_param(PROTO_PARAM_LEASE_MS),
 	       proto_param(PROTO_PARAM_LEASE_MS) / 3, proto_param(PROTO_PARAM_WATCH_MS),
 	       VERSION_EVERY_MS, b.seconds);
 	fflush(stdout);
@@ -717,7 +758,8 @@ int main(int argc, char **argv)
 	       pr.window_s > 0 ? 100 * gen_cpu / pr.window_s : 0,
 	       served > 0 ? 1e6 * gen_cpu / (served * pr.window_s) : 0, ncpu, pr.load1);
 	/* None answered in the window is no evidence of speed. */
-	printf("heartbeats: %zu, p50 %.2f ms, p99 %.2f ms (goal p99 < 20 ms: %s)\n", b.hb.n,
+	printf("%s: %zu, p50 %.2f ms, p99 %.2f ms (goal p99 < 20 ms: %s)\n",
+	       b.per_client > 1 ? "host heartbeats" : "heartbeats", b.hb.n,
 	       pct_ms(&b.hb, 0.5), pct_ms(&b.hb, 0.99),
 	       b.hb.n == 0 ? "MISSED, none answered" : pct_ms(&b.hb, 0.99) < 20 ? "met" : "MISSED");
 	printf("sources: %zu, p50 %.2f ms, p99 %.2f ms (goal p99 < 20 ms: %s)\n", b.src.n,
