@@ -144,7 +144,8 @@ void agent_activated(struct node_agent *a, struct node_slot *old)
 	 * place, the same slot comes back with the new version. */
 	agent_delta_activated(a); /* a standby copied from old goes first */
 	if (old == a->active) {
-		node_attach_resume(a->attach, a->active, a->active_digest);
+		if (node_attach_paused(a->attach)) /* an in-place install resumes on its own */
+			node_attach_resume(a->attach, a->active, a->active_digest);
 	} else {
 		node_attach_activate(a->attach, a->active, a->active_digest);
 		node_attach_retire(a->attach, &a->store, old);

@@ -18,8 +18,11 @@
  *      get it.
  * Everything else happens before step 1, while the slot still serves the
  * parent: the parent's checksums are read, the delta is decoded, the old
- * bytes at its positions read and every piece's child checksum verified
- * (proto/dpatch.h). So the pause is the writes alone.
+ * bytes at its positions read, every piece's child checksum verified and
+ * the pages to write mapped writable (proto/dpatch.h). So the pause is the
+ * stores, the slot's activation and the activation record; what the
+ * install no longer needs (the prepared changes, their threads, the wire
+ * bytes, an anchor's staging slot) is freed after admission resumed.
  * A delta that does not verify against the served parent pauses admission
  * all the same (the replica committed to the version: its other ranks
  * switch, this one must not serve the old version beside them), and so
@@ -110,13 +113,10 @@ static int write_version(struct node_agent *a, struct agent_fetch *f, struct nod
 	if (a->inplace_nprep != f->nparcels)
 		return proto_errf(err, EINVAL, "the delta's parcels were not prepared");
 	for (uint32_t i = 0; i < f->nparcels; i++) {
-		struct agent_parcel *p = &f->parcels[i];
 		if (fail_v == f->version && i >= f->nparcels / 2 && i > 0)
 			return proto_errf(err, EIO, "TESSERA_TEST_INPLACE_FAIL: stopped after %u of %u parcels",
 					  i, f->nparcels);
 		proto_dpatch_write(&a->inplace_prep[i].patch);
-		free(p->wire);
-		p->wire = NULL;
 	}
 	return 0;
 }
@@ -134,11 +134,26 @@ static void fail_paused(struct node_agent *a, struct agent_fetch *f, const struc
 			 f->version, err->msg);
 }
 
+/* What the pause did not need, once serving resumed: the prepared changes
+ * and their threads, the delta's wire bytes, an anchor's staging slot. */
+static void after_pause(struct node_agent *a, struct agent_fetch *f)
+{
+	prep_free(a);
+	for (uint32_t i = 0; f->delta && i < f->nparcels; i++) {
+		free(f->parcels[i].wire);
+		f->parcels[i].wire = NULL;
+	}
+	if (f->slot != NULL) {
+		node_slot_free(&a->store, f->slot);
+		f->slot = NULL;
+	}
+}
+
 static void install(struct node_agent *a)
 {
 	struct agent_fetch *f = a->fetch;
 	struct node_slot *s = a->active;
-	uint64_t t_write = proto_now_ns();
+	uint64_t t_write = proto_now_ns(), t_record, t_resume;
 	struct proto_err err = {{0}};
 	int rc;
 
@@ -154,31 +169,33 @@ static void install(struct node_agent *a)
 		return;
 	}
 	agent_xl_withdraw(a); /* served again by the switch, if it comes */
+	/* The pause: the stores, the slot's activation, the record, resume. */
 	rc = write_version(a, f, s, &err);
-	prep_free(a);
+	t_record = proto_now_ns();
 	if (rc == 0) {
 		s->version = f->version;
-		if (f->slot != NULL) {
-			node_slot_free(&a->store, f->slot);
-			f->slot = NULL;
-		}
 		rc = node_slot_activate(&a->store, s, &err);
 	}
 	if (rc == 0)
 		rc = agent_write_expose(a, s, f->man.digest, &err);
 	if (rc != 0) {
+		prep_free(a);
 		fail_paused(a, f, &err);
 		return;
 	}
 	a->inplace_broken = false;
+	t_resume = proto_now_ns();
+	node_attach_resume(a->attach, s, f->man.digest); /* agent_activated does not again */
+	uint64_t now = proto_now_ns();
+	after_pause(a, f);
 	if (f->delta)
 		node_metrics_add(a->am.m, a->am.delta_versions, 1);
-	uint64_t now = proto_now_ns();
 	LOG_INFO("node %s: v%" PRIu64 " installed in place (%s): admission paused %.1f ms "
-		 "(drain %.1f ms, write %.1f ms)",
+		 "(drain %.1f ms, write %.1f ms, activation record %.1f ms, resume %.1f ms)",
 		 a->node_id, f->version, f->delta ? "delta" : "full copy",
 		 (double)(now - a->inplace_t0_ns) / 1e6, (double)(t_write - a->inplace_t0_ns) / 1e6,
-		 (double)(now - t_write) / 1e6);
+		 (double)(t_record - t_write) / 1e6, (double)(t_resume - t_record) / 1e6,
+		 (double)(now - t_resume) / 1e6);
 	agent_activated(a, s);
 }
 

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "proto/delta_internal.h"
@@ -256,6 +257,31 @@ static void prep_thread(void *arg, unsigned tid)
 	}
 }
 
+/*
+ * Maps every page the write will store to as writable now, so that the
+ * write takes no page fault (a fault costs microseconds, more in a VM).
+ * The pages' bytes are not changed: MADV_POPULATE_WRITE only faults them in
+ * for writing, as a store would. Where the kernel lacks it (before Linux
+ * 5.14) the write faults as it goes; nothing else differs.
+ */
+static void pretouch(const struct proto_dpatch *p)
+{
+#ifdef MADV_POPULATE_WRITE
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+
+	for (uint32_t ci = 0; ci < p->nchunks; ci++) {
+		const struct proto_dpatch_chunk *pc = &p->chunks[ci];
+		if (pc->n == 0)
+			continue;
+		uintptr_t lo = (uintptr_t)(pc->dst + (size_t)pc->pos[0] * pc->w) & ~(pg - 1);
+		uintptr_t hi = (uintptr_t)(pc->dst + ((size_t)pc->pos[pc->n - 1] + 1) * pc->w);
+		(void)madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
+	}
+#else
+	(void)p;
+#endif
+}
+
 void proto_dpatch_fini(struct proto_dpatch *p)
 {
 	for (uint32_t i = 0; p->chunks != NULL && i < p->nchunks; i++) {
@@ -347,6 +373,7 @@ int proto_dpatch_prepare(const struct proto_dparcel *d, const uint8_t *delta, si
 	}
 	for (uint32_t ci = 0; ci < out->nchunks; ci++)
 		out->nchanges += out->chunks[ci].n;
+	pretouch(out);
 	rc = 0;
 out:
 	for (unsigned i = 0; j.wk != NULL && i < nt; i++)

@@ -9,7 +9,9 @@
  * threads, reads the old element at each changed position from the block
  * (read only: it serves on), computes the new bytes, and verifies every
  * piece's child checksum from (position, old, new) alone. Nothing is
- * written. A delta that does not verify is refused before any pause.
+ * written; the pages the write will store to are mapped writable
+ * (MADV_POPULATE_WRITE, bytes unchanged), so that the write takes no page
+ * fault. A delta that does not verify is refused before any pause.
  *
  * proto_dpatch_write then stores the new bytes at the changed positions,
  * the chunks split over the same pool: O(changes), no decoding, cannot

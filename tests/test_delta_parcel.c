@@ -4,13 +4,18 @@
  * damaged parent, a truncated or forged delta, or a delta for another
  * parcel is refused with the block unchanged. The same for a delta
  * prepared ahead and written later (proto/dpatch.c), on any number of
- * threads: preparing never writes, a refusal comes before any write. */
+ * threads: preparing never writes (but maps the pages the write will
+ * store to), a refusal comes before any write. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -283,6 +288,149 @@ static void test_dpatch_refusals(void **state)
 	fx_fini(&f);
 }
 
+/*
+ * Odd sizes and boundaries: tensors of 1, 2, 4 and 8 bytes an element whose
+ * lengths are no multiple of the delta's chunk (an odd 4099 elements),
+ * changed at the first and last element of every chunk and tensor and here
+ * and there between (a piece's chunks start at its first element). Written
+ * on 1 to 8 threads (more threads than some pieces have chunks), the block is the child bit for bit each time, so
+ * the same as a serial write.
+ */
+static void test_dpatch_threads_odd_sizes(void **state)
+{
+	static const enum proto_dtype dt[] = {PROTO_DT_U8, PROTO_DT_BF16, PROTO_DT_FP32, PROTO_DT_I64};
+	static const uint64_t rows[] = {3, 1001, 333, 7};
+	static const uint64_t cols[] = {4099, 37, 29, 1};
+	const uint32_t ce = 4099;
+	struct proto_model m;
+	struct proto_layout l;
+	struct proto_plan plan;
+	struct proto_err err;
+	char name[8];
+
+	proto_model_init(&m);
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(dt); i++) {
+		uint64_t shape[2] = {rows[i], cols[i]};
+		snprintf(name, sizeof(name), "t%zu", i);
+		assert_int_equal(proto_model_add(&m, name, dt[i], 2, shape, &err), 0);
+	}
+	assert_int_equal(proto_model_finish(&m, &err), 0);
+	assert_int_equal(proto_layout_builtin(&m, "tp1", &l, &err), 0);
+	assert_int_equal(proto_plan_build(&m, &l, &l, &plan, &err), 0);
+	for (uint32_t k = 0; k < plan.nparcels; k++) {
+		const struct proto_parcel *pc = &plan.parcels[k];
+		struct proto_dparcel dp;
+		struct proto_delta_opts o = {.chunk_elems = ce};
+		uint8_t *par = malloc(pc->bytes), *chi = malloc(pc->bytes), *enc;
+		size_t len, n = l.ranks[pc->dst_rank].nbytes;
+		uint64_t x = 0x9e3779b97f4a7c15ull;
+
+		assert_int_equal(proto_dparcel_build(&m, &plan, pc, &l, &dp, &err), 0);
+		for (uint64_t i = 0; i < pc->bytes; i++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			par[i] = (uint8_t)x;
+		}
+		memcpy(chi, par, pc->bytes);
+		for (uint32_t i = 0; i < dp.npieces; i++) {
+			const struct proto_dpiece *pp = &dp.pieces[i];
+			uint32_t w = pp->elsize;
+			uint64_t ne = pp->len / w;
+			for (uint64_t e = 0; e < ne; e++)
+				if (e % ce == 0 || e % ce == ce - 1 || e == ne - 1 || e % 97 == 5)
+					chi[pp->pay_off + e * w + (e % w)] ^= 0x40;
+		}
+		assert_int_equal(proto_dparcel_encode(&dp, par, chi, &o, &enc, &len, NULL, &err), 0);
+		uint8_t *want = calloc(1, n), *blk = malloc(n);
+		uint64_t *sums = malloc((dp.npieces + 1) * sizeof(*sums));
+		proto_parcel_scatter(&plan, pc, &l, want, 0, pc->bytes, chi);
+		for (unsigned threads = 1; threads <= 8; threads++) {
+			struct proto_dpatch pt;
+			memset(blk, 0, n);
+			proto_parcel_scatter(&plan, pc, &l, blk, 0, pc->bytes, par);
+			proto_dparcel_sums(&dp, blk, sums);
+			assert_int_equal(proto_dpatch_prepare(&dp, enc, len, blk, sums, threads, &pt, &err), 0);
+			proto_dpatch_write(&pt);
+			assert_memory_equal(blk, want, n);
+			proto_dpatch_fini(&pt);
+		}
+		free(sums);
+		free(blk);
+		free(want);
+		free(enc);
+		free(par);
+		free(chi);
+		proto_dparcel_fini(&dp);
+	}
+	proto_plan_fini(&plan);
+	proto_layout_fini(&l);
+	proto_model_fini(&m);
+}
+
+/*
+ * Prepare maps the pages the write stores to as writable
+ * (MADV_POPULATE_WRITE), so that the write takes no page fault. Here the
+ * block's pages are shared copy-on-write with a child process (as after a
+ * fork), so that a store to any of them would fault: after prepare the
+ * write takes none, the block is the child version, and prepare itself
+ * changed no byte.
+ */
+static void test_dpatch_pretouch(void **state)
+{
+#ifdef MADV_POPULATE_WRITE
+	struct fx f;
+	fx_init(&f, "tp2");
+	const struct proto_parcel *pc = &f.plan.parcels[0];
+	struct proto_dparcel dp;
+	struct proto_dpatch pt;
+	struct proto_err err;
+	size_t n = f.dst.ranks[pc->dst_rank].nbytes;
+	uint8_t *par, *chi, *enc;
+	size_t len;
+	int fds[2];
+
+	assert_int_equal(proto_dparcel_build(&f.m, &f.plan, pc, &f.dst, &dp, &err), 0);
+	payloads(&f, pc, &par, &chi);
+	assert_int_equal(proto_dparcel_encode(&dp, par, chi, NULL, &enc, &len, NULL, &err), 0);
+	uint8_t *blk = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uint8_t *want = block_of(&f, pc->dst_rank, pc, chi), *orig = block_of(&f, pc->dst_rank, pc, par);
+	uint64_t *sums = malloc((dp.npieces + 1) * sizeof(*sums));
+	assert_true(blk != MAP_FAILED);
+	memcpy(blk, orig, n);
+	assert_int_equal(pipe(fds), 0);
+	pid_t child = fork();
+	assert_true(child >= 0);
+	if (child == 0) { /* holds the pages until the test is done */
+		char c;
+		close(fds[1]);
+		_exit(read(fds[0], &c, 1) < 0);
+	}
+	close(fds[0]);
+	proto_dparcel_sums(&dp, blk, sums);
+	assert_int_equal(proto_dpatch_prepare(&dp, enc, len, blk, sums, 1, &pt, &err), 0);
+	assert_memory_equal(blk, orig, n);
+	struct rusage r0, r1;
+	getrusage(RUSAGE_SELF, &r0);
+	proto_dpatch_write(&pt);
+	getrusage(RUSAGE_SELF, &r1);
+	assert_int_equal(r1.ru_minflt + r1.ru_majflt, r0.ru_minflt + r0.ru_majflt);
+	assert_memory_equal(blk, want, n);
+	close(fds[1]);
+	assert_int_equal(waitpid(child, NULL, 0), child);
+	proto_dpatch_fini(&pt);
+	munmap(blk, n);
+	free(sums);
+	free(orig);
+	free(want);
+	free(enc);
+	free(par);
+	free(chi);
+	proto_dparcel_fini(&dp);
+	fx_fini(&f);
+#else
+	print_message("skipped: built without MADV_POPULATE_WRITE\n");
+#endif
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -290,6 +438,8 @@ int main(void)
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_dpatch_roundtrip),
 		cmocka_unit_test(test_dpatch_refusals),
+		cmocka_unit_test(test_dpatch_threads_odd_sizes),
+		cmocka_unit_test(test_dpatch_pretouch),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

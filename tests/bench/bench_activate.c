@@ -25,7 +25,10 @@
  * (proto_dpatch_write, TESSERA_INPLACE_THREADS threads), admission resumed.
  * Its pause is the probe's gap around the install, against a memcpy of that
  * model in the same run; installs alternate between two deltas (forward,
- * back).
+ * back). The pause is broken down (drain, write, resume; page faults) and
+ * the write is set against its store floor, measured beside each install
+ * with the same threads: the cache lines it touches, each read and written
+ * back whole, at the rate a dense read-and-write sweep of the model runs.
  *
  * usage: bench_activate [MODEL_MIB (default 128)] [SWITCHES (default 100)]
  *                       [INPLACE_MIB (default 1024; 0: skip)]
@@ -40,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "node/attach.h"
@@ -190,11 +194,83 @@ struct ip_job {
 	struct bench *b;
 	const struct proto_dpatch *patch; /* prepared before the pause */
 	uint64_t version;
-	uint64_t t_pause, t_drained, t_resume;
+	uint64_t t_pause, t_drained, t_written, t_resume;
+	long flt0, flt; /* page faults (minor and major) from pause to resume */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	int done;
 };
+
+/* Page faults of the process so far. */
+static long faults(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return ru.ru_minflt + ru.ru_majflt;
+}
+
+/*
+ * The store floor: what the write costs at least on this machine. Memory
+ * moves in cache lines; a line the patch changes is read (for ownership)
+ * and written back whole, whatever number of its bytes change. So the write
+ * moves at least 2 x 64 bytes per line touched. Its rate is measured with
+ * the same number of threads on a buffer as large as the model: each reads
+ * and writes one byte of every line of its share (dense: the best case of
+ * the same traffic).
+ */
+struct sweep {
+	uint8_t *buf;
+	size_t len;
+	unsigned n, t;
+};
+
+static void *sweep_main(void *arg)
+{
+	struct sweep *w = arg;
+	size_t lo = w->len / w->n * w->t / 64 * 64, hi = w->len / w->n * (w->t + 1);
+	volatile uint8_t *p = w->buf;
+
+	for (size_t i = lo; i < hi; i += 64)
+		p[i] = (uint8_t)(p[i] + 1);
+	return NULL;
+}
+
+/* ns to read and write every line of buf on n threads. */
+static uint64_t sweep_ns(uint8_t *buf, size_t len, unsigned n)
+{
+	pthread_t th[16];
+	struct sweep w[16];
+	uint64_t t0 = proto_now_ns();
+
+	n = PROTO_MIN(n, 16u);
+	for (unsigned i = 0; i < n; i++)
+		w[i] = (struct sweep){buf, len, n, i};
+	for (unsigned i = 1; i < n; i++)
+		pthread_create(&th[i], NULL, sweep_main, &w[i]);
+	sweep_main(&w[0]);
+	for (unsigned i = 1; i < n; i++)
+		pthread_join(th[i], NULL);
+	return proto_now_ns() - t0;
+}
+
+/* Cache lines the patch stores to. */
+static uint64_t lines_touched(const struct proto_dpatch *p)
+{
+	uint64_t n = 0;
+
+	for (uint32_t ci = 0; ci < p->nchunks; ci++) {
+		const struct proto_dpatch_chunk *pc = &p->chunks[ci];
+		uintptr_t last = UINTPTR_MAX;
+		for (uint32_t j = 0; j < pc->n; j++) {
+			uintptr_t a = (uintptr_t)(pc->dst + (size_t)pc->pos[j] * pc->w);
+			for (uintptr_t l = a >> 6; l <= (a + pc->w - 1) >> 6; l++)
+				if (l != last)
+					n++, last = l;
+		}
+	}
+	return n;
+}
 
 static void ip_drained(void *arg)
 {
@@ -203,9 +279,11 @@ static void ip_drained(void *arg)
 
 	j->t_drained = proto_now_ns();
 	proto_dpatch_write(j->patch);
+	j->t_written = proto_now_ns();
 	b->active->version = j->version;
 	node_attach_resume(b->at, b->active, b->digest);
 	j->t_resume = proto_now_ns();
+	j->flt = faults() - j->flt0;
 	pthread_mutex_lock(&j->mu);
 	j->done = 1;
 	pthread_cond_signal(&j->cv);
@@ -216,6 +294,7 @@ static void ip_start(evutil_socket_t fd, short what, void *arg)
 {
 	struct ip_job *j = arg;
 
+	j->flt0 = faults();
 	j->t_pause = proto_now_ns();
 	if (node_attach_pause(j->b->at, j->version, ip_drained, j) != 0) {
 		fprintf(stderr, "bench_activate: pause failed\n");
@@ -298,7 +377,6 @@ static void run_inplace(uint64_t mib)
 		__asm__ volatile("" : : "r"(v1) : "memory");
 		memcpy_ns = PROTO_MIN(memcpy_ns, proto_now_ns() - t0);
 	}
-	free(v1);
 
 	struct node_attach_info ai = {"A", 0, &b.rank, b.digest, &b.store};
 	if (node_attach_new(b.base, b.sock, &ai, &b.at, &err) != 0) {
@@ -314,6 +392,8 @@ static void run_inplace(uint64_t mib)
 	}
 	pthread_create(&probe, NULL, probe_main, &b);
 	uint64_t install_ns[INSTALLS], write_ns[INSTALLS], drain_ns[INSTALLS], prep_ns[INSTALLS];
+	uint64_t resume_ns[INSTALLS], sweep[INSTALLS], lines = 0, nchanges = 0;
+	long flt_max = 0;
 	unsigned threads = (unsigned)proto_param(PROTO_PARAM_INPLACE_THREADS);
 	uint64_t *sums = malloc(((size_t)dp.npieces + 1) * sizeof(*sums));
 	if (sums == NULL) {
@@ -335,6 +415,10 @@ static void run_inplace(uint64_t mib)
 			exit(1);
 		}
 		prep_ns[k] = proto_now_ns() - t0;
+		lines = lines_touched(&patch);
+		nchanges = patch.nchanges;
+		/* The floor, measured beside each install (v1 is scratch now). */
+		sweep[k] = sweep_ns(v1, n, proto_dpatch_threads(threads));
 		usleep(20000); /* the probe runs steadily on the old version */
 		if (event_base_once(b.base, -1, EV_TIMEOUT, ip_start, &j, &now) != 0) {
 			fprintf(stderr, "bench_activate: event_base_once failed\n");
@@ -346,8 +430,10 @@ static void run_inplace(uint64_t mib)
 		pthread_mutex_unlock(&j.mu);
 		proto_dpatch_fini(&patch);
 		install_ns[k] = j.t_resume - j.t_pause;
-		write_ns[k] = j.t_resume - j.t_drained;
+		write_ns[k] = j.t_written - j.t_drained;
+		resume_ns[k] = j.t_resume - j.t_written;
 		drain_ns[k] = j.t_drained - j.t_pause;
+		flt_max = j.flt > flt_max ? j.flt : flt_max;
 		for (int wt = 0; wt < 100000; wt++) {
 			size_t i = atomic_load(&b.n);
 			if (i > 0 && b.ver[i - 1] >= (uint64_t)k + 2)
@@ -374,6 +460,8 @@ static void run_inplace(uint64_t mib)
 	qsort(write_ns, INSTALLS, sizeof(*write_ns), cmp_u64);
 	qsort(drain_ns, INSTALLS, sizeof(*drain_ns), cmp_u64);
 	qsort(prep_ns, INSTALLS, sizeof(*prep_ns), cmp_u64);
+	qsort(resume_ns, INSTALLS, sizeof(*resume_ns), cmp_u64);
+	qsort(sweep, INSTALLS, sizeof(*sweep), cmp_u64);
 	double mc = (double)memcpy_ns / 1e6, p50 = (double)pause[got / 2] / 1e6,
 	       pmax = (double)pause[got - 1] / 1e6;
 	printf("bench_activate: in place, a 1 %% delta (%zu and %zu wire bytes) of a %llu MiB model, "
@@ -384,9 +472,20 @@ static void run_inplace(uint64_t mib)
 	printf("  in-place pause the probe saw: p50 %.2f ms, max %.2f ms (p50 = %.3f x memcpy; "
 	       "goal <= 50 ms: %s)\n",
 	       p50, pmax, p50 / mc, p50 <= 50.0 ? "met" : "NOT met");
-	printf("  install (pause -> resume) p50 %.2f ms: drain %.3f ms, write %.2f ms\n",
+	printf("  install (pause -> resume) p50 %.2f ms: drain %.3f ms, write %.2f ms, resume %.3f ms; "
+	       "page faults in the pause: at most %ld\n",
 	       (double)install_ns[INSTALLS / 2] / 1e6, (double)drain_ns[INSTALLS / 2] / 1e6,
-	       (double)write_ns[INSTALLS / 2] / 1e6);
+	       (double)write_ns[INSTALLS / 2] / 1e6, (double)resume_ns[INSTALLS / 2] / 1e6, flt_max);
+	double sw = (double)sweep[INSTALLS / 2], nl = (double)(n / 64),
+	       floor_ms = sw / 1e6 * (double)lines / nl;
+	printf("  store floor: the write changes %llu elements on %llu cache lines (%.1f %% of the "
+	       "model's), %.0f MB read and written back; reading and writing every line of the "
+	       "model on %u threads takes p50 %.1f ms (%.2f GB/s each way), so the write costs at "
+	       "least %.1f ms (write p50 = %.2f x floor)\n",
+	       (unsigned long long)nchanges, (unsigned long long)lines,
+	       100.0 * (double)lines / nl, (double)lines * 64 / 1e6, proto_dpatch_threads(threads),
+	       sw / 1e6, (double)n / sw, floor_ms,
+	       (double)write_ns[INSTALLS / 2] / 1e6 / floor_ms);
 	printf("  prepared before the pause (parent checksums, decode, verify) p50 %.1f ms\n",
 	       (double)prep_ns[INSTALLS / 2] / 1e6);
 
@@ -400,6 +499,7 @@ static void run_inplace(uint64_t mib)
 	free(fwd);
 	free(back);
 	free(sums);
+	free(v1);
 	free(b.t_ns);
 	free(b.cost_ns);
 	free(b.ver);
