@@ -49,3 +49,40 @@ int fab_write(struct fab_ctx *ctx, struct fab_op *op, struct fab_mr *lmr,
 	return rma_post(ctx, op, FAB_OP_WRITE, lmr, loff, len, peer, rk, roff,
 			cb);
 }
+
+int fab_readv(struct fab_ctx *ctx, struct fab_op *op, struct fab_mr *lmr,
+	      size_t loff, fi_addr_t peer, const struct fab_rkey *rk,
+	      const struct fab_seg *segs, size_t n, fab_cb cb)
+{
+	size_t len = 0;
+
+	if (ctx->closing)
+		return -ESHUTDOWN;
+	if (op == NULL || lmr == NULL || rk == NULL || segs == NULL ||
+	    lmr->ctx != ctx || n == 0 || n > ctx->rma_segs)
+		return -EINVAL;
+	if (!(lmr->access & FAB_MR_READ))
+		return -EACCES;
+	for (size_t i = 0; i < n; i++) {
+		if (segs[i].len == 0)
+			return -EINVAL;
+		if (segs[i].roff > rk->len || segs[i].len > rk->len - segs[i].roff ||
+		    rk->addr + segs[i].roff < rk->addr)
+			return -ERANGE;
+		len += segs[i].len;
+	}
+	if (len > ctx->max_rma)
+		return -EMSGSIZE;
+	if (loff > lmr->len || len > lmr->len - loff)
+		return -ERANGE;
+	fab__op_prepare(ctx, op, FAB_OP_READ, cb);
+	op->len = len;
+	op->lbuf_ = (uint8_t *)lmr->buf + loff;
+	op->desc_ = lmr->desc;
+	op->peer_ = peer;
+	op->raddr_ = rk->addr;
+	op->key_ = rk->key;
+	op->segs_ = segs;
+	op->nsegs_ = (uint32_t)n;
+	return fab__submit(ctx, op);
+}
