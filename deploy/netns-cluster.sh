@@ -50,8 +50,10 @@
 #                 activated, t_activate_ms, bytes_from_trainer,
 #                 bytes_from_peers, duplicate_bytes, refetched_bytes (exact
 #                 for the last version, as last polled for earlier ones),
-#                 leases_lost (times a rank re-registered) and cpu_ms (its
-#                 processes' CPU time in the run); publisher_cpu_ms,
+#                 leases_lost (times a rank re-registered), cpu_ms (its
+#                 processes' CPU time in the run) and data_rx_bytes (what
+#                 its host's data link received from its start: chunks,
+#                 reads' framing, have-maps); publisher_cpu_ms,
 #                 tracker_cpu_ms and loadavg_1m (the machine's, at the end)
 #   --measure-link MB  first time one TCP transfer of MB MiB from host 0 to
 #                 host 1 across the shaped links: b, reported as
@@ -326,8 +328,14 @@ cpu_ms() {
 	done
 	echo $((t * 1000 / hz))
 }
+# Bytes the host's data link received so far (everything its ranks read).
+rx_bytes() { # host
+	ip -n "$PFX-h$1" -s -j link show eth0 | jq '.[0].stats64.rx.bytes'
+}
+declare -A RX0 # host -> rx_bytes when its replica started
 start_replica() { # host (replica R<host>, layout ALL[host-1])
 	local i=$1 layout=${ALL[$(($1 - 1))]} ranks r
+	RX0[$i]=$(rx_bytes "$i")
 	case "$layout" in
 	tp[0-9]*) ranks=${layout#tp} ;;
 	*) ranks=$(jq '.ranks | length' "$layout") || die "$layout: not a layout file" ;;
@@ -450,7 +458,9 @@ REPS=$(for i in $(seq 1 "$NHOST"); do
 	jq -cn --arg r "R$i" --arg l "${ALL[$((i - 1))]}" --argjson late "$([ "$i" -gt "$NREP" ] &&
 		echo true || echo false)" --argjson lost "$(cat "$DIR"/node-R$i-*.log 2>/dev/null |
 		grep -c 'lease lost' || true)" --argjson cpu "$(cpu_ms ${NODE_PIDS[$i]:-})" \
-		'{replica: $r, layout: $l, late: $late, leases_lost: $lost, cpu_ms: $cpu}'
+		--argjson rx "$(($(rx_bytes "$i") - ${RX0[$i]:-0}))" \
+		'{replica: $r, layout: $l, late: $late, leases_lost: $lost, cpu_ms: $cpu,
+		  data_rx_bytes: $rx}'
 done | jq -cs .)
 PUB_CPU=$(cpu_ms "$PUB_PID")
 TRK_CPU=$(cpu_ms "$TRK_PID")

@@ -205,6 +205,7 @@ int fab_open(const char *provider, const char *node,
 		goto fail;
 	}
 	ctx->max_rma = ctx->info->ep_attr->max_msg_size;
+	ctx->rma_segs = PROTO_MAX(1, PROTO_MIN(ctx->info->tx_attr->rma_iov_limit, FAB_SEGS_MAX));
 
 	ret = fi_fabric(ctx->info->fabric_attr, &ctx->fabric, NULL);
 	if (ret != 0) {
@@ -398,6 +399,11 @@ uint64_t fab_mr_mode(const struct fab_ctx *ctx)
 size_t fab_max_rma(const struct fab_ctx *ctx)
 {
 	return ctx->max_rma;
+}
+
+size_t fab_rma_segs(const struct fab_ctx *ctx)
+{
+	return ctx->rma_segs;
 }
 
 void fab_stats(const struct fab_ctx *ctx, struct fab_stats *out)

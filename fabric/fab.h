@@ -84,6 +84,7 @@
 struct fab_ctx;
 struct fab_mr;
 struct fab_op;
+struct fab_seg;
 
 /* fab_op completion callback: status is 0 or a negative errno (-ECANCELED
  * when the context was closed with the op in flight). The op may be reposted
@@ -123,6 +124,8 @@ struct fab_op {
 	size_t ucap_;
 	fi_addr_t peer_;
 	uint64_t raddr_;   /* RMA: remote address */
+	const struct fab_seg *segs_; /* fab_readv: the caller's remote ranges */
+	uint32_t nsegs_;   /* their count; 0: one range (raddr_, len) */
 	uint64_t key_;     /* RMA: remote key; receive: ignore mask */
 	uint64_t parked_ns_; /* when it was parked */
 	int slot_;         /* message slot, -1 when none */
@@ -211,6 +214,9 @@ int fab_getname(const struct fab_ctx *ctx, void *buf, size_t cap, size_t *len);
 const char *fab_provider(const struct fab_ctx *ctx);
 uint64_t fab_mr_mode(const struct fab_ctx *ctx);
 size_t fab_max_rma(const struct fab_ctx *ctx);
+/* Remote ranges one fab_readv may gather: the provider's rma_iov_limit,
+ * at most FAB_SEGS_MAX, at least 1. Cannot fail. */
+size_t fab_rma_segs(const struct fab_ctx *ctx);
 /* One line: provider, fabric, domain, mr_mode bits, progress, wait fd. */
 void fab_describe(const struct fab_ctx *ctx, char *buf, size_t cap);
 /* Names of the mr_mode bits set in mode, e.g. "FI_MR_LOCAL|FI_MR_VIRT_ADDR"
@@ -297,6 +303,25 @@ int fab_read(struct fab_ctx *ctx, struct fab_op *op, struct fab_mr *lmr,
 int fab_write(struct fab_ctx *ctx, struct fab_op *op, struct fab_mr *lmr,
 	      size_t loff, size_t len, fi_addr_t peer,
 	      const struct fab_rkey *rk, uint64_t roff, fab_cb cb);
+
+/* One remote range of a gathering read: offset into the region, length. */
+struct fab_seg {
+	uint64_t roff, len;
+};
+#define FAB_SEGS_MAX 4
+
+/*
+ * A gathering read: the n ranges segs (offsets into rk's region, n at most
+ * fab_rma_segs(ctx)) land back to back in lmr from loff, as one operation
+ * (fi_readmsg with n remote iovs): reading many short ranges costs a
+ * quarter of the operations, and no bytes between them. segs is the
+ * caller's and must stay untouched until the callback ran (a parked op is
+ * issued again from it). Returns as fab_read, and -EINVAL for n == 0, more
+ * than fab_rma_segs, or an empty range; op->len is the sum.
+ */
+int fab_readv(struct fab_ctx *ctx, struct fab_op *op, struct fab_mr *lmr,
+	      size_t loff, fi_addr_t peer, const struct fab_rkey *rk,
+	      const struct fab_seg *segs, size_t n, fab_cb cb);
 
 /*
  * Sends len <= FAB_MSG_MAX bytes with a 64-bit tag. buf is copied before

@@ -61,6 +61,7 @@ struct fab_ctx {
 	uint64_t mr_mode;  /* as returned by the provider */
 	bool hmem;         /* opened with FI_HMEM (FAB_F_HMEM_CUDA) */
 	size_t max_rma;
+	size_t rma_segs;     /* remote ranges one read may gather (fab_readv) */
 	bool write_dc;     /* fab_write asks FI_DELIVERY_COMPLETE */
 	bool closing;
 	uint8_t name[FAB_ADDR_MAX];

@@ -35,6 +35,8 @@ void fab__op_prepare(struct fab_ctx *ctx, struct fab_op *op, int kind,
 	op->ucap_ = 0;
 	op->peer_ = FI_ADDR_UNSPEC;
 	op->raddr_ = op->key_ = 0;
+	op->segs_ = NULL;
+	op->nsegs_ = 0;
 	op->slot_ = -1;
 	op->kind_ = (uint8_t)kind;
 	op->state_ = FAB__OP_FREE;
@@ -60,6 +62,27 @@ static ssize_t write_dc(struct fab_ctx *ctx, struct fab_op *op)
 	return fi_writemsg(ctx->ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
 }
 
+/* A gathering read (fab_readv): its ranges into one local buffer. */
+static ssize_t readv_issue(struct fab_ctx *ctx, struct fab_op *op)
+{
+	struct iovec iov = {.iov_base = op->lbuf_, .iov_len = op->len};
+	struct fi_rma_iov rma[FAB_SEGS_MAX];
+	struct fi_msg_rma msg = {
+		.msg_iov = &iov,
+		.desc = &op->desc_,
+		.iov_count = 1,
+		.addr = op->peer_,
+		.rma_iov = rma,
+		.rma_iov_count = op->nsegs_,
+		.context = &op->fi,
+	};
+
+	for (uint32_t i = 0; i < op->nsegs_; i++)
+		rma[i] = (struct fi_rma_iov){.addr = op->raddr_ + op->segs_[i].roff,
+					     .len = op->segs_[i].len, .key = op->key_};
+	return fi_readmsg(ctx->ep, &msg, FI_COMPLETION);
+}
+
 /* One attempt to hand the op to the provider. */
 static ssize_t issue(struct fab_ctx *ctx, struct fab_op *op)
 {
@@ -67,6 +90,8 @@ static ssize_t issue(struct fab_ctx *ctx, struct fab_op *op)
 
 	switch (op->kind_) {
 	case FAB_OP_READ:
+		if (op->nsegs_ > 0)
+			return readv_issue(ctx, op);
 		return fi_read(ctx->ep, op->lbuf_, op->len, op->desc_,
 			       op->peer_, op->raddr_, op->key_, &op->fi);
 	case FAB_OP_WRITE:

@@ -8,7 +8,8 @@
  * finds no parcels for it in that manifest. The publisher, told by the
  * tracker, plans and hashes the layout's parcels of that version and posts
  * an addendum signed by the trainer key (proto/addendum.h). We ask the
- * tracker for it until it is there (TESSERA_ADDENDUM_WAIT_MS at most),
+ * tracker for it with a long-poll it answers when the addendum is posted
+ * (asked again after a failure, TESSERA_ADDENDUM_WAIT_MS in all),
  * check its signature with the trainer key and its binding to the manifest
  * we verified (same version and manifest digest), and splice its layout
  * into our copy of the manifest: from there on the fetch is the one every
@@ -101,9 +102,16 @@ static void on_addendum(const struct trk_answer *ans, void *arg)
 	agent_with_addendum(a);
 }
 
+/* A long-poll for what is left of the wait: the tracker answers as soon
+ * as the publisher posts the addendum. */
 static void ask(struct node_agent *a)
 {
-	if (trk_client_get_addendum(a->trk, a->fetch->version, a->layout.digest, on_addendum, a) != 0)
+	uint64_t waited = agent_now_ms() - a->fetch->started_ms;
+	uint64_t wait = proto_param(PROTO_PARAM_ADDENDUM_WAIT_MS);
+	uint32_t left = waited < wait ? (uint32_t)PROTO_MIN(wait - waited, TRK_WAIT_MAX_MS) : 1;
+
+	if (trk_client_get_addendum(a->trk, a->fetch->version, a->layout.digest, left, on_addendum,
+				    a) != 0)
 		again(a, "cannot ask the tracker");
 }
 

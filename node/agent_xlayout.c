@@ -18,9 +18,11 @@
  * plans holder -> its own layout and keeps, for its rank, the map of where
  * its bytes sit in the holder's ranks (proto/xmap.h). A chunk of one of its
  * parcels (payload [c*chunk, c*chunk+size)) then becomes pieces (holder
- * rank, offset, length, place in the chunk), grouped into a few reads
- * (windows) per holder rank; the windows land in a staging slot (at most
- * XL_POST_MAX reads of one chunk in flight), the pieces are copied into
+ * rank, offset, length, place in the chunk), grouped into reads (windows)
+ * per holder rank, each gathering up to four of that rank's ranges
+ * (fab_readv), so that only the chunk's own bytes cross the link; the
+ * windows land in a staging slot (at most XL_POST_MAX reads of one chunk
+ * in flight), the pieces are copied into
  * the chunk's bounce slot, and the chunk goes through the same path as
  * any other read: hashed against our own layout's signed chunk hash,
  * scattered into our slot, served to our swarm. Nothing from a holder
@@ -31,9 +33,9 @@
  * with room instead: chunks same-layout peers hold still come from them
  * first, the trainer only when no holder can serve (last resort). Holders
  * are taken round-robin, the first whose reads of the chunk carry at most
- * 1.5 times its bytes (else the one with the fewest: a TP4 rank reading a
- * TP1 holder reads its rows' other quarters along); each is paced like a
- * source (its measured rate
+ * 1.5 times its bytes (else the one with the fewest: past XL_WINS_MAX
+ * reads a chunk, the gaps between ranges are read along); each is paced
+ * like a source (its measured rate
  * times TESSERA_FETCH_TARGET_MS, at least two chunks) and the node keeps
  * at most XL_INFLIGHT such chunks in flight.
  *
@@ -77,14 +79,15 @@
 #define XL_RANKS_MAX 64
 #define XL_INFLIGHT 4               /* cross-layout chunk reads in flight per node */
 #define XL_STAGES (2 * XL_INFLIGHT) /* staging slots (a moved read keeps its own) */
-#define XL_POST_MAX 16              /* reads of one chunk in flight at once */
+#define XL_POST_MAX 128             /* reads of one chunk in flight at once */
 #define XL_PIECES_MAX 65536         /* pieces of one chunk */
-/* Reads of one chunk at most: pieces of a holder rank that nearly touch
- * are read as one (the gaps along) until there are this few. Thousands of
- * small reads of one chunk crawl behind the big ones queued on a busy
- * link; a few larger ones cost at most a quarter more bytes (tp4 from
- * tp2: 23 reads a chunk, 1.26 x its bytes; tp1 from tp2: 7, 1.0 x). */
-#define XL_WINS_MAX 64
+/* Reads of one chunk at most. A read gathers up to four ranges of one
+ * holder rank (fab_readv), so a chunk costs only its own bytes: a TP4
+ * rank's 1 MiB chunk of row-parallel rows from a TP2 holder is 4096
+ * pieces of 256 or 768 bytes, about 1024 reads. Past this many the gaps
+ * between ranges are read along (proto_xmap_windows). With one range per
+ * read and 64 reads a chunk, the gaps cost tp4 from tp2 1.26 x its bytes. */
+#define XL_WINS_MAX 1024
 #define XL_ASK_MS 1000              /* holders asked again while fetching */
 #define XL_HV_MAX (64u << 10)       /* have-map bytes of one partial holder (all ranks) */
 #define XL_SCAN 64                  /* chunks tried against partial holders per call */
@@ -140,6 +143,7 @@ struct xl_op {
 	struct fab_op op;
 	struct xl_read *xr;
 	uint32_t win;
+	struct fab_seg segs[PROTO_XWIN_SEGS]; /* the window's ranges, while it is read */
 };
 
 struct xl_read {
@@ -747,8 +751,7 @@ static void xl_finish(struct node_agent *a, struct xl_read *xr)
 		const uint8_t *st = x->stage + (size_t)xr->stage * x->stage_slot;
 		for (size_t i = 0; i < xr->npcs; i++) {
 			const struct proto_xpiece *q = &xr->pcs[i];
-			const struct proto_xwin *w = &xr->wins[q->win];
-			memcpy(out + q->out, st + w->stage + (q->src - w->src), q->len);
+			memcpy(out + q->out, st + q->at, q->len);
 		}
 	}
 	if (h->used && h->epoch == xr->epoch && rd->gen == a->gen) {
@@ -774,6 +777,8 @@ static void on_window(struct fab_op *op, int status)
 	bool ours = h->used && h->epoch == xr->epoch;
 
 	xr->live--;
+	if (status == 0 && ours)
+		h->pace.progress_ms = agent_now_ms(); /* a chunk of many reads is not silent */
 	if (status != 0 && xr->status == 0) {
 		xr->status = status;
 		if (ours && status != -ECANCELED) {
@@ -808,10 +813,18 @@ static int post_window(struct node_agent *a, struct xl_read *xr, struct xl_op *o
 	if (!agent_source_ready(a, s, agent_now_ms()))
 		return -EHOSTUNREACH;
 	struct fab_rkey rk = {s->info.addr, s->info.key, s->info.len};
+	size_t at = (size_t)xr->stage * x->stage_slot + w->stage;
 	op->xr = xr;
 	op->win = xr->next;
-	rc = fab_read(a->fab, &op->op, x->stage_mr, (size_t)xr->stage * x->stage_slot + w->stage,
-		      w->len, s->fa, &rk, w->src, on_window);
+	if (w->nsegs == 1) {
+		rc = fab_read(a->fab, &op->op, x->stage_mr, at, w->len, s->fa, &rk, w->segs[0].src,
+			      on_window);
+	} else {
+		for (uint32_t k = 0; k < w->nsegs; k++)
+			op->segs[k] = (struct fab_seg){w->segs[k].src, w->segs[k].len};
+		rc = fab_readv(a->fab, &op->op, x->stage_mr, at, s->fa, &rk, op->segs, w->nsegs,
+			       on_window);
+	}
 	if (rc != 0) {
 		agent_source_failed(a, s);
 		return rc;
@@ -955,9 +968,11 @@ static bool have_covers(const struct agent_xl *x, const struct xl_holder *h, int
 
 	for (int i = 0; i < nwins; i++) {
 		const struct proto_xwin *w = &x->wscratch[i];
-		if (!proto_xmap_have_covers(m + h->hv_off[w->rank], h->hv_off[w->rank + 1] - h->hv_off[w->rank],
-					    w->src, w->len))
-			return false;
+		for (uint32_t k = 0; k < w->nsegs; k++)
+			if (!proto_xmap_have_covers(m + h->hv_off[w->rank],
+						    h->hv_off[w->rank + 1] - h->hv_off[w->rank],
+						    w->segs[k].src, w->segs[k].len))
+				return false;
 	}
 	return true;
 }
@@ -1032,7 +1047,9 @@ static int xl_plan(struct node_agent *a, const struct xl_holder *h, uint32_t pi,
 		if (x->scratch[i].rank >= h->nranks ||
 		    x->scratch[i].src + x->scratch[i].len > h->ranks[x->scratch[i].rank].info.len)
 			rc = -ERANGE; /* the holder offered less than its layout holds */
-	int w = rc == 0 ? proto_xmap_windows(x->scratch, n, x->stage_slot, x->wscratch, XL_WINS_MAX) : rc;
+	uint32_t segs = (uint32_t)PROTO_MIN(fab_rma_segs(a->fab), PROTO_XWIN_SEGS);
+	int w = rc == 0 ? proto_xmap_windows(x->scratch, n, x->stage_slot, segs, x->wscratch, XL_WINS_MAX)
+			: rc;
 	if (w > 0 && h->partial && !have_covers(x, h, w))
 		w = -ENODATA; /* not all verified there yet: nothing of it is read */
 	x->npieces = n;

@@ -11,7 +11,9 @@
  * A replica may register a serving layout after the latest version was
  * published; that manifest lists no parcels for it. The tracker says so in
  * its version list (the latest's `uncovered_layouts`), which the retention
- * check reads every TESSERA_PUB_CHECK_MS. The leader then runs an export of
+ * check reads every TESSERA_PUB_CHECK_MS and at once when the leader's
+ * held watch (GET /versions?layouts_rev=R) says a replica came alive. The
+ * leader then runs an export of
  * the same version in addendum mode (pub_export.c does the work):
  *   1. the tracker's manifest of the version (its digest and chunk size);
  *   2. the snapshot, rebuilt from the source (fixture or checkpoint: the

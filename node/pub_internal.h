@@ -270,6 +270,12 @@ struct node_pub {
 	char id[TRK_ID_MAX];
 	bool registered, reg_busy, hb_busy, check_busy, init_busy, ready;
 	bool reg_warned, layouts_waiting;
+	/* The leader's watch for replicas coming alive (a layout to extend
+	 * the latest version for): in flight; the tracker's layouts_rev and
+	 * latest version it last told; a check to make once the one in
+	 * flight is back. */
+	bool lw_busy, check_again;
+	uint64_t lw_rev, lw_after;
 	uint64_t lease_ms;
 	uint64_t reg_gen, hb_gen; /* registrations so far; the heartbeat's */
 	uint64_t next_version, reoffer;

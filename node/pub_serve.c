@@ -346,6 +346,10 @@ static void on_check_answer(const struct trk_answer *a, void *arg)
 	size_t n = 0;
 
 	p->check_busy = false;
+	if (p->check_again) { /* a replica came alive after this was asked */
+		p->check_again = false;
+		node__pub_on_check(-1, 0, p);
+	}
 	/* A node could not build a delta: the next export is an anchor. */
 	if (a->status == 200 && json_is_true(json_object_get(a->json, "anchor_wanted")))
 		p->anchor_wanted = true;
@@ -376,10 +380,50 @@ static void on_check_answer(const struct trk_answer *a, void *arg)
 	node__pub_ex_step(p); /* an export may wait for this answer */
 }
 
+static void watch_layouts(struct node_pub *p);
+
+/* The tracker says a replica came alive (or a version was published, or
+ * the wait ended): check at once, and watch again. A failure waits for
+ * the next periodic check, which watches again. */
+static void on_layouts_watch(const struct trk_answer *a, void *arg)
+{
+	struct node_pub *p = arg;
+	json_t *rev = a->status == 200 ? json_object_get(a->json, "layouts_rev") : NULL;
+	json_t *latest = a->status == 200 ? json_object_get(a->json, "latest") : NULL;
+
+	p->lw_busy = false;
+	if (!json_is_integer(rev) || !json_is_integer(latest))
+		return;
+	bool moved = (uint64_t)json_integer_value(rev) != p->lw_rev ||
+		     (uint64_t)json_integer_value(latest) != p->lw_after;
+	p->lw_rev = (uint64_t)json_integer_value(rev);
+	p->lw_after = (uint64_t)json_integer_value(latest);
+	if (moved) {
+		if (p->check_busy)
+			p->check_again = true;
+		else
+			node__pub_on_check(-1, 0, p);
+	}
+	watch_layouts(p);
+}
+
+/* Only the leader extends versions (pub_addendum.c): it learns of a new
+ * replica from a held watch, not from the next periodic check. */
+static void watch_layouts(struct node_pub *p)
+{
+	if (!p->leader || p->lw_busy || !p->registered || p->dead)
+		return;
+	if (trk_client_watch_layouts(p->trk, p->lw_after, p->lw_rev,
+				     (uint32_t)proto_param(PROTO_PARAM_WATCH_MS), on_layouts_watch,
+				     p) == 0)
+		p->lw_busy = true;
+}
+
 void node__pub_on_check(evutil_socket_t fd, short what, void *arg)
 {
 	struct node_pub *p = arg;
 
+	watch_layouts(p);
 	if (!p->registered || p->check_busy || p->dead || p->versions == NULL)
 		return;
 	if (trk_client_watch(p->trk, 0, 0, on_check_answer, p) == 0)

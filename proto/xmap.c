@@ -96,7 +96,7 @@ static int put_piece(struct proto_xpiece *out, size_t max, size_t *n, uint32_t r
 	}
 	if (*n == max)
 		return -ENOSPC;
-	out[(*n)++] = (struct proto_xpiece){rank, 0, src, len, o};
+	out[(*n)++] = (struct proto_xpiece){.rank = rank, .src = src, .len = len, .out = o};
 	return 0;
 }
 
@@ -146,49 +146,67 @@ static int piece_cmp(const void *a, const void *b)
 	return x->src < y->src ? -1 : x->src > y->src;
 }
 
-/* Groups the sorted pieces with gap; the count of windows, and their
- * staging bytes in *bytes; fills out when it is not NULL. */
-static size_t group(struct proto_xpiece **sorted, size_t n, uint64_t gap, uint64_t *bytes,
-		    struct proto_xwin *out)
+/* Groups the sorted pieces: ranges (pieces closer than gap merged), up to
+ * segs ranges of one rank a window; the count of windows, and their
+ * staging bytes in *bytes; fills out (and each piece's win and at) when it
+ * is not NULL. */
+static size_t group(struct proto_xpiece **sorted, size_t n, uint64_t gap, uint32_t segs,
+		    uint64_t *bytes, struct proto_xwin *out)
 {
+	struct proto_xwin cur = {0};
 	size_t w = 0;
-	uint64_t start = 0, wend = 0, total = 0;
-	uint32_t rank = 0;
+	uint64_t start = 0, rend = 0, total = 0;
+	bool open = false;
 
 	for (size_t i = 0; i < n; i++) {
 		struct proto_xpiece *q = sorted[i];
-		if (w == 0 || q->rank != rank || q->src > wend + gap) {
-			if (w > 0) {
-				if (out != NULL)
-					out[w - 1] = (struct proto_xwin){rank, start, wend - start, total};
-				total += wend - start;
+		if (open && q->rank == cur.rank && q->src <= rend + gap) {
+			rend = PROTO_MAX(rend, q->src + q->len); /* the same range */
+		} else {
+			if (open) { /* the range [start, rend) ends */
+				cur.segs[cur.nsegs++] = (struct proto_xseg){start, rend - start};
+				cur.len += rend - start;
 			}
-			w++;
-			rank = q->rank;
+			if (!open || q->rank != cur.rank || cur.nsegs == segs) {
+				if (open) { /* the window ends */
+					if (out != NULL)
+						out[w - 1] = cur;
+					total += cur.len;
+				}
+				cur = (struct proto_xwin){.rank = q->rank, .stage = total};
+				w++;
+			}
+			open = true;
 			start = q->src;
-			wend = q->src + q->len;
-		} else if (q->src + q->len > wend) {
-			wend = q->src + q->len;
+			rend = q->src + q->len;
 		}
-		if (out != NULL)
+		if (out != NULL) {
+			/* Its place: the window's start, the ranges before its own,
+			 * then its offset in its range. */
 			q->win = (uint32_t)(w - 1);
+			q->at = cur.stage + cur.len + (q->src - start);
+		}
 	}
-	if (w > 0) {
+	if (open) {
+		cur.segs[cur.nsegs++] = (struct proto_xseg){start, rend - start};
+		cur.len += rend - start;
 		if (out != NULL)
-			out[w - 1] = (struct proto_xwin){rank, start, wend - start, total};
-		total += wend - start;
+			out[w - 1] = cur;
+		total += cur.len;
 	}
 	*bytes = total;
 	return w;
 }
 
-int proto_xmap_windows(struct proto_xpiece *pc, size_t n, uint64_t stage_cap,
+int proto_xmap_windows(struct proto_xpiece *pc, size_t n, uint64_t stage_cap, uint32_t segs,
 		       struct proto_xwin *out, size_t max)
 {
 	struct proto_xpiece **sorted;
 	uint64_t gap = 0, bytes = 0;
 	size_t w;
 
+	if (segs < 1 || segs > PROTO_XWIN_SEGS)
+		return -EINVAL;
 	if (max == 0)
 		return -ENOSPC;
 	if (n == 0)
@@ -198,14 +216,14 @@ int proto_xmap_windows(struct proto_xpiece *pc, size_t n, uint64_t stage_cap,
 	for (size_t i = 0; i < n; i++)
 		sorted[i] = &pc[i];
 	qsort(sorted, n, sizeof(*sorted), piece_cmp);
-	while ((w = group(sorted, n, gap, &bytes, NULL)) > max && bytes <= stage_cap &&
+	while ((w = group(sorted, n, gap, segs, &bytes, NULL)) > max && bytes <= stage_cap &&
 	       gap < (1ull << 40))
 		gap = gap == 0 ? 64 : 2 * gap;
 	if (w > max || bytes > stage_cap) {
 		free(sorted);
 		return -ENOSPC;
 	}
-	group(sorted, n, gap, &bytes, out);
+	group(sorted, n, gap, segs, &bytes, out);
 	free(sorted);
 	return (int)w;
 }

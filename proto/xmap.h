@@ -20,10 +20,12 @@
  * ranks; replicated tensors from whichever rank the planner's rotation
  * picked.
  *
- * Reading: pieces of one holder rank that touch (or nearly: gaps are read
- * too, within a staging budget) are read as one window, so a chunk costs a
- * few one-sided reads, not one per row; the windows land in a staging area
- * and the pieces are copied out of it into the chunk's bytes. What comes
+ * Reading: pieces of one holder rank that touch are read as one range, and
+ * up to four ranges as one gathering read (a window: fi_readmsg with
+ * several remote iovs), so a chunk costs a few hundred one-sided reads at
+ * most, not one per row, and only its own bytes (gaps are read along only
+ * past a cap on the reads); the windows land in a staging area and the
+ * pieces are copied out of it into the chunk's bytes. What comes
  * out is checked against the fetching layout's own signed chunk hash, like
  * any other chunk: the map only says where to look.
  */
@@ -54,13 +56,22 @@ struct proto_xpiece {
 	uint32_t rank;
 	uint32_t win; /* its window (proto_xmap_windows) */
 	uint64_t src, len, out;
+	uint64_t at;  /* where its bytes land in the staging area */
 };
 
-/* One read: holder rank `rank`'s bytes [src, src+len) into the staging
- * area at stage. */
+/* One range of holder memory a window reads. */
+struct proto_xseg {
+	uint64_t src, len;
+};
+#define PROTO_XWIN_SEGS 4
+
+/* One read: holder rank `rank`'s ranges segs[0..nsegs) (in source order)
+ * into the staging area back to back from stage, len bytes in all. */
 struct proto_xwin {
 	uint32_t rank;
-	uint64_t src, len, stage;
+	uint32_t nsegs;
+	uint64_t len, stage;
+	struct proto_xseg segs[PROTO_XWIN_SEGS];
 };
 
 /* Builds the map of destination rank dst_rank from hp, the plan from the
@@ -83,12 +94,14 @@ int proto_xmap_pieces(const struct proto_xmap *x, const struct proto_plan *p,
 		      uint64_t len, struct proto_xpiece *out, size_t max, size_t *n);
 
 /* Groups n pieces into reads (windows): per holder rank, pieces in source
- * order, merged when they touch; while there are more than max windows the
- * gap read along grows (64 bytes, doubling). Windows are placed back to
- * back in a staging area; sets each piece's win. Returns the number of
- * windows, -ENOSPC when the windows would need more than stage_cap bytes
- * of staging (or max is 0), -ENOMEM. */
-int proto_xmap_windows(struct proto_xpiece *pc, size_t n, uint64_t stage_cap,
+ * order, merged into one range when they touch; up to segs ranges
+ * (1..PROTO_XWIN_SEGS: what one gathering read takes) make one window.
+ * While there are more than max windows, ranges closer than a gap are
+ * merged too, the gap read along (64 bytes, doubling). Windows are placed
+ * back to back in a staging area; sets each piece's win and at. Returns
+ * the number of windows, -ENOSPC when they would need more than stage_cap
+ * bytes of staging (or max is 0), -EINVAL for segs out of range, -ENOMEM. */
+int proto_xmap_windows(struct proto_xpiece *pc, size_t n, uint64_t stage_cap, uint32_t segs,
 		       struct proto_xwin *out, size_t max);
 
 /*

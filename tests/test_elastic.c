@@ -279,14 +279,55 @@ static void test_late_layout_addendum(void **state)
 	start_tracker(e);
 	start_node(e, "A", 0, "tp2");
 	start_node(e, "A", 1, "tp2");
+	/* No periodic check within the test: the publisher learns of B's
+	 * layout from its held watch alone. */
+	setenv("TESSERA_PUB_CHECK_MS", "600000", 1);
 	start_publisher(e);
+	unsetenv("TESSERA_PUB_CHECK_MS");
 	wait_active(e, "A", 1);
+
+	/* Held before B comes: a publisher's watch for replicas coming alive
+	 * and a node's wait for the addendum of tp1 (neither can be answered
+	 * yet: a round trip on the other connection finds them pending). */
+	struct trk_reply lw, aw;
+	uint64_t rev0;
+	{
+		struct proto_layout tp1;
+		json_t *vl = get_json(e, TRK_API "/versions", 200);
+		rev0 = (uint64_t)jint(vl, "layouts_rev");
+		json_decref(vl);
+		assert_int_equal(proto_layout_builtin(&e->m, "tp1", &tp1, &err), 0);
+		memcpy(keep, tp1.digest, sizeof(keep));
+		proto_layout_fini(&tp1);
+		trk_reply_init(&lw);
+		trk_reply_init(&aw);
+		assert_int_equal(trk_client_watch_layouts(e->trk, 1, rev0, TRK_WAIT_MAX_MS, trk_reply_cb,
+							  &lw), 0);
+		assert_int_equal(trk_client_get_addendum(e->trk, 1, keep, TRK_WAIT_MAX_MS, trk_reply_cb,
+							 &aw), 0);
+		vl = get_json(e, TRK_API "/versions", 200);
+		json_decref(vl);
+		assert_false(lw.done);
+		assert_false(aw.done);
+	}
 
 	/* B joins with tp1, which version 1's manifest does not list. */
 	int bi = start_node(e, "B", 0, "tp1");
 	wait_active(e, "B", 1);
 	assert_int_equal(tu_sh("grep -q 'extended for our layout by its signed addendum' %s",
 			       e->nodes[bi].log), 0);
+	/* Both were answered by the events, not by their 30 s wait: B came
+	 * alive (layouts_rev moved), then its addendum was posted. */
+	trk_client_wait(e->trk, &lw);
+	assert_int_equal(lw.status, 200);
+	assert_true((uint64_t)jint(lw.json, "layouts_rev") > rev0);
+	trk_client_wait(e->trk, &aw);
+	assert_int_equal(aw.status, 200);
+	assert_int_equal(proto_addendum_decode(aw.body, aw.len, e->pk, &a, &err), 0);
+	assert_memory_equal(a.layout.layout_digest, keep, PROTO_HASH_BYTES);
+	proto_addendum_fini(&a);
+	trk_reply_fini(&lw);
+	trk_reply_fini(&aw);
 	ve = version_entry(e, 1);
 	rep = replica(e, "B");
 	{
@@ -374,6 +415,14 @@ static void test_late_layout_addendum(void **state)
 	json_t *bad = get_json(e, TRK_API "/addenda?version=0", 400);
 	json_decref(bad);
 	bad = get_json(e, TRK_API "/addenda?version=1&layout=zz", 400);
+	json_decref(bad);
+	bad = get_json(e, TRK_API "/addenda?version=1&layout=zz&wait_ms=-1", 400);
+	json_decref(bad);
+	bad = get_json(e, TRK_API "/versions?after=1&wait_ms=100&layouts_rev=x", 400);
+	json_decref(bad);
+	/* A wait for an addendum nobody posts ends as a 404. */
+	snprintf(path, sizeof(path), TRK_API "/addenda?version=1&layout=%064d&wait_ms=50", 0);
+	bad = get_json(e, path, 404);
 	json_decref(bad);
 	snprintf(path, sizeof(path), TRK_API "/addenda?version=1&layout=%064d", 0);
 	bad = get_json(e, path, 404);

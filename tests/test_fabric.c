@@ -330,6 +330,75 @@ static void test_read_many(void **state)
 	free(src);
 }
 
+/* Gathering reads: several short remote ranges land back to back in one
+ * operation (the cross-layout reads of node/agent_xlayout.c); refused
+ * before posting when empty, past the provider's count or the region. */
+static void test_readv(void **state)
+{
+	struct fx *f = *state;
+	struct fab_mr *smr, *dmr;
+	struct fab_rkey rk;
+	struct fab_stats st0, st1;
+	struct req q[64];
+	struct fab_seg segs[64][FAB_SEGS_MAX];
+	const size_t len = 1 * MiB;
+	uint8_t *src, *dst, *want;
+	size_t n = fab_rma_segs(f->a), at = 0;
+	int done = 0;
+
+	SKIP_IF_UNAVAILABLE(f);
+	assert_true(n >= 1 && n <= FAB_SEGS_MAX);
+	fprintf(stderr, "# %s: %zu ranges per gathering read\n", f->prov, n);
+	src = xalloc(len);
+	dst = xalloc(len);
+	want = xalloc(len);
+	fill(src, len, 77);
+	memset(dst, 0, len);
+	assert_int_equal(fab_mr_reg(f->b, src, len, FAB_MR_REMOTE_READ, &smr), 0);
+	assert_int_equal(fab_mr_reg(f->a, dst, len, FAB_MR_READ, &dmr), 0);
+	fab_mr_rkey(smr, &rk);
+	/* 64 reads, each of n ranges: 256 bytes every 512 (the rows a TP4 rank
+	 * takes of a TP2 rank's), the last range of each read odd-sized. */
+	fab_stats(f->a, &st0);
+	for (size_t i = 0; i < 64; i++) {
+		size_t loff = at;
+		for (size_t k = 0; k < n; k++) {
+			uint64_t roff = (i * n + k) * 512, l = k + 1 == n ? 255 : 256;
+			segs[i][k] = (struct fab_seg){roff, l};
+			memcpy(want + at, src + roff, l);
+			at += l;
+		}
+		q[i] = (struct req){.inflight = NULL};
+		assert_int_equal(fab_readv(f->a, &q[i].op, dmr, loff, f->a2b, &rk, segs[i], n, req_cb), 0);
+	}
+	for (size_t i = 0; i < 64; i++) {
+		pump_until(f, &q[i].done, 1);
+		assert_int_equal(q[i].status, 0);
+		done++;
+	}
+	assert_int_equal(done, 64);
+	assert_memory_equal(dst, want, at);
+	fab_stats(f->a, &st1);
+	assert_int_equal(st1.bytes_read - st0.bytes_read, at); /* only the ranges */
+	assert_int_equal(st1.reads - st0.reads, 64);
+	/* Refused before posting. */
+	struct fab_seg bad[FAB_SEGS_MAX + 1] = {{0, 16}, {32, 16}, {64, 16}, {96, 16}, {128, 16}};
+	assert_int_equal(fab_readv(f->a, &q[0].op, dmr, 0, f->a2b, &rk, bad, 0, req_cb), -EINVAL);
+	assert_int_equal(fab_readv(f->a, &q[0].op, dmr, 0, f->a2b, &rk, bad, n + 1, req_cb), -EINVAL);
+	bad[0].len = 0;
+	assert_int_equal(fab_readv(f->a, &q[0].op, dmr, 0, f->a2b, &rk, bad, 1, req_cb), -EINVAL);
+	bad[0] = (struct fab_seg){len - 8, 16}; /* past the region */
+	assert_int_equal(fab_readv(f->a, &q[0].op, dmr, 0, f->a2b, &rk, bad, 1, req_cb), -ERANGE);
+	bad[0] = (struct fab_seg){0, 16};
+	assert_int_equal(fab_readv(f->a, &q[0].op, dmr, len - 8, f->a2b, &rk, bad, 1, req_cb), -ERANGE);
+	assert_int_equal(fab_inflight(f->a), 0);
+	fab_mr_close(dmr);
+	fab_mr_close(smr);
+	free(want);
+	free(dst);
+	free(src);
+}
+
 static void test_write_many(void **state)
 {
 	struct fx *f = *state;
@@ -1253,6 +1322,7 @@ static void test_mr_mode_names(void **state)
 
 #define FABRIC_TESTS                                                           \
 	cmocka_unit_test(test_read_many),                                      \
+		cmocka_unit_test(test_readv),                                  \
 		cmocka_unit_test(test_write_many),                             \
 		cmocka_unit_test(test_messages_both_ways),                     \
 		cmocka_unit_test_teardown(test_errors, own_teardown),          \

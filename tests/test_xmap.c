@@ -53,11 +53,13 @@ static void free_ranks(uint8_t **b, uint32_t n)
 #define WINS_MAX 4096
 
 /* Assembles payload [off, off+len) of pc from the holder's rank memories
- * the way a node does: pieces, windows read into staging, pieces copied
- * out. Returns the ranks used (bit mask) or -errno. */
+ * the way a node does: pieces, windows (up to segs ranges each, at most
+ * max) read into staging, pieces copied out. Returns the ranks used (bit
+ * mask) or -errno; *staged gets the bytes the windows read. */
 static int assemble(const struct proto_xmap *x, const struct proto_plan *p,
 		    const struct proto_parcel *pc, const struct proto_layout *dst, uint8_t **holder,
-		    uint64_t off, uint64_t len, uint64_t stage_cap, uint8_t *out)
+		    uint64_t off, uint64_t len, uint64_t stage_cap, uint32_t segs, size_t max,
+		    uint64_t *staged, uint8_t *out)
 {
 	static struct proto_xpiece pcs[PIECES_MAX];
 	static struct proto_xwin wins[WINS_MAX];
@@ -65,28 +67,41 @@ static int assemble(const struct proto_xmap *x, const struct proto_plan *p,
 	int rc = proto_xmap_pieces(x, p, pc, dst, off, len, pcs, PIECES_MAX, &n);
 	if (rc != 0)
 		return rc;
-	int w = proto_xmap_windows(pcs, n, stage_cap, wins, WINS_MAX);
+	int w = proto_xmap_windows(pcs, n, stage_cap, segs, wins, PROTO_MIN(max, WINS_MAX));
 	if (w < 0)
 		return w;
 	uint8_t *stage = malloc(stage_cap + 1);
 	assert_non_null(stage);
-	uint64_t sum = 0;
+	uint64_t sum = 0, at = 0;
 	int ranks = 0;
 	for (int i = 0; i < w; i++) {
+		uint64_t put = wins[i].stage;
+		assert_int_equal(wins[i].stage, at); /* back to back */
 		assert_true(wins[i].stage + wins[i].len <= stage_cap);
-		memcpy(stage + wins[i].stage, holder[wins[i].rank] + wins[i].src, wins[i].len);
+		assert_true(wins[i].nsegs >= 1 && wins[i].nsegs <= segs);
+		for (uint32_t k = 0; k < wins[i].nsegs; k++) {
+			const struct proto_xseg *g = &wins[i].segs[k];
+			assert_true(g->len > 0);
+			if (k > 0) /* ranges in source order, apart */
+				assert_true(g->src > wins[i].segs[k - 1].src + wins[i].segs[k - 1].len);
+			memcpy(stage + put, holder[wins[i].rank] + g->src, g->len);
+			put += g->len;
+		}
+		assert_int_equal(put - wins[i].stage, wins[i].len);
+		at += wins[i].len;
 		ranks |= 1 << wins[i].rank;
 	}
 	for (size_t i = 0; i < n; i++) {
 		const struct proto_xwin *wi = &wins[pcs[i].win];
 		assert_int_equal(pcs[i].rank, wi->rank);
-		assert_true(pcs[i].src >= wi->src && pcs[i].src + pcs[i].len <= wi->src + wi->len);
+		assert_true(pcs[i].at >= wi->stage && pcs[i].at + pcs[i].len <= wi->stage + wi->len);
 		assert_true(pcs[i].out + pcs[i].len <= len);
-		memcpy(out + pcs[i].out, stage + wi->stage + (pcs[i].src - wi->src), pcs[i].len);
+		memcpy(out + pcs[i].out, stage + pcs[i].at, pcs[i].len);
 		sum += pcs[i].len;
 	}
 	free(stage);
 	assert_int_equal(sum, len); /* every byte exactly once */
+	*staged = at;
 	return ranks;
 }
 
@@ -120,12 +135,15 @@ static void check_pair(const struct proto_model *m, const struct proto_layout *t
 				uint64_t len = PROTO_MIN(chunk, pc->bytes - off);
 				proto_parcel_gather(&tp, pc, tl, trainer[pc->src_rank], off, len, want);
 				memset(got, 0xee, len);
-				int r = assemble(&x, &tp, pc, &dst, holder, off, len, 2 * chunk, got);
+				uint64_t staged;
+				int r = assemble(&x, &tp, pc, &dst, holder, off, len, 2 * chunk,
+						 PROTO_XWIN_SEGS, WINS_MAX, &staged, got);
 				if (r <= 0)
 					print_error("%s from %s: parcel %u off %llu: %d\n", dname, hname, i, (unsigned long long)off, r);
 				assert_true(r > 0);
 				*ranks_seen |= r;
 				assert_memory_equal(want, got, len);
+				assert_int_equal(staged, len); /* no byte read twice or in vain */
 			}
 		}
 		proto_xmap_fini(&x);
@@ -162,6 +180,68 @@ static void test_every_pair(void **state)
 	check_pair(&m, &tl, trainer, "tp4", "tp2", 777, &seen);
 	free_ranks(trainer, tl.nranks);
 	proto_layout_fini(&tl);
+	proto_model_fini(&m);
+}
+
+/* A TP4 rank reading a TP2 holder: a row-parallel tensor's rows give one
+ * short piece each, half of every holder row. Gathering reads take only
+ * those bytes in a quarter of the reads; one range per read within the old
+ * cap of 64 reads had to read the other half of the rows along. */
+static void test_exact_reads(void **state)
+{
+	struct proto_model m;
+	struct proto_layout tl, dst, hol;
+	struct proto_plan tp, hp;
+	struct proto_xmap x;
+	struct proto_err err;
+	const uint64_t chunk = 256u << 10;
+	uint64_t need = 0, exact = 0, capped = 0, single = 0;
+
+	assert_int_equal(proto_synth_model(4u << 20, &m, &err), 0);
+	assert_int_equal(proto_layout_builtin(&m, "fsdp2", &tl, &err), 0);
+	assert_int_equal(proto_layout_builtin(&m, "tp4", &dst, &err), 0);
+	assert_int_equal(proto_layout_builtin(&m, "tp2", &hol, &err), 0);
+	assert_int_equal(proto_plan_build(&m, &tl, &dst, &tp, &err), 0);
+	assert_int_equal(proto_plan_build(&m, &hol, &dst, &hp, &err), 0);
+	uint8_t **trainer = fill_ranks(&m, &tl), **holder = fill_ranks(&m, &hol);
+	uint8_t *want = malloc(chunk), *got = malloc(chunk);
+	assert_non_null(want);
+	assert_non_null(got);
+	assert_int_equal(proto_xmap_build(&hp, &hol, &dst, 1, &x, &err), 0);
+	for (uint32_t i = 0; i < tp.nparcels; i++) {
+		const struct proto_parcel *pc = &tp.parcels[i];
+		if (pc->dst_rank != 1)
+			continue;
+		for (uint64_t off = 0; off < pc->bytes; off += chunk) {
+			uint64_t len = PROTO_MIN(chunk, pc->bytes - off), st;
+			proto_parcel_gather(&tp, pc, &tl, trainer[pc->src_rank], off, len, want);
+			assert_true(assemble(&x, &tp, pc, &dst, holder, off, len, 2 * chunk,
+					     PROTO_XWIN_SEGS, 1024, &st, got) > 0);
+			assert_memory_equal(want, got, len);
+			exact += st;
+			assert_true(assemble(&x, &tp, pc, &dst, holder, off, len, 2 * chunk, 1, 64,
+					     &st, got) > 0);
+			assert_memory_equal(want, got, len);
+			capped += st;
+			assert_true(assemble(&x, &tp, pc, &dst, holder, off, len, 2 * chunk, 1, 4096,
+					     &st, got) > 0);
+			single += st;
+			need += len;
+		}
+	}
+	assert_int_equal(exact, need);
+	assert_int_equal(single, need);
+	assert_true(capped > need + need / 10); /* the gaps the cap read along */
+	proto_xmap_fini(&x);
+	free(want);
+	free(got);
+	free_ranks(trainer, tl.nranks);
+	free_ranks(holder, hol.nranks);
+	proto_plan_fini(&tp);
+	proto_plan_fini(&hp);
+	proto_layout_fini(&tl);
+	proto_layout_fini(&dst);
+	proto_layout_fini(&hol);
 	proto_model_fini(&m);
 }
 
@@ -298,9 +378,11 @@ static void test_refusals(void **state)
 	/* Windows: no room for any, a staging budget below the bytes. */
 	assert_int_equal(proto_xmap_pieces(&x, &tp, pc, &t1, 0, 16, pcs, 8, &n), 0);
 	assert_true(n >= 1);
-	assert_int_equal(proto_xmap_windows(pcs, n, 1u << 20, wins, 0), -ENOSPC);
-	assert_int_equal(proto_xmap_windows(pcs, n, 15, wins, 2), -ENOSPC);
-	assert_true(proto_xmap_windows(pcs, n, 16, wins, 2) >= 1);
+	assert_int_equal(proto_xmap_windows(pcs, n, 1u << 20, 1, wins, 0), -ENOSPC);
+	assert_int_equal(proto_xmap_windows(pcs, n, 15, 1, wins, 2), -ENOSPC);
+	assert_true(proto_xmap_windows(pcs, n, 16, 1, wins, 2) >= 1);
+	assert_int_equal(proto_xmap_windows(pcs, n, 16, 0, wins, 2), -EINVAL);
+	assert_int_equal(proto_xmap_windows(pcs, n, 16, PROTO_XWIN_SEGS + 1, wins, 2), -EINVAL);
 	proto_xmap_fini(&x);
 	proto_xmap_fini(&x); /* twice is harmless */
 	proto_plan_fini(&tp);
@@ -315,6 +397,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_every_pair),
+		cmocka_unit_test(test_exact_reads),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_have_map),
 	};

@@ -352,6 +352,21 @@ void trk__handle_addendum_post(struct trk_call *c)
 					  "layout_digest", hex, "digest",
 					  trk__json_hex(ad->e[ad->n - 1].a.digest, PROTO_HASH_BYTES)));
 	trk__registry_changed(c->s->reg);
+	/* The nodes waiting for it (the entry stays until shutdown). */
+	trk__versions_addendum_posted(c->s->vs, ad->e[ad->n - 1].a.version,
+				      ad->e[ad->n - 1].a.layout.layout_digest);
+}
+
+void trk__addendum_reply_req(struct trk_server *s, struct evhttp_request *req, uint64_t v,
+			     const uint8_t *layout)
+{
+	const struct trk_addendum *e = find(s->ad, v, layout);
+
+	if (e != NULL)
+		trk__reply_req_raw(s, req, 200, "application/octet-stream", e->raw, e->rawlen);
+	else
+		trk__reply_req_json(s, req, 404, json_pack("{s:s}", "error",
+							  "no addendum for that layout yet"));
 }
 
 void trk__handle_addendum_get(struct trk_call *c)
@@ -360,8 +375,12 @@ void trk__handle_addendum_get(struct trk_call *c)
 	const char *lhex = trk__query_str(c, "layout");
 	uint8_t layout[PROTO_HASH_BYTES];
 	const struct trk_addendum *e;
-	uint64_t v = 0;
+	uint64_t v = 0, wait_ms = 0;
 
+	if (trk__query_u64(c, "wait_ms", false, UINT64_MAX, &wait_ms, &err) != 0) {
+		trk__fail(c, 400, "%s", err.msg);
+		return;
+	}
 	if (trk__query_u64(c, "version", true, UINT64_MAX, &v, &err) != 0 || v == 0) {
 		trk__fail(c, 400, "%s", v == 0 && err.msg[0] == 0 ? "version: must be >= 1" : err.msg);
 		return;
@@ -381,6 +400,10 @@ void trk__handle_addendum_get(struct trk_call *c)
 		return;
 	}
 	e = find(c->s->ad, v, layout);
+	if (e == NULL && wait_ms > 0) { /* answered when it is posted */
+		trk__versions_hold_addendum(c, v, layout, wait_ms);
+		return;
+	}
 	if (e == NULL) {
 		trk__fail(c, 404, "version %llu has no addendum for layout %.16s", (unsigned long long)v,
 			  lhex);

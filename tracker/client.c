@@ -789,9 +789,19 @@ static int get_version_layout(struct trk_client *c, const char *what, uint64_t v
 }
 
 int trk_client_get_addendum(struct trk_client *c, uint64_t version,
-			    const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg)
+			    const uint8_t layout[PROTO_HASH_BYTES], uint32_t wait_ms,
+			    trk_client_cb cb, void *arg)
 {
-	return get_version_layout(c, "/addenda", version, layout, cb, arg);
+	char path[260], hex[2 * PROTO_HASH_BYTES + 1];
+
+	if (wait_ms == 0)
+		return get_version_layout(c, "/addenda", version, layout, cb, arg);
+	wait_ms = wait_ms > TRK_WAIT_MAX_MS ? TRK_WAIT_MAX_MS : wait_ms;
+	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
+	snprintf(path, sizeof(path), TRK_API "/addenda?version=%llu&layout=%s&wait_ms=%u",
+		 (unsigned long long)version, hex, wait_ms);
+	/* A long-poll: on a connection of its own (its timeout says so). */
+	return trk_client_request(c, "GET", path, NULL, NULL, 0, c->timeout_ms + wait_ms, cb, arg);
 }
 
 int trk_client_leave(struct trk_client *c, const char *id, trk_client_cb cb, void *arg)
@@ -809,6 +819,17 @@ int trk_client_watch(struct trk_client *c, uint64_t after, uint32_t wait_ms,
 		 (unsigned long long)after, wait_ms);
 	return trk_client_request(c, "GET", path, NULL, NULL, 0,
 				  c->timeout_ms + wait_ms, cb, arg);
+}
+
+int trk_client_watch_layouts(struct trk_client *c, uint64_t after, uint64_t layouts_rev,
+			     uint32_t wait_ms, trk_client_cb cb, void *arg)
+{
+	char path[160];
+
+	wait_ms = wait_ms > TRK_WAIT_MAX_MS ? TRK_WAIT_MAX_MS : wait_ms;
+	snprintf(path, sizeof(path), TRK_API "/versions?after=%llu&wait_ms=%u&layouts_rev=%llu",
+		 (unsigned long long)after, wait_ms, (unsigned long long)layouts_rev);
+	return trk_client_request(c, "GET", path, NULL, NULL, 0, c->timeout_ms + wait_ms, cb, arg);
 }
 
 int trk_client_get_manifest(struct trk_client *c, uint64_t version,

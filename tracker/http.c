@@ -127,6 +127,12 @@ void trk__reply_json(struct trk_call *c, int code, json_t *obj)
 	trk__reply_req_json(c->s, c->req, code, obj);
 }
 
+void trk__reply_req_raw(struct trk_server *s, struct evhttp_request *req, int code,
+			const char *ctype, const void *buf, size_t len)
+{
+	send_buf(s, req, code, ctype, buf, len);
+}
+
 void trk__reply_raw(struct trk_call *c, int code, const char *ctype,
 		    const void *buf, size_t len)
 {

@@ -72,6 +72,9 @@ char *trk__json_text(const json_t *obj, size_t *len);
  * for one answer sent to many. */
 void trk__reply_req_text(struct trk_server *s, struct evhttp_request *req, int code,
 			 const char *txt, size_t len);
+/* Answers a held request with bytes (copied). */
+void trk__reply_req_raw(struct trk_server *s, struct evhttp_request *req, int code,
+			const char *ctype, const void *buf, size_t len);
 
 /*
  * Field getters for request JSON. Each returns 0 and sets *out, or -EINVAL
@@ -269,6 +272,21 @@ void trk__versions_drop_waiters(struct trk_versions *vs);
 bool trk__versions_pinned(const struct trk_versions *vs);
 /* The trainer key versions are checked with; NULL before one is known. */
 const uint8_t *trk__versions_pk(const struct trk_versions *vs);
+
+/* A replica came alive (a new one, or one whose ranks were all gone): its
+ * layout may be one the latest version lacks. Bumps layouts_rev (shown
+ * with the versions) and answers the publishers' watches that passed
+ * layouts_rev (GET /versions?layouts_rev=R): they extend the version at
+ * once. Cannot fail. */
+void trk__versions_replica_alive(struct trk_versions *vs);
+/* Holds c (GET /addenda?version=V&layout=HEX&wait_ms=N) until the
+ * addendum of v for layout is posted (trk__versions_addendum_posted) or
+ * wait_ms passes; either way answered by trk__addendum_reply_req. -ENOMEM
+ * (c answered 500). */
+int trk__versions_hold_addendum(struct trk_call *c, uint64_t v, const uint8_t *layout,
+				uint64_t wait_ms);
+/* The addendum of v for layout is stored: its held requests are answered. */
+void trk__versions_addendum_posted(struct trk_versions *vs, uint64_t v, const uint8_t *layout);
 
 void trk__handle_publish(struct trk_call *c);
 void trk__handle_versions(struct trk_call *c);
@@ -700,6 +718,10 @@ const struct proto_mlayout *trk__version_layout(struct trk_server *s, uint64_t v
 						const uint8_t *layout);
 /* v's addenda as status JSON (new array; NULL on ENOMEM). */
 json_t *trk__addenda_json(struct trk_server *s, uint64_t v);
+/* Answers req (held, outside trk_call) with the addendum of v for layout,
+ * or 404 when there is none. */
+void trk__addendum_reply_req(struct trk_server *s, struct evhttp_request *req, uint64_t v,
+			     const uint8_t *layout);
 /* The layouts (hex, each once) of live replicas that v does not cover yet:
  * what the publisher is asked to add (new array; NULL on ENOMEM). */
 json_t *trk__version_uncovered(struct trk_server *s, uint64_t v);

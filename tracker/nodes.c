@@ -65,6 +65,7 @@ void trk__handle_nodes(struct trk_call *c)
 	json_t *jl = json_object_get(c->json, "layout");
 	struct trk_slayout *sl = NULL; /* holds a reference while here */
 	struct trk_replica *rep, *new_rep = NULL;
+	bool was_alive = false;
 	struct trk_node *n = NULL, **new_ranks = NULL;
 	int rc;
 
@@ -145,6 +146,8 @@ void trk__handle_nodes(struct trk_call *c)
 		}
 	}
 
+	was_alive = rep != NULL && trk__replica_alive(rep);
+
 	/* Prepare everything that can fail, then commit. */
 	n = calloc(1, sizeof(*n));
 	if (n == NULL || (n->host = strdup(host)) == NULL ||
@@ -200,6 +203,8 @@ void trk__handle_nodes(struct trk_call *c)
 	n->rep = rep;
 	trk__registry_swarm_changed(r);
 	trk__replica_update_target(c->s, rep);
+	if (!was_alive) /* its layout may be one the latest version lacks */
+		trk__versions_replica_alive(c->s->vs);
 	LOG_INFO("node %s registered (%s, %s)", n->id, host, provider);
 	trk__reply_json(c, 200, json_pack("{s:s,s:I,s:o,s:s}", "node_id", n->id,
 					  "lease_ms", (json_int_t)r->s->lease_ms,

@@ -257,12 +257,21 @@ int trk_client_publish(struct trk_client *c, const uint8_t *manifest,
  * exist, else when one is published or after W ms (capped at 30000). */
 int trk_client_watch(struct trk_client *c, uint64_t after, uint32_t wait_ms,
 		     trk_client_cb cb, void *arg);
+/* The same watch, also answered when a replica comes alive after the
+ * tracker's layouts_rev passed this one (at once when it already has):
+ * the publisher's, which extends the latest version for a new layout at
+ * once (the answer's "layouts_rev" is the next one to pass). */
+int trk_client_watch_layouts(struct trk_client *c, uint64_t after, uint64_t layouts_rev,
+			     uint32_t wait_ms, trk_client_cb cb, void *arg);
 /* POST /addenda with a signed addendum (copied). */
 int trk_client_post_addendum(struct trk_client *c, const uint8_t *addendum, size_t len,
 			     trk_client_cb cb, void *arg);
-/* GET /addenda?version=V&layout=HEX: the raw addendum bytes in a->body. */
+/* GET /addenda?version=V&layout=HEX: the raw addendum bytes in a->body;
+ * with wait_ms > 0 (capped at 30000) a long-poll the tracker answers when
+ * the addendum is posted (404 when wait_ms passes first). */
 int trk_client_get_addendum(struct trk_client *c, uint64_t version,
-			    const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg);
+			    const uint8_t layout[PROTO_HASH_BYTES], uint32_t wait_ms,
+			    trk_client_cb cb, void *arg);
 /* POST /nodes/leave: node id leaves now (its session goes with it). */
 int trk_client_leave(struct trk_client *c, const char *id, trk_client_cb cb, void *arg);
 /* GET /versions/V/manifest: the raw bytes in a->body. */

@@ -32,12 +32,18 @@
 #define CACHE_VERSIONS 8 /* newest versions kept decoded in memory */
 #define LIST_MAX 256     /* newest entries one GET /versions returns */
 
+/* A held request (a long-poll): a watch of the versions after `after`;
+ * with `layouts`, a publisher's, also ended when a replica comes alive
+ * (layouts_rev moves); with `addendum`, a node's wait for the addendum of
+ * version `after` for `layout`, ended when it is posted. */
 struct waiter {
 	struct trk_versions *vs;
 	struct evhttp_request *req;
 	struct evhttp_connection *conn;
 	struct event *timer;
 	uint64_t after;
+	bool layouts, addendum;
+	uint8_t layout[PROTO_HASH_BYTES];
 	TAILQ_ENTRY(waiter) link;
 };
 TAILQ_HEAD(waiter_list, waiter);
@@ -53,6 +59,9 @@ struct trk_versions {
 	struct trk_version *v; /* oldest first */
 	size_t n, cap;
 	struct waiter_list waiters;
+	/* Bumped whenever a replica comes alive (a new one, or one whose
+	 * ranks were all gone): its layout may be one no version covers. */
+	uint64_t layouts_rev;
 	/* The newest delta version a node could not build from its parent
 	 * (soft): an anchor is wanted until one newer than it is published. */
 	uint64_t anchor_wanted_v;
@@ -682,6 +691,7 @@ static json_t *list_after(struct trk_server *s, uint64_t after)
 		if (json_array_append_new(arr, trk__version_json(s, &vs->v[i])) != 0)
 			goto fail;
 	if (trk__set(o, "latest", trk__jint(trk__versions_latest(vs))) ||
+	    trk__set(o, "layouts_rev", trk__jint(vs->layouts_rev)) ||
 	    trk__set(o, "anchor_wanted", json_boolean(trk__versions_anchor_wanted(vs))) ||
 	    json_object_set(o, "versions", arr) != 0)
 		goto fail;
@@ -698,9 +708,15 @@ static void waiter_answer(struct waiter *w)
 	struct trk_server *s = w->vs->s;
 	struct evhttp_request *req = w->req;
 	uint64_t after = w->after;
+	uint8_t layout[PROTO_HASH_BYTES];
+	bool addendum = w->addendum;
 
+	memcpy(layout, w->layout, sizeof(layout));
 	waiter_free(w);
-	trk__reply_req_json(s, req, 200, list_after(s, after));
+	if (addendum)
+		trk__addendum_reply_req(s, req, after, layout);
+	else
+		trk__reply_req_json(s, req, 200, list_after(s, after));
 }
 
 static void waiter_timeout(evutil_socket_t fd, short what, void *arg)
@@ -740,7 +756,7 @@ static void wake_waiters(struct trk_versions *vs)
 		size_t len = 0;
 
 		next = TAILQ_NEXT(w, link);
-		if (latest <= after)
+		if (latest <= after || w->addendum)
 			continue;
 		for (size_t i = 0; i < nmemo && txt == NULL; i++)
 			if (memo[i].after == after) {
@@ -771,29 +787,18 @@ static void wake_waiters(struct trk_versions *vs)
 		free(memo[i].text);
 }
 
-void trk__handle_versions(struct trk_call *c)
+/* Holds c's request for wait_ms (ended in its last tenth) as a waiter;
+ * NULL when out of memory (c then answered). */
+static struct waiter *hold(struct trk_call *c, uint64_t after, uint64_t wait_ms)
 {
 	struct trk_versions *vs = c->s->vs;
-	uint64_t after = 0, wait_ms = 0;
-	struct proto_err err = {{0}};
-	struct waiter *w;
+	struct waiter *w = calloc(1, sizeof(*w));
 
 	vs->s = c->s;
-	if (trk__query_u64(c, "after", false, UINT64_MAX, &after, &err) != 0 ||
-	    trk__query_u64(c, "wait_ms", false, UINT64_MAX, &wait_ms, &err) != 0) {
-		trk__fail(c, 400, "%s", err.msg);
-		return;
-	}
-	wait_ms = PROTO_MIN(wait_ms, TRK_WAIT_MAX_MS);
-	if (trk__versions_latest(vs) > after || wait_ms == 0) {
-		trk__reply_json(c, 200, list_after(c->s, after));
-		return;
-	}
-	w = calloc(1, sizeof(*w));
 	if (w == NULL || (w->timer = evtimer_new(c->s->base, waiter_timeout, w)) == NULL) {
 		free(w);
 		trk__fail(c, 500, "out of memory");
-		return;
+		return NULL;
 	}
 	w->vs = vs;
 	w->req = c->req;
@@ -810,6 +815,88 @@ void trk__handle_versions(struct trk_call *c)
 			     (suseconds_t)(wait_ms % 1000) * 1000};
 	evtimer_add(w->timer, &tv);
 	c->answered = true; /* later, by the waiter */
+	return w;
+}
+
+void trk__handle_versions(struct trk_call *c)
+{
+	struct trk_versions *vs = c->s->vs;
+	uint64_t after = 0, wait_ms = 0, rev = 0;
+	struct proto_err err = {{0}};
+	bool layouts = trk__query_str(c, "layouts_rev") != NULL;
+	struct waiter *w;
+
+	vs->s = c->s;
+	if (trk__query_u64(c, "after", false, UINT64_MAX, &after, &err) != 0 ||
+	    trk__query_u64(c, "wait_ms", false, UINT64_MAX, &wait_ms, &err) != 0 ||
+	    trk__query_u64(c, "layouts_rev", false, UINT64_MAX, &rev, &err) != 0) {
+		trk__fail(c, 400, "%s", err.msg);
+		return;
+	}
+	wait_ms = PROTO_MIN(wait_ms, TRK_WAIT_MAX_MS);
+	if (trk__versions_latest(vs) > after || wait_ms == 0 || (layouts && rev != vs->layouts_rev)) {
+		trk__reply_json(c, 200, list_after(c->s, after));
+		return;
+	}
+	if ((w = hold(c, after, wait_ms)) != NULL)
+		w->layouts = layouts;
+}
+
+int trk__versions_hold_addendum(struct trk_call *c, uint64_t v, const uint8_t *layout,
+				uint64_t wait_ms)
+{
+	struct waiter *w = hold(c, v, PROTO_MIN(wait_ms, TRK_WAIT_MAX_MS));
+
+	if (w == NULL)
+		return -ENOMEM;
+	w->addendum = true;
+	memcpy(w->layout, layout, PROTO_HASH_BYTES);
+	return 0;
+}
+
+/* Answers the waiters that match (each answer built anew: they are few). */
+static void wake_matching(struct trk_versions *vs, bool (*match)(const struct waiter *, const void *),
+			  const void *arg)
+{
+	struct waiter *w, *next;
+
+	for (w = TAILQ_FIRST(&vs->waiters); w != NULL; w = next) {
+		next = TAILQ_NEXT(w, link);
+		if (match(w, arg))
+			waiter_answer(w);
+	}
+}
+
+static bool is_publisher_watch(const struct waiter *w, const void *arg)
+{
+	return w->layouts;
+}
+
+void trk__versions_replica_alive(struct trk_versions *vs)
+{
+	vs->layouts_rev++;
+	if (vs->s != NULL)
+		wake_matching(vs, is_publisher_watch, NULL);
+}
+
+struct addendum_key {
+	uint64_t v;
+	const uint8_t *layout;
+};
+
+static bool waits_for(const struct waiter *w, const void *arg)
+{
+	const struct addendum_key *k = arg;
+	return w->addendum && w->after == k->v &&
+	       memcmp(w->layout, k->layout, PROTO_HASH_BYTES) == 0;
+}
+
+void trk__versions_addendum_posted(struct trk_versions *vs, uint64_t v, const uint8_t *layout)
+{
+	struct addendum_key k = {v, layout};
+
+	if (vs->s != NULL)
+		wake_matching(vs, waits_for, &k);
 }
 
 void trk__handle_manifest(struct trk_call *c, const char *num)
