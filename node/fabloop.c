@@ -16,8 +16,10 @@
  * IDLE_PERIOD_US (rxm's own connection checks run every 10 ms of
  * progress); a post (node_fabloop_kick), a completion, pending progress or
  * the wait fd bring it back at once. Requests peers make of us wake the
- * wait fd (it covers the provider's sockets); without one the period
- * never grows.
+ * wait fd on tcp;ofi_rxm (it covers the provider's sockets); were one
+ * missed, the first would wait one slow period at most, and serving it
+ * leaves progress pending, which brings the period back. Without a wait
+ * fd the period never grows.
  */
 #define QUIET_POLLS 100
 #define IDLE_PERIOD_US 8000u
