@@ -15,11 +15,11 @@
  * polls find nothing, the period doubles every QUIET_POLLS polls up to
  * IDLE_PERIOD_US (rxm's own connection checks run every 10 ms of
  * progress); a post (node_fabloop_kick), a completion, pending progress or
- * the wait fd bring it back at once. Requests peers make of us wake the
- * wait fd on tcp;ofi_rxm (it covers the provider's sockets); were one
- * missed, the first would wait one slow period at most, and serving it
- * leaves progress pending, which brings the period back. Without a wait
- * fd the period never grows.
+ * the wait fd waking bring it back at once. Peers reading from us leave no
+ * completion here, but their requests wake the wait fd on tcp;ofi_rxm (it
+ * covers the provider's sockets), so a process serving peers polls every
+ * period_us as before; were a request missed, it would wait one slow
+ * period at most. Without a wait fd the period never grows.
  */
 #define QUIET_POLLS 100
 #define IDLE_PERIOD_US 8000u
@@ -47,7 +47,9 @@ static void set_period(struct node_fabloop *fl, unsigned us)
 /* Completions handled per wake-up before other events get their turn. */
 #define DRIVE_BATCH 32
 
-static void drive(struct node_fabloop *fl, bool timer)
+enum wake { WAKE_TIMER, WAKE_FD, WAKE_KICK };
+
+static void drive(struct node_fabloop *fl, enum wake why)
 {
 	int n = fab_poll(fl->ctx, DRIVE_BATCH);
 	bool busy;
@@ -64,24 +66,29 @@ static void drive(struct node_fabloop *fl, bool timer)
 	busy = n > 0 || fab_trywait(fl->ctx) == -EAGAIN;
 	if (busy)
 		event_active(fl->kick_ev, 0, 0);
-	if (busy || !fab_quiet(fl->ctx)) {
+	if (busy || why == WAKE_FD || !fab_quiet(fl->ctx)) {
 		if (fl->now_us != fl->period_us)
 			set_period(fl, fl->period_us);
 		fl->quiet = 0;
-	} else if (timer && fl->fd_ev != NULL && ++fl->quiet >= QUIET_POLLS &&
+	} else if (why == WAKE_TIMER && fl->fd_ev != NULL && ++fl->quiet >= QUIET_POLLS &&
 		   fl->now_us < IDLE_PERIOD_US) {
 		set_period(fl, PROTO_MIN(2 * fl->now_us, IDLE_PERIOD_US));
 	}
 }
 
-static void on_event(evutil_socket_t fd, short what, void *arg)
+static void on_kick(evutil_socket_t fd, short what, void *arg)
 {
-	drive(arg, false);
+	drive(arg, WAKE_KICK);
+}
+
+static void on_fd(evutil_socket_t fd, short what, void *arg)
+{
+	drive(arg, WAKE_FD);
 }
 
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
-	drive(arg, true);
+	drive(arg, WAKE_TIMER);
 }
 
 struct node_fabloop *node_fabloop_new(struct event_base *base, struct fab_ctx *ctx,
@@ -95,9 +102,9 @@ struct node_fabloop *node_fabloop_new(struct event_base *base, struct fab_ctx *c
 	fl->ctx = ctx;
 	fl->period_us = fl->now_us = period_us;
 	fl->timer_ev = event_new(base, -1, EV_PERSIST, on_timer, fl);
-	fl->kick_ev = event_new(base, -1, 0, on_event, fl);
+	fl->kick_ev = event_new(base, -1, 0, on_kick, fl);
 	if (fd >= 0)
-		fl->fd_ev = event_new(base, fd, EV_READ | EV_PERSIST, on_event, fl);
+		fl->fd_ev = event_new(base, fd, EV_READ | EV_PERSIST, on_fd, fl);
 	if (fl->timer_ev == NULL || fl->kick_ev == NULL || (fd >= 0 && fl->fd_ev == NULL) ||
 	    event_add(fl->timer_ev, &(struct timeval){period_us / 1000000, period_us % 1000000}) != 0 ||
 	    (fl->fd_ev != NULL && event_add(fl->fd_ev, NULL) != 0)) {
