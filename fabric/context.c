@@ -113,14 +113,6 @@ static void set_provider_env(void)
 	if (setenv("FI_AV_REMOVE_CLEANUP", "1", 1) != 0)
 		LOG_WARN("fabric: cannot set FI_AV_REMOVE_CLEANUP: %s",
 			 strerror(errno));
-	/* rxm allocates and zeroes its bounce buffers when the endpoint is
-	 * enabled: at its 16 KiB default about 70 MiB touched, 40 % of the CPU
-	 * a node spent starting (0.43 -> 0.26 CPU-s measured). Our messages
-	 * are at most FAB_MSG_MAX; RMA does not use these buffers. Room for
-	 * rxm's header keeps every message eager. A value the user set wins. */
-	if (setenv("FI_OFI_RXM_BUFFER_SIZE", FAB__RXM_BUFFER_SIZE, 0) != 0)
-		LOG_WARN("fabric: cannot set FI_OFI_RXM_BUFFER_SIZE: %s",
-			 strerror(errno));
 }
 
 int fab_open(const char *provider, const char *node,

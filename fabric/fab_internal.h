@@ -21,9 +21,6 @@
 /* CQ entries read per fi_cq_read call. */
 #define FAB__CQ_BATCH 32
 #define FAB__MSG_SLOTS_DEFAULT 64
-/* rxm's bounce buffer size: a message of FAB_MSG_MAX and rxm's header
- * (fab_open sets FI_OFI_RXM_BUFFER_SIZE unless the environment does). */
-#define FAB__RXM_BUFFER_SIZE "4608"
 
 enum fab_op_state {
 	FAB__OP_FREE = 0, /* never posted */
