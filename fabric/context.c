@@ -416,6 +416,11 @@ size_t fab_inflight(const struct fab_ctx *ctx)
 	return ctx->n_posted;
 }
 
+bool fab_quiet(const struct fab_ctx *ctx)
+{
+	return ctx->parked_head == NULL && ctx->reaped_head == NULL && transfers_pending(ctx) == 0;
+}
+
 void fab_mr_mode_str(uint64_t mode, char *buf, size_t cap)
 {
 	static const struct {

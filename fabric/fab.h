@@ -362,6 +362,10 @@ int fab_poll(struct fab_ctx *ctx, int max);
 int fab_wait(struct fab_ctx *ctx, struct fab_op *op, int timeout_ms);
 /* Ops posted (or parked) and not yet completed. */
 size_t fab_inflight(const struct fab_ctx *ctx);
+/* No read, write or send of ours is with the provider, parked or awaiting
+ * its callback (posted receives do not count): nothing of ours needs
+ * progress, only what peers may ask of us. */
+bool fab_quiet(const struct fab_ctx *ctx);
 
 /* The CQ's wait fd for an event loop (read-ready means: call fab_poll), or
  * -ENOSYS when the provider gives none (poll on a timer instead). Owned by

@@ -128,7 +128,7 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		proto_errf(err, -rc, "fabric: cannot set up have-page reads");
 		goto fail;
 	}
-	a->ver = node_verifier_new(base, (unsigned)proto_param(PROTO_PARAM_VERIFY_THREADS),
+	a->ver = node_verifier_new(base, node_verifier_threads(),
 				   agent_on_verified, a);
 	a->rate_bps = proto_param(PROTO_PARAM_FETCH_MBPS) * 1000000ull / 8;
 	a->rate_ev = evtimer_new(base, agent_on_rate, a);

@@ -5,21 +5,54 @@
 #include <stdlib.h>
 
 #include "proto/log.h"
+#include "proto/util.h"
+
+/*
+ * The fallback timer costs an idle process a wake-up per period: at 1 ms,
+ * about 16 ms of CPU a second on a loaded 2-core host, more than a node
+ * spends hashing a 128 MiB version in a minute-long run, taken from the
+ * processes that are fetching. So while nothing of ours is in flight and
+ * polls find nothing, the period doubles every QUIET_POLLS polls up to
+ * IDLE_PERIOD_US (rxm's own connection checks run every 10 ms of
+ * progress); a post (node_fabloop_kick), a completion, pending progress or
+ * the wait fd waking bring it back at once. Peers reading from us leave no
+ * completion here, but their requests wake the wait fd on tcp;ofi_rxm (it
+ * covers the provider's sockets), so a process serving peers polls every
+ * period_us as before; were a request missed, it would wait one slow
+ * period at most. Without a wait fd the period never grows.
+ */
+#define QUIET_POLLS 100
+#define IDLE_PERIOD_US 8000u
 
 struct node_fabloop {
 	struct fab_ctx *ctx;
 	struct event *fd_ev;    /* CQ wait fd readable, when there is one */
 	struct event *timer_ev; /* periodic poll */
 	struct event *kick_ev;  /* poll again soon */
-	struct timeval period;
+	unsigned period_us;     /* the busy period */
+	unsigned now_us;        /* the timer's period now */
+	unsigned quiet;         /* timer polls that found nothing at now_us */
 };
+
+static void set_period(struct node_fabloop *fl, unsigned us)
+{
+	struct timeval tv = {us / 1000000, us % 1000000};
+
+	fl->now_us = us;
+	fl->quiet = 0;
+	if (event_add(fl->timer_ev, &tv) != 0)
+		LOG_WARN("fabric: cannot rearm the poll timer");
+}
 
 /* Completions handled per wake-up before other events get their turn. */
 #define DRIVE_BATCH 32
 
-static void drive(struct node_fabloop *fl)
+enum wake { WAKE_TIMER, WAKE_FD, WAKE_KICK };
+
+static void drive(struct node_fabloop *fl, enum wake why)
 {
 	int n = fab_poll(fl->ctx, DRIVE_BATCH);
+	bool busy;
 
 	if (n < 0) {
 		LOG_WARN("fabric: poll failed: %d", n);
@@ -30,13 +63,32 @@ static void drive(struct node_fabloop *fl)
 	 * other ready events (timers, HTTP) had their turn. Posts parked on a
 	 * busy or unreachable peer do not count, so the loop never spins on
 	 * them; the timer retries them. */
-	if (n > 0 || fab_trywait(fl->ctx) == -EAGAIN)
+	busy = n > 0 || fab_trywait(fl->ctx) == -EAGAIN;
+	if (busy)
 		event_active(fl->kick_ev, 0, 0);
+	if (busy || why == WAKE_FD || !fab_quiet(fl->ctx)) {
+		if (fl->now_us != fl->period_us)
+			set_period(fl, fl->period_us);
+		fl->quiet = 0;
+	} else if (why == WAKE_TIMER && fl->fd_ev != NULL && ++fl->quiet >= QUIET_POLLS &&
+		   fl->now_us < IDLE_PERIOD_US) {
+		set_period(fl, PROTO_MIN(2 * fl->now_us, IDLE_PERIOD_US));
+	}
 }
 
-static void on_event(evutil_socket_t fd, short what, void *arg)
+static void on_kick(evutil_socket_t fd, short what, void *arg)
 {
-	drive(arg);
+	drive(arg, WAKE_KICK);
+}
+
+static void on_fd(evutil_socket_t fd, short what, void *arg)
+{
+	drive(arg, WAKE_FD);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	drive(arg, WAKE_TIMER);
 }
 
 struct node_fabloop *node_fabloop_new(struct event_base *base, struct fab_ctx *ctx,
@@ -48,14 +100,13 @@ struct node_fabloop *node_fabloop_new(struct event_base *base, struct fab_ctx *c
 	if (fl == NULL)
 		return NULL;
 	fl->ctx = ctx;
-	fl->period.tv_sec = period_us / 1000000;
-	fl->period.tv_usec = period_us % 1000000;
-	fl->timer_ev = event_new(base, -1, EV_PERSIST, on_event, fl);
-	fl->kick_ev = event_new(base, -1, 0, on_event, fl);
+	fl->period_us = fl->now_us = period_us;
+	fl->timer_ev = event_new(base, -1, EV_PERSIST, on_timer, fl);
+	fl->kick_ev = event_new(base, -1, 0, on_kick, fl);
 	if (fd >= 0)
-		fl->fd_ev = event_new(base, fd, EV_READ | EV_PERSIST, on_event, fl);
+		fl->fd_ev = event_new(base, fd, EV_READ | EV_PERSIST, on_fd, fl);
 	if (fl->timer_ev == NULL || fl->kick_ev == NULL || (fd >= 0 && fl->fd_ev == NULL) ||
-	    event_add(fl->timer_ev, &fl->period) != 0 ||
+	    event_add(fl->timer_ev, &(struct timeval){period_us / 1000000, period_us % 1000000}) != 0 ||
 	    (fl->fd_ev != NULL && event_add(fl->fd_ev, NULL) != 0)) {
 		node_fabloop_free(fl);
 		return NULL;

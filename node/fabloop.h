@@ -1,6 +1,7 @@
 /* Drives a fabric context from a libevent loop: polls on the CQ's wait fd
  * when the provider has one, and on a short timer in any case, so both sides
- * of a one-sided transfer make progress. */
+ * of a one-sided transfer make progress; the timer slows down while nothing
+ * of ours is in flight and polls find nothing (see fabloop.c). */
 #ifndef NODE_FABLOOP_H
 #define NODE_FABLOOP_H
 
@@ -11,7 +12,8 @@
 struct node_fabloop;
 
 /* Starts driving ctx on base (ctx stays the caller's). period_us bounds the
- * wait between polls when nothing wakes the loop. NULL on ENOMEM. */
+ * wait between polls when nothing wakes the loop while transfers of ours
+ * are in flight (idle, up to 8 ms). NULL on ENOMEM. */
 struct node_fabloop *node_fabloop_new(struct event_base *base,
 				      struct fab_ctx *ctx, unsigned period_us);
 /* Polls now (e.g. right after posting). */

@@ -1,8 +1,6 @@
 /* Worker threads that hash and scatter fetched chunks (see verifier.h). */
 #include "node/verifier.h"
 
-#include <string.h>
-
 #include <pthread.h>
 #include <sodium.h>
 #include <stdlib.h>
@@ -11,6 +9,8 @@
 #include <unistd.h>
 
 #include "proto/log.h"
+#include "proto/params.h"
+#include "proto/util.h"
 
 struct node_verifier {
 	pthread_mutex_t mu;
@@ -98,6 +98,16 @@ static void on_done(evutil_socket_t fd, short what, void *arg)
 		list = j->next_;
 		v->done(j, v->arg); /* may submit more */
 	}
+}
+
+unsigned node_verifier_threads(void)
+{
+	uint64_t n = proto_param(PROTO_PARAM_VERIFY_THREADS);
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+
+	if (n == 0)
+		return cores >= 2 ? 2 : 1;
+	return (unsigned)PROTO_MIN(n, 64);
 }
 
 struct node_verifier *node_verifier_new(struct event_base *base, unsigned nthreads,

@@ -37,6 +37,12 @@ struct node_vjob {
 
 struct node_verifier;
 
+/* Workers a node's verifier runs: TESSERA_VERIFY_THREADS (default 1), or
+ * when that is 0 two where the machine has two cores or more, else one. Hashing a chunk
+ * takes a few milliseconds of one core; two workers keep a chunk that lands
+ * while another is hashed from waiting behind it. Cannot fail. */
+unsigned node_verifier_threads(void);
+
 /* Starts nthreads workers; done(job, arg) runs on base's loop for each
  * finished job. NULL on failure (nothing started). */
 struct node_verifier *node_verifier_new(struct event_base *base, unsigned nthreads,

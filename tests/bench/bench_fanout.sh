@@ -28,7 +28,7 @@ for n in $NS; do total=$((total + 2 * $(bound_s "$n"))); done
 echo "bench-fanout: N in {$NS} TP1 replicas, one ${MB} MiB version, links $RATE;" \
 	"fanout then star; at most $total s in all"
 
-declare -A T_OF
+declare -A T_OF CPU_OF
 run() { # n mode
 	local n=$1 mode=$2 args=() i rep="$OUT/report-$1-$2.json" rc
 	for i in $(seq 1 "$n"); do args+=(--replica tp1); done
@@ -51,9 +51,12 @@ run() { # n mode
 		| ($v.trainer_upload_bytes + $v.peer_upload_bytes + $v.duplicate_bytes) as $recv
 		| "\($t) \($sb) \($s) \($b) \($v.trainer_upload_bytes / $s) \($v.peer_upload_bytes)"
 		  + " \(if $recv > 0 then $v.duplicate_bytes / $recv * 100 else 0 end)"
-		  + " \($v.refetched_bytes)"' "$rep" >"$OUT/fig"
-	local t sb s b up peers dup refetched
-	read -r t sb s b up peers dup refetched <"$OUT/fig"
+		  + " \($v.refetched_bytes)"
+		  + " \($v.replicas | map(.cpu_ms / 1000 / ((.bytes_from_trainer + .bytes_from_peers)
+			/ 1073741824)) | sort | .[length / 2 | floor])"' "$rep" >"$OUT/fig"
+	local t sb s b up peers dup refetched cpu
+	read -r t sb s b up peers dup refetched cpu <"$OUT/fig"
+	CPU_OF[$n-$mode]=$cpu
 	T_OF[$n-$mode]=$t
 	if [ "$mode" = fanout ]; then
 		awk -v n="$n" -v t="$t" -v sb="$sb" -v s="$s" -v b="$b" -v up="$up" -v dup="$dup" \
@@ -77,9 +80,13 @@ run() { # n mode
 	fi
 }
 
-# Where the time went: the run's phase medians and CPU (netns-cluster.sh).
+# Where the time went: the run's phase medians and CPU (netns-cluster.sh),
+# and a replica's CPU time per GiB it received (median; its whole run, idle
+# start included), steadier than wall time on a shared machine.
 phases() { # n mode
 	grep -E '^  (phases|CPU)' "$OUT/run-$1-$2.log" | sed 's/^  /         /'
+	[ -z "${CPU_OF[$1-$2]:-}" ] ||
+		awk -v c="${CPU_OF[$1-$2]}" 'BEGIN { printf "         CPU per replica: %.2f s per GiB received (median)\n", c }'
 }
 for n in $NS; do
 	run "$n" fanout

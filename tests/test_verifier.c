@@ -1,0 +1,330 @@
+/* The chunk verifier (node/verifier.h): every job comes back once, on the
+ * loop, with ok set by its hash; bad bytes are never placed; several
+ * workers hash at once without holding up the loop; shutting down with
+ * work queued finishes or drops it cleanly. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "node/verifier.h"
+#include "proto/proto.h"
+
+#define NJOBS 64
+#define JOB_LEN (64u << 10)
+
+struct bench {
+	struct event_base *base;
+	struct node_verifier *v;
+	struct node_vjob jobs[NJOBS];
+	uint8_t *src, *dst, *keep;
+	uint8_t hash[NJOBS][32];
+	unsigned seen[NJOBS];
+	unsigned order[NJOBS]; /* job indices in delivery order */
+	unsigned ndone;
+	bool loop_thread_ok;   /* every done callback ran on the loop's thread */
+	pthread_t loop_thread;
+};
+
+static void on_done(struct node_vjob *job, void *arg)
+{
+	struct bench *b = arg;
+	unsigned i = (unsigned)(job - b->jobs);
+
+	assert_true(i < NJOBS);
+	if (!pthread_equal(pthread_self(), b->loop_thread))
+		b->loop_thread_ok = false;
+	b->seen[i]++;
+	b->order[b->ndone++] = i;
+}
+
+/* NJOBS jobs of random bytes; those named in bad (may be NULL) carry a
+ * wrong hash. Nothing is submitted yet. */
+static void bench_init(struct bench *b, unsigned nthreads, const bool *bad)
+{
+	memset(b, 0, sizeof(*b));
+	assert_int_equal(sodium_init() >= 0, 1);
+	b->base = event_base_new();
+	assert_non_null(b->base);
+	b->loop_thread = pthread_self();
+	b->loop_thread_ok = true;
+	b->src = malloc((size_t)NJOBS * JOB_LEN);
+	b->dst = calloc(NJOBS, JOB_LEN);
+	b->keep = calloc(NJOBS, JOB_LEN);
+	assert_non_null(b->src);
+	assert_non_null(b->dst);
+	assert_non_null(b->keep);
+	randombytes_buf(b->src, (size_t)NJOBS * JOB_LEN);
+	for (unsigned i = 0; i < NJOBS; i++) {
+		const uint8_t *buf = b->src + (size_t)i * JOB_LEN;
+		crypto_generichash(b->hash[i], 32, buf, JOB_LEN, NULL, 0);
+		if (bad != NULL && bad[i])
+			b->hash[i][5] ^= 1;
+		b->jobs[i] = (struct node_vjob){
+			.buf = buf,
+			.len = JOB_LEN,
+			.hash = b->hash[i],
+			.dst = b->dst, /* parcel NULL: copied to dst + off */
+			.off = (uint64_t)i * JOB_LEN,
+			.keep = b->keep + (size_t)i * JOB_LEN,
+		};
+	}
+	b->v = node_verifier_new(b->base, nthreads, on_done, b);
+	assert_non_null(b->v);
+}
+
+static void bench_fini(struct bench *b)
+{
+	node_verifier_free(b->v);
+	event_base_free(b->base);
+	free(b->src);
+	free(b->dst);
+	free(b->keep);
+}
+
+/* Runs the loop until want jobs came back (bounded: a lost job fails). */
+static void run_until(struct bench *b, unsigned want)
+{
+	for (int i = 0; i < 600000 && b->ndone < want; i++) {
+		struct timeval tick = {0, 100000};
+		event_base_loopexit(b->base, &tick);
+		event_base_dispatch(b->base);
+	}
+	assert_int_equal(b->ndone, want);
+}
+
+static void check_placed(const struct bench *b, const bool *bad)
+{
+	static const uint8_t zero[JOB_LEN];
+
+	for (unsigned i = 0; i < NJOBS; i++) {
+		const uint8_t *want = bad != NULL && bad[i] ? zero : b->src + (size_t)i * JOB_LEN;
+		assert_int_equal(b->seen[i], 1);
+		assert_int_equal(b->jobs[i].ok, !(bad != NULL && bad[i]));
+		assert_memory_equal(b->dst + (size_t)i * JOB_LEN, want, JOB_LEN);
+		assert_memory_equal(b->keep + (size_t)i * JOB_LEN, want, JOB_LEN);
+	}
+}
+
+/* One worker: jobs come back in the order they went in. */
+static void test_one_worker_keeps_order(void **state)
+{
+	struct bench *b = malloc(sizeof(*b));
+
+	assert_non_null(b);
+	bench_init(b, 1, NULL);
+	for (unsigned i = 0; i < NJOBS; i++)
+		node_verifier_submit(b->v, &b->jobs[i]);
+	run_until(b, NJOBS);
+	for (unsigned i = 0; i < NJOBS; i++)
+		assert_int_equal(b->order[i], i);
+	check_placed(b, NULL);
+	assert_true(b->loop_thread_ok);
+	bench_fini(b);
+	free(b);
+}
+
+/* Four workers: whatever the order, each job comes back exactly once, on
+ * the loop's thread, its bytes placed and kept. */
+static void test_workers_each_job_once(void **state)
+{
+	struct bench *b = malloc(sizeof(*b));
+
+	assert_non_null(b);
+	bench_init(b, 4, NULL);
+	for (unsigned i = 0; i < NJOBS; i++)
+		node_verifier_submit(b->v, &b->jobs[i]);
+	run_until(b, NJOBS);
+	check_placed(b, NULL);
+	assert_true(b->loop_thread_ok);
+	bench_fini(b);
+	free(b);
+}
+
+/* A wrong hash: ok is false and nothing of it is placed or kept, while the
+ * good jobs around it are. */
+static void test_bad_hash_never_placed(void **state)
+{
+	struct bench *b = malloc(sizeof(*b));
+	bool bad[NJOBS] = {0};
+
+	assert_non_null(b);
+	for (unsigned i = 0; i < NJOBS; i += 3)
+		bad[i] = true;
+	bench_init(b, 3, bad);
+	for (unsigned i = 0; i < NJOBS; i++)
+		node_verifier_submit(b->v, &b->jobs[i]);
+	run_until(b, NJOBS);
+	check_placed(b, bad);
+	bench_fini(b);
+	free(b);
+}
+
+/* A done callback may submit again (the agent refills from it). */
+static void on_done_resubmit(struct node_vjob *job, void *arg)
+{
+	struct bench *b = arg;
+	unsigned i = (unsigned)(job - b->jobs);
+
+	on_done(job, arg);
+	if (i + 1 < NJOBS)
+		node_verifier_submit(b->v, &b->jobs[i + 1]);
+}
+
+static void test_submit_from_done(void **state)
+{
+	struct bench *b = malloc(sizeof(*b));
+
+	assert_non_null(b);
+	bench_init(b, 2, NULL);
+	node_verifier_free(b->v);
+	b->v = node_verifier_new(b->base, 2, on_done_resubmit, b);
+	assert_non_null(b->v);
+	node_verifier_submit(b->v, &b->jobs[0]);
+	run_until(b, NJOBS);
+	for (unsigned i = 0; i < NJOBS; i++)
+		assert_int_equal(b->order[i], i);
+	check_placed(b, NULL);
+	bench_fini(b);
+	free(b);
+}
+
+/* While a worker is held inside a job, the loop keeps running and
+ * delivering the other jobs; only once all of them came back does a timer
+ * on the loop let the held worker go. A verifier that blocked the loop on
+ * its workers would never get there (the held worker gives up after 30 s
+ * and the test fails). */
+struct gate {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool open, timed_out;
+	unsigned entered;
+	const struct bench *b;
+};
+
+static void placed_wait(struct node_vjob *job, void *arg)
+{
+	struct gate *g = arg;
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 30;
+	pthread_mutex_lock(&g->mu);
+	g->entered++;
+	while (!g->open && !g->timed_out)
+		if (pthread_cond_timedwait(&g->cv, &g->mu, &until) != 0)
+			g->timed_out = true;
+	pthread_mutex_unlock(&g->mu);
+}
+
+static void open_gate(evutil_socket_t fd, short what, void *arg)
+{
+	struct gate *g = arg;
+
+	pthread_mutex_lock(&g->mu);
+	if (g->entered > 0 && g->b->ndone == NJOBS - 1) {
+		g->open = true;
+		pthread_cond_broadcast(&g->cv);
+	}
+	pthread_mutex_unlock(&g->mu);
+}
+
+static void test_loop_runs_while_a_worker_is_held(void **state)
+{
+	static const struct proto_plan plan;     /* no pieces: scatter places nothing */
+	static const struct proto_parcel parcel;
+	static const struct proto_layout layout;
+	struct bench *b = malloc(sizeof(*b));
+	struct gate g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+	assert_non_null(b);
+	bench_init(b, 2, NULL);
+	g.b = b;
+	/* placed runs only for scattered jobs: job 0 has a parcel. */
+	b->jobs[0].plan = &plan;
+	b->jobs[0].parcel = &parcel;
+	b->jobs[0].layout = &layout;
+	b->jobs[0].placed = placed_wait;
+	b->jobs[0].placed_arg = &g;
+	struct event *tick = event_new(b->base, -1, EV_PERSIST, open_gate, &g);
+	assert_non_null(tick);
+	event_add(tick, &(struct timeval){0, 10000});
+	for (unsigned i = 0; i < NJOBS; i++)
+		node_verifier_submit(b->v, &b->jobs[i]);
+	run_until(b, NJOBS);
+	event_free(tick);
+	assert_false(g.timed_out);
+	assert_true(g.open);
+	assert_int_equal(b->order[NJOBS - 1], 0); /* the others came back first */
+	for (unsigned i = 0; i < NJOBS; i++)
+		assert_true(b->jobs[i].ok);
+	/* Verified bytes are kept even when the scatter places none. */
+	assert_memory_equal(b->keep, b->src, JOB_LEN);
+	bench_fini(b);
+	free(b);
+}
+
+/* Freed with jobs queued and the loop never run again: free waits for the
+ * workers (ASan sees any touch of a job after it returns), and no done
+ * callback runs afterwards. Drain first: every job was done by then. */
+static void test_free_with_work_queued(void **state)
+{
+	struct bench *b = malloc(sizeof(*b));
+
+	assert_non_null(b);
+	bench_init(b, 2, NULL);
+	for (unsigned i = 0; i < NJOBS; i++)
+		node_verifier_submit(b->v, &b->jobs[i]);
+	node_verifier_free(b->v);
+	b->v = NULL;
+	event_base_loop(b->base, EVLOOP_NONBLOCK);
+	assert_int_equal(b->ndone, 0);
+	for (unsigned i = 0; i < NJOBS; i++)
+		b->jobs[i].ok = false;
+
+	/* Drain: nothing touches a job any more, done still comes later. */
+	b->v = node_verifier_new(b->base, 3, on_done, b);
+	assert_non_null(b->v);
+	for (unsigned i = 0; i < NJOBS; i++)
+		node_verifier_submit(b->v, &b->jobs[i]);
+	node_verifier_drain(b->v);
+	for (unsigned i = 0; i < NJOBS; i++)
+		assert_true(b->jobs[i].ok);
+	run_until(b, NJOBS);
+	check_placed(b, NULL);
+	bench_fini(b);
+	free(b);
+}
+
+static void test_thread_count(void **state)
+{
+	setenv("TESSERA_VERIFY_THREADS", "3", 1);
+	assert_int_equal(node_verifier_threads(), 3);
+	/* 0 is below the tunable's minimum while its default is 1: ignored. */
+	setenv("TESSERA_VERIFY_THREADS", "0", 1);
+	assert_int_equal(node_verifier_threads(), 1);
+	unsetenv("TESSERA_VERIFY_THREADS");
+	assert_int_equal(node_verifier_threads(), 1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_one_worker_keeps_order),
+		cmocka_unit_test(test_workers_each_job_once),
+		cmocka_unit_test(test_bad_hash_never_placed),
+		cmocka_unit_test(test_submit_from_done),
+		cmocka_unit_test(test_loop_runs_while_a_worker_is_held),
+		cmocka_unit_test(test_free_with_work_queued),
+		cmocka_unit_test(test_thread_count),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
