@@ -166,7 +166,7 @@ static int apply_all(void *arg, struct proto_err *err)
 {
 	struct agent_fetch *f = arg; /* not a->fetch: the loop may clear that before the join */
 	const struct node_agent *a = f->rebuild_agent;
-	unsigned threads = (unsigned)PROTO_MAX(proto_param(PROTO_PARAM_VERIFY_THREADS), 1);
+	unsigned threads = node_verifier_threads();
 
 	for (uint32_t i = 0; i < f->nparcels; i++) {
 		struct agent_parcel *p = &f->parcels[i];

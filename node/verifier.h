@@ -37,8 +37,8 @@ struct node_vjob {
 
 struct node_verifier;
 
-/* Workers a node's verifier runs: TESSERA_VERIFY_THREADS (default 1), or
- * when that is 0 two where the machine has two cores or more, else one. Hashing a chunk
+/* Workers a node's verifier runs: TESSERA_VERIFY_THREADS, or when that is 0
+ * two where the machine has two cores or more, else one. Hashing a chunk
  * takes a few milliseconds of one core; two workers keep a chunk that lands
  * while another is hashed from waiting behind it. Cannot fail. */
 unsigned node_verifier_threads(void);
