@@ -32,19 +32,21 @@ void agent_want_sources(struct node_agent *a, uint32_t pi)
 }
 
 /*
- * Peers the tracker stopped listing. A node whose lease lapsed (heartbeats
- * lost or late on a congested control path, a tracker restarted or paused)
- * drops out of every /sources answer until it has registered and offered
- * again, about a heartbeat later; meanwhile it still serves what it holds.
- * Dropping it cost the swarm: its have-page, its pacing and its share of
- * the chunk owners went, and its chunks went to the trainer. So such a
- * peer stays a source (and a member, agent_swarm_owners) for
- * TESSERA_PEER_GRACE_MS while it answers: once one of its reads fails it
- * rests (agent_source_failed) and the next answer drops it, so a peer that
- * left or died costs one failed read. Copies the peers of p's list that
- * the answer lacks (moved[j] == 0), their have-page read and in grace,
- * into ns after its n listed ones (they move: the old entries give up
- * their handles; moved[j] says where); returns how many.
+ * Sources the tracker stopped listing. A node or publisher whose lease
+ * lapsed (heartbeats lost or late on a congested control path, a tracker
+ * restarted or paused) drops out of every /sources answer until it has
+ * registered and offered again, about a heartbeat later; meanwhile it
+ * still serves what it holds. Dropping a peer cost the swarm its
+ * have-page, its pacing and its share of the chunk owners (its chunks went
+ * to the trainer); dropping the publisher left its readers with no source
+ * at all, waiting in silence. So such a source stays (a peer also as a
+ * member, agent_swarm_owners) for TESSERA_PEER_GRACE_MS while it answers:
+ * once one of its reads fails it rests (agent_source_failed) and the next
+ * answer drops it, so a source that left or died costs one failed read.
+ * Copies the sources of p's list that the answer lacks (moved[j] == 0),
+ * not resting, a peer only with its have-page read, and in grace, into ns
+ * after its n listed ones (they move: the old entries give up their
+ * handles; moved[j] says where); returns how many.
  */
 static size_t keep_unlisted(struct node_agent *a, const struct agent_fetch *f,
 			    struct agent_parcel *p, struct agent_source *ns, size_t n, uint32_t *moved)
@@ -54,13 +56,13 @@ static size_t keep_unlisted(struct node_agent *a, const struct agent_fetch *f,
 
 	for (size_t j = 0; j < p->nsrcs; j++) {
 		struct agent_source *o = &p->srcs[j];
-		if (moved[j] != 0 || !o->info.peer || o->self || o->have == NULL ||
-		    o->bad_until_ms > now || agent_swarm_banned(f, o->info.id) ||
+		if (moved[j] != 0 || o->self || o->bad_until_ms > now ||
+		    (o->info.peer && (o->have == NULL || agent_swarm_banned(f, o->info.id))) ||
 		    (o->unlisted_ms != 0 && now - o->unlisted_ms >= grace))
 			continue;
 		if (o->unlisted_ms == 0)
-			LOG_DEBUG("node %s: peer %s no longer listed; kept while it answers",
-				  a->node_id, o->info.id);
+			LOG_DEBUG("node %s: %s %s no longer listed; kept while it answers", a->node_id,
+				  o->info.peer ? "peer" : "publisher", o->info.id);
 		ns[k] = *o;
 		ns[k].unlisted_ms = o->unlisted_ms != 0 ? o->unlisted_ms : now;
 		ns[k].have_busy = false; /* a read in flight is dropped (epoch) */
@@ -382,7 +384,9 @@ void agent_read_landed(struct agent_read *rd, int status)
 		.layout = &a->layout,
 		.dst = p->wire != NULL ? p->wire : f->slot->host,
 		.off = (uint64_t)rd->chunk * f->man.chunk_size,
-		.keep = p->held != NULL ? p->held + p->head + (size_t)rd->chunk * f->man.chunk_size : NULL,
+		.keep = agent_chunk_copied(a, f, p, rd->chunk)
+				? p->held + p->head + (size_t)rd->chunk * f->man.chunk_size
+				: NULL, /* served from the slot: the scatter is the only copy */
 		.placed = p->wire == NULL && __atomic_load_n(&f->slot->streaming, __ATOMIC_RELAXED) ? chunk_placed : NULL,
 		.placed_arg = a,
 	};
@@ -424,7 +428,7 @@ void agent_on_verified(struct node_vjob *job, void *arg)
 		agent_pump(a);
 		return;
 	}
-	if (p->held != NULL && proto_param(PROTO_PARAM_TEST_CORRUPT_SERVE) != 0)
+	if (agent_chunk_copied(a, f, p, rd->chunk) && proto_param(PROTO_PARAM_TEST_CORRUPT_SERVE) != 0)
 		p->held[p->head + (size_t)rd->chunk * f->man.chunk_size] ^= 0x5a; /* test only */
 	agent_swarm_mark(p, rd->chunk, AGENT_MARK_HAVE);
 	node_metrics_add(a->am.m, rd->src_peer ? a->am.fetched_peer : a->am.fetched_trainer, c->size);
@@ -514,6 +518,60 @@ void agent_read_started(struct node_agent *a, uint32_t pi, uint32_t c, uint32_t 
 	agent_swarm_mark(p, c, AGENT_MARK_BUSY);
 }
 
+static void on_gather(struct fab_op *op, int status)
+{
+	struct agent_gather *g = proto_container_of(op, struct agent_gather, op);
+	struct agent_read *rd = g->rd;
+
+	if (status != 0 && rd->gstatus == 0)
+		rd->gstatus = status;
+	if (--rd->gleft == 0)
+		agent_read_landed(rd, rd->gstatus);
+}
+
+/* Posts the read rd of a chunk from peer s. One its have-page says it
+ * serves from its version slot (lying in at most the page's slot ranges,
+ * and in at most GATHER_RANGES) is gathered from the chunk's spans there
+ * (our layout is the peer's), in payload order, into rd's bounce slot: a
+ * fab_readv per fab_rma_segs ranges; any other is read from after the
+ * page. 0: rd lands once (agent_read_landed); else nothing is out. */
+static int post_peer(struct node_agent *a, struct agent_read *rd, const struct agent_source *s,
+		     const struct agent_parcel *p)
+{
+	struct agent_fetch *f = a->fetch;
+	struct proto_span sp[GATHER_RANGES];
+	uint32_t n = s->slot_rk.len != 0 ? agent_chunk_spans(a, f, p, rd->chunk, sp) : UINT32_MAX;
+	struct fab_rkey rk = {s->info.addr, s->info.key, s->info.len};
+	uint32_t per = (uint32_t)fab_rma_segs(a->fab), nops = 0;
+	size_t at = (size_t)rd->slot * a->chunk_size;
+
+	if (n > s->slot_ranges)
+		return fab_read(a->fab, &rd->op, a->bounce_mr, at, rd->len, s->fa, &rk,
+				(uint64_t)rd->chunk * f->man.chunk_size, on_read);
+	if (n == 0 || n > GATHER_RANGES)
+		return -EMSGSIZE; /* more ranges than we gather */
+	for (uint32_t i = 0; i < n; i++)
+		rd->segs[i] = (struct fab_seg){sp[i].dst_off, sp[i].len};
+	rd->gstatus = 0;
+	rd->gleft = (n + per - 1) / per;
+	for (uint32_t i = 0; i < n; i += per, nops++) {
+		uint32_t k = PROTO_MIN(per, n - i);
+		rd->gops[nops].rd = rd;
+		int rc = fab_readv(a->fab, &rd->gops[nops].op, a->bounce_mr, at, s->fa, &s->slot_rk,
+				   rd->segs + i, k, on_gather);
+		if (rc != 0 && nops == 0)
+			return rc;
+		if (rc != 0) { /* those out land, failed */
+			rd->gstatus = rc;
+			rd->gleft = nops; /* callbacks run only from fab_poll */
+			return 0;
+		}
+		for (uint32_t j = 0; j < k; j++)
+			at += rd->segs[i + j].len;
+	}
+	return 0;
+}
+
 /* Posts reads until every source's window is full, the node's reads are
  * all out, or nothing can be fetched now. */
 void agent_pump(struct node_agent *a)
@@ -551,8 +609,10 @@ void agent_pump(struct node_agent *a)
 						  .started_ms = agent_now_ms(), .busy = true, .in_fabric = true,
 						  .gen = a->gen, .hp = s->hp};
 			snprintf(rd->src_id, sizeof(rd->src_id), "%s", s->info.id);
-			int rc = fab_read(a->fab, &rd->op, a->bounce_mr, (size_t)slot * a->chunk_size, len,
-					  s->fa, &rk, (uint64_t)c * f->man.chunk_size, on_read);
+			int rc = s->info.peer
+					 ? post_peer(a, rd, s, p)
+					 : fab_read(a->fab, &rd->op, a->bounce_mr, (size_t)slot * a->chunk_size,
+						    len, s->fa, &rk, (uint64_t)c * f->man.chunk_size, on_read);
 			if (rc != 0) {
 				rd->busy = false;
 				rd->in_fabric = false;
@@ -636,6 +696,55 @@ static void check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t p
 	}
 }
 
+/*
+ * Chunks no source can give: every source of their parcel is resting,
+ * silent, banned or gone (a publisher that left, a tracker that lists
+ * none), and none of their reads is out. Said once when it has lasted
+ * NO_SOURCE_MS, with counts, and once when a source is back; the tracker
+ * is asked for sources meanwhile (agent_pump).
+ */
+static void check_sourceless(struct node_agent *a, struct agent_fetch *f, uint64_t now)
+{
+	uint32_t chunks = 0, parcels = 0, listed = 0, resting = 0;
+
+	for (uint32_t pi = 0; pi < f->nparcels; pi++) {
+		const struct agent_parcel *p = &f->parcels[pi];
+		uint32_t todo = 0, live = 0;
+		bool usable = p->wire == NULL && agent_xl_serves(a);
+		for (size_t k = 0; k < p->nsrcs && !usable; k++)
+			usable = agent_source_usable(a, f, &p->srcs[k], now);
+		for (uint32_t c = 0; c < p->mp->nchunks && !usable; c++) {
+			todo += p->state[c] == 0;
+			live += p->state[c] == 1 || p->state[c] == 3;
+		}
+		if (usable || todo == 0 || live > 0)
+			continue;
+		parcels++;
+		chunks += todo;
+		for (size_t k = 0; k < p->nsrcs; k++) {
+			listed += !p->srcs[k].self;
+			resting += !p->srcs[k].self && p->srcs[k].bad_until_ms > now;
+		}
+	}
+	if (parcels == 0) {
+		if (f->nosrc_said)
+			LOG_INFO("node %s: v%" PRIu64 ": a source is back after %" PRIu64 " ms without one",
+				 a->node_id, f->version, now - f->nosrc_ms);
+		f->nosrc_ms = 0;
+		f->nosrc_said = false;
+		return;
+	}
+	if (f->nosrc_ms == 0)
+		f->nosrc_ms = now;
+	if (!f->nosrc_said && now - f->nosrc_ms >= NO_SOURCE_MS) {
+		LOG_WARN("node %s: v%" PRIu64 ": no source for %u chunks of %u parcels for %" PRIu64
+			 " ms (%u sources known for them, %u resting after a failure); waiting for "
+			 "the tracker to list one",
+			 a->node_id, f->version, chunks, parcels, now - f->nosrc_ms, listed, resting);
+		f->nosrc_said = true;
+	}
+}
+
 void agent_on_tick(evutil_socket_t fd, short what, void *arg)
 {
 	struct node_agent *a = arg;
@@ -646,9 +755,11 @@ void agent_on_tick(evutil_socket_t fd, short what, void *arg)
 	agent_xl_tick(a);
 	if (f == NULL || f->parcels == NULL)
 		return;
-	if (!f->verified)
+	if (!f->verified) {
 		for (uint32_t pi = 0; pi < f->nparcels; pi++)
 			check_silent(a, f, pi, now);
+		check_sourceless(a, f, now);
+	}
 	if (f->verified && !f->reported_verified) {
 		f->reported_verified = true;
 		agent_report(a, f->version, TRK_STATE_VERIFIED, NULL, agent_on_verified_report);

@@ -65,6 +65,12 @@
 #define STARVE_MS 1000      /* no chunk for this long: also take what a peer is fetching */
 #define SWARM_REFRESH_MS 1000 /* sources asked again while fetching (new swarm members) */
 #define HAVE_WAIT_MS 300    /* a newly listed peer's have-page is waited for this long at most */
+#define NO_SOURCE_MS 2000   /* chunks without any usable source this long: said (once) */
+/* Most ranges of its slot a chunk a node serves from there may span: a
+ * reader gathers them with fab_readv, fab_rma_segs ranges a read, those
+ * reads together one chunk read. Chunks over it are copied after their
+ * have-page (agent_chunk_copied). */
+#define GATHER_RANGES 32
 
 struct agent_source {
 	struct trk_source info;
@@ -83,6 +89,11 @@ struct agent_source {
 	uint8_t *have;
 	uint64_t have_ms;         /* when the last read of it was posted */
 	bool have_busy;           /* a read of it is in flight */
+	/* Where its have-page says the parcel's bytes are: its version slot
+	 * (len != 0: chunks are gathered from the slot's spans), else right
+	 * after the page (the offer's addr). */
+	struct fab_rkey slot_rk;
+	uint32_t slot_ranges; /* chunks over this many ranges follow the page */
 	bool self;                /* it is us: never read from */
 	uint64_t listed_ms;       /* first listed by the tracker */
 	uint64_t unlisted_ms;     /* a peer the tracker stopped listing: since when (0: listed) */
@@ -123,6 +134,9 @@ struct agent_parcel {
 	size_t held_cap;
 	uint32_t head;       /* bytes of the have-page in front of the parcel */
 	struct fab_mr *held_mr;
+	bool from_slot;      /* its chunks are served from the fetch's slot (f->slot_mr),
+			      * those over one gathering read's ranges copied after the
+			      * have-page (agent_chunk_copied) */
 	uint8_t *nlive;      /* per chunk: reads of it in flight */
 	uint16_t *avail;     /* per chunk: peers whose have-page lists it */
 	uint8_t *peer_busy;  /* per chunk: a peer is fetching it */
@@ -148,6 +162,16 @@ struct agent_read {
 	struct agent_source *hp; /* its source's host record, given back at landing */
 	bool xl; /* assembled from a cross-layout holder (agent_xlayout.c) */
 	char src_id[TRK_ID_MAX]; /* the source's id (bans outlive source lists) */
+	/* A chunk gathered from a peer's slot: its ranges, the reads that
+	 * take them (each lands after the one before), how many are still
+	 * out and the first failure; it lands when the last completes. */
+	struct fab_seg segs[GATHER_RANGES];
+	struct agent_gather {
+		struct fab_op op;
+		struct agent_read *rd;
+	} gops[GATHER_RANGES];
+	uint32_t gleft;
+	int gstatus;
 	uint64_t started_ms;
 	bool abandoned; /* stalled: its slot stays reserved until completion */
 	bool busy;      /* the slot holds this read (in fabric or verifying) */
@@ -175,6 +199,11 @@ struct agent_fetch {
 	uint8_t *bad_counts;
 	uint32_t nbad, nbanned;
 	struct node_serve_offer so; /* our offer of its parcels */
+	/* Its slot, registered once for peers' reads of the parcels served
+	 * from it (agent_swarm.c); closed before the slot can be freed or
+	 * written by anything but the verifier. Outlives f->slot moving to
+	 * a->active: the kept version is served from the active slot. */
+	struct fab_mr *slot_mr;
 	bool served; /* its parcels are registered and offered (or to be) */
 	uint64_t started_ms;
 	uint64_t first_byte_ms, last_byte_ms; /* wall clock: chunks landed */
@@ -187,6 +216,10 @@ struct agent_fetch {
 	/* Per-chunk trouble, tallied and logged once per version (the first
 	 * of each kind at warn, the rest at debug, totals on the way out). */
 	uint32_t stalls, bad_chunks, read_failures;
+	/* Since when some chunks have no usable source (0: all have one), and
+	 * whether that was said (agent_fetch.c, check_sourceless). */
+	uint64_t nosrc_ms;
+	bool nosrc_said;
 	/* The manifest lacks our layout: asking for its addendum. */
 	bool want_addendum;
 	struct event *addendum_ev; /* the next ask */
@@ -450,6 +483,14 @@ void agent_swarm_keep(struct node_agent *a, struct agent_fetch *f);
 void agent_swarm_tick(struct node_agent *a);
 /* Registered again: every offer must be made again. */
 void agent_swarm_registered(struct node_agent *a);
+/* The ranges of the slot chunk c of p lies in (sp: the first
+ * GATHER_RANGES of them); more than GATHER_RANGES: not gathered. */
+uint32_t agent_chunk_spans(const struct node_agent *a, const struct agent_fetch *f,
+			   const struct agent_parcel *p, uint32_t c, struct proto_span sp[GATHER_RANGES]);
+/* Whether a verified chunk c of p is copied after its have-page (it is
+ * served, not from the slot). */
+bool agent_chunk_copied(const struct node_agent *a, const struct agent_fetch *f,
+			const struct agent_parcel *p, uint32_t c);
 /* Chooses the next read of parcel pi: its chunk and source (NULL: none now;
  * *want_sources: ask the tracker for more). */
 struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_t *chunk,

@@ -5,12 +5,21 @@
 /*
  * Swarm model. Nodes that need the same parcel (version, layout, src and
  * dst rank) form its swarm; the tracker lists its members as "peer"
- * sources as soon as they offer it, before the publishers. A member serves
- * the parcel from one registered region (node/serve.h): its have-page
- * (proto/have.h), then the parcel's bytes. A chunk lands in a read slot,
- * is hashed against the signed manifest, scattered into the version slot
- * and copied into the region; only then is its have bit set, so nothing
- * unverified is ever served.
+ * sources as soon as they offer it, before the publishers. A member offers
+ * the parcel's have-page (proto/have.h) in a registered region of its own
+ * (node/serve.h); the bytes are served straight from the version slot the
+ * verifier scattered them into (registered once per fetch, its key on the
+ * page), so a received chunk is copied once: a reader gathers chunk c from
+ * the slot's spans with one fab_readv. A chunk lands in a read slot, is
+ * hashed against the signed manifest and scattered into the version slot;
+ * only then is its have bit set, so nothing unverified is ever served.
+ * Where the slot cannot serve (a delta's parcels are kept encoded, an
+ * in-place install writes the served slot, a chunk spans more ranges than
+ * one gathering read takes) the bytes are copied after the page instead.
+ * The slot's registration is closed before the slot can be freed or
+ * written by anything else (agent_swarm_unserve, from agent_fetch_free;
+ * the kept version's at the next activation, before the old slot is
+ * retired).
  *
  * Members learn what the others hold by reading their have-pages over the
  * fabric every TESSERA_HAVE_POLL_MS (one-sided reads: no receive buffers,
@@ -127,9 +136,49 @@ static uint32_t start_point(const char *id, uint32_t pi, uint32_t n)
 
 static void offer(struct node_agent *a, struct agent_fetch *f);
 
+/* Whether f's verified chunks can be served from its slot: a full version
+ * scattered into a slot of its own (a delta's parcels stay encoded; an
+ * in-place install writes the served slot and frees the staging one), and
+ * not the test's corrupt copy. */
+static bool slot_servable(const struct node_agent *a, const struct agent_fetch *f)
+{
+	return !f->delta && !a->o.install_inplace && f->slot != NULL && f->slot->host != NULL &&
+	       f->slot != a->active && a->layout.ranks[a->o.rank].nbytes > 0 &&
+	       proto_param(PROTO_PARAM_TEST_CORRUPT_SERVE) == 0;
+}
+
+uint32_t agent_chunk_spans(const struct node_agent *a, const struct agent_fetch *f,
+			   const struct agent_parcel *p, uint32_t c, struct proto_span sp[GATHER_RANGES])
+{
+	size_t n = proto_parcel_spans(f->plan, p->pp, &a->layout, (uint64_t)c * f->man.chunk_size,
+				      p->mp->chunks[c].size, sp, GATHER_RANGES);
+	return (uint32_t)PROTO_MIN(n, UINT32_MAX);
+}
+
+bool agent_chunk_copied(const struct node_agent *a, const struct agent_fetch *f,
+			const struct agent_parcel *p, uint32_t c)
+{
+	struct proto_span sp[GATHER_RANGES];
+
+	return p->held != NULL &&
+	       (!p->from_slot || agent_chunk_spans(a, f, p, c, sp) > GATHER_RANGES);
+}
+
+/* Registers f's slot for peers' reads when its parcels can be served from
+ * it; failure only logs (they are copied after their pages then). */
+static void serve_slot(struct node_agent *a, struct agent_fetch *f)
+{
+	if (!slot_servable(a, f))
+		return;
+	if (node_serve_reg(a->fab, f->slot->host, a->layout.ranks[a->o.rank].nbytes, false,
+			   &f->slot_mr) != 0)
+		LOG_DEBUG("node %s: v%" PRIu64 ": cannot register the slot; serving copies",
+			  a->node_id, f->version);
+}
+
 void agent_swarm_serve(struct node_agent *a, struct agent_fetch *f)
 {
-	uint32_t served = 0;
+	uint32_t served = 0, from_slot = 0;
 
 	for (uint32_t i = 0; i < f->nparcels; i++) {
 		f->parcels[i].rot = start_point(a->node_id, i, f->parcels[i].mp->nchunks);
@@ -138,12 +187,16 @@ void agent_swarm_serve(struct node_agent *a, struct agent_fetch *f)
 	f->so = (struct node_serve_offer){.version = f->version};
 	if (!a->fanout)
 		return;
+	serve_slot(a, f);
 	for (uint32_t i = 0; i < f->nparcels; i++) {
 		struct agent_parcel *p = &f->parcels[i];
 		uint32_t n = p->mp->nchunks;
 		if (n == 0 || proto_have_bytes(n) > HAVE_SLOT_MAX)
 			continue; /* too many chunks for a have-page read: not served */
 		p->head = (uint32_t)proto_have_page(n);
+		p->from_slot = f->slot_mr != NULL;
+		/* Chunks over a gathering read's ranges are copied after the page
+		 * (anonymous memory: pages never written cost nothing). */
 		p->held_cap = p->head + ((p->mp->wire_bytes + 4095) / 4096) * 4096;
 		p->held = node_serve_map(p->held_cap);
 		if (p->held == NULL ||
@@ -155,10 +208,30 @@ void agent_swarm_serve(struct node_agent *a, struct agent_fetch *f)
 				 a->node_id, f->version, p->mp->dst_rank, p->mp->src_rank, p->held_cap);
 			node_serve_unmap(p->held, p->held_cap);
 			p->held = NULL;
+			p->from_slot = false;
 			continue;
+		}
+		if (p->from_slot) {
+			struct fab_rkey rk;
+			fab_mr_rkey(f->slot_mr, &rk);
+			proto_have_set_slot(p->held, rk.addr, rk.key, rk.len, GATHER_RANGES);
+			from_slot++;
 		}
 		served++;
 	}
+	if (from_slot == 0 && f->slot_mr != NULL) {
+		fab_mr_close(f->slot_mr);
+		f->slot_mr = NULL;
+	}
+	uint32_t chunks = 0, copied = 0;
+	for (uint32_t i = 0; i < f->nparcels && from_slot > 0; i++)
+		for (uint32_t c = 0; f->parcels[i].held != NULL && c < f->parcels[i].mp->nchunks; c++) {
+			chunks++;
+			copied += agent_chunk_copied(a, f, &f->parcels[i], c);
+		}
+	LOG_DEBUG("node %s: v%" PRIu64 ": %u of %u parcels served from the slot (%u of their %u "
+		  "chunks copied after the page: over GATHER_RANGES ranges)",
+		  a->node_id, f->version, from_slot, served, copied, chunks);
 	f->served = served > 0;
 	/* The node's budget on each page; its rate split over the parcels. */
 	for (uint32_t i = 0; i < f->nparcels && served > 0; i++) {
@@ -187,7 +260,12 @@ void agent_swarm_unserve(struct node_agent *a, struct agent_fetch *f)
 		p->held_mr = NULL;
 		node_serve_unmap(p->held, p->held_cap);
 		p->held = NULL;
+		p->from_slot = false;
 	}
+	/* Before the slot is freed or retired: readers of it fail and move on. */
+	if (f->slot_mr != NULL && a->fab != NULL)
+		fab_mr_close(f->slot_mr);
+	f->slot_mr = NULL;
 	f->served = false;
 	f->so.offered = false;
 }
@@ -466,6 +544,10 @@ static void on_have(struct fab_op *op, int status)
 		snprintf(err.msg, sizeof(err.msg), "have-page for v%" PRIu64 " parcel %u<-%u with %u chunks",
 			 h.version, h.dst_rank, h.src_rank, h.nchunks);
 	}
+	if (rc == 0 && h.slot_len != 0 && p->wire != NULL) {
+		rc = -EINVAL; /* a delta's chunks are encoded: no slot holds them */
+		snprintf(err.msg, sizeof(err.msg), "have-page serves a delta parcel from a slot");
+	}
 	if (rc != 0) {
 		LOG_WARN("node %s: v%" PRIu64 ": peer %s: %s; dropped", a->node_id, f->version,
 			 s->info.id, err.msg);
@@ -477,6 +559,8 @@ static void on_have(struct fab_op *op, int status)
 		return;
 	memcpy(s->have, h.have, bl);
 	memcpy(s->have + bl, h.busy, bl);
+	s->slot_rk = (struct fab_rkey){h.slot_addr, h.slot_key, h.slot_len};
+	s->slot_ranges = h.slot_ranges;
 	if (h.upload_peers != s->up_peers || h.upload_mbps != s->up_mbps) {
 		s->up_peers = h.upload_peers;
 		s->up_mbps = h.upload_mbps;

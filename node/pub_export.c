@@ -595,14 +595,30 @@ static void on_ex_layouts(const struct trk_answer *a, void *arg)
 	} else if (ex->nlayouts == 0 && ex->addendum) {
 		ex_fail(p, ENOENT, "none of the layouts to add is registered now");
 	} else if (ex->nlayouts == 0) {
+		uint64_t now = proto_now_ns() / 1000000;
 		if (!ex->verify && !p->layouts_waiting) {
 			p->layouts_waiting = true;
+			p->layouts_wait_ms = now;
 			LOG_INFO("no serving layout registered yet: waiting before exporting version %llu",
+				 (unsigned long long)ex->version);
+		}
+		/* Said at the default level once the wait lasts: a publisher
+		 * started alone is otherwise silent. */
+		if (!ex->verify && !p->layouts_warned &&
+		    now - p->layouts_wait_ms >= proto_param(PROTO_PARAM_WAIT_NOTICE_MS)) {
+			p->layouts_warned = true;
+			LOG_WARN("no node has registered a serving layout for %llu s: version %llu waits "
+				 "for one to register (said once)",
+				 (unsigned long long)(now - p->layouts_wait_ms) / 1000,
 				 (unsigned long long)ex->version);
 		}
 		ex_retry(p, LAYOUTS_RETRY_MS);
 	} else {
+		if (p->layouts_warned)
+			LOG_INFO("a serving layout is registered: exporting version %llu",
+				 (unsigned long long)ex->version);
 		p->layouts_waiting = false;
+		p->layouts_warned = false;
 		ex->need = NEED_NONE;
 		ex->wait_ns = proto_now_ns() - ex->start_ns;
 	}

@@ -270,6 +270,8 @@ struct node_pub {
 	char id[TRK_ID_MAX];
 	bool registered, reg_busy, hb_busy, check_busy, init_busy, ready;
 	bool reg_warned, layouts_waiting;
+	bool layouts_warned;      /* the wait for a serving layout was said at warn */
+	uint64_t layouts_wait_ms; /* since when it waits for one (monotonic) */
 	/* The leader's watch for replicas coming alive (a layout to extend
 	 * the latest version for): in flight; the tracker's layouts_rev and
 	 * latest version it last told; a check to make once the one in
@@ -278,6 +280,9 @@ struct node_pub {
 	uint64_t lw_rev, lw_after;
 	uint64_t lease_ms;
 	uint64_t reg_gen, hb_gen; /* registrations so far; the heartbeat's */
+	/* Heartbeats failed in a row (a tracker down or unreachable), and
+	 * since when: said once when it starts, once when it recovers. */
+	uint64_t hb_fails, hb_fail_ms;
 	uint64_t next_version, reoffer;
 	uint64_t published; /* the highest version this process published */
 	uint8_t prev_digest[PROTO_HASH_BYTES];

@@ -210,17 +210,45 @@ static void on_reg_timer(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+/* A heartbeat that failed (status: its answer's): one line when the
+ * failures start, the rest counted, one line when they end. */
+static void hb_failed(struct node_pub *p, const struct trk_answer *a)
+{
+	if (p->hb_fails++ == 0) {
+		p->hb_fail_ms = proto_now_ns() / 1000000;
+		LOG_WARN("heartbeat: %s (the tracker may be down: heartbeats go on every %llu ms, "
+			 "said again when one is answered)",
+			 a->error, (unsigned long long)(p->lease_ms / 3));
+	} else {
+		LOG_DEBUG("heartbeat: %s (%llu failed in a row)", a->error,
+			  (unsigned long long)p->hb_fails);
+	}
+}
+
+static void hb_answered(struct node_pub *p)
+{
+	if (p->hb_fails > 0)
+		LOG_INFO("heartbeat: the tracker answers again, after %llu failed heartbeats "
+			 "(%llu ms)",
+			 (unsigned long long)p->hb_fails,
+			 (unsigned long long)(proto_now_ns() / 1000000 - p->hb_fail_ms));
+	p->hb_fails = 0;
+}
+
 static void on_hb_answer(const struct trk_answer *a, void *arg)
 {
 	struct node_pub *p = arg;
 
 	p->hb_busy = false;
 	if (a->status == 404 && p->hb_gen == p->reg_gen && p->registered) {
+		hb_answered(p);
 		LOG_WARN("the tracker forgot publisher %s: registering again", p->id);
 		p->registered = false;
 		node__pub_register(p);
 	} else if (a->status != 200) {
-		LOG_WARN("heartbeat: %s", a->error);
+		hb_failed(p, a);
+	} else {
+		hb_answered(p);
 	}
 }
 

@@ -2,6 +2,7 @@
 #include "proto/have.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <string.h>
 
 static void put32(uint8_t *p, uint32_t v)
@@ -63,6 +64,15 @@ void proto_have_set_budget(uint8_t *page, uint64_t peers, uint64_t mbps)
 	put32(page + 28, (uint32_t)PROTO_MIN(mbps, UINT32_MAX));
 }
 
+void proto_have_set_slot(uint8_t *page, uint64_t addr, uint64_t key, uint64_t len,
+			 uint32_t ranges)
+{
+	put64(page + 32, addr);
+	put64(page + 40, key);
+	put64(page + 48, len);
+	put32(page + 56, ranges);
+}
+
 void proto_have_mark(uint8_t *page, uint32_t c, bool have, bool on)
 {
 	uint8_t *bits = page + PROTO_HAVE_HEADER + (have ? 0 : bits_len(get32(page + 16)));
@@ -101,6 +111,13 @@ int proto_have_parse(const uint8_t *buf, size_t len, struct proto_have *out, str
 	out->dst_rank = get32(buf + 24);
 	out->upload_peers = buf[5];
 	out->upload_mbps = get32(buf + 28);
+	out->slot_addr = get64(buf + 32);
+	out->slot_key = get64(buf + 40);
+	out->slot_len = get64(buf + 48);
+	out->slot_ranges = get32(buf + 56);
+	if (out->slot_addr + out->slot_len < out->slot_addr)
+		return proto_errf(err, EINVAL, "have-page: slot range wraps (0x%" PRIx64 " + %" PRIu64 ")",
+				  out->slot_addr, out->slot_len);
 	out->have = buf + PROTO_HAVE_HEADER;
 	out->busy = out->have + bits_len(n);
 	return 0;

@@ -33,6 +33,7 @@ static void test_have_round_trip(void **state)
 	assert_int_equal(h.dst_rank, 5);
 	assert_int_equal(h.upload_peers, 0); /* no budget unless announced */
 	assert_int_equal(h.upload_mbps, 0);
+	assert_int_equal(h.slot_len, 0); /* bytes after the page unless a slot is announced */
 	for (uint32_t c = 0; c < 100; c++) {
 		assert_int_equal(proto_have_bit(h.have, c), c == 0 || c == 99);
 		assert_int_equal(proto_have_bit(h.busy, c), c == 42);
@@ -48,6 +49,15 @@ static void test_have_round_trip(void **state)
 	assert_int_equal(proto_have_parse(page, proto_have_bytes(100), &h, &err), 0);
 	assert_int_equal(h.upload_peers, 255);
 	assert_int_equal(h.upload_mbps, UINT32_MAX);
+	/* Served from the slot: its rkey comes back as it was set. */
+	proto_have_set_slot(page, 0x7f0000001000ull, 0xdeadbeefcafeull, 1ull << 33, 4);
+	assert_int_equal(proto_have_parse(page, proto_have_bytes(100), &h, &err), 0);
+	assert_int_equal(h.slot_addr, 0x7f0000001000ull);
+	assert_int_equal(h.slot_key, 0xdeadbeefcafeull);
+	assert_int_equal(h.slot_len, 1ull << 33);
+	assert_int_equal(h.slot_ranges, 4);
+	assert_true(proto_have_bit(h.have, 99));
+	assert_int_equal(h.upload_peers, 255);
 	/* Too small a buffer or too many chunks: nothing is written. */
 	assert_int_equal(proto_have_init(page, 40, 7, 100, 3, 5), -EINVAL);
 	assert_int_equal(proto_have_init(page, sizeof(page), 7, PROTO_HAVE_MAX_CHUNKS + 1, 0, 0),
@@ -81,9 +91,12 @@ static void test_have_bad_pages(void **state)
 	assert_non_null(strstr(err.msg, "magic"));
 	page[0] ^= 1;
 	/* Another format version, another header size. */
-	page[4] = 2;
+	page[4] = 1; /* the page before slots: its header is shorter */
 	assert_int_equal(proto_have_parse(page, full, &h, &err), -EPROTO);
-	assert_non_null(strstr(err.msg, "format 2"));
+	assert_non_null(strstr(err.msg, "format 1"));
+	page[4] = 3;
+	assert_int_equal(proto_have_parse(page, full, &h, &err), -EPROTO);
+	assert_non_null(strstr(err.msg, "format 3"));
 	page[4] = PROTO_HAVE_FORMAT;
 	page[6] = 64;
 	assert_int_equal(proto_have_parse(page, full, &h, &err), -EPROTO);
@@ -95,6 +108,14 @@ static void test_have_bad_pages(void **state)
 	page[16] = 0x00, page[17] = 0x00, page[18] = 0x01, page[19] = 0x00; /* 65536 */
 	assert_int_equal(proto_have_parse(page, sizeof(page), &h, &err), -EINVAL);
 	assert_non_null(strstr(err.msg, "truncated"));
+	/* A slot range that wraps around the address space. */
+	page[16] = 100, page[18] = 0;
+	proto_have_set_slot(page, UINT64_MAX - 4095, 1, 8192, 1);
+	assert_int_equal(proto_have_parse(page, full, &h, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, "wraps"));
+	assert_null(strchr(err.msg, '\n'));
+	proto_have_set_slot(page, 0, 0, 0, 0);
+	assert_int_equal(proto_have_parse(page, full, &h, &err), 0);
 	/* Nothing but garbage. */
 	for (size_t i = 0; i < sizeof(page); i++)
 		page[i] = (uint8_t)(i * 131 + 7);
