@@ -700,13 +700,17 @@ static void check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t p
  * Chunks no source can give: every source of their parcel is resting,
  * silent, banned or gone (a publisher that left, a tracker that lists
  * none), and none of their reads is out. Said once when it has lasted
- * NO_SOURCE_MS, with counts, and once when a source is back; the tracker
- * is asked for sources meanwhile (agent_pump).
+ * NO_SOURCE_MS, with counts, and once when a source is back (at the same
+ * level, so that the default log pairs them); the tracker is asked for
+ * sources meanwhile (agent_pump).
  */
 static void check_sourceless(struct node_agent *a, struct agent_fetch *f, uint64_t now)
 {
 	uint32_t chunks = 0, parcels = 0, listed = 0, resting = 0;
 
+	if (!a->nosrc_said && a->nosrc_gen != a->gen)
+		a->nosrc_ms = 0; /* an unsaid wait of an earlier fetch: a new one starts afresh */
+	a->nosrc_gen = a->gen;
 	for (uint32_t pi = 0; pi < f->nparcels; pi++) {
 		const struct agent_parcel *p = &f->parcels[pi];
 		uint32_t todo = 0, live = 0;
@@ -727,21 +731,21 @@ static void check_sourceless(struct node_agent *a, struct agent_fetch *f, uint64
 		}
 	}
 	if (parcels == 0) {
-		if (f->nosrc_said)
-			LOG_INFO("node %s: v%" PRIu64 ": a source is back after %" PRIu64 " ms without one",
-				 a->node_id, f->version, now - f->nosrc_ms);
-		f->nosrc_ms = 0;
-		f->nosrc_said = false;
+		if (a->nosrc_said)
+			LOG_WARN("node %s: v%" PRIu64 ": a source is back after %" PRIu64 " ms without one",
+				 a->node_id, f->version, now - a->nosrc_ms);
+		a->nosrc_ms = 0;
+		a->nosrc_said = false;
 		return;
 	}
-	if (f->nosrc_ms == 0)
-		f->nosrc_ms = now;
-	if (!f->nosrc_said && now - f->nosrc_ms >= NO_SOURCE_MS) {
+	if (a->nosrc_ms == 0)
+		a->nosrc_ms = now;
+	if (!a->nosrc_said && now - a->nosrc_ms >= NO_SOURCE_MS) {
 		LOG_WARN("node %s: v%" PRIu64 ": no source for %u chunks of %u parcels for %" PRIu64
 			 " ms (%u sources known for them, %u resting after a failure); waiting for "
 			 "the tracker to list one",
-			 a->node_id, f->version, chunks, parcels, now - f->nosrc_ms, listed, resting);
-		f->nosrc_said = true;
+			 a->node_id, f->version, chunks, parcels, now - a->nosrc_ms, listed, resting);
+		a->nosrc_said = true;
 	}
 }
 

@@ -216,10 +216,6 @@ struct agent_fetch {
 	/* Per-chunk trouble, tallied and logged once per version (the first
 	 * of each kind at warn, the rest at debug, totals on the way out). */
 	uint32_t stalls, bad_chunks, read_failures;
-	/* Since when some chunks have no usable source (0: all have one), and
-	 * whether that was said (agent_fetch.c, check_sourceless). */
-	uint64_t nosrc_ms;
-	bool nosrc_said;
 	/* The manifest lacks our layout: asking for its addendum. */
 	bool want_addendum;
 	struct event *addendum_ev; /* the next ask */
@@ -349,6 +345,11 @@ struct node_agent {
 
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
 	struct node_wait wait; /* what we wait for, said when it lasts */
+	/* Since when some chunks of the fetch have no usable source (0: all
+	 * have one), and whether that was said (agent_fetch.c,
+	 * check_sourceless); kept across fetches of the version. */
+	uint64_t nosrc_ms, nosrc_gen; /* nosrc_gen: the fetch generation it was seen in */
+	bool nosrc_said;
 	uint64_t last_report_ms;
 	int fatal;
 	struct proto_err fatal_err;

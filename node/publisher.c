@@ -227,8 +227,8 @@ static void hb_failed(struct node_pub *p, const struct trk_answer *a)
 
 static void hb_answered(struct node_pub *p)
 {
-	if (p->hb_fails > 0)
-		LOG_INFO("heartbeat: the tracker answers again, after %llu failed heartbeats "
+	if (p->hb_fails > 0) /* at the level of the first line: the default log pairs them */
+		LOG_WARN("heartbeat: the tracker answers again, after %llu failed heartbeats "
 			 "(%llu ms)",
 			 (unsigned long long)p->hb_fails,
 			 (unsigned long long)(proto_now_ns() / 1000000 - p->hb_fail_ms));

@@ -180,11 +180,12 @@
 	X(CUDA_RING_ENTRY, "TESSERA_CUDA_RING_ENTRY", 2u << 20, "CUDA store: bytes per pinned upload entry") \
 	/* Pinned upload entries in the ring: uploads in flight at most. */ \
 	X(CUDA_RING_ENTRIES, "TESSERA_CUDA_RING_ENTRIES", 16, "CUDA store: pinned upload entries") \
-	/* A swarm peer the tracker stops listing (its lease lapsed, or the \
-	 * tracker restarted) stays a source and a member for this long while \
-	 * it answers: it re-registers within about a heartbeat, and dropping \
-	 * it sent its share of chunks to the trainer meanwhile. */ \
-	X(PEER_GRACE_MS, "TESSERA_PEER_GRACE_MS", 6000, "an unlisted peer stays a source this long while it answers, ms") \
+	/* A swarm peer (or a publisher) the tracker stops listing (its lease \
+	 * lapsed, or the tracker restarted) stays a source, a peer also a \
+	 * member, for this long while it answers: it re-registers within \
+	 * about a heartbeat, and dropping a peer sent its share of chunks to \
+	 * the trainer meanwhile, dropping the publisher left no source. */ \
+	X(PEER_GRACE_MS, "TESSERA_PEER_GRACE_MS", 6000, "an unlisted peer or publisher stays a source this long while it answers, ms") \
 	/* An in-place install decodes and verifies a delta's changes on this \
 	 * many threads before it pauses admission, then writes them on the \
 	 * same threads while paused (0: one per online CPU, at most 8). */ \

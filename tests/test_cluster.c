@@ -279,6 +279,7 @@ struct kill_env {
 	struct trk_client *trk;
 	struct proto_model m;
 	struct proto_layout tp1;
+	const char *every; /* the publisher exports on its own clock (--every MS); NULL: asked */
 };
 
 static void start_publisher(struct kill_env *e)
@@ -288,7 +289,8 @@ static void start_publisher(struct kill_env *e)
 	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
 	unlink(e->sock);
 	char *argv[] = {bin, "publish", "--tracker", e->url, "--key", e->key, "--synthetic-mb", "8",
-			"--seed", "7", "--layout", "fsdp2", "--control", e->sock, NULL};
+			"--seed", "7", "--layout", "fsdp2", "--control", e->sock,
+			e->every != NULL ? "--every" : NULL, (char *)e->every, NULL};
 	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", argv, log), 0);
 }
 
@@ -360,17 +362,27 @@ static int kill_teardown(void **state)
 	unsetenv("TESSERA_FETCH_MBPS");
 	unsetenv("TESSERA_LEASE_MS");
 	unsetenv("TESSERA_STALL_MS");
+	unsetenv("TESSERA_WAIT_NOTICE_MS");
 	free(e);
 	return 0;
 }
 
-/* Tracker, one tp1 node and the publisher on loopback, v1 active on the
- * node, v2 exported and the node part-way through it. Small chunks and a
- * 32 Mbit/s fetch cap: 8 MiB take about two seconds, so what the caller
- * does next lands mid-transfer. */
-static void start_v1(struct kill_env *e)
+static void start_node(struct kill_env *e)
 {
-	char bin[512], line[512], log[600], state_dir[600], buf[512];
+	char bin[512], log[600];
+
+	tu_bin(bin, sizeof(bin), "tessera-node");
+	snprintf(log, sizeof(log), "%s/node.log", e->dir);
+	char *nargv[] = {bin, "--tracker", e->url, "--replica", "A", "--rank", "0", "--layout", "tp1",
+			 "--model", e->model, "--trainer-pubkey", e->pub, "--expose", e->expose,
+			 "--store", "host", NULL};
+	assert_int_equal(node_proc_spawn(&e->node, "node", nargv, log), 0);
+}
+
+/* Files, the tracker and a client of it; no node, no publisher yet. */
+static void start_tracker_env(struct kill_env *e)
+{
+	char state_dir[600], buf[512];
 	struct proto_err err;
 
 	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
@@ -390,13 +402,18 @@ static void start_v1(struct kill_env *e)
 
 	tu_start_tracker(&e->tracker, e->dir, state_dir, e->pub, e->url, sizeof(e->url));
 	assert_int_equal(trk_client_new(NULL, e->url, NULL, &e->trk, &err), 0);
+}
 
-	tu_bin(bin, sizeof(bin), "tessera-node");
-	snprintf(log, sizeof(log), "%s/node.log", e->dir);
-	char *nargv[] = {bin, "--tracker", e->url, "--replica", "A", "--rank", "0", "--layout", "tp1",
-			 "--model", e->model, "--trainer-pubkey", e->pub, "--expose", e->expose,
-			 "--store", "host", NULL};
-	assert_int_equal(node_proc_spawn(&e->node, "node", nargv, log), 0);
+/* Tracker, one tp1 node and the publisher on loopback, v1 active on the
+ * node, v2 exported and the node part-way through it. Small chunks and a
+ * 32 Mbit/s fetch cap: 8 MiB take about two seconds, so what the caller
+ * does next lands mid-transfer. */
+static void start_v1(struct kill_env *e)
+{
+	char line[512];
+
+	start_tracker_env(e);
+	start_node(e);
 	start_publisher(e);
 
 	/* v1 everywhere. */
@@ -418,15 +435,20 @@ static void start_mid_v2(struct kill_env *e)
 	assert_true(wait_fetching(e, 2, 60000));
 }
 
+static bool proc_log_has(struct node_proc *p, const char *s);
+static int proc_log_count(struct node_proc *p, const char *s);
+static bool proc_log_wait(struct node_proc *p, const char *s, int ms);
+
 static void test_publisher_killed_mid_transfer(void **state)
 {
 	struct kill_env *e = *state;
 	char line[512];
 
 	start_mid_v2(e);
-	/* v2's only source dies. */
+	/* v2's only source dies: the node says it has none (once, with
+	 * counts) rather than waiting in silence. */
 	node_proc_kill(&e->publisher);
-	sleep(3);
+	assert_true(proc_log_wait(&e->node, "no source for ", 30000));
 	assert_int_equal(tu_replica_active(e->trk, "A"), 1);
 	check_serving(e, 1);
 	assert_true(node_proc_alive(&e->node));
@@ -435,6 +457,8 @@ static void test_publisher_killed_mid_transfer(void **state)
 	start_publisher(e);
 	assert_true(tu_wait_active(e->trk, "A", 2, 60000));
 	check_serving(e, 2);
+	assert_true(proc_log_has(&e->node, "a source is back after "));
+	assert_int_equal(proc_log_count(&e->node, "no source for "), 1);
 
 	tu_control(e->sock, "quit\n", line, sizeof(line));
 }
@@ -502,37 +526,99 @@ static bool proc_log_has(struct node_proc *p, const char *s)
 	return found;
 }
 
+/* Starts the tracker again on its port and state directory. */
+static void respawn_tracker(struct kill_env *e)
+{
+	char bin[512], state_dir[600], listen[64], line[256], log[600];
+	const char *port = strrchr(e->url, ':');
+
+	snprintf(state_dir, sizeof(state_dir), "%s/state", e->dir);
+	snprintf(listen, sizeof(listen), "127.0.0.1%s", port);
+	tu_bin(bin, sizeof(bin), "tessera-tracker");
+	char *argv[] = {bin, "--listen", listen, "--state", state_dir,
+			"--trainer-pubkey", e->pub, NULL};
+	snprintf(log, sizeof(log), "%s/tracker.log", e->dir);
+	assert_int_equal(node_proc_spawn(&e->tracker, "tracker", argv, log), 0);
+	assert_int_equal(node_proc_wait_line(&e->tracker, "listening on ", line, sizeof(line),
+					     10000), 0);
+}
+
+/* How many times the log of p holds s. */
+static int proc_log_count(struct node_proc *p, const char *s)
+{
+	uint8_t *buf;
+	size_t len;
+	struct proto_err err;
+	int n = 0;
+
+	if (proto_read_file(p->log, 64 << 20, &buf, &len, &err) != 0)
+		return -1;
+	for (const uint8_t *q = buf; (q = memmem(q, len - (size_t)(q - buf), s, strlen(s))) != NULL;
+	     q += strlen(s))
+		n++;
+	free(buf);
+	return n;
+}
+
+/* Waits (bounded) until the log of p holds s. */
+static bool proc_log_wait(struct node_proc *p, const char *s, int ms)
+{
+	for (int w = 0; w < ms; w += 50) {
+		if (proc_log_has(p, s))
+			return true;
+		usleep(50000);
+	}
+	return proc_log_has(p, s);
+}
+
+/*
+ * A publisher says at the default level what it waits for, once each: a
+ * node to register a serving layout (started alone, exporting on its own
+ * clock), and the tracker while its heartbeats fail (one line when they
+ * start failing, one with the count when one is answered again), not a
+ * line per heartbeat.
+ */
+static void test_publisher_says_what_it_waits_for(void **state)
+{
+	struct kill_env *e = *state;
+
+	setenv("TESSERA_WAIT_NOTICE_MS", "300", 1);
+	e->every = "1000";
+	start_tracker_env(e);
+	start_publisher(e);
+	assert_true(proc_log_wait(&e->publisher, "waits for one to register", 30000));
+	start_node(e);
+	assert_true(tu_wait_active(e->trk, "A", 1, 60000) || tu_replica_active(e->trk, "A") > 1);
+
+	node_proc_stop(&e->tracker, 5000);
+	assert_true(proc_log_wait(&e->publisher, "the tracker may be down", 30000));
+	respawn_tracker(e);
+	assert_true(proc_log_wait(&e->publisher, "the tracker answers again, after", 30000));
+	assert_int_equal(proc_log_count(&e->publisher, "the tracker may be down"), 1);
+	assert_int_equal(proc_log_count(&e->publisher, "waits for one to register"), 1);
+	assert_true(node_proc_alive(&e->publisher));
+}
+
 /* The tracker comes back on the same port with its state lost: wiped
  * (wipe: a new cluster id) or truncated (its versions gone, the cluster id
  * kept). The publisher stops with an error rather than numbering from 1
  * again; the node keeps serving v1, says why, and stays up. */
 static void state_lost(struct kill_env *e, bool wipe)
 {
-	char bin[512], state_dir[600], listen[64], line[256];
-	const char *port;
+	char state_dir[600];
 	int status;
 
 	start_v1(e);
 	snprintf(state_dir, sizeof(state_dir), "%s/state", e->dir);
 	/* The first tracker started on a fresh state and said so. */
 	assert_true(proc_log_has(&e->tracker, "new state in "));
-	port = strrchr(e->url, ':');
-	snprintf(listen, sizeof(listen), "127.0.0.1%s", port);
 	node_proc_stop(&e->tracker, 5000);
 	if (wipe)
 		assert_int_equal(tu_sh("rm -rf '%s'", state_dir), 0);
 	else
 		assert_int_equal(tu_sh("rm -f '%s'/versions/*", state_dir), 0);
 	assert_int_equal(tu_sh("mv '%s/tracker.log' '%s/tracker.1.log'", e->dir, e->dir), 0);
-
-	tu_bin(bin, sizeof(bin), "tessera-tracker");
-	char *argv[] = {bin, "--listen", listen, "--state", state_dir,
-			"--trainer-pubkey", e->pub, NULL};
-	char log[600];
-	snprintf(log, sizeof(log), "%s/tracker.log", e->dir);
-	assert_int_equal(node_proc_spawn(&e->tracker, "tracker", argv, log), 0);
-	assert_int_equal(node_proc_wait_line(&e->tracker, "listening on ", line, sizeof(line),
-					     10000), 0);
+	respawn_tracker(e);
 	assert_int_equal(proc_log_has(&e->tracker, "new state in "), wipe);
 
 	/* The publisher stops, non-zero, saying why. */
@@ -1003,6 +1089,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_publisher_killed_mid_transfer, kill_setup,
 						kill_teardown),
 		cmocka_unit_test_setup_teardown(test_publisher_stalled_mid_transfer, kill_setup,
+						kill_teardown),
+		cmocka_unit_test_setup_teardown(test_publisher_says_what_it_waits_for, kill_setup,
 						kill_teardown),
 		cmocka_unit_test_setup_teardown(test_tracker_state_wiped, kill_setup, kill_teardown),
 		cmocka_unit_test_setup_teardown(test_tracker_state_truncated, kill_setup,

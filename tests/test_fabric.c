@@ -86,7 +86,11 @@ static void *xalloc(size_t len)
 	return p;
 }
 
-/* Progresses both sides until *done becomes true or the time runs out. */
+static void abandon_pair(struct fx *f);
+
+/* Progresses both sides until *done becomes true or the time runs out
+ * (then the pair's ops are abandoned before the case fails: see
+ * abandon_pair). */
 static void pump_until(struct fx *f, const int *flag, int want)
 {
 	uint64_t end = proto_now_ns() + (uint64_t)PUMP_MS * 1000000u;
@@ -94,9 +98,11 @@ static void pump_until(struct fx *f, const int *flag, int want)
 	while (*flag < want) {
 		assert_true(fab_poll(f->a, 0) >= 0);
 		assert_true(fab_poll(f->b, 0) >= 0);
-		if (proto_now_ns() > end)
+		if (proto_now_ns() > end) {
+			abandon_pair(f);
 			fail_msg("%s: timed out waiting for completions",
 				 f->prov);
+		}
 	}
 }
 
@@ -172,6 +178,27 @@ skip:
 	return 0;
 }
 
+/*
+ * A case that gives up on its ops (a timeout) must not leave them in
+ * flight: their fab_op and buffers are its own (often on its stack), and
+ * a later case's fab_poll would complete them into memory that is gone
+ * (test_read_many timing out on a loaded machine crashed the cases after
+ * it). fab_close abandons them: their callbacks run with -ECANCELED while
+ * the memory is still the case's, and the provider never touches it
+ * again. The group goes on with a fresh pair (or skips, saying why, if
+ * none opens).
+ */
+static void abandon_pair(struct fx *f)
+{
+	struct proto_err err = {{0}};
+
+	fab_close(f->b);
+	fab_close(f->a);
+	f->a = f->b = NULL;
+	if (open_pair(f, &f->a, &f->b, &f->a2b, &f->b2a, &err) != 0)
+		snprintf(f->skip, sizeof(f->skip), "pair reopened after a timeout: %s", err.msg);
+}
+
 static int group_teardown(void **state)
 {
 	struct fx *f = *state;
@@ -208,15 +235,18 @@ struct range {
 	size_t len;
 };
 
-static void run_ranges(struct fx *f, bool write, struct fab_mr *lmr,
-		       const struct fab_rkey *rk, const struct range *r,
-		       size_t n)
+/* As run_ranges, within timeout_ms, progressing b too when pump_b: 0, or
+ * -ETIMEDOUT after abandoning the pair (abandon_pair: every read out has
+ * had its callback, with -ECANCELED, when this returns). */
+static int run_ranges_for(struct fx *f, bool write, struct fab_mr *lmr,
+			  const struct fab_rkey *rk, const struct range *r,
+			  size_t n, int timeout_ms, bool pump_b)
 {
 	struct req reqs[WINDOW];
 	int slot_busy[WINDOW] = {0};
 	int inflight = 0, completed = 0;
 	size_t next = 0;
-	uint64_t end = proto_now_ns() + (uint64_t)PUMP_MS * 1000000u;
+	uint64_t end = proto_now_ns() + (uint64_t)timeout_ms * 1000000u;
 
 	memset(reqs, 0, sizeof(reqs));
 	while (next < n || inflight > 0) {
@@ -244,9 +274,17 @@ static void run_ranges(struct fx *f, bool write, struct fab_mr *lmr,
 			inflight++;
 			next++;
 		}
-		pump_both(f);
-		if (proto_now_ns() > end)
-			fail_msg("%s: ranges timed out", f->prov);
+		if (pump_b)
+			pump_both(f);
+		else
+			assert_true(fab_poll(f->a, 0) >= 0);
+		if (proto_now_ns() > end) {
+			abandon_pair(f);
+			for (int s = 0; s < WINDOW; s++)
+				assert_true(!slot_busy[s] || reqs[s].done == 1);
+			assert_int_equal(inflight, 0);
+			return -ETIMEDOUT;
+		}
 	}
 	for (int s = 0; s < WINDOW; s++)
 		if (slot_busy[s]) {
@@ -255,6 +293,15 @@ static void run_ranges(struct fx *f, bool write, struct fab_mr *lmr,
 			completed++;
 		}
 	assert_int_equal(completed, (int)n);
+	return 0;
+}
+
+static void run_ranges(struct fx *f, bool write, struct fab_mr *lmr,
+		       const struct fab_rkey *rk, const struct range *r,
+		       size_t n)
+{
+	if (run_ranges_for(f, write, lmr, rk, r, n, PUMP_MS, true) != 0)
+		fail_msg("%s: ranges timed out (reads abandoned)", f->prov);
 }
 
 /* Odd offsets and sizes, placed without overlap in the local buffer. */
@@ -326,6 +373,47 @@ static void test_read_many(void **state)
 	fab_mr_close(dmr);
 	fab_mr_close(smr);
 	free(odd);
+	free(dst);
+	free(src);
+}
+
+/*
+ * A run that times out leaves nothing in flight for the cases after it:
+ * reads from a peer that is never progressed (tcp;ofi_rxm needs the
+ * peer's progress to answer) time out, every one has had its callback
+ * (-ECANCELED) before the helper returns, and reads on the group's pair
+ * work again at once, into buffers the abandoned reads never touch.
+ */
+static void test_timeout_abandons_reads(void **state)
+{
+	struct fx *f = *state;
+	struct fab_mr *smr, *dmr;
+	struct fab_rkey rk;
+	struct range r[WINDOW];
+	const size_t len = 4 * MiB;
+	uint8_t *src, *dst;
+
+	SKIP_IF_UNAVAILABLE(f);
+	src = xalloc(len);
+	dst = xalloc(len);
+	fill(src, len, 7);
+	memset(dst, 0, len);
+	assert_int_equal(fab_mr_reg(f->b, src, len, FAB_MR_REMOTE_READ, &smr), 0);
+	assert_int_equal(fab_mr_reg(f->a, dst, len, FAB_MR_READ, &dmr), 0);
+	fab_mr_rkey(smr, &rk);
+	for (size_t i = 0; i < WINDOW; i++)
+		r[i] = (struct range){i * (len / WINDOW), i * (len / WINDOW), len / WINDOW};
+	/* b is never progressed: nothing can complete. */
+	assert_int_equal(run_ranges_for(f, false, dmr, &rk, r, WINDOW, 200, false), -ETIMEDOUT);
+	/* The regions went with the abandoned pair; the new pair reads. */
+	assert_int_equal(fab_inflight(f->a), 0);
+	assert_int_equal(fab_mr_reg(f->b, src, len, FAB_MR_REMOTE_READ, &smr), 0);
+	assert_int_equal(fab_mr_reg(f->a, dst, len, FAB_MR_READ, &dmr), 0);
+	fab_mr_rkey(smr, &rk);
+	run_ranges(f, false, dmr, &rk, r, WINDOW);
+	assert_memory_equal(dst, src, len);
+	fab_mr_close(dmr);
+	fab_mr_close(smr);
 	free(dst);
 	free(src);
 }
@@ -1335,6 +1423,7 @@ static void test_mr_mode_names(void **state)
 int main(void)
 {
 	const struct CMUnitTest tcp[] = {FABRIC_TESTS,
+					 cmocka_unit_test(test_timeout_abandons_reads),
 					 cmocka_unit_test(test_dead_peer_does_not_block),
 					 cmocka_unit_test_teardown(test_remove_with_read_in_flight,
 								   own_teardown)};
