@@ -384,6 +384,15 @@ static void test_read_many(void **state)
  * (-ECANCELED) before the helper returns, and reads on the group's pair
  * work again at once, into buffers the abandoned reads never touch.
  */
+/* b serves src (remote read only), a reads into dst: both registered. */
+static void serve_pair(struct fx *f, uint8_t *src, uint8_t *dst, size_t len, struct fab_mr **smr,
+		       struct fab_mr **dmr, struct fab_rkey *rk)
+{
+	assert_int_equal(fab_mr_reg(f->b, src, len, FAB_MR_REMOTE_READ, smr), 0);
+	assert_int_equal(fab_mr_reg(f->a, dst, len, FAB_MR_READ, dmr), 0);
+	fab_mr_rkey(*smr, rk);
+}
+
 static void test_timeout_abandons_reads(void **state)
 {
 	struct fx *f = *state;
@@ -398,18 +407,14 @@ static void test_timeout_abandons_reads(void **state)
 	dst = xalloc(len);
 	fill(src, len, 7);
 	memset(dst, 0, len);
-	assert_int_equal(fab_mr_reg(f->b, src, len, FAB_MR_REMOTE_READ, &smr), 0);
-	assert_int_equal(fab_mr_reg(f->a, dst, len, FAB_MR_READ, &dmr), 0);
-	fab_mr_rkey(smr, &rk);
+	serve_pair(f, src, dst, len, &smr, &dmr, &rk);
 	for (size_t i = 0; i < WINDOW; i++)
 		r[i] = (struct range){i * (len / WINDOW), i * (len / WINDOW), len / WINDOW};
 	/* b is never progressed: nothing can complete. */
 	assert_int_equal(run_ranges_for(f, false, dmr, &rk, r, WINDOW, 200, false), -ETIMEDOUT);
 	/* The regions went with the abandoned pair; the new pair reads. */
 	assert_int_equal(fab_inflight(f->a), 0);
-	assert_int_equal(fab_mr_reg(f->b, src, len, FAB_MR_REMOTE_READ, &smr), 0);
-	assert_int_equal(fab_mr_reg(f->a, dst, len, FAB_MR_READ, &dmr), 0);
-	fab_mr_rkey(smr, &rk);
+	serve_pair(f, src, dst, len, &smr, &dmr, &rk);
 	run_ranges(f, false, dmr, &rk, r, WINDOW);
 	assert_memory_equal(dst, src, len);
 	fab_mr_close(dmr);
@@ -1105,9 +1110,7 @@ static void test_wait_with_server_thread(void **state)
 	dst = xalloc(len);
 	fill(src, len, 11);
 	memset(dst, 0, len);
-	assert_int_equal(fab_mr_reg(f->b, src, len, FAB_MR_REMOTE_READ, &smr), 0);
-	assert_int_equal(fab_mr_reg(f->a, dst, len, FAB_MR_READ, &dmr), 0);
-	fab_mr_rkey(smr, &rk);
+	serve_pair(f, src, dst, len, &smr, &dmr, &rk);
 
 	s.ctx = f->b;
 	assert_int_equal(pthread_create(&th, NULL, serve, &s), 0);
