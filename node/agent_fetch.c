@@ -432,6 +432,8 @@ void agent_on_verified(struct node_vjob *job, void *arg)
 		p->held[p->head + (size_t)rd->chunk * f->man.chunk_size] ^= 0x5a; /* test only */
 	agent_swarm_mark(p, rd->chunk, AGENT_MARK_HAVE);
 	node_metrics_add(a->am.m, rd->src_peer ? a->am.fetched_peer : a->am.fetched_trainer, c->size);
+	if (rd->gathered)
+		node_metrics_add(a->am.m, a->am.fetched_peer_slot, c->size);
 	p->state[rd->chunk] = 2;
 	agent_xl_landed(a, rd->parcel, rd->chunk); /* our slot's have-map, for other layouts */
 	p->progress_ms = agent_now_ms();
@@ -553,6 +555,7 @@ static int post_peer(struct node_agent *a, struct agent_read *rd, const struct a
 	for (uint32_t i = 0; i < n; i++)
 		rd->segs[i] = (struct fab_seg){sp[i].dst_off, sp[i].len};
 	rd->gstatus = 0;
+	rd->gathered = true;
 	rd->gleft = (n + per - 1) / per;
 	for (uint32_t i = 0; i < n; i += per, nops++) {
 		uint32_t k = PROTO_MIN(per, n - i);

@@ -172,6 +172,7 @@ struct agent_read {
 	} gops[GATHER_RANGES];
 	uint32_t gleft;
 	int gstatus;
+	bool gathered; /* from the peer's slot (those reads) */
 	uint64_t started_ms;
 	bool abandoned; /* stalled: its slot stays reserved until completion */
 	bool busy;      /* the slot holds this read (in fabric or verifying) */

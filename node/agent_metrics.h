@@ -11,7 +11,7 @@
 struct node_agent_metrics {
 	struct node_metrics *m; /* NULL: nothing is measured */
 	int active_version, serving_bytes, registered;
-	int fetched_trainer, fetched_peer;
+	int fetched_trainer, fetched_peer, fetched_peer_slot;
 	int failed_hash, failed_read, stalled;
 	int activations, refused, activation_seconds;
 	int unbacked_claims;

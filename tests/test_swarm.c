@@ -357,6 +357,8 @@ static void export_v1(struct swarm *w)
 
 /* A peer killed while the others read from it: their reads fail and move
  * to other holders; everyone else finishes with the exact bytes. */
+static uint64_t metric_sum(struct swarm *w, int skip, const char *series);
+
 static void test_swarm_peer_killed(void **state)
 {
 	struct swarm *w = *state;
@@ -388,6 +390,19 @@ static void test_swarm_peer_killed(void **state)
 		assert_true(wait_active(w, i, 1, 60000));
 		check_serving(w, i, 1);
 	}
+	/* Peers' chunks were gathered straight from the slots they were
+	 * scattered into (the served copy is gone), and every byte of them
+	 * was verified (bit-exact above). */
+	uint64_t slot = metric_sum(w, 1, "tessera_node_peer_slot_bytes_total");
+	uint64_t peer = 0;
+	for (int i = 0; i < NODES; i++) {
+		json_t *st = NULL, *rk = i == 1 ? NULL : rank_of(w, i, &st);
+		peer += rk ? (uint64_t)json_integer_value(json_object_get(rk, "bytes_from_peers")) : 0;
+		json_decref(st);
+	}
+	print_message("peer bytes %" PRIu64 ", of them gathered from slots %" PRIu64 "\n", peer, slot);
+	assert_true(slot > 0);
+	assert_true(slot <= peer);
 }
 
 /* Node i's bytes from the trainer as the tracker last heard them. */
