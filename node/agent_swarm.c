@@ -10,12 +10,13 @@
  * (node/serve.h); the bytes are served straight from the version slot the
  * verifier scattered them into (registered once per fetch, its key on the
  * page), so a received chunk is copied once: a reader gathers chunk c from
- * the slot's spans with one fab_readv. A chunk lands in a read slot, is
+ * the slot's spans (fab_readv, fab_rma_segs ranges a read, GATHER_RANGES
+ * at most). A chunk lands in a read slot, is
  * hashed against the signed manifest and scattered into the version slot;
  * only then is its have bit set, so nothing unverified is ever served.
  * Where the slot cannot serve (a delta's parcels are kept encoded, an
- * in-place install writes the served slot, a chunk spans more ranges than
- * one gathering read takes) the bytes are copied after the page instead.
+ * in-place install writes the served slot, a chunk spans more than
+ * GATHER_RANGES ranges) the bytes are copied after the page instead.
  * The slot's registration is closed before the slot can be freed or
  * written by anything else (agent_swarm_unserve, from agent_fetch_free;
  * the kept version's at the next activation, before the old slot is
