@@ -215,7 +215,7 @@ static struct agent_xl *xl_get(struct node_agent *a)
 	return a->xl;
 }
 
-static bool xl_refresh(struct node_agent *a);
+static bool xl_refresh(struct node_agent *a, bool early);
 static void ask_holders(struct node_agent *a, uint64_t now);
 
 /* ---- our slot, served ------------------------------------------------------ */
@@ -660,10 +660,12 @@ static void on_holders(const struct trk_answer *ans, void *arg)
 		take_holder(a, e, i);
 	}
 	take_fetching(a, json_object_get(ans->json, "fetching"));
+	LOG_INFO("TL node %s: holders in (%zu)", a->node_id, json_array_size(list));
 	bool want = false;
 	for (uint32_t k = 0; k < x->nlays; k++)
 		want |= x->lays[k].state == 0;
 	if (want && !x->lays_pending && trk_client_layouts(a->trk, on_layouts, a) == 0) {
+		LOG_INFO("TL node %s: asking for holder layouts", a->node_id);
 		x->lays_pending = true;
 		for (uint32_t k = 0; k < x->nlays; k++)
 			x->lays[k].asked |= x->lays[k].state == 0;
@@ -704,6 +706,7 @@ static void layout_ready(struct node_agent *a, struct xl_layout *l, json_t *form
 		return;
 	}
 	l->state = 1;
+	LOG_INFO("TL node %s: holder layout ready", a->node_id);
 	LOG_DEBUG("node %s: holder layout %s: %" PRIu64 " spans for rank %u", a->node_id, hex,
 		  l->map.nspans, a->o.rank);
 }
@@ -716,6 +719,7 @@ static void on_layouts(const struct trk_answer *ans, void *arg)
 	size_t i;
 
 	x->lays_pending = false;
+	LOG_INFO("TL node %s: holder layouts in", a->node_id);
 	list = ans->status == 200 ? json_object_get(ans->json, "layouts") : NULL;
 	json_array_foreach(list, i, e) {
 		const char *hex = json_string_value(json_object_get(e, "digest"));
@@ -1073,7 +1077,7 @@ int agent_xl_post(struct node_agent *a, uint32_t pi, uint32_t hint)
 	uint32_t live = 0, c = UINT32_MAX;
 	bool any = false;
 
-	if (p->wire != NULL || !xl_refresh(a))
+	if (p->wire != NULL || !xl_refresh(a, false))
 		return 0;
 	x = a->xl;
 	ask_holders(a, now);
@@ -1193,6 +1197,10 @@ int agent_xl_post(struct node_agent *a, uint32_t pi, uint32_t hint)
 	if (rc != 0)
 		xr->status = rc; /* the rest is not asked; what went out comes back first */
 	xr->busy = true;
+	if (f->first_post_ms == 0) {
+		f->first_post_ms = now;
+		LOG_INFO("TL node %s: first read posted (holder %s)", a->node_id, h->replica);
+	}
 	agent_source_posted(&h->pace, ch->size);
 	agent_read_started(a, pi, c, ch->size);
 	return 1;
@@ -1261,7 +1269,7 @@ void agent_xl_tick(struct node_agent *a)
 	if (x != NULL && x->slot_mr != NULL && a->kept != NULL && a->kept->so.offered &&
 	    !a->kept->so.busy && !x->slot_in_offer)
 		a->kept->so.offered = false;
-	if (!xl_refresh(a))
+	if (!xl_refresh(a, false))
 		return;
 	x = a->xl;
 	part_serve(a, x);
@@ -1284,14 +1292,16 @@ static void uncov_free(struct agent_xl *x)
 }
 
 /* Holders are for the fetch under way (dropped when it changed); asked
- * again every XL_ASK_MS. False when there is nothing to do for this fetch. */
-static bool xl_refresh(struct node_agent *a)
+ * again every XL_ASK_MS. False when there is nothing to do for this fetch.
+ * early: its parcels are not known yet (the addendum is awaited); holders
+ * and their layouts are made ready meanwhile. */
+static bool xl_refresh(struct node_agent *a, bool early)
 {
 	struct agent_fetch *f = a->fetch;
 	struct agent_xl *x;
 
-	if (!a->fanout || f == NULL || f->parcels == NULL || f->verified || f->delta ||
-	    (x = xl_get(a)) == NULL || !xl_buffers(a))
+	if (!a->fanout || f == NULL || (f->parcels == NULL && !early) || !f->have_man ||
+	    f->verified || f->delta || (x = xl_get(a)) == NULL || !xl_buffers(a))
 		return false;
 	if (x->version != f->version || x->gen != a->gen) {
 		for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++)
@@ -1300,18 +1310,25 @@ static bool xl_refresh(struct node_agent *a)
 		for (uint32_t k = 0; k < XL_FETCHING_MAX; k++)
 			x->fetching[k] = (struct xl_fetching){.since_ms = 0};
 		uncov_free(x);
-		if ((x->uncov = calloc(f->nparcels, sizeof(*x->uncov))) != NULL) {
-			x->nuncov = f->nparcels;
-			for (uint32_t i = 0; i < f->nparcels; i++)
-				x->uncov[i] = calloc(f->parcels[i].mp->nchunks + 1, sizeof(**x->uncov));
-		}
 		x->cov_gen = 1;
 		x->version = f->version;
 		x->gen = a->gen;
 		x->asked_ms = 0;
 		x->answered = false;
 	}
+	if (x->uncov == NULL && f->parcels != NULL &&
+	    (x->uncov = calloc(f->nparcels, sizeof(*x->uncov))) != NULL) {
+		x->nuncov = f->nparcels;
+		for (uint32_t i = 0; i < f->nparcels; i++)
+			x->uncov[i] = calloc(f->parcels[i].mp->nchunks + 1, sizeof(**x->uncov));
+	}
 	return true;
+}
+
+void agent_xl_prefetch(struct node_agent *a)
+{
+	if (xl_refresh(a, true))
+		ask_holders(a, agent_now_ms());
 }
 
 static void ask_holders(struct node_agent *a, uint64_t now)
@@ -1323,10 +1340,12 @@ static void ask_holders(struct node_agent *a, uint64_t now)
 		return;
 	struct xl_req *req = malloc(sizeof(*req));
 	x->asked_ms = now;
+	if (!x->answered)
+		LOG_INFO("TL node %s: asking for holders", a->node_id);
 	if (req != NULL)
 		*req = (struct xl_req){a, a->gen};
 	if (req == NULL ||
-	    trk_client_holders(a->trk, f->version, f->ml->layout_digest, on_holders, req) != 0) {
+	    trk_client_holders(a->trk, f->version, a->layout.digest, on_holders, req) != 0) {
 		free(req);
 		x->answered = true; /* not waiting for an answer that will not come */
 	} else {

@@ -17,7 +17,8 @@
 # posted and seen by each rank, first and last byte, activation (the
 # processes log at info level for it; their logs are kept meanwhile).
 #
-# BENCH_ELASTIC_MB (default 64) shrinks it.
+# BENCH_ELASTIC_MB (default 64) shrinks it; BENCH_ELASTIC_KEEP=DIR keeps the
+# run's logs, status and report there.
 set -uo pipefail
 
 BIN=${BIN:-build/bin}
@@ -26,7 +27,8 @@ RATE=100mbit
 RATE_BPS=$((100 * 1000000 / 8))
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mktemp -d -t tessera-bench-elastic.XXXXXX)
-trap 'rm -rf "$OUT"' EXIT
+KEEP_DIR=${BENCH_ELASTIC_KEEP:-}
+trap '[ -z "$KEEP_DIR" ] || { mkdir -p "$KEEP_DIR" && cp -r "$OUT"/. "$KEEP_DIR"/; }; rm -rf "$OUT"' EXIT
 
 SB=$((MB * 1048576 / RATE_BPS + 1))
 LATE_S=$((4 * SB + 30))
