@@ -371,10 +371,8 @@ void agent_read_landed(struct agent_read *rd, int status)
 	}
 	p->state[rd->chunk] = 3; /* verifying */
 	f->last_byte_ms = proto_wall_ms();
-	if (f->first_byte_ms == 0) {
+	if (f->first_byte_ms == 0)
 		f->first_byte_ms = f->last_byte_ms;
-		LOG_INFO("TL node %s: first chunk landed", a->node_id);
-	}
 	rd->job = (struct node_vjob){
 		.buf = a->bounce + (size_t)rd->slot * a->chunk_size,
 		.len = c->size,

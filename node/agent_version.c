@@ -173,7 +173,6 @@ static void with_plan(struct node_agent *a)
 		agent_fetch_fail(a, "our plan differs from the one the manifest signed");
 		return;
 	}
-	LOG_INFO("TL node %s: plan checked", a->node_id);
 	if (setup_parcels(a) == -ENOMEM && a->fetch != NULL)
 		agent_fetch_fail(a, "out of memory");
 	else
@@ -211,9 +210,8 @@ static void on_layouts(const struct trk_answer *ans, void *arg)
 	if (a->have_plan)
 		proto_plan_fini(&a->plan);
 	a->have_plan = false;
-	LOG_INFO("TL node %s: trainer layout in", a->node_id);
 	rc = proto_plan_build(&a->model, &tl, &a->layout, &a->plan, &err);
-	LOG_INFO("TL node %s: planned", a->node_id);
+	LOG_DEBUG("node %s: v%" PRIu64 ": planned from the trainer layout", a->node_id, f->version);
 	proto_layout_fini(&tl);
 	if (rc != 0) {
 		agent_fetch_fail(a, "%s", err.msg);
@@ -236,7 +234,6 @@ static bool plan_ready(struct node_agent *a)
 		return true;
 	if (f->plan_asked)
 		return false;
-	LOG_INFO("TL node %s: asking for the trainer layout", a->node_id);
 	if (trk_client_layouts(a->trk, on_layouts, a) != 0)
 		agent_fetch_fail(a, "cannot ask for the trainer layout");
 	else
@@ -260,7 +257,6 @@ static void with_manifest(struct node_agent *a)
 	memcpy(a->last_digest, f->man.digest, PROTO_HASH_BYTES);
 
 	f->ml = proto_manifest_layout(&f->man, a->layout.digest);
-	LOG_INFO("TL node %s: manifest v%" PRIu64 " in", a->node_id, f->version);
 	if (f->ml == NULL) {
 		/* Published before our layout registered: the publisher adds
 		 * it by a signed addendum (agent_addendum.c), else we wait

@@ -660,12 +660,10 @@ static void on_holders(const struct trk_answer *ans, void *arg)
 		take_holder(a, e, i);
 	}
 	take_fetching(a, json_object_get(ans->json, "fetching"));
-	LOG_INFO("TL node %s: holders in (%zu)", a->node_id, json_array_size(list));
 	bool want = false;
 	for (uint32_t k = 0; k < x->nlays; k++)
 		want |= x->lays[k].state == 0;
 	if (want && !x->lays_pending && trk_client_layouts(a->trk, on_layouts, a) == 0) {
-		LOG_INFO("TL node %s: asking for holder layouts", a->node_id);
 		x->lays_pending = true;
 		for (uint32_t k = 0; k < x->nlays; k++)
 			x->lays[k].asked |= x->lays[k].state == 0;
@@ -706,7 +704,6 @@ static void layout_ready(struct node_agent *a, struct xl_layout *l, json_t *form
 		return;
 	}
 	l->state = 1;
-	LOG_INFO("TL node %s: holder layout ready", a->node_id);
 	LOG_DEBUG("node %s: holder layout %s: %" PRIu64 " spans for rank %u", a->node_id, hex,
 		  l->map.nspans, a->o.rank);
 }
@@ -719,7 +716,6 @@ static void on_layouts(const struct trk_answer *ans, void *arg)
 	size_t i;
 
 	x->lays_pending = false;
-	LOG_INFO("TL node %s: holder layouts in", a->node_id);
 	list = ans->status == 200 ? json_object_get(ans->json, "layouts") : NULL;
 	json_array_foreach(list, i, e) {
 		const char *hex = json_string_value(json_object_get(e, "digest"));
@@ -1199,7 +1195,8 @@ int agent_xl_post(struct node_agent *a, uint32_t pi, uint32_t hint)
 	xr->busy = true;
 	if (f->first_post_ms == 0) {
 		f->first_post_ms = now;
-		LOG_INFO("TL node %s: first read posted (holder %s)", a->node_id, h->replica);
+		LOG_DEBUG("node %s: v%" PRIu64 ": first read posted, to holder %s", a->node_id,
+			  f->version, h->replica);
 	}
 	agent_source_posted(&h->pace, ch->size);
 	agent_read_started(a, pi, c, ch->size);
@@ -1340,8 +1337,6 @@ static void ask_holders(struct node_agent *a, uint64_t now)
 		return;
 	struct xl_req *req = malloc(sizeof(*req));
 	x->asked_ms = now;
-	if (!x->answered)
-		LOG_INFO("TL node %s: asking for holders", a->node_id);
 	if (req != NULL)
 		*req = (struct xl_req){a, a->gen};
 	if (req == NULL ||

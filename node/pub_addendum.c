@@ -218,7 +218,7 @@ int node__pub_addendum_sources(struct node_pub *p, uint64_t v, uint32_t rank,
 struct cover {
 	uint64_t *bits;
 	uint64_t len;
-	bool ok;
+	bool ok, bad;
 };
 
 static void cover_mark(void *arg, uint64_t at, uint64_t n)
@@ -226,7 +226,7 @@ static void cover_mark(void *arg, uint64_t at, uint64_t n)
 	struct cover *cv = arg;
 
 	if (at > cv->len || n > cv->len - at) {
-		cv->ok = false; /* a parcel outside the rank: not ours to trust */
+		cv->bad = true; /* a parcel outside the rank: not ours to trust */
 		return;
 	}
 	for (uint64_t b = at; b < at + n;) {
@@ -259,23 +259,32 @@ static void cover_check(void *arg, uint64_t at, uint64_t n)
 	}
 }
 
+/* Layout by layout (rs lists each layout's parcels together), the served
+ * parcels are marked until they reach every byte pt's items read; only
+ * those layouts' parcels are put back (usually the first layout's: any
+ * layout's parcels from a rank hold all of it). */
 bool node__pub_addendum_restore(const struct node_pub *p, uint32_t rank, const struct pub_rsrc *rs,
 				size_t n, const struct pub_part *pt, uint8_t *block, size_t cap)
 {
-	struct cover cv = {.len = p->tl.ranks[rank].nbytes, .ok = true};
+	struct cover cv = {.len = p->tl.ranks[rank].nbytes};
+	size_t used = 0;
 
 	if (cv.len > cap || (cv.bits = calloc(cv.len / 64 + 1, sizeof(*cv.bits))) == NULL)
 		return false;
-	for (size_t i = 0; i < n && cv.ok; i++)
-		proto_parcel_src_spans(&rs[i].sl->plan, rs[i].pc, &p->tl, 0, rs[i].pc->bytes, cover_mark,
-				       &cv);
-	for (size_t k = 0; k < pt->nitems && cv.ok; k++)
-		proto_parcel_src_spans(&pt->items[k].sl->plan, pt->items[k].pc, &p->tl, 0,
-				       pt->items[k].pc->bytes, cover_check, &cv);
+	while (used < n && !cv.ok && !cv.bad) {
+		const struct pub_layout *sl = rs[used].sl;
+		for (; used < n && rs[used].sl == sl && !cv.bad; used++)
+			proto_parcel_src_spans(&sl->plan, rs[used].pc, &p->tl, 0, rs[used].pc->bytes,
+					       cover_mark, &cv);
+		cv.ok = !cv.bad;
+		for (size_t k = 0; k < pt->nitems && cv.ok; k++)
+			proto_parcel_src_spans(&pt->items[k].sl->plan, pt->items[k].pc, &p->tl, 0,
+					       pt->items[k].pc->bytes, cover_check, &cv);
+	}
 	free(cv.bits);
-	if (!cv.ok)
+	if (!cv.ok || cv.bad)
 		return false;
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < used; i++)
 		proto_parcel_ungather(&rs[i].sl->plan, rs[i].pc, &p->tl, block, 0, rs[i].pc->bytes,
 				      rs[i].payload);
 	return true;

@@ -455,9 +455,11 @@ struct pub_rsrc {
  * export runs: no export publishes meanwhile, so v stays the newest. */
 int node__pub_addendum_sources(struct node_pub *p, uint64_t v, uint32_t rank,
 			       struct pub_rsrc **out, size_t *n);
-/* Worker: rebuilds trainer rank's memory in block (cap bytes) from rs[n],
- * true when every byte pt's items gather is covered by them. False (out of
- * memory, or not covered): the caller fills block from the source. */
+/* Worker: rebuilds trainer rank's memory in block (cap bytes) from rs[n]
+ * (each layout's parcels together: only as many layouts as it takes to
+ * reach every byte pt's items gather are put back); true when they reach
+ * them all. False (out of memory, or not reached): the caller fills block
+ * from the source. */
 bool node__pub_addendum_restore(const struct node_pub *p, uint32_t rank, const struct pub_rsrc *rs,
 				size_t n, const struct pub_part *pt, uint8_t *block, size_t cap);
 /* From the retention check's answer (vi[n], latest): when the latest
