@@ -262,13 +262,21 @@ static void with_manifest(struct node_agent *a)
 		 * it by a signed addendum (agent_addendum.c), else we wait
 		 * for the next version. Meanwhile what does not depend on
 		 * it is made ready: the plan from the trainer layout, the
-		 * holders of other layouts and our maps of them, so that
-		 * the first read goes out as soon as the addendum is in. */
+		 * holders of other layouts and our maps of them, and the
+		 * slot (made and kept as the store's spare, which the fetch
+		 * then takes), so that the first read goes out as soon as
+		 * the addendum is in. */
 		agent_addendum_wait(a);
 		if (a->fetch == f)
 			(void)plan_ready(a);
 		if (a->fetch == f)
 			agent_xl_prefetch(a);
+		struct node_slot *spare;
+		struct proto_err err;
+		if (a->fetch == f && a->standby == NULL &&
+		    node_slot_new(&a->store, f->version, a->layout.ranks[a->o.rank].nbytes, &spare,
+				  &err) == 0)
+			node_slot_free(&a->store, spare);
 		return;
 	}
 	with_layout(a);
