@@ -2,7 +2,8 @@
 # A tessera cluster across hosts: one network namespace per host, each joined
 # to a switch namespace's bridge by a veth pair shaped with tbf in both
 # directions (the data network: the fabric). Host 0 runs the publisher
-# (every trainer rank); host i (1..) runs every rank of replica i. The
+# (every trainer rank); host i (1..) runs every rank of replica i, in one
+# tessera-node process (its ranks start and register together). The
 # tracker runs on a host of its own, reached by every host over a second,
 # unshaped management network, as a cluster's control plane sits on its
 # front-end network beside the data fabric: heartbeats queued behind a
@@ -148,13 +149,33 @@ NHOST=$((NREP + NLATE)) # replica hosts: 1..NREP, then the late ones
 
 DIR=$(mktemp -d -t tessera-netns.XXXXXX)
 PIDS=()
+TRK_PID=""
+PUB_PID=""
+
+# SIGTERM to the processes, then SIGKILL to those still there after 5 s.
+stop_pids() { # pid...
+	local p n alive
+	for p in "$@"; do kill "$p" 2>/dev/null || true; done
+	for _ in $(seq 50); do
+		alive=0
+		for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
+		[ $alive -eq 1 ] || break
+		sleep 0.1
+	done
+	for p in "$@"; do kill -9 "$p" 2>/dev/null || true; done
+}
 
 cleanup() {
-	local rc=$?
+	local rc=$? p rest=()
 	trap - EXIT INT TERM
-	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-	sleep 0.5
-	for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+	# The nodes first: stopped, they tell the tracker they leave, so it
+	# must still be up; then the publisher; the tracker last.
+	for p in "${PIDS[@]}"; do
+		[ "$p" = "$TRK_PID" ] || [ "$p" = "$PUB_PID" ] || rest+=("$p")
+	done
+	[ ${#rest[@]} -eq 0 ] || stop_pids "${rest[@]}"
+	[ -z "$PUB_PID" ] || stop_pids "$PUB_PID"
+	[ -z "$TRK_PID" ] || stop_pids "$TRK_PID"
 	if [ $rc -ne 0 ]; then
 		for f in "$DIR"/*.log; do
 			[ -f "$f" ] || continue
@@ -340,13 +361,14 @@ start_replica() { # host (replica R<host>, layout ALL[host-1])
 	tp[0-9]*) ranks=${layout#tp} ;;
 	*) ranks=$(jq '.ranks | length' "$layout") || die "$layout: not a layout file" ;;
 	esac
-	for r in $(seq 0 $((ranks - 1))); do
-		start "$i" "node-R$i-$r.log" env TESSERA_FANOUT=$FANOUT "$BIN/tessera-node" \
-			--tracker "$TRK" --replica "R$i" --rank "$r" --layout "$layout" \
-			--model "$DIR/model.json" --trainer-pubkey "$DIR/trainer.pub" \
-			--cluster-key "$DIR/cluster.key" --host "host$i" --store host
-		NODE_PIDS[$i]+=" $!"
-	done
+	# One process for every rank of the host, as a host is deployed: its
+	# ranks register together (one process per rank would start them
+	# seconds apart on a loaded machine, each opening its own fabric).
+	start "$i" "node-R$i.log" env TESSERA_FANOUT=$FANOUT "$BIN/tessera-node" \
+		--tracker "$TRK" --replica "R$i" --ranks "0-$((ranks - 1))" --layout "$layout" \
+		--model "$DIR/model.json" --trainer-pubkey "$DIR/trainer.pub" \
+		--cluster-key "$DIR/cluster.key" --host "host$i" --store host
+	NODE_PIDS[$i]+=" $!"
 }
 for i in $(seq 1 "$NREP"); do start_replica "$i"; done
 echo "netns-cluster: $((NHOST + 1)) hosts on $NET.0/24, links shaped to $RATE each way;" \
@@ -456,7 +478,7 @@ rate_bps() {
 REPS=$(for i in $(seq 1 "$NHOST"); do
 	# shellcheck disable=SC2086 # a list of pids
 	jq -cn --arg r "R$i" --arg l "${ALL[$((i - 1))]}" --argjson late "$([ "$i" -gt "$NREP" ] &&
-		echo true || echo false)" --argjson lost "$(cat "$DIR"/node-R$i-*.log 2>/dev/null |
+		echo true || echo false)" --argjson lost "$(cat "$DIR"/node-R$i.log 2>/dev/null |
 		grep -c 'lease lost' || true)" --argjson cpu "$(cpu_ms ${NODE_PIDS[$i]:-})" \
 		--argjson rx "$(($(rx_bytes "$i") - ${RX0[$i]:-0}))" \
 		'{replica: $r, layout: $l, late: $late, leases_lost: $lost, cpu_ms: $cpu,

@@ -208,6 +208,7 @@ struct agent_fetch {
 	bool served; /* its parcels are registered and offered (or to be) */
 	uint64_t started_ms;
 	uint64_t first_byte_ms, last_byte_ms; /* wall clock: chunks landed */
+	uint64_t first_post_ms;
 	bool verified, reported_verified;
 	/* The activation record could not be written: not active, and why. */
 	char expose_error[512];
@@ -219,6 +220,7 @@ struct agent_fetch {
 	uint32_t stalls, bad_chunks, read_failures;
 	/* The manifest lacks our layout: asking for its addendum. */
 	bool want_addendum;
+	bool plan_asked; /* the trainer layout is asked for (our plan) */
 	struct event *addendum_ev; /* the next ask */
 	/* A delta version: rebuilt from the active slot (node/agent_delta.c). */
 	bool delta;
@@ -572,6 +574,10 @@ bool agent_xl_serves(struct node_agent *a);
 /* Periodic: asks the tracker for holders while fetching, moves the reads
  * of a silent holder, keeps our own slot offered. */
 void agent_xl_tick(struct node_agent *a);
+/* The fetch waits for its addendum: the holders of other layouts are asked
+ * for now, and our maps of their layouts built, so that reads from them
+ * start as soon as our parcels are known. Failure only delays. */
+void agent_xl_prefetch(struct node_agent *a);
 /* The switch made a->active the served slot (old is retired): offer it to
  * readers of other layouts instead of old. */
 void agent_xl_serve(struct node_agent *a, struct node_slot *old);

@@ -189,6 +189,7 @@ static void on_layouts(const struct trk_answer *ans, void *arg)
 
 	if (f == NULL)
 		return;
+	f->plan_asked = false;
 	if (ans->status != 200) {
 		agent_fetch_fail(a, "cannot read the trainer layout: %s", ans->error);
 		return;
@@ -210,6 +211,7 @@ static void on_layouts(const struct trk_answer *ans, void *arg)
 		proto_plan_fini(&a->plan);
 	a->have_plan = false;
 	rc = proto_plan_build(&a->model, &tl, &a->layout, &a->plan, &err);
+	LOG_DEBUG("node %s: v%" PRIu64 ": planned from the trainer layout", a->node_id, f->version);
 	proto_layout_fini(&tl);
 	if (rc != 0) {
 		agent_fetch_fail(a, "%s", err.msg);
@@ -217,21 +219,33 @@ static void on_layouts(const struct trk_answer *ans, void *arg)
 	}
 	a->have_plan = true;
 	memcpy(a->plan_src, f->man.src_layout_digest, PROTO_HASH_BYTES);
-	with_plan(a);
+	if (f->ml != NULL) /* else planned ahead of the addendum: it goes on */
+		with_plan(a);
+}
+
+/* The plan trainer layout -> ours is here (true), or asked for: on_layouts
+ * goes on with the fetch once our parcels are known. */
+static bool plan_ready(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+
+	/* The same trainer layout as last time: the plan is already here. */
+	if (a->have_plan && sodium_memcmp(a->plan_src, f->man.src_layout_digest, PROTO_HASH_BYTES) == 0)
+		return true;
+	if (f->plan_asked)
+		return false;
+	if (trk_client_layouts(a->trk, on_layouts, a) != 0)
+		agent_fetch_fail(a, "cannot ask for the trainer layout");
+	else
+		f->plan_asked = true;
+	return false;
 }
 
 /* Our layout's parcels are known (f->ml): the plan, then the parcels. */
 static void with_layout(struct node_agent *a)
 {
-	struct agent_fetch *f = a->fetch;
-
-	/* The same trainer layout as last time: the plan is already here. */
-	if (a->have_plan && sodium_memcmp(a->plan_src, f->man.src_layout_digest, PROTO_HASH_BYTES) == 0) {
+	if (plan_ready(a))
 		with_plan(a);
-		return;
-	}
-	if (trk_client_layouts(a->trk, on_layouts, a) != 0)
-		agent_fetch_fail(a, "cannot ask for the trainer layout");
 }
 
 /* The manifest is signed and its parent link checked. */
@@ -246,8 +260,23 @@ static void with_manifest(struct node_agent *a)
 	if (f->ml == NULL) {
 		/* Published before our layout registered: the publisher adds
 		 * it by a signed addendum (agent_addendum.c), else we wait
-		 * for the next version. */
+		 * for the next version. Meanwhile what does not depend on
+		 * it is made ready: the plan from the trainer layout, the
+		 * holders of other layouts and our maps of them, and the
+		 * slot (made and kept as the store's spare, which the fetch
+		 * then takes), so that the first read goes out as soon as
+		 * the addendum is in. */
 		agent_addendum_wait(a);
+		if (a->fetch == f)
+			(void)plan_ready(a);
+		if (a->fetch == f)
+			agent_xl_prefetch(a);
+		struct node_slot *spare;
+		struct proto_err err;
+		if (a->fetch == f && a->standby == NULL &&
+		    node_slot_new(&a->store, f->version, a->layout.ranks[a->o.rank].nbytes, &spare,
+				  &err) == 0)
+			node_slot_free(&a->store, spare);
 		return;
 	}
 	with_layout(a);

@@ -215,7 +215,7 @@ static struct agent_xl *xl_get(struct node_agent *a)
 	return a->xl;
 }
 
-static bool xl_refresh(struct node_agent *a);
+static bool xl_refresh(struct node_agent *a, bool early);
 static void ask_holders(struct node_agent *a, uint64_t now);
 
 /* ---- our slot, served ------------------------------------------------------ */
@@ -1073,7 +1073,7 @@ int agent_xl_post(struct node_agent *a, uint32_t pi, uint32_t hint)
 	uint32_t live = 0, c = UINT32_MAX;
 	bool any = false;
 
-	if (p->wire != NULL || !xl_refresh(a))
+	if (p->wire != NULL || !xl_refresh(a, false))
 		return 0;
 	x = a->xl;
 	ask_holders(a, now);
@@ -1193,6 +1193,11 @@ int agent_xl_post(struct node_agent *a, uint32_t pi, uint32_t hint)
 	if (rc != 0)
 		xr->status = rc; /* the rest is not asked; what went out comes back first */
 	xr->busy = true;
+	if (f->first_post_ms == 0) {
+		f->first_post_ms = now;
+		LOG_DEBUG("node %s: v%" PRIu64 ": first read posted, to holder %s", a->node_id,
+			  f->version, h->replica);
+	}
 	agent_source_posted(&h->pace, ch->size);
 	agent_read_started(a, pi, c, ch->size);
 	return 1;
@@ -1261,7 +1266,7 @@ void agent_xl_tick(struct node_agent *a)
 	if (x != NULL && x->slot_mr != NULL && a->kept != NULL && a->kept->so.offered &&
 	    !a->kept->so.busy && !x->slot_in_offer)
 		a->kept->so.offered = false;
-	if (!xl_refresh(a))
+	if (!xl_refresh(a, false))
 		return;
 	x = a->xl;
 	part_serve(a, x);
@@ -1284,14 +1289,16 @@ static void uncov_free(struct agent_xl *x)
 }
 
 /* Holders are for the fetch under way (dropped when it changed); asked
- * again every XL_ASK_MS. False when there is nothing to do for this fetch. */
-static bool xl_refresh(struct node_agent *a)
+ * again every XL_ASK_MS. False when there is nothing to do for this fetch.
+ * early: its parcels are not known yet (the addendum is awaited); holders
+ * and their layouts are made ready meanwhile. */
+static bool xl_refresh(struct node_agent *a, bool early)
 {
 	struct agent_fetch *f = a->fetch;
 	struct agent_xl *x;
 
-	if (!a->fanout || f == NULL || f->parcels == NULL || f->verified || f->delta ||
-	    (x = xl_get(a)) == NULL || !xl_buffers(a))
+	if (!a->fanout || f == NULL || (f->parcels == NULL && !early) || !f->have_man ||
+	    f->verified || f->delta || (x = xl_get(a)) == NULL || !xl_buffers(a))
 		return false;
 	if (x->version != f->version || x->gen != a->gen) {
 		for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++)
@@ -1300,18 +1307,25 @@ static bool xl_refresh(struct node_agent *a)
 		for (uint32_t k = 0; k < XL_FETCHING_MAX; k++)
 			x->fetching[k] = (struct xl_fetching){.since_ms = 0};
 		uncov_free(x);
-		if ((x->uncov = calloc(f->nparcels, sizeof(*x->uncov))) != NULL) {
-			x->nuncov = f->nparcels;
-			for (uint32_t i = 0; i < f->nparcels; i++)
-				x->uncov[i] = calloc(f->parcels[i].mp->nchunks + 1, sizeof(**x->uncov));
-		}
 		x->cov_gen = 1;
 		x->version = f->version;
 		x->gen = a->gen;
 		x->asked_ms = 0;
 		x->answered = false;
 	}
+	if (x->uncov == NULL && f->parcels != NULL &&
+	    (x->uncov = calloc(f->nparcels, sizeof(*x->uncov))) != NULL) {
+		x->nuncov = f->nparcels;
+		for (uint32_t i = 0; i < f->nparcels; i++)
+			x->uncov[i] = calloc(f->parcels[i].mp->nchunks + 1, sizeof(**x->uncov));
+	}
 	return true;
+}
+
+void agent_xl_prefetch(struct node_agent *a)
+{
+	if (xl_refresh(a, true))
+		ask_holders(a, agent_now_ms());
 }
 
 static void ask_holders(struct node_agent *a, uint64_t now)
@@ -1326,7 +1340,7 @@ static void ask_holders(struct node_agent *a, uint64_t now)
 	if (req != NULL)
 		*req = (struct xl_req){a, a->gen};
 	if (req == NULL ||
-	    trk_client_holders(a->trk, f->version, f->ml->layout_digest, on_holders, req) != 0) {
+	    trk_client_holders(a->trk, f->version, a->layout.digest, on_holders, req) != 0) {
 		free(req);
 		x->answered = true; /* not waiting for an answer that will not come */
 	} else {

@@ -16,10 +16,15 @@
  * leader then runs an export of
  * the same version in addendum mode (pub_export.c does the work):
  *   1. the tracker's manifest of the version (its digest and chunk size);
- *   2. the snapshot, rebuilt from the source (fixture or checkpoint: the
- *      sources are deterministic, so the bytes are the version's; a
- *      snapshot is not kept after an export), and the new layouts planned;
- *   3. only the new layouts' parcels gathered and hashed;
+ *   2. the new layouts planned; no snapshot is taken: each trainer rank's
+ *      memory is rebuilt from the raw parcels it sent in the version as
+ *      served (an anchor's served buffers, a delta's raw parcels kept as
+ *      the next one's parent), which hold exactly the version's bytes
+ *      (the source may have moved on: a trainer's buffers hold its next
+ *      weights by now); only where those parcels do not reach every byte
+ *      the new layouts read (a layout withdrawn meanwhile) is the rank
+ *      rebuilt from the source (fixture or checkpoint: deterministic);
+ *   3. only the new layouts' parcels gathered and hashed, on the workers;
  *   4. per layout an addendum (proto/addendum.h) signed and POSTed;
  *   5. the new parcels joined to the served version (their own slices and
  *      regions, as a layout of the original export has) and offered with it.
@@ -127,6 +132,165 @@ bool node__pub_addendum_wants(const struct node_pub *p, const struct pub_layout 
 			return true;
 	return false;
 }
+
+/* ---- the version as served, back into trainer ranks' memory --------------------- */
+
+static int add_src(struct pub_rsrc **rs, size_t *n, size_t *cap, const struct pub_layout *sl,
+		   const struct proto_parcel *pc, const uint8_t *payload)
+{
+	if (sl == NULL || pc == NULL || payload == NULL)
+		return 0;
+	if (*n == *cap) {
+		size_t c = PROTO_MAX(2 * *cap, 16);
+		struct pub_rsrc *g = realloc(*rs, c * sizeof(*g));
+		if (g == NULL)
+			return -ENOMEM;
+		*rs = g;
+		*cap = c;
+	}
+	(*rs)[(*n)++] = (struct pub_rsrc){sl, pc, payload};
+	return 0;
+}
+
+int node__pub_addendum_sources(struct node_pub *p, uint64_t v, uint32_t rank,
+			       struct pub_rsrc **out, size_t *n)
+{
+	struct pub_version *pv = served(p, v);
+	size_t cap = 0;
+	int rc = 0;
+
+	*out = NULL;
+	*n = 0;
+	if (pv == NULL)
+		return 0;
+	if (!pv->delta) {
+		/* An anchor serves its parcels raw: each offer says where (its
+		 * layout's slice of the rank's buffer, the offset in it). */
+		for (size_t k = 0; k < pv->noffers && rc == 0; k++) {
+			const struct trk_offer *o = &pv->offers[k];
+			uint32_t li = pv->offer_li[k];
+			const struct pub_part *pt = NULL;
+			for (size_t i = 0; i < pv->nparts && pt == NULL; i++)
+				if (pv->parts[i].rank == o->src_rank && pv->parts[i].buf != NULL)
+					pt = &pv->parts[i];
+			if (o->src_rank != rank || pt == NULL || li >= pv->nlayouts ||
+			    pv->layouts[li].state != PUB_L_SERVED || li >= pt->nslices ||
+			    pt->slices[li].mr == NULL)
+				continue;
+			const struct pub_slice *sc = &pt->slices[li];
+			const struct pub_layout *sl = node__pub_layout_find(p, o->layout);
+			const struct proto_parcel *pc =
+				sl != NULL && !sl->bad ? proto_plan_parcel(&sl->plan, o->src_rank, o->dst_rank)
+						       : NULL;
+			struct fab_rkey rk;
+			fab_mr_rkey(sc->mr, &rk);
+			if (pc == NULL || pc->bytes != o->len || o->addr < rk.addr ||
+			    o->addr - rk.addr > sc->len || o->len > sc->len - (o->addr - rk.addr))
+				continue;
+			rc = add_src(out, n, &cap, sl, pc, pt->buf + sc->off + (o->addr - rk.addr));
+		}
+	} else if (p->parent != NULL && p->parent->version == v) {
+		/* A delta: its parcels as they are, kept for the next one. */
+		for (size_t i = 0; i < p->parent->nparts && rc == 0; i++) {
+			const struct pub_praw *pr = &p->parent->parts[i];
+			if (pr->rank != rank || pr->raw == NULL)
+				continue;
+			for (size_t k = 0; k < pr->nitems && rc == 0; k++) {
+				const struct pub_pitem *q = &pr->items[k];
+				const struct pub_layout *sl = node__pub_layout_find(p, q->layout);
+				const struct proto_parcel *pc =
+					sl != NULL && !sl->bad ? proto_plan_parcel(&sl->plan, q->src, q->dst)
+							       : NULL;
+				if (pc != NULL && pc->bytes == q->bytes && q->raw_off + q->bytes <= pr->cap)
+					rc = add_src(out, n, &cap, sl, pc, pr->raw + q->raw_off);
+			}
+		}
+	}
+	if (rc != 0) {
+		free(*out);
+		*out = NULL;
+		*n = 0;
+	}
+	return rc;
+}
+
+/* A bit per byte of a rank's memory: which bytes the served parcels hold. */
+struct cover {
+	uint64_t *bits;
+	uint64_t len;
+	bool ok, bad;
+};
+
+static void cover_mark(void *arg, uint64_t at, uint64_t n)
+{
+	struct cover *cv = arg;
+
+	if (at > cv->len || n > cv->len - at) {
+		cv->bad = true; /* a parcel outside the rank: not ours to trust */
+		return;
+	}
+	for (uint64_t b = at; b < at + n;) {
+		if (b % 64 == 0 && at + n - b >= 64) {
+			cv->bits[b / 64] = ~(uint64_t)0;
+			b += 64;
+		} else {
+			cv->bits[b / 64] |= (uint64_t)1 << (b % 64);
+			b++;
+		}
+	}
+}
+
+static void cover_check(void *arg, uint64_t at, uint64_t n)
+{
+	struct cover *cv = arg;
+
+	if (!cv->ok || at > cv->len || n > cv->len - at) {
+		cv->ok = false;
+		return;
+	}
+	for (uint64_t b = at; b < at + n && cv->ok;) {
+		if (b % 64 == 0 && at + n - b >= 64) {
+			cv->ok = cv->bits[b / 64] == ~(uint64_t)0;
+			b += 64;
+		} else {
+			cv->ok = (cv->bits[b / 64] >> (b % 64)) & 1;
+			b++;
+		}
+	}
+}
+
+/* Layout by layout (rs lists each layout's parcels together), the served
+ * parcels are marked until they reach every byte pt's items read; only
+ * those layouts' parcels are put back (usually the first layout's: any
+ * layout's parcels from a rank hold all of it). */
+bool node__pub_addendum_restore(const struct node_pub *p, uint32_t rank, const struct pub_rsrc *rs,
+				size_t n, const struct pub_part *pt, uint8_t *block, size_t cap)
+{
+	struct cover cv = {.len = p->tl.ranks[rank].nbytes};
+	size_t used = 0;
+
+	if (cv.len > cap || (cv.bits = calloc(cv.len / 64 + 1, sizeof(*cv.bits))) == NULL)
+		return false;
+	while (used < n && !cv.ok && !cv.bad) {
+		const struct pub_layout *sl = rs[used].sl;
+		for (; used < n && rs[used].sl == sl && !cv.bad; used++)
+			proto_parcel_src_spans(&sl->plan, rs[used].pc, &p->tl, 0, rs[used].pc->bytes,
+					       cover_mark, &cv);
+		cv.ok = !cv.bad;
+		for (size_t k = 0; k < pt->nitems && cv.ok; k++)
+			proto_parcel_src_spans(&pt->items[k].sl->plan, pt->items[k].pc, &p->tl, 0,
+					       pt->items[k].pc->bytes, cover_check, &cv);
+	}
+	free(cv.bits);
+	if (!cv.ok || cv.bad)
+		return false;
+	for (size_t i = 0; i < used; i++)
+		proto_parcel_ungather(&rs[i].sl->plan, rs[i].pc, &p->tl, block, 0, rs[i].pc->bytes,
+				      rs[i].payload);
+	return true;
+}
+
+/* ---- the addenda -------------------------------------------------------------- */
 
 /* Addendum li from the parts' hashes (items of that layout). */
 static int build_one(struct node_pub *p, size_t li, struct proto_addendum *ad,

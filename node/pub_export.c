@@ -29,6 +29,11 @@ struct pub_job {
 	struct pub_part *part;
 	uint32_t chunk_size;
 	bool delta;        /* gather into the raw buffer, then encode */
+	/* An addendum: the block is rebuilt from the served export's raw
+	 * parcels (rs), or from the source when they do not cover it. */
+	bool restore, restored;
+	struct pub_rsrc *rs;
+	size_t nrs;
 	unsigned threads;  /* for the encoder */
 	uint64_t encode_ns; /* the encoder's own time, waits for the gather left out */
 	/* A delta's encoder follows the gather: items [0, gathered) are in the
@@ -170,6 +175,12 @@ static void job_gather(struct pub_job *j)
 	bool follow = false;
 
 	j->encode_ns = 0;
+	if (j->restore) {
+		j->restored = j->nrs > 0 && node__pub_addendum_restore(p, j->rank, j->rs, j->nrs, pt,
+									j->block, p->block_cap[j->rank]);
+		if (!j->restored)
+			node__pub_source_fill(p, j->rank, j->version, j->block);
+	}
 	if (j->delta) {
 		j->gathered = 0;
 		j->gather_over = false;
@@ -324,9 +335,11 @@ void node__pub_ex_free(struct node_pub *p, struct pub_export *ex)
 {
 	bool listed = false;
 
-	for (size_t i = 0; i < ex->njobs; i++)
+	for (size_t i = 0; i < ex->njobs; i++) {
 		if (ex->jobs[i].running)
 			pthread_join(ex->jobs[i].tid, NULL);
+		free(ex->jobs[i].rs);
+	}
 	for (struct pub_version *v = p->versions; v; v = v->next)
 		listed |= v == ex->pv;
 	if (!listed)
@@ -736,10 +749,19 @@ static void ex_gather_start(struct node_pub *p)
 	}
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	for (size_t i = 0; i < ex->njobs; i++) {
-		ex->jobs[i].part = &pv->parts[i];
-		ex->jobs[i].chunk_size = ex->chunk_size;
-		ex->jobs[i].delta = ex->delta;
-		ex->jobs[i].threads = (unsigned)PROTO_MAX(1, ncpu / (long)PROTO_MAX(ex->njobs, 1));
+		struct pub_job *j = &ex->jobs[i];
+		j->part = &pv->parts[i];
+		j->chunk_size = ex->chunk_size;
+		j->delta = ex->delta;
+		j->threads = (unsigned)PROTO_MAX(1, ncpu / (long)PROTO_MAX(ex->njobs, 1));
+		/* An addendum takes no snapshot: its new parcels are gathered
+		 * from the version as served (the source may have moved on:
+		 * a trainer's buffers hold its next weights by now). */
+		j->restore = ex->addendum;
+		if (j->restore && node__pub_addendum_sources(p, ex->version, j->rank, &j->rs, &j->nrs) != 0)
+			LOG_WARN("version %llu: out of memory listing rank %u's served parcels; "
+				 "rebuilding it from the source",
+				 (unsigned long long)ex->version, j->rank);
 	}
 	ex_launch(p, JOB_GATHER);
 }
@@ -829,6 +851,15 @@ static void ex_gathered(struct node_pub *p)
 	if (atomic_load(&p->abort)) {
 		ex_fail(p, ECANCELED, "stopped");
 		return;
+	}
+	if (ex->addendum) {
+		size_t restored = 0;
+		for (size_t i = 0; i < ex->njobs; i++)
+			restored += ex->jobs[i].restored;
+		LOG_INFO("version %llu: new layouts gathered and hashed in %llu ms, %zu of %zu trainer "
+			 "ranks from the served export%s",
+			 (unsigned long long)ex->version, (unsigned long long)ms_of(ex->hash_ns),
+			 restored, ex->njobs, restored < ex->njobs ? ", the others from the source" : "");
 	}
 	for (size_t i = 0; i < ex->njobs; i++)
 		ex->encode_ns = PROTO_MAX(ex->encode_ns, ex->jobs[i].encode_ns);
@@ -1113,7 +1144,8 @@ void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t versio
 		j->rank = r;
 		j->block = p->blocks[r];
 	}
-	ex_launch(p, JOB_SNAPSHOT);
+	if (!ex->addendum) /* an addendum's gather rebuilds what it needs */
+		ex_launch(p, JOB_SNAPSHOT);
 	/* Ask now which served versions and layouts replicas still aim at, so
 	 * those they left are freed while the snapshot is taken, before this
 	 * version's buffers are mapped, not after it is published. */

@@ -446,6 +446,27 @@ void node__pub_on_check(evutil_socket_t fd, short what, void *arg);
 /* ---- pub_addendum.c: extending a published version ------------------------------- */
 
 struct pub_addenda;
+/* One parcel of a served export, whole and raw: where an addendum's export
+ * rebuilds its source rank's memory from (instead of the source). */
+struct pub_rsrc {
+	const struct pub_layout *sl;
+	const struct proto_parcel *pc;
+	const uint8_t *payload; /* pc->bytes */
+};
+/* The raw parcels trainer rank sent in the served export of version v (an
+ * anchor's served buffers, or a delta's raw parcels kept as the parent),
+ * each layout still served; *out (free it) NULL and *n 0 when there are
+ * none. Loop only; -ENOMEM leaves none. The buffers stay valid while the
+ * export runs: no export publishes meanwhile, so v stays the newest. */
+int node__pub_addendum_sources(struct node_pub *p, uint64_t v, uint32_t rank,
+			       struct pub_rsrc **out, size_t *n);
+/* Worker: rebuilds trainer rank's memory in block (cap bytes) from rs[n]
+ * (each layout's parcels together: only as many layouts as it takes to
+ * reach every byte pt's items gather are put back); true when they reach
+ * them all. False (out of memory, or not reached): the caller fills block
+ * from the source. */
+bool node__pub_addendum_restore(const struct node_pub *p, uint32_t rank, const struct pub_rsrc *rs,
+				size_t n, const struct pub_part *pt, uint8_t *block, size_t cap);
 /* From the retention check's answer (vi[n], latest): when the latest
  * version lacks layouts of live replicas and this leader serves it, starts
  * an export that adds them by addendum (when no export runs). */

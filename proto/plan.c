@@ -474,29 +474,33 @@ static const struct proto_segment *run_segment(const struct proto_plan *p,
 	return &p->segs[lo];
 }
 
-/* Walks payload [off, off+len) run by run; dir 0 gathers, 1 scatters, 2
- * calls span with each run's place in rank memory (base and buf unused). */
+enum walk_op { WALK_READ, WALK_WRITE, WALK_SPAN };
+
+/* Walks payload [off, off+len) run by run on the destination side (dst) or
+ * the source side: reads rank memory into buf, writes buf into it, or calls
+ * span with each run's place in rank memory (base and buf unused). */
 static void walk(const struct proto_plan *p, const struct proto_parcel *pc,
-		 const struct proto_layout *l, uint32_t rank, uint8_t *base, uint64_t off,
-		 uint64_t len, uint8_t *buf, int dir,
+		 const struct proto_layout *l, bool dst, uint8_t *base, uint64_t off,
+		 uint64_t len, uint8_t *buf, enum walk_op op,
 		 void (*span)(void *arg, uint64_t at, uint64_t n), void *arg)
 {
 	uint64_t r = proto_parcel_run_at(p, pc, off), end = off + len;
+	uint32_t rank = dst ? pc->dst_rank : pc->src_rank;
 
 	for (; off < end && r < pc->run0 + pc->nruns; r++) {
 		const struct proto_run *run = &p->runs[r];
 		const struct proto_segment *sg = run_segment(p, pc, r);
 		uint64_t in = off - run->pay_off, n = PROTO_MIN(run->len - in, end - off);
 		const struct proto_local *lt =
-			&l->ranks[rank].locals[dir != 0 ? sg->dst_local : sg->src_local];
-		uint64_t at = lt->offset + (dir != 0 ? run->dst_off : run->src_off) + in;
-		if (dir == 2)
+			&l->ranks[rank].locals[dst ? sg->dst_local : sg->src_local];
+		uint64_t at = lt->offset + (dst ? run->dst_off : run->src_off) + in;
+		if (op == WALK_SPAN)
 			span(arg, at, n);
-		else if (dir == 1)
+		else if (op == WALK_WRITE)
 			memcpy(base + at, buf, n);
 		else
 			memcpy(buf, base + at, n);
-		if (dir != 2)
+		if (op != WALK_SPAN)
 			buf += n;
 		off += n;
 	}
@@ -506,21 +510,35 @@ void proto_parcel_gather(const struct proto_plan *p, const struct proto_parcel *
 			 const struct proto_layout *src, const uint8_t *src_rank_base,
 			 uint64_t off, uint64_t len, uint8_t *out)
 {
-	walk(p, pc, src, pc->src_rank, (uint8_t *)src_rank_base, off, len, out, 0, NULL, NULL);
+	walk(p, pc, src, false, (uint8_t *)src_rank_base, off, len, out, WALK_READ, NULL, NULL);
+}
+
+void proto_parcel_ungather(const struct proto_plan *p, const struct proto_parcel *pc,
+			   const struct proto_layout *src, uint8_t *src_rank_base, uint64_t off,
+			   uint64_t len, const uint8_t *in)
+{
+	walk(p, pc, src, false, src_rank_base, off, len, (uint8_t *)in, WALK_WRITE, NULL, NULL);
 }
 
 void proto_parcel_scatter(const struct proto_plan *p, const struct proto_parcel *pc,
 			  const struct proto_layout *dst, uint8_t *dst_rank_base, uint64_t off,
 			  uint64_t len, const uint8_t *in)
 {
-	walk(p, pc, dst, pc->dst_rank, dst_rank_base, off, len, (uint8_t *)in, 1, NULL, NULL);
+	walk(p, pc, dst, true, dst_rank_base, off, len, (uint8_t *)in, WALK_WRITE, NULL, NULL);
 }
 
 void proto_parcel_dst_spans(const struct proto_plan *p, const struct proto_parcel *pc,
 			    const struct proto_layout *dst, uint64_t off, uint64_t len,
 			    void (*span)(void *arg, uint64_t at, uint64_t n), void *arg)
 {
-	walk(p, pc, dst, pc->dst_rank, NULL, off, len, NULL, 2, span, arg);
+	walk(p, pc, dst, true, NULL, off, len, NULL, WALK_SPAN, span, arg);
+}
+
+void proto_parcel_src_spans(const struct proto_plan *p, const struct proto_parcel *pc,
+			    const struct proto_layout *src, uint64_t off, uint64_t len,
+			    void (*span)(void *arg, uint64_t at, uint64_t n), void *arg)
+{
+	walk(p, pc, src, false, NULL, off, len, NULL, WALK_SPAN, span, arg);
 }
 
 size_t proto_parcel_spans(const struct proto_plan *p, const struct proto_parcel *pc,

@@ -99,10 +99,22 @@ void proto_parcel_scatter(const struct proto_plan *p,
 			  const struct proto_parcel *pc,
 			  const struct proto_layout *dst, uint8_t *dst_rank_base,
 			  uint64_t off, uint64_t len, const uint8_t *in);
+/* The reverse of gather: puts payload bytes [off, off+len) back where they
+ * came from in the source rank's memory (a rank's memory rebuilt from the
+ * parcels it sent). Cannot fail for a range inside the parcel. */
+void proto_parcel_ungather(const struct proto_plan *p,
+			   const struct proto_parcel *pc,
+			   const struct proto_layout *src, uint8_t *src_rank_base,
+			   uint64_t off, uint64_t len, const uint8_t *in);
 /* Where payload bytes [off, off+len) go in the destination rank's memory:
  * span(arg, offset, length) once per run, in payload order. */
 void proto_parcel_dst_spans(const struct proto_plan *p, const struct proto_parcel *pc,
 			    const struct proto_layout *dst, uint64_t off, uint64_t len,
+			    void (*span)(void *arg, uint64_t at, uint64_t n), void *arg);
+/* The same on the source side: where they come from in the source rank's
+ * memory. */
+void proto_parcel_src_spans(const struct proto_plan *p, const struct proto_parcel *pc,
+			    const struct proto_layout *src, uint64_t off, uint64_t len,
 			    void (*span)(void *arg, uint64_t at, uint64_t n), void *arg);
 
 /* Where payload bytes [off, off+len) of a parcel land in the destination

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <sodium.h>
 
 #include "proto/box.h"
 #include "proto/proto.h"
@@ -412,10 +413,7 @@ static void test_random_layouts(void **state)
 	}
 }
 
-/* A Llama-shaped model: fsdp2 trainer -> built-in tp2 and tp1. */
-static void test_builtin_tp(void **state)
-{
-	const char *model =
+static const char *llama_model =
 		"{\"tensors\":[{\"name\":\"model.embed_tokens.weight\",\"dtype\":\"bf16\",\"shape\":[32,8]},"
 		"{\"name\":\"model.layers.0.self_attn.q_proj.weight\",\"dtype\":\"bf16\",\"shape\":[8,8]},"
 		"{\"name\":\"model.layers.0.self_attn.k_proj.weight\",\"dtype\":\"bf16\",\"shape\":[4,8]},"
@@ -427,11 +425,15 @@ static void test_builtin_tp(void **state)
 		"{\"name\":\"model.layers.0.input_layernorm.weight\",\"dtype\":\"bf16\",\"shape\":[8]},"
 		"{\"name\":\"model.norm.weight\",\"dtype\":\"bf16\",\"shape\":[8]},"
 		"{\"name\":\"lm_head.weight\",\"dtype\":\"bf16\",\"shape\":[32,8]}]}";
+
+/* A Llama-shaped model: fsdp2 trainer -> built-in tp2 and tp1. */
+static void test_builtin_tp(void **state)
+{
 	struct proto_model m;
 	struct proto_layout s, t2, t1;
 	struct proto_err err;
 
-	model_from(&m, model);
+	model_from(&m, llama_model);
 	assert_int_equal(proto_layout_builtin(&m, "fsdp2", &s, &err), 0);
 	assert_int_equal(proto_layout_builtin(&m, "tp2", &t2, &err), 0);
 	assert_int_equal(proto_layout_builtin(&m, "tp1", &t1, &err), 0);
@@ -515,6 +517,133 @@ static void test_fill_rank(void **state)
 	proto_model_fini(&m);
 }
 
+/* Served parcels of one trainer rank, put back with ungather. */
+struct served {
+	const struct proto_plan *plan;
+	const struct proto_parcel *pc;
+	uint8_t *payload;
+};
+
+static void span_mark(void *arg, uint64_t at, uint64_t n)
+{
+	memset((uint8_t *)arg + at, 1, n);
+}
+
+/* Every byte parcel pc reads from its source rank is marked. */
+static bool all_marked(const uint8_t *mark, const struct proto_plan *p, const struct proto_parcel *pc,
+		       const struct proto_layout *src)
+{
+	uint8_t *want = calloc(src->ranks[pc->src_rank].nbytes + 1, 1);
+	bool ok = true;
+
+	proto_parcel_src_spans(p, pc, src, 0, pc->bytes, span_mark, want);
+	for (uint64_t b = 0; b < src->ranks[pc->src_rank].nbytes; b++)
+		ok &= !want[b] || mark[b];
+	free(want);
+	return ok;
+}
+
+/*
+ * An addendum's parcels from the version as served: each fsdp2 trainer
+ * rank's memory rebuilt (ungather) from the tp2 and tp1 parcels it sent
+ * gives tp4 parcels whose chunk hashes are those of a full rebuild from the
+ * source; the source spans say which bytes the served parcels reach, and
+ * without one of them some byte a tp4 parcel reads is not reached.
+ */
+static void test_ungather_rebuilds_source(void **state)
+{
+	struct proto_model m;
+	struct proto_layout s, t2, t1, t4;
+	struct proto_plan p2, p1, p4;
+	struct proto_err err;
+	const uint64_t cs = 64; /* chunk size */
+	uint64_t chunks = 0;
+
+	model_from(&m, llama_model);
+	assert_int_equal(proto_layout_builtin(&m, "fsdp2", &s, &err), 0);
+	assert_int_equal(proto_layout_builtin(&m, "tp2", &t2, &err), 0);
+	assert_int_equal(proto_layout_builtin(&m, "tp1", &t1, &err), 0);
+	assert_int_equal(proto_layout_builtin(&m, "tp4", &t4, &err), 0);
+	assert_int_equal(proto_plan_build(&m, &s, &t2, &p2, &err), 0);
+	assert_int_equal(proto_plan_build(&m, &s, &t1, &p1, &err), 0);
+	assert_int_equal(proto_plan_build(&m, &s, &t4, &p4, &err), 0);
+	for (uint32_t r = 0; r < s.nranks; r++) {
+		uint64_t nb = s.ranks[r].nbytes;
+		uint8_t *src = malloc(nb + 1), *back = malloc(nb + 1), *mark = calloc(nb + 1, 1);
+		struct served sv[16];
+		size_t n = 0;
+		proto_layout_fill_rank(&m, &s, r, elem_source, &m, src);
+		memset(back, 0xee, nb + 1);
+		/* The served export: rank r's tp2 parcels, then its tp1 one, raw. */
+		const struct proto_plan *plans[] = {&p2, &p1};
+		for (size_t k = 0; k < 2; k++)
+			for (uint32_t i = 0; i < plans[k]->nparcels; i++) {
+				const struct proto_parcel *pc = &plans[k]->parcels[i];
+				if (pc->src_rank != r)
+					continue;
+				assert_true(n < 16);
+				sv[n] = (struct served){plans[k], pc, malloc(pc->bytes + 1)};
+				proto_parcel_gather(plans[k], pc, &s, src, 0, pc->bytes, sv[n].payload);
+				n++;
+			}
+		assert_true(n > 1);
+		for (size_t k = 0; k < n; k++) {
+			proto_parcel_ungather(sv[k].plan, sv[k].pc, &s, back, 0, sv[k].pc->bytes,
+					      sv[k].payload);
+			proto_parcel_src_spans(sv[k].plan, sv[k].pc, &s, 0, sv[k].pc->bytes, span_mark,
+					       mark);
+		}
+		for (uint32_t i = 0; i < p4.nparcels; i++) {
+			const struct proto_parcel *pc = &p4.parcels[i];
+			if (pc->src_rank != r)
+				continue;
+			assert_true(all_marked(mark, &p4, pc, &s));
+			uint8_t *a = malloc(pc->bytes + 1), *b = malloc(pc->bytes + 1);
+			proto_parcel_gather(&p4, pc, &s, src, 0, pc->bytes, a);
+			proto_parcel_gather(&p4, pc, &s, back, 0, pc->bytes, b);
+			for (uint64_t c0 = 0; c0 < pc->bytes; c0 += cs) {
+				uint8_t ha[32], hb[32];
+				uint64_t len = PROTO_MIN(cs, pc->bytes - c0);
+				crypto_generichash(ha, sizeof(ha), a + c0, len, NULL, 0);
+				crypto_generichash(hb, sizeof(hb), b + c0, len, NULL, 0);
+				assert_memory_equal(ha, hb, sizeof(ha));
+				chunks++;
+			}
+			free(a);
+			free(b);
+		}
+		/* Without the rank's last tp2 parcel (and its tp1 one) some
+		 * byte a tp4 parcel reads is not reached. */
+		memset(mark, 0, nb + 1);
+		size_t last2 = 0;
+		for (size_t k = 0; k < n; k++)
+			if (sv[k].plan == &p2)
+				last2 = k;
+		for (size_t k = 0; k < last2; k++)
+			proto_parcel_src_spans(sv[k].plan, sv[k].pc, &s, 0, sv[k].pc->bytes, span_mark,
+					       mark);
+		bool all = true;
+		for (uint32_t i = 0; i < p4.nparcels; i++)
+			if (p4.parcels[i].src_rank == r)
+				all &= all_marked(mark, &p4, &p4.parcels[i], &s);
+		assert_false(all);
+		for (size_t k = 0; k < n; k++)
+			free(sv[k].payload);
+		free(src);
+		free(back);
+		free(mark);
+	}
+	assert_true(chunks > 0);
+	proto_plan_fini(&p2);
+	proto_plan_fini(&p1);
+	proto_plan_fini(&p4);
+	proto_layout_fini(&s);
+	proto_layout_fini(&t2);
+	proto_layout_fini(&t1);
+	proto_layout_fini(&t4);
+	proto_model_fini(&m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -528,6 +657,7 @@ int main(void)
 		cmocka_unit_test(test_builtin_tp),
 		cmocka_unit_test(test_uncovered_source),
 		cmocka_unit_test(test_fill_rank),
+		cmocka_unit_test(test_ungather_rebuilds_source),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,7 +17,8 @@
 # posted and seen by each rank, first and last byte, activation (the
 # processes log at info level for it; their logs are kept meanwhile).
 #
-# BENCH_ELASTIC_MB (default 64) shrinks it.
+# BENCH_ELASTIC_MB (default 64) shrinks it; BENCH_ELASTIC_KEEP=DIR keeps the
+# run's logs, status and report there.
 set -uo pipefail
 
 BIN=${BIN:-build/bin}
@@ -26,7 +27,8 @@ RATE=100mbit
 RATE_BPS=$((100 * 1000000 / 8))
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mktemp -d -t tessera-bench-elastic.XXXXXX)
-trap 'rm -rf "$OUT"' EXIT
+KEEP_DIR=${BENCH_ELASTIC_KEEP:-}
+trap '[ -z "$KEEP_DIR" ] || { mkdir -p "$KEEP_DIR" && cp -r "$OUT"/. "$KEEP_DIR"/; }; rm -rf "$OUT"' EXIT
 
 SB=$((MB * 1048576 / RATE_BPS + 1))
 LATE_S=$((4 * SB + 30))
@@ -65,7 +67,7 @@ jq -r --argjson late_s "$LATE_S" '
 ' "$OUT/report.json"
 # The late tp4 replica's timeline, from its logs and the tracker's figures.
 python3 - "$OUT/report.json" "$OUT/keep" <<'PY' || echo "  (no timeline: $?)"
-import datetime, glob, json, re, sys
+import datetime, json, re, sys
 
 rep = json.load(open(sys.argv[1]))
 keep = sys.argv[2]
@@ -88,9 +90,9 @@ def first(path, pat):
 
 ranks = {r["rank"]: r for p in st["replicas"] if p["replica"] == name for r in p["ranks"]}
 reg = {k: r.get("registered_ms") for k, r in ranks.items()}
-for f in glob.glob(keep + "/node-%s-*.log" % name):  # first registration, not a re-registration
-    k = int(f.rsplit("-", 1)[1].split(".")[0])
-    t = first(f, r"registered \(lease")
+log = keep + "/node-%s.log" % name  # the host's one process, every rank
+for k in list(reg):  # first registration, not a re-registration
+    t = first(log, r"node %s/%d: registered \(lease" % (name, k))
     if t is not None:
         reg[k] = t
 t0 = min(t for t in reg.values() if t)
@@ -102,7 +104,7 @@ made = first(pub, r"extended by \d+ addend")
 lay = [p["layout_digest"] for p in st["replicas"] if p["replica"] == name][0]
 stored = [a["published_ms"] for x in st["versions"] for a in x.get("addenda", [])
           if a["layout_digest"] == lay]
-seen = {k: first(keep + "/node-%s-%d.log" % (name, k), r"extended for our layout") for k in sorted(reg)}
+seen = {k: first(log, r"node %s/%d: v\d+ extended for our layout" % (name, k)) for k in sorted(reg)}
 tl = [p for p in (v.get("timeline") or {}).get("replicas", []) if p["replica"] == name]
 rk = {r["rank"]: r for r in tl[0]["ranks"]} if tl else {}
 ks = sorted(reg)
