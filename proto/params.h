@@ -220,7 +220,8 @@ enum proto_param_source {
 /* The tunable's name in a configuration file: its id in lower case
  * ("chunk_size"); its environment variable; its one-line doc; its default;
  * the least value accepted (0 only where the default is 0, which means
- * "none", and for FANOUT, where it means star mode). Cannot fail. */
+ * "none", for FANOUT, where it means star mode, and for DELTA_ROTATE,
+ * where it means a dense copy for every delta). Cannot fail. */
 const char *proto_param_name(enum proto_param_id id);
 const char *proto_param_env(enum proto_param_id id);
 const char *proto_param_doc(enum proto_param_id id);

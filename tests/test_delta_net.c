@@ -659,6 +659,8 @@ static void test_rotation_pinned(void **state)
 	free(expect);
 	assert_int_equal(tessera_release(c, &pin), 0);
 	tessera_detach(c);
+	/* v3's slot, retired unpinned, came back: made v4 for v5's delta. */
+	assert_true(wait_log(e, "the slot of v3 made v4 by its delta", 30000));
 	export_one(e, 5, "delta");
 	assert_true(tu_wait_active(e->trk, "A", 5, 60000));
 	assert_true(line_has(e->node.log, "v5 rebuilt from v4 by delta", "no dense copy"));
