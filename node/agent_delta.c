@@ -30,6 +30,8 @@ struct agent_rot_parcel {
 	uint32_t src_rank, dst_rank;
 	uint8_t *wire;
 	size_t len;
+	struct proto_dparcel dp; /* its pieces, built on the loop before it runs */
+	bool have_dp;
 };
 
 struct agent_rotation {
@@ -39,47 +41,60 @@ struct agent_rotation {
 	uint8_t plan_src[PROTO_HASH_BYTES];
 	struct agent_rot_parcel *parcels;
 	uint32_t nparcels;
-	/* Set when it runs: what the catch-up reads and writes. */
-	const struct node_agent *agent;
-	struct node_slot *slot;
+	struct node_slot *slot; /* set when it runs: what the catch-up writes */
 };
 
 void agent_rotation_free(struct agent_rotation *r)
 {
 	if (r == NULL)
 		return;
-	for (uint32_t i = 0; i < r->nparcels; i++)
+	for (uint32_t i = 0; i < r->nparcels; i++) {
 		free(r->parcels[i].wire);
+		if (r->parcels[i].have_dp)
+			proto_dparcel_fini(&r->parcels[i].dp);
+	}
 	free(r->parcels);
 	free(r);
 }
 
 /* On the rebuild's worker: r->slot, which holds r->parent_version, made to
- * hold r->version by re-applying its delta. Reads what the loop leaves
- * alone while the rebuild lives (the model, plan and layout, r). */
+ * hold r->version by re-applying its delta. Reads only r and the slot. */
 static int catch_up(void *arg, struct proto_err *err)
 {
 	struct agent_rotation *r = arg;
-	const struct node_agent *a = r->agent;
 	unsigned threads = node_verifier_threads();
 
 	for (uint32_t i = 0; i < r->nparcels; i++) {
 		struct agent_rot_parcel *rp = &r->parcels[i];
-		const struct proto_parcel *pp = proto_plan_parcel(&a->plan, rp->src_rank, rp->dst_rank);
-		struct proto_dparcel dp;
 		struct proto_err e;
-		int rc = pp == NULL ? proto_errf(&e, ENOENT, "not in the plan")
-				    : proto_dparcel_build(&a->model, &a->plan, pp, &a->layout, &dp, &e);
-		if (rc == 0) {
-			rc = proto_dparcel_apply_trusted(&dp, rp->wire, rp->len, r->slot->host, threads,
-							 &e);
-			proto_dparcel_fini(&dp);
-		}
+		int rc = proto_dparcel_apply_trusted(&rp->dp, rp->wire, rp->len, r->slot->host, threads,
+						     &e);
 		if (rc != 0)
 			return proto_errf(err, -rc, "v%" PRIu64 "'s delta parcel %u<-%u does not "
 					  "make the slot of v%" PRIu64 " v%" PRIu64 " again: %s",
 					  r->version, rp->dst_rank, rp->src_rank, r->parent_version,
 					  r->version, e.msg);
+	}
+	return 0;
+}
+
+/* The pieces of r's parcels in the current plan: 0, or -ENOENT (logged). */
+static int rotation_pieces(struct node_agent *a, struct agent_rotation *r)
+{
+	for (uint32_t i = 0; i < r->nparcels; i++) {
+		struct agent_rot_parcel *rp = &r->parcels[i];
+		const struct proto_parcel *pp = proto_plan_parcel(&a->plan, rp->src_rank, rp->dst_rank);
+		struct proto_err e;
+		if (rp->have_dp)
+			continue;
+		if (pp == NULL || proto_dparcel_build(&a->model, &a->plan, pp, &a->layout, &rp->dp,
+						      &e) != 0) {
+			LOG_WARN("node %s: v%" PRIu64 "'s delta parcel %u<-%u: %s: no rotation",
+				 a->node_id, r->version, rp->dst_rank, rp->src_rank,
+				 pp == NULL ? "not in the plan" : e.msg);
+			return -ENOENT;
+		}
+		rp->have_dp = true;
 	}
 	return 0;
 }
@@ -99,6 +114,8 @@ static int rotate_start(struct node_agent *a, uint64_t version, size_t len,
 	    a->o.install_inplace || proto_param(PROTO_PARAM_DELTA_ROTATE) == 0 ||
 	    sodium_memcmp(r->plan_src, a->plan_src, PROTO_HASH_BYTES) != 0)
 		return -ENOENT;
+	if (rotation_pieces(a, r) != 0)
+		return -ENOENT;
 	if (node_slot_reuse(&a->store, r->tag, version, len, slot) != 0) {
 		uint32_t pins = node_attach_pins(a->attach, r->parent_version);
 		*retry = pins == 0;
@@ -111,7 +128,6 @@ static int rotate_start(struct node_agent *a, uint64_t version, size_t len,
 				  a->node_id, r->parent_version);
 		return -ENOENT;
 	}
-	r->agent = a;
 	r->slot = *slot;
 	if (node_rebuild_start_sparse(a->base, (*slot)->host, (*slot)->memfd, a->active->host,
 				      a->active->memfd, len, catch_up, r, rb, err) != 0) {
