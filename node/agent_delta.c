@@ -414,6 +414,7 @@ static void rebuilt(int rc, const struct proto_err *err, const struct node_rebui
 	/* The wire bytes stay: the next delta's rotation re-applies them. */
 	f->rebuild_ms = agent_now_ms() - f->rebuild_ms;
 	node_metrics_add(a->am.m, a->am.delta_versions, 1);
+	node_metrics_add(a->am.m, t->dense ? a->am.delta_copies : a->am.delta_rotations, 1);
 	if (f->rot != NULL && !t->dense)
 		snprintf(how, sizeof(how), "no dense copy: the slot of v%" PRIu64 " made v%" PRIu64
 			 " again by its delta%s in %" PRIu64 " ms",
