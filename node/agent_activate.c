@@ -142,7 +142,7 @@ void agent_activated(struct node_agent *a, struct node_slot *old)
 	agent_xl_serve(a, old);
 	/* Requests pinning the old slot keep it until they release it. In
 	 * place, the same slot comes back with the new version. */
-	agent_delta_activated(a); /* a standby copied from old goes first */
+	agent_delta_activated(a, f, old); /* a standby copied from old goes first */
 	if (old == a->active) {
 		if (node_attach_paused(a->attach)) /* an in-place install resumes on its own */
 			node_attach_resume(a->attach, a->active, a->active_digest);

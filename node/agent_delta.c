@@ -1,12 +1,144 @@
 /* Delta versions on a node: the exact-parent check, the rebuild of the new
- * slot from the active one (a copy on a worker, made between versions into a
+ * slot from the active one (on a worker, made between versions into a
  * standby slot or else while the delta's chunks arrive, then a sparse apply
  * checked by wsum on the same worker), and asking for an anchor when the
- * parent is missing or does not verify. */
+ * parent is missing or does not verify.
+ *
+ * Rotation. The slot the new version is built in must first hold the
+ * active version v(n). The node has a slot that nearly does: the one it
+ * retired at v(n)'s activation, which held v(n-1) and, once no request pins
+ * it, comes back as the store's spare with those bytes (the store keeps the
+ * tag the node gave it at its activation: nothing wrote it since). When
+ * v(n) was itself built by delta from v(n-1), re-applying that delta (kept
+ * from v(n)'s fetch, about 1 % of the slot) makes it v(n) again, touching
+ * only the positions that changed: the node alternates between two slots
+ * and never copies one whole. The catch-up takes the parent checksums the
+ * delta carries (the tag says the slot holds that parent); the apply of the
+ * next delta then takes its parent checksums from the caught-up slot
+ * itself, as after a copy, so a slot that did not hold v(n-1) after all is
+ * caught there and the worker falls back to the dense copy. The copy of the
+ * whole active slot remains for when the retired slot is pinned, not back
+ * yet, of another size, or did not come from the last delta (an anchor, a
+ * chain replay, an in-place install, TESSERA_DELTA_ROTATE=0). */
 #include "node/agent_internal.h"
 
 #include "node/rebuild.h"
 #include "proto/delta.h"
+
+/* The last delta of this rank, to patch its parent's slot up to its child. */
+struct agent_rot_parcel {
+	uint32_t src_rank, dst_rank;
+	uint8_t *wire;
+	size_t len;
+	struct proto_dparcel dp; /* its pieces, built on the loop before it runs */
+	bool have_dp;
+};
+
+struct agent_rotation {
+	uint64_t tag;            /* the parent's slot, as activated */
+	uint64_t parent_version; /* what that slot holds */
+	uint64_t version;        /* what the delta makes of it: the active one */
+	uint8_t plan_src[PROTO_HASH_BYTES];
+	struct agent_rot_parcel *parcels;
+	uint32_t nparcels;
+	struct node_slot *slot; /* set when it runs: what the catch-up writes */
+};
+
+void agent_rotation_free(struct agent_rotation *r)
+{
+	if (r == NULL)
+		return;
+	for (uint32_t i = 0; i < r->nparcels; i++) {
+		free(r->parcels[i].wire);
+		if (r->parcels[i].have_dp)
+			proto_dparcel_fini(&r->parcels[i].dp);
+	}
+	free(r->parcels);
+	free(r);
+}
+
+/* On the rebuild's worker: r->slot, which holds r->parent_version, made to
+ * hold r->version by re-applying its delta. Reads only r and the slot. */
+static int catch_up(void *arg, struct proto_err *err)
+{
+	struct agent_rotation *r = arg;
+	unsigned threads = node_verifier_threads();
+
+	for (uint32_t i = 0; i < r->nparcels; i++) {
+		struct agent_rot_parcel *rp = &r->parcels[i];
+		struct proto_err e;
+		int rc = proto_dparcel_apply_trusted(&rp->dp, rp->wire, rp->len, r->slot->host, threads,
+						     &e);
+		if (rc != 0)
+			return proto_errf(err, -rc, "v%" PRIu64 "'s delta parcel %u<-%u does not "
+					  "make the slot of v%" PRIu64 " v%" PRIu64 " again: %s",
+					  r->version, rp->dst_rank, rp->src_rank, r->parent_version,
+					  r->version, e.msg);
+	}
+	return 0;
+}
+
+/* The pieces of r's parcels in the current plan: 0, or -ENOENT (logged). */
+static int rotation_pieces(struct node_agent *a, struct agent_rotation *r)
+{
+	for (uint32_t i = 0; i < r->nparcels; i++) {
+		struct agent_rot_parcel *rp = &r->parcels[i];
+		const struct proto_parcel *pp = proto_plan_parcel(&a->plan, rp->src_rank, rp->dst_rank);
+		struct proto_err e;
+		if (rp->have_dp)
+			continue;
+		if (pp == NULL || proto_dparcel_build(&a->model, &a->plan, pp, &a->layout, &rp->dp,
+						      &e) != 0) {
+			LOG_WARN("node %s: v%" PRIu64 "'s delta parcel %u<-%u: %s: no rotation",
+				 a->node_id, r->version, rp->dst_rank, rp->src_rank,
+				 pp == NULL ? "not in the plan" : e.msg);
+			return -ENOENT;
+		}
+		rp->have_dp = true;
+	}
+	return 0;
+}
+
+/* Builds version's slot by rotation (see the top of the file): *slot is
+ * the retired slot and *rb its catch-up under way, then 0; else -ENOENT
+ * with nothing changed (*retry: the retired slot is neither pinned nor
+ * back yet, it soon will be), or the error of a failed start. */
+static int rotate_start(struct node_agent *a, uint64_t version, size_t len,
+			struct node_slot **slot, struct node_rebuild **rb,
+			struct agent_rotation **rot, bool *retry, struct proto_err *err)
+{
+	struct agent_rotation *r = a->rot;
+
+	*retry = false;
+	if (r == NULL || a->active == NULL || a->active->version != r->version ||
+	    a->o.install_inplace || proto_param(PROTO_PARAM_DELTA_ROTATE) == 0 ||
+	    sodium_memcmp(r->plan_src, a->plan_src, PROTO_HASH_BYTES) != 0)
+		return -ENOENT;
+	if (rotation_pieces(a, r) != 0)
+		return -ENOENT;
+	if (node_slot_reuse(&a->store, r->tag, version, len, slot) != 0) {
+		uint32_t pins = node_attach_pins(a->attach, r->parent_version);
+		*retry = pins == 0;
+		if (pins > 0)
+			LOG_INFO("node %s: the slot of v%" PRIu64 " is pinned by %u request%s: no "
+				 "rotation, v%" PRIu64 " is copied whole",
+				 a->node_id, r->parent_version, pins, pins == 1 ? "" : "s", r->version);
+		else
+			LOG_DEBUG("node %s: the slot of v%" PRIu64 " is not back in the store yet",
+				  a->node_id, r->parent_version);
+		return -ENOENT;
+	}
+	r->slot = *slot;
+	if (node_rebuild_start_sparse(a->base, (*slot)->host, (*slot)->memfd, a->active->host,
+				      a->active->memfd, len, catch_up, r, rb, err) != 0) {
+		node_slot_free(&a->store, *slot);
+		*slot = NULL;
+		return -ENOMEM;
+	}
+	a->rot = NULL;
+	*rot = r;
+	return 0;
+}
 
 /* The node cannot build v from a delta: it says why and which path it takes
  * (an anchor: the tracker passes the request on to the publisher, whose next
@@ -69,27 +201,54 @@ static void standby_drop(struct node_agent *a)
 {
 	node_rebuild_free(a->standby_rb);
 	a->standby_rb = NULL;
+	agent_rotation_free(a->standby_rot);
+	a->standby_rot = NULL;
 	if (a->standby != NULL)
 		node_slot_free(&a->store, a->standby);
 	a->standby = NULL;
 }
 
-/* Between versions: the active slot is copied into a standby slot on a
- * worker, so that a delta against it, when it comes, is only applied. A
- * fetch that began first made its own slot: nothing to do then. */
+/* Between versions: a standby slot is made to hold the active version on
+ * a worker, by rotation or else a copy, so that a delta against it, when it
+ * comes, is only applied. A fetch that began first made its own slot:
+ * nothing to do then. */
 static void on_standby(evutil_socket_t fd, short what, void *arg)
 {
 	struct node_agent *a = arg;
 	size_t len = a->layout.ranks[a->o.rank].nbytes;
-	struct proto_err err;
+	struct proto_err err = {{0}};
+	bool retry;
 
 	(void)fd;
 	(void)what;
 	if (a->fetch != NULL || a->active == NULL || a->standby != NULL || a->active->len != len)
 		return;
-	if (node_slot_new(&a->store, a->active->version + 1, len, &a->standby, &err) != 0 ||
-	    node_rebuild_start(a->base, a->standby->host, a->standby->memfd, a->active->host,
-			       a->active->memfd, len, &a->standby_rb, &err) != 0) {
+	uint64_t was = a->rot != NULL ? a->rot->parent_version : 0;
+	int rc = rotate_start(a, a->active->version + 1, len, &a->standby, &a->standby_rb,
+			      &a->standby_rot, &retry, &err);
+	if (rc == 0) {
+		LOG_INFO("node %s: the slot of v%" PRIu64 " made v%" PRIu64 " by its delta for the next "
+			 "delta (a rotation: no dense copy)",
+			 a->node_id, was, a->active->version);
+		return;
+	}
+	/* The retired slot is on its way back (ATTACH_FREE_GRACE_MS): wait for
+	 * it, a bounded while. */
+	if (rc == -ENOENT && retry && a->standby_tries++ < 40) {
+		agent_arm(a->standby_ev, 50);
+		return;
+	}
+	if (rc == -ENOENT && retry)
+		LOG_INFO("node %s: the slot of v%" PRIu64 " did not come back in 2 s: no rotation",
+			 a->node_id, was);
+	if (rc == -ENOENT) {
+		rc = node_slot_new(&a->store, a->active->version + 1, len, &a->standby, &err);
+		if (rc == 0)
+			rc = node_rebuild_start(a->base, a->standby->host, a->standby->memfd,
+						a->active->host, a->active->memfd, len,
+						&a->standby_rb, &err);
+	}
+	if (rc != 0) {
 		LOG_WARN("node %s: no standby copy of v%" PRIu64 " (%s); a delta will copy it then",
 			 a->node_id, a->active->version, err.msg);
 		standby_drop(a);
@@ -99,10 +258,47 @@ static void on_standby(evutil_socket_t fd, short what, void *arg)
 		 a->active->version);
 }
 
-void agent_delta_activated(struct node_agent *a)
+/* f's delta becomes the next rotation's catch-up, when it was applied to
+ * old (the active slot then, retired now) and old is activated content. */
+static void keep_rotation(struct node_agent *a, struct agent_fetch *f, struct node_slot *old)
+{
+	agent_rotation_free(a->rot);
+	a->rot = NULL;
+	if (!f->delta || !f->rotatable || old == NULL || old == a->active || old->tag == 0 ||
+	    a->o.install_inplace)
+		return;
+	struct agent_rotation *r = calloc(1, sizeof(*r));
+	if (r == NULL || (r->parcels = calloc(f->nparcels + 1, sizeof(*r->parcels))) == NULL) {
+		free(r);
+		return; /* the next delta copies */
+	}
+	r->tag = old->tag;
+	r->parent_version = old->version;
+	r->version = f->version;
+	memcpy(r->plan_src, a->plan_src, PROTO_HASH_BYTES);
+	for (uint32_t i = 0; i < f->nparcels; i++) {
+		struct agent_parcel *p = &f->parcels[i];
+		struct agent_rot_parcel *rp = &r->parcels[r->nparcels++];
+		rp->src_rank = p->mp->src_rank;
+		rp->dst_rank = p->mp->dst_rank;
+		rp->len = p->mp->wire_bytes;
+		rp->wire = p->wire; /* the fetch's no more */
+		p->wire = NULL;
+		if (rp->wire == NULL) {
+			agent_rotation_free(r);
+			return;
+		}
+	}
+	a->rot = r;
+}
+
+void agent_delta_activated(struct node_agent *a, struct agent_fetch *f, struct node_slot *old)
 {
 	agent_chain_end(a, false); /* the target is active: the replay is over */
 	standby_drop(a);
+	keep_rotation(a, f, old);
+	a->active->tag = ++a->slot_tags;
+	a->standby_tries = 0;
 	if (a->o.install_inplace)
 		return; /* memory-tight: no second copy of the rank */
 	if (a->standby_ev == NULL)
@@ -115,6 +311,8 @@ void agent_delta_fini(struct node_agent *a)
 {
 	agent_chain_end(a, false);
 	standby_drop(a);
+	agent_rotation_free(a->rot);
+	a->rot = NULL;
 	if (a->standby_ev != NULL)
 		event_free(a->standby_ev);
 	a->standby_ev = NULL;
@@ -124,34 +322,44 @@ int agent_delta_slot(struct node_agent *a)
 {
 	struct agent_fetch *f = a->fetch;
 	size_t len = a->layout.ranks[a->o.rank].nbytes;
-	struct proto_err err;
+	struct proto_err err = {{0}};
+	bool retry;
 
 	const uint8_t *pdigest;
 	struct node_slot *chain = agent_chain_parent(a, &pdigest);
 
 	if (a->standby != NULL && a->standby->len == len && !(f->delta && chain != NULL)) {
-		/* The standby copies the active slot: a delta's exact parent
-		 * (checked before); for anything else it is only memory, which
-		 * the fetch overwrites whole. */
+		/* The standby holds the active slot's bytes, or will: a delta's
+		 * exact parent (checked before); for anything else it is only
+		 * memory, which the fetch overwrites whole. */
 		f->slot = a->standby;
 		f->slot->version = f->version;
 		a->standby = NULL;
 		if (f->delta) {
 			f->rebuild = a->standby_rb;
+			f->rot = a->standby_rot;
 			f->from_standby = true;
 		} else {
 			node_rebuild_free(a->standby_rb);
+			agent_rotation_free(a->standby_rot);
 		}
 		a->standby_rb = NULL;
+		a->standby_rot = NULL;
 		return 0;
 	}
 	/* A chain's delta builds on the step before, not on the active slot. */
 	struct node_slot *parent = chain != NULL ? chain : a->active;
 	standby_drop(a);
-	if (node_slot_new(&a->store, f->version, len, &f->slot, &err) != 0 ||
-	    (f->delta && node_rebuild_start(a->base, f->slot->host, f->slot->memfd, parent->host,
-					    parent->memfd, PROTO_MIN(f->slot->len, parent->len),
-					    &f->rebuild, &err) != 0)) {
+	int rc = f->delta && chain == NULL ? rotate_start(a, f->version, len, &f->slot, &f->rebuild,
+							  &f->rot, &retry, &err)
+					   : -ENOENT;
+	if (rc == -ENOENT &&
+	    (node_slot_new(&a->store, f->version, len, &f->slot, &err) != 0 ||
+	     (f->delta && node_rebuild_start(a->base, f->slot->host, f->slot->memfd, parent->host,
+					     parent->memfd, PROTO_MIN(f->slot->len, parent->len),
+					     &f->rebuild, &err) != 0)))
+		rc = -ENOMEM;
+	if (rc != 0 && rc != -ENOENT) {
 		agent_fetch_fail(a, "%s", err.msg);
 		return -ENOMEM;
 	}
@@ -197,24 +405,37 @@ static void rebuilt(int rc, const struct proto_err *err, const struct node_rebui
 {
 	struct node_agent *a = arg;
 	struct agent_fetch *f = a->fetch;
+	char how[600];
 
 	if (rc != 0) {
 		need_anchor(a, "%s", err->msg);
 		return;
 	}
-	for (uint32_t i = 0; i < f->nparcels; i++) {
-		free(f->parcels[i].wire);
-		f->parcels[i].wire = NULL;
-	}
+	/* The wire bytes stay: the next delta's rotation re-applies them. */
 	f->rebuild_ms = agent_now_ms() - f->rebuild_ms;
 	node_metrics_add(a->am.m, a->am.delta_versions, 1);
+	node_metrics_add(a->am.m, t->dense ? a->am.delta_copies : a->am.delta_rotations, 1);
+	if (f->rot != NULL && !t->dense)
+		snprintf(how, sizeof(how), "no dense copy: the slot of v%" PRIu64 " made v%" PRIu64
+			 " again by its delta%s in %" PRIu64 " ms",
+			 f->rot->parent_version, f->rot->version,
+			 f->from_standby ? " (the standby one)" : "", t->catchup_ms);
+	else if (f->rot != NULL)
+		snprintf(how, sizeof(how), "a dense copy: the slot of v%" PRIu64 " was not v%" PRIu64
+			 " after its delta (%s), so v%" PRIu64 " was copied whole%s",
+			 f->rot->parent_version, f->rot->version, t->fallback, f->rot->version,
+			 f->from_standby ? " (the standby one)" : "");
+	else
+		snprintf(how, sizeof(how), "a dense copy of the parent%s",
+			 f->from_standby ? " (the standby one)" : "");
 	LOG_INFO("node %s: v%" PRIu64 " rebuilt from v%" PRIu64 " by delta (%" PRIu64
 		 " wire bytes for %" PRIu64 " bytes, every piece's checksum verified, %" PRIu64
-		 " ms after the last chunk: the parent's copy%s took %" PRIu64 " ms, %" PRIu64
+		 " ms after the last chunk; %s; the parent took %" PRIu64 " ms, %" PRIu64
 		 " ms of it after the last chunk, the apply %" PRIu64 " ms)",
 		 a->node_id, f->version, f->man.parent_version, f->bytes_total, f->slot->len,
-		 f->rebuild_ms, f->from_standby ? " (the standby one)" : "", t->copy_ms, t->wait_ms,
-		 t->apply_ms);
+		 f->rebuild_ms, how, t->copy_ms, t->wait_ms, t->apply_ms);
+	agent_rotation_free(f->rot); /* the worker is done with it */
+	f->rot = NULL;
 	agent_verified(a);
 }
 
@@ -233,6 +454,7 @@ void agent_delta_rebuild(struct node_agent *a)
 	}
 	f->rebuild_ms = agent_now_ms();
 	f->rebuild_agent = a;
+	f->rotatable = parent == a->active;
 	f->test_corrupt = a->chain != NULL &&
 			  proto_param(PROTO_PARAM_TEST_CORRUPT_CHAIN) == f->version;
 	node_rebuild_apply(f->rebuild, apply_all, f, rebuilt, a);

@@ -229,6 +229,8 @@ struct agent_fetch {
 	const struct node_agent *rebuild_agent; /* what the apply reads (model, layout) */
 	uint64_t rebuild_ms;
 	bool test_corrupt; /* TESSERA_TEST_CORRUPT_CHAIN: damage the delta before the apply */
+	bool rotatable; /* rebuilt from the active slot: its delta can rotate (agent_delta.c) */
+	struct agent_rotation *rot; /* the catch-up its slot is made by, or NULL */
 };
 
 /* Replaying a chain (agent_chain.c): the node lacks a delta version's
@@ -339,6 +341,14 @@ struct node_agent {
 	struct node_slot *standby;
 	struct node_rebuild *standby_rb;
 	struct event *standby_ev;
+	/* The last delta, kept to patch the slot it was applied against (the
+	 * retired one, back in the store) up to the active version: the next
+	 * delta is built there without a dense copy (agent_delta.c). NULL when
+	 * none; the standby's catch-up while one is made; tags numbering what
+	 * activated slots hold; standby waits for the retired slot. */
+	struct agent_rotation *rot, *standby_rot;
+	uint64_t slot_tags;
+	uint32_t standby_tries;
 	/* The chain being replayed (agent_chain.c), or NULL; whether a
 	 * planning request of one is on its way (its answer is awaited even
 	 * when the chain is gone); the target a replay failed for. */
@@ -629,9 +639,12 @@ int agent_delta_check_parent(struct node_agent *a);
  * delta's parent is then copied on a worker while the chunks arrive. 0, or
  * the fetch is refused. */
 int agent_delta_slot(struct node_agent *a);
-/* A version became active: drops the standby, and arms the next one
+/* f's version became active (old served before): drops the standby, keeps
+ * f's delta for the next rotation, and arms the next standby
  * (TESSERA_DELTA_STANDBY_MS later, when no fetch has begun by then). */
-void agent_delta_activated(struct node_agent *a);
+void agent_delta_activated(struct node_agent *a, struct agent_fetch *f, struct node_slot *old);
+/* Frees a catch-up (NULL is fine). */
+void agent_rotation_free(struct agent_rotation *r);
 /* Drops the standby copy and its timer (teardown). */
 void agent_delta_fini(struct node_agent *a);
 /* All delta parcels verified: the worker applies every parcel's delta once

@@ -25,7 +25,7 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 		.activation_seconds = -1, .unbacked_claims = -1, .duplicate = -1, .banned = -1,
 		.offered_parcels = -1, .unowned_trainer = -1, .seed_parcels = -1,
 		.budget_refusals = -1, .delta_versions = -1, .full_versions = -1,
-		.delta_refused = -1, .health = -1,
+		.delta_refused = -1, .delta_rotations = -1, .delta_copies = -1, .health = -1,
 	};
 	if (m == NULL)
 		return 0;
@@ -90,13 +90,22 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 					       "Versions built, by how: from the parent by delta, or full.");
 	t.delta_refused = node_metrics_counter(m, "tessera_node_delta_refused_total", lbl(b, sizeof(b), who, NULL),
 					       "Delta versions not built here (parent missing or its checksum differs); an anchor was asked for.");
+	t.delta_rotations = node_metrics_counter(
+		m, "tessera_node_delta_parents_total", lbl(b, sizeof(b), who, "how=\"rotation\""),
+		"Delta versions built, by how their slot got the parent: rotation (the retired slot "
+		"caught up by the last delta) or a dense copy of the active slot.");
+	t.delta_copies = node_metrics_counter(
+		m, "tessera_node_delta_parents_total", lbl(b, sizeof(b), who, "how=\"copy\""),
+		"Delta versions built, by how their slot got the parent: rotation (the retired slot "
+		"caught up by the last delta) or a dense copy of the active slot.");
 	t.health = node_metrics_health_part(m, part);
 	const int hs[] = {t.active_version, t.serving_bytes, t.registered, t.fetched_trainer,
 			  t.fetched_peer, t.fetched_peer_slot, t.failed_hash, t.failed_read, t.stalled,
 			  t.activations, t.refused, t.activation_seconds, t.unbacked_claims,
 			  t.duplicate, t.banned, t.offered_parcels, t.unowned_trainer,
 			  t.seed_parcels, t.budget_refusals, t.delta_versions,
-			  t.full_versions, t.delta_refused, t.health};
+			  t.full_versions, t.delta_refused, t.delta_rotations, t.delta_copies,
+			  t.health};
 	for (size_t i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
 		if (hs[i] < 0)
 			return hs[i];

@@ -18,6 +18,7 @@ struct node_agent_metrics {
 	int duplicate, banned, offered_parcels;
 	int unowned_trainer, seed_parcels, budget_refusals;
 	int delta_versions, full_versions, delta_refused;
+	int delta_rotations, delta_copies; /* how a delta's slot got its parent */
 	int health; /* the rank's part of /healthz (node_metrics_health_part) */
 };
 

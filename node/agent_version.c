@@ -10,6 +10,8 @@ void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
 	 * fetch's slot. */
 	node_rebuild_free(f->rebuild);
 	f->rebuild = NULL;
+	agent_rotation_free(f->rot);
+	f->rot = NULL;
 	if (a->ver != NULL)
 		node_verifier_drain(a->ver);
 	agent_swarm_unserve(a, f);

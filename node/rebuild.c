@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -20,6 +21,8 @@ struct node_rebuild {
 	bool have_apply; /* node_rebuild_apply was called */
 	node_rebuild_fn fn;
 	void *fn_arg;
+	node_rebuild_fn catchup; /* NULL: the dense copy only */
+	void *catchup_arg;
 	node_rebuild_done done;
 	void *arg;
 	uint64_t asked_ns; /* when the apply was handed over */
@@ -40,15 +43,15 @@ static uint64_t ms_between(uint64_t from_ns, uint64_t to_ns)
 	return to_ns > from_ns ? (to_ns - from_ns) / 1000000 : 0;
 }
 
-static void *worker(void *arg)
+/* Copies src to dst whole: true, or false when stopped. */
+static bool dense_copy(struct node_rebuild *rb)
 {
-	struct node_rebuild *rb = arg;
-	uint64_t t0 = proto_now_ns();
-
 	bool by_kernel = rb->src_fd >= 0 && rb->dst_fd >= 0;
+
+	rb->t.dense = true;
 	for (size_t off = 0; off < rb->len;) {
 		if (__atomic_load_n(&rb->stop, __ATOMIC_RELAXED))
-			return NULL;
+			return false;
 		size_t n = rb->len - off < COPY_BLOCK ? rb->len - off : COPY_BLOCK;
 		if (by_kernel) {
 			/* The kernel copies page cache to page cache several times
@@ -72,10 +75,24 @@ static void *worker(void *arg)
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
 	for (size_t off = 0; by_kernel && off < rb->len; off += page) {
 		if ((off & (COPY_BLOCK - 1)) == 0 && __atomic_load_n(&rb->stop, __ATOMIC_RELAXED))
-			return NULL;
+			return false;
 		volatile uint8_t *b = rb->dst + off;
 		*b = *b;
 	}
+	return true;
+}
+
+static void *worker(void *arg)
+{
+	struct node_rebuild *rb = arg;
+	uint64_t t0 = proto_now_ns();
+	struct proto_err cerr = {{0}};
+
+	if (rb->catchup != NULL && rb->catchup(rb->catchup_arg, &cerr) != 0)
+		snprintf(rb->t.fallback, sizeof(rb->t.fallback), "%s", cerr.msg);
+	rb->t.catchup_ms = ms_between(t0, proto_now_ns());
+	if ((rb->catchup == NULL || rb->t.fallback[0] != 0) && !dense_copy(rb))
+		return NULL;
 	uint64_t copied = proto_now_ns();
 	rb->t.copy_ms = ms_between(t0, copied);
 
@@ -89,6 +106,17 @@ static void *worker(void *arg)
 	rb->t.wait_ms = ms_between(rb->asked_ns, copied);
 	uint64_t t1 = proto_now_ns();
 	rb->rc = rb->fn(rb->fn_arg, &rb->err);
+	if (rb->rc != 0 && !rb->t.dense) {
+		/* The caught-up slot is not the parent (the apply's parent
+		 * checksums say so): the parent whole, then the apply again. */
+		snprintf(rb->t.fallback, sizeof(rb->t.fallback), "%s", rb->err.msg);
+		uint64_t t2 = proto_now_ns();
+		if (!dense_copy(rb))
+			return NULL;
+		rb->t.copy_ms += ms_between(t2, proto_now_ns());
+		memset(&rb->err, 0, sizeof(rb->err));
+		rb->rc = rb->fn(rb->fn_arg, &rb->err);
+	}
 	rb->t.apply_ms = ms_between(t1, proto_now_ns());
 	uint64_t one = 1;
 	if (write(rb->efd, &one, sizeof(one)) != (ssize_t)sizeof(one))
@@ -111,6 +139,13 @@ static void on_done(evutil_socket_t fd, short what, void *arg)
 int node_rebuild_start(struct event_base *base, uint8_t *dst, int dst_fd, const uint8_t *src,
 		       int src_fd, size_t len, struct node_rebuild **out, struct proto_err *err)
 {
+	return node_rebuild_start_sparse(base, dst, dst_fd, src, src_fd, len, NULL, NULL, out, err);
+}
+
+int node_rebuild_start_sparse(struct event_base *base, uint8_t *dst, int dst_fd,
+			      const uint8_t *src, int src_fd, size_t len, node_rebuild_fn catchup,
+			      void *catchup_arg, struct node_rebuild **out, struct proto_err *err)
+{
 	struct node_rebuild *rb = calloc(1, sizeof(*rb));
 	int rc;
 
@@ -124,6 +159,8 @@ int node_rebuild_start(struct event_base *base, uint8_t *dst, int dst_fd, const 
 	rb->src = src;
 	rb->src_fd = src_fd;
 	rb->len = len;
+	rb->catchup = catchup;
+	rb->catchup_arg = catchup_arg;
 	rb->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (rb->efd < 0) {
 		rc = proto_errf(err, errno, "rebuild: eventfd: %s", strerror(errno));

@@ -1,19 +1,28 @@
 /*
  * Rebuilding a version slot off the event loop. A delta version is the
- * parent's bytes with a few changes: its slot starts as a copy of the parent
- * slot, then the delta is applied in place. The copy is the dense part, so a
- * worker thread starts it as soon as the fetch begins, while the delta's
- * chunks are still arriving; once they are all verified the agent hands the
- * worker the apply, which runs after the copy (on the same thread, so it
- * never reads a half-copied slot), and the loop learns the result through an
- * eventfd. The event loop owns all agent state; the worker touches only the
- * destination slot, reads the parent slot, and runs the apply it was given
- * (which must read nothing the loop may change meanwhile).
+ * parent's bytes with a few changes: its slot must first hold the parent,
+ * then the delta is applied in place. The slot gets the parent in one of two
+ * ways. Sparse: it is a slot that held an older version and a catch-up
+ * function (the caller's) patches it up to the parent, touching only the
+ * positions that changed since (node/agent_delta.c re-applies the delta
+ * that made the parent). Dense: a copy of the whole parent slot, the
+ * fallback when there is no such slot or the catch-up fails. Either runs on
+ * a worker thread as soon as the fetch begins, while the delta's chunks are
+ * still arriving; once they are all verified the agent hands the worker the
+ * apply, which runs after it (on the same thread, so it never reads a
+ * half-made parent), and the loop learns the result through an eventfd.
+ * An apply that fails after a sparse catch-up (the old slot did not hold
+ * what it should: the apply's parent checksums say so) is run once more
+ * after a dense copy. The event loop owns all agent state; the worker
+ * touches only the destination slot, reads the parent slot, and runs the
+ * functions it was given (which must read nothing the loop may change
+ * meanwhile).
  */
 #ifndef NODE_REBUILD_H
 #define NODE_REBUILD_H
 
 #include <event2/event.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,13 +30,19 @@
 
 struct node_rebuild;
 
-/* Runs on the worker after the copy; 0 or a negative errno with err set. */
+/* Runs on the worker (a catch-up, or the apply after the parent is in
+ * place); 0 or a negative errno with err set. */
 typedef int (*node_rebuild_fn)(void *arg, struct proto_err *err);
 
-/* What the rebuild cost: the copy's duration, how long the apply waited for
- * it (the part of the copy the fetch did not hide), and the apply's. */
+/* What the rebuild cost: the time to get the parent into the slot (the
+ * catch-up, plus the dense copy when one was made), how long the apply
+ * waited for it (the part the fetch did not hide), and the apply's; whether
+ * a dense copy was made and, when a catch-up was tried but the copy made
+ * all the same, why (else ""). */
 struct node_rebuild_times {
-	uint64_t copy_ms, wait_ms, apply_ms;
+	uint64_t copy_ms, wait_ms, apply_ms, catchup_ms;
+	bool dense;
+	char fallback[300];
 };
 
 /* Runs on base's loop once the apply finished: rc and err as fn left them. */
@@ -43,6 +58,16 @@ typedef void (*node_rebuild_done)(int rc, const struct proto_err *err,
  */
 int node_rebuild_start(struct event_base *base, uint8_t *dst, int dst_fd, const uint8_t *src,
 		       int src_fd, size_t len, struct node_rebuild **out, struct proto_err *err);
+
+/*
+ * The same, but the worker first runs catchup(catchup_arg), which should
+ * make dst hold what src holds; the dense copy is made only when it fails
+ * (or when the apply fails after it, see above). src and its fd must stay
+ * valid for the fallback.
+ */
+int node_rebuild_start_sparse(struct event_base *base, uint8_t *dst, int dst_fd,
+			      const uint8_t *src, int src_fd, size_t len, node_rebuild_fn catchup,
+			      void *catchup_arg, struct node_rebuild **out, struct proto_err *err);
 
 /*
  * Runs fn(fn_arg) on the worker once the copy is done, then done(..., arg)

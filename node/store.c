@@ -93,13 +93,19 @@ void node_store_close(struct node_store *s)
 		s->ops->close(s);
 }
 
-/* The spare slot if it has len bytes (attached again), else NULL. */
-static struct node_slot *take_spare(struct node_store *s, uint64_t version, size_t len)
+/* The spare slot if it has len bytes (and tag, when not 0), attached
+ * again, else NULL. */
+static struct node_slot *take_spare(struct node_store *s, uint64_t tag, uint64_t version,
+				    size_t len)
 {
 	struct node_slot *slot = NULL, *drop = NULL;
 	struct proto_err err;
 
 	pthread_mutex_lock(&s->mu);
+	if (tag != 0 && (s->spare == NULL || s->spare->tag != tag || s->spare->len != len)) {
+		pthread_mutex_unlock(&s->mu);
+		return NULL; /* left for whoever wants it as memory */
+	}
 	if (s->spare != NULL && s->spare->len == len)
 		slot = s->spare;
 	else
@@ -126,9 +132,11 @@ int node_slot_new(struct node_store *s, uint64_t version, size_t len, struct nod
 	char name[64];
 	int rc;
 
-	*out = take_spare(s, version, len);
-	if (*out != NULL)
+	*out = take_spare(s, 0, version, len);
+	if (*out != NULL) {
+		(*out)->tag = 0; /* the caller writes it anew */
 		return 0;
+	}
 	slot = calloc(1, sizeof(*slot));
 	if (slot == NULL)
 		return proto_errf(err, ENOMEM, "slot: out of memory");
@@ -173,13 +181,27 @@ void node_slot_free(struct node_store *s, struct node_slot *slot)
 		return;
 	if (s->ops->detach)
 		s->ops->detach(s, slot);
+	/* A slot retired later (a larger tag) displaces the spare: it is
+	 * the one a delta can be built in (node/agent_delta.c, rotation). */
+	struct node_slot *drop = slot;
 	pthread_mutex_lock(&s->mu);
-	bool keep = s->keep_spare && s->spare == NULL;
-	if (keep)
+	if (s->keep_spare && (s->spare == NULL || slot->tag > s->spare->tag)) {
+		drop = s->spare;
 		s->spare = slot;
+	}
 	pthread_mutex_unlock(&s->mu);
-	if (!keep)
-		slot_release(s, slot);
+	if (drop != NULL)
+		slot_release(s, drop);
+}
+
+int node_slot_reuse(struct node_store *s, uint64_t tag, uint64_t version, size_t len,
+		    struct node_slot **out)
+{
+	*out = tag != 0 ? take_spare(s, tag, version, len) : NULL;
+	if (*out == NULL)
+		return -ENOENT;
+	(*out)->tag = 0; /* the caller writes it: what it holds is the caller's to say */
+	return 0;
 }
 
 int node_slot_activate(struct node_store *s, struct node_slot *slot, struct proto_err *err)

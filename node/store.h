@@ -37,6 +37,9 @@ struct node_slot {
 	 * verification workers add). */
 	bool streaming;
 	uint64_t stream_expect, streamed;
+	/* What its bytes are, as its owner numbers them (0: unknown). The
+	 * store keeps it on the spare slot; node_slot_new clears it. */
+	uint64_t tag;
 };
 
 struct node_store;
@@ -70,6 +73,7 @@ struct node_store {
 	 * are allocated and already written, which a fresh memfd's are not
 	 * (a first write to each page costs microseconds, more in a VM), so
 	 * a node alternating between two slots never pays for new pages.
+	 * Of two freed slots the one with the larger tag is kept.
 	 * Slots are freed from the attach reaper's thread too: mu guards it. */
 	bool keep_spare;
 	struct node_slot *spare;
@@ -108,6 +112,11 @@ void node_store_close(struct node_store *s);
 int node_slot_new(struct node_store *s, uint64_t version, size_t len,
 		  struct node_slot **out, struct proto_err *err);
 void node_slot_free(struct node_store *s, struct node_slot *slot);
+/* The spare slot back with its bytes, if it has len bytes and tag (not 0):
+ * 0, else -ENOENT and nothing changed. Its version becomes version, its
+ * tag 0 (the caller writes it). */
+int node_slot_reuse(struct node_store *s, uint64_t tag, uint64_t version, size_t len,
+		    struct node_slot **out);
 int node_slot_activate(struct node_store *s, struct node_slot *slot,
 		       struct proto_err *err);
 /* Uploads while fetching: the fetch into slot delivers expect bytes as

@@ -318,5 +318,12 @@ void proto_dparcel_sums(const struct proto_dparcel *d, const uint8_t *block, uin
 int proto_dparcel_apply_sums(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
 			     uint8_t *block, const uint64_t *sums, unsigned threads,
 			     struct proto_err *err);
+/* The same with the parent's checksums the delta itself carries, for a
+ * block the caller knows holds that parent (nothing is read but the changed
+ * positions, so a damaged block is not refused here: a later apply that
+ * takes its parent checksums from the block sees it). The child checksums
+ * still prove the delta decoded into the changes it was made of. */
+int proto_dparcel_apply_trusted(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
+				uint8_t *block, unsigned threads, struct proto_err *err);
 
 #endif

@@ -148,12 +148,15 @@ int delta__match_parcel(const struct proto_dparcel *d, const struct proto_delta 
 	return 0;
 }
 
-int proto_dparcel_apply_sums(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
-			     uint8_t *block, const uint64_t *sums, unsigned threads,
-			     struct proto_err *err)
+/* apply_sums, with the parent's checksums from the delta itself when sums
+ * is NULL. */
+static int apply_with(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
+		      uint8_t *block, const uint64_t *sums, unsigned threads,
+		      struct proto_err *err)
 {
 	struct proto_delta dl;
 	uint8_t **bufs = NULL;
+	uint64_t *own = NULL;
 	int rc;
 
 	rc = proto_delta_parse(delta, len, &dl, err);
@@ -162,7 +165,12 @@ int proto_dparcel_apply_sums(const struct proto_dparcel *d, const uint8_t *delta
 	if ((rc = delta__match_parcel(d, &dl, err)) != 0)
 		goto out;
 	bufs = malloc(((size_t)d->npieces + 1) * sizeof(*bufs));
-	if (bufs == NULL) {
+	if (sums == NULL && (own = malloc(((size_t)d->npieces + 1) * sizeof(*own))) != NULL) {
+		for (uint32_t i = 0; i < d->npieces; i++)
+			own[i] = dl.tensors[i].parent_sum;
+		sums = own;
+	}
+	if (bufs == NULL || sums == NULL) {
 		rc = proto_errf(err, ENOMEM, "delta apply: out of memory");
 		goto out;
 	}
@@ -171,9 +179,23 @@ int proto_dparcel_apply_sums(const struct proto_dparcel *d, const uint8_t *delta
 	struct proto_delta_parent par = {no_header, 0, d->npieces, sums};
 	rc = proto_delta_apply(&dl, &par, bufs, threads, err);
 out:
+	free(own);
 	free(bufs);
 	proto_delta_fini(&dl);
 	return rc;
+}
+
+int proto_dparcel_apply_sums(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
+			     uint8_t *block, const uint64_t *sums, unsigned threads,
+			     struct proto_err *err)
+{
+	return apply_with(d, delta, len, block, sums, threads, err);
+}
+
+int proto_dparcel_apply_trusted(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
+				uint8_t *block, unsigned threads, struct proto_err *err)
+{
+	return apply_with(d, delta, len, block, NULL, threads, err);
 }
 
 int proto_dparcel_apply(const struct proto_dparcel *d, const uint8_t *delta, size_t len,

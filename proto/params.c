@@ -84,7 +84,9 @@ uint64_t proto_param_default(enum proto_param_id id)
 
 uint64_t proto_param_min(enum proto_param_id id)
 {
-	return param_defs[id].def == 0 || id == PROTO_PARAM_FANOUT ? 0 : 1;
+	return param_defs[id].def == 0 || id == PROTO_PARAM_FANOUT || id == PROTO_PARAM_DELTA_ROTATE
+		       ? 0
+		       : 1;
 }
 
 enum proto_param_source proto_param_source(enum proto_param_id id)

@@ -155,6 +155,10 @@
 	 * waits this long first (past ATTACH_FREE_GRACE_MS, so that the \
 	 * retired slot is there to be reused). */ \
 	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms") \
+	/* A node builds the next delta version in its retired slot, patched \
+	 * up to the active version by the last delta alone (no dense copy); \
+	 * 0: always a copy of the whole active slot. */ \
+	X(DELTA_ROTATE, "TESSERA_DELTA_ROTATE", 1, "1: build a delta version in the retired slot (sparse catch-up), 0: copy the active slot whole") \
 	/* Clients keep their connection to the tracker open between requests \
 	 * (a node sends one at least every lease/3); the tracker closes one \
 	 * that has carried nothing for this long. */ \
@@ -217,7 +221,8 @@ enum proto_param_source {
 /* The tunable's name in a configuration file: its id in lower case
  * ("chunk_size"); its environment variable; its one-line doc; its default;
  * the least value accepted (0 only where the default is 0, which means
- * "none", and for FANOUT, where it means star mode). Cannot fail. */
+ * "none", for FANOUT, where it means star mode, and for DELTA_ROTATE,
+ * where it means a dense copy for every delta). Cannot fail. */
 const char *proto_param_name(enum proto_param_id id);
 const char *proto_param_env(enum proto_param_id id);
 const char *proto_param_doc(enum proto_param_id id);

@@ -1,5 +1,7 @@
 /* Delta versions in the network, end to end with the real programs on
  * loopback: a cluster of anchors and deltas ends bit-exact on every replica;
+ * deltas in a row are built by rotation (no dense copy), a damaged retired
+ * slot and a pinned one each make the node copy instead;
  * a corrupted parent slot and a publisher restarted without its parent
  * export each end in an anchor that the node reaches, while it keeps
  * serving its previous version meanwhile; a node restarted between deltas,
@@ -21,6 +23,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include "node/client/tessera_client.h"
 #include "node/proc.h"
 #include "proto/checkpoint.h"
 #include "proto/proto.h"
@@ -121,15 +124,22 @@ static void start_publisher(struct env *e)
 	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", argv, log), 0);
 }
 
+/* Replica rep's attach socket (serving processes pin versions there). */
+static void attach_path(const struct env *e, const char *rep, char *out, size_t n)
+{
+	snprintf(out, n, "%s/%s0.sock", e->dir, rep);
+}
+
 static void start_node_as(struct env *e, struct node_proc *proc, const char *replica)
 {
-	char bin[512], log[600], rep[64];
+	char bin[512], log[600], rep[64], att[600];
 	tu_bin(bin, sizeof(bin), "tessera-node");
 	snprintf(log, sizeof(log), "%s/node-%d.log", e->dir, e->nodes_started++);
 	snprintf(rep, sizeof(rep), "%s", replica);
+	attach_path(e, replica, att, sizeof(att));
 	char *argv[] = {bin, "--tracker", e->url, "--replica", rep, "--rank", "0", "--layout", "tp1",
 			"--model", e->model, "--trainer-pubkey", e->pub, "--expose", e->expose,
-			"--store", "host", NULL};
+			"--store", "host", "--attach", att, NULL};
 	assert_int_equal(node_proc_spawn(proc, "node", argv, log), 0);
 }
 
@@ -275,19 +285,28 @@ static uint8_t *map_served(struct env *e, uint64_t v, bool writable)
 	return map_served_of(e, "A", v, writable);
 }
 
-/* Replica rep's node serves exactly version v's bytes (v is file v<v-1>). */
-static void check_serving_of(struct env *e, const char *rep, uint64_t v)
+/* Version v's bytes for rank 0 of tp1 (v is file v<v-1>); the caller frees. */
+static uint8_t *expect_bytes(struct env *e, uint64_t v)
 {
 	char path[600];
 	struct proto_ckpt ck;
 	struct proto_err err;
-	size_t n = e->tp1.ranks[0].nbytes;
-	uint8_t *expect = malloc(n), *m = map_served_of(e, rep, v, false);
+	uint8_t *expect = malloc(e->tp1.ranks[0].nbytes);
 
+	assert_non_null(expect);
 	snprintf(path, sizeof(path), "%s/v%llu.safetensors", e->mdir, (unsigned long long)v - 1);
 	assert_int_equal(proto_ckpt_open(path, &ck, &err), 0);
 	proto_layout_fill_rank(&ck.model, &e->tp1, 0, ck_fill, &ck, expect);
 	proto_ckpt_fini(&ck);
+	return expect;
+}
+
+/* Replica rep's node serves exactly version v's bytes. */
+static void check_serving_of(struct env *e, const char *rep, uint64_t v)
+{
+	size_t n = e->tp1.ranks[0].nbytes;
+	uint8_t *expect = expect_bytes(e, v), *m = map_served_of(e, rep, v, false);
+
 	assert_memory_equal(m, expect, n);
 	free(expect);
 	munmap(m, n);
@@ -359,17 +378,20 @@ static int env_teardown(void **state)
 	return 0;
 }
 
-/* The node's standby copy of its active slot is made long after the test
- * (a stray write to the served slot after that copy cannot reach a child). */
+/* The node builds the next delta on a copy of its served slot made when
+ * the delta comes: no standby copy made before, no rotation (either builds
+ * on bytes a stray write to the served slot cannot reach). */
 static int env_setup_no_standby(void **state)
 {
 	setenv("TESSERA_DELTA_STANDBY_MS", "3600000", 1);
+	setenv("TESSERA_DELTA_ROTATE", "0", 1);
 	return env_setup(state);
 }
 
 static int env_teardown_no_standby(void **state)
 {
 	unsetenv("TESSERA_DELTA_STANDBY_MS");
+	unsetenv("TESSERA_DELTA_ROTATE");
 	return env_teardown(state);
 }
 
@@ -531,22 +553,118 @@ static void test_publisher_restarted(void **state)
  * (two trainer ranks: two a version), which hold those versions' bytes,
  * and keeps its snapshot blocks: every
  * version the node rebuilds from the deltas is bit-exact, so no byte of an
- * older version leaks into a newer one. */
+ * older version leaks into a newer one. The node builds each of v3..v5 by
+ * rotation, in the slot it retired at the last activation, and says it
+ * made no dense copy. */
 static void test_recycled_buffers(void **state)
 {
 	struct env *e = *state;
 	char path[600];
 
 	for (uint64_t v = 3; v <= 5; v++) {
+		char line[64], how[64], ready[96];
+		/* The standby: the slot of v-2 made v-1 (wait for it, so that
+		 * the delta does not come before the retired slot is back). */
+		snprintf(ready, sizeof(ready), "the slot of v%llu made v%llu by its delta",
+			 (unsigned long long)v - 2, (unsigned long long)v - 1);
+		assert_true(wait_log(e, ready, 30000));
 		export_one(e, v, "delta");
 		assert_true(tu_wait_active(e->trk, "A", v, 60000));
 		assert_true(rank_how(e, "delta"));
 		check_serving(e, v);
+		/* Built in the slot of v-2, patched up to v-1 by v-1's delta:
+		 * no dense copy. */
+		snprintf(line, sizeof(line), "v%llu rebuilt from v%llu by delta", (unsigned long long)v,
+			 (unsigned long long)v - 1);
+		snprintf(how, sizeof(how), "no dense copy: the slot of v%llu made v%llu again",
+			 (unsigned long long)v - 2, (unsigned long long)v - 1);
+		assert_true(line_has(e->node.log, line, how));
 	}
 	snprintf(path, sizeof(path), "%s/publisher.log", e->dir);
 	assert_true(file_has(path, "version 2: a delta against version 1 (1 since the anchor; 0 of 2 raw"));
 	assert_true(file_has(path, "version 3: a delta against version 2 (2 since the anchor; 2 of 2 raw"));
 	assert_true(file_has(path, "version 5: a delta against version 4 (4 since the anchor; 2 of 2 raw"));
+}
+
+/* Where replica A's node serves v from now: the memfd path of its slot
+ * (the node keeps the descriptor while the slot lives). */
+static void served_path(struct env *e, uint64_t v, char *out, size_t n)
+{
+	char path[600];
+
+	snprintf(path, sizeof(path), "%s/A-0.json", e->expose);
+	json_t *j = tu_load_json(path);
+	assert_non_null(j);
+	assert_int_equal(json_integer_value(json_object_get(j, "version")), (json_int_t)v);
+	snprintf(out, n, "%s", json_string_value(json_object_get(j, "memfd_path")));
+	json_decref(j);
+}
+
+/* A byte of the retired v2 slot flips once the node made it v3 again for
+ * the next delta (as a stray write into a slot no one serves would): the
+ * apply of v4's delta takes its parent checksums from that slot, sees it,
+ * and the worker copies the active v3 whole instead; v4 is bit-exact. */
+static void test_rotation_damaged_slot(void **state)
+{
+	struct env *e = *state;
+	size_t n = e->tp1.ranks[0].nbytes;
+	char v2path[600];
+
+	served_path(e, 2, v2path, sizeof(v2path));
+	export_one(e, 3, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
+	assert_true(wait_log(e, "the slot of v2 made v3 by its delta for the next delta", 30000));
+	int fd = open(v2path, O_RDWR);
+	assert_true(fd >= 0);
+	uint8_t *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	assert_true(m != MAP_FAILED);
+	close(fd);
+	m[n / 3] ^= 0x40;
+	munmap(m, n);
+	export_one(e, 4, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 4, 60000));
+	assert_true(rank_how(e, "delta"));
+	assert_true(line_has(e->node.log, "v4 rebuilt from v3 by delta",
+			     "a dense copy: the slot of v2 was not v3 after its delta"));
+	check_serving(e, 4);
+}
+
+/* A request pins v2 across v3's activation: the retired v2 slot is not
+ * the node's to write, so v4 is built on a copy of v3; the pinned bytes
+ * stay v2's throughout. Once released, the rotation comes back. */
+static void test_rotation_pinned(void **state)
+{
+	struct env *e = *state;
+	char att[600], why[256];
+	tessera_client *c;
+	struct tessera_pin pin;
+	size_t n = e->tp1.ranks[0].nbytes;
+
+	attach_path(e, "A", att, sizeof(att));
+	assert_int_equal(tessera_attach(att, "A", 0, 30000, &c, why, sizeof(why)), 0);
+	assert_int_equal(tessera_wait_version(c, 2, 30000), 0);
+	assert_int_equal(tessera_acquire(c, &pin), 0);
+	assert_int_equal(pin.version, 2);
+	export_one(e, 3, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
+	assert_true(wait_log(e, "the slot of v2 is pinned by 1 request: no rotation", 30000));
+	assert_true(wait_log(e, "copying v3 into a standby slot", 30000));
+	export_one(e, 4, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 4, 60000));
+	assert_true(line_has(e->node.log, "v4 rebuilt from v3 by delta",
+			     "a dense copy of the parent (the standby one)"));
+	check_serving(e, 4);
+	uint8_t *expect = expect_bytes(e, 2);
+	assert_memory_equal(pin.base, expect, n);
+	free(expect);
+	assert_int_equal(tessera_release(c, &pin), 0);
+	tessera_detach(c);
+	/* v3's slot, retired unpinned, came back: made v4 for v5's delta. */
+	assert_true(wait_log(e, "the slot of v3 made v4 by its delta", 30000));
+	export_one(e, 5, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 5, 60000));
+	assert_true(line_has(e->node.log, "v5 rebuilt from v4 by delta", "no dense copy"));
+	check_serving(e, 5);
 }
 
 int main(void)
@@ -559,6 +677,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_missed_version, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_publisher_restarted, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_recycled_buffers, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_rotation_damaged_slot, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_rotation_pinned, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_chain_replay, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_chain_corrupt, env_setup, env_teardown),
 	};

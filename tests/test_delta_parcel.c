@@ -177,6 +177,52 @@ static void test_refusals(void **state)
 	fx_fini(&f);
 }
 
+/* The trusted apply (a rotation's catch-up): it reads only the changed
+ * positions, so it patches a parent damaged elsewhere without refusing it
+ * (the next apply, which takes its parent checksums from the block, does);
+ * a truncated or forged delta is still refused, the block as it was. */
+static void test_apply_trusted(void **state)
+{
+	struct fx f;
+	fx_init(&f, "tp2");
+	const struct proto_parcel *pc = &f.plan.parcels[0];
+	struct proto_dparcel dp;
+	struct proto_err err;
+	uint8_t *par, *chi, *enc;
+	size_t len, n = f.dst.ranks[pc->dst_rank].nbytes;
+
+	assert_int_equal(proto_dparcel_build(&f.m, &f.plan, pc, &f.dst, &dp, &err), 0);
+	payloads(&f, pc, &par, &chi);
+	assert_int_equal(proto_dparcel_encode(&dp, par, chi, NULL, &enc, &len, NULL, &err), 0);
+	uint8_t *blk = block_of(&f, pc->dst_rank, pc, par), *orig = malloc(n);
+	uint8_t *want = block_of(&f, pc->dst_rank, pc, chi);
+	memcpy(orig, blk, n);
+	for (size_t cut = 0; cut < len; cut += len / 5 + 1) {
+		assert_int_not_equal(proto_dparcel_apply_trusted(&dp, enc, cut, blk, 1, &err), 0);
+		assert_memory_equal(blk, orig, n);
+	}
+	enc[len / 2] ^= 0x10;
+	assert_int_not_equal(proto_dparcel_apply_trusted(&dp, enc, len, blk, 1, &err), 0);
+	assert_memory_equal(blk, orig, n);
+	enc[len / 2] ^= 0x10;
+	assert_int_equal(proto_dparcel_apply_trusted(&dp, enc, len, blk, 2, &err), 0);
+	assert_memory_equal(blk, want, n);
+	/* Damaged at an odd byte (the parcel's changes are at even ones). */
+	uint64_t mid = dp.pieces[dp.npieces / 2].dst_off + 3;
+	orig[mid] ^= 0x01;
+	want[mid] ^= 0x01;
+	assert_int_equal(proto_dparcel_apply_trusted(&dp, enc, len, orig, 1, &err), 0);
+	assert_memory_equal(orig, want, n);
+	free(want);
+	free(orig);
+	free(blk);
+	free(enc);
+	free(par);
+	free(chi);
+	proto_dparcel_fini(&dp);
+	fx_fini(&f);
+}
+
 /* Prepared ahead, written later: the block is untouched until the write,
  * then equals the child, for sparse and dense changes and any pool size. */
 static void test_dpatch_roundtrip(void **state)
@@ -436,6 +482,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_roundtrip),
 		cmocka_unit_test(test_refusals),
+		cmocka_unit_test(test_apply_trusted),
 		cmocka_unit_test(test_dpatch_roundtrip),
 		cmocka_unit_test(test_dpatch_refusals),
 		cmocka_unit_test(test_dpatch_threads_odd_sizes),

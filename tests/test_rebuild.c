@@ -1,5 +1,7 @@
 /* node/rebuild.c: a slot copied from its parent on a worker, then the apply
- * handed to it, its result back on the loop; stopped rebuilds call nothing. */
+ * handed to it, its result back on the loop; stopped rebuilds call nothing;
+ * a slot caught up sparsely is not copied, unless its catch-up fails or the
+ * apply finds it is not the parent (then copied, and the apply run again). */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -154,6 +156,88 @@ static void test_free_stops_it(void **state)
 	event_base_free(r.base);
 }
 
+/* ---- sparse catch-up ------------------------------------------------------ */
+
+/* dst holds what src held before two changes (at 7 and LEN - 2); the
+ * catch-up writes them (or fails, or forgets one: how says). */
+struct sparse {
+	struct run r;
+	int how; /* 0 right, 1 fails, 2 forgets the second change */
+	int applies;
+};
+
+static int catch_up(void *arg, struct proto_err *err)
+{
+	struct sparse *sp = arg;
+
+	if (sp->how == 1)
+		return proto_errf(err, EBADMSG, "catch-up: damaged delta");
+	sp->r.dst.p[7] = sp->r.src.p[7];
+	if (sp->how != 2)
+		sp->r.dst.p[LEN - 2] = sp->r.src.p[LEN - 2];
+	return 0;
+}
+
+/* Refuses a slot that is not the parent (as the parent checksums would). */
+static int apply_checked(void *arg, struct proto_err *err)
+{
+	struct sparse *sp = arg;
+
+	sp->applies++;
+	if (memcmp(sp->r.dst.p, sp->r.src.p, LEN) != 0)
+		return proto_errf(err, EBADMSG, "delta is for another parent");
+	sp->r.dst.p[5] ^= 0xff;
+	return 0;
+}
+
+static void run_sparse(int how)
+{
+	struct sparse sp = {.how = how};
+	struct run *r = &sp.r;
+	struct node_rebuild *rb;
+	struct proto_err err;
+
+	r->base = event_base_new();
+	assert_non_null(r->base);
+	mem_new(&r->src, 1);
+	mem_new(&r->dst, 1);
+	r->dst.p[7] ^= 0x11;
+	r->dst.p[LEN - 2] ^= 0x22;
+	assert_int_equal(node_rebuild_start_sparse(r->base, r->dst.p, r->dst.fd, r->src.p, r->src.fd,
+						   LEN, catch_up, &sp, &rb, &err),
+			 0);
+	node_rebuild_apply(rb, apply_checked, &sp, done, r);
+	wait_done(r);
+	assert_int_equal(r->done_rc, 0);
+	assert_int_equal(r->dst.p[5], r->src.p[5] ^ 0xff);
+	assert_memory_equal(r->dst.p + 6, r->src.p + 6, LEN - 6);
+	assert_int_equal(r->t.dense, how != 0);
+	assert_int_equal(sp.applies, how == 2 ? 2 : 1);
+	if (how == 0)
+		assert_string_equal(r->t.fallback, "");
+	else
+		assert_non_null(strstr(r->t.fallback, how == 1 ? "damaged delta" : "another parent"));
+	node_rebuild_free(rb);
+	mem_free(&r->src);
+	mem_free(&r->dst);
+	event_base_free(r->base);
+}
+
+static void test_sparse_catch_up_no_copy(void **state)
+{
+	run_sparse(0);
+}
+
+static void test_sparse_catch_up_fails_copies(void **state)
+{
+	run_sparse(1);
+}
+
+static void test_sparse_wrong_parent_copies_and_applies_again(void **state)
+{
+	run_sparse(2);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -161,6 +245,9 @@ int main(void)
 		cmocka_unit_test(test_copy_then_apply_by_memcpy),
 		cmocka_unit_test(test_apply_failure_reaches_the_loop),
 		cmocka_unit_test(test_free_stops_it),
+		cmocka_unit_test(test_sparse_catch_up_no_copy),
+		cmocka_unit_test(test_sparse_catch_up_fails_copies),
+		cmocka_unit_test(test_sparse_wrong_parent_copies_and_applies_again),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -81,6 +81,44 @@ static void test_spare_slot_is_reused(void **state)
 	node_store_close(&s);
 }
 
+/* A tagged slot (what an activated version held) comes back by its tag
+ * with its bytes, and only by it; of two freed slots the spare keeps the
+ * larger tag (the later retired), whichever is freed first. */
+static void test_spare_slot_by_tag(void **state)
+{
+	struct node_store s;
+	struct node_slot *a, *b, *c;
+	struct proto_err err;
+
+	assert_int_equal(node_store_open("host", &s, &err), 0);
+	node_store_keep_spare(&s);
+	assert_int_equal(node_slot_new(&s, 1, 8192, &a, &err), 0);
+	assert_int_equal(node_slot_new(&s, 2, 8192, &b, &err), 0);
+	memset(a->host, 0x22, a->len);
+	a->tag = 7;
+	b->tag = 3;
+	uint8_t *mem = a->host;
+	node_slot_free(&s, b);
+	node_slot_free(&s, a); /* displaces b: a larger tag */
+	assert_int_equal(node_slot_reuse(&s, 3, 9, 8192, &c), -ENOENT);
+	assert_null(c);
+	assert_int_equal(node_slot_reuse(&s, 7, 9, 4096, &c), -ENOENT); /* another size */
+	assert_int_equal(node_slot_reuse(&s, 0, 9, 8192, &c), -ENOENT);
+	assert_int_equal(node_slot_reuse(&s, 7, 9, 8192, &c), 0);
+	assert_ptr_equal(c->host, mem);
+	assert_int_equal(c->host[100], 0x22);
+	assert_int_equal(c->version, 9);
+	assert_int_equal(c->tag, 0); /* the caller writes it now */
+	assert_int_equal(node_slot_reuse(&s, 7, 9, 8192, &b), -ENOENT); /* taken */
+	c->tag = 8;
+	node_slot_free(&s, c);
+	assert_int_equal(node_slot_new(&s, 10, 8192, &b, &err), 0); /* any spare as memory */
+	assert_ptr_equal(b->host, mem);
+	assert_int_equal(b->tag, 0);
+	node_slot_free(&s, b);
+	node_store_close(&s);
+}
+
 static void test_store_names(void **state)
 {
 	struct node_store s;
@@ -297,6 +335,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_host_slot_is_mappable),
 		cmocka_unit_test(test_spare_slot_is_reused),
+		cmocka_unit_test(test_spare_slot_by_tag),
 		cmocka_unit_test(test_store_names),
 		cmocka_unit_test(test_fold_matches_on_host),
 		cmocka_unit_test(test_cuda_store),
