@@ -718,12 +718,11 @@ static void ex_gather_start(struct node_pub *p)
 				 (unsigned long long)ex->version, ex->why, recycled,
 				 keep_raw ? pv->nparts : 0);
 	}
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	for (size_t i = 0; i < ex->njobs; i++) {
 		ex->jobs[i].part = &pv->parts[i];
 		ex->jobs[i].chunk_size = ex->chunk_size;
 		ex->jobs[i].delta = ex->delta;
-		ex->jobs[i].threads = (unsigned)PROTO_MAX(1, ncpu / (long)PROTO_MAX(ex->njobs, 1));
+		ex->jobs[i].threads = node__pub_delta_threads(ex->njobs);
 	}
 	ex_launch(p, JOB_GATHER);
 }

@@ -68,6 +68,10 @@
 	X(DELTA_CHUNK, "TESSERA_DELTA_CHUNK", 1u << 22, "elements per delta chunk") \
 	/* zstd level of delta streams (see proto/delta.h for the measurements). */ \
 	X(DELTA_LEVEL, "TESSERA_DELTA_LEVEL", 1, "zstd level of delta streams") \
+	/* Threads a publisher encodes each parcel's delta on (its chunks \
+	 * spread over them); 0: the online CPUs shared by the trainer ranks \
+	 * encoding at once, at least one, at most 8. */ \
+	X(DELTA_THREADS, "TESSERA_DELTA_THREADS", 0, "publisher: threads per parcel delta encode (0: CPUs / ranks)") \
 	/* A node that has waited this long (for the tracker, a first version, \
 	 * the rest of its replica) says so at the default log level, then at \
 	 * most once per this period while the wait lasts. */ \
