@@ -110,6 +110,12 @@
 	/* How often a node reads each swarm peer's have-page (proto/have.h) \
 	 * while it still needs chunks of that parcel. */ \
 	X(HAVE_POLL_MS, "TESSERA_HAVE_POLL_MS", 100, "have-page read period per swarm peer, ms") \
+	/* A parcel with nothing of ours in flight and chunks left that no \
+	 * peer holds yet (a peer is on them) reads its peers' have-pages this \
+	 * often instead, so a chunk verified at one peer reaches the next \
+	 * within about this, not a whole poll period (a delta's few chunks \
+	 * cross the swarm in hops). */ \
+	X(HAVE_CHASE_MS, "TESSERA_HAVE_CHASE_MS", 5, "have-page read period while a parcel waits on its peers, ms") \
 	/* Reads a node keeps in flight to one peer at most (its upload budget \
 	 * as the peer sees it: a reader never queues more on a peer's link). */ \
 	X(PEER_INFLIGHT, "TESSERA_PEER_INFLIGHT", 4, "most chunk reads in flight to one peer") \
