@@ -169,6 +169,10 @@ void agent_on_verified_report(const struct trk_answer *ans, void *arg)
 	agent_follow_target(a, json_is_integer(t) ? (uint64_t)json_integer_value(t) : f->version,
 			    json_is_true(json_object_get(ans->json, "replica_complete")),
 			    json_object_get(ans->json, "statements"));
+	/* Still waiting for the rest of the replica: ask again soon, not at
+	 * the sync period armed before the verification. */
+	if (a->fetch == f && f->verified)
+		agent_arm(a->sync_ev, agent_sync_period(a));
 }
 
 /*
@@ -221,6 +225,7 @@ void agent_verified(struct node_agent *a)
 		return;
 
 	f->verified = true;
+	f->verified_ms = agent_now_ms();
 	f->reported_verified = true;
 	LOG_INFO("node %s: v%" PRIu64 " verified in %" PRIu64 " ms", a->node_id, f->version,
 		 agent_now_ms() - f->started_ms);

@@ -50,7 +50,8 @@
 #define SOURCES_MIN_MS 300  /* least time between two /sources for a parcel */
 #define BAD_SOURCE_MS 2000  /* a failed source rests this long */
 #define REPORT_MS 500       /* progress reports while fetching */
-#define REPLICA_POLL_MS 100 /* waiting for the rest of the replica */
+#define REPLICA_POLL_MS 100 /* waiting for the rest of the replica, at most */
+#define REPLICA_POLL_MIN_MS 10 /* ... and at first (a quarter of the wait so far) */
 #define SYNC_MS 200         /* asking the tracker for the replica's target */
 #define FAILED_RETRY_MS 2000 /* a version we gave up on is tried again after */
 #define WINDOW_MIN_CHUNKS 2 /* least read window per source, chunks */
@@ -210,6 +211,7 @@ struct agent_fetch {
 	uint64_t first_byte_ms, last_byte_ms; /* wall clock: chunks landed */
 	uint64_t first_post_ms;
 	bool verified, reported_verified;
+	uint64_t verified_ms; /* when verified: the replica wait polls from then */
 	/* The activation record could not be written: not active, and why. */
 	char expose_error[512];
 	/* Why the tracker's last claim that the replica is complete did not
@@ -349,6 +351,7 @@ struct node_agent {
 	struct agent_rotation *rot, *standby_rot;
 	uint64_t slot_tags;
 	uint32_t standby_tries;
+	struct event *chase_ev; /* have-pages read again soon (agent_swarm.c) */
 	/* The chain being replayed (agent_chain.c), or NULL; whether a
 	 * planning request of one is on its way (its answer is awaited even
 	 * when the chain is gone); the target a replay failed for. */
@@ -437,6 +440,8 @@ void agent_follow_target(struct node_agent *a, uint64_t t, bool complete, json_t
 
 bool agent_replica_backed(struct node_agent *a, json_t *statements);
 
+/* The sync timer's next period (faster while verified and waiting). */
+uint64_t agent_sync_period(const struct node_agent *a);
 void agent_sync_now(struct node_agent *a);
 
 void agent_on_sync_timer(evutil_socket_t fd, short what, void *arg);

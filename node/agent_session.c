@@ -195,12 +195,31 @@ void agent_sync_now(struct node_agent *a)
 		a->syncing = true;
 }
 
+/*
+ * How soon to ask again for the replica: a verified rank waits for its
+ * siblings, who mostly verify within a few ms of it (the same delta, the
+ * same bytes), so it asks after a quarter of what it has waited so far,
+ * REPLICA_POLL_MIN_MS at first and REPLICA_POLL_MS at most: a switch then
+ * follows the last sibling's verification by ~a quarter of the wait, not
+ * by up to a whole period, and a long wait costs the tracker no more than
+ * the fixed period did.
+ */
+uint64_t agent_sync_period(const struct node_agent *a)
+{
+	const struct agent_fetch *f = a->fetch;
+
+	if (f == NULL || !f->verified)
+		return SYNC_MS;
+	return PROTO_MAX(REPLICA_POLL_MIN_MS,
+			 PROTO_MIN(REPLICA_POLL_MS, (agent_now_ms() - f->verified_ms) / 4));
+}
+
 void agent_on_sync_timer(evutil_socket_t fd, short what, void *arg)
 {
 	struct node_agent *a = arg;
 
 	agent_sync_now(a);
-	agent_arm(a->sync_ev, a->fetch != NULL && a->fetch->verified ? REPLICA_POLL_MS : SYNC_MS);
+	agent_arm(a->sync_ev, agent_sync_period(a));
 }
 
 static void on_watch(const struct trk_answer *ans, void *arg)

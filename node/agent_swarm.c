@@ -24,7 +24,12 @@
  *
  * Members learn what the others hold by reading their have-pages over the
  * fabric every TESSERA_HAVE_POLL_MS (one-sided reads: no receive buffers,
- * nothing a stranger can push). Chunk choice, per parcel:
+ * nothing a stranger can push); a parcel that waits on its peers alone
+ * (nothing of ours in flight, a chunk left that a peer is fetching) reads
+ * the pages of the peers fetching it every TESSERA_HAVE_CHASE_MS instead,
+ * on a timer of its own, so that each hop of a chunk across the swarm
+ * costs a few ms, not up to a poll period and a tick (a delta's few
+ * chunks cross the swarm in hops). Chunk choice, per parcel:
  *   1. rarest first among chunks some usable peer holds (fewest holders;
  *      among equals the first from our own starting point), from a holder
  *      with room (at most TESSERA_PEER_INFLIGHT reads per peer);
@@ -106,6 +111,9 @@ int agent_swarm_init(struct node_agent *a)
 
 void agent_swarm_fini(struct node_agent *a)
 {
+	if (a->chase_ev != NULL)
+		event_free(a->chase_ev);
+	a->chase_ev = NULL;
 	agent_fetch_free(a, a->kept);
 	a->kept = NULL;
 	/* The endpoint is closed (it closed the pool's region). */
@@ -507,6 +515,7 @@ static void recount(struct agent_fetch *f, struct agent_parcel *p)
 }
 
 static void poll_haves(struct node_agent *a, struct agent_fetch *f, uint32_t pi, uint64_t now);
+static void chase_arm(struct node_agent *a);
 
 void agent_swarm_recount(struct node_agent *a, uint32_t pi)
 {
@@ -569,6 +578,7 @@ static void on_have(struct fab_op *op, int status)
 	}
 	recount(f, p);
 	agent_pump(a);
+	chase_arm(a);
 }
 
 static struct agent_have_read *free_have_read(struct node_agent *a)
@@ -579,18 +589,96 @@ static struct agent_have_read *free_have_read(struct node_agent *a)
 	return NULL;
 }
 
+/* Whether the parcel waits on its peers alone: none of our reads of it in
+ * flight, and at most CHASE_LEFT chunks left that no peer holds yet, a
+ * peer fetching or owning each (the end of a parcel: all of a delta's). The
+ * pages of those peers are then read every HAVE_CHASE_MS: the chunk is on
+ * its way to them. Bounded so that a big parcel's idle readers do not read
+ * every owner's page at that rate for seconds. */
+#define CHASE_LEFT 4
+
+static bool waits_on_peers(const struct agent_parcel *p)
+{
+	uint32_t left = 0;
+
+	for (uint32_t c = 0; c < p->mp->nchunks; c++) {
+		if (p->state[c] == 1)
+			return false;
+		if (p->state[c] != 0 || p->avail[c] != 0)
+			continue;
+		if ((!p->peer_busy[c] && p->mine[c]) || ++left > CHASE_LEFT)
+			return false; /* ours to take from a publisher, or too many */
+	}
+	return left > 0;
+}
+
+/* Whether s fetches (its last page's busy bits) or owns a chunk we wait for. */
+static bool fetches_ours(const struct agent_parcel *p, const struct agent_source *s)
+{
+	uint32_t n = p->mp->nchunks, bl = (n + 7) / 8;
+
+	for (uint32_t c = 0; c < n; c++) {
+		if (p->state[c] != 0 || p->avail[c] != 0)
+			continue;
+		if ((s->have != NULL && proto_have_bit(s->have + bl, c)) ||
+		    (p->owner[c] < p->nmembers && strcmp(p->members[p->owner[c]], s->info.id) == 0))
+			return true;
+	}
+	return false;
+}
+
+static void on_chase(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+	uint64_t now = agent_now_ms();
+
+	(void)fd;
+	(void)what;
+	if (!a->fanout || f == NULL || f->parcels == NULL || f->verified)
+		return;
+	for (uint32_t pi = 0; pi < f->nparcels; pi++)
+		poll_haves(a, f, pi, now);
+	node_fabloop_kick(a->fl);
+	chase_arm(a);
+}
+
+/* Arms the chase timer while a parcel waits on its peers. */
+static void chase_arm(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+	bool waits = false;
+
+	if (!a->fanout || f == NULL || f->parcels == NULL || f->verified)
+		return;
+	for (uint32_t pi = 0; pi < f->nparcels && !waits; pi++)
+		waits = f->parcels[pi].done < f->parcels[pi].mp->nchunks &&
+			waits_on_peers(&f->parcels[pi]);
+	if (!waits)
+		return;
+	if (a->chase_ev == NULL && (a->chase_ev = evtimer_new(a->base, on_chase, a)) == NULL)
+		return; /* the tick polls them, as ever */
+	if (!evtimer_pending(a->chase_ev, NULL))
+		agent_arm(a->chase_ev, proto_param(PROTO_PARAM_HAVE_CHASE_MS));
+}
+
 /* Reads the have-pages of the parcel's peers that are due. */
 static void poll_haves(struct node_agent *a, struct agent_fetch *f, uint32_t pi, uint64_t now)
 {
 	struct agent_parcel *p = &f->parcels[pi];
 	uint32_t n = p->mp->nchunks;
-	uint64_t period = proto_param(PROTO_PARAM_HAVE_POLL_MS);
+	uint64_t slow = proto_param(PROTO_PARAM_HAVE_POLL_MS), period;
+	bool chase;
 
 	if (p->done == n || proto_have_bytes(n) > HAVE_SLOT_MAX)
 		return;
+	chase = waits_on_peers(p);
 	for (size_t k = 0; k < p->nsrcs; k++) {
 		struct agent_source *s = &p->srcs[k];
 		struct agent_have_read *hr;
+		period = chase && fetches_ours(p, s)
+				 ? PROTO_MIN(slow, proto_param(PROTO_PARAM_HAVE_CHASE_MS))
+				 : slow;
 		if (!s->info.peer || s->self || s->have_busy || now - s->have_ms < period ||
 		    s->bad_until_ms > now || agent_swarm_banned(f, s->info.id))
 			continue;
@@ -636,6 +724,7 @@ void agent_swarm_tick(struct node_agent *a)
 		poll_haves(a, f, pi, now);
 	}
 	node_fabloop_kick(a->fl);
+	chase_arm(a);
 }
 
 /* ---- chunk choice ---------------------------------------------------------- */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "proto/delta.h"
 
@@ -95,6 +96,16 @@ static bool too_dense(const uint8_t *parent, const uint8_t *child, uint64_t len)
 		for (unsigned k = 0; k < 64; k += 2, seen++)
 			diff += memcmp(parent + o + k, child + o + k, 2) != 0;
 	return seen > 0 && diff * 100 > seen * 2 * proto_param(PROTO_PARAM_DELTA_MAX_PERCENT);
+}
+
+unsigned node__pub_delta_threads(size_t nranks)
+{
+	uint64_t n = proto_param(PROTO_PARAM_DELTA_THREADS);
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+
+	if (n == 0)
+		n = (uint64_t)PROTO_MAX(1, ncpu) / PROTO_MAX(nranks, 1);
+	return (unsigned)PROTO_MAX(1, PROTO_MIN(n, 8u));
 }
 
 void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct pub_item *it,

@@ -176,8 +176,9 @@ static void job_gather(struct pub_job *j)
 
 	j->encode_ns = 0;
 	if (j->restore) {
-		j->restored = j->nrs > 0 && node__pub_addendum_restore(p, j->rank, j->rs, j->nrs, pt,
-									j->block, p->block_cap[j->rank]);
+		j->restored = p->trainer && j->nrs > 0 &&
+			      node__pub_addendum_restore(p, j->rank, j->rs, j->nrs, pt, j->block,
+							 p->block_cap[j->rank]);
 		if (!j->restored)
 			node__pub_source_fill(p, j->rank, j->version, j->block);
 	}
@@ -747,18 +748,20 @@ static void ex_gather_start(struct node_pub *p)
 				 (unsigned long long)ex->version, ex->why, recycled,
 				 keep_raw ? pv->nparts : 0);
 	}
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	for (size_t i = 0; i < ex->njobs; i++) {
 		struct pub_job *j = &ex->jobs[i];
 		j->part = &pv->parts[i];
 		j->chunk_size = ex->chunk_size;
 		j->delta = ex->delta;
-		j->threads = (unsigned)PROTO_MAX(1, ncpu / (long)PROTO_MAX(ex->njobs, 1));
-		/* An addendum takes no snapshot: its new parcels are gathered
-		 * from the version as served (the source may have moved on:
-		 * a trainer's buffers hold its next weights by now). */
+		j->threads = node__pub_delta_threads(ex->njobs);
+		/* An addendum takes no snapshot. A trainer's buffers hold its
+		 * next weights by now, so its new parcels are gathered from
+		 * the version as served; a synthetic or file source still
+		 * gives the version itself, and faster (nothing to put back
+		 * together from parcels), so it is read again. */
 		j->restore = ex->addendum;
-		if (j->restore && node__pub_addendum_sources(p, ex->version, j->rank, &j->rs, &j->nrs) != 0)
+		if (j->restore && p->trainer &&
+		    node__pub_addendum_sources(p, ex->version, j->rank, &j->rs, &j->nrs) != 0)
 			LOG_WARN("version %llu: out of memory listing rank %u's served parcels; "
 				 "rebuilding it from the source",
 				 (unsigned long long)ex->version, j->rank);

@@ -389,6 +389,9 @@ const char *node__pub_delta_why_anchor(struct node_pub *p, struct pub_export *ex
 /* Points every item of ex at its parcel in the parent export; false when
  * one is missing (then ex must be an anchor). */
 bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex);
+/* Threads each parcel's delta encode runs on when nranks trainer ranks
+ * encode at once (TESSERA_DELTA_THREADS). Cannot fail. */
+unsigned node__pub_delta_threads(size_t nranks);
 /* Worker: encodes one gathered item of pt against its parent and hashes
  * the delta's chunks. Cannot fail: the item's enc_rc says how it went. */
 void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct pub_item *it,

@@ -71,7 +71,12 @@
  * back byte for byte as they were.
  *
  * Cost (make bench-delta: 1 GiB BF16, 1.6 % changed, 2-core VM): 1.15
- * bytes per change (1.24 at 1.0 %), encode ~95 ns per change on one core,
+ * bytes per change (1.24 at 1.0 %), encode ~95 ns per change on one core
+ * (the scan now compares 64-byte blocks into a mask and visits only the
+ * changed elements: on a 256 MiB synth pair in memory, ~75 ns of CPU per
+ * change against ~110 with a branch per element, medians of three paired
+ * runs, so ~0.67 s of CPU per GiB of BF16 at 1.6 % changed on one thread;
+ * a memcpy of the same bytes takes ~0.12 s),
  * apply ~9 ns per change on one core (~6 on two). Apply is bound by memory,
  * not by decoding: 39 % of the model's cache lines hold a change, and a
  * prefetched read-modify-write of exactly those positions already costs

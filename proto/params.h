@@ -68,6 +68,10 @@
 	X(DELTA_CHUNK, "TESSERA_DELTA_CHUNK", 1u << 22, "elements per delta chunk") \
 	/* zstd level of delta streams (see proto/delta.h for the measurements). */ \
 	X(DELTA_LEVEL, "TESSERA_DELTA_LEVEL", 1, "zstd level of delta streams") \
+	/* Threads a publisher encodes each parcel's delta on (its chunks \
+	 * spread over them); 0: the online CPUs shared by the trainer ranks \
+	 * encoding at once, at least one, at most 8. */ \
+	X(DELTA_THREADS, "TESSERA_DELTA_THREADS", 0, "publisher: threads per parcel delta encode (0: CPUs / ranks)") \
 	/* A node that has waited this long (for the tracker, a first version, \
 	 * the rest of its replica) says so at the default log level, then at \
 	 * most once per this period while the wait lasts. */ \
@@ -106,6 +110,12 @@
 	/* How often a node reads each swarm peer's have-page (proto/have.h) \
 	 * while it still needs chunks of that parcel. */ \
 	X(HAVE_POLL_MS, "TESSERA_HAVE_POLL_MS", 100, "have-page read period per swarm peer, ms") \
+	/* A parcel with nothing of ours in flight and chunks left that no \
+	 * peer holds yet (a peer is on them) reads its peers' have-pages this \
+	 * often instead, so a chunk verified at one peer reaches the next \
+	 * within about this, not a whole poll period (a delta's few chunks \
+	 * cross the swarm in hops). */ \
+	X(HAVE_CHASE_MS, "TESSERA_HAVE_CHASE_MS", 5, "have-page read period while a parcel waits on its peers, ms") \
 	/* Reads a node keeps in flight to one peer at most (its upload budget \
 	 * as the peer sees it: a reader never queues more on a peer's link). */ \
 	X(PEER_INFLIGHT, "TESSERA_PEER_INFLIGHT", 4, "most chunk reads in flight to one peer") \

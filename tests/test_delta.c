@@ -283,6 +283,69 @@ static void test_threads(void **state)
 	fz_free(&c);
 }
 
+/* Encodes p -> c on th threads; the delta's bytes. */
+static uint8_t *encode_on(const struct fz_version *p, const struct fz_version *c, uint32_t chunk,
+			  unsigned th, size_t *len)
+{
+	struct proto_delta_version vp = {&p->m, p->header, p->header_len,
+					 (const uint8_t *const *)p->data, NULL};
+	struct proto_delta_version vc = {&c->m, c->header, c->header_len,
+					 (const uint8_t *const *)c->data, NULL};
+	struct proto_delta_opts o = {.chunk_elems = chunk, .threads = th};
+	struct proto_err err = {{0}};
+	uint8_t *buf = NULL;
+
+	if (proto_delta_encode(&vp, &vc, &o, &buf, len, NULL, &err) != 0)
+		fail_msg("encode on %u threads: %s", th, err.msg);
+	return buf;
+}
+
+/*
+ * Encoding on 1..8 threads gives the same bytes, and they decode bit-exact:
+ * odd tensor sizes (no whole 64-byte block at the end), changes on both
+ * sides of every chunk boundary (where one thread's range ends and the
+ * next one's starts), a change at every byte of a 64-byte block and of each
+ * element width (the block scan's masks), one in the last element.
+ */
+static void test_threads_ranges(void **state)
+{
+	struct tspec ts[] = {{"bf", PROTO_DT_BF16, 3 * 1000 + 7}, {"f32", PROTO_DT_FP32, 2 * 1000 + 3},
+			     {"u8", PROTO_DT_U8, 5 * 1000 + 1},   {"f64", PROTO_DT_FP64, 1000 + 13},
+			     {"one", PROTO_DT_BF16, 1}};
+	const uint32_t chunk = 1000;
+	struct fz_version p, c;
+	size_t len1, len;
+
+	(void)state;
+	mkver(&p, ts, 5);
+	fill_random(&p, 21);
+	clone(&c, &p);
+	for (uint32_t t = 0; t < 4; t++) {
+		size_t w = proto_dtype_size(ts[t].dt), nb = c.m.tensors[t].nbytes;
+		for (uint64_t b = chunk; b < ts[t].n; b += chunk) /* chunk boundaries */
+			for (uint64_t e = b - 1; e <= b + 1 && e < ts[t].n; e++)
+				c.data[t][e * w + (e % w)] ^= 0x10;
+		for (size_t q = 0; q < 64; q++) /* every byte of the second block */
+			c.data[t][64 + q] ^= (uint8_t)(1u << (q % 8));
+		for (size_t q = 0; q < w; q++) /* only the top byte of one element */
+			c.data[t][256 + q] ^= q + 1 == w ? 0x80 : 0;
+		c.data[t][nb - 1] ^= 0x01; /* the last element's last byte */
+	}
+	c.data[4][1] ^= 0x40;
+	resum(&c);
+	uint8_t *one = encode_on(&p, &c, chunk, 1, &len1);
+	for (unsigned th = 1; th <= 8; th++) {
+		uint8_t *d = encode_on(&p, &c, chunk, th, &len);
+		assert_int_equal(len, len1);
+		assert_memory_equal(d, one, len1);
+		free(d);
+		roundtrip(&p, &c, chunk, th, NULL);
+	}
+	free(one);
+	fz_free(&p);
+	fz_free(&c);
+}
+
 /* Tensors added, dropped, retyped, reshaped; a different header. */
 static void test_tensor_set_changes(void **state)
 {
@@ -950,6 +1013,7 @@ int main(void)
 		cmocka_unit_test(test_densities),
 		cmocka_unit_test(test_gaps),
 		cmocka_unit_test(test_threads),
+		cmocka_unit_test(test_threads_ranges),
 		cmocka_unit_test(test_tensor_set_changes),
 		cmocka_unit_test(test_wrong_parent),
 		cmocka_unit_test(test_truncation),

@@ -287,6 +287,10 @@ int main(int argc, char **argv)
 		       enc / (double)k);
 		printf("  encode, 2 threads       %9.1f ms  %7.1f ns/change\n", enc2 / 1e6,
 		       enc2 / (double)k);
+		printf("  encode per GiB          %9.2f s/GiB (1 thread), %.2f (2 threads); a memcpy of "
+		       "the model %.2f s/GiB: encode / memcpy %.1f (2 threads: %.1f)\n",
+		       enc / 1e9 / ((double)total / (1 << 30)), enc2 / 1e9 / ((double)total / (1 << 30)),
+		       cp / 1e9 / ((double)total / (1 << 30)), enc / cp, enc2 / cp);
 		printf("  apply, 1 thread         %9.1f ms  %7.1f ns/change   goal <= 15: %s\n",
 		       a1 / 1e6, a1 / (double)k, verdict(a1 / (double)k <= 15));
 		printf("  apply, 2 threads        %9.1f ms  %7.1f ns/change\n", a2 / 1e6,
