@@ -2,16 +2,26 @@
  * the switch of the served slot. */
 #include "node/agent_internal.h"
 
+#include "node/expose.h"
+
 /*
  * The activation record, <expose>/<replica>-<rank>.json: what a serving
  * process reads to find the served slot. A node is active on a version only
  * once that record names it; when it cannot be written the old version stays
- * the served one and the node reports the reason as a failure.
+ * the served one and the node reports the reason as a failure. It names
+ * this process's memory: the node removes it when it stops
+ * (agent_unexpose), and readers refuse one left by a node that died
+ * (node/expose.h).
  */
-int agent_write_expose(struct node_agent *a, struct node_slot *slot, const uint8_t *digest,
-		       struct proto_err *err)
+static void expose_path(const struct node_agent *a, char *path, size_t len)
 {
-	char path[4096];
+	snprintf(path, len, "%s/%s-%u.json", a->o.expose_dir, a->o.replica, a->o.rank);
+}
+
+int agent_write_expose(struct node_agent *a, struct node_slot *slot, const uint8_t *digest,
+		       bool durable, struct proto_err *err)
+{
+	char path[4096], *txt = NULL;
 	json_t *o, *locals;
 	int rc = -ENOMEM;
 
@@ -47,12 +57,43 @@ int agent_write_expose(struct node_agent *a, struct node_slot *slot, const uint8
 	locals = NULL;
 	if (a->attach != NULL)
 		json_object_set_new(o, "attach", json_string(node_attach_path(a->attach)));
-	snprintf(path, sizeof(path), "%s/%s-%u.json", a->o.expose_dir, a->o.replica, a->o.rank);
-	rc = proto_write_json_atomic(path, o, JSON_COMPACT, err);
+	expose_path(a, path, sizeof(path));
+	if ((txt = json_dumps(o, JSON_COMPACT)) == NULL)
+		rc = proto_errf(err, ENOMEM, "%s: out of memory", path);
+	else if (durable)
+		rc = proto_write_file_atomic(path, txt, strlen(txt), 0644, err);
+	else
+		rc = proto_write_file_visible(path, txt, strlen(txt), 0644, err);
 out:
+	free(txt);
 	json_decref(locals);
 	json_decref(o);
 	return rc;
+}
+
+void agent_sync_expose(struct node_agent *a)
+{
+	char path[4096];
+	struct proto_err err;
+
+	if (a->o.expose_dir == NULL)
+		return;
+	expose_path(a, path, sizeof(path));
+	if (proto_sync_file(path, &err) != 0)
+		LOG_WARN("node %s: the activation record is in place but not on disk: %s", a->node_id,
+			 err.msg);
+}
+
+void agent_unexpose(struct node_agent *a)
+{
+	char path[4096];
+	struct proto_err err;
+
+	if (a->o.expose_dir == NULL || a->active == NULL)
+		return;
+	expose_path(a, path, sizeof(path));
+	if (node_expose_remove(path, getpid(), &err) != 0)
+		LOG_WARN("node %s: %s", a->node_id, err.msg);
 }
 
 /* The activation record can be written now: a probe file in the expose
@@ -103,7 +144,7 @@ void agent_activate(struct node_agent *a)
 		agent_fetch_fail(a, "activation: %s", err.msg);
 		return;
 	}
-	if (agent_write_expose(a, f->slot, f->man.digest, &err) != 0) {
+	if (agent_write_expose(a, f->slot, f->man.digest, true, &err) != 0) {
 		agent_expose_blocked(a, "cannot write the activation record", &err);
 		return;
 	}

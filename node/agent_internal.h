@@ -291,7 +291,6 @@ struct node_agent {
 	bool installing;
 	uint64_t inplace_version, inplace_t0_ns;
 	struct agent_inplace_prep *inplace_prep; /* a delta's, until it is written */
-	uint32_t inplace_nprep;
 	bool inplace_broken;
 
 	/* Verified parent links: the last manifest we accepted. */
@@ -378,9 +377,16 @@ int agent_probe_expose(struct node_agent *a, struct proto_err *err);
 void agent_expose_blocked(struct node_agent *a, const char *what, const struct proto_err *err);
 
 void agent_activate(struct node_agent *a);
-/* The activation record of slot (at digest); 0 or an error in err. */
+/* The activation record of slot (at digest); 0 or an error in err.
+ * durable: fsync'ed before it is renamed into place; else only visible,
+ * durable after agent_sync_expose (agent_inplace.c says why). */
 int agent_write_expose(struct node_agent *a, struct node_slot *slot, const uint8_t *digest,
-		       struct proto_err *err);
+		       bool durable, struct proto_err *err);
+/* fsyncs the record agent_write_expose made visible (a failure is logged). */
+void agent_sync_expose(struct node_agent *a);
+/* Removes the record when it names this process (the node stops: the
+ * memory it names goes with it); a failure is logged. */
+void agent_unexpose(struct node_agent *a);
 /* a->active serves a->fetch's version now (old: the slot served before; the
  * same slot when it was written in place): report, metrics, attach, the
  * fetch ends. */

@@ -6,6 +6,7 @@
 #include <jansson.h>
 #include <sodium.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,8 +110,8 @@ fail:
 	return rc;
 }
 
-int proto_write_file_atomic(const char *path, const void *buf, size_t len,
-			    mode_t mode, struct proto_err *err)
+static int write_atomic(const char *path, const void *buf, size_t len, mode_t mode, bool sync,
+			struct proto_err *err)
 {
 	char tmp[4096];
 	const uint8_t *p = buf;
@@ -133,7 +134,7 @@ int proto_write_file_atomic(const char *path, const void *buf, size_t len,
 		p += n;
 		len -= (size_t)n;
 	}
-	if (fsync(fd) != 0 || close(fd) != 0) {
+	if ((sync && fsync(fd) != 0) || close(fd) != 0) {
 		fd = -1;
 		rc = proto_errf(err, errno, "%s: %s", tmp, strerror(errno));
 		goto fail;
@@ -148,6 +149,41 @@ fail:
 	if (fd >= 0)
 		close(fd);
 	unlink(tmp);
+	return rc;
+}
+
+int proto_write_file_atomic(const char *path, const void *buf, size_t len, mode_t mode,
+			    struct proto_err *err)
+{
+	return write_atomic(path, buf, len, mode, true, err);
+}
+
+int proto_write_file_visible(const char *path, const void *buf, size_t len, mode_t mode,
+			     struct proto_err *err)
+{
+	return write_atomic(path, buf, len, mode, false, err);
+}
+
+int proto_sync_file(const char *path, struct proto_err *err)
+{
+	char dir[4096];
+	const char *slash = strrchr(path, '/');
+	int rc = 0;
+
+	if (slash == NULL)
+		snprintf(dir, sizeof(dir), ".");
+	else if (snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path) >= (int)sizeof(dir))
+		return proto_errf(err, ENAMETOOLONG, "%s: path too long", path);
+	if (dir[0] == 0)
+		snprintf(dir, sizeof(dir), "/");
+	const char *which[2] = {path, dir};
+	for (int i = 0; i < 2 && rc == 0; i++) {
+		int fd = open(which[i], O_RDONLY | O_CLOEXEC);
+		if (fd < 0 || fsync(fd) != 0)
+			rc = proto_errf(err, errno, "%s: %s", which[i], strerror(errno));
+		if (fd >= 0)
+			close(fd);
+	}
 	return rc;
 }
 
