@@ -16,17 +16,18 @@
  *      an anchor by a copy from its staging slot; a CUDA store scatters the
  *      same changes into its device copy (node_slot_activate_patched) where
  *      it would otherwise upload the whole slot;
- *   4. the activation record is written (renamed into place, not yet
- *      fsync'ed: see record_visible) and admission resumes: clients are
- *      sent the new version, waiting acquires get it.
+ *   4. admission resumes: clients are sent the new version, waiting
+ *      acquires get it; then the activation record, written beside it
+ *      before step 1, is renamed into place (see record_after_resume).
  * Everything else happens before step 1, while the slot still serves the
  * parent: the parent's checksums are read, the delta is decoded, the old
  * bytes at its positions read, every piece's child checksum verified and
- * the pages to write mapped writable (proto/dpatch.h); the slot is
+ * the pages to write mapped writable (proto/dpatch.h); the new activation
+ * record is written (its activated_ms: when admission paused); the slot is
  * withdrawn from readers of other layouts. So the pause is the stores, the
- * slot's activation and the record's rename; what the install no longer
- * needs (the record's fsync, the prepared changes, their threads, the wire
- * bytes, an anchor's staging slot) comes after admission resumed.
+ * slot's activation; the record's rename and fsync and what the install
+ * no longer needs (the prepared changes, their threads, the wire bytes, an
+ * anchor's staging slot) come after admission resumed.
  * A delta that does not verify against the served parent pauses admission
  * all the same (the replica committed to the version: its other ranks
  * switch, this one must not serve the old version beside them), and so
@@ -152,21 +153,37 @@ static int activate_written(struct node_agent *a, struct agent_fetch *f, struct 
 }
 
 /*
- * The activation record in the pause is only made visible (written and
- * renamed into place); its fsync comes after admission resumed
- * (agent_sync_expose). Visible before resuming: a serving process told the
- * new version by the attach socket that reads the record then finds the
- * same version in it. Durable after: the fsync guards the record against a
- * machine crash only, and what it names (the slot's memfd in this
- * process's memory) does not outlive the machine either, so a record lost
- * or torn by a crash costs nothing a record kept whole would not (both
- * name memory that is gone; readers refuse such a record as stale,
- * node/expose.h). The tracker hears of the activation after the fsync.
+ * The activation record is written and fsync'ed beside the record before
+ * the pause and renamed into place right after admission resumed, then
+ * the directory fsync'ed: no file system call in the pause (on a busy
+ * ext4 even a rename waits milliseconds for the journal). Correctness does
+ * not need the record inside the pause. What a request runs on comes from
+ * the attach socket (its pin and version); the record is a description
+ * for processes that map the slot without the socket, which take no pins
+ * and so had no guarantee during the writes either (the record named the
+ * old version all through the pause). Whoever learns of the activation
+ * from the tracker finds the record naming it: the node reports after the
+ * rename and its fsync (agent_activated). Written before the pause, a
+ * record that cannot be written stops the install while the old version
+ * still serves, as for a double-buffered switch; a rename that fails after
+ * the writes (the directory was writable a moment before) removes the
+ * record rather than leave it naming the old version, and is logged. The
+ * fsync guards against a crash of the machine alone, after which what the
+ * record names (the slot's memfd, this process's memory) is gone anyway.
  */
-static int record_visible(struct node_agent *a, struct agent_fetch *f, struct node_slot *s,
-			  struct proto_err *err)
+static void record_after_resume(struct node_agent *a, struct agent_fetch *f)
 {
-	return agent_write_expose(a, s, f->man.digest, false, err);
+	struct proto_err err;
+
+	if (agent_commit_expose(a, &err) != 0) {
+		LOG_ERR("node %s: v%" PRIu64 " serves, but its activation record could not be put in "
+			"place: %s; the old record is removed",
+			a->node_id, f->version, err.msg);
+		agent_unstage_expose(a);
+		agent_unexpose(a);
+		return;
+	}
+	agent_sync_expose(a);
 }
 
 /* f cannot be installed: admission stays paused until a complete version
@@ -186,7 +203,6 @@ static void fail_paused(struct node_agent *a, struct agent_fetch *f, const struc
  * and their threads, the delta's wire bytes, an anchor's staging slot. */
 static void after_pause(struct node_agent *a, struct agent_fetch *f)
 {
-	agent_sync_expose(a);
 	prep_free(a);
 	for (uint32_t i = 0; f->delta && i < f->nparcels; i++) {
 		free(f->parcels[i].wire);
@@ -202,7 +218,7 @@ static void install(struct node_agent *a)
 {
 	struct agent_fetch *f = a->fetch;
 	struct node_slot *s = a->active;
-	uint64_t t_write = proto_now_ns(), t_activate, t_record, t_resume;
+	uint64_t t_write = proto_now_ns(), t_activate, t_resume;
 	struct proto_err err = {{0}};
 	int rc;
 
@@ -210,6 +226,7 @@ static void install(struct node_agent *a)
 	event_del(a->inplace_ev);
 	if (f == NULL || f->version != a->inplace_version || !f->verified) {
 		prep_free(a);
+		agent_unstage_expose(a);
 		/* The version went away before anything was written. */
 		LOG_INFO("node %s: v%" PRIu64 " no longer installed in place; serving goes on",
 			 a->node_id, a->inplace_version);
@@ -219,15 +236,13 @@ static void install(struct node_agent *a)
 		}
 		return;
 	}
-	/* The pause: the stores, the slot's activation, the record, resume. */
+	/* The pause: the stores, the slot's activation, resume. */
 	rc = write_version(a, f, s, &err);
 	t_activate = proto_now_ns();
 	if (rc == 0)
 		rc = activate_written(a, f, s, &err);
-	t_record = proto_now_ns();
-	if (rc == 0)
-		rc = record_visible(a, f, s, &err);
 	if (rc != 0) {
+		agent_unstage_expose(a);
 		prep_free(a);
 		fail_paused(a, f, &err);
 		return;
@@ -236,17 +251,19 @@ static void install(struct node_agent *a)
 	t_resume = proto_now_ns();
 	node_attach_resume(a->attach, s, f->man.digest); /* agent_activated does not again */
 	uint64_t now = proto_now_ns();
+	record_after_resume(a, f);
+	uint64_t t_recorded = proto_now_ns();
 	after_pause(a, f);
 	if (f->delta)
 		node_metrics_add(a->am.m, a->am.delta_versions, 1);
 	LOG_INFO("node %s: v%" PRIu64 " installed in place (%s): admission paused %.2f ms "
-		 "(drain %.2f ms, write %.2f ms, store activation %.2f ms, activation record "
-		 "%.2f ms, resume %.2f ms; %.2f ms outside the drain)",
+		 "(drain %.2f ms, write %.2f ms, store activation %.2f ms, resume %.2f ms; "
+		 "%.2f ms outside the drain); activation record in place %.2f ms after",
 		 a->node_id, f->version, f->delta ? "delta" : "full copy",
 		 (double)(now - a->inplace_t0_ns) / 1e6, (double)(t_write - a->inplace_t0_ns) / 1e6,
-		 (double)(t_activate - t_write) / 1e6, (double)(t_record - t_activate) / 1e6,
-		 (double)(t_resume - t_record) / 1e6, (double)(now - t_resume) / 1e6,
-		 (double)(now - t_write) / 1e6);
+		 (double)(t_activate - t_write) / 1e6, (double)(t_resume - t_activate) / 1e6,
+		 (double)(now - t_resume) / 1e6, (double)(now - t_write) / 1e6,
+		 (double)(t_recorded - now) / 1e6);
 	agent_activated(a, s);
 }
 
@@ -293,6 +310,11 @@ void agent_inplace_start(struct node_agent *a)
 		fail_paused(a, f, &err);
 		return;
 	}
+	if (agent_stage_expose(a, a->active, f->version, f->man.digest, &err) != 0) {
+		prep_free(a);
+		agent_expose_blocked(a, "cannot write the activation record", &err);
+		return;
+	}
 	if (f->delta)
 		LOG_INFO("node %s: v%" PRIu64 " prepared for an in-place install in %.1f ms (decoded "
 			 "and verified against v%" PRIu64 " while it serves)",
@@ -313,6 +335,8 @@ void agent_inplace_start(struct node_agent *a)
 	}
 	if (node_attach_pause(a->attach, f->version, on_drained, a) != 0) {
 		a->installing = false;
+		agent_unstage_expose(a);
+		agent_xl_serve(a, a->active);
 		agent_fetch_fail(a, "in-place install: out of memory");
 		return;
 	}

@@ -377,12 +377,18 @@ int agent_probe_expose(struct node_agent *a, struct proto_err *err);
 void agent_expose_blocked(struct node_agent *a, const char *what, const struct proto_err *err);
 
 void agent_activate(struct node_agent *a);
-/* The activation record of slot (at digest); 0 or an error in err.
- * durable: fsync'ed before it is renamed into place; else only visible,
- * durable after agent_sync_expose (agent_inplace.c says why). */
+/* The activation record of slot (at digest), fsync'ed and renamed into
+ * place; 0 or an error in err. */
 int agent_write_expose(struct node_agent *a, struct node_slot *slot, const uint8_t *digest,
-		       bool durable, struct proto_err *err);
-/* fsyncs the record agent_write_expose made visible (a failure is logged). */
+		       struct proto_err *err);
+/* In place (agent_inplace.c says why): the record of slot serving v is
+ * written beside the record before the pause (stage), renamed over it in
+ * the pause (commit), fsync'ed after (sync; a failure is logged). unstage
+ * drops a staged record that is not committed. */
+int agent_stage_expose(struct node_agent *a, struct node_slot *slot, uint64_t v,
+		       const uint8_t *digest, struct proto_err *err);
+int agent_commit_expose(struct node_agent *a, struct proto_err *err);
+void agent_unstage_expose(struct node_agent *a);
 void agent_sync_expose(struct node_agent *a);
 /* Removes the record when it names this process (the node stops: the
  * memory it names goes with it); a failure is logged. */

@@ -51,6 +51,7 @@ int node_expose_read(const char *path, json_t **out, struct proto_err *err)
 	json_t *j;
 	int rc;
 
+	*out = NULL;
 	if ((rc = load(path, &j, err)) != 0)
 		return rc;
 	pid_t pid = record_pid(j);

@@ -6,7 +6,6 @@
 #include <jansson.h>
 #include <sodium.h>
 #include <stdarg.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,8 +109,8 @@ fail:
 	return rc;
 }
 
-static int write_atomic(const char *path, const void *buf, size_t len, mode_t mode, bool sync,
-			struct proto_err *err)
+int proto_write_file_atomic(const char *path, const void *buf, size_t len,
+			    mode_t mode, struct proto_err *err)
 {
 	char tmp[4096];
 	const uint8_t *p = buf;
@@ -134,7 +133,7 @@ static int write_atomic(const char *path, const void *buf, size_t len, mode_t mo
 		p += n;
 		len -= (size_t)n;
 	}
-	if ((sync && fsync(fd) != 0) || close(fd) != 0) {
+	if (fsync(fd) != 0 || close(fd) != 0) {
 		fd = -1;
 		rc = proto_errf(err, errno, "%s: %s", tmp, strerror(errno));
 		goto fail;
@@ -150,18 +149,6 @@ fail:
 		close(fd);
 	unlink(tmp);
 	return rc;
-}
-
-int proto_write_file_atomic(const char *path, const void *buf, size_t len, mode_t mode,
-			    struct proto_err *err)
-{
-	return write_atomic(path, buf, len, mode, true, err);
-}
-
-int proto_write_file_visible(const char *path, const void *buf, size_t len, mode_t mode,
-			     struct proto_err *err)
-{
-	return write_atomic(path, buf, len, mode, false, err);
 }
 
 int proto_sync_file(const char *path, struct proto_err *err)

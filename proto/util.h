@@ -51,14 +51,7 @@ int proto_write_file_atomic(const char *path, const void *buf, size_t len,
 struct json_t;
 int proto_write_json_atomic(const char *path, const struct json_t *j, size_t flags,
 			    struct proto_err *err);
-/* As proto_write_file_atomic without the fsync: the new contents are
- * visible to every process at once (the rename), durable only once
- * proto_sync_file(path) returned 0. For records that a crash of the
- * machine makes worthless anyway, written where a fsync would hold others
- * up. */
-int proto_write_file_visible(const char *path, const void *buf, size_t len, mode_t mode,
-			     struct proto_err *err);
-/* fsyncs path and the directory that holds it (so its last rename too). */
+/* fsyncs path and the directory that holds it (so a rename into it too). */
 int proto_sync_file(const char *path, struct proto_err *err);
 
 /* Creates dir and its missing parents (mkdir -p, mode 0755); 0 when it
