@@ -324,6 +324,25 @@ static void check_scatter(unsigned w, uint64_t nelem, uint64_t nchanges, size_t 
 	      "a 3-byte element was accepted");
 	CUDA_OK(node_cuda_download(0, got, dev, bytes, why, sizeof(why)));
 	CHECK(memcmp(got, host, bytes) == 0, "w%u: a refused batch changed the piece", w);
+	/* 32-bit positions (an in-place install's prepared changes): new
+	 * values at the same positions, the same agreement. */
+	uint32_t *pos32 = malloc(n * 4 + 4);
+	CHECK(pos32 != NULL, "out of memory");
+	for (uint64_t i = 0; i < n; i++)
+		pos32[i] = (uint32_t)pos[i];
+	fill(vals, n * w);
+	uint64_t child2 = child;
+	for (uint64_t i = 0; i < n; i++) {
+		uint8_t *at = host + pos[i] * w;
+		child2 = proto_wsum_update(child2, pos[i], ld(at, w), ld(vals + i * w, w));
+		memcpy(at, vals + i * w, w);
+	}
+	CUDA_OK(node_cuda_scatter_apply32(sc, dev, nelem, w, pos32, vals, n, &delta, why, sizeof(why)));
+	CHECK(proto_wsum_combine(child, 0, delta) == child2,
+	      "w%u: 32-bit positions: the checksum delta does not give the child's", w);
+	CUDA_OK(node_cuda_download(0, got, dev, bytes, why, sizeof(why)));
+	CHECK(memcmp(got, host, bytes) == 0, "w%u: 32-bit positions: the device piece differs", w);
+	free(pos32);
 	printf("ok   scatter %u-byte elements%s: %" PRIu64 " of %" PRIu64
 	       " changed, checksums agree, bad batches refused\n",
 	       w, misalign ? " (unaligned piece)" : "", n, nelem);
