@@ -24,8 +24,8 @@
  * bytes at its positions read, every piece's child checksum verified and
  * the pages to write mapped writable (proto/dpatch.h); the new activation
  * record is written (its activated_ms: when admission paused); the slot is
- * withdrawn from readers of other layouts. So the pause is the stores, the
- * slot's activation; the record's rename and fsync and what the install
+ * withdrawn from readers of other layouts. So the pause is the stores and
+ * the slot's activation; the record's rename and fsync and what the install
  * no longer needs (the prepared changes, their threads, the wire bytes, an
  * anchor's staging slot) come after admission resumed.
  * A delta that does not verify against the served parent pauses admission

@@ -79,6 +79,11 @@ int node_expose_read(const char *path, json_t **out, struct proto_err *err)
 	/* A pid reused by another process has no tessera slot at that fd. */
 	ssize_t n = readlink(memfd, link, sizeof(link) - 1);
 	link[n > 0 ? n : 0] = 0;
+	if (n < 0 && (errno == EACCES || errno == EPERM)) {
+		rc = proto_errf(err, EACCES, "%s: cannot reach %s: %s (the node runs as another user)",
+				path, memfd, strerror(errno));
+		goto fail;
+	}
 	if (n <= 0 || strncmp(link, "/memfd:tessera-", 15) != 0) {
 		rc = proto_errf(err, ESRCH, "%s is stale: %s is not a tessera slot (%s); the node "
 			       "that wrote the record is gone",

@@ -21,8 +21,9 @@
  * is outside input: its size is capped, it must be a JSON object naming a
  * pid, a version and a memfd_path, and that memfd must still be a tessera
  * slot of that running process. Otherwise a negative errno, *out NULL, and
- * one line in err: no record (-ENOENT), a malformed one (-EINVAL), or a
- * stale one (-ESRCH: "... is stale: node process N is not running ...").
+ * one line in err: no record (-ENOENT), a malformed one (-EINVAL), a
+ * stale one (-ESRCH: "... is stale: node process N is not running ..."),
+ * or one this process may not reach (-EACCES: another user's node).
  */
 int node_expose_read(const char *path, json_t **out, struct proto_err *err);
 
