@@ -397,6 +397,7 @@ struct write_job {
 	size_t n;
 	_Atomic uint64_t next;
 };
+
 static void write_chunk(const struct proto_dpatch_chunk *pc)
 {
 	uint8_t *dst = pc->dst;

@@ -412,8 +412,11 @@ static void run_inplace(uint64_t mib)
 		 * delta decoded and verified against the served bytes. */
 		uint64_t t0 = proto_now_ns();
 		proto_dparcel_sums(&dp, b.active->host, sums);
-		if (pool == NULL ||
-		    proto_dpatch_prepare(&dp, k % 2 ? back : fwd, k % 2 ? back_len : fwd_len,
+		if (pool == NULL) {
+			fprintf(stderr, "bench_activate: out of memory\n");
+			exit(1);
+		}
+		if (proto_dpatch_prepare(&dp, k % 2 ? back : fwd, k % 2 ? back_len : fwd_len,
 					 b.active->host, sums, pool, &patch, &err) != 0) {
 			fprintf(stderr, "bench_activate: in-place prepare: %s\n", err.msg);
 			exit(1);
