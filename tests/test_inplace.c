@@ -281,7 +281,7 @@ static void test_inplace_pause_and_fail(void **state)
 	assert_null(j);
 	assert_non_null(strstr(err.msg, "no activation record"));
 	assert_int_equal(tessera_attach(e->sock, "A", 0, 5000, &c, why, sizeof(why)), -ENOENT);
-	assert_non_null(strstr(why, "no node at"));
+	assert_non_null(strstr(why, "no such socket"));
 	assert_null(strchr(why, '\n'));
 }
 
@@ -322,7 +322,7 @@ static void test_inplace_drain_bound(void **state)
 	snprintf(want, sizeof(want), "is stale: node process %ld is not running", (long)pid);
 	assert_non_null(strstr(err.msg, want));
 	assert_int_equal(tessera_attach(e->sock, "A", 0, 5000, &c, why, sizeof(why)), -ECONNREFUSED);
-	assert_non_null(strstr(why, "no node listens at"));
+	assert_non_null(strstr(why, "no node listens there"));
 }
 
 /* --install takes double or in-place only. */

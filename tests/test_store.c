@@ -27,6 +27,9 @@ static void test_host_slot_is_mappable(void **state)
 	for (size_t i = 0; i < slot->len; i++)
 		slot->host[i] = (uint8_t)(i * 31 + 7);
 	assert_int_equal(node_slot_activate(&s, slot, &err), 0);
+	/* No device copy: activating a patched slot is the plain activation. */
+	assert_int_equal(node_slot_activate_patched(&s, slot, NULL, 0, &err), 0);
+	assert_null(slot->dev);
 	json_t *d = node_slot_describe(&s, slot);
 	assert_non_null(d);
 	assert_string_equal(json_string_value(json_object_get(d, "store")), "host");
@@ -407,22 +410,6 @@ static void test_cuda_patched_slot(void **state)
 #endif
 }
 
-/* The host store has no device copy: a patched slot's activation is the
- * plain one (nothing to scatter). */
-static void test_host_patched_slot(void **state)
-{
-	struct node_store s;
-	struct node_slot *slot;
-	struct proto_err err;
-
-	assert_int_equal(node_store_open("host", &s, &err), 0);
-	assert_int_equal(node_slot_new(&s, 1, 4096, &slot, &err), 0);
-	assert_int_equal(node_slot_activate_patched(&s, slot, NULL, 0, &err), 0);
-	assert_null(slot->dev);
-	node_slot_free(&s, slot);
-	node_store_close(&s);
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -434,7 +421,6 @@ int main(void)
 		cmocka_unit_test(test_host_store_does_not_stream),
 		cmocka_unit_test(test_cuda_streamed_slot),
 		cmocka_unit_test(test_cuda_patched_slot),
-		cmocka_unit_test(test_host_patched_slot),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
