@@ -248,6 +248,7 @@ void node_agent_free(struct node_agent *a)
 		munmap(a->bounce, a->bounce_len);
 	free(a->reads);
 	agent_inplace_fini(a);
+	agent_unexpose(a); /* the memory it names goes now */
 	node_attach_free(a->attach); /* frees the slots only requests kept */
 	if (a->active != NULL)
 		node_slot_free(&a->store, a->active);

@@ -2,27 +2,34 @@
  * the switch of the served slot. */
 #include "node/agent_internal.h"
 
+#include "node/expose.h"
+
 /*
  * The activation record, <expose>/<replica>-<rank>.json: what a serving
  * process reads to find the served slot. A node is active on a version only
  * once that record names it; when it cannot be written the old version stays
- * the served one and the node reports the reason as a failure.
+ * the served one and the node reports the reason as a failure. It names
+ * this process's memory: the node removes it when it stops
+ * (agent_unexpose), and readers refuse one left by a node that died
+ * (node/expose.h).
  */
-int agent_write_expose(struct node_agent *a, struct node_slot *slot, const uint8_t *digest,
-		       struct proto_err *err)
+static void expose_path(const struct node_agent *a, char *path, size_t len)
 {
-	char path[4096];
-	json_t *o, *locals;
-	int rc = -ENOMEM;
+	snprintf(path, len, "%s/%s-%u.json", a->o.expose_dir, a->o.replica, a->o.rank);
+}
 
-	if (a->o.expose_dir == NULL)
-		return 0;
+/* The record's text for slot serving version v (at digest): the caller
+ * frees; NULL when out of memory. */
+static char *record_text(struct node_agent *a, struct node_slot *slot, uint64_t v,
+			 const uint8_t *digest)
+{
+	json_t *o, *locals;
+	char *txt = NULL;
+
 	o = node_slot_describe(&a->store, slot);
 	locals = json_array();
-	if (o == NULL || locals == NULL) {
-		proto_errf(err, ENOMEM, "out of memory");
+	if (o == NULL || locals == NULL)
 		goto out;
-	}
 	const struct proto_rank *rk = &a->layout.ranks[a->o.rank];
 	for (uint32_t i = 0; i < rk->nlocals; i++) {
 		const struct proto_local *l = &rk->locals[i];
@@ -37,6 +44,7 @@ int agent_write_expose(struct node_agent *a, struct node_slot *slot, const uint8
 	char hex[2 * PROTO_HASH_BYTES + 1], mhex[2 * PROTO_HASH_BYTES + 1];
 	sodium_bin2hex(hex, sizeof(hex), a->layout.digest, PROTO_HASH_BYTES);
 	sodium_bin2hex(mhex, sizeof(mhex), digest, PROTO_HASH_BYTES);
+	json_object_set_new(o, "version", json_integer((json_int_t)v));
 	json_object_set_new(o, "replica", json_string(a->o.replica));
 	json_object_set_new(o, "rank", json_integer(a->o.rank));
 	json_object_set_new(o, "pid", json_integer(getpid()));
@@ -47,12 +55,100 @@ int agent_write_expose(struct node_agent *a, struct node_slot *slot, const uint8
 	locals = NULL;
 	if (a->attach != NULL)
 		json_object_set_new(o, "attach", json_string(node_attach_path(a->attach)));
-	snprintf(path, sizeof(path), "%s/%s-%u.json", a->o.expose_dir, a->o.replica, a->o.rank);
-	rc = proto_write_json_atomic(path, o, JSON_COMPACT, err);
+	txt = json_dumps(o, JSON_COMPACT);
 out:
 	json_decref(locals);
 	json_decref(o);
+	return txt;
+}
+
+int agent_write_expose(struct node_agent *a, struct node_slot *slot, const uint8_t *digest,
+		       struct proto_err *err)
+{
+	char path[4096], *txt;
+	int rc;
+
+	if (a->o.expose_dir == NULL)
+		return 0;
+	expose_path(a, path, sizeof(path));
+	if ((txt = record_text(a, slot, slot->version, digest)) == NULL)
+		return proto_errf(err, ENOMEM, "%s: out of memory", path);
+	rc = proto_write_file_atomic(path, txt, strlen(txt), 0644, err);
+	free(txt);
 	return rc;
+}
+
+/* Where a record staged for an in-place install waits: beside the record. */
+static void staged_path(const struct node_agent *a, char *path, size_t len)
+{
+	snprintf(path, len, "%s/.%s-%u.next", a->o.expose_dir, a->o.replica, a->o.rank);
+}
+
+int agent_stage_expose(struct node_agent *a, struct node_slot *slot, uint64_t v,
+		       const uint8_t *digest, struct proto_err *err)
+{
+	char path[4096], *txt;
+	int rc;
+
+	if (a->o.expose_dir == NULL)
+		return 0;
+	staged_path(a, path, sizeof(path));
+	if ((txt = record_text(a, slot, v, digest)) == NULL)
+		return proto_errf(err, ENOMEM, "%s: out of memory", path);
+	/* On disk before the pause: renaming a file whose data is not over
+	 * one that exists makes ext4 (auto_da_alloc) write it out then. */
+	rc = proto_write_file_atomic(path, txt, strlen(txt), 0644, err);
+	free(txt);
+	return rc;
+}
+
+int agent_commit_expose(struct node_agent *a, struct proto_err *err)
+{
+	char staged[4096], path[4096];
+
+	if (a->o.expose_dir == NULL)
+		return 0;
+	staged_path(a, staged, sizeof(staged));
+	expose_path(a, path, sizeof(path));
+	if (rename(staged, path) != 0)
+		return proto_errf(err, errno, "%s: %s", path, strerror(errno));
+	return 0;
+}
+
+void agent_unstage_expose(struct node_agent *a)
+{
+	char staged[4096];
+
+	if (a->o.expose_dir == NULL)
+		return;
+	staged_path(a, staged, sizeof(staged));
+	unlink(staged);
+}
+
+void agent_sync_expose(struct node_agent *a)
+{
+	char path[4096];
+	struct proto_err err;
+
+	if (a->o.expose_dir == NULL)
+		return;
+	expose_path(a, path, sizeof(path));
+	if (proto_sync_file(path, &err) != 0)
+		LOG_WARN("node %s: the activation record is in place but not on disk: %s", a->node_id,
+			 err.msg);
+}
+
+void agent_unexpose(struct node_agent *a)
+{
+	char path[4096];
+	struct proto_err err;
+
+	if (a->o.expose_dir == NULL || a->active == NULL)
+		return;
+	agent_unstage_expose(a); /* an in-place install stopped in its drain */
+	expose_path(a, path, sizeof(path));
+	if (node_expose_remove(path, getpid(), &err) != 0)
+		LOG_WARN("node %s: %s", a->node_id, err.msg);
 }
 
 /* The activation record can be written now: a probe file in the expose

@@ -11,18 +11,23 @@
  *      still pinning it then are disconnected (their requests fail rather
  *      than read a mix of versions);
  *   3. the version is written into the served slot: a delta's changes only
- *      (proto_dpatch_write: the new bytes at the changed positions, on
- *      TESSERA_INPLACE_THREADS threads), an anchor by a copy from its
- *      staging slot;
- *   4. admission resumes: clients are sent the new version, waiting acquires
- *      get it.
+ *      (proto_dpatch_write: the new bytes at the changed positions of every
+ *      parcel, in one run of one pool of TESSERA_INPLACE_THREADS threads),
+ *      an anchor by a copy from its staging slot; a CUDA store scatters the
+ *      same changes into its device copy (node_slot_activate_patched) where
+ *      it would otherwise upload the whole slot;
+ *   4. admission resumes: clients are sent the new version, waiting
+ *      acquires get it; then the activation record, written beside it
+ *      before step 1, is renamed into place (see record_after_resume).
  * Everything else happens before step 1, while the slot still serves the
  * parent: the parent's checksums are read, the delta is decoded, the old
  * bytes at its positions read, every piece's child checksum verified and
- * the pages to write mapped writable (proto/dpatch.h). So the pause is the
- * stores, the slot's activation and the activation record; what the
- * install no longer needs (the prepared changes, their threads, the wire
- * bytes, an anchor's staging slot) is freed after admission resumed.
+ * the pages to write mapped writable (proto/dpatch.h); the new activation
+ * record is written (its activated_ms: when admission paused); the slot is
+ * withdrawn from readers of other layouts. So the pause is the stores and
+ * the slot's activation; the record's rename and fsync and what the install
+ * no longer needs (the prepared changes, their threads, the wire bytes, an
+ * anchor's staging slot) come after admission resumed.
  * A delta that does not verify against the served parent pauses admission
  * all the same (the replica committed to the version: its other ranks
  * switch, this one must not serve the old version beside them), and so
@@ -36,10 +41,13 @@
 #include "proto/dpatch.h"
 
 /* What a delta's install prepares before pausing: per parcel, its pieces
- * and its changes, decoded and verified against the served slot. */
+ * and its changes, decoded and verified against the served slot, on one
+ * pool of threads that writes them all in the pause. */
 struct agent_inplace_prep {
-	struct proto_dparcel dp;
-	struct proto_dpatch patch;
+	uint32_t n;                  /* parcels prepared */
+	struct proto_dparcel *dp;    /* per parcel */
+	struct proto_dpatch *patch;  /* per parcel, side by side: one write */
+	struct proto_dpatch_pool *pool;
 };
 
 bool agent_inplace(const struct node_agent *a)
@@ -49,13 +57,19 @@ bool agent_inplace(const struct node_agent *a)
 
 static void prep_free(struct node_agent *a)
 {
-	for (uint32_t i = 0; i < a->inplace_nprep; i++) {
-		proto_dparcel_fini(&a->inplace_prep[i].dp);
-		proto_dpatch_fini(&a->inplace_prep[i].patch);
+	struct agent_inplace_prep *pr = a->inplace_prep;
+
+	if (pr == NULL)
+		return;
+	for (uint32_t i = 0; i < pr->n; i++) {
+		proto_dparcel_fini(&pr->dp[i]);
+		proto_dpatch_fini(&pr->patch[i]);
 	}
-	free(a->inplace_prep);
+	free(pr->dp);
+	free(pr->patch);
+	proto_dpatch_pool_free(pr->pool);
+	free(pr);
 	a->inplace_prep = NULL;
-	a->inplace_nprep = 0;
 }
 
 /* Decodes and verifies every delta parcel against the served slot (it
@@ -63,30 +77,32 @@ static void prep_free(struct node_agent *a)
 static int prep(struct node_agent *a, struct agent_fetch *f, struct proto_err *err)
 {
 	unsigned threads = (unsigned)proto_param(PROTO_PARAM_INPLACE_THREADS);
+	struct agent_inplace_prep *pr;
 	uint64_t *sums = NULL;
 	int rc = 0;
 
 	prep_free(a);
 	if (!f->delta)
 		return 0;
-	a->inplace_prep = calloc(f->nparcels + 1, sizeof(*a->inplace_prep));
-	if (a->inplace_prep == NULL)
+	if ((pr = a->inplace_prep = calloc(1, sizeof(*pr))) == NULL ||
+	    (pr->dp = calloc(f->nparcels + 1, sizeof(*pr->dp))) == NULL ||
+	    (pr->patch = calloc(f->nparcels + 1, sizeof(*pr->patch))) == NULL ||
+	    (pr->pool = proto_dpatch_pool_new(threads)) == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
 	for (uint32_t i = 0; i < f->nparcels && rc == 0; i++) {
 		struct agent_parcel *p = &f->parcels[i];
-		struct agent_inplace_prep *pr = &a->inplace_prep[i];
-		rc = proto_dparcel_build(&a->model, f->plan, p->pp, &a->layout, &pr->dp, err);
+		rc = proto_dparcel_build(&a->model, f->plan, p->pp, &a->layout, &pr->dp[i], err);
 		if (rc != 0)
 			break;
-		a->inplace_nprep = i + 1;
+		pr->n = i + 1;
 		free(sums);
-		if ((sums = malloc(((size_t)pr->dp.npieces + 1) * sizeof(uint64_t))) == NULL) {
+		if ((sums = malloc(((size_t)pr->dp[i].npieces + 1) * sizeof(uint64_t))) == NULL) {
 			rc = proto_errf(err, ENOMEM, "out of memory");
 			break;
 		}
-		proto_dparcel_sums(&pr->dp, a->active->host, sums);
-		rc = proto_dpatch_prepare(&pr->dp, p->wire, p->mp->wire_bytes, a->active->host, sums,
-					  threads, &pr->patch, err);
+		proto_dparcel_sums(&pr->dp[i], a->active->host, sums);
+		rc = proto_dpatch_prepare(&pr->dp[i], p->wire, p->mp->wire_bytes, a->active->host,
+					  sums, pr->pool, &pr->patch[i], err);
 		if (rc != 0)
 			proto_err_prefix(err, "parcel %u", i);
 	}
@@ -110,15 +126,64 @@ static int write_version(struct node_agent *a, struct agent_fetch *f, struct nod
 		memcpy(s->host, f->slot->host, len);
 		return 0;
 	}
-	if (a->inplace_nprep != f->nparcels)
+	struct agent_inplace_prep *pr = a->inplace_prep;
+	if (pr == NULL || pr->n != f->nparcels)
 		return proto_errf(err, EINVAL, "the delta's parcels were not prepared");
-	for (uint32_t i = 0; i < f->nparcels; i++) {
-		if (fail_v == f->version && i >= f->nparcels / 2 && i > 0)
-			return proto_errf(err, EIO, "TESSERA_TEST_INPLACE_FAIL: stopped after %u of %u parcels",
-					  i, f->nparcels);
-		proto_dpatch_write(&a->inplace_prep[i].patch);
+	if (fail_v == f->version && f->nparcels > 1) {
+		uint32_t half = f->nparcels / 2;
+		proto_dpatch_write(pr->patch, half, pr->pool);
+		return proto_errf(err, EIO, "TESSERA_TEST_INPLACE_FAIL: stopped after %u of %u parcels",
+				  half, f->nparcels);
 	}
+	proto_dpatch_write(pr->patch, pr->n, pr->pool);
 	return 0;
+}
+
+/* The served slot s holds f now: the store makes it the served one (a CUDA
+ * store scatters a delta's changes into its device copy). */
+static int activate_written(struct node_agent *a, struct agent_fetch *f, struct node_slot *s,
+			    struct proto_err *err)
+{
+	struct agent_inplace_prep *pr = a->inplace_prep;
+
+	s->version = f->version;
+	if (f->delta && pr != NULL)
+		return node_slot_activate_patched(&a->store, s, pr->patch, pr->n, err);
+	return node_slot_activate(&a->store, s, err);
+}
+
+/*
+ * The activation record is written and fsync'ed beside the record before
+ * the pause and renamed into place right after admission resumed, then
+ * the directory fsync'ed: no file system call in the pause (on a busy
+ * ext4 even a rename waits milliseconds for the journal). Correctness does
+ * not need the record inside the pause. What a request runs on comes from
+ * the attach socket (its pin and version); the record is a description
+ * for processes that map the slot without the socket, which take no pins
+ * and so had no guarantee during the writes either (the record named the
+ * old version all through the pause). Whoever learns of the activation
+ * from the tracker finds the record naming it: the node reports after the
+ * rename and its fsync (agent_activated). Written before the pause, a
+ * record that cannot be written stops the install while the old version
+ * still serves, as for a double-buffered switch; a rename that fails after
+ * the writes (the directory was writable a moment before) removes the
+ * record rather than leave it naming the old version, and is logged. The
+ * fsync guards against a crash of the machine alone, after which what the
+ * record names (the slot's memfd, this process's memory) is gone anyway.
+ */
+static void record_after_resume(struct node_agent *a, struct agent_fetch *f)
+{
+	struct proto_err err;
+
+	if (agent_commit_expose(a, &err) != 0) {
+		LOG_ERR("node %s: v%" PRIu64 " serves, but its activation record could not be put in "
+			"place: %s; the old record is removed",
+			a->node_id, f->version, err.msg);
+		agent_unstage_expose(a);
+		agent_unexpose(a);
+		return;
+	}
+	agent_sync_expose(a);
 }
 
 /* f cannot be installed: admission stays paused until a complete version
@@ -153,7 +218,7 @@ static void install(struct node_agent *a)
 {
 	struct agent_fetch *f = a->fetch;
 	struct node_slot *s = a->active;
-	uint64_t t_write = proto_now_ns(), t_record, t_resume;
+	uint64_t t_write = proto_now_ns(), t_activate, t_resume;
 	struct proto_err err = {{0}};
 	int rc;
 
@@ -161,24 +226,23 @@ static void install(struct node_agent *a)
 	event_del(a->inplace_ev);
 	if (f == NULL || f->version != a->inplace_version || !f->verified) {
 		prep_free(a);
+		agent_unstage_expose(a);
 		/* The version went away before anything was written. */
 		LOG_INFO("node %s: v%" PRIu64 " no longer installed in place; serving goes on",
 			 a->node_id, a->inplace_version);
-		if (!a->inplace_broken)
+		if (!a->inplace_broken) {
 			node_attach_resume(a->attach, s, a->active_digest);
+			agent_xl_serve(a, s); /* withdrawn at the start */
+		}
 		return;
 	}
-	agent_xl_withdraw(a); /* served again by the switch, if it comes */
-	/* The pause: the stores, the slot's activation, the record, resume. */
+	/* The pause: the stores, the slot's activation, resume. */
 	rc = write_version(a, f, s, &err);
-	t_record = proto_now_ns();
-	if (rc == 0) {
-		s->version = f->version;
-		rc = node_slot_activate(&a->store, s, &err);
-	}
+	t_activate = proto_now_ns();
 	if (rc == 0)
-		rc = agent_write_expose(a, s, f->man.digest, &err);
+		rc = activate_written(a, f, s, &err);
 	if (rc != 0) {
+		agent_unstage_expose(a);
 		prep_free(a);
 		fail_paused(a, f, &err);
 		return;
@@ -187,15 +251,19 @@ static void install(struct node_agent *a)
 	t_resume = proto_now_ns();
 	node_attach_resume(a->attach, s, f->man.digest); /* agent_activated does not again */
 	uint64_t now = proto_now_ns();
+	record_after_resume(a, f);
+	uint64_t t_recorded = proto_now_ns();
 	after_pause(a, f);
 	if (f->delta)
 		node_metrics_add(a->am.m, a->am.delta_versions, 1);
-	LOG_INFO("node %s: v%" PRIu64 " installed in place (%s): admission paused %.1f ms "
-		 "(drain %.1f ms, write %.1f ms, activation record %.1f ms, resume %.1f ms)",
+	LOG_INFO("node %s: v%" PRIu64 " installed in place (%s): admission paused %.2f ms "
+		 "(drain %.2f ms, write %.2f ms, store activation %.2f ms, resume %.2f ms; "
+		 "%.2f ms outside the drain); activation record in place %.2f ms after",
 		 a->node_id, f->version, f->delta ? "delta" : "full copy",
 		 (double)(now - a->inplace_t0_ns) / 1e6, (double)(t_write - a->inplace_t0_ns) / 1e6,
-		 (double)(t_record - t_write) / 1e6, (double)(t_resume - t_record) / 1e6,
-		 (double)(now - t_resume) / 1e6);
+		 (double)(t_activate - t_write) / 1e6, (double)(t_resume - t_activate) / 1e6,
+		 (double)(now - t_resume) / 1e6, (double)(now - t_write) / 1e6,
+		 (double)(t_recorded - now) / 1e6);
 	agent_activated(a, s);
 }
 
@@ -242,6 +310,11 @@ void agent_inplace_start(struct node_agent *a)
 		fail_paused(a, f, &err);
 		return;
 	}
+	if (agent_stage_expose(a, a->active, f->version, f->man.digest, &err) != 0) {
+		prep_free(a);
+		agent_expose_blocked(a, "cannot write the activation record", &err);
+		return;
+	}
 	if (f->delta)
 		LOG_INFO("node %s: v%" PRIu64 " prepared for an in-place install in %.1f ms (decoded "
 			 "and verified against v%" PRIu64 " while it serves)",
@@ -249,6 +322,10 @@ void agent_inplace_start(struct node_agent *a)
 			 a->active->version);
 	a->installing = true;
 	a->inplace_version = f->version;
+	/* Readers of other layouts stop reading the slot before it changes;
+	 * served again by the switch, or when the install is abandoned. Done
+	 * before the pause: closing a registration can take milliseconds. */
+	agent_xl_withdraw(a);
 	a->inplace_t0_ns = proto_now_ns();
 	LOG_INFO("node %s: installing v%" PRIu64 " in place over v%" PRIu64 ": admission paused",
 		 a->node_id, f->version, a->active->version);
@@ -258,6 +335,8 @@ void agent_inplace_start(struct node_agent *a)
 	}
 	if (node_attach_pause(a->attach, f->version, on_drained, a) != 0) {
 		a->installing = false;
+		agent_unstage_expose(a);
+		agent_xl_serve(a, a->active);
 		agent_fetch_fail(a, "in-place install: out of memory");
 		return;
 	}

@@ -327,7 +327,6 @@ struct node_agent {
 	bool installing;
 	uint64_t inplace_version, inplace_t0_ns;
 	struct agent_inplace_prep *inplace_prep; /* a delta's, until it is written */
-	uint32_t inplace_nprep;
 	bool inplace_broken;
 
 	/* Verified parent links: the last manifest we accepted. */
@@ -428,9 +427,22 @@ int agent_probe_expose(struct node_agent *a, struct proto_err *err);
 void agent_expose_blocked(struct node_agent *a, const char *what, const struct proto_err *err);
 
 void agent_activate(struct node_agent *a);
-/* The activation record of slot (at digest); 0 or an error in err. */
+/* The activation record of slot (at digest), fsync'ed and renamed into
+ * place; 0 or an error in err. */
 int agent_write_expose(struct node_agent *a, struct node_slot *slot, const uint8_t *digest,
 		       struct proto_err *err);
+/* In place (agent_inplace.c says why): the record of slot serving v is
+ * written beside the record before the pause (stage), renamed over it in
+ * the pause (commit), fsync'ed after (sync; a failure is logged). unstage
+ * drops a staged record that is not committed. */
+int agent_stage_expose(struct node_agent *a, struct node_slot *slot, uint64_t v,
+		       const uint8_t *digest, struct proto_err *err);
+int agent_commit_expose(struct node_agent *a, struct proto_err *err);
+void agent_unstage_expose(struct node_agent *a);
+void agent_sync_expose(struct node_agent *a);
+/* Removes the record when it names this process (the node stops: the
+ * memory it names goes with it); a failure is logged. */
+void agent_unexpose(struct node_agent *a);
 /* a->active serves a->fetch's version now (old: the slot served before; the
  * same slot when it was written in place): report, metrics, attach, the
  * fetch ends. */

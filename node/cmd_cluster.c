@@ -18,6 +18,7 @@
 
 #include "fabric/fab.h"
 #include "node/cmd.h"
+#include "node/expose.h"
 #include "node/probe.h"
 #include "node/proc.h"
 #include "proto/checkpoint.h"
@@ -180,20 +181,16 @@ static bool check_rank(struct cluster *c, struct replica *r, uint32_t rank, uint
 		       const uint8_t *expect, size_t len)
 {
 	char path[4200], name[64];
-	uint8_t *buf;
-	size_t blen;
 	struct proto_err err;
 	json_t *j;
 	bool ok = false;
 
 	snprintf(name, sizeof(name), "expose/%s-%u.json", r->name, rank);
 	path_join(path, sizeof(path), c->dir, name);
-	if (proto_read_file(path, 1 << 20, &buf, &blen, &err) != 0) {
+	if (node_expose_read(path, &j, &err) != 0) {
 		fprintf(stderr, "cluster: replica %s rank %u: %s\n", r->name, rank, err.msg);
 		return false;
 	}
-	j = json_loadb((const char *)buf, blen, 0, NULL);
-	free(buf);
 	const char *memfd = json_string_value(json_object_get(j, "memfd_path"));
 	uint64_t jv = (uint64_t)json_integer_value(json_object_get(j, "version"));
 	uint64_t size = (uint64_t)json_integer_value(json_object_get(j, "size"));

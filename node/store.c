@@ -209,6 +209,14 @@ int node_slot_activate(struct node_store *s, struct node_slot *slot, struct prot
 	return s->ops->activate ? s->ops->activate(s, slot, err) : 0;
 }
 
+int node_slot_activate_patched(struct node_store *s, struct node_slot *slot,
+			       const struct proto_dpatch *p, size_t n, struct proto_err *err)
+{
+	if (s->ops->activate_patched != NULL)
+		return s->ops->activate_patched(s, slot, p, n, err);
+	return node_slot_activate(s, slot, err);
+}
+
 bool node_store_streams(const struct node_store *s)
 {
 	return s->ops->upload != NULL;

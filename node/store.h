@@ -9,9 +9,12 @@
  * runs, each verified chunk is uploaded as soon as it is placed in the host
  * slot (node_slot_stream_chunk, from the verification workers, through the
  * pinned ring of node/store_cuda.h), so the copies overlap the network and
- * activation only waits for the stream; a slot written any other way (a
- * delta rebuilt from its parent, an in-place install) is uploaded whole at
- * activation. Both sit behind node_store_ops so tests run without a GPU.
+ * activation only waits for the stream; a slot written in place with a
+ * delta's prepared changes gets the same changes scattered into its device
+ * copy (node_slot_activate_patched: O(changes), not O(slot)); a slot
+ * written any other way (a delta rebuilt from its parent, an anchor copied
+ * in place) is uploaded whole at activation. Both sit behind
+ * node_store_ops so tests run without a GPU.
  */
 #ifndef NODE_STORE_H
 #define NODE_STORE_H
@@ -23,6 +26,7 @@
 #include <stdint.h>
 
 #include "node/store_cuda.h"
+#include "proto/dpatch.h"
 #include "proto/plan.h"
 #include "proto/util.h"
 
@@ -62,6 +66,10 @@ struct node_store_ops {
 	int (*upload)(struct node_store *s, struct node_slot *slot,
 		      const struct proto_span *spans, size_t nspans,
 		      const uint8_t *buf, size_t len, struct proto_err *err);
+	/* Activation of a slot whose host bytes changed only at the changes of
+	 * the n patches (written into slot->host). NULL: activate. */
+	int (*activate_patched)(struct node_store *s, struct node_slot *slot,
+				const struct proto_dpatch *p, size_t n, struct proto_err *err);
 	void (*close)(struct node_store *s);
 };
 
@@ -69,6 +77,7 @@ struct node_store {
 	const struct node_store_ops *ops;
 	int device; /* CUDA device ordinal, -1 for host */
 	struct node_cuda_ring *ring; /* CUDA store: the pinned upload ring */
+	struct node_cuda_scatter *scatter; /* and its scatter (made when first needed) */
 	/* One freed slot kept for reuse (node_store_keep_spare): its pages
 	 * are allocated and already written, which a fresh memfd's are not
 	 * (a first write to each page costs microseconds, more in a VM), so
@@ -119,6 +128,14 @@ int node_slot_reuse(struct node_store *s, uint64_t tag, uint64_t version, size_t
 		    struct node_slot **out);
 int node_slot_activate(struct node_store *s, struct node_slot *slot,
 		       struct proto_err *err);
+/* In place: the n patches p (proto/dpatch.h) were written into slot->host,
+ * which held their parent and is the served slot; nothing else changed.
+ * Activates it as node_slot_activate does, a CUDA store by scattering those
+ * changes into its device copy, which must hold the parent: each chunk's
+ * checksum movement on the device is compared with the host's, and on any
+ * difference or failure the slot is uploaded whole (logged). */
+int node_slot_activate_patched(struct node_store *s, struct node_slot *slot,
+			       const struct proto_dpatch *p, size_t n, struct proto_err *err);
 /* Uploads while fetching: the fetch into slot delivers expect bytes as
  * verified chunks (node_slot_stream_chunk); activation then only waits for
  * them when they all came, and uploads the slot whole otherwise. Nothing

@@ -109,6 +109,10 @@ void node_cuda_scatter_free(struct node_cuda_scatter *sc);
 int node_cuda_scatter_apply(struct node_cuda_scatter *sc, void *dptr, uint64_t nelem,
 			    unsigned elsize, const uint64_t *pos, const void *vals, uint64_t n,
 			    uint64_t *delta, char *why, size_t whylen);
+/* The same with 32-bit positions (an in-place patch's chunk, proto/dpatch.h). */
+int node_cuda_scatter_apply32(struct node_cuda_scatter *sc, void *dptr, uint64_t nelem,
+			      unsigned elsize, const uint32_t *pos, const void *vals, uint64_t n,
+			      uint64_t *delta, char *why, size_t whylen);
 /* The wsum (proto/wsum.h) of nelem elements of elsize bytes at dptr. */
 int node_cuda_wsum(int dev, const void *dptr, unsigned elsize, uint64_t nelem, uint64_t *out,
 		   char *why, size_t whylen);

@@ -69,6 +69,68 @@ static int cuda_activate(struct node_store *s, struct node_slot *slot, struct pr
 	return rc == 0 ? 0 : proto_errf(err, -rc, "store cuda: %s", why);
 }
 
+/* Changes scattered at a time: a delta chunk's at most at the default
+ * TESSERA_DELTA_CHUNK (larger chunks go through in turns). */
+#define SCATTER_BATCH (1u << 22)
+
+/* The patches' changes into the device copy, chunk by chunk; -EAGAIN when
+ * the device copy was not their parent (the checksum movement differs). */
+static int scatter_patches(struct node_store *s, struct node_slot *slot,
+			   const struct proto_dpatch *p, size_t n, char *why, size_t whylen)
+{
+	int rc;
+
+	if (s->scatter == NULL &&
+	    (rc = node_cuda_scatter_new(s->device, SCATTER_BATCH, &s->scatter, why, whylen)) != 0)
+		return rc;
+	for (size_t k = 0; k < n; k++) {
+		for (uint32_t ci = 0; ci < p[k].nchunks; ci++) {
+			const struct proto_dpatch_chunk *pc = &p[k].chunks[ci];
+			uint64_t moved;
+			if (pc->n == 0)
+				continue;
+			size_t off = (size_t)(pc->dst - slot->host);
+			if (pc->dst < slot->host || off >= slot->len) {
+				snprintf(why, whylen, "a change outside the slot");
+				return -EINVAL;
+			}
+			rc = node_cuda_scatter_apply32(s->scatter, (uint8_t *)slot->dev + off,
+						       (slot->len - off) / pc->w, pc->w, pc->pos, pc->val,
+						       pc->n, &moved, why, whylen);
+			if (rc != 0)
+				return rc;
+			if (moved != pc->part) {
+				snprintf(why, whylen, "the device copy was not the delta's parent (patch %zu "
+					 "chunk %u)", k, ci);
+				return -EAGAIN;
+			}
+		}
+	}
+	return 0;
+}
+
+/* In place: the prepared changes scattered into the device copy, which
+ * still holds the parent (its checksum movement on the device equals the
+ * host's chunk by chunk); otherwise the slot uploaded whole. */
+static int cuda_activate_patched(struct node_store *s, struct node_slot *slot,
+				 const struct proto_dpatch *p, size_t n, struct proto_err *err)
+{
+	char why[256];
+	int rc;
+
+	if (slot->dev == NULL)
+		return cuda_activate(s, slot, err);
+	rc = node_cuda_ring_wait(s->ring, why, sizeof(why));
+	if (rc == 0)
+		rc = scatter_patches(s, slot, p, n, why, sizeof(why));
+	if (rc == 0)
+		return 0;
+	LOG_WARN("store cuda: v%llu: %s; uploading the slot whole", (unsigned long long)slot->version,
+		 why);
+	rc = node_cuda_upload(s->device, slot->dev, slot->host, slot->len, why, sizeof(why));
+	return rc == 0 ? 0 : proto_errf(err, -rc, "store cuda: %s", why);
+}
+
 static int cuda_describe(struct node_store *s, const struct node_slot *slot, json_t *obj)
 {
 	uint8_t h[64];
@@ -98,6 +160,8 @@ static void cuda_detach(struct node_store *s, struct node_slot *slot)
 
 static void cuda_close(struct node_store *s)
 {
+	node_cuda_scatter_free(s->scatter);
+	s->scatter = NULL;
 	node_cuda_ring_free(s->ring);
 	s->ring = NULL;
 }
@@ -109,6 +173,7 @@ static const struct node_store_ops node_store_cuda_ops = {
 	.describe = cuda_describe,
 	.detach = cuda_detach,
 	.upload = cuda_upload,
+	.activate_patched = cuda_activate_patched,
 	.close = cuda_close,
 };
 

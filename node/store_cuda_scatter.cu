@@ -169,9 +169,12 @@ static uint64_t sums_of(const unsigned long long *acc)
 	return (uint64_t)(acc[1] % P) << 32 | (uint64_t)(acc[0] % P);
 }
 
-extern "C" int node_cuda_scatter_apply(node_cuda_scatter *sc, void *dptr, uint64_t nelem,
-				 unsigned elsize, const uint64_t *pos, const void *vals, uint64_t n,
-				 uint64_t *delta, char *why, size_t whylen)
+// Both position widths: 64-bit positions are copied to the pinned buffer
+// as they are, 32-bit ones (a prepared in-place patch's) widened on the way.
+template <typename Pos>
+static int scatter_apply(node_cuda_scatter *sc, void *dptr, uint64_t nelem, unsigned elsize,
+			 const Pos *pos, const void *vals, uint64_t n, uint64_t *delta, char *why,
+			 size_t whylen)
 {
 	if (elsize != 1 && elsize != 2 && elsize != 4 && elsize != 8) {
 		snprintf(why, whylen, "scatter: element size %u (want 1, 2, 4 or 8)", elsize);
@@ -195,7 +198,11 @@ extern "C" int node_cuda_scatter_apply(node_cuda_scatter *sc, void *dptr, uint64
 	cudaError_t e = cudaSetDevice(sc->dev);
 	for (uint64_t at = 0; at < n && e == cudaSuccess; at += sc->batch) {
 		uint64_t k = n - at < sc->batch ? n - at : sc->batch;
-		memcpy(sc->pos_h, pos + at, k * 8);
+		if (sizeof(Pos) == 8)
+			memcpy(sc->pos_h, pos + at, k * 8);
+		else
+			for (uint64_t i = 0; i < k; i++)
+				sc->pos_h[i] = pos[at + i];
 		memcpy(sc->vals_h, (const uint8_t *)vals + at * elsize, k * elsize);
 		e = cudaMemsetAsync(sc->acc_d, 0, 2 * sizeof(*sc->acc_d), sc->stream);
 		if (e == cudaSuccess)
@@ -222,6 +229,20 @@ extern "C" int node_cuda_scatter_apply(node_cuda_scatter *sc, void *dptr, uint64
 		return node_cuda__fail(e, "scatter", why, whylen);
 	*delta = (uint64_t)b << 32 | (uint64_t)a;
 	return 0;
+}
+
+extern "C" int node_cuda_scatter_apply(node_cuda_scatter *sc, void *dptr, uint64_t nelem,
+				       unsigned elsize, const uint64_t *pos, const void *vals,
+				       uint64_t n, uint64_t *delta, char *why, size_t whylen)
+{
+	return scatter_apply(sc, dptr, nelem, elsize, pos, vals, n, delta, why, whylen);
+}
+
+extern "C" int node_cuda_scatter_apply32(node_cuda_scatter *sc, void *dptr, uint64_t nelem,
+					 unsigned elsize, const uint32_t *pos, const void *vals,
+					 uint64_t n, uint64_t *delta, char *why, size_t whylen)
+{
+	return scatter_apply(sc, dptr, nelem, elsize, pos, vals, n, delta, why, whylen);
 }
 
 extern "C" int node_cuda_wsum(int dev, const void *dptr, unsigned elsize, uint64_t nelem,

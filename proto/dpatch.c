@@ -65,7 +65,7 @@ static void *pool_main(void *a)
 	return NULL;
 }
 
-static void pool_stop(struct proto_dpatch_pool *pl)
+void proto_dpatch_pool_free(struct proto_dpatch_pool *pl)
 {
 	if (pl == NULL)
 		return;
@@ -81,11 +81,10 @@ static void pool_stop(struct proto_dpatch_pool *pl)
 	free(pl);
 }
 
-/* A pool of n threads in all (n - 1 workers); fewer if threads cannot be
- * started. NULL: out of memory. */
-static struct proto_dpatch_pool *pool_new(unsigned n)
+struct proto_dpatch_pool *proto_dpatch_pool_new(unsigned threads)
 {
 	struct proto_dpatch_pool *pl = calloc(1, sizeof(*pl));
+	unsigned n = proto_dpatch_threads(threads);
 
 	if (pl == NULL)
 		return NULL;
@@ -106,14 +105,19 @@ static struct proto_dpatch_pool *pool_new(unsigned n)
 	return pl;
 }
 
-static unsigned pool_size(const struct proto_dpatch_pool *pl)
+unsigned proto_dpatch_pool_size(const struct proto_dpatch_pool *pl)
 {
-	return pl->started + 1;
+	return pl == NULL ? 1 : pl->started + 1;
 }
 
-/* Runs fn(arg, tid) on every thread of the pool; returns when all did. */
+/* Runs fn(arg, tid) on every thread of the pool (NULL: the caller's
+ * alone); returns when all did. */
 static void pool_run(struct proto_dpatch_pool *pl, void (*fn)(void *, unsigned), void *arg)
 {
+	if (pl == NULL) {
+		fn(arg, 0);
+		return;
+	}
 	pthread_mutex_lock(&pl->mu);
 	pl->fn = fn;
 	pl->arg = arg;
@@ -289,12 +293,11 @@ void proto_dpatch_fini(struct proto_dpatch *p)
 		free(p->chunks[i].val);
 	}
 	free(p->chunks);
-	pool_stop(p->pool);
 	memset(p, 0, sizeof(*p));
 }
 
 int proto_dpatch_prepare(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
-			 uint8_t *block, const uint64_t *sums, unsigned threads,
+			 uint8_t *block, const uint64_t *sums, struct proto_dpatch_pool *pool,
 			 struct proto_dpatch *out, struct proto_err *err)
 {
 	struct proto_delta dl;
@@ -322,8 +325,7 @@ int proto_dpatch_prepare(const struct proto_dparcel *d, const uint8_t *delta, si
 		goto out;
 	out->nchunks = dl.nchunks;
 	out->chunks = calloc(dl.nchunks + 1, sizeof(*out->chunks));
-	out->pool = pool_new(proto_dpatch_threads(threads));
-	if (out->chunks == NULL || out->pool == NULL) {
+	if (out->chunks == NULL) {
 		rc = proto_errf(err, ENOMEM, "delta prepare: out of memory");
 		goto out;
 	}
@@ -333,7 +335,7 @@ int proto_dpatch_prepare(const struct proto_dparcel *d, const uint8_t *delta, si
 		out->chunks[ci].w = t->elsize;
 		out->chunks[ci].dst = block + d->pieces[c->tensor].dst_off + c->base * t->elsize;
 	}
-	nt = pool_size(out->pool);
+	nt = proto_dpatch_pool_size(pool);
 	j.d = &dl;
 	j.p = out;
 	j.wk = calloc(nt, sizeof(*j.wk));
@@ -346,7 +348,7 @@ int proto_dpatch_prepare(const struct proto_dparcel *d, const uint8_t *delta, si
 		rc = proto_errf(err, ENOMEM, "delta prepare: out of memory");
 		goto out;
 	}
-	pool_run(out->pool, prep_thread, &j);
+	pool_run(pool, prep_thread, &j);
 	if (j.rc != 0) {
 		rc = j.rc;
 		*err = j.err;
@@ -388,9 +390,12 @@ out:
 
 /* ---- writing --------------------------------------------------------------------- */
 
+/* The chunks of n patches, numbered across them, taken in turns by the
+ * pool's threads. */
 struct write_job {
 	const struct proto_dpatch *p;
-	_Atomic uint32_t next;
+	size_t n;
+	_Atomic uint64_t next;
 };
 
 static void write_chunk(const struct proto_dpatch_chunk *pc)
@@ -418,22 +423,24 @@ static void write_chunk(const struct proto_dpatch_chunk *pc)
 static void write_thread(void *arg, unsigned tid)
 {
 	struct write_job *j = arg;
+	size_t k = 0;
+	uint64_t base = 0; /* chunks of the patches before p[k] */
 
 	for (;;) {
-		uint32_t ci = atomic_fetch_add(&j->next, 1);
-		if (ci >= j->p->nchunks)
+		uint64_t ci = atomic_fetch_add(&j->next, 1);
+		while (k < j->n && ci >= base + j->p[k].nchunks)
+			base += j->p[k++].nchunks;
+		if (k == j->n)
 			break;
-		if (j->p->chunks[ci].n > 0)
-			write_chunk(&j->p->chunks[ci]);
+		const struct proto_dpatch_chunk *pc = &j->p[k].chunks[ci - base];
+		if (pc->n > 0)
+			write_chunk(pc);
 	}
 }
 
-void proto_dpatch_write(const struct proto_dpatch *p)
+void proto_dpatch_write(const struct proto_dpatch *p, size_t n, struct proto_dpatch_pool *pool)
 {
-	struct write_job j = {p, 0};
+	struct write_job j = {p, n, 0};
 
-	if (p->pool != NULL)
-		pool_run(p->pool, write_thread, &j);
-	else
-		write_thread(&j, 0);
+	pool_run(pool, write_thread, &j);
 }

@@ -14,9 +14,13 @@
  * fault. A delta that does not verify is refused before any pause.
  *
  * proto_dpatch_write then stores the new bytes at the changed positions,
- * the chunks split over the same pool: O(changes), no decoding, cannot
- * fail. The block must still hold the bytes the patch was prepared from
- * (nothing writes a served slot but its install).
+ * the chunks of every patch given split over one pool: O(changes), no
+ * decoding, cannot fail, one wake-up of the pool however many parcels the
+ * install has. The block must still hold the bytes the patch was prepared
+ * from (nothing writes a served slot but its install).
+ *
+ * The pool (proto_dpatch_pool_new) is the caller's: an install makes one,
+ * prepares all its parcels on it, writes them all in one run, frees it.
  *
  * Memory: 4 bytes of position plus the element width per change (about 6
  * bytes per change for BF16, 3 % of the block at 1 % changed).
@@ -46,24 +50,32 @@ struct proto_dpatch {
 	uint32_t nchunks;
 	struct proto_dpatch_chunk *chunks;
 	uint64_t nchanges;
-	struct proto_dpatch_pool *pool;
 };
+
+/* A pool of proto_dpatch_threads(threads) threads in all, the caller's
+ * being one (fewer when threads cannot be started). NULL: out of memory.
+ * Freed with proto_dpatch_pool_free (NULL is fine), which stops them. */
+struct proto_dpatch_pool *proto_dpatch_pool_new(unsigned threads);
+void proto_dpatch_pool_free(struct proto_dpatch_pool *pool);
+/* Threads the pool runs on, the caller's included. */
+unsigned proto_dpatch_pool_size(const struct proto_dpatch_pool *pool);
 
 /*
  * Prepares the delta (len bytes, the caller's) of parcel d against block,
- * whose pieces have the checksums sums (d->npieces). threads: pool size (0:
- * the online CPUs, at most 8); the pool lives until fini. On failure *out is
- * empty (fini harmless) and err says why in one line; block is untouched
- * either way.
+ * whose pieces have the checksums sums (d->npieces), decoding on pool (the
+ * caller's; used only during the call). On failure *out is empty (fini
+ * harmless) and err says why in one line; block is untouched either way.
  */
 int proto_dpatch_prepare(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
-			 uint8_t *block, const uint64_t *sums, unsigned threads,
+			 uint8_t *block, const uint64_t *sums, struct proto_dpatch_pool *pool,
 			 struct proto_dpatch *out, struct proto_err *err);
 
-/* Writes the prepared changes into the block given to prepare. Cannot fail. */
-void proto_dpatch_write(const struct proto_dpatch *p);
+/* Writes the n prepared patches p[0..n) into the blocks given to prepare,
+ * their chunks split over pool in one run (NULL: on the caller's thread
+ * alone). Cannot fail. */
+void proto_dpatch_write(const struct proto_dpatch *p, size_t n, struct proto_dpatch_pool *pool);
 
-/* Frees the changes and stops the pool. Twice is harmless. */
+/* Frees the changes. Twice is harmless. */
 void proto_dpatch_fini(struct proto_dpatch *p);
 
 /* Threads a pool of `threads` (0: online CPUs, at most 8) runs on. */

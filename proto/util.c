@@ -151,6 +151,29 @@ fail:
 	return rc;
 }
 
+int proto_sync_file(const char *path, struct proto_err *err)
+{
+	char dir[4096];
+	const char *slash = strrchr(path, '/');
+	int rc = 0;
+
+	if (slash == NULL)
+		snprintf(dir, sizeof(dir), ".");
+	else if (snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path) >= (int)sizeof(dir))
+		return proto_errf(err, ENAMETOOLONG, "%s: path too long", path);
+	if (dir[0] == 0)
+		snprintf(dir, sizeof(dir), "/");
+	const char *which[2] = {path, dir};
+	for (int i = 0; i < 2 && rc == 0; i++) {
+		int fd = open(which[i], O_RDONLY | O_CLOEXEC);
+		if (fd < 0 || fsync(fd) != 0)
+			rc = proto_errf(err, errno, "%s: %s", which[i], strerror(errno));
+		if (fd >= 0)
+			close(fd);
+	}
+	return rc;
+}
+
 int proto_mkdir_p(const char *dir, struct proto_err *err)
 {
 	char buf[4096];

@@ -51,6 +51,8 @@ int proto_write_file_atomic(const char *path, const void *buf, size_t len,
 struct json_t;
 int proto_write_json_atomic(const char *path, const struct json_t *j, size_t flags,
 			    struct proto_err *err);
+/* fsyncs path and the directory that holds it (so a rename into it too). */
+int proto_sync_file(const char *path, struct proto_err *err);
 
 /* Creates dir and its missing parents (mkdir -p, mode 0755); 0 when it
  * exists already. On failure err names the part that could not be made. */

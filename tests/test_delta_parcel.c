@@ -76,6 +76,55 @@ static uint8_t *block_of(struct fx *f, uint32_t dst, const struct proto_parcel *
 	return b;
 }
 
+/* One parcel's delta, where every case starts: its pieces, the parent and
+ * child payloads (payloads(); with dense, every byte of the child
+ * changed), the delta encoded, the destination block holding the child,
+ * room for the pieces' checksums. */
+struct pdelta {
+	const struct proto_parcel *pc;
+	struct proto_dparcel dp;
+	struct proto_delta_stats st;
+	uint8_t *par, *chi, *enc, *want;
+	size_t len; /* enc's bytes */
+	size_t n;   /* the destination block's bytes */
+	uint64_t *sums;
+};
+
+static void pd_init(struct fx *f, uint32_t k, bool dense, struct pdelta *d)
+{
+	struct proto_err err;
+
+	memset(d, 0, sizeof(*d));
+	d->pc = &f->plan.parcels[k];
+	d->n = f->dst.ranks[d->pc->dst_rank].nbytes;
+	assert_int_equal(proto_dparcel_build(&f->m, &f->plan, d->pc, &f->dst, &d->dp, &err), 0);
+	payloads(f, d->pc, &d->par, &d->chi);
+	for (uint64_t i = 0; dense && i < d->pc->bytes; i++)
+		d->chi[i] = (uint8_t)(d->par[i] + 3);
+	assert_int_equal(proto_dparcel_encode(&d->dp, d->par, d->chi, NULL, &d->enc, &d->len, &d->st,
+					      &err), 0);
+	d->want = block_of(f, d->pc->dst_rank, d->pc, d->chi);
+	d->sums = malloc(((size_t)d->dp.npieces + 1) * sizeof(*d->sums));
+	assert_non_null(d->sums);
+}
+
+/* A destination block holding the parent (the caller frees). */
+static uint8_t *pd_parent(struct fx *f, const struct pdelta *d)
+{
+	return block_of(f, d->pc->dst_rank, d->pc, d->par);
+}
+
+static void pd_fini(struct pdelta *d)
+{
+	free(d->sums);
+	free(d->want);
+	free(d->enc);
+	free(d->par);
+	free(d->chi);
+	proto_dparcel_fini(&d->dp);
+	proto_dparcel_fini(&d->dp); /* twice is harmless */
+}
+
 static void test_roundtrip(void **state)
 {
 	const char *dsts[] = {"tp2", "tp1", "fsdp2"};
@@ -84,35 +133,23 @@ static void test_roundtrip(void **state)
 		struct fx f;
 		fx_init(&f, dsts[d]);
 		for (uint32_t k = 0; k < f.plan.nparcels; k++) {
-			const struct proto_parcel *pc = &f.plan.parcels[k];
-			struct proto_dparcel dp;
-			struct proto_delta_stats st;
+			struct pdelta pd;
 			struct proto_err err;
-			uint8_t *par, *chi, *enc;
-			size_t len;
 
-			assert_int_equal(proto_dparcel_build(&f.m, &f.plan, pc, &f.dst, &dp, &err), 0);
+			pd_init(&f, k, false, &pd);
 			/* The pieces cover the parcel's payload exactly, in order. */
 			uint64_t covered = 0;
-			for (uint32_t i = 0; i < dp.npieces; i++) {
-				assert_int_equal(dp.pieces[i].pay_off, covered);
-				covered += dp.pieces[i].len;
+			for (uint32_t i = 0; i < pd.dp.npieces; i++) {
+				assert_int_equal(pd.dp.pieces[i].pay_off, covered);
+				covered += pd.dp.pieces[i].len;
 			}
-			assert_int_equal(covered, pc->bytes);
-			payloads(&f, pc, &par, &chi);
-			assert_int_equal(proto_dparcel_encode(&dp, par, chi, NULL, &enc, &len, &st, &err), 0);
-			assert_true(st.nchanged > 0 && len < pc->bytes / 4);
-			uint8_t *blk = block_of(&f, pc->dst_rank, pc, par);
-			uint8_t *want = block_of(&f, pc->dst_rank, pc, chi);
-			assert_int_equal(proto_dparcel_apply(&dp, enc, len, blk, 2, &err), 0);
-			assert_memory_equal(blk, want, f.dst.ranks[pc->dst_rank].nbytes);
+			assert_int_equal(covered, pd.pc->bytes);
+			assert_true(pd.st.nchanged > 0 && pd.len < pd.pc->bytes / 4);
+			uint8_t *blk = pd_parent(&f, &pd);
+			assert_int_equal(proto_dparcel_apply(&pd.dp, pd.enc, pd.len, blk, 2, &err), 0);
+			assert_memory_equal(blk, pd.want, pd.n);
 			free(blk);
-			free(want);
-			free(enc);
-			free(par);
-			free(chi);
-			proto_dparcel_fini(&dp);
-			proto_dparcel_fini(&dp); /* twice is harmless */
+			pd_fini(&pd);
 		}
 		fx_fini(&f);
 	}
@@ -123,22 +160,21 @@ static void test_refusals(void **state)
 {
 	struct fx f;
 	fx_init(&f, "tp2");
-	const struct proto_parcel *pc = &f.plan.parcels[0], *other = &f.plan.parcels[1];
-	struct proto_dparcel dp, dq;
+	struct pdelta pd;
+	struct proto_dparcel dq;
 	struct proto_err err;
-	uint8_t *par, *chi, *enc;
-	size_t len, n = f.dst.ranks[pc->dst_rank].nbytes;
 
-	assert_int_equal(proto_dparcel_build(&f.m, &f.plan, pc, &f.dst, &dp, &err), 0);
-	assert_int_equal(proto_dparcel_build(&f.m, &f.plan, other, &f.dst, &dq, &err), 0);
-	payloads(&f, pc, &par, &chi);
-	assert_int_equal(proto_dparcel_encode(&dp, par, chi, NULL, &enc, &len, NULL, &err), 0);
-	uint8_t *blk = block_of(&f, pc->dst_rank, pc, par), *orig = malloc(n);
+	pd_init(&f, 0, false, &pd);
+	struct proto_dparcel *dp = &pd.dp;
+	uint8_t *enc = pd.enc;
+	size_t len = pd.len, n = pd.n;
+	assert_int_equal(proto_dparcel_build(&f.m, &f.plan, &f.plan.parcels[1], &f.dst, &dq, &err), 0);
+	uint8_t *blk = pd_parent(&f, &pd), *orig = malloc(n);
 	memcpy(orig, blk, n);
 
 	/* Truncated anywhere. */
 	for (size_t cut = 0; cut < len; cut += len / 7 + 1) {
-		assert_int_not_equal(proto_dparcel_apply(&dp, enc, cut, blk, 1, &err), 0);
+		assert_int_not_equal(proto_dparcel_apply(dp, enc, cut, blk, 1, &err), 0);
 		assert_true(strlen(err.msg) > 0);
 		assert_memory_equal(blk, orig, n);
 	}
@@ -146,34 +182,31 @@ static void test_refusals(void **state)
 	 * after apply) or in the header (its hash). */
 	for (size_t at = 0; at < len; at += len / 11 + 1) {
 		enc[at] ^= 0x10;
-		assert_int_not_equal(proto_dparcel_apply(&dp, enc, len, blk, 1, &err), 0);
+		assert_int_not_equal(proto_dparcel_apply(dp, enc, len, blk, 1, &err), 0);
 		assert_memory_equal(blk, orig, n);
 		enc[at] ^= 0x10;
 	}
 	/* A damaged parent: its checksums, taken from the block, are not the
 	 * delta's parent's. */
-	uint64_t mid = dp.pieces[dp.npieces / 2].dst_off + 2;
+	uint64_t mid = dp->pieces[dp->npieces / 2].dst_off + 2;
 	blk[mid] ^= 0x01;
 	memcpy(orig, blk, n);
-	assert_int_not_equal(proto_dparcel_apply(&dp, enc, len, blk, 1, &err), 0);
+	assert_int_not_equal(proto_dparcel_apply(dp, enc, len, blk, 1, &err), 0);
 	assert_non_null(strstr(err.msg, "another parent"));
 	assert_memory_equal(blk, orig, n);
 	blk[mid] ^= 0x01;
 	memcpy(orig, blk, n);
 	/* A delta for another parcel's pieces. */
-	if (dq.npieces != dp.npieces || dq.pieces[0].len != dp.pieces[0].len) {
+	if (dq.npieces != dp->npieces || dq.pieces[0].len != dp->pieces[0].len) {
 		assert_int_not_equal(proto_dparcel_apply(&dq, enc, len, blk, 1, &err), 0);
 		assert_memory_equal(blk, orig, n);
 	}
 	/* And the intact delta still applies. */
-	assert_int_equal(proto_dparcel_apply(&dp, enc, len, blk, 1, &err), 0);
+	assert_int_equal(proto_dparcel_apply(dp, enc, len, blk, 1, &err), 0);
 	free(orig);
 	free(blk);
-	free(enc);
-	free(par);
-	free(chi);
-	proto_dparcel_fini(&dp);
 	proto_dparcel_fini(&dq);
+	pd_fini(&pd);
 	fx_fini(&f);
 }
 
@@ -185,88 +218,104 @@ static void test_apply_trusted(void **state)
 {
 	struct fx f;
 	fx_init(&f, "tp2");
-	const struct proto_parcel *pc = &f.plan.parcels[0];
-	struct proto_dparcel dp;
+	struct pdelta pd;
 	struct proto_err err;
-	uint8_t *par, *chi, *enc;
-	size_t len, n = f.dst.ranks[pc->dst_rank].nbytes;
 
-	assert_int_equal(proto_dparcel_build(&f.m, &f.plan, pc, &f.dst, &dp, &err), 0);
-	payloads(&f, pc, &par, &chi);
-	assert_int_equal(proto_dparcel_encode(&dp, par, chi, NULL, &enc, &len, NULL, &err), 0);
-	uint8_t *blk = block_of(&f, pc->dst_rank, pc, par), *orig = malloc(n);
-	uint8_t *want = block_of(&f, pc->dst_rank, pc, chi);
+	pd_init(&f, 0, false, &pd);
+	uint8_t *enc = pd.enc, *want = pd.want;
+	size_t len = pd.len, n = pd.n;
+	uint8_t *blk = pd_parent(&f, &pd), *orig = malloc(n);
+	assert_non_null(orig);
 	memcpy(orig, blk, n);
 	for (size_t cut = 0; cut < len; cut += len / 5 + 1) {
-		assert_int_not_equal(proto_dparcel_apply_trusted(&dp, enc, cut, blk, 1, &err), 0);
+		assert_int_not_equal(proto_dparcel_apply_trusted(&pd.dp, enc, cut, blk, 1, &err), 0);
 		assert_memory_equal(blk, orig, n);
 	}
 	enc[len / 2] ^= 0x10;
-	assert_int_not_equal(proto_dparcel_apply_trusted(&dp, enc, len, blk, 1, &err), 0);
+	assert_int_not_equal(proto_dparcel_apply_trusted(&pd.dp, enc, len, blk, 1, &err), 0);
 	assert_memory_equal(blk, orig, n);
 	enc[len / 2] ^= 0x10;
-	assert_int_equal(proto_dparcel_apply_trusted(&dp, enc, len, blk, 2, &err), 0);
+	assert_int_equal(proto_dparcel_apply_trusted(&pd.dp, enc, len, blk, 2, &err), 0);
 	assert_memory_equal(blk, want, n);
 	/* Damaged at an odd byte (the parcel's changes are at even ones). */
-	uint64_t mid = dp.pieces[dp.npieces / 2].dst_off + 3;
+	uint64_t mid = pd.dp.pieces[pd.dp.npieces / 2].dst_off + 3;
 	orig[mid] ^= 0x01;
 	want[mid] ^= 0x01;
-	assert_int_equal(proto_dparcel_apply_trusted(&dp, enc, len, orig, 1, &err), 0);
+	assert_int_equal(proto_dparcel_apply_trusted(&pd.dp, enc, len, orig, 1, &err), 0);
 	assert_memory_equal(orig, want, n);
-	free(want);
 	free(orig);
 	free(blk);
-	free(enc);
-	free(par);
-	free(chi);
-	proto_dparcel_fini(&dp);
+	pd_fini(&pd);
 	fx_fini(&f);
 }
 
-/* Prepared ahead, written later: the block is untouched until the write,
- * then equals the child, for sparse and dense changes and any pool size. */
+/* Prepared ahead, written later: the blocks are untouched until the write,
+ * then equal the child, for sparse and dense changes and any pool size.
+ * Every parcel of a destination rank is prepared on one pool and all are
+ * written in one run of it (as an install writes them), into one block. */
 static void test_dpatch_roundtrip(void **state)
 {
 	struct fx f;
 	fx_init(&f, "tp2");
-	for (uint32_t k = 0; k < f.plan.nparcels; k++) {
-		const struct proto_parcel *pc = &f.plan.parcels[k];
-		struct proto_dparcel dp;
-		struct proto_err err;
-		uint8_t *par, *chi, *enc;
-		size_t len, n = f.dst.ranks[pc->dst_rank].nbytes;
+	uint32_t np = f.plan.nparcels;
+	struct pdelta *pd = calloc(np, sizeof(*pd));
+	struct proto_dpatch *pt = calloc(np, sizeof(*pt));
+	struct proto_err err;
 
-		assert_int_equal(proto_dparcel_build(&f.m, &f.plan, pc, &f.dst, &dp, &err), 0);
-		payloads(&f, pc, &par, &chi);
-		if (k == 1) /* every element changed: dense chunks */
-			for (uint64_t i = 0; i < pc->bytes; i++)
-				chi[i] = (uint8_t)(par[i] + 3);
-		assert_int_equal(proto_dparcel_encode(&dp, par, chi, NULL, &enc, &len, NULL, &err), 0);
-		uint8_t *want = block_of(&f, pc->dst_rank, pc, chi);
-		uint64_t *sums = malloc((dp.npieces + 1) * sizeof(*sums));
+	for (uint32_t k = 0; k < np; k++)
+		pd_init(&f, k, k == 1 /* every element changed: dense chunks */, &pd[k]);
+	for (uint32_t r = 0; r < f.dst.nranks; r++) {
+		size_t n = f.dst.ranks[r].nbytes;
+		uint8_t *blk = calloc(1, n + 1), *orig = malloc(n + 1), *want = calloc(1, n + 1);
+		for (uint32_t k = 0; k < np; k++)
+			if (pd[k].pc->dst_rank == r) {
+				proto_parcel_scatter(&f.plan, pd[k].pc, &f.dst, want, 0, pd[k].pc->bytes,
+						     pd[k].chi);
+				proto_parcel_scatter(&f.plan, pd[k].pc, &f.dst, orig, 0, pd[k].pc->bytes,
+						     pd[k].par);
+			}
 		for (unsigned threads = 1; threads <= 3; threads++) {
-			uint8_t *blk = block_of(&f, pc->dst_rank, pc, par), *orig = malloc(n);
-			struct proto_dpatch pt;
-			memcpy(orig, blk, n);
-			proto_dparcel_sums(&dp, blk, sums);
-			assert_int_equal(proto_dpatch_prepare(&dp, enc, len, blk, sums, threads, &pt,
-							      &err), 0);
+			struct proto_dpatch_pool *pool = proto_dpatch_pool_new(threads);
+			size_t m = 0;
+			assert_non_null(pool);
+			assert_int_equal(proto_dpatch_pool_size(pool), threads);
+			memcpy(blk, orig, n);
+			for (uint32_t k = 0; k < np; k++) {
+				if (pd[k].pc->dst_rank != r)
+					continue;
+				proto_dparcel_sums(&pd[k].dp, blk, pd[k].sums);
+				assert_int_equal(proto_dpatch_prepare(&pd[k].dp, pd[k].enc, pd[k].len, blk,
+								      pd[k].sums, pool, &pt[m], &err), 0);
+				assert_true(pt[m].nchanges > 0);
+				m++;
+			}
+			assert_true(m > 0);
 			assert_memory_equal(blk, orig, n);
-			assert_true(pt.nchanges > 0);
-			proto_dpatch_write(&pt);
+			proto_dpatch_write(pt, m, pool);
 			assert_memory_equal(blk, want, n);
-			proto_dpatch_fini(&pt);
-			proto_dpatch_fini(&pt); /* twice is harmless */
-			free(blk);
-			free(orig);
+			for (size_t i = 0; i < m; i++) {
+				proto_dpatch_fini(&pt[i]);
+				proto_dpatch_fini(&pt[i]); /* twice is harmless */
+			}
+			proto_dpatch_pool_free(pool);
 		}
-		free(sums);
 		free(want);
-		free(enc);
-		free(par);
-		free(chi);
-		proto_dparcel_fini(&dp);
+		free(orig);
+		free(blk);
 	}
+	/* Without a pool: on the caller's thread alone. */
+	uint8_t *blk = pd_parent(&f, &pd[0]);
+	proto_dparcel_sums(&pd[0].dp, blk, pd[0].sums);
+	assert_int_equal(proto_dpatch_prepare(&pd[0].dp, pd[0].enc, pd[0].len, blk, pd[0].sums, NULL,
+					      &pt[0], &err), 0);
+	proto_dpatch_write(pt, 1, NULL);
+	assert_memory_equal(blk, pd[0].want, pd[0].n);
+	proto_dpatch_fini(&pt[0]);
+	free(blk);
+	for (uint32_t k = 0; k < np; k++)
+		pd_fini(&pd[k]);
+	free(pt);
+	free(pd);
 	fx_fini(&f);
 }
 
@@ -276,61 +325,56 @@ static void test_dpatch_refusals(void **state)
 {
 	struct fx f;
 	fx_init(&f, "tp2");
-	const struct proto_parcel *pc = &f.plan.parcels[0], *other = &f.plan.parcels[1];
-	struct proto_dparcel dp, dq;
+	struct pdelta pd;
+	struct proto_dparcel dq;
 	struct proto_dpatch pt;
 	struct proto_err err;
-	uint8_t *par, *chi, *enc;
-	size_t len, n = f.dst.ranks[pc->dst_rank].nbytes;
+	struct proto_dpatch_pool *pool = proto_dpatch_pool_new(2);
 
-	assert_int_equal(proto_dparcel_build(&f.m, &f.plan, pc, &f.dst, &dp, &err), 0);
-	assert_int_equal(proto_dparcel_build(&f.m, &f.plan, other, &f.dst, &dq, &err), 0);
-	payloads(&f, pc, &par, &chi);
-	assert_int_equal(proto_dparcel_encode(&dp, par, chi, NULL, &enc, &len, NULL, &err), 0);
-	uint8_t *blk = block_of(&f, pc->dst_rank, pc, par), *orig = malloc(n);
-	uint64_t *sums = malloc((dp.npieces + dq.npieces + 1) * sizeof(*sums));
+	pd_init(&f, 0, false, &pd);
+	struct proto_dparcel *dp = &pd.dp;
+	uint8_t *enc = pd.enc;
+	uint64_t *sums = pd.sums;
+	size_t len = pd.len, n = pd.n;
+	assert_int_equal(proto_dparcel_build(&f.m, &f.plan, &f.plan.parcels[1], &f.dst, &dq, &err), 0);
+	uint8_t *blk = pd_parent(&f, &pd), *orig = malloc(n);
 	memcpy(orig, blk, n);
-	proto_dparcel_sums(&dp, blk, sums);
+	proto_dparcel_sums(dp, blk, sums);
 
 	for (size_t cut = 0; cut < len; cut += len / 7 + 1) {
-		assert_int_not_equal(proto_dpatch_prepare(&dp, enc, cut, blk, sums, 2, &pt, &err), 0);
+		assert_int_not_equal(proto_dpatch_prepare(dp, enc, cut, blk, sums, pool, &pt, &err), 0);
 		assert_true(strlen(err.msg) > 0);
 		assert_null(pt.chunks);
 	}
 	for (size_t at = 0; at < len; at += len / 11 + 1) {
 		enc[at] ^= 0x10;
-		assert_int_not_equal(proto_dpatch_prepare(&dp, enc, len, blk, sums, 2, &pt, &err), 0);
+		assert_int_not_equal(proto_dpatch_prepare(dp, enc, len, blk, sums, pool, &pt, &err), 0);
 		assert_true(strlen(err.msg) > 0);
 		enc[at] ^= 0x10;
 	}
 	/* The served block is not the delta's parent: checksums differ. */
-	uint64_t mid = dp.pieces[dp.npieces / 2].dst_off + 2;
+	uint64_t mid = dp->pieces[dp->npieces / 2].dst_off + 2;
 	blk[mid] ^= 0x01;
-	uint64_t keep = sums[dp.npieces / 2];
-	proto_dparcel_sums(&dp, blk, sums);
-	assert_int_not_equal(proto_dpatch_prepare(&dp, enc, len, blk, sums, 2, &pt, &err), 0);
+	uint64_t keep = sums[dp->npieces / 2];
+	proto_dparcel_sums(dp, blk, sums);
+	assert_int_not_equal(proto_dpatch_prepare(dp, enc, len, blk, sums, pool, &pt, &err), 0);
 	assert_non_null(strstr(err.msg, "parent"));
 	blk[mid] ^= 0x01;
-	sums[dp.npieces / 2] = keep;
+	sums[dp->npieces / 2] = keep;
 	/* Another parcel's pieces. */
-	if (dq.npieces != dp.npieces || dq.pieces[0].len != dp.pieces[0].len)
-		assert_int_not_equal(proto_dpatch_prepare(&dq, enc, len, blk, sums, 2, &pt, &err), 0);
+	if (dq.npieces != dp->npieces || dq.pieces[0].len != dp->pieces[0].len)
+		assert_int_not_equal(proto_dpatch_prepare(&dq, enc, len, blk, sums, pool, &pt, &err), 0);
 	assert_memory_equal(blk, orig, n);
 	/* And the intact delta still prepares and writes the child. */
-	assert_int_equal(proto_dpatch_prepare(&dp, enc, len, blk, sums, 2, &pt, &err), 0);
-	proto_dpatch_write(&pt);
+	assert_int_equal(proto_dpatch_prepare(dp, enc, len, blk, sums, pool, &pt, &err), 0);
+	proto_dpatch_write(&pt, 1, pool);
 	proto_dpatch_fini(&pt);
-	uint8_t *want = block_of(&f, pc->dst_rank, pc, chi);
-	assert_memory_equal(blk, want, n);
-	free(want);
-	free(sums);
+	assert_memory_equal(blk, pd.want, n);
+	proto_dpatch_pool_free(pool);
 	free(orig);
 	free(blk);
-	free(enc);
-	free(par);
-	free(chi);
-	proto_dparcel_fini(&dp);
 	proto_dparcel_fini(&dq);
+	pd_fini(&pd);
 	fx_fini(&f);
 }
 
@@ -391,13 +435,16 @@ static void test_dpatch_threads_odd_sizes(void **state)
 		proto_parcel_scatter(&plan, pc, &l, want, 0, pc->bytes, chi);
 		for (unsigned threads = 1; threads <= 8; threads++) {
 			struct proto_dpatch pt;
+			struct proto_dpatch_pool *pool = proto_dpatch_pool_new(threads);
+			assert_non_null(pool);
 			memset(blk, 0, n);
 			proto_parcel_scatter(&plan, pc, &l, blk, 0, pc->bytes, par);
 			proto_dparcel_sums(&dp, blk, sums);
-			assert_int_equal(proto_dpatch_prepare(&dp, enc, len, blk, sums, threads, &pt, &err), 0);
-			proto_dpatch_write(&pt);
+			assert_int_equal(proto_dpatch_prepare(&dp, enc, len, blk, sums, pool, &pt, &err), 0);
+			proto_dpatch_write(&pt, 1, pool);
 			assert_memory_equal(blk, want, n);
 			proto_dpatch_fini(&pt);
+			proto_dpatch_pool_free(pool);
 		}
 		free(sums);
 		free(blk);
@@ -425,21 +472,15 @@ static void test_dpatch_pretouch(void **state)
 #ifdef MADV_POPULATE_WRITE
 	struct fx f;
 	fx_init(&f, "tp2");
-	const struct proto_parcel *pc = &f.plan.parcels[0];
-	struct proto_dparcel dp;
+	struct pdelta pd;
 	struct proto_dpatch pt;
 	struct proto_err err;
-	size_t n = f.dst.ranks[pc->dst_rank].nbytes;
-	uint8_t *par, *chi, *enc;
-	size_t len;
 	int fds[2];
 
-	assert_int_equal(proto_dparcel_build(&f.m, &f.plan, pc, &f.dst, &dp, &err), 0);
-	payloads(&f, pc, &par, &chi);
-	assert_int_equal(proto_dparcel_encode(&dp, par, chi, NULL, &enc, &len, NULL, &err), 0);
+	pd_init(&f, 0, false, &pd);
+	size_t n = pd.n;
 	uint8_t *blk = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	uint8_t *want = block_of(&f, pc->dst_rank, pc, chi), *orig = block_of(&f, pc->dst_rank, pc, par);
-	uint64_t *sums = malloc((dp.npieces + 1) * sizeof(*sums));
+	uint8_t *orig = pd_parent(&f, &pd);
 	assert_true(blk != MAP_FAILED);
 	memcpy(blk, orig, n);
 	assert_int_equal(pipe(fds), 0);
@@ -451,26 +492,21 @@ static void test_dpatch_pretouch(void **state)
 		_exit(read(fds[0], &c, 1) < 0);
 	}
 	close(fds[0]);
-	proto_dparcel_sums(&dp, blk, sums);
-	assert_int_equal(proto_dpatch_prepare(&dp, enc, len, blk, sums, 1, &pt, &err), 0);
+	proto_dparcel_sums(&pd.dp, blk, pd.sums);
+	assert_int_equal(proto_dpatch_prepare(&pd.dp, pd.enc, pd.len, blk, pd.sums, NULL, &pt, &err), 0);
 	assert_memory_equal(blk, orig, n);
 	struct rusage r0, r1;
 	getrusage(RUSAGE_SELF, &r0);
-	proto_dpatch_write(&pt);
+	proto_dpatch_write(&pt, 1, NULL);
 	getrusage(RUSAGE_SELF, &r1);
 	assert_int_equal(r1.ru_minflt + r1.ru_majflt, r0.ru_minflt + r0.ru_majflt);
-	assert_memory_equal(blk, want, n);
+	assert_memory_equal(blk, pd.want, n);
 	close(fds[1]);
 	assert_int_equal(waitpid(child, NULL, 0), child);
 	proto_dpatch_fini(&pt);
 	munmap(blk, n);
-	free(sums);
 	free(orig);
-	free(want);
-	free(enc);
-	free(par);
-	free(chi);
-	proto_dparcel_fini(&dp);
+	pd_fini(&pd);
 	fx_fini(&f);
 #else
 	print_message("skipped: built without MADV_POPULATE_WRITE\n");

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "node/client/tessera_client.h"
+#include "node/expose.h"
 #include "node/probe.h"
 #include "node/proc.h"
 #include "proto/checkpoint.h"
@@ -264,6 +265,24 @@ static void test_inplace_pause_and_fail(void **state)
 	assert_true(wait_log(e, "v5 installed in place (full copy)"));
 	serving(e, 5);
 	assert_true(node_proc_alive(&e->node));
+
+	/* Stopped with SIGTERM, the node takes its activation record with it;
+	 * a client coming later is told in one line that no node is there. */
+	char rec[600], why[256];
+	struct proto_err err;
+	json_t *j;
+	tessera_client *c;
+	snprintf(rec, sizeof(rec), "%s/A-0.json", e->expose);
+	assert_int_equal(node_expose_read(rec, &j, &err), 0);
+	json_decref(j);
+	node_proc_stop(&e->node, 30000);
+	assert_int_equal(access(rec, F_OK), -1);
+	assert_int_equal(node_expose_read(rec, &j, &err), -ENOENT);
+	assert_null(j);
+	assert_non_null(strstr(err.msg, "no activation record"));
+	assert_int_equal(tessera_attach(e->sock, "A", 0, 5000, &c, why, sizeof(why)), -ENOENT);
+	assert_non_null(strstr(why, "no such socket"));
+	assert_null(strchr(why, '\n'));
 }
 
 /* A request that never releases its pin is dropped once the drain bound
@@ -285,6 +304,25 @@ static void test_inplace_drain_bound(void **state)
 	assert_true(tessera_release(c1, &p1) != 0);
 	tessera_detach(c1);
 	serving(e, 2);
+
+	/* Killed, the node leaves its record and socket behind: a reader of
+	 * the record and a client of the socket each get one line saying the
+	 * node is gone, not a failure to open a memfd. */
+	char rec[600], why[256];
+	struct proto_err err;
+	json_t *j;
+	tessera_client *c;
+	pid_t pid = e->node.pid;
+	snprintf(rec, sizeof(rec), "%s/A-0.json", e->expose);
+	node_proc_kill(&e->node);
+	assert_int_equal(access(rec, F_OK), 0);
+	assert_int_equal(node_expose_read(rec, &j, &err), -ESRCH);
+	assert_null(j);
+	char want[64];
+	snprintf(want, sizeof(want), "is stale: node process %ld is not running", (long)pid);
+	assert_non_null(strstr(err.msg, want));
+	assert_int_equal(tessera_attach(e->sock, "A", 0, 5000, &c, why, sizeof(why)), -ECONNREFUSED);
+	assert_non_null(strstr(why, "no node listens there"));
 }
 
 /* --install takes double or in-place only. */

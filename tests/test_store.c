@@ -10,6 +10,9 @@
 #include <sys/mman.h>
 
 #include "node/store.h"
+#include "proto/delta.h"
+#include "proto/dpatch.h"
+#include "proto/fixture.h"
 #include "proto/proto.h"
 #include "tests/testutil.h"
 
@@ -24,6 +27,9 @@ static void test_host_slot_is_mappable(void **state)
 	for (size_t i = 0; i < slot->len; i++)
 		slot->host[i] = (uint8_t)(i * 31 + 7);
 	assert_int_equal(node_slot_activate(&s, slot, &err), 0);
+	/* No device copy: activating a patched slot is the plain activation. */
+	assert_int_equal(node_slot_activate_patched(&s, slot, NULL, 0, &err), 0);
+	assert_null(slot->dev);
 	json_t *d = node_slot_describe(&s, slot);
 	assert_non_null(d);
 	assert_string_equal(json_string_value(json_object_get(d, "store")), "host");
@@ -330,6 +336,118 @@ static void test_cuda_streamed_slot(void **state)
 #endif
 }
 
+#ifdef TESSERA_CUDA
+/* A tp1 rank's delta from the slot's host bytes (parent) to a child with
+ * one byte in 61 changed, prepared into pt[0..np) and written into the host
+ * slot, as an in-place install does. */
+static uint32_t patch_slot(struct node_slot *slot, const struct proto_model *m,
+			   const struct proto_layout *l, const struct proto_plan *plan,
+			   struct proto_dparcel *dp, struct proto_dpatch *pt)
+{
+	struct proto_err err;
+
+	for (uint32_t k = 0; k < plan->nparcels; k++) {
+		const struct proto_parcel *pc = &plan->parcels[k];
+		uint8_t *par = malloc(pc->bytes + 1), *chi = malloc(pc->bytes + 1), *enc;
+		uint64_t *sums;
+		size_t len;
+		assert_int_equal(proto_dparcel_build(m, plan, pc, l, &dp[k], &err), 0);
+		proto_parcel_gather(plan, pc, l, slot->host, 0, pc->bytes, par);
+		memcpy(chi, par, pc->bytes);
+		for (uint64_t i = k; i < pc->bytes; i += 61)
+			chi[i] ^= 0x21;
+		assert_int_equal(proto_dparcel_encode(&dp[k], par, chi, NULL, &enc, &len, NULL, &err), 0);
+		sums = malloc(((size_t)dp[k].npieces + 1) * sizeof(*sums));
+		assert_non_null(sums);
+		proto_dparcel_sums(&dp[k], slot->host, sums);
+		assert_int_equal(proto_dpatch_prepare(&dp[k], enc, len, slot->host, sums, NULL, &pt[k],
+						      &err), 0);
+		free(sums);
+		free(enc);
+		free(par);
+		free(chi);
+	}
+	proto_dpatch_write(pt, plan->nparcels, NULL);
+	return plan->nparcels;
+}
+#endif
+
+/*
+ * In place on the CUDA store: a delta's changes, prepared on the host and
+ * written into the served slot, are scattered into the device copy, which
+ * then equals the host slot. When the device copy is not the delta's
+ * parent (here two bytes changed behind the store's back: one where the
+ * delta changes an element, one where it does not), the checksums the
+ * scatter computes disagree with the host's and the slot is uploaded
+ * whole: the device equals the host all the same, both bytes included.
+ */
+static void test_cuda_patched_slot(void **state)
+{
+#ifndef TESSERA_CUDA
+	print_message("skipped: tessera was built without CUDA (no nvcc)\n");
+	skip();
+#else
+	struct node_store s;
+	struct node_slot *slot;
+	struct proto_model m;
+	struct proto_layout l;
+	struct proto_plan plan;
+	struct proto_err err;
+	char why[256];
+
+	skip_without_gpu();
+	assert_int_equal(proto_fixture_model(3 << 20, &m, &err), 0);
+	assert_int_equal(proto_layout_builtin(&m, "tp1", &l, &err), 0);
+	assert_int_equal(proto_plan_build(&m, &l, &l, &plan, &err), 0);
+	size_t len = l.ranks[0].nbytes;
+	struct proto_dparcel *dp = calloc(plan.nparcels + 1, sizeof(*dp));
+	struct proto_dpatch *pt = calloc(plan.nparcels + 1, sizeof(*pt));
+	uint8_t *got = malloc(len);
+	assert_true(dp != NULL && pt != NULL && got != NULL);
+	assert_int_equal(node_store_open("cuda", &s, &err), 0);
+	assert_int_equal(node_slot_new(&s, 1, len, &slot, &err), 0);
+	proto_fixture_fill_rank(&m, &l, 0, 9, 1, slot->host);
+	assert_int_equal(node_slot_activate(&s, slot, &err), 0);
+	for (int round = 0; round < 2; round++) {
+		uint32_t np = patch_slot(slot, &m, &l, &plan, dp, pt);
+		if (round == 1) {
+			/* The first change of a chunk whose first element is
+			 * not changed, and that first element, each made
+			 * different on the device. */
+			const struct proto_dpatch_chunk *pc = NULL;
+			for (uint32_t k = 0; pc == NULL && k < np; k++)
+				for (uint32_t ci = 0; pc == NULL && ci < pt[k].nchunks; ci++)
+					if (pt[k].chunks[ci].n > 0 && pt[k].chunks[ci].pos[0] > 0)
+						pc = &pt[k].chunks[ci];
+			assert_non_null(pc);
+			uint32_t u = 0;
+			size_t at[2] = {(size_t)(pc->dst - slot->host) + (size_t)pc->pos[0] * pc->w,
+					(size_t)(pc->dst - slot->host) + (size_t)u * pc->w};
+			for (int i = 0; i < 2; i++) {
+				uint8_t b = (uint8_t)(slot->host[at[i]] ^ 0x5a);
+				assert_int_equal(node_cuda_upload(s.device, (uint8_t *)slot->dev + at[i], &b,
+								  1, why, sizeof(why)), 0);
+			}
+		}
+		assert_int_equal(node_slot_activate_patched(&s, slot, pt, np, &err), 0);
+		assert_int_equal(node_cuda_download(s.device, got, slot->dev, len, why, sizeof(why)), 0);
+		assert_memory_equal(got, slot->host, len);
+		for (uint32_t k = 0; k < np; k++) {
+			proto_dpatch_fini(&pt[k]);
+			proto_dparcel_fini(&dp[k]);
+		}
+	}
+	node_slot_free(&s, slot);
+	node_store_close(&s);
+	free(got);
+	free(pt);
+	free(dp);
+	proto_plan_fini(&plan);
+	proto_layout_fini(&l);
+	proto_model_fini(&m);
+#endif
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -341,6 +459,7 @@ int main(void)
 		cmocka_unit_test(test_cuda_store),
 		cmocka_unit_test(test_host_store_does_not_stream),
 		cmocka_unit_test(test_cuda_streamed_slot),
+		cmocka_unit_test(test_cuda_patched_slot),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

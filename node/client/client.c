@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -447,7 +448,20 @@ API int tessera_attach(const char *path, const char *replica, uint32_t rank, int
 	memcpy(sa.sun_path, path, strlen(path) + 1);
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-		rc = fail(c, errno, "tessera client: cannot connect to %s: %s", path, strerror(errno));
+		int e = errno;
+		/* The two ways of finding no node: say which, in one line. A
+		 * socket nobody listens on was left by a node that died (one
+		 * that stops removes its socket and its activation record). */
+		struct stat st;
+		if (e == ECONNREFUSED && lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+			rc = fail(c, e, "tessera client: cannot connect to %s: no node listens there (a "
+				  "socket left by a node that stopped without cleaning up; restart the "
+				  "node)", path);
+		else if (e == ENOENT)
+			rc = fail(c, e, "tessera client: cannot connect to %s: no such socket (the node "
+				  "is not started, has stopped, or was given another --attach)", path);
+		else
+			rc = fail(c, e, "tessera client: cannot connect to %s: %s", path, strerror(e));
 		goto fail;
 	}
 	tsr_put16(req, TSR_WIRE_PROTOCOL);

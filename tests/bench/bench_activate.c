@@ -193,6 +193,7 @@ static struct node_slot *build(struct bench *b, uint64_t v)
 struct ip_job {
 	struct bench *b;
 	const struct proto_dpatch *patch; /* prepared before the pause */
+	struct proto_dpatch_pool *pool;   /* that writes it */
 	uint64_t version;
 	uint64_t t_pause, t_drained, t_written, t_resume;
 	long flt0, flt; /* page faults (minor and major) from pause to resume */
@@ -278,7 +279,7 @@ static void ip_drained(void *arg)
 	struct bench *b = j->b;
 
 	j->t_drained = proto_now_ns();
-	proto_dpatch_write(j->patch);
+	proto_dpatch_write(j->patch, 1, j->pool);
 	j->t_written = proto_now_ns();
 	b->active->version = j->version;
 	node_attach_resume(b->at, b->active, b->digest);
@@ -402,15 +403,21 @@ static void run_inplace(uint64_t mib)
 	}
 	for (int k = 0; k < INSTALLS; k++) {
 		struct proto_dpatch patch;
-		struct ip_job j = {.b = &b, .patch = &patch, .version = (uint64_t)k + 2,
+		/* One pool per install, as the node makes. */
+		struct proto_dpatch_pool *pool = proto_dpatch_pool_new(threads);
+		struct ip_job j = {.b = &b, .patch = &patch, .pool = pool, .version = (uint64_t)k + 2,
 				   .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 		struct timeval now = {0, 0};
 		/* Before the pause, as the node: the parent's checksums, the
 		 * delta decoded and verified against the served bytes. */
 		uint64_t t0 = proto_now_ns();
 		proto_dparcel_sums(&dp, b.active->host, sums);
+		if (pool == NULL) {
+			fprintf(stderr, "bench_activate: out of memory\n");
+			exit(1);
+		}
 		if (proto_dpatch_prepare(&dp, k % 2 ? back : fwd, k % 2 ? back_len : fwd_len,
-					 b.active->host, sums, threads, &patch, &err) != 0) {
+					 b.active->host, sums, pool, &patch, &err) != 0) {
 			fprintf(stderr, "bench_activate: in-place prepare: %s\n", err.msg);
 			exit(1);
 		}
@@ -429,6 +436,7 @@ static void run_inplace(uint64_t mib)
 			pthread_cond_wait(&j.cv, &j.mu);
 		pthread_mutex_unlock(&j.mu);
 		proto_dpatch_fini(&patch);
+		proto_dpatch_pool_free(pool);
 		install_ns[k] = j.t_resume - j.t_pause;
 		write_ns[k] = j.t_written - j.t_drained;
 		resume_ns[k] = j.t_resume - j.t_written;

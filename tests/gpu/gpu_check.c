@@ -262,6 +262,18 @@ static uint64_t ld(const uint8_t *p, unsigned w)
 	return x;
 }
 
+/* Applies the n changes to the host piece; the checksum sum moved by them. */
+static uint64_t host_apply(uint8_t *host, unsigned w, const uint64_t *pos, const uint8_t *vals,
+			   uint64_t n, uint64_t sum)
+{
+	for (uint64_t i = 0; i < n; i++) {
+		uint8_t *at = host + pos[i] * w;
+		sum = proto_wsum_update(sum, pos[i], ld(at, w), ld(vals + i * w, w));
+		memcpy(at, vals + i * w, w);
+	}
+	return sum;
+}
+
 static void check_scatter(unsigned w, uint64_t nelem, uint64_t nchanges, size_t misalign)
 {
 	size_t bytes = nelem * w;
@@ -290,12 +302,7 @@ static void check_scatter(unsigned w, uint64_t nelem, uint64_t nchanges, size_t 
 		if (n == 0 || pos[i] != pos[n - 1])
 			pos[n++] = pos[i];
 	fill(vals, n * w);
-	uint64_t child = parent;
-	for (uint64_t i = 0; i < n; i++) {
-		uint8_t *at = host + pos[i] * w;
-		child = proto_wsum_update(child, pos[i], ld(at, w), ld(vals + i * w, w));
-		memcpy(at, vals + i * w, w);
-	}
+	uint64_t child = host_apply(host, w, pos, vals, n, parent);
 	CHECK(child == proto_wsum(w, host, nelem), "w%u: host wsum update disagrees", w);
 	/* Batches smaller than n: the apply goes through in turns. */
 	CUDA_OK(node_cuda_scatter_new(0, n / 3 + 1, &sc, why, sizeof(why)));
@@ -324,6 +331,20 @@ static void check_scatter(unsigned w, uint64_t nelem, uint64_t nchanges, size_t 
 	      "a 3-byte element was accepted");
 	CUDA_OK(node_cuda_download(0, got, dev, bytes, why, sizeof(why)));
 	CHECK(memcmp(got, host, bytes) == 0, "w%u: a refused batch changed the piece", w);
+	/* 32-bit positions (an in-place install's prepared changes): new
+	 * values at the same positions, the same agreement. */
+	uint32_t *pos32 = malloc(n * 4 + 4);
+	CHECK(pos32 != NULL, "out of memory");
+	for (uint64_t i = 0; i < n; i++)
+		pos32[i] = (uint32_t)pos[i];
+	fill(vals, n * w);
+	uint64_t child2 = host_apply(host, w, pos, vals, n, child);
+	CUDA_OK(node_cuda_scatter_apply32(sc, dev, nelem, w, pos32, vals, n, &delta, why, sizeof(why)));
+	CHECK(proto_wsum_combine(child, 0, delta) == child2,
+	      "w%u: 32-bit positions: the checksum delta does not give the child's", w);
+	CUDA_OK(node_cuda_download(0, got, dev, bytes, why, sizeof(why)));
+	CHECK(memcmp(got, host, bytes) == 0, "w%u: 32-bit positions: the device piece differs", w);
+	free(pos32);
 	printf("ok   scatter %u-byte elements%s: %" PRIu64 " of %" PRIu64
 	       " changed, checksums agree, bad batches refused\n",
 	       w, misalign ? " (unaligned piece)" : "", n, nelem);
