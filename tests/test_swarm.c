@@ -53,14 +53,18 @@ static void swarm_env_clear(void)
 /*
  * Four tp1 replicas and a trainer of two ranks (`tessera cluster`): every
  * replica ends with the version's exact bytes (the cluster compares them),
- * and the trainer sent about one copy. The bound: one copy S, plus what
- * every other node may take from the trainer before it knows its peers'
- * chunks: its first source list may not name them yet (asked again after
- * SOURCES_MIN_MS = 300 ms) and a have-page is up to two polls old; at 8
- * Mbit/s that is 1 MB/s x 0.34 s per node. In star mode the trainer sends
- * NODES copies: that run is the contrast that shows the bound means
- * something.
+ * and the trainer sent about one copy. What a node takes from the trainer
+ * beyond its share is what it reads before it knows its peers' chunks (its
+ * first source list may not name them yet, asked again after
+ * SOURCES_MIN_MS = 300 ms; a have-page is up to two polls old) or while it
+ * starves (STARVE_MS without a chunk): at 8 Mbit/s about 0.34 MB per node
+ * on an idle machine, and as much more as the scheduler delays those
+ * steps on a loaded one (1.00-1.09 S measured idle, up to 1.30 S at load
+ * 60). A time-derived bound would fail on a busy machine, so the bound is
+ * one and a half copies; in star mode the trainer sends NODES = 4 copies:
+ * that run is the contrast that shows the bound means something.
  */
+#define ABOUT_ONE_COPY(s) ((s) + (s) / 2)
 static json_t *cluster(const char *dir, const char *fanout)
 {
 	char bin[512], report[512];
@@ -89,7 +93,7 @@ static void test_swarm_trainer_uploads_once(void **state)
 	uint64_t s = (uint64_t)json_integer_value(json_object_get(v, "payload_bytes"));
 	uint64_t up = (uint64_t)json_integer_value(json_object_get(v, "trainer_upload_bytes"));
 	uint64_t peers = (uint64_t)json_integer_value(json_object_get(v, "peer_upload_bytes"));
-	uint64_t blind = 8000000 / 8 * (300 + 2 * 20) / 1000; /* bytes per node, see above */
+	uint64_t blind = 8000000 / 8 * (300 + 2 * 20) / 1000; /* a node's idle excess, see above */
 	size_t i;
 	json_t *r;
 
@@ -99,9 +103,9 @@ static void test_swarm_trainer_uploads_once(void **state)
 	}
 	assert_true(s > 0);
 	print_message("fanout: trainer sent %.3f S, peers %.3f S (bound %.3f S)\n", (double)up / s,
-		      (double)peers / s, (double)(s + (NODES - 1) * blind) / s);
+		      (double)peers / s, (double)ABOUT_ONE_COPY(s) / s);
 	assert_true(up >= s);
-	assert_true(up <= s + (NODES - 1) * blind);
+	assert_true(up <= ABOUT_ONE_COPY(s));
 	assert_int_equal(up + peers, NODES * s); /* every byte counted once, by source */
 	json_decref(j);
 
@@ -124,10 +128,9 @@ static void test_swarm_trainer_uploads_once(void **state)
 		readers += (uint64_t)json_integer_value(json_object_get(r, "bytes_from_trainer")) > blind;
 	}
 	print_message("capped: trainer sent %.3f S, peers %.3f S (bound %.3f S), %d readers\n",
-		      (double)up / s, (double)peers / s, (double)(s + (NODES - 1) * blind) / s,
-		      readers);
+		      (double)up / s, (double)peers / s, (double)ABOUT_ONE_COPY(s) / s, readers);
 	assert_true(up >= s);
-	assert_true(up <= s + (NODES - 1) * blind);
+	assert_true(up <= ABOUT_ONE_COPY(s));
 	assert_int_equal(up + peers, NODES * s);
 	json_decref(j);
 	unsetenv("TESSERA_PUB_UPLOAD_READERS");
@@ -537,16 +540,15 @@ static void test_swarm_corrupt_peer_banned(void **state)
  * B keeps its fetch, and B's peers keep it as a source and an owner while
  * it answers over the fabric (TESSERA_PEER_GRACE_MS): every node activates
  * the exact bytes, B registered again, and the trainer still sent about
- * one copy, within the bound of test_swarm_trainer_uploads_once at this
- * fetch rate. (On loopback the lapse is short and a swarm without the
- * grace stays within the bound too: this guards the lapse path, it does
- * not measure the grace.)
+ * one copy, within the bound of test_swarm_trainer_uploads_once. (On
+ * loopback the lapse is short and a swarm without the grace stays within
+ * the bound too: this guards the lapse path, it does not measure the
+ * grace.)
  */
 static void test_swarm_lease_lapse(void **state)
 {
 	struct swarm *w = *state;
 	uint64_t s, from_trainer[NODES] = {0}, up = 0;
-	uint64_t blind = 2000000 / 8 * (300 + 2 * 20) / 1000; /* at 2 Mbit/s */
 	bool mid = false, all = false;
 	char path[600];
 
@@ -598,9 +600,9 @@ static void test_swarm_lease_lapse(void **state)
 	snprintf(path, sizeof(path), "%s/node-B.log", w->dir);
 	assert_int_equal(tu_sh("grep -q 'lease lost' %s", path), 0);
 	print_message("B's lease lapsed: trainer sent %.3f S (bound %.3f S)\n", (double)up / s,
-		      (double)(s + (NODES - 1) * blind) / s);
+		      (double)ABOUT_ONE_COPY(s) / s);
 	assert_true(up >= s);
-	assert_true(up <= s + (NODES - 1) * blind);
+	assert_true(up <= ABOUT_ONE_COPY(s));
 }
 
 int main(void)
