@@ -280,7 +280,7 @@ static bool serve_until(struct env *e, struct fake_pub *p, const char *line, uin
 
 static void wait_nodes(struct env *e, int n)
 {
-	for (int waited = 0; waited < 10000; waited += 50) {
+	for (int waited = 0; waited < 60000; waited += 50) {
 		json_t *st = status(e);
 		int alive = (int)json_integer_value(json_object_get(st, "nodes_alive"));
 		json_decref(st);
@@ -428,7 +428,7 @@ static void test_uncovering_layout_refused(void **state)
 				       "\"experts\":[[0],[1]]},{\"match\":\"*\",\"replicate\":true}]}"),
 			 0);
 	start_node(e, path);
-	for (int i = 0; i < 200 && node_proc_alive(&e->node); i++)
+	for (int i = 0; i < 1200 && node_proc_alive(&e->node); i++) /* 60 s at most */
 		usleep(50000);
 	assert_false(node_proc_alive(&e->node));
 	assert_true(WIFEXITED(e->node.status) && WEXITSTATUS(e->node.status) != 0);
