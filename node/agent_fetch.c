@@ -24,8 +24,13 @@ void agent_want_sources(struct node_agent *a, uint32_t pi)
 	*req = (struct sources_req){a, a->gen, pi};
 	p->sources_pending = true;
 	p->sources_ms = agent_now_ms();
-	if (trk_client_sources(a->trk, f->version, f->ml->layout_digest, p->mp->src_rank,
-			       p->mp->dst_rank, on_sources, req) != 0) {
+	struct trk_parcel_key k = {.version = f->version, .src_rank = p->mp->src_rank,
+				   .dst_rank = p->mp->dst_rank};
+	memcpy(k.layout, f->ml->layout_digest, PROTO_HASH_BYTES);
+	const struct node_agent_shared *sh = a->o.shared;
+	if ((sh->sources != NULL ? sh->sources(sh->sources_ctx, &k, on_sources, req)
+				 : trk_client_sources(a->trk, k.version, k.layout, k.src_rank,
+						      k.dst_rank, on_sources, req)) != 0) {
 		p->sources_pending = false;
 		free(req);
 	}

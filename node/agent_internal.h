@@ -315,6 +315,7 @@ struct node_agent {
 	uint64_t chain_failed_v;
 
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
+	uint32_t model_refusals; /* registrations refused in a row: another model */
 	struct node_wait wait; /* what we wait for, said when it lasts */
 	uint64_t last_report_ms;
 	int fatal;
