@@ -316,6 +316,9 @@ struct node_agent {
 
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
 	uint32_t model_refusals; /* registrations refused in a row: another model */
+	/* The members list last heard per parcel swarm, with its tag
+	 * (agent_fetch.c): {"<layout hex>/<src>/<dst>":{"tag":..,"members":[..]}}. */
+	json_t *members_memo;
 	struct node_wait wait; /* what we wait for, said when it lasts */
 	uint64_t last_report_ms;
 	int fatal;

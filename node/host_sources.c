@@ -90,8 +90,7 @@ static void on_batch(const struct trk_answer *ans, void *arg)
 		hs->single = true;
 		for (size_t i = 0; i < b->n; i++) {
 			const struct ask *q = &b->a[i];
-			if (trk_client_sources(hs->trk, q->k.version, q->k.layout, q->k.src_rank,
-					       q->k.dst_rank, q->cb, q->arg) != 0) {
+			if (trk_client_sources_key(hs->trk, &q->k, q->cb, q->arg) != 0) {
 				struct trk_answer fail = {.status = -EIO, .error = "could not send"};
 				q->cb(&fail, q->arg);
 			}
@@ -152,8 +151,7 @@ int node_host_sources_ask(void *ctx, const struct trk_parcel_key *k, trk_client_
 	struct batch *b = hs->open;
 
 	if (hs->single)
-		return trk_client_sources(hs->trk, k->version, k->layout, k->src_rank, k->dst_rank,
-					  cb, arg);
+		return trk_client_sources_key(hs->trk, k, cb, arg);
 	if (b == NULL) {
 		if ((b = calloc(1, sizeof(*b))) == NULL)
 			return -ENOMEM;

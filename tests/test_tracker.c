@@ -3227,7 +3227,7 @@ static void test_sources_batch(void **state)
 	struct fx *f = *state;
 	struct trk_reply r, g;
 	struct trk_offer offers[4];
-	struct trk_parcel_key k[4];
+	struct trk_parcel_key k[4] = {{0}};
 	char path[256], want[512], got[512];
 
 	register_publisher(f);
@@ -3287,10 +3287,49 @@ static void test_sources_batch(void **state)
 	json_t *unknown = json_array_get(answers, 3);
 	assert_int_equal(json_integer_value(json_object_get(unknown, "status")), 404);
 	assert_non_null(json_string_value(json_object_get(unknown, "error")));
+
+	/* A query naming the members list it holds gets "members_same"
+	 * instead of the list; another tag (the list changed) gets it. */
+	char tag[TRK_MEMBERS_TAG_HEX + 1];
+	const char *t = json_string_value(json_object_get(json_array_get(answers, 1), "members_tag"));
+	assert_non_null(t);
+	assert_int_equal(strlen(t), TRK_MEMBERS_TAG_HEX);
+	memcpy(tag, t, sizeof(tag));
+	memcpy(k[1].members_tag, tag, TRK_MEMBERS_TAG_HEX + 1);
+	snprintf(k[0].members_tag, sizeof(k[0].members_tag), "%s", "0123456789abcdef");
 	trk_reply_fini(&r);
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_sources_batch(f->c, k, 2, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	answers = json_object_get(r.json, "answers");
+	assert_true(json_is_array(json_object_get(json_array_get(answers, 0), "members")));
+	assert_null(json_object_get(json_array_get(answers, 0), "members_same"));
+	assert_null(json_object_get(json_array_get(answers, 1), "members"));
+	assert_true(json_is_true(json_object_get(json_array_get(answers, 1), "members_same")));
+	source_ids(json_array_get(answers, 1), got, sizeof(got));
+	assert_string_equal(got, want);
+	trk_reply_fini(&r);
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_sources_key(f->c, &k[1], trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	assert_null(json_object_get(r.json, "members"));
+	assert_true(json_is_true(json_object_get(r.json, "members_same")));
+	assert_string_equal(json_string_value(json_object_get(r.json, "members_tag")), tag);
+	trk_reply_fini(&r);
+	/* A tag that is not 16 lower-case hex digits is refused. */
+	static const char *const bad_tags[] = {"xyz", "ABCDEF0123456789", "0123456789abcdef0", ""};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad_tags); i++) {
+		snprintf(path, sizeof(path),
+			 TRK_API "/sources?version=1&layout=%s&src_rank=0&dst_rank=1&members_tag=%s",
+			 HEX(f->tp2.digest), bad_tags[i]);
+		assert_int_equal(get(f, path, &g), 400);
+		trk_reply_fini(&g);
+	}
 	assert_int_equal(get(f, "/metrics", &r), 200);
-	assert_non_null(strstr((char *)r.body, "\ntessera_tracker_sources_batches_total 1\n"));
-	assert_non_null(strstr((char *)r.body, "\ntessera_tracker_sources_batched_parcels_total 4\n"));
+	assert_non_null(strstr((char *)r.body, "\ntessera_tracker_sources_batches_total 2\n"));
+	assert_non_null(strstr((char *)r.body, "\ntessera_tracker_sources_batched_parcels_total 6\n"));
 	trk_reply_fini(&r);
 }
 

@@ -968,12 +968,22 @@ int trk_client_sources(struct trk_client *c, uint64_t version,
 		       const uint8_t layout[PROTO_HASH_BYTES], uint32_t src_rank,
 		       uint32_t dst_rank, trk_client_cb cb, void *arg)
 {
-	char path[256], hex[2 * PROTO_HASH_BYTES + 1];
+	struct trk_parcel_key k = {.version = version, .src_rank = src_rank, .dst_rank = dst_rank};
 
-	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
+	memcpy(k.layout, layout, PROTO_HASH_BYTES);
+	return trk_client_sources_key(c, &k, cb, arg);
+}
+
+int trk_client_sources_key(struct trk_client *c, const struct trk_parcel_key *k, trk_client_cb cb,
+			   void *arg)
+{
+	char path[320], hex[2 * PROTO_HASH_BYTES + 1];
+
+	sodium_bin2hex(hex, sizeof(hex), k->layout, PROTO_HASH_BYTES);
 	snprintf(path, sizeof(path),
-		 TRK_API "/sources?version=%llu&layout=%s&src_rank=%u&dst_rank=%u",
-		 (unsigned long long)version, hex, src_rank, dst_rank);
+		 TRK_API "/sources?version=%llu&layout=%s&src_rank=%u&dst_rank=%u%s%.*s",
+		 (unsigned long long)k->version, hex, k->src_rank, k->dst_rank,
+		 k->members_tag[0] ? "&members_tag=" : "", TRK_MEMBERS_TAG_HEX, k->members_tag);
 	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
 }
 
@@ -988,11 +998,17 @@ int trk_client_sources_batch(struct trk_client *c, const struct trk_parcel_key *
 	arr = json_array();
 	for (size_t i = 0; arr != NULL && i < n; i++) {
 		sodium_bin2hex(hex, sizeof(hex), keys[i].layout, PROTO_HASH_BYTES);
-		if (json_array_append_new(arr, json_pack("{s:I,s:s,s:I,s:I}", "version",
-							 (json_int_t)keys[i].version, "layout", hex,
-							 "src_rank", (json_int_t)keys[i].src_rank,
-							 "dst_rank",
-							 (json_int_t)keys[i].dst_rank)) != 0) {
+		json_t *e = json_pack("{s:I,s:s,s:I,s:I}", "version", (json_int_t)keys[i].version,
+				      "layout", hex, "src_rank", (json_int_t)keys[i].src_rank,
+				      "dst_rank", (json_int_t)keys[i].dst_rank);
+		if (e != NULL && keys[i].members_tag[0] != 0 &&
+		    json_object_set_new(e, "members_tag", json_stringn(keys[i].members_tag,
+								       strnlen(keys[i].members_tag,
+									       TRK_MEMBERS_TAG_HEX))) != 0) {
+			json_decref(e);
+			e = NULL;
+		}
+		if (json_array_append_new(arr, e) != 0) {
 			json_decref(arr);
 			arr = NULL;
 		}

@@ -676,7 +676,7 @@ int trk__srcache_add_source(struct trk_srcentry *e, json_t *src, bool peer);
 void trk__srcache_set_ready(struct trk_srcentry *e);
 /* The answer's body, peers in a fresh random order: malloc'ed, *len set;
  * NULL on ENOMEM. */
-char *trk__srcache_render(struct trk_srcentry *e, size_t *len);
+char *trk__srcache_render(struct trk_srcentry *e, const char *tag, size_t *len);
 /* Queries answered from an entry / that built one, for /metrics. */
 void trk__srcache_stats(const struct trk_srcache *sc, uint64_t *hits, uint64_t *misses);
 

@@ -394,11 +394,19 @@ int trk_client_sources(struct trk_client *c, uint64_t version,
  * GET /sources answers it (trk_sources_parse), or {"status":404,"error":..}
  * for an unknown version. -EINVAL for a bad n. */
 #define TRK_SOURCES_BATCH_MAX 64
+#define TRK_MEMBERS_TAG_HEX 16 /* a members list's tag: hex digits */
 struct trk_parcel_key {
 	uint64_t version;
 	uint8_t layout[PROTO_HASH_BYTES];
 	uint32_t src_rank, dst_rank;
+	/* The members_tag of the members list the asker holds for this
+	 * parcel's swarm ("" none): an answer whose list has that tag says
+	 * "members_same":true instead of listing them. */
+	char members_tag[TRK_MEMBERS_TAG_HEX + 1];
 };
+/* GET /sources for k (its members_tag included). */
+int trk_client_sources_key(struct trk_client *c, const struct trk_parcel_key *k, trk_client_cb cb,
+			   void *arg);
 int trk_client_sources_batch(struct trk_client *c, const struct trk_parcel_key *keys, size_t n,
 			     trk_client_cb cb, void *arg);
 /* GET /holders?version=&layout=: complete replicas of other layouts that

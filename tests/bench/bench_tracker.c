@@ -62,6 +62,7 @@ struct sim_node {
 	uint32_t rank;
 	bool registered, watching;
 	uint64_t seen;
+	char tag[TRK_MEMBERS_TAG_HEX + 1]; /* of the members list it holds */
 };
 
 struct bench {
@@ -95,6 +96,7 @@ struct req {
 	uint64_t t0;
 	uint32_t node;
 	int kind; /* 0 heartbeat, 1 sources, 2 host heartbeat, 3 host's sources (node: the host's first) */
+	uint32_t nwho, who[TRK_SOURCES_BATCH_MAX]; /* sources: whose parcels, in order */
 };
 
 static void lat_add(struct lat *l, uint64_t ns)
@@ -243,6 +245,25 @@ static void lease_lost(struct bench *b, uint32_t i)
 	register_one(b, i);
 }
 
+/* Each sources answer in a's body (in order, one per asker) starts with
+ * its members list's tag; the askers keep them, as agents do (the lists
+ * themselves are not read here). */
+static void keep_tags(struct bench *b, const struct req *r, const struct trk_answer *a)
+{
+	static const char key[] = "\"members_tag\":\"";
+	const char *p = (const char *)a->body;
+
+	for (uint32_t i = 0; i < r->nwho && p != NULL; i++) {
+		if ((p = strstr(p, key)) == NULL)
+			break;
+		p += sizeof(key) - 1;
+		if (strlen(p) > TRK_MEMBERS_TAG_HEX) {
+			memcpy(b->nodes[r->who[i]].tag, p, TRK_MEMBERS_TAG_HEX);
+			b->nodes[r->who[i]].tag[TRK_MEMBERS_TAG_HEX] = 0;
+		}
+	}
+}
+
 static void on_timed(const struct trk_answer *a, void *arg)
 {
 	struct req *r = arg;
@@ -267,6 +288,8 @@ static void on_timed(const struct trk_answer *a, void *arg)
 						lease_lost(b, i);
 		if (b->measuring)
 			lat_add(r->kind == 1 || r->kind == 3 ? &b->src : &b->hb, dt);
+		if (r->kind == 1 || r->kind == 3)
+			keep_tags(b, r, a);
 		if (b->measuring && (r->kind == 1 || r->kind == 3))
 			b->src_bytes += a->len;
 	}
@@ -285,6 +308,18 @@ static int host_heartbeat(struct bench *b, uint32_t i, struct req *r)
 	return n == 0 ? -ENOENT : trk_client_heartbeat_host(b->nodes[i].c, e, n, on_timed, r);
 }
 
+/* Node i's sources query, naming the members list it holds. */
+static int node_sources(struct bench *b, uint32_t i, struct req *r)
+{
+	struct trk_parcel_key k = {.version = b->src_version, .dst_rank = b->nodes[i].rank};
+
+	memcpy(k.layout, b->sl.digest, PROTO_HASH_BYTES);
+	memcpy(k.members_tag, b->nodes[i].tag, sizeof(k.members_tag));
+	r->nwho = 1;
+	r->who[0] = i;
+	return trk_client_sources_key(b->nodes[i].c, &k, on_timed, r);
+}
+
 /* One sources query for the parcels of the registered ranks of the host
  * whose first node is i. */
 static int host_sources(struct bench *b, uint32_t i, struct req *r)
@@ -292,11 +327,14 @@ static int host_sources(struct bench *b, uint32_t i, struct req *r)
 	struct trk_parcel_key k[TRK_SOURCES_BATCH_MAX];
 	size_t n = 0;
 
+	r->nwho = 0;
 	for (uint32_t j = i; j < i + b->per_client && j < b->nnodes && n < TRK_SOURCES_BATCH_MAX; j++)
 		if (b->nodes[j].registered) {
 			k[n] = (struct trk_parcel_key){.version = b->src_version,
 						       .dst_rank = b->nodes[j].rank};
+			memcpy(k[n].members_tag, b->nodes[j].tag, sizeof(k[n].members_tag));
 			memcpy(k[n++].layout, b->sl.digest, PROTO_HASH_BYTES);
+			r->who[r->nwho++] = j;
 		}
 	return n == 0 ? -ENOENT : trk_client_sources_batch(b->nodes[i].c, k, n, on_timed, r);
 }
@@ -320,8 +358,7 @@ static void send_timed(struct bench *b, uint32_t i, int kind)
 		return;
 	*r = (struct req){.b = b, .t0 = proto_now_ns(), .node = i, .kind = kind};
 	rc = kind == 0 ? trk_client_heartbeat(b->nodes[i].c, b->nodes[i].id, on_timed, r)
-	     : kind == 1 ? trk_client_sources(b->nodes[i].c, b->src_version, b->sl.digest, 0,
-					      b->nodes[i].rank, on_timed, r)
+	     : kind == 1 ? node_sources(b, i, r)
 	     : kind == 2 ? host_heartbeat(b, i, r)
 			 : host_sources(b, i, r);
 	if (rc != 0) {
@@ -799,8 +836,8 @@ int main(int argc, char **argv)
 	       b.per_client > 1 ? "sources (one query per host)" : "sources", b.src.n,
 	       pct_ms(&b.src, 0.5), pct_ms(&b.src, 0.99),
 	       b.src.n == 0 ? "MISSED, none answered" : pct_ms(&b.src, 0.99) < 20 ? "met" : "MISSED");
-	printf("sources answers: %.1f MB in all, %.1f KB each (the member lists: every node of a "
-	       "swarm gets all of it)\n",
+	printf("sources answers: %.1f MB in all, %.1f KB each (members lists sent only when "
+	       "the asker's tag is not current)\n",
 	       (double)b.src_bytes / 1e6, b.src.n ? (double)b.src_bytes / 1e3 / (double)b.src.n : 0);
 	printf("watches (%s): %" PRIu64 " answered, %" PRIu64 " open at the end; versions published: %" PRIu64 "\n",
 	       b.per_client > 1 ? "one per host" : "one per node",
