@@ -12,7 +12,8 @@
  * multi-rank agent does (node/host*.c), renews the leases of all its ranks
  * with one host heartbeat, holds one version watch for them all and asks
  * for the sources of all their parcels in one batched query (POST
- * /sources). PER_CLIENT 1 is one process per rank, each with its own
+ * /sources), naming the members list each rank holds (members_tag: the
+ * list comes again only when it changed). PER_CLIENT 1 is one process per rank, each with its own
  * heartbeat, watch and GET /sources (two descriptors per node on each side:
  * 10 000 nodes need more than a 20 000 descriptor limit allows). Prints requests
  * served per second (from the tracker's own counters), the connections it
@@ -641,6 +642,14 @@ static uint64_t rss_kib(pid_t pid)
 	return kib;
 }
 
+#define IDLE_RENDERS 15
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
 static double median3(const double *v)
 {
 	double a = v[0], b = v[1], c = v[2];
@@ -799,6 +808,25 @@ int main(int argc, char **argv)
 	event_base_dispatch(b.base);
 	pthread_join(thr, NULL);
 
+	/* The status outputs again with the load stopped (the nodes' leases
+	 * still run): their own cost, as the tracker's CPU time per render,
+	 * apart from the queue they wait in under load. */
+	double idle_page[IDLE_RENDERS], idle_status[IDLE_RENDERS], cpu_page = 0, cpu_status = 0;
+	size_t idle_bytes;
+	struct trk_client *q;
+	if (trk_client_new(NULL, url, NULL, &q, &err) != 0)
+		return 1;
+	trk_client_set_timeout(q, 60000);
+	for (int i = 0; i < IDLE_RENDERS; i++) {
+		double c0 = proc_cpu_s(tracker.pid);
+		idle_page[i] = timed_get(q, "/", &idle_bytes);
+		double c1 = proc_cpu_s(tracker.pid);
+		idle_status[i] = timed_get(q, TRK_API "/status", &idle_bytes);
+		cpu_page += c1 - c0;
+		cpu_status += proc_cpu_s(tracker.pid) - c1;
+	}
+	trk_client_free(q);
+
 	uint64_t rss = rss_kib(tracker.pid);
 	double reg_s = (double)(b.reg_done_ns - b.start_ns) / 1e9;
 	uint64_t watching = 0;
@@ -858,6 +886,13 @@ int main(int argc, char **argv)
 			       pr.status_ms[0] >= 0
 		       ? "met"
 		       : "MISSED");
+
+	qsort(idle_page, IDLE_RENDERS, sizeof(double), cmp_double);
+	qsort(idle_status, IDLE_RENDERS, sizeof(double), cmp_double);
+	printf("status, load stopped: page %.1f ms, /api/v1/status %.1f ms (medians of %d); tracker CPU "
+	       "%.1f ms and %.1f ms per render (averaged: clock ticks of 10 ms)\n",
+	       idle_page[IDLE_RENDERS / 2], idle_status[IDLE_RENDERS / 2], IDLE_RENDERS,
+	       1e3 * cpu_page / IDLE_RENDERS, 1e3 * cpu_status / IDLE_RENDERS);
 
 	event_free(b.tick);
 	event_free(b.pub_ev);
