@@ -51,6 +51,10 @@
 #define VERSION_EVERY_MS 5000
 #define CHUNK (1u << 20)
 #define REGISTER_MAX_S 120ull
+/* The first version after registration sends every members list (nothing
+ * is known yet): the figures are printed again for the requests sent after
+ * this many seconds, the steady state. */
+#define LATE_S 10
 
 struct lat {
 	uint64_t *v;
@@ -88,6 +92,7 @@ struct bench {
 	uint64_t reg_done_ns;
 	uint32_t seconds;
 	struct lat hb, src;
+	struct lat hb_late, src_late; /* sent LATE_S or more after measuring began */
 	struct event *tick, *pub_ev, *pub_hb;
 	uint64_t start_ns, last_pub_ns;
 };
@@ -289,6 +294,8 @@ static void on_timed(const struct trk_answer *a, void *arg)
 						lease_lost(b, i);
 		if (b->measuring)
 			lat_add(r->kind == 1 || r->kind == 3 ? &b->src : &b->hb, dt);
+		if (b->measuring && r->t0 >= b->reg_done_ns + LATE_S * 1000000000ull)
+			lat_add(r->kind == 1 || r->kind == 3 ? &b->src_late : &b->hb_late, dt);
 		if (r->kind == 1 || r->kind == 3)
 			keep_tags(b, r, a);
 		if (b->measuring && (r->kind == 1 || r->kind == 3))
@@ -864,6 +871,10 @@ int main(int argc, char **argv)
 	       b.per_client > 1 ? "sources (one query per host)" : "sources", b.src.n,
 	       pct_ms(&b.src, 0.5), pct_ms(&b.src, 0.99),
 	       b.src.n == 0 ? "MISSED, none answered" : pct_ms(&b.src, 0.99) < 20 ? "met" : "MISSED");
+	printf("after the first %d s: heartbeats %zu, p50 %.2f ms, p99 %.2f ms; sources %zu, p50 %.2f "
+	       "ms, p99 %.2f ms\n",
+	       LATE_S, b.hb_late.n, pct_ms(&b.hb_late, 0.5), pct_ms(&b.hb_late, 0.99), b.src_late.n,
+	       pct_ms(&b.src_late, 0.5), pct_ms(&b.src_late, 0.99));
 	printf("sources answers: %.1f MB in all, %.1f KB each (members lists sent only when "
 	       "the asker's tag is not current)\n",
 	       (double)b.src_bytes / 1e6, b.src.n ? (double)b.src_bytes / 1e3 / (double)b.src.n : 0);
@@ -905,6 +916,8 @@ int main(int argc, char **argv)
 	free(b.nodes);
 	free(b.hb.v);
 	free(b.src.v);
+	free(b.hb_late.v);
+	free(b.src_late.v);
 	json_decref(b.sl_json);
 	proto_plan_fini(&b.plan);
 	proto_layout_fini(&b.tl);
