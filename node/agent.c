@@ -257,6 +257,7 @@ void node_agent_free(struct node_agent *a)
 	if (a->have_plan)
 		proto_plan_fini(&a->plan);
 	json_decref(a->layout_json);
+	json_decref(a->members_memo);
 	proto_layout_fini(&a->layout);
 	proto_model_fini(&a->model);
 	free(a);

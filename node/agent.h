@@ -41,6 +41,7 @@
 #include <stdint.h>
 
 #include "proto/util.h"
+#include "tracker/tracker.h"
 
 struct trk_client;
 struct fab_ctx;
@@ -56,6 +57,15 @@ struct node_agent_shared {
 	/* The host renews every agent's lease in one request (node/host.c):
 	 * agents then send no heartbeat of their own. */
 	bool host_heartbeat;
+	/* Set by a host of several ranks: sources queries go through it,
+	 * batched with its other ranks' (node/host_sources.c); NULL: one GET
+	 * per parcel. Same contract as trk_client_sources. */
+	int (*sources)(void *ctx, const struct trk_parcel_key *k, trk_client_cb cb, void *arg);
+	void *sources_ctx;
+	/* Likewise the version watch: one held for the host's ranks
+	 * (node/host_watch.c); NULL: each its own. trk_client_watch's contract. */
+	int (*watch)(void *ctx, uint64_t after, uint32_t wait_ms, trk_client_cb cb, void *arg);
+	void *watch_ctx;
 };
 
 struct node_agent_opts {

@@ -10,6 +10,61 @@ struct sources_req {
 	uint32_t parcel;
 };
 
+/*
+ * Members lists by swarm. Every rank of a swarm gets the same list, about
+ * 11 bytes per replica of its layout, with every sources answer: at 1 000
+ * replicas most of the answer, and mostly unchanged from one version to
+ * the next. The last list heard per (layout, src rank, dst rank) is kept
+ * with its tag; a query names the tag and an answer that says
+ * "members_same" gets the kept list put back before it is read.
+ */
+#define MEMO_MAX 64 /* swarms remembered; past it, all are forgotten */
+
+static void memo_name(const uint8_t *layout, uint32_t src, uint32_t dst, char *out, size_t cap)
+{
+	char hex[2 * PROTO_HASH_BYTES + 1];
+
+	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
+	snprintf(out, cap, "%s/%u/%u", hex, src, dst);
+}
+
+static void memo_tag(struct node_agent *a, struct trk_parcel_key *k)
+{
+	char name[2 * PROTO_HASH_BYTES + 32];
+
+	memo_name(k->layout, k->src_rank, k->dst_rank, name, sizeof(name));
+	const char *t = json_string_value(
+		json_object_get(json_object_get(a->members_memo, name), "tag"));
+	if (t != NULL && strlen(t) == TRK_MEMBERS_TAG_HEX)
+		memcpy(k->members_tag, t, TRK_MEMBERS_TAG_HEX + 1);
+}
+
+/* Keeps the answer's members with their tag, or puts the kept ones into
+ * an answer that says they are the same. */
+static void memo_members(struct node_agent *a, const uint8_t *layout, uint32_t src, uint32_t dst,
+			 json_t *answer)
+{
+	char name[2 * PROTO_HASH_BYTES + 32];
+	json_t *tag = json_object_get(answer, "members_tag");
+	json_t *members = json_object_get(answer, "members");
+
+	memo_name(layout, src, dst, name, sizeof(name));
+	if (json_is_true(json_object_get(answer, "members_same"))) {
+		json_t *kept = json_object_get(json_object_get(a->members_memo, name), "members");
+		if (kept != NULL)
+			json_object_set(answer, "members", kept);
+		return;
+	}
+	if (!json_is_string(tag) || !json_is_array(members))
+		return;
+	if (a->members_memo == NULL && (a->members_memo = json_object()) == NULL)
+		return;
+	if (json_object_size(a->members_memo) >= MEMO_MAX)
+		json_object_clear(a->members_memo);
+	json_object_set_new(a->members_memo, name,
+			    json_pack("{s:O,s:O}", "tag", tag, "members", members));
+}
+
 void agent_want_sources(struct node_agent *a, uint32_t pi)
 {
 	struct agent_fetch *f = a->fetch;
@@ -24,8 +79,13 @@ void agent_want_sources(struct node_agent *a, uint32_t pi)
 	*req = (struct sources_req){a, a->gen, pi};
 	p->sources_pending = true;
 	p->sources_ms = agent_now_ms();
-	if (trk_client_sources(a->trk, f->version, f->ml->layout_digest, p->mp->src_rank,
-			       p->mp->dst_rank, on_sources, req) != 0) {
+	struct trk_parcel_key k = {.version = f->version, .src_rank = p->mp->src_rank,
+				   .dst_rank = p->mp->dst_rank};
+	memcpy(k.layout, f->ml->layout_digest, PROTO_HASH_BYTES);
+	memo_tag(a, &k);
+	const struct node_agent_shared *sh = a->o.shared;
+	if ((sh->sources != NULL ? sh->sources(sh->sources_ctx, &k, on_sources, req)
+				 : trk_client_sources_key(a->trk, &k, on_sources, req)) != 0) {
 		p->sources_pending = false;
 		free(req);
 	}
@@ -92,6 +152,8 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 	free(req);
 	p->sources_pending = false;
 	p->sources_ms = agent_now_ms();
+	if (ans->status == 200 && ans->json != NULL)
+		memo_members(a, f->ml->layout_digest, p->mp->src_rank, p->mp->dst_rank, ans->json);
 	if (ans->status != 200 || trk_sources_parse(ans->json, &s, &n, &err) != 0) {
 		LOG_DEBUG("node %s: sources: %s", a->node_id, ans->status != 200 ? ans->error : err.msg);
 		return;

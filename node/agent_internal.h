@@ -359,6 +359,10 @@ struct node_agent {
 	uint64_t chain_failed_v;
 
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
+	uint32_t model_refusals; /* registrations refused in a row: another model */
+	/* The members list last heard per parcel swarm, with its tag
+	 * (agent_fetch.c): {"<layout hex>/<src>/<dst>":{"tag":..,"members":[..]}}. */
+	json_t *members_memo;
 	struct node_wait wait; /* what we wait for, said when it lasts */
 	/* Since when some chunks of the fetch have no usable source (0: all
 	 * have one), and whether that was said (agent_fetch.c,

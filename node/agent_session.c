@@ -256,8 +256,10 @@ static void start_watch(struct node_agent *a)
 {
 	if (!a->registered || a->watching)
 		return;
-	if (trk_client_watch(a->trk, a->seen, (uint32_t)proto_param(PROTO_PARAM_WATCH_MS), on_watch,
-			     a) != 0)
+	const struct node_agent_shared *sh = a->o.shared;
+	uint32_t wait_ms = (uint32_t)proto_param(PROTO_PARAM_WATCH_MS);
+	if ((sh->watch != NULL ? sh->watch(sh->watch_ctx, a->seen, wait_ms, on_watch, a)
+			       : trk_client_watch(a->trk, a->seen, wait_ms, on_watch, a)) != 0)
 		agent_arm(a->retry_ev, RETRY_MS);
 	else
 		a->watching = true;
@@ -326,12 +328,42 @@ void agent_heartbeat(evutil_socket_t fd, short what, void *arg)
 		arm_heartbeat(a);
 }
 
+/*
+ * The tracker serves another model than ours: nothing changes that until a
+ * person starts this node with the trainer's model (or the trainer is
+ * restarted with this one, on a tracker without versions). Say what to do,
+ * once, at the default level; ask again ever more slowly (doubling from
+ * RETRY_MS up to MODEL_RETRY_MAX_MS), not every RETRY_MS.
+ */
+#define MODEL_RETRY_MAX_MS 10000
+static void model_refused(struct node_agent *a, const char *error)
+{
+	uint64_t every = RETRY_MS << PROTO_MIN(a->model_refusals, 5u);
+	char ours[2 * PROTO_HASH_BYTES + 1];
+
+	every = PROTO_MIN(every, (uint64_t)MODEL_RETRY_MAX_MS);
+	if (a->model_refusals++ == 0) {
+		sodium_bin2hex(ours, sizeof(ours), a->model.digest, PROTO_HASH_BYTES);
+		LOG_WARN("node %s: the tracker at %s serves a different model than this node's "
+			 "(%s; ours is %s): start the node with the trainer's model; "
+			 "`tessera model --tracker %s` prints it. Asking again every %u s at most",
+			 a->node_id, a->o.tracker_url, error, ours, a->o.tracker_url,
+			 MODEL_RETRY_MAX_MS / 1000);
+	}
+	node_wait_note(&a->wait, agent_now_ms(), a->node_id, "tracker",
+		       "the tracker to accept our model (it serves another: `tessera model "
+		       "--tracker %s` prints it)",
+		       a->o.tracker_url);
+	agent_arm(a->retry_ev, every);
+}
+
 static void on_register(const struct trk_answer *ans, void *arg)
 {
 	struct node_agent *a = arg;
 	const char *id;
 
 	if (ans->status == 200 || ans->status == 201) {
+		a->model_refusals = 0;
 		id = json_string_value(json_object_get(ans->json, "node_id"));
 		snprintf(a->node_id, sizeof(a->node_id), "%s", id ? id : a->node_id);
 		a->lease_ms = (uint64_t)json_integer_value(json_object_get(ans->json, "lease_ms"));
@@ -361,6 +393,11 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		agent_give_up(a, why);
 		return;
 	}
+	if (ans->status == 409 && strstr(ans->error, "model_digest differs") != NULL) {
+		model_refused(a, ans->error);
+		return;
+	}
+	a->model_refusals = 0;
 	/* 409 (no model yet) or the tracker is not up: try again. */
 	LOG_DEBUG("node %s: registration: %d %s; retrying", a->node_id, ans->status, ans->error);
 	if (ans->status <= 0)

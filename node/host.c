@@ -26,6 +26,8 @@ struct node_host {
 	/* Several ranks: one heartbeat renews all their leases. */
 	struct event *hb_ev;
 	uint64_t hb_every_ms;
+	struct node_host_sources *srcq; /* several ranks: batched sources queries */
+	struct node_host_watch *watch;  /* several ranks: one version watch */
 };
 
 /* ---- one heartbeat for every rank --------------------------------------------- */
@@ -170,6 +172,22 @@ int node_host_new(struct event_base *base, const struct node_agent_opts *o,
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
 	}
+	/* Their sources queries too: one request per loop turn, not one per
+	 * rank behind each other on the client's connection. */
+	if (ranks->n > 1) {
+		if (node_host_sources_new(base, h->shared.trk, &h->srcq) != 0) {
+			rc = proto_errf(err, ENOMEM, "out of memory");
+			goto fail;
+		}
+		h->shared.sources = node_host_sources_ask;
+		h->shared.sources_ctx = h->srcq;
+		if (node_host_watch_new(h->shared.trk, &h->watch) != 0) {
+			rc = proto_errf(err, ENOMEM, "out of memory");
+			goto fail;
+		}
+		h->shared.watch = node_host_watch_ask;
+		h->shared.watch_ctx = h->watch;
+	}
 	for (size_t i = 0; i < ranks->n; i++) {
 		const struct node_host_rank *r = &ranks->r[i];
 		struct node_agent_opts ro = *o;
@@ -265,6 +283,8 @@ void node_host_free(struct node_host *h)
 	for (size_t i = 0; i < h->n; i++)
 		node_agent_free(h->agents[i]);
 	trk_client_free(h->shared.trk);
+	node_host_sources_free(h->srcq);
+	node_host_watch_free(h->watch);
 	free(h->agents);
 	free(h->ids);
 	free(h);

@@ -92,4 +92,31 @@ void node_host_leave(struct node_host *h, void (*done)(void *arg), void *arg);
  * client. NULL is fine. */
 void node_host_free(struct node_host *h);
 
+/*
+ * Sources queries of a host's ranks, batched (node/host_sources.c): those
+ * asked during one loop turn leave as one POST /sources when it ends (an
+ * older tracker is asked parcel by parcel). node_host_sources_ask has
+ * trk_client_sources' contract (cb once, with the parcel's answer shaped as
+ * the GET's, unless it fails). Free after the askers are gone: nothing
+ * queued or in flight calls back then.
+ */
+struct node_host_sources;
+struct trk_parcel_key;
+int node_host_sources_new(struct event_base *base, struct trk_client *trk,
+			  struct node_host_sources **out);
+int node_host_sources_ask(void *ctx, const struct trk_parcel_key *k, trk_client_cb cb,
+			  void *arg);
+void node_host_sources_free(struct node_host_sources *hs);
+
+/*
+ * One version watch for a host's ranks (node/host_watch.c): ranks that ask
+ * after the same version wait on one held watch and each hears its answer;
+ * a rank behind the host asks alone. node_host_watch_ask has
+ * trk_client_watch's contract. Free after the askers are gone.
+ */
+struct node_host_watch;
+int node_host_watch_new(struct trk_client *trk, struct node_host_watch **out);
+int node_host_watch_ask(void *ctx, uint64_t after, uint32_t wait_ms, trk_client_cb cb, void *arg);
+void node_host_watch_free(struct node_host_watch *w);
+
 #endif

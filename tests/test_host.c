@@ -239,6 +239,15 @@ static void test_tp2_in_one_process(void **state)
 	assert_int_equal(http_get(url, body, sizeof(body)), 0);
 	assert_string_equal(body, "ok\n");
 	assert_true(node_proc_alive(&e->nodes[0]));
+	/* The ranks asked for their sources in batched queries (POST
+	 * /sources), not one GET each. */
+	struct trk_reply r;
+	const char *k = "\ntessera_tracker_sources_batched_parcels_total ";
+	assert_int_equal(trk_client_call(e->trk, "GET", "/metrics", NULL, NULL, 0, &r), 0);
+	const char *at = strstr((const char *)r.body, k);
+	assert_non_null(at);
+	assert_true(strtoull(at + strlen(k), NULL, 10) >= 2);
+	trk_reply_fini(&r);
 }
 
 /* What rank 0 of replica name says it took from peers for the version it

@@ -436,6 +436,57 @@ static void test_uncovering_layout_refused(void **state)
 	pub_fini(&p);
 }
 
+/* The tracker's 4xx answers so far (from its /metrics). */
+static uint64_t tracker_4xx(struct env *e)
+{
+	struct trk_reply r;
+	const char *k = "tessera_tracker_http_responses_total{code=\"4xx\"} ";
+	uint64_t n = 0;
+
+	assert_int_equal(trk_client_call(e->trk, "GET", "/metrics", NULL, NULL, 0, &r), 0);
+	const char *p = r.body != NULL ? strstr((const char *)r.body, k) : NULL;
+	if (p != NULL)
+		n = strtoull(p + strlen(k), NULL, 10);
+	trk_reply_fini(&r);
+	return n;
+}
+
+/* A node started with another model than the trainer's is refused (409)
+ * until someone restarts it with the right one: it says so once, with what
+ * to do, and keeps asking, ever more slowly, without giving up. */
+static void test_model_differs_said_once(void **state)
+{
+	struct env *e = *state;
+	struct fake_pub p = {0};
+	struct proto_model other;
+	struct proto_err err;
+	char bin[512], path[600], log[600];
+
+	start_tracker(e, true);
+	pub_register(e, &p);
+	assert_int_equal(proto_fixture_model(2 << 20, &other, &err), 0);
+	snprintf(path, sizeof(path), "%s/other-model.json", e->dir);
+	tu_write_model(&other, path);
+	proto_model_fini(&other);
+	tu_bin(bin, sizeof(bin), "tessera-node");
+	snprintf(log, sizeof(log), "%s/node.log", e->dir);
+	char *argv[] = {bin, "--tracker", e->url, "--replica", "A", "--rank", "0", "--layout", "tp1",
+			"--model", path, "--trainer-pubkey", e->pub, "--expose", e->expose,
+			"--store", "host", NULL};
+	uint64_t before = tracker_4xx(e);
+	assert_int_equal(node_proc_spawn(&e->node, "node", argv, log), 0);
+	/* Three refusals (the third comes 1.5 s after the first). */
+	for (int i = 0; i < 600 && tracker_4xx(e) < before + 3; i++)
+		usleep(50000);
+	assert_true(tracker_4xx(e) >= before + 3);
+	assert_true(node_proc_alive(&e->node));
+	assert_int_equal(tu_sh("test $(grep -c 'serves a different model than this node.s.*"
+			       "tessera model --tracker %s. prints it' %s) -eq 1",
+			       e->url, log),
+			 0);
+	pub_fini(&p);
+}
+
 static void test_foreign_signature_refused(void **state)
 {
 	struct env *e = *state;
@@ -847,6 +898,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_uncovering_layout_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_model_differs_said_once, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_foreign_signature_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_chunk_refetched, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_metrics_and_health, setup, teardown),

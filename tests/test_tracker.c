@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <sodium.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "proto/proto.h"
@@ -713,6 +714,7 @@ static void test_bad_corpus(void **state)
 		{"tracker-bad-heartbeat-", TRK_API "/heartbeat"},
 		{"tracker-bad-state-", TRK_API "/nodes/state"},
 		{"tracker-bad-offers-", TRK_API "/offers"},
+		{"tracker-bad-sources-", TRK_API "/sources"},
 	};
 	char dir[4096], p[4096], *before;
 	struct dirent *e;
@@ -3170,6 +3172,17 @@ static void test_binary(void **state)
 	trk_reply_fini(&r);
 	trk_client_free(c);
 
+	/* A second tracker on the port the first holds fails to bind and
+	 * leaves no state directory behind (it binds before it opens one). */
+	char taken[4096];
+	struct stat st;
+	snprintf(taken, sizeof(taken), "%s/taken-state", f->dir);
+	assert_int_equal(tu_sh("'%s' --listen '%s' --state '%s' 2>/dev/null", bin,
+			       line + strlen("listening on http://"), taken),
+			 1);
+	assert_int_equal(stat(taken, &st), -1);
+	assert_int_equal(errno, ENOENT);
+
 	assert_int_equal(kill(pid, SIGTERM), 0);
 	assert_int_equal(waitpid(pid, &status, 0), pid);
 	assert_true(WIFEXITED(status));
@@ -3183,6 +3196,141 @@ static void test_binary(void **state)
 			       "2>/dev/null",
 			       bin, sdir),
 			 1);
+}
+
+/* The ids of a /sources answer's sources, sorted, as "A/1,pub-..". */
+static void source_ids(json_t *answer, char *out, size_t cap)
+{
+	struct trk_source *src;
+	struct proto_err err = {{0}};
+	size_t n, at = 0;
+
+	assert_int_equal(trk_sources_parse(answer, &src, &n, &err), 0);
+	for (size_t i = 0; i < n; i++)
+		for (size_t j = i + 1; j < n; j++)
+			if (strcmp(src[j].id, src[i].id) < 0) {
+				struct trk_source t = src[i];
+				src[i] = src[j];
+				src[j] = t;
+			}
+	out[0] = 0;
+	for (size_t i = 0; i < n; i++)
+		at += (size_t)snprintf(out + at, cap - at, "%s%s", i ? "," : "", src[i].id);
+	trk_sources_free(src, n);
+}
+
+/* POST /sources answers several parcels at once, each as GET /sources
+ * answers it, an unknown version as that parcel's 404; a malformed batch
+ * is refused whole (the corpus: tracker-bad-sources-*). */
+static void test_sources_batch(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r, g;
+	struct trk_offer offers[4];
+	struct trk_parcel_key k[4] = {{0}};
+	char path[256], want[512], got[512];
+
+	register_publisher(f);
+	publish_two(f);
+	register_node_ok(f, "A", 0, TP2);
+	register_node_ok(f, "A", 1, TP2);
+	for (int i = 0; i < 4; i++) {
+		memcpy(offers[i].layout, f->tp2.digest, PROTO_HASH_BYTES);
+		offers[i].src_rank = (uint32_t)(i / 2);
+		offers[i].dst_rank = (uint32_t)(i % 2);
+		offers[i].addr = 4096 * (uint64_t)(i + 1);
+		offers[i].key = 1000 + (uint64_t)i;
+		offers[i].len = 100 + (uint64_t)i;
+	}
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_offer(f->c, f->pub_id, 1, offers, 4, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	trk_reply_fini(&r);
+	char b[512];
+	offer_body(b, sizeof(b), "A/1", 1, HEX(f->tp2.digest), 0, 1, 101);
+	assert_int_equal(post(f, TRK_API "/offers", b, &r), 200);
+	trk_reply_fini(&r);
+
+	for (int i = 0; i < 4; i++) {
+		memcpy(k[i].layout, f->tp2.digest, PROTO_HASH_BYTES);
+		k[i].version = i == 3 ? 99 : 1;
+		k[i].src_rank = (uint32_t)(i / 2);
+		k[i].dst_rank = (uint32_t)(i % 2);
+	}
+	assert_int_equal(trk_client_sources_batch(f->c, k, 0, trk_reply_cb, &r), -EINVAL);
+	assert_int_equal(trk_client_sources_batch(f->c, k, TRK_SOURCES_BATCH_MAX + 1, trk_reply_cb, &r),
+			 -EINVAL);
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_sources_batch(f->c, k, 4, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	json_t *answers = json_object_get(r.json, "answers");
+	assert_int_equal(json_array_size(answers), 4);
+	for (size_t i = 0; i < 3; i++) {
+		json_t *one = json_array_get(answers, i);
+		snprintf(path, sizeof(path),
+			 TRK_API "/sources?version=1&layout=%s&src_rank=%u&dst_rank=%u",
+			 HEX(f->tp2.digest), k[i].src_rank, k[i].dst_rank);
+		assert_int_equal(get(f, path, &g), 200);
+		source_ids(g.json, want, sizeof(want));
+		source_ids(one, got, sizeof(got));
+		assert_string_equal(got, want);
+		assert_true(json_equal(json_object_get(one, "members"),
+				       json_object_get(g.json, "members")));
+		trk_reply_fini(&g);
+	}
+	/* Parcel 0 -> 1 has the peer and the publisher; 99 is unknown. */
+	source_ids(json_array_get(answers, 1), got, sizeof(got));
+	snprintf(want, sizeof(want), "A/1,%s", f->pub_id);
+	assert_string_equal(got, want);
+	json_t *unknown = json_array_get(answers, 3);
+	assert_int_equal(json_integer_value(json_object_get(unknown, "status")), 404);
+	assert_non_null(json_string_value(json_object_get(unknown, "error")));
+
+	/* A query naming the members list it holds gets "members_same"
+	 * instead of the list; another tag (the list changed) gets it. */
+	char tag[TRK_MEMBERS_TAG_HEX + 1];
+	const char *t = json_string_value(json_object_get(json_array_get(answers, 1), "members_tag"));
+	assert_non_null(t);
+	assert_int_equal(strlen(t), TRK_MEMBERS_TAG_HEX);
+	memcpy(tag, t, sizeof(tag));
+	memcpy(k[1].members_tag, tag, TRK_MEMBERS_TAG_HEX + 1);
+	snprintf(k[0].members_tag, sizeof(k[0].members_tag), "%s", "0123456789abcdef");
+	trk_reply_fini(&r);
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_sources_batch(f->c, k, 2, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	answers = json_object_get(r.json, "answers");
+	assert_true(json_is_array(json_object_get(json_array_get(answers, 0), "members")));
+	assert_null(json_object_get(json_array_get(answers, 0), "members_same"));
+	assert_null(json_object_get(json_array_get(answers, 1), "members"));
+	assert_true(json_is_true(json_object_get(json_array_get(answers, 1), "members_same")));
+	source_ids(json_array_get(answers, 1), got, sizeof(got));
+	assert_string_equal(got, want);
+	trk_reply_fini(&r);
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_sources_key(f->c, &k[1], trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	assert_null(json_object_get(r.json, "members"));
+	assert_true(json_is_true(json_object_get(r.json, "members_same")));
+	assert_string_equal(json_string_value(json_object_get(r.json, "members_tag")), tag);
+	trk_reply_fini(&r);
+	/* A tag that is not 16 lower-case hex digits is refused. */
+	static const char *const bad_tags[] = {"xyz", "ABCDEF0123456789", "0123456789abcdef0", ""};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad_tags); i++) {
+		snprintf(path, sizeof(path),
+			 TRK_API "/sources?version=1&layout=%s&src_rank=0&dst_rank=1&members_tag=%s",
+			 HEX(f->tp2.digest), bad_tags[i]);
+		assert_int_equal(get(f, path, &g), 400);
+		trk_reply_fini(&g);
+	}
+	assert_int_equal(get(f, "/metrics", &r), 200);
+	assert_non_null(strstr((char *)r.body, "\ntessera_tracker_sources_batches_total 2\n"));
+	assert_non_null(strstr((char *)r.body, "\ntessera_tracker_sources_batched_parcels_total 6\n"));
+	trk_reply_fini(&r);
 }
 
 /* Sources hand out fabric addresses and memory keys: with a cluster key,
@@ -3766,6 +3914,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_chain_retention, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources_kept, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_sources_batch, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_status_outputs, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_timeline, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_layout_names, setup_open, teardown),

@@ -59,6 +59,7 @@ struct trk_client {
 	bool have_key;
 	uint8_t key[PROTO_CLUSTER_KEY_BYTES];
 	uint32_t timeout_ms;
+	size_t parse_max; /* 2xx JSON answers longer than this are not parsed */
 	char epoch[2 * TRK_EPOCH_BYTES + 1]; /* the tracker's, last seen */
 	/* The chain seen (TRK_CHAIN_HEADER): see trk_client_on_chain_lost. */
 	struct {
@@ -138,6 +139,7 @@ int trk_client_new(struct event_base *base, const char *url,
 	TAILQ_INIT(&c->pending);
 	TAILQ_INIT(&c->regs);
 	c->timeout_ms = DEFAULT_TIMEOUT_MS;
+	c->parse_max = SIZE_MAX;
 	u = evhttp_uri_parse(url);
 	scheme = u ? evhttp_uri_get_scheme(u) : NULL;
 	host = u ? evhttp_uri_get_host(u) : NULL;
@@ -237,6 +239,11 @@ void trk_client_free(struct trk_client *c)
 	trk__tls_ctx_free(c->tls);
 	sodium_memzero(c->key, sizeof(c->key));
 	free(c);
+}
+
+void trk_client_set_parse_max(struct trk_client *c, size_t bytes)
+{
+	c->parse_max = bytes;
 }
 
 void trk_client_set_timeout(struct trk_client *c, uint32_t ms)
@@ -416,7 +423,8 @@ static void on_done(struct evhttp_request *req, void *arg)
 			a.len = 0;
 			a.body = (const uint8_t *)"";
 			snprintf(msg, sizeof(msg), "out of memory");
-		} else if (ct != NULL && strstr(ct, "json") != NULL) {
+		} else if (ct != NULL && strstr(ct, "json") != NULL &&
+			   (a.len <= c->parse_max || a.status >= 300)) {
 			json = json_loadb((const char *)a.body, a.len, 0, NULL);
 		}
 		a.json = json;
@@ -960,13 +968,53 @@ int trk_client_sources(struct trk_client *c, uint64_t version,
 		       const uint8_t layout[PROTO_HASH_BYTES], uint32_t src_rank,
 		       uint32_t dst_rank, trk_client_cb cb, void *arg)
 {
-	char path[256], hex[2 * PROTO_HASH_BYTES + 1];
+	struct trk_parcel_key k = {.version = version, .src_rank = src_rank, .dst_rank = dst_rank};
 
-	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
+	memcpy(k.layout, layout, PROTO_HASH_BYTES);
+	return trk_client_sources_key(c, &k, cb, arg);
+}
+
+int trk_client_sources_key(struct trk_client *c, const struct trk_parcel_key *k, trk_client_cb cb,
+			   void *arg)
+{
+	char path[320], hex[2 * PROTO_HASH_BYTES + 1];
+
+	sodium_bin2hex(hex, sizeof(hex), k->layout, PROTO_HASH_BYTES);
 	snprintf(path, sizeof(path),
-		 TRK_API "/sources?version=%llu&layout=%s&src_rank=%u&dst_rank=%u",
-		 (unsigned long long)version, hex, src_rank, dst_rank);
+		 TRK_API "/sources?version=%llu&layout=%s&src_rank=%u&dst_rank=%u%s%.*s",
+		 (unsigned long long)k->version, hex, k->src_rank, k->dst_rank,
+		 k->members_tag[0] ? "&members_tag=" : "", TRK_MEMBERS_TAG_HEX, k->members_tag);
 	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
+}
+
+int trk_client_sources_batch(struct trk_client *c, const struct trk_parcel_key *keys, size_t n,
+			     trk_client_cb cb, void *arg)
+{
+	char hex[2 * PROTO_HASH_BYTES + 1];
+	json_t *arr;
+
+	if (n == 0 || n > TRK_SOURCES_BATCH_MAX)
+		return -EINVAL;
+	arr = json_array();
+	for (size_t i = 0; arr != NULL && i < n; i++) {
+		sodium_bin2hex(hex, sizeof(hex), keys[i].layout, PROTO_HASH_BYTES);
+		json_t *e = json_pack("{s:I,s:s,s:I,s:I}", "version", (json_int_t)keys[i].version,
+				      "layout", hex, "src_rank", (json_int_t)keys[i].src_rank,
+				      "dst_rank", (json_int_t)keys[i].dst_rank);
+		if (e != NULL && keys[i].members_tag[0] != 0 &&
+		    json_object_set_new(e, "members_tag", json_stringn(keys[i].members_tag,
+								       strnlen(keys[i].members_tag,
+									       TRK_MEMBERS_TAG_HEX))) != 0) {
+			json_decref(e);
+			e = NULL;
+		}
+		if (json_array_append_new(arr, e) != 0) {
+			json_decref(arr);
+			arr = NULL;
+		}
+	}
+	return post_new(c, TRK_API "/sources", arr != NULL ? json_pack("{s:o}", "parcels", arr) : NULL,
+			cb, arg);
 }
 
 int trk_client_holders(struct trk_client *c, uint64_t version,

@@ -335,6 +335,7 @@ static const struct route routes[] = {
 	{TRK_API "/layouts", false, BODY_NONE, trk__handle_layouts},
 	{TRK_API "/versions", false, BODY_NONE, trk__handle_versions},
 	{TRK_API "/sources", false, BODY_NONE, trk__handle_sources},
+	{TRK_API "/sources", true, BODY_JSON, trk__handle_sources_batch},
 	{TRK_API "/holders", false, BODY_NONE, trk__handle_holders},
 	{TRK_API "/publishers", true, BODY_JSON, trk__handle_publishers},
 	{TRK_API "/nodes", true, BODY_JSON, trk__handle_nodes},
@@ -739,18 +740,6 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 	} else {
 		LOG_WARN("no --cluster-key: POST requests are not authenticated");
 	}
-	if ((rc = trk__versions_open(o->state_dir, o->trainer_pk, &s->vs, err)) != 0)
-		goto fail;
-	if ((rc = trk__addenda_open(s, o->state_dir, &s->ad, err)) != 0)
-		goto fail;
-	if ((rc = trk__canary_new(&s->canary)) != 0) {
-		proto_errf(err, -rc, "out of memory");
-		goto fail;
-	}
-	if ((rc = trk__registry_new(s, &s->reg)) != 0) {
-		proto_errf(err, -rc, "out of memory");
-		goto fail;
-	}
 	s->http = evhttp_new(base);
 	if (s->http == NULL) {
 		rc = proto_errf(err, ENOMEM, "evhttp_new failed");
@@ -771,8 +760,23 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 						    EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT |
 						    EVHTTP_REQ_PATCH);
 	evhttp_set_gencb(s->http, dispatch, s);
+	/* Bound before the state is opened: a tracker that cannot listen
+	 * (the port is taken) leaves no state directory behind. Nothing is
+	 * served before the loop runs. */
 	if ((rc = listen_on(s, host, port, err)) != 0) {
 		proto_err_prefix(err, "cannot listen on %s", o->listen);
+		goto fail;
+	}
+	if ((rc = trk__versions_open(o->state_dir, o->trainer_pk, &s->vs, err)) != 0)
+		goto fail;
+	if ((rc = trk__addenda_open(s, o->state_dir, &s->ad, err)) != 0)
+		goto fail;
+	if ((rc = trk__canary_new(&s->canary)) != 0) {
+		proto_errf(err, -rc, "out of memory");
+		goto fail;
+	}
+	if ((rc = trk__registry_new(s, &s->reg)) != 0) {
+		proto_errf(err, -rc, "out of memory");
 		goto fail;
 	}
 	if ((rc = trk__conns_new(s, &s->conns)) != 0) {

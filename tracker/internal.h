@@ -240,6 +240,8 @@ int trk__versions_open(const char *state_dir, const uint8_t *trainer_pk,
 /* Drops held long-polls without answering, frees. NULL is fine. */
 void trk__versions_free(struct trk_versions *vs);
 size_t trk__versions_count(const struct trk_versions *vs);
+/* Long-polls held now (version watches and addendum waits). */
+size_t trk__versions_held(const struct trk_versions *vs);
 /* The i-th version, oldest first. */
 struct trk_version *trk__versions_at(struct trk_versions *vs, size_t i);
 /* The version numbered v, or NULL. */
@@ -447,6 +449,7 @@ struct trk_registry {
 	 * (srcache.c). */
 	uint64_t swarm_gen;
 	struct trk_srcache *srcache;
+	uint64_t src_batches, src_batched; /* POST /sources: requests, parcels */
 	struct trk_activation act[TRK__ACTIVATIONS_MAX];
 	size_t act_n, act_next;
 	uint64_t act_total;
@@ -630,6 +633,7 @@ void trk__handle_node_state(struct trk_call *c);
 void trk__offers_clear(struct trk_offers *o);
 void trk__handle_offers(struct trk_call *c);
 void trk__handle_sources(struct trk_call *c);
+void trk__handle_sources_batch(struct trk_call *c);
 /* The query's layout (hex) for a known version; else the call is failed
  * (400 bad layout, 404 unknown version) and -errno returned. */
 int trk__query_layout_known(struct trk_call *c, uint64_t version,
@@ -672,7 +676,7 @@ int trk__srcache_add_source(struct trk_srcentry *e, json_t *src, bool peer);
 void trk__srcache_set_ready(struct trk_srcentry *e);
 /* The answer's body, peers in a fresh random order: malloc'ed, *len set;
  * NULL on ENOMEM. */
-char *trk__srcache_render(struct trk_srcentry *e, size_t *len);
+char *trk__srcache_render(struct trk_srcentry *e, const char *tag, size_t *len);
 /* Queries answered from an entry / that built one, for /metrics. */
 void trk__srcache_stats(const struct trk_srcache *sc, uint64_t *hits, uint64_t *misses);
 

@@ -349,13 +349,39 @@ out:
 	return rc;
 }
 
+/* The answer for parcel k as text ("{...}\n", malloc'ed), built once per
+ * swarm state (srcache.c); peers shuffled per answer, to spread the swarm.
+ * NULL when out of memory. */
+static char *sources_text(struct trk_registry *r, const struct trk_srckey *k, const char *tag,
+			  size_t *len)
+{
+	struct trk_srcentry *e = trk__srcache_get(r->srcache, k, r->swarm_gen);
+
+	if (!trk__srcache_ready(e) && build_sources(r, k, e) != 0)
+		return NULL;
+	return trk__srcache_render(e, tag, len);
+}
+
+/* A members_tag as a query sends it: NULL (absent) or 16 lower-case hex
+ * digits; else -EINVAL. */
+static int tag_check(const char *t)
+{
+	if (t == NULL)
+		return 0;
+	if (strlen(t) != TRK_MEMBERS_TAG_HEX)
+		return -EINVAL;
+	for (size_t i = 0; i < TRK_MEMBERS_TAG_HEX; i++)
+		if (!((t[i] >= '0' && t[i] <= '9') || (t[i] >= 'a' && t[i] <= 'f')))
+			return -EINVAL;
+	return 0;
+}
+
 void trk__handle_sources(struct trk_call *c)
 {
 	struct trk_registry *r = c->s->reg;
 	struct proto_err err = {{0}};
 	uint64_t version = 0, src = 0, dst = 0;
 	struct trk_srckey k = {0};
-	struct trk_srcentry *e;
 	char *body;
 	size_t len;
 
@@ -365,19 +391,120 @@ void trk__handle_sources(struct trk_call *c)
 		trk__fail(c, 400, "%s", err.msg);
 		return;
 	}
+	const char *tag = trk__query_str(c, "members_tag");
+	if (tag_check(tag) != 0) {
+		trk__fail(c, 400, "members_tag: want %d hex digits", TRK_MEMBERS_TAG_HEX);
+		return;
+	}
 	if (trk__query_layout_known(c, version, k.layout) != 0)
 		return;
 	k.version = version;
 	k.src = (uint32_t)src;
 	k.dst = (uint32_t)dst;
-	/* Built once per swarm state (srcache.c); peers shuffled per answer,
-	 * to spread the swarm. */
-	e = trk__srcache_get(r->srcache, &k, r->swarm_gen);
-	if ((!trk__srcache_ready(e) && build_sources(r, &k, e) != 0) ||
-	    (body = trk__srcache_render(e, &len)) == NULL) {
+	if ((body = sources_text(r, &k, tag, &len)) == NULL) {
 		trk__fail(c, 500, "out of memory");
 		return;
 	}
 	trk__reply_raw(c, 200, "application/json", body, len);
 	free(body);
+}
+
+/* ---- POST /sources: the parcels of every rank of a host at once ------------ */
+
+/* parcels[i] of a batched query into k and its members tag (*tag, NULL:
+ * none); 400-worthy errors in err. */
+static int batch_key(json_t *p, size_t i, struct trk_srckey *k, const char **tag,
+		     struct proto_err *err)
+{
+	json_t *v = json_object_get(p, "version"), *l = json_object_get(p, "layout");
+	json_t *t = json_object_get(p, "members_tag");
+	json_t *sr = json_object_get(p, "src_rank"), *dr = json_object_get(p, "dst_rank");
+
+	if (!json_is_object(p))
+		return proto_errf(err, EINVAL, "parcels[%zu]: want an object", i);
+	if (!json_is_integer(v) || json_integer_value(v) < 1)
+		return proto_errf(err, EINVAL, "parcels[%zu].version: want an integer >= 1", i);
+	if (!json_is_integer(sr) || json_integer_value(sr) < 0 ||
+	    json_integer_value(sr) > UINT32_MAX || !json_is_integer(dr) ||
+	    json_integer_value(dr) < 0 || json_integer_value(dr) > UINT32_MAX)
+		return proto_errf(err, EINVAL, "parcels[%zu]: src_rank and dst_rank: want integers "
+				  "in 0..%u", i, UINT32_MAX);
+	if (!json_is_string(l) ||
+	    proto_parse_hex(json_string_value(l), k->layout, PROTO_HASH_BYTES) != 0)
+		return proto_errf(err, EINVAL, "parcels[%zu].layout: want %d hex digits", i,
+				  2 * PROTO_HASH_BYTES);
+	*tag = t == NULL || json_is_null(t) ? NULL : json_is_string(t) ? json_string_value(t) : "";
+	if (tag_check(*tag) != 0)
+		return proto_errf(err, EINVAL, "parcels[%zu].members_tag: want %d hex digits", i,
+				  TRK_MEMBERS_TAG_HEX);
+	k->version = (uint64_t)json_integer_value(v);
+	k->src = (uint32_t)json_integer_value(sr);
+	k->dst = (uint32_t)json_integer_value(dr);
+	return 0;
+}
+
+void trk__handle_sources_batch(struct trk_call *c)
+{
+	static const char head[] = "{\"answers\":[", tail[] = "]}\n";
+	struct trk_registry *r = c->s->reg;
+	struct trk_srckey keys[TRK_SOURCES_BATCH_MAX];
+	const char *tags[TRK_SOURCES_BATCH_MAX];
+	char *text[TRK_SOURCES_BATCH_MAX] = {0};
+	size_t tlen[TRK_SOURCES_BATCH_MAX], n, total = sizeof(head) + sizeof(tail), at = 0;
+	json_t *arr = json_object_get(c->json, "parcels"), *p;
+	struct proto_err err = {{0}};
+	char *body = NULL;
+
+	if (!json_is_array(arr) || json_array_size(arr) == 0 ||
+	    json_array_size(arr) > TRK_SOURCES_BATCH_MAX) {
+		trk__fail(c, 400, "parcels: want an array of 1..%d parcels", TRK_SOURCES_BATCH_MAX);
+		return;
+	}
+	n = json_array_size(arr);
+	json_array_foreach(arr, at, p) {
+		memset(&keys[at], 0, sizeof(keys[at]));
+		if (batch_key(p, at, &keys[at], &tags[at], &err) != 0) {
+			trk__fail(c, 400, "%s", err.msg);
+			return;
+		}
+	}
+	/* Each answer as GET /sources gives it; an unknown version is that
+	 * parcel's error, not the request's. */
+	for (size_t i = 0; i < n; i++) {
+		if (trk__versions_find(c->s->vs, keys[i].version) == NULL) {
+			char msg[96];
+			int m = snprintf(msg, sizeof(msg),
+					 "{\"status\":404,\"error\":\"version %llu is unknown\"}\n",
+					 (unsigned long long)keys[i].version);
+			text[i] = strdup(msg);
+			tlen[i] = (size_t)m;
+		} else {
+			text[i] = sources_text(r, &keys[i], tags[i], &tlen[i]);
+		}
+		if (text[i] == NULL)
+			goto oom;
+		total += tlen[i];
+	}
+	if ((body = malloc(total)) == NULL)
+		goto oom;
+	r->src_batches++;
+	r->src_batched += n;
+	memcpy(body, head, sizeof(head) - 1);
+	at = sizeof(head) - 1;
+	for (size_t i = 0; i < n; i++) {
+		if (i > 0)
+			body[at++] = ',';
+		memcpy(body + at, text[i], tlen[i] - 1); /* without its newline */
+		at += tlen[i] - 1;
+	}
+	memcpy(body + at, tail, sizeof(tail) - 1);
+	at += sizeof(tail) - 1;
+	trk__reply_raw(c, 200, "application/json", body, at);
+	goto out;
+oom:
+	trk__fail(c, 500, "out of memory");
+out:
+	free(body);
+	for (size_t i = 0; i < n; i++)
+		free(text[i]);
 }

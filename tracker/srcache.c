@@ -17,6 +17,11 @@
  * offer and publisher change: trk__registry_swarm_changed). A query whose
  * entry is current costs a shuffle of the peers and one copy: peers still
  * come in a fresh random order for every query, as before.
+ *
+ * The members array is most of an answer (1 000 ids: about 11 KB), the
+ * same for every rank of the swarm and mostly the same from one version
+ * to the next. It carries a tag (a short hash of its text); a query that
+ * names the tag it holds gets "members_same":true instead of the array.
  */
 
 #define ENTRIES 32
@@ -27,6 +32,7 @@ struct trk_srcentry {
 	uint64_t gen, last_use;
 	struct trk_srckey key;
 	char *members;           /* the JSON array */
+	char tag[TRK_MEMBERS_TAG_HEX + 1]; /* its short hash, hex */
 	char **src;              /* source objects: peers, then publishers */
 	size_t *srclen;
 	size_t npeers, nsrc, cap;
@@ -108,10 +114,14 @@ rebuild:
 
 int trk__srcache_set_members(struct trk_srcentry *e, json_t *members)
 {
+	uint8_t h[TRK_MEMBERS_TAG_HEX / 2];
+
 	e->members = json_dumps(members, JSON_COMPACT);
 	if (e->members == NULL)
 		return -ENOMEM;
 	e->bytes += strlen(e->members);
+	crypto_generichash(h, sizeof(h), (const uint8_t *)e->members, strlen(e->members), NULL, 0);
+	sodium_bin2hex(e->tag, sizeof(e->tag), h, sizeof(h));
 	return 0;
 }
 
@@ -172,10 +182,16 @@ static uint64_t splitmix(uint64_t *s)
 	return z ^ (z >> 31);
 }
 
-char *trk__srcache_render(struct trk_srcentry *e, size_t *len)
+char *trk__srcache_render(struct trk_srcentry *e, const char *tag, size_t *len)
 {
-	static const char head[] = "{\"sources\":[", mid[] = "],\"members\":", tail[] = "}\n";
-	size_t n = sizeof(head) + sizeof(mid) + sizeof(tail) + e->bytes, at = 0;
+	/* The tag first: a reader that keeps it finds it without parsing. */
+	static const char head[] = "{\"members_tag\":\"", head2[] = "\",\"sources\":[",
+			  mid[] = "],\"members\":", same[] = "],\"members_same\":true",
+			  tail[] = "}\n";
+	bool keep = tag != NULL && strcmp(tag, e->tag) == 0;
+	size_t n = sizeof(head) + sizeof(e->tag) + sizeof(head2) + sizeof(mid) + sizeof(same) +
+		   sizeof(tail) + e->bytes,
+	       at = 0;
 	char *out = malloc(n);
 	uint64_t seed;
 
@@ -191,6 +207,10 @@ char *trk__srcache_render(struct trk_srcentry *e, size_t *len)
 	}
 	memcpy(out, head, sizeof(head) - 1);
 	at += sizeof(head) - 1;
+	memcpy(out + at, e->tag, strlen(e->tag));
+	at += strlen(e->tag);
+	memcpy(out + at, head2, sizeof(head2) - 1);
+	at += sizeof(head2) - 1;
 	for (size_t i = 0; i < e->nsrc; i++) {
 		size_t k = e->order[i];
 		if (i > 0)
@@ -198,11 +218,16 @@ char *trk__srcache_render(struct trk_srcentry *e, size_t *len)
 		memcpy(out + at, e->src[k], e->srclen[k]);
 		at += e->srclen[k];
 	}
-	memcpy(out + at, mid, sizeof(mid) - 1);
-	at += sizeof(mid) - 1;
-	size_t ml = strlen(e->members);
-	memcpy(out + at, e->members, ml);
-	at += ml;
+	if (keep) {
+		memcpy(out + at, same, sizeof(same) - 1);
+		at += sizeof(same) - 1;
+	} else {
+		size_t ml = strlen(e->members);
+		memcpy(out + at, mid, sizeof(mid) - 1);
+		at += sizeof(mid) - 1;
+		memcpy(out + at, e->members, ml);
+		at += ml;
+	}
 	memcpy(out + at, tail, sizeof(tail) - 1);
 	at += sizeof(tail) - 1;
 	*len = at;

@@ -643,6 +643,13 @@ void trk__handle_metrics(struct trk_call *c)
 			       "tessera_tracker_sources_cache_answers_total{result=\"hit\"} %" PRIu64 "\n"
 			       "tessera_tracker_sources_cache_answers_total{result=\"miss\"} %" PRIu64 "\n",
 			    sh, sm);
+	metric(b, "tessera_tracker_sources_batches_total", "counter",
+	       "Batched sources queries (POST /sources) answered.", s->reg->src_batches);
+	metric(b, "tessera_tracker_sources_batched_parcels_total", "counter",
+	       "Parcels asked for in batched sources queries.", s->reg->src_batched);
+	metric(b, "tessera_tracker_watches_held", "gauge",
+	       "Long-polls held now (version watches, addendum waits).",
+	       (uint64_t)trk__versions_held(s->vs));
 	metric(b, "tessera_tracker_auth_refused_requests_total", "counter",
 	       "POSTs refused by authentication.", s->auth_refused);
 	trk__conns_metrics(s, b);

@@ -158,6 +158,10 @@ void trk_client_free(struct trk_client *c);
 /* Default per-request timeout in ms (initially 10000). Long-polls add their
  * wait to it. */
 void trk_client_set_timeout(struct trk_client *c, uint32_t ms);
+/* Successful JSON answers longer than bytes reach the callback unparsed
+ * (json NULL, the raw body given): for a load generator that does not read
+ * them (make bench-tracker). Default: every answer is parsed. */
+void trk_client_set_parse_max(struct trk_client *c, size_t bytes);
 /*
  * The chain guard. A client remembers the chain its answers announced
  * (TRK_CHAIN_HEADER): the cluster id and the highest version with its
@@ -384,6 +388,27 @@ int trk_client_offer_slot(struct trk_client *c, const char *id, uint64_t version
 int trk_client_sources(struct trk_client *c, uint64_t version,
 		       const uint8_t layout[PROTO_HASH_BYTES], uint32_t src_rank,
 		       uint32_t dst_rank, trk_client_cb cb, void *arg);
+/* POST /sources: the sources of n (1..TRK_SOURCES_BATCH_MAX) parcels in one
+ * request, what a process serving several ranks asks instead of one GET per
+ * rank. The answer's "answers" holds, in order, one object per parcel as
+ * GET /sources answers it (trk_sources_parse), or {"status":404,"error":..}
+ * for an unknown version. -EINVAL for a bad n. */
+#define TRK_SOURCES_BATCH_MAX 64
+#define TRK_MEMBERS_TAG_HEX 16 /* a members list's tag: hex digits */
+struct trk_parcel_key {
+	uint64_t version;
+	uint8_t layout[PROTO_HASH_BYTES];
+	uint32_t src_rank, dst_rank;
+	/* The members_tag of the members list the asker holds for this
+	 * parcel's swarm ("" none): an answer whose list has that tag says
+	 * "members_same":true instead of listing them. */
+	char members_tag[TRK_MEMBERS_TAG_HEX + 1];
+};
+/* GET /sources for k (its members_tag included). */
+int trk_client_sources_key(struct trk_client *c, const struct trk_parcel_key *k, trk_client_cb cb,
+			   void *arg);
+int trk_client_sources_batch(struct trk_client *c, const struct trk_parcel_key *keys, size_t n,
+			     trk_client_cb cb, void *arg);
 /* GET /holders?version=&layout=: complete replicas of other layouts that
  * offer their ranks' memory for the version (each holder's "sources", in
  * rank order, parse with trk_sources_parse). */

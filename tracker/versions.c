@@ -36,6 +36,7 @@
  * with `layouts`, a publisher's, also ended when a replica comes alive
  * (layouts_rev moves); with `addendum`, a node's wait for the addendum of
  * version `after` for `layout`, ended when it is posted. */
+TAILQ_HEAD(waiter_list, waiter);
 struct waiter {
 	struct trk_versions *vs;
 	struct evhttp_request *req;
@@ -44,9 +45,9 @@ struct waiter {
 	uint64_t after;
 	bool layouts, addendum;
 	uint8_t layout[PROTO_HASH_BYTES];
+	struct waiter_list *list; /* the one of vs's lists it is on */
 	TAILQ_ENTRY(waiter) link;
 };
-TAILQ_HEAD(waiter_list, waiter);
 
 struct trk_versions {
 	struct trk_server *s; /* set when the first call arrives */
@@ -58,7 +59,10 @@ struct trk_versions {
 	char instance[2 * TRK_EPOCH_BYTES + 1];     /* this process's, random */
 	struct trk_version *v; /* oldest first */
 	size_t n, cap;
-	struct waiter_list waiters;
+	/* Nodes' watches; publishers' watches and addendum waits (few: a
+	 * replica coming alive walks only these, not 10 000 node watches). */
+	struct waiter_list waiters, special;
+	size_t nheld; /* on either list */
 	/* Bumped whenever a replica comes alive (a new one, or one whose
 	 * ranks were all gone): its layout may be one no version covers. */
 	uint64_t layouts_rev;
@@ -397,6 +401,7 @@ int trk__versions_open(const char *state_dir, const uint8_t *trainer_pk,
 	if (vs == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
 	TAILQ_INIT(&vs->waiters);
+	TAILQ_INIT(&vs->special);
 	vs->dir = strdup(state_dir);
 	vs->vdir = path_join(state_dir, "versions");
 	pin = path_join(state_dir, "trainer.pub");
@@ -441,7 +446,8 @@ fail:
 
 static void waiter_free(struct waiter *w)
 {
-	TAILQ_REMOVE(&w->vs->waiters, w, link);
+	TAILQ_REMOVE(w->list, w, link);
+	w->vs->nheld--;
 	if (w->conn != NULL)
 		evhttp_connection_set_closecb(w->conn, NULL, NULL);
 	event_free(w->timer);
@@ -453,6 +459,8 @@ void trk__versions_drop_waiters(struct trk_versions *vs)
 	struct waiter *w;
 
 	while ((w = TAILQ_FIRST(&vs->waiters)) != NULL)
+		waiter_free(w);
+	while ((w = TAILQ_FIRST(&vs->special)) != NULL)
 		waiter_free(w);
 }
 
@@ -748,7 +756,8 @@ static void wake_waiters(struct trk_versions *vs)
 	} memo[4] = {{0}};
 	size_t nmemo = 0, at = 0;
 
-	for (w = TAILQ_FIRST(&vs->waiters); w != NULL; w = next) {
+	w = TAILQ_FIRST(&vs->waiters);
+	for (w = w != NULL ? w : TAILQ_FIRST(&vs->special); w != NULL; w = next) {
 		struct trk_server *s = w->vs->s;
 		struct evhttp_request *req = w->req;
 		uint64_t after = w->after;
@@ -756,6 +765,8 @@ static void wake_waiters(struct trk_versions *vs)
 		size_t len = 0;
 
 		next = TAILQ_NEXT(w, link);
+		if (next == NULL && w->list == &vs->waiters)
+			next = TAILQ_FIRST(&vs->special); /* then publishers' watches */
 		if (latest <= after || w->addendum)
 			continue;
 		for (size_t i = 0; i < nmemo && txt == NULL; i++)
@@ -804,7 +815,9 @@ static struct waiter *hold(struct trk_call *c, uint64_t after, uint64_t wait_ms)
 	w->req = c->req;
 	w->after = after;
 	w->conn = evhttp_request_get_connection(c->req);
-	TAILQ_INSERT_TAIL(&vs->waiters, w, link);
+	w->list = &vs->waiters;
+	TAILQ_INSERT_TAIL(w->list, w, link);
+	vs->nheld++;
 	if (w->conn != NULL)
 		evhttp_connection_set_closecb(w->conn, waiter_closed, w);
 	/* Watches that a version answered together come back together; held
@@ -816,6 +829,19 @@ static struct waiter *hold(struct trk_call *c, uint64_t after, uint64_t wait_ms)
 	evtimer_add(w->timer, &tv);
 	c->answered = true; /* later, by the waiter */
 	return w;
+}
+
+size_t trk__versions_held(const struct trk_versions *vs)
+{
+	return vs->nheld;
+}
+
+/* w is a publisher's watch or an addendum wait: onto the short list. */
+static void special(struct waiter *w)
+{
+	TAILQ_REMOVE(w->list, w, link);
+	w->list = &w->vs->special;
+	TAILQ_INSERT_TAIL(w->list, w, link);
 }
 
 void trk__handle_versions(struct trk_call *c)
@@ -838,8 +864,10 @@ void trk__handle_versions(struct trk_call *c)
 		trk__reply_json(c, 200, list_after(c->s, after));
 		return;
 	}
-	if ((w = hold(c, after, wait_ms)) != NULL)
-		w->layouts = layouts;
+	if ((w = hold(c, after, wait_ms)) != NULL && layouts) {
+		w->layouts = true;
+		special(w);
+	}
 }
 
 int trk__versions_hold_addendum(struct trk_call *c, uint64_t v, const uint8_t *layout,
@@ -851,6 +879,7 @@ int trk__versions_hold_addendum(struct trk_call *c, uint64_t v, const uint8_t *l
 		return -ENOMEM;
 	w->addendum = true;
 	memcpy(w->layout, layout, PROTO_HASH_BYTES);
+	special(w);
 	return 0;
 }
 
@@ -860,7 +889,7 @@ static void wake_matching(struct trk_versions *vs, bool (*match)(const struct wa
 {
 	struct waiter *w, *next;
 
-	for (w = TAILQ_FIRST(&vs->waiters); w != NULL; w = next) {
+	for (w = TAILQ_FIRST(&vs->special); w != NULL; w = next) {
 		next = TAILQ_NEXT(w, link);
 		if (match(w, arg))
 			waiter_answer(w);

@@ -8,11 +8,14 @@
  * over one second. The simulated nodes talk to the tracker as real ones do:
  * through a tracker client per host (default: the ten ranks of a replica
  * on one host, served by one tessera-node process), which keeps one
- * connection open for its requests and one per watch, and renews the
- * leases of all its ranks with one host heartbeat, as the multi-rank agent
- * does (node/host.c). PER_CLIENT 1 is one process per rank, each with its
- * own heartbeat (two descriptors per node on each side: 10 000 nodes need
- * more than a 20 000 descriptor limit allows). Prints requests
+ * connection open for its requests and one for its watch, and, as the
+ * multi-rank agent does (node/host*.c), renews the leases of all its ranks
+ * with one host heartbeat, holds one version watch for them all and asks
+ * for the sources of all their parcels in one batched query (POST
+ * /sources), naming the members list each rank holds (members_tag: the
+ * list comes again only when it changed). PER_CLIENT 1 is one process per rank, each with its own
+ * heartbeat, watch and GET /sources (two descriptors per node on each side:
+ * 10 000 nodes need more than a 20 000 descriptor limit allows). Prints requests
  * served per second (from the tracker's own counters), the connections it
  * accepted, p50/p99 of heartbeats and of sources queries, the tracker's
  * memory, and the time to render the status page and /api/v1/status while
@@ -48,6 +51,10 @@
 #define VERSION_EVERY_MS 5000
 #define CHUNK (1u << 20)
 #define REGISTER_MAX_S 120ull
+/* The first version after registration sends every members list (nothing
+ * is known yet): the figures are printed again for the requests sent after
+ * this many seconds, the steady state. */
+#define LATE_S 10
 
 struct lat {
 	uint64_t *v;
@@ -60,6 +67,7 @@ struct sim_node {
 	uint32_t rank;
 	bool registered, watching;
 	uint64_t seen;
+	char tag[TRK_MEMBERS_TAG_HEX + 1]; /* of the members list it holds */
 };
 
 struct bench {
@@ -78,11 +86,13 @@ struct bench {
 	uint32_t inflight, skipped, errors, expired;
 	uint64_t expired_first_ns, expired_last_ns; /* when leases were lost */
 	uint64_t version, watch_answers;
+	uint64_t src_bytes; /* sources answers' bodies, while measuring */
 	uint8_t last_digest[PROTO_HASH_BYTES];
 	bool measuring, publishing_ok;
 	uint64_t reg_done_ns;
 	uint32_t seconds;
 	struct lat hb, src;
+	struct lat hb_late, src_late; /* sent LATE_S or more after measuring began */
 	struct event *tick, *pub_ev, *pub_hb;
 	uint64_t start_ns, last_pub_ns;
 };
@@ -91,7 +101,8 @@ struct req {
 	struct bench *b;
 	uint64_t t0;
 	uint32_t node;
-	int kind; /* 0 heartbeat, 1 sources, 2 host heartbeat (node: the host's first) */
+	int kind; /* 0 heartbeat, 1 sources, 2 host heartbeat, 3 host's sources (node: the host's first) */
+	uint32_t nwho, who[TRK_SOURCES_BATCH_MAX]; /* sources: whose parcels, in order */
 };
 
 static void lat_add(struct lat *l, uint64_t ns)
@@ -164,6 +175,12 @@ static void start_watch(struct bench *b, uint32_t i)
 	b->nodes[i].watching = true;
 }
 
+/* The node that holds the watch for node i: its host's first. */
+static uint32_t watcher(const struct bench *b, uint32_t i)
+{
+	return i - i % b->per_client;
+}
+
 static void on_register(const struct trk_answer *a, void *arg)
 {
 	struct req *r = arg;
@@ -177,8 +194,8 @@ static void on_register(const struct trk_answer *a, void *arg)
 		if (!n->registered)
 			b->registered++;
 		n->registered = true;
-		if (!n->watching)
-			start_watch(b, r->node);
+		if (!b->nodes[watcher(b, r->node)].watching)
+			start_watch(b, watcher(b, r->node));
 	} else {
 		if (b->reg_failed++ < 3)
 			fprintf(stderr, "bench_tracker: node %u: registration: %d %s\n", r->node,
@@ -234,12 +251,32 @@ static void lease_lost(struct bench *b, uint32_t i)
 	register_one(b, i);
 }
 
+/* Each sources answer in a's body (in order, one per asker) starts with
+ * its members list's tag; the askers keep them, as agents do (the lists
+ * themselves are not read here). */
+static void keep_tags(struct bench *b, const struct req *r, const struct trk_answer *a)
+{
+	static const char key[] = "\"members_tag\":\"";
+	const char *p = (const char *)a->body;
+
+	for (uint32_t i = 0; i < r->nwho && p != NULL; i++) {
+		if ((p = strstr(p, key)) == NULL)
+			break;
+		p += sizeof(key) - 1;
+		if (strlen(p) > TRK_MEMBERS_TAG_HEX) {
+			memcpy(b->nodes[r->who[i]].tag, p, TRK_MEMBERS_TAG_HEX);
+			b->nodes[r->who[i]].tag[TRK_MEMBERS_TAG_HEX] = 0;
+		}
+	}
+}
+
 static void on_timed(const struct trk_answer *a, void *arg)
 {
 	struct req *r = arg;
 	struct bench *b = r->b;
 	uint64_t dt = proto_now_ns() - r->t0;
-	static const char *const what[] = {"heartbeat", "sources", "host heartbeat"};
+	static const char *const what[] = {"heartbeat", "sources", "host heartbeat",
+					   "host sources"};
 	json_t *id;
 	size_t k;
 
@@ -256,7 +293,13 @@ static void on_timed(const struct trk_answer *a, void *arg)
 					if (strcmp(b->nodes[i].id, json_string_value(id)) == 0)
 						lease_lost(b, i);
 		if (b->measuring)
-			lat_add(r->kind == 1 ? &b->src : &b->hb, dt);
+			lat_add(r->kind == 1 || r->kind == 3 ? &b->src : &b->hb, dt);
+		if (b->measuring && r->t0 >= b->reg_done_ns + LATE_S * 1000000000ull)
+			lat_add(r->kind == 1 || r->kind == 3 ? &b->src_late : &b->hb_late, dt);
+		if (r->kind == 1 || r->kind == 3)
+			keep_tags(b, r, a);
+		if (b->measuring && (r->kind == 1 || r->kind == 3))
+			b->src_bytes += a->len;
 	}
 	free(r);
 }
@@ -273,15 +316,46 @@ static int host_heartbeat(struct bench *b, uint32_t i, struct req *r)
 	return n == 0 ? -ENOENT : trk_client_heartbeat_host(b->nodes[i].c, e, n, on_timed, r);
 }
 
+/* Node i's sources query, naming the members list it holds. */
+static int node_sources(struct bench *b, uint32_t i, struct req *r)
+{
+	struct trk_parcel_key k = {.version = b->src_version, .dst_rank = b->nodes[i].rank};
+
+	memcpy(k.layout, b->sl.digest, PROTO_HASH_BYTES);
+	memcpy(k.members_tag, b->nodes[i].tag, sizeof(k.members_tag));
+	r->nwho = 1;
+	r->who[0] = i;
+	return trk_client_sources_key(b->nodes[i].c, &k, on_timed, r);
+}
+
+/* One sources query for the parcels of the registered ranks of the host
+ * whose first node is i. */
+static int host_sources(struct bench *b, uint32_t i, struct req *r)
+{
+	struct trk_parcel_key k[TRK_SOURCES_BATCH_MAX];
+	size_t n = 0;
+
+	r->nwho = 0;
+	for (uint32_t j = i; j < i + b->per_client && j < b->nnodes && n < TRK_SOURCES_BATCH_MAX; j++)
+		if (b->nodes[j].registered) {
+			k[n] = (struct trk_parcel_key){.version = b->src_version,
+						       .dst_rank = b->nodes[j].rank};
+			memcpy(k[n].members_tag, b->nodes[j].tag, sizeof(k[n].members_tag));
+			memcpy(k[n++].layout, b->sl.digest, PROTO_HASH_BYTES);
+			r->who[r->nwho++] = j;
+		}
+	return n == 0 ? -ENOENT : trk_client_sources_batch(b->nodes[i].c, k, n, on_timed, r);
+}
+
 /* Sends node i's heartbeat (kind 0), sources query (kind 1) or its host's
- * heartbeat (kind 2, i its first node), timed; skipped when the node is not
- * registered or too much is in flight. */
+ * heartbeat (kind 2) or sources query (kind 3; i its first node), timed;
+ * skipped when the node is not registered or too much is in flight. */
 static void send_timed(struct bench *b, uint32_t i, int kind)
 {
 	struct req *r;
 	int rc;
 
-	if (kind != 2 && !b->nodes[i].registered)
+	if (kind < 2 && !b->nodes[i].registered)
 		return;
 	if (b->inflight >= INFLIGHT_MAX) {
 		b->skipped++;
@@ -292,9 +366,9 @@ static void send_timed(struct bench *b, uint32_t i, int kind)
 		return;
 	*r = (struct req){.b = b, .t0 = proto_now_ns(), .node = i, .kind = kind};
 	rc = kind == 0 ? trk_client_heartbeat(b->nodes[i].c, b->nodes[i].id, on_timed, r)
-	     : kind == 1 ? trk_client_sources(b->nodes[i].c, b->src_version, b->sl.digest, 0,
-					      b->nodes[i].rank, on_timed, r)
-			 : host_heartbeat(b, i, r);
+	     : kind == 1 ? node_sources(b, i, r)
+	     : kind == 2 ? host_heartbeat(b, i, r)
+			 : host_sources(b, i, r);
 	if (rc != 0) {
 		free(r);
 		b->errors += rc != -ENOENT;
@@ -400,11 +474,11 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 		send_timed(b, b->hb_next, step > 1 ? 2 : 0);
 		b->hb_next = (b->hb_next + step) % (b->nnodes / step * step);
 	}
-	/* Sources: every node once within a second of a new version. */
+	/* Sources: every node (or host) once within a second of a new version. */
 	if (b->src_version != 0) {
-		uint32_t per_tick = PROTO_MAX(1u, b->nnodes * TICK_MS / 1000);
-		for (uint32_t k = 0; k < per_tick && b->src_next < b->nnodes; k++)
-			send_timed(b, b->src_next++, 1);
+		uint32_t per_tick = PROTO_MAX(1u, b->nnodes / step * TICK_MS / 1000);
+		for (uint32_t k = 0; k < per_tick && b->src_next < b->nnodes; k++, b->src_next += step)
+			send_timed(b, b->src_next, step > 1 ? 3 : 1);
 	}
 	if (b->publishing_ok && now - b->last_pub_ns >= (uint64_t)VERSION_EVERY_MS * 1000000) {
 		b->last_pub_ns = now;
@@ -575,6 +649,14 @@ static uint64_t rss_kib(pid_t pid)
 	return kib;
 }
 
+#define IDLE_RENDERS 15
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
 static double median3(const double *v)
 {
 	double a = v[0], b = v[1], c = v[2];
@@ -699,6 +781,10 @@ int main(int argc, char **argv)
 			if (trk_client_new(b.base, url, NULL, &b.nodes[i].c, &err) != 0)
 				return 1;
 			trk_client_set_timeout(b.nodes[i].c, 30000);
+			/* Sources answers (a member list of 1 000 ids per parcel)
+			 * are not read here: parsing them was most of this
+			 * process's work, which would then measure itself. */
+			trk_client_set_parse_max(b.nodes[i].c, 4096);
 		} else {
 			b.nodes[i].c = b.nodes[i - i % b.per_client].c;
 		}
@@ -728,6 +814,25 @@ int main(int argc, char **argv)
 	b.start_ns = proto_now_ns();
 	event_base_dispatch(b.base);
 	pthread_join(thr, NULL);
+
+	/* The status outputs again with the load stopped (the nodes' leases
+	 * still run): their own cost, as the tracker's CPU time per render,
+	 * apart from the queue they wait in under load. */
+	double idle_page[IDLE_RENDERS], idle_status[IDLE_RENDERS], cpu_page = 0, cpu_status = 0;
+	size_t idle_bytes;
+	struct trk_client *q;
+	if (trk_client_new(NULL, url, NULL, &q, &err) != 0)
+		return 1;
+	trk_client_set_timeout(q, 60000);
+	for (int i = 0; i < IDLE_RENDERS; i++) {
+		double c0 = proc_cpu_s(tracker.pid);
+		idle_page[i] = timed_get(q, "/", &idle_bytes);
+		double c1 = proc_cpu_s(tracker.pid);
+		idle_status[i] = timed_get(q, TRK_API "/status", &idle_bytes);
+		cpu_page += c1 - c0;
+		cpu_status += proc_cpu_s(tracker.pid) - c1;
+	}
+	trk_client_free(q);
 
 	uint64_t rss = rss_kib(tracker.pid);
 	double reg_s = (double)(b.reg_done_ns - b.start_ns) / 1e9;
@@ -762,10 +867,19 @@ int main(int argc, char **argv)
 	       b.per_client > 1 ? "host heartbeats" : "heartbeats", b.hb.n,
 	       pct_ms(&b.hb, 0.5), pct_ms(&b.hb, 0.99),
 	       b.hb.n == 0 ? "MISSED, none answered" : pct_ms(&b.hb, 0.99) < 20 ? "met" : "MISSED");
-	printf("sources: %zu, p50 %.2f ms, p99 %.2f ms (goal p99 < 20 ms: %s)\n", b.src.n,
+	printf("%s: %zu, p50 %.2f ms, p99 %.2f ms (goal p99 < 20 ms: %s)\n",
+	       b.per_client > 1 ? "sources (one query per host)" : "sources", b.src.n,
 	       pct_ms(&b.src, 0.5), pct_ms(&b.src, 0.99),
 	       b.src.n == 0 ? "MISSED, none answered" : pct_ms(&b.src, 0.99) < 20 ? "met" : "MISSED");
-	printf("watches: %" PRIu64 " answered, %" PRIu64 " open at the end; versions published: %" PRIu64 "\n",
+	printf("after the first %d s: heartbeats %zu, p50 %.2f ms, p99 %.2f ms; sources %zu, p50 %.2f "
+	       "ms, p99 %.2f ms\n",
+	       LATE_S, b.hb_late.n, pct_ms(&b.hb_late, 0.5), pct_ms(&b.hb_late, 0.99), b.src_late.n,
+	       pct_ms(&b.src_late, 0.5), pct_ms(&b.src_late, 0.99));
+	printf("sources answers: %.1f MB in all, %.1f KB each (members lists sent only when "
+	       "the asker's tag is not current)\n",
+	       (double)b.src_bytes / 1e6, b.src.n ? (double)b.src_bytes / 1e3 / (double)b.src.n : 0);
+	printf("watches (%s): %" PRIu64 " answered, %" PRIu64 " open at the end; versions published: %" PRIu64 "\n",
+	       b.per_client > 1 ? "one per host" : "one per node",
 	       b.watch_answers, watching, b.version);
 	printf("leases lost (heartbeat answered 404, node registered again): %u", b.expired);
 	if (b.expired > 0)
@@ -784,6 +898,13 @@ int main(int argc, char **argv)
 		       ? "met"
 		       : "MISSED");
 
+	qsort(idle_page, IDLE_RENDERS, sizeof(double), cmp_double);
+	qsort(idle_status, IDLE_RENDERS, sizeof(double), cmp_double);
+	printf("status, load stopped: page %.1f ms, /api/v1/status %.1f ms (medians of %d); tracker CPU "
+	       "%.1f ms and %.1f ms per render (averaged: clock ticks of 10 ms)\n",
+	       idle_page[IDLE_RENDERS / 2], idle_status[IDLE_RENDERS / 2], IDLE_RENDERS,
+	       1e3 * cpu_page / IDLE_RENDERS, 1e3 * cpu_status / IDLE_RENDERS);
+
 	event_free(b.tick);
 	event_free(b.pub_ev);
 	event_free(b.pub_hb);
@@ -795,6 +916,8 @@ int main(int argc, char **argv)
 	free(b.nodes);
 	free(b.hb.v);
 	free(b.src.v);
+	free(b.hb_late.v);
+	free(b.src_late.v);
 	json_decref(b.sl_json);
 	proto_plan_fini(&b.plan);
 	proto_layout_fini(&b.tl);
