@@ -99,6 +99,21 @@ static int rotation_pieces(struct node_agent *a, struct agent_rotation *r)
 	return 0;
 }
 
+/* The copy path: a fresh slot for version and, when parent is given, a
+ * copy of the parent's bytes into it on a worker. On failure *slot may be
+ * set (the caller frees it with the rest). */
+static int copy_start(struct node_agent *a, uint64_t version, size_t len,
+		      const struct node_slot *parent, struct node_slot **slot,
+		      struct node_rebuild **rb, struct proto_err *err)
+{
+	int rc = node_slot_new(&a->store, version, len, slot, err);
+
+	if (rc != 0 || parent == NULL)
+		return rc;
+	return node_rebuild_start(a->base, (*slot)->host, (*slot)->memfd, parent->host,
+				  parent->memfd, PROTO_MIN((*slot)->len, parent->len), rb, err);
+}
+
 /* Builds version's slot by rotation (see the top of the file): *slot is
  * the retired slot and *rb its catch-up under way, then 0; else -ENOENT
  * with nothing changed (*retry: the retired slot is neither pinned nor
@@ -208,6 +223,10 @@ static void standby_drop(struct node_agent *a)
 	a->standby = NULL;
 }
 
+/* How long on_standby waits for the retired slot to come back. */
+#define STANDBY_RETRY_MS 50u
+#define STANDBY_TRIES 40u
+
 /* Between versions: a standby slot is made to hold the active version on
  * a worker, by rotation or else a copy, so that a delta against it, when it
  * comes, is only applied. A fetch that began first made its own slot:
@@ -234,20 +253,16 @@ static void on_standby(evutil_socket_t fd, short what, void *arg)
 	}
 	/* The retired slot is on its way back (ATTACH_FREE_GRACE_MS): wait for
 	 * it, a bounded while. */
-	if (rc == -ENOENT && retry && a->standby_tries++ < 40) {
-		agent_arm(a->standby_ev, 50);
+	if (rc == -ENOENT && retry && a->standby_tries++ < STANDBY_TRIES) {
+		agent_arm(a->standby_ev, STANDBY_RETRY_MS);
 		return;
 	}
 	if (rc == -ENOENT && retry)
-		LOG_INFO("node %s: the slot of v%" PRIu64 " did not come back in 2 s: no rotation",
-			 a->node_id, was);
-	if (rc == -ENOENT) {
-		rc = node_slot_new(&a->store, a->active->version + 1, len, &a->standby, &err);
-		if (rc == 0)
-			rc = node_rebuild_start(a->base, a->standby->host, a->standby->memfd,
-						a->active->host, a->active->memfd, len,
-						&a->standby_rb, &err);
-	}
+		LOG_INFO("node %s: the slot of v%" PRIu64 " did not come back in %u ms: no rotation",
+			 a->node_id, was, STANDBY_TRIES * STANDBY_RETRY_MS);
+	if (rc == -ENOENT)
+		rc = copy_start(a, a->active->version + 1, len, a->active, &a->standby,
+				&a->standby_rb, &err);
 	if (rc != 0) {
 		LOG_WARN("node %s: no standby copy of v%" PRIu64 " (%s); a delta will copy it then",
 			 a->node_id, a->active->version, err.msg);
@@ -350,16 +365,13 @@ int agent_delta_slot(struct node_agent *a)
 	/* A chain's delta builds on the step before, not on the active slot. */
 	struct node_slot *parent = chain != NULL ? chain : a->active;
 	standby_drop(a);
-	int rc = f->delta && chain == NULL ? rotate_start(a, f->version, len, &f->slot, &f->rebuild,
-							  &f->rot, &retry, &err)
-					   : -ENOENT;
-	if (rc == -ENOENT &&
-	    (node_slot_new(&a->store, f->version, len, &f->slot, &err) != 0 ||
-	     (f->delta && node_rebuild_start(a->base, f->slot->host, f->slot->memfd, parent->host,
-					     parent->memfd, PROTO_MIN(f->slot->len, parent->len),
-					     &f->rebuild, &err) != 0)))
-		rc = -ENOMEM;
-	if (rc != 0 && rc != -ENOENT) {
+	int rc = -ENOENT;
+	if (f->delta && chain == NULL)
+		rc = rotate_start(a, f->version, len, &f->slot, &f->rebuild, &f->rot, &retry, &err);
+	if (rc == -ENOENT) /* no rotation: a delta's parent is copied whole */
+		rc = copy_start(a, f->version, len, f->delta ? parent : NULL, &f->slot, &f->rebuild,
+				&err);
+	if (rc != 0) {
 		agent_fetch_fail(a, "%s", err.msg);
 		return -ENOMEM;
 	}
