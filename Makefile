@@ -136,8 +136,10 @@ $(foreach m,$(MAINS),$(eval $(call program,$(m))))
 
 # ---- tests: each tests/test_X.c is one cmocka binary under ASan+UBSan -----
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(TEST_SRCS))
-$(BUILD)/asan/tests/%: $(BUILD)/asan/tests/%.o $(asan_LIBS) $(BUILD)/asan/libtessera-client.a
-	$(CC) $(BASEFLAGS) $(SANFLAGS) $< $(asan_LIBS) $(BUILD)/asan/libtessera-client.a \
+# tests/filter.c: TEST_FILTER=pattern for every binary.
+$(BUILD)/asan/tests/%: $(BUILD)/asan/tests/%.o $(BUILD)/asan/tests/filter.o $(asan_LIBS) \
+		$(BUILD)/asan/libtessera-client.a
+	$(CC) $(BASEFLAGS) $(SANFLAGS) $< $(BUILD)/asan/tests/filter.o $(asan_LIBS) $(BUILD)/asan/libtessera-client.a \
 	      $(ALL_LIBS) $(CMOCKA_LIBS) -o $@
 
 T ?=
@@ -179,8 +181,8 @@ run-bench-steady: $(BUILD)/bench/bench_steady $(BINS)
 	$(BUILD)/bench/bench_steady $(BUILD)/bin
 
 # A real tracker under a simulated cluster on loopback (tests/bench/bench_tracker.c);
-# BENCH_TRACKER_ARGS="NODES SECONDS [PER_CLIENT]" (default 10000 nodes, 30 s measured,
-# the 10 ranks of a host on one tracker client with one heartbeat).
+# BENCH_TRACKER_ARGS="NODES SECONDS [PER_CLIENT [SHARED]]" (default 10000 nodes, 30 s measured,
+# the 10 ranks of a host on one tracker client with one heartbeat; SHARED 0: whole members lists).
 BENCH_TRACKER_ARGS ?= 10000 30
 run-bench-tracker: $(BUILD)/bench/bench_tracker $(BINS)
 	TESSERA_BIN=$(abspath $(BUILD)/bin) $(BUILD)/bench/bench_tracker $(BENCH_TRACKER_ARGS)

@@ -616,8 +616,5 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_swarm_capped_reader_killed, swarm_setup,
 						swarm_teardown),
 	};
-	/* TEST_FILTER=pattern runs only the matching tests (cmocka glob). */
-	if (getenv("TEST_FILTER") != NULL)
-		cmocka_set_test_filter(getenv("TEST_FILTER"));
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
