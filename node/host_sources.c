@@ -19,7 +19,10 @@
  * batches) when the turn ends; each asker's callback then gets its own
  * part, shaped as the GET's answer, so agent_fetch.c cannot tell. A
  * tracker that does not know POST /sources (405/404: an older one) is
- * asked parcel by parcel from then on.
+ * asked parcel by parcel from then on. The batch asks for shared members
+ * lists: the ranks of a replica are members of different swarms whose
+ * lists name the same replicas, sent once per batch and expanded here
+ * (trk_sources_expand); a tracker that does not share lists them whole.
  */
 
 struct ask {
@@ -55,7 +58,7 @@ static void send_batch(struct node_host_sources *hs, struct batch *b)
 	for (size_t i = 0; i < b->n; i++)
 		keys[i] = b->a[i].k;
 	TAILQ_INSERT_TAIL(&hs->flying, b, link);
-	rc = trk_client_sources_batch(hs->trk, keys, b->n, on_batch, b);
+	rc = trk_client_sources_shared(hs->trk, keys, b->n, on_batch, b);
 	if (rc == 0)
 		return;
 	TAILQ_REMOVE(&hs->flying, b, link);
@@ -98,8 +101,11 @@ static void on_batch(const struct trk_answer *ans, void *arg)
 		free(b);
 		return;
 	}
+	uint32_t dst[TRK_SOURCES_BATCH_MAX];
+	for (size_t i = 0; i < b->n; i++)
+		dst[i] = b->a[i].k.dst_rank;
 	bool whole = ans->status == 200 && json_is_array(answers) &&
-		     json_array_size(answers) == b->n;
+		     json_array_size(answers) == b->n && trk_sources_expand(ans->json, dst, b->n) == 0;
 	for (size_t i = 0; i < b->n; i++) {
 		json_t *one = whole ? json_array_get(answers, i) : NULL;
 		json_t *st = json_object_get(one, "status");

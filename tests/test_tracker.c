@@ -3333,6 +3333,85 @@ static void test_sources_batch(void **state)
 	trk_reply_fini(&r);
 }
 
+/* A batch asking for shared members lists carries each list of replica
+ * names once; expanded, every answer's members are GET /sources' own. */
+static void test_sources_shared(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r, g;
+	struct trk_parcel_key k[3] = {{0}};
+	uint32_t dst[3];
+	char path[256];
+
+	register_publisher(f);
+	publish_two(f);
+	register_node_ok(f, "A", 0, TP2);
+	register_node_ok(f, "A", 1, TP2);
+	register_node_ok(f, "B", 0, TP2);
+	register_node_ok(f, "B", 1, TP2);
+	register_node_ok(f, "C", 0, TP2); /* C/1 never came: dst 1's list lacks C */
+	for (int i = 0; i < 3; i++) {
+		memcpy(k[i].layout, f->tp2.digest, PROTO_HASH_BYTES);
+		k[i].version = 1;
+		k[i].src_rank = (uint32_t)(i / 2);
+		k[i].dst_rank = dst[i] = (uint32_t)(i % 2);
+	}
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_sources_shared(f->c, k, 3, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	/* dst 0 (twice, two src ranks) and dst 1: two lists. */
+	assert_int_equal(json_object_size(json_object_get(r.json, "replicas")), 2);
+	json_t *answers = json_object_get(r.json, "answers");
+	for (size_t i = 0; i < 3; i++) {
+		json_t *one = json_array_get(answers, i);
+		assert_null(json_object_get(one, "members"));
+		assert_non_null(json_string_value(json_object_get(one, "members_of")));
+	}
+	assert_int_equal(trk_sources_expand(r.json, dst, 3), 0);
+	for (size_t i = 0; i < 3; i++) {
+		json_t *one = json_array_get(answers, i);
+		snprintf(path, sizeof(path),
+			 TRK_API "/sources?version=1&layout=%s&src_rank=%u&dst_rank=%u",
+			 HEX(f->tp2.digest), k[i].src_rank, k[i].dst_rank);
+		assert_int_equal(get(f, path, &g), 200);
+		assert_true(json_equal(json_object_get(one, "members"),
+				       json_object_get(g.json, "members")));
+		assert_int_equal(json_array_size(json_object_get(one, "members")), i % 2 ? 2 : 3);
+		assert_null(json_object_get(one, "members_of"));
+		if (i == 1)
+			snprintf(k[1].members_tag, sizeof(k[1].members_tag), "%s",
+				 json_string_value(json_object_get(g.json, "members_tag")));
+		trk_reply_fini(&g);
+	}
+	trk_reply_fini(&r);
+
+	/* A rank that holds its list gets "members_same" and no list. */
+	trk_reply_init(&r);
+	assert_int_equal(trk_client_sources_shared(f->c, &k[1], 1, trk_reply_cb, &r), 0);
+	trk_client_wait(f->c, &r);
+	assert_int_equal(r.status, 200);
+	assert_true(json_is_true(json_object_get(json_array_get(json_object_get(r.json, "answers"), 0),
+						 "members_same")));
+	assert_int_equal(json_object_size(json_object_get(r.json, "replicas")), 0);
+	trk_reply_fini(&r);
+
+	/* Expanding a batch that lacks the list named, or names no string:
+	 * -EPROTO. */
+	static const char *const bad[] = {
+		"{\"answers\":[{\"members_of\":\"0123456789abcdef\"}],\"replicas\":{}}",
+		"{\"answers\":[{\"members_of\":\"0123456789abcdef\"}]}",
+		"{\"answers\":[{\"members_of\":\"t\"}],\"replicas\":{\"t\":[\"A\",7]}}",
+		"{\"answers\":[{\"members_of\":\"t\"}],\"replicas\":{\"t\":{}}}",
+	};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad); i++) {
+		json_t *j = json_loads(bad[i], 0, NULL);
+		assert_non_null(j);
+		assert_int_equal(trk_sources_expand(j, dst, 1), -EPROTO);
+		json_decref(j);
+	}
+}
+
 /* Sources hand out fabric addresses and memory keys: with a cluster key,
  * only signed reads get them, and the status outputs show no keys. */
 #define SRC_HITS "tessera_tracker_sources_cache_answers_total{result=\"hit\"}"
@@ -3915,6 +3994,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_sources, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources_kept, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources_batch, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_sources_shared, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_status_outputs, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_timeline, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_layout_names, setup_open, teardown),

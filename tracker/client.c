@@ -99,11 +99,13 @@ static const char *session_of(const struct trk_client *c, const char *id)
 	return NULL;
 }
 
-/* Remembers a registration's answer: {"node_id":..,"session":..}. */
-static void keep_session(struct trk_client *c, json_t *answer)
+const char *trk_client_session(const struct trk_client *c, const char *id)
 {
-	const char *id = json_string_value(json_object_get(answer, "node_id"));
-	const char *ses = json_string_value(json_object_get(answer, "session"));
+	return session_of(c, id);
+}
+
+void trk_client_keep_session(struct trk_client *c, const char *id, const char *ses)
+{
 	size_t i;
 
 	if (id == NULL || ses == NULL || strlen(id) >= TRK_ID_MAX ||
@@ -117,6 +119,13 @@ static void keep_session(struct trk_client *c, json_t *answer)
 		c->nsessions++;
 	snprintf(c->sessions[i].id, sizeof(c->sessions[i].id), "%s", id);
 	snprintf(c->sessions[i].session, sizeof(c->sessions[i].session), "%s", ses);
+}
+
+/* Remembers a registration's answer: {"node_id":..,"session":..}. */
+static void keep_session(struct trk_client *c, json_t *answer)
+{
+	trk_client_keep_session(c, json_string_value(json_object_get(answer, "node_id")),
+				json_string_value(json_object_get(answer, "session")));
 }
 
 static void on_fail(struct trk__creq *r, void *arg);
@@ -987,8 +996,8 @@ int trk_client_sources_key(struct trk_client *c, const struct trk_parcel_key *k,
 	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
 }
 
-int trk_client_sources_batch(struct trk_client *c, const struct trk_parcel_key *keys, size_t n,
-			     trk_client_cb cb, void *arg)
+static int sources_batch(struct trk_client *c, const struct trk_parcel_key *keys, size_t n,
+			 bool shared, trk_client_cb cb, void *arg)
 {
 	char hex[2 * PROTO_HASH_BYTES + 1];
 	json_t *arr;
@@ -1013,8 +1022,56 @@ int trk_client_sources_batch(struct trk_client *c, const struct trk_parcel_key *
 			arr = NULL;
 		}
 	}
-	return post_new(c, TRK_API "/sources", arr != NULL ? json_pack("{s:o}", "parcels", arr) : NULL,
-			cb, arg);
+	json_t *body = arr != NULL ? json_pack("{s:o}", "parcels", arr) : NULL;
+	if (body != NULL && shared && json_object_set_new(body, "shared_members", json_true()) != 0) {
+		json_decref(body);
+		body = NULL;
+	}
+	return post_new(c, TRK_API "/sources", body, cb, arg);
+}
+
+int trk_client_sources_batch(struct trk_client *c, const struct trk_parcel_key *keys, size_t n,
+			     trk_client_cb cb, void *arg)
+{
+	return sources_batch(c, keys, n, false, cb, arg);
+}
+
+int trk_client_sources_shared(struct trk_client *c, const struct trk_parcel_key *keys, size_t n,
+			      trk_client_cb cb, void *arg)
+{
+	return sources_batch(c, keys, n, true, cb, arg);
+}
+
+int trk_sources_expand(json_t *batch, const uint32_t *dst, size_t n)
+{
+	json_t *answers = json_object_get(batch, "answers"), *lists = json_object_get(batch, "replicas");
+	char id[TRK_ID_MAX];
+
+	for (size_t i = 0; i < n && i < json_array_size(answers); i++) {
+		json_t *one = json_array_get(answers, i), *names, *v, *m;
+		const char *of = json_string_value(json_object_get(one, "members_of"));
+		size_t k;
+		if (of == NULL)
+			continue;
+		if (!json_is_array(names = json_object_get(lists, of)))
+			return -EPROTO;
+		if ((m = json_array()) == NULL)
+			return -ENOMEM;
+		json_array_foreach(names, k, v) {
+			int w = json_is_string(v) ? snprintf(id, sizeof(id), "%s/%u",
+							     json_string_value(v), dst[i])
+						  : -1;
+			if (w < 0 || (size_t)w >= sizeof(id) ||
+			    json_array_append_new(m, json_string(id)) != 0) {
+				json_decref(m);
+				return w < 0 || (size_t)w >= sizeof(id) ? -EPROTO : -ENOMEM;
+			}
+		}
+		if (json_object_set_new(one, "members", m) != 0)
+			return -ENOMEM;
+		json_object_del(one, "members_of");
+	}
+	return 0;
 }
 
 int trk_client_holders(struct trk_client *c, uint64_t version,

@@ -668,15 +668,22 @@ void trk__srcache_free(struct trk_srcache *sc); /* NULL is fine */
 struct trk_srcentry *trk__srcache_get(struct trk_srcache *sc, const struct trk_srckey *k,
 				      uint64_t gen);
 bool trk__srcache_ready(const struct trk_srcentry *e);
-/* Stores the rendered members array (borrowed); -ENOMEM. */
-int trk__srcache_set_members(struct trk_srcentry *e, json_t *members);
+/* Stores the rendered members array and the array of their replicas'
+ * names (both borrowed); -ENOMEM. */
+int trk__srcache_set_members(struct trk_srcentry *e, json_t *members, json_t *reps);
+/* The replica names' array as text and its tag (*rtag): the entry's, valid
+ * until the entry is next got. */
+const char *trk__srcache_replicas(const struct trk_srcentry *e, const char **rtag);
 /* Stores one source object (its reference stolen; NULL: -ENOMEM). Peers
  * come before publishers (-EINVAL else). */
 int trk__srcache_add_source(struct trk_srcentry *e, json_t *src, bool peer);
 void trk__srcache_set_ready(struct trk_srcentry *e);
 /* The answer's body, peers in a fresh random order: malloc'ed, *len set;
- * NULL on ENOMEM. */
-char *trk__srcache_render(struct trk_srcentry *e, const char *tag, size_t *len);
+ * NULL on ENOMEM. Members as "members_same" (tag is the list's), else
+ * with shared as "members_of" the replicas' tag (*listed set: the batch
+ * must carry that list), else listed. */
+char *trk__srcache_render(struct trk_srcentry *e, const char *tag, bool shared, bool *listed,
+			  size_t *len);
 /* Queries answered from an entry / that built one, for /metrics. */
 void trk__srcache_stats(const struct trk_srcache *sc, uint64_t *hits, uint64_t *misses);
 

@@ -299,11 +299,11 @@ void trk__json_shuffle(json_t *a)
 static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 			 struct trk_srcentry *e)
 {
-	json_t *members = json_array();
+	json_t *members = json_array(), *reps = json_array();
 	int rc = -ENOMEM;
 
-	if (members == NULL)
-		return -ENOMEM;
+	if (members == NULL || reps == NULL)
+		goto out;
 	/* A node offers only parcels of its own layout and rank, so the only
 	 * candidates are rank dst of the replicas with that layout: the
 	 * parcel's swarm ("members", offered or not yet). A node
@@ -318,7 +318,10 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 		n = rep->ranks[k->dst];
 		if (n == NULL || !n->alive)
 			continue;
-		if (json_array_append_new(members, json_string(n->id)) != 0)
+		/* n->id is "<replica>/<dst>" (nodes.c): reps names the
+		 * same members for a batch that shares them. */
+		if (json_array_append_new(members, json_string(n->id)) != 0 ||
+		    json_array_append_new(reps, json_string(rep->name)) != 0)
 			goto out;
 		o = offers_find(&n->offers, k->version, k->layout, k->src, k->dst);
 		if (o != NULL &&
@@ -341,25 +344,41 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 						    false) != 0)
 				goto out;
 	}
-	rc = trk__srcache_set_members(e, members);
+	rc = trk__srcache_set_members(e, members, reps);
 	if (rc == 0)
 		trk__srcache_set_ready(e);
 out:
 	json_decref(members);
+	json_decref(reps);
 	return rc;
 }
 
 /* The answer for parcel k as text ("{...}\n", malloc'ed), built once per
  * swarm state (srcache.c); peers shuffled per answer, to spread the swarm.
- * NULL when out of memory. */
+ * With reps (a batch sharing members lists) its members are named by the
+ * tag of their replicas' list, *reps then that list (malloc'ed) and rtag
+ * its tag, unless the asker holds the list (*reps NULL). NULL when out of
+ * memory. */
 static char *sources_text(struct trk_registry *r, const struct trk_srckey *k, const char *tag,
-			  size_t *len)
+			  char **reps, char rtag[TRK_MEMBERS_TAG_HEX + 1], size_t *len)
 {
 	struct trk_srcentry *e = trk__srcache_get(r->srcache, k, r->swarm_gen);
+	bool listed = false;
+	const char *t, *list;
+	char *out;
 
 	if (!trk__srcache_ready(e) && build_sources(r, k, e) != 0)
 		return NULL;
-	return trk__srcache_render(e, tag, len);
+	out = trk__srcache_render(e, tag, reps != NULL, &listed, len);
+	if (out == NULL || !listed)
+		return out;
+	list = trk__srcache_replicas(e, &t);
+	memcpy(rtag, t, TRK_MEMBERS_TAG_HEX + 1);
+	if ((*reps = strdup(list)) == NULL) {
+		free(out);
+		return NULL;
+	}
+	return out;
 }
 
 /* A members_tag as a query sends it: NULL (absent) or 16 lower-case hex
@@ -401,7 +420,7 @@ void trk__handle_sources(struct trk_call *c)
 	k.version = version;
 	k.src = (uint32_t)src;
 	k.dst = (uint32_t)dst;
-	if ((body = sources_text(r, &k, tag, &len)) == NULL) {
+	if ((body = sources_text(r, &k, tag, NULL, NULL, &len)) == NULL) {
 		trk__fail(c, 500, "out of memory");
 		return;
 	}
@@ -445,19 +464,26 @@ static int batch_key(json_t *p, size_t i, struct trk_srckey *k, const char **tag
 
 void trk__handle_sources_batch(struct trk_call *c)
 {
-	static const char head[] = "{\"answers\":[", tail[] = "]}\n";
+	static const char head[] = "{\"answers\":[", tail[] = "]}\n", mid[] = "],\"replicas\":{";
 	struct trk_registry *r = c->s->reg;
 	struct trk_srckey keys[TRK_SOURCES_BATCH_MAX];
 	const char *tags[TRK_SOURCES_BATCH_MAX];
-	char *text[TRK_SOURCES_BATCH_MAX] = {0};
-	size_t tlen[TRK_SOURCES_BATCH_MAX], n, total = sizeof(head) + sizeof(tail), at = 0;
+	char *text[TRK_SOURCES_BATCH_MAX] = {0}, *lists[TRK_SOURCES_BATCH_MAX] = {0};
+	char ltag[TRK_SOURCES_BATCH_MAX][TRK_MEMBERS_TAG_HEX + 1];
+	size_t tlen[TRK_SOURCES_BATCH_MAX], n, nlists = 0, at = 0;
+	size_t total = sizeof(head) + sizeof(tail) + sizeof(mid) + 3;
 	json_t *arr = json_object_get(c->json, "parcels"), *p;
+	json_t *shared = json_object_get(c->json, "shared_members");
 	struct proto_err err = {{0}};
 	char *body = NULL;
 
 	if (!json_is_array(arr) || json_array_size(arr) == 0 ||
 	    json_array_size(arr) > TRK_SOURCES_BATCH_MAX) {
 		trk__fail(c, 400, "parcels: want an array of 1..%d parcels", TRK_SOURCES_BATCH_MAX);
+		return;
+	}
+	if (shared != NULL && !json_is_boolean(shared)) {
+		trk__fail(c, 400, "shared_members: want true or false");
 		return;
 	}
 	n = json_array_size(arr);
@@ -469,8 +495,9 @@ void trk__handle_sources_batch(struct trk_call *c)
 		}
 	}
 	/* Each answer as GET /sources gives it; an unknown version is that
-	 * parcel's error, not the request's. */
+	 * parcel's error, not the request's. Shared, each replicas list once. */
 	for (size_t i = 0; i < n; i++) {
+		char *list = NULL, t[TRK_MEMBERS_TAG_HEX + 1];
 		if (trk__versions_find(c->s->vs, keys[i].version) == NULL) {
 			char msg[96];
 			int m = snprintf(msg, sizeof(msg),
@@ -479,11 +506,24 @@ void trk__handle_sources_batch(struct trk_call *c)
 			text[i] = strdup(msg);
 			tlen[i] = (size_t)m;
 		} else {
-			text[i] = sources_text(r, &keys[i], tags[i], &tlen[i]);
+			text[i] = sources_text(r, &keys[i], tags[i], json_is_true(shared) ? &list : NULL,
+					       t, &tlen[i]);
 		}
 		if (text[i] == NULL)
 			goto oom;
 		total += tlen[i];
+		if (list == NULL)
+			continue;
+		size_t j = 0;
+		while (j < nlists && strcmp(ltag[j], t) != 0)
+			j++;
+		if (j < nlists) {
+			free(list);
+			continue;
+		}
+		lists[nlists] = list;
+		memcpy(ltag[nlists++], t, sizeof(t));
+		total += strlen(list) + TRK_MEMBERS_TAG_HEX + 4;
 	}
 	if ((body = malloc(total)) == NULL)
 		goto oom;
@@ -497,8 +537,21 @@ void trk__handle_sources_batch(struct trk_call *c)
 		memcpy(body + at, text[i], tlen[i] - 1); /* without its newline */
 		at += tlen[i] - 1;
 	}
-	memcpy(body + at, tail, sizeof(tail) - 1);
-	at += sizeof(tail) - 1;
+	if (json_is_true(shared)) {
+		memcpy(body + at, mid, sizeof(mid) - 1);
+		at += sizeof(mid) - 1;
+		for (size_t j = 0; j < nlists; j++) {
+			size_t l = strlen(lists[j]);
+			at += (size_t)snprintf(body + at, total - at, "%s\"%s\":", j ? "," : "", ltag[j]);
+			memcpy(body + at, lists[j], l);
+			at += l;
+		}
+		memcpy(body + at, "}}\n", 3); /* the lists, the answer */
+		at += 3;
+	} else {
+		memcpy(body + at, tail, sizeof(tail) - 1);
+		at += sizeof(tail) - 1;
+	}
 	trk__reply_raw(c, 200, "application/json", body, at);
 	goto out;
 oom:
@@ -507,4 +560,6 @@ out:
 	free(body);
 	for (size_t i = 0; i < n; i++)
 		free(text[i]);
+	for (size_t j = 0; j < nlists; j++)
+		free(lists[j]);
 }

@@ -22,6 +22,13 @@
  * same for every rank of the swarm and mostly the same from one version
  * to the next. It carries a tag (a short hash of its text); a query that
  * names the tag it holds gets "members_same":true instead of the array.
+ *
+ * A host's ranks ask together (POST /sources) for parcels of different
+ * swarms: rank d of every replica is "<replica>/d", so their lists differ
+ * only by that suffix. Asked with "shared_members", an answer names its
+ * replicas list by its own tag ("members_of") and the batch carries each
+ * list once: a host's first query of ten ranks costs one list of names
+ * instead of ten lists of ids. The entry keeps that list rendered too.
  */
 
 #define ENTRIES 32
@@ -33,6 +40,8 @@ struct trk_srcentry {
 	struct trk_srckey key;
 	char *members;           /* the JSON array */
 	char tag[TRK_MEMBERS_TAG_HEX + 1]; /* its short hash, hex */
+	char *reps;              /* the members' replica names, a JSON array */
+	char rtag[TRK_MEMBERS_TAG_HEX + 1]; /* its short hash, hex */
 	char **src;              /* source objects: peers, then publishers */
 	size_t *srclen;
 	size_t npeers, nsrc, cap;
@@ -51,7 +60,8 @@ static void entry_clear(struct trk_srcentry *e)
 	for (size_t i = 0; i < e->nsrc; i++)
 		free(e->src[i]);
 	free(e->members);
-	e->members = NULL;
+	free(e->reps);
+	e->members = e->reps = NULL;
 	e->npeers = e->nsrc = 0;
 	e->bytes = 0;
 	e->used = e->ready = false;
@@ -112,17 +122,32 @@ rebuild:
 	return lru;
 }
 
-int trk__srcache_set_members(struct trk_srcentry *e, json_t *members)
+/* a as compact text (malloc'ed) and its tag; NULL on ENOMEM. */
+static char *dump_tagged(json_t *a, char tag[TRK_MEMBERS_TAG_HEX + 1])
 {
 	uint8_t h[TRK_MEMBERS_TAG_HEX / 2];
+	char *t = json_dumps(a, JSON_COMPACT);
 
-	e->members = json_dumps(members, JSON_COMPACT);
-	if (e->members == NULL)
+	if (t == NULL)
+		return NULL;
+	crypto_generichash(h, sizeof(h), (const uint8_t *)t, strlen(t), NULL, 0);
+	sodium_bin2hex(tag, TRK_MEMBERS_TAG_HEX + 1, h, sizeof(h));
+	return t;
+}
+
+int trk__srcache_set_members(struct trk_srcentry *e, json_t *members, json_t *reps)
+{
+	if ((e->members = dump_tagged(members, e->tag)) == NULL ||
+	    (e->reps = dump_tagged(reps, e->rtag)) == NULL)
 		return -ENOMEM;
 	e->bytes += strlen(e->members);
-	crypto_generichash(h, sizeof(h), (const uint8_t *)e->members, strlen(e->members), NULL, 0);
-	sodium_bin2hex(e->tag, sizeof(e->tag), h, sizeof(h));
 	return 0;
+}
+
+const char *trk__srcache_replicas(const struct trk_srcentry *e, const char **rtag)
+{
+	*rtag = e->rtag;
+	return e->reps;
 }
 
 int trk__srcache_add_source(struct trk_srcentry *e, json_t *src, bool peer)
@@ -182,15 +207,16 @@ static uint64_t splitmix(uint64_t *s)
 	return z ^ (z >> 31);
 }
 
-char *trk__srcache_render(struct trk_srcentry *e, const char *tag, size_t *len)
+char *trk__srcache_render(struct trk_srcentry *e, const char *tag, bool shared, bool *listed,
+			  size_t *len)
 {
 	/* The tag first: a reader that keeps it finds it without parsing. */
 	static const char head[] = "{\"members_tag\":\"", head2[] = "\",\"sources\":[",
 			  mid[] = "],\"members\":", same[] = "],\"members_same\":true",
-			  tail[] = "}\n";
+			  of[] = "],\"members_of\":\"", tail[] = "}\n";
 	bool keep = tag != NULL && strcmp(tag, e->tag) == 0;
 	size_t n = sizeof(head) + sizeof(e->tag) + sizeof(head2) + sizeof(mid) + sizeof(same) +
-		   sizeof(tail) + e->bytes,
+		   sizeof(of) + sizeof(e->rtag) + sizeof(tail) + e->bytes,
 	       at = 0;
 	char *out = malloc(n);
 	uint64_t seed;
@@ -218,9 +244,16 @@ char *trk__srcache_render(struct trk_srcentry *e, const char *tag, size_t *len)
 		memcpy(out + at, e->src[k], e->srclen[k]);
 		at += e->srclen[k];
 	}
+	*listed = !keep && shared;
 	if (keep) {
 		memcpy(out + at, same, sizeof(same) - 1);
 		at += sizeof(same) - 1;
+	} else if (shared) {
+		memcpy(out + at, of, sizeof(of) - 1);
+		at += sizeof(of) - 1;
+		memcpy(out + at, e->rtag, strlen(e->rtag));
+		at += strlen(e->rtag);
+		out[at++] = '"';
 	} else {
 		size_t ml = strlen(e->members);
 		memcpy(out + at, mid, sizeof(mid) - 1);

@@ -158,6 +158,13 @@ void trk_client_free(struct trk_client *c);
 /* Default per-request timeout in ms (initially 10000). Long-polls add their
  * wait to it. */
 void trk_client_set_timeout(struct trk_client *c, uint32_t ms);
+/* The session credential c keeps for node id (from its registration), or
+ * NULL; valid until c registers another node. */
+const char *trk_client_session(const struct trk_client *c, const char *id);
+/* Makes c carry session ses for node id (as if it had registered it):
+ * another client of the same process may then speak for that node. Ignored
+ * when id or ses is NULL or malformed. */
+void trk_client_keep_session(struct trk_client *c, const char *id, const char *ses);
 /* Successful JSON answers longer than bytes reach the callback unparsed
  * (json NULL, the raw body given): for a load generator that does not read
  * them (make bench-tracker). Default: every answer is parsed. */
@@ -409,6 +416,17 @@ int trk_client_sources_key(struct trk_client *c, const struct trk_parcel_key *k,
 			   void *arg);
 int trk_client_sources_batch(struct trk_client *c, const struct trk_parcel_key *keys, size_t n,
 			     trk_client_cb cb, void *arg);
+/* The same, asking for shared members lists: an answer that lists its
+ * members names them "members_of" a list of replica names that the batch
+ * carries once ("replicas"); trk_sources_expand puts them back. */
+int trk_client_sources_shared(struct trk_client *c, const struct trk_parcel_key *keys, size_t n,
+			      trk_client_cb cb, void *arg);
+/* Gives each of the first n answers of a shared batch answer that names
+ * "members_of" its "members" ("<replica>/<dst[i]>", in the list's order),
+ * as an unshared answer has them. 0, -EPROTO for a list the batch lacks or
+ * a name that is not a string or too long, -ENOMEM; answers before the
+ * failing one are expanded. */
+int trk_sources_expand(json_t *batch, const uint32_t *dst, size_t n);
 /* GET /holders?version=&layout=: complete replicas of other layouts that
  * offer their ranks' memory for the version (each holder's "sources", in
  * rank order, parse with trk_sources_parse). */

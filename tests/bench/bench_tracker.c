@@ -13,7 +13,9 @@
  * with one host heartbeat, holds one version watch for them all and asks
  * for the sources of all their parcels in one batched query (POST
  * /sources), naming the members list each rank holds (members_tag: the
- * list comes again only when it changed). PER_CLIENT 1 is one process per rank, each with its own
+ * list comes again only when it changed) and asking for the lists shared
+ * (one list of replica names per batch, not one list of ids per rank;
+ * SHARED 0 asks for whole lists, as agents did before). PER_CLIENT 1 is one process per rank, each with its own
  * heartbeat, watch and GET /sources (two descriptors per node on each side:
  * 10 000 nodes need more than a 20 000 descriptor limit allows). Prints requests
  * served per second (from the tracker's own counters), the connections it
@@ -21,7 +23,7 @@
  * memory, and the time to render the status page and /api/v1/status while
  * under load.
  *
- *   bench_tracker [NODES [SECONDS [PER_CLIENT]]]
+ *   bench_tracker [NODES [SECONDS [PER_CLIENT [SHARED]]]]
  *
  * The goals (p99 under 20 ms, status under 200 ms) are printed beside the
  * figures; nothing here asserts a time.
@@ -80,6 +82,7 @@ struct bench {
 	uint8_t pk[PROTO_PK_BYTES], sk[PROTO_SK_BYTES];
 	char pub_id[TRK_ID_MAX];
 	struct sim_node *nodes;
+	bool unshared; /* batches ask for whole members lists */
 	uint32_t nnodes, per_client, registered, reg_next, reg_inflight, reg_failed;
 	uint32_t hb_next, src_next, src_version; /* hb_next: a node, or a host's first */
 	uint64_t hb_budget; /* heartbeats owed, in thousandths */
@@ -344,7 +347,10 @@ static int host_sources(struct bench *b, uint32_t i, struct req *r)
 			memcpy(k[n++].layout, b->sl.digest, PROTO_HASH_BYTES);
 			r->who[r->nwho++] = j;
 		}
-	return n == 0 ? -ENOENT : trk_client_sources_batch(b->nodes[i].c, k, n, on_timed, r);
+	if (n == 0)
+		return -ENOENT;
+	return b->unshared ? trk_client_sources_batch(b->nodes[i].c, k, n, on_timed, r)
+			   : trk_client_sources_shared(b->nodes[i].c, k, n, on_timed, r);
 }
 
 /* Sends node i's heartbeat (kind 0), sources query (kind 1) or its host's
@@ -681,7 +687,7 @@ int main(int argc, char **argv)
 	setenv("TESSERA_TRACKER_CONNS", "65536", 0);
 	if (argc > 1 && (proto_parse_u64(argv[1], RANKS, 1000000, &v) != 0 || v % RANKS != 0)) {
 		fprintf(stderr, "usage: bench_tracker [NODES (a multiple of %d) [SECONDS >= 10 "
-			"[PER_CLIENT]]]\n", RANKS);
+			"[PER_CLIENT [SHARED 0|1]]]]\n", RANKS);
 		return 2;
 	}
 	if (argc > 1)
@@ -702,6 +708,7 @@ int main(int argc, char **argv)
 		}
 		b.per_client = (uint32_t)v;
 	}
+	b.unshared = argc > 4 && strcmp(argv[4], "0") == 0;
 	/* Per client one connection for requests and one per node's watch, on
 	 * both sides (the tracker inherits the limit), and slack: raised past
 	 * the hard limit when allowed (CAP_SYS_RESOURCE), else up to it. */
@@ -875,9 +882,10 @@ int main(int argc, char **argv)
 	       "ms, p99 %.2f ms\n",
 	       LATE_S, b.hb_late.n, pct_ms(&b.hb_late, 0.5), pct_ms(&b.hb_late, 0.99), b.src_late.n,
 	       pct_ms(&b.src_late, 0.5), pct_ms(&b.src_late, 0.99));
-	printf("sources answers: %.1f MB in all, %.1f KB each (members lists sent only when "
+	printf("sources answers: %.1f MB in all, %.1f KB each (members lists %s, sent only when "
 	       "the asker's tag is not current)\n",
-	       (double)b.src_bytes / 1e6, b.src.n ? (double)b.src_bytes / 1e3 / (double)b.src.n : 0);
+	       (double)b.src_bytes / 1e6, b.src.n ? (double)b.src_bytes / 1e3 / (double)b.src.n : 0,
+	       b.unshared ? "whole per rank" : "shared per batch");
 	printf("watches (%s): %" PRIu64 " answered, %" PRIu64 " open at the end; versions published: %" PRIu64 "\n",
 	       b.per_client > 1 ? "one per host" : "one per node",
 	       b.watch_answers, watching, b.version);
