@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "fabric/fab.h"
+#include "node/beat.h"
 #include "node/fabloop.h"
 #include "proto/proto.h"
 #include "tracker/tracker.h"
@@ -23,48 +24,40 @@ struct node_host {
 	size_t leaving;
 	void (*leave_done)(void *arg);
 	void *leave_arg;
-	/* Several ranks: one heartbeat renews all their leases. */
+	/* One heartbeat renews all the ranks' leases, sent by the beat's
+	 * thread; hb_ev feeds it from this loop (node/beat.h). */
+	struct node_beat *beat;
 	struct event *hb_ev;
-	uint64_t hb_every_ms;
 	struct node_host_sources *srcq; /* several ranks: batched sources queries */
 	struct node_host_watch *watch;  /* several ranks: one version watch */
 };
 
 /* ---- one heartbeat for every rank --------------------------------------------- */
 
-static void host_heartbeat(evutil_socket_t fd, short what, void *arg);
+/* The loop feeds the beat this often: well inside a third of a lease. */
+#define FEED_MS 500
 
-static void arm_heartbeat(struct node_host *h)
+static void feed_beat(evutil_socket_t fd, short what, void *arg);
+
+static void arm_feed(struct node_host *h)
 {
-	struct timeval tv = {(time_t)(h->hb_every_ms / 1000),
-			     (suseconds_t)(h->hb_every_ms % 1000) * 1000};
+	struct timeval tv = {0, FEED_MS * 1000};
 
 	evtimer_add(h->hb_ev, &tv);
 }
 
-/* The ranks the tracker no longer knows register again; the others hold
- * their leases for another lease_ms. */
-static void on_host_heartbeat(const struct trk_answer *a, void *arg)
+/* A rank the tracker no longer knows registers again. */
+static void on_gone(void *arg, const char *id)
 {
 	struct node_host *h = arg;
-	json_t *id;
-	size_t k;
 
-	if (a->status == 200) {
-		uint64_t lease = (uint64_t)json_integer_value(json_object_get(a->json, "lease_ms"));
-		if (lease > 0)
-			h->hb_every_ms = PROTO_MAX(lease / 3, 100);
-		json_array_foreach(json_object_get(a->json, "gone"), k, id)
-			for (size_t i = 0; i < h->n; i++)
-				if (json_is_string(id) && strcmp(json_string_value(id), h->ids[i]) == 0)
-					node_agent_lease_lost(h->agents[i]);
-	} else {
-		LOG_DEBUG("host heartbeat: %d %s", a->status, a->error);
-	}
-	arm_heartbeat(h);
+	for (size_t i = 0; i < h->n; i++)
+		if (strcmp(id, h->ids[i]) == 0)
+			node_agent_lease_lost(h->agents[i]);
 }
 
-static void host_heartbeat(evutil_socket_t fd, short what, void *arg)
+/* The registered ranks and their pins, for the beat's next heartbeats. */
+static void feed_beat(evutil_socket_t fd, short what, void *arg)
 {
 	struct node_host *h = arg;
 	struct trk_hb_node e[TRK_HOST_HEARTBEAT_MAX];
@@ -72,8 +65,8 @@ static void host_heartbeat(evutil_socket_t fd, short what, void *arg)
 
 	for (size_t i = 0; i < h->n && n < TRK_HOST_HEARTBEAT_MAX; i++)
 		n += node_agent_heartbeat_entry(h->agents[i], &e[n]);
-	if (n == 0 || trk_client_heartbeat_host(h->shared.trk, e, n, on_host_heartbeat, h) != 0)
-		arm_heartbeat(h);
+	node_beat_feed(h->beat, e, n, h->shared.trk);
+	arm_feed(h);
 }
 
 /* The tracker client's chain guard speaks for every rank it carries. */
@@ -141,6 +134,19 @@ static int check_layouts(const struct node_host *h, const struct node_host_ranks
 	return 0;
 }
 
+static int open_beat(struct node_host *h, const struct node_agent_opts *o, struct proto_err *err)
+{
+	uint8_t ckey[PROTO_CLUSTER_KEY_BYTES];
+	int rc;
+
+	if (o->cluster_key != NULL && (rc = proto_key_load_cluster(o->cluster_key, ckey, err)) != 0)
+		return rc;
+	rc = node_beat_new(h->base, o->tracker_url, o->cluster_key ? ckey : NULL, o->tls_ca, on_gone,
+			   h, &h->beat, err);
+	sodium_memzero(ckey, sizeof(ckey));
+	return rc;
+}
+
 int node_host_new(struct event_base *base, const struct node_agent_opts *o,
 		  const struct node_host_ranks *ranks, struct node_host **out,
 		  struct proto_err *err)
@@ -165,10 +171,12 @@ int node_host_new(struct event_base *base, const struct node_agent_opts *o,
 	if ((rc = open_shared(h, o, err)) != 0)
 		goto fail;
 	/* One request renews the leases of all ranks (a tenth of the
-	 * heartbeats a tracker of 10 000 ranks on 1 000 hosts answers). */
-	h->shared.host_heartbeat = ranks->n > 1;
-	h->hb_every_ms = PROTO_MAX(proto_param(PROTO_PARAM_LEASE_MS) / 3, 100);
-	if (h->shared.host_heartbeat && (h->hb_ev = evtimer_new(base, host_heartbeat, h)) == NULL) {
+	 * heartbeats a tracker of 10 000 ranks on 1 000 hosts answers), from
+	 * its own thread: a busy loop keeps them. */
+	h->shared.host_heartbeat = true;
+	if ((rc = open_beat(h, o, err)) != 0)
+		goto fail;
+	if ((h->hb_ev = evtimer_new(base, feed_beat, h)) == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
 	}
@@ -221,8 +229,7 @@ int node_host_new(struct event_base *base, const struct node_agent_opts *o,
 		goto fail;
 	for (size_t i = 0; i < h->n; i++)
 		node_agent_start(h->agents[i]);
-	if (h->hb_ev != NULL)
-		arm_heartbeat(h);
+	arm_feed(h);
 	*out = h;
 	return 0;
 fail:
@@ -263,6 +270,8 @@ void node_host_leave(struct node_host *h, void (*done)(void *arg), void *arg)
 	h->leaving = h->n;
 	if (h->hb_ev != NULL)
 		evtimer_del(h->hb_ev);
+	if (h->beat != NULL)
+		node_beat_feed(h->beat, NULL, 0, h->shared.trk); /* no more heartbeats */
 	for (size_t i = 0; i < h->n; i++)
 		node_agent_leave(h->agents[i], on_left, h);
 }
@@ -274,6 +283,7 @@ void node_host_free(struct node_host *h)
 	/* Every rank lets go of its timers and fetch, then the endpoint is
 	 * closed (its cancelled reads call back into the ranks, which find
 	 * nothing to do), then the ranks' memory, then the tracker client. */
+	node_beat_free(h->beat);
 	if (h->hb_ev != NULL)
 		event_free(h->hb_ev);
 	for (size_t i = 0; i < h->n; i++)

@@ -30,6 +30,11 @@
 	X(SPEC_MAX, "TESSERA_SPEC_MAX", 64u << 20, "largest spec file, bytes")    \
 	/* Node lease at the tracker; heartbeats come at a third of it. */      \
 	X(LEASE_MS, "TESSERA_LEASE_MS", 6000, "node lease at the tracker, ms")    \
+	/* A node's heartbeats leave from their own thread (node/beat.h), so a \
+	 * loop busy for seconds keeps its leases; one that has not run for \
+	 * this long is taken as hung and its heartbeats stop. */              \
+	X(HEARTBEAT_STALL_MS, "TESSERA_HEARTBEAT_STALL_MS", 60000,                \
+	  "a node loop silent this long gets no more heartbeats, ms")             \
 	/* Window in which an authenticated request's timestamp is accepted. */ \
 	X(AUTH_WINDOW_S, "TESSERA_AUTH_WINDOW_S", 30,                             \
 	  "accepted clock skew for signed requests, s")                           \
