@@ -54,8 +54,9 @@ struct node_agent_shared {
 	struct trk_client *trk;
 	struct fab_ctx *fab;
 	struct node_fabloop *fl;
-	/* The host renews every agent's lease in one request (node/host.c):
-	 * agents then send no heartbeat of their own. */
+	/* The host renews every agent's lease in one request from its own
+	 * thread (node/host.c, node/beat.h): agents then send no heartbeat of
+	 * their own. */
 	bool host_heartbeat;
 	/* Set by a host of several ranks: sources queries go through it,
 	 * batched with its other ranks' (node/host_sources.c); NULL: one GET
