@@ -88,6 +88,10 @@ static int open_shared(struct node_host *h, const struct node_agent_opts *o,
 		return rc;
 	rc = trk_client_new(h->base, o->tracker_url, o->cluster_key ? ckey : NULL, &h->shared.trk,
 			    err);
+	/* Heartbeats get a client of their own, on their thread. */
+	if (rc == 0)
+		rc = node_beat_new(h->base, o->tracker_url, o->cluster_key ? ckey : NULL, o->tls_ca,
+				   on_gone, h, &h->beat, err);
 	sodium_memzero(ckey, sizeof(ckey));
 	if (rc == 0 && o->tls_ca != NULL)
 		rc = trk_client_set_tls_ca(h->shared.trk, o->tls_ca, err);
@@ -134,19 +138,6 @@ static int check_layouts(const struct node_host *h, const struct node_host_ranks
 	return 0;
 }
 
-static int open_beat(struct node_host *h, const struct node_agent_opts *o, struct proto_err *err)
-{
-	uint8_t ckey[PROTO_CLUSTER_KEY_BYTES];
-	int rc;
-
-	if (o->cluster_key != NULL && (rc = proto_key_load_cluster(o->cluster_key, ckey, err)) != 0)
-		return rc;
-	rc = node_beat_new(h->base, o->tracker_url, o->cluster_key ? ckey : NULL, o->tls_ca, on_gone,
-			   h, &h->beat, err);
-	sodium_memzero(ckey, sizeof(ckey));
-	return rc;
-}
-
 int node_host_new(struct event_base *base, const struct node_agent_opts *o,
 		  const struct node_host_ranks *ranks, struct node_host **out,
 		  struct proto_err *err)
@@ -174,8 +165,6 @@ int node_host_new(struct event_base *base, const struct node_agent_opts *o,
 	 * heartbeats a tracker of 10 000 ranks on 1 000 hosts answers), from
 	 * its own thread: a busy loop keeps them. */
 	h->shared.host_heartbeat = true;
-	if ((rc = open_beat(h, o, err)) != 0)
-		goto fail;
 	if ((h->hb_ev = evtimer_new(base, feed_beat, h)) == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
