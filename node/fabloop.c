@@ -35,6 +35,7 @@ struct node_fabloop {
 	unsigned period_us;     /* the busy period */
 	unsigned now_us;        /* the timer's period now */
 	unsigned quiet;         /* timer polls that found nothing at now_us */
+	uint64_t polls[3];      /* by enum wake */
 };
 
 static void set_period(struct node_fabloop *fl, unsigned us)
@@ -57,6 +58,7 @@ static void drive(struct node_fabloop *fl, enum wake why)
 	int n = fab_poll(fl->ctx, DRIVE_BATCH);
 	bool busy;
 
+	fl->polls[why]++;
 	if (n < 0) {
 		LOG_WARN("fabric: poll failed: %d", n);
 		return;
@@ -120,6 +122,16 @@ struct node_fabloop *node_fabloop_new(struct event_base *base, struct fab_ctx *c
 void node_fabloop_kick(struct node_fabloop *fl)
 {
 	event_active(fl->kick_ev, 0, 0);
+}
+
+void node_fabloop_counts(const struct node_fabloop *fl, struct node_fabloop_counts *out)
+{
+	*out = (struct node_fabloop_counts){
+		.period_us = fl->now_us,
+		.timer_polls = fl->polls[WAKE_TIMER],
+		.fd_polls = fl->polls[WAKE_FD],
+		.kick_polls = fl->polls[WAKE_KICK],
+	};
 }
 
 void node_fabloop_free(struct node_fabloop *fl)
