@@ -25,18 +25,6 @@
  * trainer) so polls about 125 times a second instead of 1000. Without a
  * wait fd the period never grows.
  */
-/*
- * Bytes that trickle in wake the fd once per segment: a node fetching from
- * a shaped or shared link (a star run's trainer, 1/N of 100 Mbit/s) got
- * about a thousand wake-ups a second, each a few system calls for a
- * segment or two. So a wake-up by the fd that completed nothing takes the
- * fd off the loop for MODERATE_US (the kernel keeps buffering meanwhile,
- * and the next poll takes all of it in one go); a completion, a post or
- * pending progress keep it on. A peer's first request still wakes us at
- * once; one arriving within MODERATE_US of other traffic waits at most
- * that long.
- */
-#define MODERATE_US 2000u
 #define QUIET_POLLS 100
 #define IDLE_PERIOD_US 8000u
 
@@ -45,8 +33,6 @@ struct node_fabloop {
 	struct event *fd_ev;    /* CQ wait fd readable, when there is one */
 	struct event *timer_ev; /* periodic poll */
 	struct event *kick_ev;  /* poll again soon */
-	struct event *rearm_ev; /* puts fd_ev back after MODERATE_US */
-	bool fd_off;            /* fd_ev is off the loop until rearm_ev */
 	unsigned period_us;     /* the busy period */
 	unsigned now_us;        /* the timer's period now */
 	unsigned quiet;         /* timer polls that found nothing at now_us */
@@ -68,8 +54,7 @@ static void set_period(struct node_fabloop *fl, unsigned us)
 
 enum wake { WAKE_TIMER, WAKE_FD, WAKE_KICK };
 
-/* Returns whether the poll found work (completions, pending progress). */
-static bool drive(struct node_fabloop *fl, enum wake why)
+static void drive(struct node_fabloop *fl, enum wake why)
 {
 	int n = fab_poll(fl->ctx, DRIVE_BATCH);
 	bool busy;
@@ -77,7 +62,7 @@ static bool drive(struct node_fabloop *fl, enum wake why)
 	fl->polls[why]++;
 	if (n < 0) {
 		LOG_WARN("fabric: poll failed: %d", n);
-		return true;
+		return;
 	}
 	/* Completions came, or the provider has progress to make (a peer's
 	 * one-sided reads are served only while we poll): come back after the
@@ -95,7 +80,6 @@ static bool drive(struct node_fabloop *fl, enum wake why)
 		   fl->now_us < IDLE_PERIOD_US) {
 		set_period(fl, PROTO_MIN(2 * fl->now_us, IDLE_PERIOD_US));
 	}
-	return busy;
 }
 
 static void on_kick(evutil_socket_t fd, short what, void *arg)
@@ -105,25 +89,7 @@ static void on_kick(evutil_socket_t fd, short what, void *arg)
 
 static void on_fd(evutil_socket_t fd, short what, void *arg)
 {
-	struct node_fabloop *fl = arg;
-
-	if (drive(fl, WAKE_FD) || fl->fd_off)
-		return;
-	if (event_del(fl->fd_ev) != 0 ||
-	    event_add(fl->rearm_ev, &(struct timeval){0, MODERATE_US}) != 0) {
-		event_add(fl->fd_ev, NULL);
-		return;
-	}
-	fl->fd_off = true;
-}
-
-static void on_rearm(evutil_socket_t fd, short what, void *arg)
-{
-	struct node_fabloop *fl = arg;
-
-	fl->fd_off = false;
-	if (event_add(fl->fd_ev, NULL) != 0)
-		LOG_WARN("fabric: cannot watch the wait fd again; polling on the timer");
+	drive(arg, WAKE_FD);
 }
 
 static void on_timer(evutil_socket_t fd, short what, void *arg)
@@ -143,12 +109,9 @@ struct node_fabloop *node_fabloop_new(struct event_base *base, struct fab_ctx *c
 	fl->period_us = fl->now_us = period_us;
 	fl->timer_ev = event_new(base, -1, EV_PERSIST, on_timer, fl);
 	fl->kick_ev = event_new(base, -1, 0, on_kick, fl);
-	if (fd >= 0) {
+	if (fd >= 0)
 		fl->fd_ev = event_new(base, fd, EV_READ | EV_PERSIST, on_fd, fl);
-		fl->rearm_ev = evtimer_new(base, on_rearm, fl);
-	}
-	if (fl->timer_ev == NULL || fl->kick_ev == NULL ||
-	    (fd >= 0 && (fl->fd_ev == NULL || fl->rearm_ev == NULL)) ||
+	if (fl->timer_ev == NULL || fl->kick_ev == NULL || (fd >= 0 && fl->fd_ev == NULL) ||
 	    event_add(fl->timer_ev, &(struct timeval){period_us / 1000000, period_us % 1000000}) != 0 ||
 	    (fl->fd_ev != NULL && event_add(fl->fd_ev, NULL) != 0)) {
 		node_fabloop_free(fl);
@@ -178,8 +141,6 @@ void node_fabloop_free(struct node_fabloop *fl)
 		return;
 	LOG_INFO("fabric loop: %" PRIu64 " polls woken by the fd, %" PRIu64 " by the timer, %" PRIu64
 		 " kicked", fl->polls[WAKE_FD], fl->polls[WAKE_TIMER], fl->polls[WAKE_KICK]);
-	if (fl->rearm_ev)
-		event_free(fl->rearm_ev);
 	if (fl->fd_ev)
 		event_free(fl->fd_ev);
 	if (fl->timer_ev)
