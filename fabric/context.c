@@ -108,10 +108,28 @@ static int open_cq(struct fab_ctx *ctx, bool want_fd)
  * this peer", so ask for the cleanup; av.c removes an address only when its
  * last handle goes, so the cleanup never cuts a connection still in use.
  */
+/*
+ * rxm over tcp shares one receive context among all connections, and sizes
+ * its bounce-buffer pool from FI_OFI_RXM_MSG_RX_SIZE, 4096 by default there:
+ * 64 MiB of 16 KiB buffers that fi_enable zeroes, about 0.25 s of CPU and
+ * 64 MiB of memory per process (a node, a publisher, each test's context),
+ * most of a node's start-up. Our messages are few and small (requests,
+ * have-announcements, control) and every one is matched at once (posted
+ * slots, the sink), so FAB_RXM_MSG_RX_SIZE buffers are plenty; when they are
+ * all taken, tcp leaves the rest in the socket until one comes back. The
+ * buffer size (the eager limit, 16 KiB) stays: a smaller one sends a
+ * stranger's larger message down rxm's rendezvous path. A value set in the
+ * environment wins.
+ */
+#define FAB_RXM_MSG_RX_SIZE "256"
+
 static void set_provider_env(void)
 {
 	if (setenv("FI_AV_REMOVE_CLEANUP", "1", 1) != 0)
 		LOG_WARN("fabric: cannot set FI_AV_REMOVE_CLEANUP: %s",
+			 strerror(errno));
+	if (setenv("FI_OFI_RXM_MSG_RX_SIZE", FAB_RXM_MSG_RX_SIZE, 0) != 0)
+		LOG_WARN("fabric: cannot set FI_OFI_RXM_MSG_RX_SIZE: %s",
 			 strerror(errno));
 }
 
@@ -419,6 +437,11 @@ size_t fab_inflight(const struct fab_ctx *ctx)
 bool fab_quiet(const struct fab_ctx *ctx)
 {
 	return ctx->parked_head == NULL && ctx->reaped_head == NULL && transfers_pending(ctx) == 0;
+}
+
+bool fab_parked(const struct fab_ctx *ctx)
+{
+	return ctx->parked_head != NULL;
 }
 
 void fab_mr_mode_str(uint64_t mode, char *buf, size_t cap)

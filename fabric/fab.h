@@ -366,6 +366,9 @@ size_t fab_inflight(const struct fab_ctx *ctx);
  * its callback (posted receives do not count): nothing of ours needs
  * progress, only what peers may ask of us. */
 bool fab_quiet(const struct fab_ctx *ctx);
+/* Posts parked on a busy or unreachable peer: only fab_poll retries them,
+ * so a caller blocking on the wait fd must also poll on a timer. */
+bool fab_parked(const struct fab_ctx *ctx);
 
 /* The CQ's wait fd for an event loop (read-ready means: call fab_poll), or
  * -ENOSYS when the provider gives none (poll on a timer instead). Owned by

@@ -2,24 +2,28 @@
 #include "node/fabloop.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 
 #include "proto/log.h"
 #include "proto/util.h"
 
 /*
- * The fallback timer costs an idle process a wake-up per period: at 1 ms,
- * about 16 ms of CPU a second on a loaded 2-core host, more than a node
- * spends hashing a 128 MiB version in a minute-long run, taken from the
- * processes that are fetching. So while nothing of ours is in flight and
- * polls find nothing, the period doubles every QUIET_POLLS polls up to
- * IDLE_PERIOD_US (rxm's own connection checks run every 10 ms of
- * progress); a post (node_fabloop_kick), a completion, pending progress or
- * the wait fd waking bring it back at once. Peers reading from us leave no
- * completion here, but their requests wake the wait fd on tcp;ofi_rxm (it
- * covers the provider's sockets), so a process serving peers polls every
- * period_us as before; were a request missed, it would wait one slow
- * period at most. Without a wait fd the period never grows.
+ * The fallback timer costs a process a wake-up per period: at 1 ms, about
+ * 16 ms of CPU a second on a loaded 2-core host (in a VM more: each poll is
+ * a few system calls), more than a node spends hashing a 128 MiB version in
+ * a minute-long run, taken from the processes that are fetching. Where the
+ * provider gives a wait fd (tcp;ofi_rxm: it covers the provider's sockets,
+ * so bytes of our reads arriving, a peer's request and a socket that can
+ * take more of what we serve all wake it), the fd drives progress and the
+ * timer is only a fallback: the period doubles every QUIET_POLLS timer
+ * polls that found nothing up to IDLE_PERIOD_US (rxm's own connection
+ * checks run every 10 ms of progress), whether or not reads of ours are in
+ * flight. A post (node_fabloop_kick), a completion or pending progress bring
+ * it back to period_us at once; posts parked on a busy peer keep it there
+ * (only a poll retries them). A node waiting on a slow source (a star run's
+ * trainer) so polls about 125 times a second instead of 1000. Without a
+ * wait fd the period never grows.
  */
 #define QUIET_POLLS 100
 #define IDLE_PERIOD_US 8000u
@@ -32,6 +36,7 @@ struct node_fabloop {
 	unsigned period_us;     /* the busy period */
 	unsigned now_us;        /* the timer's period now */
 	unsigned quiet;         /* timer polls that found nothing at now_us */
+	uint64_t polls[3];      /* by enum wake */
 };
 
 static void set_period(struct node_fabloop *fl, unsigned us)
@@ -54,6 +59,7 @@ static void drive(struct node_fabloop *fl, enum wake why)
 	int n = fab_poll(fl->ctx, DRIVE_BATCH);
 	bool busy;
 
+	fl->polls[why]++;
 	if (n < 0) {
 		LOG_WARN("fabric: poll failed: %d", n);
 		return;
@@ -66,11 +72,11 @@ static void drive(struct node_fabloop *fl, enum wake why)
 	busy = n > 0 || fab_trywait(fl->ctx) == -EAGAIN;
 	if (busy)
 		event_active(fl->kick_ev, 0, 0);
-	if (busy || why == WAKE_FD || !fab_quiet(fl->ctx)) {
+	if (busy || why == WAKE_KICK || fl->fd_ev == NULL || fab_parked(fl->ctx)) {
 		if (fl->now_us != fl->period_us)
 			set_period(fl, fl->period_us);
 		fl->quiet = 0;
-	} else if (why == WAKE_TIMER && fl->fd_ev != NULL && ++fl->quiet >= QUIET_POLLS &&
+	} else if (why == WAKE_TIMER && ++fl->quiet >= QUIET_POLLS &&
 		   fl->now_us < IDLE_PERIOD_US) {
 		set_period(fl, PROTO_MIN(2 * fl->now_us, IDLE_PERIOD_US));
 	}
@@ -119,10 +125,22 @@ void node_fabloop_kick(struct node_fabloop *fl)
 	event_active(fl->kick_ev, 0, 0);
 }
 
+void node_fabloop_counts(const struct node_fabloop *fl, struct node_fabloop_counts *out)
+{
+	*out = (struct node_fabloop_counts){
+		.period_us = fl->now_us,
+		.timer_polls = fl->polls[WAKE_TIMER],
+		.fd_polls = fl->polls[WAKE_FD],
+		.kick_polls = fl->polls[WAKE_KICK],
+	};
+}
+
 void node_fabloop_free(struct node_fabloop *fl)
 {
 	if (fl == NULL)
 		return;
+	LOG_INFO("fabric loop: %" PRIu64 " polls woken by the fd, %" PRIu64 " by the timer, %" PRIu64
+		 " kicked", fl->polls[WAKE_FD], fl->polls[WAKE_TIMER], fl->polls[WAKE_KICK]);
 	if (fl->fd_ev)
 		event_free(fl->fd_ev);
 	if (fl->timer_ev)

@@ -6,6 +6,7 @@
 #define NODE_FABLOOP_H
 
 #include <event2/event.h>
+#include <stdint.h>
 
 #include "fabric/fab.h"
 
@@ -18,6 +19,12 @@ struct node_fabloop *node_fabloop_new(struct event_base *base,
 				      struct fab_ctx *ctx, unsigned period_us);
 /* Polls now (e.g. right after posting). */
 void node_fabloop_kick(struct node_fabloop *fl);
+/* What the loop did so far (tests, diagnostics). Cannot fail. */
+struct node_fabloop_counts {
+	unsigned period_us;  /* the timer's period now */
+	uint64_t timer_polls, fd_polls, kick_polls; /* polls by what woke them */
+};
+void node_fabloop_counts(const struct node_fabloop *fl, struct node_fabloop_counts *out);
 /* Stops driving; the context is not closed. NULL is fine. */
 void node_fabloop_free(struct node_fabloop *fl);
 
