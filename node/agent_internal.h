@@ -315,6 +315,10 @@ struct node_agent {
 	struct proto_plan plan;
 	bool have_plan;
 	uint8_t plan_src[PROTO_HASH_BYTES];
+	/* Ready ahead of the first version (agent_ready_ahead): the plan
+	 * asked for (when last), the slot made once. */
+	bool ahead_asked, ahead_slot;
+	uint64_t ahead_ms;
 	struct node_slot *active;
 	uint8_t active_digest[PROTO_HASH_BYTES];
 	/* Serving processes pin slots through it; it frees retired ones. */
@@ -482,6 +486,9 @@ void agent_on_tick(evutil_socket_t fd, short what, void *arg);
 void agent_source_failed(struct node_agent *a, struct agent_source *s);
 
 void agent_start_fetch(struct node_agent *a, uint64_t v);
+/* Registered and holding no version: makes the first version's slot (the
+ * store's spare) and asks for the plan, once each (agent_version.c). */
+void agent_ready_ahead(struct node_agent *a);
 
 /* agent_addendum.c: the manifest does not list our layout: fetch the
  * layout's signed addendum (asking again while the publisher makes it, up

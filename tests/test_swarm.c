@@ -362,12 +362,29 @@ static void export_v1(struct swarm *w)
  * to other holders; everyone else finishes with the exact bytes. */
 static uint64_t metric_sum(struct swarm *w, int skip, const char *series);
 
+/* Every node made its first version's slot and plan while it waited for
+ * the version (agent_ready_ahead), once each: true when they all did
+ * within ms. */
+static bool wait_ready_ahead(struct swarm *w, int ms)
+{
+	for (int t = 0; t < ms; t += 200) {
+		if (metric_sum(w, -1, "tessera_node_ready_ahead_total.*slot") == NODES &&
+		    metric_sum(w, -1, "tessera_node_ready_ahead_total.*plan") == NODES)
+			return true;
+		usleep(200000);
+	}
+	return false;
+}
+
 static void test_swarm_peer_killed(void **state)
 {
 	struct swarm *w = *state;
 	bool mid = false;
 
 	swarm_start(w, -1);
+	/* The slot and plan are ready before v1 exists: its fetch starts
+	 * with its first reads, not with a layout round trip and a slot. */
+	assert_true(wait_ready_ahead(w, 60000));
 	export_v1(w);
 	/* B holds part of v1 and its peers have read from it. */
 	for (int t = 0; t < 30000 && !mid; t += 20) {
