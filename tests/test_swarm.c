@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include "node/agent_internal.h"
 #include "node/proc.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
@@ -25,6 +26,77 @@
 #define NODES 4
 #define MODEL_MB 4
 #define SEED 7
+
+/*
+ * Who reads which of the trainer's chunks (agent_swarm_owners), as each of
+ * eight members computes it from the same members list: every chunk has
+ * exactly one owner that agrees it is its own, and no member owns more
+ * than its even share (62 chunks: 8 each at most), which unbounded
+ * rendezvous hashing did not keep (shares of 11 to 29 of 124 chunks).
+ * With a member banned, the seven others share the chunks the same way.
+ */
+static void owners_of(int n, int banned, uint32_t nchunks, uint8_t *mine)
+{
+	json_t *ans = json_pack("{s:[]}", "members");
+	char id[TRK_ID_MAX];
+
+	for (int i = 0; i < n; i++) {
+		snprintf(id, sizeof(id), "R%d/0", i + 1);
+		json_array_append_new(json_object_get(ans, "members"), json_string(id));
+	}
+	for (int i = 0; i < n; i++) {
+		struct node_agent a = {0};
+		struct agent_fetch f = {0};
+		struct agent_parcel p = {0};
+		struct proto_mparcel mp = {.nchunks = nchunks};
+		char bad[1][TRK_ID_MAX];
+		uint8_t counts[1] = {BAN_BAD_CHUNKS};
+
+		a.fanout = true;
+		a.fetch = &f;
+		snprintf(a.node_id, sizeof(a.node_id), "R%d/0", i + 1);
+		f.parcels = &p;
+		f.nparcels = 1;
+		if (banned >= 0) {
+			snprintf(bad[0], sizeof(bad[0]), "R%d/0", banned + 1);
+			f.bad_ids = bad;
+			f.bad_counts = counts;
+			f.nbad = 1;
+		}
+		p.mp = &mp;
+		p.mine = &mine[(size_t)i * nchunks];
+		p.owner = calloc(nchunks, sizeof(*p.owner));
+		assert_non_null(p.owner);
+		agent_swarm_owners(&a, 0, ans);
+		free(p.owner);
+		free(p.members);
+	}
+	json_decref(ans);
+}
+
+static void test_swarm_owners_even(void **state)
+{
+	enum { N = 8, CHUNKS = 62 };
+	uint8_t mine[N * CHUNKS];
+
+	for (int banned = -1; banned < 1; banned++) {
+		int share = banned < 0 ? (CHUNKS + N - 1) / N : (CHUNKS + N - 2) / (N - 1);
+		owners_of(N, banned, CHUNKS, mine);
+		for (int c = 0; c < CHUNKS; c++) {
+			int owners = 0;
+			for (int i = 0; i < N; i++)
+				owners += i != banned && mine[i * CHUNKS + c];
+			assert_int_equal(owners, 1);
+		}
+		for (int i = 0; i < N; i++) {
+			int own = 0;
+			for (int c = 0; c < CHUNKS; c++)
+				own += mine[i * CHUNKS + c];
+			if (i != banned)
+				assert_true(own <= share);
+		}
+	}
+}
 
 /* Small chunks and a per-node fetch cap of 8 Mbit/s: a chunk takes about
  * 65 ms, so have-pages (read every 20 ms) are fresh next to it, and the
@@ -625,6 +697,7 @@ static void test_swarm_lease_lapse(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_swarm_owners_even),
 		cmocka_unit_test(test_swarm_trainer_uploads_once),
 		cmocka_unit_test_setup_teardown(test_swarm_peer_killed, swarm_setup, swarm_teardown),
 		cmocka_unit_test_setup_teardown(test_swarm_corrupt_peer_banned, swarm_setup,
