@@ -65,6 +65,8 @@
 #define PEER_STALL_MS 2000  /* a peer delivering nothing this long is silent */
 #define STARVE_MS 1000      /* no chunk for this long: also take what a peer is fetching */
 #define SWARM_REFRESH_MS 1000 /* sources asked again while fetching (new swarm members) */
+#define SOURCES_EARLY_MS 50 /* ... and while a parcel lists no publisher early in a fetch */
+#define SOURCES_EARLY_FOR_MS 3000 /* ... "early": this long after the fetch started */
 #define HAVE_WAIT_MS 300    /* a newly listed peer's have-page is waited for this long at most */
 #define NO_SOURCE_MS 2000   /* chunks without any usable source this long: said (once) */
 /* Most ranges of its slot a chunk a node serves from there may span: a
@@ -315,6 +317,10 @@ struct node_agent {
 	struct proto_plan plan;
 	bool have_plan;
 	uint8_t plan_src[PROTO_HASH_BYTES];
+	/* Ready ahead of the first version (agent_ready_ahead): the plan
+	 * asked for (when last), the slot made once. */
+	bool ahead_asked, ahead_slot;
+	uint64_t ahead_ms;
 	struct node_slot *active;
 	uint8_t active_digest[PROTO_HASH_BYTES];
 	/* Serving processes pin slots through it; it frees retired ones. */
@@ -482,6 +488,9 @@ void agent_on_tick(evutil_socket_t fd, short what, void *arg);
 void agent_source_failed(struct node_agent *a, struct agent_source *s);
 
 void agent_start_fetch(struct node_agent *a, uint64_t v);
+/* Registered and holding no version: makes the first version's slot (the
+ * store's spare) and asks for the plan, once each (agent_version.c). */
+void agent_ready_ahead(struct node_agent *a);
 
 /* agent_addendum.c: the manifest does not list our layout: fetch the
  * layout's signed addendum (asking again while the publisher makes it, up
@@ -546,6 +555,10 @@ bool agent_swarm_banned(const struct agent_fetch *f, const char *id);
 void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer);
 /* Recounts which peers hold each chunk of parcel pi (after a source list). */
 void agent_swarm_recount(struct node_agent *a, uint32_t pi);
+/* How soon after its last /sources parcel p of f may ask again, as of now
+ * (agent_fetch.c). Cannot fail. */
+uint64_t agent_sources_gap(const struct agent_fetch *f, const struct agent_parcel *p, bool peers,
+			   uint64_t now);
 /* Source helpers shared with agent_fetch.c. */
 uint64_t agent_source_window(const struct node_agent *a, const struct agent_source *s);
 bool agent_source_silent(const struct agent_source *s, uint64_t now);

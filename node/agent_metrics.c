@@ -25,7 +25,8 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 		.activation_seconds = -1, .unbacked_claims = -1, .duplicate = -1, .banned = -1,
 		.offered_parcels = -1, .unowned_trainer = -1, .seed_parcels = -1,
 		.budget_refusals = -1, .delta_versions = -1, .full_versions = -1,
-		.delta_refused = -1, .delta_rotations = -1, .delta_copies = -1, .health = -1,
+		.delta_refused = -1, .delta_rotations = -1, .delta_copies = -1,
+		.ready_ahead_plan = -1, .ready_ahead_slot = -1, .health = -1,
 	};
 	if (m == NULL)
 		return 0;
@@ -98,6 +99,12 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 		m, "tessera_node_delta_parents_total", lbl(b, sizeof(b), who, "how=\"copy\""),
 		"Delta versions built, by how their slot got the parent: rotation (the retired slot "
 		"caught up by the last delta) or a dense copy of the active slot.");
+	static const char ahead[] = "What this rank made ready before its first version existed: "
+				    "the plan from the trainer layout, the version slot.";
+	t.ready_ahead_plan = node_metrics_counter(m, "tessera_node_ready_ahead_total",
+						  lbl(b, sizeof(b), who, "what=\"plan\""), ahead);
+	t.ready_ahead_slot = node_metrics_counter(m, "tessera_node_ready_ahead_total",
+						  lbl(b, sizeof(b), who, "what=\"slot\""), ahead);
 	t.health = node_metrics_health_part(m, part);
 	const int hs[] = {t.active_version, t.serving_bytes, t.registered, t.fetched_trainer,
 			  t.fetched_peer, t.fetched_peer_slot, t.failed_hash, t.failed_read, t.stalled,
@@ -105,7 +112,7 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct node_metrics *
 			  t.duplicate, t.banned, t.offered_parcels, t.unowned_trainer,
 			  t.seed_parcels, t.budget_refusals, t.delta_versions,
 			  t.full_versions, t.delta_refused, t.delta_rotations, t.delta_copies,
-			  t.health};
+			  t.ready_ahead_plan, t.ready_ahead_slot, t.health};
 	for (size_t i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
 		if (hs[i] < 0)
 			return hs[i];

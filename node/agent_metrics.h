@@ -19,6 +19,7 @@ struct node_agent_metrics {
 	int unowned_trainer, seed_parcels, budget_refusals;
 	int delta_versions, full_versions, delta_refused;
 	int delta_rotations, delta_copies; /* how a delta's slot got its parent */
+	int ready_ahead_plan, ready_ahead_slot; /* made before the first version */
 	int health; /* the rank's part of /healthz (node_metrics_health_part) */
 };
 

@@ -219,6 +219,7 @@ void agent_on_sync_timer(evutil_socket_t fd, short what, void *arg)
 	struct node_agent *a = arg;
 
 	agent_sync_now(a);
+	agent_ready_ahead(a);
 	agent_arm(a->sync_ev, agent_sync_period(a));
 }
 
@@ -375,6 +376,7 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		node_agent_metrics_health(&a->am, true, NULL);
 		node_wait_over(&a->wait, "tracker");
 		LOG_INFO("node %s: registered (lease %" PRIu64 " ms)", a->node_id, a->lease_ms);
+		agent_ready_ahead(a);
 		arm_heartbeat(a);
 		/* What we hold is still good: say so again after a re-register. */
 		if (a->active != NULL)

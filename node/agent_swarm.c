@@ -39,7 +39,14 @@
  *      those that did not offer yet; under TESSERA_PUB_UPLOAD_READERS
  *      only the parcel's seed readers, pick_seeds) with the highest hash
  *      of (its id, parcel, c): rendezvous hashing, so members that know
- *      different subsets of the swarm still agree on most owners. The
+ *      different subsets of the swarm still agree on most owners. Loads
+ *      are bounded: in chunk order, a member that already owns its even
+ *      share (chunks / owners, rounded up) passes the chunk on to the
+ *      next highest. Unbounded, the shares of 8 members ranged from 11
+ *      to 29 of 124 chunks: the light owners were done with the trainer
+ *      early and its last seconds went to one or two readers, whose
+ *      downlinks, shared with their peers' traffic, took a fraction of
+ *      the trainer's link while the rest of it stood idle. The
  *      trainer's chunks go to one reader each and spread over the swarm
  *      (super-seeding done by the readers: one-sided reads give the
  *      publisher no say); have-pages are a poll old, ownership is what
@@ -714,10 +721,11 @@ void agent_swarm_tick(struct node_agent *a)
 		struct agent_parcel *p = &f->parcels[pi];
 		bool peers = false;
 		/* Members join the swarm as they offer: ask again for sources
-		 * (often while we know no peer, else every SWARM_REFRESH_MS). */
+		 * (often while we know no peer or no publisher yet, else every
+		 * SWARM_REFRESH_MS: agent_sources_gap). */
 		for (size_t k = 0; k < p->nsrcs; k++)
 			peers |= p->srcs[k].info.peer && !p->srcs[k].self;
-		if (p->done < p->mp->nchunks && now - p->sources_ms >= (peers ? SWARM_REFRESH_MS : SOURCES_MIN_MS))
+		if (p->done < p->mp->nchunks && now - p->sources_ms >= agent_sources_gap(f, p, peers, now))
 			agent_want_sources(a, pi);
 		if (p->done < p->mp->nchunks && peers)
 			recount(f, p); /* peers that rest or were banned since */
@@ -969,21 +977,35 @@ void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer)
 	if ((seed = malloc(PROTO_MAX(p->nmembers, 1))) == NULL)
 		return; /* the owners stay as they were */
 	pick_seeds(a, pi, seed);
+	/* Owners' loads, to keep the trainer's chunks even (see above);
+	 * without room for them, unbounded rendezvous as before. */
+	uint32_t nown = p->seed, cap = UINT32_MAX, *load = calloc(p->nmembers + 1, sizeof(*load));
+	for (uint32_t k = 0; k < p->nmembers; k++)
+		nown += strcmp(p->members[k], a->node_id) != 0 && seed[k] &&
+			!agent_swarm_banned(f, p->members[k]);
+	if (load != NULL && nown > 0)
+		cap = (p->mp->nchunks + nown - 1) / nown;
 	for (uint32_t c = 0; c < p->mp->nchunks; c++) {
-		uint64_t me = hrw(a->node_id, pi, c), best = p->seed ? me : 0;
-		bool mine = p->seed;
+		uint64_t me = hrw(a->node_id, pi, c), best = 0;
+		bool mine = p->seed && (load == NULL || load[p->nmembers] < cap);
+		if (mine)
+			best = me;
 		p->owner[c] = UINT32_MAX;
 		/* The swarm as the tracker knows it (members that did not offer
 		 * yet included: they are about to); else the peers listed. */
 		for (uint32_t k = 0; k < p->nmembers; k++) {
 			uint64_t h;
 			if (strcmp(p->members[k], a->node_id) == 0 || !seed[k] ||
-			    agent_swarm_banned(f, p->members[k]) || (h = hrw(p->members[k], pi, c)) < best)
+			    agent_swarm_banned(f, p->members[k]) ||
+			    (load != NULL && load[k] >= cap) ||
+			    (h = hrw(p->members[k], pi, c)) < best)
 				continue;
 			best = h;
 			mine = false;
 			p->owner[c] = k;
 		}
+		if (load != NULL)
+			load[mine ? p->nmembers : p->owner[c] < p->nmembers ? p->owner[c] : p->nmembers]++;
 		for (size_t k = 0; k < p->nsrcs && mine && p->nmembers == 0; k++) {
 			const struct agent_source *o = &p->srcs[k];
 			if (o->info.peer && !o->self && !agent_swarm_banned(f, o->info.id))
@@ -991,6 +1013,7 @@ void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer)
 		}
 		p->mine[c] = mine;
 	}
+	free(load);
 	free(seed);
 	seed_gauge(a);
 }
@@ -1026,13 +1049,19 @@ struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_
 	}
 	if (best_s != NULL)
 		return best_s;
-	/* Not from a publisher while a peer's have-page is still to come: it
-	 * may hold what we would ask the trainer for (a member that started
-	 * late would otherwise take its whole share from the trainer again);
-	 * for HAVE_WAIT_MS after the tracker listed it at most: at a version's
+	/* No more than one chunk of the parcel at a time from a publisher
+	 * while a peer's have-page is still to come: it may hold what we
+	 * would ask the trainer for (a member that started late would
+	 * otherwise take its whole share from the trainer again); for
+	 * HAVE_WAIT_MS after the tracker listed it at most: at a version's
 	 * start nobody holds anything, and waiting on every peer's first page
-	 * (a connection each) left the trainer's link idle for seconds. */
-	for (size_t k = 0; k < p->nsrcs; k++) {
+	 * (a connection each) left the trainer's link idle for seconds. Not
+	 * none: peers are listed as they offer, over the first few source
+	 * lists, and a wait that stopped every read of the parcel for each
+	 * list put a node's first read 0.5 to 1.3 s after the version was
+	 * published (8-node netns run); one chunk is what a late member
+	 * risks. */
+	for (size_t k = 0; k < p->nsrcs && live > 0; k++) {
 		const struct agent_source *o = &p->srcs[k];
 		if (a->fanout && o->info.peer && !o->self && o->have == NULL &&
 		    o->bad_until_ms <= now && !agent_swarm_banned(f, o->info.id) &&

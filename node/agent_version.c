@@ -181,48 +181,109 @@ static void with_plan(struct node_agent *a)
 		agent_pump(a);
 }
 
-static void on_layouts(const struct trk_answer *ans, void *arg)
+/* Builds a->plan from the tracker's trainer layout in ans, if its digest is
+ * want (NULL: any), and keeps that digest in plan_src; on failure the old
+ * plan may be gone (have_plan says). */
+static int plan_from_layouts(struct node_agent *a, const struct trk_answer *ans,
+			     const uint8_t *want, struct proto_err *err)
 {
-	struct node_agent *a = arg;
-	struct agent_fetch *f = a->fetch;
 	struct proto_layout tl;
-	struct proto_err err;
 	int rc;
 
-	if (f == NULL)
-		return;
-	f->plan_asked = false;
-	if (ans->status != 200) {
-		agent_fetch_fail(a, "cannot read the trainer layout: %s", ans->error);
-		return;
-	}
+	if (ans->status != 200)
+		return proto_errf(err, EIO, "cannot read the trainer layout: %s", ans->error);
 	rc = proto_layout_from_json(&a->model, json_object_get(ans->json, "trainer_layout"),
-				    "trainer layout", &tl, &err);
-	if (rc != 0) {
-		agent_fetch_fail(a, "%s", err.msg);
-		return;
-	}
+				    "trainer layout", &tl, err);
+	if (rc != 0)
+		return rc;
 	/* The tracker is not trusted: the signed manifest names the layout. */
-	if (sodium_memcmp(tl.digest, f->man.src_layout_digest, PROTO_HASH_BYTES) != 0) {
+	if (want != NULL && sodium_memcmp(tl.digest, want, PROTO_HASH_BYTES) != 0) {
 		proto_layout_fini(&tl);
-		agent_fetch_fail(a, "the trainer layout does not match the manifest's digest");
-		return;
+		return proto_errf(err, EBADMSG,
+				  "the trainer layout does not match the manifest's digest");
 	}
 	/* No fetch is using the old plan now (one fetch at a time). */
 	if (a->have_plan)
 		proto_plan_fini(&a->plan);
 	a->have_plan = false;
-	rc = proto_plan_build(&a->model, &tl, &a->layout, &a->plan, &err);
-	LOG_DEBUG("node %s: v%" PRIu64 ": planned from the trainer layout", a->node_id, f->version);
+	rc = proto_plan_build(&a->model, &tl, &a->layout, &a->plan, err);
+	if (rc == 0) {
+		a->have_plan = true;
+		memcpy(a->plan_src, tl.digest, PROTO_HASH_BYTES);
+	}
 	proto_layout_fini(&tl);
-	if (rc != 0) {
+	return rc;
+}
+
+static void on_layouts(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_fetch *f = a->fetch;
+	struct proto_err err;
+
+	if (f == NULL)
+		return;
+	f->plan_asked = false;
+	if (plan_from_layouts(a, ans, f->man.src_layout_digest, &err) != 0) {
 		agent_fetch_fail(a, "%s", err.msg);
 		return;
 	}
-	a->have_plan = true;
-	memcpy(a->plan_src, f->man.src_layout_digest, PROTO_HASH_BYTES);
+	LOG_DEBUG("node %s: v%" PRIu64 ": planned from the trainer layout", a->node_id, f->version);
 	if (f->ml != NULL) /* else planned ahead of the addendum: it goes on */
 		with_plan(a);
+}
+
+/*
+ * Ready ahead. A registered node that holds no version yet has nothing to
+ * do until the first one is published, and that fetch used to spend its
+ * start on what does not depend on the version: the trainer layout's round
+ * trip and the plan, and the version slot (mapped and populated, all the
+ * rank's bytes: the largest step between the watch's wake-up and the first
+ * read). So they are done while the node waits: the slot is made and left
+ * as the store's spare, which the fetch's node_slot_new takes; the plan is
+ * built from the tracker's trainer layout and kept with its digest, and
+ * the fetch uses it only if the signed manifest names that digest
+ * (plan_ready). Asked again every AHEAD_RETRY_MS until the tracker knows
+ * a trainer layout; nothing here holds up a fetch that starts meanwhile.
+ */
+#define AHEAD_RETRY_MS 2000
+static void on_layouts_ahead(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct proto_err err;
+
+	a->ahead_asked = false;
+	if (a->fetch != NULL || a->active != NULL || a->have_plan)
+		return; /* a fetch owns the plan now */
+	if (plan_from_layouts(a, ans, NULL, &err) != 0) {
+		LOG_DEBUG("node %s: no plan ahead yet: %s", a->node_id, err.msg);
+		return;
+	}
+	LOG_DEBUG("node %s: planned ahead of the first version", a->node_id);
+	node_metrics_add(a->am.m, a->am.ready_ahead_plan, 1);
+}
+
+void agent_ready_ahead(struct node_agent *a)
+{
+	size_t len = a->layout.ranks[a->o.rank].nbytes;
+	struct node_slot *spare;
+	struct proto_err err;
+
+	if (!a->registered || a->leaving || a->fetch != NULL || a->active != NULL)
+		return;
+	if (!a->ahead_slot && a->standby == NULL) {
+		a->ahead_slot = true; /* once: a failure here fails the fetch too */
+		if (node_slot_new(&a->store, 0, len, &spare, &err) == 0) {
+			node_slot_free(&a->store, spare);
+			node_metrics_add(a->am.m, a->am.ready_ahead_slot, 1);
+		} else {
+			LOG_DEBUG("node %s: no slot ahead: %s", a->node_id, err.msg);
+		}
+	}
+	if (a->have_plan || a->ahead_asked || agent_now_ms() - a->ahead_ms < AHEAD_RETRY_MS)
+		return;
+	a->ahead_ms = agent_now_ms();
+	a->ahead_asked = trk_client_layouts(a->trk, on_layouts_ahead, a) == 0;
 }
 
 /* The plan trainer layout -> ours is here (true), or asked for: on_layouts

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include "node/agent_internal.h"
 #include "node/proc.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
@@ -25,6 +26,100 @@
 #define NODES 4
 #define MODEL_MB 4
 #define SEED 7
+
+/*
+ * Who reads which of the trainer's chunks (agent_swarm_owners), as each of
+ * eight members computes it from the same members list: every chunk has
+ * exactly one owner that agrees it is its own, and no member owns more
+ * than its even share (62 chunks: 8 each at most), which unbounded
+ * rendezvous hashing did not keep (shares of 11 to 29 of 124 chunks).
+ * With a member banned, the seven others share the chunks the same way.
+ */
+static void owners_of(int n, int banned, uint32_t nchunks, uint8_t *mine)
+{
+	json_t *ans = json_pack("{s:[]}", "members");
+	char id[TRK_ID_MAX];
+
+	for (int i = 0; i < n; i++) {
+		snprintf(id, sizeof(id), "R%d/0", i + 1);
+		json_array_append_new(json_object_get(ans, "members"), json_string(id));
+	}
+	for (int i = 0; i < n; i++) {
+		struct node_agent a = {0};
+		struct agent_fetch f = {0};
+		struct agent_parcel p = {0};
+		struct proto_mparcel mp = {.nchunks = nchunks};
+		char bad[1][TRK_ID_MAX];
+		uint8_t counts[1] = {BAN_BAD_CHUNKS};
+
+		a.fanout = true;
+		a.fetch = &f;
+		snprintf(a.node_id, sizeof(a.node_id), "R%d/0", i + 1);
+		f.parcels = &p;
+		f.nparcels = 1;
+		if (banned >= 0) {
+			snprintf(bad[0], sizeof(bad[0]), "R%d/0", banned + 1);
+			f.bad_ids = bad;
+			f.bad_counts = counts;
+			f.nbad = 1;
+		}
+		p.mp = &mp;
+		p.mine = &mine[(size_t)i * nchunks];
+		p.owner = calloc(nchunks, sizeof(*p.owner));
+		assert_non_null(p.owner);
+		agent_swarm_owners(&a, 0, ans);
+		free(p.owner);
+		free(p.members);
+	}
+	json_decref(ans);
+}
+
+static void test_swarm_owners_even(void **state)
+{
+	enum { N = 8, CHUNKS = 62 };
+	uint8_t mine[N * CHUNKS];
+
+	for (int banned = -1; banned < 1; banned++) {
+		int share = banned < 0 ? (CHUNKS + N - 1) / N : (CHUNKS + N - 2) / (N - 1);
+		owners_of(N, banned, CHUNKS, mine);
+		for (int c = 0; c < CHUNKS; c++) {
+			int owners = 0;
+			for (int i = 0; i < N; i++)
+				owners += i != banned && mine[i * CHUNKS + c];
+			assert_int_equal(owners, 1);
+		}
+		for (int i = 0; i < N; i++) {
+			int own = 0;
+			for (int c = 0; c < CHUNKS; c++)
+				own += mine[i * CHUNKS + c];
+			if (i != banned)
+				assert_true(own <= share);
+		}
+	}
+}
+
+/*
+ * How soon a parcel asks for sources again (agent_sources_gap): early in a
+ * fetch, while the tracker lists peers but no publisher yet (a version is
+ * announced before its publisher's offer lands), every SOURCES_EARLY_MS;
+ * once a publisher is listed, or later in the fetch, at the usual periods.
+ */
+static void test_swarm_sources_early(void **state)
+{
+	struct agent_fetch f = {.started_ms = 10000};
+	struct agent_source srcs[2] = {{.info = {.peer = true}}, {.info = {.peer = false}}};
+	struct agent_parcel p = {.srcs = srcs, .nsrcs = 1};
+
+	assert_int_equal(agent_sources_gap(&f, &p, true, 10040), SOURCES_EARLY_MS);
+	assert_int_equal(agent_sources_gap(&f, &p, false, 10040), SOURCES_EARLY_MS);
+	assert_int_equal(agent_sources_gap(&f, &p, true, 10000 + SOURCES_EARLY_FOR_MS),
+			 SWARM_REFRESH_MS);
+	assert_int_equal(agent_sources_gap(&f, &p, false, 10000 + SOURCES_EARLY_FOR_MS),
+			 SOURCES_MIN_MS);
+	p.nsrcs = 2; /* the publisher's offer is in */
+	assert_int_equal(agent_sources_gap(&f, &p, true, 10040), SWARM_REFRESH_MS);
+	assert_int_equal(agent_sources_gap(&f, &p, false, 10040), SOURCES_MIN_MS);
+}
 
 /* Small chunks and a per-node fetch cap of 8 Mbit/s: a chunk takes about
  * 65 ms, so have-pages (read every 20 ms) are fresh next to it, and the
@@ -362,12 +457,29 @@ static void export_v1(struct swarm *w)
  * to other holders; everyone else finishes with the exact bytes. */
 static uint64_t metric_sum(struct swarm *w, int skip, const char *series);
 
+/* Every node made its first version's slot and plan while it waited for
+ * the version (agent_ready_ahead), once each: true when they all did
+ * within ms. */
+static bool wait_ready_ahead(struct swarm *w, int ms)
+{
+	for (int t = 0; t < ms; t += 200) {
+		if (metric_sum(w, -1, "tessera_node_ready_ahead_total.*slot") == NODES &&
+		    metric_sum(w, -1, "tessera_node_ready_ahead_total.*plan") == NODES)
+			return true;
+		usleep(200000);
+	}
+	return false;
+}
+
 static void test_swarm_peer_killed(void **state)
 {
 	struct swarm *w = *state;
 	bool mid = false;
 
 	swarm_start(w, -1);
+	/* The slot and plan are ready before v1 exists: its fetch starts
+	 * with its first reads, not with a layout round trip and a slot. */
+	assert_true(wait_ready_ahead(w, 60000));
 	export_v1(w);
 	/* B holds part of v1 and its peers have read from it. */
 	for (int t = 0; t < 30000 && !mid; t += 20) {
@@ -608,6 +720,8 @@ static void test_swarm_lease_lapse(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_swarm_owners_even),
+		cmocka_unit_test(test_swarm_sources_early),
 		cmocka_unit_test(test_swarm_trainer_uploads_once),
 		cmocka_unit_test_setup_teardown(test_swarm_peer_killed, swarm_setup, swarm_teardown),
 		cmocka_unit_test_setup_teardown(test_swarm_corrupt_peer_banned, swarm_setup,
