@@ -40,8 +40,10 @@ static void base_manifest(struct proto_manifest *m, uint8_t **buf, size_t *len)
 	assert_int_equal(proto_manifest_sign(m, sk, buf, len, &err), 0);
 }
 
-/* An addendum for m: layout 0xa1, parcels (0,0) 130 B and (1,0) 64 B. */
-static void base_addendum(const struct proto_manifest *m, struct proto_addendum *a)
+/* An addendum for m: layout and plan digests all bytes lay and plan, n
+ * parcels (src[i] -> 0) of bytes[i] B, each chunk's hash distinct. */
+static void build_addendum(const struct proto_manifest *m, struct proto_addendum *a, int lay,
+			   int plan, const uint32_t *src, const uint32_t *bytes, uint32_t n)
 {
 	struct proto_manifest tmp;
 	uint8_t d[PROTO_HASH_BYTES], e[PROTO_HASH_BYTES];
@@ -54,26 +56,30 @@ static void base_addendum(const struct proto_manifest *m, struct proto_addendum 
 	/* Built through a manifest to size the chunk lists, then moved. */
 	proto_manifest_init(&tmp);
 	tmp.chunk_size = m->chunk_size;
-	memset(d, 0xa1, sizeof(d));
-	memset(e, 0xb1, sizeof(e));
-	l = proto_manifest_add_layout(&tmp, d, e, 2);
+	memset(d, lay, sizeof(d));
+	memset(e, plan, sizeof(e));
+	l = proto_manifest_add_layout(&tmp, d, e, n);
 	assert_non_null(l);
-	l->parcels[0].bytes = 130;
-	assert_int_equal(proto_mparcel_alloc_chunks(&tmp, &l->parcels[0], 130), 0);
-	l->parcels[1].src_rank = 1;
-	l->parcels[1].bytes = 64;
-	assert_int_equal(proto_mparcel_alloc_chunks(&tmp, &l->parcels[1], 64), 0);
-	for (uint32_t p = 0; p < 2; p++)
-		for (uint32_t c = 0; c < l->parcels[p].nchunks; c++)
-		{
+	for (uint32_t p = 0; p < n; p++) {
+		l->parcels[p].src_rank = src[p];
+		l->parcels[p].bytes = bytes[p];
+		assert_int_equal(proto_mparcel_alloc_chunks(&tmp, &l->parcels[p], bytes[p]), 0);
+		for (uint32_t c = 0; c < l->parcels[p].nchunks; c++) {
 			uint32_t in[2] = {p, c};
 			crypto_generichash(l->parcels[p].chunks[c].hash, PROTO_HASH_BYTES,
 					   (const uint8_t *)in, sizeof(in), NULL, 0);
 		}
+	}
 	a->layout = *l;
 	l->parcels = NULL;
 	l->nparcels = 0;
 	proto_manifest_fini(&tmp);
+}
+
+/* An addendum for m: layout 0xa1, parcels (0,0) 130 B and (1,0) 64 B. */
+static void base_addendum(const struct proto_manifest *m, struct proto_addendum *a)
+{
+	build_addendum(m, a, 0xa1, 0xb1, (const uint32_t[]){0, 1}, (const uint32_t[]){130, 64}, 2);
 }
 
 static void test_roundtrip_and_extend(void **state)
@@ -151,29 +157,8 @@ static void test_binding_refused(void **state)
 /* A raw copy of m's layout 0xa0 (plan 0xb0): parcel (0,0), 100 B. */
 static void copy_addendum(const struct proto_manifest *m, struct proto_addendum *a)
 {
-	struct proto_manifest tmp;
-	uint8_t d[PROTO_HASH_BYTES], e[PROTO_HASH_BYTES];
-	struct proto_mlayout *l;
-
-	proto_addendum_init(a);
-	a->version = m->version;
+	build_addendum(m, a, 0xa0, 0xb0, (const uint32_t[]){0}, (const uint32_t[]){100}, 1);
 	a->copy = true;
-	memcpy(a->manifest_digest, m->digest, PROTO_HASH_BYTES);
-	a->chunk_size = m->chunk_size;
-	proto_manifest_init(&tmp);
-	tmp.chunk_size = m->chunk_size;
-	memset(d, 0xa0, sizeof(d));
-	memset(e, 0xb0, sizeof(e));
-	l = proto_manifest_add_layout(&tmp, d, e, 1);
-	assert_non_null(l);
-	l->parcels[0].bytes = 100;
-	assert_int_equal(proto_mparcel_alloc_chunks(&tmp, &l->parcels[0], 100), 0);
-	for (uint32_t c = 0; c < l->parcels[0].nchunks; c++)
-		memset(l->parcels[0].chunks[c].hash, 0x70 + (int)c, PROTO_HASH_BYTES);
-	a->layout = *l;
-	l->parcels = NULL;
-	l->nparcels = 0;
-	proto_manifest_fini(&tmp);
 }
 
 /* A raw copy (format 2) of a layout a delta version lists: it round-trips
