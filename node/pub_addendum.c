@@ -107,11 +107,10 @@ void node__pub_addendum_check(struct node_pub *p, const struct trk_version_info 
 		if (pv == NULL || !serves_layout(pv, info->added[k]))
 			memcpy(p->add_want[p->nadd_want++], info->added[k], PROTO_HASH_BYTES);
 	/* Else raw copies of the delta's own layouts, if asked for. */
-	p->add_copy = false;
-	for (uint32_t k = 0; p->nadd_want == 0 && pv != NULL && pv->delta && k < info->ncopy_wanted; k++)
+	p->add_copy = p->nadd_want == 0;
+	for (uint32_t k = 0; p->add_copy && pv != NULL && pv->delta && k < info->ncopy_wanted; k++)
 		if (serves_layout(pv, info->copy_wanted[k]))
 			memcpy(p->add_want[p->nadd_want++], info->copy_wanted[k], PROTO_HASH_BYTES);
-	p->add_copy = p->nadd_want > 0 && info->nuncovered == 0 && info->nadded == 0;
 	if (p->nadd_want == 0)
 		return; /* all served; the tracker hears of new ones with their addenda */
 	sodium_bin2hex(h, sizeof(h), p->add_want[0], PROTO_HASH_BYTES);
