@@ -264,6 +264,7 @@ struct agent_chain {
 	uint32_t nwalked;
 	bool from_active;
 	uint64_t target_raw, target_wire; /* the target whole, and as its delta */
+	char nochain[400]; /* why no chain can be replayed ("": one can) */
 	struct trk_version_info *vi;     /* the tracker's versions */
 	size_t nvi;
 };

@@ -9,8 +9,8 @@
  * anchor, or from the version they hold) to the latest delta, and a chain
  * with a damaged step falls back to an anchor; a late replica for which the
  * version whole is cheaper than the chain reads it from the replica that
- * holds it (a signed raw copy's hashes), and one whose only holder lies
- * falls back to the chain. The
+ * holds it (a signed raw copy's hashes), as does one with no chain to
+ * replay, and one whose only holder lies falls back to the chain. The
  * models are `tessera synth` outputs: RL-like steps where ~1.7 % of the
  * BF16 elements change. */
 #include <errno.h>
@@ -565,6 +565,26 @@ static void test_full_from_peers(void **state)
 	check_serving(e, 5);
 }
 
+/* A late replica B whose chain is longer than it may replay
+ * (TESSERA_CHAIN_MAX=2: v1, v2, v3) has no chain; A holds v3 complete, so
+ * B fetches it whole instead of asking for an anchor, and says why. */
+static void test_full_no_chain(void **state)
+{
+	struct env *e = *state;
+
+	export_one(e, 3, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
+	setenv("TESSERA_CHAIN_MAX", "2", 1);
+	start_node_as(e, &e->late, "B");
+	unsetenv("TESSERA_CHAIN_MAX");
+	assert_true(tu_wait_active(e->trk, "B", 3, 60000));
+	assert_true(replica_how(e, "B", "full"));
+	assert_true(wait_log_of(&e->late, "v3 without its parent and no chain to replay (no anchor "
+				"within 2 versions", 30000));
+	assert_false(file_has(e->late.log, "asking for an anchor"));
+	check_serving_of(e, "B", 3);
+}
+
 /* The same late replica B, but A serves its slot with a byte in every 4 KiB
  * flipped (test hook, as a lying peer would): B's chunks read from A fail
  * the raw copy's hashes, A is banned, no holder is left, and B refuses the
@@ -765,6 +785,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_chain_replay, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_full_from_peers, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_full_liar, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_full_no_chain, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_chain_corrupt, env_setup, env_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
