@@ -646,7 +646,10 @@ void agent_xl_fini(struct node_agent *a);
 /* a->fetch is a delta whose parent this node does not hold: plans a chain
  * replay (walking the manifests back to an anchor or to the active
  * version, then checking the tracker still serves every step) and, when
- * one is served, fetches its steps; the fetch is dropped meanwhile. 0 when
+ * one is served, fetches its steps, or, when the version whole costs fewer
+ * bytes (or no chain is served) and replicas hold it, fetches it whole
+ * (a->full_v: its raw copy, read from the holders); the fetch is dropped
+ * meanwhile. 0 when
  * it took over; -1 when no replay is possible now (in-place installs, a
  * replay of this target failed before, or one is under way): the caller
  * asks for an anchor. */
