@@ -20,11 +20,18 @@
 static void ask(struct node_agent *a);
 
 /* No addendum came: the old rule, wait for the next version. The tracker
- * hears the failure, so the replica's target moves past this version. */
+ * hears the failure, so the replica's target moves past this version. No
+ * raw copy came: the version is refused here, and tried again by its chain. */
 static void no_cover(struct node_agent *a)
 {
 	struct agent_fetch *f = a->fetch;
 
+	if (f->full) {
+		a->full_failed_v = f->version;
+		agent_fetch_fail(a, "no raw copy of v%" PRIu64 " came; its chain is replayed next",
+				 f->version);
+		return;
+	}
 	LOG_INFO("node %s: v%" PRIu64 " has no parcels for our layout and no addendum came; "
 		 "waiting for a newer version",
 		 a->node_id, f->version);
@@ -60,7 +67,8 @@ static void again(struct node_agent *a, const char *why)
 		return;
 	}
 	node_wait_note(&a->wait, agent_now_ms(), a->node_id, "addendum",
-		       "the addendum of v%" PRIu64 " for our layout (%s)", f->version, why);
+		       "the %s of v%" PRIu64 " for our layout (%s)",
+		       f->full ? "raw copy" : "addendum", f->version, why);
 	agent_arm(f->addendum_ev, RETRY_MS);
 }
 
@@ -78,6 +86,9 @@ static void on_addendum(const struct trk_answer *ans, void *arg)
 		return;
 	}
 	if (proto_addendum_decode(ans->body, ans->len, a->trainer_pk, &ad, &err) != 0 ||
+	    (ad.copy != f->full &&
+	     proto_errf(&err, EINVAL, "the tracker sent %s", f->full ? "an addendum, not a raw copy" :
+								       "a raw copy, not an addendum")) ||
 	    proto_addendum_binds(&ad, &f->man, &err) != 0) {
 		if (ad.version != 0)
 			proto_addendum_fini(&ad);
@@ -97,8 +108,9 @@ static void on_addendum(const struct trk_answer *ans, void *arg)
 	proto_addendum_fini(&ad);
 	f->want_addendum = false;
 	node_wait_over(&a->wait, "addendum");
-	LOG_INFO("node %s: v%" PRIu64 " extended for our layout by its signed addendum", a->node_id,
-		 f->version);
+	LOG_INFO("node %s: v%" PRIu64 " %s", a->node_id, f->version,
+		 f->full ? "taken whole: its signed raw copy of our layout is in" :
+			   "extended for our layout by its signed addendum");
 	agent_with_addendum(a);
 }
 
@@ -110,8 +122,8 @@ static void ask(struct node_agent *a)
 	uint64_t wait = proto_param(PROTO_PARAM_ADDENDUM_WAIT_MS);
 	uint32_t left = waited < wait ? (uint32_t)PROTO_MIN(wait - waited, TRK_WAIT_MAX_MS) : 1;
 
-	if (trk_client_get_addendum(a->trk, a->fetch->version, a->layout.digest, left, on_addendum,
-				    a) != 0)
+	if ((a->fetch->full ? trk_client_get_copy : trk_client_get_addendum)(
+		    a->trk, a->fetch->version, a->layout.digest, left, on_addendum, a) != 0)
 		again(a, "cannot ask the tracker");
 }
 
@@ -119,4 +131,10 @@ void agent_addendum_wait(struct node_agent *a)
 {
 	a->fetch->want_addendum = true;
 	ask(a);
+}
+
+void agent_copy_wait(struct node_agent *a)
+{
+	a->fetch->full = true;
+	agent_addendum_wait(a);
 }

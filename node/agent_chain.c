@@ -5,7 +5,21 @@
  * (chunk hashes from its signed manifest; a delta's pieces' checksums after
  * the apply) into a slot that is not served, and each delta is applied only
  * to the step before it, its exact parent. Only the target is reported
- * verified and activated. */
+ * verified and activated.
+ *
+ * Or the target whole: once the chain is planned, its wire bytes for our
+ * rank (the anchor's, unless the chain starts from the active version,
+ * and each delta's) are weighed against the target's raw bytes for our
+ * rank. When the whole version is cheaper and replicas hold it complete
+ * (GET /holders: of a delta, our own layout's too), the node asks for the
+ * raw copy of its layout (proto/addendum.h: signed by the trainer key,
+ * chunk hashes of the raw bytes) and fetches the version like a late
+ * layout fetches an addendum's, its chunks read from the holders' slots
+ * and each verified against the copy's hashes; nothing of it comes from
+ * the delta's swarm or its publisher. One line says which way and why.
+ * A target with no chain to replay (none served, or longer than
+ * TESSERA_CHAIN_MAX) is fetched whole the same way when replicas hold it,
+ * else the node asks for an anchor. */
 #include "node/agent_internal.h"
 
 static void chain_free(struct agent_chain *c)
@@ -31,19 +45,12 @@ void agent_chain_end(struct node_agent *a, bool failed)
 	chain_free(c);
 }
 
-/* Planning failed: the node keeps serving what it has and asks for an
+/* No chain to replay: the node keeps serving what it has and asks for an
  * anchor, as it would without a chain. */
-static void plan_fail(struct node_agent *a, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-static void plan_fail(struct node_agent *a, const char *fmt, ...)
+static void need_anchor(struct node_agent *a, const char *msg)
 {
 	struct agent_chain *c = a->chain;
-	char msg[400];
-	va_list ap;
 
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
 	LOG_WARN("node %s: v%" PRIu64 " refused: no chain to replay: %s; falling back to a full "
 		 "fetch: asking for an anchor",
 		 a->node_id, c->target, msg);
@@ -53,6 +60,47 @@ static void plan_fail(struct node_agent *a, const char *fmt, ...)
 	a->failed_ms = agent_now_ms();
 	agent_report(a, c->target, TRK_STATE_FAILED, msg, NULL);
 	agent_chain_end(a, true);
+}
+
+static void on_holders(const struct trk_answer *ans, void *arg);
+
+/* Whether the target may be fetched whole: asks for its holders (true;
+ * on_holders goes on). */
+static bool ask_whole(struct node_agent *a)
+{
+	struct agent_chain *c = a->chain;
+
+	if (!a->fanout || proto_param(PROTO_PARAM_CHAIN_FULL) == 0 || a->full_failed_v == c->target ||
+	    trk_client_holders(a->trk, c->target, a->layout.digest, on_holders, a) != 0)
+		return false;
+	a->chain_asking = true;
+	return true;
+}
+
+/* Planning failed: the target whole, if replicas hold it, else an anchor. */
+static void plan_fail(struct node_agent *a, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void plan_fail(struct node_agent *a, const char *fmt, ...)
+{
+	struct agent_chain *c = a->chain;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(c->nochain, sizeof(c->nochain), fmt, ap);
+	va_end(ap);
+	c->planning = false;
+	if (!ask_whole(a))
+		need_anchor(a, c->nochain);
+}
+
+/* The target whole (its raw copy, from its holders): the chain ends. */
+static void take_whole(struct node_agent *a)
+{
+	uint64_t target = a->chain->target;
+
+	agent_chain_end(a, false);
+	a->full_v = target;
+	agent_start_fetch(a, target);
 }
 
 /* Our rank's wire and payload bytes in layout ml of a manifest. */
@@ -73,6 +121,8 @@ static void next_step(struct node_agent *a)
 
 	agent_start_fetch(a, c->steps[c->next++]);
 }
+
+static void choose(struct node_agent *a, bool full, size_t holders);
 
 /* The walk reached an anchor or the active version: the chain is there
  * when the tracker still lists every step as served. */
@@ -102,16 +152,69 @@ static void plan_done(struct node_agent *a)
 	free(c->vi);
 	c->vi = NULL;
 	c->planning = false;
-	/* A whole copy of a delta version cannot be checked (its manifest signs
-	 * only the delta), so the other way to the target is to wait for an
-	 * anchor: the chain, served now, is taken. */
-	LOG_INFO("node %s: replaying the chain to v%" PRIu64 ": %s v%" PRIu64 ", then %u delta%s, "
+	/* The whole version is worth asking about only when it is cheaper. */
+	if (c->target_raw < c->wire && ask_whole(a))
+		return;
+	choose(a, false, 0);
+}
+
+/* The chain is planned: replay it, or (full, with holders) fetch the
+ * target whole; says which and why. */
+static void choose(struct node_agent *a, bool full, size_t holders)
+{
+	struct agent_chain *c = a->chain;
+	uint64_t target = c->target;
+	uint32_t deltas = c->nsteps - (c->from_active ? 0 : 1);
+	char from[80];
+
+	snprintf(from, sizeof(from), "%s v%" PRIu64, c->from_active ? "from the active" : "the anchor",
+		 c->from_active ? a->active->version : c->steps[0]);
+	if (full) {
+		LOG_INFO("node %s: v%" PRIu64 " without its parent: fetching it whole from %zu "
+			 "holder%s: %" PRIu64 " bytes for this rank, cheaper than the chain (%s, then "
+			 "%u delta%s: %" PRIu64 " wire bytes)",
+			 a->node_id, target, holders, holders == 1 ? "" : "s", c->target_raw, from,
+			 deltas, deltas == 1 ? "" : "s", c->wire);
+		take_whole(a);
+		return;
+	}
+	LOG_INFO("node %s: replaying the chain to v%" PRIu64 ": %s, then %u delta%s, "
 		 "%" PRIu64 " wire bytes for this rank (v%" PRIu64 " whole is %" PRIu64
-		 " bytes, by its delta %" PRIu64 ")",
-		 a->node_id, c->target, c->from_active ? "from the active" : "the anchor", c->from_active ? a->active->version : c->steps[0],
-		 c->nsteps - (c->from_active ? 0 : 1), c->nsteps - (c->from_active ? 0 : 1) == 1 ? "" : "s",
-		 c->wire, c->target, c->target_raw, c->target_wire);
+		 " bytes%s, by its delta %" PRIu64 ")",
+		 a->node_id, target, from, deltas, deltas == 1 ? "" : "s", c->wire, target,
+		 c->target_raw,
+		 c->target_raw >= c->wire ? ""
+		 : a->full_failed_v == target ? ": its whole fetch failed"
+		 : !a->fanout || proto_param(PROTO_PARAM_CHAIN_FULL) == 0 ? ": not fetched whole here"
+			      : ": no replica holds it complete",
+		 c->target_wire);
 	next_step(a);
+}
+
+/* GET /holders for the target: complete holders make the whole fetch. */
+static void on_holders(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_chain *c = a->chain;
+	json_t *list, *e;
+	size_t i, n = 0;
+
+	a->chain_asking = false;
+	if (c == NULL || c->planning || c->next > 0)
+		return;
+	list = ans->status == 200 ? json_object_get(ans->json, "holders") : NULL;
+	json_array_foreach(list, i, e)
+		n += json_is_true(json_object_get(e, "complete"));
+	if (c->nochain[0] == 0) {
+		choose(a, n > 0, n);
+	} else if (n == 0) {
+		need_anchor(a, c->nochain);
+	} else {
+		LOG_INFO("node %s: v%" PRIu64 " without its parent and no chain to replay (%s): "
+			 "fetching it whole from %zu holder%s: %" PRIu64 " bytes for this rank",
+			 a->node_id, c->target, c->nochain, n, n == 1 ? "" : "s", c->target_raw);
+		take_whole(a);
+	}
 }
 
 static void ask_manifest(struct node_agent *a);

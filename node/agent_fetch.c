@@ -94,7 +94,9 @@ void agent_want_sources(struct node_agent *a, uint32_t pi)
 	struct sources_req *req;
 	uint64_t now = agent_now_ms();
 
-	if (p->sources_pending || now - p->sources_ms < agent_sources_gap(f, p, false, now))
+	/* Taken whole, a delta's parcels come from holders only: its swarm
+	 * and its publisher serve them encoded. */
+	if (f->full || p->sources_pending || now - p->sources_ms < agent_sources_gap(f, p, false, now))
 		return;
 	req = malloc(sizeof(*req));
 	if (req == NULL)
@@ -845,11 +847,12 @@ static void check_sourceless(struct node_agent *a, struct agent_fetch *f, uint64
 void agent_on_tick(evutil_socket_t fd, short what, void *arg)
 {
 	struct node_agent *a = arg;
-	struct agent_fetch *f = a->fetch;
+	struct agent_fetch *f;
 	uint64_t now = agent_now_ms();
 
 	agent_swarm_tick(a);
-	agent_xl_tick(a);
+	agent_xl_tick(a); /* may refuse the fetch (a whole one with no holder left) */
+	f = a->fetch;
 	if (f == NULL || f->parcels == NULL)
 		return;
 	if (!f->verified) {

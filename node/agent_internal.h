@@ -222,8 +222,12 @@ struct agent_fetch {
 	/* Per-chunk trouble, tallied and logged once per version (the first
 	 * of each kind at warn, the rest at debug, totals on the way out). */
 	uint32_t stalls, bad_chunks, read_failures;
-	/* The manifest lacks our layout: asking for its addendum. */
+	/* The manifest lacks our layout: asking for its addendum. full: a
+	 * delta version taken whole (the chain planner chose it): its raw
+	 * copy is asked for instead, its bytes come from the replicas that
+	 * hold it (agent_xlayout.c), never from its delta swarm. */
 	bool want_addendum;
+	bool full;
 	bool plan_asked; /* the trainer layout is asked for (our plan) */
 	struct event *addendum_ev; /* the next ask */
 	/* A delta version: rebuilt from the active slot (node/agent_delta.c). */
@@ -262,6 +266,7 @@ struct agent_chain {
 	uint32_t nwalked;
 	bool from_active;
 	uint64_t target_raw, target_wire; /* the target whole, and as its delta */
+	char nochain[400]; /* why no chain can be replayed ("": one can) */
 	struct trk_version_info *vi;     /* the tracker's versions */
 	size_t nvi;
 };
@@ -363,6 +368,9 @@ struct node_agent {
 	struct agent_chain *chain;
 	bool chain_asking;
 	uint64_t chain_failed_v;
+	/* The delta version the planner chose to fetch whole (0: none), and
+	 * one whose whole fetch failed (the chain is taken for it then). */
+	uint64_t full_v, full_failed_v;
 
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
 	uint32_t model_refusals; /* registrations refused in a row: another model */
@@ -498,6 +506,10 @@ void agent_ready_ahead(struct node_agent *a);
  * manifest and go on with agent_with_addendum; without one, report the
  * version failed and wait for the next. */
 void agent_addendum_wait(struct node_agent *a);
+/* The same for a->fetch->full: the raw copy of our layout, signed as a
+ * copy addendum; without one the version is refused, and its next try
+ * replays the chain. */
+void agent_copy_wait(struct node_agent *a);
 void agent_with_addendum(struct node_agent *a);
 
 void agent_heartbeat(evutil_socket_t fd, short what, void *arg);
@@ -616,7 +628,8 @@ int agent_xl_post(struct node_agent *a, uint32_t pi, uint32_t hint);
  * silent source's reads). */
 bool agent_xl_serves(struct node_agent *a);
 /* Periodic: asks the tracker for holders while fetching, moves the reads
- * of a silent holder, keeps our own slot offered. */
+ * of a silent holder, keeps our own slot offered; refuses a delta taken
+ * whole once no holder is left (a->fetch may be gone after it). */
 void agent_xl_tick(struct node_agent *a);
 /* The fetch waits for its addendum: the holders of other layouts are asked
  * for now, and our maps of their layouts built, so that reads from them
@@ -646,7 +659,10 @@ void agent_xl_fini(struct node_agent *a);
 /* a->fetch is a delta whose parent this node does not hold: plans a chain
  * replay (walking the manifests back to an anchor or to the active
  * version, then checking the tracker still serves every step) and, when
- * one is served, fetches its steps; the fetch is dropped meanwhile. 0 when
+ * one is served, fetches its steps, or, when the version whole costs fewer
+ * bytes (or no chain is served) and replicas hold it, fetches it whole
+ * (a->full_v: its raw copy, read from the holders); the fetch is dropped
+ * meanwhile. 0 when
  * it took over; -1 when no replay is possible now (in-place installs, a
  * replay of this target failed before, or one is under way): the caller
  * asks for an anchor. */

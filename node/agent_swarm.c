@@ -201,7 +201,9 @@ void agent_swarm_serve(struct node_agent *a, struct agent_fetch *f)
 		f->parcels[i].progress_ms = agent_now_ms();
 	}
 	f->so = (struct node_serve_offer){.version = f->version};
-	if (!a->fanout)
+	/* A delta taken whole is not served to its swarm: the swarm's
+	 * readers expect the delta's encoded chunks under the same parcels. */
+	if (!a->fanout || f->full)
 		return;
 	serve_slot(a, f);
 	for (uint32_t i = 0; i < f->nparcels; i++) {

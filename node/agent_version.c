@@ -320,7 +320,10 @@ static void with_manifest(struct node_agent *a)
 	memcpy(a->last_digest, f->man.digest, PROTO_HASH_BYTES);
 
 	f->ml = proto_manifest_layout(&f->man, a->layout.digest);
-	if (f->ml == NULL) {
+	/* A delta the chain planner chose to take whole: its raw copy first. */
+	bool full = f->ml != NULL && a->full_v == f->version && f->man.kind == PROTO_KIND_DELTA;
+	a->full_v = 0;
+	if (full || f->ml == NULL) {
 		/* Published before our layout registered: the publisher adds
 		 * it by a signed addendum (agent_addendum.c), else we wait
 		 * for the next version. Meanwhile what does not depend on
@@ -329,7 +332,11 @@ static void with_manifest(struct node_agent *a)
 		 * slot (made and kept as the store's spare, which the fetch
 		 * then takes), so that the first read goes out as soon as
 		 * the addendum is in. */
-		agent_addendum_wait(a);
+		f->ml = NULL; /* the raw copy's block, once it is in */
+		if (full)
+			agent_copy_wait(a);
+		else
+			agent_addendum_wait(a);
 		if (a->fetch == f)
 			(void)plan_ready(a);
 		if (a->fetch == f)

@@ -92,6 +92,7 @@
 #define XL_HV_MAX (64u << 10)       /* have-map bytes of one partial holder (all ranks) */
 #define XL_SCAN 64                  /* chunks tried against partial holders per call */
 #define XL_FETCHING_MAX 16          /* replicas working toward the version, remembered */
+#define XL_ALONE_MS 3000            /* a whole fetch of a delta waits this long with no holder */
 
 struct xl_layout {
 	uint8_t digest[PROTO_HASH_BYTES];
@@ -168,6 +169,7 @@ struct agent_xl {
 	uint32_t rr;
 	bool pending, answered; /* answered: the first /holders for this fetch came */
 	uint64_t asked_ms;
+	uint64_t alone_ms; /* a whole fetch of a delta found no holder left since (0: has one) */
 	uint8_t *stage;
 	size_t stage_len, stage_slot;
 	struct fab_mr *stage_mr;
@@ -1256,6 +1258,33 @@ static void move_silent(struct node_agent *a, struct agent_fetch *f, uint64_t no
 	}
 }
 
+/* A delta taken whole has no source but holders: once none is left for
+ * XL_ALONE_MS (none listed, or each banned for chunks that failed the raw
+ * copy's hashes), the fetch is refused and the version's next try replays
+ * the chain. True when the fetch is gone. */
+static bool full_alone(struct node_agent *a, struct agent_xl *x, struct agent_fetch *f,
+		       uint64_t now)
+{
+	bool left = false;
+
+	if (!f->full || !x->answered)
+		return false;
+	for (uint32_t k = 0; k < XL_HOLDERS_MAX && !left; k++)
+		left = x->hs[k].used && x->hs[k].listed && x->lays[x->hs[k].lay].state >= 0 &&
+		       !holder_banned(f, &x->hs[k]);
+	if (left || x->alone_ms == 0) {
+		x->alone_ms = left ? 0 : now;
+		return false;
+	}
+	if (now - x->alone_ms < XL_ALONE_MS)
+		return false;
+	a->full_failed_v = f->version;
+	agent_fetch_fail(a, "no replica left to read v%" PRIu64 " whole from (%u chunks failed "
+			 "their hash); its chain is replayed next",
+			 f->version, f->bad_chunks);
+	return true;
+}
+
 void agent_xl_tick(struct node_agent *a)
 {
 	struct agent_fetch *f = a->fetch;
@@ -1274,6 +1303,8 @@ void agent_xl_tick(struct node_agent *a)
 		f->so.offered = false;
 	move_silent(a, f, now);
 	ask_holders(a, now);
+	if (full_alone(a, x, f, now))
+		return;
 	x->cov_gen++; /* holders rest and come back: chunks are tried again */
 	for (uint32_t k = 0; k < XL_HOLDERS_MAX; k++)
 		poll_have(a, &x->hs[k], now);
@@ -1311,6 +1342,7 @@ static bool xl_refresh(struct node_agent *a, bool early)
 		x->version = f->version;
 		x->gen = a->gen;
 		x->asked_ms = 0;
+		x->alone_ms = 0;
 		x->answered = false;
 	}
 	if (x->uncov == NULL && f->parcels != NULL &&

@@ -28,6 +28,12 @@
  *   4. per layout an addendum (proto/addendum.h) signed and POSTed;
  *   5. the new parcels joined to the served version (their own slices and
  *      regions, as a layout of the original export has) and offered with it.
+ * A node that lacks a delta version's parent and takes the version whole
+ * asks for a raw copy of its layout (the latest's copy_wanted): the same
+ * export, for a layout the version lists, signed as a copy addendum
+ * (proto/addendum.h) from the same served raw parcels; it is only posted,
+ * not offered (the version's offers of that layout are its deltas): the
+ * node reads the bytes from replicas that hold the version.
  * Only a version this process still serves is extended: the newest one
  * always is, unless the publisher restarted and has not re-offered it yet.
  * Otherwise it says so and the replica waits for the next version. With
@@ -83,7 +89,8 @@ void node__pub_addendum_check(struct node_pub *p, const struct trk_version_info 
 	for (size_t i = 0; i < n; i++)
 		if (vi[i].version == latest)
 			info = &vi[i];
-	if (info == NULL || (info->nuncovered == 0 && info->nadded == 0) || !p->leader ||
+	if (info == NULL || (info->nuncovered == 0 && info->nadded == 0 && info->ncopy_wanted == 0) ||
+	    !p->leader ||
 	    p->dead || !p->ready || p->ex != NULL)
 		return;
 	if (p->add_failed_v == latest && proto_wall_ms() - p->add_failed_ms < ADD_RETRY_MS)
@@ -99,6 +106,11 @@ void node__pub_addendum_check(struct node_pub *p, const struct trk_version_info 
 	for (uint32_t k = 0; k < info->nadded && p->nadd_want < TRK_RETAIN_LAYOUTS_MAX; k++)
 		if (pv == NULL || !serves_layout(pv, info->added[k]))
 			memcpy(p->add_want[p->nadd_want++], info->added[k], PROTO_HASH_BYTES);
+	/* Else raw copies of the delta's own layouts, if asked for. */
+	p->add_copy = p->nadd_want == 0;
+	for (uint32_t k = 0; p->add_copy && pv != NULL && pv->delta && k < info->ncopy_wanted; k++)
+		if (serves_layout(pv, info->copy_wanted[k]))
+			memcpy(p->add_want[p->nadd_want++], info->copy_wanted[k], PROTO_HASH_BYTES);
 	if (p->nadd_want == 0)
 		return; /* all served; the tracker hears of new ones with their addenda */
 	sodium_bin2hex(h, sizeof(h), p->add_want[0], PROTO_HASH_BYTES);
@@ -118,8 +130,13 @@ void node__pub_addendum_check(struct node_pub *p, const struct trk_version_info 
 		p->add_gone_v = latest;
 		return;
 	}
-	LOG_INFO("version %llu lacks layout %.16s%s: extending it by addendum",
-		 (unsigned long long)latest, h, p->nadd_want > 1 ? " and others" : "");
+	if (p->add_copy)
+		LOG_INFO("version %llu: a raw copy of layout %.16s%s is wanted: signing it by "
+			 "addendum",
+			 (unsigned long long)latest, h, p->nadd_want > 1 ? " and others" : "");
+	else
+		LOG_INFO("version %llu lacks layout %.16s%s: extending it by addendum",
+			 (unsigned long long)latest, h, p->nadd_want > 1 ? " and others" : "");
 	p->add_version = latest;
 	p->addendum_next = true;
 	node__pub_ex_start(p, NULL, latest, false);
@@ -304,6 +321,7 @@ static int build_one(struct node_pub *p, size_t li, struct proto_addendum *ad,
 
 	proto_addendum_init(ad);
 	ad->version = ex->version;
+	ad->copy = p->add_copy;
 	memcpy(ad->manifest_digest, ex->m.digest, PROTO_HASH_BYTES);
 	ad->chunk_size = ex->m.chunk_size;
 	/* The layout block is built in a manifest (its chunk-list helpers),
@@ -449,7 +467,7 @@ static void on_post(const struct trk_answer *ans, void *arg)
 		pv = served(p, ex->version);
 		if (pv == NULL) {
 			node__pub_ex_fail(p, ENOENT, "the version stopped being served meanwhile");
-		} else if (join(p, pv, ex->pv) != 0) {
+		} else if (!p->add_copy && join(p, pv, ex->pv) != 0) {
 			node__pub_ex_fail(p, ENOMEM, "out of memory joining the new layouts");
 		} else {
 			node__pub_version_free(p, ex->pv);

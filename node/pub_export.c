@@ -396,8 +396,9 @@ static void ex_finish(struct node_pub *p)
 			p->add_failed_v = ex->version;
 			p->add_failed_ms = proto_wall_ms();
 		} else {
-			LOG_INFO("version %llu extended by %zu addenda (%llu ms)",
+			LOG_INFO("version %llu extended by %zu %s (%llu ms)",
 				 (unsigned long long)ex->version, ex->nlayouts,
+				 p->add_copy ? "raw copies" : "addenda",
 				 (unsigned long long)ms_of(r.total_ns));
 		}
 	} else if (ex->req == NULL) {
@@ -914,7 +915,7 @@ static void ex_gathered(struct node_pub *p)
 		return;
 	}
 	/* The added layouts' canary scores: their version is published already. */
-	if (ex->addendum && (ex->canary = node__pub_canary_json(ex)) != NULL)
+	if (ex->addendum && !p->add_copy && (ex->canary = node__pub_canary_json(ex)) != NULL)
 		node__pub_canary_post(p, ex);
 	/* Parts of ranks hosted elsewhere were only needed for their hashes. */
 	for (size_t i = 0; i < ex->pv->nparts; i++)

@@ -301,6 +301,9 @@ struct node_pub {
 	/* Addenda (pub_addendum.c): the next export extends add_version by
 	 * the layouts in add_want; a failed try waits before the next. */
 	bool addendum_next;
+	/* The addenda are raw copies of layouts the (delta) version lists,
+	 * for nodes that take it whole (tracker copy_wanted). */
+	bool add_copy;
 	uint64_t add_version, add_failed_v, add_failed_ms, add_gone_v;
 	uint32_t nadd_want;
 	uint8_t add_want[TRK_RETAIN_LAYOUTS_MAX][PROTO_HASH_BYTES];

@@ -12,6 +12,7 @@
 
 #define ADD_MAGIC "TSRA"
 #define ADD_FORMAT 1u
+#define ADD_FORMAT_COPY 2u
 #define ADD_HDR_BYTES (4 + 4 + 8 + PROTO_HASH_BYTES + 4)
 #define ADD_TRAILER_BYTES (PROTO_PK_BYTES + PROTO_SIG_BYTES)
 #define ADD_VERSION_MAX ((uint64_t)INT64_MAX)
@@ -70,7 +71,7 @@ int proto_addendum_sign(struct proto_addendum *a, const uint8_t sk[PROTO_SK_BYTE
 	p = buf;
 	memcpy(p, ADD_MAGIC, 4);
 	p += 4;
-	u32 = htole32(ADD_FORMAT);
+	u32 = htole32(a->copy ? ADD_FORMAT_COPY : ADD_FORMAT);
 	memcpy(p, &u32, 4);
 	p += 4;
 	u64 = htole64(a->version);
@@ -120,9 +121,10 @@ int proto_addendum_decode(const uint8_t *buf, size_t len, const uint8_t pk[PROTO
 	if (memcmp(buf, ADD_MAGIC, 4) != 0)
 		return proto_errf(err, EBADMSG, "addendum: bad magic, not a tessera addendum");
 	memcpy(&u32, buf + 4, 4);
-	if (le32toh(u32) != ADD_FORMAT)
-		return proto_errf(err, EBADMSG, "addendum: format %u, this build reads format %u",
-				  le32toh(u32), ADD_FORMAT);
+	if (le32toh(u32) != ADD_FORMAT && le32toh(u32) != ADD_FORMAT_COPY)
+		return proto_errf(err, EBADMSG, "addendum: format %u, this build reads formats %u and %u",
+				  le32toh(u32), ADD_FORMAT, ADD_FORMAT_COPY);
+	a.copy = le32toh(u32) == ADD_FORMAT_COPY;
 	/* Nothing past the magic is believed before this. */
 	body = len - PROTO_SIG_BYTES;
 	if (crypto_sign_verify_detached(buf + body, buf, body, pk) != 0)
@@ -172,10 +174,27 @@ int proto_addendum_binds(const struct proto_addendum *a, const struct proto_mani
 	if (a->chunk_size != m->chunk_size)
 		return proto_errf(err, EINVAL, "addendum: chunk size %u, the manifest's is %u",
 				  a->chunk_size, m->chunk_size);
-	if (proto_manifest_layout(m, a->layout.layout_digest) != NULL)
+	const struct proto_mlayout *ml = proto_manifest_layout(m, a->layout.layout_digest);
+	if (!a->copy && ml != NULL)
 		return proto_errf(err, EINVAL,
 				  "addendum: version %llu's manifest already lists its layout",
 				  (unsigned long long)a->version);
+	if (!a->copy)
+		return 0;
+	if (ml == NULL || m->kind != PROTO_KIND_DELTA)
+		return proto_errf(err, EINVAL,
+				  "addendum: a raw copy of a layout version %llu's manifest %s",
+				  (unsigned long long)a->version,
+				  ml == NULL ? "does not list" : "sends raw already (an anchor)");
+	if (sodium_memcmp(ml->plan_digest, a->layout.plan_digest, PROTO_HASH_BYTES) != 0 ||
+	    ml->nparcels != a->layout.nparcels)
+		return proto_errf(err, EINVAL, "addendum: a raw copy with another plan than the manifest's");
+	for (uint32_t i = 0; i < ml->nparcels; i++)
+		if (ml->parcels[i].src_rank != a->layout.parcels[i].src_rank ||
+		    ml->parcels[i].dst_rank != a->layout.parcels[i].dst_rank ||
+		    ml->parcels[i].bytes != a->layout.parcels[i].bytes)
+			return proto_errf(err, EINVAL,
+					  "addendum: raw copy parcel %u differs from the manifest's", i);
 	return 0;
 }
 
@@ -201,9 +220,18 @@ int proto_addendum_extend(struct proto_manifest *m, const struct proto_addendum 
 		memcpy(ps[i].chunks, src->parcels[i].chunks,
 		       (size_t)src->parcels[i].nchunks * sizeof(*ps[i].chunks));
 	}
-	l = proto_manifest_add_layout(m, src->layout_digest, src->plan_digest, 0);
-	if (l == NULL)
+	l = NULL;
+	for (uint32_t k = 0; a->copy && k < m->nlayouts && l == NULL; k++)
+		if (memcmp(m->layouts[k].layout_digest, src->layout_digest, PROTO_HASH_BYTES) == 0)
+			l = &m->layouts[k];
+	if (l != NULL) { /* a raw copy: the listed deltas give way */
+		for (uint32_t i = 0; i < l->nparcels; i++)
+			free(l->parcels[i].chunks);
+		free(l->parcels);
+	} else if (a->copy ||
+		   (l = proto_manifest_add_layout(m, src->layout_digest, src->plan_digest, 0)) == NULL) {
 		goto fail;
+	}
 	l->nparcels = src->nparcels;
 	l->parcels = ps;
 	return 0;
@@ -228,10 +256,15 @@ json_t *proto_addendum_to_json(const struct proto_addendum *a)
 
 	for (uint32_t i = 0; i < a->layout.nparcels; i++)
 		bytes += a->layout.parcels[i].wire_bytes;
-	return json_pack("{s:I,s:o,s:o,s:o,s:o,s:I,s:I}", "version", (json_int_t)a->version,
+	json_t *j = json_pack("{s:I,s:o,s:o,s:o,s:o,s:I,s:I}", "version", (json_int_t)a->version,
 			 "manifest_digest", hex_json(a->manifest_digest, PROTO_HASH_BYTES),
 			 "digest", hex_json(a->digest, PROTO_HASH_BYTES), "layout_digest",
 			 hex_json(a->layout.layout_digest, PROTO_HASH_BYTES), "plan_digest",
 			 hex_json(a->layout.plan_digest, PROTO_HASH_BYTES), "parcels",
 			 (json_int_t)a->layout.nparcels, "wire_bytes", (json_int_t)PROTO_MIN(bytes, (uint64_t)INT64_MAX));
+	if (j != NULL && a->copy && json_object_set_new(j, "copy", json_true()) != 0) {
+		json_decref(j);
+		return NULL;
+	}
+	return j;
 }

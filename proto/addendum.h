@@ -15,7 +15,14 @@
  * whatever the version's kind: a layout nobody held has no parent to apply
  * a delta to.
  *
- * Encoding, format 1 (little-endian): "TSRA" | u32 format | u64 version |
+ * A raw copy (format 2) is the same block for a layout a delta version's
+ * manifest does list (as deltas): the version's raw bytes in that layout,
+ * chunk-hashed and signed, for a node that lacks the exact parent and takes
+ * the version whole from replicas that hold it (node/agent_full.c). Its
+ * plan and parcels (ranks, sizes) must be the listed block's; only the
+ * encoding and the chunk hashes differ.
+ *
+ * Encoding, format 1 or 2 (little-endian): "TSRA" | u32 format | u64 version |
  * manifest_digest[32] | u32 chunk_size | one layout block (proto/manifest.c's
  * encoding) | signer[32] | signature[64] (Ed25519 over every byte before
  * it). The digest is BLAKE2b-256 over the whole encoding. The decoder treats
@@ -25,6 +32,7 @@
 #define PROTO_ADDENDUM_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,6 +42,7 @@ struct proto_addendum {
 	uint64_t version;
 	uint8_t manifest_digest[PROTO_HASH_BYTES]; /* the version's manifest */
 	uint32_t chunk_size;                       /* the manifest's */
+	bool copy;                                 /* format 2: a raw copy of a listed layout */
 	struct proto_mlayout layout;               /* parcels owned here */
 	uint8_t signer[PROTO_PK_BYTES];
 	uint8_t signature[PROTO_SIG_BYTES];
@@ -58,16 +67,19 @@ int proto_addendum_sign(struct proto_addendum *a, const uint8_t sk[PROTO_SK_BYTE
 int proto_addendum_decode(const uint8_t *buf, size_t len, const uint8_t pk[PROTO_PK_BYTES],
 			  struct proto_addendum *out, struct proto_err *err);
 /* Whether a extends m: same version, m's digest, m's chunk size, and a
- * layout m does not list. 0, or -EINVAL with err saying which. */
+ * layout m does not list; a copy: a layout m lists, m a delta, the same
+ * plan digest and parcels (ranks and sizes, in order). 0, or -EINVAL with
+ * err saying which. */
 int proto_addendum_binds(const struct proto_addendum *a, const struct proto_manifest *m,
 			 struct proto_err *err);
 /* Appends a copy of a's layout to m (call proto_addendum_binds first), so
- * that code reading manifests finds it like any other layout. m's
+ * that code reading manifests finds it like any other layout; a raw copy
+ * replaces the parcels of the layout m lists instead. m's
  * encoding-derived fields (digest, signature) stay those of the signed
  * manifest. -ENOMEM leaves m unchanged. */
 int proto_addendum_extend(struct proto_manifest *m, const struct proto_addendum *a);
 /* Summary JSON: version, manifest_digest, digest, layout_digest,
- * plan_digest, parcels, bytes. New reference; NULL on ENOMEM. */
+ * plan_digest, parcels, bytes, and copy (true) for a raw copy. New reference; NULL on ENOMEM. */
 json_t *proto_addendum_to_json(const struct proto_addendum *a);
 
 #endif

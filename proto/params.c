@@ -84,7 +84,8 @@ uint64_t proto_param_default(enum proto_param_id id)
 
 uint64_t proto_param_min(enum proto_param_id id)
 {
-	return param_defs[id].def == 0 || id == PROTO_PARAM_FANOUT || id == PROTO_PARAM_DELTA_ROTATE
+	return param_defs[id].def == 0 || id == PROTO_PARAM_FANOUT || id == PROTO_PARAM_DELTA_ROTATE ||
+		       id == PROTO_PARAM_CHAIN_FULL
 		       ? 0
 		       : 1;
 }

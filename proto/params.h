@@ -189,6 +189,10 @@
 	 * anchor (or from its active version) at most this many versions \
 	 * long; a longer one waits for an anchor instead. */ \
 	X(CHAIN_MAX, "TESSERA_CHAIN_MAX", 64, "longest chain of versions a node replays") \
+	/* 1: a node lacking a delta's parent fetches the version whole (its \
+	 * raw copy, read from replicas that hold it) when that costs fewer \
+	 * bytes than the chain; 0: always the chain. */ \
+	X(CHAIN_FULL, "TESSERA_CHAIN_FULL", 1, "a node lacking a delta's parent may fetch it whole when cheaper (0: always the chain)") \
 	/* Test only: a chain replay step of this version number has one byte \
 	 * of its delta flipped after its hashes verified (0: none), so that \
 	 * tests can see the replay fail and fall back to an anchor. */ \

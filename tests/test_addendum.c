@@ -1,5 +1,5 @@
 /* Tests of the manifest addendum: round trip, binding to its manifest,
- * splicing into it, and hostile bytes (every case refused with one line, the
+ * splicing into it, the raw copy of a delta's layout, and hostile bytes (every case refused with one line, the
  * output left empty). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -40,8 +40,10 @@ static void base_manifest(struct proto_manifest *m, uint8_t **buf, size_t *len)
 	assert_int_equal(proto_manifest_sign(m, sk, buf, len, &err), 0);
 }
 
-/* An addendum for m: layout 0xa1, parcels (0,0) 130 B and (1,0) 64 B. */
-static void base_addendum(const struct proto_manifest *m, struct proto_addendum *a)
+/* An addendum for m: layout and plan digests all bytes lay and plan, n
+ * parcels (src[i] -> 0) of bytes[i] B, each chunk's hash distinct. */
+static void build_addendum(const struct proto_manifest *m, struct proto_addendum *a, int lay,
+			   int plan, const uint32_t *src, const uint32_t *bytes, uint32_t n)
 {
 	struct proto_manifest tmp;
 	uint8_t d[PROTO_HASH_BYTES], e[PROTO_HASH_BYTES];
@@ -54,26 +56,30 @@ static void base_addendum(const struct proto_manifest *m, struct proto_addendum 
 	/* Built through a manifest to size the chunk lists, then moved. */
 	proto_manifest_init(&tmp);
 	tmp.chunk_size = m->chunk_size;
-	memset(d, 0xa1, sizeof(d));
-	memset(e, 0xb1, sizeof(e));
-	l = proto_manifest_add_layout(&tmp, d, e, 2);
+	memset(d, lay, sizeof(d));
+	memset(e, plan, sizeof(e));
+	l = proto_manifest_add_layout(&tmp, d, e, n);
 	assert_non_null(l);
-	l->parcels[0].bytes = 130;
-	assert_int_equal(proto_mparcel_alloc_chunks(&tmp, &l->parcels[0], 130), 0);
-	l->parcels[1].src_rank = 1;
-	l->parcels[1].bytes = 64;
-	assert_int_equal(proto_mparcel_alloc_chunks(&tmp, &l->parcels[1], 64), 0);
-	for (uint32_t p = 0; p < 2; p++)
-		for (uint32_t c = 0; c < l->parcels[p].nchunks; c++)
-		{
+	for (uint32_t p = 0; p < n; p++) {
+		l->parcels[p].src_rank = src[p];
+		l->parcels[p].bytes = bytes[p];
+		assert_int_equal(proto_mparcel_alloc_chunks(&tmp, &l->parcels[p], bytes[p]), 0);
+		for (uint32_t c = 0; c < l->parcels[p].nchunks; c++) {
 			uint32_t in[2] = {p, c};
 			crypto_generichash(l->parcels[p].chunks[c].hash, PROTO_HASH_BYTES,
 					   (const uint8_t *)in, sizeof(in), NULL, 0);
 		}
+	}
 	a->layout = *l;
 	l->parcels = NULL;
 	l->nparcels = 0;
 	proto_manifest_fini(&tmp);
+}
+
+/* An addendum for m: layout 0xa1, parcels (0,0) 130 B and (1,0) 64 B. */
+static void base_addendum(const struct proto_manifest *m, struct proto_addendum *a)
+{
+	build_addendum(m, a, 0xa1, 0xb1, (const uint32_t[]){0, 1}, (const uint32_t[]){130, 64}, 2);
 }
 
 static void test_roundtrip_and_extend(void **state)
@@ -148,6 +154,73 @@ static void test_binding_refused(void **state)
 	proto_manifest_fini(&m);
 }
 
+/* A raw copy of m's layout 0xa0 (plan 0xb0): parcel (0,0), 100 B. */
+static void copy_addendum(const struct proto_manifest *m, struct proto_addendum *a)
+{
+	build_addendum(m, a, 0xa0, 0xb0, (const uint32_t[]){0}, (const uint32_t[]){100}, 1);
+	a->copy = true;
+}
+
+/* A raw copy (format 2) of a layout a delta version lists: it round-trips
+ * as a copy, binds only to a delta that lists its layout with the same plan
+ * and parcels, and replaces that layout's parcels when spliced in (the
+ * delta's chunk hashes give way to the raw ones). A copy signed by another
+ * key, or a format word changed after signing, is refused. */
+static void test_copy(void **state)
+{
+	struct proto_manifest m;
+	struct proto_addendum a, b;
+	struct proto_err err = {{0}};
+	uint8_t *mbuf, *abuf, opk[PROTO_PK_BYTES], osk[PROTO_SK_BYTES];
+	size_t mlen, alen;
+
+	base_manifest(&m, &mbuf, &mlen);
+	copy_addendum(&m, &a);
+	/* An anchor sends raw already. */
+	assert_int_equal(proto_addendum_binds(&a, &m, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, "anchor"));
+	m.kind = PROTO_KIND_DELTA; /* in memory only: the binding reads fields */
+	assert_int_equal(proto_addendum_binds(&a, &m, &err), 0);
+	assert_int_equal(proto_addendum_sign(&a, sk, &abuf, &alen, &err), 0);
+	assert_int_equal(proto_addendum_decode(abuf, alen, pk, &b, &err), 0);
+	assert_true(b.copy);
+	assert_int_equal(proto_addendum_binds(&b, &m, &err), 0);
+	json_t *j = proto_addendum_to_json(&b);
+	assert_true(json_is_true(json_object_get(j, "copy")));
+	json_decref(j);
+	proto_addendum_fini(&b);
+	/* The format word is signed: 2 -> 1 breaks the signature. */
+	abuf[4] = 1;
+	assert_int_equal(proto_addendum_decode(abuf, alen, pk, &b, &err), -EKEYREJECTED);
+	assert_false(b.copy);
+	free(abuf);
+	/* Another key's copy. */
+	crypto_sign_keypair(opk, osk);
+	assert_int_equal(proto_addendum_sign(&a, osk, &abuf, &alen, &err), 0);
+	assert_int_equal(proto_addendum_decode(abuf, alen, pk, &b, &err), -EKEYREJECTED);
+	free(abuf);
+	/* Spliced in: the same layout, its parcels now the copy's. */
+	assert_int_equal(proto_addendum_extend(&m, &a), 0);
+	assert_int_equal(m.nlayouts, 1);
+	assert_memory_equal(m.layouts[0].parcels[0].chunks[1].hash, a.layout.parcels[0].chunks[1].hash,
+			    PROTO_HASH_BYTES);
+	/* Another size, another plan, an unlisted layout: not bound. */
+	a.layout.parcels[0].bytes = 101;
+	assert_int_equal(proto_addendum_binds(&a, &m, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, "parcel 0 differs"));
+	a.layout.parcels[0].bytes = 100;
+	a.layout.plan_digest[0] ^= 1;
+	assert_int_equal(proto_addendum_binds(&a, &m, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, "another plan"));
+	a.layout.plan_digest[0] ^= 1;
+	a.layout.layout_digest[0] ^= 1;
+	assert_int_equal(proto_addendum_binds(&a, &m, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, "does not list"));
+	proto_addendum_fini(&a);
+	free(mbuf);
+	proto_manifest_fini(&m);
+}
+
 /* The signer refuses what the decoder would. */
 static void test_sign_refuses_bad(void **state)
 {
@@ -217,8 +290,11 @@ static void test_bad_input(void **state)
 	b[0] = 'X';
 	expect_refused(b, alen, pk, -EBADMSG, "bad magic");
 	memcpy(b, abuf, alen);
-	b[4] = 2;
-	expect_refused(b, alen, pk, -EBADMSG, "format 2");
+	b[4] = 3;
+	expect_refused(b, alen, pk, -EBADMSG, "format 3");
+	memcpy(b, abuf, alen);
+	b[4] = 2; /* a copy's format word on an addendum: not what was signed */
+	expect_refused(b, alen, pk, -EKEYREJECTED, "bad signature");
 	/* Tampered chunk hash, version or digest binding: the signature. */
 	memcpy(b, abuf, alen);
 	b[hash_at] ^= 1;
@@ -287,6 +363,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_roundtrip_and_extend),
 		cmocka_unit_test(test_binding_refused),
+		cmocka_unit_test(test_copy),
 		cmocka_unit_test(test_sign_refuses_bad),
 		cmocka_unit_test(test_bad_input),
 	};

@@ -7,7 +7,10 @@
  * serving its previous version meanwhile; a node restarted between deltas,
  * a node that missed versions and a late replica replay the chain (from the
  * anchor, or from the version they hold) to the latest delta, and a chain
- * with a damaged step falls back to an anchor. The
+ * with a damaged step falls back to an anchor; a late replica for which the
+ * version whole is cheaper than the chain reads it from the replica that
+ * holds it (a signed raw copy's hashes), as does one with no chain to
+ * replay, and one whose only holder lies falls back to the chain. The
  * models are `tessera synth` outputs: RL-like steps where ~1.7 % of the
  * BF16 elements change. */
 #include <errno.h>
@@ -474,7 +477,8 @@ static void test_missed_version(void **state)
 }
 
 /* Versions anchor (v1), delta (v2), delta (v3); replica B, of A's layout,
- * joins after the last one: it replays the chain (v1 whole, then v2's and
+ * joins after the last one and may not fetch a version whole
+ * (TESSERA_CHAIN_FULL=0): it replays the chain (v1 whole, then v2's and
  * v3's deltas, each onto the step before) and activates v3 bit-exact; the
  * tracker shows it built v3 by chain, with what every step took. */
 static void test_chain_replay(void **state)
@@ -483,7 +487,9 @@ static void test_chain_replay(void **state)
 
 	export_one(e, 3, "delta");
 	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
+	setenv("TESSERA_CHAIN_FULL", "0", 1);
 	start_node_as(e, &e->late, "B");
+	unsetenv("TESSERA_CHAIN_FULL");
 	assert_true(tu_wait_active(e->trk, "B", 3, 60000));
 	assert_true(replica_how(e, "B", "chain"));
 	assert_true(wait_log_of(&e->late, "replaying the chain to v3: the anchor v1, then 2 deltas",
@@ -508,6 +514,101 @@ static void test_chain_replay(void **state)
 	trk_reply_fini(&r);
 }
 
+/* Rank 0 of replica rep as /replicas/rep shows it: field's value. */
+static json_int_t rank_field(struct env *e, const char *rep, const char *field)
+{
+	struct trk_reply r;
+	char path[128];
+	json_int_t v;
+
+	snprintf(path, sizeof(path), TRK_API "/replicas/%s", rep);
+	assert_int_equal(trk_client_call(e->trk, "GET", path, NULL, NULL, 0, &r), 0);
+	v = json_integer_value(json_object_get(json_array_get(json_object_get(r.json, "ranks"), 0),
+					       field));
+	trk_reply_fini(&r);
+	return v;
+}
+
+/* Versions anchor (v1), then deltas v2..v4; replica B, of A's layout,
+ * joins after the last one. The chain (v1 whole and three deltas) costs
+ * more than v4 whole, and A holds v4 complete: B says so in one line, gets
+ * the raw copy of its layout signed by the publisher, reads every chunk
+ * from A's slot (none from the trainer), each hashed against the copy, and
+ * activates v4 bit-exact; the tracker shows it built v4 full. The next
+ * delta is built on it by delta like on A. */
+static void test_full_from_peers(void **state)
+{
+	struct env *e = *state;
+	size_t n = e->tp1.ranks[0].nbytes;
+
+	export_one(e, 3, "delta");
+	export_one(e, 4, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 4, 60000));
+	start_node_as(e, &e->late, "B");
+	assert_true(tu_wait_active(e->trk, "B", 4, 60000));
+	assert_true(replica_how(e, "B", "full"));
+	assert_true(wait_log_of(&e->late, "v4 without its parent: fetching it whole from 1 holder",
+				30000));
+	assert_true(line_has(e->late.log, "v4 without its parent", "cheaper than the chain (the "
+				      "anchor v1, then 3 deltas"));
+	assert_true(wait_log_of(&e->late, "its signed raw copy of our layout is in", 30000));
+	assert_true(wait_log_of(&e->publisher, "a raw copy of layout", 30000));
+	check_serving_of(e, "B", 4);
+	assert_int_equal(rank_field(e, "B", "bytes_from_trainer"), 0);
+	assert_int_equal(rank_field(e, "B", "bytes_done"), (json_int_t)n);
+	assert_true(rank_field(e, "B", "bytes_from_peers") >= (json_int_t)n);
+	export_one(e, 5, "delta");
+	assert_true(tu_wait_active(e->trk, "B", 5, 60000));
+	assert_true(replica_how(e, "B", "delta"));
+	check_serving_of(e, "B", 5);
+	assert_true(tu_wait_active(e->trk, "A", 5, 60000));
+	check_serving(e, 5);
+}
+
+/* A late replica B whose chain is longer than it may replay
+ * (TESSERA_CHAIN_MAX=2: v1, v2, v3) has no chain; A holds v3 complete, so
+ * B fetches it whole instead of asking for an anchor, and says why. */
+static void test_full_no_chain(void **state)
+{
+	struct env *e = *state;
+
+	export_one(e, 3, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
+	setenv("TESSERA_CHAIN_MAX", "2", 1);
+	start_node_as(e, &e->late, "B");
+	unsetenv("TESSERA_CHAIN_MAX");
+	assert_true(tu_wait_active(e->trk, "B", 3, 60000));
+	assert_true(replica_how(e, "B", "full"));
+	assert_true(wait_log_of(&e->late, "v3 without its parent and no chain to replay (no anchor "
+				"within 2 versions", 30000));
+	assert_false(file_has(e->late.log, "asking for an anchor"));
+	check_serving_of(e, "B", 3);
+}
+
+/* The same late replica B, but A serves its slot with a byte in every 4 KiB
+ * flipped (test hook, as a lying peer would): B's chunks read from A fail
+ * the raw copy's hashes, A is banned, no holder is left, and B refuses the
+ * whole fetch, says so and replays the chain instead, ending bit-exact. */
+static void test_full_liar(void **state)
+{
+	struct env *e = *state;
+
+	node_proc_stop(&e->node, 5000);
+	setenv("TESSERA_TEST_CORRUPT_SERVE", "1", 1);
+	start_node(e);
+	unsetenv("TESSERA_TEST_CORRUPT_SERVE");
+	assert_true(wait_log(e, "v2 active", 60000));
+	export_one(e, 3, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
+	start_node_as(e, &e->late, "B");
+	assert_true(wait_log_of(&e->late, "v3 without its parent: fetching it whole", 30000));
+	assert_true(wait_log_of(&e->late, "no replica left to read v3 whole from", 60000));
+	assert_true(wait_log_of(&e->late, "replaying the chain to v3", 60000));
+	assert_true(tu_wait_active(e->trk, "B", 3, 60000));
+	assert_true(replica_how(e, "B", "chain"));
+	check_serving_of(e, "B", 3);
+}
+
 /* The same late replica, but the middle step's delta arrives damaged (test
  * hook, after its hashes verified, as a wrong delta would): the step's
  * checksum check refuses it, B says so, serves nothing meanwhile and asks
@@ -519,8 +620,10 @@ static void test_chain_corrupt(void **state)
 	export_one(e, 3, "delta");
 	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
 	setenv("TESSERA_TEST_CORRUPT_CHAIN", "2", 1);
+	setenv("TESSERA_CHAIN_FULL", "0", 1);
 	start_node_as(e, &e->late, "B");
 	unsetenv("TESSERA_TEST_CORRUPT_CHAIN");
+	unsetenv("TESSERA_CHAIN_FULL");
 	assert_true(wait_log_of(&e->late, "replaying the chain to v3", 30000));
 	assert_true(wait_log_of(&e->late, "v2 refused: delta parcel", 30000));
 	assert_true(wait_log_of(&e->late, "asking for an anchor", 30000));
@@ -680,6 +783,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_rotation_damaged_slot, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_rotation_pinned, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_chain_replay, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_full_from_peers, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_full_liar, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_full_no_chain, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_chain_corrupt, env_setup, env_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

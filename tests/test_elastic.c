@@ -395,6 +395,23 @@ static void test_late_layout_addendum(void **state)
 	b = resign(&a, e->sk, &blen);
 	expect_refused(e, b, blen, 409, "already lists", d);
 	free(b);
+	/* A raw copy of a layout the anchor lists: refused (an anchor is raw),
+	 * and a wish for one is not kept. */
+	a.copy = true;
+	b = resign(&a, e->sk, &blen);
+	expect_refused(e, b, blen, 409, "an anchor", d);
+	free(b);
+	a.copy = false;
+	{
+		char lh[2 * PROTO_HASH_BYTES + 1];
+		sodium_bin2hex(lh, sizeof(lh), a.layout.layout_digest, PROTO_HASH_BYTES);
+		snprintf(path, sizeof(path), TRK_API "/addenda?version=1&layout=%s&copy=1", lh);
+		json_decref(get_json(e, path, 404));
+		json_t *vs = get_json(e, TRK_API "/versions", 200);
+		json_t *v1 = json_array_get(json_object_get(vs, "versions"), 0);
+		assert_int_equal(json_array_size(json_object_get(v1, "copy_wanted")), 0);
+		json_decref(vs);
+	}
 	expect_refused(e, (const uint8_t *)"hello", 5, 400, "shorter", d);
 	/* The genuine one again: the same answer, nothing new. */
 	{

@@ -28,6 +28,7 @@
  */
 #define ADDENDA_DIR "addenda"
 #define ADDENDA_PER_VERSION 16 /* layouts added to one version at most */
+#define COPY_WANTS 8           /* raw copies asked for and not posted yet, remembered */
 
 struct trk_addendum {
 	uint64_t published_ms;
@@ -36,10 +37,19 @@ struct trk_addendum {
 	struct proto_addendum a;
 };
 
+/* A raw copy a node asked for (GET /addenda?...&copy=1): shown with the
+ * latest version until it is posted. */
+struct copy_want {
+	uint64_t version;
+	uint8_t layout[PROTO_HASH_BYTES];
+};
+
 struct trk_addenda {
 	char *dir;
 	struct trk_addendum *e;
 	size_t n, cap;
+	struct copy_want wants[COPY_WANTS];
+	size_t next_want; /* the slot the next new want takes (oldest first) */
 };
 
 static int entry_path(const struct trk_addenda *ad, uint64_t v, const uint8_t *layout,
@@ -254,6 +264,46 @@ json_t *trk__addenda_json(struct trk_server *s, uint64_t v)
 	return arr;
 }
 
+/* A raw copy of layout for v is wanted: v must be a delta whose manifest
+ * lists layout (else the want is not kept: the asker's wait runs out). The
+ * publishers hear at once (their held watches of layouts_rev). */
+static void want_copy(struct trk_server *s, uint64_t v, const uint8_t *layout)
+{
+	struct trk_addenda *ad = s->ad;
+	const struct proto_manifest *m;
+	struct proto_manifest *owned = NULL;
+	struct proto_err err = {{0}};
+	bool ok;
+
+	for (size_t i = 0; i < COPY_WANTS; i++)
+		if (ad->wants[i].version == v && memcmp(ad->wants[i].layout, layout, PROTO_HASH_BYTES) == 0)
+			return;
+	if (trk__versions_manifest(s->vs, v, &m, &owned, &err) != 0)
+		return;
+	ok = m->kind == PROTO_KIND_DELTA && proto_manifest_layout(m, layout) != NULL;
+	if (owned != NULL) {
+		proto_manifest_fini(owned);
+		free(owned);
+	}
+	if (!ok)
+		return;
+	ad->wants[ad->next_want].version = v;
+	memcpy(ad->wants[ad->next_want].layout, layout, PROTO_HASH_BYTES);
+	ad->next_want = (ad->next_want + 1) % COPY_WANTS;
+	trk__versions_replica_alive(s->vs);
+}
+
+json_t *trk__version_copy_wanted(struct trk_server *s, uint64_t v)
+{
+	json_t *arr = json_array();
+
+	for (size_t i = 0; arr != NULL && s->ad != NULL && i < COPY_WANTS; i++)
+		if (s->ad->wants[i].version == v && v != 0 && find(s->ad, v, s->ad->wants[i].layout) == NULL &&
+		    json_array_append_new(arr, trk__json_hex(s->ad->wants[i].layout, PROTO_HASH_BYTES)) != 0)
+			break;
+	return arr;
+}
+
 json_t *trk__version_uncovered(struct trk_server *s, uint64_t v)
 {
 	const struct proto_manifest *m;
@@ -375,9 +425,10 @@ void trk__handle_addendum_get(struct trk_call *c)
 	const char *lhex = trk__query_str(c, "layout");
 	uint8_t layout[PROTO_HASH_BYTES];
 	const struct trk_addendum *e;
-	uint64_t v = 0, wait_ms = 0;
+	uint64_t v = 0, wait_ms = 0, copy = 0;
 
-	if (trk__query_u64(c, "wait_ms", false, UINT64_MAX, &wait_ms, &err) != 0) {
+	if (trk__query_u64(c, "wait_ms", false, UINT64_MAX, &wait_ms, &err) != 0 ||
+	    trk__query_u64(c, "copy", false, 1, &copy, &err) != 0) {
 		trk__fail(c, 400, "%s", err.msg);
 		return;
 	}
@@ -400,6 +451,8 @@ void trk__handle_addendum_get(struct trk_call *c)
 		return;
 	}
 	e = find(c->s->ad, v, layout);
+	if (e == NULL && copy)
+		want_copy(c->s, v, layout);
 	if (e == NULL && wait_ms > 0) { /* answered when it is posted */
 		trk__versions_hold_addendum(c, v, layout, wait_ms);
 		return;

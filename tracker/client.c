@@ -805,20 +805,33 @@ static int get_version_layout(struct trk_client *c, const char *what, uint64_t v
 	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
 }
 
+static int get_addendum(struct trk_client *c, uint64_t version, const uint8_t layout[PROTO_HASH_BYTES],
+			uint32_t wait_ms, bool copy, trk_client_cb cb, void *arg)
+{
+	char path[280], hex[2 * PROTO_HASH_BYTES + 1];
+
+	if (wait_ms == 0 && !copy)
+		return get_version_layout(c, "/addenda", version, layout, cb, arg);
+	wait_ms = wait_ms > TRK_WAIT_MAX_MS ? TRK_WAIT_MAX_MS : wait_ms;
+	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
+	snprintf(path, sizeof(path), TRK_API "/addenda?version=%llu&layout=%s&wait_ms=%u%s",
+		 (unsigned long long)version, hex, wait_ms, copy ? "&copy=1" : "");
+	/* A long-poll: on a connection of its own (its timeout says so). */
+	return trk_client_request(c, "GET", path, NULL, NULL, 0, c->timeout_ms + wait_ms, cb, arg);
+}
+
 int trk_client_get_addendum(struct trk_client *c, uint64_t version,
 			    const uint8_t layout[PROTO_HASH_BYTES], uint32_t wait_ms,
 			    trk_client_cb cb, void *arg)
 {
-	char path[260], hex[2 * PROTO_HASH_BYTES + 1];
+	return get_addendum(c, version, layout, wait_ms, false, cb, arg);
+}
 
-	if (wait_ms == 0)
-		return get_version_layout(c, "/addenda", version, layout, cb, arg);
-	wait_ms = wait_ms > TRK_WAIT_MAX_MS ? TRK_WAIT_MAX_MS : wait_ms;
-	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
-	snprintf(path, sizeof(path), TRK_API "/addenda?version=%llu&layout=%s&wait_ms=%u",
-		 (unsigned long long)version, hex, wait_ms);
-	/* A long-poll: on a connection of its own (its timeout says so). */
-	return trk_client_request(c, "GET", path, NULL, NULL, 0, c->timeout_ms + wait_ms, cb, arg);
+int trk_client_get_copy(struct trk_client *c, uint64_t version,
+			const uint8_t layout[PROTO_HASH_BYTES], uint32_t wait_ms, trk_client_cb cb,
+			void *arg)
+{
+	return get_addendum(c, version, layout, wait_ms, true, cb, arg);
 }
 
 int trk_client_leave(struct trk_client *c, const char *id, trk_client_cb cb, void *arg)
@@ -1239,6 +1252,8 @@ static int parse_layout_list(json_t *e, size_t i, const char *key, const char *f
 	json_array_foreach(a, k, d) {
 		if (*n == TRK_RETAIN_LAYOUTS_MAX)
 			break;
+		if (field != NULL && json_is_true(json_object_get(d, "copy")))
+			continue; /* a raw copy of a listed layout adds none */
 		if (field != NULL)
 			d = json_object_get(d, field);
 		if (proto_parse_hex(json_string_value(d), out[*n], PROTO_HASH_BYTES) != 0)
@@ -1293,7 +1308,9 @@ int trk_versions_parse(json_t *answer, uint64_t *latest,
 		    (rc = parse_layout_list(e, i, "uncovered_layouts", NULL, v[i].uncovered,
 					       &v[i].nuncovered, err)) != 0 ||
 		    (rc = parse_layout_list(e, i, "addenda", "layout_digest", v[i].added,
-					       &v[i].nadded, err)) != 0)
+					       &v[i].nadded, err)) != 0 ||
+		    (rc = parse_layout_list(e, i, "copy_wanted", NULL, v[i].copy_wanted,
+					       &v[i].ncopy_wanted, err)) != 0)
 			goto fail;
 	}
 	*out = v;

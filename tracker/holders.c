@@ -79,11 +79,23 @@ void trk__handle_holders(struct trk_call *c)
 	if (trk__query_layout_known(c, version, layout) != 0)
 		goto out;
 	/* The asker's own layout is left out: its peers there are its
-	 * parcels' swarm (GET /sources). */
+	 * parcels' swarm (GET /sources). Not for a delta: its swarm serves
+	 * the delta's encoded parcels, so a node fetching it whole (a raw
+	 * copy) reads its own layout's complete holders too. */
+	const struct trk_version *tv = trk__versions_find(c->s->vs, version);
+	bool delta = tv != NULL && tv->kind == PROTO_KIND_DELTA;
 	for (struct trk_replica *rep = r->reps; rep != NULL && !oom; rep = rep->next) {
 		json_t *h;
-		if (memcmp(rep->layout->digest, layout, PROTO_HASH_BYTES) == 0)
+		bool same = memcmp(rep->layout->digest, layout, PROTO_HASH_BYTES) == 0;
+		if (same && !delta)
 			continue;
+		if (same) {
+			if ((h = holder_json(rep, version, &oom)) != NULL &&
+			    json_is_true(json_object_get(h, "complete")))
+				oom |= json_array_append(list, h) != 0;
+			json_decref(h);
+			continue;
+		}
 		if ((h = holder_json(rep, version, &oom)) != NULL) {
 			oom |= json_array_append_new(list, h) != 0;
 		} else if (!oom && replica_alive(rep) && rep->target == version &&

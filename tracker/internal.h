@@ -736,6 +736,8 @@ void trk__addendum_reply_req(struct trk_server *s, struct evhttp_request *req, u
 /* The layouts (hex, each once) of live replicas that v does not cover yet:
  * what the publisher is asked to add (new array; NULL on ENOMEM). */
 json_t *trk__version_uncovered(struct trk_server *s, uint64_t v);
+/* Layouts of v whose raw copy a node asked for and none is posted yet. */
+json_t *trk__version_copy_wanted(struct trk_server *s, uint64_t v);
 void trk__handle_addendum_post(struct trk_call *c);
 void trk__handle_addendum_get(struct trk_call *c);
 

@@ -41,6 +41,9 @@ static json_t *rank_json(const struct trk_replica *rep, uint32_t rank, bool full
 	bad |= trk__set(o, "version", trk__jint(e ? e->version : 0));
 	bad |= trk__set(o, "bytes_done", trk__jint(e ? e->done : 0));
 	bad |= trk__set(o, "bytes_total", trk__jint(e ? e->total : 0));
+	/* Where those bytes came from (a chain's steps included). */
+	bad |= trk__set(o, "bytes_from_trainer", trk__jint(e ? e->from_trainer : 0));
+	bad |= trk__set(o, "bytes_from_peers", trk__jint(e ? e->from_peers : 0));
 	bad |= trk__set(o, "active", trk__jint(n->active));
 	/* How the rank got the version it reports on: rebuilt from its parent
 	 * by delta, or full parcels (absent until it is built). */

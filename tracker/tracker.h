@@ -283,6 +283,12 @@ int trk_client_post_addendum(struct trk_client *c, const uint8_t *addendum, size
 int trk_client_get_addendum(struct trk_client *c, uint64_t version,
 			    const uint8_t layout[PROTO_HASH_BYTES], uint32_t wait_ms,
 			    trk_client_cb cb, void *arg);
+/* GET /addenda?...&copy=1: the same for the raw copy of a layout a delta
+ * version lists (proto/addendum.h); the request also tells the publisher
+ * (the latest version's copy_wanted) that one is wanted. */
+int trk_client_get_copy(struct trk_client *c, uint64_t version,
+			const uint8_t layout[PROTO_HASH_BYTES], uint32_t wait_ms, trk_client_cb cb,
+			void *arg);
 /* POST /nodes/leave: node id leaves now (its session goes with it). */
 int trk_client_leave(struct trk_client *c, const char *id, trk_client_cb cb, void *arg);
 /* GET /versions/V/manifest: the raw bytes in a->body. */
@@ -481,6 +487,10 @@ struct trk_version_info {
 	/* Layouts added to it by addenda (the first TRK_RETAIN_LAYOUTS_MAX). */
 	uint32_t nadded;
 	uint8_t added[TRK_RETAIN_LAYOUTS_MAX][PROTO_HASH_BYTES];
+	/* Layouts a node asked a raw copy of (the latest delta's only, while
+	 * none is posted): the publisher signs one (copy addendum). */
+	uint32_t ncopy_wanted;
+	uint8_t copy_wanted[TRK_RETAIN_LAYOUTS_MAX][PROTO_HASH_BYTES];
 };
 /* Parses a /versions answer: latest and a malloc'ed array (free() it). */
 int trk_versions_parse(json_t *answer, uint64_t *latest,

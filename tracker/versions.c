@@ -674,8 +674,10 @@ json_t *trk__version_json(struct trk_server *s, const struct trk_version *v)
 		bad |= trk__set(o, "retain_layouts", trk__version_retain_layouts(s, v->version));
 	bad |= trk__set(o, "dropped", json_boolean(trk__version_dropped(s, v->version)));
 	bad |= trk__set(o, "addenda", trk__addenda_json(s, v->version));
-	if (v->version == trk__versions_latest(s->vs))
+	if (v->version == trk__versions_latest(s->vs)) {
 		bad |= trk__set(o, "uncovered_layouts", trk__version_uncovered(s, v->version));
+		bad |= trk__set(o, "copy_wanted", trk__version_copy_wanted(s, v->version));
+	}
 	if (bad) {
 		json_decref(o);
 		return NULL;
