@@ -3,6 +3,7 @@
 #include "node/pub_internal.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -285,9 +286,90 @@ bool node__pub_keeps_parent(const struct node_pub *p)
 	return p->anchor_every > 1 && p->nhosted == p->tl.nranks;
 }
 
+/*
+ * The first delta after an anchor has no spare raw buffer to gather into:
+ * the parent before the anchor, whose buffers would be the spares, did not
+ * exist (or was dropped). Mapping fresh pages then puts their first-touch
+ * faults (and zeroing) on that delta's critical path, which made v2 take
+ * about twice as long as the deltas after it. A worker maps and touches
+ * the spares while the anchor is distributed instead.
+ */
+struct pub_prefault {
+	pthread_t tid;
+	const atomic_bool *abort;
+	size_t n;
+	struct pub_pbuf {
+		uint32_t rank;
+		size_t cap;
+		uint8_t *raw;
+	} *bufs;
+};
+
+#define PREFAULT_STEP 4096u /* one write per page: a fault per page not yet there */
+
+static void *prefault_main(void *arg)
+{
+	struct pub_prefault *pf = arg;
+
+	for (size_t i = 0; i < pf->n && !atomic_load(pf->abort); i++) {
+		struct pub_pbuf *b = &pf->bufs[i];
+		if ((b->raw = node_serve_map(b->cap)) == NULL)
+			continue;
+		for (size_t o = 0; o < b->cap && !atomic_load(pf->abort); o += PREFAULT_STEP)
+			((volatile uint8_t *)b->raw)[o] = 0;
+	}
+	return NULL;
+}
+
+void node__pub_prefault_join(struct node_pub *p)
+{
+	struct pub_prefault *pf = p->prefault;
+
+	if (pf == NULL)
+		return;
+	pthread_join(pf->tid, NULL);
+	for (size_t i = 0; i < pf->n; i++) {
+		struct pub_pbuf *b = &pf->bufs[i];
+		if (b->raw != NULL && p->spare_raw[b->rank] == NULL)
+			node__pub_raw_give(p, b->rank, b->raw, b->cap);
+		else
+			node_serve_unmap(b->raw, b->cap);
+	}
+	free(pf->bufs);
+	free(pf);
+	p->prefault = NULL;
+}
+
+void node__pub_prefault_start(struct node_pub *p)
+{
+	const struct pub_parent *pp = p->parent;
+	struct pub_prefault *pf;
+
+	node__pub_prefault_join(p);
+	if (pp == NULL || !node__pub_keeps_parent(p) || (pf = calloc(1, sizeof(*pf))) == NULL)
+		return;
+	pf->bufs = calloc(PROTO_MAX(pp->nparts, 1), sizeof(*pf->bufs));
+	for (size_t i = 0; pf->bufs != NULL && i < pp->nparts; i++) {
+		const struct pub_praw *pr = &pp->parts[i];
+		if (pr->rank < p->tl.nranks && pr->cap > 0 &&
+		    (p->spare_raw[pr->rank] == NULL || p->spare_cap[pr->rank] < pr->cap))
+			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = pr->rank, .cap = pr->cap};
+	}
+	pf->abort = &p->abort;
+	if (pf->n == 0 || pthread_create(&pf->tid, NULL, prefault_main, pf) != 0) {
+		free(pf->bufs);
+		free(pf);
+		return;
+	}
+	p->prefault = pf;
+}
+
 uint8_t *node__pub_raw_take(struct node_pub *p, uint32_t rank, size_t cap, size_t *got)
 {
-	uint8_t *b = p->spare_raw[rank];
+	uint8_t *b;
+
+	node__pub_prefault_join(p);
+	b = p->spare_raw[rank];
 
 	if (b != NULL && p->spare_cap[rank] >= cap) {
 		*got = p->spare_cap[rank];
@@ -325,4 +407,5 @@ void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex)
 	ex->next_parent = NULL;
 	if (p->parent != NULL)
 		memcpy(p->parent->digest, ex->m.digest, PROTO_HASH_BYTES);
+	node__pub_prefault_start(p); /* after an anchor: no spares were given back */
 }
