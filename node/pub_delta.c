@@ -19,6 +19,8 @@ void node__pub_parent_free(struct pub_parent *pp)
 	for (size_t i = 0; i < pp->nparts; i++) {
 		if (pp->parts[i].raw != NULL)
 			node_serve_unmap(pp->parts[i].raw, pp->parts[i].cap);
+		for (size_t k = 0; k < pp->parts[i].nitems; k++)
+			free(pp->parts[i].items[k].sums);
 		free(pp->parts[i].items);
 	}
 	free(pp->parts);
@@ -66,6 +68,7 @@ bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex)
 		for (size_t j = 0; j < pt->nitems; j++) {
 			struct pub_item *it = &pt->items[j];
 			it->parent = NULL;
+			it->parent_sums = NULL;
 			for (size_t k = 0; pr != NULL && k < pr->nitems; k++) {
 				const struct pub_pitem *q = &pr->items[k];
 				if (q->src == it->pc->src_rank && q->dst == it->pc->dst_rank &&
@@ -73,6 +76,7 @@ bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex)
 				    memcmp(q->layout, it->sl->digest, PROTO_HASH_BYTES) == 0) {
 					it->parent = pr->raw + q->raw_off;
 					it->parent_canary = q->canary;
+					it->parent_sums = q->sums;
 				}
 			}
 			if (it->parent == NULL && it->pc->bytes > 0)
@@ -114,12 +118,14 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct
 {
 	struct proto_dparcel dp;
 	struct proto_delta_stats st;
-	struct proto_delta_opts o = {.threads = threads};
+	struct proto_delta_opts o = {.threads = threads, .parent_sums = it->parent_sums};
 	struct proto_err err;
 	size_t len = 0;
 
 	free(it->hash);
 	it->hash = NULL;
+	free(it->sums);
+	it->sums = NULL;
 	it->nchunks = 0;
 	it->wire = 0;
 	if (it->pc->bytes == 0)
@@ -133,9 +139,17 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct
 	it->enc_rc = proto_dparcel_build(&p->model, &it->sl->plan, it->pc, &it->sl->layout, &dp,
 					 &err);
 	if (it->enc_rc == 0) {
+		/* Kept for the next version's encode against this one: its
+		 * parent sums (no sums on out of memory: summed there). */
+		it->sums = calloc(PROTO_MAX(dp.npieces, 1), sizeof(*it->sums));
+		o.child_sums = it->sums;
 		it->enc_rc = proto_dparcel_encode(&dp, it->parent, pt->raw + it->raw_off, &o, &it->enc,
 						  &len, &st, &err);
 		proto_dparcel_fini(&dp);
+	}
+	if (it->enc_rc != 0) {
+		free(it->sums);
+		it->sums = NULL;
 	}
 	if (it->enc_rc != 0) {
 		LOG_WARN("version parcel %u->%u: delta encoding failed: %s", it->pc->src_rank,
@@ -251,7 +265,7 @@ void node__pub_parent_stage(struct node_pub *p, struct pub_export *ex)
 		pp->nparts++;
 		pr->rank = pt->rank;
 		for (size_t j = 0; j < pt->nitems; j++) {
-			const struct pub_item *it = &pt->items[j];
+			struct pub_item *it = &pt->items[j];
 			struct pub_pitem *q = &pr->items[pr->nitems++];
 			memcpy(q->layout, it->sl->digest, PROTO_HASH_BYTES);
 			q->src = it->pc->src_rank;
@@ -259,6 +273,8 @@ void node__pub_parent_stage(struct node_pub *p, struct pub_export *ex)
 			q->raw_off = it->raw_off;
 			q->bytes = it->pc->bytes;
 			q->canary = it->canary;
+			q->sums = it->sums; /* moves: the raw payload they sum moves too */
+			it->sums = NULL;
 		}
 		pr->raw = pt->raw;
 		pr->cap = pt->raw_cap;

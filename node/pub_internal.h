@@ -60,6 +60,10 @@ struct pub_item {
 	uint64_t raw_off;       /* in the part's raw buffer */
 	const uint8_t *parent;  /* the parent's payload of this parcel, or NULL */
 	uint64_t parent_canary; /* the parent parcel's canary part (with parent) */
+	/* The parent's piece checksums from the encode that made it, or NULL
+	 * (summed again); owned by the parent export. */
+	const uint64_t *parent_sums;
+	uint64_t *sums; /* this payload's piece checksums (encoder), or NULL */
 	uint8_t *enc;           /* the encoded delta (worker), until placed */
 	uint64_t changed;       /* elements the delta changes */
 	int enc_rc;             /* the encoder's result */
@@ -147,6 +151,7 @@ struct pub_pitem {
 	uint32_t src, dst;
 	uint64_t raw_off, bytes;
 	uint64_t canary; /* its canary part: the child's is updated from it */
+	uint64_t *sums;  /* its piece checksums, from its encode, or NULL */
 };
 
 struct pub_praw {
