@@ -3,6 +3,7 @@
 #include "node/pub_internal.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,8 @@ void node__pub_parent_free(struct pub_parent *pp)
 	for (size_t i = 0; i < pp->nparts; i++) {
 		if (pp->parts[i].raw != NULL)
 			node_serve_unmap(pp->parts[i].raw, pp->parts[i].cap);
+		for (size_t k = 0; k < pp->parts[i].nitems; k++)
+			free(pp->parts[i].items[k].sums);
 		free(pp->parts[i].items);
 	}
 	free(pp->parts);
@@ -65,6 +68,7 @@ bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex)
 		for (size_t j = 0; j < pt->nitems; j++) {
 			struct pub_item *it = &pt->items[j];
 			it->parent = NULL;
+			it->parent_sums = NULL;
 			for (size_t k = 0; pr != NULL && k < pr->nitems; k++) {
 				const struct pub_pitem *q = &pr->items[k];
 				if (q->src == it->pc->src_rank && q->dst == it->pc->dst_rank &&
@@ -72,6 +76,7 @@ bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex)
 				    memcmp(q->layout, it->sl->digest, PROTO_HASH_BYTES) == 0) {
 					it->parent = pr->raw + q->raw_off;
 					it->parent_canary = q->canary;
+					it->parent_sums = q->sums;
 				}
 			}
 			if (it->parent == NULL && it->pc->bytes > 0)
@@ -113,12 +118,14 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct
 {
 	struct proto_dparcel dp;
 	struct proto_delta_stats st;
-	struct proto_delta_opts o = {.threads = threads};
+	struct proto_delta_opts o = {.threads = threads, .parent_sums = it->parent_sums};
 	struct proto_err err;
 	size_t len = 0;
 
 	free(it->hash);
 	it->hash = NULL;
+	free(it->sums);
+	it->sums = NULL;
 	it->nchunks = 0;
 	it->wire = 0;
 	if (it->pc->bytes == 0)
@@ -132,9 +139,17 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct
 	it->enc_rc = proto_dparcel_build(&p->model, &it->sl->plan, it->pc, &it->sl->layout, &dp,
 					 &err);
 	if (it->enc_rc == 0) {
+		/* Kept for the next version's encode against this one: its
+		 * parent sums (no sums on out of memory: summed there). */
+		it->sums = calloc(PROTO_MAX(dp.npieces, 1), sizeof(*it->sums));
+		o.child_sums = it->sums;
 		it->enc_rc = proto_dparcel_encode(&dp, it->parent, pt->raw + it->raw_off, &o, &it->enc,
 						  &len, &st, &err);
 		proto_dparcel_fini(&dp);
+	}
+	if (it->enc_rc != 0) {
+		free(it->sums);
+		it->sums = NULL;
 	}
 	if (it->enc_rc != 0) {
 		LOG_WARN("version parcel %u->%u: delta encoding failed: %s", it->pc->src_rank,
@@ -250,7 +265,7 @@ void node__pub_parent_stage(struct node_pub *p, struct pub_export *ex)
 		pp->nparts++;
 		pr->rank = pt->rank;
 		for (size_t j = 0; j < pt->nitems; j++) {
-			const struct pub_item *it = &pt->items[j];
+			struct pub_item *it = &pt->items[j];
 			struct pub_pitem *q = &pr->items[pr->nitems++];
 			memcpy(q->layout, it->sl->digest, PROTO_HASH_BYTES);
 			q->src = it->pc->src_rank;
@@ -258,6 +273,8 @@ void node__pub_parent_stage(struct node_pub *p, struct pub_export *ex)
 			q->raw_off = it->raw_off;
 			q->bytes = it->pc->bytes;
 			q->canary = it->canary;
+			q->sums = it->sums; /* moves: the raw payload they sum moves too */
+			it->sums = NULL;
 		}
 		pr->raw = pt->raw;
 		pr->cap = pt->raw_cap;
@@ -285,9 +302,90 @@ bool node__pub_keeps_parent(const struct node_pub *p)
 	return p->anchor_every > 1 && p->nhosted == p->tl.nranks;
 }
 
+/*
+ * The first delta after an anchor has no spare raw buffer to gather into:
+ * the parent before the anchor, whose buffers would be the spares, did not
+ * exist (or was dropped). Mapping fresh pages then puts their first-touch
+ * faults (and zeroing) on that delta's critical path, which made v2 take
+ * about twice as long as the deltas after it. A worker maps and touches
+ * the spares while the anchor is distributed instead.
+ */
+struct pub_prefault {
+	pthread_t tid;
+	const atomic_bool *abort;
+	size_t n;
+	struct pub_pbuf {
+		uint32_t rank;
+		size_t cap;
+		uint8_t *raw;
+	} *bufs;
+};
+
+#define PREFAULT_STEP 4096u /* one write per page: a fault per page not yet there */
+
+static void *prefault_main(void *arg)
+{
+	struct pub_prefault *pf = arg;
+
+	for (size_t i = 0; i < pf->n && !atomic_load(pf->abort); i++) {
+		struct pub_pbuf *b = &pf->bufs[i];
+		if ((b->raw = node_serve_map(b->cap)) == NULL)
+			continue;
+		for (size_t o = 0; o < b->cap && !atomic_load(pf->abort); o += PREFAULT_STEP)
+			((volatile uint8_t *)b->raw)[o] = 0;
+	}
+	return NULL;
+}
+
+void node__pub_prefault_join(struct node_pub *p)
+{
+	struct pub_prefault *pf = p->prefault;
+
+	if (pf == NULL)
+		return;
+	pthread_join(pf->tid, NULL);
+	for (size_t i = 0; i < pf->n; i++) {
+		struct pub_pbuf *b = &pf->bufs[i];
+		if (b->raw != NULL && p->spare_raw[b->rank] == NULL)
+			node__pub_raw_give(p, b->rank, b->raw, b->cap);
+		else
+			node_serve_unmap(b->raw, b->cap);
+	}
+	free(pf->bufs);
+	free(pf);
+	p->prefault = NULL;
+}
+
+void node__pub_prefault_start(struct node_pub *p)
+{
+	const struct pub_parent *pp = p->parent;
+	struct pub_prefault *pf;
+
+	node__pub_prefault_join(p);
+	if (pp == NULL || !node__pub_keeps_parent(p) || (pf = calloc(1, sizeof(*pf))) == NULL)
+		return;
+	pf->bufs = calloc(PROTO_MAX(pp->nparts, 1), sizeof(*pf->bufs));
+	for (size_t i = 0; pf->bufs != NULL && i < pp->nparts; i++) {
+		const struct pub_praw *pr = &pp->parts[i];
+		if (pr->rank < p->tl.nranks && pr->cap > 0 &&
+		    (p->spare_raw[pr->rank] == NULL || p->spare_cap[pr->rank] < pr->cap))
+			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = pr->rank, .cap = pr->cap};
+	}
+	pf->abort = &p->abort;
+	if (pf->n == 0 || pthread_create(&pf->tid, NULL, prefault_main, pf) != 0) {
+		free(pf->bufs);
+		free(pf);
+		return;
+	}
+	p->prefault = pf;
+}
+
 uint8_t *node__pub_raw_take(struct node_pub *p, uint32_t rank, size_t cap, size_t *got)
 {
-	uint8_t *b = p->spare_raw[rank];
+	uint8_t *b;
+
+	node__pub_prefault_join(p);
+	b = p->spare_raw[rank];
 
 	if (b != NULL && p->spare_cap[rank] >= cap) {
 		*got = p->spare_cap[rank];
@@ -325,4 +423,5 @@ void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex)
 	ex->next_parent = NULL;
 	if (p->parent != NULL)
 		memcpy(p->parent->digest, ex->m.digest, PROTO_HASH_BYTES);
+	node__pub_prefault_start(p); /* after an anchor: no spares were given back */
 }

@@ -719,6 +719,8 @@ static void ex_gather_start(struct node_pub *p)
 		snprintf(ex->why, sizeof(ex->why), "%s", why);
 	bool keep_raw = !ex->verify && !ex->addendum && node__pub_keeps_parent(p);
 	size_t recycled = 0;
+	if (keep_raw)
+		node__pub_prefault_join(p); /* the spares an anchor left to be made */
 	for (size_t i = 0; i < pv->nparts; i++) {
 		struct pub_part *pt = &pv->parts[i];
 		if (keep_raw) {

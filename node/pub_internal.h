@@ -60,6 +60,10 @@ struct pub_item {
 	uint64_t raw_off;       /* in the part's raw buffer */
 	const uint8_t *parent;  /* the parent's payload of this parcel, or NULL */
 	uint64_t parent_canary; /* the parent parcel's canary part (with parent) */
+	/* The parent's piece checksums from the encode that made it, or NULL
+	 * (summed again); owned by the parent export. */
+	const uint64_t *parent_sums;
+	uint64_t *sums; /* this payload's piece checksums (encoder), or NULL */
 	uint8_t *enc;           /* the encoded delta (worker), until placed */
 	uint64_t changed;       /* elements the delta changes */
 	int enc_rc;             /* the encoder's result */
@@ -147,6 +151,7 @@ struct pub_pitem {
 	uint32_t src, dst;
 	uint64_t raw_off, bytes;
 	uint64_t canary; /* its canary part: the child's is updated from it */
+	uint64_t *sums;  /* its piece checksums, from its encode, or NULL */
 };
 
 struct pub_praw {
@@ -256,6 +261,10 @@ struct node_pub {
 	 * of fresh pages the kernel must fault in and zero (node/pub_delta.c). */
 	uint8_t **spare_raw;
 	size_t *spare_cap;
+	/* An anchor leaves no spare (there was no parent to give one back):
+	 * a worker maps and touches them while the anchor goes out, and the
+	 * next export's first take joins it (node/pub_delta.c). NULL: none. */
+	struct pub_prefault *prefault;
 
 	/* Hosted ranks. */
 	struct pub_hosted *hosted;
@@ -425,6 +434,14 @@ uint8_t *node__pub_raw_take(struct node_pub *p, uint32_t rank, size_t cap, size_
 /* Gives a raw buffer back as rank's spare (one is kept: a spare already
  * there is unmapped); NULL is fine; cannot fail. */
 void node__pub_raw_give(struct node_pub *p, uint32_t rank, uint8_t *raw, size_t cap);
+/* After a commit that left a rank of the parent without a spare large
+ * enough: maps one per such rank on a worker and touches every page, so
+ * the next export gathers into pages the kernel already gave. Nothing
+ * happens when out of memory (the take maps a fresh buffer as before). */
+void node__pub_prefault_start(struct node_pub *p);
+/* Waits for that worker (if any) and hands its buffers to the spares;
+ * cannot fail. Called by the take and when the publisher is freed. */
+void node__pub_prefault_join(struct node_pub *p);
 
 /* ---- pub_serve.c: served versions --------------------------------------------------- */
 

@@ -10,8 +10,10 @@
 
 static void items_free(struct pub_part *pt)
 {
-	for (size_t i = 0; i < pt->nitems; i++)
+	for (size_t i = 0; i < pt->nitems; i++) {
 		free(pt->items[i].hash);
+		free(pt->items[i].sums);
+	}
 	free(pt->items);
 	pt->items = NULL;
 	pt->nitems = 0;

@@ -561,6 +561,7 @@ void node_pub_free(struct node_pub *p)
 		node__pub_ex_free(p, ex); /* joins the workers */
 		p->ex = NULL;
 	}
+	node__pub_prefault_join(p); /* stops early: abort is set */
 	while ((r = p->queue) != NULL) {
 		p->queue = r->next;
 		free(r);

@@ -130,6 +130,14 @@ struct proto_delta_opts {
 	/* Called from worker threads with the chunks done so far; may be NULL. */
 	void (*progress)(void *arg, uint64_t done, uint64_t total);
 	void *progress_arg;
+	/* Not NULL: receives the child's checksum per tensor (a parcel's: per
+	 * piece), which the next encode against this child may take as its
+	 * parent's instead of summing the parent again. */
+	uint64_t *child_sums;
+	/* proto_dparcel_encode: the parent pieces' checksums when the caller
+	 * has them (child_sums of the encode that made the parent, over the
+	 * same pieces and bytes), else NULL: summed here. */
+	const uint64_t *parent_sums;
 };
 
 /* What an encode produced. Bytes are compressed bytes in the delta. */

@@ -115,7 +115,7 @@ int proto_dparcel_encode(const struct proto_dparcel *d, const uint8_t *parent,
 		pd[i] = parent + d->pieces[i].pay_off;
 		cd[i] = child + d->pieces[i].pay_off;
 	}
-	struct proto_delta_version pv = {&d->model, no_header, 0, pd, NULL};
+	struct proto_delta_version pv = {&d->model, no_header, 0, pd, o ? o->parent_sums : NULL};
 	struct proto_delta_version cv = {&d->model, no_header, 0, cd, NULL};
 	rc = proto_delta_encode(&pv, &cv, o, out, out_len, st, err);
 	free(pd);

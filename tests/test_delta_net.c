@@ -684,7 +684,7 @@ static void test_recycled_buffers(void **state)
 		assert_true(line_has(e->node.log, line, how));
 	}
 	snprintf(path, sizeof(path), "%s/publisher.log", e->dir);
-	assert_true(file_has(path, "version 2: a delta against version 1 (1 since the anchor; 0 of 2 raw"));
+	assert_true(file_has(path, "version 2: a delta against version 1 (1 since the anchor; 2 of 2 raw"));
 	assert_true(file_has(path, "version 3: a delta against version 2 (2 since the anchor; 2 of 2 raw"));
 	assert_true(file_has(path, "version 5: a delta against version 4 (4 since the anchor; 2 of 2 raw"));
 }

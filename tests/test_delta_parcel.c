@@ -155,6 +155,51 @@ static void test_roundtrip(void **state)
 	}
 }
 
+/* The child's piece checksums an encode hands back are the block's; an
+ * encode given the parent's (as the publisher takes them from the encode
+ * that made the parent) writes the same bytes as one that sums the parent
+ * itself; given wrong ones, its delta is refused on the true parent. */
+static void test_known_sums(void **state)
+{
+	struct fx f;
+
+	fx_init(&f, "tp2");
+	for (uint32_t k = 0; k < f.plan.nparcels; k++) {
+		struct pdelta pd;
+		struct proto_err err;
+		uint8_t *enc2, *enc3;
+		size_t len2, len3;
+
+		pd_init(&f, k, false, &pd);
+		uint64_t *csums = calloc(pd.dp.npieces + 1, sizeof(*csums));
+		uint64_t *psums = calloc(pd.dp.npieces + 1, sizeof(*psums));
+		assert_non_null(csums);
+		assert_non_null(psums);
+		uint8_t *pblk = pd_parent(&f, &pd);
+		proto_dparcel_sums(&pd.dp, pblk, psums);
+		proto_dparcel_sums(&pd.dp, pd.want, pd.sums);
+		struct proto_delta_opts o = {.threads = 2, .child_sums = csums, .parent_sums = psums};
+		assert_int_equal(proto_dparcel_encode(&pd.dp, pd.par, pd.chi, &o, &enc2, &len2, NULL,
+						      &err), 0);
+		assert_memory_equal(csums, pd.sums, pd.dp.npieces * sizeof(*csums));
+		assert_int_equal(len2, pd.len);
+		assert_memory_equal(enc2, pd.enc, len2);
+		psums[0] ^= 1;
+		assert_int_equal(proto_dparcel_encode(&pd.dp, pd.par, pd.chi, &o, &enc3, &len3, NULL,
+						      &err), 0);
+		assert_int_not_equal(proto_dparcel_apply(&pd.dp, enc3, len3, pblk, 2, &err), 0);
+		assert_int_equal(proto_dparcel_apply(&pd.dp, enc2, len2, pblk, 2, &err), 0);
+		assert_memory_equal(pblk, pd.want, pd.n);
+		free(enc2);
+		free(enc3);
+		free(pblk);
+		free(csums);
+		free(psums);
+		pd_fini(&pd);
+	}
+	fx_fini(&f);
+}
+
 /* Every refusal leaves the block as it was and says why. */
 static void test_refusals(void **state)
 {
@@ -528,6 +573,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_roundtrip),
+		cmocka_unit_test(test_known_sums),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_apply_trusted),
 		cmocka_unit_test(test_dpatch_roundtrip),
