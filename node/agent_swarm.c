@@ -723,11 +723,10 @@ void agent_swarm_tick(struct node_agent *a)
 		struct agent_parcel *p = &f->parcels[pi];
 		bool peers = false;
 		/* Members join the swarm as they offer: ask again for sources
-		 * (often while we know no peer or no publisher yet, else every
-		 * SWARM_REFRESH_MS: agent_sources_gap). */
+		 * (often while we know no peer, else every SWARM_REFRESH_MS). */
 		for (size_t k = 0; k < p->nsrcs; k++)
 			peers |= p->srcs[k].info.peer && !p->srcs[k].self;
-		if (p->done < p->mp->nchunks && now - p->sources_ms >= agent_sources_gap(f, p, peers, now))
+		if (p->done < p->mp->nchunks && now - p->sources_ms >= (peers ? SWARM_REFRESH_MS : SOURCES_MIN_MS))
 			agent_want_sources(a, pi);
 		if (p->done < p->mp->nchunks && peers)
 			recount(f, p); /* peers that rest or were banned since */
@@ -1051,19 +1050,13 @@ struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_
 	}
 	if (best_s != NULL)
 		return best_s;
-	/* No more than one chunk of the parcel at a time from a publisher
-	 * while a peer's have-page is still to come: it may hold what we
-	 * would ask the trainer for (a member that started late would
-	 * otherwise take its whole share from the trainer again); for
-	 * HAVE_WAIT_MS after the tracker listed it at most: at a version's
+	/* Not from a publisher while a peer's have-page is still to come: it
+	 * may hold what we would ask the trainer for (a member that started
+	 * late would otherwise take its whole share from the trainer again);
+	 * for HAVE_WAIT_MS after the tracker listed it at most: at a version's
 	 * start nobody holds anything, and waiting on every peer's first page
-	 * (a connection each) left the trainer's link idle for seconds. Not
-	 * none: peers are listed as they offer, over the first few source
-	 * lists, and a wait that stopped every read of the parcel for each
-	 * list put a node's first read 0.5 to 1.3 s after the version was
-	 * published (8-node netns run); one chunk is what a late member
-	 * risks. */
-	for (size_t k = 0; k < p->nsrcs && live > 0; k++) {
+	 * (a connection each) left the trainer's link idle for seconds. */
+	for (size_t k = 0; k < p->nsrcs; k++) {
 		const struct agent_source *o = &p->srcs[k];
 		if (a->fanout && o->info.peer && !o->self && o->have == NULL &&
 		    o->bad_until_ms <= now && !agent_swarm_banned(f, o->info.id) &&
