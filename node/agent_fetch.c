@@ -65,22 +65,45 @@ static void memo_members(struct node_agent *a, const uint8_t *layout, uint32_t s
 			    json_pack("{s:O,s:O}", "tag", tag, "members", members));
 }
 
+/*
+ * A version is announced (the watch wakes us) some tens of ms before its
+ * publisher's offer reaches the tracker, while the nodes' own offers come
+ * at once: the first /sources answer listed peers that held nothing and
+ * no publisher, and the next one came with the swarm's refresh a second
+ * later (first reads 0.5 to 1.3 s after publication, in an 8-node netns
+ * run). So early in a fetch a parcel that lists no publisher asks again
+ * every SOURCES_EARLY_MS; later (a publisher gone for good) at the usual
+ * periods: SOURCES_MIN_MS, or SWARM_REFRESH_MS when it knows peers.
+ */
+uint64_t agent_sources_gap(const struct agent_fetch *f, const struct agent_parcel *p, bool peers,
+			   uint64_t now)
+{
+	bool publisher = false;
+
+	for (size_t k = 0; k < p->nsrcs && !publisher; k++)
+		publisher = !p->srcs[k].info.peer;
+	if (!publisher && now - f->started_ms < SOURCES_EARLY_FOR_MS)
+		return SOURCES_EARLY_MS;
+	return peers ? SWARM_REFRESH_MS : SOURCES_MIN_MS;
+}
+
 void agent_want_sources(struct node_agent *a, uint32_t pi)
 {
 	struct agent_fetch *f = a->fetch;
 	struct agent_parcel *p = &f->parcels[pi];
 	struct sources_req *req;
+	uint64_t now = agent_now_ms();
 
 	/* Taken whole, a delta's parcels come from holders only: its swarm
 	 * and its publisher serve them encoded. */
-	if (f->full || p->sources_pending || agent_now_ms() - p->sources_ms < SOURCES_MIN_MS)
+	if (f->full || p->sources_pending || now - p->sources_ms < agent_sources_gap(f, p, false, now))
 		return;
 	req = malloc(sizeof(*req));
 	if (req == NULL)
 		return;
 	*req = (struct sources_req){a, a->gen, pi};
 	p->sources_pending = true;
-	p->sources_ms = agent_now_ms();
+	p->sources_ms = now;
 	struct trk_parcel_key k = {.version = f->version, .src_rank = p->mp->src_rank,
 				   .dst_rank = p->mp->dst_rank};
 	memcpy(k.layout, f->ml->layout_digest, PROTO_HASH_BYTES);
@@ -160,6 +183,11 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 		LOG_DEBUG("node %s: sources: %s", a->node_id, ans->status != 200 ? ans->error : err.msg);
 		return;
 	}
+	size_t npub = 0;
+	for (size_t i = 0; i < n; i++)
+		npub += !s[i].peer;
+	LOG_DEBUG("node %s: v%" PRIu64 " parcel %u<-%u: %zu sources listed, %zu of them publishers",
+		  a->node_id, f->version, p->mp->dst_rank, p->mp->src_rank, n, npub);
 	/* Keep what we know of sources still listed (their rest periods and
 	 * fabric handles); add new ones. */
 	struct agent_source *ns = calloc(n + p->nsrcs + 1, sizeof(*ns));

@@ -65,6 +65,8 @@
 #define PEER_STALL_MS 2000  /* a peer delivering nothing this long is silent */
 #define STARVE_MS 1000      /* no chunk for this long: also take what a peer is fetching */
 #define SWARM_REFRESH_MS 1000 /* sources asked again while fetching (new swarm members) */
+#define SOURCES_EARLY_MS 50 /* ... and while a parcel lists no publisher early in a fetch */
+#define SOURCES_EARLY_FOR_MS 3000 /* ... "early": this long after the fetch started */
 #define HAVE_WAIT_MS 300    /* a newly listed peer's have-page is waited for this long at most */
 #define NO_SOURCE_MS 2000   /* chunks without any usable source this long: said (once) */
 /* Most ranges of its slot a chunk a node serves from there may span: a
@@ -565,6 +567,10 @@ bool agent_swarm_banned(const struct agent_fetch *f, const char *id);
 void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer);
 /* Recounts which peers hold each chunk of parcel pi (after a source list). */
 void agent_swarm_recount(struct node_agent *a, uint32_t pi);
+/* How soon after its last /sources parcel p of f may ask again, as of now
+ * (agent_fetch.c). Cannot fail. */
+uint64_t agent_sources_gap(const struct agent_fetch *f, const struct agent_parcel *p, bool peers,
+			   uint64_t now);
 /* Source helpers shared with agent_fetch.c. */
 uint64_t agent_source_window(const struct node_agent *a, const struct agent_source *s);
 bool agent_source_silent(const struct agent_source *s, uint64_t now);

@@ -723,10 +723,11 @@ void agent_swarm_tick(struct node_agent *a)
 		struct agent_parcel *p = &f->parcels[pi];
 		bool peers = false;
 		/* Members join the swarm as they offer: ask again for sources
-		 * (often while we know no peer, else every SWARM_REFRESH_MS). */
+		 * (often while we know no peer or no publisher yet, else every
+		 * SWARM_REFRESH_MS: agent_sources_gap). */
 		for (size_t k = 0; k < p->nsrcs; k++)
 			peers |= p->srcs[k].info.peer && !p->srcs[k].self;
-		if (p->done < p->mp->nchunks && now - p->sources_ms >= (peers ? SWARM_REFRESH_MS : SOURCES_MIN_MS))
+		if (p->done < p->mp->nchunks && now - p->sources_ms >= agent_sources_gap(f, p, peers, now))
 			agent_want_sources(a, pi);
 		if (p->done < p->mp->nchunks && peers)
 			recount(f, p); /* peers that rest or were banned since */

@@ -98,6 +98,29 @@ static void test_swarm_owners_even(void **state)
 	}
 }
 
+/*
+ * How soon a parcel asks for sources again (agent_sources_gap): early in a
+ * fetch, while the tracker lists peers but no publisher yet (a version is
+ * announced before its publisher's offer lands), every SOURCES_EARLY_MS;
+ * once a publisher is listed, or later in the fetch, at the usual periods.
+ */
+static void test_swarm_sources_early(void **state)
+{
+	struct agent_fetch f = {.started_ms = 10000};
+	struct agent_source srcs[2] = {{.info = {.peer = true}}, {.info = {.peer = false}}};
+	struct agent_parcel p = {.srcs = srcs, .nsrcs = 1};
+
+	assert_int_equal(agent_sources_gap(&f, &p, true, 10040), SOURCES_EARLY_MS);
+	assert_int_equal(agent_sources_gap(&f, &p, false, 10040), SOURCES_EARLY_MS);
+	assert_int_equal(agent_sources_gap(&f, &p, true, 10000 + SOURCES_EARLY_FOR_MS),
+			 SWARM_REFRESH_MS);
+	assert_int_equal(agent_sources_gap(&f, &p, false, 10000 + SOURCES_EARLY_FOR_MS),
+			 SOURCES_MIN_MS);
+	p.nsrcs = 2; /* the publisher's offer is in */
+	assert_int_equal(agent_sources_gap(&f, &p, true, 10040), SWARM_REFRESH_MS);
+	assert_int_equal(agent_sources_gap(&f, &p, false, 10040), SOURCES_MIN_MS);
+}
+
 /* Small chunks and a per-node fetch cap of 8 Mbit/s: a chunk takes about
  * 65 ms, so have-pages (read every 20 ms) are fresh next to it, and the
  * version takes seconds, so a peer can be killed mid-transfer. */
@@ -698,6 +721,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_swarm_owners_even),
+		cmocka_unit_test(test_swarm_sources_early),
 		cmocka_unit_test(test_swarm_trainer_uploads_once),
 		cmocka_unit_test_setup_teardown(test_swarm_peer_killed, swarm_setup, swarm_teardown),
 		cmocka_unit_test_setup_teardown(test_swarm_corrupt_peer_banned, swarm_setup,
