@@ -139,7 +139,7 @@ void node_fabloop_free(struct node_fabloop *fl)
 {
 	if (fl == NULL)
 		return;
-	LOG_INFO("fabric loop: %" PRIu64 " polls woken by the fd, %" PRIu64 " by the timer, %" PRIu64
+	LOG_DEBUG("fabric loop: %" PRIu64 " polls woken by the fd, %" PRIu64 " by the timer, %" PRIu64
 		 " kicked", fl->polls[WAKE_FD], fl->polls[WAKE_TIMER], fl->polls[WAKE_KICK]);
 	if (fl->fd_ev)
 		event_free(fl->fd_ev);

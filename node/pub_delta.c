@@ -150,8 +150,6 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct
 	if (it->enc_rc != 0) {
 		free(it->sums);
 		it->sums = NULL;
-	}
-	if (it->enc_rc != 0) {
 		LOG_WARN("version parcel %u->%u: delta encoding failed: %s", it->pc->src_rank,
 			 it->pc->dst_rank, err.msg);
 		return;
