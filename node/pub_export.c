@@ -1106,11 +1106,9 @@ void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t versio
 	ex->chunk_size = (uint32_t)proto_param(PROTO_PARAM_CHUNK_SIZE);
 	if (!node__pub_source_has(p, version)) {
 		if (p->trainer)
-			ex_fail(p, ERANGE, "version %llu: only a trainer's export can be published",
-				(unsigned long long)version);
+			ex_fail(p, ERANGE, "only a trainer's export can be published");
 		else
-			ex_fail(p, ERANGE, "version %llu: the model dir holds only %zu versions",
-				(unsigned long long)version, p->nfiles);
+			ex_fail(p, ERANGE, "the model dir holds only %zu versions", p->nfiles);
 		node__pub_ex_step(p);
 		return;
 	}
