@@ -24,6 +24,9 @@
 
 #include "node/rebuild.h"
 #include "proto/delta.h"
+#include "proto/wsum.h"
+
+#include <stdatomic.h>
 
 /* The last delta of this rank, to patch its parent's slot up to its child. */
 struct agent_rot_parcel {
@@ -55,6 +58,252 @@ void agent_rotation_free(struct agent_rotation *r)
 	}
 	free(r->parcels);
 	free(r);
+}
+
+/*
+ * Piece checksums. The apply of a delta needs the parent's checksum of each
+ * piece (proto/delta.h, "Parcels"). Read from the slot, that is a pass over
+ * the whole rank per version; instead the node keeps, for its active slot,
+ * the child checksums the apply that built it verified (each delta's are
+ * signed through its chunk hashes), bound to the slot by the tag it gets at
+ * activation and to the version by its manifest digest. The next delta
+ * built from that slot (a copy of it, or the retired slot caught up to it)
+ * takes them as its parent's, and the apply then reads and writes the
+ * changed positions alone: the touched checksums catch a parent damaged
+ * there. A byte damaged where no delta writes is left to the scrub (below).
+ * After an anchor, a whole fetch or an in-place install none are known:
+ * the first delta reads them from its slot, as before.
+ */
+struct agent_psums {
+	uint32_t src_rank, dst_rank, npieces;
+	uint64_t *sums;             /* npieces */
+	struct proto_dpiece *pieces; /* where each is in the rank's block */
+};
+
+struct agent_sums {
+	uint8_t digest[PROTO_HASH_BYTES];   /* the version's manifest */
+	uint8_t plan_src[PROTO_HASH_BYTES]; /* the plan the pieces come from */
+	uint64_t tag;      /* the slot they describe, as activated (0: none yet) */
+	uint32_t nparcels; /* in the fetch's parcel order */
+	uint32_t known;    /* parcels applied with their parent's kept */
+	bool complete;     /* every parcel's are set (the apply succeeded) */
+	struct agent_psums *p;
+};
+
+void agent_sums_free(struct agent_sums *s)
+{
+	if (s == NULL)
+		return;
+	for (uint32_t i = 0; i < s->nparcels; i++) {
+		free(s->p[i].sums);
+		free(s->p[i].pieces);
+	}
+	free(s->p);
+	free(s);
+}
+
+static struct agent_sums *sums_new(uint32_t nparcels)
+{
+	struct agent_sums *s = calloc(1, sizeof(*s));
+
+	if (s != NULL && (s->p = calloc(nparcels + 1, sizeof(*s->p))) == NULL) {
+		free(s);
+		return NULL;
+	}
+	if (s != NULL)
+		s->nparcels = nparcels;
+	return s;
+}
+
+/* A copy of s, for a worker to read while the loop keeps s; NULL when out
+ * of memory (the apply then reads the sums from the slot). */
+static struct agent_sums *sums_dup(const struct agent_sums *s)
+{
+	struct agent_sums *d = sums_new(s->nparcels);
+
+	if (d == NULL)
+		return NULL;
+	memcpy(d->digest, s->digest, PROTO_HASH_BYTES);
+	memcpy(d->plan_src, s->plan_src, PROTO_HASH_BYTES);
+	d->tag = s->tag;
+	d->complete = s->complete;
+	for (uint32_t i = 0; i < s->nparcels; i++) {
+		const struct agent_psums *ps = &s->p[i];
+		struct agent_psums *pd = &d->p[i];
+		*pd = (struct agent_psums){ps->src_rank, ps->dst_rank, ps->npieces, NULL, NULL};
+		pd->sums = malloc(((size_t)ps->npieces + 1) * sizeof(*pd->sums));
+		pd->pieces = malloc(((size_t)ps->npieces + 1) * sizeof(*pd->pieces));
+		if (pd->sums == NULL || pd->pieces == NULL) {
+			agent_sums_free(d);
+			return NULL;
+		}
+		memcpy(pd->sums, ps->sums, ps->npieces * sizeof(*pd->sums));
+		memcpy(pd->pieces, ps->pieces, ps->npieces * sizeof(*pd->pieces));
+	}
+	return d;
+}
+
+/* The parent checksums s keeps for parcel src->dst cut into dp's pieces, or
+ * NULL (none kept, or cut otherwise). */
+static const uint64_t *sums_find(const struct agent_sums *s, uint32_t src, uint32_t dst,
+				 const struct proto_dparcel *dp)
+{
+	for (uint32_t i = 0; s != NULL && i < s->nparcels; i++) {
+		const struct agent_psums *ps = &s->p[i];
+		if (ps->src_rank != src || ps->dst_rank != dst)
+			continue;
+		if (ps->npieces != dp->npieces ||
+		    memcmp(ps->pieces, dp->pieces, dp->npieces * sizeof(*dp->pieces)) != 0)
+			return NULL;
+		return ps->sums;
+	}
+	return NULL;
+}
+
+/* The active slot's kept checksums, when they are bound to it: its tag,
+ * the version's digest and the current plan. */
+static const struct agent_sums *active_sums(const struct node_agent *a)
+{
+	const struct agent_sums *s = a->sums;
+
+	if (s == NULL || !s->complete || a->active == NULL || a->active->tag == 0 ||
+	    s->tag != a->active->tag ||
+	    sodium_memcmp(s->digest, a->active_digest, PROTO_HASH_BYTES) != 0 ||
+	    sodium_memcmp(s->plan_src, a->plan_src, PROTO_HASH_BYTES) != 0)
+		return NULL;
+	return s;
+}
+
+/*
+ * The scrub. A sparse apply cannot see a byte of its parent damaged where
+ * the delta does not write (a stray write into a served slot): the child
+ * inherits it and passes every check. After each activation whose slot has
+ * kept checksums, a worker re-sums the pieces that start in a rotating
+ * 1/K of the rank's block (TESSERA_DELTA_SCRUB) and compares them with the
+ * kept ones, so every byte is re-read once every K versions and never on a
+ * version's way to activation. A mismatch revokes the slot's provenance:
+ * its checksums are dropped and its tag cleared, so the next delta reads
+ * its parent's checksums from the bytes it is built on (refused when that
+ * is a copy of the damaged slot: an anchor follows) and the damaged slot
+ * is never rotated into.
+ */
+struct scrub_item {
+	uint64_t off, len, sum;
+	uint32_t elsize;
+	uint32_t src_rank, dst_rank, piece;
+};
+
+struct agent_scrub {
+	const uint8_t *host; /* the active slot's bytes, which it reads */
+	uint64_t tag, version;
+	struct scrub_item *items;
+	uint32_t nitems, share, k;
+	uint64_t bytes;
+	_Atomic int stop;
+	int bad; /* index of the first mismatch, -1 */
+	uint64_t got;
+};
+
+static void scrub_stop(struct node_agent *a)
+{
+	if (a->scrub != NULL)
+		atomic_store(&a->scrub->stop, 1);
+	node_rebuild_free(a->scrub_rb);
+	a->scrub_rb = NULL;
+	if (a->scrub != NULL)
+		free(a->scrub->items);
+	free(a->scrub);
+	a->scrub = NULL;
+}
+
+/* On the scrub's worker: reads only sc and the slot. */
+static int scrub_run(void *arg, struct proto_err *err)
+{
+	struct agent_scrub *sc = arg;
+
+	(void)err;
+	for (uint32_t i = 0; i < sc->nitems && !atomic_load(&sc->stop); i++) {
+		const struct scrub_item *it = &sc->items[i];
+		uint64_t got = proto_wsum(it->elsize, sc->host + it->off, it->len / it->elsize);
+		if (got != it->sum) {
+			sc->bad = (int)i;
+			sc->got = got;
+			return 0;
+		}
+	}
+	return 0;
+}
+
+static void scrubbed(int rc, const struct proto_err *err, const struct node_rebuild_times *t,
+		     void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_scrub *sc = a->scrub;
+
+	(void)rc;
+	(void)err;
+	(void)t;
+	if (sc->bad < 0) {
+		LOG_DEBUG("node %s: scrub of v%" PRIu64 ": share %u/%u, %u pieces, %" PRIu64
+			  " bytes match their checksums",
+			  a->node_id, sc->version, sc->share + 1, sc->k, sc->nitems, sc->bytes);
+	} else if (a->active != NULL && a->active->tag == sc->tag) {
+		const struct scrub_item *it = &sc->items[sc->bad];
+		LOG_WARN("node %s: scrub: the slot of v%" PRIu64 " is damaged: piece %u of parcel "
+			 "%u<-%u (bytes %" PRIu64 "..%" PRIu64 ") sums to %016" PRIx64 ", not %016"
+			 PRIx64 "; its checksums are dropped, the next delta reads its parent whole",
+			 a->node_id, sc->version, it->piece, it->dst_rank, it->src_rank, it->off,
+			 it->off + it->len, sc->got, it->sum);
+		a->active->tag = 0;
+		agent_sums_free(a->sums);
+		a->sums = NULL;
+	}
+	scrub_stop(a); /* joins the worker, which is done */
+}
+
+/* Starts the scrub of the active slot's next share (nothing when its
+ * checksums are not kept or K is 0). */
+static void scrub_start(struct node_agent *a)
+{
+	const struct agent_sums *s = active_sums(a);
+	uint32_t k = (uint32_t)proto_param(PROTO_PARAM_DELTA_SCRUB);
+	struct proto_err err;
+
+	scrub_stop(a);
+	if (s == NULL || k == 0 || a->active->len == 0)
+		return;
+	struct agent_scrub *sc = calloc(1, sizeof(*sc));
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < s->nparcels; i++)
+		n += s->p[i].npieces;
+	if (sc == NULL || (sc->items = calloc(n + 1, sizeof(*sc->items))) == NULL) {
+		free(sc);
+		return;
+	}
+	sc->host = a->active->host;
+	sc->tag = a->active->tag;
+	sc->version = a->active->version;
+	sc->k = k;
+	sc->share = (uint32_t)(a->scrub_round++ % k);
+	sc->bad = -1;
+	for (uint32_t i = 0; i < s->nparcels; i++)
+		for (uint32_t q = 0; q < s->p[i].npieces; q++) {
+			const struct proto_dpiece *pc = &s->p[i].pieces[q];
+			if (pc->dst_off + pc->len > a->active->len ||
+			    (uint32_t)((unsigned __int128)pc->dst_off * k / a->active->len) != sc->share)
+				continue;
+			sc->items[sc->nitems++] = (struct scrub_item){
+				pc->dst_off, pc->len, s->p[i].sums[q], pc->elsize,
+				s->p[i].src_rank, s->p[i].dst_rank, q};
+			sc->bytes += pc->len;
+		}
+	a->scrub = sc;
+	if (node_rebuild_start(a->base, NULL, -1, NULL, -1, 0, &a->scrub_rb, &err) != 0) {
+		LOG_WARN("node %s: no scrub of v%" PRIu64 ": %s", a->node_id, sc->version, err.msg);
+		scrub_stop(a);
+		return;
+	}
+	node_rebuild_apply(a->scrub_rb, scrub_run, sc, scrubbed, a);
 }
 
 /* On the rebuild's worker: r->slot, which holds r->parent_version, made to
@@ -314,6 +563,17 @@ void agent_delta_activated(struct node_agent *a, struct agent_fetch *f, struct n
 	keep_rotation(a, f, old);
 	a->active->tag = ++a->slot_tags;
 	a->standby_tries = 0;
+	/* The checksums the apply verified describe the new active slot. */
+	scrub_stop(a);
+	agent_sums_free(a->sums);
+	a->sums = NULL;
+	if (f->delta && f->csums != NULL && f->csums->complete && !a->o.install_inplace &&
+	    old != a->active) {
+		a->sums = f->csums;
+		f->csums = NULL;
+		a->sums->tag = a->active->tag;
+		scrub_start(a);
+	}
 	if (a->o.install_inplace)
 		return; /* memory-tight: no second copy of the rank */
 	if (a->standby_ev == NULL)
@@ -325,6 +585,9 @@ void agent_delta_activated(struct node_agent *a, struct agent_fetch *f, struct n
 void agent_delta_fini(struct node_agent *a)
 {
 	agent_chain_end(a, false);
+	scrub_stop(a);
+	agent_sums_free(a->sums);
+	a->sums = NULL;
 	standby_drop(a);
 	agent_rotation_free(a->rot);
 	a->rot = NULL;
@@ -388,6 +651,9 @@ static int apply_all(void *arg, struct proto_err *err)
 	const struct node_agent *a = f->rebuild_agent;
 	unsigned threads = node_verifier_threads();
 
+	/* A rerun after a dense copy starts over. */
+	agent_sums_free(f->csums);
+	f->csums = sums_new(f->nparcels); /* NULL: the child's are not kept */
 	for (uint32_t i = 0; i < f->nparcels; i++) {
 		struct agent_parcel *p = &f->parcels[i];
 		struct proto_dparcel dp;
@@ -398,8 +664,29 @@ static int apply_all(void *arg, struct proto_err *err)
 		struct proto_err e;
 		int rc = proto_dparcel_build(&a->model, f->plan, p->pp, &a->layout, &dp, &e);
 		if (rc == 0) {
-			rc = proto_dparcel_apply(&dp, p->wire, p->mp->wire_bytes, f->slot->host, threads,
-						 &e);
+			const uint64_t *ps = sums_find(f->psums, p->mp->src_rank, p->mp->dst_rank, &dp);
+			struct agent_psums *cs = f->csums != NULL ? &f->csums->p[i] : NULL;
+			if (cs != NULL) {
+				cs->src_rank = p->mp->src_rank;
+				cs->dst_rank = p->mp->dst_rank;
+				cs->npieces = dp.npieces;
+				cs->sums = malloc(((size_t)dp.npieces + 1) * sizeof(*cs->sums));
+				cs->pieces = malloc(((size_t)dp.npieces + 1) * sizeof(*cs->pieces));
+				if (cs->pieces != NULL)
+					memcpy(cs->pieces, dp.pieces, dp.npieces * sizeof(*dp.pieces));
+			}
+			rc = proto_dparcel_apply_known(&dp, p->wire, p->mp->wire_bytes, f->slot->host,
+						       ps, cs != NULL ? cs->sums : NULL, threads, &e);
+			if (rc == -ENOTSUP) /* no touched checksums: the parent's from the slot */
+				rc = proto_dparcel_apply_known(&dp, p->wire, p->mp->wire_bytes,
+							       f->slot->host, NULL,
+							       cs != NULL ? cs->sums : NULL, threads, &e);
+			else if (rc == 0 && ps != NULL && f->csums != NULL)
+				f->csums->known++;
+			if (cs != NULL && (cs->sums == NULL || cs->pieces == NULL)) {
+				agent_sums_free(f->csums); /* out of memory: none kept */
+				f->csums = NULL;
+			}
 			proto_dparcel_fini(&dp);
 		}
 		if (rc != 0)
@@ -425,6 +712,13 @@ static void rebuilt(int rc, const struct proto_err *err, const struct node_rebui
 	}
 	/* The wire bytes stay: the next delta's rotation re-applies them. */
 	f->rebuild_ms = agent_now_ms() - f->rebuild_ms;
+	uint32_t known = 0;
+	if (f->csums != NULL) {
+		memcpy(f->csums->digest, f->man.digest, PROTO_HASH_BYTES);
+		memcpy(f->csums->plan_src, a->plan_src, PROTO_HASH_BYTES);
+		f->csums->complete = true;
+		known = f->csums->known;
+	}
 	node_metrics_add(a->am.m, a->am.delta_versions, 1);
 	node_metrics_add(a->am.m, t->dense ? a->am.delta_copies : a->am.delta_rotations, 1);
 	if (f->rot != NULL && !t->dense)
@@ -443,9 +737,12 @@ static void rebuilt(int rc, const struct proto_err *err, const struct node_rebui
 	LOG_INFO("node %s: v%" PRIu64 " rebuilt from v%" PRIu64 " by delta (%" PRIu64
 		 " wire bytes for %" PRIu64 " bytes, every piece's checksum verified, %" PRIu64
 		 " ms after the last chunk; %s; the parent took %" PRIu64 " ms, %" PRIu64
-		 " ms of it after the last chunk, the apply %" PRIu64 " ms)",
+		 " ms of it after the last chunk, the apply %" PRIu64 " ms; parent checksums %s)",
 		 a->node_id, f->version, f->man.parent_version, f->bytes_total, f->slot->len,
-		 f->rebuild_ms, how, t->copy_ms, t->wait_ms, t->apply_ms);
+		 f->rebuild_ms, how, t->copy_ms, t->wait_ms, t->apply_ms,
+		 known == f->nparcels && known > 0 ? "kept (sparse: only changed positions read)"
+		 : known > 0 ? "kept for some parcels, read from the slot for the others"
+			     : "read from the slot");
 	agent_rotation_free(f->rot); /* the worker is done with it */
 	f->rot = NULL;
 	agent_verified(a);
@@ -467,6 +764,13 @@ void agent_delta_rebuild(struct node_agent *a)
 	f->rebuild_ms = agent_now_ms();
 	f->rebuild_agent = a;
 	f->rotatable = parent == a->active;
+	/* The slot holds a copy of the active one, or the retired one caught
+	 * up to it: the active slot's kept checksums are its parent's. */
+	agent_sums_free(f->psums);
+	f->psums = NULL;
+	const struct agent_sums *kept = parent == a->active ? active_sums(a) : NULL;
+	if (kept != NULL)
+		f->psums = sums_dup(kept);
 	f->test_corrupt = a->chain != NULL &&
 			  proto_param(PROTO_PARAM_TEST_CORRUPT_CHAIN) == f->version;
 	node_rebuild_apply(f->rebuild, apply_all, f, rebuilt, a);

@@ -239,6 +239,10 @@ struct agent_fetch {
 	bool test_corrupt; /* TESSERA_TEST_CORRUPT_CHAIN: damage the delta before the apply */
 	bool rotatable; /* rebuilt from the active slot: its delta can rotate (agent_delta.c) */
 	struct agent_rotation *rot; /* the catch-up its slot is made by, or NULL */
+	/* Piece checksums (agent_delta.c): the parent's, when the node knows
+	 * them for the slot the delta builds on, and the child's, which the
+	 * apply fills; NULL when none. */
+	struct agent_sums *psums, *csums;
 };
 
 /* Replaying a chain (agent_chain.c): the node lacks a delta version's
@@ -360,6 +364,14 @@ struct node_agent {
 	 * activated slots hold; standby waits for the retired slot. */
 	struct agent_rotation *rot, *standby_rot;
 	uint64_t slot_tags;
+	/* The active slot's piece checksums, verified by the apply that built
+	 * it and bound to it by its tag (agent_delta.c); NULL when unknown. */
+	struct agent_sums *sums;
+	/* The scrub of the active slot under way (agent_delta.c), its worker,
+	 * and which share comes next. */
+	struct agent_scrub *scrub;
+	struct node_rebuild *scrub_rb;
+	uint64_t scrub_round;
 	uint32_t standby_tries;
 	struct event *chase_ev; /* have-pages read again soon (agent_swarm.c) */
 	/* The chain being replayed (agent_chain.c), or NULL; whether a
@@ -693,8 +705,9 @@ int agent_delta_slot(struct node_agent *a);
  * f's delta for the next rotation, and arms the next standby
  * (TESSERA_DELTA_STANDBY_MS later, when no fetch has begun by then). */
 void agent_delta_activated(struct node_agent *a, struct agent_fetch *f, struct node_slot *old);
-/* Frees a catch-up (NULL is fine). */
+/* Frees a catch-up, or piece checksums (NULL is fine). */
 void agent_rotation_free(struct agent_rotation *r);
+void agent_sums_free(struct agent_sums *s);
 /* Drops the standby copy and its timer (teardown). */
 void agent_delta_fini(struct node_agent *a);
 /* All delta parcels verified: the worker applies every parcel's delta once

@@ -12,6 +12,9 @@ void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
 	f->rebuild = NULL;
 	agent_rotation_free(f->rot);
 	f->rot = NULL;
+	agent_sums_free(f->psums);
+	agent_sums_free(f->csums);
+	f->psums = f->csums = NULL;
 	if (a->ver != NULL)
 		node_verifier_drain(a->ver);
 	agent_swarm_unserve(a, f);

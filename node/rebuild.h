@@ -54,7 +54,9 @@ typedef void (*node_rebuild_done)(int rc, const struct proto_err *err,
  * and src are shared mappings of the files dst_fd and src_fd (offset 0),
  * which the copy uses when it can (copy_file_range); -1 for either: memcpy.
  * All must stay open and mapped, and src unchanged, until node_rebuild_free.
- * On failure *out is NULL, nothing was started and err says why.
+ * On failure *out is NULL, nothing was started and err says why. With len
+ * 0 (dst and src NULL, fds -1) nothing is copied: the worker then only runs
+ * the function node_rebuild_apply hands it, off the loop (the node's scrub).
  */
 int node_rebuild_start(struct event_base *base, uint8_t *dst, int dst_fd, const uint8_t *src,
 		       int src_fd, size_t len, struct node_rebuild **out, struct proto_err *err);

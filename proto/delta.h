@@ -39,12 +39,13 @@
  *   0   "TSDELTA1"
  *   8   BLAKE2b-256 of bytes [40, body): the header hash
  *   40  u64 header_len: bytes from offset 40 up to the body
- *   48  u32 version (1), u32 flags (0)
+ *   48  u32 version (1), u32 flags (0, or PROTO_DELTA_F_TOUCHED)
  *   56  parent digest[32], child digest[32]
  *   120 u32 parent_ntensors, u32 ntensors, u32 chunk_elems, u32 0
  *   136 u64 child_header_len, the child header bytes
  *       ntensors x { u8 elsize, u8[3] 0, u32 parent (0xffffffff: none),
- *                    u64 nelem, u64 parent_sum, u64 child_sum }
+ *                    u64 nelem, u64 parent_sum, u64 child_sum,
+ *                    with PROTO_DELTA_F_TOUCHED u64 touched_sum }
  *       per chunk, tensor by tensor: u8 mode | vcode << 4; for SPARSE and
  *       BITMAP varint nchanges; SPARSE varint wide_len; NIB varint nesc;
  *       then one varint compressed length per stream (0: all zero bytes)
@@ -61,7 +62,17 @@
  * changed positions (SPARSE decodes gaps and values in 4096-change batches
  * into small buffers; nothing dense is materialised or scanned), updates each
  * tensor's checksum from (position, old, new) in O(changes), and requires it
- * to equal the child checksum in the delta. The header hash and the zstd
+ * to equal the child checksum in the delta. That movement is the same
+ * whatever the old element was (the child is the old bits plus the
+ * difference), so a parent damaged at a changed position would pass it: the
+ * touched checksum (flag PROTO_DELTA_F_TOUCHED, which the encoder always
+ * sets) is the wsum of the parent tensor's elements at the positions the
+ * delta writes (every position of a DENSE chunk, the changes of the
+ * others; zero elsewhere), and apply requires the old elements it reads to
+ * sum to it. A parent damaged at a position the delta does not write is
+ * beyond any check that reads changed positions only: a caller that keeps
+ * its parent's checksums must cover those bytes another way (the node
+ * scrubs its slot a share at a time). The header hash and the zstd
  * frame checksums catch damaged bytes; the checksum catches a wrong parent
  * and lost or misplaced changes; the trainer-signed manifest hashes remain
  * the authority on what a delta should contain.
@@ -100,6 +111,7 @@
 #define PROTO_DELTA_CHUNK_MAX (1u << 24) /* largest chunk_elems accepted */
 #define PROTO_DELTA_MAX_STREAMS 11       /* gaps, wide, nib, 8 escape planes */
 #define PROTO_DELTA_BATCH 4096           /* changes decoded at a time */
+#define PROTO_DELTA_F_TOUCHED 1u         /* tensor records carry touched_sum */
 
 enum proto_delta_mode {
 	PROTO_DELTA_ZERO = 0,
@@ -158,6 +170,8 @@ struct proto_delta_tensor {
 	uint64_t nelem;
 	uint64_t parent_sum; /* wsum of that parent tensor (0 when none) */
 	uint64_t child_sum;  /* wsum the patched tensor must have */
+	uint64_t touched_sum; /* PROTO_DELTA_F_TOUCHED: wsum of the parent's
+			       * elements at the positions written, else 0 */
 	uint32_t chunk0, nchunks;
 };
 
@@ -178,6 +192,7 @@ struct proto_delta {
 	const uint8_t *buf; /* borrowed */
 	size_t len;
 	uint8_t parent_digest[32], child_digest[32];
+	uint32_t flags; /* PROTO_DELTA_F_* */
 	uint32_t parent_ntensors;
 	uint32_t chunk_elems;
 	const uint8_t *child_header; /* inside buf */
@@ -338,5 +353,19 @@ int proto_dparcel_apply_sums(const struct proto_dparcel *d, const uint8_t *delta
  * still prove the delta decoded into the changes it was made of. */
 int proto_dparcel_apply_trusted(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
 				uint8_t *block, unsigned threads, struct proto_err *err);
+/* The sparse apply of a caller that keeps its block's checksums: sums holds
+ * the parent's, one per piece, as the caller verified its block held them
+ * (the delta's must be the same: else refused as for another parent); the
+ * block is read and written at the positions the delta writes and nowhere
+ * else, the touched checksums check the old elements there (a parent
+ * damaged where the delta writes is refused) and every piece's child
+ * checksum the result. A delta without touched checksums is refused
+ * (-ENOTSUP). sums NULL: they are read from the whole block first (as
+ * proto_dparcel_apply does). On success child_sums (may be NULL; npieces)
+ * receives the child's checksums: the next delta's parent sums. On failure
+ * the block is as it was and err says why in one line. */
+int proto_dparcel_apply_known(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
+			      uint8_t *block, const uint64_t *sums, uint64_t *child_sums,
+			      unsigned threads, struct proto_err *err);
 
 #endif

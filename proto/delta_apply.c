@@ -270,10 +270,11 @@ static inline uint64_t modp(__int128 x)
 }
 
 /*
- * Writing changes. PUT adds difference val[k] to the element at pos[k] and
- * the checksum movement to sa / sb. Narrow elements keep exact 64-bit sums
- * within a batch: |delta| < 2^16 and positions < 2^24, so 4096 terms stay
- * below 2^52; wide ones sum in 128 bits, each term reduced mod P.
+ * Writing changes. PUT adds difference val[k] to the element at pos[k], the
+ * checksum movement to sa / sb and the old element to ta / tb (the touched
+ * checksum). Narrow elements keep exact 64-bit sums within a batch:
+ * |delta| < 2^16 and positions < 2^24, so 4096 terms stay below 2^52; wide
+ * ones sum in 128 bits, each term reduced mod P.
  */
 #define PUT(T, W, VAL, k)                                                         \
 	do {                                                                      \
@@ -285,6 +286,8 @@ static inline uint64_t modp(__int128 x)
 		__typeof__(sa) dl_ = (__typeof__(sa))VAL(n_) - (__typeof__(sa))VAL(o_); \
 		sa += dl_;                                                        \
 		sb += (__typeof__(sa))(pos[k] + 1) * dl_;                         \
+		ta += (__typeof__(sa))VAL(o_);                                    \
+		tb += (__typeof__(sa))(pos[k] + 1) * (__typeof__(sa))VAL(o_);     \
 	} while (0)
 
 /* TAKE takes change k back out (no sums: the undo path). */
@@ -297,16 +300,25 @@ static inline uint64_t modp(__int128 x)
 		memcpy(q_, &o_, W);                                               \
 	} while (0)
 
+/* Adds a batch's sums to the chunk's: movement (A, B), then touched. */
+#define ADD_SUMS(ms)                                                              \
+	do {                                                                      \
+		(ms)[0] = ((ms)[0] + modp(sa)) % P;                               \
+		(ms)[1] = ((ms)[1] + modp(sb)) % P;                               \
+		(ms)[2] = ((ms)[2] + modp(ta)) % P;                               \
+		(ms)[3] = ((ms)[3] + modp(tb)) % P;                               \
+	} while (0)
+
 /*
  * Writes m decoded changes (positions pos, differences val) into base and
- * adds the checksum movement to *pa / *pb; with undo, subtracts and skips
- * the sums.
+ * adds the checksum movement and the touched checksum to ms[0..3]; with
+ * undo, subtracts and skips the sums.
  */
 #define RMW_FN(name, T, W, ACC, VAL)                                              \
 	static void name(uint8_t *base, const uint32_t *pos, const uint64_t *val,     \
-			 uint32_t m, bool undo, uint64_t *pa, uint64_t *pb)           \
+			 uint32_t m, bool undo, uint64_t *ms)                         \
 	{                                                                         \
-		ACC sa = 0, sb = 0;                                               \
+		ACC sa = 0, sb = 0, ta = 0, tb = 0;                               \
 		if (undo) {                                                       \
 			for (uint32_t j = 0; j < m; j++)                          \
 				TAKE(T, W, j);                                    \
@@ -317,8 +329,7 @@ static inline uint64_t modp(__int128 x)
 				__builtin_prefetch(base + (size_t)pos[j + PF] * W, 1, 0); \
 			PUT(T, W, VAL, j);                                        \
 		}                                                                 \
-		*pa = (*pa + modp(sa)) % P;                                       \
-		*pb = (*pb + modp(sb)) % P;                                       \
+		ADD_SUMS(ms);                                                     \
 	}
 
 /*
@@ -332,12 +343,12 @@ static inline uint64_t modp(__int128 x)
  */
 #define GAPS_FN(name, T, W, ACC, VAL)                                             \
 	static int name(struct worker *wk, const uint8_t *g, uint32_t m, uint32_t n,  \
-			uint8_t *base, uint32_t *prevp, uint64_t *pa, uint64_t *pb,       \
+			uint8_t *base, uint32_t *prevp, uint64_t *ms,                     \
 			struct proto_err *err)                                            \
 	{                                                                         \
 		uint32_t *pos = wk->pos, prev = *prevp, j;                        \
 		const uint64_t *val = wk->val;                                    \
-		ACC sa = 0, sb = 0;                                               \
+		ACC sa = 0, sb = 0, ta = 0, tb = 0;                               \
 		int rc = 0;                                                       \
 		for (j = 0; j < m; j++) {                                         \
 			rc = gap_pos(wk, g[j], n, &prev, &pos[j], err);           \
@@ -357,8 +368,7 @@ static inline uint64_t modp(__int128 x)
 		for (uint32_t k = m > PF ? m - PF : 0; k < m; k++)                \
 			PUT(T, W, VAL, k);                                        \
 		*prevp = prev;                                                    \
-		*pa = (*pa + modp(sa)) % P;                                       \
-		*pb = (*pb + modp(sb)) % P;                                       \
+		ADD_SUMS(ms);                                                     \
 		return 0;                                                         \
 	}
 
@@ -373,36 +383,36 @@ WIDTHS(RMW_FN, rmw)
 WIDTHS(GAPS_FN, gaps)
 
 static void rmw(uint32_t w, uint8_t *base, const uint32_t *pos, const uint64_t *val, uint32_t m,
-		bool undo, uint64_t *pa, uint64_t *pb)
+		bool undo, uint64_t *ms)
 {
 	switch (w) {
 	case 1:
-		rmw1(base, pos, val, m, undo, pa, pb);
+		rmw1(base, pos, val, m, undo, ms);
 		break;
 	case 2:
-		rmw2(base, pos, val, m, undo, pa, pb);
+		rmw2(base, pos, val, m, undo, ms);
 		break;
 	case 4:
-		rmw4(base, pos, val, m, undo, pa, pb);
+		rmw4(base, pos, val, m, undo, ms);
 		break;
 	default:
-		rmw8(base, pos, val, m, undo, pa, pb);
+		rmw8(base, pos, val, m, undo, ms);
 		break;
 	}
 }
 
 static int gaps(uint32_t w, struct worker *wk, const uint8_t *g, uint32_t m, uint32_t n,
-		uint8_t *base, uint32_t *prev, uint64_t *pa, uint64_t *pb, struct proto_err *err)
+		uint8_t *base, uint32_t *prev, uint64_t *ms, struct proto_err *err)
 {
 	switch (w) {
 	case 1:
-		return gaps1(wk, g, m, n, base, prev, pa, pb, err);
+		return gaps1(wk, g, m, n, base, prev, ms, err);
 	case 2:
-		return gaps2(wk, g, m, n, base, prev, pa, pb, err);
+		return gaps2(wk, g, m, n, base, prev, ms, err);
 	case 4:
-		return gaps4(wk, g, m, n, base, prev, pa, pb, err);
+		return gaps4(wk, g, m, n, base, prev, ms, err);
 	default:
-		return gaps8(wk, g, m, n, base, prev, pa, pb, err);
+		return gaps8(wk, g, m, n, base, prev, ms, err);
 	}
 }
 
@@ -442,17 +452,17 @@ static int bits_next(struct worker *wk, struct sreader *r, struct bitwalk *bw, u
 /*
  * Applies (or with undo, reverts the first `limit` changes of) chunk c to the
  * chunk's first element at base. *done counts changes (elements for DENSE)
- * written, also on error; *part receives the checksum movement of the chunk
- * (positions from the chunk's start).
+ * written, also on error; part[0] receives the checksum movement of the
+ * chunk and part[1] the touched checksum (positions from the chunk's start).
  */
 static int apply_chunk(struct worker *wk, const struct proto_delta *d,
 		       const struct proto_delta_chunk *c, uint8_t *base, bool undo, uint64_t limit,
-		       uint64_t *done, uint64_t *part, delta__emit_fn emit, void *emit_arg,
+		       uint64_t *done, uint64_t part[2], delta__emit_fn emit, void *emit_arg,
 		       struct proto_err *err)
 {
 	const struct proto_delta_tensor *t = &d->tensors[c->tensor];
 	uint32_t w = t->elsize;
-	uint64_t dlen[PROTO_DELTA_MAX_STREAMS], at = c->off, pa = 0, pb = 0;
+	uint64_t dlen[PROTO_DELTA_MAX_STREAMS], at = c->off, ms[4] = {0, 0, 0, 0};
 	uint64_t count = c->mode == PROTO_DELTA_DENSE ? c->n : c->nchanges, nesc = 0;
 	unsigned ns = delta__streams(c, w, dlen), s0;
 	struct bitwalk bw = {0, 0, 0, ((uint64_t)c->n + 7) / 8};
@@ -460,7 +470,7 @@ static int apply_chunk(struct worker *wk, const struct proto_delta *d,
 	int rc;
 
 	*done = 0;
-	*part = 0;
+	part[0] = part[1] = 0;
 	for (unsigned s = 0; s < ns; s++) {
 		rc = sr_open(&wk->sr[s], wk, s, d->buf + at, c->clen[s], dlen[s], err);
 		if (rc != 0)
@@ -480,7 +490,7 @@ static int apply_chunk(struct worker *wk, const struct proto_delta *d,
 			rc = get_values(wk, c, s0, w, m, true, &nesc, err);
 			if (rc != 0)
 				return rc;
-			rc = gaps(w, wk, g, m, c->n, base, &prev, &pa, &pb, err);
+			rc = gaps(w, wk, g, m, c->n, base, &prev, ms, err);
 			if (rc != 0)
 				return rc;
 			k += m;
@@ -508,7 +518,7 @@ static int apply_chunk(struct worker *wk, const struct proto_delta *d,
 		if (emit != NULL)
 			emit(emit_arg, wk->pos, wk->val, m);
 		else
-			rmw(w, base, wk->pos, wk->val, m, undo, &pa, &pb);
+			rmw(w, base, wk->pos, wk->val, m, undo, ms);
 		k += m;
 		*done = k;
 	}
@@ -539,7 +549,8 @@ static int apply_chunk(struct worker *wk, const struct proto_delta *d,
 			return rc;
 		}
 	}
-	*part = pb << 32 | pa;
+	part[0] = ms[1] << 32 | ms[0];
+	part[1] = ms[3] << 32 | ms[2];
 	return 0;
 }
 
@@ -550,7 +561,8 @@ struct job {
 	uint64_t nwork;
 	_Atomic uint64_t next;
 	_Atomic int stop;
-	uint64_t *done, *part;
+	uint64_t *done;
+	uint64_t (*part)[2]; /* per chunk: movement and touched checksum */
 	pthread_mutex_t lock;
 	int rc;
 	uint32_t err_chunk;
@@ -602,7 +614,7 @@ static void *apply_worker(void *arg)
 			break;
 		uint32_t ci = j->work[i];
 		int rc = apply_chunk(wk, j->d, &j->d->chunks[ci], chunk_base(j->d, j->bufs, ci), false,
-				     0, &j->done[ci], &j->part[ci], NULL, NULL, &wk->err);
+				     0, &j->done[ci], j->part[ci], NULL, NULL, &wk->err);
 		if (rc != 0) {
 			pthread_mutex_lock(&j->lock);
 			if (j->rc == 0 || ci < j->err_chunk) {
@@ -623,14 +635,14 @@ static void *apply_worker(void *arg)
 static void undo_all(struct job *j, struct worker *wk)
 {
 	struct proto_err e;
-	uint64_t dn, part;
+	uint64_t dn, part[2];
 
 	for (uint64_t i = 0; i < j->nwork; i++) {
 		uint32_t ci = j->work[i];
 		if (j->done[ci] == 0)
 			continue;
 		if (apply_chunk(wk, j->d, &j->d->chunks[ci], chunk_base(j->d, j->bufs, ci), true,
-				j->done[ci], &dn, &part, NULL, NULL, &e) != 0 || dn != j->done[ci])
+				j->done[ci], &dn, part, NULL, NULL, &e) != 0 || dn != j->done[ci])
 			abort(); /* unreachable; never leave half-patched bytes silently */
 	}
 }
@@ -658,9 +670,9 @@ void delta__worker_free(struct delta__worker *w)
 int delta__decode_chunk(struct delta__worker *w, const struct proto_delta *d, uint32_t ci,
 			delta__emit_fn emit, void *arg, struct proto_err *err)
 {
-	uint64_t done, part;
+	uint64_t done, part[2];
 
-	return apply_chunk((struct worker *)w, d, &d->chunks[ci], NULL, false, 0, &done, &part, emit,
+	return apply_chunk((struct worker *)w, d, &d->chunks[ci], NULL, false, 0, &done, part, emit,
 			   arg, err);
 }
 
@@ -747,11 +759,24 @@ int proto_delta_apply(const struct proto_delta *d, const struct proto_delta_pare
 	}
 	for (uint32_t i = 0; i < d->ntensors; i++) {
 		const struct proto_delta_tensor *t = &d->tensors[i];
-		uint64_t s = sums[i];
+		uint64_t s = sums[i], ts = 0;
 		for (uint32_t k = 0; k < t->nchunks; k++) {
 			const struct proto_delta_chunk *c = &d->chunks[t->chunk0 + k];
-			if (c->mode != PROTO_DELTA_ZERO)
-				s = proto_wsum_combine(s, c->base, j.part[t->chunk0 + k]);
+			if (c->mode == PROTO_DELTA_ZERO)
+				continue;
+			s = proto_wsum_combine(s, c->base, j.part[t->chunk0 + k][0]);
+			ts = proto_wsum_combine(ts, c->base, j.part[t->chunk0 + k][1]);
+		}
+		/* The old elements it read are the parent's: the movement alone
+		 * is blind to a parent damaged where the delta writes. */
+		if ((d->flags & PROTO_DELTA_F_TOUCHED) && t->parent != PROTO_DELTA_NONE &&
+		    ts != t->touched_sum) {
+			rc = proto_errf(err, EINVAL,
+					"delta: tensor %u: the parent differs where the delta writes "
+					"(checksum %016llx there, the delta's parent has %016llx)",
+					i, (unsigned long long)ts, (unsigned long long)t->touched_sum);
+			undo_all(&j, &wks[0]);
+			goto out;
 		}
 		if (s != t->child_sum) {
 			rc = proto_errf(err, EINVAL,

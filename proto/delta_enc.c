@@ -33,6 +33,7 @@ struct chunk_out {
 	size_t streams_len;
 	uint64_t nchanged, pos_bytes, val_bytes;
 	uint64_t psum, csum; /* wsums of the chunk's parent and child elements */
+	uint64_t tsum;       /* of the parent's elements at the positions written */
 	uint8_t mode;
 };
 
@@ -219,14 +220,17 @@ static inline uint64_t elem_mask(uint64_t m, unsigned w)
  * has no parent (a == NULL). Each 64-byte block is compared at once into a
  * mask of the elements that differ (most blocks have none), and only those
  * are visited: one step per change, no branch per element to mispredict.
+ * The old elements of the changes are summed into *ta / *tb (A and B of
+ * their wsum, not yet reduced: n <= PIECE keeps them below 2^62).
  */
 #define SCAN_FN(name, T, W)                                                        \
 	static size_t name(uint32_t *pos, uint64_t *val, const uint8_t *a,         \
-			   const uint8_t *b, uint32_t n)                           \
+			   const uint8_t *b, uint32_t n, uint64_t *ta, uint64_t *tb)  \
 	{                                                                          \
 		const uint32_t per = 64 / W;                                       \
 		size_t k = 0;                                                      \
 		uint32_t i = 0;                                                    \
+		uint64_t sa = 0, sb = 0;                                           \
 		if (a != NULL)                                                     \
 			for (; i + per <= n; i += per) {                           \
 				const uint8_t *pa = a + (size_t)i * W;             \
@@ -240,6 +244,9 @@ static inline uint64_t elem_mask(uint64_t m, unsigned w)
 					memcpy(&nw, pb + at, W);                   \
 					pos[k] = i + at / W;                       \
 					val[k++] = delta__zz((T)(nw - o), W);      \
+					sa += proto_wsum_val(o);                   \
+					sb += (uint64_t)(i + at / W + 1) *         \
+					      proto_wsum_val(o);                   \
 				}                                                  \
 			}                                                          \
 		for (; i < n; i++) {                                               \
@@ -250,8 +257,12 @@ static inline uint64_t elem_mask(uint64_t m, unsigned w)
 			if (o != nw) {                                             \
 				pos[k] = i;                                        \
 				val[k++] = delta__zz((T)(nw - o), W);              \
+				sa += proto_wsum_val(o);                           \
+				sb += (uint64_t)(i + 1) * proto_wsum_val(o);       \
 			}                                                          \
 		}                                                                  \
+		*ta = sa;                                                          \
+		*tb = sb;                                                          \
 		return k;                                                          \
 	}
 SCAN_FN(scan1, uint8_t, 1)
@@ -263,31 +274,34 @@ SCAN_FN(scan8, uint64_t, 8)
 
 /* Scans a chunk piece by piece and sums both sides of each piece while it
  * is still in cache, so the checksums cost no extra pass over memory (the
- * parent's side only when its sums are not known already). */
+ * parent's side only when its sums are not known already); *tsum receives
+ * the wsum of the parent's elements at the changed positions. */
 static size_t scan(struct scratch *s, const uint8_t *a, const uint8_t *b, uint32_t n, uint32_t w,
-		   bool sum_parent, uint64_t *psum, uint64_t *csum)
+		   bool sum_parent, uint64_t *psum, uint64_t *csum, uint64_t *tsum)
 {
 	size_t k = 0;
 
-	*psum = *csum = 0;
+	*psum = *csum = *tsum = 0;
 	for (uint32_t i = 0; i < n; i += PIECE) {
 		uint32_t m = PROTO_MIN(PIECE, n - i);
 		const uint8_t *pa = a ? a + (size_t)i * w : NULL, *pb = b + (size_t)i * w;
 		size_t k0 = k;
+		uint64_t ta, tb;
 		switch (w) {
 		case 1:
-			k += scan1(s->pos + k, s->val + k, pa, pb, m);
+			k += scan1(s->pos + k, s->val + k, pa, pb, m, &ta, &tb);
 			break;
 		case 2:
-			k += scan2(s->pos + k, s->val + k, pa, pb, m);
+			k += scan2(s->pos + k, s->val + k, pa, pb, m, &ta, &tb);
 			break;
 		case 4:
-			k += scan4(s->pos + k, s->val + k, pa, pb, m);
+			k += scan4(s->pos + k, s->val + k, pa, pb, m, &ta, &tb);
 			break;
 		default:
-			k += scan8(s->pos + k, s->val + k, pa, pb, m);
+			k += scan8(s->pos + k, s->val + k, pa, pb, m, &ta, &tb);
 			break;
 		}
+		*tsum = proto_wsum_combine(*tsum, i, (tb % PROTO_WSUM_P) << 32 | ta % PROTO_WSUM_P);
 		for (size_t q = k0; q < k; q++)
 			s->pos[q] += i;
 		if (sum_parent)
@@ -327,7 +341,8 @@ static int encode_chunk(struct job *j, struct scratch *s, uint64_t ci)
 	size_t k, at = 0;
 
 	/* The parent's sums known (from the encode that made it): not summed. */
-	k = scan(s, a, b, n, w, a != NULL && j->parent->sums == NULL, &out->psum, &out->csum);
+	k = scan(s, a, b, n, w, a != NULL && j->parent->sums == NULL, &out->psum, &out->csum,
+		 &out->tsum);
 	out->nchanged = k;
 	out->mode = PROTO_DELTA_ZERO;
 	out->rec[0] = 0;
@@ -417,6 +432,9 @@ static int encode_chunk(struct job *j, struct scratch *s, uint64_t ci)
 			dn = 0;
 		}
 		if (mode == PROTO_DELTA_ZERO || dpl.total < pos.total + vals.total) {
+			/* Apply writes every element of a dense chunk. */
+			out->tsum = a == NULL ? 0 : j->parent->sums == NULL ? out->psum
+								   : proto_wsum(w, a, n);
 			mode = PROTO_DELTA_DENSE;
 			vcode = dv;
 			vals = dpl;
@@ -488,7 +506,7 @@ int proto_delta_encode(const struct proto_delta_version *parent,
 		       struct proto_delta_stats *st, struct proto_err *err)
 {
 	const struct proto_model *pm = parent->model, *cm = child->model;
-	uint64_t *psums = NULL, *csums = NULL, hdr_len, body_len = 0;
+	uint64_t *psums = NULL, *csums = NULL, *tsums = NULL, hdr_len, body_len = 0;
 	uint32_t *match = NULL;
 	unsigned nth = o && o->threads ? o->threads : 1, started = 0;
 	pthread_t *th = NULL;
@@ -516,8 +534,9 @@ int proto_delta_encode(const struct proto_delta_version *parent,
 	match = malloc((cm->ntensors + 1) * sizeof(*match));
 	psums = malloc((pm->ntensors + 1) * sizeof(*psums));
 	csums = malloc((cm->ntensors + 1) * sizeof(*csums));
+	tsums = malloc((cm->ntensors + 1) * sizeof(*tsums));
 	th = calloc(nth, sizeof(*th));
-	if (match == NULL || psums == NULL || csums == NULL || th == NULL) {
+	if (match == NULL || psums == NULL || csums == NULL || tsums == NULL || th == NULL) {
 		rc = proto_errf(err, ENOMEM, "delta encode: out of memory");
 		goto fail;
 	}
@@ -571,11 +590,14 @@ int proto_delta_encode(const struct proto_delta_version *parent,
 	for (uint32_t i = 0; i < pm->ntensors && parent->sums == NULL; i++)
 		psums[i] = PROTO_WSUM_P; /* not a valid sum: marks "not yet known" */
 	for (uint64_t i = 0, ci = 0; i < cm->ntensors; i++) {
-		uint64_t ps = 0, cs = 0;
+		uint64_t ps = 0, cs = 0, ts = 0;
 		for (uint64_t b = 0; b < cm->tensors[i].nelem; b += j.chunk_elems, ci++) {
 			ps = proto_wsum_combine(ps, b, j.outs[ci].psum);
 			cs = proto_wsum_combine(cs, b, j.outs[ci].csum);
+			if (j.outs[ci].mode != PROTO_DELTA_ZERO)
+				ts = proto_wsum_combine(ts, b, j.outs[ci].tsum);
 		}
+		tsums[i] = ts;
 		if (child->sums == NULL)
 			csums[i] = cs;
 		if (parent->sums == NULL && match[i] != PROTO_DELTA_NONE)
@@ -588,7 +610,8 @@ int proto_delta_encode(const struct proto_delta_version *parent,
 			psums[i] = proto_wsum(proto_dtype_size(pm->tensors[i].dtype), parent->data[i],
 					      pm->tensors[i].nelem);
 	/* Assemble: fixed part, child header, tensor table, chunk table, body. */
-	hdr_len = DELTA_FIXED + 8 + child->header_len + (uint64_t)cm->ntensors * DELTA_TREC;
+	hdr_len = DELTA_FIXED + 8 + child->header_len +
+		  (uint64_t)cm->ntensors * DELTA_TREC_TOUCHED;
 	for (uint64_t ci = 0; ci < j.nchunks; ci++) {
 		hdr_len += j.outs[ci].rec_len;
 		body_len += j.outs[ci].streams_len;
@@ -607,6 +630,7 @@ int proto_delta_encode(const struct proto_delta_version *parent,
 	memcpy(buf, PROTO_DELTA_MAGIC, 8);
 	delta__put_le64(buf + 40, hdr_len - DELTA_HASHED_FROM);
 	delta__put_le32(buf + 48, DELTA_VERSION);
+	delta__put_le32(buf + 52, PROTO_DELTA_F_TOUCHED);
 	proto_delta_digest(parent->header, parent->header_len, psums, pm->ntensors, buf + 56);
 	proto_delta_digest(child->header, child->header_len, csums, cm->ntensors, buf + 88);
 	delta__put_le32(buf + 120, pm->ntensors);
@@ -618,13 +642,14 @@ int proto_delta_encode(const struct proto_delta_version *parent,
 	memcpy(p, child->header, child->header_len);
 	p += child->header_len;
 	for (uint32_t i = 0; i < cm->ntensors; i++) {
-		memset(p, 0, DELTA_TREC);
+		memset(p, 0, DELTA_TREC_TOUCHED);
 		p[0] = (uint8_t)proto_dtype_size(cm->tensors[i].dtype);
 		delta__put_le32(p + 4, match[i]);
 		delta__put_le64(p + 8, cm->tensors[i].nelem);
 		delta__put_le64(p + 16, match[i] == PROTO_DELTA_NONE ? 0 : psums[match[i]]);
 		delta__put_le64(p + 24, csums[i]);
-		p += DELTA_TREC;
+		delta__put_le64(p + 32, match[i] == PROTO_DELTA_NONE ? 0 : tsums[i]);
+		p += DELTA_TREC_TOUCHED;
 	}
 	for (uint64_t ci = 0; ci < j.nchunks; ci++) {
 		memcpy(p, j.outs[ci].rec, j.outs[ci].rec_len);
@@ -663,6 +688,7 @@ fail:
 	free(match);
 	free(psums);
 	free(csums);
+	free(tsums);
 	free(th);
 	pthread_mutex_destroy(&j.lock);
 	return rc;

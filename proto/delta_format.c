@@ -204,7 +204,7 @@ int proto_delta_parse(const uint8_t *buf, size_t len, struct proto_delta *d,
 		      struct proto_err *err)
 {
 	uint8_t hash[32], digest[32];
-	uint64_t hlen, chlen, nchunks = 0, body, *csums = NULL;
+	uint64_t hlen, chlen, nchunks = 0, body, *csums = NULL, trec;
 	struct cur c;
 	int rc;
 
@@ -223,9 +223,12 @@ int proto_delta_parse(const uint8_t *buf, size_t len, struct proto_delta *d,
 	crypto_generichash(hash, 32, buf + DELTA_HASHED_FROM, hlen, NULL, 0);
 	if (sodium_memcmp(hash, buf + 8, 32) != 0)
 		return proto_errf(err, EINVAL, "delta: header hash mismatch (damaged delta)");
-	if (delta__le32(buf + 48) != DELTA_VERSION || delta__le32(buf + 52) != 0)
+	if (delta__le32(buf + 48) != DELTA_VERSION ||
+	    (delta__le32(buf + 52) & ~PROTO_DELTA_F_TOUCHED) != 0)
 		return proto_errf(err, EINVAL, "delta: unsupported version %u flags %u",
 				  delta__le32(buf + 48), delta__le32(buf + 52));
+	d->flags = delta__le32(buf + 52);
+	trec = d->flags & PROTO_DELTA_F_TOUCHED ? DELTA_TREC_TOUCHED : DELTA_TREC;
 	d->buf = buf;
 	d->len = len;
 	memcpy(d->parent_digest, buf + 56, 32);
@@ -255,7 +258,7 @@ int proto_delta_parse(const uint8_t *buf, size_t len, struct proto_delta *d,
 	d->child_header = buf + c.at;
 	d->child_header_len = (size_t)chlen;
 	c.at += chlen;
-	if ((uint64_t)d->ntensors * DELTA_TREC > c.len - c.at) {
+	if ((uint64_t)d->ntensors * trec > c.len - c.at) {
 		rc = proto_errf(err, EINVAL, "delta: tensor table truncated");
 		goto fail;
 	}
@@ -274,7 +277,8 @@ int proto_delta_parse(const uint8_t *buf, size_t len, struct proto_delta *d,
 		t->nelem = delta__le64(r + 8);
 		t->parent_sum = delta__le64(r + 16);
 		t->child_sum = delta__le64(r + 24);
-		c.at += DELTA_TREC;
+		t->touched_sum = trec > DELTA_TREC ? delta__le64(r + 32) : 0;
+		c.at += trec;
 		if ((t->elsize != 1 && t->elsize != 2 && t->elsize != 4 && t->elsize != 8) ||
 		    r[1] || r[2] || r[3])
 		{
@@ -292,9 +296,16 @@ int proto_delta_parse(const uint8_t *buf, size_t len, struct proto_delta *d,
 					t->parent, d->parent_ntensors);
 			goto fail;
 		}
-		if (t->parent == PROTO_DELTA_NONE && t->parent_sum != 0) {
+		if (t->parent == PROTO_DELTA_NONE && (t->parent_sum != 0 || t->touched_sum != 0)) {
 			rc = proto_errf(err, EINVAL, "delta: tensor %u: parent checksum without parent",
 					i);
+			goto fail;
+		}
+		/* Both halves of a wsum are residues mod p. */
+		if ((t->touched_sum & 0xffffffffu) >= PROTO_WSUM_P ||
+		    (t->touched_sum >> 32) >= PROTO_WSUM_P) {
+			rc = proto_errf(err, EINVAL, "delta: tensor %u: touched checksum %016llx is "
+					"not a checksum", i, (unsigned long long)t->touched_sum);
 			goto fail;
 		}
 		t->chunk0 = (uint32_t)nchunks;

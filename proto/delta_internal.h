@@ -10,7 +10,8 @@
 
 #define DELTA_FIXED 136u      /* bytes before the child header */
 #define DELTA_HASHED_FROM 40u /* the header hash covers [40, body) */
-#define DELTA_TREC 32u        /* bytes per tensor record */
+#define DELTA_TREC 32u        /* bytes per tensor record (flags 0) */
+#define DELTA_TREC_TOUCHED 40u /* with PROTO_DELTA_F_TOUCHED: + u64 touched_sum */
 #define DELTA_VERSION 1u
 
 /* Decoded length of each stream of a chunk; returns the stream count. */

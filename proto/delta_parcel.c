@@ -149,10 +149,10 @@ int delta__match_parcel(const struct proto_dparcel *d, const struct proto_delta 
 }
 
 /* apply_sums, with the parent's checksums from the delta itself when sums
- * is NULL. */
+ * is NULL; child_sums (may be NULL) receives the verified child's. */
 static int apply_with(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
-		      uint8_t *block, const uint64_t *sums, unsigned threads,
-		      struct proto_err *err)
+		      uint8_t *block, const uint64_t *sums, uint64_t *child_sums, bool touched,
+		      unsigned threads, struct proto_err *err)
 {
 	struct proto_delta dl;
 	uint8_t **bufs = NULL;
@@ -164,6 +164,10 @@ static int apply_with(const struct proto_dparcel *d, const uint8_t *delta, size_
 		return rc;
 	if ((rc = delta__match_parcel(d, &dl, err)) != 0)
 		goto out;
+	if (touched && !(dl.flags & PROTO_DELTA_F_TOUCHED)) {
+		rc = proto_errf(err, ENOTSUP, "delta carries no touched checksums");
+		goto out;
+	}
 	bufs = malloc(((size_t)d->npieces + 1) * sizeof(*bufs));
 	if (sums == NULL && (own = malloc(((size_t)d->npieces + 1) * sizeof(*own))) != NULL) {
 		for (uint32_t i = 0; i < d->npieces; i++)
@@ -178,6 +182,8 @@ static int apply_with(const struct proto_dparcel *d, const uint8_t *delta, size_
 		bufs[i] = block + d->pieces[i].dst_off;
 	struct proto_delta_parent par = {no_header, 0, d->npieces, sums};
 	rc = proto_delta_apply(&dl, &par, bufs, threads, err);
+	for (uint32_t i = 0; rc == 0 && child_sums != NULL && i < d->npieces; i++)
+		child_sums[i] = dl.tensors[i].child_sum;
 out:
 	free(own);
 	free(bufs);
@@ -189,13 +195,32 @@ int proto_dparcel_apply_sums(const struct proto_dparcel *d, const uint8_t *delta
 			     uint8_t *block, const uint64_t *sums, unsigned threads,
 			     struct proto_err *err)
 {
-	return apply_with(d, delta, len, block, sums, threads, err);
+	return apply_with(d, delta, len, block, sums, NULL, false, threads, err);
 }
 
 int proto_dparcel_apply_trusted(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
 				uint8_t *block, unsigned threads, struct proto_err *err)
 {
-	return apply_with(d, delta, len, block, NULL, threads, err);
+	return apply_with(d, delta, len, block, NULL, NULL, false, threads, err);
+}
+
+int proto_dparcel_apply_known(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
+			      uint8_t *block, const uint64_t *sums, uint64_t *child_sums,
+			      unsigned threads, struct proto_err *err)
+{
+	uint64_t *own = NULL;
+	int rc;
+
+	if (sums == NULL) {
+		own = malloc(((size_t)d->npieces + 1) * sizeof(*own));
+		if (own == NULL)
+			return proto_errf(err, ENOMEM, "delta apply: out of memory");
+		proto_dparcel_sums(d, block, own);
+	}
+	rc = apply_with(d, delta, len, block, own != NULL ? own : sums, child_sums, own == NULL,
+			threads, err);
+	free(own);
+	return rc;
 }
 
 int proto_dparcel_apply(const struct proto_dparcel *d, const uint8_t *delta, size_t len,

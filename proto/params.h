@@ -174,6 +174,12 @@
 	 * up to the active version by the last delta alone (no dense copy); \
 	 * 0: always a copy of the whole active slot. */ \
 	X(DELTA_ROTATE, "TESSERA_DELTA_ROTATE", 1, "1: build a delta version in the retired slot (sparse catch-up), 0: copy the active slot whole") \
+	/* A delta is checked from its changed positions alone, against the \
+	 * piece checksums the node keeps for its slot; a damaged byte where \
+	 * no delta writes is found by a scrub that re-sums a rotating 1/K of \
+	 * the active slot on a worker after each activation: all of it every \
+	 * K versions. 0: no scrub. */ \
+	X(DELTA_SCRUB, "TESSERA_DELTA_SCRUB", 8, "K: a scrub re-sums 1/K of the active slot per version (0: none)") \
 	/* Clients keep their connection to the tracker open between requests \
 	 * (a node sends one at least every lease/3); the tracker closes one \
 	 * that has carried nothing for this long. */ \

@@ -812,7 +812,7 @@ static void test_checksum_catches(void **state)
 			size_t rec0 = 136 + 8 + d.child_header_len;
 			for (uint32_t i = 0; i < d.ntensors; i++) {
 				uint64_t s = htole64(c->sums[i]);
-				memcpy(buf + rec0 + (size_t)i * 32 + 24, &s, 8);
+				memcpy(buf + rec0 + (size_t)i * 40 + 24, &s, 8);
 			}
 			proto_delta_digest(d.child_header, d.child_header_len, c->sums, c->m.ntensors,
 					   buf + 88);
@@ -824,6 +824,90 @@ static void test_checksum_catches(void **state)
 		free(buf);
 		fz_free(&wrong);
 	}
+}
+
+/* The touched checksums: the encoder writes them (flag set), and apply
+ * requires the parent's elements it reads at the changed positions to sum
+ * to them. A parent damaged at a changed position passes the movement check
+ * (the child is the damaged bits plus the difference) and is refused by
+ * this one, with the buffers restored; one damaged where the delta does not
+ * write is beyond any check that reads changed positions only (it applies:
+ * the node's scrub covers those bytes). Forged fields are refused. */
+static void test_touched(void **state)
+{
+	const struct fz_version *p = fz_fixed(false), *c = fz_fixed(true);
+	uint8_t *buf;
+	size_t len;
+	struct proto_delta d;
+	struct proto_err err = {{0}};
+
+	(void)state;
+	assert_int_equal(fz_encode(p, c, 0, &buf, &len), 0);
+	assert_int_equal(proto_delta_parse(buf, len, &d, &err), 0);
+	assert_int_equal(d.flags, PROTO_DELTA_F_TOUCHED);
+	/* Tensor 0 (BF16): its first changed and first unchanged element. */
+	uint64_t ch = 0, un = 0;
+	while (memcmp(c->data[0] + 2 * ch, p->data[0] + 2 * ch, 2) == 0)
+		ch++;
+	while (memcmp(c->data[0] + 2 * un, p->data[0] + 2 * un, 2) != 0)
+		un++;
+	assert_true(ch < p->m.tensors[0].nelem && un < p->m.tensors[0].nelem);
+	assert_int_not_equal(d.tensors[0].touched_sum, 0);
+	for (int where = 0; where < 2; where++) {
+		uint8_t **bufs = calloc(d.ntensors + 1, sizeof(*bufs));
+		assert_non_null(bufs);
+		for (uint32_t i = 0; i < d.ntensors; i++) {
+			uint32_t pi = d.tensors[i].parent;
+			bufs[i] = calloc(1, d.tensors[i].nelem * d.tensors[i].elsize + 1);
+			assert_non_null(bufs[i]);
+			if (pi != PROTO_DELTA_NONE)
+				memcpy(bufs[i], p->data[pi], p->m.tensors[pi].nbytes);
+		}
+		uint64_t e = where == 0 ? ch : un;
+		bufs[0][2 * e + 1] ^= 0x40; /* the parent damaged; its sums kept as they were */
+		uint8_t *snap = malloc(p->m.tensors[0].nbytes + 1);
+		assert_non_null(snap);
+		memcpy(snap, bufs[0], p->m.tensors[0].nbytes);
+		struct proto_delta_parent par = {p->header, p->header_len, p->m.ntensors, p->sums};
+		int rc = proto_delta_apply(&d, &par, bufs, 2, &err);
+		if (where == 0) {
+			assert_int_not_equal(rc, 0);
+			assert_non_null(strstr(err.msg, "the parent differs where the delta writes"));
+			assert_memory_equal(bufs[0], snap, p->m.tensors[0].nbytes);
+		} else {
+			assert_int_equal(rc, 0); /* not visible to a sparse check */
+			assert_int_not_equal(memcmp(bufs[0], c->data[0], c->m.tensors[0].nbytes), 0);
+		}
+		for (uint32_t i = 0; i < d.ntensors; i++)
+			free(bufs[i]);
+		free(bufs);
+		free(snap);
+	}
+	/* Forged: an unknown flag; a touched checksum that is no checksum, one
+	 * on a tensor without a parent, and a wrong one. */
+	size_t rec0 = 136 + 8 + d.child_header_len;
+	uint8_t *f = malloc(len);
+	assert_non_null(f);
+	for (int forgery = 0; forgery < 3; forgery++) {
+		memcpy(f, buf, len);
+		if (forgery == 0) {
+			f[52] |= 2;
+		} else if (forgery == 1) {
+			memset(f + rec0 + 32, 0xff, 8);
+		} else {
+			f[rec0 + 32] ^= 1;
+		}
+		fz_rehash(f, len);
+		const char *why[3] = {"unsupported version", "is not a checksum",
+				      "the parent differs where the delta writes"};
+		assert_true(fz_delta_one(f, len, false, NULL, &err) < 0);
+		if (strstr(err.msg, why[forgery]) == NULL)
+			fail_msg("forgery %d: expected \"%s\", got \"%s\"", forgery, why[forgery],
+				 err.msg);
+	}
+	proto_delta_fini(&d);
+	free(f);
+	free(buf);
 }
 
 /* ---- corpus ------------------------------------------------------------- */
@@ -1020,6 +1104,7 @@ int main(void)
 		cmocka_unit_test(test_bit_flips),
 		cmocka_unit_test(test_forged_streams),
 		cmocka_unit_test(test_checksum_catches),
+		cmocka_unit_test(test_touched),
 		cmocka_unit_test(test_corpus),
 		cmocka_unit_test(test_cli),
 	};

@@ -398,20 +398,37 @@ static int env_teardown_no_standby(void **state)
 	return env_teardown(state);
 }
 
+/* The first byte where versions v and v + 1 differ on rank 0. */
+static size_t first_change(struct env *e, uint64_t v)
+{
+	size_t n = e->tp1.ranks[0].nbytes, at = 0;
+	uint8_t *a = expect_bytes(e, v), *b = expect_bytes(e, v + 1);
+
+	while (at < n && a[at] == b[at])
+		at++;
+	assert_true(at < n);
+	free(a);
+	free(b);
+	return at;
+}
+
 /* A byte of the served parent flips (as a stray write by a serving process
- * would): the next delta's parent checksums, taken from the bytes the child
- * is built on, differ from the delta's, so the node refuses it, keeps
- * serving v2 and asks for an anchor; the publisher's next version is one. */
+ * would) at a position the next delta changes. The node keeps v2's piece
+ * checksums (from the apply that built it), so v3's apply reads only the
+ * changed positions: the parent's old elements there do not sum to the
+ * delta's touched checksums, so the node refuses v3 before activating it,
+ * keeps serving v2 and asks for an anchor; the publisher's next version is
+ * one, and the deltas after it are reached bit-exact. */
 static void test_corrupted_parent(void **state)
 {
 	struct env *e = *state;
 	size_t n = e->tp1.ranks[0].nbytes;
 	uint8_t *m = map_served(e, 2, true);
 
-	m[n / 2] ^= 0x40;
+	m[first_change(e, 2)] ^= 0x40;
 	munmap(m, n);
 	export_one(e, 3, "delta");
-	assert_true(wait_log(e, "delta is for another parent", 30000));
+	assert_true(wait_log(e, "the parent differs where the delta writes", 30000));
 	assert_true(wait_log(e, "asking for an anchor", 30000));
 	assert_int_equal(tu_replica_active(e->trk, "A"), 2);
 	/* The request reached the publisher: v4 is an anchor the node takes. */
@@ -424,6 +441,53 @@ static void test_corrupted_parent(void **state)
 	export_one(e, 5, "delta");
 	assert_true(tu_wait_active(e->trk, "A", 5, 60000));
 	check_serving(e, 5);
+}
+
+/* A byte of the served slot flips where the next delta does not write:
+ * no check of the changed positions can see it, and v3 is built on it.
+ * The scrub (here TESSERA_DELTA_SCRUB=1: the whole slot after every
+ * activation) finds v3's slot damaged and drops its checksums, so v4's
+ * apply reads its parent whole, refuses it and asks for an anchor; v5 is
+ * one and v6's delta is reached bit-exact. */
+static void test_scrub(void **state)
+{
+	struct env *e = *state;
+	size_t n = e->tp1.ranks[0].nbytes, at = n / 2;
+	uint8_t *m = map_served(e, 2, true);
+	uint8_t *v2 = expect_bytes(e, 2), *v3 = expect_bytes(e, 3), *v4 = expect_bytes(e, 4);
+
+	while (v2[at] != v3[at] || v3[at] != v4[at]) /* unchanged by v3 and v4 */
+		at++;
+	free(v2);
+	free(v3);
+	free(v4);
+	m[at] ^= 0x40;
+	munmap(m, n);
+	export_one(e, 3, "delta");
+	assert_true(wait_log(e, "scrub: the slot of v3 is damaged", 60000));
+	export_one(e, 4, "delta");
+	assert_true(wait_log(e, "delta is for another parent", 30000));
+	assert_true(wait_log(e, "asking for an anchor", 30000));
+	assert_int_equal(tu_replica_active(e->trk, "A"), 3);
+	assert_true(wait_anchor_wanted(e, 30000));
+	export_one(e, 5, "anchor");
+	assert_true(tu_wait_active(e->trk, "A", 5, 60000));
+	check_serving(e, 5);
+	export_one(e, 6, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 6, 60000));
+	check_serving(e, 6);
+}
+
+static int env_setup_scrub(void **state)
+{
+	setenv("TESSERA_DELTA_SCRUB", "1", 1);
+	return env_setup_no_standby(state);
+}
+
+static int env_teardown_scrub(void **state)
+{
+	unsetenv("TESSERA_DELTA_SCRUB");
+	return env_teardown_no_standby(state);
 }
 
 /* A node restarted between two deltas holds no parent: it replays the
@@ -776,6 +840,7 @@ int main(void)
 		cmocka_unit_test(test_delta_cluster),
 		cmocka_unit_test_setup_teardown(test_corrupted_parent, env_setup_no_standby,
 						env_teardown_no_standby),
+		cmocka_unit_test_setup_teardown(test_scrub, env_setup_scrub, env_teardown_scrub),
 		cmocka_unit_test_setup_teardown(test_node_restarted, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_missed_version, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_publisher_restarted, env_setup, env_teardown),

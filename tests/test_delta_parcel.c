@@ -294,6 +294,83 @@ static void test_apply_trusted(void **state)
 	fx_fini(&f);
 }
 
+/* The apply of a node that keeps its slot's checksums (apply_known) reads
+ * nothing but the changed positions: with every page of the block that
+ * holds no change made unreadable (PROT_NONE), it applies bit for bit and
+ * hands back the child's checksums. Given a parent damaged at a changed
+ * position it is refused (the touched checksums), the block as it was;
+ * without kept checksums it reads them from the block. */
+static void test_apply_known(void **state)
+{
+	struct fx f;
+	struct proto_dparcel dp;
+	struct proto_err err;
+	uint8_t *par, *chi, *enc;
+	size_t len;
+
+	fx_init(&f, "tp2");
+	const struct proto_parcel *pc = &f.plan.parcels[0];
+	size_t n = f.dst.ranks[pc->dst_rank].nbytes, page = (size_t)sysconf(_SC_PAGESIZE);
+	size_t mapped = (n + page - 1) / page * page;
+	assert_int_equal(proto_dparcel_build(&f.m, &f.plan, pc, &f.dst, &dp, &err), 0);
+	payloads(&f, pc, &par, &chi);
+	memcpy(chi, par, pc->bytes);
+	for (uint64_t i = 4096; i + 2 <= pc->bytes; i += 64 << 10) /* one change in 64 KiB */
+		chi[i] ^= 1;
+	assert_int_equal(proto_dparcel_encode(&dp, par, chi, NULL, &enc, &len, NULL, &err), 0);
+	uint8_t *orig = block_of(&f, pc->dst_rank, pc, par), *want = block_of(&f, pc->dst_rank, pc, chi);
+	uint64_t *psums = calloc(dp.npieces + 1, sizeof(*psums));
+	uint64_t *csums = calloc(dp.npieces + 1, sizeof(*csums));
+	uint64_t *wsums = calloc(dp.npieces + 1, sizeof(*wsums));
+	assert_true(psums != NULL && csums != NULL && wsums != NULL);
+	proto_dparcel_sums(&dp, orig, psums);
+	proto_dparcel_sums(&dp, want, wsums);
+	uint8_t *blk = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	assert_true(blk != MAP_FAILED);
+	memcpy(blk, orig, n);
+	size_t hidden = 0, open = 0;
+	for (size_t at = 0; at < mapped; at += page) {
+		size_t k = PROTO_MIN(page, n > at ? n - at : 0);
+		if (k > 0 && memcmp(orig + at, want + at, k) != 0) {
+			open++;
+			continue;
+		}
+		assert_int_equal(mprotect(blk + at, page, PROT_NONE), 0);
+		hidden++;
+	}
+	print_message("apply_known: %zu pages readable (changed), %zu not\n", open, hidden);
+	assert_true(open >= 4 && hidden > 8 * open);
+	assert_int_equal(proto_dparcel_apply_known(&dp, enc, len, blk, psums, csums, 2, &err), 0);
+	assert_int_equal(mprotect(blk, mapped, PROT_READ | PROT_WRITE), 0);
+	assert_memory_equal(blk, want, n);
+	assert_memory_equal(csums, wsums, dp.npieces * sizeof(*csums));
+	/* Damaged at a changed position: refused, the block as it was. */
+	memcpy(blk, orig, n);
+	size_t at = 0;
+	while (blk[at] == want[at])
+		at++;
+	blk[at] ^= 0x80;
+	memcpy(orig, blk, n);
+	assert_int_not_equal(proto_dparcel_apply_known(&dp, enc, len, blk, psums, NULL, 1, &err), 0);
+	assert_non_null(strstr(err.msg, "the parent differs where the delta writes"));
+	assert_memory_equal(blk, orig, n);
+	/* No kept checksums: read from the (damaged) block, which is refused. */
+	assert_int_not_equal(proto_dparcel_apply_known(&dp, enc, len, blk, NULL, NULL, 1, &err), 0);
+	assert_non_null(strstr(err.msg, "another parent"));
+	assert_memory_equal(blk, orig, n);
+	munmap(blk, mapped);
+	free(psums);
+	free(csums);
+	free(wsums);
+	free(orig);
+	free(want);
+	free(enc);
+	free(par);
+	free(chi);
+	proto_dparcel_fini(&dp);
+	fx_fini(&f);
+}
+
 /* Prepared ahead, written later: the blocks are untouched until the write,
  * then equal the child, for sparse and dense changes and any pool size.
  * Every parcel of a destination rank is prepared on one pool and all are
@@ -576,6 +653,7 @@ int main(void)
 		cmocka_unit_test(test_known_sums),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_apply_trusted),
+		cmocka_unit_test(test_apply_known),
 		cmocka_unit_test(test_dpatch_roundtrip),
 		cmocka_unit_test(test_dpatch_refusals),
 		cmocka_unit_test(test_dpatch_threads_odd_sizes),
