@@ -28,6 +28,20 @@
 
 #include <stdatomic.h>
 
+/* A share of a slot's pieces with their kept checksums, to re-sum (the
+ * scrub, below). */
+struct scrub_item {
+	uint64_t off, len, sum;
+	uint32_t elsize;
+	uint32_t src_rank, dst_rank, piece;
+};
+
+struct scrub_plan {
+	struct scrub_item *items;
+	uint32_t nitems, share, k;
+	uint64_t bytes;
+};
+
 /* The last delta of this rank, to patch its parent's slot up to its child. */
 struct agent_rot_parcel {
 	uint32_t src_rank, dst_rank;
@@ -45,6 +59,7 @@ struct agent_rotation {
 	struct agent_rot_parcel *parcels;
 	uint32_t nparcels;
 	struct node_slot *slot; /* set when it runs: what the catch-up writes */
+	struct scrub_plan scrub; /* re-summed after the catch-up (no items: none) */
 };
 
 void agent_rotation_free(struct agent_rotation *r)
@@ -57,6 +72,7 @@ void agent_rotation_free(struct agent_rotation *r)
 			proto_dparcel_fini(&r->parcels[i].dp);
 	}
 	free(r->parcels);
+	free(r->scrub.items);
 	free(r);
 }
 
@@ -176,32 +192,73 @@ static const struct agent_sums *active_sums(const struct node_agent *a)
 
 /*
  * The scrub. A sparse apply cannot see a byte of its parent damaged where
- * the delta does not write (a stray write into a served slot): the child
- * inherits it and passes every check. After each activation whose slot has
- * kept checksums, a worker re-sums the pieces that start in a rotating
- * 1/K of the rank's block (TESSERA_DELTA_SCRUB) and compares them with the
- * kept ones, so every byte is re-read once every K versions and never on a
- * version's way to activation. A mismatch revokes the slot's provenance:
- * its checksums are dropped and its tag cleared, so the next delta reads
- * its parent's checksums from the bytes it is built on (refused when that
- * is a copy of the damaged slot: an anchor follows) and the damaged slot
- * is never rotated into.
+ * the delta does not write (a stray write into a served or a retired slot):
+ * the child inherits it and passes every check. So a worker re-sums the
+ * pieces that start in a rotating 1/K of the rank's block
+ * (TESSERA_DELTA_SCRUB) and compares them with the kept checksums, never on
+ * a version's way to activation: the active slot after each activation
+ * (what the next copy is made from), and the retired slot after its
+ * rotation's catch-up, between versions (what the next delta is built on:
+ * a mismatch there makes the rebuild copy the active slot instead). Every
+ * byte is re-read once every K versions. A mismatch in the active slot
+ * revokes its provenance: its checksums are dropped and its tag cleared,
+ * so the next delta reads its parent's checksums from the bytes it is
+ * built on (refused when that is a copy of the damaged slot: an anchor
+ * follows) and the damaged slot is never rotated into.
  */
-struct scrub_item {
-	uint64_t off, len, sum;
-	uint32_t elsize;
-	uint32_t src_rank, dst_rank, piece;
-};
+/* The pieces of s that start in share `share` of K of a block of len
+ * bytes; 0, or -ENOMEM (nothing to free). */
+static int scrub_plan(const struct agent_sums *s, uint32_t share, uint32_t k, size_t len,
+		      struct scrub_plan *sp)
+{
+	uint32_t n = 0;
+
+	memset(sp, 0, sizeof(*sp));
+	for (uint32_t i = 0; i < s->nparcels; i++)
+		n += s->p[i].npieces;
+	if ((sp->items = calloc(n + 1, sizeof(*sp->items))) == NULL)
+		return -ENOMEM;
+	sp->share = share;
+	sp->k = k;
+	for (uint32_t i = 0; i < s->nparcels; i++)
+		for (uint32_t q = 0; q < s->p[i].npieces; q++) {
+			const struct proto_dpiece *pc = &s->p[i].pieces[q];
+			if (pc->dst_off + pc->len > len ||
+			    (uint32_t)((unsigned __int128)pc->dst_off * k / len) != share)
+				continue;
+			sp->items[sp->nitems++] = (struct scrub_item){
+				pc->dst_off, pc->len, s->p[i].sums[q], pc->elsize,
+				s->p[i].src_rank, s->p[i].dst_rank, q};
+			sp->bytes += pc->len;
+		}
+	return 0;
+}
+
+/* Re-sums sp's pieces of host: 0, or -EIO with err naming the first that
+ * differs (of version v); stops early when *stop is set. */
+static int scrub_check(const struct scrub_plan *sp, const uint8_t *host, uint64_t v,
+		       _Atomic int *stop, struct proto_err *err)
+{
+	for (uint32_t i = 0; i < sp->nitems && (stop == NULL || !atomic_load(stop)); i++) {
+		const struct scrub_item *it = &sp->items[i];
+		uint64_t got = proto_wsum(it->elsize, host + it->off, it->len / it->elsize);
+		if (got != it->sum)
+			return proto_errf(err, EIO, "scrub: the slot of v%" PRIu64 " is damaged: piece "
+					  "%u of parcel %u<-%u (bytes %" PRIu64 "..%" PRIu64 ") sums to "
+					  "%016" PRIx64 ", not %016" PRIx64,
+					  v, it->piece, it->dst_rank, it->src_rank, it->off,
+					  it->off + it->len, got, it->sum);
+	}
+	return 0;
+}
 
 struct agent_scrub {
 	const uint8_t *host; /* the active slot's bytes, which it reads */
 	uint64_t tag, version;
-	struct scrub_item *items;
-	uint32_t nitems, share, k;
-	uint64_t bytes;
+	struct scrub_plan plan;
 	_Atomic int stop;
-	int bad; /* index of the first mismatch, -1 */
-	uint64_t got;
+	int rc;
+	struct proto_err err;
 };
 
 static void scrub_stop(struct node_agent *a)
@@ -211,7 +268,7 @@ static void scrub_stop(struct node_agent *a)
 	node_rebuild_free(a->scrub_rb);
 	a->scrub_rb = NULL;
 	if (a->scrub != NULL)
-		free(a->scrub->items);
+		free(a->scrub->plan.items);
 	free(a->scrub);
 	a->scrub = NULL;
 }
@@ -222,15 +279,7 @@ static int scrub_run(void *arg, struct proto_err *err)
 	struct agent_scrub *sc = arg;
 
 	(void)err;
-	for (uint32_t i = 0; i < sc->nitems && !atomic_load(&sc->stop); i++) {
-		const struct scrub_item *it = &sc->items[i];
-		uint64_t got = proto_wsum(it->elsize, sc->host + it->off, it->len / it->elsize);
-		if (got != it->sum) {
-			sc->bad = (int)i;
-			sc->got = got;
-			return 0;
-		}
-	}
+	sc->rc = scrub_check(&sc->plan, sc->host, sc->version, &sc->stop, &sc->err);
 	return 0;
 }
 
@@ -243,17 +292,14 @@ static void scrubbed(int rc, const struct proto_err *err, const struct node_rebu
 	(void)rc;
 	(void)err;
 	(void)t;
-	if (sc->bad < 0) {
+	if (sc->rc == 0) {
 		LOG_DEBUG("node %s: scrub of v%" PRIu64 ": share %u/%u, %u pieces, %" PRIu64
 			  " bytes match their checksums",
-			  a->node_id, sc->version, sc->share + 1, sc->k, sc->nitems, sc->bytes);
+			  a->node_id, sc->version, sc->plan.share + 1, sc->plan.k, sc->plan.nitems,
+			  sc->plan.bytes);
 	} else if (a->active != NULL && a->active->tag == sc->tag) {
-		const struct scrub_item *it = &sc->items[sc->bad];
-		LOG_WARN("node %s: scrub: the slot of v%" PRIu64 " is damaged: piece %u of parcel "
-			 "%u<-%u (bytes %" PRIu64 "..%" PRIu64 ") sums to %016" PRIx64 ", not %016"
-			 PRIx64 "; its checksums are dropped, the next delta reads its parent whole",
-			 a->node_id, sc->version, it->piece, it->dst_rank, it->src_rank, it->off,
-			 it->off + it->len, sc->got, it->sum);
+		LOG_WARN("node %s: %s; its checksums are dropped, the next delta reads its parent "
+			 "whole", a->node_id, sc->err.msg);
 		a->active->tag = 0;
 		agent_sums_free(a->sums);
 		a->sums = NULL;
@@ -273,30 +319,15 @@ static void scrub_start(struct node_agent *a)
 	if (s == NULL || k == 0 || a->active->len == 0)
 		return;
 	struct agent_scrub *sc = calloc(1, sizeof(*sc));
-	uint32_t n = 0;
-	for (uint32_t i = 0; i < s->nparcels; i++)
-		n += s->p[i].npieces;
-	if (sc == NULL || (sc->items = calloc(n + 1, sizeof(*sc->items))) == NULL) {
+	if (sc == NULL)
+		return;
+	if (scrub_plan(s, (uint32_t)(a->scrub_round++ % k), k, a->active->len, &sc->plan) != 0) {
 		free(sc);
 		return;
 	}
 	sc->host = a->active->host;
 	sc->tag = a->active->tag;
 	sc->version = a->active->version;
-	sc->k = k;
-	sc->share = (uint32_t)(a->scrub_round++ % k);
-	sc->bad = -1;
-	for (uint32_t i = 0; i < s->nparcels; i++)
-		for (uint32_t q = 0; q < s->p[i].npieces; q++) {
-			const struct proto_dpiece *pc = &s->p[i].pieces[q];
-			if (pc->dst_off + pc->len > a->active->len ||
-			    (uint32_t)((unsigned __int128)pc->dst_off * k / a->active->len) != sc->share)
-				continue;
-			sc->items[sc->nitems++] = (struct scrub_item){
-				pc->dst_off, pc->len, s->p[i].sums[q], pc->elsize,
-				s->p[i].src_rank, s->p[i].dst_rank, q};
-			sc->bytes += pc->len;
-		}
 	a->scrub = sc;
 	if (node_rebuild_start(a->base, NULL, -1, NULL, -1, 0, &a->scrub_rb, &err) != 0) {
 		LOG_WARN("node %s: no scrub of v%" PRIu64 ": %s", a->node_id, sc->version, err.msg);
@@ -324,7 +355,9 @@ static int catch_up(void *arg, struct proto_err *err)
 					  r->version, rp->dst_rank, rp->src_rank, r->parent_version,
 					  r->version, e.msg);
 	}
-	return 0;
+	/* The catch-up read the changed positions only: a share of the rest
+	 * is re-summed here, between versions. */
+	return scrub_check(&r->scrub, r->slot->host, r->version, NULL, err);
 }
 
 /* The pieces of r's parcels in the current plan: 0, or -ENOENT (logged). */
@@ -393,6 +426,14 @@ static int rotate_start(struct node_agent *a, uint64_t version, size_t len,
 		return -ENOENT;
 	}
 	r->slot = *slot;
+	/* The share the scrub after this activation takes, of the slot that
+	 * will hold the active version. */
+	const struct agent_sums *kept = active_sums(a);
+	uint32_t k = (uint32_t)proto_param(PROTO_PARAM_DELTA_SCRUB);
+	free(r->scrub.items);
+	memset(&r->scrub, 0, sizeof(r->scrub));
+	if (kept != NULL && k > 0 && len > 0)
+		(void)scrub_plan(kept, (uint32_t)((a->scrub_round + k - 1) % k), k, len, &r->scrub);
 	if (node_rebuild_start_sparse(a->base, (*slot)->host, (*slot)->memfd, a->active->host,
 				      a->active->memfd, len, catch_up, r, rb, err) != 0) {
 		node_slot_free(&a->store, *slot);
