@@ -75,6 +75,34 @@ static void memo_members(struct node_agent *a, const uint8_t *layout, uint32_t s
  * every SOURCES_EARLY_MS; later (a publisher gone for good) at the usual
  * periods: SOURCES_MIN_MS, or SWARM_REFRESH_MS when it knows peers.
  */
+/* Whether a member owns a chunk p still needs but the tracker did not list
+ * it as a source: its offer reached the tracker after our /sources. */
+static bool owner_unlisted(const struct agent_parcel *p)
+{
+	for (uint32_t c = 0; p->owner != NULL && c < p->mp->nchunks; c++) {
+		uint32_t k = p->owner[c];
+		bool listed = false;
+		if (p->state[c] != 0 || k >= p->nmembers)
+			continue;
+		for (size_t j = 0; j < p->nsrcs && !listed; j++)
+			listed = p->srcs[j].info.peer && strcmp(p->srcs[j].info.id, p->members[k]) == 0;
+		if (!listed)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * The same race with the peers: a member's offer can reach the tracker
+ * just after our first /sources, which then lists the publisher but not
+ * that member. Its chunks are its own to fetch, so we waited for it as a
+ * source we did not know: until the next answer, SOURCES_MIN_MS later and
+ * on the 100 ms tick (one rank of a delta version took 313-394 ms to
+ * fetch instead of 60-110, its last chunks 380 ms after the owner held
+ * them, in 2 of 6 versions). So early in a fetch a parcel that lacks an
+ * owner among its sources also asks again every SOURCES_EARLY_MS (the
+ * chase timer asks too, not only the tick).
+ */
 uint64_t agent_sources_gap(const struct agent_fetch *f, const struct agent_parcel *p, bool peers,
 			   uint64_t now)
 {
@@ -82,7 +110,7 @@ uint64_t agent_sources_gap(const struct agent_fetch *f, const struct agent_parce
 
 	for (size_t k = 0; k < p->nsrcs && !publisher; k++)
 		publisher = !p->srcs[k].info.peer;
-	if (!publisher && now - f->started_ms < SOURCES_EARLY_FOR_MS)
+	if (now - f->started_ms < SOURCES_EARLY_FOR_MS && (!publisher || owner_unlisted(p)))
 		return SOURCES_EARLY_MS;
 	return peers ? SWARM_REFRESH_MS : SOURCES_MIN_MS;
 }
@@ -531,6 +559,9 @@ void agent_on_verified(struct node_vjob *job, void *arg)
 	p->progress_ms = agent_now_ms();
 	LOG_DEBUG("node %s: v%" PRIu64 " chunk %u of parcel %u<-%u verified, from %s", a->node_id,
 		  f->version, rd->chunk, p->mp->dst_rank, p->mp->src_rank, rd->src_id);
+	/* With this read done the parcel may wait on its peers alone: chase
+	 * their pages now, not from the next tick (up to 100 ms later). */
+	agent_swarm_chase(a);
 	p->done++;
 	f->bytes_done += c->size;
 	if (rd->src_peer)

@@ -579,6 +579,9 @@ bool agent_swarm_banned(const struct agent_fetch *f, const char *id);
 void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer);
 /* Recounts which peers hold each chunk of parcel pi (after a source list). */
 void agent_swarm_recount(struct node_agent *a, uint32_t pi);
+/* Reads the pages of the peers a parcel waits on every TESSERA_HAVE_CHASE_MS
+ * from now, when one does (a read of ours just completed). */
+void agent_swarm_chase(struct node_agent *a);
 /* How soon after its last /sources parcel p of f may ask again, as of now
  * (agent_fetch.c). Cannot fail. */
 uint64_t agent_sources_gap(const struct agent_fetch *f, const struct agent_parcel *p, bool peers,

@@ -646,9 +646,19 @@ static void on_chase(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (!a->fanout || f == NULL || f->parcels == NULL || f->verified)
 		return;
-	for (uint32_t pi = 0; pi < f->nparcels; pi++)
+	for (uint32_t pi = 0; pi < f->nparcels; pi++) {
+		struct agent_parcel *p = &f->parcels[pi];
+		/* An owner the tracker did not list yet (agent_sources_gap). */
+		if (p->done < p->mp->nchunks && now - p->sources_ms >= agent_sources_gap(f, p, true, now))
+			agent_want_sources(a, pi);
 		poll_haves(a, f, pi, now);
+	}
 	node_fabloop_kick(a->fl);
+	chase_arm(a);
+}
+
+void agent_swarm_chase(struct node_agent *a)
+{
 	chase_arm(a);
 }
 
