@@ -13,10 +13,12 @@
  * from v(n)'s fetch, about 1 % of the slot) makes it v(n) again, touching
  * only the positions that changed: the node alternates between two slots
  * and never copies one whole. The catch-up takes the parent checksums the
- * delta carries (the tag says the slot holds that parent); the apply of the
- * next delta then takes its parent checksums from the caught-up slot
- * itself, as after a copy, so a slot that did not hold v(n-1) after all is
- * caught there and the worker falls back to the dense copy. The copy of the
+ * delta carries (the tag says the slot holds that parent); its touched
+ * checksums catch a slot that differs from v(n-1) where the delta writes,
+ * and the scrub (below) re-sums a share of the rest, between versions: a
+ * mismatch in either makes the worker fall back to the dense copy. The
+ * apply of the next delta then reads only its changed positions, from the
+ * checksums the node keeps for the active slot (below). The copy of the
  * whole active slot remains for when the retired slot is pinned, not back
  * yet, of another size, or did not come from the last delta (an anchor, a
  * chain replay, an in-place install, TESSERA_DELTA_ROTATE=0). */
@@ -256,6 +258,10 @@ struct agent_scrub {
 	const uint8_t *host; /* the active slot's bytes, which it reads */
 	uint64_t tag, version;
 	struct scrub_plan plan;
+	/* Not NULL: no checksums were kept for the slot (an anchor, a whole
+	 * fetch): every piece of these is summed instead, to be kept. */
+	struct agent_sums *learn;
+	uint64_t learn_ms;
 	_Atomic int stop;
 	int rc;
 	struct proto_err err;
@@ -267,8 +273,10 @@ static void scrub_stop(struct node_agent *a)
 		atomic_store(&a->scrub->stop, 1);
 	node_rebuild_free(a->scrub_rb);
 	a->scrub_rb = NULL;
-	if (a->scrub != NULL)
+	if (a->scrub != NULL) {
 		free(a->scrub->plan.items);
+		agent_sums_free(a->scrub->learn);
+	}
 	free(a->scrub);
 	a->scrub = NULL;
 }
@@ -279,7 +287,14 @@ static int scrub_run(void *arg, struct proto_err *err)
 	struct agent_scrub *sc = arg;
 
 	(void)err;
-	sc->rc = scrub_check(&sc->plan, sc->host, sc->version, &sc->stop, &sc->err);
+	for (uint32_t i = 0; sc->learn != NULL && i < sc->learn->nparcels; i++) {
+		struct agent_psums *ps = &sc->learn->p[i];
+		for (uint32_t q = 0; q < ps->npieces && !atomic_load(&sc->stop); q++)
+			ps->sums[q] = proto_wsum(ps->pieces[q].elsize, sc->host + ps->pieces[q].dst_off,
+						 ps->pieces[q].len / ps->pieces[q].elsize);
+	}
+	if (sc->learn == NULL)
+		sc->rc = scrub_check(&sc->plan, sc->host, sc->version, &sc->stop, &sc->err);
 	return 0;
 }
 
@@ -292,7 +307,19 @@ static void scrubbed(int rc, const struct proto_err *err, const struct node_rebu
 	(void)rc;
 	(void)err;
 	(void)t;
-	if (sc->rc == 0) {
+	if (sc->learn != NULL) {
+		/* Summed from bytes every chunk hash verified, bound to the slot
+		 * the same way as an apply's. */
+		if (a->active != NULL && a->active->tag == sc->tag && a->sums == NULL) {
+			a->sums = sc->learn;
+			sc->learn = NULL;
+			a->sums->tag = sc->tag;
+			a->sums->complete = true;
+			LOG_DEBUG("node %s: the piece checksums of v%" PRIu64 "'s slot summed in %" PRIu64
+				  " ms, off the next delta's way", a->node_id, sc->version,
+				  agent_now_ms() - sc->learn_ms);
+		}
+	} else if (sc->rc == 0) {
 		LOG_DEBUG("node %s: scrub of v%" PRIu64 ": share %u/%u, %u pieces, %" PRIu64
 			  " bytes match their checksums",
 			  a->node_id, sc->version, sc->plan.share + 1, sc->plan.k, sc->plan.nitems,
@@ -305,6 +332,58 @@ static void scrubbed(int rc, const struct proto_err *err, const struct node_rebu
 		a->sums = NULL;
 	}
 	scrub_stop(a); /* joins the worker, which is done */
+}
+
+/* After an activation without kept checksums (an anchor, a whole fetch):
+ * sums every piece of f's parcels in the active slot on a worker, so that
+ * the first delta after it need not read its parent whole. Nothing when a
+ * piece cannot be placed (the next delta reads the slot then). */
+static void sums_learn(struct node_agent *a, const struct agent_fetch *f)
+{
+	struct agent_scrub *sc = calloc(1, sizeof(*sc));
+	struct proto_err err;
+
+	if (sc == NULL || (sc->learn = sums_new(f->nparcels)) == NULL)
+		goto fail;
+	for (uint32_t i = 0; i < f->nparcels; i++) {
+		const struct agent_parcel *p = &f->parcels[i];
+		struct agent_psums *ps = &sc->learn->p[i];
+		struct proto_dparcel dp;
+		/* Only the agent's own plan's parcels (a version taken whole
+		 * from another layout's holders is not cut like a delta). */
+		if (f->full || f->plan != &a->plan || p->pp == NULL || p->pp < a->plan.parcels ||
+		    p->pp >= a->plan.parcels + a->plan.nparcels ||
+		    proto_dparcel_build(&a->model, f->plan, p->pp, &a->layout, &dp, &err) != 0)
+			goto fail;
+		*ps = (struct agent_psums){p->mp->src_rank, p->mp->dst_rank, dp.npieces, NULL, NULL};
+		ps->sums = calloc((size_t)dp.npieces + 1, sizeof(*ps->sums));
+		ps->pieces = malloc(((size_t)dp.npieces + 1) * sizeof(*ps->pieces));
+		bool fits = true;
+		for (uint32_t q = 0; q < dp.npieces; q++)
+			fits &= dp.pieces[q].dst_off + dp.pieces[q].len <= a->active->len;
+		if (ps->pieces != NULL)
+			memcpy(ps->pieces, dp.pieces, dp.npieces * sizeof(*dp.pieces));
+		proto_dparcel_fini(&dp);
+		if (ps->sums == NULL || ps->pieces == NULL || !fits)
+			goto fail;
+	}
+	memcpy(sc->learn->digest, a->active_digest, PROTO_HASH_BYTES);
+	memcpy(sc->learn->plan_src, a->plan_src, PROTO_HASH_BYTES);
+	sc->host = a->active->host;
+	sc->tag = a->active->tag;
+	sc->version = a->active->version;
+	sc->learn_ms = agent_now_ms();
+	a->scrub = sc;
+	if (node_rebuild_start(a->base, NULL, -1, NULL, -1, 0, &a->scrub_rb, &err) != 0) {
+		scrub_stop(a);
+		return;
+	}
+	node_rebuild_apply(a->scrub_rb, scrub_run, sc, scrubbed, a);
+	return;
+fail:
+	if (sc != NULL)
+		agent_sums_free(sc->learn);
+	free(sc);
 }
 
 /* Starts the scrub of the active slot's next share (nothing when its
@@ -614,6 +693,9 @@ void agent_delta_activated(struct node_agent *a, struct agent_fetch *f, struct n
 		f->csums = NULL;
 		a->sums->tag = a->active->tag;
 		scrub_start(a);
+	} else if (!a->o.install_inplace && old != a->active && a->active->len > 0 &&
+		   f->nparcels > 0) {
+		sums_learn(a, f);
 	}
 	if (a->o.install_inplace)
 		return; /* memory-tight: no second copy of the rank */

@@ -774,7 +774,9 @@ static void served_path(struct env *e, uint64_t v, char *out, size_t n)
  * activation (TESSERA_DELTA_SCRUB=1 here: the whole slot; by default a
  * share, all of it within 8 versions) finds the slot damaged and revokes
  * it: its checksums are dropped, so v5, built by rotation from v3's slot,
- * reads its parent's checksums whole, and is bit-exact. */
+ * reads its parent's checksums whole, and is bit-exact. (When the byte
+ * flips while the catch-up still runs, the catch-up's own scrub finds it
+ * and v4 is built on a copy of v3, bit-exact.) */
 static void test_rotation_damaged_slot(void **state)
 {
 	struct env *e = *state;
@@ -800,11 +802,25 @@ static void test_rotation_damaged_slot(void **state)
 	munmap(m, n);
 	export_one(e, 4, "delta");
 	assert_true(tu_wait_active(e->trk, "A", 4, 60000));
-	assert_true(wait_log(e, "scrub: the slot of v4 is damaged", 30000));
+	/* The log line that the catch-up is under way comes before it ends: on
+	 * a busy machine the byte may flip while it runs, and then its scrub
+	 * finds it and v4 is built on a copy of v3 instead. */
+	bool caught_up_damaged = false, scrubbed = false;
+	for (int w = 0; w < 30000 && !caught_up_damaged && !scrubbed; w += 50) {
+		scrubbed = file_has(e->node.log, "scrub: the slot of v4 is damaged");
+		caught_up_damaged = line_has(e->node.log, "v4 rebuilt from v3 by delta",
+					     "was not v3 after its delta (scrub: ");
+		usleep(50000);
+	}
+	assert_true(caught_up_damaged || scrubbed);
+	if (caught_up_damaged)
+		check_serving(e, 4);
 	assert_true(wait_log(e, "the slot of v3 made v4 by its delta for the next delta", 30000));
 	export_one(e, 5, "delta");
 	assert_true(tu_wait_active(e->trk, "A", 5, 60000));
-	assert_true(line_has(e->node.log, "v5 rebuilt from v4 by delta", "parent checksums read"));
+	if (scrubbed)
+		assert_true(line_has(e->node.log, "v5 rebuilt from v4 by delta",
+				     "parent checksums read"));
 	check_serving(e, 5);
 }
 
