@@ -888,18 +888,25 @@ static void test_touched(void **state)
 	size_t rec0 = 136 + 8 + d.child_header_len;
 	uint8_t *f = malloc(len);
 	assert_non_null(f);
-	for (int forgery = 0; forgery < 3; forgery++) {
+	uint32_t orphan = 0; /* a child tensor without a parent */
+	while (orphan < d.ntensors && d.tensors[orphan].parent != PROTO_DELTA_NONE)
+		orphan++;
+	assert_true(orphan < d.ntensors);
+	for (int forgery = 0; forgery < 4; forgery++) {
 		memcpy(f, buf, len);
 		if (forgery == 0) {
 			f[52] |= 2;
 		} else if (forgery == 1) {
 			memset(f + rec0 + 32, 0xff, 8);
-		} else {
+		} else if (forgery == 2) {
 			f[rec0 + 32] ^= 1;
+		} else {
+			f[rec0 + (size_t)orphan * 40 + 32] = 1;
 		}
 		fz_rehash(f, len);
-		const char *why[3] = {"unsupported version", "is not a checksum",
-				      "the parent differs where the delta writes"};
+		const char *why[4] = {"unsupported version", "is not a checksum",
+				      "the parent differs where the delta writes",
+				      "parent checksum without parent"};
 		assert_true(fz_delta_one(f, len, false, NULL, &err) < 0);
 		if (strstr(err.msg, why[forgery]) == NULL)
 			fail_msg("forgery %d: expected \"%s\", got \"%s\"", forgery, why[forgery],
