@@ -81,6 +81,11 @@ static void on_addendum(const struct trk_answer *ans, void *arg)
 
 	if (f == NULL || !f->want_addendum)
 		return;
+	if (ans->status == 410 && f->full) { /* a newer version came: none will */
+		LOG_INFO("node %s: %s", a->node_id, ans->error);
+		no_cover(a);
+		return;
+	}
 	if (ans->status != 200) {
 		again(a, ans->error);
 		return;

@@ -187,6 +187,7 @@ struct agent_read {
 
 struct agent_fetch {
 	uint64_t version;
+	uint64_t id; /* a->fetch_ids when started: its tracker answers carry it */
 	struct proto_manifest man;
 	bool have_man;
 	const struct proto_mlayout *ml;
@@ -318,6 +319,10 @@ struct node_agent {
 	struct agent_fetch *fetch;
 	struct agent_fetch *stopped_fetch; /* node_agent_stop -> node_agent_free */
 	uint64_t gen;
+	/* Manifest requests of fetches (agent_version.c): an answer counts
+	 * only for the fetch that asked, not for one started since. */
+	uint64_t fetch_ids;
+	struct agent_man_ask *man_asks;
 	/* The plan from the trainer layout to ours, kept across versions. */
 	struct proto_plan plan;
 	bool have_plan;
@@ -436,6 +441,10 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 void agent_fetch_free(struct node_agent *a, struct agent_fetch *f);
 
 void agent_fetch_drop(struct node_agent *a);
+
+/* Frees the tickets of manifest requests still out (node_agent_free, with
+ * the tracker client about to go: none calls back). */
+void agent_man_asks_fini(struct node_agent *a);
 
 void agent_fetch_fail(struct node_agent *a, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));

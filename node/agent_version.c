@@ -358,10 +358,61 @@ void agent_with_addendum(struct node_agent *a)
 	with_layout(a);
 }
 
+/* A manifest request of one fetch: the fetch may be dropped and another
+ * started before the answer comes (the replica's target moved), and that
+ * answer is not the new fetch's. Tickets live in a->man_asks until their
+ * answer (or node_agent_free). */
+struct agent_man_ask {
+	struct node_agent *a;
+	uint64_t fetch_id;
+	struct agent_man_ask *next;
+};
+
+static int ask_manifest(struct node_agent *a, uint64_t v, trk_client_cb cb)
+{
+	struct agent_man_ask *t = malloc(sizeof(*t));
+
+	if (t == NULL)
+		return -ENOMEM;
+	*t = (struct agent_man_ask){a, a->fetch->id, a->man_asks};
+	if (trk_client_get_manifest(a->trk, v, cb, t) != 0) {
+		free(t);
+		return -EIO;
+	}
+	a->man_asks = t;
+	return 0;
+}
+
+/* The fetch that asked, if it is still the current one (else NULL: the
+ * answer is dropped); the ticket is freed. */
+static struct agent_fetch *man_answered(void *arg, struct node_agent **ap)
+{
+	struct agent_man_ask *t = arg, **pp;
+	struct node_agent *a = t->a;
+
+	for (pp = &a->man_asks; *pp != NULL && *pp != t; pp = &(*pp)->next)
+		;
+	if (*pp == t)
+		*pp = t->next;
+	*ap = a;
+	bool current = a->fetch != NULL && a->fetch->id == t->fetch_id;
+	free(t);
+	return current ? a->fetch : NULL;
+}
+
+void agent_man_asks_fini(struct node_agent *a)
+{
+	while (a->man_asks != NULL) {
+		struct agent_man_ask *t = a->man_asks;
+		a->man_asks = t->next;
+		free(t);
+	}
+}
+
 static void on_parent(const struct trk_answer *ans, void *arg)
 {
-	struct node_agent *a = arg;
-	struct agent_fetch *f = a->fetch;
+	struct node_agent *a;
+	struct agent_fetch *f = man_answered(arg, &a);
 	struct proto_manifest pm;
 	struct proto_err err;
 
@@ -388,8 +439,8 @@ static void on_parent(const struct trk_answer *ans, void *arg)
 
 static void on_manifest(const struct trk_answer *ans, void *arg)
 {
-	struct node_agent *a = arg;
-	struct agent_fetch *f = a->fetch;
+	struct node_agent *a;
+	struct agent_fetch *f = man_answered(arg, &a);
 	struct proto_err err;
 
 	if (f == NULL)
@@ -426,7 +477,7 @@ static void on_manifest(const struct trk_answer *ans, void *arg)
 			return;
 		}
 		with_manifest(a);
-	} else if (trk_client_get_manifest(a->trk, f->man.parent_version, on_parent, a) != 0) {
+	} else if (ask_manifest(a, f->man.parent_version, on_parent) != 0) {
 		agent_fetch_fail(a, "cannot fetch the parent manifest");
 	}
 }
@@ -438,10 +489,11 @@ void agent_start_fetch(struct node_agent *a, uint64_t v)
 	if (f == NULL)
 		return;
 	f->version = v;
+	f->id = ++a->fetch_ids;
 	f->started_ms = agent_now_ms();
 	a->fetch = f;
 	a->gen++;
 	agent_report(a, v, TRK_STATE_FETCHING, NULL, NULL);
-	if (trk_client_get_manifest(a->trk, v, on_manifest, a) != 0)
+	if (ask_manifest(a, v, on_manifest) != 0)
 		agent_fetch_fail(a, "cannot ask for the manifest");
 }
