@@ -358,61 +358,82 @@ void agent_with_addendum(struct node_agent *a)
 	with_layout(a);
 }
 
-/* A manifest request of one fetch: the fetch may be dropped and another
- * started before the answer comes (the replica's target moved), and that
- * answer is not the new fetch's. Tickets live in a->man_asks until their
- * answer (or node_agent_free). */
-struct agent_man_ask {
+/* A tracker request of one fetch (its manifest, its parent's, its
+ * addendum or raw copy): the fetch may be dropped and another started
+ * before the answer comes (the replica's target moved), and that answer is
+ * not the new fetch's. Tickets live in a->fetch_asks until their answer
+ * (or node_agent_free). */
+struct agent_fetch_ask {
 	struct node_agent *a;
 	uint64_t fetch_id;
-	struct agent_man_ask *next;
+	struct agent_fetch_ask *next;
 };
 
-static int ask_manifest(struct node_agent *a, uint64_t v, trk_client_cb cb)
+struct agent_fetch_ask *agent_fetch_ask_new(struct node_agent *a)
 {
-	struct agent_man_ask *t = malloc(sizeof(*t));
+	struct agent_fetch_ask *t = malloc(sizeof(*t));
 
 	if (t == NULL)
-		return -ENOMEM;
-	*t = (struct agent_man_ask){a, a->fetch->id, a->man_asks};
-	if (trk_client_get_manifest(a->trk, v, cb, t) != 0) {
-		free(t);
-		return -EIO;
-	}
-	a->man_asks = t;
-	return 0;
+		return NULL;
+	*t = (struct agent_fetch_ask){a, a->fetch->id, a->fetch_asks};
+	a->fetch_asks = t;
+	return t;
 }
 
-/* The fetch that asked, if it is still the current one (else NULL: the
- * answer is dropped); the ticket is freed. */
-static struct agent_fetch *man_answered(void *arg, struct node_agent **ap)
+/* Unlinks and frees t; returns its agent. */
+static struct node_agent *ask_free(struct agent_fetch_ask *t)
 {
-	struct agent_man_ask *t = arg, **pp;
 	struct node_agent *a = t->a;
+	struct agent_fetch_ask **pp;
 
-	for (pp = &a->man_asks; *pp != NULL && *pp != t; pp = &(*pp)->next)
+	for (pp = &a->fetch_asks; *pp != NULL && *pp != t; pp = &(*pp)->next)
 		;
 	if (*pp == t)
 		*pp = t->next;
-	*ap = a;
-	bool current = a->fetch != NULL && a->fetch->id == t->fetch_id;
 	free(t);
-	return current ? a->fetch : NULL;
+	return a;
 }
 
-void agent_man_asks_fini(struct node_agent *a)
+void agent_fetch_ask_cancel(struct agent_fetch_ask *t)
 {
-	while (a->man_asks != NULL) {
-		struct agent_man_ask *t = a->man_asks;
-		a->man_asks = t->next;
+	if (t != NULL)
+		ask_free(t);
+}
+
+struct agent_fetch *agent_fetch_answered(void *arg, struct node_agent **ap)
+{
+	struct agent_fetch_ask *t = arg;
+	uint64_t id = t->fetch_id;
+	struct node_agent *a = ask_free(t);
+
+	*ap = a;
+	return a->fetch != NULL && a->fetch->id == id ? a->fetch : NULL;
+}
+
+void agent_fetch_asks_fini(struct node_agent *a)
+{
+	while (a->fetch_asks != NULL) {
+		struct agent_fetch_ask *t = a->fetch_asks;
+		a->fetch_asks = t->next;
 		free(t);
 	}
+}
+
+static int ask_manifest(struct node_agent *a, uint64_t v, trk_client_cb cb)
+{
+	struct agent_fetch_ask *t = agent_fetch_ask_new(a);
+
+	if (t == NULL || trk_client_get_manifest(a->trk, v, cb, t) != 0) {
+		agent_fetch_ask_cancel(t);
+		return -EIO;
+	}
+	return 0;
 }
 
 static void on_parent(const struct trk_answer *ans, void *arg)
 {
 	struct node_agent *a;
-	struct agent_fetch *f = man_answered(arg, &a);
+	struct agent_fetch *f = agent_fetch_answered(arg, &a);
 	struct proto_manifest pm;
 	struct proto_err err;
 
@@ -440,7 +461,7 @@ static void on_parent(const struct trk_answer *ans, void *arg)
 static void on_manifest(const struct trk_answer *ans, void *arg)
 {
 	struct node_agent *a;
-	struct agent_fetch *f = man_answered(arg, &a);
+	struct agent_fetch *f = agent_fetch_answered(arg, &a);
 	struct proto_err err;
 
 	if (f == NULL)
