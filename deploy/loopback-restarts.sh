@@ -37,7 +37,8 @@ done
 D=$(mktemp -d -t tessera-handrun.XXXXXX) || exit 2
 PIDS=()
 cleanup() {
-	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+	# Nodes first, the tracker last: nodes leave cleanly.
+	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do kill "${PIDS[i]}" 2>/dev/null; done
 	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
 	[ -n "$KEEP" ] && mkdir -p "$KEEP" && cp "$D"/*.log "$KEEP"/ 2>/dev/null
 	rm -rf "$D"
