@@ -10,7 +10,9 @@
 # and where:
 #   broken-chain  a rank refused a version: "broken parent chain"
 #   no-chain      a rank warned "no chain to replay ... asking for an anchor"
-#   no-raw-copy   a raw copy that was asked for never came
+#   no-raw-copy   a raw copy that was asked for never came (the wait ran out;
+#                 "no raw copy ... will come": ended at once, a newer version
+#                 is out, is not counted)
 #   pub-retry     the publisher said more than once that the model dir is
 #                 exhausted
 # and exits 1 when any count is above zero (2 on a setup failure).
@@ -116,7 +118,7 @@ report() {
 }
 report broken-chain "$(count 'broken parent chain' A.log B.log C0.log C1.log)"
 report no-chain "$(count 'no chain to replay.*asking for an anchor' A.log B.log C0.log C1.log)"
-report no-raw-copy "$(count 'no raw copy of' A.log B.log C0.log C1.log)"
+report no-raw-copy "$(count 'no raw copy of v[0-9]* came' A.log B.log C0.log C1.log)"
 report pub-retry "$(($(count 'model dir holds only' publish.log) > 1 ? $(count 'model dir holds only' publish.log) - 1 : 0))"
 for f in A B C0 C1; do
 	grep -h 'broken parent chain\|no chain to replay\|no raw copy of' "$f".log | sed "s/^/$f: /" | head -5

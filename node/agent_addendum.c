@@ -82,8 +82,10 @@ static void on_addendum(const struct trk_answer *ans, void *arg)
 	if (f == NULL || !f->want_addendum)
 		return;
 	if (ans->status == 410 && f->full) { /* a newer version came: none will */
-		LOG_INFO("node %s: %s", a->node_id, ans->error);
-		no_cover(a);
+		a->full_failed_v = f->version;
+		agent_fetch_fail(a, "no raw copy of v%" PRIu64 " will come: a newer version is out "
+				 "(only the latest is copied); the replica moves on",
+				 f->version);
 		return;
 	}
 	if (ans->status != 200) {
