@@ -380,6 +380,7 @@ struct node_agent {
 
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
 	uint32_t model_refusals; /* registrations refused in a row: another model */
+	bool said_live; /* said that our id is still live (a previous process's) */
 	/* The members list last heard per parcel swarm, with its tag
 	 * (agent_fetch.c): {"<layout hex>/<src>/<dst>":{"tag":..,"members":[..]}}. */
 	json_t *members_memo;

@@ -200,6 +200,23 @@ static bool file_has(const char *path, const char *s)
 	return found;
 }
 
+/* How many times s is in the file at path. */
+static int file_count(const char *path, const char *s)
+{
+	uint8_t *buf;
+	size_t len;
+	struct proto_err err;
+	int n = 0;
+
+	if (proto_read_file(path, 64 << 20, &buf, &len, &err) != 0)
+		return 0;
+	for (const uint8_t *at = buf; (at = memmem(at, len - (size_t)(at - buf), s, strlen(s))) != NULL;
+	     at += strlen(s))
+		n++;
+	free(buf);
+	return n;
+}
+
 /* The first line of path holding s also holds t. */
 static bool line_has(const char *path, const char *s, const char *t)
 {
@@ -650,23 +667,6 @@ static void test_publisher_restarted(void **state)
 	export_one(e, 4, "delta");
 	assert_true(tu_wait_active(e->trk, "A", 4, 60000));
 	check_serving(e, 4);
-}
-
-/* How many times s is in the file at path. */
-static int file_count(const char *path, const char *s)
-{
-	uint8_t *buf;
-	size_t len;
-	struct proto_err err;
-	int n = 0;
-
-	if (proto_read_file(path, 64 << 20, &buf, &len, &err) != 0)
-		return 0;
-	for (const uint8_t *at = buf; (at = memmem(at, len - (size_t)(at - buf), s, strlen(s))) != NULL;
-	     at += strlen(s))
-		n++;
-	free(buf);
-	return n;
 }
 
 /* `--every` over a model dir: once its last version is out, the publisher

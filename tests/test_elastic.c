@@ -652,6 +652,32 @@ static void test_killed_node_lease(void **state)
 	assert_int_not_equal(tu_sh("grep -q 'node A/1 gone (left)' %s/tracker-*.log", e->dir), 0);
 }
 
+/* A node killed (SIGKILL) and started again while its previous
+ * registration is live (the lease here is 60 s): the tracker refuses to let
+ * the new process take the id over, and the new process says so in one
+ * line instead of waiting in silence. */
+static void test_killed_node_restarted(void **state)
+{
+	struct env *e = *state;
+	bool said = false;
+
+	start_tracker(e);
+	start_node(e, "A", 0, "tp2");
+	start_node(e, "A", 1, "tp2");
+	start_publisher(e);
+	wait_active(e, "A", 1);
+	node_proc_kill(&e->nodes[1]);
+	start_node(e, "A", 1, "tp2");
+	for (int w = 0; w < 30000 && !said; w += 100) {
+		said = tu_sh("grep -q 'the tracker still holds A/1 live (a previous process that did "
+			     "not leave): registering once its lease there ends' %s/node-A-1.log",
+			     e->dir) == 0;
+		if (!said)
+			usleep(100000);
+	}
+	assert_true(said);
+}
+
 /* ---- a tracker that lies: a proxy that alters the addenda it forwards ---- */
 
 enum lie { LIE_HASH, LIE_BINDING, LIE_NONE };
@@ -856,6 +882,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_node_refuses_forged_addendum, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_leave_sigterm, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_killed_node_lease, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_killed_node_restarted, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
