@@ -635,18 +635,25 @@ static void test_leave_sigterm(void **state)
 	proto_layout_fini(&tp1);
 }
 
-/* A node that vanishes (SIGKILL) is dropped when its lease runs out. */
-static void test_killed_node_lease(void **state)
+/* Replica A (tp2, a node per rank) activates v1; then A/1 is killed
+ * (SIGKILL: it does not leave). */
+static void kill_a1_once_active(struct env *e)
 {
-	struct env *e = *state;
-
-	setenv("TESSERA_LEASE_MS", "4000", 1);
 	start_tracker(e);
 	start_node(e, "A", 0, "tp2");
 	start_node(e, "A", 1, "tp2");
 	start_publisher(e);
 	wait_active(e, "A", 1);
 	node_proc_kill(&e->nodes[1]);
+}
+
+/* A node that vanishes (SIGKILL) is dropped when its lease runs out. */
+static void test_killed_node_lease(void **state)
+{
+	struct env *e = *state;
+
+	setenv("TESSERA_LEASE_MS", "4000", 1);
+	kill_a1_once_active(e);
 	wait_incomplete(e, "A");
 	assert_int_equal(tu_sh("grep -q 'node A/1 gone (lease expired)' %s/tracker-*.log", e->dir), 0);
 	assert_int_not_equal(tu_sh("grep -q 'node A/1 gone (left)' %s/tracker-*.log", e->dir), 0);
@@ -661,12 +668,7 @@ static void test_killed_node_restarted(void **state)
 	struct env *e = *state;
 	bool said = false;
 
-	start_tracker(e);
-	start_node(e, "A", 0, "tp2");
-	start_node(e, "A", 1, "tp2");
-	start_publisher(e);
-	wait_active(e, "A", 1);
-	node_proc_kill(&e->nodes[1]);
+	kill_a1_once_active(e);
 	start_node(e, "A", 1, "tp2");
 	for (int w = 0; w < 30000 && !said; w += 100) {
 		said = tu_sh("grep -q 'the tracker still holds A/1 live (a previous process that did "
