@@ -136,7 +136,10 @@ $(foreach m,$(MAINS),$(eval $(call program,$(m))))
 
 # ---- tests: each tests/test_X.c is one cmocka binary under ASan+UBSan -----
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(TEST_SRCS))
-# tests/filter.c: TEST_FILTER=pattern for every binary.
+# tests/filter.c: TEST_FILTER=pattern for every binary. Objects reached only
+# through this pattern rule are intermediate to make, which would delete
+# them after every build and rebuild them the next time.
+.SECONDARY: $(BUILD)/asan/tests/filter.o $(TEST_BINS:=.o)
 $(BUILD)/asan/tests/%: $(BUILD)/asan/tests/%.o $(BUILD)/asan/tests/filter.o $(asan_LIBS) \
 		$(BUILD)/asan/libtessera-client.a
 	$(CC) $(BASEFLAGS) $(SANFLAGS) $< $(BUILD)/asan/tests/filter.o $(asan_LIBS) $(BUILD)/asan/libtessera-client.a \

@@ -240,6 +240,7 @@ void node_agent_free(struct node_agent *a)
 	node_verifier_free(a->ver); /* no worker touches the fetch after this */
 	a->ver = NULL;
 	agent_fetch_free(a, f);
+	agent_fetch_asks_fini(a);
 	agent_delta_fini(a);
 	agent_swarm_fini(a);
 	agent_xl_fini(a);

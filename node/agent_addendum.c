@@ -74,13 +74,20 @@ static void again(struct node_agent *a, const char *why)
 
 static void on_addendum(const struct trk_answer *ans, void *arg)
 {
-	struct node_agent *a = arg;
-	struct agent_fetch *f = a->fetch;
+	struct node_agent *a;
+	struct agent_fetch *f = agent_fetch_answered(arg, &a);
 	struct proto_addendum ad;
 	struct proto_err err = {{0}};
 
 	if (f == NULL || !f->want_addendum)
 		return;
+	if (ans->status == 410 && f->full) { /* a newer version came: none will */
+		a->full_failed_v = f->version;
+		agent_fetch_fail(a, "no raw copy of v%" PRIu64 " will come: a newer version is out "
+				 "(only the latest is copied); the replica moves on",
+				 f->version);
+		return;
+	}
 	if (ans->status != 200) {
 		again(a, ans->error);
 		return;
@@ -121,10 +128,13 @@ static void ask(struct node_agent *a)
 	uint64_t waited = agent_now_ms() - a->fetch->started_ms;
 	uint64_t wait = proto_param(PROTO_PARAM_ADDENDUM_WAIT_MS);
 	uint32_t left = waited < wait ? (uint32_t)PROTO_MIN(wait - waited, TRK_WAIT_MAX_MS) : 1;
+	struct agent_fetch_ask *t = agent_fetch_ask_new(a);
 
-	if ((a->fetch->full ? trk_client_get_copy : trk_client_get_addendum)(
-		    a->trk, a->fetch->version, a->layout.digest, left, on_addendum, a) != 0)
+	if (t == NULL || (a->fetch->full ? trk_client_get_copy : trk_client_get_addendum)(
+				 a->trk, a->fetch->version, a->layout.digest, left, on_addendum, t) != 0) {
+		agent_fetch_ask_cancel(t);
 		again(a, "cannot ask the tracker");
+	}
 }
 
 void agent_addendum_wait(struct node_agent *a)

@@ -65,12 +65,14 @@ static void need_anchor(struct node_agent *a, const char *msg)
 static void on_holders(const struct trk_answer *ans, void *arg);
 
 /* Whether the target may be fetched whole: asks for its holders (true;
- * on_holders goes on). */
+ * on_holders goes on). Only the latest version is: the publisher makes
+ * raw copies of it alone (node/pub_addendum.c). */
 static bool ask_whole(struct node_agent *a)
 {
 	struct agent_chain *c = a->chain;
 
 	if (!a->fanout || proto_param(PROTO_PARAM_CHAIN_FULL) == 0 || a->full_failed_v == c->target ||
+	    c->latest != c->target ||
 	    trk_client_holders(a->trk, c->target, a->layout.digest, on_holders, a) != 0)
 		return false;
 	a->chain_asking = true;
@@ -185,6 +187,7 @@ static void choose(struct node_agent *a, bool full, size_t holders)
 		 c->target_raw,
 		 c->target_raw >= c->wire ? ""
 		 : a->full_failed_v == target ? ": its whole fetch failed"
+		 : c->latest != target ? ": only the latest version is copied whole"
 		 : !a->fanout || proto_param(PROTO_PARAM_CHAIN_FULL) == 0 ? ": not fetched whole here"
 			      : ": no replica holds it complete",
 		 c->target_wire);
@@ -309,6 +312,7 @@ static void on_versions(const struct trk_answer *ans, void *arg)
 		plan_fail(a, "the tracker's versions: %s", err.msg);
 		return;
 	}
+	c->latest = latest;
 	ask_manifest(a);
 }
 

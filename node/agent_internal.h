@@ -187,6 +187,7 @@ struct agent_read {
 
 struct agent_fetch {
 	uint64_t version;
+	uint64_t id; /* a->fetch_ids when started: its tracker answers carry it */
 	struct proto_manifest man;
 	bool have_man;
 	const struct proto_mlayout *ml;
@@ -273,6 +274,7 @@ struct agent_chain {
 	char nochain[400]; /* why no chain can be replayed ("": one can) */
 	struct trk_version_info *vi;     /* the tracker's versions */
 	size_t nvi;
+	uint64_t latest; /* the tracker's latest version, as listed */
 };
 
 struct node_agent {
@@ -322,6 +324,10 @@ struct node_agent {
 	struct agent_fetch *fetch;
 	struct agent_fetch *stopped_fetch; /* node_agent_stop -> node_agent_free */
 	uint64_t gen;
+	/* Tracker requests of fetches (agent_version.c): an answer counts
+	 * only for the fetch that asked, not for one started since. */
+	uint64_t fetch_ids;
+	struct agent_fetch_ask *fetch_asks;
 	/* The plan from the trainer layout to ours, kept across versions. */
 	struct proto_plan plan;
 	bool have_plan;
@@ -386,6 +392,7 @@ struct node_agent {
 
 	struct event *retry_ev, *heartbeat_ev, *tick_ev, *sync_ev;
 	uint32_t model_refusals; /* registrations refused in a row: another model */
+	bool said_live; /* said that our id is still live (a previous process's) */
 	/* The members list last heard per parcel swarm, with its tag
 	 * (agent_fetch.c): {"<layout hex>/<src>/<dst>":{"tag":..,"members":[..]}}. */
 	json_t *members_memo;
@@ -448,6 +455,18 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 void agent_fetch_free(struct node_agent *a, struct agent_fetch *f);
 
 void agent_fetch_drop(struct node_agent *a);
+
+/* A ticket for a tracker request of a->fetch (not NULL), passed as the
+ * callback's arg: agent_fetch_answered(arg, &a) in the callback gives the
+ * fetch that asked if it is still a->fetch (else NULL: drop the answer)
+ * and frees the ticket. NULL on ENOMEM. A request that could not be sent
+ * frees its ticket with agent_fetch_ask_cancel (NULL is fine). */
+struct agent_fetch_ask *agent_fetch_ask_new(struct node_agent *a);
+struct agent_fetch *agent_fetch_answered(void *arg, struct node_agent **ap);
+void agent_fetch_ask_cancel(struct agent_fetch_ask *t);
+/* Frees the tickets still out (node_agent_free, with the tracker client
+ * about to go: none calls back). */
+void agent_fetch_asks_fini(struct node_agent *a);
 
 void agent_fetch_fail(struct node_agent *a, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));

@@ -371,6 +371,7 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		if (a->lease_ms == 0)
 			a->lease_ms = proto_param(PROTO_PARAM_LEASE_MS);
 		a->registered = true;
+		a->said_live = false;
 		agent_swarm_registered(a);
 		node_metrics_set(a->am.m, a->am.registered, 1);
 		node_agent_metrics_health(&a->am, true, NULL);
@@ -400,6 +401,15 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		return;
 	}
 	a->model_refusals = 0;
+	/* Killed without leaving (SIGKILL), the previous process of this rank
+	 * still holds the id until its lease ends: said once, not after
+	 * TESSERA_WAIT_NOTICE_MS (a lease is shorter). */
+	if (ans->status == 409 && strstr(ans->error, "is live") != NULL && !a->said_live) {
+		a->said_live = true;
+		LOG_WARN("node %s: the tracker still holds %s live (a previous process that did not "
+			 "leave): registering once its lease there ends",
+			 a->node_id, a->node_id);
+	}
 	/* 409 (no model yet) or the tracker is not up: try again. */
 	LOG_DEBUG("node %s: registration: %d %s; retrying", a->node_id, ans->status, ans->error);
 	if (ans->status <= 0)

@@ -361,10 +361,82 @@ void agent_with_addendum(struct node_agent *a)
 	with_layout(a);
 }
 
+/* A tracker request of one fetch (its manifest, its parent's, its
+ * addendum or raw copy): the fetch may be dropped and another started
+ * before the answer comes (the replica's target moved), and that answer is
+ * not the new fetch's. Tickets live in a->fetch_asks until their answer
+ * (or node_agent_free). */
+struct agent_fetch_ask {
+	struct node_agent *a;
+	uint64_t fetch_id;
+	struct agent_fetch_ask *next;
+};
+
+struct agent_fetch_ask *agent_fetch_ask_new(struct node_agent *a)
+{
+	struct agent_fetch_ask *t = malloc(sizeof(*t));
+
+	if (t == NULL)
+		return NULL;
+	*t = (struct agent_fetch_ask){a, a->fetch->id, a->fetch_asks};
+	a->fetch_asks = t;
+	return t;
+}
+
+/* Unlinks and frees t; returns its agent. */
+static struct node_agent *ask_free(struct agent_fetch_ask *t)
+{
+	struct node_agent *a = t->a;
+	struct agent_fetch_ask **pp;
+
+	for (pp = &a->fetch_asks; *pp != NULL && *pp != t; pp = &(*pp)->next)
+		;
+	if (*pp == t)
+		*pp = t->next;
+	free(t);
+	return a;
+}
+
+void agent_fetch_ask_cancel(struct agent_fetch_ask *t)
+{
+	if (t != NULL)
+		ask_free(t);
+}
+
+struct agent_fetch *agent_fetch_answered(void *arg, struct node_agent **ap)
+{
+	struct agent_fetch_ask *t = arg;
+	uint64_t id = t->fetch_id;
+	struct node_agent *a = ask_free(t);
+
+	*ap = a;
+	return a->fetch != NULL && a->fetch->id == id ? a->fetch : NULL;
+}
+
+void agent_fetch_asks_fini(struct node_agent *a)
+{
+	while (a->fetch_asks != NULL) {
+		struct agent_fetch_ask *t = a->fetch_asks;
+		a->fetch_asks = t->next;
+		free(t);
+	}
+}
+
+static int ask_manifest(struct node_agent *a, uint64_t v, trk_client_cb cb)
+{
+	struct agent_fetch_ask *t = agent_fetch_ask_new(a);
+
+	if (t == NULL || trk_client_get_manifest(a->trk, v, cb, t) != 0) {
+		agent_fetch_ask_cancel(t);
+		return -EIO;
+	}
+	return 0;
+}
+
 static void on_parent(const struct trk_answer *ans, void *arg)
 {
-	struct node_agent *a = arg;
-	struct agent_fetch *f = a->fetch;
+	struct node_agent *a;
+	struct agent_fetch *f = agent_fetch_answered(arg, &a);
 	struct proto_manifest pm;
 	struct proto_err err;
 
@@ -391,8 +463,8 @@ static void on_parent(const struct trk_answer *ans, void *arg)
 
 static void on_manifest(const struct trk_answer *ans, void *arg)
 {
-	struct node_agent *a = arg;
-	struct agent_fetch *f = a->fetch;
+	struct node_agent *a;
+	struct agent_fetch *f = agent_fetch_answered(arg, &a);
 	struct proto_err err;
 
 	if (f == NULL)
@@ -429,7 +501,7 @@ static void on_manifest(const struct trk_answer *ans, void *arg)
 			return;
 		}
 		with_manifest(a);
-	} else if (trk_client_get_manifest(a->trk, f->man.parent_version, on_parent, a) != 0) {
+	} else if (ask_manifest(a, f->man.parent_version, on_parent) != 0) {
 		agent_fetch_fail(a, "cannot fetch the parent manifest");
 	}
 }
@@ -441,10 +513,11 @@ void agent_start_fetch(struct node_agent *a, uint64_t v)
 	if (f == NULL)
 		return;
 	f->version = v;
+	f->id = ++a->fetch_ids;
 	f->started_ms = agent_now_ms();
 	a->fetch = f;
 	a->gen++;
 	agent_report(a, v, TRK_STATE_FETCHING, NULL, NULL);
-	if (trk_client_get_manifest(a->trk, v, on_manifest, a) != 0)
+	if (ask_manifest(a, v, on_manifest) != 0)
 		agent_fetch_fail(a, "cannot ask for the manifest");
 }

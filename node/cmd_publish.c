@@ -164,6 +164,15 @@ static void on_trigger_done(void *arg, const struct node_pub_result *r)
 	struct app *a = arg;
 
 	node_pub_metrics_result(&a->pm, r);
+	if (r->status == -ERANGE && a->every) {
+		/* The source has no more versions (a model dir's last file is
+		 * out): asking again every tick would only repeat this. */
+		fprintf(stderr, "tessera publish: version %llu: %s; --every stops here, the versions "
+			"published stay served until the publisher is stopped\n",
+			(unsigned long long)r->version, r->error);
+		event_del(a->every_ev);
+		return;
+	}
 	if (r->status != 0) {
 		fprintf(stderr, "tessera publish: version %llu: %s\n",
 			(unsigned long long)r->version, r->error);

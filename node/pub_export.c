@@ -409,7 +409,8 @@ static void ex_finish(struct node_pub *p)
 			LOG_INFO("re-offered version %llu after a restart (%llu ms)",
 				 (unsigned long long)ex->version,
 				 (unsigned long long)ms_of(r.total_ns));
-	} else if (ex->failed) {
+	} else if (ex->failed && !(ex->status == -ERANGE && ex->req->cb != NULL)) {
+		/* (A source out of versions: the caller says so, in one line.) */
 		LOG_WARN("export of version %llu failed: %s", (unsigned long long)ex->version,
 			 ex->error);
 	}

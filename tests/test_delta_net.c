@@ -200,6 +200,23 @@ static bool file_has(const char *path, const char *s)
 	return found;
 }
 
+/* How many times s is in the file at path. */
+static int file_count(const char *path, const char *s)
+{
+	uint8_t *buf;
+	size_t len;
+	struct proto_err err;
+	int n = 0;
+
+	if (proto_read_file(path, 64 << 20, &buf, &len, &err) != 0)
+		return 0;
+	for (const uint8_t *at = buf; (at = memmem(at, len - (size_t)(at - buf), s, strlen(s))) != NULL;
+	     at += strlen(s))
+		n++;
+	free(buf);
+	return n;
+}
+
 /* The first line of path holding s also holds t. */
 static bool line_has(const char *path, const char *s, const char *t)
 {
@@ -716,6 +733,31 @@ static void test_publisher_restarted(void **state)
 	check_serving(e, 4);
 }
 
+/* `--every` over a model dir: once its last version is out, the publisher
+ * says so once and stops exporting (it asked again every tick, each time
+ * failing the same way); it keeps serving what it published. */
+static void test_every_model_dir_runs_out(void **state)
+{
+	struct env *e = *state;
+	char bin[512], log[600];
+
+	node_proc_stop(&e->publisher, 5000);
+	tu_bin(bin, sizeof(bin), "tessera");
+	snprintf(log, sizeof(log), "%s/publisher-every.log", e->dir);
+	char *argv[] = {bin, "publish", "--tracker", e->url, "--key", e->key, "--model-dir", e->mdir,
+			"--layout", "fsdp2", "--every", "100", "--anchor-every", "10", NULL};
+	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", argv, log), 0);
+	/* v3..v7: the files v2..v6; then no v8. */
+	assert_true(wait_log_of(&e->publisher, "--every stops here", 60000));
+	assert_true(line_has(log, "version 8: the model dir holds only 7 versions", "stops here"));
+	assert_true(tu_wait_active(e->trk, "A", 7, 60000));
+	check_serving(e, 7);
+	/* Ticks go on every 100 ms: 2 s are 20 of them, none exports. */
+	for (int w = 0; w < 2000 && file_count(log, "holds only") == 1; w += 50)
+		usleep(50000);
+	assert_int_equal(file_count(log, "holds only"), 1);
+}
+
 /* The publisher gathers v3 on into the raw buffers v1 and v2 gave back
  * (two trainer ranks: two a version), which hold those versions' bytes,
  * and keeps its snapshot blocks: every
@@ -884,6 +926,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_node_restarted, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_missed_version, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_publisher_restarted, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_every_model_dir_runs_out, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_recycled_buffers, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_rotation_damaged_slot, env_setup_scrub1,
 						env_teardown_scrub1),

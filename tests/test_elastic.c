@@ -635,21 +635,49 @@ static void test_leave_sigterm(void **state)
 	proto_layout_fini(&tp1);
 }
 
-/* A node that vanishes (SIGKILL) is dropped when its lease runs out. */
-static void test_killed_node_lease(void **state)
+/* Replica A (tp2, a node per rank) activates v1; then A/1 is killed
+ * (SIGKILL: it does not leave). */
+static void kill_a1_once_active(struct env *e)
 {
-	struct env *e = *state;
-
-	setenv("TESSERA_LEASE_MS", "4000", 1);
 	start_tracker(e);
 	start_node(e, "A", 0, "tp2");
 	start_node(e, "A", 1, "tp2");
 	start_publisher(e);
 	wait_active(e, "A", 1);
 	node_proc_kill(&e->nodes[1]);
+}
+
+/* A node that vanishes (SIGKILL) is dropped when its lease runs out. */
+static void test_killed_node_lease(void **state)
+{
+	struct env *e = *state;
+
+	setenv("TESSERA_LEASE_MS", "4000", 1);
+	kill_a1_once_active(e);
 	wait_incomplete(e, "A");
 	assert_int_equal(tu_sh("grep -q 'node A/1 gone (lease expired)' %s/tracker-*.log", e->dir), 0);
 	assert_int_not_equal(tu_sh("grep -q 'node A/1 gone (left)' %s/tracker-*.log", e->dir), 0);
+}
+
+/* A node killed (SIGKILL) and started again while its previous
+ * registration is live (the lease here is 60 s): the tracker refuses to let
+ * the new process take the id over, and the new process says so in one
+ * line instead of waiting in silence. */
+static void test_killed_node_restarted(void **state)
+{
+	struct env *e = *state;
+	bool said = false;
+
+	kill_a1_once_active(e);
+	start_node(e, "A", 1, "tp2");
+	for (int w = 0; w < 30000 && !said; w += 100) {
+		said = tu_sh("grep -q 'the tracker still holds A/1 live (a previous process that did "
+			     "not leave): registering once its lease there ends' %s/node-A-1.log",
+			     e->dir) == 0;
+		if (!said)
+			usleep(100000);
+	}
+	assert_true(said);
 }
 
 /* ---- a tracker that lies: a proxy that alters the addenda it forwards ---- */
@@ -856,6 +884,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_node_refuses_forged_addendum, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_leave_sigterm, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_killed_node_lease, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_killed_node_restarted, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

@@ -2367,6 +2367,115 @@ static void test_layout_retention(void **state)
 	assert_true(tp1);
 }
 
+/* Publishes v, a delta against v - 1 when delta, else an anchor. */
+static void publish_kind(struct fx *f, uint64_t v, uint8_t (*digs)[PROTO_HASH_BYTES], bool delta)
+{
+	struct trk_reply r;
+	uint8_t *buf;
+	size_t len;
+
+	make_manifest(f, &(struct mopts){.version = v, .parent = v - 1, .parent_digest = digs[v - 1],
+					 .delta = delta},
+		      &buf, &len, digs[v]);
+	assert_int_equal(publish(f, buf, len, &r), 201);
+	trk_reply_fini(&r);
+	free(buf);
+}
+
+/* Rule 5 of "Replica targets": a rank that registers late (or again,
+ * restarted) is not handed a delta target it cannot build. While the
+ * target's chain is served it joins the target; once a newer anchor has
+ * replaced that chain, the target moves to a version it can reach. */
+static void test_target_late_rank_chain_gone(void **state)
+{
+	struct fx *f = *state;
+	uint8_t digs[8][PROTO_HASH_BYTES] = {{0}};
+
+	register_publisher(f);
+	publish_kind(f, 1, digs, false);
+	publish_kind(f, 2, digs, true);
+	register_node_ok(f, "A", 0, TP2);
+	assert_int_equal(target_of(f, "A"), 2);
+	report_ok(f, "A/0", 2, "verified"); /* and waits for rank 1 */
+	/* v3 extends the chain v1 (anchor), v2: A/1 can replay it to v2. */
+	publish_kind(f, 3, digs, true);
+	register_node_ok(f, "A", 1, TP2);
+	assert_int_equal(target_of(f, "A"), 2);
+	/* A/1 restarts after a new anchor (v4) replaced that chain: v2 is a
+	 * delta nothing serves a way to any more; the replica moves on. */
+	publish_kind(f, 4, digs, false);
+	publish_kind(f, 5, digs, true);
+	register_node_ok(f, "A", 1, TP2);
+	assert_int_equal(target_of(f, "A"), 5);
+	/* A rank active on the target's parent builds the delta itself: the
+	 * target stays however the chain goes. */
+	report_ok(f, "A/0", 5, "verified");
+	report_ok(f, "A/1", 5, "verified");
+	report_ok(f, "A/0", 5, "active");
+	report_ok(f, "A/1", 5, "active");
+	publish_kind(f, 6, digs, true);
+	report_ok(f, "A/0", 6, "fetching");
+	assert_int_equal(target_of(f, "A"), 6);
+	publish_kind(f, 7, digs, false);
+	report_ok(f, "A/0", 6, "fetching"); /* A/1 has not: it is active on v5 */
+	assert_int_equal(target_of(f, "A"), 6);
+}
+
+struct held_get {
+	const char *url;
+	char path[256];
+	struct trk_reply r;
+	pthread_t th;
+};
+
+static void *held_get_main(void *arg)
+{
+	struct held_get *h = arg;
+	struct trk_client *c = NULL;
+	struct proto_err err = {{0}};
+
+	trk_reply_init(&h->r);
+	if (trk_client_new(NULL, h->url, NULL, &c, &err) == 0) {
+		trk_client_call(c, "GET", h->path, NULL, NULL, 0, &h->r);
+		trk_client_free(c);
+	}
+	return NULL;
+}
+
+/* Raw copies are made of the latest version only: a node's wait for the
+ * copy of an older one ends (410) as soon as a newer version is published,
+ * not when wait_ms runs out, and a new ask for it is answered 410 at once. */
+static void test_copy_of_old_version(void **state)
+{
+	struct fx *f = *state;
+	uint8_t digs[4][PROTO_HASH_BYTES] = {{0}};
+	char lh[2 * PROTO_HASH_BYTES + 1], path[256];
+	struct held_get h = {.url = f->srv.url};
+	struct trk_reply r;
+
+	register_publisher(f);
+	register_node_ok(f, "A", 0, TP2);
+	publish_kind(f, 1, digs, false);
+	publish_kind(f, 2, digs, true);
+	sodium_bin2hex(lh, sizeof(lh), f->tp2.digest, PROTO_HASH_BYTES);
+	snprintf(path, sizeof(path), TRK_API "/addenda?version=2&layout=%s&copy=1", lh);
+	assert_int_equal(get(f, path, &r), 404); /* the latest: one may come */
+	trk_reply_fini(&r);
+	snprintf(h.path, sizeof(h.path), "%s&wait_ms=30000", path);
+	assert_int_equal(pthread_create(&h.th, NULL, held_get_main, &h), 0);
+	/* Held (or, if it comes after v3, answered at once): 410 either way. */
+	for (int i = 0; i < 200 && metric_value(f, "tessera_tracker_watches_held") < 1; i++)
+		msleep(10);
+	publish_kind(f, 3, digs, true);
+	pthread_join(h.th, NULL);
+	assert_int_equal(h.r.status, 410);
+	assert_non_null(strstr(h.r.error, "no longer the latest"));
+	trk_reply_fini(&h.r);
+	assert_int_equal(get(f, path, &r), 410);
+	assert_non_null(strstr(r.error, "no raw copy of it will be made"));
+	trk_reply_fini(&r);
+}
+
 /* The rule of "Replica targets" in API.md, one property at a time. */
 static void test_replica_target(void **state)
 {
@@ -3992,6 +4101,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_duplicate_and_refetched_bytes, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_reports_out_of_order, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_replica_target, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_target_late_rank_chain_gone, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_copy_of_old_version, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_layout_retention, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_chain_retention, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources, setup_open, teardown),

@@ -407,14 +407,27 @@ void trk__handle_addendum_post(struct trk_call *c)
 				      ad->e[ad->n - 1].a.layout.layout_digest);
 }
 
+/* The publisher makes raw copies of the latest version only: it keeps
+ * no other version's raw parcels (pub_addendum.c). */
+static bool copy_gone(struct trk_server *s, uint64_t v)
+{
+	return v != trk__versions_latest(s->vs);
+}
+
+#define COPY_GONE_FMT "version %llu is no longer the latest: no raw copy of it will be made"
+
 void trk__addendum_reply_req(struct trk_server *s, struct evhttp_request *req, uint64_t v,
-			     const uint8_t *layout)
+			     const uint8_t *layout, bool copy)
 {
 	const struct trk_addendum *e = find(s->ad, v, layout);
+	char msg[128];
 
-	if (e != NULL)
+	if (e != NULL) {
 		trk__reply_req_raw(s, req, 200, "application/octet-stream", e->raw, e->rawlen);
-	else
+	} else if (copy && copy_gone(s, v)) {
+		snprintf(msg, sizeof(msg), COPY_GONE_FMT, (unsigned long long)v);
+		trk__reply_req_json(s, req, 410, json_pack("{s:s}", "error", msg));
+	} else
 		trk__reply_req_json(s, req, 404, json_pack("{s:s}", "error",
 							  "no addendum for that layout yet"));
 }
@@ -451,10 +464,14 @@ void trk__handle_addendum_get(struct trk_call *c)
 		return;
 	}
 	e = find(c->s->ad, v, layout);
+	if (e == NULL && copy && copy_gone(c->s, v)) {
+		trk__fail(c, 410, COPY_GONE_FMT, (unsigned long long)v);
+		return;
+	}
 	if (e == NULL && copy)
 		want_copy(c->s, v, layout);
 	if (e == NULL && wait_ms > 0) { /* answered when it is posted */
-		trk__versions_hold_addendum(c, v, layout, wait_ms);
+		trk__versions_hold_addendum(c, v, layout, wait_ms, copy);
 		return;
 	}
 	if (e == NULL) {

@@ -283,10 +283,11 @@ const uint8_t *trk__versions_pk(const struct trk_versions *vs);
 void trk__versions_replica_alive(struct trk_versions *vs);
 /* Holds c (GET /addenda?version=V&layout=HEX&wait_ms=N) until the
  * addendum of v for layout is posted (trk__versions_addendum_posted) or
- * wait_ms passes; either way answered by trk__addendum_reply_req. -ENOMEM
+ * wait_ms passes, or (copy: a raw copy is waited for) a newer version is
+ * published; each way answered by trk__addendum_reply_req. -ENOMEM
  * (c answered 500). */
 int trk__versions_hold_addendum(struct trk_call *c, uint64_t v, const uint8_t *layout,
-				uint64_t wait_ms);
+				uint64_t wait_ms, bool copy);
 /* The addendum of v for layout is stored: its held requests are answered. */
 void trk__versions_addendum_posted(struct trk_versions *vs, uint64_t v, const uint8_t *layout);
 
@@ -730,9 +731,10 @@ const struct proto_mlayout *trk__version_layout(struct trk_server *s, uint64_t v
 /* v's addenda as status JSON (new array; NULL on ENOMEM). */
 json_t *trk__addenda_json(struct trk_server *s, uint64_t v);
 /* Answers req (held, outside trk_call) with the addendum of v for layout,
- * or 404 when there is none. */
+ * or 404 when there is none (410 when a raw copy is asked for, copy, and
+ * none will come: v is no longer the latest). */
 void trk__addendum_reply_req(struct trk_server *s, struct evhttp_request *req, uint64_t v,
-			     const uint8_t *layout);
+			     const uint8_t *layout, bool copy);
 /* The layouts (hex, each once) of live replicas that v does not cover yet:
  * what the publisher is asked to add (new array; NULL on ENOMEM). */
 json_t *trk__version_uncovered(struct trk_server *s, uint64_t v);

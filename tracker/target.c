@@ -21,6 +21,12 @@
  *   4. Something newer than T exists and no live rank has reported T at all
  *      (nobody started on it): T is picked, so a replica that was idle
  *      starts on the newest version instead of an old one.
+ *   5. Something newer than T exists, T is a delta that a live rank has
+ *      not reported and cannot build (it is not active on T's parent, T's
+ *      anchor is no longer served: T is not in the latest version's chain,
+ *      and no raw copy of T will be made: only the latest is copied): T is
+ *      picked among the other versions. A rank joining late (or restarted)
+ *      is so never handed a version it can only refuse.
  * Picking: the newest version above R's active one that some live rank
  * holds verified (and that is neither dropped nor failed there), so a rank
  * that finished a version is not stranded on it; else the latest version.
@@ -42,6 +48,15 @@ static bool rank_reported(const struct trk_node *n, uint64_t v)
 {
 	for (size_t i = 0; n != NULL && n->alive && i < n->nvers; i++)
 		if (n->vers[i].version == v)
+			return true;
+	return false;
+}
+
+/* n is active on v: a delta against v builds on what it serves. */
+static bool rank_active_on(const struct trk_node *n, uint64_t v)
+{
+	for (size_t i = 0; n != NULL && n->alive && i < n->nvers; i++)
+		if (n->vers[i].version == v && n->vers[i].state == TRK_STATE_ACTIVE)
 			return true;
 	return false;
 }
@@ -133,6 +148,24 @@ json_t *trk__version_retain_layouts(struct trk_server *s, uint64_t v)
 		}
 	}
 	return a;
+}
+
+/* Rule 5: v (not the latest) is a delta out of the latest's chain that a
+ * live rank has no way to: it never reported v and is not active on its
+ * parent. */
+static bool unreachable(struct trk_server *s, const struct trk_replica *rep, uint64_t v)
+{
+	const struct trk_version *ver = trk__versions_find(s->vs, v);
+
+	if (ver == NULL || ver->kind != PROTO_KIND_DELTA || v == trk__versions_latest(s->vs) ||
+	    trk__version_in_chain(s, v))
+		return false;
+	for (uint32_t i = 0; i < rep->nranks; i++) {
+		const struct trk_node *n = rep->ranks[i];
+		if (n != NULL && n->alive && !rank_reported(n, v) && !rank_active_on(n, ver->parent))
+			return true;
+	}
+	return false;
 }
 
 /* v is dropped for rep: no live publisher serves v's parcels of its layout. */
@@ -266,6 +299,9 @@ void trk__replica_update_target(struct trk_server *s, struct trk_replica *rep)
 	} else if (latest > t && !any_rank(rep, t, rank_reported)) {
 		t = pick(s, rep, t);
 		why = "no rank had started on the old one";
+	} else if (latest > t && unreachable(s, rep, t)) {
+		t = pick(s, rep, t);
+		why = "a rank cannot build the old one: its chain is no longer served";
 	}
 	if (t == rep->target)
 		return;

@@ -35,7 +35,8 @@
 /* A held request (a long-poll): a watch of the versions after `after`;
  * with `layouts`, a publisher's, also ended when a replica comes alive
  * (layouts_rev moves); with `addendum`, a node's wait for the addendum of
- * version `after` for `layout`, ended when it is posted. */
+ * version `after` for `layout`, ended when it is posted (and, with `copy`,
+ * a raw copy's, when a newer version makes sure none will come). */
 TAILQ_HEAD(waiter_list, waiter);
 struct waiter {
 	struct trk_versions *vs;
@@ -43,7 +44,7 @@ struct waiter {
 	struct evhttp_connection *conn;
 	struct event *timer;
 	uint64_t after;
-	bool layouts, addendum;
+	bool layouts, addendum, copy;
 	uint8_t layout[PROTO_HASH_BYTES];
 	struct waiter_list *list; /* the one of vs's lists it is on */
 	TAILQ_ENTRY(waiter) link;
@@ -719,12 +720,12 @@ static void waiter_answer(struct waiter *w)
 	struct evhttp_request *req = w->req;
 	uint64_t after = w->after;
 	uint8_t layout[PROTO_HASH_BYTES];
-	bool addendum = w->addendum;
+	bool addendum = w->addendum, copy = w->copy;
 
 	memcpy(layout, w->layout, sizeof(layout));
 	waiter_free(w);
 	if (addendum)
-		trk__addendum_reply_req(s, req, after, layout);
+		trk__addendum_reply_req(s, req, after, layout, copy);
 	else
 		trk__reply_req_json(s, req, 200, list_after(s, after));
 }
@@ -769,6 +770,13 @@ static void wake_waiters(struct trk_versions *vs)
 		next = TAILQ_NEXT(w, link);
 		if (next == NULL && w->list == &vs->waiters)
 			next = TAILQ_FIRST(&vs->special); /* then publishers' watches */
+		/* Raw copies are made of the latest version only (the
+		 * publisher keeps no other's raw parcels): a newer one
+		 * ends the wait for an older one's, at once. */
+		if (w->addendum && w->copy && latest > after) {
+			waiter_answer(w);
+			continue;
+		}
 		if (latest <= after || w->addendum)
 			continue;
 		for (size_t i = 0; i < nmemo && txt == NULL; i++)
@@ -873,13 +881,14 @@ void trk__handle_versions(struct trk_call *c)
 }
 
 int trk__versions_hold_addendum(struct trk_call *c, uint64_t v, const uint8_t *layout,
-				uint64_t wait_ms)
+				uint64_t wait_ms, bool copy)
 {
 	struct waiter *w = hold(c, v, PROTO_MIN(wait_ms, TRK_WAIT_MAX_MS));
 
 	if (w == NULL)
 		return -ENOMEM;
 	w->addendum = true;
+	w->copy = copy;
 	memcpy(w->layout, layout, PROTO_HASH_BYTES);
 	special(w);
 	return 0;
