@@ -272,6 +272,7 @@ static bool standby_wait(struct node_agent *a)
 		LOG_INFO("node %s: peers still read from this node after %u ms: the standby copy of v%"
 			 PRIu64 " is made all the same", a->node_id, STANDBY_DEFER_MAX_MS,
 			 a->active->version);
+		a->standby_defer_ms = 0; /* said: on_standby does not say it went ahead */
 		return false;
 	}
 	agent_arm(a->standby_ev, quiet);
