@@ -113,9 +113,12 @@ static int copy_start(struct node_agent *a, uint64_t version, size_t len,
 
 	if (rc != 0 || parent == NULL)
 		return rc;
-	return node_rebuild_start(a->base, (*slot)->host, (*slot)->memfd, (*slot)->fresh,
-				  parent->host, parent->memfd, PROTO_MIN((*slot)->len, parent->len),
-				  rb, err);
+	rc = node_rebuild_start(a->base, (*slot)->host, (*slot)->memfd, (*slot)->fresh,
+				parent->host, parent->memfd, PROTO_MIN((*slot)->len, parent->len), rb,
+				err);
+	if (rc == 0)
+		(*slot)->fresh = false; /* the copy writes every page once */
+	return rc;
 }
 
 /* Builds version's slot by rotation (see the top of the file): *slot is
@@ -148,6 +151,7 @@ static int rotate_start(struct node_agent *a, uint64_t version, size_t len,
 		return -ENOENT;
 	}
 	r->slot = *slot;
+	(*slot)->fresh = false; /* the catch-up writes most pages, the apply the rest */
 	if (node_rebuild_start_sparse(a->base, (*slot)->host, (*slot)->memfd, a->active->host,
 				      a->active->memfd, len, catch_up, r, rb, err) != 0) {
 		node_slot_free(&a->store, *slot);

@@ -116,8 +116,7 @@ static struct node_slot *take_spare(struct node_store *s, uint64_t tag, uint64_t
 		slot_release(s, drop);
 	if (slot == NULL)
 		return NULL;
-	slot->version = version;
-	slot->fresh = false;
+	slot->version = version; /* fresh stays: only a write through host clears it */
 	if (s->ops->attach != NULL && s->ops->attach(s, slot, &err) != 0) {
 		LOG_WARN("store: cannot reuse a retired slot (%s); making a new one", err.msg);
 		slot_release(s, slot);

@@ -44,8 +44,10 @@ struct node_slot {
 	/* What its bytes are, as its owner numbers them (0: unknown). The
 	 * store keeps it on the spare slot; node_slot_new clears it. */
 	uint64_t tag;
-	/* Made new, not the spare: no page was written through host yet (a
-	 * first write to each page costs microseconds, more in a VM). */
+	/* No page was written through host yet (a first write to each page
+	 * costs microseconds, 10 in a VM): true for a new slot; whoever
+	 * writes it whole through host clears it, and the spare keeps it (a
+	 * slot filled through its memfd, node/verifier.h, stays fresh). */
 	bool fresh;
 };
 
