@@ -374,7 +374,7 @@ static void sums_learn(struct node_agent *a, const struct agent_fetch *f)
 	sc->version = a->active->version;
 	sc->learn_ms = agent_now_ms();
 	a->scrub = sc;
-	if (node_rebuild_start(a->base, NULL, -1, NULL, -1, 0, &a->scrub_rb, &err) != 0) {
+	if (node_rebuild_start(a->base, NULL, -1, false, NULL, -1, 0, &a->scrub_rb, &err) != 0) {
 		scrub_stop(a);
 		return;
 	}
@@ -408,7 +408,7 @@ static void scrub_start(struct node_agent *a)
 	sc->tag = a->active->tag;
 	sc->version = a->active->version;
 	a->scrub = sc;
-	if (node_rebuild_start(a->base, NULL, -1, NULL, -1, 0, &a->scrub_rb, &err) != 0) {
+	if (node_rebuild_start(a->base, NULL, -1, false, NULL, -1, 0, &a->scrub_rb, &err) != 0) {
 		LOG_WARN("node %s: no scrub of v%" PRIu64 ": %s", a->node_id, sc->version, err.msg);
 		scrub_stop(a);
 		return;
@@ -467,12 +467,19 @@ static int copy_start(struct node_agent *a, uint64_t version, size_t len,
 		      const struct node_slot *parent, struct node_slot **slot,
 		      struct node_rebuild **rb, struct proto_err *err)
 {
-	int rc = node_slot_new(&a->store, version, len, slot, err);
+	/* A copy fills the slot whole through its memfd: a new one's pages
+	 * are allocated by the copy, not cleared first. */
+	int rc = parent != NULL ? node_slot_new_blank(&a->store, version, len, slot, err)
+				: node_slot_new(&a->store, version, len, slot, err);
 
 	if (rc != 0 || parent == NULL)
 		return rc;
-	return node_rebuild_start(a->base, (*slot)->host, (*slot)->memfd, parent->host,
-				  parent->memfd, PROTO_MIN((*slot)->len, parent->len), rb, err);
+	rc = node_rebuild_start(a->base, (*slot)->host, (*slot)->memfd, (*slot)->fresh,
+				parent->host, parent->memfd, PROTO_MIN((*slot)->len, parent->len), rb,
+				err);
+	if (rc == 0)
+		(*slot)->fresh = false; /* the copy writes every page once */
+	return rc;
 }
 
 /* Builds version's slot by rotation (see the top of the file): *slot is
@@ -513,6 +520,7 @@ static int rotate_start(struct node_agent *a, uint64_t version, size_t len,
 	memset(&r->scrub, 0, sizeof(r->scrub));
 	if (kept != NULL && k > 0 && len > 0)
 		(void)scrub_plan(kept, (uint32_t)((a->scrub_round + k - 1) % k), k, len, &r->scrub);
+	(*slot)->fresh = false; /* the catch-up writes most pages, the apply the rest */
 	if (node_rebuild_start_sparse(a->base, (*slot)->host, (*slot)->memfd, a->active->host,
 				      a->active->memfd, len, catch_up, r, rb, err) != 0) {
 		node_slot_free(&a->store, *slot);
@@ -596,6 +604,54 @@ static void standby_drop(struct node_agent *a)
 #define STANDBY_RETRY_MS 50u
 #define STANDBY_TRIES 40u
 
+/* The longest the standby waits for peers to stop reading. */
+#define STANDBY_DEFER_MAX_MS 60000u
+
+/*
+ * Whether peers are still reading from this node, so that the standby
+ * waits (armed again, true). Reads are one-sided: the node sees none of
+ * them, but its fabric loop is woken by its wait fd for each request it
+ * serves, and between versions nothing of its own is in flight. So the
+ * standby waits until a whole TESSERA_DELTA_STANDBY_QUIET_MS went by with
+ * no such wake-up: in a fanout the replicas that finish first serve the
+ * last ones, and a copy of the slot then took the CPU those were waiting
+ * on. Bounded by STANDBY_DEFER_MAX_MS; a delta that comes meanwhile
+ * makes its own copy (agent_delta_slot).
+ */
+static bool standby_wait(struct node_agent *a)
+{
+	uint64_t quiet = proto_param(PROTO_PARAM_DELTA_STANDBY_QUIET_MS), now = agent_now_ms();
+	struct node_fabloop_counts c = {0};
+
+	if (quiet == 0)
+		return false;
+	if (a->fl != NULL)
+		node_fabloop_counts(a->fl, &c);
+	bool busy = c.fd_polls != a->standby_fd_polls;
+	if (a->standby_test_busy > 0) { /* test only */
+		a->standby_test_busy--;
+		busy = true;
+	}
+	a->standby_fd_polls = c.fd_polls;
+	if (!busy)
+		return false;
+	if (a->standby_defer_ms == 0) {
+		a->standby_defer_ms = now;
+		LOG_INFO("node %s: peers are reading from this node: the standby copy of v%" PRIu64
+			 " waits until they stop (%" PRIu64 " ms without a read)",
+			 a->node_id, a->active->version, quiet);
+	}
+	if (now - a->standby_defer_ms >= STANDBY_DEFER_MAX_MS) {
+		LOG_INFO("node %s: peers still read from this node after %u ms: the standby copy of v%"
+			 PRIu64 " is made all the same", a->node_id, STANDBY_DEFER_MAX_MS,
+			 a->active->version);
+		a->standby_defer_ms = 0; /* said: on_standby does not say it went ahead */
+		return false;
+	}
+	agent_arm(a->standby_ev, quiet);
+	return true;
+}
+
 /* Between versions: a standby slot is made to hold the active version on
  * a worker, by rotation or else a copy, so that a delta against it, when it
  * comes, is only applied. A fetch that began first made its own slot:
@@ -611,6 +667,13 @@ static void on_standby(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (a->fetch != NULL || a->active == NULL || a->standby != NULL || a->active->len != len)
 		return;
+	if (a->standby_tries == 0 && standby_wait(a))
+		return;
+	if (a->standby_defer_ms != 0 && a->standby_tries == 0)
+		LOG_INFO("node %s: no peer read from this node for %" PRIu64 " ms: the standby copy of v%"
+			 PRIu64 " goes ahead, %" PRIu64 " ms after it began waiting",
+			 a->node_id, proto_param(PROTO_PARAM_DELTA_STANDBY_QUIET_MS),
+			 a->active->version, agent_now_ms() - a->standby_defer_ms);
 	uint64_t was = a->rot != NULL ? a->rot->parent_version : 0;
 	int rc = rotate_start(a, a->active->version + 1, len, &a->standby, &a->standby_rb,
 			      &a->standby_rot, &retry, &err);
@@ -697,8 +760,14 @@ void agent_delta_activated(struct node_agent *a, struct agent_fetch *f, struct n
 		   f->nparcels > 0) {
 		sums_learn(a, f);
 	}
+	a->standby_defer_ms = 0;
+	a->standby_test_busy = proto_param(PROTO_PARAM_TEST_STANDBY_BUSY);
 	if (a->o.install_inplace)
 		return; /* memory-tight: no second copy of the rank */
+	struct node_fabloop_counts c = {0};
+	if (a->fl != NULL)
+		node_fabloop_counts(a->fl, &c);
+	a->standby_fd_polls = c.fd_polls; /* peers' reads are counted from here */
 	if (a->standby_ev == NULL)
 		a->standby_ev = evtimer_new(a->base, on_standby, a);
 	if (a->standby_ev != NULL)

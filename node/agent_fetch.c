@@ -503,6 +503,8 @@ void agent_read_landed(struct agent_read *rd, int status)
 		.parcel = p->wire != NULL ? NULL : p->pp, /* a delta's bytes are kept, not scattered */
 		.layout = &a->layout,
 		.dst = p->wire != NULL ? p->wire : f->slot->host,
+		.by_fd = p->wire == NULL && f->slot->memfd >= 0, /* see node_vjob */
+		.dst_fd = p->wire == NULL ? f->slot->memfd : -1, /* an in-place delta: no slot */
 		.off = (uint64_t)rd->chunk * f->man.chunk_size,
 		.keep = agent_chunk_copied(a, f, p, rd->chunk)
 				? p->held + p->head + (size_t)rd->chunk * f->man.chunk_size

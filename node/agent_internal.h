@@ -379,6 +379,11 @@ struct node_agent {
 	struct node_rebuild *scrub_rb;
 	uint64_t scrub_round;
 	uint32_t standby_tries;
+	/* The standby waits while peers read from this node: the fabric
+	 * loop's wake-ups by its wait fd at the last look, when it began
+	 * waiting (0: not yet), looks left that count as serving (test). */
+	uint64_t standby_fd_polls, standby_defer_ms;
+	uint64_t standby_test_busy;
 	struct event *chase_ev; /* have-pages read again soon (agent_swarm.c) */
 	/* The chain being replayed (agent_chain.c), or NULL; whether a
 	 * planning request of one is on its way (its answer is awaited even
@@ -725,7 +730,8 @@ int agent_delta_check_parent(struct node_agent *a);
 int agent_delta_slot(struct node_agent *a);
 /* f's version became active (old served before): drops the standby, keeps
  * f's delta for the next rotation, and arms the next standby
- * (TESSERA_DELTA_STANDBY_MS later, when no fetch has begun by then). */
+ * (TESSERA_DELTA_STANDBY_MS later, when no fetch has begun by then, and
+ * put off while peers read from this node: TESSERA_DELTA_STANDBY_QUIET_MS). */
 void agent_delta_activated(struct node_agent *a, struct agent_fetch *f, struct node_slot *old);
 /* Frees a catch-up, or piece checksums (NULL is fine). */
 void agent_rotation_free(struct agent_rotation *r);

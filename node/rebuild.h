@@ -53,19 +53,25 @@ typedef void (*node_rebuild_done)(int rc, const struct proto_err *err,
  * Starts copying the first len bytes of src to dst on a worker thread. dst
  * and src are shared mappings of the files dst_fd and src_fd (offset 0),
  * which the copy uses when it can (copy_file_range); -1 for either: memcpy.
- * All must stay open and mapped, and src unchanged, until node_rebuild_free.
- * On failure *out is NULL, nothing was started and err says why. With len
- * 0 (dst and src NULL, fds -1) nothing is copied: the worker then only runs
- * the function node_rebuild_apply hands it, off the loop (the node's scrub).
+ * dst_fresh: no page of dst was written through this mapping yet (a new
+ * slot, maybe blank: node_slot_new_blank), so after a kernel copy the
+ * worker writes each page once, to take the cost of a first write (a
+ * fault, a trap in a VM) before the apply. All must stay open and mapped,
+ * and src unchanged, until node_rebuild_free. On failure *out is NULL,
+ * nothing was started and err says why. With len 0 (dst and src NULL, fds
+ * -1) nothing is copied: the worker then only runs the function
+ * node_rebuild_apply hands it, off the loop (the node's scrub).
  */
-int node_rebuild_start(struct event_base *base, uint8_t *dst, int dst_fd, const uint8_t *src,
-		       int src_fd, size_t len, struct node_rebuild **out, struct proto_err *err);
+int node_rebuild_start(struct event_base *base, uint8_t *dst, int dst_fd, bool dst_fresh,
+		       const uint8_t *src, int src_fd, size_t len, struct node_rebuild **out,
+		       struct proto_err *err);
 
 /*
  * The same, but the worker first runs catchup(catchup_arg), which should
  * make dst hold what src holds; the dense copy is made only when it fails
- * (or when the apply fails after it, see above). src and its fd must stay
- * valid for the fallback.
+ * (or when the apply fails after it, see above). dst is a slot written
+ * through its mapping before (not fresh). src and its fd must stay valid
+ * for the fallback.
  */
 int node_rebuild_start_sparse(struct event_base *base, uint8_t *dst, int dst_fd,
 			      const uint8_t *src, int src_fd, size_t len, node_rebuild_fn catchup,

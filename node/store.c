@@ -116,7 +116,7 @@ static struct node_slot *take_spare(struct node_store *s, uint64_t tag, uint64_t
 		slot_release(s, drop);
 	if (slot == NULL)
 		return NULL;
-	slot->version = version;
+	slot->version = version; /* fresh stays: only a write through host clears it */
 	if (s->ops->attach != NULL && s->ops->attach(s, slot, &err) != 0) {
 		LOG_WARN("store: cannot reuse a retired slot (%s); making a new one", err.msg);
 		slot_release(s, slot);
@@ -125,8 +125,10 @@ static struct node_slot *take_spare(struct node_store *s, uint64_t tag, uint64_t
 	return slot;
 }
 
-int node_slot_new(struct node_store *s, uint64_t version, size_t len, struct node_slot **out,
-		  struct proto_err *err)
+/* node_slot_new and node_slot_new_blank: populate says whether the new
+ * slot's pages are allocated (cleared) and mapped now. */
+static int slot_new(struct node_store *s, uint64_t version, size_t len, bool populate,
+		    struct node_slot **out, struct proto_err *err)
 {
 	struct node_slot *slot;
 	char name[64];
@@ -142,6 +144,7 @@ int node_slot_new(struct node_store *s, uint64_t version, size_t len, struct nod
 		return proto_errf(err, ENOMEM, "slot: out of memory");
 	slot->version = version;
 	slot->len = len;
+	slot->fresh = true;
 	snprintf(name, sizeof(name), "tessera-v%llu", (unsigned long long)version);
 	slot->memfd = memfd_create(name, MFD_CLOEXEC);
 	if (slot->memfd < 0) {
@@ -155,8 +158,8 @@ int node_slot_new(struct node_store *s, uint64_t version, size_t len, struct nod
 	}
 	/* Populate now: one batched allocation instead of a fault per page
 	 * while chunks land (faults cost microseconds each in a VM). */
-	slot->host = mmap(NULL, len ? len : 1, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-			  slot->memfd, 0);
+	slot->host = mmap(NULL, len ? len : 1, PROT_READ | PROT_WRITE,
+			  MAP_SHARED | (populate ? MAP_POPULATE : 0), slot->memfd, 0);
 	if (slot->host == MAP_FAILED) {
 		slot->host = NULL;
 		rc = proto_errf(err, errno, "mmap slot of %zu bytes: %s", len, strerror(errno));
@@ -173,6 +176,20 @@ fail:
 	close(slot->memfd);
 	free(slot);
 	return rc;
+}
+
+int node_slot_new(struct node_store *s, uint64_t version, size_t len, struct node_slot **out,
+		  struct proto_err *err)
+{
+	return slot_new(s, version, len, true, out, err);
+}
+
+int node_slot_new_blank(struct node_store *s, uint64_t version, size_t len,
+			struct node_slot **out, struct proto_err *err)
+{
+	/* A store that attaches (the CUDA store pins the pages) maps them
+	 * all in at once anyway: populated as usual. */
+	return slot_new(s, version, len, s->ops->attach != NULL, out, err);
 }
 
 void node_slot_free(struct node_store *s, struct node_slot *slot)

@@ -44,6 +44,11 @@ struct node_slot {
 	/* What its bytes are, as its owner numbers them (0: unknown). The
 	 * store keeps it on the spare slot; node_slot_new clears it. */
 	uint64_t tag;
+	/* No page was written through host yet (a first write to each page
+	 * costs microseconds, 10 in a VM): true for a new slot; whoever
+	 * writes it whole through host clears it, and the spare keeps it (a
+	 * slot filled through its memfd, node/verifier.h, stays fresh). */
+	bool fresh;
 };
 
 struct node_store;
@@ -120,6 +125,12 @@ void node_store_close(struct node_store *s);
  * NULL and nothing is left open. The caller frees with node_slot_free. */
 int node_slot_new(struct node_store *s, uint64_t version, size_t len,
 		  struct node_slot **out, struct proto_err *err);
+/* The same for a slot the caller fills whole through its memfd
+ * (copy_file_range): a new one's pages are neither allocated nor mapped
+ * yet (the host store), so the copy allocates them without clearing them
+ * first; the caller maps them in after (slot->fresh). */
+int node_slot_new_blank(struct node_store *s, uint64_t version, size_t len,
+			struct node_slot **out, struct proto_err *err);
 void node_slot_free(struct node_store *s, struct node_slot *slot);
 /* The spare slot back with its bytes, if it has len bytes and tag (not 0):
  * 0, else -ENOENT and nothing changed. Its version becomes version, its

@@ -1,6 +1,7 @@
 /* Worker threads that hash and scatter fetched chunks (see verifier.h). */
 #include "node/verifier.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <sodium.h>
 #include <stdlib.h>
@@ -36,6 +37,45 @@ static void push(struct node_vjob **head, struct node_vjob **tail, struct node_v
 	*tail = j;
 }
 
+/* Writes all of b[0..n) at file offset at: 0, or a negative errno. */
+static int pwrite_all(int fd, const uint8_t *b, size_t n, uint64_t at)
+{
+	while (n > 0) {
+		ssize_t w = pwrite(fd, b, n, (off_t)at);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? -errno : -EIO;
+		b += w;
+		n -= (size_t)w;
+		at += (uint64_t)w;
+	}
+	return 0;
+}
+
+/* The job's scatter through dst_fd: 0, or a negative errno (then the
+ * caller scatters through the mapping: the same bytes, wherever this
+ * stopped). */
+static int scatter_by_fd(const struct node_vjob *j)
+{
+	struct proto_span few[64], *sp = few;
+	size_t n = proto_parcel_spans(j->plan, j->parcel, j->layout, j->off, j->len, few,
+				      PROTO_ARRAY_LEN(few));
+	int rc = 0;
+
+	if (n > PROTO_ARRAY_LEN(few)) {
+		sp = malloc(n * sizeof(*sp));
+		if (sp == NULL)
+			return -ENOMEM;
+		n = proto_parcel_spans(j->plan, j->parcel, j->layout, j->off, j->len, sp, n);
+	}
+	for (size_t i = 0; i < n && rc == 0; i++)
+		rc = pwrite_all(j->dst_fd, j->buf + sp[i].src_off, sp[i].len, sp[i].dst_off);
+	if (sp != few)
+		free(sp);
+	return rc;
+}
+
 static void *worker(void *arg)
 {
 	struct node_verifier *v = arg;
@@ -58,8 +98,9 @@ static void *worker(void *arg)
 		j->ok = sodium_memcmp(h, j->hash, sizeof(h)) == 0;
 		if (j->ok) {
 			if (j->parcel != NULL) {
-				proto_parcel_scatter(j->plan, j->parcel, j->layout, j->dst, j->off,
-						     j->len, j->buf);
+				if (!j->by_fd || scatter_by_fd(j) != 0)
+					proto_parcel_scatter(j->plan, j->parcel, j->layout, j->dst,
+							     j->off, j->len, j->buf);
 				if (j->placed != NULL)
 					j->placed(j, j->placed_arg);
 			} else

@@ -170,6 +170,15 @@
 	 * waits this long first (past ATTACH_FREE_GRACE_MS, so that the \
 	 * retired slot is there to be reused). */ \
 	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms") \
+	/* The standby copy costs a node about half a CPU-second per 128 MiB \
+	 * (the copy, and the first write to each page of a fresh slot): it \
+	 * waits until the node's fabric has carried no peer's read for this \
+	 * long, so that it does not take the CPU from peers still fetching \
+	 * from this node (0: made at once; at most 60 s put off). */ \
+	X(DELTA_STANDBY_QUIET_MS, "TESSERA_DELTA_STANDBY_QUIET_MS", 300, "the standby copy waits for this long without peer reads, ms (0: never waits)") \
+	/* Test only: the standby copy's first this many looks find peers \
+	 * reading from the node, whatever its fabric carried. */ \
+	X(TEST_STANDBY_BUSY, "TESSERA_TEST_STANDBY_BUSY", 0, "test only: the standby copy finds the node serving this many times") \
 	/* A node builds the next delta version in its retired slot, patched \
 	 * up to the active version by the last delta alone (no dense copy); \
 	 * 0: always a copy of the whole active slot. */ \

@@ -916,6 +916,56 @@ static void test_rotation_pinned(void **state)
 	check_serving(e, 5);
 }
 
+/* The standby copy waits while peers read from the node (the first looks
+ * are made to find it serving): it is made once they stop, and the next
+ * delta starts from it. */
+static int env_setup_busy(void **state)
+{
+	setenv("TESSERA_TEST_STANDBY_BUSY", "3", 1);
+	return env_setup(state);
+}
+
+/* The node serves for longer than the test: no standby is ever made, and a
+ * delta builds its slot when it comes (the retired slot, caught up). */
+static int env_setup_busy_long(void **state)
+{
+	setenv("TESSERA_TEST_STANDBY_BUSY", "1000000", 1);
+	return env_setup(state);
+}
+
+static int env_teardown_busy(void **state)
+{
+	unsetenv("TESSERA_TEST_STANDBY_BUSY");
+	return env_teardown(state);
+}
+
+static void test_standby_waits_for_peers(void **state)
+{
+	struct env *e = *state;
+
+	assert_true(wait_log(e, "the standby copy of v2 waits until they stop", 30000));
+	assert_true(wait_log(e, "the standby copy of v2 goes ahead", 30000));
+	assert_true(wait_log(e, "made v2 by its delta for the next delta", 30000));
+	export_one(e, 3, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
+	assert_true(wait_log(e, "v3 rebuilt from v2 by delta", 30000));
+	assert_true(line_has(e->node.log, "v3 rebuilt from v2 by delta", "(the standby one)"));
+	check_serving(e, 3);
+}
+
+static void test_standby_never_made(void **state)
+{
+	struct env *e = *state;
+
+	assert_true(wait_log(e, "the standby copy of v2 waits until they stop", 30000));
+	export_one(e, 3, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
+	assert_true(wait_log(e, "v3 rebuilt from v2 by delta", 30000));
+	assert_false(line_has(e->node.log, "v3 rebuilt from v2 by delta", "(the standby one)"));
+	assert_false(file_has(e->node.log, "the standby copy of v2 goes ahead"));
+	check_serving(e, 3);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -936,6 +986,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_full_liar, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_full_no_chain, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_chain_corrupt, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_standby_waits_for_peers, env_setup_busy,
+						env_teardown_busy),
+		cmocka_unit_test_setup_teardown(test_standby_never_made, env_setup_busy_long,
+						env_teardown_busy),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

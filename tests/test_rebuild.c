@@ -94,7 +94,7 @@ static void run_once(bool by_kernel, int fail_with)
 	assert_non_null(r.base);
 	mem_new(&r.src, 1);
 	mem_new(&r.dst, 2);
-	assert_int_equal(node_rebuild_start(r.base, r.dst.p, by_kernel ? r.dst.fd : -1, r.src.p,
+	assert_int_equal(node_rebuild_start(r.base, r.dst.p, by_kernel ? r.dst.fd : -1, true, r.src.p,
 					    by_kernel ? r.src.fd : -1, LEN, &rb, &err),
 			 0);
 	node_rebuild_apply(rb, apply, &r, done, &r);
@@ -140,10 +140,11 @@ static void test_free_stops_it(void **state)
 	r.base = event_base_new();
 	mem_new(&r.src, 1);
 	mem_new(&r.dst, 2);
-	assert_int_equal(node_rebuild_start(r.base, r.dst.p, -1, r.src.p, -1, LEN, &rb, &err), 0);
+	assert_int_equal(node_rebuild_start(r.base, r.dst.p, -1, true, r.src.p, -1, LEN, &rb, &err),
+			 0);
 	node_rebuild_free(rb); /* mid-copy, or before the apply was asked */
-	assert_int_equal(node_rebuild_start(r.base, r.dst.p, r.dst.fd, r.src.p, r.src.fd, LEN, &rb,
-					    &err),
+	assert_int_equal(node_rebuild_start(r.base, r.dst.p, r.dst.fd, false, r.src.p, r.src.fd, LEN,
+					    &rb, &err),
 			 0);
 	node_rebuild_apply(rb, apply, &r, done, &r);
 	node_rebuild_free(rb); /* the apply may have finished: its result is dropped */

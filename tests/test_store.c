@@ -61,16 +61,23 @@ static void test_spare_slot_is_reused(void **state)
 	assert_int_equal(node_slot_new(&s, 1, 8192, &a, &err), 0);
 	assert_int_equal(node_slot_new(&s, 2, 8192, &b, &err), 0);
 	memset(a->host, 0x11, a->len);
+	assert_true(a->fresh);
+	a->fresh = false; /* written through host: the spare says so */
 	uint8_t *mem = a->host;
 	node_slot_free(&s, a);
 	node_slot_free(&s, b); /* one spare at most: this one is unmapped */
 	assert_int_equal(node_slot_new(&s, 3, 8192, &c, &err), 0);
 	assert_ptr_equal(c->host, mem);
 	assert_int_equal(c->version, 3);
+	assert_false(c->fresh);
 	assert_int_equal(c->host[100], 0x11); /* the retired bytes: the caller overwrites */
-	assert_int_equal(node_slot_new(&s, 4, 8192, &d, &err), 0);
+	assert_int_equal(node_slot_new_blank(&s, 4, 8192, &d, &err), 0);
 	assert_ptr_not_equal(d->host, mem); /* no spare left: a new, zeroed one */
+	assert_true(d->fresh);
 	assert_int_equal(d->host[100], 0);
+	node_slot_free(&s, d);
+	assert_int_equal(node_slot_new(&s, 4, 8192, &d, &err), 0);
+	assert_true(d->fresh); /* a spare never written through host stays fresh */
 	node_slot_free(&s, c);
 	node_slot_free(&s, d);
 	struct node_slot *e;

@@ -1,7 +1,8 @@
 /* The chunk verifier (node/verifier.h): every job comes back once, on the
  * loop, with ok set by its hash; bad bytes are never placed; several
  * workers hash at once without holding up the loop; shutting down with
- * work queued finishes or drops it cleanly. */
+ * work queued finishes or drops it cleanly; a scatter through the slot's
+ * file places what one through its mapping does. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,11 +13,13 @@
 #include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "node/verifier.h"
 #include "proto/proto.h"
+#include "proto/synth.h"
 
 #define NJOBS 64
 #define JOB_LEN (64u << 10)
@@ -304,6 +307,102 @@ static void test_free_with_work_queued(void **state)
 	free(b);
 }
 
+struct fd_run {
+	unsigned ndone, want;
+};
+
+static void fd_done(struct node_vjob *job, void *arg)
+{
+	struct fd_run *r = arg;
+
+	(void)job;
+	r->ndone++;
+}
+
+/* Jobs that scatter through the slot's memfd (by_fd) place what a scatter
+ * through the mapping does, chunks that straddle runs and pieces
+ * included: byte for byte the expected rank block, where one chunk with a
+ * wrong hash left its bytes unwritten; a job whose file write fails
+ * (a bad fd) is scattered through the mapping instead. */
+static void test_scatter_by_fd(void **state)
+{
+	struct proto_model m;
+	struct proto_layout src, dst;
+	struct proto_plan plan;
+	struct proto_err err;
+	const uint64_t chunk = 10000; /* odd: chunks straddle runs */
+
+	assert_int_equal(sodium_init() >= 0, 1);
+	assert_int_equal(proto_synth_model(4u << 20, &m, &err), 0);
+	assert_int_equal(proto_layout_builtin(&m, "fsdp2", &src, &err), 0);
+	assert_int_equal(proto_layout_builtin(&m, "tp2", &dst, &err), 0);
+	assert_int_equal(proto_plan_build(&m, &src, &dst, &plan, &err), 0);
+	size_t n = dst.ranks[0].nbytes, njobs = 0;
+	for (uint32_t i = 0; i < plan.nparcels; i++)
+		if (plan.parcels[i].dst_rank == 0)
+			njobs += (plan.parcels[i].bytes + chunk - 1) / chunk;
+	int fd = memfd_create("test-verifier", MFD_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(ftruncate(fd, (off_t)n), 0);
+	uint8_t *slot = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	assert_true(slot != MAP_FAILED);
+	uint8_t *want = calloc(1, n), *bufs = malloc(njobs * chunk);
+	struct node_vjob *jobs = calloc(njobs, sizeof(*jobs));
+	uint8_t(*hash)[32] = calloc(njobs, 32);
+	assert_non_null(want);
+	assert_non_null(bufs);
+	assert_non_null(jobs);
+	assert_non_null(hash);
+	randombytes_buf(bufs, njobs * chunk);
+	size_t k = 0, bad = njobs / 3, nofd = njobs / 2;
+	for (uint32_t i = 0; i < plan.nparcels; i++) {
+		const struct proto_parcel *pc = &plan.parcels[i];
+		if (pc->dst_rank != 0)
+			continue;
+		for (uint64_t off = 0; off < pc->bytes; off += chunk, k++) {
+			uint64_t len = PROTO_MIN(chunk, pc->bytes - off);
+			const uint8_t *buf = bufs + k * chunk;
+			crypto_generichash(hash[k], 32, buf, len, NULL, 0);
+			if (k == bad)
+				hash[k][3] ^= 1;
+			else
+				proto_parcel_scatter(&plan, pc, &dst, want, off, len, buf);
+			jobs[k] = (struct node_vjob){.buf = buf, .len = len, .hash = hash[k],
+						     .plan = &plan, .parcel = pc, .layout = &dst,
+						     .dst = slot, .off = off, .by_fd = true,
+						     .dst_fd = k == nofd ? -1 : fd};
+		}
+	}
+	struct fd_run r = {0, (unsigned)njobs};
+	struct event_base *base = event_base_new();
+	assert_non_null(base);
+	struct node_verifier *v = node_verifier_new(base, 2, fd_done, &r);
+	assert_non_null(v);
+	for (k = 0; k < njobs; k++)
+		node_verifier_submit(v, &jobs[k]);
+	for (int i = 0; i < 6000 && r.ndone < r.want; i++) {
+		struct timeval tick = {0, 100000};
+		event_base_loopexit(base, &tick);
+		event_base_dispatch(base);
+	}
+	assert_int_equal(r.ndone, r.want);
+	for (k = 0; k < njobs; k++)
+		assert_int_equal(jobs[k].ok, k != bad);
+	assert_memory_equal(slot, want, n);
+	node_verifier_free(v);
+	event_base_free(base);
+	munmap(slot, n);
+	close(fd);
+	free(want);
+	free(bufs);
+	free(jobs);
+	free(hash);
+	proto_plan_fini(&plan);
+	proto_layout_fini(&src);
+	proto_layout_fini(&dst);
+	proto_model_fini(&m);
+}
+
 static void test_thread_count(void **state)
 {
 	setenv("TESSERA_VERIFY_THREADS", "3", 1);
@@ -324,6 +423,7 @@ int main(void)
 		cmocka_unit_test(test_submit_from_done),
 		cmocka_unit_test(test_loop_runs_while_a_worker_is_held),
 		cmocka_unit_test(test_free_with_work_queued),
+		cmocka_unit_test(test_scatter_by_fd),
 		cmocka_unit_test(test_thread_count),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
