@@ -23,7 +23,7 @@
 #                                [--mode fanout|star] [--rate R]
 #                                [--synthetic-mb N] [--versions V] [--every MS]
 #                                [--timeout S] [--late-timeout S] [--report FILE]
-#                                [--measure-link MB] [--keep DIR]
+#                                [--measure-link MB] [--keep DIR] [--links FILE]
 #                                [--model-dir DIR] [--anchor-every K]
 #                                [--tracker-net mgmt|data]
 #   --replica L   a replica's layout, tpN or a layout file (repeatable;
@@ -60,6 +60,13 @@
 #                 host 1 across the shaped links: b, reported as
 #                 link_bytes_per_s
 #   --keep DIR    copy the logs and the final status JSON to DIR
+#   --links FILE  every 100 ms from the first export on, a line "ms up0
+#                 down1 .. downN up1 .. upN": the wall clock (ms), the bytes
+#                 host 0 (the trainer) sent on its data link so far, the
+#                 bytes each replica host received on its data link so far,
+#                 then those each sent (the switch ports' counters); the run
+#                 also prints how full the trainer's uplink was between its
+#                 first and last busy sample
 #   --model-dir DIR  publish DIR's checkpoints (`tessera synth` output)
 #                 instead of the synthetic model
 #   --anchor-every K  an anchor every K versions, deltas between (default:
@@ -82,6 +89,7 @@ VERSIONS=3
 EVERY=8000
 TIMEOUT=240
 KEEP=""
+LINKS=""
 REPORT=""
 MODE=fanout
 LINK_MB=0
@@ -111,6 +119,7 @@ while [ $# -gt 0 ]; do
 	--report) REPORT=$2; shift 2 ;;
 	--measure-link) LINK_MB=$2; shift 2 ;;
 	--keep) KEEP=$2; shift 2 ;;
+	--links) LINKS=$2; shift 2 ;;
 	--model-dir) MODEL_DIR=$(realpath "$2"); shift 2 ;;
 	--anchor-every) ANCHOR_EVERY=$2; shift 2 ;;
 	--tracker-net) TRACKER_NET=$2; shift 2 ;;
@@ -141,6 +150,7 @@ for b in tessera tessera-node tessera-tracker; do
 done
 BIN=$(cd "$BIN" && pwd)
 [ -z "$REPORT" ] || REPORT=$(realpath -m "$REPORT")
+[ -z "$LINKS" ] || LINKS=$(realpath -m "$LINKS")
 NREP=${#LAYOUTS[@]}
 NLATE=${#LATE[@]}
 ALL=("${LAYOUTS[@]}" "${LATE[@]}")
@@ -413,6 +423,29 @@ line = s.makefile().readline().strip()
 print(line)
 sys.exit(0 if line.startswith("published ") else 1)' "$DIR/publisher.sock"
 }
+# Bytes through the switch's ports, read from the switch namespace's sysfs
+# by one process (a tc per sample fell behind on a loaded machine):
+# received from host 0 (the trainer's uplink, after its shaping), sent
+# toward each replica host (its downlink), received from each (its uplink).
+sample_links() {
+	exec ip netns exec "$PFX-sw" python3 -c '
+import sys, time
+n = int(sys.argv[1])
+files = ["/sys/class/net/p0/statistics/rx_bytes"] + \
+	["/sys/class/net/p%d/statistics/tx_bytes" % i for i in range(1, n + 1)] + \
+	["/sys/class/net/p%d/statistics/rx_bytes" % i for i in range(1, n + 1)]
+while True:
+	row = [str(int(time.time() * 1000))]
+	for f in files:
+		with open(f) as fd:
+			row.append(fd.read().strip())
+	print(" ".join(row), flush=True)
+	time.sleep(0.1)' "$NHOST"
+}
+if [ -n "$LINKS" ]; then
+	sample_links >"$LINKS" 2>/dev/null &
+	PIDS+=($!)
+fi
 (
 	for v in $(seq 1 "$VERSIONS"); do
 		[ "$v" -eq 1 ] || sleep "$(awk -v ms="$EVERY" 'BEGIN { print ms / 1000 }')"
@@ -586,6 +619,25 @@ jq -r --argjson vmax "$VERSIONS" --argjson pub "$PUB_CPU" --argjson trk "$TRK_CP
 	   + " load average \($load) on"
 	   + " \($ncpu) CPUs")
 ' "$DIR/report.json"
+# How full the trainer's uplink was: each 100 ms sample's bytes against
+# the shaped rate, from the first to the last sample that sent more than
+# 64 KiB (have-page reads and control traffic stay under it).
+if [ -n "$LINKS" ] && [ -s "$LINKS" ]; then
+	python3 -c '
+import sys
+bps = int(sys.argv[2])
+rows = [list(map(int, l.split()[:2])) for l in open(sys.argv[1]) if len(l.split()) >= 2]
+busy = [i for i in range(1, len(rows)) if rows[i][1] - rows[i - 1][1] > 65536]
+if not busy:
+    print("  trainer uplink: idle"); sys.exit()
+f, l = busy[0], busy[-1]
+use = lambda i, j: (rows[j][1] - rows[i][1]) * 8 / bps / ((rows[j][0] - rows[i][0]) / 1000)
+u = sorted(min(use(i - 1, i), 1.2) for i in range(f, l + 1))
+q = lambda x: u[int(x * (len(u) - 1))]
+print("  trainer uplink: %.2f of the link from its first to its last busy sample (%.1f s);"
+      " per 100 ms: quartiles %.2f %.2f %.2f" % (use(f - 1, l), (rows[l][0] - rows[f - 1][0]) / 1000,
+                                                  q(0.25), q(0.5), q(0.75)))' "$LINKS" "$(rate_bps "$RATE")"
+fi
 if [ $LATE_RC -ne 0 ]; then
 	echo "netns-cluster: late replicas did not all activate v$VERSIONS within the time bound" \
 		"($SECONDS s)${REPORT:+; report $REPORT}"

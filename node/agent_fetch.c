@@ -161,6 +161,35 @@ void agent_want_sources(struct node_agent *a, uint32_t pi)
  * after its n listed ones (they move: the old entries give up their
  * handles; moved[j] says where); returns how many.
  */
+/* Reads in flight follow their source to the new list; those whose source
+ * left it no longer name one. So do have-page reads: dropped, a source's
+ * page waited for the next poll period after a refresh, and refreshes come
+ * every SOURCES_EARLY_MS early in a fetch, while the first pages are due
+ * (agent_swarm_pick waits on them). */
+void agent_reads_follow(struct node_agent *a, const struct agent_parcel *p, const uint32_t *moved,
+			struct agent_source *ns)
+{
+	struct agent_fetch *f = a->fetch;
+
+	for (uint32_t r = 0; r < a->nreads; r++) {
+		struct agent_read *rd = &a->reads[r];
+		if (rd->in_fabric && rd->gen == a->gen && &f->parcels[rd->parcel] == p &&
+		    rd->src_epoch == p->src_epoch && rd->src_idx < p->nsrcs && moved[rd->src_idx] != 0) {
+			rd->src_idx = moved[rd->src_idx] - 1;
+			rd->src_epoch = p->src_epoch + 1;
+		}
+	}
+	for (uint32_t r = 0; a->hreads != NULL && r < HAVE_SLOTS; r++) {
+		struct agent_have_read *hr = &a->hreads[r];
+		if (hr->busy && hr->gen == a->gen && &f->parcels[hr->parcel] == p &&
+		    hr->src_epoch == p->src_epoch && hr->src_idx < p->nsrcs && moved[hr->src_idx] != 0) {
+			hr->src_idx = moved[hr->src_idx] - 1;
+			hr->src_epoch = p->src_epoch + 1;
+			ns[hr->src_idx].have_busy = true;
+		}
+	}
+}
+
 static size_t keep_unlisted(struct node_agent *a, const struct agent_fetch *f,
 			    struct agent_parcel *p, struct agent_source *ns, size_t n, uint32_t *moved)
 {
@@ -251,7 +280,7 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 				ns[i] = *o; /* handle, rest period, pacing, have-page */
 				ns[i].info = info;
 				ns[i].unlisted_ms = 0;
-				ns[i].have_busy = false; /* a read in flight is dropped (epoch) */
+				ns[i].have_busy = false; /* unless its read follows it (below) */
 				o->fa_valid = false;
 				o->have = NULL;
 				moved[j] = (uint32_t)i + 1;
@@ -262,16 +291,7 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 	for (size_t i = 0; i < n; i++)
 		if (ns[i].hp == NULL)
 			ns[i].hp = agent_host_pace(a, &ns[i].info);
-	/* Reads in flight follow their source to the new list; those whose
-	 * source left it no longer name one. */
-	for (uint32_t r = 0; r < a->nreads; r++) {
-		struct agent_read *rd = &a->reads[r];
-		if (rd->in_fabric && rd->gen == a->gen && &f->parcels[rd->parcel] == p &&
-		    rd->src_epoch == p->src_epoch && rd->src_idx < p->nsrcs && moved[rd->src_idx] != 0) {
-			rd->src_idx = moved[rd->src_idx] - 1;
-			rd->src_epoch = p->src_epoch + 1;
-		}
-	}
+	agent_reads_follow(a, p, moved, ns);
 	free(moved);
 	p->src_epoch++;
 	for (size_t j = 0; j < p->nsrcs; j++) {

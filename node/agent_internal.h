@@ -610,6 +610,13 @@ void agent_swarm_chase(struct node_agent *a);
  * (agent_fetch.c). Cannot fail. */
 uint64_t agent_sources_gap(const struct agent_fetch *f, const struct agent_parcel *p, bool peers,
 			   uint64_t now);
+/* After a new source list of parcel p (before p->src_epoch moves on):
+ * the chunk and have-page reads in flight to a source still listed follow
+ * it to its index in ns (moved[j]: old index j's new one + 1, 0: gone),
+ * and ns marks those sources' have-pages busy (agent_fetch.c). Cannot
+ * fail. */
+void agent_reads_follow(struct node_agent *a, const struct agent_parcel *p, const uint32_t *moved,
+			struct agent_source *ns);
 /* Source helpers shared with agent_fetch.c. */
 uint64_t agent_source_window(const struct node_agent *a, const struct agent_source *s);
 bool agent_source_silent(const struct agent_source *s, uint64_t now);

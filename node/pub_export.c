@@ -1128,6 +1128,7 @@ void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t versio
 	pv->created_ms = ex->created_ms;
 	pv->nparts = n;
 	ex->njobs = n;
+	node__pub_prefault_join(p); /* the first export's blocks, if touched before it */
 	for (size_t i = 0; i < n; i++) {
 		uint32_t r = verify ? p->hosted[i].rank : (uint32_t)i;
 		struct pub_job *j = &ex->jobs[i];

@@ -261,6 +261,10 @@ struct node_pub {
 	 * of fresh pages the kernel must fault in and zero (node/pub_delta.c). */
 	uint8_t **spare_raw;
 	size_t *spare_cap;
+	/* Per trainer rank: a served buffer touched before the first export
+	 * (node__pub_prefault_first), which its export maps no fresh one for. */
+	uint8_t **spare_buf;
+	size_t *spare_buf_cap;
 	/* An anchor leaves no spare (there was no parent to give one back):
 	 * a worker maps and touches them while the anchor goes out, and the
 	 * next export's first take joins it (node/pub_delta.c). NULL: none. */
@@ -439,8 +443,15 @@ void node__pub_raw_give(struct node_pub *p, uint32_t rank, uint8_t *raw, size_t 
  * the next export gathers into pages the kernel already gave. Nothing
  * happens when out of memory (the take maps a fresh buffer as before). */
 void node__pub_prefault_start(struct node_pub *p);
-/* Waits for that worker (if any) and hands its buffers to the spares;
- * cannot fail. Called by the take and when the publisher is freed. */
+/* Before the first export of a publisher that keeps parents: maps on a
+ * worker, and touches every page of, each trainer rank's snapshot block,
+ * spare raw buffer and spare served buffer, sized to the rank's shard, so
+ * that the first export does not fault them in on its critical path.
+ * Nothing happens when out of memory; cannot fail. */
+void node__pub_prefault_first(struct node_pub *p);
+/* Waits for that worker (if any) and hands its buffers to the spares (and
+ * the blocks); cannot fail. Called by the take, the first export's start
+ * and served buffer, and when the publisher is freed. */
 void node__pub_prefault_join(struct node_pub *p);
 
 /* ---- pub_serve.c: served versions --------------------------------------------------- */

@@ -45,6 +45,14 @@ int node__pub_part_alloc(struct node_pub *p, struct pub_part *pt)
 {
 	size_t need = node__pub_page_round(pt->used);
 
+	node__pub_prefault_join(p);
+	if (p->spare_buf[pt->rank] != NULL && p->spare_buf_cap[pt->rank] >= need) {
+		pt->buf = p->spare_buf[pt->rank];
+		pt->cap = p->spare_buf_cap[pt->rank];
+		p->spare_buf[pt->rank] = NULL;
+		p->spare_buf_cap[pt->rank] = 0;
+		return 0;
+	}
 	pt->buf = node_serve_map(need);
 	if (pt->buf == NULL)
 		return -ENOMEM;

@@ -409,10 +409,12 @@ int node_pub_new(struct event_base *base, const struct node_pub_opts *o, struct 
 	p->block_cap = calloc(nr, sizeof(*p->block_cap));
 	p->spare_raw = calloc(nr, sizeof(*p->spare_raw));
 	p->spare_cap = calloc(nr, sizeof(*p->spare_cap));
+	p->spare_buf = calloc(nr, sizeof(*p->spare_buf));
+	p->spare_buf_cap = calloc(nr, sizeof(*p->spare_buf_cap));
 	p->hosted = calloc(o->nranks ? o->nranks : nr, sizeof(*p->hosted));
 	if (p->model_json == NULL || p->tl_json == NULL || p->blocks == NULL ||
 	    p->block_cap == NULL || p->spare_raw == NULL || p->spare_cap == NULL ||
-	    p->hosted == NULL) {
+	    p->spare_buf == NULL || p->spare_buf_cap == NULL || p->hosted == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
 	}
@@ -481,6 +483,7 @@ int node_pub_new(struct event_base *base, const struct node_pub_opts *o, struct 
 	LOG_INFO("publisher: model %llu bytes, %u trainer ranks, hosting %zu%s",
 		 (unsigned long long)proto_model_bytes(&p->model), nr, p->nhosted,
 		 p->leader ? " (leader: signs and publishes)" : "");
+	node__pub_prefault_first(p); /* while no export is asked for yet */
 	node__pub_register(p);
 	*out = p;
 	return 0;
@@ -608,9 +611,13 @@ void node_pub_free(struct node_pub *p)
 			munmap(p->blocks[r2], p->block_cap[r2]);
 		if (p->spare_raw != NULL)
 			node_serve_unmap(p->spare_raw[r2], p->spare_cap[r2]);
+		if (p->spare_buf != NULL)
+			node_serve_unmap(p->spare_buf[r2], p->spare_buf_cap[r2]);
 	}
 	free(p->spare_raw);
 	free(p->spare_cap);
+	free(p->spare_buf);
+	free(p->spare_buf_cap);
 	free(p->blocks);
 	free(p->block_cap);
 	node__pub_trainer_free(p);

@@ -14,8 +14,13 @@
 	 * A peer relays a chunk only once it has all of it, so the chunk is \
 	 * the fanout's pipeline step: 1 MiB, not 4, cut an 8-node fanout over \
 	 * 100 Mbit links from 3.7 to 3.1 x S/b and its duplicates from 72 \
-	 * to 4 MiB. A node's value is also the largest chunk it accepts. */ \
-	X(CHUNK_SIZE, "TESSERA_CHUNK_SIZE", 1u << 20,                             \
+	 * to 4 MiB; 512 KiB, not 1, its first to last byte from 13.5-14.1 s \
+	 * to 12.4-12.9 s (S/b 10.7 s): every node's first chunk from the \
+	 * trainer comes at an eighth of its link, and the last ones cross \
+	 * the swarm in hops of a chunk. A large model's manifest grows with \
+	 * it (32 bytes a chunk: 64 MiB, TESSERA_MANIFEST_MAX, for 1 TiB of   \
+	 * parcels). A node's value is also the largest chunk it accepts. */ \
+	X(CHUNK_SIZE, "TESSERA_CHUNK_SIZE", 1u << 19,                             \
 	  "bytes per chunk inside a parcel")                                      \
 	/* Chunk reads a node keeps in flight at most, across all its sources \
 	 * (each source gets what its measured rate needs, see FETCH_TARGET_MS). */ \

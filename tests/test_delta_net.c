@@ -758,9 +758,10 @@ static void test_every_model_dir_runs_out(void **state)
 	assert_int_equal(file_count(log, "holds only"), 1);
 }
 
-/* The publisher gathers v3 on into the raw buffers v1 and v2 gave back
- * (two trainer ranks: two a version), which hold those versions' bytes,
- * and keeps its snapshot blocks: every
+/* The publisher gathered v1 into raw buffers it touched before its first
+ * export (node__pub_prefault_first), and gathers v3 on into the raw
+ * buffers v1 and v2 gave back (two trainer ranks: two a version), which
+ * hold those versions' bytes, and keeps its snapshot blocks: every
  * version the node rebuilds from the deltas is bit-exact, so no byte of an
  * older version leaks into a newer one. The node builds each of v3..v5 by
  * rotation, in the slot it retired at the last activation, and says it
@@ -790,6 +791,8 @@ static void test_recycled_buffers(void **state)
 		assert_true(line_has(e->node.log, line, how));
 	}
 	snprintf(path, sizeof(path), "%s/publisher.log", e->dir);
+	assert_true(file_has(path, "version 1: an anchor: the first version this publisher "
+				   "exports (2 of 2 raw"));
 	assert_true(file_has(path, "version 2: a delta against version 1 (1 since the anchor; 2 of 2 raw"));
 	assert_true(file_has(path, "version 3: a delta against version 2 (2 since the anchor; 2 of 2 raw"));
 	assert_true(file_has(path, "version 5: a delta against version 4 (4 since the anchor; 2 of 2 raw"));

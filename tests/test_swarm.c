@@ -121,6 +121,50 @@ static void test_swarm_sources_early(void **state)
 	assert_int_equal(agent_sources_gap(&f, &p, false, 10040), SOURCES_MIN_MS);
 }
 
+/*
+ * A new source list keeps the reads in flight (agent_reads_follow): a
+ * chunk read and a have-page read to a source still listed follow it to
+ * its new index, the have-page stays busy there (not asked twice, and not
+ * dropped: early in a fetch the list is refreshed every SOURCES_EARLY_MS,
+ * faster than a page was asked again); those to a source that left keep
+ * the old epoch, so their answers are dropped.
+ */
+static void test_swarm_reads_follow(void **state)
+{
+	struct agent_parcel parcels[2] = {{.nsrcs = 2, .src_epoch = 5}, {.nsrcs = 2, .src_epoch = 5}};
+	struct agent_fetch f = {.parcels = parcels, .nparcels = 2};
+	struct agent_read reads[3] = {
+		{.in_fabric = true, .gen = 1, .parcel = 0, .src_idx = 1, .src_epoch = 5},
+		{.in_fabric = true, .gen = 1, .parcel = 0, .src_idx = 0, .src_epoch = 5},
+		{.in_fabric = true, .gen = 1, .parcel = 1, .src_idx = 1, .src_epoch = 5}};
+	struct agent_have_read *hreads = calloc(HAVE_SLOTS, sizeof(*hreads));
+	struct node_agent a = {.gen = 1, .fetch = &f, .reads = reads, .nreads = 3, .hreads = hreads};
+	struct agent_source ns[3];
+	uint32_t moved[2] = {0, 3}; /* old 0 left the list, old 1 is new 2 */
+
+	assert_non_null(hreads);
+	memset(ns, 0, sizeof(ns));
+	hreads[0] = (struct agent_have_read){.busy = true, .gen = 1, .parcel = 0, .src_idx = 1,
+					     .src_epoch = 5};
+	hreads[1] = (struct agent_have_read){.busy = true, .gen = 1, .parcel = 0, .src_idx = 0,
+					     .src_epoch = 5};
+	hreads[2] = (struct agent_have_read){.busy = true, .gen = 0, .parcel = 0, .src_idx = 1,
+					     .src_epoch = 5}; /* an older registration's */
+	agent_reads_follow(&a, &parcels[0], moved, ns);
+	assert_int_equal(reads[0].src_idx, 2);
+	assert_int_equal(reads[0].src_epoch, 6);
+	assert_int_equal(reads[1].src_epoch, 5); /* its source left */
+	assert_int_equal(reads[2].src_idx, 1);   /* another parcel's */
+	assert_int_equal(reads[2].src_epoch, 5);
+	assert_int_equal(hreads[0].src_idx, 2);
+	assert_int_equal(hreads[0].src_epoch, 6);
+	assert_true(ns[2].have_busy);
+	assert_int_equal(hreads[1].src_epoch, 5);
+	assert_false(ns[0].have_busy);
+	assert_int_equal(hreads[2].src_epoch, 5);
+	free(hreads);
+}
+
 /* Small chunks and a per-node fetch cap of 8 Mbit/s: a chunk takes about
  * 65 ms, so have-pages (read every 20 ms) are fresh next to it, and the
  * version takes seconds, so a peer can be killed mid-transfer. */
@@ -722,6 +766,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_swarm_owners_even),
 		cmocka_unit_test(test_swarm_sources_early),
+		cmocka_unit_test(test_swarm_reads_follow),
 		cmocka_unit_test(test_swarm_trainer_uploads_once),
 		cmocka_unit_test_setup_teardown(test_swarm_peer_killed, swarm_setup, swarm_teardown),
 		cmocka_unit_test_setup_teardown(test_swarm_corrupt_peer_banned, swarm_setup,

@@ -34,7 +34,7 @@ run() { # n mode
 	for i in $(seq 1 "$n"); do args+=(--replica tp1); done
 	BIN=$BIN "$HERE/deploy/netns-cluster.sh" "${args[@]}" --mode "$mode" --rate "$RATE" \
 		--synthetic-mb "$MB" --versions 1 --timeout "$(bound_s "$n")" --measure-link 32 \
-		--report "$rep" >"$OUT/run-$n-$mode.log" 2>&1
+		--report "$rep" --links "$OUT/links-$n-$mode.tsv" >"$OUT/run-$n-$mode.log" 2>&1
 	rc=$?
 	if [ $rc -ne 0 ] || [ ! -s "$rep" ]; then
 		printf '  N=%-2s %-6s: did not finish within %s s (exit %s); last lines:\n' "$n" "$mode" \
@@ -80,11 +80,12 @@ run() { # n mode
 	fi
 }
 
-# Where the time went: the run's phase medians and CPU (netns-cluster.sh),
-# and a replica's CPU time per GiB it received (median; its whole run, idle
-# start included), steadier than wall time on a shared machine.
+# Where the time went: the run's phase medians, CPU and how full the
+# trainer's uplink was (netns-cluster.sh), and a replica's CPU time per GiB
+# it received (median; its whole run, idle start included), steadier than
+# wall time on a shared machine.
 phases() { # n mode
-	grep -E '^  (phases|CPU)' "$OUT/run-$1-$2.log" | sed 's/^  /         /'
+	grep -E '^  (phases|CPU|trainer uplink)' "$OUT/run-$1-$2.log" | sed 's/^  /         /'
 	[ -z "${CPU_OF[$1-$2]:-}" ] ||
 		awk -v c="${CPU_OF[$1-$2]}" 'BEGIN { printf "         CPU per replica: %.2f s per GiB received (median)\n", c }'
 }
