@@ -1726,6 +1726,8 @@ static void publish_later(evutil_socket_t fd, short what, void *arg)
 			 0);
 }
 
+static uint64_t metric_value(struct fx *f, const char *name);
+
 static void test_longpoll(void **state)
 {
 	struct fx *f = *state;
@@ -1795,9 +1797,69 @@ static void test_longpoll(void **state)
 	free(buf);
 }
 
+/* A version wakes every watch held before it, more of them than the
+ * tracker answers in one turn of its loop (versions.c: WAKE_SLICE), each
+ * with the versions after the one it waited on; a watch after it stays
+ * held until the next. */
+static void test_longpoll_many(void **state)
+{
+	struct fx *f = *state;
+	enum { N = 150, LATE = 20 };
+	struct trk_client *c[N];
+	struct trk_reply w[N], r;
+	struct event_base *base = trk_client_base(f->c);
+	struct proto_err err;
+	uint8_t *buf, d3[PROTO_HASH_BYTES];
+	size_t len;
+
+	register_publisher(f);
+	publish_two(f);
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(trk_client_new(base, f->srv.url, NULL, &c[i], &err), 0);
+		trk_reply_init(&w[i]);
+		assert_int_equal(trk_client_watch(c[i], i < LATE ? 3 : 2, TRK_WAIT_MAX_MS,
+						  trk_reply_cb, &w[i]),
+				 0);
+	}
+	/* All held (the clients share f->c's loop, which metric_value runs). */
+	for (int t = 0; metric_value(f, "tessera_tracker_watches_held") < N; t++) {
+		assert_true(t < 2000);
+		msleep(5);
+	}
+	make_manifest(f, &(struct mopts){.version = 3, .parent = 2, .parent_digest = f->d2},
+		      &buf, &len, d3);
+	assert_int_equal(publish(f, buf, len, &r), 201);
+	trk_reply_fini(&r);
+	free(buf);
+	for (int i = LATE; i < N; i++) {
+		trk_client_wait(c[i], &w[i]);
+		assert_int_equal(w[i].status, 200);
+		json_t *vs = json_object_get(w[i].json, "versions");
+		assert_int_equal(json_array_size(vs), 1);
+		assert_int_equal(jget_u64(json_array_get(vs, 0), "version"), 3);
+		trk_reply_fini(&w[i]);
+	}
+	for (int i = 0; i < LATE; i++)
+		assert_false(w[i].done);
+	make_manifest(f, &(struct mopts){.version = 4, .parent = 3, .parent_digest = d3},
+		      &buf, &len, NULL);
+	assert_int_equal(publish(f, buf, len, &r), 201);
+	trk_reply_fini(&r);
+	free(buf);
+	for (int i = 0; i < LATE; i++) {
+		trk_client_wait(c[i], &w[i]);
+		assert_int_equal(w[i].status, 200);
+		json_t *vs = json_object_get(w[i].json, "versions");
+		assert_int_equal(json_array_size(vs), 1);
+		assert_int_equal(jget_u64(json_array_get(vs, 0), "version"), 4);
+		trk_reply_fini(&w[i]);
+	}
+	for (int i = 0; i < N; i++)
+		trk_client_free(c[i]);
+}
+
 /* ---- keep-alive ---------------------------------------------------------------------------- */
 
-static uint64_t metric_value(struct fx *f, const char *name);
 
 /* A client keeps its connection open: its ordinary requests share one, a
  * long-poll holds another and nothing waits behind it, and numbered state
@@ -3548,12 +3610,15 @@ static void members_of(struct fx *f, const char *path, char *out, size_t cap)
 
 /* /sources answers are kept per parcel until the swarm changes: repeated
  * queries are served from the kept answer, and every change (a node
- * registering, offering, leaving; a publisher offering) shows at once. */
+ * registering, offering, leaving; a publisher offering) shows at once.
+ * Members lists are kept across versions (srcache.c): another version's
+ * answer lists the same members, and a node leaving or registering shows
+ * in every version's. */
 static void test_sources_kept(void **state)
 {
 	struct fx *f = *state;
 	struct trk_reply r;
-	char ob[1200], path[300], got[256];
+	char ob[1200], path[300], path2[300], got[256];
 	uint64_t hits, misses;
 	bool seen[2] = {false, false};
 
@@ -3571,6 +3636,10 @@ static void test_sources_kept(void **state)
 	assert_string_equal(got, "A/1,B/1");
 	assert_int_equal(metric_of(f, SRC_HITS), hits + 1);
 	assert_int_equal(metric_of(f, SRC_MISSES), misses);
+	snprintf(path2, sizeof(path2), TRK_API "/sources?version=2&layout=%s&src_rank=0&dst_rank=1",
+		 HEX(f->tp2.digest));
+	members_of(f, path2, got, sizeof(got));
+	assert_string_equal(got, "A/1,B/1");
 
 	/* Both nodes and the publisher offer: peers (in some order) first. */
 	offer_body(ob, sizeof(ob), "A/1", 1, HEX(f->tp2.digest), 0, 1, 101);
@@ -3606,11 +3675,15 @@ static void test_sources_kept(void **state)
 	trk_reply_fini(&r);
 	members_of(f, path, got, sizeof(got));
 	assert_string_equal(got, "B/1");
+	members_of(f, path2, got, sizeof(got));
+	assert_string_equal(got, "B/1");
 	assert_int_equal(get(f, path, &r), 200);
 	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 2);
 	trk_reply_fini(&r);
 	/* Registering again brings it back (without its offer). */
 	register_node_ok(f, "A", 1, TP2);
+	members_of(f, path2, got, sizeof(got));
+	assert_string_equal(got, "A/1,B/1");
 	members_of(f, path, got, sizeof(got));
 	assert_string_equal(got, "A/1,B/1");
 	assert_int_equal(get(f, path, &r), 200);
@@ -4095,6 +4168,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_state_lost_refused, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_trainer_pubkey, setup_with_pk, teardown),
 		cmocka_unit_test_setup_teardown(test_longpoll, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_longpoll_many, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_keepalive, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_idle_close, setup_idle, teardown),
 		cmocka_unit_test_setup_teardown(test_replica_state, setup_open, teardown),

@@ -1,6 +1,7 @@
 /* The tracker's connection guard: a cap on connections, a deadline for a
  * request's headers, and refusals before a body is read. */
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -12,6 +13,8 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 
 #include "proto/log.h"
 #include "proto/params.h"
@@ -83,10 +86,14 @@ struct trk_conn {
 	bool answered;      /* refused: the answer is written */
 	bool serving;       /* a request of it is with evhttp, not yet all answered */
 	bool chunked;       /* refused: no declared length (answered at once) */
+	bool background;    /* it carries a held watch: at the low priority */
 	int code;           /* refused: the answer */
 	char msg[300];
 	uint8_t *head;      /* headcap bytes while receiving a head */
 	size_t headlen, headcap;
+	/* Tracing (TESSERA_TRACKER_TRACE): when the current request's head
+	 * began to arrive, reached the tracker, and was answered (ns). */
+	uint64_t head_ns, req_head_ns, req_ns, done_ns;
 };
 
 struct trk_conns {
@@ -107,6 +114,11 @@ struct trk_conns {
 	uint64_t accepted, evicted, slow, refused_heads, idle;
 	uint64_t accept_errors, accept_errors_logged, last_log_ms;
 	struct trk_conns *next_guard; /* guards, by listener */
+	int low_pri;             /* held watches' connections' priority (0: none) */
+	int norm_pri;            /* the base's default, everything else's */
+	FILE *trace;             /* TESSERA_TRACKER_TRACE, or NULL */
+	struct event *lag_ev;    /* tracing: the loop's own lateness */
+	uint64_t lag_due_ns;
 };
 
 static uint64_t now_ms(void)
@@ -148,6 +160,12 @@ static void conn_index(struct trk_conns *g, struct trk_conn *c)
 	}
 	g->by_fd[fd] = c;
 	c->fd = fd;
+	/* Answers go out as written: libevent writes at most 16 KiB at a
+	 * time, and with Nagle the rest of a larger answer waited for the
+	 * client's delayed ACK (40 ms: the status page took 45 ms for 1 ms of
+	 * work). */
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
 static void conn_free(struct trk_conns *g, struct trk_conn *c)
@@ -428,6 +446,7 @@ static void take_head(struct trk_conn *c, struct evbuffer *buf, size_t from)
 		if (c->state == C_IDLE) {
 			c->state = C_HEAD;
 			c->head_ms = now_ms();
+			c->head_ns = c->g->trace != NULL ? proto_now_ns() : 0;
 			c->skip_head = false;
 		}
 		if (evbuffer_ptr_set(buf, &pos, from, EVBUFFER_PTR_SET) != 0)
@@ -614,6 +633,61 @@ static void served(struct evhttp_request *req, void *arg)
 
 	c->serving = false;
 	c->active_ms = now_ms();
+	if (c->g->trace != NULL) {
+		const char *uri = evhttp_request_get_uri(req);
+		fprintf(c->g->trace, "R %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %d %s %.40s\n",
+			c->req_head_ns, c->req_ns, c->done_ns, proto_now_ns(), c->fd,
+			evhttp_request_get_command(req) == EVHTTP_REQ_POST ? "POST" : "GET",
+			uri != NULL ? uri : "?");
+	}
+}
+
+/* req's connection, when indexed (NULL else). */
+static struct trk_conn *conn_of(struct trk_conns *g, struct evhttp_request *req)
+{
+	struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+	struct bufferevent *bev =
+		evcon != NULL ? evhttp_connection_get_bufferevent(evcon) : NULL;
+	evutil_socket_t fd = bev != NULL ? bufferevent_getfd(bev) : -1;
+	struct trk_conn *c = fd >= 0 && (size_t)fd < g->nfd ? g->by_fd[fd] : NULL;
+
+	return c != NULL && c->bev == bev ? c : NULL;
+}
+
+void trk__conns_handled(struct trk_conns *g, struct evhttp_request *req)
+{
+	struct trk_conn *c = g->trace != NULL ? conn_of(g, req) : NULL;
+
+	if (c != NULL)
+		c->done_ns = proto_now_ns();
+}
+
+void trk__conns_background(struct trk_conns *g, struct evhttp_request *req)
+{
+	struct trk_conn *c = g != NULL && g->low_pri > 0 ? conn_of(g, req) : NULL;
+
+	/* A TLS bufferevent keeps its priority (libevent sets it only on
+	 * socket ones): its watches then wait with the rest. */
+	if (c != NULL && bufferevent_priority_set(c->bev, g->low_pri) == 0)
+		c->background = true;
+}
+
+void trk__conns_trace(struct trk_conns *g, const char *what, uint64_t t0, uint64_t n)
+{
+	if (g != NULL && g->trace != NULL)
+		fprintf(g->trace, "B %s %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", what, t0,
+			proto_now_ns(), n);
+}
+
+/* Tracing: a 1 ms timer; when it runs late, the loop was busy that long. */
+static void lag(evutil_socket_t fd, short what, void *arg)
+{
+	struct trk_conns *g = arg;
+	uint64_t now = proto_now_ns();
+
+	if (g->lag_due_ns != 0 && now > g->lag_due_ns + 2000000)
+		fprintf(g->trace, "L %" PRIu64 " %" PRIu64 "\n", g->lag_due_ns, now);
+	g->lag_due_ns = now + 1000000;
 }
 
 void trk__conns_request(struct trk_conns *g, struct evhttp_request *req,
@@ -645,6 +719,13 @@ void trk__conns_request(struct trk_conns *g, struct evhttp_request *req,
 	 * frees it, and never calls served, if the connection goes first;
 	 * c outlives it: it is freed only once evhttp let go of the socket). */
 	c->serving = true;
+	if (c->background) {
+		c->background = false;
+		bufferevent_priority_set(bev, g->norm_pri);
+	}
+	c->req_head_ns = c->head_ns;
+	c->req_ns = g->trace != NULL ? proto_now_ns() : 0;
+	c->done_ns = 0;
 	evhttp_request_set_on_complete_cb(req, served, c);
 	c->state = C_IDLE;
 	head_drop(c);
@@ -687,6 +768,11 @@ int trk__conns_new(struct trk_server *s, struct trk_conns **out)
 	g->idle_ms = proto_param(PROTO_PARAM_TRACKER_IDLE_MS);
 	g->last_log_ms = now_ms();
 	g->lev = evhttp_bound_socket_get_listener(s->sock);
+	/* trk_server_new gave the base three priorities, unless it had some:
+	 * held watches' connections go to the lowest. */
+	if (event_base_get_npriorities(s->base) >= 2)
+		g->low_pri = event_base_get_npriorities(s->base) - 1;
+	g->norm_pri = event_base_get_npriorities(s->base) / 2;
 	g->sweep_ev = event_new(s->base, -1, EV_PERSIST, sweep, g);
 	g->resume_ev = evtimer_new(s->base, resume, g);
 	g->admit_ev = evtimer_new(s->base, admit, g);
@@ -696,6 +782,13 @@ int trk__conns_new(struct trk_server *s, struct trk_conns **out)
 		return -ENOMEM;
 	}
 	event_add(g->sweep_ev, &tv);
+	if (getenv("TESSERA_TRACKER_TRACE") != NULL &&
+	    (g->trace = fopen(getenv("TESSERA_TRACKER_TRACE"), "w")) != NULL) {
+		struct timeval ms = {0, 1000};
+		g->lag_ev = event_new(s->base, -1, EV_PERSIST, lag, g);
+		if (g->lag_ev != NULL)
+			event_add(g->lag_ev, &ms);
+	}
 	pthread_mutex_lock(&guards_mu);
 	g->next_guard = guards;
 	guards = g;
@@ -723,6 +816,10 @@ void trk__conns_free(struct trk_conns *g)
 		event_free(g->resume_ev);
 	if (g->admit_ev != NULL)
 		event_free(g->admit_ev);
+	if (g->lag_ev != NULL)
+		event_free(g->lag_ev);
+	if (g->trace != NULL)
+		fclose(g->trace);
 	/* Run after evhttp_free: every bufferevent is released. */
 	while (g->head != NULL)
 		conn_free(g, g->head);

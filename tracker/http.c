@@ -620,6 +620,8 @@ static void dispatch(struct evhttp_request *req, void *arg)
 	if (!c->answered)
 		trk__fail(c, 500, "internal error: no answer");
 out:
+	if (s->conns != NULL)
+		trk__conns_handled(s->conns, req);
 	json_decref(c->json);
 	evhttp_clear_headers(&c->query);
 	/* A big body's buffers went back to malloc: give them to the system
@@ -722,6 +724,11 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 		return proto_errf(err, EIO, "libsodium failed to initialise");
 	if ((rc = parse_listen(o->listen, host, sizeof(host), &port, err)) != 0)
 		return rc;
+	/* Three priorities, before any event of ours: everything at the
+	 * middle one (libevent's default for new events), held watches'
+	 * connections and their wake-ups below it (conns.c, versions.c). */
+	if (event_base_get_npriorities(base) == 1)
+		event_base_priority_init(base, 3);
 	s = calloc(1, sizeof(*s));
 	if (s == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");

@@ -187,6 +187,17 @@ void trk__conns_free(struct trk_conns *g);
  * already answered (the request must then be dropped). g may be NULL. */
 void trk__conns_request(struct trk_conns *g, struct evhttp_request *req,
 			bool *refused);
+/* Tracing (TESSERA_TRACKER_TRACE=FILE): req's answer is built; a burst of
+ * work (what, begun at t0 ns, n items) ended now. */
+void trk__conns_handled(struct trk_conns *g, struct evhttp_request *req);
+void trk__conns_trace(struct trk_conns *g, const char *what, uint64_t t0, uint64_t n);
+/* req is held (a watch): its connection is served at the low priority
+ * until its next request arrives. When a version lands every node's watch
+ * is answered at once, and the nodes ask again at once: a thousand answers
+ * written and a thousand watches read take tens of ms of the loop, which
+ * heartbeats and sources queries then no longer wait behind. g may be
+ * NULL; nothing happens for an unguarded connection. */
+void trk__conns_background(struct trk_conns *g, struct evhttp_request *req);
 /* Counters for /metrics; g may be NULL (all zero). */
 void trk__conns_stats(const struct trk_conns *g, struct trk_conns_stats *out);
 /* Appends the guard's counters to a /metrics answer. */
@@ -449,6 +460,10 @@ struct trk_registry {
 	 * gone, offers, publishers): /sources answers are kept against it
 	 * (srcache.c). */
 	uint64_t swarm_gen;
+	/* Bumped by changes to who is in which swarm (registrations, nodes
+	 * gone, the model dropped), not by offers: members lists are kept
+	 * against it (srcache.c), across versions. */
+	uint64_t members_gen;
 	struct trk_srcache *srcache;
 	uint64_t src_batches, src_batched; /* POST /sources: requests, parcels */
 	struct trk_activation act[TRK__ACTIVATIONS_MAX];
@@ -515,6 +530,9 @@ void trk__repindex_del(struct trk_registry *r, struct trk_replica *rep);
 
 /* A change to the swarms: cached /sources answers are rebuilt. */
 void trk__registry_swarm_changed(struct trk_registry *r);
+/* A change to the swarms' members (a node registered or gone): members
+ * lists are rebuilt, and cached /sources answers too. */
+void trk__registry_members_changed(struct trk_registry *r);
 
 /* ---- slayouts.c: shared serving layouts and the cache of their forms ---- */
 
@@ -685,6 +703,15 @@ void trk__srcache_set_ready(struct trk_srcentry *e);
  * must carry that list), else listed. */
 char *trk__srcache_render(struct trk_srcentry *e, const char *tag, bool shared, bool *listed,
 			  size_t *len);
+/* The members of rank dst's swarm of layout (what set_members stored for
+ * it), kept across versions while the registry's members generation stays
+ * gen: copied into e (0), or -ENOENT (build them), -ENOMEM. */
+int trk__srcache_members_copy(struct trk_srcache *sc, struct trk_srcentry *e,
+			      const uint8_t layout[PROTO_HASH_BYTES], uint32_t dst, uint64_t gen);
+/* Keeps e's members (set by set_members) for layout and dst at members
+ * generation gen; nothing kept on ENOMEM (the next build makes them). */
+void trk__srcache_members_keep(struct trk_srcache *sc, const struct trk_srcentry *e,
+			       const uint8_t layout[PROTO_HASH_BYTES], uint32_t dst, uint64_t gen);
 /* Queries answered from an entry / that built one, for /metrics. */
 void trk__srcache_stats(const struct trk_srcache *sc, uint64_t *hits, uint64_t *misses);
 

@@ -53,7 +53,11 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
  * interest evhttp turns on and off several times within one loop turn:
  * with the epoll changelist, each socket's changes reach the kernel once
  * per turn (one epoll_ctl instead of several). The tracker never dup()s a
- * socket, the case the changelist gets wrong. */
+ * socket, the case the changelist gets wrong. Held watches are served at
+ * the lowest of the priorities trk_server_new sets up (2): libevent runs a
+ * priority's whole queue of ready events in one go, and a thousand watch
+ * answers written in one go held the requests that came meanwhile for tens
+ * of ms; at most 32 of them now run before the loop looks for new ones. */
 static struct event_base *tracker_base(void)
 {
 	struct event_config *cfg = event_config_new();
@@ -62,6 +66,7 @@ static struct event_base *tracker_base(void)
 	if (cfg == NULL)
 		return NULL;
 	event_config_set_flag(cfg, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
+	event_config_set_max_dispatch_interval(cfg, NULL, 32, 2);
 	base = event_base_new_with_config(cfg);
 	event_config_free(cfg);
 	return base;

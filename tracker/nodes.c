@@ -201,7 +201,7 @@ void trk__handle_nodes(struct trk_call *c)
 	trk__node_free(rep->ranks[rank]); /* re-registration replaces */
 	rep->ranks[rank] = n;
 	n->rep = rep;
-	trk__registry_swarm_changed(r);
+	trk__registry_members_changed(r);
 	trk__replica_update_target(c->s, rep);
 	if (!was_alive) /* its layout may be one the latest version lacks */
 		trk__versions_replica_alive(c->s->vs);

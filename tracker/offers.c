@@ -299,10 +299,16 @@ void trk__json_shuffle(json_t *a)
 static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 			 struct trk_srcentry *e)
 {
-	json_t *members = json_array(), *reps = json_array();
-	int rc = -ENOMEM;
+	json_t *members = NULL, *reps = NULL;
+	int rc = trk__srcache_members_copy(r->srcache, e, k->layout, k->dst, r->members_gen);
+	bool kept = rc == 0;
 
-	if (members == NULL || reps == NULL)
+	if (rc == -ENOMEM)
+		return rc;
+	rc = -ENOMEM;
+	/* Members as kept since the last registration or node gone, else
+	 * listed again below. */
+	if (!kept && ((members = json_array()) == NULL || (reps = json_array()) == NULL))
 		goto out;
 	/* A node offers only parcels of its own layout and rank, so the only
 	 * candidates are rank dst of the replicas with that layout: the
@@ -320,8 +326,8 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 			continue;
 		/* n->id is "<replica>/<dst>" (nodes.c): reps names the
 		 * same members for a batch that shares them. */
-		if (json_array_append_new(members, json_string(n->id)) != 0 ||
-		    json_array_append_new(reps, json_string(rep->name)) != 0)
+		if (!kept && (json_array_append_new(members, json_string(n->id)) != 0 ||
+			      json_array_append_new(reps, json_string(rep->name)) != 0))
 			goto out;
 		o = offers_find(&n->offers, k->version, k->layout, k->src, k->dst);
 		if (o != NULL &&
@@ -344,9 +350,13 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 						    false) != 0)
 				goto out;
 	}
-	rc = trk__srcache_set_members(e, members, reps);
-	if (rc == 0)
-		trk__srcache_set_ready(e);
+	if (!kept) {
+		if ((rc = trk__srcache_set_members(e, members, reps)) != 0)
+			goto out;
+		trk__srcache_members_keep(r->srcache, e, k->layout, k->dst, r->members_gen);
+	}
+	rc = 0;
+	trk__srcache_set_ready(e);
 out:
 	json_decref(members);
 	json_decref(reps);
@@ -367,8 +377,12 @@ static char *sources_text(struct trk_registry *r, const struct trk_srckey *k, co
 	const char *t, *list;
 	char *out;
 
-	if (!trk__srcache_ready(e) && build_sources(r, k, e) != 0)
-		return NULL;
+	if (!trk__srcache_ready(e)) {
+		uint64_t t0 = proto_now_ns();
+		if (build_sources(r, k, e) != 0)
+			return NULL;
+		trk__conns_trace(r->s->conns, "build", t0, r->swarm_gen);
+	}
 	out = trk__srcache_render(e, tag, reps != NULL, &listed, len);
 	if (out == NULL || !listed)
 		return out;

@@ -57,7 +57,7 @@ static void drop_replicas(struct trk_registry *r)
 
 void trk__registry_drop_model(struct trk_registry *r)
 {
-	trk__registry_swarm_changed(r);
+	trk__registry_members_changed(r);
 	trk__slayout_cache_clear(r); /* forms were parsed against the model */
 	drop_replicas(r);
 	if (r->have_model) {
@@ -238,7 +238,7 @@ size_t trk__replica_complete_list(const struct trk_replica *rep, uint64_t *out)
 static void node_gone(struct trk_registry *r, struct trk_node *n, uint64_t now_ms,
 		      const char *why)
 {
-	trk__registry_swarm_changed(r);
+	trk__registry_members_changed(r);
 	n->alive = false;
 	n->gone_ms = now_ms;
 	LOG_INFO("node %s gone (%s)", n->id, why);
@@ -288,6 +288,12 @@ void trk__registry_changed(struct trk_registry *r)
 
 void trk__registry_swarm_changed(struct trk_registry *r)
 {
+	r->swarm_gen++;
+}
+
+void trk__registry_members_changed(struct trk_registry *r)
+{
+	r->members_gen++;
 	r->swarm_gen++;
 }
 

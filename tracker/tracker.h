@@ -77,7 +77,10 @@ struct trk_server_opts {
 /*
  * Loads the version log from state_dir, binds the listener and starts serving
  * on base (the caller runs the loop). Options are copied. On failure *out is
- * NULL, nothing is left bound and err says why.
+ * NULL, nothing is left bound and err says why. A base with one priority
+ * (libevent's default) gets three: held watches' connections are served at
+ * the lowest (conns.c), every other event at the middle one; so base should
+ * be new, or its events should not care.
  */
 int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 		   struct trk_server **out, struct proto_err *err);

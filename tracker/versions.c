@@ -63,7 +63,18 @@ struct trk_versions {
 	/* Nodes' watches; publishers' watches and addendum waits (few: a
 	 * replica coming alive walks only these, not 10 000 node watches). */
 	struct waiter_list waiters, special;
-	size_t nheld; /* on either list */
+	/* Watches a version answers, answered WAKE_SLICE per turn of the loop
+	 * at the low priority (wake_slice), and the answers built for them
+	 * (by the version they wait after; dropped when a version lands). */
+	struct waiter_list due;
+	struct event *wake_ev;
+	struct {
+		uint64_t after;
+		char *text;
+		size_t len;
+	} memo[4];
+	size_t nmemo, memo_at;
+	size_t nheld; /* on any list */
 	/* Bumped whenever a replica comes alive (a new one, or one whose
 	 * ranks were all gone): its layout may be one no version covers. */
 	uint64_t layouts_rev;
@@ -403,6 +414,7 @@ int trk__versions_open(const char *state_dir, const uint8_t *trainer_pk,
 		return proto_errf(err, ENOMEM, "out of memory");
 	TAILQ_INIT(&vs->waiters);
 	TAILQ_INIT(&vs->special);
+	TAILQ_INIT(&vs->due);
 	vs->dir = strdup(state_dir);
 	vs->vdir = path_join(state_dir, "versions");
 	pin = path_join(state_dir, "trainer.pub");
@@ -463,6 +475,17 @@ void trk__versions_drop_waiters(struct trk_versions *vs)
 		waiter_free(w);
 	while ((w = TAILQ_FIRST(&vs->special)) != NULL)
 		waiter_free(w);
+	while ((w = TAILQ_FIRST(&vs->due)) != NULL)
+		waiter_free(w);
+}
+
+static void memo_clear(struct trk_versions *vs)
+{
+	for (size_t i = 0; i < vs->nmemo; i++) {
+		free(vs->memo[i].text);
+		vs->memo[i].text = NULL;
+	}
+	vs->nmemo = vs->memo_at = 0;
 }
 
 void trk__versions_free(struct trk_versions *vs)
@@ -470,6 +493,9 @@ void trk__versions_free(struct trk_versions *vs)
 	if (vs == NULL)
 		return;
 	trk__versions_drop_waiters(vs);
+	memo_clear(vs);
+	if (vs->wake_ev != NULL)
+		event_free(vs->wake_ev);
 	for (size_t i = 0; i < vs->n; i++)
 		version_drop_cache(&vs->v[i]);
 	free(vs->v);
@@ -744,68 +770,104 @@ static void waiter_closed(struct evhttp_connection *conn, void *arg)
 	waiter_free(w);
 }
 
-/* Answers every waiter a new version concerns. They mostly wait after the
- * same version, so each distinct answer is built and encoded once (the last
- * few are remembered), not once per waiter: a version wakes every node at
- * once. */
+#define WAKE_SLICE 64 /* watches answered per turn of the loop */
+
+/* The answer for a watch after `after`, built once per version landed for
+ * all the watches waiting after the same version (the last few are
+ * remembered): a version wakes every node at once. NULL on ENOMEM. */
+static const char *memo_text(struct trk_versions *vs, uint64_t after, size_t *len)
+{
+	json_t *a;
+	char *t;
+
+	for (size_t i = 0; i < vs->nmemo; i++)
+		if (vs->memo[i].after == after) {
+			*len = vs->memo[i].len;
+			return vs->memo[i].text;
+		}
+	a = list_after(vs->s, after);
+	t = trk__json_text(a, len);
+	json_decref(a);
+	if (t == NULL)
+		return NULL;
+	if (vs->nmemo < PROTO_ARRAY_LEN(vs->memo))
+		vs->memo_at = vs->nmemo++;
+	else
+		vs->memo_at = (vs->memo_at + 1) % PROTO_ARRAY_LEN(vs->memo);
+	free(vs->memo[vs->memo_at].text);
+	vs->memo[vs->memo_at].after = after;
+	vs->memo[vs->memo_at].text = t;
+	vs->memo[vs->memo_at].len = *len;
+	return t;
+}
+
+/* Answers up to WAKE_SLICE due watches, and comes back for the rest after
+ * the loop served what else was waiting: at 1 000 nodes, answering every
+ * watch in one callback held every heartbeat and sources query behind it
+ * for several ms. */
+static void wake_slice(evutil_socket_t fd, short what, void *arg)
+{
+	struct trk_versions *vs = arg;
+	struct waiter *w;
+	uint64_t t0 = proto_now_ns();
+	size_t n = 0;
+
+	while (n < WAKE_SLICE && (w = TAILQ_FIRST(&vs->due)) != NULL) {
+		struct evhttp_request *req = w->req;
+		size_t len = 0;
+		const char *txt = memo_text(vs, w->after, &len);
+
+		waiter_free(w);
+		trk__reply_req_text(vs->s, req, 200, txt, len);
+		n++;
+	}
+	if (!TAILQ_EMPTY(&vs->due))
+		event_active(vs->wake_ev, EV_TIMEOUT, 1);
+	else
+		memo_clear(vs);
+	trk__conns_trace(vs->s->conns, "wake", t0, n);
+}
+
+/* Moves every waiter a new version concerns onto the due list, answered
+ * by wake_slice: node watches first, then publishers' (addendum waits
+ * wait for their addendum). Answers built for an older version go. */
 static void wake_waiters(struct trk_versions *vs)
 {
 	uint64_t latest = trk__versions_latest(vs);
+	struct waiter_list *lists[] = {&vs->waiters, &vs->special};
 	struct waiter *w, *next;
-	struct {
-		uint64_t after;
-		char *text;
-		size_t len;
-	} memo[4] = {{0}};
-	size_t nmemo = 0, at = 0;
 
-	w = TAILQ_FIRST(&vs->waiters);
-	for (w = w != NULL ? w : TAILQ_FIRST(&vs->special); w != NULL; w = next) {
-		struct trk_server *s = w->vs->s;
-		struct evhttp_request *req = w->req;
-		uint64_t after = w->after;
-		const char *txt = NULL;
-		size_t len = 0;
-
-		next = TAILQ_NEXT(w, link);
-		if (next == NULL && w->list == &vs->waiters)
-			next = TAILQ_FIRST(&vs->special); /* then publishers' watches */
-		/* Raw copies are made of the latest version only (the
-		 * publisher keeps no other's raw parcels): a newer one
-		 * ends the wait for an older one's, at once. */
-		if (w->addendum && w->copy && latest > after) {
-			waiter_answer(w);
-			continue;
-		}
-		if (latest <= after || w->addendum)
-			continue;
-		for (size_t i = 0; i < nmemo && txt == NULL; i++)
-			if (memo[i].after == after) {
-				txt = memo[i].text;
-				len = memo[i].len;
+	memo_clear(vs);
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(lists); i++)
+		for (w = TAILQ_FIRST(lists[i]); w != NULL; w = next) {
+			next = TAILQ_NEXT(w, link);
+			/* Raw copies are made of the latest version only (the
+			 * publisher keeps no other's raw parcels): a newer one
+			 * ends the wait for an older one's, at once. */
+			if (w->addendum && w->copy && latest > w->after) {
+				waiter_answer(w);
+				continue;
 			}
-		if (txt == NULL) {
-			json_t *a = list_after(s, after);
-			char *t = trk__json_text(a, &len);
-
-			json_decref(a);
-			if (t != NULL) {
-				if (nmemo < PROTO_ARRAY_LEN(memo))
-					at = nmemo++;
-				else
-					at = (at + 1) % PROTO_ARRAY_LEN(memo);
-				free(memo[at].text);
-				memo[at].after = after;
-				memo[at].text = t;
-				memo[at].len = len;
-			}
-			txt = t;
+			if (latest <= w->after || w->addendum)
+				continue;
+			TAILQ_REMOVE(w->list, w, link);
+			w->list = &vs->due;
+			TAILQ_INSERT_TAIL(w->list, w, link);
 		}
-		waiter_free(w);
-		trk__reply_req_text(s, req, 200, txt, len);
+	if (TAILQ_EMPTY(&vs->due))
+		return;
+	if (vs->wake_ev == NULL) {
+		struct event_base *base = vs->s->base;
+		int npri = event_base_get_npriorities(base);
+		if ((vs->wake_ev = event_new(base, -1, 0, wake_slice, vs)) == NULL) {
+			/* Out of memory: each due watch ends at its timer. */
+			return;
+		}
+		/* Below heartbeats and sources queries when the base has
+		 * priorities (trk_server_new gives it three). */
+		event_priority_set(vs->wake_ev, npri - 1);
 	}
-	for (size_t i = 0; i < nmemo; i++)
-		free(memo[i].text);
+	event_active(vs->wake_ev, EV_TIMEOUT, 1);
 }
 
 /* Holds c's request for wait_ms (ended in its last tenth) as a waiter;
@@ -830,6 +892,7 @@ static struct waiter *hold(struct trk_call *c, uint64_t after, uint64_t wait_ms)
 	vs->nheld++;
 	if (w->conn != NULL)
 		evhttp_connection_set_closecb(w->conn, waiter_closed, w);
+	trk__conns_background(c->s->conns, c->req);
 	/* Watches that a version answered together come back together; held
 	 * for exactly wait_ms they would all time out together again, every
 	 * time. Ending each somewhere in the last tenth spreads them out. */

@@ -15,7 +15,11 @@
  * /sources), naming the members list each rank holds (members_tag: the
  * list comes again only when it changed) and asking for the lists shared
  * (one list of replica names per batch, not one list of ids per rank;
- * SHARED 0 asks for whole lists, as agents did before). PER_CLIENT 1 is one process per rank, each with its own
+ * SHARED 0 asks for whole lists, as agents did before). The watches run on
+ * a second thread with its own event loop and clients: each simulated host
+ * is a machine of its own, and a thousand watch answers handled back to
+ * back on the loop that times the other requests delayed their timing.
+ * PER_CLIENT 1 is one process per rank, each with its own
  * heartbeat, watch and GET /sources (two descriptors per node on each side:
  * 10 000 nodes need more than a 20 000 descriptor limit allows). Prints requests
  * served per second (from the tracker's own counters), the connections it
@@ -37,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -65,15 +70,20 @@ struct lat {
 
 struct sim_node {
 	struct trk_client *c; /* shared by PER_CLIENT nodes */
+	struct trk_client *wc; /* its watch's, on the watch thread (the host's first) */
 	char id[TRK_ID_MAX];
 	uint32_t rank;
 	bool registered, watching;
+	bool watch_wanted; /* set (atomically) once it registered: the watch thread starts one */
 	uint64_t seen;
 	char tag[TRK_MEMBERS_TAG_HEX + 1]; /* of the members list it holds */
 };
 
 struct bench {
-	struct event_base *base;
+	struct event_base *base;  /* registration, heartbeats, sources, the publisher */
+	struct event_base *wbase; /* the watches, on their own thread */
+	struct event *wtick;
+	bool stop;                /* (atomic) the main loop ended: so does the watch thread */
 	struct trk_client *c;
 	struct proto_model m;
 	struct proto_layout tl, sl;
@@ -98,6 +108,9 @@ struct bench {
 	struct lat hb_late, src_late; /* sent LATE_S or more after measuring began */
 	struct event *tick, *pub_ev, *pub_hb;
 	uint64_t start_ns, last_pub_ns;
+	FILE *trace; /* TESSERA_BENCH_TRACE */
+	struct event *lag_ev;
+	uint64_t lag_due_ns;
 };
 
 struct req {
@@ -149,7 +162,7 @@ static void on_watch(const struct trk_answer *a, void *arg)
 	size_t k;
 
 	n->watching = false;
-	b->watch_answers++;
+	b->watch_answers++; /* read after the watch thread ended */
 	if (a->status == 200)
 		json_array_foreach(json_object_get(a->json, "versions"), k, v)
 		{
@@ -170,7 +183,7 @@ static void start_watch(struct bench *b, uint32_t i)
 	if (r == NULL)
 		return;
 	*r = (struct req){.b = b, .node = i};
-	if (trk_client_watch(b->nodes[i].c, b->nodes[i].seen, (uint32_t)proto_param(PROTO_PARAM_WATCH_MS),
+	if (trk_client_watch(b->nodes[i].wc, b->nodes[i].seen, (uint32_t)proto_param(PROTO_PARAM_WATCH_MS),
 			     on_watch, r) != 0) {
 		free(r);
 		return;
@@ -197,8 +210,7 @@ static void on_register(const struct trk_answer *a, void *arg)
 		if (!n->registered)
 			b->registered++;
 		n->registered = true;
-		if (!b->nodes[watcher(b, r->node)].watching)
-			start_watch(b, watcher(b, r->node));
+		__atomic_store_n(&b->nodes[watcher(b, r->node)].watch_wanted, true, __ATOMIC_RELEASE);
 	} else {
 		if (b->reg_failed++ < 3)
 			fprintf(stderr, "bench_tracker: node %u: registration: %d %s\n", r->node,
@@ -303,6 +315,9 @@ static void on_timed(const struct trk_answer *a, void *arg)
 			keep_tags(b, r, a);
 		if (b->measuring && (r->kind == 1 || r->kind == 3))
 			b->src_bytes += a->len;
+		if (b->trace != NULL && b->measuring)
+			fprintf(b->trace, "T %d %" PRIu64 " %" PRIu64 " %zu\n", r->kind, r->t0,
+				r->t0 + dt, a->len);
 	}
 	free(r);
 }
@@ -488,9 +503,52 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	}
 	if (b->publishing_ok && now - b->last_pub_ns >= (uint64_t)VERSION_EVERY_MS * 1000000) {
 		b->last_pub_ns = now;
+		if (b->trace != NULL)
+			fprintf(b->trace, "P %" PRIu64 "\n", now);
 		if (publish_next(b) != 0)
 			b->errors++;
 	}
+}
+
+static void on_lag(evutil_socket_t fd, short what, void *arg)
+{
+	struct bench *b = arg;
+	uint64_t now = proto_now_ns();
+
+	if (b->lag_due_ns != 0 && now > b->lag_due_ns + 2000000)
+		fprintf(b->trace, "L %" PRIu64 " %" PRIu64 "\n", b->lag_due_ns, now);
+	b->lag_due_ns = now + 1000000;
+}
+
+/* The watch thread's clock: a host whose first rank registered gets its
+ * watch. Watches (answered all at once when a version lands, and asked
+ * again at once) run on their own thread and event loop: on the loop that
+ * times heartbeats and sources queries, a thousand hosts' watch answers
+ * were handled back to back and delayed the timing of the answers that
+ * came meanwhile (each simulated host is its own machine in a cluster). */
+static void on_wtick(evutil_socket_t fd, short what, void *arg)
+{
+	struct bench *b = arg;
+
+	if (__atomic_load_n(&b->stop, __ATOMIC_ACQUIRE)) {
+		event_base_loopbreak(b->wbase);
+		return;
+	}
+	for (uint32_t i = 0; i < b->nnodes; i += b->per_client)
+		if (!b->nodes[i].watching && __atomic_load_n(&b->nodes[i].watch_wanted, __ATOMIC_ACQUIRE))
+			start_watch(b, i);
+}
+
+static void *watch_main(void *arg)
+{
+	struct bench *b = arg;
+
+	/* The other hosts' watch handling yields to the tracker and to the
+	 * timed requests' loop: in a cluster it runs on those hosts. */
+	if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10) != 0)
+		fprintf(stderr, "bench_tracker: the watch thread keeps its priority\n");
+	event_base_dispatch(b->wbase);
+	return NULL;
 }
 
 static void on_pub_heartbeat(evutil_socket_t fd, short what, void *arg)
@@ -515,8 +573,10 @@ static void on_phase(evutil_socket_t fd, short what, void *arg)
 		b->last_pub_ns = 0;
 		return;
 	}
-	if (b->measuring && now - b->reg_done_ns >= (uint64_t)b->seconds * 1000000000ull)
+	if (b->measuring && now - b->reg_done_ns >= (uint64_t)b->seconds * 1000000000ull) {
+		__atomic_store_n(&b->stop, true, __ATOMIC_RELEASE);
 		event_base_loopbreak(b->base);
+	}
 }
 
 /* ---- what the tracker says about itself, from another thread ------------------ */
@@ -528,6 +588,7 @@ struct probe {
 	/* CPU time (s) of the tracker and of this load generator, and the
 	 * machine's run queue, at the ends of the window. */
 	double trk_cpu0, trk_cpu1, gen_cpu0, gen_cpu1;
+	double trk_wait0, trk_wait1; /* s the tracker waited for a CPU while runnable */
 	double load1;
 	double page_ms[3], status_ms[3];
 	size_t page_bytes, status_bytes;
@@ -581,6 +642,23 @@ static double proc_cpu_s(pid_t pid)
 	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
+/* Time (s) process pid spent runnable but not running: what the machine's
+ * other work cost it (0 when unreadable). */
+static double proc_wait_s(pid_t pid)
+{
+	char path[64];
+	unsigned long long run = 0, wait = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/schedstat", (int)pid);
+	if ((f = fopen(path, "r")) == NULL)
+		return 0;
+	if (fscanf(f, "%llu %llu", &run, &wait) != 2)
+		wait = 0;
+	fclose(f);
+	return (double)wait / 1e9;
+}
+
 static double self_cpu_s(void)
 {
 	struct rusage ru;
@@ -621,6 +699,7 @@ static void *probe_main(void *arg)
 	uint64_t t0 = proto_now_ns();
 	p->answers0 = answers_total(c, &p->accepted0);
 	p->trk_cpu0 = proc_cpu_s(p->tracker);
+	p->trk_wait0 = proc_wait_s(p->tracker);
 	p->gen_cpu0 = self_cpu_s();
 	for (int i = 0; i < 3; i++) {
 		p->page_ms[i] = timed_get(c, "/", &p->page_bytes);
@@ -631,6 +710,7 @@ static void *probe_main(void *arg)
 		usleep(100000);
 	p->answers1 = answers_total(c, &p->accepted1);
 	p->trk_cpu1 = proc_cpu_s(p->tracker);
+	p->trk_wait1 = proc_wait_s(p->tracker);
 	p->gen_cpu1 = self_cpu_s();
 	p->window_s = (double)(proto_now_ns() - t0) / 1e9;
 	if (getloadavg(&p->load1, 1) != 1)
@@ -753,7 +833,8 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	b.base = event_base_new();
-	if (b.base == NULL || trk_client_new(b.base, url, NULL, &b.c, &err) != 0)
+	b.wbase = event_base_new();
+	if (b.base == NULL || b.wbase == NULL || trk_client_new(b.base, url, NULL, &b.c, &err) != 0)
 		return 1;
 	trk_client_set_timeout(b.c, 30000);
 
@@ -792,6 +873,9 @@ int main(int argc, char **argv)
 			 * are not read here: parsing them was most of this
 			 * process's work, which would then measure itself. */
 			trk_client_set_parse_max(b.nodes[i].c, 4096);
+			if (trk_client_new(b.wbase, url, NULL, &b.nodes[i].wc, &err) != 0)
+				return 1;
+			trk_client_set_timeout(b.nodes[i].wc, 30000);
 		} else {
 			b.nodes[i].c = b.nodes[i - i % b.per_client].c;
 		}
@@ -806,6 +890,16 @@ int main(int argc, char **argv)
 	b.pub_hb = event_new(b.base, -1, EV_PERSIST, on_pub_heartbeat, &b);
 	event_add(b.pub_hb, &pub_every);
 
+	if (getenv("TESSERA_BENCH_TRACE") != NULL &&
+	    (b.trace = fopen(getenv("TESSERA_BENCH_TRACE"), "w")) != NULL) {
+		struct timeval ms = {0, 1000};
+		b.lag_ev = event_new(b.base, -1, EV_PERSIST, on_lag, &b);
+		event_add(b.lag_ev, &ms);
+	}
+	b.wtick = event_new(b.wbase, -1, EV_PERSIST, on_wtick, &b);
+	event_add(b.wtick, &tick);
+	pthread_t wthr;
+	pthread_create(&wthr, NULL, watch_main, &b);
 	struct probe pr = {.url = url, .b = &b, .tracker = tracker.pid};
 	pthread_t thr;
 	pthread_create(&thr, NULL, probe_main, &pr);
@@ -821,6 +915,7 @@ int main(int argc, char **argv)
 	b.start_ns = proto_now_ns();
 	event_base_dispatch(b.base);
 	pthread_join(thr, NULL);
+	pthread_join(wthr, NULL);
 
 	/* The status outputs again with the load stopped (the nodes' leases
 	 * still run): their own cost, as the tracker's CPU time per render,
@@ -865,6 +960,11 @@ int main(int argc, char **argv)
 	       pr.window_s > 0 ? 100 * trk_cpu / pr.window_s : 0,
 	       served > 0 ? 1e6 * trk_cpu / (served * pr.window_s) : 0,
 	       trk_cpu > 0 ? served * pr.window_s / trk_cpu : 0);
+	/* Time the tracker was ready to run but had no CPU: on a shared
+	 * machine, what other work added to every figure below. */
+	printf("tracker waited for a CPU: %.2f s of the %.1f s (%.1f ms per second)\n",
+	       pr.trk_wait1 - pr.trk_wait0, pr.window_s,
+	       pr.window_s > 0 ? 1e3 * (pr.trk_wait1 - pr.trk_wait0) / pr.window_s : 0);
 	printf("load generator CPU: %.0f%% of one core (%.1f us per request); machine: %ld cores, "
 	       "load average %.1f\n",
 	       pr.window_s > 0 ? 100 * gen_cpu / pr.window_s : 0,
@@ -916,10 +1016,18 @@ int main(int argc, char **argv)
 	event_free(b.tick);
 	event_free(b.pub_ev);
 	event_free(b.pub_hb);
-	for (uint32_t i = 0; i < b.nnodes; i += b.per_client)
+	if (b.lag_ev != NULL)
+		event_free(b.lag_ev);
+	if (b.trace != NULL)
+		fclose(b.trace);
+	event_free(b.wtick);
+	for (uint32_t i = 0; i < b.nnodes; i += b.per_client) {
 		trk_client_free(b.nodes[i].c);
+		trk_client_free(b.nodes[i].wc);
+	}
 	trk_client_free(b.c);
 	event_base_free(b.base);
+	event_base_free(b.wbase);
 	node_proc_stop(&tracker, 5000);
 	free(b.nodes);
 	free(b.hb.v);
