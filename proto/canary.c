@@ -111,11 +111,16 @@ static inline float clampw(float w)
 }
 
 /* The loop for one dtype: load is inlined, the row's u hoisted. */
+/* One element's term: w at column j of a row whose coefficient is u. */
+static inline uint64_t term(float u, uint64_t j, uint32_t salt32, float w)
+{
+	float prod = (u * xcoef(j, salt32)) * clampw(w);
+	return (uint64_t)(int64_t)(prod * 4294967296.0f);
+}
+
 #define CANARY_LOOP(LOADX)                                                            \
 	for (uint64_t i = 0; i < count; i++) {                                        \
-		float w = clampw(LOADX);                                              \
-		float prod = (u * xcoef(j, salt32)) * w;                              \
-		sum += (uint64_t)(int64_t)(prod * 4294967296.0f);                     \
+		sum += term(u, j, salt32, LOADX);                                     \
 		if (++j == cols) {                                                    \
 			j = 0;                                                        \
 			u = coef(salt ^ (++r | 1ull << 63));                          \
@@ -193,6 +198,87 @@ static inline bool same_elem(const uint8_t *a, const uint8_t *b, uint64_t i, siz
 	}
 }
 
+/* Whether the 64 bytes at a and b are the same (eight word compares, no call). */
+static inline bool same64(const uint8_t *a, const uint8_t *b)
+{
+	uint64_t d = 0, x, y;
+
+	for (int k = 0; k < 64; k += 8) {
+		memcpy(&x, a + k, 8);
+		memcpy(&y, b + k, 8);
+		d |= x ^ y;
+	}
+	return d == 0;
+}
+
+/* Where the changes walk: the row and column of element `at`, and the
+ * coefficient of row `urow`. */
+struct walk {
+	enum proto_dtype dt;
+	size_t es;
+	uint64_t cols, r, j, at, urow, sum;
+	uint32_t salt32;
+	uint64_t salt;
+	float u;
+};
+
+/* Element i changed from a to b: its new term less its old one. */
+static inline void walk_change(struct walk *w, const uint8_t *a, const uint8_t *b, uint64_t i)
+{
+	w->j += i - w->at;
+	w->at = i;
+	if (w->j >= w->cols) {
+		w->r += w->j / w->cols;
+		w->j %= w->cols;
+	}
+	if (w->r != w->urow) {
+		w->u = coef(w->salt ^ (w->r | 1ull << 63));
+		w->urow = w->r;
+	}
+	float wo = w->dt == PROTO_DT_BF16 ? bf16_at(a + i * 2) : load(w->dt, a + i * w->es);
+	float wn = w->dt == PROTO_DT_BF16 ? bf16_at(b + i * 2) : load(w->dt, b + i * w->es);
+	w->sum += term(w->u, w->j, w->salt32, wn) - term(w->u, w->j, w->salt32, wo);
+}
+
+/*
+ * What n elements at positions first.. add to the score when they change
+ * from a to b: for each changed element its new term less its old one,
+ * each term exactly as proto_canary_elems takes it. Most 64-byte blocks
+ * have no change and cost one compare, then most of their words; the row
+ * of a change is followed from the previous change's (a division only
+ * across rows), its coefficient kept while the row stays.
+ */
+static uint64_t changes(enum proto_dtype dt, uint32_t index, uint64_t cols, uint64_t first,
+			uint64_t n, const uint8_t *a, const uint8_t *b)
+{
+	struct walk w = {.dt = dt, .es = proto_dtype_size(dt), .cols = cols ? cols : 1,
+			 .urow = UINT64_MAX, .salt = ((uint64_t)index + 1) << 40,
+			 .salt32 = (uint32_t)(index + 1) * 0x85EBCA6Bu};
+	size_t es = w.es;
+	uint64_t per = es >= 1 && es <= 8 && 8 % es == 0 ? 64 / es : 1, word = per / 8;
+
+	w.r = first / w.cols;
+	w.j = first % w.cols;
+	for (uint64_t i0 = 0; i0 < n; i0 += per) {
+		uint64_t m = PROTO_MIN(per, n - i0);
+		if (m == per && per > 1 && same64(a + i0 * es, b + i0 * es))
+			continue;
+		for (uint64_t w0 = i0; w0 < i0 + m; w0 += PROTO_MAX(word, 1u)) {
+			uint64_t k = PROTO_MIN(PROTO_MAX(word, 1u), i0 + m - w0), x, y;
+			if (k == word && word > 1) {
+				memcpy(&x, a + w0 * es, 8);
+				memcpy(&y, b + w0 * es, 8);
+				if (x == y)
+					continue;
+			}
+			for (uint64_t i = w0; i < w0 + k; i++)
+				if (!same_elem(a, b, i, es))
+					walk_change(&w, a, b, i);
+		}
+	}
+	return w.sum;
+}
+
 uint64_t proto_canary_parcel_update(const struct proto_plan *p, const struct proto_parcel *pc,
 				    const struct proto_layout *dst, uint64_t parent_part,
 				    const uint8_t *parent, const uint8_t *payload)
@@ -214,26 +300,7 @@ uint64_t proto_canary_parcel_update(const struct proto_plan *p, const struct pro
 							  n, b);
 				continue;
 			}
-			/* Eight bytes at a time (inlined loads): with a few
-			 * percent of the elements changed, most words are equal. */
-			uint64_t per = es <= 8 ? 8 / es : 1;
-			for (uint64_t i0 = 0; i0 < n; i0 += per) {
-				uint64_t m = PROTO_MIN(per, n - i0), x, y;
-				if (m == per && es <= 8) {
-					memcpy(&x, a + i0 * es, 8);
-					memcpy(&y, b + i0 * es, 8);
-					if (x == y)
-						continue;
-				}
-				for (uint64_t i = i0; i < i0 + m; i++) {
-					if (same_elem(a, b, i, es))
-						continue;
-					sum -= proto_canary_elems(l->dtype, sg->dst_local, last_dim(l),
-								  first + i, 1, a + i * es);
-					sum += proto_canary_elems(l->dtype, sg->dst_local, last_dim(l),
-								  first + i, 1, b + i * es);
-				}
-			}
+			sum += changes(l->dtype, sg->dst_local, last_dim(l), first, n, a, b);
 		}
 	}
 	return sum;

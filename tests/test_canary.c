@@ -179,6 +179,53 @@ static void test_sensitive(void **state)
 
 /* Random bit patterns (NaN, infinities, huge values) in every dtype give a
  * finite score that still depends on the order of rows and columns. */
+/* The same for a tensor of every dtype whose rows (197 columns) do not
+ * line up with the 64-byte blocks the update compares: changes scattered
+ * over many rows, a run of them across a row's end, none. */
+static void test_update_every_dtype(void **state)
+{
+	(void)state;
+	for (int dt = PROTO_DT_BF16; dt <= PROTO_DT_I64; dt++) {
+		struct proto_model m;
+		struct proto_layout src, dst;
+		struct proto_plan plan;
+		struct proto_err err;
+		uint64_t shape[2] = {64, 197};
+		proto_model_init(&m);
+		assert_int_equal(proto_model_add(&m, "w", (enum proto_dtype)dt, 2, shape, &err), 0);
+		assert_int_equal(proto_model_finish(&m, &err), 0);
+		assert_int_equal(proto_layout_builtin(&m, "fsdp2", &src, &err), 0);
+		assert_int_equal(proto_layout_builtin(&m, "tp2", &dst, &err), 0);
+		assert_int_equal(proto_plan_build(&m, &src, &dst, &plan, &err), 0);
+		srand(13 + dt);
+		for (uint32_t i = 0; i < plan.nparcels; i++) {
+			const struct proto_parcel *pc = &plan.parcels[i];
+			uint8_t *par = malloc(pc->bytes + 1), *child = malloc(pc->bytes + 1);
+			assert_true(par != NULL && child != NULL);
+			for (uint64_t b = 0; b < pc->bytes; b++)
+				par[b] = (uint8_t)rand();
+			uint64_t pp = proto_canary_parcel(&plan, pc, &dst, par);
+			for (int round = 0; round < 3; round++) {
+				memcpy(child, par, pc->bytes);
+				for (uint64_t b = 0; round == 1 && b < pc->bytes; b++)
+					if (rand() % 40 == 0)
+						child[b] ^= (uint8_t)(1u << (rand() % 8));
+				for (uint64_t b = 190; round == 2 && b < PROTO_MIN(pc->bytes, 900u); b++)
+					child[b] ^= 0x10;
+				uint64_t want = proto_canary_parcel(&plan, pc, &dst, child);
+				assert_true(proto_canary_parcel_update(&plan, pc, &dst, pp, par, child) ==
+					    want);
+			}
+			free(par);
+			free(child);
+		}
+		proto_plan_fini(&plan);
+		proto_layout_fini(&src);
+		proto_layout_fini(&dst);
+		proto_model_fini(&m);
+	}
+}
+
 static void test_every_dtype(void **state)
 {
 	(void)state;
@@ -217,6 +264,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_parcels_add_up),
 		cmocka_unit_test(test_update_from_changes),
+		cmocka_unit_test(test_update_every_dtype),
 		cmocka_unit_test(test_sensitive),
 		cmocka_unit_test(test_every_dtype),
 	};
