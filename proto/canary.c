@@ -110,7 +110,6 @@ static inline float clampw(float w)
 	return w > 1073741824.0f ? 1073741824.0f : w;
 }
 
-/* The loop for one dtype: load is inlined, the row's u hoisted. */
 /* One element's term: w at column j of a row whose coefficient is u. */
 static inline uint64_t term(float u, uint64_t j, uint32_t salt32, float w)
 {
@@ -118,6 +117,7 @@ static inline uint64_t term(float u, uint64_t j, uint32_t salt32, float w)
 	return (uint64_t)(int64_t)(prod * 4294967296.0f);
 }
 
+/* The loop for one dtype: load is inlined, the row's u hoisted. */
 #define CANARY_LOOP(LOADX)                                                            \
 	for (uint64_t i = 0; i < count; i++) {                                        \
 		sum += term(u, j, salt32, LOADX);                                     \

@@ -750,6 +750,7 @@ static void waiter_answer(struct waiter *w)
 
 	memcpy(layout, w->layout, sizeof(layout));
 	waiter_free(w);
+	trk__conns_handled(s->conns, req); /* a held request is built now */
 	if (addendum)
 		trk__addendum_reply_req(s, req, after, layout, copy);
 	else
