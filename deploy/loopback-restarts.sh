@@ -38,6 +38,7 @@ done
 
 D=$(mktemp -d -t tessera-handrun.XXXXXX) || exit 2
 PIDS=()
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
 	# Nodes first, the tracker last: nodes leave cleanly.
 	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do kill "${PIDS[i]}" 2>/dev/null; done
