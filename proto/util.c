@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <sodium.h>
 #include <stdarg.h>
@@ -210,6 +211,15 @@ uint64_t proto_now_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void proto_lag_tick(FILE *f, uint64_t *due_ns)
+{
+	uint64_t now = proto_now_ns();
+
+	if (*due_ns != 0 && now > *due_ns + 2000000)
+		fprintf(f, "L %" PRIu64 " %" PRIu64 "\n", *due_ns, now);
+	*due_ns = now + 1000000;
 }
 
 uint64_t proto_wall_ms(void)

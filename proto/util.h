@@ -3,6 +3,7 @@
 #define PROTO_UTIL_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -61,6 +62,11 @@ int proto_mkdir_p(const char *dir, struct proto_err *err);
 /* Monotonic clock in nanoseconds; wall clock in milliseconds since epoch. */
 uint64_t proto_now_ns(void);
 uint64_t proto_wall_ms(void);
+
+/* One tick of a 1 ms tracing timer (*due_ns 0 before the first): writes
+ * "L DUE RAN" (monotonic ns) to f when it ran over 2 ms late, i.e. its
+ * event loop was busy that long, and sets the next due time. */
+void proto_lag_tick(FILE *f, uint64_t *due_ns);
 
 /* Parses a whole decimal string into [min,max]; -EINVAL otherwise. */
 int proto_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);

@@ -1797,6 +1797,19 @@ static void test_longpoll(void **state)
 	free(buf);
 }
 
+/* Watches lo..hi-1 were each answered with exactly version v. */
+static void woken_with(struct trk_client **c, struct trk_reply *w, int lo, int hi, uint64_t v)
+{
+	for (int i = lo; i < hi; i++) {
+		trk_client_wait(c[i], &w[i]);
+		assert_int_equal(w[i].status, 200);
+		json_t *vs = json_object_get(w[i].json, "versions");
+		assert_int_equal(json_array_size(vs), 1);
+		assert_int_equal(jget_u64(json_array_get(vs, 0), "version"), v);
+		trk_reply_fini(&w[i]);
+	}
+}
+
 /* A version wakes every watch held before it, more of them than the
  * tracker answers in one turn of its loop (versions.c: WAKE_SLICE), each
  * with the versions after the one it waited on; a watch after it stays
@@ -1831,14 +1844,7 @@ static void test_longpoll_many(void **state)
 	assert_int_equal(publish(f, buf, len, &r), 201);
 	trk_reply_fini(&r);
 	free(buf);
-	for (int i = LATE; i < N; i++) {
-		trk_client_wait(c[i], &w[i]);
-		assert_int_equal(w[i].status, 200);
-		json_t *vs = json_object_get(w[i].json, "versions");
-		assert_int_equal(json_array_size(vs), 1);
-		assert_int_equal(jget_u64(json_array_get(vs, 0), "version"), 3);
-		trk_reply_fini(&w[i]);
-	}
+	woken_with(c, w, LATE, N, 3);
 	for (int i = 0; i < LATE; i++)
 		assert_false(w[i].done);
 	make_manifest(f, &(struct mopts){.version = 4, .parent = 3, .parent_digest = d3},
@@ -1846,14 +1852,7 @@ static void test_longpoll_many(void **state)
 	assert_int_equal(publish(f, buf, len, &r), 201);
 	trk_reply_fini(&r);
 	free(buf);
-	for (int i = 0; i < LATE; i++) {
-		trk_client_wait(c[i], &w[i]);
-		assert_int_equal(w[i].status, 200);
-		json_t *vs = json_object_get(w[i].json, "versions");
-		assert_int_equal(json_array_size(vs), 1);
-		assert_int_equal(jget_u64(json_array_get(vs, 0), "version"), 4);
-		trk_reply_fini(&w[i]);
-	}
+	woken_with(c, w, 0, LATE, 4);
 	for (int i = 0; i < N; i++)
 		trk_client_free(c[i]);
 }

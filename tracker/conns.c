@@ -683,11 +683,8 @@ void trk__conns_trace(struct trk_conns *g, const char *what, uint64_t t0, uint64
 static void lag(evutil_socket_t fd, short what, void *arg)
 {
 	struct trk_conns *g = arg;
-	uint64_t now = proto_now_ns();
 
-	if (g->lag_due_ns != 0 && now > g->lag_due_ns + 2000000)
-		fprintf(g->trace, "L %" PRIu64 " %" PRIu64 "\n", g->lag_due_ns, now);
-	g->lag_due_ns = now + 1000000;
+	proto_lag_tick(g->trace, &g->lag_due_ns);
 }
 
 void trk__conns_request(struct trk_conns *g, struct evhttp_request *req,

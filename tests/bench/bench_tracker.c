@@ -513,11 +513,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 static void on_lag(evutil_socket_t fd, short what, void *arg)
 {
 	struct bench *b = arg;
-	uint64_t now = proto_now_ns();
 
-	if (b->lag_due_ns != 0 && now > b->lag_due_ns + 2000000)
-		fprintf(b->trace, "L %" PRIu64 " %" PRIu64 "\n", b->lag_due_ns, now);
-	b->lag_due_ns = now + 1000000;
+	proto_lag_tick(b->trace, &b->lag_due_ns);
 }
 
 /* The watch thread's clock: a host whose first rank registered gets its
