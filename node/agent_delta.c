@@ -839,61 +839,93 @@ int agent_delta_slot(struct node_agent *a)
 	return 0;
 }
 
-/* On the rebuild's worker, after the copy: every parcel's delta applied to
- * the new slot, each piece's checksum checked. It reads only what the loop
- * leaves alone while the fetch lives (the model, plan and layout, the
- * parcels' manifest entries and wire bytes, the slot). */
+/* On the rebuild's worker: parcel i's delta applied to the new slot, each
+ * piece's checksum checked, its child checksums kept in f->csums. */
+static int apply_parcel(struct agent_fetch *f, const struct node_agent *a, uint32_t i,
+			unsigned threads, struct proto_err *err)
+{
+	struct agent_parcel *p = &f->parcels[i];
+	struct proto_dparcel dp;
+
+	if (f->test_corrupt && p->mp->wire_bytes > 0) { /* test only */
+		p->wire[p->mp->wire_bytes / 2] ^= 0x40;
+		f->test_corrupt = false;
+	}
+	struct proto_err e;
+	int rc = proto_dparcel_build(&a->model, f->plan, p->pp, &a->layout, &dp, &e);
+	if (rc == 0) {
+		const uint64_t *ps = sums_find(f->psums, p->mp->src_rank, p->mp->dst_rank, &dp);
+		struct agent_psums *cs = f->csums != NULL ? &f->csums->p[i] : NULL;
+		if (cs != NULL) {
+			cs->src_rank = p->mp->src_rank;
+			cs->dst_rank = p->mp->dst_rank;
+			cs->npieces = dp.npieces;
+			cs->sums = malloc(((size_t)dp.npieces + 1) * sizeof(*cs->sums));
+			cs->pieces = malloc(((size_t)dp.npieces + 1) * sizeof(*cs->pieces));
+			if (cs->pieces != NULL)
+				memcpy(cs->pieces, dp.pieces, dp.npieces * sizeof(*dp.pieces));
+		}
+		rc = proto_dparcel_apply_known(&dp, p->wire, p->mp->wire_bytes, f->slot->host, ps,
+					       cs != NULL ? cs->sums : NULL, threads, &e);
+		if (rc == -ENOTSUP) /* no touched checksums: the parent's from the slot */
+			rc = proto_dparcel_apply_known(&dp, p->wire, p->mp->wire_bytes, f->slot->host,
+						       NULL, cs != NULL ? cs->sums : NULL, threads,
+						       &e);
+		else if (rc == 0 && ps != NULL && f->csums != NULL)
+			f->csums->known++;
+		if (cs != NULL && (cs->sums == NULL || cs->pieces == NULL)) {
+			agent_sums_free(f->csums); /* out of memory: none kept */
+			f->csums = NULL;
+		}
+		proto_dparcel_fini(&dp);
+	}
+	if (rc != 0)
+		return proto_errf(err, -rc, "delta parcel %u<-%u does not rebuild v%" PRIu64
+				  " from v%" PRIu64 ": %s",
+				  p->mp->dst_rank, p->mp->src_rank, f->version, f->man.parent_version,
+				  e.msg);
+	return 0;
+}
+
+/*
+ * On the rebuild's worker, after the copy: every parcel's delta applied,
+ * each as soon as its bytes are whole (agent_delta_landed), so that the
+ * parcels that land first are applied while the others arrive and only
+ * what landed last is left after the last chunk. Parcels write disjoint
+ * pieces of the slot: their order does not matter. It reads only what the
+ * loop leaves alone while the fetch lives (the model, plan and layout, the
+ * parcels' manifest entries and landed wire bytes, the slot).
+ */
 static int apply_all(void *arg, struct proto_err *err)
 {
 	struct agent_fetch *f = arg; /* not a->fetch: the loop may clear that before the join */
 	const struct node_agent *a = f->rebuild_agent;
 	unsigned threads = node_verifier_threads();
+	uint8_t *done = calloc((size_t)f->nparcels + 1, 1);
+	uint32_t ndone = 0;
+	int rc = 0;
 
+	if (done == NULL)
+		return proto_errf(err, ENOMEM, "delta apply: out of memory");
 	/* A rerun after a dense copy starts over. */
 	agent_sums_free(f->csums);
 	f->csums = sums_new(f->nparcels); /* NULL: the child's are not kept */
-	for (uint32_t i = 0; i < f->nparcels; i++) {
-		struct agent_parcel *p = &f->parcels[i];
-		struct proto_dparcel dp;
-		if (f->test_corrupt && p->mp->wire_bytes > 0) { /* test only */
-			p->wire[p->mp->wire_bytes / 2] ^= 0x40;
-			f->test_corrupt = false;
+	while (rc == 0 && ndone < f->nparcels) {
+		uint64_t seen = node_rebuild_fed(f->rebuild); /* before looking */
+		uint32_t took = 0;
+		for (uint32_t i = 0; rc == 0 && i < f->nparcels; i++) {
+			if (done[i] || !__atomic_load_n(&f->parcels[i].landed, __ATOMIC_ACQUIRE))
+				continue;
+			rc = apply_parcel(f, a, i, threads, err);
+			done[i] = 1;
+			ndone++;
+			took++;
 		}
-		struct proto_err e;
-		int rc = proto_dparcel_build(&a->model, f->plan, p->pp, &a->layout, &dp, &e);
-		if (rc == 0) {
-			const uint64_t *ps = sums_find(f->psums, p->mp->src_rank, p->mp->dst_rank, &dp);
-			struct agent_psums *cs = f->csums != NULL ? &f->csums->p[i] : NULL;
-			if (cs != NULL) {
-				cs->src_rank = p->mp->src_rank;
-				cs->dst_rank = p->mp->dst_rank;
-				cs->npieces = dp.npieces;
-				cs->sums = malloc(((size_t)dp.npieces + 1) * sizeof(*cs->sums));
-				cs->pieces = malloc(((size_t)dp.npieces + 1) * sizeof(*cs->pieces));
-				if (cs->pieces != NULL)
-					memcpy(cs->pieces, dp.pieces, dp.npieces * sizeof(*dp.pieces));
-			}
-			rc = proto_dparcel_apply_known(&dp, p->wire, p->mp->wire_bytes, f->slot->host,
-						       ps, cs != NULL ? cs->sums : NULL, threads, &e);
-			if (rc == -ENOTSUP) /* no touched checksums: the parent's from the slot */
-				rc = proto_dparcel_apply_known(&dp, p->wire, p->mp->wire_bytes,
-							       f->slot->host, NULL,
-							       cs != NULL ? cs->sums : NULL, threads, &e);
-			else if (rc == 0 && ps != NULL && f->csums != NULL)
-				f->csums->known++;
-			if (cs != NULL && (cs->sums == NULL || cs->pieces == NULL)) {
-				agent_sums_free(f->csums); /* out of memory: none kept */
-				f->csums = NULL;
-			}
-			proto_dparcel_fini(&dp);
-		}
-		if (rc != 0)
-			return proto_errf(err, -rc, "delta parcel %u<-%u does not rebuild v%" PRIu64
-					  " from v%" PRIu64 ": %s",
-					  p->mp->dst_rank, p->mp->src_rank, f->version,
-					  f->man.parent_version, e.msg);
+		if (rc == 0 && took == 0 && !node_rebuild_wait_fed(f->rebuild, seen))
+			rc = proto_errf(err, ECANCELED, "delta apply: stopped");
 	}
-	return 0;
+	free(done);
+	return rc;
 }
 
 /* Back on the loop: the slot holds the new version, or the fetch is refused. */
@@ -935,9 +967,10 @@ static void rebuilt(int rc, const struct proto_err *err, const struct node_rebui
 	LOG_INFO("node %s: v%" PRIu64 " rebuilt from v%" PRIu64 " by delta (%" PRIu64
 		 " wire bytes for %" PRIu64 " bytes, every piece's checksum verified, %" PRIu64
 		 " ms after the last chunk; %s; the parent took %" PRIu64 " ms, %" PRIu64
-		 " ms of it after the last chunk, the apply %" PRIu64 " ms; parent checksums %s)",
+		 " ms of it after the apply was handed over; the apply %" PRIu64 " ms, from %u of %u "
+		 "parcels landed before the last chunk; parent checksums %s)",
 		 a->node_id, f->version, f->man.parent_version, f->bytes_total, f->slot->len,
-		 f->rebuild_ms, how, t->copy_ms, t->wait_ms, t->apply_ms,
+		 f->rebuild_ms, how, t->copy_ms, t->wait_ms, t->apply_ms, f->fed_early, f->nparcels,
 		 known == f->nparcels && known > 0 ? "kept (sparse: only changed positions read)"
 		 : known > 0 ? "kept for some parcels, read from the slot for the others"
 			     : "read from the slot");
@@ -946,7 +979,9 @@ static void rebuilt(int rc, const struct proto_err *err, const struct node_rebui
 	agent_verified(a);
 }
 
-void agent_delta_rebuild(struct node_agent *a)
+/* Hands the apply to the worker, which takes each parcel as it lands: 0,
+ * or -ENOENT when the parent is no longer the delta's (nothing started). */
+static int apply_begin(struct node_agent *a)
 {
 	struct agent_fetch *f = a->fetch;
 	const uint8_t *digest;
@@ -955,11 +990,8 @@ void agent_delta_rebuild(struct node_agent *a)
 	/* The parent may have changed since the fetch began only through an
 	 * activation, which needs this fetch: check anyway, cheaply. */
 	if (parent == NULL || parent->version != f->man.parent_version ||
-	    sodium_memcmp(digest, f->man.parent_digest, PROTO_HASH_BYTES) != 0) {
-		need_anchor(a, "the parent slot changed during the fetch");
-		return;
-	}
-	f->rebuild_ms = agent_now_ms();
+	    sodium_memcmp(digest, f->man.parent_digest, PROTO_HASH_BYTES) != 0)
+		return -ENOENT;
 	f->rebuild_agent = a;
 	f->rotatable = parent == a->active;
 	/* The slot holds a copy of the active one, or the retired one caught
@@ -971,5 +1003,36 @@ void agent_delta_rebuild(struct node_agent *a)
 		f->psums = sums_dup(kept);
 	f->test_corrupt = a->chain != NULL &&
 			  proto_param(PROTO_PARAM_TEST_CORRUPT_CHAIN) == f->version;
+	for (uint32_t i = 0; i < f->nparcels; i++) /* nothing to wait for */
+		if (f->parcels[i].mp->nchunks == 0)
+			__atomic_store_n(&f->parcels[i].landed, 1, __ATOMIC_RELEASE);
+	f->applying = true;
 	node_rebuild_apply(f->rebuild, apply_all, f, rebuilt, a);
+	return 0;
+}
+
+void agent_delta_landed(struct node_agent *a, uint32_t pi)
+{
+	struct agent_fetch *f = a->fetch;
+
+	if (f == NULL || !f->delta || f->rebuild == NULL || f->slot == NULL || agent_inplace(a) ||
+	    pi >= f->nparcels || (!f->applying && apply_begin(a) != 0))
+		return; /* agent_delta_rebuild checks and says why */
+	__atomic_store_n(&f->parcels[pi].landed, 1, __ATOMIC_RELEASE);
+	f->fed_early++;
+	node_rebuild_feed(f->rebuild);
+}
+
+void agent_delta_rebuild(struct node_agent *a)
+{
+	struct agent_fetch *f = a->fetch;
+
+	f->rebuild_ms = agent_now_ms();
+	if (!f->applying && apply_begin(a) != 0) {
+		need_anchor(a, "the parent slot changed during the fetch");
+		return;
+	}
+	for (uint32_t i = 0; i < f->nparcels; i++)
+		__atomic_store_n(&f->parcels[i].landed, 1, __ATOMIC_RELEASE);
+	node_rebuild_feed(f->rebuild);
 }

@@ -596,6 +596,8 @@ void agent_on_verified(struct node_vjob *job, void *arg)
 		agent_all_verified(a);
 		return;
 	}
+	if (f->delta && p->done == p->mp->nchunks)
+		agent_delta_landed(a, rd->parcel);
 	agent_pump(a);
 }
 

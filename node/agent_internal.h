@@ -154,6 +154,7 @@ struct agent_parcel {
 	uint32_t nmembers;
 	bool seed;           /* we read it from the trainer (TESSERA_PUB_UPLOAD_READERS) */
 	uint8_t *wire; /* a delta parcel's bytes (malloc'ed), else NULL */
+	uint8_t landed; /* a delta parcel's wire is whole, for the apply (atomic) */
 };
 
 struct agent_read {
@@ -237,6 +238,8 @@ struct agent_fetch {
 	bool from_standby;            /* it is the standby copy's */
 	const struct node_agent *rebuild_agent; /* what the apply reads (model, layout) */
 	uint64_t rebuild_ms;
+	bool applying;       /* the apply is handed over: parcels feed it as they land */
+	uint32_t fed_early;  /* parcels it had before the last chunk */
 	bool test_corrupt; /* TESSERA_TEST_CORRUPT_CHAIN: damage the delta before the apply */
 	bool rotatable; /* rebuilt from the active slot: its delta can rotate (agent_delta.c) */
 	struct agent_rotation *rot; /* the catch-up its slot is made by, or NULL */
@@ -745,9 +748,13 @@ void agent_rotation_free(struct agent_rotation *r);
 void agent_sums_free(struct agent_sums *s);
 /* Drops the standby copy and its timer (teardown). */
 void agent_delta_fini(struct node_agent *a);
+/* Every chunk of delta parcel pi verified before the fetch's last: the
+ * worker may apply it while the rest arrives (cannot fail; the fetch stays). */
+void agent_delta_landed(struct node_agent *a, uint32_t pi);
 /* All delta parcels verified: the worker applies every parcel's delta once
- * the copy is done, checking each piece's checksum; then, on the loop,
- * agent_verified, or the fetch is refused (and an anchor asked for). */
+ * the copy is done (those that landed first already, maybe), checking each
+ * piece's checksum; then, on the loop, agent_verified, or the fetch is
+ * refused (and an anchor asked for). */
 void agent_delta_rebuild(struct node_agent *a);
 
 #endif

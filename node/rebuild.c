@@ -20,6 +20,7 @@ struct node_rebuild {
 	pthread_cond_t cv;
 	bool stop;       /* node_rebuild_free: also read between copy blocks */
 	bool have_apply; /* node_rebuild_apply was called */
+	uint64_t fed;    /* node_rebuild_feed calls */
 	node_rebuild_fn fn;
 	void *fn_arg;
 	node_rebuild_fn catchup; /* NULL: the dense copy only */
@@ -216,6 +217,32 @@ void node_rebuild_apply(struct node_rebuild *rb, node_rebuild_fn fn, void *fn_ar
 	pthread_mutex_unlock(&rb->mu);
 }
 
+void node_rebuild_feed(struct node_rebuild *rb)
+{
+	pthread_mutex_lock(&rb->mu);
+	rb->fed++;
+	pthread_cond_broadcast(&rb->cv);
+	pthread_mutex_unlock(&rb->mu);
+}
+
+uint64_t node_rebuild_fed(struct node_rebuild *rb)
+{
+	pthread_mutex_lock(&rb->mu);
+	uint64_t n = rb->fed;
+	pthread_mutex_unlock(&rb->mu);
+	return n;
+}
+
+bool node_rebuild_wait_fed(struct node_rebuild *rb, uint64_t seen)
+{
+	pthread_mutex_lock(&rb->mu);
+	while (rb->fed == seen && !rb->stop)
+		pthread_cond_wait(&rb->cv, &rb->mu);
+	bool stop = rb->stop;
+	pthread_mutex_unlock(&rb->mu);
+	return !stop;
+}
+
 void node_rebuild_free(struct node_rebuild *rb)
 {
 	if (rb == NULL)
@@ -223,7 +250,7 @@ void node_rebuild_free(struct node_rebuild *rb)
 	if (rb->started) {
 		pthread_mutex_lock(&rb->mu);
 		__atomic_store_n(&rb->stop, true, __ATOMIC_RELAXED);
-		pthread_cond_signal(&rb->cv);
+		pthread_cond_broadcast(&rb->cv);
 		pthread_mutex_unlock(&rb->mu);
 		pthread_join(rb->th, NULL);
 	}

@@ -85,7 +85,21 @@ void node_rebuild_apply(struct node_rebuild *rb, node_rebuild_fn fn, void *fn_ar
 			node_rebuild_done done, void *arg);
 
 /*
- * Stops the copy at its next block (an apply under way runs to its end),
+ * Feeding an apply that starts before all its input is there (the delta
+ * parcels that landed while the others arrive): the loop marks what it
+ * hands over where fn reads it, then calls node_rebuild_feed; fn, on the
+ * worker, takes the count with node_rebuild_fed before it looks, and when
+ * it has used all it found waits with node_rebuild_wait_fed for a count
+ * other than the one it took. Neither can fail.
+ */
+void node_rebuild_feed(struct node_rebuild *rb);
+uint64_t node_rebuild_fed(struct node_rebuild *rb);
+/* Blocks until the count differs from seen: true, or false when the
+ * rebuild is being freed (fn should then return at once). */
+bool node_rebuild_wait_fed(struct node_rebuild *rb, uint64_t seen);
+/*
+ * Stops the copy at its next block (an apply under way runs to its end, or
+ * to its next node_rebuild_wait_fed),
  * joins the worker and frees everything; done is not called after this.
  * NULL is fine.
  */
