@@ -141,6 +141,7 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
 	}
+	agent_poke_open(a);
 	if (o->expose_dir != NULL) {
 		struct proto_err xerr;
 		/* Not fatal: activation reports the failure until it works. */
@@ -221,6 +222,7 @@ void node_agent_stop(struct node_agent *a)
 		event_free(a->leave_ev);
 	if (a->rate_ev)
 		event_free(a->rate_ev);
+	agent_poke_close(a);
 	a->tick_ev = a->sync_ev = a->heartbeat_ev = a->retry_ev = a->leave_ev = a->rate_ev = NULL;
 	a->stopped_fetch = a->fetch;
 	a->fetch = NULL;

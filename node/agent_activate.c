@@ -261,6 +261,7 @@ void agent_on_verified_report(const struct trk_answer *ans, void *arg)
 		f->reported_verified = false; /* say it again on the next tick */
 		return;
 	}
+	agent_poke_siblings(a, f->version); /* they may be waiting for us alone */
 	t = json_object_get(ans->json, "replica_target");
 	agent_follow_target(a, json_is_integer(t) ? (uint64_t)json_integer_value(t) : f->version,
 			    json_is_true(json_object_get(ans->json, "replica_complete")),

@@ -28,7 +28,6 @@
 #include "proto/delta.h"
 #include "proto/wsum.h"
 
-#include <stdatomic.h>
 
 /* A share of a slot's pieces with their kept checksums, to re-sum (the
  * scrub, below). */
@@ -62,7 +61,17 @@ struct agent_rotation {
 	uint32_t nparcels;
 	struct node_slot *slot; /* set when it runs: what the catch-up writes */
 	struct scrub_plan scrub; /* re-summed after the catch-up (no items: none) */
+	/* Set by the loop when an apply waits for the catch-up (or its worker
+	 * is being stopped): the scrub after it stops where it is, and
+	 * scrub_cut says so (both atomic). */
+	int hurry, scrub_cut;
 };
+
+void agent_rotation_stop(struct agent_rotation *r)
+{
+	if (r != NULL)
+		__atomic_store_n(&r->hurry, 1, __ATOMIC_RELAXED);
+}
 
 void agent_rotation_free(struct agent_rotation *r)
 {
@@ -243,11 +252,14 @@ static int scrub_plan(const struct agent_sums *s, uint32_t share, uint32_t k, si
 }
 
 /* Re-sums sp's pieces of host: 0, or -EIO with err naming the first that
- * differs (of version v); stops early when *stop is set. */
+ * differs (of version v); -EINTR (err unset) when *stop was set before the
+ * last piece. */
 static int scrub_check(const struct scrub_plan *sp, const uint8_t *host, uint64_t v,
-		       _Atomic int *stop, struct proto_err *err)
+		       const int *stop, struct proto_err *err)
 {
-	for (uint32_t i = 0; i < sp->nitems && (stop == NULL || !atomic_load(stop)); i++) {
+	for (uint32_t i = 0; i < sp->nitems; i++) {
+		if (stop != NULL && __atomic_load_n(stop, __ATOMIC_RELAXED))
+			return -EINTR;
 		const struct scrub_item *it = &sp->items[i];
 		uint64_t got = proto_wsum(it->elsize, host + it->off, it->len / it->elsize);
 		if (got != it->sum)
@@ -268,7 +280,7 @@ struct agent_scrub {
 	 * fetch): every piece of these is summed instead, to be kept. */
 	struct agent_sums *learn;
 	uint64_t learn_ms;
-	_Atomic int stop;
+	int stop; /* atomic */
 	int rc;
 	struct proto_err err;
 };
@@ -276,7 +288,7 @@ struct agent_scrub {
 static void scrub_stop(struct node_agent *a)
 {
 	if (a->scrub != NULL)
-		atomic_store(&a->scrub->stop, 1);
+		__atomic_store_n(&a->scrub->stop, 1, __ATOMIC_RELAXED);
 	node_rebuild_free(a->scrub_rb);
 	a->scrub_rb = NULL;
 	if (a->scrub != NULL) {
@@ -295,12 +307,15 @@ static int scrub_run(void *arg, struct proto_err *err)
 	(void)err;
 	for (uint32_t i = 0; sc->learn != NULL && i < sc->learn->nparcels; i++) {
 		struct agent_psums *ps = &sc->learn->p[i];
-		for (uint32_t q = 0; q < ps->npieces && !atomic_load(&sc->stop); q++)
+		for (uint32_t q = 0; q < ps->npieces && !__atomic_load_n(&sc->stop, __ATOMIC_RELAXED);
+		     q++)
 			ps->sums[q] = proto_wsum(ps->pieces[q].elsize, sc->host + ps->pieces[q].dst_off,
 						 ps->pieces[q].len / ps->pieces[q].elsize);
 	}
 	if (sc->learn == NULL)
 		sc->rc = scrub_check(&sc->plan, sc->host, sc->version, &sc->stop, &sc->err);
+	if (sc->rc == -EINTR) /* stopped: scrub_stop frees it, no callback */
+		sc->rc = 0;
 	return 0;
 }
 
@@ -440,9 +455,20 @@ static int catch_up(void *arg, struct proto_err *err)
 					  r->version, rp->dst_rank, rp->src_rank, r->parent_version,
 					  r->version, e.msg);
 	}
+	/* Test only: the catch-up is still scrubbing when the next delta
+	 * comes (bounded; the loop sets hurry before it waits for us). */
+	for (int i = 0; i < 30000 && proto_param(PROTO_PARAM_TEST_CATCHUP_HOLD) != 0 &&
+			!__atomic_load_n(&r->hurry, __ATOMIC_RELAXED);
+	     i++)
+		usleep(1000);
 	/* The catch-up read the changed positions only: a share of the rest
-	 * is re-summed here, between versions. */
-	return scrub_check(&r->scrub, r->slot->host, r->version, NULL, err);
+	 * is re-summed here, between versions; never while an apply waits for
+	 * the slot (it is re-summed in the active slot after the activation,
+	 * see rebuilt). */
+	int rc = scrub_check(&r->scrub, r->slot->host, r->version, &r->hurry, err);
+	if (rc == -EINTR)
+		__atomic_store_n(&r->scrub_cut, 1, __ATOMIC_RELAXED);
+	return rc == -EINTR ? 0 : rc;
 }
 
 /* The pieces of r's parcels in the current plan: 0, or -ENOENT (logged). */
@@ -597,6 +623,7 @@ int agent_delta_check_parent(struct node_agent *a)
 /* Stops and frees the standby copy (its slot may become the store's spare). */
 static void standby_drop(struct node_agent *a)
 {
+	agent_rotation_stop(a->standby_rot);
 	node_rebuild_free(a->standby_rb);
 	a->standby_rb = NULL;
 	agent_rotation_free(a->standby_rot);
@@ -816,6 +843,7 @@ int agent_delta_slot(struct node_agent *a)
 			f->rot = a->standby_rot;
 			f->from_standby = true;
 		} else {
+			agent_rotation_stop(a->standby_rot);
 			node_rebuild_free(a->standby_rb);
 			agent_rotation_free(a->standby_rot);
 		}
@@ -974,6 +1002,17 @@ static void rebuilt(int rc, const struct proto_err *err, const struct node_rebui
 		 known == f->nparcels && known > 0 ? "kept (sparse: only changed positions read)"
 		 : known > 0 ? "kept for some parcels, read from the slot for the others"
 			     : "read from the slot");
+	if (f->rot != NULL && !t->dense && __atomic_load_n(&f->rot->scrub_cut, __ATOMIC_RELAXED) &&
+	    f->rot->scrub.nitems > 0) {
+		/* The share it skipped is the one the last activation's scrub
+		 * took: the scrub after this activation takes it again. */
+		LOG_INFO("node %s: the scrub of share %u/%u of the slot of v%" PRIu64 " gave way to "
+			 "v%" PRIu64 "'s apply: it is re-summed after the activation",
+			 a->node_id, f->rot->scrub.share + 1, f->rot->scrub.k, f->rot->version,
+			 f->version);
+		if (a->scrub_round > 0)
+			a->scrub_round--;
+	}
 	agent_rotation_free(f->rot); /* the worker is done with it */
 	f->rot = NULL;
 	agent_verified(a);
@@ -1007,6 +1046,7 @@ static int apply_begin(struct node_agent *a)
 		if (f->parcels[i].mp->nchunks == 0)
 			__atomic_store_n(&f->parcels[i].landed, 1, __ATOMIC_RELEASE);
 	f->applying = true;
+	agent_rotation_stop(f->rot); /* the catch-up's scrub must not hold the apply up */
 	node_rebuild_apply(f->rebuild, apply_all, f, rebuilt, a);
 	return 0;
 }

@@ -324,6 +324,9 @@ struct node_agent {
 	uint64_t failed_ms;
 	uint64_t target; /* the replica's target, as the tracker last said */
 	bool syncing;
+	/* Sibling wake-ups (agent_poke.c): the socket, when poke_ev is set. */
+	int poke_fd;
+	struct event *poke_ev;
 	struct agent_fetch *fetch;
 	struct agent_fetch *stopped_fetch; /* node_agent_stop -> node_agent_free */
 	uint64_t gen;
@@ -728,6 +731,15 @@ struct node_slot *agent_chain_parent(const struct node_agent *a, const uint8_t *
  * for). NULL chain is fine. */
 void agent_chain_end(struct node_agent *a, bool failed);
 
+/* ---- agent_poke.c ---- */
+
+/* Binds this rank's wake-up socket (nothing when it cannot: it polls). */
+void agent_poke_open(struct node_agent *a);
+void agent_poke_close(struct node_agent *a);
+/* The tracker took our verified report of version: the replica's other
+ * ranks on this host ask it now (best effort, cannot fail). */
+void agent_poke_siblings(struct node_agent *a, uint64_t version);
+
 /* ---- agent_delta.c ---- */
 
 /* A delta fetch: 0 when the active slot is its exact parent (number and
@@ -745,6 +757,8 @@ int agent_delta_slot(struct node_agent *a);
 void agent_delta_activated(struct node_agent *a, struct agent_fetch *f, struct node_slot *old);
 /* Frees a catch-up, or piece checksums (NULL is fine). */
 void agent_rotation_free(struct agent_rotation *r);
+/* Before the catch-up's worker is stopped: its scrub ends at once. */
+void agent_rotation_stop(struct agent_rotation *r);
 void agent_sums_free(struct agent_sums *s);
 /* Drops the standby copy and its timer (teardown). */
 void agent_delta_fini(struct node_agent *a);

@@ -8,6 +8,7 @@ void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
 		return;
 	/* No worker may still be copying, applying or scattering into this
 	 * fetch's slot. */
+	agent_rotation_stop(f->rot);
 	node_rebuild_free(f->rebuild);
 	f->rebuild = NULL;
 	agent_rotation_free(f->rot);

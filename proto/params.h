@@ -184,6 +184,9 @@
 	/* Test only: the standby copy's first this many looks find peers \
 	 * reading from the node, whatever its fabric carried. */ \
 	X(TEST_STANDBY_BUSY, "TESSERA_TEST_STANDBY_BUSY", 0, "test only: the standby copy finds the node serving this many times") \
+	/* Test only: a rotation's catch-up holds its scrub until the next \
+	 * delta's apply waits for it (at most 30 s). */ \
+	X(TEST_CATCHUP_HOLD, "TESSERA_TEST_CATCHUP_HOLD", 0, "test only: the catch-up's scrub waits for the next delta's apply") \
 	/* A node builds the next delta version in its retired slot, patched \
 	 * up to the active version by the last delta alone (no dense copy); \
 	 * 0: always a copy of the whole active slot. */ \

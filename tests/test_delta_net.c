@@ -869,6 +869,65 @@ static void test_rotation_damaged_slot(void **state)
 	check_serving(e, 5);
 }
 
+/* The catch-up of the retired slot is still scrubbing when the next delta
+ * comes (TESSERA_TEST_CATCHUP_HOLD): the scrub gives way at once, the delta
+ * is applied on the caught-up slot, and the share it skipped (all of it,
+ * K=1) is re-summed after the activation. A byte of the retired v2 slot
+ * damaged where no delta writes, which the skipped scrub would have seen,
+ * is found there: v4's kept checksums are dropped, and v5 is bit-exact. */
+static void test_scrub_gives_way(void **state)
+{
+	struct env *e = *state;
+	size_t n = e->tp1.ranks[0].nbytes, at = n / 3;
+	char v2path[600];
+	uint8_t *v2 = expect_bytes(e, 2), *v3 = expect_bytes(e, 3), *v4 = expect_bytes(e, 4),
+		*v5 = expect_bytes(e, 5);
+
+	while (v2[at] != v3[at] || v3[at] != v4[at] || v4[at] != v5[at])
+		at++;
+	free(v2);
+	free(v3);
+	free(v4);
+	free(v5);
+	served_path(e, 2, v2path, sizeof(v2path));
+	export_one(e, 3, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
+	assert_true(wait_log(e, "the scrub of share 1/1 of the slot of v2 gave way to v3's apply", 30000));
+	check_serving(e, 3);
+	/* v2's slot is being made v3; its scrub waits for v4's apply. */
+	assert_true(wait_log(e, "the slot of v2 made v3 by its delta for the next delta", 30000));
+	int fd = open(v2path, O_RDWR);
+	assert_true(fd >= 0);
+	uint8_t *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	assert_true(m != MAP_FAILED);
+	close(fd);
+	m[at] ^= 0x40;
+	munmap(m, n);
+	export_one(e, 4, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 4, 60000));
+	assert_true(wait_log(e, "the scrub of share 1/1 of the slot of v3 gave way to v4's apply", 30000));
+	assert_true(line_has(e->node.log, "v4 rebuilt from v3 by delta", "no dense copy"));
+	assert_true(wait_log(e, "scrub: the slot of v4 is damaged", 30000));
+	export_one(e, 5, "delta");
+	assert_true(tu_wait_active(e->trk, "A", 5, 60000));
+	assert_true(line_has(e->node.log, "v5 rebuilt from v4 by delta", "parent checksums read"));
+	check_serving(e, 5);
+}
+
+static int env_setup_hold(void **state)
+{
+	setenv("TESSERA_DELTA_SCRUB", "1", 1);
+	setenv("TESSERA_TEST_CATCHUP_HOLD", "1", 1);
+	return env_setup(state);
+}
+
+static int env_teardown_hold(void **state)
+{
+	unsetenv("TESSERA_DELTA_SCRUB");
+	unsetenv("TESSERA_TEST_CATCHUP_HOLD");
+	return env_teardown(state);
+}
+
 static int env_setup_scrub1(void **state)
 {
 	setenv("TESSERA_DELTA_SCRUB", "1", 1);
@@ -983,6 +1042,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_recycled_buffers, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_rotation_damaged_slot, env_setup_scrub1,
 						env_teardown_scrub1),
+		cmocka_unit_test_setup_teardown(test_scrub_gives_way, env_setup_hold, env_teardown_hold),
 		cmocka_unit_test_setup_teardown(test_rotation_pinned, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_chain_replay, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_full_from_peers, env_setup, env_teardown),

@@ -1,5 +1,6 @@
 /* node/rebuild.c: a slot copied from its parent on a worker, then the apply
- * handed to it, its result back on the loop; stopped rebuilds call nothing;
+ * handed to it, its result back on the loop; an apply fed its input as it
+ * arrives; stopped rebuilds call nothing;
  * a slot caught up sparsely is not copied, unless its catch-up fails or the
  * apply finds it is not the parent (then copied, and the apply run again). */
 #include <errno.h>
@@ -157,6 +158,93 @@ static void test_free_stops_it(void **state)
 	event_base_free(r.base);
 }
 
+/* ---- an apply fed while its input arrives ----------------------------------- */
+
+struct fed {
+	struct node_rebuild *rb;
+	uint8_t *dst;
+	int ready[3]; /* set by the loop before each feed (atomic) */
+	int applied;  /* parts the worker wrote */
+};
+
+/* Writes each part as it is handed over, waits for the others. */
+static int apply_fed(void *arg, struct proto_err *err)
+{
+	struct fed *f = arg;
+	bool done[3] = {false, false, false};
+
+	while (f->applied < 3) {
+		uint64_t seen = node_rebuild_fed(f->rb);
+		bool took = false;
+		for (int i = 0; i < 3; i++)
+			if (!done[i] && __atomic_load_n(&f->ready[i], __ATOMIC_ACQUIRE)) {
+				f->dst[i] = (uint8_t)(0xa0 + i);
+				done[i] = took = true;
+				f->applied++;
+			}
+		if (!took && !node_rebuild_wait_fed(f->rb, seen))
+			return proto_errf(err, ECANCELED, "stopped");
+	}
+	return 0;
+}
+
+static void feed(struct fed *f, int i)
+{
+	__atomic_store_n(&f->ready[i], 1, __ATOMIC_RELEASE);
+	node_rebuild_feed(f->rb);
+}
+
+/* Parts handed over one by one, out of order, the first before the copy
+ * ended maybe: each is applied once, and done comes after the last. A
+ * rebuild freed while its apply waits for input stops it at once. */
+static void test_apply_fed_while_input_arrives(void **state)
+{
+	struct run r = {0};
+	struct fed f = {0};
+	struct proto_err err;
+
+	r.base = event_base_new();
+	mem_new(&r.src, 1);
+	mem_new(&r.dst, 2);
+	assert_int_equal(node_rebuild_start(r.base, r.dst.p, r.dst.fd, true, r.src.p, r.src.fd, LEN,
+					    &f.rb, &err),
+			 0);
+	f.dst = r.dst.p;
+	feed(&f, 2);
+	node_rebuild_apply(f.rb, apply_fed, &f, done, &r);
+	feed(&f, 0);
+	struct timeval short_wait = {0, 50000};
+	event_base_loopexit(r.base, &short_wait);
+	event_base_dispatch(r.base);
+	assert_int_equal(r.dones, 0); /* part 1 is not there yet */
+	feed(&f, 1);
+	wait_done(&r);
+	assert_int_equal(r.done_rc, 0);
+	assert_int_equal(f.applied, 3);
+	assert_int_equal(r.dst.p[0], 0xa0);
+	assert_int_equal(r.dst.p[1], 0xa1);
+	assert_int_equal(r.dst.p[2], 0xa2);
+	assert_memory_equal(r.dst.p + 3, r.src.p + 3, LEN - 3);
+	node_rebuild_free(f.rb);
+
+	/* Freed while the apply waits for parts that never come. */
+	struct fed g = {0};
+	r.dones = 0;
+	assert_int_equal(node_rebuild_start(r.base, r.dst.p, -1, false, r.src.p, -1, LEN, &g.rb,
+					    &err),
+			 0);
+	g.dst = r.dst.p;
+	node_rebuild_apply(g.rb, apply_fed, &g, done, &r);
+	feed(&g, 1);
+	node_rebuild_free(g.rb); /* joins: the wait ends */
+	event_base_loopexit(r.base, &short_wait);
+	event_base_dispatch(r.base);
+	assert_int_equal(r.dones, 0);
+	mem_free(&r.src);
+	mem_free(&r.dst);
+	event_base_free(r.base);
+}
+
 /* ---- sparse catch-up ------------------------------------------------------ */
 
 /* dst holds what src held before two changes (at 7 and LEN - 2); the
@@ -246,6 +334,7 @@ int main(void)
 		cmocka_unit_test(test_copy_then_apply_by_memcpy),
 		cmocka_unit_test(test_apply_failure_reaches_the_loop),
 		cmocka_unit_test(test_free_stops_it),
+		cmocka_unit_test(test_apply_fed_while_input_arrives),
 		cmocka_unit_test(test_sparse_catch_up_no_copy),
 		cmocka_unit_test(test_sparse_catch_up_fails_copies),
 		cmocka_unit_test(test_sparse_wrong_parent_copies_and_applies_again),
