@@ -327,6 +327,7 @@ struct node_agent {
 	/* Sibling wake-ups (agent_poke.c): the socket, when poke_ev is set. */
 	int poke_fd;
 	struct event *poke_ev;
+	uint32_t poke_asks; /* pokes that made it ask the tracker */
 	struct agent_fetch *fetch;
 	struct agent_fetch *stopped_fetch; /* node_agent_stop -> node_agent_free */
 	uint64_t gen;

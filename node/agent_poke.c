@@ -54,6 +54,7 @@ static void on_poke(evutil_socket_t fd, short what, void *arg)
 		}
 	if (!mine)
 		return;
+	a->poke_asks++;
 	LOG_DEBUG("node %s: a sibling rank's verification of v%" PRIu64 " was recorded: asking the "
 		  "tracker for replica %s now", a->node_id, v, a->o.replica);
 	if (a->syncing) /* its answer may predate the sibling's report: ask once more */
