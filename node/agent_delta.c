@@ -28,7 +28,6 @@
 #include "proto/delta.h"
 #include "proto/wsum.h"
 
-
 /* A share of a slot's pieces with their kept checksums, to re-sum (the
  * scrub, below). */
 struct scrub_item {

@@ -893,6 +893,10 @@ static void test_scrub_gives_way(void **state)
 	export_one(e, 3, "delta");
 	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
 	assert_true(wait_log(e, "the scrub of share 1/1 of the slot of v2 gave way to v3's apply", 30000));
+	/* Two parcels (fsdp2 to tp1): the one not holding the last chunk was
+	 * handed to the apply before it. */
+	assert_true(line_has(e->node.log, "v3 rebuilt from v2 by delta",
+			     "from 1 of 2 parcels landed before the last chunk"));
 	check_serving(e, 3);
 	/* v2's slot is being made v3; its scrub waits for v4's apply. */
 	assert_true(wait_log(e, "the slot of v2 made v3 by its delta for the next delta", 30000));
