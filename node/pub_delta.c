@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "proto/canary.h"
 #include "proto/delta.h"
 
 void node__pub_parent_free(struct pub_parent *pp)
@@ -87,20 +88,39 @@ bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex)
 }
 
 /*
- * Whether a parcel changed too much for a delta to pay: 64 bytes of every
- * 4 KiB compared with the parent, as 16-bit words. Encoding a dense change
- * costs seconds per GiB and its result is refused anyway (the synthetic
- * fixture's versions are unrelated random bytes), so it is not tried when
- * the sample says more than twice TESSERA_DELTA_MAX_PERCENT changed.
+ * How many changed elements a parcel's delta may have before encoding
+ * stops (0: no limit). Encoding a dense change costs seconds per GiB and
+ * its result is refused anyway (the synthetic fixture's versions are
+ * unrelated random bytes), so the encoder's scan, which counts the changes
+ * anyway, stops it once more than twice TESSERA_DELTA_MAX_PERCENT of the
+ * elements changed (no sampling pass of its own).
  */
-static bool too_dense(const uint8_t *parent, const uint8_t *child, uint64_t len)
+static uint64_t max_changed(const struct proto_dparcel *dp)
 {
-	uint64_t seen = 0, diff = 0;
+	uint64_t pct = 2 * proto_param(PROTO_PARAM_DELTA_MAX_PERCENT), n = 0;
 
-	for (uint64_t o = 0; o + 64 <= len; o += 4096)
-		for (unsigned k = 0; k < 64; k += 2, seen++)
-			diff += memcmp(parent + o + k, child + o + k, 2) != 0;
-	return seen > 0 && diff * 100 > seen * 2 * proto_param(PROTO_PARAM_DELTA_MAX_PERCENT);
+	if (pct >= 100)
+		return 0;
+	for (uint32_t i = 0; i < dp->npieces; i++)
+		n += dp->pieces[i].len / dp->pieces[i].elsize;
+	return PROTO_MAX(n / 100 * pct + n % 100 * pct / 100, 1);
+}
+
+/* The canary part of a delta parcel from the encoder's changes. */
+struct enc_canary {
+	const struct proto_dparcel *dp;
+	const struct proto_canary_map *map;
+	_Atomic uint64_t sum; /* wrapping, like the score */
+};
+
+static void on_changes(void *arg, uint32_t t, uint64_t base, const uint32_t *pos, size_t k,
+		       const uint8_t *parent, const uint8_t *child)
+{
+	struct enc_canary *c = arg;
+	const struct proto_dpiece *pp = &c->dp->pieces[t];
+
+	atomic_fetch_add(&c->sum, proto_canary_map_changes(c->map, pp->pay_off + base * pp->elsize,
+							   pp->elsize, pos, k, parent, child));
 }
 
 unsigned node__pub_delta_threads(size_t nranks)
@@ -119,6 +139,9 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct
 	struct proto_dparcel dp;
 	struct proto_delta_stats st;
 	struct proto_delta_opts o = {.threads = threads, .parent_sums = it->parent_sums};
+	struct enc_canary cn = {.sum = 0};
+	struct proto_canary_map *map = NULL;
+	const uint8_t *payload = pt->raw + it->raw_off;
 	struct proto_err err;
 	size_t len = 0;
 
@@ -128,12 +151,8 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct
 	it->sums = NULL;
 	it->nchunks = 0;
 	it->wire = 0;
-	if (it->pc->bytes == 0)
-		return;
-	if (too_dense(it->parent, pt->raw + it->raw_off, it->pc->bytes)) {
-		it->enc_rc = 0;
-		it->wire = it->pc->bytes; /* as the anchor: place() refuses it */
-		it->dense = true;
+	if (it->pc->bytes == 0) {
+		it->canary = it->parent_canary;
 		return;
 	}
 	it->enc_rc = proto_dparcel_build(&p->model, &it->sl->plan, it->pc, &it->sl->layout, &dp,
@@ -143,9 +162,31 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct
 		 * parent sums (no sums on out of memory: summed there). */
 		it->sums = calloc(PROTO_MAX(dp.npieces, 1), sizeof(*it->sums));
 		o.child_sums = it->sums;
-		it->enc_rc = proto_dparcel_encode(&dp, it->parent, pt->raw + it->raw_off, &o, &it->enc,
-						  &len, &st, &err);
+		o.max_changed = max_changed(&dp);
+		/* The canary part follows the scan's changes (none: a compare). */
+		if ((map = proto_canary_map_new(&it->sl->plan, it->pc, &it->sl->layout)) != NULL) {
+			cn.dp = &dp;
+			cn.map = map;
+			o.on_changes = on_changes;
+			o.changes_arg = &cn;
+		}
+		it->enc_rc = proto_dparcel_encode(&dp, it->parent, payload, &o, &it->enc, &len, &st,
+						  &err);
 		proto_dparcel_fini(&dp);
+		proto_canary_map_free(map);
+	}
+	if (map != NULL && it->enc_rc == 0)
+		it->canary = it->parent_canary + atomic_load(&cn.sum);
+	else
+		it->canary = proto_canary_parcel_update(&it->sl->plan, it->pc, &it->sl->layout,
+							it->parent_canary, it->parent, payload);
+	if (it->enc_rc == -E2BIG) {
+		free(it->sums);
+		it->sums = NULL;
+		it->enc_rc = 0;
+		it->wire = it->pc->bytes; /* as the anchor: place() refuses it */
+		it->dense = true;
+		return;
 	}
 	if (it->enc_rc != 0) {
 		free(it->sums);
@@ -218,7 +259,7 @@ int node__pub_delta_place(struct node_pub *p, struct pub_export *ex, struct prot
 			snprintf(ex->why, sizeof(ex->why), "a parcel's delta could not be encoded");
 		else if (dense)
 			snprintf(ex->why, sizeof(ex->why),
-				 "a parcel changed too much for a delta (sampled before encoding)");
+				 "a parcel changed too much for a delta (counted while encoding)");
 		else
 			snprintf(ex->why, sizeof(ex->why),
 				 "the delta would be %.1f %% of the anchor (more than TESSERA_DELTA_MAX_PERCENT)",

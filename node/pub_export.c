@@ -221,13 +221,9 @@ static void job_gather(struct pub_job *j)
 		}
 		if (follow)
 			gathered_upto(j, i + 1, false);
-		/* A delta's part: the parent's, updated from the changed
-		 * elements (a compare, not a scoring pass over every element). */
-		if (!atomic_load(&p->abort) && j->delta && it->parent != NULL)
-			it->canary = proto_canary_parcel_update(&it->sl->plan, it->pc,
-								&it->sl->layout, it->parent_canary,
-								it->parent, pt->raw + it->raw_off);
-		else if (!atomic_load(&p->abort))
+		/* A delta's part: its encoder's (the parent's, updated from the
+		 * changes its scan finds), not a pass here. */
+		if (!atomic_load(&p->abort) && !(j->delta && it->parent != NULL))
 			it->canary = proto_canary_parcel(&it->sl->plan, it->pc, &it->sl->layout,
 							 j->delta ? pt->raw + it->raw_off :
 								    pt->buf + it->off);

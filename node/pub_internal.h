@@ -67,9 +67,10 @@ struct pub_item {
 	uint8_t *enc;           /* the encoded delta (worker), until placed */
 	uint64_t changed;       /* elements the delta changes */
 	int enc_rc;             /* the encoder's result */
-	bool dense;             /* changed too much to encode (not tried) */
+	bool dense;             /* changed too much to encode (encoding stopped) */
 	/* The parcel's part of its destination rank's canary score
-	 * (proto/canary.h), from its raw payload (worker). */
+	 * (proto/canary.h), from its raw payload (worker; a delta's from its
+	 * encoder's changes). */
 	uint64_t canary;
 };
 

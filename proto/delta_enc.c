@@ -48,6 +48,7 @@ struct job {
 	uint64_t *cbase;   /* per chunk: first element */
 	struct chunk_out *outs;
 	_Atomic uint64_t next, done;
+	_Atomic uint64_t changed; /* by the chunks scanned so far */
 	const struct proto_delta_opts *o;
 	pthread_mutex_t lock;
 	int rc;
@@ -272,13 +273,18 @@ SCAN_FN(scan8, uint64_t, 8)
 
 #define PIECE (1u << 15) /* elements scanned and summed while in L2 */
 
-/* Scans a chunk piece by piece and sums both sides of each piece while it
- * is still in cache, so the checksums cost no extra pass over memory (the
- * parent's side only when its sums are not known already); *tsum receives
- * the wsum of the parent's elements at the changed positions. */
-static size_t scan(struct scratch *s, const uint8_t *a, const uint8_t *b, uint32_t n, uint32_t w,
-		   bool sum_parent, uint64_t *psum, uint64_t *csum, uint64_t *tsum)
+/* Scans chunk ci (n elements from element base of child tensor t) piece by
+ * piece and sums both sides of each piece while it is still in cache, so
+ * the checksums cost no extra pass over memory (the parent's side only when
+ * its sums are not known already), and hands each piece's changes to the
+ * caller's on_changes there too; *tsum receives the wsum of the parent's
+ * elements at the changed positions. */
+static size_t scan(const struct job *j, struct scratch *s, uint32_t t, uint64_t base,
+		   const uint8_t *a, const uint8_t *b, uint32_t n, uint32_t w, bool sum_parent,
+		   uint64_t *psum, uint64_t *csum, uint64_t *tsum)
 {
+	const struct proto_delta_opts *o = j->o;
+
 	size_t k = 0;
 
 	*psum = *csum = *tsum = 0;
@@ -304,6 +310,8 @@ static size_t scan(struct scratch *s, const uint8_t *a, const uint8_t *b, uint32
 		*tsum = proto_wsum_combine(*tsum, i, (tb % PROTO_WSUM_P) << 32 | ta % PROTO_WSUM_P);
 		for (size_t q = k0; q < k; q++)
 			s->pos[q] += i;
+		if (o != NULL && o->on_changes != NULL && k > k0)
+			o->on_changes(o->changes_arg, t, base, s->pos + k0, k - k0, a, b);
 		if (sum_parent)
 			*psum = proto_wsum_combine(*psum, i, proto_wsum(w, pa, m));
 		*csum = proto_wsum_combine(*csum, i, proto_wsum(w, pb, m));
@@ -341,8 +349,11 @@ static int encode_chunk(struct job *j, struct scratch *s, uint64_t ci)
 	size_t k, at = 0;
 
 	/* The parent's sums known (from the encode that made it): not summed. */
-	k = scan(s, a, b, n, w, a != NULL && j->parent->sums == NULL, &out->psum, &out->csum,
-		 &out->tsum);
+	k = scan(j, s, t, base, a, b, n, w, a != NULL && j->parent->sums == NULL, &out->psum,
+		 &out->csum, &out->tsum);
+	if (j->o != NULL && j->o->max_changed != 0 &&
+	    atomic_fetch_add(&j->changed, k) + k > j->o->max_changed)
+		return -E2BIG;
 	out->nchanged = k;
 	out->mode = PROTO_DELTA_ZERO;
 	out->rec[0] = 0;
@@ -494,7 +505,9 @@ static void *enc_worker(void *arg)
 	pthread_mutex_lock(&j->lock);
 	if (rc != 0 && j->rc == 0)
 		j->rc = proto_errf(&j->err, -rc, "delta encode: %s",
-				   rc == -ENOMEM ? "out of memory" : "zstd compression failed");
+				   rc == -ENOMEM ? "out of memory" :
+				   rc == -E2BIG  ? "more elements changed than the limit" :
+						   "zstd compression failed");
 	pthread_mutex_unlock(&j->lock);
 	scratch_fini(&s);
 	return NULL;
