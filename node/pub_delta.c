@@ -106,21 +106,38 @@ static uint64_t max_changed(const struct proto_dparcel *dp)
 	return PROTO_MAX(n / 100 * pct + n % 100 * pct / 100, 1);
 }
 
-/* The canary part of a delta parcel from the encoder's changes. */
-struct enc_canary {
+/* What the encoder's callbacks of one parcel share: its canary part from
+ * the changes, and the gather of its payload as the scan goes. */
+struct enc_ctx {
+	const struct node_pub *p;
+	const struct pub_item *it;
 	const struct proto_dparcel *dp;
 	const struct proto_canary_map *map;
-	_Atomic uint64_t sum; /* wrapping, like the score */
+	const uint8_t *block; /* the snapshot gathered from */
+	uint8_t *payload;     /* into the raw buffer */
+	_Atomic uint64_t sum;    /* wrapping, like the score */
+	_Atomic uint64_t filled; /* payload bytes gathered */
 };
 
 static void on_changes(void *arg, uint32_t t, uint64_t base, const uint32_t *pos, size_t k,
 		       const uint8_t *parent, const uint8_t *child)
 {
-	struct enc_canary *c = arg;
+	struct enc_ctx *c = arg;
 	const struct proto_dpiece *pp = &c->dp->pieces[t];
 
 	atomic_fetch_add(&c->sum, proto_canary_map_changes(c->map, pp->pay_off + base * pp->elsize,
 							   pp->elsize, pos, k, parent, child));
+}
+
+static void on_fill(void *arg, uint32_t t, uint64_t base, uint64_t n)
+{
+	struct enc_ctx *c = arg;
+	const struct proto_dpiece *pp = &c->dp->pieces[t];
+	uint64_t off = pp->pay_off + base * pp->elsize, len = n * pp->elsize;
+
+	proto_parcel_gather(&c->it->sl->plan, c->it->pc, &c->p->tl, c->block, off, len,
+			    c->payload + off);
+	atomic_fetch_add(&c->filled, len);
 }
 
 unsigned node__pub_delta_threads(size_t nranks)
@@ -134,14 +151,15 @@ unsigned node__pub_delta_threads(size_t nranks)
 }
 
 void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct pub_item *it,
-				 uint32_t chunk_size, unsigned threads)
+				 uint32_t chunk_size, unsigned threads, const uint8_t *block)
 {
 	struct proto_dparcel dp;
 	struct proto_delta_stats st;
 	struct proto_delta_opts o = {.threads = threads, .parent_sums = it->parent_sums};
-	struct enc_canary cn = {.sum = 0};
+	uint8_t *payload = pt->raw + it->raw_off;
+	struct enc_ctx cn = {.p = p, .it = it, .dp = &dp, .block = block, .payload = payload,
+			     .sum = 0, .filled = 0};
 	struct proto_canary_map *map = NULL;
-	const uint8_t *payload = pt->raw + it->raw_off;
 	struct proto_err err;
 	size_t len = 0;
 
@@ -152,7 +170,7 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct
 	it->nchunks = 0;
 	it->wire = 0;
 	if (it->pc->bytes == 0) {
-		it->canary = it->parent_canary;
+		it->canary = 0;
 		return;
 	}
 	it->enc_rc = proto_dparcel_build(&p->model, &it->sl->plan, it->pc, &it->sl->layout, &dp,
@@ -165,16 +183,23 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct
 		o.max_changed = max_changed(&dp);
 		/* The canary part follows the scan's changes (none: a compare). */
 		if ((map = proto_canary_map_new(&it->sl->plan, it->pc, &it->sl->layout)) != NULL) {
-			cn.dp = &dp;
 			cn.map = map;
 			o.on_changes = on_changes;
 			o.changes_arg = &cn;
+		}
+		if (block != NULL) {
+			o.fill = on_fill;
+			o.fill_arg = &cn;
 		}
 		it->enc_rc = proto_dparcel_encode(&dp, it->parent, payload, &o, &it->enc, &len, &st,
 						  &err);
 		proto_dparcel_fini(&dp);
 		proto_canary_map_free(map);
 	}
+	/* Stopped, failed, or pieces that do not cover the payload: the rest
+	 * is gathered now (the raw payload is the next parent, or an anchor's). */
+	if (block != NULL && atomic_load(&cn.filled) != it->pc->bytes)
+		proto_parcel_gather(&it->sl->plan, it->pc, &p->tl, block, 0, it->pc->bytes, payload);
 	if (map != NULL && it->enc_rc == 0)
 		it->canary = it->parent_canary + atomic_load(&cn.sum);
 	else

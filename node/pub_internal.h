@@ -409,10 +409,14 @@ bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex);
 /* Threads each parcel's delta encode runs on when nranks trainer ranks
  * encode at once (TESSERA_DELTA_THREADS). Cannot fail. */
 unsigned node__pub_delta_threads(size_t nranks);
-/* Worker: encodes one gathered item of pt against its parent and hashes
- * the delta's chunks. Cannot fail: the item's enc_rc says how it went. */
+/* Worker: encodes one item of pt against its parent, takes its canary
+ * part from the encoder's changes and hashes the delta's chunks. block not
+ * NULL: the rank's snapshot, from which the encoder gathers the item's
+ * payload into the part's raw buffer as it scans it (one pass); NULL: the
+ * payload is there already. Either way the raw payload is whole afterwards.
+ * Cannot fail: the item's enc_rc says how it went. */
 void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct pub_item *it,
-				 uint32_t chunk_size, unsigned threads);
+				 uint32_t chunk_size, unsigned threads, const uint8_t *block);
 /* Loop: lays the encoded deltas out in each part's served buffer. 1 when
  * the deltas are too large (or one failed): ex is then an anchor (served
  * offsets reset to the raw layout); 0 when placed; -ENOMEM. */

@@ -159,6 +159,15 @@ struct proto_delta_opts {
 	void (*on_changes)(void *arg, uint32_t t, uint64_t base, const uint32_t *pos, size_t k,
 			   const uint8_t *parent, const uint8_t *child);
 	void *changes_arg;
+	/* Not NULL: the child's bytes are not in place yet. Called from the
+	 * encoding threads right before the scan reads elements [base, base +
+	 * n) of child tensor t (each stretch once, in any order), to put them
+	 * there: a caller that copies the child in (a gather) has each stretch
+	 * scanned while it is still in cache, instead of copying it all first
+	 * and reading it back from memory. After a failed encode some
+	 * stretches may never have been asked for. */
+	void (*fill)(void *arg, uint32_t t, uint64_t base, uint64_t n);
+	void *fill_arg;
 	/* Not 0: the encode stops with -E2BIG as soon as more elements than
 	 * this have changed (a delta that large is not wanted; the changes
 	 * are counted by the scan, so a dense child costs about one compare,

@@ -293,6 +293,8 @@ static size_t scan(const struct job *j, struct scratch *s, uint32_t t, uint64_t 
 		const uint8_t *pa = a ? a + (size_t)i * w : NULL, *pb = b + (size_t)i * w;
 		size_t k0 = k;
 		uint64_t ta, tb;
+		if (o != NULL && o->fill != NULL)
+			o->fill(o->fill_arg, t, base + i, m);
 		switch (w) {
 		case 1:
 			k += scan1(s->pos + k, s->val + k, pa, pb, m, &ta, &tb);
