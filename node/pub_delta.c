@@ -386,6 +386,7 @@ enum pf_kind { PF_RAW, PF_BLOCK, PF_SERVED };
 struct pub_prefault {
 	pthread_t tid;
 	const atomic_bool *abort;
+	const struct proto_ckpt *ck; /* a checkpoint to map in, or NULL */
 	size_t n;
 	struct pub_pbuf {
 		uint32_t rank;
@@ -396,11 +397,18 @@ struct pub_prefault {
 };
 
 #define PREFAULT_STEP 4096u /* one write per page: a fault per page not yet there */
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14; older kernels refuse it (EINVAL): no harm */
+#endif
 
 static void *prefault_main(void *arg)
 {
 	struct pub_prefault *pf = arg;
 
+	for (uint32_t s = 0; pf->ck != NULL && s < pf->ck->nshards && !atomic_load(pf->abort); s++)
+		if (pf->ck->shards[s].map != NULL)
+			(void)madvise((void *)pf->ck->shards[s].map, pf->ck->shards[s].map_len,
+				      MADV_POPULATE_READ);
 	for (size_t i = 0; i < pf->n && !atomic_load(pf->abort); i++) {
 		struct pub_pbuf *b = &pf->bufs[i];
 		if ((b->raw = node_serve_map(b->cap)) == NULL)
@@ -443,7 +451,8 @@ void node__pub_prefault_join(struct node_pub *p)
 static void prefault_launch(struct node_pub *p, struct pub_prefault *pf)
 {
 	pf->abort = &p->abort;
-	if (pf->n == 0 || pthread_create(&pf->tid, NULL, prefault_main, pf) != 0) {
+	if ((pf->n == 0 && pf->ck == NULL) ||
+	    pthread_create(&pf->tid, NULL, prefault_main, pf) != 0) {
 		free(pf->bufs);
 		free(pf);
 		return;
@@ -451,15 +460,23 @@ static void prefault_launch(struct node_pub *p, struct pub_prefault *pf)
 	p->prefault = pf;
 }
 
+/* Version v's checkpoint when the publisher reads a model dir, else NULL. */
+static const struct proto_ckpt *checkpoint_of(const struct node_pub *p, uint64_t v)
+{
+	return !p->synthetic && !p->trainer && v >= 1 && v <= p->nfiles ? &p->files[v - 1].ck
+									  : NULL;
+}
+
 void node__pub_prefault_first(struct node_pub *p)
 {
 	struct pub_prefault *pf;
 	uint32_t nr = p->tl.nranks;
 
-	if (p->prefault != NULL || p->parent != NULL || !node__pub_keeps_parent(p) ||
-	    (pf = calloc(1, sizeof(*pf))) == NULL)
+	if (p->prefault != NULL || p->parent != NULL || (pf = calloc(1, sizeof(*pf))) == NULL)
 		return;
-	if ((pf->bufs = calloc((size_t)nr * 3, sizeof(*pf->bufs))) == NULL)
+	pf->ck = checkpoint_of(p, p->published + 1);
+	if (!node__pub_keeps_parent(p) ||
+	    (pf->bufs = calloc((size_t)nr * 3, sizeof(*pf->bufs))) == NULL)
 		nr = 0;
 	for (uint32_t r = 0; r < nr; r++) {
 		size_t cap = node__pub_page_round(p->tl.ranks[r].nbytes);
@@ -475,15 +492,17 @@ void node__pub_prefault_first(struct node_pub *p)
 	prefault_launch(p, pf);
 }
 
-void node__pub_prefault_start(struct node_pub *p)
+void node__pub_prefault_start(struct node_pub *p, uint64_t next)
 {
 	const struct pub_parent *pp = p->parent;
 	struct pub_prefault *pf;
 
 	node__pub_prefault_join(p);
-	if (pp == NULL || !node__pub_keeps_parent(p) || (pf = calloc(1, sizeof(*pf))) == NULL)
+	if ((pf = calloc(1, sizeof(*pf))) == NULL)
 		return;
-	pf->bufs = calloc(PROTO_MAX(pp->nparts, 1), sizeof(*pf->bufs));
+	pf->ck = checkpoint_of(p, next);
+	if (pp != NULL && node__pub_keeps_parent(p))
+		pf->bufs = calloc(PROTO_MAX(pp->nparts, 1), sizeof(*pf->bufs));
 	for (size_t i = 0; pf->bufs != NULL && i < pp->nparts; i++) {
 		const struct pub_praw *pr = &pp->parts[i];
 		if (pr->rank < p->tl.nranks && pr->cap > 0 &&
@@ -537,5 +556,6 @@ void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex)
 	ex->next_parent = NULL;
 	if (p->parent != NULL)
 		memcpy(p->parent->digest, ex->m.digest, PROTO_HASH_BYTES);
-	node__pub_prefault_start(p); /* after an anchor: no spares were given back */
+	/* After an anchor: no spares were given back. */
+	node__pub_prefault_start(p, ex->version + 1);
 }

@@ -445,13 +445,17 @@ uint8_t *node__pub_raw_take(struct node_pub *p, uint32_t rank, size_t cap, size_
 void node__pub_raw_give(struct node_pub *p, uint32_t rank, uint8_t *raw, size_t cap);
 /* After a commit that left a rank of the parent without a spare large
  * enough: maps one per such rank on a worker and touches every page, so
- * the next export gathers into pages the kernel already gave. Nothing
- * happens when out of memory (the take maps a fresh buffer as before). */
-void node__pub_prefault_start(struct node_pub *p);
+ * the next export gathers into pages the kernel already gave. A model-dir
+ * publisher's worker also maps in the pages of version next's checkpoint
+ * (its snapshot then copies from pages already mapped, not faulting them
+ * in one by one on its critical path). Nothing happens when out of memory
+ * (the take maps a fresh buffer as before). */
+void node__pub_prefault_start(struct node_pub *p, uint64_t next);
 /* Before the first export of a publisher that keeps parents: maps on a
  * worker, and touches every page of, each trainer rank's snapshot block,
  * spare raw buffer and spare served buffer, sized to the rank's shard, so
- * that the first export does not fault them in on its critical path.
+ * that the first export does not fault them in on its critical path (and
+ * maps in the first version's checkpoint, as the start does).
  * Nothing happens when out of memory; cannot fail. */
 void node__pub_prefault_first(struct node_pub *p);
 /* Waits for that worker (if any) and hands its buffers to the spares (and
