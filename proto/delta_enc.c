@@ -49,6 +49,7 @@ struct job {
 	struct chunk_out *outs;
 	_Atomic uint64_t next, done;
 	_Atomic uint64_t changed; /* by the chunks scanned so far */
+	bool keep; /* the caller's thread encodes: it keeps its scratch */
 	const struct proto_delta_opts *o;
 	pthread_mutex_t lock;
 	int rc;
@@ -484,11 +485,77 @@ static int encode_chunk(struct job *j, struct scratch *s, uint64_t ci)
 	return 0;
 }
 
+/*
+ * A thread that encodes on its own (one thread: the caller's) keeps its
+ * scratch for its next encode: a publisher's worker encodes its parcels one
+ * after the other, and fresh buffers (malloc maps tens of MiB anew each
+ * time) had every page a scan touches faulted in and zeroed again for each
+ * parcel. The scratch goes when the thread ends (a key's destructor; the
+ * __thread pointer keeps it reachable until then).
+ */
+struct kept {
+	struct scratch s;
+	uint32_t maxn, wmax;
+	int level;
+};
+
+static __thread struct kept *kept;
+static pthread_key_t kept_key;
+static bool kept_key_ok;
+static pthread_once_t kept_once = PTHREAD_ONCE_INIT;
+
+static void kept_free(void *arg)
+{
+	struct kept *k = arg;
+
+	scratch_fini(&k->s);
+	free(k);
+	kept = NULL;
+}
+
+static void kept_key_init(void)
+{
+	kept_key_ok = pthread_key_create(&kept_key, kept_free) == 0;
+}
+
+/* The calling thread's kept scratch, fit for j (made or remade), or NULL. */
+static struct scratch *kept_scratch(const struct job *j)
+{
+	pthread_once(&kept_once, kept_key_init);
+	if (!kept_key_ok)
+		return NULL;
+	if (kept != NULL && (kept->maxn < j->maxn || kept->wmax < j->wmax || kept->level != j->level)) {
+		kept_free(kept);
+		pthread_setspecific(kept_key, NULL);
+	}
+	if (kept == NULL) {
+		struct kept *k = calloc(1, sizeof(*k));
+		if (k == NULL)
+			return NULL;
+		if (scratch_init(&k->s, j) != 0 || pthread_setspecific(kept_key, k) != 0) {
+			scratch_fini(&k->s);
+			free(k);
+			return NULL;
+		}
+		k->maxn = j->maxn;
+		k->wmax = j->wmax;
+		k->level = j->level;
+		kept = k;
+	}
+	return &kept->s;
+}
+
 static void *enc_worker(void *arg)
 {
 	struct job *j = arg;
-	struct scratch s;
-	int rc = scratch_init(&s, j);
+	struct scratch own, *sp = j->keep ? kept_scratch(j) : NULL;
+	int rc = 0;
+
+	if (sp == NULL) {
+		sp = &own;
+		rc = scratch_init(&own, j);
+	}
+	struct scratch s = *sp;
 
 	while (rc == 0) {
 		uint64_t ci = atomic_fetch_add(&j->next, 1);
@@ -511,7 +578,10 @@ static void *enc_worker(void *arg)
 				   rc == -E2BIG  ? "more elements changed than the limit" :
 						   "zstd compression failed");
 	pthread_mutex_unlock(&j->lock);
-	scratch_fini(&s);
+	if (sp == &own)
+		scratch_fini(&s);
+	else
+		*sp = s; /* its buffers, swapped by encode_chunk */
 	return NULL;
 }
 
@@ -586,8 +656,10 @@ int proto_delta_encode(const struct proto_delta_version *parent,
 	for (started = 0; nth > 1 && started < nth; started++)
 		if (pthread_create(&th[started], NULL, enc_worker, &j) != 0)
 			break;
-	if (started == 0)
+	if (started == 0) {
+		j.keep = true;
 		enc_worker(&j);
+	}
 	for (unsigned i = 0; i < started; i++)
 		pthread_join(th[i], NULL);
 	if (j.rc != 0) {
