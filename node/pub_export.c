@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define HASH_STEP (256u << 10)    /* gather then hash this much while in cache */
@@ -36,6 +37,7 @@ struct pub_job {
 	size_t nrs;
 	unsigned threads;  /* for the encoder */
 	uint64_t encode_ns; /* a delta's encode, with the gather it does */
+	uint64_t cpu_ns;    /* the CPU time of that (this thread's; see job_delta) */
 	pthread_t tid;
 	bool running; /* created and not joined yet */
 	atomic_bool done;
@@ -131,15 +133,26 @@ static void release_upto(struct pub_job *j, struct release *r, uint64_t pos)
  * update: one pass over the new bytes, not a gather, then an encode that
  * reads them back from memory, then a canary compare.
  */
+static uint64_t thread_cpu_ns(void)
+{
+	struct timespec ts;
+
+	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static void job_delta(struct pub_job *j)
 {
 	struct pub_part *pt = j->part;
-	uint64_t t0 = proto_now_ns();
+	uint64_t t0 = proto_now_ns(), c0 = thread_cpu_ns();
 
 	for (size_t i = 0; i < pt->nitems && !atomic_load(&j->p->abort); i++)
 		node__pub_delta_encode_item(j->p, pt, &pt->items[i], j->chunk_size, j->threads,
 					    j->block);
 	j->encode_ns = proto_now_ns() - t0;
+	/* With more than one encoder thread the others' CPU is not in it. */
+	j->cpu_ns = thread_cpu_ns() - c0;
 }
 
 /* Gathers each chunk in cache-sized steps and hashes it as it goes, giving
@@ -815,8 +828,16 @@ static void ex_gathered(struct node_pub *p)
 			 (unsigned long long)ex->version, (unsigned long long)ms_of(ex->hash_ns),
 			 restored, ex->njobs, restored < ex->njobs ? ", the others from the source" : "");
 	}
-	for (size_t i = 0; i < ex->njobs; i++)
+	uint64_t cpu_ns = 0;
+	for (size_t i = 0; i < ex->njobs; i++) {
 		ex->encode_ns = PROTO_MAX(ex->encode_ns, ex->jobs[i].encode_ns);
+		cpu_ns += ex->jobs[i].cpu_ns;
+	}
+	/* Load-robust where the wall time is not: the workers' CPU time. */
+	if (ex->delta && !ex->verify && ex->jobs[0].threads == 1)
+		LOG_INFO("version %llu: %zu trainer ranks' parcels gathered and encoded in %llu ms, "
+			 "%llu ms of CPU", (unsigned long long)ex->version, ex->njobs,
+			 (unsigned long long)ms_of(ex->encode_ns), (unsigned long long)ms_of(cpu_ns));
 	if (ex->delta) {
 		rc = node__pub_delta_place(p, ex, &err);
 		if (rc < 0) {
