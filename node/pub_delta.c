@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "proto/canary.h"
 #include "proto/delta.h"
 
 void node__pub_parent_free(struct pub_parent *pp)
@@ -87,20 +88,56 @@ bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex)
 }
 
 /*
- * Whether a parcel changed too much for a delta to pay: 64 bytes of every
- * 4 KiB compared with the parent, as 16-bit words. Encoding a dense change
- * costs seconds per GiB and its result is refused anyway (the synthetic
- * fixture's versions are unrelated random bytes), so it is not tried when
- * the sample says more than twice TESSERA_DELTA_MAX_PERCENT changed.
+ * How many changed elements a parcel's delta may have before encoding
+ * stops (0: no limit). Encoding a dense change costs seconds per GiB and
+ * its result is refused anyway (the synthetic fixture's versions are
+ * unrelated random bytes), so the encoder's scan, which counts the changes
+ * anyway, stops it once more than twice TESSERA_DELTA_MAX_PERCENT of the
+ * elements changed (no sampling pass of its own).
  */
-static bool too_dense(const uint8_t *parent, const uint8_t *child, uint64_t len)
+static uint64_t max_changed(const struct proto_dparcel *dp)
 {
-	uint64_t seen = 0, diff = 0;
+	uint64_t pct = 2 * proto_param(PROTO_PARAM_DELTA_MAX_PERCENT), n = 0;
 
-	for (uint64_t o = 0; o + 64 <= len; o += 4096)
-		for (unsigned k = 0; k < 64; k += 2, seen++)
-			diff += memcmp(parent + o + k, child + o + k, 2) != 0;
-	return seen > 0 && diff * 100 > seen * 2 * proto_param(PROTO_PARAM_DELTA_MAX_PERCENT);
+	if (pct >= 100)
+		return 0;
+	for (uint32_t i = 0; i < dp->npieces; i++)
+		n += dp->pieces[i].len / dp->pieces[i].elsize;
+	return PROTO_MAX(n / 100 * pct + n % 100 * pct / 100, 1);
+}
+
+/* What the encoder's callbacks of one parcel share: its canary part from
+ * the changes, and the gather of its payload as the scan goes. */
+struct enc_ctx {
+	const struct node_pub *p;
+	const struct pub_item *it;
+	const struct proto_dparcel *dp;
+	const struct proto_canary_map *map;
+	const uint8_t *block; /* the snapshot gathered from */
+	uint8_t *payload;     /* into the raw buffer */
+	_Atomic uint64_t sum;    /* wrapping, like the score */
+	_Atomic uint64_t filled; /* payload bytes gathered */
+};
+
+static void on_changes(void *arg, uint32_t t, uint64_t base, const uint32_t *pos, size_t k,
+		       const uint8_t *parent, const uint8_t *child)
+{
+	struct enc_ctx *c = arg;
+	const struct proto_dpiece *pp = &c->dp->pieces[t];
+
+	atomic_fetch_add(&c->sum, proto_canary_map_changes(c->map, pp->pay_off + base * pp->elsize,
+							   pp->elsize, pos, k, parent, child));
+}
+
+static void on_fill(void *arg, uint32_t t, uint64_t base, uint64_t n)
+{
+	struct enc_ctx *c = arg;
+	const struct proto_dpiece *pp = &c->dp->pieces[t];
+	uint64_t off = pp->pay_off + base * pp->elsize, len = n * pp->elsize;
+
+	proto_parcel_gather(&c->it->sl->plan, c->it->pc, &c->p->tl, c->block, off, len,
+			    c->payload + off);
+	atomic_fetch_add(&c->filled, len);
 }
 
 unsigned node__pub_delta_threads(size_t nranks)
@@ -114,11 +151,15 @@ unsigned node__pub_delta_threads(size_t nranks)
 }
 
 void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct pub_item *it,
-				 uint32_t chunk_size, unsigned threads)
+				 uint32_t chunk_size, unsigned threads, const uint8_t *block)
 {
 	struct proto_dparcel dp;
 	struct proto_delta_stats st;
 	struct proto_delta_opts o = {.threads = threads, .parent_sums = it->parent_sums};
+	uint8_t *payload = pt->raw + it->raw_off;
+	struct enc_ctx cn = {.p = p, .it = it, .dp = &dp, .block = block, .payload = payload,
+			     .sum = 0, .filled = 0};
+	struct proto_canary_map *map = NULL;
 	struct proto_err err;
 	size_t len = 0;
 
@@ -128,12 +169,8 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct
 	it->sums = NULL;
 	it->nchunks = 0;
 	it->wire = 0;
-	if (it->pc->bytes == 0)
-		return;
-	if (too_dense(it->parent, pt->raw + it->raw_off, it->pc->bytes)) {
-		it->enc_rc = 0;
-		it->wire = it->pc->bytes; /* as the anchor: place() refuses it */
-		it->dense = true;
+	if (it->pc->bytes == 0) {
+		it->canary = 0;
 		return;
 	}
 	it->enc_rc = proto_dparcel_build(&p->model, &it->sl->plan, it->pc, &it->sl->layout, &dp,
@@ -143,9 +180,38 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct
 		 * parent sums (no sums on out of memory: summed there). */
 		it->sums = calloc(PROTO_MAX(dp.npieces, 1), sizeof(*it->sums));
 		o.child_sums = it->sums;
-		it->enc_rc = proto_dparcel_encode(&dp, it->parent, pt->raw + it->raw_off, &o, &it->enc,
-						  &len, &st, &err);
+		o.max_changed = max_changed(&dp);
+		/* The canary part follows the scan's changes (none: a compare). */
+		if ((map = proto_canary_map_new(&it->sl->plan, it->pc, &it->sl->layout)) != NULL) {
+			cn.map = map;
+			o.on_changes = on_changes;
+			o.changes_arg = &cn;
+		}
+		if (block != NULL) {
+			o.fill = on_fill;
+			o.fill_arg = &cn;
+		}
+		it->enc_rc = proto_dparcel_encode(&dp, it->parent, payload, &o, &it->enc, &len, &st,
+						  &err);
 		proto_dparcel_fini(&dp);
+		proto_canary_map_free(map);
+	}
+	/* Stopped, failed, or pieces that do not cover the payload: the rest
+	 * is gathered now (the raw payload is the next parent, or an anchor's). */
+	if (block != NULL && atomic_load(&cn.filled) != it->pc->bytes)
+		proto_parcel_gather(&it->sl->plan, it->pc, &p->tl, block, 0, it->pc->bytes, payload);
+	if (map != NULL && it->enc_rc == 0)
+		it->canary = it->parent_canary + atomic_load(&cn.sum);
+	else
+		it->canary = proto_canary_parcel_update(&it->sl->plan, it->pc, &it->sl->layout,
+							it->parent_canary, it->parent, payload);
+	if (it->enc_rc == -E2BIG) {
+		free(it->sums);
+		it->sums = NULL;
+		it->enc_rc = 0;
+		it->wire = it->pc->bytes; /* as the anchor: place() refuses it */
+		it->dense = true;
+		return;
 	}
 	if (it->enc_rc != 0) {
 		free(it->sums);
@@ -218,7 +284,7 @@ int node__pub_delta_place(struct node_pub *p, struct pub_export *ex, struct prot
 			snprintf(ex->why, sizeof(ex->why), "a parcel's delta could not be encoded");
 		else if (dense)
 			snprintf(ex->why, sizeof(ex->why),
-				 "a parcel changed too much for a delta (sampled before encoding)");
+				 "a parcel changed too much for a delta (counted while encoding)");
 		else
 			snprintf(ex->why, sizeof(ex->why),
 				 "the delta would be %.1f %% of the anchor (more than TESSERA_DELTA_MAX_PERCENT)",
@@ -320,6 +386,7 @@ enum pf_kind { PF_RAW, PF_BLOCK, PF_SERVED };
 struct pub_prefault {
 	pthread_t tid;
 	const atomic_bool *abort;
+	const struct proto_ckpt *ck; /* a checkpoint to map in, or NULL */
 	size_t n;
 	struct pub_pbuf {
 		uint32_t rank;
@@ -330,11 +397,18 @@ struct pub_prefault {
 };
 
 #define PREFAULT_STEP 4096u /* one write per page: a fault per page not yet there */
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14; older kernels refuse it (EINVAL): no harm */
+#endif
 
 static void *prefault_main(void *arg)
 {
 	struct pub_prefault *pf = arg;
 
+	for (uint32_t s = 0; pf->ck != NULL && s < pf->ck->nshards && !atomic_load(pf->abort); s++)
+		if (pf->ck->shards[s].map != NULL)
+			(void)madvise((void *)pf->ck->shards[s].map, pf->ck->shards[s].map_len,
+				      MADV_POPULATE_READ);
 	for (size_t i = 0; i < pf->n && !atomic_load(pf->abort); i++) {
 		struct pub_pbuf *b = &pf->bufs[i];
 		if ((b->raw = node_serve_map(b->cap)) == NULL)
@@ -377,7 +451,8 @@ void node__pub_prefault_join(struct node_pub *p)
 static void prefault_launch(struct node_pub *p, struct pub_prefault *pf)
 {
 	pf->abort = &p->abort;
-	if (pf->n == 0 || pthread_create(&pf->tid, NULL, prefault_main, pf) != 0) {
+	if ((pf->n == 0 && pf->ck == NULL) ||
+	    pthread_create(&pf->tid, NULL, prefault_main, pf) != 0) {
 		free(pf->bufs);
 		free(pf);
 		return;
@@ -385,15 +460,23 @@ static void prefault_launch(struct node_pub *p, struct pub_prefault *pf)
 	p->prefault = pf;
 }
 
+/* Version v's checkpoint when the publisher reads a model dir, else NULL. */
+static const struct proto_ckpt *checkpoint_of(const struct node_pub *p, uint64_t v)
+{
+	return !p->synthetic && !p->trainer && v >= 1 && v <= p->nfiles ? &p->files[v - 1].ck
+									  : NULL;
+}
+
 void node__pub_prefault_first(struct node_pub *p)
 {
 	struct pub_prefault *pf;
 	uint32_t nr = p->tl.nranks;
 
-	if (p->prefault != NULL || p->parent != NULL || !node__pub_keeps_parent(p) ||
-	    (pf = calloc(1, sizeof(*pf))) == NULL)
+	if (p->prefault != NULL || p->parent != NULL || (pf = calloc(1, sizeof(*pf))) == NULL)
 		return;
-	if ((pf->bufs = calloc((size_t)nr * 3, sizeof(*pf->bufs))) == NULL)
+	pf->ck = checkpoint_of(p, p->published + 1);
+	if (!node__pub_keeps_parent(p) ||
+	    (pf->bufs = calloc((size_t)nr * 3, sizeof(*pf->bufs))) == NULL)
 		nr = 0;
 	for (uint32_t r = 0; r < nr; r++) {
 		size_t cap = node__pub_page_round(p->tl.ranks[r].nbytes);
@@ -409,15 +492,17 @@ void node__pub_prefault_first(struct node_pub *p)
 	prefault_launch(p, pf);
 }
 
-void node__pub_prefault_start(struct node_pub *p)
+void node__pub_prefault_start(struct node_pub *p, uint64_t next)
 {
 	const struct pub_parent *pp = p->parent;
 	struct pub_prefault *pf;
 
 	node__pub_prefault_join(p);
-	if (pp == NULL || !node__pub_keeps_parent(p) || (pf = calloc(1, sizeof(*pf))) == NULL)
+	if ((pf = calloc(1, sizeof(*pf))) == NULL)
 		return;
-	pf->bufs = calloc(PROTO_MAX(pp->nparts, 1), sizeof(*pf->bufs));
+	pf->ck = checkpoint_of(p, next);
+	if (pp != NULL && node__pub_keeps_parent(p))
+		pf->bufs = calloc(PROTO_MAX(pp->nparts, 1), sizeof(*pf->bufs));
 	for (size_t i = 0; pf->bufs != NULL && i < pp->nparts; i++) {
 		const struct pub_praw *pr = &pp->parts[i];
 		if (pr->rank < p->tl.nranks && pr->cap > 0 &&
@@ -471,5 +556,6 @@ void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex)
 	ex->next_parent = NULL;
 	if (p->parent != NULL)
 		memcpy(p->parent->digest, ex->m.digest, PROTO_HASH_BYTES);
-	node__pub_prefault_start(p); /* after an anchor: no spares were given back */
+	/* After an anchor: no spares were given back. */
+	node__pub_prefault_start(p, ex->version + 1);
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define HASH_STEP (256u << 10)    /* gather then hash this much while in cache */
@@ -28,20 +29,15 @@ struct pub_job {
 	uint8_t *block;
 	struct pub_part *part;
 	uint32_t chunk_size;
-	bool delta;        /* gather into the raw buffer, then encode */
+	bool delta;        /* encode, gathering into the raw buffer as it goes */
 	/* An addendum: the block is rebuilt from the served export's raw
 	 * parcels (rs), or from the source when they do not cover it. */
 	bool restore, restored;
 	struct pub_rsrc *rs;
 	size_t nrs;
 	unsigned threads;  /* for the encoder */
-	uint64_t encode_ns; /* the encoder's own time, waits for the gather left out */
-	/* A delta's encoder follows the gather: items [0, gathered) are in the
-	 * raw buffer; gather_over: no more will come. */
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	size_t gathered;
-	bool gather_over;
+	uint64_t encode_ns; /* a delta's encode, with the gather it does */
+	uint64_t cpu_ns;    /* the CPU time of that (this thread's; see job_delta) */
 	pthread_t tid;
 	bool running; /* created and not joined yet */
 	atomic_bool done;
@@ -130,37 +126,33 @@ static void release_upto(struct pub_job *j, struct release *r, uint64_t pos)
 	}
 }
 
-/* A delta's encoder, on a thread of its own: encodes each item as soon as
- * the gather has put it in the raw buffer, so that encoding overlaps the
- * gather of the items after it. */
-static void *job_encode(void *arg)
+/*
+ * A delta's part: each item is encoded against its parent by the encoder,
+ * which gathers the payload into the raw buffer a cache-sized stretch at a
+ * time right before its scan reads it and hands its changes to the canary
+ * update: one pass over the new bytes, not a gather, then an encode that
+ * reads them back from memory, then a canary compare.
+ */
+static uint64_t thread_cpu_ns(void)
 {
-	struct pub_job *j = arg;
-	struct pub_part *pt = j->part;
+	struct timespec ts;
 
-	for (size_t i = 0; i < pt->nitems; i++) {
-		pthread_mutex_lock(&j->mu);
-		while (j->gathered <= i && !j->gather_over)
-			pthread_cond_wait(&j->cv, &j->mu);
-		bool go = j->gathered > i;
-		pthread_mutex_unlock(&j->mu);
-		if (!go || atomic_load(&j->p->abort))
-			break;
-		uint64_t t0 = proto_now_ns();
-		node__pub_delta_encode_item(j->p, pt, &pt->items[i], j->chunk_size, j->threads);
-		j->encode_ns += proto_now_ns() - t0;
-	}
-	return NULL;
+	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* The gather tells its encoder how far it came (over: it stopped). */
-static void gathered_upto(struct pub_job *j, size_t n, bool over)
+static void job_delta(struct pub_job *j)
 {
-	pthread_mutex_lock(&j->mu);
-	j->gathered = n;
-	j->gather_over |= over;
-	pthread_cond_signal(&j->cv);
-	pthread_mutex_unlock(&j->mu);
+	struct pub_part *pt = j->part;
+	uint64_t t0 = proto_now_ns(), c0 = thread_cpu_ns();
+
+	for (size_t i = 0; i < pt->nitems && !atomic_load(&j->p->abort); i++)
+		node__pub_delta_encode_item(j->p, pt, &pt->items[i], j->chunk_size, j->threads,
+					    j->block);
+	j->encode_ns = proto_now_ns() - t0;
+	/* With more than one encoder thread the others' CPU is not in it. */
+	j->cpu_ns = thread_cpu_ns() - c0;
 }
 
 /* Gathers each chunk in cache-sized steps and hashes it as it goes, giving
@@ -171,8 +163,6 @@ static void job_gather(struct pub_job *j)
 	struct pub_part *pt = j->part;
 	uint64_t cs = j->chunk_size;
 	struct release rel = {0};
-	pthread_t enc;
-	bool follow = false;
 
 	j->encode_ns = 0;
 	if (j->restore) {
@@ -183,19 +173,15 @@ static void job_gather(struct pub_job *j)
 			node__pub_source_fill(p, j->rank, j->version, j->block);
 	}
 	if (j->delta) {
-		j->gathered = 0;
-		j->gather_over = false;
-		pthread_mutex_init(&j->mu, NULL);
-		pthread_cond_init(&j->cv, NULL);
-		follow = pthread_create(&enc, NULL, job_encode, j) == 0;
+		job_delta(j);
+		return;
 	}
 	/* A publisher that keeps parents keeps its snapshot blocks too, so
 	 * that the next snapshot writes into pages already there. */
 	bool early = !node__pub_keeps_parent(p) && release_plan(j, &rel);
 
 	/* An anchor gathers into the served buffer and hashes, keeping a copy
-	 * in the raw buffer for the next delta; a delta gathers into the raw
-	 * buffer only and encodes afterwards. */
+	 * in the raw buffer for the next delta. */
 	for (size_t i = 0; i < pt->nitems && !atomic_load(&p->abort); i++) {
 		struct pub_item *it = &pt->items[i];
 		uint64_t bytes = it->pc->bytes;
@@ -205,48 +191,22 @@ static void job_gather(struct pub_job *j)
 			crypto_generichash_init(&st, NULL, 0, PROTO_HASH_BYTES);
 			for (uint64_t o = 0; o < clen; o += HASH_STEP) {
 				uint64_t n = PROTO_MIN(HASH_STEP, clen - o);
-				uint8_t *dst = j->delta ? pt->raw + it->raw_off + c0 + o
-							: pt->buf + it->off + c0 + o;
+				uint8_t *dst = pt->buf + it->off + c0 + o;
 				proto_parcel_gather(&it->sl->plan, it->pc, &p->tl, j->block, c0 + o, n, dst);
-				if (j->delta)
-					continue;
 				crypto_generichash_update(&st, dst, n);
 				if (pt->raw != NULL)
 					memcpy(pt->raw + it->raw_off + c0 + o, dst, n);
 			}
-			if (!j->delta)
-				crypto_generichash_final(&st, it->hash[c], PROTO_HASH_BYTES);
+			crypto_generichash_final(&st, it->hash[c], PROTO_HASH_BYTES);
 			if (early)
 				release_upto(j, &rel, KEY(i, c0 + clen));
 		}
-		if (follow)
-			gathered_upto(j, i + 1, false);
-		/* A delta's part: the parent's, updated from the changed
-		 * elements (a compare, not a scoring pass over every element). */
-		if (!atomic_load(&p->abort) && j->delta && it->parent != NULL)
-			it->canary = proto_canary_parcel_update(&it->sl->plan, it->pc,
-								&it->sl->layout, it->parent_canary,
-								it->parent, pt->raw + it->raw_off);
-		else if (!atomic_load(&p->abort))
+		if (!atomic_load(&p->abort))
 			it->canary = proto_canary_parcel(&it->sl->plan, it->pc, &it->sl->layout,
-							 j->delta ? pt->raw + it->raw_off :
-								    pt->buf + it->off);
+							 pt->buf + it->off);
 	}
 	free(rel.key);
 	free(rel.order);
-	if (follow) {
-		gathered_upto(j, j->gathered, true);
-		pthread_join(enc, NULL);
-	} else if (j->delta) { /* no thread for the encoder: encode here */
-		uint64_t t0 = proto_now_ns();
-		for (size_t i = 0; i < pt->nitems && !atomic_load(&p->abort); i++)
-			node__pub_delta_encode_item(p, pt, &pt->items[i], j->chunk_size, j->threads);
-		j->encode_ns = proto_now_ns() - t0;
-	}
-	if (j->delta) {
-		pthread_cond_destroy(&j->cv);
-		pthread_mutex_destroy(&j->mu);
-	}
 }
 
 /* A delta turned out too large: the raw payloads are copied into the
@@ -868,8 +828,16 @@ static void ex_gathered(struct node_pub *p)
 			 (unsigned long long)ex->version, (unsigned long long)ms_of(ex->hash_ns),
 			 restored, ex->njobs, restored < ex->njobs ? ", the others from the source" : "");
 	}
-	for (size_t i = 0; i < ex->njobs; i++)
+	uint64_t cpu_ns = 0;
+	for (size_t i = 0; i < ex->njobs; i++) {
 		ex->encode_ns = PROTO_MAX(ex->encode_ns, ex->jobs[i].encode_ns);
+		cpu_ns += ex->jobs[i].cpu_ns;
+	}
+	/* Load-robust where the wall time is not: the workers' CPU time. */
+	if (ex->delta && !ex->verify && ex->jobs[0].threads == 1)
+		LOG_INFO("version %llu: %zu trainer ranks' parcels gathered and encoded in %llu ms, "
+			 "%llu ms of CPU", (unsigned long long)ex->version, ex->njobs,
+			 (unsigned long long)ms_of(ex->encode_ns), (unsigned long long)ms_of(cpu_ns));
 	if (ex->delta) {
 		rc = node__pub_delta_place(p, ex, &err);
 		if (rc < 0) {

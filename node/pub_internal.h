@@ -67,9 +67,10 @@ struct pub_item {
 	uint8_t *enc;           /* the encoded delta (worker), until placed */
 	uint64_t changed;       /* elements the delta changes */
 	int enc_rc;             /* the encoder's result */
-	bool dense;             /* changed too much to encode (not tried) */
+	bool dense;             /* changed too much to encode (encoding stopped) */
 	/* The parcel's part of its destination rank's canary score
-	 * (proto/canary.h), from its raw payload (worker). */
+	 * (proto/canary.h), from its raw payload (worker; a delta's from its
+	 * encoder's changes). */
 	uint64_t canary;
 };
 
@@ -408,10 +409,14 @@ bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex);
 /* Threads each parcel's delta encode runs on when nranks trainer ranks
  * encode at once (TESSERA_DELTA_THREADS). Cannot fail. */
 unsigned node__pub_delta_threads(size_t nranks);
-/* Worker: encodes one gathered item of pt against its parent and hashes
- * the delta's chunks. Cannot fail: the item's enc_rc says how it went. */
+/* Worker: encodes one item of pt against its parent, takes its canary
+ * part from the encoder's changes and hashes the delta's chunks. block not
+ * NULL: the rank's snapshot, from which the encoder gathers the item's
+ * payload into the part's raw buffer as it scans it (one pass); NULL: the
+ * payload is there already. Either way the raw payload is whole afterwards.
+ * Cannot fail: the item's enc_rc says how it went. */
 void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct pub_item *it,
-				 uint32_t chunk_size, unsigned threads);
+				 uint32_t chunk_size, unsigned threads, const uint8_t *block);
 /* Loop: lays the encoded deltas out in each part's served buffer. 1 when
  * the deltas are too large (or one failed): ex is then an anchor (served
  * offsets reset to the raw layout); 0 when placed; -ENOMEM. */
@@ -440,13 +445,17 @@ uint8_t *node__pub_raw_take(struct node_pub *p, uint32_t rank, size_t cap, size_
 void node__pub_raw_give(struct node_pub *p, uint32_t rank, uint8_t *raw, size_t cap);
 /* After a commit that left a rank of the parent without a spare large
  * enough: maps one per such rank on a worker and touches every page, so
- * the next export gathers into pages the kernel already gave. Nothing
- * happens when out of memory (the take maps a fresh buffer as before). */
-void node__pub_prefault_start(struct node_pub *p);
+ * the next export gathers into pages the kernel already gave. A model-dir
+ * publisher's worker also maps in the pages of version next's checkpoint
+ * (its snapshot then copies from pages already mapped, not faulting them
+ * in one by one on its critical path). Nothing happens when out of memory
+ * (the take maps a fresh buffer as before). */
+void node__pub_prefault_start(struct node_pub *p, uint64_t next);
 /* Before the first export of a publisher that keeps parents: maps on a
  * worker, and touches every page of, each trainer rank's snapshot block,
  * spare raw buffer and spare served buffer, sized to the rank's shard, so
- * that the first export does not fault them in on its critical path.
+ * that the first export does not fault them in on its critical path (and
+ * maps in the first version's checkpoint, as the start does).
  * Nothing happens when out of memory; cannot fail. */
 void node__pub_prefault_first(struct node_pub *p);
 /* Waits for that worker (if any) and hands its buffers to the spares (and

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "proto/util.h"
@@ -222,8 +223,9 @@ struct walk {
 	float u;
 };
 
-/* Element i changed from a to b: its new term less its old one. */
-static inline void walk_change(struct walk *w, const uint8_t *a, const uint8_t *b, uint64_t i)
+/* Element i (from the walk's start) changed from the element at old (NULL:
+ * zero) to the one at nw: its new term less its old one. */
+static inline void walk_elem(struct walk *w, const uint8_t *old, const uint8_t *nw, uint64_t i)
 {
 	w->j += i - w->at;
 	w->at = i;
@@ -235,9 +237,27 @@ static inline void walk_change(struct walk *w, const uint8_t *a, const uint8_t *
 		w->u = coef(w->salt ^ (w->r | 1ull << 63));
 		w->urow = w->r;
 	}
-	float wo = w->dt == PROTO_DT_BF16 ? bf16_at(a + i * 2) : load(w->dt, a + i * w->es);
-	float wn = w->dt == PROTO_DT_BF16 ? bf16_at(b + i * 2) : load(w->dt, b + i * w->es);
+	float wo = old == NULL ? 0.0f : w->dt == PROTO_DT_BF16 ? bf16_at(old) : load(w->dt, old);
+	float wn = w->dt == PROTO_DT_BF16 ? bf16_at(nw) : load(w->dt, nw);
 	w->sum += term(w->u, w->j, w->salt32, wn) - term(w->u, w->j, w->salt32, wo);
+}
+
+static inline void walk_change(struct walk *w, const uint8_t *a, const uint8_t *b, uint64_t i)
+{
+	walk_elem(w, a + i * w->es, b + i * w->es, i);
+}
+
+/* A walk over local tensor index (dtype dt, last dimension cols) from its
+ * element first on. */
+static struct walk walk_start(enum proto_dtype dt, uint32_t index, uint64_t cols, uint64_t first)
+{
+	struct walk w = {.dt = dt, .es = proto_dtype_size(dt), .cols = cols ? cols : 1,
+			 .urow = UINT64_MAX, .salt = ((uint64_t)index + 1) << 40,
+			 .salt32 = (uint32_t)(index + 1) * 0x85EBCA6Bu};
+
+	w.r = first / w.cols;
+	w.j = first % w.cols;
+	return w;
 }
 
 /*
@@ -251,14 +271,10 @@ static inline void walk_change(struct walk *w, const uint8_t *a, const uint8_t *
 static uint64_t changes(enum proto_dtype dt, uint32_t index, uint64_t cols, uint64_t first,
 			uint64_t n, const uint8_t *a, const uint8_t *b)
 {
-	struct walk w = {.dt = dt, .es = proto_dtype_size(dt), .cols = cols ? cols : 1,
-			 .urow = UINT64_MAX, .salt = ((uint64_t)index + 1) << 40,
-			 .salt32 = (uint32_t)(index + 1) * 0x85EBCA6Bu};
+	struct walk w = walk_start(dt, index, cols, first);
 	size_t es = w.es;
 	uint64_t per = es >= 1 && es <= 8 && 8 % es == 0 ? 64 / es : 1, word = per / 8;
 
-	w.r = first / w.cols;
-	w.j = first % w.cols;
 	for (uint64_t i0 = 0; i0 < n; i0 += per) {
 		uint64_t m = PROTO_MIN(per, n - i0);
 		if (m == per && per > 1 && same64(a + i0 * es, b + i0 * es))
@@ -310,6 +326,111 @@ uint64_t proto_canary_parcel(const struct proto_plan *p, const struct proto_parc
 			     const struct proto_layout *dst, const uint8_t *payload)
 {
 	return proto_canary_parcel_update(p, pc, dst, 0, NULL, payload);
+}
+
+/* One run of a parcel for the map: where it lies in the payload and in
+ * its destination tensor. */
+struct map_run {
+	uint64_t pay_off, end; /* payload bytes [pay_off, end) */
+	uint64_t first;        /* its first element's index in the local tensor */
+	uint64_t cols;
+	uint32_t local;
+	enum proto_dtype dt;
+};
+
+struct proto_canary_map {
+	size_t n;
+	struct map_run runs[]; /* by pay_off */
+};
+
+static int run_cmp(const void *a, const void *b)
+{
+	const struct map_run *x = a, *y = b;
+	return x->pay_off < y->pay_off ? -1 : x->pay_off > y->pay_off;
+}
+
+struct proto_canary_map *proto_canary_map_new(const struct proto_plan *p,
+					      const struct proto_parcel *pc,
+					      const struct proto_layout *dst)
+{
+	const struct proto_rank *rk = &dst->ranks[pc->dst_rank];
+	struct proto_canary_map *m;
+	size_t n = 0;
+
+	for (uint64_t s = pc->seg0; s < pc->seg0 + pc->nsegs; s++)
+		n += p->segs[s].nruns;
+	m = malloc(sizeof(*m) + PROTO_MAX(n, 1) * sizeof(m->runs[0]));
+	if (m == NULL)
+		return NULL;
+	m->n = 0;
+	for (uint64_t s = pc->seg0; s < pc->seg0 + pc->nsegs; s++) {
+		const struct proto_segment *sg = &p->segs[s];
+		const struct proto_local *l = &rk->locals[sg->dst_local];
+		size_t es = proto_dtype_size(l->dtype);
+		for (uint64_t k = sg->run0; k < sg->run0 + sg->nruns; k++) {
+			const struct proto_run *run = &p->runs[k];
+			if (run->len == 0)
+				continue;
+			m->runs[m->n++] = (struct map_run){
+				.pay_off = run->pay_off, .end = run->pay_off + run->len,
+				.first = run->dst_off / es, .cols = last_dim(l),
+				.local = sg->dst_local, .dt = l->dtype};
+		}
+	}
+	qsort(m->runs, m->n, sizeof(m->runs[0]), run_cmp);
+	return m;
+}
+
+void proto_canary_map_free(struct proto_canary_map *m)
+{
+	free(m);
+}
+
+/* The run holding payload byte x, or NULL. */
+static const struct map_run *map_find(const struct proto_canary_map *m, uint64_t x)
+{
+	size_t lo = 0, hi = m->n;
+
+	while (lo < hi) { /* the first run starting after x */
+		size_t mid = lo + (hi - lo) / 2;
+		if (m->runs[mid].pay_off <= x)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo > 0 && x < m->runs[lo - 1].end ? &m->runs[lo - 1] : NULL;
+}
+
+uint64_t proto_canary_map_changes(const struct proto_canary_map *m, uint64_t off, size_t es,
+				  const uint32_t *pos, size_t k, const uint8_t *a,
+				  const uint8_t *b)
+{
+	const struct map_run *ru = NULL;
+	struct walk w = {0};
+	uint64_t sum = 0;
+
+	for (size_t q = 0; q < k; q++) {
+		uint64_t x = off + (uint64_t)pos[q] * es;
+		if (ru == NULL || x >= ru->end) {
+			sum += w.sum;
+			/* Positions ascend: most often the next run holds it. */
+			if (ru != NULL && ru + 1 < m->runs + m->n && x >= ru[1].pay_off &&
+			    x < ru[1].end)
+				ru++;
+			else
+				ru = map_find(m, x);
+			if (ru == NULL || proto_dtype_size(ru->dt) != es) {
+				/* Not the parcel's bytes: no element of it. */
+				w = (struct walk){0};
+				ru = NULL;
+				continue;
+			}
+			w = walk_start(ru->dt, ru->local, ru->cols, ru->first);
+		}
+		walk_elem(&w, a != NULL ? a + (size_t)pos[q] * es : NULL, b + (size_t)pos[q] * es,
+			  (x - ru->pay_off) / es);
+	}
+	return sum + w.sum;
 }
 
 double proto_canary_value(uint64_t s)

@@ -33,7 +33,9 @@
  * weights the FP32 product's 24-bit precision). Cost: about one pass of
  * scalar FP32 work per element (a few ns; the publisher pays it per
  * gathered anchor parcel, a probe per read of its rank); a delta parcel's
- * part is its parent's updated from the changed elements (a compare pass).
+ * part is its parent's updated from the changed elements, which the
+ * delta encoder's scan hands over (proto_canary_map_changes): no pass of
+ * its own.
  */
 #ifndef PROTO_CANARY_H
 #define PROTO_CANARY_H
@@ -74,6 +76,30 @@ uint64_t proto_canary_parcel(const struct proto_plan *p, const struct proto_parc
 uint64_t proto_canary_parcel_update(const struct proto_plan *p, const struct proto_parcel *pc,
 				    const struct proto_layout *dst, uint64_t parent_part,
 				    const uint8_t *parent, const uint8_t *payload);
+
+/*
+ * The same update from changes another pass has found already (the delta
+ * encoder's scan, proto/delta.h's on_changes), so the payloads are not
+ * compared again: a map of a parcel's runs by payload offset says where a
+ * changed element lies in its destination tensor. map_new: NULL when out
+ * of memory; map_free(NULL) is harmless.
+ */
+struct proto_canary_map;
+struct proto_canary_map *proto_canary_map_new(const struct proto_plan *p,
+					      const struct proto_parcel *pc,
+					      const struct proto_layout *dst);
+void proto_canary_map_free(struct proto_canary_map *m);
+
+/* What k changed elements of es bytes add to the parcel's part (new terms
+ * in, old ones out): element q at payload offset off + pos[q] * es (pos
+ * ascending), its old bytes at a + pos[q] * es (a NULL: zero), its new ones
+ * at b + pos[q] * es. Positions outside the parcel's runs add nothing. The
+ * parts of any split of a payload's changes add up (wrapping) to
+ * proto_canary_parcel_update's difference; the map is only read, so
+ * threads may call this at once. Cannot fail. */
+uint64_t proto_canary_map_changes(const struct proto_canary_map *m, uint64_t off, size_t es,
+				  const uint32_t *pos, size_t k, const uint8_t *a,
+				  const uint8_t *b);
 
 /* The score as a number (s / 2^32, s read as signed). */
 double proto_canary_value(uint64_t s);

@@ -150,6 +150,29 @@ struct proto_delta_opts {
 	 * has them (child_sums of the encode that made the parent, over the
 	 * same pieces and bytes), else NULL: summed here. */
 	const uint64_t *parent_sums;
+	/* Not NULL: called from the encoding threads with the changes the scan
+	 * found, a stretch of tensor t at a time while its bytes are in cache:
+	 * k positions (ascending, from element base), parent and child the
+	 * bytes of element base (parent NULL: the tensor has no parent, old
+	 * elements are zero). Stretches come in any order, on any thread;
+	 * after a failed encode some may be missing. */
+	void (*on_changes)(void *arg, uint32_t t, uint64_t base, const uint32_t *pos, size_t k,
+			   const uint8_t *parent, const uint8_t *child);
+	void *changes_arg;
+	/* Not NULL: the child's bytes are not in place yet. Called from the
+	 * encoding threads right before the scan reads elements [base, base +
+	 * n) of child tensor t (each stretch once, in any order), to put them
+	 * there: a caller that copies the child in (a gather) has each stretch
+	 * scanned while it is still in cache, instead of copying it all first
+	 * and reading it back from memory. After a failed encode some
+	 * stretches may never have been asked for. */
+	void (*fill)(void *arg, uint32_t t, uint64_t base, uint64_t n);
+	void *fill_arg;
+	/* Not 0: the encode stops with -E2BIG as soon as more elements than
+	 * this have changed (a delta that large is not wanted; the changes
+	 * are counted by the scan, so a dense child costs about one compare,
+	 * not its encoding). */
+	uint64_t max_changed;
 };
 
 /* What an encode produced. Bytes are compressed bytes in the delta. */

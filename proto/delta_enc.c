@@ -48,6 +48,8 @@ struct job {
 	uint64_t *cbase;   /* per chunk: first element */
 	struct chunk_out *outs;
 	_Atomic uint64_t next, done;
+	_Atomic uint64_t changed; /* by the chunks scanned so far */
+	bool keep; /* the caller's thread encodes: it keeps its scratch */
 	const struct proto_delta_opts *o;
 	pthread_mutex_t lock;
 	int rc;
@@ -272,13 +274,18 @@ SCAN_FN(scan8, uint64_t, 8)
 
 #define PIECE (1u << 15) /* elements scanned and summed while in L2 */
 
-/* Scans a chunk piece by piece and sums both sides of each piece while it
- * is still in cache, so the checksums cost no extra pass over memory (the
- * parent's side only when its sums are not known already); *tsum receives
- * the wsum of the parent's elements at the changed positions. */
-static size_t scan(struct scratch *s, const uint8_t *a, const uint8_t *b, uint32_t n, uint32_t w,
-		   bool sum_parent, uint64_t *psum, uint64_t *csum, uint64_t *tsum)
+/* Scans chunk ci (n elements from element base of child tensor t) piece by
+ * piece and sums both sides of each piece while it is still in cache, so
+ * the checksums cost no extra pass over memory (the parent's side only when
+ * its sums are not known already), and hands each piece's changes to the
+ * caller's on_changes there too; *tsum receives the wsum of the parent's
+ * elements at the changed positions. */
+static size_t scan(const struct job *j, struct scratch *s, uint32_t t, uint64_t base,
+		   const uint8_t *a, const uint8_t *b, uint32_t n, uint32_t w, bool sum_parent,
+		   uint64_t *psum, uint64_t *csum, uint64_t *tsum)
 {
+	const struct proto_delta_opts *o = j->o;
+
 	size_t k = 0;
 
 	*psum = *csum = *tsum = 0;
@@ -287,6 +294,8 @@ static size_t scan(struct scratch *s, const uint8_t *a, const uint8_t *b, uint32
 		const uint8_t *pa = a ? a + (size_t)i * w : NULL, *pb = b + (size_t)i * w;
 		size_t k0 = k;
 		uint64_t ta, tb;
+		if (o != NULL && o->fill != NULL)
+			o->fill(o->fill_arg, t, base + i, m);
 		switch (w) {
 		case 1:
 			k += scan1(s->pos + k, s->val + k, pa, pb, m, &ta, &tb);
@@ -304,6 +313,8 @@ static size_t scan(struct scratch *s, const uint8_t *a, const uint8_t *b, uint32
 		*tsum = proto_wsum_combine(*tsum, i, (tb % PROTO_WSUM_P) << 32 | ta % PROTO_WSUM_P);
 		for (size_t q = k0; q < k; q++)
 			s->pos[q] += i;
+		if (o != NULL && o->on_changes != NULL && k > k0)
+			o->on_changes(o->changes_arg, t, base, s->pos + k0, k - k0, a, b);
 		if (sum_parent)
 			*psum = proto_wsum_combine(*psum, i, proto_wsum(w, pa, m));
 		*csum = proto_wsum_combine(*csum, i, proto_wsum(w, pb, m));
@@ -341,8 +352,11 @@ static int encode_chunk(struct job *j, struct scratch *s, uint64_t ci)
 	size_t k, at = 0;
 
 	/* The parent's sums known (from the encode that made it): not summed. */
-	k = scan(s, a, b, n, w, a != NULL && j->parent->sums == NULL, &out->psum, &out->csum,
-		 &out->tsum);
+	k = scan(j, s, t, base, a, b, n, w, a != NULL && j->parent->sums == NULL, &out->psum,
+		 &out->csum, &out->tsum);
+	if (j->o != NULL && j->o->max_changed != 0 &&
+	    atomic_fetch_add(&j->changed, k) + k > j->o->max_changed)
+		return -E2BIG;
 	out->nchanged = k;
 	out->mode = PROTO_DELTA_ZERO;
 	out->rec[0] = 0;
@@ -471,11 +485,77 @@ static int encode_chunk(struct job *j, struct scratch *s, uint64_t ci)
 	return 0;
 }
 
+/*
+ * A thread that encodes on its own (one thread: the caller's) keeps its
+ * scratch for its next encode: a publisher's worker encodes its parcels one
+ * after the other, and fresh buffers (malloc maps tens of MiB anew each
+ * time) had every page a scan touches faulted in and zeroed again for each
+ * parcel. The scratch goes when the thread ends (a key's destructor; the
+ * __thread pointer keeps it reachable until then).
+ */
+struct kept {
+	struct scratch s;
+	uint32_t maxn, wmax;
+	int level;
+};
+
+static __thread struct kept *kept;
+static pthread_key_t kept_key;
+static bool kept_key_ok;
+static pthread_once_t kept_once = PTHREAD_ONCE_INIT;
+
+static void kept_free(void *arg)
+{
+	struct kept *k = arg;
+
+	scratch_fini(&k->s);
+	free(k);
+	kept = NULL;
+}
+
+static void kept_key_init(void)
+{
+	kept_key_ok = pthread_key_create(&kept_key, kept_free) == 0;
+}
+
+/* The calling thread's kept scratch, fit for j (made or remade), or NULL. */
+static struct scratch *kept_scratch(const struct job *j)
+{
+	pthread_once(&kept_once, kept_key_init);
+	if (!kept_key_ok)
+		return NULL;
+	if (kept != NULL && (kept->maxn < j->maxn || kept->wmax < j->wmax || kept->level != j->level)) {
+		kept_free(kept);
+		pthread_setspecific(kept_key, NULL);
+	}
+	if (kept == NULL) {
+		struct kept *k = calloc(1, sizeof(*k));
+		if (k == NULL)
+			return NULL;
+		if (scratch_init(&k->s, j) != 0 || pthread_setspecific(kept_key, k) != 0) {
+			scratch_fini(&k->s);
+			free(k);
+			return NULL;
+		}
+		k->maxn = j->maxn;
+		k->wmax = j->wmax;
+		k->level = j->level;
+		kept = k;
+	}
+	return &kept->s;
+}
+
 static void *enc_worker(void *arg)
 {
 	struct job *j = arg;
-	struct scratch s;
-	int rc = scratch_init(&s, j);
+	struct scratch own, *sp = j->keep ? kept_scratch(j) : NULL;
+	int rc = 0;
+
+	if (sp == NULL) {
+		sp = &own;
+		rc = scratch_init(&own, j);
+	}
+	struct scratch s = *sp;
 
 	while (rc == 0) {
 		uint64_t ci = atomic_fetch_add(&j->next, 1);
@@ -494,9 +574,14 @@ static void *enc_worker(void *arg)
 	pthread_mutex_lock(&j->lock);
 	if (rc != 0 && j->rc == 0)
 		j->rc = proto_errf(&j->err, -rc, "delta encode: %s",
-				   rc == -ENOMEM ? "out of memory" : "zstd compression failed");
+				   rc == -ENOMEM ? "out of memory" :
+				   rc == -E2BIG  ? "more elements changed than the limit" :
+						   "zstd compression failed");
 	pthread_mutex_unlock(&j->lock);
-	scratch_fini(&s);
+	if (sp == &own)
+		scratch_fini(&s);
+	else
+		*sp = s; /* its buffers, swapped by encode_chunk */
 	return NULL;
 }
 
@@ -571,8 +656,10 @@ int proto_delta_encode(const struct proto_delta_version *parent,
 	for (started = 0; nth > 1 && started < nth; started++)
 		if (pthread_create(&th[started], NULL, enc_worker, &j) != 0)
 			break;
-	if (started == 0)
+	if (started == 0) {
+		j.keep = true;
 		enc_worker(&j);
+	}
 	for (unsigned i = 0; i < started; i++)
 		pthread_join(th[i], NULL);
 	if (j.rc != 0) {

@@ -1,9 +1,11 @@
 /* The canary score: deterministic, sums of parcel parts equal the rank's
  * score in every layout pair, moved by one changed element, finite on
- * random bit patterns in every dtype. */
+ * random bit patterns in every dtype; a delta's part from the encoder's
+ * changes equals the full compare's. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -12,6 +14,7 @@
 #include <cmocka.h>
 
 #include "proto/canary.h"
+#include "proto/delta.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 
@@ -226,6 +229,99 @@ static void test_update_every_dtype(void **state)
 	}
 }
 
+/* The encoder's changes (proto/delta.h's on_changes), summed through a
+ * parcel map, as the publisher takes a delta's canary part. */
+struct enc_sum {
+	const struct proto_dparcel *dp;
+	const struct proto_canary_map *map;
+	_Atomic uint64_t sum;
+	_Atomic uint64_t calls;
+};
+
+static void on_changes(void *arg, uint32_t t, uint64_t base, const uint32_t *pos, size_t k,
+		       const uint8_t *parent, const uint8_t *child)
+{
+	struct enc_sum *c = arg;
+	const struct proto_dpiece *pp = &c->dp->pieces[t];
+
+	atomic_fetch_add(&c->sum, proto_canary_map_changes(c->map, pp->pay_off + base * pp->elsize,
+							   pp->elsize, pos, k, parent, child));
+	atomic_fetch_add(&c->calls, 1);
+}
+
+/* The part from the encoder's changes equals the full compare's (and the
+ * score from scratch) for every dtype, in every parcel of fsdp2 -> tp2, with
+ * nothing changed, a few scattered changes, one tensor changed whole and
+ * the other untouched, and everything changed; on several threads over
+ * small chunks, so that a piece's changes come in many calls. */
+static void test_update_from_encoder(void **state)
+{
+	(void)state;
+	for (int dt = PROTO_DT_BF16; dt <= PROTO_DT_I64; dt++) {
+		struct proto_model m;
+		struct proto_layout src, dst;
+		struct proto_plan plan;
+		struct proto_err err;
+		uint64_t sa[2] = {48, 197}, sb[1] = {301};
+		proto_model_init(&m);
+		assert_int_equal(proto_model_add(&m, "a", (enum proto_dtype)dt, 2, sa, &err), 0);
+		assert_int_equal(proto_model_add(&m, "b", (enum proto_dtype)dt, 1, sb, &err), 0);
+		assert_int_equal(proto_model_finish(&m, &err), 0);
+		assert_int_equal(proto_layout_builtin(&m, "fsdp2", &src, &err), 0);
+		assert_int_equal(proto_layout_builtin(&m, "tp2", &dst, &err), 0);
+		assert_int_equal(proto_plan_build(&m, &src, &dst, &plan, &err), 0);
+		srand(17 + dt);
+		for (uint32_t i = 0; i < plan.nparcels; i++) {
+			const struct proto_parcel *pc = &plan.parcels[i];
+			struct proto_dparcel dp;
+			uint8_t *par = malloc(pc->bytes + 1), *child = malloc(pc->bytes + 1);
+			assert_true(par != NULL && child != NULL);
+			assert_int_equal(proto_dparcel_build(&m, &plan, pc, &dst, &dp, &err), 0);
+			for (uint64_t b = 0; b < pc->bytes; b++)
+				par[b] = (uint8_t)rand();
+			uint64_t pp = proto_canary_parcel(&plan, pc, &dst, par);
+			for (int round = 0; round < 4; round++) {
+				memcpy(child, par, pc->bytes);
+				for (uint64_t b = 0; round == 1 && b < pc->bytes; b++)
+					if (rand() % 40 == 0)
+						child[b] ^= (uint8_t)(1u << (rand() % 8));
+				/* The parcel's first piece changed whole, the rest not. */
+				for (uint64_t b = 0; round == 2 && b < dp.pieces[0].len; b++)
+					child[dp.pieces[0].pay_off + b] ^= 0x21;
+				for (uint64_t b = 0; round == 3 && b < pc->bytes; b++)
+					child[b] = (uint8_t)~par[b];
+				struct proto_canary_map *map = proto_canary_map_new(&plan, pc, &dst);
+				struct enc_sum c = {.dp = &dp, .map = map};
+				struct proto_delta_opts o = {.threads = 3, .chunk_elems = 100,
+							     .on_changes = on_changes,
+							     .changes_arg = &c};
+				uint8_t *enc = NULL;
+				size_t len = 0;
+				assert_non_null(map);
+				assert_int_equal(proto_dparcel_encode(&dp, par, child, &o, &enc, &len,
+								      NULL, &err), 0);
+				uint64_t want = proto_canary_parcel(&plan, pc, &dst, child);
+				assert_true(proto_canary_parcel_update(&plan, pc, &dst, pp, par, child) ==
+					    want);
+				assert_true(pp + atomic_load(&c.sum) == want);
+				if (round == 0)
+					assert_true(atomic_load(&c.calls) == 0);
+				else
+					assert_true(atomic_load(&c.calls) > 0);
+				free(enc);
+				proto_canary_map_free(map);
+			}
+			proto_dparcel_fini(&dp);
+			free(par);
+			free(child);
+		}
+		proto_plan_fini(&plan);
+		proto_layout_fini(&src);
+		proto_layout_fini(&dst);
+		proto_model_fini(&m);
+	}
+}
+
 static void test_every_dtype(void **state)
 {
 	(void)state;
@@ -265,6 +361,7 @@ int main(void)
 		cmocka_unit_test(test_parcels_add_up),
 		cmocka_unit_test(test_update_from_changes),
 		cmocka_unit_test(test_update_every_dtype),
+		cmocka_unit_test(test_update_from_encoder),
 		cmocka_unit_test(test_sensitive),
 		cmocka_unit_test(test_every_dtype),
 	};

@@ -133,17 +133,26 @@ static void attach_path(const struct env *e, const char *rep, char *out, size_t 
 	snprintf(out, n, "%s/%s0.sock", e->dir, rep);
 }
 
-static void start_node_as(struct env *e, struct node_proc *proc, const char *replica)
+/* Rank 0 of replica `replica` in a one-rank layout (tp1 unless a test
+ * wants another). */
+static void start_node_in(struct env *e, struct node_proc *proc, const char *replica,
+			  const char *layout)
 {
-	char bin[512], log[600], rep[64], att[600];
+	char bin[512], log[600], rep[64], att[600], lay[32];
 	tu_bin(bin, sizeof(bin), "tessera-node");
 	snprintf(log, sizeof(log), "%s/node-%d.log", e->dir, e->nodes_started++);
 	snprintf(rep, sizeof(rep), "%s", replica);
+	snprintf(lay, sizeof(lay), "%s", layout);
 	attach_path(e, replica, att, sizeof(att));
-	char *argv[] = {bin, "--tracker", e->url, "--replica", rep, "--rank", "0", "--layout", "tp1",
+	char *argv[] = {bin, "--tracker", e->url, "--replica", rep, "--rank", "0", "--layout", lay,
 			"--model", e->model, "--trainer-pubkey", e->pub, "--expose", e->expose,
 			"--store", "host", "--attach", att, NULL};
 	assert_int_equal(node_proc_spawn(proc, "node", argv, log), 0);
+}
+
+static void start_node_as(struct env *e, struct node_proc *proc, const char *replica)
+{
+	start_node_in(e, proc, replica, "tp1");
 }
 
 static void start_node(struct env *e)
@@ -281,11 +290,11 @@ static void ck_fill(void *arg, uint32_t t, uint64_t first, uint64_t count, uint8
 	memcpy(out, proto_ckpt_tensor(ck, t) + first * es, count * es);
 }
 
-/* Maps the slot replica rep's node serves (writable when corrupt is set). */
-static uint8_t *map_served_of(struct env *e, const char *rep, uint64_t v, bool writable)
+/* Maps the n-byte slot replica rep's node serves (writable when corrupt
+ * is set). */
+static uint8_t *map_slot(struct env *e, const char *rep, uint64_t v, size_t n, bool writable)
 {
 	char path[600];
-	size_t n = e->tp1.ranks[0].nbytes;
 
 	snprintf(path, sizeof(path), "%s/%s-0.json", e->expose, rep);
 	json_t *j = tu_load_json(path);
@@ -300,36 +309,53 @@ static uint8_t *map_served_of(struct env *e, const char *rep, uint64_t v, bool w
 	return m;
 }
 
+static uint8_t *map_served_of(struct env *e, const char *rep, uint64_t v, bool writable)
+{
+	return map_slot(e, rep, v, e->tp1.ranks[0].nbytes, writable);
+}
+
 static uint8_t *map_served(struct env *e, uint64_t v, bool writable)
 {
 	return map_served_of(e, "A", v, writable);
 }
 
-/* Version v's bytes for rank 0 of tp1 (v is file v<v-1>); the caller frees. */
-static uint8_t *expect_bytes(struct env *e, uint64_t v)
+/* Version v's bytes for rank 0 of layout l (v is file v<v-1>); the
+ * caller frees. */
+static uint8_t *expect_in(struct env *e, const struct proto_layout *l, uint64_t v)
 {
 	char path[600];
 	struct proto_ckpt ck;
 	struct proto_err err;
-	uint8_t *expect = malloc(e->tp1.ranks[0].nbytes);
+	uint8_t *expect = malloc(l->ranks[0].nbytes + 1);
 
 	assert_non_null(expect);
 	snprintf(path, sizeof(path), "%s/v%llu.safetensors", e->mdir, (unsigned long long)v - 1);
 	assert_int_equal(proto_ckpt_open(path, &ck, &err), 0);
-	proto_layout_fill_rank(&ck.model, &e->tp1, 0, ck_fill, &ck, expect);
+	proto_layout_fill_rank(&ck.model, l, 0, ck_fill, &ck, expect);
 	proto_ckpt_fini(&ck);
 	return expect;
 }
 
-/* Replica rep's node serves exactly version v's bytes. */
-static void check_serving_of(struct env *e, const char *rep, uint64_t v)
+static uint8_t *expect_bytes(struct env *e, uint64_t v)
 {
-	size_t n = e->tp1.ranks[0].nbytes;
-	uint8_t *expect = expect_bytes(e, v), *m = map_served_of(e, rep, v, false);
+	return expect_in(e, &e->tp1, v);
+}
+
+/* Replica rep's node (rank 0 of layout l) serves exactly version v's bytes. */
+static void check_serving_in(struct env *e, const char *rep, const struct proto_layout *l,
+			     uint64_t v)
+{
+	size_t n = l->ranks[0].nbytes;
+	uint8_t *expect = expect_in(e, l, v), *m = map_slot(e, rep, v, n, false);
 
 	assert_memory_equal(m, expect, n);
 	free(expect);
 	munmap(m, n);
+}
+
+static void check_serving_of(struct env *e, const char *rep, uint64_t v)
+{
+	check_serving_in(e, rep, &e->tp1, v);
 }
 
 static void check_serving(struct env *e, uint64_t v)
@@ -798,6 +824,41 @@ static void test_recycled_buffers(void **state)
 	assert_true(file_has(path, "version 5: a delta against version 4 (4 since the anchor; 2 of 2 raw"));
 }
 
+/* Replica B of a new layout (fsdp1: one rank, the tensors flat) joins
+ * after v2, a delta: it gets v2 whole by an addendum. v3 is then an anchor
+ * (the parent export lacks the new layout), so the publisher's raw
+ * buffers change size between versions: v4's delta gathers into fresh
+ * ones (v2's, one layout each, are too small), v5's into those v3 gave
+ * back. Both replicas serve every version bit-exact. */
+static void test_new_layout_between_deltas(void **state)
+{
+	struct env *e = *state;
+	struct proto_layout fsdp1;
+	struct proto_err err;
+	char path[600];
+
+	assert_int_equal(proto_layout_builtin(&e->ck.model, "fsdp1", &fsdp1, &err), 0);
+	assert_true(memcmp(fsdp1.digest, e->tp1.digest, sizeof(fsdp1.digest)) != 0);
+	start_node_in(e, &e->late, "B", "fsdp1");
+	assert_true(tu_wait_active(e->trk, "B", 2, 60000));
+	check_serving_in(e, "B", &fsdp1, 2);
+	export_one(e, 3, "anchor");
+	snprintf(path, sizeof(path), "%s/publisher.log", e->dir);
+	assert_true(file_has(path, "version 3: an anchor: a serving layout the parent export does "
+				   "not have"));
+	for (uint64_t v = 3; v <= 5; v++) {
+		if (v > 3)
+			export_one(e, v, "delta");
+		assert_true(tu_wait_active(e->trk, "A", v, 60000));
+		assert_true(tu_wait_active(e->trk, "B", v, 60000));
+		check_serving(e, v);
+		check_serving_in(e, "B", &fsdp1, v);
+	}
+	assert_true(file_has(path, "version 4: a delta against version 3 (1 since the anchor; 0 of 2 raw"));
+	assert_true(file_has(path, "version 5: a delta against version 4 (2 since the anchor; 2 of 2 raw"));
+	proto_layout_fini(&fsdp1);
+}
+
 /* Where replica A's node serves v from now: the memfd path of its slot
  * (the node keeps the descriptor while the slot lives). */
 static void served_path(struct env *e, uint64_t v, char *out, size_t n)
@@ -1044,6 +1105,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_publisher_restarted, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_every_model_dir_runs_out, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_recycled_buffers, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_new_layout_between_deltas, env_setup,
+						env_teardown),
 		cmocka_unit_test_setup_teardown(test_rotation_damaged_slot, env_setup_scrub1,
 						env_teardown_scrub1),
 		cmocka_unit_test_setup_teardown(test_scrub_gives_way, env_setup_hold, env_teardown_hold),

@@ -6,6 +6,7 @@
  * prepared ahead and written later (proto/dpatch.c), on any number of
  * threads: preparing never writes (but maps the pages the write will
  * store to), a refusal comes before any write. */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -153,6 +154,78 @@ static void test_roundtrip(void **state)
 		}
 		fx_fini(&f);
 	}
+}
+
+/* An encode that gathers the child as it scans it (opts.fill, as the
+ * publisher does from its snapshot) writes the same delta as one given the
+ * child gathered beforehand, and leaves the child whole in its buffer;
+ * max_changed stops an encode with one change more than it allows, and
+ * lets one with exactly that many through. */
+struct fill_ctx {
+	struct fx *f;
+	const struct pdelta *d;
+	const uint8_t *blk; /* the child's source rank block */
+	uint8_t *out;
+};
+
+static void fill_from_block(void *arg, uint32_t t, uint64_t base, uint64_t n)
+{
+	struct fill_ctx *c = arg;
+	const struct proto_dpiece *pp = &c->d->dp.pieces[t];
+	uint64_t off = pp->pay_off + base * pp->elsize;
+
+	proto_parcel_gather(&c->f->plan, c->d->pc, &c->f->src, c->blk, off, n * pp->elsize,
+			    c->out + off);
+}
+
+static void test_fill_and_limit(void **state)
+{
+	struct fx f;
+
+	fx_init(&f, "tp2");
+	for (uint32_t k = 0; k < f.plan.nparcels; k++) {
+		struct pdelta pd;
+		struct proto_err err;
+		uint8_t *enc = NULL;
+		size_t len = 0;
+
+		pd_init(&f, k, false, &pd);
+		/* The source block the child comes from: the parent's with the
+		 * child payload put back into it. */
+		uint32_t r = pd.pc->src_rank;
+		uint8_t *blk = malloc(f.src.ranks[r].nbytes + 1), *out = malloc(pd.pc->bytes + 1);
+		assert_true(blk != NULL && out != NULL);
+		memcpy(blk, f.srcblk[r], f.src.ranks[r].nbytes);
+		proto_parcel_ungather(&f.plan, pd.pc, &f.src, blk, 0, pd.pc->bytes, pd.chi);
+		memset(out, 0xa5, pd.pc->bytes);
+		struct fill_ctx c = {&f, &pd, blk, out};
+		struct proto_delta_opts o = {.threads = 2, .chunk_elems = 1000,
+					     .fill = fill_from_block, .fill_arg = &c};
+		struct proto_delta_opts plain = {.threads = 2, .chunk_elems = 1000};
+		uint8_t *enc2 = NULL;
+		size_t len2 = 0;
+		assert_int_equal(proto_dparcel_encode(&pd.dp, pd.par, out, &o, &enc, &len, NULL, &err),
+				 0);
+		assert_memory_equal(out, pd.chi, pd.pc->bytes);
+		assert_int_equal(proto_dparcel_encode(&pd.dp, pd.par, pd.chi, &plain, &enc2, &len2,
+						      NULL, &err), 0);
+		assert_int_equal(len, len2);
+		assert_memory_equal(enc, enc2, len);
+		free(enc);
+		free(enc2);
+		plain.max_changed = pd.st.nchanged - 1;
+		assert_int_equal(proto_dparcel_encode(&pd.dp, pd.par, pd.chi, &plain, &enc, &len,
+						      NULL, &err), -E2BIG);
+		assert_null(enc);
+		plain.max_changed = pd.st.nchanged;
+		assert_int_equal(proto_dparcel_encode(&pd.dp, pd.par, pd.chi, &plain, &enc, &len,
+						      NULL, &err), 0);
+		free(enc);
+		free(blk);
+		free(out);
+		pd_fini(&pd);
+	}
+	fx_fini(&f);
 }
 
 /* The child's piece checksums an encode hands back are the block's; an
@@ -651,6 +724,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_roundtrip),
 		cmocka_unit_test(test_known_sums),
+		cmocka_unit_test(test_fill_and_limit),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_apply_trusted),
 		cmocka_unit_test(test_apply_known),
