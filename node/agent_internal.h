@@ -213,6 +213,17 @@ struct agent_fetch {
 	uint64_t started_ms;
 	uint64_t first_byte_ms, last_byte_ms; /* wall clock: chunks landed */
 	uint64_t first_post_ms;
+	/* Until when (agent_now_ms) no peer can hold a chunk we own: the
+	 * version was fresh when we heard of it (agent_note_fresh); 0 if not. */
+	uint64_t fresh_until_ms;
+	/* Its start-up, wall clock ms (0: not yet): the watch answer that
+	 * named it, the signed manifest in, the parcels set, the first
+	 * /sources answer, have-page and read posted. Logged with the first
+	 * byte (agent_startup_log), on the clock of the manifest's
+	 * created_ms and the tracker's trace. */
+	struct {
+		uint64_t watch, manifest, parcels, sources, have, read;
+	} su;
 	bool verified, reported_verified;
 	uint64_t verified_ms; /* when verified: the replica wait polls from then */
 	/* The activation record could not be written: not active, and why. */
@@ -317,6 +328,10 @@ struct node_agent {
 	struct event *rate_ev;
 
 	uint64_t seen;   /* newest version the tracker told us about */
+	uint64_t seen_wall_ms; /* when a watch answer last raised seen */
+	/* The last version a watch answer named while fresh, and until when
+	 * (agent_now_ms) it is (agent_note_fresh). */
+	uint64_t fresh_v, fresh_until_ms;
 	uint64_t failed; /* the version we last gave up on, and when */
 	uint64_t failed_ms;
 	uint64_t target; /* the replica's target, as the tracker last said */
@@ -526,6 +541,12 @@ void agent_on_verified(struct node_vjob *job, void *arg);
 void agent_on_rate(evutil_socket_t fd, short what, void *arg);
 
 void agent_pump(struct node_agent *a);
+/* Notes v fresh when the /versions answer (its now_ms and entries vs[n])
+ * says the tracker published it less than STARVE_MS ago. */
+void agent_note_fresh(struct node_agent *a, uint64_t v, uint64_t now_ms,
+		      const struct trk_version_info *vs, size_t n);
+/* Logs f's start-up timeline (f->su) at its first byte; once. */
+void agent_startup_log(const struct node_agent *a, const struct agent_fetch *f);
 
 void agent_on_tick(evutil_socket_t fd, short what, void *arg);
 

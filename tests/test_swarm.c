@@ -122,6 +122,57 @@ static void test_swarm_sources_early(void **state)
 }
 
 /*
+ * A fresh version's first read (agent_note_fresh, agent_swarm_pick): a
+ * watch answer whose now_ms says the version was published less than
+ * STARVE_MS ago makes the fetch fresh, and its first read goes to the
+ * publisher while a listed peer's have-page is still to come; a version
+ * heard of later (a late joiner), or from a tracker that sends no now_ms,
+ * waits for that page (HAVE_WAIT_MS) as before.
+ */
+static void test_swarm_fresh_first_read(void **state)
+{
+	struct proto_chunk chunks[4] = {{.size = 4096}, {.size = 4096}, {.size = 4096}, {.size = 4096}};
+	struct proto_mparcel mp = {.nchunks = 4, .chunks = chunks, .bytes = 4 * 4096,
+				   .wire_bytes = 4 * 4096};
+	uint8_t st[4] = {0}, busy[4] = {0}, mine[4] = {1, 1, 1, 1}, on[4] = {0};
+	uint16_t avail[4] = {0};
+	uint64_t busy_ms[4] = {0};
+	struct agent_source srcs[2] = {{.info = {.peer = true, .id = "R2/0"}},
+				       {.info = {.peer = false, .id = "pub"}, .fa_valid = true}};
+	struct agent_parcel p = {.mp = &mp, .state = st, .avail = avail, .peer_busy = busy,
+				 .busy_ms = busy_ms, .mine = mine, .owner_on = on, .srcs = srcs,
+				 .nsrcs = 2};
+	struct agent_fetch f = {.version = 5, .parcels = &p, .nparcels = 1};
+	struct node_agent a = {.fanout = true, .fetch = &f, .chunk_size = 4096, .max_inflight = 16};
+	struct trk_version_info vi = {.version = 5, .published_ms = 1700000000000ull};
+	uint32_t c = UINT32_MAX;
+	bool want;
+
+	snprintf(a.node_id, sizeof(a.node_id), "R1/0");
+	srcs[0].listed_ms = srcs[1].listed_ms = agent_now_ms();
+	p.progress_ms = agent_now_ms();
+	/* Not fresh: the peer's page is waited for. */
+	assert_null(agent_swarm_pick(&a, 0, &c, &want));
+	/* Heard of 10 ms after it was published: fresh. */
+	agent_note_fresh(&a, 5, vi.published_ms + 10, &vi, 1);
+	assert_int_equal(a.fresh_v, 5);
+	assert_true(a.fresh_until_ms > agent_now_ms() + STARVE_MS / 2);
+	f.fresh_until_ms = a.fresh_until_ms;
+	assert_ptr_equal(agent_swarm_pick(&a, 0, &c, &want), &srcs[1]);
+	assert_true(c < 4);
+	/* Heard of it STARVE_MS after, or with no tracker clock, or another
+	 * version: not fresh. */
+	a.fresh_v = a.fresh_until_ms = 0;
+	agent_note_fresh(&a, 5, vi.published_ms + STARVE_MS, &vi, 1);
+	agent_note_fresh(&a, 5, 0, &vi, 1);
+	agent_note_fresh(&a, 6, vi.published_ms + 10, &vi, 1);
+	assert_int_equal(a.fresh_v, 0);
+	assert_int_equal(a.fresh_until_ms, 0);
+	f.fresh_until_ms = 0;
+	assert_null(agent_swarm_pick(&a, 0, &c, &want));
+}
+
+/*
  * A new source list keeps the reads in flight (agent_reads_follow): a
  * chunk read and a have-page read to a source still listed follow it to
  * its new index, the have-page stays busy there (not asked twice, and not
@@ -767,6 +818,7 @@ int main(void)
 		cmocka_unit_test(test_swarm_owners_even),
 		cmocka_unit_test(test_swarm_sources_early),
 		cmocka_unit_test(test_swarm_reads_follow),
+		cmocka_unit_test(test_swarm_fresh_first_read),
 		cmocka_unit_test(test_swarm_trainer_uploads_once),
 		cmocka_unit_test_setup_teardown(test_swarm_peer_killed, swarm_setup, swarm_teardown),
 		cmocka_unit_test_setup_teardown(test_swarm_corrupt_peer_banned, swarm_setup,
