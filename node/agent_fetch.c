@@ -375,6 +375,7 @@ bool agent_source_ready(struct node_agent *a, struct agent_source *s, uint64_t n
 		return false;
 	}
 	s->fa_valid = true;
+	agent_warm_hold(a, s);
 	return true;
 }
 
@@ -440,6 +441,7 @@ void agent_source_failed(struct node_agent *a, struct agent_source *s)
 		return;
 	s->bad_until_ms = agent_now_ms() + BAD_SOURCE_MS;
 	/* tcp;ofi_rxm drops the connection on an error: start afresh. */
+	agent_warm_drop(a, s);
 	if (s->fa_valid) {
 		fab_av_remove(a->fab, s->fa);
 		s->fa_valid = false;

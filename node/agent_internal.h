@@ -448,6 +448,11 @@ struct node_agent {
 	/* Pacing per source host (agent_hosts.c); NULL until first needed. */
 	struct agent_source *hosts;
 	uint32_t nhosts;
+	/* Warm fabric handles, one per source address, across versions
+	 * (agent_hosts.c); NULL until first needed. */
+	struct agent_warm *warm;
+	uint32_t nwarm;
+	uint64_t warm_clock;
 };
 
 /* A read of a peer's have-page. */
@@ -654,6 +659,18 @@ bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
  * kept until agent_hosts_fini), or NULL when too many hosts are known. */
 struct agent_source *agent_host_pace(struct node_agent *a, const struct trk_source *info);
 void agent_hosts_fini(struct node_agent *a);
+/* s got a fabric handle: hold one more for its address (once per address,
+ * WARM_MAX at most, the least recently used given back), so that its
+ * connection outlives s's list and version. Cannot fail (without room or
+ * memory the address is simply not kept warm). */
+void agent_warm_hold(struct node_agent *a, const struct agent_source *s);
+/* s failed: its address's warm handle is given back (the provider drops a
+ * connection on an error; the next insert connects afresh). */
+void agent_warm_drop(struct node_agent *a, const struct agent_source *s);
+/* Gives every warm handle back (a->fab NULL: fab_close did); frees the table. */
+void agent_warm_fini(struct node_agent *a);
+/* Warm addresses held now (tests). */
+uint32_t agent_warm_count(const struct node_agent *a);
 
 /* ---- agent_inplace.c ---- */
 

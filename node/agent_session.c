@@ -276,6 +276,10 @@ void agent_note_fresh(struct node_agent *a, uint64_t v, uint64_t now_ms,
 			continue;
 		a->fresh_v = v;
 		a->fresh_until_ms = agent_now_ms() + (STARVE_MS - age);
+		/* The replica's target may have moved first (its poll), and
+		 * the fetch started before this answer came. */
+		if (a->fetch != NULL && a->fetch->version == v)
+			a->fetch->fresh_until_ms = a->fresh_until_ms;
 	}
 }
 

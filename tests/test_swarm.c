@@ -14,6 +14,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 
 #include "node/agent_internal.h"
 #include "node/proc.h"
@@ -153,11 +155,12 @@ static void test_swarm_fresh_first_read(void **state)
 	p.progress_ms = agent_now_ms();
 	/* Not fresh: the peer's page is waited for. */
 	assert_null(agent_swarm_pick(&a, 0, &c, &want));
-	/* Heard of 10 ms after it was published: fresh. */
+	/* Heard of 10 ms after it was published: fresh, and so is its fetch
+	 * (started already: the replica's target moved first). */
 	agent_note_fresh(&a, 5, vi.published_ms + 10, &vi, 1);
 	assert_int_equal(a.fresh_v, 5);
 	assert_true(a.fresh_until_ms > agent_now_ms() + STARVE_MS / 2);
-	f.fresh_until_ms = a.fresh_until_ms;
+	assert_int_equal(f.fresh_until_ms, a.fresh_until_ms);
 	assert_ptr_equal(agent_swarm_pick(&a, 0, &c, &want), &srcs[1]);
 	assert_true(c < 4);
 	/* Heard of it STARVE_MS after, or with no tracker clock, or another
@@ -170,6 +173,59 @@ static void test_swarm_fresh_first_read(void **state)
 	assert_int_equal(a.fresh_until_ms, 0);
 	f.fresh_until_ms = 0;
 	assert_null(agent_swarm_pick(&a, 0, &c, &want));
+}
+
+/*
+ * Warm connections (agent_warm_hold): a source's address gets one warm
+ * handle the first time it is reached, however many sources (parcels,
+ * versions) name it, so its connection outlives their lists; a failure
+ * from that address gives it back (the next insert connects afresh); at
+ * WARM_MAX addresses the least recently reached one goes.
+ */
+static void test_swarm_warm_handles(void **state)
+{
+	struct fab_ctx *fab;
+	struct node_agent a = {0};
+	uint8_t name[FAB_ADDR_MAX];
+	size_t len;
+
+	assert_int_equal(fab_open("tcp;ofi_rxm", "127.0.0.1", NULL, &fab, NULL), 0);
+	assert_int_equal(fab_getname(fab, name, sizeof(name), &len), 0);
+	a.fab = fab;
+	struct agent_source s[2] = {{.info = {.fabric_addr = name, .fabric_addr_len = len}},
+				    {.info = {.fabric_addr = name, .fabric_addr_len = len}}};
+	assert_true(agent_source_ready(&a, &s[0], agent_now_ms()));
+	assert_true(agent_source_ready(&a, &s[1], agent_now_ms()));
+	assert_int_equal(agent_warm_count(&a), 1);
+	/* The sources' lists go (a version ends): the warm handle stays. */
+	assert_int_equal(fab_av_remove(fab, s[0].fa), 0);
+	assert_int_equal(fab_av_remove(fab, s[1].fa), 0);
+	s[0].fa_valid = s[1].fa_valid = false;
+	assert_int_equal(agent_warm_count(&a), 1);
+	assert_true(agent_source_ready(&a, &s[0], agent_now_ms()));
+	agent_source_failed(&a, &s[0]);
+	assert_false(s[0].fa_valid);
+	assert_int_equal(agent_warm_count(&a), 0);
+	/* More addresses than it keeps: the oldest go, the newest stay. */
+	struct sockaddr_in sin;
+	assert_int_equal(len, sizeof(sin));
+	memcpy(&sin, name, sizeof(sin));
+	for (int i = 0; i < 70; i++) {
+		struct agent_source o = {.info = {.fabric_addr = (uint8_t *)&sin,
+						  .fabric_addr_len = sizeof(sin)}};
+		sin.sin_port = htons((uint16_t)(20000 + i));
+		assert_true(agent_source_ready(&a, &o, agent_now_ms()));
+		assert_int_equal(fab_av_remove(fab, o.fa), 0);
+	}
+	assert_true(agent_warm_count(&a) < 70);
+	struct agent_source last = {.info = {.fabric_addr = (uint8_t *)&sin,
+					     .fabric_addr_len = sizeof(sin)}};
+	uint32_t n = agent_warm_count(&a);
+	agent_warm_drop(&a, &last); /* the newest is still held */
+	assert_int_equal(agent_warm_count(&a), n - 1);
+	agent_warm_fini(&a);
+	assert_int_equal(agent_warm_count(&a), 0);
+	fab_close(fab);
 }
 
 /*
@@ -819,6 +875,7 @@ int main(void)
 		cmocka_unit_test(test_swarm_sources_early),
 		cmocka_unit_test(test_swarm_reads_follow),
 		cmocka_unit_test(test_swarm_fresh_first_read),
+		cmocka_unit_test(test_swarm_warm_handles),
 		cmocka_unit_test(test_swarm_trainer_uploads_once),
 		cmocka_unit_test_setup_teardown(test_swarm_peer_killed, swarm_setup, swarm_teardown),
 		cmocka_unit_test_setup_teardown(test_swarm_corrupt_peer_banned, swarm_setup,
