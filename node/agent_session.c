@@ -276,6 +276,8 @@ void agent_note_fresh(struct node_agent *a, uint64_t v, uint64_t now_ms,
 			continue;
 		a->fresh_v = v;
 		a->fresh_until_ms = agent_now_ms() + (STARVE_MS - age);
+		LOG_DEBUG("node %s: v%" PRIu64 " is fresh (published %" PRIu64 " ms ago)%s", a->node_id,
+			  v, age, a->fetch != NULL && a->fetch->version == v ? "; so is its fetch" : "");
 		/* The replica's target may have moved first (its poll), and
 		 * the fetch started before this answer came. */
 		if (a->fetch != NULL && a->fetch->version == v)

@@ -353,7 +353,16 @@ static void with_manifest(struct node_agent *a)
 			node_slot_free(&a->store, spare);
 		return;
 	}
-	with_layout(a);
+	/* Whether replicas of other layouts hold it: the first read from the
+	 * trainer waits for that answer (agent_xl_post), and the node's
+	 * tracker requests go out one after another; asked after the
+	 * parcels' offer and /sources it was the last round trip of that
+	 * chain, so it goes first. Not for a delta: holders of our layout
+	 * give its encoded parcels, no others. */
+	if (f->man.kind != PROTO_KIND_DELTA)
+		agent_xl_prefetch(a);
+	if (a->fetch == f)
+		with_layout(a);
 }
 
 void agent_with_addendum(struct node_agent *a)
