@@ -247,6 +247,7 @@ void node_agent_free(struct node_agent *a)
 	agent_swarm_fini(a);
 	agent_xl_fini(a);
 	agent_hosts_fini(a);
+	agent_warm_fini(a); /* fab_close gave its handles back, as the sources' */
 	if (a->bounce != NULL)
 		munmap(a->bounce, a->bounce_len);
 	free(a->reads);

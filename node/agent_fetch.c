@@ -234,6 +234,8 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 	free(req);
 	p->sources_pending = false;
 	p->sources_ms = agent_now_ms();
+	if (f->su.sources == 0)
+		f->su.sources = proto_wall_ms();
 	if (ans->status == 200 && ans->json != NULL)
 		memo_members(a, f->ml->layout_digest, p->mp->src_rank, p->mp->dst_rank, ans->json);
 	if (ans->status != 200 || trk_sources_parse(ans->json, &s, &n, &err) != 0) {
@@ -373,6 +375,7 @@ bool agent_source_ready(struct node_agent *a, struct agent_source *s, uint64_t n
 		return false;
 	}
 	s->fa_valid = true;
+	agent_warm_hold(a, s);
 	return true;
 }
 
@@ -438,6 +441,7 @@ void agent_source_failed(struct node_agent *a, struct agent_source *s)
 		return;
 	s->bad_until_ms = agent_now_ms() + BAD_SOURCE_MS;
 	/* tcp;ofi_rxm drops the connection on an error: start afresh. */
+	agent_warm_drop(a, s);
 	if (s->fa_valid) {
 		fab_av_remove(a->fab, s->fa);
 		s->fa_valid = false;
@@ -513,8 +517,10 @@ void agent_read_landed(struct agent_read *rd, int status)
 	}
 	p->state[rd->chunk] = 3; /* verifying */
 	f->last_byte_ms = proto_wall_ms();
-	if (f->first_byte_ms == 0)
+	if (f->first_byte_ms == 0) {
 		f->first_byte_ms = f->last_byte_ms;
+		agent_startup_log(a, f);
+	}
 	rd->job = (struct node_vjob){
 		.buf = a->bounce + (size_t)rd->slot * a->chunk_size,
 		.len = c->size,
@@ -772,6 +778,8 @@ void agent_pump(struct node_agent *a)
 				continue;
 			}
 			agent_source_posted(s, len);
+			if (f->su.read == 0)
+				f->su.read = proto_wall_ms();
 			LOG_DEBUG("node %s: post %u/%u from %s", a->node_id, pi, c, s->info.id);
 			agent_read_started(a, pi, c, len);
 		}

@@ -53,6 +53,93 @@ struct agent_source *agent_host_pace(struct node_agent *a, const struct trk_sour
 	return h;
 }
 
+/*
+ * Warm connections. A source's fabric handle lived as long as its source
+ * list: every version's first read to the publisher and to each peer
+ * opened a new connection (tcp;ofi_rxm connects on the first message, a
+ * handshake each way; behind a busy link's queue it waits with the data),
+ * and a delta of a few MB paid those round trips again every version. So
+ * the node holds one more handle per source address it reached (the same
+ * peer, the same connection), kept across versions and given back when a
+ * read from that address fails (the provider dropped the connection: the
+ * next insert must connect afresh), when WARM_MAX addresses are held (the
+ * least recently reached one), and with the endpoint (fab_close).
+ */
+#define WARM_MAX 64
+
+struct agent_warm {
+	uint8_t addr[FAB_ADDR_MAX];
+	size_t len;
+	fi_addr_t fa;
+	uint64_t used; /* a->warm_clock when last reached */
+};
+
+static struct agent_warm *warm_find(const struct node_agent *a, const struct agent_source *s)
+{
+	for (uint32_t i = 0; i < a->nwarm; i++)
+		if (a->warm[i].len == s->info.fabric_addr_len &&
+		    memcmp(a->warm[i].addr, s->info.fabric_addr, a->warm[i].len) == 0)
+			return &a->warm[i];
+	return NULL;
+}
+
+static void warm_remove(struct node_agent *a, struct agent_warm *w)
+{
+	if (a->fab != NULL)
+		fab_av_remove(a->fab, w->fa);
+	*w = a->warm[--a->nwarm];
+}
+
+void agent_warm_hold(struct node_agent *a, const struct agent_source *s)
+{
+	struct agent_warm *w;
+
+	if (a->fab == NULL || s->info.fabric_addr == NULL || s->info.fabric_addr_len == 0 ||
+	    s->info.fabric_addr_len > FAB_ADDR_MAX)
+		return;
+	if ((w = warm_find(a, s)) != NULL) {
+		w->used = ++a->warm_clock;
+		return;
+	}
+	if (a->warm == NULL && (a->warm = calloc(WARM_MAX, sizeof(*a->warm))) == NULL)
+		return;
+	if (a->nwarm == WARM_MAX) {
+		struct agent_warm *old = &a->warm[0];
+		for (uint32_t i = 1; i < a->nwarm; i++)
+			if (a->warm[i].used < old->used)
+				old = &a->warm[i];
+		warm_remove(a, old);
+	}
+	w = &a->warm[a->nwarm];
+	if (fab_av_insert(a->fab, s->info.fabric_addr, s->info.fabric_addr_len, &w->fa) != 0)
+		return;
+	memcpy(w->addr, s->info.fabric_addr, s->info.fabric_addr_len);
+	w->len = s->info.fabric_addr_len;
+	w->used = ++a->warm_clock;
+	a->nwarm++;
+}
+
+void agent_warm_drop(struct node_agent *a, const struct agent_source *s)
+{
+	struct agent_warm *w = s->info.fabric_addr != NULL ? warm_find(a, s) : NULL;
+
+	if (w != NULL)
+		warm_remove(a, w);
+}
+
+void agent_warm_fini(struct node_agent *a)
+{
+	while (a->nwarm > 0)
+		warm_remove(a, &a->warm[a->nwarm - 1]);
+	free(a->warm);
+	a->warm = NULL;
+}
+
+uint32_t agent_warm_count(const struct node_agent *a)
+{
+	return a->nwarm;
+}
+
 void agent_hosts_fini(struct node_agent *a)
 {
 	free(a->hosts);

@@ -214,6 +214,17 @@ struct agent_fetch {
 	uint64_t started_ms;
 	uint64_t first_byte_ms, last_byte_ms; /* wall clock: chunks landed */
 	uint64_t first_post_ms;
+	/* Until when (agent_now_ms) no peer can hold a chunk we own: the
+	 * version was fresh when we heard of it (agent_note_fresh); 0 if not. */
+	uint64_t fresh_until_ms;
+	/* Its start-up, wall clock ms (0: not yet): the watch answer that
+	 * named it, the signed manifest in, the parcels set, the first
+	 * /sources answer, have-page and read posted. Logged with the first
+	 * byte (agent_startup_log), on the clock of the manifest's
+	 * created_ms and the tracker's trace. */
+	struct {
+		uint64_t watch, manifest, parcels, sources, have, read;
+	} su;
 	bool verified, reported_verified;
 	uint64_t verified_ms; /* when verified: the replica wait polls from then */
 	/* The activation record could not be written: not active, and why. */
@@ -320,6 +331,10 @@ struct node_agent {
 	struct event *rate_ev;
 
 	uint64_t seen;   /* newest version the tracker told us about */
+	uint64_t seen_wall_ms; /* when a watch answer last raised seen */
+	/* The last version a watch answer named while fresh, and until when
+	 * (agent_now_ms) it is (agent_note_fresh). */
+	uint64_t fresh_v, fresh_until_ms;
 	uint64_t failed; /* the version we last gave up on, and when */
 	uint64_t failed_ms;
 	uint64_t target; /* the replica's target, as the tracker last said */
@@ -440,6 +455,11 @@ struct node_agent {
 	/* Pacing per source host (agent_hosts.c); NULL until first needed. */
 	struct agent_source *hosts;
 	uint32_t nhosts;
+	/* Warm fabric handles, one per source address, across versions
+	 * (agent_hosts.c); NULL until first needed. */
+	struct agent_warm *warm;
+	uint32_t nwarm;
+	uint64_t warm_clock;
 };
 
 /* A read of a peer's have-page. */
@@ -533,6 +553,12 @@ void agent_on_verified(struct node_vjob *job, void *arg);
 void agent_on_rate(evutil_socket_t fd, short what, void *arg);
 
 void agent_pump(struct node_agent *a);
+/* Notes v fresh when the /versions answer (its now_ms and entries vs[n])
+ * says the tracker published it less than STARVE_MS ago. */
+void agent_note_fresh(struct node_agent *a, uint64_t v, uint64_t now_ms,
+		      const struct trk_version_info *vs, size_t n);
+/* Logs f's start-up timeline (f->su) at its first byte; once. */
+void agent_startup_log(const struct node_agent *a, const struct agent_fetch *f);
 
 void agent_on_tick(evutil_socket_t fd, short what, void *arg);
 
@@ -640,6 +666,18 @@ bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
  * kept until agent_hosts_fini), or NULL when too many hosts are known. */
 struct agent_source *agent_host_pace(struct node_agent *a, const struct trk_source *info);
 void agent_hosts_fini(struct node_agent *a);
+/* s got a fabric handle: hold one more for its address (once per address,
+ * WARM_MAX at most, the least recently used given back), so that its
+ * connection outlives s's list and version. Cannot fail (without room or
+ * memory the address is simply not kept warm). */
+void agent_warm_hold(struct node_agent *a, const struct agent_source *s);
+/* s failed: its address's warm handle is given back (the provider drops a
+ * connection on an error; the next insert connects afresh). */
+void agent_warm_drop(struct node_agent *a, const struct agent_source *s);
+/* Gives every warm handle back (a->fab NULL: fab_close did); frees the table. */
+void agent_warm_fini(struct node_agent *a);
+/* Warm addresses held now (tests). */
+uint32_t agent_warm_count(const struct node_agent *a);
 
 /* ---- agent_inplace.c ---- */
 

@@ -228,11 +228,16 @@ static void on_watch(const struct trk_answer *ans, void *arg)
 	struct node_agent *a = arg;
 	struct trk_version_info *vs = NULL;
 	struct proto_err err;
-	uint64_t latest = 0;
+	uint64_t latest = 0, now_ms = 0;
 	size_t n = 0;
 
 	a->watching = false;
-	if (ans->status == 200 && trk_versions_parse(ans->json, &latest, &vs, &n, &err) == 0) {
+	if (ans->status == 200 && trk_versions_now(ans->json, &now_ms, &err) == 0 &&
+	    trk_versions_parse(ans->json, &latest, &vs, &n, &err) == 0) {
+		if (latest > a->seen) {
+			a->seen_wall_ms = proto_wall_ms();
+			agent_note_fresh(a, latest, now_ms, vs, n);
+		}
 		free(vs);
 		a->seen = PROTO_MAX(a->seen, latest);
 		node_wait_over(&a->wait, "tracker");
@@ -251,6 +256,33 @@ static void on_watch(const struct trk_answer *ans, void *arg)
 	/* A new version may move the replica's target: ask now. */
 	agent_sync_now(a);
 	start_watch(a);
+}
+
+/*
+ * A fresh version: the tracker published it less than STARVE_MS ago (its
+ * own clock: now_ms - published_ms, no skew). Every member heard of it
+ * at about the same time, and a member takes a chunk it does not own from
+ * a publisher only once starved for STARVE_MS: until then no peer can hold
+ * a chunk we own, so our first reads need not wait for peers' first
+ * have-pages (agent_swarm_pick), which cost a connection each. An answer
+ * without now_ms (an older tracker) makes no version fresh.
+ */
+void agent_note_fresh(struct node_agent *a, uint64_t v, uint64_t now_ms,
+		      const struct trk_version_info *vs, size_t n)
+{
+	for (size_t i = 0; i < n && now_ms != 0; i++) {
+		uint64_t age = now_ms > vs[i].published_ms ? now_ms - vs[i].published_ms : 0;
+		if (vs[i].version != v || age >= STARVE_MS)
+			continue;
+		a->fresh_v = v;
+		a->fresh_until_ms = agent_now_ms() + (STARVE_MS - age);
+		LOG_DEBUG("node %s: v%" PRIu64 " is fresh (published %" PRIu64 " ms ago)%s", a->node_id,
+			  v, age, a->fetch != NULL && a->fetch->version == v ? "; so is its fetch" : "");
+		/* The replica's target may have moved first (its poll), and
+		 * the fetch started before this answer came. */
+		if (a->fetch != NULL && a->fetch->version == v)
+			a->fetch->fresh_until_ms = a->fresh_until_ms;
+	}
 }
 
 static void start_watch(struct node_agent *a)

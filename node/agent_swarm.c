@@ -578,6 +578,8 @@ static void on_have(struct fab_op *op, int status)
 		return;
 	memcpy(s->have, h.have, bl);
 	memcpy(s->have + bl, h.busy, bl);
+	if (f->su.have == 0)
+		f->su.have = proto_wall_ms();
 	s->slot_rk = (struct fab_rkey){h.slot_addr, h.slot_key, h.slot_len};
 	s->slot_ranges = h.slot_ranges;
 	if (h.upload_peers != s->up_peers || h.upload_mbps != s->up_mbps) {
@@ -1066,8 +1068,10 @@ struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_
 	 * late would otherwise take its whole share from the trainer again);
 	 * for HAVE_WAIT_MS after the tracker listed it at most: at a version's
 	 * start nobody holds anything, and waiting on every peer's first page
-	 * (a connection each) left the trainer's link idle for seconds. */
-	for (size_t k = 0; k < p->nsrcs; k++) {
+	 * (a connection each) left the trainer's link idle for seconds. Not at
+	 * all while the version is fresh (agent_note_fresh): no peer can hold
+	 * a chunk we own yet, and passes 1 and 2 wait STARVE_MS anyway. */
+	for (size_t k = 0; k < p->nsrcs && now >= f->fresh_until_ms; k++) {
 		const struct agent_source *o = &p->srcs[k];
 		if (a->fanout && o->info.peer && !o->self && o->have == NULL &&
 		    o->bad_until_ms <= now && !agent_swarm_banned(f, o->info.id) &&

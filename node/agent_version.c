@@ -157,6 +157,7 @@ static int setup_parcels(struct node_agent *a)
 	if (!f->delta) /* every byte comes as a verified chunk: upload them as they do */
 		node_slot_stream_begin(&a->store, f->slot, f->bytes_total);
 	agent_swarm_serve(a, f);
+	f->su.parcels = proto_wall_ms();
 	LOG_INFO("node %s: fetching v%" PRIu64 ": %u parcels, %" PRIu64 " bytes%s%s", a->node_id,
 		 f->version, f->nparcels, f->bytes_total, f->served ? ", serving them to peers" : "",
 		 f->delta ? " (a delta: rebuilt from the active version)" : "");
@@ -353,7 +354,16 @@ static void with_manifest(struct node_agent *a)
 			node_slot_free(&a->store, spare);
 		return;
 	}
-	with_layout(a);
+	/* Whether replicas of other layouts hold it: the first read from the
+	 * trainer waits for that answer (agent_xl_post), and the node's
+	 * tracker requests go out one after another; asked after the
+	 * parcels' offer and /sources it was the last round trip of that
+	 * chain, so it goes first. Not for a delta: holders of our layout
+	 * give its encoded parcels, no others. */
+	if (f->man.kind != PROTO_KIND_DELTA)
+		agent_xl_prefetch(a);
+	if (a->fetch == f)
+		with_layout(a);
 }
 
 void agent_with_addendum(struct node_agent *a)
@@ -479,6 +489,7 @@ static void on_manifest(const struct trk_answer *ans, void *arg)
 		return;
 	}
 	f->have_man = true;
+	f->su.manifest = proto_wall_ms();
 	if (f->man.version != f->version) {
 		agent_fetch_fail(a, "the tracker sent the manifest of v%" PRIu64, f->man.version);
 		return;
@@ -516,9 +527,34 @@ void agent_start_fetch(struct node_agent *a, uint64_t v)
 	f->version = v;
 	f->id = ++a->fetch_ids;
 	f->started_ms = agent_now_ms();
+	f->su.watch = a->seen >= v ? a->seen_wall_ms : 0;
+	f->fresh_until_ms = a->fresh_v == v ? a->fresh_until_ms : 0;
 	a->fetch = f;
 	a->gen++;
 	agent_report(a, v, TRK_STATE_FETCHING, NULL, NULL);
 	if (ask_manifest(a, v, on_manifest) != 0)
 		agent_fetch_fail(a, "cannot ask for the manifest");
+}
+
+/* ms of t after the manifest's creation ("-": not yet, or before it). */
+static const char *su_ms(char *buf, size_t len, uint64_t t, uint64_t created)
+{
+	if (t == 0 || t < created)
+		snprintf(buf, len, "-");
+	else
+		snprintf(buf, len, "%" PRIu64, t - created);
+	return buf;
+}
+
+void agent_startup_log(const struct node_agent *a, const struct agent_fetch *f)
+{
+	char w[24], m[24], p[24], s[24], h[24], r[24], b[24];
+	uint64_t c = f->man.created_ms;
+
+	LOG_INFO("node %s: v%" PRIu64 " start-up, ms from the manifest's creation: watch %s, "
+		 "manifest %s, parcels %s, sources %s, have-page %s, read posted %s, first byte %s",
+		 a->node_id, f->version, su_ms(w, sizeof(w), f->su.watch, c),
+		 su_ms(m, sizeof(m), f->su.manifest, c), su_ms(p, sizeof(p), f->su.parcels, c),
+		 su_ms(s, sizeof(s), f->su.sources, c), su_ms(h, sizeof(h), f->su.have, c),
+		 su_ms(r, sizeof(r), f->su.read, c), su_ms(b, sizeof(b), f->first_byte_ms, c));
 }

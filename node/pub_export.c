@@ -369,6 +369,14 @@ static void ex_finish(struct node_pub *p)
 			LOG_INFO("re-offered version %llu after a restart (%llu ms)",
 				 (unsigned long long)ex->version,
 				 (unsigned long long)ms_of(r.total_ns));
+	} else if (!ex->failed && !ex->verify) {
+		uint64_t c = ex->created_ms, snap = ex->pv != NULL ? ex->pv->snapshot_ms : 0;
+		LOG_INFO("version %llu start-up, ms from its creation: snapshot %lld, hashed %lld, "
+			 "signed %lld, publish sent %lld, answered %lld, offered %lld (created at %llu)",
+			 (unsigned long long)ex->version, (long long)(snap ? snap - c : 0),
+			 (long long)(ex->su.hashed - c), (long long)(ex->su.signed_ - c),
+			 (long long)(ex->su.sent - c), (long long)(ex->su.answered - c),
+			 (long long)(proto_wall_ms() - c), (unsigned long long)c);
 	} else if (ex->failed && !(ex->status == -ERANGE && ex->req->cb != NULL)) {
 		/* (A source out of versions: the caller says so, in one line.) */
 		LOG_WARN("export of version %llu failed: %s", (unsigned long long)ex->version,
@@ -815,6 +823,7 @@ static void ex_gathered(struct node_pub *p)
 	int rc;
 
 	ex->hash_ns = proto_now_ns() - ex->phase_ns;
+	ex->su.hashed = proto_wall_ms();
 	if (atomic_load(&p->abort)) {
 		ex_fail(p, ECANCELED, "stopped");
 		return;
@@ -885,6 +894,7 @@ static void ex_gathered(struct node_pub *p)
 		ex_fail(p, -rc, "%s", err.msg);
 		return;
 	}
+	ex->su.signed_ = proto_wall_ms();
 	/* The added layouts' canary scores: their version is published already. */
 	if (ex->addendum && !p->add_copy && (ex->canary = node__pub_canary_json(ex)) != NULL)
 		node__pub_canary_post(p, ex);
@@ -913,6 +923,7 @@ static void on_ex_publish(const struct trk_answer *a, void *arg)
 	struct pub_export *ex = p->ex;
 
 	ex->req_busy = false;
+	ex->su.answered = proto_wall_ms();
 	if (ex->failed) {
 		node__pub_ex_step(p);
 		return;
@@ -976,10 +987,13 @@ static void ex_request(struct node_pub *p)
 	} else {
 		return;
 	}
-	if (rc == 0)
+	if (rc == 0) {
 		ex->req_busy = true;
-	else
+		if (ex->phase == EX_PUBLISH && ex->su.sent == 0)
+			ex->su.sent = proto_wall_ms();
+	} else {
 		ex_retry(p, RETRY_MS);
+	}
 }
 
 /* Moves the export on as far as it can go now. Last call of every callback. */

@@ -195,6 +195,12 @@ struct pub_export {
 	unsigned tries;
 	uint64_t t0_ns, start_ns, phase_ns, snapshot_ns, hash_ns, wait_ns;
 	uint64_t created_ms;
+	/* Its start-up, wall clock ms (0: not yet): hashed, signed, the
+	 * publish sent and answered; logged by ex_finish with the offer's
+	 * answer, on the clock of created_ms. */
+	struct {
+		uint64_t hashed, signed_, sent, answered;
+	} su;
 	uint32_t chunk_size;
 	struct pub_layout **layouts;
 	size_t nlayouts;

@@ -14,6 +14,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 
 #include "node/agent_internal.h"
 #include "node/proc.h"
@@ -119,6 +121,111 @@ static void test_swarm_sources_early(void **state)
 	p.nsrcs = 2; /* the publisher's offer is in */
 	assert_int_equal(agent_sources_gap(&f, &p, true, 10040), SWARM_REFRESH_MS);
 	assert_int_equal(agent_sources_gap(&f, &p, false, 10040), SOURCES_MIN_MS);
+}
+
+/*
+ * A fresh version's first read (agent_note_fresh, agent_swarm_pick): a
+ * watch answer whose now_ms says the version was published less than
+ * STARVE_MS ago makes the fetch fresh, and its first read goes to the
+ * publisher while a listed peer's have-page is still to come; a version
+ * heard of later (a late joiner), or from a tracker that sends no now_ms,
+ * waits for that page (HAVE_WAIT_MS) as before.
+ */
+static void test_swarm_fresh_first_read(void **state)
+{
+	struct proto_chunk chunks[4] = {{.size = 4096}, {.size = 4096}, {.size = 4096}, {.size = 4096}};
+	struct proto_mparcel mp = {.nchunks = 4, .chunks = chunks, .bytes = 4 * 4096,
+				   .wire_bytes = 4 * 4096};
+	uint8_t st[4] = {0}, busy[4] = {0}, mine[4] = {1, 1, 1, 1}, on[4] = {0};
+	uint16_t avail[4] = {0};
+	uint64_t busy_ms[4] = {0};
+	struct agent_source srcs[2] = {{.info = {.peer = true, .id = "R2/0"}},
+				       {.info = {.peer = false, .id = "pub"}, .fa_valid = true}};
+	struct agent_parcel p = {.mp = &mp, .state = st, .avail = avail, .peer_busy = busy,
+				 .busy_ms = busy_ms, .mine = mine, .owner_on = on, .srcs = srcs,
+				 .nsrcs = 2};
+	struct agent_fetch f = {.version = 5, .parcels = &p, .nparcels = 1};
+	struct node_agent a = {.fanout = true, .fetch = &f, .chunk_size = 4096, .max_inflight = 16};
+	struct trk_version_info vi = {.version = 5, .published_ms = 1700000000000ull};
+	uint32_t c = UINT32_MAX;
+	bool want;
+
+	snprintf(a.node_id, sizeof(a.node_id), "R1/0");
+	srcs[0].listed_ms = srcs[1].listed_ms = agent_now_ms();
+	p.progress_ms = agent_now_ms();
+	/* Not fresh: the peer's page is waited for. */
+	assert_null(agent_swarm_pick(&a, 0, &c, &want));
+	/* Heard of 10 ms after it was published: fresh, and so is its fetch
+	 * (started already: the replica's target moved first). */
+	agent_note_fresh(&a, 5, vi.published_ms + 10, &vi, 1);
+	assert_int_equal(a.fresh_v, 5);
+	assert_true(a.fresh_until_ms > agent_now_ms() + STARVE_MS / 2);
+	assert_int_equal(f.fresh_until_ms, a.fresh_until_ms);
+	assert_ptr_equal(agent_swarm_pick(&a, 0, &c, &want), &srcs[1]);
+	assert_true(c < 4);
+	/* Heard of it STARVE_MS after, or with no tracker clock, or another
+	 * version: not fresh. */
+	a.fresh_v = a.fresh_until_ms = 0;
+	agent_note_fresh(&a, 5, vi.published_ms + STARVE_MS, &vi, 1);
+	agent_note_fresh(&a, 5, 0, &vi, 1);
+	agent_note_fresh(&a, 6, vi.published_ms + 10, &vi, 1);
+	assert_int_equal(a.fresh_v, 0);
+	assert_int_equal(a.fresh_until_ms, 0);
+	f.fresh_until_ms = 0;
+	assert_null(agent_swarm_pick(&a, 0, &c, &want));
+}
+
+/*
+ * Warm connections (agent_warm_hold): a source's address gets one warm
+ * handle the first time it is reached, however many sources (parcels,
+ * versions) name it, so its connection outlives their lists; a failure
+ * from that address gives it back (the next insert connects afresh); at
+ * WARM_MAX addresses the least recently reached one goes.
+ */
+static void test_swarm_warm_handles(void **state)
+{
+	struct fab_ctx *fab;
+	struct node_agent a = {0};
+	uint8_t name[FAB_ADDR_MAX];
+	size_t len;
+
+	assert_int_equal(fab_open("tcp;ofi_rxm", "127.0.0.1", NULL, &fab, NULL), 0);
+	assert_int_equal(fab_getname(fab, name, sizeof(name), &len), 0);
+	a.fab = fab;
+	struct agent_source s[2] = {{.info = {.fabric_addr = name, .fabric_addr_len = len}},
+				    {.info = {.fabric_addr = name, .fabric_addr_len = len}}};
+	assert_true(agent_source_ready(&a, &s[0], agent_now_ms()));
+	assert_true(agent_source_ready(&a, &s[1], agent_now_ms()));
+	assert_int_equal(agent_warm_count(&a), 1);
+	/* The sources' lists go (a version ends): the warm handle stays. */
+	assert_int_equal(fab_av_remove(fab, s[0].fa), 0);
+	assert_int_equal(fab_av_remove(fab, s[1].fa), 0);
+	s[0].fa_valid = s[1].fa_valid = false;
+	assert_int_equal(agent_warm_count(&a), 1);
+	assert_true(agent_source_ready(&a, &s[0], agent_now_ms()));
+	agent_source_failed(&a, &s[0]);
+	assert_false(s[0].fa_valid);
+	assert_int_equal(agent_warm_count(&a), 0);
+	/* More addresses than it keeps: the oldest go, the newest stay. */
+	struct sockaddr_in sin;
+	assert_int_equal(len, sizeof(sin));
+	memcpy(&sin, name, sizeof(sin));
+	for (int i = 0; i < 70; i++) {
+		struct agent_source o = {.info = {.fabric_addr = (uint8_t *)&sin,
+						  .fabric_addr_len = sizeof(sin)}};
+		sin.sin_port = htons((uint16_t)(20000 + i));
+		assert_true(agent_source_ready(&a, &o, agent_now_ms()));
+		assert_int_equal(fab_av_remove(fab, o.fa), 0);
+	}
+	assert_true(agent_warm_count(&a) < 70);
+	struct agent_source last = {.info = {.fabric_addr = (uint8_t *)&sin,
+					     .fabric_addr_len = sizeof(sin)}};
+	uint32_t n = agent_warm_count(&a);
+	agent_warm_drop(&a, &last); /* the newest is still held */
+	assert_int_equal(agent_warm_count(&a), n - 1);
+	agent_warm_fini(&a);
+	assert_int_equal(agent_warm_count(&a), 0);
+	fab_close(fab);
 }
 
 /*
@@ -767,6 +874,8 @@ int main(void)
 		cmocka_unit_test(test_swarm_owners_even),
 		cmocka_unit_test(test_swarm_sources_early),
 		cmocka_unit_test(test_swarm_reads_follow),
+		cmocka_unit_test(test_swarm_fresh_first_read),
+		cmocka_unit_test(test_swarm_warm_handles),
 		cmocka_unit_test(test_swarm_trainer_uploads_once),
 		cmocka_unit_test_setup_teardown(test_swarm_peer_killed, swarm_setup, swarm_teardown),
 		cmocka_unit_test_setup_teardown(test_swarm_corrupt_peer_banned, swarm_setup,

@@ -1461,6 +1461,10 @@ static void test_versions(void **state)
 		assert_int_equal(n, 2);
 		assert_int_equal(vi[1].version, 2);
 		assert_memory_equal(vi[1].digest, f->d2, PROTO_HASH_BYTES);
+		/* The tracker's clock at the answer, that of published_ms. */
+		uint64_t now_ms;
+		assert_int_equal(trk_versions_now(r.json, &now_ms, &err), 0);
+		assert_true(now_ms >= vi[1].published_ms);
 		free(vi);
 	}
 	trk_reply_fini(&r);
@@ -2849,6 +2853,30 @@ static void test_sources(void **state)
 		assert_non_null(j);
 		assert_int_equal(trk_versions_parse(j, &latest, &vi, &n, &err), -EINVAL);
 		assert_null(vi);
+		json_decref(j);
+	}
+	/* now_ms: absent (an older tracker) is no clock (0), not an error;
+	 * anything but a non-negative integer is, with nothing kept. */
+	static const struct {
+		const char *json;
+		int rc;
+		uint64_t now_ms;
+	} nows[] = {
+		{"{\"latest\":0,\"versions\":[]}", 0, 0},
+		{"{\"latest\":0,\"now_ms\":1700000000123,\"versions\":[]}", 0, 1700000000123ull},
+		{"{\"latest\":0,\"now_ms\":-1,\"versions\":[]}", -EINVAL, 0},
+		{"{\"latest\":0,\"now_ms\":\"1700000000123\",\"versions\":[]}", -EINVAL, 0},
+		{"{\"latest\":0,\"now_ms\":1.5,\"versions\":[]}", -EINVAL, 0},
+		{"{\"latest\":0,\"now_ms\":null,\"versions\":[]}", -EINVAL, 0},
+	};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(nows); i++) {
+		json_t *j = json_loads(nows[i].json, 0, NULL);
+		uint64_t now_ms = 77;
+		assert_non_null(j);
+		assert_int_equal(trk_versions_now(j, &now_ms, &err), nows[i].rc);
+		assert_int_equal(now_ms, nows[i].now_ms);
+		if (nows[i].rc != 0)
+			assert_non_null(strstr(err.msg, "now_ms"));
 		json_decref(j);
 	}
 }

@@ -1146,6 +1146,14 @@ static int ju64s(json_t *o, const char *key, uint64_t *out, struct proto_err *er
 	return 0;
 }
 
+int trk_versions_now(json_t *answer, uint64_t *now_ms, struct proto_err *err)
+{
+	*now_ms = 0;
+	if (json_object_get(answer, "now_ms") == NULL)
+		return 0;
+	return ju64(answer, "now_ms", now_ms, err);
+}
+
 void trk_sources_free(struct trk_source *s, size_t n)
 {
 	for (size_t i = 0; s != NULL && i < n; i++)

@@ -782,6 +782,8 @@ int trk__conns_new(struct trk_server *s, struct trk_conns **out)
 	if (getenv("TESSERA_TRACKER_TRACE") != NULL &&
 	    (g->trace = fopen(getenv("TESSERA_TRACKER_TRACE"), "w")) != NULL) {
 		struct timeval ms = {0, 1000};
+		/* Its clock against the wall clock of the logs and manifests. */
+		fprintf(g->trace, "W %" PRIu64 " %" PRIu64 "\n", proto_now_ns(), proto_wall_ms());
 		g->lag_ev = event_new(s->base, -1, EV_PERSIST, lag, g);
 		if (g->lag_ev != NULL)
 			event_add(g->lag_ev, &ms);

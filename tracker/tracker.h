@@ -499,6 +499,10 @@ struct trk_version_info {
 int trk_versions_parse(json_t *answer, uint64_t *latest,
 		       struct trk_version_info **out, size_t *n,
 		       struct proto_err *err);
+/* A /versions answer's now_ms (the tracker's clock when it answered, that
+ * of published_ms): 0 in *now_ms when absent (an older tracker); -EINVAL
+ * (err says why, *now_ms 0) when it is not a non-negative integer. */
+int trk_versions_now(json_t *answer, uint64_t *now_ms, struct proto_err *err);
 
 /* ---- blocking use (clients on a private base) ---- */
 

@@ -728,6 +728,7 @@ static json_t *list_after(struct trk_server *s, uint64_t after)
 		if (json_array_append_new(arr, trk__version_json(s, &vs->v[i])) != 0)
 			goto fail;
 	if (trk__set(o, "latest", trk__jint(trk__versions_latest(vs))) ||
+	    trk__set(o, "now_ms", trk__jint(proto_wall_ms())) ||
 	    trk__set(o, "layouts_rev", trk__jint(vs->layouts_rev)) ||
 	    trk__set(o, "anchor_wanted", json_boolean(trk__versions_anchor_wanted(vs))) ||
 	    json_object_set(o, "versions", arr) != 0)
