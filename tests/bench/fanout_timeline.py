@@ -16,12 +16,15 @@ trainer and to peers, and the reads queued on it as a source (from its
 "post" and "verified" lines); how many nodes hold each chunk (a histogram
 over the version's chunks: 0, 1, .. N holders); then when the trainer's
 last chunk and the last chunk landed, the chunks the trainer sent more than
-once, and the chunks taken from another reader's share (agent_swarm_steal).
+once, the chunks taken from another reader's share (agent_swarm_steal),
+and a relay hop's two parts: discovery (holder verified -> reader posts)
+and transfer (post -> verified), as quartiles.
 """
 import collections
 import datetime
 import glob
 import re
+import statistics
 import sys
 
 POST = re.compile(r'^(\S+) debug .*node (R\d+)/\d+: post (\d+)/(\d+) from (\S+)')
@@ -120,6 +123,27 @@ def main():
     last_tr = max(e[0] for e in from_trainer) if from_trainer else t0
     print("\ntrainer's last chunk landed at %.2f s, the last chunk at %.2f s: %.2f s of tail"
           % ((last_tr - t0) / 1000, (ver[-1][0] - t0) / 1000, (ver[-1][0] - last_tr) / 1000))
+    # A relay hop: from the holder's verified line to the reader's post of
+    # the same chunk to it (discovery: its have-page, then room in the
+    # reader's window there), and from that post to the reader's verified
+    # line (the bytes queued on the holder's uplink).
+    landed = {(e[2], e[3]): e for e in ver}
+    seen, queued, trainer = [], [], []
+    for t, kind, node, key, src in ev:
+        got = landed.get((node, key)) if kind == "post" else None
+        if got is None or got[4] != src:
+            continue
+        if is_pub(src):
+            trainer.append(got[0] - t)
+            continue
+        queued.append(got[0] - t)
+        held = landed.get((src.split("/")[0], key))
+        if held is not None:
+            seen.append(t - held[0])
+    quart = lambda a: "/".join("%d" % q for q in statistics.quantiles(a, n=4)) if len(a) > 1 else "-"
+    print("relay hop quartiles (ms): holder verified -> reader posts %s; post -> verified %s"
+          " (%d reads); from the trainer post -> verified %s" % (quart(seen), quart(queued),
+                                                                  len(queued), quart(trainer)))
     twice = collections.Counter(e[3] for e in from_trainer)
     print("chunks the trainer sent more than once: %d; taken from another reader's share: %d"
           % (sum(1 for v in twice.values() if v > 1), sum(1 for e in ev if e[1] == "stolen")))
