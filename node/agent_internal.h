@@ -149,7 +149,7 @@ struct agent_parcel {
 	uint8_t *mine;       /* per chunk: we own it (we ask the trainer for it first) */
 	uint32_t *owner;     /* per chunk: its owner's index in members (UINT32_MAX: us, or unknown) */
 	uint8_t *owner_on;   /* per chunk: its owner serves this parcel (a usable peer) */
-	uint8_t *helper;     /* per chunk: we may take it from its owner (agent_swarm_steal) */
+	uint8_t *standin;    /* per chunk: we stand in for its owner (agent_swarm_steal) */
 	uint32_t rot;        /* where our walk over its chunks starts */
 	uint64_t progress_ms; /* a chunk of it verified (or the fetch started) */
 	bool hungry;          /* it starved once: any unheld chunk may come from the trainer */

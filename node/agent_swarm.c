@@ -894,9 +894,9 @@ static uint64_t hrw(const char *id, uint32_t pi, uint32_t c)
  * all left the trainer takes one of an owner with chunks not started (at
  * least STEAL_LEFT), the most such first, from the back half of its walk
  * (which starts at start_point(owner), as ours does), and only:
- *   - a chunk it is the helper of (p->helper): the highest hrw among the
- *     seed readers but its owner, so that two idle readers never take the
- *     same one (unbounded, up to five did: the trainer sent 1.11 S);
+ *   - a chunk it stands in for (p->standin): it has the highest hrw among
+ *     the seed readers but the owner, so that two idle readers never take
+ *     the same one (unbounded, up to five did: the trainer sent 1.11 S);
  *   - from an owner whose have-page we asked for within STEAL_FRESH_MS:
  *     one read behind a peer's queued chunks is seconds old, and a chunk
  *     its owner took long ago looked not started.
@@ -924,7 +924,7 @@ uint32_t agent_swarm_steal(const struct node_agent *a, uint32_t pi)
 	uint32_t n = p->mp->nchunks, best = UINT32_MAX, best_left = 0, *left;
 	uint64_t now = agent_now_ms(), fresh = STEAL_FRESH_MS(proto_param(PROTO_PARAM_HAVE_POLL_MS));
 
-	if (!a->fanout || !p->seed || p->nmembers == 0 || p->helper == NULL ||
+	if (!a->fanout || !p->seed || p->nmembers == 0 || p->standin == NULL ||
 	    (left = calloc(p->nmembers, sizeof(*left))) == NULL)
 		return UINT32_MAX;
 	for (uint32_t c = 0; c < n; c++)
@@ -946,7 +946,7 @@ uint32_t agent_swarm_steal(const struct node_agent *a, uint32_t pi)
 				skip--;
 				continue;
 			}
-			if (p->helper[c]) {
+			if (p->standin[c]) {
 				best = c;
 				best_left = left[k];
 			}
@@ -1099,15 +1099,15 @@ void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer)
 				mine = hrw(o->info.id, pi, c) < me;
 		}
 		p->mine[c] = mine;
-		/* Its helper: the highest of the other seed readers. */
+		/* Its stand-in: the highest of the other seed readers. */
 		uint64_t top = 0;
-		bool me_top = !mine && p->seed && p->owner[c] < p->nmembers && p->helper != NULL;
+		bool me_top = !mine && p->seed && p->owner[c] < p->nmembers && p->standin != NULL;
 		for (uint32_t k = 0; k < p->nmembers && me_top; k++)
 			if (k != p->owner[c] && seed[k] && strcmp(p->members[k], a->node_id) != 0 &&
 			    !agent_swarm_banned(f, p->members[k]))
 				top = PROTO_MAX(top, hrw(p->members[k], pi, c));
-		if (p->helper != NULL)
-			p->helper[c] = me_top && me > top;
+		if (p->standin != NULL)
+			p->standin[c] = me_top && me > top;
 	}
 	free(load);
 	free(seed);

@@ -100,9 +100,9 @@ static void test_swarm_owners_even(void **state)
 
 /*
  * Stealing (agent_swarm_steal): a seed reader whose own chunks have all
- * left the trainer takes one of another owner's that it is the helper of.
- * Eight members compute owners and helpers from the same list: every
- * chunk has one helper, never its owner, so idle readers that steal at
+ * left the trainer takes one of another owner's that it stands in for.
+ * Eight members compute owners and stand-ins from the same list: every
+ * chunk has one stand-in, never its owner, so idle readers that steal at
  * once take different chunks (the trainer sends none twice for that);
  * nothing is taken from an owner whose have-page is stale, from an owner
  * with fewer than STEAL_LEFT chunks not started, a chunk a peer is
@@ -117,7 +117,7 @@ struct steal_view {
 	struct agent_source srcs[SN];
 	uint8_t have[SN][2 * ((SCHUNKS + 7) / 8)];
 	uint8_t mine[SCHUNKS], state[SCHUNKS], peer_busy[SCHUNKS], owner_on[SCHUNKS];
-	uint8_t helper[SCHUNKS];
+	uint8_t standin[SCHUNKS];
 	uint16_t avail[SCHUNKS];
 	uint32_t owner[SCHUNKS];
 };
@@ -135,7 +135,7 @@ static void steal_view_init(struct steal_view *v, int i, json_t *ans)
 	v->p.state = v->state;
 	v->p.peer_busy = v->peer_busy;
 	v->p.owner_on = v->owner_on;
-	v->p.helper = v->helper;
+	v->p.standin = v->standin;
 	v->p.avail = v->avail;
 	v->p.owner = v->owner;
 	agent_swarm_owners(&v->a, 0, ans);
@@ -174,14 +174,14 @@ static void test_swarm_steal(void **state)
 	for (int i = 0; i < SN; i++)
 		steal_view_init(&v[i], i, ans);
 	for (uint32_t c = 0; c < SCHUNKS; c++) {
-		int owners = 0, helpers = 0;
+		int owners = 0, standins = 0;
 		for (int i = 0; i < SN; i++) {
 			owners += v[i].mine[c];
-			helpers += v[i].helper[c];
-			assert_false(v[i].mine[c] && v[i].helper[c]);
+			standins += v[i].standin[c];
+			assert_false(v[i].mine[c] && v[i].standin[c]);
 		}
 		assert_int_equal(owners, 1);
-		assert_int_equal(helpers, 1);
+		assert_int_equal(standins, 1);
 	}
 	/* Everyone idle at once: different chunks, each of another owner. */
 	for (int i = 0; i < SN; i++) {
@@ -191,7 +191,7 @@ static void test_swarm_steal(void **state)
 		stole++;
 		assert_true(got[i] < SCHUNKS);
 		assert_false(v[i].mine[got[i]]);
-		assert_true(v[i].helper[got[i]]);
+		assert_true(v[i].standin[got[i]]);
 		for (int k = 0; k < i; k++)
 			assert_true(got[k] != got[i]);
 	}
