@@ -91,6 +91,8 @@ struct agent_source {
 	 * last read; NULL until read. */
 	uint8_t *have;
 	uint64_t have_ms;         /* when the last read of it was posted */
+	uint64_t have_page_ms;    /* when the read of the page we hold was posted:
+				   * its bits are no older */
 	bool have_busy;           /* a read of it is in flight */
 	/* Where its have-page says the parcel's bytes are: its version slot
 	 * (len != 0: chunks are gathered from the slot's spans), else right
@@ -147,6 +149,7 @@ struct agent_parcel {
 	uint8_t *mine;       /* per chunk: we own it (we ask the trainer for it first) */
 	uint32_t *owner;     /* per chunk: its owner's index in members (UINT32_MAX: us, or unknown) */
 	uint8_t *owner_on;   /* per chunk: its owner serves this parcel (a usable peer) */
+	uint8_t *standin;    /* per chunk: we stand in for its owner (agent_swarm_steal) */
 	uint32_t rot;        /* where our walk over its chunks starts */
 	uint64_t progress_ms; /* a chunk of it verified (or the fetch started) */
 	bool hungry;          /* it starved once: any unheld chunk may come from the trainer */
@@ -634,6 +637,10 @@ bool agent_swarm_banned(const struct agent_fetch *f, const char *id);
  * decides which chunks of parcel pi we own among them (or among the peers
  * listed, when the answer names none). */
 void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer);
+/* A chunk of parcel pi that another seed reader owns and would reach
+ * last, for us to read from the trainer once our own chunks have all left
+ * it (agent_swarm.c); UINT32_MAX: none. Cannot fail. */
+uint32_t agent_swarm_steal(const struct node_agent *a, uint32_t pi);
 /* Recounts which peers hold each chunk of parcel pi (after a source list). */
 void agent_swarm_recount(struct node_agent *a, uint32_t pi);
 /* Reads the pages of the peers a parcel waits on every TESSERA_HAVE_CHASE_MS

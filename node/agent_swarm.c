@@ -577,6 +577,7 @@ static void on_have(struct fab_op *op, int status)
 	if (s->have == NULL && (s->have = malloc(2 * (size_t)bl)) == NULL)
 		return;
 	memcpy(s->have, h.have, bl);
+	s->have_page_ms = s->have_ms; /* this read's: none other was out */
 	memcpy(s->have + bl, h.busy, bl);
 	if (f->su.have == 0)
 		f->su.have = proto_wall_ms();
@@ -883,6 +884,80 @@ static uint64_t hrw(const char *id, uint32_t pi, uint32_t c)
 	return h ^ (h >> 32);
 }
 
+/*
+ * Stealing from the slowest owner. Owners take their even share of the
+ * trainer's chunks, but not at one pace: the trainer's link is shared
+ * per connection, and a reader whose rate was measured high early keeps a
+ * deep window that it drains at its share. Measured (8 nodes, 100 Mbit/s
+ * netns): readers finished their shares between 6.5 and 11.0 s, the last
+ * two alone on the trainer's link for its last 0.7 s (half of it idle,
+ * their windows sized for an eighth of it) and then alone relaying the
+ * last chunks to seven peers each. So a seed reader whose own chunks have
+ * all left the trainer takes one of an owner with chunks not started (at
+ * least STEAL_LEFT), the most such first, from the back half of its walk
+ * (which starts at start_point(owner), as ours does), and only:
+ *   - a chunk it stands in for (p->standin): it has the highest hrw among
+ *     the seed readers but the owner, so that two idle readers never take
+ *     the same one (unbounded, up to five did: the trainer sent 1.11 S);
+ *   - from an owner whose have-page we asked for within STEAL_FRESH_MS:
+ *     one read behind a peer's queued chunks is seconds old, and a chunk
+ *     its owner took long ago looked not started.
+ * The owner sees our busy bit on its next page of ours, before its walk
+ * gets there; if it got there first, the trainer sends a chunk twice
+ * (counted in its upload). Returns UINT32_MAX when there is none.
+ */
+#define STEAL_LEFT 4
+#define STEAL_FRESH_MS(poll) (3 * (poll))
+
+/* Whether the page of member k, as we hold it, was asked for since after. */
+static bool page_since(const struct agent_parcel *p, uint32_t k, uint64_t after)
+{
+	for (size_t j = 0; j < p->nsrcs; j++) {
+		const struct agent_source *s = &p->srcs[j];
+		if (s->info.peer && s->have != NULL && strcmp(s->info.id, p->members[k]) == 0)
+			return s->have_page_ms >= after;
+	}
+	return false;
+}
+
+uint32_t agent_swarm_steal(const struct node_agent *a, uint32_t pi)
+{
+	const struct agent_parcel *p = &a->fetch->parcels[pi];
+	uint32_t n = p->mp->nchunks, best = UINT32_MAX, best_left = 0, *left;
+	uint64_t now = agent_now_ms(), fresh = STEAL_FRESH_MS(proto_param(PROTO_PARAM_HAVE_POLL_MS));
+
+	if (!a->fanout || !p->seed || p->nmembers == 0 || p->standin == NULL ||
+	    (left = calloc(p->nmembers, sizeof(*left))) == NULL)
+		return UINT32_MAX;
+	for (uint32_t c = 0; c < n; c++)
+		if (!p->mine[c] && p->owner[c] < p->nmembers && p->owner_on[c] &&
+		    pub_wanted(p, c, false, 0, false))
+			left[p->owner[c]]++;
+	for (uint32_t k = 0; k < p->nmembers; k++) {
+		uint32_t skip = (left[k] + 1) / 2, rot; /* its next ones are left to it */
+		if (left[k] < STEAL_LEFT || left[k] <= best_left ||
+		    !page_since(p, k, now > fresh ? now - fresh : 0))
+			continue;
+		rot = start_point(p->members[k], pi, n);
+		for (uint32_t j = 0; j < n; j++) { /* the last one it would reach */
+			uint32_t c = (rot + j) % n;
+			if (p->mine[c] || p->owner[c] != k || !p->owner_on[c] ||
+			    !pub_wanted(p, c, false, 0, false))
+				continue;
+			if (skip > 0) {
+				skip--;
+				continue;
+			}
+			if (p->standin[c]) {
+				best = c;
+				best_left = left[k];
+			}
+		}
+	}
+	free(left);
+	return best;
+}
+
 static bool is_member(const struct agent_parcel *p, const char *id)
 {
 	for (uint32_t k = 0; k < p->nmembers; k++)
@@ -1026,6 +1101,15 @@ void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer)
 				mine = hrw(o->info.id, pi, c) < me;
 		}
 		p->mine[c] = mine;
+		/* Its stand-in: the highest of the other seed readers. */
+		uint64_t top = 0;
+		bool me_top = !mine && p->seed && p->owner[c] < p->nmembers && p->standin != NULL;
+		for (uint32_t k = 0; k < p->nmembers && me_top; k++)
+			if (k != p->owner[c] && seed[k] && strcmp(p->members[k], a->node_id) != 0 &&
+			    !agent_swarm_banned(f, p->members[k]))
+				top = PROTO_MAX(top, hrw(p->members[k], pi, c));
+		if (p->standin != NULL)
+			p->standin[c] = me_top && me > top;
 	}
 	free(load);
 	free(seed);
@@ -1088,11 +1172,17 @@ struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_
 		if ((pass == 1 && !p->hungry) || (pass == 2 && !starved))
 			break;
 		uint64_t patience = pass == 2 ? busy_patience(a, p) : 0;
-		if ((c = pub_next(p, pass, now > patience ? now - patience : 1,
-				  now - p->progress_ms >= patience)) == UINT32_MAX)
+		bool stolen = false;
+		c = pub_next(p, pass, now > patience ? now - patience : 1, now - p->progress_ms >= patience);
+		if (c == UINT32_MAX && pass == 0 && (c = agent_swarm_steal(a, pi)) != UINT32_MAX)
+			stolen = true;
+		if (c == UINT32_MAX)
 			continue;
 		if ((s = holder(a, p, c, false, NULL, now)) == NULL)
 			return NULL; /* no publisher with room */
+		if (stolen)
+			LOG_DEBUG("node %s: parcel %u: our chunks have left the trainer: chunk %u of "
+				  "%s's from %s", a->node_id, pi, c, p->members[p->owner[c]], s->info.id);
 		if (pass == 2)
 			LOG_DEBUG("node %s: parcel %u: starved for %" PRIu64 " ms: chunk %u from %s",
 				  a->node_id, pi, now - p->progress_ms, c, s->info.id);

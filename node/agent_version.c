@@ -38,6 +38,7 @@ void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
 		free(p->mine);
 		free(p->owner);
 		free(p->owner_on);
+		free(p->standin);
 		free(p->members);
 		free(p->wire);
 	}
@@ -142,9 +143,10 @@ static int setup_parcels(struct node_agent *a)
 		p->mine = malloc(mp->nchunks + 1);
 		p->owner = calloc(mp->nchunks + 1, sizeof(*p->owner));
 		p->owner_on = calloc(mp->nchunks + 1, 1);
+		p->standin = calloc(mp->nchunks + 1, 1);
 		if (p->state == NULL || p->asked == NULL || p->nlive == NULL || p->avail == NULL ||
 		    p->peer_busy == NULL || p->busy_ms == NULL || p->mine == NULL || p->owner == NULL ||
-		    p->owner_on == NULL)
+		    p->owner_on == NULL || p->standin == NULL)
 			return -ENOMEM;
 		memset(p->mine, 1, mp->nchunks + 1);
 		if (f->delta && (p->wire = malloc(PROTO_MAX(mp->wire_bytes, 1))) == NULL)

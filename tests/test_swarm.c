@@ -101,6 +101,139 @@ static void test_swarm_owners_even(void **state)
 }
 
 /*
+ * Stealing (agent_swarm_steal): a seed reader whose own chunks have all
+ * left the trainer takes one of another owner's that it stands in for.
+ * Eight members compute owners and stand-ins from the same list: every
+ * chunk has one stand-in, never its owner, so idle readers that steal at
+ * once take different chunks (the trainer sends none twice for that);
+ * nothing is taken from an owner whose have-page is stale, from an owner
+ * with fewer than STEAL_LEFT chunks not started, a chunk a peer is
+ * fetching, or by a member that is not a seed reader.
+ */
+enum { SN = 8, SCHUNKS = 124 };
+struct steal_view {
+	struct node_agent a;
+	struct agent_fetch f;
+	struct agent_parcel p;
+	struct proto_mparcel mp;
+	struct agent_source srcs[SN];
+	uint8_t have[SN][2 * ((SCHUNKS + 7) / 8)];
+	uint8_t mine[SCHUNKS], state[SCHUNKS], peer_busy[SCHUNKS], owner_on[SCHUNKS];
+	uint8_t standin[SCHUNKS];
+	uint16_t avail[SCHUNKS];
+	uint32_t owner[SCHUNKS];
+};
+
+static void steal_view_init(struct steal_view *v, int i, json_t *ans)
+{
+	v->a.fanout = true;
+	v->a.fetch = &v->f;
+	snprintf(v->a.node_id, sizeof(v->a.node_id), "R%d/0", i + 1);
+	v->f.parcels = &v->p;
+	v->f.nparcels = 1;
+	v->mp.nchunks = SCHUNKS;
+	v->p.mp = &v->mp;
+	v->p.mine = v->mine;
+	v->p.state = v->state;
+	v->p.peer_busy = v->peer_busy;
+	v->p.owner_on = v->owner_on;
+	v->p.standin = v->standin;
+	v->p.avail = v->avail;
+	v->p.owner = v->owner;
+	agent_swarm_owners(&v->a, 0, ans);
+	assert_true(v->p.seed);
+	/* Every other member's page, read just now; ours all left the trainer. */
+	for (int k = 0, j = 0; k < SN; k++) {
+		if (k == i)
+			continue;
+		v->srcs[j].info.peer = true;
+		snprintf(v->srcs[j].info.id, sizeof(v->srcs[j].info.id), "R%d/0", k + 1);
+		v->srcs[j].have = v->have[j];
+		v->srcs[j].have_page_ms = agent_now_ms();
+		j++;
+	}
+	v->p.srcs = v->srcs;
+	v->p.nsrcs = SN - 1;
+	for (uint32_t c = 0; c < SCHUNKS; c++) {
+		v->owner_on[c] = v->owner[c] < v->p.nmembers;
+		v->state[c] = v->mine[c] ? 2 : 0;
+	}
+}
+
+static void test_swarm_steal(void **state)
+{
+	json_t *ans = json_pack("{s:[]}", "members");
+	struct steal_view *v = calloc(SN, sizeof(*v));
+	uint32_t got[SN];
+	char id[TRK_ID_MAX];
+	int stole = 0;
+
+	assert_non_null(v);
+	for (int i = 0; i < SN; i++) {
+		snprintf(id, sizeof(id), "R%d/0", i + 1);
+		json_array_append_new(json_object_get(ans, "members"), json_string(id));
+	}
+	for (int i = 0; i < SN; i++)
+		steal_view_init(&v[i], i, ans);
+	for (uint32_t c = 0; c < SCHUNKS; c++) {
+		int owners = 0, standins = 0;
+		for (int i = 0; i < SN; i++) {
+			owners += v[i].mine[c];
+			standins += v[i].standin[c];
+			assert_false(v[i].mine[c] && v[i].standin[c]);
+		}
+		assert_int_equal(owners, 1);
+		assert_int_equal(standins, 1);
+	}
+	/* Everyone idle at once: different chunks, each of another owner. */
+	for (int i = 0; i < SN; i++) {
+		got[i] = agent_swarm_steal(&v[i].a, 0);
+		if (got[i] == UINT32_MAX)
+			continue;
+		stole++;
+		assert_true(got[i] < SCHUNKS);
+		assert_false(v[i].mine[got[i]]);
+		assert_true(v[i].standin[got[i]]);
+		for (int k = 0; k < i; k++)
+			assert_true(got[k] != got[i]);
+	}
+	assert_true(stole > 0);
+	for (int i = 0; i < SN; i++) {
+		struct steal_view *w = &v[i];
+		uint32_t c = got[i];
+		if (c == UINT32_MAX)
+			continue;
+		/* A peer is fetching it (its busy bit): another one, or none. */
+		w->peer_busy[c] = 1;
+		assert_true(agent_swarm_steal(&w->a, 0) != c);
+		w->peer_busy[c] = 0;
+		/* Not a seed reader: nothing. */
+		w->p.seed = false;
+		assert_int_equal(agent_swarm_steal(&w->a, 0), UINT32_MAX);
+		w->p.seed = true;
+		/* The pages are stale: nothing. */
+		for (int k = 0; k < SN - 1; k++)
+			w->srcs[k].have_page_ms = 0;
+		assert_int_equal(agent_swarm_steal(&w->a, 0), UINT32_MAX);
+		for (int k = 0; k < SN - 1; k++)
+			w->srcs[k].have_page_ms = agent_now_ms();
+		/* Every owner has three chunks not started: left to them. */
+		uint32_t left[SN] = {0};
+		for (uint32_t k = 0; k < SCHUNKS; k++) {
+			if (w->mine[k])
+				continue;
+			w->state[k] = left[w->owner[k]] < 3 ? 0 : 2;
+			left[w->owner[k]]++;
+		}
+		assert_int_equal(agent_swarm_steal(&w->a, 0), UINT32_MAX);
+	}
+	for (int i = 0; i < SN; i++)
+		free(v[i].p.members);
+	free(v);
+	json_decref(ans);
+}
+
+/*
  * How soon a parcel asks for sources again (agent_sources_gap): early in a
  * fetch, while the tracker lists peers but no publisher yet (a version is
  * announced before its publisher's offer lands), every SOURCES_EARLY_MS;
@@ -872,6 +1005,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_swarm_owners_even),
+		cmocka_unit_test(test_swarm_steal),
 		cmocka_unit_test(test_swarm_sources_early),
 		cmocka_unit_test(test_swarm_reads_follow),
 		cmocka_unit_test(test_swarm_fresh_first_read),
