@@ -831,6 +831,8 @@ static int post_window(struct node_agent *a, struct xl_read *xr, struct xl_op *o
 		agent_source_failed(a, s);
 		return rc;
 	}
+	if (a->fetch != NULL && a->fetch->su.read == 0) /* start-up line: reads from a holder */
+		a->fetch->su.read = proto_wall_ms();
 	xr->next++;
 	xr->live++;
 	return 0;
@@ -866,6 +868,9 @@ static void on_have_map(struct fab_op *op, int status)
 			x->cov_gen++;
 		}
 		h->hv_ready = true;
+		/* The start-up line's first have-page: a holder's map. */
+		if (a->fetch != NULL && a->fetch->su.have == 0)
+			a->fetch->su.have = proto_wall_ms();
 	}
 	agent_pump(a);
 }
