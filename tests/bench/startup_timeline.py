@@ -9,9 +9,9 @@ DIR holds the logs of a run (deploy/netns-cluster.sh --keep DIR, or
 its creation: ..." and each node log's "vN start-up, ms from the
 manifest's creation: ...". TRACE is the tracker's TESSERA_TRACKER_TRACE
 file; its first line "W NS MS" puts its monotonic clock on the wall clock,
-and its requests answered within 3 s of a version's creation are listed by
-kind (the first, median and last answer's last byte written, ms from the
-creation). Prints, per version, the publisher's steps and, per node step,
+and its requests answered from a version's creation until 3 s after it, or
+after the last publisher or node step if later, are listed by kind (the
+first, median and last answer's last byte written, ms from the creation). Prints, per version, the publisher's steps and, per node step,
 the first, median and last rank.
 """
 import glob
@@ -36,7 +36,7 @@ def kind(uri):
               "/heartbeat", "/holders", "/addenda"):
         if k in path:
             return k[1:]
-    return path
+    return path.replace("/api/v1/", "", 1)
 
 
 def spread(xs):
@@ -82,12 +82,17 @@ def main():
             created, st = pub[v]
             print("  publisher: " + ", ".join("%s %s" % (k, x) for k, x in st))
         if created is not None and trace:
+            # A loaded machine's publish can take over 3 s: the window
+            # reaches past the version's last step.
+            last = [x for _, x in st if x is not None]
+            last += [x for r in nodes.get(v, []) for _, x in r if x is not None]
+            span = max([3000] + [x + 1000 for x in last])
             byk = {}
             for wall, head, k in trace:
-                if created <= wall <= created + 3000:
+                if created <= wall <= created + span:
                     byk.setdefault(k, []).append(wall - created)
             for k in sorted(byk, key=lambda k: min(byk[k])):
-                print("  tracker %-16s written: %s" % (k, spread([int(x) for x in byk[k]])))
+                print("  tracker %-20s written: %s" % (k, spread([int(x) for x in byk[k]])))
         if v in nodes:
             names = [k for k, _ in nodes[v][0]]
             print("  nodes (first / median / last rank, ms from creation):")
