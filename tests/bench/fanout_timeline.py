@@ -61,9 +61,15 @@ def events(keep):
 
 
 def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
     keep = sys.argv[1]
     step = int(sys.argv[2]) if len(sys.argv) > 2 else 250
-    links = [list(map(int, x.split())) for x in open(keep + "/links.tsv") if x.strip()]
+    try:
+        links = [list(map(int, x.split())) for x in open(keep + "/links.tsv") if x.strip()]
+    except OSError as e:
+        sys.exit("%s: %s (a deploy/netns-cluster.sh run with --links DIR/links.tsv; "
+                 "`tessera cluster` keeps no link counters)" % (sys.argv[0], e))
     nn = (len(links[0]) - 2) // 2
     nodes = ["R%d" % (i + 1) for i in range(nn)]
     first = next(i for i in range(1, len(links)) if links[i][1] - links[i - 1][1] > 100000) - 1
