@@ -93,7 +93,8 @@ bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex)
  * its result is refused anyway (the synthetic fixture's versions are
  * unrelated random bytes), so the encoder's scan, which counts the changes
  * anyway, stops it once more than twice TESSERA_DELTA_MAX_PERCENT of the
- * elements changed (no sampling pass of its own).
+ * elements changed (no sampling pass of its own). At the default 50 % that
+ * is every element: no limit, and a dense child is encoded whole.
  */
 static uint64_t max_changed(const struct proto_dparcel *dp)
 {
