@@ -342,8 +342,7 @@ struct node_agent {
 	uint64_t failed_ms;
 	uint64_t target; /* the replica's target, as the tracker last said */
 	bool syncing;
-	/* Sibling wake-ups (agent_poke.c): the socket, when poke_ev is set. */
-	int poke_fd;
+	/* Sibling wake-ups (agent_poke.c): watches the bound socket. */
 	struct event *poke_ev;
 	uint32_t poke_asks; /* pokes that made it ask the tracker */
 	struct agent_fetch *fetch;

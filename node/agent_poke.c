@@ -68,7 +68,6 @@ void agent_poke_open(struct node_agent *a)
 	struct sockaddr_un sa;
 	socklen_t len;
 
-	a->poke_fd = -1;
 	if (a->layout.nranks < 2 || a->o.tracker_url == NULL || a->o.replica == NULL)
 		return;
 	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -86,19 +85,18 @@ void agent_poke_open(struct node_agent *a)
 			event_free(a->poke_ev);
 		a->poke_ev = NULL;
 		close(fd);
-		return;
 	}
-	a->poke_fd = fd;
 }
 
 void agent_poke_close(struct node_agent *a)
 {
 	if (a->poke_ev == NULL)
 		return;
+	int fd = event_get_fd(a->poke_ev);
+
 	event_free(a->poke_ev);
 	a->poke_ev = NULL;
-	close(a->poke_fd);
-	a->poke_fd = -1;
+	close(fd);
 }
 
 void agent_poke_siblings(struct node_agent *a, uint64_t version)
@@ -113,7 +111,7 @@ void agent_poke_siblings(struct node_agent *a, uint64_t version)
 			continue;
 		poke_name(a, r, &sa, &len);
 		/* Not there (another host), or its queue full: it polls. */
-		(void)sendto(a->poke_fd, &version, sizeof(version), MSG_DONTWAIT,
+		(void)sendto(event_get_fd(a->poke_ev), &version, sizeof(version), MSG_DONTWAIT,
 			     (struct sockaddr *)&sa, len);
 	}
 }

@@ -80,7 +80,7 @@ static void test_poke(void **state)
 	/* Bad datagrams from anyone on the host: ignored. */
 	struct sockaddr_un sa;
 	socklen_t len = sizeof(sa);
-	assert_int_equal(getsockname(r1.a.poke_fd, (struct sockaddr *)&sa, &len), 0);
+	assert_int_equal(getsockname(event_get_fd(r1.a.poke_ev), (struct sockaddr *)&sa, &len), 0);
 	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	assert_true(fd >= 0);
 	static const uint8_t bad[][12] = {{1, 2, 3}, {5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}};
