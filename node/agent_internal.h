@@ -345,6 +345,8 @@ struct node_agent {
 	/* Sibling wake-ups (agent_poke.c): watches the bound socket. */
 	struct event *poke_ev;
 	uint32_t poke_asks; /* pokes that made it ask the tracker */
+	struct event *poke_retry_ev; /* its name was taken: binding again */
+	uint32_t poke_tries;
 	struct agent_fetch *fetch;
 	struct agent_fetch *stopped_fetch; /* node_agent_stop -> node_agent_free */
 	uint64_t gen;
@@ -778,7 +780,8 @@ void agent_chain_end(struct node_agent *a, bool failed);
 
 /* ---- agent_poke.c ---- */
 
-/* Binds this rank's wake-up socket (nothing when it cannot: it polls). */
+/* Binds this rank's wake-up socket (nothing when it cannot: it polls; a
+ * name another process holds is tried again, a bounded while). */
 void agent_poke_open(struct node_agent *a);
 void agent_poke_close(struct node_agent *a);
 /* The tracker took our verified report of version: the replica's other

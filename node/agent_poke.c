@@ -63,33 +63,80 @@ static void on_poke(evutil_socket_t fd, short what, void *arg)
 		agent_sync_now(a);
 }
 
-void agent_poke_open(struct node_agent *a)
+/* How often, and how many times, a rank whose name another process holds
+ * (a node of the same rank still going away) tries to bind it again. */
+#define POKE_RETRY_MS 200u
+#define POKE_TRIES 300u /* 60 s */
+
+/* Binds and watches this rank's socket: 0, or a negative errno (nothing
+ * left open). */
+static int poke_bind(struct node_agent *a)
 {
 	struct sockaddr_un sa;
 	socklen_t len;
-
-	if (a->layout.nranks < 2 || a->o.tracker_url == NULL || a->o.replica == NULL)
-		return;
 	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
 	if (fd < 0)
-		return;
+		return -errno;
 	poke_name(a, a->o.rank, &sa, &len);
-	if (bind(fd, (struct sockaddr *)&sa, len) != 0 ||
-	    (a->poke_ev = event_new(a->base, fd, EV_READ | EV_PERSIST, on_poke, a)) == NULL ||
+	if (bind(fd, (struct sockaddr *)&sa, len) != 0) {
+		int rc = -errno;
+		close(fd);
+		return rc;
+	}
+	if ((a->poke_ev = event_new(a->base, fd, EV_READ | EV_PERSIST, on_poke, a)) == NULL ||
 	    event_add(a->poke_ev, NULL) != 0) {
-		/* Another process holds the name (a node of the same rank
-		 * still going away): this one polls, as across hosts. */
-		LOG_DEBUG("node %s: no sibling wake-ups: %s", a->node_id,
-			  a->poke_ev == NULL ? strerror(errno) : "cannot watch the socket");
 		if (a->poke_ev != NULL)
 			event_free(a->poke_ev);
 		a->poke_ev = NULL;
 		close(fd);
+		return -ENOMEM;
 	}
+	return 0;
+}
+
+static void on_poke_retry(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+
+	(void)fd;
+	(void)what;
+	a->poke_tries++;
+	int rc = poke_bind(a);
+	if (rc == 0) {
+		LOG_INFO("node %s: sibling wake-ups on: the name of rank %u was free after %u "
+			 "tries", a->node_id, a->o.rank, a->poke_tries);
+	} else if (rc == -EADDRINUSE && a->poke_tries < POKE_TRIES) {
+		agent_arm(a->poke_retry_ev, POKE_RETRY_MS);
+	} else {
+		LOG_INFO("node %s: no sibling wake-ups (%s after %u tries): this rank polls the "
+			 "tracker", a->node_id, strerror(-rc), a->poke_tries);
+	}
+}
+
+void agent_poke_open(struct node_agent *a)
+{
+	if (a->layout.nranks < 2 || a->o.tracker_url == NULL || a->o.replica == NULL)
+		return;
+	int rc = poke_bind(a);
+	if (rc == 0 || rc != -EADDRINUSE)
+		return; /* bound, or no socket at all here: it polls, as across hosts */
+	/* Another process holds the name (a node of the same rank still
+	 * going away): this one polls meanwhile and tries again. */
+	LOG_DEBUG("node %s: the wake-up name of rank %u is taken: polling until it is free",
+		  a->node_id, a->o.rank);
+	a->poke_tries = 0;
+	if (a->poke_retry_ev == NULL)
+		a->poke_retry_ev = evtimer_new(a->base, on_poke_retry, a);
+	if (a->poke_retry_ev != NULL)
+		agent_arm(a->poke_retry_ev, POKE_RETRY_MS);
 }
 
 void agent_poke_close(struct node_agent *a)
 {
+	if (a->poke_retry_ev != NULL)
+		event_free(a->poke_retry_ev);
+	a->poke_retry_ev = NULL;
 	if (a->poke_ev == NULL)
 		return;
 	int fd = event_get_fd(a->poke_ev);

@@ -2,7 +2,8 @@
  * poke for the version a rank holds verified makes it ask the tracker; one
  * for another version, one that is not 8 bytes, or one while it is not
  * waiting does not; another replica's (or tracker's) ranks are not reached;
- * a second rank of the same name polls (no socket). */
+ * a second rank of the same name polls (no socket) until the first lets the
+ * name go, then binds it and is woken. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -100,8 +101,21 @@ static void test_poke(void **state)
 	assert_null(solo.a.poke_ev);
 	agent_poke_siblings(&solo.a, 5);
 
-	agent_poke_close(&r0.a);
+	/* The rank that held the name goes away: its twin binds it on a
+	 * later try (bounded wait) and is woken from then on. */
+	assert_non_null(twin.a.poke_retry_ev);
 	agent_poke_close(&r1.a);
+	for (int i = 0; i < 3000 && twin.a.poke_ev == NULL; i++)
+		event_base_loop(base, EVLOOP_ONCE);
+	assert_non_null(twin.a.poke_ev);
+	assert_true(twin.a.poke_tries >= 1);
+	twin.a.fetch = &twin.f;
+	twin.f.verified = true;
+	agent_poke_siblings(&r0.a, 5);
+	drain(base);
+	assert_int_equal(twin.a.poke_asks, 1);
+
+	agent_poke_close(&r0.a);
 	agent_poke_close(&other.a);
 	agent_poke_close(&twin.a);
 	agent_poke_close(&solo.a);
