@@ -994,10 +994,12 @@ static void rebuilt(int rc, const struct proto_err *err, const struct node_rebui
 	LOG_INFO("node %s: v%" PRIu64 " rebuilt from v%" PRIu64 " by delta (%" PRIu64
 		 " wire bytes for %" PRIu64 " bytes, every piece's checksum verified, %" PRIu64
 		 " ms after the last chunk; %s; the parent took %" PRIu64 " ms, %" PRIu64
-		 " ms of it after the apply was handed over; the apply %" PRIu64 " ms, from %u of %u "
-		 "parcels landed before the last chunk; parent checksums %s)",
+		 " ms of it after the apply was handed over; the apply %" PRIu64 " ms (%" PRIu64
+		 " ms of CPU, %" PRIu64 " page faults), from %u of %u parcels landed before the "
+		 "last chunk; parent checksums %s)",
 		 a->node_id, f->version, f->man.parent_version, f->bytes_total, f->slot->len,
-		 f->rebuild_ms, how, t->copy_ms, t->wait_ms, t->apply_ms, f->fed_early, f->nparcels,
+		 f->rebuild_ms, how, t->copy_ms, t->wait_ms, t->apply_ms, t->apply_cpu_ms,
+		 t->apply_faults, f->fed_early, f->nparcels,
 		 known == f->nparcels && known > 0 ? "kept (sparse: only changed positions read)"
 		 : known > 0 ? "kept for some parcels, read from the slot for the others"
 			     : "read from the slot");

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #define COPY_BLOCK (8u << 20) /* the copy checks for a stop between blocks */
@@ -44,6 +45,19 @@ struct node_rebuild {
 static uint64_t ms_between(uint64_t from_ns, uint64_t to_ns)
 {
 	return to_ns > from_ns ? (to_ns - from_ns) / 1000000 : 0;
+}
+
+/* The process's CPU time (us) and minor faults so far. */
+static void usage_now(uint64_t *cpu_us, uint64_t *faults)
+{
+	struct rusage ru;
+
+	*cpu_us = *faults = 0;
+	if (getrusage(RUSAGE_SELF, &ru) != 0)
+		return;
+	*cpu_us = (uint64_t)ru.ru_utime.tv_sec * 1000000 + (uint64_t)ru.ru_utime.tv_usec +
+		  (uint64_t)ru.ru_stime.tv_sec * 1000000 + (uint64_t)ru.ru_stime.tv_usec;
+	*faults = (uint64_t)ru.ru_minflt;
 }
 
 /* Copies src to dst whole: true, or false when stopped. */
@@ -111,7 +125,8 @@ static void *worker(void *arg)
 	if (stop)
 		return NULL;
 	rb->t.wait_ms = ms_between(rb->asked_ns, copied);
-	uint64_t t1 = proto_now_ns();
+	uint64_t t1 = proto_now_ns(), cpu0, flt0, cpu1, flt1;
+	usage_now(&cpu0, &flt0);
 	rb->rc = rb->fn(rb->fn_arg, &rb->err);
 	if (rb->rc != 0 && !rb->t.dense) {
 		/* The caught-up slot is not the parent (the apply's parent
@@ -125,6 +140,9 @@ static void *worker(void *arg)
 		rb->rc = rb->fn(rb->fn_arg, &rb->err);
 	}
 	rb->t.apply_ms = ms_between(t1, proto_now_ns());
+	usage_now(&cpu1, &flt1);
+	rb->t.apply_cpu_ms = (cpu1 - cpu0) / 1000;
+	rb->t.apply_faults = flt1 - flt0;
 	uint64_t one = 1;
 	if (write(rb->efd, &one, sizeof(one)) != (ssize_t)sizeof(one))
 		abort(); /* an eventfd write fails only on overflow: cannot happen */

@@ -41,6 +41,10 @@ typedef int (*node_rebuild_fn)(void *arg, struct proto_err *err);
  * all the same, why (else ""). */
 struct node_rebuild_times {
 	uint64_t copy_ms, wait_ms, apply_ms, catchup_ms;
+	/* The apply's CPU time and minor page faults, the whole process's
+	 * (its threads are the apply's own while it runs, and a loop that
+	 * mostly waits): figures the machine's load does not stretch. */
+	uint64_t apply_cpu_ms, apply_faults;
 	bool dense;
 	char fallback[300];
 };
