@@ -304,6 +304,10 @@ static int scrub_run(void *arg, struct proto_err *err)
 	struct agent_scrub *sc = arg;
 
 	(void)err;
+	/* After an anchor or a whole fetch: the first delta's apply finds its
+	 * workers made (proto_delta_apply_warm), as every later one does. */
+	if (sc->learn != NULL)
+		(void)proto_delta_apply_warm(node_verifier_threads());
 	for (uint32_t i = 0; sc->learn != NULL && i < sc->learn->nparcels; i++) {
 		struct agent_psums *ps = &sc->learn->p[i];
 		for (uint32_t q = 0; q < ps->npieces && !__atomic_load_n(&sc->stop, __ATOMIC_RELAXED);

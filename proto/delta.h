@@ -268,6 +268,12 @@ void proto_delta_fini(struct proto_delta *d);
 int proto_delta_check_parent(const struct proto_delta *d, const struct proto_delta_parent *parent,
 			     struct proto_err *err);
 
+/* Makes sure threads (at most 16) apply workers are kept ready, their
+ * windows' pages faulted in, so that the next apply on that many threads
+ * starts without mapping any (a node calls it while it waits for its
+ * first delta). 0, or -ENOMEM (those made are kept). Thread-safe. */
+int proto_delta_apply_warm(unsigned threads);
+
 /*
  * Applies d in place. parent identifies the version the buffers come from
  * (its digest must equal d->parent_digest). bufs[i], for each child tensor i,

@@ -826,6 +826,63 @@ static void test_checksum_catches(void **state)
 	}
 }
 
+/* Apply workers are kept between applies (proto_delta_apply_warm makes
+ * them ahead): applies after a warm-up, after an apply that failed and was
+ * undone, and on more threads than were warmed all end bit-exact, and the
+ * failed one leaves its buffers as they were. */
+static void test_warm_workers(void **state)
+{
+	struct tspec ts[] = {{"a", PROTO_DT_BF16, 70000}, {"b", PROTO_DT_FP32, 9000}};
+	struct fz_version p, c;
+	uint64_t seed = 5;
+	size_t len;
+
+	(void)state;
+	assert_int_equal(proto_delta_apply_warm(2), 0);
+	assert_int_equal(proto_delta_apply_warm(0), 0);
+	mkver(&p, ts, 2);
+	fill_random(&p, 21);
+	clone(&c, &p);
+	for (uint32_t t = 0; t < 2; t++)
+		for (uint64_t b = 0; b < c.m.tensors[t].nbytes; b++)
+			if (fz_rand(&seed) % 40 == 0)
+				c.data[t][b] ^= 0x11;
+	resum(&c);
+	uint8_t *buf = encode_on(&p, &c, 4096, 2, &len);
+	struct proto_delta d;
+	struct proto_err err = {{0}};
+	assert_int_equal(proto_delta_parse(buf, len, &d, &err), 0);
+	/* The first changed byte of tensor 0: damaged there, the parent is refused. */
+	uint64_t at = 0;
+	while (p.data[0][at] == c.data[0][at])
+		at++;
+	for (int round = 0; round < 3; round++) {
+		unsigned th = round == 2 ? 5 : 2;
+		uint8_t *bufs[2];
+		for (uint32_t i = 0; i < 2; i++) {
+			bufs[i] = malloc(p.m.tensors[i].nbytes);
+			assert_non_null(bufs[i]);
+			memcpy(bufs[i], p.data[i], p.m.tensors[i].nbytes);
+		}
+		struct proto_delta_parent par = {p.header, p.header_len, p.m.ntensors, p.sums};
+		bufs[0][at] ^= 0x80;
+		assert_true(proto_delta_apply(&d, &par, bufs, th, &err) < 0);
+		assert_int_equal(memcmp(bufs[1], p.data[1], p.m.tensors[1].nbytes), 0);
+		bufs[0][at] ^= 0x80;
+		assert_int_equal(memcmp(bufs[0], p.data[0], p.m.tensors[0].nbytes), 0);
+		if (proto_delta_apply(&d, &par, bufs, th, &err) != 0)
+			fail_msg("apply on kept workers: %s", err.msg);
+		for (uint32_t i = 0; i < 2; i++) {
+			assert_memory_equal(bufs[i], c.data[i], c.m.tensors[i].nbytes);
+			free(bufs[i]);
+		}
+	}
+	proto_delta_fini(&d);
+	free(buf);
+	fz_free(&p);
+	fz_free(&c);
+}
+
 /* The touched checksums: the encoder writes them (flag set), and apply
  * requires the parent's elements it reads at the changed positions to sum
  * to them. A parent damaged at a changed position passes the movement check
@@ -1112,6 +1169,7 @@ int main(void)
 		cmocka_unit_test(test_forged_streams),
 		cmocka_unit_test(test_checksum_catches),
 		cmocka_unit_test(test_touched),
+		cmocka_unit_test(test_warm_workers),
 		cmocka_unit_test(test_corpus),
 		cmocka_unit_test(test_cli),
 	};
