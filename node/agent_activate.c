@@ -73,7 +73,10 @@ int agent_write_expose(struct node_agent *a, struct node_slot *slot, const uint8
 	expose_path(a, path, sizeof(path));
 	if ((txt = record_text(a, slot, slot->version, digest)) == NULL)
 		return proto_errf(err, ENOMEM, "%s: out of memory", path);
-	rc = proto_write_file_atomic(path, txt, strlen(txt), 0644, err);
+	/* Written on the way to the switch: replaced atomically, not fsync'ed.
+	 * What it names (a memfd of this process) does not outlive a crash of
+	 * the machine, which is all an fsync would guard against. */
+	rc = proto_write_file_replace(path, txt, strlen(txt), 0644, err);
 	free(txt);
 	return rc;
 }

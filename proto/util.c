@@ -2,6 +2,7 @@
 #include "proto/util.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -110,8 +111,8 @@ fail:
 	return rc;
 }
 
-int proto_write_file_atomic(const char *path, const void *buf, size_t len,
-			    mode_t mode, struct proto_err *err)
+static int write_file(const char *path, const void *buf, size_t len, mode_t mode, bool sync,
+		      struct proto_err *err)
 {
 	char tmp[4096];
 	const uint8_t *p = buf;
@@ -134,7 +135,7 @@ int proto_write_file_atomic(const char *path, const void *buf, size_t len,
 		p += n;
 		len -= (size_t)n;
 	}
-	if (fsync(fd) != 0 || close(fd) != 0) {
+	if ((sync && fsync(fd) != 0) || close(fd) != 0) {
 		fd = -1;
 		rc = proto_errf(err, errno, "%s: %s", tmp, strerror(errno));
 		goto fail;
@@ -150,6 +151,18 @@ fail:
 		close(fd);
 	unlink(tmp);
 	return rc;
+}
+
+int proto_write_file_atomic(const char *path, const void *buf, size_t len,
+			    mode_t mode, struct proto_err *err)
+{
+	return write_file(path, buf, len, mode, true, err);
+}
+
+int proto_write_file_replace(const char *path, const void *buf, size_t len, mode_t mode,
+			     struct proto_err *err)
+{
+	return write_file(path, buf, len, mode, false, err);
 }
 
 int proto_sync_file(const char *path, struct proto_err *err)

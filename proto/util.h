@@ -48,6 +48,16 @@ int proto_read_file(const char *path, size_t cap, uint8_t **buf, size_t *len,
  */
 int proto_write_file_atomic(const char *path, const void *buf, size_t len,
 			    mode_t mode, struct proto_err *err);
+
+/*
+ * The same without the fsync: readers on this machine see the old bytes or
+ * the new ones, never a mix, but a crash of the machine may lose either.
+ * For records that describe this process's memory (a node's activation
+ * record names a memfd of its own), which such a crash loses anyway: an
+ * fsync there took 4 ms at the median and up to 170 ms on a busy disk.
+ */
+int proto_write_file_replace(const char *path, const void *buf, size_t len, mode_t mode,
+			     struct proto_err *err);
 /* The same for a JSON value, dumped with jansson's flags (mode 0644). */
 struct json_t;
 int proto_write_json_atomic(const char *path, const struct json_t *j, size_t flags,

@@ -1,7 +1,8 @@
 /* Activation records as readers see them (node/expose.c): a live one is
  * read; a missing, malformed or oversized one is refused with one line; a
  * stale one (its node process gone, or its pid now another process's) is
- * refused as stale; a node removes only a record that names it. */
+ * refused as stale; a node removes only a record that names it, and
+ * replaces it whole (no fsync: proto_write_file_replace). */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -77,6 +78,33 @@ static void test_live_record(void **state)
 	write_record(e, (long)getpid(), e->memfd);
 	assert_int_equal(node_expose_read(e->rec, &j, &err), 0);
 	assert_int_equal(json_integer_value(json_object_get(j, "version")), 7);
+	json_decref(j);
+}
+
+/* A node replaces its record without an fsync (proto_write_file_replace):
+ * readers see the old record or the new one, and a write that cannot be
+ * made leaves the old one and no temporary file. */
+static void test_record_replaced(void **state)
+{
+	struct env *e = *state;
+	struct proto_err err;
+	char txt[512], bad[600];
+	json_t *j;
+
+	write_record(e, (long)getpid(), e->memfd);
+	snprintf(txt, sizeof(txt),
+		 "{\"store\":\"host\",\"memfd_path\":\"/proc/%ld/fd/%d\",\"size\":4096,"
+		 "\"version\":8,\"replica\":\"A\",\"rank\":0,\"pid\":%ld}",
+		 (long)getpid(), e->memfd, (long)getpid());
+	assert_int_equal(proto_write_file_replace(e->rec, txt, strlen(txt), 0644, &err), 0);
+	assert_int_equal(node_expose_read(e->rec, &j, &err), 0);
+	assert_int_equal(json_integer_value(json_object_get(j, "version")), 8);
+	json_decref(j);
+	snprintf(bad, sizeof(bad), "%s/no-such-dir/A-0.json", e->dir);
+	assert_true(proto_write_file_replace(bad, txt, strlen(txt), 0644, &err) < 0);
+	assert_int_equal(tu_sh("test $(ls -a %s | wc -l) -eq 3", e->dir), 0); /* . .. A-0.json */
+	assert_int_equal(node_expose_read(e->rec, &j, &err), 0);
+	assert_int_equal(json_integer_value(json_object_get(j, "version")), 8);
 	json_decref(j);
 }
 
@@ -162,6 +190,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_live_record, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_record_replaced, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stale_records, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_records, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_remove_only_own, setup, teardown),
