@@ -353,6 +353,15 @@ void proto_dparcel_fini(struct proto_dparcel *d);
 int proto_dparcel_encode(const struct proto_dparcel *d, const uint8_t *parent,
 			 const uint8_t *child, const struct proto_delta_opts *o, uint8_t **out,
 			 size_t *out_len, struct proto_delta_stats *st, struct proto_err *err);
+/* The same with each piece's bytes where they lie: parent[i] and child[i]
+ * point at piece i's len bytes (d->npieces each), e.g. straight into the
+ * source rank's memory where a piece is contiguous there, so nothing is
+ * gathered first. The delta is the one proto_dparcel_encode makes of the
+ * same bytes. */
+int proto_dparcel_encode_at(const struct proto_dparcel *d, const uint8_t *const *parent,
+			    const uint8_t *const *child, const struct proto_delta_opts *o,
+			    uint8_t **out, size_t *out_len, struct proto_delta_stats *st,
+			    struct proto_err *err);
 /* Applies a parcel delta in place to a destination block holding the
  * parent: parses it (hostile bytes), takes each piece's parent checksum from
  * the block itself (a damaged parent is refused), patches the changed

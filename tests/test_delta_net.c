@@ -784,12 +784,12 @@ static void test_every_model_dir_runs_out(void **state)
 	assert_int_equal(file_count(log, "holds only"), 1);
 }
 
-/* The publisher gathered v1 into raw buffers it touched before its first
- * export (node__pub_prefault_first), and gathers v3 on into the raw
- * buffers v1 and v2 gave back (two trainer ranks: two a version), which
- * hold those versions' bytes, and keeps its snapshot blocks: every
- * version the node rebuilds from the deltas is bit-exact, so no byte of an
- * older version leaks into a newer one. The node builds each of v3..v5 by
+/* The publisher took v1's snapshot into blocks it touched before its
+ * first export (node__pub_prefault_first), v2's into blocks touched while
+ * v1 went out, and v3's on into the blocks the parent before the last gave
+ * back (two trainer ranks: two a version), which hold those versions'
+ * bytes: every version the node rebuilds from the deltas is bit-exact, so
+ * no byte of an older version leaks into a newer one. The node builds each of v3..v5 by
  * rotation, in the slot it retired at the last activation, and says it
  * made no dense copy. */
 static void test_recycled_buffers(void **state)
@@ -818,18 +818,18 @@ static void test_recycled_buffers(void **state)
 	}
 	snprintf(path, sizeof(path), "%s/publisher.log", e->dir);
 	assert_true(file_has(path, "version 1: an anchor: the first version this publisher "
-				   "exports (2 of 2 raw"));
-	assert_true(file_has(path, "version 2: a delta against version 1 (1 since the anchor; 2 of 2 raw"));
-	assert_true(file_has(path, "version 3: a delta against version 2 (2 since the anchor; 2 of 2 raw"));
-	assert_true(file_has(path, "version 5: a delta against version 4 (4 since the anchor; 2 of 2 raw"));
+				   "exports (2 of 2 snapshot blocks"));
+	assert_true(file_has(path, "version 2: a delta against version 1 (1 since the anchor; 2 of 2 snapshot blocks"));
+	assert_true(file_has(path, "version 3: a delta against version 2 (2 since the anchor; 2 of 2 snapshot blocks"));
+	assert_true(file_has(path, "version 5: a delta against version 4 (4 since the anchor; 2 of 2 snapshot blocks"));
 }
 
 /* Replica B of a new layout (fsdp1: one rank, the tensors flat) joins
- * after v2, a delta: it gets v2 whole by an addendum. v3 is then an anchor
- * (the parent export lacks the new layout), so the publisher's raw
- * buffers change size between versions: v4's delta gathers into fresh
- * ones (v2's, one layout each, are too small), v5's into those v3 gave
- * back. Both replicas serve every version bit-exact. */
+ * after v2, a delta: it gets v2 whole by an addendum, gathered from v2's
+ * snapshot kept as the parent. v3 is then an anchor (the parent export
+ * lacks the new layout); v4 and v5 are deltas for two layouts from the
+ * same snapshots, which keep their size (one trainer rank's memory each).
+ * Both replicas serve every version bit-exact. */
 static void test_new_layout_between_deltas(void **state)
 {
 	struct env *e = *state;
@@ -854,8 +854,8 @@ static void test_new_layout_between_deltas(void **state)
 		check_serving(e, v);
 		check_serving_in(e, "B", &fsdp1, v);
 	}
-	assert_true(file_has(path, "version 4: a delta against version 3 (1 since the anchor; 0 of 2 raw"));
-	assert_true(file_has(path, "version 5: a delta against version 4 (2 since the anchor; 2 of 2 raw"));
+	assert_true(file_has(path, "version 4: a delta against version 3 (1 since the anchor; 2 of 2 snapshot blocks"));
+	assert_true(file_has(path, "version 5: a delta against version 4 (2 since the anchor; 2 of 2 snapshot blocks"));
 	proto_layout_fini(&fsdp1);
 }
 

@@ -228,6 +228,105 @@ static void test_fill_and_limit(void **state)
 	fx_fini(&f);
 }
 
+/* Where a piece lies in a source rank's memory: one stretch, or not. */
+struct stretch {
+	uint64_t at, end;
+	bool any, ok;
+};
+
+static void stretch_span(void *arg, uint64_t at, uint64_t n)
+{
+	struct stretch *r = arg;
+
+	if (!r->any)
+		r->at = r->end = at;
+	r->ok &= !r->any || at == r->end;
+	r->any = true;
+	r->end = at + n;
+}
+
+/* The publisher's encode from its two snapshots: one pair of trainer rank
+ * blocks (the parent's, and the child's with an element in 61 changed)
+ * serves the parcels of two layouts; each parcel's delta encoded with its
+ * pieces read where they lie in the blocks (proto_dparcel_encode_at; the
+ * pieces that are not one stretch there gathered on their own) is byte for
+ * byte the delta of the gathered payloads. tp1 reads every piece in place,
+ * tp2 gathers its column shards' pieces (rows of a row-split trainer rank). */
+static void test_encode_at(void **state)
+{
+	const char *dsts[] = {"tp1", "tp2"};
+	uint64_t gathered[2] = {0, 0}, inplace[2] = {0, 0};
+	struct fx f;
+	uint8_t *child[2];
+
+	fx_init(&f, "tp1");
+	for (uint32_t r = 0; r < 2; r++) {
+		child[r] = malloc(f.src.ranks[r].nbytes + 1);
+		assert_non_null(child[r]);
+		memcpy(child[r], f.srcblk[r], f.src.ranks[r].nbytes);
+		for (uint64_t i = 0; i + 2 <= f.src.ranks[r].nbytes; i += 2 * 61)
+			child[r][i] ^= 1;
+	}
+	for (size_t d = 0; d < 2; d++) {
+		struct proto_layout dst;
+		struct proto_plan plan;
+		struct proto_err err;
+		assert_int_equal(proto_layout_builtin(&f.m, dsts[d], &dst, &err), 0);
+		assert_int_equal(proto_plan_build(&f.m, &f.src, &dst, &plan, &err), 0);
+		for (uint32_t k = 0; k < plan.nparcels; k++) {
+			const struct proto_parcel *pc = &plan.parcels[k];
+			const uint8_t *pb = f.srcblk[pc->src_rank], *cb = child[pc->src_rank];
+			struct proto_dparcel dp;
+			uint8_t *par = malloc(pc->bytes + 1), *chi = malloc(pc->bytes + 1);
+			uint8_t *enc = NULL, *enc2 = NULL;
+			size_t len = 0, len2 = 0;
+			assert_true(par != NULL && chi != NULL);
+			assert_int_equal(proto_dparcel_build(&f.m, &plan, pc, &dst, &dp, &err), 0);
+			proto_parcel_gather(&plan, pc, &f.src, pb, 0, pc->bytes, par);
+			proto_parcel_gather(&plan, pc, &f.src, cb, 0, pc->bytes, chi);
+			const uint8_t **pd = calloc(dp.npieces + 1, sizeof(*pd));
+			const uint8_t **cd = calloc(dp.npieces + 1, sizeof(*cd));
+			assert_true(pd != NULL && cd != NULL);
+			for (uint32_t i = 0; i < dp.npieces; i++) {
+				const struct proto_dpiece *pp = &dp.pieces[i];
+				struct stretch st = {.ok = true};
+				proto_parcel_src_spans(&plan, pc, &f.src, pp->pay_off, pp->len,
+						       stretch_span, &st);
+				if (st.ok && st.any && st.end - st.at == pp->len) {
+					pd[i] = pb + st.at;
+					cd[i] = cb + st.at;
+					inplace[d]++;
+				} else {
+					pd[i] = par + pp->pay_off;
+					cd[i] = chi + pp->pay_off;
+					gathered[d]++;
+				}
+			}
+			struct proto_delta_opts o = {.threads = 2, .chunk_elems = 1000};
+			assert_int_equal(proto_dparcel_encode_at(&dp, pd, cd, &o, &enc, &len, NULL, &err),
+					 0);
+			assert_int_equal(proto_dparcel_encode(&dp, par, chi, &o, &enc2, &len2, NULL, &err),
+					 0);
+			assert_int_equal(len, len2);
+			assert_memory_equal(enc, enc2, len);
+			free(enc);
+			free(enc2);
+			free(pd);
+			free(cd);
+			free(par);
+			free(chi);
+			proto_dparcel_fini(&dp);
+		}
+		proto_plan_fini(&plan);
+		proto_layout_fini(&dst);
+	}
+	assert_true(inplace[0] > 0 && gathered[0] == 0);
+	assert_true(inplace[1] > 0 && gathered[1] > 0);
+	for (uint32_t r = 0; r < 2; r++)
+		free(child[r]);
+	fx_fini(&f);
+}
+
 /* The child's piece checksums an encode hands back are the block's; an
  * encode given the parent's (as the publisher takes them from the encode
  * that made the parent) writes the same bytes as one that sums the parent
@@ -725,6 +824,7 @@ int main(void)
 		cmocka_unit_test(test_roundtrip),
 		cmocka_unit_test(test_known_sums),
 		cmocka_unit_test(test_fill_and_limit),
+		cmocka_unit_test(test_encode_at),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_apply_trusted),
 		cmocka_unit_test(test_apply_known),
