@@ -817,12 +817,16 @@ static void ex_gathered(struct node_pub *p)
 			npieces += ex->pv->parts[i].items[j].pieces;
 			nin += ex->pv->parts[i].items[j].pieces_in_place;
 		}
-	if (ex->delta && !ex->verify && ex->jobs[0].threads == 1)
-		LOG_INFO("version %llu: %zu trainer ranks' parcels encoded in %llu ms, %llu ms of CPU "
-			 "(%llu of %llu pieces read in place, the others gathered)",
+	/* (With more than one encoder thread a job's CPU time is not all of it.) */
+	char cpu[48] = "";
+	if (ex->jobs[0].threads == 1)
+		snprintf(cpu, sizeof(cpu), ", %llu ms of CPU", (unsigned long long)ms_of(cpu_ns));
+	if (ex->delta && !ex->verify)
+		LOG_INFO("version %llu: %zu trainer ranks' parcels encoded in %llu ms%s (%llu of %llu "
+			 "pieces read in place from the snapshots, the others gathered)",
 			 (unsigned long long)ex->version, ex->njobs,
-			 (unsigned long long)ms_of(ex->encode_ns), (unsigned long long)ms_of(cpu_ns),
-			 (unsigned long long)nin, (unsigned long long)npieces);
+			 (unsigned long long)ms_of(ex->encode_ns), cpu, (unsigned long long)nin,
+			 (unsigned long long)npieces);
 	if (ex->delta) {
 		rc = node__pub_delta_place(p, ex, &err);
 		if (rc < 0) {

@@ -822,6 +822,8 @@ static void test_recycled_buffers(void **state)
 	assert_true(file_has(path, "version 2: a delta against version 1 (1 since the anchor; 2 of 2 snapshot blocks"));
 	assert_true(file_has(path, "version 3: a delta against version 2 (2 since the anchor; 2 of 2 snapshot blocks"));
 	assert_true(file_has(path, "version 5: a delta against version 4 (4 since the anchor; 2 of 2 snapshot blocks"));
+	assert_true(file_has(path, "version 5: 2 trainer ranks' parcels encoded in"));
+	assert_true(file_has(path, "pieces read in place from the snapshots"));
 }
 
 /* Replica B of a new layout (fsdp1: one rank, the tensors flat) joins
@@ -844,6 +846,9 @@ static void test_new_layout_between_deltas(void **state)
 	check_serving_in(e, "B", &fsdp1, 2);
 	export_one(e, 3, "anchor");
 	snprintf(path, sizeof(path), "%s/publisher.log", e->dir);
+	/* v2's new layout was gathered from v2's snapshots, kept as the parent. */
+	assert_true(file_has(path, "version 2: new layouts gathered and hashed in"));
+	assert_true(file_has(path, "2 of 2 trainer ranks from the served export"));
 	assert_true(file_has(path, "version 3: an anchor: a serving layout the parent export does "
 				   "not have"));
 	for (uint64_t v = 3; v <= 5; v++) {
