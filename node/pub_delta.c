@@ -108,17 +108,15 @@ static uint64_t max_changed(const struct proto_dparcel *dp)
 }
 
 /* What the encoder's callbacks of one parcel share: its canary part from
- * the changes, and the gather of the pieces that are not contiguous in the
- * source rank's memory (the others are read where they lie). */
+ * the changes, and where each stretch of its pieces lies in the snapshots. */
 struct enc_ctx {
-	struct node_pub *p;
+	const struct node_pub *p;
 	const struct pub_item *it;
 	const struct proto_dparcel *dp;
 	const struct proto_canary_map *map;
 	const uint8_t *block, *parent; /* the version's and the parent's snapshots */
-	const uint64_t *goff;          /* per piece: in pay / ppay, or UINT64_MAX */
-	uint8_t *pay, *ppay;           /* the gathered pieces, back to back */
 	_Atomic uint64_t sum;          /* wrapping, like the score */
+	_Atomic uint64_t in_place;     /* bytes read where they lie */
 };
 
 static void on_changes(void *arg, uint32_t t, uint64_t base, const uint32_t *pos, size_t k,
@@ -131,21 +129,7 @@ static void on_changes(void *arg, uint32_t t, uint64_t base, const uint32_t *pos
 							   pp->elsize, pos, k, parent, child));
 }
 
-static void on_fill(void *arg, uint32_t t, uint64_t base, uint64_t n)
-{
-	struct enc_ctx *c = arg;
-	const struct proto_dpiece *pp = &c->dp->pieces[t];
-	uint64_t off = pp->pay_off + base * pp->elsize, len = n * pp->elsize;
-
-	if (c->goff[t] == UINT64_MAX)
-		return;
-	proto_parcel_gather(&c->it->sl->plan, c->it->pc, &c->p->tl, c->block, off, len,
-			    c->pay + c->goff[t] + base * pp->elsize);
-	proto_parcel_gather(&c->it->sl->plan, c->it->pc, &c->p->tl, c->parent, off, len,
-			    c->ppay + c->goff[t] + base * pp->elsize);
-}
-
-/* Where a piece lies in the source rank's memory: at is its first byte's
+/* Where a stretch lies in the source rank's memory: at is its first byte's
  * offset while the spans follow each other; ok false once one does not. */
 struct src_run {
 	uint64_t at, end;
@@ -164,57 +148,35 @@ static void src_span(void *arg, uint64_t at, uint64_t n)
 }
 
 /*
- * Points pd[i] / cd[i] at piece i of the parent's and the child's snapshot
- * where the piece is one stretch of the source rank's memory (a piece is
- * a run, or runs adjacent in payload and destination: a column shard's
- * rows, say, are adjacent in the destination but not in a row-split
- * trainer rank), so the encoder scans the snapshots themselves; the others
- * go to the rank's gather scratch (both sides, back to back), where
- * on_fill gathers them. *nin: pieces read in place. -ENOMEM when the
- * scratch cannot be mapped.
+ * The encoder asks where a stretch of a piece lies (proto/delta.h's
+ * locate): where it is one stretch of the source rank's memory, which it
+ * nearly always is (a piece is runs adjacent in payload and destination:
+ * several tensors, whose shards lie apart in the trainer rank, or a
+ * column shard's rows, apart in a row-split one; a stretch of 2^15
+ * elements is mostly inside one run), the scan reads both snapshots there;
+ * else the stretch of each is gathered into the thread's room, in cache,
+ * right before the scan reads it.
  */
-static int piece_ptrs(struct enc_ctx *c, uint64_t *goff, const uint8_t **pd, const uint8_t **cd,
-		      uint32_t *nin)
+static void on_locate(void *arg, uint32_t t, uint64_t base, uint64_t n, uint8_t *room,
+		      const uint8_t **a, const uint8_t **b)
 {
-	struct node_pub *p = c->p;
+	struct enc_ctx *c = arg;
 	const struct pub_item *it = c->it;
-	uint32_t r = it->pc->src_rank;
-	uint64_t total = 0;
+	const struct proto_dpiece *pp = &c->dp->pieces[t];
+	uint64_t off = pp->pay_off + base * pp->elsize, len = n * pp->elsize;
+	struct src_run sr = {.ok = true};
 
-	*nin = 0;
-	for (uint32_t i = 0; i < c->dp->npieces; i++) {
-		const struct proto_dpiece *pp = &c->dp->pieces[i];
-		struct src_run sr = {.ok = true};
-		proto_parcel_src_spans(&it->sl->plan, it->pc, &p->tl, pp->pay_off, pp->len,
-				       src_span, &sr);
-		goff[i] = UINT64_MAX;
-		pd[i] = c->parent + sr.at;
-		cd[i] = c->block + sr.at;
-		if (sr.ok && sr.any && sr.end - sr.at == pp->len) {
-			(*nin)++;
-		} else {
-			goff[i] = total;
-			total += pp->len;
-		}
+	proto_parcel_src_spans(&it->sl->plan, it->pc, &c->p->tl, off, len, src_span, &sr);
+	if (sr.ok && sr.any && sr.end - sr.at == len) {
+		*a = c->parent + sr.at;
+		*b = c->block + sr.at;
+		atomic_fetch_add(&c->in_place, len);
+		return;
 	}
-	if (total == 0)
-		return 0;
-	if (p->gather_cap[r] < 2 * total) {
-		node_serve_unmap(p->gather[r], p->gather_cap[r]);
-		p->gather_cap[r] = node__pub_page_round(2 * total);
-		if ((p->gather[r] = node_serve_map(p->gather_cap[r])) == NULL) {
-			p->gather_cap[r] = 0;
-			return -ENOMEM;
-		}
-	}
-	c->pay = p->gather[r];
-	c->ppay = p->gather[r] + total;
-	for (uint32_t i = 0; i < c->dp->npieces; i++)
-		if (goff[i] != UINT64_MAX) {
-			pd[i] = c->ppay + goff[i];
-			cd[i] = c->pay + goff[i];
-		}
-	return 0;
+	proto_parcel_gather(&it->sl->plan, it->pc, &c->p->tl, c->block, off, len, room);
+	proto_parcel_gather(&it->sl->plan, it->pc, &c->p->tl, c->parent, off, len, room + len);
+	*b = room;
+	*a = room + len;
 }
 
 unsigned node__pub_delta_threads(size_t nranks)
@@ -234,9 +196,8 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32
 	struct proto_delta_stats st;
 	struct proto_delta_opts o = {.threads = threads, .parent_sums = it->parent_sums};
 	struct enc_ctx cn = {.p = p, .it = it, .dp = &dp, .block = block, .parent = it->parent,
-			     .sum = 0};
+			     .sum = 0, .in_place = 0};
 	const uint8_t **pd = NULL, **cd = NULL;
-	uint64_t *goff = NULL;
 	struct proto_canary_map *map = NULL;
 	struct proto_err err = {{0}};
 	size_t len = 0;
@@ -247,6 +208,7 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32
 	it->sums = NULL;
 	it->nchunks = 0;
 	it->wire = 0;
+	it->in_place = 0;
 	if (it->pc->bytes == 0) {
 		it->canary = 0;
 		return;
@@ -258,33 +220,35 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32
 	/* Kept for the next version's encode against this one: its parent
 	 * sums (no sums on out of memory: summed there). */
 	it->sums = calloc(PROTO_MAX(dp.npieces, 1), sizeof(*it->sums));
+	/* Every piece is read where on_locate says; data[] is only the base
+	 * its offsets stay inside (a piece is at most the rank's bytes). */
 	pd = calloc((size_t)dp.npieces + 1, sizeof(*pd));
 	cd = calloc((size_t)dp.npieces + 1, sizeof(*cd));
-	goff = calloc((size_t)dp.npieces + 1, sizeof(*goff));
 	/* The canary part follows the scan's changes: without its map the
 	 * parcel has no payload to compare, and goes as an anchor. */
 	map = proto_canary_map_new(&it->sl->plan, it->pc, &it->sl->layout);
-	if (pd == NULL || cd == NULL || goff == NULL || map == NULL ||
-	    piece_ptrs(&cn, goff, pd, cd, &it->pieces_in_place) != 0) {
+	if (pd == NULL || cd == NULL || map == NULL) {
 		it->enc_rc = proto_errf(&err, ENOMEM, "out of memory");
 	} else {
+		for (uint32_t i = 0; i < dp.npieces; i++) {
+			pd[i] = it->parent;
+			cd[i] = block;
+		}
 		cn.map = map;
-		cn.goff = goff;
-		it->pieces = dp.npieces;
 		o.child_sums = it->sums;
 		o.max_changed = max_changed(&dp);
 		o.on_changes = on_changes;
 		o.changes_arg = &cn;
-		o.fill = on_fill;
-		o.fill_arg = &cn;
+		o.locate = on_locate;
+		o.locate_arg = &cn;
 		it->enc_rc = proto_dparcel_encode_at(&dp, pd, cd, &o, &it->enc, &len, &st, &err);
 	}
 	free(pd);
 	free(cd);
-	free(goff);
 	proto_dparcel_fini(&dp);
 	proto_canary_map_free(map);
 	it->canary = it->parent_canary + atomic_load(&cn.sum);
+	it->in_place = atomic_load(&cn.in_place);
 done:
 	if (it->enc_rc == -E2BIG) {
 		free(it->sums);

@@ -811,22 +811,22 @@ static void ex_gathered(struct node_pub *p)
 		cpu_ns += ex->jobs[i].cpu_ns;
 	}
 	/* Load-robust where the wall time is not: the workers' CPU time. */
-	uint64_t npieces = 0, nin = 0;
+	uint64_t nin = 0, tot = 0;
 	for (size_t i = 0; ex->delta && i < ex->pv->nparts; i++)
 		for (size_t j = 0; j < ex->pv->parts[i].nitems; j++) {
-			npieces += ex->pv->parts[i].items[j].pieces;
-			nin += ex->pv->parts[i].items[j].pieces_in_place;
+			nin += ex->pv->parts[i].items[j].in_place;
+			tot += ex->pv->parts[i].items[j].pc->bytes;
 		}
 	/* (With more than one encoder thread a job's CPU time is not all of it.) */
 	char cpu[48] = "";
 	if (ex->jobs[0].threads == 1)
 		snprintf(cpu, sizeof(cpu), ", %llu ms of CPU", (unsigned long long)ms_of(cpu_ns));
 	if (ex->delta && !ex->verify)
-		LOG_INFO("version %llu: %zu trainer ranks' parcels encoded in %llu ms%s (%llu of %llu "
-			 "pieces read in place from the snapshots, the others gathered)",
+		LOG_INFO("version %llu: %zu trainer ranks' parcels encoded in %llu ms%s (%.1f of %.1f "
+			 "MiB read in place from the snapshots, the others gathered)",
 			 (unsigned long long)ex->version, ex->njobs,
-			 (unsigned long long)ms_of(ex->encode_ns), cpu, (unsigned long long)nin,
-			 (unsigned long long)npieces);
+			 (unsigned long long)ms_of(ex->encode_ns), cpu, (double)nin / (1 << 20),
+			 (double)tot / (1 << 20));
 	if (ex->delta) {
 		rc = node__pub_delta_place(p, ex, &err);
 		if (rc < 0) {

@@ -67,7 +67,7 @@ struct pub_item {
 	uint64_t *sums; /* this payload's piece checksums (encoder), or NULL */
 	uint8_t *enc;           /* the encoded delta (worker), until placed */
 	uint64_t changed;       /* elements the delta changes */
-	uint32_t pieces, pieces_in_place; /* its delta's pieces; those not gathered */
+	uint64_t in_place;      /* the encode's bytes read where they lie (not gathered) */
 	int enc_rc;             /* the encoder's result */
 	bool dense;             /* changed too much to encode (encoding stopped) */
 	/* The parcel's part of its destination rank's canary score
@@ -267,11 +267,6 @@ struct node_pub {
 	 * gather. */
 	uint8_t **blocks;
 	size_t *block_cap;
-	/* Per trainer rank: where its worker gathers the delta pieces that
-	 * are not one stretch of its memory (both sides), kept from version
-	 * to version so that its pages are faulted in once (node/pub_delta.c). */
-	uint8_t **gather;
-	size_t *gather_cap;
 	/* Per trainer rank: a served buffer touched before the first export
 	 * (node__pub_prefault_first), which its export maps no fresh one for. */
 	uint8_t **spare_buf;
@@ -422,8 +417,9 @@ bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex);
 unsigned node__pub_delta_threads(size_t nranks);
 /* Worker: encodes one item against its parent (it->parent, the parent's
  * snapshot of the same source rank) from block, this version's snapshot:
- * pieces contiguous in the rank's memory are scanned where they lie, the
- * others gathered from both snapshots a cache-sized stretch at a time.
+ * each stretch the scan reads is read where it lies in both when it is one
+ * stretch of the rank's memory, else gathered from both into the encoding
+ * thread's room (in cache) right before the scan.
  * Takes its canary part from the encoder's changes and hashes the delta's
  * chunks. Cannot fail: the item's enc_rc says how it went (-ENOMEM, a
  * failed encode, or dense: the version then goes as an anchor). */

@@ -407,14 +407,11 @@ int node_pub_new(struct event_base *base, const struct node_pub_opts *o, struct 
 	nr = p->tl.nranks;
 	p->blocks = calloc(nr, sizeof(*p->blocks));
 	p->block_cap = calloc(nr, sizeof(*p->block_cap));
-	p->gather = calloc(nr, sizeof(*p->gather));
-	p->gather_cap = calloc(nr, sizeof(*p->gather_cap));
 	p->spare_buf = calloc(nr, sizeof(*p->spare_buf));
 	p->spare_buf_cap = calloc(nr, sizeof(*p->spare_buf_cap));
 	p->hosted = calloc(o->nranks ? o->nranks : nr, sizeof(*p->hosted));
 	if (p->model_json == NULL || p->tl_json == NULL || p->blocks == NULL ||
-	    p->block_cap == NULL || p->gather == NULL || p->gather_cap == NULL ||
-	    p->spare_buf == NULL || p->spare_buf_cap == NULL || p->hosted == NULL) {
+	    p->block_cap == NULL || p->spare_buf == NULL || p->spare_buf_cap == NULL || p->hosted == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
 	}
@@ -611,12 +608,8 @@ void node_pub_free(struct node_pub *p)
 			munmap(p->blocks[r2], p->block_cap[r2]);
 		if (p->spare_buf != NULL)
 			node_serve_unmap(p->spare_buf[r2], p->spare_buf_cap[r2]);
-		if (p->gather != NULL)
-			node_serve_unmap(p->gather[r2], p->gather_cap[r2]);
 	}
 	free(p->spare_buf);
-	free(p->gather);
-	free(p->gather_cap);
 	free(p->spare_buf_cap);
 	free(p->blocks);
 	free(p->block_cap);

@@ -823,7 +823,7 @@ static void test_recycled_buffers(void **state)
 	assert_true(file_has(path, "version 3: a delta against version 2 (2 since the anchor; 2 of 2 snapshot blocks"));
 	assert_true(file_has(path, "version 5: a delta against version 4 (4 since the anchor; 2 of 2 snapshot blocks"));
 	assert_true(file_has(path, "version 5: 2 trainer ranks' parcels encoded in"));
-	assert_true(file_has(path, "pieces read in place from the snapshots"));
+	assert_true(file_has(path, "MiB read in place from the snapshots"));
 }
 
 /* Replica B of a new layout (fsdp1: one rank, the tensors flat) joins

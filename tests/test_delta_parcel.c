@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -249,9 +250,41 @@ static void stretch_span(void *arg, uint64_t at, uint64_t n)
  * blocks (the parent's, and the child's with an element in 61 changed)
  * serves the parcels of two layouts; each parcel's delta encoded with its
  * pieces read where they lie in the blocks (proto_dparcel_encode_at; the
- * pieces that are not one stretch there gathered on their own) is byte for
- * byte the delta of the gathered payloads. tp1 reads every piece in place,
+ * pieces that are not one stretch there gathered on their own), or with
+ * every stretch the scan reads located by opts.locate (in the blocks, or
+ * gathered into the thread's room: the publisher's way), is byte for byte
+ * the delta of the gathered payloads. tp1 reads every piece in place,
  * tp2 gathers its column shards' pieces (rows of a row-split trainer rank). */
+struct loc_ctx {
+	const struct proto_plan *plan;
+	const struct proto_parcel *pc;
+	const struct proto_layout *src;
+	const struct proto_dparcel *dp;
+	const uint8_t *pb, *cb;
+	_Atomic uint64_t located, gathered;
+};
+
+static void locate_in(void *arg, uint32_t t, uint64_t base, uint64_t n, uint8_t *room,
+		      const uint8_t **a, const uint8_t **b)
+{
+	struct loc_ctx *c = arg;
+	const struct proto_dpiece *pp = &c->dp->pieces[t];
+	uint64_t off = pp->pay_off + base * pp->elsize, len = n * pp->elsize;
+	struct stretch st = {.ok = true};
+
+	proto_parcel_src_spans(c->plan, c->pc, c->src, off, len, stretch_span, &st);
+	if (st.ok && st.any && st.end - st.at == len) {
+		*a = c->pb + st.at;
+		*b = c->cb + st.at;
+		atomic_fetch_add(&c->located, 1);
+		return;
+	}
+	proto_parcel_gather(c->plan, c->pc, c->src, c->cb, off, len, room);
+	proto_parcel_gather(c->plan, c->pc, c->src, c->pb, off, len, room + len);
+	*b = room;
+	*a = room + len;
+	atomic_fetch_add(&c->gathered, 1);
+}
 static void test_encode_at(void **state)
 {
 	const char *dsts[] = {"tp1", "tp2"};
@@ -309,6 +342,21 @@ static void test_encode_at(void **state)
 					 0);
 			assert_int_equal(len, len2);
 			assert_memory_equal(enc, enc2, len);
+			free(enc);
+			/* Every stretch located: data[] only the blocks' bases. */
+			struct loc_ctx lc = {&plan, pc, &f.src, &dp, pb, cb, 0, 0};
+			for (uint32_t i = 0; i < dp.npieces; i++) {
+				pd[i] = pb;
+				cd[i] = cb;
+			}
+			o.locate = locate_in;
+			o.locate_arg = &lc;
+			o.threads = 1;
+			assert_int_equal(proto_dparcel_encode_at(&dp, pd, cd, &o, &enc, &len, NULL, &err),
+					 0);
+			assert_int_equal(len, len2);
+			assert_memory_equal(enc, enc2, len);
+			assert_true(lc.located > 0);
 			free(enc);
 			free(enc2);
 			free(pd);
