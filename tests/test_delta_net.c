@@ -103,6 +103,53 @@ static void test_delta_cluster(void **state)
 	tu_rmtree(dir);
 }
 
+/* A delta that turns out too large goes as an anchor after all, gathered
+ * from the version's snapshot (the encode read it in place and stopped):
+ * steps at lr 1e-3 change most elements, more than twice
+ * TESSERA_DELTA_MAX_PERCENT=1 of them, so v2 and v3 stop their encode and
+ * go whole, each snapshot still kept as the next one's parent, and every
+ * replica (tp2: column shards gathered; tp1) is bit-exact on every version. */
+static bool file_has(const char *path, const char *s);
+
+static void test_anchor_after_all(void **state)
+{
+	char dir[256], mdir[300], bin[512], report[512];
+	struct proto_synth_opts o = {.bytes = MODEL_BYTES, .steps = 2, .lr = 1e-3, .seed = 5,
+				     .threads = 2};
+	struct proto_err err;
+
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	snprintf(mdir, sizeof(mdir), "%s/model", dir);
+	assert_int_equal(mkdir(mdir, 0755), 0);
+	assert_int_equal(proto_synth_run(mdir, &o, NULL, NULL, &err), 0);
+	tu_bin(bin, sizeof(bin), "tessera");
+	snprintf(report, sizeof(report), "%s/report.json", dir);
+	assert_int_equal(tu_sh("TESSERA_DELTA_MAX_PERCENT=1 TESSERA_LOG=info %s cluster --model-dir %s "
+			       "--versions 3 --replica tp2 --replica tp1 --keep %s/run --report %s "
+			       "> %s/out 2>&1 || cat %s/out",
+			       bin, mdir, dir, report, dir, dir),
+			 0);
+	json_t *j = tu_load_json(report);
+	assert_non_null(j);
+	assert_true(json_is_true(json_object_get(j, "ok")));
+	json_t *vs = json_object_get(j, "versions");
+	assert_int_equal(json_array_size(vs), 3);
+	for (size_t i = 0; i < 3; i++) {
+		json_t *v = json_array_get(vs, i), *r;
+		size_t k;
+		assert_string_equal(json_string_value(json_object_get(v, "kind")), "anchor");
+		assert_int_equal(json_integer_value(json_object_get(v, "wire_bytes")),
+				 json_integer_value(json_object_get(v, "anchor_bytes")));
+		json_array_foreach(json_object_get(v, "replicas"), k, r)
+			assert_true(json_is_true(json_object_get(r, "digest_ok")));
+	}
+	json_decref(j);
+	snprintf(report, sizeof(report), "%s/run/publisher.log", dir);
+	assert_true(file_has(report, "version 2: an anchor after all: a parcel changed too much"));
+	assert_true(file_has(report, "version 3: an anchor after all: a parcel changed too much"));
+	tu_rmtree(dir);
+}
+
 /* ---- one node, one publisher, driven step by step -------------------------- */
 
 struct env {
@@ -1102,6 +1149,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_delta_cluster),
+		cmocka_unit_test(test_anchor_after_all),
 		cmocka_unit_test_setup_teardown(test_corrupted_parent, env_setup_no_standby,
 						env_teardown_no_standby),
 		cmocka_unit_test_setup_teardown(test_scrub, env_setup_scrub, env_teardown_scrub),
