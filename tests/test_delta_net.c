@@ -48,6 +48,19 @@ static void synth(const char *dir)
 	assert_int_equal(proto_synth_run(dir, &o, NULL, NULL, &err), 0);
 }
 
+/* A `tessera cluster` report that says ok, with its n versions in *vs
+ * (the caller frees the report). */
+static json_t *cluster_report(const char *path, size_t n, json_t **vs)
+{
+	json_t *j = tu_load_json(path);
+
+	assert_non_null(j);
+	assert_true(json_is_true(json_object_get(j, "ok")));
+	*vs = json_object_get(j, "versions");
+	assert_int_equal(json_array_size(*vs), n);
+	return j;
+}
+
 /* `tessera cluster` over a synth model: anchors and deltas alternate as
  * --anchor-every says, every replica ends bit-exact on every version, and a
  * delta costs a few percent of the anchor on the wire. A replica of a new
@@ -66,11 +79,7 @@ static void test_delta_cluster(void **state)
 			       "--replica tp1 --late-replica tp4 --report %s > %s/out 2>&1 || cat %s/out",
 			       bin, mdir, report, dir, dir),
 			 0);
-	json_t *j = tu_load_json(report);
-	assert_non_null(j);
-	assert_true(json_is_true(json_object_get(j, "ok")));
-	json_t *vs = json_object_get(j, "versions");
-	assert_int_equal(json_array_size(vs), 6);
+	json_t *vs, *j = cluster_report(report, 6, &vs);
 	static const char *kinds[] = {"anchor", "delta", "delta", "delta", "anchor", "delta"};
 	for (size_t i = 0; i < 6; i++) {
 		json_t *v = json_array_get(vs, i);
@@ -129,11 +138,7 @@ static void test_anchor_after_all(void **state)
 			       "> %s/out 2>&1 || cat %s/out",
 			       bin, mdir, dir, report, dir, dir),
 			 0);
-	json_t *j = tu_load_json(report);
-	assert_non_null(j);
-	assert_true(json_is_true(json_object_get(j, "ok")));
-	json_t *vs = json_object_get(j, "versions");
-	assert_int_equal(json_array_size(vs), 3);
+	json_t *vs, *j = cluster_report(report, 3, &vs);
 	for (size_t i = 0; i < 3; i++) {
 		json_t *v = json_array_get(vs, i), *r;
 		size_t k;
