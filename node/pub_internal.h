@@ -67,7 +67,9 @@ struct pub_item {
 	uint64_t *sums; /* this payload's piece checksums (encoder), or NULL */
 	uint8_t *enc;           /* the encoded delta (worker), until placed */
 	uint64_t changed;       /* elements the delta changes */
-	uint64_t in_place;      /* the encode's bytes read where they lie (not gathered) */
+	/* The bytes its encode read where they lie, not gathered (a dense
+	 * chunk's parent, read again for its checksum, counts twice). */
+	uint64_t in_place;
 	int enc_rc;             /* the encoder's result */
 	bool dense;             /* changed too much to encode (encoding stopped) */
 	/* The parcel's part of its destination rank's canary score

@@ -276,7 +276,6 @@ SCAN_FN(scan2, uint16_t, 2)
 SCAN_FN(scan4, uint32_t, 4)
 SCAN_FN(scan8, uint64_t, 8)
 
-
 /* Scans chunk ci (n elements from element base of child tensor t) piece by
  * piece and sums both sides of each piece while it is still in cache, so
  * the checksums cost no extra pass over memory (the parent's side only when
