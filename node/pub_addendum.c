@@ -16,10 +16,11 @@
  * leader then runs an export of
  * the same version in addendum mode (pub_export.c does the work):
  *   1. the tracker's manifest of the version (its digest and chunk size);
- *   2. the new layouts planned; no snapshot is taken: each trainer rank's
- *      memory is rebuilt from the raw parcels it sent in the version as
- *      served (an anchor's served buffers, a delta's raw parcels kept as
- *      the next one's parent), which hold exactly the version's bytes
+ *   2. the new layouts planned; no snapshot is taken: the version kept as
+ *      the parent of the next one has its snapshot of each trainer rank's
+ *      memory, read as it is; else each rank's memory is rebuilt from the
+ *      raw parcels it sent in the version as served (an anchor's served
+ *      buffers), which hold exactly the version's bytes
  *      (the source may have moved on: a trainer's buffers hold its next
  *      weights by now); only where those parcels do not reach every byte
  *      the new layouts read (a layout withdrawn meanwhile) is the rank
@@ -31,7 +32,7 @@
  * A node that lacks a delta version's parent and takes the version whole
  * asks for a raw copy of its layout (the latest's copy_wanted): the same
  * export, for a layout the version lists, signed as a copy addendum
- * (proto/addendum.h) from the same served raw parcels; it is only posted,
+ * (proto/addendum.h) from the same snapshot or parcels; it is only posted,
  * not offered (the version's offers of that layout are its deltas): the
  * node reads the bytes from replicas that hold the version.
  * Only a version this process still serves is extended: the newest one
@@ -205,22 +206,6 @@ int node__pub_addendum_sources(struct node_pub *p, uint64_t v, uint32_t rank,
 			    o->addr - rk.addr > sc->len || o->len > sc->len - (o->addr - rk.addr))
 				continue;
 			rc = add_src(out, n, &cap, sl, pc, pt->buf + sc->off + (o->addr - rk.addr));
-		}
-	} else if (p->parent != NULL && p->parent->version == v) {
-		/* A delta: its parcels as they are, kept for the next one. */
-		for (size_t i = 0; i < p->parent->nparts && rc == 0; i++) {
-			const struct pub_praw *pr = &p->parent->parts[i];
-			if (pr->rank != rank || pr->raw == NULL)
-				continue;
-			for (size_t k = 0; k < pr->nitems && rc == 0; k++) {
-				const struct pub_pitem *q = &pr->items[k];
-				const struct pub_layout *sl = node__pub_layout_find(p, q->layout);
-				const struct proto_parcel *pc =
-					sl != NULL && !sl->bad ? proto_plan_parcel(&sl->plan, q->src, q->dst)
-							       : NULL;
-				if (pc != NULL && pc->bytes == q->bytes && q->raw_off + q->bytes <= pr->cap)
-					rc = add_src(out, n, &cap, sl, pc, pr->raw + q->raw_off);
-			}
 		}
 	}
 	if (rc != 0) {

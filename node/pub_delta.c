@@ -18,8 +18,8 @@ void node__pub_parent_free(struct pub_parent *pp)
 	if (pp == NULL)
 		return;
 	for (size_t i = 0; i < pp->nparts; i++) {
-		if (pp->parts[i].raw != NULL)
-			node_serve_unmap(pp->parts[i].raw, pp->parts[i].cap);
+		if (pp->parts[i].block != NULL)
+			node_serve_unmap(pp->parts[i].block, pp->parts[i].cap);
 		for (size_t k = 0; k < pp->parts[i].nitems; k++)
 			free(pp->parts[i].items[k].sums);
 		free(pp->parts[i].items);
@@ -73,9 +73,9 @@ bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex)
 			for (size_t k = 0; pr != NULL && k < pr->nitems; k++) {
 				const struct pub_pitem *q = &pr->items[k];
 				if (q->src == it->pc->src_rank && q->dst == it->pc->dst_rank &&
-				    q->bytes == it->pc->bytes &&
+				    q->bytes == it->pc->bytes && pr->block != NULL &&
 				    memcmp(q->layout, it->sl->digest, PROTO_HASH_BYTES) == 0) {
-					it->parent = pr->raw + q->raw_off;
+					it->parent = pr->block;
 					it->parent_canary = q->canary;
 					it->parent_sums = q->sums;
 				}
@@ -108,16 +108,15 @@ static uint64_t max_changed(const struct proto_dparcel *dp)
 }
 
 /* What the encoder's callbacks of one parcel share: its canary part from
- * the changes, and the gather of its payload as the scan goes. */
+ * the changes, and where each stretch of its pieces lies in the snapshots. */
 struct enc_ctx {
 	const struct node_pub *p;
 	const struct pub_item *it;
 	const struct proto_dparcel *dp;
 	const struct proto_canary_map *map;
-	const uint8_t *block; /* the snapshot gathered from */
-	uint8_t *payload;     /* into the raw buffer */
-	_Atomic uint64_t sum;    /* wrapping, like the score */
-	_Atomic uint64_t filled; /* payload bytes gathered */
+	const uint8_t *block, *parent; /* the version's and the parent's snapshots */
+	_Atomic uint64_t sum;          /* wrapping, like the score */
+	_Atomic uint64_t in_place;     /* bytes read where they lie */
 };
 
 static void on_changes(void *arg, uint32_t t, uint64_t base, const uint32_t *pos, size_t k,
@@ -130,15 +129,54 @@ static void on_changes(void *arg, uint32_t t, uint64_t base, const uint32_t *pos
 							   pp->elsize, pos, k, parent, child));
 }
 
-static void on_fill(void *arg, uint32_t t, uint64_t base, uint64_t n)
+/* Where a stretch lies in the source rank's memory: at is its first byte's
+ * offset while the spans follow each other; ok false once one does not. */
+struct src_run {
+	uint64_t at, end;
+	bool any, ok;
+};
+
+static void src_span(void *arg, uint64_t at, uint64_t n)
+{
+	struct src_run *r = arg;
+
+	if (!r->any)
+		r->at = r->end = at;
+	r->ok &= !r->any || at == r->end;
+	r->any = true;
+	r->end = at + n;
+}
+
+/*
+ * The encoder asks where a stretch of a piece lies (proto/delta.h's
+ * locate): where it is one stretch of the source rank's memory, which it
+ * nearly always is (a piece is runs adjacent in payload and destination:
+ * several tensors, whose shards lie apart in the trainer rank, or a
+ * column shard's rows, apart in a row-split one; a stretch of 2^15
+ * elements is mostly inside one run), the scan reads both snapshots there;
+ * else the stretch of each is gathered into the thread's room, in cache,
+ * right before the scan reads it.
+ */
+static void on_locate(void *arg, uint32_t t, uint64_t base, uint64_t n, uint8_t *room,
+		      const uint8_t **a, const uint8_t **b)
 {
 	struct enc_ctx *c = arg;
+	const struct pub_item *it = c->it;
 	const struct proto_dpiece *pp = &c->dp->pieces[t];
 	uint64_t off = pp->pay_off + base * pp->elsize, len = n * pp->elsize;
+	struct src_run sr = {.ok = true};
 
-	proto_parcel_gather(&c->it->sl->plan, c->it->pc, &c->p->tl, c->block, off, len,
-			    c->payload + off);
-	atomic_fetch_add(&c->filled, len);
+	proto_parcel_src_spans(&it->sl->plan, it->pc, &c->p->tl, off, len, src_span, &sr);
+	if (sr.ok && sr.any && sr.end - sr.at == len) {
+		*a = c->parent + sr.at;
+		*b = c->block + sr.at;
+		atomic_fetch_add(&c->in_place, len);
+		return;
+	}
+	proto_parcel_gather(&it->sl->plan, it->pc, &c->p->tl, c->block, off, len, room);
+	proto_parcel_gather(&it->sl->plan, it->pc, &c->p->tl, c->parent, off, len, room + len);
+	*b = room;
+	*a = room + len;
 }
 
 unsigned node__pub_delta_threads(size_t nranks)
@@ -151,17 +189,17 @@ unsigned node__pub_delta_threads(size_t nranks)
 	return (unsigned)PROTO_MAX(1, PROTO_MIN(n, 8u));
 }
 
-void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct pub_item *it,
-				 uint32_t chunk_size, unsigned threads, const uint8_t *block)
+void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32_t chunk_size,
+				 unsigned threads, const uint8_t *block)
 {
 	struct proto_dparcel dp;
 	struct proto_delta_stats st;
 	struct proto_delta_opts o = {.threads = threads, .parent_sums = it->parent_sums};
-	uint8_t *payload = pt->raw + it->raw_off;
-	struct enc_ctx cn = {.p = p, .it = it, .dp = &dp, .block = block, .payload = payload,
-			     .sum = 0, .filled = 0};
+	struct enc_ctx cn = {.p = p, .it = it, .dp = &dp, .block = block, .parent = it->parent,
+			     .sum = 0, .in_place = 0};
+	const uint8_t **pd = NULL, **cd = NULL;
 	struct proto_canary_map *map = NULL;
-	struct proto_err err;
+	struct proto_err err = {{0}};
 	size_t len = 0;
 
 	free(it->hash);
@@ -170,42 +208,48 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct
 	it->sums = NULL;
 	it->nchunks = 0;
 	it->wire = 0;
+	it->in_place = 0;
 	if (it->pc->bytes == 0) {
 		it->canary = 0;
 		return;
 	}
 	it->enc_rc = proto_dparcel_build(&p->model, &it->sl->plan, it->pc, &it->sl->layout, &dp,
 					 &err);
-	if (it->enc_rc == 0) {
-		/* Kept for the next version's encode against this one: its
-		 * parent sums (no sums on out of memory: summed there). */
-		it->sums = calloc(PROTO_MAX(dp.npieces, 1), sizeof(*it->sums));
+	if (it->enc_rc != 0)
+		goto done;
+	/* Kept for the next version's encode against this one: its parent
+	 * sums (no sums on out of memory: summed there). */
+	it->sums = calloc(PROTO_MAX(dp.npieces, 1), sizeof(*it->sums));
+	/* Every piece is read where on_locate says; data[] is only the base
+	 * its offsets stay inside (a piece is at most the rank's bytes). */
+	pd = calloc((size_t)dp.npieces + 1, sizeof(*pd));
+	cd = calloc((size_t)dp.npieces + 1, sizeof(*cd));
+	/* The canary part follows the scan's changes: without its map the
+	 * parcel has no payload to compare, and goes as an anchor. */
+	map = proto_canary_map_new(&it->sl->plan, it->pc, &it->sl->layout);
+	if (pd == NULL || cd == NULL || map == NULL) {
+		it->enc_rc = proto_errf(&err, ENOMEM, "out of memory");
+	} else {
+		for (uint32_t i = 0; i < dp.npieces; i++) {
+			pd[i] = it->parent;
+			cd[i] = block;
+		}
+		cn.map = map;
 		o.child_sums = it->sums;
 		o.max_changed = max_changed(&dp);
-		/* The canary part follows the scan's changes (none: a compare). */
-		if ((map = proto_canary_map_new(&it->sl->plan, it->pc, &it->sl->layout)) != NULL) {
-			cn.map = map;
-			o.on_changes = on_changes;
-			o.changes_arg = &cn;
-		}
-		if (block != NULL) {
-			o.fill = on_fill;
-			o.fill_arg = &cn;
-		}
-		it->enc_rc = proto_dparcel_encode(&dp, it->parent, payload, &o, &it->enc, &len, &st,
-						  &err);
-		proto_dparcel_fini(&dp);
-		proto_canary_map_free(map);
+		o.on_changes = on_changes;
+		o.changes_arg = &cn;
+		o.locate = on_locate;
+		o.locate_arg = &cn;
+		it->enc_rc = proto_dparcel_encode_at(&dp, pd, cd, &o, &it->enc, &len, &st, &err);
 	}
-	/* Stopped, failed, or pieces that do not cover the payload: the rest
-	 * is gathered now (the raw payload is the next parent, or an anchor's). */
-	if (block != NULL && atomic_load(&cn.filled) != it->pc->bytes)
-		proto_parcel_gather(&it->sl->plan, it->pc, &p->tl, block, 0, it->pc->bytes, payload);
-	if (map != NULL && it->enc_rc == 0)
-		it->canary = it->parent_canary + atomic_load(&cn.sum);
-	else
-		it->canary = proto_canary_parcel_update(&it->sl->plan, it->pc, &it->sl->layout,
-							it->parent_canary, it->parent, payload);
+	free(pd);
+	free(cd);
+	proto_dparcel_fini(&dp);
+	proto_canary_map_free(map);
+	it->canary = it->parent_canary + atomic_load(&cn.sum);
+	it->in_place = atomic_load(&cn.in_place);
+done:
 	if (it->enc_rc == -E2BIG) {
 		free(it->sums);
 		it->sums = NULL;
@@ -319,7 +363,7 @@ void node__pub_parent_stage(struct node_pub *p, struct pub_export *ex)
 	if (pp == NULL || (pp->parts = calloc(PROTO_MAX(pv->nparts, 1), sizeof(*pp->parts))) == NULL)
 		goto fail;
 	for (size_t i = 0; i < pv->nparts; i++)
-		if (pv->parts[i].raw == NULL)
+		if (pv->parts[i].rank >= p->tl.nranks || p->blocks[pv->parts[i].rank] == NULL)
 			goto fail;
 	for (size_t i = 0; i < pv->nparts; i++) {
 		struct pub_part *pt = &pv->parts[i];
@@ -335,16 +379,17 @@ void node__pub_parent_stage(struct node_pub *p, struct pub_export *ex)
 			memcpy(q->layout, it->sl->digest, PROTO_HASH_BYTES);
 			q->src = it->pc->src_rank;
 			q->dst = it->pc->dst_rank;
-			q->raw_off = it->raw_off;
 			q->bytes = it->pc->bytes;
 			q->canary = it->canary;
-			q->sums = it->sums; /* moves: the raw payload they sum moves too */
+			q->sums = it->sums; /* moves: the snapshot they sum moves too */
 			it->sums = NULL;
 		}
-		pr->raw = pt->raw;
-		pr->cap = pt->raw_cap;
-		pt->raw = NULL;
-		pt->raw_cap = 0;
+		/* The snapshot is the parent now: the next one is taken into
+		 * the block the parent before it gives back (at the commit). */
+		pr->block = p->blocks[pt->rank];
+		pr->cap = p->block_cap[pt->rank];
+		p->blocks[pt->rank] = NULL;
+		p->block_cap[pt->rank] = 0;
 	}
 	pp->version = ex->version;
 	pp->since_anchor = ex->delta ? ex->since_anchor : 0;
@@ -362,27 +407,36 @@ fail:
 	node__pub_parent_free(pp);
 }
 
+uint8_t *node__pub_parent_block(const struct node_pub *p, uint64_t v, uint32_t rank)
+{
+	for (size_t i = 0; p->parent != NULL && p->parent->version == v && i < p->parent->nparts;
+	     i++)
+		if (p->parent->parts[i].rank == rank && p->parent->parts[i].cap >= p->tl.ranks[rank].nbytes)
+			return p->parent->parts[i].block;
+	return NULL;
+}
+
 bool node__pub_keeps_parent(const struct node_pub *p)
 {
 	return p->anchor_every > 1 && p->nhosted == p->tl.nranks;
 }
 
 /*
- * The first delta after an anchor has no spare raw buffer to gather into:
- * the parent before the anchor, whose buffers would be the spares, did not
- * exist (or was dropped). Mapping fresh pages then puts their first-touch
- * faults (and zeroing) on that delta's critical path, which made v2 take
- * about twice as long as the deltas after it. A worker maps and touches
- * the spares while the anchor is distributed instead.
+ * The first delta after an anchor has no block to take its snapshot into:
+ * the parent before the anchor, whose blocks would take turns with the
+ * anchor's, did not exist (or was dropped). Mapping fresh pages then puts
+ * their first-touch faults (and zeroing) on that delta's critical path,
+ * which made v2 take about twice as long as the deltas after it. A worker
+ * maps and touches the blocks while the anchor is distributed instead.
  *
- * The first export has the same problem three times over: its snapshot
- * blocks, raw buffers and served buffers are all fresh pages (profiled on
- * a 128 MiB anchor: two thirds of the gather workers' CPU was the kernel
- * zeroing them). So a publisher that keeps parents maps and touches one
- * of each per trainer rank, sized to the rank's shard, while it waits for
- * its first export (node__pub_prefault_first); the export takes them.
+ * The first export has the same problem twice over: its snapshot blocks
+ * and served buffers are fresh pages (profiled on a 128 MiB anchor: two
+ * thirds of the gather workers' CPU was the kernel zeroing them). So a
+ * publisher that keeps parents maps and touches one of each per trainer
+ * rank, sized to the rank's shard, while it waits for its first export
+ * (node__pub_prefault_first); the export takes them.
  */
-enum pf_kind { PF_RAW, PF_BLOCK, PF_SERVED };
+enum pf_kind { PF_BLOCK, PF_SERVED };
 
 struct pub_prefault {
 	pthread_t tid;
@@ -431,9 +485,7 @@ void node__pub_prefault_join(struct node_pub *p)
 		struct pub_pbuf *b = &pf->bufs[i];
 		if (b->raw == NULL)
 			continue;
-		if (b->kind == PF_RAW && p->spare_raw[b->rank] == NULL) {
-			node__pub_raw_give(p, b->rank, b->raw, b->cap);
-		} else if (b->kind == PF_BLOCK && p->blocks[b->rank] == NULL) {
+		if (b->kind == PF_BLOCK && p->blocks[b->rank] == NULL) {
 			p->blocks[b->rank] = b->raw;
 			p->block_cap[b->rank] = b->cap;
 		} else if (b->kind == PF_SERVED && p->spare_buf[b->rank] == NULL) {
@@ -477,7 +529,7 @@ void node__pub_prefault_first(struct node_pub *p)
 		return;
 	pf->ck = checkpoint_of(p, p->published + 1);
 	if (!node__pub_keeps_parent(p) ||
-	    (pf->bufs = calloc((size_t)nr * 3, sizeof(*pf->bufs))) == NULL)
+	    (pf->bufs = calloc((size_t)nr * 2, sizeof(*pf->bufs))) == NULL)
 		nr = 0;
 	for (uint32_t r = 0; r < nr; r++) {
 		size_t cap = node__pub_page_round(p->tl.ranks[r].nbytes);
@@ -485,8 +537,6 @@ void node__pub_prefault_first(struct node_pub *p)
 			continue;
 		if (p->blocks[r] == NULL)
 			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = r, .kind = PF_BLOCK, .cap = cap};
-		if (p->spare_raw[r] == NULL)
-			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = r, .kind = PF_RAW, .cap = cap};
 		if (p->spare_buf[r] == NULL)
 			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = r, .kind = PF_SERVED, .cap = cap};
 	}
@@ -495,48 +545,21 @@ void node__pub_prefault_first(struct node_pub *p)
 
 void node__pub_prefault_start(struct node_pub *p, uint64_t next)
 {
-	const struct pub_parent *pp = p->parent;
 	struct pub_prefault *pf;
+	uint32_t nr = node__pub_keeps_parent(p) ? p->tl.nranks : 0;
 
 	node__pub_prefault_join(p);
 	if ((pf = calloc(1, sizeof(*pf))) == NULL)
 		return;
 	pf->ck = checkpoint_of(p, next);
-	if (pp != NULL && node__pub_keeps_parent(p))
-		pf->bufs = calloc(PROTO_MAX(pp->nparts, 1), sizeof(*pf->bufs));
-	for (size_t i = 0; pf->bufs != NULL && i < pp->nparts; i++) {
-		const struct pub_praw *pr = &pp->parts[i];
-		if (pr->rank < p->tl.nranks && pr->cap > 0 &&
-		    (p->spare_raw[pr->rank] == NULL || p->spare_cap[pr->rank] < pr->cap))
-			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = pr->rank, .kind = PF_RAW,
-							      .cap = pr->cap};
+	if (nr > 0)
+		pf->bufs = calloc(nr, sizeof(*pf->bufs));
+	for (uint32_t r = 0; pf->bufs != NULL && r < nr; r++) {
+		size_t cap = node__pub_page_round(p->tl.ranks[r].nbytes);
+		if (p->blocks[r] == NULL && p->tl.ranks[r].nbytes > 0)
+			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = r, .kind = PF_BLOCK, .cap = cap};
 	}
 	prefault_launch(p, pf);
-}
-
-uint8_t *node__pub_raw_take(struct node_pub *p, uint32_t rank, size_t cap, size_t *got)
-{
-	uint8_t *b;
-
-	node__pub_prefault_join(p);
-	b = p->spare_raw[rank];
-
-	if (b != NULL && p->spare_cap[rank] >= cap) {
-		*got = p->spare_cap[rank];
-		p->spare_raw[rank] = NULL;
-		p->spare_cap[rank] = 0;
-		return b;
-	}
-	node__pub_raw_give(p, rank, NULL, 0); /* too small: unmapped */
-	*got = cap;
-	return node_serve_map(cap);
-}
-
-void node__pub_raw_give(struct node_pub *p, uint32_t rank, uint8_t *raw, size_t cap)
-{
-	node_serve_unmap(p->spare_raw[rank], p->spare_cap[rank]);
-	p->spare_raw[rank] = raw;
-	p->spare_cap[rank] = raw != NULL ? cap : 0;
 }
 
 void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex)
@@ -544,12 +567,14 @@ void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex)
 	if (!ex->delta)
 		p->anchor_wanted = false;
 	/* The parent before this one is no longer encoded against: its
-	 * buffers are the next export's raw buffers. */
+	 * blocks take the next snapshots. */
 	for (size_t i = 0; p->parent != NULL && i < p->parent->nparts; i++) {
 		struct pub_praw *pr = &p->parent->parts[i];
-		if (pr->rank < p->tl.nranks) {
-			node__pub_raw_give(p, pr->rank, pr->raw, pr->cap);
-			pr->raw = NULL;
+		if (pr->rank < p->tl.nranks && p->blocks[pr->rank] == NULL &&
+		    pr->cap >= p->tl.ranks[pr->rank].nbytes) {
+			p->blocks[pr->rank] = pr->block;
+			p->block_cap[pr->rank] = pr->cap;
+			pr->block = NULL;
 		}
 	}
 	node__pub_parent_free(p->parent);
@@ -557,6 +582,6 @@ void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex)
 	ex->next_parent = NULL;
 	if (p->parent != NULL)
 		memcpy(p->parent->digest, ex->m.digest, PROTO_HASH_BYTES);
-	/* After an anchor: no spares were given back. */
+	/* After an anchor: no blocks were given back. */
 	node__pub_prefault_start(p, ex->version + 1);
 }

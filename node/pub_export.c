@@ -18,7 +18,7 @@
 #define WATCH_WAIT_MS 10000       /* long-poll for a version we wait for */
 #define PUBLISH_TRIES 20          /* transport failures before giving up */
 
-enum job_kind { JOB_SNAPSHOT, JOB_GATHER, JOB_COPY };
+enum job_kind { JOB_SNAPSHOT, JOB_GATHER };
 
 /* One worker thread's task; the loop reads its results after joining. */
 struct pub_job {
@@ -29,9 +29,10 @@ struct pub_job {
 	uint8_t *block;
 	struct pub_part *part;
 	uint32_t chunk_size;
-	bool delta;        /* encode, gathering into the raw buffer as it goes */
+	bool delta;        /* encode against the parent's snapshot */
 	/* An addendum: the block is rebuilt from the served export's raw
-	 * parcels (rs), or from the source when they do not cover it. */
+	 * parcels (rs), or from the source when they do not cover it (a
+	 * version kept as the parent: block is its snapshot, restored). */
 	bool restore, restored;
 	struct pub_rsrc *rs;
 	size_t nrs;
@@ -128,10 +129,10 @@ static void release_upto(struct pub_job *j, struct release *r, uint64_t pos)
 
 /*
  * A delta's part: each item is encoded against its parent by the encoder,
- * which gathers the payload into the raw buffer a cache-sized stretch at a
- * time right before its scan reads it and hands its changes to the canary
- * update: one pass over the new bytes, not a gather, then an encode that
- * reads them back from memory, then a canary compare.
+ * which scans this version's snapshot against the parent's (the snapshot
+ * the last version took, kept whole) where each piece lies in them, and
+ * hands its changes to the canary update: one pass over the new bytes and
+ * the old, nothing copied.
  */
 static uint64_t thread_cpu_ns(void)
 {
@@ -148,8 +149,7 @@ static void job_delta(struct pub_job *j)
 	uint64_t t0 = proto_now_ns(), c0 = thread_cpu_ns();
 
 	for (size_t i = 0; i < pt->nitems && !atomic_load(&j->p->abort); i++)
-		node__pub_delta_encode_item(j->p, pt, &pt->items[i], j->chunk_size, j->threads,
-					    j->block);
+		node__pub_delta_encode_item(j->p, &pt->items[i], j->chunk_size, j->threads, j->block);
 	j->encode_ns = proto_now_ns() - t0;
 	/* With more than one encoder thread the others' CPU is not in it. */
 	j->cpu_ns = thread_cpu_ns() - c0;
@@ -165,7 +165,7 @@ static void job_gather(struct pub_job *j)
 	struct release rel = {0};
 
 	j->encode_ns = 0;
-	if (j->restore) {
+	if (j->restore && !j->restored) {
 		j->restored = p->trainer && j->nrs > 0 &&
 			      node__pub_addendum_restore(p, j->rank, j->rs, j->nrs, pt, j->block,
 							 p->block_cap[j->rank]);
@@ -180,8 +180,8 @@ static void job_gather(struct pub_job *j)
 	 * that the next snapshot writes into pages already there. */
 	bool early = !node__pub_keeps_parent(p) && release_plan(j, &rel);
 
-	/* An anchor gathers into the served buffer and hashes, keeping a copy
-	 * in the raw buffer for the next delta. */
+	/* An anchor gathers into the served buffer and hashes (the snapshot
+	 * is the next delta's parent). */
 	for (size_t i = 0; i < pt->nitems && !atomic_load(&p->abort); i++) {
 		struct pub_item *it = &pt->items[i];
 		uint64_t bytes = it->pc->bytes;
@@ -194,8 +194,6 @@ static void job_gather(struct pub_job *j)
 				uint8_t *dst = pt->buf + it->off + c0 + o;
 				proto_parcel_gather(&it->sl->plan, it->pc, &p->tl, j->block, c0 + o, n, dst);
 				crypto_generichash_update(&st, dst, n);
-				if (pt->raw != NULL)
-					memcpy(pt->raw + it->raw_off + c0 + o, dst, n);
 			}
 			crypto_generichash_final(&st, it->hash[c], PROTO_HASH_BYTES);
 			if (early)
@@ -209,32 +207,12 @@ static void job_gather(struct pub_job *j)
 	free(rel.order);
 }
 
-/* A delta turned out too large: the raw payloads are copied into the
- * served buffer and hashed, as an anchor's. */
-static void job_copy(struct pub_job *j)
-{
-	struct pub_part *pt = j->part;
-	uint64_t cs = j->chunk_size;
-
-	for (size_t i = 0; i < pt->nitems && !atomic_load(&j->p->abort); i++) {
-		struct pub_item *it = &pt->items[i];
-		for (uint32_t c = 0; c < it->nchunks; c++) {
-			uint64_t c0 = (uint64_t)c * cs, clen = PROTO_MIN(cs, it->pc->bytes - c0);
-			memcpy(pt->buf + it->off + c0, pt->raw + it->raw_off + c0, clen);
-			crypto_generichash(it->hash[c], PROTO_HASH_BYTES, pt->buf + it->off + c0, clen,
-					   NULL, 0);
-		}
-	}
-}
-
 static void *job_main(void *arg)
 {
 	struct pub_job *j = arg;
 
 	if (j->kind == JOB_SNAPSHOT)
 		job_snapshot(j);
-	else if (j->kind == JOB_COPY)
-		job_copy(j);
 	else
 		job_gather(j);
 	atomic_store(&j->done, true);
@@ -269,10 +247,9 @@ void node__pub_ex_fail(struct node_pub *p, int code, const char *msg)
 }
 
 /* Joins the finished workers; a rank whose gather is done unmaps what is
- * left of its snapshot (every layout is in its export buffer now; a delta
- * will want the parent's export, not its snapshot), unless the publisher
- * keeps parents: then the next snapshot reuses the block's pages (at rest
- * it holds the snapshot, the parent and a spare raw buffer per rank). */
+ * left of its snapshot (every layout is in its export buffer now), unless
+ * the publisher keeps parents: then the snapshot is the next delta's
+ * parent (at rest it holds two snapshot blocks per rank, taking turns). */
 static void ex_join(struct node_pub *p, struct pub_export *ex)
 {
 	for (size_t i = 0; i < ex->njobs; i++) {
@@ -661,7 +638,6 @@ static void ex_gather_start(struct node_pub *p)
 				it->pi = k;
 				it->nchunks = (uint32_t)nch;
 				it->off = off;
-				it->raw_off = off;
 				it->wire = pc->bytes;
 				off = (off + pc->bytes + PUB_ALIGN - 1) & ~(uint64_t)(PUB_ALIGN - 1);
 				it->hash = calloc(PROTO_MAX(nch, 1), PROTO_HASH_BYTES);
@@ -674,9 +650,9 @@ static void ex_gather_start(struct node_pub *p)
 		}
 		pt->used = off;
 	}
-	/* Anchor or delta: the parcels as they are go to a raw buffer kept
-	 * as the next export's parent (node/pub_delta.c). */
-	/* An addendum's parcels are always full: its layout has no parent. */
+	/* Anchor or delta: the snapshot is kept as the next export's parent
+	 * (node/pub_delta.c). An addendum's parcels are always full: its
+	 * layout has no parent. */
 	const char *why = ex->verify     ? "rebuilt after a restart" :
 			  ex->addendum ? "an addendum for a new layout" :
 					 node__pub_delta_why_anchor(p, ex);
@@ -686,23 +662,9 @@ static void ex_gather_start(struct node_pub *p)
 	ex->since_anchor = ex->delta ? p->parent->since_anchor + 1 : 0;
 	if (why != NULL && why != ex->why)
 		snprintf(ex->why, sizeof(ex->why), "%s", why);
-	bool keep_raw = !ex->verify && !ex->addendum && node__pub_keeps_parent(p);
-	size_t recycled = 0;
-	if (keep_raw)
-		node__pub_prefault_join(p); /* the spares an anchor left to be made */
+	bool keep = !ex->verify && !ex->addendum && node__pub_keeps_parent(p);
 	for (size_t i = 0; i < pv->nparts; i++) {
 		struct pub_part *pt = &pv->parts[i];
-		if (keep_raw) {
-			size_t need = node__pub_page_round(pt->used);
-			recycled += p->spare_raw[pt->rank] != NULL && p->spare_cap[pt->rank] >= need;
-			pt->raw = node__pub_raw_take(p, pt->rank, need, &pt->raw_cap);
-			if (pt->raw == NULL) {
-				pt->raw_cap = 0;
-				ex_fail(p, ENOMEM, "cannot map a %llu-byte parent buffer for rank %u",
-					(unsigned long long)node__pub_page_round(pt->used), pt->rank);
-				return;
-			}
-		}
 		if (!ex->delta && node__pub_part_alloc(p, pt) != 0) {
 			ex_fail(p, ENOMEM, "cannot map a %llu-byte export buffer for rank %u",
 				(unsigned long long)node__pub_page_round(pt->used), pt->rank);
@@ -712,13 +674,13 @@ static void ex_gather_start(struct node_pub *p)
 	if (!ex->verify) {
 		if (ex->delta)
 			LOG_INFO("version %llu: a delta against version %llu (%u since the anchor; "
-				 "%zu of %zu raw buffers recycled)",
+				 "%zu of %zu snapshot blocks recycled)",
 				 (unsigned long long)ex->version, (unsigned long long)p->parent->version,
-				 ex->since_anchor, recycled, keep_raw ? pv->nparts : 0);
+				 ex->since_anchor, ex->recycled, keep ? pv->nparts : 0);
 		else
-			LOG_INFO("version %llu: an anchor: %s (%zu of %zu raw buffers recycled)",
-				 (unsigned long long)ex->version, ex->why, recycled,
-				 keep_raw ? pv->nparts : 0);
+			LOG_INFO("version %llu: an anchor: %s (%zu of %zu snapshot blocks recycled)",
+				 (unsigned long long)ex->version, ex->why, keep ? ex->recycled : 0,
+				 keep ? pv->nparts : 0);
 	}
 	for (size_t i = 0; i < ex->njobs; i++) {
 		struct pub_job *j = &ex->jobs[i];
@@ -732,7 +694,13 @@ static void ex_gather_start(struct node_pub *p)
 		 * gives the version itself, and faster (nothing to put back
 		 * together from parcels), so it is read again. */
 		j->restore = ex->addendum;
-		if (j->restore && p->trainer &&
+		/* The version kept as the parent: its snapshot is the rank's
+		 * memory as it was, read where it lies. */
+		uint8_t *kept = ex->addendum ? node__pub_parent_block(p, ex->version, j->rank) : NULL;
+		if (kept != NULL) {
+			j->block = kept;
+			j->restored = true;
+		} else if (j->restore && p->trainer &&
 		    node__pub_addendum_sources(p, ex->version, j->rank, &j->rs, &j->nrs) != 0)
 			LOG_WARN("version %llu: out of memory listing rank %u's served parcels; "
 				 "rebuilding it from the source",
@@ -843,10 +811,22 @@ static void ex_gathered(struct node_pub *p)
 		cpu_ns += ex->jobs[i].cpu_ns;
 	}
 	/* Load-robust where the wall time is not: the workers' CPU time. */
-	if (ex->delta && !ex->verify && ex->jobs[0].threads == 1)
-		LOG_INFO("version %llu: %zu trainer ranks' parcels gathered and encoded in %llu ms, "
-			 "%llu ms of CPU", (unsigned long long)ex->version, ex->njobs,
-			 (unsigned long long)ms_of(ex->encode_ns), (unsigned long long)ms_of(cpu_ns));
+	uint64_t nin = 0, tot = 0;
+	for (size_t i = 0; ex->delta && i < ex->pv->nparts; i++)
+		for (size_t j = 0; j < ex->pv->parts[i].nitems; j++) {
+			nin += ex->pv->parts[i].items[j].in_place;
+			tot += ex->pv->parts[i].items[j].pc->bytes;
+		}
+	/* (With more than one encoder thread a job's CPU time is not all of it.) */
+	char cpu[48] = "";
+	if (ex->jobs[0].threads == 1)
+		snprintf(cpu, sizeof(cpu), ", %llu ms of CPU", (unsigned long long)ms_of(cpu_ns));
+	if (ex->delta && !ex->verify)
+		LOG_INFO("version %llu: %zu trainer ranks' parcels encoded in %llu ms%s (%.1f of %.1f "
+			 "MiB read in place from the snapshots, the others gathered)",
+			 (unsigned long long)ex->version, ex->njobs,
+			 (unsigned long long)ms_of(ex->encode_ns), cpu, (double)nin / (1 << 20),
+			 (double)tot / (1 << 20));
 	if (ex->delta) {
 		rc = node__pub_delta_place(p, ex, &err);
 		if (rc < 0) {
@@ -854,7 +834,7 @@ static void ex_gathered(struct node_pub *p)
 			return;
 		}
 		if (rc == 1) {
-			/* Too large: hash the raw parcels and send an anchor. */
+			/* Too large: gather and hash the parcels, and send an anchor. */
 			LOG_INFO("version %llu: an anchor after all: %s", (unsigned long long)ex->version,
 				 ex->why);
 			for (size_t i = 0; i < ex->pv->nparts; i++) {
@@ -877,8 +857,11 @@ static void ex_gathered(struct node_pub *p)
 					return;
 				}
 			}
+			/* Gathered from the snapshot again, as an anchor's. */
+			for (size_t i = 0; i < ex->njobs; i++)
+				ex->jobs[i].delta = false;
 			ex->copying = true;
-			ex_launch(p, JOB_COPY);
+			ex_launch(p, JOB_GATHER);
 			return;
 		}
 	}
@@ -1117,6 +1100,7 @@ void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t versio
 		pv->parts[i].rank = r;
 		for (size_t h = 0; h < p->nhosted; h++)
 			pv->parts[i].hosted |= p->hosted[h].rank == r;
+		ex->recycled += p->blocks[r] != NULL;
 		if (p->blocks[r] == NULL) {
 			p->block_cap[r] = node__pub_page_round(p->tl.ranks[r].nbytes);
 			p->blocks[r] = node_serve_map(p->block_cap[r]);

@@ -57,8 +57,9 @@ struct pub_item {
 	uint8_t (*hash)[PROTO_HASH_BYTES]; /* nchunks hashes, filled by a worker */
 	/* Deltas (node/pub_delta.c): */
 	uint64_t wire;          /* bytes served: pc->bytes, or the delta's */
-	uint64_t raw_off;       /* in the part's raw buffer */
-	const uint8_t *parent;  /* the parent's payload of this parcel, or NULL */
+	/* The parent's snapshot of this parcel's source rank (owned by the
+	 * parent export), or NULL: the parcel has no parent. */
+	const uint8_t *parent;
 	uint64_t parent_canary; /* the parent parcel's canary part (with parent) */
 	/* The parent's piece checksums from the encode that made it, or NULL
 	 * (summed again); owned by the parent export. */
@@ -66,6 +67,9 @@ struct pub_item {
 	uint64_t *sums; /* this payload's piece checksums (encoder), or NULL */
 	uint8_t *enc;           /* the encoded delta (worker), until placed */
 	uint64_t changed;       /* elements the delta changes */
+	/* The bytes its encode read where they lie, not gathered (a dense
+	 * chunk's parent, read again for its checksum, counts twice). */
+	uint64_t in_place;
 	int enc_rc;             /* the encoder's result */
 	bool dense;             /* changed too much to encode (encoding stopped) */
 	/* The parcel's part of its destination rank's canary score
@@ -93,11 +97,6 @@ struct pub_part {
 	size_t nslices;
 	struct pub_item *items;
 	size_t nitems;
-	/* The parcels as they are (the payload an anchor would send), kept
-	 * as the parent of the next export (node/pub_delta.c); raw_cap 0:
-	 * none. */
-	uint8_t *raw;
-	size_t raw_cap;
 };
 
 /* Where one layout of a served version stands. A layout no replica of it
@@ -145,19 +144,20 @@ struct pub_req {
 
 struct pub_job; /* one worker thread's task (pub_export.c) */
 
-/* The last published version's parcels as they are, by rank: what the next
- * export's deltas are encoded against (node/pub_delta.c). Owns its buffers. */
+/* The last published version by rank: its snapshot of the rank's memory,
+ * which the next export's deltas are encoded against (node/pub_delta.c),
+ * and what its parcels' encodes left for the next one. Owns its blocks. */
 struct pub_pitem {
 	uint8_t layout[PROTO_HASH_BYTES];
 	uint32_t src, dst;
-	uint64_t raw_off, bytes;
+	uint64_t bytes;
 	uint64_t canary; /* its canary part: the child's is updated from it */
 	uint64_t *sums;  /* its piece checksums, from its encode, or NULL */
 };
 
 struct pub_praw {
 	uint32_t rank;
-	uint8_t *raw;
+	uint8_t *block; /* the rank's snapshot, cap bytes (node_serve_map) */
 	size_t cap;
 	struct pub_pitem *items;
 	size_t nitems;
@@ -219,6 +219,7 @@ struct pub_export {
 	char why[128];         /* why this export is an anchor */
 	uint32_t since_anchor; /* versions since the last anchor (0: this one) */
 	uint64_t encode_ns, raw_bytes;
+	size_t recycled;       /* snapshot blocks there before it (not mapped afresh) */
 	struct pub_parent *next_parent; /* becomes p->parent once published */
 	/* The expected canary scores of the export's layouts (leader, built
 	 * with the manifest; pub_canary.c), posted once it is published. */
@@ -261,20 +262,21 @@ struct node_pub {
 	bool trainer;
 	int *tr_fd;
 	uint8_t **tr_map;
-	uint8_t **blocks;        /* per trainer rank: its snapshot, during an export */
-	size_t *block_cap;       /* (kept between exports when parents are kept) */
-	/* Per trainer rank: a raw buffer given back by the parent export
-	 * before the current one, which the next export gathers into instead
-	 * of fresh pages the kernel must fault in and zero (node/pub_delta.c). */
-	uint8_t **spare_raw;
-	size_t *spare_cap;
+	/* Per trainer rank: the block the next snapshot is taken into. When
+	 * parents are kept, a published version's block becomes the parent's
+	 * and the parent before it gives its block back here: two blocks per
+	 * rank take turns (node/pub_delta.c); else it is unmapped after the
+	 * gather. */
+	uint8_t **blocks;
+	size_t *block_cap;
 	/* Per trainer rank: a served buffer touched before the first export
 	 * (node__pub_prefault_first), which its export maps no fresh one for. */
 	uint8_t **spare_buf;
 	size_t *spare_buf_cap;
-	/* An anchor leaves no spare (there was no parent to give one back):
-	 * a worker maps and touches them while the anchor goes out, and the
-	 * next export's first take joins it (node/pub_delta.c). NULL: none. */
+	/* An anchor leaves no block to take turns with (there was no parent
+	 * to give one back): a worker maps and touches one per rank while the
+	 * anchor goes out, and the next export's start joins it
+	 * (node/pub_delta.c). NULL: none. */
 	struct pub_prefault *prefault;
 
 	/* Hosted ranks. */
@@ -415,14 +417,16 @@ bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex);
 /* Threads each parcel's delta encode runs on when nranks trainer ranks
  * encode at once (TESSERA_DELTA_THREADS). Cannot fail. */
 unsigned node__pub_delta_threads(size_t nranks);
-/* Worker: encodes one item of pt against its parent, takes its canary
- * part from the encoder's changes and hashes the delta's chunks. block not
- * NULL: the rank's snapshot, from which the encoder gathers the item's
- * payload into the part's raw buffer as it scans it (one pass); NULL: the
- * payload is there already. Either way the raw payload is whole afterwards.
- * Cannot fail: the item's enc_rc says how it went. */
-void node__pub_delta_encode_item(struct node_pub *p, struct pub_part *pt, struct pub_item *it,
-				 uint32_t chunk_size, unsigned threads, const uint8_t *block);
+/* Worker: encodes one item against its parent (it->parent, the parent's
+ * snapshot of the same source rank) from block, this version's snapshot:
+ * each stretch the scan reads is read where it lies in both when it is one
+ * stretch of the rank's memory, else gathered from both into the encoding
+ * thread's room (in cache) right before the scan.
+ * Takes its canary part from the encoder's changes and hashes the delta's
+ * chunks. Cannot fail: the item's enc_rc says how it went (-ENOMEM, a
+ * failed encode, or dense: the version then goes as an anchor). */
+void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32_t chunk_size,
+				 unsigned threads, const uint8_t *block);
 /* Loop: lays the encoded deltas out in each part's served buffer. 1 when
  * the deltas are too large (or one failed): ex is then an anchor (served
  * offsets reset to the raw layout); 0 when placed; -ENOMEM. */
@@ -430,43 +434,40 @@ int node__pub_delta_place(struct node_pub *p, struct pub_export *ex, struct prot
 /* Lays out pt's served buffer: each item at a page-aligned offset sized
  * it->wire, layout by layout (slices); sets pt->used. */
 void node__pub_part_layout(struct pub_part *pt, size_t nlayouts);
-/* Takes the raw buffers of ex's parts as the next parent export (kept in
- * ex->next_parent until the version is published). Cannot fail: without
- * memory the next export is an anchor. */
+/* Takes the snapshot blocks of ex's parts as the next parent export (kept
+ * in ex->next_parent until the version is published; the next snapshot is
+ * taken into another block). Cannot fail: without memory the next export
+ * is an anchor. */
 void node__pub_parent_stage(struct node_pub *p, struct pub_export *ex);
 /* The version is published: its staged parent replaces p->parent, whose
- * raw buffers become the spares of the next export. */
+ * blocks become the next snapshot's. */
 void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex);
-/* Whether exports keep their raw parcels as the next one's parent (deltas
- * are on and this publisher hosts every trainer rank); then the snapshot
- * blocks and raw buffers are recycled from version to version. */
+/* The snapshot of trainer rank kept as the parent export, when that is
+ * version v, else NULL; read only (it is the next delta's parent). */
+uint8_t *node__pub_parent_block(const struct node_pub *p, uint64_t v, uint32_t rank);
+/* Whether exports keep their snapshots as the next one's parent (deltas
+ * are on and this publisher hosts every trainer rank); then two snapshot
+ * blocks per rank take turns from version to version. */
 bool node__pub_keeps_parent(const struct node_pub *p);
-/* A raw buffer of at least cap bytes for rank: its spare when that is large
- * enough (holding an older version's bytes: the gather overwrites every
- * parcel byte, and nothing else of it is read), else a fresh mapping.
- * *got: its size, for node_serve_unmap. NULL: out of memory. */
-uint8_t *node__pub_raw_take(struct node_pub *p, uint32_t rank, size_t cap, size_t *got);
-/* Gives a raw buffer back as rank's spare (one is kept: a spare already
- * there is unmapped); NULL is fine; cannot fail. */
-void node__pub_raw_give(struct node_pub *p, uint32_t rank, uint8_t *raw, size_t cap);
-/* After a commit that left a rank of the parent without a spare large
- * enough: maps one per such rank on a worker and touches every page, so
- * the next export gathers into pages the kernel already gave. A model-dir
+/* After a commit that left a rank without a snapshot block (after an
+ * anchor: no parent gave one back): maps one per such rank on a worker and
+ * touches every page, so the next snapshot writes pages the kernel already
+ * gave. A model-dir
  * publisher's worker also maps in the pages of version next's checkpoint
  * (its snapshot then copies from pages already mapped, not faulting them
  * in one by one on its critical path). Nothing happens when out of memory
  * (the take maps a fresh buffer as before). */
 void node__pub_prefault_start(struct node_pub *p, uint64_t next);
 /* Before the first export of a publisher that keeps parents: maps on a
- * worker, and touches every page of, each trainer rank's snapshot block,
- * spare raw buffer and spare served buffer, sized to the rank's shard, so
+ * worker, and touches every page of, each trainer rank's snapshot block
+ * and spare served buffer, sized to the rank's shard, so
  * that the first export does not fault them in on its critical path (and
  * maps in the first version's checkpoint, as the start does).
  * Nothing happens when out of memory; cannot fail. */
 void node__pub_prefault_first(struct node_pub *p);
-/* Waits for that worker (if any) and hands its buffers to the spares (and
- * the blocks); cannot fail. Called by the take, the first export's start
- * and served buffer, and when the publisher is freed. */
+/* Waits for that worker (if any) and hands its buffers to the blocks (and
+ * the spare served buffers); cannot fail. Called by an export's start and
+ * served buffer, and when the publisher is freed. */
 void node__pub_prefault_join(struct node_pub *p);
 
 /* ---- pub_serve.c: served versions --------------------------------------------------- */
@@ -502,9 +503,9 @@ struct pub_rsrc {
 	const struct proto_parcel *pc;
 	const uint8_t *payload; /* pc->bytes */
 };
-/* The raw parcels trainer rank sent in the served export of version v (an
- * anchor's served buffers, or a delta's raw parcels kept as the parent),
- * each layout still served; *out (free it) NULL and *n 0 when there are
+/* The raw parcels trainer rank sent in the served anchor v (its served
+ * buffers), each layout still served (a version kept as the parent is read
+ * from its snapshot instead: node__pub_parent_block); *out (free it) NULL and *n 0 when there are
  * none. Loop only; -ENOMEM leaves none. The buffers stay valid while the
  * export runs: no export publishes meanwhile, so v stays the newest. */
 int node__pub_addendum_sources(struct node_pub *p, uint64_t v, uint32_t rank,

@@ -33,12 +33,6 @@ void node__pub_part_release(struct node_pub *p, struct pub_part *pt)
 	node_serve_unmap(pt->buf, pt->cap);
 	pt->buf = NULL;
 	pt->cap = 0;
-	if (pt->raw != NULL && p->spare_raw != NULL) /* not taken as a parent export */
-		node__pub_raw_give(p, pt->rank, pt->raw, pt->raw_cap);
-	else
-		node_serve_unmap(pt->raw, pt->raw_cap);
-	pt->raw = NULL;
-	pt->raw_cap = 0;
 }
 
 int node__pub_part_alloc(struct node_pub *p, struct pub_part *pt)

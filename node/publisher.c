@@ -407,14 +407,11 @@ int node_pub_new(struct event_base *base, const struct node_pub_opts *o, struct 
 	nr = p->tl.nranks;
 	p->blocks = calloc(nr, sizeof(*p->blocks));
 	p->block_cap = calloc(nr, sizeof(*p->block_cap));
-	p->spare_raw = calloc(nr, sizeof(*p->spare_raw));
-	p->spare_cap = calloc(nr, sizeof(*p->spare_cap));
 	p->spare_buf = calloc(nr, sizeof(*p->spare_buf));
 	p->spare_buf_cap = calloc(nr, sizeof(*p->spare_buf_cap));
 	p->hosted = calloc(o->nranks ? o->nranks : nr, sizeof(*p->hosted));
 	if (p->model_json == NULL || p->tl_json == NULL || p->blocks == NULL ||
-	    p->block_cap == NULL || p->spare_raw == NULL || p->spare_cap == NULL ||
-	    p->spare_buf == NULL || p->spare_buf_cap == NULL || p->hosted == NULL) {
+	    p->block_cap == NULL || p->spare_buf == NULL || p->spare_buf_cap == NULL || p->hosted == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
 	}
@@ -609,13 +606,9 @@ void node_pub_free(struct node_pub *p)
 	for (uint32_t r2 = 0; p->have_tl && r2 < p->tl.nranks; r2++) {
 		if (p->blocks != NULL && p->blocks[r2] != NULL)
 			munmap(p->blocks[r2], p->block_cap[r2]);
-		if (p->spare_raw != NULL)
-			node_serve_unmap(p->spare_raw[r2], p->spare_cap[r2]);
 		if (p->spare_buf != NULL)
 			node_serve_unmap(p->spare_buf[r2], p->spare_buf_cap[r2]);
 	}
-	free(p->spare_raw);
-	free(p->spare_cap);
 	free(p->spare_buf);
 	free(p->spare_buf_cap);
 	free(p->blocks);

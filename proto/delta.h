@@ -168,6 +168,19 @@ struct proto_delta_opts {
 	 * stretches may never have been asked for. */
 	void (*fill)(void *arg, uint32_t t, uint64_t base, uint64_t n);
 	void *fill_arg;
+	/* Not NULL: where the scan reads elements [base, base + n) of child
+	 * tensor t and of its parent (a stretch of at most 2^15 elements
+	 * inside one chunk; tensors with a parent only), asked on the encoding
+	 * thread right before it reads them. *a and *b come set to the
+	 * elements in data[], and may be pointed elsewhere: at the bytes
+	 * where they lie (each side's n elements contiguous there), or at
+	 * room, this thread's 2 * n elements' bytes, valid until its next call,
+	 * after gathering them into it. A caller whose tensors are pieces of a
+	 * larger memory reads them in place, or gathers them while in cache;
+	 * data[t] then need only be a base the offsets stay inside. */
+	void (*locate)(void *arg, uint32_t t, uint64_t base, uint64_t n, uint8_t *room,
+		       const uint8_t **a, const uint8_t **b);
+	void *locate_arg;
 	/* Not 0: the encode stops with -E2BIG as soon as more elements than
 	 * this have changed (a delta that large is not wanted; the changes
 	 * are counted by the scan, so a dense child costs about one compare,
@@ -359,6 +372,15 @@ void proto_dparcel_fini(struct proto_dparcel *d);
 int proto_dparcel_encode(const struct proto_dparcel *d, const uint8_t *parent,
 			 const uint8_t *child, const struct proto_delta_opts *o, uint8_t **out,
 			 size_t *out_len, struct proto_delta_stats *st, struct proto_err *err);
+/* The same with each piece's bytes where they lie: parent[i] and child[i]
+ * point at piece i's len bytes (d->npieces each), e.g. straight into the
+ * source rank's memory where a piece is contiguous there, so nothing is
+ * gathered first. The delta is the one proto_dparcel_encode makes of the
+ * same bytes. */
+int proto_dparcel_encode_at(const struct proto_dparcel *d, const uint8_t *const *parent,
+			    const uint8_t *const *child, const struct proto_delta_opts *o,
+			    uint8_t **out, size_t *out_len, struct proto_delta_stats *st,
+			    struct proto_err *err);
 /* Applies a parcel delta in place to a destination block holding the
  * parent: parses it (hostile bytes), takes each piece's parent checksum from
  * the block itself (a damaged parent is refused), patches the changed

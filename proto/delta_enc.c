@@ -25,6 +25,7 @@
 #define BITMAP_MIN_DEN 32
 #define DENSE_MIN_DEN 8
 #define REC_MAX (1 + 3 * 10 + PROTO_DELTA_MAX_STREAMS * 10)
+#define PIECE (1u << 15) /* elements scanned and summed while in L2 */
 
 struct chunk_out {
 	uint8_t rec[REC_MAX];
@@ -71,6 +72,7 @@ struct scratch {
 	uint8_t *raw;   /* one raw stream being built */
 	uint8_t *zb[4]; /* compressed candidates; swapped, never copied */
 	size_t zcap;
+	uint8_t *room;  /* a stretch of both sides, for opts.locate */
 };
 
 static int scratch_init(struct scratch *s, const struct job *j)
@@ -90,8 +92,9 @@ static int scratch_init(struct scratch *s, const struct job *j)
 	s->zcap = (w + 1) * ZSTD_compressBound(n) + ZSTD_compressBound(n / 32 + 64) + 1024;
 	for (int i = 0; i < 4; i++)
 		s->zb[i] = malloc(s->zcap);
+	s->room = malloc(2 * (size_t)PIECE * w);
 	if (s->cctx == NULL || !s->pos || !s->val || !s->raw || !s->zb[0] || !s->zb[1] ||
-	    !s->zb[2] || !s->zb[3])
+	    !s->zb[2] || !s->zb[3] || !s->room)
 		return -ENOMEM;
 	ZSTD_CCtx_setParameter(s->cctx, ZSTD_c_compressionLevel, j->level);
 	ZSTD_CCtx_setParameter(s->cctx, ZSTD_c_checksumFlag, 1);
@@ -109,6 +112,7 @@ static void scratch_fini(struct scratch *s)
 	free(s->raw);
 	for (int i = 0; i < 4; i++)
 		free(s->zb[i]);
+	free(s->room);
 }
 
 static bool all_zero(const uint8_t *p, size_t n)
@@ -272,8 +276,6 @@ SCAN_FN(scan2, uint16_t, 2)
 SCAN_FN(scan4, uint32_t, 4)
 SCAN_FN(scan8, uint64_t, 8)
 
-#define PIECE (1u << 15) /* elements scanned and summed while in L2 */
-
 /* Scans chunk ci (n elements from element base of child tensor t) piece by
  * piece and sums both sides of each piece while it is still in cache, so
  * the checksums cost no extra pass over memory (the parent's side only when
@@ -296,6 +298,8 @@ static size_t scan(const struct job *j, struct scratch *s, uint32_t t, uint64_t 
 		uint64_t ta, tb;
 		if (o != NULL && o->fill != NULL)
 			o->fill(o->fill_arg, t, base + i, m);
+		if (o != NULL && o->locate != NULL && pa != NULL)
+			o->locate(o->locate_arg, t, base + i, m, s->room, &pa, &pb);
 		switch (w) {
 		case 1:
 			k += scan1(s->pos + k, s->val + k, pa, pb, m, &ta, &tb);
@@ -311,15 +315,35 @@ static size_t scan(const struct job *j, struct scratch *s, uint32_t t, uint64_t 
 			break;
 		}
 		*tsum = proto_wsum_combine(*tsum, i, (tb % PROTO_WSUM_P) << 32 | ta % PROTO_WSUM_P);
+		/* (Positions from the stretch's first element, as scanned.) */
+		if (o != NULL && o->on_changes != NULL && k > k0)
+			o->on_changes(o->changes_arg, t, base + i, s->pos + k0, k - k0, pa, pb);
 		for (size_t q = k0; q < k; q++)
 			s->pos[q] += i;
-		if (o != NULL && o->on_changes != NULL && k > k0)
-			o->on_changes(o->changes_arg, t, base, s->pos + k0, k - k0, a, b);
 		if (sum_parent)
 			*psum = proto_wsum_combine(*psum, i, proto_wsum(w, pa, m));
 		*csum = proto_wsum_combine(*csum, i, proto_wsum(w, pb, m));
 	}
 	return k;
+}
+
+/* The wsum of the parent's n elements of chunk (t, base), read where
+ * opts.locate says they are (a dense chunk's, after its scan). */
+static uint64_t parent_wsum(const struct job *j, struct scratch *s, uint32_t t, uint64_t base,
+			    const uint8_t *a, const uint8_t *b, uint32_t n, uint32_t w)
+{
+	const struct proto_delta_opts *o = j->o;
+	uint64_t sum = 0;
+
+	if (o == NULL || o->locate == NULL)
+		return proto_wsum(w, a, n);
+	for (uint32_t i = 0; i < n; i += PIECE) {
+		uint32_t m = PROTO_MIN(PIECE, n - i);
+		const uint8_t *pa = a + (size_t)i * w, *pb = b + (size_t)i * w;
+		o->locate(o->locate_arg, t, base + i, m, s->room, &pa, &pb);
+		sum = proto_wsum_combine(sum, i, proto_wsum(w, pa, m));
+	}
+	return sum;
 }
 
 static void swap(uint8_t **a, uint8_t **b)
@@ -448,7 +472,7 @@ static int encode_chunk(struct job *j, struct scratch *s, uint64_t ci)
 		if (mode == PROTO_DELTA_ZERO || dpl.total < pos.total + vals.total) {
 			/* Apply writes every element of a dense chunk. */
 			out->tsum = a == NULL ? 0 : j->parent->sums == NULL ? out->psum
-								   : proto_wsum(w, a, n);
+								   : parent_wsum(j, s, t, base, a, b, n, w);
 			mode = PROTO_DELTA_DENSE;
 			vcode = dv;
 			vals = dpl;

@@ -96,6 +96,18 @@ fail:
 	return rc;
 }
 
+int proto_dparcel_encode_at(const struct proto_dparcel *d, const uint8_t *const *parent,
+			    const uint8_t *const *child, const struct proto_delta_opts *o,
+			    uint8_t **out, size_t *out_len, struct proto_delta_stats *st,
+			    struct proto_err *err)
+{
+	struct proto_delta_version pv = {&d->model, no_header, 0, parent,
+					 o ? o->parent_sums : NULL};
+	struct proto_delta_version cv = {&d->model, no_header, 0, child, NULL};
+
+	return proto_delta_encode(&pv, &cv, o, out, out_len, st, err);
+}
+
 int proto_dparcel_encode(const struct proto_dparcel *d, const uint8_t *parent,
 			 const uint8_t *child, const struct proto_delta_opts *o, uint8_t **out,
 			 size_t *out_len, struct proto_delta_stats *st, struct proto_err *err)
@@ -115,9 +127,7 @@ int proto_dparcel_encode(const struct proto_dparcel *d, const uint8_t *parent,
 		pd[i] = parent + d->pieces[i].pay_off;
 		cd[i] = child + d->pieces[i].pay_off;
 	}
-	struct proto_delta_version pv = {&d->model, no_header, 0, pd, o ? o->parent_sums : NULL};
-	struct proto_delta_version cv = {&d->model, no_header, 0, cd, NULL};
-	rc = proto_delta_encode(&pv, &cv, o, out, out_len, st, err);
+	rc = proto_dparcel_encode_at(d, pd, cd, o, out, out_len, st, err);
 	free(pd);
 	free(cd);
 	return rc;

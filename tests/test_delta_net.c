@@ -48,6 +48,19 @@ static void synth(const char *dir)
 	assert_int_equal(proto_synth_run(dir, &o, NULL, NULL, &err), 0);
 }
 
+/* A `tessera cluster` report that says ok, with its n versions in *vs
+ * (the caller frees the report). */
+static json_t *cluster_report(const char *path, size_t n, json_t **vs)
+{
+	json_t *j = tu_load_json(path);
+
+	assert_non_null(j);
+	assert_true(json_is_true(json_object_get(j, "ok")));
+	*vs = json_object_get(j, "versions");
+	assert_int_equal(json_array_size(*vs), n);
+	return j;
+}
+
 /* `tessera cluster` over a synth model: anchors and deltas alternate as
  * --anchor-every says, every replica ends bit-exact on every version, and a
  * delta costs a few percent of the anchor on the wire. A replica of a new
@@ -66,11 +79,7 @@ static void test_delta_cluster(void **state)
 			       "--replica tp1 --late-replica tp4 --report %s > %s/out 2>&1 || cat %s/out",
 			       bin, mdir, report, dir, dir),
 			 0);
-	json_t *j = tu_load_json(report);
-	assert_non_null(j);
-	assert_true(json_is_true(json_object_get(j, "ok")));
-	json_t *vs = json_object_get(j, "versions");
-	assert_int_equal(json_array_size(vs), 6);
+	json_t *vs, *j = cluster_report(report, 6, &vs);
 	static const char *kinds[] = {"anchor", "delta", "delta", "delta", "anchor", "delta"};
 	for (size_t i = 0; i < 6; i++) {
 		json_t *v = json_array_get(vs, i);
@@ -100,6 +109,49 @@ static void test_delta_cluster(void **state)
 			       "> /dev/null 2>&1",
 			       bin),
 			 2);
+	tu_rmtree(dir);
+}
+
+/* A delta that turns out too large goes as an anchor after all, gathered
+ * from the version's snapshot (the encode read it in place and stopped):
+ * steps at lr 1e-3 change most elements, more than twice
+ * TESSERA_DELTA_MAX_PERCENT=1 of them, so v2 and v3 stop their encode and
+ * go whole, each snapshot still kept as the next one's parent, and every
+ * replica (tp2: column shards gathered; tp1) is bit-exact on every version. */
+static bool file_has(const char *path, const char *s);
+
+static void test_anchor_after_all(void **state)
+{
+	char dir[256], mdir[300], bin[512], report[512];
+	struct proto_synth_opts o = {.bytes = MODEL_BYTES, .steps = 2, .lr = 1e-3, .seed = 5,
+				     .threads = 2};
+	struct proto_err err;
+
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	snprintf(mdir, sizeof(mdir), "%s/model", dir);
+	assert_int_equal(mkdir(mdir, 0755), 0);
+	assert_int_equal(proto_synth_run(mdir, &o, NULL, NULL, &err), 0);
+	tu_bin(bin, sizeof(bin), "tessera");
+	snprintf(report, sizeof(report), "%s/report.json", dir);
+	assert_int_equal(tu_sh("TESSERA_DELTA_MAX_PERCENT=1 TESSERA_LOG=info %s cluster --model-dir %s "
+			       "--versions 3 --replica tp2 --replica tp1 --keep %s/run --report %s "
+			       "> %s/out 2>&1 || cat %s/out",
+			       bin, mdir, dir, report, dir, dir),
+			 0);
+	json_t *vs, *j = cluster_report(report, 3, &vs);
+	for (size_t i = 0; i < 3; i++) {
+		json_t *v = json_array_get(vs, i), *r;
+		size_t k;
+		assert_string_equal(json_string_value(json_object_get(v, "kind")), "anchor");
+		assert_int_equal(json_integer_value(json_object_get(v, "wire_bytes")),
+				 json_integer_value(json_object_get(v, "anchor_bytes")));
+		json_array_foreach(json_object_get(v, "replicas"), k, r)
+			assert_true(json_is_true(json_object_get(r, "digest_ok")));
+	}
+	json_decref(j);
+	snprintf(report, sizeof(report), "%s/run/publisher.log", dir);
+	assert_true(file_has(report, "version 2: an anchor after all: a parcel changed too much"));
+	assert_true(file_has(report, "version 3: an anchor after all: a parcel changed too much"));
 	tu_rmtree(dir);
 }
 
@@ -836,12 +888,12 @@ static void test_every_model_dir_runs_out(void **state)
 	assert_int_equal(file_count(log, "holds only"), 1);
 }
 
-/* The publisher gathered v1 into raw buffers it touched before its first
- * export (node__pub_prefault_first), and gathers v3 on into the raw
- * buffers v1 and v2 gave back (two trainer ranks: two a version), which
- * hold those versions' bytes, and keeps its snapshot blocks: every
- * version the node rebuilds from the deltas is bit-exact, so no byte of an
- * older version leaks into a newer one. The node builds each of v3..v5 by
+/* The publisher took v1's snapshot into blocks it touched before its
+ * first export (node__pub_prefault_first), v2's into blocks touched while
+ * v1 went out, and v3's on into the blocks the parent before the last gave
+ * back (two trainer ranks: two a version), which hold those versions'
+ * bytes: every version the node rebuilds from the deltas is bit-exact, so
+ * no byte of an older version leaks into a newer one. The node builds each of v3..v5 by
  * rotation, in the slot it retired at the last activation, and says it
  * made no dense copy. */
 static void test_recycled_buffers(void **state)
@@ -870,18 +922,20 @@ static void test_recycled_buffers(void **state)
 	}
 	snprintf(path, sizeof(path), "%s/publisher.log", e->dir);
 	assert_true(file_has(path, "version 1: an anchor: the first version this publisher "
-				   "exports (2 of 2 raw"));
-	assert_true(file_has(path, "version 2: a delta against version 1 (1 since the anchor; 2 of 2 raw"));
-	assert_true(file_has(path, "version 3: a delta against version 2 (2 since the anchor; 2 of 2 raw"));
-	assert_true(file_has(path, "version 5: a delta against version 4 (4 since the anchor; 2 of 2 raw"));
+				   "exports (2 of 2 snapshot blocks"));
+	assert_true(file_has(path, "version 2: a delta against version 1 (1 since the anchor; 2 of 2 snapshot blocks"));
+	assert_true(file_has(path, "version 3: a delta against version 2 (2 since the anchor; 2 of 2 snapshot blocks"));
+	assert_true(file_has(path, "version 5: a delta against version 4 (4 since the anchor; 2 of 2 snapshot blocks"));
+	assert_true(file_has(path, "version 5: 2 trainer ranks' parcels encoded in"));
+	assert_true(file_has(path, "MiB read in place from the snapshots"));
 }
 
 /* Replica B of a new layout (fsdp1: one rank, the tensors flat) joins
- * after v2, a delta: it gets v2 whole by an addendum. v3 is then an anchor
- * (the parent export lacks the new layout), so the publisher's raw
- * buffers change size between versions: v4's delta gathers into fresh
- * ones (v2's, one layout each, are too small), v5's into those v3 gave
- * back. Both replicas serve every version bit-exact. */
+ * after v2, a delta: it gets v2 whole by an addendum, gathered from v2's
+ * snapshot kept as the parent. v3 is then an anchor (the parent export
+ * lacks the new layout); v4 and v5 are deltas for two layouts from the
+ * same snapshots, which keep their size (one trainer rank's memory each).
+ * Both replicas serve every version bit-exact. */
 static void test_new_layout_between_deltas(void **state)
 {
 	struct env *e = *state;
@@ -896,6 +950,9 @@ static void test_new_layout_between_deltas(void **state)
 	check_serving_in(e, "B", &fsdp1, 2);
 	export_one(e, 3, "anchor");
 	snprintf(path, sizeof(path), "%s/publisher.log", e->dir);
+	/* v2's new layout was gathered from v2's snapshots, kept as the parent. */
+	assert_true(file_has(path, "version 2: new layouts gathered and hashed in"));
+	assert_true(file_has(path, "2 of 2 trainer ranks from the served export"));
 	assert_true(file_has(path, "version 3: an anchor: a serving layout the parent export does "
 				   "not have"));
 	for (uint64_t v = 3; v <= 5; v++) {
@@ -906,8 +963,8 @@ static void test_new_layout_between_deltas(void **state)
 		check_serving(e, v);
 		check_serving_in(e, "B", &fsdp1, v);
 	}
-	assert_true(file_has(path, "version 4: a delta against version 3 (1 since the anchor; 0 of 2 raw"));
-	assert_true(file_has(path, "version 5: a delta against version 4 (2 since the anchor; 2 of 2 raw"));
+	assert_true(file_has(path, "version 4: a delta against version 3 (1 since the anchor; 2 of 2 snapshot blocks"));
+	assert_true(file_has(path, "version 5: a delta against version 4 (2 since the anchor; 2 of 2 snapshot blocks"));
 	proto_layout_fini(&fsdp1);
 }
 
@@ -1149,6 +1206,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_delta_cluster),
+		cmocka_unit_test(test_anchor_after_all),
 		cmocka_unit_test_setup_teardown(test_corrupted_parent, env_setup_no_standby,
 						env_teardown_no_standby),
 		cmocka_unit_test_setup_teardown(test_first_delta_after_anchor, env_setup_anchor,

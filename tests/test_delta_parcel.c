@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -225,6 +226,152 @@ static void test_fill_and_limit(void **state)
 		free(out);
 		pd_fini(&pd);
 	}
+	fx_fini(&f);
+}
+
+/* Where a piece lies in a source rank's memory: one stretch, or not. */
+struct stretch {
+	uint64_t at, end;
+	bool any, ok;
+};
+
+static void stretch_span(void *arg, uint64_t at, uint64_t n)
+{
+	struct stretch *r = arg;
+
+	if (!r->any)
+		r->at = r->end = at;
+	r->ok &= !r->any || at == r->end;
+	r->any = true;
+	r->end = at + n;
+}
+
+/* The publisher's encode from its two snapshots: one pair of trainer rank
+ * blocks (the parent's, and the child's with an element in 61 changed)
+ * serves the parcels of two layouts; each parcel's delta encoded with its
+ * pieces read where they lie in the blocks (proto_dparcel_encode_at; the
+ * pieces that are not one stretch there gathered on their own), or with
+ * every stretch the scan reads located by opts.locate (in the blocks, or
+ * gathered into the thread's room: the publisher's way), is byte for byte
+ * the delta of the gathered payloads. tp1 reads every piece in place,
+ * tp2 gathers its column shards' pieces (rows of a row-split trainer rank). */
+struct loc_ctx {
+	const struct proto_plan *plan;
+	const struct proto_parcel *pc;
+	const struct proto_layout *src;
+	const struct proto_dparcel *dp;
+	const uint8_t *pb, *cb;
+	_Atomic uint64_t located, gathered;
+};
+
+static void locate_in(void *arg, uint32_t t, uint64_t base, uint64_t n, uint8_t *room,
+		      const uint8_t **a, const uint8_t **b)
+{
+	struct loc_ctx *c = arg;
+	const struct proto_dpiece *pp = &c->dp->pieces[t];
+	uint64_t off = pp->pay_off + base * pp->elsize, len = n * pp->elsize;
+	struct stretch st = {.ok = true};
+
+	proto_parcel_src_spans(c->plan, c->pc, c->src, off, len, stretch_span, &st);
+	if (st.ok && st.any && st.end - st.at == len) {
+		*a = c->pb + st.at;
+		*b = c->cb + st.at;
+		atomic_fetch_add(&c->located, 1);
+		return;
+	}
+	proto_parcel_gather(c->plan, c->pc, c->src, c->cb, off, len, room);
+	proto_parcel_gather(c->plan, c->pc, c->src, c->pb, off, len, room + len);
+	*b = room;
+	*a = room + len;
+	atomic_fetch_add(&c->gathered, 1);
+}
+static void test_encode_at(void **state)
+{
+	const char *dsts[] = {"tp1", "tp2"};
+	uint64_t gathered[2] = {0, 0}, inplace[2] = {0, 0};
+	struct fx f;
+	uint8_t *child[2];
+
+	fx_init(&f, "tp1");
+	for (uint32_t r = 0; r < 2; r++) {
+		child[r] = malloc(f.src.ranks[r].nbytes + 1);
+		assert_non_null(child[r]);
+		memcpy(child[r], f.srcblk[r], f.src.ranks[r].nbytes);
+		for (uint64_t i = 0; i + 2 <= f.src.ranks[r].nbytes; i += 2 * 61)
+			child[r][i] ^= 1;
+	}
+	for (size_t d = 0; d < 2; d++) {
+		struct proto_layout dst;
+		struct proto_plan plan;
+		struct proto_err err;
+		assert_int_equal(proto_layout_builtin(&f.m, dsts[d], &dst, &err), 0);
+		assert_int_equal(proto_plan_build(&f.m, &f.src, &dst, &plan, &err), 0);
+		for (uint32_t k = 0; k < plan.nparcels; k++) {
+			const struct proto_parcel *pc = &plan.parcels[k];
+			const uint8_t *pb = f.srcblk[pc->src_rank], *cb = child[pc->src_rank];
+			struct proto_dparcel dp;
+			uint8_t *par = malloc(pc->bytes + 1), *chi = malloc(pc->bytes + 1);
+			uint8_t *enc = NULL, *enc2 = NULL;
+			size_t len = 0, len2 = 0;
+			assert_true(par != NULL && chi != NULL);
+			assert_int_equal(proto_dparcel_build(&f.m, &plan, pc, &dst, &dp, &err), 0);
+			proto_parcel_gather(&plan, pc, &f.src, pb, 0, pc->bytes, par);
+			proto_parcel_gather(&plan, pc, &f.src, cb, 0, pc->bytes, chi);
+			const uint8_t **pd = calloc(dp.npieces + 1, sizeof(*pd));
+			const uint8_t **cd = calloc(dp.npieces + 1, sizeof(*cd));
+			assert_true(pd != NULL && cd != NULL);
+			for (uint32_t i = 0; i < dp.npieces; i++) {
+				const struct proto_dpiece *pp = &dp.pieces[i];
+				struct stretch st = {.ok = true};
+				proto_parcel_src_spans(&plan, pc, &f.src, pp->pay_off, pp->len,
+						       stretch_span, &st);
+				if (st.ok && st.any && st.end - st.at == pp->len) {
+					pd[i] = pb + st.at;
+					cd[i] = cb + st.at;
+					inplace[d]++;
+				} else {
+					pd[i] = par + pp->pay_off;
+					cd[i] = chi + pp->pay_off;
+					gathered[d]++;
+				}
+			}
+			struct proto_delta_opts o = {.threads = 2, .chunk_elems = 1000};
+			assert_int_equal(proto_dparcel_encode_at(&dp, pd, cd, &o, &enc, &len, NULL, &err),
+					 0);
+			assert_int_equal(proto_dparcel_encode(&dp, par, chi, &o, &enc2, &len2, NULL, &err),
+					 0);
+			assert_int_equal(len, len2);
+			assert_memory_equal(enc, enc2, len);
+			free(enc);
+			/* Every stretch located: data[] only the blocks' bases. */
+			struct loc_ctx lc = {&plan, pc, &f.src, &dp, pb, cb, 0, 0};
+			for (uint32_t i = 0; i < dp.npieces; i++) {
+				pd[i] = pb;
+				cd[i] = cb;
+			}
+			o.locate = locate_in;
+			o.locate_arg = &lc;
+			o.threads = 1;
+			assert_int_equal(proto_dparcel_encode_at(&dp, pd, cd, &o, &enc, &len, NULL, &err),
+					 0);
+			assert_int_equal(len, len2);
+			assert_memory_equal(enc, enc2, len);
+			assert_true(lc.located > 0);
+			free(enc);
+			free(enc2);
+			free(pd);
+			free(cd);
+			free(par);
+			free(chi);
+			proto_dparcel_fini(&dp);
+		}
+		proto_plan_fini(&plan);
+		proto_layout_fini(&dst);
+	}
+	assert_true(inplace[0] > 0 && gathered[0] == 0);
+	assert_true(inplace[1] > 0 && gathered[1] > 0);
+	for (uint32_t r = 0; r < 2; r++)
+		free(child[r]);
 	fx_fini(&f);
 }
 
@@ -725,6 +872,7 @@ int main(void)
 		cmocka_unit_test(test_roundtrip),
 		cmocka_unit_test(test_known_sums),
 		cmocka_unit_test(test_fill_and_limit),
+		cmocka_unit_test(test_encode_at),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_apply_trusted),
 		cmocka_unit_test(test_apply_known),
