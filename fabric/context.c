@@ -133,6 +133,96 @@ static void set_provider_env(void)
 			 strerror(errno));
 }
 
+/*
+ * FAB_F_PREWARM. rxm (over tcp or verbs) carries every read and send on a
+ * bounce buffer from a per-endpoint pool it grows 1024 buffers (17 MiB) at
+ * a time and zeroes whole, and it grows it first for the first transfer of
+ * the endpoint, once its first connection is up. For a node that is its
+ * first read from the publisher: measured on a loaded 2-core VM, 4350 page
+ * faults and 85-130 ms of CPU between the connection coming up and the read
+ * going out, and every node of a fanout run pays it in the same half second
+ * on the same cores. A read of FAB__PREWARM_LEN bytes from our own region
+ * through our own address makes rxm connect to itself and grow the pool at
+ * open, while no peer waits; the pool is never shrunk, so the first read
+ * from a peer then costs only its connection. fab_open waits for it at most
+ * FAB__PREWARM_MS; one still out after that ends in prewarm_done.
+ */
+#define FAB__PREWARM_LEN 64
+#define FAB__PREWARM_MS 2000
+
+struct fab__prewarm {
+	struct fab_op op;
+	struct fab_mr *mr;
+	fi_addr_t self;
+	bool waited; /* fab_open stopped waiting: prewarm_done ends it */
+	uint8_t buf[2 * FAB__PREWARM_LEN];
+};
+
+/* Gives back the self address and the region, frees w. Not while closing:
+ * removing the address closes the connection, and fab_close leaves the
+ * provider alone while a transfer is out; fab_close frees w then. */
+static void prewarm_end(struct fab_ctx *ctx, struct fab__prewarm *w)
+{
+	if (ctx->closing)
+		return;
+	if (w->self != FI_ADDR_NOTAVAIL)
+		fab_av_remove(ctx, w->self);
+	fab_mr_close(w->mr);
+	if (ctx->prewarm == w)
+		ctx->prewarm = NULL;
+	free(w);
+}
+
+static void prewarm_done(struct fab_op *op, int status)
+{
+	struct fab__prewarm *w = proto_container_of(op, struct fab__prewarm, op);
+
+	if (w->waited)
+		prewarm_end(op->ctx_, w);
+}
+
+static void prewarm(struct fab_ctx *ctx)
+{
+	struct fab__prewarm *w;
+	struct fab_rkey rk;
+	int ret;
+
+	if (strstr(fab_provider(ctx), "ofi_rxm") == NULL)
+		return;
+	w = calloc(1, sizeof(*w));
+	if (w == NULL)
+		return;
+	w->self = FI_ADDR_NOTAVAIL;
+	ret = fab_mr_reg(ctx, w->buf, sizeof(w->buf), FAB_MR_REMOTE_READ | FAB_MR_READ, &w->mr);
+	if (ret == 0)
+		ret = fab_av_insert(ctx, ctx->name, ctx->namelen, &w->self);
+	if (ret == 0) {
+		fab_mr_rkey(w->mr, &rk);
+		ret = fab_read(ctx, &w->op, w->mr, FAB__PREWARM_LEN, FAB__PREWARM_LEN, w->self, &rk,
+			       0, prewarm_done);
+	}
+	if (ret != 0) {
+		LOG_INFO("fabric %s: no read from ourselves at open: %s", fab_provider(ctx),
+			 strerror(-ret));
+		prewarm_end(ctx, w);
+		return;
+	}
+	ret = fab_wait(ctx, &w->op, FAB__PREWARM_MS);
+	if (ret == -ETIMEDOUT) {
+		LOG_INFO("fabric %s: our read from ourselves at open is still out after %d ms",
+			 fab_provider(ctx), FAB__PREWARM_MS);
+		w->waited = true;
+		ctx->prewarm = w;
+		return;
+	}
+	if (ret != 0)
+		LOG_INFO("fabric %s: our read from ourselves at open failed: %s",
+			 fab_provider(ctx), strerror(-ret));
+	/* Counters start after it: it is no transfer of the caller's. */
+	ctx->stats = (struct fab_stats){.prewarmed = ret == 0};
+	prewarm_end(ctx, w);
+}
+
 int fab_open(const char *provider, const char *node,
 	     const struct fab_opts *opts, struct fab_ctx **out,
 	     struct proto_err *err)
@@ -279,6 +369,8 @@ int fab_open(const char *provider, const char *node,
 	ret = fab__sink_start(ctx, opts ? opts->sink : 0);
 	if (ret != 0)
 		goto fail_msg;
+	if (opts != NULL && (opts->flags & FAB_F_PREWARM))
+		prewarm(ctx);
 
 	fi_freeinfo(hints);
 	if (proto_log_level() >= PROTO_LOG_INFO) {
@@ -392,6 +484,7 @@ void fab_close(struct fab_ctx *ctx)
 	fi_freeinfo(ctx->info);
 	free(ctx->av_refs);
 	free(ctx->sink);
+	free(ctx->prewarm);
 	free(ctx);
 }
 

@@ -153,6 +153,8 @@ struct fab_stats {
 	uint64_t bytes_sent, bytes_recv;
 	uint64_t errors;        /* ops that completed with an error */
 	uint64_t msgs_dropped;  /* unsolicited messages the sink took */
+	uint64_t prewarmed;     /* 1: fab_open's read from itself finished
+	                         * (FAB_F_PREWARM); not in reads or bytes_read */
 };
 
 /* fab_open flags */
@@ -160,6 +162,11 @@ struct fab_stats {
 /* Ask for FI_HMEM (registering CUDA device memory) when the provider offers
  * it; open without it otherwise. fab_hmem_cuda says which it got. */
 #define FAB_F_HMEM_CUDA  0x2u
+/* Read once from ourselves before fab_open returns, so that the provider's
+ * first-transfer setup is paid at open rather than in the middle of the
+ * first read a peer waits on (context.c says what rxm does then). Best
+ * effort, waits at most 2 s; for contexts that will read (nodes). */
+#define FAB_F_PREWARM    0x4u
 
 struct fab_opts {
 	unsigned flags;     /* FAB_F_* */

@@ -98,6 +98,9 @@ struct fab_ctx {
 	uint64_t sink_logged, sink_log_ms; /* drops logged so far, and when */
 
 	struct fab_stats stats;
+	/* FAB_F_PREWARM's read from ourselves while it is still out after
+	 * fab_open gave up waiting on it (context.c); NULL otherwise. */
+	struct fab__prewarm *prewarm;
 	struct fab_ctx *abandoned_next; /* closed with transfers pending */
 };
 

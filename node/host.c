@@ -102,7 +102,7 @@ static int open_shared(struct node_host *h, const struct node_agent_opts *o,
 	 * device memory where the provider can (FI_HMEM). */
 	bool gpu = o->store != NULL && strncmp(o->store, "cuda", 4) == 0;
 	rc = fab_open(o->provider, NULL,
-		      &(struct fab_opts){.sink = FAB_SINK_DEFAULT, .flags = gpu ? FAB_F_HMEM_CUDA : 0},
+		      &(struct fab_opts){.sink = FAB_SINK_DEFAULT, .flags = FAB_F_PREWARM | (gpu ? FAB_F_HMEM_CUDA : 0)},
 		      &h->shared.fab, err);
 	if (rc != 0)
 		return rc;
