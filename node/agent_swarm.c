@@ -112,7 +112,9 @@ int agent_swarm_init(struct node_agent *a)
 	a->hreads = calloc(HAVE_SLOTS, sizeof(*a->hreads));
 	if (a->hpool == NULL || a->hreads == NULL)
 		return -ENOMEM;
-	rc = fab_mr_reg(a->fab, a->hpool, len, FAB_MR_READ, &a->hpool_mr);
+	if (a->hfab == NULL) /* an agent set up without a host (tests) */
+		a->hfab = a->fab, a->hfl = a->fl;
+	rc = fab_mr_reg(a->hfab, a->hpool, len, FAB_MR_READ, &a->hpool_mr);
 	return rc;
 }
 
@@ -704,7 +706,9 @@ static void poll_haves(struct node_agent *a, struct agent_fetch *f, uint32_t pi,
 		if (!s->info.peer || s->self || s->have_busy || now - s->have_ms < period ||
 		    s->bad_until_ms > now || agent_swarm_banned(f, s->info.id))
 			continue;
-		if (!agent_source_ready(a, s, now) || (hr = free_have_read(a)) == NULL)
+		fi_addr_t hfa;
+		if (!agent_source_ready(a, s, now) || agent_have_addr(a, s, &hfa) != 0 ||
+		    (hr = free_have_read(a)) == NULL)
 			continue;
 		uint64_t head = proto_have_page(n);
 		struct fab_rkey rk = {s->info.addr - head, s->info.key, head};
@@ -713,13 +717,15 @@ static void poll_haves(struct node_agent *a, struct agent_fetch *f, uint32_t pi,
 					       .slot = (uint32_t)(hr - a->hreads), .busy = true};
 		s->have_ms = now;
 		if (s->info.addr < head ||
-		    fab_read(a->fab, &hr->op, a->hpool_mr, (size_t)hr->slot * HAVE_SLOT_MAX,
-			     proto_have_bytes(n), s->fa, &rk, 0, on_have) != 0) {
+		    fab_read(a->hfab, &hr->op, a->hpool_mr, (size_t)hr->slot * HAVE_SLOT_MAX,
+			     proto_have_bytes(n), hfa, &rk, 0, on_have) != 0) {
 			hr->busy = false;
 			agent_source_failed(a, s);
 			continue;
 		}
 		s->have_busy = true;
+		if (a->hfl != a->fl)
+			node_fabloop_kick(a->hfl);
 	}
 }
 

@@ -126,6 +126,11 @@
 	 * within about this, not a whole poll period (a delta's few chunks \
 	 * cross the swarm in hops). */ \
 	X(HAVE_CHASE_MS, "TESSERA_HAVE_CHASE_MS", 5, "have-page read period while a parcel waits on its peers, ms") \
+	/* 1: a node reads its peers' have-pages over the endpoint its chunk \
+	 * reads use; 0 (default): over an endpoint of its own (a connection \
+	 * per peer of their own), so that a page is not queued behind the \
+	 * chunk reads a peer is serving us (node/agent_hosts.c). */ \
+	X(HAVE_SAME_ENDPOINT, "TESSERA_HAVE_SAME_ENDPOINT", 0, "have-page reads share the chunk reads' endpoint (1) or have their own (0)") \
 	/* Reads a node keeps in flight to one peer at most (its upload budget \
 	 * as the peer sees it: a reader never queues more on a peer's link). */ \
 	X(PEER_INFLIGHT, "TESSERA_PEER_INFLIGHT", 4, "most chunk reads in flight to one peer") \
