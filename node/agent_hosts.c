@@ -142,7 +142,7 @@ int agent_have_addr(struct node_agent *a, struct agent_source *s, fi_addr_t *out
 {
 	struct agent_warm *w;
 
-	if (a->hfab == a->fab) {
+	if (a->hfab == NULL || a->hfab == a->fab) {
 		*out = s->fa;
 		return 0;
 	}

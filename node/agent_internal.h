@@ -153,6 +153,8 @@ struct agent_parcel {
 	uint32_t rot;        /* where our walk over its chunks starts */
 	uint64_t progress_ms; /* a chunk of it verified (or the fetch started) */
 	bool hungry;          /* it starved once: any unheld chunk may come from the trainer */
+	bool ahead;           /* we hold more of it than the median peer's page shows
+			       * (by AHEAD_CHUNKS): one read per peer (agent_swarm.c) */
 	char (*members)[TRK_ID_MAX]; /* its swarm as the tracker last listed it */
 	uint32_t nmembers;
 	bool seed;           /* we read it from the trainer (TESSERA_PUB_UPLOAD_READERS) */

@@ -134,6 +134,12 @@
 	/* Reads a node keeps in flight to one peer at most (its upload budget \
 	 * as the peer sees it: a reader never queues more on a peer's link). */ \
 	X(PEER_INFLIGHT, "TESSERA_PEER_INFLIGHT", 4, "most chunk reads in flight to one peer") \
+	/* What a node keeps queued on one peer: the bytes the peer's measured \
+	 * rate to it delivers in this many ms (one chunk at least, \
+	 * TESSERA_PEER_INFLIGHT at most). A peer answers each reader's reads \
+	 * in order and shares its uplink among its readers: a deeper queue \
+	 * only makes every other chunk wait (node/agent_swarm.c). */ \
+	X(PEER_TARGET_MS, "TESSERA_PEER_TARGET_MS", 500, "bytes queued per peer, as ms of its measured rate") \
 	/* Super-seeding under a cap (node/agent_swarm.c): the members of a \
 	 * parcel's swarm that read it from the trainer at once, at most (0: \
 	 * every member). The trainer's chunks are shared out among these \
