@@ -808,10 +808,14 @@ void agent_swarm_tick(struct node_agent *a)
  *     reads empties first at its measured rate (round-robin among equals;
  *     unmeasured peers count as empty);
  *   - a reader ahead of its swarm (it holds AHEAD_CHUNKS more of the
- *     parcel than the median peer's page shows) keeps one read per peer:
- *     it gives way on the peers' uplinks to the readers behind, whose
- *     chunks the tail waits for (p->ahead, from every recount).
+ *     parcel than the median peer's page shows) keeps one read per peer,
+ *     at AHEAD_PEERS peers at once: it gives way on the peers' uplinks to
+ *     the readers behind, whose chunks the tail waits for (p->ahead, from
+ *     every recount). A peer's uplink is shared per connection with
+ *     bytes queued, not per read: a reader gives its share back only by
+ *     leaving the peer idle.
  */
+#define AHEAD_PEERS 2
 /* s may take a read of len bytes of p now: usable and with room in its
  * window (a peer also within TESSERA_PEER_INFLIGHT reads, one while we
  * are ahead). */
@@ -823,6 +827,14 @@ static bool has_room(struct node_agent *a, const struct agent_parcel *p, struct 
 	if (s->info.peer &&
 	    h->inflight_reads >= (p->ahead ? 1 : proto_param(PROTO_PARAM_PEER_INFLIGHT)))
 		return false;
+	if (s->info.peer && p->ahead && h->inflight_reads == 0) {
+		uint32_t busy = 0; /* peers (their hosts) with reads of ours out */
+		for (size_t k = 0; k < p->nsrcs; k++)
+			busy += p->srcs[k].info.peer && agent_pace(&p->srcs[k])->inflight_reads > 0 &&
+				(p->srcs[k].hp == NULL || p->srcs[k].hp != s->hp);
+		if (busy >= AHEAD_PEERS)
+			return false;
+	}
 	if (s->info.peer && !budget_room(s, len))
 		return false;
 	return h->inflight_reads == 0 || h->inflight_bytes + len <= agent_source_window(a, s);
