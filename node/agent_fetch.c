@@ -322,14 +322,10 @@ static void on_sources(const struct trk_answer *ans, void *arg)
  */
 uint64_t agent_source_window(const struct node_agent *a, const struct agent_source *s)
 {
-	bool peer = s->info.peer; /* a peer's queue: see agent_swarm.c, per-peer queues */
-	uint64_t lo = (uint64_t)(peer ? 1 : WINDOW_MIN_CHUNKS) * a->chunk_size;
-	uint64_t hi = PROTO_MAX(lo, (uint64_t)(peer ? proto_param(PROTO_PARAM_PEER_INFLIGHT)
-						    : a->max_inflight) * a->chunk_size);
+	uint64_t lo = (uint64_t)WINDOW_MIN_CHUNKS * a->chunk_size;
+	uint64_t hi = PROTO_MAX(lo, (uint64_t)a->max_inflight * a->chunk_size);
 	uint64_t rate = agent_pace(s)->rate;
-	uint64_t w = rate == 0 ? lo
-			       : rate * proto_param(peer ? PROTO_PARAM_PEER_TARGET_MS
-							 : PROTO_PARAM_FETCH_TARGET_MS) / 1000;
+	uint64_t w = rate == 0 ? lo : rate * proto_param(PROTO_PARAM_FETCH_TARGET_MS) / 1000;
 	return PROTO_MIN(hi, PROTO_MAX(lo, w));
 }
 

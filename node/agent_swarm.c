@@ -802,8 +802,8 @@ void agent_swarm_tick(struct node_agent *a)
  * node's reads sat queued behind other readers at six peers while its
  * downlink fell to 2-5 MB/s. So:
  *   - a reader keeps on a peer what the peer's measured rate to it
- *     delivers in TESSERA_PEER_TARGET_MS (agent_source_window: one chunk
- *     at least, TESSERA_PEER_INFLIGHT at most);
+ *     delivers in TESSERA_PEER_TARGET_MS (peer_window: one chunk at
+ *     least, TESSERA_PEER_INFLIGHT at most);
  *   - among the holders of a chunk it asks the one whose queue of its
  *     reads empties first at its measured rate (round-robin among equals;
  *     unmeasured peers count as empty);
@@ -816,6 +816,18 @@ void agent_swarm_tick(struct node_agent *a)
  *     leaving the peer idle.
  */
 #define AHEAD_PEERS 2
+/* A swarm peer's window (see per-peer queues; cross-layout holders and
+ * publishers keep agent_source_window's). */
+static uint64_t peer_window(const struct node_agent *a, const struct agent_source *s)
+{
+	uint64_t lo = a->chunk_size;
+	uint64_t hi = PROTO_MAX(lo, proto_param(PROTO_PARAM_PEER_INFLIGHT) * a->chunk_size);
+	uint64_t rate = agent_pace(s)->rate;
+	uint64_t w = rate * proto_param(PROTO_PARAM_PEER_TARGET_MS) / 1000;
+
+	return PROTO_MIN(hi, PROTO_MAX(lo, w));
+}
+
 /* s may take a read of len bytes of p now: usable and with room in its
  * window (a peer also within TESSERA_PEER_INFLIGHT reads, one while we
  * are ahead). */
@@ -837,7 +849,8 @@ static bool has_room(struct node_agent *a, const struct agent_parcel *p, struct 
 	}
 	if (s->info.peer && !budget_room(s, len))
 		return false;
-	return h->inflight_reads == 0 || h->inflight_bytes + len <= agent_source_window(a, s);
+	return h->inflight_reads == 0 ||
+	       h->inflight_bytes + len <= (s->info.peer ? peer_window(a, s) : agent_source_window(a, s));
 }
 
 bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
