@@ -809,13 +809,14 @@ void agent_swarm_tick(struct node_agent *a)
  *     unmeasured peers count as empty);
  *   - a reader ahead of its swarm (it holds AHEAD_CHUNKS more of the
  *     parcel than the median peer's page shows) keeps one read per peer,
- *     at AHEAD_PEERS peers at once: it gives way on the peers' uplinks to
- *     the readers behind, whose chunks the tail waits for (p->ahead, from
- *     every recount). A peer's uplink is shared per connection with
- *     bytes queued, not per read: a reader gives its share back only by
- *     leaving the peer idle.
+ *     and with TESSERA_AHEAD_PEERS reads from that many peers at once: it
+ *     gives way on the peers' uplinks to the readers behind, whose chunks
+ *     the tail waits for (p->ahead, from every recount). A peer's uplink
+ *     is shared per connection with bytes queued, not per read: a reader
+ *     gives its share back only by leaving the peer idle. (One run with
+ *     2, on a machine at load 26, had a longer tail: off until measured
+ *     on an idle one.)
  */
-#define AHEAD_PEERS 2
 /* A swarm peer's window (see per-peer queues; cross-layout holders and
  * publishers keep agent_source_window's). */
 static uint64_t peer_window(const struct node_agent *a, const struct agent_source *s)
@@ -839,12 +840,13 @@ static bool has_room(struct node_agent *a, const struct agent_parcel *p, struct 
 	if (s->info.peer &&
 	    h->inflight_reads >= (p->ahead ? 1 : proto_param(PROTO_PARAM_PEER_INFLIGHT)))
 		return false;
-	if (s->info.peer && p->ahead && h->inflight_reads == 0) {
+	uint64_t ahead_peers = proto_param(PROTO_PARAM_AHEAD_PEERS);
+	if (s->info.peer && p->ahead && ahead_peers != 0 && h->inflight_reads == 0) {
 		uint32_t busy = 0; /* peers (their hosts) with reads of ours out */
 		for (size_t k = 0; k < p->nsrcs; k++)
 			busy += p->srcs[k].info.peer && agent_pace(&p->srcs[k])->inflight_reads > 0 &&
 				(p->srcs[k].hp == NULL || p->srcs[k].hp != s->hp);
-		if (busy >= AHEAD_PEERS)
+		if (busy >= ahead_peers)
 			return false;
 	}
 	if (s->info.peer && !budget_room(s, len))

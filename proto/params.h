@@ -140,6 +140,11 @@
 	 * in order and shares its uplink among its readers: a deeper queue \
 	 * only makes every other chunk wait (node/agent_swarm.c). */ \
 	X(PEER_TARGET_MS, "TESSERA_PEER_TARGET_MS", 500, "bytes queued per peer, as ms of its measured rate") \
+	/* A reader ahead of its swarm (node/agent_swarm.c, per-peer queues) \
+	 * reads from at most this many peers at once, leaving the others' \
+	 * uplinks to the readers behind; 0 (default): no such limit (one \
+	 * read per peer only). Not measured on an idle machine yet. */ \
+	X(AHEAD_PEERS, "TESSERA_AHEAD_PEERS", 0, "peers a reader ahead of its swarm reads from at once (0: any)") \
 	/* Super-seeding under a cap (node/agent_swarm.c): the members of a \
 	 * parcel's swarm that read it from the trainer at once, at most (0: \
 	 * every member). The trainer's chunks are shared out among these \
