@@ -75,6 +75,8 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 	a->trk = o->shared->trk;
 	a->fab = o->shared->fab;
 	a->fl = o->shared->fl;
+	a->hfab = o->shared->hfab != NULL ? o->shared->hfab : a->fab;
+	a->hfl = o->shared->hfab != NULL ? o->shared->hfl : a->fl;
 	proto_model_init(&a->model);
 	if ((rc = node_agent_metrics_init(&a->am, o->metrics, o->replica, o->rank)) != 0) {
 		proto_errf(err, -rc, "metrics: cannot register the node's series");
@@ -237,8 +239,8 @@ void node_agent_free(struct node_agent *a)
 	 * in, the specs. The tracker client is the host's too. */
 	struct agent_fetch *f = a->stopped_fetch;
 	a->stopped_fetch = NULL;
-	a->fab = NULL;
-	a->fl = NULL;
+	a->fab = a->hfab = NULL;
+	a->fl = a->hfl = NULL;
 	node_verifier_free(a->ver); /* no worker touches the fetch after this */
 	a->ver = NULL;
 	agent_fetch_free(a, f);

@@ -54,6 +54,10 @@ struct node_agent_shared {
 	struct trk_client *trk;
 	struct fab_ctx *fab;
 	struct node_fabloop *fl;
+	/* The endpoint the agents read their peers' have-pages over, and its
+	 * loop (node/agent_hosts.c); NULL: they read them over fab. */
+	struct fab_ctx *hfab;
+	struct node_fabloop *hfl;
 	/* The host renews every agent's lease in one request from its own
 	 * thread (node/host.c, node/beat.h): agents then send no heartbeat of
 	 * their own. */

@@ -71,6 +71,8 @@ struct agent_warm {
 	uint8_t addr[FAB_ADDR_MAX];
 	size_t len;
 	fi_addr_t fa;
+	fi_addr_t hfa;  /* on a->hfab (have-pages), when hfa_ok */
+	bool hfa_ok;
 	uint64_t used; /* a->warm_clock when last reached */
 };
 
@@ -87,6 +89,8 @@ static void warm_remove(struct node_agent *a, struct agent_warm *w)
 {
 	if (a->fab != NULL)
 		fab_av_remove(a->fab, w->fa);
+	if (w->hfa_ok && a->hfab != NULL)
+		fab_av_remove(a->hfab, w->hfa);
 	*w = a->warm[--a->nwarm];
 }
 
@@ -115,8 +119,45 @@ void agent_warm_hold(struct node_agent *a, const struct agent_source *s)
 		return;
 	memcpy(w->addr, s->info.fabric_addr, s->info.fabric_addr_len);
 	w->len = s->info.fabric_addr_len;
+	w->hfa_ok = false;
 	w->used = ++a->warm_clock;
 	a->nwarm++;
+}
+
+/*
+ * Have-pages over an endpoint of their own. tcp;ofi_rxm answers the reads
+ * of one connection in order, so a peer's have-page waited behind every
+ * chunk it was serving us on that connection: up to TESSERA_PEER_INFLIGHT
+ * chunks, drained at our share of the peer's uplink. Measured (8 nodes,
+ * 100 Mbit/s netns): a chunk verified at a peer was posted by its readers
+ * 103/230/496 ms later (quartiles), most of it such waits. So the host
+ * opens a second endpoint (node/host.c) and every peer address we reach
+ * gets a handle on it too, kept with the address's warm handle (given back
+ * with it: a failure, the least recently used going, the endpoint): a
+ * connection per peer that carries nothing but pages. The peer serves both
+ * connections from its one endpoint; what is left shared is the links'
+ * queues.
+ */
+int agent_have_addr(struct node_agent *a, struct agent_source *s, fi_addr_t *out)
+{
+	struct agent_warm *w;
+
+	if (a->hfab == NULL || a->hfab == a->fab) {
+		*out = s->fa;
+		return 0;
+	}
+	if ((w = warm_find(a, s)) == NULL) {
+		agent_warm_hold(a, s);
+		w = warm_find(a, s);
+	}
+	if (w == NULL || (!w->hfa_ok && fab_av_insert(a->hfab, w->addr, w->len, &w->hfa) != 0)) {
+		s->bad_until_ms = agent_now_ms() + BAD_SOURCE_MS;
+		return w == NULL ? -ENOMEM : -EINVAL;
+	}
+	w->hfa_ok = true;
+	w->used = ++a->warm_clock;
+	*out = w->hfa;
+	return 0;
 }
 
 void agent_warm_drop(struct node_agent *a, const struct agent_source *s)

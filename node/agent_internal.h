@@ -153,6 +153,8 @@ struct agent_parcel {
 	uint32_t rot;        /* where our walk over its chunks starts */
 	uint64_t progress_ms; /* a chunk of it verified (or the fetch started) */
 	bool hungry;          /* it starved once: any unheld chunk may come from the trainer */
+	bool ahead;           /* we hold more of it than the median peer's page shows
+			       * (by AHEAD_CHUNKS): one read per peer (agent_swarm.c) */
 	char (*members)[TRK_ID_MAX]; /* its swarm as the tracker last listed it */
 	uint32_t nmembers;
 	bool seed;           /* we read it from the trainer (TESSERA_PUB_UPLOAD_READERS) */
@@ -306,6 +308,10 @@ struct node_agent {
 	struct node_store store;
 	struct fab_ctx *fab;
 	struct node_fabloop *fl;
+	/* Have-pages are read over this endpoint and its loop (the host's
+	 * second one, agent_hosts.c): a->fab and a->fl when it has none. */
+	struct fab_ctx *hfab;
+	struct node_fabloop *hfl;
 	char fabric_hex[2 * FAB_ADDR_MAX + 1];
 	char host[256];
 	char node_id[TRK_ID_MAX];
@@ -682,6 +688,10 @@ void agent_warm_hold(struct node_agent *a, const struct agent_source *s);
 /* s failed: its address's warm handle is given back (the provider drops a
  * connection on an error; the next insert connects afresh). */
 void agent_warm_drop(struct node_agent *a, const struct agent_source *s);
+/* The handle to read s's have-pages with over a->hfab (its address's,
+ * held with its warm handle; inserted at first use): 0, or -errno with s
+ * set aside for a while (its address cannot be inserted, or no room). */
+int agent_have_addr(struct node_agent *a, struct agent_source *s, fi_addr_t *out);
 /* Gives every warm handle back (a->fab NULL: fab_close did); frees the table. */
 void agent_warm_fini(struct node_agent *a);
 /* Warm addresses held now (tests). */

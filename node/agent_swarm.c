@@ -112,7 +112,9 @@ int agent_swarm_init(struct node_agent *a)
 	a->hreads = calloc(HAVE_SLOTS, sizeof(*a->hreads));
 	if (a->hpool == NULL || a->hreads == NULL)
 		return -ENOMEM;
-	rc = fab_mr_reg(a->fab, a->hpool, len, FAB_MR_READ, &a->hpool_mr);
+	if (a->hfab == NULL) /* an agent set up without a host (tests) */
+		a->hfab = a->fab, a->hfl = a->fl;
+	rc = fab_mr_reg(a->hfab, a->hpool, len, FAB_MR_READ, &a->hpool_mr);
 	return rc;
 }
 
@@ -485,6 +487,39 @@ static bool budget_room(struct agent_source *s, uint64_t len)
 
 /* ---- what peers hold -------------------------------------------------------- */
 
+static int cmp_u32(const void *x, const void *y)
+{
+	uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+
+	return a < b ? -1 : a > b;
+}
+
+#define AHEAD_CHUNKS(n) PROTO_MAX(4u, (n) / 16)
+
+/* Whether we hold AHEAD_CHUNKS more of p than the median usable peer's
+ * last page shows (see per-peer queues); false without such a page. */
+static bool ahead_of_swarm(const struct agent_fetch *f, const struct agent_parcel *p, uint64_t now)
+{
+	uint32_t n = p->mp->nchunks, bl = (n + 7) / 8, *held, k = 0, med;
+
+	if (p->nsrcs == 0 || (held = calloc(p->nsrcs, sizeof(*held))) == NULL)
+		return false;
+	for (size_t j = 0; j < p->nsrcs; j++) {
+		const struct agent_source *s = &p->srcs[j];
+		uint32_t h = 0;
+		if (!s->info.peer || s->have == NULL || s->self || s->bad_until_ms > now ||
+		    agent_swarm_banned(f, s->info.id))
+			continue;
+		for (uint32_t b = 0; b < bl; b++)
+			h += (uint32_t)__builtin_popcount(s->have[b]);
+		held[k++] = h;
+	}
+	qsort(held, k, sizeof(*held), cmp_u32);
+	med = k == 0 ? UINT32_MAX : held[k / 2];
+	free(held);
+	return med != UINT32_MAX && p->done > med + AHEAD_CHUNKS(n);
+}
+
 /* Counts, per chunk, the usable peers holding it and whether one is
  * fetching it, from their last have-pages. */
 static void recount(struct agent_fetch *f, struct agent_parcel *p)
@@ -509,6 +544,7 @@ static void recount(struct agent_fetch *f, struct agent_parcel *p)
 	}
 	for (uint32_t c = 0; c < n; c++)
 		p->busy_ms[c] = !p->peer_busy[c] ? 0 : p->busy_ms[c] != 0 ? p->busy_ms[c] : now;
+	p->ahead = ahead_of_swarm(f, p, now);
 	/* Owners that serve the parcel (their page was read) are on their
 	 * chunks; the others' chunks are anyone's once we are hungry. */
 	for (uint32_t c = 0; c < n; c++) {
@@ -704,7 +740,9 @@ static void poll_haves(struct node_agent *a, struct agent_fetch *f, uint32_t pi,
 		if (!s->info.peer || s->self || s->have_busy || now - s->have_ms < period ||
 		    s->bad_until_ms > now || agent_swarm_banned(f, s->info.id))
 			continue;
-		if (!agent_source_ready(a, s, now) || (hr = free_have_read(a)) == NULL)
+		fi_addr_t hfa;
+		if (!agent_source_ready(a, s, now) || agent_have_addr(a, s, &hfa) != 0 ||
+		    (hr = free_have_read(a)) == NULL)
 			continue;
 		uint64_t head = proto_have_page(n);
 		struct fab_rkey rk = {s->info.addr - head, s->info.key, head};
@@ -713,13 +751,15 @@ static void poll_haves(struct node_agent *a, struct agent_fetch *f, uint32_t pi,
 					       .slot = (uint32_t)(hr - a->hreads), .busy = true};
 		s->have_ms = now;
 		if (s->info.addr < head ||
-		    fab_read(a->fab, &hr->op, a->hpool_mr, (size_t)hr->slot * HAVE_SLOT_MAX,
-			     proto_have_bytes(n), s->fa, &rk, 0, on_have) != 0) {
+		    fab_read(a->hfab, &hr->op, a->hpool_mr, (size_t)hr->slot * HAVE_SLOT_MAX,
+			     proto_have_bytes(n), hfa, &rk, 0, on_have) != 0) {
 			hr->busy = false;
 			agent_source_failed(a, s);
 			continue;
 		}
 		s->have_busy = true;
+		if (a->hfl != a->fl)
+			node_fabloop_kick(a->hfl);
 	}
 }
 
@@ -752,17 +792,67 @@ void agent_swarm_tick(struct node_agent *a)
 
 /* ---- chunk choice ---------------------------------------------------------- */
 
-/* s may take a read of len bytes now: usable and with room in its window
- * (a peer also within TESSERA_PEER_INFLIGHT reads). */
-static bool has_room(struct node_agent *a, struct agent_source *s, uint64_t len)
+/*
+ * Per-peer queues. A peer answers each reader's reads in order and shares
+ * its uplink among all its readers, so what a reader queues on a peer
+ * makes every later chunk from there wait, its own and, on the peer's
+ * link, everyone's. Measured (8 nodes, 100 Mbit/s netns, up to
+ * TESSERA_PEER_INFLIGHT reads of 512 KiB per peer): a relay hop's read
+ * took 209/415/650 ms from post to verified (quartiles), and the last
+ * node's reads sat queued behind other readers at six peers while its
+ * downlink fell to 2-5 MB/s. So:
+ *   - a reader keeps on a peer what the peer's measured rate to it
+ *     delivers in TESSERA_PEER_TARGET_MS (peer_window: one chunk at
+ *     least, TESSERA_PEER_INFLIGHT at most);
+ *   - among the holders of a chunk it asks the one whose queue of its
+ *     reads empties first at its measured rate (round-robin among equals;
+ *     unmeasured peers count as empty);
+ *   - a reader ahead of its swarm (it holds AHEAD_CHUNKS more of the
+ *     parcel than the median peer's page shows) keeps one read per peer,
+ *     and with TESSERA_AHEAD_PEERS reads from that many peers at once: it
+ *     gives way on the peers' uplinks to the readers behind, whose chunks
+ *     the tail waits for (p->ahead, from every recount). A peer's uplink
+ *     is shared per connection with bytes queued, not per read: a reader
+ *     gives its share back only by leaving the peer idle. (One run with
+ *     2, on a machine at load 26, had a longer tail: off until measured
+ *     on an idle one.)
+ */
+/* A swarm peer's window (see per-peer queues; cross-layout holders and
+ * publishers keep agent_source_window's). */
+static uint64_t peer_window(const struct node_agent *a, const struct agent_source *s)
+{
+	uint64_t lo = a->chunk_size;
+	uint64_t hi = PROTO_MAX(lo, proto_param(PROTO_PARAM_PEER_INFLIGHT) * a->chunk_size);
+	uint64_t rate = agent_pace(s)->rate;
+	uint64_t w = rate * proto_param(PROTO_PARAM_PEER_TARGET_MS) / 1000;
+
+	return PROTO_MIN(hi, PROTO_MAX(lo, w));
+}
+
+/* s may take a read of len bytes of p now: usable and with room in its
+ * window (a peer also within TESSERA_PEER_INFLIGHT reads, one while we
+ * are ahead). */
+static bool has_room(struct node_agent *a, const struct agent_parcel *p, struct agent_source *s,
+		     uint64_t len)
 {
 	const struct agent_source *h = agent_pace(s); /* its host's (agent_hosts.c) */
 
-	if (s->info.peer && h->inflight_reads >= proto_param(PROTO_PARAM_PEER_INFLIGHT))
+	if (s->info.peer &&
+	    h->inflight_reads >= (p->ahead ? 1 : proto_param(PROTO_PARAM_PEER_INFLIGHT)))
 		return false;
+	uint64_t ahead_peers = proto_param(PROTO_PARAM_AHEAD_PEERS);
+	if (s->info.peer && p->ahead && ahead_peers != 0 && h->inflight_reads == 0) {
+		uint32_t busy = 0; /* peers (their hosts) with reads of ours out */
+		for (size_t k = 0; k < p->nsrcs; k++)
+			busy += p->srcs[k].info.peer && agent_pace(&p->srcs[k])->inflight_reads > 0 &&
+				(p->srcs[k].hp == NULL || p->srcs[k].hp != s->hp);
+		if (busy >= ahead_peers)
+			return false;
+	}
 	if (s->info.peer && !budget_room(s, len))
 		return false;
-	return h->inflight_reads == 0 || h->inflight_bytes + len <= agent_source_window(a, s);
+	return h->inflight_reads == 0 ||
+	       h->inflight_bytes + len <= (s->info.peer ? peer_window(a, s) : agent_source_window(a, s));
 }
 
 bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
@@ -783,18 +873,31 @@ static struct agent_source *holder(struct node_agent *a, struct agent_parcel *p,
 	struct agent_fetch *f = a->fetch;
 	uint64_t len = p->mp->chunks[c].size;
 
+	struct agent_source *best = NULL;
+	uint64_t best_ms = UINT64_MAX;
+	size_t best_k = 0;
+
 	for (size_t k = 0; k < p->nsrcs; k++) {
 		struct agent_source *s = &p->srcs[(p->rr + k) % p->nsrcs];
-		if (s == not || s->info.peer != peers || !agent_source_usable(a, f, s, now) || !has_room(a, s, len))
+		uint64_t ms;
+		if (s == not || s->info.peer != peers || !agent_source_usable(a, f, s, now) ||
+		    !has_room(a, p, s, len))
 			continue;
 		if (peers && (s->up_refused || !proto_have_bit(s->have, c)))
 			continue;
-		if (!agent_source_ready(a, s, now))
+		/* A peer whose queue of ours empties first (see per-peer queues). */
+		ms = peers ? agent_source_queue_ms(s, agent_pace(s)->inflight_bytes) : 0;
+		if (ms >= best_ms || !agent_source_ready(a, s, now))
 			continue;
-		p->rr = (uint32_t)((p->rr + k + 1) % p->nsrcs);
-		return s;
+		best = s;
+		best_ms = ms;
+		best_k = k;
+		if (ms == 0)
+			break;
 	}
-	return NULL;
+	if (best != NULL)
+		p->rr = (uint32_t)((p->rr + best_k + 1) % p->nsrcs);
+	return best;
 }
 
 /* The source of chunk c's one read in flight, if known. */

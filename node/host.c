@@ -78,6 +78,30 @@ static void on_chain_lost(void *arg, const char *why)
 		node_agent_chain_lost(h->agents[i], why);
 }
 
+/* Have-pages get an endpoint of their own where connections queue (rxm:
+ * a read's answer waits behind every answer before it on the connection,
+ * node/agent_hosts.c); without one they share the chunk reads'. */
+static int open_have_endpoint(struct node_host *h, const struct node_agent_opts *o)
+{
+	struct proto_err herr;
+
+	if (proto_param(PROTO_PARAM_HAVE_SAME_ENDPOINT) != 0 || proto_param(PROTO_PARAM_FANOUT) == 0 ||
+	    strstr(fab_provider(h->shared.fab), "ofi_rxm") == NULL)
+		return 0;
+	if (fab_open(o->provider, NULL, &(struct fab_opts){.sink = FAB_SINK_DEFAULT},
+		     &h->shared.hfab, &herr) != 0) {
+		LOG_WARN("node: no endpoint of their own for have-pages (%s): they share the "
+			 "chunk reads'", herr.msg);
+		return 0;
+	}
+	h->shared.hfl = node_fabloop_new(h->base, h->shared.hfab, 1000);
+	if (h->shared.hfl == NULL) {
+		fab_close(h->shared.hfab);
+		h->shared.hfab = NULL;
+	}
+	return 0;
+}
+
 static int open_shared(struct node_host *h, const struct node_agent_opts *o,
 		       struct proto_err *err)
 {
@@ -114,7 +138,7 @@ static int open_shared(struct node_host *h, const struct node_agent_opts *o,
 	h->shared.fl = node_fabloop_new(h->base, h->shared.fab, 1000);
 	if (h->shared.fl == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
-	return 0;
+	return open_have_endpoint(h, o);
 }
 
 /* The ranks of one replica share one layout (by digest: a layout file and
@@ -279,6 +303,8 @@ void node_host_free(struct node_host *h)
 		node_agent_stop(h->agents[i]);
 	node_fabloop_free(h->shared.fl);
 	fab_close(h->shared.fab);
+	node_fabloop_free(h->shared.hfl);
+	fab_close(h->shared.hfab);
 	for (size_t i = 0; i < h->n; i++)
 		node_agent_free(h->agents[i]);
 	trk_client_free(h->shared.trk);

@@ -126,9 +126,25 @@
 	 * within about this, not a whole poll period (a delta's few chunks \
 	 * cross the swarm in hops). */ \
 	X(HAVE_CHASE_MS, "TESSERA_HAVE_CHASE_MS", 5, "have-page read period while a parcel waits on its peers, ms") \
+	/* 1: a node reads its peers' have-pages over the endpoint its chunk \
+	 * reads use; 0 (default): over an endpoint of its own (a connection \
+	 * per peer of their own), so that a page is not queued behind the \
+	 * chunk reads a peer is serving us (node/agent_hosts.c). */ \
+	X(HAVE_SAME_ENDPOINT, "TESSERA_HAVE_SAME_ENDPOINT", 0, "have-page reads share the chunk reads' endpoint (1) or have their own (0)") \
 	/* Reads a node keeps in flight to one peer at most (its upload budget \
 	 * as the peer sees it: a reader never queues more on a peer's link). */ \
 	X(PEER_INFLIGHT, "TESSERA_PEER_INFLIGHT", 4, "most chunk reads in flight to one peer") \
+	/* What a node keeps queued on one peer: the bytes the peer's measured \
+	 * rate to it delivers in this many ms (one chunk at least, \
+	 * TESSERA_PEER_INFLIGHT at most). A peer answers each reader's reads \
+	 * in order and shares its uplink among its readers: a deeper queue \
+	 * only makes every other chunk wait (node/agent_swarm.c). */ \
+	X(PEER_TARGET_MS, "TESSERA_PEER_TARGET_MS", 500, "bytes queued per peer, as ms of its measured rate") \
+	/* A reader ahead of its swarm (node/agent_swarm.c, per-peer queues) \
+	 * reads from at most this many peers at once, leaving the others' \
+	 * uplinks to the readers behind; 0 (default): no such limit (one \
+	 * read per peer only). Not measured on an idle machine yet. */ \
+	X(AHEAD_PEERS, "TESSERA_AHEAD_PEERS", 0, "peers a reader ahead of its swarm reads from at once (0: any)") \
 	/* Super-seeding under a cap (node/agent_swarm.c): the members of a \
 	 * parcel's swarm that read it from the trainer at once, at most (0: \
 	 * every member). The trainer's chunks are shared out among these \

@@ -104,12 +104,121 @@ static void test_hosts_shared_pacing(void **state)
 	agent_hosts_fini(&a);
 }
 
+/* Have-pages over the second endpoint (agent_have_addr): a page read is
+ * answered while the same peer still has many chunk reads of ours queued
+ * on the chunk endpoint's connection (it waited behind all of them on one
+ * connection). Counted: the chunk reads done when the page landed. */
+#define Q_CHUNK (512u << 10)
+#define Q_READS 64 /* 32 MiB queued on the peer: more than its socket takes */
+
+struct qread {
+	struct fab_op op;
+	uint32_t *done, *at_page;
+	bool page;
+};
+
+static void on_qread(struct fab_op *op, int status)
+{
+	struct qread *q = proto_container_of(op, struct qread, op);
+
+	assert_int_equal(status, 0);
+	if (q->page)
+		*q->at_page = *q->done;
+	else
+		++*q->done;
+}
+
+/* Polls the three endpoints until want chunk reads and the page read
+ * are done (bounded: a hung read fails the test, it is not timed). */
+static void drive(struct fab_ctx *c1, struct fab_ctx *c2, struct fab_ctx *srv,
+		  const uint32_t *done, const uint32_t *at_page, uint32_t want)
+{
+	uint64_t until = agent_now_ms() + 60000;
+
+	while ((*done < want || *at_page == UINT32_MAX) && agent_now_ms() < until) {
+		fab_poll(srv, 0);
+		fab_poll(c1, 0);
+		fab_poll(c2, 0);
+	}
+	assert_int_equal(*done, want);
+	assert_int_not_equal(*at_page, UINT32_MAX);
+}
+
+static void test_hosts_have_endpoint(void **state)
+{
+	struct fab_ctx *srv = NULL;
+	struct node_agent a = {0};
+	struct fab_mr *smr = NULL, *cmr = NULL, *pmr = NULL;
+	size_t len = (size_t)Q_READS * Q_CHUNK, alen;
+	uint8_t addr[FAB_ADDR_MAX], *big = calloc(1, len), *dst = malloc(len), page[4096];
+	struct qread q[Q_READS + 1];
+	uint32_t done = 0, at_page = UINT32_MAX;
+	struct fab_rkey rk;
+	fi_addr_t hfa;
+
+	assert_non_null(big);
+	assert_non_null(dst);
+	assert_int_equal(fab_open("tcp;ofi_rxm", "127.0.0.1", NULL, &srv, NULL), 0);
+	assert_int_equal(fab_open("tcp;ofi_rxm", "127.0.0.1", NULL, &a.fab, NULL), 0);
+	assert_int_equal(fab_open("tcp;ofi_rxm", "127.0.0.1", NULL, &a.hfab, NULL), 0);
+	assert_int_equal(fab_mr_reg(srv, big, len, FAB_MR_REMOTE_READ, &smr), 0);
+	assert_int_equal(fab_mr_reg(a.fab, dst, len, FAB_MR_READ, &cmr), 0);
+	assert_int_equal(fab_mr_reg(a.hfab, page, sizeof(page), FAB_MR_READ, &pmr), 0);
+	fab_mr_rkey(smr, &rk);
+	assert_int_equal(fab_getname(srv, addr, sizeof(addr), &alen), 0);
+	struct agent_source s = {.info = src(true, "R1/0", "host1")};
+	s.info.fabric_addr = addr;
+	s.info.fabric_addr_len = alen;
+	assert_true(agent_source_ready(&a, &s, agent_now_ms()));
+	assert_int_equal(agent_have_addr(&a, &s, &hfa), 0);
+	assert_int_equal(agent_warm_count(&a), 1); /* one address, both handles */
+
+	/* Both connections up first (a first read also connects). */
+	for (int i = 0; i < 2; i++) {
+		q[i] = (struct qread){.done = &done, .at_page = &at_page, .page = i == 1};
+		assert_int_equal(i == 0 ? fab_read(a.fab, &q[i].op, cmr, 0, 4096, s.fa, &rk, 0, on_qread)
+					: fab_read(a.hfab, &q[i].op, pmr, 0, 4096, hfa, &rk, 0, on_qread),
+				 0);
+	}
+	drive(a.fab, a.hfab, srv, &done, &at_page, 1);
+	done = 0;
+	at_page = UINT32_MAX;
+
+	/* Q_READS chunk reads queued on the peer, then a page read. */
+	for (uint32_t i = 0; i < Q_READS; i++) {
+		q[i] = (struct qread){.done = &done, .at_page = &at_page};
+		assert_int_equal(fab_read(a.fab, &q[i].op, cmr, (size_t)i * Q_CHUNK, Q_CHUNK, s.fa, &rk,
+					  (uint64_t)i * Q_CHUNK, on_qread),
+				 0);
+	}
+	q[Q_READS] = (struct qread){.done = &done, .at_page = &at_page, .page = true};
+	assert_int_equal(fab_read(a.hfab, &q[Q_READS].op, pmr, 0, 4096, hfa, &rk, 0, on_qread), 0);
+	drive(a.fab, a.hfab, srv, &done, &at_page, Q_READS);
+	print_message("page read landed after %u of %u queued chunk reads\n", at_page, Q_READS);
+	assert_true(at_page < Q_READS);
+
+	/* A failure gives both handles back; the next page read connects anew. */
+	agent_warm_drop(&a, &s);
+	assert_int_equal(agent_warm_count(&a), 0);
+	fab_mr_close(pmr);
+	fab_mr_close(cmr);
+	fab_mr_close(smr);
+	fab_close(a.hfab);
+	fab_close(a.fab);
+	fab_close(srv);
+	a.fab = a.hfab = NULL;
+	agent_warm_fini(&a);
+	free(big);
+	free(dst);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_hosts_grouping),
 		cmocka_unit_test(test_hosts_full),
 		cmocka_unit_test(test_hosts_shared_pacing),
+		cmocka_unit_test(test_hosts_have_endpoint),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

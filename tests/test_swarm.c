@@ -309,6 +309,104 @@ static void test_swarm_fresh_first_read(void **state)
 }
 
 /*
+ * Per-peer queues (agent_swarm.c): among the holders of a chunk a reader
+ * asks the one whose queue of its reads empties first (an unmeasured,
+ * empty one before one with a read queued), and a reader ahead of its
+ * swarm (AHEAD_CHUNKS more chunks than the median peer's page shows)
+ * keeps one read per peer (with TESSERA_AHEAD_PEERS=2, at two peers at
+ * once), giving way to the readers behind; not ahead, it queues up to
+ * TESSERA_PEER_INFLIGHT at every peer. Counted by the picks made.
+ */
+#define QN 64
+
+static void test_swarm_peer_queues(void **state)
+{
+	struct proto_chunk chunks[QN];
+	struct proto_mparcel mp = {.nchunks = QN, .chunks = chunks};
+	uint8_t st[QN] = {0}, busy[QN] = {0}, mine[QN] = {0}, on[QN] = {0};
+	uint8_t have[3][2 * QN / 8] = {{0}};
+	uint16_t avail[QN] = {0};
+	uint64_t busy_ms[QN] = {0};
+	uint32_t owner[QN], c = UINT32_MAX;
+	uint64_t now = agent_now_ms();
+	struct agent_source srcs[3] = {
+		{.info = {.peer = true, .id = "R2/0"}, .fa_valid = true, .have = have[0]},
+		{.info = {.peer = true, .id = "R3/0"}, .fa_valid = true, .have = have[1]},
+		{.info = {.peer = true, .id = "R4/0"}, .fa_valid = true, .have = have[2],
+		 .bad_until_ms = UINT64_MAX}}; /* R4 rests until the last part */
+	struct agent_parcel p = {.mp = &mp, .state = st, .avail = avail, .peer_busy = busy,
+				 .busy_ms = busy_ms, .mine = mine, .owner_on = on, .owner = owner,
+				 .srcs = srcs, .nsrcs = 3, .progress_ms = now};
+	struct agent_fetch f = {.version = 5, .parcels = &p, .nparcels = 1};
+	struct node_agent a = {.fanout = true, .fetch = &f, .chunk_size = 4096, .max_inflight = 16};
+	bool want;
+
+	snprintf(a.node_id, sizeof(a.node_id), "R1/0");
+	for (uint32_t i = 0; i < QN; i++) {
+		chunks[i] = (struct proto_chunk){.size = 4096};
+		owner[i] = UINT32_MAX;
+	}
+	for (uint32_t i = 40; i < 50; i++) /* the peers hold chunks 40-49 */
+		have[0][i / 8] = have[1][i / 8] = have[2][i / 8] |= (uint8_t)(1u << (i % 8));
+	for (int k = 0; k < 3; k++) {
+		srcs[k].have_ms = now; /* pages just read: none is due */
+		srcs[k].listed_ms = now;
+	}
+
+	/* Not ahead (12 held, the peers 10): the emptier queue first. */
+	for (uint32_t i = 0; i < 12; i++)
+		st[i] = 2;
+	p.done = 12;
+	agent_swarm_recount(&a, 0);
+	assert_false(p.ahead);
+	assert_int_equal(avail[40], 2);
+	srcs[0].rate = 1000000; /* R2: measured, one read queued */
+	agent_source_posted(&srcs[0], 4096);
+	srcs[0].progress_ms = now;
+	assert_ptr_equal(agent_swarm_pick(&a, 0, &c, &want), &srcs[1]);
+	assert_true(c >= 40 && c < 50);
+	srcs[1].rate = 1000000; /* R3: two queued, more than R2 */
+	agent_source_posted(&srcs[1], 4096);
+	agent_source_posted(&srcs[1], 4096);
+	srcs[1].progress_ms = now;
+	assert_ptr_equal(agent_swarm_pick(&a, 0, &c, &want), &srcs[0]);
+
+	/* Ahead (40 held, the median peer 10): one read per peer at most. */
+	for (uint32_t i = 0; i < 40; i++)
+		st[i] = 2;
+	p.done = 40;
+	agent_swarm_recount(&a, 0);
+	assert_true(p.ahead);
+	assert_null(agent_swarm_pick(&a, 0, &c, &want)); /* both have one out */
+	agent_source_done(&srcs[1], 4096, true);
+	agent_source_done(&srcs[1], 4096, true);
+	assert_ptr_equal(agent_swarm_pick(&a, 0, &c, &want), &srcs[1]);
+	/* R4 back, idle: ahead, a third peer at once (no limit by default),
+	 * but not with TESSERA_AHEAD_PEERS=2; R3's read lands, and R3 or R4
+	 * (both empty) may take one. */
+	srcs[2].bad_until_ms = 0;
+	agent_source_posted(&srcs[1], 4096);
+	agent_swarm_recount(&a, 0);
+	assert_true(p.ahead);
+	assert_ptr_equal(agent_swarm_pick(&a, 0, &c, &want), &srcs[2]);
+	setenv("TESSERA_AHEAD_PEERS", "2", 1);
+	assert_null(agent_swarm_pick(&a, 0, &c, &want));
+	agent_source_done(&srcs[1], 4096, true);
+	struct agent_source *got = agent_swarm_pick(&a, 0, &c, &want);
+	assert_true(got == &srcs[1] || got == &srcs[2]); /* idle both; R2 has its one */
+	unsetenv("TESSERA_AHEAD_PEERS");
+	/* The swarm catches up (the peers' pages show 40 more): not ahead,
+	 * and a second read may go to a busy peer again. */
+	for (uint32_t i = 0; i < 40; i++)
+		have[0][i / 8] = have[1][i / 8] = have[2][i / 8] |= (uint8_t)(1u << (i % 8));
+	agent_swarm_recount(&a, 0);
+	assert_false(p.ahead);
+	agent_source_posted(&srcs[1], 4096);
+	agent_source_posted(&srcs[2], 4096);
+	assert_non_null(agent_swarm_pick(&a, 0, &c, &want));
+}
+
+/*
  * Warm connections (agent_warm_hold): a source's address gets one warm
  * handle the first time it is reached, however many sources (parcels,
  * versions) name it, so its connection outlives their lists; a failure
@@ -1009,6 +1107,7 @@ int main(void)
 		cmocka_unit_test(test_swarm_sources_early),
 		cmocka_unit_test(test_swarm_reads_follow),
 		cmocka_unit_test(test_swarm_fresh_first_read),
+		cmocka_unit_test(test_swarm_peer_queues),
 		cmocka_unit_test(test_swarm_warm_handles),
 		cmocka_unit_test(test_swarm_trainer_uploads_once),
 		cmocka_unit_test_setup_teardown(test_swarm_peer_killed, swarm_setup, swarm_teardown),
