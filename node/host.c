@@ -88,7 +88,8 @@ static int open_have_endpoint(struct node_host *h, const struct node_agent_opts 
 	if (proto_param(PROTO_PARAM_HAVE_SAME_ENDPOINT) != 0 || proto_param(PROTO_PARAM_FANOUT) == 0 ||
 	    strstr(fab_provider(h->shared.fab), "ofi_rxm") == NULL)
 		return 0;
-	if (fab_open(o->provider, NULL, &(struct fab_opts){.sink = FAB_SINK_DEFAULT},
+	if (fab_open(o->provider, NULL,
+		     &(struct fab_opts){.sink = FAB_SINK_DEFAULT, .flags = FAB_F_PREWARM},
 		     &h->shared.hfab, &herr) != 0) {
 		LOG_WARN("node: no endpoint of their own for have-pages (%s): they share the "
 			 "chunk reads'", herr.msg);
