@@ -208,9 +208,15 @@ static void prewarm(struct fab_ctx *ctx)
 		return;
 	}
 	ret = fab_wait(ctx, &w->op, FAB__PREWARM_MS);
-	if (ret == -ETIMEDOUT) {
-		LOG_INFO("fabric %s: our read from ourselves at open is still out after %d ms",
-			 fab_provider(ctx), FAB__PREWARM_MS);
+	/* fab_wait may also fail on the queue with the read still posted:
+	 * then too it is left to prewarm_done (or fab_close), not freed. */
+	if (ret == -ETIMEDOUT || w->op.state_ != FAB__OP_DONE) {
+		if (ret == -ETIMEDOUT)
+			LOG_INFO("fabric %s: our read from ourselves at open is still out after %d ms",
+				 fab_provider(ctx), FAB__PREWARM_MS);
+		else
+			LOG_INFO("fabric %s: our read from ourselves at open is still out: %s",
+				 fab_provider(ctx), strerror(-ret));
 		w->waited = true;
 		ctx->prewarm = w;
 		return;
@@ -369,15 +375,22 @@ int fab_open(const char *provider, const char *node,
 	ret = fab__sink_start(ctx, opts ? opts->sink : 0);
 	if (ret != 0)
 		goto fail_msg;
-	if (opts != NULL && (opts->flags & FAB_F_PREWARM))
+	uint64_t warm_ns = proto_now_ns();
+	bool warm = opts != NULL && (opts->flags & FAB_F_PREWARM);
+	if (warm)
 		prewarm(ctx);
+	warm_ns = proto_now_ns() - warm_ns;
 
 	fi_freeinfo(hints);
 	if (proto_log_level() >= PROTO_LOG_INFO) {
-		char d[512];
+		char d[512], w[64] = "";
 
 		fab_describe(ctx, d, sizeof(d));
-		LOG_INFO("fabric open: %s", d);
+		if (warm)
+			snprintf(w, sizeof(w), " prewarm=%s (%llu ms)",
+				 ctx->stats.prewarmed ? "done" : ctx->prewarm != NULL ? "still-out" : "none",
+				 (unsigned long long)(warm_ns / 1000000));
+		LOG_INFO("fabric open: %s%s", d, w);
 	}
 	*out = ctx;
 	return 0;
