@@ -97,9 +97,14 @@ static int open_have_endpoint(struct node_host *h, const struct node_agent_opts 
 	}
 	h->shared.hfl = node_fabloop_new(h->base, h->shared.hfab, 1000);
 	if (h->shared.hfl == NULL) {
+		LOG_WARN("node: no loop for the have-page endpoint (out of memory): have-pages "
+			 "share the chunk reads' endpoint");
 		fab_close(h->shared.hfab);
 		h->shared.hfab = NULL;
+		return 0;
 	}
+	LOG_INFO("node: have-page reads get an endpoint of their own (the second fabric open; "
+		 "TESSERA_HAVE_SAME_ENDPOINT=1 shares the chunk reads')");
 	return 0;
 }
 
