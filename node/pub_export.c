@@ -671,7 +671,9 @@ static void ex_gather_start(struct node_pub *p)
 			return;
 		}
 	}
-	if (!ex->verify) {
+	if (ex->addendum)
+		LOG_INFO("version %llu: %s", (unsigned long long)ex->version, ex->why);
+	else if (!ex->verify) {
 		if (ex->delta)
 			LOG_INFO("version %llu: a delta against version %llu (%u since the anchor; "
 				 "%zu of %zu snapshot blocks recycled)",
@@ -801,7 +803,8 @@ static void ex_gathered(struct node_pub *p)
 		for (size_t i = 0; i < ex->njobs; i++)
 			restored += ex->jobs[i].restored;
 		LOG_INFO("version %llu: new layouts gathered and hashed in %llu ms, %zu of %zu trainer "
-			 "ranks from the served export%s",
+			 "ranks from the version as served (its snapshot kept as the parent, or its served "
+			 "parcels)%s",
 			 (unsigned long long)ex->version, (unsigned long long)ms_of(ex->hash_ns),
 			 restored, ex->njobs, restored < ex->njobs ? ", the others from the source" : "");
 	}

@@ -952,7 +952,7 @@ static void test_new_layout_between_deltas(void **state)
 	snprintf(path, sizeof(path), "%s/publisher.log", e->dir);
 	/* v2's new layout was gathered from v2's snapshots, kept as the parent. */
 	assert_true(file_has(path, "version 2: new layouts gathered and hashed in"));
-	assert_true(file_has(path, "2 of 2 trainer ranks from the served export"));
+	assert_true(file_has(path, "2 of 2 trainer ranks from the version as served"));
 	assert_true(file_has(path, "version 3: an anchor: a serving layout the parent export does "
 				   "not have"));
 	for (uint64_t v = 3; v <= 5; v++) {
