@@ -479,6 +479,13 @@ static int env_teardown(void **state)
 	unsetenv("TESSERA_CHUNK_SIZE");
 	unsetenv("TESSERA_LEASE_MS");
 	unsetenv("TESSERA_LOG");
+	/* what the variants below set: unset whether or not one did */
+	unsetenv("TESSERA_DELTA_STANDBY_MS");
+	unsetenv("TESSERA_DELTA_ROTATE");
+	unsetenv("TESSERA_DELTA_SCRUB");
+	unsetenv("TESSERA_TEST_CATCHUP_HOLD");
+	unsetenv("TESSERA_TEST_STANDBY_BUSY");
+	setup_anchor_only = false;
 	free(e);
 	return 0;
 }
@@ -491,13 +498,6 @@ static int env_setup_no_standby(void **state)
 	setenv("TESSERA_DELTA_STANDBY_MS", "3600000", 1);
 	setenv("TESSERA_DELTA_ROTATE", "0", 1);
 	return env_setup(state);
-}
-
-static int env_teardown_no_standby(void **state)
-{
-	unsetenv("TESSERA_DELTA_STANDBY_MS");
-	unsetenv("TESSERA_DELTA_ROTATE");
-	return env_teardown(state);
 }
 
 /* The first byte where versions v and v + 1 differ on rank 0. */
@@ -584,12 +584,6 @@ static int env_setup_anchor(void **state)
 	return env_setup_no_standby(state);
 }
 
-static int env_teardown_anchor(void **state)
-{
-	setup_anchor_only = false;
-	return env_teardown_no_standby(state);
-}
-
 /* A byte of the served slot flips where the next delta does not write:
  * no check of the changed positions can see it, and v3 is built on it.
  * The scrub (here TESSERA_DELTA_SCRUB=1: the whole slot after every
@@ -629,12 +623,6 @@ static int env_setup_scrub(void **state)
 {
 	setenv("TESSERA_DELTA_SCRUB", "1", 1);
 	return env_setup_no_standby(state);
-}
-
-static int env_teardown_scrub(void **state)
-{
-	unsetenv("TESSERA_DELTA_SCRUB");
-	return env_teardown_no_standby(state);
 }
 
 /* A node restarted between two deltas holds no parent: it replays the
@@ -1095,23 +1083,10 @@ static int env_setup_hold(void **state)
 	return env_setup(state);
 }
 
-static int env_teardown_hold(void **state)
-{
-	unsetenv("TESSERA_DELTA_SCRUB");
-	unsetenv("TESSERA_TEST_CATCHUP_HOLD");
-	return env_teardown(state);
-}
-
 static int env_setup_scrub1(void **state)
 {
 	setenv("TESSERA_DELTA_SCRUB", "1", 1);
 	return env_setup(state);
-}
-
-static int env_teardown_scrub1(void **state)
-{
-	unsetenv("TESSERA_DELTA_SCRUB");
-	return env_teardown(state);
 }
 
 /* A request pins v2 across v3's activation: the retired v2 slot is not
@@ -1169,12 +1144,6 @@ static int env_setup_busy_long(void **state)
 	return env_setup(state);
 }
 
-static int env_teardown_busy(void **state)
-{
-	unsetenv("TESSERA_TEST_STANDBY_BUSY");
-	return env_teardown(state);
-}
-
 static void test_standby_waits_for_peers(void **state)
 {
 	struct env *e = *state;
@@ -1208,10 +1177,10 @@ int main(void)
 		cmocka_unit_test(test_delta_cluster),
 		cmocka_unit_test(test_anchor_after_all),
 		cmocka_unit_test_setup_teardown(test_corrupted_parent, env_setup_no_standby,
-						env_teardown_no_standby),
+						env_teardown),
 		cmocka_unit_test_setup_teardown(test_first_delta_after_anchor, env_setup_anchor,
-						env_teardown_anchor),
-		cmocka_unit_test_setup_teardown(test_scrub, env_setup_scrub, env_teardown_scrub),
+						env_teardown),
+		cmocka_unit_test_setup_teardown(test_scrub, env_setup_scrub, env_teardown),
 		cmocka_unit_test_setup_teardown(test_node_restarted, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_missed_version, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_publisher_restarted, env_setup, env_teardown),
@@ -1220,8 +1189,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_new_layout_between_deltas, env_setup,
 						env_teardown),
 		cmocka_unit_test_setup_teardown(test_rotation_damaged_slot, env_setup_scrub1,
-						env_teardown_scrub1),
-		cmocka_unit_test_setup_teardown(test_scrub_gives_way, env_setup_hold, env_teardown_hold),
+						env_teardown),
+		cmocka_unit_test_setup_teardown(test_scrub_gives_way, env_setup_hold, env_teardown),
 		cmocka_unit_test_setup_teardown(test_rotation_pinned, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_chain_replay, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_full_from_peers, env_setup, env_teardown),
@@ -1229,9 +1198,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_full_no_chain, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_chain_corrupt, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_standby_waits_for_peers, env_setup_busy,
-						env_teardown_busy),
+						env_teardown),
 		cmocka_unit_test_setup_teardown(test_standby_never_made, env_setup_busy_long,
-						env_teardown_busy),
+						env_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
