@@ -182,6 +182,7 @@ void node_agent_start(struct node_agent *a)
 
 	event_add(a->tick_ev, &tick);
 	agent_start_register(a);
+	agent_delta_warm(a);
 }
 
 const uint8_t *node_agent_layout_digest(const struct node_agent *a)

@@ -24,6 +24,11 @@
  * chain replay, an in-place install, TESSERA_DELTA_ROTATE=0). */
 #include "node/agent_internal.h"
 
+#include <errno.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include "node/rebuild.h"
 #include "proto/delta.h"
 #include "proto/wsum.h"
@@ -540,18 +545,122 @@ static int rotation_pieces(struct node_agent *a, struct agent_rotation *r)
 	return 0;
 }
 
+/*
+ * The warm slot. In a VM, the first access from user space to each page
+ * of a new mapping traps to the hypervisor, whether or not the kernel
+ * already allocated and mapped the page (MAP_POPULATE,
+ * MADV_POPULATE_WRITE, copy_file_range into the memfd do not take it off):
+ * ~11 us a page on an idle 2-core VM, 25-50 us a page under load, against
+ * 0.04 us for a page touched before. After the node's first anchor there
+ * is no retired slot to rotate into: the first delta's parent is copied
+ * into a new slot, and that copy, or the apply, paid ~0.4 s per 128 MiB
+ * of such traps while the delta waited (the later deltas rotate between
+ * two slots touched long before). The node needs that second slot anyway:
+ * it makes it when it starts, and a worker at the lowest priority touches
+ * every page of it while the node has nothing else to do (before the first
+ * version, or between versions). The first dense copy of a parent takes
+ * it: a memcpy into touched pages. Taken before the touch is done, it is
+ * copied into as a fresh slot (the pages touched so far cost nothing more).
+ */
+static int warm_run(void *arg, struct proto_err *err)
+{
+	struct node_agent *a = arg; /* reads a->second and second_stop only */
+
+	(void)err;
+	/* Only what the node leaves idle: the fetch of the first version
+	 * keeps the CPU when it comes. */
+	if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19) != 0)
+		LOG_DEBUG("node %s: the warm slot's worker keeps its priority: %s", a->node_id,
+			  strerror(errno));
+	return node_slot_touch(a->second, &a->second_stop);
+}
+
+static void warmed(int rc, const struct proto_err *err, const struct node_rebuild_times *t,
+		   void *arg)
+{
+	struct node_agent *a = arg;
+
+	(void)err;
+	a->second_ready = rc == 0;
+	if (rc == 0) {
+		a->second->fresh = false;
+		LOG_INFO("node %s: the second slot (%zu MiB) is warm: every page touched in %" PRIu64
+			 " ms (%" PRIu64 " ms of CPU), for the first copy after an anchor",
+			 a->node_id, a->second->len >> 20, agent_now_ms() - a->second_ms, t->apply_cpu_ms);
+	}
+	node_rebuild_free(a->second_rb); /* done: the join is immediate */
+	a->second_rb = NULL;
+}
+
+/* Stops the warm slot's touch; the slot stays (a->second). */
+static void warm_stop(struct node_agent *a)
+{
+	__atomic_store_n(&a->second_stop, 1, __ATOMIC_RELAXED);
+	node_rebuild_free(a->second_rb);
+	a->second_rb = NULL;
+}
+
+void agent_delta_warm(struct node_agent *a)
+{
+	size_t len = a->layout.ranks[a->o.rank].nbytes;
+	struct proto_err err = {{0}};
+
+	if (a->o.install_inplace || len == 0 || a->second != NULL ||
+	    proto_param(PROTO_PARAM_DELTA_WARM) == 0)
+		return;
+	a->second_stop = 0;
+	a->second_ready = false;
+	a->second_ms = agent_now_ms();
+	if (node_slot_new_blank(&a->store, 0, len, &a->second, &err) != 0 ||
+	    node_rebuild_start(a->base, NULL, -1, false, NULL, -1, 0, &a->second_rb, &err) != 0) {
+		LOG_WARN("node %s: no warm second slot (%s): the first copy after an anchor makes "
+			 "its own", a->node_id, err.msg);
+		if (a->second != NULL)
+			node_slot_free(&a->store, a->second);
+		a->second = NULL;
+		return;
+	}
+	node_rebuild_apply(a->second_rb, warm_run, a, warmed, a);
+}
+
+/* The warm slot for version, if it has len bytes (else it is freed): its
+ * touch stopped, and fresh unless it was done. NULL when none. */
+static struct node_slot *warm_take(struct node_agent *a, uint64_t version, size_t len)
+{
+	struct node_slot *s = a->second;
+
+	if (s == NULL)
+		return NULL;
+	warm_stop(a);
+	a->second = NULL;
+	if (s->len != len) {
+		node_slot_free(&a->store, s);
+		return NULL;
+	}
+	s->version = version;
+	s->tag = 0;
+	LOG_INFO("node %s: v%" PRIu64 "'s parent is copied into the second slot made at start "
+		 "(%s)", a->node_id, version,
+		 a->second_ready ? "warm: every page touched" : "its touch not done: copied as new");
+	return s;
+}
+
 /* The copy path: a fresh slot for version and, when parent is given, a
- * copy of the parent's bytes into it on a worker. On failure *slot may be
- * set (the caller frees it with the rest). */
+ * copy of the parent's bytes into it on a worker (into the warm slot when
+ * there is one). On failure *slot may be set (the caller frees it with
+ * the rest). */
 static int copy_start(struct node_agent *a, uint64_t version, size_t len,
 		      const struct node_slot *parent, struct node_slot **slot,
 		      struct node_rebuild **rb, struct proto_err *err)
 {
+	int rc = 0;
+
 	/* A copy fills the slot whole through its memfd: a new one's pages
 	 * are allocated by the copy, not cleared first. */
-	int rc = parent != NULL ? node_slot_new_blank(&a->store, version, len, slot, err)
-				: node_slot_new(&a->store, version, len, slot, err);
-
+	if (parent != NULL && (*slot = warm_take(a, version, len)) == NULL)
+		rc = node_slot_new_blank(&a->store, version, len, slot, err);
+	else if (parent == NULL)
+		rc = node_slot_new(&a->store, version, len, slot, err);
 	if (rc != 0 || parent == NULL)
 		return rc;
 	rc = node_rebuild_start(a->base, (*slot)->host, (*slot)->memfd, (*slot)->fresh,
@@ -864,6 +973,10 @@ void agent_delta_fini(struct node_agent *a)
 	standby_drop(a);
 	agent_rotation_free(a->rot);
 	a->rot = NULL;
+	warm_stop(a);
+	if (a->second != NULL)
+		node_slot_free(&a->store, a->second);
+	a->second = NULL;
 	if (a->standby_ev != NULL)
 		event_free(a->standby_ev);
 	a->standby_ev = NULL;

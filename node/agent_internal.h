@@ -402,6 +402,15 @@ struct node_agent {
 	 * activated slots hold; standby waits for the retired slot. */
 	struct agent_rotation *rot, *standby_rot;
 	uint64_t slot_tags;
+	/* The second slot made when the node starts, its pages touched by a
+	 * worker (agent_delta.c, "The warm slot"); the first dense copy of a
+	 * parent takes it. NULL when none or taken; second_stop (atomic) stops
+	 * the touch; second_ready: it touched every page. */
+	struct node_slot *second;
+	struct node_rebuild *second_rb;
+	int second_stop;
+	bool second_ready;
+	uint64_t second_ms; /* when the touch began */
 	/* The active slot's piece checksums, verified by the apply that built
 	 * it and bound to it by its tag (agent_delta.c); NULL when unknown. */
 	struct agent_sums *sums;
@@ -818,6 +827,10 @@ void agent_rotation_free(struct agent_rotation *r);
 /* Before the catch-up's worker is stopped: its scrub ends at once. */
 void agent_rotation_stop(struct agent_rotation *r);
 void agent_sums_free(struct agent_sums *s);
+/* Makes the warm slot and starts touching its pages (node start; nothing
+ * in in-place mode, or with TESSERA_DELTA_WARM=0). Cannot fail: without
+ * one, the first copy makes its own slot. */
+void agent_delta_warm(struct node_agent *a);
 /* Drops the standby copy and its timer (teardown). */
 void agent_delta_fini(struct node_agent *a);
 /* Every chunk of delta parcel pi verified before the fetch's last: the

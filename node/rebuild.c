@@ -63,7 +63,12 @@ static void usage_now(uint64_t *cpu_us, uint64_t *faults)
 /* Copies src to dst whole: true, or false when stopped. */
 static bool dense_copy(struct node_rebuild *rb)
 {
-	bool by_kernel = rb->src_fd >= 0 && rb->dst_fd >= 0;
+	/* Into a fresh slot the kernel copies page cache to page cache several
+	 * times faster than a memcpy, which would take a fault (and in a VM a
+	 * trap) for every page of dst. Into pages touched before (the warm
+	 * slot, a retired one), a memcpy is faster: measured on a 2-core VM,
+	 * 0.5-1.1 us a page against 3.6-4.1 for copy_file_range. */
+	bool by_kernel = rb->fresh && rb->src_fd >= 0 && rb->dst_fd >= 0;
 
 	rb->t.dense = true;
 	for (size_t off = 0; off < rb->len;) {
@@ -73,9 +78,6 @@ static bool dense_copy(struct node_rebuild *rb)
 			return false;
 		size_t n = rb->len - off < COPY_BLOCK ? rb->len - off : COPY_BLOCK;
 		if (by_kernel) {
-			/* The kernel copies page cache to page cache several times
-			 * faster than a memcpy through both mappings (it skips
-			 * the user mappings' TLB and fault work). */
 			loff_t in = (loff_t)off, to = (loff_t)off;
 			ssize_t got = copy_file_range(rb->src_fd, &in, rb->dst_fd, &to, n, 0);
 			if (got > 0) {

@@ -56,7 +56,8 @@ typedef void (*node_rebuild_done)(int rc, const struct proto_err *err,
 /*
  * Starts copying the first len bytes of src to dst on a worker thread. dst
  * and src are shared mappings of the files dst_fd and src_fd (offset 0),
- * which the copy uses when it can (copy_file_range); -1 for either: memcpy.
+ * which the copy of a fresh dst uses when it can (copy_file_range); -1 for
+ * either, or dst not fresh (its pages touched before): memcpy.
  * dst_fresh: no page of dst was written through this mapping yet (a new
  * slot, maybe blank: node_slot_new_blank), so after a kernel copy the
  * worker writes each page once, to take the cost of a first write (a

@@ -211,6 +211,22 @@ void node_slot_free(struct node_store *s, struct node_slot *slot)
 		slot_release(s, drop);
 }
 
+int node_slot_touch(struct node_slot *slot, const int *stop)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE), step = 8u << 20;
+
+	for (size_t off = 0; off < slot->len; off += step) {
+		size_t n = slot->len - off < step ? slot->len - off : step;
+		if (__atomic_load_n(stop, __ATOMIC_RELAXED))
+			return -EINTR;
+		/* Not supported (an old kernel): the reads below fault them in. */
+		(void)madvise(slot->host + off, n, MADV_POPULATE_WRITE);
+		for (size_t at = off; at < off + n; at += page)
+			(void)*(volatile const uint8_t *)(slot->host + at);
+	}
+	return 0;
+}
+
 int node_slot_reuse(struct node_store *s, uint64_t tag, uint64_t version, size_t len,
 		    struct node_slot **out)
 {

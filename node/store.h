@@ -132,6 +132,18 @@ int node_slot_new(struct node_store *s, uint64_t version, size_t len,
 int node_slot_new_blank(struct node_store *s, uint64_t version, size_t len,
 			struct node_slot **out, struct proto_err *err);
 void node_slot_free(struct node_store *s, struct node_slot *slot);
+/*
+ * Takes the first access from user space to each page of slot's mapping
+ * now: a worker's job, ahead of the writes that would pay it (see
+ * node/agent_delta.c, "The warm slot"). The pages are allocated by the
+ * kernel in one call (MADV_POPULATE_WRITE, which alone does not take that
+ * cost), then each is read once through the mapping; after that a write
+ * to it costs what a write to any mapped page does. Stops early, with
+ * -EINTR, once *stop (atomic) is set; 0 when every page was touched. The
+ * bytes are left as they were (zero for a new slot). Clears slot->fresh
+ * only when done: the caller does, on its thread.
+ */
+int node_slot_touch(struct node_slot *slot, const int *stop);
 /* The spare slot back with its bytes, if it has len bytes and tag (not 0):
  * 0, else -ENOENT and nothing changed. Its version becomes version, its
  * tag 0 (the caller writes it). */

@@ -197,6 +197,12 @@
 	 * long, so that it does not take the CPU from peers still fetching \
 	 * from this node (0: made at once; at most 60 s put off). */ \
 	X(DELTA_STANDBY_QUIET_MS, "TESSERA_DELTA_STANDBY_QUIET_MS", 300, "the standby copy waits for this long without peer reads, ms (0: never waits)") \
+	/* A node makes its second slot when it starts and touches every page \
+	 * of it on a worker at the lowest priority: on a VM the first access \
+	 * to a page of a new mapping costs ~11 us (~0.4 s per 128 MiB), which \
+	 * the first delta after the first anchor otherwise pays while it waits \
+	 * (0: no warm slot; the first copy makes its own). */ \
+	X(DELTA_WARM, "TESSERA_DELTA_WARM", 1, "make and touch the second slot when the node starts (0: off)") \
 	/* Test only: the standby copy's first this many looks find peers \
 	 * reading from the node, whatever its fabric carried. */ \
 	X(TEST_STANDBY_BUSY, "TESSERA_TEST_STANDBY_BUSY", 0, "test only: the standby copy finds the node serving this many times") \

@@ -94,6 +94,31 @@ static void test_spare_slot_is_reused(void **state)
 	node_store_close(&s);
 }
 
+/* A blank slot's pages are touched (its first accesses taken ahead) and
+ * stay zero, its bytes unchanged otherwise; a set stop flag stops the
+ * touch before any page with -EINTR, and a stopped slot is still a slot. */
+static void test_slot_touch(void **state)
+{
+	struct node_store s;
+	struct node_slot *a;
+	struct proto_err err;
+	int stop = 0;
+
+	assert_int_equal(node_store_open("host", &s, &err), 0);
+	assert_int_equal(node_slot_new_blank(&s, 1, (9u << 20) + 4096, &a, &err), 0);
+	stop = 1;
+	assert_int_equal(node_slot_touch(a, &stop), -EINTR);
+	stop = 0;
+	assert_int_equal(node_slot_touch(a, &stop), 0);
+	for (size_t off = 0; off < a->len; off += 4096)
+		assert_int_equal(a->host[off], 0);
+	memset(a->host + a->len - 10, 0x5a, 10);
+	assert_int_equal(node_slot_touch(a, &stop), 0); /* again: reads, changes nothing */
+	assert_int_equal(a->host[a->len - 1], 0x5a);
+	node_slot_free(&s, a);
+	node_store_close(&s);
+}
+
 /* A tagged slot (what an activated version held) comes back by its tag
  * with its bytes, and only by it; of two freed slots the spare keeps the
  * larger tag (the later retired), whichever is freed first. */
@@ -461,6 +486,7 @@ int main(void)
 		cmocka_unit_test(test_host_slot_is_mappable),
 		cmocka_unit_test(test_spare_slot_is_reused),
 		cmocka_unit_test(test_spare_slot_by_tag),
+		cmocka_unit_test(test_slot_touch),
 		cmocka_unit_test(test_store_names),
 		cmocka_unit_test(test_fold_matches_on_host),
 		cmocka_unit_test(test_cuda_store),
