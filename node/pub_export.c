@@ -143,6 +143,16 @@ static uint64_t thread_cpu_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* The whole publisher's CPU time, every thread's. */
+static uint64_t process_cpu_ns(void)
+{
+	struct timespec ts;
+
+	if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0)
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static void job_delta(struct pub_job *j)
 {
 	struct pub_part *pt = j->part;
@@ -348,12 +358,19 @@ static void ex_finish(struct node_pub *p)
 				 (unsigned long long)ms_of(r.total_ns));
 	} else if (!ex->failed && !ex->verify) {
 		uint64_t c = ex->created_ms, snap = ex->pv != NULL ? ex->pv->snapshot_ms : 0;
+		/* (An addendum-free leader export: the snapshot is taken before
+		 * the gather, so the stamps follow each other.) */
+		uint64_t c0 = ex->cpu0, c1 = PROTO_MAX(ex->cpu_snap, c0);
+		uint64_t c2 = PROTO_MAX(ex->cpu_hashed, c1), c3 = PROTO_MAX(ex->cpu_signed, c2);
 		LOG_INFO("version %llu start-up, ms from its creation: snapshot %lld, hashed %lld, "
-			 "signed %lld, publish sent %lld, answered %lld, offered %lld (created at %llu)",
+			 "signed %lld, publish sent %lld, answered %lld, offered %lld (created at %llu); "
+			 "the publisher's CPU ms: snapshot %llu, %s %llu, manifest and signature %llu",
 			 (unsigned long long)ex->version, (long long)(snap ? snap - c : 0),
 			 (long long)(ex->su.hashed - c), (long long)(ex->su.signed_ - c),
 			 (long long)(ex->su.sent - c), (long long)(ex->su.answered - c),
-			 (long long)(proto_wall_ms() - c), (unsigned long long)c);
+			 (long long)(proto_wall_ms() - c), (unsigned long long)c,
+			 (unsigned long long)ms_of(c1 - c0), ex->delta ? "encode" : "gather and hash",
+			 (unsigned long long)ms_of(c2 - c1), (unsigned long long)ms_of(c3 - c2));
 	} else if (ex->failed && !(ex->status == -ERANGE && ex->req->cb != NULL)) {
 		/* (A source out of versions: the caller says so, in one line.) */
 		LOG_WARN("export of version %llu failed: %s", (unsigned long long)ex->version,
@@ -794,6 +811,7 @@ static void ex_gathered(struct node_pub *p)
 
 	ex->hash_ns = proto_now_ns() - ex->phase_ns;
 	ex->su.hashed = proto_wall_ms();
+	ex->cpu_hashed = process_cpu_ns();
 	if (atomic_load(&p->abort)) {
 		ex_fail(p, ECANCELED, "stopped");
 		return;
@@ -881,6 +899,7 @@ static void ex_gathered(struct node_pub *p)
 		return;
 	}
 	ex->su.signed_ = proto_wall_ms();
+	ex->cpu_signed = process_cpu_ns();
 	/* The added layouts' canary scores: their version is published already. */
 	if (ex->addendum && !p->add_copy && (ex->canary = node__pub_canary_json(ex)) != NULL)
 		node__pub_canary_post(p, ex);
@@ -1035,6 +1054,7 @@ void node__pub_on_wake(evutil_socket_t fd, short what, void *arg)
 	if (ex->jobs_left == 0 && ex->phase == EX_PREP && !ex->snap_done) {
 		ex->snap_done = true;
 		ex->snapshot_ns = proto_now_ns() - ex->phase_ns;
+		ex->cpu_snap = process_cpu_ns();
 		/* For the version's timeline: the leader's fresh exports only
 		 * (not a rebuild after a restart). */
 		if (ex->pv != NULL && ex->req != NULL && !ex->verify)
@@ -1073,6 +1093,7 @@ void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t versio
 	ex->t0_ns = req ? req->t0_ns : ex->start_ns;
 	ex->created_ms = req ? req->created_ms : proto_wall_ms();
 	ex->chunk_size = (uint32_t)proto_param(PROTO_PARAM_CHUNK_SIZE);
+	ex->cpu0 = process_cpu_ns();
 	if (!node__pub_source_has(p, version)) {
 		if (p->trainer)
 			ex_fail(p, ERANGE, "only a trainer's export can be published");

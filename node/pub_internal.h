@@ -201,6 +201,10 @@ struct pub_export {
 	struct {
 		uint64_t hashed, signed_, sent, answered;
 	} su;
+	/* The publisher's CPU time (ns, every thread) at its start, once the
+	 * snapshot is taken, hashed (encoded) and signed: what each step
+	 * cost, whatever else the machine runs. */
+	uint64_t cpu0, cpu_snap, cpu_hashed, cpu_signed;
 	uint32_t chunk_size;
 	struct pub_layout **layouts;
 	size_t nlayouts;

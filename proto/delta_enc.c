@@ -33,7 +33,8 @@ struct chunk_out {
 	uint8_t *streams; /* malloc'ed frames, back to back */
 	size_t streams_len;
 	uint64_t nchanged, pos_bytes, val_bytes;
-	uint64_t psum, csum; /* wsums of the chunk's parent and child elements */
+	uint64_t psum, csum; /* wsums of the chunk's parent and child elements (csum:
+			      * how far the changes move it, see scan) */
 	uint64_t tsum;       /* of the parent's elements at the positions written */
 	uint8_t mode;
 };
@@ -226,17 +227,18 @@ static inline uint64_t elem_mask(uint64_t m, unsigned w)
  * has no parent (a == NULL). Each 64-byte block is compared at once into a
  * mask of the elements that differ (most blocks have none), and only those
  * are visited: one step per change, no branch per element to mispredict.
- * The old elements of the changes are summed into *ta / *tb (A and B of
- * their wsum, not yet reduced: n <= PIECE keeps them below 2^62).
+ * The old elements of the changes are summed into t[0] / t[1] (A and B of
+ * their wsum, not yet reduced: n <= PIECE keeps them below 2^62), the new
+ * ones into t[2] / t[3]: the child's checksum moves by their difference.
  */
 #define SCAN_FN(name, T, W)                                                        \
 	static size_t name(uint32_t *pos, uint64_t *val, const uint8_t *a,         \
-			   const uint8_t *b, uint32_t n, uint64_t *ta, uint64_t *tb)  \
+			   const uint8_t *b, uint32_t n, uint64_t t[4])               \
 	{                                                                          \
 		const uint32_t per = 64 / W;                                       \
 		size_t k = 0;                                                      \
 		uint32_t i = 0;                                                    \
-		uint64_t sa = 0, sb = 0;                                           \
+		uint64_t sa = 0, sb = 0, na = 0, nb = 0;                           \
 		if (a != NULL)                                                     \
 			for (; i + per <= n; i += per) {                           \
 				const uint8_t *pa = a + (size_t)i * W;             \
@@ -253,6 +255,9 @@ static inline uint64_t elem_mask(uint64_t m, unsigned w)
 					sa += proto_wsum_val(o);                   \
 					sb += (uint64_t)(i + at / W + 1) *         \
 					      proto_wsum_val(o);                   \
+					na += proto_wsum_val(nw);                  \
+					nb += (uint64_t)(i + at / W + 1) *         \
+					      proto_wsum_val(nw);                  \
 				}                                                  \
 			}                                                          \
 		for (; i < n; i++) {                                               \
@@ -265,10 +270,14 @@ static inline uint64_t elem_mask(uint64_t m, unsigned w)
 				val[k++] = delta__zz((T)(nw - o), W);              \
 				sa += proto_wsum_val(o);                           \
 				sb += (uint64_t)(i + 1) * proto_wsum_val(o);       \
+				na += proto_wsum_val(nw);                          \
+				nb += (uint64_t)(i + 1) * proto_wsum_val(nw);      \
 			}                                                          \
 		}                                                                  \
-		*ta = sa;                                                          \
-		*tb = sb;                                                          \
+		t[0] = sa;                                                         \
+		t[1] = sb;                                                         \
+		t[2] = na;                                                         \
+		t[3] = nb;                                                         \
 		return k;                                                          \
 	}
 SCAN_FN(scan1, uint8_t, 1)
@@ -281,10 +290,14 @@ SCAN_FN(scan8, uint64_t, 8)
  * the checksums cost no extra pass over memory (the parent's side only when
  * its sums are not known already), and hands each piece's changes to the
  * caller's on_changes there too; *tsum receives the wsum of the parent's
- * elements at the changed positions. */
+ * elements at the changed positions. With the parent's sums known (and a
+ * parent), *csum is not the child's sum but how far the changes move it
+ * (wsum.h: the sums are linear), from the changed elements alone: the
+ * child's sum is its parent's moved by that, and no child byte is read
+ * beyond those the compare reads. */
 static size_t scan(const struct job *j, struct scratch *s, uint32_t t, uint64_t base,
 		   const uint8_t *a, const uint8_t *b, uint32_t n, uint32_t w, bool sum_parent,
-		   uint64_t *psum, uint64_t *csum, uint64_t *tsum)
+		   bool moved, uint64_t *psum, uint64_t *csum, uint64_t *tsum)
 {
 	const struct proto_delta_opts *o = j->o;
 
@@ -295,26 +308,32 @@ static size_t scan(const struct job *j, struct scratch *s, uint32_t t, uint64_t 
 		uint32_t m = PROTO_MIN(PIECE, n - i);
 		const uint8_t *pa = a ? a + (size_t)i * w : NULL, *pb = b + (size_t)i * w;
 		size_t k0 = k;
-		uint64_t ta, tb;
+		uint64_t ts[4];
 		if (o != NULL && o->fill != NULL)
 			o->fill(o->fill_arg, t, base + i, m);
 		if (o != NULL && o->locate != NULL && pa != NULL)
 			o->locate(o->locate_arg, t, base + i, m, s->room, &pa, &pb);
 		switch (w) {
 		case 1:
-			k += scan1(s->pos + k, s->val + k, pa, pb, m, &ta, &tb);
+			k += scan1(s->pos + k, s->val + k, pa, pb, m, ts);
 			break;
 		case 2:
-			k += scan2(s->pos + k, s->val + k, pa, pb, m, &ta, &tb);
+			k += scan2(s->pos + k, s->val + k, pa, pb, m, ts);
 			break;
 		case 4:
-			k += scan4(s->pos + k, s->val + k, pa, pb, m, &ta, &tb);
+			k += scan4(s->pos + k, s->val + k, pa, pb, m, ts);
 			break;
 		default:
-			k += scan8(s->pos + k, s->val + k, pa, pb, m, &ta, &tb);
+			k += scan8(s->pos + k, s->val + k, pa, pb, m, ts);
 			break;
 		}
-		*tsum = proto_wsum_combine(*tsum, i, (tb % PROTO_WSUM_P) << 32 | ta % PROTO_WSUM_P);
+		uint64_t ta = ts[0] % PROTO_WSUM_P, tb = ts[1] % PROTO_WSUM_P;
+		*tsum = proto_wsum_combine(*tsum, i, tb << 32 | ta);
+		if (moved) {
+			uint64_t da = (ts[2] % PROTO_WSUM_P + PROTO_WSUM_P - ta) % PROTO_WSUM_P;
+			uint64_t db = (ts[3] % PROTO_WSUM_P + PROTO_WSUM_P - tb) % PROTO_WSUM_P;
+			*csum = proto_wsum_combine(*csum, i, db << 32 | da);
+		}
 		/* (Positions from the stretch's first element, as scanned.) */
 		if (o != NULL && o->on_changes != NULL && k > k0)
 			o->on_changes(o->changes_arg, t, base + i, s->pos + k0, k - k0, pa, pb);
@@ -322,7 +341,8 @@ static size_t scan(const struct job *j, struct scratch *s, uint32_t t, uint64_t 
 			s->pos[q] += i;
 		if (sum_parent)
 			*psum = proto_wsum_combine(*psum, i, proto_wsum(w, pa, m));
-		*csum = proto_wsum_combine(*csum, i, proto_wsum(w, pb, m));
+		if (!moved)
+			*csum = proto_wsum_combine(*csum, i, proto_wsum(w, pb, m));
 	}
 	return k;
 }
@@ -375,9 +395,10 @@ static int encode_chunk(struct job *j, struct scratch *s, uint64_t ci)
 	uint8_t mode = PROTO_DELTA_ZERO, *p;
 	size_t k, at = 0;
 
-	/* The parent's sums known (from the encode that made it): not summed. */
-	k = scan(j, s, t, base, a, b, n, w, a != NULL && j->parent->sums == NULL, &out->psum,
-		 &out->csum, &out->tsum);
+	/* The parent's sums known (from the encode that made it): not summed,
+	 * and the child's follows from them and the changes. */
+	k = scan(j, s, t, base, a, b, n, w, a != NULL && j->parent->sums == NULL,
+		 a != NULL && j->parent->sums != NULL, &out->psum, &out->csum, &out->tsum);
 	if (j->o != NULL && j->o->max_changed != 0 &&
 	    atomic_fetch_add(&j->changed, k) + k > j->o->max_changed)
 		return -E2BIG;
@@ -709,8 +730,12 @@ int proto_delta_encode(const struct proto_delta_version *parent,
 				ts = proto_wsum_combine(ts, b, j.outs[ci].tsum);
 		}
 		tsums[i] = ts;
+		/* (With the parent's sums known, cs is how far the changes moved
+		 * the parent's: see scan.) */
 		if (child->sums == NULL)
-			csums[i] = cs;
+			csums[i] = parent->sums != NULL && match[i] != PROTO_DELTA_NONE
+					   ? proto_wsum_combine(parent->sums[match[i]], 0, cs)
+					   : cs;
 		if (parent->sums == NULL && match[i] != PROTO_DELTA_NONE)
 			psums[match[i]] = ps;
 	}

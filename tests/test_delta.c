@@ -369,6 +369,70 @@ static void test_tensor_set_changes(void **state)
 	fz_free(&c);
 }
 
+/*
+ * Given the parent's sums, the encoder takes the child's from them and the
+ * changes alone (the child is not summed): the delta's bytes are the same as
+ * when it sums both sides itself, and the child sums it hands back are the
+ * child's, for every element width, no change, a few, half and every
+ * element changed (dense chunks), stretches and chunks of odd sizes, and a
+ * tensor with no parent.
+ */
+static void test_child_sums_from_changes(void **state)
+{
+	struct tspec pt[] = {{"u8", PROTO_DT_U8, 70001}, {"bf", PROTO_DT_BF16, 100003},
+			     {"f32", PROTO_DT_FP32, 40000}, {"f64", PROTO_DT_FP64, 33000},
+			     {"one", PROTO_DT_BF16, 1}};
+	struct tspec ct[] = {{"u8", PROTO_DT_U8, 70001}, {"bf", PROTO_DT_BF16, 100003},
+			     {"new", PROTO_DT_I32, 5000}, {"f32", PROTO_DT_FP32, 40000},
+			     {"f64", PROTO_DT_FP64, 33000}, {"one", PROTO_DT_BF16, 1}};
+	const int pcts[] = {0, 1, 50, 100};
+
+	(void)state;
+	for (size_t pi = 0; pi < sizeof(pcts) / sizeof(pcts[0]); pi++) {
+		struct fz_version p, c;
+		uint64_t seed = 11 + pi;
+		mkver(&p, pt, 5);
+		mkver(&c, ct, 6);
+		fill_random(&p, seed);
+		fill_random(&c, seed + 100);
+		for (uint32_t i = 0; i < c.m.ntensors; i++) {
+			int64_t q = proto_model_find(&p.m, c.m.tensors[i].name);
+			size_t w = proto_dtype_size(c.m.tensors[i].dtype);
+			if (q < 0)
+				continue;
+			memcpy(c.data[i], p.data[q], c.m.tensors[i].nbytes);
+			for (uint64_t e = 0; e < c.m.tensors[i].nelem; e++)
+				if ((int)(fz_rand(&seed) % 100) < pcts[pi])
+					c.data[i][e * w + fz_rand(&seed) % w] ^=
+						(uint8_t)(1 + fz_rand(&seed) % 255);
+		}
+		resum(&c);
+		uint64_t *got = calloc(c.m.ntensors, sizeof(*got));
+		uint8_t *a = NULL, *b = NULL;
+		size_t alen = 0, blen = 0;
+		struct proto_err err = {{0}};
+		struct proto_delta_version vc = {&c.m, c.header, c.header_len,
+						 (const uint8_t *const *)c.data, NULL};
+		struct proto_delta_version v0 = {&p.m, p.header, p.header_len,
+						 (const uint8_t *const *)p.data, NULL};
+		struct proto_delta_version v1 = v0;
+		v1.sums = p.sums;
+		struct proto_delta_opts o = {.chunk_elems = 70000, .threads = 2};
+		assert_non_null(got);
+		assert_int_equal(proto_delta_encode(&v0, &vc, &o, &a, &alen, NULL, &err), 0);
+		o.child_sums = got;
+		assert_int_equal(proto_delta_encode(&v1, &vc, &o, &b, &blen, NULL, &err), 0);
+		assert_int_equal(alen, blen);
+		assert_memory_equal(a, b, alen);
+		assert_memory_equal(got, c.sums, c.m.ntensors * sizeof(*got));
+		free(a);
+		free(b);
+		free(got);
+		fz_free(&p);
+		fz_free(&c);
+	}
+}
+
 /* ---- binding and damage ------------------------------------------------- */
 
 static void test_wrong_parent(void **state)
@@ -1163,6 +1227,7 @@ int main(void)
 		cmocka_unit_test(test_threads),
 		cmocka_unit_test(test_threads_ranges),
 		cmocka_unit_test(test_tensor_set_changes),
+		cmocka_unit_test(test_child_sums_from_changes),
 		cmocka_unit_test(test_wrong_parent),
 		cmocka_unit_test(test_truncation),
 		cmocka_unit_test(test_bit_flips),
