@@ -184,6 +184,43 @@ static void test_file_then_flags(void **state)
 	tu_rmtree(dir);
 }
 
+/* proto_param caches what the environment says: every change must show
+ * at once, whatever order variables come and go in, and with values glibc
+ * hands back the same strings for. */
+static void test_param_follows_env(void **state)
+{
+	char name[32];
+
+	unsetenv("TESSERA_STALL_MS");
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), proto_param_default(PROTO_PARAM_STALL_MS));
+	setenv("TESSERA_STALL_MS", "1234", 1);
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 1234);
+	setenv("TESSERA_STALL_MS", "4321", 1); /* same length, new value */
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 4321);
+	setenv("TESSERA_STALL_MS", "1234", 1); /* an earlier value again */
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 1234);
+	/* Other variables coming and going shift it in environ. */
+	for (int i = 0; i < 40; i++) {
+		snprintf(name, sizeof(name), "TESSERA_TEST_PAD_%d", i);
+		setenv(name, "x", 1);
+	}
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 1234);
+	unsetenv("TESSERA_STALL_MS");
+	setenv("TESSERA_STALL_MS", "77", 1);
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 77);
+	for (int i = 0; i < 40; i++) {
+		snprintf(name, sizeof(name), "TESSERA_TEST_PAD_%d", i);
+		unsetenv(name);
+		assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 77);
+	}
+	/* Not a number: ignored, each time it is asked for. */
+	setenv("TESSERA_STALL_MS", "soon", 1);
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), proto_param_default(PROTO_PARAM_STALL_MS));
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), proto_param_default(PROTO_PARAM_STALL_MS));
+	unsetenv("TESSERA_STALL_MS");
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), proto_param_default(PROTO_PARAM_STALL_MS));
+}
+
 static void test_missing_values(void **state)
 {
 	struct proto_err err;
@@ -258,6 +295,7 @@ int main(void)
 		cmocka_unit_test(test_bad_config_program),
 		cmocka_unit_test(test_file_then_flags),
 		cmocka_unit_test(test_missing_values),
+		cmocka_unit_test(test_param_follows_env),
 		cmocka_unit_test(test_programs_take_every_key),
 		cmocka_unit_test(test_check_knows_every_flag),
 	};
