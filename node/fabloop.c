@@ -19,15 +19,11 @@
  * timer is only a fallback: the period doubles every QUIET_POLLS timer
  * polls that found nothing up to IDLE_PERIOD_US (rxm's own connection
  * checks run every 10 ms of progress), whether or not reads of ours are in
- * flight. It comes back to period_us only when it is needed: posts parked
- * on a busy peer (only a poll retries them), or a timer poll that found
- * work the fd had not announced. Completions the fd announced, and posts
- * (node_fabloop_kick polls at once), leave it alone: in a fanout run they
- * come every few milliseconds, and resetting on them kept every node's
- * loop (two per node) at 1000 polls a second through the whole transfer,
- * none of which found anything the fd had not. A node waiting on a slow
- * source (a star run's trainer) so polls about 125 times a second instead
- * of 1000. Without a wait fd the period never grows.
+ * flight. A post (node_fabloop_kick), a completion or pending progress bring
+ * it back to period_us at once; posts parked on a busy peer keep it there
+ * (only a poll retries them). A node waiting on a slow source (a star run's
+ * trainer) so polls about 125 times a second instead of 1000. Without a
+ * wait fd the period never grows.
  */
 #define QUIET_POLLS 100
 #define IDLE_PERIOD_US 8000u
@@ -76,7 +72,7 @@ static void drive(struct node_fabloop *fl, enum wake why)
 	busy = n > 0 || fab_trywait(fl->ctx) == -EAGAIN;
 	if (busy)
 		event_active(fl->kick_ev, 0, 0);
-	if ((busy && why == WAKE_TIMER) || fl->fd_ev == NULL || fab_parked(fl->ctx)) {
+	if (busy || why == WAKE_KICK || fl->fd_ev == NULL || fab_parked(fl->ctx)) {
 		if (fl->now_us != fl->period_us)
 			set_period(fl, fl->period_us);
 		fl->quiet = 0;

@@ -1,7 +1,7 @@
 /* Drives a fabric context from a libevent loop: polls on the CQ's wait fd
  * when the provider has one, and on a short timer in any case, so both sides
- * of a one-sided transfer make progress; with a wait fd the timer slows down
- * while its polls find nothing the fd had not announced (see fabloop.c). */
+ * of a one-sided transfer make progress; the timer slows down while nothing
+ * of ours is in flight and polls find nothing (see fabloop.c). */
 #ifndef NODE_FABLOOP_H
 #define NODE_FABLOOP_H
 
@@ -17,7 +17,7 @@ struct node_fabloop;
  * are in flight (idle, up to 8 ms). NULL on ENOMEM. */
 struct node_fabloop *node_fabloop_new(struct event_base *base,
 				      struct fab_ctx *ctx, unsigned period_us);
-/* Polls now (e.g. right after posting); the timer's period stays. */
+/* Polls now (e.g. right after posting). */
 void node_fabloop_kick(struct node_fabloop *fl);
 /* What the loop did so far (tests, diagnostics). Cannot fail. */
 struct node_fabloop_counts {
