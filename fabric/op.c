@@ -194,10 +194,13 @@ static void fail_parked(struct fab_ctx *ctx, struct fab_op *op, int err)
 
 void fab__retry_parked(struct fab_ctx *ctx)
 {
-	uint64_t now = proto_now_ns();
-	uint64_t limit = proto_param(PROTO_PARAM_PARK_MS) * 1000000ull;
+	uint64_t now, limit;
 	struct fab_op *op = ctx->parked_head, *next;
 
+	if (op == NULL)
+		return; /* every poll comes here: no clock read, no lookup */
+	now = proto_now_ns();
+	limit = proto_param(PROTO_PARAM_PARK_MS) * 1000000ull;
 	/* One pass in FIFO order. A peer that refuses again keeps the rest of
 	 * its ops parked behind it; other peers' ops go ahead. */
 	for (; op != NULL && !ctx->closing; op = next) {

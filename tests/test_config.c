@@ -184,6 +184,65 @@ static void test_file_then_flags(void **state)
 	tu_rmtree(dir);
 }
 
+/* proto_param caches what the environment says: every change must show
+ * at once, whatever order variables come and go in, with values glibc
+ * hands back the same strings for, and with more TESSERA_ variables than
+ * the cache keeps. */
+static void set_pads(const char *prefix, int n, bool set)
+{
+	char name[40];
+
+	for (int i = 0; i < n; i++) {
+		snprintf(name, sizeof(name), "%sPAD_%d", prefix, i);
+		if (set)
+			setenv(name, "x", 1);
+		else
+			unsetenv(name);
+	}
+}
+
+static void test_param_follows_env(void **state)
+{
+	const uint64_t def = proto_param_default(PROTO_PARAM_STALL_MS);
+
+	unsetenv("TESSERA_STALL_MS");
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), def);
+	setenv("TESSERA_STALL_MS", "1234", 1);
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 1234);
+	setenv("TESSERA_STALL_MS", "4321", 1); /* same length, new value */
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 4321);
+	setenv("TESSERA_STALL_MS", "1234", 1); /* an earlier value again */
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 1234);
+	/* Other variables coming and going shift it in environ. */
+	set_pads("TSR_TEST_", 40, true);
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 1234);
+	unsetenv("TESSERA_STALL_MS");
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), def);
+	setenv("TESSERA_STALL_MS", "77", 1);
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 77);
+	/* One variable out, ours in: as many variables as before. */
+	unsetenv("TESSERA_STALL_MS");
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), def);
+	unsetenv("TSR_TEST_PAD_3");
+	setenv("TESSERA_STALL_MS", "78", 1);
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 78);
+	set_pads("TSR_TEST_", 40, false);
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 78);
+	/* More TESSERA_ variables than the cache keeps. */
+	set_pads("TESSERA_TEST_", 40, true);
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 78);
+	setenv("TESSERA_STALL_MS", "79", 1);
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 79);
+	set_pads("TESSERA_TEST_", 40, false);
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), 79);
+	/* Not a number: ignored, each time it is asked for. */
+	setenv("TESSERA_STALL_MS", "soon", 1);
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), def);
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), def);
+	unsetenv("TESSERA_STALL_MS");
+	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), def);
+}
+
 static void test_missing_values(void **state)
 {
 	struct proto_err err;
@@ -258,6 +317,7 @@ int main(void)
 		cmocka_unit_test(test_bad_config_program),
 		cmocka_unit_test(test_file_then_flags),
 		cmocka_unit_test(test_missing_values),
+		cmocka_unit_test(test_param_follows_env),
 		cmocka_unit_test(test_programs_take_every_key),
 		cmocka_unit_test(test_check_knows_every_flag),
 	};
