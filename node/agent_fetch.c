@@ -329,24 +329,33 @@ uint64_t agent_source_window(const struct node_agent *a, const struct agent_sour
 	return PROTO_MIN(hi, PROTO_MAX(lo, w));
 }
 
-/* How long s may deliver nothing while it has reads in flight: the time
- * its window takes at its measured rate, four times over, and never less
- * than TESSERA_STALL_MS (three times that before it delivered anything).
- * A peer gets PEER_STALL_MS, or twice its window's time if longer: its
- * window is at most TESSERA_PEER_INFLIGHT reads and the trainer (or
- * another holder) is always there to move to, so a peer that stops
- * answering has its reads moved within about two seconds. */
-static uint64_t source_patience(const struct agent_source *src)
+/* How long a source on host h may deliver nothing while reads of ours are
+ * queued on it: the time its window takes at its measured rate, four
+ * times over, and never less than TESSERA_STALL_MS (three times that
+ * before it delivered anything). */
+static uint64_t window_patience(const struct agent_source *h)
 {
 	uint64_t stall = proto_param(PROTO_PARAM_STALL_MS);
+
+	if (h->rate == 0)
+		return 3 * stall;
+	return PROTO_MAX(stall, 4 * h->inflight_bytes * 1000 / h->rate);
+}
+
+/* How long s may deliver nothing while it has reads in flight: a
+ * publisher its window's patience; a peer PEER_STALL_MS, or twice its
+ * window's time if longer: its window is at most TESSERA_PEER_INFLIGHT
+ * reads and the trainer (or another holder) is always there to move to,
+ * so a peer that stops answering has its reads moved within about two
+ * seconds. */
+static uint64_t source_patience(const struct agent_source *src)
+{
 	const struct agent_source *s = agent_pace(src);
 
 	if (s->info.peer)
 		return s->rate == 0 ? PEER_STALL_MS
 				    : PROTO_MAX(PEER_STALL_MS, 2 * s->inflight_bytes * 1000 / s->rate);
-	if (s->rate == 0)
-		return 3 * stall;
-	return PROTO_MAX(stall, 4 * s->inflight_bytes * 1000 / s->rate);
+	return window_patience(s);
 }
 
 uint64_t agent_source_queue_ms(const struct agent_source *s, uint64_t bytes)
@@ -354,14 +363,58 @@ uint64_t agent_source_queue_ms(const struct agent_source *s, uint64_t bytes)
 	return s == NULL || agent_pace(s)->rate == 0 ? 0 : bytes * 1000 / agent_pace(s)->rate;
 }
 
+/*
+ * Congested, not dead. A peer's uplink is shared by every reader of its
+ * chunks and serves each connection's queue in turn: at N = 16 (100 Mbit/s
+ * netns) a reader's one 512 KiB read waited over two seconds behind the
+ * other readers' bytes while the peer kept sending, and PEER_STALL_MS
+ * moved 17 such reads of live peers (9.5 MiB refetched, as much again
+ * received twice). Completions cannot tell a queued read from a lost one;
+ * the peer's have-page can: it is read every TESSERA_HAVE_POLL_MS over an
+ * endpoint of its own (agent_hosts.c), answered at once however deep the
+ * chunk queue. So a peer that answered a page read posted within
+ * PEER_STALL_MS is alive, and its reads stay with it for a publisher's
+ * patience (window_patience: its queue at its measured rate, four times
+ * over, TESSERA_STALL_MS at least), while the endgame may ask another
+ * holder for a last chunk. A peer that dies fails its reads; one that
+ * stops answering answers no page either, and is silent PEER_STALL_MS
+ * after the last page it answered was asked for.
+ */
+static bool peer_answers(const struct agent_source *h, uint64_t now)
+{
+	return h->answered_ms != 0 && h->answered_ms + PEER_STALL_MS > now;
+}
+
 /* Its host delivered nothing for its patience while reads were out. */
 bool agent_source_silent(const struct agent_source *s, uint64_t now)
 {
 	const struct agent_source *h = agent_pace(s);
+	uint64_t quiet;
 
 	/* now may predate the last progress (taken before a read landed). */
-	return h->inflight_reads > 0 && now > h->progress_ms &&
-	       now - h->progress_ms >= source_patience(s);
+	if (h->inflight_reads == 0 || now <= h->progress_ms)
+		return false;
+	quiet = now - h->progress_ms;
+	if (quiet < source_patience(s))
+		return false;
+	return !h->info.peer || !peer_answers(h, now) || quiet >= window_patience(h);
+}
+
+/* A peer past its patience that answers its have-page: congested, its
+ * reads stay (not silent). */
+static bool peer_congested(const struct agent_source *s, uint64_t now)
+{
+	const struct agent_source *h = agent_pace(s);
+
+	return h->info.peer && h->inflight_reads > 0 && now > h->progress_ms &&
+	       now - h->progress_ms >= source_patience(s) && !agent_source_silent(s, now);
+}
+
+void agent_source_answered(struct agent_source *s, uint64_t posted_ms)
+{
+	struct agent_source *h = agent_pace(s);
+
+	h->answered_ms = PROTO_MAX(h->answered_ms, posted_ms);
 }
 
 /* s has a fabric handle (inserted now if need be); false, with s set
@@ -400,6 +453,7 @@ static void pace_posted(struct agent_source *s, uint64_t len)
 		s->meas_ms = now;
 		s->meas_bytes = 0;
 		s->silent_logged = false;
+		s->congested_logged = false;
 	}
 	s->inflight_reads++;
 	s->inflight_bytes += len;
@@ -417,6 +471,7 @@ void agent_source_done(struct agent_source *s, uint64_t len, bool ok)
 	if (ok) {
 		s->progress_ms = now;
 		s->silent_logged = false;
+		s->congested_logged = false;
 		s->meas_bytes += len;
 		if (now - s->meas_ms >= RATE_SAMPLE_MS) {
 			uint64_t sample = s->meas_bytes * 1000 / (now - s->meas_ms);
@@ -808,13 +863,22 @@ static bool other_source(struct node_agent *a, const struct agent_parcel *p,
 	return p->wire == NULL && agent_xl_serves(a);
 }
 
-static void check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t pi, uint64_t now)
+void agent_check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t pi, uint64_t now)
 {
 	struct agent_parcel *p = &f->parcels[pi];
 
 	for (size_t k = 0; k < p->nsrcs; k++) {
-		struct agent_source *s = &p->srcs[k];
+		struct agent_source *s = &p->srcs[k], *h = agent_pace(s);
 		uint32_t live = 0;
+		if (peer_congested(s, now) && !h->congested_logged) {
+			h->congested_logged = true;
+			f->congested++;
+			LOG_DEBUG("node %s: parcel %u: %s delivered nothing for %" PRIu64 " ms, but "
+				  "answered a have-page asked %" PRIu64 " ms ago: congested, its %u "
+				  "reads stay",
+				  a->node_id, pi, s->info.id, now - h->progress_ms,
+				  now - h->answered_ms, h->inflight_reads);
+		}
 		if (!agent_source_silent(s, now))
 			continue;
 		for (uint32_t i = 0; i < a->nreads; i++) {
@@ -833,9 +897,15 @@ static void check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t p
 			agent_want_sources(a, pi);
 			continue;
 		}
+		char why[80] = "";
+		if (s->info.peer && h->answered_ms == 0)
+			snprintf(why, sizeof(why), " (no have-page of it answered)");
+		else if (s->info.peer)
+			snprintf(why, sizeof(why), " (its last have-page answered was asked %" PRIu64
+				 " ms ago)", now - h->answered_ms);
 		LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
-			 " ms; moving its %u reads elsewhere",
-			 a->node_id, pi, s->info.id, now - agent_pace(s)->progress_ms, live);
+			 " ms%s; moving its %u reads elsewhere",
+			 a->node_id, pi, s->info.id, now - h->progress_ms, why, live);
 		f->stalls += live;
 		node_metrics_add(a->am.m, a->am.stalled, live);
 		for (uint32_t i = 0; i < a->nreads; i++) {
@@ -920,7 +990,7 @@ void agent_on_tick(evutil_socket_t fd, short what, void *arg)
 		return;
 	if (!f->verified) {
 		for (uint32_t pi = 0; pi < f->nparcels; pi++)
-			check_silent(a, f, pi, now);
+			agent_check_silent(a, f, pi, now);
 		check_sourceless(a, f, now);
 	}
 	if (f->verified && !f->reported_verified) {

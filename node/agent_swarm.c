@@ -76,7 +76,9 @@
  * counted, and reported to the tracker with the node's state). A peer
  * that dies fails its reads and its have-page reads (its reads go back to
  * the pool at once, it rests, and its have and busy bits stop counting) or
- * goes silent (its reads move after PEER_STALL_MS, agent_fetch.c).
+ * goes silent, answering neither chunks nor have-pages (its reads move
+ * after PEER_STALL_MS; one that answers its page is congested and keeps
+ * them for longer, agent_fetch.c).
  *
  * Cost: choosing a chunk walks the parcel's chunks (and recounting, every
  * tick, its peers' bitmaps): fine for thousands of chunks per parcel and
@@ -614,6 +616,7 @@ static void on_have(struct fab_op *op, int status)
 		return;
 	memcpy(s->have, h.have, bl);
 	s->have_page_ms = s->have_ms; /* this read's: none other was out */
+	agent_source_answered(s, s->have_ms); /* alive: congested, if its chunks are late */
 	memcpy(s->have + bl, h.busy, bl);
 	if (f->su.have == 0)
 		f->su.have = proto_wall_ms();
