@@ -844,15 +844,19 @@ void agent_pump(struct node_agent *a)
 
 /*
  * A source is silent when none of its reads completed for its patience
- * (source_patience: four times what its window takes at its measured
- * rate). Flows on a busy shared link take turns, so the age of one read
- * says nothing; a source that delivers is never given up on. A silent
- * source's reads move to another source of the parcel only when there is
- * one (resting from no failure, not silent itself): the source rests and
- * its reads are abandoned (their slots stay reserved until they complete
- * or the endpoint closes). With nowhere else to go they stay where they
- * are, since asking the same source again only queues the same bytes
- * twice; the tracker is asked for sources meanwhile.
+ * (source_patience; a peer that answers its have-page is congested, not
+ * silent, see peer_answers). Flows on a busy shared link take turns, so
+ * the age of one read says nothing; a source that delivers is never given
+ * up on. A silent source's read moves only when another usable source
+ * holds its chunk (a publisher, a peer whose have-page lists it, a
+ * cross-layout holder): the read is abandoned (its slot stays reserved
+ * until it completes or the endpoint closes) and the source rests. A read
+ * whose chunk nobody else holds stays where it is, since asking the same
+ * source again only queues the same bytes twice: at N = 16 a publisher
+ * whose window was sized by an early, higher rate went silent for 3-4 s
+ * and its 2-11 reads were put back, to be asked of it again once its rest
+ * was over (the trainer's chunks nobody held yet), 7.5 MiB refetched in
+ * one run. The tracker is asked for sources meanwhile.
  */
 static bool other_source(struct node_agent *a, const struct agent_parcel *p,
 			 const struct agent_source *s, uint64_t now)
@@ -863,13 +867,35 @@ static bool other_source(struct node_agent *a, const struct agent_parcel *p,
 	return p->wire == NULL && agent_xl_serves(a);
 }
 
+/* Another usable source than s holds chunk c of p. */
+static bool other_holder(struct node_agent *a, const struct agent_parcel *p,
+			 const struct agent_source *s, uint32_t c, uint64_t now)
+{
+	for (size_t k = 0; k < p->nsrcs; k++) {
+		const struct agent_source *o = &p->srcs[k];
+		if (o == s || !agent_source_usable(a, a->fetch, o, now))
+			continue;
+		if (!o->info.peer || (!o->up_refused && proto_have_bit(o->have, c)))
+			return true;
+	}
+	return p->wire == NULL && agent_xl_serves(a);
+}
+
+/* Whether rd is a live read of parcel pi from s. */
+static bool live_from(const struct node_agent *a, struct agent_fetch *f, const struct agent_read *rd,
+		      uint32_t pi, const struct agent_source *s)
+{
+	return rd->in_fabric && !rd->abandoned && rd->gen == a->gen && rd->parcel == pi &&
+	       read_source(f, rd) == s;
+}
+
 void agent_check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t pi, uint64_t now)
 {
 	struct agent_parcel *p = &f->parcels[pi];
 
 	for (size_t k = 0; k < p->nsrcs; k++) {
 		struct agent_source *s = &p->srcs[k], *h = agent_pace(s);
-		uint32_t live = 0;
+		uint32_t live = 0, moved = 0;
 		if (peer_congested(s, now) && !h->congested_logged) {
 			h->congested_logged = true;
 			f->congested++;
@@ -881,18 +907,33 @@ void agent_check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t pi
 		}
 		if (!agent_source_silent(s, now))
 			continue;
-		for (uint32_t i = 0; i < a->nreads; i++) {
-			const struct agent_read *rd = &a->reads[i];
-			live += rd->in_fabric && !rd->abandoned && rd->gen == a->gen && rd->parcel == pi &&
-				read_source(f, rd) == s;
-		}
+		for (uint32_t i = 0; i < a->nreads; i++)
+			live += live_from(a, f, &a->reads[i], pi, s);
 		if (live == 0) /* only reads already moved elsewhere */
 			continue;
-		if (!other_source(a, p, s, now)) {
-			if (!s->silent_logged)
+		bool other = other_source(a, p, s, now);
+		for (uint32_t i = 0; i < a->nreads && other; i++) {
+			struct agent_read *rd = &a->reads[i];
+			if (!live_from(a, f, rd, pi, s) || !other_holder(a, p, s, rd->chunk, now))
+				continue;
+			rd->abandoned = true;
+			moved++;
+			p->nlive[rd->chunk]--;
+			if (p->state[rd->chunk] == 1 && p->nlive[rd->chunk] == 0) {
+				p->state[rd->chunk] = 0;
+				agent_swarm_mark(p, rd->chunk, AGENT_MARK_NONE);
+			}
+		}
+		if (moved == 0) {
+			if (!s->silent_logged && !other)
 				LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
 					 " ms; no other source, waiting for it",
-					 a->node_id, pi, s->info.id, now - agent_pace(s)->progress_ms);
+					 a->node_id, pi, s->info.id, now - h->progress_ms);
+			else if (!s->silent_logged)
+				LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
+					 " ms; no other source holds the chunks of its %u reads, "
+					 "waiting for it",
+					 a->node_id, pi, s->info.id, now - h->progress_ms, live);
 			s->silent_logged = true;
 			agent_want_sources(a, pi);
 			continue;
@@ -904,22 +945,11 @@ void agent_check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t pi
 			snprintf(why, sizeof(why), " (its last have-page answered was asked %" PRIu64
 				 " ms ago)", now - h->answered_ms);
 		LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
-			 " ms%s; moving its %u reads elsewhere",
-			 a->node_id, pi, s->info.id, now - h->progress_ms, why, live);
-		f->stalls += live;
-		node_metrics_add(a->am.m, a->am.stalled, live);
-		for (uint32_t i = 0; i < a->nreads; i++) {
-			struct agent_read *rd = &a->reads[i];
-			if (!rd->in_fabric || rd->abandoned || rd->gen != a->gen || rd->parcel != pi ||
-			    read_source(f, rd) != s)
-				continue;
-			rd->abandoned = true;
-			p->nlive[rd->chunk]--;
-			if (p->state[rd->chunk] == 1 && p->nlive[rd->chunk] == 0) {
-				p->state[rd->chunk] = 0;
-				agent_swarm_mark(p, rd->chunk, AGENT_MARK_NONE);
-			}
-		}
+			 " ms%s; moving its %u reads whose chunks another source holds elsewhere "
+			 "(%u stay)",
+			 a->node_id, pi, s->info.id, now - h->progress_ms, why, moved, live - moved);
+		f->stalls += moved;
+		node_metrics_add(a->am.m, a->am.stalled, moved);
 		s->bad_until_ms = now + BAD_SOURCE_MS;
 	}
 }

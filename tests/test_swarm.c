@@ -413,8 +413,9 @@ static void test_swarm_peer_queues(void **state)
  * answering, its read moves PEER_STALL_MS after the last page it answered
  * was asked for, and the chunk asked again elsewhere counts as refetched.
  * A peer that never answers moves at PEER_STALL_MS, and one that answers
- * but delivers nothing for a publisher's patience moves too. Driven by
- * the clock values given, not by time passing.
+ * but delivers nothing for a publisher's patience moves too. A silent
+ * source's read moves only when another source holds its chunk. Driven
+ * by the clock values given, not by time passing.
  */
 #define CG_CHUNK 4096u
 
@@ -443,7 +444,8 @@ static void congested_start(struct congested *g)
 	g->srcs[0] = (struct agent_source){.info = peer, .fa_valid = true, .have = g->have};
 	g->srcs[1] = (struct agent_source){.info = pub, .fa_valid = true};
 	g->p = (struct agent_parcel){.mp = &g->mp, .state = g->state, .asked = g->asked,
-				     .nlive = g->nlive, .srcs = g->srcs, .nsrcs = 2, .src_epoch = 1};
+				     .nlive = g->nlive, .srcs = g->srcs, .nsrcs = 2, .src_epoch = 1,
+				     .sources_pending = true}; /* no tracker to ask here */
 	g->f = (struct agent_fetch){.version = 1, .parcels = &g->p, .nparcels = 1};
 	g->a = (struct node_agent){.fanout = true, .fetch = &g->f, .reads = g->reads, .nreads = 2,
 				   .max_inflight = 2, .chunk_size = CG_CHUNK, .gen = 1};
@@ -522,10 +524,35 @@ static void test_swarm_congested_peer(void **state)
 	assert_int_equal(g.f.stalls, 1);
 	congested_end(&g);
 
+	/* The trainer silent with reads of chunks 3 and 5 out, the peer
+	 * holding chunk 3 only: chunk 3's read moves, chunk 5's stays (only
+	 * the trainer holds it: asked again, it would be sent twice). */
+	congested_start(&g);
+	g.have[0] = 1u << 3;
+	g.reads[0].src_idx = 1;
+	g.reads[0].src_peer = false;
+	g.reads[0].hp = g.srcs[1].hp;
+	agent_source_done(g.srcs[0].hp, CG_CHUNK, false); /* posted to the trainer instead */
+	agent_source_posted(&g.srcs[1], CG_CHUNK);
+	g.reads[1] = g.reads[0];
+	g.reads[1].chunk = 5;
+	agent_source_posted(&g.srcs[1], CG_CHUNK);
+	agent_read_started(&g.a, 0, 5, CG_CHUNK);
+	g.srcs[1].hp->progress_ms = g.t0;
+	cap = 3 * proto_param(PROTO_PARAM_STALL_MS); /* unmeasured */
+	agent_check_silent(&g.a, &g.f, 0, g.t0 + cap);
+	assert_true(g.reads[0].abandoned);
+	assert_false(g.reads[1].abandoned);
+	assert_int_equal(g.f.stalls, 1);
+	assert_int_equal(g.p.state[5], 1);
+	agent_check_silent(&g.a, &g.f, 0, g.t0 + cap + 1000); /* still nobody else */
+	assert_false(g.reads[1].abandoned);
+	assert_int_equal(g.f.stalls, 1);
+	congested_end(&g);
+
 	/* With only the peer to go to, nothing moves: the read stays. */
 	congested_start(&g);
 	g.p.nsrcs = 1;
-	g.p.sources_pending = true; /* the tracker is being asked (no client here) */
 	agent_check_silent(&g.a, &g.f, 0, g.t0 + 60000);
 	assert_false(g.reads[0].abandoned);
 	assert_int_equal(g.f.stalls, 0);
