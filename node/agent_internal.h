@@ -445,6 +445,7 @@ struct node_agent {
 	uint64_t nosrc_ms, nosrc_gen; /* nosrc_gen: the fetch generation it was seen in */
 	bool nosrc_said;
 	uint64_t last_report_ms;
+	uint64_t silence_ms; /* when silences were last judged (agent_silence_due) */
 	int fatal;
 	struct proto_err fatal_err;
 	struct node_agent_metrics am;
@@ -676,6 +677,9 @@ bool agent_source_silent(const struct agent_source *s, uint64_t now);
  * alive as of then (a peer past its patience that answers is congested,
  * not silent: agent_fetch.c). Cannot fail. */
 void agent_source_answered(struct agent_source *s, uint64_t posted_ms);
+/* Whether the tick at now may judge silences: not when the loop itself ran
+ * late (agent_fetch.c). Cannot fail. */
+bool agent_silence_due(struct node_agent *a, uint64_t now);
 /* Moves the reads of parcel pi's silent sources elsewhere, where there is
  * somewhere to go (agent_fetch.c; every tick). Cannot fail. */
 void agent_check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t pi, uint64_t now);

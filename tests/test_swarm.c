@@ -414,8 +414,9 @@ static void test_swarm_peer_queues(void **state)
  * was asked for, and the chunk asked again elsewhere counts as refetched.
  * A peer that never answers moves at PEER_STALL_MS, and one that answers
  * but delivers nothing for a publisher's patience moves too. A silent
- * source's read moves only when another source holds its chunk. Driven
- * by the clock values given, not by time passing.
+ * source's read moves only when another source holds its chunk, and a
+ * tick of a loop that ran late judges nothing. Driven by the clock values
+ * given, not by time passing.
  */
 #define CG_CHUNK 4096u
 
@@ -548,6 +549,15 @@ static void test_swarm_congested_peer(void **state)
 	agent_check_silent(&g.a, &g.f, 0, g.t0 + cap + 1000); /* still nobody else */
 	assert_false(g.reads[1].abandoned);
 	assert_int_equal(g.f.stalls, 1);
+	congested_end(&g);
+
+	/* The node's own loop ran late (starved of CPU): that tick judges
+	 * nothing, the next one does (agent_silence_due). */
+	congested_start(&g);
+	assert_true(agent_silence_due(&g.a, g.t0));
+	assert_true(agent_silence_due(&g.a, g.t0 + 100));
+	assert_false(agent_silence_due(&g.a, g.t0 + 100 + PEER_STALL_MS / 2));
+	assert_true(agent_silence_due(&g.a, g.t0 + 200 + PEER_STALL_MS / 2));
 	congested_end(&g);
 
 	/* With only the peer to go to, nothing moves: the read stays. */
