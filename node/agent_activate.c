@@ -221,10 +221,11 @@ void agent_activated(struct node_agent *a, struct node_slot *old)
 	a->need_anchor = false;
 	node_wait_over(&a->wait, NULL);
 	LOG_INFO("node %s: v%" PRIu64 " active (%" PRIu64 " bytes, %" PRIu64 " from trainer, %" PRIu64
-		 " from peers, %" PRIu64 " refetched, %" PRIu64 " ms; %u stalled reads, %u failed "
-		 "reads, %u chunks failed their hash)",
+		 " from peers, %" PRIu64 " refetched, %" PRIu64 " ms; %u stalled reads, %u times a "
+		 "congested peer was waited for, %u failed reads, %u chunks failed their hash)",
 		 a->node_id, f->version, f->bytes_done, f->from_trainer, f->from_peers, f->refetched,
-		 agent_now_ms() - f->started_ms, f->stalls, f->read_failures, f->bad_chunks);
+		 agent_now_ms() - f->started_ms, f->stalls, f->congested, f->read_failures,
+		 f->bad_chunks);
 	node_metrics_set(a->am.m, a->am.active_version, f->version);
 	node_metrics_set(a->am.m, a->am.serving_bytes, a->active->len);
 	node_metrics_add(a->am.m, a->am.activations, 1);

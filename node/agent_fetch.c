@@ -329,24 +329,33 @@ uint64_t agent_source_window(const struct node_agent *a, const struct agent_sour
 	return PROTO_MIN(hi, PROTO_MAX(lo, w));
 }
 
-/* How long s may deliver nothing while it has reads in flight: the time
- * its window takes at its measured rate, four times over, and never less
- * than TESSERA_STALL_MS (three times that before it delivered anything).
- * A peer gets PEER_STALL_MS, or twice its window's time if longer: its
- * window is at most TESSERA_PEER_INFLIGHT reads and the trainer (or
- * another holder) is always there to move to, so a peer that stops
- * answering has its reads moved within about two seconds. */
-static uint64_t source_patience(const struct agent_source *src)
+/* How long a source on host h may deliver nothing while reads of ours are
+ * queued on it: the time its window takes at its measured rate, four
+ * times over, and never less than TESSERA_STALL_MS (three times that
+ * before it delivered anything). */
+static uint64_t window_patience(const struct agent_source *h)
 {
 	uint64_t stall = proto_param(PROTO_PARAM_STALL_MS);
+
+	if (h->rate == 0)
+		return 3 * stall;
+	return PROTO_MAX(stall, 4 * h->inflight_bytes * 1000 / h->rate);
+}
+
+/* How long s may deliver nothing while it has reads in flight: a
+ * publisher its window's patience; a peer PEER_STALL_MS, or twice its
+ * window's time if longer: its window is at most TESSERA_PEER_INFLIGHT
+ * reads and the trainer (or another holder) is always there to move to,
+ * so a peer that stops answering has its reads moved within about two
+ * seconds. */
+static uint64_t source_patience(const struct agent_source *src)
+{
 	const struct agent_source *s = agent_pace(src);
 
 	if (s->info.peer)
 		return s->rate == 0 ? PEER_STALL_MS
 				    : PROTO_MAX(PEER_STALL_MS, 2 * s->inflight_bytes * 1000 / s->rate);
-	if (s->rate == 0)
-		return 3 * stall;
-	return PROTO_MAX(stall, 4 * s->inflight_bytes * 1000 / s->rate);
+	return window_patience(s);
 }
 
 uint64_t agent_source_queue_ms(const struct agent_source *s, uint64_t bytes)
@@ -354,14 +363,58 @@ uint64_t agent_source_queue_ms(const struct agent_source *s, uint64_t bytes)
 	return s == NULL || agent_pace(s)->rate == 0 ? 0 : bytes * 1000 / agent_pace(s)->rate;
 }
 
+/*
+ * Congested, not dead. A peer's uplink is shared by every reader of its
+ * chunks and serves each connection's queue in turn: at N = 16 (100 Mbit/s
+ * netns) a reader's one 512 KiB read waited over two seconds behind the
+ * other readers' bytes while the peer kept sending, and PEER_STALL_MS
+ * moved 17 such reads of live peers (9.5 MiB refetched, as much again
+ * received twice). Completions cannot tell a queued read from a lost one;
+ * the peer's have-page can: it is read every TESSERA_HAVE_POLL_MS over an
+ * endpoint of its own (agent_hosts.c), answered at once however deep the
+ * chunk queue. So a peer that answered a page read posted within
+ * PEER_STALL_MS is alive, and its reads stay with it for a publisher's
+ * patience (window_patience: its queue at its measured rate, four times
+ * over, TESSERA_STALL_MS at least), while the endgame may ask another
+ * holder for a last chunk. A peer that dies fails its reads; one that
+ * stops answering answers no page either, and is silent PEER_STALL_MS
+ * after the last page it answered was asked for.
+ */
+static bool peer_answers(const struct agent_source *h, uint64_t now)
+{
+	return h->answered_ms != 0 && h->answered_ms + PEER_STALL_MS > now;
+}
+
 /* Its host delivered nothing for its patience while reads were out. */
 bool agent_source_silent(const struct agent_source *s, uint64_t now)
 {
 	const struct agent_source *h = agent_pace(s);
+	uint64_t quiet;
 
 	/* now may predate the last progress (taken before a read landed). */
-	return h->inflight_reads > 0 && now > h->progress_ms &&
-	       now - h->progress_ms >= source_patience(s);
+	if (h->inflight_reads == 0 || now <= h->progress_ms)
+		return false;
+	quiet = now - h->progress_ms;
+	if (quiet < source_patience(s))
+		return false;
+	return !h->info.peer || !peer_answers(h, now) || quiet >= window_patience(h);
+}
+
+/* A peer past its patience that answers its have-page: congested, its
+ * reads stay (not silent). */
+static bool peer_congested(const struct agent_source *s, uint64_t now)
+{
+	const struct agent_source *h = agent_pace(s);
+
+	return h->info.peer && h->inflight_reads > 0 && now > h->progress_ms &&
+	       now - h->progress_ms >= source_patience(s) && !agent_source_silent(s, now);
+}
+
+void agent_source_answered(struct agent_source *s, uint64_t posted_ms)
+{
+	struct agent_source *h = agent_pace(s);
+
+	h->answered_ms = PROTO_MAX(h->answered_ms, posted_ms);
 }
 
 /* s has a fabric handle (inserted now if need be); false, with s set
@@ -400,6 +453,7 @@ static void pace_posted(struct agent_source *s, uint64_t len)
 		s->meas_ms = now;
 		s->meas_bytes = 0;
 		s->silent_logged = false;
+		s->congested_logged = false;
 	}
 	s->inflight_reads++;
 	s->inflight_bytes += len;
@@ -417,6 +471,7 @@ void agent_source_done(struct agent_source *s, uint64_t len, bool ok)
 	if (ok) {
 		s->progress_ms = now;
 		s->silent_logged = false;
+		s->congested_logged = false;
 		s->meas_bytes += len;
 		if (now - s->meas_ms >= RATE_SAMPLE_MS) {
 			uint64_t sample = s->meas_bytes * 1000 / (now - s->meas_ms);
@@ -789,15 +844,19 @@ void agent_pump(struct node_agent *a)
 
 /*
  * A source is silent when none of its reads completed for its patience
- * (source_patience: four times what its window takes at its measured
- * rate). Flows on a busy shared link take turns, so the age of one read
- * says nothing; a source that delivers is never given up on. A silent
- * source's reads move to another source of the parcel only when there is
- * one (resting from no failure, not silent itself): the source rests and
- * its reads are abandoned (their slots stay reserved until they complete
- * or the endpoint closes). With nowhere else to go they stay where they
- * are, since asking the same source again only queues the same bytes
- * twice; the tracker is asked for sources meanwhile.
+ * (source_patience; a peer that answers its have-page is congested, not
+ * silent, see peer_answers). Flows on a busy shared link take turns, so
+ * the age of one read says nothing; a source that delivers is never given
+ * up on. A silent source's read moves only when another usable source
+ * holds its chunk (a publisher, a peer whose have-page lists it, a
+ * cross-layout holder): the read is abandoned (its slot stays reserved
+ * until it completes or the endpoint closes) and the source rests. A read
+ * whose chunk nobody else holds stays where it is, since asking the same
+ * source again only queues the same bytes twice: at N = 16 a publisher
+ * whose window was sized by an early, higher rate went silent for 3-4 s
+ * and its 2-11 reads were put back, to be asked of it again once its rest
+ * was over (the trainer's chunks nobody held yet), 7.5 MiB refetched in
+ * one run. The tracker is asked for sources meanwhile.
  */
 static bool other_source(struct node_agent *a, const struct agent_parcel *p,
 			 const struct agent_source *s, uint64_t now)
@@ -808,48 +867,89 @@ static bool other_source(struct node_agent *a, const struct agent_parcel *p,
 	return p->wire == NULL && agent_xl_serves(a);
 }
 
-static void check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t pi, uint64_t now)
+/* Another usable source than s holds chunk c of p. */
+static bool other_holder(struct node_agent *a, const struct agent_parcel *p,
+			 const struct agent_source *s, uint32_t c, uint64_t now)
+{
+	for (size_t k = 0; k < p->nsrcs; k++) {
+		const struct agent_source *o = &p->srcs[k];
+		if (o == s || !agent_source_usable(a, a->fetch, o, now))
+			continue;
+		if (!o->info.peer || (!o->up_refused && proto_have_bit(o->have, c)))
+			return true;
+	}
+	return p->wire == NULL && agent_xl_serves(a);
+}
+
+/* Whether rd is a live read of parcel pi from s. */
+static bool live_from(const struct node_agent *a, struct agent_fetch *f, const struct agent_read *rd,
+		      uint32_t pi, const struct agent_source *s)
+{
+	return rd->in_fabric && !rd->abandoned && rd->gen == a->gen && rd->parcel == pi &&
+	       read_source(f, rd) == s;
+}
+
+void agent_check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t pi, uint64_t now)
 {
 	struct agent_parcel *p = &f->parcels[pi];
 
 	for (size_t k = 0; k < p->nsrcs; k++) {
-		struct agent_source *s = &p->srcs[k];
-		uint32_t live = 0;
+		struct agent_source *s = &p->srcs[k], *h = agent_pace(s);
+		uint32_t live = 0, moved = 0;
+		if (peer_congested(s, now) && !h->congested_logged) {
+			h->congested_logged = true;
+			f->congested++;
+			LOG_DEBUG("node %s: parcel %u: %s delivered nothing for %" PRIu64 " ms, but "
+				  "answered a have-page asked %" PRIu64 " ms ago: congested, its %u "
+				  "reads stay",
+				  a->node_id, pi, s->info.id, now - h->progress_ms,
+				  now - h->answered_ms, h->inflight_reads);
+		}
 		if (!agent_source_silent(s, now))
 			continue;
-		for (uint32_t i = 0; i < a->nreads; i++) {
-			const struct agent_read *rd = &a->reads[i];
-			live += rd->in_fabric && !rd->abandoned && rd->gen == a->gen && rd->parcel == pi &&
-				read_source(f, rd) == s;
-		}
+		for (uint32_t i = 0; i < a->nreads; i++)
+			live += live_from(a, f, &a->reads[i], pi, s);
 		if (live == 0) /* only reads already moved elsewhere */
 			continue;
-		if (!other_source(a, p, s, now)) {
-			if (!s->silent_logged)
-				LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
-					 " ms; no other source, waiting for it",
-					 a->node_id, pi, s->info.id, now - agent_pace(s)->progress_ms);
-			s->silent_logged = true;
-			agent_want_sources(a, pi);
-			continue;
-		}
-		LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
-			 " ms; moving its %u reads elsewhere",
-			 a->node_id, pi, s->info.id, now - agent_pace(s)->progress_ms, live);
-		f->stalls += live;
-		node_metrics_add(a->am.m, a->am.stalled, live);
-		for (uint32_t i = 0; i < a->nreads; i++) {
+		bool other = other_source(a, p, s, now);
+		for (uint32_t i = 0; i < a->nreads && other; i++) {
 			struct agent_read *rd = &a->reads[i];
-			if (!rd->in_fabric || rd->abandoned || rd->gen != a->gen || rd->parcel != pi ||
-			    read_source(f, rd) != s)
+			if (!live_from(a, f, rd, pi, s) || !other_holder(a, p, s, rd->chunk, now))
 				continue;
 			rd->abandoned = true;
+			moved++;
 			p->nlive[rd->chunk]--;
 			if (p->state[rd->chunk] == 1 && p->nlive[rd->chunk] == 0) {
 				p->state[rd->chunk] = 0;
 				agent_swarm_mark(p, rd->chunk, AGENT_MARK_NONE);
 			}
 		}
+		if (moved == 0) {
+			if (!s->silent_logged && !other)
+				LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
+					 " ms; no other source, waiting for it",
+					 a->node_id, pi, s->info.id, now - h->progress_ms);
+			else if (!s->silent_logged)
+				LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
+					 " ms; no other source holds the chunks of its %u reads, "
+					 "waiting for it",
+					 a->node_id, pi, s->info.id, now - h->progress_ms, live);
+			s->silent_logged = true;
+			agent_want_sources(a, pi);
+			continue;
+		}
+		char why[80] = "";
+		if (s->info.peer && h->answered_ms == 0)
+			snprintf(why, sizeof(why), " (no have-page of it answered)");
+		else if (s->info.peer)
+			snprintf(why, sizeof(why), " (its last have-page answered was asked %" PRIu64
+				 " ms ago)", now - h->answered_ms);
+		LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
+			 " ms%s; moving its %u reads whose chunks another source holds elsewhere "
+			 "(%u stay)",
+			 a->node_id, pi, s->info.id, now - h->progress_ms, why, moved, live - moved);
+		f->stalls += moved;
+		node_metrics_add(a->am.m, a->am.stalled, moved);
 		s->bad_until_ms = now + BAD_SOURCE_MS;
 	}
 }
@@ -907,6 +1007,24 @@ static void check_sourceless(struct node_agent *a, struct agent_fetch *f, uint64
 	}
 }
 
+/*
+ * A loop that ran late judges nothing. The tick comes every 100 ms; on a
+ * machine at load 35 (16 nodes on 2 cores) a node's loop did not run for
+ * 2.7 s, and its first tick after found every peer it read from silent,
+ * their completions and have-pages still waiting in its own queues: it
+ * moved 6 reads of live peers at once. So a tick that comes PEER_STALL_MS
+ * / 2 or more after the last judged nothing waits one tick, for the
+ * completions to be taken first.
+ */
+bool agent_silence_due(struct node_agent *a, uint64_t now)
+{
+	bool late = a->silence_ms != 0 && now > a->silence_ms &&
+		    now - a->silence_ms >= PEER_STALL_MS / 2;
+
+	a->silence_ms = now;
+	return !late;
+}
+
 void agent_on_tick(evutil_socket_t fd, short what, void *arg)
 {
 	struct node_agent *a = arg;
@@ -918,9 +1036,9 @@ void agent_on_tick(evutil_socket_t fd, short what, void *arg)
 	f = a->fetch;
 	if (f == NULL || f->parcels == NULL)
 		return;
-	if (!f->verified) {
+	if (!f->verified && agent_silence_due(a, now)) {
 		for (uint32_t pi = 0; pi < f->nparcels; pi++)
-			check_silent(a, f, pi, now);
+			agent_check_silent(a, f, pi, now);
 		check_sourceless(a, f, now);
 	}
 	if (f->verified && !f->reported_verified) {

@@ -86,7 +86,11 @@ struct agent_source {
 	uint64_t rate;            /* measured bytes/s while busy; 0: not yet */
 	uint64_t meas_ms, meas_bytes; /* the measurement under way */
 	uint64_t progress_ms;     /* a read completed, or it became busy */
+	/* A peer: the latest post time of its have-page reads that were
+	 * answered (agent_swarm.c): it was alive then (agent_source_silent). */
+	uint64_t answered_ms;
 	bool silent_logged;       /* "no other source" said for this silence */
+	bool congested_logged;    /* "answers its have-page" said for this silence */
 	/* A peer's have-page (agent_swarm.c): its have then busy bitmaps, as
 	 * last read; NULL until read. */
 	uint8_t *have;
@@ -240,6 +244,7 @@ struct agent_fetch {
 	/* Per-chunk trouble, tallied and logged once per version (the first
 	 * of each kind at warn, the rest at debug, totals on the way out). */
 	uint32_t stalls, bad_chunks, read_failures;
+	uint32_t congested; /* peers past their patience that answered their have-page */
 	/* The manifest lacks our layout: asking for its addendum. full: a
 	 * delta version taken whole (the chain planner chose it): its raw
 	 * copy is asked for instead, its bytes come from the replicas that
@@ -449,6 +454,7 @@ struct node_agent {
 	uint64_t nosrc_ms, nosrc_gen; /* nosrc_gen: the fetch generation it was seen in */
 	bool nosrc_said;
 	uint64_t last_report_ms;
+	uint64_t silence_ms; /* when silences were last judged (agent_silence_due) */
 	int fatal;
 	struct proto_err fatal_err;
 	struct node_agent_metrics am;
@@ -676,6 +682,16 @@ void agent_reads_follow(struct node_agent *a, const struct agent_parcel *p, cons
 /* Source helpers shared with agent_fetch.c. */
 uint64_t agent_source_window(const struct node_agent *a, const struct agent_source *s);
 bool agent_source_silent(const struct agent_source *s, uint64_t now);
+/* A have-page read of s posted at posted_ms was answered: its host is
+ * alive as of then (a peer past its patience that answers is congested,
+ * not silent: agent_fetch.c). Cannot fail. */
+void agent_source_answered(struct agent_source *s, uint64_t posted_ms);
+/* Whether the tick at now may judge silences: not when the loop itself ran
+ * late (agent_fetch.c). Cannot fail. */
+bool agent_silence_due(struct node_agent *a, uint64_t now);
+/* Moves the reads of parcel pi's silent sources elsewhere, where there is
+ * somewhere to go (agent_fetch.c; every tick). Cannot fail. */
+void agent_check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t pi, uint64_t now);
 /* How long s takes for bytes at its measured rate; 0 while unmeasured. */
 uint64_t agent_source_queue_ms(const struct agent_source *s, uint64_t bytes);
 bool agent_source_ready(struct node_agent *a, struct agent_source *s, uint64_t now);

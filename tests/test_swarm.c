@@ -407,6 +407,169 @@ static void test_swarm_peer_queues(void **state)
 }
 
 /*
+ * Congested, not dead (agent_check_silent): a peer with one read of ours
+ * held (nothing delivered) that keeps answering its have-page keeps the
+ * read past PEER_STALL_MS: no read moved, no byte refetched; once it stops
+ * answering, its read moves PEER_STALL_MS after the last page it answered
+ * was asked for, and the chunk asked again elsewhere counts as refetched.
+ * A peer that never answers moves at PEER_STALL_MS, and one that answers
+ * but delivers nothing for a publisher's patience moves too. A silent
+ * source's read moves only when another source holds its chunk, and a
+ * tick of a loop that ran late judges nothing. Driven by the clock values
+ * given, not by time passing.
+ */
+#define CG_CHUNK 4096u
+
+struct congested {
+	struct proto_chunk chunks[8];
+	struct proto_mparcel mp;
+	uint8_t state[8], asked[8], nlive[8];
+	uint8_t have[2];
+	struct agent_source srcs[2]; /* the peer, the trainer */
+	struct agent_parcel p;
+	struct agent_fetch f;
+	struct agent_read reads[2];
+	struct node_agent a;
+	uint64_t t0; /* the read's post */
+};
+
+static void congested_start(struct congested *g)
+{
+	memset(g, 0, sizeof(*g));
+	for (int i = 0; i < 8; i++)
+		g->chunks[i] = (struct proto_chunk){.size = CG_CHUNK};
+	g->mp = (struct proto_mparcel){.nchunks = 8, .chunks = g->chunks};
+	g->have[0] = 0xff;
+	struct trk_source peer = {.peer = true, .id = "R2/0", .host = "h2"};
+	struct trk_source pub = {.peer = false, .id = "pub-0", .host = "h0"};
+	g->srcs[0] = (struct agent_source){.info = peer, .fa_valid = true, .have = g->have};
+	g->srcs[1] = (struct agent_source){.info = pub, .fa_valid = true};
+	g->p = (struct agent_parcel){.mp = &g->mp, .state = g->state, .asked = g->asked,
+				     .nlive = g->nlive, .srcs = g->srcs, .nsrcs = 2, .src_epoch = 1,
+				     .sources_pending = true}; /* no tracker to ask here */
+	g->f = (struct agent_fetch){.version = 1, .parcels = &g->p, .nparcels = 1};
+	g->a = (struct node_agent){.fanout = true, .fetch = &g->f, .reads = g->reads, .nreads = 2,
+				   .max_inflight = 2, .chunk_size = CG_CHUNK, .gen = 1};
+	snprintf(g->a.node_id, sizeof(g->a.node_id), "R1/0");
+	g->srcs[0].hp = agent_host_pace(&g->a, &peer);
+	g->srcs[1].hp = agent_host_pace(&g->a, &pub);
+	assert_non_null(g->srcs[0].hp);
+	assert_non_null(g->srcs[1].hp);
+	/* Chunk 3 asked from the peer; its bytes are held there. */
+	g->reads[0] = (struct agent_read){.a = &g->a, .parcel = 0, .chunk = 3, .len = CG_CHUNK,
+					  .src_idx = 0, .src_epoch = 1, .src_peer = true,
+					  .busy = true, .in_fabric = true, .gen = 1,
+					  .hp = g->srcs[0].hp};
+	agent_source_posted(&g->srcs[0], CG_CHUNK);
+	agent_read_started(&g->a, 0, 3, CG_CHUNK);
+	g->t0 = g->srcs[0].hp->progress_ms;
+}
+
+static void congested_end(struct congested *g)
+{
+	agent_hosts_fini(&g->a);
+}
+
+static void test_swarm_congested_peer(void **state)
+{
+	struct congested g;
+	uint64_t t;
+
+	/* Held for 6 s, its have-page answered every 100 ms meanwhile. */
+	congested_start(&g);
+	for (t = g.t0; t <= g.t0 + 6000; t += 100) {
+		if (t >= g.t0 + 50)
+			agent_source_answered(&g.srcs[0], t - 50);
+		agent_check_silent(&g.a, &g.f, 0, t);
+	}
+	assert_false(g.reads[0].abandoned);
+	assert_int_equal(g.f.stalls, 0);
+	assert_int_equal(g.f.congested, 1); /* one silence, said once */
+	assert_int_equal(g.p.nlive[3], 1);
+	assert_int_equal(g.p.state[3], 1);
+	assert_true(agent_source_usable(&g.a, &g.f, &g.srcs[0], t));
+	/* It stops answering (the last page answered was asked at t0 + 5950):
+	 * still there 1999 ms on, moved at PEER_STALL_MS. */
+	agent_check_silent(&g.a, &g.f, 0, g.t0 + 5950 + PEER_STALL_MS - 1);
+	assert_false(g.reads[0].abandoned);
+	agent_check_silent(&g.a, &g.f, 0, g.t0 + 5950 + PEER_STALL_MS);
+	assert_true(g.reads[0].abandoned);
+	assert_int_equal(g.f.stalls, 1);
+	assert_int_equal(g.p.state[3], 0);
+	assert_int_equal(g.p.nlive[3], 0);
+	assert_true(g.srcs[0].bad_until_ms > g.t0 + 5950 + PEER_STALL_MS);
+	assert_int_equal(g.f.refetched, 0);
+	agent_read_started(&g.a, 0, 3, CG_CHUNK); /* from the trainer */
+	assert_int_equal(g.f.refetched, CG_CHUNK);
+	congested_end(&g);
+
+	/* A peer that never answers a page: moved at PEER_STALL_MS. */
+	congested_start(&g);
+	agent_check_silent(&g.a, &g.f, 0, g.t0 + PEER_STALL_MS - 1);
+	assert_false(g.reads[0].abandoned);
+	agent_check_silent(&g.a, &g.f, 0, g.t0 + PEER_STALL_MS);
+	assert_true(g.reads[0].abandoned);
+	assert_int_equal(g.f.stalls, 1);
+	assert_int_equal(g.f.congested, 0);
+	congested_end(&g);
+
+	/* Answering, but nothing delivered for a publisher's patience
+	 * (unmeasured: three times TESSERA_STALL_MS): moved. */
+	congested_start(&g);
+	uint64_t cap = 3 * proto_param(PROTO_PARAM_STALL_MS);
+	agent_source_answered(&g.srcs[0], g.t0 + cap - 100);
+	agent_check_silent(&g.a, &g.f, 0, g.t0 + cap - 1);
+	assert_false(g.reads[0].abandoned);
+	agent_check_silent(&g.a, &g.f, 0, g.t0 + cap);
+	assert_true(g.reads[0].abandoned);
+	assert_int_equal(g.f.stalls, 1);
+	congested_end(&g);
+
+	/* The trainer silent with reads of chunks 3 and 5 out, the peer
+	 * holding chunk 3 only: chunk 3's read moves, chunk 5's stays (only
+	 * the trainer holds it: asked again, it would be sent twice). */
+	congested_start(&g);
+	g.have[0] = 1u << 3;
+	g.reads[0].src_idx = 1;
+	g.reads[0].src_peer = false;
+	g.reads[0].hp = g.srcs[1].hp;
+	agent_source_done(g.srcs[0].hp, CG_CHUNK, false); /* posted to the trainer instead */
+	agent_source_posted(&g.srcs[1], CG_CHUNK);
+	g.reads[1] = g.reads[0];
+	g.reads[1].chunk = 5;
+	agent_source_posted(&g.srcs[1], CG_CHUNK);
+	agent_read_started(&g.a, 0, 5, CG_CHUNK);
+	g.srcs[1].hp->progress_ms = g.t0;
+	cap = 3 * proto_param(PROTO_PARAM_STALL_MS); /* unmeasured */
+	agent_check_silent(&g.a, &g.f, 0, g.t0 + cap);
+	assert_true(g.reads[0].abandoned);
+	assert_false(g.reads[1].abandoned);
+	assert_int_equal(g.f.stalls, 1);
+	assert_int_equal(g.p.state[5], 1);
+	agent_check_silent(&g.a, &g.f, 0, g.t0 + cap + 1000); /* still nobody else */
+	assert_false(g.reads[1].abandoned);
+	assert_int_equal(g.f.stalls, 1);
+	congested_end(&g);
+
+	/* The node's own loop ran late (starved of CPU): that tick judges
+	 * nothing, the next one does (agent_silence_due). */
+	congested_start(&g);
+	assert_true(agent_silence_due(&g.a, g.t0));
+	assert_true(agent_silence_due(&g.a, g.t0 + 100));
+	assert_false(agent_silence_due(&g.a, g.t0 + 100 + PEER_STALL_MS / 2));
+	assert_true(agent_silence_due(&g.a, g.t0 + 200 + PEER_STALL_MS / 2));
+	congested_end(&g);
+
+	/* With only the peer to go to, nothing moves: the read stays. */
+	congested_start(&g);
+	g.p.nsrcs = 1;
+	agent_check_silent(&g.a, &g.f, 0, g.t0 + 60000);
+	assert_false(g.reads[0].abandoned);
+	assert_int_equal(g.f.stalls, 0);
+	congested_end(&g);
+}
+
+/*
  * Warm connections (agent_warm_hold): a source's address gets one warm
  * handle the first time it is reached, however many sources (parcels,
  * versions) name it, so its connection outlives their lists; a failure
@@ -1108,6 +1271,7 @@ int main(void)
 		cmocka_unit_test(test_swarm_reads_follow),
 		cmocka_unit_test(test_swarm_fresh_first_read),
 		cmocka_unit_test(test_swarm_peer_queues),
+		cmocka_unit_test(test_swarm_congested_peer),
 		cmocka_unit_test(test_swarm_warm_handles),
 		cmocka_unit_test(test_swarm_trainer_uploads_once),
 		cmocka_unit_test_setup_teardown(test_swarm_peer_killed, swarm_setup, swarm_teardown),
