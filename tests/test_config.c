@@ -243,6 +243,22 @@ static void test_param_follows_env(void **state)
 	assert_int_equal(proto_param(PROTO_PARAM_STALL_MS), def);
 }
 
+/* A tunable whose documented 0 means off takes 0 from the environment
+ * (not refused as below its least value). */
+static void test_zero_means_off(void **state)
+{
+	static const enum proto_param_id ids[] = {PROTO_PARAM_DELTA_WARM, PROTO_PARAM_DELTA_SCRUB,
+						  PROTO_PARAM_DELTA_STANDBY_QUIET_MS};
+
+	for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
+		assert_int_equal(proto_param_min(ids[i]), 0);
+		setenv(proto_param_env(ids[i]), "0", 1);
+		assert_int_equal(proto_param(ids[i]), 0);
+		unsetenv(proto_param_env(ids[i]));
+		assert_int_equal(proto_param(ids[i]), proto_param_default(ids[i]));
+	}
+}
+
 static void test_missing_values(void **state)
 {
 	struct proto_err err;
@@ -318,6 +334,7 @@ int main(void)
 		cmocka_unit_test(test_file_then_flags),
 		cmocka_unit_test(test_missing_values),
 		cmocka_unit_test(test_param_follows_env),
+		cmocka_unit_test(test_zero_means_off),
 		cmocka_unit_test(test_programs_take_every_key),
 		cmocka_unit_test(test_check_knows_every_flag),
 	};
