@@ -945,8 +945,8 @@ void agent_check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t pi
 			snprintf(why, sizeof(why), " (its last have-page answered was asked %" PRIu64
 				 " ms ago)", now - h->answered_ms);
 		LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
-			 " ms%s; moving its %u reads whose chunks another source holds elsewhere "
-			 "(%u stay)",
+			 " ms%s; moving elsewhere its %u reads whose chunks another source holds "
+			 "(%u stay with it)",
 			 a->node_id, pi, s->info.id, now - h->progress_ms, why, moved, live - moved);
 		f->stalls += moved;
 		node_metrics_add(a->am.m, a->am.stalled, moved);
@@ -1013,15 +1013,16 @@ static void check_sourceless(struct node_agent *a, struct agent_fetch *f, uint64
  * 2.7 s, and its first tick after found every peer it read from silent,
  * their completions and have-pages still waiting in its own queues: it
  * moved 6 reads of live peers at once. So a tick that comes PEER_STALL_MS
- * / 2 or more after the last judged nothing waits one tick, for the
- * completions to be taken first.
+ * / 2 or more after the last judges nothing and waits one tick, for the
+ * completions to be taken first; one tick only (silence_ms 0 after it), so
+ * that a loop late on every tick still judges every other one.
  */
 bool agent_silence_due(struct node_agent *a, uint64_t now)
 {
 	bool late = a->silence_ms != 0 && now > a->silence_ms &&
 		    now - a->silence_ms >= PEER_STALL_MS / 2;
 
-	a->silence_ms = now;
+	a->silence_ms = late ? 0 : now;
 	return !late;
 }
 

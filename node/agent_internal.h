@@ -454,7 +454,9 @@ struct node_agent {
 	uint64_t nosrc_ms, nosrc_gen; /* nosrc_gen: the fetch generation it was seen in */
 	bool nosrc_said;
 	uint64_t last_report_ms;
-	uint64_t silence_ms; /* when silences were last judged (agent_silence_due) */
+	/* When silences were last judged (agent_silence_due); 0: a late tick
+	 * judged nothing. */
+	uint64_t silence_ms;
 	int fatal;
 	struct proto_err fatal_err;
 	struct node_agent_metrics am;

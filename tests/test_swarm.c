@@ -558,6 +558,9 @@ static void test_swarm_congested_peer(void **state)
 	assert_true(agent_silence_due(&g.a, g.t0 + 100));
 	assert_false(agent_silence_due(&g.a, g.t0 + 100 + PEER_STALL_MS / 2));
 	assert_true(agent_silence_due(&g.a, g.t0 + 200 + PEER_STALL_MS / 2));
+	/* Late on every tick: every other one judges. */
+	assert_false(agent_silence_due(&g.a, g.t0 + 200 + PEER_STALL_MS * 2));
+	assert_true(agent_silence_due(&g.a, g.t0 + 200 + PEER_STALL_MS * 4));
 	congested_end(&g);
 
 	/* With only the peer to go to, nothing moves: the read stays. */
