@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "node/rebuild.h"
@@ -562,9 +563,21 @@ static int rotation_pieces(struct node_agent *a, struct agent_rotation *r)
  * it: a memcpy into touched pages. Taken before the touch is done, it is
  * copied into as a fresh slot (the pages touched so far cost nothing more).
  */
+/* This thread's CPU time so far, ms. */
+static uint64_t thread_cpu_ms(void)
+{
+	struct timespec ts;
+
+	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
 static int warm_run(void *arg, struct proto_err *err)
 {
-	struct node_agent *a = arg; /* reads a->second and second_stop only */
+	struct node_agent *a = arg; /* reads a->second and second_stop, writes second_cpu_ms */
+	uint64_t cpu0 = thread_cpu_ms();
+	int rc;
 
 	(void)err;
 	/* Only what the node leaves idle: the fetch of the first version
@@ -572,7 +585,11 @@ static int warm_run(void *arg, struct proto_err *err)
 	if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19) != 0)
 		LOG_DEBUG("node %s: the warm slot's worker keeps its priority: %s", a->node_id,
 			  strerror(errno));
-	return node_slot_touch(a->second, &a->second_stop);
+	rc = node_slot_touch(a->second, &a->second_stop);
+	/* Its own CPU, not the process's (the fetch runs meanwhile): read by
+	 * warmed, on the loop, after the rebuild's eventfd. */
+	a->second_cpu_ms = thread_cpu_ms() - cpu0;
+	return rc;
 }
 
 static void warmed(int rc, const struct proto_err *err, const struct node_rebuild_times *t,
@@ -581,12 +598,14 @@ static void warmed(int rc, const struct proto_err *err, const struct node_rebuil
 	struct node_agent *a = arg;
 
 	(void)err;
+	(void)t; /* its CPU is the whole process's: second_cpu_ms is the worker's */
 	a->second_ready = rc == 0;
 	if (rc == 0) {
 		a->second->fresh = false;
 		LOG_INFO("node %s: the second slot (%zu MiB) is warm: every page touched in %" PRIu64
-			 " ms (%" PRIu64 " ms of CPU), for the first copy after an anchor",
-			 a->node_id, a->second->len >> 20, agent_now_ms() - a->second_ms, t->apply_cpu_ms);
+			 " ms (%" PRIu64 " ms of the worker's CPU), for the first copy after an anchor",
+			 a->node_id, a->second->len >> 20, agent_now_ms() - a->second_ms,
+			 a->second_cpu_ms);
 	}
 	node_rebuild_free(a->second_rb); /* done: the join is immediate */
 	a->second_rb = NULL;
@@ -623,9 +642,11 @@ void agent_delta_warm(struct node_agent *a)
 	node_rebuild_apply(a->second_rb, warm_run, a, warmed, a);
 }
 
-/* The warm slot for version, if it has len bytes (else it is freed): its
- * touch stopped, and fresh unless it was done. NULL when none. */
-static struct node_slot *warm_take(struct node_agent *a, uint64_t version, size_t len)
+/* The warm slot for version, a copy of parent, if it has len bytes (else
+ * it is freed): its touch stopped, and fresh unless it was done. NULL when
+ * none. */
+static struct node_slot *warm_take(struct node_agent *a, const struct node_slot *parent,
+				   uint64_t version, size_t len)
 {
 	struct node_slot *s = a->second;
 
@@ -639,9 +660,10 @@ static struct node_slot *warm_take(struct node_agent *a, uint64_t version, size_
 	}
 	s->version = version;
 	s->tag = 0;
-	LOG_INFO("node %s: v%" PRIu64 "'s parent is copied into the second slot made at start "
-		 "(%s)", a->node_id, version,
-		 a->second_ready ? "warm: every page touched" : "its touch not done: copied as new");
+	LOG_INFO("node %s: v%" PRIu64 " is copied into the second slot made at start (%s)",
+		 a->node_id, parent->version,
+		 a->second_ready ? "warm: every page touched"
+				 : "its pages not all touched yet: copied into as a new slot");
 	return s;
 }
 
@@ -657,7 +679,7 @@ static int copy_start(struct node_agent *a, uint64_t version, size_t len,
 
 	/* A copy fills the slot whole through its memfd: a new one's pages
 	 * are allocated by the copy, not cleared first. */
-	if (parent != NULL && (*slot = warm_take(a, version, len)) == NULL)
+	if (parent != NULL && (*slot = warm_take(a, parent, version, len)) == NULL)
 		rc = node_slot_new_blank(&a->store, version, len, slot, err);
 	else if (parent == NULL)
 		rc = node_slot_new(&a->store, version, len, slot, err);

@@ -416,6 +416,7 @@ struct node_agent {
 	int second_stop;
 	bool second_ready;
 	uint64_t second_ms; /* when the touch began */
+	uint64_t second_cpu_ms; /* the touch's CPU (its worker's) */
 	/* The active slot's piece checksums, verified by the apply that built
 	 * it and bound to it by its tag (agent_delta.c); NULL when unknown. */
 	struct agent_sums *sums;
