@@ -945,8 +945,8 @@ void agent_check_silent(struct node_agent *a, struct agent_fetch *f, uint32_t pi
 			snprintf(why, sizeof(why), " (its last have-page answered was asked %" PRIu64
 				 " ms ago)", now - h->answered_ms);
 		LOG_WARN("node %s: parcel %u: %s delivered nothing for %" PRIu64
-			 " ms%s; moving elsewhere its %u reads whose chunks another source holds "
-			 "(%u stay with it)",
+			 " ms%s; moving its %u reads whose chunks another source holds elsewhere "
+			 "(%u stay)",
 			 a->node_id, pi, s->info.id, now - h->progress_ms, why, moved, live - moved);
 		f->stalls += moved;
 		node_metrics_add(a->am.m, a->am.stalled, moved);
