@@ -514,6 +514,26 @@ static size_t first_change(struct env *e, uint64_t v)
 	return at;
 }
 
+/* A byte of the served v flips where the delta v + 1 writes: the node
+ * refuses v + 1 before activating it, keeps serving v and asks for an
+ * anchor; the publisher's v + 2 is one, and the node activates it. */
+static void refused_then_anchor(struct env *e, uint64_t v)
+{
+	size_t n = e->tp1.ranks[0].nbytes;
+	uint8_t *m = map_served(e, v, true);
+
+	m[first_change(e, v)] ^= 0x40;
+	munmap(m, n);
+	export_one(e, v + 1, "delta");
+	assert_true(wait_log(e, "the parent differs where the delta writes", 30000));
+	assert_true(wait_log(e, "asking for an anchor", 30000));
+	assert_int_equal(tu_replica_active(e->trk, "A"), v);
+	/* The request reached the publisher: v + 2 is an anchor. */
+	assert_true(wait_anchor_wanted(e, 30000));
+	export_one(e, v + 2, "anchor");
+	assert_true(tu_wait_active(e->trk, "A", v + 2, 60000));
+}
+
 /* A byte of the served parent flips (as a stray write by a serving process
  * would) at a position the next delta changes. The node keeps v2's piece
  * checksums (from the apply that built it), so v3's apply reads only the
@@ -524,19 +544,8 @@ static size_t first_change(struct env *e, uint64_t v)
 static void test_corrupted_parent(void **state)
 {
 	struct env *e = *state;
-	size_t n = e->tp1.ranks[0].nbytes;
-	uint8_t *m = map_served(e, 2, true);
 
-	m[first_change(e, 2)] ^= 0x40;
-	munmap(m, n);
-	export_one(e, 3, "delta");
-	assert_true(wait_log(e, "the parent differs where the delta writes", 30000));
-	assert_true(wait_log(e, "asking for an anchor", 30000));
-	assert_int_equal(tu_replica_active(e->trk, "A"), 2);
-	/* The request reached the publisher: v4 is an anchor the node takes. */
-	assert_true(wait_anchor_wanted(e, 30000));
-	export_one(e, 4, "anchor");
-	assert_true(tu_wait_active(e->trk, "A", 4, 60000));
+	refused_then_anchor(e, 2);
 	assert_true(rank_how(e, "full"));
 	check_serving(e, 4);
 	/* The chain goes on with deltas. */
@@ -556,21 +565,11 @@ static void test_corrupted_parent(void **state)
 static void test_first_delta_after_anchor(void **state)
 {
 	struct env *e = *state;
-	size_t n = e->tp1.ranks[0].nbytes;
 
 	assert_true(wait_log(e, "the piece checksums of v1's slot summed in", 30000));
-	uint8_t *m = map_served(e, 1, true);
-	m[first_change(e, 1)] ^= 0x40;
-	munmap(m, n);
-	export_one(e, 2, "delta");
-	assert_true(wait_log(e, "the parent differs where the delta writes", 30000));
-	assert_true(wait_log(e, "asking for an anchor", 30000));
+	refused_then_anchor(e, 1);
 	/* The copy went into the second slot the node made at start. */
 	assert_true(file_has(e->node.log, "v1 is copied into the second slot made at start"));
-	assert_int_equal(tu_replica_active(e->trk, "A"), 1);
-	assert_true(wait_anchor_wanted(e, 30000));
-	export_one(e, 3, "anchor");
-	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
 	check_serving(e, 3);
 	assert_true(wait_log(e, "the piece checksums of v3's slot summed in", 30000));
 	export_one(e, 4, "delta");
