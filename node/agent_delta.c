@@ -25,6 +25,7 @@
 #include "node/agent_internal.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -58,6 +59,7 @@ struct agent_rot_parcel {
 };
 
 struct agent_rotation {
+	struct node_agent *a;    /* whose wire pool its buffers go back to */
 	uint64_t tag;            /* the parent's slot, as activated */
 	uint64_t parent_version; /* what that slot holds */
 	uint64_t version;        /* what the delta makes of it: the active one */
@@ -83,13 +85,92 @@ void agent_rotation_free(struct agent_rotation *r)
 	if (r == NULL)
 		return;
 	for (uint32_t i = 0; i < r->nparcels; i++) {
-		free(r->parcels[i].wire);
+		agent_wire_put(r->a, r->parcels[i].wire);
 		if (r->parcels[i].have_dp)
 			proto_dparcel_fini(&r->parcels[i].dp);
 	}
 	free(r->parcels);
 	free(r->scrub.items);
 	free(r);
+}
+
+/*
+ * Wire buffers. A delta parcel's bytes land in a buffer of its own, kept
+ * after the activation for the next rotation's catch-up and given back at
+ * the activation after that. Made by malloc for each version, a buffer of
+ * a megabyte or more was a new mapping each time (glibc's mmap threshold)
+ * or new heap, and on this VM every first write to one of its pages is a
+ * fault and a trap: ~300 a parcel, paid on the loop as the chunks landed.
+ * So the node keeps the buffers it is given back (two versions' worth at
+ * most) and hands the smallest one large enough to the next delta; a
+ * parcel grown past every kept buffer gets a new one, and the smallest kept
+ * goes when the pool is full.
+ */
+#define WIRES_MAX 16u
+
+struct agent_wires {
+	uint32_t n;
+	uint8_t *buf[WIRES_MAX];
+	size_t cap[WIRES_MAX];
+};
+
+uint8_t *agent_wire_get(struct node_agent *a, size_t len)
+{
+	struct agent_wires *w = a->wires;
+	uint32_t best = UINT32_MAX;
+
+	for (uint32_t i = 0; w != NULL && i < w->n; i++)
+		if (w->cap[i] >= len && (best == UINT32_MAX || w->cap[i] < w->cap[best]))
+			best = i;
+	if (best == UINT32_MAX)
+		return malloc(PROTO_MAX(len, 1));
+	uint8_t *b = w->buf[best];
+	w->n--;
+	w->buf[best] = w->buf[w->n];
+	w->cap[best] = w->cap[w->n];
+	return b;
+}
+
+void agent_wire_put(struct node_agent *a, uint8_t *buf)
+{
+	struct agent_wires *w = a != NULL ? a->wires : NULL;
+
+	if (buf == NULL)
+		return;
+	if (a != NULL && w == NULL && !a->wires_closed)
+		w = a->wires = calloc(1, sizeof(*w));
+	if (w == NULL) {
+		free(buf);
+		return;
+	}
+	size_t cap = malloc_usable_size(buf);
+	if (w->n == WIRES_MAX) { /* full: the smallest goes, maybe this one */
+		uint32_t small = 0;
+		for (uint32_t i = 1; i < w->n; i++)
+			if (w->cap[i] < w->cap[small])
+				small = i;
+		if (w->cap[small] >= cap) {
+			free(buf);
+			return;
+		}
+		free(w->buf[small]);
+		w->buf[small] = w->buf[--w->n];
+		w->cap[small] = w->cap[w->n];
+	}
+	w->buf[w->n] = buf;
+	w->cap[w->n++] = cap;
+}
+
+/* Frees the kept buffers; those given back later are freed at once. */
+static void wires_fini(struct node_agent *a)
+{
+	struct agent_wires *w = a->wires;
+
+	a->wires_closed = true;
+	a->wires = NULL;
+	for (uint32_t i = 0; w != NULL && i < w->n; i++)
+		free(w->buf[i]);
+	free(w);
 }
 
 /*
@@ -828,8 +909,14 @@ static void standby_drop(struct node_agent *a)
  * no such wake-up: in a fanout the replicas that finish first serve the
  * last ones, and a copy of the slot then took the CPU those were waiting
  * on. Bounded by STANDBY_DEFER_MAX_MS; a delta that comes meanwhile
- * makes its own copy (agent_delta_slot).
+ * makes its own copy (agent_delta_slot), on its way to activation.
+ * While it waits it looks every quiet/STANDBY_LOOKS ms, and goes ahead a
+ * quiet period after the last look that saw a read: looking once per
+ * quiet period, it went ahead between one and two periods after the last
+ * read (300-600 ms), and after the first anchor the next version often
+ * came meanwhile and waited for its parent's copy.
  */
+#define STANDBY_LOOKS 4u
 static bool standby_wait(struct node_agent *a)
 {
 	uint64_t quiet = proto_param(PROTO_PARAM_DELTA_STANDBY_QUIET_MS), now = agent_now_ms();
@@ -845,8 +932,10 @@ static bool standby_wait(struct node_agent *a)
 		busy = true;
 	}
 	a->standby_fd_polls = c.fd_polls;
-	if (!busy)
-		return false;
+	if (busy)
+		a->standby_read_ms = now;
+	else if (a->standby_defer_ms == 0 || now - a->standby_read_ms >= quiet)
+		return false; /* no read since the activation, or none for a quiet period */
 	if (a->standby_defer_ms == 0) {
 		a->standby_defer_ms = now;
 		LOG_INFO("node %s: peers are reading from this node: the standby copy of v%" PRIu64
@@ -860,7 +949,7 @@ static bool standby_wait(struct node_agent *a)
 		a->standby_defer_ms = 0; /* said: on_standby does not say it went ahead */
 		return false;
 	}
-	agent_arm(a->standby_ev, quiet);
+	agent_arm(a->standby_ev, PROTO_MAX(quiet / STANDBY_LOOKS, 1));
 	return true;
 }
 
@@ -931,6 +1020,7 @@ static void keep_rotation(struct node_agent *a, struct agent_fetch *f, struct no
 		free(r);
 		return; /* the next delta copies */
 	}
+	r->a = a;
 	r->tag = old->tag;
 	r->parent_version = old->version;
 	r->version = f->version;
@@ -980,6 +1070,7 @@ void agent_delta_activated(struct node_agent *a, struct agent_fetch *f, struct n
 	if (a->fl != NULL)
 		node_fabloop_counts(a->fl, &c);
 	a->standby_fd_polls = c.fd_polls; /* peers' reads are counted from here */
+	a->standby_read_ms = agent_now_ms(); /* as if one read came now */
 	if (a->standby_ev == NULL)
 		a->standby_ev = evtimer_new(a->base, on_standby, a);
 	if (a->standby_ev != NULL)
@@ -999,6 +1090,7 @@ void agent_delta_fini(struct node_agent *a)
 	if (a->second != NULL)
 		node_slot_free(&a->store, a->second);
 	a->second = NULL;
+	wires_fini(a);
 	if (a->standby_ev != NULL)
 		event_free(a->standby_ev);
 	a->standby_ev = NULL;

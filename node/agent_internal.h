@@ -420,6 +420,10 @@ struct node_agent {
 	/* The active slot's piece checksums, verified by the apply that built
 	 * it and bound to it by its tag (agent_delta.c); NULL when unknown. */
 	struct agent_sums *sums;
+	/* Delta wire buffers kept between versions (agent_delta.c); NULL
+	 * until the first is given back. */
+	struct agent_wires *wires;
+	bool wires_closed; /* torn down: buffers given back are freed */
 	/* The scrub of the active slot under way (agent_delta.c), its worker,
 	 * and which share comes next. */
 	struct agent_scrub *scrub;
@@ -428,8 +432,9 @@ struct node_agent {
 	uint32_t standby_tries;
 	/* The standby waits while peers read from this node: the fabric
 	 * loop's wake-ups by its wait fd at the last look, when it began
-	 * waiting (0: not yet), looks left that count as serving (test). */
-	uint64_t standby_fd_polls, standby_defer_ms;
+	 * waiting (0: not yet), when a look last saw one, looks left that
+	 * count as serving (test). */
+	uint64_t standby_fd_polls, standby_defer_ms, standby_read_ms;
 	uint64_t standby_test_busy;
 	struct event *chase_ev; /* have-pages read again soon (agent_swarm.c) */
 	/* The chain being replayed (agent_chain.c), or NULL; whether a
@@ -841,6 +846,14 @@ int agent_delta_slot(struct node_agent *a);
  * (TESSERA_DELTA_STANDBY_MS later, when no fetch has begun by then, and
  * put off while peers read from this node: TESSERA_DELTA_STANDBY_QUIET_MS). */
 void agent_delta_activated(struct node_agent *a, struct agent_fetch *f, struct node_slot *old);
+/* A buffer of at least len bytes for a delta parcel's wire: the smallest
+ * large enough of those kept from earlier versions, else a new one (its
+ * pages, new, cost a fault each when written); NULL when out of memory.
+ * The caller gives it back with agent_wire_put. */
+uint8_t *agent_wire_get(struct node_agent *a, size_t len);
+/* Keeps buf (from agent_wire_get; NULL is fine) for a later version, or
+ * frees it (the pool is full, or torn down). Cannot fail. */
+void agent_wire_put(struct node_agent *a, uint8_t *buf);
 /* Frees a catch-up, or piece checksums (NULL is fine). */
 void agent_rotation_free(struct agent_rotation *r);
 /* Before the catch-up's worker is stopped: its scrub ends at once. */

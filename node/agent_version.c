@@ -40,7 +40,7 @@ void agent_fetch_free(struct node_agent *a, struct agent_fetch *f)
 		free(p->owner_on);
 		free(p->standin);
 		free(p->members);
-		free(p->wire);
+		agent_wire_put(a, p->wire);
 	}
 	free(f->parcels);
 	if (f->addendum_ev != NULL)
@@ -149,7 +149,7 @@ static int setup_parcels(struct node_agent *a)
 		    p->owner_on == NULL || p->standin == NULL)
 			return -ENOMEM;
 		memset(p->mine, 1, mp->nchunks + 1);
-		if (f->delta && (p->wire = malloc(PROTO_MAX(mp->wire_bytes, 1))) == NULL)
+		if (f->delta && (p->wire = agent_wire_get(a, mp->wire_bytes)) == NULL)
 			return -ENOMEM;
 		f->bytes_total += mp->wire_bytes;
 	}
