@@ -165,8 +165,8 @@ void agent_wire_put(struct node_agent *a, uint8_t *buf)
  * Before the first delta the pool is empty, and the first delta after the
  * node's first anchor paid those faults (~300 a parcel of 1.2 MB, on the
  * loop and the verifier's workers, while the apply ran). So when a standby
- * copy goes ahead, between versions, and the pool keeps fewer buffers than
- * the node has parcels, a buffer of WIRE_READY_PERMILLE of each parcel's
+ * copy first goes ahead, between versions, before any buffer was given
+ * back, a buffer of WIRE_READY_PERMILLE of each parcel's
  * bytes is made and written once: a delta of that size or less lands in
  * touched pages (a larger one gets a new buffer, as before). 2 %: twice
  * what 1.6 % of BF16 elements changed costs on the wire (0.95 %).
@@ -180,8 +180,8 @@ static void wires_ready(struct node_agent *a)
 
 	for (uint32_t i = 0; i < a->plan.nparcels; i++)
 		mine += a->plan.parcels[i].dst_rank == a->o.rank;
-	if (mine == 0 || (a->wires != NULL && a->wires->n >= mine))
-		return;
+	if (mine == 0 || a->wires != NULL || a->wires_closed)
+		return; /* once: later deltas find the buffers of earlier ones */
 	for (uint32_t i = 0; i < a->plan.nparcels; i++) {
 		const struct proto_parcel *pp = &a->plan.parcels[i];
 		size_t len = (size_t)(pp->bytes * WIRE_READY_PERMILLE / 1000);
@@ -190,7 +190,9 @@ static void wires_ready(struct node_agent *a)
 		uint8_t *b = malloc(len);
 		if (b == NULL)
 			break;
-		memset(b, 0, len); /* each page's first write, now */
+		/* Each page's first write, now (not 0: malloc and a memset to 0
+		 * may be made a calloc, which writes nothing). */
+		memset(b, 0xa5, len);
 		agent_wire_put(a, b);
 		made++;
 		bytes += len;

@@ -225,8 +225,14 @@ int node_slot_touch(struct node_slot *slot, const int *stop)
 			return -EINTR;
 		/* Not supported (an old kernel): the reads below fault them in. */
 		(void)madvise(slot->host + off, n, MADV_POPULATE_WRITE);
-		for (size_t at = off; at < off + n; at += page)
+		/* The flag every 16 pages too: at the lowest priority on a
+		 * loaded machine, a 1 MiB step's traps held the loop's join of
+		 * this worker for 60-600 ms (measured, 5 nodes on 2 cores). */
+		for (size_t at = off, k = 0; at < off + n; at += page, k++) {
+			if ((k & 15) == 15 && __atomic_load_n(stop, __ATOMIC_RELAXED))
+				return -EINTR;
 			(void)*(volatile const uint8_t *)(slot->host + at);
+		}
 	}
 	return 0;
 }
