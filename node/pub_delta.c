@@ -3,6 +3,7 @@
 #include "node/pub_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -441,7 +442,7 @@ enum pf_kind { PF_BLOCK, PF_SERVED };
 struct pub_prefault {
 	pthread_t tid;
 	const atomic_bool *abort;
-	const struct proto_ckpt *ck; /* a checkpoint to map in, or NULL */
+	const struct proto_ckpt *ck; /* a checkpoint to read ahead, or NULL */
 	size_t n;
 	struct pub_pbuf {
 		uint32_t rank;
@@ -452,18 +453,16 @@ struct pub_prefault {
 };
 
 #define PREFAULT_STEP 4096u /* one write per page: a fault per page not yet there */
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22 /* Linux 5.14; older kernels refuse it (EINVAL): no harm */
-#endif
 
 static void *prefault_main(void *arg)
 {
 	struct pub_prefault *pf = arg;
 
+	/* The snapshot preads the checkpoint (node__pub_source_fill): its
+	 * pages need only be in the page cache, not mapped here. */
 	for (uint32_t s = 0; pf->ck != NULL && s < pf->ck->nshards && !atomic_load(pf->abort); s++)
 		if (pf->ck->shards[s].map != NULL)
-			(void)madvise((void *)pf->ck->shards[s].map, pf->ck->shards[s].map_len,
-				      MADV_POPULATE_READ);
+			(void)posix_fadvise(pf->ck->shards[s].fd, 0, 0, POSIX_FADV_WILLNEED);
 	for (size_t i = 0; i < pf->n && !atomic_load(pf->abort); i++) {
 		struct pub_pbuf *b = &pf->bufs[i];
 		if ((b->raw = node_serve_map(b->cap)) == NULL)

@@ -1,6 +1,7 @@
 /* The publisher's export of a version: snapshot, gather/hash workers, manifest, publish/verify. */
 #include "node/pub_internal.h"
 #include "proto/canary.h"
+#include "proto/delta.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -30,6 +31,7 @@ struct pub_job {
 	struct pub_part *part;
 	uint32_t chunk_size;
 	bool delta;        /* encode against the parent's snapshot */
+	bool sums;         /* an anchor kept as the parent: its piece checksums */
 	/* An addendum: the block is rebuilt from the served export's raw
 	 * parcels (rs), or from the source when they do not cover it (a
 	 * version kept as the parent: block is its snapshot, restored). */
@@ -39,6 +41,8 @@ struct pub_job {
 	unsigned threads;  /* for the encoder */
 	uint64_t encode_ns; /* a delta's encode, with the gather it does */
 	uint64_t cpu_ns;    /* the CPU time of that (this thread's; see job_delta) */
+	int rc;             /* the snapshot's read (node__pub_source_fill) */
+	struct proto_err err;
 	pthread_t tid;
 	bool running; /* created and not joined yet */
 	atomic_bool done;
@@ -53,7 +57,7 @@ static uint64_t ms_of(uint64_t ns)
 
 static void job_snapshot(struct pub_job *j)
 {
-	node__pub_source_fill(j->p, j->rank, j->version, j->block);
+	j->rc = node__pub_source_fill(j->p, j->rank, j->version, j->block, &j->err);
 }
 
 /*
@@ -165,6 +169,30 @@ static void job_delta(struct pub_job *j)
 	j->cpu_ns = thread_cpu_ns() - c0;
 }
 
+/*
+ * An anchor kept as the next delta's parent leaves the checksums of its
+ * parcels' pieces behind (it->sums, moved into the parent export), taken
+ * while the gather has each step in cache: the first delta after an anchor
+ * then sums only its own side, as every later one does. False (no sums:
+ * the delta sums its parent) when out of memory or the parcel has no piece.
+ */
+static bool item_sums_start(const struct node_pub *p, struct pub_item *it,
+			    struct proto_dparcel *dp, struct proto_dparcel_summer *su)
+{
+	free(it->sums);
+	it->sums = NULL;
+	if (it->pc->bytes == 0 ||
+	    proto_dparcel_build(&p->model, &it->sl->plan, it->pc, &it->sl->layout, dp, NULL) != 0)
+		return false;
+	it->sums = calloc((size_t)dp->npieces + 1, sizeof(*it->sums));
+	if (it->sums == NULL) {
+		proto_dparcel_fini(dp);
+		return false;
+	}
+	proto_dparcel_summer_init(su, dp, it->sums);
+	return true;
+}
+
 /* Gathers each chunk in cache-sized steps and hashes it as it goes, giving
  * the snapshot back behind it. */
 static void job_gather(struct pub_job *j)
@@ -179,8 +207,9 @@ static void job_gather(struct pub_job *j)
 		j->restored = p->trainer && j->nrs > 0 &&
 			      node__pub_addendum_restore(p, j->rank, j->rs, j->nrs, pt, j->block,
 							 p->block_cap[j->rank]);
-		if (!j->restored)
-			node__pub_source_fill(p, j->rank, j->version, j->block);
+		if (!j->restored &&
+		    (j->rc = node__pub_source_fill(p, j->rank, j->version, j->block, &j->err)) != 0)
+			return;
 	}
 	if (j->delta) {
 		job_delta(j);
@@ -195,6 +224,9 @@ static void job_gather(struct pub_job *j)
 	for (size_t i = 0; i < pt->nitems && !atomic_load(&p->abort); i++) {
 		struct pub_item *it = &pt->items[i];
 		uint64_t bytes = it->pc->bytes;
+		struct proto_dparcel dp;
+		struct proto_dparcel_summer su;
+		bool sums = j->sums && item_sums_start(p, it, &dp, &su);
 		for (uint32_t c = 0; c < it->nchunks && !atomic_load(&p->abort); c++) {
 			uint64_t c0 = (uint64_t)c * cs, clen = PROTO_MIN(cs, bytes - c0);
 			crypto_generichash_state st;
@@ -204,6 +236,8 @@ static void job_gather(struct pub_job *j)
 				uint8_t *dst = pt->buf + it->off + c0 + o;
 				proto_parcel_gather(&it->sl->plan, it->pc, &p->tl, j->block, c0 + o, n, dst);
 				crypto_generichash_update(&st, dst, n);
+				if (sums)
+					proto_dparcel_summer_feed(&su, pt->buf + it->off, c0 + o + n);
 			}
 			crypto_generichash_final(&st, it->hash[c], PROTO_HASH_BYTES);
 			if (early)
@@ -212,6 +246,12 @@ static void job_gather(struct pub_job *j)
 		if (!atomic_load(&p->abort))
 			it->canary = proto_canary_parcel(&it->sl->plan, it->pc, &it->sl->layout,
 							 pt->buf + it->off);
+		if (sums && (atomic_load(&p->abort) || su.k < dp.npieces)) {
+			free(it->sums); /* cut short: the delta sums its parent */
+			it->sums = NULL;
+		}
+		if (sums)
+			proto_dparcel_fini(&dp);
 	}
 	free(rel.key);
 	free(rel.order);
@@ -268,6 +308,8 @@ static void ex_join(struct node_pub *p, struct pub_export *ex)
 			pthread_join(j->tid, NULL);
 			j->running = false;
 			ex->jobs_left--;
+			if (j->rc != 0)
+				ex_fail(p, -j->rc, "rank %u's snapshot: %s", j->rank, j->err.msg);
 			if (j->kind == JOB_GATHER && p->blocks[j->rank] != NULL &&
 			    !node__pub_keeps_parent(p)) {
 				munmap(p->blocks[j->rank], p->block_cap[j->rank]);
@@ -706,6 +748,7 @@ static void ex_gather_start(struct node_pub *p)
 		j->part = &pv->parts[i];
 		j->chunk_size = ex->chunk_size;
 		j->delta = ex->delta;
+		j->sums = !ex->delta && !ex->verify && !ex->addendum && node__pub_keeps_parent(p);
 		j->threads = node__pub_delta_threads(ex->njobs);
 		/* An addendum takes no snapshot. A trainer's buffers hold its
 		 * next weights by now, so its new parcels are gathered from
@@ -833,10 +876,13 @@ static void ex_gathered(struct node_pub *p)
 	}
 	/* Load-robust where the wall time is not: the workers' CPU time. */
 	uint64_t nin = 0, tot = 0;
+	size_t nsums = 0, nitems = 0;
 	for (size_t i = 0; ex->delta && i < ex->pv->nparts; i++)
 		for (size_t j = 0; j < ex->pv->parts[i].nitems; j++) {
 			nin += ex->pv->parts[i].items[j].in_place;
 			tot += ex->pv->parts[i].items[j].pc->bytes;
+			nsums += ex->pv->parts[i].items[j].parent_sums != NULL;
+			nitems++;
 		}
 	/* (With more than one encoder thread a job's CPU time is not all of it.) */
 	char cpu[48] = "";
@@ -844,10 +890,11 @@ static void ex_gathered(struct node_pub *p)
 		snprintf(cpu, sizeof(cpu), ", %llu ms of CPU", (unsigned long long)ms_of(cpu_ns));
 	if (ex->delta && !ex->verify)
 		LOG_INFO("version %llu: %zu trainer ranks' parcels encoded in %llu ms%s (%.1f of %.1f "
-			 "MiB read in place from the snapshots, the others gathered)",
+			 "MiB read in place from the snapshots, the others gathered; the parent's "
+			 "checksums known for %zu of %zu parcels, the others summed)",
 			 (unsigned long long)ex->version, ex->njobs,
 			 (unsigned long long)ms_of(ex->encode_ns), cpu, (double)nin / (1 << 20),
-			 (double)tot / (1 << 20));
+			 (double)tot / (1 << 20), nsums, nitems);
 	if (ex->delta) {
 		rc = node__pub_delta_place(p, ex, &err);
 		if (rc < 0) {

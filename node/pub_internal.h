@@ -368,9 +368,11 @@ bool node__pub_source_has(const struct node_pub *p, uint64_t v);
  * p for node_pub_free. */
 int node__pub_load_model_dir(struct node_pub *p, const char *dir, struct proto_err *err);
 /* Fills rank's snapshot block with version's bytes. Runs on a worker
- * thread; cannot fail. */
-void node__pub_source_fill(struct node_pub *p, uint32_t rank, uint64_t version,
-			   uint8_t *block);
+ * thread. Only the model dir can fail (a checkpoint file truncated or
+ * unreadable since it was opened): a negative errno, err naming the file
+ * and tensor, and the block partly filled. */
+int node__pub_source_fill(struct node_pub *p, uint32_t rank, uint64_t version, uint8_t *block,
+			  struct proto_err *err);
 
 /* ---- pub_trainer.c: the trainer's shared buffers ------------------------------------ */
 

@@ -56,6 +56,14 @@ const uint8_t *proto_ckpt_tensor(const struct proto_ckpt *ck, uint32_t t)
 	return proto_st_tensor(&ck->shards[ck->shard_of[t]], ck->index_in[t]);
 }
 
+int proto_ckpt_read(const struct proto_ckpt *ck, uint32_t t, uint64_t off, size_t len,
+		    uint8_t *out, struct proto_err *err)
+{
+	if (t >= ck->model.ntensors)
+		return proto_errf(err, EINVAL, "tensor %u: the checkpoint has %u", t, ck->model.ntensors);
+	return proto_st_read(&ck->shards[ck->shard_of[t]], ck->index_in[t], off, len, out, err);
+}
+
 /* Room for the model's per-tensor tables, grown as shards are added. */
 static int add_tensors(struct proto_ckpt *ck, uint32_t s, const char *const *owner_of,
 		       const char *shard_name, const char *what, struct proto_err *err)

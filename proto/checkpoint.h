@@ -52,6 +52,14 @@ int proto_ckpt_open(const char *path, struct proto_ckpt *ck, struct proto_err *e
 /* The bytes of model tensor t (mapped; read with memcpy, not aligned). */
 const uint8_t *proto_ckpt_tensor(const struct proto_ckpt *ck, uint32_t t);
 
+/* Copies len bytes of model tensor t, from byte off of its data, into out
+ * by pread on its shard (proto_st_read: no page of the mapping is touched).
+ * A negative errno when the range is outside the tensor or the shard file
+ * ends before it (-EIO: truncated since it was opened); err names the tensor
+ * and what is wrong in one line. */
+int proto_ckpt_read(const struct proto_ckpt *ck, uint32_t t, uint64_t off, size_t len,
+		    uint8_t *out, struct proto_err *err);
+
 /* Unmaps and frees; *ck becomes empty. Safe on an empty struct. */
 void proto_ckpt_fini(struct proto_ckpt *ck);
 

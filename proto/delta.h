@@ -394,6 +394,26 @@ int proto_dparcel_apply(const struct proto_dparcel *d, const uint8_t *delta, siz
  * O(changes). The block must still hold the bytes the sums were taken from:
  * a parent damaged in between is not refused here (the canary sees it). */
 void proto_dparcel_sums(const struct proto_dparcel *d, const uint8_t *block, uint64_t *sums);
+/*
+ * The same checksums taken from the payload while it is made in order (a
+ * gather in cache-sized steps): feed(s, payload, upto), with payload bytes
+ * [0, upto) now in place, sums every whole element of the pieces below upto
+ * not summed yet (from the cache, right after the gather wrote it); once
+ * upto reaches the parcel's bytes, sums holds what proto_dparcel_sums gives
+ * for a block holding that payload. Pieces are taken in order: one that lies
+ * before an unfinished one in the payload waits for it. sums (npieces) is
+ * the caller's; init zeroes it. Cannot fail.
+ */
+struct proto_dparcel_summer {
+	const struct proto_dparcel *d;
+	uint64_t *sums;
+	uint32_t k;    /* the first piece not done */
+	uint64_t done; /* its bytes summed so far */
+};
+void proto_dparcel_summer_init(struct proto_dparcel_summer *s, const struct proto_dparcel *d,
+			       uint64_t *sums);
+void proto_dparcel_summer_feed(struct proto_dparcel_summer *s, const uint8_t *payload,
+			       uint64_t upto);
 int proto_dparcel_apply_sums(const struct proto_dparcel *d, const uint8_t *delta, size_t len,
 			     uint8_t *block, const uint64_t *sums, unsigned threads,
 			     struct proto_err *err);

@@ -141,6 +141,36 @@ void proto_dparcel_sums(const struct proto_dparcel *d, const uint8_t *block, uin
 	}
 }
 
+void proto_dparcel_summer_init(struct proto_dparcel_summer *s, const struct proto_dparcel *d,
+			       uint64_t *sums)
+{
+	*s = (struct proto_dparcel_summer){.d = d, .sums = sums};
+	for (uint32_t i = 0; i < d->npieces; i++)
+		sums[i] = 0; /* the empty piece's */
+}
+
+void proto_dparcel_summer_feed(struct proto_dparcel_summer *s, const uint8_t *payload,
+			       uint64_t upto)
+{
+	while (s->k < s->d->npieces) {
+		const struct proto_dpiece *pp = &s->d->pieces[s->k];
+		if (upto <= pp->pay_off)
+			return;
+		uint64_t avail = PROTO_MIN(upto - pp->pay_off, pp->len);
+		avail -= avail % pp->elsize; /* an element cut by upto waits */
+		if (avail > s->done) {
+			uint64_t part = proto_wsum(pp->elsize, payload + pp->pay_off + s->done,
+						   (avail - s->done) / pp->elsize);
+			s->sums[s->k] = proto_wsum_combine(s->sums[s->k], s->done / pp->elsize, part);
+			s->done = avail;
+		}
+		if (s->done < pp->len)
+			return;
+		s->k++;
+		s->done = 0;
+	}
+}
+
 /* dl speaks of parcel d's pieces, one tensor per piece in order, with
  * their element sizes and counts: 0, or -EINVAL with err set. */
 int delta__match_parcel(const struct proto_dparcel *d, const struct proto_delta *dl,

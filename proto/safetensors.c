@@ -250,13 +250,12 @@ int proto_st_open(const char *path, struct proto_st *out, struct proto_err *err)
 		rc = proto_errf(err, errno, "%s: mmap: %s", path, strerror(errno));
 		goto fail;
 	}
-	close(fd);
-	fd = -1;
 	rc = proto_st_parse(map, (size_t)st.st_size, (uint64_t)st.st_size, path, out, err);
 	if (rc != 0)
 		goto fail;
 	out->map = map;
 	out->map_len = (size_t)st.st_size;
+	out->fd = fd;
 	return 0;
 fail:
 	if (map != NULL)
@@ -272,8 +271,10 @@ void proto_st_fini(struct proto_st *st)
 	free(st->offsets);
 	free(st->header);
 	json_decref(st->metadata);
-	if (st->map != NULL)
+	if (st->map != NULL) {
 		munmap((void *)st->map, st->map_len);
+		close(st->fd);
+	}
 	memset(st, 0, sizeof(*st));
 }
 
@@ -282,6 +283,34 @@ const uint8_t *proto_st_tensor(const struct proto_st *st, uint32_t i)
 	if (st->map == NULL || i >= st->model.ntensors)
 		return NULL;
 	return st->map + st->offsets[i];
+}
+
+int proto_st_read(const struct proto_st *st, uint32_t i, uint64_t off, size_t len, uint8_t *out,
+		  struct proto_err *err)
+{
+	if (st->map == NULL || i >= st->model.ntensors)
+		return proto_errf(err, EINVAL, "tensor %u: not in an opened file", i);
+	const struct proto_tensor *t = &st->model.tensors[i];
+	if (off > t->nbytes || len > t->nbytes - off)
+		return proto_errf(err, EINVAL, "tensor '%s': bytes [%llu, +%zu) are outside its %llu",
+				  t->name, (unsigned long long)off, len, (unsigned long long)t->nbytes);
+	uint64_t at = st->offsets[i] + off;
+	for (size_t got = 0; got < len;) {
+		ssize_t n = pread(st->fd, out + got, len - got, (off_t)(at + got));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return proto_errf(err, errno, "tensor '%s': reading %zu bytes at file offset %llu: %s",
+					  t->name, len - got, (unsigned long long)(at + got), strerror(errno));
+		if (n == 0)
+			return proto_errf(err, EIO,
+					  "tensor '%s': the file ends at byte %llu of the %llu it had when "
+					  "opened (truncated since)",
+					  t->name, (unsigned long long)(at + got),
+					  (unsigned long long)st->file_size);
+		got += (size_t)n;
+	}
+	return 0;
 }
 
 int proto_st_header_build(const struct proto_model *m, const json_t *metadata,

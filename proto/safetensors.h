@@ -39,9 +39,11 @@ struct proto_st {
 	size_t header_len;        /* 8 + N */
 	uint64_t file_size;
 	json_t *metadata;         /* "__metadata__" object, or NULL */
-	/* Set by proto_st_open: the whole file, mapped read-only. */
+	/* Set by proto_st_open: the whole file, mapped read-only, and kept
+	 * open for proto_st_read (fd is valid while map is not NULL). */
 	const uint8_t *map;
 	size_t map_len;
+	int fd;
 };
 
 /*
@@ -63,6 +65,18 @@ void proto_st_fini(struct proto_st *st);
 /* The data of tensor i inside the mapping (NULL when not opened from a file).
  * Not aligned: read it with memcpy. */
 const uint8_t *proto_st_tensor(const struct proto_st *st, uint32_t i);
+
+/*
+ * Copies len bytes of tensor i, from byte off of its data, into out with
+ * pread on the file kept open: no page of the mapping is touched (a copy
+ * out of a fresh file mapping faults every page in, several times the cost
+ * of the copy itself). -EINVAL when the range is outside the tensor or the
+ * file was not opened; -EIO when the file ends before the range (truncated
+ * since it was opened); err says which in one line, without the path. out
+ * is undefined on failure.
+ */
+int proto_st_read(const struct proto_st *st, uint32_t i, uint64_t off, size_t len, uint8_t *out,
+		  struct proto_err *err);
 
 /*
  * Builds the header for tensors laid out back to back in model order, with

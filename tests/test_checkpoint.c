@@ -1,7 +1,9 @@
 /* Checkpoints: a safetensors file, a Hugging Face directory and a sharded
  * one give the same model and bytes; model directories list their versions;
- * a bad index (tests/data/bad-ckpt-index-*) is refused in one line. */
+ * a bad index (tests/data/bad-ckpt-index-*) is refused in one line; a file
+ * truncated after it was opened is a clear read error. */
 #include <dirent.h>
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -62,8 +64,17 @@ static void expect_same(struct env *e, const char *path)
 		fail_msg("%s", err.msg);
 	assert_int_equal(ck.model.ntensors, 3);
 	assert_memory_equal(ck.model.digest, e->m.digest, PROTO_HASH_BYTES);
-	for (uint32_t t = 0; t < 3; t++)
-		assert_memory_equal(proto_ckpt_tensor(&ck, t), e->data[t], e->m.tensors[t].nbytes);
+	for (uint32_t t = 0; t < 3; t++) {
+		uint64_t n = e->m.tensors[t].nbytes;
+		uint8_t buf[64];
+		assert_memory_equal(proto_ckpt_tensor(&ck, t), e->data[t], n);
+		/* pread gives the same bytes, whole and from inside. */
+		assert_true(n <= sizeof(buf));
+		assert_int_equal(proto_ckpt_read(&ck, t, 0, n, buf, &err), 0);
+		assert_memory_equal(buf, e->data[t], n);
+		assert_int_equal(proto_ckpt_read(&ck, t, 1, n - 2, buf, &err), 0);
+		assert_memory_equal(buf, e->data[t] + 1, n - 2);
+	}
 	proto_ckpt_fini(&ck);
 	proto_ckpt_fini(&ck); /* twice is fine */
 }
@@ -92,6 +103,38 @@ static void test_three_forms_agree(void **state)
 	assert_int_not_equal(proto_ckpt_open(e->dir, &ck, &err), 0);
 	assert_non_null(strstr(err.msg, "not a checkpoint directory"));
 	assert_null(ck.shards);
+}
+
+/* A checkpoint file truncated after it was opened: a read past its new end
+ * is one clear error (the mapping would have raised SIGBUS), a read before
+ * it still works, and a range outside the tensor is refused. */
+static void test_read_truncated_after_open(void **state)
+{
+	struct env *e = *state;
+	struct proto_err err = {{0}};
+	struct proto_ckpt ck;
+	char path[512];
+	uint8_t buf[64];
+
+	snprintf(path, sizeof(path), "%s/cut.safetensors", e->dir);
+	assert_int_equal(proto_st_write(path, &e->m, NULL, (const void *const *)e->data, &err), 0);
+	if (proto_ckpt_open(path, &ck, &err) != 0)
+		fail_msg("%s", err.msg);
+	int64_t c = proto_model_find(&ck.model, "c");
+	assert_true(c >= 0);
+	const struct proto_st *sh = &ck.shards[ck.shard_of[c]];
+	uint64_t c_at = sh->offsets[ck.index_in[c]];
+	/* The file now ends 3 bytes into tensor c. */
+	assert_int_equal(truncate(path, (off_t)(c_at + 3)), 0);
+	assert_int_equal(proto_ckpt_read(&ck, (uint32_t)c, 0, 3, buf, &err), 0);
+	assert_memory_equal(buf, e->data[2], 3);
+	assert_int_equal(proto_ckpt_read(&ck, (uint32_t)c, 0, 8, buf, &err), -EIO);
+	assert_non_null(strstr(err.msg, "tensor 'c'"));
+	assert_non_null(strstr(err.msg, "truncated"));
+	assert_null(strchr(err.msg, '\n'));
+	assert_int_equal(proto_ckpt_read(&ck, (uint32_t)c, 30, 4, buf, &err), -EINVAL);
+	assert_int_equal(proto_ckpt_read(&ck, 7, 0, 1, buf, &err), -EINVAL);
+	proto_ckpt_fini(&ck);
 }
 
 static void test_model_dir_lists_versions(void **state)
@@ -197,6 +240,7 @@ int main(void)
 	setenv("TESSERA_SPEC_MAX", "65536", 1);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_three_forms_agree, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_read_truncated_after_open, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_model_dir_lists_versions, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_indexes, setup, teardown),
 	};

@@ -375,10 +375,11 @@ static void test_encode_at(void **state)
 	fx_fini(&f);
 }
 
-/* The child's piece checksums an encode hands back are the block's; an
- * encode given the parent's (as the publisher takes them from the encode
- * that made the parent) writes the same bytes as one that sums the parent
- * itself; given wrong ones, its delta is refused on the true parent. */
+/* The child's piece checksums an encode hands back are the block's, and so
+ * are those a summer fed with the payload in steps gives; an encode given
+ * the parent's (as the publisher takes them from the encode or the anchor's
+ * gather that made the parent) writes the same bytes as one that sums the
+ * parent itself; given wrong ones, its delta is refused on the true parent. */
 static void test_known_sums(void **state)
 {
 	struct fx f;
@@ -398,6 +399,19 @@ static void test_known_sums(void **state)
 		uint8_t *pblk = pd_parent(&f, &pd);
 		proto_dparcel_sums(&pd.dp, pblk, psums);
 		proto_dparcel_sums(&pd.dp, pd.want, pd.sums);
+		/* The same sums fed from the payload as a gather makes it, in
+		 * steps that cut elements (an anchor's, for the first delta). */
+		struct proto_dparcel_summer su;
+		uint64_t *fed = malloc(((size_t)pd.dp.npieces + 1) * sizeof(*fed));
+		assert_non_null(fed);
+		proto_dparcel_summer_init(&su, &pd.dp, fed);
+		for (uint64_t at = 0; at < pd.pc->bytes;) {
+			at = PROTO_MIN(at + 7 + at % 5, pd.pc->bytes);
+			proto_dparcel_summer_feed(&su, pd.par, at);
+		}
+		assert_int_equal(su.k, pd.dp.npieces);
+		assert_memory_equal(fed, psums, pd.dp.npieces * sizeof(*fed));
+		free(fed);
 		struct proto_delta_opts o = {.threads = 2, .child_sums = csums, .parent_sums = psums};
 		assert_int_equal(proto_dparcel_encode(&pd.dp, pd.par, pd.chi, &o, &enc2, &len2, NULL,
 						      &err), 0);

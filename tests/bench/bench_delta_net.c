@@ -14,7 +14,10 @@
  * ranks encoding at once, so a throughput of the whole publisher), and where the time went (ms, from
  * the tracker's timeline: publish = export asked to published, fetch = to
  * the last chunk, verify = to the last rank verified, which for a delta
- * includes the rebuild, switch = to the last activation). Goals: a delta costs at most
+ * includes the rebuild, switch = to the last activation), and the publisher's
+ * CPU ms for the version (pub_cpu: snapshot, gather and hash or encode,
+ * manifest and signature; snap_cpu: the snapshot), from its start-up log
+ * lines (each run is kept in DIR/anchors.run, DIR/deltas.run). Goals: a delta costs at most
  * 3 % of the anchor's wire bytes and at most 15 % of its end-to-end time.
  */
 #include <stdbool.h>
@@ -45,10 +48,13 @@ static json_t *run_cluster(const char *bindir, const char *dir, const char *mdir
 	char cmd[4096], report[1024];
 
 	snprintf(report, sizeof(report), "%s/%s.json", dir, name);
+	/* Kept (DIR/NAME.run) for the publisher's log: its start-up lines give
+	 * its CPU per version (info level). */
 	snprintf(cmd, sizeof(cmd),
-		 "%s/tessera cluster --model-dir %s --versions %d --anchor-every %d --replica tp2 "
-		 "--replica tp2 --replica tp1 --report %s > %s/%s.out 2>&1",
-		 bindir, mdir, VERSIONS, every, report, dir, name);
+		 "rm -rf %s/%s.run && TESSERA_LOG=info %s/tessera cluster --model-dir %s --versions %d "
+		 "--anchor-every %d --replica tp2 --replica tp2 --replica tp1 --report %s "
+		 "--keep %s/%s.run > %s/%s.out 2>&1",
+		 dir, name, bindir, mdir, VERSIONS, every, report, dir, name, dir, name);
 	if (system(cmd) != 0) {
 		fprintf(stderr, "bench_delta_net: `%s` failed; see %s/%s.out\n", cmd, dir, name);
 		return NULL;
@@ -58,6 +64,34 @@ static json_t *run_cluster(const char *bindir, const char *dir, const char *mdir
 	if (j == NULL)
 		fprintf(stderr, "bench_delta_net: %s: %s\n", report, e.text);
 	return j;
+}
+
+/* The publisher's CPU ms for each version (index v - 1), from its log's
+ * start-up lines ("the publisher's CPU ms: snapshot X, encode Y, manifest
+ * and signature Z", or "gather and hash Y" for an anchor): the snapshot and
+ * the sum of the three; 0 where the line is missing. */
+static void pub_cpu(const char *dir, const char *name, uint64_t *snap, uint64_t *total)
+{
+	char path[1100], line[2048];
+	FILE *f;
+
+	memset(snap, 0, VERSIONS * sizeof(*snap));
+	memset(total, 0, VERSIONS * sizeof(*total));
+	snprintf(path, sizeof(path), "%s/%s.run/publisher.log", dir, name);
+	if ((f = fopen(path, "r")) == NULL)
+		return;
+	while (fgets(line, sizeof(line), f) != NULL) {
+		const char *v = strstr(line, "version "), *c = strstr(line, "CPU ms: snapshot ");
+		unsigned long long n, x, y, z;
+		if (v == NULL || c == NULL || strstr(v, " start-up,") == NULL ||
+		    sscanf(v, "version %llu", &n) != 1 || n < 1 || n > VERSIONS ||
+		    sscanf(c, "CPU ms: snapshot %llu, %*[a-z ] %llu, manifest and signature %llu", &x,
+			   &y, &z) != 3)
+			continue;
+		snap[n - 1] = x;
+		total[n - 1] = x + y + z;
+	}
+	fclose(f);
 }
 
 /* From the manifest's creation to the last replica's activation, ms. */
@@ -154,9 +188,13 @@ int main(int argc, char **argv)
 	 * (the anchor's payload, each layout once). */
 	double raw_gib = (double)json_integer_value(json_object_get(v1, "payload_bytes")) /
 			 (double)(1u << 30);
-	printf("%-3s %-7s %14s %14s %9s %9s %11s %11s %10s %9s %9s %9s %9s %9s\n", "v", "kind",
-	       "wire_bytes", "anchor_bytes", "wire/anc", "time_ms", "t/anchor", "t/warm_anc",
-	       "encode_ms", "enc_s/GiB", "publish", "fetch", "verify", "switch");
+	uint64_t snap_cpu[VERSIONS], pub_cpu_ms[VERSIONS], dcpu[VERSIONS];
+	size_t nd = 0;
+	pub_cpu(argv[2], "deltas", snap_cpu, pub_cpu_ms);
+	printf("%-3s %-7s %14s %14s %9s %9s %11s %11s %10s %9s %9s %9s %9s %9s %9s %9s\n", "v",
+	       "kind", "wire_bytes", "anchor_bytes", "wire/anc", "time_ms", "t/anchor",
+	       "t/warm_anc", "encode_ms", "enc_s/GiB", "publish", "fetch", "verify", "switch",
+	       "pub_cpu", "snap_cpu");
 	double worst_wire = 0, worst_t = 0, worst_tw = 0;
 	bool ok = true;
 	json_array_foreach(vs, i, v) {
@@ -172,13 +210,16 @@ int main(int argc, char **argv)
 		       kind, (unsigned long long)wire, (unsigned long long)anc, w,
 		       (unsigned long long)t, tr, tw, enc, raw_gib > 0 ? enc / 1000.0 / raw_gib : 0.0);
 		breakdown(v);
-		printf("\n");
+		printf(" %9llu %9llu\n", (unsigned long long)(i < VERSIONS ? pub_cpu_ms[i] : 0),
+		       (unsigned long long)(i < VERSIONS ? snap_cpu[i] : 0));
 		ok &= json_is_true(json_object_get(json_array_get(json_object_get(v, "replicas"), 0),
 						   "digest_ok"));
 		if (kind != NULL && strcmp(kind, "delta") == 0) {
 			worst_wire = w > worst_wire ? w : worst_wire;
 			worst_t = tr > worst_t ? tr : worst_t;
 			worst_tw = tw > worst_tw ? tw : worst_tw;
+			if (i < VERSIONS)
+				dcpu[nd++] = pub_cpu_ms[i];
 		}
 	}
 	(void)anchor_bytes;
@@ -186,6 +227,9 @@ int main(int argc, char **argv)
 	       "anchor v1, %.1f %% of the warm anchor (goal <= %.0f %%: %s)\n",
 	       worst_wire, WIRE_GOAL, worst_wire <= WIRE_GOAL ? "met" : "MISSED", worst_t, worst_tw,
 	       TIME_GOAL, worst_tw <= TIME_GOAL ? "met" : "MISSED");
+	qsort(dcpu, nd, sizeof(*dcpu), cmp_u64);
+	printf("publisher CPU per delta (its start-up lines: snapshot, encode, manifest and "
+	       "signature): median %llu ms\n", nd ? (unsigned long long)dcpu[nd / 2] : 0ull);
 	printf("every replica bit-exact on every version: %s\n",
 	       ok && json_is_true(json_object_get(run, "ok")) ? "yes" : "NO");
 	json_decref(base);
