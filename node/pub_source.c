@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "proto/fixture.h"
@@ -61,6 +62,15 @@ int node__pub_load_model_dir(struct node_pub *p, const char *dir, struct proto_e
 
 	if ((rc = proto_ckpt_dir_list(dir, &paths, &n, err)) != 0)
 		return rc;
+	/* Every shard of every version stays open for the snapshot's pread
+	 * (proto_st_read): a long run's directory can hold more files than
+	 * the usual soft limit of 1024, so take the hard limit. */
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+			LOG_DEBUG("model dir %s: the open-file limit stays: %s", dir, strerror(errno));
+	}
 	p->files = calloc(n, sizeof(*p->files));
 	if (p->files == NULL) {
 		proto_ckpt_list_free(paths, n);
