@@ -81,6 +81,11 @@ static void *worker(void *arg)
 	struct node_verifier *v = arg;
 	uint8_t h[32];
 
+	/* Named, so that per-thread CPU (/proc/PID/task, top -H, perf's comm)
+	 * tells hashing from the loop: at N = 16 on 2 cores the workers took
+	 * 0.43 s of a node's ~1.0 s in the transfer window, the loop thread
+	 * 0.46-0.82 s. Best effort. */
+	(void)pthread_setname_np(pthread_self(), NODE_VERIFIER_THREAD_NAME);
 	pthread_mutex_lock(&v->mu);
 	for (;;) {
 		while (v->todo_head == NULL && !v->stop)

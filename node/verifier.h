@@ -49,6 +49,8 @@ struct node_verifier;
  * takes a few milliseconds of one core; two workers keep a chunk that lands
  * while another is hashed from waiting behind it. Cannot fail. */
 unsigned node_verifier_threads(void);
+/* What the workers are called (their comm, as /proc and perf show it). */
+#define NODE_VERIFIER_THREAD_NAME "tessera-verify"
 
 /* Starts nthreads workers; done(job, arg) runs on base's loop for each
  * finished job. NULL on failure (nothing started). */

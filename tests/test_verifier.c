@@ -9,8 +9,10 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <pthread.h>
 #include <sodium.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -414,6 +416,53 @@ static void test_thread_count(void **state)
 	assert_int_equal(node_verifier_threads(), cores >= 2 ? 2 : 1);
 }
 
+/* Threads of this process named comm (/proc/self/task/N/comm). */
+static unsigned threads_named(const char *comm)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	char path[300], name[32];
+	unsigned n = 0;
+
+	assert_non_null(d);
+	while ((e = readdir(d)) != NULL) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+		FILE *f = fopen(path, "r");
+		if (f == NULL)
+			continue; /* the thread ended meanwhile */
+		if (fgets(name, sizeof(name), f) != NULL) {
+			name[strcspn(name, "\n")] = '\0';
+			n += strcmp(name, comm) == 0;
+		}
+		fclose(f);
+	}
+	closedir(d);
+	return n;
+}
+
+/* Each worker carries the verifier's name, so that per-thread CPU tells
+ * hashing from the loop; none is left once the verifier is freed. */
+static void test_workers_named(void **state)
+{
+	struct event_base *base = event_base_new();
+	struct node_verifier *v;
+
+	assert_non_null(base);
+	assert_int_equal(threads_named(NODE_VERIFIER_THREAD_NAME), 0);
+	v = node_verifier_new(base, 3, on_done, NULL);
+	assert_non_null(v);
+	/* pthread_setname_np runs first thing in each worker: drain waits for
+	 * none of it, so wait (bounded) for the three names. */
+	for (int i = 0; i < 5000 && threads_named(NODE_VERIFIER_THREAD_NAME) < 3; i++)
+		usleep(1000);
+	assert_int_equal(threads_named(NODE_VERIFIER_THREAD_NAME), 3);
+	node_verifier_free(v);
+	assert_int_equal(threads_named(NODE_VERIFIER_THREAD_NAME), 0);
+	event_base_free(base);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -425,6 +474,7 @@ int main(void)
 		cmocka_unit_test(test_free_with_work_queued),
 		cmocka_unit_test(test_scatter_by_fd),
 		cmocka_unit_test(test_thread_count),
+		cmocka_unit_test(test_workers_named),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
