@@ -238,6 +238,7 @@ void agent_activated(struct node_agent *a, struct node_slot *old)
 			a->reads[i].abandoned = true;
 	a->fetch = NULL;
 	a->gen++;
+	agent_warm_pause(a, false);
 	agent_swarm_keep(a, f);
 	agent_xl_serve(a, old);
 	/* Requests pinning the old slot keep it until they release it. In

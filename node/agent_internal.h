@@ -410,10 +410,11 @@ struct node_agent {
 	/* The second slot made when the node starts, its pages touched by a
 	 * worker (agent_delta.c, "The warm slot"); the first dense copy of a
 	 * parent takes it. NULL when none or taken; second_stop (atomic) stops
-	 * the touch; second_ready: it touched every page. */
+	 * the touch, second_pause (atomic) holds it while a fetch runs;
+	 * second_ready: it touched every page. */
 	struct node_slot *second;
 	struct node_rebuild *second_rb;
-	int second_stop;
+	int second_stop, second_pause;
 	bool second_ready;
 	uint64_t second_ms; /* when the touch began */
 	uint64_t second_cpu_ms; /* the touch's CPU (its worker's) */
@@ -863,6 +864,9 @@ void agent_sums_free(struct agent_sums *s);
  * in in-place mode, or with TESSERA_DELTA_WARM=0). Cannot fail: without
  * one, the first copy makes its own slot. */
 void agent_delta_warm(struct node_agent *a);
+/* Holds the warm slot's touch while a version is fetched (fetching), lets
+ * it go on when the fetch ends. */
+void agent_warm_pause(struct node_agent *a, bool fetching);
 /* Drops the standby copy and its timer (teardown). */
 void agent_delta_fini(struct node_agent *a);
 /* Every chunk of delta parcel pi verified before the fetch's last: the

@@ -64,6 +64,7 @@ void agent_fetch_drop(struct node_agent *a)
 	agent_fetch_free(a, a->fetch);
 	a->fetch = NULL;
 	a->gen++;
+	agent_warm_pause(a, false);
 }
 
 void agent_fetch_fail(struct node_agent *a, const char *fmt, ...)
@@ -533,6 +534,7 @@ void agent_start_fetch(struct node_agent *a, uint64_t v)
 	f->fresh_until_ms = a->fresh_v == v ? a->fresh_until_ms : 0;
 	a->fetch = f;
 	a->gen++;
+	agent_warm_pause(a, true);
 	agent_report(a, v, TRK_STATE_FETCHING, NULL, NULL);
 	if (ask_manifest(a, v, on_manifest) != 0)
 		agent_fetch_fail(a, "cannot ask for the manifest");

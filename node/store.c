@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "proto/log.h"
@@ -211,7 +212,18 @@ void node_slot_free(struct node_store *s, struct node_slot *slot)
 		slot_release(s, drop);
 }
 
-int node_slot_touch(struct node_slot *slot, const int *stop)
+/* Waits while *pause is set; false once *stop is. */
+static bool touch_may_go(const int *stop, const int *pause)
+{
+	const struct timespec nap = {0, 5 * 1000 * 1000};
+
+	while (pause != NULL && __atomic_load_n(pause, __ATOMIC_RELAXED) &&
+	       !__atomic_load_n(stop, __ATOMIC_RELAXED))
+		nanosleep(&nap, NULL);
+	return !__atomic_load_n(stop, __ATOMIC_RELAXED);
+}
+
+int node_slot_touch(struct node_slot *slot, const int *stop, const int *pause)
 {
 	/* Small steps: whoever stops the touch (warm_take, on the node's
 	 * loop) joins this worker, which runs at the lowest priority and on a
@@ -221,7 +233,7 @@ int node_slot_touch(struct node_slot *slot, const int *stop)
 
 	for (size_t off = 0; off < slot->len; off += step) {
 		size_t n = slot->len - off < step ? slot->len - off : step;
-		if (__atomic_load_n(stop, __ATOMIC_RELAXED))
+		if (!touch_may_go(stop, pause))
 			return -EINTR;
 		/* Not supported (an old kernel): the reads below fault them in. */
 		(void)madvise(slot->host + off, n, MADV_POPULATE_WRITE);
@@ -229,7 +241,7 @@ int node_slot_touch(struct node_slot *slot, const int *stop)
 		 * loaded machine, a 1 MiB step's traps held the loop's join of
 		 * this worker for 60-600 ms (measured, 5 nodes on 2 cores). */
 		for (size_t at = off, k = 0; at < off + n; at += page, k++) {
-			if ((k & 15) == 15 && __atomic_load_n(stop, __ATOMIC_RELAXED))
+			if ((k & 15) == 15 && !touch_may_go(stop, pause))
 				return -EINTR;
 			(void)*(volatile const uint8_t *)(slot->host + at);
 		}

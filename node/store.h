@@ -139,11 +139,13 @@ void node_slot_free(struct node_store *s, struct node_slot *slot);
  * kernel in one call (MADV_POPULATE_WRITE, which alone does not take that
  * cost), then each is read once through the mapping; after that a write
  * to it costs what a write to any mapped page does. Stops early, with
- * -EINTR, once *stop (atomic) is set; 0 when every page was touched. The
- * bytes are left as they were (zero for a new slot). Clears slot->fresh
- * only when done: the caller does, on its thread.
+ * -EINTR, once *stop (atomic) is set; 0 when every page was touched. While
+ * *pause (atomic; NULL: never) is set it touches nothing and waits, looking
+ * at both flags every few ms. The bytes are left as they were (zero for a
+ * new slot). Clears slot->fresh only when done: the caller does, on its
+ * thread.
  */
-int node_slot_touch(struct node_slot *slot, const int *stop);
+int node_slot_touch(struct node_slot *slot, const int *stop, const int *pause);
 /* The spare slot back with its bytes, if it has len bytes and tag (not 0):
  * 0, else -ENOENT and nothing changed. Its version becomes version, its
  * tag 0 (the caller writes it). */

@@ -7,7 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <pthread.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "node/store.h"
 #include "proto/delta.h"
@@ -107,14 +109,76 @@ static void test_slot_touch(void **state)
 	assert_int_equal(node_store_open("host", &s, &err), 0);
 	assert_int_equal(node_slot_new_blank(&s, 1, (9u << 20) + 4096, &a, &err), 0);
 	stop = 1;
-	assert_int_equal(node_slot_touch(a, &stop), -EINTR);
+	assert_int_equal(node_slot_touch(a, &stop, NULL), -EINTR);
 	stop = 0;
-	assert_int_equal(node_slot_touch(a, &stop), 0);
+	assert_int_equal(node_slot_touch(a, &stop, NULL), 0);
 	for (size_t off = 0; off < a->len; off += 4096)
 		assert_int_equal(a->host[off], 0);
 	memset(a->host + a->len - 10, 0x5a, 10);
-	assert_int_equal(node_slot_touch(a, &stop), 0); /* again: reads, changes nothing */
+	assert_int_equal(node_slot_touch(a, &stop, NULL), 0); /* again: reads, changes nothing */
 	assert_int_equal(a->host[a->len - 1], 0x5a);
+	node_slot_free(&s, a);
+	node_store_close(&s);
+}
+
+/* Pages of a's mapping the kernel holds. */
+static size_t resident_pages(const struct node_slot *a)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE), n = (a->len + page - 1) / page, in = 0;
+	unsigned char *v = malloc(n);
+
+	assert_non_null(v);
+	assert_int_equal(mincore(a->host, a->len, v), 0);
+	for (size_t i = 0; i < n; i++)
+		in += v[i] & 1;
+	free(v);
+	return in;
+}
+
+struct touch_arg {
+	struct node_slot *slot;
+	int stop, pause, rc;
+};
+
+static void *touch_thread(void *arg)
+{
+	struct touch_arg *t = arg;
+
+	t->rc = node_slot_touch(t->slot, &t->stop, &t->pause);
+	return NULL;
+}
+
+/* A paused touch takes no page while it waits (a node's fetch keeps the
+ * CPU), goes on to every page once let go, and a stop ends it while it
+ * waits. */
+static void test_slot_touch_pause(void **state)
+{
+	struct node_store s;
+	struct node_slot *a;
+	struct proto_err err;
+	struct touch_arg t = {.pause = 1};
+	pthread_t th;
+
+	assert_int_equal(node_store_open("host", &s, &err), 0);
+	assert_int_equal(node_slot_new_blank(&s, 1, 8u << 20, &a, &err), 0);
+	assert_int_equal(resident_pages(a), 0);
+	t.slot = a;
+	assert_int_equal(pthread_create(&th, NULL, touch_thread, &t), 0);
+	usleep(100 * 1000); /* unpaused, it would have taken pages by now */
+	assert_int_equal(resident_pages(a), 0);
+	__atomic_store_n(&t.pause, 0, __ATOMIC_RELAXED);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	assert_int_equal(t.rc, 0);
+	assert_int_equal(resident_pages(a), a->len / (size_t)sysconf(_SC_PAGESIZE));
+	node_slot_free(&s, a);
+
+	assert_int_equal(node_slot_new_blank(&s, 2, 8u << 20, &a, &err), 0);
+	t = (struct touch_arg){.slot = a, .pause = 1};
+	assert_int_equal(pthread_create(&th, NULL, touch_thread, &t), 0);
+	__atomic_store_n(&t.stop, 1, __ATOMIC_RELAXED);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	assert_int_equal(t.rc, -EINTR);
+	assert_int_equal(resident_pages(a), 0);
 	node_slot_free(&s, a);
 	node_store_close(&s);
 }
@@ -487,6 +551,7 @@ int main(void)
 		cmocka_unit_test(test_spare_slot_is_reused),
 		cmocka_unit_test(test_spare_slot_by_tag),
 		cmocka_unit_test(test_slot_touch),
+		cmocka_unit_test(test_slot_touch_pause),
 		cmocka_unit_test(test_store_names),
 		cmocka_unit_test(test_fold_matches_on_host),
 		cmocka_unit_test(test_cuda_store),
