@@ -3,18 +3,23 @@
 # wait on processes and timers, and every test must pass next to another),
 # prints each one's output whole once it ends, and closes with one summary
 # line "N passed, N failed". Exit status is non-zero if any test binary
-# failed. TEST_ENV holds VAR=value words exported to every test.
+# failed. TEST_ENV holds VAR=value words exported to every test. A binary
+# still running after TEST_TIMEOUT seconds (default 1200) is killed and
+# fails: a hung test (a sanitizer's report that never ends) must not hold
+# the whole run.
 set -u
 if [ "${1:-}" = "--one" ]; then
 	# One binary: $2 the binary, $3 the results directory.
 	name=$(basename "$2")
 	start=$(date +%s)
 	# shellcheck disable=SC2086
-	if env ${TEST_ENV:-} "$2" >"$3/$name.out" 2>&1; then
-		verdict=ok
-	else
-		verdict=FAILED
-	fi
+	timeout --kill-after=10 "${TEST_TIMEOUT:-1200}" env ${TEST_ENV:-} "$2" \
+		>"$3/$name.out" 2>&1
+	rc=$?
+	verdict=FAILED
+	[ "$rc" -eq 0 ] && verdict=ok
+	[ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] &&
+		echo "$name: killed after ${TEST_TIMEOUT:-1200} s (TEST_TIMEOUT)" >>"$3/$name.out"
 	echo "== $name $verdict ($(( $(date +%s) - start ))s)" >>"$3/$name.out"
 	echo "$verdict" >"$3/$name.verdict"
 	# One test's output at a time, whole.
