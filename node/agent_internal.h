@@ -162,6 +162,7 @@ struct agent_parcel {
 	char (*members)[TRK_ID_MAX]; /* its swarm as the tracker last listed it */
 	uint32_t nmembers;
 	bool seed;           /* we read it from the trainer (TESSERA_PUB_UPLOAD_READERS) */
+	uint32_t nowners;    /* seed readers sharing its trainer's chunks, us included */
 	uint8_t *wire; /* a delta parcel's bytes (malloc'ed), else NULL */
 	uint8_t landed; /* a delta parcel's wire is whole, for the apply (atomic) */
 };

@@ -842,6 +842,33 @@ static uint64_t peer_window(const struct node_agent *a, const struct agent_sourc
 	return PROTO_MIN(hi, PROTO_MAX(lo, w));
 }
 
+/*
+ * A seed reader's share of the trainer. A publisher's window follows our
+ * measured rate from it (agent_source_window), and the trainer's uplink
+ * is shared by the bytes each reader keeps queued on it: a reader that
+ * came first, alone on the link, measured all of it and kept up to
+ * TESSERA_INFLIGHT reads there. Measured (16 nodes, 100 Mbit/s netns):
+ * the first reader held 14 of the trainer's 40 reads in flight, took its
+ * even share of the chunks by 6.4 s and the last owners theirs by
+ * 11.5-13.4 s; from 10 s on the trainer's chunks went to 6-8 owners,
+ * each at the trainer's share of a downlink full of peer traffic, and the
+ * trainer's link fell to 4-8 MB/s. So in a swarm a seed reader keeps on
+ * a publisher at most TESSERA_INFLIGHT chunks over the parcel's owners
+ * (WINDOW_MIN_CHUNKS at least): the owners' queues there are even, they
+ * move through their shares at one pace, and the chunks not asked for
+ * yet stay unstarted, for an idle reader to take (agent_swarm_steal).
+ */
+static uint64_t pub_window(const struct node_agent *a, const struct agent_parcel *p,
+			   const struct agent_source *s)
+{
+	uint64_t w = agent_source_window(a, s);
+	uint64_t lo = (uint64_t)WINDOW_MIN_CHUNKS * a->chunk_size;
+
+	if (!a->fanout || p->nowners < 2)
+		return w;
+	return PROTO_MIN(w, PROTO_MAX(lo, (uint64_t)a->max_inflight * a->chunk_size / p->nowners));
+}
+
 /* s may take a read of len bytes of p now: usable and with room in its
  * window (a peer also within TESSERA_PEER_INFLIGHT reads, one while we
  * are ahead). */
@@ -865,7 +892,7 @@ static bool has_room(struct node_agent *a, const struct agent_parcel *p, struct 
 	if (s->info.peer && !budget_room(s, len))
 		return false;
 	return h->inflight_reads == 0 ||
-	       h->inflight_bytes + len <= (s->info.peer ? peer_window(a, s) : agent_source_window(a, s));
+	       h->inflight_bytes + len <= (s->info.peer ? peer_window(a, s) : pub_window(a, p, s));
 }
 
 bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
@@ -1022,7 +1049,11 @@ static uint64_t hrw(const char *id, uint32_t pi, uint32_t c)
  * gets there; if it got there first, the trainer sends a chunk twice
  * (counted in its upload). Returns UINT32_MAX when there is none.
  */
-#define STEAL_LEFT 4
+/* An owner with two chunks not started gives up the second: with its
+ * window on the trainer at its share (pub_window), an owner at the end of
+ * a slow walk has two or three chunks left, not four, and at four the
+ * idle readers stole nothing from 10 s on (16 nodes, 100 Mbit/s netns). */
+#define STEAL_LEFT 2
 #define STEAL_FRESH_MS(poll) (3 * (poll))
 
 /* Whether the page of member k, as we hold it, was asked for since after. */
@@ -1190,6 +1221,7 @@ void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer)
 			!agent_swarm_banned(f, p->members[k]);
 	if (load != NULL && nown > 0)
 		cap = (p->mp->nchunks + nown - 1) / nown;
+	p->nowners = nown;
 	for (uint32_t c = 0; c < p->mp->nchunks; c++) {
 		uint64_t me = hrw(a->node_id, pi, c), best = 0;
 		bool mine = p->seed && (load == NULL || load[p->nmembers] < cap);

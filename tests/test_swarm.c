@@ -217,12 +217,12 @@ static void test_swarm_steal(void **state)
 		assert_int_equal(agent_swarm_steal(&w->a, 0), UINT32_MAX);
 		for (int k = 0; k < SN - 1; k++)
 			w->srcs[k].have_page_ms = agent_now_ms();
-		/* Every owner has three chunks not started: left to them. */
+		/* Every owner has one chunk not started: left to it. */
 		uint32_t left[SN] = {0};
 		for (uint32_t k = 0; k < SCHUNKS; k++) {
 			if (w->mine[k])
 				continue;
-			w->state[k] = left[w->owner[k]] < 3 ? 0 : 2;
+			w->state[k] = left[w->owner[k]] < 1 ? 0 : 2;
 			left[w->owner[k]]++;
 		}
 		assert_int_equal(agent_swarm_steal(&w->a, 0), UINT32_MAX);
@@ -306,6 +306,73 @@ static void test_swarm_fresh_first_read(void **state)
 	assert_int_equal(a.fresh_until_ms, 0);
 	f.fresh_until_ms = 0;
 	assert_null(agent_swarm_pick(&a, 0, &c, &want));
+}
+
+/*
+ * A seed reader's share of the trainer (agent_swarm.c, pub_window): a
+ * reader that measured the whole trainer link (it came first, alone on it)
+ * keeps at most TESSERA_INFLIGHT chunks over the parcel's owners queued
+ * on the trainer, two at least: 2 of 32 with 16 owners, 8 with 4; alone
+ * in its swarm, or in star mode, what its rate asks for (TESSERA_INFLIGHT
+ * here). Counted by the reads the picks post before the trainer has no
+ * room.
+ */
+#define WN 256
+
+static uint32_t trainer_reads(int members, bool fanout)
+{
+	static struct proto_chunk chunks[WN];
+	struct proto_mparcel mp = {.nchunks = WN, .chunks = chunks};
+	static uint8_t st[WN], busy[WN], mine[WN], on[WN], standin[WN];
+	static uint16_t avail[WN];
+	static uint64_t busy_ms[WN];
+	static uint32_t owner[WN];
+	struct agent_source pub = {.info = {.peer = false, .id = "pub"}, .fa_valid = true};
+	struct agent_parcel p = {.mp = &mp, .state = st, .avail = avail, .peer_busy = busy,
+				 .busy_ms = busy_ms, .mine = mine, .owner_on = on, .owner = owner,
+				 .standin = standin, .srcs = &pub, .nsrcs = 1,
+				 .progress_ms = agent_now_ms()};
+	struct agent_fetch f = {.version = 5, .parcels = &p, .nparcels = 1};
+	struct node_agent a = {.fanout = fanout, .fetch = &f, .chunk_size = 4096,
+			       .max_inflight = 32};
+	json_t *ans = json_pack("{s:[]}", "members");
+	char id[TRK_ID_MAX];
+	uint32_t c, posted = 0;
+	bool want;
+
+	memset(st, 0, sizeof(st));
+	memset(busy, 0, sizeof(busy));
+	memset(avail, 0, sizeof(avail));
+	for (uint32_t i = 0; i < WN; i++)
+		chunks[i] = (struct proto_chunk){.size = 4096};
+	snprintf(a.node_id, sizeof(a.node_id), "R1/0");
+	for (int i = 0; i < members; i++) {
+		snprintf(id, sizeof(id), "R%d/0", i + 1);
+		json_array_append_new(json_object_get(ans, "members"), json_string(id));
+	}
+	agent_swarm_owners(&a, 0, ans);
+	if (!fanout)
+		memset(mine, 1, sizeof(mine));
+	/* The whole trainer link measured: 12 MB/s, its window 12 MB. */
+	pub.rate = 12000000;
+	pub.progress_ms = agent_now_ms();
+	while (posted < WN && agent_swarm_pick(&a, 0, &c, &want) == &pub) {
+		assert_true(mine[c]);
+		st[c] = 1;
+		agent_source_posted(&pub, 4096);
+		posted++;
+	}
+	free(p.members);
+	json_decref(ans);
+	return posted;
+}
+
+static void test_swarm_trainer_share(void **state)
+{
+	assert_int_equal(trainer_reads(16, true), 2);
+	assert_int_equal(trainer_reads(4, true), 8);
+	assert_int_equal(trainer_reads(1, true), 32);
+	assert_int_equal(trainer_reads(16, false), 32);
 }
 
 /*
@@ -1270,6 +1337,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_swarm_owners_even),
 		cmocka_unit_test(test_swarm_steal),
+		cmocka_unit_test(test_swarm_trainer_share),
 		cmocka_unit_test(test_swarm_sources_early),
 		cmocka_unit_test(test_swarm_reads_follow),
 		cmocka_unit_test(test_swarm_fresh_first_read),
