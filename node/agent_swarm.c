@@ -869,9 +869,59 @@ static uint64_t pub_window(const struct node_agent *a, const struct agent_parcel
 	return PROTO_MIN(w, PROTO_MAX(lo, (uint64_t)a->max_inflight * a->chunk_size / p->nowners));
 }
 
+/*
+ * The trainer's last wave. A chunk no peer holds comes from its owner's
+ * trainer read, and that read shares the owner's downlink with the
+ * owner's peer reads: one connection among some sixteen. Measured (16
+ * nodes, 100 Mbit/s netns, debug timeline): from 11.1 s the trainer's
+ * link carried 0.4-0.9 MB/s, the two reads of one owner whose downlink
+ * was full of 8-16 peer reads, and they landed at 13.4 s while every
+ * other node waited for those two chunks. So while one of our reads
+ * from a publisher has been out ENDGAME_MS for a chunk no peer holds,
+ * in the parcel's last wave (no more such chunks left than it has owners:
+ * every other chunk has a copy in the swarm), we keep at most
+ * WINDOW_MIN_CHUNKS chunks of peer reads in flight: the trainer's
+ * connection gets our downlink, and the chunks the swarm waits for land.
+ * Our peer reads go on once it is in. Elsewhere in a fetch the rule
+ * never holds (a limit on peer hosts whenever a trainer-only read was
+ * out, 2 of them, cut the node's own intake: 14.8-17.4 s, not 13).
+ */
+static bool last_wave(const struct agent_parcel *p)
+{
+	uint32_t left = 0;
+
+	for (uint32_t c = 0; c < p->mp->nchunks; c++)
+		if (p->state[c] < 2 && p->avail[c] == 0 && ++left > PROTO_MAX(p->nowners, 1))
+			return false;
+	return true;
+}
+
+static bool trainer_late(const struct node_agent *a, uint64_t *peer_bytes, uint64_t now)
+{
+	const struct agent_fetch *f = a->fetch;
+	bool late = false;
+
+	*peer_bytes = 0;
+	for (uint32_t i = 0; i < a->nreads; i++) {
+		const struct agent_read *rd = &a->reads[i];
+		if (!rd->in_fabric || rd->abandoned || rd->gen != a->gen || rd->parcel >= f->nparcels)
+			continue;
+		if (rd->src_peer) {
+			*peer_bytes += rd->len;
+			continue;
+		}
+		const struct agent_parcel *p = &f->parcels[rd->parcel];
+		if (!late && !rd->xl && now - rd->started_ms >= ENDGAME_MS &&
+		    p->avail[rd->chunk] == 0 && last_wave(p))
+			late = true;
+	}
+	return late;
+}
+
 /* s may take a read of len bytes of p now: usable and with room in its
  * window (a peer also within TESSERA_PEER_INFLIGHT reads, one while we
- * are ahead). */
+ * are ahead, and our peer reads within WINDOW_MIN_CHUNKS while the
+ * trainer's last wave is late with us). */
 static bool has_room(struct node_agent *a, const struct agent_parcel *p, struct agent_source *s,
 		     uint64_t len)
 {
@@ -890,6 +940,9 @@ static bool has_room(struct node_agent *a, const struct agent_parcel *p, struct 
 			return false;
 	}
 	if (s->info.peer && !budget_room(s, len))
+		return false;
+	if (s->info.peer && a->fetch->trainer_late &&
+	    a->fetch->peer_bytes + len > (uint64_t)WINDOW_MIN_CHUNKS * a->chunk_size)
 		return false;
 	return h->inflight_reads == 0 ||
 	       h->inflight_bytes + len <= (s->info.peer ? peer_window(a, s) : pub_window(a, p, s));
@@ -1277,6 +1330,7 @@ struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_
 	for (size_t k = 0; k < p->nsrcs; k++)
 		any |= agent_source_usable(a, f, &p->srcs[k], now);
 	*want_sources = !any;
+	f->trainer_late = a->fanout && trainer_late(a, &f->peer_bytes, now);
 	/* 1. Rarest first among chunks peers hold. */
 	for (uint32_t k = 0; k < n; k++) {
 		uint32_t c = (p->rot + k) % n;
