@@ -162,6 +162,7 @@ struct agent_parcel {
 	char (*members)[TRK_ID_MAX]; /* its swarm as the tracker last listed it */
 	uint32_t nmembers;
 	bool seed;           /* we read it from the trainer (TESSERA_PUB_UPLOAD_READERS) */
+	uint32_t nowners;    /* seed readers sharing its trainer's chunks, us included */
 	uint8_t *wire; /* a delta parcel's bytes (malloc'ed), else NULL */
 	uint8_t landed; /* a delta parcel's wire is whole, for the apply (atomic) */
 };
@@ -207,6 +208,8 @@ struct agent_fetch {
 	uint32_t nparcels;
 	uint64_t bytes_total, bytes_done, from_trainer, from_peers;
 	uint64_t refetched; /* bytes requested again (failed, bad or moved reads) */
+	bool trainer_late;  /* a read of the trainer's last wave is late (agent_swarm.c) */
+	uint64_t peer_bytes; /* in flight from peers, as trainer_late was judged */
 	uint64_t duplicate; /* bytes received for chunks we had or were verifying */
 	/* Peers that sent bad chunks this version: their ids and counts; a
 	 * peer at BAN_BAD_CHUNKS is banned until the version is done. */

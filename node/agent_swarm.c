@@ -852,9 +852,86 @@ static uint64_t peer_window(const struct node_agent *a, const struct agent_sourc
 	return PROTO_MIN(hi, PROTO_MAX(lo, w));
 }
 
+/*
+ * A seed reader's share of the trainer. A publisher's window follows our
+ * measured rate from it (agent_source_window), and the trainer's uplink
+ * is shared by the bytes each reader keeps queued on it: a reader that
+ * came first, alone on the link, measured all of it and kept up to
+ * TESSERA_INFLIGHT reads there. Measured (16 nodes, 100 Mbit/s netns):
+ * the first reader held 14 of the trainer's 40 reads in flight, took its
+ * even share of the chunks by 6.4 s and the last owners theirs by
+ * 11.5-13.4 s; from 10 s on the trainer's chunks went to 6-8 owners,
+ * each at the trainer's share of a downlink full of peer traffic, and the
+ * trainer's link fell to 4-8 MB/s. So in a swarm a seed reader keeps on
+ * a publisher at most TESSERA_INFLIGHT chunks over the parcel's owners
+ * (WINDOW_MIN_CHUNKS at least): the owners' queues there are even, they
+ * move through their shares at one pace, and the chunks not asked for
+ * yet stay unstarted, for an idle reader to take (agent_swarm_steal).
+ */
+static uint64_t pub_window(const struct node_agent *a, const struct agent_parcel *p,
+			   const struct agent_source *s)
+{
+	uint64_t w = agent_source_window(a, s);
+	uint64_t lo = (uint64_t)WINDOW_MIN_CHUNKS * a->chunk_size;
+
+	if (!a->fanout || p->nowners < 2)
+		return w;
+	return PROTO_MIN(w, PROTO_MAX(lo, (uint64_t)a->max_inflight * a->chunk_size / p->nowners));
+}
+
+/*
+ * The trainer's last wave. A chunk no peer holds comes from its owner's
+ * trainer read, and that read shares the owner's downlink with the
+ * owner's peer reads: one connection among some sixteen. Measured (16
+ * nodes, 100 Mbit/s netns, debug timeline): from 11.1 s the trainer's
+ * link carried 0.4-0.9 MB/s, the two reads of one owner whose downlink
+ * was full of 8-16 peer reads, and they landed at 13.4 s while every
+ * other node waited for those two chunks. So while one of our reads
+ * from a publisher has been out ENDGAME_MS for a chunk no peer holds,
+ * in the parcel's last wave (no more such chunks left than it has owners:
+ * every other chunk has a copy in the swarm), we keep at most
+ * WINDOW_MIN_CHUNKS chunks of peer reads in flight: the trainer's
+ * connection gets our downlink, and the chunks the swarm waits for land.
+ * Our peer reads go on once it is in. Elsewhere in a fetch the rule
+ * never holds (a limit on peer hosts whenever a trainer-only read was
+ * out, 2 of them, cut the node's own intake: 14.8-17.4 s, not 13).
+ */
+static bool last_wave(const struct agent_parcel *p)
+{
+	uint32_t left = 0;
+
+	for (uint32_t c = 0; c < p->mp->nchunks; c++)
+		if (p->state[c] < 2 && p->avail[c] == 0 && ++left > PROTO_MAX(p->nowners, 1))
+			return false;
+	return true;
+}
+
+static bool trainer_late(const struct node_agent *a, uint64_t *peer_bytes, uint64_t now)
+{
+	const struct agent_fetch *f = a->fetch;
+	bool late = false;
+
+	*peer_bytes = 0;
+	for (uint32_t i = 0; i < a->nreads; i++) {
+		const struct agent_read *rd = &a->reads[i];
+		if (!rd->in_fabric || rd->abandoned || rd->gen != a->gen || rd->parcel >= f->nparcels)
+			continue;
+		if (rd->src_peer) {
+			*peer_bytes += rd->len;
+			continue;
+		}
+		const struct agent_parcel *p = &f->parcels[rd->parcel];
+		if (!late && !rd->xl && now - rd->started_ms >= ENDGAME_MS &&
+		    p->avail[rd->chunk] == 0 && last_wave(p))
+			late = true;
+	}
+	return late;
+}
+
 /* s may take a read of len bytes of p now: usable and with room in its
  * window (a peer also within TESSERA_PEER_INFLIGHT reads, one while we
- * are ahead). */
+ * are ahead, and our peer reads within WINDOW_MIN_CHUNKS while the
+ * trainer's last wave is late with us). */
 static bool has_room(struct node_agent *a, const struct agent_parcel *p, struct agent_source *s,
 		     uint64_t len)
 {
@@ -874,8 +951,11 @@ static bool has_room(struct node_agent *a, const struct agent_parcel *p, struct 
 	}
 	if (s->info.peer && !budget_room(s, len))
 		return false;
+	if (s->info.peer && a->fetch->trainer_late &&
+	    a->fetch->peer_bytes + len > (uint64_t)WINDOW_MIN_CHUNKS * a->chunk_size)
+		return false;
 	return h->inflight_reads == 0 ||
-	       h->inflight_bytes + len <= (s->info.peer ? peer_window(a, s) : agent_source_window(a, s));
+	       h->inflight_bytes + len <= (s->info.peer ? peer_window(a, s) : pub_window(a, p, s));
 }
 
 bool agent_source_usable(struct node_agent *a, const struct agent_fetch *f,
@@ -1032,7 +1112,11 @@ static uint64_t hrw(const char *id, uint32_t pi, uint32_t c)
  * gets there; if it got there first, the trainer sends a chunk twice
  * (counted in its upload). Returns UINT32_MAX when there is none.
  */
-#define STEAL_LEFT 4
+/* An owner with two chunks not started gives up the second: with its
+ * window on the trainer at its share (pub_window), an owner at the end of
+ * a slow walk has two or three chunks left, not four, and at four the
+ * idle readers stole nothing from 10 s on (16 nodes, 100 Mbit/s netns). */
+#define STEAL_LEFT 2
 #define STEAL_FRESH_MS(poll) (3 * (poll))
 
 /* Whether the page of member k, as we hold it, was asked for since after. */
@@ -1200,6 +1284,7 @@ void agent_swarm_owners(struct node_agent *a, uint32_t pi, json_t *answer)
 			!agent_swarm_banned(f, p->members[k]);
 	if (load != NULL && nown > 0)
 		cap = (p->mp->nchunks + nown - 1) / nown;
+	p->nowners = nown;
 	for (uint32_t c = 0; c < p->mp->nchunks; c++) {
 		uint64_t me = hrw(a->node_id, pi, c), best = 0;
 		bool mine = p->seed && (load == NULL || load[p->nmembers] < cap);
@@ -1255,6 +1340,7 @@ struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_
 	for (size_t k = 0; k < p->nsrcs; k++)
 		any |= agent_source_usable(a, f, &p->srcs[k], now);
 	*want_sources = !any;
+	f->trainer_late = a->fanout && trainer_late(a, &f->peer_bytes, now);
 	/* 1. Rarest first among chunks peers hold. */
 	for (uint32_t k = 0; k < n; k++) {
 		uint32_t c = (p->rot + k) % n;

@@ -217,12 +217,12 @@ static void test_swarm_steal(void **state)
 		assert_int_equal(agent_swarm_steal(&w->a, 0), UINT32_MAX);
 		for (int k = 0; k < SN - 1; k++)
 			w->srcs[k].have_page_ms = agent_now_ms();
-		/* Every owner has three chunks not started: left to them. */
+		/* Every owner has one chunk not started: left to it. */
 		uint32_t left[SN] = {0};
 		for (uint32_t k = 0; k < SCHUNKS; k++) {
 			if (w->mine[k])
 				continue;
-			w->state[k] = left[w->owner[k]] < 3 ? 0 : 2;
+			w->state[k] = left[w->owner[k]] < 1 ? 0 : 2;
 			left[w->owner[k]]++;
 		}
 		assert_int_equal(agent_swarm_steal(&w->a, 0), UINT32_MAX);
@@ -306,6 +306,153 @@ static void test_swarm_fresh_first_read(void **state)
 	assert_int_equal(a.fresh_until_ms, 0);
 	f.fresh_until_ms = 0;
 	assert_null(agent_swarm_pick(&a, 0, &c, &want));
+}
+
+/*
+ * A seed reader's share of the trainer (agent_swarm.c, pub_window): a
+ * reader that measured the whole trainer link (it came first, alone on it)
+ * keeps at most TESSERA_INFLIGHT chunks over the parcel's owners queued
+ * on the trainer, two at least: 2 of 32 with 16 owners, 8 with 4; alone
+ * in its swarm, or in star mode, what its rate asks for (TESSERA_INFLIGHT
+ * here). Counted by the reads the picks post before the trainer has no
+ * room.
+ */
+#define WN 256
+
+static uint32_t trainer_reads(int members, bool fanout)
+{
+	static struct proto_chunk chunks[WN];
+	struct proto_mparcel mp = {.nchunks = WN, .chunks = chunks};
+	static uint8_t st[WN], busy[WN], mine[WN], on[WN], standin[WN];
+	static uint16_t avail[WN];
+	static uint64_t busy_ms[WN];
+	static uint32_t owner[WN];
+	struct agent_source pub = {.info = {.peer = false, .id = "pub"}, .fa_valid = true};
+	struct agent_parcel p = {.mp = &mp, .state = st, .avail = avail, .peer_busy = busy,
+				 .busy_ms = busy_ms, .mine = mine, .owner_on = on, .owner = owner,
+				 .standin = standin, .srcs = &pub, .nsrcs = 1,
+				 .progress_ms = agent_now_ms()};
+	struct agent_fetch f = {.version = 5, .parcels = &p, .nparcels = 1};
+	struct node_agent a = {.fanout = fanout, .fetch = &f, .chunk_size = 4096,
+			       .max_inflight = 32};
+	json_t *ans = json_pack("{s:[]}", "members");
+	char id[TRK_ID_MAX];
+	uint32_t c, posted = 0;
+	bool want;
+
+	memset(st, 0, sizeof(st));
+	memset(busy, 0, sizeof(busy));
+	memset(avail, 0, sizeof(avail));
+	for (uint32_t i = 0; i < WN; i++)
+		chunks[i] = (struct proto_chunk){.size = 4096};
+	snprintf(a.node_id, sizeof(a.node_id), "R1/0");
+	for (int i = 0; i < members; i++) {
+		snprintf(id, sizeof(id), "R%d/0", i + 1);
+		json_array_append_new(json_object_get(ans, "members"), json_string(id));
+	}
+	agent_swarm_owners(&a, 0, ans);
+	if (!fanout)
+		memset(mine, 1, sizeof(mine));
+	/* The whole trainer link measured: 12 MB/s, its window 12 MB. */
+	pub.rate = 12000000;
+	pub.progress_ms = agent_now_ms();
+	while (posted < WN && agent_swarm_pick(&a, 0, &c, &want) == &pub) {
+		assert_true(mine[c]);
+		st[c] = 1;
+		agent_source_posted(&pub, 4096);
+		posted++;
+	}
+	free(p.members);
+	json_decref(ans);
+	return posted;
+}
+
+static void test_swarm_trainer_share(void **state)
+{
+	assert_int_equal(trainer_reads(16, true), 2);
+	assert_int_equal(trainer_reads(4, true), 8);
+	assert_int_equal(trainer_reads(1, true), 32);
+	assert_int_equal(trainer_reads(16, false), 32);
+}
+
+/*
+ * The trainer's last wave (agent_swarm.c, trainer_late): with one of our
+ * trainer reads out ENDGAME_MS for a chunk no peer holds, and no more such
+ * chunks left than the parcel has owners, a reader keeps two chunks of
+ * peer reads in flight, not the four its window to a fast peer allows;
+ * with that read younger, outside the last wave, or once a peer holds
+ * the chunk, four. Counted by the peer reads the picks post.
+ */
+#define LW 16
+
+static uint32_t peer_reads_beside(uint64_t trainer_age_ms, uint32_t nowners, bool peer_has_it,
+				  bool all_else_held)
+{
+	struct proto_chunk chunks[LW];
+	struct proto_mparcel mp = {.nchunks = LW, .chunks = chunks};
+	uint8_t st[LW] = {0}, busy[LW] = {0}, mine[LW] = {0}, on[LW] = {0};
+	uint8_t have[2 * LW / 8] = {0};
+	uint16_t avail[LW] = {0};
+	uint64_t busy_ms[LW] = {0};
+	uint32_t owner[LW], c, posted = 0;
+	uint64_t now = agent_now_ms();
+	struct agent_source srcs[2] = {
+		{.info = {.peer = true, .id = "R2/0"}, .fa_valid = true, .have = have},
+		{.info = {.peer = false, .id = "pub"}, .fa_valid = true}};
+	struct agent_parcel p = {.mp = &mp, .state = st, .avail = avail, .peer_busy = busy,
+				 .busy_ms = busy_ms, .mine = mine, .owner_on = on, .owner = owner,
+				 .srcs = srcs, .nsrcs = 2, .progress_ms = now, .nowners = nowners};
+	struct agent_fetch f = {.version = 5, .parcels = &p, .nparcels = 1};
+	static struct agent_read reads[LW];
+	struct node_agent a = {.fanout = true, .fetch = &f, .chunk_size = 4096, .max_inflight = 32,
+			       .reads = reads, .nreads = LW, .gen = 1};
+	bool want;
+
+	memset(reads, 0, sizeof(reads));
+	snprintf(a.node_id, sizeof(a.node_id), "R1/0");
+	for (uint32_t i = 0; i < LW; i++) {
+		chunks[i] = (struct proto_chunk){.size = 4096};
+		owner[i] = UINT32_MAX;
+	}
+	/* The peer holds chunks 0-11 and answers at 10 MB/s (a window of 4). */
+	for (uint32_t i = 0; i < 12; i++) {
+		have[i / 8] |= (uint8_t)(1u << (i % 8));
+		avail[i] = 1;
+	}
+	srcs[0].have_ms = srcs[0].listed_ms = now;
+	srcs[0].rate = 10000000;
+	/* Chunks 14-15 are ours (13 too if all_else_held), 12 comes from the
+	 * trainer, its read this old. */
+	st[13] = all_else_held ? 2 : 0;
+	st[14] = st[15] = 2;
+	st[12] = 1;
+	avail[12] = peer_has_it;
+	reads[0] = (struct agent_read){.a = &a, .parcel = 0, .chunk = 12, .len = 4096,
+				       .busy = true, .in_fabric = true, .gen = 1,
+				       .started_ms = now - trainer_age_ms};
+	agent_source_posted(&srcs[1], 4096);
+	srcs[1].progress_ms = now;
+	while (posted < 8 && agent_swarm_pick(&a, 0, &c, &want) == &srcs[0]) {
+		assert_true(c < 12);
+		st[c] = 1;
+		reads[1 + posted] = (struct agent_read){.a = &a, .parcel = 0, .chunk = c, .len = 4096,
+							.src_peer = true, .busy = true,
+							.in_fabric = true, .gen = 1, .started_ms = now};
+		agent_source_posted(&srcs[0], 4096);
+		posted++;
+	}
+	return posted;
+}
+
+static void test_swarm_trainer_last_wave(void **state)
+{
+	assert_int_equal(peer_reads_beside(ENDGAME_MS + 500, 4, false, true), WINDOW_MIN_CHUNKS);
+	assert_int_equal(peer_reads_beside(ENDGAME_MS + 500, 1, false, true), WINDOW_MIN_CHUNKS);
+	assert_int_equal(peer_reads_beside(ENDGAME_MS / 2, 4, false, true), 4);
+	assert_int_equal(peer_reads_beside(ENDGAME_MS + 500, 4, true, true), 4);
+	/* Two chunks no peer holds (12, and 13 not ours yet), one owner: not
+	 * the last wave. */
+	assert_int_equal(peer_reads_beside(ENDGAME_MS + 500, 1, false, false), 4);
 }
 
 /*
@@ -1270,6 +1417,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_swarm_owners_even),
 		cmocka_unit_test(test_swarm_steal),
+		cmocka_unit_test(test_swarm_trainer_share),
+		cmocka_unit_test(test_swarm_trainer_last_wave),
 		cmocka_unit_test(test_swarm_sources_early),
 		cmocka_unit_test(test_swarm_reads_follow),
 		cmocka_unit_test(test_swarm_fresh_first_read),
