@@ -114,6 +114,7 @@ struct app {
 	bool have_versions, every;
 	uint64_t done;
 	struct event *every_ev;
+	uint64_t failed_v, failed_tries; /* --every: the version failing, tries so far */
 	const char *control;
 	struct node_pub_control *ctl;
 	struct node_pub_metrics pm;
@@ -173,15 +174,29 @@ static void on_trigger_done(void *arg, const struct node_pub_result *r)
 		event_del(a->every_ev);
 		return;
 	}
-	if (r->status != 0) {
+	if (r->status != 0 && !a->every) { /* --versions: the caller wants to know */
 		fprintf(stderr, "tessera publish: version %llu: %s\n",
 			(unsigned long long)r->version, r->error);
-		if (!a->every) { /* --versions: the caller wants to know */
-			a->exit_code = 1;
-			event_base_loopexit(a->base, NULL);
-		}
+		a->exit_code = 1;
+		event_base_loopexit(a->base, NULL);
 		return;
 	}
+	if (r->status != 0) {
+		/* --every asks for the same version each tick (a checkpoint
+		 * being rewritten may be whole again): said at the first try,
+		 * then at tries 2, 4, 8, ... */
+		a->failed_tries = a->failed_v == r->version ? a->failed_tries + 1 : 1;
+		a->failed_v = r->version;
+		if ((a->failed_tries & (a->failed_tries - 1)) == 0)
+			fprintf(stderr, "tessera publish: version %llu: %s (try %llu; --every tries "
+				"again each tick)\n", (unsigned long long)r->version, r->error,
+				(unsigned long long)a->failed_tries);
+		return;
+	}
+	if (a->failed_v == r->version)
+		fprintf(stderr, "tessera publish: version %llu went out after %llu failed tries\n",
+			(unsigned long long)r->version, (unsigned long long)a->failed_tries);
+	a->failed_v = a->failed_tries = 0;
 	print_result(r);
 	a->done++;
 	if (!a->every && a->done < a->versions)

@@ -413,8 +413,9 @@ static void ex_finish(struct node_pub *p)
 			 (long long)(proto_wall_ms() - c), (unsigned long long)c,
 			 (unsigned long long)ms_of(c1 - c0), ex->delta ? "encode" : "gather and hash",
 			 (unsigned long long)ms_of(c2 - c1), (unsigned long long)ms_of(c3 - c2));
-	} else if (ex->failed && !(ex->status == -ERANGE && ex->req->cb != NULL)) {
-		/* (A source out of versions: the caller says so, in one line.) */
+	} else if (ex->failed && !(ex->req != NULL && ex->req->cb != NULL)) {
+		/* (A caller with a callback says it, in one line: tessera
+		 * publish on stderr, the control socket to its client.) */
 		LOG_WARN("export of version %llu failed: %s", (unsigned long long)ex->version,
 			 ex->error);
 	}

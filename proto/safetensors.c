@@ -302,12 +302,15 @@ int proto_st_read(const struct proto_st *st, uint32_t i, uint64_t off, size_t le
 		if (n < 0)
 			return proto_errf(err, errno, "tensor '%s': reading %zu bytes at file offset %llu: %s",
 					  t->name, len - got, (unsigned long long)(at + got), strerror(errno));
-		if (n == 0)
+		if (n == 0) {
+			struct stat now;
+			long long size = fstat(st->fd, &now) == 0 ? (long long)now.st_size : -1;
 			return proto_errf(err, EIO,
-					  "tensor '%s': the file ends at byte %llu of the %llu it had when "
-					  "opened (truncated since)",
-					  t->name, (unsigned long long)(at + got),
-					  (unsigned long long)st->file_size);
+					  "tensor '%s': the file is %lld bytes now, %llu when opened "
+					  "(truncated since): byte %llu is past its end",
+					  t->name, size, (unsigned long long)st->file_size,
+					  (unsigned long long)(at + got));
+		}
 		got += (size_t)n;
 	}
 	return 0;

@@ -131,6 +131,10 @@ static void test_read_truncated_after_open(void **state)
 	assert_int_equal(proto_ckpt_read(&ck, (uint32_t)c, 0, 8, buf, &err), -EIO);
 	assert_non_null(strstr(err.msg, "tensor 'c'"));
 	assert_non_null(strstr(err.msg, "truncated"));
+	char now[64];
+	snprintf(now, sizeof(now), "is %llu bytes now", (unsigned long long)(c_at + 3));
+	if (strstr(err.msg, now) == NULL) /* the file's real end, not where the read began */
+		fail_msg("'%s' lacks '%s'", err.msg, now);
 	assert_null(strchr(err.msg, '\n'));
 	assert_int_equal(proto_ckpt_read(&ck, (uint32_t)c, 30, 4, buf, &err), -EINVAL);
 	assert_int_equal(proto_ckpt_read(&ck, 7, 0, 1, buf, &err), -EINVAL);
