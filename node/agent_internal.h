@@ -210,6 +210,7 @@ struct agent_fetch {
 	uint64_t refetched; /* bytes requested again (failed, bad or moved reads) */
 	bool trainer_late;  /* a read of the trainer's last wave is late (agent_swarm.c) */
 	uint64_t peer_bytes; /* in flight from peers, as trainer_late was judged */
+	uint64_t late_judged_ms; /* when trainer_late was last judged */
 	uint64_t duplicate; /* bytes received for chunks we had or were verifying */
 	/* Peers that sent bad chunks this version: their ids and counts; a
 	 * peer at BAN_BAD_CHUNKS is banned until the version is done. */

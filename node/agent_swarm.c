@@ -862,11 +862,14 @@ static uint64_t peer_window(const struct node_agent *a, const struct agent_sourc
  * even share of the chunks by 6.4 s and the last owners theirs by
  * 11.5-13.4 s; from 10 s on the trainer's chunks went to 6-8 owners,
  * each at the trainer's share of a downlink full of peer traffic, and the
- * trainer's link fell to 4-8 MB/s. So in a swarm a seed reader keeps on
- * a publisher at most TESSERA_INFLIGHT chunks over the parcel's owners
- * (WINDOW_MIN_CHUNKS at least): the owners' queues there are even, they
- * move through their shares at one pace, and the chunks not asked for
- * yet stay unstarted, for an idle reader to take (agent_swarm_steal).
+ * trainer's link fell to 4-8 MB/s. So in a swarm any reader of a parcel
+ * (its owners and a stand-in alike) keeps on a publisher at most
+ * TESSERA_INFLIGHT chunks over the parcel's owners (WINDOW_MIN_CHUNKS at
+ * least; the owners as counted when they were last dealt out, and the
+ * bytes in flight those of the publisher host, all parcels together): the
+ * owners' queues there are even, they move through their shares at one
+ * pace, and the chunks not asked for yet stay unstarted, for an idle
+ * reader to take (agent_swarm_steal).
  */
 static uint64_t pub_window(const struct node_agent *a, const struct agent_parcel *p,
 			   const struct agent_source *s)
@@ -1340,7 +1343,15 @@ struct agent_source *agent_swarm_pick(struct node_agent *a, uint32_t pi, uint32_
 	for (size_t k = 0; k < p->nsrcs; k++)
 		any |= agent_source_usable(a, f, &p->srcs[k], now);
 	*want_sources = !any;
-	f->trainer_late = a->fanout && trainer_late(a, &f->peer_bytes, now);
+	/* A pump picks once per read it posts: judged at each pick while
+	 * late (each peer read posted counts), else once per ms (no read
+	 * becomes late within the ms it was judged not to be). */
+	if (!a->fanout) {
+		f->trainer_late = false;
+	} else if (f->trainer_late || f->late_judged_ms != now) {
+		f->trainer_late = trainer_late(a, &f->peer_bytes, now);
+		f->late_judged_ms = now;
+	}
 	/* 1. Rarest first among chunks peers hold. */
 	for (uint32_t k = 0; k < n; k++) {
 		uint32_t c = (p->rot + k) % n;
