@@ -101,8 +101,8 @@ void agent_rotation_free(struct agent_rotation *r)
  * a megabyte or more was a new mapping each time (glibc's mmap threshold)
  * or new heap, and on this VM every first write to one of its pages is a
  * fault and a trap: ~300 a parcel, paid on the loop as the chunks landed.
- * So the node keeps the buffers it is given back (two versions' worth at
- * most) and hands the smallest one large enough to the next delta; a
+ * So the node keeps the buffers it is given back (WIRES_MAX at most) and
+ * hands the smallest one large enough to the next delta; a
  * parcel grown past every kept buffer gets a new one, and the smallest kept
  * goes when the pool is full.
  */

@@ -19,7 +19,7 @@ if [ "${1:-}" = "--one" ]; then
 	verdict=FAILED
 	[ "$rc" -eq 0 ] && verdict=ok
 	[ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] &&
-		echo "$name: killed after ${TEST_TIMEOUT:-1200} s (TEST_TIMEOUT)" >>"$3/$name.out"
+		echo "$name: exit status $rc: killed (after TEST_TIMEOUT=${TEST_TIMEOUT:-1200} s, or by the system)" >>"$3/$name.out"
 	echo "== $name $verdict ($(( $(date +%s) - start ))s)" >>"$3/$name.out"
 	echo "$verdict" >"$3/$name.verdict"
 	# One test's output at a time, whole.
