@@ -142,13 +142,6 @@ static int path_join(char *out, size_t len, const char *a, const char *b)
 
 /* ---- model sources ------------------------------------------------------ */
 
-static void ck_fill(void *arg, uint32_t t, uint64_t first, uint64_t count, uint8_t *out)
-{
-	const struct proto_ckpt *ck = arg;
-	size_t es = proto_dtype_size(ck->model.tensors[t].dtype);
-	memcpy(out, proto_ckpt_tensor(ck, t) + first * es, count * es);
-}
-
 /* The bytes rank `rank` of layout l must hold at version v. */
 static int expected_block(struct cluster *c, const struct proto_layout *l, uint32_t rank,
 			  uint64_t v, uint8_t *block, struct proto_err *err)
@@ -168,9 +161,13 @@ static int expected_block(struct cluster *c, const struct proto_layout *l, uint3
 		return proto_errf(err, EINVAL, "%s: a different model than the first version",
 				  c->ckpts[v - 1]);
 	}
-	proto_layout_fill_rank(&ck.model, l, rank, ck_fill, &ck, block);
+	/* By pread, as the publisher reads it: a file cut short since is an
+	 * error here, not a SIGBUS from its mapping. */
+	rc = proto_ckpt_fill_rank(&ck, &ck.model, NULL, l, rank, block, err);
+	if (rc != 0)
+		proto_err_prefix(err, "%s", c->ckpts[v - 1]);
 	proto_ckpt_fini(&ck);
-	return 0;
+	return rc;
 }
 
 /* ---- checks -------------------------------------------------------------- */

@@ -101,50 +101,6 @@ int node__pub_load_model_dir(struct node_pub *p, const char *dir, struct proto_e
 	return 0;
 }
 
-/* A snapshot read from the checkpoint: the layout walks the rank's pieces
- * in runs along each tensor's last dimension (a row, often a few KiB); runs
- * that continue each other in the tensor and in the block are read with one
- * pread (the calls, not the bytes, would cost the most). */
-struct st_src {
-	const struct pub_file *f;
-	uint32_t t;      /* the pending run: model tensor, first element, */
-	uint64_t first;  /* element count, destination */
-	uint64_t count;
-	uint8_t *out;
-	int rc;          /* the first failure; nothing more is read after it */
-	struct proto_err *err;
-};
-
-static void st_flush(struct st_src *s)
-{
-	uint32_t i = s->f->map[s->t];
-	size_t es = proto_dtype_size(s->f->ck.model.tensors[i].dtype);
-
-	if (s->count > 0 && s->rc == 0) {
-		s->rc = proto_ckpt_read(&s->f->ck, i, s->first * es, s->count * es, s->out, s->err);
-		if (s->rc != 0)
-			proto_err_prefix(s->err, "%s", s->f->path);
-	}
-	s->count = 0;
-}
-
-static void st_source(void *arg, uint32_t t, uint64_t first, uint64_t count, uint8_t *out)
-{
-	struct st_src *s = arg;
-	size_t es = proto_dtype_size(s->f->ck.model.tensors[s->f->map[t]].dtype);
-
-	if (s->count > 0 && t == s->t && first == s->first + s->count &&
-	    out == s->out + s->count * es) {
-		s->count += count;
-		return;
-	}
-	st_flush(s);
-	s->t = t;
-	s->first = first;
-	s->count = count;
-	s->out = out;
-}
-
 /* ---- snapshots --------------------------------------------------------------- */
 
 int node__pub_source_fill(struct node_pub *p, uint32_t rank, uint64_t version, uint8_t *block,
@@ -156,10 +112,11 @@ int node__pub_source_fill(struct node_pub *p, uint32_t rank, uint64_t version, u
 		if (p->tl.ranks[rank].nbytes > 0)
 			memcpy(block, p->tr_map[rank], p->tl.ranks[rank].nbytes);
 	} else {
-		struct st_src s = {.f = &p->files[version - 1], .err = err};
-		proto_layout_fill_rank(&p->model, &p->tl, rank, st_source, &s, block);
-		st_flush(&s);
-		return s.rc;
+		const struct pub_file *f = &p->files[version - 1];
+		int rc = proto_ckpt_fill_rank(&f->ck, &p->model, f->map, &p->tl, rank, block, err);
+		if (rc != 0)
+			proto_err_prefix(err, "%s", f->path);
+		return rc;
 	}
 	return 0;
 }

@@ -64,6 +64,59 @@ int proto_ckpt_read(const struct proto_ckpt *ck, uint32_t t, uint64_t off, size_
 	return proto_st_read(&ck->shards[ck->shard_of[t]], ck->index_in[t], off, len, out, err);
 }
 
+/* A rank's fill by pread: the layout walks the rank's pieces in runs along
+ * each tensor's last dimension (a row, often a few KiB); runs that continue
+ * each other in the tensor and in the block are read with one pread (the
+ * calls, not the bytes, would cost the most). */
+struct fill {
+	const struct proto_ckpt *ck;
+	const uint32_t *map;
+	uint32_t t;     /* the pending run: ck's tensor, first element, */
+	uint64_t first; /* element count, destination */
+	uint64_t count;
+	uint8_t *out;
+	int rc; /* the first failure; nothing more is read after it */
+	struct proto_err *err;
+};
+
+static void fill_flush(struct fill *s)
+{
+	size_t es = proto_dtype_size(s->ck->model.tensors[s->t].dtype);
+
+	if (s->count > 0 && s->rc == 0)
+		s->rc = proto_ckpt_read(s->ck, s->t, s->first * es, s->count * es, s->out, s->err);
+	s->count = 0;
+}
+
+static void fill_source(void *arg, uint32_t t, uint64_t first, uint64_t count, uint8_t *out)
+{
+	struct fill *s = arg;
+	uint32_t i = s->map != NULL ? s->map[t] : t;
+	size_t es = proto_dtype_size(s->ck->model.tensors[i].dtype);
+
+	if (s->count > 0 && i == s->t && first == s->first + s->count &&
+	    out == s->out + s->count * es) {
+		s->count += count;
+		return;
+	}
+	fill_flush(s);
+	s->t = i;
+	s->first = first;
+	s->count = count;
+	s->out = out;
+}
+
+int proto_ckpt_fill_rank(const struct proto_ckpt *ck, const struct proto_model *m,
+			 const uint32_t *map, const struct proto_layout *l, uint32_t rank,
+			 uint8_t *block, struct proto_err *err)
+{
+	struct fill s = {.ck = ck, .map = map, .err = err};
+
+	proto_layout_fill_rank(m, l, rank, fill_source, &s, block);
+	fill_flush(&s);
+	return s.rc;
+}
+
 /* Room for the model's per-tensor tables, grown as shards are added. */
 static int add_tensors(struct proto_ckpt *ck, uint32_t s, const char *const *owner_of,
 		       const char *shard_name, const char *what, struct proto_err *err)

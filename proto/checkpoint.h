@@ -60,6 +60,16 @@ const uint8_t *proto_ckpt_tensor(const struct proto_ckpt *ck, uint32_t t);
 int proto_ckpt_read(const struct proto_ckpt *ck, uint32_t t, uint64_t off, size_t len,
 		    uint8_t *out, struct proto_err *err);
 
+/* Fills rank's block of layout l over model m (proto_layout_fill_rank)
+ * from the checkpoint by pread (proto_ckpt_read), one read per stretch
+ * that continues in the tensor and in the block. map[t] is ck's tensor
+ * for m's tensor t (NULL: the same index; m and ck's model must then have
+ * the same tensors in the same order). 0, or the first read's failure
+ * (err as proto_ckpt_read's); the block is then partly written. */
+int proto_ckpt_fill_rank(const struct proto_ckpt *ck, const struct proto_model *m,
+			 const uint32_t *map, const struct proto_layout *l, uint32_t rank,
+			 uint8_t *block, struct proto_err *err);
+
 /* Unmaps and frees; *ck becomes empty. Safe on an empty struct. */
 void proto_ckpt_fini(struct proto_ckpt *ck);
 

@@ -141,6 +141,63 @@ static void test_read_truncated_after_open(void **state)
 	proto_ckpt_fini(&ck);
 }
 
+struct mem_src {
+	const struct env *e;
+};
+
+static void mem_source(void *arg, uint32_t t, uint64_t first, uint64_t count, uint8_t *out)
+{
+	const struct mem_src *s = arg;
+	size_t es = proto_dtype_size(s->e->m.tensors[t].dtype);
+
+	memcpy(out, s->e->data[t] + first * es, count * es);
+}
+
+/* A rank's block filled from the checkpoint by pread is the block the
+ * layout fills from the tensors' bytes, for each rank of each layout; a
+ * file cut short since it was opened fails the fill with -EIO. */
+static void test_fill_rank(void **state)
+{
+	struct env *e = *state;
+	struct proto_err err = {{0}};
+	struct proto_ckpt ck;
+	struct mem_src ms = {e};
+	const char *names[] = {"tp1", "fsdp2"};
+	char path[512];
+
+	snprintf(path, sizeof(path), "%s/fill.safetensors", e->dir);
+	assert_int_equal(proto_st_write(path, &e->m, NULL, (const void *const *)e->data, &err), 0);
+	if (proto_ckpt_open(path, &ck, &err) != 0)
+		fail_msg("%s", err.msg);
+	for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
+		struct proto_layout l;
+		if (proto_layout_builtin(&e->m, names[k], &l, &err) != 0)
+			fail_msg("%s: %s", names[k], err.msg);
+		for (uint32_t r = 0; r < l.nranks; r++) {
+			size_t n = l.ranks[r].nbytes;
+			uint8_t *want = calloc(1, n + 1), *got = calloc(1, n + 1);
+			assert_non_null(want);
+			assert_non_null(got);
+			proto_layout_fill_rank(&e->m, &l, r, mem_source, &ms, want);
+			assert_int_equal(proto_ckpt_fill_rank(&ck, &e->m, NULL, &l, r, got, &err), 0);
+			assert_memory_equal(got, want, n);
+			free(want);
+			free(got);
+		}
+		proto_layout_fini(&l);
+	}
+	struct proto_layout l;
+	assert_int_equal(proto_layout_builtin(&e->m, "tp1", &l, &err), 0);
+	uint8_t *block = calloc(1, l.ranks[0].nbytes + 1);
+	assert_non_null(block);
+	assert_int_equal(truncate(path, 100), 0);
+	assert_int_equal(proto_ckpt_fill_rank(&ck, &e->m, NULL, &l, 0, block, &err), -EIO);
+	assert_non_null(strstr(err.msg, "truncated"));
+	free(block);
+	proto_layout_fini(&l);
+	proto_ckpt_fini(&ck);
+}
+
 static void test_model_dir_lists_versions(void **state)
 {
 	struct env *e = *state;
@@ -245,6 +302,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_three_forms_agree, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_truncated_after_open, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fill_rank, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_model_dir_lists_versions, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_indexes, setup, teardown),
 	};
