@@ -28,7 +28,6 @@
 #include <malloc.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "node/rebuild.h"
@@ -687,20 +686,10 @@ static int rotation_pieces(struct node_agent *a, struct agent_rotation *r)
  * it: a memcpy into touched pages. Taken before the touch is done, it is
  * copied into as a fresh slot (the pages touched so far cost nothing more).
  */
-/* This thread's CPU time so far, ms. */
-static uint64_t thread_cpu_ms(void)
-{
-	struct timespec ts;
-
-	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
-		return 0;
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 static int warm_run(void *arg, struct proto_err *err)
 {
 	struct node_agent *a = arg; /* reads a->second and second_stop, writes second_cpu_ms */
-	uint64_t cpu0 = thread_cpu_ms();
+	uint64_t cpu0 = proto_thread_cpu_ns();
 	int rc;
 
 	(void)err;
@@ -712,7 +701,7 @@ static int warm_run(void *arg, struct proto_err *err)
 	rc = node_slot_touch(a->second, &a->second_stop, &a->second_pause);
 	/* Its own CPU, not the process's (the fetch runs meanwhile): read by
 	 * warmed, on the loop, after the rebuild's eventfd. */
-	a->second_cpu_ms = thread_cpu_ms() - cpu0;
+	a->second_cpu_ms = (proto_thread_cpu_ns() - cpu0) / 1000000;
 	return rc;
 }
 

@@ -138,35 +138,16 @@ static void release_upto(struct pub_job *j, struct release *r, uint64_t pos)
  * hands its changes to the canary update: one pass over the new bytes and
  * the old, nothing copied.
  */
-static uint64_t thread_cpu_ns(void)
-{
-	struct timespec ts;
-
-	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
-		return 0;
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* The whole publisher's CPU time, every thread's. */
-static uint64_t process_cpu_ns(void)
-{
-	struct timespec ts;
-
-	if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0)
-		return 0;
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void job_delta(struct pub_job *j)
 {
 	struct pub_part *pt = j->part;
-	uint64_t t0 = proto_now_ns(), c0 = thread_cpu_ns();
+	uint64_t t0 = proto_now_ns(), c0 = proto_thread_cpu_ns();
 
 	for (size_t i = 0; i < pt->nitems && !atomic_load(&j->p->abort); i++)
 		node__pub_delta_encode_item(j->p, &pt->items[i], j->chunk_size, j->threads, j->block);
 	j->encode_ns = proto_now_ns() - t0;
 	/* With more than one encoder thread the others' CPU is not in it. */
-	j->cpu_ns = thread_cpu_ns() - c0;
+	j->cpu_ns = proto_thread_cpu_ns() - c0;
 }
 
 /*
@@ -855,7 +836,7 @@ static void ex_gathered(struct node_pub *p)
 
 	ex->hash_ns = proto_now_ns() - ex->phase_ns;
 	ex->su.hashed = proto_wall_ms();
-	ex->cpu_hashed = process_cpu_ns();
+	ex->cpu_hashed = proto_process_cpu_ns();
 	if (atomic_load(&p->abort)) {
 		ex_fail(p, ECANCELED, "stopped");
 		return;
@@ -947,7 +928,7 @@ static void ex_gathered(struct node_pub *p)
 		return;
 	}
 	ex->su.signed_ = proto_wall_ms();
-	ex->cpu_signed = process_cpu_ns();
+	ex->cpu_signed = proto_process_cpu_ns();
 	/* The added layouts' canary scores: their version is published already. */
 	if (ex->addendum && !p->add_copy && (ex->canary = node__pub_canary_json(ex)) != NULL)
 		node__pub_canary_post(p, ex);
@@ -1102,7 +1083,7 @@ void node__pub_on_wake(evutil_socket_t fd, short what, void *arg)
 	if (ex->jobs_left == 0 && ex->phase == EX_PREP && !ex->snap_done) {
 		ex->snap_done = true;
 		ex->snapshot_ns = proto_now_ns() - ex->phase_ns;
-		ex->cpu_snap = process_cpu_ns();
+		ex->cpu_snap = proto_process_cpu_ns();
 		/* For the version's timeline: the leader's fresh exports only
 		 * (not a rebuild after a restart). */
 		if (ex->pv != NULL && ex->req != NULL && !ex->verify)
@@ -1141,7 +1122,7 @@ void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t versio
 	ex->t0_ns = req ? req->t0_ns : ex->start_ns;
 	ex->created_ms = req ? req->created_ms : proto_wall_ms();
 	ex->chunk_size = (uint32_t)proto_param(PROTO_PARAM_CHUNK_SIZE);
-	ex->cpu0 = process_cpu_ns();
+	ex->cpu0 = proto_process_cpu_ns();
 	if (!node__pub_source_has(p, version)) {
 		if (p->trainer)
 			ex_fail(p, ERANGE, "only a trainer's export can be published");

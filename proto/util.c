@@ -219,11 +219,28 @@ int proto_write_json_atomic(const char *path, const json_t *j, size_t flags,
 	return rc;
 }
 
-uint64_t proto_now_ns(void)
+static uint64_t clock_ns(clockid_t id)
 {
 	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+
+	if (clock_gettime(id, &ts) != 0)
+		return 0;
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t proto_now_ns(void)
+{
+	return clock_ns(CLOCK_MONOTONIC);
+}
+
+uint64_t proto_thread_cpu_ns(void)
+{
+	return clock_ns(CLOCK_THREAD_CPUTIME_ID);
+}
+
+uint64_t proto_process_cpu_ns(void)
+{
+	return clock_ns(CLOCK_PROCESS_CPUTIME_ID);
 }
 
 void proto_lag_tick(FILE *f, uint64_t *due_ns)

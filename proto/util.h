@@ -72,6 +72,10 @@ int proto_mkdir_p(const char *dir, struct proto_err *err);
 /* Monotonic clock in nanoseconds; wall clock in milliseconds since epoch. */
 uint64_t proto_now_ns(void);
 uint64_t proto_wall_ms(void);
+/* CPU time so far, nanoseconds: the calling thread's, or the whole
+ * process's (every thread's). 0 when the clock cannot be read. */
+uint64_t proto_thread_cpu_ns(void);
+uint64_t proto_process_cpu_ns(void);
 
 /* One tick of a 1 ms tracing timer (*due_ns 0 before the first): writes
  * "L DUE RAN" (monotonic ns) to f when it ran over 2 ms late, i.e. its
