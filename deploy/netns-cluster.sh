@@ -633,7 +633,7 @@ jq -r --argjson vmax "$VERSIONS" --argjson pub "$PUB_CPU" --argjson trk "$TRK_CP
 # 64 KiB (have-page reads and control traffic stay under it).
 if [ -n "$LINKS" ] && [ -s "$LINKS" ]; then
 	python3 -c '
-import sys
+import json, sys
 bps = int(sys.argv[2])
 rows = [list(map(int, l.split()[:2])) for l in open(sys.argv[1]) if len(l.split()) >= 2]
 busy = [i for i in range(1, len(rows)) if rows[i][1] - rows[i - 1][1] > 65536]
@@ -645,7 +645,19 @@ u = sorted(min(use(i - 1, i), 1.2) for i in range(f, l + 1))
 q = lambda x: u[int(x * (len(u) - 1))]
 print("  trainer uplink: %.2f of the link from its first to its last busy sample (%.1f s);"
       " per 100 ms: quartiles %.2f %.2f %.2f" % (use(f - 1, l), (rows[l][0] - rows[f - 1][0]) / 1000,
-                                                  q(0.25), q(0.5), q(0.75)))' "$LINKS" "$(rate_bps "$RATE")"
+                                                  q(0.25), q(0.5), q(0.75)))
+# The tail: every byte a replica lacks when the trainer sends its last one
+# (the chunks still crossing the swarm, and what a replica fell behind by)
+# comes at its downlink rate after it.
+vs = json.load(open(sys.argv[3]))["versions"]
+v = vs[-1]
+t = [r["t_activate_ms"] for r in v["replicas"] if r["activated"] and not r["late"]]
+if t and isinstance(v.get("timeline"), dict) and v["timeline"].get("export_asked_ms"):
+    created = v["timeline"]["export_asked_ms"]
+    first = ("its first bytes %.1f s and " % ((rows[f - 1][0] - created) / 1000)) if len(vs) == 1 else ""
+    print("  v%d: the trainer sent %sits last %.1f s after the manifest'"'"'s creation; the last"
+          " replica was active %.1f s after that (per 100 ms sample)" %
+          (v["version"], first, (rows[l][0] - created) / 1000, (created + max(t) - rows[l][0]) / 1000))' "$LINKS" "$(rate_bps "$RATE")" "$DIR/report.json"
 fi
 if [ $LATE_RC -ne 0 ]; then
 	echo "netns-cluster: late replicas did not all activate v$VERSIONS within the time bound" \

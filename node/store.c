@@ -223,28 +223,36 @@ static bool touch_may_go(const int *stop, const int *pause)
 	return !__atomic_load_n(stop, __ATOMIC_RELAXED);
 }
 
-int node_slot_touch(struct node_slot *slot, const int *stop, const int *pause)
+int node_slot_populate(struct node_slot *slot, const int *stop, const int *pause)
 {
-	/* Small steps: whoever stops the touch (warm_take, on the node's
-	 * loop) joins this worker, which runs at the lowest priority and on a
-	 * busy machine gets a sliver of a CPU: it sees the flag within one
-	 * step of page traps (1 MiB: ~3-13 ms of CPU), not 8 MiB's worth. */
-	size_t page = (size_t)sysconf(_SC_PAGESIZE), step = 1u << 20;
+	/* 1 MiB a call: the caller's loop waits at most that long for the
+	 * address space (a mmap there waits for a call under way). */
+	size_t step = 1u << 20;
 
 	for (size_t off = 0; off < slot->len; off += step) {
 		size_t n = slot->len - off < step ? slot->len - off : step;
 		if (!touch_may_go(stop, pause))
 			return -EINTR;
-		/* Not supported (an old kernel): the reads below fault them in. */
-		(void)madvise(slot->host + off, n, MADV_POPULATE_WRITE);
-		/* The flag every 16 pages too: at the lowest priority on a
-		 * loaded machine, a 1 MiB step's traps held the loop's join of
-		 * this worker for 60-600 ms (measured, 5 nodes on 2 cores). */
-		for (size_t at = off, k = 0; at < off + n; at += page, k++) {
-			if ((k & 15) == 15 && !touch_may_go(stop, pause))
-				return -EINTR;
-			(void)*(volatile const uint8_t *)(slot->host + at);
-		}
+		if (madvise(slot->host + off, n, MADV_POPULATE_WRITE) != 0)
+			return errno == EINVAL ? -ENOTSUP : -errno;
+	}
+	return 0;
+}
+
+int node_slot_touch(struct node_slot *slot, const int *stop, const int *pause)
+{
+	/* Small steps: whoever stops the touch (warm_take, on the node's
+	 * loop) joins this worker, which runs at the lowest priority and on a
+	 * busy machine gets a sliver of a CPU: it sees the flag every 16
+	 * pages: at the lowest priority on a loaded machine, a 1 MiB step's
+	 * traps held the loop's join of this worker for 60-600 ms (measured,
+	 * 5 nodes on 2 cores). */
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+
+	for (size_t at = 0, k = 0; at < slot->len; at += page, k++) {
+		if ((k & 15) == 0 && !touch_may_go(stop, pause))
+			return -EINTR;
+		(void)*(volatile const uint8_t *)(slot->host + at);
 	}
 	return 0;
 }

@@ -133,12 +133,23 @@ int node_slot_new_blank(struct node_store *s, uint64_t version, size_t len,
 			struct node_slot **out, struct proto_err *err);
 void node_slot_free(struct node_store *s, struct node_slot *slot);
 /*
+ * Has the kernel allocate and map every page of slot (MADV_POPULATE_WRITE),
+ * 1 MiB a call: 0 when all are, -ENOTSUP where the kernel lacks it (before
+ * Linux 5.14), -EINTR once *stop (atomic) is set, else a negative errno.
+ * While *pause (atomic; NULL: never) is set it waits, as node_slot_touch.
+ * Each call holds the process's address space: run it at the caller's
+ * normal priority, not the lowest (see node_slot_touch).
+ */
+int node_slot_populate(struct node_slot *slot, const int *stop, const int *pause);
+/*
  * Takes the first access from user space to each page of slot's mapping
  * now: a worker's job, ahead of the writes that would pay it (see
- * node/agent_delta.c, "The warm slot"). The pages are allocated by the
- * kernel in one call (MADV_POPULATE_WRITE, which alone does not take that
- * cost), then each is read once through the mapping; after that a write
- * to it costs what a write to any mapped page does. Stops early, with
+ * node/agent_delta.c, "The warm slot"). Each page is read once through
+ * the mapping; after that a write to it costs what a write to any mapped
+ * page does. A page the kernel has not mapped yet is faulted in by the
+ * read, under the process's address-space lock: populate the slot first
+ * (node_slot_populate), so that a touch at the lowest priority, preempted
+ * for long on a busy machine, never holds that lock. Stops early, with
  * -EINTR, once *stop (atomic) is set; 0 when every page was touched. While
  * *pause (atomic; NULL: never) is set it touches nothing and waits, looking
  * at both flags every few ms. The bytes are left as they were (zero for a

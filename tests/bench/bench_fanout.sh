@@ -85,7 +85,7 @@ run() { # n mode
 # it received (median; its whole run, idle start included), steadier than
 # wall time on a shared machine.
 phases() { # n mode
-	grep -E '^  (phases|CPU|trainer uplink)' "$OUT/run-$1-$2.log" | sed 's/^  /         /'
+	grep -E '^  (phases|CPU|trainer uplink|v[0-9]+: the trainer)' "$OUT/run-$1-$2.log" | sed 's/^  /         /'
 	[ -z "${CPU_OF[$1-$2]:-}" ] ||
 		awk -v c="${CPU_OF[$1-$2]}" 'BEGIN { printf "         CPU per replica: %.2f s per GiB received (median)\n", c }'
 }

@@ -119,7 +119,7 @@ static const struct way ways[] = {
 	{"a new memfd mapped with MAP_POPULATE", false, MAP_POPULATE, {{WRITE, "first write"}}},
 	{"a new memfd, MADV_POPULATE_WRITE on the mapping", false, 0,
 	 {{POP_WRITE, "MADV_POPULATE_WRITE"}, {WRITE, "then first write"}}},
-	{"a new memfd, MADV_POPULATE_WRITE, a read of each page (node_slot_touch)", false, 0,
+	{"a new memfd, MADV_POPULATE_WRITE, a read of each page (the warm slot)", false, 0,
 	 {{POP_WRITE, "MADV_POPULATE_WRITE"}, {READ, "then a read of each page"},
 	  {WRITE, "then first write"}}},
 	{"pages filled by pwrite, then a new mapping", true, 0, {{WRITE, "first write"}}},
