@@ -648,16 +648,21 @@ print("  trainer uplink: %.2f of the link from its first to its last busy sample
                                                   q(0.25), q(0.5), q(0.75)))
 # The tail: every byte a replica lacks when the trainer sends its last one
 # (the chunks still crossing the swarm, and what a replica fell behind by)
-# comes at its downlink rate after it.
+# comes at its downlink rate after it. Not with late replicas: the
+# last bytes the trainer sent may be theirs.
 vs = json.load(open(sys.argv[3]))["versions"]
 v = vs[-1]
 t = [r["t_activate_ms"] for r in v["replicas"] if r["activated"] and not r["late"]]
-if t and isinstance(v.get("timeline"), dict) and v["timeline"].get("export_asked_ms"):
+late = any(r["late"] for r in v["replicas"])
+if t and not late and isinstance(v.get("timeline"), dict) and v["timeline"].get("export_asked_ms"):
     created = v["timeline"]["export_asked_ms"]
     first = ("its first bytes %.1f s and " % ((rows[f - 1][0] - created) / 1000)) if len(vs) == 1 else ""
+    # Each from the start of its 100 ms sample: the last bytes left in
+    # the 100 ms after the time given.
     print("  v%d: the trainer sent %sits last %.1f s after the manifest'"'"'s creation; the last"
-          " replica was active %.1f s after that (per 100 ms sample)" %
-          (v["version"], first, (rows[l][0] - created) / 1000, (created + max(t) - rows[l][0]) / 1000))' "$LINKS" "$(rate_bps "$RATE")" "$DIR/report.json"
+          " replica was active %.1f s after that (100 ms samples)" %
+          (v["version"], first, (rows[l - 1][0] - created) / 1000,
+           (created + max(t) - rows[l - 1][0]) / 1000))' "$LINKS" "$(rate_bps "$RATE")" "$DIR/report.json"
 fi
 if [ $LATE_RC -ne 0 ]; then
 	echo "netns-cluster: late replicas did not all activate v$VERSIONS within the time bound" \

@@ -732,6 +732,11 @@ static void warmed(int rc, const struct proto_err *err, const struct node_rebuil
 			 " ms (%" PRIu64 " ms of the worker's CPU), for the first copy after an anchor",
 			 a->node_id, a->second->len >> 20, agent_now_ms() - a->second_ms,
 			 a->second_cpu_ms);
+	} else {
+		/* Not a stop (warm_stop frees the rebuild: no call then). */
+		LOG_WARN("node %s: the second slot's pages were not mapped ahead: %s; the first copy "
+			 "after an anchor maps them",
+			 a->node_id, strerror(-rc));
 	}
 	node_rebuild_free(a->second_rb); /* done: the join is immediate */
 	a->second_rb = NULL;

@@ -184,12 +184,15 @@ static void test_slot_populate(void **state)
 		assert_int_equal(rc, 0);
 		assert_int_equal(resident_pages(a), a->len / (size_t)sysconf(_SC_PAGESIZE));
 		/* Unpopulated, the touch faults on every page; here on none
-		 * of the slot's (under AddressSanitizer its reads may fault
-		 * in the shadow's pages: an eighth of the slot's at most). */
+		 * of the slot's. Under AddressSanitizer its reads fault in
+		 * the shadow's pages: an eighth of the slot's, one more where
+		 * they straddle (97 of these 769, measured: an eighth plus one
+		 * left no room for any other fault of the thread); a quarter
+		 * still tells the two apart. */
 		size_t pages = a->len / (size_t)sysconf(_SC_PAGESIZE);
 		long f0 = thread_faults();
 		assert_int_equal(node_slot_touch(a, &stop, NULL), 0);
-		assert_true((size_t)(thread_faults() - f0) <= pages / 8 + 1);
+		assert_true((size_t)(thread_faults() - f0) <= pages / 4);
 		for (size_t off = 0; off < a->len; off += 4096)
 			assert_int_equal(a->host[off], 0);
 	}
