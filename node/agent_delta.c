@@ -697,7 +697,7 @@ static int warm_run(void *arg, struct proto_err *err)
 	 * holds the process's address space, and a nice-19 thread preempted
 	 * inside one on a busy machine held it for seconds while the loop's
 	 * mmap waited (16 nodes on 2 cores, a monitoring loop adding load:
-	 * in 5 of 10 runs a node's first fetch spent 0.6-1.8 s instead of
+	 * in 7 of 13 runs a node's first fetch spent 0.5-1.8 s instead of
 	 * 1 ms setting up, in its cross-layout buffers' mmap, a lag it never
 	 * made up; with the warm slot off, and populated first, 0 of 3 and
 	 * 0 of 4). An old kernel without MADV_POPULATE_WRITE faults them in
