@@ -213,14 +213,16 @@ void agent_swarm_serve(struct node_agent *a, struct agent_fetch *f)
 	for (uint32_t i = 0; i < f->nparcels; i++) {
 		struct agent_parcel *p = &f->parcels[i];
 		uint32_t n = p->mp->nchunks;
-		if (n > 0 && proto_have_bytes(n) > HAVE_SLOT_MAX)
+		if (n == 0)
+			continue;
+		if (proto_have_bytes(n) > HAVE_SLOT_MAX) {
 			LOG_WARN("node %s: v%" PRIu64 ": parcel %u<-%u has %u chunks, more than a "
 				 "have-page read holds (%zu bytes): its swarm does not exchange it "
 				 "(a larger TESSERA_CHUNK_SIZE would)",
 				 a->node_id, f->version, p->mp->dst_rank, p->mp->src_rank, n,
 				 (size_t)HAVE_SLOT_MAX);
-		if (n == 0 || proto_have_bytes(n) > HAVE_SLOT_MAX)
-			continue; /* too many chunks for a have-page read: not served */
+			continue;
+		}
 		p->head = (uint32_t)proto_have_page(n);
 		p->from_slot = f->slot_mr != NULL;
 		/* Chunks over a gathering read's ranges are copied after the page

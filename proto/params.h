@@ -27,8 +27,8 @@
 	 * on 2 cores), 128 KiB made an anchor take a third longer (4.5-4.6 \
 	 * s, not 3.4-3.5) and a delta about 15 %, so it is not the default. \
 	 * A large model's manifest grows with \
-	 * it (32 bytes a chunk: 64 MiB, TESSERA_MANIFEST_MAX, for 1 TiB of   \
-	 * parcels). A node's value is also the largest chunk it accepts. */ \
+	 * it (36 bytes a chunk: 64 MiB, TESSERA_MANIFEST_MAX, for about 0.9 \
+	 * TiB of parcels). A node's value is also the largest chunk it accepts. */ \
 	X(CHUNK_SIZE, "TESSERA_CHUNK_SIZE", 1u << 19,                             \
 	  "bytes per chunk inside a parcel")                                      \
 	/* Chunk reads a node keeps in flight at most, across all its sources \
