@@ -554,6 +554,92 @@ static void test_swarm_peer_queues(void **state)
 }
 
 /*
+ * Rarest first (agent_swarm_pick, pick_holder): the chunk the fewest peers
+ * hold, from the least queued of its holders, round-robin among equals;
+ * the parcel's short last chunk gets a holder too. Three peers: R2 holds
+ * 0-9 and the last chunk, R3 0-4, R4 0-4 and 8-9.
+ */
+static void test_swarm_rarest_first(void **state)
+{
+	struct proto_chunk chunks[QN];
+	struct proto_mparcel mp = {.nchunks = QN, .chunks = chunks};
+	uint8_t st[QN] = {0}, busy[QN] = {0}, mine[QN] = {0}, on[QN] = {0};
+	uint8_t have[3][2 * QN / 8] = {{0}};
+	uint16_t avail[QN] = {0};
+	uint64_t busy_ms[QN] = {0};
+	uint32_t owner[QN], c = UINT32_MAX;
+	uint64_t now = agent_now_ms();
+	struct agent_source srcs[3] = {
+		{.info = {.peer = true, .id = "R2/0"}, .fa_valid = true, .have = have[0]},
+		{.info = {.peer = true, .id = "R3/0"}, .fa_valid = true, .have = have[1]},
+		{.info = {.peer = true, .id = "R4/0"}, .fa_valid = true, .have = have[2]}};
+	struct agent_parcel p = {.mp = &mp, .state = st, .avail = avail, .peer_busy = busy,
+				 .busy_ms = busy_ms, .mine = mine, .owner_on = on, .owner = owner,
+				 .srcs = srcs, .nsrcs = 3, .progress_ms = now};
+	struct agent_fetch f = {.version = 5, .parcels = &p, .nparcels = 1};
+	struct node_agent a = {.fanout = true, .fetch = &f, .chunk_size = 4096, .max_inflight = 16};
+	bool want;
+
+	(void)state;
+	snprintf(a.node_id, sizeof(a.node_id), "R1/0");
+	for (uint32_t i = 0; i < QN; i++) {
+		chunks[i] = (struct proto_chunk){.size = i == QN - 1 ? 1000 : 4096};
+		owner[i] = UINT32_MAX;
+	}
+	for (uint32_t i = 0; i < QN; i++) {
+		bool h0 = i < 10 || i == QN - 1, h1 = i < 5, h2 = i < 5 || i == 8 || i == 9;
+		have[0][i / 8] |= (uint8_t)(h0 << (i % 8));
+		have[1][i / 8] |= (uint8_t)(h1 << (i % 8));
+		have[2][i / 8] |= (uint8_t)(h2 << (i % 8));
+	}
+	for (int k = 0; k < 3; k++) {
+		srcs[k].have_ms = now;
+		srcs[k].listed_ms = now;
+	}
+	agent_swarm_recount(&a, 0);
+	assert_int_equal(avail[0], 3);
+	assert_int_equal(avail[8], 2);
+	assert_int_equal(avail[5], 1);
+
+	/* Chunks 5-7 and the last one only R2 holds: those first, from R2,
+	 * the short last one among them. */
+	bool last = false;
+	for (int i = 0; i < 4; i++) {
+		assert_ptr_equal(agent_swarm_pick(&a, 0, &c, &want), &srcs[0]);
+		assert_true((c >= 5 && c <= 7) || c == QN - 1);
+		assert_int_equal(st[c], 0);
+		last |= c == QN - 1;
+		st[c] = 1; /* posted, and landed at once: R2's queue stays empty */
+	}
+	assert_true(last);
+	/* Then 8-9 (two holders): the emptier queue, R4, as R2 has a read
+	 * of ours queued, though the round-robin comes to R2 first (the walk
+	 * meets chunk 0 first, which R4, next from p->rr, takes: p->rr is R2
+	 * when chunk 8 is weighed). */
+	srcs[0].rate = 1000000;
+	agent_source_posted(&srcs[0], 4096);
+	srcs[0].progress_ms = now;
+	p.rr = 2;
+	assert_ptr_equal(agent_swarm_pick(&a, 0, &c, &want), &srcs[2]);
+	assert_int_equal(c, 8);
+	st[c] = 1;
+	/* R2's queue empties: each pick weighs chunk 0 first (R2, next
+	 * from p->rr, would take it), then chunk 9, rarer, which R4 takes
+	 * (R3 lacks it); then chunks 0-4 go round-robin among all three. */
+	agent_source_done(&srcs[0], 4096, true);
+	const int order[6] = {2, 0, 1, 2, 0, 1};
+	for (int i = 0; i < 6; i++) {
+		struct agent_source *got = agent_swarm_pick(&a, 0, &c, &want);
+		assert_ptr_equal(got, &srcs[order[i]]);
+		assert_true(i == 0 ? c == 9 : c < 5);
+		st[c] = 1;
+	}
+	/* Every chunk a peer holds is out: nothing more from the peers. */
+	f.fresh_until_ms = UINT64_MAX; /* and none from a publisher (there is none) */
+	assert_null(agent_swarm_pick(&a, 0, &c, &want));
+}
+
+/*
  * Congested, not dead (agent_check_silent): a peer with one read of ours
  * held (nothing delivered) that keeps answering its have-page keeps the
  * read past PEER_STALL_MS: no read moved, no byte refetched; once it stops
@@ -1423,6 +1509,7 @@ int main(void)
 		cmocka_unit_test(test_swarm_reads_follow),
 		cmocka_unit_test(test_swarm_fresh_first_read),
 		cmocka_unit_test(test_swarm_peer_queues),
+		cmocka_unit_test(test_swarm_rarest_first),
 		cmocka_unit_test(test_swarm_congested_peer),
 		cmocka_unit_test(test_swarm_warm_handles),
 		cmocka_unit_test(test_swarm_trainer_uploads_once),
