@@ -12,28 +12,34 @@
 #define PROTO_PARAMS(X)                                                          \
 	/* Bytes per chunk: the unit of hashing, transfer and peer exchange. \
 	 * A peer relays a chunk only once it has all of it, so the chunk is \
-	 * the fanout's pipeline step: 1 MiB, not 4, cut an 8-node fanout over \
-	 * 100 Mbit links from 3.7 to 3.1 x S/b and its duplicates from 72 \
-	 * to 4 MiB; 512 KiB, not 1, its first to last byte from 13.5-14.1 s \
-	 * to 12.4-12.9 s (S/b 10.7 s): every node's first chunk from the \
-	 * trainer comes at an eighth of its link, and the last ones cross \
-	 * the swarm in hops of a chunk. Where links are slow and replicas \
-	 * many, smaller chunks shorten those hops: 16 nodes on 100 Mbit/s \
-	 * netns links (one 128 MiB version) took 1.10-1.19 x S/b (median \
-	 * 1.15 of 5) with 128 KiB chunks and TESSERA_INFLIGHT 128 (the same \
-	 * bytes in flight), 1.21-1.25 with the defaults; 8 nodes 1.07-1.10 \
-	 * against 1.11-1.14. But each chunk costs work besides its bytes: \
-	 * on loopback, where CPU is the limit (3 replicas of a 256 MiB model \
-	 * on 2 cores), 128 KiB made an anchor take a third longer (4.5-4.6 \
-	 * s, not 3.4-3.5) and a delta about 15 %, so it is not the default. \
-	 * A large model's manifest grows with \
-	 * it (36 bytes a chunk: 64 MiB, TESSERA_MANIFEST_MAX, for about 0.9 \
-	 * TiB of parcels). A node's value is also the largest chunk it accepts. */ \
-	X(CHUNK_SIZE, "TESSERA_CHUNK_SIZE", 1u << 19,                             \
+	 * the fanout's pipeline step: every node's chunks from the trainer \
+	 * come at 1/N of its link, and the last ones cross the swarm in hops \
+	 * of a chunk, both growing with N x chunk / link rate. Measured on \
+	 * netns links, one 128 MiB version, T / (S/b): at 100 Mbit/s, 16 \
+	 * nodes 1.12-1.22 (median 1.14 of 7) at 128 KiB with 128 reads in \
+	 * flight (the same bytes), 1.21-1.30 at 512 KiB; 8 nodes 1.07-1.11 \
+	 * (median 1.08 of 5) against 1.11-1.14; at 50 Mbit/s, 16 nodes 1.07 \
+	 * at 128 KiB, 1.27-1.29 at 512 KiB (with 6-10 MiB refetched and \
+	 * 14-16 MiB received twice), 8 nodes 1.07 and 1.08-1.11. (1 MiB, \
+	 * not 4, had cut 8 nodes from 3.7 to 3.1.) \
+	 * Each chunk also costs work besides its bytes: on loopback, where \
+	 * CPU is the limit (bench_delta_net: 3 replicas of 256 MiB on 2 \
+	 * cores), a warm anchor took 4.0 s at 128 KiB, 3.2 s at 512 KiB, \
+	 * deltas the same (0.30-0.44 s). So fast links with few replicas, \
+	 * and parcels of many GiB, want 512 KiB (TESSERA_INFLIGHT 32): a \
+	 * node's chunk choice and have-page count walk its parcel's chunks, \
+	 * a manifest holds 36 bytes a chunk (64 MiB, TESSERA_MANIFEST_MAX, \
+	 * covers about 230 GiB of parcels at 128 KiB, 0.9 TiB at 512 KiB) \
+	 * and a have-page read (64 KiB) a parcel of 32 GiB at 128 KiB, 128 \
+	 * at 512. A node's value is also the largest chunk it accepts: nodes \
+	 * need at least their publisher's. */ \
+	X(CHUNK_SIZE, "TESSERA_CHUNK_SIZE", 1u << 17,                             \
 	  "bytes per chunk inside a parcel")                                      \
 	/* Chunk reads a node keeps in flight at most, across all its sources \
-	 * (each source gets what its measured rate needs, see FETCH_TARGET_MS). */ \
-	X(INFLIGHT, "TESSERA_INFLIGHT", 32, "most chunk transfers in flight per node") \
+	 * (each source gets what its measured rate needs, see FETCH_TARGET_MS); \
+	 * 16 MiB of 128 KiB chunks. With larger chunks, fewer: the node's read \
+	 * buffers are this times two times TESSERA_CHUNK_SIZE. */ \
+	X(INFLIGHT, "TESSERA_INFLIGHT", 128, "most chunk transfers in flight per node") \
 	/* A source's read window: its measured byte rate times this (at least \
 	 * two chunks): enough to keep its link busy, little queued behind. */ \
 	X(FETCH_TARGET_MS, "TESSERA_FETCH_TARGET_MS", 1000, "bytes in flight per source, as ms of its rate") \
@@ -141,7 +147,9 @@
 	 * chunk reads a peer is serving us (node/agent_hosts.c). */ \
 	X(HAVE_SAME_ENDPOINT, "TESSERA_HAVE_SAME_ENDPOINT", 0, "have-page reads share the chunk reads' endpoint (1) or have their own (0)") \
 	/* Reads a node keeps in flight to one peer at most (its upload budget \
-	 * as the peer sees it: a reader never queues more on a peer's link). */ \
+	 * as the peer sees it: a reader never queues more on a peer's link); \
+	 * 512 KiB at 128 KiB chunks (2 MiB at 512 KiB: measured on 50 and 100 \
+	 * Mbit/s netns links only, see CHUNK_SIZE). */ \
 	X(PEER_INFLIGHT, "TESSERA_PEER_INFLIGHT", 4, "most chunk reads in flight to one peer") \
 	/* What a node keeps queued on one peer: the bytes the peer's measured \
 	 * rate to it delivers in this many ms (one chunk at least, \

@@ -426,7 +426,7 @@ static void bench_upload(size_t len, size_t lo, size_t hi, const char *what)
 	uint8_t *payload = malloc(len), *block = malloc(len);
 	void *dev = NULL;
 	double tm[5], tr[5];
-	const size_t chunk = 1 << 20; /* TESSERA_CHUNK_SIZE's default */
+	const size_t chunk = 1 << 17; /* TESSERA_CHUNK_SIZE's default */
 
 	CHECK(payload && block && layout_make(&l, len, lo, hi) == 0, "out of memory");
 	fill(payload, len);
