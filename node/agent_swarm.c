@@ -671,23 +671,29 @@ static struct agent_have_read *free_have_read(struct node_agent *a)
 }
 
 /* Whether the parcel waits on its peers alone: none of our reads of it in
- * flight, and at most CHASE_LEFT chunks left that no peer holds yet, a
- * peer fetching or owning each (the end of a parcel: all of a delta's). The
- * pages of those peers are then read every HAVE_CHASE_MS: the chunk is on
- * its way to them. Bounded so that a big parcel's idle readers do not read
- * every owner's page at that rate for seconds. */
-#define CHASE_LEFT 4
+ * flight, and at most CHASE_LEFT_BYTES of chunks left that no peer holds
+ * yet (4 chunks at least), a peer fetching or owning each (the end of a
+ * parcel: all of a delta's). The pages of those peers are then read every
+ * HAVE_CHASE_MS: the chunk is on its way to them. Bounded so that a big
+ * parcel's idle readers do not read every owner's page at that rate for
+ * seconds. In bytes, not chunks: 4 chunks were 2 MiB at 512 KiB, a
+ * delta's parcel on loopback whole; at 128 KiB 4 chunks left a delta's
+ * 20 to the 100 ms poll, and its fetch took 60-217 ms, not 66-88
+ * (bench_delta_net). */
+#define CHASE_LEFT_BYTES (2u << 20)
 
 static bool waits_on_peers(const struct agent_parcel *p)
 {
-	uint32_t left = 0;
+	uint32_t left = 0, most = 4;
 
+	if (p->mp->nchunks > 0 && p->mp->chunks[0].size > 0)
+		most = PROTO_MAX(most, CHASE_LEFT_BYTES / p->mp->chunks[0].size);
 	for (uint32_t c = 0; c < p->mp->nchunks; c++) {
 		if (p->state[c] == 1)
 			return false;
 		if (p->state[c] != 0 || p->avail[c] != 0)
 			continue;
-		if ((!p->peer_busy[c] && p->mine[c]) || ++left > CHASE_LEFT)
+		if ((!p->peer_busy[c] && p->mine[c]) || ++left > most)
 			return false; /* ours to take from a publisher, or too many */
 	}
 	return left > 0;

@@ -640,6 +640,73 @@ static void test_swarm_rarest_first(void **state)
 }
 
 /*
+ * The chase (agent_swarm_chase): a parcel that waits on its peers alone,
+ * nothing of ours in flight and up to 2 MiB of chunks left that peers are
+ * fetching (a delta's, at 128 KiB 16 of them), has their pages read every
+ * HAVE_CHASE_MS; more left, or a read of ours out, leaves them to the
+ * poll. It counted 4 chunks, not 2 MiB: a 128 KiB delta's parcel of 20
+ * chunks waited on 100 ms polls.
+ */
+static void test_swarm_chase_bytes(void **state)
+{
+	enum { CN = 24 };
+	struct proto_chunk chunks[CN];
+	struct proto_mparcel mp = {.nchunks = CN, .chunks = chunks};
+	uint8_t st[CN] = {0}, busy[CN], mine[CN] = {0}, on[CN] = {0};
+	uint16_t avail[CN] = {0};
+	uint64_t busy_ms[CN] = {0};
+	uint32_t owner[CN];
+	struct agent_parcel p = {.mp = &mp, .state = st, .avail = avail, .peer_busy = busy,
+				 .busy_ms = busy_ms, .mine = mine, .owner_on = on, .owner = owner};
+	struct agent_fetch f = {.version = 5, .parcels = &p, .nparcels = 1};
+	struct node_agent a = {.fanout = true, .fetch = &f, .chunk_size = 131072, .max_inflight = 16};
+
+	(void)state;
+	a.base = event_base_new();
+	assert_non_null(a.base);
+	for (uint32_t i = 0; i < CN; i++) {
+		chunks[i] = (struct proto_chunk){.size = 131072};
+		owner[i] = UINT32_MAX;
+		busy[i] = 1; /* a peer is fetching each */
+	}
+	for (uint32_t i = 0; i < 8; i++)
+		st[i] = 2;
+	p.done = 8; /* 16 left: 2 MiB */
+	agent_swarm_chase(&a);
+	assert_non_null(a.chase_ev);
+	assert_true(evtimer_pending(a.chase_ev, NULL));
+	evtimer_del(a.chase_ev);
+
+	st[7] = 0; /* 17 left: more than 2 MiB, the poll's */
+	p.done = 7;
+	agent_swarm_chase(&a);
+	assert_false(evtimer_pending(a.chase_ev, NULL));
+
+	st[7] = 2; /* 16 left again, but one of ours in flight */
+	p.done = 8;
+	st[8] = 1;
+	agent_swarm_chase(&a);
+	assert_false(evtimer_pending(a.chase_ev, NULL));
+
+	st[8] = 0; /* with 512 KiB chunks, 4 left (2 MiB) are chased, 5 not */
+	for (uint32_t i = 0; i < CN; i++)
+		chunks[i].size = 524288;
+	for (uint32_t i = 0; i < CN; i++)
+		st[i] = i < CN - 4 ? 2 : 0;
+	p.done = CN - 4;
+	agent_swarm_chase(&a);
+	assert_true(evtimer_pending(a.chase_ev, NULL));
+	evtimer_del(a.chase_ev);
+	st[CN - 5] = 0;
+	p.done = CN - 5;
+	agent_swarm_chase(&a);
+	assert_false(evtimer_pending(a.chase_ev, NULL));
+
+	event_free(a.chase_ev);
+	event_base_free(a.base);
+}
+
+/*
  * Congested, not dead (agent_check_silent): a peer with one read of ours
  * held (nothing delivered) that keeps answering its have-page keeps the
  * read past PEER_STALL_MS: no read moved, no byte refetched; once it stops
@@ -1510,6 +1577,7 @@ int main(void)
 		cmocka_unit_test(test_swarm_fresh_first_read),
 		cmocka_unit_test(test_swarm_peer_queues),
 		cmocka_unit_test(test_swarm_rarest_first),
+		cmocka_unit_test(test_swarm_chase_bytes),
 		cmocka_unit_test(test_swarm_congested_peer),
 		cmocka_unit_test(test_swarm_warm_handles),
 		cmocka_unit_test(test_swarm_trainer_uploads_once),
