@@ -466,46 +466,65 @@ static void test_swarm_trainer_last_wave(void **state)
  */
 #define QN 64
 
+/* A parcel of n chunks (QN at most) of size bytes with its per-chunk
+ * state, nothing held, no owner known, read from npeers (3 at most) swarm
+ * peers R2/0, R3/0, ... whose have-pages (empty) were just read. */
+struct qparcel {
+	struct proto_chunk chunks[QN];
+	struct proto_mparcel mp;
+	uint8_t st[QN], busy[QN], mine[QN], on[QN];
+	uint16_t avail[QN];
+	uint64_t busy_ms[QN];
+	uint32_t owner[QN];
+	uint8_t have[3][2 * QN / 8];
+	struct agent_source srcs[3];
+	struct agent_parcel p;
+};
+
+static void qparcel_init(struct qparcel *q, uint32_t n, uint32_t size, size_t npeers, uint64_t now)
+{
+	memset(q, 0, sizeof(*q));
+	q->mp = (struct proto_mparcel){.nchunks = n, .chunks = q->chunks};
+	for (uint32_t i = 0; i < n; i++) {
+		q->chunks[i] = (struct proto_chunk){.size = size};
+		q->owner[i] = UINT32_MAX;
+	}
+	for (size_t k = 0; k < npeers; k++) {
+		struct agent_source *s = &q->srcs[k];
+		*s = (struct agent_source){.info = {.peer = true}, .fa_valid = true,
+					   .have = q->have[k], .have_ms = now, .listed_ms = now};
+		snprintf(s->info.id, sizeof(s->info.id), "R%zu/0", k + 2);
+	}
+	q->p = (struct agent_parcel){.mp = &q->mp, .state = q->st, .avail = q->avail,
+				     .peer_busy = q->busy, .busy_ms = q->busy_ms, .mine = q->mine,
+				     .owner_on = q->on, .owner = q->owner, .srcs = q->srcs,
+				     .nsrcs = npeers, .progress_ms = now};
+}
+
 static void test_swarm_peer_queues(void **state)
 {
-	struct proto_chunk chunks[QN];
-	struct proto_mparcel mp = {.nchunks = QN, .chunks = chunks};
-	uint8_t st[QN] = {0}, busy[QN] = {0}, mine[QN] = {0}, on[QN] = {0};
-	uint8_t have[3][2 * QN / 8] = {{0}};
-	uint16_t avail[QN] = {0};
-	uint64_t busy_ms[QN] = {0};
-	uint32_t owner[QN], c = UINT32_MAX;
+	uint32_t c = UINT32_MAX;
 	uint64_t now = agent_now_ms();
-	struct agent_source srcs[3] = {
-		{.info = {.peer = true, .id = "R2/0"}, .fa_valid = true, .have = have[0]},
-		{.info = {.peer = true, .id = "R3/0"}, .fa_valid = true, .have = have[1]},
-		{.info = {.peer = true, .id = "R4/0"}, .fa_valid = true, .have = have[2],
-		 .bad_until_ms = UINT64_MAX}}; /* R4 rests until the last part */
-	struct agent_parcel p = {.mp = &mp, .state = st, .avail = avail, .peer_busy = busy,
-				 .busy_ms = busy_ms, .mine = mine, .owner_on = on, .owner = owner,
-				 .srcs = srcs, .nsrcs = 3, .progress_ms = now};
-	struct agent_fetch f = {.version = 5, .parcels = &p, .nparcels = 1};
+	struct qparcel q;
+	uint8_t *st = q.st, (*have)[2 * QN / 8] = q.have;
+	uint16_t *avail = q.avail;
+	struct agent_source *srcs = q.srcs;
+	struct agent_fetch f = {.version = 5, .parcels = &q.p, .nparcels = 1};
 	struct node_agent a = {.fanout = true, .fetch = &f, .chunk_size = 4096, .max_inflight = 16};
 	bool want;
 
 	snprintf(a.node_id, sizeof(a.node_id), "R1/0");
-	for (uint32_t i = 0; i < QN; i++) {
-		chunks[i] = (struct proto_chunk){.size = 4096};
-		owner[i] = UINT32_MAX;
-	}
+	qparcel_init(&q, QN, 4096, 3, now);
+	srcs[2].bad_until_ms = UINT64_MAX; /* R4 rests until the last part */
 	for (uint32_t i = 40; i < 50; i++) /* the peers hold chunks 40-49 */
 		have[0][i / 8] = have[1][i / 8] = have[2][i / 8] |= (uint8_t)(1u << (i % 8));
-	for (int k = 0; k < 3; k++) {
-		srcs[k].have_ms = now; /* pages just read: none is due */
-		srcs[k].listed_ms = now;
-	}
 
 	/* Not ahead (12 held, the peers 10): the emptier queue first. */
 	for (uint32_t i = 0; i < 12; i++)
 		st[i] = 2;
-	p.done = 12;
+	q.p.done = 12;
 	agent_swarm_recount(&a, 0);
-	assert_false(p.ahead);
+	assert_false(q.p.ahead);
 	assert_int_equal(avail[40], 2);
 	srcs[0].rate = 1000000; /* R2: measured, one read queued */
 	agent_source_posted(&srcs[0], 4096);
@@ -521,9 +540,9 @@ static void test_swarm_peer_queues(void **state)
 	/* Ahead (40 held, the median peer 10): one read per peer at most. */
 	for (uint32_t i = 0; i < 40; i++)
 		st[i] = 2;
-	p.done = 40;
+	q.p.done = 40;
 	agent_swarm_recount(&a, 0);
-	assert_true(p.ahead);
+	assert_true(q.p.ahead);
 	assert_null(agent_swarm_pick(&a, 0, &c, &want)); /* both have one out */
 	agent_source_done(&srcs[1], 4096, true);
 	agent_source_done(&srcs[1], 4096, true);
@@ -534,7 +553,7 @@ static void test_swarm_peer_queues(void **state)
 	srcs[2].bad_until_ms = 0;
 	agent_source_posted(&srcs[1], 4096);
 	agent_swarm_recount(&a, 0);
-	assert_true(p.ahead);
+	assert_true(q.p.ahead);
 	assert_ptr_equal(agent_swarm_pick(&a, 0, &c, &want), &srcs[2]);
 	setenv("TESSERA_AHEAD_PEERS", "2", 1);
 	assert_null(agent_swarm_pick(&a, 0, &c, &want));
@@ -547,7 +566,7 @@ static void test_swarm_peer_queues(void **state)
 	for (uint32_t i = 0; i < 40; i++)
 		have[0][i / 8] = have[1][i / 8] = have[2][i / 8] |= (uint8_t)(1u << (i % 8));
 	agent_swarm_recount(&a, 0);
-	assert_false(p.ahead);
+	assert_false(q.p.ahead);
 	agent_source_posted(&srcs[1], 4096);
 	agent_source_posted(&srcs[2], 4096);
 	assert_non_null(agent_swarm_pick(&a, 0, &c, &want));
@@ -561,40 +580,25 @@ static void test_swarm_peer_queues(void **state)
  */
 static void test_swarm_rarest_first(void **state)
 {
-	struct proto_chunk chunks[QN];
-	struct proto_mparcel mp = {.nchunks = QN, .chunks = chunks};
-	uint8_t st[QN] = {0}, busy[QN] = {0}, mine[QN] = {0}, on[QN] = {0};
-	uint8_t have[3][2 * QN / 8] = {{0}};
-	uint16_t avail[QN] = {0};
-	uint64_t busy_ms[QN] = {0};
-	uint32_t owner[QN], c = UINT32_MAX;
+	uint32_t c = UINT32_MAX;
 	uint64_t now = agent_now_ms();
-	struct agent_source srcs[3] = {
-		{.info = {.peer = true, .id = "R2/0"}, .fa_valid = true, .have = have[0]},
-		{.info = {.peer = true, .id = "R3/0"}, .fa_valid = true, .have = have[1]},
-		{.info = {.peer = true, .id = "R4/0"}, .fa_valid = true, .have = have[2]}};
-	struct agent_parcel p = {.mp = &mp, .state = st, .avail = avail, .peer_busy = busy,
-				 .busy_ms = busy_ms, .mine = mine, .owner_on = on, .owner = owner,
-				 .srcs = srcs, .nsrcs = 3, .progress_ms = now};
-	struct agent_fetch f = {.version = 5, .parcels = &p, .nparcels = 1};
+	struct qparcel q;
+	uint8_t *st = q.st, (*have)[2 * QN / 8] = q.have;
+	uint16_t *avail = q.avail;
+	struct agent_source *srcs = q.srcs;
+	struct agent_fetch f = {.version = 5, .parcels = &q.p, .nparcels = 1};
 	struct node_agent a = {.fanout = true, .fetch = &f, .chunk_size = 4096, .max_inflight = 16};
 	bool want;
 
 	(void)state;
 	snprintf(a.node_id, sizeof(a.node_id), "R1/0");
-	for (uint32_t i = 0; i < QN; i++) {
-		chunks[i] = (struct proto_chunk){.size = i == QN - 1 ? 1000 : 4096};
-		owner[i] = UINT32_MAX;
-	}
+	qparcel_init(&q, QN, 4096, 3, now);
+	q.chunks[QN - 1].size = 1000;
 	for (uint32_t i = 0; i < QN; i++) {
 		bool h0 = i < 10 || i == QN - 1, h1 = i < 5, h2 = i < 5 || i == 8 || i == 9;
 		have[0][i / 8] |= (uint8_t)(h0 << (i % 8));
 		have[1][i / 8] |= (uint8_t)(h1 << (i % 8));
 		have[2][i / 8] |= (uint8_t)(h2 << (i % 8));
-	}
-	for (int k = 0; k < 3; k++) {
-		srcs[k].have_ms = now;
-		srcs[k].listed_ms = now;
 	}
 	agent_swarm_recount(&a, 0);
 	assert_int_equal(avail[0], 3);
@@ -619,7 +623,7 @@ static void test_swarm_rarest_first(void **state)
 	srcs[0].rate = 1000000;
 	agent_source_posted(&srcs[0], 4096);
 	srcs[0].progress_ms = now;
-	p.rr = 2;
+	q.p.rr = 2;
 	assert_ptr_equal(agent_swarm_pick(&a, 0, &c, &want), &srcs[2]);
 	assert_int_equal(c, 8);
 	st[c] = 1;
@@ -650,55 +654,46 @@ static void test_swarm_rarest_first(void **state)
 static void test_swarm_chase_bytes(void **state)
 {
 	enum { CN = 24 };
-	struct proto_chunk chunks[CN];
-	struct proto_mparcel mp = {.nchunks = CN, .chunks = chunks};
-	uint8_t st[CN] = {0}, busy[CN], mine[CN] = {0}, on[CN] = {0};
-	uint16_t avail[CN] = {0};
-	uint64_t busy_ms[CN] = {0};
-	uint32_t owner[CN];
-	struct agent_parcel p = {.mp = &mp, .state = st, .avail = avail, .peer_busy = busy,
-				 .busy_ms = busy_ms, .mine = mine, .owner_on = on, .owner = owner};
-	struct agent_fetch f = {.version = 5, .parcels = &p, .nparcels = 1};
+	struct qparcel q;
+	uint8_t *st = q.st;
+	struct agent_fetch f = {.version = 5, .parcels = &q.p, .nparcels = 1};
 	struct node_agent a = {.fanout = true, .fetch = &f, .chunk_size = 131072, .max_inflight = 16};
 
 	(void)state;
 	a.base = event_base_new();
 	assert_non_null(a.base);
-	for (uint32_t i = 0; i < CN; i++) {
-		chunks[i] = (struct proto_chunk){.size = 131072};
-		owner[i] = UINT32_MAX;
-		busy[i] = 1; /* a peer is fetching each */
-	}
+	qparcel_init(&q, CN, 131072, 0, 0);
+	memset(q.busy, 1, CN); /* a peer is fetching each */
 	for (uint32_t i = 0; i < 8; i++)
 		st[i] = 2;
-	p.done = 8; /* 16 left: 2 MiB */
+	q.p.done = 8; /* 16 left: 2 MiB */
 	agent_swarm_chase(&a);
 	assert_non_null(a.chase_ev);
 	assert_true(evtimer_pending(a.chase_ev, NULL));
 	evtimer_del(a.chase_ev);
 
 	st[7] = 0; /* 17 left: more than 2 MiB, the poll's */
-	p.done = 7;
+	q.p.done = 7;
 	agent_swarm_chase(&a);
 	assert_false(evtimer_pending(a.chase_ev, NULL));
 
 	st[7] = 2; /* 16 left again, but one of ours in flight */
-	p.done = 8;
+	q.p.done = 8;
 	st[8] = 1;
 	agent_swarm_chase(&a);
 	assert_false(evtimer_pending(a.chase_ev, NULL));
 
 	st[8] = 0; /* with 512 KiB chunks, 4 left (2 MiB) are chased, 5 not */
 	for (uint32_t i = 0; i < CN; i++)
-		chunks[i].size = 524288;
+		q.chunks[i].size = 524288;
 	for (uint32_t i = 0; i < CN; i++)
 		st[i] = i < CN - 4 ? 2 : 0;
-	p.done = CN - 4;
+	q.p.done = CN - 4;
 	agent_swarm_chase(&a);
 	assert_true(evtimer_pending(a.chase_ev, NULL));
 	evtimer_del(a.chase_ev);
 	st[CN - 5] = 0;
-	p.done = CN - 5;
+	q.p.done = CN - 5;
 	agent_swarm_chase(&a);
 	assert_false(evtimer_pending(a.chase_ev, NULL));
 
