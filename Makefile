@@ -52,17 +52,22 @@ else
 CUDA_LIBDIR := $(call cuda_libdir,$(CUDA_HOME))
 CUDA_DEFS   := -DTESSERA_CUDA=1 -I$(CUDA_HOME)/include
 CUDA_LIBS   := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart -lstdc++
-CU_SRCS     := $(wildcard node/*.cu)
+CU_SRCS     := $(wildcard node/store/*.cu)
 endif
 endif
 NVCCFLAGS ?= -O2 -std=c++17 -I. -Xcompiler -Wall,-Wextra,-Werror \
              -gencode arch=compute_80,code=sm_80 \
              -gencode arch=compute_90,code=[sm_90,compute_90]
 
-LIBDIRS  := proto fabric tracker node
+# The libraries, each a folder, lowest first: a library may call only those
+# before it that LAYERS_<name> lists (tests/check-layers.sh checks every
+# build, so a call against the layering fails it).
+NODE_DIRS := base store serve rebuild agent publisher host cli
+LIBDIRS  := proto fabric tracker $(addprefix node/,$(NODE_DIRS))
+lib_name  = lib$(subst /,_,$(1)).a
 lib_srcs  = $(filter-out $(1)/main_%.c,$(wildcard $(1)/*.c))
-MAINS    := $(wildcard */main_*.c)
-# node/main_tessera.c -> tessera, node/main_node.c -> tessera-node, ...
+MAINS    := $(wildcard */main_*.c */*/main_*.c)
+# node/cli/main_tessera.c -> tessera, node/host/main_node.c -> tessera-node, ...
 bin_name  = $(if $(filter main_tessera,$(1)),tessera,tessera-$(patsubst main_%,%,$(1)))
 BINS     := $(foreach m,$(MAINS),$(BUILD)/bin/$(call bin_name,$(basename $(notdir $(m)))))
 
@@ -71,7 +76,21 @@ BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
 FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 
 # Link order: dependents first.
-LINK_ORDER := node tracker fabric proto
+# What each library may call besides itself: a call against this is a
+# build error (tests/check-layers.sh reads the built archives).
+LAYERS_proto          :=
+LAYERS_fabric         := proto
+LAYERS_tracker        := proto
+LAYERS_node/base      := fabric proto
+LAYERS_node/store     := proto
+LAYERS_node/serve     := node/store tracker fabric proto
+LAYERS_node/rebuild   := proto
+LAYERS_node/agent     := node/rebuild node/serve node/store node/base tracker fabric proto
+LAYERS_node/publisher := node/serve node/base tracker fabric proto
+LAYERS_node/host      := node/agent node/base tracker fabric proto
+LAYERS_node/cli       := node/publisher node/serve node/base tracker proto
+reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
+LINK_ORDER := $(addprefix node/,$(call reverse,$(NODE_DIRS))) tracker fabric proto
 
 # ---- object rules for the two flavours: rel (optimised) and asan ----------
 define flavour
@@ -82,13 +101,13 @@ $(BUILD)/$(1)/%.cu.o: %.cu
 	@mkdir -p $$(dir $$@)
 	$$(NVCC) $$(NVCCFLAGS) -c $$< -o $$@
 $(foreach d,$(LIBDIRS),
-$(BUILD)/$(1)/lib$(d).a: $$(patsubst %.c,$(BUILD)/$(1)/%.o,$$(call lib_srcs,$(d))) \
-        $(if $(filter node,$(d)),$$(patsubst %.cu,$(BUILD)/$(1)/%.cu.o,$$(CU_SRCS)))
+$(BUILD)/$(1)/$(call lib_name,$(d)): $$(patsubst %.c,$(BUILD)/$(1)/%.o,$$(call lib_srcs,$(d))) \
+        $(if $(filter node/store,$(d)),$$(patsubst %.cu,$(BUILD)/$(1)/%.cu.o,$$(CU_SRCS)))
 	@mkdir -p $$(dir $$@)
 	@rm -f $$@
 	ar rcs $$@ $$^
 )
-$(1)_LIBS := $(foreach d,$(LINK_ORDER),$(BUILD)/$(1)/lib$(d).a)
+$(1)_LIBS := $(foreach d,$(LINK_ORDER),$(BUILD)/$(1)/$(call lib_name,$(d)))
 endef
 $(eval $(call flavour,rel,$(OPTFLAGS)))
 $(eval $(call flavour,asan,$(SANFLAGS)))
@@ -118,7 +137,11 @@ $(BUILD)/asan/libtessera-client.a: $(patsubst %.c,$(BUILD)/asan/%.o,$(CLIENT_SRC
         check run-bench run-bench-delta run-bench-delta-net run-bench-steady run-demo run-demo-netns run-fuzz \
         check-deploy run-check-deploy run-bench-tracker check-page run-check-page \
         bench-fanout bench-elastic run-bench-fanout run-bench-elastic gpu-check
-all: $(BINS) $(CLIENT_LIBS)
+all: $(BINS) $(CLIENT_LIBS) $(BUILD)/rel/layers.ok
+
+$(BUILD)/rel/layers.ok: $(rel_LIBS) tests/check-layers.sh
+	@tests/check-layers.sh $(foreach d,$(LIBDIRS),"$(d)=$(BUILD)/rel/$(call lib_name,$(d)):$(LAYERS_$(d))")
+	@touch $@
 
 # The user-facing targets install missing dependencies first, then re-enter
 # make so that pkg-config sees the freshly installed packages.
@@ -225,17 +248,17 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(wildcard proto/*.c pr
 # The CUDA store's checks and benchmark (tests/gpu/): one binary linking only
 # the static CUDA runtime, built with everything when nvcc exists, so that a
 # GPU machine without tessera's Debian libraries runs it from the built tree.
-GPU_CHECK_SRCS := tests/gpu/gpu_check.c node/store_fold.c proto/wsum.c
-GPU_CHECK_CU   := $(wildcard node/store_cuda*.cu)
+GPU_CHECK_SRCS := tests/gpu/gpu_check.c node/store/store_fold.c proto/wsum.c
+GPU_CHECK_CU   := $(wildcard node/store/store_cuda*.cu)
 ifneq ($(NVCC),)
 # The static runtime when the toolkit has it (then only libc is needed).
 GPU_CUDART := $(if $(wildcard $(CUDA_LIBDIR)/libcudart_static.a),-L$(CUDA_LIBDIR) -lcudart_static,$(CUDA_LIBS))
 all: $(BUILD)/gpu/gpu_check
-$(BUILD)/gpu/%.cu.o: %.cu node/store_cuda.h
+$(BUILD)/gpu/%.cu.o: %.cu node/store/store_cuda.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 $(BUILD)/gpu/gpu_check: $(GPU_CHECK_SRCS) $(patsubst %.cu,$(BUILD)/gpu/%.cu.o,$(GPU_CHECK_CU)) \
-		node/store_cuda.h proto/wsum.h
+		node/store/store_cuda.h proto/wsum.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 -O2 -g -pthread -D_GNU_SOURCE -I. $(WARN) -I$(CUDA_HOME)/include \
 		$(GPU_CHECK_SRCS) $(patsubst %.cu,$(BUILD)/gpu/%.cu.o,$(GPU_CHECK_CU)) \

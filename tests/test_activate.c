@@ -10,7 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 #include <cmocka.h>
-#include "node/proc.h"
+#include "node/cli/proc.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 #include "tracker/tracker.h"

@@ -9,7 +9,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "node/agent_internal.h"
+#include "node/agent/agent_internal.h"
 #include "tests/testutil.h"
 
 struct fx {

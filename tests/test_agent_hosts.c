@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "node/agent_internal.h"
+#include "node/agent/agent_internal.h"
 
 static struct trk_source src(bool peer, const char *id, const char *host)
 {

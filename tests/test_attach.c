@@ -20,8 +20,8 @@
 #include <sys/un.h>
 #include <cmocka.h>
 
-#include "node/attach.h"
-#include "node/proc.h"
+#include "node/serve/attach.h"
+#include "node/cli/proc.h"
 #include "node/client/tessera_client.h"
 #include "node/client/wire.h"
 #include "proto/fixture.h"

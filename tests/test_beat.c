@@ -10,8 +10,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "node/beat.h"
-#include "node/proc.h"
+#include "node/host/beat.h"
+#include "node/cli/proc.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 #include "tracker/tracker.h"

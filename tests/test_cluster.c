@@ -17,7 +17,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-#include "node/proc.h"
+#include "node/cli/proc.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 #include "proto/safetensors.h"

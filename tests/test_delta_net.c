@@ -27,7 +27,7 @@
 #include <sys/un.h>
 
 #include "node/client/tessera_client.h"
-#include "node/proc.h"
+#include "node/cli/proc.h"
 #include "proto/checkpoint.h"
 #include "proto/proto.h"
 #include "proto/synth.h"

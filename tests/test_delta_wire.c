@@ -8,7 +8,7 @@
 #include <malloc.h>
 #include <string.h>
 
-#include "node/agent_internal.h"
+#include "node/agent/agent_internal.h"
 
 /* A buffer given back is handed again to a parcel it fits, the smallest
  * that fits first; one too small for a grown parcel stays kept and a new

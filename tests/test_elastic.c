@@ -28,7 +28,7 @@
 #include <pthread.h>
 
 #include "fabric/fab.h"
-#include "node/proc.h"
+#include "node/cli/proc.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 #include "tracker/tracker.h"

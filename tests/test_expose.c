@@ -16,7 +16,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "node/expose.h"
+#include "node/serve/expose.h"
 #include "tests/testutil.h"
 
 struct env {

@@ -15,7 +15,7 @@
 #include <cmocka.h>
 
 #include "fabric/fab.h"
-#include "node/fabloop.h"
+#include "node/base/fabloop.h"
 #include "proto/util.h"
 
 #define PROV "tcp;ofi_rxm"

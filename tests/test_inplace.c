@@ -14,9 +14,9 @@
 #include <cmocka.h>
 
 #include "node/client/tessera_client.h"
-#include "node/expose.h"
-#include "node/probe.h"
-#include "node/proc.h"
+#include "node/serve/expose.h"
+#include "node/cli/probe.h"
+#include "node/cli/proc.h"
 #include "proto/checkpoint.h"
 #include "proto/proto.h"
 #include "proto/synth.h"

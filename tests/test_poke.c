@@ -13,7 +13,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-#include "node/agent_internal.h"
+#include "node/agent/agent_internal.h"
 #include "tests/testutil.h"
 
 struct rank {

@@ -12,8 +12,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "node/client/tessera_client.h"
-#include "node/probe.h"
-#include "node/proc.h"
+#include "node/cli/probe.h"
+#include "node/cli/proc.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 #include "tracker/tracker.h"

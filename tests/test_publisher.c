@@ -24,7 +24,7 @@
 #include <cmocka.h>
 
 #include "fabric/fab.h"
-#include "node/publisher.h"
+#include "node/publisher/publisher.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 #include "proto/safetensors.h"

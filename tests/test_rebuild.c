@@ -15,7 +15,7 @@
 
 #include <event2/event.h>
 
-#include "node/rebuild.h"
+#include "node/rebuild/rebuild.h"
 #include "tests/testutil.h"
 
 #define LEN ((size_t)(20u << 20) + 4096 + 123) /* several copy blocks, a ragged end */

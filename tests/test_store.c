@@ -12,7 +12,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "node/store.h"
+#include "node/store/store.h"
 #include "proto/delta.h"
 #include "proto/dpatch.h"
 #include "proto/fixture.h"

@@ -17,8 +17,8 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 
-#include "node/agent_internal.h"
-#include "node/proc.h"
+#include "node/agent/agent_internal.h"
+#include "node/cli/proc.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 #include "tracker/tracker.h"

@@ -14,7 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
-#include "node/proc.h"
+#include "node/cli/proc.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 #include "tests/testutil.h"

@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "node/verifier.h"
+#include "node/agent/verifier.h"
 #include "proto/proto.h"
 #include "proto/synth.h"
 

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "node/waitnote.h"
+#include "node/base/waitnote.h"
 #include "proto/proto.h"
 #include "tests/testutil.h"
 

@@ -13,7 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "node/proc.h"
+#include "node/cli/proc.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 #include "tests/testutil.h"

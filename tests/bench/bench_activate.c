@@ -46,7 +46,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "node/attach.h"
+#include "node/serve/attach.h"
 #include "node/client/tessera_client.h"
 #include "proto/delta.h"
 #include "proto/dpatch.h"

@@ -46,7 +46,7 @@
 
 #include <event2/event.h>
 
-#include "node/proc.h"
+#include "node/cli/proc.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 #include "tracker/tracker.h"

@@ -20,7 +20,7 @@ if [ ! -x "$bin" ]; then
 	[ -e "$lib/libcudart_static.a" ] || lib=$cuda/targets/x86_64-linux/lib
 	mkdir -p "$BUILD/gpu"
 	objs=
-	for cu in node/store_cuda*.cu; do
+	for cu in node/store/store_cuda*.cu; do
 		o=$BUILD/gpu/$(basename "$cu" .cu).cu.o
 		"$nvcc" -O2 -std=c++17 -I. -Xcompiler -Wall,-Wextra,-Werror \
 			-gencode arch=compute_80,code=sm_80 \
@@ -29,7 +29,7 @@ if [ ! -x "$bin" ]; then
 	done
 	# shellcheck disable=SC2086 # objs is a list of paths without spaces
 	${CC:-cc} -std=gnu11 -O2 -g -pthread -D_GNU_SOURCE -I. -Wall -Wextra -Werror \
-		-I"$cuda/include" tests/gpu/gpu_check.c node/store_fold.c proto/wsum.c $objs \
+		-I"$cuda/include" tests/gpu/gpu_check.c node/store/store_fold.c proto/wsum.c $objs \
 		-L"$lib" -lcudart_static -ldl -lrt -lstdc++ -lm -o "$bin"
 fi
 exec "$bin"

@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "node/store_cuda.h"
+#include "node/store/store_cuda.h"
 #include "proto/wsum.h"
 
 static int failures;

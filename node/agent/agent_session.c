@@ -1,0 +1,483 @@
+/* The node agent's tracker session: register, keep the lease, watch for
+ * versions, follow the replica's target, report progress. */
+#include "node/agent/agent_internal.h"
+
+static void start_watch(struct node_agent *a);
+
+/* The tracker forgot the chain this node saw (its answers are refused
+ * until it has it again): keep serving the active version, say so. */
+void agent_on_chain_lost(void *arg, const char *why)
+{
+	struct node_agent *a = arg;
+
+	if (why != NULL)
+		node_agent_metrics_health(&a->am, false, why);
+	else if (a->registered)
+		node_agent_metrics_health(&a->am, true, NULL);
+}
+
+static void ignore_answer(const struct trk_answer *ans, void *arg)
+{
+	if (ans->status < 0 || ans->status >= 400)
+		LOG_DEBUG("tracker: %d %s", ans->status, ans->error);
+}
+
+void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st,
+		   const char *error, trk_client_cb cb)
+{
+	struct agent_fetch *f = a->fetch;
+	uint8_t sig[TRK_STMT_SIG_BYTES];
+	const uint8_t *digest = NULL;
+	const char *banned[BANS_MAX];
+	/* Replaying a chain, the steps speak for the target, with what the
+	 * steps before took (agent_chain.c). */
+	const struct agent_chain *c = a->chain;
+	bool step = c != NULL && f != NULL && f->version == version && version != c->target;
+	if (step)
+		version = c->target;
+	struct trk_state_report r = {
+		.id = a->node_id,
+		.version = version,
+		.state = st,
+		.error = error,
+	};
+	/* Holding a version is claimed with a signed statement. */
+	if (f != NULL && f->version == version && f->have_man)
+		digest = f->man.digest;
+	else if (a->active != NULL && a->active->version == version)
+		digest = a->active_digest;
+	if (digest != NULL && (st == TRK_STATE_VERIFIED || st == TRK_STATE_ACTIVE)) {
+		trk_statement_sign(a->stmt_sk, a->o.replica, a->o.rank, version, digest, sig);
+		r.statement = sig;
+	}
+	if (f != NULL && (f->version == version || step)) {
+		bool chained = c != NULL && c->target == version;
+		r.bytes_done = f->bytes_done + (chained ? c->done : 0);
+		r.bytes_total = chained ? PROTO_MAX(c->wire, r.bytes_done) : f->bytes_total;
+		r.bytes_from_trainer = f->from_trainer + (chained ? c->from_trainer : 0);
+		r.bytes_from_peers = f->from_peers + (chained ? c->from_peers : 0);
+		r.duplicate_bytes = f->duplicate + (chained ? c->duplicate : 0);
+		r.refetched_bytes = f->refetched + (chained ? c->refetched : 0);
+		r.first_byte_ms = f->first_byte_ms;
+		r.last_byte_ms = f->last_byte_ms;
+		for (uint32_t i = 0; i < f->nbad && r.nbanned < BANS_MAX; i++)
+			if (f->bad_counts[i] >= BAN_BAD_CHUNKS)
+				banned[r.nbanned++] = f->bad_ids[i];
+		r.banned = banned;
+		if (f->verified)
+			r.how = chained ? "chain" : f->delta ? "delta" : "full";
+	} else if (a->active != NULL && a->active->version == version) {
+		r.bytes_done = r.bytes_total = a->active->len;
+	}
+	r.need_anchor = a->need_anchor && st == TRK_STATE_FAILED;
+	if (!a->registered)
+		return;
+	r.seq = ++a->report_seq;
+	if (trk_client_report_state(a->trk, &r, cb ? cb : ignore_answer, a) != 0)
+		LOG_WARN("node %s: could not report %s for v%" PRIu64, a->node_id,
+			 trk_state_name(st), version);
+}
+
+/* Names the ranks of our replica that do not hold the version we verified. */
+static void note_replica_wait(struct node_agent *a, const struct trk_answer *ans)
+{
+	char missing[256] = "";
+	size_t n = 0, i;
+	json_t *r;
+
+	json_array_foreach(json_object_get(ans->json, "ranks"), i, r)
+	{
+		const char *st = json_string_value(json_object_get(r, "state"));
+		uint64_t v = (uint64_t)json_integer_value(json_object_get(r, "version"));
+		bool alive = json_is_true(json_object_get(r, "alive"));
+		if (alive && v == a->fetch->version && st != NULL &&
+		    (strcmp(st, "verified") == 0 || strcmp(st, "active") == 0))
+			continue;
+		n += (size_t)snprintf(missing + n, n < sizeof(missing) ? sizeof(missing) - n : 0,
+				      "%s%lld (%s)", n ? ", " : "",
+				      (long long)json_integer_value(json_object_get(r, "rank")),
+				      !alive ? (json_is_null(json_object_get(r, "id")) ? "never registered" : "dead")
+					     : st ? st : "?");
+	}
+	node_wait_note(&a->wait, agent_now_ms(), a->node_id, "replica",
+		       "the rest of replica %s to verify v%" PRIu64 "%s%s", a->o.replica,
+		       a->fetch->version, missing[0] ? "; not yet: rank " : "",
+		       ans->status == 200 ? missing : ans->error);
+}
+
+static bool in_list(json_t *arr, uint64_t v)
+{
+	size_t i;
+	json_t *e;
+
+	json_array_foreach(arr, i, e)
+		if (json_is_integer(e) && (uint64_t)json_integer_value(e) == v)
+			return true;
+	return false;
+}
+
+/*
+ * The tracker chose the replica's target t (the rule is in tracker/API.md):
+ * work toward it. A fetch of another version is dropped (the tracker moves
+ * a target away from a version only when no rank can finish it first); no
+ * fetch is started for a version at or below the one we serve. A verified
+ * fetch of t activates once the replica is complete at t.
+ */
+void agent_follow_target(struct node_agent *a, uint64_t t, bool complete, json_t *statements)
+{
+	struct agent_fetch *f = a->fetch;
+	uint64_t active = a->active ? a->active->version : 0;
+
+	if (t == 0)
+		return;
+	if (t != a->target)
+		LOG_DEBUG("node %s: replica target v%" PRIu64, a->node_id, t);
+	a->target = t;
+	if (a->chain != NULL && a->chain->target != t) {
+		LOG_INFO("node %s: replica %s moved to v%" PRIu64 ": dropping the chain replay to v%" PRIu64,
+			 a->node_id, a->o.replica, t, a->chain->target);
+		agent_fetch_drop(a); /* first: no worker reads the chain's slot then */
+		agent_chain_end(a, false);
+		f = NULL;
+	}
+	if (f != NULL && f->version != t && a->chain == NULL) {
+		LOG_INFO("node %s: replica %s moved to v%" PRIu64 ": dropping v%" PRIu64 "%s",
+			 a->node_id, a->o.replica, t, f->version, f->verified ? " (verified)" : "");
+		agent_fetch_drop(a);
+		f = NULL;
+	}
+	if (f == NULL) {
+		if (a->chain != NULL)
+			return; /* planning the replay to t */
+		if (t > active && (t != a->failed || agent_now_ms() - a->failed_ms >= FAILED_RETRY_MS))
+			agent_start_fetch(a, t);
+		return;
+	}
+	if (!f->verified)
+		return;
+	if (f->expose_error[0] != 0) {
+		struct proto_err err;
+		if (agent_probe_expose(a, &err) != 0) {
+			agent_expose_blocked(a, "cannot write the activation record", &err);
+			return;
+		}
+		LOG_INFO("node %s: the activation record can be written again", a->node_id);
+		f->expose_error[0] = 0;
+		f->reported_verified = false; /* the tick says verified again */
+		return;
+	}
+	if (complete && agent_replica_backed(a, statements))
+		agent_activate(a);
+}
+
+static void on_sync(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	uint64_t t;
+	bool complete;
+
+	a->syncing = false;
+	if (ans->status != 200 || !json_is_integer(json_object_get(ans->json, "target")))
+		return;
+	t = (uint64_t)json_integer_value(json_object_get(ans->json, "target"));
+	complete = in_list(json_object_get(ans->json, "complete"), t);
+	agent_follow_target(a, t, complete, json_object_get(ans->json, "target_statements"));
+	if (!complete && a->fetch != NULL && a->fetch->verified && a->fetch->version == t)
+		note_replica_wait(a, ans);
+}
+
+/* Asks the tracker for the replica (its target and where it is complete). */
+void agent_sync_now(struct node_agent *a)
+{
+	if (!a->registered || a->syncing)
+		return;
+	if (trk_client_replica(a->trk, a->o.replica, on_sync, a) == 0)
+		a->syncing = true;
+}
+
+/*
+ * How soon to ask again for the replica: a verified rank waits for its
+ * siblings, who mostly verify within a few ms of it (the same delta, the
+ * same bytes), so it asks after a quarter of what it has waited so far,
+ * REPLICA_POLL_MIN_MS at first and REPLICA_POLL_MS at most: a switch then
+ * follows the last sibling's verification by ~a quarter of the wait, not
+ * by up to a whole period, and a long wait costs the tracker no more than
+ * the fixed period did.
+ */
+uint64_t agent_sync_period(const struct node_agent *a)
+{
+	const struct agent_fetch *f = a->fetch;
+
+	if (f == NULL || !f->verified)
+		return SYNC_MS;
+	return PROTO_MAX(REPLICA_POLL_MIN_MS,
+			 PROTO_MIN(REPLICA_POLL_MS, (agent_now_ms() - f->verified_ms) / 4));
+}
+
+void agent_on_sync_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+
+	agent_sync_now(a);
+	agent_ready_ahead(a);
+	agent_arm(a->sync_ev, agent_sync_period(a));
+}
+
+static void on_watch(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct trk_version_info *vs = NULL;
+	struct proto_err err;
+	uint64_t latest = 0, now_ms = 0;
+	size_t n = 0;
+
+	a->watching = false;
+	if (ans->status == 200 && trk_versions_now(ans->json, &now_ms, &err) == 0 &&
+	    trk_versions_parse(ans->json, &latest, &vs, &n, &err) == 0) {
+		if (latest > a->seen) {
+			a->seen_wall_ms = proto_wall_ms();
+			agent_note_fresh(a, latest, now_ms, vs, n);
+		}
+		free(vs);
+		a->seen = PROTO_MAX(a->seen, latest);
+		node_wait_over(&a->wait, "tracker");
+	} else {
+		LOG_DEBUG("node %s: watch: %s", a->node_id, ans->status == 200 ? err.msg : ans->error);
+		node_wait_note(&a->wait, agent_now_ms(), a->node_id, "tracker", "the tracker at %s (%s)",
+			       a->o.tracker_url, ans->status == 200 ? err.msg : ans->error);
+		agent_arm(a->retry_ev, RETRY_MS);
+		return;
+	}
+	if (a->seen == 0)
+		node_wait_note(&a->wait, agent_now_ms(), a->node_id, "version",
+			       "a first version (registered; the tracker has none yet)");
+	else
+		node_wait_over(&a->wait, "version");
+	/* A new version may move the replica's target: ask now. */
+	agent_sync_now(a);
+	start_watch(a);
+}
+
+/*
+ * A fresh version: the tracker published it less than STARVE_MS ago (its
+ * own clock: now_ms - published_ms, no skew). Every member heard of it
+ * at about the same time, and a member takes a chunk it does not own from
+ * a publisher only once starved for STARVE_MS: until then no peer can hold
+ * a chunk we own, so our first reads need not wait for peers' first
+ * have-pages (agent_swarm_pick), which cost a connection each. An answer
+ * without now_ms (an older tracker) makes no version fresh.
+ */
+void agent_note_fresh(struct node_agent *a, uint64_t v, uint64_t now_ms,
+		      const struct trk_version_info *vs, size_t n)
+{
+	for (size_t i = 0; i < n && now_ms != 0; i++) {
+		uint64_t age = now_ms > vs[i].published_ms ? now_ms - vs[i].published_ms : 0;
+		if (vs[i].version != v || age >= STARVE_MS)
+			continue;
+		a->fresh_v = v;
+		a->fresh_until_ms = agent_now_ms() + (STARVE_MS - age);
+		LOG_DEBUG("node %s: v%" PRIu64 " is fresh (published %" PRIu64 " ms ago)%s", a->node_id,
+			  v, age, a->fetch != NULL && a->fetch->version == v ? "; so is its fetch" : "");
+		/* The replica's target may have moved first (its poll), and
+		 * the fetch started before this answer came. */
+		if (a->fetch != NULL && a->fetch->version == v)
+			a->fetch->fresh_until_ms = a->fresh_until_ms;
+	}
+}
+
+static void start_watch(struct node_agent *a)
+{
+	if (!a->registered || a->watching)
+		return;
+	const struct node_agent_shared *sh = a->o.shared;
+	uint32_t wait_ms = (uint32_t)proto_param(PROTO_PARAM_WATCH_MS);
+	if ((sh->watch != NULL ? sh->watch(sh->watch_ctx, a->seen, wait_ms, on_watch, a)
+			       : trk_client_watch(a->trk, a->seen, wait_ms, on_watch, a)) != 0)
+		agent_arm(a->retry_ev, RETRY_MS);
+	else
+		a->watching = true;
+}
+
+/* The next heartbeat in a third of a lease, unless the host sends it. */
+static void arm_heartbeat(struct node_agent *a)
+{
+	if (!a->o.shared->host_heartbeat)
+		agent_arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
+}
+
+void node_agent_lease_lost(struct node_agent *a)
+{
+	/* Expired or the tracker restarted: register again. */
+	if (a->leaving || !a->registered)
+		return;
+	LOG_WARN("node %s: lease lost; registering again", a->node_id);
+	a->registered = false;
+	proto_metrics_set(a->am.m, a->am.registered, 0);
+	node_agent_metrics_health(&a->am, false, "lease lost; registering again");
+	agent_start_register(a);
+}
+
+static void on_heartbeat(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+
+	if (ans->status == 404) {
+		node_agent_lease_lost(a);
+		return;
+	}
+	arm_heartbeat(a);
+}
+
+/* What serving processes pin here, per version (the tracker shows it per
+ * rank: which versions requests are running on). */
+static size_t held_pins(struct node_agent *a, struct trk_pin_count pins[TRK_PIN_VERSIONS_MAX])
+{
+	struct node_attach_count held[TRK_PIN_VERSIONS_MAX];
+	size_t n = node_attach_held(a->attach, held, TRK_PIN_VERSIONS_MAX);
+
+	for (size_t i = 0; i < n; i++)
+		pins[i] = (struct trk_pin_count){held[i].version, held[i].requests, held[i].pins};
+	return n;
+}
+
+bool node_agent_heartbeat_entry(struct node_agent *a, struct trk_hb_node *e)
+{
+	if (a->leaving || !a->registered)
+		return false;
+	e->id = a->node_id;
+	e->npins = held_pins(a, e->pins);
+	return true;
+}
+
+void agent_heartbeat(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+	struct trk_pin_count pins[TRK_PIN_VERSIONS_MAX];
+
+	if (a->leaving)
+		return;
+	size_t n = held_pins(a, pins);
+	if (trk_client_heartbeat_pins(a->trk, a->node_id, pins, n, on_heartbeat, a) != 0)
+		arm_heartbeat(a);
+}
+
+/*
+ * The tracker serves another model than ours: nothing changes that until a
+ * person starts this node with the trainer's model (or the trainer is
+ * restarted with this one, on a tracker without versions). Say what to do,
+ * once, at the default level; ask again ever more slowly (doubling from
+ * RETRY_MS up to MODEL_RETRY_MAX_MS), not every RETRY_MS.
+ */
+#define MODEL_RETRY_MAX_MS 10000
+static void model_refused(struct node_agent *a, const char *error)
+{
+	uint64_t every = RETRY_MS << PROTO_MIN(a->model_refusals, 5u);
+	char ours[2 * PROTO_HASH_BYTES + 1];
+
+	every = PROTO_MIN(every, (uint64_t)MODEL_RETRY_MAX_MS);
+	if (a->model_refusals++ == 0) {
+		sodium_bin2hex(ours, sizeof(ours), a->model.digest, PROTO_HASH_BYTES);
+		LOG_WARN("node %s: the tracker at %s serves a different model than this node's "
+			 "(%s; ours is %s): start the node with the trainer's model; "
+			 "`tessera model --tracker %s` prints it. Asking again every %u s at most",
+			 a->node_id, a->o.tracker_url, error, ours, a->o.tracker_url,
+			 MODEL_RETRY_MAX_MS / 1000);
+	}
+	node_wait_note(&a->wait, agent_now_ms(), a->node_id, "tracker",
+		       "the tracker to accept our model (it serves another: `tessera model "
+		       "--tracker %s` prints it)",
+		       a->o.tracker_url);
+	agent_arm(a->retry_ev, every);
+}
+
+static void on_register(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	const char *id;
+
+	if (ans->status == 200 || ans->status == 201) {
+		a->model_refusals = 0;
+		id = json_string_value(json_object_get(ans->json, "node_id"));
+		snprintf(a->node_id, sizeof(a->node_id), "%s", id ? id : a->node_id);
+		a->lease_ms = (uint64_t)json_integer_value(json_object_get(ans->json, "lease_ms"));
+		if (a->lease_ms == 0)
+			a->lease_ms = proto_param(PROTO_PARAM_LEASE_MS);
+		a->registered = true;
+		a->said_live = false;
+		agent_swarm_registered(a);
+		proto_metrics_set(a->am.m, a->am.registered, 1);
+		node_agent_metrics_health(&a->am, true, NULL);
+		node_wait_over(&a->wait, "tracker");
+		LOG_INFO("node %s: registered (lease %" PRIu64 " ms)", a->node_id, a->lease_ms);
+		agent_ready_ahead(a);
+		arm_heartbeat(a);
+		/* What we hold is still good: say so again after a re-register. */
+		if (a->active != NULL)
+			agent_report(a, a->active->version, TRK_STATE_ACTIVE, NULL, NULL);
+		/* The tracker forgot our reports: a verified fetch says so again. */
+		if (a->fetch != NULL)
+			a->fetch->reported_verified = false;
+		start_watch(a);
+		if (!evtimer_pending(a->sync_ev, NULL))
+			agent_arm(a->sync_ev, 0);
+		return;
+	}
+	if (ans->status == 400 || ans->status == 401 || ans->status == 403) {
+		char why[600];
+		snprintf(why, sizeof(why), "registration refused: %s", ans->error);
+		agent_give_up(a, why);
+		return;
+	}
+	if (ans->status == 409 && strstr(ans->error, "model_digest differs") != NULL) {
+		model_refused(a, ans->error);
+		return;
+	}
+	a->model_refusals = 0;
+	/* Killed without leaving (SIGKILL), the previous process of this rank
+	 * still holds the id until its lease ends: said once, not after
+	 * TESSERA_WAIT_NOTICE_MS (a lease is shorter). */
+	if (ans->status == 409 && strstr(ans->error, "is live") != NULL && !a->said_live) {
+		a->said_live = true;
+		LOG_WARN("node %s: the tracker still holds %s live (a previous process that did not "
+			 "leave): registering once its lease there ends",
+			 a->node_id, a->node_id);
+	}
+	/* 409 (no model yet) or the tracker is not up: try again. */
+	LOG_DEBUG("node %s: registration: %d %s; retrying", a->node_id, ans->status, ans->error);
+	if (ans->status <= 0)
+		node_wait_note(&a->wait, agent_now_ms(), a->node_id, "tracker", "the tracker at %s (%s)",
+			       a->o.tracker_url, ans->error);
+	else
+		node_wait_note(&a->wait, agent_now_ms(), a->node_id, "tracker",
+			       "the tracker to accept our registration (%s)", ans->error);
+	agent_arm(a->retry_ev, RETRY_MS);
+}
+
+void agent_start_register(struct node_agent *a)
+{
+	struct trk_node_reg r = {
+		.replica = a->o.replica,
+		.addr = {.rank = a->o.rank, .host = a->host, .provider = fab_provider(a->fab),
+			 .fabric_addr = a->fabric_hex},
+		.layout = a->layout_json,
+		.model_digest = a->model.digest,
+		.layout_name = a->layout_name[0] ? a->layout_name : NULL,
+		.layout_digest = a->layout.digest,
+		.statement_key = a->stmt_pk,
+	};
+	if (a->leaving)
+		return;
+	/* A key per registration: statements speak for this session only. */
+	crypto_sign_keypair(a->stmt_pk, a->stmt_sk);
+	if (trk_client_register_node(a->trk, &r, on_register, a) != 0)
+		agent_arm(a->retry_ev, RETRY_MS);
+}
+
+void agent_on_retry(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_agent *a = arg;
+	if (!a->registered)
+		agent_start_register(a);
+	else
+		start_watch(a);
+}

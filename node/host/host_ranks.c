@@ -1,0 +1,158 @@
+/* The ranks one tessera-node process serves: --rank, --ranks and --serve. */
+#include "node/host/host.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tracker/tracker.h"
+
+/* As the tracker takes them: 1..TRK_REPLICA_MAX of [A-Za-z0-9._-]. */
+static bool replica_ok(const char *s, size_t n)
+{
+	if (n == 0 || n > TRK_REPLICA_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!isalnum((unsigned char)s[i]) && s[i] != '.' && s[i] != '_' && s[i] != '-')
+			return false;
+	return true;
+}
+
+static bool listed(const struct node_host_rank *r, size_t n, const char *replica, uint32_t rank)
+{
+	for (size_t i = 0; i < n; i++)
+		if (r[i].rank == rank && strcmp(r[i].replica, replica) == 0)
+			return true;
+	return false;
+}
+
+/* One number of a rank list: digits only, 0..65535. */
+static int rank_num(const char *s, size_t n, uint64_t *out)
+{
+	char buf[8];
+
+	if (n == 0 || n >= sizeof(buf))
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++)
+		if (!isdigit((unsigned char)s[i]))
+			return -EINVAL;
+	memcpy(buf, s, n);
+	buf[n] = '\0';
+	return proto_parse_u64(buf, 0, 65535, out);
+}
+
+int node_host_ranks_add(struct node_host_ranks *l, const char *replica, const char *ranks,
+			const char *layout, struct proto_err *err)
+{
+	size_t n0 = l->n;
+	const char *p = ranks;
+	int rc = 0;
+
+	if (!replica_ok(replica, strlen(replica)))
+		return proto_errf(err, EINVAL, "replica '%s': want 1..%d of [A-Za-z0-9._-]", replica,
+				  TRK_REPLICA_MAX);
+	for (;;) {
+		size_t item = strcspn(p, ","), dash = strcspn(p, "-");
+		uint64_t lo, hi;
+		if (dash < item) {
+			if (rank_num(p, dash, &lo) != 0 || rank_num(p + dash + 1, item - dash - 1, &hi) != 0 ||
+			    hi < lo)
+				goto bad;
+		} else if (rank_num(p, item, &lo) == 0) {
+			hi = lo;
+		} else {
+			goto bad;
+		}
+		for (uint64_t k = lo; k <= hi; k++) {
+			if (listed(l->r, l->n, replica, (uint32_t)k)) {
+				rc = proto_errf(err, EINVAL, "replica %s rank %u is given twice", replica,
+						(unsigned)k);
+				goto undo;
+			}
+			if (l->n >= NODE_HOST_RANKS_MAX) {
+				rc = proto_errf(err, E2BIG, "more than %d ranks in one process",
+						NODE_HOST_RANKS_MAX);
+				goto undo;
+			}
+			struct node_host_rank *g = realloc(l->r, (l->n + 1) * sizeof(*g));
+			if (g == NULL) {
+				rc = proto_errf(err, ENOMEM, "out of memory");
+				goto undo;
+			}
+			l->r = g;
+			g = &l->r[l->n];
+			*g = (struct node_host_rank){.rank = (uint32_t)k};
+			snprintf(g->replica, sizeof(g->replica), "%s", replica);
+			if (layout != NULL && (g->layout = strdup(layout)) == NULL) {
+				rc = proto_errf(err, ENOMEM, "out of memory");
+				goto undo;
+			}
+			l->n++;
+		}
+		if (p[item] == '\0')
+			return 0;
+		p += item + 1;
+	}
+bad:
+	rc = proto_errf(err, EINVAL, "replica %s: ranks '%s': want R, R-S or a comma list of those",
+			replica, ranks);
+undo:
+	while (l->n > n0)
+		free(l->r[--l->n].layout);
+	return rc;
+}
+
+int node_host_ranks_serve(struct node_host_ranks *l, const char *spec, struct proto_err *err)
+{
+	size_t n0 = l->n;
+	const char *p = spec;
+	int rc = 0;
+
+	for (;;) {
+		p += strspn(p, " \t;");
+		if (*p == '\0')
+			break;
+		size_t item = strcspn(p, " \t;");
+		char buf[1024], replica[TRK_REPLICA_MAX + 2];
+		if (item >= sizeof(buf)) {
+			rc = proto_errf(err, EINVAL, "--serve: an item longer than %zu bytes",
+					sizeof(buf) - 1);
+			break;
+		}
+		memcpy(buf, p, item);
+		buf[item] = '\0';
+		char *slash = strchr(buf, '/');
+		char *at = strchr(buf, '@');
+		if (slash == NULL || (at != NULL && at < slash) || (size_t)(slash - buf) >= sizeof(replica)) {
+			rc = proto_errf(err, EINVAL, "--serve '%s': want REPLICA/RANKS[@LAYOUT]", buf);
+			break;
+		}
+		memcpy(replica, buf, (size_t)(slash - buf));
+		replica[slash - buf] = '\0';
+		if (at != NULL)
+			*at = '\0';
+		if (at != NULL && at[1] == '\0') {
+			rc = proto_errf(err, EINVAL, "--serve '%s@': the layout is missing", buf);
+			break;
+		}
+		if ((rc = node_host_ranks_add(l, replica, slash + 1, at ? at + 1 : NULL, err)) != 0)
+			break;
+		p += item;
+	}
+	if (rc == 0 && l->n == n0)
+		rc = proto_errf(err, EINVAL, "--serve '%s': no REPLICA/RANKS in it", spec);
+	if (rc != 0)
+		while (l->n > n0)
+			free(l->r[--l->n].layout);
+	return rc;
+}
+
+void node_host_ranks_fini(struct node_host_ranks *l)
+{
+	for (size_t i = 0; i < l->n; i++)
+		free(l->r[i].layout);
+	free(l->r);
+	l->r = NULL;
+	l->n = 0;
+}

@@ -1,0 +1,472 @@
+/* The publisher extends a published version for layouts registered after it (signed addenda). */
+#include "node/publisher/pub_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/addendum.h"
+
+/*
+ * A replica may register a serving layout after the latest version was
+ * published; that manifest lists no parcels for it. The tracker says so in
+ * its version list (the latest's `uncovered_layouts`), which the retention
+ * check reads every TESSERA_PUB_CHECK_MS and at once when the leader's
+ * held watch (GET /versions?layouts_rev=R) says a replica came alive. The
+ * leader then runs an export of
+ * the same version in addendum mode (pub_export.c does the work):
+ *   1. the tracker's manifest of the version (its digest and chunk size);
+ *   2. the new layouts planned; no snapshot is taken: the version kept as
+ *      the parent of the next one has its snapshot of each trainer rank's
+ *      memory, read as it is; else each rank's memory is rebuilt from the
+ *      raw parcels it sent in the version as served (an anchor's served
+ *      buffers), which hold exactly the version's bytes
+ *      (the source may have moved on: a trainer's buffers hold its next
+ *      weights by now); only where those parcels do not reach every byte
+ *      the new layouts read (a layout withdrawn meanwhile) is the rank
+ *      rebuilt from the source (fixture or checkpoint: deterministic);
+ *   3. only the new layouts' parcels gathered and hashed, on the workers;
+ *   4. per layout an addendum (proto/addendum.h) signed and POSTed;
+ *   5. the new parcels joined to the served version (their own slices and
+ *      regions, as a layout of the original export has) and offered with it.
+ * A node that lacks a delta version's parent and takes the version whole
+ * asks for a raw copy of its layout (the latest's copy_wanted): the same
+ * export, for a layout the version lists, signed as a copy addendum
+ * (proto/addendum.h) from the same snapshot or parcels; it is only posted,
+ * not offered (the version's offers of that layout are its deltas): the
+ * node reads the bytes from replicas that hold the version.
+ * Only a version this process still serves is extended: the newest one
+ * always is, unless the publisher restarted and has not re-offered it yet.
+ * Otherwise it says so and the replica waits for the next version. With
+ * several publisher processes nothing is extended yet (the others would
+ * have to rebuild and offer their ranks' parcels of the new layout, as
+ * they do for a version): the replica waits for the next version.
+ */
+
+#define ADD_RETRY_MS 5000 /* a failed extension of a version is tried again after */
+#define POST_TRIES 20     /* transport failures before giving up */
+
+struct pub_addenda {
+	size_t n, sent;
+	unsigned tries;
+	uint8_t **buf;
+	size_t *len;
+};
+
+void node__pub_addenda_free(struct pub_addenda *a)
+{
+	if (a == NULL)
+		return;
+	for (size_t i = 0; i < a->n; i++)
+		free(a->buf[i]);
+	free(a->buf);
+	free(a->len);
+	free(a);
+}
+
+static struct pub_version *served(struct node_pub *p, uint64_t v)
+{
+	for (struct pub_version *pv = p->versions; pv; pv = pv->next)
+		if (pv->version == v && !pv->releasing)
+			return pv;
+	return NULL;
+}
+
+static bool serves_layout(const struct pub_version *pv, const uint8_t *digest)
+{
+	for (size_t li = 0; li < pv->nlayouts; li++)
+		if (memcmp(pv->layouts[li].digest, digest, PROTO_HASH_BYTES) == 0)
+			return true;
+	return false;
+}
+
+void node__pub_addendum_check(struct node_pub *p, const struct trk_version_info *vi, size_t n,
+			      uint64_t latest)
+{
+	const struct trk_version_info *info = NULL;
+	struct pub_version *pv;
+	char h[2 * PROTO_HASH_BYTES + 1];
+
+	for (size_t i = 0; i < n; i++)
+		if (vi[i].version == latest)
+			info = &vi[i];
+	if (info == NULL || (info->nuncovered == 0 && info->nadded == 0 && info->ncopy_wanted == 0) ||
+	    !p->leader ||
+	    p->dead || !p->ready || p->ex != NULL)
+		return;
+	if (p->add_failed_v == latest && proto_wall_ms() - p->add_failed_ms < ADD_RETRY_MS)
+		return;
+	pv = served(p, latest);
+	/* Layouts no manifest or addendum lists yet, and those added by
+	 * addenda that this process does not serve (it restarted): the same
+	 * addendum is made again (the sources are deterministic) and offered. */
+	p->nadd_want = 0;
+	for (uint32_t k = 0; k < info->nuncovered; k++)
+		if (pv == NULL || !serves_layout(pv, info->uncovered[k]))
+			memcpy(p->add_want[p->nadd_want++], info->uncovered[k], PROTO_HASH_BYTES);
+	for (uint32_t k = 0; k < info->nadded && p->nadd_want < TRK_RETAIN_LAYOUTS_MAX; k++)
+		if (pv == NULL || !serves_layout(pv, info->added[k]))
+			memcpy(p->add_want[p->nadd_want++], info->added[k], PROTO_HASH_BYTES);
+	/* Else raw copies of the delta's own layouts, if asked for. */
+	p->add_copy = p->nadd_want == 0;
+	for (uint32_t k = 0; p->add_copy && pv != NULL && pv->delta && k < info->ncopy_wanted; k++)
+		if (serves_layout(pv, info->copy_wanted[k]))
+			memcpy(p->add_want[p->nadd_want++], info->copy_wanted[k], PROTO_HASH_BYTES);
+	if (p->nadd_want == 0)
+		return; /* all served; the tracker hears of new ones with their addenda */
+	sodium_bin2hex(h, sizeof(h), p->add_want[0], PROTO_HASH_BYTES);
+	if (p->nhosted != p->tl.nranks) {
+		if (p->add_gone_v != latest)
+			LOG_WARN("version %llu lacks layout %.16s; other processes host trainer ranks "
+				 "and do not extend versions: that replica waits for the next version",
+				 (unsigned long long)latest, h);
+		p->add_gone_v = latest;
+		return;
+	}
+	if (pv == NULL) {
+		if (p->add_gone_v != latest)
+			LOG_WARN("version %llu lacks layout %.16s but this publisher no longer serves it: "
+				 "that replica waits for the next version",
+				 (unsigned long long)latest, h);
+		p->add_gone_v = latest;
+		return;
+	}
+	if (p->add_copy)
+		LOG_INFO("version %llu: a raw copy of layout %.16s%s is wanted: signing it by "
+			 "addendum",
+			 (unsigned long long)latest, h, p->nadd_want > 1 ? " and others" : "");
+	else
+		LOG_INFO("version %llu lacks layout %.16s%s: extending it by addendum",
+			 (unsigned long long)latest, h, p->nadd_want > 1 ? " and others" : "");
+	p->add_version = latest;
+	p->addendum_next = true;
+	node__pub_ex_start(p, NULL, latest, false);
+}
+
+bool node__pub_addendum_wants(const struct node_pub *p, const struct pub_layout *sl)
+{
+	for (uint32_t k = 0; k < p->nadd_want; k++)
+		if (memcmp(p->add_want[k], sl->digest, PROTO_HASH_BYTES) == 0)
+			return true;
+	return false;
+}
+
+/* ---- the version as served, back into trainer ranks' memory --------------------- */
+
+static int add_src(struct pub_rsrc **rs, size_t *n, size_t *cap, const struct pub_layout *sl,
+		   const struct proto_parcel *pc, const uint8_t *payload)
+{
+	if (sl == NULL || pc == NULL || payload == NULL)
+		return 0;
+	if (*n == *cap) {
+		size_t c = PROTO_MAX(2 * *cap, 16);
+		struct pub_rsrc *g = realloc(*rs, c * sizeof(*g));
+		if (g == NULL)
+			return -ENOMEM;
+		*rs = g;
+		*cap = c;
+	}
+	(*rs)[(*n)++] = (struct pub_rsrc){sl, pc, payload};
+	return 0;
+}
+
+int node__pub_addendum_sources(struct node_pub *p, uint64_t v, uint32_t rank,
+			       struct pub_rsrc **out, size_t *n)
+{
+	struct pub_version *pv = served(p, v);
+	size_t cap = 0;
+	int rc = 0;
+
+	*out = NULL;
+	*n = 0;
+	if (pv == NULL)
+		return 0;
+	if (!pv->delta) {
+		/* An anchor serves its parcels raw: each offer says where (its
+		 * layout's slice of the rank's buffer, the offset in it). */
+		for (size_t k = 0; k < pv->noffers && rc == 0; k++) {
+			const struct trk_offer *o = &pv->offers[k];
+			uint32_t li = pv->offer_li[k];
+			const struct pub_part *pt = NULL;
+			for (size_t i = 0; i < pv->nparts && pt == NULL; i++)
+				if (pv->parts[i].rank == o->src_rank && pv->parts[i].buf != NULL)
+					pt = &pv->parts[i];
+			if (o->src_rank != rank || pt == NULL || li >= pv->nlayouts ||
+			    pv->layouts[li].state != PUB_L_SERVED || li >= pt->nslices ||
+			    pt->slices[li].mr == NULL)
+				continue;
+			const struct pub_slice *sc = &pt->slices[li];
+			const struct pub_layout *sl = node__pub_layout_find(p, o->layout);
+			const struct proto_parcel *pc =
+				sl != NULL && !sl->bad ? proto_plan_parcel(&sl->plan, o->src_rank, o->dst_rank)
+						       : NULL;
+			struct fab_rkey rk;
+			fab_mr_rkey(sc->mr, &rk);
+			if (pc == NULL || pc->bytes != o->len || o->addr < rk.addr ||
+			    o->addr - rk.addr > sc->len || o->len > sc->len - (o->addr - rk.addr))
+				continue;
+			rc = add_src(out, n, &cap, sl, pc, pt->buf + sc->off + (o->addr - rk.addr));
+		}
+	}
+	if (rc != 0) {
+		free(*out);
+		*out = NULL;
+		*n = 0;
+	}
+	return rc;
+}
+
+/* A bit per byte of a rank's memory: which bytes the served parcels hold. */
+struct cover {
+	uint64_t *bits;
+	uint64_t len;
+	bool ok, bad;
+};
+
+static void cover_mark(void *arg, uint64_t at, uint64_t n)
+{
+	struct cover *cv = arg;
+
+	if (at > cv->len || n > cv->len - at) {
+		cv->bad = true; /* a parcel outside the rank: not ours to trust */
+		return;
+	}
+	for (uint64_t b = at; b < at + n;) {
+		if (b % 64 == 0 && at + n - b >= 64) {
+			cv->bits[b / 64] = ~(uint64_t)0;
+			b += 64;
+		} else {
+			cv->bits[b / 64] |= (uint64_t)1 << (b % 64);
+			b++;
+		}
+	}
+}
+
+static void cover_check(void *arg, uint64_t at, uint64_t n)
+{
+	struct cover *cv = arg;
+
+	if (!cv->ok || at > cv->len || n > cv->len - at) {
+		cv->ok = false;
+		return;
+	}
+	for (uint64_t b = at; b < at + n && cv->ok;) {
+		if (b % 64 == 0 && at + n - b >= 64) {
+			cv->ok = cv->bits[b / 64] == ~(uint64_t)0;
+			b += 64;
+		} else {
+			cv->ok = (cv->bits[b / 64] >> (b % 64)) & 1;
+			b++;
+		}
+	}
+}
+
+/* Layout by layout (rs lists each layout's parcels together), the served
+ * parcels are marked until they reach every byte pt's items read; only
+ * those layouts' parcels are put back (usually the first layout's: any
+ * layout's parcels from a rank hold all of it). */
+bool node__pub_addendum_restore(const struct node_pub *p, uint32_t rank, const struct pub_rsrc *rs,
+				size_t n, const struct pub_part *pt, uint8_t *block, size_t cap)
+{
+	struct cover cv = {.len = p->tl.ranks[rank].nbytes};
+	size_t used = 0;
+
+	if (cv.len > cap || (cv.bits = calloc(cv.len / 64 + 1, sizeof(*cv.bits))) == NULL)
+		return false;
+	while (used < n && !cv.ok && !cv.bad) {
+		const struct pub_layout *sl = rs[used].sl;
+		for (; used < n && rs[used].sl == sl && !cv.bad; used++)
+			proto_parcel_src_spans(&sl->plan, rs[used].pc, &p->tl, 0, rs[used].pc->bytes,
+					       cover_mark, &cv);
+		cv.ok = !cv.bad;
+		for (size_t k = 0; k < pt->nitems && cv.ok; k++)
+			proto_parcel_src_spans(&pt->items[k].sl->plan, pt->items[k].pc, &p->tl, 0,
+					       pt->items[k].pc->bytes, cover_check, &cv);
+	}
+	free(cv.bits);
+	if (!cv.ok || cv.bad)
+		return false;
+	for (size_t i = 0; i < used; i++)
+		proto_parcel_ungather(&rs[i].sl->plan, rs[i].pc, &p->tl, block, 0, rs[i].pc->bytes,
+				      rs[i].payload);
+	return true;
+}
+
+/* ---- the addenda -------------------------------------------------------------- */
+
+/* Addendum li from the parts' hashes (items of that layout). */
+static int build_one(struct node_pub *p, size_t li, struct proto_addendum *ad,
+		     struct proto_err *err)
+{
+	struct pub_export *ex = p->ex;
+	const struct pub_layout *sl = ex->layouts[li];
+	struct proto_manifest tmp;
+	struct proto_mlayout *ml;
+	int rc;
+
+	proto_addendum_init(ad);
+	ad->version = ex->version;
+	ad->copy = p->add_copy;
+	memcpy(ad->manifest_digest, ex->m.digest, PROTO_HASH_BYTES);
+	ad->chunk_size = ex->m.chunk_size;
+	/* The layout block is built in a manifest (its chunk-list helpers),
+	 * then moved into the addendum. */
+	proto_manifest_init(&tmp);
+	tmp.chunk_size = ex->m.chunk_size;
+	ml = proto_manifest_add_layout(&tmp, sl->digest, sl->plan.digest, sl->plan.nparcels);
+	if (ml == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	for (size_t i = 0; i < ex->pv->nparts; i++) {
+		const struct pub_part *pt = &ex->pv->parts[i];
+		for (size_t j = 0; j < pt->nitems; j++) {
+			const struct pub_item *it = &pt->items[j];
+			struct proto_mparcel *mp = &ml->parcels[it->pi];
+			if (it->li != li)
+				continue;
+			mp->src_rank = it->pc->src_rank;
+			mp->dst_rank = it->pc->dst_rank;
+			mp->bytes = it->pc->bytes;
+			mp->encoding = PROTO_ENC_RAW;
+			if ((rc = proto_mparcel_alloc_chunks(&tmp, mp, it->pc->bytes)) != 0) {
+				proto_manifest_fini(&tmp);
+				return proto_errf(err, -rc, "sizing parcel %u->%u's chunk list",
+						  mp->src_rank, mp->dst_rank);
+			}
+			for (uint32_t c = 0; c < mp->nchunks; c++)
+				memcpy(mp->chunks[c].hash, it->hash[c], PROTO_HASH_BYTES);
+		}
+	}
+	ad->layout = *ml;
+	ml->parcels = NULL;
+	ml->nparcels = 0;
+	proto_manifest_fini(&tmp);
+	return 0;
+}
+
+int node__pub_addendum_build(struct node_pub *p, struct proto_err *err)
+{
+	struct pub_export *ex = p->ex;
+	struct pub_addenda *a = calloc(1, sizeof(*a));
+	int rc = 0;
+
+	if (a == NULL || (a->buf = calloc(ex->nlayouts, sizeof(*a->buf))) == NULL ||
+	    (a->len = calloc(ex->nlayouts, sizeof(*a->len))) == NULL) {
+		node__pub_addenda_free(a);
+		return proto_errf(err, ENOMEM, "out of memory");
+	}
+	ex->add = a;
+	for (size_t li = 0; li < ex->nlayouts && rc == 0; li++) {
+		struct proto_addendum ad;
+		rc = build_one(p, li, &ad, err);
+		if (rc == 0)
+			rc = proto_addendum_sign(&ad, p->sk, &a->buf[li], &a->len[li], err);
+		proto_addendum_fini(&ad);
+		if (rc == 0)
+			a->n++;
+	}
+	return rc;
+}
+
+/* Joins the export's parts (its new layouts' slices, regions and offers)
+ * to the served version pv, which offers them with its own from now on. */
+static int join(struct node_pub *p, struct pub_version *pv, struct pub_version *add)
+{
+	size_t base = pv->nlayouts, k = add->nlayouts;
+	struct pub_vlayout *ls = realloc(pv->layouts, (base + k) * sizeof(*ls));
+	struct pub_part *parts;
+	struct trk_offer *offers;
+	uint32_t *oli;
+
+	if (ls == NULL)
+		return -ENOMEM;
+	pv->layouts = ls;
+	parts = realloc(pv->parts, (pv->nparts + add->nparts) * sizeof(*parts));
+	if (parts == NULL)
+		return -ENOMEM;
+	pv->parts = parts;
+	offers = realloc(pv->offers, PROTO_MAX(pv->noffers + add->noffers, 1) * sizeof(*offers));
+	if (offers == NULL)
+		return -ENOMEM;
+	pv->offers = offers;
+	oli = realloc(pv->offer_li, PROTO_MAX(pv->noffers + add->noffers, 1) * sizeof(*oli));
+	if (oli == NULL)
+		return -ENOMEM;
+	pv->offer_li = oli;
+	/* Each new part's slices, re-indexed past the version's layouts. */
+	for (size_t i = 0; i < add->nparts; i++) {
+		struct pub_part *pt = &add->parts[i];
+		struct pub_slice *sl;
+		if (pt->buf == NULL)
+			continue;
+		sl = calloc(base + k, sizeof(*sl));
+		if (sl == NULL)
+			return -ENOMEM;
+		memcpy(sl + base, pt->slices, pt->nslices * sizeof(*sl));
+		free(pt->slices);
+		pt->slices = sl;
+		pt->nslices = base + k;
+	}
+	/* Nothing can fail from here: move everything over. */
+	memcpy(pv->layouts + base, add->layouts, k * sizeof(*ls));
+	pv->nlayouts = base + k;
+	for (size_t i = 0; i < add->nparts; i++) {
+		if (add->parts[i].buf == NULL)
+			continue;
+		pv->parts[pv->nparts++] = add->parts[i];
+		memset(&add->parts[i], 0, sizeof(add->parts[i]));
+	}
+	for (size_t i = 0; i < add->noffers; i++) {
+		pv->offers[pv->noffers] = add->offers[i];
+		pv->offer_li[pv->noffers++] = (uint32_t)(add->offer_li[i] + base);
+	}
+	pv->so.offered = false;
+	pv->so.tried = false;
+	return 0;
+}
+
+static void on_post(const struct trk_answer *ans, void *arg)
+{
+	struct node_pub *p = arg;
+	struct pub_export *ex = p->ex;
+	struct pub_addenda *a = ex->add;
+	struct pub_version *pv;
+	char msg[600];
+
+	ex->req_busy = false;
+	if (ex->failed) {
+		node__pub_ex_step(p);
+		return;
+	}
+	if (ans->status == 200 || ans->status == 201) {
+		a->sent++;
+		a->tries = 0;
+	} else if ((ans->status < 0 || ans->status >= 500) && ++a->tries < POST_TRIES) {
+		LOG_WARN("posting an addendum of version %llu: %s (retrying)",
+			 (unsigned long long)ex->version, ans->error);
+		node__pub_timer_ms(p->ex_ev, RETRY_MS);
+	} else {
+		snprintf(msg, sizeof(msg), "the tracker refused its addendum: %s", ans->error);
+		node__pub_ex_fail(p, EIO, msg);
+	}
+	if (!ex->failed && a->sent == a->n) {
+		pv = served(p, ex->version);
+		if (pv == NULL) {
+			node__pub_ex_fail(p, ENOENT, "the version stopped being served meanwhile");
+		} else if (!p->add_copy && join(p, pv, ex->pv) != 0) {
+			node__pub_ex_fail(p, ENOMEM, "out of memory joining the new layouts");
+		} else {
+			node__pub_version_free(p, ex->pv);
+			ex->pv = pv;
+			ex->phase = EX_OFFER;
+			node__pub_sync_offers(p);
+		}
+	}
+	node__pub_ex_step(p);
+}
+
+int node__pub_addendum_post(struct node_pub *p)
+{
+	struct pub_addenda *a = p->ex->add;
+
+	return trk_client_post_addendum(p->trk, a->buf[a->sent], a->len[a->sent], on_post, p);
+}

@@ -1,0 +1,586 @@
+/* The publisher's delta versions: the parent export, when to send an anchor,
+ * encoding each parcel against its parent, laying the deltas out to serve. */
+#include "node/publisher/pub_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "proto/canary.h"
+#include "proto/delta.h"
+
+void node__pub_parent_free(struct pub_parent *pp)
+{
+	if (pp == NULL)
+		return;
+	for (size_t i = 0; i < pp->nparts; i++) {
+		if (pp->parts[i].block != NULL)
+			node_serve_unmap(pp->parts[i].block, pp->parts[i].cap);
+		for (size_t k = 0; k < pp->parts[i].nitems; k++)
+			free(pp->parts[i].items[k].sums);
+		free(pp->parts[i].items);
+	}
+	free(pp->parts);
+	free(pp);
+}
+
+const char *node__pub_delta_why_anchor(struct node_pub *p, struct pub_export *ex)
+{
+	const struct pub_parent *pp = p->parent;
+
+	if (p->anchor_every <= 1)
+		return "every version is an anchor (anchor every 1)";
+	if (p->nhosted != p->tl.nranks)
+		return "the trainer ranks are hosted by several publishers";
+	if (pp == NULL)
+		return p->published == 0 ? "the first version this publisher exports"
+					 : "no parent export (the last one was not kept)";
+	if (pp->version + 1 != ex->version ||
+	    memcmp(pp->digest, p->prev_digest, PROTO_HASH_BYTES) != 0)
+		return "the parent export is not the latest version's";
+	if (pp->since_anchor + 1 >= p->anchor_every) {
+		snprintf(ex->why, sizeof(ex->why), "one anchor every %u versions", p->anchor_every);
+		return ex->why;
+	}
+	/* The publisher serves the anchor and every delta after it (a node
+	 * lacking the parent replays them): a chain that costs as much as the
+	 * anchor is cut, which bounds what it keeps at twice the anchor. */
+	if (pp->chain_wire >= pp->anchor_bytes)
+		return "the deltas since the anchor add up to its size";
+	if (p->anchor_wanted)
+		return "a node asked for one (it lacks the parent)";
+	return NULL;
+}
+
+bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex)
+{
+	const struct pub_parent *pp = p->parent;
+
+	for (size_t i = 0; i < ex->pv->nparts; i++) {
+		struct pub_part *pt = &ex->pv->parts[i];
+		const struct pub_praw *pr = NULL;
+		for (size_t k = 0; k < pp->nparts; k++)
+			if (pp->parts[k].rank == pt->rank)
+				pr = &pp->parts[k];
+		for (size_t j = 0; j < pt->nitems; j++) {
+			struct pub_item *it = &pt->items[j];
+			it->parent = NULL;
+			it->parent_sums = NULL;
+			for (size_t k = 0; pr != NULL && k < pr->nitems; k++) {
+				const struct pub_pitem *q = &pr->items[k];
+				if (q->src == it->pc->src_rank && q->dst == it->pc->dst_rank &&
+				    q->bytes == it->pc->bytes && pr->block != NULL &&
+				    memcmp(q->layout, it->sl->digest, PROTO_HASH_BYTES) == 0) {
+					it->parent = pr->block;
+					it->parent_canary = q->canary;
+					it->parent_sums = q->sums;
+				}
+			}
+			if (it->parent == NULL && it->pc->bytes > 0)
+				return false;
+		}
+	}
+	return true;
+}
+
+/*
+ * How many changed elements a parcel's delta may have before encoding
+ * stops (0: no limit). Encoding a dense change costs seconds per GiB and
+ * its result is refused anyway (the synthetic fixture's versions are
+ * unrelated random bytes), so the encoder's scan, which counts the changes
+ * anyway, stops it once more than twice TESSERA_DELTA_MAX_PERCENT of the
+ * elements changed (no sampling pass of its own). At the default 50 % that
+ * is every element: no limit, and a dense child is encoded whole.
+ */
+static uint64_t max_changed(const struct proto_dparcel *dp)
+{
+	uint64_t pct = 2 * proto_param(PROTO_PARAM_DELTA_MAX_PERCENT), n = 0;
+
+	if (pct >= 100)
+		return 0;
+	for (uint32_t i = 0; i < dp->npieces; i++)
+		n += dp->pieces[i].len / dp->pieces[i].elsize;
+	return PROTO_MAX(n / 100 * pct + n % 100 * pct / 100, 1);
+}
+
+/* What the encoder's callbacks of one parcel share: its canary part from
+ * the changes, and where each stretch of its pieces lies in the snapshots. */
+struct enc_ctx {
+	const struct node_pub *p;
+	const struct pub_item *it;
+	const struct proto_dparcel *dp;
+	const struct proto_canary_map *map;
+	const uint8_t *block, *parent; /* the version's and the parent's snapshots */
+	_Atomic uint64_t sum;          /* wrapping, like the score */
+	_Atomic uint64_t in_place;     /* bytes read where they lie */
+};
+
+static void on_changes(void *arg, uint32_t t, uint64_t base, const uint32_t *pos, size_t k,
+		       const uint8_t *parent, const uint8_t *child)
+{
+	struct enc_ctx *c = arg;
+	const struct proto_dpiece *pp = &c->dp->pieces[t];
+
+	atomic_fetch_add(&c->sum, proto_canary_map_changes(c->map, pp->pay_off + base * pp->elsize,
+							   pp->elsize, pos, k, parent, child));
+}
+
+/* Where a stretch lies in the source rank's memory: at is its first byte's
+ * offset while the spans follow each other; ok false once one does not. */
+struct src_run {
+	uint64_t at, end;
+	bool any, ok;
+};
+
+static void src_span(void *arg, uint64_t at, uint64_t n)
+{
+	struct src_run *r = arg;
+
+	if (!r->any)
+		r->at = r->end = at;
+	r->ok &= !r->any || at == r->end;
+	r->any = true;
+	r->end = at + n;
+}
+
+/*
+ * The encoder asks where a stretch of a piece lies (proto/delta.h's
+ * locate): where it is one stretch of the source rank's memory, which it
+ * nearly always is (a piece is runs adjacent in payload and destination:
+ * several tensors, whose shards lie apart in the trainer rank, or a
+ * column shard's rows, apart in a row-split one; a stretch of 2^15
+ * elements is mostly inside one run), the scan reads both snapshots there;
+ * else the stretch of each is gathered into the thread's room, in cache,
+ * right before the scan reads it.
+ */
+static void on_locate(void *arg, uint32_t t, uint64_t base, uint64_t n, uint8_t *room,
+		      const uint8_t **a, const uint8_t **b)
+{
+	struct enc_ctx *c = arg;
+	const struct pub_item *it = c->it;
+	const struct proto_dpiece *pp = &c->dp->pieces[t];
+	uint64_t off = pp->pay_off + base * pp->elsize, len = n * pp->elsize;
+	struct src_run sr = {.ok = true};
+
+	proto_parcel_src_spans(&it->sl->plan, it->pc, &c->p->tl, off, len, src_span, &sr);
+	if (sr.ok && sr.any && sr.end - sr.at == len) {
+		*a = c->parent + sr.at;
+		*b = c->block + sr.at;
+		atomic_fetch_add(&c->in_place, len);
+		return;
+	}
+	proto_parcel_gather(&it->sl->plan, it->pc, &c->p->tl, c->block, off, len, room);
+	proto_parcel_gather(&it->sl->plan, it->pc, &c->p->tl, c->parent, off, len, room + len);
+	*b = room;
+	*a = room + len;
+}
+
+unsigned node__pub_delta_threads(size_t nranks)
+{
+	uint64_t n = proto_param(PROTO_PARAM_DELTA_THREADS);
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+
+	if (n == 0)
+		n = (uint64_t)PROTO_MAX(1, ncpu) / PROTO_MAX(nranks, 1);
+	return (unsigned)PROTO_MAX(1, PROTO_MIN(n, 8u));
+}
+
+void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32_t chunk_size,
+				 unsigned threads, const uint8_t *block)
+{
+	struct proto_dparcel dp;
+	struct proto_delta_stats st;
+	struct proto_delta_opts o = {.threads = threads, .parent_sums = it->parent_sums};
+	struct enc_ctx cn = {.p = p, .it = it, .dp = &dp, .block = block, .parent = it->parent,
+			     .sum = 0, .in_place = 0};
+	const uint8_t **pd = NULL, **cd = NULL;
+	struct proto_canary_map *map = NULL;
+	struct proto_err err = {{0}};
+	size_t len = 0;
+
+	free(it->hash);
+	it->hash = NULL;
+	free(it->sums);
+	it->sums = NULL;
+	it->nchunks = 0;
+	it->wire = 0;
+	it->in_place = 0;
+	if (it->pc->bytes == 0) {
+		it->canary = 0;
+		return;
+	}
+	it->enc_rc = proto_dparcel_build(&p->model, &it->sl->plan, it->pc, &it->sl->layout, &dp,
+					 &err);
+	if (it->enc_rc != 0)
+		goto done;
+	/* Kept for the next version's encode against this one: its parent
+	 * sums (no sums on out of memory: summed there). */
+	it->sums = calloc(PROTO_MAX(dp.npieces, 1), sizeof(*it->sums));
+	/* Every piece is read where on_locate says; data[] is only the base
+	 * its offsets stay inside (a piece is at most the rank's bytes). */
+	pd = calloc((size_t)dp.npieces + 1, sizeof(*pd));
+	cd = calloc((size_t)dp.npieces + 1, sizeof(*cd));
+	/* The canary part follows the scan's changes: without its map the
+	 * parcel has no payload to compare, and goes as an anchor. */
+	map = proto_canary_map_new(&it->sl->plan, it->pc, &it->sl->layout);
+	if (pd == NULL || cd == NULL || map == NULL) {
+		it->enc_rc = proto_errf(&err, ENOMEM, "out of memory");
+	} else {
+		for (uint32_t i = 0; i < dp.npieces; i++) {
+			pd[i] = it->parent;
+			cd[i] = block;
+		}
+		cn.map = map;
+		o.child_sums = it->sums;
+		o.max_changed = max_changed(&dp);
+		o.on_changes = on_changes;
+		o.changes_arg = &cn;
+		o.locate = on_locate;
+		o.locate_arg = &cn;
+		it->enc_rc = proto_dparcel_encode_at(&dp, pd, cd, &o, &it->enc, &len, &st, &err);
+	}
+	free(pd);
+	free(cd);
+	proto_dparcel_fini(&dp);
+	proto_canary_map_free(map);
+	it->canary = it->parent_canary + atomic_load(&cn.sum);
+	it->in_place = atomic_load(&cn.in_place);
+done:
+	if (it->enc_rc == -E2BIG) {
+		free(it->sums);
+		it->sums = NULL;
+		it->enc_rc = 0;
+		it->wire = it->pc->bytes; /* as the anchor: place() refuses it */
+		it->dense = true;
+		return;
+	}
+	if (it->enc_rc != 0) {
+		free(it->sums);
+		it->sums = NULL;
+		LOG_WARN("version parcel %u->%u: delta encoding failed: %s", it->pc->src_rank,
+			 it->pc->dst_rank, err.msg);
+		return;
+	}
+	it->wire = len;
+	it->changed = st.nchanged;
+	it->nchunks = (uint32_t)((len + chunk_size - 1) / chunk_size);
+	it->hash = calloc(PROTO_MAX(it->nchunks, 1), PROTO_HASH_BYTES);
+	if (it->hash == NULL) {
+		it->enc_rc = -ENOMEM;
+		return;
+	}
+	for (uint32_t c = 0; c < it->nchunks; c++) {
+		uint64_t c0 = (uint64_t)c * chunk_size;
+		crypto_generichash(it->hash[c], PROTO_HASH_BYTES, it->enc + c0,
+				   PROTO_MIN((uint64_t)chunk_size, len - c0), NULL, 0);
+	}
+}
+
+void node__pub_part_layout(struct pub_part *pt, size_t nlayouts)
+{
+	uint64_t off = 0;
+	size_t j = 0;
+
+	for (size_t li = 0; li < nlayouts; li++) {
+		pt->slices[li].off = off;
+		for (; j < pt->nitems && pt->items[j].li == li; j++) {
+			pt->items[j].off = off;
+			off = (off + pt->items[j].wire + PUB_ALIGN - 1) & ~(uint64_t)(PUB_ALIGN - 1);
+		}
+		pt->slices[li].len = off - pt->slices[li].off;
+	}
+	pt->used = off;
+}
+
+/* The deltas are not sent: each item goes back to its raw payload. */
+static void back_to_raw(struct pub_export *ex)
+{
+	for (size_t i = 0; i < ex->pv->nparts; i++) {
+		struct pub_part *pt = &ex->pv->parts[i];
+		for (size_t j = 0; j < pt->nitems; j++) {
+			struct pub_item *it = &pt->items[j];
+			free(it->enc);
+			it->enc = NULL;
+			it->wire = it->pc->bytes;
+		}
+	}
+}
+
+int node__pub_delta_place(struct node_pub *p, struct pub_export *ex, struct proto_err *err)
+{
+	uint64_t wire = 0, raw = 0;
+	bool failed = false, dense = false;
+
+	for (size_t i = 0; i < ex->pv->nparts; i++)
+		for (size_t j = 0; j < ex->pv->parts[i].nitems; j++) {
+			const struct pub_item *it = &ex->pv->parts[i].items[j];
+			failed |= it->enc_rc != 0;
+			dense |= it->dense;
+			wire += it->wire;
+			raw += it->pc->bytes;
+		}
+	ex->raw_bytes = raw;
+	if (failed || dense || wire * 100 > raw * proto_param(PROTO_PARAM_DELTA_MAX_PERCENT)) {
+		if (failed)
+			snprintf(ex->why, sizeof(ex->why), "a parcel's delta could not be encoded");
+		else if (dense)
+			snprintf(ex->why, sizeof(ex->why),
+				 "a parcel changed too much for a delta (counted while encoding)");
+		else
+			snprintf(ex->why, sizeof(ex->why),
+				 "the delta would be %.1f %% of the anchor (more than TESSERA_DELTA_MAX_PERCENT)",
+				 raw ? 100.0 * (double)wire / (double)raw : 0.0);
+		back_to_raw(ex);
+		ex->delta = false;
+		return 1;
+	}
+	for (size_t i = 0; i < ex->pv->nparts; i++) {
+		struct pub_part *pt = &ex->pv->parts[i];
+		node__pub_part_layout(pt, ex->nlayouts);
+		if (node__pub_part_alloc(p, pt) != 0)
+			return proto_errf(err, ENOMEM, "cannot map a %llu-byte export buffer for rank %u",
+					  (unsigned long long)node__pub_page_round(pt->used), pt->rank);
+		for (size_t j = 0; j < pt->nitems; j++) {
+			struct pub_item *it = &pt->items[j];
+			if (it->enc != NULL)
+				memcpy(pt->buf + it->off, it->enc, it->wire);
+			free(it->enc);
+			it->enc = NULL;
+		}
+	}
+	return 0;
+}
+
+void node__pub_parent_stage(struct node_pub *p, struct pub_export *ex)
+{
+	struct pub_parent *pp = calloc(1, sizeof(*pp));
+	struct pub_version *pv = ex->pv;
+
+	if (pp == NULL || (pp->parts = calloc(PROTO_MAX(pv->nparts, 1), sizeof(*pp->parts))) == NULL)
+		goto fail;
+	for (size_t i = 0; i < pv->nparts; i++)
+		if (pv->parts[i].rank >= p->tl.nranks || p->blocks[pv->parts[i].rank] == NULL)
+			goto fail;
+	for (size_t i = 0; i < pv->nparts; i++) {
+		struct pub_part *pt = &pv->parts[i];
+		struct pub_praw *pr = &pp->parts[pp->nparts];
+		pr->items = calloc(PROTO_MAX(pt->nitems, 1), sizeof(*pr->items));
+		if (pr->items == NULL)
+			goto fail;
+		pp->nparts++;
+		pr->rank = pt->rank;
+		for (size_t j = 0; j < pt->nitems; j++) {
+			struct pub_item *it = &pt->items[j];
+			struct pub_pitem *q = &pr->items[pr->nitems++];
+			memcpy(q->layout, it->sl->digest, PROTO_HASH_BYTES);
+			q->src = it->pc->src_rank;
+			q->dst = it->pc->dst_rank;
+			q->bytes = it->pc->bytes;
+			q->canary = it->canary;
+			q->sums = it->sums; /* moves: the snapshot they sum moves too */
+			it->sums = NULL;
+		}
+		/* The snapshot is the parent now: the next one is taken into
+		 * the block the parent before it gives back (at the commit). */
+		pr->block = p->blocks[pt->rank];
+		pr->cap = p->block_cap[pt->rank];
+		p->blocks[pt->rank] = NULL;
+		p->block_cap[pt->rank] = 0;
+	}
+	pp->version = ex->version;
+	pp->since_anchor = ex->delta ? ex->since_anchor : 0;
+	pp->anchor_bytes = ex->delta && p->parent != NULL ? p->parent->anchor_bytes : ex->raw_bytes;
+	if (ex->delta && p->parent != NULL) {
+		pp->chain_wire = p->parent->chain_wire;
+		for (size_t i = 0; i < pv->nparts; i++)
+			for (size_t j = 0; j < pv->parts[i].nitems; j++)
+				pp->chain_wire += pv->parts[i].items[j].wire;
+	}
+	node__pub_parent_free(ex->next_parent);
+	ex->next_parent = pp;
+	return;
+fail:
+	node__pub_parent_free(pp);
+}
+
+uint8_t *node__pub_parent_block(const struct node_pub *p, uint64_t v, uint32_t rank)
+{
+	for (size_t i = 0; p->parent != NULL && p->parent->version == v && i < p->parent->nparts;
+	     i++)
+		if (p->parent->parts[i].rank == rank && p->parent->parts[i].cap >= p->tl.ranks[rank].nbytes)
+			return p->parent->parts[i].block;
+	return NULL;
+}
+
+bool node__pub_keeps_parent(const struct node_pub *p)
+{
+	return p->anchor_every > 1 && p->nhosted == p->tl.nranks;
+}
+
+/*
+ * The first delta after an anchor has no block to take its snapshot into:
+ * the parent before the anchor, whose blocks would take turns with the
+ * anchor's, did not exist (or was dropped). Mapping fresh pages then puts
+ * their first-touch faults (and zeroing) on that delta's critical path,
+ * which made v2 take about twice as long as the deltas after it. A worker
+ * maps and touches the blocks while the anchor is distributed instead.
+ *
+ * The first export has the same problem twice over: its snapshot blocks
+ * and served buffers are fresh pages (profiled on a 128 MiB anchor: two
+ * thirds of the gather workers' CPU was the kernel zeroing them). So a
+ * publisher that keeps parents maps and touches one of each per trainer
+ * rank, sized to the rank's shard, while it waits for its first export
+ * (node__pub_prefault_first); the export takes them.
+ */
+enum pf_kind { PF_BLOCK, PF_SERVED };
+
+struct pub_prefault {
+	pthread_t tid;
+	const atomic_bool *abort;
+	const struct proto_ckpt *ck; /* a checkpoint to read ahead, or NULL */
+	size_t n;
+	struct pub_pbuf {
+		uint32_t rank;
+		enum pf_kind kind;
+		size_t cap;
+		uint8_t *raw;
+	} *bufs;
+};
+
+#define PREFAULT_STEP 4096u /* one write per page: a fault per page not yet there */
+
+static void *prefault_main(void *arg)
+{
+	struct pub_prefault *pf = arg;
+
+	/* The snapshot preads the checkpoint (node__pub_source_fill): its
+	 * pages need only be in the page cache, not mapped here. */
+	for (uint32_t s = 0; pf->ck != NULL && s < pf->ck->nshards && !atomic_load(pf->abort); s++)
+		if (pf->ck->shards[s].map != NULL)
+			(void)posix_fadvise(pf->ck->shards[s].fd, 0, 0, POSIX_FADV_WILLNEED);
+	for (size_t i = 0; i < pf->n && !atomic_load(pf->abort); i++) {
+		struct pub_pbuf *b = &pf->bufs[i];
+		if ((b->raw = node_serve_map(b->cap)) == NULL)
+			continue;
+		for (size_t o = 0; o < b->cap && !atomic_load(pf->abort); o += PREFAULT_STEP)
+			((volatile uint8_t *)b->raw)[o] = 0;
+	}
+	return NULL;
+}
+
+void node__pub_prefault_join(struct node_pub *p)
+{
+	struct pub_prefault *pf = p->prefault;
+
+	if (pf == NULL)
+		return;
+	pthread_join(pf->tid, NULL);
+	for (size_t i = 0; i < pf->n; i++) {
+		struct pub_pbuf *b = &pf->bufs[i];
+		if (b->raw == NULL)
+			continue;
+		if (b->kind == PF_BLOCK && p->blocks[b->rank] == NULL) {
+			p->blocks[b->rank] = b->raw;
+			p->block_cap[b->rank] = b->cap;
+		} else if (b->kind == PF_SERVED && p->spare_buf[b->rank] == NULL) {
+			p->spare_buf[b->rank] = b->raw;
+			p->spare_buf_cap[b->rank] = b->cap;
+		} else {
+			node_serve_unmap(b->raw, b->cap);
+		}
+	}
+	free(pf->bufs);
+	free(pf);
+	p->prefault = NULL;
+}
+
+/* Starts the worker on the n buffers of pf (taking pf); none: frees it. */
+static void prefault_launch(struct node_pub *p, struct pub_prefault *pf)
+{
+	pf->abort = &p->abort;
+	if ((pf->n == 0 && pf->ck == NULL) ||
+	    pthread_create(&pf->tid, NULL, prefault_main, pf) != 0) {
+		free(pf->bufs);
+		free(pf);
+		return;
+	}
+	p->prefault = pf;
+}
+
+/* Version v's checkpoint when the publisher reads a model dir, else NULL. */
+static const struct proto_ckpt *checkpoint_of(const struct node_pub *p, uint64_t v)
+{
+	return !p->synthetic && !p->trainer && v >= 1 && v <= p->nfiles ? &p->files[v - 1].ck
+									  : NULL;
+}
+
+void node__pub_prefault_first(struct node_pub *p)
+{
+	struct pub_prefault *pf;
+	uint32_t nr = p->tl.nranks;
+
+	if (p->prefault != NULL || p->parent != NULL || (pf = calloc(1, sizeof(*pf))) == NULL)
+		return;
+	pf->ck = checkpoint_of(p, p->published + 1);
+	if (!node__pub_keeps_parent(p) ||
+	    (pf->bufs = calloc((size_t)nr * 2, sizeof(*pf->bufs))) == NULL)
+		nr = 0;
+	for (uint32_t r = 0; r < nr; r++) {
+		size_t cap = node__pub_page_round(p->tl.ranks[r].nbytes);
+		if (cap == 0)
+			continue;
+		if (p->blocks[r] == NULL)
+			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = r, .kind = PF_BLOCK, .cap = cap};
+		if (p->spare_buf[r] == NULL)
+			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = r, .kind = PF_SERVED, .cap = cap};
+	}
+	prefault_launch(p, pf);
+}
+
+void node__pub_prefault_start(struct node_pub *p, uint64_t next)
+{
+	struct pub_prefault *pf;
+	uint32_t nr = node__pub_keeps_parent(p) ? p->tl.nranks : 0;
+
+	node__pub_prefault_join(p);
+	if ((pf = calloc(1, sizeof(*pf))) == NULL)
+		return;
+	pf->ck = checkpoint_of(p, next);
+	if (nr > 0)
+		pf->bufs = calloc(nr, sizeof(*pf->bufs));
+	for (uint32_t r = 0; pf->bufs != NULL && r < nr; r++) {
+		size_t cap = node__pub_page_round(p->tl.ranks[r].nbytes);
+		if (p->blocks[r] == NULL && p->tl.ranks[r].nbytes > 0)
+			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = r, .kind = PF_BLOCK, .cap = cap};
+	}
+	prefault_launch(p, pf);
+}
+
+void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex)
+{
+	if (!ex->delta)
+		p->anchor_wanted = false;
+	/* The parent before this one is no longer encoded against: its
+	 * blocks take the next snapshots. */
+	for (size_t i = 0; p->parent != NULL && i < p->parent->nparts; i++) {
+		struct pub_praw *pr = &p->parent->parts[i];
+		if (pr->rank < p->tl.nranks && p->blocks[pr->rank] == NULL &&
+		    pr->cap >= p->tl.ranks[pr->rank].nbytes) {
+			p->blocks[pr->rank] = pr->block;
+			p->block_cap[pr->rank] = pr->cap;
+			pr->block = NULL;
+		}
+	}
+	node__pub_parent_free(p->parent);
+	p->parent = ex->next_parent;
+	ex->next_parent = NULL;
+	if (p->parent != NULL)
+		memcpy(p->parent->digest, ex->m.digest, PROTO_HASH_BYTES);
+	/* After an anchor: no blocks were given back. */
+	node__pub_prefault_start(p, ex->version + 1);
+}
