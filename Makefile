@@ -62,7 +62,7 @@ NVCCFLAGS ?= -O2 -std=c++17 -I. -Xcompiler -Wall,-Wextra,-Werror \
 # The libraries, each a folder, lowest first: a library may call only those
 # before it that LAYERS_<name> lists (tests/check-layers.sh checks every
 # build, so a call against the layering fails it).
-NODE_DIRS := base store serve rebuild agent publisher host cli
+NODE_DIRS := base store serve fetch swarm rebuild agent publisher host cli
 LIBDIRS  := proto fabric tracker $(addprefix node/,$(NODE_DIRS))
 lib_name  = lib$(subst /,_,$(1)).a
 lib_srcs  = $(filter-out $(1)/main_%.c,$(wildcard $(1)/*.c))
@@ -84,8 +84,11 @@ LAYERS_tracker        := proto
 LAYERS_node/base      := fabric proto
 LAYERS_node/store     := proto
 LAYERS_node/serve     := node/store tracker fabric proto
-LAYERS_node/rebuild   := proto
-LAYERS_node/agent     := node/rebuild node/serve node/store node/base tracker fabric proto
+LAYERS_node/fetch     := node/serve node/store node/base tracker fabric proto
+LAYERS_node/swarm     := node/fetch node/serve node/store node/base tracker fabric proto
+LAYERS_node/rebuild   := node/fetch node/serve node/store node/base proto
+LAYERS_node/agent     := node/swarm node/rebuild node/fetch node/serve node/store node/base \
+                         tracker fabric proto
 LAYERS_node/publisher := node/serve node/base tracker fabric proto
 LAYERS_node/host      := node/agent node/base tracker fabric proto
 LAYERS_node/cli       := node/publisher node/serve node/base tracker proto

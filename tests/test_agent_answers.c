@@ -1,5 +1,5 @@
-/* A node's fetch and the tracker's answers (node/agent_version.c): an answer
- * counts only for the fetch that asked, not for one started since. */
+/* A node's version and the tracker's answers (node/agent/version.c): an
+ * answer counts only for the version that asked, not for one started since. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,7 +9,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "node/agent/agent_internal.h"
+#include "node/agent/internal.h"
 #include "tests/testutil.h"
 
 struct fx {
@@ -91,7 +91,8 @@ static int setup(void **state)
 	snprintf(f->a.node_id, sizeof(f->a.node_id), "A/0");
 	memcpy(f->a.trainer_pk, f->pk, sizeof(f->pk));
 	memcpy(f->a.model.digest, f->model, PROTO_HASH_BYTES);
-	f->a.chunk_size = 1u << 20;
+	f->a.fx.chunk_size = 1u << 20;
+	f->a.sw.x = &f->a.fx; /* what a dropped version is released through */
 	*state = f;
 	return 0;
 }
@@ -133,21 +134,21 @@ static void test_stale_parent_answer(void **state)
 	close(fd);
 
 	agent_start_fetch(a, 2);
-	struct agent_fetch *first = a->fetch;
+	struct agent_version *first = a->ver;
 	assert_non_null(first);
 	/* v2's manifest in, its parent's asked for. */
-	loop_until(f, &first->have_man);
-	assert_true(first->have_man);
-	a->chunk_size = 32; /* the next manifest (chunks of 64) is refused */
+	loop_until(f, &first->f->have_man);
+	assert_true(first->f->have_man);
+	a->fx.chunk_size = 32; /* the next manifest (chunks of 64) is refused */
 	agent_fetch_drop(a);
 	agent_start_fetch(a, 1);
-	struct agent_fetch *second = a->fetch;
-	for (int i = 0; i < 300 && a->fetch == second; i++) {
+	struct agent_version *second = a->ver;
+	for (int i = 0; i < 300 && a->ver == second; i++) {
 		struct timeval tv = {0, 100000};
 		event_base_loopexit(f->base, &tv);
 		event_base_loop(f->base, EVLOOP_ONCE);
 	}
-	bool ended = a->fetch != second;
+	bool ended = a->ver != second;
 	fflush(stderr);
 	dup2(saved, 2);
 	close(saved);
@@ -165,9 +166,42 @@ static void test_stale_parent_answer(void **state)
 	free(text);
 }
 
+/*
+ * A fresh version (agent_note_fresh): a watch answer whose now_ms says the
+ * version was published less than STARVE_MS ago makes it fresh, and so the
+ * version under way of that number (its fetch's first read need not wait
+ * for peers' have-pages: test_picker.c); heard of STARVE_MS after, from a
+ * tracker that sends no now_ms, or another version: not fresh.
+ */
+static void test_note_fresh(void **state)
+{
+	struct node_agent *a = calloc(1, sizeof(*a));
+	struct fetch f = {.version = 5};
+	struct agent_version v = {.version = 5, .f = &f};
+	struct trk_version_info vi = {.version = 5, .published_ms = 1700000000000ull};
+
+	assert_non_null(a);
+	snprintf(a->node_id, sizeof(a->node_id), "R1/0");
+	a->ver = &v;
+	agent_note_fresh(a, 5, vi.published_ms + 10, &vi, 1);
+	assert_int_equal(a->fresh_v, 5);
+	assert_true(a->fresh_until_ms > node_now_ms() + STARVE_MS / 2);
+	assert_int_equal(f.fresh_until_ms, a->fresh_until_ms);
+	a->fresh_v = a->fresh_until_ms = 0;
+	f.fresh_until_ms = 0;
+	agent_note_fresh(a, 5, vi.published_ms + STARVE_MS, &vi, 1);
+	agent_note_fresh(a, 5, 0, &vi, 1);
+	agent_note_fresh(a, 6, vi.published_ms + 10, &vi, 1);
+	assert_int_equal(a->fresh_v, 0);
+	assert_int_equal(a->fresh_until_ms, 0);
+	assert_int_equal(f.fresh_until_ms, 0);
+	free(a);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_note_fresh),
 		cmocka_unit_test_setup_teardown(test_stale_parent_answer, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,5 +1,5 @@
 /*
- * The attach server (node/attach.c) driven directly on its own event loop
+ * The attach server (node/serve/attach.c) driven directly on its own event loop
  * thread, with libtessera-client and the Python package as clients: tensor
  * table, the active version's bytes, pins across a switch, a client that
  * vanishes with pins, refused replicas and ranks, garbage on the socket.

@@ -1,4 +1,4 @@
-/* Heartbeats from their own thread (node/beat.h): a node whose loop is held
+/* Heartbeats from their own thread (node/host/beat.h): a node whose loop is held
  * busy keeps its lease; one whose loop stops feeding them loses it. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,4 +1,4 @@
-/* Activation records as readers see them (node/expose.c): a live one is
+/* Activation records as readers see them (node/serve/expose.c): a live one is
  * read; a missing, malformed or oversized one is refused with one line; a
  * stale one (its node process gone, or its pid now another process's) is
  * refused as stale; a node removes only a record that names it, and

@@ -1,4 +1,4 @@
-/* The fabric loop (node/fabloop.c) on tcp;ofi_rxm loopback: its fallback
+/* The fabric loop (node/base/fabloop.c) on tcp;ofi_rxm loopback: its fallback
  * timer slows down while nothing needs it, yet the wait fd still drives
  * what peers ask of it and what it asked of them. */
 #include <poll.h>

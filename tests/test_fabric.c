@@ -435,7 +435,7 @@ static void test_timeout_abandons_reads(void **state)
 }
 
 /* Gathering reads: several short remote ranges land back to back in one
- * operation (the cross-layout reads of node/agent_xlayout.c); refused
+ * operation (the cross-layout reads of node/swarm/xl_read.c); refused
  * before posting when empty, past the provider's count or the region. */
 static void test_readv(void **state)
 {

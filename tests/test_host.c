@@ -1,4 +1,4 @@
-/* One tessera-node process for several ranks (node/host.h), with the real
+/* One tessera-node process for several ranks (node/host/host.h), with the real
  * programs on loopback: all ranks of a replica, several replicas, mixed with
  * one-rank processes, all-or-nothing activation, bad rank options. */
 #include <errno.h>

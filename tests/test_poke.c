@@ -1,4 +1,4 @@
-/* node/agent_poke.c: a replica's ranks on one host wake each other. A
+/* node/agent/poke.c: a replica's ranks on one host wake each other. A
  * poke for the version a rank holds verified makes it ask the tracker; one
  * for another version, one that is not 8 bytes, or one while it is not
  * waiting does not; another replica's (or tracker's) ranks are not reached;
@@ -13,12 +13,12 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-#include "node/agent/agent_internal.h"
+#include "node/agent/internal.h"
 #include "tests/testutil.h"
 
 struct rank {
 	struct node_agent a;
-	struct agent_fetch f;
+	struct agent_version v;
 };
 
 static void rank_init(struct rank *r, struct event_base *base, const char *url,
@@ -31,7 +31,7 @@ static void rank_init(struct rank *r, struct event_base *base, const char *url,
 	r->a.o.rank = rank;
 	r->a.layout.nranks = 2;
 	snprintf(r->a.node_id, sizeof(r->a.node_id), "%s/%u", replica, rank);
-	r->f.version = 5;
+	r->v.version = 5;
 	agent_poke_open(&r->a);
 }
 
@@ -61,15 +61,15 @@ static void test_poke(void **state)
 	/* Not waiting (no fetch, then not verified): nothing. */
 	agent_poke_siblings(&r0.a, 5);
 	drain(base);
-	r1.a.fetch = &r1.f;
+	r1.a.ver = &r1.v;
 	agent_poke_siblings(&r0.a, 5);
 	drain(base);
 	assert_int_equal(r1.a.poke_asks, 0);
 
 	/* Verified v5 and waiting: a poke for v5 asks, one for v4 does not. */
-	r1.f.verified = true;
-	other.a.fetch = &other.f;
-	other.f.verified = true;
+	r1.v.stage = STAGE_VERIFIED;
+	other.a.ver = &other.v;
+	other.v.stage = STAGE_VERIFIED;
 	agent_poke_siblings(&r0.a, 4);
 	drain(base);
 	assert_int_equal(r1.a.poke_asks, 0);
@@ -109,8 +109,8 @@ static void test_poke(void **state)
 		event_base_loop(base, EVLOOP_ONCE);
 	assert_non_null(twin.a.poke_ev);
 	assert_true(twin.a.poke_tries >= 1);
-	twin.a.fetch = &twin.f;
-	twin.f.verified = true;
+	twin.a.ver = &twin.v;
+	twin.v.stage = STAGE_VERIFIED;
 	agent_poke_siblings(&r0.a, 5);
 	drain(base);
 	assert_int_equal(twin.a.poke_asks, 1);

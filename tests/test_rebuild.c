@@ -1,4 +1,4 @@
-/* node/rebuild.c: a slot copied from its parent on a worker, then the apply
+/* node/rebuild/rebuild.c: a slot copied from its parent on a worker, then the apply
  * handed to it, its result back on the loop; an apply fed its input as it
  * arrives; stopped rebuilds call nothing;
  * a slot caught up sparsely is not copied, unless its catch-up fails or the

@@ -1,4 +1,4 @@
-/* The chunk verifier (node/verifier.h): every job comes back once, on the
+/* The chunk verifier (node/fetch/verifier.h): every job comes back once, on the
  * loop, with ok set by its hash; bad bytes are never placed; several
  * workers hash at once without holding up the loop; shutting down with
  * work queued finishes or drops it cleanly; a scatter through the slot's
@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "node/agent/verifier.h"
+#include "node/fetch/verifier.h"
 #include "proto/proto.h"
 #include "proto/synth.h"
 

@@ -1,29 +1,15 @@
-/* The node agent: setup, teardown and shared helpers (see agent.h). */
-#include "node/agent/agent_internal.h"
+/* The node agent: setup and teardown of one rank, its layers wired
+ * together (see agent.h). */
+#include "node/agent/internal.h"
 
-uint64_t agent_now_ms(void)
-{
-	return proto_now_ns() / 1000000;
-}
-
-void agent_arm(struct event *ev, uint64_t ms)
-{
-	struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
-	event_add(ev, &tv);
-}
-
-void agent_give_up(struct node_agent *a, const char *why)
-{
-	a->fatal = 1;
-	snprintf(a->fatal_err.msg, sizeof(a->fatal_err.msg), "%s", why);
-	node_agent_metrics_health(&a->am, false, why);
-	event_base_loopexit(a->base, NULL);
-}
+#include <ctype.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* The name the status page shows for our layout: a built-in's own ("tp2"),
  * a file's name without directory and .json; "" when it has other
  * characters than the tracker takes ([A-Za-z0-9._-]). */
-void agent_layout_name(const char *arg, char *out, size_t len)
+static void layout_name(const char *arg, char *out, size_t len)
 {
 	const char *base = strrchr(arg, '/');
 	size_t n;
@@ -53,8 +39,42 @@ static int load_layout(struct node_agent *a, struct proto_err *err)
 		return proto_errf(err, EINVAL, "replica %s rank %u: layout %s has ranks 0-%u",
 				  a->o.replica, a->o.rank, s, a->layout.nranks - 1);
 	a->layout_json = proto_layout_to_json(&a->model, &a->layout);
-	agent_layout_name(s, a->layout_name, sizeof(a->layout_name));
+	layout_name(s, a->layout_name, sizeof(a->layout_name));
 	return a->layout_json ? 0 : proto_errf(err, ENOMEM, "out of memory");
+}
+
+/* ---- what the layers below tell the lifecycle ---- */
+
+/* A delta parcel's bytes are whole before the fetch's last: its apply may
+ * start while the rest arrives. */
+static void on_parcel_landed(void *arg, uint32_t pi)
+{
+	struct node_agent *a = arg;
+	const uint8_t *digest;
+	struct node_slot *parent = agent_delta_parent(a, &digest);
+
+	if (a->ver != NULL)
+		delta_landed(&a->ds, &a->ver->db, pi, parent, digest);
+}
+
+/* A peer was banned for bad chunks: the state report names it. */
+static void on_banned(void *arg)
+{
+	struct node_agent *a = arg;
+
+	if (a->ver != NULL)
+		agent_report(a, a->ver->version, TRK_STATE_FETCHING, NULL, NULL);
+}
+
+/* A version taken whole lost its last holder: refused, its chain next. */
+static void on_refuse(void *arg, const char *why)
+{
+	struct node_agent *a = arg;
+
+	if (a->ver == NULL)
+		return;
+	a->full_failed_v = a->ver->version;
+	agent_fetch_fail(a, "%s", why);
 }
 
 int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
@@ -74,11 +94,8 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 	a->base = base;
 	a->trk = o->shared->trk;
 	a->fab = o->shared->fab;
-	a->fl = o->shared->fl;
-	a->hfab = o->shared->hfab != NULL ? o->shared->hfab : a->fab;
-	a->hfl = o->shared->hfab != NULL ? o->shared->hfl : a->fl;
 	proto_model_init(&a->model);
-	if ((rc = node_agent_metrics_init(&a->am, o->metrics, o->replica, o->rank)) != 0) {
+	if ((rc = node_rank_metrics_init(&a->am, o->metrics, o->replica, o->rank)) != 0) {
 		proto_errf(err, -rc, "metrics: cannot register the node's series");
 		goto fail;
 	}
@@ -104,42 +121,48 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		goto fail;
 	}
 	sodium_bin2hex(a->fabric_hex, sizeof(a->fabric_hex), addr, alen);
-	/* Read slots: twice the reads in flight, so reads moved off a silent
-	 * source can keep their slots while replacements go out. */
-	a->chunk_size = (uint32_t)PROTO_MIN(proto_param(PROTO_PARAM_CHUNK_SIZE), PROTO_CHUNK_SIZE_MAX);
-	a->max_inflight = (uint32_t)PROTO_MAX(1, PROTO_MIN(proto_param(PROTO_PARAM_INFLIGHT), 256));
-	a->nreads = 2 * a->max_inflight;
-	a->reads = calloc(a->nreads, sizeof(*a->reads));
-	/* Read buffers are reused for every chunk: map them populated. */
-	a->bounce_len = ((size_t)a->nreads * a->chunk_size + 4095) / 4096 * 4096;
-	a->bounce = mmap(NULL, a->bounce_len, PROT_READ | PROT_WRITE,
-			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-	if (a->bounce == MAP_FAILED)
-		a->bounce = NULL;
-	if (a->reads == NULL || a->bounce == NULL) {
-		rc = proto_errf(err, ENOMEM, "out of memory for %u read buffers", a->nreads);
+
+	/* The layers: the fetcher reads chunks, the swarm serves them and
+	 * reads peers' pages and other layouts, the rebuild builds deltas. */
+	struct fetcher_opts fo = {
+		.base = base,
+		.id = a->node_id,
+		.rank = o->rank,
+		.layout = &a->layout,
+		.store = &a->store,
+		.trk = a->trk,
+		.fab = o->shared->fab,
+		.fl = o->shared->fl,
+		.hfab = o->shared->hfab,
+		.hfl = o->shared->hfl,
+		.sources = o->shared->sources,
+		.sources_ctx = o->shared->sources_ctx,
+		.am = &a->am,
+	};
+	swarm_hooks(&a->sw, &fo.hooks);
+	fo.hooks.agent = a;
+	fo.hooks.parcel_landed = on_parcel_landed;
+	fo.hooks.complete = agent_fetch_complete;
+	fo.hooks.banned = on_banned;
+	if ((rc = fetcher_init(&a->fx, &fo, err)) != 0)
 		goto fail;
-	}
-	rc = fab_mr_reg(a->fab, a->bounce, (size_t)a->nreads * a->chunk_size, FAB_MR_READ,
-			&a->bounce_mr);
-	if (rc != 0) {
-		proto_errf(err, -rc, "fabric: cannot register read buffers");
+	struct swarm_opts so = {
+		.x = &a->fx,
+		.model = &a->model,
+		.install_inplace = o->install_inplace,
+		.active = &a->active,
+		.registered = &a->registered,
+		.refuse = on_refuse,
+		.arg = a,
+	};
+	if ((rc = swarm_init(&a->sw, &so, err)) != 0)
 		goto fail;
-	}
-	if ((rc = agent_swarm_init(a)) != 0) {
-		proto_errf(err, -rc, "fabric: cannot set up have-page reads");
-		goto fail;
-	}
-	a->ver = node_verifier_new(base, node_verifier_threads(),
-				   agent_on_verified, a);
-	a->rate_bps = proto_param(PROTO_PARAM_FETCH_MBPS) * 1000000ull / 8;
-	a->rate_ev = evtimer_new(base, agent_on_rate, a);
 	a->retry_ev = evtimer_new(base, agent_on_retry, a);
 	a->heartbeat_ev = evtimer_new(base, agent_heartbeat, a);
 	a->sync_ev = evtimer_new(base, agent_on_sync_timer, a);
 	a->tick_ev = event_new(base, -1, EV_PERSIST, agent_on_tick, a);
-	if (a->ver == NULL || a->rate_ev == NULL || a->retry_ev == NULL || a->heartbeat_ev == NULL ||
-	    a->sync_ev == NULL || a->tick_ev == NULL) {
+	if (a->retry_ev == NULL || a->heartbeat_ev == NULL || a->sync_ev == NULL ||
+	    a->tick_ev == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
 	}
@@ -161,16 +184,24 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		if ((rc = node_attach_new(base, o->attach_path, &ai, &a->attach, err)) != 0)
 			goto fail;
 	}
+	struct delta_opts dopts = {
+		.x = &a->fx,
+		.model = &a->model,
+		.install_inplace = o->install_inplace,
+		.attach = a->attach,
+		.active = &a->active,
+		.active_digest = a->active_digest,
+		.plan = &a->plan,
+		.plan_src = a->plan_src,
+	};
+	delta_init(&a->ds, &dopts);
 	*out = a;
 	return 0;
 fail:
 	/* The shared endpoint stays open: close the regions we registered
 	 * (node_agent_free expects the endpoint closed). */
-	if (a->bounce_mr != NULL)
-		fab_mr_close(a->bounce_mr);
-	if (a->hpool_mr != NULL)
-		fab_mr_close(a->hpool_mr);
-	a->bounce_mr = a->hpool_mr = NULL;
+	fetcher_close_regions(&a->fx);
+	swarm_close_regions(&a->sw);
 	node_agent_stop(a);
 	node_agent_free(a);
 	return rc;
@@ -182,7 +213,7 @@ void node_agent_start(struct node_agent *a)
 
 	event_add(a->tick_ev, &tick);
 	agent_start_register(a);
-	agent_delta_warm(a);
+	delta_warm(&a->ds);
 }
 
 const uint8_t *node_agent_layout_digest(const struct node_agent *a)
@@ -211,8 +242,8 @@ void node_agent_stop(struct node_agent *a)
 {
 	if (a == NULL)
 		return;
-	/* Timers first; then the fetch is detached: the read callbacks that
-	 * the shared fab_close runs see no fetch and return. */
+	/* Timers first; then the version is detached: the read callbacks
+	 * that the shared fab_close runs see no fetch and return. */
 	if (a->tick_ev)
 		event_free(a->tick_ev);
 	if (a->sync_ev)
@@ -223,12 +254,11 @@ void node_agent_stop(struct node_agent *a)
 		event_free(a->retry_ev);
 	if (a->leave_ev)
 		event_free(a->leave_ev);
-	if (a->rate_ev)
-		event_free(a->rate_ev);
 	agent_poke_close(a);
-	a->tick_ev = a->sync_ev = a->heartbeat_ev = a->retry_ev = a->leave_ev = a->rate_ev = NULL;
-	a->stopped_fetch = a->fetch;
-	a->fetch = NULL;
+	a->tick_ev = a->sync_ev = a->heartbeat_ev = a->retry_ev = a->leave_ev = NULL;
+	fetcher_stop(&a->fx);
+	a->stopped_ver = a->ver;
+	a->ver = NULL;
 }
 
 void node_agent_free(struct node_agent *a)
@@ -237,23 +267,18 @@ void node_agent_free(struct node_agent *a)
 		return;
 	/* The host closed the shared endpoint (cancelling our reads, closing
 	 * our regions) after node_agent_stop; now the memory reads could land
-	 * in, the specs. The tracker client is the host's too. */
-	struct agent_fetch *f = a->stopped_fetch;
-	a->stopped_fetch = NULL;
-	a->fab = a->hfab = NULL;
-	a->fl = a->hfl = NULL;
-	node_verifier_free(a->ver); /* no worker touches the fetch after this */
-	a->ver = NULL;
-	agent_fetch_free(a, f);
+	 * in, the specs. The tracker client is the host's too. The fetcher
+	 * goes first: no verifier worker touches a fetch after it. */
+	struct agent_version *v = a->stopped_ver;
+	a->stopped_ver = NULL;
+	a->fab = NULL;
+	fetcher_fini(&a->fx);
+	if (v != NULL)
+		swarm_release(&a->sw, v->f);
 	agent_fetch_asks_fini(a);
-	agent_delta_fini(a);
-	agent_swarm_fini(a);
-	agent_xl_fini(a);
-	agent_hosts_fini(a);
-	agent_warm_fini(a); /* fab_close gave its handles back, as the sources' */
-	if (a->bounce != NULL)
-		munmap(a->bounce, a->bounce_len);
-	free(a->reads);
+	agent_chain_end(a, false);
+	delta_fini(&a->ds);
+	swarm_fini(&a->sw);
 	agent_inplace_fini(a);
 	agent_unexpose(a); /* the memory it names goes now */
 	node_attach_free(a->attach); /* frees the slots only requests kept */
@@ -264,7 +289,6 @@ void node_agent_free(struct node_agent *a)
 	if (a->have_plan)
 		proto_plan_fini(&a->plan);
 	json_decref(a->layout_json);
-	json_decref(a->members_memo);
 	proto_layout_fini(&a->layout);
 	proto_model_fini(&a->model);
 	free(a);

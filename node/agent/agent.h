@@ -26,7 +26,7 @@
  * "failed" with the reason and tries again while the version is its target.
  *
  * Everything runs on one libevent loop; the agent owns its state. One
- * process may run several agents, one per rank it serves (node/host.h):
+ * process may run several agents, one per rank it serves (node/host/host.h):
  * they share the loop, the tracker client and the fabric endpoint, which
  * the host owns and lends them (struct node_agent_shared); each keeps its
  * own identity at the tracker, its store, its registered memory and its
@@ -47,7 +47,7 @@ struct trk_client;
 struct fab_ctx;
 struct node_fabloop;
 
-/* What the agents of one process share, owned by its host (node/host.h):
+/* What the agents of one process share, owned by its host (node/host/host.h):
  * the tracker client (it keeps each rank's session), the fabric endpoint
  * and the loop driving it. They outlive the agents. */
 struct node_agent_shared {
@@ -55,20 +55,20 @@ struct node_agent_shared {
 	struct fab_ctx *fab;
 	struct node_fabloop *fl;
 	/* The endpoint the agents read their peers' have-pages over, and its
-	 * loop (node/agent_hosts.c); NULL: they read them over fab. */
+	 * loop (node/fetch/pace.c); NULL: they read them over fab. */
 	struct fab_ctx *hfab;
 	struct node_fabloop *hfl;
 	/* The host renews every agent's lease in one request from its own
-	 * thread (node/host.c, node/beat.h): agents then send no heartbeat of
+	 * thread (node/host/host.c, node/host/beat.h): agents then send no heartbeat of
 	 * their own. */
 	bool host_heartbeat;
 	/* Set by a host of several ranks: sources queries go through it,
-	 * batched with its other ranks' (node/host_sources.c); NULL: one GET
+	 * batched with its other ranks' (node/host/host_sources.c); NULL: one GET
 	 * per parcel. Same contract as trk_client_sources. */
 	int (*sources)(void *ctx, const struct trk_parcel_key *k, trk_client_cb cb, void *arg);
 	void *sources_ctx;
 	/* Likewise the version watch: one held for the host's ranks
-	 * (node/host_watch.c); NULL: each its own. trk_client_watch's contract. */
+	 * (node/host/host_watch.c); NULL: each its own. trk_client_watch's contract. */
 	int (*watch)(void *ctx, uint64_t after, uint32_t wait_ms, trk_client_cb cb, void *arg);
 	void *watch_ctx;
 };
@@ -87,9 +87,9 @@ struct node_agent_opts {
 	const char *store;         /* "host", "cuda" or "auto" (NULL) */
 	unsigned store_index;      /* the rank's place in its process (node_store_spread) */
 	const char *expose_dir;    /* NULL: no activation records */
-	const char *attach_path;   /* Unix socket for serving processes (node/attach.h); NULL: none */
+	const char *attach_path;   /* Unix socket for serving processes (node/serve/attach.h); NULL: none */
 	/* --install in-place: versions are written into the served slot at
-	 * activation (node/agent_inplace.c); else double-buffered. */
+	 * activation (node/agent/inplace.c); else double-buffered. */
 	bool install_inplace;
 	const char *host;          /* host name to report (NULL: gethostname) */
 	struct proto_metrics *metrics; /* series to update (NULL: none); outlives the agent */
@@ -128,7 +128,7 @@ uint64_t node_agent_active(const struct node_agent *a);
  * and its replica shows incomplete at once rather than at lease expiry.
  * From now on it neither heartbeats nor registers again. done(arg) runs
  * once, from the loop, when the tracker answered or after at most
- * LEAVE_WAIT_MS (agent_leave.c); also when the node was not registered. */
+ * LEAVE_WAIT_MS (leave.c); also when the node was not registered. */
 void node_agent_leave(struct node_agent *a, void (*done)(void *arg), void *arg);
 /* Teardown is in two steps around the shared endpoint's fab_close (whose
  * cancelled operations call back into the agents): node_agent_stop frees

@@ -1,6 +1,6 @@
 /*
  * The local HTTP port of a node agent or publisher: GET /metrics (the
- * registry of node/metrics.h in Prometheus text) and GET /healthz (200 "ok"
+ * registry of proto/metrics.h in Prometheus text) and GET /healthz (200 "ok"
  * or 503 with the reason). libevent's evhttp on the program's event loop;
  * nothing else is served (404), nothing but GET and HEAD accepted (405),
  * bodies refused, idle connections closed.

@@ -25,7 +25,7 @@ struct node_host {
 	void (*leave_done)(void *arg);
 	void *leave_arg;
 	/* One heartbeat renews all the ranks' leases, sent by the beat's
-	 * thread; hb_ev feeds it from this loop (node/beat.h). */
+	 * thread; hb_ev feeds it from this loop (node/host/beat.h). */
 	struct node_beat *beat;
 	struct event *hb_ev;
 	struct node_host_sources *srcq; /* several ranks: batched sources queries */
@@ -80,7 +80,7 @@ static void on_chain_lost(void *arg, const char *why)
 
 /* Have-pages get an endpoint of their own where connections queue (rxm:
  * a read's answer waits behind every answer before it on the connection,
- * node/agent_hosts.c); without one they share the chunk reads'. */
+ * node/fetch/pace.c); without one they share the chunk reads'. */
 static int open_have_endpoint(struct node_host *h, const struct node_agent_opts *o)
 {
 	struct proto_err herr;

@@ -8,7 +8,7 @@
  * (one provider per process, as in the one-rank agent) with the loop that
  * drives it, the metrics registry (the caller's: each rank's series carry
  * replica and rank labels, and each rank is a part of /healthz). Each rank
- * is a full node agent (node/agent.h) with its own identity at the tracker
+ * is a full node agent (node/agent/agent.h) with its own identity at the tracker
  * (replica, rank, node id, lease, statement key), its own store (a CUDA
  * store puts the i-th rank given on device i modulo the visible ones), memory
  * registrations, fetches, expose record and attach socket; the tracker
@@ -42,7 +42,7 @@ struct node_host_rank {
 	char *layout;     /* owned; NULL: the default */
 };
 
-/* The ranks of a process, in the order given (node/host_ranks.c). */
+/* The ranks of a process, in the order given (node/host/host_ranks.c). */
 struct node_host_ranks {
 	struct node_host_rank *r;
 	size_t n;
@@ -93,7 +93,7 @@ void node_host_leave(struct node_host *h, void (*done)(void *arg), void *arg);
 void node_host_free(struct node_host *h);
 
 /*
- * Sources queries of a host's ranks, batched (node/host_sources.c): those
+ * Sources queries of a host's ranks, batched (node/host/host_sources.c): those
  * asked during one loop turn leave as one POST /sources when it ends (an
  * older tracker is asked parcel by parcel). node_host_sources_ask has
  * trk_client_sources' contract (cb once, with the parcel's answer shaped as
@@ -109,7 +109,7 @@ int node_host_sources_ask(void *ctx, const struct trk_parcel_key *k, trk_client_
 void node_host_sources_free(struct node_host_sources *hs);
 
 /*
- * One version watch for a host's ranks (node/host_watch.c): ranks that ask
+ * One version watch for a host's ranks (node/host/host_watch.c): ranks that ask
  * after the same version wait on one held watch and each hears its answer;
  * a rank behind the host asks alone. node_host_watch_ask has
  * trk_client_watch's contract. Free after the askers are gone.

@@ -17,7 +17,7 @@
  * the host's one kept connection. Queries asked during one loop turn go
  * out as one batch (at most TRK_SOURCES_BATCH_MAX parcels; more make more
  * batches) when the turn ends; each asker's callback then gets its own
- * part, shaped as the GET's answer, so agent_fetch.c cannot tell. A
+ * part, shaped as the GET's answer, so the fetcher cannot tell. A
  * tracker that does not know POST /sources (405/404: an older one) is
  * asked parcel by parcel from then on. The batch asks for shared members
  * lists: the ranks of a replica are members of different swarms whose

@@ -1,5 +1,5 @@
 /* `tessera-node`: the node agent for the serving ranks of one host: one rank
- * of one replica, or several, of one or several replicas (node/host.h). */
+ * of one replica, or several, of one or several replicas (node/host/host.h). */
 #include <event2/event.h>
 #include <getopt.h>
 #include <signal.h>

@@ -4,7 +4,7 @@
  * then the delta is applied in place. The slot gets the parent in one of two
  * ways. Sparse: it is a slot that held an older version and a catch-up
  * function (the caller's) patches it up to the parent, touching only the
- * positions that changed since (node/agent_delta.c re-applies the delta
+ * positions that changed since (node/rebuild/ re-applies the delta
  * that made the parent). Dense: a copy of the whole parent slot, the
  * fallback when there is no such slot or the catch-up fails. Either runs on
  * a worker thread as soon as the fetch begins, while the delta's chunks are

@@ -13,7 +13,7 @@
  * pins are dropped when its socket closes, so a client that goes away cannot
  * keep a slot (or block activation). The agent never waits for pins: the
  * switch to a new version is immediate; old readers keep the old slot.
- * Host slots are freed on a worker thread (node/attach_reap.h) a short grace
+ * Host slots are freed on a worker thread (node/serve/attach_reap.h) a short grace
  * after their last pin, so that neither the loop nor the serving process
  * (whose unmapping then is not the last reference) pays for their pages.
  *
@@ -81,7 +81,7 @@ struct node_attach_count {
 size_t node_attach_held(const struct node_attach *at, struct node_attach_count *out, size_t max);
 
 /*
- * In-place installs (node/agent_inplace.c). node_attach_pause: admission is
+ * In-place installs (node/agent/inplace.c). node_attach_pause: admission is
  * paused from now on (an ACQUIRE is answered "paused" and the client library
  * waits for the next VERSION, then asks again); drained(arg) is called once,
  * from the loop, when no request pins the active slot any more (soon if none

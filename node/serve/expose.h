@@ -1,6 +1,6 @@
 /*
  * The activation record a node writes into --expose at every activation,
- * <replica>-<rank>.json (node/agent_activate.c): the version served, where
+ * <replica>-<rank>.json (node/agent/activate.c): the version served, where
  * its memory is (the slot's memfd under /proc/<pid>/fd, a CUDA IPC handle),
  * the attach socket. It names the node process's memory, so it is only
  * true while that process runs: the node removes it when it stops, and a

@@ -23,7 +23,7 @@
  * pace what it uploads. Readers count what they took from peers and from
  * publishers (reported to the tracker per rank) and pace themselves
  * (proto/params.h: FETCH_TARGET_MS, PEER_INFLIGHT, and the rules in
- * node/agent_swarm.c that leave the trainer's chunks to one reader each,
+ * node/fetch/picker.c that leave the trainer's chunks to one reader each,
  * to at most PUB_UPLOAD_READERS members per parcel, and keep the upload
  * budget a node announces on its have-pages: UPLOAD_PEERS, UPLOAD_MBPS).
  */

@@ -200,7 +200,7 @@ void node_slot_free(struct node_store *s, struct node_slot *slot)
 	if (s->ops->detach)
 		s->ops->detach(s, slot);
 	/* A slot retired later (a larger tag) displaces the spare: it is
-	 * the one a delta can be built in (node/agent_delta.c, rotation). */
+	 * the one a delta can be built in (node/rebuild/slots.c, rotation). */
 	struct node_slot *drop = slot;
 	pthread_mutex_lock(&s->mu);
 	if (s->keep_spare && (s->spare == NULL || slot->tag > s->spare->tag)) {

@@ -8,7 +8,7 @@
  * device buffer per slot and exports a CUDA IPC handle of it. While a fetch
  * runs, each verified chunk is uploaded as soon as it is placed in the host
  * slot (node_slot_stream_chunk, from the verification workers, through the
- * pinned ring of node/store_cuda.h), so the copies overlap the network and
+ * pinned ring of node/store/store_cuda.h), so the copies overlap the network and
  * activation only waits for the stream; a slot written in place with a
  * delta's prepared changes gets the same changes scattered into its device
  * copy (node_slot_activate_patched: O(changes), not O(slot)); a slot
@@ -47,7 +47,7 @@ struct node_slot {
 	/* No page was written through host yet (a first write to each page
 	 * costs microseconds, 10 in a VM): true for a new slot; whoever
 	 * writes it whole through host clears it, and the spare keeps it (a
-	 * slot filled through its memfd, node/verifier.h, stays fresh). */
+	 * slot filled through its memfd, node/fetch/verifier.h, stays fresh). */
 	bool fresh;
 };
 
@@ -102,13 +102,13 @@ struct node_store {
 int node_store_open(const char *name, struct node_store *out,
 		    struct proto_err *err);
 
-/* For a process serving several ranks (node/host.h): its index-th rank
+/* For a process serving several ranks (node/host/host.h): its index-th rank
  * takes the CUDA device index places after the one its store named, modulo
  * the visible devices (the ranks of a TP8 host on its eight GPUs). Nothing
  * for a host store. */
 void node_store_spread(struct node_store *s, unsigned index);
 #ifdef TESSERA_CUDA
-/* node/store_cuda_ops.c: makes s the CUDA store on device dev (its upload
+/* node/store/store_cuda_ops.c: makes s the CUDA store on device dev (its upload
  * ring made); 0, or a negative errno with why set and s unchanged. */
 int node_store_cuda_open(struct node_store *s, int dev, char *why, size_t whylen);
 #endif
@@ -144,7 +144,7 @@ int node_slot_populate(struct node_slot *slot, const int *stop, const int *pause
 /*
  * Takes the first access from user space to each page of slot's mapping
  * now: a worker's job, ahead of the writes that would pay it (see
- * node/agent_delta.c, "The warm slot"). Each page is read once through
+ * node/rebuild/slots.c, "The warm slot"). Each page is read once through
  * the mapping; after that a write to it costs what a write to any mapped
  * page does. A page the kernel has not mapped yet is faulted in by the
  * read, under the process's address-space lock: populate the slot first

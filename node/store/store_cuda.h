@@ -121,7 +121,7 @@ int node_cuda_wsum(int dev, const void *dptr, unsigned elsize, uint64_t nelem, u
 }
 #endif
 
-/* The host's fold (node/store_fold.c, built with or without CUDA): XOR over
+/* The host's fold (node/store/store_fold.c, built with or without CUDA): XOR over
  * words w_i * (2i+1) of the zero-padded 8-byte words. */
 #ifdef __cplusplus
 extern "C"

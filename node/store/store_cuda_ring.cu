@@ -1,4 +1,4 @@
-// The pinned upload ring of the CUDA store (see node/store_cuda.h): verified
+// The pinned upload ring of the CUDA store (see node/store/store_cuda.h): verified
 // chunks are staged in pinned host entries and copied to the device on one
 // stream while the network delivers the next ones.
 #include <cerrno>

@@ -1,4 +1,4 @@
-// Deltas on the device (see node/store_cuda.h): a scatter kernel that
+// Deltas on the device (see node/store/store_cuda.h): a scatter kernel that
 // applies (position, new value) changes and folds them into the piece's
 // position-weighted checksum, and that checksum of a whole device piece.
 #include <cerrno>

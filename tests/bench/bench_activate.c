@@ -3,7 +3,7 @@
  * new version (double-buffered install), against a memcpy of the model
  * measured in the same run.
  *
- * A node's attach server (node/attach.c) runs on its own loop thread, as in
+ * A node's attach server (node/serve/attach.c) runs on its own loop thread, as in
  * tessera-node; a serving probe (libtessera-client) acquires, reads and
  * releases the active version in a tight loop. The main thread builds each
  * next version in a fresh slot while the old one serves (as the agent
@@ -17,7 +17,7 @@
  * until the probe first runs on the new version.
  *
  * Then the in-place install (tessera-node --install in-place) of a 1 %
- * delta of an INPLACE_MIB model (default 1024), as node/agent_inplace.c does
+ * delta of an INPLACE_MIB model (default 1024), as node/agent/inplace.c does
  * it: while the old version serves, the parent's checksums are read and the
  * delta decoded and verified (proto_dpatch_prepare); then on the loop
  * admission is paused, the pins drained (the probe's request in flight

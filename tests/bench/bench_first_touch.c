@@ -1,5 +1,5 @@
 /* bench_first_touch: what the first access to each page of a memfd slot
- * costs, by how the page got there (node/agent_delta.c, "The warm slot").
+ * costs, by how the page got there (node/rebuild/slots.c, "The warm slot").
  *
  * Usage: bench_first_touch [MiB] (default 64). For each way a slot's pages
  * can be made, it times one byte written (or read) per 4 KiB page through

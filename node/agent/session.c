@@ -1,8 +1,19 @@
 /* The node agent's tracker session: register, keep the lease, watch for
- * versions, follow the replica's target, report progress. */
-#include "node/agent/agent_internal.h"
+ * versions, ask for the replica's target, report progress. Tracker I/O
+ * only: what a target means for a version is version.c's. */
+#include "node/agent/internal.h"
 
 static void start_watch(struct node_agent *a);
+
+/* Registration refused for good: the agent stops, its loop exits. */
+static void agent_give_up(struct node_agent *a, const char *why)
+{
+	a->fatal = 1;
+	snprintf(a->fatal_err.msg, sizeof(a->fatal_err.msg), "%s", why);
+	node_rank_metrics_health(&a->am, false, why);
+	event_base_loopexit(a->base, NULL);
+}
+
 
 /* The tracker forgot the chain this node saw (its answers are refused
  * until it has it again): keep serving the active version, say so. */
@@ -11,9 +22,9 @@ void agent_on_chain_lost(void *arg, const char *why)
 	struct node_agent *a = arg;
 
 	if (why != NULL)
-		node_agent_metrics_health(&a->am, false, why);
+		node_rank_metrics_health(&a->am, false, why);
 	else if (a->registered)
-		node_agent_metrics_health(&a->am, true, NULL);
+		node_rank_metrics_health(&a->am, true, NULL);
 }
 
 static void ignore_answer(const struct trk_answer *ans, void *arg)
@@ -25,12 +36,13 @@ static void ignore_answer(const struct trk_answer *ans, void *arg)
 void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st,
 		   const char *error, trk_client_cb cb)
 {
-	struct agent_fetch *f = a->fetch;
+	struct agent_version *v = a->ver;
+	struct fetch *f = v != NULL ? v->f : NULL;
 	uint8_t sig[TRK_STMT_SIG_BYTES];
 	const uint8_t *digest = NULL;
 	const char *banned[BANS_MAX];
 	/* Replaying a chain, the steps speak for the target, with what the
-	 * steps before took (agent_chain.c). */
+	 * steps before took (chain.c). */
 	const struct agent_chain *c = a->chain;
 	bool step = c != NULL && f != NULL && f->version == version && version != c->target;
 	if (step)
@@ -60,11 +72,9 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 		r.refetched_bytes = f->refetched + (chained ? c->refetched : 0);
 		r.first_byte_ms = f->first_byte_ms;
 		r.last_byte_ms = f->last_byte_ms;
-		for (uint32_t i = 0; i < f->nbad && r.nbanned < BANS_MAX; i++)
-			if (f->bad_counts[i] >= BAN_BAD_CHUNKS)
-				banned[r.nbanned++] = f->bad_ids[i];
+		r.nbanned = fetch_bans(f, banned, BANS_MAX);
 		r.banned = banned;
-		if (f->verified)
+		if (agent_verified_stage(v))
 			r.how = chained ? "chain" : f->delta ? "delta" : "full";
 	} else if (a->active != NULL && a->active->version == version) {
 		r.bytes_done = r.bytes_total = a->active->len;
@@ -90,7 +100,7 @@ static void note_replica_wait(struct node_agent *a, const struct trk_answer *ans
 		const char *st = json_string_value(json_object_get(r, "state"));
 		uint64_t v = (uint64_t)json_integer_value(json_object_get(r, "version"));
 		bool alive = json_is_true(json_object_get(r, "alive"));
-		if (alive && v == a->fetch->version && st != NULL &&
+		if (alive && v == a->ver->version && st != NULL &&
 		    (strcmp(st, "verified") == 0 || strcmp(st, "active") == 0))
 			continue;
 		n += (size_t)snprintf(missing + n, n < sizeof(missing) ? sizeof(missing) - n : 0,
@@ -99,9 +109,9 @@ static void note_replica_wait(struct node_agent *a, const struct trk_answer *ans
 				      !alive ? (json_is_null(json_object_get(r, "id")) ? "never registered" : "dead")
 					     : st ? st : "?");
 	}
-	node_wait_note(&a->wait, agent_now_ms(), a->node_id, "replica",
+	node_wait_note(&a->wait, node_now_ms(), a->node_id, "replica",
 		       "the rest of replica %s to verify v%" PRIu64 "%s%s", a->o.replica,
-		       a->fetch->version, missing[0] ? "; not yet: rank " : "",
+		       a->ver->version, missing[0] ? "; not yet: rank " : "",
 		       ans->status == 200 ? missing : ans->error);
 }
 
@@ -116,60 +126,6 @@ static bool in_list(json_t *arr, uint64_t v)
 	return false;
 }
 
-/*
- * The tracker chose the replica's target t (the rule is in tracker/API.md):
- * work toward it. A fetch of another version is dropped (the tracker moves
- * a target away from a version only when no rank can finish it first); no
- * fetch is started for a version at or below the one we serve. A verified
- * fetch of t activates once the replica is complete at t.
- */
-void agent_follow_target(struct node_agent *a, uint64_t t, bool complete, json_t *statements)
-{
-	struct agent_fetch *f = a->fetch;
-	uint64_t active = a->active ? a->active->version : 0;
-
-	if (t == 0)
-		return;
-	if (t != a->target)
-		LOG_DEBUG("node %s: replica target v%" PRIu64, a->node_id, t);
-	a->target = t;
-	if (a->chain != NULL && a->chain->target != t) {
-		LOG_INFO("node %s: replica %s moved to v%" PRIu64 ": dropping the chain replay to v%" PRIu64,
-			 a->node_id, a->o.replica, t, a->chain->target);
-		agent_fetch_drop(a); /* first: no worker reads the chain's slot then */
-		agent_chain_end(a, false);
-		f = NULL;
-	}
-	if (f != NULL && f->version != t && a->chain == NULL) {
-		LOG_INFO("node %s: replica %s moved to v%" PRIu64 ": dropping v%" PRIu64 "%s",
-			 a->node_id, a->o.replica, t, f->version, f->verified ? " (verified)" : "");
-		agent_fetch_drop(a);
-		f = NULL;
-	}
-	if (f == NULL) {
-		if (a->chain != NULL)
-			return; /* planning the replay to t */
-		if (t > active && (t != a->failed || agent_now_ms() - a->failed_ms >= FAILED_RETRY_MS))
-			agent_start_fetch(a, t);
-		return;
-	}
-	if (!f->verified)
-		return;
-	if (f->expose_error[0] != 0) {
-		struct proto_err err;
-		if (agent_probe_expose(a, &err) != 0) {
-			agent_expose_blocked(a, "cannot write the activation record", &err);
-			return;
-		}
-		LOG_INFO("node %s: the activation record can be written again", a->node_id);
-		f->expose_error[0] = 0;
-		f->reported_verified = false; /* the tick says verified again */
-		return;
-	}
-	if (complete && agent_replica_backed(a, statements))
-		agent_activate(a);
-}
-
 static void on_sync(const struct trk_answer *ans, void *arg)
 {
 	struct node_agent *a = arg;
@@ -182,7 +138,7 @@ static void on_sync(const struct trk_answer *ans, void *arg)
 	t = (uint64_t)json_integer_value(json_object_get(ans->json, "target"));
 	complete = in_list(json_object_get(ans->json, "complete"), t);
 	agent_follow_target(a, t, complete, json_object_get(ans->json, "target_statements"));
-	if (!complete && a->fetch != NULL && a->fetch->verified && a->fetch->version == t)
+	if (!complete && a->ver != NULL && agent_verified_stage(a->ver) && a->ver->version == t)
 		note_replica_wait(a, ans);
 }
 
@@ -206,12 +162,12 @@ void agent_sync_now(struct node_agent *a)
  */
 uint64_t agent_sync_period(const struct node_agent *a)
 {
-	const struct agent_fetch *f = a->fetch;
+	const struct agent_version *v = a->ver;
 
-	if (f == NULL || !f->verified)
+	if (v == NULL || !agent_verified_stage(v))
 		return SYNC_MS;
 	return PROTO_MAX(REPLICA_POLL_MIN_MS,
-			 PROTO_MIN(REPLICA_POLL_MS, (agent_now_ms() - f->verified_ms) / 4));
+			 PROTO_MIN(REPLICA_POLL_MS, (node_now_ms() - v->verified_ms) / 4));
 }
 
 void agent_on_sync_timer(evutil_socket_t fd, short what, void *arg)
@@ -220,7 +176,7 @@ void agent_on_sync_timer(evutil_socket_t fd, short what, void *arg)
 
 	agent_sync_now(a);
 	agent_ready_ahead(a);
-	agent_arm(a->sync_ev, agent_sync_period(a));
+	node_arm(a->sync_ev, agent_sync_period(a));
 }
 
 static void on_watch(const struct trk_answer *ans, void *arg)
@@ -243,46 +199,19 @@ static void on_watch(const struct trk_answer *ans, void *arg)
 		node_wait_over(&a->wait, "tracker");
 	} else {
 		LOG_DEBUG("node %s: watch: %s", a->node_id, ans->status == 200 ? err.msg : ans->error);
-		node_wait_note(&a->wait, agent_now_ms(), a->node_id, "tracker", "the tracker at %s (%s)",
+		node_wait_note(&a->wait, node_now_ms(), a->node_id, "tracker", "the tracker at %s (%s)",
 			       a->o.tracker_url, ans->status == 200 ? err.msg : ans->error);
-		agent_arm(a->retry_ev, RETRY_MS);
+		node_arm(a->retry_ev, RETRY_MS);
 		return;
 	}
 	if (a->seen == 0)
-		node_wait_note(&a->wait, agent_now_ms(), a->node_id, "version",
+		node_wait_note(&a->wait, node_now_ms(), a->node_id, "version",
 			       "a first version (registered; the tracker has none yet)");
 	else
 		node_wait_over(&a->wait, "version");
 	/* A new version may move the replica's target: ask now. */
 	agent_sync_now(a);
 	start_watch(a);
-}
-
-/*
- * A fresh version: the tracker published it less than STARVE_MS ago (its
- * own clock: now_ms - published_ms, no skew). Every member heard of it
- * at about the same time, and a member takes a chunk it does not own from
- * a publisher only once starved for STARVE_MS: until then no peer can hold
- * a chunk we own, so our first reads need not wait for peers' first
- * have-pages (agent_swarm_pick), which cost a connection each. An answer
- * without now_ms (an older tracker) makes no version fresh.
- */
-void agent_note_fresh(struct node_agent *a, uint64_t v, uint64_t now_ms,
-		      const struct trk_version_info *vs, size_t n)
-{
-	for (size_t i = 0; i < n && now_ms != 0; i++) {
-		uint64_t age = now_ms > vs[i].published_ms ? now_ms - vs[i].published_ms : 0;
-		if (vs[i].version != v || age >= STARVE_MS)
-			continue;
-		a->fresh_v = v;
-		a->fresh_until_ms = agent_now_ms() + (STARVE_MS - age);
-		LOG_DEBUG("node %s: v%" PRIu64 " is fresh (published %" PRIu64 " ms ago)%s", a->node_id,
-			  v, age, a->fetch != NULL && a->fetch->version == v ? "; so is its fetch" : "");
-		/* The replica's target may have moved first (its poll), and
-		 * the fetch started before this answer came. */
-		if (a->fetch != NULL && a->fetch->version == v)
-			a->fetch->fresh_until_ms = a->fresh_until_ms;
-	}
 }
 
 static void start_watch(struct node_agent *a)
@@ -293,7 +222,7 @@ static void start_watch(struct node_agent *a)
 	uint32_t wait_ms = (uint32_t)proto_param(PROTO_PARAM_WATCH_MS);
 	if ((sh->watch != NULL ? sh->watch(sh->watch_ctx, a->seen, wait_ms, on_watch, a)
 			       : trk_client_watch(a->trk, a->seen, wait_ms, on_watch, a)) != 0)
-		agent_arm(a->retry_ev, RETRY_MS);
+		node_arm(a->retry_ev, RETRY_MS);
 	else
 		a->watching = true;
 }
@@ -302,7 +231,7 @@ static void start_watch(struct node_agent *a)
 static void arm_heartbeat(struct node_agent *a)
 {
 	if (!a->o.shared->host_heartbeat)
-		agent_arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
+		node_arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
 }
 
 void node_agent_lease_lost(struct node_agent *a)
@@ -313,7 +242,7 @@ void node_agent_lease_lost(struct node_agent *a)
 	LOG_WARN("node %s: lease lost; registering again", a->node_id);
 	a->registered = false;
 	proto_metrics_set(a->am.m, a->am.registered, 0);
-	node_agent_metrics_health(&a->am, false, "lease lost; registering again");
+	node_rank_metrics_health(&a->am, false, "lease lost; registering again");
 	agent_start_register(a);
 }
 
@@ -383,11 +312,11 @@ static void model_refused(struct node_agent *a, const char *error)
 			 a->node_id, a->o.tracker_url, error, ours, a->o.tracker_url,
 			 MODEL_RETRY_MAX_MS / 1000);
 	}
-	node_wait_note(&a->wait, agent_now_ms(), a->node_id, "tracker",
+	node_wait_note(&a->wait, node_now_ms(), a->node_id, "tracker",
 		       "the tracker to accept our model (it serves another: `tessera model "
 		       "--tracker %s` prints it)",
 		       a->o.tracker_url);
-	agent_arm(a->retry_ev, every);
+	node_arm(a->retry_ev, every);
 }
 
 static void on_register(const struct trk_answer *ans, void *arg)
@@ -404,9 +333,9 @@ static void on_register(const struct trk_answer *ans, void *arg)
 			a->lease_ms = proto_param(PROTO_PARAM_LEASE_MS);
 		a->registered = true;
 		a->said_live = false;
-		agent_swarm_registered(a);
+		swarm_registered(&a->sw);
 		proto_metrics_set(a->am.m, a->am.registered, 1);
-		node_agent_metrics_health(&a->am, true, NULL);
+		node_rank_metrics_health(&a->am, true, NULL);
 		node_wait_over(&a->wait, "tracker");
 		LOG_INFO("node %s: registered (lease %" PRIu64 " ms)", a->node_id, a->lease_ms);
 		agent_ready_ahead(a);
@@ -414,12 +343,12 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		/* What we hold is still good: say so again after a re-register. */
 		if (a->active != NULL)
 			agent_report(a, a->active->version, TRK_STATE_ACTIVE, NULL, NULL);
-		/* The tracker forgot our reports: a verified fetch says so again. */
-		if (a->fetch != NULL)
-			a->fetch->reported_verified = false;
+		/* The tracker forgot our reports: a verified version says so again. */
+		if (a->ver != NULL)
+			a->ver->reported_verified = false;
 		start_watch(a);
 		if (!evtimer_pending(a->sync_ev, NULL))
-			agent_arm(a->sync_ev, 0);
+			node_arm(a->sync_ev, 0);
 		return;
 	}
 	if (ans->status == 400 || ans->status == 401 || ans->status == 403) {
@@ -445,12 +374,12 @@ static void on_register(const struct trk_answer *ans, void *arg)
 	/* 409 (no model yet) or the tracker is not up: try again. */
 	LOG_DEBUG("node %s: registration: %d %s; retrying", a->node_id, ans->status, ans->error);
 	if (ans->status <= 0)
-		node_wait_note(&a->wait, agent_now_ms(), a->node_id, "tracker", "the tracker at %s (%s)",
+		node_wait_note(&a->wait, node_now_ms(), a->node_id, "tracker", "the tracker at %s (%s)",
 			       a->o.tracker_url, ans->error);
 	else
-		node_wait_note(&a->wait, agent_now_ms(), a->node_id, "tracker",
+		node_wait_note(&a->wait, node_now_ms(), a->node_id, "tracker",
 			       "the tracker to accept our registration (%s)", ans->error);
-	agent_arm(a->retry_ev, RETRY_MS);
+	node_arm(a->retry_ev, RETRY_MS);
 }
 
 void agent_start_register(struct node_agent *a)
@@ -470,7 +399,7 @@ void agent_start_register(struct node_agent *a)
 	/* A key per registration: statements speak for this session only. */
 	crypto_sign_keypair(a->stmt_pk, a->stmt_sk);
 	if (trk_client_register_node(a->trk, &r, on_register, a) != 0)
-		agent_arm(a->retry_ev, RETRY_MS);
+		node_arm(a->retry_ev, RETRY_MS);
 }
 
 void agent_on_retry(evutil_socket_t fd, short what, void *arg)

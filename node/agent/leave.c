@@ -1,5 +1,5 @@
 /* Leaving: a node stopped on purpose tells the tracker before it goes. */
-#include "node/agent/agent_internal.h"
+#include "node/agent/internal.h"
 
 /*
  * Without it a stopped node stays listed as a source until its lease runs
@@ -60,5 +60,5 @@ void node_agent_leave(struct node_agent *a, void (*done)(void *arg), void *arg)
 		finish(a);
 		return;
 	}
-	agent_arm(a->leave_ev, LEAVE_WAIT_MS);
+	node_arm(a->leave_ev, LEAVE_WAIT_MS);
 }

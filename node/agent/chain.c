@@ -20,7 +20,7 @@
  * A target with no chain to replay (none served, or longer than
  * TESSERA_CHAIN_MAX) is fetched whole the same way when replicas hold it,
  * else the node asks for an anchor. */
-#include "node/agent/agent_internal.h"
+#include "node/agent/internal.h"
 
 static void chain_free(struct agent_chain *c)
 {
@@ -46,8 +46,8 @@ void agent_chain_end(struct node_agent *a, bool failed)
 }
 
 /* No chain to replay: the node keeps serving what it has and asks for an
- * anchor, as it would without a chain. */
-static void need_anchor(struct node_agent *a, const char *msg)
+ * anchor, as it would without a chain (the version is already dropped). */
+static void no_replay(struct node_agent *a, const char *msg)
 {
 	struct agent_chain *c = a->chain;
 
@@ -57,7 +57,7 @@ static void need_anchor(struct node_agent *a, const char *msg)
 	a->need_anchor = true;
 	proto_metrics_add(a->am.m, a->am.delta_refused, 1);
 	a->failed = c->target;
-	a->failed_ms = agent_now_ms();
+	a->failed_ms = node_now_ms();
 	agent_report(a, c->target, TRK_STATE_FAILED, msg, NULL);
 	agent_chain_end(a, true);
 }
@@ -66,12 +66,12 @@ static void on_holders(const struct trk_answer *ans, void *arg);
 
 /* Whether the target may be fetched whole: asks for its holders (true;
  * on_holders goes on). Only the latest version is: the publisher makes
- * raw copies of it alone (node/pub_addendum.c). */
+ * raw copies of it alone (node/publisher/). */
 static bool ask_whole(struct node_agent *a)
 {
 	struct agent_chain *c = a->chain;
 
-	if (!a->fanout || proto_param(PROTO_PARAM_CHAIN_FULL) == 0 || a->full_failed_v == c->target ||
+	if (!a->fx.fanout || proto_param(PROTO_PARAM_CHAIN_FULL) == 0 || a->full_failed_v == c->target ||
 	    c->latest != c->target ||
 	    trk_client_holders(a->trk, c->target, a->layout.digest, on_holders, a) != 0)
 		return false;
@@ -92,7 +92,7 @@ static void plan_fail(struct node_agent *a, const char *fmt, ...)
 	va_end(ap);
 	c->planning = false;
 	if (!ask_whole(a))
-		need_anchor(a, c->nochain);
+		no_replay(a, c->nochain);
 }
 
 /* The target whole (its raw copy, from its holders): the chain ends. */
@@ -188,7 +188,7 @@ static void choose(struct node_agent *a, bool full, size_t holders)
 		 c->target_raw >= c->wire ? ""
 		 : a->full_failed_v == target ? ": its whole fetch failed"
 		 : c->latest != target ? ": only the latest version is copied whole"
-		 : !a->fanout || proto_param(PROTO_PARAM_CHAIN_FULL) == 0 ? ": not fetched whole here"
+		 : !a->fx.fanout || proto_param(PROTO_PARAM_CHAIN_FULL) == 0 ? ": not fetched whole here"
 			      : ": no replica holds it complete",
 		 c->target_wire);
 	next_step(a);
@@ -211,7 +211,7 @@ static void on_holders(const struct trk_answer *ans, void *arg)
 	if (c->nochain[0] == 0) {
 		choose(a, n > 0, n);
 	} else if (n == 0) {
-		need_anchor(a, c->nochain);
+		no_replay(a, c->nochain);
 	} else {
 		LOG_INFO("node %s: v%" PRIu64 " without its parent and no chain to replay (%s): "
 			 "fetching it whole from %zu holder%s: %" PRIu64 " bytes for this rank",
@@ -318,7 +318,7 @@ static void on_versions(const struct trk_answer *ans, void *arg)
 
 int agent_chain_begin(struct node_agent *a)
 {
-	struct agent_fetch *f = a->fetch;
+	struct fetch *f = a->ver->f;
 	uint64_t max = PROTO_MAX(proto_param(PROTO_PARAM_CHAIN_MAX), 1);
 	struct agent_chain *c;
 
@@ -359,7 +359,7 @@ int agent_chain_begin(struct node_agent *a)
 
 bool agent_chain_step_done(struct node_agent *a)
 {
-	struct agent_fetch *f = a->fetch;
+	struct fetch *f = a->ver->f;
 	struct agent_chain *c = a->chain;
 	struct node_slot *built;
 

@@ -1,5 +1,5 @@
-/* The node agent's series: Prometheus names with units and _total. */
-#include "node/agent/agent_metrics.h"
+/* A rank's series: Prometheus names with units and _total. */
+#include "node/base/rank_metrics.h"
 
 #include <stdio.h>
 
@@ -13,12 +13,12 @@ static const char *lbl(char *buf, size_t len, const char *who, const char *extra
 	return buf;
 }
 
-int node_agent_metrics_init(struct node_agent_metrics *am, struct proto_metrics *m,
+int node_rank_metrics_init(struct node_rank_metrics *am, struct proto_metrics *m,
 			    const char *replica, uint32_t rank)
 {
 	char who[160], b[256], part[160];
 
-	*am = (struct node_agent_metrics){
+	*am = (struct node_rank_metrics){
 		.active_version = -1, .serving_bytes = -1, .registered = -1,
 		.fetched_trainer = -1, .fetched_peer = -1, .fetched_peer_slot = -1, .failed_hash = -1,
 		.failed_read = -1, .stalled = -1, .activations = -1, .refused = -1,
@@ -30,7 +30,7 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct proto_metrics 
 	};
 	if (m == NULL)
 		return 0;
-	struct node_agent_metrics t = {.m = m};
+	struct node_rank_metrics t = {.m = m};
 	snprintf(who, sizeof(who), "replica=\"%s\",rank=\"%u\"", replica, rank);
 	snprintf(part, sizeof(part), "%s/%u", replica, rank);
 	t.active_version = proto_metrics_gauge(m, "tessera_node_active_version", lbl(b, sizeof(b), who, NULL),
@@ -117,11 +117,11 @@ int node_agent_metrics_init(struct node_agent_metrics *am, struct proto_metrics 
 		if (hs[i] < 0)
 			return hs[i];
 	*am = t;
-	node_agent_metrics_health(am, false, "not registered with the tracker yet");
+	node_rank_metrics_health(am, false, "not registered with the tracker yet");
 	return 0;
 }
 
-void node_agent_metrics_health(struct node_agent_metrics *am, bool ok, const char *why)
+void node_rank_metrics_health(struct node_rank_metrics *am, bool ok, const char *why)
 {
 	proto_metrics_set_part_health(am->m, am->health, ok, why);
 }

@@ -13,10 +13,11 @@
  * statements (agent_replica_backed), so a stray datagram costs one query
  * at most. Siblings on other hosts (or network namespaces) are not reached
  * and keep polling. */
-#include "node/agent/agent_internal.h"
+#include "node/agent/internal.h"
 
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 /* The abstract name of rank's socket (length in *len). */
 static void poke_name(const struct node_agent *a, uint32_t rank, struct sockaddr_un *sa,
@@ -40,7 +41,7 @@ static void poke_name(const struct node_agent *a, uint32_t rank, struct sockaddr
 static void on_poke(evutil_socket_t fd, short what, void *arg)
 {
 	struct node_agent *a = arg;
-	struct agent_fetch *f = a->fetch;
+	const struct agent_version *cur = a->ver;
 	uint8_t b[16];
 	uint64_t v = 0;
 	bool mine = false;
@@ -50,7 +51,7 @@ static void on_poke(evutil_socket_t fd, short what, void *arg)
 	while ((n = recv(fd, b, sizeof(b), MSG_DONTWAIT)) >= 0)
 		if (n == (ssize_t)sizeof(v)) {
 			memcpy(&v, b, sizeof(v));
-			mine |= f != NULL && f->verified && f->version == v;
+			mine |= cur != NULL && agent_verified_stage(cur) && cur->version == v;
 		}
 	if (!mine)
 		return;
@@ -58,7 +59,7 @@ static void on_poke(evutil_socket_t fd, short what, void *arg)
 	LOG_DEBUG("node %s: a sibling rank's verification of v%" PRIu64 " was recorded: asking the "
 		  "tracker for replica %s now", a->node_id, v, a->o.replica);
 	if (a->syncing) /* its answer may predate the sibling's report: ask once more */
-		agent_arm(a->sync_ev, 1);
+		node_arm(a->sync_ev, 1);
 	else
 		agent_sync_now(a);
 }
@@ -107,7 +108,7 @@ static void on_poke_retry(evutil_socket_t fd, short what, void *arg)
 		LOG_INFO("node %s: sibling wake-ups on: the name of rank %u was free after %u "
 			 "tries", a->node_id, a->o.rank, a->poke_tries);
 	} else if (rc == -EADDRINUSE && a->poke_tries < POKE_TRIES) {
-		agent_arm(a->poke_retry_ev, POKE_RETRY_MS);
+		node_arm(a->poke_retry_ev, POKE_RETRY_MS);
 	} else {
 		LOG_INFO("node %s: no sibling wake-ups (%s after %u tries): this rank polls the "
 			 "tracker", a->node_id, strerror(-rc), a->poke_tries);
@@ -129,7 +130,7 @@ void agent_poke_open(struct node_agent *a)
 	if (a->poke_retry_ev == NULL)
 		a->poke_retry_ev = evtimer_new(a->base, on_poke_retry, a);
 	if (a->poke_retry_ev != NULL)
-		agent_arm(a->poke_retry_ev, POKE_RETRY_MS);
+		node_arm(a->poke_retry_ev, POKE_RETRY_MS);
 }
 
 void agent_poke_close(struct node_agent *a)

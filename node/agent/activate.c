@@ -1,8 +1,10 @@
 /* From verified to active: the replica's agreement, the activation record,
  * the switch of the served slot. */
-#include "node/agent/agent_internal.h"
+#include "node/agent/internal.h"
 
 #include "node/serve/expose.h"
+
+#include <unistd.h>
 
 /*
  * The activation record, <expose>/<replica>-<rank>.json: what a serving
@@ -11,7 +13,7 @@
  * the served one and the node reports the reason as a failure. It names
  * this process's memory: the node removes it when it stops
  * (agent_unexpose), and readers refuse one left by a node that died
- * (node/expose.h).
+ * (node/serve/expose.h).
  */
 static void expose_path(const struct node_agent *a, char *path, size_t len)
 {
@@ -178,22 +180,22 @@ int agent_probe_expose(struct node_agent *a, struct proto_err *err)
  * fetch; the next sync tries again. */
 void agent_expose_blocked(struct node_agent *a, const char *what, const struct proto_err *err)
 {
-	struct agent_fetch *f = a->fetch;
-	char msg[sizeof(f->expose_error)];
+	struct agent_version *v = a->ver;
+	char msg[sizeof(v->expose_error)];
 
 	snprintf(msg, sizeof(msg), "%s: %s", what, err->msg);
-	if (strcmp(msg, f->expose_error) != 0)
-		LOG_ERR("node %s: v%" PRIu64 " not activated: %s", a->node_id, f->version, msg);
-	snprintf(f->expose_error, sizeof(f->expose_error), "%s", msg);
-	agent_report(a, f->version, TRK_STATE_FAILED, msg, NULL);
+	if (strcmp(msg, v->expose_error) != 0)
+		LOG_ERR("node %s: v%" PRIu64 " not activated: %s", a->node_id, v->version, msg);
+	snprintf(v->expose_error, sizeof(v->expose_error), "%s", msg);
+	agent_report(a, v->version, TRK_STATE_FAILED, msg, NULL);
 }
 
 void agent_activate(struct node_agent *a)
 {
-	struct agent_fetch *f = a->fetch;
+	struct fetch *f = a->ver->f;
 	struct proto_err err;
 
-	/* Memory-tight: written into the served slot (node/agent_inplace.c). */
+	/* Memory-tight: written into the served slot (inplace.c). */
 	if (agent_inplace(a)) {
 		agent_inplace_start(a);
 		return;
@@ -213,70 +215,6 @@ void agent_activate(struct node_agent *a)
 	agent_activated(a, old);
 }
 
-void agent_activated(struct node_agent *a, struct node_slot *old)
-{
-	struct agent_fetch *f = a->fetch;
-
-	memcpy(a->active_digest, f->man.digest, PROTO_HASH_BYTES);
-	a->need_anchor = false;
-	node_wait_over(&a->wait, NULL);
-	LOG_INFO("node %s: v%" PRIu64 " active (%" PRIu64 " bytes, %" PRIu64 " from trainer, %" PRIu64
-		 " from peers, %" PRIu64 " refetched, %" PRIu64 " ms; %u stalled reads, %u times a "
-		 "congested peer was waited for, %u failed reads, %u chunks failed their hash)",
-		 a->node_id, f->version, f->bytes_done, f->from_trainer, f->from_peers, f->refetched,
-		 agent_now_ms() - f->started_ms, f->stalls, f->congested, f->read_failures,
-		 f->bad_chunks);
-	proto_metrics_set(a->am.m, a->am.active_version, f->version);
-	proto_metrics_set(a->am.m, a->am.serving_bytes, a->active->len);
-	proto_metrics_add(a->am.m, a->am.activations, 1);
-	proto_metrics_observe(a->am.m, a->am.activation_seconds,
-			     (double)(agent_now_ms() - f->started_ms) / 1000.0);
-	agent_report(a, f->version, TRK_STATE_ACTIVE, NULL, NULL);
-	/* Its parcels stay served (until the next activation), the fetch ends. */
-	for (uint32_t i = 0; i < a->nreads; i++)
-		if (a->reads[i].in_fabric)
-			a->reads[i].abandoned = true;
-	a->fetch = NULL;
-	a->gen++;
-	agent_warm_pause(a, false);
-	agent_swarm_keep(a, f);
-	agent_xl_serve(a, old);
-	/* Requests pinning the old slot keep it until they release it. In
-	 * place, the same slot comes back with the new version. */
-	agent_delta_activated(a, f, old); /* a standby copied from old goes first */
-	if (old == a->active) {
-		if (node_attach_paused(a->attach)) /* an in-place install resumes on its own */
-			node_attach_resume(a->attach, a->active, a->active_digest);
-	} else {
-		node_attach_activate(a->attach, a->active, a->active_digest);
-		node_attach_retire(a->attach, &a->store, old);
-	}
-	agent_sync_now(a); /* the replica's next target may be there already */
-}
-
-void agent_on_verified_report(const struct trk_answer *ans, void *arg)
-{
-	struct node_agent *a = arg;
-	struct agent_fetch *f = a->fetch;
-	json_t *t;
-
-	if (f == NULL || !f->verified)
-		return;
-	if (ans->status != 200) {
-		f->reported_verified = false; /* say it again on the next tick */
-		return;
-	}
-	agent_poke_siblings(a, f->version); /* they may be waiting for us alone */
-	t = json_object_get(ans->json, "replica_target");
-	agent_follow_target(a, json_is_integer(t) ? (uint64_t)json_integer_value(t) : f->version,
-			    json_is_true(json_object_get(ans->json, "replica_complete")),
-			    json_object_get(ans->json, "statements"));
-	/* Still waiting for the rest of the replica: ask again soon, not at
-	 * the sync period armed before the verification. */
-	if (a->fetch == f && f->verified)
-		agent_arm(a->sync_ev, agent_sync_period(a));
-}
-
 /*
  * The tracker says the replica is complete at our verified version: that
  * holds only when every other rank's statement that it holds the version
@@ -286,54 +224,19 @@ void agent_on_verified_report(const struct trk_answer *ans, void *arg)
  */
 bool agent_replica_backed(struct node_agent *a, json_t *statements)
 {
-	struct agent_fetch *f = a->fetch;
+	struct agent_version *v = a->ver;
 	struct proto_err err;
 
 	if (trk_statements_check(statements, a->o.replica, a->layout.nranks, a->o.rank,
-				 f->version, f->man.digest, &err) == 0) {
-		f->unbacked[0] = 0;
+				 v->version, v->f->man.digest, &err) == 0) {
+		v->unbacked[0] = 0;
 		return true;
 	}
-	if (strcmp(err.msg, f->unbacked) != 0) {
+	if (strcmp(err.msg, v->unbacked) != 0) {
 		LOG_WARN("node %s: the tracker says replica %s holds v%" PRIu64
-			 " but %s: not switching", a->node_id, a->o.replica, f->version, err.msg);
+			 " but %s: not switching", a->node_id, a->o.replica, v->version, err.msg);
 		proto_metrics_add(a->am.m, a->am.unbacked_claims, 1);
 	}
-	snprintf(f->unbacked, sizeof(f->unbacked), "%s", err.msg);
+	snprintf(v->unbacked, sizeof(v->unbacked), "%s", err.msg);
 	return false;
-}
-
-void agent_all_verified(struct node_agent *a)
-{
-	/* In place, a delta is applied to the served slot at activation. */
-	if (a->fetch->delta && !agent_inplace(a)) {
-		agent_delta_rebuild(a); /* agent_verified once rebuilt */
-		return;
-	}
-	if (a->fetch->delta) {
-		agent_verified(a);
-		return;
-	}
-	proto_metrics_add(a->am.m, a->am.full_versions, 1);
-	agent_verified(a);
-}
-
-void agent_verified(struct node_agent *a)
-{
-	struct agent_fetch *f = a->fetch;
-	struct proto_err err;
-
-	if (agent_chain_step_done(a)) /* a step of a chain: on to the next */
-		return;
-
-	f->verified = true;
-	f->verified_ms = agent_now_ms();
-	f->reported_verified = true;
-	LOG_INFO("node %s: v%" PRIu64 " verified in %" PRIu64 " ms", a->node_id, f->version,
-		 agent_now_ms() - f->started_ms);
-	if (agent_probe_expose(a, &err) != 0) {
-		agent_expose_blocked(a, "cannot write the activation record", &err);
-		return;
-	}
-	agent_report(a, f->version, TRK_STATE_VERIFIED, NULL, agent_on_verified_report);
 }

@@ -1,14 +1,15 @@
-/* What a node agent measures, as series of node/metrics.h: names, labels and
- * help in one place; agent.c updates them by handle. */
-#ifndef NODE_AGENT_METRICS_H
-#define NODE_AGENT_METRICS_H
+/* What a node measures of one rank, as series of proto/metrics.h: names,
+ * labels and help in one place; the agent, fetcher and swarm update them
+ * by handle. */
+#ifndef NODE_RANK_METRICS_H
+#define NODE_RANK_METRICS_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "proto/metrics.h"
 
-struct node_agent_metrics {
+struct node_rank_metrics {
 	struct proto_metrics *m; /* NULL: nothing is measured */
 	int active_version, serving_bytes, registered;
 	int fetched_trainer, fetched_peer, fetched_peer_slot;
@@ -27,9 +28,9 @@ struct node_agent_metrics {
  * (a multi-rank node registers each of its ranks in one registry), and the
  * rank's part of /healthz (NULL m: every handle stays a no-op). Returns 0
  * or a negative errno (then handles are no-ops). */
-int node_agent_metrics_init(struct node_agent_metrics *am, struct proto_metrics *m,
+int node_rank_metrics_init(struct node_rank_metrics *am, struct proto_metrics *m,
 			    const char *replica, uint32_t rank);
 /* The rank's health for /healthz: ok, or not and why. */
-void node_agent_metrics_health(struct node_agent_metrics *am, bool ok, const char *why);
+void node_rank_metrics_health(struct node_rank_metrics *am, bool ok, const char *why);
 
 #endif

@@ -5,7 +5,7 @@
  * slot, as there is nothing to apply it against. When the replica agrees on
  * the version (the same two-phase activation as double-buffered):
  *
- *   1. admission is paused: new acquires wait (node/attach.h);
+ *   1. admission is paused: new acquires wait (node/serve/attach.h);
  *   2. running requests drain: the install waits until no request pins the
  *      served slot, at most TESSERA_INPLACE_DRAIN_MS (default 2 s); clients
  *      still pinning it then are disconnected (their requests fail rather
@@ -35,7 +35,7 @@
  * against the slot and asks for an anchor, and serving resumes only once a
  * complete version is installed. Never a mix.
  */
-#include "node/agent/agent_internal.h"
+#include "node/agent/internal.h"
 
 #include "proto/delta.h"
 #include "proto/dpatch.h"
@@ -74,7 +74,7 @@ static void prep_free(struct node_agent *a)
 
 /* Decodes and verifies every delta parcel against the served slot (it
  * serves on meanwhile: nothing writes it). */
-static int prep(struct node_agent *a, struct agent_fetch *f, struct proto_err *err)
+static int prep(struct node_agent *a, struct fetch *f, struct proto_err *err)
 {
 	unsigned threads = (unsigned)proto_param(PROTO_PARAM_INPLACE_THREADS);
 	struct agent_inplace_prep *pr;
@@ -90,7 +90,7 @@ static int prep(struct node_agent *a, struct agent_fetch *f, struct proto_err *e
 	    (pr->pool = proto_dpatch_pool_new(threads)) == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
 	for (uint32_t i = 0; i < f->nparcels && rc == 0; i++) {
-		struct agent_parcel *p = &f->parcels[i];
+		struct fetch_parcel *p = &f->parcels[i];
 		rc = proto_dparcel_build(&a->model, f->plan, p->pp, &a->layout, &pr->dp[i], err);
 		if (rc != 0)
 			break;
@@ -112,7 +112,7 @@ static int prep(struct node_agent *a, struct agent_fetch *f, struct proto_err *e
 
 /* Writes f into the served slot s; 0, or an error in err (s then holds a
  * part of f: incomplete). */
-static int write_version(struct node_agent *a, struct agent_fetch *f, struct node_slot *s,
+static int write_version(struct node_agent *a, struct fetch *f, struct node_slot *s,
 			 struct proto_err *err)
 {
 	uint64_t fail_v = proto_param(PROTO_PARAM_TEST_INPLACE_FAIL);
@@ -141,7 +141,7 @@ static int write_version(struct node_agent *a, struct agent_fetch *f, struct nod
 
 /* The served slot s holds f now: the store makes it the served one (a CUDA
  * store scatters a delta's changes into its device copy). */
-static int activate_written(struct node_agent *a, struct agent_fetch *f, struct node_slot *s,
+static int activate_written(struct node_agent *a, struct fetch *f, struct node_slot *s,
 			    struct proto_err *err)
 {
 	struct agent_inplace_prep *pr = a->inplace_prep;
@@ -171,7 +171,7 @@ static int activate_written(struct node_agent *a, struct agent_fetch *f, struct 
  * fsync guards against a crash of the machine alone, after which what the
  * record names (the slot's memfd, this process's memory) is gone anyway.
  */
-static void record_after_resume(struct node_agent *a, struct agent_fetch *f)
+static void record_after_resume(struct node_agent *a, struct fetch *f)
 {
 	struct proto_err err;
 
@@ -188,7 +188,7 @@ static void record_after_resume(struct node_agent *a, struct agent_fetch *f)
 
 /* f cannot be installed: admission stays paused until a complete version
  * is (see the top of the file). */
-static void fail_paused(struct node_agent *a, struct agent_fetch *f, const struct proto_err *err)
+static void fail_paused(struct node_agent *a, struct fetch *f, const struct proto_err *err)
 {
 	a->inplace_broken = true;
 	a->need_anchor = f->delta;
@@ -201,7 +201,7 @@ static void fail_paused(struct node_agent *a, struct agent_fetch *f, const struc
 
 /* What the pause did not need, once serving resumed: the prepared changes
  * and their threads, the delta's wire bytes, an anchor's staging slot. */
-static void after_pause(struct node_agent *a, struct agent_fetch *f)
+static void after_pause(struct node_agent *a, struct fetch *f)
 {
 	prep_free(a);
 	for (uint32_t i = 0; f->delta && i < f->nparcels; i++) {
@@ -216,7 +216,7 @@ static void after_pause(struct node_agent *a, struct agent_fetch *f)
 
 static void install(struct node_agent *a)
 {
-	struct agent_fetch *f = a->fetch;
+	struct fetch *f = a->ver != NULL ? a->ver->f : NULL;
 	struct node_slot *s = a->active;
 	uint64_t t_write = proto_now_ns(), t_activate, t_resume;
 	struct proto_err err = {{0}};
@@ -224,7 +224,7 @@ static void install(struct node_agent *a)
 
 	a->installing = false;
 	event_del(a->inplace_ev);
-	if (f == NULL || f->version != a->inplace_version || !f->verified) {
+	if (f == NULL || f->version != a->inplace_version || !agent_verified_stage(a->ver)) {
 		prep_free(a);
 		agent_unstage_expose(a);
 		/* The version went away before anything was written. */
@@ -232,7 +232,7 @@ static void install(struct node_agent *a)
 			 a->node_id, a->inplace_version);
 		if (!a->inplace_broken) {
 			node_attach_resume(a->attach, s, a->active_digest);
-			agent_xl_serve(a, s); /* withdrawn at the start */
+			swarm_xl_serve(&a->sw, s); /* withdrawn at the start */
 		}
 		return;
 	}
@@ -290,7 +290,7 @@ static void on_drain_bound(evutil_socket_t fd, short what, void *arg)
 
 void agent_inplace_start(struct node_agent *a)
 {
-	struct agent_fetch *f = a->fetch;
+	struct fetch *f = a->ver->f;
 
 	struct proto_err err = {{0}};
 
@@ -322,10 +322,11 @@ void agent_inplace_start(struct node_agent *a)
 			 a->active->version);
 	a->installing = true;
 	a->inplace_version = f->version;
+	agent_stage(a, STAGE_ACTIVATING);
 	/* Readers of other layouts stop reading the slot before it changes;
 	 * served again by the switch, or when the install is abandoned. Done
 	 * before the pause: closing a registration can take milliseconds. */
-	agent_xl_withdraw(a);
+	swarm_xl_withdraw(&a->sw);
 	a->inplace_t0_ns = proto_now_ns();
 	LOG_INFO("node %s: installing v%" PRIu64 " in place over v%" PRIu64 ": admission paused",
 		 a->node_id, f->version, a->active->version);
@@ -336,11 +337,11 @@ void agent_inplace_start(struct node_agent *a)
 	if (node_attach_pause(a->attach, f->version, on_drained, a) != 0) {
 		a->installing = false;
 		agent_unstage_expose(a);
-		agent_xl_serve(a, a->active);
+		swarm_xl_serve(&a->sw, a->active);
 		agent_fetch_fail(a, "in-place install: out of memory");
 		return;
 	}
-	agent_arm(a->inplace_ev, proto_param(PROTO_PARAM_INPLACE_DRAIN_MS));
+	node_arm(a->inplace_ev, proto_param(PROTO_PARAM_INPLACE_DRAIN_MS));
 }
 
 void agent_inplace_fini(struct node_agent *a)

@@ -1,5 +1,5 @@
 /* Worker threads that hash and scatter fetched chunks (see verifier.h). */
-#include "node/agent/verifier.h"
+#include "node/fetch/verifier.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -1,0 +1,341 @@
+/* Who reads which of the trainer's chunks (owners, seed readers, stand-ins),
+ * what the swarm's peers hold (their have-pages counted per chunk), and
+ * their upload budgets: the picker's inputs, kept per parcel. */
+#include "node/fetch/picker.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+uint32_t fetch_start_point(const char *id, uint32_t pi, uint32_t n)
+{
+	uint64_t h = 1469598103934665603ull ^ pi;
+
+	for (const char *c = id; *c; c++)
+		h = (h ^ (uint8_t)*c) * 1099511628211ull;
+	return n == 0 ? 0 : (uint32_t)(h % n);
+}
+
+/* ---- upload budgets ---------------------------------------------------------- */
+
+/*
+ * A node announces its upload budget on its have-pages: the readers it
+ * serves at once and its upload rate (TESSERA_UPLOAD_PEERS, _MBPS; the
+ * rate split over the parcels it serves). Reads are one-sided, so its
+ * readers keep the budget; the node is never asked. The readers it serves
+ * are the k members of the swarm with the highest fetch_hrw(member, its id):
+ * every reader computes the same set from the same member list. A reader
+ * left out counts none of the node's chunks as available (so rarest-first
+ * skips them, and a chunk only it holds may come from the trainer) and
+ * takes them elsewhere; the node is full, not bad, and is not counted
+ * against. A reader let in takes at most its share of the rate: the rate
+ * over the readers served (k, or the swarm's other members if fewer).
+ * A reader no holder serves starves and reads the trainer after
+ * STARVE_MS (fetch_pick, passes 1 and 2): a budget never strands a
+ * chunk.
+ */
+
+static uint32_t id_hash32(const char *id)
+{
+	uint32_t h = 2166136261u;
+
+	for (const char *q = id; *q; q++)
+		h = (h ^ (uint8_t)*q) * 16777619u;
+	return h;
+}
+
+/* Whether s's budget lets us in, and our share of its rate. */
+void fetch_budget_share(const struct fetcher *x, const struct fetch_parcel *p,
+			 struct fetch_source *s)
+{
+	uint32_t salt = id_hash32(s->info.id), above = 0, readers = 1; /* us */
+	uint64_t me = fetch_hrw(x->o.id, 0, salt);
+	bool was = s->up_refused;
+
+	for (uint32_t k = 0; k < p->nmembers; k++) {
+		if (strcmp(p->members[k], s->info.id) == 0 || strcmp(p->members[k], x->o.id) == 0)
+			continue;
+		readers++;
+		above += fetch_hrw(p->members[k], 0, salt) > me;
+	}
+	s->up_refused = s->up_peers != 0 && above >= s->up_peers;
+	if (s->up_peers != 0)
+		readers = PROTO_MIN(readers, s->up_peers);
+	s->up_bps = s->up_mbps == 0 ? 0 : (uint64_t)s->up_mbps * 1000000 / 8 / readers;
+	if (s->up_refused && !was) {
+		proto_metrics_add(x->o.am->m, x->o.am->budget_refusals, 1);
+		LOG_DEBUG("node %s: peer %s serves %u readers at once, others first: reading "
+			  "its chunks elsewhere", x->o.id, s->info.id, s->up_peers);
+	}
+}
+
+/* s's budget has room for a read of len bytes now (its tokens are spent
+ * when the read is posted, fetch_source_posted). Its bucket holds a chunk
+ * at least (chunk: our chunk size): asked for a parcel's short last chunk
+ * first, it would drop what a whole chunk needs. */
+bool fetch_budget_room(struct fetch_source *s, uint64_t len, uint64_t chunk)
+{
+	uint64_t now, burst, el;
+
+	if (s->up_bps == 0)
+		return true;
+	now = proto_now_ns();
+	burst = PROTO_MAX(PROTO_MAX(len, chunk), s->up_bps / 10);
+	el = PROTO_MIN(now - s->up_ns, 1000000000ull);
+	s->up_tokens = PROTO_MIN(burst, s->up_tokens + (uint64_t)((unsigned __int128)el * s->up_bps /
+								1000000000u));
+	s->up_ns = now;
+	return s->up_tokens >= len;
+}
+
+/* ---- what peers hold -------------------------------------------------------- */
+
+static int cmp_u32(const void *x, const void *y)
+{
+	uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+
+	return a < b ? -1 : a > b;
+}
+
+#define AHEAD_CHUNKS(n) PROTO_MAX(4u, (n) / 16)
+
+/* Whether we hold AHEAD_CHUNKS more of p than the median usable peer's
+ * last page shows (see per-peer queues); false without such a page. */
+static bool ahead_of_swarm(const struct fetch *f, const struct fetch_parcel *p, uint64_t now)
+{
+	uint32_t n = p->mp->nchunks, bl = (n + 7) / 8, *held, k = 0, med;
+
+	if (p->nsrcs == 0 || (held = calloc(p->nsrcs, sizeof(*held))) == NULL)
+		return false;
+	for (size_t j = 0; j < p->nsrcs; j++) {
+		const struct fetch_source *s = &p->srcs[j];
+		uint32_t h = 0;
+		if (!s->info.peer || s->have == NULL || s->self || s->bad_until_ms > now ||
+		    fetch_banned(f, s->info.id))
+			continue;
+		for (uint32_t b = 0; b < bl; b++)
+			h += (uint32_t)__builtin_popcount(s->have[b]);
+		held[k++] = h;
+	}
+	qsort(held, k, sizeof(*held), cmp_u32);
+	med = k == 0 ? UINT32_MAX : held[k / 2];
+	free(held);
+	return med != UINT32_MAX && p->done > med + AHEAD_CHUNKS(n);
+}
+
+/* Counts, per chunk, the usable peers holding it and whether one is
+ * fetching it, from their last have-pages. */
+void fetch_recount(const struct fetch *f, struct fetch_parcel *p)
+{
+	uint32_t n = p->mp->nchunks, bl = (n + 7) / 8;
+	uint64_t now = node_now_ms();
+
+	memset(p->avail, 0, n * sizeof(*p->avail));
+	memset(p->peer_busy, 0, n);
+	memset(p->owner_on, 0, n);
+	for (size_t k = 0; k < p->nsrcs; k++) {
+		const struct fetch_source *s = &p->srcs[k];
+		if (s->have == NULL || s->self || s->bad_until_ms > now ||
+		    fetch_banned(f, s->info.id))
+			continue;
+		for (uint32_t c = 0; c < n; c++) {
+			if (!s->up_refused && proto_have_bit(s->have, c))
+				p->avail[c]++;
+			if (proto_have_bit(s->have + bl, c))
+				p->peer_busy[c] = 1;
+		}
+	}
+	for (uint32_t c = 0; c < n; c++)
+		p->busy_ms[c] = !p->peer_busy[c] ? 0 : p->busy_ms[c] != 0 ? p->busy_ms[c] : now;
+	p->ahead = ahead_of_swarm(f, p, now);
+	/* Owners that serve the parcel (their page was read) are on their
+	 * chunks; the others' chunks are anyone's once we are hungry. Which
+	 * members serve is found once per recount (a name compared per
+	 * source and member), not once per chunk: recount runs on every
+	 * have-page answer, and at N = 16 (perf, transfer window) recount and
+	 * strcmp were 3.3 % of a node's loop-thread samples. */
+	uint8_t few[64], *on = p->nmembers <= sizeof(few) ? few : calloc(p->nmembers, 1);
+	if (on == NULL)
+		return; /* none counts as serving until the next recount */
+	memset(on, 0, PROTO_MIN(p->nmembers, sizeof(few)));
+	for (size_t j = 0; j < p->nsrcs; j++) {
+		const struct fetch_source *s = &p->srcs[j];
+		if (!s->info.peer || s->have == NULL || s->bad_until_ms > now)
+			continue;
+		for (uint32_t k = 0; k < p->nmembers; k++)
+			if (!on[k] && strcmp(s->info.id, p->members[k]) == 0)
+				on[k] = 1;
+	}
+	for (uint32_t c = 0; c < n; c++)
+		p->owner_on[c] = p->owner[c] < p->nmembers && on[p->owner[c]];
+	if (on != few)
+		free(on);
+}
+
+uint64_t fetch_hrw(const char *id, uint32_t pi, uint32_t c)
+{
+	uint64_t h = 1469598103934665603ull ^ ((uint64_t)pi << 32 | c);
+
+	for (const char *q = id; *q; q++)
+		h = (h ^ (uint8_t)*q) * 1099511628211ull;
+	h ^= h >> 29; /* FNV's low bits mix poorly: finish like splitmix */
+	h *= 0xbf58476d1ce4e5b9ull;
+	return h ^ (h >> 32);
+}
+
+static bool is_member(const struct fetch_parcel *p, const char *id)
+{
+	for (uint32_t k = 0; k < p->nmembers; k++)
+		if (strcmp(p->members[k], id) == 0)
+			return true;
+	return false;
+}
+
+/* The members the answer lists, and the peers kept while unlisted
+ * (sources.c, keep_unlisted): their chunks stay theirs. */
+static void take_members(struct fetch_parcel *p, json_t *answer)
+{
+	json_t *list = json_object_get(answer, "members"), *v;
+	size_t i, n = json_array_size(list);
+
+	free(p->members);
+	p->members = NULL;
+	p->nmembers = 0;
+	if (n == 0 || (p->members = calloc(PROTO_MIN(n + p->nsrcs, MEMBERS_MAX),
+					   sizeof(*p->members))) == NULL)
+		return;
+	json_array_foreach(list, i, v) {
+		const char *id = json_string_value(v);
+		if (p->nmembers == MEMBERS_MAX)
+			break;
+		if (id != NULL && id[0] != 0 && strlen(id) < TRK_ID_MAX)
+			snprintf(p->members[p->nmembers++], TRK_ID_MAX, "%s", id);
+	}
+	for (size_t k = 0; k < p->nsrcs && p->nmembers < MEMBERS_MAX; k++)
+		if (p->srcs[k].unlisted_ms != 0 && !is_member(p, p->srcs[k].info.id))
+			snprintf(p->members[p->nmembers++], TRK_ID_MAX, "%s", p->srcs[k].info.id);
+}
+
+static int cmp_desc(const void *x, const void *y)
+{
+	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+
+	return a < b ? 1 : a > b ? -1 : 0;
+}
+
+static void seed_gauge(const struct fetcher *x, const struct fetch *f)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < f->nparcels; i++)
+		n += f->parcels[i].seed;
+	proto_metrics_set(x->o.am->m, x->o.am->seed_parcels, n);
+}
+
+/*
+ * Super-seeding under a cap (TESSERA_PUB_UPLOAD_READERS = k): the members
+ * that read the parcel from the trainer (its seed readers) are the k with
+ * the highest fetch_hrw(member, parcel, SEED_SALT) among the members not banned
+ * and us; every member computes the same set from the same list, and the
+ * trainer's chunks are owned among them only (the others take them from
+ * peers). Sets seed[k] per member (nmembers bytes, at least one) and
+ * p->seed for us; without a cap, or with k members or fewer, everyone.
+ * A reader that dies or leaves stops being an owner that serves
+ * (owner_on): its chunks go to whoever starves first (passes 1 and 2 of
+ * fetch_pick), and once the tracker stops listing it, to the next
+ * member in line. The cap is kept by the readers, not the trainer: reads
+ * are one-sided.
+ */
+#define SEED_SALT UINT32_MAX
+
+static void pick_seeds(const struct fetcher *x, const struct fetch *f, uint32_t pi, uint8_t *seed)
+{
+	struct fetch_parcel *p = &f->parcels[pi];
+	uint64_t cap = proto_param(PROTO_PARAM_PUB_UPLOAD_READERS), *sc, cut, me;
+	uint32_t n = 0;
+
+	memset(seed, 1, PROTO_MAX(p->nmembers, 1));
+	p->seed = true;
+	if (cap == 0 || p->nmembers < cap || (sc = malloc((p->nmembers + 1) * sizeof(*sc))) == NULL)
+		return;
+	me = fetch_hrw(x->o.id, pi, SEED_SALT);
+	sc[n++] = me;
+	for (uint32_t k = 0; k < p->nmembers; k++)
+		if (strcmp(p->members[k], x->o.id) != 0 && !fetch_banned(f, p->members[k]))
+			sc[n++] = fetch_hrw(p->members[k], pi, SEED_SALT);
+	if (n > cap) {
+		qsort(sc, n, sizeof(*sc), cmp_desc);
+		cut = sc[cap - 1];
+		for (uint32_t k = 0; k < p->nmembers; k++)
+			seed[k] = fetch_hrw(p->members[k], pi, SEED_SALT) >= cut;
+		p->seed = me >= cut;
+	}
+	free(sc);
+}
+
+void fetch_owners(const struct fetcher *x, struct fetch *f, uint32_t pi, json_t *answer)
+{
+	struct fetch_parcel *p = &f->parcels[pi];
+	uint8_t *seed;
+
+	take_members(p, answer);
+	for (size_t k = 0; k < p->nsrcs; k++)
+		if (p->srcs[k].info.peer && !p->srcs[k].self)
+			fetch_budget_share(x, p, &p->srcs[k]); /* the members changed */
+	if (!x->fanout) { /* star: every chunk is ours to ask the trainer for */
+		memset(p->mine, 1, p->mp->nchunks);
+		return;
+	}
+	if ((seed = malloc(PROTO_MAX(p->nmembers, 1))) == NULL)
+		return; /* the owners stay as they were */
+	pick_seeds(x, f, pi, seed);
+	/* Owners' loads, to keep the trainer's chunks even (see above);
+	 * without room for them, unbounded rendezvous as before. */
+	uint32_t nown = p->seed, cap = UINT32_MAX, *load = calloc(p->nmembers + 1, sizeof(*load));
+	for (uint32_t k = 0; k < p->nmembers; k++)
+		nown += strcmp(p->members[k], x->o.id) != 0 && seed[k] &&
+			!fetch_banned(f, p->members[k]);
+	if (load != NULL && nown > 0)
+		cap = (p->mp->nchunks + nown - 1) / nown;
+	p->nowners = nown;
+	for (uint32_t c = 0; c < p->mp->nchunks; c++) {
+		uint64_t me = fetch_hrw(x->o.id, pi, c), best = 0;
+		bool mine = p->seed && (load == NULL || load[p->nmembers] < cap);
+		if (mine)
+			best = me;
+		p->owner[c] = UINT32_MAX;
+		/* The swarm as the tracker knows it (members that did not offer
+		 * yet included: they are about to); else the peers listed. */
+		for (uint32_t k = 0; k < p->nmembers; k++) {
+			uint64_t h;
+			if (strcmp(p->members[k], x->o.id) == 0 || !seed[k] ||
+			    fetch_banned(f, p->members[k]) ||
+			    (load != NULL && load[k] >= cap) ||
+			    (h = fetch_hrw(p->members[k], pi, c)) < best)
+				continue;
+			best = h;
+			mine = false;
+			p->owner[c] = k;
+		}
+		if (load != NULL)
+			load[mine ? p->nmembers : p->owner[c] < p->nmembers ? p->owner[c] : p->nmembers]++;
+		for (size_t k = 0; k < p->nsrcs && mine && p->nmembers == 0; k++) {
+			const struct fetch_source *o = &p->srcs[k];
+			if (o->info.peer && !o->self && !fetch_banned(f, o->info.id))
+				mine = fetch_hrw(o->info.id, pi, c) < me;
+		}
+		p->mine[c] = mine;
+		/* Its stand-in: the highest of the other seed readers. */
+		uint64_t top = 0;
+		bool me_top = !mine && p->seed && p->owner[c] < p->nmembers && p->standin != NULL;
+		for (uint32_t k = 0; k < p->nmembers && me_top; k++)
+			if (k != p->owner[c] && seed[k] && strcmp(p->members[k], x->o.id) != 0 &&
+			    !fetch_banned(f, p->members[k]))
+				top = PROTO_MAX(top, fetch_hrw(p->members[k], pi, c));
+		if (p->standin != NULL)
+			p->standin[c] = me_top && me > top;
+	}
+	free(load);
+	free(seed);
+	seed_gauge(x, f);
+}
