@@ -1,4 +1,4 @@
-/* `tessera publish`: the trainer-side publisher process (see node/publisher.h). */
+/* `tessera publish`: the trainer-side publisher process (see node/publisher/publisher.h). */
 #include <errno.h>
 #include <event2/event.h>
 #include <getopt.h>

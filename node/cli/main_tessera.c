@@ -1,4 +1,4 @@
-/* `tessera`: the command-line front door; dispatches to node/cmd_*.c. */
+/* `tessera`: the command-line front door; dispatches to node/cli/cmd_*.c. */
 #include <stdio.h>
 #include <string.h>
 
