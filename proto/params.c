@@ -46,12 +46,10 @@ static const char *env_value(enum proto_param_id id, uint64_t *v)
 /*
  * What the environment says, cached per thread. getenv() compares the name
  * with every variable in turn, and the swarm asks for its tunables per peer
- * and per read: in a 16-node fanout run 5 % of the machine's CPU samples
- * (perf) were getenv's, and 4.7 % those of a first cache that compared a
- * copy of environ's pointer array on every call; with the check here, a
- * few loads, proto_param has 0.2 %. Every tunable is
- * a TESSERA_ variable, and setenv(), unsetenv() and putenv() only replace,
- * append or remove pointers in environ (never the strings behind them):
+ * and per read; the check here is a few loads (what each cost, measured:
+ * proto/NOTES.md). Every tunable is a TESSERA_ variable, and setenv(),
+ * unsetenv() and putenv() only replace, append or remove pointers in
+ * environ (never the strings behind them):
  * adding a variable puts it last (so environ[n] or environ[n - 1] changes),
  * removing one shifts those after it (environ[n - 1] changes), and setting
  * an existing one replaces its pointer, which the cache keeps for every

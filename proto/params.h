@@ -1,7 +1,9 @@
 /*
  * Every tunable of tessera in one table: its environment variable, default
  * and meaning. Read them with proto_param(); nothing else reads getenv() for
- * tuning.
+ * tuning. proto/PARAMS.md is this table as `tessera config params` prints it
+ * (regenerate it after a change here); measurements behind the defaults are
+ * in proto/NOTES.md.
  */
 #ifndef PROTO_PARAMS_H
 #define PROTO_PARAMS_H
@@ -10,35 +12,17 @@
 
 /* X(id, environment variable, default, doc) */
 #define PROTO_PARAMS(X)                                                          \
-	/* Bytes per chunk: the unit of hashing, transfer and peer exchange. \
-	 * A peer relays a chunk only once it has all of it, so the chunk is \
-	 * the fanout's pipeline step: every node's chunks from the trainer \
-	 * come at 1/N of its link, and the last ones cross the swarm in hops \
-	 * of a chunk, both growing with N x chunk / link rate. Measured on \
-	 * netns links, one 128 MiB version, T / (S/b): at 100 Mbit/s, 16 \
-	 * nodes 1.12-1.22 (median 1.14 of 7) at 128 KiB with 128 reads in \
-	 * flight (the same bytes), 1.21-1.30 at 512 KiB; 8 nodes 1.07-1.11 \
-	 * (median 1.08 of 5) against 1.11-1.14; at 50 Mbit/s, 16 nodes 1.07 \
-	 * at 128 KiB, 1.27-1.29 at 512 KiB (with 6-10 MiB refetched and \
-	 * 14-16 MiB received twice), 8 nodes 1.07 and 1.08-1.11. (1 MiB, \
-	 * not 4, had cut 8 nodes from 3.7 to 3.1.) \
-	 * Each chunk also costs work besides its bytes: on loopback, where \
-	 * CPU is the limit (bench_delta_net: 3 replicas of 256 MiB on 2 \
-	 * cores), a warm anchor took 4.0 s at 128 KiB, 3.2 s at 512 KiB, \
-	 * deltas the same (0.30-0.44 s). So fast links with few replicas, \
-	 * and parcels of many GiB, want 512 KiB (TESSERA_INFLIGHT 32): a \
-	 * node's chunk choice and have-page count walk its parcel's chunks, \
-	 * a manifest holds 36 bytes a chunk (64 MiB, TESSERA_MANIFEST_MAX, \
-	 * covers about 230 GiB of parcels at 128 KiB, 0.9 TiB at 512 KiB) \
-	 * and a have-page read (64 KiB) a parcel of 32 GiB at 128 KiB, 128 \
-	 * at 512. A node's value is also the largest chunk it accepts: nodes \
-	 * need at least their publisher's. */ \
+	/* Bytes per chunk: the unit of hashing, transfer and peer exchange, and \
+	 * the fanout's pipeline step (a peer relays a chunk once it holds all of \
+	 * it). Smaller chunks cross the swarm sooner; larger ones cost less CPU \
+	 * and manifest per byte (proto/NOTES.md measures both). A node's value is \
+	 * also the largest chunk it accepts: nodes need at least their publisher's. */ \
 	X(CHUNK_SIZE, "TESSERA_CHUNK_SIZE", 1u << 17,                             \
 	  "bytes per chunk inside a parcel")                                      \
 	/* Chunk reads a node keeps in flight at most, across all its sources \
-	 * (each source gets what its measured rate needs, see FETCH_TARGET_MS); \
-	 * 16 MiB of 128 KiB chunks. With larger chunks, fewer: the node's read \
-	 * buffers are this times two times TESSERA_CHUNK_SIZE. */ \
+	 * (each source gets what its measured rate needs, see FETCH_TARGET_MS). \
+	 * The node's read buffers are this times two times TESSERA_CHUNK_SIZE: \
+	 * with larger chunks, fewer. */ \
 	X(INFLIGHT, "TESSERA_INFLIGHT", 128, "most chunk transfers in flight per node") \
 	/* A source's read window: its measured byte rate times this (at least \
 	 * two chunks): enough to keep its link busy, little queued behind. */ \
@@ -50,7 +34,7 @@
 	X(SPEC_MAX, "TESSERA_SPEC_MAX", 64u << 20, "largest spec file, bytes")    \
 	/* Node lease at the tracker; heartbeats come at a third of it. */      \
 	X(LEASE_MS, "TESSERA_LEASE_MS", 6000, "node lease at the tracker, ms")    \
-	/* A node's heartbeats leave from their own thread (node/beat.h), so a \
+	/* A node's heartbeats leave from their own thread (node/host/beat.h), so a \
 	 * loop busy for seconds keeps its leases; one that has not run for \
 	 * this long is taken as hung and its heartbeats stop. */              \
 	X(HEARTBEAT_STALL_MS, "TESSERA_HEARTBEAT_STALL_MS", 60000,                \
@@ -91,7 +75,7 @@
 	X(DELTA_HEADER_MAX, "TESSERA_DELTA_HEADER_MAX", 256u << 20, "largest delta header, bytes") \
 	/* Elements per delta chunk: the unit of zstd frames and apply threads. */ \
 	X(DELTA_CHUNK, "TESSERA_DELTA_CHUNK", 1u << 22, "elements per delta chunk") \
-	/* zstd level of delta streams (see proto/delta.h for the measurements). */ \
+	/* zstd level of delta streams (measurements: proto/delta.h). */ \
 	X(DELTA_LEVEL, "TESSERA_DELTA_LEVEL", 1, "zstd level of delta streams") \
 	/* Threads a publisher encodes each parcel's delta on (its chunks \
 	 * spread over them); 0: the online CPUs shared by the trainer ranks \
@@ -108,15 +92,12 @@
 	/* Time a client gets to send a request's whole head (request line \
 	 * and headers) to the tracker, from its first byte. */ \
 	X(HEADER_MS, "TESSERA_HEADER_MS", 10000, "tracker deadline for a request head, ms") \
-	/* Connections the kernel queues for the tracker before it accepts them. \
-	 * A long queue absorbs the burst of a large cluster (every watch \
-	 * answered at once when a version lands) but also lets a connection \
-	 * flood queue ahead of members: at 4096 a flood from one host delayed \
-	 * a node's heartbeat past its lease on a loaded 2-core machine, at 128 \
-	 * (libevent's own) it never did. Raise it for thousands of nodes on \
-	 * a trusted control network. The kernel caps it at somaxconn. */ \
+	/* Connections the kernel queues for the tracker before it accepts them \
+	 * (capped at somaxconn). A long queue absorbs a large cluster's bursts but \
+	 * lets a connection flood queue ahead of members (proto/NOTES.md); raise \
+	 * it for thousands of nodes on a trusted control network. */ \
 	X(LISTEN_BACKLOG, "TESSERA_LISTEN_BACKLOG", 128, "tracker listen backlog, connections") \
-	/* Serving processes attached to one node at once (node/attach.h). */ \
+	/* Serving processes attached to one node at once (node/serve/attach.h). */ \
 	X(ATTACH_CLIENTS, "TESSERA_ATTACH_CLIENTS", 256, "attached serving clients per node") \
 	/* Versions one attached client may hold pinned at once (one per \
 	 * running request); more is refused, the client stays attached. */ \
@@ -126,49 +107,41 @@
 	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client") \
 	X(ADDENDUM_WAIT_MS, "TESSERA_ADDENDUM_WAIT_MS", 10000,                    \
 	  "how long a node whose layout the latest manifest lacks waits for its addendum, ms") \
-	/* Peer fanout (node/agent_swarm.c): 1, nodes serve the chunks they \
-	 * verified to the others of their parcel's swarm and fetch from them; \
-	 * 0, star mode: nodes neither offer nor fetch from peers (everyone \
-	 * pulls every byte from the trainer). The only tunable that may be 0 \
-	 * while its default is not. */ \
+	/* Peer fanout (node/agent/agent_swarm.c): 1, nodes serve the chunks they \
+	 * verified to the others of their parcel's swarm and fetch from them; 0, \
+	 * star mode: every byte comes from the trainer. The only tunable that may \
+	 * be 0 while its default is not. */ \
 	X(FANOUT, "TESSERA_FANOUT", 1, "peer fanout (1) or star mode (0)") \
 	/* How often a node reads each swarm peer's have-page (proto/have.h) \
 	 * while it still needs chunks of that parcel. */ \
 	X(HAVE_POLL_MS, "TESSERA_HAVE_POLL_MS", 100, "have-page read period per swarm peer, ms") \
-	/* A parcel with nothing of ours in flight and chunks left that no \
-	 * peer holds yet (a peer is on them) reads its peers' have-pages this \
-	 * often instead, so a chunk verified at one peer reaches the next \
-	 * within about this, not a whole poll period (a delta's few chunks \
-	 * cross the swarm in hops). */ \
+	/* A parcel with nothing of ours in flight and chunks left that only a \
+	 * peer is on reads its peers' have-pages this often instead of every \
+	 * HAVE_POLL_MS, so a chunk verified at one peer reaches the next within \
+	 * about this (a delta's few chunks cross the swarm in hops). */ \
 	X(HAVE_CHASE_MS, "TESSERA_HAVE_CHASE_MS", 5, "have-page read period while a parcel waits on its peers, ms") \
-	/* 1: a node reads its peers' have-pages over the endpoint its chunk \
-	 * reads use; 0 (default): over an endpoint of its own (a connection \
-	 * per peer of their own), so that a page is not queued behind the \
-	 * chunk reads a peer is serving us (node/agent_hosts.c). */ \
+	/* 1: a node reads its peers' have-pages over its chunk reads' endpoint; \
+	 * 0: over an endpoint of its own, so that a page does not queue behind \
+	 * the chunk reads a peer is serving us (node/agent/agent_hosts.c). */ \
 	X(HAVE_SAME_ENDPOINT, "TESSERA_HAVE_SAME_ENDPOINT", 0, "have-page reads share the chunk reads' endpoint (1) or have their own (0)") \
-	/* Reads a node keeps in flight to one peer at most (its upload budget \
-	 * as the peer sees it: a reader never queues more on a peer's link); \
-	 * 512 KiB at 128 KiB chunks (2 MiB at 512 KiB: measured on 50 and 100 \
-	 * Mbit/s netns links only, see CHUNK_SIZE). */ \
+	/* Reads a node keeps in flight to one peer at most: its upload budget as \
+	 * the peer sees it, so a reader never queues more on a peer's link \
+	 * (512 KiB at 128 KiB chunks). */ \
 	X(PEER_INFLIGHT, "TESSERA_PEER_INFLIGHT", 4, "most chunk reads in flight to one peer") \
 	/* What a node keeps queued on one peer: the bytes the peer's measured \
-	 * rate to it delivers in this many ms (one chunk at least, \
-	 * TESSERA_PEER_INFLIGHT at most). A peer answers each reader's reads \
-	 * in order and shares its uplink among its readers: a deeper queue \
-	 * only makes every other chunk wait (node/agent_swarm.c). */ \
+	 * rate to it delivers in this many ms (one chunk at least, PEER_INFLIGHT \
+	 * at most). A peer answers its readers in turn: a deeper queue only makes \
+	 * every other chunk wait (node/agent/agent_swarm.c). */ \
 	X(PEER_TARGET_MS, "TESSERA_PEER_TARGET_MS", 500, "bytes queued per peer, as ms of its measured rate") \
-	/* A reader ahead of its swarm (node/agent_swarm.c, per-peer queues) \
-	 * reads from at most this many peers at once, leaving the others' \
-	 * uplinks to the readers behind; 0 (default): no such limit (one \
-	 * read per peer only). Not measured on an idle machine yet. */ \
+	/* A reader ahead of its swarm reads from at most this many peers at once, \
+	 * leaving the others' uplinks to the readers behind (node/agent/ \
+	 * agent_swarm.c); 0: no such limit (one read per peer only). */ \
 	X(AHEAD_PEERS, "TESSERA_AHEAD_PEERS", 0, "peers a reader ahead of its swarm reads from at once (0: any)") \
-	/* Super-seeding under a cap (node/agent_swarm.c): the members of a \
-	 * parcel's swarm that read it from the trainer at once, at most (0: \
-	 * every member). The trainer's chunks are shared out among these \
-	 * readers, the others take them from peers; a member starved of a \
-	 * chunk that no peer can supply (its reader died or left) reads it \
-	 * from the trainer anyway after STARVE_MS. Reads are one-sided, so \
-	 * the readers keep the cap: it must be the same on every node. */ \
+	/* Super-seeding under a cap (node/agent/agent_swarm.c): the members of a \
+	 * parcel's swarm that read it from the trainer at once (0: every member); \
+	 * the others take its chunks from peers. A member starved of a chunk no \
+	 * peer can supply reads it from the trainer anyway. Reads are one-sided, \
+	 * so the readers keep the cap: it must be the same on every node. */ \
 	X(PUB_UPLOAD_READERS, "TESSERA_PUB_UPLOAD_READERS", 0, "swarm members of a parcel reading it from the trainer at once (0: all)") \
 	/* A node's upload budget, which it announces on its have-pages \
 	 * (proto/have.h) and its readers keep: the peers it serves a parcel \
@@ -208,17 +181,15 @@
 	 * waits this long first (past ATTACH_FREE_GRACE_MS, so that the \
 	 * retired slot is there to be reused). */ \
 	X(DELTA_STANDBY_MS, "TESSERA_DELTA_STANDBY_MS", 400, "delay before the standby copy of the active slot, ms") \
-	/* The standby copy costs a node about half a CPU-second per 128 MiB \
-	 * (the copy, and the first write to each page of a fresh slot): it \
-	 * waits until the node's fabric has carried no peer's read for this \
-	 * long, so that it does not take the CPU from peers still fetching \
-	 * from this node (0: made at once; at most 60 s put off). */ \
+	/* The standby copy costs CPU (proto/NOTES.md): it waits until the node's \
+	 * fabric has carried no peer's read for this long, so that it does not \
+	 * take the CPU from peers still fetching from this node (0: made at once; \
+	 * put off 60 s at most). */ \
 	X(DELTA_STANDBY_QUIET_MS, "TESSERA_DELTA_STANDBY_QUIET_MS", 300, "the standby copy waits for this long without peer reads, ms (0: never waits)") \
-	/* A node makes its second slot when it starts and touches every page \
-	 * of it on a worker at the lowest priority: on a VM the first access \
-	 * to a page of a new mapping costs ~11 us (~0.4 s per 128 MiB), which \
-	 * the first delta after the first anchor otherwise pays while it waits \
-	 * (0: no warm slot; the first copy makes its own). */ \
+	/* A node makes its second slot when it starts and touches every page of \
+	 * it on a worker at the lowest priority, so that the first delta after \
+	 * the first anchor does not pay for first-touch page faults while it \
+	 * waits (proto/NOTES.md); 0: no warm slot, the first copy makes its own. */ \
 	X(DELTA_WARM, "TESSERA_DELTA_WARM", 1, "make and touch the second slot when the node starts (0: off)") \
 	/* Test only: the standby copy's first this many looks find peers \
 	 * reading from the node, whatever its fabric carried. */ \
@@ -240,12 +211,11 @@
 	 * (a node sends one at least every lease/3); the tracker closes one \
 	 * that has carried nothing for this long. */ \
 	X(TRACKER_IDLE_MS, "TESSERA_TRACKER_IDLE_MS", 30000, "tracker closes a connection idle for, ms") \
-	/* Trainer bytes across layouts (node/agent_xlayout.c): a node whose \
-	 * layout does not lead leaves them to a leading layout's replicas \
-	 * fetching the same version and reads them from their partial slots; \
-	 * when none of those has verified anything new for this long, it \
-	 * takes them from the trainer (a loaded leader's first block can \
-	 * take seconds: its sources and have-pages come first). */ \
+	/* Trainer bytes across layouts (node/agent/agent_xlayout.c): a node whose \
+	 * layout does not lead reads them from a leading layout's replicas \
+	 * fetching the same version; when none of those has verified anything new \
+	 * for this long, it takes them from the trainer (a loaded leader's first \
+	 * block can take seconds). */ \
 	X(XL_PATIENCE_MS, "TESSERA_XL_PATIENCE_MS", 6000, "a node leaving the trainer's bytes to a leading layout waits this long for its progress, ms") \
 	/* A node lacking a delta's parent replays the chain from the latest \
 	 * anchor (or from its active version) at most this many versions \
@@ -265,11 +235,11 @@
 	X(CUDA_RING_ENTRY, "TESSERA_CUDA_RING_ENTRY", 2u << 20, "CUDA store: bytes per pinned upload entry") \
 	/* Pinned upload entries in the ring: uploads in flight at most. */ \
 	X(CUDA_RING_ENTRIES, "TESSERA_CUDA_RING_ENTRIES", 16, "CUDA store: pinned upload entries") \
-	/* A swarm peer (or a publisher) the tracker stops listing (its lease \
-	 * lapsed, or the tracker restarted) stays a source, a peer also a \
-	 * member, for this long while it answers: it re-registers within \
-	 * about a heartbeat, and dropping a peer sent its share of chunks to \
-	 * the trainer meanwhile, dropping the publisher left no source. */ \
+	/* A swarm peer (or a publisher) the tracker stops listing (lease lapsed, \
+	 * tracker restarted) stays a source, a peer also a member, for this long \
+	 * while it answers: it re-registers within about a heartbeat, while \
+	 * dropping a peer sends its share of chunks to the trainer, and dropping \
+	 * the publisher leaves no source. */ \
 	X(PEER_GRACE_MS, "TESSERA_PEER_GRACE_MS", 6000, "an unlisted peer or publisher stays a source this long while it answers, ms") \
 	/* An in-place install decodes and verifies a delta's changes on this \
 	 * many threads before it pauses admission, then writes them on the \

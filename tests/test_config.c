@@ -3,7 +3,8 @@
  * one clear line naming the file and line, by the library, by `tessera config
  * check` and by a program at start-up, and leaves nothing applied; a good
  * file sets tunables and log settings; flags override the file; every program
- * accepts every key `tessera config check` knows.
+ * accepts every key `tessera config check` knows; proto/PARAMS.md is what
+ * `tessera config params` prints.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -325,6 +326,18 @@ static void test_check_knows_every_flag(void **state)
 	tu_rmtree(dir);
 }
 
+/* proto/PARAMS.md, the reference table of tunables, is what `tessera config
+ * params` prints from the table compiled into the program. */
+static void test_params_table_committed(void **state)
+{
+	char bin[4096], data[4096];
+
+	tu_data(data, sizeof(data), "../../proto/PARAMS.md");
+	if (tu_sh("%s config params | diff -u '%s' - >&2", tu_bin(bin, sizeof(bin), "tessera"), data) != 0)
+		fail_msg("proto/PARAMS.md differs from `tessera config params` (diff above); "
+			 "regenerate it: make && build/bin/tessera config params > proto/PARAMS.md");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -337,6 +350,7 @@ int main(void)
 		cmocka_unit_test(test_zero_means_off),
 		cmocka_unit_test(test_programs_take_every_key),
 		cmocka_unit_test(test_check_knows_every_flag),
+		cmocka_unit_test(test_params_table_committed),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

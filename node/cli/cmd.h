@@ -1,4 +1,4 @@
-/* Subcommands of the `tessera` program; each lives in node/cmd_<name>.c and
+/* Subcommands of the `tessera` program; each lives in node/cli/cmd_<name>.c and
  * returns the process exit status. */
 #ifndef NODE_CMD_H
 #define NODE_CMD_H

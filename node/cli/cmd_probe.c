@@ -1,5 +1,5 @@
 /* `tessera probe`: the canary of a rank's live weights, read like a serving
- * engine reads them (node/probe.h). */
+ * engine reads them (node/cli/probe.h). */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>

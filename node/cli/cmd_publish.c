@@ -1,4 +1,4 @@
-/* `tessera publish`: the trainer-side publisher process (see node/publisher.h). */
+/* `tessera publish`: the trainer-side publisher process (see node/publisher/publisher.h). */
 #include <errno.h>
 #include <event2/event.h>
 #include <getopt.h>
@@ -218,7 +218,7 @@ static void on_every(evutil_socket_t fd, short what, void *arg)
 	trigger(a);
 }
 
-/* ---- the control socket (node/pub_control.c) ---------------------------------------- */
+/* ---- the control socket (node/publisher/pub_control.c) ------------------------------ */
 
 static void on_control_result(void *arg, const struct node_pub_result *r)
 {

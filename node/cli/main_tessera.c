@@ -1,4 +1,4 @@
-/* `tessera`: the command-line front door; dispatches to node/cmd_*.c. */
+/* `tessera`: the command-line front door; dispatches to node/cli/cmd_*.c. */
 #include <stdio.h>
 #include <string.h>
 
@@ -12,7 +12,7 @@ static const struct node_cmd cmds[] = {
 	{"publish", "publish policy versions from trainer ranks and serve them", node_cmd_publish},
 	{"synth", "write synthetic policy versions (Adam steps, BF16)", node_cmd_synth},
 	{"delta", "encode, apply or measure a delta between safetensors files", node_cmd_delta},
-	{"config", "check a configuration file and print its effective values", node_cmd_config},
+	{"config", "check a configuration file, or print the table of tunables", node_cmd_config},
 	{"model", "write the model spec JSON a node's --model takes", node_cmd_model},
 	{"probe", "score a rank's live weights (canary) and check them at the tracker", node_cmd_probe},
 };

@@ -1,4 +1,4 @@
-/* The canary probe (node/probe.h): score what a serving process sees. */
+/* The canary probe (node/cli/probe.h): score what a serving process sees. */
 #include "node/cli/probe.h"
 
 #include <errno.h>
