@@ -1,5 +1,5 @@
 /* Pacing per source host (node/fetch/pace.c): the sources of one host
- * share one record, so their reads fill one window and one silence; warm
+ * share one record, so their reads fill one window and one silence; kept
  * handles, and have-pages over an endpoint of their own. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -178,7 +178,7 @@ static void test_hosts_have_endpoint(void **state)
 	s.info.fabric_addr_len = alen;
 	assert_true(fetch_source_ready(&x, &s, node_now_ms()));
 	assert_int_equal(fetch_have_addr(&x, &s, &hfa), 0);
-	assert_int_equal(fetch_warm_count(&x), 1); /* one address, both handles */
+	assert_int_equal(fetch_conns_count(&x), 1); /* one address, both handles */
 
 	/* Both connections up first (a first read also connects). */
 	for (int i = 0; i < 2; i++) {
@@ -206,7 +206,7 @@ static void test_hosts_have_endpoint(void **state)
 
 	/* A failure gives both handles back; the next page read connects anew. */
 	fetch_source_failed(&x, &s);
-	assert_int_equal(fetch_warm_count(&x), 0);
+	assert_int_equal(fetch_conns_count(&x), 0);
 	fab_mr_close(pmr);
 	fab_mr_close(cmr);
 	fab_mr_close(smr);
@@ -214,7 +214,7 @@ static void test_hosts_have_endpoint(void **state)
 	fab_close(x.o.fab);
 	fab_close(srv);
 	x.o.fab = x.o.hfab = NULL;
-	fetch_warm_fini(&x);
+	fetch_conns_fini(&x);
 	free(big);
 	free(dst);
 }
@@ -387,13 +387,13 @@ static void test_pace_congested_peer(void **state)
 }
 
 /*
- * Warm connections (pace.c, warm_hold): a source's address gets one warm
+ * Kept connections (pace.c, conn_hold): a source's address gets one kept
  * handle the first time it is reached, however many sources (parcels,
  * versions) name it, so its connection outlives their lists; a failure
  * from that address gives it back (the next insert connects afresh); at
- * WARM_MAX addresses the least recently reached one goes.
+ * CONNS_MAX addresses the least recently reached one goes.
  */
-static void test_pace_warm_handles(void **state)
+static void test_pace_kept_conns(void **state)
 {
 	struct fab_ctx *fab;
 	struct fetcher x = {0};
@@ -407,16 +407,16 @@ static void test_pace_warm_handles(void **state)
 				    {.info = {.fabric_addr = name, .fabric_addr_len = len}}};
 	assert_true(fetch_source_ready(&x, &s[0], node_now_ms()));
 	assert_true(fetch_source_ready(&x, &s[1], node_now_ms()));
-	assert_int_equal(fetch_warm_count(&x), 1);
-	/* The sources' lists go (a version ends): the warm handle stays. */
+	assert_int_equal(fetch_conns_count(&x), 1);
+	/* The sources' lists go (a version ends): the kept connection stays. */
 	assert_int_equal(fab_av_remove(fab, s[0].fa), 0);
 	assert_int_equal(fab_av_remove(fab, s[1].fa), 0);
 	s[0].fa_valid = s[1].fa_valid = false;
-	assert_int_equal(fetch_warm_count(&x), 1);
+	assert_int_equal(fetch_conns_count(&x), 1);
 	assert_true(fetch_source_ready(&x, &s[0], node_now_ms()));
 	fetch_source_failed(&x, &s[0]);
 	assert_false(s[0].fa_valid);
-	assert_int_equal(fetch_warm_count(&x), 0);
+	assert_int_equal(fetch_conns_count(&x), 0);
 	/* More addresses than it keeps: the oldest go, the newest stay. */
 	struct sockaddr_in sin;
 	assert_int_equal(len, sizeof(sin));
@@ -428,14 +428,14 @@ static void test_pace_warm_handles(void **state)
 		assert_true(fetch_source_ready(&x, &o, node_now_ms()));
 		assert_int_equal(fab_av_remove(fab, o.fa), 0);
 	}
-	assert_true(fetch_warm_count(&x) < 70);
+	assert_true(fetch_conns_count(&x) < 70);
 	struct fetch_source last = {.info = {.fabric_addr = (uint8_t *)&sin,
 					     .fabric_addr_len = sizeof(sin)}};
-	uint32_t n = fetch_warm_count(&x);
+	uint32_t n = fetch_conns_count(&x);
 	fetch_source_failed(&x, &last); /* the newest is still held: given back */
-	assert_int_equal(fetch_warm_count(&x), n - 1);
-	fetch_warm_fini(&x);
-	assert_int_equal(fetch_warm_count(&x), 0);
+	assert_int_equal(fetch_conns_count(&x), n - 1);
+	fetch_conns_fini(&x);
+	assert_int_equal(fetch_conns_count(&x), 0);
 	fab_close(fab);
 }
 
@@ -448,7 +448,7 @@ int main(void)
 		cmocka_unit_test(test_hosts_shared_pacing),
 		cmocka_unit_test(test_hosts_have_endpoint),
 		cmocka_unit_test(test_pace_congested_peer),
-		cmocka_unit_test(test_pace_warm_handles),
+		cmocka_unit_test(test_pace_kept_conns),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

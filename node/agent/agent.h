@@ -2,21 +2,18 @@
  * The node agent: one rank of one serving replica.
  *
  * It registers with the tracker (replica, rank, layout, fabric address),
- * keeps its lease alive, and long-polls for versions. It fetches only its
- * replica's target, the version the tracker chose for the whole replica
- * (tracker/API.md, "Replica targets"), and drops a fetch of any other
- * version when the target moves. For the target it fetches and verifies the signed manifest (and its parent link), plans
- * trainer layout -> its own layout, checks the plan digest the manifest
- * signed, and pulls exactly its parcels: chunk by chunk, several in flight,
- * one-sided fabric reads from whoever the tracker lists as a source. Every
- * chunk is hashed against the manifest before its bytes are scattered into a
- * fresh slot; a chunk that fails is discarded and fetched again, a source
- * that fails or stalls is set aside and the tracker asked again. When all
- * parcels verify it reports "verified", and it activates only once the
- * tracker says every rank of its replica holds the version verified
+ * keeps its lease alive and long-polls for versions. It works only toward
+ * its replica's target, the version the tracker chose for the whole
+ * replica (tracker/API.md, "Replica targets"), and drops any other when
+ * the target moves. A version goes through named stages (internal.h, enum
+ * agent_stage): its signed manifest and parent link, our layout's parcels
+ * (by addendum when needed), the plan, the fetch of exactly our parcels
+ * (node/fetch/: every chunk hashed against the manifest before it counts),
+ * a delta's rebuild on its parent (node/rebuild/), the verified report;
+ * it activates only once the tracker says every rank of its replica holds
+ * the version verified and every other rank's signed statement backs that
  * (replica-local, all or nothing). Until then the previous version keeps
- * serving from its own slot. A node holds at most two slots: the active one
- * and the one being built.
+ * serving from its own slot.
  *
  * Activation is honest: with an expose directory (created if missing) the
  * node is active on a version only once its activation record names it.
@@ -30,8 +27,7 @@
  * they share the loop, the tracker client and the fabric endpoint, which
  * the host owns and lends them (struct node_agent_shared); each keeps its
  * own identity at the tracker, its store, its registered memory and its
- * fetches. Fabric completions reach the agent that posted the operation
- * through the operation itself (its callback and container).
+ * fetches.
  */
 #ifndef NODE_AGENT_H
 #define NODE_AGENT_H
@@ -59,16 +55,17 @@ struct node_agent_shared {
 	struct fab_ctx *hfab;
 	struct node_fabloop *hfl;
 	/* The host renews every agent's lease in one request from its own
-	 * thread (node/host/host.c, node/host/beat.h): agents then send no heartbeat of
-	 * their own. */
+	 * thread (node/host/beat.h): agents then send no heartbeat of their
+	 * own. */
 	bool host_heartbeat;
 	/* Set by a host of several ranks: sources queries go through it,
-	 * batched with its other ranks' (node/host/host_sources.c); NULL: one GET
-	 * per parcel. Same contract as trk_client_sources. */
+	 * batched with its other ranks' (node/host/host_sources.c); NULL: one
+	 * GET per parcel. Same contract as trk_client_sources. */
 	int (*sources)(void *ctx, const struct trk_parcel_key *k, trk_client_cb cb, void *arg);
 	void *sources_ctx;
 	/* Likewise the version watch: one held for the host's ranks
-	 * (node/host/host_watch.c); NULL: each its own. trk_client_watch's contract. */
+	 * (node/host/host_watch.c); NULL: each its own. trk_client_watch's
+	 * contract. */
 	int (*watch)(void *ctx, uint64_t after, uint32_t wait_ms, trk_client_cb cb, void *arg);
 	void *watch_ctx;
 };
@@ -97,9 +94,6 @@ struct node_agent_opts {
 
 struct node_agent;
 
-/* Loads keys, model and layout, opens the store and registers its read
- * buffers with the shared endpoint; nothing is sent yet (node_agent_start).
- * On failure *out is NULL and err says why. */
 /* For the host's heartbeat (node_agent_shared.host_heartbeat): fills e
  * with a's node id (borrowed from a) and what serving processes pin on it;
  * false when a is not registered or is leaving (nothing to renew). */
@@ -108,6 +102,9 @@ bool node_agent_heartbeat_entry(struct node_agent *a, struct trk_hb_node *e);
 /* The tracker answered that a's lease ran out: a registers again. */
 void node_agent_lease_lost(struct node_agent *a);
 
+/* Loads keys, model and layout, opens the store and registers its read
+ * buffers with the shared endpoint; nothing is sent yet (node_agent_start).
+ * On failure *out is NULL and err says why. */
 int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 		   struct node_agent **out, struct proto_err *err);
 /* Starts registering and the agent's timers. */

@@ -8,7 +8,7 @@
  * back up only through its hooks (struct fetch_hooks).
  *
  *   fetch.c    the fetcher and a fetch: setup, teardown, start-up timeline
- *   pace.c     sources: pacing per source and per host, silence, warm handles
+ *   pace.c     sources: pacing per source and per host, silence, kept connections
  *   picker.c   which chunk to read next, from whom (pure: node/fetch/picker.h)
  *   owners.c   who reads which of the trainer's chunks; what peers hold
  *   sources.c  the tracker's source lists, merged into the parcels'
@@ -68,7 +68,7 @@ enum fetch_chunk {
 
 /*
  * One source of a parcel: a publisher or a swarm peer as the tracker
- * listed it (info), or a cross-layout holder's rank (node/swarm/xl.h), with
+ * listed it (info), or a cross-layout holder's rank (node/swarm/xl_read.c), with
  * what this node learned of it. Pacing (inflight, rate, progress) is kept
  * on the record of its host (hp) when it has one (pace.c, fetch_pace()).
  */
@@ -350,11 +350,11 @@ struct fetcher {
 	/* Pacing per source host (pace.c); NULL until first needed. */
 	struct fetch_source *hosts;
 	uint32_t nhosts;
-	/* Warm fabric handles, one per source address, across versions
-	 * (pace.c); NULL until first needed. */
-	struct fetch_warm *warm;
-	uint32_t nwarm;
-	uint64_t warm_clock;
+	/* Kept connections: a fabric handle per source address reached, held
+	 * across versions (pace.c); NULL until first needed. */
+	struct fetch_conn *conns;
+	uint32_t nconns;
+	uint64_t conns_clock;
 	/* Delta wire buffers kept between versions (wires.c). */
 	struct fetch_wires *wires;
 	bool wires_closed; /* torn down: buffers given back are freed */
@@ -458,13 +458,13 @@ void fetch_source_release(struct fetcher *x, struct fetch_source *s);
  * kept until fetcher_fini), or NULL when too many hosts are known. */
 struct fetch_source *fetch_host_pace(struct fetcher *x, const struct trk_source *info);
 /* The handle to read s's have-pages with over the have-page endpoint (its
- * address's, held with its warm handle; inserted at first use): 0, or
+ * address's, held with its kept connection; inserted at first use): 0, or
  * -errno with s set aside for a while. */
 int fetch_have_addr(struct fetcher *x, struct fetch_source *s, fi_addr_t *out);
-/* Warm addresses held now (tests). */
-uint32_t fetch_warm_count(const struct fetcher *x);
+/* Addresses whose connection is kept now (tests). */
+uint32_t fetch_conns_count(const struct fetcher *x);
 void fetch_hosts_fini(struct fetcher *x);
-void fetch_warm_fini(struct fetcher *x);
+void fetch_conns_fini(struct fetcher *x);
 
 /* ---- reads.c ---- */
 

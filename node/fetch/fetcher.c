@@ -40,7 +40,7 @@ void fetcher_fini(struct fetcher *x)
 	x->o.fl = x->o.hfl = NULL;
 	fetch__pool_fini(x);
 	fetch_hosts_fini(x);
-	fetch_warm_fini(x);
+	fetch_conns_fini(x);
 	fetch_wires_fini(x);
 	json_decref(x->members_memo);
 	x->members_memo = NULL;

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void warm_hold(struct fetcher *x, const struct fetch_source *s);
-static void warm_drop(struct fetcher *x, const struct fetch_source *s);
+static void conn_hold(struct fetcher *x, const struct fetch_source *s);
+static void conn_drop(struct fetcher *x, const struct fetch_source *s);
 
 /* A source's window: the bytes we keep in flight to its host, its measured
  * rate times TESSERA_FETCH_TARGET_MS, WINDOW_MIN_CHUNKS to TESSERA_INFLIGHT
@@ -101,7 +101,7 @@ bool fetch_source_ready(struct fetcher *x, struct fetch_source *s, uint64_t now)
 		return false;
 	}
 	s->fa_valid = true;
-	warm_hold(x, s);
+	conn_hold(x, s);
 	return true;
 }
 
@@ -161,7 +161,7 @@ void fetch_source_failed(struct fetcher *x, struct fetch_source *s)
 		return;
 	s->bad_until_ms = node_now_ms() + BAD_SOURCE_MS;
 	/* tcp;ofi_rxm drops the connection on an error: start afresh. */
-	warm_drop(x, s);
+	conn_drop(x, s);
 	if (s->fa_valid) {
 		fab_av_remove(x->o.fab, s->fa);
 		s->fa_valid = false;
@@ -217,67 +217,67 @@ struct fetch_source *fetch_host_pace(struct fetcher *x, const struct trk_source 
 	return h;
 }
 
-/* Warm connections: one more fabric handle per source address reached, kept
+/* Kept connections: one more fabric handle per source address reached, kept
  * across versions (the same peer, the same connection: no handshake per
- * version), given back when a read from it fails, when WARM_MAX are held
+ * version), given back when a read from it fails, when CONNS_MAX are held
  * (the least recently reached), and with the endpoint (NOTES.md). */
-#define WARM_MAX 64
+#define CONNS_MAX 64
 
-struct fetch_warm {
+struct fetch_conn {
 	uint8_t addr[FAB_ADDR_MAX];
 	size_t len;
 	fi_addr_t fa;
 	fi_addr_t hfa;  /* on x->o.hfab (have-pages), when hfa_ok */
 	bool hfa_ok;
-	uint64_t used; /* x->warm_clock when last reached */
+	uint64_t used; /* x->conns_clock when last reached */
 };
 
-static struct fetch_warm *warm_find(const struct fetcher *x, const struct fetch_source *s)
+static struct fetch_conn *conn_find(const struct fetcher *x, const struct fetch_source *s)
 {
-	for (uint32_t i = 0; i < x->nwarm; i++)
-		if (x->warm[i].len == s->info.fabric_addr_len &&
-		    memcmp(x->warm[i].addr, s->info.fabric_addr, x->warm[i].len) == 0)
-			return &x->warm[i];
+	for (uint32_t i = 0; i < x->nconns; i++)
+		if (x->conns[i].len == s->info.fabric_addr_len &&
+		    memcmp(x->conns[i].addr, s->info.fabric_addr, x->conns[i].len) == 0)
+			return &x->conns[i];
 	return NULL;
 }
 
-static void warm_remove(struct fetcher *x, struct fetch_warm *w)
+static void conn_remove(struct fetcher *x, struct fetch_conn *w)
 {
 	if (x->o.fab != NULL)
 		fab_av_remove(x->o.fab, w->fa);
 	if (w->hfa_ok && x->o.hfab != NULL)
 		fab_av_remove(x->o.hfab, w->hfa);
-	*w = x->warm[--x->nwarm];
+	*w = x->conns[--x->nconns];
 }
 
-static void warm_hold(struct fetcher *x, const struct fetch_source *s)
+static void conn_hold(struct fetcher *x, const struct fetch_source *s)
 {
-	struct fetch_warm *w;
+	struct fetch_conn *w;
 
 	if (x->o.fab == NULL || s->info.fabric_addr == NULL || s->info.fabric_addr_len == 0 ||
 	    s->info.fabric_addr_len > FAB_ADDR_MAX)
 		return;
-	if ((w = warm_find(x, s)) != NULL) {
-		w->used = ++x->warm_clock;
+	if ((w = conn_find(x, s)) != NULL) {
+		w->used = ++x->conns_clock;
 		return;
 	}
-	if (x->warm == NULL && (x->warm = calloc(WARM_MAX, sizeof(*x->warm))) == NULL)
+	if (x->conns == NULL && (x->conns = calloc(CONNS_MAX, sizeof(*x->conns))) == NULL)
 		return;
-	if (x->nwarm == WARM_MAX) {
-		struct fetch_warm *old = &x->warm[0];
-		for (uint32_t i = 1; i < x->nwarm; i++)
-			if (x->warm[i].used < old->used)
-				old = &x->warm[i];
-		warm_remove(x, old);
+	if (x->nconns == CONNS_MAX) {
+		struct fetch_conn *old = &x->conns[0];
+		for (uint32_t i = 1; i < x->nconns; i++)
+			if (x->conns[i].used < old->used)
+				old = &x->conns[i];
+		conn_remove(x, old);
 	}
-	w = &x->warm[x->nwarm];
+	w = &x->conns[x->nconns];
 	if (fab_av_insert(x->o.fab, s->info.fabric_addr, s->info.fabric_addr_len, &w->fa) != 0)
 		return;
 	memcpy(w->addr, s->info.fabric_addr, s->info.fabric_addr_len);
 	w->len = s->info.fabric_addr_len;
 	w->hfa_ok = false;
-	w->used = ++x->warm_clock;
-	x->nwarm++;
+	w->used = ++x->conns_clock;
+	x->nconns++;
 }
 
 /* Have-pages over an endpoint of their own (the host's second one): a
@@ -285,45 +285,45 @@ static void warm_hold(struct fetcher *x, const struct fetch_source *s)
  * behind the chunks queued for us on the same connection (NOTES.md). */
 int fetch_have_addr(struct fetcher *x, struct fetch_source *s, fi_addr_t *out)
 {
-	struct fetch_warm *w;
+	struct fetch_conn *w;
 
 	if (x->o.hfab == NULL || x->o.hfab == x->o.fab) {
 		*out = s->fa;
 		return 0;
 	}
-	if ((w = warm_find(x, s)) == NULL) {
-		warm_hold(x, s);
-		w = warm_find(x, s);
+	if ((w = conn_find(x, s)) == NULL) {
+		conn_hold(x, s);
+		w = conn_find(x, s);
 	}
 	if (w == NULL || (!w->hfa_ok && fab_av_insert(x->o.hfab, w->addr, w->len, &w->hfa) != 0)) {
 		s->bad_until_ms = node_now_ms() + BAD_SOURCE_MS;
 		return w == NULL ? -ENOMEM : -EINVAL;
 	}
 	w->hfa_ok = true;
-	w->used = ++x->warm_clock;
+	w->used = ++x->conns_clock;
 	*out = w->hfa;
 	return 0;
 }
 
-static void warm_drop(struct fetcher *x, const struct fetch_source *s)
+static void conn_drop(struct fetcher *x, const struct fetch_source *s)
 {
-	struct fetch_warm *w = s->info.fabric_addr != NULL ? warm_find(x, s) : NULL;
+	struct fetch_conn *w = s->info.fabric_addr != NULL ? conn_find(x, s) : NULL;
 
 	if (w != NULL)
-		warm_remove(x, w);
+		conn_remove(x, w);
 }
 
-void fetch_warm_fini(struct fetcher *x)
+void fetch_conns_fini(struct fetcher *x)
 {
-	while (x->nwarm > 0)
-		warm_remove(x, &x->warm[x->nwarm - 1]);
-	free(x->warm);
-	x->warm = NULL;
+	while (x->nconns > 0)
+		conn_remove(x, &x->conns[x->nconns - 1]);
+	free(x->conns);
+	x->conns = NULL;
 }
 
-uint32_t fetch_warm_count(const struct fetcher *x)
+uint32_t fetch_conns_count(const struct fetcher *x)
 {
-	return x->nwarm;
+	return x->nconns;
 }
 
 void fetch_hosts_fini(struct fetcher *x)
