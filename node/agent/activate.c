@@ -1,10 +1,11 @@
-/* From verified to active: the replica's agreement, the activation record,
- * the switch of the served slot. */
+/* The switch from verified to active: the other ranks' statements checked,
+ * the activation record written, the served slot switched (the decision
+ * to switch is version.c's). */
 #include "node/agent/internal.h"
 
-#include "node/serve/expose.h"
-
 #include <unistd.h>
+
+#include "node/serve/expose.h"
 
 /*
  * The activation record, <expose>/<replica>-<rank>.json: what a serving

@@ -360,7 +360,13 @@ struct fetcher {
 	bool wires_closed; /* torn down: buffers given back are freed */
 };
 
-/* ---- fetch.c ---- */
+/* The bytes of the rank's block (its slot's length). */
+static inline size_t fetch_rank_bytes(const struct fetcher *x)
+{
+	return x->o.layout->ranks[x->o.rank].nbytes;
+}
+
+/* ---- fetcher.c ---- */
 
 /* Sets up the fetcher: its read buffers registered with o->fab, the
  * verifier's workers. 0, or an error in err (fetcher_fini cleans up). */

@@ -50,7 +50,8 @@ static bool last_wave(const struct fetch_parcel *p)
 	uint32_t left = 0;
 
 	for (uint32_t c = 0; c < p->mp->nchunks; c++)
-		if ((p->state[c] == CHUNK_TODO || p->state[c] == CHUNK_READING) && p->avail[c] == 0 && ++left > PROTO_MAX(p->nowners, 1))
+		if ((p->state[c] == CHUNK_TODO || p->state[c] == CHUNK_READING) && p->avail[c] == 0 &&
+		    ++left > PROTO_MAX(p->nowners, 1))
 			return false;
 	return true;
 }
@@ -261,7 +262,8 @@ static bool pub_wanted(const struct fetch_parcel *p, uint32_t c, bool late, uint
  * owners are on them, and helpers grabbing them meet the owners on the
  * trainer's link (measured: 8 nodes on loopback, 2 to 4 copies with
  * helpers, about one without). */
-static uint32_t pub_next(const struct fetch_parcel *p, int pass, uint64_t busy_before, bool idle_too)
+static uint32_t pub_next(const struct fetch_parcel *p, int pass, uint64_t busy_before,
+			 bool idle_too)
 {
 	uint32_t n = p->mp->nchunks;
 

@@ -94,7 +94,9 @@ void fetch_read_landed(struct fetch_read *rd, int status)
 		.keep = fetch_chunk_copied(x, f, p, rd->chunk)
 				? p->held + p->head + (size_t)rd->chunk * f->man.chunk_size
 				: NULL, /* served from the slot: the scatter is the only copy */
-		.placed = p->wire == NULL && __atomic_load_n(&f->slot->streaming, __ATOMIC_RELAXED) ? chunk_placed : NULL,
+		.placed = p->wire == NULL && __atomic_load_n(&f->slot->streaming, __ATOMIC_RELAXED)
+				  ? chunk_placed
+				  : NULL,
 		.placed_arg = x,
 	};
 	rd->vslot = f->slot;
@@ -139,7 +141,8 @@ static void on_verified(struct node_vjob *job, void *arg)
 	if (fetch_chunk_copied(x, f, p, rd->chunk) && proto_param(PROTO_PARAM_TEST_CORRUPT_SERVE) != 0)
 		p->held[p->head + (size_t)rd->chunk * f->man.chunk_size] ^= 0x5a; /* test only */
 	fetch_mark(p, rd->chunk, FETCH_MARK_HAVE);
-	proto_metrics_add(x->o.am->m, rd->src_peer ? x->o.am->fetched_peer : x->o.am->fetched_trainer, c->size);
+	proto_metrics_add(x->o.am->m, rd->src_peer ? x->o.am->fetched_peer : x->o.am->fetched_trainer,
+			  c->size);
 	if (rd->gathered)
 		proto_metrics_add(x->o.am->m, x->o.am->fetched_peer_slot, c->size);
 	p->state[rd->chunk] = CHUNK_DONE;

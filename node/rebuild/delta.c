@@ -272,7 +272,7 @@ int delta_slot(struct delta_state *d, struct delta_build *b, struct node_slot *c
 	       struct proto_err *err)
 {
 	struct fetch *f = b->f;
-	size_t len = d->o.x->o.layout->ranks[d->o.x->o.rank].nbytes;
+	size_t len = fetch_rank_bytes(d->o.x);
 	bool retry;
 
 	b->d = d;

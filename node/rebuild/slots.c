@@ -167,7 +167,7 @@ void delta__warm_stop(struct delta_state *d)
 
 void delta_warm(struct delta_state *d)
 {
-	size_t len = d->o.x->o.layout->ranks[d->o.x->o.rank].nbytes;
+	size_t len = fetch_rank_bytes(d->o.x);
 	struct proto_err err = {{0}};
 
 	if (d->o.install_inplace || len == 0 || d->warm != NULL ||
@@ -362,13 +362,14 @@ static bool standby_wait(struct delta_state *d)
 static void on_standby(evutil_socket_t fd, short what, void *arg)
 {
 	struct delta_state *d = arg;
-	size_t len = d->o.x->o.layout->ranks[d->o.x->o.rank].nbytes;
+	size_t len = fetch_rank_bytes(d->o.x);
 	struct proto_err err = {{0}};
 	bool retry;
 
 	(void)fd;
 	(void)what;
-	if (d->o.x->f != NULL || delta_active(d) == NULL || d->standby != NULL || delta_active(d)->len != len)
+	if (d->o.x->f != NULL || delta_active(d) == NULL || d->standby != NULL ||
+	    delta_active(d)->len != len)
 		return;
 	if (d->standby_tries == 0 && standby_wait(d))
 		return;

@@ -338,7 +338,8 @@ static void scrub_start(struct delta_state *d)
 	struct delta_scrub *sc = calloc(1, sizeof(*sc));
 	if (sc == NULL)
 		return;
-	if (delta__scrub_plan(s, (uint32_t)(d->scrub_round++ % k), k, delta_active(d)->len, &sc->plan) != 0) {
+	if (delta__scrub_plan(s, (uint32_t)(d->scrub_round++ % k), k, delta_active(d)->len,
+			      &sc->plan) != 0) {
 		free(sc);
 		return;
 	}

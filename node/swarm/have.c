@@ -3,14 +3,14 @@
  * parcel waits on its peers alone. */
 #include "node/swarm/swarm_internal.h"
 
-#include "node/base/fabloop.h"
-#include "node/fetch/picker.h"
-
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "node/base/fabloop.h"
+#include "node/fetch/picker.h"
 
 static void poll_haves(struct swarm *sw, struct fetch *f, uint32_t pi, uint64_t now);
 static void chase_arm(struct swarm *sw);

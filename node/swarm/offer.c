@@ -34,7 +34,7 @@ static void offered_gauge(struct swarm *sw)
 static bool slot_servable(const struct swarm *sw, const struct fetch *f)
 {
 	return !f->delta && !sw->o.install_inplace && f->slot != NULL && f->slot->host != NULL &&
-	       f->slot != *sw->o.active && sw->x->o.layout->ranks[sw->x->o.rank].nbytes > 0 &&
+	       f->slot != *sw->o.active && fetch_rank_bytes(sw->x) > 0 &&
 	       proto_param(PROTO_PARAM_TEST_CORRUPT_SERVE) == 0;
 }
 
@@ -44,7 +44,7 @@ static void serve_slot(struct swarm *sw, struct fetch *f)
 {
 	if (!slot_servable(sw, f))
 		return;
-	if (node_serve_reg(sw->x->o.fab, f->slot->host, sw->x->o.layout->ranks[sw->x->o.rank].nbytes, false,
+	if (node_serve_reg(sw->x->o.fab, f->slot->host, fetch_rank_bytes(sw->x), false,
 			   &f->slot_mr) != 0)
 		LOG_DEBUG("node %s: v%" PRIu64 ": cannot register the slot; serving copies",
 			  sw->x->o.id, f->version);

@@ -604,7 +604,8 @@ static bool xl_buffers(struct swarm *sw)
 	x->hv = node_serve_map((size_t)XL_HOLDERS_MAX * XL_HV_MAX);
 	if (x->scratch == NULL || x->wscratch == NULL || x->stage == NULL || x->hv == NULL ||
 	    fab_mr_reg(sw->x->o.fab, x->stage, x->stage_len, FAB_MR_READ, &x->stage_mr) != 0 ||
-	    fab_mr_reg(sw->x->o.fab, x->hv, (size_t)XL_HOLDERS_MAX * XL_HV_MAX, FAB_MR_READ, &x->hv_mr) != 0) {
+	    fab_mr_reg(sw->x->o.fab, x->hv, (size_t)XL_HOLDERS_MAX * XL_HV_MAX, FAB_MR_READ,
+		       &x->hv_mr) != 0) {
 		if (x->stage_mr != NULL)
 			fab_mr_close(x->stage_mr);
 		x->stage_mr = NULL;
@@ -652,7 +653,8 @@ static int xl_plan(struct swarm *sw, const struct xl_holder *h, uint32_t pi, uin
 	const struct fetch_parcel *p = &f->parcels[pi];
 	const struct xl_layout *l = &x->lays[h->lay];
 	size_t n = 0;
-	int rc = proto_xmap_pieces(&l->map, f->plan, p->pp, sw->x->o.layout, (uint64_t)c * f->man.chunk_size,
+	int rc = proto_xmap_pieces(&l->map, f->plan, p->pp, sw->x->o.layout,
+				   (uint64_t)c * f->man.chunk_size,
 				   p->mp->chunks[c].size, x->scratch, XL_PIECES_MAX, &n);
 
 	for (size_t i = 0; rc == 0 && i < n; i++)

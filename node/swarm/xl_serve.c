@@ -53,7 +53,7 @@ static void part_span(void *arg, uint64_t at, uint64_t n)
 	struct swarm *sw = arg;
 	struct swarm_xl *x = sw->xl;
 
-	proto_xmap_have_add(x->part_cnt, x->part_have, sw->x->o.layout->ranks[sw->x->o.rank].nbytes, at, n);
+	proto_xmap_have_add(x->part_cnt, x->part_have, fetch_rank_bytes(sw->x), at, n);
 }
 
 static void part_mark(struct swarm *sw, const struct fetch *f, uint32_t pi, uint32_t c)
@@ -79,7 +79,7 @@ void swarm__xl_landed(struct swarm *sw, uint32_t pi, uint32_t c)
 void swarm__xl_part_serve(struct swarm *sw, struct swarm_xl *x)
 {
 	struct fetch *f = sw->x->f;
-	size_t len = sw->x->o.layout->ranks[sw->x->o.rank].nbytes;
+	size_t len = fetch_rank_bytes(sw->x);
 
 	if (f == NULL || x->part_f == f || !f->served || f->delta || f->slot == NULL ||
 	    f->slot->host == NULL || f->slot == *sw->o.active || f->parcels == NULL || len == 0)
@@ -124,7 +124,7 @@ void swarm_xl_serve(struct swarm *sw, const struct node_slot *active)
 
 	if (!sw->x->fanout || (x = swarm__xl_get(sw)) == NULL)
 		return;
-	size_t len = sw->x->o.layout->ranks[sw->x->o.rank].nbytes;
+	size_t len = fetch_rank_bytes(sw->x);
 	uint8_t *served;
 
 	swarm_xl_withdraw(sw);
@@ -184,7 +184,7 @@ const struct trk_offer *swarm_xl_offer_slot(struct swarm *sw, const struct fetch
 		fab_mr_rkey(x->part_have_mr, &rk);
 		x->part_offer.have_addr = rk.addr;
 		x->part_offer.have_key = rk.key;
-		x->part_offer.len = sw->x->o.layout->ranks[sw->x->o.rank].nbytes;
+		x->part_offer.len = fetch_rank_bytes(sw->x);
 		memcpy(x->part_offer.layout, sw->x->o.layout->digest, PROTO_HASH_BYTES);
 		x->part_in_offer = true;
 		return &x->part_offer;
@@ -193,7 +193,7 @@ const struct trk_offer *swarm_xl_offer_slot(struct swarm *sw, const struct fetch
 		return NULL;
 	fab_mr_rkey(x->slot_mr, &rk);
 	x->slot_offer = (struct trk_offer){.dst_rank = sw->x->o.rank, .addr = rk.addr, .key = rk.key,
-					   .len = sw->x->o.layout->ranks[sw->x->o.rank].nbytes};
+					   .len = fetch_rank_bytes(sw->x)};
 	memcpy(x->slot_offer.layout, sw->x->o.layout->digest, PROTO_HASH_BYTES);
 	x->slot_in_offer = true;
 	return &x->slot_offer;
