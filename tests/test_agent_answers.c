@@ -136,9 +136,11 @@ static void test_stale_parent_answer(void **state)
 	agent_start_fetch(a, 2);
 	struct agent_version *first = a->ver;
 	assert_non_null(first);
-	/* v2's manifest in, its parent's asked for. */
+	assert_int_equal(first->stage, STAGE_MANIFEST);
+	/* v2's manifest in, its parent's asked for: still the manifest stage. */
 	loop_until(f, &first->f->have_man);
 	assert_true(first->f->have_man);
+	assert_int_equal(first->stage, STAGE_MANIFEST);
 	a->fx.chunk_size = 32; /* the next manifest (chunks of 64) is refused */
 	agent_fetch_drop(a);
 	agent_start_fetch(a, 1);
