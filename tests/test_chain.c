@@ -10,7 +10,7 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "tracker/internal.h"
+#include "tracker/client/chain.h"
 
 #define CL "0123456789abcdef0123456789abcdef"
 #define I1 "00112233aabbccdd"

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tracker/internal.h"
+#include "tracker/client/chain.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

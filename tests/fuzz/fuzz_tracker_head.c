@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 #define STATUS_VERSIONS 64 /* newest versions the status shows */
 #define STATUS_NAMES 32     /* replica names a version entry lists */

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "tracker/internal.h"
+#include "tracker/tracker.h"
 
 /* "tessera-holds-v1\n" replica "\n" rank "\n" version "\n" digest (hex). */
 static size_t statement_msg(const char *replica, uint32_t rank, uint64_t version,
@@ -89,29 +89,4 @@ int trk_statements_check(json_t *statements, const char *replica, uint32_t nrank
 					  "rank %" PRIu32 ": statement does not verify", r);
 	}
 	return 0;
-}
-
-json_t *trk__replica_statements(const struct trk_replica *rep, uint64_t v)
-{
-	json_t *arr = json_array();
-
-	for (uint32_t i = 0; arr != NULL && i < rep->nranks; i++) {
-		struct trk_node *n = rep->ranks[i];
-		struct trk_nver *e;
-
-		if (!trk__node_holds(n, v) || !n->has_stmt_key ||
-		    (e = trk__node_version(n, v)) == NULL || !e->has_sig)
-			continue;
-		if (json_array_append_new(arr, json_pack("{s:I,s:o,s:o}", "rank", (json_int_t)i,
-							 "key",
-							 trk__json_hex(n->stmt_key,
-								       TRK_STMT_PK_BYTES),
-							 "sig",
-							 trk__json_hex(e->sig,
-								       TRK_STMT_SIG_BYTES))) != 0) {
-			json_decref(arr);
-			arr = NULL;
-		}
-	}
-	return arr;
 }

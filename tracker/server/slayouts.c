@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 static struct trk_slayout *find_digest(struct trk_registry *r, const uint8_t *digest)
 {

@@ -1,6 +1,6 @@
 /* Per-version update timelines: when each boundary of an update passed, from
  * the export request to every replica's activation (soft, in memory). */
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -12,7 +12,7 @@
 #include "proto/addendum.h"
 #include "proto/log.h"
 #include "proto/params.h"
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 /*
  * A replica that registers a layout the latest version's manifest does not

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 /*
  * Every heartbeat, report and offer names its node ("A/0"), and the list of

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "proto/log.h"
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 /* ---- POST /publishers ------------------------------------------------------- */
 

@@ -1,6 +1,6 @@
-/* Tracker internals shared by its files (not included outside tracker/). */
-#ifndef TRACKER_INTERNAL_H
-#define TRACKER_INTERNAL_H
+/* The tracker server's internals, shared by the files of tracker/server/. */
+#ifndef TRACKER_SERVER_INTERNAL_H
+#define TRACKER_SERVER_INTERNAL_H
 
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -12,11 +12,11 @@
 #include "proto/spec.h"
 #include "proto/util.h"
 #include "tracker/tracker.h"
+#include "tracker/wire/tls.h"
 
 struct trk_auth;
 struct trk_versions;
 struct trk_registry;
-struct ssl_ctx_st; /* OpenSSL's SSL_CTX (tls.c) */
 struct bufferevent;
 
 struct trk_server {
@@ -137,35 +137,6 @@ int trk__head_parse(const uint8_t *buf, size_t len, struct trk_head *out);
  * Uses the routes' body caps and trk__auth_check_head. */
 int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
 		      char *msg, size_t cap);
-
-/* ---- tls.c: TLS for the HTTP API ---- */
-
-/* The server's context from a PEM certificate chain and its key; 0 or a
- * negative errno with err set (*out NULL). Freed with trk__tls_ctx_free. */
-int trk__tls_server_ctx(const char *cert, const char *key, struct ssl_ctx_st **out,
-			struct proto_err *err);
-/* A client's context: verifies the server against ca_file (PEM), or the
- * system's trust store when NULL. 0 or a negative errno with err set. */
-int trk__tls_client_ctx(const char *ca_file, struct ssl_ctx_st **out,
-			struct proto_err *err);
-/* NULL is fine. */
-void trk__tls_ctx_free(struct ssl_ctx_st *ctx);
-/* Bufferevents without a socket yet (evhttp sets it), closing it when
- * freed; NULL on failure. The client's checks that the certificate names
- * host. */
-struct bufferevent *trk__tls_server_bev(struct ssl_ctx_st *ctx, struct event_base *base);
-struct bufferevent *trk__tls_client_bev(struct ssl_ctx_st *ctx, struct event_base *base,
-					const char *host);
-/* After a failed request on bev: true with one line in msg when TLS is why
- * (an unverified certificate, a failed handshake); false for a plain bev or
- * no TLS error. */
-bool trk__tls_failure(struct bufferevent *bev, char *msg, size_t cap);
-/* Writes buf to a TLS bev's peer now, past its output buffer (a refusal the
- * connection guard answers itself). -ENOTSUP for a plain bev, -EIO when the
- * write fails. */
-int trk__tls_write_now(struct bufferevent *bev, const void *buf, size_t len);
-/* True while a TLS bev's handshake is unfinished; false for a plain bev. */
-bool trk__tls_handshaking(struct bufferevent *bev);
 
 /* ---- conns.c: the connection guard ---- */
 
@@ -567,26 +538,6 @@ struct trk_publisher *trk__publisher_find(struct trk_registry *r,
 struct trk_nver *trk__node_version(struct trk_node *n, uint64_t v);
 /* n is alive and reported v verified or active. NULL n is false. */
 bool trk__node_holds(struct trk_node *n, uint64_t v);
-/* ---- chain.c: the client's chain guard ---- */
-struct trk__chain {
-	char cluster[2 * TRK_CLUSTER_ID_BYTES + 1];
-	char instance[2 * TRK_EPOCH_BYTES + 1];
-	uint64_t latest;
-	char digest[2 * PROTO_HASH_BYTES + 1]; /* or "-" with latest 0 */
-};
-struct trk__chain_seen {
-	bool have;          /* a chain was seen: its cluster id is c.cluster */
-	struct trk__chain c; /* the highest version seen, from which instance */
-};
-/* Parses "CLUSTER INSTANCE LATEST DIGEST" exactly (lower-case hex of the
- * right lengths, one space apart, LATEST in decimal without sign, leading
- * zero or overflow, DIGEST "-" only with LATEST 0). 0, or -EPROTO. */
-int trk__chain_parse(const char *h, struct trk__chain *out);
-/* Judges header h (NULL: none, fine) of an answer from tracker who against
- * seen: 0 when it fits (seen then remembers it), -ESTALE when the tracker
- * forgot the chain, -EPROTO when h is malformed (msg says why). */
-int trk__chain_check(struct trk__chain_seen *seen, const char *h, const char *who,
-		     char *msg, size_t cap);
 /* ---- statement.c: ranks' signed statements ---- */
 /* The statements of the ranks of rep that hold v with one, as the array
  * the answers carry ([{"rank","key","sig"}]); NULL when out of memory. */

@@ -11,8 +11,8 @@
 #include "proto/log.h"
 #include "proto/params.h"
 #include "proto/util.h"
-#include "tracker/client_conn.h"
-#include "tracker/internal.h"
+#include "tracker/client/client_conn.h"
+#include "tracker/wire/tls.h"
 
 #define POLL_LANES_KEPT 2 /* idle long-poll connections kept for the next ones */
 

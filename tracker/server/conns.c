@@ -18,7 +18,7 @@
 
 #include "proto/log.h"
 #include "proto/params.h"
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 /*
  * libevent 2.1's evhttp reads a whole request, body included, before it

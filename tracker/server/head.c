@@ -2,7 +2,7 @@
  * tracker can judge a request before evhttp buffers its body. */
 #include <string.h>
 
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 bool trk__head_complete(const uint8_t *buf, size_t len)
 {

@@ -7,7 +7,7 @@
 #include <sodium.h>
 
 #include "proto/log.h"
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 #define PRUNE_LEASES 50       /* gone entries are forgotten after this many leases */
 
@@ -613,4 +613,31 @@ void trk__registry_counts(struct trk_registry *r, struct trk_counts *out)
 	out->activations = r->act_total;
 	out->layout_cache_hits = r->forms_hits;
 	out->layout_cache_misses = r->forms_misses;
+}
+
+/* ---- statements ------------------------------------------------------------ */
+
+json_t *trk__replica_statements(const struct trk_replica *rep, uint64_t v)
+{
+	json_t *arr = json_array();
+
+	for (uint32_t i = 0; arr != NULL && i < rep->nranks; i++) {
+		struct trk_node *n = rep->ranks[i];
+		struct trk_nver *e;
+
+		if (!trk__node_holds(n, v) || !n->has_stmt_key ||
+		    (e = trk__node_version(n, v)) == NULL || !e->has_sig)
+			continue;
+		if (json_array_append_new(arr, json_pack("{s:I,s:o,s:o}", "rank", (json_int_t)i,
+							 "key",
+							 trk__json_hex(n->stmt_key,
+								       TRK_STMT_PK_BYTES),
+							 "sig",
+							 trk__json_hex(e->sig,
+								       TRK_STMT_SIG_BYTES))) != 0) {
+			json_decref(arr);
+			arr = NULL;
+		}
+	}
+	return arr;
 }

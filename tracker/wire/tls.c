@@ -12,7 +12,7 @@
 #include <sys/socket.h>
 
 #include "proto/log.h"
-#include "tracker/internal.h"
+#include "tracker/wire/tls.h"
 
 /*
  * The server presents --tls-cert (a PEM chain) with --tls-key; clients

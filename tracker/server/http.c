@@ -18,7 +18,7 @@
 
 #include "proto/log.h"
 #include "proto/params.h"
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 #define MAX_HEADERS_SIZE (16u << 10) /* request line and headers, bytes */
 #define MAX_URI 2048

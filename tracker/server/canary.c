@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "proto/log.h"
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 #define CANARY_LAYOUTS_MAX 256  /* layouts one POST may carry */
 #define CANARY_RANKS_MAX 65536  /* ranks of one layout */

@@ -1,5 +1,5 @@
 /* The registry as JSON: replicas, serving layouts, the soft half of /status. */
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 /* ---- JSON helpers ---------------------------------------------------------- */
 

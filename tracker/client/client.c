@@ -16,8 +16,9 @@
 #include "proto/log.h"
 #include "proto/params.h"
 #include "proto/util.h"
-#include "tracker/client_conn.h"
-#include "tracker/internal.h"
+#include "tracker/client/client_conn.h"
+#include "tracker/client/chain.h"
+#include "tracker/wire/tls.h"
 
 #define PATH_MAX_LEN 2048
 #define DEFAULT_TIMEOUT_MS 10000

@@ -16,7 +16,7 @@
 
 #include "proto/log.h"
 #include "proto/params.h"
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 /*
  * On disk, under the state directory:

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "tracker/internal.h"
+#include "tracker/client/chain.h"
 
 /* Exactly want lower-case hex digits, then the end. */
 static bool hex_exact(const char *s, size_t n, size_t want)

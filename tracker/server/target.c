@@ -5,7 +5,7 @@
 
 #include "proto/log.h"
 #include "proto/params.h"
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 /*
  * The rule (tracker/API.md, "Replica targets"), evaluated after every report,
