@@ -232,26 +232,15 @@ json_t *trk__canary_replica_ok(struct trk_server *s, const struct trk_replica *r
 	return all ? json_true() : json_null();
 }
 
-void trk__canary_metrics(const struct trk_server *s, struct evbuffer *b)
+void trk__canary_stats(const struct trk_server *s, uint64_t reports[3], uint64_t *mismatched)
 {
-	static const char *const names[] = {"match", "mismatch", "unknown"};
-	uint64_t bad = 0;
-
-	evbuffer_add_printf(b, "# HELP tessera_tracker_canary_reports_total Live canary scores "
-			       "probes reported, by verdict against the publisher's.\n"
-			       "# TYPE tessera_tracker_canary_reports_total counter\n");
-	for (int i = 0; i < 3; i++)
-		evbuffer_add_printf(b, "tessera_tracker_canary_reports_total{result=\"%s\"} %" PRIu64
-				       "\n", names[i], s->canary->reports[i]);
+	*mismatched = 0;
+	memcpy(reports, s->canary->reports, 3 * sizeof(reports[0]));
 	for (struct trk_replica *rep = s->reg->reps; rep; rep = rep->next)
 		for (uint32_t i = 0; i < rep->nranks; i++) {
 			const struct trk_node *n = rep->ranks[i];
 			if (n != NULL && n->alive && n->canary.have &&
 			    rank_verdict((struct trk_server *)s, n, n->canary.version) == 0)
-				bad++;
+				(*mismatched)++;
 		}
-	evbuffer_add_printf(b, "# HELP tessera_tracker_canary_mismatched_ranks Live ranks whose "
-			       "last canary score differs from the expected one.\n"
-			       "# TYPE tessera_tracker_canary_mismatched_ranks gauge\n"
-			       "tessera_tracker_canary_mismatched_ranks %" PRIu64 "\n", bad);
 }

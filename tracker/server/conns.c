@@ -27,7 +27,7 @@
  * connection's bufferevent (evhttp_set_bevcb) and watches its input buffer
  * (evbuffer_add_cb, which runs as bytes arrive, before evhttp parses them).
  * It copies a request's head until the empty line, judges it
- * (trk__head_verdict) and, when refused, answers itself, throws away what
+ * (with the verdict the server gave it: the router's) and, when refused, answers itself, throws away what
  * follows and closes: the body is never buffered. It holds a reference on
  * each bufferevent, so it notices when evhttp lets go of one (the callbacks
  * are cleared) and only then closes the socket. It closes a connection with
@@ -98,6 +98,7 @@ struct trk_conn {
 
 struct trk_conns {
 	struct trk_server *s;
+	trk__head_verdict_fn verdict;
 	struct evconnlistener *lev;
 	struct event *sweep_ev, *resume_ev, *admit_ev;
 	struct trk_conn *head, *tail;
@@ -426,7 +427,7 @@ static void judge(struct trk_conn *c)
 	c->state = C_BODY;
 	if (trk__head_parse(c->head, c->headlen, &h) != 1)
 		return; /* malformed: evhttp answers 400 itself */
-	code = trk__head_verdict(c->g->s, &h, msg, sizeof(msg));
+	code = c->g->verdict(c->g->s, &h, msg, sizeof(msg));
 	head_drop(c);
 	if (code != 0)
 		refuse(c, code, msg, h.chunked ? -2 : h.content_length);
@@ -746,7 +747,7 @@ void trk__conns_stats(const struct trk_conns *g, struct trk_conns_stats *out)
 	out->accept_errors = g->accept_errors;
 }
 
-int trk__conns_new(struct trk_server *s, struct trk_conns **out)
+int trk__conns_new(struct trk_server *s, trk__head_verdict_fn verdict, struct trk_conns **out)
 {
 	struct trk_conns *g = calloc(1, sizeof(*g));
 	struct timeval tv = {0, SWEEP_MS * 1000};
@@ -760,6 +761,7 @@ int trk__conns_new(struct trk_server *s, struct trk_conns **out)
 	    rl.rlim_cur > 2 * FD_RESERVE && cap > rl.rlim_cur - FD_RESERVE)
 		cap = rl.rlim_cur - FD_RESERVE;
 	g->s = s;
+	g->verdict = verdict;
 	g->cap = PROTO_MAX(cap, 2);
 	g->header_ms = proto_param(PROTO_PARAM_HEADER_MS);
 	g->idle_ms = proto_param(PROTO_PARAM_TRACKER_IDLE_MS);
@@ -824,32 +826,4 @@ void trk__conns_free(struct trk_conns *g)
 		conn_free(g, g->head);
 	free(g->by_fd);
 	free(g);
-}
-
-void trk__conns_metrics(const struct trk_server *s, struct evbuffer *b)
-{
-	struct trk_conns_stats st;
-
-	trk__conns_stats(s->conns, &st);
-	evbuffer_add_printf(b,
-		"# HELP tessera_tracker_http_connections Connections open, and the cap.\n"
-		"# TYPE tessera_tracker_http_connections gauge\n"
-		"tessera_tracker_http_connections %zu\n"
-		"tessera_tracker_http_connections_cap %zu\n"
-		"# HELP tessera_tracker_http_accepted_total Connections accepted (clients keep theirs open).\n"
-		"# TYPE tessera_tracker_http_accepted_total counter\n"
-		"tessera_tracker_http_accepted_total %llu\n"
-		"# HELP tessera_tracker_http_closed_total Connections the tracker closed, by reason.\n"
-		"# TYPE tessera_tracker_http_closed_total counter\n"
-		"tessera_tracker_http_closed_total{reason=\"over_cap\"} %llu\n"
-		"tessera_tracker_http_closed_total{reason=\"slow_head\"} %llu\n"
-		"tessera_tracker_http_closed_total{reason=\"refused_head\"} %llu\n"
-		"tessera_tracker_http_closed_total{reason=\"idle\"} %llu\n"
-		"# HELP tessera_tracker_http_accept_errors_total Failed accept() calls.\n"
-		"# TYPE tessera_tracker_http_accept_errors_total counter\n"
-		"tessera_tracker_http_accept_errors_total %llu\n",
-		st.open, st.cap, (unsigned long long)st.accepted, (unsigned long long)st.evicted,
-		(unsigned long long)st.slow, (unsigned long long)st.refused_heads,
-		(unsigned long long)st.idle,
-		(unsigned long long)st.accept_errors);
 }

@@ -1,4 +1,10 @@
-/* The tracker server's internals, shared by the files of tracker/server/. */
+/*
+ * The tracker server's internals, shared by the files of tracker/server/:
+ * the server and one request being handled, the HTTP plumbing under the
+ * endpoints, the JSON views and the endpoints themselves. The state they
+ * read and change is in state.h; tracker/README.md says which file does
+ * what, and what may call what.
+ */
 #ifndef TRACKER_SERVER_INTERNAL_H
 #define TRACKER_SERVER_INTERNAL_H
 
@@ -8,16 +14,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "proto/manifest.h"
-#include "proto/spec.h"
 #include "proto/util.h"
+#include "tracker/server/state.h"
 #include "tracker/tracker.h"
 #include "tracker/wire/tls.h"
 
 struct trk_auth;
-struct trk_versions;
-struct trk_registry;
-struct bufferevent;
+struct trk_conns;
+struct trk_watches;
 
 struct trk_server {
 	struct event_base *base;
@@ -33,9 +37,10 @@ struct trk_server {
 	/* Counters for /metrics. */
 	uint64_t answers[6]; /* by status class: [2] = 2xx, ... */
 	uint64_t auth_refused;
-	struct trk_conns *conns; /* the connection guard (conns.c) */
-	struct trk_addenda *ad;  /* layouts added to published versions (addenda.c) */
-	struct ssl_ctx_st *tls;  /* NULL: plain HTTP (tls.c) */
+	struct trk_conns *conns;   /* the connection guard (conns.c) */
+	struct trk_watches *w;     /* requests held: watches, addendum waits */
+	struct trk_addenda *ad;    /* layouts added to published versions */
+	struct ssl_ctx_st *tls;    /* NULL: plain HTTP (wire/tls.c) */
 	struct trk_canary *canary; /* expected canary scores (canary.c) */
 };
 
@@ -52,8 +57,42 @@ struct trk_call {
 	bool answered;
 };
 
-/* ---- http.c: answers and field parsing ---- */
+/* ---- json.c: request fields and answer values ---- */
 
+/*
+ * Field getters for request JSON. Each returns 0 and sets *out, or -EINVAL
+ * with err naming the field (one line). Optional fields left absent (or
+ * null) return 0 and leave *out unchanged.
+ */
+int trk__get_str(json_t *o, const char *key, bool required, size_t maxlen,
+		 const char **out, struct proto_err *err);
+int trk__get_u64(json_t *o, const char *key, bool required, uint64_t max,
+		 uint64_t *out, struct proto_err *err);
+/* A u64 written as a decimal string ("addr", "key"). */
+int trk__get_u64_str(json_t *o, const char *key, uint64_t *out,
+		     struct proto_err *err);
+/* Exactly n bytes as 2n hex digits. */
+int trk__get_hex(json_t *o, const char *key, uint8_t *out, size_t n,
+		 struct proto_err *err);
+/* 1..max bytes of hex; *out is the lower-case hex, malloc'ed. */
+int trk__get_hexvar(json_t *o, const char *key, size_t max, char **out,
+		    struct proto_err *err);
+/* hex of n bytes into out[2n+1]. */
+void trk__hex(const uint8_t *b, size_t n, char *out);
+/* A new JSON string holding the hex of n bytes (NULL on ENOMEM). */
+json_t *trk__json_hex(const uint8_t *b, size_t n);
+/* json_object_set_new that remembers failure: returns 1 on failure. */
+int trk__set(json_t *o, const char *key, json_t *v);
+/* A JSON integer for a u64 (values above INT64_MAX are clamped). */
+json_t *trk__jint(uint64_t v);
+/* Puts a JSON array in random order. */
+void trk__json_shuffle(json_t *a);
+
+/* ---- call.c: a request's query and its answer ---- */
+
+const char *trk__query_str(struct trk_call *c, const char *key);
+int trk__query_u64(struct trk_call *c, const char *key, bool required,
+		   uint64_t max, uint64_t *out, struct proto_err *err);
 /* Answer with obj (a reference stolen; NULL is answered as a 500). */
 void trk__reply_json(struct trk_call *c, int code, json_t *obj);
 /* Answer {"error":"<message>"} with code (4xx/5xx); the message is made one
@@ -75,44 +114,6 @@ void trk__reply_req_text(struct trk_server *s, struct evhttp_request *req, int c
 /* Answers a held request with bytes (copied). */
 void trk__reply_req_raw(struct trk_server *s, struct evhttp_request *req, int code,
 			const char *ctype, const void *buf, size_t len);
-
-/*
- * Field getters for request JSON. Each returns 0 and sets *out, or -EINVAL
- * with err naming the field (one line). Optional fields left absent (or
- * null) return 0 and leave *out unchanged.
- */
-int trk__get_str(json_t *o, const char *key, bool required, size_t maxlen,
-		 const char **out, struct proto_err *err);
-int trk__get_u64(json_t *o, const char *key, bool required, uint64_t max,
-		 uint64_t *out, struct proto_err *err);
-/* A u64 written as a decimal string ("addr", "key"). */
-int trk__get_u64_str(json_t *o, const char *key, uint64_t *out,
-		     struct proto_err *err);
-/* Exactly n bytes as 2n hex digits. */
-int trk__get_hex(json_t *o, const char *key, uint8_t *out, size_t n,
-		 struct proto_err *err);
-/* 1..max bytes of hex; *out is the lower-case hex, malloc'ed. */
-int trk__get_hexvar(json_t *o, const char *key, size_t max, char **out,
-		    struct proto_err *err);
-int trk__query_u64(struct trk_call *c, const char *key, bool required,
-		   uint64_t max, uint64_t *out, struct proto_err *err);
-const char *trk__query_str(struct trk_call *c, const char *key);
-
-/* hex of n bytes into out[2n+1]. */
-void trk__hex(const uint8_t *b, size_t n, char *out);
-/* Appends s to b with &<>"' escaped for HTML text and attributes (and SVG). */
-struct evbuffer;
-void trk__html_esc(struct evbuffer *b, const char *s);
-/* A new JSON string holding the hex of n bytes (NULL on ENOMEM). */
-json_t *trk__json_hex(const uint8_t *b, size_t n);
-/* json_object_set_new that remembers failure: returns 1 on failure. */
-int trk__set(json_t *o, const char *key, json_t *v);
-/* A JSON integer for a u64 (values above INT64_MAX are clamped). */
-json_t *trk__jint(uint64_t v);
-
-/* A fresh random session credential (hex) into out. Cannot fail. */
-void trk__session_new(char out[2 * TRK_SESSION_BYTES + 1]);
-
 /* The reason phrase of an HTTP status code. Cannot fail. */
 const char *trk__reason(int code);
 
@@ -132,50 +133,8 @@ bool trk__head_complete(const uint8_t *buf, size_t len);
 /* Parses a complete head (hostile bytes). 1: parsed into *out; 0: no empty
  * line yet; -1: malformed (evhttp will answer it). */
 int trk__head_parse(const uint8_t *buf, size_t len, struct trk_head *out);
-/* http.c: what the tracker answers a head before reading its body: 0 to
- * read on, or an HTTP code (401, 411, 413) with a one-line reason in msg.
- * Uses the routes' body caps and trk__auth_check_head. */
-int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
-		      char *msg, size_t cap);
 
-/* ---- conns.c: the connection guard ---- */
-
-struct trk_conns;
-struct trk_conns_stats {
-	size_t open, cap;
-	uint64_t accepted, evicted, slow, refused_heads, idle;
-	uint64_t accept_errors;
-};
-
-/* Starts guarding s->http's connections (s->sock bound): a cap of
- * TESSERA_TRACKER_CONNS (and the descriptor limit), heads due within
- * TESSERA_HEADER_MS, heads judged by trk__head_verdict before the body.
- * -ENOMEM with nothing changed. Free with trk__conns_free after
- * evhttp_free. */
-int trk__conns_new(struct trk_server *s, struct trk_conns **out);
-void trk__conns_free(struct trk_conns *g);
-/* Called as a request reaches the tracker: *refused when its head was
- * already answered (the request must then be dropped). g may be NULL. */
-void trk__conns_request(struct trk_conns *g, struct evhttp_request *req,
-			bool *refused);
-/* Tracing (TESSERA_TRACKER_TRACE=FILE): req's answer is built; a burst of
- * work (what, begun at t0 ns, n items) ended now. */
-void trk__conns_handled(struct trk_conns *g, struct evhttp_request *req);
-void trk__conns_trace(struct trk_conns *g, const char *what, uint64_t t0, uint64_t n);
-/* req is held (a watch): its connection is served at the low priority
- * until its next request arrives. When a version lands every node's watch
- * is answered at once, and the nodes ask again at once: a thousand answers
- * written and a thousand watches read take tens of ms of the loop, which
- * heartbeats and sources queries then no longer wait behind. g may be
- * NULL; nothing happens for an unguarded connection. */
-void trk__conns_background(struct trk_conns *g, struct evhttp_request *req);
-/* Counters for /metrics; g may be NULL (all zero). */
-void trk__conns_stats(const struct trk_conns *g, struct trk_conns_stats *out);
-/* Appends the guard's counters to a /metrics answer. */
-struct evbuffer;
-void trk__conns_metrics(const struct trk_server *s, struct evbuffer *b);
-
-/* ---- auth.c ---- */
+/* ---- auth.c: the server's check of request signatures ---- */
 
 int trk__auth_new(const uint8_t key[PROTO_CLUSTER_KEY_BYTES], uint64_t window_s,
 		  struct trk_auth **out);
@@ -195,480 +154,103 @@ int trk__auth_check_head(struct trk_auth *a, const char *method,
 			 const char *uri, const char *header, uint64_t len,
 			 uint64_t now_s, struct proto_err *err);
 
-/* ---- versions.c: the durable log ---- */
+/* ---- conns.c: the connection guard ---- */
 
-struct trk_version {
-	uint64_t version, parent;
-	uint8_t kind;
-	uint8_t digest[PROTO_HASH_BYTES];
-	uint8_t model_digest[PROTO_HASH_BYTES];
-	uint8_t src_layout_digest[PROTO_HASH_BYTES];
-	uint64_t wire_bytes, created_ms, published_ms;
-	uint32_t nlayouts;
-	/* Summed from node reports (soft). */
-	uint64_t bytes_from_trainer, bytes_from_peers;
-	uint64_t duplicate_bytes, refetched_bytes;
-	bool offered; /* a publisher offered it at some time (soft) */
-	/* Cache of the newest versions: raw bytes and decoded manifest. */
-	uint8_t *raw;
-	size_t rawlen;
-	struct proto_manifest *m;
+struct trk_conns_stats {
+	size_t open, cap;
+	uint64_t accepted, evicted, slow, refused_heads, idle;
+	uint64_t accept_errors;
 };
+/* What the tracker answers a head before reading its body: 0 to read on,
+ * or an HTTP code with a one-line reason in msg (trk__head_verdict). */
+typedef int (*trk__head_verdict_fn)(struct trk_server *s, const struct trk_head *h, char *msg,
+				    size_t cap);
 
-/* Opens (creating) state_dir and loads its log; trainer_pk NULL means the
- * pinned key (if any). On failure *out is NULL and err says why. */
-int trk__versions_open(const char *state_dir, const uint8_t *trainer_pk,
-		       struct trk_versions **out, struct proto_err *err);
-/* Drops held long-polls without answering, frees. NULL is fine. */
-void trk__versions_free(struct trk_versions *vs);
-size_t trk__versions_count(const struct trk_versions *vs);
-/* Long-polls held now (version watches and addendum waits). */
-size_t trk__versions_held(const struct trk_versions *vs);
-/* The i-th version, oldest first. */
-struct trk_version *trk__versions_at(struct trk_versions *vs, size_t i);
-/* The version numbered v, or NULL. */
-struct trk_version *trk__versions_find(struct trk_versions *vs, uint64_t v);
-uint64_t trk__versions_latest(const struct trk_versions *vs);
-/* A node could not build delta version v from its parent: an anchor is
- * wanted (answered as "anchor_wanted" with the versions) until one newer
- * than v is published. */
-void trk__versions_want_anchor(struct trk_versions *vs, uint64_t v);
-/* A rank reported a version built (by delta or full), for /metrics. */
-/* how: "delta", "chain" or "full". */
-void trk__versions_note_built(struct trk_versions *vs, const char *how);
-/* Versions by kind, their wire bytes, builds by how, anchor requests. */
-void trk__versions_metrics(const struct trk_versions *vs, struct evbuffer *b);
-bool trk__versions_anchor_wanted(const struct trk_versions *vs);
-/* The chain's identity (hex) and the TRK_CHAIN_HEADER value: "CLUSTER
- * INSTANCE LATEST DIGEST" (DIGEST "-" while there is no version). */
-const char *trk__versions_cluster(const struct trk_versions *vs);
-void trk__versions_chain(const struct trk_versions *vs, char *buf, size_t len);
-/* The decoded manifest of v (cached, or loaded and verified from disk; then
- * owned by the caller through *owned, freed with proto_manifest_fini+free).
- * -ENOENT for an unknown version. */
-int trk__versions_manifest(struct trk_versions *vs, uint64_t v,
-			   const struct proto_manifest **m,
-			   struct proto_manifest **owned, struct proto_err *err);
-/* One entry of a version list (what GET /versions shows). */
-json_t *trk__version_json(struct trk_server *s, const struct trk_version *v);
-/* Drops held long-polls without answering (server shutdown). */
-void trk__versions_drop_waiters(struct trk_versions *vs);
-bool trk__versions_pinned(const struct trk_versions *vs);
-/* The trainer key versions are checked with; NULL before one is known. */
-const uint8_t *trk__versions_pk(const struct trk_versions *vs);
+/* Starts guarding s->http's connections (s->sock bound): a cap of
+ * TESSERA_TRACKER_CONNS (and the descriptor limit), heads due within
+ * TESSERA_HEADER_MS, heads judged by verdict before the body.
+ * -ENOMEM with nothing changed. Free with trk__conns_free after
+ * evhttp_free. */
+int trk__conns_new(struct trk_server *s, trk__head_verdict_fn verdict, struct trk_conns **out);
+void trk__conns_free(struct trk_conns *g);
+/* Called as a request reaches the tracker: *refused when its head was
+ * already answered (the request must then be dropped). g may be NULL. */
+void trk__conns_request(struct trk_conns *g, struct evhttp_request *req,
+			bool *refused);
+/* Tracing (TESSERA_TRACKER_TRACE=FILE): req's answer is built; a burst of
+ * work (what, begun at t0 ns, n items) ended now. */
+void trk__conns_handled(struct trk_conns *g, struct evhttp_request *req);
+void trk__conns_trace(struct trk_conns *g, const char *what, uint64_t t0, uint64_t n);
+/* req is held (a watch): its connection is served at the low priority
+ * until its next request arrives, so that the answers a version sends to
+ * every node at once do not hold heartbeats and sources queries behind
+ * them. g may be NULL; nothing happens for an unguarded connection. */
+void trk__conns_background(struct trk_conns *g, struct evhttp_request *req);
+/* Counters for /metrics; g may be NULL (all zero). */
+void trk__conns_stats(const struct trk_conns *g, struct trk_conns_stats *out);
 
+/* ---- router.c: each request to its endpoint ---- */
+
+/* evhttp's callback for every request (arg: the server). */
+void trk__route(struct evhttp_request *req, void *arg);
+/* What the tracker answers a head before reading its body: 0 to read on,
+ * or an HTTP code (401, 411, 413) with a one-line reason in msg. Uses the
+ * routes' body caps and trk__auth_check_head. */
+int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
+		      char *msg, size_t cap);
+
+/* ---- watches.c: requests held (long-polls) ---- */
+
+int trk__watches_new(struct trk_server *s, struct trk_watches **out);
+/* Drops held requests without answering (before evhttp_free frees them),
+ * then frees. NULL is fine. */
+void trk__watches_free(struct trk_watches *ws);
+void trk__watches_drop(struct trk_watches *ws);
+/* Requests held now (version watches and addendum waits). */
+size_t trk__watches_held(const struct trk_watches *ws);
+/* Holds c, a watch of the versions after `after` (GET /versions with
+ * wait_ms), for wait_ms (ended somewhere in its last tenth); with layouts
+ * (layouts_rev=R), a publisher's, also answered when a replica comes
+ * alive. -ENOMEM (c answered 500). */
+int trk__watch_versions(struct trk_call *c, uint64_t after, uint64_t wait_ms, bool layouts);
+/* Holds c (GET /addenda?version=V&layout=HEX&wait_ms=N) until the
+ * addendum of v for layout is posted (trk__watches_addendum_posted) or
+ * wait_ms passes, or (copy: a raw copy is waited for) a newer version is
+ * published; each way answered by trk__addendum_reply_req. -ENOMEM
+ * (c answered 500). */
+int trk__watch_addendum(struct trk_call *c, uint64_t v, const uint8_t *layout,
+			uint64_t wait_ms, bool copy);
+/* A version landed: the watches it concerns are answered, a slice per turn
+ * of the loop at the low priority, with one answer made per version they
+ * wait after. */
+void trk__watches_version_landed(struct trk_watches *ws);
 /* A replica came alive (a new one, or one whose ranks were all gone): its
  * layout may be one the latest version lacks. Bumps layouts_rev (shown
  * with the versions) and answers the publishers' watches that passed
  * layouts_rev (GET /versions?layouts_rev=R): they extend the version at
  * once. Cannot fail. */
-void trk__versions_replica_alive(struct trk_versions *vs);
-/* Holds c (GET /addenda?version=V&layout=HEX&wait_ms=N) until the
- * addendum of v for layout is posted (trk__versions_addendum_posted) or
- * wait_ms passes, or (copy: a raw copy is waited for) a newer version is
- * published; each way answered by trk__addendum_reply_req. -ENOMEM
- * (c answered 500). */
-int trk__versions_hold_addendum(struct trk_call *c, uint64_t v, const uint8_t *layout,
-				uint64_t wait_ms, bool copy);
+void trk__watches_replica_alive(struct trk_watches *ws);
+uint64_t trk__watches_layouts_rev(const struct trk_watches *ws);
 /* The addendum of v for layout is stored: its held requests are answered. */
-void trk__versions_addendum_posted(struct trk_versions *vs, uint64_t v, const uint8_t *layout);
+void trk__watches_addendum_posted(struct trk_watches *ws, uint64_t v, const uint8_t *layout);
 
-void trk__handle_publish(struct trk_call *c);
-void trk__handle_versions(struct trk_call *c);
-void trk__handle_manifest(struct trk_call *c, const char *v);
+/* addenda_store.c: answers req (held, outside trk_call) with the addendum
+ * of v for layout, or 404 when there is none (410 when a raw copy is asked
+ * for, copy, and none will come: v is no longer the latest). */
+void trk__addendum_reply_req(struct trk_server *s, struct evhttp_request *req, uint64_t v,
+			     const uint8_t *layout, bool copy);
 
-/* ---- the registry: soft state and what derives from it ---- */
+/* ---- views: the state as JSON ---- */
 
-#define TRK__NODE_VERSIONS 8      /* per-version states a node keeps */
-#define TRK__OFFER_VERSIONS 16    /* versions a holder may offer at once */
-#define TRK__ACTIVATIONS_MAX 1024 /* activation log entries kept */
-#define TRK__FABRIC_ADDR_MAX 1024 /* bytes */
-#define TRK__HOST_MAX 255
-#define TRK__PROVIDER_MAX 63
-#define TRK__ERROR_MAX 255
-#define TRK__WALL_MS_MAX (1ull << 53) /* largest wall time in ms a body may carry */
-#define TRK__TIMELINE_VERSIONS 64 /* versions whose timeline is kept */
-#define TRK__TIMELINE_RANKS 4096  /* ranks (and replicas) per timeline */
-#define TRK__LAYOUT_FORMS 16 /* layout forms (as nodes wrote them) cached */
-#define TRK__CANARY_ENTRIES 256 /* (version, layout) expected canary scores kept */
+/* versions_json.c: one entry of a version list (what GET /versions and the
+ * status show), and {"latest","now_ms","layouts_rev","anchor_wanted",
+ * "versions":[...]} for the versions after `after` (the newest 256). New
+ * references; NULL on ENOMEM. */
+json_t *trk__version_json(struct trk_server *s, const struct trk_version *v);
+json_t *trk__versions_list_json(struct trk_server *s, uint64_t after, uint64_t layouts_rev);
 
-/* A serving layout some replica uses, shared by its replicas. */
-struct trk_slayout {
-	uint8_t digest[PROTO_HASH_BYTES];
-	char name[TRK_REPLICA_MAX + 1]; /* what its first node called it, or "" */
-	struct proto_layout l;
-	json_t *json; /* explicit form */
-	unsigned refs;
-	struct trk_slayout *next;
-};
-
-/* A layout as some node wrote it (a JSON value), and what it parsed to. */
-struct trk_lform {
-	json_t *form;
-	struct trk_slayout *sl; /* holds a reference */
-};
-
-struct trk_offer_set {
-	uint64_t version;
-	size_t n;
-	struct trk_offer *o;
-	/* A node's whole rank memory holding the version complete, for
-	 * cross-layout readers (holders.c); len 0: none offered. */
-	struct trk_offer slot;
-};
-
-struct trk_offers {
-	struct trk_offer_set sets[TRK__OFFER_VERSIONS];
-	size_t n;
-};
-
-struct trk_prank {
-	uint32_t rank;
-	char *host, *provider, *addr;
-};
-
-struct trk_publisher {
-	char id[32];
-	bool alive;
-	uint64_t expires_ns, registered_ms, gone_ms;
-	struct trk_prank *ranks;
-	size_t nranks;
-	struct trk_offers offers;
-	struct trk_publisher *next;
-};
-
-struct trk_nver {
-	uint64_t version;
-	enum trk_rank_state state;
-	char how[8]; /* "delta", "chain" or "full" once built ("" until then) */
-	uint64_t done, total, from_trainer, from_peers;
-	uint64_t duplicate, refetched; /* bytes received twice, asked again */
-	uint64_t first_ms; /* wall time of the first report of this version */
-	/* The rank's signed statement that it holds the version (statement.c),
-	 * kept while it reports it verified or active. */
-	bool has_sig;
-	uint8_t sig[TRK_STMT_SIG_BYTES];
-	char banned[TRK__ERROR_MAX + 1]; /* peers it banned for the version, space-separated */
-};
-
-struct trk_replica;
-
-struct trk_node {
-	char id[TRK_ID_MAX];
-	struct trk_replica *rep;
-	uint32_t rank;
-	char *host, *provider, *addr;
-	struct trk_slayout *layout;
-	bool alive;
-	uint64_t expires_ns, registered_ms, gone_ms, report_ms;
-	uint64_t active; /* last version this rank reported active */
-	struct trk_nver vers[TRK__NODE_VERSIONS];
-	size_t nvers;
-	int last; /* index of the last report in vers, -1 none */
-	uint64_t report_seq; /* the highest `seq` of a report applied */
-	char error[TRK__ERROR_MAX + 1];
-	struct trk_offers offers;
-	/* Handed to the node at registration; its heartbeats, reports and
-	 * offers carry it (X-Tessera-Session) when the tracker is keyed. */
-	char session[2 * TRK_SESSION_BYTES + 1];
-	/* The key its statements are signed with, when it registered one: its
-	 * verified and active reports then need a statement that verifies. */
-	bool has_stmt_key;
-	uint8_t stmt_key[TRK_STMT_PK_BYTES];
-	/* What serving processes pinned on it, per version, at its last
-	 * heartbeat (registry.c). */
-	struct trk_pin_count pins[TRK_PIN_VERSIONS_MAX];
-	size_t npins;
-	uint64_t pins_ms;
-	/* The last live canary score a probe reported for it (canary.c). */
-	struct {
-		bool have;
-		uint64_t version, ms;
-		int64_t score;
-	} canary;
-};
-
-struct trk_replica {
-	char name[TRK_REPLICA_MAX + 1];
-	struct trk_slayout *layout; /* holds a reference */
-	uint32_t nranks;
-	struct trk_node **ranks; /* nranks slots, NULL = never registered */
-	uint64_t active;         /* the version all ranks last agreed active on */
-	/* The version the replica works toward (target.c). */
-	uint64_t target, target_ms;
-	uint64_t created_ms;
-	uint64_t fetch_ms;       /* last first-report -> verified time of a rank */
-	uint64_t disagree_ms;    /* ranks hold different versions since (0: agree) */
-	bool disagree_logged;
-	char why[512];           /* what each rank holds and waits for, one line */
-	struct trk_replica *next;
-	struct trk_replica *hnext; /* its bucket's chain in the name index */
-};
-
-struct trk_activation {
-	char replica[TRK_REPLICA_MAX + 1];
-	uint64_t version, wall_ms;
-};
-
-struct trk_registry {
-	struct trk_server *s;
-	bool have_model;
-	struct proto_model model;
-	json_t *model_json;
-	struct proto_layout tlayout;
-	json_t *tlayout_json;
-	struct trk_slayout *layouts;
-	struct trk_lform forms[TRK__LAYOUT_FORMS]; /* most recently used first */
-	size_t nforms;
-	uint64_t forms_hits, forms_misses;
-	struct trk_publisher *pubs;
-	struct trk_replica *reps; /* sorted by name */
-	/* The same replicas by name (repindex.c). */
-	struct trk_replica **rix;
-	size_t rix_nb, rix_n;
-	uint8_t rix_key[16]; /* crypto_shorthash_KEYBYTES */
-	/* Bumped by every change to who serves what (registrations, nodes
-	 * gone, offers, publishers): /sources answers are kept against it
-	 * (srcache.c). */
-	uint64_t swarm_gen;
-	/* Bumped by changes to who is in which swarm (registrations, nodes
-	 * gone, the model dropped), not by offers: members lists are kept
-	 * against it (srcache.c), across versions. */
-	uint64_t members_gen;
-	struct trk_srcache *srcache;
-	uint64_t src_batches, src_batched; /* POST /sources: requests, parcels */
-	struct trk_activation act[TRK__ACTIVATIONS_MAX];
-	size_t act_n, act_next;
-	uint64_t act_total;
-	uint64_t bytes_from_trainer, bytes_from_peers;
-	struct trk_timeline *tl; /* per-version update timelines */
-	/* The next full sweep is due at this monotonic time (ns): the earliest
-	 * lease end or prune time seen by the last sweep, at most one sweep
-	 * period after it; 0 forces one at the next request. */
-	uint64_t sweep_due_ns;
-	/* Replica targets are looked at again by every sweep at this time or
-	 * after (once a sweep period), by a forced one, and for a replica a
-	 * sweep changed; other sweeps only end leases and prune. */
-	uint64_t targets_due_ns;
-};
-
-/* ---- registry.c: lifetime, lookups, leases, derived state ---- */
-
-int trk__registry_new(struct trk_server *s, struct trk_registry **out);
-void trk__registry_free(struct trk_registry *r);
-/* Drops the model, the trainer layout and every replica (with its nodes);
- * publishers stay. Cannot fail. */
-void trk__registry_drop_model(struct trk_registry *r);
-/* The lease a registration or heartbeat grants, in ns. */
-uint64_t trk__registry_lease_ns(const struct trk_registry *r);
-/* Expires leases that ran out by now, prunes long-gone entries and re-derives
- * every replica's target. Called before every request and by a timer, it
- * walks the registry only when something is due (a lease end, a prune, a
- * change marked by trk__registry_changed, or a sweep period passed), so a
- * request costs O(1) here however many nodes there are. */
-void trk__registry_sweep(struct trk_registry *r);
-/* The period after which a sweep walks the registry regardless, in ns. */
-uint64_t trk__registry_sweep_period_ns(const struct trk_registry *r);
-/* A lease was granted that ends at exp_ns (registrations; heartbeats only
- * extend leases and need not call this). */
-void trk__registry_lease_granted(struct trk_registry *r, uint64_t exp_ns);
-/* Something every replica's target depends on changed (a version was
- * published, a publisher registered or changed its offers): the next
- * request sweeps. */
-void trk__registry_changed(struct trk_registry *r);
-/* true and the digests when a publisher registered a model. */
-bool trk__registry_model(const struct trk_registry *r, uint8_t *model_digest,
-			 uint8_t *layout_digest);
-/* For /metrics. */
-struct trk_counts {
-	uint64_t nodes_alive, nodes_gone, publishers_alive, publishers_gone;
-	uint64_t replicas_current, replicas_behind, replicas_partial,
-		replicas_gone;
-	uint64_t bytes_from_trainer, bytes_from_peers, activations;
-	uint64_t layout_cache_hits, layout_cache_misses;
-};
-void trk__registry_counts(struct trk_registry *r, struct trk_counts *out);
-
-/* ---- repindex.c: replicas by name ---- */
-
-/* An empty index (-ENOMEM); fini frees it (the replicas stay). */
-int trk__repindex_init(struct trk_registry *r);
-void trk__repindex_fini(struct trk_registry *r);
-/* Enters rep (named, not yet in the index); cannot fail. */
-void trk__repindex_add(struct trk_registry *r, struct trk_replica *rep);
-/* Takes rep out (a no-op when it is not in). */
-void trk__repindex_del(struct trk_registry *r, struct trk_replica *rep);
-
-/* A change to the swarms: cached /sources answers are rebuilt. */
-void trk__registry_swarm_changed(struct trk_registry *r);
-/* A change to the swarms' members (a node registered or gone): members
- * lists are rebuilt, and cached /sources answers too. */
-void trk__registry_members_changed(struct trk_registry *r);
-
-/* ---- slayouts.c: shared serving layouts and the cache of their forms ---- */
-
-/* The serving layout that the JSON value jl describes, against the
- * registry's model: found among the forms seen before (an equal JSON value),
- * else parsed and checked to cover the model, then remembered. *out gets a
- * new reference. A bad layout is refused on every use with the same one-line
- * err (-EINVAL) and is never remembered; -ENOMEM. */
-int trk__slayout_get(struct trk_registry *r, json_t *jl, struct trk_slayout **out,
-		     struct proto_err *err);
-/* The serving layout whose digest is digest, with a new reference, or NULL
- * when the tracker holds none (never seen, or no longer used). Every entry
- * was parsed and checked against the registry's model when it was made. */
-struct trk_slayout *trk__slayout_by_digest(struct trk_registry *r, const uint8_t *digest);
-/* Drop a reference; the last one unlinks and frees sl. NULL is fine. */
-void trk__slayout_put(struct trk_registry *r, struct trk_slayout *sl);
-/* Forgets every cached form (the model changes or the registry goes). */
-void trk__slayout_cache_clear(struct trk_registry *r);
-/* Free an entry and everything it owns (offers included). NULL is fine for
- * a node; neither is unlinked from the registry. */
-void trk__node_free(struct trk_node *n);
-void trk__publisher_free(struct trk_publisher *p);
-
-/* 1..TRK_REPLICA_MAX of [A-Za-z0-9._-]. */
-bool trk__replica_name_valid(const char *s);
-/* Lookups (alive or not); NULL when there is none. A node id is "A/0". */
-struct trk_replica *trk__replica_find(struct trk_registry *r, const char *name);
-struct trk_node *trk__node_find(struct trk_registry *r, const char *id);
-struct trk_publisher *trk__publisher_find(struct trk_registry *r,
-					  const char *id);
-/* n's state entry for v, or NULL. */
-struct trk_nver *trk__node_version(struct trk_node *n, uint64_t v);
-/* n is alive and reported v verified or active. NULL n is false. */
-bool trk__node_holds(struct trk_node *n, uint64_t v);
-/* ---- statement.c: ranks' signed statements ---- */
-/* The statements of the ranks of rep that hold v with one, as the array
- * the answers carry ([{"rank","key","sig"}]); NULL when out of memory. */
-json_t *trk__replica_statements(const struct trk_replica *rep, uint64_t v);
-/* Some rank of rep is alive. */
-bool trk__replica_alive(const struct trk_replica *rep);
-/* Every rank of rep registered and alive: only such a replica counts as
- * holding (or being active at) a version. */
-bool trk__replica_whole(const struct trk_replica *rep);
-/* Every rank of rep alive and holding v. */
-bool trk__replica_complete(const struct trk_replica *rep, uint64_t v);
-/* The versions rep is complete at, ascending, into out[TRK__NODE_VERSIONS];
- * returns how many. */
-size_t trk__replica_complete_list(const struct trk_replica *rep,
-				  uint64_t *out);
-/* Re-derives rep's active version from its ranks' reports; a change is
- * logged as an activation. */
-void trk__replica_update_active(struct trk_registry *r,
-				struct trk_replica *rep);
-
-void trk__handle_heartbeat(struct trk_call *c);
-void trk__handle_leave(struct trk_call *c);
-
-/* ---- target.c: the version a replica works toward ---- */
-
-/* Re-derives rep's target from its ranks' reports, the latest version and
- * what publishers still serve (the rule is in tracker/API.md); updates the
- * disagreement note and logs its start and end. Cannot fail. */
-void trk__replica_update_target(struct trk_server *s, struct trk_replica *rep);
-/* A version a publisher served and no live publisher serves now (never the
- * latest). */
-bool trk__version_dropped(struct trk_server *s, uint64_t v);
-/* The same for v's parcels of one serving layout: a publisher may drop the
- * layouts of a version that no replica of that layout aims at. */
-bool trk__version_dropped_for(struct trk_server *s, uint64_t v, const uint8_t *layout);
-/* v is the latest or the target of a live replica: publishers keep it. */
-/* v is the latest version's anchor or one of the deltas after it (the
- * chain a node without the latest's parent replays): kept whole. */
-bool trk__version_in_chain(struct trk_server *s, uint64_t v);
-bool trk__version_retained(struct trk_server *s, uint64_t v);
-/* The digests (hex) of the layouts of the live replicas aiming at v, each
- * once: a new JSON array, NULL on ENOMEM. */
-json_t *trk__version_retain_layouts(struct trk_server *s, uint64_t v);
-/* How far rep's active version is behind the latest: in versions, and in ms
- * since the first version after it was published (0 when current). */
-void trk__replica_lag(struct trk_server *s, const struct trk_replica *rep,
-		      uint64_t now_ms, uint64_t *versions, uint64_t *ms);
-
-/* ---- publishers.c ---- */
-
-/* p serves rank (of the trainer layout). */
-bool trk__publisher_has_rank(const struct trk_publisher *p, uint32_t rank);
-void trk__handle_publishers(struct trk_call *c);
-
-/* ---- nodes.c ---- */
-
-void trk__handle_nodes(struct trk_call *c);
-void trk__handle_node_state(struct trk_call *c);
-
-/* ---- offers.c ---- */
-
-/* Frees every offer set; o stays usable (empty). */
-void trk__offers_clear(struct trk_offers *o);
-void trk__handle_offers(struct trk_call *c);
-void trk__handle_sources(struct trk_call *c);
-void trk__handle_sources_batch(struct trk_call *c);
-/* The query's layout (hex) for a known version; else the call is failed
- * (400 bad layout, 404 unknown version) and -errno returned. */
-int trk__query_layout_known(struct trk_call *c, uint64_t version,
-			    uint8_t layout[PROTO_HASH_BYTES]);
-/* Puts a JSON array in random order. */
-void trk__json_shuffle(json_t *a);
-/* One /sources entry (new reference; NULL on ENOMEM). */
-json_t *trk__source_json(bool peer, const char *id, const char *host, const char *provider,
-			 const char *addr, const struct trk_offer *o);
-/* The slot a holder offers for version v (NULL: none). */
-const struct trk_offer *trk__offers_slot(const struct trk_offers *o, uint64_t v);
-
-/* ---- holders.c ---- */
-
-void trk__handle_holders(struct trk_call *c);
-
-/* ---- srcache.c: /sources answers kept per swarm state ---- */
-
-struct trk_srcache;
-struct trk_srcentry;
-struct trk_srckey {
-	uint64_t version;
-	uint8_t layout[PROTO_HASH_BYTES];
-	uint32_t src, dst;
-};
-int trk__srcache_new(struct trk_srcache **out);
-void trk__srcache_free(struct trk_srcache *sc); /* NULL is fine */
-/* k's entry. Current when made at generation gen (trk__srcache_ready):
- * then render it. Else it comes back empty for the caller to fill (members,
- * then sources: peers first) and mark ready; one left unready (a failure)
- * is rebuilt by the next query. Cannot fail. */
-struct trk_srcentry *trk__srcache_get(struct trk_srcache *sc, const struct trk_srckey *k,
-				      uint64_t gen);
-bool trk__srcache_ready(const struct trk_srcentry *e);
-/* Stores the rendered members array and the array of their replicas'
- * names (both borrowed); -ENOMEM. */
-int trk__srcache_set_members(struct trk_srcentry *e, json_t *members, json_t *reps);
-/* The replica names' array as text and its tag (*rtag): the entry's, valid
- * until the entry is next got. */
-const char *trk__srcache_replicas(const struct trk_srcentry *e, const char **rtag);
-/* Stores one source object (its reference stolen; NULL: -ENOMEM). Peers
- * come before publishers (-EINVAL else). */
-int trk__srcache_add_source(struct trk_srcentry *e, json_t *src, bool peer);
-void trk__srcache_set_ready(struct trk_srcentry *e);
-/* The answer's body, peers in a fresh random order: malloc'ed, *len set;
- * NULL on ENOMEM. Members as "members_same" (tag is the list's), else
- * with shared as "members_of" the replicas' tag (*listed set: the batch
- * must carry that list), else listed. */
-char *trk__srcache_render(struct trk_srcentry *e, const char *tag, bool shared, bool *listed,
-			  size_t *len);
-/* The members of rank dst's swarm of layout (what set_members stored for
- * it), kept across versions while the registry's members generation stays
- * gen: copied into e (0), or -ENOENT (build them), -ENOMEM. */
-int trk__srcache_members_copy(struct trk_srcache *sc, struct trk_srcentry *e,
-			      const uint8_t layout[PROTO_HASH_BYTES], uint32_t dst, uint64_t gen);
-/* Keeps e's members (set by set_members) for layout and dst at members
- * generation gen; nothing kept on ENOMEM (the next build makes them). */
-void trk__srcache_members_keep(struct trk_srcache *sc, const struct trk_srcentry *e,
-			       const uint8_t layout[PROTO_HASH_BYTES], uint32_t dst, uint64_t gen);
-/* Queries answered from an entry / that built one, for /metrics. */
-void trk__srcache_stats(const struct trk_srcache *sc, uint64_t *hits, uint64_t *misses);
-
-/* ---- registry_json.c: the registry's JSON views ---- */
-
-/* Which replicas a status shows: `limit` of them from `offset`, by name. */
+/* registry_json.c. Which replicas a status shows: `limit` of them from
+ * `offset`, by name. */
 struct trk_status_page {
 	uint64_t offset, limit;
 	/* Not 0: the page also stops before the replica that would take its
@@ -682,83 +264,41 @@ json_t *trk__registry_status(struct trk_registry *r, struct trk_status_page *pg)
  * name, for a version's status entry; *count gets how many there are. */
 json_t *trk__registry_version_replicas(struct trk_registry *r, uint64_t v,
 				       bool active, size_t max, uint64_t *count);
-void trk__handle_layouts(struct trk_call *c);
-void trk__handle_replica(struct trk_call *c, const char *name);
 
-/* ---- status.c ---- */
-
+/* status.c: the page c asks for (?replicas_offset=N&replicas_limit=M):
+ * 0, or -EINVAL with c answered 400. The status object of that page (new
+ * reference; NULL on ENOMEM). */
+int trk__status_page(struct trk_call *c, struct trk_status_page *pg);
 json_t *trk__status_json(struct trk_server *s, struct trk_status_page *pg);
-void trk__handle_status(struct trk_call *c);
-void trk__handle_page(struct trk_call *c);
-void trk__handle_metrics(struct trk_call *c);
 
-/* ---- addenda.c: layouts added to published versions ---- */
+/* ---- the endpoints (router.c maps paths to them) ---- */
 
-struct trk_addenda;
-/* Loads (verifying each against the trainer key and its version's
- * manifest) the addenda stored under state_dir; s->vs must be open. On
- * failure *out is NULL and err names the damaged file. */
-int trk__addenda_open(struct trk_server *s, const char *state_dir, struct trk_addenda **out,
-		      struct proto_err *err);
-void trk__addenda_free(struct trk_addenda *ad);
-/* v's parcels of layout: m's (v's manifest) or an addendum's; NULL when
- * neither lists the layout. */
-const struct proto_mlayout *trk__version_layout(struct trk_server *s, uint64_t v,
-						const struct proto_manifest *m,
-						const uint8_t *layout);
-/* v's addenda as status JSON (new array; NULL on ENOMEM). */
-json_t *trk__addenda_json(struct trk_server *s, uint64_t v);
-/* Answers req (held, outside trk_call) with the addendum of v for layout,
- * or 404 when there is none (410 when a raw copy is asked for, copy, and
- * none will come: v is no longer the latest). */
-void trk__addendum_reply_req(struct trk_server *s, struct evhttp_request *req, uint64_t v,
-			     const uint8_t *layout, bool copy);
-/* The layouts (hex, each once) of live replicas that v does not cover yet:
- * what the publisher is asked to add (new array; NULL on ENOMEM). */
-json_t *trk__version_uncovered(struct trk_server *s, uint64_t v);
-/* Layouts of v whose raw copy a node asked for and none is posted yet. */
-json_t *trk__version_copy_wanted(struct trk_server *s, uint64_t v);
-void trk__handle_addendum_post(struct trk_call *c);
+/* sources.c: the query's layout (hex) for a known version; else the call
+ * is failed (400 bad layout, 404 unknown version) and -errno returned. */
+int trk__query_layout_known(struct trk_call *c, uint64_t version,
+			    uint8_t layout[PROTO_HASH_BYTES]);
+
+void trk__handle_publish(struct trk_call *c);                 /* versions.c */
+void trk__handle_versions(struct trk_call *c);
+void trk__handle_manifest(struct trk_call *c, const char *v);
+void trk__handle_timeline(struct trk_call *c, const char *v); /* timeline.c */
+void trk__handle_addendum_post(struct trk_call *c);           /* addenda.c */
 void trk__handle_addendum_get(struct trk_call *c);
-
-/* ---- timeline.c: per-version update timelines (soft) ---- */
-
-struct trk_timeline;
-int trk__timeline_new(struct trk_timeline **out);
-void trk__timeline_free(struct trk_timeline *tl);
-/* Records the boundaries of version v's update as they pass. Times are wall
- * clock ms: snapshot and first/last byte as their senders measured them
- * (0: not known), now_ms the tracker's. The timelines of the newest
- * TRK__TIMELINE_VERSIONS versions are kept. Cannot fail (an entry that
- * cannot be stored is not). */
-void trk__timeline_snapshot(struct trk_timeline *tl, uint64_t v, uint64_t snapshot_ms);
-void trk__timeline_rank(struct trk_timeline *tl, uint64_t v, const char *replica,
-			uint32_t nranks, uint32_t rank, enum trk_rank_state st,
-			uint64_t first_byte_ms, uint64_t last_byte_ms, uint64_t now_ms);
-/* The replica became complete (prepared) or activated at v. */
-void trk__timeline_replica(struct trk_timeline *tl, uint64_t v, const char *replica,
-			   uint32_t nranks, bool activated, uint64_t now_ms);
-/* GET /versions/V/timeline's object for ver (new reference; NULL: no memory). */
-json_t *trk__timeline_json(struct trk_timeline *tl, const struct trk_version *ver);
-void trk__handle_timeline(struct trk_call *c, const char *v);
-/* Draws a timeline object as an inline SVG chart into out (status page). */
-void trk__timeline_svg(struct evbuffer *out, json_t *timeline);
-
-/* ---- canary.c: expected and live canary scores ---- */
-struct trk_canary;
-int trk__canary_new(struct trk_canary **out);
-void trk__canary_free(struct trk_canary *cn);
-/* The expected score of rank of layout at v; -ENOENT when none was posted. */
-int trk__canary_expected(struct trk_server *s, uint64_t v, const uint8_t *layout, uint32_t rank,
-			 int64_t *out);
-void trk__handle_canary_expected(struct trk_call *c);
+void trk__handle_publishers(struct trk_call *c);              /* publishers.c */
+void trk__handle_nodes(struct trk_call *c);                   /* nodes.c */
+void trk__handle_node_state(struct trk_call *c);
+void trk__handle_heartbeat(struct trk_call *c);               /* heartbeat.c */
+void trk__handle_leave(struct trk_call *c);
+void trk__handle_offers(struct trk_call *c);                  /* offers.c */
+void trk__handle_sources(struct trk_call *c);                 /* sources.c */
+void trk__handle_sources_batch(struct trk_call *c);
+void trk__handle_holders(struct trk_call *c);                 /* holders.c */
+void trk__handle_canary_expected(struct trk_call *c);         /* canary.c */
 void trk__handle_canary_live(struct trk_call *c);
-/* n's last live score with its verdict ({"version","score","expected","ok",...};
- * JSON null when never probed). New reference; NULL on ENOMEM. */
-json_t *trk__canary_rank_json(struct trk_server *s, const struct trk_node *n);
-/* true when every rank of rep was probed at v and matches, false when one
- * does not, null otherwise. */
-json_t *trk__canary_replica_ok(struct trk_server *s, const struct trk_replica *rep, uint64_t v);
-void trk__canary_metrics(const struct trk_server *s, struct evbuffer *b);
+void trk__handle_layouts(struct trk_call *c);                 /* registry_json.c */
+void trk__handle_replica(struct trk_call *c, const char *name);
+void trk__handle_status(struct trk_call *c);                  /* status.c */
+void trk__handle_page(struct trk_call *c);                    /* page.c */
+void trk__handle_metrics(struct trk_call *c);                 /* metrics.c */
 
 #endif

@@ -1,11 +1,21 @@
 /* Node ranks: registration into replicas, and their per-version state reports. */
 #include <errno.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "proto/log.h"
 #include "tracker/server/internal.h"
+
+/* A fresh random session credential (hex) into out. Cannot fail. */
+static void session_new(char out[2 * TRK_SESSION_BYTES + 1])
+{
+	uint8_t b[TRK_SESSION_BYTES];
+
+	randombytes_buf(b, sizeof(b));
+	sodium_bin2hex(out, 2 * TRK_SESSION_BYTES + 1, b, sizeof(b));
+}
 
 /* An optional field of exactly n bytes as hex: *have says whether it was
  * there (absent or null: not). */
@@ -147,7 +157,7 @@ void trk__handle_nodes(struct trk_call *c)
 	n->alive = true;
 	n->last = -1;
 	n->registered_ms = proto_wall_ms();
-	trk__session_new(n->session);
+	session_new(n->session);
 	n->has_stmt_key = have_sk;
 	memcpy(n->stmt_key, sk, have_sk ? sizeof(sk) : 0);
 	n->expires_ns = proto_now_ns() + trk__registry_lease_ns(r);
@@ -182,7 +192,7 @@ void trk__handle_nodes(struct trk_call *c)
 	trk__registry_members_changed(r);
 	trk__replica_update_target(c->s, rep);
 	if (!was_alive) /* its layout may be one the latest version lacks */
-		trk__versions_replica_alive(c->s->vs);
+		trk__watches_replica_alive(c->s->w);
 	LOG_INFO("node %s registered (%s, %s)", n->id, host, provider);
 	trk__reply_json(c, 200, json_pack("{s:s,s:I,s:o,s:s}", "node_id", n->id,
 					  "lease_ms", (json_int_t)r->s->lease_ms,

@@ -43,14 +43,6 @@ static int parse_rank_addr(json_t *o, const char *what, uint32_t nranks,
 	return 0;
 }
 
-bool trk__publisher_has_rank(const struct trk_publisher *p, uint32_t rank)
-{
-	for (size_t i = 0; i < p->nranks; i++)
-		if (p->ranks[i].rank == rank)
-			return true;
-	return false;
-}
-
 void trk__handle_publishers(struct trk_call *c)
 {
 	struct trk_registry *r = c->s->reg;
