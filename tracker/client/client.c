@@ -1,5 +1,6 @@
-/* The tracker client: signed async requests on an event_base, typed helpers,
- * answer parsers and a blocking mode for command-line use. */
+/* The tracker client: requests signed and sent on an event_base, sent
+ * again once when the tracker's epoch or the kept-open connection calls
+ * for it, and their answers judged (the chain guard) and handed back. */
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -18,6 +19,7 @@
 #include "proto/util.h"
 #include "tracker/client/client_conn.h"
 #include "tracker/client/chain.h"
+#include "tracker/client/client.h"
 #include "tracker/wire/tls.h"
 
 #define PATH_MAX_LEN 2048
@@ -33,6 +35,9 @@ struct pending {
 	struct trk__creq cr; /* on the client's connections (client_conn.h) */
 	trk_client_cb cb;
 	void *arg;
+	/* Frees arg when the request goes unanswered (the client is freed
+	 * first); NULL: arg is the caller's. */
+	void (*arg_free)(void *arg);
 	enum evhttp_request_error error;
 	bool have_error;
 	/* The request is kept to send it again once: signed again if the
@@ -78,17 +83,6 @@ struct trk_client {
 	size_t nsessions;
 	TAILQ_HEAD(, pending) pending;
 	struct trk__cconns *cc; /* its connections to the tracker */
-	/* Registrations sent by layout digest, with their full bodies kept for
-	 * a tracker that does not hold that layout. */
-	TAILQ_HEAD(, reg_retry) regs;
-};
-
-struct reg_retry {
-	struct trk_client *c;
-	json_t *full; /* the body with the layout itself */
-	trk_client_cb cb;
-	void *arg;
-	TAILQ_ENTRY(reg_retry) link;
 };
 
 /* The session of node id, or NULL. */
@@ -147,7 +141,6 @@ int trk_client_new(struct event_base *base, const char *url,
 	if (c == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
 	TAILQ_INIT(&c->pending);
-	TAILQ_INIT(&c->regs);
 	c->timeout_ms = DEFAULT_TIMEOUT_MS;
 	c->parse_max = SIZE_MAX;
 	u = evhttp_uri_parse(url);
@@ -224,7 +217,6 @@ int trk_client_set_tls_ca(struct trk_client *c, const char *ca_file, struct prot
 void trk_client_free(struct trk_client *c)
 {
 	struct pending *p;
-	struct reg_retry *rr;
 
 	if (c == NULL)
 		return;
@@ -233,17 +225,14 @@ void trk_client_free(struct trk_client *c)
 		/* A queued request is freed here, a sent one with its
 		 * connection below; neither calls back. */
 		trk__cconns_cancel(c->cc, &p->cr);
+		if (p->arg_free != NULL)
+			p->arg_free(p->arg);
 		free(p->cr.uri);
 		free(p->path_query);
 		free(p->body);
 		free(p);
 	}
 	trk__cconns_free(c->cc);
-	while ((rr = TAILQ_FIRST(&c->regs)) != NULL) {
-		TAILQ_REMOVE(&c->regs, rr, link);
-		json_decref(rr->full);
-		free(rr);
-	}
 	if (c->own_base)
 		event_base_free(c->base);
 	trk__tls_ctx_free(c->tls);
@@ -298,13 +287,13 @@ static void pending_free(struct pending *p)
 static int start_request(struct trk_client *c, const char *method,
 			 const char *path_query, const char *ctype,
 			 const void *body, size_t len, uint32_t timeout_ms,
-			 trk_client_cb cb, void *arg, unsigned again);
+			 trk_client_cb cb, void *arg, void (*arg_free)(void *), unsigned again);
 
 /* Sends p's request once more (again: the reason); 0 when it went. */
 static int send_again(struct pending *p, unsigned again)
 {
 	return start_request(p->c, p->method, p->path_query, p->ctype, p->body, p->len,
-			     p->timeout_ms, p->cb, p->arg, p->again | again);
+			     p->timeout_ms, p->cb, p->arg, p->arg_free, p->again | again);
 }
 
 /* A request that failed before it was sent (client_conn.c). */
@@ -459,13 +448,13 @@ int trk_client_request(struct trk_client *c, const char *method,
 		       trk_client_cb cb, void *arg)
 {
 	return start_request(c, method, path_query, ctype, body, len,
-			     timeout_ms, cb, arg, 0);
+			     timeout_ms, cb, arg, NULL, 0);
 }
 
 static int start_request(struct trk_client *c, const char *method,
 			 const char *path_query, const char *ctype,
 			 const void *body, size_t len, uint32_t timeout_ms,
-			 trk_client_cb cb, void *arg, unsigned again)
+			 trk_client_cb cb, void *arg, void (*arg_free)(void *), unsigned again)
 {
 	bool post = strcmp(method, "POST") == 0, sign;
 	char uri[PATH_MAX_LEN + 64], auth[256], hostport[300];
@@ -500,6 +489,7 @@ static int start_request(struct trk_client *c, const char *method,
 	p->c = c;
 	p->cb = cb;
 	p->arg = arg;
+	p->arg_free = arg_free;
 	p->sign = sign;
 	p->again = again;
 	p->registers = post && strncmp(path_query, TRK_API "/nodes", strlen(TRK_API "/nodes")) == 0 &&
@@ -581,807 +571,27 @@ fail:
 	return -ENOMEM;
 }
 
-int trk_client_post_json(struct trk_client *c, const char *path, json_t *body,
-			 trk_client_cb cb, void *arg)
+int trk__client_post_owned(struct trk_client *c, const char *path, json_t *body,
+			   trk_client_cb cb, void *arg, void (*arg_free)(void *arg))
 {
 	char *txt = json_dumps(body, JSON_COMPACT);
 	int rc;
 
 	if (txt == NULL)
 		return -ENOMEM;
-	rc = trk_client_request(c, "POST", path, "application/json", txt,
-				strlen(txt), 0, cb, arg);
+	rc = start_request(c, "POST", path, "application/json", txt, strlen(txt), 0, cb, arg,
+			   arg_free, 0);
 	free(txt);
 	return rc;
 }
 
-/* Posts obj (a reference stolen). */
-static int post_new(struct trk_client *c, const char *path, json_t *obj,
-		    trk_client_cb cb, void *arg)
+int trk_client_post_json(struct trk_client *c, const char *path, json_t *body,
+			 trk_client_cb cb, void *arg)
 {
-	int rc;
-
-	if (obj == NULL)
-		return -ENOMEM;
-	rc = trk_client_post_json(c, path, obj, cb, arg);
-	json_decref(obj);
-	return rc;
+	return trk__client_post_owned(c, path, body, cb, arg, NULL);
 }
 
-static json_t *hexj(const uint8_t *b, size_t n)
+uint32_t trk__client_timeout(const struct trk_client *c)
 {
-	char *s = malloc(2 * n + 1);
-	json_t *j;
-
-	if (s == NULL)
-		return NULL;
-	sodium_bin2hex(s, 2 * n + 1, b, n);
-	j = json_string(s);
-	free(s);
-	return j;
-}
-
-static json_t *u64s(uint64_t v)
-{
-	char b[24];
-	snprintf(b, sizeof(b), "%llu", (unsigned long long)v);
-	return json_string(b);
-}
-
-static json_t *rank_addr(const struct trk_rank_addr *a)
-{
-	return json_pack("{s:I,s:s,s:s,s:s}", "rank", (json_int_t)a->rank, "host",
-			 a->host, "provider", a->provider, "fabric_addr",
-			 a->fabric_addr);
-}
-
-int trk_client_register_publisher(struct trk_client *c, json_t *model,
-				  json_t *layout,
-				  const struct trk_rank_addr *ranks,
-				  size_t nranks, trk_client_cb cb, void *arg)
-{
-	json_t *arr = json_array();
-
-	for (size_t i = 0; arr != NULL && i < nranks; i++)
-		if (json_array_append_new(arr, rank_addr(&ranks[i])) != 0) {
-			json_decref(arr);
-			arr = NULL;
-		}
-	if (arr == NULL)
-		return -ENOMEM;
-	return post_new(c, TRK_API "/publishers",
-			json_pack("{s:O,s:O,s:o}", "model", model, "layout", layout,
-				  "ranks", arr),
-			cb, arg);
-}
-
-/* A registration sent by digest came back: a tracker that holds no such
- * layout (restarted, or the layout's last rank went) gets it in full, once. */
-static void on_reg_answer(const struct trk_answer *a, void *arg)
-{
-	struct reg_retry *rr = arg;
-	struct trk_client *c = rr->c;
-	trk_client_cb cb = rr->cb;
-	void *cb_arg = rr->arg;
-	json_t *full = rr->full;
-	/* POST /nodes is answered 404 only for a layout_digest it does not
-	 * hold (API.md). */
-	bool resend = a->status == 404;
-
-	TAILQ_REMOVE(&c->regs, rr, link);
-	free(rr);
-	if (!resend || trk_client_post_json(c, TRK_API "/nodes", full, cb, cb_arg) != 0)
-		cb(a, cb_arg);
-	json_decref(full);
-}
-
-int trk_client_register_node(struct trk_client *c, const struct trk_node_reg *r,
-			     trk_client_cb cb, void *arg)
-{
-	json_t *o = json_pack("{s:s,s:I,s:s,s:s,s:s,s:o}", "replica", r->replica, "rank",
-			      (json_int_t)r->addr.rank, "host", r->addr.host, "provider",
-			      r->addr.provider, "fabric_addr", r->addr.fabric_addr,
-			      "model_digest", hexj(r->model_digest, PROTO_HASH_BYTES));
-	struct reg_retry *rr;
-	json_t *full;
-	int rc;
-
-	if (o != NULL && r->layout_name != NULL &&
-	    json_object_set_new(o, "layout_name", json_string(r->layout_name)) != 0) {
-		json_decref(o);
-		o = NULL;
-	}
-	if (o != NULL && r->statement_key != NULL &&
-	    json_object_set_new(o, "statement_key", hexj(r->statement_key, TRK_STMT_PK_BYTES)) != 0) {
-		json_decref(o);
-		o = NULL;
-	}
-	if (o == NULL)
-		return -ENOMEM;
-	if (r->layout_digest == NULL) {
-		if (json_object_set(o, "layout", r->layout) != 0) {
-			json_decref(o);
-			return -ENOMEM;
-		}
-		return post_new(c, TRK_API "/nodes", o, cb, arg);
-	}
-	if (json_object_set_new(o, "layout_digest", hexj(r->layout_digest, PROTO_HASH_BYTES)) != 0 ||
-	    (full = json_copy(o)) == NULL) {
-		json_decref(o);
-		return -ENOMEM;
-	}
-	rr = calloc(1, sizeof(*rr));
-	if (rr == NULL || json_object_set(full, "layout", r->layout) != 0) {
-		free(rr);
-		json_decref(full);
-		json_decref(o);
-		return -ENOMEM;
-	}
-	*rr = (struct reg_retry){.c = c, .full = full, .cb = cb, .arg = arg};
-	TAILQ_INSERT_TAIL(&c->regs, rr, link);
-	rc = post_new(c, TRK_API "/nodes", o, on_reg_answer, rr);
-	if (rc != 0) {
-		TAILQ_REMOVE(&c->regs, rr, link);
-		json_decref(full);
-		free(rr);
-	}
-	return rc;
-}
-
-int trk_client_heartbeat(struct trk_client *c, const char *id, trk_client_cb cb,
-			 void *arg)
-{
-	return post_new(c, TRK_API "/heartbeat", json_pack("{s:s}", "id", id), cb, arg);
-}
-
-static json_t *pins_json(const struct trk_pin_count *pins, size_t n)
-{
-	json_t *arr = json_array();
-
-	for (size_t i = 0; arr != NULL && i < PROTO_MIN(n, TRK_PIN_VERSIONS_MAX); i++)
-		if (json_array_append_new(arr, json_pack("{s:I,s:I,s:I}", "version",
-							 (json_int_t)pins[i].version, "pins",
-							 (json_int_t)pins[i].pins, "requests",
-							 (json_int_t)pins[i].requests)) != 0) {
-			json_decref(arr);
-			return NULL;
-		}
-	return arr;
-}
-
-int trk_client_heartbeat_pins(struct trk_client *c, const char *id,
-			      const struct trk_pin_count *pins, size_t n, trk_client_cb cb,
-			      void *arg)
-{
-	return post_new(c, TRK_API "/heartbeat",
-			json_pack("{s:s,s:o}", "id", id, "pins", pins_json(pins, n)), cb, arg);
-}
-
-int trk_client_heartbeat_host(struct trk_client *c, const struct trk_hb_node *nodes, size_t n,
-			      trk_client_cb cb, void *arg)
-{
-	json_t *o, *arr;
-
-	if (n == 0 || n > TRK_HOST_HEARTBEAT_MAX)
-		return -EINVAL;
-	arr = json_array();
-	for (size_t i = 0; arr != NULL && i < n; i++) {
-		const char *ses = session_of(c, nodes[i].id);
-		json_t *e = json_pack("{s:s,s:o}", "id", nodes[i].id, "pins",
-				      pins_json(nodes[i].pins, nodes[i].npins));
-		if (e != NULL && ses != NULL)
-			json_object_set_new(e, "session", json_string(ses));
-		if (e == NULL || json_array_append_new(arr, e) != 0) {
-			json_decref(arr);
-			arr = NULL;
-		}
-	}
-	o = arr != NULL ? json_pack("{s:o}", "nodes", arr) : NULL;
-	return post_new(c, TRK_API "/heartbeat", o, cb, arg);
-}
-
-int trk_client_publish(struct trk_client *c, const uint8_t *manifest, size_t len,
-		       trk_client_cb cb, void *arg)
-{
-	return trk_client_request(c, "POST", TRK_API "/versions",
-				  "application/octet-stream", manifest, len, 0, cb, arg);
-}
-
-int trk_client_post_addendum(struct trk_client *c, const uint8_t *addendum, size_t len,
-			     trk_client_cb cb, void *arg)
-{
-	return trk_client_request(c, "POST", TRK_API "/addenda", "application/octet-stream",
-				  addendum, len, 0, cb, arg);
-}
-
-/* GET TRK_API what?version=V&layout=HEX. */
-static int get_version_layout(struct trk_client *c, const char *what, uint64_t version,
-			      const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg)
-{
-	char path[200], hex[2 * PROTO_HASH_BYTES + 1];
-
-	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
-	snprintf(path, sizeof(path), TRK_API "%s?version=%llu&layout=%s", what,
-		 (unsigned long long)version, hex);
-	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
-}
-
-static int get_addendum(struct trk_client *c, uint64_t version, const uint8_t layout[PROTO_HASH_BYTES],
-			uint32_t wait_ms, bool copy, trk_client_cb cb, void *arg)
-{
-	char path[280], hex[2 * PROTO_HASH_BYTES + 1];
-
-	if (wait_ms == 0 && !copy)
-		return get_version_layout(c, "/addenda", version, layout, cb, arg);
-	wait_ms = wait_ms > TRK_WAIT_MAX_MS ? TRK_WAIT_MAX_MS : wait_ms;
-	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
-	snprintf(path, sizeof(path), TRK_API "/addenda?version=%llu&layout=%s&wait_ms=%u%s",
-		 (unsigned long long)version, hex, wait_ms, copy ? "&copy=1" : "");
-	/* A long-poll: on a connection of its own (its timeout says so). */
-	return trk_client_request(c, "GET", path, NULL, NULL, 0, c->timeout_ms + wait_ms, cb, arg);
-}
-
-int trk_client_get_addendum(struct trk_client *c, uint64_t version,
-			    const uint8_t layout[PROTO_HASH_BYTES], uint32_t wait_ms,
-			    trk_client_cb cb, void *arg)
-{
-	return get_addendum(c, version, layout, wait_ms, false, cb, arg);
-}
-
-int trk_client_get_copy(struct trk_client *c, uint64_t version,
-			const uint8_t layout[PROTO_HASH_BYTES], uint32_t wait_ms, trk_client_cb cb,
-			void *arg)
-{
-	return get_addendum(c, version, layout, wait_ms, true, cb, arg);
-}
-
-int trk_client_leave(struct trk_client *c, const char *id, trk_client_cb cb, void *arg)
-{
-	return post_new(c, TRK_API "/nodes/leave", json_pack("{s:s}", "id", id), cb, arg);
-}
-
-int trk_client_watch(struct trk_client *c, uint64_t after, uint32_t wait_ms,
-		     trk_client_cb cb, void *arg)
-{
-	char path[128];
-
-	wait_ms = wait_ms > TRK_WAIT_MAX_MS ? TRK_WAIT_MAX_MS : wait_ms;
-	snprintf(path, sizeof(path), TRK_API "/versions?after=%llu&wait_ms=%u",
-		 (unsigned long long)after, wait_ms);
-	return trk_client_request(c, "GET", path, NULL, NULL, 0,
-				  c->timeout_ms + wait_ms, cb, arg);
-}
-
-int trk_client_watch_layouts(struct trk_client *c, uint64_t after, uint64_t layouts_rev,
-			     uint32_t wait_ms, trk_client_cb cb, void *arg)
-{
-	char path[160];
-
-	wait_ms = wait_ms > TRK_WAIT_MAX_MS ? TRK_WAIT_MAX_MS : wait_ms;
-	snprintf(path, sizeof(path), TRK_API "/versions?after=%llu&wait_ms=%u&layouts_rev=%llu",
-		 (unsigned long long)after, wait_ms, (unsigned long long)layouts_rev);
-	return trk_client_request(c, "GET", path, NULL, NULL, 0, c->timeout_ms + wait_ms, cb, arg);
-}
-
-int trk_client_get_manifest(struct trk_client *c, uint64_t version,
-			    trk_client_cb cb, void *arg)
-{
-	char path[128];
-
-	snprintf(path, sizeof(path), TRK_API "/versions/%llu/manifest",
-		 (unsigned long long)version);
-	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
-}
-
-int trk_client_report_state(struct trk_client *c,
-			    const struct trk_state_report *r, trk_client_cb cb,
-			    void *arg)
-{
-	json_t *o = json_pack("{s:s,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I}", "id", r->id, "version",
-			      (json_int_t)r->version, "state", trk_state_name(r->state),
-			      "bytes_done", (json_int_t)r->bytes_done, "bytes_total",
-			      (json_int_t)r->bytes_total, "bytes_from_trainer",
-			      (json_int_t)r->bytes_from_trainer, "bytes_from_peers",
-			      (json_int_t)r->bytes_from_peers, "duplicate_bytes",
-			      (json_int_t)r->duplicate_bytes, "refetched_bytes",
-			      (json_int_t)r->refetched_bytes);
-
-	if (o != NULL && r->error != NULL &&
-	    json_object_set_new(o, "error", json_string(r->error)) != 0) {
-		json_decref(o);
-		o = NULL;
-	}
-	if (o != NULL && r->first_byte_ms != 0 &&
-	    (json_object_set_new(o, "first_byte_ms", json_integer((json_int_t)r->first_byte_ms)) != 0 ||
-	     json_object_set_new(o, "last_byte_ms", json_integer((json_int_t)r->last_byte_ms)) != 0)) {
-		json_decref(o);
-		o = NULL;
-	}
-	if (o != NULL && r->statement != NULL &&
-	    json_object_set_new(o, "statement", hexj(r->statement, TRK_STMT_SIG_BYTES)) != 0) {
-		json_decref(o);
-		o = NULL;
-	}
-	if (o != NULL && r->nbanned > 0) {
-		json_t *ban = json_array();
-		for (size_t i = 0; ban != NULL && i < r->nbanned; i++)
-			if (json_array_append_new(ban, json_string(r->banned[i])) != 0) {
-				json_decref(ban);
-				ban = NULL;
-			}
-		if (ban == NULL || json_object_set_new(o, "banned", ban) != 0) {
-			json_decref(o);
-			o = NULL;
-		}
-	}
-	if (o != NULL && ((r->how != NULL && json_object_set_new(o, "how", json_string(r->how)) != 0) ||
-			  (r->need_anchor && json_object_set_new(o, "need_anchor", json_true()) != 0) ||
-			  (r->seq != 0 && json_object_set_new(o, "seq", json_integer((json_int_t)r->seq)) != 0))) {
-		json_decref(o);
-		o = NULL;
-	}
-	return post_new(c, TRK_API "/nodes/state", o, cb, arg);
-}
-
-int trk_client_offer(struct trk_client *c, const char *id, uint64_t version,
-		     const struct trk_offer *parcels, size_t n, trk_client_cb cb,
-		     void *arg)
-{
-	return trk_client_offer_timed(c, id, version, 0, parcels, n, cb, arg);
-}
-
-int trk_client_offer_timed(struct trk_client *c, const char *id, uint64_t version,
-			   uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
-			   trk_client_cb cb, void *arg)
-{
-	return trk_client_offer_slot(c, id, version, snapshot_ms, parcels, n, NULL, cb, arg);
-}
-
-int trk_client_offer_slot(struct trk_client *c, const char *id, uint64_t version,
-			  uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
-			  const struct trk_offer *so, trk_client_cb cb, void *arg)
-{
-	json_t *arr = json_array(), *slot = NULL;
-
-	if (so != NULL &&
-	    (slot = json_pack("{s:o,s:o,s:I}", "addr", u64s(so->addr), "key", u64s(so->key), "len",
-			      (json_int_t)so->len)) == NULL) {
-		json_decref(arr);
-		return -ENOMEM;
-	}
-	if (slot != NULL && so->partial &&
-	    json_object_set_new(slot, "have", json_pack("{s:o,s:o}", "addr", u64s(so->have_addr),
-							  "key", u64s(so->have_key))) != 0) {
-		json_decref(slot);
-		json_decref(arr);
-		return -ENOMEM;
-	}
-	for (size_t i = 0; arr != NULL && i < n; i++) {
-		const struct trk_offer *o = &parcels[i];
-		if (json_array_append_new(
-			    arr, json_pack("{s:o,s:I,s:I,s:o,s:o,s:I}", "layout",
-					   hexj(o->layout, PROTO_HASH_BYTES), "src_rank",
-					   (json_int_t)o->src_rank, "dst_rank",
-					   (json_int_t)o->dst_rank, "addr", u64s(o->addr),
-					   "key", u64s(o->key), "len", (json_int_t)o->len)) != 0) {
-			json_decref(arr);
-			arr = NULL;
-		}
-	}
-	if (arr == NULL) {
-		json_decref(slot);
-		return -ENOMEM;
-	}
-	json_t *o = json_pack("{s:s,s:I,s:o}", "id", id, "version", (json_int_t)version, "parcels",
-			      arr);
-	if (o != NULL && slot != NULL && json_object_set(o, "slot", slot) != 0) {
-		json_decref(o);
-		o = NULL;
-	}
-	json_decref(slot);
-	if (o != NULL && snapshot_ms != 0 &&
-	    json_object_set_new(o, "snapshot_ms", json_integer((json_int_t)snapshot_ms)) != 0) {
-		json_decref(o);
-		o = NULL;
-	}
-	return post_new(c, TRK_API "/offers", o, cb, arg);
-}
-
-int trk_client_sources(struct trk_client *c, uint64_t version,
-		       const uint8_t layout[PROTO_HASH_BYTES], uint32_t src_rank,
-		       uint32_t dst_rank, trk_client_cb cb, void *arg)
-{
-	struct trk_parcel_key k = {.version = version, .src_rank = src_rank, .dst_rank = dst_rank};
-
-	memcpy(k.layout, layout, PROTO_HASH_BYTES);
-	return trk_client_sources_key(c, &k, cb, arg);
-}
-
-int trk_client_sources_key(struct trk_client *c, const struct trk_parcel_key *k, trk_client_cb cb,
-			   void *arg)
-{
-	char path[320], hex[2 * PROTO_HASH_BYTES + 1];
-
-	sodium_bin2hex(hex, sizeof(hex), k->layout, PROTO_HASH_BYTES);
-	snprintf(path, sizeof(path),
-		 TRK_API "/sources?version=%llu&layout=%s&src_rank=%u&dst_rank=%u%s%.*s",
-		 (unsigned long long)k->version, hex, k->src_rank, k->dst_rank,
-		 k->members_tag[0] ? "&members_tag=" : "", TRK_MEMBERS_TAG_HEX, k->members_tag);
-	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
-}
-
-static int sources_batch(struct trk_client *c, const struct trk_parcel_key *keys, size_t n,
-			 bool shared, trk_client_cb cb, void *arg)
-{
-	char hex[2 * PROTO_HASH_BYTES + 1];
-	json_t *arr;
-
-	if (n == 0 || n > TRK_SOURCES_BATCH_MAX)
-		return -EINVAL;
-	arr = json_array();
-	for (size_t i = 0; arr != NULL && i < n; i++) {
-		sodium_bin2hex(hex, sizeof(hex), keys[i].layout, PROTO_HASH_BYTES);
-		json_t *e = json_pack("{s:I,s:s,s:I,s:I}", "version", (json_int_t)keys[i].version,
-				      "layout", hex, "src_rank", (json_int_t)keys[i].src_rank,
-				      "dst_rank", (json_int_t)keys[i].dst_rank);
-		if (e != NULL && keys[i].members_tag[0] != 0 &&
-		    json_object_set_new(e, "members_tag", json_stringn(keys[i].members_tag,
-								       strnlen(keys[i].members_tag,
-									       TRK_MEMBERS_TAG_HEX))) != 0) {
-			json_decref(e);
-			e = NULL;
-		}
-		if (json_array_append_new(arr, e) != 0) {
-			json_decref(arr);
-			arr = NULL;
-		}
-	}
-	json_t *body = arr != NULL ? json_pack("{s:o}", "parcels", arr) : NULL;
-	if (body != NULL && shared && json_object_set_new(body, "shared_members", json_true()) != 0) {
-		json_decref(body);
-		body = NULL;
-	}
-	return post_new(c, TRK_API "/sources", body, cb, arg);
-}
-
-int trk_client_sources_batch(struct trk_client *c, const struct trk_parcel_key *keys, size_t n,
-			     trk_client_cb cb, void *arg)
-{
-	return sources_batch(c, keys, n, false, cb, arg);
-}
-
-int trk_client_sources_shared(struct trk_client *c, const struct trk_parcel_key *keys, size_t n,
-			      trk_client_cb cb, void *arg)
-{
-	return sources_batch(c, keys, n, true, cb, arg);
-}
-
-int trk_sources_expand(json_t *batch, const uint32_t *dst, size_t n)
-{
-	json_t *answers = json_object_get(batch, "answers"), *lists = json_object_get(batch, "replicas");
-	char id[TRK_ID_MAX];
-
-	for (size_t i = 0; i < n && i < json_array_size(answers); i++) {
-		json_t *one = json_array_get(answers, i), *names, *v, *m;
-		const char *of = json_string_value(json_object_get(one, "members_of"));
-		size_t k;
-		if (of == NULL)
-			continue;
-		if (!json_is_array(names = json_object_get(lists, of)))
-			return -EPROTO;
-		if ((m = json_array()) == NULL)
-			return -ENOMEM;
-		json_array_foreach(names, k, v) {
-			int w = json_is_string(v) ? snprintf(id, sizeof(id), "%s/%u",
-							     json_string_value(v), dst[i])
-						  : -1;
-			if (w < 0 || (size_t)w >= sizeof(id) ||
-			    json_array_append_new(m, json_string(id)) != 0) {
-				json_decref(m);
-				return w < 0 || (size_t)w >= sizeof(id) ? -EPROTO : -ENOMEM;
-			}
-		}
-		if (json_object_set_new(one, "members", m) != 0)
-			return -ENOMEM;
-		json_object_del(one, "members_of");
-	}
-	return 0;
-}
-
-int trk_client_holders(struct trk_client *c, uint64_t version,
-		       const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg)
-{
-	return get_version_layout(c, "/holders", version, layout, cb, arg);
-}
-
-int trk_client_layouts(struct trk_client *c, trk_client_cb cb, void *arg)
-{
-	return trk_client_request(c, "GET", TRK_API "/layouts", NULL, NULL, 0, 0, cb, arg);
-}
-
-int trk_client_replica(struct trk_client *c, const char *replica, trk_client_cb cb,
-		       void *arg)
-{
-	char path[256];
-	int n = snprintf(path, sizeof(path), TRK_API "/replicas/%s", replica);
-
-	if (n < 0 || (size_t)n >= sizeof(path) || strpbrk(replica, "/?#%") != NULL)
-		return -EINVAL;
-	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
-}
-
-int trk_client_status(struct trk_client *c, trk_client_cb cb, void *arg)
-{
-	return trk_client_request(c, "GET", TRK_API "/status", NULL, NULL, 0, 0, cb, arg);
-}
-
-/* ---- answer parsers ------------------------------------------------------------- */
-
-static int jstr(json_t *o, const char *key, char *out, size_t cap,
-		struct proto_err *err)
-{
-	const char *s = json_string_value(json_object_get(o, key));
-
-	if (s == NULL || strlen(s) >= cap)
-		return proto_errf(err, EINVAL, "%s: missing or too long", key);
-	memcpy(out, s, strlen(s) + 1);
-	return 0;
-}
-
-static int ju64(json_t *o, const char *key, uint64_t *out, struct proto_err *err)
-{
-	json_t *v = json_object_get(o, key);
-
-	if (!json_is_integer(v) || json_integer_value(v) < 0)
-		return proto_errf(err, EINVAL, "%s: not a non-negative integer", key);
-	*out = (uint64_t)json_integer_value(v);
-	return 0;
-}
-
-static int ju64s(json_t *o, const char *key, uint64_t *out, struct proto_err *err)
-{
-	const char *s = json_string_value(json_object_get(o, key));
-
-	if (s == NULL || proto_parse_u64(s, 0, UINT64_MAX, out) != 0)
-		return proto_errf(err, EINVAL, "%s: not a decimal string", key);
-	return 0;
-}
-
-int trk_versions_now(json_t *answer, uint64_t *now_ms, struct proto_err *err)
-{
-	*now_ms = 0;
-	if (json_object_get(answer, "now_ms") == NULL)
-		return 0;
-	return ju64(answer, "now_ms", now_ms, err);
-}
-
-void trk_sources_free(struct trk_source *s, size_t n)
-{
-	for (size_t i = 0; s != NULL && i < n; i++)
-		free(s[i].fabric_addr);
-	free(s);
-}
-
-int trk_sources_parse(json_t *answer, struct trk_source **out, size_t *n,
-		      struct proto_err *err)
-{
-	json_t *arr = json_object_get(answer, "sources"), *e;
-	struct trk_source *s;
-	size_t i, cnt;
-	int rc = 0;
-
-	*out = NULL;
-	*n = 0;
-	if (!json_is_array(arr))
-		return proto_errf(err, EINVAL, "sources: missing");
-	cnt = json_array_size(arr);
-	s = calloc(cnt ? cnt : 1, sizeof(*s));
-	if (s == NULL)
-		return proto_errf(err, ENOMEM, "out of memory");
-	json_array_foreach(arr, i, e) {
-		struct trk_source *x = &s[i];
-		const char *kind = json_string_value(json_object_get(e, "kind"));
-		const char *hex = json_string_value(json_object_get(e, "fabric_addr"));
-		size_t hl = hex ? strlen(hex) : 0;
-		if (kind == NULL || (strcmp(kind, "peer") != 0 &&
-				     strcmp(kind, "publisher") != 0)) {
-			rc = proto_errf(err, EINVAL, "sources[%zu].kind: bad", i);
-			goto fail;
-		}
-		x->peer = strcmp(kind, "peer") == 0;
-		if ((rc = jstr(e, "id", x->id, sizeof(x->id), err)) != 0 ||
-		    (rc = jstr(e, "host", x->host, sizeof(x->host), err)) != 0 ||
-		    (rc = jstr(e, "provider", x->provider, sizeof(x->provider), err)) != 0 ||
-		    (rc = ju64s(e, "addr", &x->addr, err)) != 0 ||
-		    (rc = ju64s(e, "key", &x->key, err)) != 0 ||
-		    (rc = ju64(e, "len", &x->len, err)) != 0)
-			goto fail;
-		json_t *hv = json_object_get(e, "have");
-		if (hv != NULL && (!json_is_object(hv) || ju64s(hv, "addr", &x->have_addr, err) != 0 ||
-				   ju64s(hv, "key", &x->have_key, err) != 0)) {
-			rc = proto_errf(err, EINVAL, "sources[%zu].have: bad", i);
-			goto fail;
-		}
-		x->partial = hv != NULL;
-		if (hl == 0 || hl % 2 != 0 ||
-		    (x->fabric_addr = malloc(hl / 2)) == NULL ||
-		    sodium_hex2bin(x->fabric_addr, hl / 2, hex, hl, NULL,
-				   &x->fabric_addr_len, NULL) != 0 ||
-		    x->fabric_addr_len != hl / 2) {
-			rc = proto_errf(err, EINVAL, "sources[%zu].fabric_addr: bad hex", i);
-			goto fail;
-		}
-	}
-	*out = s;
-	*n = cnt;
-	return 0;
-fail:
-	trk_sources_free(s, cnt);
-	return rc;
-}
-
-/* retain_layouts: absent (an older tracker) or too many to list means keep
- * every layout; anything but an array of layout digests is an error. */
-static int parse_retain_layouts(json_t *e, size_t i, struct trk_version_info *v,
-				struct proto_err *err)
-{
-	json_t *a = json_object_get(e, "retain_layouts"), *d;
-	size_t k;
-
-	v->all_layouts = a == NULL || json_array_size(a) > TRK_RETAIN_LAYOUTS_MAX;
-	if (a == NULL)
-		return 0;
-	if (!json_is_array(a))
-		return proto_errf(err, EINVAL, "versions[%zu].retain_layouts: not an array", i);
-	json_array_foreach(a, k, d) {
-		uint8_t tmp[PROTO_HASH_BYTES];
-		if (proto_parse_hex(json_string_value(d), tmp, PROTO_HASH_BYTES) != 0)
-			return proto_errf(err, EINVAL, "versions[%zu].retain_layouts[%zu]: bad digest",
-					  i, k);
-		if (!v->all_layouts)
-			memcpy(v->layouts[v->nlayouts++], tmp, PROTO_HASH_BYTES);
-	}
-	return 0;
-}
-
-/* uncovered_layouts (the latest version's only; digests) and addenda
- * (objects with layout_digest): absent means none; past
- * TRK_RETAIN_LAYOUTS_MAX the first ones are kept. */
-static int parse_layout_list(json_t *e, size_t i, const char *key, const char *field,
-			     uint8_t (*out)[PROTO_HASH_BYTES], uint32_t *n,
-			     struct proto_err *err)
-{
-	json_t *a = json_object_get(e, key), *d;
-	size_t k;
-
-	if (a == NULL)
-		return 0;
-	if (!json_is_array(a))
-		return proto_errf(err, EINVAL, "versions[%zu].%s: not an array", i, key);
-	json_array_foreach(a, k, d) {
-		if (*n == TRK_RETAIN_LAYOUTS_MAX)
-			break;
-		if (field != NULL && json_is_true(json_object_get(d, "copy")))
-			continue; /* a raw copy of a listed layout adds none */
-		if (field != NULL)
-			d = json_object_get(d, field);
-		if (proto_parse_hex(json_string_value(d), out[*n], PROTO_HASH_BYTES) != 0)
-			return proto_errf(err, EINVAL, "versions[%zu].%s[%zu]: bad digest", i, key,
-					  k);
-		(*n)++;
-	}
-	return 0;
-}
-
-int trk_versions_parse(json_t *answer, uint64_t *latest,
-		       struct trk_version_info **out, size_t *n,
-		       struct proto_err *err)
-{
-	json_t *arr = json_object_get(answer, "versions"), *e;
-	struct trk_version_info *v;
-	size_t i, cnt;
-	int rc;
-
-	*out = NULL;
-	*n = 0;
-	if ((rc = ju64(answer, "latest", latest, err)) != 0)
-		return rc;
-	if (!json_is_array(arr))
-		return proto_errf(err, EINVAL, "versions: missing");
-	cnt = json_array_size(arr);
-	v = calloc(cnt ? cnt : 1, sizeof(*v));
-	if (v == NULL)
-		return proto_errf(err, ENOMEM, "out of memory");
-	json_array_foreach(arr, i, e) {
-		const char *kind = json_string_value(json_object_get(e, "kind"));
-		const char *d = json_string_value(json_object_get(e, "digest"));
-		if ((rc = ju64(e, "version", &v[i].version, err)) != 0 ||
-		    (rc = ju64(e, "parent", &v[i].parent, err)) != 0 ||
-		    (rc = ju64(e, "wire_bytes", &v[i].wire_bytes, err)) != 0 ||
-		    (rc = ju64(e, "created_ms", &v[i].created_ms, err)) != 0 ||
-		    (rc = ju64(e, "published_ms", &v[i].published_ms, err)) != 0)
-			goto fail;
-		if (kind == NULL || (strcmp(kind, "anchor") != 0 && strcmp(kind, "delta") != 0)) {
-			rc = proto_errf(err, EINVAL, "versions[%zu].kind: bad", i);
-			goto fail;
-		}
-		v[i].kind = strcmp(kind, "delta") == 0 ? PROTO_KIND_DELTA : PROTO_KIND_ANCHOR;
-		if (proto_parse_hex(d, v[i].digest, PROTO_HASH_BYTES) != 0) {
-			rc = proto_errf(err, EINVAL, "versions[%zu].digest: bad", i);
-			goto fail;
-		}
-		v[i].retain = json_is_true(json_object_get(e, "retain"));
-		v[i].chain = json_is_true(json_object_get(e, "chain"));
-		v[i].dropped = json_is_true(json_object_get(e, "dropped"));
-		if ((rc = parse_retain_layouts(e, i, &v[i], err)) != 0 ||
-		    (rc = parse_layout_list(e, i, "uncovered_layouts", NULL, v[i].uncovered,
-					       &v[i].nuncovered, err)) != 0 ||
-		    (rc = parse_layout_list(e, i, "addenda", "layout_digest", v[i].added,
-					       &v[i].nadded, err)) != 0 ||
-		    (rc = parse_layout_list(e, i, "copy_wanted", NULL, v[i].copy_wanted,
-					       &v[i].ncopy_wanted, err)) != 0)
-			goto fail;
-	}
-	*out = v;
-	*n = cnt;
-	return 0;
-fail:
-	free(v);
-	return rc;
-}
-
-/* ---- blocking use ---------------------------------------------------------------- */
-
-void trk_reply_init(struct trk_reply *r)
-{
-	memset(r, 0, sizeof(*r));
-}
-
-void trk_reply_fini(struct trk_reply *r)
-{
-	json_decref(r->json);
-	free(r->body);
-	memset(r, 0, sizeof(*r));
-}
-
-void trk_reply_cb(const struct trk_answer *a, void *arg)
-{
-	struct trk_reply *r = arg;
-
-	r->done = true;
-	r->status = a->status;
-	r->json = json_incref(a->json);
-	r->body = malloc(a->len + 1);
-	if (r->body != NULL) {
-		memcpy(r->body, a->body, a->len);
-		r->body[a->len] = 0;
-		r->len = a->len;
-	}
-	snprintf(r->error, sizeof(r->error), "%s", a->error ? a->error : "");
-}
-
-void trk_client_wait(struct trk_client *c, struct trk_reply *r)
-{
-	while (!r->done)
-		if (event_base_loop(c->base, EVLOOP_ONCE) != 0)
-			break;
-}
-
-int trk_client_call(struct trk_client *c, const char *method,
-		    const char *path_query, const char *ctype, const void *body,
-		    size_t len, struct trk_reply *r)
-{
-	int rc;
-
-	trk_reply_init(r);
-	rc = trk_client_request(c, method, path_query, ctype, body, len, 0,
-				trk_reply_cb, r);
-	if (rc != 0) {
-		snprintf(r->error, sizeof(r->error), "request not sent: %s", strerror(-rc));
-		return rc;
-	}
-	trk_client_wait(c, r);
-	if (!r->done)
-		return -EIO;
-	return r->status < 0 ? r->status : 0;
+	return c->timeout_ms;
 }
