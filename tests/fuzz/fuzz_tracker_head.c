@@ -1,4 +1,4 @@
-/* libFuzzer target: the tracker's request-head parser (tracker/head.c), fed
+/* libFuzzer target: the tracker's request-head parser (tracker/server/head.c), fed
  * raw bytes as a connection would deliver them, a byte at a time. */
 #include <stdint.h>
 #include <stdlib.h>

@@ -58,7 +58,7 @@ struct pending {
 struct trk_client {
 	struct event_base *base;
 	bool own_base;
-	struct ssl_ctx_st *tls; /* https:// URLs: verifies the tracker (tls.c) */
+	struct ssl_ctx_st *tls; /* https:// URLs: verifies the tracker (wire/tls.c) */
 	char host[256];
 	int port;
 	char prefix[256]; /* path prefix of the base URL, without a trailing / */

@@ -1,5 +1,4 @@
-/*
- * The connections of one tracker client (tracker/client_conn.c).
+/* The connections of one tracker client (client_conn.c).
  *
  * A client keeps its connection to the tracker open (HTTP/1.1 keep-alive)
  * instead of opening one per request: the tracker's cost per request was

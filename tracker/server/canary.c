@@ -1,5 +1,4 @@
-/*
- * Canary scores (proto/canary.h): the expected score of every rank of every
+/* Canary scores (proto/canary.h): the expected score of every rank of every
  * layout of a version, as the leading publisher computed it from its export,
  * and the live score a probe read through each rank's served memory. The
  * status shows per rank and per replica whether they match.

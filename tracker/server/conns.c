@@ -47,14 +47,11 @@
 
 #define SWEEP_MS 100
 #define SWEEP_SLICES 10          /* a sweep visits this share of the connections,
-				  * so each is looked at every second: walking
-				  * ten thousand every 100 ms cost more than
-				  * the requests on them */
+				  * so each is looked at every second (tracker/NOTES.md) */
 #define SWEEP_MIN 64             /* visited per sweep at least */
 #define HEAD_CAP (20u << 10)    /* request line and headers copied, bytes */
-#define HEAD_FIRST 1024u         /* first size of a head's copy, doubled as needed:
-				  * a 20 KiB block per request made malloc
-				  * consolidate its free lists every time */
+#define HEAD_FIRST 1024u         /* first size of a head's copy, doubled as needed
+				  * (not HEAD_CAP at once: tracker/NOTES.md) */
 #define REFUSED_LINGER_MS 5000   /* time a refused client gets to finish
 				  * sending (thrown away) and read */
 #define ACCEPT_PAUSE_MS 100      /* listener pause after accept() fails */
@@ -162,9 +159,8 @@ static void conn_index(struct trk_conns *g, struct trk_conn *c)
 	g->by_fd[fd] = c;
 	c->fd = fd;
 	/* Answers go out as written: libevent writes at most 16 KiB at a
-	 * time, and with Nagle the rest of a larger answer waited for the
-	 * client's delayed ACK (40 ms: the status page took 45 ms for 1 ms of
-	 * work). */
+	 * time, and with Nagle the rest of a larger answer waits for the
+	 * client's delayed ACK (tracker/NOTES.md). */
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }

@@ -1,5 +1,4 @@
-/*
- * The tracker server's internals, shared by the files of tracker/server/:
+/* The tracker server's internals, shared by the files of tracker/server/:
  * the server and one request being handled, the HTTP plumbing under the
  * endpoints, the JSON views and the endpoints themselves. The state they
  * read and change is in state.h; tracker/README.md says which file does

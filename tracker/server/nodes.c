@@ -351,7 +351,7 @@ void trk__handle_node_state(struct trk_call *c)
 		return;
 	}
 	/* A rank that registered a statement key backs every claim that it
-	 * holds a version with its signature (statement.c). */
+	 * holds a version with its signature (wire/statement.c). */
 	if (st == TRK_STATE_VERIFIED || st == TRK_STATE_ACTIVE) {
 		if (n->has_stmt_key && !have_sig) {
 			trk__fail(c, 400, "statement: missing (node %s registered a "

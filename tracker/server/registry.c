@@ -216,10 +216,8 @@ void trk__registry_sweep(struct trk_registry *r)
 	due = now + trk__registry_sweep_period_ns(r);
 	/* Every replica's target once a period (what moves with time alone,
 	 * the ranks' disagreement, is judged against TESSERA_DISAGREE_MS,
-	 * seconds); between,
-	 * only those of replicas this sweep changed: at 1 000 replicas
-	 * looking at all of them 16 times a second cost more than ending the
-	 * leases. */
+	 * seconds); between, only those of replicas this sweep changed
+	 * (tracker/NOTES.md, "Sweeps"). */
 	bool targets = now >= r->targets_due_ns;
 	if (targets)
 		r->targets_due_ns = due;
@@ -270,12 +268,12 @@ void trk__registry_sweep(struct trk_registry *r)
 			trk__replica_update_target(r->s, rep);
 		rp = &rep->next;
 	}
-	/* Heartbeats extend leases without moving the due time, so with
-	 * thousands of nodes the earliest lease end seen is always a few ms
-	 * away: walking at every one of them made each request O(nodes). A
-	 * lease end is noticed within a 32nd of a lease (lease/4 at most
-	 * 500 ms, over 8) instead. Changes marked by trk__registry_changed
-	 * still sweep at the next request. */
+	/* Heartbeats extend leases without moving the due time, so the
+	 * earliest lease end seen is always near with many nodes; sweeping at
+	 * each would make every request O(nodes). A lease end is noticed
+	 * within a 32nd of a lease (lease/4 at most 500 ms, over 8) instead.
+	 * Changes marked by trk__registry_changed still sweep at the next
+	 * request. */
 	r->sweep_due_ns = PROTO_MAX(due, now + trk__registry_sweep_period_ns(r) / 8);
 }
 

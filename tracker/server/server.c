@@ -113,7 +113,7 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 		return rc;
 	/* Three priorities, before any event of ours: everything at the
 	 * middle one (libevent's default for new events), held watches'
-	 * connections and their wake-ups below it (conns.c, versions.c). */
+	 * connections and their wake-ups below it (conns.c, watches.c). */
 	if (event_base_get_npriorities(base) == 1)
 		event_base_priority_init(base, 3);
 	s = calloc(1, sizeof(*s));

@@ -8,20 +8,19 @@
 
 /*
  * After a version lands, every node asks for the sources of its parcel
- * within about a second: with 1 000 replicas of a layout, each answer lists
- * 1 000 members (and as many peers once they offer), and building it with
- * jansson for every one of 10 000 queries was most of the tracker's work.
- * An entry keeps, per parcel (version, layout, src rank, dst rank), the
- * rendered members array and each source's rendered object, stamped with
- * the registry's swarm generation (bumped by every registration, node gone,
- * offer and publisher change: trk__registry_swarm_changed). A query whose
- * entry is current costs a shuffle of the peers and one copy: peers still
- * come in a fresh random order for every query, as before.
+ * within about a second, and building each answer with jansson was most of
+ * the tracker's work at scale (tracker/NOTES.md). An entry keeps, per
+ * parcel (version, layout, src rank, dst rank), the rendered members array
+ * and each source's rendered object, stamped with the registry's swarm
+ * generation (bumped by every registration, node gone, offer and publisher
+ * change: trk__registry_swarm_changed). A query whose entry is current
+ * costs a shuffle of the peers and one copy: peers still come in a fresh
+ * random order for every query.
  *
- * The members array is most of an answer (1 000 ids: about 11 KB), the
- * same for every rank of the swarm and mostly the same from one version
- * to the next. It carries a tag (a short hash of its text); a query that
- * names the tag it holds gets "members_same":true instead of the array.
+ * The members array is most of an answer, the same for every rank of the
+ * swarm and mostly the same from one version to the next. It carries a tag
+ * (a short hash of its text); a query that names the tag it holds gets
+ * "members_same":true instead of the array.
  *
  * A host's ranks ask together (POST /sources) for parcels of different
  * swarms: rank d of every replica is "<replica>/d", so their lists differ
@@ -35,8 +34,7 @@
  * not with a new version or an offer, which change the sources: the
  * members lists are kept apart too (struct trk_srcmembers), and an entry
  * rebuilt for a new version or after an offer copies them instead of
- * rendering 1 000 ids (about half a millisecond per parcel, ten parcels
- * in a host's first query after every version and every offer).
+ * rendering them again.
  */
 
 #define ENTRIES 32

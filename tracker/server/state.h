@@ -1,5 +1,4 @@
-/*
- * The tracker's state, apart from HTTP (tracker.h tells the model): the
+/* The tracker's state, apart from HTTP (tracker.h tells the model): the
  * durable version log and its addenda, the soft registry of publishers and
  * node ranks, and what derives from them: replicas whole, complete and
  * active, their targets, offers, timelines, canary scores. The endpoints

@@ -9,8 +9,7 @@
 #define STATUS_REPLICAS 100 /* replicas a status shows unless asked for more */
 #define STATUS_REPLICAS_MAX 100000
 #define STATUS_RANKS 200    /* rank rows a status shows unless asked for a count of
-			     * replicas: a page of 100 ten-rank replicas took the
-			     * tracker longer to make than a person to scroll */
+			     * replicas (tracker/NOTES.md) */
 
 json_t *trk__status_json(struct trk_server *s, struct trk_status_page *pg)
 {

@@ -32,7 +32,7 @@ struct waiter {
 struct trk_watches {
 	struct trk_server *s;
 	/* Nodes' watches; publishers' watches and addendum waits (few: a
-	 * replica coming alive walks only these, not 10 000 node watches). */
+	 * replica coming alive walks only these, not every node's watch). */
 	struct waiter_list waiters, special;
 	/* Watches a version answers, answered WAKE_SLICE per turn of the loop
 	 * at the low priority (wake_slice), and the answers built for them
@@ -176,9 +176,9 @@ static const char *memo_text(struct trk_watches *ws, uint64_t after, size_t *len
 }
 
 /* Answers up to WAKE_SLICE due watches, and comes back for the rest after
- * the loop served what else was waiting: at 1 000 nodes, answering every
- * watch in one callback held every heartbeat and sources query behind it
- * for several ms. */
+ * the loop served what else was waiting: answered all in one callback, a
+ * version's watches held every heartbeat and sources query behind them
+ * (tracker/NOTES.md). */
 static void wake_slice(evutil_socket_t fd, short what, void *arg)
 {
 	struct trk_watches *ws = arg;
