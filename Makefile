@@ -4,8 +4,8 @@
 # validates deploy/ (systemd units, Kubernetes manifests, Containerfile, Slurm),
 # `make check-page` looks at the status page in headless Chromium.
 #
-# Layout: every directory's non-entry .c files form one static library
-# (proto <- fabric <- tracker/node); files named main_*.c are programs.
+# Layout: every library folder's non-entry .c files form one static library
+# (proto <- fabric <- tracker/* <- node/*); files named main_*.c are programs.
 # BUILD=dir lets several builds live side by side; T=name runs one test.
 
 BUILD    ?= build
@@ -63,7 +63,8 @@ NVCCFLAGS ?= -O2 -std=c++17 -I. -Xcompiler -Wall,-Wextra,-Werror \
 # before it that LAYERS_<name> lists (tests/check-layers.sh checks every
 # build, so a call against the layering fails it).
 NODE_DIRS := base store serve fetch swarm rebuild agent publisher host cli
-LIBDIRS  := proto fabric tracker $(addprefix node/,$(NODE_DIRS))
+TRACKER_DIRS := wire client server
+LIBDIRS  := proto fabric $(addprefix tracker/,$(TRACKER_DIRS)) $(addprefix node/,$(NODE_DIRS))
 lib_name  = lib$(subst /,_,$(1)).a
 lib_srcs  = $(filter-out $(1)/main_%.c,$(wildcard $(1)/*.c))
 MAINS    := $(wildcard */main_*.c */*/main_*.c)
@@ -80,20 +81,26 @@ FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 # build error (tests/check-layers.sh reads the built archives).
 LAYERS_proto          :=
 LAYERS_fabric         := proto
-LAYERS_tracker        := proto
+# The tracker's client (what nodes and publishers link) and its server
+# share only tracker/wire; neither calls the other.
+LAYERS_tracker/wire   := proto
+LAYERS_tracker/client := tracker/wire proto
+LAYERS_tracker/server := tracker/wire proto
+TRACKER_CLIENT        := tracker/client tracker/wire
 LAYERS_node/base      := fabric proto
 LAYERS_node/store     := proto
-LAYERS_node/serve     := node/store tracker fabric proto
-LAYERS_node/fetch     := node/serve node/store node/base tracker fabric proto
-LAYERS_node/swarm     := node/fetch node/serve node/store node/base tracker fabric proto
+LAYERS_node/serve     := node/store $(TRACKER_CLIENT) fabric proto
+LAYERS_node/fetch     := node/serve node/store node/base $(TRACKER_CLIENT) fabric proto
+LAYERS_node/swarm     := node/fetch node/serve node/store node/base $(TRACKER_CLIENT) fabric proto
 LAYERS_node/rebuild   := node/fetch node/serve node/store node/base proto
 LAYERS_node/agent     := node/swarm node/rebuild node/fetch node/serve node/store node/base \
-                         tracker fabric proto
-LAYERS_node/publisher := node/serve node/base tracker fabric proto
-LAYERS_node/host      := node/agent node/base tracker fabric proto
-LAYERS_node/cli       := node/publisher node/serve node/base tracker proto
+                         $(TRACKER_CLIENT) fabric proto
+LAYERS_node/publisher := node/serve node/base $(TRACKER_CLIENT) fabric proto
+LAYERS_node/host      := node/agent node/base $(TRACKER_CLIENT) fabric proto
+LAYERS_node/cli       := node/publisher node/serve node/base $(TRACKER_CLIENT) proto
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
-LINK_ORDER := $(addprefix node/,$(call reverse,$(NODE_DIRS))) tracker fabric proto
+LINK_ORDER := $(addprefix node/,$(call reverse,$(NODE_DIRS))) \
+              $(addprefix tracker/,$(call reverse,$(TRACKER_DIRS))) fabric proto
 
 # ---- object rules for the two flavours: rel (optimised) and asan ----------
 define flavour
@@ -243,9 +250,10 @@ FUZZ_FLAGS := -std=gnu11 -g -O1 -pthread -D_GNU_SOURCE -I. $(PKG_CFLAGS) \
 FUZZ_SECONDS ?= 60
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
 # fuzz_tracker_* targets link the tracker's sources too.
-$(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(wildcard proto/*.c proto/*.h tracker/*.c tracker/*.h)
+TRACKER_SRCS := $(foreach d,$(TRACKER_DIRS),$(call lib_srcs,tracker/$(d)))
+$(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(wildcard proto/*.c proto/*.h tracker/*.h tracker/*/*.c tracker/*/*.h)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(if $(filter fuzz_tracker_%,$*),$(call lib_srcs,tracker)) \
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(if $(filter fuzz_tracker_%,$*),$(TRACKER_SRCS)) \
 		$(call lib_srcs,proto) $(PKG_LIBS) -lm -o $@
 
 # The CUDA store's checks and benchmark (tests/gpu/): one binary linking only

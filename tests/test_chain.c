@@ -1,4 +1,4 @@
-/* The client's chain guard (tracker/chain.c): only the canonical header is
+/* The client's chain guard (tracker/client/chain.c): only the canonical header is
  * accepted; a tracker process may answer out of order, another one may not
  * go back or change the cluster id; a malformed header (a sign, a leading
  * zero, an overflowing version) changes nothing remembered. */
@@ -10,7 +10,7 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "tracker/internal.h"
+#include "tracker/client/chain.h"
 
 #define CL "0123456789abcdef0123456789abcdef"
 #define I1 "00112233aabbccdd"

@@ -1,4 +1,4 @@
-/* Ranks' statements (tracker/statement.c): a statement verifies only for the
+/* Ranks' statements (tracker/wire/statement.c): a statement verifies only for the
  * rank, replica, version and manifest digest it was signed for, under the
  * key that signed it; the check of a tracker's statements refuses a missing,
  * doubled, malformed or forged one for any other rank. */

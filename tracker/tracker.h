@@ -1,7 +1,7 @@
-/*
- * tracker: the versioned registry of a tessera cluster, and the client that
+/* tracker: the versioned registry of a tessera cluster, and the client that
  * node agents and publishers use to talk to it. This is the one header other
- * directories include; the HTTP API itself is written down in tracker/API.md.
+ * directories include; the HTTP API itself is written down in tracker/API.md,
+ * and tracker/README.md says where the code of each part lives.
  *
  * Model. The tracker holds two kinds of state, on one libevent thread:
  *  - durable: the version log. Every accepted version is an immutable signed
@@ -16,7 +16,7 @@
  * at v when every one of its ranks is alive and holds v verified or active;
  * its active version is the one all its ranks report active (each change is
  * an activation, logged); its target is the one version all its ranks work
- * toward (tracker/target.c, the rule in API.md); a version is retained while
+ * toward (tracker/server/target.c, the rule in API.md); a version is retained while
  * it is the latest or the target of a live replica.
  *
  * Mutating calls (POST) are signed with the cluster key: the header
@@ -79,7 +79,7 @@ struct trk_server_opts {
  * on base (the caller runs the loop). Options are copied. On failure *out is
  * NULL, nothing is left bound and err says why. A base with one priority
  * (libevent's default) gets three: held watches' connections are served at
- * the lowest (conns.c), every other event at the middle one; so base should
+ * the lowest (server/conns.c), every other event at the middle one; so base should
  * be new, or its events should not care.
  */
 int trk_server_new(struct event_base *base, const struct trk_server_opts *o,

@@ -49,13 +49,17 @@ static void on_request(struct evhttp_request *req, void *arg)
 		evbuffer_add_printf(b, "only GET\n");
 		reply(req, 405, "Method Not Allowed", "text/plain", b);
 	} else if (plen == 8 && strncmp(uri, "/metrics", plen) == 0) {
-		if (proto_metrics_render(s->m, b) != 0) {
+		size_t len;
+		char *text = proto_metrics_render(s->m, &len);
+
+		if (text == NULL || evbuffer_add(b, text, len) != 0) {
 			evbuffer_drain(b, evbuffer_get_length(b));
 			evbuffer_add_printf(b, "out of memory\n");
 			reply(req, 500, "Internal Server Error", "text/plain", b);
 		} else {
 			reply(req, 200, "OK", "text/plain; version=0.0.4", b);
 		}
+		free(text);
 	} else if (plen == 8 && strncmp(uri, "/healthz", plen) == 0) {
 		if (proto_metrics_healthy(s->m, &why)) {
 			evbuffer_add_printf(b, "ok\n");

@@ -32,7 +32,7 @@
 #include "proto/util.h"
 
 /* Ranks one process serves at most: the tracker client remembers 64 node
- * sessions (tracker/client.c), and a host holds far fewer GPUs. */
+ * sessions (tracker/client/client.c), and a host holds far fewer GPUs. */
 #define NODE_HOST_RANKS_MAX 64
 
 /* One rank to serve. layout NULL: the process's --layout. */

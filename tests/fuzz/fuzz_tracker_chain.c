@@ -1,4 +1,4 @@
-/* libFuzzer target: the client's chain guard (tracker/chain.c) on the
+/* libFuzzer target: the client's chain guard (tracker/client/chain.c) on the
  * X-Tessera-Chain headers a hostile or broken tracker could send: up to 16
  * headers, one per line, judged in turn against the chain seen. An
  * accepted header is exactly the canonical form of what it parsed to; the
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tracker/internal.h"
+#include "tracker/client/chain.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

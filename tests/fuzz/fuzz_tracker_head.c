@@ -1,10 +1,10 @@
-/* libFuzzer target: the tracker's request-head parser (tracker/head.c), fed
+/* libFuzzer target: the tracker's request-head parser (tracker/server/head.c), fed
  * raw bytes as a connection would deliver them, a byte at a time. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -30,7 +30,7 @@
 
 #include "proto/log.h"
 #include "proto/proto.h"
-#include "tracker/internal.h"
+#include "tracker/server/internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,0 +1,597 @@
+/* The tracker client: requests signed and sent on an event_base, sent
+ * again once when the tracker's epoch or the kept-open connection calls
+ * for it, and their answers judged (the chain guard) and handed back. */
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+#include <time.h>
+
+#include "proto/log.h"
+#include "proto/params.h"
+#include "proto/util.h"
+#include "tracker/client/client_conn.h"
+#include "tracker/client/chain.h"
+#include "tracker/client/client.h"
+#include "tracker/wire/tls.h"
+
+#define PATH_MAX_LEN 2048
+#define DEFAULT_TIMEOUT_MS 10000
+#define CLIENT_SESSIONS 64 /* node sessions one client remembers */
+
+/* How a request came to be sent again. */
+#define SENT_AGAIN_EPOCH 1u  /* signed again for the tracker's new epoch */
+#define SENT_AGAIN_STALE 2u  /* its kept-open connection had been closed */
+
+struct pending {
+	struct trk_client *c;
+	struct trk__creq cr; /* on the client's connections (client_conn.h) */
+	trk_client_cb cb;
+	void *arg;
+	/* Frees arg when the request goes unanswered (the client is freed
+	 * first); NULL: arg is the caller's. */
+	void (*arg_free)(void *arg);
+	enum evhttp_request_error error;
+	bool have_error;
+	/* The request is kept to send it again once: signed again if the
+	 * tracker answers 401 under another epoch (it restarted, or this
+	 * client had not yet seen its epoch), and on a new connection if the
+	 * kept-open one turns out closed. */
+	bool sign, registers;
+	unsigned again; /* SENT_AGAIN_* bits of this request's past */
+	char epoch_used[2 * TRK_EPOCH_BYTES + 1];
+	char method[8], ctype[64];
+	char *path_query;
+	void *body;
+	size_t len;
+	uint32_t timeout_ms;
+	TAILQ_ENTRY(pending) link;
+};
+
+struct trk_client {
+	struct event_base *base;
+	bool own_base;
+	struct ssl_ctx_st *tls; /* https:// URLs: verifies the tracker (wire/tls.c) */
+	char host[256];
+	int port;
+	char prefix[256]; /* path prefix of the base URL, without a trailing / */
+	bool have_key;
+	uint8_t key[PROTO_CLUSTER_KEY_BYTES];
+	uint32_t timeout_ms;
+	size_t parse_max; /* 2xx JSON answers longer than this are not parsed */
+	char epoch[2 * TRK_EPOCH_BYTES + 1]; /* the tracker's, last seen */
+	/* The chain seen (TRK_CHAIN_HEADER): see trk_client_on_chain_lost. */
+	struct {
+		struct trk__chain_seen seen;
+		bool lost;
+		trk_client_chain_fn fn;
+		void *arg;
+	} chain;
+	/* Session credentials of the nodes registered through this client,
+	 * sent with their heartbeats, reports and offers. */
+	struct {
+		char id[TRK_ID_MAX];
+		char session[2 * TRK_SESSION_BYTES + 1];
+	} sessions[CLIENT_SESSIONS];
+	size_t nsessions;
+	TAILQ_HEAD(, pending) pending;
+	struct trk__cconns *cc; /* its connections to the tracker */
+};
+
+/* The session of node id, or NULL. */
+static const char *session_of(const struct trk_client *c, const char *id)
+{
+	for (size_t i = 0; i < c->nsessions; i++)
+		if (strcmp(c->sessions[i].id, id) == 0)
+			return c->sessions[i].session;
+	return NULL;
+}
+
+const char *trk_client_session(const struct trk_client *c, const char *id)
+{
+	return session_of(c, id);
+}
+
+void trk_client_keep_session(struct trk_client *c, const char *id, const char *ses)
+{
+	size_t i;
+
+	if (id == NULL || ses == NULL || strlen(id) >= TRK_ID_MAX ||
+	    strlen(ses) != 2 * TRK_SESSION_BYTES)
+		return;
+	for (i = 0; i < c->nsessions && strcmp(c->sessions[i].id, id) != 0; i++)
+		;
+	if (i == CLIENT_SESSIONS)
+		i = CLIENT_SESSIONS - 1; /* full: the last slot turns over */
+	else if (i == c->nsessions)
+		c->nsessions++;
+	snprintf(c->sessions[i].id, sizeof(c->sessions[i].id), "%s", id);
+	snprintf(c->sessions[i].session, sizeof(c->sessions[i].session), "%s", ses);
+}
+
+/* Remembers a registration's answer: {"node_id":..,"session":..}. */
+static void keep_session(struct trk_client *c, json_t *answer)
+{
+	trk_client_keep_session(c, json_string_value(json_object_get(answer, "node_id")),
+				json_string_value(json_object_get(answer, "session")));
+}
+
+static void on_fail(struct trk__creq *r, void *arg);
+
+int trk_client_new(struct event_base *base, const char *url,
+		   const uint8_t *cluster_key, struct trk_client **out,
+		   struct proto_err *err)
+{
+	struct trk_client *c;
+	struct evhttp_uri *u = NULL;
+	const char *scheme, *host, *path;
+	int rc;
+
+	*out = NULL;
+	if (sodium_init() < 0)
+		return proto_errf(err, EIO, "libsodium failed to initialise");
+	c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	TAILQ_INIT(&c->pending);
+	c->timeout_ms = DEFAULT_TIMEOUT_MS;
+	c->parse_max = SIZE_MAX;
+	u = evhttp_uri_parse(url);
+	scheme = u ? evhttp_uri_get_scheme(u) : NULL;
+	host = u ? evhttp_uri_get_host(u) : NULL;
+	if (u == NULL || scheme == NULL ||
+	    (strcmp(scheme, "http") != 0 && strcmp(scheme, "https") != 0) ||
+	    host == NULL || host[0] == 0) {
+		rc = proto_errf(err, EINVAL,
+				"tracker URL '%s': want http://HOST:PORT or https://HOST:PORT", url);
+		goto fail;
+	}
+	if (strcmp(scheme, "https") == 0 &&
+	    (rc = trk__tls_client_ctx(NULL, &c->tls, err)) != 0)
+		goto fail;
+	snprintf(c->host, sizeof(c->host), "%s", host);
+	/* evhttp wants a v6 address without its brackets. */
+	if (c->host[0] == '[') {
+		size_t n = strlen(c->host);
+		memmove(c->host, c->host + 1, n);
+		if (n >= 2 && c->host[n - 2] == ']')
+			c->host[n - 2] = 0;
+	}
+	c->port = evhttp_uri_get_port(u) > 0 ? evhttp_uri_get_port(u) : c->tls ? 443 : 80;
+	path = evhttp_uri_get_path(u);
+	snprintf(c->prefix, sizeof(c->prefix), "%s", path ? path : "");
+	while (c->prefix[0] && c->prefix[strlen(c->prefix) - 1] == '/')
+		c->prefix[strlen(c->prefix) - 1] = 0;
+	if (cluster_key != NULL) {
+		memcpy(c->key, cluster_key, sizeof(c->key));
+		c->have_key = true;
+	}
+	if (base == NULL) {
+		base = event_base_new();
+		if (base == NULL) {
+			rc = proto_errf(err, ENOMEM, "event_base_new failed");
+			goto fail;
+		}
+		c->own_base = true;
+	}
+	c->base = base;
+	if (trk__cconns_new(base, c->host, c->port, &c->tls, on_fail, c, &c->cc) != 0) {
+		rc = proto_errf(err, ENOMEM, "out of memory");
+		goto fail;
+	}
+	evhttp_uri_free(u);
+	*out = c;
+	return 0;
+fail:
+	if (u != NULL)
+		evhttp_uri_free(u);
+	if (c->own_base && c->base != NULL)
+		event_base_free(c->base);
+	trk__tls_ctx_free(c->tls);
+	free(c);
+	return rc;
+}
+
+int trk_client_set_tls_ca(struct trk_client *c, const char *ca_file, struct proto_err *err)
+{
+	struct ssl_ctx_st *ctx;
+	int rc;
+
+	if (c->tls == NULL)
+		return proto_errf(err, EINVAL, "--tls-ca %s: the tracker URL is not https://",
+				  ca_file);
+	if ((rc = trk__tls_client_ctx(ca_file, &ctx, err)) != 0)
+		return rc;
+	trk__tls_ctx_free(c->tls);
+	c->tls = ctx;
+	return 0;
+}
+
+void trk_client_free(struct trk_client *c)
+{
+	struct pending *p;
+
+	if (c == NULL)
+		return;
+	while ((p = TAILQ_FIRST(&c->pending)) != NULL) {
+		TAILQ_REMOVE(&c->pending, p, link);
+		/* A queued request is freed here, a sent one with its
+		 * connection below; neither calls back. */
+		trk__cconns_cancel(c->cc, &p->cr);
+		if (p->arg_free != NULL)
+			p->arg_free(p->arg);
+		free(p->cr.uri);
+		free(p->path_query);
+		free(p->body);
+		free(p);
+	}
+	trk__cconns_free(c->cc);
+	if (c->own_base)
+		event_base_free(c->base);
+	trk__tls_ctx_free(c->tls);
+	sodium_memzero(c->key, sizeof(c->key));
+	free(c);
+}
+
+void trk_client_set_parse_max(struct trk_client *c, size_t bytes)
+{
+	c->parse_max = bytes;
+}
+
+void trk_client_set_timeout(struct trk_client *c, uint32_t ms)
+{
+	c->timeout_ms = ms > 0 ? ms : DEFAULT_TIMEOUT_MS;
+}
+
+struct event_base *trk_client_base(struct trk_client *c)
+{
+	return c->base;
+}
+
+static int transport_errno(const struct pending *p)
+{
+	if (!p->have_error)
+		return -ECONNREFUSED;
+	switch (p->error) {
+	case EVREQ_HTTP_TIMEOUT: return -ETIMEDOUT;
+	case EVREQ_HTTP_EOF: return -ECONNRESET;
+	case EVREQ_HTTP_DATA_TOO_LONG: return -EMSGSIZE;
+	case EVREQ_HTTP_REQUEST_CANCEL: return -ECANCELED;
+	default: return -EIO;
+	}
+}
+
+static void on_error(enum evhttp_request_error e, void *arg)
+{
+	struct pending *p = arg;
+	p->error = e;
+	p->have_error = true;
+}
+
+static void pending_free(struct pending *p)
+{
+	TAILQ_REMOVE(&p->c->pending, p, link);
+	free(p->cr.uri);
+	free(p->path_query);
+	free(p->body);
+	free(p);
+}
+
+static int start_request(struct trk_client *c, const char *method,
+			 const char *path_query, const char *ctype,
+			 const void *body, size_t len, uint32_t timeout_ms,
+			 trk_client_cb cb, void *arg, void (*arg_free)(void *), unsigned again);
+
+/* Sends p's request once more (again: the reason); 0 when it went. */
+static int send_again(struct pending *p, unsigned again)
+{
+	return start_request(p->c, p->method, p->path_query, p->ctype, p->body, p->len,
+			     p->timeout_ms, p->cb, p->arg, p->arg_free, p->again | again);
+}
+
+/* A request that failed before it was sent (client_conn.c). */
+static void on_fail(struct trk__creq *r, void *arg)
+{
+	struct pending *p = proto_container_of(r, struct pending, cr);
+	struct trk_answer a = {.status = r->fail, .body = (const uint8_t *)""};
+	char msg[512];
+
+	snprintf(msg, sizeof(msg), "tracker %s:%d: %s", p->c->host, p->c->port,
+		 r->fail == -ETIMEDOUT ? "timed out waiting to be sent" : strerror(-r->fail));
+	a.error = msg;
+	p->cb(&a, p->arg);
+	pending_free(p);
+}
+
+/* Keeps the tracker's epoch from an answer's header (hex, bounded). */
+static void learn_epoch(struct trk_client *c, struct evhttp_request *req)
+{
+	const char *e = evhttp_find_header(evhttp_request_get_input_headers(req),
+					   TRK_EPOCH_HEADER);
+	size_t n = e != NULL ? strlen(e) : 0;
+
+	if (n > 0 && n <= 2 * TRK_EPOCH_BYTES &&
+	    strspn(e, "0123456789abcdef") == n)
+		memcpy(c->epoch, e, n + 1);
+}
+
+void trk_client_on_chain_lost(struct trk_client *c, trk_client_chain_fn fn,
+			      void *arg)
+{
+	c->chain.fn = fn;
+	c->chain.arg = arg;
+}
+
+/* Checks an answer's chain against the one seen (chain.c). 0 when it fits
+ * (and is then remembered), -ESTALE (msg says why) when the tracker went
+ * back, -EPROTO for a malformed header. No header (an answer made before
+ * the request was read): 0. */
+static int check_chain(struct trk_client *c, struct evhttp_request *req,
+		       char *msg, size_t cap)
+{
+	const char *h = evhttp_find_header(evhttp_request_get_input_headers(req),
+					   TRK_CHAIN_HEADER);
+	char who[300];
+	int rc;
+
+	snprintf(who, sizeof(who), "%s:%d", c->host, c->port);
+	rc = trk__chain_check(&c->chain.seen, h, who, msg, cap);
+	if (rc == 0 && c->chain.lost) {
+		c->chain.lost = false;
+		LOG_WARN("tracker %s has the chain seen before again (version "
+			 "%llu)", who, (unsigned long long)c->chain.seen.c.latest);
+		if (c->chain.fn != NULL)
+			c->chain.fn(c->chain.arg, NULL);
+	} else if (rc == -ESTALE && !c->chain.lost) {
+		c->chain.lost = true;
+		LOG_ERR("%s", msg);
+		if (c->chain.fn != NULL)
+			c->chain.fn(c->chain.arg, msg);
+	}
+	return rc;
+}
+
+static void on_done(struct evhttp_request *req, void *arg)
+{
+	struct pending *p = arg;
+	struct trk_client *c = p->c;
+	struct trk_answer a = {.error = ""};
+	char msg[512] = "", why[300] = "";
+	json_t *json = NULL;
+	bool tls_failed = false;
+
+	a.status = req != NULL ? evhttp_request_get_response_code(req) : 0;
+	if (a.status == 0 && c->tls != NULL)
+		tls_failed = trk__tls_failure(trk__cconns_bev(&p->cr), why, sizeof(why));
+	/* Its connection is free for the next request (or dropped). */
+	trk__cconns_done(c->cc, &p->cr, a.status != 0);
+	if (a.status != 0)
+		learn_epoch(c, req);
+	/* Signed for an epoch the tracker does not have: sign again, once. */
+	if (a.status == 401 && p->sign && !(p->again & SENT_AGAIN_EPOCH) &&
+	    strcmp(c->epoch, p->epoch_used) != 0 && send_again(p, SENT_AGAIN_EPOCH) == 0) {
+		pending_free(p);
+		return;
+	}
+	/* The kept-open connection was closed by the tracker (idle, or it
+	 * restarted) while this request was on its way: once more, on a new
+	 * connection. A tracker that is down then refuses the connect. */
+	if (a.status == 0 && p->cr.reused && p->have_error && p->error == EVREQ_HTTP_EOF &&
+	    !(p->again & SENT_AGAIN_STALE) && send_again(p, SENT_AGAIN_STALE) == 0) {
+		pending_free(p);
+		return;
+	}
+	if (a.status != 0) {
+		int rc = check_chain(c, req, msg, sizeof(msg));
+		if (rc != 0) {
+			a.status = rc;
+			a.body = (const uint8_t *)"";
+			a.error = msg;
+			p->cb(&a, p->arg);
+			pending_free(p);
+			return;
+		}
+	}
+	if (a.status == 0) {
+		a.status = transport_errno(p);
+		if (tls_failed) {
+			a.status = -EPROTO;
+			snprintf(msg, sizeof(msg), "tracker %s:%d: %s", c->host, c->port, why);
+		} else {
+			snprintf(msg, sizeof(msg), "tracker %s:%d: %s", c->host, c->port,
+				 strerror(-a.status));
+		}
+		a.body = (const uint8_t *)"";
+	} else {
+		struct evbuffer *in = evhttp_request_get_input_buffer(req);
+		const char *ct = evhttp_find_header(evhttp_request_get_input_headers(req),
+						    "Content-Type");
+		/* One spare byte so that text parsers see a NUL. */
+		evbuffer_add(in, "", 1);
+		a.len = evbuffer_get_length(in) - 1;
+		a.body = evbuffer_pullup(in, -1);
+		if (a.body == NULL) {
+			a.status = -ENOMEM;
+			a.len = 0;
+			a.body = (const uint8_t *)"";
+			snprintf(msg, sizeof(msg), "out of memory");
+		} else if (ct != NULL && strstr(ct, "json") != NULL &&
+			   (a.len <= c->parse_max || a.status >= 300)) {
+			json = json_loadb((const char *)a.body, a.len, 0, NULL);
+		}
+		a.json = json;
+		if (a.status == 200 && p->registers)
+			keep_session(c, json);
+		if (a.status >= 400) {
+			const char *e = json_string_value(json_object_get(json, "error"));
+			snprintf(msg, sizeof(msg), "HTTP %d: %s", a.status,
+				 e ? e : evhttp_request_get_response_code_line(req) ?
+				     evhttp_request_get_response_code_line(req) : "error");
+		}
+	}
+	a.error = msg;
+	p->cb(&a, p->arg);
+	json_decref(json);
+	pending_free(p);
+}
+
+int trk_client_request(struct trk_client *c, const char *method,
+		       const char *path_query, const char *ctype,
+		       const void *body, size_t len, uint32_t timeout_ms,
+		       trk_client_cb cb, void *arg)
+{
+	return start_request(c, method, path_query, ctype, body, len,
+			     timeout_ms, cb, arg, NULL, 0);
+}
+
+static int start_request(struct trk_client *c, const char *method,
+			 const char *path_query, const char *ctype,
+			 const void *body, size_t len, uint32_t timeout_ms,
+			 trk_client_cb cb, void *arg, void (*arg_free)(void *), unsigned again)
+{
+	bool post = strcmp(method, "POST") == 0, sign;
+	char uri[PATH_MAX_LEN + 64], auth[256], hostport[300];
+	struct pending *p;
+	struct evkeyvalq *h;
+	uint32_t t = timeout_ms ? timeout_ms : c->timeout_ms;
+	int n;
+
+	if (!post && strcmp(method, "GET") != 0)
+		return -EINVAL;
+	if (path_query[0] != '/' || strlen(path_query) > PATH_MAX_LEN)
+		return -EINVAL;
+	/* Reads that hand out memory keys are signed too (tracker.h). */
+	sign = c->have_key && (post ||
+			       strncmp(path_query, TRK_API "/sources", strlen(TRK_API "/sources")) == 0 ||
+			       strncmp(path_query, TRK_API "/holders", strlen(TRK_API "/holders")) == 0);
+	if (sign) {
+		uint8_t nonce[8];
+		char nhex[17];
+		randombytes_buf(nonce, sizeof(nonce));
+		sodium_bin2hex(nhex, sizeof(nhex), nonce, sizeof(nonce));
+		n = snprintf(uri, sizeof(uri), "%s%s%cnonce=%s", c->prefix, path_query,
+			     strchr(path_query, '?') ? '&' : '?', nhex);
+	} else {
+		n = snprintf(uri, sizeof(uri), "%s%s", c->prefix, path_query);
+	}
+	if (n < 0 || (size_t)n >= sizeof(uri))
+		return -ENAMETOOLONG;
+	p = calloc(1, sizeof(*p));
+	if (p == NULL)
+		return -ENOMEM;
+	p->c = c;
+	p->cb = cb;
+	p->arg = arg;
+	p->arg_free = arg_free;
+	p->sign = sign;
+	p->again = again;
+	p->registers = post && strncmp(path_query, TRK_API "/nodes", strlen(TRK_API "/nodes")) == 0 &&
+		       strchr("?", path_query[strlen(TRK_API "/nodes")]) != NULL;
+	/* Kept to send it again (a new epoch, a closed connection). */
+	snprintf(p->method, sizeof(p->method), "%s", method);
+	snprintf(p->ctype, sizeof(p->ctype), "%s", ctype ? ctype : "application/json");
+	p->path_query = strdup(path_query);
+	p->cr.uri = strdup(uri);
+	p->body = len > 0 ? malloc(len) : NULL;
+	p->len = len;
+	p->timeout_ms = timeout_ms;
+	if (p->path_query == NULL || p->cr.uri == NULL || (len > 0 && p->body == NULL))
+		goto fail;
+	if (len > 0)
+		memcpy(p->body, body, len);
+	p->cr.cmd = post ? EVHTTP_REQ_POST : EVHTTP_REQ_GET;
+	p->cr.deadline_ns = proto_now_ns() + (uint64_t)t * 1000000u;
+	/* Held by the tracker past an ordinary answer: its own connection,
+	 * so that nothing waits behind it. */
+	p->cr.long_poll = timeout_ms > c->timeout_ms;
+	p->cr.req = evhttp_request_new(on_done, p);
+	if (p->cr.req == NULL)
+		goto fail;
+	evhttp_request_set_error_cb(p->cr.req, on_error);
+	h = evhttp_request_get_output_headers(p->cr.req);
+	snprintf(hostport, sizeof(hostport), strchr(c->host, ':') ? "[%s]:%d" : "%s:%d",
+		 c->host, c->port);
+	evhttp_add_header(h, "Host", hostport);
+	/* No "Connection: close": the connection stays open for the next
+	 * request (client_conn.h). */
+	if (post && c->nsessions > 0 && len > 0 && len <= TRK_JSON_MAX) {
+		/* A node's own calls carry its session credential. */
+		json_t *j = json_loadb(body, len, 0, NULL);
+		const char *id = json_string_value(json_object_get(j, "id"));
+		json_t *rep = json_object_get(j, "replica"), *rank = json_object_get(j, "rank");
+		char regid[TRK_ID_MAX + 32];
+		const char *ses;
+
+		if (id == NULL && json_is_string(rep) && json_is_integer(rank)) {
+			/* A registration: the id it would take. */
+			snprintf(regid, sizeof(regid), "%s/%lld", json_string_value(rep),
+				 (long long)json_integer_value(rank));
+			id = regid;
+		}
+		ses = id != NULL ? session_of(c, id) : NULL;
+
+		if (ses != NULL)
+			evhttp_add_header(h, TRK_SESSION_HEADER, ses);
+		json_decref(j);
+	}
+	if (post) {
+		evhttp_add_header(h, "Content-Type", ctype ? ctype : "application/json");
+		if (len > 0 && evbuffer_add(evhttp_request_get_output_buffer(p->cr.req), body,
+					    len) != 0)
+			goto fail;
+	}
+	if (sign) {
+		snprintf(p->epoch_used, sizeof(p->epoch_used), "%s", c->epoch);
+		if (trk_auth_header(c->key, post ? "POST" : "GET", uri,
+				    (uint64_t)time(NULL), c->epoch,
+				    post ? body : NULL, post ? len : 0, auth,
+				    sizeof(auth)) != 0)
+			goto fail;
+		evhttp_add_header(h, "Authorization", auth);
+	}
+	TAILQ_INSERT_TAIL(&c->pending, p, link);
+	/* Sent now or queued; the callback comes later either way (and p
+	 * may be gone when this returns). */
+	trk__cconns_submit(c->cc, &p->cr, again != 0);
+	return 0;
+fail:
+	if (p->cr.req != NULL)
+		evhttp_request_free(p->cr.req);
+	free(p->cr.uri);
+	free(p->path_query);
+	free(p->body);
+	free(p);
+	return -ENOMEM;
+}
+
+int trk__client_post_owned(struct trk_client *c, const char *path, json_t *body,
+			   trk_client_cb cb, void *arg, void (*arg_free)(void *arg))
+{
+	char *txt = json_dumps(body, JSON_COMPACT);
+	int rc;
+
+	if (txt == NULL)
+		return -ENOMEM;
+	rc = start_request(c, "POST", path, "application/json", txt, strlen(txt), 0, cb, arg,
+			   arg_free, 0);
+	free(txt);
+	return rc;
+}
+
+int trk_client_post_json(struct trk_client *c, const char *path, json_t *body,
+			 trk_client_cb cb, void *arg)
+{
+	return trk__client_post_owned(c, path, body, cb, arg, NULL);
+}
+
+uint32_t trk__client_timeout(const struct trk_client *c)
+{
+	return c->timeout_ms;
+}

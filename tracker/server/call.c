@@ -1,0 +1,163 @@
+/* One request being handled: its query's fields and its answer, and the
+ * answers to requests held past their call (long-polls). Every answer goes
+ * out here, with the headers every answer carries. */
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/log.h"
+#include "tracker/server/internal.h"
+
+const char *trk__reason(int code)
+{
+	switch (code) {
+	case 200: return "OK";
+	case 201: return "Created";
+	case 400: return "Bad Request";
+	case 401: return "Unauthorized";
+	case 403: return "Forbidden";
+	case 404: return "Not Found";
+	case 405: return "Method Not Allowed";
+	case 409: return "Conflict";
+	case 411: return "Length Required";
+	case 413: return "Payload Too Large";
+	case 503: return "Service Unavailable";
+	default: return code < 400 ? "OK" : "Internal Server Error";
+	}
+}
+
+static void count_answer(struct trk_server *s, int code)
+{
+	int cls = code / 100;
+	if (cls >= 1 && cls <= 5)
+		s->answers[cls]++;
+}
+
+static void send_buf(struct trk_server *s, struct evhttp_request *req, int code,
+		     const char *ctype, const void *buf, size_t len)
+{
+	struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+	struct evbuffer *out = evbuffer_new();
+
+	evhttp_add_header(h, "Content-Type", ctype);
+	evhttp_add_header(h, "Cache-Control", "no-store");
+	if (s->auth != NULL)
+		evhttp_add_header(h, TRK_EPOCH_HEADER, trk__auth_epoch(s->auth));
+	if (s->vs != NULL) {
+		char chain[TRK_CHAIN_MAX];
+		trk__versions_chain(s->vs, chain, sizeof(chain));
+		evhttp_add_header(h, TRK_CHAIN_HEADER, chain);
+	}
+	if (out != NULL && len > 0 && evbuffer_add(out, buf, len) != 0) {
+		evbuffer_free(out);
+		out = NULL;
+	}
+	if (out == NULL && len > 0)
+		code = 500;
+	count_answer(s, code);
+	evhttp_send_reply(req, code, trk__reason(code), out);
+	if (out != NULL)
+		evbuffer_free(out);
+}
+
+char *trk__json_text(const json_t *obj, size_t *len)
+{
+	char *txt = obj != NULL ? json_dumps(obj, JSON_COMPACT) : NULL;
+
+	if (txt == NULL)
+		return NULL;
+	size_t n = strlen(txt);
+	/* One trailing newline makes curl output readable. */
+	char *t = realloc(txt, n + 2);
+	if (t != NULL) {
+		txt = t;
+		txt[n++] = '\n';
+		txt[n] = 0;
+	}
+	*len = n;
+	return txt;
+}
+
+void trk__reply_req_text(struct trk_server *s, struct evhttp_request *req, int code,
+			 const char *txt, size_t len)
+{
+	static const char oom[] = "{\"error\":\"out of memory\"}\n";
+
+	if (txt == NULL)
+		send_buf(s, req, 500, "application/json", oom, sizeof(oom) - 1);
+	else
+		send_buf(s, req, code, "application/json", txt, len);
+}
+
+void trk__reply_req_json(struct trk_server *s, struct evhttp_request *req,
+			 int code, json_t *obj)
+{
+	size_t n = 0;
+	char *txt = trk__json_text(obj, &n);
+
+	json_decref(obj);
+	trk__reply_req_text(s, req, code, txt, n);
+	free(txt);
+}
+
+void trk__reply_json(struct trk_call *c, int code, json_t *obj)
+{
+	if (c->answered) {
+		json_decref(obj);
+		return;
+	}
+	c->answered = true;
+	trk__reply_req_json(c->s, c->req, code, obj);
+}
+
+void trk__reply_req_raw(struct trk_server *s, struct evhttp_request *req, int code,
+			const char *ctype, const void *buf, size_t len)
+{
+	send_buf(s, req, code, ctype, buf, len);
+}
+
+void trk__reply_raw(struct trk_call *c, int code, const char *ctype,
+		    const void *buf, size_t len)
+{
+	if (c->answered)
+		return;
+	c->answered = true;
+	send_buf(c->s, c->req, code, ctype, buf, len);
+}
+
+void trk__fail(struct trk_call *c, int code, const char *fmt, ...)
+{
+	char msg[600];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	for (char *p = msg; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = ' ';
+	LOG_INFO("%s %s -> %d %s", c->post ? "POST" : "GET", c->path, code, msg);
+	trk__reply_json(c, code, json_pack("{s:s}", "error", msg));
+}
+
+const char *trk__query_str(struct trk_call *c, const char *key)
+{
+	return evhttp_find_header(&c->query, key);
+}
+
+int trk__query_u64(struct trk_call *c, const char *key, bool required,
+		   uint64_t max, uint64_t *out, struct proto_err *err)
+{
+	const char *s = trk__query_str(c, key);
+
+	if (s == NULL)
+		return required ? proto_errf(err, EINVAL, "%s: missing", key) : 0;
+	if (proto_parse_u64(s, 0, max, out) != 0)
+		return proto_errf(err, EINVAL, "%s: must be an integer in 0..%llu",
+				  key, (unsigned long long)max);
+	return 0;
+}

@@ -1,0 +1,151 @@
+/* What derives from a replica's ranks: whether it is alive, whole,
+ * complete at a version, its active version (each change logged as an
+ * activation) and the statements its ranks signed. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/log.h"
+#include "tracker/server/internal.h"
+
+bool trk__replica_name_valid(const char *s)
+{
+	size_t n = strlen(s);
+
+	if (n == 0 || n > TRK_REPLICA_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char c = s[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		      (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.'))
+			return false;
+	}
+	return true;
+}
+
+struct trk_nver *trk__node_version(struct trk_node *n, uint64_t v)
+{
+	for (size_t i = 0; i < n->nvers; i++)
+		if (n->vers[i].version == v)
+			return &n->vers[i];
+	return NULL;
+}
+
+/* The node holds v whole: it reported v verified or active. */
+bool trk__node_holds(struct trk_node *n, uint64_t v)
+{
+	struct trk_nver *e;
+
+	if (n == NULL || !n->alive)
+		return false;
+	e = trk__node_version(n, v);
+	return e != NULL &&
+	       (e->state == TRK_STATE_VERIFIED || e->state == TRK_STATE_ACTIVE);
+}
+
+bool trk__replica_alive(const struct trk_replica *rep)
+{
+	for (uint32_t i = 0; i < rep->nranks; i++)
+		if (rep->ranks[i] != NULL && rep->ranks[i]->alive)
+			return true;
+	return false;
+}
+
+bool trk__replica_whole(const struct trk_replica *rep)
+{
+	for (uint32_t i = 0; i < rep->nranks; i++)
+		if (rep->ranks[i] == NULL || !rep->ranks[i]->alive)
+			return false;
+	return rep->nranks > 0;
+}
+
+/* Complete at v: every rank alive and holding v (model-parallel
+ * consistency: a replica is only as complete as its least rank). */
+bool trk__replica_complete(const struct trk_replica *rep, uint64_t v)
+{
+	for (uint32_t i = 0; i < rep->nranks; i++)
+		if (!trk__node_holds(rep->ranks[i], v))
+			return false;
+	return rep->nranks > 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* The versions a replica is complete at, ascending, into out[TRK__NODE_VERSIONS];
+ * returns how many. Rank 0's versions are the candidates. */
+size_t trk__replica_complete_list(const struct trk_replica *rep, uint64_t *out)
+{
+	struct trk_node *n0 = rep->nranks > 0 ? rep->ranks[0] : NULL;
+	size_t k = 0;
+
+	if (n0 == NULL)
+		return 0;
+	for (size_t i = 0; i < n0->nvers; i++)
+		if (trk__replica_complete(rep, n0->vers[i].version))
+			out[k++] = n0->vers[i].version;
+	qsort(out, k, sizeof(*out), cmp_u64);
+	return k;
+}
+
+static void log_activation(struct trk_registry *r, struct trk_replica *rep)
+{
+	struct trk_activation *a = &r->act[r->act_next];
+
+	snprintf(a->replica, sizeof(a->replica), "%s", rep->name);
+	a->version = rep->active;
+	a->wall_ms = proto_wall_ms();
+	r->act_next = (r->act_next + 1) % TRK__ACTIVATIONS_MAX;
+	r->act_n = PROTO_MIN(r->act_n + 1, TRK__ACTIVATIONS_MAX);
+	r->act_total++;
+	LOG_INFO("replica %s activated version %llu", rep->name,
+		 (unsigned long long)rep->active);
+}
+
+/* Replica-local activation: when every rank is alive and reports the same
+ * active version, that is the replica's active version. */
+void trk__replica_update_active(struct trk_registry *r, struct trk_replica *rep)
+{
+	uint64_t a = 0;
+
+	for (uint32_t i = 0; i < rep->nranks; i++) {
+		struct trk_node *n = rep->ranks[i];
+		if (n == NULL || !n->alive || n->active == 0)
+			return;
+		if (i > 0 && n->active != a)
+			return;
+		a = n->active;
+	}
+	if (a != 0 && a != rep->active) {
+		rep->active = a;
+		log_activation(r, rep);
+	}
+}
+
+json_t *trk__replica_statements(const struct trk_replica *rep, uint64_t v)
+{
+	json_t *arr = json_array();
+
+	for (uint32_t i = 0; arr != NULL && i < rep->nranks; i++) {
+		struct trk_node *n = rep->ranks[i];
+		struct trk_nver *e;
+
+		if (!trk__node_holds(n, v) || !n->has_stmt_key ||
+		    (e = trk__node_version(n, v)) == NULL || !e->has_sig)
+			continue;
+		if (json_array_append_new(arr, json_pack("{s:I,s:o,s:o}", "rank", (json_int_t)i,
+							 "key",
+							 trk__json_hex(n->stmt_key,
+								       TRK_STMT_PK_BYTES),
+							 "sig",
+							 trk__json_hex(e->sig,
+								       TRK_STMT_SIG_BYTES))) != 0) {
+			json_decref(arr);
+			arr = NULL;
+		}
+	}
+	return arr;
+}

@@ -1,0 +1,232 @@
+/* The tracker server: its listener, its state opened and closed in order,
+ * and the timer that ends leases between requests. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/listener.h>
+#include <event2/util.h>
+#include <netinet/in.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "proto/log.h"
+#include "proto/params.h"
+#include "tracker/server/internal.h"
+
+#define MAX_HEADERS_SIZE (16u << 10) /* request line and headers, bytes */
+
+static void sweep_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct trk_server *s = arg;
+	trk__registry_sweep(s->reg);
+}
+
+/* Splits "host:port" or "[v6]:port" into host (in buf) and port. */
+static int parse_listen(const char *spec, char *host, size_t hostlen,
+			uint16_t *port, struct proto_err *err)
+{
+	const char *colon = strrchr(spec, ':'), *h = spec;
+	size_t hl;
+	uint64_t p;
+
+	if (colon == NULL || proto_parse_u64(colon + 1, 0, 65535, &p) != 0)
+		return proto_errf(err, EINVAL, "--listen %s: want HOST:PORT", spec);
+	hl = (size_t)(colon - spec);
+	if (hl >= 2 && spec[0] == '[' && spec[hl - 1] == ']') {
+		h++;
+		hl -= 2;
+	}
+	if (hl == 0 || hl >= hostlen)
+		return proto_errf(err, EINVAL, "--listen %s: bad host", spec);
+	memcpy(host, h, hl);
+	host[hl] = 0;
+	*port = (uint16_t)p;
+	return 0;
+}
+
+static int bound_port(evutil_socket_t fd, uint16_t *port)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0)
+		return -errno;
+	if (ss.ss_family == AF_INET)
+		*port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+	else if (ss.ss_family == AF_INET6)
+		*port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+	else
+		return -EAFNOSUPPORT;
+	return 0;
+}
+
+/* Binds host:port with the configured backlog (libevent's default is
+ * small) and hands the listener to evhttp, which then owns it. */
+static int listen_on(struct trk_server *s, const char *host, uint16_t port,
+		     struct proto_err *err)
+{
+	struct evutil_addrinfo hints = {0}, *ai = NULL;
+	struct evconnlistener *lev = NULL;
+	char portstr[8];
+	int gai, backlog = (int)PROTO_MIN(proto_param(PROTO_PARAM_LISTEN_BACKLOG), INT32_MAX);
+
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_protocol = IPPROTO_TCP;
+	hints.ai_flags = EVUTIL_AI_PASSIVE;
+	snprintf(portstr, sizeof(portstr), "%u", (unsigned)port);
+	gai = evutil_getaddrinfo(host, portstr, &hints, &ai);
+	if (gai != 0)
+		return proto_errf(err, EADDRNOTAVAIL, "%s", evutil_gai_strerror(gai));
+	lev = evconnlistener_new_bind(s->base, NULL, NULL,
+				      LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC |
+					      LEV_OPT_REUSEABLE,
+				      backlog > 0 ? backlog : -1, ai->ai_addr,
+				      (int)ai->ai_addrlen);
+	evutil_freeaddrinfo(ai);
+	if (lev == NULL)
+		return proto_errf(err, EADDRNOTAVAIL, "%s", strerror(errno));
+	s->sock = evhttp_bind_listener(s->http, lev);
+	if (s->sock == NULL) {
+		evconnlistener_free(lev);
+		return proto_errf(err, ENOMEM, "out of memory");
+	}
+	return 0;
+}
+
+int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
+		   struct trk_server **out, struct proto_err *err)
+{
+	struct trk_server *s;
+	char host[256];
+	uint16_t port = 0;
+	int rc;
+
+	*out = NULL;
+	if (sodium_init() < 0)
+		return proto_errf(err, EIO, "libsodium failed to initialise");
+	if ((rc = parse_listen(o->listen, host, sizeof(host), &port, err)) != 0)
+		return rc;
+	/* Three priorities, before any event of ours: everything at the
+	 * middle one (libevent's default for new events), held watches'
+	 * connections and their wake-ups below it (conns.c, watches.c). */
+	if (event_base_get_npriorities(base) == 1)
+		event_base_priority_init(base, 3);
+	s = calloc(1, sizeof(*s));
+	if (s == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	s->base = base;
+	s->started_ms = proto_wall_ms();
+	s->lease_ms = proto_param(PROTO_PARAM_LEASE_MS);
+	if ((o->tls_cert != NULL || o->tls_key != NULL) &&
+	    (rc = trk__tls_server_ctx(o->tls_cert, o->tls_key, &s->tls, err)) != 0)
+		goto fail;
+	if (o->cluster_key != NULL) {
+		if (trk__auth_new(o->cluster_key, proto_param(PROTO_PARAM_AUTH_WINDOW_S),
+				  &s->auth) != 0) {
+			rc = proto_errf(err, ENOMEM, "out of memory");
+			goto fail;
+		}
+	} else {
+		LOG_WARN("no --cluster-key: POST requests are not authenticated");
+	}
+	s->http = evhttp_new(base);
+	if (s->http == NULL) {
+		rc = proto_errf(err, ENOMEM, "evhttp_new failed");
+		goto fail;
+	}
+	/* evhttp buffers a body before calling us; this caps it at the largest
+	 * body any route takes (a manifest). The connection guard (conns.c)
+	 * judges each head first: route caps and the head mac are checked
+	 * before a byte of body is kept. */
+	evhttp_set_max_body_size(s->http,
+				 (ev_ssize_t)proto_param(PROTO_PARAM_MANIFEST_MAX));
+	evhttp_set_max_headers_size(s->http, MAX_HEADERS_SIZE);
+	evhttp_set_timeout(s->http, 60);
+	/* Every method reaches the router, which answers 405 in JSON. */
+	evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST |
+						    EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
+						    EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS |
+						    EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT |
+						    EVHTTP_REQ_PATCH);
+	evhttp_set_gencb(s->http, trk__route, s);
+	/* Bound before the state is opened: a tracker that cannot listen
+	 * (the port is taken) leaves no state directory behind. Nothing is
+	 * served before the loop runs. */
+	if ((rc = listen_on(s, host, port, err)) != 0) {
+		proto_err_prefix(err, "cannot listen on %s", o->listen);
+		goto fail;
+	}
+	if ((rc = trk__versions_open(o->state_dir, o->trainer_pk, &s->vs, err)) != 0)
+		goto fail;
+	if ((rc = trk__addenda_open(s, o->state_dir, &s->ad, err)) != 0)
+		goto fail;
+	if ((rc = trk__canary_new(&s->canary)) != 0) {
+		proto_errf(err, -rc, "out of memory");
+		goto fail;
+	}
+	if ((rc = trk__watches_new(s, &s->w)) != 0) {
+		proto_errf(err, -rc, "out of memory");
+		goto fail;
+	}
+	if ((rc = trk__registry_new(s, &s->reg)) != 0) {
+		proto_errf(err, -rc, "out of memory");
+		goto fail;
+	}
+	if ((rc = trk__conns_new(s, trk__head_verdict, &s->conns)) != 0) {
+		rc = proto_errf(err, -rc, "out of memory");
+		goto fail;
+	}
+	if (bound_port(evhttp_bound_socket_get_fd(s->sock), &port) != 0) {
+		rc = proto_errf(err, EIO, "cannot read the bound port");
+		goto fail;
+	}
+	snprintf(s->url, sizeof(s->url), strchr(host, ':') ? "%s://[%s]:%u" : "%s://%s:%u",
+		 s->tls != NULL ? "https" : "http", host, (unsigned)port);
+	s->sweep_ev = event_new(base, -1, EV_PERSIST, sweep_cb, s);
+	if (s->sweep_ev == NULL) {
+		rc = proto_errf(err, ENOMEM, "out of memory");
+		goto fail;
+	}
+	uint64_t every = PROTO_MAX(PROTO_MIN(s->lease_ms / 4, 500), 10);
+	struct timeval tv = {(time_t)(every / 1000), (suseconds_t)(every % 1000) * 1000};
+	event_add(s->sweep_ev, &tv);
+	LOG_INFO("tracker on %s, %zu versions, lease %llu ms", s->url,
+		 trk__versions_count(s->vs), (unsigned long long)s->lease_ms);
+	*out = s;
+	return 0;
+fail:
+	trk_server_free(s);
+	return rc;
+}
+
+const char *trk_server_url(const struct trk_server *s)
+{
+	return s->url;
+}
+
+void trk_server_free(struct trk_server *s)
+{
+	if (s == NULL)
+		return;
+	if (s->sweep_ev != NULL)
+		event_free(s->sweep_ev);
+	/* Held long-polls first: evhttp_free frees their requests. */
+	if (s->w != NULL)
+		trk__watches_drop(s->w);
+	if (s->http != NULL)
+		evhttp_free(s->http);
+	trk__conns_free(s->conns);
+	trk__registry_free(s->reg);
+	trk__addenda_free(s->ad);
+	trk__canary_free(s->canary);
+	trk__watches_free(s->w);
+	trk__versions_free(s->vs);
+	trk__auth_free(s->auth);
+	trk__tls_ctx_free(s->tls);
+	free(s);
+}
