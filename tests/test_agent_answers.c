@@ -133,7 +133,7 @@ static void test_stale_parent_answer(void **state)
 	dup2(fd, 2);
 	close(fd);
 
-	agent_start_fetch(a, 2);
+	agent_version_start(a, 2);
 	struct agent_version *first = a->ver;
 	assert_non_null(first);
 	assert_int_equal(first->stage, STAGE_MANIFEST);
@@ -142,8 +142,8 @@ static void test_stale_parent_answer(void **state)
 	assert_true(first->f->have_man);
 	assert_int_equal(first->stage, STAGE_MANIFEST);
 	a->fx.chunk_size = 32; /* the next manifest (chunks of 64) is refused */
-	agent_fetch_drop(a);
-	agent_start_fetch(a, 1);
+	agent_version_drop(a);
+	agent_version_start(a, 1);
 	struct agent_version *second = a->ver;
 	for (int i = 0; i < 300 && a->ver == second; i++) {
 		struct timeval tv = {0, 100000};

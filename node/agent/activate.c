@@ -202,7 +202,7 @@ void agent_activate(struct node_agent *a)
 		return;
 	}
 	if (node_slot_activate(&a->store, f->slot, &err) != 0) {
-		agent_fetch_fail(a, "activation: %s", err.msg);
+		agent_version_fail(a, "activation: %s", err.msg);
 		return;
 	}
 	if (agent_write_expose(a, f->slot, f->man.digest, &err) != 0) {
@@ -240,4 +240,49 @@ bool agent_replica_backed(struct node_agent *a, json_t *statements)
 	}
 	snprintf(v->unbacked, sizeof(v->unbacked), "%s", err.msg);
 	return false;
+}
+
+/* After the switch: the version is active. Reported, measured, kept
+ * served; the rebuild keeps what it needs of it; serving clients move to
+ * it and the old slot is retired once they release it. */
+void agent_activated(struct node_agent *a, struct node_slot *old)
+{
+	struct agent_version *v = a->ver;
+	struct fetch *f = v->f;
+
+	memcpy(a->active_digest, f->man.digest, PROTO_HASH_BYTES);
+	a->need_anchor = false;
+	node_wait_over(&a->wait, NULL);
+	agent_stage(a, STAGE_ACTIVE);
+	LOG_INFO("node %s: v%" PRIu64 " active (%" PRIu64 " bytes, %" PRIu64 " from trainer, %" PRIu64
+		 " from peers, %" PRIu64 " refetched, %" PRIu64 " ms; %u stalled reads, %u times a "
+		 "congested peer was waited for, %u failed reads, %u chunks failed their hash)",
+		 a->node_id, f->version, f->bytes_done, f->from_trainer, f->from_peers, f->refetched,
+		 node_now_ms() - f->started_ms, f->stalls, f->congested, f->read_failures,
+		 f->bad_chunks);
+	proto_metrics_set(a->am.m, a->am.active_version, f->version);
+	proto_metrics_set(a->am.m, a->am.serving_bytes, a->active->len);
+	proto_metrics_add(a->am.m, a->am.activations, 1);
+	proto_metrics_observe(a->am.m, a->am.activation_seconds,
+			      (double)(node_now_ms() - f->started_ms) / 1000.0);
+	agent_report(a, f->version, TRK_STATE_ACTIVE, NULL, NULL);
+	/* The fetch ends; its parcels stay served (until the next
+	 * activation): the swarm keeps the version, record and all. */
+	a->ver = NULL;
+	fetch_end(&a->fx);
+	delta_warm_pause(&a->ds, false);
+	/* Requests pinning the old slot keep it until they release it. In
+	 * place, the same slot comes back with the new version. */
+	agent_chain_end(a, false); /* the target is active: the replay is over */
+	delta_activated(&a->ds, &v->db, old); /* a standby copied from old goes first */
+	swarm_keep(&a->sw, f); /* may free the version (not served): last */
+	swarm_xl_serve(&a->sw, a->active);
+	if (old == a->active) {
+		if (node_attach_paused(a->attach)) /* an in-place install resumes on its own */
+			node_attach_resume(a->attach, a->active, a->active_digest);
+	} else {
+		node_attach_activate(a->attach, a->active, a->active_digest);
+		node_attach_retire(a->attach, &a->store, old);
+	}
+	agent_sync_now(a); /* the replica's next target may be there already */
 }

@@ -74,7 +74,7 @@ static void on_refuse(void *arg, const char *why)
 	if (a->ver == NULL)
 		return;
 	a->full_failed_v = a->ver->version;
-	agent_fetch_fail(a, "%s", why);
+	agent_version_fail(a, "%s", why);
 }
 
 int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
@@ -142,7 +142,7 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 	swarm_hooks(&a->sw, &fo.hooks);
 	fo.hooks.agent = a;
 	fo.hooks.parcel_landed = on_parcel_landed;
-	fo.hooks.complete = agent_fetch_complete;
+	fo.hooks.complete = agent_version_fetched;
 	fo.hooks.banned = on_banned;
 	if ((rc = fetcher_init(&a->fx, &fo, err)) != 0)
 		goto fail;
@@ -267,18 +267,21 @@ void node_agent_free(struct node_agent *a)
 		return;
 	/* The host closed the shared endpoint (cancelling our reads, closing
 	 * our regions) after node_agent_stop; now the memory reads could land
-	 * in, the specs. The tracker client is the host's too. The fetcher
-	 * goes first: no verifier worker touches a fetch after it. */
+	 * in, the specs. The tracker client is the host's too. No verifier
+	 * worker touches a fetch once the fetcher is quiesced. */
 	struct agent_version *v = a->stopped_ver;
 	a->stopped_ver = NULL;
 	a->fab = NULL;
-	fetcher_fini(&a->fx);
-	if (v != NULL)
+	fetcher_quiesce(&a->fx);
+	if (v != NULL) {
+		delta_build_fini(&v->db);
 		swarm_release(&a->sw, v->f);
-	agent_fetch_asks_fini(a);
+	}
+	agent_version_asks_fini(a);
 	agent_chain_end(a, false);
 	delta_fini(&a->ds);
 	swarm_fini(&a->sw);
+	fetcher_fini(&a->fx); /* the read pool, pacing records, kept connections, wires */
 	agent_inplace_fini(a);
 	agent_unexpose(a); /* the memory it names goes now */
 	node_attach_free(a->attach); /* frees the slots only requests kept */

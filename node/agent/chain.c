@@ -102,7 +102,7 @@ static void take_whole(struct node_agent *a)
 
 	agent_chain_end(a, false);
 	a->full_v = target;
-	agent_start_fetch(a, target);
+	agent_version_start(a, target);
 }
 
 /* Our rank's wire and payload bytes in layout ml of a manifest. */
@@ -121,7 +121,7 @@ static void next_step(struct node_agent *a)
 {
 	struct agent_chain *c = a->chain;
 
-	agent_start_fetch(a, c->steps[c->next++]);
+	agent_version_start(a, c->steps[c->next++]);
 }
 
 static void choose(struct node_agent *a, bool full, size_t holders);
@@ -347,7 +347,7 @@ int agent_chain_begin(struct node_agent *a)
 		LOG_INFO("node %s: v%" PRIu64 " is a delta against v%" PRIu64
 			 ", and this node holds no version: looking for the chain to replay",
 			 a->node_id, f->version, f->man.parent_version);
-	agent_fetch_drop(a);
+	agent_version_drop(a);
 	a->chain = c;
 	if (trk_client_watch(a->trk, 0, 0, on_versions, a) != 0) {
 		plan_fail(a, "cannot ask the tracker for its versions");
@@ -378,7 +378,7 @@ bool agent_chain_step_done(struct node_agent *a)
 	c->slot_version = f->version;
 	memcpy(c->slot_digest, f->man.digest, PROTO_HASH_BYTES);
 	/* No worker reads the previous step once this fetch is freed. */
-	agent_fetch_drop(a);
+	agent_version_drop(a);
 	if (c->slot != NULL)
 		node_slot_free(&a->store, c->slot);
 	c->slot = built;

@@ -195,7 +195,7 @@ static void fail_paused(struct node_agent *a, struct fetch *f, const struct prot
 	LOG_ERR("node %s: v%" PRIu64 " in-place install failed: %s; admission stays paused "
 		"until a complete version is installed",
 		a->node_id, f->version, err->msg);
-	agent_fetch_fail(a, "in-place install of v%" PRIu64 " failed: %s (serving paused)",
+	agent_version_fail(a, "in-place install of v%" PRIu64 " failed: %s (serving paused)",
 			 f->version, err->msg);
 }
 
@@ -297,14 +297,14 @@ void agent_inplace_start(struct node_agent *a)
 	if (a->installing)
 		return;
 	if (a->inplace_ev == NULL && (a->inplace_ev = evtimer_new(a->base, on_drain_bound, a)) == NULL) {
-		agent_fetch_fail(a, "in-place install: out of memory");
+		agent_version_fail(a, "in-place install: out of memory");
 		return;
 	}
 	uint64_t t_prep = proto_now_ns();
 	if (prep(a, f, &err) != 0) {
 		prep_free(a);
 		if (a->attach != NULL && node_attach_pause(a->attach, f->version, NULL, NULL) != 0) {
-			agent_fetch_fail(a, "in-place install: out of memory");
+			agent_version_fail(a, "in-place install: out of memory");
 			return;
 		}
 		fail_paused(a, f, &err);
@@ -338,7 +338,7 @@ void agent_inplace_start(struct node_agent *a)
 		a->installing = false;
 		agent_unstage_expose(a);
 		swarm_xl_serve(&a->sw, a->active);
-		agent_fetch_fail(a, "in-place install: out of memory");
+		agent_version_fail(a, "in-place install: out of memory");
 		return;
 	}
 	node_arm(a->inplace_ev, proto_param(PROTO_PARAM_INPLACE_DRAIN_MS));

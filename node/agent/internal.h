@@ -8,7 +8,8 @@
  *               to activate
  *   session.c   the tracker session: registration, lease, watch, the
  *               replica's target, state reports (tracker I/O only)
- *   activate.c  the activation record and the switch of the served slot
+ *   activate.c  the activation: the other ranks' statements checked, the
+ *               activation record, the switch, what follows it
  *   inplace.c   in-place installs: drain, write into the served slot, resume
  *   chain.c     a delta without its parent: replay the chain, or take the
  *               version whole
@@ -73,7 +74,7 @@ enum agent_stage {
 struct agent_version {
 	enum agent_stage stage;
 	uint64_t version;
-	uint64_t id; /* a->fetch_ids when started: its tracker answers carry it */
+	uint64_t id; /* a->version_ids when started: its tracker answers carry it */
 	struct node_agent *a;
 	struct fetch *f;
 	struct delta_build db; /* a delta's build (node/rebuild/) */
@@ -177,8 +178,8 @@ struct node_agent {
 	struct agent_version *stopped_ver; /* node_agent_stop -> node_agent_free */
 	/* Tracker requests of a version: an answer counts only for the version
 	 * that asked, not for one started since. */
-	uint64_t fetch_ids;
-	struct agent_fetch_ask *fetch_asks;
+	uint64_t version_ids;
+	struct agent_version_ask *version_asks;
 	uint64_t failed; /* the version we last gave up on, and when */
 	uint64_t failed_ms;
 	/* A delta could not be applied here: the tracker is told, so that the
@@ -230,15 +231,15 @@ struct node_agent {
 /* ---- version.c: the lifecycle ---- */
 
 /* Starts version v (the replica's target): its manifest is asked for. */
-void agent_start_fetch(struct node_agent *a, uint64_t v);
+void agent_version_start(struct node_agent *a, uint64_t v);
 /* Moves the version under way to stage st (logged). */
 void agent_stage(struct node_agent *a, enum agent_stage st);
 /* Refuses the version under way: logs and reports why, drops it, and ends
  * a chain replay (an anchor is asked for next). */
-void agent_fetch_fail(struct node_agent *a, const char *fmt, ...)
+void agent_version_fail(struct node_agent *a, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 /* Drops the version under way (reads in flight finish and are ignored). */
-void agent_fetch_drop(struct node_agent *a);
+void agent_version_drop(struct node_agent *a);
 /* The tracker chose the replica's target t (complete: the replica holds it
  * verified, with the other ranks' statements): work toward it, activate. */
 void agent_follow_target(struct node_agent *a, uint64_t t, bool complete, json_t *statements);
@@ -246,13 +247,9 @@ void agent_follow_target(struct node_agent *a, uint64_t t, bool complete, json_t
 void agent_on_verified_report(const struct trk_answer *ans, void *arg);
 /* The fetcher's hook: every chunk of the version is verified (a delta is
  * rebuilt next). */
-void agent_fetch_complete(void *arg);
+void agent_version_fetched(void *arg);
 /* Every chunk verified (and a delta rebuilt): report verified. */
 void agent_verified(struct node_agent *a);
-/* a->active serves the version under way now (old: the slot served
- * before; the same slot when written in place): report, metrics, attach;
- * the version is kept served by the swarm. */
-void agent_activated(struct node_agent *a, struct node_slot *old);
 /* Registered and holding no version: the first version's slot and the plan
  * made ahead, once each. */
 void agent_ready_ahead(struct node_agent *a);
@@ -268,15 +265,15 @@ struct node_slot *agent_delta_parent(const struct node_agent *a, const uint8_t *
 void agent_on_tick(evutil_socket_t fd, short what, void *arg);
 
 /* A ticket for a tracker request of the version under way, passed as the
- * callback's arg: agent_fetch_answered(arg, &a) in the callback gives the
+ * callback's arg: agent_version_answered(arg, &a) in the callback gives the
  * version that asked if it is still under way (else NULL: drop the
  * answer) and frees the ticket. NULL on ENOMEM. A request that could not
- * be sent frees its ticket with agent_fetch_ask_cancel (NULL is fine). */
-struct agent_fetch_ask *agent_fetch_ask_new(struct node_agent *a);
-struct agent_version *agent_fetch_answered(void *arg, struct node_agent **ap);
-void agent_fetch_ask_cancel(struct agent_fetch_ask *t);
+ * be sent frees its ticket with agent_version_ask_cancel (NULL is fine). */
+struct agent_version_ask *agent_version_ask_new(struct node_agent *a);
+struct agent_version *agent_version_answered(void *arg, struct node_agent **ap);
+void agent_version_ask_cancel(struct agent_version_ask *t);
 /* Frees the tickets still out (node_agent_free). */
-void agent_fetch_asks_fini(struct node_agent *a);
+void agent_version_asks_fini(struct node_agent *a);
 
 /* ---- session.c: tracker I/O ---- */
 
@@ -298,6 +295,10 @@ void agent_on_sync_timer(evutil_socket_t fd, short what, void *arg);
 
 /* The replica agreed: switch the served slot (or install in place). */
 void agent_activate(struct node_agent *a);
+/* a->active serves the version under way now (old: the slot served
+ * before; the same slot when written in place): report, metrics, attach;
+ * the version is kept served by the swarm. */
+void agent_activated(struct node_agent *a, struct node_slot *old);
 /* The tracker's claim that the replica is complete holds: every other
  * rank's signed statement comes with it. */
 bool agent_replica_backed(struct node_agent *a, json_t *statements);

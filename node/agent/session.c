@@ -327,7 +327,8 @@ static void on_register(const struct trk_answer *ans, void *arg)
 	if (ans->status == 200 || ans->status == 201) {
 		a->model_refusals = 0;
 		id = json_string_value(json_object_get(ans->json, "node_id"));
-		snprintf(a->node_id, sizeof(a->node_id), "%s", id ? id : a->node_id);
+		if (id != NULL) /* the tracker's name for us (never onto itself) */
+			snprintf(a->node_id, sizeof(a->node_id), "%s", id);
 		a->lease_ms = (uint64_t)json_integer_value(json_object_get(ans->json, "lease_ms"));
 		if (a->lease_ms == 0)
 			a->lease_ms = proto_param(PROTO_PARAM_LEASE_MS);

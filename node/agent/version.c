@@ -61,25 +61,27 @@ static struct agent_version *version_new(struct node_agent *a, uint64_t version)
 		return NULL;
 	}
 	*v = (struct agent_version){.stage = STAGE_MANIFEST, .version = version,
-				    .id = ++a->fetch_ids, .a = a, .f = f};
+				    .id = ++a->version_ids, .a = a, .f = f};
 	v->db.f = f;
 	f->up = v;
 	f->up_free = version_free;
 	return v;
 }
 
-void agent_fetch_drop(struct node_agent *a)
+void agent_version_drop(struct node_agent *a)
 {
 	struct agent_version *v = a->ver;
 
 	a->ver = NULL;
 	fetch_end(&a->fx); /* reads in flight finish into their slots and are ignored */
-	if (v != NULL)
+	if (v != NULL) {
+		delta_build_fini(&v->db); /* first: its worker copies or applies no more */
 		swarm_release(&a->sw, v->f);
+	}
 	delta_warm_pause(&a->ds, false);
 }
 
-void agent_fetch_fail(struct node_agent *a, const char *fmt, ...)
+void agent_version_fail(struct node_agent *a, const char *fmt, ...)
 {
 	struct agent_version *v = a->ver;
 	uint64_t version = v != NULL ? v->version : 0;
@@ -101,7 +103,7 @@ void agent_fetch_fail(struct node_agent *a, const char *fmt, ...)
 	a->failed = a->chain != NULL ? a->chain->target : version;
 	a->failed_ms = node_now_ms();
 	agent_stage(a, STAGE_FAILED);
-	agent_fetch_drop(a);
+	agent_version_drop(a);
 	agent_chain_end(a, true); /* a failed step ends the replay: an anchor next */
 }
 
@@ -121,7 +123,7 @@ static void need_anchor(struct node_agent *a, const char *fmt, ...)
 	va_end(ap);
 	a->need_anchor = true;
 	proto_metrics_add(a->am.m, a->am.delta_refused, 1);
-	agent_fetch_fail(a, "%s; falling back to a full fetch: asking for an anchor", msg);
+	agent_version_fail(a, "%s; falling back to a full fetch: asking for an anchor", msg);
 }
 
 /* ---- manifest, layout, plan, parcels --------------------------------------- */
@@ -165,11 +167,15 @@ static int check_parent(struct node_agent *a)
 	return -ENOENT;
 }
 
-/* A delta's build is over: the slot holds the version, or it is refused. */
+/* A delta's build is over: the slot holds the version, or it is refused.
+ * (A build is freed with its version, and no callback comes after that.) */
 static void on_rebuilt(void *arg, int rc, const char *why)
 {
-	struct node_agent *a = arg;
+	struct agent_version *v = arg;
+	struct node_agent *a = v->a;
 
+	if (a->ver != v)
+		return;
 	if (rc != 0)
 		need_anchor(a, "%s", why);
 	else
@@ -188,7 +194,7 @@ static int setup_parcels(struct node_agent *a)
 		return -ENOENT;
 	if ((rc = fetch_parcels(&a->fx, f, &err)) != 0) {
 		if (rc != -ENOMEM)
-			agent_fetch_fail(a, "%s", err.msg);
+			agent_version_fail(a, "%s", err.msg);
 		return rc;
 	}
 	/* In place, a delta is applied to the served slot: no second one. */
@@ -196,9 +202,9 @@ static int setup_parcels(struct node_agent *a)
 		const uint8_t *digest;
 		v->db.chained = a->chain != NULL;
 		v->db.done = on_rebuilt;
-		v->db.done_arg = a;
+		v->db.done_arg = v;
 		if (delta_slot(&a->ds, &v->db, agent_chain_parent(a, &digest), &err) != 0) {
-			agent_fetch_fail(a, "%s", err.msg);
+			agent_version_fail(a, "%s", err.msg);
 			return -ENOMEM;
 		}
 	}
@@ -212,7 +218,7 @@ static int setup_parcels(struct node_agent *a)
 	agent_stage(a, STAGE_FETCHING);
 	if (f->bytes_total == 0) {
 		f->complete = true;
-		agent_fetch_complete(a);
+		agent_version_fetched(a);
 		return 0;
 	}
 	for (uint32_t i = 0; i < f->nparcels; i++)
@@ -227,11 +233,11 @@ static void with_plan(struct node_agent *a)
 
 	f->plan = &a->plan;
 	if (sodium_memcmp(a->plan.digest, f->ml->plan_digest, PROTO_HASH_BYTES) != 0) {
-		agent_fetch_fail(a, "our plan differs from the one the manifest signed");
+		agent_version_fail(a, "our plan differs from the one the manifest signed");
 		return;
 	}
 	if (setup_parcels(a) == -ENOMEM && a->ver != NULL)
-		agent_fetch_fail(a, "out of memory");
+		agent_version_fail(a, "out of memory");
 	else
 		fetch_pump(&a->fx);
 }
@@ -280,7 +286,7 @@ static void on_layouts(const struct trk_answer *ans, void *arg)
 		return;
 	v->plan_asked = false;
 	if (plan_from_layouts(a, ans, v->f->man.src_layout_digest, &err) != 0) {
-		agent_fetch_fail(a, "%s", err.msg);
+		agent_version_fail(a, "%s", err.msg);
 		return;
 	}
 	LOG_DEBUG("node %s: v%" PRIu64 ": planned from the trainer layout", a->node_id, v->version);
@@ -351,7 +357,7 @@ static bool plan_ready(struct node_agent *a)
 	if (v->plan_asked)
 		return false;
 	if (trk_client_layouts(a->trk, on_layouts, a) != 0)
-		agent_fetch_fail(a, "cannot ask for the trainer layout");
+		agent_version_fail(a, "cannot ask for the trainer layout");
 	else
 		v->plan_asked = true;
 	return false;
@@ -381,7 +387,7 @@ static void with_manifest(struct node_agent *a)
 	a->full_v = 0;
 	if (full || f->ml == NULL) {
 		/* Published before our layout registered: the publisher adds
-		 * it by a signed addendum (addendum.c), else we wait for the
+		 * it by a signed addendum (below), else we wait for the
 		 * next version. Meanwhile what does not depend on it is made
 		 * ready: the plan from the trainer layout, the holders of
 		 * other layouts and our maps of them, and the slot (made and
@@ -449,7 +455,7 @@ static void no_cover(struct node_agent *a)
 
 	if (f->full) {
 		a->full_failed_v = f->version;
-		agent_fetch_fail(a, "no raw copy of v%" PRIu64 " came; its chain is replayed next",
+		agent_version_fail(a, "no raw copy of v%" PRIu64 " came; its chain is replayed next",
 				 f->version);
 		return;
 	}
@@ -460,7 +466,8 @@ static void no_cover(struct node_agent *a)
 		     "no parcels for our layout (published before it registered, no addendum)", NULL);
 	a->failed = f->version;
 	a->failed_ms = node_now_ms();
-	agent_fetch_drop(a);
+	agent_stage(a, STAGE_FAILED);
+	agent_version_drop(a);
 }
 
 static void on_timer(evutil_socket_t fd, short what, void *arg)
@@ -497,7 +504,7 @@ static void again(struct node_agent *a, const char *why)
 static void on_addendum(const struct trk_answer *ans, void *arg)
 {
 	struct node_agent *a;
-	struct agent_version *v = agent_fetch_answered(arg, &a);
+	struct agent_version *v = agent_version_answered(arg, &a);
 	struct proto_addendum ad;
 	struct proto_err err = {{0}};
 
@@ -506,7 +513,7 @@ static void on_addendum(const struct trk_answer *ans, void *arg)
 	struct fetch *f = v->f;
 	if (ans->status == 410 && f->full) { /* a newer version came: none will */
 		a->full_failed_v = f->version;
-		agent_fetch_fail(a, "no raw copy of v%" PRIu64 " will come: a newer version is out "
+		agent_version_fail(a, "no raw copy of v%" PRIu64 " will come: a newer version is out "
 				 "(only the latest is copied); the replica moves on",
 				 f->version);
 		return;
@@ -522,17 +529,17 @@ static void on_addendum(const struct trk_answer *ans, void *arg)
 	    proto_addendum_binds(&ad, &f->man, &err) != 0) {
 		if (ad.version != 0)
 			proto_addendum_fini(&ad);
-		agent_fetch_fail(a, "%s", err.msg);
+		agent_version_fail(a, "%s", err.msg);
 		return;
 	}
 	if (sodium_memcmp(ad.layout.layout_digest, a->layout.digest, PROTO_HASH_BYTES) != 0) {
 		proto_addendum_fini(&ad);
-		agent_fetch_fail(a, "the tracker sent the addendum of another layout");
+		agent_version_fail(a, "the tracker sent the addendum of another layout");
 		return;
 	}
 	if (proto_addendum_extend(&f->man, &ad) != 0) {
 		proto_addendum_fini(&ad);
-		agent_fetch_fail(a, "out of memory");
+		agent_version_fail(a, "out of memory");
 		return;
 	}
 	proto_addendum_fini(&ad);
@@ -551,11 +558,11 @@ static void ask(struct node_agent *a)
 	uint64_t waited = node_now_ms() - f->started_ms;
 	uint64_t wait = proto_param(PROTO_PARAM_ADDENDUM_WAIT_MS);
 	uint32_t left = waited < wait ? (uint32_t)PROTO_MIN(wait - waited, TRK_WAIT_MAX_MS) : 1;
-	struct agent_fetch_ask *t = agent_fetch_ask_new(a);
+	struct agent_version_ask *t = agent_version_ask_new(a);
 
 	if (t == NULL || (f->full ? trk_client_get_copy : trk_client_get_addendum)(
 				 a->trk, f->version, a->layout.digest, left, on_addendum, t) != 0) {
-		agent_fetch_ask_cancel(t);
+		agent_version_ask_cancel(t);
 		again(a, "cannot ask the tracker");
 	}
 }
@@ -577,32 +584,32 @@ static void agent_copy_wait(struct node_agent *a)
 /* A tracker request of one version (its manifest, its parent's, its
  * addendum or raw copy): the version may be dropped and another started
  * before the answer comes (the replica's target moved), and that answer is
- * not the new one's. Tickets live in a->fetch_asks until their answer (or
+ * not the new one's. Tickets live in a->version_asks until their answer (or
  * node_agent_free). */
-struct agent_fetch_ask {
+struct agent_version_ask {
 	struct node_agent *a;
 	uint64_t id;
-	struct agent_fetch_ask *next;
+	struct agent_version_ask *next;
 };
 
-struct agent_fetch_ask *agent_fetch_ask_new(struct node_agent *a)
+struct agent_version_ask *agent_version_ask_new(struct node_agent *a)
 {
-	struct agent_fetch_ask *t = malloc(sizeof(*t));
+	struct agent_version_ask *t = malloc(sizeof(*t));
 
 	if (t == NULL)
 		return NULL;
-	*t = (struct agent_fetch_ask){a, a->ver->id, a->fetch_asks};
-	a->fetch_asks = t;
+	*t = (struct agent_version_ask){a, a->ver->id, a->version_asks};
+	a->version_asks = t;
 	return t;
 }
 
 /* Unlinks and frees t; returns its agent. */
-static struct node_agent *ask_free(struct agent_fetch_ask *t)
+static struct node_agent *ask_free(struct agent_version_ask *t)
 {
 	struct node_agent *a = t->a;
-	struct agent_fetch_ask **pp;
+	struct agent_version_ask **pp;
 
-	for (pp = &a->fetch_asks; *pp != NULL && *pp != t; pp = &(*pp)->next)
+	for (pp = &a->version_asks; *pp != NULL && *pp != t; pp = &(*pp)->next)
 		;
 	if (*pp == t)
 		*pp = t->next;
@@ -610,15 +617,15 @@ static struct node_agent *ask_free(struct agent_fetch_ask *t)
 	return a;
 }
 
-void agent_fetch_ask_cancel(struct agent_fetch_ask *t)
+void agent_version_ask_cancel(struct agent_version_ask *t)
 {
 	if (t != NULL)
 		ask_free(t);
 }
 
-struct agent_version *agent_fetch_answered(void *arg, struct node_agent **ap)
+struct agent_version *agent_version_answered(void *arg, struct node_agent **ap)
 {
-	struct agent_fetch_ask *t = arg;
+	struct agent_version_ask *t = arg;
 	uint64_t id = t->id;
 	struct node_agent *a = ask_free(t);
 
@@ -626,21 +633,21 @@ struct agent_version *agent_fetch_answered(void *arg, struct node_agent **ap)
 	return a->ver != NULL && a->ver->id == id ? a->ver : NULL;
 }
 
-void agent_fetch_asks_fini(struct node_agent *a)
+void agent_version_asks_fini(struct node_agent *a)
 {
-	while (a->fetch_asks != NULL) {
-		struct agent_fetch_ask *t = a->fetch_asks;
-		a->fetch_asks = t->next;
+	while (a->version_asks != NULL) {
+		struct agent_version_ask *t = a->version_asks;
+		a->version_asks = t->next;
 		free(t);
 	}
 }
 
 static int ask_manifest(struct node_agent *a, uint64_t v, trk_client_cb cb)
 {
-	struct agent_fetch_ask *t = agent_fetch_ask_new(a);
+	struct agent_version_ask *t = agent_version_ask_new(a);
 
 	if (t == NULL || trk_client_get_manifest(a->trk, v, cb, t) != 0) {
-		agent_fetch_ask_cancel(t);
+		agent_version_ask_cancel(t);
 		return -EIO;
 	}
 	return 0;
@@ -649,7 +656,7 @@ static int ask_manifest(struct node_agent *a, uint64_t v, trk_client_cb cb)
 static void on_parent(const struct trk_answer *ans, void *arg)
 {
 	struct node_agent *a;
-	struct agent_version *v = agent_fetch_answered(arg, &a);
+	struct agent_version *v = agent_version_answered(arg, &a);
 	struct proto_manifest pm;
 	struct proto_err err;
 
@@ -657,18 +664,18 @@ static void on_parent(const struct trk_answer *ans, void *arg)
 		return;
 	struct fetch *f = v->f;
 	if (ans->status != 200) {
-		agent_fetch_fail(a, "parent v%" PRIu64 ": %s", f->man.parent_version, ans->error);
+		agent_version_fail(a, "parent v%" PRIu64 ": %s", f->man.parent_version, ans->error);
 		return;
 	}
 	if (proto_manifest_decode(ans->body, ans->len, a->trainer_pk, &pm, &err) != 0) {
-		agent_fetch_fail(a, "parent v%" PRIu64 ": %s", f->man.parent_version, err.msg);
+		agent_version_fail(a, "parent v%" PRIu64 ": %s", f->man.parent_version, err.msg);
 		return;
 	}
 	bool ok = pm.version == f->man.parent_version &&
 		  sodium_memcmp(pm.digest, f->man.parent_digest, PROTO_HASH_BYTES) == 0;
 	proto_manifest_fini(&pm);
 	if (!ok) {
-		agent_fetch_fail(a, "broken parent chain: v%" PRIu64 " is not the parent it names",
+		agent_version_fail(a, "broken parent chain: v%" PRIu64 " is not the parent it names",
 				 f->man.parent_version);
 		return;
 	}
@@ -678,32 +685,32 @@ static void on_parent(const struct trk_answer *ans, void *arg)
 static void on_manifest(const struct trk_answer *ans, void *arg)
 {
 	struct node_agent *a;
-	struct agent_version *v = agent_fetch_answered(arg, &a);
+	struct agent_version *v = agent_version_answered(arg, &a);
 	struct proto_err err;
 
 	if (v == NULL)
 		return;
 	struct fetch *f = v->f;
 	if (ans->status != 200) {
-		agent_fetch_fail(a, "manifest: %s", ans->error);
+		agent_version_fail(a, "manifest: %s", ans->error);
 		return;
 	}
 	if (proto_manifest_decode(ans->body, ans->len, a->trainer_pk, &f->man, &err) != 0) {
-		agent_fetch_fail(a, "%s", err.msg);
+		agent_version_fail(a, "%s", err.msg);
 		return;
 	}
 	f->have_man = true;
 	f->su.manifest = proto_wall_ms();
 	if (f->man.version != f->version) {
-		agent_fetch_fail(a, "the tracker sent the manifest of v%" PRIu64, f->man.version);
+		agent_version_fail(a, "the tracker sent the manifest of v%" PRIu64, f->man.version);
 		return;
 	}
 	if (sodium_memcmp(f->man.model_digest, a->model.digest, PROTO_HASH_BYTES) != 0) {
-		agent_fetch_fail(a, "the manifest is for another model");
+		agent_version_fail(a, "the manifest is for another model");
 		return;
 	}
 	if (f->man.chunk_size > a->fx.chunk_size) {
-		agent_fetch_fail(a, "chunk size %u exceeds ours (%u)", f->man.chunk_size,
+		agent_version_fail(a, "chunk size %u exceeds ours (%u)", f->man.chunk_size,
 				 a->fx.chunk_size);
 		return;
 	}
@@ -713,17 +720,17 @@ static void on_manifest(const struct trk_answer *ans, void *arg)
 		with_manifest(a);
 	} else if (a->last_version == f->man.parent_version) {
 		if (sodium_memcmp(a->last_digest, f->man.parent_digest, PROTO_HASH_BYTES) != 0) {
-			agent_fetch_fail(a, "broken parent chain: parent digest differs from v%" PRIu64
+			agent_version_fail(a, "broken parent chain: parent digest differs from v%" PRIu64
 					 "'s", a->last_version);
 			return;
 		}
 		with_manifest(a);
 	} else if (ask_manifest(a, f->man.parent_version, on_parent) != 0) {
-		agent_fetch_fail(a, "cannot fetch the parent manifest");
+		agent_version_fail(a, "cannot fetch the parent manifest");
 	}
 }
 
-void agent_start_fetch(struct node_agent *a, uint64_t version)
+void agent_version_start(struct node_agent *a, uint64_t version)
 {
 	struct agent_version *v = version_new(a, version);
 
@@ -736,7 +743,7 @@ void agent_start_fetch(struct node_agent *a, uint64_t version)
 	delta_warm_pause(&a->ds, true);
 	agent_report(a, version, TRK_STATE_FETCHING, NULL, NULL);
 	if (ask_manifest(a, version, on_manifest) != 0)
-		agent_fetch_fail(a, "cannot ask for the manifest");
+		agent_version_fail(a, "cannot ask for the manifest");
 }
 
 /*
@@ -768,10 +775,10 @@ void agent_note_fresh(struct node_agent *a, uint64_t v, uint64_t now_ms,
 
 /* ---- fetched, verified, active ----------------------------------------------- */
 
-void agent_fetch_complete(void *arg)
+void agent_version_fetched(void *arg)
 {
 	struct node_agent *a = arg;
-	struct agent_version *v = a->ver;
+	struct agent_version *v = a->ver; /* the fetcher's fetch is this version's */
 	struct fetch *f = v->f;
 
 	/* In place, a delta is applied to the served slot at activation. */
@@ -828,7 +835,7 @@ void agent_follow_target(struct node_agent *a, uint64_t t, bool complete, json_t
 	if (a->chain != NULL && a->chain->target != t) {
 		LOG_INFO("node %s: replica %s moved to v%" PRIu64 ": dropping the chain replay to v%" PRIu64,
 			 a->node_id, a->o.replica, t, a->chain->target);
-		agent_fetch_drop(a); /* first: no worker reads the chain's slot then */
+		agent_version_drop(a); /* first: no worker reads the chain's slot then */
 		agent_chain_end(a, false);
 		v = NULL;
 	}
@@ -836,14 +843,14 @@ void agent_follow_target(struct node_agent *a, uint64_t t, bool complete, json_t
 		LOG_INFO("node %s: replica %s moved to v%" PRIu64 ": dropping v%" PRIu64 "%s",
 			 a->node_id, a->o.replica, t, v->version,
 			 agent_verified_stage(v) ? " (verified)" : "");
-		agent_fetch_drop(a);
+		agent_version_drop(a);
 		v = NULL;
 	}
 	if (v == NULL) {
 		if (a->chain != NULL)
 			return; /* planning the replay to t */
 		if (t > active && (t != a->failed || node_now_ms() - a->failed_ms >= FAILED_RETRY_MS))
-			agent_start_fetch(a, t);
+			agent_version_start(a, t);
 		return;
 	}
 	if (v->stage != STAGE_VERIFIED)
@@ -884,48 +891,6 @@ void agent_on_verified_report(const struct trk_answer *ans, void *arg)
 	 * the sync period armed before the verification. */
 	if (a->ver == v && agent_verified_stage(v))
 		node_arm(a->sync_ev, agent_sync_period(a));
-}
-
-void agent_activated(struct node_agent *a, struct node_slot *old)
-{
-	struct agent_version *v = a->ver;
-	struct fetch *f = v->f;
-
-	memcpy(a->active_digest, f->man.digest, PROTO_HASH_BYTES);
-	a->need_anchor = false;
-	node_wait_over(&a->wait, NULL);
-	agent_stage(a, STAGE_ACTIVE);
-	LOG_INFO("node %s: v%" PRIu64 " active (%" PRIu64 " bytes, %" PRIu64 " from trainer, %" PRIu64
-		 " from peers, %" PRIu64 " refetched, %" PRIu64 " ms; %u stalled reads, %u times a "
-		 "congested peer was waited for, %u failed reads, %u chunks failed their hash)",
-		 a->node_id, f->version, f->bytes_done, f->from_trainer, f->from_peers, f->refetched,
-		 node_now_ms() - f->started_ms, f->stalls, f->congested, f->read_failures,
-		 f->bad_chunks);
-	proto_metrics_set(a->am.m, a->am.active_version, f->version);
-	proto_metrics_set(a->am.m, a->am.serving_bytes, a->active->len);
-	proto_metrics_add(a->am.m, a->am.activations, 1);
-	proto_metrics_observe(a->am.m, a->am.activation_seconds,
-			      (double)(node_now_ms() - f->started_ms) / 1000.0);
-	agent_report(a, f->version, TRK_STATE_ACTIVE, NULL, NULL);
-	/* The fetch ends; its parcels stay served (until the next
-	 * activation): the swarm keeps the version, record and all. */
-	a->ver = NULL;
-	fetch_end(&a->fx);
-	delta_warm_pause(&a->ds, false);
-	/* Requests pinning the old slot keep it until they release it. In
-	 * place, the same slot comes back with the new version. */
-	agent_chain_end(a, false); /* the target is active: the replay is over */
-	delta_activated(&a->ds, &v->db, old); /* a standby copied from old goes first */
-	swarm_keep(&a->sw, f); /* may free the version (not served): last */
-	swarm_xl_serve(&a->sw, a->active);
-	if (old == a->active) {
-		if (node_attach_paused(a->attach)) /* an in-place install resumes on its own */
-			node_attach_resume(a->attach, a->active, a->active_digest);
-	} else {
-		node_attach_activate(a->attach, a->active, a->active_digest);
-		node_attach_retire(a->attach, &a->store, old);
-	}
-	agent_sync_now(a); /* the replica's next target may be there already */
 }
 
 /* ---- the tick ------------------------------------------------------------------ */

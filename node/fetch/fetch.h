@@ -7,14 +7,27 @@
  * one fetcher per rank and hands it each version's fetch; the fetcher calls
  * back up only through its hooks (struct fetch_hooks).
  *
- *   fetch.c    the fetcher and a fetch: setup, teardown, start-up timeline
- *   pace.c     sources: pacing per source and per host, silence, kept connections
- *   picker.c   which chunk to read next, from whom (pure: node/fetch/picker.h)
+ *   fetcher.c  the fetcher and a fetch: setup, the parcels a manifest owes
+ *              the rank, the current fetch, teardown
+ *   pace.c     sources: pacing per source and per host, silence, kept
+ *              connections
+ *   picker.c   which chunk to read next, from whom (node/fetch/picker.h)
  *   owners.c   who reads which of the trainer's chunks; what peers hold
  *   sources.c  the tracker's source lists, merged into the parcels'
- *   reads.c    the read pool: posting reads, landing them, the verdict
+ *   reads.c    the read pool: posting reads, landing them, the verdict on
+ *              each chunk; a chunk's state as our have-page shows it
+ *   bans.c     peers that sent chunks failing their hash
  *   pump.c     posting reads until the windows are full; silent sources
- *   wires.c    buffers for a delta parcel's encoded bytes, kept across versions
+ *   wires.c    buffers for a delta parcel's encoded bytes, kept across
+ *              versions
+ *
+ * Sources of chunks: publishers and swarm peers are the sources the tracker
+ * lists, which the fetcher reads itself (fetch_read_post: one-sided reads,
+ * a peer's chunk gathered from its version slot); cross-layout holders are
+ * a source kind of their own, behind two hooks (holders_post,
+ * holders_serve: node/swarm/xl_read.c). A fetch is freed through
+ * swarm_release (node/swarm/swarm.h), which withdraws what the swarm
+ * serves of it first.
  *
  * Everything here runs on the agent's libevent loop; the verifier's workers
  * touch only a job's bytes and its destination.
@@ -325,7 +338,7 @@ struct fetcher {
 	uint8_t *bounce;
 	size_t bounce_len;
 	struct fab_mr *bounce_mr;
-	struct node_verifier *ver;
+	struct node_verifier *verifier;
 	struct fetch_read *reads;
 	uint32_t nreads, inflight, max_inflight;
 	uint32_t chunk_size;
@@ -371,12 +384,14 @@ static inline size_t fetch_rank_bytes(const struct fetcher *x)
 /* Sets up the fetcher: its read buffers registered with o->fab, the
  * verifier's workers. 0, or an error in err (fetcher_fini cleans up). */
 int fetcher_init(struct fetcher *x, const struct fetcher_opts *o, struct proto_err *err);
-/* Teardown in two steps around the shared endpoint's fab_close (whose
- * cancelled operations call back): fetcher_stop frees the timers and
- * detaches the fetch; fetcher_fini, after fab_close, stops the verifier's
- * workers and frees the rest. Fetches still held are freed after it
- * (fetch_free works then, without the endpoint). */
+/* Teardown around the shared endpoint's fab_close (whose cancelled
+ * operations call back): fetcher_stop frees the timers and detaches the
+ * fetch; after fab_close, fetcher_quiesce stops the verifier's workers (no
+ * worker touches a fetch after it: fetches may be freed, fetch_free works
+ * without the endpoint), and fetcher_fini, after the fetches, frees the
+ * rest (it quiesces first when that was not done). */
 void fetcher_stop(struct fetcher *x);
+void fetcher_quiesce(struct fetcher *x);
 void fetcher_fini(struct fetcher *x);
 /* The regions the fetcher registered, closed while the endpoint is still
  * open (a setup that failed half way). */
@@ -402,27 +417,7 @@ void fetch_end(struct fetcher *x);
  * still has one, its manifest. What the swarm serves of it must be
  * withdrawn first (swarm_release does both). */
 void fetch_free(struct fetcher *x, struct fetch *f);
-/* Logs f's start-up timeline (f->su) at its first byte; once. */
-void fetch_startup_log(const struct fetcher *x, const struct fetch *f);
-/* The ranges of the slot chunk c of p lies in (sp: the first GATHER_RANGES
- * of them); more than GATHER_RANGES: not gathered. */
-uint32_t fetch_chunk_spans(const struct fetcher *x, const struct fetch *f,
-			   const struct fetch_parcel *p, uint32_t c,
-			   struct proto_span sp[GATHER_RANGES]);
-/* Whether a verified chunk c of p is copied after its have-page (it is
- * served, not from the slot). */
-bool fetch_chunk_copied(const struct fetcher *x, const struct fetch *f,
-			const struct fetch_parcel *p, uint32_t c);
-/* Our have-page of p: chunk c is being fetched (busy), had, or neither. */
-void fetch_mark(struct fetch_parcel *p, uint32_t c, int what);
-#define FETCH_MARK_NONE 0
-#define FETCH_MARK_BUSY 1
-#define FETCH_MARK_HAVE 2
-/* A read of chunk c of p failed or moved (nlive already counts it out):
- * with no other read of it out, it is to fetch again. */
-void fetch_chunk_idle(struct fetch_parcel *p, uint32_t c);
-
-/* ---- bans (reads.c) ---- */
+/* ---- bans.c ---- */
 
 /* A chunk from the peer with this id failed its hash; true when that bans it. */
 bool fetch_bad_peer(struct fetcher *x, struct fetch *f, const char *id);
@@ -473,6 +468,26 @@ void fetch_hosts_fini(struct fetcher *x);
 void fetch_conns_fini(struct fetcher *x);
 
 /* ---- reads.c ---- */
+
+/* Logs f's start-up timeline (f->su) at its first byte; once. */
+void fetch_startup_log(const struct fetcher *x, const struct fetch *f);
+/* The ranges of the slot chunk c of p lies in (sp: the first GATHER_RANGES
+ * of them); more than GATHER_RANGES: not gathered. */
+uint32_t fetch_chunk_spans(const struct fetcher *x, const struct fetch *f,
+			   const struct fetch_parcel *p, uint32_t c,
+			   struct proto_span sp[GATHER_RANGES]);
+/* Whether a verified chunk c of p is copied after its have-page (it is
+ * served, not from the slot). */
+bool fetch_chunk_copied(const struct fetcher *x, const struct fetch *f,
+			const struct fetch_parcel *p, uint32_t c);
+/* Our have-page of p: chunk c is being fetched (busy), had, or neither. */
+void fetch_mark(struct fetch_parcel *p, uint32_t c, int what);
+#define FETCH_MARK_NONE 0
+#define FETCH_MARK_BUSY 1
+#define FETCH_MARK_HAVE 2
+/* A read of chunk c of p failed or moved (nlive already counts it out):
+ * with no other read of it out, it is to fetch again. */
+void fetch_chunk_idle(struct fetch_parcel *p, uint32_t c);
 
 int fetch__pool_init(struct fetcher *x, struct proto_err *err);
 void fetch__pool_fini(struct fetcher *x);

@@ -34,10 +34,17 @@ void fetcher_stop(struct fetcher *x)
 	x->f = NULL; /* reads the endpoint's close cancels find no fetch */
 }
 
-void fetcher_fini(struct fetcher *x)
+void fetcher_quiesce(struct fetcher *x)
 {
 	x->o.fab = x->o.hfab = NULL; /* closed: its handles and regions went with it */
 	x->o.fl = x->o.hfl = NULL;
+	node_verifier_free(x->verifier); /* no worker touches a fetch after this */
+	x->verifier = NULL;
+}
+
+void fetcher_fini(struct fetcher *x)
+{
+	fetcher_quiesce(x);
 	fetch__pool_fini(x);
 	fetch_hosts_fini(x);
 	fetch_conns_fini(x);
@@ -48,8 +55,8 @@ void fetcher_fini(struct fetcher *x)
 
 void fetch_drain(struct fetcher *x)
 {
-	if (x->ver != NULL)
-		node_verifier_drain(x->ver);
+	if (x->verifier != NULL)
+		node_verifier_drain(x->verifier);
 }
 
 struct fetch *fetch_new(uint64_t v)
@@ -147,7 +154,7 @@ void fetch_free(struct fetcher *x, struct fetch *f)
 {
 	if (f == NULL)
 		return;
-	if (f->up_free != NULL) /* first: no worker of theirs touches the slot then */
+	if (f->up_free != NULL) /* first: the layer above lets go of the slot */
 		f->up_free(f->up);
 	for (uint32_t i = 0; i < f->nparcels; i++) {
 		struct fetch_parcel *p = &f->parcels[i];

@@ -1,12 +1,17 @@
 /*
- * The picker: which chunk of a parcel a node reads next, and from whom.
- * A pure module: its inputs are the fetch's state (each chunk's state and
+ * The picker: which chunk of a parcel a node reads next, and from whom
+ * among the sources the tracker listed (publishers, swarm peers).
+ * Policy alone: its inputs are the fetch's state (each chunk's state and
  * reads in flight, what the swarm's peers hold and fetch by their last
  * have-pages, who owns which of the trainer's chunks), its sources' pacing
- * and upload budgets, and the node's reads in flight; its output is the
- * next read. It posts nothing: the pump (pump.c) does. The one side effect
- * is a source's fabric handle, made when the pick lands on it
- * (fetch_source_ready). Tested directly in tests/test_picker.c.
+ * and upload budgets, the node's reads in flight and the clock; its output
+ * is the next read. It posts nothing (the pump does, pump.c) and keeps
+ * only its own bookkeeping (a parcel's round-robin position and hunger,
+ * the judgement of the trainer's last wave, a peer's budget tokens). Its
+ * one step outside policy is a source's fabric handle, made when the pick
+ * lands on a source without one (fetch_source_ready). Tested directly,
+ * without an agent, in tests/test_picker.c. Cross-layout holders are
+ * asked before a publisher's chunk by the pump (node/swarm/xl_read.c).
  *
  * Per parcel, in order:
  *   1. rarest first among chunks some usable peer holds (fewest holders;

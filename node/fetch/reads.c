@@ -100,7 +100,7 @@ void fetch_read_landed(struct fetch_read *rd, int status)
 		.placed_arg = x,
 	};
 	rd->vslot = f->slot;
-	node_verifier_submit(x->ver, &rd->job);
+	node_verifier_submit(x->verifier, &rd->job);
 	fetch_pump(x);
 }
 
@@ -357,18 +357,18 @@ int fetch__pool_init(struct fetcher *x, struct proto_err *err)
 			&x->bounce_mr);
 	if (rc != 0)
 		return proto_errf(err, -rc, "fabric: cannot register read buffers");
-	x->ver = node_verifier_new(x->o.base, node_verifier_threads(), on_verified, x);
+	x->verifier = node_verifier_new(x->o.base, node_verifier_threads(), on_verified, x);
 	x->rate_bps = proto_param(PROTO_PARAM_FETCH_MBPS) * 1000000ull / 8;
 	x->rate_ev = evtimer_new(x->o.base, on_rate, x);
-	if (x->ver == NULL || x->rate_ev == NULL)
+	if (x->verifier == NULL || x->rate_ev == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
 	return 0;
 }
 
 void fetch__pool_fini(struct fetcher *x)
 {
-	node_verifier_free(x->ver); /* no worker touches a fetch after this */
-	x->ver = NULL;
+	node_verifier_free(x->verifier); /* no worker touches a fetch after this */
+	x->verifier = NULL;
 	if (x->bounce != NULL)
 		munmap(x->bounce, x->bounce_len);
 	x->bounce = NULL;

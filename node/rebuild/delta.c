@@ -59,7 +59,7 @@ static int apply_parcel(struct delta_build *b, uint32_t i, unsigned threads,
 
 /*
  * On the rebuild's worker, after the copy: every parcel's delta applied,
- * each as soon as its bytes are whole (agent_delta_landed), so that the
+ * each as soon as its bytes are whole (delta_landed), so that the
  * parcels that land first are applied while the others arrive and only
  * what landed last is left after the last chunk. Parcels write disjoint
  * pieces of the slot: their order does not matter. It reads only what the

@@ -871,8 +871,8 @@ static void move_silent(struct swarm *sw, struct fetch *f, uint64_t now)
 
 /* A delta taken whole has no source but holders: once none is left for
  * XL_ALONE_MS (none listed, or each banned for chunks that failed the raw
- * copy's hashes), the fetch is refused and the version's next try replays
- * the chain. True when the fetch is gone. */
+ * copy's hashes), the fetch is refused (o.refuse) and the version's next
+ * try replays the chain. True when it was refused: the fetch may be gone. */
 static bool full_alone(struct swarm *sw, struct swarm_xl *x, struct fetch *f,
 		       uint64_t now)
 {
