@@ -167,6 +167,13 @@ $(BUILD)/bin/$(call bin_name,$(basename $(notdir $(1)))): $(BUILD)/rel/$(1:.c=.o
 endef
 $(foreach m,$(MAINS),$(eval $(call program,$(m))))
 
+# tessera-node under ASan+UBSan too: the tests that run it as a process
+# (TESSERA_ASAN_BIN) catch its memory errors, which a release build hides.
+$(BUILD)/asan/bin/tessera-node: $(BUILD)/asan/node/host/main_node.o $(asan_LIBS) \
+		$(BUILD)/asan/libtessera-client.a
+	@mkdir -p $(dir $@)
+	$(CC) $(BASEFLAGS) $(SANFLAGS) $< $(asan_LIBS) $(BUILD)/asan/libtessera-client.a $(ALL_LIBS) -o $@
+
 # ---- tests: each tests/test_X.c is one cmocka binary under ASan+UBSan -----
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(TEST_SRCS))
 # tests/filter.c: TEST_FILTER=pattern for every binary. Objects reached only
@@ -185,9 +192,10 @@ TEST_ENV := ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0:abort_on_error=1 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
             TESSERA_BIN=$(abspath $(BUILD)/bin) TESSERA_TEST_DATA=$(abspath tests/data) \
             TESSERA_CLIENT_LIB=$(abspath $(BUILD)/lib/libtessera-client.so) \
-            TESSERA_PYTHON_DIR=$(abspath node/python)
+            TESSERA_PYTHON_DIR=$(abspath node/python) \
+            TESSERA_ASAN_BIN=$(abspath $(BUILD)/asan/bin)
 
-check: $(RUN_TESTS) $(BINS) $(CLIENT_LIBS)
+check: $(RUN_TESTS) $(BINS) $(CLIENT_LIBS) $(BUILD)/asan/bin/tessera-node
 	@TEST_ENV='$(TEST_ENV)' tests/run.sh $(RUN_TESTS)
 
 # ---- benchmarks and fuzzers -----------------------------------------------
