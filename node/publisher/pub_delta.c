@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "proto/canary.h"
+#include "proto/chunkhash.h"
 #include "proto/delta.h"
 
 void node__pub_parent_free(struct pub_parent *pp)
@@ -276,8 +277,7 @@ done:
 	}
 	for (uint32_t c = 0; c < it->nchunks; c++) {
 		uint64_t c0 = (uint64_t)c * chunk_size;
-		crypto_generichash(it->hash[c], PROTO_HASH_BYTES, it->enc + c0,
-				   PROTO_MIN((uint64_t)chunk_size, len - c0), NULL, 0);
+		proto_chunk_hash(it->hash[c], it->enc + c0, PROTO_MIN((uint64_t)chunk_size, len - c0));
 	}
 }
 

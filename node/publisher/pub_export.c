@@ -1,6 +1,7 @@
 /* The publisher's export of a version: snapshot, gather/hash workers, manifest, publish/verify. */
 #include "node/publisher/pub_internal.h"
 #include "proto/canary.h"
+#include "proto/chunkhash.h"
 #include "proto/delta.h"
 
 #include <errno.h>
@@ -210,17 +211,17 @@ static void job_gather(struct pub_job *j)
 		bool sums = j->sums && item_sums_start(p, it, &dp, &su);
 		for (uint32_t c = 0; c < it->nchunks && !atomic_load(&p->abort); c++) {
 			uint64_t c0 = (uint64_t)c * cs, clen = PROTO_MIN(cs, bytes - c0);
-			crypto_generichash_state st;
-			crypto_generichash_init(&st, NULL, 0, PROTO_HASH_BYTES);
+			struct proto_chunk_hasher st;
+			proto_chunk_hash_init(&st);
 			for (uint64_t o = 0; o < clen; o += HASH_STEP) {
 				uint64_t n = PROTO_MIN(HASH_STEP, clen - o);
 				uint8_t *dst = pt->buf + it->off + c0 + o;
 				proto_parcel_gather(&it->sl->plan, it->pc, &p->tl, j->block, c0 + o, n, dst);
-				crypto_generichash_update(&st, dst, n);
+				proto_chunk_hash_update(&st, dst, n);
 				if (sums)
 					proto_dparcel_summer_feed(&su, pt->buf + it->off, c0 + o + n);
 			}
-			crypto_generichash_final(&st, it->hash[c], PROTO_HASH_BYTES);
+			proto_chunk_hash_final(&st, it->hash[c]);
 			if (early)
 				release_upto(j, &rel, KEY(i, c0 + clen));
 		}
