@@ -186,7 +186,17 @@ struct proto_delta_opts {
 	 * are counted by the scan, so a dense child costs about one compare,
 	 * not its encoding). */
 	uint64_t max_changed;
+	/* Not NULL: an encode on one thread keeps its scratch (zstd context
+	 * and buffers) in *keep for the next one, made or remade as needed
+	 * (*keep NULL at first), instead of making and freeing its own: a
+	 * caller encoding parcels one after the other maps and faults them in
+	 * once. The caller frees it with proto_delta_scratch_free. */
+	struct proto_delta_scratch **keep;
 };
+
+struct proto_delta_scratch;
+/* Frees what opts.keep kept; NULL is fine. */
+void proto_delta_scratch_free(struct proto_delta_scratch *s);
 
 /* What an encode produced. Bytes are compressed bytes in the delta. */
 struct proto_delta_stats {
@@ -282,8 +292,9 @@ int proto_delta_check_parent(const struct proto_delta *d, const struct proto_del
 			     struct proto_err *err);
 
 /* Makes sure threads (at most 16) apply workers are kept ready, their
- * windows' pages faulted in, so that the next apply on that many threads
- * starts without mapping any (a node calls it while it waits for its
+ * windows' pages faulted in, and as many threads in the pool
+ * (proto/pool.h), so that the next apply on that many threads starts
+ * without mapping or making any (a node calls it while it waits for its
  * first delta). 0, or -ENOMEM (those made are kept). Thread-safe. */
 int proto_delta_apply_warm(unsigned threads);
 

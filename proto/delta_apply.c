@@ -2,12 +2,12 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sodium.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
 
 #include "proto/delta_internal.h"
+#include "proto/pool.h"
 #include "proto/wsum.h"
 
 #define SR_CAP (32u << 10) /* decoded bytes a stream reader holds */
@@ -559,8 +559,7 @@ struct job {
 	uint8_t *const *bufs;
 	uint32_t *work; /* chunks that change something */
 	uint64_t nwork;
-	_Atomic uint64_t next;
-	_Atomic int stop;
+	struct worker **wks; /* one per thread of the apply */
 	uint64_t *done;
 	uint64_t (*part)[2]; /* per chunk: movement and touched checksum */
 	pthread_mutex_t lock;
@@ -595,13 +594,13 @@ static void worker_fini(struct worker *wk)
  * applies. A node applies one delta per version; made afresh for each, a
  * worker's pages were mapped and faulted in again every time (~250 minor
  * faults per apply of a 256 MiB model on 2 threads, more on the first,
- * several microseconds each in a VM). At most POOL_MAX are kept, for the
+ * several microseconds each in a VM). At most KEPT_MAX are kept, for the
  * life of the process; proto_delta_apply_warm makes them ahead.
  */
-#define POOL_MAX 16
-static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct worker *pool[POOL_MAX];
-static unsigned npool;
+#define KEPT_MAX 16
+static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct worker *kept[KEPT_MAX];
+static unsigned nkept;
 
 static void worker_free(struct worker *wk)
 {
@@ -616,10 +615,10 @@ static struct worker *worker_get(void)
 {
 	struct worker *wk = NULL;
 
-	pthread_mutex_lock(&pool_mu);
-	if (npool > 0)
-		wk = pool[--npool];
-	pthread_mutex_unlock(&pool_mu);
+	pthread_mutex_lock(&kept_mu);
+	if (nkept > 0)
+		wk = kept[--nkept];
+	pthread_mutex_unlock(&kept_mu);
 	if (wk != NULL)
 		return wk;
 	if ((wk = malloc(sizeof(*wk))) != NULL && worker_init(wk) != 0) {
@@ -629,22 +628,22 @@ static struct worker *worker_get(void)
 	return wk;
 }
 
-/* Keeps wk for the next apply (or frees it when POOL_MAX are kept). */
+/* Keeps wk for the next apply (or frees it when KEPT_MAX are kept). */
 static void worker_put(struct worker *wk)
 {
-	pthread_mutex_lock(&pool_mu);
-	if (wk != NULL && npool < POOL_MAX) {
-		pool[npool++] = wk;
+	pthread_mutex_lock(&kept_mu);
+	if (wk != NULL && nkept < KEPT_MAX) {
+		kept[nkept++] = wk;
 		wk = NULL;
 	}
-	pthread_mutex_unlock(&pool_mu);
+	pthread_mutex_unlock(&kept_mu);
 	worker_free(wk);
 }
 
 int proto_delta_apply_warm(unsigned threads)
 {
-	struct worker *wks[POOL_MAX];
-	unsigned n = threads < POOL_MAX ? threads : POOL_MAX, got = 0;
+	struct worker *wks[KEPT_MAX];
+	unsigned n = threads < KEPT_MAX ? threads : KEPT_MAX, got = 0;
 	int rc = 0;
 
 	/* Take them all at once, so that n distinct ones are kept. */
@@ -659,6 +658,7 @@ int proto_delta_apply_warm(unsigned threads)
 			memset(wks[i]->bufs[s], 0, SR_CAP);
 		worker_put(wks[i]);
 	}
+	proto_pool_reserve(n);
 	return rc;
 }
 
@@ -668,37 +668,26 @@ static uint8_t *chunk_base(const struct proto_delta *d, uint8_t *const *bufs, ui
 	return bufs[c->tensor] + c->base * d->tensors[c->tensor].elsize;
 }
 
-/* One thread's share: its worker (allocated before any thread starts). */
-struct share {
-	struct job *j;
-	struct worker *wk;
-};
-
-static void *apply_worker(void *arg)
+/* Applies the i-th chunk that changes something, on the thread's worker
+ * (allocated before any thread starts). */
+static int apply_one(void *arg, unsigned slot, uint64_t i)
 {
-	struct share *sh = arg;
-	struct job *j = sh->j;
-	struct worker *wk = sh->wk;
+	struct job *j = arg;
+	struct worker *wk = j->wks[slot];
+	uint32_t ci = j->work[i];
+	int rc = apply_chunk(wk, j->d, &j->d->chunks[ci], chunk_base(j->d, j->bufs, ci), false, 0,
+			     &j->done[ci], j->part[ci], NULL, NULL, &wk->err);
 
-	while (!atomic_load(&j->stop)) {
-		uint64_t i = atomic_fetch_add(&j->next, 1);
-		if (i >= j->nwork)
-			break;
-		uint32_t ci = j->work[i];
-		int rc = apply_chunk(wk, j->d, &j->d->chunks[ci], chunk_base(j->d, j->bufs, ci), false,
-				     0, &j->done[ci], j->part[ci], NULL, NULL, &wk->err);
-		if (rc != 0) {
-			pthread_mutex_lock(&j->lock);
-			if (j->rc == 0 || ci < j->err_chunk) {
-				j->rc = rc;
-				j->err_chunk = ci;
-				j->err = wk->err;
-			}
-			pthread_mutex_unlock(&j->lock);
-			atomic_store(&j->stop, 1);
-		}
+	if (rc == 0)
+		return 0;
+	pthread_mutex_lock(&j->lock);
+	if (j->rc == 0 || ci < j->err_chunk) {
+		j->rc = rc;
+		j->err_chunk = ci;
+		j->err = wk->err;
 	}
-	return NULL;
+	pthread_mutex_unlock(&j->lock);
+	return 1;
 }
 
 /* Reverts every chunk that wrote something, with a worker allocated before
@@ -753,9 +742,7 @@ int proto_delta_apply(const struct proto_delta *d, const struct proto_delta_pare
 {
 	uint64_t *sums = NULL;
 	struct worker **wks = NULL;
-	struct share *shares = NULL;
-	pthread_t *th = NULL;
-	unsigned started = 0, ready = 0;
+	unsigned ready = 0;
 	struct job j;
 	int rc;
 
@@ -797,28 +784,18 @@ int proto_delta_apply(const struct proto_delta *d, const struct proto_delta_pare
 		threads = (unsigned)PROTO_MAX(j.nwork, (uint64_t)1);
 	/* Workers (decoders and windows) exist before anything is written, so
 	 * that undo never needs memory; worker 0 also serves the undo. */
-	th = calloc(threads, sizeof(*th));
 	wks = calloc(threads, sizeof(*wks));
-	shares = calloc(threads, sizeof(*shares));
-	if (th == NULL || wks == NULL || shares == NULL) {
+	if (wks == NULL) {
 		rc = proto_errf(err, ENOMEM, "delta apply: out of memory");
 		goto out;
 	}
-	for (ready = 0; ready < threads; ready++) {
+	for (ready = 0; ready < threads; ready++)
 		if ((wks[ready] = worker_get()) == NULL) {
 			rc = proto_errf(err, ENOMEM, "delta apply: out of memory");
 			goto out;
 		}
-		shares[ready] = (struct share){&j, wks[ready]};
-	}
-	if (threads > 1)
-		for (started = 0; started < threads; started++)
-			if (pthread_create(&th[started], NULL, apply_worker, &shares[started]) != 0)
-				break;
-	if (started == 0)
-		apply_worker(&shares[0]);
-	for (unsigned i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
+	j.wks = wks;
+	proto_pool_for(j.nwork, threads, apply_one, &j);
 	if (j.rc != 0) {
 		rc = j.rc;
 		if (err != NULL)
@@ -862,12 +839,10 @@ out:
 	for (unsigned i = 0; i < ready; i++)
 		worker_put(wks[i]);
 	free(wks);
-	free(shares);
 	free(sums);
 	free(j.work);
 	free(j.done);
 	free(j.part);
-	free(th);
 	pthread_mutex_destroy(&j.lock);
 	return rc;
 }

@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +13,7 @@
 #include "proto/canary.h"
 #include "proto/chunkhash.h"
 #include "proto/delta.h"
+#include "proto/pool.h"
 
 void node__pub_parent_free(struct pub_parent *pp)
 {
@@ -192,11 +192,13 @@ unsigned node__pub_delta_threads(size_t nranks)
 }
 
 void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32_t chunk_size,
-				 unsigned threads, const uint8_t *block)
+				 unsigned threads, const uint8_t *block,
+				 struct proto_delta_scratch **keep)
 {
 	struct proto_dparcel dp;
 	struct proto_delta_stats st;
-	struct proto_delta_opts o = {.threads = threads, .parent_sums = it->parent_sums};
+	struct proto_delta_opts o = {.threads = threads, .parent_sums = it->parent_sums,
+				     .keep = keep};
 	struct enc_ctx cn = {.p = p, .it = it, .dp = &dp, .block = block, .parent = it->parent,
 			     .sum = 0, .in_place = 0};
 	const uint8_t **pd = NULL, **cd = NULL;
@@ -440,7 +442,7 @@ bool node__pub_keeps_parent(const struct node_pub *p)
 enum pf_kind { PF_BLOCK, PF_SERVED };
 
 struct pub_prefault {
-	pthread_t tid;
+	struct proto_pool_task task;
 	const atomic_bool *abort;
 	const struct proto_ckpt *ck; /* a checkpoint to read ahead, or NULL */
 	size_t n;
@@ -454,7 +456,7 @@ struct pub_prefault {
 
 #define PREFAULT_STEP 4096u /* one write per page: a fault per page not yet there */
 
-static void *prefault_main(void *arg)
+static void prefault_main(void *arg)
 {
 	struct pub_prefault *pf = arg;
 
@@ -470,7 +472,6 @@ static void *prefault_main(void *arg)
 		for (size_t o = 0; o < b->cap && !atomic_load(pf->abort); o += PREFAULT_STEP)
 			((volatile uint8_t *)b->raw)[o] = 0;
 	}
-	return NULL;
 }
 
 void node__pub_prefault_join(struct node_pub *p)
@@ -479,7 +480,7 @@ void node__pub_prefault_join(struct node_pub *p)
 
 	if (pf == NULL)
 		return;
-	pthread_join(pf->tid, NULL);
+	proto_pool_join(&pf->task);
 	for (size_t i = 0; i < pf->n; i++) {
 		struct pub_pbuf *b = &pf->bufs[i];
 		if (b->raw == NULL)
@@ -503,8 +504,7 @@ void node__pub_prefault_join(struct node_pub *p)
 static void prefault_launch(struct node_pub *p, struct pub_prefault *pf)
 {
 	pf->abort = &p->abort;
-	if ((pf->n == 0 && pf->ck == NULL) ||
-	    pthread_create(&pf->tid, NULL, prefault_main, pf) != 0) {
+	if ((pf->n == 0 && pf->ck == NULL) || proto_pool_start(&pf->task, prefault_main, pf) != 0) {
 		free(pf->bufs);
 		free(pf);
 		return;

@@ -3,9 +3,9 @@
 #include "proto/canary.h"
 #include "proto/chunkhash.h"
 #include "proto/delta.h"
+#include "proto/pool.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,10 +42,13 @@ struct pub_job {
 	unsigned threads;  /* for the encoder */
 	uint64_t encode_ns; /* a delta's encode, with the gather it does */
 	uint64_t cpu_ns;    /* the CPU time of that (this thread's; see job_delta) */
+	/* The encoder's scratch, kept from parcel to parcel while the job
+	 * encodes them on its own thread (proto_delta_opts.keep). */
+	struct proto_delta_scratch *scratch;
 	int rc;             /* the snapshot's read (node__pub_source_fill) */
 	struct proto_err err;
-	pthread_t tid;
-	bool running; /* created and not joined yet */
+	struct proto_pool_task task;
+	bool running; /* started and not joined yet */
 	atomic_bool done;
 };
 
@@ -145,7 +148,10 @@ static void job_delta(struct pub_job *j)
 	uint64_t t0 = proto_now_ns(), c0 = proto_thread_cpu_ns();
 
 	for (size_t i = 0; i < pt->nitems && !atomic_load(&j->p->abort); i++)
-		node__pub_delta_encode_item(j->p, &pt->items[i], j->chunk_size, j->threads, j->block);
+		node__pub_delta_encode_item(j->p, &pt->items[i], j->chunk_size, j->threads, j->block,
+					    &j->scratch);
+	proto_delta_scratch_free(j->scratch);
+	j->scratch = NULL;
 	j->encode_ns = proto_now_ns() - t0;
 	/* With more than one encoder thread the others' CPU is not in it. */
 	j->cpu_ns = proto_thread_cpu_ns() - c0;
@@ -239,7 +245,7 @@ static void job_gather(struct pub_job *j)
 	free(rel.order);
 }
 
-static void *job_main(void *arg)
+static void job_main(void *arg)
 {
 	struct pub_job *j = arg;
 
@@ -251,7 +257,6 @@ static void *job_main(void *arg)
 	/* A full socket means a wake-up is already pending. */
 	if (send(j->p->wake[1], "", 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN)
 		LOG_WARN("publisher: waking the loop: %s", strerror(errno));
-	return NULL;
 }
 
 /* ---- the export state machine ------------------------------------------------- */
@@ -287,7 +292,7 @@ static void ex_join(struct node_pub *p, struct pub_export *ex)
 	for (size_t i = 0; i < ex->njobs; i++) {
 		struct pub_job *j = &ex->jobs[i];
 		if (j->running && atomic_load(&j->done)) {
-			pthread_join(j->tid, NULL);
+			proto_pool_join(&j->task);
 			j->running = false;
 			ex->jobs_left--;
 			if (j->rc != 0)
@@ -309,7 +314,7 @@ void node__pub_ex_free(struct node_pub *p, struct pub_export *ex)
 
 	for (size_t i = 0; i < ex->njobs; i++) {
 		if (ex->jobs[i].running)
-			pthread_join(ex->jobs[i].tid, NULL);
+			proto_pool_join(&ex->jobs[i].task);
 		free(ex->jobs[i].rs);
 	}
 	for (struct pub_version *v = p->versions; v; v = v->next)
@@ -338,7 +343,7 @@ static void ex_finish(struct node_pub *p)
 	evtimer_del(p->ex_ev);
 	for (size_t i = 0; i < ex->njobs; i++)
 		if (ex->jobs[i].running) {
-			pthread_join(ex->jobs[i].tid, NULL);
+			proto_pool_join(&ex->jobs[i].task);
 			ex->jobs[i].running = false;
 		}
 	if (ex->failed && ex->pv != NULL) {
@@ -419,9 +424,9 @@ static void ex_launch(struct node_pub *p, enum job_kind kind)
 		int rc;
 		j->kind = kind;
 		atomic_store(&j->done, false);
-		rc = pthread_create(&j->tid, NULL, job_main, j);
+		rc = proto_pool_start(&j->task, job_main, j);
 		if (rc != 0) {
-			ex_fail(p, rc, "starting a worker thread: %s", strerror(rc));
+			ex_fail(p, -rc, "starting a worker thread: %s", strerror(-rc));
 			return;
 		}
 		j->running = true;

@@ -412,6 +412,8 @@ void node__pub_on_ex_timer(evutil_socket_t fd, short what, void *arg);
 
 /* ---- pub_delta.c: delta versions ------------------------------------------------- */
 
+struct proto_delta_scratch; /* proto/delta.h */
+
 /* Frees a parent export; NULL is fine. */
 void node__pub_parent_free(struct pub_parent *pp);
 /* Decides whether ex (its layouts known, parts listed) can be a delta:
@@ -429,10 +431,13 @@ unsigned node__pub_delta_threads(size_t nranks);
  * stretch of the rank's memory, else gathered from both into the encoding
  * thread's room (in cache) right before the scan.
  * Takes its canary part from the encoder's changes and hashes the delta's
- * chunks. Cannot fail: the item's enc_rc says how it went (-ENOMEM, a
- * failed encode, or dense: the version then goes as an anchor). */
+ * chunks. keep: the encoder's scratch kept from item to item
+ * (proto_delta_opts.keep). Cannot fail: the item's enc_rc says how it went
+ * (-ENOMEM, a failed encode, or dense: the version then goes as an
+ * anchor). */
 void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32_t chunk_size,
-				 unsigned threads, const uint8_t *block);
+				 unsigned threads, const uint8_t *block,
+				 struct proto_delta_scratch **keep);
 /* Loop: lays the encoded deltas out in each part's served buffer. 1 when
  * the deltas are too large (or one failed): ex is then an anchor (served
  * offsets reset to the raw layout); 0 when placed; -ENOMEM. */
