@@ -316,25 +316,10 @@ static int build_one(struct node_pub *p, size_t li, struct proto_addendum *ad,
 	ml = proto_manifest_add_layout(&tmp, sl->digest, sl->plan.digest, sl->plan.nparcels);
 	if (ml == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
-	for (size_t i = 0; i < ex->pv->nparts; i++) {
-		const struct pub_part *pt = &ex->pv->parts[i];
-		for (size_t j = 0; j < pt->nitems; j++) {
-			const struct pub_item *it = &pt->items[j];
-			struct proto_mparcel *mp = &ml->parcels[it->pi];
-			if (it->li != li)
-				continue;
-			mp->src_rank = it->pc->src_rank;
-			mp->dst_rank = it->pc->dst_rank;
-			mp->bytes = it->pc->bytes;
-			mp->encoding = PROTO_ENC_RAW;
-			if ((rc = proto_mparcel_alloc_chunks(&tmp, mp, it->pc->bytes)) != 0) {
-				proto_manifest_fini(&tmp);
-				return proto_errf(err, -rc, "sizing parcel %u->%u's chunk list",
-						  mp->src_rank, mp->dst_rank);
-			}
-			for (uint32_t c = 0; c < mp->nchunks; c++)
-				memcpy(mp->chunks[c].hash, it->hash[c], PROTO_HASH_BYTES);
-		}
+	/* (An addendum's export is never a delta: its parcels are raw.) */
+	if ((rc = node__pub_mlayout_fill(ex, li, &tmp, ml, err)) != 0) {
+		proto_manifest_fini(&tmp);
+		return rc;
 	}
 	ad->layout = *ml;
 	ml->parcels = NULL;

@@ -759,81 +759,6 @@ static void ex_gather_start(struct node_pub *p)
 	ex_launch(p, JOB_GATHER);
 }
 
-/* Leader: the manifest from every part's hashes, signed. */
-static int ex_build_manifest(struct node_pub *p, struct proto_err *err)
-{
-	struct pub_export *ex = p->ex;
-	struct proto_manifest *m = &ex->m;
-	int rc;
-
-	proto_manifest_init(m);
-	ex->have_m = true;
-	m->version = ex->version;
-	m->parent_version = ex->version - 1;
-	if (m->parent_version > 0)
-		memcpy(m->parent_digest, p->prev_digest, PROTO_HASH_BYTES);
-	m->kind = ex->delta ? PROTO_KIND_DELTA : PROTO_KIND_ANCHOR;
-	memcpy(m->model_digest, p->model.digest, PROTO_HASH_BYTES);
-	memcpy(m->src_layout_digest, p->tl.digest, PROTO_HASH_BYTES);
-	m->created_ms = ex->created_ms;
-	m->chunk_size = ex->chunk_size;
-	for (size_t li = 0; li < ex->nlayouts; li++) {
-		const struct pub_layout *sl = ex->layouts[li];
-		struct proto_mlayout *ml = proto_manifest_add_layout(m, sl->digest, sl->plan.digest,
-								     sl->plan.nparcels);
-		if (ml == NULL)
-			return proto_errf(err, ENOMEM, "out of memory");
-	}
-	for (size_t i = 0; i < ex->pv->nparts; i++) {
-		const struct pub_part *pt = &ex->pv->parts[i];
-		for (size_t j = 0; j < pt->nitems; j++) {
-			const struct pub_item *it = &pt->items[j];
-			struct proto_mparcel *mp = &m->layouts[it->li].parcels[it->pi];
-			mp->src_rank = it->pc->src_rank;
-			mp->dst_rank = it->pc->dst_rank;
-			mp->bytes = it->pc->bytes;
-			mp->encoding = ex->delta ? PROTO_ENC_DELTA : PROTO_ENC_RAW;
-			if ((rc = proto_mparcel_alloc_chunks(m, mp, it->wire)) != 0)
-				return proto_errf(err, -rc, "sizing parcel %u->%u's chunk list",
-						  mp->src_rank, mp->dst_rank);
-			for (uint32_t c = 0; c < mp->nchunks; c++)
-				memcpy(mp->chunks[c].hash, it->hash[c], PROTO_HASH_BYTES);
-		}
-	}
-	if ((ex->canary = node__pub_canary_json(ex)) == NULL)
-		return proto_errf(err, ENOMEM, "out of memory");
-	return proto_manifest_sign(m, p->sk, &ex->mbuf, &ex->mlen, err);
-}
-
-/* Verify: every hosted parcel must match the signed one, chunk by chunk. */
-static int ex_compare(struct node_pub *p, struct proto_err *err)
-{
-	struct pub_export *ex = p->ex;
-	char h[2 * PROTO_HASH_BYTES + 1];
-
-	for (size_t i = 0; i < ex->pv->nparts; i++) {
-		const struct pub_part *pt = &ex->pv->parts[i];
-		for (size_t j = 0; j < pt->nitems; j++) {
-			const struct pub_item *it = &pt->items[j];
-			const struct proto_mlayout *ml = proto_manifest_layout(&ex->m, it->sl->digest);
-			const struct proto_mparcel *mp =
-				ml ? proto_mlayout_parcel(ml, it->pc->src_rank, it->pc->dst_rank) : NULL;
-			sodium_bin2hex(h, sizeof(h), it->sl->digest, PROTO_HASH_BYTES);
-			if (mp == NULL || mp->bytes != it->pc->bytes || mp->nchunks != it->nchunks ||
-			    mp->encoding != PROTO_ENC_RAW)
-				return proto_errf(err, EINVAL,
-						  "layout %.16s parcel %u->%u: not the signed parcel",
-						  h, it->pc->src_rank, it->pc->dst_rank);
-			for (uint32_t c = 0; c < it->nchunks; c++)
-				if (sodium_memcmp(mp->chunks[c].hash, it->hash[c], PROTO_HASH_BYTES) != 0)
-					return proto_errf(err, EBADMSG,
-							  "layout %.16s parcel %u->%u chunk %u: rebuilt bytes differ from the signed hash",
-							  h, it->pc->src_rank, it->pc->dst_rank, c);
-		}
-	}
-	return 0;
-}
-
 static void ex_gathered(struct node_pub *p)
 {
 	struct pub_export *ex = p->ex;
@@ -927,8 +852,8 @@ static void ex_gathered(struct node_pub *p)
 				ex->raw_bytes += ex->pv->parts[i].items[j].pc->bytes;
 	if (!ex->verify && !ex->addendum)
 		node__pub_parent_stage(p, ex);
-	rc = ex->verify ? ex_compare(p, &err) :
-	     ex->addendum ? node__pub_addendum_build(p, &err) : ex_build_manifest(p, &err);
+	rc = ex->verify ? node__pub_manifest_compare(p, &err) :
+	     ex->addendum ? node__pub_addendum_build(p, &err) : node__pub_manifest_build(p, &err);
 	if (rc != 0) {
 		ex_fail(p, -rc, "%s", err.msg);
 		return;

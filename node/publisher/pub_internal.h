@@ -410,6 +410,23 @@ void node__pub_ex_fail(struct node_pub *p, int code, const char *msg);
 void node__pub_on_wake(evutil_socket_t fd, short what, void *arg);
 void node__pub_on_ex_timer(evutil_socket_t fd, short what, void *arg);
 
+/* ---- pub_manifest.c: manifests from the parts' hashes ------------------------------ */
+
+/* Fills ml, layout li of the export as m holds it (its nparcels zeroed
+ * parcels, as proto_manifest_add_layout made them), from the parts' items
+ * of that layout: ranks, sizes, encoding (a delta's or raw) and chunk
+ * hashes. The one builder of manifest layouts: the version's manifest and
+ * each addendum use it. On failure (-ENOMEM, -EOVERFLOW) err says which
+ * parcel; what was filled stays for the manifest's fini. */
+int node__pub_mlayout_fill(const struct pub_export *ex, size_t li, const struct proto_manifest *m,
+			   struct proto_mlayout *ml, struct proto_err *err);
+/* Leader: builds ex->m from every part's hashes (and ex->canary, the
+ * layouts' expected canary scores) and signs it into ex->mbuf. */
+int node__pub_manifest_build(struct node_pub *p, struct proto_err *err);
+/* Verify: every hosted parcel must match the signed one (ex->m), chunk by
+ * chunk; -EINVAL / -EBADMSG with err naming the first that does not. */
+int node__pub_manifest_compare(struct node_pub *p, struct proto_err *err);
+
 /* ---- pub_delta.c: delta versions ------------------------------------------------- */
 
 struct proto_delta_scratch; /* proto/delta.h */
