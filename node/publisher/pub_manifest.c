@@ -1,4 +1,4 @@
-/* The publisher's manifests: layouts built from the parts' chunk hashes, and a rebuild checked against the signed one. */
+/* The publisher's manifests: built from the parts' chunk hashes; a rebuild checked against one. */
 #include "node/publisher/pub_internal.h"
 
 #include <errno.h>
