@@ -588,13 +588,8 @@ static int enc_chunk(void *arg, unsigned slot, uint64_t ci)
 {
 	struct job *j = arg;
 	struct share *sh = &j->shares[slot];
-	int rc;
+	int rc = 0;
 
-	pthread_mutex_lock(&j->lock);
-	rc = j->rc;
-	pthread_mutex_unlock(&j->lock);
-	if (rc != 0)
-		return 1;
 	if (sh->s == NULL && (sh->s = j->keep != NULL ? kept_scratch(j) : NULL) == NULL) {
 		sh->s = &sh->own;
 		rc = scratch_init(&sh->own, j);

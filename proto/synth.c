@@ -272,11 +272,6 @@ static int gen_item(void *arg, unsigned slot, uint64_t it)
 	uint32_t steps = s->o->steps;
 	int rc;
 
-	pthread_mutex_lock(&s->lock);
-	rc = s->rc;
-	pthread_mutex_unlock(&s->lock);
-	if (rc != 0)
-		return 1;
 	if (!sh->ready) {
 		sh->changed = calloc(steps + 1, sizeof(*sh->changed));
 		sl->theta = malloc(SLICE * sizeof(float));
