@@ -19,9 +19,8 @@
  * not even tried: SPARSE up to 1/2, BITMAP from 1/32, DENSE from 1/8. The
  * bitmap's stream is n/8 bytes whatever the density, the largest input zstd
  * gets at an RL step's ~1.6 % of BF16 elements changed, where the gaps always
- * won: from 1/64 on, a 256 MiB synth step at lr 1e-6 encoded to the same
- * bytes with 1/32 and took 0.48 s of CPU instead of 0.57 s (one thread,
- * medians of 9 alternated runs of `tessera delta encode`). */
+ * won: trying it only from 1/32 gives the same bytes for less CPU
+ * (proto/NOTES.md). */
 #define SPARSE_MAX_DEN 2
 #define BITMAP_MIN_DEN 32
 #define DENSE_MIN_DEN 8

@@ -128,7 +128,7 @@ static void emit(void *arg, const uint32_t *pos, const uint64_t *diff, uint32_t 
 struct prep_job {
 	const struct proto_delta *d;
 	struct proto_dpatch *p;
-	struct delta__worker **wk; /* one per thread */
+	struct delta__decoder **dec; /* one per thread */
 	pthread_mutex_t lock;
 	int rc;
 	uint32_t err_chunk;
@@ -155,7 +155,7 @@ static int prep_chunk(void *arg, unsigned slot, uint64_t i)
 		if (pc->pos != NULL && pc->val != NULL)
 			pc->cap = c->nchanges;
 	}
-	rc = delta__decode_chunk(j->wk[slot], j->d, ci, emit, &e, &err);
+	rc = delta__decode_chunk(j->dec[slot], j->d, ci, emit, &e, &err);
 	if (rc == 0 && e.nomem)
 		rc = proto_errf(&err, ENOMEM, "out of memory");
 	if (rc != 0) {
@@ -249,13 +249,13 @@ int proto_dpatch_prepare(const struct proto_dparcel *d, const uint8_t *delta, si
 	nt = proto_dpatch_pool_size(pool);
 	j.d = &dl;
 	j.p = out;
-	j.wk = calloc(nt, sizeof(*j.wk));
-	for (unsigned i = 0; j.wk != NULL && i < nt; i++)
-		if ((j.wk[i] = delta__worker_new()) == NULL) {
+	j.dec = calloc(nt, sizeof(*j.dec));
+	for (unsigned i = 0; j.dec != NULL && i < nt; i++)
+		if ((j.dec[i] = delta__decoder_new()) == NULL) {
 			rc = proto_errf(err, ENOMEM, "delta prepare: out of memory");
 			goto out;
 		}
-	if (j.wk == NULL) {
+	if (j.dec == NULL) {
 		rc = proto_errf(err, ENOMEM, "delta prepare: out of memory");
 		goto out;
 	}
@@ -289,9 +289,9 @@ int proto_dpatch_prepare(const struct proto_dparcel *d, const uint8_t *delta, si
 	pretouch(out);
 	rc = 0;
 out:
-	for (unsigned i = 0; j.wk != NULL && i < nt; i++)
-		delta__worker_free(j.wk[i]);
-	free(j.wk);
+	for (unsigned i = 0; j.dec != NULL && i < nt; i++)
+		delta__decoder_free(j.dec[i]);
+	free(j.dec);
 	pthread_mutex_destroy(&j.lock);
 	proto_delta_fini(&dl);
 	if (rc != 0)

@@ -402,7 +402,7 @@ static void ex_gather_start(struct node_pub *p)
 		}
 	}
 	/* Anchor or delta: the snapshot is kept as the next export's parent
-	 * (node/pub_delta.c). An addendum's parcels are always full: its
+	 * (pub_delta.c). An addendum's parcels are always full: its
 	 * layout has no parent. */
 	const char *why = ex->verify     ? "rebuilt after a restart" :
 			  ex->addendum ? "an addendum for a new layout" :

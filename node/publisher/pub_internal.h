@@ -72,7 +72,7 @@ struct pub_item {
 	uint64_t off;    /* in the rank's export buffer */
 	uint32_t nchunks;
 	uint8_t (*hash)[PROTO_HASH_BYTES]; /* nchunks hashes, filled by a worker */
-	/* Deltas (node/pub_delta.c): */
+	/* Deltas (pub_delta.c): */
 	uint64_t wire;          /* bytes served: pc->bytes, or the delta's */
 	/* The parent's snapshot of this parcel's source rank (owned by the
 	 * parent export), or NULL: the parcel has no parent. */
@@ -144,7 +144,7 @@ struct pub_version {
 	uint32_t *offer_li; /* per offer: its layout's index */
 	size_t noffers;
 	size_t nsent;       /* parcels in the last offer sent */
-	struct node_serve_offer so; /* the offer at the tracker (node/serve.h) */
+	struct node_serve_offer so; /* the offer at the tracker (node/serve/serve.h) */
 	bool delta;       /* published as a delta (else an anchor) */
 	bool releasing;   /* no longer needed: withdraw, then free */
 	bool wanted;      /* the tracker's last answer listed it as retained */
@@ -160,7 +160,7 @@ struct pub_req {
 };
 
 /* The last published version by rank: its snapshot of the rank's memory,
- * which the next export's deltas are encoded against (node/pub_delta.c),
+ * which the next export's deltas are encoded against (pub_delta.c),
  * and what its parcels' encodes left for the next one. Owns its blocks. */
 struct pub_pitem {
 	uint8_t layout[PROTO_HASH_BYTES];
@@ -184,7 +184,7 @@ struct pub_parent {
 	uint32_t since_anchor;
 	/* The anchor's raw bytes and the wire bytes of the deltas since it
 	 * (this one included): once the chain costs as much as the anchor,
-	 * the next version is an anchor (node/pub_delta.c). */
+	 * the next version is an anchor (pub_delta.c). */
 	uint64_t anchor_bytes, chain_wire;
 	struct pub_praw *parts;
 	size_t nparts;
@@ -268,7 +268,7 @@ struct pub_export {
 	 * the tracker's manifest, layouts only those to add. */
 	bool addendum;
 	struct pub_addenda *add;
-	/* Deltas (node/pub_delta.c). */
+	/* Deltas (pub_delta.c). */
 	bool delta;            /* parcels encoded against the parent export */
 	bool copying;          /* a delta too large: the anchor is being hashed */
 	char why[128];         /* why this export is an anchor */
@@ -320,18 +320,18 @@ struct node_pub {
 	/* Per trainer rank: the block the next snapshot is taken into. When
 	 * parents are kept, a published version's block becomes the parent's
 	 * and the parent before it gives its block back here: two blocks per
-	 * rank take turns (node/pub_delta.c); else it is unmapped after the
+	 * rank take turns (pub_delta.c); else it is unmapped after the
 	 * gather. */
 	uint8_t **blocks;
 	size_t *block_cap;
-	/* Per trainer rank: a served buffer touched before the first export
+	/* Per trainer rank: an export buffer touched before the first export
 	 * (node__pub_prefault_first), which its export maps no fresh one for. */
 	uint8_t **spare_buf;
 	size_t *spare_buf_cap;
 	/* An anchor leaves no block to take turns with (there was no parent
 	 * to give one back): a worker maps and touches one per rank while the
 	 * anchor goes out, and the next export's start joins it
-	 * (node/pub_delta.c). NULL: none. */
+	 * (pub_prefault.c). NULL: none. */
 	struct pub_prefault *prefault;
 
 	/* Hosted ranks. */
@@ -364,7 +364,7 @@ struct node_pub {
 	uint64_t published; /* the highest version this process published */
 	uint8_t prev_digest[PROTO_HASH_BYTES];
 	/* Deltas: the parent export, the anchor period, and whether a node
-	 * asked for an anchor (node/pub_delta.c). */
+	 * asked for an anchor (pub_delta.c). */
 	struct pub_parent *parent;
 	uint32_t anchor_every;
 	bool anchor_wanted;
@@ -545,7 +545,7 @@ unsigned node__pub_delta_threads(size_t nranks);
 void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32_t chunk_size,
 				 unsigned threads, const uint8_t *block,
 				 struct proto_delta_scratch **keep);
-/* Loop: lays the encoded deltas out in each part's served buffer. 1 when
+/* Loop: lays the encoded deltas out in each part's export buffer. 1 when
  * the deltas are too large (or one failed): ex is then an anchor (served
  * offsets reset to the raw layout); 0 when placed; -ENOMEM. */
 int node__pub_delta_place(struct node_pub *p, struct pub_export *ex, struct proto_err *err);
@@ -621,14 +621,14 @@ void node__pub_part_release(struct node_pub *p, struct pub_part *pt);
 void node__pub_prefault_start(struct node_pub *p, uint64_t next);
 /* Before the first export of a publisher that keeps parents: maps on a
  * worker, and touches every page of, each trainer rank's snapshot block
- * and spare served buffer, sized to the rank's shard, so that the first
+ * and spare export buffer, sized to the rank's shard, so that the first
  * export does not fault them in on its critical path (and reads the first
  * version's checkpoint ahead, as the start does). Nothing happens when out
  * of memory; cannot fail. */
 void node__pub_prefault_first(struct node_pub *p);
 /* Waits for that worker (if any) and hands its buffers to the blocks (and
- * the spare served buffers); cannot fail. Called by an export's start and
- * served buffer, and when the publisher is freed. */
+ * the spare export buffers); cannot fail. Called by an export's start and
+ * export buffer, and when the publisher is freed. */
 void node__pub_prefault_join(struct node_pub *p);
 
 /* ---- pub_source.c: the weights ---------------------------------------------------- */

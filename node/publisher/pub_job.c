@@ -161,7 +161,7 @@ static void job_gather(struct pub_job *j)
 	 * that the next snapshot writes into pages already there. */
 	bool early = !node__pub_keeps_parent(p) && release_plan(j, &rel);
 
-	/* An anchor gathers into the served buffer and hashes (the snapshot
+	/* An anchor gathers into the export buffer and hashes (the snapshot
 	 * is the next delta's parent). */
 	for (size_t i = 0; i < pt->nitems && !atomic_load(&p->abort); i++) {
 		struct pub_item *it = &pt->items[i];

@@ -1,4 +1,4 @@
-/* Pages touched ahead: snapshot blocks and served buffers faulted in off the critical path. */
+/* Pages touched ahead: snapshot blocks and export buffers faulted in off the critical path. */
 #include "node/publisher/pub_internal.h"
 
 #include <fcntl.h>
