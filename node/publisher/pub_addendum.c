@@ -72,6 +72,16 @@ static bool serves_layout(const struct pub_version *pv, const uint8_t *digest)
 	return false;
 }
 
+/* Adds to the layouts the addendum export wants those of list[n] that pv
+ * serves (served true), or that it does not (pv NULL: serves none). */
+static void want(struct node_pub *p, const struct pub_version *pv, bool served,
+		 const uint8_t (*list)[PROTO_HASH_BYTES], uint32_t n)
+{
+	for (uint32_t k = 0; k < n && p->nadd_want < TRK_RETAIN_LAYOUTS_MAX; k++)
+		if ((pv != NULL && serves_layout(pv, list[k])) == served)
+			memcpy(p->add_want[p->nadd_want++], list[k], PROTO_HASH_BYTES);
+}
+
 bool node__pub_addendum_check(struct node_pub *p, const struct trk_version_info *vi, size_t n,
 			      uint64_t latest)
 {
@@ -93,17 +103,12 @@ bool node__pub_addendum_check(struct node_pub *p, const struct trk_version_info 
 	 * addenda that this process does not serve (it restarted): the same
 	 * addendum is made again (the sources are deterministic) and offered. */
 	p->nadd_want = 0;
-	for (uint32_t k = 0; k < info->nuncovered; k++)
-		if (pv == NULL || !serves_layout(pv, info->uncovered[k]))
-			memcpy(p->add_want[p->nadd_want++], info->uncovered[k], PROTO_HASH_BYTES);
-	for (uint32_t k = 0; k < info->nadded && p->nadd_want < TRK_RETAIN_LAYOUTS_MAX; k++)
-		if (pv == NULL || !serves_layout(pv, info->added[k]))
-			memcpy(p->add_want[p->nadd_want++], info->added[k], PROTO_HASH_BYTES);
+	want(p, pv, false, info->uncovered, info->nuncovered);
+	want(p, pv, false, info->added, info->nadded);
 	/* Else raw copies of the delta's own layouts, if asked for. */
 	p->add_copy = p->nadd_want == 0;
-	for (uint32_t k = 0; p->add_copy && pv != NULL && pv->delta && k < info->ncopy_wanted; k++)
-		if (serves_layout(pv, info->copy_wanted[k]))
-			memcpy(p->add_want[p->nadd_want++], info->copy_wanted[k], PROTO_HASH_BYTES);
+	if (p->add_copy && pv != NULL && pv->delta)
+		want(p, pv, true, info->copy_wanted, info->ncopy_wanted);
 	if (p->nadd_want == 0)
 		return false; /* all served; the tracker hears of new ones with their addenda */
 	sodium_bin2hex(h, sizeof(h), p->add_want[0], PROTO_HASH_BYTES);

@@ -188,6 +188,17 @@ static void ex_retry(struct node_pub *p, uint64_t ms)
 	node__pub_timer_ms(p->ex_ev, ms);
 }
 
+/* The answer to the export's tracker request came: false when the export
+ * failed meanwhile (it is stepped on to its end; the answer is dropped). */
+static bool ex_answered(struct node_pub *p)
+{
+	p->ex->req_busy = false;
+	if (!p->ex->failed)
+		return true;
+	node__pub_ex_step(p);
+	return false;
+}
+
 static void on_ex_watch(const struct trk_answer *a, void *arg)
 {
 	struct node_pub *p = arg;
@@ -197,11 +208,8 @@ static void on_ex_watch(const struct trk_answer *a, void *arg)
 	uint64_t latest = 0;
 	size_t n = 0;
 
-	ex->req_busy = false;
-	if (ex->failed) {
-		node__pub_ex_step(p);
+	if (!ex_answered(p))
 		return;
-	}
 	if (a->status == 200 && trk_versions_parse(a->json, &latest, &vi, &n, &err) == 0) {
 		if (latest >= ex->version)
 			ex->need = NEED_MANIFEST;
@@ -224,11 +232,8 @@ static void on_ex_manifest(const struct trk_answer *a, void *arg)
 	char h[2 * PROTO_HASH_BYTES + 1];
 	int rc;
 
-	ex->req_busy = false;
-	if (ex->failed) {
-		node__pub_ex_step(p);
+	if (!ex_answered(p))
 		return;
-	}
 	if (a->status < 0 || a->status >= 500) {
 		LOG_WARN("fetching manifest %llu: %s", (unsigned long long)ex->version, a->error);
 		ex_retry(p, RETRY_MS);
@@ -282,11 +287,8 @@ static void on_ex_layouts(const struct trk_answer *a, void *arg)
 	char h[2 * PROTO_HASH_BYTES + 1];
 	size_t i;
 
-	ex->req_busy = false;
-	if (ex->failed) {
-		node__pub_ex_step(p);
+	if (!ex_answered(p))
 		return;
-	}
 	if (a->status != 200) {
 		/* 404 before any publisher registered (tracker restart). */
 		if (a->status != 404)
@@ -583,12 +585,9 @@ static void on_ex_publish(const struct trk_answer *a, void *arg)
 	struct node_pub *p = arg;
 	struct pub_export *ex = p->ex;
 
-	ex->req_busy = false;
 	ex->su.answered = proto_wall_ms();
-	if (ex->failed) {
-		node__pub_ex_step(p);
+	if (!ex_answered(p))
 		return;
-	}
 	if (a->status == 200 || a->status == 201) {
 		memcpy(p->prev_digest, ex->m.digest, PROTO_HASH_BYTES);
 		node__pub_parent_commit(p, ex);
@@ -627,11 +626,8 @@ static void on_ex_addendum(const struct trk_answer *a, void *arg)
 	struct proto_err err = {{0}};
 	int rc;
 
-	ex->req_busy = false;
-	if (ex->failed) {
-		node__pub_ex_step(p);
+	if (!ex_answered(p))
 		return;
-	}
 	rc = node__pub_addendum_answer(p, a, &err);
 	if (rc < 0) {
 		ex_fail(p, -rc, "%s", err.msg);
