@@ -18,7 +18,7 @@
  * A raw copy (format 2) is the same block for a layout a delta version's
  * manifest does list (as deltas): the version's raw bytes in that layout,
  * chunk-hashed and signed, for a node that lacks the exact parent and takes
- * the version whole from replicas that hold it (node/agent_full.c). Its
+ * the version whole from replicas that hold it (node/agent/chain.c). Its
  * plan and parcels (ranks, sizes) must be the listed block's; only the
  * encoding and the chunk hashes differ.
  *

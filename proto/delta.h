@@ -28,12 +28,10 @@
  * than one bit on a symbol. One-byte gaps at ~1 % density have an entropy of
  * ~7.1 bits and Huffman lands within 2 % of it. Values of +-1 ulp are one
  * bit each; as bytes Huffman spends ~2.4 bits, two to a byte it spends
- * ~1.8. Measured on `tessera synth` BF16 at lr 1e-6 (1.6 % changed): gaps
- * 0.893 B/change (position bound 0.896), NIB values 0.248 B/change, total
- * ~1.15; byte planes need zstd -19 (0.265 B/change, ~600 ns/change to
- * encode) where NIB at zstd -1 with minMatch 7 takes ~3 ns/change. So the
- * default level is 1 (TESSERA_DELTA_LEVEL; minMatch 7 at levels <= 9 keeps
- * the match finder from breaking up literal runs).
+ * ~1.8: NIB gets near the bound at zstd -1, where byte planes need -19 and
+ * two hundred times the time. So the default level is 1
+ * (TESSERA_DELTA_LEVEL; minMatch 7 at levels <= 9 keeps the match finder
+ * from breaking up literal runs). What this gives, measured: proto/NOTES.md.
  *
  * Format (little-endian):
  *   0   "TSDELTA1"
@@ -81,18 +79,10 @@
  * what it wrote (changes are invertible: old = new - d), so the buffers come
  * back byte for byte as they were.
  *
- * Cost (make bench-delta: 1 GiB BF16, 1.6 % changed, 2-core VM): 1.15
- * bytes per change (1.24 at 1.0 %), encode ~95 ns per change on one core
- * (the scan now compares 64-byte blocks into a mask and visits only the
- * changed elements: on a 256 MiB synth pair in memory, ~75 ns of CPU per
- * change against ~110 with a branch per element, medians of three paired
- * runs, so ~0.67 s of CPU per GiB of BF16 at 1.6 % changed on one thread;
- * a memcpy of the same bytes takes ~0.12 s),
- * apply ~9 ns per change on one core (~6 on two). Apply is bound by memory,
- * not by decoding: 39 % of the model's cache lines hold a change, and a
- * prefetched read-modify-write of exactly those positions already costs
- * ~0.6 of a memcpy of the whole model; decoding adds ~4 ns per change (zstd
- * ~40 %, the gap and nibble loops ~60 %).
+ * Cost: about 100 ns per change to encode and under 10 to apply, on one
+ * core; apply is bound by memory, not by decoding (a sparse apply reads
+ * and writes back every cache line that holds a change). Figures:
+ * proto/NOTES.md.
  */
 #ifndef PROTO_DELTA_H
 #define PROTO_DELTA_H
@@ -186,7 +176,17 @@ struct proto_delta_opts {
 	 * are counted by the scan, so a dense child costs about one compare,
 	 * not its encoding). */
 	uint64_t max_changed;
+	/* Not NULL: an encode on one thread keeps its scratch (zstd context
+	 * and buffers) in *keep for the next one, made or remade as needed
+	 * (*keep NULL at first), instead of making and freeing its own: a
+	 * caller encoding parcels one after the other maps and faults them in
+	 * once. The caller frees it with proto_delta_scratch_free. */
+	struct proto_delta_scratch **keep;
 };
+
+struct proto_delta_scratch;
+/* Frees what opts.keep kept; NULL is fine. */
+void proto_delta_scratch_free(struct proto_delta_scratch *s);
 
 /* What an encode produced. Bytes are compressed bytes in the delta. */
 struct proto_delta_stats {
@@ -281,9 +281,10 @@ void proto_delta_fini(struct proto_delta *d);
 int proto_delta_check_parent(const struct proto_delta *d, const struct proto_delta_parent *parent,
 			     struct proto_err *err);
 
-/* Makes sure threads (at most 16) apply workers are kept ready, their
- * windows' pages faulted in, so that the next apply on that many threads
- * starts without mapping any (a node calls it while it waits for its
+/* Makes sure threads (at most 16) apply decoders are kept ready, their
+ * windows' pages faulted in, and as many threads in the pool
+ * (proto/pool.h), so that the next apply on that many threads starts
+ * without mapping or making any (a node calls it while it waits for its
  * first delta). 0, or -ENOMEM (those made are kept). Thread-safe. */
 int proto_delta_apply_warm(unsigned threads);
 

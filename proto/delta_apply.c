@@ -2,18 +2,17 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sodium.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
 
 #include "proto/delta_internal.h"
+#include "proto/pool.h"
 #include "proto/wsum.h"
 
 #define SR_CAP (32u << 10) /* decoded bytes a stream reader holds */
-/* Changes prefetched ahead of the write. Measured on the 1 GiB bench with
- * the fused sparse loop (medians of 9): 16 -> 95 ms, 32 -> 76, 64 -> 72,
- * 128 -> 74, 256 -> 93; without any prefetch, 138 ms. */
+/* Changes prefetched ahead of the write (chosen on the 1 GiB bench:
+ * proto/NOTES.md). */
 #define PF 64
 #define BATCH PROTO_DELTA_BATCH
 #define P PROTO_WSUM_P
@@ -32,7 +31,7 @@ struct sreader {
 	bool finished; /* the last zstd call completed the frame */
 };
 
-struct worker {
+struct decoder {
 	ZSTD_DCtx *dctx[PROTO_DELTA_MAX_STREAMS];
 	uint8_t *bufs[PROTO_DELTA_MAX_STREAMS];
 	struct sreader sr[PROTO_DELTA_MAX_STREAMS];
@@ -42,7 +41,7 @@ struct worker {
 	struct proto_err err;
 };
 
-static int sr_open(struct sreader *r, struct worker *wk, unsigned slot, const uint8_t *src,
+static int sr_open(struct sreader *r, struct decoder *dec, unsigned slot, const uint8_t *src,
 		   size_t clen, uint64_t total, struct proto_err *err)
 {
 	unsigned long long fcs;
@@ -64,8 +63,8 @@ static int sr_open(struct sreader *r, struct worker *wk, unsigned slot, const ui
 		return proto_errf(err, EINVAL, "stream %u: frame does not fill its %zu bytes", slot,
 				  clen);
 	r->src = src;
-	r->dctx = wk->dctx[slot];
-	r->buf = wk->bufs[slot];
+	r->dctx = dec->dctx[slot];
+	r->buf = dec->bufs[slot];
 	r->in.src = src;
 	r->in.size = clen;
 	ZSTD_DCtx_reset(r->dctx, ZSTD_reset_session_only);
@@ -165,13 +164,13 @@ static int read_varint(struct sreader *r, uint64_t *out, struct proto_err *err)
 
 /* The position after *prev that gap byte g (255: 255 plus a wide gap from
  * stream 1) names, checked against the chunk's n elements. */
-static inline int gap_pos(struct worker *wk, uint8_t g, uint32_t n, uint32_t *prev, uint32_t *out,
+static inline int gap_pos(struct decoder *dec, uint8_t g, uint32_t n, uint32_t *prev, uint32_t *out,
 			  struct proto_err *err)
 {
 	uint64_t gap = g, p;
 
 	if (__builtin_expect(gap == 255, 0)) {
-		if (read_varint(&wk->sr[1], &gap, err) != 0)
+		if (read_varint(&dec->sr[1], &gap, err) != 0)
 			return -EINVAL;
 		gap += 255;
 	}
@@ -184,18 +183,18 @@ static inline int gap_pos(struct worker *wk, uint8_t g, uint32_t n, uint32_t *pr
 }
 
 /*
- * m differences into wk->val: coded values c (NIB or PLANES) plus bias,
+ * m differences into dec->val: coded values c (NIB or PLANES) plus bias,
  * unzigzagged. NIB goes through a 16-entry table; escapes (nibble 15) take
  * their c - 15 from the escape planes. *nesc counts escapes.
  */
-static int get_values(struct worker *wk, const struct proto_delta_chunk *c, unsigned s0,
+static int get_values(struct decoder *dec, const struct proto_delta_chunk *c, unsigned s0,
 		      uint32_t w, uint32_t m, uint64_t bias, uint64_t *nesc, struct proto_err *err)
 {
-	uint64_t *val = wk->val, mask = delta__mask(w);
-	uint32_t *esc = wk->esc;
+	uint64_t *val = dec->val, mask = delta__mask(w);
+	uint32_t *esc = dec->esc;
 
 	if (c->vcode == PROTO_DELTA_NIB) {
-		const uint8_t *nb = sr_get(&wk->sr[s0], (m + 1) / 2, err);
+		const uint8_t *nb = sr_get(&dec->sr[s0], (m + 1) / 2, err);
 		uint64_t tab[16];
 		uint32_t e = 0, j;
 
@@ -225,7 +224,7 @@ static int get_values(struct worker *wk, const struct proto_delta_chunk *c, unsi
 		if (e > 0) {
 			const uint8_t *pl[8];
 			for (uint32_t b = 0; b < w; b++) {
-				pl[b] = sr_get(&wk->sr[s0 + 1 + b], e, err);
+				pl[b] = sr_get(&dec->sr[s0 + 1 + b], e, err);
 				if (pl[b] == NULL)
 					return -EINVAL;
 			}
@@ -242,13 +241,13 @@ static int get_values(struct worker *wk, const struct proto_delta_chunk *c, unsi
 		return 0;
 	}
 	{
-		const uint8_t *pl = sr_get(&wk->sr[s0], m, err);
+		const uint8_t *pl = sr_get(&dec->sr[s0], m, err);
 		if (pl == NULL)
 			return -EINVAL;
 		for (uint32_t j = 0; j < m; j++)
 			val[j] = pl[j];
 		for (uint32_t b = 1; b < w; b++) {
-			pl = sr_get(&wk->sr[s0 + b], m, err);
+			pl = sr_get(&dec->sr[s0 + b], m, err);
 			if (pl == NULL)
 				return -EINVAL;
 			for (uint32_t j = 0; j < m; j++)
@@ -336,22 +335,21 @@ static inline uint64_t modp(__int128 x)
  * Sparse chunks: decodes m gaps (g, and the wide-gap stream) into positions
  * from *prev on and writes each change PF positions behind the one just
  * decoded, so that decoding overlaps the writes' memory stalls. The
- * differences are in wk->val already. On error nothing of the batch stays
- * written, so that the undo replays whole batches. On the 1 GiB bench this
- * took apply from 79 to 73 ms (medians of 9) against decoding every
- * position of a batch first.
+ * differences are in dec->val already. On error nothing of the batch stays
+ * written, so that the undo replays whole batches. Faster than decoding
+ * every position of a batch first (proto/NOTES.md).
  */
 #define GAPS_FN(name, T, W, ACC, VAL)                                             \
-	static int name(struct worker *wk, const uint8_t *g, uint32_t m, uint32_t n,  \
+	static int name(struct decoder *dec, const uint8_t *g, uint32_t m, uint32_t n,  \
 			uint8_t *base, uint32_t *prevp, uint64_t *ms,                     \
 			struct proto_err *err)                                            \
 	{                                                                         \
-		uint32_t *pos = wk->pos, prev = *prevp, j;                        \
-		const uint64_t *val = wk->val;                                    \
+		uint32_t *pos = dec->pos, prev = *prevp, j;                        \
+		const uint64_t *val = dec->val;                                    \
 		ACC sa = 0, sb = 0, ta = 0, tb = 0;                               \
 		int rc = 0;                                                       \
 		for (j = 0; j < m; j++) {                                         \
-			rc = gap_pos(wk, g[j], n, &prev, &pos[j], err);           \
+			rc = gap_pos(dec, g[j], n, &prev, &pos[j], err);           \
 			if (rc != 0)                                              \
 				break;                                            \
 			__builtin_prefetch(base + (size_t)pos[j] * W, 1, 0);      \
@@ -401,18 +399,18 @@ static void rmw(uint32_t w, uint8_t *base, const uint32_t *pos, const uint64_t *
 	}
 }
 
-static int gaps(uint32_t w, struct worker *wk, const uint8_t *g, uint32_t m, uint32_t n,
+static int gaps(uint32_t w, struct decoder *dec, const uint8_t *g, uint32_t m, uint32_t n,
 		uint8_t *base, uint32_t *prev, uint64_t *ms, struct proto_err *err)
 {
 	switch (w) {
 	case 1:
-		return gaps1(wk, g, m, n, base, prev, ms, err);
+		return gaps1(dec, g, m, n, base, prev, ms, err);
 	case 2:
-		return gaps2(wk, g, m, n, base, prev, ms, err);
+		return gaps2(dec, g, m, n, base, prev, ms, err);
 	case 4:
-		return gaps4(wk, g, m, n, base, prev, ms, err);
+		return gaps4(dec, g, m, n, base, prev, ms, err);
 	default:
-		return gaps8(wk, g, m, n, base, prev, ms, err);
+		return gaps8(dec, g, m, n, base, prev, ms, err);
 	}
 }
 
@@ -422,7 +420,7 @@ struct bitwalk {
 	uint64_t bytes_read, nbytes;
 };
 
-static int bits_next(struct worker *wk, struct sreader *r, struct bitwalk *bw, uint32_t n,
+static int bits_next(struct decoder *dec, struct sreader *r, struct bitwalk *bw, uint32_t n,
 		     uint32_t *out, uint32_t m, struct proto_err *err)
 {
 	for (uint32_t j = 0; j < m;) {
@@ -445,7 +443,7 @@ static int bits_next(struct worker *wk, struct sreader *r, struct bitwalk *bw, u
 			return proto_errf(err, EINVAL, "bitmap bit past the end of the chunk");
 		out[j++] = (uint32_t)p;
 	}
-	(void)wk;
+	(void)dec;
 	return 0;
 }
 
@@ -455,7 +453,7 @@ static int bits_next(struct worker *wk, struct sreader *r, struct bitwalk *bw, u
  * written, also on error; part[0] receives the checksum movement of the
  * chunk and part[1] the touched checksum (positions from the chunk's start).
  */
-static int apply_chunk(struct worker *wk, const struct proto_delta *d,
+static int apply_chunk(struct decoder *dec, const struct proto_delta *d,
 		       const struct proto_delta_chunk *c, uint8_t *base, bool undo, uint64_t limit,
 		       uint64_t *done, uint64_t part[2], delta__emit_fn emit, void *emit_arg,
 		       struct proto_err *err)
@@ -472,7 +470,7 @@ static int apply_chunk(struct worker *wk, const struct proto_delta *d,
 	*done = 0;
 	part[0] = part[1] = 0;
 	for (unsigned s = 0; s < ns; s++) {
-		rc = sr_open(&wk->sr[s], wk, s, d->buf + at, c->clen[s], dlen[s], err);
+		rc = sr_open(&dec->sr[s], dec, s, d->buf + at, c->clen[s], dlen[s], err);
 		if (rc != 0)
 			return rc;
 		at += c->clen[s];
@@ -484,13 +482,13 @@ static int apply_chunk(struct worker *wk, const struct proto_delta *d,
 		uint32_t m = (uint32_t)PROTO_MIN((uint64_t)BATCH, count - k);
 		if (c->mode == PROTO_DELTA_SPARSE && !undo && emit == NULL) {
 			/* Values first, then positions fused with the writes. */
-			const uint8_t *g = sr_get(&wk->sr[0], m, err);
+			const uint8_t *g = sr_get(&dec->sr[0], m, err);
 			if (g == NULL)
 				return -EINVAL;
-			rc = get_values(wk, c, s0, w, m, true, &nesc, err);
+			rc = get_values(dec, c, s0, w, m, true, &nesc, err);
 			if (rc != 0)
 				return rc;
-			rc = gaps(w, wk, g, m, c->n, base, &prev, ms, err);
+			rc = gaps(w, dec, g, m, c->n, base, &prev, ms, err);
 			if (rc != 0)
 				return rc;
 			k += m;
@@ -498,27 +496,27 @@ static int apply_chunk(struct worker *wk, const struct proto_delta *d,
 			continue;
 		}
 		if (c->mode == PROTO_DELTA_SPARSE) { /* the undo's replay, or emit */
-			const uint8_t *g = sr_get(&wk->sr[0], m, err);
+			const uint8_t *g = sr_get(&dec->sr[0], m, err);
 			if (g == NULL)
 				return -EINVAL;
 			/* g stays valid: the wide stream has its own window. */
 			for (uint32_t j = 0; j < m; j++)
-				if (gap_pos(wk, g[j], c->n, &prev, &wk->pos[j], err) != 0)
+				if (gap_pos(dec, g[j], c->n, &prev, &dec->pos[j], err) != 0)
 					return -EINVAL;
 		} else if (c->mode == PROTO_DELTA_BITMAP) {
-			if (bits_next(wk, &wk->sr[0], &bw, c->n, wk->pos, m, err) != 0)
+			if (bits_next(dec, &dec->sr[0], &bw, c->n, dec->pos, m, err) != 0)
 				return -EINVAL;
 		} else {
 			for (uint32_t j = 0; j < m; j++)
-				wk->pos[j] = (uint32_t)(k + j);
+				dec->pos[j] = (uint32_t)(k + j);
 		}
-		rc = get_values(wk, c, s0, w, m, c->mode != PROTO_DELTA_DENSE, &nesc, err);
+		rc = get_values(dec, c, s0, w, m, c->mode != PROTO_DELTA_DENSE, &nesc, err);
 		if (rc != 0)
 			return rc;
 		if (emit != NULL)
-			emit(emit_arg, wk->pos, wk->val, m);
+			emit(emit_arg, dec->pos, dec->val, m);
 		else
-			rmw(w, base, wk->pos, wk->val, m, undo, ms);
+			rmw(w, base, dec->pos, dec->val, m, undo, ms);
 		k += m;
 		*done = k;
 	}
@@ -533,7 +531,7 @@ static int apply_chunk(struct worker *wk, const struct proto_delta *d,
 			return proto_errf(err, EINVAL, "bitmap has more bits than changes");
 		while (bw.bytes_read < bw.nbytes) {
 			size_t take = (size_t)PROTO_MIN((uint64_t)SR_CAP, bw.nbytes - bw.bytes_read);
-			const uint8_t *b = sr_get(&wk->sr[0], take, err);
+			const uint8_t *b = sr_get(&dec->sr[0], take, err);
 			if (b == NULL)
 				return -EINVAL;
 			for (size_t i = 0; i < take; i++)
@@ -543,7 +541,7 @@ static int apply_chunk(struct worker *wk, const struct proto_delta *d,
 		}
 	}
 	for (unsigned s = 0; s < ns; s++) {
-		rc = sr_end(&wk->sr[s], err);
+		rc = sr_end(&dec->sr[s], err);
 		if (rc != 0) {
 			proto_err_prefix(err, "stream %u", s);
 			return rc;
@@ -559,8 +557,7 @@ struct job {
 	uint8_t *const *bufs;
 	uint32_t *work; /* chunks that change something */
 	uint64_t nwork;
-	_Atomic uint64_t next;
-	_Atomic int stop;
+	struct decoder **decs; /* one per thread of the apply */
 	uint64_t *done;
 	uint64_t (*part)[2]; /* per chunk: movement and touched checksum */
 	pthread_mutex_t lock;
@@ -569,96 +566,96 @@ struct job {
 	struct proto_err err;
 };
 
-static int worker_init(struct worker *wk)
+static int decoder_init(struct decoder *dec)
 {
-	memset(wk, 0, sizeof(*wk));
+	memset(dec, 0, sizeof(*dec));
 	for (unsigned s = 0; s < PROTO_DELTA_MAX_STREAMS; s++) {
-		wk->dctx[s] = ZSTD_createDCtx();
-		wk->bufs[s] = malloc(SR_CAP);
-		if (wk->dctx[s] == NULL || wk->bufs[s] == NULL)
+		dec->dctx[s] = ZSTD_createDCtx();
+		dec->bufs[s] = malloc(SR_CAP);
+		if (dec->dctx[s] == NULL || dec->bufs[s] == NULL)
 			return -ENOMEM;
-		ZSTD_DCtx_setParameter(wk->dctx[s], ZSTD_d_windowLogMax, 25);
+		ZSTD_DCtx_setParameter(dec->dctx[s], ZSTD_d_windowLogMax, 25);
 	}
 	return 0;
 }
 
-static void worker_fini(struct worker *wk)
+static void decoder_fini(struct decoder *dec)
 {
 	for (unsigned s = 0; s < PROTO_DELTA_MAX_STREAMS; s++) {
-		ZSTD_freeDCtx(wk->dctx[s]);
-		free(wk->bufs[s]);
+		ZSTD_freeDCtx(dec->dctx[s]);
+		free(dec->bufs[s]);
 	}
 }
 
 /*
- * Workers (zstd contexts and stream windows, ~0.8 MiB each) kept between
+ * Decoders (zstd contexts and stream windows, ~0.8 MiB each) kept between
  * applies. A node applies one delta per version; made afresh for each, a
- * worker's pages were mapped and faulted in again every time (~250 minor
- * faults per apply of a 256 MiB model on 2 threads, more on the first,
- * several microseconds each in a VM). At most POOL_MAX are kept, for the
- * life of the process; proto_delta_apply_warm makes them ahead.
+ * decoder's pages were mapped and faulted in again every time. At most
+ * KEPT_MAX are kept, for the life of the process; proto_delta_apply_warm
+ * makes them ahead.
  */
-#define POOL_MAX 16
-static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct worker *pool[POOL_MAX];
-static unsigned npool;
+#define KEPT_MAX 16
+static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct decoder *kept[KEPT_MAX];
+static unsigned nkept;
 
-static void worker_free(struct worker *wk)
+static void decoder_free(struct decoder *dec)
 {
-	if (wk != NULL) {
-		worker_fini(wk);
-		free(wk);
+	if (dec != NULL) {
+		decoder_fini(dec);
+		free(dec);
 	}
 }
 
-/* A kept worker, or a new one; NULL when out of memory. */
-static struct worker *worker_get(void)
+/* A kept decoder, or a new one; NULL when out of memory. */
+static struct decoder *decoder_get(void)
 {
-	struct worker *wk = NULL;
+	struct decoder *dec = NULL;
 
-	pthread_mutex_lock(&pool_mu);
-	if (npool > 0)
-		wk = pool[--npool];
-	pthread_mutex_unlock(&pool_mu);
-	if (wk != NULL)
-		return wk;
-	if ((wk = malloc(sizeof(*wk))) != NULL && worker_init(wk) != 0) {
-		worker_free(wk); /* worker_init left what it made: fini frees it */
-		wk = NULL;
+	pthread_mutex_lock(&kept_mu);
+	if (nkept > 0)
+		dec = kept[--nkept];
+	pthread_mutex_unlock(&kept_mu);
+	if (dec != NULL)
+		return dec;
+	if ((dec = malloc(sizeof(*dec))) != NULL && decoder_init(dec) != 0) {
+		decoder_free(dec); /* decoder_init left what it made: fini frees it */
+		dec = NULL;
 	}
-	return wk;
+	return dec;
 }
 
-/* Keeps wk for the next apply (or frees it when POOL_MAX are kept). */
-static void worker_put(struct worker *wk)
+/* Keeps dec for the next apply (or frees it when KEPT_MAX are kept). */
+static void decoder_put(struct decoder *dec)
 {
-	pthread_mutex_lock(&pool_mu);
-	if (wk != NULL && npool < POOL_MAX) {
-		pool[npool++] = wk;
-		wk = NULL;
+	pthread_mutex_lock(&kept_mu);
+	if (dec != NULL && nkept < KEPT_MAX) {
+		kept[nkept++] = dec;
+		dec = NULL;
 	}
-	pthread_mutex_unlock(&pool_mu);
-	worker_free(wk);
+	pthread_mutex_unlock(&kept_mu);
+	decoder_free(dec);
 }
 
 int proto_delta_apply_warm(unsigned threads)
 {
-	struct worker *wks[POOL_MAX];
-	unsigned n = threads < POOL_MAX ? threads : POOL_MAX, got = 0;
+	struct decoder *decs[KEPT_MAX];
+	unsigned n = threads < KEPT_MAX ? threads : KEPT_MAX, got = 0;
 	int rc = 0;
 
 	/* Take them all at once, so that n distinct ones are kept. */
 	for (; got < n; got++)
-		if ((wks[got] = worker_get()) == NULL) {
+		if ((decs[got] = decoder_get()) == NULL) {
 			rc = -ENOMEM;
 			break;
 		}
 	for (unsigned i = 0; i < got; i++) {
 		/* The windows' pages, faulted in now rather than in an apply. */
 		for (unsigned s = 0; s < PROTO_DELTA_MAX_STREAMS; s++)
-			memset(wks[i]->bufs[s], 0, SR_CAP);
-		worker_put(wks[i]);
+			memset(decs[i]->bufs[s], 0, SR_CAP);
+		decoder_put(decs[i]);
 	}
+	proto_pool_reserve(n);
 	return rc;
 }
 
@@ -668,43 +665,32 @@ static uint8_t *chunk_base(const struct proto_delta *d, uint8_t *const *bufs, ui
 	return bufs[c->tensor] + c->base * d->tensors[c->tensor].elsize;
 }
 
-/* One thread's share: its worker (allocated before any thread starts). */
-struct share {
-	struct job *j;
-	struct worker *wk;
-};
-
-static void *apply_worker(void *arg)
+/* Applies the i-th chunk that changes something, on the thread's decoder
+ * (allocated before any thread starts). */
+static int apply_one(void *arg, unsigned slot, uint64_t i)
 {
-	struct share *sh = arg;
-	struct job *j = sh->j;
-	struct worker *wk = sh->wk;
+	struct job *j = arg;
+	struct decoder *dec = j->decs[slot];
+	uint32_t ci = j->work[i];
+	int rc = apply_chunk(dec, j->d, &j->d->chunks[ci], chunk_base(j->d, j->bufs, ci), false, 0,
+			     &j->done[ci], j->part[ci], NULL, NULL, &dec->err);
 
-	while (!atomic_load(&j->stop)) {
-		uint64_t i = atomic_fetch_add(&j->next, 1);
-		if (i >= j->nwork)
-			break;
-		uint32_t ci = j->work[i];
-		int rc = apply_chunk(wk, j->d, &j->d->chunks[ci], chunk_base(j->d, j->bufs, ci), false,
-				     0, &j->done[ci], j->part[ci], NULL, NULL, &wk->err);
-		if (rc != 0) {
-			pthread_mutex_lock(&j->lock);
-			if (j->rc == 0 || ci < j->err_chunk) {
-				j->rc = rc;
-				j->err_chunk = ci;
-				j->err = wk->err;
-			}
-			pthread_mutex_unlock(&j->lock);
-			atomic_store(&j->stop, 1);
-		}
+	if (rc == 0)
+		return 0;
+	pthread_mutex_lock(&j->lock);
+	if (j->rc == 0 || ci < j->err_chunk) {
+		j->rc = rc;
+		j->err_chunk = ci;
+		j->err = dec->err;
 	}
-	return NULL;
+	pthread_mutex_unlock(&j->lock);
+	return 1;
 }
 
-/* Reverts every chunk that wrote something, with a worker allocated before
+/* Reverts every chunk that wrote something, with a decoder allocated before
  * the apply started. The bytes were validated when first decoded and decode
  * the same way again, so the replay cannot fail. */
-static void undo_all(struct job *j, struct worker *wk)
+static void undo_all(struct job *j, struct decoder *dec)
 {
 	struct proto_err e;
 	uint64_t dn, part[2];
@@ -713,38 +699,38 @@ static void undo_all(struct job *j, struct worker *wk)
 		uint32_t ci = j->work[i];
 		if (j->done[ci] == 0)
 			continue;
-		if (apply_chunk(wk, j->d, &j->d->chunks[ci], chunk_base(j->d, j->bufs, ci), true,
+		if (apply_chunk(dec, j->d, &j->d->chunks[ci], chunk_base(j->d, j->bufs, ci), true,
 				j->done[ci], &dn, part, NULL, NULL, &e) != 0 || dn != j->done[ci])
 			abort(); /* unreachable; never leave half-patched bytes silently */
 	}
 }
 
-struct delta__worker *delta__worker_new(void)
+struct delta__decoder *delta__decoder_new(void)
 {
-	struct worker *wk = malloc(sizeof(*wk));
+	struct decoder *dec = malloc(sizeof(*dec));
 
-	if (wk != NULL && worker_init(wk) != 0) {
-		worker_fini(wk);
-		free(wk);
-		wk = NULL;
+	if (dec != NULL && decoder_init(dec) != 0) {
+		decoder_fini(dec);
+		free(dec);
+		dec = NULL;
 	}
-	return (struct delta__worker *)wk;
+	return (struct delta__decoder *)dec;
 }
 
-void delta__worker_free(struct delta__worker *w)
+void delta__decoder_free(struct delta__decoder *w)
 {
 	if (w != NULL) {
-		worker_fini((struct worker *)w);
+		decoder_fini((struct decoder *)w);
 		free(w);
 	}
 }
 
-int delta__decode_chunk(struct delta__worker *w, const struct proto_delta *d, uint32_t ci,
+int delta__decode_chunk(struct delta__decoder *w, const struct proto_delta *d, uint32_t ci,
 			delta__emit_fn emit, void *arg, struct proto_err *err)
 {
 	uint64_t done, part[2];
 
-	return apply_chunk((struct worker *)w, d, &d->chunks[ci], NULL, false, 0, &done, part, emit,
+	return apply_chunk((struct decoder *)w, d, &d->chunks[ci], NULL, false, 0, &done, part, emit,
 			   arg, err);
 }
 
@@ -752,10 +738,8 @@ int proto_delta_apply(const struct proto_delta *d, const struct proto_delta_pare
 		      uint8_t *const *bufs, unsigned threads, struct proto_err *err)
 {
 	uint64_t *sums = NULL;
-	struct worker **wks = NULL;
-	struct share *shares = NULL;
-	pthread_t *th = NULL;
-	unsigned started = 0, ready = 0;
+	struct decoder **decs = NULL;
+	unsigned ready = 0;
 	struct job j;
 	int rc;
 
@@ -795,37 +779,28 @@ int proto_delta_apply(const struct proto_delta *d, const struct proto_delta_pare
 		threads = 1;
 	if (threads > j.nwork)
 		threads = (unsigned)PROTO_MAX(j.nwork, (uint64_t)1);
-	/* Workers (decoders and windows) exist before anything is written, so
-	 * that undo never needs memory; worker 0 also serves the undo. */
-	th = calloc(threads, sizeof(*th));
-	wks = calloc(threads, sizeof(*wks));
-	shares = calloc(threads, sizeof(*shares));
-	if (th == NULL || wks == NULL || shares == NULL) {
+	/* Decoders (zstd contexts and windows) exist before anything is
+	 * written, so that undo never needs memory; decoder 0 also serves the
+	 * undo. */
+	decs = calloc(threads, sizeof(*decs));
+	if (decs == NULL) {
 		rc = proto_errf(err, ENOMEM, "delta apply: out of memory");
 		goto out;
 	}
-	for (ready = 0; ready < threads; ready++) {
-		if ((wks[ready] = worker_get()) == NULL) {
+	for (ready = 0; ready < threads; ready++)
+		if ((decs[ready] = decoder_get()) == NULL) {
 			rc = proto_errf(err, ENOMEM, "delta apply: out of memory");
 			goto out;
 		}
-		shares[ready] = (struct share){&j, wks[ready]};
-	}
-	if (threads > 1)
-		for (started = 0; started < threads; started++)
-			if (pthread_create(&th[started], NULL, apply_worker, &shares[started]) != 0)
-				break;
-	if (started == 0)
-		apply_worker(&shares[0]);
-	for (unsigned i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
+	j.decs = decs;
+	proto_pool_for(j.nwork, threads, apply_one, &j);
 	if (j.rc != 0) {
 		rc = j.rc;
 		if (err != NULL)
 			*err = j.err;
 		proto_err_prefix(err, "delta: tensor %u chunk %u", d->chunks[j.err_chunk].tensor,
 				 j.err_chunk - d->tensors[d->chunks[j.err_chunk].tensor].chunk0);
-		undo_all(&j, wks[0]);
+		undo_all(&j, decs[0]);
 		goto out;
 	}
 	for (uint32_t i = 0; i < d->ntensors; i++) {
@@ -846,28 +821,26 @@ int proto_delta_apply(const struct proto_delta *d, const struct proto_delta_pare
 					"delta: tensor %u: the parent differs where the delta writes "
 					"(checksum %016llx there, the delta's parent has %016llx)",
 					i, (unsigned long long)ts, (unsigned long long)t->touched_sum);
-			undo_all(&j, wks[0]);
+			undo_all(&j, decs[0]);
 			goto out;
 		}
 		if (s != t->child_sum) {
 			rc = proto_errf(err, EINVAL,
 					"delta: tensor %u: checksum after apply is %016llx, the child's is %016llx",
 					i, (unsigned long long)s, (unsigned long long)t->child_sum);
-			undo_all(&j, wks[0]);
+			undo_all(&j, decs[0]);
 			goto out;
 		}
 	}
 	rc = 0;
 out:
 	for (unsigned i = 0; i < ready; i++)
-		worker_put(wks[i]);
-	free(wks);
-	free(shares);
+		decoder_put(decs[i]);
+	free(decs);
 	free(sums);
 	free(j.work);
 	free(j.done);
 	free(j.part);
-	free(th);
 	pthread_mutex_destroy(&j.lock);
 	return rc;
 }

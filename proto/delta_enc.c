@@ -12,15 +12,15 @@
 
 #include "proto/delta_internal.h"
 #include "proto/params.h"
+#include "proto/pool.h"
 #include "proto/wsum.h"
 
 /* Density thresholds (changes / elements) above or below which a coding is
  * not even tried: SPARSE up to 1/2, BITMAP from 1/32, DENSE from 1/8. The
  * bitmap's stream is n/8 bytes whatever the density, the largest input zstd
  * gets at an RL step's ~1.6 % of BF16 elements changed, where the gaps always
- * won: from 1/64 on, a 256 MiB synth step at lr 1e-6 encoded to the same
- * bytes with 1/32 and took 0.48 s of CPU instead of 0.57 s (one thread,
- * medians of 9 alternated runs of `tessera delta encode`). */
+ * won: trying it only from 1/32 gives the same bytes for less CPU
+ * (proto/NOTES.md). */
 #define SPARSE_MAX_DEN 2
 #define BITMAP_MIN_DEN 32
 #define DENSE_MIN_DEN 8
@@ -51,7 +51,9 @@ struct job {
 	struct chunk_out *outs;
 	_Atomic uint64_t next, done;
 	_Atomic uint64_t changed; /* by the chunks scanned so far */
-	bool keep; /* the caller's thread encodes: it keeps its scratch */
+	/* The caller's scratch (opts.keep), when it encodes alone; else NULL. */
+	struct proto_delta_scratch **keep;
+	struct share *shares; /* one per thread of the encode */
 	const struct proto_delta_opts *o;
 	pthread_mutex_t lock;
 	int rc;
@@ -531,103 +533,82 @@ static int encode_chunk(struct job *j, struct scratch *s, uint64_t ci)
 }
 
 /*
- * A thread that encodes on its own (one thread: the caller's) keeps its
- * scratch for its next encode: a publisher's worker encodes its parcels one
- * after the other, and fresh buffers (malloc maps tens of MiB anew each
+ * An encode on one thread may keep its scratch for the next encode in the
+ * caller's hands (opts.keep): a publisher's rank worker encodes its parcels
+ * one after the other, and fresh buffers (malloc maps tens of MiB anew each
  * time) had every page a scan touches faulted in and zeroed again for each
- * parcel. The scratch goes when the thread ends (a key's destructor; the
- * __thread pointer keeps it reachable until then).
+ * parcel.
  */
-struct kept {
+struct proto_delta_scratch {
 	struct scratch s;
 	uint32_t maxn, wmax;
 	int level;
 };
 
-static __thread struct kept *kept;
-static pthread_key_t kept_key;
-static bool kept_key_ok;
-static pthread_once_t kept_once = PTHREAD_ONCE_INIT;
-
-static void kept_free(void *arg)
+void proto_delta_scratch_free(struct proto_delta_scratch *k)
 {
-	struct kept *k = arg;
-
+	if (k == NULL)
+		return;
 	scratch_fini(&k->s);
 	free(k);
-	kept = NULL;
 }
 
-static void kept_key_init(void)
-{
-	kept_key_ok = pthread_key_create(&kept_key, kept_free) == 0;
-}
-
-/* The calling thread's kept scratch, fit for j (made or remade), or NULL. */
+/* The kept scratch, fit for j (made or remade), or NULL. */
 static struct scratch *kept_scratch(const struct job *j)
 {
-	pthread_once(&kept_once, kept_key_init);
-	if (!kept_key_ok)
-		return NULL;
-	if (kept != NULL && (kept->maxn < j->maxn || kept->wmax < j->wmax || kept->level != j->level)) {
-		kept_free(kept);
-		pthread_setspecific(kept_key, NULL);
+	struct proto_delta_scratch *k = *j->keep;
+
+	if (k != NULL && (k->maxn < j->maxn || k->wmax < j->wmax || k->level != j->level)) {
+		proto_delta_scratch_free(k);
+		*j->keep = k = NULL;
 	}
-	if (kept == NULL) {
-		struct kept *k = calloc(1, sizeof(*k));
-		if (k == NULL)
+	if (k == NULL) {
+		if ((k = calloc(1, sizeof(*k))) == NULL)
 			return NULL;
-		if (scratch_init(&k->s, j) != 0 || pthread_setspecific(kept_key, k) != 0) {
-			scratch_fini(&k->s);
-			free(k);
+		if (scratch_init(&k->s, j) != 0) {
+			proto_delta_scratch_free(k);
 			return NULL;
 		}
 		k->maxn = j->maxn;
 		k->wmax = j->wmax;
 		k->level = j->level;
-		kept = k;
+		*j->keep = k;
 	}
-	return &kept->s;
+	return &k->s;
 }
 
-static void *enc_worker(void *arg)
+/* One thread's share of an encode: its scratch, made at its first chunk
+ * (the kept one when the caller encodes alone). */
+struct share {
+	struct scratch own, *s;
+};
+
+static int enc_chunk(void *arg, unsigned slot, uint64_t ci)
 {
 	struct job *j = arg;
-	struct scratch own, *sp = j->keep ? kept_scratch(j) : NULL;
+	struct share *sh = &j->shares[slot];
 	int rc = 0;
 
-	if (sp == NULL) {
-		sp = &own;
-		rc = scratch_init(&own, j);
+	if (sh->s == NULL && (sh->s = j->keep != NULL ? kept_scratch(j) : NULL) == NULL) {
+		sh->s = &sh->own;
+		rc = scratch_init(&sh->own, j);
 	}
-	struct scratch s = *sp;
-
-	while (rc == 0) {
-		uint64_t ci = atomic_fetch_add(&j->next, 1);
-		if (ci >= j->nchunks)
-			break;
-		pthread_mutex_lock(&j->lock);
-		rc = j->rc;
-		pthread_mutex_unlock(&j->lock);
-		if (rc != 0)
-			break;
-		rc = encode_chunk(j, &s, ci);
+	if (rc == 0) {
+		rc = encode_chunk(j, sh->s, ci);
 		uint64_t done = atomic_fetch_add(&j->done, 1) + 1;
 		if (j->o != NULL && j->o->progress != NULL)
 			j->o->progress(j->o->progress_arg, done, j->nchunks);
 	}
+	if (rc == 0)
+		return 0;
 	pthread_mutex_lock(&j->lock);
-	if (rc != 0 && j->rc == 0)
+	if (j->rc == 0)
 		j->rc = proto_errf(&j->err, -rc, "delta encode: %s",
 				   rc == -ENOMEM ? "out of memory" :
 				   rc == -E2BIG  ? "more elements changed than the limit" :
 						   "zstd compression failed");
 	pthread_mutex_unlock(&j->lock);
-	if (sp == &own)
-		scratch_fini(&s);
-	else
-		*sp = s; /* its buffers, swapped by encode_chunk */
-	return NULL;
+	return 1;
 }
 
 int proto_delta_encode(const struct proto_delta_version *parent,
@@ -638,8 +619,7 @@ int proto_delta_encode(const struct proto_delta_version *parent,
 	const struct proto_model *pm = parent->model, *cm = child->model;
 	uint64_t *psums = NULL, *csums = NULL, *tsums = NULL, hdr_len, body_len = 0;
 	uint32_t *match = NULL;
-	unsigned nth = o && o->threads ? o->threads : 1, started = 0;
-	pthread_t *th = NULL;
+	unsigned nth = o && o->threads ? o->threads : 1;
 	struct job j;
 	uint8_t *buf = NULL, *p;
 	int rc;
@@ -665,8 +645,7 @@ int proto_delta_encode(const struct proto_delta_version *parent,
 	psums = malloc((pm->ntensors + 1) * sizeof(*psums));
 	csums = malloc((cm->ntensors + 1) * sizeof(*csums));
 	tsums = malloc((cm->ntensors + 1) * sizeof(*tsums));
-	th = calloc(nth, sizeof(*th));
-	if (match == NULL || psums == NULL || csums == NULL || tsums == NULL || th == NULL) {
+	if (match == NULL || psums == NULL || csums == NULL || tsums == NULL) {
 		rc = proto_errf(err, ENOMEM, "delta encode: out of memory");
 		goto fail;
 	}
@@ -698,15 +677,18 @@ int proto_delta_encode(const struct proto_delta_version *parent,
 		j.wmax = 1;
 	/* Every thread holds scratch for a chunk: no more threads than chunks. */
 	nth = (unsigned)PROTO_MAX((uint64_t)1, PROTO_MIN((uint64_t)nth, j.nchunks));
-	for (started = 0; nth > 1 && started < nth; started++)
-		if (pthread_create(&th[started], NULL, enc_worker, &j) != 0)
-			break;
-	if (started == 0) {
-		j.keep = true;
-		enc_worker(&j);
+	j.keep = nth == 1 && o != NULL ? o->keep : NULL;
+	j.shares = calloc(nth, sizeof(*j.shares));
+	if (j.shares == NULL) {
+		rc = proto_errf(err, ENOMEM, "delta encode: out of memory");
+		goto fail;
 	}
-	for (unsigned i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
+	proto_pool_for(j.nchunks, nth, enc_chunk, &j);
+	for (unsigned i = 0; i < nth; i++)
+		if (j.shares[i].s == &j.shares[i].own)
+			scratch_fini(&j.shares[i].own);
+	free(j.shares);
+	j.shares = NULL;
 	if (j.rc != 0) {
 		rc = j.rc;
 		if (err != NULL)
@@ -825,7 +807,6 @@ fail:
 	free(psums);
 	free(csums);
 	free(tsums);
-	free(th);
 	pthread_mutex_destroy(&j.lock);
 	return rc;
 }

@@ -1,13 +1,12 @@
 /* Delta format: version digests, checksums and the strict header parser. */
 #include <errno.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "proto/delta_internal.h"
 #include "proto/params.h"
+#include "proto/pool.h"
 #include "proto/wsum.h"
 
 void proto_delta_digest(const uint8_t *header, size_t header_len, const uint64_t *sums,
@@ -46,6 +45,7 @@ int proto_delta_check_parent(const struct proto_delta *d, const struct proto_del
 
 /* Pieces of at most this many elements are summed by one thread. */
 #define SUM_PIECE (1ull << 24)
+#define SUM_THREADS_MAX 64u
 
 struct sum_job {
 	const struct proto_model *m;
@@ -53,31 +53,23 @@ struct sum_job {
 	uint64_t npieces;
 	uint32_t *ptensor;
 	uint64_t *pstart, *part;
-	_Atomic uint64_t next;
 };
 
-static void *sum_worker(void *arg)
+static int sum_piece(void *arg, unsigned slot, uint64_t i)
 {
 	struct sum_job *j = arg;
+	const struct proto_tensor *t = &j->m->tensors[j->ptensor[i]];
+	size_t w = proto_dtype_size(t->dtype);
+	uint64_t n = PROTO_MIN(SUM_PIECE, t->nelem - j->pstart[i]);
 
-	for (;;) {
-		uint64_t i = atomic_fetch_add(&j->next, 1);
-		if (i >= j->npieces)
-			break;
-		const struct proto_tensor *t = &j->m->tensors[j->ptensor[i]];
-		size_t w = proto_dtype_size(t->dtype);
-		uint64_t n = PROTO_MIN(SUM_PIECE, t->nelem - j->pstart[i]);
-		j->part[i] = proto_wsum(w, j->data[j->ptensor[i]] + j->pstart[i] * w, n);
-	}
-	return NULL;
+	j->part[i] = proto_wsum(w, j->data[j->ptensor[i]] + j->pstart[i] * w, n);
+	return 0;
 }
 
 void proto_delta_sums(const struct proto_model *m, const uint8_t *const *data,
 		      unsigned threads, uint64_t *sums)
 {
 	struct sum_job j = {.m = m, .data = data};
-	pthread_t th[64];
-	unsigned started = 0;
 
 	for (uint32_t t = 0; t < m->ntensors; t++)
 		j.npieces += (m->tensors[t].nelem + SUM_PIECE - 1) / SUM_PIECE;
@@ -96,15 +88,7 @@ void proto_delta_sums(const struct proto_model *m, const uint8_t *const *data,
 			j.ptensor[i] = (uint32_t)t;
 			j.pstart[i] = a;
 		}
-	threads = (unsigned)PROTO_MIN((uint64_t)PROTO_MIN(threads, 64u), j.npieces);
-	if (threads > 1)
-		for (started = 0; started < threads; started++)
-			if (pthread_create(&th[started], NULL, sum_worker, &j) != 0)
-				break;
-	if (started == 0)
-		sum_worker(&j);
-	for (unsigned i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
+	proto_pool_for(j.npieces, PROTO_MIN(threads, SUM_THREADS_MAX), sum_piece, &j);
 	for (uint32_t t = 0; t < m->ntensors; t++)
 		sums[t] = 0;
 	for (uint64_t i = 0; i < j.npieces; i++)

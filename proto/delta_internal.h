@@ -97,18 +97,18 @@ static inline unsigned delta__put_varint(uint8_t *p, uint64_t v)
 }
 
 /*
- * Decoding without writing (proto/delta_apply_mt.c): a worker holds one
- * thread's decoders; delta__decode_chunk hands chunk ci's changes, a batch
+ * Decoding without writing (proto/delta_apply.c): a decoder holds one
+ * thread's zstd contexts and stream windows; delta__decode_chunk hands chunk ci's changes, a batch
  * at a time, to emit (positions from the chunk's first element, ascending;
  * differences as apply adds them; DENSE chunks pass every element, 0 for
  * unchanged) and checks the chunk's streams like an apply. Nothing is
- * written. worker_new: NULL when out of memory.
+ * written. decoder_new: NULL when out of memory.
  */
-struct delta__worker;
+struct delta__decoder;
 typedef void (*delta__emit_fn)(void *arg, const uint32_t *pos, const uint64_t *diff, uint32_t m);
-struct delta__worker *delta__worker_new(void);
-void delta__worker_free(struct delta__worker *w);
-int delta__decode_chunk(struct delta__worker *w, const struct proto_delta *d, uint32_t ci,
+struct delta__decoder *delta__decoder_new(void);
+void delta__decoder_free(struct delta__decoder *w);
+int delta__decode_chunk(struct delta__decoder *w, const struct proto_delta *d, uint32_t ci,
 			delta__emit_fn emit, void *arg, struct proto_err *err);
 
 /* proto/delta_parcel.c: the delta dl speaks of parcel d's pieces, in

@@ -1,9 +1,8 @@
-/* A parcel delta decoded and verified ahead, written on a thread pool (see dpatch.h). */
+/* A parcel delta decoded and verified ahead, written on the worker pool (see dpatch.h). */
 #include "proto/dpatch.h"
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +10,7 @@
 #include <unistd.h>
 
 #include "proto/delta_internal.h"
+#include "proto/pool.h"
 #include "proto/wsum.h"
 
 #define P PROTO_WSUM_P
@@ -21,115 +21,31 @@ static const uint8_t no_header[1];
 
 /* ---- the pool ----------------------------------------------------------------- */
 
-/* Threads that run one function together: the caller is thread 0. */
+/* How many threads of the process's pool (proto/pool.h) a patch runs on,
+ * the caller's included. */
 struct proto_dpatch_pool {
-	unsigned started;
-	pthread_t th[THREADS_MAX];
-	pthread_mutex_t mu;
-	pthread_cond_t go, done;
-	uint64_t gen;
-	unsigned running;
-	bool quit;
-	void (*fn)(void *arg, unsigned tid);
-	void *arg;
+	unsigned threads;
 };
-
-struct pool_start {
-	struct proto_dpatch_pool *pool;
-	unsigned tid;
-};
-
-static void *pool_main(void *a)
-{
-	struct proto_dpatch_pool *pl = ((struct pool_start *)a)->pool;
-	unsigned tid = ((struct pool_start *)a)->tid;
-	uint64_t seen = 0;
-
-	free(a);
-	pthread_mutex_lock(&pl->mu);
-	for (;;) {
-		while (pl->gen == seen && !pl->quit)
-			pthread_cond_wait(&pl->go, &pl->mu);
-		if (pl->quit)
-			break;
-		seen = pl->gen;
-		void (*fn)(void *, unsigned) = pl->fn;
-		void *arg = pl->arg;
-		pthread_mutex_unlock(&pl->mu);
-		fn(arg, tid);
-		pthread_mutex_lock(&pl->mu);
-		if (--pl->running == 0)
-			pthread_cond_signal(&pl->done);
-	}
-	pthread_mutex_unlock(&pl->mu);
-	return NULL;
-}
 
 void proto_dpatch_pool_free(struct proto_dpatch_pool *pl)
 {
-	if (pl == NULL)
-		return;
-	pthread_mutex_lock(&pl->mu);
-	pl->quit = true;
-	pthread_cond_broadcast(&pl->go);
-	pthread_mutex_unlock(&pl->mu);
-	for (unsigned i = 0; i < pl->started; i++)
-		pthread_join(pl->th[i], NULL);
-	pthread_mutex_destroy(&pl->mu);
-	pthread_cond_destroy(&pl->go);
-	pthread_cond_destroy(&pl->done);
 	free(pl);
 }
 
 struct proto_dpatch_pool *proto_dpatch_pool_new(unsigned threads)
 {
 	struct proto_dpatch_pool *pl = calloc(1, sizeof(*pl));
-	unsigned n = proto_dpatch_threads(threads);
 
 	if (pl == NULL)
 		return NULL;
-	pthread_mutex_init(&pl->mu, NULL);
-	pthread_cond_init(&pl->go, NULL);
-	pthread_cond_init(&pl->done, NULL);
-	for (unsigned i = 1; i < n && i < THREADS_MAX; i++) {
-		struct pool_start *a = malloc(sizeof(*a));
-		if (a == NULL)
-			break;
-		*a = (struct pool_start){pl, i};
-		if (pthread_create(&pl->th[pl->started], NULL, pool_main, a) != 0) {
-			free(a);
-			break;
-		}
-		pl->started++;
-	}
+	pl->threads = proto_dpatch_threads(threads);
+	proto_pool_reserve(pl->threads); /* made now, not in the install */
 	return pl;
 }
 
 unsigned proto_dpatch_pool_size(const struct proto_dpatch_pool *pl)
 {
-	return pl == NULL ? 1 : pl->started + 1;
-}
-
-/* Runs fn(arg, tid) on every thread of the pool (NULL: the caller's
- * alone); returns when all did. */
-static void pool_run(struct proto_dpatch_pool *pl, void (*fn)(void *, unsigned), void *arg)
-{
-	if (pl == NULL) {
-		fn(arg, 0);
-		return;
-	}
-	pthread_mutex_lock(&pl->mu);
-	pl->fn = fn;
-	pl->arg = arg;
-	pl->running = pl->started;
-	pl->gen++;
-	pthread_cond_broadcast(&pl->go);
-	pthread_mutex_unlock(&pl->mu);
-	fn(arg, 0);
-	pthread_mutex_lock(&pl->mu);
-	while (pl->running > 0)
-		pthread_cond_wait(&pl->done, &pl->mu);
-	pthread_mutex_unlock(&pl->mu);
+	return pl == NULL ? 1 : pl->threads;
 }
 
 unsigned proto_dpatch_threads(unsigned threads)
@@ -212,53 +128,48 @@ static void emit(void *arg, const uint32_t *pos, const uint64_t *diff, uint32_t 
 struct prep_job {
 	const struct proto_delta *d;
 	struct proto_dpatch *p;
-	struct delta__worker **wk;
-	_Atomic uint32_t next;
-	_Atomic int stop;
+	struct delta__decoder **dec; /* one per thread */
 	pthread_mutex_t lock;
 	int rc;
 	uint32_t err_chunk;
 	struct proto_err err;
 };
 
-static void prep_thread(void *arg, unsigned tid)
+/* Decodes chunk ci into its list of changes. */
+static int prep_chunk(void *arg, unsigned slot, uint64_t i)
 {
 	struct prep_job *j = arg;
 	struct proto_err err = {{0}};
+	uint32_t ci = (uint32_t)i;
+	const struct proto_delta_chunk *c = &j->d->chunks[ci];
+	struct proto_dpatch_chunk *pc = &j->p->chunks[ci];
 
-	while (!atomic_load(&j->stop)) {
-		uint32_t ci = atomic_fetch_add(&j->next, 1);
-		if (ci >= j->d->nchunks)
-			break;
-		const struct proto_delta_chunk *c = &j->d->chunks[ci];
-		struct proto_dpatch_chunk *pc = &j->p->chunks[ci];
-		if (c->mode == PROTO_DELTA_ZERO)
-			continue;
-		struct emit_ctx e = {pc, pc->dst, 0, 0, false};
-		int rc;
-		/* Sparse and bitmap chunks say how many changes they hold. */
-		if (c->mode != PROTO_DELTA_DENSE && c->nchanges > 0) {
-			pc->pos = malloc((size_t)c->nchanges * sizeof(*pc->pos));
-			pc->val = malloc((size_t)c->nchanges * pc->w);
-			if (pc->pos != NULL && pc->val != NULL)
-				pc->cap = c->nchanges;
-		}
-		rc = delta__decode_chunk(j->wk[tid], j->d, ci, emit, &e, &err);
-		if (rc == 0 && e.nomem)
-			rc = proto_errf(&err, ENOMEM, "out of memory");
-		if (rc != 0) {
-			pthread_mutex_lock(&j->lock);
-			if (j->rc == 0 || ci < j->err_chunk) {
-				j->rc = rc;
-				j->err_chunk = ci;
-				j->err = err;
-			}
-			pthread_mutex_unlock(&j->lock);
-			atomic_store(&j->stop, 1);
-			continue;
-		}
-		pc->part = e.pb << 32 | e.pa;
+	if (c->mode == PROTO_DELTA_ZERO)
+		return 0;
+	struct emit_ctx e = {pc, pc->dst, 0, 0, false};
+	int rc;
+	/* Sparse and bitmap chunks say how many changes they hold. */
+	if (c->mode != PROTO_DELTA_DENSE && c->nchanges > 0) {
+		pc->pos = malloc((size_t)c->nchanges * sizeof(*pc->pos));
+		pc->val = malloc((size_t)c->nchanges * pc->w);
+		if (pc->pos != NULL && pc->val != NULL)
+			pc->cap = c->nchanges;
 	}
+	rc = delta__decode_chunk(j->dec[slot], j->d, ci, emit, &e, &err);
+	if (rc == 0 && e.nomem)
+		rc = proto_errf(&err, ENOMEM, "out of memory");
+	if (rc != 0) {
+		pthread_mutex_lock(&j->lock);
+		if (j->rc == 0 || ci < j->err_chunk) {
+			j->rc = rc;
+			j->err_chunk = ci;
+			j->err = err;
+		}
+		pthread_mutex_unlock(&j->lock);
+		return 1;
+	}
+	pc->part = e.pb << 32 | e.pa;
+	return 0;
 }
 
 /*
@@ -338,17 +249,17 @@ int proto_dpatch_prepare(const struct proto_dparcel *d, const uint8_t *delta, si
 	nt = proto_dpatch_pool_size(pool);
 	j.d = &dl;
 	j.p = out;
-	j.wk = calloc(nt, sizeof(*j.wk));
-	for (unsigned i = 0; j.wk != NULL && i < nt; i++)
-		if ((j.wk[i] = delta__worker_new()) == NULL) {
+	j.dec = calloc(nt, sizeof(*j.dec));
+	for (unsigned i = 0; j.dec != NULL && i < nt; i++)
+		if ((j.dec[i] = delta__decoder_new()) == NULL) {
 			rc = proto_errf(err, ENOMEM, "delta prepare: out of memory");
 			goto out;
 		}
-	if (j.wk == NULL) {
+	if (j.dec == NULL) {
 		rc = proto_errf(err, ENOMEM, "delta prepare: out of memory");
 		goto out;
 	}
-	pool_run(pool, prep_thread, &j);
+	proto_pool_for(dl.nchunks, nt, prep_chunk, &j);
 	if (j.rc != 0) {
 		rc = j.rc;
 		*err = j.err;
@@ -378,9 +289,9 @@ int proto_dpatch_prepare(const struct proto_dparcel *d, const uint8_t *delta, si
 	pretouch(out);
 	rc = 0;
 out:
-	for (unsigned i = 0; j.wk != NULL && i < nt; i++)
-		delta__worker_free(j.wk[i]);
-	free(j.wk);
+	for (unsigned i = 0; j.dec != NULL && i < nt; i++)
+		delta__decoder_free(j.dec[i]);
+	free(j.dec);
 	pthread_mutex_destroy(&j.lock);
 	proto_delta_fini(&dl);
 	if (rc != 0)
@@ -391,11 +302,15 @@ out:
 /* ---- writing --------------------------------------------------------------------- */
 
 /* The chunks of n patches, numbered across them, taken in turns by the
- * pool's threads. */
+ * pool's threads; each thread's place in the patches (its chunks come in
+ * order). */
 struct write_job {
 	const struct proto_dpatch *p;
 	size_t n;
-	_Atomic uint64_t next;
+	struct {
+		size_t k;
+		uint64_t base; /* chunks of the patches before p[k] */
+	} at[THREADS_MAX];
 };
 
 static void write_chunk(const struct proto_dpatch_chunk *pc)
@@ -420,27 +335,28 @@ static void write_chunk(const struct proto_dpatch_chunk *pc)
 	}
 }
 
-static void write_thread(void *arg, unsigned tid)
+static int write_one(void *arg, unsigned slot, uint64_t ci)
 {
 	struct write_job *j = arg;
-	size_t k = 0;
-	uint64_t base = 0; /* chunks of the patches before p[k] */
+	size_t *k = &j->at[slot].k;
+	uint64_t *base = &j->at[slot].base;
 
-	for (;;) {
-		uint64_t ci = atomic_fetch_add(&j->next, 1);
-		while (k < j->n && ci >= base + j->p[k].nchunks)
-			base += j->p[k++].nchunks;
-		if (k == j->n)
-			break;
-		const struct proto_dpatch_chunk *pc = &j->p[k].chunks[ci - base];
-		if (pc->n > 0)
-			write_chunk(pc);
-	}
+	while (*k < j->n && ci >= *base + j->p[*k].nchunks)
+		*base += j->p[(*k)++].nchunks;
+	if (*k == j->n)
+		return 1;
+	const struct proto_dpatch_chunk *pc = &j->p[*k].chunks[ci - *base];
+	if (pc->n > 0)
+		write_chunk(pc);
+	return 0;
 }
 
 void proto_dpatch_write(const struct proto_dpatch *p, size_t n, struct proto_dpatch_pool *pool)
 {
-	struct write_job j = {p, n, 0};
+	struct write_job j = {.p = p, .n = n};
+	uint64_t nchunks = 0;
 
-	pool_run(pool, write_thread, &j);
+	for (size_t k = 0; k < n; k++)
+		nchunks += p[k].nchunks;
+	proto_pool_for(nchunks, proto_dpatch_pool_size(pool), write_one, &j);
 }

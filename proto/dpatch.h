@@ -21,6 +21,8 @@
  *
  * The pool (proto_dpatch_pool_new) is the caller's: an install makes one,
  * prepares all its parcels on it, writes them all in one run, frees it.
+ * It says how many threads of the process's pool (proto/pool.h) a patch
+ * runs on, and has them made when it is made, not during the install.
  *
  * Memory: 4 bytes of position plus the element width per change (about 6
  * bytes per change for BF16, 3 % of the block at 1 % changed).
@@ -53,8 +55,9 @@ struct proto_dpatch {
 };
 
 /* A pool of proto_dpatch_threads(threads) threads in all, the caller's
- * being one (fewer when threads cannot be started). NULL: out of memory.
- * Freed with proto_dpatch_pool_free (NULL is fine), which stops them. */
+ * being one (fewer run when threads cannot be made). NULL: out of memory.
+ * Freed with proto_dpatch_pool_free (NULL is fine); the threads stay in
+ * the process's pool. */
 struct proto_dpatch_pool *proto_dpatch_pool_new(unsigned threads);
 void proto_dpatch_pool_free(struct proto_dpatch_pool *pool);
 /* Threads the pool runs on, the caller's included. */

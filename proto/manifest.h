@@ -6,8 +6,8 @@
  * number and by the parent manifest's digest. For each serving layout it
  * lists the parcels (source rank -> destination rank) with their chunk lists;
  * a chunk is `chunk_size` bytes of the parcel's wire payload (the last one
- * shorter) with its BLAKE2b-256 hash. For anchors the wire payload is the
- * parcel payload itself (encoding RAW); deltas carry an encoded payload:
+ * shorter) with its hash (proto/chunkhash.h). For anchors the wire payload
+ * is the parcel payload itself (encoding RAW); deltas carry an encoded payload:
  * the TSDELTA1 encoding of the parcel against the same parcel of the parent
  * version (proto/delta.h, "Parcels"), which names the parent parcel's
  * digest and carries each piece's (segment's) child checksum. Those are

@@ -11,7 +11,7 @@
 
 #define METRICS_MAX 4096 /* series at most by default (a multi-rank node: its ranks' series) */
 #define BUCKETS_MAX 24
-#define PARTS_MAX 256    /* health parts at most (node/host.h: one per rank) */
+#define PARTS_MAX 256    /* health parts at most (node/host/host.h: one per rank) */
 #define NAME_MAX_LEN 96  /* a name, labels, a help line: shorter than these */
 #define LABELS_MAX_LEN 160
 #define HELP_MAX_LEN 160

@@ -107,7 +107,7 @@
 	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client") \
 	X(ADDENDUM_WAIT_MS, "TESSERA_ADDENDUM_WAIT_MS", 10000,                    \
 	  "how long a node whose layout the latest manifest lacks waits for its addendum, ms") \
-	/* Peer fanout (node/agent/agent_swarm.c): 1, nodes serve the chunks they \
+	/* Peer fanout (node/swarm/): 1, nodes serve the chunks they \
 	 * verified to the others of their parcel's swarm and fetch from them; 0, \
 	 * star mode: every byte comes from the trainer. The only tunable that may \
 	 * be 0 while its default is not. */ \
@@ -122,7 +122,7 @@
 	X(HAVE_CHASE_MS, "TESSERA_HAVE_CHASE_MS", 5, "have-page read period while a parcel waits on its peers, ms") \
 	/* 1: a node reads its peers' have-pages over its chunk reads' endpoint; \
 	 * 0: over an endpoint of its own, so that a page does not queue behind \
-	 * the chunk reads a peer is serving us (node/agent/agent_hosts.c). */ \
+	 * the chunk reads a peer is serving us (node/fetch/pace.c). */ \
 	X(HAVE_SAME_ENDPOINT, "TESSERA_HAVE_SAME_ENDPOINT", 0, "have-page reads share the chunk reads' endpoint (1) or have their own (0)") \
 	/* Reads a node keeps in flight to one peer at most: its upload budget as \
 	 * the peer sees it, so a reader never queues more on a peer's link \
@@ -131,13 +131,13 @@
 	/* What a node keeps queued on one peer: the bytes the peer's measured \
 	 * rate to it delivers in this many ms (one chunk at least, PEER_INFLIGHT \
 	 * at most). A peer answers its readers in turn: a deeper queue only makes \
-	 * every other chunk wait (node/agent/agent_swarm.c). */ \
+	 * every other chunk wait (node/fetch/picker.c). */ \
 	X(PEER_TARGET_MS, "TESSERA_PEER_TARGET_MS", 500, "bytes queued per peer, as ms of its measured rate") \
 	/* A reader ahead of its swarm reads from at most this many peers at once, \
-	 * leaving the others' uplinks to the readers behind (node/agent/ \
-	 * agent_swarm.c); 0: no such limit (one read per peer only). */ \
+	 * leaving the others' uplinks to the readers behind (node/fetch/ \
+	 * picker.c); 0: no such limit (one read per peer only). */ \
 	X(AHEAD_PEERS, "TESSERA_AHEAD_PEERS", 0, "peers a reader ahead of its swarm reads from at once (0: any)") \
-	/* Super-seeding under a cap (node/agent/agent_swarm.c): the members of a \
+	/* Super-seeding under a cap (node/fetch/owners.c): the members of a \
 	 * parcel's swarm that read it from the trainer at once (0: every member); \
 	 * the others take its chunks from peers. A member starved of a chunk no \
 	 * peer can supply reads it from the trainer anyway. Reads are one-sided, \
@@ -211,7 +211,7 @@
 	 * (a node sends one at least every lease/3); the tracker closes one \
 	 * that has carried nothing for this long. */ \
 	X(TRACKER_IDLE_MS, "TESSERA_TRACKER_IDLE_MS", 30000, "tracker closes a connection idle for, ms") \
-	/* Trainer bytes across layouts (node/agent/agent_xlayout.c): a node whose \
+	/* Trainer bytes across layouts (node/swarm/xl_read.c): a node whose \
 	 * layout does not lead reads them from a leading layout's replicas \
 	 * fetching the same version; when none of those has verified anything new \
 	 * for this long, it takes them from the trainer (a loaded leader's first \

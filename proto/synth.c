@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "proto/pool.h"
 #include "proto/safetensors.h"
 
 #define SLICE (1u << 18) /* elements a worker generates at a time */
@@ -37,11 +38,13 @@ struct synth {
 	int *fds; /* steps + 1 */
 	double harmonic; /* H_V of the vocabulary, for token frequencies */
 	/* work items: (tensor, slice) in order */
-	_Atomic uint64_t next_item, done_elems;
+	_Atomic uint64_t done_elems;
 	uint64_t nitems;
 	uint64_t *item_tensor, *item_start;
+	unsigned nth;
+	struct share *shares; /* one per thread */
+	atomic_bool finished;
 	pthread_mutex_t lock;
-	uint64_t *changed; /* steps + 1 */
 	int rc;
 	struct proto_err err;
 };
@@ -242,74 +245,89 @@ static int put(struct synth *s, uint32_t k, const void *buf, size_t len, uint64_
 	return 0;
 }
 
-static void *worker(void *arg)
+/* One thread's share: its slice buffers, made at its first item, and the
+ * elements it saw change per version (steps + 1). */
+struct share {
+	struct slice sl;
+	uint64_t *changed;
+	bool ready;
+};
+
+static void share_fini(struct share *sh)
+{
+	free(sh->changed);
+	free(sh->sl.theta);
+	free(sh->sl.m);
+	free(sh->sl.v);
+	free(sh->sl.prev);
+	free(sh->sl.cur);
+}
+
+/* Generates work item it (a slice of one tensor) in every version. */
+static int gen_item(void *arg, unsigned slot, uint64_t it)
 {
 	struct synth *s = arg;
+	struct share *sh = &s->shares[slot];
+	struct slice *sl = &sh->sl;
 	uint32_t steps = s->o->steps;
-	uint64_t *changed = calloc(steps + 1, sizeof(*changed));
-	struct slice sl = {0};
-	int rc = 0;
+	int rc;
 
-	sl.theta = malloc(SLICE * sizeof(float));
-	sl.m = malloc(SLICE * sizeof(float));
-	sl.v = malloc(SLICE * sizeof(float));
-	sl.prev = malloc(SLICE * sizeof(uint16_t));
-	sl.cur = malloc(SLICE * sizeof(uint16_t));
-	if (changed == NULL || !sl.theta || !sl.m || !sl.v || !sl.prev || !sl.cur) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	for (;;) {
-		uint64_t it = atomic_fetch_add(&s->next_item, 1);
-		if (it >= s->nitems)
-			break;
-		pthread_mutex_lock(&s->lock);
-		rc = s->rc;
-		pthread_mutex_unlock(&s->lock);
-		if (rc != 0)
-			break;
-		uint32_t t = (uint32_t)s->item_tensor[it];
-		const struct tinfo *ti = &s->ti[t];
-		uint64_t a = s->item_start[it], b = PROTO_MIN(a + SLICE, ti->nelem), n = b - a;
-
-		slice_init(s, t, a, b, &sl);
-		for (uint64_t k = 0; k < n; k++)
-			sl.prev[k] = to_bf16(sl.theta[k]);
-		rc = put(s, 0, sl.prev, n * 2, ti->offset + a * 2);
-		for (uint32_t k = 1; k <= steps && rc == 0; k++) {
-			uint64_t c = 0;
-			uint16_t *tmp;
-			if (ti->kind != K_HEAD)
-				slice_step(s, t, k, a, b, &sl);
-			for (uint64_t j = 0; j < n; j++) {
-				sl.cur[j] = to_bf16(sl.theta[j]);
-				c += sl.cur[j] != sl.prev[j];
-			}
-			changed[k] += c;
-			rc = put(s, k, sl.cur, n * 2, ti->offset + a * 2);
-			tmp = sl.prev;
-			sl.prev = sl.cur;
-			sl.cur = tmp;
+	if (!sh->ready) {
+		sh->changed = calloc(steps + 1, sizeof(*sh->changed));
+		sl->theta = malloc(SLICE * sizeof(float));
+		sl->m = malloc(SLICE * sizeof(float));
+		sl->v = malloc(SLICE * sizeof(float));
+		sl->prev = malloc(SLICE * sizeof(uint16_t));
+		sl->cur = malloc(SLICE * sizeof(uint16_t));
+		sh->ready = true;
+		if (sh->changed == NULL || !sl->theta || !sl->m || !sl->v || !sl->prev || !sl->cur) {
+			rc = -ENOMEM;
+			goto fail;
 		}
-		if (rc != 0)
-			break;
-		atomic_fetch_add(&s->done_elems, n);
 	}
-out:
+	uint32_t t = (uint32_t)s->item_tensor[it];
+	const struct tinfo *ti = &s->ti[t];
+	uint64_t a = s->item_start[it], b = PROTO_MIN(a + SLICE, ti->nelem), n = b - a;
+
+	slice_init(s, t, a, b, sl);
+	for (uint64_t k = 0; k < n; k++)
+		sl->prev[k] = to_bf16(sl->theta[k]);
+	rc = put(s, 0, sl->prev, n * 2, ti->offset + a * 2);
+	for (uint32_t k = 1; k <= steps && rc == 0; k++) {
+		uint64_t c = 0;
+		uint16_t *tmp;
+		if (ti->kind != K_HEAD)
+			slice_step(s, t, k, a, b, sl);
+		for (uint64_t j = 0; j < n; j++) {
+			sl->cur[j] = to_bf16(sl->theta[j]);
+			c += sl->cur[j] != sl->prev[j];
+		}
+		sh->changed[k] += c;
+		rc = put(s, k, sl->cur, n * 2, ti->offset + a * 2);
+		tmp = sl->prev;
+		sl->prev = sl->cur;
+		sl->cur = tmp;
+	}
+	if (rc != 0)
+		goto fail;
+	atomic_fetch_add(&s->done_elems, n);
+	return 0;
+fail:
 	pthread_mutex_lock(&s->lock);
-	if (rc != 0 && s->rc == 0)
+	if (s->rc == 0)
 		s->rc = proto_errf(&s->err, -rc, "writing a version: %s", strerror(-rc));
-	if (changed != NULL)
-		for (uint32_t k = 0; k <= steps; k++)
-			s->changed[k] += changed[k];
 	pthread_mutex_unlock(&s->lock);
-	free(changed);
-	free(sl.theta);
-	free(sl.m);
-	free(sl.v);
-	free(sl.prev);
-	free(sl.cur);
-	return NULL;
+	return 1;
+}
+
+/* Every work item, on the pool; runs as a task while the caller reports
+ * progress. */
+static void gen_all(void *arg)
+{
+	struct synth *s = arg;
+
+	proto_pool_for(s->nitems, s->nth, gen_item, s);
+	atomic_store(&s->finished, true);
 }
 
 static void path_of(char *buf, size_t len, const char *dir, uint32_t k, int tmp)
@@ -321,8 +339,7 @@ int proto_synth_run(const char *dir, const struct proto_synth_opts *o,
 		    uint64_t *changed, uint64_t *nelem, struct proto_err *err)
 {
 	struct synth s;
-	pthread_t *th = NULL;
-	unsigned nth = o->threads ? o->threads : 1, started = 0;
+	struct proto_pool_task task;
 	uint64_t total = 0;
 	char path[4096], final[4096];
 	int rc;
@@ -340,11 +357,11 @@ int proto_synth_run(const char *dir, const struct proto_synth_opts *o,
 		pthread_mutex_destroy(&s.lock);
 		return rc;
 	}
+	s.nth = o->threads ? o->threads : 1;
 	s.ti = calloc(s.m.ntensors, sizeof(*s.ti));
 	s.fds = malloc((o->steps + 1) * sizeof(int));
-	s.changed = calloc(o->steps + 1, sizeof(uint64_t));
-	th = calloc(nth, sizeof(*th));
-	if (s.ti == NULL || s.fds == NULL || s.changed == NULL || th == NULL) {
+	s.shares = calloc(s.nth, sizeof(*s.shares));
+	if (s.ti == NULL || s.fds == NULL || s.shares == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
 	}
@@ -405,16 +422,11 @@ int proto_synth_run(const char *dir, const struct proto_synth_opts *o,
 			s.item_tensor[it] = t;
 			s.item_start[it] = a;
 		}
-	for (started = 0; started < nth; started++)
-		if (pthread_create(&th[started], NULL, worker, &s) != 0)
-			break;
-	if (started == 0) {
-		rc = proto_errf(err, EAGAIN, "synth: cannot start threads");
-		goto fail;
-	}
-	if (o->progress) {
+	if (!o->progress || proto_pool_start(&task, gen_all, &s) != 0) {
+		gen_all(&s);
+	} else {
 		uint64_t all = proto_model_bytes(&s.m) / 2, last = 0;
-		while (atomic_load(&s.done_elems) < all) {
+		while (atomic_load(&s.done_elems) < all && !atomic_load(&s.finished)) {
 			struct timespec ts = {0, 200000000};
 			nanosleep(&ts, NULL);
 			pthread_mutex_lock(&s.lock);
@@ -429,10 +441,10 @@ int proto_synth_run(const char *dir, const struct proto_synth_opts *o,
 				last = now;
 			}
 		}
-		fprintf(stderr, "\rsynth: done   \n");
+		proto_pool_join(&task);
 	}
-	for (unsigned i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
+	if (o->progress)
+		fprintf(stderr, "\rsynth: done   \n");
 	if (s.rc != 0) {
 		rc = s.rc;
 		if (err != NULL)
@@ -453,8 +465,12 @@ int proto_synth_run(const char *dir, const struct proto_synth_opts *o,
 			goto fail;
 		}
 	}
-	if (changed != NULL)
-		memcpy(changed, s.changed, (o->steps + 1) * sizeof(uint64_t));
+	if (changed != NULL) {
+		memset(changed, 0, (o->steps + 1) * sizeof(uint64_t));
+		for (unsigned i = 0; i < s.nth; i++)
+			for (uint32_t k = 0; k <= o->steps && s.shares[i].changed != NULL; k++)
+				changed[k] += s.shares[i].changed[k];
+	}
 	if (nelem != NULL)
 		*nelem = proto_model_bytes(&s.m) / 2;
 	rc = 0;
@@ -467,12 +483,13 @@ fail:
 				unlink(path);
 			}
 		}
-	free(th);
+	for (unsigned i = 0; s.shares != NULL && i < s.nth; i++)
+		share_fini(&s.shares[i]);
+	free(s.shares);
 	free(s.item_tensor);
 	free(s.item_start);
 	free(s.ti);
 	free(s.fds);
-	free(s.changed);
 	proto_model_fini(&s.m);
 	pthread_mutex_destroy(&s.lock);
 	return rc;

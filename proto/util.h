@@ -53,8 +53,8 @@ int proto_write_file_atomic(const char *path, const void *buf, size_t len,
  * The same without the fsync: readers on this machine see the old bytes or
  * the new ones, never a mix, but a crash of the machine may lose either.
  * For records that describe this process's memory (a node's activation
- * record names a memfd of its own), which such a crash loses anyway: an
- * fsync there took 4 ms at the median and up to 170 ms on a busy disk.
+ * record names a memfd of its own), which such a crash loses anyway, and
+ * where an fsync costs milliseconds (proto/NOTES.md).
  */
 int proto_write_file_replace(const char *path, const void *buf, size_t len, mode_t mode,
 			     struct proto_err *err);

@@ -17,6 +17,7 @@
 
 #include "fabric/fab.h"
 #include "node/cli/proc.h"
+#include "proto/chunkhash.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 #include "tracker/tracker.h"
@@ -184,9 +185,8 @@ static void pub_export_layout(struct env *e, struct fake_pub *p, const uint8_t *
 		ml->parcels[i].encoding = PROTO_ENC_RAW;
 		assert_int_equal(proto_mparcel_alloc_chunks(&man, &ml->parcels[i], pc->bytes), 0);
 		for (uint32_t c = 0; c < ml->parcels[i].nchunks; c++)
-			crypto_generichash(ml->parcels[i].chunks[c].hash, 32,
-					   buf + (size_t)c * CHUNK, ml->parcels[i].chunks[c].size,
-					   NULL, 0);
+			proto_chunk_hash(ml->parcels[i].chunks[c].hash, buf + (size_t)c * CHUNK,
+					 ml->parcels[i].chunks[c].size);
 		if (pc->dst_rank == 0)
 			p->export = buf;
 		else

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "node/fetch/verifier.h"
+#include "proto/chunkhash.h"
 #include "proto/proto.h"
 #include "proto/synth.h"
 
@@ -70,7 +71,7 @@ static void bench_init(struct bench *b, unsigned nthreads, const bool *bad)
 	randombytes_buf(b->src, (size_t)NJOBS * JOB_LEN);
 	for (unsigned i = 0; i < NJOBS; i++) {
 		const uint8_t *buf = b->src + (size_t)i * JOB_LEN;
-		crypto_generichash(b->hash[i], 32, buf, JOB_LEN, NULL, 0);
+		proto_chunk_hash(b->hash[i], buf, JOB_LEN);
 		if (bad != NULL && bad[i])
 			b->hash[i][5] ^= 1;
 		b->jobs[i] = (struct node_vjob){
@@ -364,7 +365,7 @@ static void test_scatter_by_fd(void **state)
 		for (uint64_t off = 0; off < pc->bytes; off += chunk, k++) {
 			uint64_t len = PROTO_MIN(chunk, pc->bytes - off);
 			const uint8_t *buf = bufs + k * chunk;
-			crypto_generichash(hash[k], 32, buf, len, NULL, 0);
+			proto_chunk_hash(hash[k], buf, len);
 			if (k == bad)
 				hash[k][3] ^= 1;
 			else

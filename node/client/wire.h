@@ -1,6 +1,6 @@
 /*
  * The attach protocol between a node and the serving processes on its host,
- * over a local Unix stream socket. Shared by the node's server (node/attach.c)
+ * over a local Unix stream socket. Shared by the node's server (node/serve/attach.c)
  * and libtessera-client; it depends on nothing but libc.
  *
  * Every message is a frame: an 8-byte header (u32 payload length, u16 type,

@@ -9,6 +9,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "proto/chunkhash.h"
 #include "proto/log.h"
 #include "proto/params.h"
 #include "proto/util.h"
@@ -99,7 +100,7 @@ static void *worker(void *arg)
 		v->busy++;
 		pthread_mutex_unlock(&v->mu);
 
-		crypto_generichash(h, sizeof(h), j->buf, j->len, NULL, 0);
+		proto_chunk_hash(h, j->buf, j->len);
 		j->ok = sodium_memcmp(h, j->hash, sizeof(h)) == 0;
 		if (j->ok) {
 			if (j->parcel != NULL) {

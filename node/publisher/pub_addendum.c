@@ -20,7 +20,7 @@
  *      the parent of the next one has its snapshot of each trainer rank's
  *      memory, read as it is; else each rank's memory is rebuilt from the
  *      raw parcels it sent in the version as served (an anchor's served
- *      buffers), which hold exactly the version's bytes
+ *      buffers; pub_restore.c), which hold exactly the version's bytes
  *      (the source may have moved on: a trainer's buffers hold its next
  *      weights by now); only where those parcels do not reach every byte
  *      the new layouts read (a layout withdrawn meanwhile) is the rank
@@ -64,14 +64,6 @@ void node__pub_addenda_free(struct pub_addenda *a)
 	free(a);
 }
 
-static struct pub_version *served(struct node_pub *p, uint64_t v)
-{
-	for (struct pub_version *pv = p->versions; pv; pv = pv->next)
-		if (pv->version == v && !pv->releasing)
-			return pv;
-	return NULL;
-}
-
 static bool serves_layout(const struct pub_version *pv, const uint8_t *digest)
 {
 	for (size_t li = 0; li < pv->nlayouts; li++)
@@ -80,7 +72,17 @@ static bool serves_layout(const struct pub_version *pv, const uint8_t *digest)
 	return false;
 }
 
-void node__pub_addendum_check(struct node_pub *p, const struct trk_version_info *vi, size_t n,
+/* Adds to the layouts the addendum export wants those of list[n] that pv
+ * serves (served true), or that it does not (pv NULL: serves none). */
+static void want(struct node_pub *p, const struct pub_version *pv, bool served,
+		 const uint8_t (*list)[PROTO_HASH_BYTES], uint32_t n)
+{
+	for (uint32_t k = 0; k < n && p->nadd_want < TRK_RETAIN_LAYOUTS_MAX; k++)
+		if ((pv != NULL && serves_layout(pv, list[k])) == served)
+			memcpy(p->add_want[p->nadd_want++], list[k], PROTO_HASH_BYTES);
+}
+
+bool node__pub_addendum_check(struct node_pub *p, const struct trk_version_info *vi, size_t n,
 			      uint64_t latest)
 {
 	const struct trk_version_info *info = NULL;
@@ -93,27 +95,22 @@ void node__pub_addendum_check(struct node_pub *p, const struct trk_version_info 
 	if (info == NULL || (info->nuncovered == 0 && info->nadded == 0 && info->ncopy_wanted == 0) ||
 	    !p->leader ||
 	    p->dead || !p->ready || p->ex != NULL)
-		return;
+		return false;
 	if (p->add_failed_v == latest && proto_wall_ms() - p->add_failed_ms < ADD_RETRY_MS)
-		return;
-	pv = served(p, latest);
+		return false;
+	pv = node__pub_version_served(p, latest);
 	/* Layouts no manifest or addendum lists yet, and those added by
 	 * addenda that this process does not serve (it restarted): the same
 	 * addendum is made again (the sources are deterministic) and offered. */
 	p->nadd_want = 0;
-	for (uint32_t k = 0; k < info->nuncovered; k++)
-		if (pv == NULL || !serves_layout(pv, info->uncovered[k]))
-			memcpy(p->add_want[p->nadd_want++], info->uncovered[k], PROTO_HASH_BYTES);
-	for (uint32_t k = 0; k < info->nadded && p->nadd_want < TRK_RETAIN_LAYOUTS_MAX; k++)
-		if (pv == NULL || !serves_layout(pv, info->added[k]))
-			memcpy(p->add_want[p->nadd_want++], info->added[k], PROTO_HASH_BYTES);
+	want(p, pv, false, info->uncovered, info->nuncovered);
+	want(p, pv, false, info->added, info->nadded);
 	/* Else raw copies of the delta's own layouts, if asked for. */
 	p->add_copy = p->nadd_want == 0;
-	for (uint32_t k = 0; p->add_copy && pv != NULL && pv->delta && k < info->ncopy_wanted; k++)
-		if (serves_layout(pv, info->copy_wanted[k]))
-			memcpy(p->add_want[p->nadd_want++], info->copy_wanted[k], PROTO_HASH_BYTES);
+	if (p->add_copy && pv != NULL && pv->delta)
+		want(p, pv, true, info->copy_wanted, info->ncopy_wanted);
 	if (p->nadd_want == 0)
-		return; /* all served; the tracker hears of new ones with their addenda */
+		return false; /* all served; the tracker hears of new ones with their addenda */
 	sodium_bin2hex(h, sizeof(h), p->add_want[0], PROTO_HASH_BYTES);
 	if (p->nhosted != p->tl.nranks) {
 		if (p->add_gone_v != latest)
@@ -121,7 +118,7 @@ void node__pub_addendum_check(struct node_pub *p, const struct trk_version_info 
 				 "and do not extend versions: that replica waits for the next version",
 				 (unsigned long long)latest, h);
 		p->add_gone_v = latest;
-		return;
+		return false;
 	}
 	if (pv == NULL) {
 		if (p->add_gone_v != latest)
@@ -129,7 +126,7 @@ void node__pub_addendum_check(struct node_pub *p, const struct trk_version_info 
 				 "that replica waits for the next version",
 				 (unsigned long long)latest, h);
 		p->add_gone_v = latest;
-		return;
+		return false;
 	}
 	if (p->add_copy)
 		LOG_INFO("version %llu: a raw copy of layout %.16s%s is wanted: signing it by "
@@ -140,7 +137,7 @@ void node__pub_addendum_check(struct node_pub *p, const struct trk_version_info 
 			 (unsigned long long)latest, h, p->nadd_want > 1 ? " and others" : "");
 	p->add_version = latest;
 	p->addendum_next = true;
-	node__pub_ex_start(p, NULL, latest, false);
+	return true;
 }
 
 bool node__pub_addendum_wants(const struct node_pub *p, const struct pub_layout *sl)
@@ -149,147 +146,6 @@ bool node__pub_addendum_wants(const struct node_pub *p, const struct pub_layout 
 		if (memcmp(p->add_want[k], sl->digest, PROTO_HASH_BYTES) == 0)
 			return true;
 	return false;
-}
-
-/* ---- the version as served, back into trainer ranks' memory --------------------- */
-
-static int add_src(struct pub_rsrc **rs, size_t *n, size_t *cap, const struct pub_layout *sl,
-		   const struct proto_parcel *pc, const uint8_t *payload)
-{
-	if (sl == NULL || pc == NULL || payload == NULL)
-		return 0;
-	if (*n == *cap) {
-		size_t c = PROTO_MAX(2 * *cap, 16);
-		struct pub_rsrc *g = realloc(*rs, c * sizeof(*g));
-		if (g == NULL)
-			return -ENOMEM;
-		*rs = g;
-		*cap = c;
-	}
-	(*rs)[(*n)++] = (struct pub_rsrc){sl, pc, payload};
-	return 0;
-}
-
-int node__pub_addendum_sources(struct node_pub *p, uint64_t v, uint32_t rank,
-			       struct pub_rsrc **out, size_t *n)
-{
-	struct pub_version *pv = served(p, v);
-	size_t cap = 0;
-	int rc = 0;
-
-	*out = NULL;
-	*n = 0;
-	if (pv == NULL)
-		return 0;
-	if (!pv->delta) {
-		/* An anchor serves its parcels raw: each offer says where (its
-		 * layout's slice of the rank's buffer, the offset in it). */
-		for (size_t k = 0; k < pv->noffers && rc == 0; k++) {
-			const struct trk_offer *o = &pv->offers[k];
-			uint32_t li = pv->offer_li[k];
-			const struct pub_part *pt = NULL;
-			for (size_t i = 0; i < pv->nparts && pt == NULL; i++)
-				if (pv->parts[i].rank == o->src_rank && pv->parts[i].buf != NULL)
-					pt = &pv->parts[i];
-			if (o->src_rank != rank || pt == NULL || li >= pv->nlayouts ||
-			    pv->layouts[li].state != PUB_L_SERVED || li >= pt->nslices ||
-			    pt->slices[li].mr == NULL)
-				continue;
-			const struct pub_slice *sc = &pt->slices[li];
-			const struct pub_layout *sl = node__pub_layout_find(p, o->layout);
-			const struct proto_parcel *pc =
-				sl != NULL && !sl->bad ? proto_plan_parcel(&sl->plan, o->src_rank, o->dst_rank)
-						       : NULL;
-			struct fab_rkey rk;
-			fab_mr_rkey(sc->mr, &rk);
-			if (pc == NULL || pc->bytes != o->len || o->addr < rk.addr ||
-			    o->addr - rk.addr > sc->len || o->len > sc->len - (o->addr - rk.addr))
-				continue;
-			rc = add_src(out, n, &cap, sl, pc, pt->buf + sc->off + (o->addr - rk.addr));
-		}
-	}
-	if (rc != 0) {
-		free(*out);
-		*out = NULL;
-		*n = 0;
-	}
-	return rc;
-}
-
-/* A bit per byte of a rank's memory: which bytes the served parcels hold. */
-struct cover {
-	uint64_t *bits;
-	uint64_t len;
-	bool ok, bad;
-};
-
-static void cover_mark(void *arg, uint64_t at, uint64_t n)
-{
-	struct cover *cv = arg;
-
-	if (at > cv->len || n > cv->len - at) {
-		cv->bad = true; /* a parcel outside the rank: not ours to trust */
-		return;
-	}
-	for (uint64_t b = at; b < at + n;) {
-		if (b % 64 == 0 && at + n - b >= 64) {
-			cv->bits[b / 64] = ~(uint64_t)0;
-			b += 64;
-		} else {
-			cv->bits[b / 64] |= (uint64_t)1 << (b % 64);
-			b++;
-		}
-	}
-}
-
-static void cover_check(void *arg, uint64_t at, uint64_t n)
-{
-	struct cover *cv = arg;
-
-	if (!cv->ok || at > cv->len || n > cv->len - at) {
-		cv->ok = false;
-		return;
-	}
-	for (uint64_t b = at; b < at + n && cv->ok;) {
-		if (b % 64 == 0 && at + n - b >= 64) {
-			cv->ok = cv->bits[b / 64] == ~(uint64_t)0;
-			b += 64;
-		} else {
-			cv->ok = (cv->bits[b / 64] >> (b % 64)) & 1;
-			b++;
-		}
-	}
-}
-
-/* Layout by layout (rs lists each layout's parcels together), the served
- * parcels are marked until they reach every byte pt's items read; only
- * those layouts' parcels are put back (usually the first layout's: any
- * layout's parcels from a rank hold all of it). */
-bool node__pub_addendum_restore(const struct node_pub *p, uint32_t rank, const struct pub_rsrc *rs,
-				size_t n, const struct pub_part *pt, uint8_t *block, size_t cap)
-{
-	struct cover cv = {.len = p->tl.ranks[rank].nbytes};
-	size_t used = 0;
-
-	if (cv.len > cap || (cv.bits = calloc(cv.len / 64 + 1, sizeof(*cv.bits))) == NULL)
-		return false;
-	while (used < n && !cv.ok && !cv.bad) {
-		const struct pub_layout *sl = rs[used].sl;
-		for (; used < n && rs[used].sl == sl && !cv.bad; used++)
-			proto_parcel_src_spans(&sl->plan, rs[used].pc, &p->tl, 0, rs[used].pc->bytes,
-					       cover_mark, &cv);
-		cv.ok = !cv.bad;
-		for (size_t k = 0; k < pt->nitems && cv.ok; k++)
-			proto_parcel_src_spans(&pt->items[k].sl->plan, pt->items[k].pc, &p->tl, 0,
-					       pt->items[k].pc->bytes, cover_check, &cv);
-	}
-	free(cv.bits);
-	if (!cv.ok || cv.bad)
-		return false;
-	for (size_t i = 0; i < used; i++)
-		proto_parcel_ungather(&rs[i].sl->plan, rs[i].pc, &p->tl, block, 0, rs[i].pc->bytes,
-				      rs[i].payload);
-	return true;
 }
 
 /* ---- the addenda -------------------------------------------------------------- */
@@ -316,25 +172,10 @@ static int build_one(struct node_pub *p, size_t li, struct proto_addendum *ad,
 	ml = proto_manifest_add_layout(&tmp, sl->digest, sl->plan.digest, sl->plan.nparcels);
 	if (ml == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
-	for (size_t i = 0; i < ex->pv->nparts; i++) {
-		const struct pub_part *pt = &ex->pv->parts[i];
-		for (size_t j = 0; j < pt->nitems; j++) {
-			const struct pub_item *it = &pt->items[j];
-			struct proto_mparcel *mp = &ml->parcels[it->pi];
-			if (it->li != li)
-				continue;
-			mp->src_rank = it->pc->src_rank;
-			mp->dst_rank = it->pc->dst_rank;
-			mp->bytes = it->pc->bytes;
-			mp->encoding = PROTO_ENC_RAW;
-			if ((rc = proto_mparcel_alloc_chunks(&tmp, mp, it->pc->bytes)) != 0) {
-				proto_manifest_fini(&tmp);
-				return proto_errf(err, -rc, "sizing parcel %u->%u's chunk list",
-						  mp->src_rank, mp->dst_rank);
-			}
-			for (uint32_t c = 0; c < mp->nchunks; c++)
-				memcpy(mp->chunks[c].hash, it->hash[c], PROTO_HASH_BYTES);
-		}
+	/* (An addendum's export is never a delta: its parcels are raw.) */
+	if ((rc = node__pub_mlayout_fill(ex, li, &tmp, ml, err)) != 0) {
+		proto_manifest_fini(&tmp);
+		return rc;
 	}
 	ad->layout = *ml;
 	ml->parcels = NULL;
@@ -424,19 +265,13 @@ static int join(struct node_pub *p, struct pub_version *pv, struct pub_version *
 	return 0;
 }
 
-static void on_post(const struct trk_answer *ans, void *arg)
+int node__pub_addendum_answer(struct node_pub *p, const struct trk_answer *ans,
+			       struct proto_err *err)
 {
-	struct node_pub *p = arg;
 	struct pub_export *ex = p->ex;
 	struct pub_addenda *a = ex->add;
 	struct pub_version *pv;
-	char msg[600];
 
-	ex->req_busy = false;
-	if (ex->failed) {
-		node__pub_ex_step(p);
-		return;
-	}
 	if (ans->status == 200 || ans->status == 201) {
 		a->sent++;
 		a->tries = 0;
@@ -445,28 +280,23 @@ static void on_post(const struct trk_answer *ans, void *arg)
 			 (unsigned long long)ex->version, ans->error);
 		node__pub_timer_ms(p->ex_ev, RETRY_MS);
 	} else {
-		snprintf(msg, sizeof(msg), "the tracker refused its addendum: %s", ans->error);
-		node__pub_ex_fail(p, EIO, msg);
+		return proto_errf(err, EIO, "the tracker refused its addendum: %s", ans->error);
 	}
-	if (!ex->failed && a->sent == a->n) {
-		pv = served(p, ex->version);
-		if (pv == NULL) {
-			node__pub_ex_fail(p, ENOENT, "the version stopped being served meanwhile");
-		} else if (!p->add_copy && join(p, pv, ex->pv) != 0) {
-			node__pub_ex_fail(p, ENOMEM, "out of memory joining the new layouts");
-		} else {
-			node__pub_version_free(p, ex->pv);
-			ex->pv = pv;
-			ex->phase = EX_OFFER;
-			node__pub_sync_offers(p);
-		}
-	}
-	node__pub_ex_step(p);
+	if (a->sent < a->n)
+		return 0;
+	pv = node__pub_version_served(p, ex->version);
+	if (pv == NULL)
+		return proto_errf(err, ENOENT, "the version stopped being served meanwhile");
+	if (!p->add_copy && join(p, pv, ex->pv) != 0)
+		return proto_errf(err, ENOMEM, "out of memory joining the new layouts");
+	node__pub_version_free(p, ex->pv);
+	ex->pv = pv;
+	return 1;
 }
 
-int node__pub_addendum_post(struct node_pub *p)
+int node__pub_addendum_post(struct node_pub *p, trk_client_cb cb)
 {
 	struct pub_addenda *a = p->ex->add;
 
-	return trk_client_post_addendum(p->trk, a->buf[a->sent], a->len[a->sent], on_post, p);
+	return trk_client_post_addendum(p->trk, a->buf[a->sent], a->len[a->sent], cb, p);
 }

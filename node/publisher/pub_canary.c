@@ -1,5 +1,4 @@
-/* The expected canary scores of a version (proto/canary.h), from the leader's
- * parcels, posted to the tracker for the probes to be checked against. */
+/* The expected canary scores of a version (proto/canary.h), posted for the probes to match. */
 #include "node/publisher/pub_internal.h"
 
 #include <inttypes.h>

@@ -1,6 +1,8 @@
+/* The publisher's control socket: commands from the trainer's side, one a line. */
+
 /*
- * The publisher's control socket (`tessera publish --control PATH`): a local
- * Unix stream socket taking one command per line, for the trainer's side.
+ * `tessera publish --control PATH` listens on a local Unix stream socket
+ * taking one command per line:
  *
  *   export             exports the next version from the configured source
  *                      (synthetic, model dir); answers "published V

@@ -1,10 +1,7 @@
-/* The publisher's delta versions: the parent export, when to send an anchor,
- * encoding each parcel against its parent, laying the deltas out to serve. */
+/* The publisher's delta versions: the parent export, anchor or delta, encoding and placing. */
 #include "node/publisher/pub_internal.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +9,7 @@
 #include <unistd.h>
 
 #include "proto/canary.h"
+#include "proto/chunkhash.h"
 #include "proto/delta.h"
 
 void node__pub_parent_free(struct pub_parent *pp)
@@ -191,11 +189,13 @@ unsigned node__pub_delta_threads(size_t nranks)
 }
 
 void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32_t chunk_size,
-				 unsigned threads, const uint8_t *block)
+				 unsigned threads, const uint8_t *block,
+				 struct proto_delta_scratch **keep)
 {
 	struct proto_dparcel dp;
 	struct proto_delta_stats st;
-	struct proto_delta_opts o = {.threads = threads, .parent_sums = it->parent_sums};
+	struct proto_delta_opts o = {.threads = threads, .parent_sums = it->parent_sums,
+				     .keep = keep};
 	struct enc_ctx cn = {.p = p, .it = it, .dp = &dp, .block = block, .parent = it->parent,
 			     .sum = 0, .in_place = 0};
 	const uint8_t **pd = NULL, **cd = NULL;
@@ -276,25 +276,8 @@ done:
 	}
 	for (uint32_t c = 0; c < it->nchunks; c++) {
 		uint64_t c0 = (uint64_t)c * chunk_size;
-		crypto_generichash(it->hash[c], PROTO_HASH_BYTES, it->enc + c0,
-				   PROTO_MIN((uint64_t)chunk_size, len - c0), NULL, 0);
+		proto_chunk_hash(it->hash[c], it->enc + c0, PROTO_MIN((uint64_t)chunk_size, len - c0));
 	}
-}
-
-void node__pub_part_layout(struct pub_part *pt, size_t nlayouts)
-{
-	uint64_t off = 0;
-	size_t j = 0;
-
-	for (size_t li = 0; li < nlayouts; li++) {
-		pt->slices[li].off = off;
-		for (; j < pt->nitems && pt->items[j].li == li; j++) {
-			pt->items[j].off = off;
-			off = (off + pt->items[j].wire + PUB_ALIGN - 1) & ~(uint64_t)(PUB_ALIGN - 1);
-		}
-		pt->slices[li].len = off - pt->slices[li].off;
-	}
-	pt->used = off;
 }
 
 /* The deltas are not sent: each item goes back to its raw payload. */
@@ -415,150 +398,6 @@ uint8_t *node__pub_parent_block(const struct node_pub *p, uint64_t v, uint32_t r
 		if (p->parent->parts[i].rank == rank && p->parent->parts[i].cap >= p->tl.ranks[rank].nbytes)
 			return p->parent->parts[i].block;
 	return NULL;
-}
-
-bool node__pub_keeps_parent(const struct node_pub *p)
-{
-	return p->anchor_every > 1 && p->nhosted == p->tl.nranks;
-}
-
-/*
- * The first delta after an anchor has no block to take its snapshot into:
- * the parent before the anchor, whose blocks would take turns with the
- * anchor's, did not exist (or was dropped). Mapping fresh pages then puts
- * their first-touch faults (and zeroing) on that delta's critical path,
- * which made v2 take about twice as long as the deltas after it. A worker
- * maps and touches the blocks while the anchor is distributed instead.
- *
- * The first export has the same problem twice over: its snapshot blocks
- * and served buffers are fresh pages (profiled on a 128 MiB anchor: two
- * thirds of the gather workers' CPU was the kernel zeroing them). So a
- * publisher that keeps parents maps and touches one of each per trainer
- * rank, sized to the rank's shard, while it waits for its first export
- * (node__pub_prefault_first); the export takes them.
- */
-enum pf_kind { PF_BLOCK, PF_SERVED };
-
-struct pub_prefault {
-	pthread_t tid;
-	const atomic_bool *abort;
-	const struct proto_ckpt *ck; /* a checkpoint to read ahead, or NULL */
-	size_t n;
-	struct pub_pbuf {
-		uint32_t rank;
-		enum pf_kind kind;
-		size_t cap;
-		uint8_t *raw;
-	} *bufs;
-};
-
-#define PREFAULT_STEP 4096u /* one write per page: a fault per page not yet there */
-
-static void *prefault_main(void *arg)
-{
-	struct pub_prefault *pf = arg;
-
-	/* The snapshot preads the checkpoint (node__pub_source_fill): its
-	 * pages need only be in the page cache, not mapped here. */
-	for (uint32_t s = 0; pf->ck != NULL && s < pf->ck->nshards && !atomic_load(pf->abort); s++)
-		if (pf->ck->shards[s].map != NULL)
-			(void)posix_fadvise(pf->ck->shards[s].fd, 0, 0, POSIX_FADV_WILLNEED);
-	for (size_t i = 0; i < pf->n && !atomic_load(pf->abort); i++) {
-		struct pub_pbuf *b = &pf->bufs[i];
-		if ((b->raw = node_serve_map(b->cap)) == NULL)
-			continue;
-		for (size_t o = 0; o < b->cap && !atomic_load(pf->abort); o += PREFAULT_STEP)
-			((volatile uint8_t *)b->raw)[o] = 0;
-	}
-	return NULL;
-}
-
-void node__pub_prefault_join(struct node_pub *p)
-{
-	struct pub_prefault *pf = p->prefault;
-
-	if (pf == NULL)
-		return;
-	pthread_join(pf->tid, NULL);
-	for (size_t i = 0; i < pf->n; i++) {
-		struct pub_pbuf *b = &pf->bufs[i];
-		if (b->raw == NULL)
-			continue;
-		if (b->kind == PF_BLOCK && p->blocks[b->rank] == NULL) {
-			p->blocks[b->rank] = b->raw;
-			p->block_cap[b->rank] = b->cap;
-		} else if (b->kind == PF_SERVED && p->spare_buf[b->rank] == NULL) {
-			p->spare_buf[b->rank] = b->raw;
-			p->spare_buf_cap[b->rank] = b->cap;
-		} else {
-			node_serve_unmap(b->raw, b->cap);
-		}
-	}
-	free(pf->bufs);
-	free(pf);
-	p->prefault = NULL;
-}
-
-/* Starts the worker on the n buffers of pf (taking pf); none: frees it. */
-static void prefault_launch(struct node_pub *p, struct pub_prefault *pf)
-{
-	pf->abort = &p->abort;
-	if ((pf->n == 0 && pf->ck == NULL) ||
-	    pthread_create(&pf->tid, NULL, prefault_main, pf) != 0) {
-		free(pf->bufs);
-		free(pf);
-		return;
-	}
-	p->prefault = pf;
-}
-
-/* Version v's checkpoint when the publisher reads a model dir, else NULL. */
-static const struct proto_ckpt *checkpoint_of(const struct node_pub *p, uint64_t v)
-{
-	return !p->synthetic && !p->trainer && v >= 1 && v <= p->nfiles ? &p->files[v - 1].ck
-									  : NULL;
-}
-
-void node__pub_prefault_first(struct node_pub *p)
-{
-	struct pub_prefault *pf;
-	uint32_t nr = p->tl.nranks;
-
-	if (p->prefault != NULL || p->parent != NULL || (pf = calloc(1, sizeof(*pf))) == NULL)
-		return;
-	pf->ck = checkpoint_of(p, p->published + 1);
-	if (!node__pub_keeps_parent(p) ||
-	    (pf->bufs = calloc((size_t)nr * 2, sizeof(*pf->bufs))) == NULL)
-		nr = 0;
-	for (uint32_t r = 0; r < nr; r++) {
-		size_t cap = node__pub_page_round(p->tl.ranks[r].nbytes);
-		if (cap == 0)
-			continue;
-		if (p->blocks[r] == NULL)
-			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = r, .kind = PF_BLOCK, .cap = cap};
-		if (p->spare_buf[r] == NULL)
-			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = r, .kind = PF_SERVED, .cap = cap};
-	}
-	prefault_launch(p, pf);
-}
-
-void node__pub_prefault_start(struct node_pub *p, uint64_t next)
-{
-	struct pub_prefault *pf;
-	uint32_t nr = node__pub_keeps_parent(p) ? p->tl.nranks : 0;
-
-	node__pub_prefault_join(p);
-	if ((pf = calloc(1, sizeof(*pf))) == NULL)
-		return;
-	pf->ck = checkpoint_of(p, next);
-	if (nr > 0)
-		pf->bufs = calloc(nr, sizeof(*pf->bufs));
-	for (uint32_t r = 0; pf->bufs != NULL && r < nr; r++) {
-		size_t cap = node__pub_page_round(p->tl.ranks[r].nbytes);
-		if (p->blocks[r] == NULL && p->tl.ranks[r].nbytes > 0)
-			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = r, .kind = PF_BLOCK, .cap = cap};
-	}
-	prefault_launch(p, pf);
 }
 
 void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex)

@@ -1,256 +1,21 @@
-/* The publisher's export of a version: snapshot, gather/hash workers, manifest, publish/verify. */
+/* The publisher's export of a version: the state machine from the layouts to the offer. */
 #include "node/publisher/pub_internal.h"
-#include "proto/canary.h"
-#include "proto/delta.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
 
-#define HASH_STEP (256u << 10)    /* gather then hash this much while in cache */
 #define LAYOUTS_RETRY_MS 200      /* no serving layout yet: ask again */
 #define WATCH_WAIT_MS 10000       /* long-poll for a version we wait for */
 #define PUBLISH_TRIES 20          /* transport failures before giving up */
 
-enum job_kind { JOB_SNAPSHOT, JOB_GATHER };
-
-/* One worker thread's task; the loop reads its results after joining. */
-struct pub_job {
-	struct node_pub *p;
-	enum job_kind kind;
-	uint64_t version;
-	uint32_t rank;
-	uint8_t *block;
-	struct pub_part *part;
-	uint32_t chunk_size;
-	bool delta;        /* encode against the parent's snapshot */
-	bool sums;         /* an anchor kept as the parent: its piece checksums */
-	/* An addendum: the block is rebuilt from the served export's raw
-	 * parcels (rs), or from the source when they do not cover it (a
-	 * version kept as the parent: block is its snapshot, restored). */
-	bool restore, restored;
-	struct pub_rsrc *rs;
-	size_t nrs;
-	unsigned threads;  /* for the encoder */
-	uint64_t encode_ns; /* a delta's encode, with the gather it does */
-	uint64_t cpu_ns;    /* the CPU time of that (this thread's; see job_delta) */
-	int rc;             /* the snapshot's read (node__pub_source_fill) */
-	struct proto_err err;
-	pthread_t tid;
-	bool running; /* created and not joined yet */
-	atomic_bool done;
-};
-
 static uint64_t ms_of(uint64_t ns)
 {
 	return ns / 1000000u;
-}
-
-/* ---- worker threads -------------------------------------------------------- */
-
-static void job_snapshot(struct pub_job *j)
-{
-	j->rc = node__pub_source_fill(j->p, j->rank, j->version, j->block, &j->err);
-}
-
-/*
- * The snapshot is given back while the gather goes: each RELEASE_UNIT of it
- * is unmapped from memory (MADV_DONTNEED) as soon as the gather has passed
- * the last payload byte read from it, so the snapshot shrinks while the
- * export buffer grows instead of both being whole at the end. A unit's key
- * is that position: (item << 40) | payload end.
- */
-struct release {
-	uint64_t *key;   /* per unit */
-	uint32_t *order; /* units by key */
-	size_t n, next;  /* next: first unit not given back yet */
-};
-
-#define RELEASE_UNIT (2u << 20) /* one huge page */
-#define KEY(item, end) (((uint64_t)(item) << 40) | (end))
-
-static int unit_cmp(const void *a, const void *b, void *keys)
-{
-	const uint64_t *k = keys;
-	uint64_t x = k[*(const uint32_t *)a], y = k[*(const uint32_t *)b];
-	return x < y ? -1 : x > y;
-}
-
-/* Plans the release of j's snapshot; false (nothing released early) when
- * out of memory. */
-static bool release_plan(struct pub_job *j, struct release *r)
-{
-	const struct node_pub *p = j->p;
-	const struct pub_part *pt = j->part;
-	const struct proto_rank *rk = &p->tl.ranks[j->rank];
-
-	r->n = (p->block_cap[j->rank] + RELEASE_UNIT - 1) / RELEASE_UNIT;
-	r->next = 0;
-	r->key = calloc(PROTO_MAX(r->n, 1), sizeof(*r->key));
-	r->order = calloc(PROTO_MAX(r->n, 1), sizeof(*r->order));
-	if (r->key == NULL || r->order == NULL)
-		return false;
-	for (size_t i = 0; i < pt->nitems; i++) {
-		const struct pub_item *it = &pt->items[i];
-		const struct proto_plan *pl = &it->sl->plan;
-		for (uint64_t s = it->pc->seg0; s < it->pc->seg0 + it->pc->nsegs; s++) {
-			const struct proto_segment *sg = &pl->segs[s];
-			uint64_t base = rk->locals[sg->src_local].offset;
-			for (uint64_t k = sg->run0; k < sg->run0 + sg->nruns; k++) {
-				const struct proto_run *ru = &pl->runs[k];
-				uint64_t key = KEY(i, ru->pay_off + ru->len);
-				if (ru->len == 0)
-					continue;
-				for (uint64_t u = (base + ru->src_off) / RELEASE_UNIT;
-				     u <= (base + ru->src_off + ru->len - 1) / RELEASE_UNIT && u < r->n; u++)
-					r->key[u] = PROTO_MAX(r->key[u], key);
-			}
-		}
-	}
-	for (size_t u = 0; u < r->n; u++)
-		r->order[u] = (uint32_t)u;
-	qsort_r(r->order, r->n, sizeof(*r->order), unit_cmp, r->key);
-	return true;
-}
-
-/* Gives back every unit no read at or after pos needs. */
-static void release_upto(struct pub_job *j, struct release *r, uint64_t pos)
-{
-	size_t cap = j->p->block_cap[j->rank];
-
-	while (r->next < r->n && r->key[r->order[r->next]] <= pos) {
-		uint64_t u = r->order[r->next++], off = u * RELEASE_UNIT;
-		(void)madvise(j->block + off, PROTO_MIN(RELEASE_UNIT, cap - off), MADV_DONTNEED);
-	}
-}
-
-/*
- * A delta's part: each item is encoded against its parent by the encoder,
- * which scans this version's snapshot against the parent's (the snapshot
- * the last version took, kept whole) where each piece lies in them, and
- * hands its changes to the canary update: one pass over the new bytes and
- * the old, nothing copied.
- */
-static void job_delta(struct pub_job *j)
-{
-	struct pub_part *pt = j->part;
-	uint64_t t0 = proto_now_ns(), c0 = proto_thread_cpu_ns();
-
-	for (size_t i = 0; i < pt->nitems && !atomic_load(&j->p->abort); i++)
-		node__pub_delta_encode_item(j->p, &pt->items[i], j->chunk_size, j->threads, j->block);
-	j->encode_ns = proto_now_ns() - t0;
-	/* With more than one encoder thread the others' CPU is not in it. */
-	j->cpu_ns = proto_thread_cpu_ns() - c0;
-}
-
-/*
- * An anchor kept as the next delta's parent leaves the checksums of its
- * parcels' pieces behind (it->sums, moved into the parent export), taken
- * while the gather has each step in cache: the first delta after an anchor
- * then sums only its own side, as every later one does. False (no sums:
- * the delta sums its parent) when out of memory or the parcel has no piece.
- */
-static bool item_sums_start(const struct node_pub *p, struct pub_item *it,
-			    struct proto_dparcel *dp, struct proto_dparcel_summer *su)
-{
-	free(it->sums);
-	it->sums = NULL;
-	if (it->pc->bytes == 0 ||
-	    proto_dparcel_build(&p->model, &it->sl->plan, it->pc, &it->sl->layout, dp, NULL) != 0)
-		return false;
-	it->sums = calloc((size_t)dp->npieces + 1, sizeof(*it->sums));
-	if (it->sums == NULL) {
-		proto_dparcel_fini(dp);
-		return false;
-	}
-	proto_dparcel_summer_init(su, dp, it->sums);
-	return true;
-}
-
-/* Gathers each chunk in cache-sized steps and hashes it as it goes, giving
- * the snapshot back behind it. */
-static void job_gather(struct pub_job *j)
-{
-	struct node_pub *p = j->p;
-	struct pub_part *pt = j->part;
-	uint64_t cs = j->chunk_size;
-	struct release rel = {0};
-
-	j->encode_ns = 0;
-	if (j->restore && !j->restored) {
-		j->restored = p->trainer && j->nrs > 0 &&
-			      node__pub_addendum_restore(p, j->rank, j->rs, j->nrs, pt, j->block,
-							 p->block_cap[j->rank]);
-		if (!j->restored &&
-		    (j->rc = node__pub_source_fill(p, j->rank, j->version, j->block, &j->err)) != 0)
-			return;
-	}
-	if (j->delta) {
-		job_delta(j);
-		return;
-	}
-	/* A publisher that keeps parents keeps its snapshot blocks too, so
-	 * that the next snapshot writes into pages already there. */
-	bool early = !node__pub_keeps_parent(p) && release_plan(j, &rel);
-
-	/* An anchor gathers into the served buffer and hashes (the snapshot
-	 * is the next delta's parent). */
-	for (size_t i = 0; i < pt->nitems && !atomic_load(&p->abort); i++) {
-		struct pub_item *it = &pt->items[i];
-		uint64_t bytes = it->pc->bytes;
-		struct proto_dparcel dp;
-		struct proto_dparcel_summer su;
-		bool sums = j->sums && item_sums_start(p, it, &dp, &su);
-		for (uint32_t c = 0; c < it->nchunks && !atomic_load(&p->abort); c++) {
-			uint64_t c0 = (uint64_t)c * cs, clen = PROTO_MIN(cs, bytes - c0);
-			crypto_generichash_state st;
-			crypto_generichash_init(&st, NULL, 0, PROTO_HASH_BYTES);
-			for (uint64_t o = 0; o < clen; o += HASH_STEP) {
-				uint64_t n = PROTO_MIN(HASH_STEP, clen - o);
-				uint8_t *dst = pt->buf + it->off + c0 + o;
-				proto_parcel_gather(&it->sl->plan, it->pc, &p->tl, j->block, c0 + o, n, dst);
-				crypto_generichash_update(&st, dst, n);
-				if (sums)
-					proto_dparcel_summer_feed(&su, pt->buf + it->off, c0 + o + n);
-			}
-			crypto_generichash_final(&st, it->hash[c], PROTO_HASH_BYTES);
-			if (early)
-				release_upto(j, &rel, KEY(i, c0 + clen));
-		}
-		if (!atomic_load(&p->abort))
-			it->canary = proto_canary_parcel(&it->sl->plan, it->pc, &it->sl->layout,
-							 pt->buf + it->off);
-		if (sums && (atomic_load(&p->abort) || su.k < dp.npieces)) {
-			free(it->sums); /* cut short: the delta sums its parent */
-			it->sums = NULL;
-		}
-		if (sums)
-			proto_dparcel_fini(&dp);
-	}
-	free(rel.key);
-	free(rel.order);
-}
-
-static void *job_main(void *arg)
-{
-	struct pub_job *j = arg;
-
-	if (j->kind == JOB_SNAPSHOT)
-		job_snapshot(j);
-	else
-		job_gather(j);
-	atomic_store(&j->done, true);
-	/* A full socket means a wake-up is already pending. */
-	if (send(j->p->wake[1], "", 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN)
-		LOG_WARN("publisher: waking the loop: %s", strerror(errno));
-	return NULL;
 }
 
 /* ---- the export state machine ------------------------------------------------- */
@@ -272,11 +37,6 @@ static void ex_fail(struct node_pub *p, int code, const char *fmt, ...)
 	evtimer_del(p->ex_ev);
 }
 
-void node__pub_ex_fail(struct node_pub *p, int code, const char *msg)
-{
-	ex_fail(p, code, "%s", msg);
-}
-
 /* Joins the finished workers; a rank whose gather is done unmaps what is
  * left of its snapshot (every layout is in its export buffer now), unless
  * the publisher keeps parents: then the snapshot is the next delta's
@@ -286,12 +46,11 @@ static void ex_join(struct node_pub *p, struct pub_export *ex)
 	for (size_t i = 0; i < ex->njobs; i++) {
 		struct pub_job *j = &ex->jobs[i];
 		if (j->running && atomic_load(&j->done)) {
-			pthread_join(j->tid, NULL);
-			j->running = false;
+			node__pub_job_join(j);
 			ex->jobs_left--;
 			if (j->rc != 0)
 				ex_fail(p, -j->rc, "rank %u's snapshot: %s", j->rank, j->err.msg);
-			if (j->kind == JOB_GATHER && p->blocks[j->rank] != NULL &&
+			if (j->kind == PUB_JOB_GATHER && p->blocks[j->rank] != NULL &&
 			    !node__pub_keeps_parent(p)) {
 				munmap(p->blocks[j->rank], p->block_cap[j->rank]);
 				p->blocks[j->rank] = NULL;
@@ -307,8 +66,7 @@ void node__pub_ex_free(struct node_pub *p, struct pub_export *ex)
 	bool listed = false;
 
 	for (size_t i = 0; i < ex->njobs; i++) {
-		if (ex->jobs[i].running)
-			pthread_join(ex->jobs[i].tid, NULL);
+		node__pub_job_join(&ex->jobs[i]);
 		free(ex->jobs[i].rs);
 	}
 	for (struct pub_version *v = p->versions; v; v = v->next)
@@ -336,10 +94,7 @@ static void ex_finish(struct node_pub *p)
 	p->ex = NULL;
 	evtimer_del(p->ex_ev);
 	for (size_t i = 0; i < ex->njobs; i++)
-		if (ex->jobs[i].running) {
-			pthread_join(ex->jobs[i].tid, NULL);
-			ex->jobs[i].running = false;
-		}
+		node__pub_job_join(&ex->jobs[i]);
 	if (ex->failed && ex->pv != NULL) {
 		node__pub_version_unlink(p, ex->pv);
 		node__pub_version_free(p, ex->pv);
@@ -408,22 +163,17 @@ static void ex_finish(struct node_pub *p)
 }
 
 /* Starts one kind of job on every part; jobs_left counts those started. */
-static void ex_launch(struct node_pub *p, enum job_kind kind)
+static void ex_launch(struct node_pub *p, enum pub_job_kind kind)
 {
 	struct pub_export *ex = p->ex;
 
 	ex->phase_ns = proto_now_ns();
 	for (size_t i = 0; i < ex->njobs; i++) {
-		struct pub_job *j = &ex->jobs[i];
-		int rc;
-		j->kind = kind;
-		atomic_store(&j->done, false);
-		rc = pthread_create(&j->tid, NULL, job_main, j);
+		int rc = node__pub_job_start(&ex->jobs[i], kind);
 		if (rc != 0) {
-			ex_fail(p, rc, "starting a worker thread: %s", strerror(rc));
+			ex_fail(p, -rc, "starting a worker thread: %s", strerror(-rc));
 			return;
 		}
-		j->running = true;
 		ex->jobs_left++;
 	}
 }
@@ -438,6 +188,17 @@ static void ex_retry(struct node_pub *p, uint64_t ms)
 	node__pub_timer_ms(p->ex_ev, ms);
 }
 
+/* The answer to the export's tracker request came: false when the export
+ * failed meanwhile (it is stepped on to its end; the answer is dropped). */
+static bool ex_answered(struct node_pub *p)
+{
+	p->ex->req_busy = false;
+	if (!p->ex->failed)
+		return true;
+	node__pub_ex_step(p);
+	return false;
+}
+
 static void on_ex_watch(const struct trk_answer *a, void *arg)
 {
 	struct node_pub *p = arg;
@@ -447,11 +208,8 @@ static void on_ex_watch(const struct trk_answer *a, void *arg)
 	uint64_t latest = 0;
 	size_t n = 0;
 
-	ex->req_busy = false;
-	if (ex->failed) {
-		node__pub_ex_step(p);
+	if (!ex_answered(p))
 		return;
-	}
 	if (a->status == 200 && trk_versions_parse(a->json, &latest, &vi, &n, &err) == 0) {
 		if (latest >= ex->version)
 			ex->need = NEED_MANIFEST;
@@ -474,11 +232,8 @@ static void on_ex_manifest(const struct trk_answer *a, void *arg)
 	char h[2 * PROTO_HASH_BYTES + 1];
 	int rc;
 
-	ex->req_busy = false;
-	if (ex->failed) {
-		node__pub_ex_step(p);
+	if (!ex_answered(p))
 		return;
-	}
 	if (a->status < 0 || a->status >= 500) {
 		LOG_WARN("fetching manifest %llu: %s", (unsigned long long)ex->version, a->error);
 		ex_retry(p, RETRY_MS);
@@ -532,11 +287,8 @@ static void on_ex_layouts(const struct trk_answer *a, void *arg)
 	char h[2 * PROTO_HASH_BYTES + 1];
 	size_t i;
 
-	ex->req_busy = false;
-	if (ex->failed) {
-		node__pub_ex_step(p);
+	if (!ex_answered(p))
 		return;
-	}
 	if (a->status != 200) {
 		/* 404 before any publisher registered (tracker restart). */
 		if (a->status != 404)
@@ -632,7 +384,6 @@ static void ex_gather_start(struct node_pub *p)
 {
 	struct pub_export *ex = p->ex;
 	struct pub_version *pv = ex->pv;
-	uint64_t cs = ex->chunk_size;
 
 	ex->phase = EX_GATHER;
 	pv->layouts = calloc(PROTO_MAX(ex->nlayouts, 1), sizeof(*pv->layouts));
@@ -644,55 +395,16 @@ static void ex_gather_start(struct node_pub *p)
 	for (size_t li = 0; li < ex->nlayouts; li++)
 		memcpy(pv->layouts[li].digest, ex->layouts[li]->digest, PROTO_HASH_BYTES);
 	for (size_t i = 0; i < pv->nparts; i++) {
-		struct pub_part *pt = &pv->parts[i];
-		size_t n = 0;
-		uint64_t off = 0;
-		for (size_t li = 0; li < ex->nlayouts; li++)
-			for (uint32_t k = 0; k < ex->layouts[li]->plan.nparcels; k++)
-				n += ex->layouts[li]->plan.parcels[k].src_rank == pt->rank;
-		pt->items = calloc(PROTO_MAX(n, 1), sizeof(*pt->items));
-		pt->slices = calloc(PROTO_MAX(ex->nlayouts, 1), sizeof(*pt->slices));
-		if (pt->items == NULL || pt->slices == NULL) {
-			ex_fail(p, ENOMEM, "out of memory");
+		struct proto_err err = {{0}};
+		int rc = node__pub_part_list(&pv->parts[i], ex->layouts, ex->nlayouts, ex->chunk_size,
+					     &err);
+		if (rc != 0) {
+			ex_fail(p, -rc, "%s", err.msg);
 			return;
 		}
-		pt->nslices = ex->nlayouts;
-		/* Layout by layout: each layout's parcels form one page-aligned slice. */
-		for (size_t li = 0; li < ex->nlayouts; li++) {
-			const struct pub_layout *sl = ex->layouts[li];
-			pt->slices[li].off = off;
-			for (uint32_t k = 0; k < sl->plan.nparcels; k++) {
-				const struct proto_parcel *pc = &sl->plan.parcels[k];
-				struct pub_item *it = &pt->items[pt->nitems];
-				uint64_t nch = (pc->bytes + cs - 1) / cs;
-				if (pc->src_rank != pt->rank)
-					continue;
-				if (nch > UINT32_MAX) {
-					ex_fail(p, EOVERFLOW, "a parcel of %llu bytes has too many chunks",
-						(unsigned long long)pc->bytes);
-					return;
-				}
-				pt->nitems++;
-				it->sl = sl;
-				it->pc = pc;
-				it->li = (uint32_t)li;
-				it->pi = k;
-				it->nchunks = (uint32_t)nch;
-				it->off = off;
-				it->wire = pc->bytes;
-				off = (off + pc->bytes + PUB_ALIGN - 1) & ~(uint64_t)(PUB_ALIGN - 1);
-				it->hash = calloc(PROTO_MAX(nch, 1), PROTO_HASH_BYTES);
-				if (it->hash == NULL) {
-					ex_fail(p, ENOMEM, "out of memory");
-					return;
-				}
-			}
-			pt->slices[li].len = off - pt->slices[li].off;
-		}
-		pt->used = off;
 	}
 	/* Anchor or delta: the snapshot is kept as the next export's parent
-	 * (node/pub_delta.c). An addendum's parcels are always full: its
+	 * (pub_delta.c). An addendum's parcels are always full: its
 	 * layout has no parent. */
 	const char *why = ex->verify     ? "rebuilt after a restart" :
 			  ex->addendum ? "an addendum for a new layout" :
@@ -745,87 +457,12 @@ static void ex_gather_start(struct node_pub *p)
 			j->block = kept;
 			j->restored = true;
 		} else if (j->restore && p->trainer &&
-		    node__pub_addendum_sources(p, ex->version, j->rank, &j->rs, &j->nrs) != 0)
+		    node__pub_restore_sources(p, ex->version, j->rank, &j->rs, &j->nrs) != 0)
 			LOG_WARN("version %llu: out of memory listing rank %u's served parcels; "
 				 "rebuilding it from the source",
 				 (unsigned long long)ex->version, j->rank);
 	}
-	ex_launch(p, JOB_GATHER);
-}
-
-/* Leader: the manifest from every part's hashes, signed. */
-static int ex_build_manifest(struct node_pub *p, struct proto_err *err)
-{
-	struct pub_export *ex = p->ex;
-	struct proto_manifest *m = &ex->m;
-	int rc;
-
-	proto_manifest_init(m);
-	ex->have_m = true;
-	m->version = ex->version;
-	m->parent_version = ex->version - 1;
-	if (m->parent_version > 0)
-		memcpy(m->parent_digest, p->prev_digest, PROTO_HASH_BYTES);
-	m->kind = ex->delta ? PROTO_KIND_DELTA : PROTO_KIND_ANCHOR;
-	memcpy(m->model_digest, p->model.digest, PROTO_HASH_BYTES);
-	memcpy(m->src_layout_digest, p->tl.digest, PROTO_HASH_BYTES);
-	m->created_ms = ex->created_ms;
-	m->chunk_size = ex->chunk_size;
-	for (size_t li = 0; li < ex->nlayouts; li++) {
-		const struct pub_layout *sl = ex->layouts[li];
-		struct proto_mlayout *ml = proto_manifest_add_layout(m, sl->digest, sl->plan.digest,
-								     sl->plan.nparcels);
-		if (ml == NULL)
-			return proto_errf(err, ENOMEM, "out of memory");
-	}
-	for (size_t i = 0; i < ex->pv->nparts; i++) {
-		const struct pub_part *pt = &ex->pv->parts[i];
-		for (size_t j = 0; j < pt->nitems; j++) {
-			const struct pub_item *it = &pt->items[j];
-			struct proto_mparcel *mp = &m->layouts[it->li].parcels[it->pi];
-			mp->src_rank = it->pc->src_rank;
-			mp->dst_rank = it->pc->dst_rank;
-			mp->bytes = it->pc->bytes;
-			mp->encoding = ex->delta ? PROTO_ENC_DELTA : PROTO_ENC_RAW;
-			if ((rc = proto_mparcel_alloc_chunks(m, mp, it->wire)) != 0)
-				return proto_errf(err, -rc, "sizing parcel %u->%u's chunk list",
-						  mp->src_rank, mp->dst_rank);
-			for (uint32_t c = 0; c < mp->nchunks; c++)
-				memcpy(mp->chunks[c].hash, it->hash[c], PROTO_HASH_BYTES);
-		}
-	}
-	if ((ex->canary = node__pub_canary_json(ex)) == NULL)
-		return proto_errf(err, ENOMEM, "out of memory");
-	return proto_manifest_sign(m, p->sk, &ex->mbuf, &ex->mlen, err);
-}
-
-/* Verify: every hosted parcel must match the signed one, chunk by chunk. */
-static int ex_compare(struct node_pub *p, struct proto_err *err)
-{
-	struct pub_export *ex = p->ex;
-	char h[2 * PROTO_HASH_BYTES + 1];
-
-	for (size_t i = 0; i < ex->pv->nparts; i++) {
-		const struct pub_part *pt = &ex->pv->parts[i];
-		for (size_t j = 0; j < pt->nitems; j++) {
-			const struct pub_item *it = &pt->items[j];
-			const struct proto_mlayout *ml = proto_manifest_layout(&ex->m, it->sl->digest);
-			const struct proto_mparcel *mp =
-				ml ? proto_mlayout_parcel(ml, it->pc->src_rank, it->pc->dst_rank) : NULL;
-			sodium_bin2hex(h, sizeof(h), it->sl->digest, PROTO_HASH_BYTES);
-			if (mp == NULL || mp->bytes != it->pc->bytes || mp->nchunks != it->nchunks ||
-			    mp->encoding != PROTO_ENC_RAW)
-				return proto_errf(err, EINVAL,
-						  "layout %.16s parcel %u->%u: not the signed parcel",
-						  h, it->pc->src_rank, it->pc->dst_rank);
-			for (uint32_t c = 0; c < it->nchunks; c++)
-				if (sodium_memcmp(mp->chunks[c].hash, it->hash[c], PROTO_HASH_BYTES) != 0)
-					return proto_errf(err, EBADMSG,
-							  "layout %.16s parcel %u->%u chunk %u: rebuilt bytes differ from the signed hash",
-							  h, it->pc->src_rank, it->pc->dst_rank, c);
-		}
-	}
-	return 0;
+	ex_launch(p, PUB_JOB_GATHER);
 }
 
 static void ex_gathered(struct node_pub *p)
@@ -889,17 +526,9 @@ static void ex_gathered(struct node_pub *p)
 				 ex->why);
 			for (size_t i = 0; i < ex->pv->nparts; i++) {
 				struct pub_part *pt = &ex->pv->parts[i];
-				node__pub_part_layout(pt, ex->nlayouts);
-				for (size_t j = 0; j < pt->nitems; j++) {
-					struct pub_item *it = &pt->items[j];
-					free(it->hash);
-					it->nchunks = (uint32_t)((it->pc->bytes + ex->chunk_size - 1) /
-								 ex->chunk_size);
-					it->hash = calloc(PROTO_MAX(it->nchunks, 1), PROTO_HASH_BYTES);
-					if (it->hash == NULL) {
-						ex_fail(p, ENOMEM, "out of memory");
-						return;
-					}
+				if (node__pub_part_raw(pt, ex->nlayouts, ex->chunk_size) != 0) {
+					ex_fail(p, ENOMEM, "out of memory");
+					return;
 				}
 				if (node__pub_part_alloc(p, pt) != 0) {
 					ex_fail(p, ENOMEM, "cannot map a %llu-byte export buffer for rank %u",
@@ -911,7 +540,7 @@ static void ex_gathered(struct node_pub *p)
 			for (size_t i = 0; i < ex->njobs; i++)
 				ex->jobs[i].delta = false;
 			ex->copying = true;
-			ex_launch(p, JOB_GATHER);
+			ex_launch(p, PUB_JOB_GATHER);
 			return;
 		}
 	}
@@ -921,8 +550,8 @@ static void ex_gathered(struct node_pub *p)
 				ex->raw_bytes += ex->pv->parts[i].items[j].pc->bytes;
 	if (!ex->verify && !ex->addendum)
 		node__pub_parent_stage(p, ex);
-	rc = ex->verify ? ex_compare(p, &err) :
-	     ex->addendum ? node__pub_addendum_build(p, &err) : ex_build_manifest(p, &err);
+	rc = ex->verify ? node__pub_manifest_compare(p, &err) :
+	     ex->addendum ? node__pub_addendum_build(p, &err) : node__pub_manifest_build(p, &err);
 	if (rc != 0) {
 		ex_fail(p, -rc, "%s", err.msg);
 		return;
@@ -956,12 +585,9 @@ static void on_ex_publish(const struct trk_answer *a, void *arg)
 	struct node_pub *p = arg;
 	struct pub_export *ex = p->ex;
 
-	ex->req_busy = false;
 	ex->su.answered = proto_wall_ms();
-	if (ex->failed) {
-		node__pub_ex_step(p);
+	if (!ex_answered(p))
 		return;
-	}
 	if (a->status == 200 || a->status == 201) {
 		memcpy(p->prev_digest, ex->m.digest, PROTO_HASH_BYTES);
 		node__pub_parent_commit(p, ex);
@@ -993,6 +619,25 @@ static void on_ex_publish(const struct trk_answer *a, void *arg)
 	node__pub_ex_step(p);
 }
 
+static void on_ex_addendum(const struct trk_answer *a, void *arg)
+{
+	struct node_pub *p = arg;
+	struct pub_export *ex = p->ex;
+	struct proto_err err = {{0}};
+	int rc;
+
+	if (!ex_answered(p))
+		return;
+	rc = node__pub_addendum_answer(p, a, &err);
+	if (rc < 0) {
+		ex_fail(p, -rc, "%s", err.msg);
+	} else if (rc == 1) { /* all in: the version offers its new layouts */
+		ex->phase = EX_OFFER;
+		node__pub_sync_offers(p);
+	}
+	node__pub_ex_step(p);
+}
+
 /* Issues the next tracker request the export waits for, if any. */
 static void ex_request(struct node_pub *p)
 {
@@ -1016,7 +661,7 @@ static void ex_request(struct node_pub *p)
 			return;
 		}
 	} else if (ex->phase == EX_PUBLISH) {
-		rc = ex->addendum ? node__pub_addendum_post(p) :
+		rc = ex->addendum ? node__pub_addendum_post(p, on_ex_addendum) :
 				    trk_client_publish(p->trk, ex->mbuf, ex->mlen, on_ex_publish, p);
 	} else {
 		return;
@@ -1170,7 +815,7 @@ void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t versio
 		j->block = p->blocks[r];
 	}
 	if (!ex->addendum) /* an addendum's gather rebuilds what it needs */
-		ex_launch(p, JOB_SNAPSHOT);
+		ex_launch(p, PUB_JOB_SNAPSHOT);
 	/* Ask now which served versions and layouts replicas still aim at, so
 	 * those they left are freed while the snapshot is taken, before this
 	 * version's buffers are mapped, not after it is published. */

@@ -1,20 +1,36 @@
-/* Internals shared by the publisher's files (object, source, layouts, export, serving). */
+/* Internals shared by the publisher's files: its objects and each file's functions. */
 #ifndef NODE_PUB_INTERNAL_H
 #define NODE_PUB_INTERNAL_H
 
 /*
- * The publisher is one object (struct node_pub, publisher.c) whose state the
- * loop owns; its files split the work by noun:
- *   publisher.c   the object: new/free, the export queue, tracker
- *                 registration, heartbeats and the version resync;
- *   pub_source.c  where a version's bytes come from (fixture or model dir);
- *   pub_trainer.c the trainer source: a shared buffer per trainer rank;
- *   pub_layout.c  the serving layouts and their plans, cached by digest;
- *   pub_export.c  exporting one version: workers, manifest, publish/verify;
- *   pub_serve.c   served versions: buffers, regions, offers, retention;
- *   pub_addendum.c  a served version extended for a layout registered after
- *                 it was published (a signed manifest addendum).
- * Everything here is for those files only; the face is publisher.h.
+ * The publisher is one object (struct node_pub) whose state the loop owns;
+ * its files split the work by noun, callers above callees:
+ *   publisher.c    the object: new/free, the export queue, tracker
+ *                  registration, heartbeats and the version resync;
+ *   pub_export.c   exporting one version: the state machine from the
+ *                  tracker's layouts to the offer (publish or verify);
+ *   pub_offer.c    what the tracker is offered and withdrawn, and the
+ *                  retention check that decides it;
+ *   pub_job.c      the export's workers: one job per trainer rank on the
+ *                  worker pool (snapshot, gather and hash, delta encode);
+ *   pub_manifest.c the manifest (and each addendum's layout) from the
+ *                  parts' chunk hashes; a rebuild checked against it;
+ *   pub_addendum.c a served version extended by signed addenda for a
+ *                  layout registered after it was published;
+ *   pub_restore.c  a rank's memory rebuilt from the parcels it served;
+ *   pub_delta.c    delta versions: the parent export, when to send an
+ *                  anchor, encoding each parcel, laying the deltas out;
+ *   pub_canary.c   the expected canary scores of a version;
+ *   pub_serve.c    served versions: their regions, offers list, freeing;
+ *   pub_part.c     a rank's part of a version: its parcels, where each
+ *                  lies in the export buffer, the buffer;
+ *   pub_prefault.c pages touched ahead by a worker, off the critical path;
+ *   pub_source.c   where a version's bytes come from (fixture or model dir);
+ *   pub_trainer.c  the trainer source: a shared buffer per trainer rank;
+ *   pub_layout.c   the serving layouts and their plans, cached by digest.
+ * pub_control.c (the control socket) and pub_metrics.c (its series) sit
+ * on the face, publisher.h, as any caller does. Everything here is for
+ * these files only. Design notes: NOTES.md.
  */
 
 #include <event2/event.h>
@@ -31,6 +47,7 @@
 #include "node/publisher/publisher.h"
 #include "proto/proto.h"
 #include "proto/checkpoint.h"
+#include "proto/pool.h"
 #include "proto/safetensors.h"
 #include "tracker/tracker.h"
 
@@ -55,7 +72,7 @@ struct pub_item {
 	uint64_t off;    /* in the rank's export buffer */
 	uint32_t nchunks;
 	uint8_t (*hash)[PROTO_HASH_BYTES]; /* nchunks hashes, filled by a worker */
-	/* Deltas (node/pub_delta.c): */
+	/* Deltas (pub_delta.c): */
 	uint64_t wire;          /* bytes served: pc->bytes, or the delta's */
 	/* The parent's snapshot of this parcel's source rank (owned by the
 	 * parent export), or NULL: the parcel has no parent. */
@@ -127,7 +144,7 @@ struct pub_version {
 	uint32_t *offer_li; /* per offer: its layout's index */
 	size_t noffers;
 	size_t nsent;       /* parcels in the last offer sent */
-	struct node_serve_offer so; /* the offer at the tracker (node/serve.h) */
+	struct node_serve_offer so; /* the offer at the tracker (node/serve/serve.h) */
 	bool delta;       /* published as a delta (else an anchor) */
 	bool releasing;   /* no longer needed: withdraw, then free */
 	bool wanted;      /* the tracker's last answer listed it as retained */
@@ -142,10 +159,8 @@ struct pub_req {
 	struct pub_req *next;
 };
 
-struct pub_job; /* one worker thread's task (pub_export.c) */
-
 /* The last published version by rank: its snapshot of the rank's memory,
- * which the next export's deltas are encoded against (node/pub_delta.c),
+ * which the next export's deltas are encoded against (pub_delta.c),
  * and what its parcels' encodes left for the next one. Owns its blocks. */
 struct pub_pitem {
 	uint8_t layout[PROTO_HASH_BYTES];
@@ -169,7 +184,7 @@ struct pub_parent {
 	uint32_t since_anchor;
 	/* The anchor's raw bytes and the wire bytes of the deltas since it
 	 * (this one included): once the chain costs as much as the anchor,
-	 * the next version is an anchor (node/pub_delta.c). */
+	 * the next version is an anchor (pub_delta.c). */
 	uint64_t anchor_bytes, chain_wire;
 	struct pub_praw *parts;
 	size_t nparts;
@@ -177,6 +192,42 @@ struct pub_parent {
 
 enum ex_phase { EX_PREP, EX_GATHER, EX_PUBLISH, EX_OFFER };
 enum ex_need { NEED_WATCH, NEED_MANIFEST, NEED_LAYOUTS, NEED_NONE };
+
+/* One trainer rank's work in an export, on a pool thread of its own
+ * (pub_job.c); the loop reads its results after joining it. */
+enum pub_job_kind {
+	PUB_JOB_SNAPSHOT, /* the rank's memory into its snapshot block */
+	PUB_JOB_GATHER,   /* its parcels gathered and hashed, or encoded as deltas */
+};
+
+struct pub_job {
+	struct node_pub *p;
+	enum pub_job_kind kind;
+	uint64_t version;
+	uint32_t rank;
+	uint8_t *block;
+	struct pub_part *part;
+	uint32_t chunk_size;
+	bool delta;        /* encode against the parent's snapshot */
+	bool sums;         /* an anchor kept as the parent: its piece checksums */
+	/* An addendum: the block is rebuilt from the served export's raw
+	 * parcels (rs), or from the source when they do not cover it (a
+	 * version kept as the parent: block is its snapshot, restored). */
+	bool restore, restored;
+	struct pub_rsrc *rs;
+	size_t nrs;
+	unsigned threads;  /* for the encoder */
+	uint64_t encode_ns; /* a delta's encode, with the gather it does */
+	uint64_t cpu_ns;    /* the CPU time of that (this thread's only) */
+	/* The encoder's scratch, kept from parcel to parcel while the job
+	 * encodes them on its own thread (proto_delta_opts.keep). */
+	struct proto_delta_scratch *scratch;
+	int rc;             /* the snapshot's read (node__pub_source_fill) */
+	struct proto_err err;
+	struct proto_pool_task task;
+	bool running; /* started and not joined yet */
+	atomic_bool done;
+};
 
 /* The export in progress (one at a time). */
 struct pub_export {
@@ -217,7 +268,7 @@ struct pub_export {
 	 * the tracker's manifest, layouts only those to add. */
 	bool addendum;
 	struct pub_addenda *add;
-	/* Deltas (node/pub_delta.c). */
+	/* Deltas (pub_delta.c). */
 	bool delta;            /* parcels encoded against the parent export */
 	bool copying;          /* a delta too large: the anchor is being hashed */
 	char why[128];         /* why this export is an anchor */
@@ -269,18 +320,18 @@ struct node_pub {
 	/* Per trainer rank: the block the next snapshot is taken into. When
 	 * parents are kept, a published version's block becomes the parent's
 	 * and the parent before it gives its block back here: two blocks per
-	 * rank take turns (node/pub_delta.c); else it is unmapped after the
+	 * rank take turns (pub_delta.c); else it is unmapped after the
 	 * gather. */
 	uint8_t **blocks;
 	size_t *block_cap;
-	/* Per trainer rank: a served buffer touched before the first export
+	/* Per trainer rank: an export buffer touched before the first export
 	 * (node__pub_prefault_first), which its export maps no fresh one for. */
 	uint8_t **spare_buf;
 	size_t *spare_buf_cap;
 	/* An anchor leaves no block to take turns with (there was no parent
 	 * to give one back): a worker maps and touches one per rank while the
 	 * anchor goes out, and the next export's start joins it
-	 * (node/pub_delta.c). NULL: none. */
+	 * (pub_prefault.c). NULL: none. */
 	struct pub_prefault *prefault;
 
 	/* Hosted ranks. */
@@ -313,7 +364,7 @@ struct node_pub {
 	uint64_t published; /* the highest version this process published */
 	uint8_t prev_digest[PROTO_HASH_BYTES];
 	/* Deltas: the parent export, the anchor period, and whether a node
-	 * asked for an anchor (node/pub_delta.c). */
+	 * asked for an anchor (pub_delta.c). */
 	struct pub_parent *parent;
 	uint32_t anchor_every;
 	bool anchor_wanted;
@@ -348,6 +399,14 @@ static inline void node__pub_timer_ms(struct event *ev, uint64_t ms)
 	evtimer_add(ev, &tv);
 }
 
+/* Whether exports keep their snapshots as the next one's parent (deltas
+ * are on and this publisher hosts every trainer rank); then two snapshot
+ * blocks per rank take turns from version to version. */
+static inline bool node__pub_keeps_parent(const struct node_pub *p)
+{
+	return p->anchor_every > 1 && p->nhosted == p->tl.nranks;
+}
+
 /* ---- publisher.c: the object ---------------------------------------------------- */
 
 /* Registers (again) with the tracker unless a registration is in flight or
@@ -358,14 +417,228 @@ void node__pub_register(struct node_pub *p);
  * picks the one to re-offer and makes the publisher ready. */
 void node__pub_watch_versions(struct node_pub *p);
 
+/* ---- pub_export.c: the export ------------------------------------------------------- */
+
+/* Starts exporting version (req NULL: the restart re-offer; verify: check
+ * against the tracker's manifest instead of publishing). Takes req; its
+ * callback runs once when the export is done or failed, also when it fails
+ * to start (node__pub_ex_free drops it without calling it). */
+void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t version, bool verify);
+/* Moves the export on as far as it can go now. Last call of every callback. */
+void node__pub_ex_step(struct node_pub *p);
+/* Joins the workers and frees ex, and its version unless that is among the
+ * served ones. The request's callback is not called. */
+void node__pub_ex_free(struct node_pub *p, struct pub_export *ex);
+/* Event callbacks: a worker finished (wake socket), the export's timer. */
+void node__pub_on_wake(evutil_socket_t fd, short what, void *arg);
+void node__pub_on_ex_timer(evutil_socket_t fd, short what, void *arg);
+
+/* ---- pub_offer.c: what the tracker is offered ---------------------------------------- */
+
+/* Offers versions not offered under this registration and withdraws (then
+ * frees) the released ones; failures are logged and retried later. */
+void node__pub_sync_offers(struct node_pub *p);
+/* The retention check's timer: asks which versions are still retained. */
+void node__pub_on_check(evutil_socket_t fd, short what, void *arg);
+
+/* ---- pub_job.c: the export's workers ------------------------------------------------- */
+
+/* Starts j as kind on a pool thread of its own; when done it sets j->done
+ * and wakes the loop (p->wake). 0, or a negative errno: no thread could
+ * be had and j does not run. */
+int node__pub_job_start(struct pub_job *j, enum pub_job_kind kind);
+/* Waits for j if it was started and not joined yet; cannot fail. */
+void node__pub_job_join(struct pub_job *j);
+
+/* ---- pub_manifest.c: manifests from the parts' hashes ------------------------------ */
+
+/* Fills ml, layout li of the export as m holds it (its nparcels zeroed
+ * parcels, as proto_manifest_add_layout made them), from the parts' items
+ * of that layout: ranks, sizes, encoding (a delta's or raw) and chunk
+ * hashes. The one builder of manifest layouts: the version's manifest and
+ * each addendum use it. On failure (-ENOMEM, -EOVERFLOW) err says which
+ * parcel; what was filled stays for the manifest's fini. */
+int node__pub_mlayout_fill(const struct pub_export *ex, size_t li, const struct proto_manifest *m,
+			   struct proto_mlayout *ml, struct proto_err *err);
+/* Leader: builds ex->m from every part's hashes (and ex->canary, the
+ * layouts' expected canary scores) and signs it into ex->mbuf. */
+int node__pub_manifest_build(struct node_pub *p, struct proto_err *err);
+/* Verify: every hosted parcel must match the signed one (ex->m), chunk by
+ * chunk; -EINVAL / -EBADMSG with err naming the first that does not. */
+int node__pub_manifest_compare(struct node_pub *p, struct proto_err *err);
+
+/* ---- pub_addendum.c: extending a published version ------------------------------- */
+
+struct pub_addenda;
+/* From the retention check's answer (vi[n], latest): true when the latest
+ * version lacks layouts of live replicas (or raw copies of its own are
+ * wanted) and this leader serves it; the caller then starts the export that
+ * adds them (addendum_next is set). Only when no export runs. */
+bool node__pub_addendum_check(struct node_pub *p, const struct trk_version_info *vi, size_t n,
+			      uint64_t latest);
+/* Whether the addendum export wants layout sl. */
+bool node__pub_addendum_wants(const struct node_pub *p, const struct pub_layout *sl);
+/* Builds and signs one addendum per layout of the export, from its parts'
+ * hashes and the tracker's manifest (ex->m). */
+int node__pub_addendum_build(struct node_pub *p, struct proto_err *err);
+/* POSTs the next addendum, its answer to cb (arg p). 0 when sent, else a
+ * negative errno. */
+int node__pub_addendum_post(struct node_pub *p, trk_client_cb cb);
+/* The tracker's answer to the addendum posted: 0 when the next one is to
+ * be posted (now, or on the export's timer after a transport failure); 1
+ * when all are in and the new layouts joined to the served version, which
+ * ex->pv now is; a negative errno (err says why) when the export fails. */
+int node__pub_addendum_answer(struct node_pub *p, const struct trk_answer *ans,
+			       struct proto_err *err);
+void node__pub_addenda_free(struct pub_addenda *a);
+
+/* ---- pub_restore.c: a rank's memory from its served parcels ----------------------- */
+
+/* One parcel of a served export, whole and raw: where an addendum's export
+ * rebuilds its source rank's memory from (instead of the source). */
+struct pub_rsrc {
+	const struct pub_layout *sl;
+	const struct proto_parcel *pc;
+	const uint8_t *payload; /* pc->bytes */
+};
+/* The raw parcels trainer rank sent in the served anchor v (its served
+ * buffers), each layout still served (a version kept as the parent is read
+ * from its snapshot instead: node__pub_parent_block); *out (free it) NULL
+ * and *n 0 when there are none. Loop only; -ENOMEM leaves none. The
+ * buffers stay valid while the export runs: no export publishes
+ * meanwhile, so v stays the newest. */
+int node__pub_restore_sources(struct node_pub *p, uint64_t v, uint32_t rank,
+			      struct pub_rsrc **out, size_t *n);
+/* Worker: rebuilds trainer rank's memory in block (cap bytes) from rs[n]
+ * (each layout's parcels together: only as many layouts as it takes to
+ * reach every byte pt's items gather are put back); true when they reach
+ * them all. False (out of memory, or not reached): the caller fills block
+ * from the source. */
+bool node__pub_restore(const struct node_pub *p, uint32_t rank, const struct pub_rsrc *rs,
+		       size_t n, const struct pub_part *pt, uint8_t *block, size_t cap);
+
+/* ---- pub_delta.c: delta versions ------------------------------------------------- */
+
+struct proto_delta_scratch; /* proto/delta.h */
+
+/* Frees a parent export; NULL is fine. */
+void node__pub_parent_free(struct pub_parent *pp);
+/* Decides whether ex (its layouts known, parts listed) can be a delta:
+ * NULL when it can, else why it must be an anchor. */
+const char *node__pub_delta_why_anchor(struct node_pub *p, struct pub_export *ex);
+/* Points every item of ex at its parcel in the parent export; false when
+ * one is missing (then ex must be an anchor). */
+bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex);
+/* Threads each parcel's delta encode runs on when nranks trainer ranks
+ * encode at once (TESSERA_DELTA_THREADS). Cannot fail. */
+unsigned node__pub_delta_threads(size_t nranks);
+/* Worker: encodes one item against its parent (it->parent, the parent's
+ * snapshot of the same source rank) from block, this version's snapshot:
+ * each stretch the scan reads is read where it lies in both when it is one
+ * stretch of the rank's memory, else gathered from both into the encoding
+ * thread's room (in cache) right before the scan.
+ * Takes its canary part from the encoder's changes and hashes the delta's
+ * chunks. keep: the encoder's scratch kept from item to item
+ * (proto_delta_opts.keep). Cannot fail: the item's enc_rc says how it went
+ * (-ENOMEM, a failed encode, or dense: the version then goes as an
+ * anchor). */
+void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32_t chunk_size,
+				 unsigned threads, const uint8_t *block,
+				 struct proto_delta_scratch **keep);
+/* Loop: lays the encoded deltas out in each part's export buffer. 1 when
+ * the deltas are too large (or one failed): ex is then an anchor (served
+ * offsets reset to the raw layout); 0 when placed; -ENOMEM. */
+int node__pub_delta_place(struct node_pub *p, struct pub_export *ex, struct proto_err *err);
+/* Takes the snapshot blocks of ex's parts as the next parent export (kept
+ * in ex->next_parent until the version is published; the next snapshot is
+ * taken into another block). Cannot fail: without memory the next export
+ * is an anchor. */
+void node__pub_parent_stage(struct node_pub *p, struct pub_export *ex);
+/* The version is published: its staged parent replaces p->parent, whose
+ * blocks become the next snapshot's. */
+void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex);
+/* The snapshot of trainer rank kept as the parent export, when that is
+ * version v, else NULL; read only (it is the next delta's parent). */
+uint8_t *node__pub_parent_block(const struct node_pub *p, uint64_t v, uint32_t rank);
+
+/* ---- pub_canary.c: expected canary scores --------------------------------------- */
+
+/* The expected canary score of every destination rank of every layout of
+ * ex, summed from its parcels' parts (every rank's parcels must be there:
+ * the leader's). New reference; NULL on ENOMEM. */
+json_t *node__pub_canary_json(const struct pub_export *ex);
+/* POSTs ex->canary to the tracker (fire and forget: a failure is logged,
+ * the probe then finds no expected score). */
+void node__pub_canary_post(struct node_pub *p, struct pub_export *ex);
+
+/* ---- pub_serve.c: served versions --------------------------------------------------- */
+
+/* Closes layout li's regions in every part of pv and gives its pages back
+ * (the buffers stay mapped); cannot fail. */
+void node__pub_layout_free(struct pub_version *pv, size_t li);
+/* Frees pv and its parts; NULL is fine. */
+void node__pub_version_free(struct node_pub *p, struct pub_version *pv);
+/* The served version v not being released, or NULL. */
+struct pub_version *node__pub_version_served(struct node_pub *p, uint64_t v);
+/* Takes pv off p->versions if it is there; cannot fail. */
+void node__pub_version_unlink(struct node_pub *p, struct pub_version *pv);
+/* Registers the hosted parts' buffers for remote reads and lists the offers.
+ * On failure the regions opened so far stay in pv for version_free. */
+int node__pub_version_serve(struct node_pub *p, struct pub_version *pv, struct proto_err *err);
+
+/* ---- pub_part.c: a rank's part of a version ----------------------------------------- */
+
+/* Lists pt's items: every parcel of the layouts whose source is pt's rank,
+ * layout by layout, with room for its raw chunks' hashes, laid out as
+ * node__pub_part_layout does. -ENOMEM, or -EOVERFLOW (a parcel of more
+ * than UINT32_MAX chunks), err saying which; what was listed stays in pt
+ * for its release. */
+int node__pub_part_list(struct pub_part *pt, struct pub_layout *const *layouts, size_t nlayouts,
+			uint32_t chunk_size, struct proto_err *err);
+/* Lays out pt's export buffer: each item at a page-aligned offset sized
+ * it->wire, layout by layout (one slice each); sets pt->used. */
+void node__pub_part_layout(struct pub_part *pt, size_t nlayouts);
+/* Its items back to raw payloads (deltas that are not sent): laid out
+ * again, with room for their raw chunks' hashes. -ENOMEM. */
+int node__pub_part_raw(struct pub_part *pt, size_t nlayouts, uint32_t chunk_size);
+/* Maps pt's export buffer (pt->used bytes, page-rounded), or takes the
+ * rank's spare one touched ahead. -ENOMEM leaves pt without a buffer. */
+int node__pub_part_alloc(struct node_pub *p, struct pub_part *pt);
+/* Frees pt's items (hashes and checksums); cannot fail. */
+void node__pub_part_items_free(struct pub_part *pt);
+/* Closes the regions, frees the items and unmaps the buffer; cannot fail. */
+void node__pub_part_release(struct node_pub *p, struct pub_part *pt);
+
+/* ---- pub_prefault.c: pages touched ahead ----------------------------------------------- */
+
+/* After a commit that left a rank without a snapshot block (after an
+ * anchor: no parent gave one back): maps one per such rank on a worker and
+ * touches every page, so the next snapshot writes pages the kernel already
+ * gave. A model-dir publisher's worker also reads version next's
+ * checkpoint ahead (its snapshot then copies from the page cache instead
+ * of faulting pages in one by one on its critical path). Nothing happens
+ * when out of memory (the take maps a fresh buffer as before). */
+void node__pub_prefault_start(struct node_pub *p, uint64_t next);
+/* Before the first export of a publisher that keeps parents: maps on a
+ * worker, and touches every page of, each trainer rank's snapshot block
+ * and spare export buffer, sized to the rank's shard, so that the first
+ * export does not fault them in on its critical path (and reads the first
+ * version's checkpoint ahead, as the start does). Nothing happens when out
+ * of memory; cannot fail. */
+void node__pub_prefault_first(struct node_pub *p);
+/* Waits for that worker (if any) and hands its buffers to the blocks (and
+ * the spare export buffers); cannot fail. Called by an export's start and
+ * export buffer, and when the publisher is freed. */
+void node__pub_prefault_join(struct node_pub *p);
+
 /* ---- pub_source.c: the weights ---------------------------------------------------- */
 
 /* Whether the source holds version v (any v >= 1 for the fixture). */
 bool node__pub_source_has(const struct node_pub *p, uint64_t v);
 /* Opens every version of the model dir (proto/checkpoint.h: v<N>.safetensors,
  * v<N>/ checkpoints, or dir a checkpoint itself) into p->files and builds
- * p->model from the first; all must share the model. On failure what was opened stays in
- * p for node_pub_free. */
+ * p->model from the first; all must share the model. On failure what was
+ * opened stays in p for node_pub_free. */
 int node__pub_load_model_dir(struct node_pub *p, const char *dir, struct proto_err *err);
 /* Fills rank's snapshot block with version's bytes. Runs on a worker
  * thread. Only the model dir can fail (a checkpoint file truncated or
@@ -390,160 +663,5 @@ struct pub_layout *node__pub_layout_find(struct node_pub *p, const uint8_t *dige
 /* Parses and plans one entry of GET /layouts into p->layouts (once per
  * digest; p owns it). NULL only on ENOMEM or a malformed entry. */
 struct pub_layout *node__pub_layout_absorb(struct node_pub *p, json_t *e);
-
-/* ---- pub_export.c: the export ------------------------------------------------------- */
-
-/* Starts exporting version (req NULL: the restart re-offer; verify: check
- * against the tracker's manifest instead of publishing). Takes req; its
- * callback runs once when the export is done or failed, also when it fails
- * to start (node__pub_ex_free drops it without calling it). */
-void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t version, bool verify);
-/* Moves the export on as far as it can go now. Last call of every callback. */
-void node__pub_ex_step(struct node_pub *p);
-/* Joins the workers and frees ex, and its version unless that is among the
- * served ones. The request's callback is not called. */
-void node__pub_ex_free(struct node_pub *p, struct pub_export *ex);
-/* Fails the export in progress with a one-line reason (the first one
- * counts); cannot fail. */
-void node__pub_ex_fail(struct node_pub *p, int code, const char *msg);
-/* Event callbacks: a worker finished (wake socket), the export's timer. */
-void node__pub_on_wake(evutil_socket_t fd, short what, void *arg);
-void node__pub_on_ex_timer(evutil_socket_t fd, short what, void *arg);
-
-/* ---- pub_delta.c: delta versions ------------------------------------------------- */
-
-/* Frees a parent export; NULL is fine. */
-void node__pub_parent_free(struct pub_parent *pp);
-/* Decides whether ex (its layouts known, parts listed) can be a delta:
- * NULL when it can, else why it must be an anchor. */
-const char *node__pub_delta_why_anchor(struct node_pub *p, struct pub_export *ex);
-/* Points every item of ex at its parcel in the parent export; false when
- * one is missing (then ex must be an anchor). */
-bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex);
-/* Threads each parcel's delta encode runs on when nranks trainer ranks
- * encode at once (TESSERA_DELTA_THREADS). Cannot fail. */
-unsigned node__pub_delta_threads(size_t nranks);
-/* Worker: encodes one item against its parent (it->parent, the parent's
- * snapshot of the same source rank) from block, this version's snapshot:
- * each stretch the scan reads is read where it lies in both when it is one
- * stretch of the rank's memory, else gathered from both into the encoding
- * thread's room (in cache) right before the scan.
- * Takes its canary part from the encoder's changes and hashes the delta's
- * chunks. Cannot fail: the item's enc_rc says how it went (-ENOMEM, a
- * failed encode, or dense: the version then goes as an anchor). */
-void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32_t chunk_size,
-				 unsigned threads, const uint8_t *block);
-/* Loop: lays the encoded deltas out in each part's served buffer. 1 when
- * the deltas are too large (or one failed): ex is then an anchor (served
- * offsets reset to the raw layout); 0 when placed; -ENOMEM. */
-int node__pub_delta_place(struct node_pub *p, struct pub_export *ex, struct proto_err *err);
-/* Lays out pt's served buffer: each item at a page-aligned offset sized
- * it->wire, layout by layout (slices); sets pt->used. */
-void node__pub_part_layout(struct pub_part *pt, size_t nlayouts);
-/* Takes the snapshot blocks of ex's parts as the next parent export (kept
- * in ex->next_parent until the version is published; the next snapshot is
- * taken into another block). Cannot fail: without memory the next export
- * is an anchor. */
-void node__pub_parent_stage(struct node_pub *p, struct pub_export *ex);
-/* The version is published: its staged parent replaces p->parent, whose
- * blocks become the next snapshot's. */
-void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex);
-/* The snapshot of trainer rank kept as the parent export, when that is
- * version v, else NULL; read only (it is the next delta's parent). */
-uint8_t *node__pub_parent_block(const struct node_pub *p, uint64_t v, uint32_t rank);
-/* Whether exports keep their snapshots as the next one's parent (deltas
- * are on and this publisher hosts every trainer rank); then two snapshot
- * blocks per rank take turns from version to version. */
-bool node__pub_keeps_parent(const struct node_pub *p);
-/* After a commit that left a rank without a snapshot block (after an
- * anchor: no parent gave one back): maps one per such rank on a worker and
- * touches every page, so the next snapshot writes pages the kernel already
- * gave. A model-dir
- * publisher's worker also maps in the pages of version next's checkpoint
- * (its snapshot then copies from pages already mapped, not faulting them
- * in one by one on its critical path). Nothing happens when out of memory
- * (the take maps a fresh buffer as before). */
-void node__pub_prefault_start(struct node_pub *p, uint64_t next);
-/* Before the first export of a publisher that keeps parents: maps on a
- * worker, and touches every page of, each trainer rank's snapshot block
- * and spare served buffer, sized to the rank's shard, so
- * that the first export does not fault them in on its critical path (and
- * maps in the first version's checkpoint, as the start does).
- * Nothing happens when out of memory; cannot fail. */
-void node__pub_prefault_first(struct node_pub *p);
-/* Waits for that worker (if any) and hands its buffers to the blocks (and
- * the spare served buffers); cannot fail. Called by an export's start and
- * served buffer, and when the publisher is freed. */
-void node__pub_prefault_join(struct node_pub *p);
-
-/* ---- pub_serve.c: served versions --------------------------------------------------- */
-
-/* Maps pt's export buffer (pt->used bytes, page-rounded). -ENOMEM leaves pt
- * without a buffer. */
-int node__pub_part_alloc(struct node_pub *p, struct pub_part *pt);
-/* Closes the regions and unmaps the buffer; cannot fail. */
-void node__pub_part_release(struct node_pub *p, struct pub_part *pt);
-/* Closes layout li's regions in every part of pv and gives its pages back
- * (the buffers stay mapped); cannot fail. */
-void node__pub_layout_free(struct pub_version *pv, size_t li);
-/* Frees pv and its parts; NULL is fine. */
-void node__pub_version_free(struct node_pub *p, struct pub_version *pv);
-/* Takes pv off p->versions if it is there; cannot fail. */
-void node__pub_version_unlink(struct node_pub *p, struct pub_version *pv);
-/* Registers the hosted parts' buffers for remote reads and lists the offers.
- * On failure the regions opened so far stay in pv for version_free. */
-int node__pub_version_serve(struct node_pub *p, struct pub_version *pv, struct proto_err *err);
-/* Offers versions not offered under this registration and withdraws (then
- * frees) the released ones; failures are logged and retried later. */
-void node__pub_sync_offers(struct node_pub *p);
-/* The retention check's timer: asks which versions are still retained. */
-void node__pub_on_check(evutil_socket_t fd, short what, void *arg);
-
-/* ---- pub_addendum.c: extending a published version ------------------------------- */
-
-struct pub_addenda;
-/* One parcel of a served export, whole and raw: where an addendum's export
- * rebuilds its source rank's memory from (instead of the source). */
-struct pub_rsrc {
-	const struct pub_layout *sl;
-	const struct proto_parcel *pc;
-	const uint8_t *payload; /* pc->bytes */
-};
-/* The raw parcels trainer rank sent in the served anchor v (its served
- * buffers), each layout still served (a version kept as the parent is read
- * from its snapshot instead: node__pub_parent_block); *out (free it) NULL and *n 0 when there are
- * none. Loop only; -ENOMEM leaves none. The buffers stay valid while the
- * export runs: no export publishes meanwhile, so v stays the newest. */
-int node__pub_addendum_sources(struct node_pub *p, uint64_t v, uint32_t rank,
-			       struct pub_rsrc **out, size_t *n);
-/* Worker: rebuilds trainer rank's memory in block (cap bytes) from rs[n]
- * (each layout's parcels together: only as many layouts as it takes to
- * reach every byte pt's items gather are put back); true when they reach
- * them all. False (out of memory, or not reached): the caller fills block
- * from the source. */
-bool node__pub_addendum_restore(const struct node_pub *p, uint32_t rank, const struct pub_rsrc *rs,
-				size_t n, const struct pub_part *pt, uint8_t *block, size_t cap);
-/* From the retention check's answer (vi[n], latest): when the latest
- * version lacks layouts of live replicas and this leader serves it, starts
- * an export that adds them by addendum (when no export runs). */
-void node__pub_addendum_check(struct node_pub *p, const struct trk_version_info *vi, size_t n,
-			      uint64_t latest);
-/* Whether the addendum export wants layout sl. */
-bool node__pub_addendum_wants(const struct node_pub *p, const struct pub_layout *sl);
-/* Builds and signs one addendum per layout of the export, from its parts'
- * hashes and the tracker's manifest (ex->m). */
-int node__pub_addendum_build(struct node_pub *p, struct proto_err *err);
-/* POSTs the next addendum; its answer moves the export on (and, once all
- * are in, joins the new layouts to the served version and offers them).
- * 0 when sent, else a negative errno. */
-int node__pub_addendum_post(struct node_pub *p);
-/* pub_canary.c: the expected canary score of every destination rank of
- * every layout of ex, summed from its parcels' parts (every rank's parcels
- * must be there: the leader's). New reference; NULL on ENOMEM. */
-json_t *node__pub_canary_json(const struct pub_export *ex);
-/* POSTs ex->canary to the tracker (fire and forget: a failure is logged,
- * the probe then finds no expected score). */
-void node__pub_canary_post(struct node_pub *p, struct pub_export *ex);
-void node__pub_addenda_free(struct pub_addenda *a);
 
 #endif

@@ -47,7 +47,7 @@ int node_pub_metrics_init(struct node_pub_metrics *pm, struct proto_metrics *m,
 	t.pending = proto_metrics_gauge(m, "tessera_publisher_pending_exports", NULL,
 				       "Exports queued or running.");
 	/* Reads are one-sided: the publisher sees none of them. Its swarms'
-	 * readers keep the cap (node/agent_swarm.c, super-seeding), and count
+	 * readers keep the cap (node/fetch/owners.c, super-seeding), and count
 	 * what they took past it (tessera_node_trainer_unowned_bytes_total). */
 	t.upload_readers = proto_metrics_gauge(m, "tessera_publisher_upload_readers", NULL,
 					      "Members of a parcel's swarm assigned to read it from "

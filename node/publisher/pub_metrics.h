@@ -1,4 +1,4 @@
-/* What `tessera publish` measures, as series of node/metrics.h: exports by
+/* What `tessera publish` measures, as series of proto/metrics.h: exports by
  * result, the newest version, bytes and seconds per export, the lease. */
 #ifndef NODE_PUB_METRICS_H
 #define NODE_PUB_METRICS_H

@@ -5,76 +5,27 @@
 /*
  * One object hosts a set of trainer ranks of one trainer layout and exports
  * numbered versions of the policy for every serving layout registered at the
- * tracker.
+ * tracker: each version is snapshotted from the source, cut into parcels per
+ * serving layout, sent as an anchor (raw parcels) or a delta against the
+ * version before, hashed chunk by chunk, signed in a manifest, published and
+ * offered for remote reads. Versions no replica aims at any more are
+ * withdrawn and freed. The process hosting trainer rank 0 is the leader and
+ * signs; others rebuild their ranks' parcels and offer them only when every
+ * chunk matches the signed manifest (so does the leader after a restart).
  *
- * Design. Everything runs on the caller's libevent loop and the loop owns
- * the state; the heavy work runs on worker threads (one per rank) that post
- * their result back through a socketpair. Exporting version v:
- *   1. snapshot: every rank fills its rank block (the trainer layout's local
- *      tensors) from the source: the synthetic fixture, or version v's
- *      safetensors file. After this the trainer may go on training.
- *      Meanwhile GET /layouts: each registered serving layout is parsed
- *      against the model, its digest checked, and planned trainer layout ->
- *      serving layout (plans cached by layout digest). No layout yet: retry
- *      every 200 ms, there is nothing to serve.
- *   2. gather + hash: per rank, every parcel with src_rank == that rank of
- *      every serving layout is gathered into ONE page-aligned export buffer
- *      (parcels at 4096-aligned offsets, each layout's parcels one slice)
- *      and its chunks hashed (BLAKE2b-256). The snapshot is given back
- *      behind the gather: each 2 MiB of it once no later parcel byte reads
- *      it, and the rest when the rank's gather is done.
- *   2b. deltas (node/pub_delta.c): the publisher keeps the parcels of the
- *      last version it published as they are (the parent export, one raw
- *      buffer per rank). Version v is a delta when that export is v-1's
- *      and holds every parcel of every layout of v; each rank's worker then
- *      gathers v's parcels into a new raw buffer, encodes each against its
- *      parent parcel in destination-local pieces (proto/delta.h, "Parcels")
- *      and hashes the encoded bytes, which are what is served. It is an
- *      anchor instead for the first version, every anchor_every versions
- *      (--anchor-every, TESSERA_ANCHOR_EVERY, default 10), when a serving
- *      layout is new, when a node asked for one (anchor_wanted at the
- *      tracker), when the ranks are hosted by several publishers, after a
- *      restart (no parent export), and when the deltas come to more than
- *      TESSERA_DELTA_MAX_PERCENT of the anchor (a sample of each parcel is
- *      compared first, so unrelated versions are not encoded at all).
- *   3. the manifest (anchor or delta, parent v-1 with its digest,
- *      created_ms = when the export was requested) is signed and POSTed to
- *      /versions; the raw buffers become the parent export.
- *   4. each export buffer is registered FAB_MR_REMOTE_READ on its rank's own
- *      endpoint and offered (POST /offers); the export is done when the
- *      tracker has answered the offer.
- * A version is served until GET /versions (asked every TESSERA_PUB_CHECK_MS,
- * default 1 s, and after every new version) says retain false: the tracker
- * retains the latest version and each live replica's target, so what a
- * publisher holds does not grow with how far a replica is behind. The newest
- * one is always kept, and at most TESSERA_PUB_RETAIN versions are served
- * (the oldest not retained go first, then the oldest retained). Then the
- * offer is withdrawn (n == 0), the regions closed and the buffers unmapped.
- * Of a retained version other than the newest only the layouts of the
- * replicas aiming at it are kept (retain_layouts): each layout's slice of an
- * export buffer has its own region, so a layout is dropped alone: its
- * parcels are left out of the next offer (which withdraws them), then its
- * regions are closed and its pages given back (MADV_DONTNEED). The retention
- * check also runs when an export starts, so what replicas left is freed
- * before the new version's buffers are filled.
- *
- * Several processes may host disjoint subsets of the ranks. The one hosting
- * trainer rank 0 is the leader: it computes the parcels of every rank (the
- * sources give every rank's bytes), signs and publishes. The others wait for
- * version v to appear at the tracker, rebuild their own parcels for the
- * layouts that manifest names, and offer them only if every chunk hash
- * equals the signed one. The same check re-offers the latest version after
- * a restart: at start the numbering continues after the tracker's latest
- * version L, and L is rebuilt (the sources are deterministic), checked
- * against its manifest (decoded with our own public key) and offered again
- * without publishing; on a mismatch it is logged and not offered.
+ * Everything runs on the caller's libevent loop, which owns the state; the
+ * heavy work runs on the worker pool, one job per rank, posting results
+ * back. The steps, retention, addenda and the reasons behind them: NOTES.md
+ * in this folder.
  *
  * What an offer means (trk_offer for one parcel of one hosted rank):
- *   key   the remote key of the rank's export region (fab_mr_rkey().key);
+ *   key   the remote key of the region holding the parcel: its layout's
+ *         slice of the rank's export buffer (fab_mr_rkey().key);
  *   addr  where the parcel starts, as fab_read wants it: fab_mr_rkey().addr
  *         + the parcel's offset in the region, i.e. the virtual address under
  *         FI_MR_VIRT_ADDR, else the 0-based offset in the region;
- *   len   the parcel's wire bytes (its payload size; chunks back to back).
+ *   len   the parcel's wire bytes (its payload, or its delta; chunks back
+ *         to back).
  * A reader fetches chunk c with
  *   struct fab_rkey rk = {addr, key, len};
  *   fab_read(ctx, op, lmr, loff, chunk[c].size, peer, &rk,

@@ -1,0 +1,122 @@
+/* A trainer rank's part of a version: its parcels, their place in its export buffer, the buffer. */
+#include "node/publisher/pub_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+int node__pub_part_list(struct pub_part *pt, struct pub_layout *const *layouts, size_t nlayouts,
+			uint32_t chunk_size, struct proto_err *err)
+{
+	uint64_t cs = chunk_size;
+	size_t n = 0;
+
+	for (size_t li = 0; li < nlayouts; li++)
+		for (uint32_t k = 0; k < layouts[li]->plan.nparcels; k++)
+			n += layouts[li]->plan.parcels[k].src_rank == pt->rank;
+	pt->items = calloc(PROTO_MAX(n, 1), sizeof(*pt->items));
+	pt->slices = calloc(PROTO_MAX(nlayouts, 1), sizeof(*pt->slices));
+	if (pt->items == NULL || pt->slices == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	pt->nslices = nlayouts;
+	for (size_t li = 0; li < nlayouts; li++) {
+		const struct pub_layout *sl = layouts[li];
+		for (uint32_t k = 0; k < sl->plan.nparcels; k++) {
+			const struct proto_parcel *pc = &sl->plan.parcels[k];
+			struct pub_item *it = &pt->items[pt->nitems];
+			uint64_t nch = (pc->bytes + cs - 1) / cs;
+			if (pc->src_rank != pt->rank)
+				continue;
+			if (nch > UINT32_MAX)
+				return proto_errf(err, EOVERFLOW, "a parcel of %llu bytes has too many chunks",
+						  (unsigned long long)pc->bytes);
+			pt->nitems++;
+			it->sl = sl;
+			it->pc = pc;
+			it->li = (uint32_t)li;
+			it->pi = k;
+			it->nchunks = (uint32_t)nch;
+			it->wire = pc->bytes;
+			it->hash = calloc(PROTO_MAX(nch, 1), PROTO_HASH_BYTES);
+			if (it->hash == NULL)
+				return proto_errf(err, ENOMEM, "out of memory");
+		}
+	}
+	node__pub_part_layout(pt, nlayouts);
+	return 0;
+}
+
+void node__pub_part_layout(struct pub_part *pt, size_t nlayouts)
+{
+	uint64_t off = 0;
+	size_t j = 0;
+
+	for (size_t li = 0; li < nlayouts; li++) {
+		pt->slices[li].off = off;
+		for (; j < pt->nitems && pt->items[j].li == li; j++) {
+			pt->items[j].off = off;
+			off = (off + pt->items[j].wire + PUB_ALIGN - 1) & ~(uint64_t)(PUB_ALIGN - 1);
+		}
+		pt->slices[li].len = off - pt->slices[li].off;
+	}
+	pt->used = off;
+}
+
+int node__pub_part_raw(struct pub_part *pt, size_t nlayouts, uint32_t chunk_size)
+{
+	node__pub_part_layout(pt, nlayouts);
+	for (size_t j = 0; j < pt->nitems; j++) {
+		struct pub_item *it = &pt->items[j];
+		free(it->hash);
+		it->nchunks = (uint32_t)((it->pc->bytes + chunk_size - 1) / chunk_size);
+		it->hash = calloc(PROTO_MAX(it->nchunks, 1), PROTO_HASH_BYTES);
+		if (it->hash == NULL)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+void node__pub_part_items_free(struct pub_part *pt)
+{
+	for (size_t i = 0; i < pt->nitems; i++) {
+		free(pt->items[i].hash);
+		free(pt->items[i].sums);
+	}
+	free(pt->items);
+	pt->items = NULL;
+	pt->nitems = 0;
+}
+
+/* (The buffer is unmapped, not kept for the next export: its memory goes
+ * back to the system at once instead of staying resident next to that
+ * export's snapshot.) */
+void node__pub_part_release(struct node_pub *p, struct pub_part *pt)
+{
+	for (size_t li = 0; li < pt->nslices; li++)
+		fab_mr_close(pt->slices[li].mr);
+	free(pt->slices);
+	pt->slices = NULL;
+	pt->nslices = 0;
+	node__pub_part_items_free(pt);
+	node_serve_unmap(pt->buf, pt->cap);
+	pt->buf = NULL;
+	pt->cap = 0;
+}
+
+int node__pub_part_alloc(struct node_pub *p, struct pub_part *pt)
+{
+	size_t need = node__pub_page_round(pt->used);
+
+	node__pub_prefault_join(p);
+	if (p->spare_buf[pt->rank] != NULL && p->spare_buf_cap[pt->rank] >= need) {
+		pt->buf = p->spare_buf[pt->rank];
+		pt->cap = p->spare_buf_cap[pt->rank];
+		p->spare_buf[pt->rank] = NULL;
+		p->spare_buf_cap[pt->rank] = 0;
+		return 0;
+	}
+	pt->buf = node_serve_map(need);
+	if (pt->buf == NULL)
+		return -ENOMEM;
+	pt->cap = need;
+	return 0;
+}
