@@ -417,6 +417,25 @@ static void test_picker_trainer_last_wave(void **state)
 	assert_int_equal(peer_reads_beside(ENDGAME_MS + 500, 1, false, false), 4);
 }
 
+/* One reader (R1/0) of a fanout fetch with one parcel of QN chunks and
+ * three peers (R2, R3, R4), for the queue tests below. */
+struct rig {
+	struct qparcel q;
+	struct fetch f;
+	struct fetcher x;
+};
+
+static void rig_init(struct rig *r, uint64_t now)
+{
+	memset(r, 0, sizeof(*r));
+	r->f = (struct fetch){.version = 5, .parcels = &r->q.p, .nparcels = 1};
+	r->x = (struct fetcher){.fanout = true, .f = &r->f, .chunk_size = 4096,
+				.max_inflight = 16};
+	r->x.o.id = "R1/0";
+	r->x.o.am = &no_metrics;
+	qparcel_init(&r->q, QN, 4096, 3, now);
+}
+
 /*
  * Per-peer queues (picker.c): among the holders of a chunk a reader
  * asks the one whose queue of its reads empties first (an unmeasured,
@@ -430,17 +449,17 @@ static void test_picker_peer_queues(void **state)
 {
 	uint32_t c = UINT32_MAX;
 	uint64_t now = node_now_ms();
-	struct qparcel q;
-	uint8_t *st = q.st, (*have)[2 * QN / 8] = q.have;
-	uint16_t *avail = q.avail;
-	struct fetch_source *srcs = q.srcs;
-	struct fetch f = {.version = 5, .parcels = &q.p, .nparcels = 1};
-	struct fetcher x = {.fanout = true, .f = &f, .chunk_size = 4096, .max_inflight = 16};
+	struct rig r;
+
+	rig_init(&r, now);
+	struct qparcel *qp = &r.q;
+	uint8_t *st = qp->st, (*have)[2 * QN / 8] = qp->have;
+	uint16_t *avail = qp->avail;
+	struct fetch_source *srcs = qp->srcs;
+	struct fetch *f = &r.f;
+	struct fetcher *x = &r.x;
 	bool want;
 
-	x.o.id = "R1/0";
-	x.o.am = &no_metrics;
-	qparcel_init(&q, QN, 4096, 3, now);
 	srcs[2].bad_until_ms = UINT64_MAX; /* R4 rests until the last part */
 	for (uint32_t i = 40; i < 50; i++) /* the peers hold chunks 40-49 */
 		have[0][i / 8] = have[1][i / 8] = have[2][i / 8] |= (uint8_t)(1u << (i % 8));
@@ -448,54 +467,54 @@ static void test_picker_peer_queues(void **state)
 	/* Not ahead (12 held, the peers 10): the emptier queue first. */
 	for (uint32_t i = 0; i < 12; i++)
 		st[i] = 2;
-	q.p.done = 12;
-	fetch_recount(&f, &q.p);
-	assert_false(q.p.ahead);
+	qp->p.done = 12;
+	fetch_recount(f, &qp->p);
+	assert_false(qp->p.ahead);
 	assert_int_equal(avail[40], 2);
 	srcs[0].rate = 1000000; /* R2: measured, one read queued */
 	fetch_source_posted(&srcs[0], 4096);
 	srcs[0].progress_ms = now;
-	assert_ptr_equal(fetch_pick(&x, 0, &c, &want), &srcs[1]);
+	assert_ptr_equal(fetch_pick(x, 0, &c, &want), &srcs[1]);
 	assert_true(c >= 40 && c < 50);
 	srcs[1].rate = 1000000; /* R3: two queued, more than R2 */
 	fetch_source_posted(&srcs[1], 4096);
 	fetch_source_posted(&srcs[1], 4096);
 	srcs[1].progress_ms = now;
-	assert_ptr_equal(fetch_pick(&x, 0, &c, &want), &srcs[0]);
+	assert_ptr_equal(fetch_pick(x, 0, &c, &want), &srcs[0]);
 
 	/* Ahead (40 held, the median peer 10): one read per peer at most. */
 	for (uint32_t i = 0; i < 40; i++)
 		st[i] = 2;
-	q.p.done = 40;
-	fetch_recount(&f, &q.p);
-	assert_true(q.p.ahead);
-	assert_null(fetch_pick(&x, 0, &c, &want)); /* both have one out */
+	qp->p.done = 40;
+	fetch_recount(f, &qp->p);
+	assert_true(qp->p.ahead);
+	assert_null(fetch_pick(x, 0, &c, &want)); /* both have one out */
 	fetch_source_done(&srcs[1], 4096, true);
 	fetch_source_done(&srcs[1], 4096, true);
-	assert_ptr_equal(fetch_pick(&x, 0, &c, &want), &srcs[1]);
+	assert_ptr_equal(fetch_pick(x, 0, &c, &want), &srcs[1]);
 	/* R4 back, idle: ahead, a third peer at once (no limit by default),
 	 * but not with TESSERA_AHEAD_PEERS=2; R3's read lands, and R3 or R4
 	 * (both empty) may take one. */
 	srcs[2].bad_until_ms = 0;
 	fetch_source_posted(&srcs[1], 4096);
-	fetch_recount(&f, &q.p);
-	assert_true(q.p.ahead);
-	assert_ptr_equal(fetch_pick(&x, 0, &c, &want), &srcs[2]);
+	fetch_recount(f, &qp->p);
+	assert_true(qp->p.ahead);
+	assert_ptr_equal(fetch_pick(x, 0, &c, &want), &srcs[2]);
 	setenv("TESSERA_AHEAD_PEERS", "2", 1);
-	assert_null(fetch_pick(&x, 0, &c, &want));
+	assert_null(fetch_pick(x, 0, &c, &want));
 	fetch_source_done(&srcs[1], 4096, true);
-	struct fetch_source *got = fetch_pick(&x, 0, &c, &want);
+	struct fetch_source *got = fetch_pick(x, 0, &c, &want);
 	assert_true(got == &srcs[1] || got == &srcs[2]); /* idle both; R2 has its one */
 	unsetenv("TESSERA_AHEAD_PEERS");
 	/* The swarm catches up (the peers' pages show 40 more): not ahead,
 	 * and a second read may go to a busy peer again. */
 	for (uint32_t i = 0; i < 40; i++)
 		have[0][i / 8] = have[1][i / 8] = have[2][i / 8] |= (uint8_t)(1u << (i % 8));
-	fetch_recount(&f, &q.p);
-	assert_false(q.p.ahead);
+	fetch_recount(f, &qp->p);
+	assert_false(qp->p.ahead);
 	fetch_source_posted(&srcs[1], 4096);
 	fetch_source_posted(&srcs[2], 4096);
-	assert_non_null(fetch_pick(&x, 0, &c, &want));
+	assert_non_null(fetch_pick(x, 0, &c, &want));
 }
 
 /*
@@ -508,26 +527,25 @@ static void test_picker_rarest_first(void **state)
 {
 	uint32_t c = UINT32_MAX;
 	uint64_t now = node_now_ms();
-	struct qparcel q;
-	uint8_t *st = q.st, (*have)[2 * QN / 8] = q.have;
-	uint16_t *avail = q.avail;
-	struct fetch_source *srcs = q.srcs;
-	struct fetch f = {.version = 5, .parcels = &q.p, .nparcels = 1};
-	struct fetcher x = {.fanout = true, .f = &f, .chunk_size = 4096, .max_inflight = 16};
+	struct rig r;
+
+	rig_init(&r, now);
+	struct qparcel *qp = &r.q;
+	uint8_t *st = qp->st, (*have)[2 * QN / 8] = qp->have;
+	uint16_t *avail = qp->avail;
+	struct fetch_source *srcs = qp->srcs;
+	struct fetch *f = &r.f;
+	struct fetcher *x = &r.x;
 	bool want;
 
-	(void)state;
-	x.o.id = "R1/0";
-	x.o.am = &no_metrics;
-	qparcel_init(&q, QN, 4096, 3, now);
-	q.chunks[QN - 1].size = 1000;
+	qp->chunks[QN - 1].size = 1000;
 	for (uint32_t i = 0; i < QN; i++) {
 		bool h0 = i < 10 || i == QN - 1, h1 = i < 5, h2 = i < 5 || i == 8 || i == 9;
 		have[0][i / 8] |= (uint8_t)(h0 << (i % 8));
 		have[1][i / 8] |= (uint8_t)(h1 << (i % 8));
 		have[2][i / 8] |= (uint8_t)(h2 << (i % 8));
 	}
-	fetch_recount(&f, &q.p);
+	fetch_recount(f, &qp->p);
 	assert_int_equal(avail[0], 3);
 	assert_int_equal(avail[8], 2);
 	assert_int_equal(avail[5], 1);
@@ -536,7 +554,7 @@ static void test_picker_rarest_first(void **state)
 	 * the short last one among them. */
 	bool last = false;
 	for (int i = 0; i < 4; i++) {
-		assert_ptr_equal(fetch_pick(&x, 0, &c, &want), &srcs[0]);
+		assert_ptr_equal(fetch_pick(x, 0, &c, &want), &srcs[0]);
 		assert_true((c >= 5 && c <= 7) || c == QN - 1);
 		assert_int_equal(st[c], 0);
 		last |= c == QN - 1;
@@ -550,8 +568,8 @@ static void test_picker_rarest_first(void **state)
 	srcs[0].rate = 1000000;
 	fetch_source_posted(&srcs[0], 4096);
 	srcs[0].progress_ms = now;
-	q.p.rr = 2;
-	assert_ptr_equal(fetch_pick(&x, 0, &c, &want), &srcs[2]);
+	qp->p.rr = 2;
+	assert_ptr_equal(fetch_pick(x, 0, &c, &want), &srcs[2]);
 	assert_int_equal(c, 8);
 	st[c] = 1;
 	/* R2's queue empties: each pick weighs chunk 0 first (R2, next
@@ -560,14 +578,14 @@ static void test_picker_rarest_first(void **state)
 	fetch_source_done(&srcs[0], 4096, true);
 	const int order[6] = {2, 0, 1, 2, 0, 1};
 	for (int i = 0; i < 6; i++) {
-		struct fetch_source *got = fetch_pick(&x, 0, &c, &want);
+		struct fetch_source *got = fetch_pick(x, 0, &c, &want);
 		assert_ptr_equal(got, &srcs[order[i]]);
 		assert_true(i == 0 ? c == 9 : c < 5);
 		st[c] = 1;
 	}
 	/* Every chunk a peer holds is out: nothing more from the peers. */
-	f.fresh_until_ms = UINT64_MAX; /* and none from a publisher (there is none) */
-	assert_null(fetch_pick(&x, 0, &c, &want));
+	f->fresh_until_ms = UINT64_MAX; /* and none from a publisher (there is none) */
+	assert_null(fetch_pick(x, 0, &c, &want));
 }
 
 
