@@ -55,7 +55,7 @@
 	 * a version leaves room for the serving traffic on the same link. */ \
 	X(FETCH_MBPS, "TESSERA_FETCH_MBPS", 0, "node fetch rate cap, Mbit/s (0: none)") \
 	/* Threads a node uses to hash and place fetched chunks; 0: two where \
-	 * the machine has two cores or more, else one (node_verifier_threads). */ \
+	 * the machine has two cores or more, else one (node/fetch/verifier.c). */ \
 	X(VERIFY_THREADS, "TESSERA_VERIFY_THREADS", 0, "chunk verification threads per node (0: min(2, cores))") \
 	/* A fabric post the provider keeps refusing fails after this long. */ \
 	X(PARK_MS, "TESSERA_PARK_MS", 3000, "give up a post an unreachable peer refuses, ms") \

@@ -1,7 +1,7 @@
 /* A delta version's build: its slot (from the standby, a rotation or a
  * copy), the apply of its parcels on the worker as they land, and what
  * the activation keeps of it for the next one. */
-#include "node/rebuild/delta_internal.h"
+#include "node/rebuild/internal.h"
 
 #include <errno.h>
 

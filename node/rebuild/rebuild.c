@@ -105,7 +105,7 @@ static bool dense_copy(struct node_rebuild *rb)
 	return true;
 }
 
-static void *worker(void *arg)
+static void *rebuild_thread(void *arg)
 {
 	struct node_rebuild *rb = arg;
 	uint64_t t0 = proto_now_ns();
@@ -163,27 +163,27 @@ static void on_done(evutil_socket_t fd, short what, void *arg)
 	rb->done(rb->rc, &rb->err, &rb->t, rb->arg);
 }
 
-static int start(struct event_base *base, uint8_t *dst, int dst_fd, bool fresh, const uint8_t *src,
-		 int src_fd, size_t len, node_rebuild_fn catchup, void *catchup_arg,
-		 struct node_rebuild **out, struct proto_err *err);
+static int rebuild_start(struct event_base *base, uint8_t *dst, int dst_fd, bool fresh,
+			 const uint8_t *src, int src_fd, size_t len, node_rebuild_fn catchup,
+			 void *catchup_arg, struct node_rebuild **out, struct proto_err *err);
 
 int node_rebuild_start(struct event_base *base, uint8_t *dst, int dst_fd, bool dst_fresh,
 		       const uint8_t *src, int src_fd, size_t len, struct node_rebuild **out,
 		       struct proto_err *err)
 {
-	return start(base, dst, dst_fd, dst_fresh, src, src_fd, len, NULL, NULL, out, err);
+	return rebuild_start(base, dst, dst_fd, dst_fresh, src, src_fd, len, NULL, NULL, out, err);
 }
 
 int node_rebuild_start_sparse(struct event_base *base, uint8_t *dst, int dst_fd,
 			      const uint8_t *src, int src_fd, size_t len, node_rebuild_fn catchup,
 			      void *catchup_arg, struct node_rebuild **out, struct proto_err *err)
 {
-	return start(base, dst, dst_fd, false, src, src_fd, len, catchup, catchup_arg, out, err);
+	return rebuild_start(base, dst, dst_fd, false, src, src_fd, len, catchup, catchup_arg, out, err);
 }
 
-static int start(struct event_base *base, uint8_t *dst, int dst_fd, bool fresh, const uint8_t *src,
-		 int src_fd, size_t len, node_rebuild_fn catchup, void *catchup_arg,
-		 struct node_rebuild **out, struct proto_err *err)
+static int rebuild_start(struct event_base *base, uint8_t *dst, int dst_fd, bool fresh,
+			 const uint8_t *src, int src_fd, size_t len, node_rebuild_fn catchup,
+			 void *catchup_arg, struct node_rebuild **out, struct proto_err *err)
 {
 	struct node_rebuild *rb = calloc(1, sizeof(*rb));
 	int rc;
@@ -211,7 +211,7 @@ static int start(struct event_base *base, uint8_t *dst, int dst_fd, bool fresh, 
 		rc = proto_errf(err, ENOMEM, "rebuild: cannot watch its eventfd");
 		goto fail;
 	}
-	if ((rc = pthread_create(&rb->th, NULL, worker, rb)) != 0) {
+	if ((rc = pthread_create(&rb->th, NULL, rebuild_thread, rb)) != 0) {
 		rc = proto_errf(err, rc, "rebuild: cannot start its thread: %s", strerror(rc));
 		goto fail;
 	}

@@ -1,7 +1,7 @@
 /* The slots a delta build starts from: the standby copy made between
  * versions, the retired slot caught up by rotation, the warm slot made at
  * start, or a fresh copy (NOTES.md, "Rotation", "The warm slot"). */
-#include "node/rebuild/delta_internal.h"
+#include "node/rebuild/internal.h"
 
 #include <errno.h>
 #include <sys/resource.h>

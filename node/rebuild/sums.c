@@ -1,7 +1,7 @@
 /* Piece checksums: those of the served slot, kept from the apply that built
  * it (or summed on a worker after an anchor), and the scrub that re-sums a
  * share of the slot between versions (NOTES.md, "Piece checksums"). */
-#include "node/rebuild/delta_internal.h"
+#include "node/rebuild/internal.h"
 
 #include <errno.h>
 #include <unistd.h>

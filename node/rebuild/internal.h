@@ -1,7 +1,7 @@
 /* The rebuild's insides, shared by its files (node/rebuild/delta.h says
  * what it does). */
-#ifndef NODE_REBUILD_DELTA_INTERNAL_H
-#define NODE_REBUILD_DELTA_INTERNAL_H
+#ifndef NODE_REBUILD_INTERNAL_H
+#define NODE_REBUILD_INTERNAL_H
 
 #include "node/rebuild/delta.h"
 
