@@ -55,8 +55,8 @@ struct proto_pool_task {
 	bool started;
 };
 
-/* Starts fn(arg) on a thread now. 0, or -EAGAIN / -ENOMEM when no thread
- * could be had: fn then never runs (t needs no join). */
+/* Starts fn(arg) on a thread now. 0, or -EAGAIN when no thread could be
+ * had: fn then never runs (t needs no join). */
 int proto_pool_start(struct proto_pool_task *t, void (*fn)(void *arg), void *arg);
 /* Waits until fn has returned; t may be started again. A task never
  * started (or already joined) returns at once. */

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <sodium.h>
 
+#include "proto/chunkhash.h"
 #include "proto/manifest.h"
 #include "proto/params.h"
 #include "tests/testutil.h"
@@ -986,10 +987,35 @@ static void test_corpus_files(void **state)
 	free(ents);
 }
 
+/*
+ * The chunk hash is part of the wire format (proto/chunkhash.h): a known
+ * answer pins it, BLAKE2b-256 unkeyed of "abc" (RFC 7693's test input),
+ * whole and piece by piece, so a change of hash is a change of this test.
+ */
+static void test_chunk_hash_known_answer(void **state)
+{
+	static const char want[] =
+		"bddd813c634239723171ef3fee98579b94964e3bb1cb3e427262c8c068d52319";
+	uint8_t out[PROTO_HASH_BYTES], again[PROTO_HASH_BYTES];
+	char hex[2 * PROTO_HASH_BYTES + 1];
+	struct proto_chunk_hasher h;
+
+	(void)state;
+	proto_chunk_hash(out, (const uint8_t *)"abc", 3);
+	sodium_bin2hex(hex, sizeof(hex), out, sizeof(out));
+	assert_string_equal(hex, want);
+	proto_chunk_hash_init(&h);
+	proto_chunk_hash_update(&h, (const uint8_t *)"a", 1);
+	proto_chunk_hash_update(&h, (const uint8_t *)"bc", 2);
+	proto_chunk_hash_final(&h, again);
+	assert_memory_equal(again, out, sizeof(out));
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_alloc_chunks),
+		cmocka_unit_test(test_chunk_hash_known_answer),
 		cmocka_unit_test(test_roundtrip),
 		cmocka_unit_test(test_roundtrip_minimal),
 		cmocka_unit_test(test_digest_stable),

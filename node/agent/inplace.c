@@ -26,8 +26,8 @@
  * record is written (its activated_ms: when admission paused); the slot is
  * withdrawn from readers of other layouts. So the pause is the stores and
  * the slot's activation; the record's rename and fsync and what the install
- * no longer needs (the prepared changes, their threads, the wire bytes, an
- * anchor's staging slot) come after admission resumed.
+ * no longer needs (the prepared changes, the wire bytes, an anchor's
+ * staging slot) come after admission resumed.
  * A delta that does not verify against the served parent pauses admission
  * all the same (the replica committed to the version: its other ranks
  * switch, this one must not serve the old version beside them), and so
@@ -199,8 +199,8 @@ static void fail_paused(struct node_agent *a, struct fetch *f, const struct prot
 			 f->version, err->msg);
 }
 
-/* What the pause did not need, once serving resumed: the prepared changes
- * and their threads, the delta's wire bytes, an anchor's staging slot. */
+/* What the pause did not need, once serving resumed: the prepared changes,
+ * the delta's wire bytes, an anchor's staging slot. */
 static void after_pause(struct node_agent *a, struct fetch *f)
 {
 	prep_free(a);
