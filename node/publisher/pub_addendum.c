@@ -112,19 +112,13 @@ bool node__pub_addendum_check(struct node_pub *p, const struct trk_version_info 
 	if (p->nadd_want == 0)
 		return false; /* all served; the tracker hears of new ones with their addenda */
 	sodium_bin2hex(h, sizeof(h), p->add_want[0], PROTO_HASH_BYTES);
-	if (p->nhosted != p->tl.nranks) {
+	const char *cannot = p->nhosted != p->tl.nranks
+		? "other processes host trainer ranks and do not extend versions"
+		: pv == NULL ? "this publisher no longer serves it" : NULL;
+	if (cannot != NULL) {
 		if (p->add_gone_v != latest)
-			LOG_WARN("version %llu lacks layout %.16s; other processes host trainer ranks "
-				 "and do not extend versions: that replica waits for the next version",
-				 (unsigned long long)latest, h);
-		p->add_gone_v = latest;
-		return false;
-	}
-	if (pv == NULL) {
-		if (p->add_gone_v != latest)
-			LOG_WARN("version %llu lacks layout %.16s but this publisher no longer serves it: "
-				 "that replica waits for the next version",
-				 (unsigned long long)latest, h);
+			LOG_WARN("version %llu lacks layout %.16s; %s: that replica waits for the next "
+				 "version", (unsigned long long)latest, h, cannot);
 		p->add_gone_v = latest;
 		return false;
 	}

@@ -492,8 +492,10 @@ static int start_request(struct trk_client *c, const char *method,
 	p->arg_free = arg_free;
 	p->sign = sign;
 	p->again = again;
-	p->registers = post && strncmp(path_query, TRK_API "/nodes", strlen(TRK_API "/nodes")) == 0 &&
-		       strchr("?", path_query[strlen(TRK_API "/nodes")]) != NULL;
+	/* A registration: a POST to /nodes itself (a query string allowed). */
+	const size_t nodes_len = strlen(TRK_API "/nodes");
+	p->registers = post && strncmp(path_query, TRK_API "/nodes", nodes_len) == 0 &&
+		       (path_query[nodes_len] == '\0' || path_query[nodes_len] == '?');
 	/* Kept to send it again (a new epoch, a closed connection). */
 	snprintf(p->method, sizeof(p->method), "%s", method);
 	snprintf(p->ctype, sizeof(p->ctype), "%s", ctype ? ctype : "application/json");
