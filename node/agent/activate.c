@@ -65,8 +65,10 @@ out:
 	return txt;
 }
 
-int agent_write_expose(struct node_agent *a, struct node_slot *slot, const uint8_t *digest,
-		       struct proto_err *err)
+/* The activation record of slot (at digest), renamed into place; 0 or an
+ * error in err. */
+static int agent_write_expose(struct node_agent *a, struct node_slot *slot,
+			      const uint8_t *digest, struct proto_err *err)
 {
 	char path[4096], *txt;
 	int rc;

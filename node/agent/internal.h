@@ -243,13 +243,9 @@ void agent_version_drop(struct node_agent *a);
 /* The tracker chose the replica's target t (complete: the replica holds it
  * verified, with the other ranks' statements): work toward it, activate. */
 void agent_follow_target(struct node_agent *a, uint64_t t, bool complete, json_t *statements);
-/* The tracker answered our verified report. */
-void agent_on_verified_report(const struct trk_answer *ans, void *arg);
 /* The fetcher's hook: every chunk of the version is verified (a delta is
  * rebuilt next). */
 void agent_version_fetched(void *arg);
-/* Every chunk verified (and a delta rebuilt): report verified. */
-void agent_verified(struct node_agent *a);
 /* Registered and holding no version: the first version's slot and the plan
  * made ahead, once each. */
 void agent_ready_ahead(struct node_agent *a);
@@ -264,15 +260,8 @@ struct node_slot *agent_delta_parent(const struct node_agent *a, const uint8_t *
 /* The periodic tick: the swarm's and the fetch's, reports. */
 void agent_on_tick(evutil_socket_t fd, short what, void *arg);
 
-/* A ticket for a tracker request of the version under way, passed as the
- * callback's arg: agent_version_answered(arg, &a) in the callback gives the
- * version that asked if it is still under way (else NULL: drop the
- * answer) and frees the ticket. NULL on ENOMEM. A request that could not
- * be sent frees its ticket with agent_version_ask_cancel (NULL is fine). */
-struct agent_version_ask *agent_version_ask_new(struct node_agent *a);
-struct agent_version *agent_version_answered(void *arg, struct node_agent **ap);
-void agent_version_ask_cancel(struct agent_version_ask *t);
-/* Frees the tickets still out (node_agent_free). */
+/* Frees the tickets still out for the version's tracker requests
+ * (node_agent_free). */
 void agent_version_asks_fini(struct node_agent *a);
 
 /* ---- session.c: tracker I/O ---- */
@@ -304,10 +293,6 @@ void agent_activated(struct node_agent *a, struct node_slot *old);
 bool agent_replica_backed(struct node_agent *a, json_t *statements);
 int agent_probe_expose(struct node_agent *a, struct proto_err *err);
 void agent_expose_blocked(struct node_agent *a, const char *what, const struct proto_err *err);
-/* The activation record of slot (at digest), renamed into place; 0 or an
- * error in err. */
-int agent_write_expose(struct node_agent *a, struct node_slot *slot, const uint8_t *digest,
-		       struct proto_err *err);
 /* In place (inplace.c says why): the record of slot serving v is written
  * beside the record before the pause (stage), renamed over it in the pause
  * (commit), fsync'ed after (sync; a failure is logged). unstage drops a

@@ -13,6 +13,12 @@
 static void agent_addendum_wait(struct node_agent *a);
 static void agent_copy_wait(struct node_agent *a);
 static void agent_with_addendum(struct node_agent *a);
+static void agent_verified(struct node_agent *a);
+static void agent_on_verified_report(const struct trk_answer *ans, void *arg);
+struct agent_version_ask;
+static struct agent_version_ask *agent_version_ask_new(struct node_agent *a);
+static struct agent_version *agent_version_answered(void *arg, struct node_agent **ap);
+static void agent_version_ask_cancel(struct agent_version_ask *t);
 
 static const char *stage_name(enum agent_stage st)
 {
@@ -592,7 +598,12 @@ struct agent_version_ask {
 	struct agent_version_ask *next;
 };
 
-struct agent_version_ask *agent_version_ask_new(struct node_agent *a)
+/* A ticket for a tracker request of the version under way, passed as the
+ * callback's arg: agent_version_answered(arg, &a) in the callback gives the
+ * version that asked if it is still under way (else NULL: drop the
+ * answer) and frees the ticket. NULL on ENOMEM. A request that could not
+ * be sent frees its ticket with agent_version_ask_cancel (NULL is fine). */
+static struct agent_version_ask *agent_version_ask_new(struct node_agent *a)
 {
 	struct agent_version_ask *t = malloc(sizeof(*t));
 
@@ -617,13 +628,13 @@ static struct node_agent *ask_free(struct agent_version_ask *t)
 	return a;
 }
 
-void agent_version_ask_cancel(struct agent_version_ask *t)
+static void agent_version_ask_cancel(struct agent_version_ask *t)
 {
 	if (t != NULL)
 		ask_free(t);
 }
 
-struct agent_version *agent_version_answered(void *arg, struct node_agent **ap)
+static struct agent_version *agent_version_answered(void *arg, struct node_agent **ap)
 {
 	struct agent_version_ask *t = arg;
 	uint64_t id = t->id;
@@ -795,7 +806,8 @@ void agent_version_fetched(void *arg)
 	agent_verified(a);
 }
 
-void agent_verified(struct node_agent *a)
+/* Every chunk verified (and a delta rebuilt): report verified. */
+static void agent_verified(struct node_agent *a)
 {
 	struct agent_version *v = a->ver;
 	struct proto_err err;
@@ -870,7 +882,8 @@ void agent_follow_target(struct node_agent *a, uint64_t t, bool complete, json_t
 		agent_activate(a);
 }
 
-void agent_on_verified_report(const struct trk_answer *ans, void *arg)
+/* The tracker answered our verified report. */
+static void agent_on_verified_report(const struct trk_answer *ans, void *arg)
 {
 	struct node_agent *a = arg;
 	struct agent_version *v = a->ver;

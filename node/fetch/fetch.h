@@ -469,13 +469,6 @@ void fetch_conns_fini(struct fetcher *x);
 
 /* ---- reads.c ---- */
 
-/* Logs f's start-up timeline (f->su) at its first byte; once. */
-void fetch_startup_log(const struct fetcher *x, const struct fetch *f);
-/* The ranges of the slot chunk c of p lies in (sp: the first GATHER_RANGES
- * of them); more than GATHER_RANGES: not gathered. */
-uint32_t fetch_chunk_spans(const struct fetcher *x, const struct fetch *f,
-			   const struct fetch_parcel *p, uint32_t c,
-			   struct proto_span sp[GATHER_RANGES]);
 /* Whether a verified chunk c of p is copied after its have-page (it is
  * served, not from the slot). */
 bool fetch_chunk_copied(const struct fetcher *x, const struct fetch *f,

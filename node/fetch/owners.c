@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static uint64_t hrw(const char *id, uint32_t pi, uint32_t c);
+
 uint32_t fetch_start_point(const char *id, uint32_t pi, uint32_t n)
 {
 	uint64_t h = 1469598103934665603ull ^ pi;
@@ -23,7 +25,7 @@ uint32_t fetch_start_point(const char *id, uint32_t pi, uint32_t n)
  * serves at once and its upload rate (TESSERA_UPLOAD_PEERS, _MBPS; the
  * rate split over the parcels it serves). Reads are one-sided, so its
  * readers keep the budget; the node is never asked. The readers it serves
- * are the k members of the swarm with the highest fetch_hrw(member, its id):
+ * are the k members of the swarm with the highest hrw(member, its id):
  * every reader computes the same set from the same member list. A reader
  * left out counts none of the node's chunks as available (so rarest-first
  * skips them, and a chunk only it holds may come from the trainer) and
@@ -49,14 +51,14 @@ void fetch_budget_share(const struct fetcher *x, const struct fetch_parcel *p,
 			 struct fetch_source *s)
 {
 	uint32_t salt = id_hash32(s->info.id), above = 0, readers = 1; /* us */
-	uint64_t me = fetch_hrw(x->o.id, 0, salt);
+	uint64_t me = hrw(x->o.id, 0, salt);
 	bool was = s->up_refused;
 
 	for (uint32_t k = 0; k < p->nmembers; k++) {
 		if (strcmp(p->members[k], s->info.id) == 0 || strcmp(p->members[k], x->o.id) == 0)
 			continue;
 		readers++;
-		above += fetch_hrw(p->members[k], 0, salt) > me;
+		above += hrw(p->members[k], 0, salt) > me;
 	}
 	s->up_refused = s->up_peers != 0 && above >= s->up_peers;
 	if (s->up_peers != 0)
@@ -172,7 +174,8 @@ void fetch_recount(const struct fetch *f, struct fetch_parcel *p)
 		free(on);
 }
 
-uint64_t fetch_hrw(const char *id, uint32_t pi, uint32_t c)
+/* Rendezvous weight of member id for chunk c of parcel pi. */
+static uint64_t hrw(const char *id, uint32_t pi, uint32_t c)
 {
 	uint64_t h = 1469598103934665603ull ^ ((uint64_t)pi << 32 | c);
 
@@ -235,7 +238,7 @@ static void seed_gauge(const struct fetcher *x, const struct fetch *f)
 /*
  * Super-seeding under a cap (TESSERA_PUB_UPLOAD_READERS = k): the members
  * that read the parcel from the trainer (its seed readers) are the k with
- * the highest fetch_hrw(member, parcel, SEED_SALT) among the members not banned
+ * the highest hrw(member, parcel, SEED_SALT) among the members not banned
  * and us; every member computes the same set from the same list, and the
  * trainer's chunks are owned among them only (the others take them from
  * peers). Sets seed[k] per member (nmembers bytes, at least one) and
@@ -258,16 +261,16 @@ static void pick_seeds(const struct fetcher *x, const struct fetch *f, uint32_t 
 	p->seed = true;
 	if (cap == 0 || p->nmembers < cap || (sc = malloc((p->nmembers + 1) * sizeof(*sc))) == NULL)
 		return;
-	me = fetch_hrw(x->o.id, pi, SEED_SALT);
+	me = hrw(x->o.id, pi, SEED_SALT);
 	sc[n++] = me;
 	for (uint32_t k = 0; k < p->nmembers; k++)
 		if (strcmp(p->members[k], x->o.id) != 0 && !fetch_banned(f, p->members[k]))
-			sc[n++] = fetch_hrw(p->members[k], pi, SEED_SALT);
+			sc[n++] = hrw(p->members[k], pi, SEED_SALT);
 	if (n > cap) {
 		qsort(sc, n, sizeof(*sc), cmp_desc);
 		cut = sc[cap - 1];
 		for (uint32_t k = 0; k < p->nmembers; k++)
-			seed[k] = fetch_hrw(p->members[k], pi, SEED_SALT) >= cut;
+			seed[k] = hrw(p->members[k], pi, SEED_SALT) >= cut;
 		p->seed = me >= cut;
 	}
 	free(sc);
@@ -299,7 +302,7 @@ void fetch_owners(const struct fetcher *x, struct fetch *f, uint32_t pi, json_t 
 		cap = (p->mp->nchunks + nown - 1) / nown;
 	p->nowners = nown;
 	for (uint32_t c = 0; c < p->mp->nchunks; c++) {
-		uint64_t me = fetch_hrw(x->o.id, pi, c), best = 0;
+		uint64_t me = hrw(x->o.id, pi, c), best = 0;
 		bool mine = p->seed && (load == NULL || load[p->nmembers] < cap);
 		if (mine)
 			best = me;
@@ -311,7 +314,7 @@ void fetch_owners(const struct fetcher *x, struct fetch *f, uint32_t pi, json_t 
 			if (strcmp(p->members[k], x->o.id) == 0 || !seed[k] ||
 			    fetch_banned(f, p->members[k]) ||
 			    (load != NULL && load[k] >= cap) ||
-			    (h = fetch_hrw(p->members[k], pi, c)) < best)
+			    (h = hrw(p->members[k], pi, c)) < best)
 				continue;
 			best = h;
 			mine = false;
@@ -322,7 +325,7 @@ void fetch_owners(const struct fetcher *x, struct fetch *f, uint32_t pi, json_t 
 		for (size_t k = 0; k < p->nsrcs && mine && p->nmembers == 0; k++) {
 			const struct fetch_source *o = &p->srcs[k];
 			if (o->info.peer && !o->self && !fetch_banned(f, o->info.id))
-				mine = fetch_hrw(o->info.id, pi, c) < me;
+				mine = hrw(o->info.id, pi, c) < me;
 		}
 		p->mine[c] = mine;
 		/* Its stand-in: the highest of the other seed readers. */
@@ -331,7 +334,7 @@ void fetch_owners(const struct fetcher *x, struct fetch *f, uint32_t pi, json_t 
 		for (uint32_t k = 0; k < p->nmembers && me_top; k++)
 			if (k != p->owner[c] && seed[k] && strcmp(p->members[k], x->o.id) != 0 &&
 			    !fetch_banned(f, p->members[k]))
-				top = PROTO_MAX(top, fetch_hrw(p->members[k], pi, c));
+				top = PROTO_MAX(top, hrw(p->members[k], pi, c));
 		if (p->standin != NULL)
 			p->standin[c] = me_top && me > top;
 	}

@@ -66,7 +66,5 @@ void fetch_budget_share(const struct fetcher *x, const struct fetch_parcel *p,
 bool fetch_budget_room(struct fetch_source *s, uint64_t len, uint64_t chunk);
 /* Where member id's walk over the n chunks of parcel pi starts. */
 uint32_t fetch_start_point(const char *id, uint32_t pi, uint32_t n);
-/* Rendezvous weight of member id for chunk c of parcel pi. */
-uint64_t fetch_hrw(const char *id, uint32_t pi, uint32_t c);
 
 #endif

@@ -12,6 +12,11 @@
 
 /* A read completed: failures are retried elsewhere, data goes to a worker
  * to be hashed and scattered (on_verified picks it up). */
+static void startup_log(const struct fetcher *x, const struct fetch *f);
+static uint32_t chunk_spans(const struct fetcher *x, const struct fetch *f,
+			    const struct fetch_parcel *p, uint32_t c,
+			    struct proto_span sp[GATHER_RANGES]);
+
 static void on_read(struct fab_op *op, int status)
 {
 	fetch_read_landed(proto_container_of(op, struct fetch_read, op), status);
@@ -78,7 +83,7 @@ void fetch_read_landed(struct fetch_read *rd, int status)
 	f->last_byte_ms = proto_wall_ms();
 	if (f->first_byte_ms == 0) {
 		f->first_byte_ms = f->last_byte_ms;
-		fetch_startup_log(x, f);
+		startup_log(x, f);
 	}
 	rd->job = (struct node_vjob){
 		.buf = x->bounce + (size_t)rd->slot * x->chunk_size,
@@ -259,7 +264,7 @@ static int post_peer(struct fetcher *x, struct fetch_read *rd, const struct fetc
 {
 	struct fetch *f = x->f;
 	struct proto_span sp[GATHER_RANGES];
-	uint32_t n = s->slot_rk.len != 0 ? fetch_chunk_spans(x, f, p, rd->chunk, sp) : UINT32_MAX;
+	uint32_t n = s->slot_rk.len != 0 ? chunk_spans(x, f, p, rd->chunk, sp) : UINT32_MAX;
 	struct fab_rkey rk = {s->info.addr, s->info.key, s->info.len};
 	uint32_t per = (uint32_t)fab_rma_segs(x->o.fab), nops = 0;
 	size_t at = (size_t)rd->slot * x->chunk_size;
@@ -386,7 +391,8 @@ static const char *su_ms(char *buf, size_t len, uint64_t t, uint64_t created)
 	return buf;
 }
 
-void fetch_startup_log(const struct fetcher *x, const struct fetch *f)
+/* Logs f's start-up timeline (f->su) at its first byte; once. */
+static void startup_log(const struct fetcher *x, const struct fetch *f)
 {
 	char w[24], m[24], p[24], s[24], h[24], r[24], b[24];
 	uint64_t c = f->man.created_ms;
@@ -399,9 +405,11 @@ void fetch_startup_log(const struct fetcher *x, const struct fetch *f)
 		 su_ms(r, sizeof(r), f->su.read, c), su_ms(b, sizeof(b), f->first_byte_ms, c));
 }
 
-uint32_t fetch_chunk_spans(const struct fetcher *x, const struct fetch *f,
-			   const struct fetch_parcel *p, uint32_t c,
-			   struct proto_span sp[GATHER_RANGES])
+/* The ranges of the slot chunk c of p lies in (sp: the first GATHER_RANGES
+ * of them); more than GATHER_RANGES: not gathered. */
+static uint32_t chunk_spans(const struct fetcher *x, const struct fetch *f,
+			    const struct fetch_parcel *p, uint32_t c,
+			    struct proto_span sp[GATHER_RANGES])
 {
 	size_t n = proto_parcel_spans(f->plan, p->pp, x->o.layout, (uint64_t)c * f->man.chunk_size,
 				      p->mp->chunks[c].size, sp, GATHER_RANGES);
@@ -414,7 +422,7 @@ bool fetch_chunk_copied(const struct fetcher *x, const struct fetch *f,
 	struct proto_span sp[GATHER_RANGES];
 
 	return p->held != NULL &&
-	       (!p->from_slot || fetch_chunk_spans(x, f, p, c, sp) > GATHER_RANGES);
+	       (!p->from_slot || chunk_spans(x, f, p, c, sp) > GATHER_RANGES);
 }
 
 void fetch_mark(struct fetch_parcel *p, uint32_t c, int what)

@@ -138,7 +138,8 @@ void swarm_serve(struct swarm *sw, struct fetch *f)
 	swarm__offer(sw, f); /* before we ask for sources: the swarm sees us sooner */
 }
 
-void swarm_unserve(struct swarm *sw, struct fetch *f)
+/* Frees f's served regions, withdrawing its offer. */
+static void unserve(struct swarm *sw, struct fetch *f)
 {
 	if (f == NULL)
 		return;
@@ -169,7 +170,7 @@ void swarm_release(struct swarm *sw, struct fetch *f)
 	if (f == NULL)
 		return;
 	fetch_drain(sw->x); /* no worker copies into its served pages any more */
-	swarm_unserve(sw, f);
+	unserve(sw, f);
 	swarm_xl_unserve(sw, f); /* before its slot goes back to the store */
 	fetch_free(sw->x, f);
 }

@@ -47,7 +47,7 @@ void swarm_fini(struct swarm *sw)
 
 /* Have-page reads in flight follow their source to its new place in the
  * list (a dropped one would leave the page to the next poll period). */
-void swarm__sources_moved(void *arg, const struct fetch_parcel *p, const uint32_t *moved,
+static void sources_moved(void *arg, const struct fetch_parcel *p, const uint32_t *moved,
 			  struct fetch_source *ns)
 {
 	struct swarm *sw = arg;
@@ -79,7 +79,7 @@ void swarm_hooks(struct swarm *sw, struct fetch_hooks *h)
 {
 	h->swarm = sw;
 	h->sources_changed = swarm__sources_changed;
-	h->sources_moved = swarm__sources_moved;
+	h->sources_moved = sources_moved;
 	h->chunk_verified = chunk_verified;
 	h->holders_post = swarm__xl_post;
 	h->holders_serve = swarm__xl_serves;

@@ -86,8 +86,6 @@ void swarm_hooks(struct swarm *sw, struct fetch_hooks *h);
  * them (nothing when fanout is off). Failure only logs: the node then
  * fetches without serving. */
 void swarm_serve(struct swarm *sw, struct fetch *f);
-/* Frees f's served regions, withdrawing its offer. */
-void swarm_unserve(struct swarm *sw, struct fetch *f);
 /* Frees f (NULL is fine) after everything served of it is withdrawn and
  * no verifier worker touches it. */
 void swarm_release(struct swarm *sw, struct fetch *f);

@@ -7,11 +7,8 @@
 
 /* ---- have.c ---- */
 
-/* The fetcher's hooks (swarm_hooks): parcel pi has a new source list; its
- * sources moved (have-page reads follow them). */
+/* The fetcher's hook (swarm_hooks): parcel pi has a new source list. */
 void swarm__sources_changed(void *arg, uint32_t pi);
-void swarm__sources_moved(void *arg, const struct fetch_parcel *p, const uint32_t *moved,
-			  struct fetch_source *ns);
 /* A read of ours completed: the parcel may wait on its peers alone now. */
 void swarm__chase(struct swarm *sw);
 
