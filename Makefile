@@ -19,7 +19,7 @@ CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)
 WARN     := -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wno-unused-parameter \
             -Wmissing-prototypes -Wstrict-prototypes -Wvla \
             -Wno-format-truncation
-BASEFLAGS := -std=gnu11 -g -pthread -D_GNU_SOURCE -I. $(WARN) $(PKG_CFLAGS)
+BASEFLAGS = -std=gnu11 -g -pthread -D_GNU_SOURCE -I. -I$(BLAKE3_DIR) $(WARN) $(PKG_CFLAGS)
 OPTFLAGS ?= -O2
 SANFLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
             -fno-sanitize-recover=undefined
@@ -58,6 +58,34 @@ endif
 NVCCFLAGS ?= -O2 -std=c++17 -I. -Xcompiler -Wall,-Wextra,-Werror \
              -gencode arch=compute_80,code=sm_80 \
              -gencode arch=compute_90,code=[sm_90,compute_90]
+
+# BLAKE3, the chunk hash (proto/chunkhash.c): the C implementation Debian
+# ships in librust-blake3-dev, compiled here from its installed sources
+# (deploy/install-deps.sh installs them; nothing is copied into the tree).
+# On x86-64 its SIMD kernels are the assembly files and the dispatcher picks
+# the widest the CPU has at run time; on arm64 NEON; elsewhere portable C.
+BLAKE3_DIR ?= $(lastword $(sort $(wildcard /usr/share/cargo/registry/blake3-*/c)))
+ifeq ($(BLAKE3_DIR),)
+# (Not an error here: `make test` installs the dependencies, then re-enters.)
+BLAKE3_DIR := blake3-sources-missing
+blake3-sources-missing/%:
+	@echo "BLAKE3's C sources are missing: run deploy/install-deps.sh (Debian's librust-blake3-dev) or set BLAKE3_DIR" >&2
+	@exit 1
+endif
+BLAKE3_ARCH := $(shell $(CC) -dumpmachine 2>/dev/null)
+ifneq ($(filter x86_64-%,$(BLAKE3_ARCH)),)
+BLAKE3_SRCS := blake3.c blake3_dispatch.c blake3_portable.c \
+               $(foreach k,sse2 sse41 avx2 avx512,blake3_$(k)_x86-64_unix.S)
+BLAKE3_DEFS :=
+else ifneq ($(filter aarch64-%,$(BLAKE3_ARCH)),)
+BLAKE3_SRCS := blake3.c blake3_dispatch.c blake3_portable.c blake3_neon.c
+BLAKE3_DEFS := -DBLAKE3_USE_NEON=1
+else
+BLAKE3_SRCS := blake3.c blake3_dispatch.c blake3_portable.c
+BLAKE3_DEFS := -DBLAKE3_NO_SSE2 -DBLAKE3_NO_SSE41 -DBLAKE3_NO_AVX2 -DBLAKE3_NO_AVX512
+endif
+BLAKE3_CFLAGS := -std=gnu11 -O3 -fPIC $(BLAKE3_DEFS)
+BLAKE3_FILES := $(addprefix $(BLAKE3_DIR)/,$(BLAKE3_SRCS))
 
 # The libraries, each a folder, lowest first: a library may call only those
 # before it that LAYERS_<name> lists (tests/check-layers.sh checks every
@@ -117,7 +145,15 @@ $(BUILD)/$(1)/$(call lib_name,$(d)): $$(patsubst %.c,$(BUILD)/$(1)/%.o,$$(call l
 	@rm -f $$@
 	ar rcs $$@ $$^
 )
-$(1)_LIBS := $(foreach d,$(LINK_ORDER),$(BUILD)/$(1)/$(call lib_name,$(d)))
+# BLAKE3 in both flavours with its own flags (third-party code: not under
+# tessera's warnings, and not instrumented: its SIMD kernels are assembly).
+$(BUILD)/$(1)/blake3/%.o: $(BLAKE3_DIR)/%
+	@mkdir -p $$(dir $$@)
+	$$(CC) $(BLAKE3_CFLAGS) -c $$< -o $$@
+$(BUILD)/$(1)/libblake3.a: $(addprefix $(BUILD)/$(1)/blake3/,$(addsuffix .o,$(BLAKE3_SRCS)))
+	@rm -f $$@
+	ar rcs $$@ $$^
+$(1)_LIBS := $(foreach d,$(LINK_ORDER),$(BUILD)/$(1)/$(call lib_name,$(d))) $(BUILD)/$(1)/libblake3.a
 endef
 $(eval $(call flavour,rel,$(OPTFLAGS)))
 $(eval $(call flavour,asan,$(SANFLAGS)))
@@ -262,7 +298,7 @@ TRACKER_SRCS := $(foreach d,$(TRACKER_DIRS),$(call lib_srcs,tracker/$(d)))
 $(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(wildcard proto/*.c proto/*.h tracker/*.h tracker/*/*.c tracker/*/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(if $(filter fuzz_tracker_%,$*),$(TRACKER_SRCS)) \
-		$(call lib_srcs,proto) $(PKG_LIBS) -lm -o $@
+		$(call lib_srcs,proto) $(BLAKE3_DEFS) $(BLAKE3_FILES) $(PKG_LIBS) -lm -o $@
 
 # The CUDA store's checks and benchmark (tests/gpu/): one binary linking only
 # the static CUDA runtime, built with everything when nvcc exists, so that a

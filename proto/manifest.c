@@ -6,13 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/chunkhash.h"
 #include "proto/mlayout.h"
 #include "proto/params.h"
 
 /*
- * Encoding, format 1 (all integers little-endian):
+ * Encoding, format 2 (all integers little-endian):
  *
- *   "TSRM" | u32 format | u64 version | u64 parent_version |
+ *   "TSRM" | u32 format | u32 chunk_hash | u64 version | u64 parent_version |
  *   parent_digest[32] | u8 kind | model_digest[32] | src_layout_digest[32] |
  *   u64 created_ms | u32 chunk_size | u32 nlayouts |
  *   nlayouts x { layout_digest[32] | plan_digest[32] | u32 nparcels |
@@ -20,13 +21,15 @@
  *       u64 wire_bytes | u32 nchunks | nchunks x { u32 size | hash[32] } } } |
  *   signer[32] | signature[64]
  *
- * The signature covers every byte before it; the digest is BLAKE2b-256 of
- * the whole encoding. The signer and signature sit at fixed offsets from the
+ * chunk_hash names the function of every chunk's hash (proto/chunkhash.h:
+ * 1 is BLAKE3-256; format 1, before it, hashed chunks with BLAKE2b-256 and
+ * had no such field). The signature covers every byte before it; the
+ * digest is BLAKE2b-256 of the whole encoding. The signer and signature sit at fixed offsets from the
  * end, so they can be found without parsing anything else.
  */
 #define MAN_MAGIC "TSRM"
-#define MAN_FORMAT 1u
-#define MAN_HDR_BYTES (4 + 4 + 8 + 8 + 32 + 1 + 32 + 32 + 8 + 4 + 4)
+#define MAN_FORMAT 2u
+#define MAN_HDR_BYTES (4 + 4 + 4 + 8 + 8 + 32 + 1 + 32 + 32 + 8 + 4 + 4)
 #define MAN_LAYOUT_BYTES (32 + 32 + 4)
 #define MAN_PARCEL_BYTES (4 + 4 + 8 + 1 + 8 + 4)
 #define MAN_CHUNK_BYTES (4 + PROTO_HASH_BYTES)
@@ -418,6 +421,7 @@ int proto_manifest_sign(struct proto_manifest *m,
 
 	p = put_bytes(buf, MAN_MAGIC, 4);
 	p = put_u32(p, MAN_FORMAT);
+	p = put_u32(p, PROTO_CHUNK_HASH_ID);
 	p = put_u64(p, m->version);
 	p = put_u64(p, m->parent_version);
 	p = put_bytes(p, m->parent_digest, PROTO_HASH_BYTES);
@@ -550,7 +554,7 @@ int proto_manifest_decode(const uint8_t *buf, size_t len,
 	struct proto_manifest m;
 	struct rd r;
 	uint64_t cap = proto_param(PROTO_PARAM_MANIFEST_MAX);
-	uint32_t format, n;
+	uint32_t format, hash_id, n;
 	size_t body;
 	int rc;
 
@@ -571,10 +575,20 @@ int proto_manifest_decode(const uint8_t *buf, size_t len,
 				  "manifest: bad magic, not a tessera manifest");
 	format = (uint32_t)buf[4] | (uint32_t)buf[5] << 8 |
 		 (uint32_t)buf[6] << 16 | (uint32_t)buf[7] << 24;
+	if (format == 1)
+		return proto_errf(err, EBADMSG,
+				  "manifest: format 1 (BLAKE2b-256 chunk hashes, from an older publisher); this build reads format %u (%s): run publisher and nodes from one release",
+				  MAN_FORMAT, PROTO_CHUNK_HASH_NAME);
 	if (format != MAN_FORMAT)
 		return proto_errf(err, EBADMSG,
 				  "manifest: format %u, this build reads format %u",
 				  format, MAN_FORMAT);
+	hash_id = (uint32_t)buf[8] | (uint32_t)buf[9] << 8 |
+		  (uint32_t)buf[10] << 16 | (uint32_t)buf[11] << 24;
+	if (hash_id != PROTO_CHUNK_HASH_ID)
+		return proto_errf(err, EBADMSG,
+				  "manifest: chunk hash %u unknown, this build checks chunks with %s (%u)",
+				  hash_id, PROTO_CHUNK_HASH_NAME, PROTO_CHUNK_HASH_ID);
 
 	/* Nothing past the magic is believed before this. */
 	body = len - PROTO_SIG_BYTES;
@@ -585,8 +599,8 @@ int proto_manifest_decode(const uint8_t *buf, size_t len,
 		return proto_errf(err, EKEYREJECTED,
 				  "manifest: signer field does not name the verifying key");
 
-	r.p = buf + 8;
-	r.left = len - 8 - MAN_TRAILER_BYTES;
+	r.p = buf + 12;
+	r.left = len - 12 - MAN_TRAILER_BYTES;
 	/* The header fits: len was checked against MAN_HDR_BYTES above. */
 	get_u64(&r, &m.version);
 	get_u64(&r, &m.parent_version);

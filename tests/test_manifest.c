@@ -17,7 +17,7 @@
 
 /* test_digest_stable's expectation: BLAKE2b-256 of base_manifest() signed by
  * tests/data/test-trainer.key. */
-#define GOLDEN_DIGEST "83560f3fefd6b7c6f08f656940b1fec73f8e4a978ff451aa5ee9564bf547cb5b"
+#define GOLDEN_DIGEST "9fdbdbf3fecec1ffbecf43cb0c8bc9ae0156b5061f9179bbcdba91951300b175"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -195,12 +195,13 @@ static void put64(uint8_t *p, uint64_t v)
 
 /* Byte offsets in the encoding (see proto/manifest.c). */
 #define OFF_FORMAT 4
-#define OFF_VERSION 8
-#define OFF_PARENT 16
-#define OFF_KIND 56
-#define OFF_CHUNK_SIZE 129
-#define OFF_NLAYOUTS 133
-#define OFF_LAYOUTS 137
+#define OFF_HASH_ID 8
+#define OFF_VERSION 12
+#define OFF_PARENT 20
+#define OFF_KIND 60
+#define OFF_CHUNK_SIZE 133
+#define OFF_NLAYOUTS 137
+#define OFF_LAYOUTS 141
 #define LAYOUT_HDR 68
 #define PARCEL_HDR 29
 #define CHUNK_REC 36
@@ -225,11 +226,12 @@ static size_t off_parcel(const struct proto_manifest *m, uint32_t li, uint32_t p
 	return off;
 }
 
-/* The body (everything before the signer) of m, as format 1 lays it out. */
+/* The body (everything before the signer) of m, as format 2 lays it out. */
 static void encode_raw(const struct proto_manifest *m, struct bb *b)
 {
 	bb_bytes(b, "TSRM", 4);
-	bb_u32(b, 1);
+	bb_u32(b, 2);
+	bb_u32(b, PROTO_CHUNK_HASH_ID);
 	bb_u64(b, m->version);
 	bb_u64(b, m->parent_version);
 	bb_bytes(b, m->parent_digest, PROTO_HASH_BYTES);
@@ -308,9 +310,23 @@ static void b_bad_magic(struct corpus_ctx *c, struct bb *b)
 	bb_sign(b, c->pk, c->sk);
 	b->p[3] = 'X';
 }
-static void b_format2(struct corpus_ctx *c, struct bb *b)
+static void b_format3(struct corpus_ctx *c, struct bb *b)
 {
-	put32(b->p + OFF_FORMAT, 2);
+	put32(b->p + OFF_FORMAT, 3);
+	bb_sign(b, c->pk, c->sk);
+}
+/* What a publisher of format 1 sent: no chunk-hash field (its chunks were
+ * BLAKE2b-256), signed by the right key. */
+static void b_format1(struct corpus_ctx *c, struct bb *b)
+{
+	put32(b->p + OFF_FORMAT, 1);
+	memmove(b->p + OFF_HASH_ID, b->p + OFF_HASH_ID + 4, b->len - OFF_HASH_ID - 4);
+	b->len -= 4;
+	bb_sign(b, c->pk, c->sk);
+}
+static void b_hash_unknown(struct corpus_ctx *c, struct bb *b)
+{
+	put32(b->p + OFF_HASH_ID, 7);
 	bb_sign(b, c->pk, c->sk);
 }
 static void b_zero_sig(struct corpus_ctx *c, struct bb *b)
@@ -467,7 +483,10 @@ static const struct corpus_case corpus[] = {
 	{"short", "shorter than the smallest", RAW, NULL, b_short},
 	{"short-signed", "shorter than the smallest", RAW, NULL, b_short_signed},
 	{"bad-magic", "bad magic", RAW, NULL, b_bad_magic},
-	{"format-2", "format 2", RAW, NULL, b_format2},
+	{"format-3", "format 3, this build reads format 2", RAW, NULL, b_format3},
+	{"format-1-blake2b", "format 1 (BLAKE2b-256 chunk hashes", RAW, NULL, b_format1},
+	{"chunk-hash-unknown", "chunk hash 7 unknown, this build checks chunks with BLAKE3-256",
+	 RAW, NULL, b_hash_unknown},
 	{"zero-signature", "bad signature", RAW, NULL, b_zero_sig},
 	{"flipped-hash-bit", "bad signature", RAW, NULL, b_flipped},
 	{"other-key", "bad signature", RAW, NULL, b_other_key},
@@ -695,7 +714,7 @@ static void test_roundtrip_minimal(void **state)
 	m.version = 1;
 	m.kind = PROTO_KIND_ANCHOR;
 	assert_int_equal(proto_manifest_sign(&m, sk, &buf, &len, &err), 0);
-	assert_int_equal(len, 137 + 96);
+	assert_int_equal(len, 141 + 96);
 	assert_int_equal(proto_manifest_decode(buf, len, pk, &d, &err), 0);
 	assert_manifest_equal(&m, &d);
 	assert_int_equal(d.chunk_size, proto_param(PROTO_PARAM_CHUNK_SIZE));
@@ -988,27 +1007,43 @@ static void test_corpus_files(void **state)
 }
 
 /*
- * The chunk hash is part of the wire format (proto/chunkhash.h): a known
- * answer pins it, BLAKE2b-256 unkeyed of "abc" (RFC 7693's test input),
- * whole and piece by piece, so a change of hash is a change of this test.
+ * The chunk hash is part of the wire format (proto/chunkhash.h): known
+ * answers pin it, BLAKE3 unkeyed of "" and "abc" (the values its authors
+ * publish), and of a 128 KiB chunk whole and piece by piece, so a change of
+ * hash is a change of this test.
  */
 static void test_chunk_hash_known_answer(void **state)
 {
-	static const char want[] =
-		"bddd813c634239723171ef3fee98579b94964e3bb1cb3e427262c8c068d52319";
-	uint8_t out[PROTO_HASH_BYTES], again[PROTO_HASH_BYTES];
+	static const struct {
+		const char *in, *want;
+	} kat[] = {
+		{"", "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"},
+		{"abc", "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"},
+	};
+	uint8_t out[PROTO_HASH_BYTES], again[PROTO_HASH_BYTES], *big;
 	char hex[2 * PROTO_HASH_BYTES + 1];
 	struct proto_chunk_hasher h;
+	size_t n = 128u << 10;
 
 	(void)state;
-	proto_chunk_hash(out, (const uint8_t *)"abc", 3);
-	sodium_bin2hex(hex, sizeof(hex), out, sizeof(out));
-	assert_string_equal(hex, want);
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(kat); i++) {
+		proto_chunk_hash(out, (const uint8_t *)kat[i].in, strlen(kat[i].in));
+		sodium_bin2hex(hex, sizeof(hex), out, sizeof(out));
+		assert_string_equal(hex, kat[i].want);
+	}
+	/* Many BLAKE3 chunks (1 KiB each) in uneven pieces: the tree and the
+	 * SIMD paths give what one call gives. */
+	big = malloc(n);
+	assert_non_null(big);
+	for (size_t i = 0; i < n; i++)
+		big[i] = (uint8_t)(i % 251);
+	proto_chunk_hash(out, big, n);
 	proto_chunk_hash_init(&h);
-	proto_chunk_hash_update(&h, (const uint8_t *)"a", 1);
-	proto_chunk_hash_update(&h, (const uint8_t *)"bc", 2);
+	for (size_t o = 0, step = 1; o < n; o += step, step = step * 3 + 1)
+		proto_chunk_hash_update(&h, big + o, PROTO_MIN(step, n - o));
 	proto_chunk_hash_final(&h, again);
 	assert_memory_equal(again, out, sizeof(out));
+	free(big);
 }
 
 int main(int argc, char **argv)
