@@ -433,6 +433,51 @@ uint64_t proto_canary_map_changes(const struct proto_canary_map *m, uint64_t off
 	return sum + w.sum;
 }
 
+/* The index of the first run ending after x (m->n when none). */
+static size_t map_lower(const struct proto_canary_map *m, uint64_t x)
+{
+	size_t lo = 0, hi = m->n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (m->runs[mid].end <= x)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+uint64_t proto_canary_map_span(const struct proto_canary_map *m, uint64_t off, uint64_t len,
+			       const uint8_t *payload)
+{
+	uint64_t sum = 0, end = off + len;
+
+	for (size_t i = map_lower(m, off); i < m->n && m->runs[i].pay_off < end; i++) {
+		const struct map_run *ru = &m->runs[i];
+		uint64_t es = proto_dtype_size(ru->dt);
+		uint64_t a = PROTO_MAX(off, ru->pay_off), b = PROTO_MIN(end, ru->end);
+		uint64_t e0 = (a - ru->pay_off + es - 1) / es, e1 = (b - ru->pay_off) / es;
+		if (e1 > e0)
+			sum += proto_canary_elems(ru->dt, ru->local, ru->cols, ru->first + e0, e1 - e0,
+						  payload + ru->pay_off + e0 * es);
+	}
+	return sum;
+}
+
+uint64_t proto_canary_map_straddler(const struct proto_canary_map *m, uint64_t x,
+				    const uint8_t *payload)
+{
+	const struct map_run *ru = map_find(m, x);
+	uint64_t es, e;
+
+	if (ru == NULL || (es = proto_dtype_size(ru->dt)) == 0 || (x - ru->pay_off) % es == 0)
+		return 0;
+	e = (x - ru->pay_off) / es;
+	return proto_canary_elems(ru->dt, ru->local, ru->cols, ru->first + e, 1,
+				  payload + ru->pay_off + e * es);
+}
+
 double proto_canary_value(uint64_t s)
 {
 	return (double)(int64_t)s / PROTO_CANARY_ONE;

@@ -101,6 +101,21 @@ uint64_t proto_canary_map_changes(const struct proto_canary_map *m, uint64_t off
 				  const uint32_t *pos, size_t k, const uint8_t *a,
 				  const uint8_t *b);
 
+/*
+ * A payload scored in pieces, by threads at once (the publisher's gather):
+ * span gives the part of the elements lying whole in payload bytes
+ * [off, off + len), reading only those bytes (payload is the payload's
+ * start); straddler the part of the one element, if any, that holds both
+ * byte x - 1 and byte x (it reads that element). Spans that cut the payload
+ * at x_1 < x_2 < ..., at least 8 bytes apart (no element is cut twice),
+ * plus the straddlers at each x_k, add up (wrapping) to proto_canary_parcel.
+ * Cannot fail.
+ */
+uint64_t proto_canary_map_span(const struct proto_canary_map *m, uint64_t off, uint64_t len,
+			       const uint8_t *payload);
+uint64_t proto_canary_map_straddler(const struct proto_canary_map *m, uint64_t x,
+				    const uint8_t *payload);
+
 /* The score as a number (s / 2^32, s read as signed). */
 double proto_canary_value(uint64_t s);
 

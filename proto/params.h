@@ -78,9 +78,15 @@
 	/* zstd level of delta streams (measurements: proto/delta.h). */ \
 	X(DELTA_LEVEL, "TESSERA_DELTA_LEVEL", 1, "zstd level of delta streams") \
 	/* Threads a publisher encodes each parcel's delta on (its chunks \
-	 * spread over them); 0: the online CPUs shared by the trainer ranks \
-	 * encoding at once, at least one, at most 8. */ \
-	X(DELTA_THREADS, "TESSERA_DELTA_THREADS", 0, "publisher: threads per parcel delta encode (0: CPUs / ranks)") \
+	 * spread over them), and gathers, hashes and scores each trainer rank's \
+	 * anchor parcels on (stripes of 16 chunks); 0: the online CPUs shared \
+	 * by the trainer ranks at work at once, at least one, at most 8. */ \
+	X(DELTA_THREADS, "TESSERA_DELTA_THREADS", 0, "publisher: threads per trainer rank's encode or gather (0: CPUs / ranks)") \
+	/* Whether the buffers a process makes once and reuses (the publisher's \
+	 * snapshot blocks and export buffers, a node's swarm and staging \
+	 * buffers) ask the kernel for transparent huge pages (madvise): fewer \
+	 * faults and TLB misses. 0: 4 KiB pages (each first touch a fault). */ \
+	X(HUGE_PAGES, "TESSERA_HUGE_PAGES", 1, "ask for huge pages in reused buffers (1) or not (0)") \
 	/* A node that has waited this long (for the tracker, a first version, \
 	 * the rest of its replica) says so at the default log level, then at \
 	 * most once per this period while the wait lasts. */ \

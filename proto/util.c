@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -241,6 +242,15 @@ uint64_t proto_thread_cpu_ns(void)
 uint64_t proto_process_cpu_ns(void)
 {
 	return clock_ns(CLOCK_PROCESS_CPUTIME_ID);
+}
+
+uint64_t proto_process_faults(void)
+{
+	struct rusage ru;
+
+	if (getrusage(RUSAGE_SELF, &ru) != 0)
+		return 0;
+	return (uint64_t)ru.ru_minflt + (uint64_t)ru.ru_majflt;
 }
 
 void proto_lag_tick(FILE *f, uint64_t *due_ns)

@@ -76,6 +76,10 @@ uint64_t proto_wall_ms(void);
  * process's (every thread's). 0 when the clock cannot be read. */
 uint64_t proto_thread_cpu_ns(void);
 uint64_t proto_process_cpu_ns(void);
+/* Page faults the process has taken since it started (minor and major,
+ * getrusage): a first touch of a fresh page is one, per 4 KiB page or per
+ * huge page. */
+uint64_t proto_process_faults(void);
 
 /* One tick of a 1 ms tracing timer (*due_ns 0 before the first): writes
  * "L DUE RAN" (monotonic ns) to f when it ran over 2 ms late, i.e. its

@@ -229,6 +229,55 @@ static void test_update_every_dtype(void **state)
 	}
 }
 
+/* A payload scored in spans cut anywhere at least an element apart
+ * (mid-element too, as the publisher's stripes of chunks cut it), plus
+ * the straddlers at each cut,
+ * equals the whole parcel's part, in every dtype and parcel. */
+static void test_spans_add_up(void **state)
+{
+	(void)state;
+	for (int dt = PROTO_DT_BF16; dt <= PROTO_DT_I64; dt++) {
+		struct proto_model m;
+		struct proto_layout src, dst;
+		struct proto_plan plan;
+		struct proto_err err;
+		uint64_t shape[2] = {64, 197}, shape2[1] = {333};
+		proto_model_init(&m);
+		assert_int_equal(proto_model_add(&m, "w", (enum proto_dtype)dt, 2, shape, &err), 0);
+		assert_int_equal(proto_model_add(&m, "b", PROTO_DT_BF16, 1, shape2, &err), 0);
+		assert_int_equal(proto_model_finish(&m, &err), 0);
+		assert_int_equal(proto_layout_builtin(&m, "fsdp2", &src, &err), 0);
+		assert_int_equal(proto_layout_builtin(&m, "tp2", &dst, &err), 0);
+		assert_int_equal(proto_plan_build(&m, &src, &dst, &plan, &err), 0);
+		srand(29 + dt);
+		for (uint32_t i = 0; i < plan.nparcels; i++) {
+			const struct proto_parcel *pc = &plan.parcels[i];
+			struct proto_canary_map *map = proto_canary_map_new(&plan, pc, &dst);
+			uint8_t *pay = malloc(pc->bytes + 1);
+			assert_true(map != NULL && pay != NULL);
+			for (uint64_t b = 0; b < pc->bytes; b++)
+				pay[b] = (uint8_t)rand();
+			uint64_t want = proto_canary_parcel(&plan, pc, &dst, pay);
+			for (uint64_t step = 8; step < 4096; step = step * 3 + 1) {
+				uint64_t sum = 0;
+				for (uint64_t a = 0; a < pc->bytes; a += step) {
+					sum += proto_canary_map_span(map, a, PROTO_MIN(step, pc->bytes - a),
+								     pay);
+					if (a > 0)
+						sum += proto_canary_map_straddler(map, a, pay);
+				}
+				assert_true(sum == want);
+			}
+			proto_canary_map_free(map);
+			free(pay);
+		}
+		proto_plan_fini(&plan);
+		proto_layout_fini(&src);
+		proto_layout_fini(&dst);
+		proto_model_fini(&m);
+	}
+}
+
 /* The encoder's changes (proto/delta.h's on_changes), summed through a
  * parcel map, as the publisher takes a delta's canary part. */
 struct enc_sum {
@@ -361,6 +410,7 @@ int main(void)
 		cmocka_unit_test(test_parcels_add_up),
 		cmocka_unit_test(test_update_from_changes),
 		cmocka_unit_test(test_update_every_dtype),
+		cmocka_unit_test(test_spans_add_up),
 		cmocka_unit_test(test_update_from_encoder),
 		cmocka_unit_test(test_sensitive),
 		cmocka_unit_test(test_every_dtype),

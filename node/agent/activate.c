@@ -258,10 +258,12 @@ void agent_activated(struct node_agent *a, struct node_slot *old)
 	agent_stage(a, STAGE_ACTIVE);
 	LOG_INFO("node %s: v%" PRIu64 " active (%" PRIu64 " bytes, %" PRIu64 " from trainer, %" PRIu64
 		 " from peers, %" PRIu64 " refetched, %" PRIu64 " ms; %u stalled reads, %u times a "
-		 "congested peer was waited for, %u failed reads, %u chunks failed their hash)",
+		 "congested peer was waited for, %u failed reads, %u chunks failed their hash; "
+		 "%" PRIu64 " page faults in the process since the fetch began, %s)",
 		 a->node_id, f->version, f->bytes_done, f->from_trainer, f->from_peers, f->refetched,
 		 node_now_ms() - f->started_ms, f->stalls, f->congested, f->read_failures,
-		 f->bad_chunks);
+		 f->bad_chunks, proto_process_faults() - f->faults0,
+		 a->active->reused ? "fetched into a retired version's slot" : "fetched into a slot not used before");
 	proto_metrics_set(a->am.m, a->am.active_version, f->version);
 	proto_metrics_set(a->am.m, a->am.serving_bytes, a->active->len);
 	proto_metrics_add(a->am.m, a->am.activations, 1);

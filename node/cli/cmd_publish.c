@@ -123,7 +123,7 @@ struct app {
 static void print_result(const struct node_pub_result *r)
 {
 	double mib = (double)r->wire_bytes / (1024.0 * 1024.0);
-	char size[64], wait[64] = "";
+	char size[64], wait[128] = "";
 
 	if (r->wire_bytes % (1024 * 1024) == 0)
 		snprintf(size, sizeof(size), "%.0f MiB", mib);
@@ -136,6 +136,8 @@ static void print_result(const struct node_pub_result *r)
 	if (r->delta)
 		snprintf(wait + strlen(wait), sizeof(wait) - strlen(wait), ", encode %llu ms",
 			 (unsigned long long)(r->encode_ns / 1000000));
+	snprintf(wait + strlen(wait), sizeof(wait) - strlen(wait), ", %llu page faults",
+		 (unsigned long long)r->faults);
 	printf("%s v%llu %s %s in %llu ms (snapshot %llu ms, gather+hash %llu ms%s)\n",
 	       r->leader ? "published" : "offered", (unsigned long long)r->version,
 	       r->delta ? "delta" : "anchor", size,

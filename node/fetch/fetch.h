@@ -243,6 +243,7 @@ struct fetch {
 	struct fab_mr *slot_mr;
 	bool served; /* its parcels are registered and offered (or to be) */
 	uint64_t started_ms;
+	uint64_t faults0; /* the process's page faults when it started */
 	uint64_t first_byte_ms, last_byte_ms; /* wall clock: chunks landed */
 	uint64_t first_post_ms;
 	/* Until when (node_now_ms) no peer can hold a chunk we own: the

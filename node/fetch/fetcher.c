@@ -67,6 +67,7 @@ struct fetch *fetch_new(uint64_t v)
 		return NULL;
 	f->version = v;
 	f->started_ms = node_now_ms();
+	f->faults0 = proto_process_faults();
 	return f;
 }
 

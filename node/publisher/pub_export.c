@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 
 #define LAYOUTS_RETRY_MS 200      /* no serving layout yet: ask again */
@@ -37,10 +36,10 @@ static void ex_fail(struct node_pub *p, int code, const char *fmt, ...)
 	evtimer_del(p->ex_ev);
 }
 
-/* Joins the finished workers; a rank whose gather is done unmaps what is
- * left of its snapshot (every layout is in its export buffer now), unless
- * the publisher keeps parents: then the snapshot is the next delta's
- * parent (at rest it holds two snapshot blocks per rank, taking turns). */
+/* Joins the finished workers. A rank's snapshot block stays mapped after
+ * its gather: the next version's snapshot is taken into the same pages
+ * (faulted in once, not per version); a publisher that keeps parents holds
+ * two per rank, taking turns (the other is the next delta's parent). */
 static void ex_join(struct node_pub *p, struct pub_export *ex)
 {
 	for (size_t i = 0; i < ex->njobs; i++) {
@@ -50,11 +49,6 @@ static void ex_join(struct node_pub *p, struct pub_export *ex)
 			ex->jobs_left--;
 			if (j->rc != 0)
 				ex_fail(p, -j->rc, "rank %u's snapshot: %s", j->rank, j->err.msg);
-			if (j->kind == PUB_JOB_GATHER && p->blocks[j->rank] != NULL &&
-			    !node__pub_keeps_parent(p)) {
-				munmap(p->blocks[j->rank], p->block_cap[j->rank]);
-				p->blocks[j->rank] = NULL;
-			}
 		}
 	}
 }
@@ -114,6 +108,7 @@ static void ex_finish(struct node_pub *p)
 	r.delta = ex->delta;
 	r.encode_ns = ex->encode_ns;
 	r.anchor_bytes = ex->raw_bytes;
+	r.faults = proto_process_faults() - ex->faults0;
 	if (ex->addendum) {
 		if (ex->failed) {
 			LOG_WARN("version %llu not extended: %s", (unsigned long long)ex->version,
@@ -792,6 +787,9 @@ void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t versio
 	pv->nparts = n;
 	ex->njobs = n;
 	node__pub_prefault_join(p); /* the first export's blocks, if touched before it */
+	/* The export's own faults from here: a worker's, making buffers ahead
+	 * (pub_prefault.c), are done by now. */
+	ex->faults0 = proto_process_faults();
 	for (size_t i = 0; i < n; i++) {
 		uint32_t r = verify ? p->hosted[i].rank : (uint32_t)i;
 		struct pub_job *j = &ex->jobs[i];

@@ -256,6 +256,7 @@ struct pub_export {
 	 * snapshot is taken, hashed (encoded) and signed: what each step
 	 * cost, whatever else the machine runs. */
 	uint64_t cpu0, cpu_snap, cpu_hashed, cpu_signed;
+	uint64_t faults0; /* the process's page faults when it began */
 	uint32_t chunk_size;
 	struct pub_layout **layouts;
 	size_t nlayouts;
@@ -328,6 +329,7 @@ struct node_pub {
 	 * (node__pub_prefault_first), which its export maps no fresh one for. */
 	uint8_t **spare_buf;
 	size_t *spare_buf_cap;
+	size_t *export_cap; /* per rank: its last export buffer's size, 0 before one */
 	/* An anchor leaves no block to take turns with (there was no parent
 	 * to give one back): a worker maps and touches one per rank while the
 	 * anchor goes out, and the next export's start joins it

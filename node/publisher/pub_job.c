@@ -4,89 +4,18 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 
 #include "proto/canary.h"
 #include "proto/chunkhash.h"
 #include "proto/delta.h"
+#include "proto/pool.h"
 
 #define HASH_STEP (256u << 10) /* gather then hash this much while in cache */
 
 static void job_snapshot(struct pub_job *j)
 {
 	j->rc = node__pub_source_fill(j->p, j->rank, j->version, j->block, &j->err);
-}
-
-/*
- * The snapshot is given back while the gather goes: each RELEASE_UNIT of it
- * is unmapped from memory (MADV_DONTNEED) as soon as the gather has passed
- * the last payload byte read from it, so the snapshot shrinks while the
- * export buffer grows instead of both being whole at the end. A unit's key
- * is that position: (item << 40) | payload end.
- */
-struct release {
-	uint64_t *key;   /* per unit */
-	uint32_t *order; /* units by key */
-	size_t n, next;  /* next: first unit not given back yet */
-};
-
-#define RELEASE_UNIT (2u << 20) /* one huge page */
-#define KEY(item, end) (((uint64_t)(item) << 40) | (end))
-
-static int unit_cmp(const void *a, const void *b, void *keys)
-{
-	const uint64_t *k = keys;
-	uint64_t x = k[*(const uint32_t *)a], y = k[*(const uint32_t *)b];
-	return x < y ? -1 : x > y;
-}
-
-/* Plans the release of j's snapshot; false (nothing released early) when
- * out of memory. */
-static bool release_plan(struct pub_job *j, struct release *r)
-{
-	const struct node_pub *p = j->p;
-	const struct pub_part *pt = j->part;
-	const struct proto_rank *rk = &p->tl.ranks[j->rank];
-
-	r->n = (p->block_cap[j->rank] + RELEASE_UNIT - 1) / RELEASE_UNIT;
-	r->next = 0;
-	r->key = calloc(PROTO_MAX(r->n, 1), sizeof(*r->key));
-	r->order = calloc(PROTO_MAX(r->n, 1), sizeof(*r->order));
-	if (r->key == NULL || r->order == NULL)
-		return false;
-	for (size_t i = 0; i < pt->nitems; i++) {
-		const struct pub_item *it = &pt->items[i];
-		const struct proto_plan *pl = &it->sl->plan;
-		for (uint64_t s = it->pc->seg0; s < it->pc->seg0 + it->pc->nsegs; s++) {
-			const struct proto_segment *sg = &pl->segs[s];
-			uint64_t base = rk->locals[sg->src_local].offset;
-			for (uint64_t k = sg->run0; k < sg->run0 + sg->nruns; k++) {
-				const struct proto_run *ru = &pl->runs[k];
-				uint64_t key = KEY(i, ru->pay_off + ru->len);
-				if (ru->len == 0)
-					continue;
-				for (uint64_t u = (base + ru->src_off) / RELEASE_UNIT;
-				     u <= (base + ru->src_off + ru->len - 1) / RELEASE_UNIT && u < r->n; u++)
-					r->key[u] = PROTO_MAX(r->key[u], key);
-			}
-		}
-	}
-	for (size_t u = 0; u < r->n; u++)
-		r->order[u] = (uint32_t)u;
-	qsort_r(r->order, r->n, sizeof(*r->order), unit_cmp, r->key);
-	return true;
-}
-
-/* Gives back every unit no read at or after pos needs. */
-static void release_upto(struct pub_job *j, struct release *r, uint64_t pos)
-{
-	size_t cap = j->p->block_cap[j->rank];
-
-	while (r->next < r->n && r->key[r->order[r->next]] <= pos) {
-		uint64_t u = r->order[r->next++], off = u * RELEASE_UNIT;
-		(void)madvise(j->block + off, PROTO_MIN(RELEASE_UNIT, cap - off), MADV_DONTNEED);
-	}
 }
 
 /*
@@ -135,14 +64,92 @@ static bool item_sums_start(const struct node_pub *p, struct pub_item *it,
 	return true;
 }
 
-/* Gathers each chunk in cache-sized steps and hashes it as it goes, giving
- * the snapshot back behind it. */
+/*
+ * An anchor's gather: its parcels are cut into stripes of STRIPE_CHUNKS
+ * chunks, and the job's threads (j->threads, the pool's) take stripes in
+ * turn, each gathering its chunks from the snapshot into the export buffer
+ * in cache-sized steps, hashing each step while it is in cache, and scoring
+ * the canary of the elements lying whole in its stripe. The elements cut by
+ * a stripe's edge are scored after, one per edge, and an anchor kept as the
+ * next delta's parent sums its pieces after, in one pass over each parcel:
+ * neither is on a thread's way through its stripes.
+ */
+#define STRIPE_CHUNKS 16u
+
+struct stripe {
+	uint32_t item, c0, c1; /* chunks [c0, c1) of items[item] */
+};
+
+struct gather {
+	struct pub_job *j;
+	struct stripe *st;
+	struct proto_canary_map **maps; /* per item; NULL: scored whole after */
+	_Atomic uint64_t *canary;       /* per item: the stripes' parts */
+};
+
+static int gather_stripe(void *arg, unsigned slot, uint64_t i)
+{
+	struct gather *g = arg;
+	struct pub_job *j = g->j;
+	const struct stripe *s = &g->st[i];
+	struct pub_item *it = &j->part->items[s->item];
+	uint64_t cs = j->chunk_size, bytes = it->pc->bytes;
+	uint8_t *pay = j->part->buf + it->off;
+
+	(void)slot;
+	if (atomic_load(&j->p->abort))
+		return 1;
+	for (uint32_t c = s->c0; c < s->c1; c++) {
+		uint64_t c0 = (uint64_t)c * cs, clen = PROTO_MIN(cs, bytes - c0);
+		struct proto_chunk_hasher st;
+		proto_chunk_hash_init(&st);
+		for (uint64_t o = 0; o < clen; o += HASH_STEP) {
+			uint64_t n = PROTO_MIN(HASH_STEP, clen - o);
+			proto_parcel_gather(&it->sl->plan, it->pc, &j->p->tl, j->block, c0 + o, n,
+					    pay + c0 + o);
+			proto_chunk_hash_update(&st, pay + c0 + o, n);
+		}
+		proto_chunk_hash_final(&st, it->hash[c]);
+	}
+	if (g->maps[s->item] != NULL) {
+		uint64_t a = (uint64_t)s->c0 * cs, b = PROTO_MIN((uint64_t)s->c1 * cs, bytes);
+		atomic_fetch_add(&g->canary[s->item],
+				 proto_canary_map_span(g->maps[s->item], a, b - a, pay));
+	}
+	return 0;
+}
+
+/* The piece checksums of an anchor kept as the parent (see item_sums_start),
+ * in one pass over each gathered parcel. */
+static void gather_sums(struct pub_job *j)
+{
+	struct pub_part *pt = j->part;
+
+	for (size_t i = 0; i < pt->nitems && !atomic_load(&j->p->abort); i++) {
+		struct pub_item *it = &pt->items[i];
+		struct proto_dparcel dp;
+		struct proto_dparcel_summer su;
+		if (!item_sums_start(j->p, it, &dp, &su))
+			continue;
+		for (uint64_t o = 0; o < it->pc->bytes && !atomic_load(&j->p->abort); o += HASH_STEP)
+			proto_dparcel_summer_feed(&su, pt->buf + it->off,
+						  PROTO_MIN(o + HASH_STEP, it->pc->bytes));
+		if (atomic_load(&j->p->abort) || su.k < dp.npieces) {
+			free(it->sums); /* cut short: the delta sums its parent */
+			it->sums = NULL;
+		}
+		proto_dparcel_fini(&dp);
+	}
+}
+
+/* Gathers, hashes and scores every parcel of the part on j->threads. */
 static void job_gather(struct pub_job *j)
 {
 	struct node_pub *p = j->p;
 	struct pub_part *pt = j->part;
 	uint64_t cs = j->chunk_size;
-	struct release rel = {0};
+	struct gather g = {.j = j};
+	size_t n = 0;
 
 	j->encode_ns = 0;
 	if (j->restore && !j->restored) {
@@ -157,46 +164,46 @@ static void job_gather(struct pub_job *j)
 		job_delta(j);
 		return;
 	}
-	/* A publisher that keeps parents keeps its snapshot blocks too, so
-	 * that the next snapshot writes into pages already there. */
-	bool early = !node__pub_keeps_parent(p) && release_plan(j, &rel);
-
-	/* An anchor gathers into the export buffer and hashes (the snapshot
-	 * is the next delta's parent). */
-	for (size_t i = 0; i < pt->nitems && !atomic_load(&p->abort); i++) {
-		struct pub_item *it = &pt->items[i];
-		uint64_t bytes = it->pc->bytes;
-		struct proto_dparcel dp;
-		struct proto_dparcel_summer su;
-		bool sums = j->sums && item_sums_start(p, it, &dp, &su);
-		for (uint32_t c = 0; c < it->nchunks && !atomic_load(&p->abort); c++) {
-			uint64_t c0 = (uint64_t)c * cs, clen = PROTO_MIN(cs, bytes - c0);
-			struct proto_chunk_hasher st;
-			proto_chunk_hash_init(&st);
-			for (uint64_t o = 0; o < clen; o += HASH_STEP) {
-				uint64_t n = PROTO_MIN(HASH_STEP, clen - o);
-				uint8_t *dst = pt->buf + it->off + c0 + o;
-				proto_parcel_gather(&it->sl->plan, it->pc, &p->tl, j->block, c0 + o, n, dst);
-				proto_chunk_hash_update(&st, dst, n);
-				if (sums)
-					proto_dparcel_summer_feed(&su, pt->buf + it->off, c0 + o + n);
-			}
-			proto_chunk_hash_final(&st, it->hash[c]);
-			if (early)
-				release_upto(j, &rel, KEY(i, c0 + clen));
-		}
-		if (!atomic_load(&p->abort))
-			it->canary = proto_canary_parcel(&it->sl->plan, it->pc, &it->sl->layout,
-							 pt->buf + it->off);
-		if (sums && (atomic_load(&p->abort) || su.k < dp.npieces)) {
-			free(it->sums); /* cut short: the delta sums its parent */
-			it->sums = NULL;
-		}
-		if (sums)
-			proto_dparcel_fini(&dp);
+	for (size_t i = 0; i < pt->nitems; i++)
+		n += (pt->items[i].nchunks + STRIPE_CHUNKS - 1) / STRIPE_CHUNKS;
+	g.st = calloc(PROTO_MAX(n, 1), sizeof(*g.st));
+	g.maps = calloc(PROTO_MAX(pt->nitems, 1), sizeof(*g.maps));
+	g.canary = calloc(PROTO_MAX(pt->nitems, 1), sizeof(*g.canary));
+	if (g.st == NULL || g.maps == NULL || g.canary == NULL) {
+		j->rc = -ENOMEM;
+		proto_errf(&j->err, ENOMEM, "out of memory");
+		goto out;
 	}
-	free(rel.key);
-	free(rel.order);
+	n = 0;
+	for (size_t i = 0; i < pt->nitems; i++) {
+		struct pub_item *it = &pt->items[i];
+		for (uint32_t c = 0; c < it->nchunks; c += STRIPE_CHUNKS)
+			g.st[n++] = (struct stripe){.item = (uint32_t)i, .c0 = c,
+						    .c1 = PROTO_MIN(c + STRIPE_CHUNKS, it->nchunks)};
+		g.maps[i] = proto_canary_map_new(&it->sl->plan, it->pc, &it->sl->layout);
+	}
+	proto_pool_for(n, j->threads, gather_stripe, &g);
+	if (atomic_load(&p->abort))
+		goto out;
+	for (size_t i = 0; i < pt->nitems; i++) {
+		struct pub_item *it = &pt->items[i];
+		const uint8_t *pay = pt->buf + it->off;
+		if (g.maps[i] == NULL) { /* out of memory for the map: in one pass */
+			it->canary = proto_canary_parcel(&it->sl->plan, it->pc, &it->sl->layout, pay);
+			continue;
+		}
+		it->canary = atomic_load(&g.canary[i]);
+		for (uint32_t c = STRIPE_CHUNKS; c < it->nchunks; c += STRIPE_CHUNKS)
+			it->canary += proto_canary_map_straddler(g.maps[i], (uint64_t)c * cs, pay);
+	}
+	if (j->sums)
+		gather_sums(j);
+out:
+	for (size_t i = 0; g.maps != NULL && i < pt->nitems; i++)
+		proto_canary_map_free(g.maps[i]);
+	free(g.st);
+	free(g.maps);
+	free((void *)g.canary);
 }
 
 static void job_main(void *arg)

@@ -86,18 +86,27 @@ void node__pub_part_items_free(struct pub_part *pt)
 	pt->nitems = 0;
 }
 
-/* (The buffer is unmapped, not kept for the next export: its memory goes
- * back to the system at once instead of staying resident next to that
- * export's snapshot.) */
+/* The buffer is kept as the rank's spare, the next export's buffer, when
+ * the rank has none or a smaller one: its pages are faulted in once, not
+ * per version (a fresh page's first touch costs more than the network
+ * moving it, NOTES.md). One spare per rank at most: the others go back. */
 void node__pub_part_release(struct node_pub *p, struct pub_part *pt)
 {
+	uint32_t r = pt->rank;
+
 	for (size_t li = 0; li < pt->nslices; li++)
 		fab_mr_close(pt->slices[li].mr);
 	free(pt->slices);
 	pt->slices = NULL;
 	pt->nslices = 0;
 	node__pub_part_items_free(pt);
-	node_serve_unmap(pt->buf, pt->cap);
+	if (pt->buf != NULL && r < p->tl.nranks && p->spare_buf_cap[r] < pt->cap) {
+		node_serve_unmap(p->spare_buf[r], p->spare_buf_cap[r]);
+		p->spare_buf[r] = pt->buf;
+		p->spare_buf_cap[r] = pt->cap;
+	} else {
+		node_serve_unmap(pt->buf, pt->cap);
+	}
 	pt->buf = NULL;
 	pt->cap = 0;
 }
@@ -107,6 +116,7 @@ int node__pub_part_alloc(struct node_pub *p, struct pub_part *pt)
 	size_t need = node__pub_page_round(pt->used);
 
 	node__pub_prefault_join(p);
+	p->export_cap[pt->rank] = need;
 	if (p->spare_buf[pt->rank] != NULL && p->spare_buf_cap[pt->rank] >= need) {
 		pt->buf = p->spare_buf[pt->rank];
 		pt->cap = p->spare_buf_cap[pt->rank];

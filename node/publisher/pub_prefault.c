@@ -116,21 +116,28 @@ void node__pub_prefault_first(struct node_pub *p)
 	prefault_launch(p, pf);
 }
 
+/* After a version is published: the next one's snapshot block (when the
+ * version's own is kept as the parent) and export buffer (when the
+ * version's is still served and no spare is left) are made now, so that
+ * the next export faults no page. */
 void node__pub_prefault_start(struct node_pub *p, uint64_t next)
 {
 	struct pub_prefault *pf;
-	uint32_t nr = node__pub_keeps_parent(p) ? p->tl.nranks : 0;
+	uint32_t nr = p->tl.nranks;
 
 	node__pub_prefault_join(p);
 	if ((pf = calloc(1, sizeof(*pf))) == NULL)
 		return;
 	pf->ck = checkpoint_of(p, next);
 	if (nr > 0)
-		pf->bufs = calloc(nr, sizeof(*pf->bufs));
+		pf->bufs = calloc((size_t)nr * 2, sizeof(*pf->bufs));
 	for (uint32_t r = 0; pf->bufs != NULL && r < nr; r++) {
 		size_t cap = node__pub_page_round(p->tl.ranks[r].nbytes);
 		if (p->blocks[r] == NULL && p->tl.ranks[r].nbytes > 0)
 			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = r, .kind = PF_BLOCK, .cap = cap};
+		if (p->spare_buf[r] == NULL && p->export_cap[r] > 0)
+			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = r, .kind = PF_SERVED,
+							      .cap = p->export_cap[r]};
 	}
 	prefault_launch(p, pf);
 }

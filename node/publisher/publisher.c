@@ -409,9 +409,11 @@ int node_pub_new(struct event_base *base, const struct node_pub_opts *o, struct 
 	p->block_cap = calloc(nr, sizeof(*p->block_cap));
 	p->spare_buf = calloc(nr, sizeof(*p->spare_buf));
 	p->spare_buf_cap = calloc(nr, sizeof(*p->spare_buf_cap));
+	p->export_cap = calloc(nr, sizeof(*p->export_cap));
 	p->hosted = calloc(o->nranks ? o->nranks : nr, sizeof(*p->hosted));
 	if (p->model_json == NULL || p->tl_json == NULL || p->blocks == NULL ||
-	    p->block_cap == NULL || p->spare_buf == NULL || p->spare_buf_cap == NULL || p->hosted == NULL) {
+	    p->block_cap == NULL || p->spare_buf == NULL || p->spare_buf_cap == NULL || p->export_cap == NULL ||
+	    p->hosted == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
 	}
@@ -611,6 +613,7 @@ void node_pub_free(struct node_pub *p)
 	}
 	free(p->spare_buf);
 	free(p->spare_buf_cap);
+	free(p->export_cap);
 	free(p->blocks);
 	free(p->block_cap);
 	node__pub_trainer_free(p);

@@ -106,6 +106,9 @@ struct node_pub_result {
 	bool delta;            /* a delta version (else an anchor) */
 	uint64_t encode_ns;    /* delta encoding, the slowest rank's */
 	uint64_t anchor_bytes; /* what the version costs as an anchor */
+	/* Page faults the publisher process took from the request to now: after
+	 * the first version, its buffers are reused and fault no more. */
+	uint64_t faults;
 };
 typedef void (*node_pub_cb)(void *arg, const struct node_pub_result *r);
 

@@ -206,17 +206,24 @@ static struct node_slot *warm_take(struct delta_state *d, const struct node_slot
 	}
 	s->version = version;
 	s->tag = 0;
-	LOG_INFO("node %s: v%" PRIu64 " is copied into the second slot made at start (%s)",
-		 d->o.x->o.id, parent->version,
-		 d->warm_ready ? "warm: every page touched"
-				 : "its pages not all touched yet: copied into as a new slot");
+	if (parent != NULL)
+		LOG_INFO("node %s: v%" PRIu64 " is copied into the second slot made at start (%s)",
+			 d->o.x->o.id, parent->version,
+			 d->warm_ready ? "warm: every page touched"
+				       : "its pages not all touched yet: copied into as a new slot");
+	else
+		LOG_INFO("node %s: v%" PRIu64 " is fetched into the second slot made at start (%s)",
+			 d->o.x->o.id, version,
+			 d->warm_ready ? "warm: every page touched" : "its pages not all touched yet");
 	return s;
 }
 
 /* The copy path: a fresh slot for version and, when parent is given, a
  * copy of the parent's bytes into it on a worker (into the warm slot when
- * there is one). On failure *slot may be set (the caller frees it with
- * the rest). */
+ * there is one). Without a parent (an anchor, fetched whole) the slot is
+ * the store's spare, else the warm slot, else a new one: a node taking
+ * anchors in turn writes into pages made once. On failure *slot may be
+ * set (the caller frees it with the rest). */
 int delta__copy_start(struct delta_state *d, uint64_t version, size_t len,
 		      const struct node_slot *parent, struct node_slot **slot,
 		      struct node_rebuild **rb, struct proto_err *err)
@@ -227,7 +234,8 @@ int delta__copy_start(struct delta_state *d, uint64_t version, size_t len,
 	 * are allocated by the copy, not cleared first. */
 	if (parent != NULL && (*slot = warm_take(d, parent, version, len)) == NULL)
 		rc = node_slot_new_blank(d->o.x->o.store, version, len, slot, err);
-	else if (parent == NULL)
+	else if (parent == NULL && node_slot_take_spare(d->o.x->o.store, version, len, slot) != 0 &&
+		 (*slot = warm_take(d, NULL, version, len)) == NULL)
 		rc = node_slot_new(d->o.x->o.store, version, len, slot, err);
 	if (rc != 0 || parent == NULL)
 		return rc;

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include "proto/log.h"
+#include "proto/params.h"
 
 #define HUGE_ALIGN (2u << 20) /* large buffers: transparent huge pages */
 
@@ -30,7 +31,8 @@ uint8_t *node_serve_map(size_t cap)
 		munmap(b, head);
 	if (slop > head)
 		munmap((uint8_t *)a + cap, slop - head);
-	(void)madvise((void *)a, cap, MADV_HUGEPAGE); /* a hint; 4 KiB pages work */
+	if (proto_param(PROTO_PARAM_HUGE_PAGES) != 0)
+		(void)madvise((void *)a, cap, MADV_HUGEPAGE); /* a hint; 4 KiB pages work */
 	return (uint8_t *)a;
 }
 

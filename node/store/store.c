@@ -118,6 +118,7 @@ static struct node_slot *take_spare(struct node_store *s, uint64_t tag, uint64_t
 	if (slot == NULL)
 		return NULL;
 	slot->version = version; /* fresh stays: only a write through host clears it */
+	slot->reused = true;
 	if (s->ops->attach != NULL && s->ops->attach(s, slot, &err) != 0) {
 		LOG_WARN("store: cannot reuse a retired slot (%s); making a new one", err.msg);
 		slot_release(s, slot);
@@ -146,6 +147,7 @@ static int slot_new(struct node_store *s, uint64_t version, size_t len, bool pop
 	slot->version = version;
 	slot->len = len;
 	slot->fresh = true;
+	slot->reused = false;
 	snprintf(name, sizeof(name), "tessera-v%llu", (unsigned long long)version);
 	slot->memfd = memfd_create(name, MFD_CLOEXEC);
 	if (slot->memfd < 0) {
@@ -264,6 +266,16 @@ int node_slot_reuse(struct node_store *s, uint64_t tag, uint64_t version, size_t
 	if (*out == NULL)
 		return -ENOENT;
 	(*out)->tag = 0; /* the caller writes it: what it holds is the caller's to say */
+	return 0;
+}
+
+int node_slot_take_spare(struct node_store *s, uint64_t version, size_t len,
+			 struct node_slot **out)
+{
+	*out = take_spare(s, 0, version, len);
+	if (*out == NULL)
+		return -ENOENT;
+	(*out)->tag = 0;
 	return 0;
 }
 

@@ -49,6 +49,9 @@ struct node_slot {
 	 * writes it whole through host clears it, and the spare keeps it (a
 	 * slot filled through its memfd, node/fetch/verifier.h, stays fresh). */
 	bool fresh;
+	/* Taken from the store's spare (pages made by an earlier version), not
+	 * made new: what a node says when it activates a version. */
+	bool reused;
 };
 
 struct node_store;
@@ -162,6 +165,10 @@ int node_slot_touch(struct node_slot *slot, const int *stop, const int *pause);
  * tag 0 (the caller writes it). */
 int node_slot_reuse(struct node_store *s, uint64_t tag, uint64_t version, size_t len,
 		    struct node_slot **out);
+/* The spare slot back whatever it holds, if it has len bytes: 0, else
+ * -ENOENT and nothing changed (node_slot_new would make a new one). */
+int node_slot_take_spare(struct node_store *s, uint64_t version, size_t len,
+			 struct node_slot **out);
 int node_slot_activate(struct node_store *s, struct node_slot *slot,
 		       struct proto_err *err);
 /* In place: the n patches p (proto/dpatch.h) were written into slot->host,
