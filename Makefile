@@ -303,6 +303,8 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(wildcard proto/*.c pr
 # The CUDA store's checks and benchmark (tests/gpu/): one binary linking only
 # the static CUDA runtime, built with everything when nvcc exists, so that a
 # GPU machine without tessera's Debian libraries runs it from the built tree.
+# It links the CPU's BLAKE3 (the objects built from $(BLAKE3_FILES) with
+# $(BLAKE3_DEFS), as every program links them) to check the device's hashes.
 GPU_CHECK_SRCS := tests/gpu/gpu_check.c node/store/store_fold.c proto/wsum.c
 GPU_CHECK_CU   := $(wildcard node/store/store_cuda*.cu)
 ifneq ($(NVCC),)
@@ -313,14 +315,15 @@ $(BUILD)/gpu/%.cu.o: %.cu node/store/store_cuda.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 $(BUILD)/gpu/gpu_check: $(GPU_CHECK_SRCS) $(patsubst %.cu,$(BUILD)/gpu/%.cu.o,$(GPU_CHECK_CU)) \
-		node/store/store_cuda.h proto/wsum.h
+		$(BUILD)/rel/libblake3.a node/store/store_cuda.h proto/wsum.h
 	@mkdir -p $(dir $@)
-	$(CC) -std=gnu11 -O2 -g -pthread -D_GNU_SOURCE -I. $(WARN) -I$(CUDA_HOME)/include \
+	$(CC) -std=gnu11 -O2 -g -pthread -D_GNU_SOURCE -I. -I$(BLAKE3_DIR) $(WARN) -I$(CUDA_HOME)/include \
 		$(GPU_CHECK_SRCS) $(patsubst %.cu,$(BUILD)/gpu/%.cu.o,$(GPU_CHECK_CU)) \
+		$(BUILD)/rel/libblake3.a \
 		$(GPU_CUDART) -ldl -lrt -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic -lm -o $@
 endif
 gpu-check:
-	BUILD=$(BUILD) NVCC=$(NVCC) tests/gpu/gpu-check.sh
+	BUILD=$(BUILD) NVCC=$(NVCC) BLAKE3_DIR=$(BLAKE3_DIR) tests/gpu/gpu-check.sh
 
 run-fuzz: $(FUZZ_BINS)
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_BINS)

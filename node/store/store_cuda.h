@@ -1,7 +1,8 @@
 /*
  * The CUDA side of the node's store: device buffers, the pinned upload ring,
- * the scatter kernel and IPC handles. Plain C over the CUDA runtime alone
- * (no other library, no jansson), so that tests/gpu/gpu_check.c builds it
+ * the scatter kernel, IPC handles and BLAKE3 chunk hashes of device bytes.
+ * Plain C over the CUDA runtime alone (no other library, no jansson, no
+ * BLAKE3 library), so that tests/gpu/gpu_check.c builds it
  * into a self-contained binary for a GPU machine without tessera's
  * dependencies. Defined in node/store_cuda*.cu (only when nvcc exists).
  *
@@ -116,6 +117,53 @@ int node_cuda_scatter_apply32(struct node_cuda_scatter *sc, void *dptr, uint64_t
 /* The wsum (proto/wsum.h) of nelem elements of elsize bytes at dptr. */
 int node_cuda_wsum(int dev, const void *dptr, unsigned elsize, uint64_t nelem, uint64_t *out,
 		   char *why, size_t whylen);
+
+/* ---- BLAKE3 on the device (store_cuda_blake3.cu) ---- */
+
+/* Chunk hashes of bytes already in device memory (a fabric that reads into
+ * device memory, FI_HMEM, never shows them to the CPU): each chunk's plain
+ * unkeyed 32-byte BLAKE3, equal to proto_chunk_hash of the same bytes. One
+ * thread block per chunk, a thread per 1 KiB BLAKE3 leaf, the tree reduced
+ * in shared memory; any chunk length works (0 too: the empty input's
+ * hash), 128 KiB and less fastest. */
+struct node_cuda_blake3;
+
+/* Pinned and device room for the digests of up to batch chunks, and a
+ * stream, on dev. On failure *out is NULL. */
+int node_cuda_blake3_new(int dev, uint64_t batch, struct node_cuda_blake3 **out, char *why,
+			 size_t whylen);
+void node_cuda_blake3_free(struct node_cuda_blake3 *b);
+/* How many chunks len bytes cut into chunk-byte chunks make: the last one
+ * shorter, and one (empty) chunk when len is 0. */
+uint64_t node_cuda_blake3_count(uint64_t len, uint64_t chunk);
+/* out[i] = BLAKE3 of chunk i of the len device bytes at dptr cut into
+ * chunks of chunk bytes (node_cuda_blake3_count of them; out in host
+ * memory). More chunks than the batch go through in turns. Synchronous. */
+int node_cuda_blake3_chunks(struct node_cuda_blake3 *b, const void *dptr, uint64_t len,
+			    uint64_t chunk, uint8_t (*out)[32], char *why, size_t whylen);
+/* Hashes the same chunks and compares with want[i]: the number of chunks
+ * whose hash differs (0: all verified; why names the first otherwise), or
+ * a negative errno. bad (NULL or one byte per chunk) gets 1 where chunk i
+ * differs, else 0. */
+int node_cuda_blake3_verify(struct node_cuda_blake3 *b, const void *dptr, uint64_t len,
+			    uint64_t chunk, const uint8_t (*want)[32], uint8_t *bad, char *why,
+			    size_t whylen);
+/* The kernel alone, queued on stream (a cudaStream_t; NULL: the legacy
+ * default stream) of the current device: out[i] = BLAKE3 of
+ * dptr[offs[i] .. offs[i] + lens[i]). offs, lens and out are device
+ * memory. Returns the launch's error; the run's surfaces on the stream. */
+int node_cuda_blake3_launch(const void *dptr, const uint64_t *offs, const uint64_t *lens,
+			    uint64_t n, uint8_t (*out)[32], void *stream, char *why, size_t whylen);
+/* The kernel's own steps (leaves, levels, the stack of subtrees) run on
+ * the CPU, thread by thread: the BLAKE3 of len host bytes. Lets tests
+ * check the kernel's tree logic where no device is visible. */
+void node_cuda_blake3_host(const void *buf, uint64_t len, uint8_t out[32]);
+/* The device's memory bandwidth in bytes/s: the peak its memory clock
+ * and bus width give (0 when the device does not say), and the rate a
+ * device-to-device cudaMemcpy of len bytes reaches, counting each byte
+ * read and written (median of 5). */
+int node_cuda_mem_bandwidth(int dev, size_t len, double *peak, double *copy, char *why,
+			    size_t whylen);
 
 #ifdef __cplusplus
 }

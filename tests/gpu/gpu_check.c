@@ -2,7 +2,9 @@
  * links only the CUDA runtime (static) and the store's CUDA code, so that it
  * runs on a GPU machine without tessera's other dependencies. Every check
  * compares device contents, copied back, with the bytes expected; the
- * benchmark prints ratios against a bound measured in the same run. Exits
+ * benchmark prints ratios against a bound measured in the same run. The
+ * device's BLAKE3 is checked against the CPU's (blake3.h), and its tree
+ * logic run on the CPU (node_cuda_blake3_host) even without a device. Exits
  * 0 when every check passed (or no device is visible: skipped, saying so),
  * 1 when one failed. `gpu_check --ipc-child HEX LEN FOLD` is the child
  * process of the IPC check. */
@@ -18,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "blake3.h"
 #include "node/store/store_cuda.h"
 #include "proto/wsum.h"
 
@@ -356,6 +359,214 @@ static void check_scatter(unsigned w, uint64_t nelem, uint64_t nchanges, size_t 
 	free(vals);
 }
 
+/* ---- BLAKE3: the device's chunk hashes against the CPU's ---- */
+
+/* Lengths around every block and leaf boundary and the tree's shapes up to
+ * a whole 128 KiB chunk (BLAKE3's official test vector lengths among them). */
+static const size_t b3_lens[] = {0,    1,    63,   64,   65,    1023,  1024,   1025,   2048,
+				 2049, 3072, 3073, 4096, 4097,  5120,  5121,   6144,   6145,
+				 7168, 7169, 8192, 8193, 16384, 31744, 102400, 131071, 131072};
+#define B3_NLENS (sizeof(b3_lens) / sizeof(b3_lens[0]))
+
+static void cpu_blake3(const uint8_t *p, size_t len, uint8_t out[32])
+{
+	blake3_hasher h;
+
+	blake3_hasher_init(&h);
+	blake3_hasher_update(&h, p, len);
+	blake3_hasher_finalize(&h, out, 32);
+}
+
+/* Bytes i % 251 (the official test vectors' input) or random ones. */
+static void b3_fill(uint8_t *p, size_t n, int random)
+{
+	if (random)
+		fill(p, n);
+	else
+		for (size_t i = 0; i < n; i++)
+			p[i] = (uint8_t)(i % 251);
+}
+
+/* The kernel's own steps on the CPU (runs without a device too): every
+ * vector length, both inputs, aligned and not, and chunks of several
+ * 128 KiB groups (the kernel's stack of subtrees). */
+static void check_blake3_host(void)
+{
+	static const size_t more[] = {131073, 262144, 393221, 524288, 917504 + 1023,
+				      1048576, 1048577, (3 << 20) + 17};
+	size_t maxlen = (3 << 20) + 17;
+	uint8_t *buf = malloc(maxlen + 1), want[32], got[32];
+	int n = 0;
+
+	CHECK(buf != NULL, "out of memory");
+	for (int random = 0; random < 2; random++)
+		for (size_t i = 0; i < B3_NLENS + sizeof(more) / sizeof(more[0]); i++)
+			for (size_t mis = 0; mis < 2; mis++, n++) {
+				size_t len = i < B3_NLENS ? b3_lens[i] : more[i - B3_NLENS];
+				b3_fill(buf + mis, len, random);
+				cpu_blake3(buf + mis, len, want);
+				node_cuda_blake3_host(buf + mis, len, got);
+				CHECK(memcmp(want, got, 32) == 0,
+				      "blake3 host emulation: %zu bytes (%s, %s) differ from the CPU's", len,
+				      random ? "random" : "i %% 251", mis ? "unaligned" : "aligned");
+			}
+	printf("ok   blake3 host emulation of the kernel: %d inputs of 0 to %zu bytes agree with "
+	       "the CPU's BLAKE3\n", n, maxlen);
+	free(buf);
+}
+
+/* Each vector as its own chunk (node_cuda_blake3_chunks), then all of them
+ * at once at odd places of one buffer (node_cuda_blake3_launch). */
+static void check_blake3_vectors(int random)
+{
+	size_t total = 16;
+	for (size_t i = 0; i < B3_NLENS; i++)
+		total += b3_lens[i] + 3 + 15; /* its offset past a 16-byte boundary, the padding after */
+	uint8_t *host = calloc(1, total), (*want)[32] = malloc(B3_NLENS * 32),
+		(*got)[32] = malloc(B3_NLENS * 32);
+	uint64_t offs[B3_NLENS], lens[B3_NLENS];
+	struct node_cuda_blake3 *b = NULL;
+	uint8_t *dev = NULL, (*out_d)[32] = NULL;
+	uint64_t *offs_d = NULL, *lens_d = NULL;
+	const char *what = random ? "random bytes" : "bytes i % 251";
+
+	CHECK(host && want && got, "out of memory");
+	CUDA_OK(node_cuda_blake3_new(0, 4, &b, why, sizeof(why)));
+	CUDA_OK(node_cuda_alloc(0, total, (void **)&dev, why, sizeof(why)));
+	size_t at = 0;
+	for (size_t i = 0; i < B3_NLENS; i++) {
+		at += i % 4; /* 16-byte aligned, and not */
+		offs[i] = at;
+		lens[i] = b3_lens[i];
+		b3_fill(host + at, b3_lens[i], random);
+		cpu_blake3(host + at, b3_lens[i], want[i]);
+		at += b3_lens[i];
+		at = (at + 15) & ~(size_t)15;
+	}
+	CHECK(at <= total, "vector layout");
+	CUDA_OK(node_cuda_upload(0, dev, host, total, why, sizeof(why)));
+	for (size_t i = 0; i < B3_NLENS; i++) {
+		size_t len = b3_lens[i];
+		CUDA_OK(node_cuda_blake3_chunks(b, dev + offs[i], len, len ? len : 1, got, why,
+						sizeof(why)));
+		CHECK(memcmp(got[0], want[i], 32) == 0,
+		      "blake3 of %zu %s at offset %" PRIu64 ": the device's hash differs from the CPU's",
+		      len, what, offs[i]);
+	}
+	CUDA_OK(node_cuda_alloc(0, sizeof(offs), (void **)&offs_d, why, sizeof(why)));
+	CUDA_OK(node_cuda_alloc(0, sizeof(lens), (void **)&lens_d, why, sizeof(why)));
+	CUDA_OK(node_cuda_alloc(0, B3_NLENS * 32, (void **)&out_d, why, sizeof(why)));
+	CUDA_OK(node_cuda_upload(0, offs_d, offs, sizeof(offs), why, sizeof(why)));
+	CUDA_OK(node_cuda_upload(0, lens_d, lens, sizeof(lens), why, sizeof(why)));
+	CUDA_OK(node_cuda_blake3_launch(dev, offs_d, lens_d, B3_NLENS, out_d, NULL, why, sizeof(why)));
+	CUDA_OK(node_cuda_download(0, got, out_d, B3_NLENS * 32, why, sizeof(why)));
+	for (size_t i = 0; i < B3_NLENS; i++)
+		CHECK(memcmp(got[i], want[i], 32) == 0,
+		      "blake3 launch, chunk %zu (%zu %s): the device's hash differs from the CPU's", i,
+		      b3_lens[i], what);
+	printf("ok   blake3 vectors (%s): %zu lengths of 0 to 128 KiB, one by one and in one "
+	       "launch, agree with the CPU's\n", what, B3_NLENS);
+	node_cuda_free(out_d);
+	node_cuda_free(lens_d);
+	node_cuda_free(offs_d);
+	node_cuda_free(dev);
+	node_cuda_blake3_free(b);
+	free(host);
+	free(want);
+	free(got);
+}
+
+/* len random bytes in chunks of chunk bytes, batches of batch chunks (fewer
+ * than the chunks: the context goes through them in turns); then verify,
+ * before and after one byte of chunk n/3 changes on the device. */
+static void check_blake3_batch(size_t len, size_t chunk, uint64_t batch, size_t misalign)
+{
+	uint64_t n = node_cuda_blake3_count(len, chunk);
+	uint8_t *host = malloc(len + 1), (*want)[32] = malloc(n * 32), (*got)[32] = malloc(n * 32);
+	uint8_t *bad = malloc(n), *base = NULL;
+	struct node_cuda_blake3 *b = NULL;
+
+	CHECK(host && want && got && bad, "out of memory");
+	fill(host, len);
+	for (uint64_t i = 0; i < n; i++) {
+		size_t off = i * chunk;
+		cpu_blake3(host + off, len - off < chunk ? len - off : chunk, want[i]);
+	}
+	CUDA_OK(node_cuda_alloc(0, len + misalign, (void **)&base, why, sizeof(why)));
+	uint8_t *dev = base + misalign;
+	CUDA_OK(node_cuda_upload(0, dev, host, len, why, sizeof(why)));
+	CUDA_OK(node_cuda_blake3_new(0, batch, &b, why, sizeof(why)));
+	CUDA_OK(node_cuda_blake3_chunks(b, dev, len, chunk, got, why, sizeof(why)));
+	for (uint64_t i = 0; i < n; i++)
+		CHECK(memcmp(got[i], want[i], 32) == 0,
+		      "blake3 batch: chunk %" PRIu64 " of %" PRIu64 " (%zu-byte chunks): the device's "
+		      "hash differs from the CPU's", i, n, chunk);
+	CHECK(node_cuda_blake3_verify(b, dev, len, chunk, (const uint8_t (*)[32])want, bad, why,
+				      sizeof(why)) == 0,
+	      "blake3 verify: untouched chunks refused: %s", why);
+	uint64_t hit = n / 3;
+	uint8_t x = host[hit * chunk] ^ 0x40;
+	CUDA_OK(node_cuda_upload(0, dev + hit * chunk, &x, 1, why, sizeof(why)));
+	CHECK(node_cuda_blake3_verify(b, dev, len, chunk, (const uint8_t (*)[32])want, bad, why,
+				      sizeof(why)) == 1,
+	      "blake3 verify: a changed byte in chunk %" PRIu64 " was not the one mismatch", hit);
+	for (uint64_t i = 0; i < n; i++)
+		CHECK(bad[i] == (i == hit), "blake3 verify: chunk %" PRIu64 " flagged wrongly", i);
+	printf("ok   blake3 %" PRIu64 " chunks of %zu bytes (%zu in all%s, batches of %" PRIu64
+	       "): agree with the CPU's; verify finds the one changed chunk (%s)\n",
+	       n, chunk, len, misalign ? ", unaligned" : "", batch, why);
+	node_cuda_blake3_free(b);
+	node_cuda_free(base);
+	free(host);
+	free(want);
+	free(got);
+	free(bad);
+}
+
+/* 1 GiB of 128 KiB chunks already on the device: the kernel's rate against
+ * the device's memory bandwidth (a hash reads each byte once). */
+static void bench_blake3(void)
+{
+	const size_t len = 1ull << 30, chunk = 1 << 17;
+	uint64_t n = len / chunk;
+	uint8_t *dev = NULL, (*got)[32] = malloc(n * 32), *host = malloc(64 << 20), h[32];
+	struct node_cuda_blake3 *b = NULL;
+	double t[5], peak = 0, copy = 0;
+
+	CHECK(got && host, "out of memory");
+	CUDA_OK(node_cuda_alloc(0, len, (void **)&dev, why, sizeof(why)));
+	fill(host, 64 << 20);
+	for (size_t at = 0; at < len; at += 64 << 20)
+		CUDA_OK(node_cuda_upload(0, dev + at, host, 64 << 20, why, sizeof(why)));
+	CUDA_OK(node_cuda_blake3_new(0, n, &b, why, sizeof(why)));
+	CUDA_OK(node_cuda_blake3_chunks(b, dev, len, chunk, got, why, sizeof(why))); /* warm */
+	cpu_blake3(host, chunk, h);
+	CHECK(memcmp(h, got[0], 32) == 0, "blake3 bench: chunk 0's hash differs from the CPU's");
+	for (int i = 0; i < 5; i++) {
+		double t0 = now_s();
+		CUDA_OK(node_cuda_blake3_chunks(b, dev, len, chunk, got, why, sizeof(why)));
+		t[i] = now_s() - t0;
+	}
+	double d = median(t, 5);
+	double c0 = now_s();
+	for (size_t at = 0; at < (64 << 20); at += chunk)
+		cpu_blake3(host + at, chunk, got[at / chunk]);
+	double c = now_s() - c0;
+	node_cuda_free(dev);
+	dev = NULL;
+	CUDA_OK(node_cuda_mem_bandwidth(0, 512 << 20, &peak, &copy, why, sizeof(why)));
+	double rate = len / d;
+	printf("bench blake3: 1024 MiB of 128 KiB chunks on the device: %.1f GB/s (digests to the "
+	       "host included; median of 5); memory bandwidth: D2D cudaMemcpy %.1f GB/s read+written, "
+	       "peak %.1f GB/s (memory clock x bus width); ratio hash/D2D %.2f, hash/peak %.2f; "
+	       "host BLAKE3 one core %.2f GB/s\n",
+	       rate / 1e9, copy / 1e9, peak / 1e9, copy > 0 ? rate / copy : 0,
+	       peak > 0 ? rate / peak : 0, (64 << 20) / c / 1e9);
+	node_cuda_blake3_free(b);
+	free(got);
+	free(host);
+}
+
 /* ---- IPC: a child process opens the handle and folds what it sees ---- */
 
 static void hex(const uint8_t *b, size_t n, char *out)
@@ -509,9 +720,11 @@ int main(int argc, char **argv)
 	if (argc == 5 && strcmp(argv[1], "--ipc-child") == 0)
 		return ipc_child(argv[2], argv[3], argv[4]);
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	check_blake3_host(); /* the CPU alone */
 	if (node_cuda_probe(&ndev, why, sizeof(why)) != 0) {
-		printf("gpu-check: %s: skipped\n", why);
-		return 0;
+		printf("gpu-check: %s: device checks skipped%s\n", why,
+		       failures ? " (the BLAKE3 host emulation FAILED)" : "");
+		return failures ? 1 : 0;
 	}
 	printf("gpu-check: %d CUDA device(s); checks on device 0\n", ndev);
 	check_ring_refuses();
@@ -525,10 +738,17 @@ int main(int argc, char **argv)
 	check_scatter(4, 1 << 20, 30000, 0);
 	check_scatter(8, 1 << 20, 30000, 4);
 	check_ipc();
+	check_blake3_vectors(0);
+	check_blake3_vectors(1);
+	check_blake3_batch((64 << 17) + 1000, 1 << 17, 10, 0); /* full 128 KiB chunks, a short tail */
+	check_blake3_batch((64 << 17) + 1000, 1 << 17, 100, 5);
+	check_blake3_batch((10 << 20) + 3, (3 << 20) + 5, 2, 0); /* several 128-leaf groups a chunk */
+	check_blake3_batch(1 << 20, 1000, 300, 0);               /* chunks shorter than a leaf */
 	if (failures == 0) {
 		bench_upload(512 << 20, 512 << 20, 512 << 20, "contiguous");
 		bench_upload(512 << 20, 4096, 65536, "4-64 KiB pieces");
 		bench_scatter(512ull << 20, 16 << 20);
+		bench_blake3();
 	}
 	printf("gpu-check: %s (%d failed)\n", failures ? "FAILED" : "all checks passed", failures);
 	return failures ? 1 : 0;
