@@ -250,8 +250,9 @@ run-demo-netns: $(BINS)
 	BIN=$(BUILD)/bin deploy/netns-cluster.sh $(NETNS_ARGS)
 
 # Namespaced hosts on 100 Mbit/s links (root): N = 8 and 16 TP1 replicas,
-# fanout then star (tests/bench/bench_fanout.sh); a mixed fleet, then late
-# replicas (tests/bench/bench_elastic.sh).
+# fanout then star, then N = 8 fanout on 1 Gbit/s links
+# (tests/bench/bench_fanout.sh; BENCH_FANOUT_RATE=100mbit|1gbit|all); a mixed
+# fleet, then late replicas (tests/bench/bench_elastic.sh).
 run-bench-fanout: $(BINS)
 	BIN=$(BUILD)/bin tests/bench/bench_fanout.sh
 run-bench-elastic: $(BINS)
