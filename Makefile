@@ -180,6 +180,7 @@ $(BUILD)/asan/libtessera-client.a: $(patsubst %.c,$(BUILD)/asan/%.o,$(CLIENT_SRC
 	ar rcs $@ $^
 
 .PHONY: all test bench bench-delta bench-delta-net bench-steady bench-tracker bench-activate run-bench-activate demo demo-netns fuzz clean deps help \
+        bench-anchor run-bench-anchor \
         check run-bench run-bench-delta run-bench-delta-net run-bench-steady run-demo run-demo-netns run-fuzz \
         check-deploy run-check-deploy run-bench-tracker check-page run-check-page \
         bench-fanout bench-elastic run-bench-fanout run-bench-elastic gpu-check
@@ -191,7 +192,7 @@ $(BUILD)/rel/layers.ok: $(rel_LIBS) tests/check-layers.sh
 
 # The user-facing targets install missing dependencies first, then re-enter
 # make so that pkg-config sees the freshly installed packages.
-test bench bench-delta bench-delta-net bench-steady bench-tracker bench-activate demo demo-netns fuzz \
+test bench bench-delta bench-delta-net bench-steady bench-tracker bench-activate bench-anchor demo demo-netns fuzz \
 check-page bench-fanout bench-elastic: deps
 	@$(MAKE) --no-print-directory $(if $(filter test,$@),check,run-$@)
 
@@ -249,8 +250,9 @@ run-demo-netns: $(BINS)
 	BIN=$(BUILD)/bin deploy/netns-cluster.sh $(NETNS_ARGS)
 
 # Namespaced hosts on 100 Mbit/s links (root): N = 8 and 16 TP1 replicas,
-# fanout then star (tests/bench/bench_fanout.sh); a mixed fleet, then late
-# replicas (tests/bench/bench_elastic.sh).
+# fanout then star, then N = 8 fanout on 1 Gbit/s links
+# (tests/bench/bench_fanout.sh; BENCH_FANOUT_RATE=100mbit|1gbit|all); a mixed
+# fleet, then late replicas (tests/bench/bench_elastic.sh).
 run-bench-fanout: $(BINS)
 	BIN=$(BUILD)/bin tests/bench/bench_fanout.sh
 run-bench-elastic: $(BINS)
@@ -286,6 +288,13 @@ run-bench-delta: $(BUILD)/bench/bench_delta
 # into $(BUILD)/bench-delta-net), replicas tp2 tp2 tp1, anchors every 10.
 run-bench-delta-net: $(BUILD)/bench/bench_delta_net $(BINS)
 	$(BUILD)/bench/bench_delta_net $(abspath $(BUILD)/bin) $(BUILD)/bench-delta-net
+
+# The second of two anchors of a 1 GiB synth model (generated once into
+# $(BUILD)/bench-anchor) to one tp1 replica on loopback, three runs of fresh
+# processes, against bench_fabric's read rate in the same run
+# (tests/bench/bench_anchor.sh).
+run-bench-anchor: $(BUILD)/bench/bench_fabric $(BINS)
+	tests/bench/bench_anchor.sh $(BUILD)/bin $(BUILD)/bench-anchor $(BUILD)/bench/bench_fabric
 
 FUZZ_CC    ?= clang
 FUZZ_FLAGS := -std=gnu11 -g -O1 -pthread -D_GNU_SOURCE -I. $(PKG_CFLAGS) \
