@@ -330,6 +330,7 @@ struct node_pub {
 	uint8_t **spare_buf;
 	size_t *spare_buf_cap;
 	size_t *export_cap; /* per rank: its last export buffer's size, 0 before one */
+	bool second_made;   /* the second export buffers were made ahead (once) */
 	/* An anchor leaves no block to take turns with (there was no parent
 	 * to give one back): a worker maps and touches one per rank while the
 	 * anchor goes out, and the next export's start joins it

@@ -86,13 +86,36 @@ void node__pub_part_items_free(struct pub_part *pt)
 	pt->nitems = 0;
 }
 
+/* Export buffers of rank r other than pt's: those of served versions and
+ * of the export in progress. */
+static size_t rank_buffers(const struct node_pub *p, uint32_t r, const struct pub_part *pt)
+{
+	size_t n = 0;
+
+	for (const struct pub_version *v = p->versions; v != NULL; v = v->next)
+		for (size_t i = 0; i < v->nparts; i++)
+			n += v->parts[i].rank == r && v->parts[i].buf != NULL && &v->parts[i] != pt;
+	const struct pub_version *ev = p->ex != NULL ? p->ex->pv : NULL;
+	for (const struct pub_version *v = p->versions; ev != NULL && v != NULL; v = v->next)
+		if (v == ev)
+			ev = NULL; /* counted above */
+	for (size_t i = 0; ev != NULL && i < ev->nparts; i++)
+		n += ev->parts[i].rank == r && ev->parts[i].buf != NULL && &ev->parts[i] != pt;
+	return n;
+}
+
 /* The buffer is kept as the rank's spare, the next export's buffer, when
- * the rank has none or a smaller one: its pages are faulted in once, not
- * per version (a fresh page's first touch costs more than the network
- * moving it, NOTES.md). One spare per rank at most: the others go back. */
+ * the rank has none or a smaller one and at most one other buffer of the
+ * rank is in use (versions published one after another: the retired one
+ * takes the next): its pages are faulted in once, not per version (a
+ * fresh page's first touch costs more than the network moving it,
+ * NOTES.md). With more versions served at once (a fast clock) it goes
+ * back, as the others do: a spare then would only add to what is held. */
 void node__pub_part_release(struct node_pub *p, struct pub_part *pt)
 {
 	uint32_t r = pt->rank;
+	bool keep = pt->buf != NULL && r < p->tl.nranks && p->spare_buf_cap[r] < pt->cap &&
+		    rank_buffers(p, r, pt) <= 1;
 
 	for (size_t li = 0; li < pt->nslices; li++)
 		fab_mr_close(pt->slices[li].mr);
@@ -100,7 +123,7 @@ void node__pub_part_release(struct node_pub *p, struct pub_part *pt)
 	pt->slices = NULL;
 	pt->nslices = 0;
 	node__pub_part_items_free(pt);
-	if (pt->buf != NULL && r < p->tl.nranks && p->spare_buf_cap[r] < pt->cap) {
+	if (keep) {
 		node_serve_unmap(p->spare_buf[r], p->spare_buf_cap[r]);
 		p->spare_buf[r] = pt->buf;
 		p->spare_buf_cap[r] = pt->cap;

@@ -117,9 +117,10 @@ void node__pub_prefault_first(struct node_pub *p)
 }
 
 /* After a version is published: the next one's snapshot block (when the
- * version's own is kept as the parent) and export buffer (when the
- * version's is still served and no spare is left) are made now, so that
- * the next export faults no page. */
+ * version's own is kept as the parent) is made now, and after the first
+ * version the second export buffer (the first is still served), so that
+ * the next export faults no page. Later exports take the buffer a retired
+ * version leaves (node__pub_part_release): none is made ahead again. */
 void node__pub_prefault_start(struct node_pub *p, uint64_t next)
 {
 	struct pub_prefault *pf;
@@ -135,9 +136,10 @@ void node__pub_prefault_start(struct node_pub *p, uint64_t next)
 		size_t cap = node__pub_page_round(p->tl.ranks[r].nbytes);
 		if (p->blocks[r] == NULL && p->tl.ranks[r].nbytes > 0)
 			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = r, .kind = PF_BLOCK, .cap = cap};
-		if (p->spare_buf[r] == NULL && p->export_cap[r] > 0)
+		if (!p->second_made && p->spare_buf[r] == NULL && p->export_cap[r] > 0)
 			pf->bufs[pf->n++] = (struct pub_pbuf){.rank = r, .kind = PF_SERVED,
 							      .cap = p->export_cap[r]};
 	}
+	p->second_made = true;
 	prefault_launch(p, pf);
 }
