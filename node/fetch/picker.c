@@ -387,9 +387,20 @@ struct fetch_source *fetch_pick(struct fetcher *x, uint32_t pi, uint32_t *chunk,
 		f->trainer_late = trainer_late(x, &f->peer_bytes, now);
 		f->late_judged_ms = now;
 	}
-	/* 1. Rarest first among chunks peers hold. */
+	/* 1. Rarest first among chunks peers hold: only peers with a have-page
+	 * hold any (avail counts them; pick_holder takes only those). Without
+	 * one the walk would find nothing: what else it counts is two scans
+	 * of the state bytes (a walk per pick, over every chunk, was as much
+	 * of a lone node's CPU as hashing what it fetched). */
+	bool paged = false;
+	for (size_t k = 0; k < p->nsrcs && !paged; k++)
+		paged = p->srcs[k].info.peer && p->srcs[k].have != NULL;
+	if (!paged) {
+		todo = memchr(p->state, CHUNK_TODO, n) != NULL;
+		live = memchr(p->state, CHUNK_READING, n) != NULL;
+	}
 	struct pick_peers pp = {0};
-	for (uint32_t k = 0; k < n; k++) {
+	for (uint32_t k = 0; paged && k < n; k++) {
 		uint32_t c = (p->rot + k) % n;
 		if (p->state[c] == CHUNK_READING)
 			live++;
