@@ -229,6 +229,45 @@ static void test_update_every_dtype(void **state)
 	}
 }
 
+/* The vectorized BF16 row (proto_canary_elems) against the scalar terms:
+ * a payload scored from scratch equals its update from an all-zero parent
+ * (a zero's term is 0, so that is every element's term, each taken by the
+ * scalar walk), for random bit patterns (NaN, infinities, subnormals) and
+ * rows of every length around the vector widths. */
+static void test_bf16_rows_match_scalar(void **state)
+{
+	(void)state;
+	for (uint64_t cols = 1; cols <= 67; cols += 3) {
+		struct proto_model m;
+		struct proto_layout src, dst;
+		struct proto_plan plan;
+		struct proto_err err;
+		uint64_t shape[2] = {29, cols};
+		proto_model_init(&m);
+		assert_int_equal(proto_model_add(&m, "w", PROTO_DT_BF16, 2, shape, &err), 0);
+		assert_int_equal(proto_model_finish(&m, &err), 0);
+		assert_int_equal(proto_layout_builtin(&m, "fsdp1", &src, &err), 0);
+		assert_int_equal(proto_layout_builtin(&m, "tp1", &dst, &err), 0);
+		assert_int_equal(proto_plan_build(&m, &src, &dst, &plan, &err), 0);
+		srand((unsigned)(41 + cols));
+		for (uint32_t i = 0; i < plan.nparcels; i++) {
+			const struct proto_parcel *pc = &plan.parcels[i];
+			uint8_t *pay = malloc(pc->bytes + 1), *zero = calloc(1, pc->bytes + 1);
+			assert_true(pay != NULL && zero != NULL);
+			for (uint64_t b = 0; b < pc->bytes; b++)
+				pay[b] = (uint8_t)rand();
+			assert_true(proto_canary_parcel(&plan, pc, &dst, pay) ==
+				    proto_canary_parcel_update(&plan, pc, &dst, 0, zero, pay));
+			free(pay);
+			free(zero);
+		}
+		proto_plan_fini(&plan);
+		proto_layout_fini(&src);
+		proto_layout_fini(&dst);
+		proto_model_fini(&m);
+	}
+}
+
 /* A payload scored in spans cut anywhere at least an element apart
  * (mid-element too, as the publisher's stripes of chunks cut it), plus
  * the straddlers at each cut,
@@ -411,6 +450,7 @@ int main(void)
 		cmocka_unit_test(test_update_from_changes),
 		cmocka_unit_test(test_update_every_dtype),
 		cmocka_unit_test(test_spans_add_up),
+		cmocka_unit_test(test_bf16_rows_match_scalar),
 		cmocka_unit_test(test_update_from_encoder),
 		cmocka_unit_test(test_sensitive),
 		cmocka_unit_test(test_every_dtype),
