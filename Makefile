@@ -297,7 +297,7 @@ run-bench-anchor: $(BUILD)/bench/bench_fabric $(BINS)
 	tests/bench/bench_anchor.sh $(BUILD)/bin $(BUILD)/bench-anchor $(BUILD)/bench/bench_fabric
 
 FUZZ_CC    ?= clang
-FUZZ_FLAGS := -std=gnu11 -g -O1 -pthread -D_GNU_SOURCE -I. $(PKG_CFLAGS) \
+FUZZ_FLAGS = -std=gnu11 -g -O1 -pthread -D_GNU_SOURCE -I. -I$(BLAKE3_DIR) $(PKG_CFLAGS) \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
               -fno-omit-frame-pointer
 FUZZ_SECONDS ?= 60
