@@ -99,6 +99,38 @@ static void test_parcels_add_up(void **state)
 	check_pair(&e->m, "fsdp4", "tp4");
 }
 
+/* A model of tensor "a" (rows x cols of dta) and, when nb > 0, "b" (nb of
+ * dtb), planned from layout src to dst: what the tests below score. */
+struct pair {
+	struct proto_model m;
+	struct proto_layout src, dst;
+	struct proto_plan plan;
+};
+
+static void pair_make(struct pair *q, enum proto_dtype dta, uint64_t rows, uint64_t cols,
+		      enum proto_dtype dtb, uint64_t nb, const char *src, const char *dst)
+{
+	struct proto_err err;
+	uint64_t sa[2] = {rows, cols}, sb[1] = {nb};
+
+	proto_model_init(&q->m);
+	assert_int_equal(proto_model_add(&q->m, "a", dta, 2, sa, &err), 0);
+	if (nb > 0)
+		assert_int_equal(proto_model_add(&q->m, "b", dtb, 1, sb, &err), 0);
+	assert_int_equal(proto_model_finish(&q->m, &err), 0);
+	assert_int_equal(proto_layout_builtin(&q->m, src, &q->src, &err), 0);
+	assert_int_equal(proto_layout_builtin(&q->m, dst, &q->dst, &err), 0);
+	assert_int_equal(proto_plan_build(&q->m, &q->src, &q->dst, &q->plan, &err), 0);
+}
+
+static void pair_fini(struct pair *q)
+{
+	proto_plan_fini(&q->plan);
+	proto_layout_fini(&q->src);
+	proto_layout_fini(&q->dst);
+	proto_model_fini(&q->m);
+}
+
 /* A parcel's part updated from its parent's part and the changed elements
  * alone equals the part computed from scratch, in every parcel of a layout
  * pair: a few scattered bytes changed, none, or every byte. */
@@ -189,25 +221,16 @@ static void test_update_every_dtype(void **state)
 {
 	(void)state;
 	for (int dt = PROTO_DT_BF16; dt <= PROTO_DT_I64; dt++) {
-		struct proto_model m;
-		struct proto_layout src, dst;
-		struct proto_plan plan;
-		struct proto_err err;
-		uint64_t shape[2] = {64, 197};
-		proto_model_init(&m);
-		assert_int_equal(proto_model_add(&m, "w", (enum proto_dtype)dt, 2, shape, &err), 0);
-		assert_int_equal(proto_model_finish(&m, &err), 0);
-		assert_int_equal(proto_layout_builtin(&m, "fsdp2", &src, &err), 0);
-		assert_int_equal(proto_layout_builtin(&m, "tp2", &dst, &err), 0);
-		assert_int_equal(proto_plan_build(&m, &src, &dst, &plan, &err), 0);
+		struct pair q;
+		pair_make(&q, (enum proto_dtype)dt, 64, 197, 0, 0, "fsdp2", "tp2");
 		srand(13 + dt);
-		for (uint32_t i = 0; i < plan.nparcels; i++) {
-			const struct proto_parcel *pc = &plan.parcels[i];
+		for (uint32_t i = 0; i < q.plan.nparcels; i++) {
+			const struct proto_parcel *pc = &q.plan.parcels[i];
 			uint8_t *par = malloc(pc->bytes + 1), *child = malloc(pc->bytes + 1);
 			assert_true(par != NULL && child != NULL);
 			for (uint64_t b = 0; b < pc->bytes; b++)
 				par[b] = (uint8_t)rand();
-			uint64_t pp = proto_canary_parcel(&plan, pc, &dst, par);
+			uint64_t pp = proto_canary_parcel(&q.plan, pc, &q.dst, par);
 			for (int round = 0; round < 3; round++) {
 				memcpy(child, par, pc->bytes);
 				for (uint64_t b = 0; round == 1 && b < pc->bytes; b++)
@@ -215,17 +238,14 @@ static void test_update_every_dtype(void **state)
 						child[b] ^= (uint8_t)(1u << (rand() % 8));
 				for (uint64_t b = 190; round == 2 && b < PROTO_MIN(pc->bytes, 900u); b++)
 					child[b] ^= 0x10;
-				uint64_t want = proto_canary_parcel(&plan, pc, &dst, child);
-				assert_true(proto_canary_parcel_update(&plan, pc, &dst, pp, par, child) ==
+				uint64_t want = proto_canary_parcel(&q.plan, pc, &q.dst, child);
+				assert_true(proto_canary_parcel_update(&q.plan, pc, &q.dst, pp, par, child) ==
 					    want);
 			}
 			free(par);
 			free(child);
 		}
-		proto_plan_fini(&plan);
-		proto_layout_fini(&src);
-		proto_layout_fini(&dst);
-		proto_model_fini(&m);
+		pair_fini(&q);
 	}
 }
 
@@ -238,33 +258,21 @@ static void test_bf16_rows_match_scalar(void **state)
 {
 	(void)state;
 	for (uint64_t cols = 1; cols <= 67; cols += 3) {
-		struct proto_model m;
-		struct proto_layout src, dst;
-		struct proto_plan plan;
-		struct proto_err err;
-		uint64_t shape[2] = {29, cols};
-		proto_model_init(&m);
-		assert_int_equal(proto_model_add(&m, "w", PROTO_DT_BF16, 2, shape, &err), 0);
-		assert_int_equal(proto_model_finish(&m, &err), 0);
-		assert_int_equal(proto_layout_builtin(&m, "fsdp1", &src, &err), 0);
-		assert_int_equal(proto_layout_builtin(&m, "tp1", &dst, &err), 0);
-		assert_int_equal(proto_plan_build(&m, &src, &dst, &plan, &err), 0);
+		struct pair q;
+		pair_make(&q, PROTO_DT_BF16, 29, cols, 0, 0, "fsdp1", "tp1");
 		srand((unsigned)(41 + cols));
-		for (uint32_t i = 0; i < plan.nparcels; i++) {
-			const struct proto_parcel *pc = &plan.parcels[i];
+		for (uint32_t i = 0; i < q.plan.nparcels; i++) {
+			const struct proto_parcel *pc = &q.plan.parcels[i];
 			uint8_t *pay = malloc(pc->bytes + 1), *zero = calloc(1, pc->bytes + 1);
 			assert_true(pay != NULL && zero != NULL);
 			for (uint64_t b = 0; b < pc->bytes; b++)
 				pay[b] = (uint8_t)rand();
-			assert_true(proto_canary_parcel(&plan, pc, &dst, pay) ==
-				    proto_canary_parcel_update(&plan, pc, &dst, 0, zero, pay));
+			assert_true(proto_canary_parcel(&q.plan, pc, &q.dst, pay) ==
+				    proto_canary_parcel_update(&q.plan, pc, &q.dst, 0, zero, pay));
 			free(pay);
 			free(zero);
 		}
-		proto_plan_fini(&plan);
-		proto_layout_fini(&src);
-		proto_layout_fini(&dst);
-		proto_model_fini(&m);
+		pair_fini(&q);
 	}
 }
 
@@ -276,27 +284,17 @@ static void test_spans_add_up(void **state)
 {
 	(void)state;
 	for (int dt = PROTO_DT_BF16; dt <= PROTO_DT_I64; dt++) {
-		struct proto_model m;
-		struct proto_layout src, dst;
-		struct proto_plan plan;
-		struct proto_err err;
-		uint64_t shape[2] = {64, 197}, shape2[1] = {333};
-		proto_model_init(&m);
-		assert_int_equal(proto_model_add(&m, "w", (enum proto_dtype)dt, 2, shape, &err), 0);
-		assert_int_equal(proto_model_add(&m, "b", PROTO_DT_BF16, 1, shape2, &err), 0);
-		assert_int_equal(proto_model_finish(&m, &err), 0);
-		assert_int_equal(proto_layout_builtin(&m, "fsdp2", &src, &err), 0);
-		assert_int_equal(proto_layout_builtin(&m, "tp2", &dst, &err), 0);
-		assert_int_equal(proto_plan_build(&m, &src, &dst, &plan, &err), 0);
+		struct pair q;
+		pair_make(&q, (enum proto_dtype)dt, 64, 197, PROTO_DT_BF16, 333, "fsdp2", "tp2");
 		srand(29 + dt);
-		for (uint32_t i = 0; i < plan.nparcels; i++) {
-			const struct proto_parcel *pc = &plan.parcels[i];
-			struct proto_canary_map *map = proto_canary_map_new(&plan, pc, &dst);
+		for (uint32_t i = 0; i < q.plan.nparcels; i++) {
+			const struct proto_parcel *pc = &q.plan.parcels[i];
+			struct proto_canary_map *map = proto_canary_map_new(&q.plan, pc, &q.dst);
 			uint8_t *pay = malloc(pc->bytes + 1);
 			assert_true(map != NULL && pay != NULL);
 			for (uint64_t b = 0; b < pc->bytes; b++)
 				pay[b] = (uint8_t)rand();
-			uint64_t want = proto_canary_parcel(&plan, pc, &dst, pay);
+			uint64_t want = proto_canary_parcel(&q.plan, pc, &q.dst, pay);
 			for (uint64_t step = 8; step < 4096; step = step * 3 + 1) {
 				uint64_t sum = 0;
 				for (uint64_t a = 0; a < pc->bytes; a += step) {
@@ -310,10 +308,7 @@ static void test_spans_add_up(void **state)
 			proto_canary_map_free(map);
 			free(pay);
 		}
-		proto_plan_fini(&plan);
-		proto_layout_fini(&src);
-		proto_layout_fini(&dst);
-		proto_model_fini(&m);
+		pair_fini(&q);
 	}
 }
 
@@ -346,28 +341,19 @@ static void test_update_from_encoder(void **state)
 {
 	(void)state;
 	for (int dt = PROTO_DT_BF16; dt <= PROTO_DT_I64; dt++) {
-		struct proto_model m;
-		struct proto_layout src, dst;
-		struct proto_plan plan;
+		struct pair q;
 		struct proto_err err;
-		uint64_t sa[2] = {48, 197}, sb[1] = {301};
-		proto_model_init(&m);
-		assert_int_equal(proto_model_add(&m, "a", (enum proto_dtype)dt, 2, sa, &err), 0);
-		assert_int_equal(proto_model_add(&m, "b", (enum proto_dtype)dt, 1, sb, &err), 0);
-		assert_int_equal(proto_model_finish(&m, &err), 0);
-		assert_int_equal(proto_layout_builtin(&m, "fsdp2", &src, &err), 0);
-		assert_int_equal(proto_layout_builtin(&m, "tp2", &dst, &err), 0);
-		assert_int_equal(proto_plan_build(&m, &src, &dst, &plan, &err), 0);
+		pair_make(&q, (enum proto_dtype)dt, 48, 197, (enum proto_dtype)dt, 301, "fsdp2", "tp2");
 		srand(17 + dt);
-		for (uint32_t i = 0; i < plan.nparcels; i++) {
-			const struct proto_parcel *pc = &plan.parcels[i];
+		for (uint32_t i = 0; i < q.plan.nparcels; i++) {
+			const struct proto_parcel *pc = &q.plan.parcels[i];
 			struct proto_dparcel dp;
 			uint8_t *par = malloc(pc->bytes + 1), *child = malloc(pc->bytes + 1);
 			assert_true(par != NULL && child != NULL);
-			assert_int_equal(proto_dparcel_build(&m, &plan, pc, &dst, &dp, &err), 0);
+			assert_int_equal(proto_dparcel_build(&q.m, &q.plan, pc, &q.dst, &dp, &err), 0);
 			for (uint64_t b = 0; b < pc->bytes; b++)
 				par[b] = (uint8_t)rand();
-			uint64_t pp = proto_canary_parcel(&plan, pc, &dst, par);
+			uint64_t pp = proto_canary_parcel(&q.plan, pc, &q.dst, par);
 			for (int round = 0; round < 4; round++) {
 				memcpy(child, par, pc->bytes);
 				for (uint64_t b = 0; round == 1 && b < pc->bytes; b++)
@@ -378,7 +364,7 @@ static void test_update_from_encoder(void **state)
 					child[dp.pieces[0].pay_off + b] ^= 0x21;
 				for (uint64_t b = 0; round == 3 && b < pc->bytes; b++)
 					child[b] = (uint8_t)~par[b];
-				struct proto_canary_map *map = proto_canary_map_new(&plan, pc, &dst);
+				struct proto_canary_map *map = proto_canary_map_new(&q.plan, pc, &q.dst);
 				struct enc_sum c = {.dp = &dp, .map = map};
 				struct proto_delta_opts o = {.threads = 3, .chunk_elems = 100,
 							     .on_changes = on_changes,
@@ -388,8 +374,8 @@ static void test_update_from_encoder(void **state)
 				assert_non_null(map);
 				assert_int_equal(proto_dparcel_encode(&dp, par, child, &o, &enc, &len,
 								      NULL, &err), 0);
-				uint64_t want = proto_canary_parcel(&plan, pc, &dst, child);
-				assert_true(proto_canary_parcel_update(&plan, pc, &dst, pp, par, child) ==
+				uint64_t want = proto_canary_parcel(&q.plan, pc, &q.dst, child);
+				assert_true(proto_canary_parcel_update(&q.plan, pc, &q.dst, pp, par, child) ==
 					    want);
 				assert_true(pp + atomic_load(&c.sum) == want);
 				if (round == 0)
@@ -403,10 +389,7 @@ static void test_update_from_encoder(void **state)
 			free(par);
 			free(child);
 		}
-		proto_plan_fini(&plan);
-		proto_layout_fini(&src);
-		proto_layout_fini(&dst);
-		proto_model_fini(&m);
+		pair_fini(&q);
 	}
 }
 

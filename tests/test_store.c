@@ -17,6 +17,7 @@
 #include "proto/dpatch.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
+#include "tests/cudatest.h"
 #include "tests/testutil.h"
 
 static void test_host_slot_is_mappable(void **state)
@@ -304,20 +305,6 @@ static void test_fold_matches_on_host(void **state)
 	assert_true(node_host_fold(w, 16) != node_host_fold(v, 16));
 }
 
-#ifdef TESSERA_CUDA
-/* Skips the calling test, saying why, when no CUDA device is visible. */
-static void skip_without_gpu(void)
-{
-	char why[256];
-	int ndev = 0;
-
-	if (node_cuda_probe(&ndev, why, sizeof(why)) != 0) {
-		print_message("skipped: %s\n", why);
-		skip();
-	}
-}
-#endif
-
 static void test_cuda_store(void **state)
 {
 #ifndef TESSERA_CUDA
@@ -329,7 +316,7 @@ static void test_cuda_store(void **state)
 	struct proto_err err;
 	char why[256];
 
-	skip_without_gpu();
+	tu_skip_without_gpu();
 	assert_int_equal(node_store_open("cuda", &s, &err), 0);
 	assert_int_equal(node_slot_new(&s, 1, (64 << 20) + 5, &slot, &err), 0);
 	for (size_t i = 0; i < slot->len; i++)
@@ -459,7 +446,7 @@ static void test_cuda_streamed_slot(void **state)
 	struct proto_err err;
 	char why[256];
 
-	skip_without_gpu();
+	tu_skip_without_gpu();
 	stream_env_init(&e);
 	assert_int_equal(node_store_open("cuda", &s, &err), 0);
 	assert_true(node_store_streams(&s));
@@ -543,7 +530,7 @@ static void test_cuda_patched_slot(void **state)
 	struct proto_err err;
 	char why[256];
 
-	skip_without_gpu();
+	tu_skip_without_gpu();
 	assert_int_equal(proto_fixture_model(3 << 20, &m, &err), 0);
 	assert_int_equal(proto_layout_builtin(&m, "tp1", &l, &err), 0);
 	assert_int_equal(proto_plan_build(&m, &l, &l, &plan, &err), 0);

@@ -15,6 +15,7 @@
 
 #include "blake3.h"
 #include "node/store/store_cuda.h"
+#include "tests/cudatest.h"
 
 #ifdef TESSERA_CUDA
 static const size_t vector_lens[] = {
@@ -55,17 +56,6 @@ static void hex(const uint8_t d[32], char out[65])
 		snprintf(out + 2 * i, 3, "%02x", d[i]);
 }
 
-/* Skips the calling test, saying why, when no CUDA device is visible. */
-static void skip_without_gpu(void)
-{
-	char why[256];
-	int ndev = 0;
-
-	if (node_cuda_probe(&ndev, why, sizeof(why)) != 0) {
-		print_message("skipped: %s\n", why);
-		skip();
-	}
-}
 #endif
 
 /* The kernel's leaf, level and stack steps on the CPU agree with BLAKE3's
@@ -126,7 +116,7 @@ static void test_blake3_device(void **state)
 	size_t total = 16;
 	char why[256];
 
-	skip_without_gpu();
+	tu_skip_without_gpu();
 	want = malloc(NLENS * 32);
 	got = malloc(NLENS * 32);
 	for (size_t i = 0; i < NLENS; i++)
