@@ -54,6 +54,13 @@
 	/* A node's cap on fetching, megabits per second (0: none), so pulling \
 	 * a version leaves room for the serving traffic on the same link. */ \
 	X(FETCH_MBPS, "TESSERA_FETCH_MBPS", 0, "node fetch rate cap, Mbit/s (0: none)") \
+	/* Most chunks one read from a publisher takes: consecutive chunks of a \
+	 * parcel that are the node's to take from it, as many as its measured \
+	 * rate moves in about a millisecond (a fast link: 4 GB/s is 30 chunks \
+	 * of 128 KiB), so that fewer, larger reads cost both sides less CPU per \
+	 * byte. On links below about 1 GB/s a read stays one chunk, the \
+	 * fanout's step. 1: one chunk a read always (node/fetch/NOTES.md). */ \
+	X(READ_CHUNKS, "TESSERA_READ_CHUNKS", 8, "most chunks per read from a publisher on a fast link") \
 	/* Threads a node uses to hash and place fetched chunks; 0: two where \
 	 * the machine has two cores or more, else one (node/fetch/verifier.c). */ \
 	X(VERIFY_THREADS, "TESSERA_VERIFY_THREADS", 0, "chunk verification threads per node (0: min(2, cores))") \

@@ -387,6 +387,70 @@ static void test_pace_congested_peer(void **state)
 }
 
 /*
+ * Reads of several chunks (fetch_read_run): from a publisher whose measured
+ * rate moves several chunks a millisecond, the chunks after c that are ours,
+ * untouched and held by no peer, up to TESSERA_READ_CHUNKS and the room in
+ * its window; one chunk from a peer, unmeasured or slower sources.
+ */
+static void test_read_runs(void **state)
+{
+	struct congested g;
+	uint8_t mine[8], busy[8];
+	uint16_t avail[8];
+
+	(void)state;
+	congested_start(&g);
+	memset(mine, 1, sizeof(mine));
+	memset(busy, 0, sizeof(busy));
+	memset(avail, 0, sizeof(avail));
+	g.p.mine = mine;
+	g.p.peer_busy = busy;
+	g.p.avail = avail;
+	g.p.nlive[3] = 0; /* the harness's read of chunk 3 is not ours here */
+	g.p.state[3] = 0;
+	g.f.man.chunk_size = CG_CHUNK;
+	g.x.max_inflight = 64;
+	struct fetch_source *pub = &g.srcs[1], *peer = &g.srcs[0];
+	struct fetch_source *h = fetch_pace(pub);
+
+	assert_int_equal(fetch_read_run(&g.x, &g.p, 0, pub), 1); /* unmeasured */
+	h->rate = 2000000; /* 2 MB/s: not a chunk a millisecond */
+	assert_int_equal(fetch_read_run(&g.x, &g.p, 0, pub), 1);
+	h->rate = 100000000; /* 100 MB/s: 24 chunks of 4 KiB a millisecond */
+	assert_int_equal(fetch_read_run(&g.x, &g.p, 0, pub), 8);
+	assert_int_equal(fetch_read_run(&g.x, &g.p, 5, pub), 3); /* the parcel ends */
+	fetch_pace(peer)->rate = 100000000;
+	assert_int_equal(fetch_read_run(&g.x, &g.p, 0, peer), 1); /* a peer */
+	g.p.state[3] = 1; /* being read */
+	assert_int_equal(fetch_read_run(&g.x, &g.p, 0, pub), 3);
+	g.p.state[3] = 0;
+	mine[2] = 0; /* another member's to take from the trainer */
+	assert_int_equal(fetch_read_run(&g.x, &g.p, 0, pub), 2);
+	mine[2] = 1;
+	avail[1] = 1; /* a peer holds it */
+	assert_int_equal(fetch_read_run(&g.x, &g.p, 0, pub), 1);
+	avail[1] = 0;
+	busy[4] = 1; /* a peer fetches it */
+	assert_int_equal(fetch_read_run(&g.x, &g.p, 0, pub), 4);
+	busy[4] = 0;
+	g.chunks[1].size = CG_CHUNK / 2; /* a short chunk ends a run */
+	assert_int_equal(fetch_read_run(&g.x, &g.p, 0, pub), 2);
+	g.chunks[1].size = CG_CHUNK;
+	/* The window (64 chunks) with room for 3: wait for a whole run. */
+	h->inflight_bytes = fetch_source_window(&g.x, pub) - 3 * CG_CHUNK;
+	assert_int_equal(fetch_read_run(&g.x, &g.p, 0, pub), 0);
+	h->inflight_bytes = 0;
+	g.x.max_inflight = 4; /* less than half of it out, room for 3: those */
+	g.x.inflight = 1;
+	assert_int_equal(fetch_read_run(&g.x, &g.p, 0, pub), 3);
+	g.x.max_inflight = 64;
+	g.x.inflight = 0;
+	g.f.man.chunk_size = CG_CHUNK / 2; /* the publisher's chunks are not our slots' */
+	assert_int_equal(fetch_read_run(&g.x, &g.p, 0, pub), 1);
+	congested_end(&g);
+}
+
+/*
  * Kept connections (pace.c, conn_hold): a source's address gets one kept
  * handle the first time it is reached, however many sources (parcels,
  * versions) name it, so its connection outlives their lists; a failure
@@ -449,6 +513,7 @@ int main(void)
 		cmocka_unit_test(test_hosts_have_endpoint),
 		cmocka_unit_test(test_pace_congested_peer),
 		cmocka_unit_test(test_pace_kept_conns),
+		cmocka_unit_test(test_read_runs),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

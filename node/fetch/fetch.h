@@ -201,6 +201,9 @@ struct fetch_read {
 	int gstatus;
 	bool gathered; /* from the peer's slot (those reads) */
 	uint64_t started_ms;
+	/* Chunks of one fabric read (the first's op) in slots slot..slot+run-1,
+	 * on the first read; 0 on the others, 1 alone. */
+	uint32_t run;
 	bool abandoned; /* moved elsewhere: its slot stays reserved until completion */
 	bool busy;      /* the slot holds this read (in fabric or verifying) */
 	bool in_fabric; /* posted, not completed */
@@ -497,8 +500,24 @@ void fetch_read_started(struct fetcher *x, uint32_t pi, uint32_t c, uint32_t len
  * verification, or back to the pool. */
 void fetch_read_landed(struct fetch_read *rd, int status);
 /* Posts a read of chunk c of parcel pi from s (a publisher or a peer)
- * into a claimed slot: 0, or an error (s failed, the slot freed). */
+ * into a claimed slot: 0, or an error (s failed, the slot freed). From a
+ * publisher on a fast link the read may take the chunks after c too
+ * (TESSERA_READ_CHUNKS): each is a read of its own in the pool (a slot,
+ * its verdict) that lands when the one fabric read does. */
 int fetch_read_post(struct fetcher *x, uint32_t pi, uint32_t c, struct fetch_source *s);
+/*
+ * How many chunks from c one read from publisher s takes (TESSERA_READ_CHUNKS
+ * at most): c and the chunks after it that nobody of ours reads yet, that
+ * are ours to take from the trainer and that no peer holds or fetches,
+ * whole chunks laid end to end in the bounce buffers, as many as s's
+ * measured rate moves in about a millisecond and its read window has room
+ * for; 0 (post nothing now) while that window is half full or more and
+ * has no room for a whole run: reads land one by one, and a read posted
+ * per landing would be one chunk again. 1 from a peer, and on slower or
+ * unmeasured links: there a chunk is the fanout's step.
+ */
+uint32_t fetch_read_run(const struct fetcher *x, const struct fetch_parcel *p, uint32_t c,
+			const struct fetch_source *s);
 /* Reads in flight are abandoned (their fetch is over): they land and are
  * ignored. */
 void fetch_reads_abandon(struct fetcher *x);

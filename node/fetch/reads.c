@@ -19,7 +19,14 @@ static uint32_t chunk_spans(const struct fetcher *x, const struct fetch *f,
 
 static void on_read(struct fab_op *op, int status)
 {
-	fetch_read_landed(proto_container_of(op, struct fetch_read, op), status);
+	struct fetch_read *rd = proto_container_of(op, struct fetch_read, op);
+	struct fetcher *x = rd->x;
+	uint32_t first = rd->slot, n = PROTO_MAX(rd->run, 1u);
+
+	/* Each chunk of the read lands as its own (a landing may post reads:
+	 * they take only free slots, and these stay busy until they land). */
+	for (uint32_t k = 0; k < n; k++)
+		fetch_read_landed(&x->reads[first + k], status);
 }
 
 /* On a verification worker: the chunk is in the host slot; the CUDA store
@@ -186,6 +193,42 @@ static int free_read_slot(struct fetcher *x)
 	return -1;
 }
 
+/* The first of n free slots in a row (their bounce buffers make one), or -1. */
+static int free_read_run(const struct fetcher *x, uint32_t n)
+{
+	for (uint32_t i = 0, k = 0; i < x->nreads; i++) {
+		k = x->reads[i].busy ? 0 : k + 1;
+		if (k == n)
+			return (int)(i + 1 - n);
+	}
+	return -1;
+}
+
+uint32_t fetch_read_run(const struct fetcher *x, const struct fetch_parcel *p, uint32_t c,
+			const struct fetch_source *s)
+{
+	const struct fetch *f = x->f;
+	const struct fetch_source *ps = fetch_pace(s);
+	uint64_t cs = f->man.chunk_size, win = fetch_source_window(x, s);
+	uint64_t n = PROTO_MIN(proto_param(PROTO_PARAM_READ_CHUNKS), ps->rate / 1000 / cs);
+	uint32_t k = 1;
+
+	if (s->info.peer || cs != x->chunk_size || p->wire != NULL)
+		return 1;
+	uint64_t room = win > ps->inflight_bytes ? (win - ps->inflight_bytes) / cs : 0;
+	room = PROTO_MIN(room, x->max_inflight > x->inflight ? x->max_inflight - x->inflight : 0);
+	/* Reads land one by one: with the window half full or more, wait for
+	 * room for a whole run rather than post one chunk per landing. */
+	if (n > 1 && room < n && ps->inflight_bytes >= win / 2)
+		return 0;
+	n = PROTO_MIN(n, room);
+	while (k < n && c + k < p->mp->nchunks && p->mp->chunks[c + k - 1].size == cs &&
+	       p->state[c + k] == CHUNK_TODO && p->nlive[c + k] == 0 && p->mine[c + k] &&
+	       p->avail[c + k] == 0 && !p->peer_busy[c + k])
+		k++;
+	return k;
+}
+
 /* Takes n bytes from the rate bucket; when it is short, arms a timer for
  * when it will have them and says no. */
 static bool take_tokens(struct fetcher *x, uint64_t n)
@@ -301,35 +344,55 @@ int fetch_read_post(struct fetcher *x, uint32_t pi, uint32_t c, struct fetch_sou
 {
 	struct fetch *f = x->f;
 	struct fetch_parcel *p = &f->parcels[pi];
-	uint32_t len = p->mp->chunks[c].size;
-	int slot = fetch_read_claim(x, len);
+	uint32_t n = fetch_read_run(x, p, c, s), len = 0;
+	int slot = -1;
 
-	if (slot < 0)
-		return -EAGAIN;
+	if (n == 0)
+		return -EAGAIN; /* a run waits for room */
+	/* A run of n chunks in n slots in a row, else one chunk. */
+	for (uint32_t k = 0; k < n; k++)
+		len += p->mp->chunks[c + k].size;
+	if (n > 1 && ((slot = free_read_run(x, n)) < 0 || !take_tokens(x, len)))
+		slot = -1;
+	if (slot < 0) {
+		n = 1;
+		len = p->mp->chunks[c].size;
+		if ((slot = fetch_read_claim(x, len)) < 0)
+			return -EAGAIN;
+	}
+	for (uint32_t k = 0; k < n; k++) {
+		struct fetch_read *rk = &x->reads[slot + k];
+		*rk = (struct fetch_read){.x = x, .parcel = pi, .chunk = c + k,
+					  .slot = (uint32_t)slot + k, .len = p->mp->chunks[c + k].size,
+					  .src_idx = (uint32_t)(s - p->srcs), .src_epoch = p->src_epoch,
+					  .src_peer = s->info.peer, .started_ms = node_now_ms(),
+					  .run = k == 0 ? n : 0, .busy = true, .in_fabric = true,
+					  .gen = x->gen, .hp = s->hp};
+		snprintf(rk->src_id, sizeof(rk->src_id), "%s", s->info.id);
+	}
 	struct fetch_read *rd = &x->reads[slot];
 	struct fab_rkey rk = {s->info.addr, s->info.key, s->info.len};
-	*rd = (struct fetch_read){.x = x, .parcel = pi, .chunk = c, .slot = (uint32_t)slot,
-				  .len = len, .src_idx = (uint32_t)(s - p->srcs),
-				  .src_epoch = p->src_epoch, .src_peer = s->info.peer,
-				  .started_ms = node_now_ms(), .busy = true, .in_fabric = true,
-				  .gen = x->gen, .hp = s->hp};
-	snprintf(rd->src_id, sizeof(rd->src_id), "%s", s->info.id);
 	int rc = s->info.peer ? post_peer(x, rd, s, p)
 			      : fab_read(x->o.fab, &rd->op, x->bounce_mr, (size_t)slot * x->chunk_size,
 					 len, s->fa, &rk, (uint64_t)c * f->man.chunk_size, on_read);
 	if (rc != 0) {
-		rd->busy = false;
-		rd->in_fabric = false;
+		for (uint32_t k = 0; k < n; k++)
+			x->reads[slot + k].busy = x->reads[slot + k].in_fabric = false;
 		give_tokens(x, len);
 		LOG_DEBUG("node %s: read post failed: %d", x->o.id, rc);
 		fetch_source_failed(x, s);
 		return rc == -EAGAIN ? -EIO : rc;
 	}
-	fetch_source_posted(s, len);
 	if (f->su.read == 0)
 		f->su.read = proto_wall_ms();
-	LOG_DEBUG("node %s: post %u/%u from %s", x->o.id, pi, c, s->info.id);
-	fetch_read_started(x, pi, c, len);
+	LOG_DEBUG("node %s: post %u/%u (%u chunks) from %s", x->o.id, pi, c, n, s->info.id);
+	/* Each chunk counts as a read of its own: each lands as one. */
+	for (uint32_t k = 0; k < n; k++) {
+		fetch_source_posted(s, x->reads[slot + k].len);
+		fetch_read_started(x, pi, c + k, x->reads[slot + k].len);
+	}
+	if (n > 1)
+		proto_metrics_add(x->o.am->m, x->o.am->read_runs, 1);
 	return 0;
 }
 
