@@ -503,8 +503,18 @@ static void test_foreign_signature_refused(void **state)
 	crypto_sign_keypair(pk, other);
 	pub_export(e, &p, other);
 	assert_true(serve_until(e, &p, "refused: manifest", 0, 10000));
-	json_t *st = status(e);
-	json_t *rank = json_array_get(json_object_get(json_array_get(json_object_get(st, "replicas"), 0), "ranks"), 0);
+	/* The node logs the refusal, then reports it: the tracker's status
+	 * says so once the report is in (within a few heartbeats). */
+	json_t *st = NULL, *rank = NULL;
+	for (int i = 0; i < 200; i++) {
+		json_decref(st);
+		st = status(e);
+		rank = json_array_get(
+			json_object_get(json_array_get(json_object_get(st, "replicas"), 0), "ranks"), 0);
+		if (strcmp(json_string_value(json_object_get(rank, "state")) ?: "", "failed") == 0)
+			break;
+		usleep(50000);
+	}
 	assert_string_equal(json_string_value(json_object_get(rank, "state")), "failed");
 	assert_int_equal(json_integer_value(json_object_get(json_array_get(json_object_get(st, "replicas"), 0), "active")), 0);
 	json_decref(st);
