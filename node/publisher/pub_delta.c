@@ -52,6 +52,12 @@ const char *node__pub_delta_why_anchor(struct node_pub *p, struct pub_export *ex
 		return "the deltas since the anchor add up to its size";
 	if (p->anchor_wanted)
 		return "a node asked for one (it lacks the parent)";
+	if (p->delta_skip > 0) {
+		snprintf(ex->why, sizeof(ex->why),
+			 "the last delta tried did not pay (%u more anchors before the next try)",
+			 p->delta_skip - 1);
+		return ex->why;
+	}
 	return NULL;
 }
 

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "proto/delta.h"
+
 #define LAYOUTS_RETRY_MS 200      /* no serving layout yet: ask again */
 #define WATCH_WAIT_MS 10000       /* long-poll for a version we wait for */
 #define PUBLISH_TRIES 20          /* transport failures before giving up */
@@ -60,8 +62,15 @@ void node__pub_ex_free(struct node_pub *p, struct pub_export *ex)
 	bool listed = false;
 
 	for (size_t i = 0; i < ex->njobs; i++) {
-		node__pub_job_join(&ex->jobs[i]);
-		free(ex->jobs[i].rs);
+		struct pub_job *j = &ex->jobs[i];
+		node__pub_job_join(j);
+		free(j->rs);
+		/* The encoder's scratch goes back to the publisher, for the next. */
+		if (j->scratch != NULL && j->rank < p->tl.nranks && p->scratch[j->rank] == NULL)
+			p->scratch[j->rank] = j->scratch;
+		else
+			proto_delta_scratch_free(j->scratch);
+		j->scratch = NULL;
 	}
 	for (struct pub_version *v = p->versions; v; v = v->next)
 		listed |= v == ex->pv;
@@ -407,6 +416,8 @@ static void ex_gather_start(struct node_pub *p)
 	if (why == NULL && !node__pub_delta_link(p, ex))
 		why = "a serving layout the parent export does not have";
 	ex->delta = why == NULL;
+	if (!ex->delta && !ex->verify && !ex->addendum && p->delta_skip > 0)
+		p->delta_skip--;
 	ex->since_anchor = ex->delta ? p->parent->since_anchor + 1 : 0;
 	if (why != NULL && why != ex->why)
 		snprintf(ex->why, sizeof(ex->why), "%s", why);
@@ -516,9 +527,14 @@ static void ex_gathered(struct node_pub *p)
 			return;
 		}
 		if (rc == 1) {
-			/* Too large: gather and hash the parcels, and send an anchor. */
-			LOG_INFO("version %llu: an anchor after all: %s", (unsigned long long)ex->version,
-				 ex->why);
+			/* Too large: gather and hash the parcels, and send an anchor;
+			 * the next versions are anchors without trying (backoff). */
+			p->delta_backoff = PROTO_MIN(p->delta_backoff ? 2 * p->delta_backoff : 1,
+						     PROTO_MAX(p->anchor_every, 1u));
+			p->delta_skip = p->delta_backoff;
+			LOG_INFO("version %llu: an anchor after all: %s (no delta tried for the next %u "
+				 "versions)",
+				 (unsigned long long)ex->version, ex->why, p->delta_skip);
 			for (size_t i = 0; i < ex->pv->nparts; i++) {
 				struct pub_part *pt = &ex->pv->parts[i];
 				if (node__pub_part_raw(pt, ex->nlayouts, ex->chunk_size) != 0) {
@@ -538,6 +554,7 @@ static void ex_gathered(struct node_pub *p)
 			ex_launch(p, PUB_JOB_GATHER);
 			return;
 		}
+		p->delta_backoff = 0; /* a delta that pays */
 	}
 	if (ex->raw_bytes == 0)
 		for (size_t i = 0; i < ex->pv->nparts; i++)
@@ -811,6 +828,8 @@ void node__pub_ex_start(struct node_pub *p, struct pub_req *req, uint64_t versio
 		j->version = version;
 		j->rank = r;
 		j->block = p->blocks[r];
+		j->scratch = p->scratch[r]; /* the last export's, or NULL */
+		p->scratch[r] = NULL;
 	}
 	if (!ex->addendum) /* an addendum's gather rebuilds what it needs */
 		ex_launch(p, PUB_JOB_SNAPSHOT);

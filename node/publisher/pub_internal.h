@@ -220,7 +220,9 @@ struct pub_job {
 	uint64_t encode_ns; /* a delta's encode, with the gather it does */
 	uint64_t cpu_ns;    /* the CPU time of that (this thread's only) */
 	/* The encoder's scratch, kept from parcel to parcel while the job
-	 * encodes them on its own thread (proto_delta_opts.keep). */
+	 * encodes them on its own thread (proto_delta_opts.keep), and from
+	 * version to version in the publisher's (node_pub.scratch): its pages
+	 * are faulted in once, as the export's buffers are. */
 	struct proto_delta_scratch *scratch;
 	int rc;             /* the snapshot's read (node__pub_source_fill) */
 	struct proto_err err;
@@ -330,6 +332,7 @@ struct node_pub {
 	uint8_t **spare_buf;
 	size_t *spare_buf_cap;
 	size_t *export_cap; /* per rank: its last export buffer's size, 0 before one */
+	struct proto_delta_scratch **scratch; /* per rank: the encoder's, between exports */
 	bool second_made;   /* the second export buffers were made ahead (once) */
 	/* An anchor leaves no block to take turns with (there was no parent
 	 * to give one back): a worker maps and touches one per rank while the
@@ -371,6 +374,12 @@ struct node_pub {
 	struct pub_parent *parent;
 	uint32_t anchor_every;
 	bool anchor_wanted;
+	/* After a delta that did not pay (larger than TESSERA_DELTA_MAX_PERCENT
+	 * or too dense): this many versions go out as anchors without trying,
+	 * and the next failure doubles it, up to anchor_every; a delta that pays
+	 * resets it. Weights that change whole every version (the synthetic
+	 * model) then cost an anchor, not an encode and an anchor, per version. */
+	uint32_t delta_backoff, delta_skip;
 
 	struct pub_layout *layouts;
 	struct pub_version *versions;

@@ -18,6 +18,7 @@
 #include "fabric/fab.h"
 #include "node/base/fabloop.h"
 #include "node/publisher/pub_internal.h"
+#include "proto/delta.h"
 #include "proto/fixture.h"
 #include "proto/proto.h"
 #include "proto/safetensors.h"
@@ -410,9 +411,10 @@ int node_pub_new(struct event_base *base, const struct node_pub_opts *o, struct 
 	p->spare_buf = calloc(nr, sizeof(*p->spare_buf));
 	p->spare_buf_cap = calloc(nr, sizeof(*p->spare_buf_cap));
 	p->export_cap = calloc(nr, sizeof(*p->export_cap));
+	p->scratch = calloc(nr, sizeof(*p->scratch));
 	p->hosted = calloc(o->nranks ? o->nranks : nr, sizeof(*p->hosted));
 	if (p->model_json == NULL || p->tl_json == NULL || p->blocks == NULL ||
-	    p->block_cap == NULL || p->spare_buf == NULL || p->spare_buf_cap == NULL || p->export_cap == NULL ||
+	    p->block_cap == NULL || p->spare_buf == NULL || p->spare_buf_cap == NULL || p->export_cap == NULL || p->scratch == NULL ||
 	    p->hosted == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
@@ -613,6 +615,9 @@ void node_pub_free(struct node_pub *p)
 	}
 	free(p->spare_buf);
 	free(p->spare_buf_cap);
+	for (uint32_t r2 = 0; p->scratch != NULL && r2 < p->tl.nranks; r2++)
+		proto_delta_scratch_free(p->scratch[r2]);
+	free(p->scratch);
 	free(p->export_cap);
 	free(p->blocks);
 	free(p->block_cap);
