@@ -66,6 +66,11 @@ def export_all(trainers, step):
         raise errs[0]
     versions = set(out.values())
     assert len(out) == len(trainers) and len(versions) == 1, out
+    # Every rank's answer is the version (an int) with what was sent.
+    for p in out.values():
+        assert isinstance(p, tessera.Published) and p.version == int(p), repr(p)
+        assert p.kind in ("anchor", "delta") and 0 < p.wire_bytes <= p.anchor_bytes, repr(p)
+        assert p.created_ms > 0 and p.encode_us >= 0, repr(p)
     return versions.pop()
 
 
@@ -92,6 +97,13 @@ def main():
         time.sleep(0.05)
 
     # Refusals, each with its reason.
+    # A socket that is not there: the error names it.
+    missing = ctl + ".missing"
+    try:
+        tessera.Trainer(missing, 0)
+        raise AssertionError("connected to %s" % missing)
+    except FileNotFoundError as e:
+        assert missing in str(e), str(e)
     refused(lambda: tessera.Trainer(ctl, nranks), "is not a rank of the trainer layout")
     t0 = tessera.Trainer(ctl, 0)
     refused(lambda: tessera.Trainer(ctl, 0), "is held by another trainer connection")

@@ -28,7 +28,8 @@ try:
 except ImportError:  # numpy is optional
     _np = None
 
-__all__ = ["Client", "Pin", "Tensor", "TesseraError", "Trainer", "TrainerTensor", "numpy_dtype"]
+__all__ = ["Client", "Pin", "Tensor", "TesseraError", "Trainer", "TrainerTensor", "Published",
+           "numpy_dtype"]
 
 _DIMS_MAX = 8
 
@@ -314,4 +315,4 @@ class Client:
             pass
 
 
-from tessera.trainer import Trainer, TrainerTensor  # noqa: E402  (the trainer's side)
+from tessera.trainer import Published, Trainer, TrainerTensor  # noqa: E402  (the trainer's side)

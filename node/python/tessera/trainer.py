@@ -14,9 +14,10 @@ trainer writes its shard into it, without any file, and calls export(step):
             v = tr.export(step)     # every rank exports the same step
 
 export(step) returns once every rank exported the step and the publisher
-published it (the version number); with wait="snapshot" it returns as soon
-as the publisher has copied the buffer (the trainer may write it again) and
-published() later gives the version. Pure Python (the standard library);
+published it: the version number (an int) that also says what was sent
+(Published: kind, wire_bytes, anchor_bytes, encode_us, created_ms); with
+wait="snapshot" it returns as soon as the publisher has copied the buffer
+(the trainer may write it again) and published() later gives that record. Pure Python (the standard library);
 numpy is optional (tensor() then hands out a writable memoryview).
 """
 
@@ -30,7 +31,7 @@ try:
 except ImportError:  # numpy is optional
     _np = None
 
-__all__ = ["Trainer", "TrainerTensor"]
+__all__ = ["Trainer", "TrainerTensor", "Published"]
 
 _LINE_MAX = 4096
 
@@ -43,6 +44,24 @@ def _error(reason):
 
 def _dims(s):
     return () if s == "-" else tuple(int(d) for d in s.split("x"))
+
+
+class Published(int):
+    """A published version: the version number (it is that int), with what
+    the publisher said of it: kind ("anchor" or "delta"), wire_bytes (all
+    parcels of all layouts), anchor_bytes (what it costs as an anchor),
+    encode_us (a delta's encode) and created_ms (when the export was
+    asked, wall clock)."""
+
+    def __new__(cls, version, created_ms, kind, wire_bytes, anchor_bytes, encode_us):
+        v = super().__new__(cls, version)
+        v.version, v.created_ms, v.kind = int(version), created_ms, kind
+        v.wire_bytes, v.anchor_bytes, v.encode_us = wire_bytes, anchor_bytes, encode_us
+        return v
+
+    def __repr__(self):
+        return ("Published(version=%d, kind=%r, wire_bytes=%d, anchor_bytes=%d, encode_us=%d)" %
+                (self.version, self.kind, self.wire_bytes, self.anchor_bytes, self.encode_us))
 
 
 class TrainerTensor:
@@ -74,7 +93,12 @@ class Trainer:
         self._buf = b""
         self._mm = None
         try:
-            self._sock.connect(path)
+            try:
+                self._sock.connect(path)
+            except OSError as e:
+                # The same error, naming the socket: "[Errno 2] No such file
+                # or directory: '/run/tessera/publish.sock'".
+                raise type(e)(e.errno, e.strerror or str(e), path) from None
             cmd = "trainer %d" % rank
             if nbytes is not None:
                 cmd += " bytes %d" % nbytes
@@ -204,16 +228,18 @@ class Trainer:
         return self.published()
 
     def published(self):
-        """Waits for the publisher's answer to the last export: the version."""
+        """Waits for the publisher's answer to the last export: the version,
+        as a Published (an int with what was sent)."""
         line = self._line()
         if line.startswith("error "):
             raise _error(line[6:])
         f = line.split()
         # published V CREATED_MS KIND WIRE_BYTES ANCHOR_BYTES ENCODE_US
-        if len(f) != 7 or f[0] != "published" or not f[1].isdigit():
+        if (len(f) != 7 or f[0] != "published" or f[3] not in ("anchor", "delta") or
+                not all(x.isdigit() for x in f[1:3] + f[4:7])):
             raise _error("publisher said %r, want 'published V CREATED_MS KIND WIRE "
                          "ANCHOR ENCODE_US'" % line)
-        return int(f[1])
+        return Published(int(f[1]), int(f[2]), f[3], int(f[4]), int(f[5]), int(f[6]))
 
     def close(self):
         if self._mm is not None:
