@@ -115,6 +115,10 @@
 	/* Versions one attached client may hold pinned at once (one per \
 	 * running request); more is refused, the client stays attached. */ \
 	X(ATTACH_PINS, "TESSERA_ATTACH_PINS", 65536, "pins one attached client may hold") \
+	/* Versions a node holds for one client that asked for holds (an engine \
+	 * switching its ranks together, wire.h protocol 3): each is a whole \
+	 * copy of the rank; past it the oldest hold is dropped. */ \
+	X(ATTACH_HOLDS, "TESSERA_ATTACH_HOLDS", 4, "versions held for one attached engine") \
 	/* Bytes a node queues for a client that does not read; past it the \
 	 * client is dropped (and its pins with it). */ \
 	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client") \
