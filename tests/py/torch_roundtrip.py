@@ -11,7 +11,8 @@ step's tensors are random bf16 bit patterns (NaNs included) made in torch;
 the trainer ranks take them as torch tensors (Trainer.fill, then
 tessera.torch.export); the serving side must hand them back as torch views
 of the pin's mapping (data_ptr inside it), bit for bit, under checkpoint and
-fused names, and load_into must copy them into a module. Prints "ok".
+fused names, and load_into must copy them into a module; a view kept past
+its pin is seen and guarded at release. Prints "ok".
 """
 import errno
 import importlib.util
@@ -20,6 +21,7 @@ import os
 import sys
 import time
 import types
+import warnings
 
 
 def refused(fn, reason, kind=None):
@@ -29,6 +31,7 @@ def refused(fn, reason, kind=None):
     except (kind or tessera.TesseraError) as e:
         if reason not in str(e):
             raise AssertionError("refused with %r, want %r" % (str(e), reason))
+        e.__traceback__ = None  # its frames would keep views past their pin
         return e
     raise AssertionError("not refused (want %r)" % reason)
 
@@ -120,7 +123,7 @@ def test_pieces():
     refused(lambda: tessera.torch.split(bad, flat), "flat: the piece of u with box")
     refused(lambda: tessera.torch.split(table("qkv", (6, 4), 0, t.pieces), local[:5]),
             "qkv has shape (6, 4), the tensor given (5, 4)")
-    old = types.SimpleNamespace(name="qkv", dtype="bf16", shape=(6, 4))
+    old = tessera.Tensor("qkv", "bf16", (6, 4), 0, 48)  # from a node that says no pieces
     refused(lambda: tessera.torch.split(old, local), "only names='fused' works")
 
     assert tessera.torch.dtype("bf16") is torch.bfloat16
@@ -224,6 +227,24 @@ def check_trainer_side(tr, full):
             (t.name, tr.rank), KeyError)
 
 
+def check_kept(client, full):
+    """A torch view kept past its pin references the pin's memory: release
+    sees it and guards it (TesseraWarning); a clone is the engine's own."""
+    q = "model.layers.0.self_attn.q_proj.weight"
+    for copy in (False, True):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            pin = client.acquire()
+            x = tessera.torch.state_dict(pin)[q]
+            x = x.clone() if copy else x
+            pin.release()
+        guarded = [w for w in seen if issubclass(w.category, tessera.TesseraWarning)]
+        assert bool(guarded) != copy, (copy, [str(w.message) for w in seen])
+        if copy:
+            assert same(x, full[q])
+        del x  # the kept view is unreadable now: never read
+
+
 def cluster(ctl, node_sock, replica, nranks, model_path):
     from trainer_export import export_all  # each rank exports from its own thread
     with open(model_path) as f:
@@ -265,6 +286,7 @@ def cluster(ctl, node_sock, replica, nranks, model_path):
             check_served(client, pin, full, hook)
             if step == 1:
                 check_load_refusals(pin, full)
+        check_kept(client, full)
         print("served step %d as version %d" % (step, v), file=sys.stderr)
     client.close()
     for tr in trainers:

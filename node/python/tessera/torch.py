@@ -13,9 +13,11 @@ CUDA with one device-to-host copy straight into the shared buffer).
         tessera.torch.load_into(model, pin)       # copies into model's parameters
 
 A serving tensor is a view of the pin's numpy view (torch.from_numpy keeps a
-reference to it): it lives as long as the pin's views do and follows their
-rules. The node's memory is mapped read-only: never write to it (a write
-kills the process with SIGSEGV); clone() for a tensor of your own.
+reference to it), never a copy nor built from an address, so it follows the
+pin's rules: read it while the pin is held; one kept past release() is made
+unreadable (tessera.Pin). The node's memory is mapped read-only: never write
+to it (a write kills the process with SIGSEGV); clone() for a tensor of your
+own.
 
 Dtypes: bf16 and fp16/fp32/fp64 are torch's; fp8_e4m3 and fp8_e5m2 are
 torch.float8_e4m3fn and torch.float8_e5m2 where the torch in use has them,
@@ -111,7 +113,7 @@ def split(t, x):
     of x, in order along t.concat_dim. A piece fused on a dim other than 0
     is a strided view (contiguous() copies it)."""
     pieces = getattr(t, "pieces", None)
-    if pieces is None:
+    if not pieces:  # every local tensor has one at least: the node did not say
         raise TesseraError(errno.EPROTO, "the node's table says nothing of %s's pieces (a node "
                            "older than this client): only names='fused' works" % t.name)
     if tuple(x.shape) != tuple(t.shape):
