@@ -193,6 +193,7 @@
 	 * blocked until a complete version is installed. */ \
 	X(TEST_INPLACE_FAIL, "TESSERA_TEST_INPLACE_FAIL", 0, "test only: fail the in-place install of this version") \
 	X(TEST_ADMIT_LAG_MS, "TESSERA_TEST_ADMIT_LAG_MS", 0, "test only: ms between announcing a version to attached clients and admitting requests to it") \
+	X(TEST_ANNOUNCE_LAG_MS, "TESSERA_TEST_ANNOUNCE_LAG_MS", 0, "test only: ms an activated version waits before attached clients are told (one rank of a replica late)") \
 	/* After an activation the node copies the new active slot into a \
 	 * standby slot, so that a delta against it needs only its apply; it \
 	 * waits this long first (past ATTACH_FREE_GRACE_MS, so that the \

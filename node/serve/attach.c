@@ -1034,6 +1034,11 @@ void node_attach_activate(struct node_attach *at, struct node_slot *slot, const 
 
 	if (at == NULL || slot == NULL)
 		return;
+	/* Test only: this rank's engine hears of every version late, as if
+	 * its node had activated it later than the replica's other ranks. */
+	uint64_t late = proto_param(PROTO_PARAM_TEST_ANNOUNCE_LAG_MS);
+	if (late > 0)
+		usleep((useconds_t)(late > 2000 ? 2000 : late) * 1000u);
 	for (v = at->vers; v != NULL && v->slot != slot; v = v->next)
 		;
 	if (v == NULL) {
