@@ -327,23 +327,25 @@ static void test_status_no_node(void **state)
 	r1 = tu_control_connect(e->ctl);
 	claim(r0, &e->fsdp2, 0);
 	claim(r1, &e->fsdp2, 1);
+	/* Each status is asked on the connection whose export it must follow:
+	 * the publisher reads the two connections in no set order. */
 	ctl_send(r0, "export 2\n");
+	expect_is(r0, "status\n", "status 2 - ranks rank 1 of 2 has not exported step 2");
 	ctl_send(r1, "export 2\n");
 	snprintf(want, sizeof(want), "status 2 - busy the publisher is busy exporting version %llu: "
 		 "no node has registered a serving layout yet", (unsigned long long)v);
-	expect(r0, "status\n", want);
 	expect(r1, "status\n", want);
+	expect(r0, "status\n", want);
 	close(r0);
 	close(r1);
 	assert_true(node_proc_alive(&e->publisher));
 }
 
 /*
- * The done-when of the trainer's side: a Python trainer (two ranks, fsdp2)
- * fills shared buffers and exports two steps; a Python serving client of a
- * TP1 node reads each as numpy arrays equal to the expected bytes.
+ * Runs tests/py/trainer_export.py against a cluster (with_node: and a TP1
+ * node of replica A, else the script's node socket is "-"); it prints ok.
  */
-static void test_python_trainer(void **state)
+static void python_trainer(void **state, bool with_node)
 {
 	const char *py = "/usr/bin/python3";
 	const char *pydir = getenv("TESSERA_PYTHON_DIR");
@@ -364,20 +366,46 @@ static void test_python_trainer(void **state)
 	e = calloc(1, sizeof(*e));
 	assert_non_null(e);
 	*state = e;
-	start_cluster(e, true);
+	start_cluster(e, with_node);
 	snprintf(script, sizeof(script), "%s/../../tests/py/trainer_export.py", pydir);
 	snprintf(out, sizeof(out), "%s/py.out", e->dir);
 	snprintf(errf, sizeof(errf), "%s/py.err", e->dir);
 	/* The library is a plain build: keep ASan's runtime out of python. */
 	rc = tu_sh("env -u LD_PRELOAD PYTHONPATH='%s' timeout 600 %s '%s' '%s' '%s' A 2 >'%s' 2>'%s'",
-		   pydir, py, script, e->ctl, e->sock, out, errf);
+		   pydir, py, script, e->ctl, with_node ? e->sock : "-", out, errf);
 	if (rc != 0 || tu_sh("grep -qx ok '%s'", out) != 0) {
 		tu_sh("cat '%s' >&2; tail -n 20 '%s/publisher.log' >&2", errf, e->dir);
 		fail_msg("the python trainer failed (status %d)", rc);
 	}
-	assert_int_equal(tu_sh("grep -q 'trainer step 200 is version' '%s/publisher.log'", e->dir), 0);
 	assert_true(node_proc_alive(&e->publisher));
+}
+
+/*
+ * The done-when of the trainer's side: a Python trainer (two ranks, fsdp2)
+ * fills shared buffers and exports three steps (one rank's export timing
+ * out first, naming the other; then every rank from one thread; then a
+ * thread each); a Python serving client of a TP1 node reads each as numpy
+ * arrays equal to the expected bytes.
+ */
+static void test_python_trainer(void **state)
+{
+	struct env *e;
+
+	python_trainer(state, true);
+	e = *state;
+	assert_int_equal(tu_sh("grep -q 'trainer step 300 is version' '%s/publisher.log'", e->dir), 0);
 	assert_true(node_proc_alive(&e->node));
+}
+
+/*
+ * A Python trainer's timeouts with no node registered name their cause: a
+ * rank no connection holds, no serving layout, the busy publisher; and the
+ * client's side of "status" against a fake publisher (bad answers, an old
+ * publisher, silence, a closed socket).
+ */
+static void test_python_trainer_waits(void **state)
+{
+	python_trainer(state, false);
 }
 
 /* --trainer wants a control socket and no other trigger: one clear line. */
@@ -409,6 +437,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_control_refusals, teardown),
 		cmocka_unit_test_teardown(test_status_no_node, teardown),
 		cmocka_unit_test_teardown(test_python_trainer, teardown),
+		cmocka_unit_test_teardown(test_python_trainer_waits, teardown),
 	};
 	signal(SIGPIPE, SIG_IGN);
 	return cmocka_run_group_tests(tests, NULL, NULL);
