@@ -281,6 +281,29 @@ static uint64_t snapshot_of(int fd, uint64_t step)
 	return strtoull(line + strlen(want), NULL, 10);
 }
 
+/* Two connections, holding trainer ranks 0 and 1. */
+static void hold_ranks(struct env *e, int *r0, int *r1)
+{
+	*r0 = tu_control_connect(e->ctl);
+	*r1 = tu_control_connect(e->ctl);
+	claim(*r0, &e->fsdp2, 0);
+	claim(*r1, &e->fsdp2, 1);
+}
+
+/* Rank 0 (on r0) exports step alone; its status says rank 1 has not. Each
+ * status is asked on the connection whose export it must follow: the
+ * publisher reads two connections in no set order. */
+static void export_alone(int r0, uint64_t step)
+{
+	char cmd[64], want[128];
+
+	snprintf(cmd, sizeof(cmd), "export %llu\n", (unsigned long long)step);
+	ctl_send(r0, cmd);
+	snprintf(want, sizeof(want), "status %llu - ranks rank 1 of 2 has not exported step %llu",
+		 (unsigned long long)step, (unsigned long long)step);
+	expect_is(r0, "status\n", want);
+}
+
 /*
  * "status" names what a trainer's export waits for, with no node
  * registered: the rank that has not exported; once both did (the
@@ -299,12 +322,8 @@ static void test_status_no_node(void **state)
 	assert_non_null(e);
 	*state = e;
 	start_cluster(e, false);
-	r0 = tu_control_connect(e->ctl);
-	r1 = tu_control_connect(e->ctl);
-	claim(r0, &e->fsdp2, 0);
-	claim(r1, &e->fsdp2, 1);
-	ctl_send(r0, "export 1\n");
-	expect_is(r0, "status\n", "status 1 - ranks rank 1 of 2 has not exported step 1");
+	hold_ranks(e, &r0, &r1);
+	export_alone(r0, 1);
 	ctl_send(r1, "export 1\n");
 	v = snapshot_of(r0, 1);
 	assert_int_equal(snapshot_of(r1, 1), v);
@@ -323,14 +342,8 @@ static void test_status_no_node(void **state)
 	/* The ranks come back on new connections: step 2 waits behind version v. */
 	close(r0);
 	close(r1);
-	r0 = tu_control_connect(e->ctl);
-	r1 = tu_control_connect(e->ctl);
-	claim(r0, &e->fsdp2, 0);
-	claim(r1, &e->fsdp2, 1);
-	/* Each status is asked on the connection whose export it must follow:
-	 * the publisher reads the two connections in no set order. */
-	ctl_send(r0, "export 2\n");
-	expect_is(r0, "status\n", "status 2 - ranks rank 1 of 2 has not exported step 2");
+	hold_ranks(e, &r0, &r1);
+	export_alone(r0, 2);
 	ctl_send(r1, "export 2\n");
 	snprintf(want, sizeof(want), "status 2 - busy the publisher is busy exporting version %llu: "
 		 "no node has registered a serving layout yet", (unsigned long long)v);
