@@ -418,10 +418,22 @@ static int group_teardown(void **state)
  * aims at v1 (their target is the latest, v2): v1 is withdrawn. */
 static void test_publish_and_read(void **state)
 {
+	struct node_pub_why why;
+	int first, second, other;
+
 	pub_start();
-	assert_int_equal(node_pub_export(g.pub, on_done, NULL), 0);
-	assert_int_equal(node_pub_export(g.pub, on_done, NULL), 0);
+	assert_int_equal(node_pub_export(g.pub, on_done, &first), 0);
+	assert_int_equal(node_pub_export(g.pub, on_done, &second), 0);
 	assert_int_equal(node_pub_pending(g.pub), 2);
+	/* Before the loop runs, the publisher has not registered: a queued
+	 * export says it waits for that; an unknown one is not found. */
+	assert_int_equal(node_pub_export_why(g.pub, &second, &why), 0);
+	assert_int_equal(why.cause, NODE_PUB_WAIT_TRACKER);
+	assert_int_equal(why.version, 0);
+	assert_string_equal(why.text, "the publisher is starting: registering with the tracker "
+				      "(is the tracker up?)");
+	assert_string_equal(node_pub_wait_name(why.cause), "tracker");
+	assert_int_equal(node_pub_export_why(g.pub, &other, &why), -ENOENT);
 	loop_start();
 	register_nodes();
 	wait_results(2);

@@ -73,19 +73,36 @@ static void ctl_send(int fd, const char *s)
 	assert_int_equal(write(fd, s, strlen(s)), (ssize_t)strlen(s));
 }
 
+/* Sends cmd and reads its answer into line. */
+static void ask(int fd, const char *cmd, char *line, size_t cap)
+{
+	ctl_send(fd, cmd);
+	if (!ctl_line_fd(fd, line, cap, NULL))
+		fail_msg("'%s': the publisher closed the socket", cmd);
+}
+
 /* Sends cmd and wants an answer starting with want. */
 static void expect(int fd, const char *cmd, const char *want)
 {
 	char line[700];
 
-	ctl_send(fd, cmd);
-	if (!ctl_line_fd(fd, line, sizeof(line), NULL))
-		fail_msg("'%s': the publisher closed the socket", cmd);
+	ask(fd, cmd, line, sizeof(line));
 	if (strncmp(line, want, strlen(want)) != 0)
 		fail_msg("'%s': publisher said '%s', want '%s...'", cmd, line, want);
 }
 
-/* The node serves replica A as one rank of node_layout ("fsdp1", "tp1"). */
+/* Sends cmd and wants exactly the answer want. */
+static void expect_is(int fd, const char *cmd, const char *want)
+{
+	char line[700];
+
+	ask(fd, cmd, line, sizeof(line));
+	if (strcmp(line, want) != 0)
+		fail_msg("'%s': publisher said '%s', want '%s'", cmd, line, want);
+}
+
+/* A tracker, a trainer-fed publisher and (node_layout not NULL) one node
+ * serving replica A as one rank of node_layout ("fsdp1", "tp1"). */
 static void start_cluster(struct env *e, const char *node_layout)
 {
 	char bin[512], log[600], state_dir[600];
@@ -104,8 +121,9 @@ static void start_cluster(struct env *e, const char *node_layout)
 	tu_write_model(&e->m, e->model);
 
 	tu_start_tracker(&e->tracker, e->dir, state_dir, e->pub, e->url, sizeof(e->url));
-	tu_start_node(&e->node, e->dir, e->url, "A", "0", node_layout, e->model, e->pub, e->expose, e->sock,
-		      "node");
+	if (node_layout != NULL)
+		tu_start_node(&e->node, e->dir, e->url, "A", "0", node_layout, e->model, e->pub,
+			      e->expose, e->sock, "node");
 	tu_bin(bin, sizeof(bin), "tessera");
 	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
 	char *pargv[] = {bin, "publish", "--tracker", e->url, "--key", e->key, "--trainer", e->model,
@@ -167,6 +185,9 @@ static void test_control_refusals(void **state)
 	expect(fd, line, longline);
 	expect(fd, "trainer 1 dtype fp8_e4m3\n", "error rank 1's tensor ");
 	expect(fd, "flip\n", "error unknown command 'flip'");
+	expect(fd, "status now\n", "error usage: status");
+	expect(fd, "status 3\n", "error usage: status");
+	expect_is(fd, "status\n", "status idle");
 
 	/* Now a good claim: the buffer comes with its size and table. */
 	snprintf(line, sizeof(line), "trainer 1 bytes %llu dtype bf16\n",
@@ -199,13 +220,17 @@ static void test_control_refusals(void **state)
 	expect(other, "trainer 1\n", "error rank 1 is held by another trainer connection");
 	/* The step gathers: rank 1 waits; a different step from rank 0 is refused. */
 	ctl_send(fd, "export 3\n");
+	/* What rank 1 waits for: rank 0, which no connection holds yet. */
+	expect_is(fd, "status\n",
+		  "status 3 - ranks rank 0 of 2 has not exported step 3 "
+		  "(no trainer connection holds rank 0)");
 	ctl_send(other, "trainer 0\n");
 	assert_true(ctl_line_fd(other, line, sizeof(line), &bfd));
 	assert_true(bfd >= 0);
 	close(bfd);
 	for (uint32_t i = 0; i < e->fsdp2.ranks[0].nlocals; i++)
 		assert_true(ctl_line_fd(other, line, sizeof(line), NULL));
-	/* fd's export is taken once fd's next command is answered. */
+	expect_is(fd, "status\n", "status 3 - ranks rank 0 of 2 has not exported step 3");
 	expect(fd, "trainer 1\n", "error this connection is trainer rank 1 already");
 	expect(other, "export 4\n", "error rank 0 exports step 4 while other ranks export step 3");
 	expect(fd, "export 3\n", "error rank 1 already exports step 3");
@@ -226,6 +251,108 @@ static void test_control_refusals(void **state)
 	close(bfd);
 	close(other);
 	close(fd);
+	assert_true(node_proc_alive(&e->publisher));
+}
+
+/* Claims trainer rank r on fd: reads its buffer line and table. */
+static void claim(int fd, const struct proto_layout *tl, uint32_t r)
+{
+	char line[700], want[64];
+	int bfd;
+
+	snprintf(line, sizeof(line), "trainer %u\n", r);
+	ctl_send(fd, line);
+	assert_true(ctl_line_fd(fd, line, sizeof(line), &bfd));
+	snprintf(want, sizeof(want), "buffer %u ", r);
+	if (strncmp(line, want, strlen(want)) != 0 || bfd < 0)
+		fail_msg("'trainer %u': publisher said '%s'", r, line);
+	close(bfd);
+	for (uint32_t i = 0; i < tl->ranks[r].nlocals; i++)
+		assert_true(ctl_line_fd(fd, line, sizeof(line), NULL));
+}
+
+/* Reads "snapshot STEP V" on fd; returns V. */
+static uint64_t snapshot_of(int fd, uint64_t step)
+{
+	char line[700], want[64];
+
+	assert_true(ctl_line_fd(fd, line, sizeof(line), NULL));
+	snprintf(want, sizeof(want), "snapshot %llu ", (unsigned long long)step);
+	if (strncmp(line, want, strlen(want)) != 0)
+		fail_msg("publisher said '%s', want '%s V'", line, want);
+	return strtoull(line + strlen(want), NULL, 10);
+}
+
+/* Two connections, holding trainer ranks 0 and 1. */
+static void hold_ranks(struct env *e, int *r0, int *r1)
+{
+	*r0 = tu_control_connect(e->ctl);
+	*r1 = tu_control_connect(e->ctl);
+	claim(*r0, &e->fsdp2, 0);
+	claim(*r1, &e->fsdp2, 1);
+}
+
+/* Rank 0 (on r0) exports step alone; its status says rank 1 has not. Each
+ * status is asked on the connection whose export it must follow: the
+ * publisher reads two connections in no set order. */
+static void export_alone(int r0, uint64_t step)
+{
+	char cmd[64], want[128];
+
+	snprintf(cmd, sizeof(cmd), "export %llu\n", (unsigned long long)step);
+	ctl_send(r0, cmd);
+	snprintf(want, sizeof(want), "status %llu - ranks rank 1 of 2 has not exported step %llu",
+		 (unsigned long long)step, (unsigned long long)step);
+	expect_is(r0, "status\n", want);
+}
+
+/*
+ * "status" names what a trainer's export waits for, with no node
+ * registered: the rank that has not exported; once both did (the
+ * snapshot is taken all the same), the serving layout no node registered;
+ * the next step, queued behind that export, the busy publisher. None of
+ * these states ends by itself, so each answer is exact however slow the
+ * machine; only the first layouts answer from the tracker is waited for.
+ */
+static void test_status_no_node(void **state)
+{
+	struct env *e = calloc(1, sizeof(*e));
+	char line[700], want[300], passing[64];
+	uint64_t v;
+	int r0, r1;
+
+	assert_non_null(e);
+	*state = e;
+	start_cluster(e, NULL);
+	hold_ranks(e, &r0, &r1);
+	export_alone(r0, 1);
+	ctl_send(r1, "export 1\n");
+	v = snapshot_of(r0, 1);
+	assert_int_equal(snapshot_of(r1, 1), v);
+	snprintf(want, sizeof(want), "status 1 %llu layouts no node has registered a serving layout "
+		 "yet (version %llu waits for one, ", (unsigned long long)v, (unsigned long long)v);
+	snprintf(passing, sizeof(passing), "status 1 %llu tracker ", (unsigned long long)v);
+	for (int i = 0;; i++) {
+		ask(r1, "status\n", line, sizeof(line));
+		if (strncmp(line, want, strlen(want)) == 0)
+			break;
+		/* Until the tracker's first answer: registering, asking for layouts. */
+		if (strncmp(line, passing, strlen(passing)) != 0 || i >= WAIT_MS / 50)
+			fail_msg("publisher said '%s', want '%s...'", line, want);
+		usleep(50000);
+	}
+	/* The ranks come back on new connections: step 2 waits behind version v. */
+	close(r0);
+	close(r1);
+	hold_ranks(e, &r0, &r1);
+	export_alone(r0, 2);
+	ctl_send(r1, "export 2\n");
+	snprintf(want, sizeof(want), "status 2 - busy the publisher is busy exporting version %llu: "
+		 "no node has registered a serving layout yet", (unsigned long long)v);
+	expect(r1, "status\n", want);
+	expect(r0, "status\n", want);
+	close(r0);
+	close(r1);
 	assert_true(node_proc_alive(&e->publisher));
 }
 
@@ -273,9 +400,10 @@ static void run_python(const char *dir, const char *script, const char *args, co
 	}
 }
 
-/* Starts the cluster, its node serving node_layout, and runs tests/py/script
- * with the arguments [mode] CTL NODE-SOCK A 2 MODEL.json (replica A, two
- * trainer ranks); skips without python (or torch, when with_torch). */
+/* Starts the cluster, its node serving node_layout (NULL: no node, and the
+ * script's NODE-SOCK is "-"), and runs tests/py/script with the arguments
+ * [mode] CTL NODE-SOCK A 2 MODEL.json (replica A, two trainer ranks); skips
+ * without python (or torch, when with_torch). */
 static struct env *python_cluster(void **state, bool with_torch, const char *node_layout,
 				  const char *script, const char *mode)
 {
@@ -288,25 +416,38 @@ static struct env *python_cluster(void **state, bool with_torch, const char *nod
 	assert_non_null(e);
 	*state = e;
 	start_cluster(e, node_layout);
-	snprintf(args, sizeof(args), "%s '%s' '%s' A 2 '%s'", mode ? mode : "", e->ctl, e->sock,
-		 e->model);
+	snprintf(args, sizeof(args), "%s '%s' '%s' A 2 '%s'", mode ? mode : "", e->ctl,
+		 node_layout != NULL ? e->sock : "-", e->model);
 	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
 	run_python(e->dir, script, args, log);
 	assert_true(node_proc_alive(&e->publisher));
-	assert_true(node_proc_alive(&e->node));
+	assert_true(node_layout == NULL || node_proc_alive(&e->node));
 	return e;
 }
 
 /*
  * The done-when of the trainer's side: a Python trainer (two ranks, fsdp2)
- * fills shared buffers and exports two steps; a Python serving client of a
- * TP1 node reads each as numpy arrays equal to the expected bytes.
+ * fills shared buffers and exports three steps (one rank's export timing
+ * out first, naming the other; then every rank from one thread; then a
+ * thread each); a Python serving client of a TP1 node reads each as numpy
+ * arrays equal to the expected bytes.
  */
 static void test_python_trainer(void **state)
 {
 	struct env *e = python_cluster(state, false, "fsdp1", "trainer_export.py", NULL);
 
-	assert_int_equal(tu_sh("grep -q 'trainer step 200 is version' '%s/publisher.log'", e->dir), 0);
+	assert_int_equal(tu_sh("grep -q 'trainer step 300 is version' '%s/publisher.log'", e->dir), 0);
+}
+
+/*
+ * A Python trainer's timeouts with no node registered name their cause: a
+ * rank no connection holds, no serving layout, the busy publisher; and the
+ * client's side of "status" against a fake publisher (bad answers, an old
+ * publisher, silence, a closed socket).
+ */
+static void test_python_trainer_waits(void **state)
+{
+	python_cluster(state, false, NULL, "trainer_export.py", NULL);
 }
 
 /* tessera.torch's piece arithmetic on hand-built tables (no node). */
@@ -359,7 +500,9 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cli_trainer_needs_control),
 		cmocka_unit_test_teardown(test_control_refusals, teardown),
+		cmocka_unit_test_teardown(test_status_no_node, teardown),
 		cmocka_unit_test_teardown(test_python_trainer, teardown),
+		cmocka_unit_test_teardown(test_python_trainer_waits, teardown),
 		cmocka_unit_test(test_python_torch_pieces),
 		cmocka_unit_test_teardown(test_python_torch, teardown),
 	};

@@ -409,6 +409,97 @@ static void cmd_trainer_export(struct ctl_client *c, const char *arg)
 		round_start(pc);
 }
 
+/* ---- status: what a waiting connection waits for ------------------------------------ */
+
+/* Appends to buf (cap bytes, NUL-terminated, *off used): cut short, never overrun. */
+static void append(char *buf, size_t cap, size_t *off, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void append(char *buf, size_t cap, size_t *off, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (*off + 1 >= cap)
+		return;
+	va_start(ap, fmt);
+	n = vsnprintf(buf + *off, cap - *off, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		*off = PROTO_MIN(*off + (size_t)n, cap - 1);
+}
+
+/* Lists the ranks not ready, "1, 3, 4" (the first 8, then "and K more");
+ * with unheld, only those no connection holds. */
+static void rank_list(const struct node_pub_control *pc, bool unheld, char *buf, size_t cap,
+		      size_t *off)
+{
+	uint32_t n = 0;
+
+	for (uint32_t r = 0; r < pc->nranks; r++) {
+		if (pc->ready[r] || (unheld && pc->holder[r] != NULL))
+			continue;
+		if (n < 8)
+			append(buf, cap, off, "%s%u", n ? ", " : "", r);
+		n++;
+	}
+	if (n > 8)
+		append(buf, cap, off, " and %u more", n - 8);
+}
+
+/* Why the step being gathered waits: "rank 1 of 2 has not exported step 7
+ * (no trainer connection holds rank 1)". */
+static void gather_why(const struct node_pub_control *pc, char *buf, size_t cap)
+{
+	uint32_t missing = pc->nranks - pc->nready, unheld = 0;
+	size_t off = 0;
+
+	for (uint32_t r = 0; r < pc->nranks; r++)
+		unheld += pc->holder[r] == NULL; /* a rank no one holds is not ready */
+	buf[0] = 0;
+	append(buf, cap, &off, "%s ", missing == 1 ? "rank" : "ranks");
+	rank_list(pc, false, buf, cap, &off);
+	append(buf, cap, &off, " of %u %s not exported step %llu", pc->nranks,
+	       missing == 1 ? "has" : "have", (unsigned long long)pc->step);
+	if (unheld == 0)
+		return;
+	append(buf, cap, &off, " (no trainer connection holds %s ", unheld == 1 ? "rank" : "ranks");
+	rank_list(pc, true, buf, cap, &off);
+	append(buf, cap, &off, ")");
+}
+
+/* "status": the oldest answer c waits for, and why it has not come. */
+static void cmd_status(struct ctl_client *c)
+{
+	struct node_pub_control *pc = c->pc;
+	struct ctl_round *oldest = NULL;
+	struct node_pub_why w = {.cause = NODE_PUB_WAIT_WORKING, .text = "the export is finishing"};
+	const void *arg = c;
+	char step[24] = "-", ver[24] = "-", why[400];
+
+	/* Rounds are queued newest first: the last one c is in is its oldest. */
+	for (struct ctl_round *rd = pc->rounds; rd != NULL; rd = rd->next)
+		for (uint32_t i = 0; i < rd->n; i++)
+			if (rd->who[i] == c)
+				oldest = rd;
+	if (oldest == NULL && c->rank >= 0 && pc->ready[c->rank]) {
+		gather_why(pc, why, sizeof(why));
+		client_say(c, "status %llu - ranks %s", (unsigned long long)pc->step, why);
+		return;
+	}
+	if (oldest == NULL && c->pending == 0) {
+		client_say(c, "status idle");
+		return;
+	}
+	if (oldest != NULL) {
+		snprintf(step, sizeof(step), "%llu", (unsigned long long)oldest->step);
+		arg = oldest;
+	}
+	node_pub_export_why(pc->pub, arg, &w); /* -ENOENT: its answer is on its way */
+	if (w.version != 0)
+		snprintf(ver, sizeof(ver), "%llu", (unsigned long long)w.version);
+	client_say(c, "status %s %s %s %s", step, ver, node_pub_wait_name(w.cause), w.text);
+}
+
 /* ---- commands ----------------------------------------------------------------------- */
 
 static void ctl_command(struct ctl_client *c, char *line)
@@ -438,12 +529,16 @@ static void ctl_command(struct ctl_client *c, char *line)
 		cmd_trainer_export(c, s + 7);
 	} else if (strncmp(s, "trainer ", 8) == 0 || strcmp(s, "trainer") == 0) {
 		cmd_trainer(c, s + 7);
+	} else if (strcmp(s, "status") == 0) {
+		cmd_status(c);
+	} else if (strncmp(s, "status ", 7) == 0) {
+		client_say(c, "error usage: status (no arguments)");
 	} else if (strcmp(s, "quit") == 0) {
 		LOG_INFO("control: quit");
 		if (pc->ops.on_quit != NULL)
 			pc->ops.on_quit(pc->ops.arg);
 	} else {
-		client_say(c, "error unknown command '%.64s' (want export, trainer or quit)", s);
+		client_say(c, "error unknown command '%.64s' (want export, trainer, status or quit)", s);
 	}
 }
 

@@ -31,6 +31,26 @@
  *                      when the publisher has copied the buffers (they may
  *                      be written again from then on), then the same
  *                      "published ..." line as export, or "error WHY".
+ *   status             what this connection's oldest unanswered export
+ *                      waits for: "status STEP VERSION CAUSE WHY", STEP
+ *                      and VERSION numbers or "-" (a plain export has no
+ *                      step; the version is "-" while the export is
+ *                      queued), CAUSE one word, WHY one line for people:
+ *                        ranks    other trainer ranks have not said export
+ *                                 STEP ("rank 1 of 2 has not exported step
+ *                                 7", naming ranks no connection holds);
+ *                        busy     queued behind another version's export
+ *                                 (WHY says what that one waits for);
+ *                        layouts  no node has registered a serving layout;
+ *                        tracker  registering, publishing or offering at the
+ *                                 tracker;
+ *                        working  the publisher's own work (snapshot,
+ *                                 encode, hash).
+ *                      "status idle" when no answer is owed. It changes
+ *                      nothing, and is answered at once, after any answer
+ *                      already sent: a trainer whose wait timed out asks
+ *                      it to say why. A publisher older than the command
+ *                      answers "error unknown command 'status' ...".
  *   quit               stops the publisher.
  *
  * Bytes on the socket are hostile: lines are capped, numbers range-checked;

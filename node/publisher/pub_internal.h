@@ -27,7 +27,8 @@
  *   pub_prefault.c pages touched ahead by a worker, off the critical path;
  *   pub_source.c   where a version's bytes come from (fixture or model dir);
  *   pub_trainer.c  the trainer source: a shared buffer per trainer rank;
- *   pub_layout.c   the serving layouts and their plans, cached by digest.
+ *   pub_layout.c   the serving layouts and their plans, cached by digest;
+ *   pub_wait.c     why an export is not done yet, for whoever waits on it.
  * pub_control.c (the control socket) and pub_metrics.c (its series) sit
  * on the face, publisher.h, as any caller does. Everything here is for
  * these files only. Design notes: NOTES.md.

@@ -130,6 +130,27 @@ typedef void (*node_pub_snap_cb)(void *arg, uint64_t version);
 int node_pub_export_snap(struct node_pub *p, node_pub_cb cb, node_pub_snap_cb on_snap,
 			 void *arg);
 
+/* What an export that is not done waits for (node_pub_export_why). */
+enum node_pub_wait {
+	NODE_PUB_WAIT_BUSY,    /* queued behind another export */
+	NODE_PUB_WAIT_WORKING, /* the publisher's own work: snapshot, encode, hash */
+	NODE_PUB_WAIT_TRACKER, /* the tracker: registering, publishing, offering */
+	NODE_PUB_WAIT_LAYOUTS, /* a serving layout: no node has registered one */
+};
+struct node_pub_why {
+	enum node_pub_wait cause;
+	uint64_t version; /* the version it exports; 0 while it waits in the queue */
+	char text[320];   /* one line for people, e.g. "no node has registered ..." */
+};
+/*
+ * Why the export asked with arg (node_pub_export_snap's, the oldest when
+ * several share it) is not done yet, as the publisher sees it now. -ENOENT
+ * when no export of arg is queued or running (*out unchanged); else 0.
+ */
+int node_pub_export_why(const struct node_pub *p, const void *arg, struct node_pub_why *out);
+/* The cause in one word: busy, working, tracker or layouts. Cannot fail. */
+const char *node_pub_wait_name(enum node_pub_wait w);
+
 /* Trainer source: the shared buffer of trainer rank (a sealed memfd of
  * *bytes bytes, the rank's block of the trainer layout: its local tensors
  * back to back). The publisher keeps the fd: the caller dups or sends it.

@@ -136,17 +136,6 @@ def test_pieces():
 
 # ---- with a node ----
 
-class TorchExport:
-    """A trainer rank whose export(step) fills it from torch tensors first
-    (tessera.torch.export), for trainer_export.export_all."""
-
-    def __init__(self, tr, tensors):
-        self.tr, self.tensors, self.rank = tr, tensors, tr.rank
-
-    def export(self, step):
-        return tessera.torch.export(self.tr, self.tensors, step)
-
-
 def module_for(shapes):
     """A torch module with one zero bf16 parameter per name (dots nest)."""
     root = torch.nn.Module()
@@ -246,7 +235,6 @@ def check_kept(client, full):
 
 
 def cluster(ctl, node_sock, replica, nranks, model_path):
-    from trainer_export import export_all  # each rank exports from its own thread
     with open(model_path) as f:
         model = json.load(f)["tensors"]
     assert all(m["dtype"] == "bf16" for m in model), model
@@ -275,10 +263,11 @@ def cluster(ctl, node_sock, replica, nranks, model_path):
                     box = full[t.name][tuple(slice(a, a + n) for a, n in zip(t.start, t.shape))]
                     tr.fill(t.name, box)
                     assert same(tessera.torch.tensor(tr, t.name), box), t.name
-            v = export_all(trainers, step)
+            v = tessera.Trainer.export_all(trainers, step)  # every rank, one thread
         else:
-            # tessera.torch.export from the full tensors (each rank takes its box).
-            v = export_all([TorchExport(tr, full) for tr in trainers], step)
+            # tessera.torch from the full tensors (each rank takes its box),
+            # every rank from this thread.
+            v = tessera.torch.export_all(trainers, full, step)
         assert all(same(full[n], keep[n]) for n in full), "export wrote into its source"
         client.wait_version(v, timeout_ms=120000)
         with client.acquire() as pin:

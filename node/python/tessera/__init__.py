@@ -538,4 +538,5 @@ class Client:
             pass
 
 
-from tessera.trainer import Published, Trainer, TrainerTensor  # noqa: E402  (the trainer's side)
+from tessera.trainer import ExportTimeout, Published, Trainer, TrainerTensor  # noqa: E402  (the trainer's side)
+__all__ += ["ExportTimeout"]

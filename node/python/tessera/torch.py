@@ -35,7 +35,7 @@ import torch
 from tessera import Pin, TesseraError
 
 __all__ = ["Shard", "dtype", "tensor", "split", "shards", "state_dict", "load_into",
-           "fill", "export"]
+           "fill", "fill_from", "export", "export_all"]
 
 # tessera dtype -> torch dtypes to try, best first (torch 1.13 has no
 # float8_* or uint16..64: the last name is the raw type of the same width).
@@ -220,12 +220,11 @@ def fill(trainer, name, x):
         tensor(trainer, name).copy_(x)
 
 
-def export(trainer, tensors, step, wait="published"):
+def fill_from(trainer, tensors):
     """Fills every local tensor of the trainer rank from `tensors` (a dict of
-    name -> torch tensor, or a module: its state_dict) and exports `step`
-    (Trainer.export). A tensor is either the rank's local tensor or the full
-    model tensor, whose box at the local's start is taken (a view). Returns
-    what Trainer.export returns."""
+    name -> torch tensor, or a module: its state_dict). A tensor is either
+    the rank's local tensor or the full model tensor, whose box at the
+    local's start is taken (a view)."""
     if isinstance(tensors, torch.nn.Module):
         tensors = tensors.state_dict()
     for t in trainer.tensors:
@@ -235,4 +234,21 @@ def export(trainer, tensors, step, wait="published"):
         if tuple(x.shape) != tuple(t.shape) and t.start is not None and x.dim() == len(t.shape):
             x = x[tuple(slice(a, a + n) for a, n in zip(t.start, t.shape))]
         fill(trainer, t.name, x)
+
+
+def export(trainer, tensors, step, wait="published"):
+    """fill_from(trainer, tensors), then Trainer.export(step): returns what
+    it returns."""
+    fill_from(trainer, tensors)
     return trainer.export(step, wait=wait)
+
+
+def export_all(trainers, tensors, step, wait="published"):
+    """Every rank this process holds, from one thread: each Trainer in
+    trainers filled from the same full tensors (each takes its boxes), then
+    Trainer.export_all(trainers, step)."""
+    from tessera import Trainer
+    trainers = list(trainers)
+    for tr in trainers:
+        fill_from(tr, tensors)
+    return Trainer.export_all(trainers, step, wait=wait)

@@ -1,0 +1,61 @@
+/*
+ * The RL loop as users run it (deploy/rl-loop.py): a torch trainer exports
+ * every step through a trainer-fed publisher; a tp2 replica of two node
+ * agents, whose rank 1 hears of every version 300 ms late, serves a
+ * tensor-parallel engine of two torch.distributed workers that switch
+ * together through holds; the engine's sharded logits equal the trainer's
+ * unsharded ones for every version. Skips without python3-torch.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "tests/testutil.h"
+
+#define PYTHON "/usr/bin/python3"
+#define STEPS 4
+
+static void test_rl_loop(void **state)
+{
+	const char *pydir = getenv("TESSERA_PYTHON_DIR");
+	char dir[256], bin[512];
+
+	if (access(PYTHON, X_OK) != 0 || pydir == NULL || getenv("TESSERA_CLIENT_LIB") == NULL) {
+		print_message("skipped: needs %s, TESSERA_PYTHON_DIR and TESSERA_CLIENT_LIB "
+			      "(make test sets them)\n", PYTHON);
+		skip();
+	}
+	if (tu_sh("%s -c 'import torch, numpy' 2>/dev/null", PYTHON) != 0) {
+		print_message("skipped: torch is not installed for %s (Debian: python3-torch)\n",
+			      PYTHON);
+		skip();
+	}
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	tu_bin(bin, sizeof(bin), "");
+	/* The library is a plain build: keep ASan's runtime out of python. */
+	int rc = tu_sh("env -u LD_PRELOAD timeout 600 %s '%s/../../deploy/rl-loop.py' --bin '%s' "
+		       "--steps %d --every-ms 800 --rank-lag-ms 300 --keep '%s/run' >'%s/out' "
+		       "2>'%s/err'",
+		       PYTHON, pydir, bin, STEPS, dir, dir, dir);
+	tu_sh("cat '%s/out'", dir);
+	if (rc != 0) {
+		tu_sh("tail -n 30 '%s/err' >&2; tail -n 5 '%s'/run/*.log >&2", dir, dir);
+		fail_msg("deploy/rl-loop.py failed (status %d)", rc);
+	}
+	assert_int_equal(tu_sh("grep -q '^rl-loop: %d versions, logits equal in %d;' '%s/out'", STEPS,
+			       STEPS, dir),
+			 0);
+	tu_rmtree(dir);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_rl_loop),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
