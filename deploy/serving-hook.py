@@ -36,29 +36,41 @@ def as_torch(pin, t):
 
 
 class TesseraWorkerExtension:
-    """vLLM: LLM(..., worker_extension_cls="serving_hook.TesseraWorkerExtension"),
-    then llm.collective_rpc("tessera_update", args=(version,)) from the
-    rollout driver. SGLang: call the same body from a custom
+    """A thin adapter over tessera.engine.WeightUpdater, whose phases are an
+    engine's (initialise; start an update; receive; finish at a step
+    boundary; shut down). vLLM: LLM(...,
+    worker_extension_cls="serving_hook.TesseraWorkerExtension"), then
+    llm.collective_rpc("tessera_attach", args=("A",)) once and
+    llm.collective_rpc("tessera_update") at each step boundary: every TP
+    worker runs it together, so they agree (over their own process group) on
+    a version all their ranks hold and switch to it at once, whatever moment
+    each rank's node activated it. SGLang: the same bodies from a custom
     update_weights handler on each TP worker."""
 
-    def tessera_attach(self, replica, rank=None, sock_dir="/run/tessera"):
+    def tessera_attach(self, replica, rank=None, sock_dir="/run/tessera", group=None):
+        import tessera.engine
         rank = self.rank if rank is None else rank  # the worker's TP rank
         path = os.path.join(sock_dir, "%s-%d.sock" % (replica, rank))
-        self.tessera = tessera.Client(path, replica, rank, timeout_ms=60000)
+        self.tessera = tessera.engine.WeightUpdater(path, replica, rank, timeout_ms=60000,
+                                                    agree=tessera.engine.torch_agree(group))
 
-    def tessera_update(self, version, timeout_ms=600000):
-        c = self.tessera
-        c.wait_version(version, timeout_ms)          # start update
-        with c.acquire() as pin:                     # the version stays put
-            # load_weights takes checkpoint (HF) names and cuts the worker's
-            # share itself: feed it a tp1 node's tensors (whole, q/k/v split
-            # back). A node of the engine's own tpN layout holds the shares:
-            # tessera.torch.load_into(model, pin, names="fused") copies them
-            # straight into vLLM's fused qkv_proj/gate_up_proj parameters.
-            weights = tessera.torch.state_dict(pin).items()
-            self.model_runner.model.load_weights(weights=weights)  # receive
-        self.tessera_version = pin.version           # finish update
-        return pin.version
+    def tessera_update(self, policy="newest", wait_ms=0):
+        up = self.tessera
+        version = up.start_update(policy, wait_ms)   # start: the version all ranks hold
+        if version is None:
+            return up.version                        # nothing newer on every rank
+        pin = up.receive()                           # receive: views, no copy
+        # load_weights takes checkpoint (HF) names and cuts the worker's
+        # share itself: feed it a tp1 node's tensors (whole, q/k/v split
+        # back). A node of the engine's own tpN layout holds the shares:
+        # tessera.torch.load_into(model, pin, names="fused") copies them
+        # straight into vLLM's fused qkv_proj/gate_up_proj parameters.
+        self.model_runner.model.load_weights(weights=tessera.torch.state_dict(pin).items())
+        return up.finish_update()                    # finish: older versions go
+
+    def tessera_stamp(self):
+        """With each request: the version it ran on (and its digest)."""
+        return self.tessera.record()
 
 
 def gpu_tensors(client, pin):
