@@ -3,8 +3,9 @@
  * every step through a trainer-fed publisher; a tp2 replica of two node
  * agents, whose rank 1 hears of every version 300 ms late, serves a
  * tensor-parallel engine of two torch.distributed workers that switch
- * together through holds; the engine's sharded logits equal the trainer's
- * unsharded ones for every version. Skips without python3-torch.
+ * together (tessera.engine); the engine's sharded logits equal the
+ * trainer's unsharded ones for every version, on double-buffered and on
+ * in-place nodes. Skips without python3-torch.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,7 +20,7 @@
 #define PYTHON "/usr/bin/python3"
 #define STEPS 4
 
-static void test_rl_loop(void **state)
+static void rl_loop(const char *install)
 {
 	const char *pydir = getenv("TESSERA_PYTHON_DIR");
 	char dir[256], bin[512];
@@ -38,9 +39,9 @@ static void test_rl_loop(void **state)
 	tu_bin(bin, sizeof(bin), "");
 	/* The library is a plain build: keep ASan's runtime out of python. */
 	int rc = tu_sh("env -u LD_PRELOAD timeout 600 %s '%s/../../deploy/rl-loop.py' --bin '%s' "
-		       "--steps %d --every-ms 800 --rank-lag-ms 300 --keep '%s/run' >'%s/out' "
-		       "2>'%s/err'",
-		       PYTHON, pydir, bin, STEPS, dir, dir, dir);
+		       "--steps %d --every-ms 800 --rank-lag-ms 300 --install %s --keep '%s/run' "
+		       ">'%s/out' 2>'%s/err'",
+		       PYTHON, pydir, bin, STEPS, install, dir, dir, dir);
 	tu_sh("cat '%s/out'", dir);
 	if (rc != 0) {
 		tu_sh("tail -n 30 '%s/err' >&2; tail -n 5 '%s'/run/*.log >&2", dir, dir);
@@ -52,10 +53,25 @@ static void test_rl_loop(void **state)
 	tu_rmtree(dir);
 }
 
+/* Double-buffered nodes: the workers hold what their ranks announce and
+ * switch together to a version both hold. */
+static void test_rl_loop_holds(void **state)
+{
+	rl_loop("double");
+}
+
+/* In-place nodes hold nothing: the workers pin what their nodes serve and
+ * agree that the pins name one version, else retry. */
+static void test_rl_loop_in_place(void **state)
+{
+	rl_loop("in-place");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_rl_loop),
+		cmocka_unit_test(test_rl_loop_holds),
+		cmocka_unit_test(test_rl_loop_in_place),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

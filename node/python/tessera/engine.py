@@ -72,20 +72,17 @@ class WeightUpdater:
                                                hold=True)
         self.agree = agree
         self.timeout_ms = timeout_ms
-        self.current = None   # the Pin serving now
+        self.current = None   # the Pin serving now (holding nodes only)
+        self.version = 0      # the version this worker serves (0: none yet)
+        self._stamp = None
         self._next = None     # the Pin received, not yet switched to
         self._target = None   # the version start_update chose
 
-    @property
-    def version(self):
-        """The version this worker serves (0: none yet)."""
-        return self.current.version if self.current is not None else 0
-
     def record(self):
         """The per-request stamp: replica, rank, version, its manifest digest."""
-        if self.current is None:
+        if self._stamp is None:
             raise tessera.TesseraError(11, "no version served yet")
-        return self.current.record()
+        return dict(self._stamp)
 
     def _held_newer(self):
         self.client.poll(0)
@@ -117,14 +114,25 @@ class WeightUpdater:
             self.client.poll(min(50, max(1, int((deadline - time.monotonic()) * 1000))))
 
     def _start_unheld(self, wait_ms):
+        # Nothing is held: each worker pins what its node serves, and the
+        # workers agree that the pins name one version (a rank between
+        # versions pauses its requests while it writes in place).
         deadline = time.monotonic() + wait_ms / 1000.0
         while True:
             self.client.poll(0)
-            active = self.client.active
-            lo, hi = self.agree(active, "min"), self.agree(active, "max")
+            try:
+                pin = self.client.acquire()
+            except tessera.TesseraError as e:
+                if e.errno != 11:  # EAGAIN: nothing active yet
+                    raise
+                pin = None
+            got = pin.version if pin is not None else 0
+            lo, hi = self.agree(got, "min"), self.agree(got, "max")
             if lo == hi and lo > self.version:
-                self._target = lo
+                self._next, self._target = pin, lo
                 return lo
+            if pin is not None:
+                pin.release()
             if self.agree(int(time.monotonic() >= deadline), "max"):
                 return None
             self.client.poll(min(50, max(1, int(max(0.0, deadline - time.monotonic()) * 1000))))
@@ -139,16 +147,26 @@ class WeightUpdater:
 
     def finish_update(self):
         """The received version serves from now on: the previous pin is
-        released and every older hold dropped. Returns the version."""
+        released and every older hold dropped. Returns the version.
+
+        On a holding node the pin stays until the next update, so the
+        engine may serve from its views. On an in-place node it is released
+        here (the node writes the next version over it, and waits for no
+        pin past its drain bound): the engine must have copied what it
+        serves by now."""
         pin = self.receive()
-        old, self.current, self._next, self._target = self.current, pin, None, None
+        old, self._next, self._target = self.current, None, None
+        self.version, self._stamp = pin.version, pin.record()
+        self.current = pin if self.client.holding else None
         if old is not None:
             old.release()
         if self.client.holding:
             for v in self.client.prepared:
                 if v < pin.version:
                     self.client.drop(v)
-        return pin.version
+        else:
+            pin.release()
+        return self.version
 
     def abort_update(self):
         """Gives up the received version (it stays held until dropped)."""
