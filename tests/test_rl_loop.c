@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -47,9 +48,13 @@ static void rl_loop(const char *install)
 		tu_sh("tail -n 30 '%s/err' >&2; tail -n 5 '%s'/run/*.log >&2", dir, dir);
 		fail_msg("deploy/rl-loop.py failed (status %d)", rc);
 	}
-	assert_int_equal(tu_sh("grep -q '^rl-loop: %d versions, logits equal in %d;' '%s/out'", STEPS,
-			       STEPS, dir),
+	/* Every version the engine switched to (all of them, with holds) had
+	 * the trainer's logits. */
+	assert_int_equal(tu_sh("grep -q '^rl-loop: \\([0-9]*\\) versions, logits equal in \\1;' '%s/out'",
+			       dir),
 			 0);
+	if (strcmp(install, "double") == 0)
+		assert_int_equal(tu_sh("grep -q '^rl-loop: %d versions' '%s/out'", STEPS, dir), 0);
 	tu_rmtree(dir);
 }
 
