@@ -172,7 +172,7 @@ static int setup(void **state)
 	assert_int_equal(node_store_open("host", &e->store, NULL), 0);
 	e->base = event_base_new();
 	assert_non_null(e->base);
-	struct node_attach_info ai = {"A", 0, &e->rank, e->digest, &e->store};
+	struct node_attach_info ai = {"A", 0, &e->rank, e->digest, &e->store, NULL};
 	struct proto_err err;
 	if (node_attach_new(e->base, e->sock, &ai, &e->at, &err) != 0)
 		fail_msg("node_attach_new: %s", err.msg);
@@ -702,7 +702,7 @@ static void test_epoch_page(void **state)
 static void test_socket_path_checked(void **state)
 {
 	struct env *e = *state;
-	struct node_attach_info ai = {"A", 0, &e->rank, e->digest, &e->store};
+	struct node_attach_info ai = {"A", 0, &e->rank, e->digest, &e->store, NULL};
 	struct node_attach *at = NULL;
 	struct proto_err err;
 	char path[400];
@@ -735,7 +735,7 @@ struct cuda_job {
 static void cuda_up(struct env *e, void *arg)
 {
 	struct cuda_job *j = arg;
-	struct node_attach_info ai = {"A", 0, &e->rank, e->digest, &j->store};
+	struct node_attach_info ai = {"A", 0, &e->rank, e->digest, &j->store, NULL};
 	uint8_t dg[32] = {0};
 
 	j->rc = node_attach_new(e->base, j->sock, &ai, &j->at, NULL);

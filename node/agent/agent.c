@@ -180,6 +180,7 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 			.spec = &a->layout.ranks[o->rank],
 			.layout_digest = a->layout.digest,
 			.store = &a->store,
+			.perm = o->attach_perm,
 		};
 		if ((rc = node_attach_new(base, o->attach_path, &ai, &a->attach, err)) != 0)
 			goto fail;

@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "node/serve/perm.h"
 #include "node/store/store.h"
 #include "proto/spec.h"
 #include "proto/util.h"
@@ -40,6 +41,7 @@ struct node_attach_info {
 	const struct proto_rank *spec;  /* the rank's local tensors; outlives the server */
 	const uint8_t *layout_digest;   /* 32 bytes */
 	struct node_store *store;       /* frees retired slots; outlives the server */
+	const struct node_perm *perm;   /* the socket's mode and group; NULL: as made */
 };
 
 struct node_attach;
