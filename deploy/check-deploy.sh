@@ -156,7 +156,7 @@ else
 fi
 
 # ---- shell scripts (Slurm batch script included) -------------------------------------
-for s in deploy/*.sh deploy/check/*.sh deploy/slurm/*.sh deploy/slurm/*.sbatch; do
+for s in deploy/*.sh deploy/check/*.sh deploy/systemd/*.sh deploy/slurm/*.sh deploy/slurm/*.sbatch; do
 	case $(head -n 1 "$s") in
 	*bash*) sh="bash" ;;
 	*) sh="sh" ;;
