@@ -8,7 +8,7 @@ set -eu
 
 PKGS="build-essential pkg-config libfabric-dev libfabric-bin libsodium-dev \
 libzstd-dev libevent-dev libssl-dev openssl libcmocka-dev libjansson-dev libinih-dev iproute2 curl jq \
-clang libclang-rt-dev python3 python3-numpy librust-blake3-dev"
+clang libclang-rt-dev python3 python3-numpy python3-torch librust-blake3-dev"
 
 deploy_check=0
 if [ "${1:-}" = "--deploy-check" ]; then

@@ -4,7 +4,8 @@ Each rank of a serving replica runs next to a tessera-node started with
 `--attach /run/tessera/<replica>-<rank>.sock`. The `tessera` Python package
 (node/python; ctypes over libtessera-client, numpy optional) attaches to it
 and hands out every local tensor of that rank as a numpy array over the
-node's shared memory: nothing is copied until the engine copies it.
+node's shared memory, and tessera.torch as torch tensors (bf16 included):
+nothing is copied until the engine copies it.
 
 Two ways to use it, both shown below:
 
@@ -25,20 +26,13 @@ package's tested use.
 import os
 
 import tessera
-
-# numpy has no bf16/fp8: tessera hands those out as raw integers of their
-# width; torch reinterprets them without a copy.
-TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
-                "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+import tessera.torch  # torch tensors out of tessera (needs torch)
 
 
 def as_torch(pin, t):
-    import torch
-    arr = pin.tensor(t.name)  # numpy view of the node's memory
-    x = torch.from_numpy(arr)  # still no copy (torch warns: read-only)
-    if t.dtype in TORCH_DTYPES:
-        x = x.view(getattr(torch, TORCH_DTYPES[t.dtype]))
-    return x
+    """Local tensor t as a torch tensor over the node's memory (no copy;
+    bf16 too, which numpy lacks)."""
+    return tessera.torch.tensor(pin, t.name)
 
 
 class TesseraWorkerExtension:
@@ -56,7 +50,12 @@ class TesseraWorkerExtension:
         c = self.tessera
         c.wait_version(version, timeout_ms)          # start update
         with c.acquire() as pin:                     # the version stays put
-            weights = [(t.name, as_torch(pin, t)) for t in c.tensors]
+            # load_weights takes checkpoint (HF) names and cuts the worker's
+            # share itself: feed it a tp1 node's tensors (whole, q/k/v split
+            # back). A node of the engine's own tpN layout holds the shares:
+            # tessera.torch.load_into(model, pin, names="fused") copies them
+            # straight into vLLM's fused qkv_proj/gate_up_proj parameters.
+            weights = tessera.torch.state_dict(pin).items()
             self.model_runner.model.load_weights(weights=weights)  # receive
         self.tessera_version = pin.version           # finish update
         return pin.version

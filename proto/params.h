@@ -115,6 +115,10 @@
 	/* Versions one attached client may hold pinned at once (one per \
 	 * running request); more is refused, the client stays attached. */ \
 	X(ATTACH_PINS, "TESSERA_ATTACH_PINS", 65536, "pins one attached client may hold") \
+	/* Versions a node holds for one client that asked for holds (an engine \
+	 * switching its ranks together, wire.h protocol 3): each is a whole \
+	 * copy of the rank; past it the oldest hold is dropped. */ \
+	X(ATTACH_HOLDS, "TESSERA_ATTACH_HOLDS", 4, "versions held for one attached engine") \
 	/* Bytes a node queues for a client that does not read; past it the \
 	 * client is dropped (and its pins with it). */ \
 	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client") \
@@ -189,6 +193,7 @@
 	 * blocked until a complete version is installed. */ \
 	X(TEST_INPLACE_FAIL, "TESSERA_TEST_INPLACE_FAIL", 0, "test only: fail the in-place install of this version") \
 	X(TEST_ADMIT_LAG_MS, "TESSERA_TEST_ADMIT_LAG_MS", 0, "test only: ms between announcing a version to attached clients and admitting requests to it") \
+	X(TEST_ANNOUNCE_LAG_MS, "TESSERA_TEST_ANNOUNCE_LAG_MS", 0, "test only: ms an activated version waits before attached clients are told (one rank of a replica late)") \
 	/* After an activation the node copies the new active slot into a \
 	 * standby slot, so that a delta against it needs only its apply; it \
 	 * waits this long first (past ATTACH_FREE_GRACE_MS, so that the \

@@ -40,9 +40,16 @@ struct env {
 	struct node_store store;
 	struct proto_local locals[NT];
 	struct proto_rank rank;
+	/* The model the locals come from: embed whole, layers.0.wq fused from
+	 * q and k (dim 0), norm the second half of a longer one. */
+	struct proto_tensor mt[4];
+	struct proto_model model;
+	struct proto_piece pieces[4];
+	struct node_attach_info ai;
 	uint8_t digest[32];
 	struct node_attach *at;
 	struct node_slot *active;
+	bool reused; /* the last activation's slot came from the store's spare */
 };
 
 /* Byte i of version v: what every check compares against. */
@@ -111,6 +118,7 @@ static void activate_job(struct env *e, void *arg)
 	memset(dg, (int)v, sizeof(dg));
 	struct node_slot *old = e->active;
 	e->active = s;
+	e->reused = s->reused;
 	node_attach_activate(e->at, s, dg);
 	node_attach_retire(e->at, &e->store, old);
 }
@@ -168,13 +176,38 @@ static int setup(void **state)
 	e->rank.nlocals = NT;
 	e->rank.locals = e->locals;
 	e->rank.nbytes = off;
+	static const char *mnames[4] = {"embed", "layers.0.q", "layers.0.k", "norm"};
+	static const uint64_t mshapes[4][2] = {{64, 32}, {16, 48}, {16, 48}, {200, 1}};
+	for (int i = 0; i < 4; i++) {
+		e->mt[i].name = (char *)mnames[i];
+		e->mt[i].ndim = 2;
+		e->mt[i].shape[0] = mshapes[i][0];
+		e->mt[i].shape[1] = mshapes[i][1];
+		struct proto_piece *pc = &e->pieces[i];
+		pc->tensor = (uint32_t)i;
+		pc->box.lo[0] = i == 3 ? 100 : 0;
+		pc->box.hi[0] = mshapes[i][0];
+		pc->box.hi[1] = mshapes[i][1];
+		pc->base = i == 2 ? 16 * 48 : 0;
+	}
+	e->model.ntensors = 4;
+	e->model.tensors = e->mt;
+	e->locals[0].pieces = &e->pieces[0];
+	e->locals[0].npieces = 1;
+	e->locals[1].pieces = &e->pieces[1];
+	e->locals[1].npieces = 2;
+	e->locals[2].pieces = &e->pieces[3];
+	e->locals[2].npieces = 1;
 	memset(e->digest, 0x5a, sizeof(e->digest));
 	assert_int_equal(node_store_open("host", &e->store, NULL), 0);
 	e->base = event_base_new();
 	assert_non_null(e->base);
-	struct node_attach_info ai = {"A", 0, &e->rank, e->digest, &e->store, NULL};
+	e->ai = (struct node_attach_info){
+		.replica = "A", .rank = 0, .spec = &e->rank, .layout_digest = e->digest,
+		.store = &e->store, .model = &e->model,
+	};
 	struct proto_err err;
-	if (node_attach_new(e->base, e->sock, &ai, &e->at, &err) != 0)
+	if (node_attach_new(e->base, e->sock, &e->ai, &e->at, &err) != 0)
 		fail_msg("node_attach_new: %s", err.msg);
 	assert_int_equal(pthread_create(&e->loop, NULL, loop_main, e), 0);
 	*state = e;
@@ -187,6 +220,12 @@ static void free_job(struct env *e, void *arg)
 	e->at = NULL;
 	node_slot_free(&e->store, e->active);
 	e->active = NULL;
+	node_store_close(&e->store); /* the spare, where a test kept one */
+}
+
+static void free_other_job(struct env *e, void *arg)
+{
+	node_attach_free(arg);
 }
 
 static int teardown(void **state)
@@ -441,12 +480,13 @@ static size_t read_until_closed(int fd, uint8_t *buf, size_t cap)
 static size_t attach_req(uint8_t *b, const char *replica, uint32_t rank)
 {
 	size_t n = strlen(replica);
-	tsr_put_hdr(b, (uint32_t)(8 + n), TSR_MSG_ATTACH);
+	tsr_put_hdr(b, (uint32_t)(8 + n + 4), TSR_MSG_ATTACH);
 	tsr_put16(b + 8, TSR_WIRE_PROTOCOL);
 	tsr_put16(b + 10, (uint16_t)n);
 	tsr_put32(b + 12, rank);
 	memcpy(b + 16, replica, n);
-	return 16 + n;
+	tsr_put32(b + 16 + n, 0); /* flags */
+	return 16 + n + 4;
 }
 
 static void test_garbage_refused(void **state)
@@ -468,7 +508,11 @@ static void test_garbage_refused(void **state)
 		{"empty name", "replica name", {8, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0}, 16, false},
 		{"unknown type", "unknown message type 77", {0, 0, 0, 0, 77, 0, 0, 0}, 8, true},
 		{"attach twice", "ATTACH twice", {9, 0, 0, 0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 'A'}, 17, true},
-		{"acquire payload", "no payload", {1, 0, 0, 0, 4, 0, 0, 0, 0}, 9, true},
+		{"acquire payload", "ACQUIRE carries nothing or a u64", {1, 0, 0, 0, 4, 0, 0, 0, 0}, 9, true},
+		{"drop of nothing", "not held for this client", {8, 0, 0, 0, 11, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0}, 16, true},
+		{"short drop", "DROP carries exactly", {4, 0, 0, 0, 11, 0, 0, 0, 1, 0, 0, 0}, 12, true},
+		{"unknown flags", "unknown flags 0x6", {13, 0, 0, 0, 1, 0, 0, 0, 3, 0, 1, 0, 0, 0, 0, 0, 'A', 7, 0, 0, 0}, 21, false},
+		{"protocol 3 without flags", "then u32 flags", {9, 0, 0, 0, 1, 0, 0, 0, 3, 0, 1, 0, 0, 0, 0, 0, 'A'}, 17, false},
 		{"short release", "exactly a u64", {4, 0, 0, 0, 6, 0, 0, 0, 1, 0, 0, 0}, 12, true},
 		{"foreign pin", "does not hold", {8, 0, 0, 0, 6, 0, 0, 0, 42, 0, 0, 0, 0, 0, 0, 0}, 16, true},
 		{"unpin payload", "UNPIN carries no payload", {1, 0, 0, 0, 10, 0, 0, 0, 0}, 9, true},
@@ -535,7 +579,7 @@ static void test_garbage_refused(void **state)
 
 	/* A client that half-sends a frame and vanishes. */
 	int fd = raw_connect(e);
-	uint8_t half[20];
+	uint8_t half[24];
 	size_t n = attach_req(half, "A", 0);
 	assert_int_equal(write(fd, half, n - 1), (ssize_t)(n - 1));
 	close(fd);
@@ -634,10 +678,11 @@ static void test_epoch_page(void **state)
 		off += TSR_WIRE_HDR + 5;
 	}
 	assert_int_equal(tsr_get16(buf + off + 4), TSR_MSG_VERSION);
-	assert_int_equal(tsr_get32(buf + off), TSR_WIRE_VERSION2_LEN);
+	assert_int_equal(tsr_get32(buf + off), TSR_WIRE_VERSION3_LEN);
 	assert_int_equal(tsr_get64(buf + off + TSR_WIRE_HDR), 1);
 	uint8_t e1 = buf[off + TSR_WIRE_HDR + TSR_WIRE_VERSION_LEN];
 	assert_true(e1 < TSR_ENTRIES);
+	assert_int_equal(buf[off + TSR_WIRE_HDR + TSR_WIRE_VERSION_LEN + 1], 0); /* not held */
 
 	uint8_t *epoch = mmap(NULL, TSR_PAGE_SIZE, PROT_READ, MAP_SHARED, fds[0], 0);
 	assert_true(epoch != MAP_FAILED);
@@ -699,10 +744,163 @@ static void test_epoch_page(void **state)
 	munmap(epoch, TSR_PAGE_SIZE);
 }
 
+/* Protocol 3: where each tensor comes from. */
+static void test_pieces(void **state)
+{
+	struct env *e = *state;
+
+	activate(e, 1);
+	tessera_client *c = attach_ok(e);
+	const struct tessera_tensor *wq = tessera_find(c, "layers.0.wq");
+	assert_non_null(wq);
+	assert_int_equal(wq->npieces, 2);
+	assert_int_equal(wq->concat_dim, 0);
+	assert_string_equal(wq->pieces[0].name, "layers.0.q");
+	assert_string_equal(wq->pieces[1].name, "layers.0.k");
+	assert_int_equal(wq->pieces[1].base, 16 * 48);
+	assert_int_equal(wq->pieces[1].hi[0], 16);
+	assert_int_equal(wq->pieces[1].shape[1], 48);
+	const struct tessera_tensor *norm = tessera_find(c, "norm");
+	assert_int_equal(norm->npieces, 1);
+	assert_int_equal(norm->pieces[0].shape[0], 200);
+	assert_int_equal(norm->pieces[0].lo[0], 100);
+	assert_int_equal(norm->pieces[0].hi[0], 200);
+	assert_false(norm->pieces[0].flat);
+	assert_int_equal(tessera_holding(c), 0);
+	assert_int_equal(tessera_in_place(c), 0);
+	tessera_detach(c);
+}
+
+static size_t prepared(tessera_client *c, uint64_t *out)
+{
+	return tessera_prepared(c, out, 8);
+}
+
+/* Holds: every version sent is held until dropped, whatever the node
+ * activates meanwhile; a worker pins exactly the version its engine chose. */
+static void test_holds(void **state)
+{
+	struct env *e = *state;
+	tessera_client *c = NULL, *plain = NULL;
+	struct tessera_pin pin;
+	uint64_t got[8];
+	char err[256];
+
+	activate(e, 1);
+	if (tessera_attach_flags(e->sock, "A", 0, 30000, TESSERA_HOLD, &c, err, sizeof(err)) != 0)
+		fail_msg("attach: %s", err);
+	plain = attach_ok(e);
+	assert_int_equal(tessera_holding(c), 1);
+	activate(e, 2);
+	activate(e, 3);
+	assert_int_equal(tessera_wait_version(c, 3, 30000), 0);
+	assert_int_equal(prepared(c, got), 3);
+	assert_int_equal(got[0], 1);
+	assert_int_equal(got[2], 3);
+	/* v1 and v2 retired but held: their slots stay, their bytes too. */
+	assert_int_equal(counts(e, 0).retained, 2);
+	assert_int_equal(tessera_acquire_version(c, 1, &pin), 0);
+	assert_int_equal(pin.version, 1);
+	assert_version_bytes(&pin, 1);
+	/* A plain client holds nothing: only the active version. */
+	assert_int_equal(tessera_wait_version(plain, 3, 30000), 0);
+	assert_int_equal(tessera_acquire_version(plain, 1, &(struct tessera_pin){0}), -ENOENT);
+	assert_non_null(strstr(tessera_error(plain), "neither held nor active"));
+	assert_int_equal(prepared(plain, got), 1);
+
+	/* Dropped: v1 stays for its running pin only; v2 goes at once. */
+	assert_int_equal(tessera_drop(c, 1), 0);
+	assert_int_equal(tessera_drop(c, 2), 0);
+	assert_int_equal(tessera_drop(c, 2), -EINVAL);
+	assert_version_bytes(&pin, 1);
+	assert_int_equal(tessera_release(c, &pin), 0);
+	struct counts k;
+	for (int i = 0; i < 3000 && (k = counts(e, 0)).retained != 0; i++)
+		usleep(10000);
+	assert_int_equal(k.retained, 0);
+	assert_int_equal(tessera_acquire_version(c, 2, &pin), -ENOENT);
+	/* The node's own answer, over the socket, for a version it forgot. */
+	assert_int_equal(prepared(c, got), 1);
+
+	/* Past TESSERA_ATTACH_HOLDS (4) the oldest hold goes, and we are told. */
+	for (uint64_t v = 4; v <= 7; v++)
+		activate(e, v);
+	assert_int_equal(tessera_wait_version(c, 7, 30000), 0);
+	assert_int_equal(prepared(c, got), 4);
+	assert_int_equal(got[0], 4);
+	assert_int_equal(got[3], 7);
+	for (int i = 0; i < 3000 && (k = counts(e, 0)).retained != 3; i++)
+		usleep(10000);
+	assert_int_equal(k.retained, 3);
+	assert_int_equal(tessera_acquire_version(c, 4, &pin), 0);
+	assert_version_bytes(&pin, 4);
+	assert_int_equal(tessera_release(c, &pin), 0);
+	/* Closing drops every hold. */
+	tessera_detach(c);
+	for (int i = 0; i < 3000 && (k = counts(e, 0)).retained != 0; i++)
+		usleep(10000);
+	assert_int_equal(k.retained, 0);
+	tessera_detach(plain);
+}
+
+/* An in-place node has one copy: it grants no holds. */
+static void test_in_place_holds_nothing(void **state)
+{
+	struct env *e = *state;
+	struct node_attach_info ai = e->ai;
+	struct node_attach *at = NULL;
+	tessera_client *c = NULL;
+	char path[400], err[256];
+
+	ai.in_place = true;
+	snprintf(path, sizeof(path), "%s/inplace.sock", e->dir);
+	assert_int_equal(node_attach_new(e->base, path, &ai, &at, NULL), 0);
+	/* Nothing active: the attach needs no loop to answer ATTACHED... but
+	 * the server lives on the loop thread: run it there. */
+	struct node_attach *keep = e->at;
+	e->at = at;
+	if (tessera_attach_flags(path, "A", 0, 30000, TESSERA_HOLD, &c, err, sizeof(err)) != 0)
+		fail_msg("attach: %s", err);
+	assert_int_equal(tessera_holding(c), 0);
+	assert_int_equal(tessera_in_place(c), 1);
+	tessera_detach(c);
+	e->at = keep;
+	on_loop(e, free_other_job, at);
+}
+
+/* The guard: a pointer kept past release faults instead of reading on. */
+static void test_guard(void **state)
+{
+	struct env *e = *state;
+	struct tessera_pin pin;
+	int status;
+
+	activate(e, 1);
+	tessera_client *c = attach_ok(e);
+	tessera_guard(c, 1);
+	assert_int_equal(tessera_acquire(c, &pin), 0);
+	assert_version_bytes(&pin, 1);
+	const volatile uint8_t *kept = pin.base;
+	assert_int_equal(tessera_release(c, &pin), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		signal(SIGSEGV, SIG_DFL);
+		_exit(kept[0] == 0xee ? 3 : 4); /* must not get here */
+	}
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV);
+	/* Pinned again, the same version reads again. */
+	assert_int_equal(tessera_acquire(c, &pin), 0);
+	assert_version_bytes(&pin, 1);
+	assert_int_equal(tessera_release(c, &pin), 0);
+	tessera_detach(c);
+}
+
 static void test_socket_path_checked(void **state)
 {
 	struct env *e = *state;
-	struct node_attach_info ai = {"A", 0, &e->rank, e->digest, &e->store, NULL};
+	struct node_attach_info ai = e->ai;
 	struct node_attach *at = NULL;
 	struct proto_err err;
 	char path[400];
@@ -735,7 +933,8 @@ struct cuda_job {
 static void cuda_up(struct env *e, void *arg)
 {
 	struct cuda_job *j = arg;
-	struct node_attach_info ai = {"A", 0, &e->rank, e->digest, &j->store, NULL};
+	struct node_attach_info ai = e->ai;
+	ai.store = &j->store;
 	uint8_t dg[32] = {0};
 
 	j->rc = node_attach_new(e->base, j->sock, &ai, &j->at, NULL);
@@ -816,24 +1015,34 @@ static void test_client_refuses_bad_node(void **state)
 {
 	struct env *e = *state;
 	static uint8_t huge[] = {0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0};
-	/* ATTACHED (53-byte head: active, count, block, digest, store): a
-	 * billion tensors and nothing after. */
-	static uint8_t many[8 + 53] = {53, 0, 0, 0, 2, 0, 0, 0, [16] = 0x00, 0xca, 0x9a, 0x3b};
-	/* ATTACHED: one tensor "w" at offset 8 of 8 bytes in a 4-byte block. */
-	static uint8_t past[8 + 53 + 25] = {
-		78, 0, 0, 0, 2, 0, 0, 0, [16] = 1, [20] = 4,
-		[61] = 1, 0, 'w', 4, 'f', 'p', '3', '2', 0, 8, [78] = 8};
+	/* ATTACHED (protocol 3's 55-byte head: active, count, block, digest,
+	 * store, install, holding): a billion tensors and nothing after. */
+	static uint8_t many[8 + 55] = {55, 0, 0, 0, 2, 0, 0, 0, [16] = 0x00, 0xca, 0x9a, 0x3b};
+	/* ATTACHED: one tensor "w" at offset 8 of 8 bytes in a 4-byte block
+	 * (no pieces). */
+	static uint8_t past[8 + 55 + 28] = {
+		83, 0, 0, 0, 2, 0, 0, 0, [16] = 1, [20] = 4,
+		[63] = 1, 0, 'w', 4, 'f', 'p', '3', '2', 0, 8, [80] = 8};
+	/* ATTACHED: "w" said to have two pieces, and no bytes of them. */
+	static uint8_t pieces[8 + 55 + 28] = {
+		83, 0, 0, 0, 2, 0, 0, 0, [16] = 1, [20] = 4,
+		[63] = 1, 0, 'w', 4, 'f', 'p', '3', '2', 0, 0, [80] = 4, [89] = 2};
+	/* ATTACHED: a holding node that installs in place. */
+	static uint8_t holdinplace[8 + 55] = {55, 0, 0, 0, 2, 0, 0, 0, [61] = 1, 1};
 	/* ATTACHED (no tensors, v1 active) then a VERSION without its memfd. */
-	static uint8_t nofd[8 + 53 + 8 + TSR_WIRE_VERSION_LEN] = {
-		53, 0, 0, 0, 2, 0, 0, 0, 1, [61] = TSR_WIRE_VERSION_LEN, 0, 0, 0, 3, 0, 0, 0, 1};
+	static uint8_t nofd[8 + 55 + 8 + TSR_WIRE_VERSION3_LEN] = {
+		55, 0, 0, 0, 2, 0, 0, 0, 1, [63] = TSR_WIRE_VERSION3_LEN, 0, 0, 0, 3, 0, 0, 0, 1};
+	/* ATTACHED (v1 active) then DROPPED of a version never held. */
+	static uint8_t nodrop[8 + 55 + 8 + 8] = {
+		55, 0, 0, 0, 2, 0, 0, 0, 1, [63] = 8, 0, 0, 0, 12, 0, 0, 0, 1};
 	static uint8_t wrong[] = {16, 0, 0, 0, 5, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
 				  1, 0, 0, 0, 0, 0, 0, 0};
 	static uint8_t badmsg[] = {3, 0, 0, 0, 8, 0, 0, 0, 1, 9, 0};
 	/* ATTACHED (v1 active) then PAGES without its memfd, or of a wrong size. */
-	static uint8_t nopage[8 + 53 + 8 + 5] = {
-		53, 0, 0, 0, 2, 0, 0, 0, 1, [61] = 5, 0, 0, 0, 9, 0, 0, 0, 0, 0, 16, 0, 0};
-	static uint8_t badpage[8 + 53 + 8 + 5] = {
-		53, 0, 0, 0, 2, 0, 0, 0, 1, [61] = 5, 0, 0, 0, 9, 0, 0, 0, 0, 1, 0, 0, 0};
+	static uint8_t nopage[8 + 55 + 8 + 5] = {
+		55, 0, 0, 0, 2, 0, 0, 0, 1, [63] = 5, 0, 0, 0, 9, 0, 0, 0, 0, 0, 16, 0, 0};
+	static uint8_t badpage[8 + 55 + 8 + 5] = {
+		55, 0, 0, 0, 2, 0, 0, 0, 1, [63] = 5, 0, 0, 0, 9, 0, 0, 0, 0, 1, 0, 0, 0};
 	struct {
 		const char *what, *reason;
 		const uint8_t *bytes;
@@ -843,6 +1052,9 @@ static void test_client_refuses_bad_node(void **state)
 		{"huge frame", "malformed frame header", huge, sizeof(huge)},
 		{"billion tensors", "malformed tensor table", many, sizeof(many)},
 		{"tensor past the block", "malformed tensor table", past, sizeof(past)},
+		{"pieces missing", "malformed tensor pieces", pieces, sizeof(pieces)},
+		{"holding in place", "malformed tensor table", holdinplace, sizeof(holdinplace)},
+		{"dropped never held", "DROPPED names a version not held", nodrop, sizeof(nodrop)},
 		{"version without memfd", "without its memfd", nofd, sizeof(nofd)},
 		{"unexpected reply", "unexpected message", wrong, sizeof(wrong)},
 		{"truncated error", "malformed ERROR", badmsg, sizeof(badmsg)},
@@ -871,8 +1083,8 @@ static void test_client_refuses_bad_node(void **state)
 			fail_msg("%s: rc %d, '%s', want '%s'", cases[i].what, rc, err, cases[i].reason);
 	}
 	/* The control: the same table with "w" inside its block is accepted. */
-	past[70] = 0;
-	past[78] = 4;
+	past[72] = 0;
+	past[80] = 4;
 	struct fake_node f = {socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), past, sizeof(past)};
 	pthread_t t;
 	tessera_client *c = NULL;
@@ -913,37 +1125,30 @@ static void read_line(int fd, char *buf, size_t cap)
 	buf[n] = 0;
 }
 
-static void run_python(struct env *e, bool numpy)
+#define PY "/usr/bin/python3"
+
+/* Starts tests/py/<name> with args (NULL-terminated) and numpy or not;
+ * *to is its stdin, *from its stdout. Skips where python is missing. */
+static pid_t py_start(const char *name, bool numpy, const char *const *args, int *to, int *from)
 {
-	const char *py = "/usr/bin/python3";
 	const char *pydir = getenv("TESSERA_PYTHON_DIR");
 	const char *lib = getenv("TESSERA_CLIENT_LIB");
-	char script[512], table[1024], line[256];
-	int in[2], out[2], status;
+	char script[512];
+	const char *argv[16] = {PY, script};
+	int in[2], out[2];
 
-	if (access(py, X_OK) != 0 || pydir == NULL || lib == NULL) {
+	if (access(PY, X_OK) != 0 || pydir == NULL || lib == NULL) {
 		print_message("skipped: needs %s, TESSERA_PYTHON_DIR and TESSERA_CLIENT_LIB "
-			      "(make test sets them)\n", py);
+			      "(make test sets them)\n", PY);
 		skip();
 	}
-	if (numpy && tu_sh("%s -c 'import numpy' 2>/dev/null", py) != 0) {
-		print_message("skipped: numpy is not installed for %s\n", py);
+	if (numpy && tu_sh("%s -c 'import numpy' 2>/dev/null", PY) != 0) {
+		print_message("skipped: numpy is not installed for %s\n", PY);
 		skip();
 	}
-	snprintf(script, sizeof(script), "%s/../../tests/py/attach_client.py", pydir);
-	size_t off = 0;
-	off += (size_t)snprintf(table + off, sizeof(table) - off, "[");
-	for (int i = 0; i < NT; i++) {
-		const struct proto_local *l = &e->locals[i];
-		off += (size_t)snprintf(table + off, sizeof(table) - off,
-					"%s[\"%s\",\"%s\",[%llu,%llu],%llu]", i ? "," : "", l->name,
-					proto_dtype_name(l->dtype), (unsigned long long)l->shape[0],
-					(unsigned long long)l->shape[1],
-					(unsigned long long)l->offset);
-	}
-	snprintf(table + off, sizeof(table) - off, "]");
-
-	activate(e, 1);
+	snprintf(script, sizeof(script), "%s/../../tests/py/%s", pydir, name);
+	for (size_t i = 0; args[i] != NULL && i + 3 < PROTO_ARRAY_LEN(argv); i++)
+		argv[2 + i] = args[i];
 	assert_int_equal(pipe(in), 0);
 	assert_int_equal(pipe(out), 0);
 	pid_t pid = fork();
@@ -958,24 +1163,56 @@ static void run_python(struct env *e, bool numpy)
 			setenv("TESSERA_NO_NUMPY", "1", 1);
 		/* The library is a plain build: keep ASan's runtime out of python. */
 		unsetenv("LD_PRELOAD");
-		execl(py, py, script, e->sock, "A", "0", table, (char *)NULL);
+		execv(PY, (char *const *)argv);
 		_exit(127);
 	}
 	close(in[0]);
 	close(out[1]);
-	read_line(out[0], line, sizeof(line));
-	if (strcmp(line, "pinned 1") != 0) {
+	*to = in[1];
+	*from = out[0];
+	return pid;
+}
+
+/* Reads the script's next line; fails the test (killing it) unless it is want. */
+static void py_expect(pid_t pid, int from, const char *want)
+{
+	char line[256];
+
+	read_line(from, line, sizeof(line));
+	if (strcmp(line, want) != 0) {
 		kill(pid, SIGKILL);
 		waitpid(pid, NULL, 0);
-		fail_msg("python client said '%s', want 'pinned 1'", line);
+		fail_msg("python said '%s', want '%s'", line, want);
 	}
+}
+
+static void run_python(struct env *e, bool numpy)
+{
+	char table[1024], line[256];
+	int to, from, status;
+	size_t off = 0;
+	off += (size_t)snprintf(table + off, sizeof(table) - off, "[");
+	for (int i = 0; i < NT; i++) {
+		const struct proto_local *l = &e->locals[i];
+		off += (size_t)snprintf(table + off, sizeof(table) - off,
+					"%s[\"%s\",\"%s\",[%llu,%llu],%llu]", i ? "," : "", l->name,
+					proto_dtype_name(l->dtype), (unsigned long long)l->shape[0],
+					(unsigned long long)l->shape[1],
+					(unsigned long long)l->offset);
+	}
+	snprintf(table + off, sizeof(table) - off, "]");
+
+	activate(e, 1);
+	pid_t pid = py_start("attach_client.py", numpy,
+			     (const char *[]){e->sock, "A", "0", table, NULL}, &to, &from);
+	py_expect(pid, from, "pinned 1");
 	assert_int_equal(counts(e, 1).pins, 1);
 	activate(e, 2);
-	assert_int_equal(write(in[1], "go\n", 3), 3);
-	read_line(out[0], line, sizeof(line));
+	assert_int_equal(write(to, "go\n", 3), 3);
+	read_line(from, line, sizeof(line));
 	assert_int_equal(waitpid(pid, &status, 0), pid);
-	close(in[1]);
-	close(out[0]);
+	close(to);
+	close(from);
 	if (strcmp(line, numpy ? "ok numpy" : "ok memoryview") != 0)
 		fail_msg("python client said '%s' (exit status %d)", line, status);
 	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -993,6 +1230,85 @@ static void test_python_numpy(void **state)
 static void test_python_memoryview(void **state)
 {
 	run_python(*state, false);
+}
+
+static void spare_job(struct env *e, void *arg)
+{
+	pthread_mutex_lock(&e->store.mu);
+	*(bool *)arg = e->store.spare != NULL;
+	pthread_mutex_unlock(&e->store.mu);
+}
+
+static void keep_spare_job(struct env *e, void *arg)
+{
+	node_store_keep_spare(&e->store);
+}
+
+/* An in-place install of version *arg over the active slot, as
+ * node/agent/inplace.c does it: pause, drain, write, resume. */
+static void drained(void *arg)
+{
+	struct env *e = arg;
+	uint64_t v = e->active->version + 1;
+	uint8_t dg[32];
+
+	for (size_t i = 0; i < e->active->len; i++)
+		e->active->host[i] = pattern(v, i);
+	e->active->version = v;
+	memset(dg, (int)v, sizeof(dg));
+	node_attach_resume(e->at, e->active, dg);
+}
+
+static void in_place_job(struct env *e, void *arg)
+{
+	assert_int_equal(node_attach_pause(e->at, e->active->version + 1, drained, e), 0);
+}
+
+/* A numpy view kept past its pin faults rather than read the version the
+ * node writes into that memory next (tests/py/attach_views.py). */
+static void run_kept_views(struct env *e, const char *mode)
+{
+	int to, from, status;
+	char line[256];
+	bool spare = false;
+
+	on_loop(e, keep_spare_job, NULL);
+	activate(e, 1);
+	pid_t pid = py_start("attach_views.py", true, (const char *[]){e->sock, mode, NULL}, &to,
+			     &from);
+	py_expect(pid, from, "kept 1");
+	assert_int_equal(counts(e, 1).pins, 0);
+	if (strcmp(mode, "rotation") == 0) {
+		/* v2 in a fresh slot; v1's slot, once freed, is the spare that v3 takes. */
+		activate(e, 2);
+		for (int i = 0; i < 3000 && !spare; i++) {
+			usleep(10000);
+			on_loop(e, spare_job, &spare);
+		}
+		assert_true(spare);
+		activate(e, 3);
+		assert_true(e->reused);
+	} else {
+		on_loop(e, in_place_job, NULL);
+	}
+	assert_int_equal(write(to, "go\n", 3), 3);
+	read_line(from, line, sizeof(line));
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	close(to);
+	close(from);
+	if (strcmp(line, "ok") != 0)
+		fail_msg("python said '%s' (exit status %d)", line, status);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static void test_python_kept_view_rotation(void **state)
+{
+	run_kept_views(*state, "rotation");
+}
+
+static void test_python_kept_view_in_place(void **state)
+{
+	run_kept_views(*state, "in-place");
 }
 
 /* ---- the real programs ------------------------------------------------------------ */
@@ -1156,10 +1472,16 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_garbage_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_epoch_page, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_socket_path_checked, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_pieces, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_holds, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_in_place_holds_nothing, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_guard, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cuda_handle, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_client_refuses_bad_node, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_python_numpy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_python_memoryview, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_python_kept_view_rotation, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_python_kept_view_in_place, setup, teardown),
 		cmocka_unit_test_teardown(test_real_node, cl_teardown),
 	};
 	signal(SIGPIPE, SIG_IGN);

@@ -21,6 +21,7 @@
 #include "tests/testcluster.h"
 
 #define WAIT_MS 120000
+#define PYTHON "/usr/bin/python3"
 
 struct env {
 	char dir[256], url[256], ctl[512], sock[512], expose[512], model[512], key[512], pub[512];
@@ -84,7 +85,8 @@ static void expect(int fd, const char *cmd, const char *want)
 		fail_msg("'%s': publisher said '%s', want '%s...'", cmd, line, want);
 }
 
-static void start_cluster(struct env *e)
+/* The node serves replica A as one rank of node_layout ("fsdp1", "tp1"). */
+static void start_cluster(struct env *e, const char *node_layout)
 {
 	char bin[512], log[600], state_dir[600];
 	struct proto_err err;
@@ -102,7 +104,7 @@ static void start_cluster(struct env *e)
 	tu_write_model(&e->m, e->model);
 
 	tu_start_tracker(&e->tracker, e->dir, state_dir, e->pub, e->url, sizeof(e->url));
-	tu_start_node(&e->node, e->dir, e->url, "A", "0", "fsdp1", e->model, e->pub, e->expose, e->sock,
+	tu_start_node(&e->node, e->dir, e->url, "A", "0", node_layout, e->model, e->pub, e->expose, e->sock,
 		      "node");
 	tu_bin(bin, sizeof(bin), "tessera");
 	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
@@ -145,7 +147,7 @@ static void test_control_refusals(void **state)
 
 	assert_non_null(e);
 	*state = e;
-	start_cluster(e);
+	start_cluster(e, "fsdp1");
 	fd = tu_control_connect(e->ctl);
 	expect(fd, "export\n", "error the source is the trainer");
 	expect(fd, "export 7\n", "error export STEP is for trainer ranks");
@@ -227,6 +229,74 @@ static void test_control_refusals(void **state)
 	assert_true(node_proc_alive(&e->publisher));
 }
 
+/* Whether python3, the package's environment, numpy and (with_torch)
+ * torch are there; else says which is missing (the test then skips). */
+static bool python_ready(bool with_torch)
+{
+	if (access(PYTHON, X_OK) != 0 || getenv("TESSERA_PYTHON_DIR") == NULL ||
+	    getenv("TESSERA_CLIENT_LIB") == NULL) {
+		print_message("skipped: needs %s, TESSERA_PYTHON_DIR and TESSERA_CLIENT_LIB "
+			      "(make test sets them)\n", PYTHON);
+		return false;
+	}
+	if (tu_sh("%s -c 'import numpy' 2>/dev/null", PYTHON) != 0) {
+		print_message("skipped: numpy is not installed for %s\n", PYTHON);
+		return false;
+	}
+	if (with_torch && tu_sh("%s -c 'import torch' 2>/dev/null", PYTHON) != 0) {
+		print_message("skipped: torch is not installed for %s (Debian: python3-torch)\n",
+			      PYTHON);
+		return false;
+	}
+	return true;
+}
+
+/* Runs tests/py/<script> <args> (quoted by the caller) with its output in
+ * dir; fails the test, showing its stderr and the tail of log (when not
+ * NULL), unless it exits 0 having printed "ok". */
+static void run_python(const char *dir, const char *script, const char *args, const char *log)
+{
+	const char *pydir = getenv("TESSERA_PYTHON_DIR");
+	char out[600], errf[600];
+	int rc;
+
+	snprintf(out, sizeof(out), "%s/%s.out", dir, script);
+	snprintf(errf, sizeof(errf), "%s/%s.err", dir, script);
+	/* The library is a plain build: keep ASan's runtime out of python. */
+	rc = tu_sh("env -u LD_PRELOAD PYTHONPATH='%s' timeout 600 %s '%s/../../tests/py/%s' %s "
+		   ">'%s' 2>'%s'", pydir, PYTHON, pydir, script, args, out, errf);
+	if (rc != 0 || tu_sh("grep -qx ok '%s'", out) != 0) {
+		tu_sh("cat '%s' >&2", errf);
+		if (log != NULL)
+			tu_sh("tail -n 20 '%s' >&2", log);
+		fail_msg("%s %s failed (status %d)", script, args, rc);
+	}
+}
+
+/* Starts the cluster, its node serving node_layout, and runs tests/py/script
+ * with the arguments [mode] CTL NODE-SOCK A 2 MODEL.json (replica A, two
+ * trainer ranks); skips without python (or torch, when with_torch). */
+static struct env *python_cluster(void **state, bool with_torch, const char *node_layout,
+				  const char *script, const char *mode)
+{
+	char args[2048], log[600];
+	struct env *e;
+
+	if (!python_ready(with_torch))
+		skip();
+	e = calloc(1, sizeof(*e));
+	assert_non_null(e);
+	*state = e;
+	start_cluster(e, node_layout);
+	snprintf(args, sizeof(args), "%s '%s' '%s' A 2 '%s'", mode ? mode : "", e->ctl, e->sock,
+		 e->model);
+	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
+	run_python(e->dir, script, args, log);
+	assert_true(node_proc_alive(&e->publisher));
+	assert_true(node_proc_alive(&e->node));
+	return e;
+}
+
 /*
  * The done-when of the trainer's side: a Python trainer (two ranks, fsdp2)
  * fills shared buffers and exports two steps; a Python serving client of a
@@ -234,39 +304,32 @@ static void test_control_refusals(void **state)
  */
 static void test_python_trainer(void **state)
 {
-	const char *py = "/usr/bin/python3";
-	const char *pydir = getenv("TESSERA_PYTHON_DIR");
-	const char *lib = getenv("TESSERA_CLIENT_LIB");
-	char script[512], out[600], errf[600];
-	struct env *e;
-	int rc;
+	struct env *e = python_cluster(state, false, "fsdp1", "trainer_export.py", NULL);
 
-	if (access(py, X_OK) != 0 || pydir == NULL || lib == NULL) {
-		print_message("skipped: needs %s, TESSERA_PYTHON_DIR and TESSERA_CLIENT_LIB "
-			      "(make test sets them)\n", py);
-		skip();
-	}
-	if (tu_sh("%s -c 'import numpy' 2>/dev/null", py) != 0) {
-		print_message("skipped: numpy is not installed for %s\n", py);
-		skip();
-	}
-	e = calloc(1, sizeof(*e));
-	assert_non_null(e);
-	*state = e;
-	start_cluster(e);
-	snprintf(script, sizeof(script), "%s/../../tests/py/trainer_export.py", pydir);
-	snprintf(out, sizeof(out), "%s/py.out", e->dir);
-	snprintf(errf, sizeof(errf), "%s/py.err", e->dir);
-	/* The library is a plain build: keep ASan's runtime out of python. */
-	rc = tu_sh("env -u LD_PRELOAD PYTHONPATH='%s' timeout 600 %s '%s' '%s' '%s' A 2 >'%s' 2>'%s'",
-		   pydir, py, script, e->ctl, e->sock, out, errf);
-	if (rc != 0 || tu_sh("grep -qx ok '%s'", out) != 0) {
-		tu_sh("cat '%s' >&2; tail -n 20 '%s/publisher.log' >&2", errf, e->dir);
-		fail_msg("the python trainer failed (status %d)", rc);
-	}
 	assert_int_equal(tu_sh("grep -q 'trainer step 200 is version' '%s/publisher.log'", e->dir), 0);
-	assert_true(node_proc_alive(&e->publisher));
-	assert_true(node_proc_alive(&e->node));
+}
+
+/* tessera.torch's piece arithmetic on hand-built tables (no node). */
+static void test_python_torch_pieces(void **state)
+{
+	char dir[256];
+
+	if (!python_ready(true))
+		skip();
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	run_python(dir, "torch_roundtrip.py", "pieces", NULL);
+	tu_rmtree(dir);
+}
+
+/*
+ * torch in and out: two trainer ranks (fsdp2) fill their buffers from torch
+ * bf16 tensors; a tp1 node (fused qkv_proj, gate_up_proj) hands them back
+ * through tessera.torch as views of its memory, bit for bit, under checkpoint
+ * and fused names, and load_into copies them into a module.
+ */
+static void test_python_torch(void **state)
+{
+	python_cluster(state, true, "tp1", "torch_roundtrip.py", "cluster");
 }
 
 /* --trainer wants a control socket and no other trigger: one clear line. */
@@ -297,6 +360,8 @@ int main(void)
 		cmocka_unit_test(test_cli_trainer_needs_control),
 		cmocka_unit_test_teardown(test_control_refusals, teardown),
 		cmocka_unit_test_teardown(test_python_trainer, teardown),
+		cmocka_unit_test(test_python_torch_pieces),
+		cmocka_unit_test_teardown(test_python_torch, teardown),
 	};
 	signal(SIGPIPE, SIG_IGN);
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -29,6 +29,8 @@ struct cver {
 	struct tessera_version v;
 	uint32_t pins;
 	uint8_t entry; /* in the pin page; TSR_ENTRY_NONE: acquire over the socket */
+	bool held;     /* the node holds it for us (protocol 3) */
+	bool guarded;  /* its mapping is PROT_NONE (tessera_guard) */
 };
 
 struct tessera_client {
@@ -54,6 +56,9 @@ struct tessera_client {
 	const uint8_t *epoch;
 	uint8_t *page;
 	uint64_t next_page_pin;
+	/* Protocol 3. */
+	uint16_t proto;
+	bool holding, in_place, guard;
 };
 
 static int fail(tessera_client *c, int code, const char *fmt, ...)
@@ -92,6 +97,22 @@ static struct cver *find_ver(const tessera_client *c, uint64_t version)
 	return NULL;
 }
 
+/* A pin of v was taken / released: the guard (tessera_guard) opens the
+ * version's memory for its first pin and closes it after its last. */
+static void pin_taken(struct cver *v)
+{
+	if (v->pins++ == 0 && v->guarded && v->v.host != NULL &&
+	    mprotect((void *)v->v.host, v->v.size, PROT_READ) == 0)
+		v->guarded = false;
+}
+
+static void pin_dropped(tessera_client *c, struct cver *v)
+{
+	if (--v->pins == 0 && c->guard && !v->guarded && v->v.host != NULL &&
+	    mprotect((void *)v->v.host, v->v.size, PROT_NONE) == 0)
+		v->guarded = true;
+}
+
 static void ver_free(struct cver *v)
 {
 	if (v->v.host != NULL)
@@ -106,7 +127,7 @@ static void sweep(tessera_client *c)
 {
 	for (struct cver **pp = &c->vers; *pp != NULL;) {
 		struct cver *v = *pp;
-		if (v->v.version != c->active && v->pins == 0) {
+		if (v->v.version != c->active && v->pins == 0 && !v->held) {
 			*pp = v->next;
 			ver_free(v);
 		} else {
@@ -121,7 +142,10 @@ static int on_version(tessera_client *c, const uint8_t *p, uint32_t len)
 	struct cver *v;
 	int memfd;
 
-	if (len != TSR_WIRE_VERSION_LEN && len != TSR_WIRE_VERSION2_LEN)
+	size_t want = c->proto >= 3   ? TSR_WIRE_VERSION3_LEN
+		      : c->proto >= 2 ? TSR_WIRE_VERSION2_LEN
+				      : TSR_WIRE_VERSION_LEN;
+	if (len != want && !(c->proto == 2 && len == TSR_WIRE_VERSION_LEN))
 		return broke(c, EPROTO, "VERSION message of the wrong size");
 	if (c->nfdq == 0)
 		return broke(c, EPROTO, "VERSION message without its memfd");
@@ -139,9 +163,12 @@ static int on_version(tessera_client *c, const uint8_t *p, uint32_t len)
 	v->v.store = (int)tsr_take_int(&r, 1);
 	v->v.cuda_device = (int)(int32_t)tsr_take_int(&r, 4);
 	memcpy(v->v.cuda_ipc_handle, tsr_take(&r, 64), 64);
-	v->entry = len == TSR_WIRE_VERSION2_LEN ? (uint8_t)tsr_take_int(&r, 1) : TSR_ENTRY_NONE;
+	v->entry = len >= TSR_WIRE_VERSION2_LEN ? (uint8_t)tsr_take_int(&r, 1) : TSR_ENTRY_NONE;
+	uint8_t held = len >= TSR_WIRE_VERSION3_LEN ? (uint8_t)tsr_take_int(&r, 1) : 0;
+	v->held = held == 1;
 	if (v->v.version <= c->active || v->v.store > 1 || v->v.size != c->block ||
-	    (v->entry >= TSR_ENTRIES && v->entry != TSR_ENTRY_NONE)) {
+	    (v->entry >= TSR_ENTRIES && v->entry != TSR_ENTRY_NONE) || held > 1 ||
+	    (held && !c->holding)) {
 		ver_free(v);
 		return broke(c, EPROTO, "VERSION message out of order or of the wrong size");
 	}
@@ -325,6 +352,11 @@ static int pump(tessera_client *c, uint16_t want, int timeout_ms, const uint8_t 
 			} else if (type == TSR_MSG_PAGES) {
 				if ((rc = on_pages(c, fp, flen)) < 0)
 					return rc;
+			} else if (type == TSR_MSG_DROPPED) {
+				struct cver *v = flen == 8 ? find_ver(c, tsr_get64(fp)) : NULL;
+				if (v == NULL || !v->held)
+					return broke(c, EPROTO, "DROPPED names a version not held");
+				v->held = false;
 			} else if (type == TSR_MSG_ERROR) {
 				return on_error_frame(c, fp, flen);
 			} else if (want != 0 && type == want) {
@@ -373,9 +405,55 @@ static int send_frame(tessera_client *c, uint16_t type, const uint8_t *payload, 
 
 /* ---- the tensor table -------------------------------------------------------- */
 
+/* Protocol 3: where tensor t comes from (a piece's name, flat flag, dims,
+ * shape, box and base), every field checked. */
+static int take_pieces(tessera_client *c, struct tsr_rd *r, struct tessera_tensor *t)
+{
+	uint32_t concat = (uint32_t)tsr_take_int(r, 1), n = (uint32_t)tsr_take_int(r, 2);
+	struct tessera_piece *pcs;
+
+	/* Each piece takes at least 12 bytes: bound the count first. */
+	if (r->bad || n > r->left / 12 || (t->ndim > 0 && concat >= t->ndim))
+		return broke(c, EPROTO, "malformed tensor pieces");
+	if (n == 0)
+		return 0;
+	if ((pcs = calloc(n, sizeof(*pcs))) == NULL)
+		return broke(c, ENOMEM, "out of memory for the tensor table");
+	t->pieces = pcs;
+	t->concat_dim = concat;
+	for (uint32_t k = 0; k < n; k++) {
+		struct tessera_piece *pc = &pcs[k];
+		uint16_t nl = (uint16_t)tsr_take_int(r, 2);
+		const uint8_t *name = tsr_take(r, nl);
+		uint8_t flat = (uint8_t)tsr_take_int(r, 1);
+		pc->ndim = (uint32_t)tsr_take_int(r, 1);
+		if (r->bad || flat > 1 || pc->ndim > TESSERA_DIMS_MAX || nl == 0 ||
+		    memchr(name, 0, nl) != NULL)
+			return broke(c, EPROTO, "malformed tensor pieces");
+		pc->flat = flat;
+		for (uint32_t d = 0; d < pc->ndim; d++)
+			pc->shape[d] = tsr_take_int(r, 8);
+		for (uint32_t d = 0; d < pc->ndim; d++)
+			pc->lo[d] = tsr_take_int(r, 8);
+		for (uint32_t d = 0; d < pc->ndim; d++)
+			pc->hi[d] = tsr_take_int(r, 8);
+		pc->base = tsr_take_int(r, 8);
+		for (uint32_t d = 0; d < pc->ndim && !r->bad; d++)
+			if (pc->lo[d] > pc->hi[d] || (!flat && pc->hi[d] > pc->shape[d]))
+				r->bad = 1;
+		if (r->bad)
+			return broke(c, EPROTO, "malformed tensor pieces");
+		if ((pc->name = strndup((const char *)name, nl)) == NULL)
+			return broke(c, ENOMEM, "out of memory for the tensor table");
+		t->npieces = k + 1;
+	}
+	return 0;
+}
+
 static int on_attached(tessera_client *c, const uint8_t *p, uint32_t len)
 {
 	struct tsr_rd r = {p, len, 0};
+	int rc;
 	uint64_t active = tsr_take_int(&r, 8);
 	uint32_t n = (uint32_t)tsr_take_int(&r, 4);
 
@@ -383,6 +461,13 @@ static int on_attached(tessera_client *c, const uint8_t *p, uint32_t len)
 	c->block = tsr_take_int(&r, 8);
 	tsr_take(&r, 32);
 	c->store = (int)tsr_take_int(&r, 1);
+	if (c->proto >= 3) {
+		uint8_t inplace = (uint8_t)tsr_take_int(&r, 1), holding = (uint8_t)tsr_take_int(&r, 1);
+		if (inplace > 1 || holding > 1 || (holding && inplace))
+			return broke(c, EPROTO, "malformed tensor table");
+		c->in_place = inplace;
+		c->holding = holding;
+	}
 	/* Each tensor takes at least 20 bytes: bound the count first. */
 	if (r.bad || n > r.left / 20)
 		return broke(c, EPROTO, "malformed tensor table");
@@ -410,6 +495,8 @@ static int on_attached(tessera_client *c, const uint8_t *p, uint32_t len)
 		c->ntensors = i + 1;
 		if (t->name == NULL || t->dtype == NULL)
 			return broke(c, ENOMEM, "out of memory for the tensor table");
+		if (c->proto >= 3 && (rc = take_pieces(c, &r, t)) != 0)
+			return rc;
 	}
 	if (r.left != 0)
 		return broke(c, EPROTO, "malformed tensor table");
@@ -418,15 +505,53 @@ static int on_attached(tessera_client *c, const uint8_t *p, uint32_t len)
 
 /* ---- the API -------------------------------------------------------------------- */
 
-API int tessera_attach(const char *path, const char *replica, uint32_t rank, int timeout_ms,
-		       tessera_client **out, char *err, size_t errlen)
+/* Connects and attaches speaking protocol proto (flags: protocol 3). */
+static int attach_as(tessera_client *c, const char *path, const char *replica, uint32_t rank,
+		     uint16_t proto, unsigned flags)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	uint8_t req[8 + TSR_WIRE_NAME_MAX];
-	size_t rlen = replica ? strlen(replica) : 0;
-	tessera_client *c;
+	uint8_t req[8 + TSR_WIRE_NAME_MAX + 4];
+	size_t rlen = strlen(replica);
 	const uint8_t *p;
 	uint32_t len;
+	int rc;
+
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	c->proto = proto;
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+		int e = errno;
+		/* The two ways of finding no node: say which, in one line. A
+		 * socket nobody listens on was left by a node that died (one
+		 * that stops removes its socket and its activation record). */
+		struct stat st;
+		if (e == ECONNREFUSED && lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+			return fail(c, e, "tessera client: cannot connect to %s: no node listens there (a "
+				    "socket left by a node that stopped without cleaning up; restart the "
+				    "node)", path);
+		if (e == ENOENT)
+			return fail(c, e, "tessera client: cannot connect to %s: no such socket (the node "
+				    "is not started, has stopped, or was given another --attach)", path);
+		return fail(c, e, "tessera client: cannot connect to %s: %s", path, strerror(e));
+	}
+	tsr_put16(req, proto);
+	tsr_put16(req + 2, (uint16_t)rlen);
+	tsr_put32(req + 4, rank);
+	memcpy(req + 8, replica, rlen);
+	if (proto >= 3)
+		tsr_put32(req + 8 + rlen, flags);
+	if ((rc = send_frame(c, TSR_MSG_ATTACH, req, (uint32_t)(8 + rlen + (proto >= 3 ? 4 : 0)))) != 0)
+		return rc;
+	if ((rc = pump(c, TSR_MSG_ATTACHED, c->timeout_ms, &p, &len)) != 0)
+		return rc;
+	return on_attached(c, p, len);
+}
+
+API int tessera_attach_flags(const char *path, const char *replica, uint32_t rank, int timeout_ms,
+			     unsigned flags, tessera_client **out, char *err, size_t errlen)
+{
+	size_t rlen = replica ? strlen(replica) : 0;
+	tessera_client *c;
 	int rc;
 
 	*out = NULL;
@@ -437,7 +562,7 @@ API int tessera_attach(const char *path, const char *replica, uint32_t rank, int
 	}
 	c->fd = -1;
 	c->timeout_ms = timeout_ms;
-	if (path == NULL || strlen(path) >= sizeof(sa.sun_path)) {
+	if (path == NULL || strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
 		rc = fail(c, ENAMETOOLONG, "tessera client: socket path too long");
 		goto fail;
 	}
@@ -445,34 +570,21 @@ API int tessera_attach(const char *path, const char *replica, uint32_t rank, int
 		rc = fail(c, EINVAL, "tessera client: replica name of 1..%d bytes", TSR_WIRE_NAME_MAX);
 		goto fail;
 	}
-	memcpy(sa.sun_path, path, strlen(path) + 1);
-	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-		int e = errno;
-		/* The two ways of finding no node: say which, in one line. A
-		 * socket nobody listens on was left by a node that died (one
-		 * that stops removes its socket and its activation record). */
-		struct stat st;
-		if (e == ECONNREFUSED && lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
-			rc = fail(c, e, "tessera client: cannot connect to %s: no node listens there (a "
-				  "socket left by a node that stopped without cleaning up; restart the "
-				  "node)", path);
-		else if (e == ENOENT)
-			rc = fail(c, e, "tessera client: cannot connect to %s: no such socket (the node "
-				  "is not started, has stopped, or was given another --attach)", path);
-		else
-			rc = fail(c, e, "tessera client: cannot connect to %s: %s", path, strerror(e));
+	if (flags & ~TESSERA_HOLD) {
+		rc = fail(c, EINVAL, "tessera client: unknown attach flags 0x%x", flags & ~TESSERA_HOLD);
 		goto fail;
 	}
-	tsr_put16(req, TSR_WIRE_PROTOCOL);
-	tsr_put16(req + 2, (uint16_t)rlen);
-	tsr_put32(req + 4, rank);
-	memcpy(req + 8, replica, rlen);
-	if ((rc = send_frame(c, TSR_MSG_ATTACH, req, (uint32_t)(8 + rlen))) != 0)
-		goto fail;
-	if ((rc = pump(c, TSR_MSG_ATTACHED, timeout_ms, &p, &len)) != 0)
-		goto fail;
-	if ((rc = on_attached(c, p, len)) != 0)
+	rc = attach_as(c, path, replica, rank, TSR_WIRE_PROTOCOL, flags);
+	/* A node of an earlier release speaks protocol 2: attach as such
+	 * (then nothing is held and tensors have no pieces). */
+	if (rc == -ECONNREFUSED && strstr(c->err, "this node speaks 1 and 2") != NULL) {
+		close(c->fd);
+		c->fd = -1;
+		c->broken = false;
+		c->inlen = c->consumed = 0;
+		rc = attach_as(c, path, replica, rank, 2, 0);
+	}
+	if (rc != 0)
 		goto fail;
 	/* The version active when we attached follows at once. */
 	if (c->announced > 0 && (rc = tessera_wait_version(c, c->announced, timeout_ms)) < 0)
@@ -483,6 +595,12 @@ fail:
 	snprintf(err, errlen, "%s", c->err);
 	tessera_detach(c);
 	return rc < 0 ? rc : -EPROTO;
+}
+
+API int tessera_attach(const char *path, const char *replica, uint32_t rank, int timeout_ms,
+		       tessera_client **out, char *err, size_t errlen)
+{
+	return tessera_attach_flags(path, replica, rank, timeout_ms, 0, out, err, errlen);
 }
 
 API void tessera_detach(tessera_client *c)
@@ -503,8 +621,12 @@ API void tessera_detach(tessera_client *c)
 	for (size_t i = 0; i < c->nfdq; i++)
 		close(c->fdq[i]);
 	for (size_t i = 0; i < c->ntensors; i++) {
-		free((char *)c->tensors[i].name);
-		free((char *)c->tensors[i].dtype);
+		struct tessera_tensor *t = &c->tensors[i];
+		for (uint32_t k = 0; k < t->npieces; k++)
+			free((char *)t->pieces[k].name);
+		free((struct tessera_piece *)t->pieces);
+		free((char *)t->name);
+		free((char *)t->dtype);
 	}
 	free(c->tensors);
 	free(c->in);
@@ -648,7 +770,7 @@ static int acquire_page(tessera_client *c, struct tessera_pin *out, int64_t dead
 			continue;
 		}
 		__atomic_fetch_add(page_requests(c, e), 1, __ATOMIC_RELAXED);
-		v->pins++;
+		pin_taken(v);
 		fill_pin(out, PAGE_PIN | ++c->next_page_pin, v);
 		return 1;
 	}
@@ -696,7 +818,7 @@ API int tessera_acquire(tessera_client *c, struct tessera_pin *out)
 	/* The node sends a version before any reply naming it. */
 	if ((v = find_ver(c, out->version)) == NULL)
 		return broke(c, EPROTO, "ACQUIRED names a version never sent");
-	v->pins++;
+	pin_taken(v);
 	fill_pin(out, out->id, v);
 	return 0;
 }
@@ -720,7 +842,7 @@ API int tessera_release(tessera_client *c, const struct tessera_pin *pin)
 		/* Not the admitted version any more: the node may be waiting. */
 		if (epoch_state(c) != (v->v.version << 8 | v->entry))
 			ring(c);
-		v->pins--;
+		pin_dropped(c, v);
 		sweep(c);
 		/* Dropped meanwhile (e.g. past an in-place drain bound): the pin
 		 * stopped counting, so the request may have read a mix. */
@@ -737,7 +859,7 @@ API int tessera_release(tessera_client *c, const struct tessera_pin *pin)
 		return rc;
 	if (len != 8 || tsr_get64(p) != pin->id)
 		return broke(c, EPROTO, "malformed RELEASED message");
-	v->pins--;
+	pin_dropped(c, v);
 	sweep(c);
 	return 0;
 }
@@ -781,4 +903,105 @@ API void tessera_on_version(tessera_client *c, tessera_version_cb cb, void *arg)
 API const char *tessera_error(const tessera_client *c)
 {
 	return c->err;
+}
+
+/* ---- protocol 3: holds, pins by version, the guard ---------------------------------- */
+
+API int tessera_holding(const tessera_client *c)
+{
+	return c->holding;
+}
+
+API int tessera_in_place(const tessera_client *c)
+{
+	return c->in_place;
+}
+
+API size_t tessera_prepared(const tessera_client *c, uint64_t *out, size_t max)
+{
+	size_t n = 0;
+
+	/* c->vers is newest first: fill from the back for ascending order. */
+	for (const struct cver *v = c->vers; v != NULL; v = v->next)
+		n += v->held || v->v.version == c->active;
+	size_t i = n;
+	for (const struct cver *v = c->vers; v != NULL; v = v->next)
+		if (v->held || v->v.version == c->active)
+			if (--i < max)
+				out[i] = v->v.version;
+	return n;
+}
+
+API int tessera_acquire_version(tessera_client *c, uint64_t version, struct tessera_pin *out)
+{
+	struct cver *v = find_ver(c, version);
+	const uint8_t *p;
+	uint32_t len;
+	uint8_t req[8];
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if (c->broken)
+		return fail(c, ENOTCONN, "tessera client: the connection is closed");
+	/* Held with an entry: the hold keeps it, so the page pin needs no look
+	 * at the state (wire.h, protocol 3). */
+	if (v != NULL && v->held && v->entry != TSR_ENTRY_NONE && c->page != NULL && !revoked(c)) {
+		__atomic_fetch_add(page_pin(c, v->entry), 1, __ATOMIC_SEQ_CST);
+		__atomic_fetch_add(page_requests(c, v->entry), 1, __ATOMIC_RELAXED);
+		pin_taken(v);
+		fill_pin(out, PAGE_PIN | ++c->next_page_pin, v);
+		return 0;
+	}
+	if (v == NULL || c->proto < 3) {
+		/* The active one is the only other: a plain acquire, if it is that. */
+		if (version != c->active)
+			return fail(c, ENOENT, "tessera client: v%llu is neither held nor active",
+				    (unsigned long long)version);
+		if ((rc = tessera_acquire(c, out)) < 0)
+			return rc;
+		if (out->version == version)
+			return 0;
+		(void)tessera_release(c, out);
+		memset(out, 0, sizeof(*out));
+		return fail(c, ENOENT, "tessera client: v%llu is no longer active",
+			    (unsigned long long)version);
+	}
+	tsr_put64(req, version);
+	if ((rc = send_frame(c, TSR_MSG_ACQUIRE, req, 8)) != 0)
+		return rc;
+	rc = pump(c, TSR_MSG_ACQUIRED, c->timeout_ms, &p, &len);
+	if (rc == -EAGAIN)
+		return -ENOENT; /* the node's reason is in c->err */
+	if (rc != 0)
+		return rc;
+	if (len != 16 || tsr_get64(p + 8) != version)
+		return broke(c, EPROTO, "malformed ACQUIRED message");
+	pin_taken(v);
+	fill_pin(out, tsr_get64(p), v);
+	return 0;
+}
+
+API int tessera_drop(tessera_client *c, uint64_t version)
+{
+	struct cver *v = find_ver(c, version);
+	uint8_t req[8];
+	int rc;
+
+	if (v == NULL || !v->held)
+		return fail(c, EINVAL, "tessera client: v%llu is not held", (unsigned long long)version);
+	tsr_put64(req, version);
+	if ((rc = send_frame(c, TSR_MSG_DROP, req, 8)) != 0)
+		return rc;
+	v->held = false;
+	sweep(c);
+	return 0;
+}
+
+API void tessera_guard(tessera_client *c, int on)
+{
+	c->guard = on != 0;
+	if (!c->guard)
+		for (struct cver *v = c->vers; v != NULL; v = v->next)
+			if (v->guarded && mprotect((void *)v->v.host, v->v.size, PROT_READ) == 0)
+				v->guarded = false;
 }

@@ -10,7 +10,7 @@
  *   tessera_wait_version(c, 1, 60000);      // a version is active
  *   struct tessera_pin pin;
  *   tessera_acquire(c, &pin);               // a request starts: pin
- *   const struct tessera_tensor *t = tessera_find(c, "layers.0.attn.wq");
+ *   const struct tessera_tensor *t = tessera_find(c, "model.layers.0.self_attn.o_proj.weight");
  *   const void *w = pin.base + t->offset;   // the pinned version's bytes
  *   ...
  *   tessera_release(c, &pin);               // the request ends
@@ -46,6 +46,19 @@ extern "C" {
 
 typedef struct tessera_client tessera_client;
 
+/* Where part of a local tensor comes from: a box of one model tensor (the
+ * checkpoint's, under its own name). A plain shard is one piece; a fused
+ * tensor (tpN's qkv_proj, gate_up_proj) is its parts in order along the
+ * local tensor's concat_dim. */
+struct tessera_piece {
+	const char *name;   /* the model tensor */
+	uint32_t ndim;
+	uint64_t shape[TESSERA_DIMS_MAX]; /* the whole model tensor's */
+	uint64_t lo[TESSERA_DIMS_MAX], hi[TESSERA_DIMS_MAX]; /* the box, hi exclusive */
+	uint64_t base;      /* the piece's first element in the local tensor */
+	int flat;           /* a run lo[0]..hi[0] of the flattened tensor instead */
+};
+
 /* One local tensor of the rank: where it lies in a version's memory. */
 struct tessera_tensor {
 	const char *name;
@@ -54,6 +67,10 @@ struct tessera_tensor {
 	uint64_t shape[TESSERA_DIMS_MAX];
 	uint64_t offset;    /* bytes from the start of the version's memory */
 	uint64_t nbytes;
+	/* Where it comes from (npieces 0: the node did not say). */
+	uint32_t concat_dim;
+	uint32_t npieces;
+	const struct tessera_piece *pieces;
 };
 
 /* A version as the node sent it. */
@@ -73,7 +90,11 @@ struct tessera_version {
 
 /* One request's hold on a version: version is what the request ran on (to
  * record with its trajectory, with the version's manifest digest from
- * tessera_version_info()). */
+ * tessera_version_info()). base is valid until the pin is released, and
+ * not after: the node may then write a later version into the same memory
+ * (it reuses retired slots, and an in-place node writes the served one). A
+ * client with tessera_guard() on makes that a fault instead of a silent
+ * read of another version. */
 struct tessera_pin {
 	uint64_t id;
 	uint64_t version;
@@ -90,6 +111,42 @@ struct tessera_pin {
  */
 int tessera_attach(const char *path, const char *replica, uint32_t rank, int timeout_ms,
 		   tessera_client **out, char *err, size_t errlen);
+
+/*
+ * The same with flags. TESSERA_HOLD: the node holds every version it sends
+ * this client (the active one at attach, then each new one) until the
+ * client drops it, so that an engine can switch all its ranks to one
+ * version at its own step boundary, whatever moment each node activated
+ * it: each worker holds what its rank prepared, the engine agrees on a
+ * version every rank holds (the newest one all hold), each worker pins
+ * exactly that one (tessera_acquire_version) and drops the older ones
+ * (tessera_drop). A node holds at most TESSERA_ATTACH_HOLDS versions for a
+ * client (each is a copy of the rank); past it, its oldest hold goes. A
+ * node that installs in place has one copy and holds nothing
+ * (tessera_holding() is 0): there, every rank pauses its requests while it
+ * writes the next version, so an engine checks that its workers' pins agree.
+ */
+#define TESSERA_HOLD 1u
+int tessera_attach_flags(const char *path, const char *replica, uint32_t rank, int timeout_ms,
+			 unsigned flags, tessera_client **out, char *err, size_t errlen);
+/* 1 when the node holds versions for this client (TESSERA_HOLD granted). */
+int tessera_holding(const tessera_client *c);
+/* 1 when the node installs versions in place (one copy, no second slot). */
+int tessera_in_place(const tessera_client *c);
+/* The versions this client can pin by number, ascending: those held for it
+ * and the active one. Fills at most max, returns how many there are. */
+size_t tessera_prepared(const tessera_client *c, uint64_t *out, size_t max);
+/* Pins version (held, or active) for a request: 0, or -ENOENT when this
+ * client neither holds it nor sees it active. No syscall for a held version. */
+int tessera_acquire_version(tessera_client *c, uint64_t version, struct tessera_pin *out);
+/* Lets a held version go (its running pins keep it until released). */
+int tessera_drop(tessera_client *c, uint64_t version);
+/* on 1: when this client's last pin of a version is released, its memory
+ * is made inaccessible (PROT_NONE) until the version is pinned again, so a
+ * pointer kept past release faults instead of reading whatever the node
+ * writes there next. Costs two mprotect calls per request that finds its
+ * version unpinned. Host memory only. */
+void tessera_guard(tessera_client *c, int on);
 /* Closes the connection (the node drops its pins) and unmaps everything:
  * pointers from this client are invalid after. NULL is fine. */
 void tessera_detach(tessera_client *c);

@@ -7,24 +7,41 @@
  * u16 zero; little-endian) and the payload. Integers are little-endian.
  *
  *   client -> node
- *     ATTACH   u16 protocol (1), u16 replica length, u32 rank, replica bytes.
+ *     ATTACH   u16 protocol (1..3), u16 replica length, u32 rank, replica
+ *              bytes; protocol 3 adds u32 flags (TSR_ATTACH_HOLD).
  *              Must be the first message; the node answers ATTACHED, then a
  *              VERSION for the active version if there is one.
- *     ACQUIRE  empty: pin the active version for one request.
+ *     ACQUIRE  empty: pin the active version for one request. Protocol 3:
+ *              or u64 version: pin that version, which must be active or
+ *              held for this client (else a survivable ERROR).
  *     RELEASE  u64 pin id.
  *     UNPIN    empty (protocol 2): look at this client's pin page again.
+ *     DROP     u64 version (protocol 3): let go of a held version (no
+ *              reply; one not held is a fatal error).
  *
  *   node -> client
  *     ATTACHED u64 active version (0: none; its VERSION follows), u32 tensors, u64 bytes of the rank's block, 32-byte layout
  *              digest, u8 store (0 host, 1 cuda), then per tensor: u16 name
  *              length, name, u8 dtype length, dtype name, u8 ndim,
  *              ndim x u64 shape, u64 offset, u64 bytes.
+ *              Protocol 3 adds, after the store byte, u8 install (0 double-
+ *              buffered, 1 in place) and u8 holding (1: the node holds the
+ *              versions it sends this client, TSR_ATTACH_HOLD granted), and
+ *              per tensor, after its bytes, where it comes from: u8 concat
+ *              dim, u16 pieces, per piece u16 name length, the model
+ *              tensor's name, u8 flat, u8 ndim, ndim x u64 the model
+ *              tensor's shape, ndim x u64 lo, ndim x u64 hi (the box of the
+ *              model tensor the piece holds, hi exclusive; a flat piece: the
+ *              run lo[0]..hi[0] of the flattened tensor) and u64 base (the
+ *              piece's first element in the local tensor).
  *     VERSION  u64 version, u64 bytes, 32-byte manifest digest, u8 store,
  *              i32 CUDA device (-1 host), 64-byte CUDA IPC handle (zero on
  *              host); the slot's memfd rides along (SCM_RIGHTS). Sent when
  *              a version becomes active; it precedes every reply naming it.
  *     ACQUIRED u64 pin id, u64 version.
  *     RELEASED u64 pin id.
+ *     DROPPED  u64 version (protocol 3): the node let go of a hold, the
+ *              oldest, as this client held more than TESSERA_ATTACH_HOLDS.
  *     ERROR    u8 fatal, u16 length, reason. Fatal (1): the node closes the
  *              connection after it (and drops the client's pins). 2: an
  *              ACQUIRE found admission paused (the node installs a version
@@ -77,6 +94,16 @@
  * The node counts a version's pins as the socket pins plus the pins[entry]
  * of every open pin page; a page's counts stop counting when its client's
  * socket closes (or the node drops it).
+ *
+ * Protocol 3: holds, for an engine that switches a replica's ranks
+ * together. A client attached with TSR_ATTACH_HOLD (on a double-buffered
+ * node; an in-place node says holding 0) has every version it is sent held
+ * for it: the version stays, with its entry, until the client DROPs it (or
+ * closes), whatever the node activates meanwhile. Its VERSION frames carry
+ * u8 held after the entry (TSR_WIRE_VERSION3_LEN). A held version with an
+ * entry is pinned through the pin page without looking at the state: the
+ * hold keeps it. The node holds at most TESSERA_ATTACH_HOLDS versions for a
+ * client; past that it drops the oldest and says so (DROPPED).
  */
 #ifndef TESSERA_CLIENT_WIRE_H
 #define TESSERA_CLIENT_WIRE_H
@@ -84,7 +111,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define TSR_WIRE_PROTOCOL 2 /* what the client speaks; nodes take 1 and 2 */
+#define TSR_WIRE_PROTOCOL 3 /* what the client speaks; nodes take 1 to 3 */
 #define TSR_WIRE_HDR 8
 /* Largest client message a node reads (before anything is allocated). */
 #define TSR_WIRE_REQ_MAX 1024
@@ -94,6 +121,10 @@
 #define TSR_WIRE_DIMS_MAX 8
 #define TSR_WIRE_VERSION_LEN (8 + 8 + 32 + 1 + 4 + 64)
 #define TSR_WIRE_VERSION2_LEN (TSR_WIRE_VERSION_LEN + 1)
+#define TSR_WIRE_VERSION3_LEN (TSR_WIRE_VERSION_LEN + 2)
+
+/* ATTACH's flags (protocol 3). */
+#define TSR_ATTACH_HOLD 1u
 
 /* Protocol 2's shared pages. */
 #define TSR_PAGE_SIZE 4096
@@ -123,6 +154,8 @@ enum tsr_wire_type {
 	TSR_MSG_ERROR = 8,
 	TSR_MSG_PAGES = 9,
 	TSR_MSG_UNPIN = 10,
+	TSR_MSG_DROP = 11,
+	TSR_MSG_DROPPED = 12,
 };
 
 static inline void tsr_put16(uint8_t *p, uint16_t v)

@@ -20,6 +20,10 @@
 #include "proto/log.h"
 #include "proto/params.h"
 
+/* Protocol 3's table header: u32 tensors, u64 bytes, digest, u8 store, u8
+ * install, u8 holding (set per client). */
+#define TABLE3_HOLDING (4 + 8 + 32 + 1 + 1)
+
 /* A slot the server knows: the active one, or a retired one still pinned. */
 struct att_ver {
 	struct att_ver *next;
@@ -68,6 +72,11 @@ struct att_client {
 	int page_fd;
 	uint8_t *page;
 	uint64_t base[TSR_ENTRIES];
+	/* Protocol 3: the versions held for it (each one of v->pins), oldest
+	 * first, when it attached with TSR_ATTACH_HOLD on a double-buffered node. */
+	bool hold;
+	struct att_ver **holds;
+	uint32_t nholds;
 };
 
 struct node_attach {
@@ -82,8 +91,10 @@ struct node_attach {
 	struct att_client *clients;
 	uint32_t nclients;
 	struct node_reaper *reaper; /* frees retired host slots off the loop; NULL: inline */
-	uint8_t *table; /* the ATTACHED frame, built once */
+	uint8_t *table; /* the ATTACHED frame, built once (protocols 1, 2) */
 	size_t table_len;
+	uint8_t *table3; /* and protocol 3's, with each tensor's pieces */
+	size_t table3_len;
 	/* Protocol 2: the epoch page (the state word clients read) and the
 	 * entries given to versions (a bit each). */
 	int epoch_fd;
@@ -329,10 +340,13 @@ static void client_fail(struct att_client *c, const char *fmt, ...)
 	if (c->page != NULL) /* its page's pins stop counting now */
 		__atomic_store_n((uint32_t *)(void *)(c->page + TSR_PAGE_REVOKED), 1,
 				 __ATOMIC_SEQ_CST);
-	/* Its pins go now, not when it gets round to reading the reason. */
+	/* Its pins and holds go now, not when it gets round to reading the reason. */
 	for (uint32_t i = 0; i < c->npins; i++)
 		ver_unpin(c->at, c->pins[i].v);
 	c->npins = 0;
+	for (uint32_t i = 0; i < c->nholds; i++)
+		ver_unpin(c->at, c->holds[i]);
+	c->nholds = 0;
 }
 
 /* A refusal the client survives (e.g. nothing active yet). */
@@ -410,7 +424,32 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
 
 /* ---- messages ---------------------------------------------------------------- */
 
-static void send_version(struct att_client *c, const struct att_ver *v)
+/* Holds v for c (protocol 3): past TESSERA_ATTACH_HOLDS the oldest hold
+ * goes, and c is told. false: c was dropped (out of memory). */
+static bool hold_add(struct att_client *c, struct att_ver *v)
+{
+	uint32_t max = (uint32_t)proto_param(PROTO_PARAM_ATTACH_HOLDS);
+	uint8_t *p;
+
+	if (c->nholds >= max && c->nholds > 0) {
+		struct att_ver *old = c->holds[0];
+		memmove(c->holds, c->holds + 1, --c->nholds * sizeof(*c->holds));
+		if ((p = client_frame(c, TSR_MSG_DROPPED, 8, -1)) != NULL)
+			tsr_put64(p, old->version);
+		LOG_INFO("attach: a client held %u versions (TESSERA_ATTACH_HOLDS); dropping its "
+			 "hold on v%" PRIu64, max, old->version);
+		ver_unpin(c->at, old);
+	}
+	if (c->holds == NULL && (c->holds = calloc(max ? max : 1, sizeof(*c->holds))) == NULL) {
+		client_fail(c, "the node is out of memory for holds");
+		return false;
+	}
+	c->holds[c->nholds++] = v;
+	v->pins++;
+	return true;
+}
+
+static void send_version(struct att_client *c, struct att_ver *v)
 {
 	const struct node_slot *s = v->slot;
 	uint8_t handle[64] = {0}, store = 0;
@@ -430,12 +469,19 @@ static void send_version(struct att_client *c, const struct att_ver *v)
 		dev = c->at->info.store->device;
 	}
 #endif
+	bool held = c->hold && !c->at->info.in_place;
+	if (held && !hold_add(c, v))
+		return;
 	if ((p = client_frame(c, TSR_MSG_VERSION,
-			      c->proto >= 2 ? TSR_WIRE_VERSION2_LEN : TSR_WIRE_VERSION_LEN,
+			      c->proto >= 3   ? TSR_WIRE_VERSION3_LEN
+			      : c->proto >= 2 ? TSR_WIRE_VERSION2_LEN
+					      : TSR_WIRE_VERSION_LEN,
 			      s->memfd)) == NULL)
 		return;
 	if (c->proto >= 2)
 		p[TSR_WIRE_VERSION_LEN] = v->entry;
+	if (c->proto >= 3)
+		p[TSR_WIRE_VERSION_LEN + 1] = held;
 	tsr_put64(p, v->version);
 	tsr_put64(p + 8, s->len);
 	memcpy(p + 16, v->digest, 32);
@@ -457,16 +503,22 @@ static void on_attach(struct att_client *c, struct tsr_rd *r)
 		client_fail(c, "ATTACH: %zu bytes is too short", r->left);
 		return;
 	}
-	if (proto != 1 && proto != 2) {
-		client_fail(c, "ATTACH: protocol %u, this node speaks 1 and 2", proto);
+	if (proto < 1 || proto > 3) {
+		client_fail(c, "ATTACH: protocol %u, this node speaks 1 to 3", proto);
 		return;
 	}
-	if (rlen == 0 || rlen > TSR_WIRE_NAME_MAX || rlen != r->left) {
-		client_fail(c, "ATTACH: replica name of %u bytes in %zu (want 1..%u, exactly)", rlen,
-			    r->left, TSR_WIRE_NAME_MAX);
+	size_t tail = proto >= 3 ? 4 : 0; /* the flags */
+	if (rlen == 0 || rlen > TSR_WIRE_NAME_MAX || (size_t)rlen + tail != r->left) {
+		client_fail(c, "ATTACH: replica name of %u bytes in %zu (want 1..%u, exactly%s)", rlen,
+			    r->left, TSR_WIRE_NAME_MAX, tail ? ", then u32 flags" : "");
 		return;
 	}
 	name = tsr_take(r, rlen);
+	uint32_t flags = tail ? (uint32_t)tsr_take_int(r, 4) : 0;
+	if (flags & ~TSR_ATTACH_HOLD) {
+		client_fail(c, "ATTACH: unknown flags 0x%x", flags & ~TSR_ATTACH_HOLD);
+		return;
+	}
 	if (strlen(at->replica) != rlen || memcmp(name, at->replica, rlen) != 0 ||
 	    rank != at->info.rank) {
 		char asked[TSR_WIRE_NAME_MAX + 1];
@@ -477,20 +529,29 @@ static void on_attach(struct att_client *c, struct tsr_rd *r)
 			    at->replica, at->info.rank, asked, rank);
 		return;
 	}
-	if (proto == 2 && at->epoch != NULL) {
+	if (proto >= 2 && at->epoch != NULL) {
 		int rc = page_new("tessera-pins", false, &c->page_fd, &c->page);
 		if (rc != 0) {
 			client_fail(c, "ATTACH: no pin page: %s", strerror(-rc));
 			return;
 		}
-		c->proto = 2;
+		c->proto = proto;
 	}
-	if ((p = client_frame(c, TSR_MSG_ATTACHED, 8 + at->table_len, -1)) == NULL)
-		return;
+	/* Nothing is held on an in-place node: it has one copy, written over. */
+	c->hold = c->proto >= 3 && (flags & TSR_ATTACH_HOLD) && !at->info.in_place;
+	if (c->proto >= 3) {
+		if ((p = client_frame(c, TSR_MSG_ATTACHED, 8 + at->table3_len, -1)) == NULL)
+			return;
+		memcpy(p + 8, at->table3, at->table3_len);
+		p[8 + TABLE3_HOLDING] = c->hold;
+	} else {
+		if ((p = client_frame(c, TSR_MSG_ATTACHED, 8 + at->table_len, -1)) == NULL)
+			return;
+		memcpy(p + 8, at->table, at->table_len);
+	}
 	tsr_put64(p, at->active ? at->active->version : 0);
-	memcpy(p + 8, at->table, at->table_len);
 	c->attached = true;
-	if (c->proto == 2) {
+	if (c->proto >= 2) {
 		if ((p = client_frame(c, TSR_MSG_PAGES, 5, at->epoch_fd)) == NULL)
 			return;
 		p[0] = TSR_PAGE_EPOCH;
@@ -509,15 +570,30 @@ static void on_acquire(struct att_client *c, struct tsr_rd *r)
 	struct node_attach *at = c->at;
 	uint8_t *p;
 
-	if (r->left != 0) {
-		client_fail(c, "ACQUIRE carries no payload (got %zu bytes)", r->left);
+	struct att_ver *v = at->active;
+
+	if (r->left != 0 && (c->proto < 3 || r->left != 8)) {
+		client_fail(c, "ACQUIRE carries nothing%s (got %zu bytes)",
+			    c->proto >= 3 ? " or a u64 version" : "", r->left);
 		return;
 	}
-	if (at->active == NULL) {
+	if (r->left == 8) { /* that version: active, or held for this client */
+		char msg[96];
+		uint64_t want = tsr_take_int(r, 8);
+		if (v == NULL || v->version != want || at->paused)
+			v = NULL;
+		for (uint32_t i = 0; i < c->nholds && v == NULL; i++)
+			if (c->holds[i]->version == want)
+				v = c->holds[i];
+		if (v == NULL) {
+			snprintf(msg, sizeof(msg), "v%" PRIu64 " is neither active nor held", want);
+			client_error(c, msg);
+			return;
+		}
+	} else if (v == NULL) {
 		client_error(c, "no version is active yet");
 		return;
-	}
-	if (at->paused) {
+	} else if (at->paused) {
 		char msg[128];
 		size_t n = (size_t)snprintf(msg, sizeof(msg), "admission paused: installing v%" PRIu64
 							      " in place",
@@ -546,15 +622,34 @@ static void on_acquire(struct att_client *c, struct tsr_rd *r)
 	if ((p = client_frame(c, TSR_MSG_ACQUIRED, 16, -1)) == NULL)
 		return;
 	c->pins[c->npins].id = ++c->next_pin;
-	c->pins[c->npins].v = at->active;
+	c->pins[c->npins].v = v;
 	c->npins++;
-	at->active->pins++;
-	at->active->requests++;
-	at->active->last_pin_ms = proto_wall_ms();
-	if (at->active->first_pin_ms == 0)
-		at->active->first_pin_ms = at->active->last_pin_ms;
+	v->pins++;
+	v->requests++;
+	v->last_pin_ms = proto_wall_ms();
+	if (v->first_pin_ms == 0)
+		v->first_pin_ms = v->last_pin_ms;
 	tsr_put64(p, c->next_pin);
-	tsr_put64(p + 8, at->active->version);
+	tsr_put64(p + 8, v->version);
+}
+
+static void on_drop(struct att_client *c, struct tsr_rd *r)
+{
+	uint64_t version = tsr_take_int(r, 8);
+
+	if (r->bad || r->left != 0 || c->proto < 3) {
+		client_fail(c, "DROP carries exactly a u64 version (protocol 3)");
+		return;
+	}
+	for (uint32_t i = 0; i < c->nholds; i++) {
+		if (c->holds[i]->version != version)
+			continue;
+		struct att_ver *v = c->holds[i];
+		memmove(c->holds + i, c->holds + i + 1, (--c->nholds - i) * sizeof(*c->holds));
+		ver_unpin(c->at, v);
+		return;
+	}
+	client_fail(c, "DROP of v%" PRIu64 ", which is not held for this client", version);
 }
 
 static void on_release(struct att_client *c, struct tsr_rd *r)
@@ -597,6 +692,7 @@ static void on_frame(struct att_client *c, uint16_t type, const uint8_t *payload
 		break;
 	case TSR_MSG_ACQUIRE: on_acquire(c, &r); break;
 	case TSR_MSG_RELEASE: on_release(c, &r); break;
+	case TSR_MSG_DROP: on_drop(c, &r); break;
 	case TSR_MSG_UNPIN:
 		if (r.left != 0)
 			client_fail(c, "UNPIN carries no payload (got %zu bytes)", r.left);
@@ -676,6 +772,9 @@ static void client_close(struct att_client *c)
 	for (uint32_t i = 0; i < c->npins; i++)
 		ver_unpin(at, c->pins[i].v);
 	free(c->pins);
+	for (uint32_t i = 0; i < c->nholds; i++)
+		ver_unpin(at, c->holds[i]);
+	free(c->holds);
 	if (c->page != NULL)
 		ver_check_all(at);
 	free(c);
@@ -730,46 +829,95 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
 
 /* ---- the server ---------------------------------------------------------------- */
 
-static int build_table(struct node_attach *at, struct proto_err *err)
+/* Writes the tensor table (after ATTACHED's u64 version) to p, or only
+ * measures it when p is NULL; pieces: protocol 3's. Returns its length, 0
+ * when a tensor cannot be described. */
+static size_t table_put(const struct node_attach *at, bool pieces, uint8_t *p)
 {
 	const struct proto_rank *rk = at->info.spec;
-	size_t len = 4 + 8 + 32 + 1;
-	uint8_t *p;
+	const struct proto_model *m = at->info.model;
+	size_t len = 0;
 
-	for (uint32_t i = 0; i < rk->nlocals; i++) {
-		const struct proto_local *l = &rk->locals[i];
-		size_t nl = strlen(l->name), dl = strlen(proto_dtype_name(l->dtype));
-		if (nl > UINT16_MAX || dl > UINT8_MAX || l->ndim > TSR_WIRE_DIMS_MAX)
-			return proto_errf(err, EINVAL, "attach: tensor %s cannot be described", l->name);
-		len += 2 + nl + 1 + dl + 1 + 8 * (size_t)l->ndim + 8 + 8;
+#define PUT(n, stmt)          \
+	do {                  \
+		if (p != NULL) { \
+			stmt;    \
+			p += (n); \
+		}                \
+		len += (n);      \
+	} while (0)
+	PUT(4, tsr_put32(p, rk->nlocals));
+	PUT(8, tsr_put64(p, rk->nbytes));
+	PUT(32, memcpy(p, at->info.layout_digest, 32));
+	PUT(1, *p = at->info.store->device >= 0 ? 1 : 0);
+	if (pieces) {
+		PUT(1, *p = at->info.in_place);
+		PUT(1, *p = 0); /* holding: per client */
 	}
-	if (8 + len > TSR_WIRE_REPLY_MAX)
-		return proto_errf(err, EINVAL, "attach: the tensor table (%zu bytes) is too big", len);
-	at->table = p = malloc(len);
-	if (p == NULL)
-		return proto_errf(err, ENOMEM, "attach: out of memory");
-	at->table_len = len;
-	tsr_put32(p, rk->nlocals);
-	tsr_put64(p + 4, rk->nbytes);
-	memcpy(p + 12, at->info.layout_digest, 32);
-	p[44] = at->info.store->device >= 0 ? 1 : 0;
-	p += 45;
 	for (uint32_t i = 0; i < rk->nlocals; i++) {
 		const struct proto_local *l = &rk->locals[i];
 		const char *dt = proto_dtype_name(l->dtype);
 		size_t nl = strlen(l->name), dl = strlen(dt);
-		tsr_put16(p, (uint16_t)nl);
-		memcpy(p + 2, l->name, nl);
-		p += 2 + nl;
-		*p++ = (uint8_t)dl;
-		memcpy(p, dt, dl);
-		p += dl;
-		*p++ = (uint8_t)l->ndim;
-		for (uint32_t d = 0; d < l->ndim; d++, p += 8)
-			tsr_put64(p, l->shape[d]);
-		tsr_put64(p, l->offset);
-		tsr_put64(p + 8, l->nbytes);
-		p += 16;
+		uint32_t np = pieces && m != NULL ? l->npieces : 0;
+		if (nl > UINT16_MAX || dl > UINT8_MAX || l->ndim > TSR_WIRE_DIMS_MAX || np > UINT16_MAX)
+			return 0;
+		PUT(2, tsr_put16(p, (uint16_t)nl));
+		PUT(nl, memcpy(p, l->name, nl));
+		PUT(1, *p = (uint8_t)dl);
+		PUT(dl, memcpy(p, dt, dl));
+		PUT(1, *p = (uint8_t)l->ndim);
+		for (uint32_t d = 0; d < l->ndim; d++)
+			PUT(8, tsr_put64(p, l->shape[d]));
+		PUT(8, tsr_put64(p, l->offset));
+		PUT(8, tsr_put64(p, l->nbytes));
+		if (!pieces)
+			continue;
+		PUT(1, *p = (uint8_t)l->concat_dim);
+		PUT(2, tsr_put16(p, (uint16_t)np));
+		for (uint32_t k = 0; k < np; k++) {
+			const struct proto_piece *pc = &l->pieces[k];
+			const struct proto_tensor *t = &m->tensors[pc->tensor];
+			size_t tl = strlen(t->name);
+			if (tl > UINT16_MAX || t->ndim > TSR_WIRE_DIMS_MAX)
+				return 0;
+			PUT(2, tsr_put16(p, (uint16_t)tl));
+			PUT(tl, memcpy(p, t->name, tl));
+			PUT(1, *p = pc->flat);
+			PUT(1, *p = (uint8_t)t->ndim);
+			for (uint32_t d = 0; d < t->ndim; d++)
+				PUT(8, tsr_put64(p, t->shape[d]));
+			for (uint32_t d = 0; d < t->ndim; d++)
+				PUT(8, tsr_put64(p, pc->box.lo[d]));
+			for (uint32_t d = 0; d < t->ndim; d++)
+				PUT(8, tsr_put64(p, pc->box.hi[d]));
+			PUT(8, tsr_put64(p, pc->base));
+		}
+	}
+#undef PUT
+	return len;
+}
+
+static int build_table(struct node_attach *at, struct proto_err *err)
+{
+	for (int pieces = 0; pieces <= 1; pieces++) {
+		size_t len = table_put(at, pieces, NULL);
+		uint8_t *t;
+		if (len == 0)
+			return proto_errf(err, EINVAL, "attach: a tensor of the rank cannot be described "
+						       "(name, dtype, dims or pieces past the wire's limits)");
+		if (8 + len > TSR_WIRE_REPLY_MAX)
+			return proto_errf(err, EINVAL, "attach: the tensor table (%zu bytes) is too big",
+					  len);
+		if ((t = malloc(len)) == NULL)
+			return proto_errf(err, ENOMEM, "attach: out of memory");
+		table_put(at, pieces, t);
+		if (pieces) {
+			at->table3 = t;
+			at->table3_len = len;
+		} else {
+			at->table = t;
+			at->table_len = len;
+		}
 	}
 	return 0;
 }
@@ -889,6 +1037,11 @@ void node_attach_activate(struct node_attach *at, struct node_slot *slot, const 
 
 	if (at == NULL || slot == NULL)
 		return;
+	/* Test only: this rank's engine hears of every version late, as if
+	 * its node had activated it later than the replica's other ranks. */
+	uint64_t late = proto_param(PROTO_PARAM_TEST_ANNOUNCE_LAG_MS);
+	if (late > 0)
+		usleep((useconds_t)(late > 2000 ? 2000 : late) * 1000u);
 	for (v = at->vers; v != NULL && v->slot != slot; v = v->next)
 		;
 	if (v == NULL) {
@@ -1094,6 +1247,7 @@ void node_attach_free(struct node_attach *at)
 	if (at->epoch_fd >= 0)
 		close(at->epoch_fd);
 	free(at->table);
+	free(at->table3);
 	free(at->replica);
 	free(at);
 }

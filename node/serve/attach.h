@@ -41,6 +41,10 @@ struct node_attach_info {
 	const struct proto_rank *spec;  /* the rank's local tensors; outlives the server */
 	const uint8_t *layout_digest;   /* 32 bytes */
 	struct node_store *store;       /* frees retired slots; outlives the server */
+	/* The model the spec's pieces index: where each local tensor comes
+	 * from, for protocol-3 clients. NULL: the table says nothing of it. */
+	const struct proto_model *model;
+	bool in_place; /* installs write the served slot: nothing can be held */
 	const struct node_perm *perm;   /* the socket's mode and group; NULL: as made */
 };
 

@@ -10,7 +10,7 @@ trainer writes its shard into it, without any file, and calls export(step):
         for step in range(steps):
             optimizer.step()
             for name, param in model.named_parameters():
-                tr.fill(name, param.detach().cpu().numpy())   # or write tr.tensor(name)
+                tr.fill(name, param)   # a torch tensor (CPU or CUDA) or numpy array
             v = tr.export(step)     # every rank exports the same step
 
 export(step) returns once every rank exported the step and the publisher
@@ -25,6 +25,7 @@ import errno
 import mmap
 import os
 import socket
+import sys
 
 try:
     import numpy as _np
@@ -183,8 +184,13 @@ class Trainer:
         return _np.frombuffer(mv, dtype=numpy_dtype(t.dtype)).reshape(t.shape)
 
     def fill(self, name, data):
-        """Copies data (a numpy array of the tensor's shape and dtype, or
-        bytes of its size) into the tensor's place in the buffer."""
+        """Copies data (a numpy array of the tensor's shape and dtype, a torch
+        tensor, CPU or CUDA, of its shape and torch dtype, or bytes of its
+        size) into the tensor's place in the buffer."""
+        torch = sys.modules.get("torch")  # data can be a torch tensor only once torch is loaded
+        if torch is not None and isinstance(data, torch.Tensor):
+            from tessera.torch import fill
+            return fill(self, name, data)
         from tessera import numpy_dtype
         t = self._by_name.get(name)
         if t is None:
