@@ -19,7 +19,7 @@ struct cmd {
 	const char *bin;       /* program under build/bin */
 	const char *sub;       /* subcommand of `tessera`, or NULL */
 	const char *prog;      /* how its messages name it */
-	const char *opts[24];  /* every long option it takes (NULL-terminated) */
+	const char *opts[28];  /* every long option it takes (NULL-terminated) */
 	const char *required;  /* one flag the error names when nothing is given */
 	const char *mentions[4]; /* other commands' options its help refers to */
 };
@@ -31,7 +31,7 @@ static const struct cmd cmds[] = {
 	{"tessera-node", NULL, "tessera-node",
 	 {"tracker", "replica", "rank", "layout", "model", "trainer-pubkey", "cluster-key",
 	  "provider", "store", "expose", "attach", "install", "host", "metrics", "config", "log-format", "log-level", "help",
-	  "version", "tls-ca", "ranks", "serve"},
+	  "version", "tls-ca", "ranks", "serve", "attach-mode", "attach-group"},
 	 "--tracker", {NULL}},
 	{"tessera", "plan", "tessera plan", {"model", "from", "to", "json", "help"}, "--model", {NULL}},
 	{"tessera", "cluster", "tessera cluster",
@@ -281,6 +281,46 @@ static void test_deprecated_spellings(void **state)
 	free(err);
 }
 
+/* tessera-node refuses a bad --attach-mode or --attach-group, or one
+ * without --attach, in one line and status 2, before it makes anything. */
+static void test_node_bad_attach_perm(void **state)
+{
+	struct env *e = *state;
+	static const char *base = "--tracker http://127.0.0.1:1 --replica A --rank 0 --layout tp1"
+				  " --model m.json --trainer-pubkey k.pub";
+	static const struct {
+		const char *args, *err;
+	} bad[] = {
+		{"--attach-mode 0660",
+		 "tessera-node: --attach-mode needs --attach\n"},
+		{"--attach-group 0",
+		 "tessera-node: --attach-group needs --attach\n"},
+		{"--attach s/A-0.sock --attach-mode 0986",
+		 "tessera-node: --attach-mode 0986: want octal permission bits, 0000 to 0777 (0660)\n"},
+		{"--attach s/A-0.sock --attach-mode u=rw,g=rw",
+		 "tessera-node: --attach-mode u=rw,g=rw: want octal permission bits, 0000 to 0777 (0660)\n"},
+		{"--attach s/A-0.sock --attach-mode 0660 --attach-group tessera-no-such-group-x",
+		 "tessera-node: --attach-group tessera-no-such-group-x: no such group\n"},
+	};
+	char args[512];
+
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad); i++) {
+		snprintf(args, sizeof(args), "%s %s", base, bad[i].args);
+		assert_int_equal(run(e, &cmds[1], args), 2);
+		char *err = slurp(e->err);
+		assert_string_equal(err, bad[i].err);
+		free(err);
+		assert_int_equal(tu_sh("test ! -e %s/s", e->dir), 0);
+	}
+	/* The same from the configuration file's [node] section. */
+	assert_int_equal(tu_sh("printf '[node]\\nattach = s\\nattach-mode = 8\\n' >%s/n.ini", e->dir), 0);
+	snprintf(args, sizeof(args), "%s --config n.ini", base);
+	assert_int_equal(run(e, &cmds[1], args), 2);
+	char *err = slurp(e->err);
+	assert_string_equal(err, "tessera-node: --attach-mode 8: want octal permission bits, 0000 to 0777 (0660)\n");
+	free(err);
+}
+
 /* tessera cluster refuses a mode it does not know, late replicas with
  * nobody to join, and late replicas on a publishing clock, in one line. */
 static void test_cluster_bad_mode_and_late(void **state)
@@ -356,6 +396,7 @@ int main(void)
 		cmocka_unit_test(test_version_and_help),
 		cmocka_unit_test(test_deprecated_spellings),
 		cmocka_unit_test(test_cluster_bad_mode_and_late),
+		cmocka_unit_test(test_node_bad_attach_perm),
 		cmocka_unit_test(test_model_command),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

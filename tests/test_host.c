@@ -301,16 +301,32 @@ static void test_two_tp1_replicas_in_one_process(void **state)
 /*
  * Mixed: one process serves A/0 (tp1) and B/0 (tp2), another the one-rank
  * command line for B/1. Both replicas activate v1 and v2, B across the two
- * processes.
+ * processes. Their attach sockets have the mode and group asked, and the
+ * one-rank process names its socket as a directory when asked ("DIR/").
  */
 static void test_multi_and_single_rank_processes(void **state)
 {
 	struct env *e = *state;
+	char dir[600], gid[16], path[700];
+	struct stat st;
 
+	/* The one-rank process's socket is named as the others' ("DIR/"),
+	 * with the mode and group asked; the other's with its mode. */
+	snprintf(dir, sizeof(dir), "%s/attach-dir/", e->dir);
+	snprintf(gid, sizeof(gid), "%u", (unsigned)getegid());
 	start(e);
-	start_node(e, 0, "AB0", "--serve", "A/0@tp1;B/0@tp2", NULL);
-	start_node(e, 1, "B1", "--replica", "B", "--rank", "1", "--layout", "tp2", NULL);
+	start_node(e, 0, "AB0", "--serve", "A/0@tp1;B/0@tp2", "--attach-mode", "0640", NULL);
+	start_node(e, 1, "B1", "--replica", "B", "--rank", "1", "--layout", "tp2", "--attach", dir,
+		   "--attach-mode", "0660", "--attach-group", gid, NULL);
 	wait_registered(e, (const char *[]){"A", "B"}, (int[]){1, 2}, 2);
+	snprintf(path, sizeof(path), "%sB-1.sock", dir);
+	assert_int_equal(stat(path, &st), 0);
+	assert_true(S_ISSOCK(st.st_mode));
+	assert_int_equal(st.st_mode & 07777, 0660);
+	assert_int_equal(st.st_gid, getegid());
+	snprintf(path, sizeof(path), "%s/attach-AB0/A-0.sock", e->dir);
+	assert_int_equal(stat(path, &st), 0);
+	assert_int_equal(st.st_mode & 07777, 0640);
 	for (uint64_t v = 1; v <= 2; v++) {
 		tu_control_export(e->ctl, v);
 		assert_true(tu_wait_active(e->trk, "A", v, DEADLINE_MS));

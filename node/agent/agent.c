@@ -182,6 +182,7 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 			.store = &a->store,
 			.model = &a->model,
 			.in_place = o->install_inplace,
+			.perm = o->attach_perm,
 		};
 		if ((rc = node_attach_new(base, o->attach_path, &ai, &a->attach, err)) != 0)
 			goto fail;

@@ -70,6 +70,8 @@ struct node_agent_shared {
 	void *watch_ctx;
 };
 
+struct node_perm;
+
 struct node_agent_opts {
 	const struct node_agent_shared *shared; /* required */
 	const char *tracker_url;
@@ -85,6 +87,7 @@ struct node_agent_opts {
 	unsigned store_index;      /* the rank's place in its process (node_store_spread) */
 	const char *expose_dir;    /* NULL: no activation records */
 	const char *attach_path;   /* Unix socket for serving processes (node/serve/attach.h); NULL: none */
+	const struct node_perm *attach_perm; /* its mode and group (node/serve/perm.h); NULL: as made */
 	/* --install in-place: versions are written into the served slot at
 	 * activation (node/agent/inplace.c); else double-buffered. */
 	bool install_inplace;

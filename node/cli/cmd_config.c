@@ -40,6 +40,8 @@ static const struct option node_opts[] = {
 	{"store", required_argument, NULL, 0},
 	{"expose", required_argument, NULL, 0},
 	{"attach", required_argument, NULL, 0},
+	{"attach-mode", required_argument, NULL, 0},
+	{"attach-group", required_argument, NULL, 0},
 	{"install", required_argument, NULL, 0},
 	{"host", required_argument, NULL, 0},
 	{"metrics", required_argument, NULL, 0},

@@ -168,6 +168,14 @@ static int check_layouts(const struct node_host *h, const struct node_host_ranks
 	return 0;
 }
 
+/* "--attach DIR/" asks for a directory of sockets even for one rank, so
+ * that a deployment names every socket the same way whatever its ranks. */
+static bool attach_is_dir(const char *path)
+{
+	size_t n = strlen(path);
+	return n > 0 && path[n - 1] == '/';
+}
+
 int node_host_new(struct event_base *base, const struct node_agent_opts *o,
 		  const struct node_host_ranks *ranks, struct node_host **out,
 		  struct proto_err *err)
@@ -225,14 +233,17 @@ int node_host_new(struct event_base *base, const struct node_agent_opts *o,
 		ro.store_index = (unsigned)i;
 		if (r->layout != NULL)
 			ro.layout = r->layout;
-		if (o->attach_path != NULL && ranks->n > 1) {
-			/* Several ranks: --attach names a directory, each rank
-			 * listens on <replica>-<rank>.sock in it (as --expose
-			 * names its records). */
+		if (o->attach_path != NULL && (ranks->n > 1 || attach_is_dir(o->attach_path))) {
+			/* Several ranks, or a path ending in '/': --attach names
+			 * a directory, each rank listens on <replica>-<rank>.sock
+			 * in it (as --expose names its records). */
 			if (i == 0 && (rc = proto_mkdir_p(o->attach_path, err)) != 0)
 				goto fail;
-			if ((size_t)snprintf(attach, sizeof(attach), "%s/%s-%u.sock", o->attach_path,
-					     r->replica, r->rank) >= sizeof(attach)) {
+			int dlen = (int)strlen(o->attach_path);
+			while (dlen > 1 && o->attach_path[dlen - 1] == '/')
+				dlen--;
+			if ((size_t)snprintf(attach, sizeof(attach), "%.*s/%s-%u.sock", dlen,
+					     o->attach_path, r->replica, r->rank) >= sizeof(attach)) {
 				rc = proto_errf(err, ENAMETOOLONG, "--attach %s: path too long",
 						o->attach_path);
 				goto fail;

@@ -72,8 +72,8 @@ struct node_host;
  * and fabric endpoint (o->provider), makes one agent per rank of ranks
  * (o gives everything else; o->replica, o->rank, o->layout and
  * o->attach_path are replaced per rank: layout by the rank's own when it
- * has one, attach_path by o->attach_path itself for a single rank, else
- * o->attach_path/<replica>-<rank>.sock), checks that the ranks of each
+ * has one, attach_path by o->attach_path itself for a single rank, else,
+ * or when it ends in '/', by o->attach_path/<replica>-<rank>.sock), checks that the ranks of each
  * replica agree on their layout, then starts them all. On failure nothing
  * is left and err says why in one line.
  */

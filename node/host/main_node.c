@@ -9,6 +9,7 @@
 
 #include "node/agent/agent.h"
 #include "node/host/host.h"
+#include "node/serve/perm.h"
 #include "node/base/metrics_http.h"
 #include "proto/config.h"
 #include "proto/proto.h"
@@ -20,7 +21,8 @@ static void usage(FILE *f)
 		"                    --model M.json --trainer-pubkey FILE [--cluster-key FILE]\n"
 		"                    [--tls-ca FILE]\n"
 		"                    [--provider NAME] [--store host|cuda[:DEV]|auto] [--expose DIR]\n"
-		"                    [--attach SOCK] [--install double|in-place]\n"
+		"                    [--attach SOCK [--attach-mode MODE] [--attach-group GROUP]]\n"
+		"                    [--install double|in-place]\n"
 		"                    [--host NAME] [--config FILE] [--log-format text|json]\n"
 		"                    [--log-level err|warn|info|debug] [--metrics HOST:PORT|off]\n"
 		"       tessera-node ... --replica ID --ranks LIST [--replica ID --ranks LIST]\n"
@@ -68,8 +70,15 @@ static void usage(FILE *f)
 		"                             processes (libtessera-client): tensor table,\n"
 		"                             the active version's memory, per-request\n"
 		"                             pins, new-version notifications; with\n"
-		"                             several ranks SOCK is a directory and each\n"
-		"                             rank listens on SOCK/<replica>-<rank>.sock\n"
+		"                             several ranks, or when SOCK ends in '/', SOCK\n"
+		"                             is a directory and each rank listens on\n"
+		"                             SOCK/<replica>-<rank>.sock\n"
+		"      --attach-mode MODE     make each attach socket MODE (octal: 0660\n"
+		"                             lets its group connect; default: as the\n"
+		"                             umask makes it, the node's user only)\n"
+		"      --attach-group GROUP   give each attach socket group GROUP (a name\n"
+		"                             or a gid the node is a member of), so that\n"
+		"                             engines of other users in it can connect\n"
 		"      --install MODE         double (default): a new version is built in\n"
 		"                             a second buffer while the old one serves;\n"
 		"                             in-place (memory-tight): deltas are fetched\n"
@@ -190,6 +199,8 @@ int main(int argc, char **argv)
 		{"store", required_argument, NULL, 's'},
 		{"expose", required_argument, NULL, 'e'},
 		{"attach", required_argument, NULL, 'A'},
+		{"attach-mode", required_argument, NULL, 'a'},
+		{"attach-group", required_argument, NULL, 'g'},
 		{"install", required_argument, NULL, 'I'},
 		{"host", required_argument, NULL, 'H'},
 		{"metrics", required_argument, NULL, 'M'},
@@ -197,6 +208,8 @@ int main(int argc, char **argv)
 		{"version", no_argument, NULL, 'V'},
 		{NULL, 0, NULL, 0}};
 	struct node_agent_opts o = {0};
+	struct node_perm attach_perm = {0};
+	const char *attach_mode = NULL, *attach_group = NULL;
 	struct node_host *host = NULL;
 	struct node_host_ranks ranks = {0};
 	struct rank_opt ro[2 * NODE_HOST_RANKS_MAX];
@@ -242,6 +255,8 @@ int main(int argc, char **argv)
 		case 's': o.store = optarg; break;
 		case 'e': o.expose_dir = optarg; break;
 		case 'A': o.attach_path = optarg; break;
+		case 'a': attach_mode = optarg; break;
+		case 'g': attach_group = optarg; break;
 		case 'I':
 			if (strcmp(optarg, "double") != 0 && strcmp(optarg, "in-place") != 0) {
 				fprintf(stderr, "tessera-node: --install %s: want double or in-place\n",
@@ -270,6 +285,18 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < PROTO_ARRAY_LEN(required); i++)
 		if (!given[i])
 			return proto_cli_missing("tessera-node", required[i]);
+	if ((attach_mode != NULL || attach_group != NULL) && o.attach_path == NULL) {
+		fprintf(stderr, "tessera-node: --%s needs --attach\n",
+			attach_mode != NULL ? "attach-mode" : "attach-group");
+		return 2;
+	}
+	if (node_perm_parse(attach_mode, attach_group, "--attach-mode", "--attach-group",
+			    &attach_perm, &err) != 0) {
+		fprintf(stderr, "tessera-node: %s\n", err.msg);
+		return 2;
+	}
+	if (attach_mode != NULL || attach_group != NULL)
+		o.attach_perm = &attach_perm;
 	if (collect_ranks(ro, nro, &ranks, &err) != 0) {
 		fprintf(stderr, "tessera-node: %s\n", err.msg);
 		node_host_ranks_fini(&ranks);

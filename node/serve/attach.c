@@ -972,6 +972,9 @@ int node_attach_new(struct event_base *base, const char *path, const struct node
 		goto fail;
 	}
 	snprintf(at->path, sizeof(at->path), "%s", path);
+	/* Before listen: no client connects under the umask's mode. */
+	if ((rc = node_perm_apply(path, info->perm, err)) != 0)
+		goto fail;
 	if (listen(at->lfd, 64) != 0) {
 		rc = proto_errf(err, errno, "attach socket %s: listen: %s", path, strerror(errno));
 		goto fail;

@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "node/serve/perm.h"
 #include "node/store/store.h"
 #include "proto/spec.h"
 #include "proto/util.h"
@@ -44,6 +45,7 @@ struct node_attach_info {
 	 * from, for protocol-3 clients. NULL: the table says nothing of it. */
 	const struct proto_model *model;
 	bool in_place; /* installs write the served slot: nothing can be held */
+	const struct node_perm *perm;   /* the socket's mode and group; NULL: as made */
 };
 
 struct node_attach;

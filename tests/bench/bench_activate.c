@@ -379,7 +379,8 @@ static void run_inplace(uint64_t mib)
 		memcpy_ns = PROTO_MIN(memcpy_ns, proto_now_ns() - t0);
 	}
 
-	struct node_attach_info ai = {"A", 0, &b.rank, b.digest, &b.store};
+	struct node_attach_info ai = {
+		.replica = "A", .spec = &b.rank, .layout_digest = b.digest, .store = &b.store};
 	if (node_attach_new(b.base, b.sock, &ai, &b.at, &err) != 0) {
 		fprintf(stderr, "bench_activate: %s\n", err.msg);
 		exit(1);
@@ -549,7 +550,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_activate: setup failed\n");
 		return 1;
 	}
-	struct node_attach_info ai = {"A", 0, &b.rank, b.digest, &b.store};
+	struct node_attach_info ai = {
+		.replica = "A", .spec = &b.rank, .layout_digest = b.digest, .store = &b.store};
 	if (node_attach_new(b.base, b.sock, &ai, &b.at, &err) != 0) {
 		fprintf(stderr, "bench_activate: %s\n", err.msg);
 		return 1;
