@@ -193,7 +193,8 @@ class _Mapping:
         return arr
 
     def __del__(self):
-        _libc.munmap(self.addr, self.size)
+        if _libc is not None:  # None at interpreter exit: the process unmaps it
+            _libc.munmap(self.addr, self.size)
 
 
 # numpy has no bfloat16 or fp8: those come as raw integers of their width
