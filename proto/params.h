@@ -119,6 +119,10 @@
 	 * switching its ranks together, wire.h protocol 3): each is a whole \
 	 * copy of the rank; past it the oldest hold is dropped. */ \
 	X(ATTACH_HOLDS, "TESSERA_ATTACH_HOLDS", 4, "versions held for one attached engine") \
+	/* Retired versions a node keeps for pins and holds, all clients \
+	 * together (each a whole copy of the rank): past it, the clients \
+	 * pinning the oldest are dropped and its holds let go. */ \
+	X(ATTACH_RETAINED, "TESSERA_ATTACH_RETAINED", 4, "retired versions kept for attached clients") \
 	/* Bytes a node queues for a client that does not read; past it the \
 	 * client is dropped (and its pins with it). */ \
 	X(ATTACH_OUT_MAX, "TESSERA_ATTACH_OUT_MAX", 256u << 20, "unread bytes queued per attached client") \

@@ -897,6 +897,102 @@ static void test_guard(void **state)
 	tessera_detach(c);
 }
 
+static void queued_job(struct env *e, void *arg)
+{
+	*(size_t *)arg = node_attach_queued(e->at);
+}
+
+/*
+ * A client that sends requests and never reads the replies holds none of
+ * the node's memory: past 64 KiB of unread replies the node stops reading
+ * it (the kernel's socket buffers fill, its sends block). Before, every
+ * reply was queued (40 000 ACQUIRE/RELEASE pairs: 1.6 MB; the attack in
+ * the issue: +1.38 GiB).
+ */
+static void test_unread_replies_bounded(void **state)
+{
+	struct env *e = *state;
+	uint8_t req[64], pair[8 + 8 + 8];
+	size_t queued = 0, sent = 0;
+	int idle_ms = 0;
+
+	activate(e, 1);
+	int fd = raw_connect(e);
+	size_t n = attach_req(req, "A", 0);
+	assert_int_equal(write(fd, req, n), (ssize_t)n);
+	assert_int_equal(fcntl(fd, F_SETFL, O_NONBLOCK), 0);
+	/* ACQUIRE (pin k), RELEASE k: until the node stops reading, 40 000 at most. */
+	for (uint64_t k = 1; k <= 40000 && idle_ms < 2000;) {
+		tsr_put_hdr(pair, 0, TSR_MSG_ACQUIRE);
+		tsr_put_hdr(pair + 8, 8, TSR_MSG_RELEASE);
+		tsr_put64(pair + 16, k);
+		ssize_t w = send(fd, pair, sizeof(pair), MSG_NOSIGNAL);
+		if (w == (ssize_t)sizeof(pair)) {
+			k++;
+			sent++;
+			idle_ms = 0;
+			continue;
+		}
+		assert_true(w < 0 && errno == EAGAIN); /* frames are small: all or nothing */
+		struct pollfd p = {fd, POLLOUT, 0};
+		if (poll(&p, 1, 100) == 0)
+			idle_ms += 100;
+	}
+	on_loop(e, queued_job, &queued);
+	print_message("sent %zu request pairs; the node holds %zu bytes of replies for them\n", sent,
+		      queued);
+	assert_true(queued <= (64u << 10) + 64);
+	assert_true(sent < 40000); /* it stopped reading */
+	/* Others are served meanwhile. */
+	tessera_client *c = attach_ok(e);
+	struct tessera_pin pin;
+	assert_int_equal(tessera_acquire(c, &pin), 0);
+	assert_version_bytes(&pin, 1);
+	assert_int_equal(tessera_release(c, &pin), 0);
+	/* Read by its client, the rest goes through; closed, its pins go. */
+	close(fd);
+	struct counts k;
+	for (int i = 0; i < 3000 && ((k = counts(e, 1)).clients != 1 || k.pins != 0); i++)
+		usleep(10000);
+	assert_int_equal(k.clients, 1);
+	assert_int_equal(k.pins, 0);
+	tessera_detach(c);
+}
+
+/*
+ * A client that pins every version and never releases: at most
+ * TESSERA_ATTACH_RETAINED (4) retired versions stay; the client is dropped
+ * with the reason. Before, every version stayed (+31 MiB each in the issue).
+ */
+static void test_retained_bounded(void **state)
+{
+	struct env *e = *state;
+	struct tessera_pin pin;
+	struct counts k;
+	int rc = 0;
+
+	activate(e, 1);
+	tessera_client *c = attach_ok(e);
+	for (uint64_t v = 1; v <= 8 && rc == 0; v++) {
+		if (v > 1) {
+			activate(e, v);
+			assert_true(counts(e, 0).retained <= 4);
+			if (tessera_wait_version(c, v, 30000) != 0)
+				break;
+		}
+		rc = tessera_acquire(c, &pin);
+	}
+	k = counts(e, 0);
+	print_message("retired versions kept: %u\n", k.retained);
+	assert_true(k.retained <= 4);
+	assert_true(rc != 0 || tessera_acquire(c, &pin) != 0);
+	assert_non_null(strstr(tessera_error(c), "TESSERA_ATTACH_RETAINED"));
+	tessera_detach(c);
+	for (int i = 0; i < 3000 && (k = counts(e, 0)).retained != 0; i++)
+		usleep(10000);
+	assert_int_equal(k.retained, 0);
+}
+
 static void test_socket_path_checked(void **state)
 {
 	struct env *e = *state;
@@ -1476,6 +1572,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_holds, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_in_place_holds_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_guard, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_unread_replies_bounded, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_retained_bounded, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cuda_handle, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_client_refuses_bad_node, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_python_numpy, setup, teardown),

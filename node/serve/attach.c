@@ -33,6 +33,7 @@ struct att_ver {
 	uint32_t pins;    /* socket pins; pin pages hold the others */
 	uint8_t entry;    /* in the pin pages (TSR_ENTRY_NONE: none) */
 	bool retired;
+	bool evicting;    /* its clients are being dropped: not freed meanwhile */
 	/* Attribution: when it became active, requests that ran on it and the
 	 * wall clock of the first and last (logged when it is forgotten). */
 	uint64_t activated_ms, requests, first_pin_ms, last_pin_ms;
@@ -59,6 +60,7 @@ struct att_client {
 	uint8_t in[TSR_WIRE_HDR + TSR_WIRE_REQ_MAX];
 	size_t inlen;
 	bool attached;
+	bool throttled; /* its replies are unread: its requests wait (OUT_HIGH) */
 	bool closing; /* reads nothing more; closed once its output is written */
 	bool dead;    /* closed at the next flush, its output dropped */
 	struct att_out *out_head, *out_tail;
@@ -237,6 +239,8 @@ static void ver_check(struct node_attach *at, struct att_ver *v)
 {
 	uint32_t pins = ver_pins(at, v);
 
+	if (v->evicting)
+		return;
 	if (pins == 0 && at->paused && at->drained != NULL && v == at->active)
 		event_active(at->drain_ev, 0, 0);
 	if (pins > 0 || !v->retired)
@@ -413,8 +417,15 @@ static void client_flush(struct att_client *c)
 		free(o);
 	}
 	event_del(c->wev);
-	if (c->closing)
+	if (c->closing) {
 		client_close(c);
+		return;
+	}
+	if (c->throttled) { /* its replies are read: read its requests again */
+		c->throttled = false;
+		event_add(c->rev, NULL);
+		event_active(c->rev, EV_READ, 0);
+	}
 }
 
 static void on_writable(evutil_socket_t fd, short what, void *arg)
@@ -703,21 +714,30 @@ static void on_frame(struct att_client *c, uint16_t type, const uint8_t *payload
 	}
 }
 
+/*
+ * A client's requests are read only while its replies are read too: past
+ * OUT_HIGH bytes of unread replies the node stops reading its socket until
+ * they are written (client_flush), so a client that sends and never reads
+ * holds the kernel's socket buffers and nothing of the node's.
+ */
+#define OUT_HIGH (64u << 10)
+
 static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
 	struct att_client *c = arg;
-	ssize_t n = read(c->fd, c->in + c->inlen, sizeof(c->in) - c->inlen);
 
-	if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-		LOG_DEBUG("attach: client closed (%u pins dropped)", c->npins);
-		client_close(c);
-		return;
+	if (c->inlen < sizeof(c->in)) {
+		ssize_t n = read(c->fd, c->in + c->inlen, sizeof(c->in) - c->inlen);
+		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+			LOG_DEBUG("attach: client closed (%u pins dropped)", c->npins);
+			client_close(c);
+			return;
+		}
+		if (n > 0)
+			c->inlen += (size_t)n;
 	}
-	if (n < 0)
-		return;
-	c->inlen += (size_t)n;
 	/* Whole frames: the header is checked before its payload is awaited. */
-	while (!c->closing && c->inlen >= TSR_WIRE_HDR) {
+	while (!c->closing && c->inlen >= TSR_WIRE_HDR && c->out_bytes < OUT_HIGH) {
 		uint32_t len = tsr_get32(c->in);
 		uint16_t type = tsr_get16(c->in + 4), zero = tsr_get16(c->in + 6);
 		if (len > TSR_WIRE_REQ_MAX || zero != 0) {
@@ -731,6 +751,10 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 		on_frame(c, type, c->in + TSR_WIRE_HDR, len);
 		memmove(c->in, c->in + used, c->inlen - used);
 		c->inlen -= used;
+	}
+	if (!c->closing && c->out_bytes >= OUT_HIGH && !c->throttled) {
+		c->throttled = true;
+		event_del(c->rev);
 	}
 	client_flush(c);
 }
@@ -1078,6 +1102,64 @@ void node_attach_activate(struct node_attach *at, struct node_slot *slot, const 
 	epoch_publish(at);
 }
 
+/* Drops every client that pins v (with the reason) and every hold on it
+ * (DROPPED), then frees it: v stays in the list until the end. */
+static void ver_evict(struct node_attach *at, struct att_ver *v, uint32_t max)
+{
+	v->evicting = true;
+	for (struct att_client *c = at->clients, *next; c != NULL; c = next) {
+		next = c->next;
+		if (c->closing)
+			continue;
+		bool pinned = c->page != NULL && v->entry != TSR_ENTRY_NONE && page_pins(c, v->entry) > 0;
+		for (uint32_t i = 0; i < c->npins && !pinned; i++)
+			pinned = c->pins[i].v == v;
+		if (pinned) {
+			client_fail(c, "v%" PRIu64 " still pinned while %u later versions are retired "
+				       "(TESSERA_ATTACH_RETAINED): release pins when requests end",
+				    v->version, max);
+		} else {
+			for (uint32_t i = 0; i < c->nholds; i++) {
+				if (c->holds[i] != v)
+					continue;
+				uint8_t *p;
+				memmove(c->holds + i, c->holds + i + 1,
+					(--c->nholds - i) * sizeof(*c->holds));
+				if ((p = client_frame(c, TSR_MSG_DROPPED, 8, -1)) != NULL)
+					tsr_put64(p, v->version);
+				v->pins--;
+				break;
+			}
+		}
+		client_flush(c);
+	}
+	v->evicting = false;
+	ver_check(at, v);
+}
+
+/* At most TESSERA_ATTACH_RETAINED retired versions stay for their pins and
+ * holds (each is a whole copy of the rank): past it the oldest goes. */
+static void retained_trim(struct node_attach *at)
+{
+	uint32_t max = (uint32_t)proto_param(PROTO_PARAM_ATTACH_RETAINED);
+
+	for (;;) {
+		struct att_ver *oldest = NULL;
+		uint32_t n = 0;
+		for (struct att_ver *v = at->vers; v != NULL; v = v->next)
+			if (v->retired) {
+				n++;
+				oldest = v; /* newest first: the last is the oldest */
+			}
+		if (n <= max || oldest == NULL)
+			return;
+		LOG_WARN("attach: %u retired versions pinned or held (TESSERA_ATTACH_RETAINED %u); "
+			 "dropping the clients of v%" PRIu64,
+			 n, max, oldest->version);
+		ver_evict(at, oldest, max);
+	}
+}
+
 void node_attach_retire(struct node_attach *at, struct node_store *store, struct node_slot *slot)
 {
 	struct att_ver *v = NULL;
@@ -1103,7 +1185,17 @@ void node_attach_retire(struct node_attach *at, struct node_store *store, struct
 	LOG_INFO("attach: v%" PRIu64 " retired; %u requests still pin it", v->version,
 		 ver_pins(at, v));
 	v->retired = true;
+	retained_trim(at);
 	ver_check_all(at); /* arms the scan */
+}
+
+size_t node_attach_queued(const struct node_attach *at)
+{
+	size_t n = 0;
+
+	for (const struct att_client *c = at ? at->clients : NULL; c != NULL; c = c->next)
+		n += c->out_bytes;
+	return n;
 }
 
 static void on_drain(evutil_socket_t fd, short what, void *arg)
