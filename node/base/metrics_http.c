@@ -9,16 +9,207 @@
 #include <sys/socket.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/listener.h>
 
+#include "proto/log.h"
 #include "proto/proto.h"
+
+/*
+ * The port's guard. A scrape is one small GET answered in microseconds, so
+ * the port holds at most CONNS connections at once, each for LIFE_MS at
+ * most (a head dribbled a byte at a time included): past CONNS a new
+ * connection closes the oldest of the peer address holding the most, so a
+ * flood sheds itself and a scraper elsewhere is served. accept() failures
+ * pause the listener and are logged once per LOG_EVERY_MS with a count.
+ * Connections are closed with shutdown(): evhttp then frees them on its
+ * own path; the guard holds a reference on each bufferevent and lets go
+ * once evhttp has (its callbacks are cleared).
+ */
+#define CONNS 64
+#define LIFE_MS 10000
+#define SWEEP_MS 500
+#define ACCEPT_PAUSE_MS 100
+#define LOG_EVERY_MS 10000
+
+struct mconn {
+	struct mconn *next;
+	struct bufferevent *bev;
+	uint64_t opened_ms;
+};
 
 struct node_metrics_http {
 	struct evhttp *http;
 	const struct proto_metrics *m;
 	char url[300];
+	struct mconn *conns;
+	size_t live;
+	struct evconnlistener *lev;
+	struct event *sweep_ev, *resume_ev;
+	uint64_t accept_errors, logged_errors, last_log_ms, shed;
 };
+
+static uint64_t now_ms(void)
+{
+	return proto_now_ns() / 1000000u;
+}
+
+static bool conn_gone(const struct mconn *c)
+{
+	bufferevent_data_cb rd = NULL;
+	bufferevent_event_cb ev = NULL;
+
+	bufferevent_getcb(c->bev, &rd, NULL, &ev, NULL);
+	return rd == NULL && ev == NULL; /* evhttp freed it */
+}
+
+static void conn_close(struct mconn *c)
+{
+	evutil_socket_t fd = bufferevent_getfd(c->bev);
+
+	if (fd >= 0)
+		shutdown(fd, SHUT_RDWR);
+}
+
+/* Drops the connections evhttp has let go of. */
+static void reap(struct node_metrics_http *s)
+{
+	for (struct mconn **pp = &s->conns; *pp != NULL;) {
+		struct mconn *c = *pp;
+		if (conn_gone(c)) {
+			*pp = c->next;
+			bufferevent_decref(c->bev);
+			free(c);
+			s->live--;
+		} else {
+			pp = &c->next;
+		}
+	}
+}
+
+static bool same_peer(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	if (a->ss_family != b->ss_family)
+		return false;
+	if (a->ss_family == AF_INET)
+		return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+		       ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+	if (a->ss_family == AF_INET6)
+		return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+			      &((const struct sockaddr_in6 *)b)->sin6_addr, 16) == 0;
+	return true;
+}
+
+static void peer_of(const struct mconn *c, struct sockaddr_storage *ss)
+{
+	socklen_t sl = sizeof(*ss);
+
+	memset(ss, 0, sizeof(*ss));
+	if (bufferevent_getfd(c->bev) < 0 ||
+	    getpeername(bufferevent_getfd(c->bev), (struct sockaddr *)ss, &sl) != 0)
+		ss->ss_family = AF_UNSPEC;
+}
+
+/* Closes the oldest connection of the peer address holding the most. */
+static void shed_one(struct node_metrics_http *s)
+{
+	struct sockaddr_storage peers[CONNS + 1], mine;
+	struct mconn *victim = NULL;
+	size_t i = 0, best = 0;
+
+	for (struct mconn *c = s->conns; c != NULL && i < CONNS + 1; c = c->next, i++)
+		peer_of(c, &peers[i]);
+	i = 0;
+	for (struct mconn *c = s->conns; c != NULL && i < CONNS + 1; c = c->next, i++) {
+		size_t n = 0;
+		mine = peers[i];
+		for (size_t j = 0; j < CONNS + 1 && j < s->live; j++)
+			n += same_peer(&mine, &peers[j]);
+		/* The list is newest first: ties go to the older. */
+		if (n >= best) {
+			best = n;
+			victim = c;
+		}
+	}
+	if (victim != NULL) {
+		s->shed++;
+		conn_close(victim);
+	}
+}
+
+static struct bufferevent *new_bev(struct event_base *base, void *arg)
+{
+	struct node_metrics_http *s = arg;
+	struct mconn *c = calloc(1, sizeof(*c));
+	struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+
+	if (c == NULL || bev == NULL) {
+		free(c);
+		return bev; /* unguarded, but served: evhttp owns it */
+	}
+	reap(s);
+	if (s->live >= CONNS)
+		shed_one(s);
+	bufferevent_incref(bev);
+	c->bev = bev;
+	c->opened_ms = now_ms();
+	c->next = s->conns;
+	s->conns = c;
+	s->live++;
+	return bev;
+}
+
+static void sweep(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_metrics_http *s = arg;
+	uint64_t now = now_ms();
+
+	reap(s);
+	for (struct mconn *c = s->conns; c != NULL; c = c->next)
+		if (now - c->opened_ms > LIFE_MS) {
+			s->shed++;
+			conn_close(c);
+		}
+	if (s->accept_errors > s->logged_errors && now - s->last_log_ms > LOG_EVERY_MS) {
+		LOG_WARN("metrics: accept() failed %llu times (%zu connections open, at most %d); "
+			 "pausing %d ms after each",
+			 (unsigned long long)(s->accept_errors - s->logged_errors), s->live, CONNS,
+			 ACCEPT_PAUSE_MS);
+		s->logged_errors = s->accept_errors;
+		s->last_log_ms = now;
+	}
+}
+
+static void resume(evutil_socket_t fd, short what, void *arg)
+{
+	struct node_metrics_http *s = arg;
+
+	evconnlistener_enable(s->lev);
+}
+
+/* The listener's error callback has evhttp's argument: the server is found
+ * through the one listener each has (few servers per process). */
+static struct node_metrics_http *servers[8];
+
+static void on_accept_error(struct evconnlistener *lev, void *arg)
+{
+	struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
+
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(servers); i++) {
+		struct node_metrics_http *s = servers[i];
+		if (s == NULL || s->lev != lev)
+			continue;
+		s->accept_errors++;
+		reap(s);
+		if (s->live > 0)
+			shed_one(s);
+		evconnlistener_disable(lev);
+		event_add(s->resume_ev, &tv);
+		return;
+	}
+}
 
 static void reply(struct evhttp_request *req, int code, const char *reason, const char *ctype,
 		  struct evbuffer *body)
@@ -134,6 +325,23 @@ int node_metrics_http_new(struct event_base *base, const char *listen, const str
 				strerror(errno));
 		goto fail;
 	}
+	/* The guard (above). */
+	struct timeval every = {0, SWEEP_MS * 1000};
+	s->lev = evhttp_bound_socket_get_listener(sock);
+	s->sweep_ev = event_new(base, -1, EV_PERSIST, sweep, s);
+	s->resume_ev = evtimer_new(base, resume, s);
+	s->last_log_ms = now_ms();
+	if (s->sweep_ev == NULL || s->resume_ev == NULL || event_add(s->sweep_ev, &every) != 0) {
+		rc = proto_errf(err, ENOMEM, "out of memory");
+		goto fail;
+	}
+	evhttp_set_bevcb(s->http, new_bev, s);
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(servers); i++)
+		if (servers[i] == NULL) {
+			servers[i] = s;
+			evconnlistener_set_error_cb(s->lev, on_accept_error);
+			break;
+		}
 	if (getsockname(evhttp_bound_socket_get_fd(sock), (struct sockaddr *)&ss, &sl) != 0) {
 		rc = proto_errf(err, EIO, "metrics: cannot read the bound port");
 		goto fail;
@@ -154,11 +362,31 @@ const char *node_metrics_http_url(const struct node_metrics_http *s)
 	return s->url;
 }
 
+size_t node_metrics_http_conns(struct node_metrics_http *s)
+{
+	reap(s);
+	return s->live;
+}
+
 void node_metrics_http_free(struct node_metrics_http *s)
 {
 	if (s == NULL)
 		return;
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(servers); i++)
+		if (servers[i] == s)
+			servers[i] = NULL;
 	if (s->http != NULL)
 		evhttp_free(s->http);
+	/* evhttp freed every connection: our references are the last. */
+	while (s->conns != NULL) {
+		struct mconn *c = s->conns;
+		s->conns = c->next;
+		bufferevent_decref(c->bev);
+		free(c);
+	}
+	if (s->sweep_ev != NULL)
+		event_free(s->sweep_ev);
+	if (s->resume_ev != NULL)
+		event_free(s->resume_ev);
 	free(s);
 }

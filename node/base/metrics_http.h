@@ -3,7 +3,8 @@
  * registry of proto/metrics.h in Prometheus text) and GET /healthz (200 "ok"
  * or 503 with the reason). libevent's evhttp on the program's event loop;
  * nothing else is served (404), nothing but GET and HEAD accepted (405),
- * bodies refused, idle connections closed.
+ * bodies refused, idle connections closed; at most 64 connections at once,
+ * each for 10 s at most, a flood's address losing its own first.
  */
 #ifndef NODE_METRICS_HTTP_H
 #define NODE_METRICS_HTTP_H
@@ -19,6 +20,8 @@ struct node_metrics_http;
  * says why. */
 int node_metrics_http_new(struct event_base *base, const char *listen, const struct proto_metrics *m,
 			  struct node_metrics_http **out, struct proto_err *err);
+/* Connections open now (at most 64; each lives 10 s at most). */
+size_t node_metrics_http_conns(struct node_metrics_http *s);
 /* "http://HOST:PORT" with the port bound. */
 const char *node_metrics_http_url(const struct node_metrics_http *s);
 void node_metrics_http_free(struct node_metrics_http *s);
