@@ -51,7 +51,10 @@ static struct fi_info *make_hints(const char *provider)
 	if (h == NULL)
 		return NULL;
 	h->ep_attr->type = FI_EP_RDM;
-	h->caps = FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | FI_READ | FI_WRITE |
+	/* FI_MSG although we send only tagged messages: the sink must be
+	 * able to post untagged receives, or rxm keeps every untagged
+	 * message a stranger sends. */
+	h->caps = FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | FI_READ | FI_WRITE |
 		  FI_REMOTE_READ | FI_REMOTE_WRITE;
 	/* We embed fi_context2 in every op, so both modes are fine. */
 	h->mode = FI_CONTEXT | FI_CONTEXT2;

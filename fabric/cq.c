@@ -122,6 +122,14 @@ int fab_poll(struct fab_ctx *ctx, int max)
 		got += ret;
 	} while (ret > 0 && (max <= 0 || got < max) && got < 4096);
 	fab__retry_parked(ctx);
+	if (!ctx->closing) {
+		uint64_t now = proto_now_ns();
+
+		if (now >= ctx->conns_next_ns) {
+			ctx->conns_next_ns = now + FAB__CONNS_SWEEP_MS * 1000000ull;
+			fab__conns_sweep(ctx);
+		}
+	}
 	return fab__dispatch(ctx);
 }
 

@@ -76,7 +76,8 @@
 #define FAB_ADDR_MAX 256
 /* Size of a packed fab_rkey. */
 #define FAB_RKEY_LEN 24
-/* Sink receives for a context that takes no messages (fab_opts.sink). */
+/* Sink receives of each kind for a context that takes no messages
+ * (fab_opts.sink). */
 #define FAB_SINK_DEFAULT 16
 /* The default provider. */
 #define FAB_PROVIDER_DEFAULT "tcp;ofi_rxm"
@@ -133,6 +134,7 @@ struct fab_op {
 	uint8_t state_;
 	uint8_t cancel_;   /* fab_cancel asked */
 	uint8_t internal_; /* fabric/'s own (the sink): not in fab_inflight */
+	uint8_t untagged_; /* receive: an untagged one (fi_recv; the sink's) */
 };
 
 /* What a peer needs to read (or write) a registered region. addr is what the
@@ -153,6 +155,10 @@ struct fab_stats {
 	uint64_t bytes_sent, bytes_recv;
 	uint64_t errors;        /* ops that completed with an error */
 	uint64_t msgs_dropped;  /* unsolicited messages the sink took */
+	/* Connections to the endpoint's port (tcp providers), as the last
+	 * sweep found them (every 250 ms of fab_poll): established, and of
+	 * those still in the handshake; and how many it shut down so far. */
+	uint64_t conns_open, conns_pending, conns_shed;
 	uint64_t prewarmed;     /* 1: fab_open's read from itself finished
 	                         * (FAB_F_PREWARM); not in reads or bytes_read */
 };
@@ -173,10 +179,11 @@ struct fab_opts {
 	unsigned msg_slots; /* control-message buffers (sends + posted receives);
 	                     * 0: 64 */
 	/* For a context that takes no messages (node, publisher): receives
-	 * kept posted that take every tagged message and drop it, so what
-	 * strangers send cannot pile up in the provider (rxm keeps unexpected
-	 * messages without bound). 0: none. At most msg_slots / 2. Such a
-	 * context refuses fab_trecv (-EBUSY). */
+	 * kept posted that take every message and drop it, sink tagged ones
+	 * and sink untagged ones, so what strangers send cannot pile up in
+	 * the provider (rxm keeps unexpected messages without bound). 0:
+	 * none. 2 * sink at most msg_slots / 2. Such a context refuses
+	 * fab_trecv (-EBUSY). */
 	unsigned sink;
 };
 
@@ -354,7 +361,12 @@ int fab_cancel(struct fab_ctx *ctx, struct fab_op *op);
 /*
  * Drives progress: reads up to max completions (max 0: all there are),
  * retries parked posts, and runs the callbacks of finished ops (including
- * any reaped earlier by a posting call). Returns the number of callbacks
+ * any reaped earlier by a posting call). Every 250 ms it also sweeps the
+ * connections to the endpoint's port (tcp providers, fabric/conns.c): one
+ * that has not completed the provider's handshake in
+ * TESSERA_FAB_HANDSHAKE_MS, and those over TESSERA_FAB_PENDING_MAX,
+ * TESSERA_FAB_CONNS_PER_ADDR or TESSERA_FAB_CONNS_MAX (the busiest
+ * address's first), are shut down. Returns the number of callbacks
  * run, or a negative errno if the CQ failed.
  */
 int fab_poll(struct fab_ctx *ctx, int max);

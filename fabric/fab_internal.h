@@ -97,6 +97,10 @@ struct fab_ctx {
 	unsigned nsink;
 	uint64_t sink_logged, sink_log_ms; /* drops logged so far, and when */
 
+	/* the connection sweep (conns.c): when it runs next, sheds logged */
+	uint64_t conns_next_ns;
+	uint64_t conns_logged, conns_log_ms;
+
 	struct fab_stats stats;
 	/* FAB_F_PREWARM's read from ourselves while it is still out after
 	 * fab_open gave up waiting on it (context.c); NULL otherwise. */
@@ -150,10 +154,20 @@ bool fab__unpark(struct fab_ctx *ctx, struct fab_op *op);
 void fab__slot_release(struct fab_ctx *ctx, int slot);
 int fab__slots_init(struct fab_ctx *ctx, unsigned n);
 void fab__slots_fini(struct fab_ctx *ctx);
-/* Posts n sink receives (fab_opts.sink); 0 or a negative errno, nothing
+/* Posts n tagged and n untagged sink receives (fab_opts.sink); 0 or a negative errno, nothing
  * left posted on failure... except those already posted, which fab_close
  * cancels. */
 int fab__sink_start(struct fab_ctx *ctx, unsigned n);
+
+/* How often fab_poll sweeps the connections to the endpoint's port. */
+#define FAB__CONNS_SWEEP_MS 250
+/* The endpoint's own port and address family (a tcp provider's); false
+ * when it has none (shm, verbs). Cannot fail. */
+bool fab__conns_port(const struct fab_ctx *ctx, int *family, uint16_t *port);
+/* Shuts down the connections to the endpoint's port over the bounds of
+ * proto/params.h (TESSERA_FAB_*): those that never completed the handshake
+ * in time, then the busiest address's; counts them in the stats. */
+void fab__conns_sweep(struct fab_ctx *ctx);
 
 /* Regions (mr.c). _private ones are fabric/'s own (the message slab): not
  * on ctx's list, access given in libfabric bits. close_all is for

@@ -119,9 +119,10 @@ int fab_tsend(struct fab_ctx *ctx, struct fab_op *op, fi_addr_t peer,
 	return msg_submit(ctx, op);
 }
 
+/* internal: the sink's (not in fab_inflight); untagged: fi_recv. */
 static int post_recv(struct fab_ctx *ctx, struct fab_op *op, uint64_t tag,
 		     uint64_t ignore, void *buf, size_t cap, fab_cb cb,
-		     bool internal)
+		     bool internal, bool untagged)
 {
 	int ret;
 
@@ -135,6 +136,7 @@ static int post_recv(struct fab_ctx *ctx, struct fab_op *op, uint64_t tag,
 	op->tag = tag;
 	op->key_ = ignore;
 	op->internal_ = internal;
+	op->untagged_ = untagged;
 	return msg_submit(ctx, op);
 }
 
@@ -144,7 +146,7 @@ int fab_trecv(struct fab_ctx *ctx, struct fab_op *op, uint64_t tag,
 	/* The sink takes every tag first: a receive here would never match. */
 	if (ctx->nsink > 0)
 		return -EBUSY;
-	return post_recv(ctx, op, tag, ignore, buf, cap, cb, false);
+	return post_recv(ctx, op, tag, ignore, buf, cap, cb, false, false);
 }
 
 #define SINK_LOG_MS 10000 /* one line per this long while messages come */
@@ -169,23 +171,24 @@ static void sink_cb(struct fab_op *op, int status)
 		ctx->sink_logged = ctx->stats.msgs_dropped;
 		ctx->sink_log_ms = now;
 	}
-	if (post_recv(ctx, op, 0, ~0ull, NULL, 0, sink_cb, true) != 0)
+	if (post_recv(ctx, op, 0, ~0ull, NULL, 0, sink_cb, true, op->untagged_) != 0)
 		LOG_WARN("fabric: a sink receive could not be posted again");
 }
 
+/* n tagged receives and n untagged ones: a stranger chooses the kind. */
 int fab__sink_start(struct fab_ctx *ctx, unsigned n)
 {
 	if (n == 0)
 		return 0;
-	if (n > ctx->nslots / 2)
+	if (2 * (uint64_t)n > ctx->nslots / 2)
 		return -EINVAL;
-	ctx->sink = calloc(n, sizeof(*ctx->sink));
+	ctx->sink = calloc(2 * (size_t)n, sizeof(*ctx->sink));
 	if (ctx->sink == NULL)
 		return -ENOMEM;
-	ctx->nsink = n;
-	for (unsigned i = 0; i < n; i++) {
+	ctx->nsink = 2 * n;
+	for (unsigned i = 0; i < 2 * n; i++) {
 		int ret = post_recv(ctx, &ctx->sink[i], 0, ~0ull, NULL, 0,
-				    sink_cb, true);
+				    sink_cb, true, i >= n);
 		if (ret != 0)
 			return ret;
 	}

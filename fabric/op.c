@@ -42,6 +42,7 @@ void fab__op_prepare(struct fab_ctx *ctx, struct fab_op *op, int kind,
 	op->state_ = FAB__OP_FREE;
 	op->cancel_ = 0;
 	op->internal_ = 0;
+	op->untagged_ = 0;
 }
 
 static ssize_t write_dc(struct fab_ctx *ctx, struct fab_op *op)
@@ -112,6 +113,9 @@ static ssize_t issue(struct fab_ctx *ctx, struct fab_op *op)
 		return fi_tsend(ctx->ep, op->lbuf_, op->len, op->desc_,
 				op->peer_, op->tag, &op->fi);
 	case FAB_OP_RECV:
+		if (op->untagged_)
+			return fi_recv(ctx->ep, op->lbuf_, FAB_MSG_MAX, op->desc_, FI_ADDR_UNSPEC,
+				       &op->fi);
 		return fi_trecv(ctx->ep, op->lbuf_, FAB_MSG_MAX, op->desc_,
 				FI_ADDR_UNSPEC, op->tag, op->key_, &op->fi);
 	}

@@ -66,6 +66,18 @@
 	X(VERIFY_THREADS, "TESSERA_VERIFY_THREADS", 0, "chunk verification threads per node (0: min(2, cores))") \
 	/* A fabric post the provider keeps refusing fails after this long. */ \
 	X(PARK_MS, "TESSERA_PARK_MS", 3000, "give up a post an unreachable peer refuses, ms") \
+	/* A tcp fabric endpoint's port (fabric/conns.c): a connection that has \
+	 * not completed the provider's handshake (we never answered it) is \
+	 * closed after this long; a peer's handshake takes milliseconds. */ \
+	X(FAB_HANDSHAKE_MS, "TESSERA_FAB_HANDSHAKE_MS", 10000, "a connection to a fabric port that has not completed its handshake is closed after, ms") \
+	/* Connections still in the handshake an endpoint keeps at most: beyond \
+	 * it the oldest of the address holding the most are closed first. */ \
+	X(FAB_PENDING_MAX, "TESSERA_FAB_PENDING_MAX", 64, "most connections in the handshake per fabric endpoint") \
+	/* Connections to an endpoint's port from one address at most, and in \
+	 * all: beyond either, that address's (the busiest's) connections are \
+	 * closed, those in the handshake first, then the longest idle. */ \
+	X(FAB_CONNS_PER_ADDR, "TESSERA_FAB_CONNS_PER_ADDR", 256, "most connections to a fabric endpoint from one address") \
+	X(FAB_CONNS_MAX, "TESSERA_FAB_CONNS_MAX", 4096, "most connections to a fabric endpoint in all") \
 	/* Ranks of a replica holding different versions for longer than this   \
 	 * (or than the replica's last fetch took, if longer) are reported on  \
 	 * the status page and in the tracker's log. */                        \

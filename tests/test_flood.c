@@ -1,14 +1,21 @@
 /* A stranger floods a running node and a running publisher with unsolicited
  * tagged messages (raw libfabric, tcp;ofi_rxm, 16 000-byte sends, the
- * attack of issue 12): their memory stays bounded and they keep working.
- * Neither takes fabric messages at all (have-pages are one-sided reads);
- * their sink receives take and drop whatever arrives (fabric/msg.c). */
+ * attack of issue 12), then with untagged ones and silent TCP connections
+ * to their fabric ports (issue 31): their memory and descriptors stay
+ * bounded and they keep working. Neither takes fabric messages at all
+ * (have-pages are one-sided reads); their sink receives take and drop
+ * whatever arrives (fabric/msg.c), and fabric/conns.c closes connections
+ * that never complete the provider's handshake. */
 #include <errno.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_tagged.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -48,7 +55,7 @@ static void stranger_open(struct stranger *s)
 
 	assert_non_null(hints);
 	hints->ep_attr->type = FI_EP_RDM;
-	hints->caps = FI_TAGGED | FI_SEND;
+	hints->caps = FI_MSG | FI_TAGGED | FI_SEND;
 	hints->mode = FI_CONTEXT | FI_CONTEXT2;
 	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
 				      FI_MR_PROV_KEY;
@@ -91,9 +98,9 @@ static void stranger_close(struct stranger *s)
 	memset(s, 0, sizeof(*s));
 }
 
-/* Sends FLOOD_MSGS tagged messages to the fabric address in hex, at most
- * FLOOD_WINDOW in flight; returns how many completed (60 s at most). */
-static long flood(struct stranger *s, const char *hex)
+/* Sends n messages (tagged or untagged) to the fabric address in hex, at
+ * most FLOOD_WINDOW in flight; returns how many completed (60 s at most). */
+static long flood_n(struct stranger *s, const char *hex, long count, bool tagged)
 {
 	uint8_t addr[1024];
 	size_t alen = 0;
@@ -105,15 +112,17 @@ static long flood(struct stranger *s, const char *hex)
 	assert_int_equal(sodium_hex2bin(addr, sizeof(addr), hex, strlen(hex), NULL, &alen, NULL),
 			 0);
 	assert_int_equal(fi_av_insert(s->av, addr, 1, &to, 0, NULL), 1);
-	while (done < FLOOD_MSGS && proto_now_ns() < end) {
+	while (done < count && proto_now_ns() < end) {
 		struct fi_cq_tagged_entry e[16];
 		ssize_t n;
 
-		while (inflight < FLOOD_WINDOW && posted < FLOOD_MSGS) {
+		while (inflight < FLOOD_WINDOW && posted < count) {
 			int slot = (int)(posted % FLOOD_WINDOW);
-			ssize_t rc = fi_tsend(s->ep, s->buf + (size_t)slot * FLOOD_BYTES,
-					      FLOOD_BYTES, s->mr ? fi_mr_desc(s->mr) : NULL, to,
-					      (uint64_t)posted, &ctx[slot]);
+			void *b = s->buf + (size_t)slot * FLOOD_BYTES;
+			void *desc = s->mr ? fi_mr_desc(s->mr) : NULL;
+			ssize_t rc = tagged ? fi_tsend(s->ep, b, FLOOD_BYTES, desc, to,
+						       (uint64_t)posted, &ctx[slot])
+					    : fi_send(s->ep, b, FLOOD_BYTES, desc, to, &ctx[slot]);
 			if (rc == -FI_EAGAIN)
 				break;
 			assert_int_equal(rc, 0);
@@ -133,6 +142,11 @@ static long flood(struct stranger *s, const char *hex)
 	}
 	fi_av_remove(s->av, &to, 1, 0);
 	return done;
+}
+
+static long flood(struct stranger *s, const char *hex)
+{
+	return flood_n(s, hex, FLOOD_MSGS, true);
 }
 
 /* Resident memory of pid, KiB (-1: unknown). */
@@ -182,6 +196,7 @@ static int teardown(void **state)
 	if (getenv("TESSERA_TEST_KEEP") == NULL)
 		tu_rmtree(e->dir);
 	unsetenv("TESSERA_CHUNK_SIZE");
+	unsetenv("TESSERA_FAB_HANDSHAKE_MS");
 	free(e);
 	return 0;
 }
@@ -223,11 +238,11 @@ static void find_addrs(struct env *e, char *node_hex, char *pub_hex, size_t cap)
 	assert_true(node_hex[0] != 0 && pub_hex[0] != 0);
 }
 
-static void test_tagged_flood_node_and_publisher(void **state)
+/* A tracker, a publisher and a node of replica A holding v1; their fabric
+ * addresses (hex) and a stranger ready to send. */
+static void start(struct env *e, char *node_hex, char *pub_hex, size_t cap)
 {
-	struct env *e = *state;
-	char bin[512], log[600], node_hex[2100], pub_hex[2100], state_dir[600];
-	long n0, p0, n1, p1, n2, p2;
+	char bin[512], log[600], state_dir[600];
 	struct tu_run_files f;
 	struct proto_err err;
 
@@ -249,8 +264,26 @@ static void test_tagged_flood_node_and_publisher(void **state)
 
 	tu_control_export(e->sock, 1);
 	assert_true(tu_wait_active(e->trk, "A", 1, 60000));
-	find_addrs(e, node_hex, pub_hex, sizeof(node_hex));
+	find_addrs(e, node_hex, pub_hex, cap);
 	stranger_open(&e->st);
+}
+
+static struct sockaddr_in sockaddr_of(const char *hex);
+
+static void test_tagged_flood_node_and_publisher(void **state)
+{
+	struct env *e = *state;
+	char node_hex[2100], pub_hex[2100], ip[INET_ADDRSTRLEN];
+	long n0, p0, n1, p1, n2, p2;
+	struct sockaddr_in sin;
+
+	start(e, node_hex, pub_hex, sizeof(node_hex));
+	/* With the tracker on loopback the node binds loopback (the route to
+	 * the tracker), not the machine's first interface. */
+	sin = sockaddr_of(node_hex);
+	inet_ntop(AF_INET, &sin.sin_addr, ip, sizeof(ip));
+	fprintf(stderr, "# the node's fabric address: %s\n", ip);
+	assert_string_equal(ip, "127.0.0.1");
 
 	n0 = rss_kib(e->node.pid);
 	p0 = rss_kib(e->publisher.pid);
@@ -286,10 +319,138 @@ static void test_tagged_flood_node_and_publisher(void **state)
 	}
 }
 
+/* A tcp fabric address (hex) as the socket address it is. */
+static struct sockaddr_in sockaddr_of(const char *hex)
+{
+	uint8_t addr[1024];
+	struct sockaddr_in sin;
+	size_t alen = 0;
+
+	assert_int_equal(sodium_hex2bin(addr, sizeof(addr), hex, strlen(hex), NULL, &alen, NULL),
+			 0);
+	assert_true(alen >= sizeof(sin));
+	memcpy(&sin, addr, sizeof(sin));
+	assert_int_equal(sin.sin_family, AF_INET);
+	return sin;
+}
+
+/* Descriptors open in pid. */
+static int fd_count(pid_t pid)
+{
+	char path[64];
+	DIR *d;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	d = opendir(path);
+	assert_non_null(d);
+	while (readdir(d) != NULL)
+		n++;
+	closedir(d);
+	return n - 2;
+}
+
+#define UNTAGGED_MSGS 4000
+#define UNTAGGED_BOUND_KIB ((long)UNTAGGED_MSGS * FLOOD_BYTES / 1024 / 4)
+#define SILENT_CONNS 200
+
+/* SILENT_CONNS connections to the fabric address in hex that say nothing. */
+static void connect_silent(const char *hex, int *fds)
+{
+	struct sockaddr_in sin = sockaddr_of(hex);
+
+	for (int i = 0; i < SILENT_CONNS; i++) {
+		fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+		assert_true(fds[i] >= 0);
+		int rc = connect(fds[i], (struct sockaddr *)&sin, sizeof(sin));
+		assert_true(rc == 0 || errno == EINPROGRESS);
+	}
+}
+
+/* How many of fds the other end closed; those it did are closed here. */
+static int count_closed(int *fds, int n)
+{
+	int closed = 0;
+
+	for (int i = 0; i < n; i++) {
+		char b;
+		if (fds[i] >= 0 && recv(fds[i], &b, 1, MSG_DONTWAIT) == 0) {
+			close(fds[i]);
+			fds[i] = -1;
+		}
+		closed += fds[i] < 0;
+	}
+	return closed;
+}
+
+static void test_untagged_flood_and_silent_connections(void **state)
+{
+	struct env *e = *state;
+	char node_hex[2100], pub_hex[2100];
+	int fds[2][SILENT_CONNS], closed[2] = {0}, d0[2], peak[2] = {0}, d1[2];
+	pid_t pid[2];
+	long n0, p0, n1, p1;
+	uint64_t end;
+
+	/* Inherited by the processes: a silent connection goes in 3 s. */
+	setenv("TESSERA_FAB_HANDSHAKE_MS", "3000", 1);
+	start(e, node_hex, pub_hex, sizeof(node_hex));
+	pid[0] = e->node.pid;
+	pid[1] = e->publisher.pid;
+
+	n0 = rss_kib(e->node.pid);
+	p0 = rss_kib(e->publisher.pid);
+	assert_int_equal(flood_n(&e->st, node_hex, UNTAGGED_MSGS, false), UNTAGGED_MSGS);
+	assert_int_equal(flood_n(&e->st, pub_hex, UNTAGGED_MSGS, false), UNTAGGED_MSGS);
+	tu_control_export(e->sock, 2);
+	assert_true(tu_wait_active(e->trk, "A", 2, 60000));
+	n1 = rss_kib(e->node.pid);
+	p1 = rss_kib(e->publisher.pid);
+	fprintf(stderr, "# %d unsolicited %d-byte untagged sends each (%ld KiB): node RSS %ld -> "
+		"%ld KiB, publisher RSS %ld -> %ld KiB (bound +%ld KiB)\n",
+		UNTAGGED_MSGS, FLOOD_BYTES, (long)UNTAGGED_MSGS * FLOOD_BYTES / 1024, n0, n1, p0,
+		p1, UNTAGGED_BOUND_KIB);
+	assert_true(n0 > 0 && p0 > 0);
+	assert_true(n1 - n0 < UNTAGGED_BOUND_KIB);
+	assert_true(p1 - p0 < UNTAGGED_BOUND_KIB);
+
+	/* Silent connections to both fabric ports: each process closes them
+	 * (the handshake deadline, TESSERA_FAB_PENDING_MAX before it) and
+	 * gives their descriptors back, and goes on serving. */
+	for (int i = 0; i < 2; i++)
+		d0[i] = fd_count(pid[i]);
+	connect_silent(node_hex, fds[0]);
+	connect_silent(pub_hex, fds[1]);
+	end = proto_now_ns() + 120000ull * 1000000u;
+	while ((closed[0] < SILENT_CONNS || closed[1] < SILENT_CONNS) && proto_now_ns() < end) {
+		for (int i = 0; i < 2; i++) {
+			closed[i] = count_closed(fds[i], SILENT_CONNS);
+			peak[i] = PROTO_MAX(peak[i], fd_count(pid[i]) - d0[i]);
+		}
+		usleep(50000);
+	}
+	tu_control_export(e->sock, 3);
+	assert_true(tu_wait_active(e->trk, "A", 3, 60000));
+	for (int i = 0; i < 2; i++)
+		d1[i] = fd_count(pid[i]) - d0[i];
+	fprintf(stderr, "# %d silent connections to each fabric port: node closed %d (at most %+d "
+		"descriptors, %+d after), publisher closed %d (at most %+d, %+d after)\n",
+		SILENT_CONNS, closed[0], peak[0], d1[0], closed[1], peak[1], d1[1]);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(closed[i], SILENT_CONNS);
+		assert_true(d1[i] < 16);
+	}
+	assert_true(node_proc_alive(&e->node) && node_proc_alive(&e->publisher));
+	int lines = tu_sh("exit $(grep -c 'fabric port' %s/publisher.log)", e->dir);
+	assert_true(lines >= 1 && lines < 100);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_tagged_flood_node_and_publisher, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_untagged_flood_and_silent_connections, setup,
 						teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -83,6 +83,9 @@ struct node_agent_opts {
 	const char *cluster_key;   /* NULL: unsigned requests */
 	const char *tls_ca;        /* CA file for an https:// tracker (NULL: system's) */
 	const char *provider;      /* NULL: tcp;ofi_rxm */
+	/* The interface the fabric endpoints bind (--fabric-iface); NULL: the
+	 * one the route to the tracker leaves from (node/base/fabiface.h). */
+	const char *fabric_iface;
 	const char *store;         /* "host", "cuda" or "auto" (NULL) */
 	unsigned store_index;      /* the rank's place in its process (node_store_spread) */
 	const char *expose_dir;    /* NULL: no activation records */

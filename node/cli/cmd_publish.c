@@ -24,7 +24,8 @@ static void publish_usage(FILE *f)
 		"                       (--synthetic-mb N [--seed S] | --model-dir DIR |\n"
 		"                        --trainer MODEL.json --control PATH)\n"
 		"                       [--layout T.json|fsdpK|tpK] [--ranks LIST]\n"
-		"                       [--provider NAME] [--versions V] [--every MS]\n"
+		"                       [--provider NAME] [--fabric-iface NAME]\n"
+		"                       [--versions V] [--every MS]\n"
 		"                       [--anchor-every K]\n"
 		"                       [--control PATH] [--config FILE]\n"
 		"                       [--tls-ca FILE]\n"
@@ -67,6 +68,9 @@ static void publish_usage(FILE *f)
 		"                         offer them.\n"
 		"      --provider NAME    libfabric provider (default tcp;ofi_rxm; shm on\n"
 		"                         one host)\n"
+		"      --fabric-iface NAME  the network interface the fabric endpoints\n"
+		"                         bind (default: the one the route to the\n"
+		"                         tracker leaves from)\n"
 		"\n"
 		"Triggers (without any: one version, then serve until stopped):\n"
 		"      --versions V       publish V versions, each once the previous one\n"
@@ -328,6 +332,7 @@ int node_cmd_publish(int argc, char **argv)
 		{"layout", required_argument, NULL, 'l'},
 		{"ranks", required_argument, NULL, 'r'},
 		{"provider", required_argument, NULL, 'p'},
+		{"fabric-iface", required_argument, NULL, 'i'},
 		{"versions", required_argument, NULL, 'V'},
 		{"every", required_argument, NULL, 'e'},
 		{"anchor-every", required_argument, NULL, 'A'},
@@ -401,6 +406,9 @@ int node_cmd_publish(int argc, char **argv)
 			break;
 		case 'p':
 			po.provider = optarg;
+			break;
+		case 'i':
+			po.fabric_iface = optarg;
 			break;
 		case 'V':
 			if (proto_parse_u64(optarg, 0, 1000000000, &a.versions) != 0) {

@@ -10,6 +10,7 @@
 
 #include "fabric/fab.h"
 #include "node/host/beat.h"
+#include "node/base/fabiface.h"
 #include "node/base/fabloop.h"
 #include "proto/proto.h"
 #include "tracker/tracker.h"
@@ -81,14 +82,15 @@ static void on_chain_lost(void *arg, const char *why)
 /* Have-pages get an endpoint of their own where connections queue (rxm:
  * a read's answer waits behind every answer before it on the connection,
  * node/fetch/pace.c); without one they share the chunk reads'. */
-static int open_have_endpoint(struct node_host *h, const struct node_agent_opts *o)
+static int open_have_endpoint(struct node_host *h, const struct node_agent_opts *o,
+			      const char *bind)
 {
 	struct proto_err herr;
 
 	if (proto_param(PROTO_PARAM_HAVE_SAME_ENDPOINT) != 0 || proto_param(PROTO_PARAM_FANOUT) == 0 ||
 	    strstr(fab_provider(h->shared.fab), "ofi_rxm") == NULL)
 		return 0;
-	if (fab_open(o->provider, NULL,
+	if (fab_open(o->provider, bind,
 		     &(struct fab_opts){.sink = FAB_SINK_DEFAULT, .flags = FAB_F_PREWARM},
 		     &h->shared.hfab, &herr) != 0) {
 		LOG_WARN("node: no endpoint of their own for have-pages (%s): they share the "
@@ -112,6 +114,7 @@ static int open_shared(struct node_host *h, const struct node_agent_opts *o,
 		       struct proto_err *err)
 {
 	uint8_t ckey[PROTO_CLUSTER_KEY_BYTES];
+	struct node_fabiface fi;
 	int rc = 0;
 
 	if (o->cluster_key != NULL && (rc = proto_key_load_cluster(o->cluster_key, ckey, err)) != 0)
@@ -131,7 +134,11 @@ static int open_shared(struct node_host *h, const struct node_agent_opts *o,
 	/* A node takes no messages: drop strangers'. A GPU store registers
 	 * device memory where the provider can (FI_HMEM). */
 	bool gpu = o->store != NULL && strncmp(o->store, "cuda", 4) == 0;
-	rc = fab_open(o->provider, NULL,
+	rc = node_fabiface_pick(o->provider ? o->provider : FAB_PROVIDER_DEFAULT, o->fabric_iface,
+				o->tracker_url, &fi, err);
+	if (rc != 0)
+		return rc;
+	rc = fab_open(o->provider, fi.addr[0] ? fi.addr : NULL,
 		      &(struct fab_opts){.sink = FAB_SINK_DEFAULT, .flags = FAB_F_PREWARM | (gpu ? FAB_F_HMEM_CUDA : 0)},
 		      &h->shared.fab, err);
 	if (rc != 0)
@@ -144,7 +151,7 @@ static int open_shared(struct node_host *h, const struct node_agent_opts *o,
 	h->shared.fl = node_fabloop_new(h->base, h->shared.fab, 1000);
 	if (h->shared.fl == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
-	return open_have_endpoint(h, o);
+	return open_have_endpoint(h, o, fi.addr[0] ? fi.addr : NULL);
 }
 
 /* The ranks of one replica share one layout (by digest: a layout file and

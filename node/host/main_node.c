@@ -20,7 +20,7 @@ static void usage(FILE *f)
 		"usage: tessera-node --tracker URL --replica ID --rank R --layout L\n"
 		"                    --model M.json --trainer-pubkey FILE [--cluster-key FILE]\n"
 		"                    [--tls-ca FILE]\n"
-		"                    [--provider NAME] [--store host|cuda[:DEV]|auto] [--expose DIR]\n"
+		"                    [--provider NAME] [--fabric-iface NAME] [--store host|cuda[:DEV]|auto] [--expose DIR]\n"
 		"                    [--attach SOCK [--attach-mode MODE] [--attach-group GROUP]]\n"
 		"                    [--install double|in-place]\n"
 		"                    [--host NAME] [--config FILE] [--log-format text|json]\n"
@@ -59,6 +59,9 @@ static void usage(FILE *f)
 		"      --tls-ca FILE          verify an https:// tracker against these PEM\n"
 		"                             CA certificates (default: the system's)\n"
 		"      --provider NAME        libfabric provider (default tcp;ofi_rxm)\n"
+		"      --fabric-iface NAME    the network interface the fabric endpoint\n"
+		"                             binds (default: the one the route to the\n"
+		"                             tracker leaves from; logged at info)\n"
 		"      --store KIND           where the weights live: host memory, cuda\n"
 		"                             (GPU 0; cuda:N for device N) or auto (cuda\n"
 		"                             when a GPU is usable)\n"
@@ -196,6 +199,7 @@ int main(int argc, char **argv)
 		{"cluster-key", required_argument, NULL, 'c'},
 		{"tls-ca", required_argument, NULL, 'T'},
 		{"provider", required_argument, NULL, 'P'},
+		{"fabric-iface", required_argument, NULL, 'F'},
 		{"store", required_argument, NULL, 's'},
 		{"expose", required_argument, NULL, 'e'},
 		{"attach", required_argument, NULL, 'A'},
@@ -252,6 +256,7 @@ int main(int argc, char **argv)
 		case 'c': o.cluster_key = optarg; break;
 		case 'T': o.tls_ca = optarg; break;
 		case 'P': o.provider = optarg; break;
+		case 'F': o.fabric_iface = optarg; break;
 		case 's': o.store = optarg; break;
 		case 'e': o.expose_dir = optarg; break;
 		case 'A': o.attach_path = optarg; break;

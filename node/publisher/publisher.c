@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <event2/event.h>
-#include <event2/http.h>
 #include <sodium.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -16,6 +15,7 @@
 #include <unistd.h>
 
 #include "fabric/fab.h"
+#include "node/base/fabiface.h"
 #include "node/base/fabloop.h"
 #include "node/publisher/pub_internal.h"
 #include "proto/delta.h"
@@ -298,18 +298,6 @@ static void on_kick(evutil_socket_t fd, short what, void *arg)
 
 /* ---- public face ------------------------------------------------------------------ */
 
-static bool loopback_url(const char *url)
-{
-	struct evhttp_uri *u = evhttp_uri_parse(url);
-	const char *h = u ? evhttp_uri_get_host(u) : NULL;
-	bool lo = h != NULL && (strncmp(h, "127.", 4) == 0 || strcmp(h, "localhost") == 0 ||
-				strcmp(h, "[::1]") == 0 || strcmp(h, "::1") == 0);
-
-	if (u != NULL)
-		evhttp_uri_free(u);
-	return lo;
-}
-
 /* The trainer layout: a file or a built-in (fsdpN, tpN). */
 static int load_trainer_layout(struct node_pub *p, const char *name, struct proto_err *err)
 {
@@ -329,10 +317,14 @@ static int open_hosted(struct node_pub *p, const struct node_pub_opts *o, struct
 {
 	const char *prov = o->provider ? o->provider : FAB_PROVIDER_DEFAULT;
 	const char *bind = o->bind;
+	struct node_fabiface fi;
 	int rc;
 
-	if (bind == NULL && strstr(prov, "tcp") != NULL && loopback_url(o->tracker_url))
-		bind = "127.0.0.1";
+	if (bind == NULL) {
+		if ((rc = node_fabiface_pick(prov, o->fabric_iface, o->tracker_url, &fi, err)) != 0)
+			return rc;
+		bind = fi.addr[0] ? fi.addr : NULL;
+	}
 	for (size_t i = 0; i < p->nhosted; i++) {
 		struct pub_hosted *h = &p->hosted[i];
 		uint8_t addr[FAB_ADDR_MAX];

@@ -67,9 +67,11 @@ struct node_pub_opts {
 	const uint32_t *ranks; /* hosted ranks; NULL (nranks 0) = all */
 	size_t nranks;
 	const char *provider; /* NULL: FAB_PROVIDER_DEFAULT */
-	/* Local fabric address; NULL: "127.0.0.1" for a tcp provider when the
-	 * tracker is on loopback, else the provider's choice. */
+	/* Local fabric address; NULL: the first address of fabric_iface when
+	 * set, else the one the route to the tracker leaves from
+	 * (node/base/fabiface.h). */
 	const char *bind;
+	const char *fabric_iface; /* --fabric-iface */
 	const char *host; /* host name to register; NULL: gethostname() */
 	/* An anchor every this many versions, deltas in between (1: anchors
 	 * only); 0: TESSERA_ANCHOR_EVERY. Deltas need every trainer rank
