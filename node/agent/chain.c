@@ -120,7 +120,16 @@ static void rank_bytes(const struct node_agent *a, const struct proto_mlayout *m
 static void next_step(struct node_agent *a)
 {
 	struct agent_chain *c = a->chain;
+	uint64_t hold = proto_param(PROTO_PARAM_TEST_CHAIN_HOLD);
 
+	if (c->next == 0 && hold != 0 && a->seen < hold) { /* agent_chain_check goes on */
+		if (!c->held)
+			LOG_INFO("node %s: test hold: the chain's first step waits for v%" PRIu64,
+				 a->node_id, hold);
+		c->held = true;
+		return;
+	}
+	c->held = false;
 	agent_version_start(a, c->steps[c->next++]);
 }
 
@@ -355,6 +364,14 @@ int agent_chain_begin(struct node_agent *a)
 	}
 	a->chain_asking = true;
 	return 0;
+}
+
+void agent_chain_check(struct node_agent *a)
+{
+	struct agent_chain *c = a->chain;
+
+	if (c != NULL && c->held)
+		next_step(a); /* the test hold ends once its version is heard of */
 }
 
 bool agent_chain_step_done(struct node_agent *a)

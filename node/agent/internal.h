@@ -123,6 +123,7 @@ struct agent_chain {
 	struct trk_version_info *vi;     /* the tracker's versions */
 	size_t nvi;
 	uint64_t latest; /* the tracker's latest version, as listed */
+	bool held;       /* TESSERA_TEST_CHAIN_HOLD: the first step waits */
 };
 
 struct node_agent {
@@ -330,6 +331,9 @@ bool agent_chain_step_done(struct node_agent *a);
 /* The parent slot of a delta while replaying a chain (NULL: none) and its
  * digest. */
 struct node_slot *agent_chain_parent(const struct node_agent *a, const uint8_t **digest);
+/* A version was published: a chain held for it (TESSERA_TEST_CHAIN_HOLD)
+ * goes on. */
+void agent_chain_check(struct node_agent *a);
 /* Ends the chain (after the version building on its slot was freed);
  * failed: the target is not replayed again. NULL chain is fine. */
 void agent_chain_end(struct node_agent *a, bool failed);

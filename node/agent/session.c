@@ -211,6 +211,7 @@ static void on_watch(const struct trk_answer *ans, void *arg)
 		node_wait_over(&a->wait, "version");
 	/* A new version may move the replica's target: ask now. */
 	agent_sync_now(a);
+	agent_chain_check(a);
 	start_watch(a);
 }
 
