@@ -263,6 +263,10 @@
 	 * of its delta flipped after its hashes verified (0: none), so that \
 	 * tests can see the replay fail and fall back to an anchor. */ \
 	X(TEST_CORRUPT_CHAIN, "TESSERA_TEST_CORRUPT_CHAIN", 0, "test only: damage this version's delta in a chain replay") \
+	/* Test only: a chain replay's first step starts only once the node \
+	 * has heard of this version (0: at once), so that a test can publish \
+	 * versions while a replay is under way. */ \
+	X(TEST_CHAIN_HOLD, "TESSERA_TEST_CHAIN_HOLD", 0, "test only: a chain replay's first step waits until this version is published") \
 	/* CUDA store: verified chunks are staged in a ring of pinned host \
 	 * entries of this many bytes (a chunk and its span table fit in one) \
 	 * and copied to the device while the next ones arrive. */ \

@@ -7,10 +7,12 @@
  * serving its previous version meanwhile; a node restarted between deltas,
  * a node that missed versions and a late replica replay the chain (from the
  * anchor, or from the version they hold) to the latest delta, and a chain
- * with a damaged step falls back to an anchor; a late replica for which the
- * version whole is cheaper than the chain reads it from the replica that
- * holds it (a signed raw copy's hashes), as does one with no chain to
- * replay, and one whose only holder lies falls back to the chain. The
+ * with a damaged step falls back to an anchor, and one whose steps a newer
+ * anchor withdraws while it replays moves on to that anchor; a late
+ * replica for which the version whole is cheaper than the chain reads it
+ * from the replica that holds it (a signed raw copy's hashes), as does one
+ * with no chain to replay, and one whose only holder lies falls back to
+ * the chain. The
  * models are `tessera synth` outputs: RL-like steps where ~1.7 % of the
  * BF16 elements change. */
 #include <errno.h>
@@ -166,11 +168,15 @@ struct env {
 		pub[512];
 	struct node_proc tracker, node, publisher;
 	struct node_proc late; /* replica B, when a test starts it */
+	struct node_proc peer; /* replica C (tp2), when the setup starts it */
 	struct trk_client *trk;
 	struct proto_ckpt ck; /* v0, for the model */
-	struct proto_layout tp1;
+	struct proto_layout tp1, tp2; /* tp2: when the setup starts replica C */
 	int nodes_started;
 };
+
+/* The publisher's --anchor-every (a setup may change it). */
+static char anchor_every[8] = "10";
 
 static void start_publisher(struct env *e)
 {
@@ -179,7 +185,7 @@ static void start_publisher(struct env *e)
 	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
 	unlink(e->sock);
 	char *argv[] = {bin, "publish", "--tracker", e->url, "--key", e->key, "--model-dir", e->mdir,
-			"--layout", "fsdp2", "--control", e->sock, "--anchor-every", "10", NULL};
+			"--layout", "fsdp2", "--control", e->sock, "--anchor-every", anchor_every, NULL};
 	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", argv, log), 0);
 }
 
@@ -189,21 +195,34 @@ static void attach_path(const struct env *e, const char *rep, char *out, size_t 
 	snprintf(out, n, "%s/%s0.sock", e->dir, rep);
 }
 
+/* The ranks `ranks` ("0-1") of replica `replica` in layout `layout`, in
+ * one process, each with its attach socket in the test's directory; NULL
+ * ranks: rank 0 alone, its socket at attach_path. */
+static void start_node_ranks(struct env *e, struct node_proc *proc, const char *replica,
+			     const char *layout, const char *ranks)
+{
+	char bin[512], log[600], rep[64], att[600], lay[32], rk[16];
+	tu_bin(bin, sizeof(bin), "tessera-node");
+	snprintf(log, sizeof(log), "%s/node-%d.log", e->dir, e->nodes_started++);
+	snprintf(rep, sizeof(rep), "%s", replica);
+	snprintf(lay, sizeof(lay), "%s", layout);
+	snprintf(rk, sizeof(rk), "%s", ranks != NULL ? ranks : "0");
+	if (ranks != NULL)
+		snprintf(att, sizeof(att), "%s/", e->dir);
+	else
+		attach_path(e, replica, att, sizeof(att));
+	char *argv[] = {bin, "--tracker", e->url, "--replica", rep, ranks != NULL ? "--ranks" : "--rank",
+			rk, "--layout", lay, "--model", e->model, "--trainer-pubkey", e->pub, "--expose",
+			e->expose, "--store", "host", "--attach", att, NULL};
+	assert_int_equal(node_proc_spawn(proc, "node", argv, log), 0);
+}
+
 /* Rank 0 of replica `replica` in a one-rank layout (tp1 unless a test
  * wants another). */
 static void start_node_in(struct env *e, struct node_proc *proc, const char *replica,
 			  const char *layout)
 {
-	char bin[512], log[600], rep[64], att[600], lay[32];
-	tu_bin(bin, sizeof(bin), "tessera-node");
-	snprintf(log, sizeof(log), "%s/node-%d.log", e->dir, e->nodes_started++);
-	snprintf(rep, sizeof(rep), "%s", replica);
-	snprintf(lay, sizeof(lay), "%s", layout);
-	attach_path(e, replica, att, sizeof(att));
-	char *argv[] = {bin, "--tracker", e->url, "--replica", rep, "--rank", "0", "--layout", lay,
-			"--model", e->model, "--trainer-pubkey", e->pub, "--expose", e->expose,
-			"--store", "host", "--attach", att, NULL};
-	assert_int_equal(node_proc_spawn(proc, "node", argv, log), 0);
+	start_node_ranks(e, proc, replica, layout, NULL);
 }
 
 static void start_node_as(struct env *e, struct node_proc *proc, const char *replica)
@@ -421,6 +440,28 @@ static void check_serving(struct env *e, uint64_t v)
 
 /* env_setup stops after the anchor v1 (the node logging at debug). */
 static bool setup_anchor_only;
+/* env_setup also starts replica C, tp2 (ranks 0-1 in one process), before
+ * the first version, so that every version lists its layout. */
+static bool setup_tp2;
+
+/* Waits until the tracker lists n live ranks of replica rep. */
+static bool wait_alive(struct env *e, const char *rep, size_t n, int ms)
+{
+	char path[128];
+
+	snprintf(path, sizeof(path), TRK_API "/replicas/%s", rep);
+	for (int w = 0; w < ms; w += 50) {
+		json_t *j = tu_get_json(e->trk, path), *r;
+		size_t i, alive = 0;
+		json_array_foreach(j != NULL ? json_object_get(j, "ranks") : NULL, i, r)
+			alive += json_is_true(json_object_get(r, "alive"));
+		json_decref(j);
+		if (alive == n)
+			return true;
+		usleep(50000);
+	}
+	return false;
+}
 
 static int env_setup(void **state)
 {
@@ -432,7 +473,9 @@ static int env_setup(void **state)
 	if (e == NULL)
 		return 1;
 	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
-	setenv("TESSERA_LEASE_MS", "2000", 1);
+	/* (A replica stopped for a while keeps its lease where a test
+	 * starts one of tp2.) */
+	setenv("TESSERA_LEASE_MS", setup_tp2 ? "30000" : "2000", 1);
 	/* The node's rebuild lines (and, after an anchor only, when its
 	 * slot's checksums are summed). */
 	setenv("TESSERA_LOG", setup_anchor_only ? "debug" : "info", 1);
@@ -453,7 +496,15 @@ static int env_setup(void **state)
 	tu_start_tracker(&e->tracker, e->dir, state_dir, e->pub, e->url, sizeof(e->url));
 	assert_int_equal(trk_client_new(NULL, e->url, NULL, &e->trk, &err), 0);
 	start_node(e);
+	if (setup_tp2) {
+		assert_int_equal(proto_layout_builtin(&e->ck.model, "tp2", &e->tp2, &err), 0);
+		start_node_ranks(e, &e->peer, "C", "tp2", "0-1");
+	}
 	start_publisher(e);
+	/* Nodes register once the publisher has; v1 lists the layouts of
+	 * those registered when it is exported. */
+	if (setup_tp2)
+		assert_true(wait_alive(e, "A", 1, 30000) && wait_alive(e, "C", 2, 30000));
 	/* v1 is an anchor, v2 a delta the node rebuilds. */
 	export_one(e, 1, "anchor");
 	assert_true(tu_wait_active(e->trk, "A", 1, 60000));
@@ -473,10 +524,12 @@ static int env_teardown(void **state)
 	struct env *e = *state;
 	node_proc_stop(&e->publisher, 5000);
 	node_proc_stop(&e->late, 5000);
+	node_proc_stop(&e->peer, 5000);
 	node_proc_stop(&e->node, 5000);
 	trk_client_free(e->trk);
 	node_proc_stop(&e->tracker, 5000);
 	proto_layout_fini(&e->tp1);
+	proto_layout_fini(&e->tp2);
 	proto_ckpt_fini(&e->ck);
 	if (e->dir[0] != 0 && getenv("TESSERA_TEST_KEEP") == NULL)
 		tu_rmtree(e->dir);
@@ -489,7 +542,10 @@ static int env_teardown(void **state)
 	unsetenv("TESSERA_DELTA_SCRUB");
 	unsetenv("TESSERA_TEST_CATCHUP_HOLD");
 	unsetenv("TESSERA_TEST_STANDBY_BUSY");
+	unsetenv("TESSERA_PUB_RETAIN");
 	setup_anchor_only = false;
+	setup_tp2 = false;
+	snprintf(anchor_every, sizeof(anchor_every), "10");
 	free(e);
 	return 0;
 }
@@ -839,6 +895,85 @@ static void test_chain_corrupt(void **state)
 	check_serving_of(e, "B", 4);
 	assert_true(tu_wait_active(e->trk, "A", 4, 60000));
 	check_serving(e, 4);
+}
+
+/* Waits until the tracker lists version v as dropped (no live publisher
+ * offers it). */
+static bool wait_dropped(struct env *e, uint64_t v, int ms)
+{
+	for (int w = 0; w < ms; w += 50) {
+		json_t *j = tu_get_json(e->trk, TRK_API "/versions"), *x;
+		size_t i;
+		bool dropped = false;
+		json_array_foreach(j != NULL ? json_object_get(j, "versions") : NULL, i, x)
+			dropped |= json_integer_value(json_object_get(x, "version")) == (json_int_t)v &&
+				   json_is_true(json_object_get(x, "dropped"));
+		json_decref(j);
+		if (dropped)
+			return true;
+		usleep(50000);
+	}
+	return false;
+}
+
+/* Anchors every 5 versions (v1, v6), the publisher serving at most 2
+ * versions besides the latest's chain (TESSERA_PUB_RETAIN), replicas A
+ * (tp1) and C (tp2) from the start. A late tp2 replica B (two ranks, one
+ * process) may not fetch a version whole (TESSERA_CHAIN_FULL=0): it plans
+ * the chain to v5 (the anchor v1, then 4 deltas) and its first step waits
+ * for v6 (TESSERA_TEST_CHAIN_HOLD=6). B is stopped while the anchor v6 is
+ * published: v1..v4 are then out of the latest's chain and no replica's
+ * target, and the publisher withdraws them; B goes on only then, so that
+ * the step it starts has no source left. B finds its chain withdrawn,
+ * plans v5 again, refuses it without asking for an anchor (v6 is one) and
+ * moves on with its replica: it activates v6, then v7 by delta,
+ * bit-exact. The time from B's going on to B active on v6 is printed. */
+static void test_chain_withdrawn(void **state)
+{
+	struct env *e = *state;
+
+	for (uint64_t v = 3; v <= 5; v++)
+		export_one(e, v, "delta");
+	assert_true(tu_wait_active(e->trk, "C", 5, 60000));
+	setenv("TESSERA_CHAIN_FULL", "0", 1);
+	setenv("TESSERA_TEST_CHAIN_HOLD", "6", 1);
+	start_node_ranks(e, &e->late, "B", "tp2", "0-1");
+	unsetenv("TESSERA_CHAIN_FULL");
+	unsetenv("TESSERA_TEST_CHAIN_HOLD");
+	for (int w = 0; w < 30000 && file_count(e->late.log, "the chain's first step waits") < 2;
+	     w += 50)
+		usleep(50000);
+	assert_int_equal(file_count(e->late.log, "replaying the chain to v5: the anchor v1, then 4 "
+						 "deltas"),
+			 2);
+	assert_int_equal(kill(e->late.pid, SIGSTOP), 0);
+	export_one(e, 6, "anchor");
+	bool dropped = wait_dropped(e, 1, 30000);
+	assert_int_equal(kill(e->late.pid, SIGCONT), 0);
+	assert_true(dropped);
+	uint64_t t0 = proto_wall_ms();
+	assert_true(tu_wait_active(e->trk, "B", 6, 60000));
+	uint64_t recovered = proto_wall_ms() - t0;
+	assert_true(file_has(e->late.log, "v1 of the chain to v5 is withdrawn"));
+	assert_true(file_has(e->late.log, "the anchor v6 is out: the replica moves on"));
+	assert_false(file_has(e->late.log, "asking for an anchor"));
+	check_serving_in(e, "B", &e->tp2, 6);
+	export_one(e, 7, "delta");
+	assert_true(tu_wait_active(e->trk, "B", 7, 60000));
+	assert_true(replica_how(e, "B", "delta"));
+	check_serving_in(e, "B", &e->tp2, 7);
+	assert_true(tu_wait_active(e->trk, "C", 7, 60000));
+	check_serving_in(e, "C", &e->tp2, 7);
+	print_message("late replica B: active on the anchor v6 %llu ms after it went on\n",
+		      (unsigned long long)recovered);
+}
+
+static int env_setup_withdrawn(void **state)
+{
+	setenv("TESSERA_PUB_RETAIN", "2", 1);
+	snprintf(anchor_every, sizeof(anchor_every), "5");
+	setup_tp2 = true;
+	return env_setup(state);
 }
 
 /* A publisher restarted without its parent export publishes an anchor. */
@@ -1206,6 +1341,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_full_liar, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_full_no_chain, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_chain_corrupt, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_chain_withdrawn, env_setup_withdrawn, env_teardown),
 		cmocka_unit_test_setup_teardown(test_standby_waits_for_peers, env_setup_busy,
 						env_teardown),
 		cmocka_unit_test_setup_teardown(test_standby_never_made, env_setup_busy_long,

@@ -45,16 +45,37 @@ void agent_chain_end(struct node_agent *a, bool failed)
 	chain_free(c);
 }
 
+/* An anchor newer than the target that the tracker lists as served (0:
+ * none, or the versions are not known). */
+static uint64_t newer_anchor(const struct agent_chain *c)
+{
+	uint64_t v = 0;
+
+	for (size_t k = 0; k < c->nvi; k++)
+		if (c->vi[k].version > c->target && c->vi[k].kind == PROTO_KIND_ANCHOR &&
+		    !c->vi[k].dropped)
+			v = PROTO_MAX(v, c->vi[k].version);
+	return v;
+}
+
 /* No chain to replay: the node keeps serving what it has and asks for an
- * anchor, as it would without a chain (the version is already dropped). */
+ * anchor, as it would without a chain (the version is already dropped);
+ * when a newer anchor is out, the replica moves on to a newer version
+ * instead (the tracker picks its target again once this rank refused it). */
 static void no_replay(struct node_agent *a, const char *msg)
 {
 	struct agent_chain *c = a->chain;
+	uint64_t anchor = newer_anchor(c);
 
-	LOG_WARN("node %s: v%" PRIu64 " refused: no chain to replay: %s; falling back to a full "
-		 "fetch: asking for an anchor",
-		 a->node_id, c->target, msg);
-	a->need_anchor = true;
+	if (anchor != 0)
+		LOG_WARN("node %s: v%" PRIu64 " refused: no chain to replay: %s; the anchor v%" PRIu64
+			 " is out: the replica moves on to a newer version",
+			 a->node_id, c->target, msg, anchor);
+	else
+		LOG_WARN("node %s: v%" PRIu64 " refused: no chain to replay: %s; falling back to a full "
+			 "fetch: asking for an anchor",
+			 a->node_id, c->target, msg);
+	a->need_anchor |= anchor == 0;
 	proto_metrics_add(a->am.m, a->am.delta_refused, 1);
 	a->failed = c->target;
 	a->failed_ms = node_now_ms();
@@ -120,11 +141,41 @@ static void rank_bytes(const struct node_agent *a, const struct proto_mlayout *m
 static void next_step(struct node_agent *a)
 {
 	struct agent_chain *c = a->chain;
+	uint64_t hold = proto_param(PROTO_PARAM_TEST_CHAIN_HOLD);
 
+	if (c->next == 0 && hold != 0 && a->seen < hold) { /* agent_chain_check goes on */
+		if (!c->held)
+			LOG_INFO("node %s: test hold: the chain's first step waits for v%" PRIu64,
+				 a->node_id, hold);
+		c->held = true;
+		return;
+	}
+	c->held = false;
 	agent_version_start(a, c->steps[c->next++]);
 }
 
 static void choose(struct node_agent *a, bool full, size_t holders);
+
+/* Whether the tracker lists a chain step (vi, NULL: not listed) as still
+ * served in our layout: retained (publishers withdraw the others), offered,
+ * and kept in every layout or in ours. */
+static bool step_served(const struct node_agent *a, const struct trk_version_info *vi)
+{
+	bool ours = vi != NULL && (vi->chain || vi->all_layouts);
+
+	for (uint32_t k = 0; vi != NULL && k < vi->nlayouts && !ours; k++)
+		ours = sodium_memcmp(vi->layouts[k], a->layout.digest, PROTO_HASH_BYTES) == 0;
+	return ours && vi->retain && !vi->dropped;
+}
+
+static const struct trk_version_info *find_vi(const struct trk_version_info *vi, size_t n,
+					      uint64_t v)
+{
+	for (size_t k = 0; k < n; k++)
+		if (vi[k].version == v)
+			return &vi[k];
+	return NULL;
+}
 
 /* The walk reached an anchor or the active version: the chain is there
  * when the tracker still lists every step as served. */
@@ -140,19 +191,16 @@ static void plan_done(struct node_agent *a)
 	}
 	for (uint32_t i = 0; i < c->nsteps; i++) {
 		uint64_t v = c->walked[c->nsteps - 1 - i];
-		const struct trk_version_info *vi = NULL;
 		c->steps[i] = v;
 		c->wire += c->walked_wire[c->nsteps - 1 - i];
-		for (size_t k = 0; k < c->nvi; k++)
-			if (c->vi[k].version == v)
-				vi = &c->vi[k];
-		if (v != c->target && (vi == NULL || !vi->retain || vi->dropped)) {
+		if (v != c->target && !step_served(a, find_vi(c->vi, c->nvi, v))) {
 			plan_fail(a, "v%" PRIu64 " of the chain is no longer served", v);
 			return;
 		}
 	}
 	free(c->vi);
 	c->vi = NULL;
+	c->nvi = 0;
 	c->planning = false;
 	/* The whole version is worth asking about only when it is cheaper. */
 	if (c->target_raw < c->wire && ask_whole(a))
@@ -333,6 +381,7 @@ int agent_chain_begin(struct node_agent *a)
 		return -1;
 	}
 	c->target = f->version;
+	c->id = ++a->chain_ids;
 	c->planning = true;
 	rank_bytes(a, f->ml, &c->target_wire, &c->target_raw);
 	c->walked[0] = f->version;
@@ -355,6 +404,82 @@ int agent_chain_begin(struct node_agent *a)
 	}
 	a->chain_asking = true;
 	return 0;
+}
+
+/* ---- a step withdrawn while the replay runs ----------------------------------- */
+
+/* The first step still to build: the one under way (or held), and those
+ * after it. */
+static uint32_t first_needed(const struct agent_chain *c)
+{
+	return c->next > 0 ? c->next - 1 : 0;
+}
+
+/* The tracker's versions from the first step still to build: one of the
+ * steps before the target that it no longer lists as served cannot come
+ * (its publisher withdraws it; no peer holds a version older than the one
+ * it serves), and the chain to the target is the only one (each delta
+ * names its parent): the target is planned again from the start, which
+ * fetches it whole when it is the latest and replicas hold it, else
+ * refuses it, and the replica moves on (to the newer anchor that withdrew
+ * the chain), or an anchor is asked for. */
+static void on_check(const struct trk_answer *ans, void *arg)
+{
+	struct node_agent *a = arg;
+	struct agent_chain *c = a->chain;
+	struct trk_version_info *vi = NULL;
+	struct proto_err err;
+	uint64_t latest, gone = 0, target;
+	size_t n = 0;
+
+	if (c == NULL || c->id != a->chain_check) {
+		a->chain_check = 0;
+		return; /* that replay is over */
+	}
+	a->chain_check = 0;
+	if (ans->status != 200 || trk_versions_parse(ans->json, &latest, &vi, &n, &err) != 0) {
+		LOG_DEBUG("node %s: the chain's steps: %s", a->node_id,
+			  ans->status == 200 ? err.msg : ans->error);
+		return;
+	}
+	for (uint32_t i = first_needed(c); i + 1 < c->nsteps && gone == 0; i++)
+		if (!step_served(a, find_vi(vi, n, c->steps[i])))
+			gone = c->steps[i];
+	free(vi);
+	if (gone == 0)
+		return;
+	target = c->target;
+	LOG_WARN("node %s: v%" PRIu64 " of the chain to v%" PRIu64 " is withdrawn (the tracker no "
+		 "longer lists it as served; the latest is v%" PRIu64 "): planning v%" PRIu64 " again",
+		 a->node_id, gone, target, latest, target);
+	agent_version_drop(a); /* first: no worker reads the chain's slot then */
+	agent_chain_end(a, false);
+	agent_version_start(a, target);
+}
+
+void agent_chain_check(struct node_agent *a)
+{
+	struct agent_chain *c = a->chain;
+
+	/* Not while planning, nor while the holders of the whole are asked. */
+	if (c == NULL || c->planning || a->chain_asking || a->chain_check != 0)
+		return;
+	if (c->held)
+		next_step(a); /* the test hold ends once its version is heard of */
+	if (a->chain != c)
+		return;
+	c->checked_ms = node_now_ms();
+	if (trk_client_watch(a->trk, c->steps[first_needed(c)] - 1, 0, on_check, a) == 0)
+		a->chain_check = c->id;
+}
+
+void agent_chain_sourceless(struct node_agent *a)
+{
+	const struct agent_chain *c = a->chain;
+
+	if (c != NULL && !c->planning && a->fx.nosrc_said &&
+	    node_now_ms() - c->checked_ms >= CHAIN_CHECK_MS)
+		agent_chain_check(a);
 }
 
 bool agent_chain_step_done(struct node_agent *a)

@@ -47,6 +47,7 @@
 #define REPLICA_POLL_MIN_MS 10 /* ... and at first (a quarter of the wait so far) */
 #define SYNC_MS 200         /* asking the tracker for the replica's target */
 #define FAILED_RETRY_MS 2000 /* a version we gave up on is tried again after */
+#define CHAIN_CHECK_MS 2000  /* a chain step without a source asks if it is withdrawn */
 
 /*
  * A version's stages on this rank. One function moves a version between
@@ -123,6 +124,9 @@ struct agent_chain {
 	struct trk_version_info *vi;     /* the tracker's versions */
 	size_t nvi;
 	uint64_t latest; /* the tracker's latest version, as listed */
+	uint64_t id;     /* a->chain_ids when planned: a check's answer is its own */
+	uint64_t checked_ms; /* when its steps were last checked (agent_chain_check) */
+	bool held;       /* TESSERA_TEST_CHAIN_HOLD: the first step waits */
 };
 
 struct node_agent {
@@ -218,6 +222,9 @@ struct node_agent {
 	struct agent_chain *chain;
 	bool chain_asking;
 	uint64_t chain_failed_v;
+	/* Chains planned so far, and the one whose steps' check is on its
+	 * way (0: none). */
+	uint64_t chain_ids, chain_check;
 	/* The delta version the planner chose to fetch whole (0: none), and
 	 * one whose whole fetch failed (the chain is taken for it then). */
 	uint64_t full_v, full_failed_v;
@@ -330,6 +337,14 @@ bool agent_chain_step_done(struct node_agent *a);
 /* The parent slot of a delta while replaying a chain (NULL: none) and its
  * digest. */
 struct node_slot *agent_chain_parent(const struct node_agent *a, const uint8_t **digest);
+/* Asks the tracker whether the steps the replay still needs are served
+ * (a version was published, or a step waits with no source): one that is
+ * withdrawn makes the target planned again. Cannot fail (a request not
+ * sent is tried at the next occasion). */
+void agent_chain_check(struct node_agent *a);
+/* The tick: a step that has waited with no source (said by the fetcher)
+ * has the steps checked, once every CHAIN_CHECK_MS at most. */
+void agent_chain_sourceless(struct node_agent *a);
 /* Ends the chain (after the version building on its slot was freed);
  * failed: the target is not replayed again. NULL chain is fine. */
 void agent_chain_end(struct node_agent *a, bool failed);

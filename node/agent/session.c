@@ -209,8 +209,10 @@ static void on_watch(const struct trk_answer *ans, void *arg)
 			       "a first version (registered; the tracker has none yet)");
 	else
 		node_wait_over(&a->wait, "version");
-	/* A new version may move the replica's target: ask now. */
+	/* A new version may move the replica's target: ask now; it may
+	 * withdraw the steps of a chain being replayed. */
 	agent_sync_now(a);
+	agent_chain_check(a);
 	start_watch(a);
 }
 

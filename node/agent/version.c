@@ -920,6 +920,7 @@ void agent_on_tick(evutil_socket_t fd, short what, void *arg)
 	if (v == NULL || v->f->parcels == NULL)
 		return;
 	fetch_tick(&a->fx);
+	agent_chain_sourceless(a); /* a step with no source: is it withdrawn? */
 	if (agent_verified_stage(v) && !v->reported_verified) {
 		v->reported_verified = true;
 		agent_report(a, v->version, TRK_STATE_VERIFIED, NULL, agent_on_verified_report);
