@@ -64,14 +64,9 @@ static void fzs_activate(void)
 static void fzs_setup(void)
 {
 	struct proto_err err;
-	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
 
-	signal(SIGPIPE, SIG_IGN);
+	fz_socket_dir("att", fzs.dir, sizeof(fzs.dir), fzs.sock, sizeof(fzs.sock));
 	proto_log_setup("fuzz", PROTO_LOG_ERR);
-	snprintf(fzs.dir, sizeof(fzs.dir), "%s/tessera-fuzz-att-XXXXXX", tmp);
-	if (mkdtemp(fzs.dir) == NULL)
-		abort();
-	snprintf(fzs.sock, sizeof(fzs.sock), "%s/a.sock", fzs.dir);
 	if (proto_fixture_model(64 << 10, &fzs.m, &err) != 0 ||
 	    proto_layout_builtin(&fzs.m, "tp2", &fzs.l, &err) != 0 ||
 	    node_store_open("host", &fzs.store, &err) != 0 || (fzs.base = event_base_new()) == NULL)

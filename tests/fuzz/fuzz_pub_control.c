@@ -145,14 +145,9 @@ static void fzp_cleanup(void)
 static void fzp_setup(void)
 {
 	struct proto_err err;
-	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
 
-	signal(SIGPIPE, SIG_IGN);
+	fz_socket_dir("ctl", fzp.dir, sizeof(fzp.dir), fzp.sock, sizeof(fzp.sock));
 	proto_log_setup("fuzz", PROTO_LOG_ERR);
-	snprintf(fzp.dir, sizeof(fzp.dir), "%s/tessera-fuzz-ctl-XXXXXX", tmp);
-	if (mkdtemp(fzp.dir) == NULL)
-		abort();
-	snprintf(fzp.sock, sizeof(fzp.sock), "%s/c.sock", fzp.dir);
 	if (proto_fixture_model(64 << 10, &fzp.m, &err) != 0 ||
 	    proto_layout_builtin(&fzp.m, "tp2", &fzp.tl, &err) != 0 ||
 	    (fzp.base = event_base_new()) == NULL)

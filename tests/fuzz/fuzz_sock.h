@@ -4,6 +4,9 @@
 #define TESTS_FUZZ_SOCK_H
 
 #include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -38,6 +41,19 @@ static inline bool fz_drain(int fd)
 		if (n < 0)
 			return true;
 	}
+}
+
+/* A fresh directory under $TMPDIR for a target's socket (dir, then its
+ * socket file name in sock); SIGPIPE ignored. Aborts on failure. */
+static inline void fz_socket_dir(const char *tag, char *dir, size_t dcap, char *sock, size_t scap)
+{
+	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+
+	signal(SIGPIPE, SIG_IGN);
+	snprintf(dir, dcap, "%s/tessera-fuzz-%s-XXXXXX", tmp, tag);
+	if (mkdtemp(dir) == NULL)
+		abort();
+	snprintf(sock, scap, "%s/s.sock", dir);
 }
 
 #endif
