@@ -302,12 +302,22 @@ FUZZ_FLAGS = -std=gnu11 -g -O1 -pthread -D_GNU_SOURCE -I. -I$(BLAKE3_DIR) $(PKG_
               -fno-omit-frame-pointer
 FUZZ_SECONDS ?= 60
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
-# fuzz_tracker_* targets link the tracker's sources too.
-TRACKER_SRCS := $(foreach d,$(TRACKER_DIRS),$(call lib_srcs,tracker/$(d)))
-$(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(wildcard proto/*.c proto/*.h tracker/*.h tracker/*/*.c tracker/*/*.h)
+# Fuzz targets link instrumented archives of every library (and of
+# libtessera-client): the linker takes only what a target reaches, and each
+# library is compiled once for all of them.
+FUZZ_LIBDIRS := $(LIBDIRS) node/client
+FUZZ_LIBS := $(foreach d,$(LINK_ORDER) node/client,$(BUILD)/fuzzlib/$(call lib_name,$(d)))
+$(BUILD)/fuzzlib/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(if $(filter fuzz_tracker_%,$*),$(TRACKER_SRCS)) \
-		$(call lib_srcs,proto) $(BLAKE3_DEFS) $(BLAKE3_FILES) $(PKG_LIBS) -lm -o $@
+	$(FUZZ_CC) $(FUZZ_FLAGS) -MMD -MP -c $< -o $@
+$(foreach d,$(FUZZ_LIBDIRS),$(eval $(BUILD)/fuzzlib/$(call lib_name,$(d)): \
+	$(patsubst %.c,$(BUILD)/fuzzlib/obj/%.o,$(call lib_srcs,$(d)))))
+$(BUILD)/fuzzlib/%.a:
+	@rm -f $@
+	ar rcs $@ $^
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard tests/fuzz/*.h) $(FUZZ_LIBS) $(BUILD)/rel/libblake3.a
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_LIBS) $(BUILD)/rel/libblake3.a $(PKG_LIBS) -lm -o $@
 
 # The CUDA store's checks and benchmark (tests/gpu/): one binary linking only
 # the static CUDA runtime, built with everything when nvcc exists, so that a

@@ -23,6 +23,10 @@ int proto_errf(struct proto_err *err, int code, const char *fmt, ...)
 		va_start(ap, fmt);
 		vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
 		va_end(ap);
+		/* One line, whatever hostile names it quotes. */
+		for (char *c = err->msg; *c != 0; c++)
+			if ((unsigned char)*c < 0x20 || *c == 0x7f)
+				*c = '?';
 	}
 	return -code;
 }

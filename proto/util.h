@@ -23,7 +23,8 @@ struct proto_err {
 	char msg[512];
 };
 
-/* Formats into err (if not NULL) and returns -code (code > 0, e.g. EINVAL). */
+/* Formats into err (if not NULL) and returns -code (code > 0, e.g. EINVAL).
+ * Control characters (a newline in a quoted hostile name) become '?'. */
 int proto_errf(struct proto_err *err, int code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* Prepends "prefix: " to an existing message. Returns nothing; cannot fail. */

@@ -296,10 +296,11 @@ static int recv_some(tessera_client *c, int timeout_ms)
 static int buffered_frame(tessera_client *c, uint16_t *type, const uint8_t **p, uint32_t *len)
 {
 	size_t have = c->inlen - c->consumed;
-	const uint8_t *h = c->in + c->consumed;
+	const uint8_t *h;
 
 	if (have < TSR_WIRE_HDR)
-		return 0;
+		return 0; /* (in is NULL until the first read) */
+	h = c->in + c->consumed;
 	*len = tsr_get32(h);
 	*type = tsr_get16(h + 4);
 	if (*len > TSR_WIRE_REPLY_MAX || tsr_get16(h + 6) != 0)

@@ -262,4 +262,23 @@ static inline int fz_safetensors_one(const uint8_t *in, size_t len)
 	return 0;
 }
 
+/* The input's body (all but a trailing signer and signature when it is long
+ * enough for them) with pk appended and signed by sk, as a manifest or an
+ * addendum ends: so that mutations reach the checks behind the signature.
+ * *out is malloc'ed (NULL on ENOMEM). */
+static inline void fz_resign(const uint8_t *in, size_t len, const uint8_t *pk, const uint8_t *sk,
+			     uint8_t **out, size_t *outlen)
+{
+	const size_t tail = crypto_sign_PUBLICKEYBYTES + crypto_sign_BYTES;
+	size_t body = len >= tail ? len - tail : len;
+
+	*outlen = body + tail;
+	if ((*out = malloc(body + tail)) == NULL)
+		return;
+	memcpy(*out, in, body);
+	memcpy(*out + body, pk, crypto_sign_PUBLICKEYBYTES);
+	crypto_sign_detached(*out + body + crypto_sign_PUBLICKEYBYTES, NULL, *out,
+			     body + crypto_sign_PUBLICKEYBYTES, sk);
+}
+
 #endif

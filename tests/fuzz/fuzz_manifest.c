@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/fuzz/fuzz_common.h"
 #include "proto/manifest.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -16,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct proto_manifest m;
 	struct proto_err err;
 	uint8_t *buf;
-	size_t body;
+	size_t len;
 
 	if (!ready) {
 		uint8_t seed[crypto_sign_SEEDBYTES] = {7};
@@ -29,20 +30,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		proto_manifest_fini(&m);
 	if (size > (1u << 20))
 		return 0;
-	/* A seed is a whole manifest: keep its body, sign it with our key. */
-	body = size >= PROTO_PK_BYTES + PROTO_SIG_BYTES ? size - PROTO_PK_BYTES - PROTO_SIG_BYTES : size;
-	buf = malloc(body + PROTO_PK_BYTES + PROTO_SIG_BYTES);
+	/* A seed is a whole one: keep its body, sign it with our key. */
+	fz_resign(data, size, pk, sk, &buf, &len);
 	if (buf == NULL)
 		return 0;
-	memcpy(buf, data, body);
-	memcpy(buf + body, pk, PROTO_PK_BYTES);
-	crypto_sign_detached(buf + body + PROTO_PK_BYTES, NULL, buf, body + PROTO_PK_BYTES, sk);
-	if (proto_manifest_decode(buf, body + PROTO_PK_BYTES + PROTO_SIG_BYTES, pk, &m, &err) == 0) {
+	if (proto_manifest_decode(buf, len, pk, &m, &err) == 0) {
 		/* What decodes must re-sign to the same bytes. */
 		uint8_t *again;
-		size_t len;
-		if (proto_manifest_sign(&m, sk, &again, &len, &err) != 0 ||
-		    len != body + PROTO_PK_BYTES + PROTO_SIG_BYTES || memcmp(again, buf, len) != 0)
+		size_t again_len;
+		if (proto_manifest_sign(&m, sk, &again, &again_len, &err) != 0 ||
+		    again_len != len || memcmp(again, buf, len) != 0)
 			abort();
 		free(again);
 		proto_manifest_fini(&m);

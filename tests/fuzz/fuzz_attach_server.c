@@ -1,0 +1,138 @@
+/* libFuzzer target: the node's attach server (node/serve/attach.c) on the
+ * frames a serving process sends (node/client/wire.h), through its socket
+ * as a client delivers them. One server, serving replica "A" rank 0 of tp2
+ * over a small fixture model with version 1 active, lives across inputs;
+ * every input is one connection.
+ *
+ * Input: a flags byte, then the client's bytes. Flags: bit 0 activates a
+ * new version (retiring the old) when half the bytes are in, bit 2 sends
+ * the bytes in pieces of 7. After the connection closes, nothing it did may remain: no
+ * client, no pin, no retired slot kept. */
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "node/serve/attach.h"
+#include "proto/fixture.h"
+#include "proto/log.h"
+#include "tests/fuzz/fuzz_sock.h"
+#include "proto/spec.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static struct {
+	struct event_base *base;
+	struct node_store store;
+	struct proto_model m;
+	struct proto_layout l;
+	struct node_attach_info ai;
+	struct node_attach *at;
+	struct node_slot *active;
+	uint64_t version;
+	uint8_t digest[32];
+	char dir[256], sock[300];
+} fzs;
+
+static void fzs_cleanup(void)
+{
+	node_attach_free(fzs.at);
+	node_attach_retire(NULL, &fzs.store, fzs.active);
+	rmdir(fzs.dir);
+}
+
+/* Makes a new version active and retires the previous one, as the agent does. */
+static void fzs_activate(void)
+{
+	struct node_slot *s, *old = fzs.active;
+
+	if (node_slot_new(&fzs.store, ++fzs.version, fzs.l.ranks[0].nbytes, &s, NULL) != 0)
+		abort();
+	memset(fzs.digest, (int)fzs.version, sizeof(fzs.digest));
+	fzs.active = s;
+	node_attach_activate(fzs.at, s, fzs.digest);
+	node_attach_retire(fzs.at, &fzs.store, old);
+}
+
+static void fzs_setup(void)
+{
+	struct proto_err err;
+
+	fz_socket_dir("att", fzs.dir, sizeof(fzs.dir), fzs.sock, sizeof(fzs.sock));
+	proto_log_setup("fuzz", PROTO_LOG_ERR);
+	if (proto_fixture_model(64 << 10, &fzs.m, &err) != 0 ||
+	    proto_layout_builtin(&fzs.m, "tp2", &fzs.l, &err) != 0 ||
+	    node_store_open("host", &fzs.store, &err) != 0 || (fzs.base = event_base_new()) == NULL)
+		abort();
+	memset(fzs.digest, 0x5a, sizeof(fzs.digest));
+	fzs.ai = (struct node_attach_info){.replica = "A", .rank = 0, .spec = &fzs.l.ranks[0],
+					   .layout_digest = fzs.l.digest, .store = &fzs.store,
+					   .model = &fzs.m};
+	if (node_attach_new(fzs.base, fzs.sock, &fzs.ai, &fzs.at, &err) != 0) {
+		fprintf(stderr, "node_attach_new: %s\n", err.msg);
+		abort();
+	}
+	atexit(fzs_cleanup);
+	fzs_activate();
+}
+
+/* Writes bytes (in pieces of 7 when split), letting the server run. */
+static void fzs_send(int fd, const uint8_t *p, size_t n, bool split)
+{
+	while (n > 0) {
+		size_t k = split && n > 7 ? 7 : n;
+		ssize_t w = send(fd, p, k, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (w < 0 && errno != EAGAIN && errno != EINTR)
+			return; /* the server closed it */
+		if (w > 0) {
+			p += w;
+			n -= (size_t)w;
+		}
+		event_base_loop(fzs.base, EVLOOP_NONBLOCK);
+		fz_drain(fd);
+	}
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	uint8_t flags;
+	int fd;
+
+	if (fzs.at == NULL)
+		fzs_setup();
+	if (size < 1 || size > (16u << 10))
+		return 0;
+	flags = data[0];
+	data++;
+	size--;
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", fzs.sock);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+		abort();
+	event_base_loop(fzs.base, EVLOOP_NONBLOCK); /* accepted */
+	fzs_send(fd, data, size / 2, flags & 4);
+	if (flags & 1)
+		fzs_activate();
+	fzs_send(fd, data + size / 2, size - size / 2, flags & 4);
+	for (int i = 0; i < 4; i++) {
+		event_base_loop(fzs.base, EVLOOP_NONBLOCK);
+		fz_drain(fd);
+	}
+	close(fd);
+	for (int i = 0; i < 100 && node_attach_clients(fzs.at) > 0; i++)
+		event_base_loop(fzs.base, EVLOOP_NONBLOCK);
+	if (node_attach_clients(fzs.at) != 0 || node_attach_retained(fzs.at) != 0 ||
+	    node_attach_pins(fzs.at, fzs.version) != 0) {
+		fprintf(stderr, "fuzz_attach_server: the closed client left state behind\n");
+		abort();
+	}
+	return 0;
+}
