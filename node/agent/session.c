@@ -349,6 +349,7 @@ static void on_register(const struct trk_answer *ans, void *arg)
 
 	if (ans->status == 200 || ans->status == 201) {
 		a->model_refusals = 0;
+		agent_fixed(a);
 		id = json_string_value(json_object_get(ans->json, "node_id"));
 		if (id != NULL) /* the tracker's name for us (never onto itself) */
 			snprintf(a->node_id, sizeof(a->node_id), "%s", id);
@@ -373,6 +374,13 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		start_watch(a);
 		if (!evtimer_pending(a->sync_ev, NULL))
 			node_arm(a->sync_ev, 0);
+		return;
+	}
+	/* https:// to a plain tracker, a CA that does not verify it, a host
+	 * that does not resolve: said once, on /healthz, asked ever more
+	 * slowly. */
+	if (ans->status < 0 && ans->fix) {
+		node_arm(a->retry_ev, agent_needs_fix(a, ans->error));
 		return;
 	}
 	if (ans->status == 400 || ans->status == 401 || ans->status == 403) {

@@ -7,6 +7,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <netdb.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -427,6 +428,8 @@ static void on_done(struct evhttp_request *req, void *arg)
 	}
 	if (a.status == 0 && c->tls != NULL)
 		tls_failed = trk__tls_failure(trk__cconns_bev(&p->cr), why, sizeof(why));
+	int dns = a.status == 0 && trk__cconns_bev(&p->cr) != NULL ?
+			  bufferevent_socket_get_dns_error(trk__cconns_bev(&p->cr)) : 0;
 	/* Its connection is free for the next request (or dropped). */
 	trk__cconns_done(c->cc, &p->cr, a.status != 0);
 	if (a.status != 0)
@@ -456,7 +459,17 @@ static void on_done(struct evhttp_request *req, void *arg)
 		a.status = transport_errno(p);
 		if (tls_failed) {
 			a.status = -EPROTO;
-			snprintf(msg, sizeof(msg), "tracker %s:%d: %s", c->host, c->port, why);
+			a.fix = true;
+			snprintf(msg, sizeof(msg), "tracker %s:%d: %s: check %s", c->host, c->port, why,
+				 strstr(why, "wrong version number") != NULL ?
+					 "--tracker: that tracker does not speak TLS (http://, or "
+					 "start it with --tls-cert)" :
+					 "--tls-ca: the CA that signed the tracker's certificate");
+		} else if (dns != 0) {
+			a.status = -EHOSTUNREACH;
+			a.fix = dns != EAI_AGAIN;
+			snprintf(msg, sizeof(msg), "tracker %s:%d: cannot resolve %s: %s%s", c->host,
+				 c->port, c->host, gai_strerror(dns), a.fix ? ": check --tracker" : "");
 		} else {
 			snprintf(msg, sizeof(msg), "tracker %s:%d: %s", c->host, c->port,
 				 strerror(-a.status));
@@ -487,6 +500,14 @@ static void on_done(struct evhttp_request *req, void *arg)
 			snprintf(msg, sizeof(msg), "HTTP %d: %s", a.status,
 				 e ? e : evhttp_request_get_response_code_line(req) ?
 				     evhttp_request_get_response_code_line(req) : "error");
+			/* Signed (and signed again for the tracker's epoch) and
+			 * refused, or not signed and refused: the keys differ. */
+			if (a.status == 401 && (!c->have_key || (e != NULL && strstr(e, "bad mac")))) {
+				a.fix = true;
+				snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg),
+					 ": check --cluster-key: %s", c->have_key ?
+					 "the tracker's and ours differ" : "the tracker wants one");
+			}
 		}
 	}
 	a.error = msg;
