@@ -38,7 +38,7 @@ struct metric {
 struct health_part {
 	char name[128];
 	bool ok;
-	char why[256]; /* "name: reason" */
+	char why[512]; /* "name: reason" */
 };
 
 struct proto_metrics {

@@ -46,6 +46,11 @@
 	 * watch at once, so this only sets how often an idle node asks again \
 	 * (the tracker ends each somewhere in its last tenth). */              \
 	X(WATCH_MS, "TESSERA_WATCH_MS", 25000, "long-poll wait for new versions, ms") \
+	/* Largest answer a tracker client takes to a query whose answer lists \
+	 * the cluster (sources, holders, layouts, replicas, status); answers of \
+	 * a fixed shape have smaller caps of their own (tracker/client/bounds.c). */ \
+	X(TRACKER_ANSWER_MAX, "TESSERA_TRACKER_ANSWER_MAX", 16u << 20,            \
+	  "largest tracker answer listing the cluster, bytes")                  \
 	/* A source with reads in flight that completes none for this long, or \
 	 * four times what its window takes at its measured rate if longer (3x \
 	 * this before it delivered anything), is silent: its reads move to \

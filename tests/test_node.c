@@ -562,26 +562,7 @@ static void test_bad_chunk_refetched(void **state)
  * copies the body (NUL-terminated) into body. */
 static int http_get(struct env *e, const char *method, const char *url, char *body, size_t cap)
 {
-	char out[600], code[600];
-	snprintf(out, sizeof(out), "%s/http.out", e->dir);
-	snprintf(code, sizeof(code), "%s/http.code", e->dir);
-	if (tu_sh("curl -s -m 10 -X %s -o %s -w '%%{http_code}' '%s' > %s", method, out, url, code) != 0)
-		return -1;
-	FILE *f = fopen(code, "r");
-	int status = -1;
-	if (f != NULL) {
-		if (fscanf(f, "%d", &status) != 1)
-			status = -1;
-		fclose(f);
-	}
-	body[0] = '\0';
-	f = fopen(out, "r");
-	if (f != NULL) {
-		size_t n = fread(body, 1, cap - 1, f);
-		body[n] = '\0';
-		fclose(f);
-	}
-	return status;
+	return tu_http_get(e->dir, method, url, body, cap);
 }
 
 /*

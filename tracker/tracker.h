@@ -134,6 +134,11 @@ struct trk_answer {
 	const uint8_t *body;
 	size_t len;
 	const char *error;
+	/* The failure needs a person: asking again cannot succeed until a
+	 * setting changes (a wrong --cluster-key, https:// to a plain
+	 * tracker, a certificate --tls-ca does not verify, a host that does
+	 * not resolve); error names the setting. */
+	bool fix;
 };
 typedef void (*trk_client_cb)(const struct trk_answer *a, void *arg);
 

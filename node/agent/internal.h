@@ -47,6 +47,7 @@
 #define REPLICA_POLL_MIN_MS 10 /* ... and at first (a quarter of the wait so far) */
 #define SYNC_MS 200         /* asking the tracker for the replica's target */
 #define FAILED_RETRY_MS 2000 /* a version we gave up on is tried again after */
+#define FIX_RETRY_MAX_MS 60000 /* ... at most this far apart while a person must fix it */
 #define CHAIN_CHECK_MS 2000  /* a chain step without a source asks if it is withdrawn */
 
 /*
@@ -186,6 +187,11 @@ struct node_agent {
 	struct agent_version_ask *version_asks;
 	uint64_t failed; /* the version we last gave up on, and when */
 	uint64_t failed_ms;
+	uint64_t failed_wait_ms; /* tried again this much later */
+	/* A failure only a person can fix (session.c: agent_needs_fix): said
+	 * once, on /healthz until it clears; how often it came in a row. */
+	char fix[512];
+	uint32_t fix_times;
 	/* A delta could not be applied here: the tracker is told, so that the
 	 * publisher sends an anchor next (cleared by any activation). */
 	bool need_anchor;
@@ -235,6 +241,14 @@ struct node_agent {
 	struct delta_state ds;  /* building deltas on their parents (node/rebuild/) */
 };
 
+/* A failure only a person can fix (why: what failed and what to change):
+ * said once at warn (again only when why changes), on /healthz until
+ * agent_fixed. Returns how long to wait before trying again: doubling
+ * from FAILED_RETRY_MS up to FIX_RETRY_MAX_MS. */
+uint64_t agent_needs_fix(struct node_agent *a, const char *why);
+/* What agent_needs_fix said is over (a try succeeded). */
+void agent_fixed(struct node_agent *a);
+
 /* ---- version.c: the lifecycle ---- */
 
 /* Starts version v (the replica's target): its manifest is asked for. */
@@ -244,6 +258,9 @@ void agent_stage(struct node_agent *a, enum agent_stage st);
 /* Refuses the version under way: logs and reports why, drops it, and ends
  * a chain replay (an anchor is asked for next). */
 void agent_version_fail(struct node_agent *a, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* The same, said at debug: a failure already said (agent_needs_fix). */
+void agent_version_fail_quiet(struct node_agent *a, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 /* Drops the version under way (reads in flight finish and are ignored). */
 void agent_version_drop(struct node_agent *a);

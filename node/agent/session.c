@@ -15,6 +15,29 @@ static void agent_give_up(struct node_agent *a, const char *why)
 }
 
 
+uint64_t agent_needs_fix(struct node_agent *a, const char *why)
+{
+	uint64_t wait = (uint64_t)FAILED_RETRY_MS << PROTO_MIN(a->fix_times, 5u);
+
+	if (a->fix_times++ == 0 || strcmp(a->fix, why) != 0) {
+		snprintf(a->fix, sizeof(a->fix), "%s", why);
+		LOG_WARN("node %s: %s (asking again ever more slowly, every %u s at most)",
+			 a->node_id, why, FIX_RETRY_MAX_MS / 1000);
+		node_rank_metrics_needs_fix(&a->am, why);
+	}
+	return PROTO_MIN(wait, (uint64_t)FIX_RETRY_MAX_MS);
+}
+
+void agent_fixed(struct node_agent *a)
+{
+	if (a->fix_times == 0)
+		return;
+	LOG_INFO("node %s: no longer failing: %s", a->node_id, a->fix);
+	a->fix[0] = 0;
+	a->fix_times = 0;
+	node_rank_metrics_needs_fix(&a->am, NULL);
+}
+
 /* The tracker forgot the chain this node saw (its answers are refused
  * until it has it again): keep serving the active version, say so. */
 void agent_on_chain_lost(void *arg, const char *why)
@@ -328,6 +351,7 @@ static void on_register(const struct trk_answer *ans, void *arg)
 
 	if (ans->status == 200 || ans->status == 201) {
 		a->model_refusals = 0;
+		agent_fixed(a);
 		id = json_string_value(json_object_get(ans->json, "node_id"));
 		if (id != NULL) /* the tracker's name for us (never onto itself) */
 			snprintf(a->node_id, sizeof(a->node_id), "%s", id);
@@ -352,6 +376,13 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		start_watch(a);
 		if (!evtimer_pending(a->sync_ev, NULL))
 			node_arm(a->sync_ev, 0);
+		return;
+	}
+	/* https:// to a plain tracker, a CA that does not verify it, a host
+	 * that does not resolve: said once, on /healthz, asked ever more
+	 * slowly. */
+	if (ans->status < 0 && ans->fix) {
+		node_arm(a->retry_ev, agent_needs_fix(a, ans->error));
 		return;
 	}
 	if (ans->status == 400 || ans->status == 401 || ans->status == 403) {

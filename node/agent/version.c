@@ -87,30 +87,63 @@ void agent_version_drop(struct node_agent *a)
 	delta_warm_pause(&a->ds, false);
 }
 
-void agent_version_fail(struct node_agent *a, const char *fmt, ...)
+static void version_fail(struct node_agent *a, bool quiet, const char *fmt, va_list ap)
 {
 	struct agent_version *v = a->ver;
 	uint64_t version = v != NULL ? v->version : 0;
+	enum proto_log_level lv = quiet ? PROTO_LOG_DEBUG : PROTO_LOG_WARN;
 	char msg[512];
-	va_list ap;
 
-	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
 	if (v != NULL)
-		LOG_WARN("node %s: v%" PRIu64 " refused: %s (%u stalled reads, %u failed reads, "
-			 "%u chunks failed their hash)",
-			 a->node_id, version, msg, v->f->stalls, v->f->read_failures,
-			 v->f->bad_chunks);
+		proto_log(lv, __FILE__, __LINE__, "node %s: v%" PRIu64 " refused: %s (%u stalled reads, %u failed reads, "
+			   "%u chunks failed their hash)",
+		       a->node_id, version, msg, v->f->stalls, v->f->read_failures,
+		       v->f->bad_chunks);
 	else
-		LOG_WARN("node %s: v%" PRIu64 " refused: %s", a->node_id, version, msg);
+		proto_log(lv, __FILE__, __LINE__, "node %s: v%" PRIu64 " refused: %s", a->node_id, version, msg);
 	agent_report(a, version, TRK_STATE_FAILED, msg, NULL);
 	proto_metrics_add(a->am.m, a->am.refused, 1);
 	a->failed = a->chain != NULL ? a->chain->target : version;
 	a->failed_ms = node_now_ms();
+	a->failed_wait_ms = FAILED_RETRY_MS;
 	agent_stage(a, STAGE_FAILED);
 	agent_version_drop(a);
 	agent_chain_end(a, true); /* a failed step ends the replay: an anchor next */
+}
+
+void agent_version_fail(struct node_agent *a, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	version_fail(a, false, fmt, ap);
+	va_end(ap);
+}
+
+void agent_version_fail_quiet(struct node_agent *a, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	version_fail(a, true, fmt, ap);
+	va_end(ap);
+}
+
+/* A manifest that our --trainer-pubkey does not verify: nothing here
+ * changes that (a wrong key, or a tracker serving forged manifests), so it
+ * is said once and on /healthz, and asked again ever more slowly; the
+ * first manifest that verifies ends it. */
+static void key_refused(struct node_agent *a, const char *msg)
+{
+	char why[512];
+
+	snprintf(why, sizeof(why), "manifests refused: %s: check --trainer-pubkey %s: it must be "
+		 "the trainer's public key (trainer.pub of `tessera keygen`)", msg,
+		 a->o.trainer_pubkey ? a->o.trainer_pubkey : "");
+	uint64_t wait = agent_needs_fix(a, why);
+	agent_version_fail_quiet(a, "%s", msg);
+	a->failed_wait_ms = wait;
 }
 
 /* The node cannot build the version from its delta: it says why and which
@@ -706,10 +739,16 @@ static void on_manifest(const struct trk_answer *ans, void *arg)
 		agent_version_fail(a, "manifest: %s", ans->error);
 		return;
 	}
-	if (proto_manifest_decode(ans->body, ans->len, a->trainer_pk, &f->man, &err) != 0) {
+	int rc = proto_manifest_decode(ans->body, ans->len, a->trainer_pk, &f->man, &err);
+	if (rc == -EKEYREJECTED) {
+		key_refused(a, err.msg);
+		return;
+	}
+	if (rc != 0) {
 		agent_version_fail(a, "%s", err.msg);
 		return;
 	}
+	agent_fixed(a);
 	f->have_man = true;
 	f->su.manifest = proto_wall_ms();
 	if (f->man.version != f->version) {
@@ -861,7 +900,7 @@ void agent_follow_target(struct node_agent *a, uint64_t t, bool complete, json_t
 	if (v == NULL) {
 		if (a->chain != NULL)
 			return; /* planning the replay to t */
-		if (t > active && (t != a->failed || node_now_ms() - a->failed_ms >= FAILED_RETRY_MS))
+		if (t > active && (t != a->failed || node_now_ms() - a->failed_ms >= a->failed_wait_ms))
 			agent_version_start(a, t);
 		return;
 	}

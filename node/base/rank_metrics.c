@@ -128,5 +128,19 @@ int node_rank_metrics_init(struct node_rank_metrics *am, struct proto_metrics *m
 
 void node_rank_metrics_health(struct node_rank_metrics *am, bool ok, const char *why)
 {
-	proto_metrics_set_part_health(am->m, am->health, ok, why);
+	am->ok = ok;
+	snprintf(am->why, sizeof(am->why), "%s", why ? why : "");
+	if (am->fix[0] != 0)
+		proto_metrics_set_part_health(am->m, am->health, false, am->fix);
+	else
+		proto_metrics_set_part_health(am->m, am->health, ok, why);
+}
+
+void node_rank_metrics_needs_fix(struct node_rank_metrics *am, const char *why)
+{
+	char was[sizeof(am->why)];
+
+	snprintf(am->fix, sizeof(am->fix), "%s", why ? why : "");
+	snprintf(was, sizeof(was), "%s", am->why);
+	node_rank_metrics_health(am, am->ok, was);
 }

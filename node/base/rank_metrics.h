@@ -22,6 +22,11 @@ struct node_rank_metrics {
 	int delta_rotations, delta_copies; /* how a delta's slot got its parent */
 	int ready_ahead_plan, ready_ahead_slot; /* made before the first version */
 	int health; /* the rank's part of /healthz (proto_metrics_health_part) */
+	/* The rank's health as last set, and a failure only a person can fix
+	 * ("" when none), which /healthz says instead while it lasts. */
+	bool ok;
+	char why[256];
+	char fix[512];
 };
 
 /* Registers the series of one rank in m, labelled replica="R",rank="N"
@@ -32,5 +37,9 @@ int node_rank_metrics_init(struct node_rank_metrics *am, struct proto_metrics *m
 			    const char *replica, uint32_t rank);
 /* The rank's health for /healthz: ok, or not and why. */
 void node_rank_metrics_health(struct node_rank_metrics *am, bool ok, const char *why);
+/* A failure that retrying cannot heal (a wrong key, a wrong URL): /healthz
+ * says why (what to change) until it is called with NULL, whatever else
+ * sets the rank's health meanwhile. */
+void node_rank_metrics_needs_fix(struct node_rank_metrics *am, const char *why);
 
 #endif

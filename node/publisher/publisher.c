@@ -145,6 +145,12 @@ static void on_registered(const struct trk_answer *a, void *arg)
 		node__pub_timer_ms(p->reg_ev, REGISTER_RETRY_MS);
 		return;
 	}
+	if (a->status == 409 && strstr(a->error, "model digest differs") != NULL) {
+		fatal(p, "the tracker refused the registration: %s: its --state directory holds the "
+			 "versions of another model; start the tracker on an empty --state (or this "
+			 "publisher with that model)", a->error);
+		return;
+	}
 	if (a->status != 200) {
 		fatal(p, "the tracker refused the registration: %s", a->error);
 		return;

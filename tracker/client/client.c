@@ -7,6 +7,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <netdb.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -296,18 +297,36 @@ static int send_again(struct pending *p, unsigned again)
 			     p->timeout_ms, p->cb, p->arg, p->arg_free, p->again | again);
 }
 
-/* A request that failed before it was sent (client_conn.c). */
+/* Tells p's caller that it failed without an answer (msg: why), and frees p. */
+static void answer_failed(struct pending *p, int status, const char *msg)
+{
+	struct trk_answer a = {.status = status, .body = (const uint8_t *)"", .error = msg};
+
+	p->cb(&a, p->arg);
+	pending_free(p);
+}
+
+/* "tracker HOST:PORT: " then, for an answer refused, what was asked. */
+static void say_refused(const struct pending *p, char *msg, size_t cap, const char *why)
+{
+	snprintf(msg, cap, "tracker %s:%d: answer to %s %s refused: %s", p->c->host, p->c->port,
+		 p->method, p->path_query, why);
+}
+
+/* A request that failed before it was sent, or whose answer did not come
+ * whole by its deadline (client_conn.c). */
 static void on_fail(struct trk__creq *r, void *arg)
 {
 	struct pending *p = proto_container_of(r, struct pending, cr);
-	struct trk_answer a = {.status = r->fail, .body = (const uint8_t *)""};
 	char msg[512];
 
-	snprintf(msg, sizeof(msg), "tracker %s:%d: %s", p->c->host, p->c->port,
-		 r->fail == -ETIMEDOUT ? "timed out waiting to be sent" : strerror(-r->fail));
-	a.error = msg;
-	p->cb(&a, p->arg);
-	pending_free(p);
+	if (r->refused[0] != 0)
+		say_refused(p, msg, sizeof(msg), r->refused);
+	else
+		snprintf(msg, sizeof(msg), "tracker %s:%d: %s", p->c->host, p->c->port,
+			 r->fail == -ETIMEDOUT ? "timed out waiting to be sent" :
+						 strerror(-r->fail));
+	answer_failed(p, r->fail, msg);
 }
 
 /* Keeps the tracker's epoch from an answer's header (hex, bounded). */
@@ -358,18 +377,59 @@ static int check_chain(struct trk_client *c, struct evhttp_request *req,
 	return rc;
 }
 
+/* The answer's head is read: bounded before its body is (client_conn.c). */
+static int on_head(struct evhttp_request *req, void *arg)
+{
+	struct pending *p = arg;
+
+	return trk__creq_head(&p->cr, req);
+}
+
+/* Why libevent gave up on an answer it was reading, in words, or NULL for
+ * a transport failure; sets *status. */
+static const char *too_long(struct pending *p, char *buf, size_t cap, int *status)
+{
+	if (p->cr.refused[0] != 0) {
+		*status = -EMSGSIZE;
+		return p->cr.refused;
+	}
+	if (!p->have_error || (p->error != EVREQ_HTTP_DATA_TOO_LONG &&
+			       p->error != EVREQ_HTTP_INVALID_HEADER))
+		return NULL;
+	*status = p->error == EVREQ_HTTP_DATA_TOO_LONG ? -EMSGSIZE : -EPROTO;
+	if (p->cr.head_read)
+		snprintf(buf, cap, "its body exceeds %zu bytes, the most this request's answer "
+			 "holds", p->cr.body_max);
+	else
+		snprintf(buf, cap, "its head is malformed or exceeds %u bytes",
+			 TRK__ANSWER_HEAD_MAX);
+	return buf;
+}
+
 static void on_done(struct evhttp_request *req, void *arg)
 {
 	struct pending *p = arg;
 	struct trk_client *c = p->c;
 	struct trk_answer a = {.error = ""};
 	char msg[512] = "", why[300] = "";
+	const char *refused = NULL;
 	json_t *json = NULL;
 	bool tls_failed = false;
 
 	a.status = req != NULL ? evhttp_request_get_response_code(req) : 0;
+	if (a.status == 0)
+		refused = too_long(p, why, sizeof(why), &a.status);
+	if (refused != NULL) {
+		/* Refused here: not sent again, whatever its connection. */
+		trk__cconns_done(c->cc, &p->cr, false);
+		say_refused(p, msg, sizeof(msg), refused);
+		answer_failed(p, a.status, msg);
+		return;
+	}
 	if (a.status == 0 && c->tls != NULL)
 		tls_failed = trk__tls_failure(trk__cconns_bev(&p->cr), why, sizeof(why));
+	int dns = a.status == 0 && trk__cconns_bev(&p->cr) != NULL ?
+			  bufferevent_socket_get_dns_error(trk__cconns_bev(&p->cr)) : 0;
 	/* Its connection is free for the next request (or dropped). */
 	trk__cconns_done(c->cc, &p->cr, a.status != 0);
 	if (a.status != 0)
@@ -391,11 +451,7 @@ static void on_done(struct evhttp_request *req, void *arg)
 	if (a.status != 0) {
 		int rc = check_chain(c, req, msg, sizeof(msg));
 		if (rc != 0) {
-			a.status = rc;
-			a.body = (const uint8_t *)"";
-			a.error = msg;
-			p->cb(&a, p->arg);
-			pending_free(p);
+			answer_failed(p, rc, msg);
 			return;
 		}
 	}
@@ -403,7 +459,17 @@ static void on_done(struct evhttp_request *req, void *arg)
 		a.status = transport_errno(p);
 		if (tls_failed) {
 			a.status = -EPROTO;
-			snprintf(msg, sizeof(msg), "tracker %s:%d: %s", c->host, c->port, why);
+			a.fix = true;
+			snprintf(msg, sizeof(msg), "tracker %s:%d: %s: check %s", c->host, c->port, why,
+				 strstr(why, "wrong version number") != NULL ?
+					 "--tracker: that tracker does not speak TLS (http://, or "
+					 "start it with --tls-cert)" :
+					 "--tls-ca: the CA that signed the tracker's certificate");
+		} else if (dns != 0) {
+			a.status = -EHOSTUNREACH;
+			a.fix = dns != EAI_AGAIN;
+			snprintf(msg, sizeof(msg), "tracker %s:%d: cannot resolve %s: %s%s", c->host,
+				 c->port, c->host, gai_strerror(dns), a.fix ? ": check --tracker" : "");
 		} else {
 			snprintf(msg, sizeof(msg), "tracker %s:%d: %s", c->host, c->port,
 				 strerror(-a.status));
@@ -434,6 +500,14 @@ static void on_done(struct evhttp_request *req, void *arg)
 			snprintf(msg, sizeof(msg), "HTTP %d: %s", a.status,
 				 e ? e : evhttp_request_get_response_code_line(req) ?
 				     evhttp_request_get_response_code_line(req) : "error");
+			/* Signed (and signed again for the tracker's epoch) and
+			 * refused, or not signed and refused: the keys differ. */
+			if (a.status == 401 && (!c->have_key || (e != NULL && strstr(e, "bad mac")))) {
+				a.fix = true;
+				snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg),
+					 ": check --cluster-key: %s", c->have_key ?
+					 "the tracker's and ours differ" : "the tracker wants one");
+			}
 		}
 	}
 	a.error = msg;
@@ -513,10 +587,12 @@ static int start_request(struct trk_client *c, const char *method,
 	/* Held by the tracker past an ordinary answer: its own connection,
 	 * so that nothing waits behind it. */
 	p->cr.long_poll = timeout_ms > c->timeout_ms;
+	p->cr.body_max = trk__answer_max(post, path_query);
 	p->cr.req = evhttp_request_new(on_done, p);
 	if (p->cr.req == NULL)
 		goto fail;
 	evhttp_request_set_error_cb(p->cr.req, on_error);
+	evhttp_request_set_header_cb(p->cr.req, on_head);
 	h = evhttp_request_get_output_headers(p->cr.req);
 	snprintf(hostport, sizeof(hostport), strchr(c->host, ':') ? "[%s]:%d" : "%s:%d",
 		 c->host, c->port);

@@ -3,6 +3,8 @@
 #ifndef TRACKER_CLIENT_CLIENT_H
 #define TRACKER_CLIENT_CLIENT_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "tracker/tracker.h"
@@ -14,5 +16,9 @@ uint32_t trk__client_timeout(const struct trk_client *c);
  * called, arg is cb's. */
 int trk__client_post_owned(struct trk_client *c, const char *path, json_t *body,
 			   trk_client_cb cb, void *arg, void (*arg_free)(void *arg));
+/* The largest body a client takes in answer to a request (post: a POST)
+ * for path (TRK_API "/..."), bytes: what that kind of answer holds at most
+ * from an honest tracker (bounds.c). Cannot fail. */
+size_t trk__answer_max(bool post, const char *path);
 
 #endif

@@ -4,6 +4,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/keyvalq_struct.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,7 @@ struct trk__lane {
 	struct trk__cconns *cc;
 	struct evhttp_connection *conn; /* NULL: none open */
 	struct trk__creq *busy;         /* the request on it, one at a time */
+	struct event *deadline;         /* busy's whole answer is due by then */
 	uint64_t answered;              /* answers on the connection open now */
 	bool poll, broken;              /* broken: drop conn before the next */
 	TAILQ_ENTRY(trk__lane) link;
@@ -63,8 +65,8 @@ static struct evhttp_connection *conn_new(struct trk__cconns *cc)
 		return NULL;
 	/* A failed connect fails the request; the caller's retry rules apply. */
 	evhttp_connection_set_retries(conn, 0);
-	evhttp_connection_set_max_body_size(
-		conn, (ev_ssize_t)proto_param(PROTO_PARAM_MANIFEST_MAX) + 4096);
+	/* The body's cap is set per request (send_on). */
+	evhttp_connection_set_max_headers_size(conn, TRK__ANSWER_HEAD_MAX);
 	return conn;
 }
 
@@ -119,6 +121,36 @@ static void fail_later(struct trk__cconns *cc, struct trk__creq *r, int status, 
 	event_active(cc->later, EV_TIMEOUT, 1);
 }
 
+/* r's deadline passed before its whole answer came, however it trickles
+ * in: the connection is let go and r fails. */
+static void deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct trk__lane *l = arg;
+	struct trk__cconns *cc = l->cc;
+	struct trk__creq *r = l->busy;
+
+	if (r == NULL)
+		return;
+	snprintf(r->refused, sizeof(r->refused), "no whole answer by the request's deadline%s",
+		 r->head_read ? " (the answer's body came too slowly)" : "");
+	l->busy = NULL;
+	r->sent = false;
+	r->lane = NULL;
+	/* libevent frees the request and resets the connection, calling
+	 * back no one but the error callback. */
+	evhttp_cancel_request(r->req);
+	conn_drop(cc, l);
+	fail_later(cc, r, -ETIMEDOUT, true);
+}
+
+/* l's deadline timer, made when first needed. */
+static int lane_deadline(struct trk__cconns *cc, struct trk__lane *l)
+{
+	if (l->deadline == NULL)
+		l->deadline = evtimer_new(cc->base, deadline_cb, l);
+	return l->deadline != NULL ? 0 : -ENOMEM;
+}
+
 /* Sends r on l (idle). On failure r is told from the loop. Touches nothing
  * after evhttp_make_request succeeds: libevent may have called back. */
 static void send_on(struct trk__cconns *cc, struct trk__lane *l, struct trk__creq *r)
@@ -131,14 +163,18 @@ static void send_on(struct trk__cconns *cc, struct trk__lane *l, struct trk__cre
 		fail_later(cc, r, -ETIMEDOUT, false);
 		return;
 	}
-	if ((rc = lane_ready(cc, l)) != 0) {
+	if ((rc = lane_ready(cc, l)) != 0 || (rc = lane_deadline(cc, l)) != 0) {
 		fail_later(cc, r, rc, false);
 		return;
 	}
 	left = (r->deadline_ns - now) / 1000;
 	tv.tv_sec = (time_t)(left / 1000000);
 	tv.tv_usec = (suseconds_t)(left % 1000000);
+	/* libevent's timeout restarts with every byte read: the deadline
+	 * timer bounds the whole answer. */
 	evhttp_connection_set_timeout_tv(l->conn, &tv);
+	evhttp_connection_set_max_body_size(l->conn, (ev_ssize_t)r->body_max);
+	evtimer_add(l->deadline, &tv);
 	r->lane = l;
 	r->reused = l->answered > 0;
 	r->sent = true;
@@ -150,6 +186,7 @@ static void send_on(struct trk__cconns *cc, struct trk__lane *l, struct trk__cre
 		r->lane = NULL;
 		l->busy = NULL;
 		l->broken = true;
+		evtimer_del(l->deadline);
 		fail_later(cc, r, -EIO, true);
 	}
 }
@@ -213,8 +250,9 @@ void trk__cconns_submit(struct trk__cconns *cc, struct trk__creq *r, bool front)
 	struct trk__lane *l;
 
 	r->lane = NULL;
-	r->sent = r->reused = r->queued = r->failing = false;
+	r->sent = r->reused = r->queued = r->failing = r->head_read = false;
 	r->fail = 0;
+	r->refused[0] = 0;
 	if (!r->long_poll) {
 		if (front)
 			TAILQ_INSERT_HEAD(&cc->queue, r, qlink);
@@ -245,6 +283,14 @@ void trk__cconns_submit(struct trk__cconns *cc, struct trk__creq *r, bool front)
 	send_on(cc, l, r);
 }
 
+/* Frees a long-poll lane whose connection is let go. */
+static void lane_free(struct trk__lane *l)
+{
+	if (l->deadline != NULL)
+		event_free(l->deadline);
+	free(l);
+}
+
 /* Keeps at most POLL_LANES_KEPT idle long-poll connections. */
 static void trim_polls(struct trk__cconns *cc)
 {
@@ -258,7 +304,7 @@ static void trim_polls(struct trk__cconns *cc)
 		if (conn_drop(cc, l) != 0)
 			continue;
 		TAILQ_REMOVE(&cc->polls, l, link);
-		free(l);
+		lane_free(l);
 	}
 }
 
@@ -271,6 +317,7 @@ void trk__cconns_done(struct trk__cconns *cc, struct trk__creq *r, bool answered
 	if (l == NULL)
 		return;
 	l->busy = NULL;
+	evtimer_del(l->deadline);
 	if (answered)
 		l->answered++;
 	else
@@ -279,6 +326,36 @@ void trk__cconns_done(struct trk__cconns *cc, struct trk__creq *r, bool answered
 		trim_polls(cc);
 	else if (!TAILQ_EMPTY(&cc->queue))
 		event_active(cc->later, EV_TIMEOUT, 1);
+}
+
+int trk__creq_head(struct trk__creq *r, struct evhttp_request *req)
+{
+	const struct evkeyval *h;
+	const char *cl;
+	size_t n = 0;
+	char *end;
+
+	TAILQ_FOREACH(h, evhttp_request_get_input_headers(req), next)
+		n++;
+	if (n > TRK__ANSWER_HEADERS_MAX) {
+		snprintf(r->refused, sizeof(r->refused),
+			 "the answer's head has %zu header lines (at most %d)", n,
+			 TRK__ANSWER_HEADERS_MAX);
+		return -1;
+	}
+	cl = evhttp_find_header(evhttp_request_get_input_headers(req), "Content-Length");
+	if (cl != NULL) {
+		unsigned long long v = strtoull(cl, &end, 10);
+
+		if (end == cl || *end != 0 || v > r->body_max) {
+			snprintf(r->refused, sizeof(r->refused),
+				 "the answer's Content-Length %.24s exceeds %zu bytes, the most "
+				 "this request's answer holds", cl, r->body_max);
+			return -1;
+		}
+	}
+	r->head_read = true;
+	return 0;
 }
 
 struct bufferevent *trk__cconns_bev(const struct trk__creq *r)
@@ -319,11 +396,13 @@ void trk__cconns_free(struct trk__cconns *cc)
 	/* Frees the requests on them too, without calling back. */
 	if (cc->main.conn != NULL)
 		evhttp_connection_free(cc->main.conn);
+	if (cc->main.deadline != NULL)
+		event_free(cc->main.deadline);
 	while ((l = TAILQ_FIRST(&cc->polls)) != NULL) {
 		TAILQ_REMOVE(&cc->polls, l, link);
 		if (l->conn != NULL)
 			evhttp_connection_free(l->conn);
-		free(l);
+		lane_free(l);
 	}
 	while (cc->ndead > 0)
 		evhttp_connection_free(cc->dead[--cc->ndead]);

@@ -13,6 +13,11 @@
  * it, idle, while the request was on its way) is sent once more by the
  * client, on a new connection. A request waiting in the queue past its own
  * deadline fails with -ETIMEDOUT without being sent.
+ *
+ * Whoever is on the path decides what comes back, so an answer is bounded
+ * before it is held: its head in lines and bytes, its body by its request's
+ * own cap, and the whole of it by the request's deadline (a byte now and
+ * then keeps no answer alive).
  */
 #ifndef TRACKER_CLIENT_CONN_H
 #define TRACKER_CLIENT_CONN_H
@@ -21,6 +26,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/queue.h>
+
+#define TRK__ANSWER_HEADERS_MAX 64       /* header lines in an answer's head */
+#define TRK__ANSWER_HEAD_MAX (16u << 10) /* bytes of an answer's head */
 
 struct ssl_ctx_st;
 struct trk__cconns;
@@ -33,16 +41,20 @@ struct trk__creq {
 	char *uri;                  /* owned by the embedding request */
 	uint64_t deadline_ns;       /* proto_now_ns() by which it must be answered */
 	bool long_poll;             /* held by the tracker: a connection of its own */
+	size_t body_max;            /* the largest answer body taken, bytes */
 	/* Set here. */
 	struct trk__lane *lane;     /* the connection it went out on */
 	bool queued, sent, reused;  /* reused: that connection had answered before */
 	int fail;                   /* failed before it was sent: its status */
 	bool failing;               /* waiting to be told so */
+	bool head_read;             /* its answer's head was read and taken */
+	char refused[160];          /* why its answer was refused here, or "" */
 	TAILQ_ENTRY(trk__creq) qlink;
 };
 
 /* Told, from the loop, that r failed before it was sent (status in r->fail:
- * -ETIMEDOUT, -EIO, -ENOMEM). r->req is freed by then. */
+ * -ETIMEDOUT, -EIO, -ENOMEM), or that its deadline passed before its whole
+ * answer came (-ETIMEDOUT, r->refused says so). r->req is freed by then. */
 typedef void (*trk__creq_fail_fn)(struct trk__creq *r, void *arg);
 
 /* The connections of a client to host:port on base; tls (may be NULL) is a
@@ -61,6 +73,10 @@ void trk__cconns_submit(struct trk__cconns *cc, struct trk__creq *r, bool front)
  * connection is dropped. What is queued goes out from the loop, after
  * requests that the callback sends. */
 void trk__cconns_done(struct trk__cconns *cc, struct trk__creq *r, bool answered);
+/* In r's header callback (evhttp_request_set_header_cb): 0 to read the
+ * body, -1 to refuse the answer (r->refused says why; the request then
+ * fails as libevent's EOF). */
+int trk__creq_head(struct trk__creq *r, struct evhttp_request *req);
 /* The bufferevent r went out on (to read a TLS failure), or NULL. */
 struct bufferevent *trk__cconns_bev(const struct trk__creq *r);
 /* Forgets r without calling back: a queued one is dequeued and its
