@@ -122,6 +122,14 @@
 	/* Time a client gets to send a request's whole head (request line \
 	 * and headers) to the tracker, from its first byte. */ \
 	X(HEADER_MS, "TESSERA_HEADER_MS", 10000, "tracker deadline for a request head, ms") \
+	/* Connections the tracker holds from one peer address (an IPv6 /64 \
+	 * counts as one); beyond it, that address loses its idle and \
+	 * unauthenticated ones first. A host's node agents hold a few each. */ \
+	X(TRACKER_CONNS_PER_ADDR, "TESSERA_TRACKER_CONNS_PER_ADDR", 1024, "tracker connections per peer address") \
+	/* Time a client gets to send a request's body to the tracker, from \
+	 * its head (a 64 MiB manifest at 1 MB/s); an answer not all read \
+	 * this long after a held request's longest wait closes it too. */ \
+	X(TRACKER_BODY_MS, "TESSERA_TRACKER_BODY_MS", 90000, "tracker deadline for a request body, ms") \
 	/* Connections the kernel queues for the tracker before it accepts them \
 	 * (capped at somaxconn). A long queue absorbs a large cluster's bursts but \
 	 * lets a connection flood queue ahead of members (proto/NOTES.md); raise \

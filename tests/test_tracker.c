@@ -3950,6 +3950,7 @@ static uint64_t metric_value(struct fx *f, const char *name)
 
 /* True once the tracker has closed fd (end of file or reset); false if it
  * is still open after ms. Throws away what it reads. */
+static bool still_open(int fd);
 static bool closed_within(int fd, unsigned ms)
 {
 	uint64_t end = proto_now_ns() + (uint64_t)ms * 1000000u;
@@ -4088,49 +4089,78 @@ static void test_unauthenticated_body(void **state)
 	free(chunk);
 }
 
+/* A connection to port from 127.0.0.<last> (another peer address than
+ * the fixture's client); -1 when it fails. Sends time out after 200 ms. */
+static int connect_from(int port, int last)
+{
+	struct sockaddr_in src = {.sin_family = AF_INET};
+	struct sockaddr_in dst = {.sin_family = AF_INET};
+	struct timeval tv = {0, 200000};
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	if (fd < 0)
+		return -1;
+	src.sin_addr.s_addr = htonl(0x7f000000u | (uint32_t)last);
+	dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	dst.sin_port = htons((uint16_t)port);
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	if (bind(fd, (struct sockaddr *)&src, sizeof(src)) != 0 ||
+	    connect(fd, (struct sockaddr *)&dst, sizeof(dst)) != 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
 /* Opens connections from 127.0.0.2 as fast as it can, holding up to
- * FLOOD_HOLD (the oldest closed first), until stopped. */
+ * FLOOD_HOLD (the oldest closed first), until stopped; each sends
+ * says[i % 2] when given (else nothing). With keep, once it holds
+ * FLOOD_HOLD it reopens those the tracker closed instead, and leaves them
+ * open in held[0..n) when stopped (the caller closes them). */
 #define FLOOD_HOLD 300
 struct flood {
 	pthread_t th;
 	int port;
 	atomic_bool stop;
-	long opened;
+	atomic_long opened;
+	const char *says[2];
+	bool keep;
+	int held[FLOOD_HOLD];
+	size_t n;
 };
 
 static void *flood_main(void *arg)
 {
 	struct flood *fl = arg;
-	int held[FLOOD_HOLD];
-	size_t at = 0, n = 0;
+	size_t at = 0;
 
 	while (!atomic_load(&fl->stop)) {
-		struct sockaddr_in src = {.sin_family = AF_INET};
-		struct sockaddr_in dst = {.sin_family = AF_INET};
-		struct timeval tv = {0, 200000};
-		int fd = socket(AF_INET, SOCK_STREAM, 0);
+		const char *say = fl->says[fl->opened % 2];
+		int fd;
 
-		if (fd < 0)
-			break;
-		src.sin_addr.s_addr = htonl(0x7f000002); /* 127.0.0.2 */
-		dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-		dst.sin_port = htons((uint16_t)fl->port);
-		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-		if (bind(fd, (struct sockaddr *)&src, sizeof(src)) != 0 ||
-		    connect(fd, (struct sockaddr *)&dst, sizeof(dst)) != 0) {
-			close(fd);
-			continue;
+		if (fl->keep && fl->n == FLOOD_HOLD) {
+			if (still_open(fl->held[at])) {
+				at = (at + 1) % FLOOD_HOLD;
+				if (at == 0)
+					usleep(1000);
+				continue;
+			}
 		}
+		fd = connect_from(fl->port, 2);
+		if (fd < 0)
+			continue;
+		if (say != NULL)
+			send(fd, say, strlen(say), MSG_NOSIGNAL);
 		fl->opened++;
-		if (n == FLOOD_HOLD)
-			close(held[at]);
+		if (fl->n == FLOOD_HOLD)
+			close(fl->held[at]);
 		else
-			n++;
-		held[at] = fd;
+			fl->n++;
+		fl->held[at] = fd;
 		at = (at + 1) % FLOOD_HOLD;
 	}
-	for (size_t i = 0; i < n; i++)
-		close(held[i]);
+	for (size_t i = 0; !fl->keep && i < fl->n; i++)
+		close(fl->held[i]);
 	return NULL;
 }
 
@@ -4178,6 +4208,243 @@ static void test_connection_flood(void **state)
 	trk_reply_fini(&r);
 	assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"A/0\"}", &r), 200);
 	trk_reply_fini(&r);
+}
+
+
+/* The status code of the answer that comes on fd within ms (-1: none, or
+ * closed without one). Reads only the first bytes. */
+static int answer_within(int fd, unsigned ms)
+{
+	uint64_t end = proto_now_ns() + (uint64_t)ms * 1000000u;
+	char resp[256];
+	int code = -1;
+
+	while (proto_now_ns() < end) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		ssize_t n;
+
+		if (poll(&p, 1, 50) <= 0)
+			continue;
+		n = recv(fd, resp, sizeof(resp) - 1, 0);
+		if (n <= 0)
+			return -1;
+		resp[n] = 0;
+		sscanf(resp, "HTTP/1.%*d %d", &code);
+		return code;
+	}
+	return -1;
+}
+
+/* True while the tracker keeps fd open (nothing to read, no end of file). */
+static bool still_open(int fd)
+{
+	char c;
+	ssize_t n = recv(fd, &c, 1, MSG_DONTWAIT | MSG_PEEK);
+
+	return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+/* Auth before the body, whatever the head: a head the judge cannot read
+ * (a space after the version, an obs-fold line, a space before a colon)
+ * is answered 400 by the tracker itself, never handed to evhttp (which
+ * reads the first two and buffers their body); and nothing but a signed
+ * POST carries a body (PUT, PATCH, a GET with one are refused unread).
+ * Each sends part of its declared body: the answer must come before the
+ * rest, and the connection be closed. */
+static void test_body_smuggling(void **state)
+{
+	struct fx *f = *state;
+	static const struct {
+		const char *head;
+		size_t declared;
+		int want;
+	} heads[] = {
+		{"POST " TRK_API "/versions HTTP/1.1 \r\nHost: x\r\nContent-Length: 60000000\r\n\r\n",
+		 60000000, 400},
+		{"POST " TRK_API "/versions HTTP/1.1\r\nHost: x\r\nX-Pad: a\r\n b\r\n"
+		 "Content-Length: 60000000\r\n\r\n", 60000000, 400},
+		{"POST " TRK_API "/versions HTTP/1.1\r\nHost: x\r\nContent-Length : 60000000\r\n\r\n",
+		 60000000, 400},
+		{"PUT / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n", 1048576, 405},
+		{"PATCH " TRK_API "/nodes HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n",
+		 1048576, 405},
+		{"GET " TRK_API "/status HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n", 1000, 413},
+	};
+	uint64_t refused0 = metric_value(f, "tessera_tracker_http_closed_total{reason=\"refused_head\"}");
+	char *chunk = calloc(1, 256u << 10), *before, *after;
+	size_t sent = 0, declared = 0;
+
+	assert_non_null(chunk);
+	before = status_snapshot(f);
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(heads); i++) {
+		int fd = tcp_connect(f->srv.url), code;
+		size_t part = PROTO_MIN(heads[i].declared / 2, (size_t)256u << 10);
+
+		write_all(fd, heads[i].head, strlen(heads[i].head));
+		write_all(fd, chunk, part);
+		sent += part;
+		declared += heads[i].declared;
+		code = answer_within(fd, 20000);
+		if (code != heads[i].want)
+			fail_msg("head %zu: %d before the rest of its body, want %d", i, code,
+				 heads[i].want);
+		assert_true(closed_within(fd, 20000));
+		close(fd);
+	}
+	assert_true(metric_value(f, "tessera_tracker_http_closed_total{reason=\"refused_head\"}") >=
+		    refused0 + PROTO_ARRAY_LEN(heads));
+	after = status_snapshot(f);
+	assert_string_equal(before, after);
+	fprintf(stderr, "# %zu heads answered 4xx and closed after %zu body bytes of the "
+		"%zu they declared; none read on\n", PROTO_ARRAY_LEN(heads), sent, declared);
+	free(after);
+	free(before);
+	free(chunk);
+}
+
+/* A guarded tracker that bounds each peer address to PER_ADDR
+ * connections (keyed or not). */
+#define PER_ADDR 16
+static int setup_per_addr(void **state, bool keyed)
+{
+	int rc;
+
+	setenv("TESSERA_TRACKER_CONNS_PER_ADDR", "16", 1);
+	setenv("TESSERA_TRACKER_BODY_MS", "600", 1);
+	rc = keyed ? setup_guarded(state) : 0;
+	if (!keyed) {
+		setenv("TESSERA_TRACKER_CONNS", "40", 1);
+		setenv("TESSERA_HEADER_MS", "600", 1);
+		rc = fx_setup(state, false);
+		unsetenv("TESSERA_TRACKER_CONNS");
+		unsetenv("TESSERA_HEADER_MS");
+	}
+	unsetenv("TESSERA_TRACKER_CONNS_PER_ADDR");
+	unsetenv("TESSERA_TRACKER_BODY_MS");
+	return rc;
+}
+
+static int setup_per_addr_keyed(void **state)
+{
+	return setup_per_addr(state, true);
+}
+
+static int setup_per_addr_open(void **state)
+{
+	return setup_per_addr(state, false);
+}
+
+/* An outsider locking clients out: hundreds of connections from one
+ * address, each holding an unauthenticated watch (pipelined twice) or
+ * sending part of a PUT body, on a tracker whose cap (40) they could fill
+ * ten times over, while nodes of another address hold their watches. The
+ * address keeps at most PER_ADDR; every fresh GET of another client is
+ * answered, the nodes' watches stay and their heartbeats keep the lease. */
+static void test_held_flood(void **state)
+{
+	struct fx *f = *state;
+	enum { GETS = 40, NODES = 4 };
+	static const char watch[] = "GET " TRK_API "/versions?after=999999999&wait_ms=30000 HTTP/1.1\r\n"
+				    "Host: x\r\n\r\n";
+	static const char watch2[] = "GET " TRK_API "/versions?after=999999999&wait_ms=30000 HTTP/1.1\r\n"
+				     "Host: x\r\n\r\nGET " TRK_API "/versions?after=999999999&wait_ms=30000 "
+				     "HTTP/1.1\r\nHost: x\r\n\r\n";
+	static const char put[] = "PUT / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n"
+				  "0123456789abcdef0123456789abcdef";
+	struct flood *fl = calloc(1, sizeof(*fl));
+	int nodes[NODES], port = url_port(f->srv.url), served = 0, open = 0;
+	struct trk_reply r;
+
+	assert_non_null(fl);
+	populate(f);
+	for (int i = 0; i < NODES; i++) {
+		nodes[i] = connect_from(port, 1);
+		assert_true(nodes[i] >= 0);
+		write_all(nodes[i], watch, sizeof(watch) - 1);
+	}
+	fl->port = port;
+	fl->says[0] = watch2;
+	fl->says[1] = put;
+	fl->keep = true;
+	assert_int_equal(pthread_create(&fl->th, NULL, flood_main, fl), 0);
+	/* The flood goes on all along: any room made is taken at once. */
+	for (int w = 0; w < 30000 && atomic_load(&fl->opened) < FLOOD_HOLD; w += 10)
+		msleep(10);
+	for (int i = 0; i < GETS; i++) {
+		json_t *j = NULL;
+		int code = raw(f, "GET", TRK_API "/status", NULL, "", 0, &j);
+
+		json_decref(j);
+		served += code == 200;
+		if (i % 10 == 0) {
+			assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"A/0\"}", &r), 200);
+			trk_reply_fini(&r);
+		}
+	}
+	atomic_store(&fl->stop, true);
+	pthread_join(fl->th, NULL);
+	/* What the tracker holds of the flood once it has judged it all (the
+	 * sweep visits every connection within a second). */
+	msleep(2000);
+	for (size_t i = 0; i < fl->n; i++)
+		open += still_open(fl->held[i]);
+	for (int i = 0; i < NODES; i++)
+		open -= !still_open(nodes[i]) * 1000; /* a node's watch lost: fails below */
+	uint64_t conns = metric_value(f, "tessera_tracker_http_connections");
+	fprintf(stderr, "# %ld flood connections (watches, PUT bodies): %d of the last %zu held by "
+		"the tracker (bound %d); %d of %d fresh GETs served; %llu connections open (cap %d)\n",
+		(long)atomic_load(&fl->opened), open, fl->n, PER_ADDR, served, GETS,
+		(unsigned long long)conns, GUARD_CONNS);
+	for (size_t i = 0; i < fl->n; i++)
+		close(fl->held[i]);
+	for (int i = 0; i < NODES; i++)
+		close(nodes[i]);
+	free(fl);
+	assert_int_equal(served, GETS);
+	assert_true(open >= 0 && open <= PER_ADDR);
+	assert_true(conns <= GUARD_CONNS);
+	assert_true(metric_value(f, "tessera_tracker_http_closed_total{reason=\"per_addr\"}") >=
+		    (uint64_t)(FLOOD_HOLD - PER_ADDR));
+}
+
+/* Slow bodies: POSTs that declare 1 MiB and trickle it (each byte would
+ * restart libevent's idle timeout) are closed at the body deadline (600
+ * ms here), an unkeyed tracker's bodies being unauthenticated ones. */
+static void test_slow_bodies(void **state)
+{
+	struct fx *f = *state;
+	enum { N = 12 };
+	static const char head[] = "POST " TRK_API "/nodes HTTP/1.1\r\nHost: x\r\n"
+				   "Content-Length: 1048576\r\n\r\n{";
+	int fds[N], port = url_port(f->srv.url);
+	bool gone[N] = {false};
+	size_t left = N;
+	uint64_t end = proto_now_ns() + 20000ull * 1000000u, t0 = proto_now_ns();
+	json_t *j;
+
+	for (int i = 0; i < N; i++) {
+		fds[i] = connect_from(port, 2);
+		assert_true(fds[i] >= 0);
+		write_all(fds[i], head, sizeof(head) - 1);
+	}
+	while (left > 0 && proto_now_ns() < end) {
+		for (int i = 0; i < N; i++) {
+			if (gone[i])
+				continue;
+			if (send(fds[i], " ", 1, MSG_NOSIGNAL) != 1 || closed_within(fds[i], 100)) {
+				gone[i] = true;
+				left--;
+			}
+		}
+	}
+	for (int i = 0; i < N; i++)
+		close(fds[i]);
+	fprintf(stderr, "# %d slow bodies: %zu left open after %llu ms\n", N, left,
+		(unsigned long long)((proto_now_ns() - t0) / 1000000u));
+	assert_int_equal(left, 0);
+	assert_true(metric_value(f, "tessera_tracker_http_closed_total{reason=\"slow_body\"}") >= N);
+	assert_int_equal(raw(f, "GET", TRK_API "/status", NULL, "", 0, &j), 200);
+	json_decref(j);
 }
 
 int main(void)

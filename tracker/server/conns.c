@@ -33,16 +33,25 @@
  * are cleared) and only then closes the socket. It closes a connection with
  * shutdown(): evhttp then reads end-of-file and frees it on its own path.
  *
- * Over the cap (or out of descriptors), it closes connections of the peer
- * address that holds the most, idle or still-sending-a-head ones first
- * (make_room): a flood closes its own connections, not the one or two a
- * node or publisher holds. A head still incomplete TESSERA_HEADER_MS after
- * its first byte closes its connection (slowloris), and so does a TLS
- * handshake unfinished that long after the connection opened. Clients keep
- * their connection open between requests (HTTP/1.1 keep-alive); one that
- * has carried nothing for TESSERA_TRACKER_IDLE_MS is closed, and idle ones
- * are the first a flood's address loses. accept() failures are
- * logged once per LOG_EVERY_MS with a count, and pause the listener.
+ * A head that does not parse is answered 400 here, never handed on: read
+ * one way by the judge and another by evhttp, it would carry a body past
+ * it. Only a signed POST carries a body (trk__head_verdict).
+ *
+ * Every connection counts against its peer address (an IPv6 /64 as one):
+ * over TESSERA_TRACKER_CONNS_PER_ADDR, or over the cap (or out of
+ * descriptors), the address that holds the most loses one (shed): idle,
+ * still sending a head or refused first, then one whose request is
+ * unauthenticated (a body being read, a held watch); a signed request
+ * never. A flood closes its own connections, not the one or two a node or
+ * publisher holds. Every phase has a deadline: a head TESSERA_HEADER_MS
+ * after its first byte (slowloris; a TLS handshake too, from the
+ * connection's opening), a body TESSERA_TRACKER_BODY_MS after its head, an
+ * answer that long after the longest a request is held
+ * (TRK_WAIT_MAX_MS), a refused request's draining REFUSED_LINGER_MS.
+ * Clients keep their connection open between requests (HTTP/1.1
+ * keep-alive); one that has carried nothing for TESSERA_TRACKER_IDLE_MS is
+ * closed. accept() failures are logged once per LOG_EVERY_MS with a count,
+ * and pause the listener.
  */
 
 #define SWEEP_MS 100
@@ -65,24 +74,35 @@ enum conn_state {
 	C_REFUSED, /* answered, draining, closing */
 };
 
+struct addr_slot {
+	uint64_t addr;
+	uint32_t n;         /* its live connections */
+	unsigned full_pass; /* make_room's pass that found none to close */
+	bool used;
+};
+
 struct trk_conn {
 	struct bufferevent *bev;
 	struct trk_conns *g;
 	struct trk_conn *prev, *next; /* oldest first */
 	enum conn_state state;
 	bool closing;       /* shut down, waiting for evhttp to let go */
-	bool admitted;      /* its peer address is known and counted */
+	bool admitted;      /* its peer address is known */
+	bool counted;       /* ... and counted in the address table */
+	bool authed;        /* its last judged head was signed */
+	bool serving_authed; /* the request with evhttp was */
 	int fd;             /* its slot in by_fd, once indexed; -1 before */
 	uint64_t addr;      /* the peer's address, folded to 64 bits */
-	bool skip_head;     /* head too long to judge: evhttp refuses it */
 	uint64_t opened_ms, head_ms, refused_ms;
+	uint64_t body_ms;   /* its last head was judged (C_BODY from then) */
+	uint64_t serve_ms;  /* the request with evhttp reached it */
 	uint64_t active_ms; /* bytes last came in, or last seen busy */
 	uint64_t drained, declared; /* refused: body bytes thrown away, and
 				     * what its head declared */
 	size_t head_end;    /* where the judged head ended in the input */
 	bool answered;      /* refused: the answer is written */
 	bool serving;       /* a request of it is with evhttp, not yet all answered */
-	bool chunked;       /* refused: no declared length (answered at once) */
+	bool answer_now;    /* refused: answered at once, not after the body */
 	bool background;    /* it carries a held watch: at the low priority */
 	int code;           /* refused: the answer */
 	char msg[300];
@@ -107,9 +127,15 @@ struct trk_conns {
 	size_t nfd;
 	size_t n, cap;
 	size_t live; /* n less those closing */
-	uint64_t header_ms, idle_ms;
+	size_t per_addr; /* connections one address may hold */
+	/* Live connections by peer address (open addressing; an address
+	 * whose count fell to 0 keeps its slot until the table is rebuilt). */
+	struct addr_slot *addrs;
+	size_t addrs_cap, addrs_used;
+	unsigned room_pass; /* make_room's current pass */
+	uint64_t header_ms, idle_ms, body_ms;
 	/* Counters for /metrics and the rate-limited log. */
-	uint64_t accepted, evicted, slow, refused_heads, idle;
+	uint64_t accepted, evicted, slow, refused_heads, idle, slow_body, per_addr_closed;
 	uint64_t accept_errors, accept_errors_logged, last_log_ms;
 	struct trk_conns *next_guard; /* guards, by listener */
 	int low_pri;             /* held watches' connections' priority (0: none) */
@@ -165,10 +191,79 @@ static void conn_index(struct trk_conns *g, struct trk_conn *c)
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+static size_t addr_hash(uint64_t addr, size_t cap)
+{
+	return (size_t)((addr * 0x9e3779b97f4a7c15ull) >> 24) & (cap - 1);
+}
+
+/* Rebuilds the address table at cap slots (a power of two), dropping the
+ * addresses that hold nothing. -ENOMEM leaves it unchanged. */
+static int addrs_rebuild(struct trk_conns *g, size_t cap)
+{
+	struct addr_slot *t = calloc(cap, sizeof(*t));
+
+	if (t == NULL)
+		return -ENOMEM;
+	g->addrs_used = 0;
+	for (size_t i = 0; i < g->addrs_cap; i++) {
+		size_t j;
+
+		if (!g->addrs[i].used || g->addrs[i].n == 0)
+			continue;
+		for (j = addr_hash(g->addrs[i].addr, cap); t[j].used; j = (j + 1) & (cap - 1))
+			;
+		t[j] = g->addrs[i];
+		g->addrs_used++;
+	}
+	free(g->addrs);
+	g->addrs = t;
+	g->addrs_cap = cap;
+	return 0;
+}
+
+/* addr's slot; with add, made when absent (NULL: out of memory). */
+static struct addr_slot *addr_slot(struct trk_conns *g, uint64_t addr, bool add)
+{
+	size_t i;
+
+	if (add && 2 * (g->addrs_used + 1) > g->addrs_cap) {
+		size_t cap = 64;
+
+		while (cap < 4 * (g->live + 1))
+			cap *= 2;
+		if (addrs_rebuild(g, cap) != 0)
+			return NULL;
+	}
+	if (g->addrs_cap == 0)
+		return NULL;
+	for (i = addr_hash(addr, g->addrs_cap); g->addrs[i].used;
+	     i = (i + 1) & (g->addrs_cap - 1))
+		if (g->addrs[i].addr == addr)
+			return &g->addrs[i];
+	if (!add)
+		return NULL;
+	g->addrs[i].used = true;
+	g->addrs[i].addr = addr;
+	g->addrs_used++;
+	return &g->addrs[i];
+}
+
+/* c no longer counts against its address (it closes). */
+static void addr_uncount(struct trk_conns *g, struct trk_conn *c)
+{
+	struct addr_slot *a = c->counted ? addr_slot(g, c->addr, false) : NULL;
+
+	if (a != NULL && a->n > 0)
+		a->n--;
+	c->counted = false;
+}
+
 static void conn_free(struct trk_conns *g, struct trk_conn *c)
 {
-	if (!c->closing)
+	if (!c->closing) {
 		g->live--;
+		addr_uncount(g, c);
+	}
 	if (c->fd >= 0 && (size_t)c->fd < g->nfd && g->by_fd[c->fd] == c)
 		g->by_fd[c->fd] = NULL;
 	conn_unlink(g, c);
@@ -188,6 +283,7 @@ static void conn_close(struct trk_conn *c)
 		return;
 	c->closing = true;
 	c->g->live--;
+	addr_uncount(c->g, c);
 	if (fd >= 0)
 		shutdown(fd, SHUT_RDWR);
 }
@@ -211,11 +307,19 @@ static bool conn_idle(const struct trk_conn *c)
 	       (bufferevent_get_enabled(c->bev) & EV_READ);
 }
 
-/* Closable to make room: nothing of a request of ours would be lost
- * (idle between requests, or still sending a head). */
-static bool conn_closable(const struct trk_conn *c)
+/* How readily c is shed: 0 when nothing of a request would be lost (idle,
+ * still sending a head, refused); 1 when its requests are unauthenticated
+ * (a body being read, a held watch); 2 never (a signed request); -1 when
+ * it is closing already. */
+static int conn_rank(const struct trk_conn *c)
 {
-	return !c->closing && (conn_idle(c) || c->state == C_HEAD);
+	if (c->closing)
+		return -1;
+	if (conn_idle(c) || c->state == C_HEAD || c->state == C_REFUSED)
+		return 0;
+	if ((!c->serving || !c->serving_authed) && (c->state != C_BODY || !c->authed))
+		return 1;
+	return 2;
 }
 
 static uint64_t peer_addr(const struct trk_conn *c)
@@ -233,68 +337,100 @@ static uint64_t peer_addr(const struct trk_conn *c)
 	}
 	if (ss.ss_family == AF_INET6) {
 		const uint8_t *b = ((const struct sockaddr_in6 *)&ss)->sin6_addr.s6_addr;
-		for (int i = 0; i < 16; i++)
+		/* A v4-mapped address is its IPv4 one; else its /64, which one
+		 * host is given whole. */
+		if (IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)b)) {
+			uint32_t v4;
+			memcpy(&v4, b + 12, 4);
+			return 1ull << 32 | v4;
+		}
+		for (int i = 0; i < 8; i++)
 			h = (h ^ b[i]) * 0x100000001b3ull;
 		return h | 1ull << 63;
 	}
 	return 0;
 }
 
+/* The connection of address addr to shed first (conn_rank 0, oldest
+ * first, else rank 1), or NULL when it has none to lose. */
+static struct trk_conn *victim(struct trk_conns *g, uint64_t addr)
+{
+	struct trk_conn *c, *unauth = NULL;
+
+	for (c = g->head; c != NULL; c = c->next) {
+		if (!c->counted || c->addr != addr)
+			continue;
+		switch (conn_rank(c)) {
+		case 0:
+			return c;
+		case 1:
+			if (unauth == NULL)
+				unauth = c;
+			break;
+		default:
+			break;
+		}
+	}
+	return unauth;
+}
+
+/* Counts c against its peer address, once its socket is set; sheds one of
+ * that address's connections when it holds more than its share. */
+static void admit_one(struct trk_conns *g, struct trk_conn *c)
+{
+	struct addr_slot *a;
+	struct trk_conn *v;
+
+	if (c->admitted || c->closing || bufferevent_getfd(c->bev) < 0)
+		return;
+	c->addr = peer_addr(c);
+	c->admitted = true;
+	a = addr_slot(g, c->addr, true);
+	if (a == NULL)
+		return; /* uncounted: the overall cap still holds */
+	a->n++;
+	c->counted = true;
+	if (a->n <= g->per_addr)
+		return;
+	v = victim(g, c->addr);
+	g->per_addr_closed++;
+	LOG_DEBUG("an address holds over %zu connections: closing one", g->per_addr);
+	conn_close(v != NULL ? v : c);
+}
+
 /*
  * Brings the live connections back under the cap. The victims come from
- * the peer address that holds the most connections, oldest closable first:
- * a flood from a few addresses closes its own connections, never those of
- * nodes and publishers that hold one or two. Returns how many it closed.
+ * the peer address that holds the most connections (victim()): a flood
+ * from a few addresses closes its own connections, never those of nodes
+ * and publishers that hold one or two. Returns how many it closed.
  */
 static size_t make_room(struct trk_conns *g, size_t want_free)
 {
-	size_t cap = 16, closed = 0;
-	struct {
-		uint64_t addr;
-		size_t n;
-	} *tab;
-	struct trk_conn *c;
+	size_t closed = 0;
 
-	while (cap < 2 * g->n)
-		cap *= 2;
-	tab = calloc(cap, sizeof(*tab));
-	if (tab == NULL)
-		return 0;
-	for (c = g->head; c != NULL; c = c->next) {
-		size_t i;
-
-		if (!c->admitted) {
-			c->addr = peer_addr(c);
-			c->admitted = true;
-		}
-		if (c->closing)
-			continue;
-		for (i = c->addr & (cap - 1); tab[i].n && tab[i].addr != c->addr;
-		     i = (i + 1) & (cap - 1))
-			;
-		tab[i].addr = c->addr;
-		tab[i].n++;
-	}
+	for (struct trk_conn *c = g->head; c != NULL; c = c->next)
+		admit_one(g, c);
+	g->room_pass++;
 	while (g->live + want_free > g->cap) {
-		size_t best = cap;
+		struct addr_slot *best = NULL;
+		struct trk_conn *v;
 
-		for (size_t i = 0; i < cap; i++)
-			if (tab[i].n > 0 && (best == cap || tab[i].n > tab[best].n))
-				best = i;
-		if (best == cap)
+		for (size_t i = 0; i < g->addrs_cap; i++) {
+			struct addr_slot *a = &g->addrs[i];
+			if (a->used && a->n > 0 && a->full_pass != g->room_pass &&
+			    (best == NULL || a->n > best->n))
+				best = a;
+		}
+		if (best == NULL)
 			break;
-		for (c = g->head; c != NULL; c = c->next)
-			if (c->addr == tab[best].addr && conn_closable(c))
-				break;
-		if (c == NULL) {
-			tab[best].n = 0; /* all busy: try the next address */
+		v = victim(g, best->addr);
+		if (v == NULL) {
+			best->full_pass = g->room_pass; /* all signed: the next address */
 			continue;
 		}
-		conn_close(c);
-		tab[best].n--;
+		conn_close(v);
 		closed++;
 	}
-	free(tab);
 	return closed;
 }
 
@@ -315,6 +451,9 @@ static void admit(evutil_socket_t fd, short what, void *arg)
 	struct trk_conns *g = arg;
 
 	release(g);
+	/* New connections are at the tail. */
+	for (struct trk_conn *c = g->tail; c != NULL && !c->admitted; c = c->prev)
+		admit_one(g, c);
 	if (g->live > g->cap)
 		g->evicted += make_room(g, 0);
 }
@@ -368,7 +507,8 @@ static void head_drop(struct trk_conn *c)
 }
 
 /* Refuses the request whose head was just read. Its body (len bytes, as
- * declared; -2: chunked, answered at once) is read and thrown away, never buffered; the answer goes out
+ * declared; -2: answered at once: chunked, not a POST, no head to trust)
+ * is read and thrown away, never buffered; a POST's answer goes out
  * once the client has sent it all: a libevent client that receives an
  * answer while it is still writing exits ("illegal connection state"). A
  * client that does not finish within REFUSED_LINGER_MS is cut off. */
@@ -391,7 +531,7 @@ static void refuse(struct trk_conn *c, int code, const char *msg, int64_t len)
 	c->drained = 0;
 	c->answered = false;
 	c->declared = (uint64_t)PROTO_MAX(len, 0);
-	c->chunked = len == -2;
+	c->answer_now = len == -2;
 	head_drop(c);
 }
 
@@ -405,7 +545,7 @@ static void drain_refused(struct trk_conn *c, struct evbuffer *buf, size_t from)
 	evbuffer_drain(buf, len);
 	if (c->answered || c->closing)
 		return;
-	if (c->drained > c->declared && !c->chunked) {
+	if (c->drained > c->declared && !c->answer_now) {
 		conn_close(c); /* more than it declared: not HTTP we speak */
 	} else if (c->drained >= c->declared) {
 		answer_raw(c->g->s, c->bev, c->code, c->msg);
@@ -421,12 +561,18 @@ static void judge(struct trk_conn *c)
 	int code;
 
 	c->state = C_BODY;
-	if (trk__head_parse(c->head, c->headlen, &h) != 1)
-		return; /* malformed: evhttp answers 400 itself */
-	code = c->g->verdict(c->g->s, &h, msg, sizeof(msg));
+	c->body_ms = now_ms();
+	c->authed = false;
+	if (trk__head_parse(c->head, c->headlen, &h) != 1) {
+		refuse(c, 400, "malformed request head", -2);
+		return;
+	}
+	code = c->g->verdict(c->g->s, &h, &c->authed, msg, sizeof(msg));
 	head_drop(c);
+	c->declared = (uint64_t)PROTO_MAX(h.content_length, 0);
 	if (code != 0)
-		refuse(c, code, msg, h.chunked ? -2 : h.content_length);
+		refuse(c, code, msg,
+		       h.chunked || strcmp(h.method, "POST") != 0 ? -2 : h.content_length);
 }
 
 /* Copies bytes of a head as they arrive; stops at the empty line. */
@@ -444,7 +590,6 @@ static void take_head(struct trk_conn *c, struct evbuffer *buf, size_t from)
 			c->state = C_HEAD;
 			c->head_ms = now_ms();
 			c->head_ns = c->g->trace != NULL ? proto_now_ns() : 0;
-			c->skip_head = false;
 		}
 		if (evbuffer_ptr_set(buf, &pos, from, EVBUFFER_PTR_SET) != 0)
 			return;
@@ -452,15 +597,14 @@ static void take_head(struct trk_conn *c, struct evbuffer *buf, size_t from)
 		if (got <= 0)
 			return;
 		for (ev_ssize_t i = 0; i < got; i++) {
-			if (c->skip_head)
-				break;
 			if (c->headlen == HEAD_CAP) {
-				c->skip_head = true; /* evhttp refuses it */
+				c->head_end = from + (size_t)i;
+				refuse(c, 431, "request head over 20 KiB", -2);
 				break;
 			}
 			if (c->headlen == c->headcap && head_grow(c) != 0) {
-				c->skip_head = true;
-				break;
+				conn_close(c);
+				return;
 			}
 			c->head[c->headlen++] = chunk[i];
 			if (trk__head_complete(c->head, c->headlen)) {
@@ -490,6 +634,11 @@ static void on_input(struct evbuffer *buf, const struct evbuffer_cb_info *info,
 	/* Bytes past the head never reach evhttp. */
 	if (c->state == C_REFUSED)
 		drain_refused(c, buf, c->head_end);
+	/* A judged request waits for evhttp (behind a held one): what it
+	 * may send meanwhile is its body and the next head. */
+	else if (c->state == C_BODY &&
+		 evbuffer_get_length(buf) > c->head_end + c->declared + HEAD_CAP)
+		conn_close(c);
 }
 
 static struct bufferevent *new_bev(struct event_base *base, void *arg)
@@ -516,6 +665,7 @@ static struct bufferevent *new_bev(struct event_base *base, void *arg)
 	c->g = g;
 	c->fd = -1;
 	c->opened_ms = c->active_ms = now_ms();
+	c->authed = c->serving_authed = false;
 	bufferevent_incref(bev);
 	evbuffer_add_cb(bufferevent_get_input(bev), on_input, c);
 	c->prev = g->tail;
@@ -527,10 +677,9 @@ static struct bufferevent *new_bev(struct event_base *base, void *arg)
 	g->n++;
 	g->live++;
 	g->accepted++;
-	/* Its socket is set after we return: judge it (and the rest of this
-	 * accept batch) right after. */
-	if (g->live > g->cap)
-		event_active(g->admit_ev, EV_TIMEOUT, 1);
+	/* Its socket is set after we return: count it against its address
+	 * (with the rest of this accept batch) right after. */
+	event_active(g->admit_ev, EV_TIMEOUT, 1);
 	return bev;
 }
 
@@ -562,6 +711,10 @@ static void sweep(evutil_socket_t fd, short what, void *arg)
 		} else if (c->state == C_IDLE && now - c->opened_ms > g->header_ms &&
 			   trk__tls_handshaking(c->bev)) {
 			g->slow++; /* a TLS handshake dribbled: slowloris too */
+			conn_close(c);
+		} else if ((c->state == C_BODY && !c->serving && now - c->body_ms > g->body_ms) ||
+			   (c->serving && now - c->serve_ms > g->body_ms + TRK_WAIT_MAX_MS)) {
+			g->slow_body++; /* a body, or an answer's reading, dribbled */
 			conn_close(c);
 		} else if (!conn_idle(c)) {
 			c->active_ms = now; /* a request is being served or held */
@@ -630,6 +783,8 @@ static void served(struct evhttp_request *req, void *arg)
 
 	c->serving = false;
 	c->active_ms = now_ms();
+	if (c->state == C_BODY)
+		c->body_ms = c->active_ms; /* a pipelined request's turn now */
 	if (c->g->trace != NULL) {
 		const char *uri = evhttp_request_get_uri(req);
 		fprintf(c->g->trace, "R %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %d %s %.40s\n",
@@ -713,6 +868,8 @@ void trk__conns_request(struct trk_conns *g, struct evhttp_request *req,
 	 * frees it, and never calls served, if the connection goes first;
 	 * c outlives it: it is freed only once evhttp let go of the socket). */
 	c->serving = true;
+	c->serving_authed = c->authed;
+	c->serve_ms = now_ms();
 	if (c->background) {
 		c->background = false;
 		bufferevent_priority_set(bev, g->norm_pri);
@@ -741,6 +898,8 @@ void trk__conns_stats(const struct trk_conns *g, struct trk_conns_stats *out)
 	out->refused_heads = g->refused_heads;
 	out->idle = g->idle;
 	out->accept_errors = g->accept_errors;
+	out->slow_body = g->slow_body;
+	out->per_addr = g->per_addr_closed;
 }
 
 int trk__conns_new(struct trk_server *s, trk__head_verdict_fn verdict, struct trk_conns **out)
@@ -760,6 +919,8 @@ int trk__conns_new(struct trk_server *s, trk__head_verdict_fn verdict, struct tr
 	g->verdict = verdict;
 	g->cap = PROTO_MAX(cap, 2);
 	g->header_ms = proto_param(PROTO_PARAM_HEADER_MS);
+	g->body_ms = proto_param(PROTO_PARAM_TRACKER_BODY_MS);
+	g->per_addr = PROTO_MAX((size_t)proto_param(PROTO_PARAM_TRACKER_CONNS_PER_ADDR), 1);
 	g->idle_ms = proto_param(PROTO_PARAM_TRACKER_IDLE_MS);
 	g->last_log_ms = now_ms();
 	g->lev = evhttp_bound_socket_get_listener(s->sock);
@@ -821,5 +982,6 @@ void trk__conns_free(struct trk_conns *g)
 	while (g->head != NULL)
 		conn_free(g, g->head);
 	free(g->by_fd);
+	free(g->addrs);
 	free(g);
 }

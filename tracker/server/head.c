@@ -50,6 +50,22 @@ static bool copy_tok(const char *p, size_t n, char *out, size_t cap)
 	return true;
 }
 
+/* A header name is an HTTP token (RFC 9110 5.1): no spaces, no controls. A
+ * line that starts with a space or tab (obs-fold) or names a header with
+ * spaces before its colon fails here: read one way by this parser and
+ * another by evhttp, it would smuggle a length or a signature past the
+ * judge. */
+static bool name_ok(const char *p, size_t n)
+{
+	if (n == 0)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)p[i] <= 0x20 || p[i] == 0x7f ||
+		    strchr("\"(),/:;<=>?@[\\]{}", p[i]) != NULL)
+			return false;
+	return true;
+}
+
 int trk__head_parse(const uint8_t *buf, size_t len, struct trk_head *out)
 {
 	size_t at = 0, n, sp1, sp2;
@@ -68,7 +84,8 @@ int trk__head_parse(const uint8_t *buf, size_t len, struct trk_head *out)
 	if (sp1 >= n || sp2 >= n || !copy_tok(line, sp1, out->method,
 					       sizeof(out->method)) ||
 	    !copy_tok(line + sp1 + 1, sp2 - sp1 - 1, out->uri, sizeof(out->uri)) ||
-	    n - sp2 - 1 != 8 || strncmp(line + sp2 + 1, "HTTP/1.", 7) != 0)
+	    n - sp2 - 1 != 8 || strncmp(line + sp2 + 1, "HTTP/1.", 7) != 0 ||
+	    (line[n - 1] != '0' && line[n - 1] != '1'))
 		return -1;
 	while ((line = next_line(buf, len, &at, &n)) != NULL) {
 		const char *colon, *v;
@@ -77,7 +94,7 @@ int trk__head_parse(const uint8_t *buf, size_t len, struct trk_head *out)
 		if (n == 0)
 			return 1;
 		colon = memchr(line, ':', n);
-		if (colon == NULL || colon == line)
+		if (colon == NULL || !name_ok(line, (size_t)(colon - line)))
 			return -1;
 		v = colon + 1;
 		vn = n - (size_t)(v - line);

@@ -130,7 +130,7 @@ struct trk_head {
 /* True when buf (a head received so far) ends with its empty line. */
 bool trk__head_complete(const uint8_t *buf, size_t len);
 /* Parses a complete head (hostile bytes). 1: parsed into *out; 0: no empty
- * line yet; -1: malformed (evhttp will answer it). */
+ * line yet; -1: malformed (the guard answers 400 and closes). */
 int trk__head_parse(const uint8_t *buf, size_t len, struct trk_head *out);
 
 /* ---- auth.c: the server's check of request signatures ---- */
@@ -159,15 +159,21 @@ struct trk_conns_stats {
 	size_t open, cap;
 	uint64_t accepted, evicted, slow, refused_heads, idle;
 	uint64_t accept_errors;
+	uint64_t slow_body, per_addr; /* closed: body or answer past its
+				       * deadline; over TESSERA_TRACKER_CONNS_PER_ADDR */
 };
 /* What the tracker answers a head before reading its body: 0 to read on,
- * or an HTTP code with a one-line reason in msg (trk__head_verdict). */
-typedef int (*trk__head_verdict_fn)(struct trk_server *s, const struct trk_head *h, char *msg,
-				    size_t cap);
+ * or an HTTP code with a one-line reason in msg (trk__head_verdict);
+ * *authed: the request carries a valid signature (its connection is then
+ * the last a flood's address loses). */
+typedef int (*trk__head_verdict_fn)(struct trk_server *s, const struct trk_head *h,
+				    bool *authed, char *msg, size_t cap);
 
 /* Starts guarding s->http's connections (s->sock bound): a cap of
- * TESSERA_TRACKER_CONNS (and the descriptor limit), heads due within
- * TESSERA_HEADER_MS, heads judged by verdict before the body.
+ * TESSERA_TRACKER_CONNS (and the descriptor limit) and of
+ * TESSERA_TRACKER_CONNS_PER_ADDR per peer address, heads due within
+ * TESSERA_HEADER_MS, bodies within TESSERA_TRACKER_BODY_MS, heads judged
+ * by verdict before the body.
  * -ENOMEM with nothing changed. Free with trk__conns_free after
  * evhttp_free. */
 int trk__conns_new(struct trk_server *s, trk__head_verdict_fn verdict, struct trk_conns **out);
@@ -193,10 +199,11 @@ void trk__conns_stats(const struct trk_conns *g, struct trk_conns_stats *out);
 /* evhttp's callback for every request (arg: the server). */
 void trk__route(struct evhttp_request *req, void *arg);
 /* What the tracker answers a head before reading its body: 0 to read on,
- * or an HTTP code (401, 411, 413) with a one-line reason in msg. Uses the
- * routes' body caps and trk__auth_check_head. */
+ * or an HTTP code (401, 405, 411, 413) with a one-line reason in msg. Uses
+ * the routes' body caps and trk__auth_check_head; only a signed POST
+ * carries a body. */
 int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
-		      char *msg, size_t cap);
+		      bool *authed, char *msg, size_t cap);
 
 /* ---- watches.c: requests held (long-polls) ---- */
 

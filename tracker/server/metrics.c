@@ -121,6 +121,10 @@ static void conns_metrics(struct proto_metrics *m, const struct trk_server *s, b
 	counter(m, "tessera_tracker_http_closed_total", "reason=\"refused_head\"", closed,
 		st.refused_heads, bad);
 	counter(m, "tessera_tracker_http_closed_total", "reason=\"idle\"", closed, st.idle, bad);
+	counter(m, "tessera_tracker_http_closed_total", "reason=\"slow_body\"", closed, st.slow_body,
+		bad);
+	counter(m, "tessera_tracker_http_closed_total", "reason=\"per_addr\"", closed, st.per_addr,
+		bad);
 	counter(m, "tessera_tracker_http_accept_errors_total", NULL, "Failed accept() calls.",
 		st.accept_errors, bad);
 }

@@ -97,19 +97,30 @@ static size_t post_cap(const char *path)
 }
 
 int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
-		      char *msg, size_t cap)
+		      bool *authed, char *msg, size_t cap)
 {
 	struct proto_err err = {{0}};
 	char path[sizeof(h->uri)];
 	size_t limit;
 	uint64_t len;
 
+	*authed = false;
 	if (strcmp(h->method, "POST") != 0) {
-		/* Reads take no body: a declared one is refused unread. */
-		if (h->chunked || h->content_length > (int64_t)TRK_JSON_MAX) {
-			snprintf(msg, cap, "a %s body is not read", h->method);
+		/* Only a POST carries a body: any other is refused unread
+		 * (the router would refuse the method after it anyway). */
+		if (strcmp(h->method, "GET") != 0 && strcmp(h->method, "HEAD") != 0) {
+			snprintf(msg, cap, "only GET, HEAD and POST are served");
+			return 405;
+		}
+		if (h->chunked || h->content_length > 0) {
+			snprintf(msg, cap, "a %s carries no body", h->method);
 			return 413;
 		}
+		/* A signed read (sources, holders, a node's watch) is a
+		 * member's; the router checks it in full. */
+		*authed = s->auth != NULL && h->has_auth &&
+			  trk__auth_check_head(s->auth, h->method, h->uri, h->auth, 0,
+					       proto_wall_ms() / 1000, &err) == 0;
 		return 0;
 	}
 	snprintf(path, sizeof(path), "%s", h->uri);
