@@ -635,7 +635,11 @@ static void test_auth(void **state)
 	/* Reads are open; the client signs POSTs (twice the same call in one
 	 * second is no replay: the client adds a nonce). */
 	assert_int_equal(raw(f, "GET", TRK_API "/status", NULL, "", 0, NULL), 200);
-	register_publisher(f);
+	/* Signed, but the ranks are the live publisher's registered above:
+	 * without its session, no taking them over. */
+	assert_int_equal(post(f, TRK_API "/publishers", body, &r), 409);
+	assert_non_null(strstr(r.error, "is live"));
+	trk_reply_fini(&r);
 	assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"nobody\"}", &r), 404);
 	trk_reply_fini(&r);
 	assert_int_equal(post(f, TRK_API "/heartbeat", "{\"id\":\"nobody\"}", &r), 404);
@@ -3907,6 +3911,63 @@ static void test_host_heartbeat(void **state)
 						   trk_reply_cb, &r), -EINVAL);
 }
 
+/* A publisher speaks only for itself: another holder of the cluster key
+ * cannot renew its lease, withdraw its offers or take its ranks by
+ * registering them again (its session, from its registration, is what
+ * its own calls carry); the real publisher keeps working, and across a
+ * tracker restart registers again with a new session. */
+static void test_publisher_session(void **state)
+{
+	struct fx *f = *state;
+	struct proto_err err = {{0}};
+	struct trk_client *other = NULL;
+	struct trk_reply r;
+	char hb[200], off[300], *reg = publisher_body(MODEL, TRAINER, RANKS01);
+	int accepted = 0, code;
+
+	register_publisher(f);
+	publish_two(f);
+	assert_int_equal(trk_client_new(NULL, f->srv.url, f->srv.ckey, &other, &err), 0);
+	snprintf(hb, sizeof(hb), "{\"id\":\"%s\"}", f->pub_id);
+	snprintf(off, sizeof(off), "{\"id\":\"%s\",\"version\":2,\"parcels\":[]}", f->pub_id);
+	const char *const paths[] = {TRK_API "/heartbeat", TRK_API "/offers", TRK_API "/publishers"};
+	const char *const bodies[] = {hb, off, reg};
+	const int want[] = {403, 403, 409};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(paths); i++) {
+		assert_int_equal(trk_client_call(other, "POST", paths[i], NULL, bodies[i],
+						 strlen(bodies[i]), &r), 0);
+		code = r.status;
+		accepted += code == 200;
+		if (code != want[i])
+			fail_msg("%s by another key holder: %d (%s), want %d", paths[i], code,
+				 r.error, want[i]);
+		trk_reply_fini(&r);
+	}
+	/* The real one is still live and speaks for itself. */
+	assert_int_equal(post(f, TRK_API "/heartbeat", hb, &r), 200);
+	trk_reply_fini(&r);
+	assert_int_equal(post(f, TRK_API "/offers", off, &r), 200);
+	trk_reply_fini(&r);
+	fprintf(stderr, "# another cluster-key holder: %d of %zu changes to publisher %s "
+		"accepted; the publisher stays live\n", accepted, PROTO_ARRAY_LEN(paths), f->pub_id);
+
+	/* A restarted tracker forgot it: it registers again (new id, new
+	 * session) and goes on; the other still cannot speak for it. */
+	assert_int_equal(restart_same_port(f), 0);
+	assert_int_equal(post(f, TRK_API "/heartbeat", hb, &r), 404);
+	trk_reply_fini(&r);
+	register_publisher(f);
+	snprintf(hb, sizeof(hb), "{\"id\":\"%s\"}", f->pub_id);
+	assert_int_equal(post(f, TRK_API "/heartbeat", hb, &r), 200);
+	trk_reply_fini(&r);
+	assert_int_equal(trk_client_call(other, "POST", TRK_API "/heartbeat", NULL, hb, strlen(hb),
+					 &r), 0);
+	assert_int_equal(r.status, 403);
+	trk_reply_fini(&r);
+	trk_client_free(other);
+	free(reg);
+}
+
 /* ---- floods: slow heads, unread bodies, connection floods ------------------------- */
 
 /* A keyed tracker with a small connection cap, a short head deadline and a
@@ -4489,10 +4550,14 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_forged_report, setup_keyed, teardown),
 		cmocka_unit_test_setup_teardown(test_host_heartbeat, setup_keyed, teardown),
+		cmocka_unit_test_setup_teardown(test_publisher_session, setup_keyed, teardown),
 		cmocka_unit_test_setup_teardown(test_slow_heads, setup_guarded, teardown),
 		cmocka_unit_test_setup_teardown(test_unauthenticated_body, setup_guarded,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_connection_flood, setup_guarded, teardown),
+		cmocka_unit_test_setup_teardown(test_body_smuggling, setup_guarded, teardown),
+		cmocka_unit_test_setup_teardown(test_held_flood, setup_per_addr_keyed, teardown),
+		cmocka_unit_test_setup_teardown(test_slow_bodies, setup_per_addr_open, teardown),
 	};
 
 	if (sodium_init() < 0 || evthread_use_pthreads() != 0)

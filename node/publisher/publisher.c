@@ -138,7 +138,10 @@ static void on_registered(const struct trk_answer *a, void *arg)
 	json_t *lease;
 
 	p->reg_busy = false;
-	if (a->status < 0 || a->status >= 500) {
+	/* A tracker down, or our previous process (killed, not yet gone)
+	 * still holding the ranks until its lease there ends: again later. */
+	if (a->status < 0 || a->status >= 500 ||
+	    (a->status == 409 && strstr(a->error, "is live") != NULL)) {
 		if (!p->reg_warned)
 			LOG_WARN("registering with the tracker: %s (retrying)", a->error);
 		p->reg_warned = true;

@@ -117,11 +117,15 @@ void trk_client_keep_session(struct trk_client *c, const char *id, const char *s
 	snprintf(c->sessions[i].session, sizeof(c->sessions[i].session), "%s", ses);
 }
 
-/* Remembers a registration's answer: {"node_id":..,"session":..}. */
+/* Remembers a registration's answer: {"node_id":..,"session":..} or
+ * {"publisher_id":..,"session":..}. */
 static void keep_session(struct trk_client *c, json_t *answer)
 {
-	trk_client_keep_session(c, json_string_value(json_object_get(answer, "node_id")),
-				json_string_value(json_object_get(answer, "session")));
+	const char *id = json_string_value(json_object_get(answer, "node_id"));
+
+	if (id == NULL)
+		id = json_string_value(json_object_get(answer, "publisher_id"));
+	trk_client_keep_session(c, id, json_string_value(json_object_get(answer, "session")));
 }
 
 static void on_fail(struct trk__creq *r, void *arg);
@@ -525,6 +529,15 @@ int trk_client_request(struct trk_client *c, const char *method,
 			     timeout_ms, cb, arg, NULL, 0);
 }
 
+/* True when path_query is path, with or without a query string. */
+static bool is_path(const char *path_query, const char *path)
+{
+	size_t n = strlen(path);
+
+	return strncmp(path_query, path, n) == 0 &&
+	       (path_query[n] == '\0' || path_query[n] == '?');
+}
+
 static int start_request(struct trk_client *c, const char *method,
 			 const char *path_query, const char *ctype,
 			 const void *body, size_t len, uint32_t timeout_ms,
@@ -566,10 +579,10 @@ static int start_request(struct trk_client *c, const char *method,
 	p->arg_free = arg_free;
 	p->sign = sign;
 	p->again = again;
-	/* A registration: a POST to /nodes itself (a query string allowed). */
-	const size_t nodes_len = strlen(TRK_API "/nodes");
-	p->registers = post && strncmp(path_query, TRK_API "/nodes", nodes_len) == 0 &&
-		       (path_query[nodes_len] == '\0' || path_query[nodes_len] == '?');
+	/* A registration: a POST to /nodes or /publishers itself (a query
+	 * string allowed). */
+	p->registers = post && (is_path(path_query, TRK_API "/nodes") ||
+				is_path(path_query, TRK_API "/publishers"));
 	/* Kept to send it again (a new epoch, a closed connection). */
 	snprintf(p->method, sizeof(p->method), "%s", method);
 	snprintf(p->ctype, sizeof(p->ctype), "%s", ctype ? ctype : "application/json");

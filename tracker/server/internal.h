@@ -194,6 +194,15 @@ void trk__conns_background(struct trk_conns *g, struct evhttp_request *req);
 /* Counters for /metrics; g may be NULL (all zero). */
 void trk__conns_stats(const struct trk_conns *g, struct trk_conns_stats *out);
 
+/* ---- nodes.c, publishers.c: registrations ---- */
+
+/* A fresh random session credential (hex) into out: what a registered
+ * node or publisher presents (TRK_SESSION_HEADER) to speak for itself.
+ * Cannot fail. */
+void trk__session_new(char out[2 * TRK_SESSION_BYTES + 1]);
+/* True when req carries session ses in TRK_SESSION_HEADER. */
+bool trk__session_presented(struct evhttp_request *req, const char *ses);
+
 /* ---- router.c: each request to its endpoint ---- */
 
 /* evhttp's callback for every request (arg: the server). */

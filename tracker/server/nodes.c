@@ -8,8 +8,7 @@
 #include "proto/log.h"
 #include "tracker/server/internal.h"
 
-/* A fresh random session credential (hex) into out. Cannot fail. */
-static void session_new(char out[2 * TRK_SESSION_BYTES + 1])
+void trk__session_new(char out[2 * TRK_SESSION_BYTES + 1])
 {
 	uint8_t b[TRK_SESSION_BYTES];
 
@@ -157,7 +156,7 @@ void trk__handle_nodes(struct trk_call *c)
 	n->alive = true;
 	n->last = -1;
 	n->registered_ms = proto_wall_ms();
-	session_new(n->session);
+	trk__session_new(n->session);
 	n->has_stmt_key = have_sk;
 	memcpy(n->stmt_key, sk, have_sk ? sizeof(sk) : 0);
 	n->expires_ns = proto_now_ns() + trk__registry_lease_ns(r);

@@ -118,6 +118,20 @@ void trk__handle_publishers(struct trk_call *c)
 		     memcmp(r->model.digest, model.digest, PROTO_HASH_BYTES) == 0;
 	same_layout = same_model &&
 		      memcmp(r->tlayout.digest, layout.digest, PROTO_HASH_BYTES) == 0;
+	/* A live publisher's ranks are its own: only it (its session) takes
+	 * them again; another waits for its lease to end. */
+	for (struct trk_publisher *q = r->pubs; c->s->auth != NULL && q; q = q->next) {
+		for (size_t i = 0; q->alive && i < p->nranks; i++) {
+			if (!trk__publisher_has_rank(q, p->ranks[i].rank) ||
+			    trk__session_presented(c->req, q->session))
+				continue;
+			c->s->auth_refused++;
+			trk__fail(c, 409, "publisher %s is live and serves rank %u: a second "
+				  "registration cannot take it over (wait for its lease to end)",
+				  q->id, p->ranks[i].rank);
+			goto out;
+		}
+	}
 	if (r->have_model && !same_layout) {
 		for (struct trk_publisher *q = r->pubs; q; q = q->next) {
 			if (!q->alive)
@@ -171,6 +185,7 @@ void trk__handle_publishers(struct trk_call *c)
 	randombytes_buf(rid, sizeof(rid));
 	memcpy(p->id, "pub-", 4);
 	trk__hex(rid, sizeof(rid), p->id + 4);
+	trk__session_new(p->session);
 	p->alive = true;
 	p->registered_ms = proto_wall_ms();
 	p->expires_ns = proto_now_ns() + trk__registry_lease_ns(r);
@@ -180,7 +195,8 @@ void trk__handle_publishers(struct trk_call *c)
 	r->pubs = p;
 	LOG_INFO("publisher %s registered with %zu ranks", p->id, p->nranks);
 	trk__reply_json(c, 200,
-			json_pack("{s:s,s:I,s:o,s:o}", "publisher_id", p->id,
+			json_pack("{s:s,s:s,s:I,s:o,s:o}", "publisher_id", p->id, "session",
+				  p->session,
 				  "lease_ms", (json_int_t)r->s->lease_ms,
 				  "model_digest",
 				  trk__json_hex(r->model.digest, PROTO_HASH_BYTES),

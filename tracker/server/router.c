@@ -144,18 +144,30 @@ int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
 		snprintf(msg, cap, "%s", err.msg);
 		return 401;
 	}
+	*authed = s->auth != NULL;
 	return 0;
 }
 
-/* Each node speaks only for itself: on a keyed tracker, a heartbeat, report
- * or offer for a live node id needs that node's session credential, and a
- * registration cannot take over a live node id (unless it comes from the
- * node itself). Returns 0 to go on, else the code answered. */
+bool trk__session_presented(struct evhttp_request *req, const char *ses)
+{
+	const char *have = evhttp_find_header(evhttp_request_get_input_headers(req),
+					      TRK_SESSION_HEADER);
+
+	return have != NULL && strlen(have) == strlen(ses) &&
+	       sodium_memcmp(have, ses, strlen(ses)) == 0;
+}
+
+/* Each node and publisher speaks only for itself: on a keyed tracker, a
+ * heartbeat, report or offer for a live node or publisher id needs its
+ * session credential, and a registration cannot take over a live node id
+ * (unless it comes from the node itself; publishers.c checks a
+ * publisher's ranks). Returns 0 to go on, else the code answered. */
 static int check_session(struct trk_call *c, const struct route *rt)
 {
 	char idbuf[TRK_ID_MAX + 32];
-	const char *id = NULL, *have;
+	const char *id = NULL, *ses;
 	struct trk_node *n;
+	struct trk_publisher *p = NULL;
 	bool reg = rt->fn == trk__handle_nodes;
 
 	if (c->s->auth == NULL || c->json == NULL ||
@@ -178,12 +190,12 @@ static int check_session(struct trk_call *c, const struct route *rt)
 	if (id == NULL)
 		return 0;
 	n = trk__node_find(c->s->reg, id);
-	if (n == NULL || !n->alive)
+	if (n == NULL && !reg)
+		p = trk__publisher_find(c->s->reg, id);
+	if ((n == NULL || !n->alive) && (p == NULL || !p->alive))
 		return 0; /* unknown or gone: the handler decides (404 / new) */
-	have = evhttp_find_header(evhttp_request_get_input_headers(c->req),
-				  TRK_SESSION_HEADER);
-	if (have != NULL && strlen(have) == strlen(n->session) &&
-	    sodium_memcmp(have, n->session, strlen(n->session)) == 0)
+	ses = n != NULL ? n->session : p->session;
+	if (trk__session_presented(c->req, ses))
 		return 0;
 	if (reg) {
 		trk__fail(c, 409, "node %s is live: a second registration cannot "
@@ -191,8 +203,9 @@ static int check_session(struct trk_call *c, const struct route *rt)
 		return 409;
 	}
 	c->s->auth_refused++;
-	trk__fail(c, 403, "node %s: wrong or missing %s: a node speaks only "
-		  "for itself", id, TRK_SESSION_HEADER);
+	trk__fail(c, 403, "%s %s: wrong or missing %s: a %s speaks only for itself",
+		  n != NULL ? "node" : "publisher", id, TRK_SESSION_HEADER,
+		  n != NULL ? "node" : "publisher");
 	return 403;
 }
 

@@ -192,6 +192,7 @@ struct trk_prank {
 
 struct trk_publisher {
 	char id[32];
+	char session[2 * TRK_SESSION_BYTES + 1]; /* its credential (hex), from registration */
 	bool alive;
 	uint64_t expires_ns, registered_ms, gone_ms;
 	struct trk_prank *ranks;
