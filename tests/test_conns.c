@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "fabric/fab.h"
+#include "tests/fabtest.h"
 #include "proto/util.h"
 
 #define NRAW 300
@@ -36,19 +37,6 @@ struct env {
 	bool closed[NRAW];
 	int fd0; /* this process's descriptors before the stranger came */
 };
-
-struct req {
-	struct fab_op op;
-	int done, status;
-};
-
-static void req_cb(struct fab_op *op, int status)
-{
-	struct req *r = proto_container_of(op, struct req, op);
-
-	r->done = 1;
-	r->status = status;
-}
 
 static int fd_count(void)
 {
@@ -73,12 +61,12 @@ static void pump(struct env *e)
 static void member_reads(struct env *e, uint8_t seed)
 {
 	struct fab_rkey rk;
-	struct req q = {0};
+	struct tu_fab_req q = {0};
 	uint64_t end = proto_now_ns() + WAIT_MS * 1000000ull;
 
 	memset(e->sbuf, seed, sizeof(e->sbuf));
 	fab_mr_rkey(e->smr, &rk);
-	assert_int_equal(fab_read(e->cli, &q.op, e->cmr, 0, REGION, e->to_srv, &rk, 0, req_cb), 0);
+	assert_int_equal(fab_read(e->cli, &q.op, e->cmr, 0, REGION, e->to_srv, &rk, 0, tu_fab_req_cb), 0);
 	while (!q.done && proto_now_ns() < end)
 		pump(e);
 	assert_true(q.done);

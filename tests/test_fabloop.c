@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "fabric/fab.h"
+#include "tests/fabtest.h"
 #include "node/base/fabloop.h"
 #include "proto/util.h"
 
@@ -35,19 +36,6 @@ struct fx {
 	struct side loop, other; /* loop: driven by the fabric loop; other: polled here */
 	struct node_fabloop *fl;
 };
-
-struct req {
-	struct fab_op op;
-	int done, status;
-};
-
-static void req_cb(struct fab_op *op, int status)
-{
-	struct req *r = proto_container_of(op, struct req, op);
-
-	r->done = 1;
-	r->status = status;
-}
 
 static void side_open(struct side *s, unsigned access, uint8_t seed)
 {
@@ -121,7 +109,7 @@ static void run_until_slow(struct fx *f)
 
 /* Runs the loop, and `other` where there is one (then neither blocks),
  * until r completes. */
-static void run_until_done(struct fx *f, const struct req *r)
+static void run_until_done(struct fx *f, const struct tu_fab_req *r)
 {
 	uint64_t end = proto_now_ns() + (uint64_t)BOUND_MS * 1000000u;
 
@@ -139,13 +127,13 @@ static void test_idle_loop_answers_reads(void **state)
 	struct fx *f = *state;
 	struct fab_rkey rk;
 	struct node_fabloop_counts before, after;
-	struct req r = {0};
+	struct tu_fab_req r = {0};
 
 	run_until_slow(f);
 	node_fabloop_counts(f->fl, &before);
 	fab_mr_rkey(f->loop.mr, &rk);
 	assert_int_equal(fab_read(f->other.ctx, &r.op, f->other.mr, 0, LEN, f->other.peer, &rk, 0,
-				  req_cb),
+				  tu_fab_req_cb),
 			 0);
 	run_until_done(f, &r);
 	assert_int_equal(r.status, 0);
@@ -233,7 +221,7 @@ static void test_read_in_flight_lets_timer_slow(void **state)
 {
 	struct child c;
 	struct fx f = {0};
-	struct req r = {0};
+	struct tu_fab_req r = {0};
 	fi_addr_t peer;
 	int status;
 
@@ -249,13 +237,13 @@ static void test_read_in_flight_lets_timer_slow(void **state)
 
 	/* Connected first (a stopped peer's connection would fail), then
 	 * stopped: our read's request sits in its socket, unanswered. */
-	assert_int_equal(fab_read(f.loop.ctx, &r.op, f.loop.mr, 0, 4096, peer, &c.rk, 0, req_cb), 0);
+	assert_int_equal(fab_read(f.loop.ctx, &r.op, f.loop.mr, 0, 4096, peer, &c.rk, 0, tu_fab_req_cb), 0);
 	node_fabloop_kick(f.fl);
 	run_until_done(&f, &r);
 	assert_int_equal(r.status, 0);
 	assert_int_equal(kill(c.pid, SIGSTOP), 0);
-	r = (struct req){0};
-	assert_int_equal(fab_read(f.loop.ctx, &r.op, f.loop.mr, 0, LEN, peer, &c.rk, 0, req_cb), 0);
+	r = (struct tu_fab_req){0};
+	assert_int_equal(fab_read(f.loop.ctx, &r.op, f.loop.mr, 0, LEN, peer, &c.rk, 0, tu_fab_req_cb), 0);
 	node_fabloop_kick(f.fl);
 	run_until_slow(&f);
 	if (r.done)
