@@ -15,27 +15,23 @@ static void agent_give_up(struct node_agent *a, const char *why)
 }
 
 
-uint64_t agent_needs_fix(struct node_agent *a, const char *why)
+uint64_t agent_needs_fix(struct node_agent *a, const char *why, uint64_t max_ms)
 {
-	uint64_t wait = (uint64_t)FAILED_RETRY_MS << PROTO_MIN(a->fix_times, 5u);
+	char who[sizeof(a->node_id) + 8];
 
-	if (a->fix_times++ == 0 || strcmp(a->fix, why) != 0) {
-		snprintf(a->fix, sizeof(a->fix), "%s", why);
-		LOG_WARN("node %s: %s (asking again ever more slowly, every %u s at most)",
-			 a->node_id, why, FIX_RETRY_MAX_MS / 1000);
-		node_rank_metrics_needs_fix(&a->am, why);
-	}
-	return PROTO_MIN(wait, (uint64_t)FIX_RETRY_MAX_MS);
+	snprintf(who, sizeof(who), "node %s", a->node_id);
+	uint64_t wait = node_fix_needed(&a->fix, who, why, FAILED_RETRY_MS, max_ms);
+	node_rank_metrics_needs_fix(&a->am, a->fix.why);
+	return wait;
 }
 
 void agent_fixed(struct node_agent *a)
 {
-	if (a->fix_times == 0)
-		return;
-	LOG_INFO("node %s: no longer failing: %s", a->node_id, a->fix);
-	a->fix[0] = 0;
-	a->fix_times = 0;
-	node_rank_metrics_needs_fix(&a->am, NULL);
+	char who[sizeof(a->node_id) + 8];
+
+	snprintf(who, sizeof(who), "node %s", a->node_id);
+	if (node_fix_over(&a->fix, who))
+		node_rank_metrics_needs_fix(&a->am, NULL);
 }
 
 /* The tracker forgot the chain this node saw (its answers are refused
@@ -382,7 +378,7 @@ static void on_register(const struct trk_answer *ans, void *arg)
 	 * that does not resolve: said once, on /healthz, asked ever more
 	 * slowly. */
 	if (ans->status < 0 && ans->fix) {
-		node_arm(a->retry_ev, agent_needs_fix(a, ans->error));
+		node_arm(a->retry_ev, agent_needs_fix(a, ans->error, FIX_RETRY_MAX_MS));
 		return;
 	}
 	if (ans->status == 400 || ans->status == 401 || ans->status == 403) {
