@@ -192,6 +192,8 @@ struct node_agent {
 	/* A failure only a person can fix (session.c: agent_needs_fix): said
 	 * once, on /healthz until it clears. */
 	struct node_fix fix;
+	/* Registration answered "no model known yet" since (0: it was not). */
+	uint64_t no_model_ms;
 	/* A delta could not be applied here: the tracker is told, so that the
 	 * publisher sends an anchor next (cleared by any activation). */
 	bool need_anchor;
