@@ -4,7 +4,7 @@
  * 503 and the reason, and ask again ever more slowly (not every 2 s). The
  * same for a node that no model reaches (no publisher, or the tracker
  * refused the publisher's model: its --state holds another model's
- * versions). */
+ * versions), and for a publisher given https:// to a plain tracker. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -71,6 +71,16 @@ static int log_lines(struct env *e, const char *what)
 	return tu_sh("exit $(grep -c -- '%s' %s)", what, e->log);
 }
 
+/* The run's files, and a tracker on dir/state trusting their trainer key. */
+static void start_tracker(struct env *e, struct tu_run_files *f)
+{
+	char sdir[300];
+
+	tu_run_files(f, e->dir);
+	snprintf(sdir, sizeof(sdir), "%s/state", e->dir);
+	tu_start_tracker(&e->tracker, e->dir, sdir, f->pub, e->url, sizeof(e->url));
+}
+
 /* Waits (bounded: 60 s) until the log at path has a line holding what. */
 static bool wait_log(const char *path, const char *what)
 {
@@ -118,8 +128,19 @@ static void start_node(struct env *e, const struct tu_run_files *f, const char *
 			 0);
 }
 
+/* After two more tries (bounded), the log at e->log holds one warn line
+ * matching what, and p still runs. */
+static void check_said_once(struct env *e, struct node_proc *p, const char *what)
+{
+	assert_true(wait_log(e->log, "still failing (3 in a row)"));
+	int said = log_lines(e, what);
+	print_message("log: %d warn lines match '%s'\n", said, what);
+	assert_int_equal(said, 1);
+	assert_true(node_proc_alive(p));
+}
+
 /* The node's /healthz once it says why no model comes (bounded), then
- * after two more tries: still 503 with it, and one warn line. */
+ * after two more tries: one warn line, still 503 with it. */
 static void check_no_model(struct env *e, const char *what)
 {
 	static char body[65536];
@@ -132,14 +153,10 @@ static void check_no_model(struct env *e, const char *what)
 	assert_non_null(strstr(body, "no model known yet"));
 	assert_non_null(strstr(body, what));
 	/* Asked again twice more (2 s, then 4 s later), said no more. */
-	assert_true(wait_log(e->log, "still failing (3 in a row)"));
+	check_said_once(e, &e->node, " warn .*no model known yet");
 	code = tu_http_get(e->dir, "GET", url, body, sizeof(body));
 	assert_int_equal(code, 503);
 	assert_non_null(strstr(body, what));
-	int said = log_lines(e, " warn .*no model known yet");
-	print_message("log: %d warn lines say no model is known\n", said);
-	assert_int_equal(said, 1);
-	assert_true(node_proc_alive(&e->node));
 }
 
 /* No publisher ever: the node says so, and that the publisher's log
@@ -148,11 +165,8 @@ static void test_no_publisher(void **state)
 {
 	struct env *e = *state;
 	struct tu_run_files f;
-	char line[300];
 
-	tu_run_files(&f, e->dir);
-	snprintf(line, sizeof(line), "%s/state", e->dir);
-	tu_start_tracker(&e->tracker, e->dir, line, f.pub, e->url, sizeof(e->url));
+	start_tracker(e, &f);
 	start_node(e, &f, f.model);
 	check_no_model(e, "no publisher has registered one");
 	assert_int_equal(log_lines(e, "is the publisher running?"), 1);
@@ -208,6 +222,44 @@ static void test_state_of_another_model(void **state)
 	assert_int_equal(log_lines(e, "empty --state"), 1);
 }
 
+/* A publisher given https:// to a plain tracker keeps running (the
+ * tracker may yet be restarted with TLS): its /healthz says what to
+ * change, its log says it once, and it asks ever more slowly. */
+static void test_publisher_tls_mismatch(void **state)
+{
+	struct env *e = *state;
+	struct tu_run_files f;
+	char bin[512], turl[300], murl_file[600], url[300];
+	static char body[65536];
+
+	start_tracker(e, &f);
+	assert_int_equal(strncmp(e->url, "http://", 7), 0);
+	snprintf(turl, sizeof(turl), "https://%s", e->url + 7);
+	tu_bin(bin, sizeof(bin), "tessera");
+	snprintf(e->log, sizeof(e->log), "%s/publisher.log", e->dir);
+	char *pargv[] = {bin, "publish", "--tracker", turl, "--key", f.key, "--synthetic-mb",
+			 "4", "--seed", "7", "--layout", "fsdp2", "--metrics", "127.0.0.1:0",
+			 "--log-level", "debug", NULL};
+	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", pargv, e->log), 0);
+	assert_true(wait_log(e->log, "metrics on "));
+	snprintf(murl_file, sizeof(murl_file), "%s/murl", e->dir);
+	assert_int_equal(tu_sh("sed -n 's/.*metrics on //p' %s | head -1 | tr -d '\\n' > %s",
+			       e->log, murl_file), 0);
+	FILE *mf = fopen(murl_file, "r");
+	assert_non_null(mf);
+	assert_non_null(fgets(e->murl, sizeof(e->murl), mf));
+	fclose(mf);
+
+	snprintf(url, sizeof(url), "%s/healthz", e->murl);
+	int code = wait_health(e, url, "does not speak TLS", body, sizeof(body));
+	print_message("/healthz %d: %s", code, body);
+	assert_int_equal(code, 503);
+	assert_non_null(strstr(body, "check --tracker"));
+	assert_non_null(strstr(body, "--tls-cert)")); /* the whole reason */
+	/* Asked again twice more (1 s, then 2 s later), said no more. */
+	check_said_once(e, &e->publisher, " warn .*does not speak TLS");
+}
+
 static void test_wrong_trainer_key(void **state)
 {
 	struct env *e = *state;
@@ -215,9 +267,7 @@ static void test_wrong_trainer_key(void **state)
 	char bin[512], plog[600], other[600], line[300], url[300];
 	static char body[65536];
 
-	tu_run_files(&f, e->dir);
-	snprintf(line, sizeof(line), "%s/state", e->dir);
-	tu_start_tracker(&e->tracker, e->dir, line, f.pub, e->url, sizeof(e->url));
+	start_tracker(e, &f);
 	tu_bin(bin, sizeof(bin), "tessera");
 	/* A key pair the publisher does not sign with: the node's. */
 	assert_int_equal(tu_sh("%s keygen -o %s/other > /dev/null 2>&1", bin, e->dir), 0);
@@ -270,6 +320,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_wrong_trainer_key, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_no_publisher, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_state_of_another_model, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_publisher_tls_mismatch, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
