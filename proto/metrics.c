@@ -45,7 +45,7 @@ struct proto_metrics {
 	struct metric *m; /* grows, up to max */
 	size_t n, cap, max;
 	bool healthy;
-	char why[128];
+	char why[512]; /* the process's own reason: a person's fix with its flag fits */
 	struct health_part *parts;
 	int nparts;
 };

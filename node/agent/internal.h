@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "node/base/clock.h"
+#include "node/base/needsfix.h"
 #include "node/base/rank_metrics.h"
 #include "node/base/waitnote.h"
 #include "node/fetch/fetch.h"
@@ -189,9 +190,10 @@ struct node_agent {
 	uint64_t failed_ms;
 	uint64_t failed_wait_ms; /* tried again this much later */
 	/* A failure only a person can fix (session.c: agent_needs_fix): said
-	 * once, on /healthz until it clears; how often it came in a row. */
-	char fix[512];
-	uint32_t fix_times;
+	 * once, on /healthz until it clears. */
+	struct node_fix fix;
+	/* Registration answered "no model known yet" since (0: it was not). */
+	uint64_t no_model_ms;
 	/* A delta could not be applied here: the tracker is told, so that the
 	 * publisher sends an anchor next (cleared by any activation). */
 	bool need_anchor;
@@ -243,9 +245,9 @@ struct node_agent {
 
 /* A failure only a person can fix (why: what failed and what to change):
  * said once at warn (again only when why changes), on /healthz until
- * agent_fixed. Returns how long to wait before trying again: doubling
- * from FAILED_RETRY_MS up to FIX_RETRY_MAX_MS. */
-uint64_t agent_needs_fix(struct node_agent *a, const char *why);
+ * agent_fixed (node/base/needsfix.h). Returns how long to wait before
+ * trying again: doubling from FAILED_RETRY_MS up to max_ms. */
+uint64_t agent_needs_fix(struct node_agent *a, const char *why, uint64_t max_ms);
 /* What agent_needs_fix said is over (a try succeeded). */
 void agent_fixed(struct node_agent *a);
 

@@ -15,27 +15,23 @@ static void agent_give_up(struct node_agent *a, const char *why)
 }
 
 
-uint64_t agent_needs_fix(struct node_agent *a, const char *why)
+uint64_t agent_needs_fix(struct node_agent *a, const char *why, uint64_t max_ms)
 {
-	uint64_t wait = (uint64_t)FAILED_RETRY_MS << PROTO_MIN(a->fix_times, 5u);
+	char who[sizeof(a->node_id) + 8];
 
-	if (a->fix_times++ == 0 || strcmp(a->fix, why) != 0) {
-		snprintf(a->fix, sizeof(a->fix), "%s", why);
-		LOG_WARN("node %s: %s (asking again ever more slowly, every %u s at most)",
-			 a->node_id, why, FIX_RETRY_MAX_MS / 1000);
-		node_rank_metrics_needs_fix(&a->am, why);
-	}
-	return PROTO_MIN(wait, (uint64_t)FIX_RETRY_MAX_MS);
+	snprintf(who, sizeof(who), "node %s", a->node_id);
+	uint64_t wait = node_fix_needed(&a->fix, who, why, FAILED_RETRY_MS, max_ms);
+	node_rank_metrics_needs_fix(&a->am, a->fix.why);
+	return wait;
 }
 
 void agent_fixed(struct node_agent *a)
 {
-	if (a->fix_times == 0)
-		return;
-	LOG_INFO("node %s: no longer failing: %s", a->node_id, a->fix);
-	a->fix[0] = 0;
-	a->fix_times = 0;
-	node_rank_metrics_needs_fix(&a->am, NULL);
+	char who[sizeof(a->node_id) + 8];
+
+	snprintf(who, sizeof(who), "node %s", a->node_id);
+	if (node_fix_over(&a->fix, who))
+		node_rank_metrics_needs_fix(&a->am, NULL);
 }
 
 /* The tracker forgot the chain this node saw (its answers are refused
@@ -344,6 +340,41 @@ static void model_refused(struct node_agent *a, const char *error)
 	node_arm(a->retry_ev, every);
 }
 
+/*
+ * No model known yet at the tracker: a publisher starting heals it, so at
+ * first the node only waits; after TESSERA_WAIT_NOTICE_MS a person should
+ * look (no publisher running, or the tracker refused its model: another
+ * model's versions in its --state): said once on /healthz and at warn,
+ * asked again ever more slowly, up to MODEL_RETRY_MAX_MS (the node joins
+ * soon after a publisher does). Returns whether it was said so.
+ */
+#define NO_MODEL "no model known yet"
+static bool no_model(struct node_agent *a, const struct trk_answer *ans)
+{
+	const char *refused = strstr(ans->error, "the tracker refused");
+	uint64_t now = node_now_ms();
+	char why[512];
+
+	if (a->no_model_ms == 0)
+		a->no_model_ms = now;
+	if (now - a->no_model_ms < proto_param(PROTO_PARAM_WAIT_NOTICE_MS))
+		return false;
+	if (refused != NULL) { /* its words, less " (retry)" */
+		size_t n = strlen(refused), r = strlen(" (retry)");
+		if (n >= r && strcmp(refused + n - r, " (retry)") == 0)
+			n -= r;
+		snprintf(why, sizeof(why), NO_MODEL ": %.*s: start the tracker on an empty --state, "
+			 "or the publisher with the model of its versions (tracker %s)",
+			 (int)PROTO_MIN(n, 300u), refused, a->o.tracker_url);
+	} else {
+		snprintf(why, sizeof(why), NO_MODEL ": no publisher has registered one at the "
+			 "tracker %s (is the publisher running? its log says why it was refused)",
+			 a->o.tracker_url);
+	}
+	node_arm(a->retry_ev, agent_needs_fix(a, why, MODEL_RETRY_MAX_MS));
+	return true;
+}
+
 static void on_register(const struct trk_answer *ans, void *arg)
 {
 	struct node_agent *a = arg;
@@ -351,6 +382,7 @@ static void on_register(const struct trk_answer *ans, void *arg)
 
 	if (ans->status == 200 || ans->status == 201) {
 		a->model_refusals = 0;
+		a->no_model_ms = 0;
 		agent_fixed(a);
 		id = json_string_value(json_object_get(ans->json, "node_id"));
 		if (id != NULL) /* the tracker's name for us (never onto itself) */
@@ -382,7 +414,7 @@ static void on_register(const struct trk_answer *ans, void *arg)
 	 * that does not resolve: said once, on /healthz, asked ever more
 	 * slowly. */
 	if (ans->status < 0 && ans->fix) {
-		node_arm(a->retry_ev, agent_needs_fix(a, ans->error));
+		node_arm(a->retry_ev, agent_needs_fix(a, ans->error, FIX_RETRY_MAX_MS));
 		return;
 	}
 	if (ans->status == 400 || ans->status == 401 || ans->status == 403) {
@@ -390,6 +422,14 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		snprintf(why, sizeof(why), "registration refused: %s", ans->error);
 		agent_give_up(a, why);
 		return;
+	}
+	if (ans->status == 409 && strstr(ans->error, NO_MODEL) != NULL) {
+		if (no_model(a, ans))
+			return;
+	} else {
+		a->no_model_ms = 0;
+		if (strncmp(a->fix.why, NO_MODEL, strlen(NO_MODEL)) == 0)
+			agent_fixed(a); /* a model is known now */
 	}
 	if (ans->status == 409 && strstr(ans->error, "model_digest differs") != NULL) {
 		model_refused(a, ans->error);

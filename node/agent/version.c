@@ -141,7 +141,7 @@ static void key_refused(struct node_agent *a, const char *msg)
 	snprintf(why, sizeof(why), "manifests refused: %s: check --trainer-pubkey %s: it must be "
 		 "the trainer's public key (trainer.pub of `tessera keygen`)", msg,
 		 a->o.trainer_pubkey ? a->o.trainer_pubkey : "");
-	uint64_t wait = agent_needs_fix(a, why);
+	uint64_t wait = agent_needs_fix(a, why, FIX_RETRY_MAX_MS);
 	agent_version_fail_quiet(a, "%s", msg);
 	a->failed_wait_ms = wait;
 }

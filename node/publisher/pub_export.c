@@ -601,6 +601,7 @@ static void on_ex_publish(const struct trk_answer *a, void *arg)
 	if (!ex_answered(p))
 		return;
 	if (a->status == 200 || a->status == 201) {
+		node__pub_fixed(p, true);
 		memcpy(p->prev_digest, ex->m.digest, PROTO_HASH_BYTES);
 		node__pub_parent_commit(p, ex);
 		node__pub_canary_post(p, ex);
@@ -621,6 +622,17 @@ static void on_ex_publish(const struct trk_answer *a, void *arg)
 	} else {
 		ex_fail(p, a->status == 409 ? EEXIST : EIO, "the tracker refused version %llu: %s",
 			(unsigned long long)ex->version, a->error);
+		/* Another model's versions at the tracker: every export after
+		 * this one is refused too, until a person acts. */
+		if (a->status == 409 && strstr(a->error, "model digest differs") != NULL) {
+			char why[512];
+			snprintf(why, sizeof(why), "the tracker refused our model's versions: %s: it "
+				 "holds another model's (start the tracker on an empty --state, or "
+				 "this publisher with that model)", a->error);
+			node__pub_needs_fix(p, why, true);
+		} else if (a->fix) {
+			node__pub_needs_fix(p, a->error, false);
+		}
 		/* A conflict (someone else published; the chain moved on): learn
 		 * the latest version again before the next export. */
 		if (a->status == 409) {

@@ -44,6 +44,7 @@
 
 #include "fabric/fab.h"
 #include "node/base/fabloop.h"
+#include "node/base/needsfix.h"
 #include "node/serve/serve.h"
 #include "node/publisher/publisher.h"
 #include "proto/proto.h"
@@ -367,6 +368,12 @@ struct node_pub {
 	/* Heartbeats failed in a row (a tracker down or unreachable), and
 	 * since when: said once when it starts, once when it recovers. */
 	uint64_t hb_fails, hb_fail_ms;
+	/* A failure only a person can fix (node__pub_needs_fix), on /healthz
+	 * until it clears; whether it is our model the tracker refused (only
+	 * an accepted model clears that) or a tracker setting (any answer
+	 * that gets through does). */
+	struct node_fix fix;
+	bool fix_model;
 	uint64_t next_version, reoffer;
 	uint64_t published; /* the highest version this process published */
 	uint8_t prev_digest[PROTO_HASH_BYTES];
@@ -425,6 +432,14 @@ static inline bool node__pub_keeps_parent(const struct node_pub *p)
 /* Registers (again) with the tracker unless a registration is in flight or
  * the publisher is dead; retries on a timer when the request cannot start. */
 void node__pub_register(struct node_pub *p);
+/* A failure only a person can fix (why: what failed and what to change;
+ * model: the tracker refused our model): said once at warn, on /healthz
+ * until node__pub_fixed (node/base/needsfix.h). Returns how long to wait
+ * before trying again. Cannot fail. */
+uint64_t node__pub_needs_fix(struct node_pub *p, const char *why, bool model);
+/* A request got through (model: and our model was accepted): what
+ * node__pub_needs_fix said of it is over. Cannot fail. */
+void node__pub_fixed(struct node_pub *p, bool model);
 /* Asks the tracker for its versions unless that is in flight; the answer
  * sets next_version and prev_digest, withdraws versions the tracker lost,
  * picks the one to re-offer and makes the publisher ready. */

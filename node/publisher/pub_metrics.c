@@ -13,10 +13,15 @@ static void sample(evutil_socket_t fd, short what, void *arg)
 {
 	struct node_pub_metrics *pm = arg;
 	bool reg = node_pub_registered(pm->pub);
+	const char *fix = node_pub_needs_fix(pm->pub);
 
 	proto_metrics_set(pm->m, pm->registered, reg);
 	proto_metrics_set(pm->m, pm->pending, node_pub_pending(pm->pub));
-	proto_metrics_set_health(pm->m, reg, reg ? NULL : "not registered with the tracker");
+	/* what a person must fix wins: it says what to change */
+	if (fix != NULL)
+		proto_metrics_set_health(pm->m, false, fix);
+	else
+		proto_metrics_set_health(pm->m, reg, reg ? NULL : "not registered with the tracker");
 }
 
 int node_pub_metrics_init(struct node_pub_metrics *pm, struct proto_metrics *m,

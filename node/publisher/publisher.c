@@ -49,6 +49,20 @@ static void fatal(struct node_pub *p, const char *fmt, ...)
 
 /* ---- registration and heartbeats ----------------------------------------------- */
 
+#define FIX_RETRY_MAX_MS 60000 /* a registration a person must fix: asked at most this far apart */
+
+uint64_t node__pub_needs_fix(struct node_pub *p, const char *why, bool model)
+{
+	p->fix_model = model;
+	return node_fix_needed(&p->fix, "publisher", why, REGISTER_RETRY_MS, FIX_RETRY_MAX_MS);
+}
+
+void node__pub_fixed(struct node_pub *p, bool model)
+{
+	if (model || !p->fix_model)
+		node_fix_over(&p->fix, "publisher");
+}
+
 /* The tracker forgot the chain this process saw: stop, loudly. */
 static void on_chain_lost(void *arg, const char *why)
 {
@@ -138,6 +152,13 @@ static void on_registered(const struct trk_answer *a, void *arg)
 	json_t *lease;
 
 	p->reg_busy = false;
+	/* https:// to a plain tracker, a CA that does not verify it, a host
+	 * that does not resolve: said once, on /healthz, asked ever more
+	 * slowly. */
+	if (a->status < 0 && a->fix) {
+		node__pub_timer_ms(p->reg_ev, node__pub_needs_fix(p, a->error, false));
+		return;
+	}
 	/* A tracker down, or our previous process (killed, not yet gone)
 	 * still holding the ranks until its lease there ends: again later. */
 	if (a->status < 0 || a->status >= 500 ||
@@ -170,6 +191,7 @@ static void on_registered(const struct trk_answer *a, void *arg)
 	p->registered = true;
 	p->reg_gen++;
 	p->reg_warned = false;
+	node__pub_fixed(p, true);
 	LOG_INFO("registered as %s with %zu ranks (lease %llu ms)", p->id, p->nhosted,
 		 (unsigned long long)p->lease_ms);
 	event_del(p->hb_ev);
@@ -255,10 +277,14 @@ static void on_hb_answer(const struct trk_answer *a, void *arg)
 		LOG_WARN("the tracker forgot publisher %s: registering again", p->id);
 		p->registered = false;
 		node__pub_register(p);
+	} else if (a->status != 200 && a->fix) {
+		/* a key or certificate changed at the tracker: the lease runs out */
+		node__pub_needs_fix(p, a->error, false);
 	} else if (a->status != 200) {
 		hb_failed(p, a);
 	} else {
 		hb_answered(p);
+		node__pub_fixed(p, false);
 	}
 }
 
@@ -525,6 +551,11 @@ size_t node_pub_pending(const struct node_pub *p)
 bool node_pub_registered(const struct node_pub *p)
 {
 	return p->registered;
+}
+
+const char *node_pub_needs_fix(const struct node_pub *p)
+{
+	return p->fix.why[0] != 0 ? p->fix.why : NULL;
 }
 
 size_t node_pub_nranks(const struct node_pub *p)

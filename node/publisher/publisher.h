@@ -168,6 +168,10 @@ const struct proto_model *node_pub_model(const struct node_pub *p);
 size_t node_pub_pending(const struct node_pub *p);
 /* Whether the publisher holds a lease at the tracker now. */
 bool node_pub_registered(const struct node_pub *p);
+/* A failure only a person can fix that the publisher lives with (a
+ * tracker setting, its model refused), what to change; NULL when none.
+ * Owned by p, valid until its next event. */
+const char *node_pub_needs_fix(const struct node_pub *p);
 /* The trainer ranks this publisher hosts / whether it hosts rank 0. */
 size_t node_pub_nranks(const struct node_pub *p);
 bool node_pub_leader(const struct node_pub *p);

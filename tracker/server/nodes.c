@@ -88,7 +88,7 @@ void trk__handle_nodes(struct trk_call *c)
 		goto out;
 	}
 	if (!r->have_model) {
-		trk__fail(c, 409, "no model known yet: no publisher has registered (retry)");
+		trk__fail(c, 409, "no model known yet: %s (retry)", trk__registry_no_model(r));
 		goto out;
 	}
 	if (memcmp(md, r->model.digest, sizeof(md)) != 0) {

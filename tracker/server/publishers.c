@@ -111,6 +111,10 @@ void trk__handle_publishers(struct trk_call *c)
 			 NULL;
 	if (latest != NULL &&
 	    memcmp(latest->model_digest, model.digest, PROTO_HASH_BYTES) != 0) {
+		/* Nodes waiting for a model are told why none comes. */
+		snprintf(r->model_refused, sizeof(r->model_refused),
+			 "the tracker refused a publisher's model: model digest differs from the "
+			 "versions in its --state directory (another model's)");
 		trk__fail(c, 409, "model digest differs from the published versions' model");
 		goto out;
 	}
@@ -159,6 +163,7 @@ void trk__handle_publishers(struct trk_call *c)
 		model_json = NULL;
 		have_model = false;
 		r->have_model = true;
+		r->model_refused[0] = 0;
 	} else {
 		json_decref(model_json);
 		model_json = NULL;

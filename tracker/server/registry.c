@@ -106,6 +106,11 @@ void trk__registry_free(struct trk_registry *r)
 	free(r);
 }
 
+const char *trk__registry_no_model(const struct trk_registry *r)
+{
+	return r->model_refused[0] != 0 ? r->model_refused : "no publisher has registered one";
+}
+
 bool trk__registry_model(const struct trk_registry *r, uint8_t *model_digest,
 			 uint8_t *layout_digest)
 {

@@ -141,7 +141,7 @@ void trk__handle_layouts(struct trk_call *c)
 
 	if (!r->have_model) {
 		json_decref(arr);
-		trk__fail(c, 404, "no model known yet: no publisher has registered");
+		trk__fail(c, 404, "no model known yet: %s", trk__registry_no_model(r));
 		return;
 	}
 	for (struct trk_slayout *sl = r->layouts; !bad && sl; sl = sl->next) {

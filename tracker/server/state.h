@@ -277,6 +277,10 @@ struct trk_activation {
 struct trk_registry {
 	struct trk_server *s;
 	bool have_model;
+	/* Why the last publisher's model was refused, while no model is
+	 * known ("" when none was refused since one was): told to the nodes
+	 * that ask for the model (trk__registry_no_model). */
+	char model_refused[192];
 	struct proto_model model;
 	json_t *model_json;
 	struct proto_layout tlayout;
@@ -335,6 +339,10 @@ struct trk_publisher *trk__publisher_find(struct trk_registry *r,
 /* p serves rank (of the trainer layout). */
 bool trk__publisher_has_rank(const struct trk_publisher *p, uint32_t rank);
 /* true and the digests when a publisher registered a model. */
+/* Why no model is known yet, for an answer: a publisher's model refused
+ * (and why), or none registered. Owned by r, valid until the next change.
+ * Cannot fail. */
+const char *trk__registry_no_model(const struct trk_registry *r);
 bool trk__registry_model(const struct trk_registry *r, uint8_t *model_digest,
 			 uint8_t *layout_digest);
 /* The lease a registration or heartbeat grants, in ns. */
