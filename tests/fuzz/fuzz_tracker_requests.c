@@ -1,8 +1,9 @@
 /* libFuzzer target: the tracker's request handlers (every GET and POST
  * endpoint: JSON bodies, query strings, path parameters), driven in-process
- * through the router past evhttp's parse (trk__route_request, with no
- * connection) against a tracker that holds a model, two versions, a
- * publisher and a replica of two ranks.
+ * through the guard's verdict on the head (trk__head_verdict) and the
+ * router past evhttp's parse (trk__route_request, with no connection)
+ * against a tracker that holds a model, two versions, a publisher and a
+ * replica of two ranks.
  *
  * Input: up to 12 requests separated by NUL bytes. In each, the first byte
  * picks the endpoint, the bytes up to the first newline are its query (or
@@ -89,12 +90,28 @@ struct answer {
 	char body[4096];
 };
 
+/* What the connection guard answers the head of this request before its
+ * body (trk__head_verdict: 0 to read on); a head too long for the guard
+ * is answered 400 there. */
+static int head_verdict(const char *method, const char *uri, size_t blen)
+{
+	struct trk_head h = {.content_length = strcmp(method, "POST") == 0 ? (int64_t)blen : -1};
+	char msg[300];
+	bool authed;
+
+	if (strlen(uri) >= sizeof(h.uri))
+		return 400;
+	snprintf(h.method, sizeof(h.method), "%s", method);
+	snprintf(h.uri, sizeof(h.uri), "%s", uri);
+	return trk__head_verdict(srv, &h, &authed, msg, sizeof(msg));
+}
+
 /* Hands one request to the router as evhttp would after parsing it (the
  * URI parsed with evhttp's flags; one it cannot parse reaches the router
  * as NULL, and is answered 400 there as evhttp would). The body is copied
  * to a buffer of its exact size, so that a read past it is caught. */
-static void request(const char *method, const char *uri, const char *ctype, const void *body,
-		    size_t blen, struct answer *a)
+static void route(const char *method, const char *uri, const char *ctype, const void *body,
+		  size_t blen, struct answer *a)
 {
 	struct evkeyvalq headers;
 	struct evhttp_uri *u = evhttp_uri_parse_with_flags(uri, EVHTTP_URI_NONCONFORMANT);
@@ -130,6 +147,17 @@ static void request(const char *method, const char *uri, const char *ctype, cons
 	evhttp_clear_headers(&headers);
 	if (u != NULL)
 		evhttp_uri_free(u);
+}
+
+/* One request as the tracker takes it: judged by its head, then routed. */
+static void request(const char *method, const char *uri, const char *ctype, const void *body,
+		    size_t blen, struct answer *a)
+{
+	a->status = head_verdict(method, uri, blen);
+	if (a->status != 0)
+		snprintf(a->body, sizeof(a->body), "refused before the body");
+	else
+		route(method, uri, ctype, body, blen, a);
 }
 
 static void post_ok(const char *path, const char *ctype, const void *body, size_t len,
