@@ -37,12 +37,30 @@ static void count_answer(struct trk_server *s, int code)
 		s->answers[cls]++;
 }
 
-static void send_buf(struct trk_server *s, struct evhttp_request *req, int code,
-		     const char *ctype, const void *buf, size_t len)
+/* Sends an answer with the headers every answer carries: through evhttp
+ * on req, or (req NULL: a request with no connection) into *out. */
+static void send_buf(struct trk_server *s, struct evhttp_request *req, struct trk_outcome *out,
+		     int code, const char *ctype, const void *buf, size_t len)
 {
-	struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-	struct evbuffer *out = evbuffer_new();
+	struct evkeyvalq *h;
+	struct evbuffer *buffer;
 
+	if (req == NULL) {
+		out->body = len > 0 ? malloc(len) : NULL;
+		if (out->body != NULL)
+			memcpy(out->body, buf, len);
+		else if (len > 0)
+			code = 500;
+		out->len = out->body != NULL ? len : 0;
+		snprintf(out->ctype, sizeof(out->ctype), "%s", ctype);
+		if (s->vs != NULL)
+			trk__versions_chain(s->vs, out->chain, sizeof(out->chain));
+		count_answer(s, code);
+		out->code = code;
+		return;
+	}
+	h = evhttp_request_get_output_headers(req);
+	buffer = evbuffer_new();
 	evhttp_add_header(h, "Content-Type", ctype);
 	evhttp_add_header(h, "Cache-Control", "no-store");
 	if (s->auth != NULL)
@@ -52,16 +70,22 @@ static void send_buf(struct trk_server *s, struct evhttp_request *req, int code,
 		trk__versions_chain(s->vs, chain, sizeof(chain));
 		evhttp_add_header(h, TRK_CHAIN_HEADER, chain);
 	}
-	if (out != NULL && len > 0 && evbuffer_add(out, buf, len) != 0) {
-		evbuffer_free(out);
-		out = NULL;
+	if (buffer != NULL && len > 0 && evbuffer_add(buffer, buf, len) != 0) {
+		evbuffer_free(buffer);
+		buffer = NULL;
 	}
-	if (out == NULL && len > 0)
+	if (buffer == NULL && len > 0)
 		code = 500;
 	count_answer(s, code);
-	evhttp_send_reply(req, code, trk__reason(code), out);
-	if (out != NULL)
-		evbuffer_free(out);
+	evhttp_send_reply(req, code, trk__reason(code), buffer);
+	if (buffer != NULL)
+		evbuffer_free(buffer);
+}
+
+void trk__outcome_fini(struct trk_outcome *a)
+{
+	free(a->body);
+	memset(a, 0, sizeof(*a));
 }
 
 char *trk__json_text(const json_t *obj, size_t *len)
@@ -82,15 +106,22 @@ char *trk__json_text(const json_t *obj, size_t *len)
 	return txt;
 }
 
-void trk__reply_req_text(struct trk_server *s, struct evhttp_request *req, int code,
-			 const char *txt, size_t len)
+/* Sends JSON text already made (txt NULL: out of memory, a 500). */
+static void send_text(struct trk_server *s, struct evhttp_request *req, struct trk_outcome *out,
+		      int code, const char *txt, size_t len)
 {
 	static const char oom[] = "{\"error\":\"out of memory\"}\n";
 
 	if (txt == NULL)
-		send_buf(s, req, 500, "application/json", oom, sizeof(oom) - 1);
+		send_buf(s, req, out, 500, "application/json", oom, sizeof(oom) - 1);
 	else
-		send_buf(s, req, code, "application/json", txt, len);
+		send_buf(s, req, out, code, "application/json", txt, len);
+}
+
+void trk__reply_req_text(struct trk_server *s, struct evhttp_request *req, int code,
+			 const char *txt, size_t len)
+{
+	send_text(s, req, NULL, code, txt, len);
 }
 
 void trk__reply_req_json(struct trk_server *s, struct evhttp_request *req,
@@ -106,18 +137,24 @@ void trk__reply_req_json(struct trk_server *s, struct evhttp_request *req,
 
 void trk__reply_json(struct trk_call *c, int code, json_t *obj)
 {
+	size_t n = 0;
+	char *txt;
+
 	if (c->answered) {
 		json_decref(obj);
 		return;
 	}
 	c->answered = true;
-	trk__reply_req_json(c->s, c->req, code, obj);
+	txt = trk__json_text(obj, &n);
+	json_decref(obj);
+	send_text(c->s, c->req, c->out, code, txt, n);
+	free(txt);
 }
 
 void trk__reply_req_raw(struct trk_server *s, struct evhttp_request *req, int code,
 			const char *ctype, const void *buf, size_t len)
 {
-	send_buf(s, req, code, ctype, buf, len);
+	send_buf(s, req, NULL, code, ctype, buf, len);
 }
 
 void trk__reply_raw(struct trk_call *c, int code, const char *ctype,
@@ -126,7 +163,7 @@ void trk__reply_raw(struct trk_call *c, int code, const char *ctype,
 	if (c->answered)
 		return;
 	c->answered = true;
-	send_buf(c->s, c->req, code, ctype, buf, len);
+	send_buf(c->s, c->req, c->out, code, ctype, buf, len);
 }
 
 void trk__fail(struct trk_call *c, int code, const char *fmt, ...)

@@ -43,10 +43,35 @@ struct trk_server {
 	struct trk_canary *canary; /* expected canary scores (canary.c) */
 };
 
+/* A request as the router takes it once evhttp parsed it: its method, URI
+ * (as sent, and parsed), headers and body. Borrowed for one call. */
+struct trk_request {
+	enum evhttp_cmd_type cmd;
+	const char *raw_uri;             /* NULL: none */
+	const struct evhttp_uri *uri;    /* raw_uri parsed; NULL: it did not parse */
+	const struct evkeyvalq *headers; /* never NULL */
+	struct evbuffer *body;           /* a POST's body; NULL: none */
+	/* The connection's request, answered (or held) through evhttp; NULL:
+	 * the request has no connection, and its answer is written to the
+	 * trk_answer the router is given instead. */
+	struct evhttp_request *req;
+};
+
+/* What a request without a connection was answered. */
+struct trk_outcome {
+	int code;       /* 0: held (a watch the tracker would answer later) */
+	char ctype[64]; /* its Content-Type */
+	char chain[TRK_CHAIN_MAX]; /* its TRK_CHAIN_HEADER ("": none) */
+	uint8_t *body;  /* malloc'ed (NULL when empty); trk__outcome_fini frees */
+	size_t len;
+};
+
 /* One request being handled: the parsed URI and body. */
 struct trk_call {
 	struct trk_server *s;
-	struct evhttp_request *req;
+	struct evhttp_request *req; /* NULL: no connection; answered into out */
+	struct trk_outcome *out;
+	const struct evkeyvalq *headers;
 	bool post;
 	const char *path; /* without the query; owned by the request's URI */
 	struct evkeyvalq query;
@@ -200,13 +225,23 @@ void trk__conns_stats(const struct trk_conns *g, struct trk_conns_stats *out);
  * node or publisher presents (TRK_SESSION_HEADER) to speak for itself.
  * Cannot fail. */
 void trk__session_new(char out[2 * TRK_SESSION_BYTES + 1]);
-/* True when req carries session ses in TRK_SESSION_HEADER. */
-bool trk__session_presented(struct evhttp_request *req, const char *ses);
+/* True when a request's headers carry session ses in TRK_SESSION_HEADER. */
+bool trk__session_presented(const struct evkeyvalq *headers, const char *ses);
 
 /* ---- router.c: each request to its endpoint ---- */
 
 /* evhttp's callback for every request (arg: the server). */
 void trk__route(struct evhttp_request *req, void *arg);
+/* Routes r, past evhttp's parse, to its handler: the tracker's answer to
+ * every request. With r->req it is answered (or held) through evhttp and
+ * out is unused; without, its answer is written to *out (out->code 0: it
+ * would be held), which trk__outcome_fini frees; the request then waits for
+ * nothing and the event loop need not run. Cannot fail (a failure is a
+ * 5xx answer). */
+void trk__route_request(struct trk_server *s, const struct trk_request *r,
+			struct trk_outcome *out);
+/* Frees what a trk_answer holds; leaves it empty. */
+void trk__outcome_fini(struct trk_outcome *a);
 /* What the tracker answers a head before reading its body: 0 to read on,
  * or an HTTP code (401, 405, 411, 413) with a one-line reason in msg. Uses
  * the routes' body caps and trk__auth_check_head; only a signed POST
@@ -226,13 +261,14 @@ size_t trk__watches_held(const struct trk_watches *ws);
 /* Holds c, a watch of the versions after `after` (GET /versions with
  * wait_ms), for wait_ms (ended somewhere in its last tenth); with layouts
  * (layouts_rev=R), a publisher's, also answered when a replica comes
- * alive. -ENOMEM (c answered 500). */
+ * alive. -ENOMEM (c answered 500). A call without a connection (c->req
+ * NULL) is only answered "held" (out->code 0): nothing waits. */
 int trk__watch_versions(struct trk_call *c, uint64_t after, uint64_t wait_ms, bool layouts);
 /* Holds c (GET /addenda?version=V&layout=HEX&wait_ms=N) until the
  * addendum of v for layout is posted (trk__watches_addendum_posted) or
  * wait_ms passes, or (copy: a raw copy is waited for) a newer version is
  * published; each way answered by trk__addendum_reply_req. -ENOMEM
- * (c answered 500). */
+ * (c answered 500). Without a connection, as trk__watch_versions. */
 int trk__watch_addendum(struct trk_call *c, uint64_t v, const uint8_t *layout,
 			uint64_t wait_ms, bool copy);
 /* A version landed: the watches it concerns are answered, a slice per turn

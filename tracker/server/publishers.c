@@ -127,7 +127,7 @@ void trk__handle_publishers(struct trk_call *c)
 	for (struct trk_publisher *q = r->pubs; c->s->auth != NULL && q; q = q->next) {
 		for (size_t i = 0; q->alive && i < p->nranks; i++) {
 			if (!trk__publisher_has_rank(q, p->ranks[i].rank) ||
-			    trk__session_presented(c->req, q->session))
+			    trk__session_presented(c->headers, q->session))
 				continue;
 			c->s->auth_refused++;
 			trk__fail(c, 409, "publisher %s is live and serves rank %u: a second "

@@ -148,10 +148,9 @@ int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
 	return 0;
 }
 
-bool trk__session_presented(struct evhttp_request *req, const char *ses)
+bool trk__session_presented(const struct evkeyvalq *headers, const char *ses)
 {
-	const char *have = evhttp_find_header(evhttp_request_get_input_headers(req),
-					      TRK_SESSION_HEADER);
+	const char *have = evhttp_find_header(headers, TRK_SESSION_HEADER);
 
 	return have != NULL && strlen(have) == strlen(ses) &&
 	       sodium_memcmp(have, ses, strlen(ses)) == 0;
@@ -195,7 +194,7 @@ static int check_session(struct trk_call *c, const struct route *rt)
 	if ((n == NULL || !n->alive) && (p == NULL || !p->alive))
 		return 0; /* unknown or gone: the handler decides (404 / new) */
 	ses = n != NULL ? n->session : p->session;
-	if (trk__session_presented(c->req, ses))
+	if (trk__session_presented(c->headers, ses))
 		return 0;
 	if (reg) {
 		trk__fail(c, 409, "node %s is live: a second registration cannot "
@@ -209,28 +208,23 @@ static int check_session(struct trk_call *c, const struct route *rt)
 	return 403;
 }
 
-void trk__route(struct evhttp_request *req, void *arg)
+void trk__route_request(struct trk_server *s, const struct trk_request *r,
+			struct trk_outcome *out)
 {
-	struct trk_server *s = arg;
-	struct trk_call call = {.s = s, .req = req, .path = "?"};
+	struct trk_call call = {.s = s, .req = r->req, .out = out, .headers = r->headers,
+				.path = "?"};
 	struct trk_call *c = &call;
-	enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
-	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
-	const char *raw_uri = evhttp_request_get_uri(req);
+	enum evhttp_cmd_type cmd = r->cmd;
+	const struct evhttp_uri *uri = r->uri;
+	const char *raw_uri = r->raw_uri;
 	const struct route *rt = NULL;
 	bool path_known = false;
 	struct proto_err err = {{0}};
 
-	bool refused;
-
+	if (r->req == NULL)
+		memset(out, 0, sizeof(*out));
 	TAILQ_INIT(&c->query);
 	c->post = cmd == EVHTTP_REQ_POST;
-	trk__conns_request(s->conns, req, &refused);
-	if (refused) {
-		/* Answered before its body; the connection is closing. */
-		evhttp_send_error(req, 400, NULL);
-		return;
-	}
 	if (uri == NULL || raw_uri == NULL) {
 		trk__fail(c, 400, "malformed request URI");
 		return;
@@ -273,8 +267,7 @@ void trk__route(struct evhttp_request *req, void *arg)
 	/* Sources hand out memory keys: members only (tracker.h). */
 	if (!c->post && (rt->fn == trk__handle_sources || rt->fn == trk__handle_holders) &&
 	    s->auth != NULL) {
-		const char *h = evhttp_find_header(
-			evhttp_request_get_input_headers(req), "Authorization");
+		const char *h = evhttp_find_header(r->headers, "Authorization");
 		if (trk__auth_check(s->auth, "GET", raw_uri, h, NULL, 0,
 				    proto_wall_ms() / 1000, &err) != 0) {
 			s->auth_refused++;
@@ -283,25 +276,23 @@ void trk__route(struct evhttp_request *req, void *arg)
 		}
 	}
 	if (c->post) {
-		struct evbuffer *in = evhttp_request_get_input_buffer(req);
 		size_t cap = rt->body == BODY_MANIFEST ?
 				     (size_t)proto_param(PROTO_PARAM_MANIFEST_MAX) :
 				     TRK_JSON_MAX;
-		c->len = evbuffer_get_length(in);
+		c->len = r->body != NULL ? evbuffer_get_length(r->body) : 0;
 		/* Tighter limits before authentication: size first. */
 		if (c->len > cap) {
 			trk__fail(c, 413, "body of %zu bytes is over the %zu allowed",
 				  c->len, cap);
 			goto out;
 		}
-		c->body = c->len > 0 ? evbuffer_pullup(in, -1) : (const uint8_t *)"";
+		c->body = c->len > 0 ? evbuffer_pullup(r->body, -1) : (const uint8_t *)"";
 		if (c->body == NULL) {
 			trk__fail(c, 500, "out of memory");
 			goto out;
 		}
 		if (s->auth != NULL) {
-			const char *h = evhttp_find_header(
-				evhttp_request_get_input_headers(req), "Authorization");
+			const char *h = evhttp_find_header(r->headers, "Authorization");
 			if (trk__auth_check(s->auth, "POST", raw_uri, h, c->body,
 					    c->len, proto_wall_ms() / 1000,
 					    &err) != 0) {
@@ -332,12 +323,34 @@ void trk__route(struct evhttp_request *req, void *arg)
 	if (!c->answered)
 		trk__fail(c, 500, "internal error: no answer");
 out:
-	if (s->conns != NULL)
-		trk__conns_handled(s->conns, req);
+	if (s->conns != NULL && r->req != NULL)
+		trk__conns_handled(s->conns, r->req);
 	json_decref(c->json);
 	evhttp_clear_headers(&c->query);
 	/* A big body's buffers went back to malloc: give them to the system
 	 * too, so one large request does not pin the tracker's memory. */
 	if (c->len > (1u << 20))
 		malloc_trim(0);
+}
+
+void trk__route(struct evhttp_request *req, void *arg)
+{
+	struct trk_server *s = arg;
+	struct trk_request r = {
+		.cmd = evhttp_request_get_command(req),
+		.raw_uri = evhttp_request_get_uri(req),
+		.uri = evhttp_request_get_evhttp_uri(req),
+		.headers = evhttp_request_get_input_headers(req),
+		.body = evhttp_request_get_input_buffer(req),
+		.req = req,
+	};
+	bool refused;
+
+	trk__conns_request(s->conns, req, &refused);
+	if (refused) {
+		/* Answered before its body; the connection is closing. */
+		evhttp_send_error(req, 400, NULL);
+		return;
+	}
+	trk__route_request(s, &r, NULL);
 }

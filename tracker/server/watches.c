@@ -290,10 +290,22 @@ static void special(struct waiter *w)
 	TAILQ_INSERT_TAIL(w->list, w, link);
 }
 
+/* c has no connection to hold (trk__route_request without one): it is
+ * reported held, and nothing waits. */
+static int held_unconnected(struct trk_call *c)
+{
+	c->out->code = 0;
+	c->answered = true;
+	return 0;
+}
+
 int trk__watch_versions(struct trk_call *c, uint64_t after, uint64_t wait_ms, bool layouts)
 {
-	struct waiter *w = hold(c, after, wait_ms);
+	struct waiter *w;
 
+	if (c->req == NULL)
+		return held_unconnected(c);
+	w = hold(c, after, wait_ms);
 	if (w == NULL)
 		return -ENOMEM;
 	if (layouts) {
@@ -306,8 +318,11 @@ int trk__watch_versions(struct trk_call *c, uint64_t after, uint64_t wait_ms, bo
 int trk__watch_addendum(struct trk_call *c, uint64_t v, const uint8_t *layout, uint64_t wait_ms,
 			bool copy)
 {
-	struct waiter *w = hold(c, v, PROTO_MIN(wait_ms, TRK_WAIT_MAX_MS));
+	struct waiter *w;
 
+	if (c->req == NULL)
+		return held_unconnected(c);
+	w = hold(c, v, PROTO_MIN(wait_ms, TRK_WAIT_MAX_MS));
 	if (w == NULL)
 		return -ENOMEM;
 	w->addendum = true;
