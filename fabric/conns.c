@@ -47,25 +47,6 @@ struct group {
 	size_t live, pend;
 };
 
-/* The endpoint's port and family, from its address; false when it has none
- * a socket could carry. */
-bool fab__conns_port(const struct fab_ctx *ctx, int *family, uint16_t *port)
-{
-	struct sockaddr_storage ss;
-
-	if (strstr(fab_provider(ctx), "tcp") == NULL || ctx->namelen < sizeof(struct sockaddr_in))
-		return false;
-	memcpy(&ss, ctx->name, PROTO_MIN(ctx->namelen, sizeof(ss)));
-	if (ss.ss_family == AF_INET)
-		*port = ntohs(((const struct sockaddr_in *)&ss)->sin_port);
-	else if (ss.ss_family == AF_INET6 && ctx->namelen >= sizeof(struct sockaddr_in6))
-		*port = ntohs(((const struct sockaddr_in6 *)&ss)->sin6_port);
-	else
-		return false;
-	*family = ss.ss_family;
-	return *port != 0;
-}
-
 static void addr_bytes(const struct sockaddr_storage *ss, uint8_t out[16])
 {
 	memset(out, 0, 16);
@@ -239,13 +220,12 @@ void fab__conns_sweep(struct fab_ctx *ctx)
 	size_t ng = 0, pend = 0, live, late = 0, over = 0;
 	struct group *g = NULL, *worst = NULL;
 	struct conn *v = NULL;
-	uint16_t port;
-	int family;
+	uint16_t port = ctx->conns_port;
 	ssize_t n;
 
-	if (!fab__conns_port(ctx, &family, &port))
+	if (port == 0)
 		return;
-	n = collect(family, port, &v);
+	n = collect(ctx->conns_family, port, &v);
 	if (n <= 0)
 		goto out;
 	qsort(v, (size_t)n, sizeof(*v), conn_cmp);
@@ -287,7 +267,7 @@ void fab__conns_sweep(struct fab_ctx *ctx)
 
 		/* Still a connection to our port (another thread may have
 		 * closed the descriptor and got its number again since). */
-		if (!v[i].shed || !read_conn(v[i].fd, family, port, &now) ||
+		if (!v[i].shed || !read_conn(v[i].fd, ctx->conns_family, port, &now) ||
 		    memcmp(now.addr, v[i].addr, 16) != 0)
 			continue;
 		if (shutdown(v[i].fd, SHUT_RDWR) != 0)

@@ -1,9 +1,12 @@
 /* The fabric context: one provider, domain, CQ, AV and RDM endpoint. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "fabric/fab_internal.h"
 #include "proto/log.h"
@@ -232,6 +235,23 @@ static void prewarm(struct fab_ctx *ctx)
 	prewarm_end(ctx, w);
 }
 
+/* The endpoint's own port and family, from its address, for the
+ * connection sweep (conns.c): a tcp provider's only (port 0 otherwise). */
+static void conns_port_of(struct fab_ctx *ctx)
+{
+	struct sockaddr_storage ss;
+
+	ctx->conns_port = 0;
+	if (strstr(fab_provider(ctx), "tcp") == NULL || ctx->namelen < sizeof(struct sockaddr_in))
+		return;
+	memcpy(&ss, ctx->name, PROTO_MIN(ctx->namelen, sizeof(ss)));
+	if (ss.ss_family == AF_INET)
+		ctx->conns_port = ntohs(((const struct sockaddr_in *)&ss)->sin_port);
+	else if (ss.ss_family == AF_INET6 && ctx->namelen >= sizeof(struct sockaddr_in6))
+		ctx->conns_port = ntohs(((const struct sockaddr_in6 *)&ss)->sin6_port);
+	ctx->conns_family = ss.ss_family;
+}
+
 int fab_open(const char *provider, const char *node,
 	     const struct fab_opts *opts, struct fab_ctx **out,
 	     struct proto_err *err)
@@ -371,6 +391,7 @@ int fab_open(const char *provider, const char *node,
 		ret = FAB_FI_ERR(ret, "fi_getname");
 		goto fail_msg;
 	}
+	conns_port_of(ctx);
 	/* Regions need the enabled endpoint under FI_MR_ENDPOINT. */
 	ret = fab__slots_init(ctx, slots);
 	if (ret != 0)

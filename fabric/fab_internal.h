@@ -97,7 +97,11 @@ struct fab_ctx {
 	unsigned nsink;
 	uint64_t sink_logged, sink_log_ms; /* drops logged so far, and when */
 
-	/* the connection sweep (conns.c): when it runs next, sheds logged */
+	/* the connection sweep (conns.c): the endpoint's own port and family
+	 * (a tcp provider's, set at open; port 0: none to sweep, e.g. shm,
+	 * verbs), when it runs next, sheds logged */
+	uint16_t conns_port;
+	int conns_family;
 	uint64_t conns_next_ns;
 	uint64_t conns_logged, conns_log_ms;
 
@@ -161,9 +165,6 @@ int fab__sink_start(struct fab_ctx *ctx, unsigned n);
 
 /* How often fab_poll sweeps the connections to the endpoint's port. */
 #define FAB__CONNS_SWEEP_MS 250
-/* The endpoint's own port and address family (a tcp provider's); false
- * when it has none (shm, verbs). Cannot fail. */
-bool fab__conns_port(const struct fab_ctx *ctx, int *family, uint16_t *port);
 /* Shuts down the connections to the endpoint's port over the bounds of
  * proto/params.h (TESSERA_FAB_*): those that never completed the handshake
  * in time, then the busiest address's; counts them in the stats. */
