@@ -435,21 +435,28 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
 
 /* ---- messages ---------------------------------------------------------------- */
 
+/* Lets go of c's hold i; tell: say so (DROPPED), as the node chose it. */
+static void hold_remove(struct att_client *c, uint32_t i, bool tell)
+{
+	struct att_ver *v = c->holds[i];
+	uint8_t *p;
+
+	memmove(c->holds + i, c->holds + i + 1, (--c->nholds - i) * sizeof(*c->holds));
+	if (tell && (p = client_frame(c, TSR_MSG_DROPPED, 8, -1)) != NULL)
+		tsr_put64(p, v->version);
+	ver_unpin(c->at, v);
+}
+
 /* Holds v for c (protocol 3): past TESSERA_ATTACH_HOLDS the oldest hold
  * goes, and c is told. false: c was dropped (out of memory). */
 static bool hold_add(struct att_client *c, struct att_ver *v)
 {
 	uint32_t max = (uint32_t)proto_param(PROTO_PARAM_ATTACH_HOLDS);
-	uint8_t *p;
 
 	if (c->nholds >= max && c->nholds > 0) {
-		struct att_ver *old = c->holds[0];
-		memmove(c->holds, c->holds + 1, --c->nholds * sizeof(*c->holds));
-		if ((p = client_frame(c, TSR_MSG_DROPPED, 8, -1)) != NULL)
-			tsr_put64(p, old->version);
 		LOG_INFO("attach: a client held %u versions (TESSERA_ATTACH_HOLDS); dropping its "
-			 "hold on v%" PRIu64, max, old->version);
-		ver_unpin(c->at, old);
+			 "hold on v%" PRIu64, max, c->holds[0]->version);
+		hold_remove(c, 0, true);
 	}
 	if (c->holds == NULL && (c->holds = calloc(max ? max : 1, sizeof(*c->holds))) == NULL) {
 		client_fail(c, "the node is out of memory for holds");
@@ -653,12 +660,10 @@ static void on_drop(struct att_client *c, struct tsr_rd *r)
 		return;
 	}
 	for (uint32_t i = 0; i < c->nholds; i++) {
-		if (c->holds[i]->version != version)
-			continue;
-		struct att_ver *v = c->holds[i];
-		memmove(c->holds + i, c->holds + i + 1, (--c->nholds - i) * sizeof(*c->holds));
-		ver_unpin(c->at, v);
-		return;
+		if (c->holds[i]->version == version) {
+			hold_remove(c, i, false);
+			return;
+		}
 	}
 	client_fail(c, "DROP of v%" PRIu64 ", which is not held for this client", version);
 }
@@ -1119,17 +1124,11 @@ static void ver_evict(struct node_attach *at, struct att_ver *v, uint32_t max)
 				       "(TESSERA_ATTACH_RETAINED): release pins when requests end",
 				    v->version, max);
 		} else {
-			for (uint32_t i = 0; i < c->nholds; i++) {
-				if (c->holds[i] != v)
-					continue;
-				uint8_t *p;
-				memmove(c->holds + i, c->holds + i + 1,
-					(--c->nholds - i) * sizeof(*c->holds));
-				if ((p = client_frame(c, TSR_MSG_DROPPED, 8, -1)) != NULL)
-					tsr_put64(p, v->version);
-				v->pins--;
-				break;
-			}
+			for (uint32_t i = 0; i < c->nholds; i++)
+				if (c->holds[i] == v) { /* freed below: v is evicting */
+					hold_remove(c, i, true);
+					break;
+				}
 		}
 		client_flush(c);
 	}
