@@ -61,6 +61,15 @@ static void test_route_to_other_interface(void **state)
 	assert_string_equal(fi.why, "--fabric-iface");
 	assert_int_equal(node_fabiface_pick("tcp;ofi_rxm", "lo", url, &fi, &err), 0);
 	assert_string_equal(fi.addr, "127.0.0.1");
+	/* libfabric's FI_TCP_IFACE outranks the route (a tracker on a
+	 * management network), --fabric-iface outranks it. */
+	setenv("FI_TCP_IFACE", "lo", 1);
+	assert_int_equal(node_fabiface_pick("tcp;ofi_rxm", NULL, url, &fi, &err), 0);
+	assert_string_equal(fi.addr, "127.0.0.1");
+	assert_string_equal(fi.why, "FI_TCP_IFACE");
+	assert_int_equal(node_fabiface_pick("tcp;ofi_rxm", name, url, &fi, &err), 0);
+	assert_string_equal(fi.addr, addr);
+	unsetenv("FI_TCP_IFACE");
 }
 
 /* Bad input: one clear line, a non-zero status, nothing chosen. */

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -170,12 +171,21 @@ int node_fabiface_pick(const char *provider, const char *iface, const char *trac
 	 * route to the tracker (often over ethernet) need not be. */
 	if (iface == NULL && strstr(provider, "tcp") == NULL)
 		return 0;
+	/* libfabric's own choice of a tcp interface, when someone set it,
+	 * outranks the route to the tracker (a cluster whose tracker sits on a
+	 * management network sets it, or --fabric-iface, to the data one). */
+	const char *why = "--fabric-iface";
+	if (iface == NULL && strstr(provider, "tcp") != NULL && getenv("FI_TCP_IFACE") != NULL &&
+	    getenv("FI_TCP_IFACE")[0] != 0) {
+		iface = getenv("FI_TCP_IFACE");
+		why = "FI_TCP_IFACE";
+	}
 	if (iface != NULL) {
 		if ((rc = by_name(iface, out, err)) != 0) {
 			*out = (struct node_fabiface){.why = "the provider's choice"};
 			return rc;
 		}
-		out->why = "--fabric-iface";
+		out->why = why;
 	} else if (by_route(tracker_url, out)) {
 		out->why = "the route to the tracker";
 	} else {

@@ -19,6 +19,8 @@ struct node_fabiface {
 /*
  * The address an endpoint of provider binds: the first address of the
  * interface iface (IPv4 first) when iface is not NULL, else the local
+ * interface FI_TCP_IFACE names (libfabric's own variable, when set, for
+ * tcp providers), else the
  * address of the route to the tracker at tracker_url (a UDP socket
  * connected to it says which), so that a node whose tracker is on loopback
  * binds loopback and one whose tracker is across a network binds the
