@@ -4,7 +4,8 @@
  * 503 and the reason, and ask again ever more slowly (not every 2 s). The
  * same for a node that no model reaches (no publisher, or the tracker
  * refused the publisher's model: its --state holds another model's
- * versions), and for a publisher given https:// to a plain tracker. */
+ * versions), for a publisher given https:// to a plain tracker, and for
+ * a publisher or node given another cluster key than the tracker's. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -222,6 +223,24 @@ static void test_state_of_another_model(void **state)
 	assert_int_equal(log_lines(e, "empty --state"), 1);
 }
 
+/* The publisher's /healthz (address from its log) once it holds a body
+ * with what (bounded), into body; returns its status. */
+static int publisher_health(struct env *e, const char *what, char *body, size_t len)
+{
+	char murl_file[600], url[300];
+
+	assert_true(wait_log(e->log, "metrics on "));
+	snprintf(murl_file, sizeof(murl_file), "%s/murl", e->dir);
+	assert_int_equal(tu_sh("sed -n 's/.*metrics on //p' %s | head -1 | tr -d '\\n' > %s",
+			       e->log, murl_file), 0);
+	FILE *mf = fopen(murl_file, "r");
+	assert_non_null(mf);
+	assert_non_null(fgets(e->murl, sizeof(e->murl), mf));
+	fclose(mf);
+	snprintf(url, sizeof(url), "%s/healthz", e->murl);
+	return wait_health(e, url, what, body, len);
+}
+
 /* A publisher given https:// to a plain tracker keeps running (the
  * tracker may yet be restarted with TLS): its /healthz says what to
  * change, its log says it once, and it asks ever more slowly. */
@@ -229,7 +248,7 @@ static void test_publisher_tls_mismatch(void **state)
 {
 	struct env *e = *state;
 	struct tu_run_files f;
-	char bin[512], turl[300], murl_file[600], url[300];
+	char bin[512], turl[300];
 	static char body[65536];
 
 	start_tracker(e, &f);
@@ -241,23 +260,87 @@ static void test_publisher_tls_mismatch(void **state)
 			 "4", "--seed", "7", "--layout", "fsdp2", "--metrics", "127.0.0.1:0",
 			 "--log-level", "debug", NULL};
 	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", pargv, e->log), 0);
-	assert_true(wait_log(e->log, "metrics on "));
-	snprintf(murl_file, sizeof(murl_file), "%s/murl", e->dir);
-	assert_int_equal(tu_sh("sed -n 's/.*metrics on //p' %s | head -1 | tr -d '\\n' > %s",
-			       e->log, murl_file), 0);
-	FILE *mf = fopen(murl_file, "r");
-	assert_non_null(mf);
-	assert_non_null(fgets(e->murl, sizeof(e->murl), mf));
-	fclose(mf);
-
-	snprintf(url, sizeof(url), "%s/healthz", e->murl);
-	int code = wait_health(e, url, "does not speak TLS", body, sizeof(body));
+	int code = publisher_health(e, "does not speak TLS", body, sizeof(body));
 	print_message("/healthz %d: %s", code, body);
 	assert_int_equal(code, 503);
 	assert_non_null(strstr(body, "check --tracker"));
 	assert_non_null(strstr(body, "--tls-cert)")); /* the whole reason */
 	/* Asked again twice more (1 s, then 2 s later), said no more. */
 	check_said_once(e, &e->publisher, " warn .*does not speak TLS");
+}
+
+/* A publisher given another cluster key than the tracker's, then none at
+ * all, and a node given another: each refusal is a setting a person must
+ * change; /healthz says which (--cluster-key, and how the keys differ),
+ * the log says it once, and the process keeps asking, ever more slowly
+ * (the tracker may be the one restarted with the right key). */
+static void test_wrong_cluster_key(void **state)
+{
+	struct env *e = *state;
+	struct tu_run_files f;
+	char bin[512], tbin[512], sdir[300], tkey[300], pkey[300], tlog[600], line[256];
+	static char body[65536];
+
+	tu_run_files(&f, e->dir);
+	tu_bin(bin, sizeof(bin), "tessera");
+	snprintf(tkey, sizeof(tkey), "%s/tracker-cluster.key", e->dir);
+	snprintf(pkey, sizeof(pkey), "%s/other-cluster.key", e->dir);
+	assert_int_equal(tu_sh("%s keygen --cluster -o %s > /dev/null 2>&1 && "
+			       "%s keygen --cluster -o %s > /dev/null 2>&1",
+			       bin, tkey, bin, pkey),
+			 0);
+	tu_bin(tbin, sizeof(tbin), "tessera-tracker");
+	snprintf(sdir, sizeof(sdir), "%s/state", e->dir);
+	snprintf(tlog, sizeof(tlog), "%s/tracker.log", e->dir);
+	char *targv[] = {tbin, "--listen", "127.0.0.1:0", "--state", sdir, "--trainer-pubkey",
+			 f.pub, "--cluster-key", tkey, NULL};
+	assert_int_equal(node_proc_spawn(&e->tracker, "tracker", targv, tlog), 0);
+	assert_int_equal(node_proc_wait_line(&e->tracker, "listening on ", line, sizeof(line), 30000),
+			 0);
+	snprintf(e->url, sizeof(e->url), "%s", line);
+
+	snprintf(e->log, sizeof(e->log), "%s/publisher.log", e->dir);
+	char *pargv[] = {bin, "publish", "--tracker", e->url, "--key", f.key, "--cluster-key", pkey,
+			 "--synthetic-mb", "4", "--seed", "7", "--layout", "fsdp2", "--metrics",
+			 "127.0.0.1:0", "--log-level", "debug", NULL};
+	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", pargv, e->log), 0);
+	int code = publisher_health(e, "the tracker's and ours differ", body, sizeof(body));
+	print_message("another cluster key: /healthz %d: %s", code, body);
+	assert_int_equal(code, 503);
+	assert_non_null(strstr(body, "check --cluster-key"));
+	check_said_once(e, &e->publisher, " warn .*check --cluster-key");
+	node_proc_stop(&e->publisher, 5000);
+
+	/* No key at all, to a tracker that has one. */
+	snprintf(e->log, sizeof(e->log), "%s/publisher-unkeyed.log", e->dir);
+	char *uargv[] = {bin, "publish", "--tracker", e->url, "--key", f.key, "--synthetic-mb",
+			 "4", "--seed", "7", "--layout", "fsdp2", "--metrics", "127.0.0.1:0",
+			 "--log-level", "debug", NULL};
+	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", uargv, e->log), 0);
+	code = publisher_health(e, "the tracker wants one", body, sizeof(body));
+	print_message("no cluster key: /healthz %d: %s", code, body);
+	assert_int_equal(code, 503);
+	assert_non_null(strstr(body, "check --cluster-key"));
+	check_said_once(e, &e->publisher, " warn .*check --cluster-key");
+
+	/* A node with the other key. */
+	char nbin[512], url[300];
+	tu_bin(nbin, sizeof(nbin), "tessera-node");
+	snprintf(e->log, sizeof(e->log), "%s/node.log", e->dir);
+	char *nargv[] = {nbin, "--tracker", e->url, "--replica", "A", "--rank", "0", "--layout",
+			 "tp1", "--model", f.model, "--trainer-pubkey", f.pub, "--cluster-key", pkey,
+			 "--expose", f.expose, "--store", "host", "--log-level", "debug",
+			 "--metrics", "127.0.0.1:0", NULL};
+	assert_int_equal(node_proc_spawn(&e->node, "node", nargv, e->log), 0);
+	assert_int_equal(node_proc_wait_line(&e->node, "metrics on ", e->murl, sizeof(e->murl),
+					     30000),
+			 0);
+	snprintf(url, sizeof(url), "%s/healthz", e->murl);
+	code = wait_health(e, url, "the tracker's and ours differ", body, sizeof(body));
+	print_message("node, another cluster key: /healthz %d: %s", code, body);
+	assert_int_equal(code, 503);
+	assert_non_null(strstr(body, "check --cluster-key"));
+	check_said_once(e, &e->node, " warn .*check --cluster-key");
 }
 
 static void test_wrong_trainer_key(void **state)
@@ -321,6 +404,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_no_publisher, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_state_of_another_model, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_publisher_tls_mismatch, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wrong_cluster_key, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -411,9 +411,10 @@ static void on_register(const struct trk_answer *ans, void *arg)
 		return;
 	}
 	/* https:// to a plain tracker, a CA that does not verify it, a host
-	 * that does not resolve: said once, on /healthz, asked ever more
-	 * slowly. */
-	if (ans->status < 0 && ans->fix) {
+	 * that does not resolve, another cluster key than the tracker's (or
+	 * none where it wants one): said once, on /healthz, asked ever more
+	 * slowly (the tracker may yet be restarted with the right settings). */
+	if (ans->fix) {
 		node_arm(a->retry_ev, agent_needs_fix(a, ans->error, FIX_RETRY_MAX_MS));
 		return;
 	}

@@ -153,9 +153,10 @@ static void on_registered(const struct trk_answer *a, void *arg)
 
 	p->reg_busy = false;
 	/* https:// to a plain tracker, a CA that does not verify it, a host
-	 * that does not resolve: said once, on /healthz, asked ever more
-	 * slowly. */
-	if (a->status < 0 && a->fix) {
+	 * that does not resolve, another cluster key than the tracker's (or
+	 * none where it wants one): said once, on /healthz, asked ever more
+	 * slowly (the tracker may yet be restarted with the right settings). */
+	if (a->fix) {
 		node__pub_timer_ms(p->reg_ev, node__pub_needs_fix(p, a->error, false));
 		return;
 	}
