@@ -3328,7 +3328,7 @@ static void test_client(void **state)
 	json_t *jm = proto_model_to_json(&f->model), *jl = proto_layout_to_json(&f->model, &f->tl);
 	struct trk_rank_addr ra = {.rank = 0, .host = "t", .provider = "tcp", .fabric_addr = "ff"};
 	trk_reply_init(&r);
-	assert_int_equal(trk_client_register_publisher(f->c, jm, jl, &ra, 1, trk_reply_cb, &r), 0);
+	assert_int_equal(trk_client_register_publisher(f->c, jm, jl, &ra, 1, 0, trk_reply_cb, &r), 0);
 	trk_client_wait(f->c, &r);
 	assert_int_equal(r.status, 200);
 	trk_reply_fini(&r);

@@ -422,6 +422,8 @@ void trk__handle_node_state(struct trk_call *c)
 		snprintf(e->how, sizeof(e->how), "%s", how);
 	if (json_is_true(jneed))
 		trk__versions_want_anchor(c->s->vs, version);
+	if (st == TRK_STATE_FETCHING)
+		trk__rate_sample(&e->rate, proto_wall_ms(), done);
 	e->done = done;
 	e->total = total;
 	e->from_trainer = ft;
