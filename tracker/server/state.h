@@ -615,7 +615,8 @@ void trk__timeline_free(struct trk_timeline *tl);
 void trk__timeline_snapshot(struct trk_timeline *tl, uint64_t v, uint64_t snapshot_ms);
 void trk__timeline_rank(struct trk_timeline *tl, uint64_t v, const char *replica,
 			uint32_t nranks, uint32_t rank, enum trk_rank_state st,
-			uint64_t first_byte_ms, uint64_t last_byte_ms, uint64_t now_ms);
+			uint64_t first_byte_ms, uint64_t last_byte_ms, uint64_t from_trainer,
+			uint64_t from_peers, uint64_t now_ms);
 /* The replica became complete (prepared) or activated at v. */
 void trk__timeline_replica(struct trk_timeline *tl, uint64_t v, const char *replica,
 			   uint32_t nranks, bool activated, uint64_t now_ms);
