@@ -90,15 +90,17 @@ static bool delta_discarded(json_t *pub)
 	return json_is_true(json_object_get(d, "tried")) && json_is_false(json_object_get(d, "kept"));
 }
 
-/* One line on the delta: tried, kept or not, its size, time, and why. */
-static void delta_text(struct evbuffer *b, json_t *d)
+/* One line on the delta: tried, kept or not, its size, time, and why
+ * (bold where html, plain text for a tooltip). */
+static void delta_text(struct evbuffer *b, json_t *d, bool html)
 {
 	json_t *pct = json_object_get(d, "percent");
 
 	if (!json_is_true(json_object_get(d, "tried")))
 		return;
 	evbuffer_add_printf(b, "delta %s",
-			    json_is_false(json_object_get(d, "kept")) ? "<b>discarded</b>" : "kept");
+			    !json_is_false(json_object_get(d, "kept")) ? "kept" :
+			    html ? "<b>discarded</b>" : "discarded");
 	if (json_is_number(pct))
 		evbuffer_add_printf(b, " at %.1f %% of the anchor", json_number_value(pct));
 	if (json_is_integer(json_object_get(d, "encode_ms")))
@@ -170,7 +172,7 @@ void trk__page_phases(struct evbuffer *b, json_t *versions)
 			evbuffer_add_printf(b, ": %.3f s", (double)json_integer_value(ms) / 1000.0);
 			if (hatch) {
 				evbuffer_add_printf(b, " (thrown away: ");
-				delta_text(b, json_object_get(pub, "delta"));
+				delta_text(b, json_object_get(pub, "delta"), false);
 				evbuffer_add_printf(b, ")");
 			}
 			evbuffer_add_printf(b, "</title></rect>");
@@ -208,7 +210,7 @@ void trk__page_phases(struct evbuffer *b, json_t *versions)
 		evbuffer_add_printf(b, "<div class=\"%s\">v%lld: ",
 				    delta_discarded(pub) ? "late" : "",
 				    (long long)json_integer_value(json_object_get(v, "version")));
-		delta_text(b, json_object_get(pub, "delta"));
+		delta_text(b, json_object_get(pub, "delta"), true);
 		evbuffer_add_printf(b, "</div>");
 	}
 }
