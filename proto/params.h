@@ -88,8 +88,8 @@
 	 * the status page and in the tracker's log. */                        \
 	X(DISAGREE_MS, "TESSERA_DISAGREE_MS", 2000, "report replica ranks disagreeing after, ms") \
 	/* A replica on its way to a version counts as updating, not behind, \
-	 * until the oldest version it lacks is this old (or one and a half \
-	 * times its own last update, if longer); the status page says so. */ \
+	 * until the oldest version it lacks is this old (or as old as its own \
+	 * last update took, if longer); the status page says so. */          \
 	X(UPDATING_MS, "TESSERA_UPDATING_MS", 5000, "a replica mid-fetch is updating, not behind, for this long, ms") \
 	/* A replica whose fetching ranks' bytes have not grown for this long \
 	 * is shown behind for want of progress. */                           \

@@ -69,7 +69,7 @@ static void test_updating_or_behind(void **state)
 	judge(&in, &o, TRK_RSTATE_BEHIND, "slower than the versions come: v7 came 9.2 s ago, "
 					  "its last update took 3.0 s; fetching v8 at 4.0 MB/s");
 	/* Its own usual update time is the measure when longer. */
-	in.usual_ms = 8000;
+	in.usual_ms = 10000;
 	judge(&in, &o, TRK_RSTATE_UPDATING, "fetching v8");
 	/* The slowest rank sets the finish; an unknown rate, no finish. */
 	in.usual_ms = 0;
@@ -98,9 +98,10 @@ static void test_current_failed_gone(void **state)
 	r[1].state = TRK_STATE_FAILED;
 	r[1].error = "v8: in-place install of v8 failed";
 	judge(&in, &o, TRK_RSTATE_FAILED, "rank 1 (B/1) failed v8: v8: in-place install");
-	/* Trying again: behind or updating, the failure said. */
+	/* Trying again: behind, the failure said first, however young. */
 	r[1].state = TRK_STATE_FETCHING;
-	judge(&in, &o, TRK_RSTATE_UPDATING, "rank 1 (B/1) failed before: v8: in-place");
+	judge(&in, &o, TRK_RSTATE_BEHIND,
+	      "rank 1 (B/1) failed: v8: in-place install of v8 failed; trying again: fetching v8");
 
 	/* A dead node: behind, naming it; every node dead: gone. */
 	base(&in, r);

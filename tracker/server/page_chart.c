@@ -15,7 +15,9 @@
 #define SVG_ROW 20     /* row pitch */
 #define SVG_BAR 12     /* bar height */
 #define PLOT_W (SVG_W - SVG_LABEL - SVG_RIGHT)
-#define LATE_FACTOR 3  /* a row ending past this times the median row's end is cut */
+/* A row ending past this times the end of the quickest quarter's last
+ * row is cut: the scale follows the replicas that were there on time. */
+#define LATE_FACTOR 4
 
 struct svg {
 	struct evbuffer *b;
@@ -113,10 +115,10 @@ uint64_t trk__chart_span(json_t *tl, bool all)
 			max_of(&end, e);
 	}
 	if (!all && k > 0) {
-		/* Rows far past the median row (a replica that started late)
-		 * do not set the scale: they are cut. */
+		/* Rows far past the quick ones (a replica that started
+		 * late, a slow one) do not set the scale: they are cut. */
 		qsort(ends, k, sizeof(*ends), cmp_u64);
-		uint64_t cap = ends[k / 2] * LATE_FACTOR;
+		uint64_t cap = ends[k / 4] * LATE_FACTOR;
 		for (size_t j = 0; j < k; j++)
 			if (ends[j] <= cap)
 				max_of(&end, t0 + ends[j]);

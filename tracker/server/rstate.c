@@ -183,6 +183,13 @@ void trk__rstate_judge(const struct trk_rs_in *in, struct trk_rs_out *out)
 		}
 		return;
 	}
+	if (erred >= 0) {
+		/* A rank that failed and is trying again is not on its usual way. */
+		say_rank(out, in, (uint32_t)erred);
+		say(out, " failed: %s; trying again: ", in->ranks[erred].error);
+		say_fetch(out);
+		return;
+	}
 	if (out->still_ms >= in->stall_ms) {
 		say(out, "no progress for %.1f s (", s_of(out->still_ms));
 		say_rank(out, in, out->still_rank);
@@ -190,7 +197,7 @@ void trk__rstate_judge(const struct trk_rs_in *in, struct trk_rs_out *out)
 		say_fetch(out);
 		return;
 	}
-	grace = PROTO_MAX(in->grace_ms, in->usual_ms * 3 / 2);
+	grace = PROTO_MAX(in->grace_ms, in->usual_ms);
 	if (in->lag_ms <= grace) {
 		out->state = TRK_RSTATE_UPDATING;
 		say_fetch(out);
@@ -201,10 +208,5 @@ void trk__rstate_judge(const struct trk_rs_in *in, struct trk_rs_out *out)
 			say(out, ", its last update took %.1f s", s_of(in->usual_ms));
 		say(out, "; ");
 		say_fetch(out);
-	}
-	if (erred >= 0) {
-		say(out, "; ");
-		say_rank(out, in, (uint32_t)erred);
-		say(out, " failed before: %s", in->ranks[erred].error);
 	}
 }

@@ -497,7 +497,8 @@ struct trk_rs_in {
 	uint64_t latest, active, target;
 	uint64_t lag_ms;      /* since the first version after active came out */
 	uint64_t usual_ms;    /* its last update took (0: not known) */
-	uint64_t grace_ms;    /* TESSERA_UPDATING_MS */
+	uint64_t grace_ms;    /* TESSERA_UPDATING_MS: updating while lag_ms is within
+			       * this or usual_ms */
 	uint64_t stall_ms;    /* TESSERA_NO_PROGRESS_MS */
 	bool uncovered;       /* the latest version has no parcels for its layout */
 	uint32_t nranks;
