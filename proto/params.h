@@ -87,6 +87,13 @@
 	 * (or than the replica's last fetch took, if longer) are reported on  \
 	 * the status page and in the tracker's log. */                        \
 	X(DISAGREE_MS, "TESSERA_DISAGREE_MS", 2000, "report replica ranks disagreeing after, ms") \
+	/* A replica on its way to a version counts as updating, not behind, \
+	 * until the oldest version it lacks is this old (or as old as its own \
+	 * last update took, if longer); the status page says so. */          \
+	X(UPDATING_MS, "TESSERA_UPDATING_MS", 5000, "a replica mid-fetch is updating, not behind, for this long, ms") \
+	/* A replica whose fetching ranks' bytes have not grown for this long \
+	 * is shown behind for want of progress. */                           \
+	X(NO_PROGRESS_MS, "TESSERA_NO_PROGRESS_MS", 5000, "a replica fetching nothing new this long shows stalled, ms") \
 	/* Versions a publisher serves at most: the newest, then the newest of  \
 	 * those the tracker still lists as retained (replica targets). Older \
 	 * ones are withdrawn and freed; replicas aiming at them retarget. */  \

@@ -1,16 +1,27 @@
 #!/bin/bash
 # The status page, checked by eye and by a headless browser: runs a small
-# cluster on loopback (tracker, a publisher of two trainer ranks, replicas A
-# and B in tp2 and C in tp1, one node per rank), publishes a few versions,
-# stops C's node so that it shows dead, checks the page's parts (layout
-# names, the update timeline charts, folded old versions, the dead node) and
-# loads it in headless Chromium, which saves a screenshot outside the
-# repository. Installs Chromium (Debian's `chromium`) when it is missing.
+# cluster on loopback (tracker, a publisher of two trainer ranks on a
+# 1.5 s clock, one node per rank) with replicas that each show a view:
+#   A  tp2, plain: current;
+#   B  tp2, slow (TESSERA_FETCH_MBPS): behind, with its rate, sources and
+#      expected finish;
+#   C  tp1, its node stopped: dead;
+#   F  tp1, installing in place with TESSERA_TEST_INPLACE_FAIL at the last
+#      version: a rank failed for real, with its error;
+#   L  tp1, started after several versions: late (cut on the shared scale).
+# Once the versions are out it checks the page's parts: every replica not
+# current says why, the timelines share one time scale, the publisher's
+# clock shows late once it stops, the page of a version (/versions/N) and
+# its bad input; then loads the status page and a version's page in
+# headless Chromium, which saves screenshots outside the repository.
+# Installs Chromium (Debian's `chromium`) when it is missing.
 #
 # usage: tests/check-page.sh [--versions V] [--out FILE.png] [--keep DIR]
 #   --versions V  versions to publish (default 7: two fold away)
-#   --out FILE    the screenshot (default $TMPDIR/tessera-status-page.png)
-#   --keep DIR    copy the logs and the page's HTML to DIR
+#   --out FILE    the screenshot of the status page (default
+#                 $TMPDIR/tessera-status-page.png); the version's page goes
+#                 beside it as FILE-version.png
+#   --keep DIR    copy the logs and the pages' HTML to DIR
 # `make check-page` runs it; it is not part of `make test`.
 set -euo pipefail
 
@@ -52,7 +63,7 @@ PIDS=()
 cleanup() {
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
-	if [ -n "$KEEP" ]; then mkdir -p "$KEEP" && cp -r "$DIR"/*.log "$DIR"/page.html "$KEEP"/ 2>/dev/null || true; fi
+	if [ -n "$KEEP" ]; then mkdir -p "$KEEP" && cp -r "$DIR"/*.log "$DIR"/*.html "$DIR"/*.json "$KEEP"/ 2>/dev/null || true; fi
 	rm -rf "$DIR"
 }
 trap cleanup EXIT
@@ -69,18 +80,21 @@ URL=$(sed -n 's/^listening on //p' tracker.log)
 [ -n "$URL" ] || die "the tracker did not start: $(cat tracker.log)"
 
 declare -A NODE
-start_replica() { # name layout ranks
-	for ((r = 0; r < $3; r++)); do
-		"$BIN/tessera-node" --tracker "$URL" --replica "$1" --rank $r --layout "$2" \
-			--model model.json --trainer-pubkey trainer.pub --store host \
-			>"node-$1-$r.log" 2>&1 &
+start_replica() { # name layout ranks [option...]: environment from REPLICA_ENV
+	local name=$1 layout=$2 n=$3
+	shift 3
+	for ((r = 0; r < n; r++)); do
+		env $REPLICA_ENV "$BIN/tessera-node" --tracker "$URL" --replica "$name" --rank $r \
+			--layout "$layout" --model model.json --trainer-pubkey trainer.pub --store host "$@" \
+			>"node-$name-$r.log" 2>&1 &
 		PIDS+=($!)
-		NODE[$1-$r]=$!
+		NODE[$name-$r]=$!
 	done
 }
-start_replica A tp2 2
-start_replica B tp2 2
-start_replica C tp1 1
+REPLICA_ENV="" start_replica A tp2 2
+REPLICA_ENV="TESSERA_FETCH_MBPS=3" start_replica B tp2 2
+REPLICA_ENV="" start_replica C tp1 1
+REPLICA_ENV="TESSERA_TEST_INPLACE_FAIL=$VERSIONS" start_replica F tp1 1 --install in-place
 # The publisher goes first at the tracker: nodes retry until it did.
 "$BIN/tessera" publish --tracker "$URL" --key trainer.key --synthetic-mb 32 --layout fsdp2 \
 	--every 1500 --versions "$VERSIONS" >publish.log 2>&1 &
@@ -92,28 +106,68 @@ wait_for() { # jq condition, seconds, what
 		status | jq -e "$1" >/dev/null 2>&1 && return 0
 		sleep 0.2
 	done
+	status >status-at-failure.json 2>/dev/null || true
 	die "$3 (logs: $(ls "$DIR"/*.log | tr '\n' ' '))"
 }
-wait_for "[.replicas[] | select(.active == $VERSIONS)] | length == 3" 240 \
-	"not every replica activated v$VERSIONS"
-echo "check-page: v$VERSIONS active on A, B and C at $URL/"
-kill "${NODE[C-0]}"
-wait_for '[.replicas[] | select(.replica == "C") | .ranks[0].alive] == [false]' 30 \
-	"C's stopped node still shows alive"
+rep() { echo "(.replicas[] | select(.replica == \"$1\"))"; }
 
+wait_for "[$(rep A) | select(.active >= 3)] | length == 1" 120 "A did not activate v3"
+REPLICA_ENV="" start_replica L tp1 1
+echo "check-page: v3 active on A; late replica L started"
+wait_for "[$(rep A), $(rep L) | select(.active == $VERSIONS)] | length == 2" 240 \
+	"A and L did not activate v$VERSIONS"
+wait_for "$(rep F) | .why | test(\"failed\")" 60 "F shows no failure"
+wait_for "$(rep B) | .state != \"current\" and (.why | test(\"MB/s\"))" 60 \
+	"the slow replica B shows no rate"
+echo "check-page: v$VERSIONS active on A and L at $URL/; B slow, F failed"
+kill "${NODE[C-0]}"
+wait_for "[$(rep C) | .ranks[0].alive] == [false]" 30 "C's stopped node still shows alive"
+wait_for '.publishers[0].clock.late == true' 30 "the stopped publisher clock never shows late"
+
+status >status.json
 curl -sf "$URL/" >page.html
-check() { grep -q -- "$1" page.html || die "the page lacks $2"; }
+curl -sf "$URL/versions/$VERSIONS" >version.html || die "/versions/$VERSIONS did not answer 200"
+check() { grep -q -- "$1" "${3:-page.html}" || die "the ${3:-page} lacks $2"; }
 check '<svg class="timeline"' "the update timeline chart"
 check 'tp2 (2 ranks)' "layout names"
 check '>dead<' "the dead node"
 check '<details><summary>' "folded old versions"
 check "<title>transfer: " "transfer bars in the chart"
+check 'class="why st-failed\|(F/0) failed' "F's failure"
+check '<td class="late">every 1.5 s' "the late publisher's clock"
+check '<a href="/versions/' "links to the versions' pages"
+# Every replica not current says why, in the JSON and on the page.
+jq -e '[.replicas[] | select(.state != "current") | select((.why // "") == "")] | length == 0' \
+	status.json >/dev/null || die "a replica behind shows no reason: $(jq -c '[.replicas[] | {replica, state, why}]' status.json)"
+shown=$(jq '.replicas | length' status.json)
+said=$(grep -o 'class="why st-[a-z]*"><b>[a-z]*</b>: [^<]' page.html | wc -l)
+[ "$said" -eq "$shown" ] || die "the page says why for $said of $shown replicas"
+# One time scale: every timeline chart drawn at the same span.
+spans=$(grep -o '<svg class="timeline" data-span-ms="[0-9]*"' page.html | sort -u | wc -l)
+charts=$(grep -o '<svg class="timeline"' page.html | wc -l)
+[ "$charts" -ge 2 ] && [ "$spans" -eq 1 ] || die "timelines not on one scale ($charts charts, $spans spans)"
+check 'class="scale"' "the shared scale's note"
+# The version's page, and its bad input.
+check "<h1>version $VERSIONS</h1>" "its heading" version.html
+check '<svg class="timeline"' "its timeline" version.html
+check '<th>from peers</th>' "bytes by source" version.html
+for bad in abc 99999999999999999999 0; do
+	code=$(curl -s -o /dev/null -w '%{http_code}' "$URL/versions/$bad")
+	[ "$code" = 400 ] || die "/versions/$bad answered $code, not 400"
+done
+code=$(curl -s -o /dev/null -w '%{http_code}' "$URL/versions/$((VERSIONS + 100))")
+[ "$code" = 404 ] || die "an unknown version's page answered $code, not 404"
 
+shoot() { # url file
+	rm -f "$2"
+	timeout 120 "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
+		--disable-background-networking --disable-component-update --disable-sync \
+		--user-data-dir="$DIR/chromium-profile" --hide-scrollbars --window-size=1400,2000 \
+		--screenshot="$2" "$1" >>chromium.log 2>&1 || true
+	[ -s "$2" ] || die "chromium wrote no screenshot of $1: $(tail -5 chromium.log)"
+}
 mkdir -p "$(dirname "$OUT")"
-rm -f "$OUT"
-timeout 120 "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
-	--disable-background-networking --disable-component-update --disable-sync \
-	--user-data-dir="$DIR/chromium-profile" --hide-scrollbars --window-size=1280,1100 \
-	--screenshot="$OUT" "$URL/" >chromium.log 2>&1 || true
-[ -s "$OUT" ] || die "chromium wrote no screenshot: $(tail -5 chromium.log)"
-echo "check-page: ok; screenshot $OUT"
+VOUT=${OUT%.png}-version.png
+shoot "$URL/" "$OUT"
+shoot "$URL/versions/$VERSIONS" "$VOUT"
+echo "check-page: ok; screenshots $OUT and $VOUT"

@@ -100,7 +100,7 @@ static void test_busy_loop_keeps_lease(void **state)
 	json_t *mj = proto_model_to_json(&e->m);
 	struct trk_rank_addr ra = {0, "localhost", "tcp;ofi_rxm", "00"};
 	trk_reply_init(&r);
-	assert_int_equal(trk_client_register_publisher(e->trk, mj, lj, &ra, 1, trk_reply_cb, &r), 0);
+	assert_int_equal(trk_client_register_publisher(e->trk, mj, lj, &ra, 1, 0, trk_reply_cb, &r), 0);
 	trk_client_wait(e->trk, &r);
 	if (r.status / 100 != 2)
 		fail_msg("register the publisher: %d %s", r.status, r.error);

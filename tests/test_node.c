@@ -131,7 +131,7 @@ static void pub_announce(struct env *e, struct fake_pub *p)
 	json_t *mj = proto_model_to_json(&e->m), *lj = proto_layout_to_json(&e->m, &p->tl);
 	struct trk_rank_addr ra = {0, "localhost", "tcp;ofi_rxm", hex};
 	trk_reply_init(&r);
-	assert_int_equal(trk_client_register_publisher(e->trk, mj, lj, &ra, 1, trk_reply_cb, &r), 0);
+	assert_int_equal(trk_client_register_publisher(e->trk, mj, lj, &ra, 1, 0, trk_reply_cb, &r), 0);
 	trk_client_wait(e->trk, &r);
 	assert_int_equal(r.status / 100, 2);
 	snprintf(p->id, sizeof(p->id), "%s", json_string_value(json_object_get(r.json, "publisher_id")));

@@ -248,6 +248,17 @@ static char *status_snapshot(struct fx *f)
 	json_array_foreach(json_object_get(r.json, "replicas"), i, rep) {
 		json_object_del(rep, "lag_ms");
 		json_object_del(rep, "disagree_ms");
+		/* A replica's state in words moves with the clock (updating
+		 * becomes behind, rates and seconds change). */
+		json_object_del(rep, "state");
+		json_object_del(rep, "why");
+		json_object_del(rep, "fetch");
+	}
+	json_object_del(r.json, "replicas_by_state");
+	/* Nor how long ago a publisher's last version came. */
+	json_array_foreach(json_object_get(r.json, "publishers"), i, rep) {
+		json_object_del(json_object_get(rep, "clock"), "since_last_ms");
+		json_object_del(json_object_get(rep, "clock"), "late");
 	}
 	s = json_dumps(r.json, JSON_SORT_KEYS | JSON_COMPACT);
 	trk_reply_fini(&r);
@@ -775,6 +786,11 @@ static const struct bad_request {
 	{TRK_API "/versions/0/manifest", NULL, 400},
 	{TRK_API "/versions/99/manifest", NULL, 404},
 	{TRK_API "/versions/1/other", NULL, 404},
+	{"/versions/abc", NULL, 400},
+	{"/versions/0", NULL, 400},
+	{"/versions/99999999999999999999", NULL, 400},
+	{"/versions/99", NULL, 404},
+	{"/versions/1/x", NULL, 404},
 	{TRK_API "/replicas/Z", NULL, 404},
 	{TRK_API "/replicas/%3Cx%3E", NULL, 404},
 	{TRK_API "/sources?version=1", NULL, 400},
@@ -3031,7 +3047,7 @@ static void test_status_pages(void **state)
 	assert_non_null(pubs);
 	assert_non_null(strstr(pubs, "&hellip; (40 in all)")); /* in the versions table */
 	*pubs = 0; /* look at the replicas section alone */
-	assert_non_null(strstr(reps, "40 replicas: 40 current, 0 behind, 0 partial, 0 gone"));
+	assert_non_null(strstr(reps, "40 replicas: 40 current, 0 updating, 0 behind, 0 failed, 0 partial, 0 gone"));
 	assert_non_null(strstr(reps, "showing 11&ndash;15"));
 	assert_non_null(strstr(reps, "href=\"/?replicas_offset=5&amp;replicas_limit=5\">previous"));
 	assert_non_null(strstr(reps, "href=\"/?replicas_offset=15&amp;replicas_limit=5\">next"));
@@ -3175,6 +3191,40 @@ static void test_timeline(void **state)
 	assert_int_equal(get(f, "/", &r), 200);
 	assert_non_null(strstr((char *)r.body, "<svg class=\"timeline\""));
 	assert_non_null(strstr((char *)r.body, "<title>transfer: 1.100 s"));
+	trk_reply_fini(&r);
+
+	/* Its own page, linked from the status page; bad versions refused
+	 * with one line. */
+	assert_int_equal(get(f, "/", &r), 200);
+	assert_non_null(strstr((char *)r.body, "<a href=\"/versions/1\">"));
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, "/versions/1", &r), 200);
+	assert_non_null(strstr((char *)r.body, "<h1>version 1</h1>"));
+	assert_non_null(strstr((char *)r.body, "<svg class=\"timeline\""));
+	assert_non_null(strstr((char *)r.body, "<tr><td>A</td><td>2</td><td>+"));
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, "/versions/abc", &r), 400);
+	assert_non_null(strstr(r.error, "version 'abc' is not a positive integer"));
+	assert_null(strchr(r.error, '\n'));
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, "/versions/99999999999999999999", &r), 400);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, "/versions/3", &r), 404);
+	assert_non_null(strstr(r.error, "version 3 is unknown"));
+	trk_reply_fini(&r);
+
+	/* Every replica's state in words: B mid-fetch, A active on v1 while
+	 * v2 is out. */
+	assert_int_equal(get(f, TRK_API "/status", &r), 200);
+	json_t *rp;
+	size_t i;
+	json_array_foreach(json_object_get(r.json, "replicas"), i, rp) {
+		const char *st = json_string_value(json_object_get(rp, "state"));
+		const char *why = json_string_value(json_object_get(rp, "why"));
+		assert_non_null(st);
+		assert_non_null(why);
+		assert_true(why[0] != 0);
+	}
 	trk_reply_fini(&r);
 }
 
@@ -3328,7 +3378,7 @@ static void test_client(void **state)
 	json_t *jm = proto_model_to_json(&f->model), *jl = proto_layout_to_json(&f->model, &f->tl);
 	struct trk_rank_addr ra = {.rank = 0, .host = "t", .provider = "tcp", .fabric_addr = "ff"};
 	trk_reply_init(&r);
-	assert_int_equal(trk_client_register_publisher(f->c, jm, jl, &ra, 1, trk_reply_cb, &r), 0);
+	assert_int_equal(trk_client_register_publisher(f->c, jm, jl, &ra, 1, 0, trk_reply_cb, &r), 0);
 	trk_client_wait(f->c, &r);
 	assert_int_equal(r.status, 200);
 	trk_reply_fini(&r);

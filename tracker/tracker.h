@@ -218,11 +218,12 @@ struct trk_rank_addr {
 	const char *fabric_addr; /* hex */
 };
 
-/* POST /publishers. model and layout are borrowed JSON values. */
+/* POST /publishers. model and layout are borrowed JSON values; every_ms
+ * the publisher's clock (tessera publish --every), 0 when it has none. */
 int trk_client_register_publisher(struct trk_client *c, json_t *model,
 				  json_t *layout,
 				  const struct trk_rank_addr *ranks,
-				  size_t nranks, trk_client_cb cb, void *arg);
+				  size_t nranks, uint64_t every_ms, trk_client_cb cb, void *arg);
 
 struct trk_node_reg {
 	const char *replica;

@@ -424,6 +424,7 @@ int node_cmd_publish(int argc, char **argv)
 				goto out;
 			}
 			a.every = true;
+			po.every_ms = every_ms;
 			break;
 		case 'c':
 			a.control = optarg;

@@ -364,6 +364,7 @@ struct node_pub {
 	bool lw_busy, check_again;
 	uint64_t lw_rev, lw_after;
 	uint64_t lease_ms;
+	uint64_t every_ms; /* its clock, told to the tracker at registration (0: none) */
 	uint64_t reg_gen, hb_gen; /* registrations so far; the heartbeat's */
 	/* Heartbeats failed in a row (a tracker down or unreachable), and
 	 * since when: said once when it starts, once when it recovers. */

@@ -224,7 +224,7 @@ void node__pub_register(struct node_pub *p)
 		r[i].fabric_addr = p->hosted[i].addr_hex;
 	}
 	rc = trk_client_register_publisher(p->trk, p->model_json, p->tl_json, r, p->nhosted,
-					   on_registered, p);
+					   p->every_ms, on_registered, p);
 	free(r);
 	if (rc == 0)
 		p->reg_busy = true;
@@ -409,6 +409,7 @@ int node_pub_new(struct event_base *base, const struct node_pub_opts *o, struct 
 	p->arg = o->arg;
 	p->queue_tail = &p->queue;
 	p->lease_ms = proto_param(PROTO_PARAM_LEASE_MS);
+	p->every_ms = o->every_ms;
 	memcpy(p->sk, o->sk, PROTO_SK_BYTES);
 	crypto_sign_ed25519_sk_to_pk(p->pk, p->sk);
 	if (o->host != NULL)

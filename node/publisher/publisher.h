@@ -77,6 +77,10 @@ struct node_pub_opts {
 	 * only); 0: TESSERA_ANCHOR_EVERY. Deltas need every trainer rank
 	 * hosted by this publisher (else every version is an anchor). */
 	uint32_t anchor_every;
+	/* The caller's clock: a version every this many ms (tessera publish
+	 * --every), told to the tracker at registration for its status page
+	 * to hold the versions against; 0: none. */
+	uint64_t every_ms;
 	/* Called (once) when the publisher cannot go on: the tracker refused
 	 * the registration, ... msg is one line. The caller should stop the
 	 * loop and free the publisher. May be NULL. */

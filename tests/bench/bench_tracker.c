@@ -843,7 +843,7 @@ int main(int argc, char **argv)
 	json_t *mj = proto_model_to_json(&b.m), *tj = proto_layout_to_json(&b.m, &b.tl);
 	struct trk_rank_addr ra = {0, "trainer", "tcp;ofi_rxm", "00112233445566778899aabbccddeeff"};
 	trk_reply_init(&r);
-	if (trk_client_register_publisher(sync, mj, tj, &ra, 1, trk_reply_cb, &r) != 0)
+	if (trk_client_register_publisher(sync, mj, tj, &ra, 1, 0, trk_reply_cb, &r) != 0)
 		return 1;
 	trk_client_wait(sync, &r);
 	if (r.status / 100 != 2) {

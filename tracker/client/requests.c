@@ -51,9 +51,9 @@ static json_t *rank_addr(const struct trk_rank_addr *a)
 int trk_client_register_publisher(struct trk_client *c, json_t *model,
 				  json_t *layout,
 				  const struct trk_rank_addr *ranks,
-				  size_t nranks, trk_client_cb cb, void *arg)
+				  size_t nranks, uint64_t every_ms, trk_client_cb cb, void *arg)
 {
-	json_t *arr = json_array();
+	json_t *arr = json_array(), *body;
 
 	for (size_t i = 0; arr != NULL && i < nranks; i++)
 		if (json_array_append_new(arr, rank_addr(&ranks[i])) != 0) {
@@ -62,10 +62,13 @@ int trk_client_register_publisher(struct trk_client *c, json_t *model,
 		}
 	if (arr == NULL)
 		return -ENOMEM;
-	return post_new(c, TRK_API "/publishers",
-			json_pack("{s:O,s:O,s:o}", "model", model, "layout", layout,
-				  "ranks", arr),
-			cb, arg);
+	body = json_pack("{s:O,s:O,s:o}", "model", model, "layout", layout, "ranks", arr);
+	if (body != NULL && every_ms != 0 &&
+	    json_object_set_new(body, "every_ms", json_integer((json_int_t)every_ms)) != 0) {
+		json_decref(body);
+		body = NULL;
+	}
+	return post_new(c, TRK_API "/publishers", body, cb, arg);
 }
 
 /* A registration sent by layout digest, with its full body kept for a

@@ -210,12 +210,14 @@ json_t *trk__canary_rank_json(struct trk_server *s, const struct trk_node *n)
 	verdict = rank_verdict(s, n, n->canary.version);
 	have_want = n->layout != NULL &&
 		    trk__canary_expected(s, n->canary.version, n->layout->digest, n->rank, &want) == 0;
-	return json_pack("{s:s,s:I,s:I,s:f,s:o,s:o,s:I}", "id", n->id, "version",
+	/* live: the probe read the version the rank serves now (an older
+	 * probe's verdict says nothing of what it serves). */
+	return json_pack("{s:s,s:I,s:I,s:f,s:o,s:o,s:I,s:b}", "id", n->id, "version",
 			 (json_int_t)n->canary.version, "score", (json_int_t)n->canary.score,
 			 "value", (double)n->canary.score / 4294967296.0, "expected",
 			 have_want ? json_integer((json_int_t)want) : json_null(), "ok",
 			 verdict < 0 ? json_null() : json_boolean(verdict == 1), "probed_ms",
-			 (json_int_t)n->canary.ms);
+			 (json_int_t)n->canary.ms, "live", n->canary.version == n->active);
 }
 
 json_t *trk__canary_replica_ok(struct trk_server *s, const struct trk_replica *rep, uint64_t v)

@@ -350,6 +350,7 @@ void trk__handle_layouts(struct trk_call *c);                 /* registry_json.c
 void trk__handle_replica(struct trk_call *c, const char *name);
 void trk__handle_status(struct trk_call *c);                  /* status.c */
 void trk__handle_page(struct trk_call *c);                    /* page.c */
+void trk__handle_version_page(struct trk_call *c, const char *v); /* page_version.c */
 void trk__handle_metrics(struct trk_call *c);                 /* metrics.c */
 
 #endif

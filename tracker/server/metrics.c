@@ -152,6 +152,9 @@ static void fill(struct proto_metrics *m, struct trk_server *s, bool *bad)
 	      trk__versions_latest(s->vs), bad);
 	versions_metrics(m, s->vs, bad);
 	gauge(m, "tessera_tracker_replicas", "state=\"current\"", replicas, k.replicas_current, bad);
+	gauge(m, "tessera_tracker_replicas", "state=\"updating\"", replicas, k.replicas_updating,
+	      bad);
+	gauge(m, "tessera_tracker_replicas", "state=\"failed\"", replicas, k.replicas_failed, bad);
 	gauge(m, "tessera_tracker_replicas", "state=\"behind\"", replicas, k.replicas_behind, bad);
 	gauge(m, "tessera_tracker_replicas", "state=\"partial\"", replicas, k.replicas_partial, bad);
 	gauge(m, "tessera_tracker_replicas", "state=\"gone\"", replicas, k.replicas_gone, bad);

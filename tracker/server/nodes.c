@@ -422,6 +422,8 @@ void trk__handle_node_state(struct trk_call *c)
 		snprintf(e->how, sizeof(e->how), "%s", how);
 	if (json_is_true(jneed))
 		trk__versions_want_anchor(c->s->vs, version);
+	if (st == TRK_STATE_FETCHING)
+		trk__rate_sample(&e->rate, proto_wall_ms(), done);
 	e->done = done;
 	e->total = total;
 	e->from_trainer = ft;
@@ -444,7 +446,7 @@ void trk__handle_node_state(struct trk_call *c)
 	trk__replica_update_target(c->s, n->rep);
 	bool complete = trk__replica_complete(n->rep, version);
 	trk__timeline_rank(r->tl, version, n->rep->name, n->rep->nranks, n->rank, st, first_ms,
-			   last_ms, n->report_ms);
+			   last_ms, e->from_trainer, e->from_peers, n->report_ms);
 	if (complete)
 		trk__timeline_replica(r->tl, version, n->rep->name, n->rep->nranks, false,
 				      n->report_ms);

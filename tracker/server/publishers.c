@@ -57,6 +57,7 @@ void trk__handle_publishers(struct trk_call *c)
 	bool have_model = false, have_layout = false, same_model, same_layout;
 	struct trk_version *latest;
 	uint8_t rid[8];
+	uint64_t every_ms = 0;
 
 	proto_model_init(&model);
 	memset(&layout, 0, sizeof(layout));
@@ -71,6 +72,14 @@ void trk__handle_publishers(struct trk_call *c)
 	if (!json_is_array(jr) || json_array_size(jr) == 0 ||
 	    json_array_size(jr) > PROTO_MAX_RANKS) {
 		trk__fail(c, 400, "ranks: must be a non-empty array");
+		goto out;
+	}
+	/* Its clock, when it publishes on one: what the page holds its
+	 * versions against. */
+	if (trk__get_u64(c->json, "every_ms", false, TRK__EVERY_MS_MAX, &every_ms, &err) != 0 ||
+	    (json_object_get(c->json, "every_ms") != NULL &&
+	     !json_is_null(json_object_get(c->json, "every_ms")) && every_ms == 0)) {
+		trk__fail(c, 400, "every_ms: want 1..%u ms", TRK__EVERY_MS_MAX);
 		goto out;
 	}
 	if (proto_model_from_json(jm, "model", &model, &err) != 0) {
@@ -193,6 +202,7 @@ void trk__handle_publishers(struct trk_call *c)
 	trk__session_new(p->session);
 	p->alive = true;
 	p->registered_ms = proto_wall_ms();
+	p->every_ms = every_ms;
 	p->expires_ns = proto_now_ns() + trk__registry_lease_ns(r);
 	trk__registry_lease_granted(r, p->expires_ns);
 	trk__registry_changed(r);

@@ -284,9 +284,24 @@ void trk__registry_sweep(struct trk_registry *r)
 
 /* ---- counts ---------------------------------------------------------------- */
 
+/* A whole replica short of the latest: updating, failed or behind. */
+static void count_state(struct trk_registry *r, const struct trk_replica *rep, uint64_t now,
+			struct trk_counts *out)
+{
+	struct trk_rs_out st;
+
+	trk__replica_state(r->s, rep, now, &st);
+	if (st.state == TRK_RSTATE_UPDATING)
+		out->replicas_updating++;
+	else if (st.state == TRK_RSTATE_FAILED)
+		out->replicas_failed++;
+	else
+		out->replicas_behind++;
+}
+
 void trk__registry_counts(struct trk_registry *r, struct trk_counts *out)
 {
-	uint64_t latest = trk__versions_latest(r->s->vs);
+	uint64_t latest = trk__versions_latest(r->s->vs), now = proto_wall_ms();
 
 	memset(out, 0, sizeof(*out));
 	for (struct trk_publisher *p = r->pubs; p; p = p->next) {
@@ -312,7 +327,7 @@ void trk__registry_counts(struct trk_registry *r, struct trk_counts *out)
 		else if (rep->active != 0 && rep->active == latest)
 			out->replicas_current++;
 		else
-			out->replicas_behind++;
+			count_state(r, rep, now, out);
 	}
 	out->bytes_from_trainer = r->bytes_from_trainer;
 	out->bytes_from_peers = r->bytes_from_peers;

@@ -122,6 +122,8 @@ static json_t *replica_json(struct trk_registry *r, const struct trk_replica *re
 				trk__jint(rep->disagree_ms ? now - rep->disagree_ms : 0));
 		if (rep->disagree_logged)
 			bad |= trk__set(o, "disagreement", json_string(rep->why));
+		/* Its state in words, and its current fetch. */
+		bad |= trk__replica_state_json(r->s, rep, now, o);
 	}
 	json_decref(ranks);
 	if (bad) {
@@ -212,7 +214,50 @@ json_t *trk__registry_version_replicas(struct trk_registry *r, uint64_t v,
 	return a;
 }
 
-static json_t *publisher_json(const struct trk_publisher *p)
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* The versions the trainer got out, against a publisher's clock: the
+ * intervals between the newest publications (median and last), the time
+ * since the last, and whether that is past twice the clock (late). */
+#define CLOCK_VERSIONS 16
+static json_t *clock_json(struct trk_server *s, const struct trk_publisher *p, uint64_t now)
+{
+	size_t n = trk__versions_count(s->vs), k = 0;
+	uint64_t iv[CLOCK_VERSIONS], last_pub = 0, prev = 0;
+	json_t *o = json_object();
+	int bad = o == NULL;
+
+	for (size_t i = n > CLOCK_VERSIONS + 1 ? n - CLOCK_VERSIONS - 1 : 0; i < n; i++) {
+		uint64_t t = trk__versions_at(s->vs, i)->published_ms;
+		if (prev != 0 && t > prev && k < CLOCK_VERSIONS)
+			iv[k++] = t - prev;
+		prev = t;
+		last_pub = PROTO_MAX(last_pub, t);
+	}
+	uint64_t last_iv = k > 0 ? iv[k - 1] : 0, since = last_pub && now > last_pub ? now - last_pub : 0;
+	qsort(iv, k, sizeof(iv[0]), cmp_u64);
+	/* Late: nothing for twice the clock since the last version (or since
+	 * it registered, before its first). */
+	uint64_t quiet = last_pub > p->registered_ms ? since :
+			 now > p->registered_ms ? now - p->registered_ms : 0;
+	bool late = p->alive && p->every_ms != 0 && quiet > 2 * p->every_ms;
+	bad |= trk__set(o, "every_ms", p->every_ms ? trk__jint(p->every_ms) : json_null());
+	bad |= trk__set(o, "interval_median_ms", k ? trk__jint(iv[k / 2]) : json_null());
+	bad |= trk__set(o, "interval_last_ms", k ? trk__jint(last_iv) : json_null());
+	bad |= trk__set(o, "since_last_ms", last_pub ? trk__jint(since) : json_null());
+	bad |= trk__set(o, "late", json_boolean(late));
+	if (bad) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
+}
+
+static json_t *publisher_json(struct trk_server *s, const struct trk_publisher *p, uint64_t now)
 {
 	json_t *o = json_object(), *ranks = json_array(), *offers = json_array();
 	int bad = o == NULL || ranks == NULL || offers == NULL;
@@ -233,6 +278,7 @@ static json_t *publisher_json(const struct trk_publisher *p)
 			bad |= trk__set(o, "gone_ms", trk__jint(p->gone_ms));
 		bad |= trk__set(o, "ranks", json_incref(ranks));
 		bad |= trk__set(o, "offered_versions", json_incref(offers));
+		bad |= trk__set(o, "clock", clock_json(s, p, now));
 	}
 	json_decref(ranks);
 	json_decref(offers);
@@ -252,7 +298,7 @@ json_t *trk__registry_status(struct trk_registry *r, struct trk_status_page *pg)
 	struct trk_counts cnt;
 
 	for (struct trk_publisher *p = r->pubs; !bad && p; p = p->next)
-		bad |= json_array_append_new(pubs, publisher_json(p)) != 0;
+		bad |= json_array_append_new(pubs, publisher_json(r->s, p, proto_wall_ms())) != 0;
 	for (struct trk_replica *rep = r->reps; !bad && rep; rep = rep->next, total++) {
 		if (total < pg->offset || shown >= pg->limit)
 			continue;
@@ -292,8 +338,10 @@ json_t *trk__registry_status(struct trk_registry *r, struct trk_status_page *pg)
 		bad |= trk__set(o, "replicas_offset", trk__jint(pg->offset));
 		bad |= trk__set(o, "replicas_limit", trk__jint(pg->limit));
 		bad |= trk__set(o, "replicas_by_state",
-				json_pack("{s:o,s:o,s:o,s:o}", "current",
-					  trk__jint(cnt.replicas_current), "behind",
+				json_pack("{s:o,s:o,s:o,s:o,s:o,s:o}", "current",
+					  trk__jint(cnt.replicas_current), "updating",
+					  trk__jint(cnt.replicas_updating), "failed",
+					  trk__jint(cnt.replicas_failed), "behind",
 					  trk__jint(cnt.replicas_behind), "partial",
 					  trk__jint(cnt.replicas_partial), "gone",
 					  trk__jint(cnt.replicas_gone)));

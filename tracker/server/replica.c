@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "proto/log.h"
+#include "proto/params.h"
 #include "tracker/server/internal.h"
 
 bool trk__replica_name_valid(const char *s)
@@ -95,9 +96,14 @@ static void log_activation(struct trk_registry *r, struct trk_replica *rep)
 {
 	struct trk_activation *a = &r->act[r->act_next];
 
+	struct trk_version *ver = trk__versions_find(r->s->vs, rep->active);
+
 	snprintf(a->replica, sizeof(a->replica), "%s", rep->name);
 	a->version = rep->active;
 	a->wall_ms = proto_wall_ms();
+	/* How long an update takes here: what "behind" is measured against. */
+	if (ver != NULL && ver->published_ms != 0 && a->wall_ms > ver->published_ms)
+		rep->update_ms = a->wall_ms - ver->published_ms;
 	r->act_next = (r->act_next + 1) % TRK__ACTIVATIONS_MAX;
 	r->act_n = PROTO_MIN(r->act_n + 1, TRK__ACTIVATIONS_MAX);
 	r->act_total++;
@@ -148,4 +154,102 @@ json_t *trk__replica_statements(const struct trk_replica *rep, uint64_t v)
 		}
 	}
 	return arr;
+}
+
+/* The latest version has parcels of rep's layout (its own or an addendum's). */
+static bool latest_covers(struct trk_server *s, const struct trk_replica *rep)
+{
+	uint64_t v = trk__versions_latest(s->vs);
+	const struct proto_manifest *m;
+	struct proto_manifest *owned = NULL;
+	struct proto_err err = {{0}};
+	bool yes;
+
+	if (v == 0 || rep->layout == NULL || trk__versions_manifest(s->vs, v, &m, &owned, &err) != 0)
+		return true; /* nothing to say it does not */
+	yes = trk__version_layout(s, v, m, rep->layout->digest) != NULL;
+	if (owned != NULL) {
+		proto_manifest_fini(owned);
+		free(owned);
+	}
+	return yes;
+}
+
+void trk__replica_state(struct trk_server *s, const struct trk_replica *rep, uint64_t now_ms,
+			struct trk_rs_out *out)
+{
+	/* A replica's ranks on the stack up to a typical tensor-parallel
+	 * size; beyond, on the heap (only the first of them without memory). */
+	struct trk_rs_rank few[64], *ranks = few;
+	uint64_t lag_v;
+	struct trk_rs_in in = {
+		.latest = trk__versions_latest(s->vs),
+		.active = rep->active,
+		.target = rep->target,
+		.usual_ms = rep->update_ms,
+		.grace_ms = proto_param(PROTO_PARAM_UPDATING_MS),
+		.stall_ms = proto_param(PROTO_PARAM_NO_PROGRESS_MS),
+		.nranks = PROTO_MIN(rep->nranks, PROTO_ARRAY_LEN(few)),
+	};
+
+	if (rep->nranks > PROTO_ARRAY_LEN(few) &&
+	    (ranks = calloc(rep->nranks, sizeof(*ranks))) != NULL)
+		in.nranks = rep->nranks;
+	else
+		ranks = few;
+	in.ranks = ranks;
+
+	trk__replica_lag(s, rep, now_ms, &lag_v, &in.lag_ms);
+	for (uint32_t i = 0; i < in.nranks; i++) {
+		const struct trk_node *n = rep->ranks[i];
+		const struct trk_nver *e = n != NULL && n->last >= 0 ? &n->vers[n->last] : NULL;
+		struct trk_rs_rank *k = &ranks[i];
+
+		memset(k, 0, sizeof(*k));
+		if (n == NULL)
+			continue;
+		k->present = true;
+		k->alive = n->alive;
+		k->id = n->id;
+		k->gone_ms = !n->alive && now_ms > n->gone_ms ? now_ms - n->gone_ms : 0;
+		k->error = n->error;
+		if (e == NULL)
+			continue;
+		k->reported = true;
+		k->state = e->state;
+		k->version = e->version;
+		k->done = e->done;
+		k->total = e->total;
+		k->from_trainer = e->from_trainer;
+		k->from_peers = e->from_peers;
+		k->rate_bps = trk__rate_bps(&e->rate, now_ms);
+		k->still_ms = trk__rate_still_ms(&e->rate, now_ms);
+	}
+	/* Only a replica that lacks the latest asks whether it can have it. */
+	in.uncovered = rep->active < in.latest && !latest_covers(s, rep);
+	trk__rstate_judge(&in, out);
+	if (ranks != few)
+		free(ranks);
+}
+
+int trk__replica_state_json(struct trk_server *s, const struct trk_replica *rep,
+			    uint64_t now_ms, json_t *o)
+{
+	struct trk_rs_out st;
+	int bad = 0;
+
+	trk__replica_state(s, rep, now_ms, &st);
+	bad |= trk__set(o, "state", json_string(trk__rstate_name(st.state)));
+	bad |= trk__set(o, "why", json_string(st.why));
+	if (st.fetching != 0)
+		bad |= trk__set(o, "fetch",
+				json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "version",
+					  (json_int_t)st.fetching, "bytes_done", (json_int_t)st.done,
+					  "bytes_total", (json_int_t)st.total, "bytes_from_trainer",
+					  (json_int_t)st.from_trainer, "bytes_from_peers",
+					  (json_int_t)st.from_peers, "rate_bps",
+					  (json_int_t)st.rate_bps, "eta_ms",
+					  st.eta_ms == UINT64_MAX ? json_null() :
+								    trk__jint(st.eta_ms)));
+	return bad;
 }

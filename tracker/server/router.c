@@ -48,6 +48,7 @@ static const struct route routes[] = {
 
 #define VERSIONS_PREFIX TRK_API "/versions/"
 #define REPLICAS_PREFIX TRK_API "/replicas/"
+#define PAGE_VERSIONS_PREFIX "/versions/"
 
 /* GET routes with a parameter in the path. Returns true when handled. */
 static bool route_param(struct trk_call *c)
@@ -71,6 +72,16 @@ static bool route_param(struct trk_call *c)
 			trk__handle_timeline(c, num);
 		else
 			trk__handle_manifest(c, num);
+		return true;
+	}
+	/* /versions/N: a version's page (HTML). */
+	if (strncmp(c->path, PAGE_VERSIONS_PREFIX, strlen(PAGE_VERSIONS_PREFIX)) == 0 &&
+	    strchr(c->path + strlen(PAGE_VERSIONS_PREFIX), '/') == NULL) {
+		if (c->post) {
+			trk__fail(c, 405, "%s takes GET", c->path);
+			return true;
+		}
+		trk__handle_version_page(c, c->path + strlen(PAGE_VERSIONS_PREFIX));
 		return true;
 	}
 	if (strncmp(c->path, REPLICAS_PREFIX, rp) == 0) {

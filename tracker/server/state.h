@@ -39,6 +39,7 @@ struct proto_addendum;
 #define TRK__TIMELINE_RANKS 4096  /* ranks (and replicas) per timeline */
 #define TRK__LAYOUT_FORMS 16 /* layout forms (as nodes wrote them) cached */
 #define TRK__CANARY_ENTRIES 256 /* (version, layout) expected canary scores kept */
+#define TRK__EVERY_MS_MAX 86400000u /* the longest publisher clock accepted: a day */
 
 /* ---- version_log.c: the durable version log ---- */
 
@@ -195,10 +196,20 @@ struct trk_publisher {
 	char session[2 * TRK_SESSION_BYTES + 1]; /* its credential (hex), from registration */
 	bool alive;
 	uint64_t expires_ns, registered_ms, gone_ms;
+	uint64_t every_ms; /* its clock (tessera publish --every), 0: none said */
 	struct trk_prank *ranks;
 	size_t nranks;
 	struct trk_offers offers;
 	struct trk_publisher *next;
+};
+
+/* A rank's recent progress reports (rate.c): (tracker wall ms, bytes
+ * done) samples, the newest at (n - 1) % TRK__RATE_SAMPLES. */
+#define TRK__RATE_SAMPLES 16
+struct trk_rate {
+	uint64_t ms[TRK__RATE_SAMPLES], bytes[TRK__RATE_SAMPLES];
+	uint32_t n;       /* samples taken since the fetch (re)started */
+	uint64_t grew_ms; /* when the bytes last grew */
 };
 
 struct trk_nver {
@@ -213,6 +224,7 @@ struct trk_nver {
 	bool has_sig;
 	uint8_t sig[TRK_STMT_SIG_BYTES];
 	char banned[TRK__ERROR_MAX + 1]; /* peers it banned for the version, space-separated */
+	struct trk_rate rate; /* its bytes done, over time */
 };
 
 struct trk_replica;
@@ -262,6 +274,7 @@ struct trk_replica {
 	uint64_t target, target_ms;
 	uint64_t created_ms;
 	uint64_t fetch_ms;       /* last first-report -> verified time of a rank */
+	uint64_t update_ms;      /* its last activation's time since that version's publication */
 	uint64_t disagree_ms;    /* ranks hold different versions since (0: agree) */
 	bool disagree_logged;
 	char why[512];           /* what each rank holds and waits for, one line */
@@ -372,8 +385,10 @@ void trk__registry_members_changed(struct trk_registry *r);
 /* For /metrics. */
 struct trk_counts {
 	uint64_t nodes_alive, nodes_gone, publishers_alive, publishers_gone;
-	uint64_t replicas_current, replicas_behind, replicas_partial,
-		replicas_gone;
+	/* Replicas: whole and current, updating, failed or behind otherwise
+	 * (rstate.c), a rank not alive, none alive. */
+	uint64_t replicas_current, replicas_updating, replicas_failed, replicas_behind,
+		replicas_partial, replicas_gone;
 	uint64_t bytes_from_trainer, bytes_from_peers, activations;
 	uint64_t layout_cache_hits, layout_cache_misses;
 };
@@ -433,6 +448,75 @@ void trk__replica_update_active(struct trk_registry *r,
 /* The statements of the ranks of rep that hold v with one, as the array
  * the answers carry ([{"rank","key","sig"}]); NULL when out of memory. */
 json_t *trk__replica_statements(const struct trk_replica *rep, uint64_t v);
+
+/* A replica's state in words (trk__replica_state): gathered from its
+ * ranks and the versions, judged by rstate.c. */
+struct trk_rs_out;
+void trk__replica_state(struct trk_server *s, const struct trk_replica *rep, uint64_t now_ms,
+			struct trk_rs_out *out);
+/* The same as JSON: {"state","why","fetch":{...}} members set on o; 1 on
+ * failure (ENOMEM). */
+int trk__replica_state_json(struct trk_server *s, const struct trk_replica *rep,
+			    uint64_t now_ms, json_t *o);
+
+/* ---- rate.c: a rank's fetch rate over a recent window ---- */
+
+/* A report said bytes done at now_ms. Cannot fail. */
+void trk__rate_sample(struct trk_rate *r, uint64_t now_ms, uint64_t bytes);
+/* Bytes per second over about the last five seconds (0: not known). */
+uint64_t trk__rate_bps(const struct trk_rate *r, uint64_t now_ms);
+/* How long the bytes have not grown (0: no sample). */
+uint64_t trk__rate_still_ms(const struct trk_rate *r, uint64_t now_ms);
+
+/* ---- rstate.c: a replica's state, and why (a pure rule) ---- */
+
+enum trk_rstate {
+	TRK_RSTATE_CURRENT,  /* active on the latest version */
+	TRK_RSTATE_UPDATING, /* on its way to a version younger than its usual update time */
+	TRK_RSTATE_BEHIND,   /* anything else short of the latest: why says what holds it */
+	TRK_RSTATE_FAILED,   /* a live rank's last report is a failure */
+	TRK_RSTATE_GONE,     /* no rank alive */
+	TRK_RSTATE_COUNT
+};
+/* "current", "updating", "behind", "failed", "gone". */
+const char *trk__rstate_name(enum trk_rstate s);
+
+struct trk_rs_rank {
+	bool present, alive;  /* registered; its lease holds */
+	const char *id;       /* NULL: none */
+	uint64_t gone_ms;     /* not alive: for how long */
+	bool reported;        /* the fields below come from its last report */
+	enum trk_rank_state state;
+	uint64_t version, done, total, from_trainer, from_peers;
+	uint64_t rate_bps;    /* over a recent window; 0: not known */
+	uint64_t still_ms;    /* since its bytes last grew */
+	const char *error;    /* its last failure ("" or NULL: none) */
+};
+
+struct trk_rs_in {
+	uint64_t latest, active, target;
+	uint64_t lag_ms;      /* since the first version after active came out */
+	uint64_t usual_ms;    /* its last update took (0: not known) */
+	uint64_t grace_ms;    /* TESSERA_UPDATING_MS: updating while lag_ms is within
+			       * this or usual_ms */
+	uint64_t stall_ms;    /* TESSERA_NO_PROGRESS_MS */
+	bool uncovered;       /* the latest version has no parcels for its layout */
+	uint32_t nranks;
+	const struct trk_rs_rank *ranks;
+};
+
+struct trk_rs_out {
+	enum trk_rstate state;
+	char why[512];        /* one line, without the state's name */
+	/* The current fetch, summed over the ranks fetching above the active
+	 * version (fetching 0: none). */
+	uint64_t fetching, done, total, from_trainer, from_peers, rate_bps;
+	uint64_t eta_ms;      /* the slowest rank's; UINT64_MAX: not known */
+	uint64_t still_ms;    /* the longest a fetching rank made no progress */
+	uint32_t still_rank;
+};
+/* Judges in into *out. Cannot fail. */
+void trk__rstate_judge(const struct trk_rs_in *in, struct trk_rs_out *out);
 
 /* ---- offer_sets.c: what a holder offers ---- */
 
@@ -532,7 +616,8 @@ void trk__timeline_free(struct trk_timeline *tl);
 void trk__timeline_snapshot(struct trk_timeline *tl, uint64_t v, uint64_t snapshot_ms);
 void trk__timeline_rank(struct trk_timeline *tl, uint64_t v, const char *replica,
 			uint32_t nranks, uint32_t rank, enum trk_rank_state st,
-			uint64_t first_byte_ms, uint64_t last_byte_ms, uint64_t now_ms);
+			uint64_t first_byte_ms, uint64_t last_byte_ms, uint64_t from_trainer,
+			uint64_t from_peers, uint64_t now_ms);
 /* The replica became complete (prepared) or activated at v. */
 void trk__timeline_replica(struct trk_timeline *tl, uint64_t v, const char *replica,
 			   uint32_t nranks, bool activated, uint64_t now_ms);

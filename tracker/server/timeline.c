@@ -11,6 +11,7 @@ struct trk_tl_rank {
 	char replica[TRK_REPLICA_MAX + 1];
 	uint32_t rank;
 	uint64_t first_byte_ms, last_byte_ms, verified_ms, active_ms;
+	uint64_t from_trainer, from_peers; /* bytes, as last reported */
 };
 
 struct trk_tl_replica {
@@ -118,7 +119,8 @@ void trk__timeline_snapshot(struct trk_timeline *tl, uint64_t v, uint64_t snapsh
 
 void trk__timeline_rank(struct trk_timeline *tl, uint64_t v, const char *replica,
 			uint32_t nranks, uint32_t rank, enum trk_rank_state st,
-			uint64_t first_byte_ms, uint64_t last_byte_ms, uint64_t now_ms)
+			uint64_t first_byte_ms, uint64_t last_byte_ms, uint64_t from_trainer,
+			uint64_t from_peers, uint64_t now_ms)
 {
 	struct trk_tl_version *s = slot(tl, v, true);
 	struct trk_tl_rank *e;
@@ -130,6 +132,8 @@ void trk__timeline_rank(struct trk_timeline *tl, uint64_t v, const char *replica
 		e->first_byte_ms = first_byte_ms;
 	if (last_byte_ms > e->last_byte_ms)
 		e->last_byte_ms = last_byte_ms;
+	e->from_trainer = from_trainer;
+	e->from_peers = from_peers;
 	if ((st == TRK_STATE_VERIFIED || st == TRK_STATE_ACTIVE) && e->verified_ms == 0)
 		e->verified_ms = now_ms;
 	if (st == TRK_STATE_ACTIVE && e->active_ms == 0)
@@ -216,12 +220,15 @@ json_t *trk__timeline_json(struct trk_timeline *tl, const struct trk_version *ve
 		for (size_t k = first_of(by, nby, rp->name);
 		     k < nby && strcmp(by[k]->replica, rp->name) == 0; k++) {
 			const struct trk_tl_rank *e = by[k];
-			json_array_append_new(ranks, json_pack("{s:I,s:o,s:o,s:o,s:o}", "rank",
+			json_array_append_new(ranks, json_pack("{s:I,s:o,s:o,s:o,s:o,s:I,s:I}", "rank",
 							       (json_int_t)e->rank, "first_byte_ms",
 							       ms_json(e->first_byte_ms), "last_byte_ms",
 							       ms_json(e->last_byte_ms), "verified_ms",
 							       ms_json(e->verified_ms), "activated_ms",
-							       ms_json(e->active_ms)));
+							       ms_json(e->active_ms), "bytes_from_trainer",
+							       (json_int_t)e->from_trainer,
+							       "bytes_from_peers",
+							       (json_int_t)e->from_peers));
 		}
 		json_array_append_new(reps, json_pack("{s:s,s:I,s:o,s:o,s:o}", "replica", rp->name,
 						      "nranks", (json_int_t)rp->nranks, "prepared_ms",
