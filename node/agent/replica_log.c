@@ -90,6 +90,8 @@ static void behind_why(json_t *rep, uint64_t target, char *out, size_t len)
 		else if (strcmp(st, "fetching") == 0 && total > 0)
 			snprintf(what, sizeof(what), "fetching v%" PRIu64 " (%" PRIu64 "%%)", v,
 				 done * 100 / total);
+		else if (strcmp(st, "active") == 0)
+			snprintf(what, sizeof(what), "holds v%" PRIu64, v);
 		else
 			snprintf(what, sizeof(what), "%s v%" PRIu64, st, v);
 		n += (size_t)snprintf(out + n, n < len ? len - n : 0, "%srank %d %s", n ? ", " : "",
@@ -99,11 +101,13 @@ static void behind_why(json_t *rep, uint64_t target, char *out, size_t len)
 		snprintf(out, len, "every rank holds v%" PRIu64 ": switching to it", target);
 }
 
-/* Bytes as a person reads them: "512 B", "3.4 MiB", "1.20 GiB". */
+/* Bytes as a person reads them: "512 B", "70.3 KiB", "3.4 MiB", "1.20 GiB". */
 static void human_bytes(uint64_t n, char *out, size_t len)
 {
 	if (n < 1024)
 		snprintf(out, len, "%" PRIu64 " B", n);
+	else if (n < (1u << 20))
+		snprintf(out, len, "%.1f KiB", (double)n / 1024);
 	else if (n < (1ull << 30))
 		snprintf(out, len, "%.1f MiB", (double)n / (1 << 20));
 	else
