@@ -228,7 +228,7 @@ static int file_check(const struct config_file *cf, const struct proto_config_sc
 				if (proto_log_parse_level(e->value, &cv->level) != 0)
 					return proto_errf(err, EINVAL,
 							  "%s:%d: [log] level '%s' is not one of "
-							  "err, warn, info, debug",
+							  "err, warn, note, info, debug",
 							  cf->path, e->line, e->value);
 			} else if (strcmp(e->key, "format") == 0) {
 				if (proto_log_parse_format(e->value, &fmt) != 0)
@@ -375,7 +375,7 @@ int proto_config_args(const char *section, const struct option *opts, int *argc,
 		goto out;
 	}
 	if (level_s != NULL && proto_log_parse_level(level_s, &level) != 0) {
-		rc = proto_errf(err, EINVAL, "--log-level %s is not one of err, warn, info, debug",
+		rc = proto_errf(err, EINVAL, "--log-level %s is not one of err, warn, note, info, debug",
 				level_s);
 		goto out;
 	}
@@ -467,7 +467,7 @@ int proto_config_check(const char *path, const struct proto_config_schema *schem
 {
 	struct config_file cf;
 	struct config_values cv;
-	int rc, level = PROTO_LOG_WARN;
+	int rc, level = PROTO_LOG_NOTE;
 
 	for (size_t i = 0; proto_config_sections[i] != NULL; i++) {
 		bool have = false;

@@ -2,7 +2,7 @@
  * Configuration files: `--config FILE` for the tracker, the node agent and
  * the publisher. The format is INI, parsed by inih (Debian's libinih):
  *
- *   [log]      level = err|warn|info|debug, format = text|json
+ *   [log]      level = err|warn|note|info|debug, format = text|json
  *   [params]   any tunable of proto/params.h by its lower-case name
  *              (chunk_size = 4194304); the environment variable, if set,
  *              still wins

@@ -14,13 +14,14 @@ static enum proto_log_format log_format = PROTO_LOG_TEXT;
 static const char *log_tag = "tessera";
 static char log_id[128];
 
-static const char *level_names[] = {"error", "warn", "info", "debug"};
+static const char *level_names[] = {"error", "warn", "note", "info", "debug"};
+#define NLEVELS ((int)(sizeof(level_names) / sizeof(level_names[0])))
 
 int proto_log_parse_level(const char *s, int *level)
 {
-	static const char *short_names[] = {"err", "warn", "info", "debug"};
+	static const char *short_names[] = {"err", "warn", "notice", "info", "debug"};
 
-	for (int i = 0; s != NULL && i < 4; i++)
+	for (int i = 0; s != NULL && i < NLEVELS; i++)
 		if (strcmp(s, short_names[i]) == 0 || strcmp(s, level_names[i]) == 0) {
 			*level = i;
 			return 0;
@@ -41,7 +42,7 @@ int proto_log_parse_format(const char *s, enum proto_log_format *fmt)
 
 const char *proto_log_level_name(int level)
 {
-	return level_names[level < 0 ? 0 : level > 3 ? 3 : level];
+	return level_names[level < 0 ? 0 : level >= NLEVELS ? NLEVELS - 1 : level];
 }
 
 const char *proto_log_format_name(enum proto_log_format fmt)
@@ -54,7 +55,7 @@ static int level_from_env(void)
 	int level;
 
 	if (proto_log_parse_level(getenv("TESSERA_LOG"), &level) != 0)
-		return PROTO_LOG_WARN;
+		return PROTO_LOG_NOTE;
 	return level;
 }
 
@@ -74,7 +75,7 @@ int proto_log_level(void)
 
 void proto_log_set_level(int level)
 {
-	log_threshold = level < 0 ? 0 : level > 3 ? 3 : level;
+	log_threshold = level < 0 ? 0 : level >= NLEVELS ? NLEVELS - 1 : level;
 }
 
 void proto_log_set_identity(const char *id)

@@ -69,6 +69,12 @@ static void test_names(void **state)
 	assert_int_equal(proto_log_parse_level("error", &level), 0);
 	assert_int_equal(proto_log_parse_level("debug", &level), 0);
 	assert_int_equal(level, PROTO_LOG_DEBUG);
+	assert_int_equal(proto_log_parse_level("note", &level), 0);
+	assert_int_equal(level, PROTO_LOG_NOTE);
+	assert_int_equal(proto_log_parse_level("notice", &level), 0);
+	assert_int_equal(level, PROTO_LOG_NOTE);
+	assert_string_equal(proto_log_level_name(PROTO_LOG_NOTE), "note");
+	assert_string_equal(proto_log_level_name(99), "debug");
 	assert_true(proto_log_parse_level("loud", &level) < 0);
 	assert_true(proto_log_parse_level(NULL, &level) < 0);
 	assert_int_equal(proto_log_parse_format("json", &f), 0);
@@ -89,8 +95,10 @@ static void test_one_line_per_event(void **state)
 	saved = dup(2);
 	assert_true(saved >= 0);
 	assert_true(dup2(fds[1], 2) >= 0);
-	proto_log_setup("t", PROTO_LOG_WARN);
+	unsetenv("TESSERA_LOG");
+	proto_log_setup("t", -1); /* the default level: note */
 	LOG_WARN("first\nforged 2026-11-30T00:00:00.000Z error line");
+	LOG_NOTE("a note");
 	LOG_INFO("below the threshold");
 	fflush(stderr);
 	dup2(saved, 2);
@@ -101,7 +109,12 @@ static void test_one_line_per_event(void **state)
 	assert_true(n > 0);
 	buf[n] = '\0';
 	assert_non_null(strstr(buf, "first forged"));
-	assert_ptr_equal(strchr(buf, '\n'), buf + n - 1);
+	char *note = strstr(buf, " note t ");
+	assert_non_null(note);
+	assert_non_null(strstr(note, "a note\n"));
+	/* Two lines: the warning whole on the first, the note on the second. */
+	assert_ptr_equal(strchr(buf, '\n') + 1 + strlen("2026-11-30T19:29:20.123Z"), note);
+	assert_ptr_equal(strchr(note, '\n'), buf + n - 1);
 	assert_null(strstr(buf, "below"));
 }
 

@@ -17,7 +17,7 @@ static void usage(FILE *f)
 		"                       [--cluster-key FILE] [--trainer-pubkey FILE]\n"
 		"                       [--tls-cert FILE --tls-key FILE]\n"
 		"                       [--config FILE] [--log-format text|json]\n"
-		"                       [--log-level err|warn|info|debug]\n"
+		"                       [--log-level err|warn|note|info|debug]\n"
 		"\n"
 		"The versioned registry of a tessera cluster. Prints\n"
 		"`listening on http://HOST:PORT` first (https:// with TLS; port 0\n"

@@ -21,6 +21,22 @@ static void expose_path(const struct node_agent *a, char *path, size_t len)
 	snprintf(path, len, "%s/%s-%u.json", a->o.expose_dir, a->o.replica, a->o.rank);
 }
 
+/* path as the record names it: absolute, so that a reader in another
+ * directory finds it (a relative --attach is taken from the node's
+ * working directory); path itself when that is unknown. */
+static const char *absolute(const char *path, char *buf, size_t len)
+{
+	char cwd[4096];
+
+	if (path[0] == '/' || getcwd(cwd, sizeof(cwd)) == NULL)
+		return path;
+	while (path[0] == '.' && path[1] == '/')
+		path += 2;
+	if ((size_t)snprintf(buf, len, "%s/%s", cwd, path) >= len)
+		return path;
+	return buf;
+}
+
 /* The record's text for slot serving version v (at digest): the caller
  * frees; NULL when out of memory. */
 static char *record_text(struct node_agent *a, struct node_slot *slot, uint64_t v,
@@ -56,9 +72,13 @@ static char *record_text(struct node_agent *a, struct node_slot *slot, uint64_t 
 	json_object_set_new(o, "activated_ms", json_integer((json_int_t)proto_wall_ms()));
 	json_object_set_new(o, "locals", locals);
 	locals = NULL;
-	if (a->attach != NULL)
-		json_object_set_new(o, "attach", json_string(node_attach_path(a->attach)));
-	txt = json_dumps(o, JSON_COMPACT);
+	if (a->attach != NULL) {
+		char abs[4096];
+		json_object_set_new(o, "attach", json_string(absolute(node_attach_path(a->attach),
+								      abs, sizeof(abs))));
+	}
+	/* For people as much as programs: one key a line. */
+	txt = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 out:
 	json_decref(locals);
 	json_decref(o);
@@ -264,6 +284,14 @@ void agent_activated(struct node_agent *a, struct node_slot *old)
 		 node_now_ms() - f->started_ms, f->stalls, f->congested, f->read_failures,
 		 f->bad_chunks, proto_process_faults() - f->faults0,
 		 a->active->reused ? "fetched into a retired version's slot" : "fetched into a slot not used before");
+	/* The replica's line (its rank 0 says it): the chain's steps count
+	 * with their target, as the reports do. */
+	const struct agent_chain *c = a->chain != NULL && a->chain->target == f->version ? a->chain
+											   : NULL;
+	agent_rlog_activated(a, f->version, c != NULL ? "chain" : f->delta ? "delta" : "full",
+			     f->from_trainer + (c != NULL ? c->from_trainer : 0),
+			     f->from_peers + (c != NULL ? c->from_peers : 0),
+			     f->have_man ? f->man.created_ms : 0);
 	proto_metrics_set(a->am.m, a->am.active_version, f->version);
 	proto_metrics_set(a->am.m, a->am.serving_bytes, a->active->len);
 	proto_metrics_add(a->am.m, a->am.activations, 1);

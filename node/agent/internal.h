@@ -15,6 +15,8 @@
  *               version whole
  *   poke.c      waking the replica's other ranks on this host
  *   leave.c     leaving the tracker when stopped
+ *   replica_log.c  what the replica says at the default log level, by its
+ *               rank 0: activations, falling behind, catching up
  *
  * Everything runs on the agent's one libevent loop.
  */
@@ -131,6 +133,27 @@ struct agent_chain {
 	bool held;       /* TESSERA_TEST_CHAIN_HOLD: the first step waits */
 };
 
+/* What rank 0 says for its replica (replica_log.c). */
+#define AGENT_RLOG_PUBLISHED 16 /* publish times kept, the newest versions seen */
+/* A replica is behind once a version newer than the one after its active
+ * one is out: it did not activate a version before the next came. */
+#define AGENT_BEHIND_VERSIONS 2
+struct agent_rlog_pub {
+	uint64_t version, mono_ms; /* when it was published, on node_now_ms's clock */
+};
+struct agent_rlog {
+	struct agent_rlog_pub pub[AGENT_RLOG_PUBLISHED];
+	uint32_t next;
+	/* Rank 0 switched to said_v (0: nothing to say): how it was built,
+	 * how long after its publish, our bytes; said once the replica is
+	 * active on it. */
+	uint64_t said_v, own_trainer, own_peers;
+	char how[8], when[64];
+	/* Said behind (since behind_ms, at most behind_max versions). */
+	bool behind;
+	uint64_t behind_ms, behind_max;
+};
+
 struct node_agent {
 	struct node_agent_opts o;
 	struct event_base *base;
@@ -236,6 +259,8 @@ struct node_agent {
 	/* The delta version the planner chose to fetch whole (0: none), and
 	 * one whose whole fetch failed (the chain is taken for it then). */
 	uint64_t full_v, full_failed_v;
+
+	struct agent_rlog rlog; /* what rank 0 says for the replica */
 
 	/* The layers below, one each. */
 	struct fetcher fx;      /* reading the version's chunks (node/fetch/) */
@@ -367,6 +392,35 @@ void agent_chain_sourceless(struct node_agent *a);
 /* Ends the chain (after the version building on its slot was freed);
  * failed: the target is not replayed again. NULL chain is fine. */
 void agent_chain_end(struct node_agent *a, bool failed);
+
+/* ---- replica_log.c: the replica's lines, said by its rank 0 ---- */
+
+enum agent_lag_event {
+	AGENT_LAG_NONE,
+	AGENT_LAG_BEHIND,    /* it falls behind: say so, once */
+	AGENT_LAG_CAUGHT_UP, /* it serves the latest again */
+};
+/* The policy, pure: whether a replica said behind (or not) falls behind or
+ * catches up at lag_versions (the tracker's latest - active). Behind at
+ * AGENT_BEHIND_VERSIONS or more, caught up at 0: one line each way, not
+ * one per version while behind. */
+enum agent_lag_event agent_lag_event(bool behind, uint64_t lag_versions);
+/* A watch answer (the tracker's versions, its clock now_ms): their publish
+ * times, kept for the activation line. Cannot fail. */
+void agent_rlog_published(struct node_agent *a, const struct trk_version_info *vs, size_t n,
+			  uint64_t now_ms);
+/* A replica answer (GET /replicas/R) naming target: says the activation
+ * line once the whole replica is active on rank 0's version, with every
+ * rank's bytes, and when the replica falls behind or catches up. Only rank
+ * 0 says anything. Cannot fail. */
+void agent_rlog_sync(struct node_agent *a, json_t *rep, uint64_t target);
+/* Rank 0 switched to version (how: delta, chain, full; our bytes by
+ * source; the manifest's created_ms, for when its publish time is not
+ * known): the replica's activation line is said by agent_rlog_sync once
+ * the replica is whole on it (at once for a replica of one rank). Cannot
+ * fail. */
+void agent_rlog_activated(struct node_agent *a, uint64_t version, const char *how,
+			  uint64_t from_trainer, uint64_t from_peers, uint64_t created_ms);
 
 /* ---- poke.c ---- */
 

@@ -26,10 +26,13 @@ static void on_leave(const struct trk_answer *ans, void *arg)
 {
 	struct node_agent *a = arg;
 
+	/* Not a fault either way: a tracker stopped with the node (the
+	 * by-hand run's `kill $(jobs -p)`) cannot hear it, and the lease ends
+	 * what the leave would have. */
 	if (ans->status == 200)
 		LOG_INFO("node %s: left the tracker", a->node_id);
 	else
-		LOG_WARN("node %s: leaving: %s (its lease will end it)", a->node_id, ans->error);
+		LOG_INFO("node %s: leaving: %s (its lease will end it)", a->node_id, ans->error);
 	finish(a);
 }
 
@@ -37,7 +40,7 @@ static void on_leave_timer(evutil_socket_t fd, short what, void *arg)
 {
 	struct node_agent *a = arg;
 
-	LOG_WARN("node %s: the tracker did not answer our leave in %d ms (its lease will end it)",
+	LOG_INFO("node %s: the tracker did not answer our leave in %d ms (its lease will end it)",
 		 a->node_id, LEAVE_WAIT_MS);
 	finish(a);
 }

@@ -156,6 +156,7 @@ static void on_sync(const struct trk_answer *ans, void *arg)
 		return;
 	t = (uint64_t)json_integer_value(json_object_get(ans->json, "target"));
 	complete = in_list(json_object_get(ans->json, "complete"), t);
+	agent_rlog_sync(a, ans->json, t);
 	agent_follow_target(a, t, complete, json_object_get(ans->json, "target_statements"));
 	if (!complete && a->ver != NULL && agent_verified_stage(a->ver) && a->ver->version == t)
 		note_replica_wait(a, ans);
@@ -212,6 +213,7 @@ static void on_watch(const struct trk_answer *ans, void *arg)
 		if (latest > a->seen) {
 			a->seen_wall_ms = proto_wall_ms();
 			agent_note_fresh(a, latest, now_ms, vs, n);
+			agent_rlog_published(a, vs, n, now_ms);
 		}
 		free(vs);
 		a->seen = PROTO_MAX(a->seen, latest);

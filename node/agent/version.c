@@ -251,9 +251,9 @@ static int setup_parcels(struct node_agent *a)
 		node_slot_stream_begin(&a->store, f->slot, f->bytes_total);
 	swarm_serve(&a->sw, f);
 	f->su.parcels = proto_wall_ms();
-	LOG_INFO("node %s: fetching v%" PRIu64 ": %u parcels, %" PRIu64 " bytes%s%s", a->node_id,
-		 f->version, f->nparcels, f->bytes_total, f->served ? ", serving them to peers" : "",
-		 f->delta ? " (a delta: rebuilt from the active version)" : "");
+	LOG_DEBUG("node %s: fetching v%" PRIu64 ": %u parcels, %" PRIu64 " bytes%s%s", a->node_id,
+		  f->version, f->nparcels, f->bytes_total, f->served ? ", serving them to peers" : "",
+		  f->delta ? " (a delta: rebuilt from the active version)" : "");
 	agent_stage(a, STAGE_FETCHING);
 	if (f->bytes_total == 0) {
 		f->complete = true;
@@ -856,8 +856,8 @@ static void agent_verified(struct node_agent *a)
 	agent_stage(a, STAGE_VERIFIED);
 	v->verified_ms = node_now_ms();
 	v->reported_verified = true;
-	LOG_INFO("node %s: v%" PRIu64 " verified in %" PRIu64 " ms", a->node_id, v->version,
-		 node_now_ms() - v->f->started_ms);
+	LOG_DEBUG("node %s: v%" PRIu64 " verified in %" PRIu64 " ms", a->node_id, v->version,
+		  node_now_ms() - v->f->started_ms);
 	if (agent_probe_expose(a, &err) != 0) {
 		agent_expose_blocked(a, "cannot write the activation record", &err);
 		return;

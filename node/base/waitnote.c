@@ -25,8 +25,10 @@ void node_wait_note(struct node_wait *w, uint64_t now_ms, const char *who, const
 	va_start(ap, fmt);
 	vsnprintf(what, sizeof(what), fmt, ap);
 	va_end(ap);
-	LOG_WARN("%s: waiting %llu s for %s", who,
-		 (unsigned long long)((now_ms - w->since_ms) / 1000), what);
+	/* No version yet is the trainer's pace, not a fault: said, not warned. */
+	proto_log(strcmp(w->key, "version") == 0 ? PROTO_LOG_NOTE : PROTO_LOG_WARN, __FILE__,
+		  __LINE__, "%s: waiting %llu s for %s", who,
+		  (unsigned long long)((now_ms - w->since_ms) / 1000), what);
 }
 
 void node_wait_over(struct node_wait *w, const char *key)

@@ -15,7 +15,8 @@ struct node_wait {
 /*
  * Records that `who` still waits for `key` (a short fixed word naming the
  * wait: "tracker", "version", "replica"); a new key starts a new wait. When
- * it is due, logs a warning "<who>: waiting <s> s for <what fmt...>".
+ * it is due, logs "<who>: waiting <s> s for <what fmt...>": a warning, but
+ * at note for "version" (nothing published yet is the trainer's pace).
  * Cannot fail.
  */
 void node_wait_note(struct node_wait *w, uint64_t now_ms, const char *who, const char *key,

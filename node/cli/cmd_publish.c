@@ -104,7 +104,7 @@ static void publish_usage(FILE *f)
 		"      --config FILE      the [publish] section gives options (flags\n"
 		"                         override it), [params] tunables, [log] settings\n"
 		"      --log-format F     text or json, one line per event\n"
-		"      --log-level L      err, warn (default), info or debug\n"
+		"      --log-level L      err, warn, note (default), info or debug\n"
 		"      --metrics HOST:PORT serve /metrics and /healthz there (default off;\n"
 		"                         port 0 picks one, logged at info)\n"
 		"  -h, --help             this text\n");

@@ -454,18 +454,19 @@ static const char *su_ms(char *buf, size_t len, uint64_t t, uint64_t created)
 	return buf;
 }
 
-/* Logs f's start-up timeline (f->su) at its first byte; once. */
+/* Logs f's start-up timeline (f->su) at its first byte; once. At debug:
+ * a rank's activation line carries its totals at info. */
 static void startup_log(const struct fetcher *x, const struct fetch *f)
 {
 	char w[24], m[24], p[24], s[24], h[24], r[24], b[24];
 	uint64_t c = f->man.created_ms;
 
-	LOG_INFO("node %s: v%" PRIu64 " start-up, ms from the manifest's creation: watch %s, "
-		 "manifest %s, parcels %s, sources %s, have-page %s, read posted %s, first byte %s",
-		 x->o.id, f->version, su_ms(w, sizeof(w), f->su.watch, c),
-		 su_ms(m, sizeof(m), f->su.manifest, c), su_ms(p, sizeof(p), f->su.parcels, c),
-		 su_ms(s, sizeof(s), f->su.sources, c), su_ms(h, sizeof(h), f->su.have, c),
-		 su_ms(r, sizeof(r), f->su.read, c), su_ms(b, sizeof(b), f->first_byte_ms, c));
+	LOG_DEBUG("node %s: v%" PRIu64 " start-up, ms from the manifest's creation: watch %s, "
+		  "manifest %s, parcels %s, sources %s, have-page %s, read posted %s, first byte %s",
+		  x->o.id, f->version, su_ms(w, sizeof(w), f->su.watch, c),
+		  su_ms(m, sizeof(m), f->su.manifest, c), su_ms(p, sizeof(p), f->su.parcels, c),
+		  su_ms(s, sizeof(s), f->su.sources, c), su_ms(h, sizeof(h), f->su.have, c),
+		  su_ms(r, sizeof(r), f->su.read, c), su_ms(b, sizeof(b), f->first_byte_ms, c));
 }
 
 /* The ranges of the slot chunk c of p lies in (sp: the first GATHER_RANGES

@@ -24,7 +24,7 @@ static void usage(FILE *f)
 		"                    [--attach SOCK [--attach-mode MODE] [--attach-group GROUP]]\n"
 		"                    [--install double|in-place]\n"
 		"                    [--host NAME] [--config FILE] [--log-format text|json]\n"
-		"                    [--log-level err|warn|info|debug] [--metrics HOST:PORT|off]\n"
+		"                    [--log-level err|warn|note|info|debug] [--metrics HOST:PORT|off]\n"
 		"       tessera-node ... --replica ID --ranks LIST [--replica ID --ranks LIST]\n"
 		"       tessera-node ... --serve 'REPLICA/RANKS[@LAYOUT] ...'\n"
 		"\n"

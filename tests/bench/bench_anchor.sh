@@ -38,7 +38,8 @@
 # verified every chunk against the signed manifest already); a wrong score,
 # a process that died or a step that did not finish fails the run (exit 1).
 # Each run also prints the publisher's and the node's start-up lines for v2
-# (info level: where the time went, the publisher's CPU by step).
+# (the publisher's at info, the node's at debug: where the time went, the
+# publisher's CPU by step).
 #
 # Three runs (BENCH_ANCHOR_RUNS) of fresh processes, each measuring the
 # second anchor from the same state (the model dir holds three versions,
@@ -244,7 +245,7 @@ while [ "$run" -le "$RUNS" ]; do
 	"$BIN/tessera-node" --tracker "$URL" --replica A --rank 0 --layout tp1 \
 		--model "$W/model.json" --trainer-pubkey "$W/trainer.pub" --cluster-key "$W/cluster.key" \
 		--expose "$W/expose" --store host --attach "$W/attach.sock" --metrics off \
-		--log-level info >"$W/node.log" 2>&1 &
+		--log-level debug >"$W/node.log" 2>&1 &
 	NODE=$!
 	PIDS="$PIDS $NODE"
 	"$BIN/tessera" publish --tracker "$URL" --key "$W/trainer.key" \

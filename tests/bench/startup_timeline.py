@@ -5,9 +5,9 @@ reader's first read and first byte.
 usage: startup_timeline.py DIR [TRACE]
 
 DIR holds the logs of a run (deploy/netns-cluster.sh --keep DIR, or
-`tessera cluster` logs): publisher.log's line "version N start-up, ms from
-its creation: ..." and each node log's "vN start-up, ms from the
-manifest's creation: ...". TRACE is the tracker's TESSERA_TRACKER_TRACE
+`tessera cluster` logs) at TESSERA_LOG=debug: publisher.log's line
+"version N start-up, ms from its creation: ..." and each node log's "vN
+start-up, ms from the manifest's creation: ..." (at debug). TRACE is the tracker's TESSERA_TRACKER_TRACE
 file; its first line "W NS MS" puts its monotonic clock on the wall clock,
 and its requests answered from a version's creation until 3 s after it, or
 after the last publisher or node step if later, are listed by kind (the

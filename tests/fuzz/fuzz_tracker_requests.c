@@ -97,13 +97,13 @@ static int head_verdict(const char *method, const char *uri, size_t blen)
 {
 	struct trk_head h = {.content_length = strcmp(method, "POST") == 0 ? (int64_t)blen : -1};
 	char msg[300];
-	bool authed;
+	bool authed, routine;
 
 	if (strlen(uri) >= sizeof(h.uri))
 		return 400;
 	snprintf(h.method, sizeof(h.method), "%s", method);
 	snprintf(h.uri, sizeof(h.uri), "%s", uri);
-	return trk__head_verdict(srv, &h, &authed, msg, sizeof(msg));
+	return trk__head_verdict(srv, &h, &authed, &routine, msg, sizeof(msg));
 }
 
 /* Hands one request to the router as evhttp would after parsing it (the

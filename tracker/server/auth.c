@@ -168,8 +168,14 @@ static int check_head(struct trk_auth *a, const char *method, const char *uri,
 	trk_auth_head_mac(a->key, method, uri, *ts, epoch, len, want);
 	if (sodium_memcmp(head, want, sizeof(head)) != 0)
 		return proto_errf(err, EACCES, "authorization: bad mac");
-	/* Signed for another instance: captured before a restart, or a
-	 * client that has not yet seen this one's epoch. */
+	/* A client's first signed request: it has not seen an epoch yet,
+	 * learns this one from the answer and signs again (normal, -EAGAIN). */
+	if (epoch[0] == 0)
+		return proto_errf(err, EAGAIN,
+				  "authorization: no epoch yet (a client's first request): this "
+				  "tracker's is %s, in X-Tessera-Epoch; it signs again",
+				  a->epoch);
+	/* Signed for another instance: captured before a restart. */
 	if (strcmp(epoch, a->epoch) != 0)
 		return proto_errf(err, EACCES,
 				  "authorization: epoch '%s' is not this tracker's "

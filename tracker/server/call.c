@@ -166,19 +166,35 @@ void trk__reply_raw(struct trk_call *c, int code, const char *ctype,
 	send_buf(c->s, c->req, c->out, code, ctype, buf, len);
 }
 
-void trk__fail(struct trk_call *c, int code, const char *fmt, ...)
+static void vfail(struct trk_call *c, int level, int code, const char *fmt, va_list ap)
 {
 	char msg[600];
-	va_list ap;
 
-	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
 	for (char *p = msg; *p; p++)
 		if ((unsigned char)*p < 0x20 || *p == 0x7f)
 			*p = ' ';
-	LOG_INFO("%s %s -> %d %s", c->post ? "POST" : "GET", c->path, code, msg);
+	proto_log(level, __FILE__, __LINE__, "%s %s -> %d %s", c->post ? "POST" : "GET", c->path,
+		  code, msg);
 	trk__reply_json(c, code, json_pack("{s:s}", "error", msg));
+}
+
+void trk__fail(struct trk_call *c, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vfail(c, PROTO_LOG_INFO, code, fmt, ap);
+	va_end(ap);
+}
+
+void trk__fail_routine(struct trk_call *c, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vfail(c, PROTO_LOG_DEBUG, code, fmt, ap);
+	va_end(ap);
 }
 
 const char *trk__query_str(struct trk_call *c, const char *key)

@@ -512,7 +512,7 @@ static void head_drop(struct trk_conn *c)
  * once the client has sent it all: a libevent client that receives an
  * answer while it is still writing exits ("illegal connection state"). A
  * client that does not finish within REFUSED_LINGER_MS is cut off. */
-static void refuse(struct trk_conn *c, int code, const char *msg, int64_t len)
+static void refuse(struct trk_conn *c, int code, const char *msg, int64_t len, bool routine)
 {
 	struct trk_conns *g = c->g;
 
@@ -520,7 +520,8 @@ static void refuse(struct trk_conn *c, int code, const char *msg, int64_t len)
 	for (char *p = c->msg; *p; p++)
 		if ((unsigned char)*p < 0x20 || *p == '"' || *p == '\\')
 			*p = ' ';
-	LOG_INFO("refused before the body: %d %s", code, c->msg);
+	proto_log(routine ? PROTO_LOG_DEBUG : PROTO_LOG_INFO, __FILE__, __LINE__,
+		  "refused before the body: %d %s", code, c->msg);
 	g->refused_heads++;
 	g->s->answers[code / 100]++;
 	if (code == 401)
@@ -558,21 +559,22 @@ static void judge(struct trk_conn *c)
 {
 	struct trk_head h;
 	char msg[300];
+	bool routine;
 	int code;
 
 	c->state = C_BODY;
 	c->body_ms = now_ms();
 	c->authed = false;
 	if (trk__head_parse(c->head, c->headlen, &h) != 1) {
-		refuse(c, 400, "malformed request head", -2);
+		refuse(c, 400, "malformed request head", -2, false);
 		return;
 	}
-	code = c->g->verdict(c->g->s, &h, &c->authed, msg, sizeof(msg));
+	code = c->g->verdict(c->g->s, &h, &c->authed, &routine, msg, sizeof(msg));
 	head_drop(c);
 	c->declared = (uint64_t)PROTO_MAX(h.content_length, 0);
 	if (code != 0)
 		refuse(c, code, msg,
-		       h.chunked || strcmp(h.method, "POST") != 0 ? -2 : h.content_length);
+		       h.chunked || strcmp(h.method, "POST") != 0 ? -2 : h.content_length, routine);
 }
 
 /* Copies bytes of a head as they arrive; stops at the empty line. */
@@ -599,7 +601,7 @@ static void take_head(struct trk_conn *c, struct evbuffer *buf, size_t from)
 		for (ev_ssize_t i = 0; i < got; i++) {
 			if (c->headlen == HEAD_CAP) {
 				c->head_end = from + (size_t)i;
-				refuse(c, 431, "request head over 20 KiB", -2);
+				refuse(c, 431, "request head over 20 KiB", -2, false);
 				break;
 			}
 			if (c->headlen == c->headcap && head_grow(c) != 0) {

@@ -123,6 +123,11 @@ void trk__reply_json(struct trk_call *c, int code, json_t *obj);
  * line. Returns nothing useful; cannot fail. */
 void trk__fail(struct trk_call *c, int code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+/* The same, for an answer that is a normal step of the protocol (a node
+ * registering by layout digest is asked for the layout itself; the model
+ * is not known before the publisher registers): logged at debug. */
+void trk__fail_routine(struct trk_call *c, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
 void trk__reply_raw(struct trk_call *c, int code, const char *ctype,
 		    const void *buf, size_t len);
 /* Answers a held request (outside trk_call): obj stolen. */
@@ -190,9 +195,11 @@ struct trk_conns_stats {
 /* What the tracker answers a head before reading its body: 0 to read on,
  * or an HTTP code with a one-line reason in msg (trk__head_verdict);
  * *authed: the request carries a valid signature (its connection is then
- * the last a flood's address loses). */
+ * the last a flood's address loses); *routine: the refusal is a normal
+ * step of the protocol (a client's first signed request, before it knew
+ * the tracker's epoch), logged at debug rather than info. */
 typedef int (*trk__head_verdict_fn)(struct trk_server *s, const struct trk_head *h,
-				    bool *authed, char *msg, size_t cap);
+				    bool *authed, bool *routine, char *msg, size_t cap);
 
 /* Starts guarding s->http's connections (s->sock bound): a cap of
  * TESSERA_TRACKER_CONNS (and the descriptor limit) and of
@@ -247,7 +254,7 @@ void trk__outcome_fini(struct trk_outcome *a);
  * the routes' body caps and trk__auth_check_head; only a signed POST
  * carries a body. */
 int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
-		      bool *authed, char *msg, size_t cap);
+		      bool *authed, bool *routine, char *msg, size_t cap);
 
 /* ---- watches.c: requests held (long-polls) ---- */
 

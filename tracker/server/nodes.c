@@ -88,7 +88,8 @@ void trk__handle_nodes(struct trk_call *c)
 		goto out;
 	}
 	if (!r->have_model) {
-		trk__fail(c, 409, "no model known yet: %s (retry)", trk__registry_no_model(r));
+		trk__fail_routine(c, 409, "no model known yet: %s (retry)",
+				  trk__registry_no_model(r));
 		goto out;
 	}
 	if (memcmp(md, r->model.digest, sizeof(md)) != 0) {
@@ -102,8 +103,8 @@ void trk__handle_nodes(struct trk_call *c)
 		sl = trk__slayout_by_digest(r, ld);
 		if (sl == NULL) {
 			trk__hex(ld, PROTO_HASH_BYTES, hex);
-			trk__fail(c, 404, "layout_digest %s: this tracker holds no such "
-				  "layout: send the layout itself", hex);
+			trk__fail_routine(c, 404, "layout_digest %s: this tracker holds no such "
+					  "layout: send the layout itself", hex);
 			goto out;
 		}
 	} else if ((rc = trk__slayout_get(r, jl, &sl, &err)) != 0) {

@@ -108,7 +108,7 @@ static size_t post_cap(const char *path)
 }
 
 int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
-		      bool *authed, char *msg, size_t cap)
+		      bool *authed, bool *routine, char *msg, size_t cap)
 {
 	struct proto_err err = {{0}};
 	char path[sizeof(h->uri)];
@@ -116,6 +116,7 @@ int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
 	uint64_t len;
 
 	*authed = false;
+	*routine = false;
 	if (strcmp(h->method, "POST") != 0) {
 		/* Only a POST carries a body: any other is refused unread
 		 * (the router would refuse the method after it anyway). */
@@ -148,12 +149,15 @@ int trk__head_verdict(struct trk_server *s, const struct trk_head *h,
 			 (unsigned long long)len, limit);
 		return 413;
 	}
-	if (s->auth != NULL &&
-	    trk__auth_check_head(s->auth, "POST", h->uri,
-				 h->has_auth ? h->auth : NULL, len,
-				 proto_wall_ms() / 1000, &err) != 0) {
-		snprintf(msg, cap, "%s", err.msg);
-		return 401;
+	if (s->auth != NULL) {
+		int rc = trk__auth_check_head(s->auth, "POST", h->uri,
+					      h->has_auth ? h->auth : NULL, len,
+					      proto_wall_ms() / 1000, &err);
+		if (rc != 0) {
+			snprintf(msg, cap, "%s", err.msg);
+			*routine = rc == -EAGAIN;
+			return 401;
+		}
 	}
 	*authed = s->auth != NULL;
 	return 0;

@@ -346,7 +346,7 @@ static int load_cluster_id(struct trk_versions *vs, bool fresh,
 		goto out;
 	}
 	if (fresh)
-		LOG_WARN("new state in %s: cluster id %s, no versions (a new "
+		LOG_NOTE("new state in %s: cluster id %s, no versions (a new "
 			 "chain: publishers and nodes that saw another refuse "
 			 "this tracker until restarted)",
 			 vs->dir, vs->cluster);
