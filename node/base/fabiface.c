@@ -195,7 +195,7 @@ int node_fabiface_pick(const char *provider, const char *iface, const char *trac
 			 tracker_url);
 		return 0;
 	}
-	LOG_INFO("fabric: binding %s (%s, %s)", out->addr, out->name[0] ? out->name : "?",
+	LOG_NOTE("fabric: binding %s (%s, %s)", out->addr, out->name[0] ? out->name : "?",
 		 out->why);
 	return 0;
 }
