@@ -444,25 +444,6 @@ static bool setup_anchor_only;
  * the first version, so that every version lists its layout. */
 static bool setup_tp2;
 
-/* Waits until the tracker lists n live ranks of replica rep. */
-static bool wait_alive(struct env *e, const char *rep, size_t n, int ms)
-{
-	char path[128];
-
-	snprintf(path, sizeof(path), TRK_API "/replicas/%s", rep);
-	for (int w = 0; w < ms; w += 50) {
-		json_t *j = tu_get_json(e->trk, path), *r;
-		size_t i, alive = 0;
-		json_array_foreach(j != NULL ? json_object_get(j, "ranks") : NULL, i, r)
-			alive += json_is_true(json_object_get(r, "alive"));
-		json_decref(j);
-		if (alive == n)
-			return true;
-		usleep(50000);
-	}
-	return false;
-}
-
 static int env_setup(void **state)
 {
 	struct env *e = calloc(1, sizeof(*e));
@@ -504,7 +485,7 @@ static int env_setup(void **state)
 	/* Nodes register once the publisher has; v1 lists the layouts of
 	 * those registered when it is exported. */
 	if (setup_tp2)
-		assert_true(wait_alive(e, "A", 1, 30000) && wait_alive(e, "C", 2, 30000));
+		assert_true(tu_wait_alive(e->trk, "A", 1, 30000) && tu_wait_alive(e->trk, "C", 2, 30000));
 	/* v1 is an anchor, v2 a delta the node rebuilds. */
 	export_one(e, 1, "anchor");
 	assert_true(tu_wait_active(e->trk, "A", 1, 60000));

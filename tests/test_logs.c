@@ -37,25 +37,6 @@ struct env {
 
 static struct env env;
 
-/* Waits until the tracker lists n live ranks of replica rep. */
-static bool wait_alive(struct env *e, const char *rep, size_t n)
-{
-	char path[128];
-
-	snprintf(path, sizeof(path), TRK_API "/replicas/%s", rep);
-	for (int w = 0; w < WAIT_MS; w += 50) {
-		json_t *j = tu_get_json(e->trk, path), *r;
-		size_t i, alive = 0;
-		json_array_foreach(j != NULL ? json_object_get(j, "ranks") : NULL, i, r)
-			alive += json_is_true(json_object_get(r, "alive"));
-		json_decref(j);
-		if (alive == n)
-			return true;
-		usleep(50000);
-	}
-	return false;
-}
-
 /* The text of the file at path (the caller frees; NULL: unreadable). */
 static char *slurp(const char *path)
 {
@@ -220,7 +201,7 @@ static void test_default_level(void **state)
 	struct env *e = *state;
 
 	/* A clean first start, then three versions in step. */
-	assert_true(wait_alive(e, "A", 2));
+	assert_true(tu_wait_alive(e->trk, "A", 2, WAIT_MS));
 	for (uint64_t v = 1; v <= 3; v++) {
 		export_one(e, v);
 		assert_true(tu_wait_active(e->trk, "A", v, WAIT_MS));
@@ -274,7 +255,7 @@ static void test_record(void **state)
 	struct env *e = *state;
 	char path[600];
 
-	assert_true(wait_alive(e, "A", 2));
+	assert_true(tu_wait_alive(e->trk, "A", 2, WAIT_MS));
 	export_one(e, 1);
 	assert_true(tu_wait_active(e->trk, "A", 1, WAIT_MS));
 	snprintf(path, sizeof(path), "%s/A-1.json", e->expose);

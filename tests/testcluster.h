@@ -195,6 +195,25 @@ static inline bool tu_wait_active(struct trk_client *trk, const char *name, uint
 	return false;
 }
 
+/* Waits up to ms until the tracker lists n live ranks of replica rep. */
+static inline bool tu_wait_alive(struct trk_client *trk, const char *rep, size_t n, int ms)
+{
+	char path[128];
+
+	snprintf(path, sizeof(path), TRK_API "/replicas/%s", rep);
+	for (int w = 0; w < ms; w += 50) {
+		json_t *j = tu_get_json(trk, path), *r;
+		size_t i, alive = 0;
+		json_array_foreach(j != NULL ? json_object_get(j, "ranks") : NULL, i, r)
+			alive += json_is_true(json_object_get(r, "alive"));
+		json_decref(j);
+		if (alive == n)
+			return true;
+		usleep(50000);
+	}
+	return false;
+}
+
 /* The files of a one-replica run in dir: the publisher's control socket,
  * the model spec of a 4 MiB fixture model (written), the expose directory
  * (made) and the trainer key pair of tests/data. */

@@ -72,6 +72,15 @@ def is_open(s):
         return False
 
 
+def held_and_close(conns, pid):
+    """How many of conns the tracker still holds, its figures; closes them."""
+    kept = sum(is_open(s) for s in conns)
+    figures = proc_figures(pid)
+    for s in conns:
+        s.close()
+    return (kept,) + figures
+
+
 def wait_writable(conns, ms):
     """The connections among conns that can take bytes within ms."""
     pl = select.poll()
@@ -118,10 +127,7 @@ def attack_lockout(port, pid):
         if i % 5 == 4:
             held = top_up(port, held, 4200, [WATCH, PUT_PART])
     time.sleep(2)  # the tracker's sweep judges every connection within a second
-    kept = sum(is_open(s) for s in held)
-    rss, hwm, fds = proc_figures(pid)
-    for s in held:
-        s.close()
+    kept, rss, hwm, fds = held_and_close(held, pid)
     return (f"lockout: 4 200 held watches and PUT bodies: {served} of 40 fresh GETs served; "
             f"{kept} flood connections still held; tracker {fds} descriptors, "
             f"{rss:.0f} MiB resident (peak {hwm:.0f} MiB)")
@@ -149,10 +155,7 @@ def attack_onebyte(port, pid):
                 sent[i] += s.send(chunk)
             except OSError:
                 refused.add(s)
-    kept = sum(is_open(s) for s in conns)
-    rss, hwm, _ = proc_figures(pid)
-    for s in conns:
-        s.close()
+    kept, rss, hwm, _ = held_and_close(conns, pid)
     return (f"onebyte: 16 PUTs with a trailing space, 63 MiB each: {sum(sent) / 2**20:.0f} MiB "
             f"sent, {kept} of 16 still open after 10 s; tracker {base:.0f} -> {rss:.0f} MiB "
             f"resident (peak {hwm:.0f} MiB)")
@@ -179,10 +182,7 @@ def attack_bodies(port, pid):
         except OSError:
             continue
     time.sleep(2)
-    kept = sum(is_open(s) for s in conns)
-    rss, hwm, _ = proc_figures(pid)
-    for s in conns:
-        s.close()
+    kept, rss, hwm, _ = held_and_close(conns, pid)
     return (f"bodies: 1 000 unauthenticated 1 MiB PUTs: {sent / 2**20:.0f} MiB sent, "
             f"{kept} still open; tracker {base:.0f} -> {rss:.0f} MiB resident (peak {hwm:.0f} MiB)")
 
