@@ -25,7 +25,7 @@ if [ "${1:-}" = "--one" ]; then
 	start=$(date +%s)
 	# shellcheck disable=SC2086
 	(cd "$3/$name.cwd" && timeout --kill-after=10 "${TEST_TIMEOUT:-1200}" \
-		env -u HFI_BACKTRACE ${TEST_ENV:-} "$bin") >"$out" 2>&1
+		env -u HFI_BACKTRACE IPATH_NO_BACKTRACE=1 ${TEST_ENV:-} "$bin") >"$out" 2>&1
 	rc=$?
 	verdict=FAILED
 	[ "$rc" -eq 0 ] && verdict=ok
