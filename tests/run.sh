@@ -10,9 +10,10 @@
 # status is non-zero if any test binary failed. TEST_ENV holds VAR=value
 # words exported to every test. Each test runs in a working directory of its
 # own, removed afterwards, so that nothing it or a library writes to "."
-# lands in the tree; HFI_BACKTRACE is unset (libpsm2, loaded by libfabric,
-# writes PROG-PID,HOST.btr into "." when a process it is in aborts, which
-# tests provoke). A binary still running after TEST_TIMEOUT seconds
+# lands in the tree, with IPATH_NO_BACKTRACE=1 and HFI_BACKTRACE unset:
+# libinfinipath and libpsm2, which libfabric's psm providers load, would
+# catch an abort (ASan's, or one a test provokes), write PROG-PID,HOST.btr
+# into "." and exit 1 instead. A binary still running after TEST_TIMEOUT seconds
 # (default 1200) is killed and fails: a hung test (a sanitizer's report that
 # never ends) must not hold the whole run.
 set -u
