@@ -2,7 +2,8 @@
 # under ASan+UBSan, `make demo` runs the local cluster (`make demo-netns`: across
 # namespaced hosts, as root), `make bench*` measure, `make check-deploy`
 # validates deploy/ (systemd units, Kubernetes manifests, Containerfile, Slurm),
-# `make check-page` looks at the status page in headless Chromium.
+# `make check-page` looks at the status page in headless Chromium,
+# `make install PREFIX=... [DESTDIR=...]` installs (deploy/install.mk).
 #
 # Layout: every library folder's non-entry .c files form one static library
 # (proto <- fabric <- tracker/* <- node/*); files named main_*.c are programs.
