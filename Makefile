@@ -386,6 +386,6 @@ clean:
 	rm -rf $(BUILD)
 
 help:
-	@sed -n '1,8p' Makefile
+	@sed -n '1,10p' Makefile
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
