@@ -2,7 +2,8 @@
 # under ASan+UBSan, `make demo` runs the local cluster (`make demo-netns`: across
 # namespaced hosts, as root), `make bench*` measure, `make check-deploy`
 # validates deploy/ (systemd units, Kubernetes manifests, Containerfile, Slurm),
-# `make check-page` looks at the status page in headless Chromium.
+# `make check-page` looks at the status page in headless Chromium,
+# `make install PREFIX=... [DESTDIR=...]` installs (deploy/install.mk).
 #
 # Layout: every library folder's non-entry .c files form one static library
 # (proto <- fabric <- tracker/* <- node/*); files named main_*.c are programs.
@@ -47,6 +48,7 @@ CUDA_HOME  := $(call cuda_first,$(CUDA_ROOTS))
 endif
 ifeq ($(CUDA_HOME),)
 $(warning nvcc at $(NVCC) has no libcudart.so beside it (looked in $(CUDA_ROOTS)); building without CUDA)
+NO_CUDA_WHY := nvcc without libcudart
 NVCC :=
 else
 CUDA_LIBDIR := $(call cuda_libdir,$(CUDA_HOME))
@@ -55,6 +57,7 @@ CUDA_LIBS   := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart -lstdc++
 CU_SRCS     := $(wildcard node/store/*.cu)
 endif
 endif
+NO_CUDA_WHY ?= no nvcc
 NVCCFLAGS ?= -O2 -std=c++17 -I. -Xcompiler -Wall,-Wextra,-Werror \
              -gencode arch=compute_80,code=sm_80 \
              -gencode arch=compute_90,code=[sm_90,compute_90]
@@ -163,6 +166,8 @@ ALL_LIBS := $(PKG_LIBS) $(CUDA_LIBS) -lm
 # libtessera-client (node/client/): what serving processes link, static and
 # shared, libc only; tests link an ASan copy of it.
 CLIENT_SRCS := $(wildcard node/client/*.c)
+CLIENT_ABI  := 0
+RELEASE     := $(shell sed -n 's/^\#define PROTO_RELEASE "\(.*\)"/\1/p' proto/cli.h)
 CLIENT_LIBS := $(BUILD)/lib/libtessera-client.a $(BUILD)/lib/libtessera-client.so
 CLIENT_PIC  := $(patsubst %.c,$(BUILD)/pic/%.o,$(CLIENT_SRCS))
 $(BUILD)/pic/%.o: %.c
@@ -174,17 +179,24 @@ $(BUILD)/lib/libtessera-client.a: $(CLIENT_PIC)
 	ar rcs $@ $^
 $(BUILD)/lib/libtessera-client.so: $(CLIENT_PIC)
 	@mkdir -p $(dir $@)
-	$(CC) -shared -pthread $^ -o $@
+	$(CC) -shared -pthread -Wl,-soname,libtessera-client.so.$(CLIENT_ABI) $^ -o $@
 $(BUILD)/asan/libtessera-client.a: $(patsubst %.c,$(BUILD)/asan/%.o,$(CLIENT_SRCS))
 	@rm -f $@
 	ar rcs $@ $^
+
+# make install, make uninstall, the tests' Python environment (make venv).
+include deploy/install.mk
 
 .PHONY: all test bench bench-delta bench-delta-net bench-steady bench-tracker bench-activate run-bench-activate demo demo-netns fuzz clean deps help \
         bench-anchor run-bench-anchor \
         check run-bench run-bench-delta run-bench-delta-net run-bench-steady run-demo run-demo-netns run-fuzz \
         check-deploy run-check-deploy run-bench-tracker check-page run-check-page \
-        bench-fanout bench-elastic run-bench-fanout run-bench-elastic gpu-check
+        bench-fanout bench-elastic run-bench-fanout run-bench-elastic gpu-check \
+        install uninstall venv
+# The last line of `make`: what it built.
 all: $(BINS) $(CLIENT_LIBS) $(BUILD)/rel/layers.ok
+	@echo "built tessera $(RELEASE) in $(BUILD): $(words $(BINS)) programs ($(notdir $(BINS))), libtessera-client, \
+	$(if $(NVCC),CUDA store (nvcc $$($(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')),without CUDA ($(NO_CUDA_WHY)))"
 
 $(BUILD)/rel/layers.ok: $(rel_LIBS) tests/check-layers.sh
 	@tests/check-layers.sh $(foreach d,$(LIBDIRS),"$(d)=$(BUILD)/rel/$(call lib_name,$(d)):$(LAYERS_$(d))")
@@ -222,17 +234,20 @@ $(BUILD)/asan/tests/%: $(BUILD)/asan/tests/%.o $(BUILD)/asan/tests/filter.o $(as
 	$(CC) $(BASEFLAGS) $(SANFLAGS) $< $(BUILD)/asan/tests/filter.o $(asan_LIBS) $(BUILD)/asan/libtessera-client.a \
 	      $(ALL_LIBS) $(CMOCKA_LIBS) -o $@
 
+# tests/test_X.sh: a test that is a script (run from the tree).
+TEST_SCRIPTS := $(wildcard tests/test_*.sh)
 T ?=
-RUN_TESTS := $(if $(T),$(filter %/test_$(T),$(TEST_BINS)),$(TEST_BINS))
+RUN_TESTS := $(if $(T),$(filter %/test_$(T) %/test_$(T).sh,$(TEST_BINS) $(TEST_SCRIPTS)),\
+                       $(TEST_BINS) $(TEST_SCRIPTS))
 # CUDA's runtime maps memory where ASan's shadow gap would be.
 TEST_ENV := ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0:abort_on_error=1 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
             TESSERA_BIN=$(abspath $(BUILD)/bin) TESSERA_TEST_DATA=$(abspath tests/data) \
-            TESSERA_CLIENT_LIB=$(abspath $(BUILD)/lib/libtessera-client.so) \
-            TESSERA_PYTHON_DIR=$(abspath node/python) \
+            TESSERA_PYTHON=$(abspath $(VENV)/bin/python3) \
+            TESSERA_ROOT=$(abspath .) TESSERA_BUILD=$(BUILD) \
             TESSERA_ASAN_BIN=$(abspath $(BUILD)/asan/bin)
 
-check: $(RUN_TESTS) $(BINS) $(CLIENT_LIBS) $(BUILD)/asan/bin/tessera-node
+check: $(RUN_TESTS) $(BINS) $(CLIENT_LIBS) $(CLIENT_PC) $(VENV)/installed $(BUILD)/asan/bin/tessera-node
 	@TEST_ENV='$(TEST_ENV)' tests/run.sh $(RUN_TESTS)
 
 # ---- benchmarks and fuzzers -----------------------------------------------
@@ -371,6 +386,6 @@ clean:
 	rm -rf $(BUILD)
 
 help:
-	@sed -n '1,8p' Makefile
+	@sed -n '1,10p' Makefile
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,6 +1,8 @@
 #!/bin/sh
 # Install the Debian packages tessera builds, tests and runs with.
 # Idempotent: installs only what is missing; safe to run as often as you like.
+# pip, setuptools, wheel and venv: the Python package is pip-installed from
+# node/python, without a registry (make install, make venv, make test).
 #   --deploy-check  also what `make check-deploy` validates with: systemd's
 #                   systemd-analyze, shellcheck, Node.js and npm, and the
 #                   npm packages pinned in deploy/check/package-lock.json
@@ -8,7 +10,8 @@ set -eu
 
 PKGS="build-essential pkg-config libfabric-dev libfabric-bin libsodium-dev \
 libzstd-dev libevent-dev libssl-dev openssl libcmocka-dev libjansson-dev libinih-dev iproute2 curl jq \
-clang libclang-rt-dev python3 python3-numpy python3-torch librust-blake3-dev"
+clang libclang-rt-dev python3 python3-numpy python3-torch librust-blake3-dev \
+python3-pip python3-setuptools python3-wheel python3-venv"
 
 deploy_check=0
 if [ "${1:-}" = "--deploy-check" ]; then

@@ -5,8 +5,8 @@ tensor-parallel rollout engine of 2 workers (torch.distributed, gloo) serves
 it from a tp2 replica whose two ranks are two node agents, and switches both
 workers to each version together at its own step boundary.
 
-    make && python3 deploy/rl-loop.py                 # 8 versions, one a second
-    python3 deploy/rl-loop.py --steps 20 --every-ms 500 --keep run-rl
+    make venv && build/venv/bin/python3 deploy/rl-loop.py     # 8 versions, one a second
+    build/venv/bin/python3 deploy/rl-loop.py --steps 20 --every-ms 500 --keep run/rl
 
 What it checks, for every version the engine switches to: the engine's
 sharded forward pass (each worker holds only its rank's shards; partial sums
@@ -22,7 +22,9 @@ engine's switch, and their median and worst; the node ranks' activation
 skew at each switch shows why the engine holds versions (tessera.engine).
 Runs the real programs (tracker, publisher fed by the trainer, two
 tessera-node processes) from --bin, in a temporary directory (--keep DIR
-keeps it: logs, keys, state). Needs python3-torch and python3-numpy.
+keeps it: logs, keys, state). Needs python3-torch and python3-numpy, and
+the tessera package installed for the python that runs it (`make venv`:
+pip installs node/python into build/venv, with the system's packages).
 """
 
 import argparse
@@ -35,12 +37,16 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "node", "python"))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import tessera  # noqa: E402
+try:
+    import tessera  # noqa: E402
+except ImportError:
+    sys.exit("rl-loop.py: the tessera package is not installed for %s: `make venv`, then run "
+             "build/venv/bin/python3 deploy/rl-loop.py (or pip install node/python)"
+             % sys.executable)
 import tessera.engine  # noqa: E402
 import tessera.torch  # noqa: E402
 
@@ -270,9 +276,6 @@ def main():
     args = ap.parse_args()
     if args.worker is not None:
         return worker(args, args.worker)
-    os.environ.setdefault("TESSERA_CLIENT_LIB",
-                          os.path.join(os.path.dirname(os.path.abspath(args.bin)), "lib",
-                                       "libtessera-client.so"))
     binp = os.path.abspath(args.bin)
     args.dir = os.path.abspath(args.keep) if args.keep else tempfile.mkdtemp(prefix="tessera-rl-")
     os.makedirs(args.dir, exist_ok=True)

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <ini.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -37,6 +38,69 @@ struct config_file {
 static char **made_argv;
 static int made_argc;
 static int made_nfile; /* of made_argv[1..], the file's options */
+
+/* Whether two keys are the same option: '-' and '_' are one character, so
+ * every key takes both spellings (trainer-pubkey, trainer_pubkey). */
+static bool key_eq(const char *a, const char *b)
+{
+	for (;; a++, b++) {
+		char x = *a == '_' ? '-' : *a, y = *b == '_' ? '-' : *b;
+		if (x != y)
+			return false;
+		if (x == '\0')
+			return true;
+	}
+}
+
+#define KEY_CMP_MAX 64
+
+/* Edit distance between two keys ('-' and '_' alike), or KEY_CMP_MAX when
+ * either is longer than that. */
+static size_t key_distance(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b), row[KEY_CMP_MAX + 1];
+
+	if (la > KEY_CMP_MAX || lb > KEY_CMP_MAX)
+		return KEY_CMP_MAX;
+	for (size_t j = 0; j <= lb; j++)
+		row[j] = j;
+	for (size_t i = 1; i <= la; i++) {
+		size_t diag = row[0];
+		row[0] = i;
+		for (size_t j = 1; j <= lb; j++) {
+			char x = a[i - 1] == '_' ? '-' : a[i - 1], y = b[j - 1] == '_' ? '-' : b[j - 1];
+			size_t sub = diag + (x != y), up = row[j] + 1, left = row[j - 1] + 1;
+			diag = row[j];
+			row[j] = sub < up ? (sub < left ? sub : left) : (up < left ? up : left);
+		}
+	}
+	return row[lb];
+}
+
+/* Keeps in *best the candidate nearest to key, if near enough to be a
+ * misspelling of it (at most 2 edits, or a quarter of its length). */
+static void nearest(const char *key, const char *cand, const char **best, size_t *dist)
+{
+	size_t d = key_distance(key, cand), len = strlen(cand);
+
+	if ((d <= 2 || d * 4 <= len) && d < len && d < *dist) {
+		*best = cand;
+		*dist = d;
+	}
+}
+
+/* "; did you mean 'X'?" (or "[X]" for a section), or fallback when nothing
+ * is near. Static storage: use before the next call. */
+static const char *suggest(const char *best, bool section, const char *fallback)
+{
+	static char buf[128];
+
+	if (best == NULL)
+		return fallback;
+	snprintf(buf, sizeof(buf), section ? "; did you mean [%s]?" : "; did you mean '%s'?",
+		 best);
+	return buf;
+}
 
 static char *reader(char *str, int num, void *stream)
 {
@@ -81,10 +145,11 @@ static int on_entry(void *user, const char *section, const char *name, const cha
 		return 0;
 	}
 	for (size_t i = 0; i < cf->n; i++)
-		if (strcmp(cf->e[i].section, section) == 0 && strcmp(cf->e[i].key, name) == 0) {
+		if (strcmp(cf->e[i].section, section) == 0 && key_eq(cf->e[i].key, name)) {
 			cf->rc = proto_errf(cf->err, EINVAL,
-					    "%s:%d: [%s] %s is already set on line %d", cf->path,
-					    cf->line, section, name, cf->e[i].line);
+					    "%s:%d: [%s] %s is already set on line %d (as %s)",
+					    cf->path, cf->line, section, name, cf->e[i].line,
+					    cf->e[i].key);
 			cf->err_line = cf->line;
 			return 0;
 		}
@@ -163,18 +228,59 @@ static int file_read(const char *path, struct config_file *cf, struct proto_err 
 	return 0;
 }
 
-static const struct option *find_opt(const struct option *opts, const char *name)
+/* Options a file cannot set: the shared ones ([log] holds the log's). */
+static bool is_reserved(const char *name)
 {
 	static const char *const reserved[] = {"config", "help", "version", "log-format",
 					       "log-level"};
 
 	for (size_t i = 0; i < PROTO_ARRAY_LEN(reserved); i++)
-		if (strcmp(name, reserved[i]) == 0)
-			return NULL;
+		if (key_eq(name, reserved[i]))
+			return true;
+	return false;
+}
+
+static const struct option *find_opt(const struct option *opts, const char *name)
+{
+	if (is_reserved(name))
+		return NULL;
 	for (; opts != NULL && opts->name != NULL; opts++)
-		if (strcmp(opts->name, name) == 0)
+		if (key_eq(opts->name, name))
 			return opts;
 	return NULL;
+}
+
+/* The option of opts nearest to an unknown key, or NULL. */
+static const char *nearest_opt(const struct option *opts, const char *name)
+{
+	const char *best = NULL;
+	size_t dist = SIZE_MAX;
+
+	for (; opts != NULL && opts->name != NULL; opts++)
+		if (!is_reserved(opts->name))
+			nearest(name, opts->name, &best, &dist);
+	return best;
+}
+
+/* A tunable by its name in either spelling (chunk_size, chunk-size). */
+static int param_find(const char *name, enum proto_param_id *id)
+{
+	for (int i = 0; i < PROTO_PARAM_COUNT; i++)
+		if (key_eq(name, proto_param_name((enum proto_param_id)i))) {
+			*id = (enum proto_param_id)i;
+			return 0;
+		}
+	return -ENOENT;
+}
+
+static const char *nearest_param(const char *name)
+{
+	const char *best = NULL;
+	size_t dist = SIZE_MAX;
+
+	for (int i = 0; i < PROTO_PARAM_COUNT; i++)
+		nearest(name, proto_param_name((enum proto_param_id)i), &best, &dist);
+	return best;
 }
 
 static int parse_bool(const char *s, bool *v)
@@ -237,18 +343,22 @@ static int file_check(const struct config_file *cf, const struct proto_config_sc
 							  cf->path, e->line, e->value);
 				cv->format = (int)fmt;
 			} else {
-				return proto_errf(err, EINVAL,
-						  "%s:%d: [log] has no key '%s' (level, format)",
-						  cf->path, e->line, e->key);
+				const char *best = NULL;
+				size_t dist = SIZE_MAX;
+				nearest(e->key, "level", &best, &dist);
+				nearest(e->key, "format", &best, &dist);
+				return proto_errf(err, EINVAL, "%s:%d: unknown key '%s' in [log]%s",
+						  cf->path, e->line, e->key,
+						  suggest(best, false, " (level, format)"));
 			}
 		} else if (strcmp(e->section, "params") == 0) {
 			enum proto_param_id id;
 			uint64_t v;
-			if (proto_param_find(e->key, &id) != 0)
-				return proto_errf(err, EINVAL,
-						  "%s:%d: [params] has no tunable '%s' (see "
-						  "`tessera config check`)",
-						  cf->path, e->line, e->key);
+			if (param_find(e->key, &id) != 0)
+				return proto_errf(err, EINVAL, "%s:%d: unknown key '%s' in [params]%s",
+						  cf->path, e->line, e->key,
+						  suggest(nearest_param(e->key), false,
+							  " (the tunables: `tessera config params`)"));
 			if (proto_parse_u64(e->value, proto_param_min(id), UINT64_MAX, &v) != 0)
 				return proto_errf(err, EINVAL,
 						  "%s:%d: [params] %s = '%s' is not a whole number of "
@@ -266,9 +376,17 @@ static int file_check(const struct config_file *cf, const struct proto_config_sc
 				continue;
 			const struct option *o = find_opt(sc->opts, e->key);
 			bool b;
-			if (o == NULL)
-				return proto_errf(err, EINVAL, "%s:%d: [%s] has no option '%s'",
+			if (is_reserved(e->key))
+				return proto_errf(err, EINVAL,
+						  "%s:%d: [%s] cannot set '%s' (the log's settings "
+						  "go in [log]; --config, --help and --version only "
+						  "on the command line)",
 						  cf->path, e->line, e->section, e->key);
+			if (o == NULL)
+				return proto_errf(err, EINVAL, "%s:%d: unknown key '%s' in [%s]%s",
+						  cf->path, e->line, e->key, e->section,
+						  suggest(nearest_opt(sc->opts, e->key), false,
+							  " (the program's long options: --help)"));
 			if (o->has_arg == no_argument && parse_bool(e->value, &b) != 0)
 				return proto_errf(err, EINVAL,
 						  "%s:%d: [%s] %s takes true or false, not '%s'",
@@ -277,10 +395,16 @@ static int file_check(const struct config_file *cf, const struct proto_config_sc
 				return proto_errf(err, EINVAL, "%s:%d: [%s] %s needs a value",
 						  cf->path, e->line, e->section, e->key);
 		} else {
-			return proto_errf(err, EINVAL,
-					  "%s:%d: unknown section [%s] (log, params, tracker, "
-					  "node, publish)",
-					  cf->path, e->line, e->section);
+			const char *best = NULL;
+			size_t dist = SIZE_MAX;
+			nearest(e->section, "log", &best, &dist);
+			nearest(e->section, "params", &best, &dist);
+			for (size_t k = 0; proto_config_sections[k] != NULL; k++)
+				nearest(e->section, proto_config_sections[k], &best, &dist);
+			return proto_errf(err, EINVAL, "%s:%d: unknown section [%s]%s", cf->path,
+					  e->line, e->section,
+					  suggest(best, true,
+						  " (log, params, tracker, node, publish)"));
 		}
 	}
 	return 0;
@@ -398,9 +522,9 @@ int proto_config_args(const char *section, const struct option *opts, int *argc,
 		if (o->has_arg == no_argument) {
 			parse_bool(e->value, &b);
 			if (b)
-				rc = push(&nv, &nc, format_opt(e->key, NULL));
+				rc = push(&nv, &nc, format_opt(o->name, NULL));
 		} else {
-			rc = push(&nv, &nc, format_opt(e->key, e->value));
+			rc = push(&nv, &nc, format_opt(o->name, e->value));
 		}
 	}
 	int nfile = nc - 1;
@@ -512,7 +636,12 @@ int proto_config_check(const char *path, const struct proto_config_schema *schem
 			if (!any)
 				fprintf(out, "\n[%s]\n", proto_config_sections[s]);
 			any = true;
-			fprintf(out, "%s = %s\n", cf.e[i].key, cf.e[i].value);
+			const struct option *o = NULL;
+			for (size_t k = 0; k < nschemas; k++)
+				if (strcmp(schemas[k].section, proto_config_sections[s]) == 0)
+					o = find_opt(schemas[k].opts, cf.e[i].key);
+			/* Each key under its option's name (dashes). */
+			fprintf(out, "%s = %s\n", o != NULL ? o->name : cf.e[i].key, cf.e[i].value);
 		}
 	}
 out:

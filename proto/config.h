@@ -11,6 +11,12 @@
  *              (listen = 127.0.0.1:7070; a flag without a value takes
  *              true/false)
  *
+ * Every key of every section takes '-' and '_' alike (trainer-pubkey and
+ * trainer_pubkey, chunk_size and chunk-size: one key, set once). An unknown
+ * key or section is refused with the nearest known one, if any is near:
+ * "FILE:LINE: unknown key 'trainer_pubky' in [node]; did you mean
+ * 'trainer-pubkey'?".
+ *
  * One file may hold every program's section; each program reads its own.
  * The file's options go before the command line's, so a flag given on the
  * command line overrides the file (getopt keeps the last value).

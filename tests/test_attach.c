@@ -1221,28 +1221,26 @@ static void read_line(int fd, char *buf, size_t cap)
 	buf[n] = 0;
 }
 
-#define PY "/usr/bin/python3"
-
 /* Starts tests/py/<name> with args (NULL-terminated) and numpy or not;
  * *to is its stdin, *from its stdout. Skips where python is missing. */
 static pid_t py_start(const char *name, bool numpy, const char *const *args, int *to, int *from)
 {
-	const char *pydir = getenv("TESSERA_PYTHON_DIR");
-	const char *lib = getenv("TESSERA_CLIENT_LIB");
-	char script[512];
-	const char *argv[16] = {PY, script};
+	const char *py = tu_python();
+	char script[512], rel[128];
+	const char *argv[16] = {py, script};
 	int in[2], out[2];
 
-	if (access(PY, X_OK) != 0 || pydir == NULL || lib == NULL) {
-		print_message("skipped: needs %s, TESSERA_PYTHON_DIR and TESSERA_CLIENT_LIB "
-			      "(make test sets them)\n", PY);
+	if (py == NULL) {
+		print_message("skipped: needs TESSERA_PYTHON, the python where pip installed "
+			      "tessera (make test makes it)\n");
 		skip();
 	}
-	if (numpy && tu_sh("%s -c 'import numpy' 2>/dev/null", PY) != 0) {
-		print_message("skipped: numpy is not installed for %s\n", PY);
+	if (numpy && tu_sh("%s -c 'import numpy' 2>/dev/null", py) != 0) {
+		print_message("skipped: numpy is not installed for %s\n", py);
 		skip();
 	}
-	snprintf(script, sizeof(script), "%s/../../tests/py/%s", pydir, name);
+	snprintf(rel, sizeof(rel), "tests/py/%s", name);
+	tu_src(script, sizeof(script), rel);
 	for (size_t i = 0; args[i] != NULL && i + 3 < PROTO_ARRAY_LEN(argv); i++)
 		argv[2 + i] = args[i];
 	assert_int_equal(pipe(in), 0);
@@ -1254,12 +1252,11 @@ static pid_t py_start(const char *name, bool numpy, const char *const *args, int
 		dup2(out[1], 1);
 		close(in[1]);
 		close(out[0]);
-		setenv("PYTHONPATH", pydir, 1);
 		if (!numpy)
 			setenv("TESSERA_NO_NUMPY", "1", 1);
 		/* The library is a plain build: keep ASan's runtime out of python. */
 		unsetenv("LD_PRELOAD");
-		execv(PY, (char *const *)argv);
+		execv(py, (char *const *)argv);
 		_exit(127);
 	}
 	close(in[0]);

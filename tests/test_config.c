@@ -31,6 +31,7 @@ static const struct option node_opts[] = {
 	{"model", required_argument, NULL, 'm'},
 	{"expose", required_argument, NULL, 'e'},
 	{"verbose", no_argument, NULL, 'v'},
+	{"trainer-pubkey", required_argument, NULL, 'p'},
 	{"help", no_argument, NULL, 'h'},
 	{NULL, 0, NULL, 0},
 };
@@ -182,6 +183,117 @@ static void test_file_then_flags(void **state)
 	proto_config_reset();
 	assert_int_equal(proto_param(PROTO_PARAM_CHUNK_SIZE), proto_param_default(PROTO_PARAM_CHUNK_SIZE));
 	proto_log_setup("t", PROTO_LOG_WARN);
+	tu_rmtree(dir);
+}
+
+/* Writes text to DIR/t.ini and returns what proto_config_args says of it
+ * for tessera-node (0 or a negative errno, err filled). */
+static int config_text(const char *dir, const char *text, int *argc, char ***argv,
+		       struct proto_err *err)
+{
+	static char path[4096];
+	static char *argv0[4];
+
+	snprintf(path, sizeof(path), "%s/t.ini", dir);
+	assert_int_equal(tu_write(path, text), 0);
+	argv0[0] = "tessera-node";
+	argv0[1] = "--config";
+	argv0[2] = path;
+	argv0[3] = NULL;
+	*argv = argv0;
+	*argc = 3;
+	return proto_config_args("node", node_opts, argc, argv, err);
+}
+
+/* The message for text, which must be refused, and nothing applied. */
+static const char *refused(const char *dir, const char *text, struct proto_err *err)
+{
+	char **argv;
+	int argc;
+
+	assert_true(config_text(dir, text, &argc, &argv, err) < 0);
+	assert_int_equal(argc, 3);
+	for (int id = 0; id < PROTO_PARAM_COUNT; id++)
+		assert_int_equal(proto_param_source((enum proto_param_id)id), PROTO_PARAM_FROM_DEFAULT);
+	return err->msg;
+}
+
+/* Every key takes dashes and underscores alike, in every section; a key
+ * set in both spellings is set twice; an unknown key or section names the
+ * nearest known one, when one is near (the library, and `tessera config
+ * check` with the programs' own tables). */
+static void test_spellings(void **state)
+{
+	char dir[4096], path[4096], bin[4096];
+	struct proto_err err;
+	char **argv;
+	int argc;
+
+	tu_mkdtemp(dir, sizeof(dir));
+	unsetenv("TESSERA_CHUNK_SIZE");
+	assert_int_equal(config_text(dir, "[node]\ntrainer_pubkey = t.pub\n[params]\n"
+					  "chunk-size = 65536\n",
+				     &argc, &argv, &err),
+			 0);
+	assert_int_equal(argc, 2);
+	assert_string_equal(argv[1], "--trainer-pubkey=t.pub"); /* the option's own name */
+	assert_int_equal(proto_param(PROTO_PARAM_CHUNK_SIZE), 65536);
+	proto_config_reset();
+
+	assert_non_null(strstr(refused(dir, "[node]\ntrainer_pubky = t.pub\n", &err),
+			       ":2: unknown key 'trainer_pubky' in [node]; did you mean "
+			       "'trainer-pubkey'?"));
+	assert_non_null(strstr(refused(dir, "[node]\nreplcia = A\n", &err),
+			       "unknown key 'replcia' in [node]; did you mean 'replica'?"));
+	assert_non_null(strstr(refused(dir, "[params]\nchunksize = 65536\n", &err),
+			       "unknown key 'chunksize' in [params]; did you mean 'chunk_size'?"));
+	assert_non_null(strstr(refused(dir, "[log]\nlevle = info\n", &err),
+			       "unknown key 'levle' in [log]; did you mean 'level'?"));
+	assert_non_null(strstr(refused(dir, "[nod]\nrank = 1\n", &err),
+			       "unknown section [nod]; did you mean [node]?"));
+	/* Nothing near: no guess, the list to look in. */
+	const char *m = refused(dir, "[node]\nzzzzzzzz = 1\n", &err);
+	assert_non_null(strstr(m, "unknown key 'zzzzzzzz' in [node] ("));
+	assert_null(strstr(m, "did you mean"));
+	assert_null(strstr(refused(dir, "[params]\nq = 1\n", &err), "did you mean"));
+	/* One key in two spellings is set twice. */
+	assert_non_null(strstr(refused(dir, "[node]\nrank = 1\n[params]\nchunk_size = 1\n"
+					    "chunk-size = 2\n",
+					    &err),
+			       ":5: [params] chunk-size is already set on line 4 (as chunk_size)"));
+	/* The reserved keys in either spelling. */
+	assert_non_null(strstr(refused(dir, "[node]\nlog_level = info\n", &err),
+			       ":2: [node] cannot set 'log_level' (the log's settings go in [log]"));
+
+	/* tessera config check: the programs' tables, both spellings. */
+	snprintf(path, sizeof(path), "%s/t.ini", dir);
+	assert_int_equal(tu_write(path, "[node]\ntrainer_pubkey = t.pub\nfabric_iface = lo\n"
+					"[tracker]\ntrainer-pubkey = t.pub\n[publish]\n"
+					"cluster_key = c.key\n[params]\nchunk-size = 65536\n"),
+			 0);
+	tu_bin(bin, sizeof(bin), "tessera");
+	assert_int_equal(tu_sh("%s config check '%s' >%s/out", bin, path, dir), 0);
+	assert_int_equal(tu_sh("grep -qx 'trainer-pubkey = t.pub' %s/out && "
+			       "grep -qx 'fabric-iface = lo' %s/out && "
+			       "grep -qx 'cluster-key = c.key' %s/out && "
+			       "grep -q '^chunk_size = 65536 .*(file;' %s/out",
+			       dir, dir, dir, dir),
+			 0);
+	assert_int_equal(tu_write(path, "[tracker]\nlisten = 127.0.0.1:0\ntrainer_pubky = t.pub\n"),
+			 0);
+	assert_int_equal(tu_sh("%s config check '%s' 2>%s/err >/dev/null", bin, path, dir), 1);
+	assert_int_equal(tu_sh("grep -qF \"t.ini:3: unknown key 'trainer_pubky' in [tracker]; did you "
+			       "mean 'trainer-pubkey'?\" %s/err",
+			       dir),
+			 0);
+	/* A program takes the underscore spelling of its options, and refuses
+	 * a misspelt one with status 2, naming the right one. */
+	tu_bin(bin, sizeof(bin), "tessera-node");
+	assert_int_equal(tu_write(path, "[node]\ntrainer_pubkey = t.pub\n"), 0);
+	assert_int_equal(tu_sh("%s --config '%s' --help >/dev/null", bin, path), 0);
+	assert_int_equal(tu_write(path, "[node]\ntrainer_pubky = t.pub\n"), 0);
+	assert_int_equal(tu_sh("%s --config '%s' --help >/dev/null 2>%s/err", bin, path, dir), 2);
+	assert_int_equal(tu_sh("grep -qF \"did you mean 'trainer-pubkey'?\" %s/err", dir), 0);
 	tu_rmtree(dir);
 }
 
@@ -345,6 +457,7 @@ int main(void)
 		cmocka_unit_test(test_bad_configs_check),
 		cmocka_unit_test(test_bad_config_program),
 		cmocka_unit_test(test_file_then_flags),
+		cmocka_unit_test(test_spellings),
 		cmocka_unit_test(test_missing_values),
 		cmocka_unit_test(test_param_follows_env),
 		cmocka_unit_test(test_zero_means_off),

@@ -18,31 +18,30 @@
 
 #include "tests/testutil.h"
 
-#define PYTHON "/usr/bin/python3"
 #define STEPS 4
 
 static void rl_loop(const char *install)
 {
-	const char *pydir = getenv("TESSERA_PYTHON_DIR");
-	char dir[256], bin[512];
+	const char *py = tu_python();
+	char dir[256], bin[512], script[512];
 
-	if (access(PYTHON, X_OK) != 0 || pydir == NULL || getenv("TESSERA_CLIENT_LIB") == NULL) {
-		print_message("skipped: needs %s, TESSERA_PYTHON_DIR and TESSERA_CLIENT_LIB "
-			      "(make test sets them)\n", PYTHON);
+	if (py == NULL) {
+		print_message("skipped: needs TESSERA_PYTHON, the python where pip installed "
+			      "tessera (make test makes it)\n");
 		skip();
 	}
-	if (tu_sh("%s -c 'import torch, numpy' 2>/dev/null", PYTHON) != 0) {
-		print_message("skipped: torch is not installed for %s (Debian: python3-torch)\n",
-			      PYTHON);
+	if (tu_sh("%s -c 'import torch, numpy' 2>/dev/null", py) != 0) {
+		print_message("skipped: torch is not installed for %s (Debian: python3-torch)\n", py);
 		skip();
 	}
 	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
 	tu_bin(bin, sizeof(bin), "");
 	/* The library is a plain build: keep ASan's runtime out of python. */
-	int rc = tu_sh("env -u LD_PRELOAD timeout 600 %s '%s/../../deploy/rl-loop.py' --bin '%s' "
+	tu_src(script, sizeof(script), "deploy/rl-loop.py");
+	int rc = tu_sh("env -u LD_PRELOAD timeout 600 %s '%s' --bin '%s' "
 		       "--steps %d --every-ms 800 --rank-lag-ms 300 --install %s --keep '%s/run' "
 		       ">'%s/out' 2>'%s/err'",
-		       PYTHON, pydir, bin, STEPS, install, dir, dir, dir);
+		       py, script, bin, STEPS, install, dir, dir, dir);
 	tu_sh("cat '%s/out'", dir);
 	if (rc != 0) {
 		tu_sh("tail -n 30 '%s/err' >&2; tail -n 5 '%s'/run/*.log >&2", dir, dir);

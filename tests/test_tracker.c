@@ -673,6 +673,39 @@ static void test_auth(void **state)
 	free(body);
 }
 
+/* GET /healthz, shaped as the node's: 200 "ok" while a version can be
+ * written to the state directory; 503 with the reason in one line while it
+ * cannot (moved away here: the tests run as root, whom permissions do not
+ * stop); 200 again once it is back, and the probe leaves no file. */
+static void test_healthz(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	char gone[4200], want[4200];
+
+	assert_int_equal(trk_client_call(f->c, "GET", "/healthz", NULL, NULL, 0, &r), 0);
+	assert_int_equal(r.status, 200);
+	assert_string_equal((char *)r.body, "ok\n");
+	trk_reply_fini(&r);
+
+	snprintf(gone, sizeof(gone), "%s.gone", f->srv.state);
+	assert_int_equal(rename(f->srv.state, gone), 0);
+	assert_int_equal(trk_client_call(f->c, "GET", "/healthz", NULL, NULL, 0, &r), 0);
+	assert_int_equal(r.status, 503);
+	snprintf(want, sizeof(want), "state directory %s/versions: cannot create a file: %s\n",
+		 f->srv.state, strerror(ENOENT));
+	assert_string_equal((char *)r.body, want);
+	trk_reply_fini(&r);
+	assert_int_equal(rename(gone, f->srv.state), 0);
+	assert_int_equal(trk_client_call(f->c, "GET", "/healthz", NULL, NULL, 0, &r), 0);
+	assert_int_equal(r.status, 200);
+	trk_reply_fini(&r);
+	assert_int_equal(tu_sh("test -z \"$(ls -A '%s/versions')\"", f->srv.state), 0);
+	/* GET only. */
+	assert_int_equal(post(f, "/healthz", "{}", &r), 405);
+	trk_reply_fini(&r);
+}
+
 /* ---- bad input ------------------------------------------------------------------- */
 
 /* Replaces each "@NAME@" in s by its value. Returns a new string. */
@@ -4562,6 +4595,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_auth, setup_keyed, teardown),
+		cmocka_unit_test_setup_teardown(test_healthz, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_corpus, setup_keyed, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_bodies, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_register, setup_open, teardown),

@@ -21,7 +21,6 @@
 #include "tests/testcluster.h"
 
 #define WAIT_MS 120000
-#define PYTHON "/usr/bin/python3"
 
 struct env {
 	char dir[256], url[256], ctl[512], sock[512], expose[512], model[512], key[512], pub[512];
@@ -356,23 +355,24 @@ static void test_status_no_node(void **state)
 	assert_true(node_proc_alive(&e->publisher));
 }
 
-/* Whether python3, the package's environment, numpy and (with_torch)
+/* Whether the python where pip installed tessera, numpy and (with_torch)
  * torch are there; else says which is missing (the test then skips). */
 static bool python_ready(bool with_torch)
 {
-	if (access(PYTHON, X_OK) != 0 || getenv("TESSERA_PYTHON_DIR") == NULL ||
-	    getenv("TESSERA_CLIENT_LIB") == NULL) {
-		print_message("skipped: needs %s, TESSERA_PYTHON_DIR and TESSERA_CLIENT_LIB "
-			      "(make test sets them)\n", PYTHON);
+	const char *py = tu_python();
+
+	if (py == NULL) {
+		print_message("skipped: needs TESSERA_PYTHON, the python where pip installed "
+			      "tessera (make test makes it)\n");
 		return false;
 	}
-	if (tu_sh("%s -c 'import numpy' 2>/dev/null", PYTHON) != 0) {
-		print_message("skipped: numpy is not installed for %s\n", PYTHON);
+	if (tu_sh("%s -c 'import numpy' 2>/dev/null", py) != 0) {
+		print_message("skipped: numpy is not installed for %s\n", py);
 		return false;
 	}
-	if (with_torch && tu_sh("%s -c 'import torch' 2>/dev/null", PYTHON) != 0) {
+	if (with_torch && tu_sh("%s -c 'import torch' 2>/dev/null", py) != 0) {
 		print_message("skipped: torch is not installed for %s (Debian: python3-torch)\n",
-			      PYTHON);
+			      py);
 		return false;
 	}
 	return true;
@@ -383,15 +383,16 @@ static bool python_ready(bool with_torch)
  * NULL), unless it exits 0 having printed "ok". */
 static void run_python(const char *dir, const char *script, const char *args, const char *log)
 {
-	const char *pydir = getenv("TESSERA_PYTHON_DIR");
-	char out[600], errf[600];
+	char out[600], errf[600], path[512], rel[128];
 	int rc;
 
 	snprintf(out, sizeof(out), "%s/%s.out", dir, script);
 	snprintf(errf, sizeof(errf), "%s/%s.err", dir, script);
+	snprintf(rel, sizeof(rel), "tests/py/%s", script);
+	tu_src(path, sizeof(path), rel);
 	/* The library is a plain build: keep ASan's runtime out of python. */
-	rc = tu_sh("env -u LD_PRELOAD PYTHONPATH='%s' timeout 600 %s '%s/../../tests/py/%s' %s "
-		   ">'%s' 2>'%s'", pydir, PYTHON, pydir, script, args, out, errf);
+	rc = tu_sh("env -u LD_PRELOAD timeout 600 %s '%s' %s >'%s' 2>'%s'", tu_python(), path, args,
+		   out, errf);
 	if (rc != 0 || tu_sh("grep -qx ok '%s'", out) != 0) {
 		tu_sh("cat '%s' >&2", errf);
 		if (log != NULL)

@@ -60,6 +60,23 @@ static inline const char *tu_bin(char *buf, size_t len, const char *name)
 	return buf;
 }
 
+/* Path of a file in the source tree (TESSERA_ROOT, set by `make test`). */
+static inline const char *tu_src(char *buf, size_t len, const char *name)
+{
+	const char *d = getenv("TESSERA_ROOT");
+	snprintf(buf, len, "%s/%s", d ? d : ".", name);
+	return buf;
+}
+
+/* The python of the environment where pip installed the tessera package
+ * (TESSERA_PYTHON, $(BUILD)/venv/bin/python3, set by `make test`), or NULL
+ * when there is none: the caller skips, and says why. */
+static inline const char *tu_python(void)
+{
+	const char *py = getenv("TESSERA_PYTHON");
+	return py != NULL && access(py, X_OK) == 0 ? py : NULL;
+}
+
 /* Writes a string to a file; returns 0 on success. */
 static inline int tu_write(const char *path, const char *s)
 {

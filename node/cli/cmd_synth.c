@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "node/cli/cmd.h"
@@ -23,7 +22,7 @@ static void synth_usage(FILE *f)
 		"masters, and prints the fraction of BF16 elements each step changed.\n"
 		"Reproducible from the seed whatever the thread count.\n"
 		"\n"
-		"  -o, --out DIR         output directory (created if missing)\n"
+		"  -o, --out DIR         output directory (created with its parents if missing)\n"
 		"      --synthetic-mb N  size of one version in MiB (--mb: deprecated)\n"
 		"      --steps K         optimizer steps (versions after v0)\n"
 		"      --lr LR           Adam learning rate (default 1e-6)\n"
@@ -126,8 +125,8 @@ int node_cmd_synth(int argc, char **argv)
 		return proto_cli_extra("tessera synth", argv[optind]);
 	if (dir == NULL || mb <= 0 || !have_steps)
 		return proto_cli_missing("tessera synth", dir == NULL ? "-o DIR" : mb <= 0 ? "--synthetic-mb N" : "--steps K");
-	if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-		fprintf(stderr, "tessera synth: %s: %s\n", dir, strerror(errno));
+	if (proto_mkdir_p(dir, &err) != 0) {
+		fprintf(stderr, "tessera synth: %s\n", err.msg);
 		return 1;
 	}
 	o.bytes = (uint64_t)(mb * 1048576.0);

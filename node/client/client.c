@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "node/client/wire.h"
+#include "proto/cli.h" /* PROTO_RELEASE only: the library links nothing of tessera */
 
 #define API __attribute__((visibility("default")))
 #define FDQ_MAX 16
@@ -1005,4 +1006,9 @@ API void tessera_guard(tessera_client *c, int on)
 		for (struct cver *v = c->vers; v != NULL; v = v->next)
 			if (v->guarded && mprotect((void *)v->v.host, v->v.size, PROT_READ) == 0)
 				v->guarded = false;
+}
+
+API const char *tessera_client_version(void)
+{
+	return PROTO_RELEASE;
 }

@@ -186,6 +186,10 @@ void tessera_on_version(tessera_client *c, tessera_version_cb cb, void *arg);
 /* The last error, one line. */
 const char *tessera_error(const tessera_client *c);
 
+/* The tessera release this library is ("0.1.0"; pkg-config's
+ * --modversion tessera-client says the same). Static; cannot fail. */
+const char *tessera_client_version(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -359,5 +359,6 @@ void trk__handle_status(struct trk_call *c);                  /* status.c */
 void trk__handle_page(struct trk_call *c);                    /* page.c */
 void trk__handle_version_page(struct trk_call *c, const char *v); /* page_version.c */
 void trk__handle_metrics(struct trk_call *c);                 /* metrics.c */
+void trk__handle_healthz(struct trk_call *c);                 /* healthz.c */
 
 #endif

@@ -27,6 +27,7 @@ struct route {
 static const struct route routes[] = {
 	{"/", false, BODY_NONE, trk__handle_page},
 	{"/metrics", false, BODY_NONE, trk__handle_metrics},
+	{"/healthz", false, BODY_NONE, trk__handle_healthz},
 	{TRK_API "/status", false, BODY_NONE, trk__handle_status},
 	{TRK_API "/layouts", false, BODY_NONE, trk__handle_layouts},
 	{TRK_API "/versions", false, BODY_NONE, trk__handle_versions},

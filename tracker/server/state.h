@@ -113,6 +113,11 @@ int trk__versions_manifest(struct trk_versions *vs, uint64_t v,
 int trk__versions_read_raw(struct trk_versions *vs, const struct trk_version *r, uint8_t **buf,
 			   size_t *len, struct proto_err *err);
 bool trk__versions_pinned(const struct trk_versions *vs);
+/* Whether a version could be written now: creates, writes a byte to and
+ * removes a file in the state directory's versions/ (named as a temporary
+ * file, which a restart removes). 0, or a negative errno with err naming
+ * the directory and why (/healthz). Leaves nothing behind. */
+int trk__versions_probe(const struct trk_versions *vs, struct proto_err *err);
 /* The trainer key versions are checked with; NULL before one is known. */
 const uint8_t *trk__versions_pk(const struct trk_versions *vs);
 

@@ -426,6 +426,26 @@ void trk__versions_free(struct trk_versions *vs)
 	free(vs);
 }
 
+int trk__versions_probe(const struct trk_versions *vs, struct proto_err *err)
+{
+	char path[4096];
+	int fd, e = 0;
+
+	snprintf(path, sizeof(path), "%s/.healthz.tmp.XXXXXX", vs->vdir);
+	fd = mkstemp(path);
+	if (fd < 0)
+		return proto_errf(err, errno, "state directory %s: cannot create a file: %s",
+				  vs->vdir, strerror(errno));
+	if (write(fd, "x", 1) != 1)
+		e = errno != 0 ? errno : EIO;
+	close(fd);
+	unlink(path);
+	if (e != 0)
+		return proto_errf(err, e, "state directory %s: cannot write: %s", vs->vdir,
+				  strerror(e));
+	return 0;
+}
+
 bool trk__versions_pinned(const struct trk_versions *vs)
 {
 	return vs->pinned;

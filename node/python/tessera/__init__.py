@@ -26,13 +26,18 @@ attaches with hold=True: the node holds every version it sends the client
 exactly v (see node/client/tessera_client.h, TESSERA_HOLD, and
 tessera.engine for the whole step-boundary switch).
 
-The library is found through TESSERA_CLIENT_LIB (a path), then the
-system's library path (libtessera-client.so).
+The library is the one built into the package when pip installed it
+(tessera/_libtessera_client*.so, compiled from node/client/client.c);
+TESSERA_CLIENT_LIB (a path) names another, and a package without one (its
+files copied by hand) looks in the system's library path
+(libtessera-client.so, as `make install` puts it).
 """
 
 import ctypes
 import ctypes.util
 import errno
+import glob
+import importlib.machinery
 import os
 import warnings
 import weakref
@@ -43,7 +48,7 @@ except ImportError:  # numpy is optional
     _np = None
 
 __all__ = ["Client", "Pin", "Tensor", "Piece", "TesseraError", "TesseraWarning", "Trainer",
-           "TrainerTensor", "Published", "numpy_dtype"]
+           "TrainerTensor", "Published", "numpy_dtype", "library_version"]
 
 _DIMS_MAX = 8
 
@@ -100,14 +105,26 @@ class _Pin(ctypes.Structure):
 _lib = None
 
 
+def _bundled():
+    """The library pip built into this package, or None."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        found = glob.glob(os.path.join(here, "_libtessera_client" + suffix))
+        if found:
+            return found[0]
+    return None
+
+
 def _load(path=None):
     global _lib
     if _lib is not None and path is None:
         return _lib
-    path = path or os.environ.get("TESSERA_CLIENT_LIB") or ctypes.util.find_library("tessera-client")
+    path = (path or os.environ.get("TESSERA_CLIENT_LIB") or _bundled()
+            or ctypes.util.find_library("tessera-client"))
     if not path:
-        raise OSError("libtessera-client not found: set TESSERA_CLIENT_LIB to the path of "
-                      "libtessera-client.so (`make` builds it in build/lib/)")
+        raise OSError("libtessera-client not found: install the package with pip "
+                      "(pip install node/python builds it in), or set TESSERA_CLIENT_LIB to "
+                      "the path of libtessera-client.so (`make` builds it in build/lib/)")
     lib = ctypes.CDLL(path)
     P, C = ctypes.c_void_p, ctypes.c_char_p
     sigs = {
@@ -126,6 +143,7 @@ def _load(path=None):
         "tessera_poll": (ctypes.c_int, [P, ctypes.c_int]),
         "tessera_fd": (ctypes.c_int, [P]),
         "tessera_error": (ctypes.c_char_p, [P]),
+        "tessera_client_version": (ctypes.c_char_p, []),
         "tessera_attach_flags": (ctypes.c_int, [C, C, ctypes.c_uint32, ctypes.c_int,
                                                 ctypes.c_uint, ctypes.POINTER(P), C,
                                                 ctypes.c_size_t]),
@@ -143,6 +161,11 @@ def _load(path=None):
     if path is None or _lib is None:
         _lib = lib
     return lib
+
+
+def library_version():
+    """The tessera release of the libtessera-client this package loads."""
+    return _load().tessera_client_version().decode()
 
 
 class TesseraError(OSError):
