@@ -195,6 +195,26 @@ static inline bool tu_wait_active(struct trk_client *trk, const char *name, uint
 	return false;
 }
 
+/* Whether the tracker's status says replica name's rank reports version v
+ * in state ("verified", "active", ...). */
+static inline bool tu_rank_is(struct trk_client *trk, const char *name, uint32_t rank, uint64_t v,
+			      const char *state)
+{
+	json_t *st = tu_get_json(trk, TRK_API "/status"), *rep;
+	bool is = false;
+	size_t i;
+
+	json_array_foreach(json_object_get(st, "replicas"), i, rep) {
+		json_t *rk = json_array_get(json_object_get(rep, "ranks"), rank);
+		const char *s = json_string_value(json_object_get(rk, "state"));
+		if (strcmp(json_string_value(json_object_get(rep, "replica")) ?: "", name) == 0)
+			is = json_integer_value(json_object_get(rk, "version")) == (json_int_t)v &&
+			     s != NULL && strcmp(s, state) == 0;
+	}
+	json_decref(st);
+	return is;
+}
+
 /* Waits up to ms until the tracker lists n live ranks of replica rep. */
 static inline bool tu_wait_alive(struct trk_client *trk, const char *rep, size_t n, int ms)
 {
