@@ -160,7 +160,7 @@ void node__pub_sync_offers(struct node_pub *p)
 			if ((rc = offers_live(pv, &live, &pv->nsent)) == 0) {
 				rc = node_serve_offer_send(p->trk, p->id, &pv->so, p->reg_gen,
 							   pv->snapshot_ms,
-							   NULL,
+							   pv->has_report ? &pv->report : NULL,
 							   live, pv->nsent, NULL, on_offer, pv);
 				free(live);
 			}
