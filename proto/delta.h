@@ -87,6 +87,7 @@
 #ifndef PROTO_DELTA_H
 #define PROTO_DELTA_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -176,12 +177,33 @@ struct proto_delta_opts {
 	 * are counted by the scan, so a dense child costs about one compare,
 	 * not its encoding). */
 	uint64_t max_changed;
+	/* Not NULL: a budget of coded bytes this encode shares with others
+	 * (struct proto_delta_budget): past it the encode stops with -E2BIG. */
+	struct proto_delta_budget *budget;
 	/* Not NULL: an encode on one thread keeps its scratch (zstd context
 	 * and buffers) in *keep for the next one, made or remade as needed
 	 * (*keep NULL at first), instead of making and freeing its own: a
 	 * caller encoding parcels one after the other maps and faults them in
 	 * once. The caller frees it with proto_delta_scratch_free. */
 	struct proto_delta_scratch **keep;
+};
+
+/*
+ * A budget of coded bytes that several encodes share (a version's parcels,
+ * encoded at once on any number of threads): a delta that costs more than
+ * `limit` is not wanted, and the encoder finds that out while it encodes
+ * instead of at the end. Each chunk's coded bytes (its record and frames)
+ * are added to `out` as the chunk is produced; the chunk whose bytes pass
+ * `limit` sets `over` and its encode stops with -E2BIG, as does every
+ * encode sharing the budget at its next chunk (before scanning it). `in`
+ * counts the child bytes scanned, so a caller can say how far the encodes
+ * got. The caller zeroes it and sets limit; the encoders only add.
+ */
+struct proto_delta_budget {
+	uint64_t limit;       /* coded bytes allowed, all encodes together */
+	_Atomic uint64_t out; /* coded bytes of the chunks produced so far */
+	_Atomic uint64_t in;  /* child bytes scanned so far */
+	_Atomic bool over;    /* out passed limit: every encode stops */
 };
 
 struct proto_delta_scratch;

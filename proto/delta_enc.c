@@ -375,6 +375,19 @@ static void swap(uint8_t **a, uint8_t **b)
 	*b = t;
 }
 
+/* A chunk's coded bytes go on the shared budget (opts.budget): -E2BIG when
+ * they pass it, or another encode did. */
+static int spend(const struct job *j, uint64_t bytes)
+{
+	struct proto_delta_budget *b = j->o != NULL ? j->o->budget : NULL;
+
+	if (b == NULL)
+		return 0;
+	if (atomic_fetch_add(&b->out, bytes) + bytes > b->limit)
+		atomic_store(&b->over, true);
+	return atomic_load(&b->over) ? -E2BIG : 0;
+}
+
 /*
  * Encodes one chunk. Buffers: zb[0] holds the best values of the changes,
  * zb[1] the best positions, zb[2] and zb[3] are free for trials; a winner
@@ -397,10 +410,15 @@ static int encode_chunk(struct job *j, struct scratch *s, uint64_t ci)
 	uint8_t mode = PROTO_DELTA_ZERO, *p;
 	size_t k, at = 0;
 
+	/* Another encode sharing the budget passed it: nothing more is read. */
+	if (j->o != NULL && j->o->budget != NULL && atomic_load(&j->o->budget->over))
+		return -E2BIG;
 	/* The parent's sums known (from the encode that made it): not summed,
 	 * and the child's follows from them and the changes. */
 	k = scan(j, s, t, base, a, b, n, w, a != NULL && j->parent->sums == NULL,
 		 a != NULL && j->parent->sums != NULL, &out->psum, &out->csum, &out->tsum);
+	if (j->o != NULL && j->o->budget != NULL)
+		atomic_fetch_add(&j->o->budget->in, (uint64_t)n * w);
 	if (j->o != NULL && j->o->max_changed != 0 &&
 	    atomic_fetch_add(&j->changed, k) + k > j->o->max_changed)
 		return -E2BIG;
@@ -411,7 +429,7 @@ static int encode_chunk(struct job *j, struct scratch *s, uint64_t ci)
 	out->streams = NULL;
 	out->streams_len = 0;
 	if (k == 0)
-		return 0;
+		return spend(j, out->rec_len);
 	/* Values of the changes (biased by 1): PLANES, then NIB if smaller. */
 	rc = add_values(s, &vals, s->zb[0], s->zcap, s->val, k, 1, w, PROTO_DELTA_PLANES, &vnesc);
 	memset(&trial, 0, sizeof(trial));
@@ -529,7 +547,7 @@ static int encode_chunk(struct job *j, struct scratch *s, uint64_t ci)
 	out->pos_bytes = pos.total;
 	out->val_bytes = vals.total;
 	out->rec_len = (size_t)(p - out->rec);
-	return 0;
+	return spend(j, out->rec_len + at);
 }
 
 /*
@@ -605,6 +623,9 @@ static int enc_chunk(void *arg, unsigned slot, uint64_t ci)
 	if (j->rc == 0)
 		j->rc = proto_errf(&j->err, -rc, "delta encode: %s",
 				   rc == -ENOMEM ? "out of memory" :
+				   rc == -E2BIG && j->o->budget != NULL &&
+						   atomic_load(&j->o->budget->over)
+						 ? "its output passed the budget it shares" :
 				   rc == -E2BIG  ? "more elements changed than the limit" :
 						   "zstd compression failed");
 	pthread_mutex_unlock(&j->lock);

@@ -213,7 +213,9 @@
 	 * only); `tessera publish --anchor-every` overrides it. */ \
 	X(ANCHOR_EVERY, "TESSERA_ANCHOR_EVERY", 10, "versions per anchor (1: no deltas)") \
 	/* A delta version whose parcels would exceed this percentage of the \
-	 * anchor's bytes is sent as an anchor instead. */ \
+	 * anchor's bytes is sent as an anchor instead: its parcels' encodes \
+	 * share a budget of that many bytes and stop once their output \
+	 * passes it (node/publisher/pub_delta.c). */ \
 	X(DELTA_MAX_PERCENT, "TESSERA_DELTA_MAX_PERCENT", 50, "largest delta, % of the anchor") \
 	/* A retired slot's pages are given back this long after its last pin \
 	 * went, on a worker thread: the serving process unmaps its view first \

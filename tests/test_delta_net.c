@@ -161,6 +161,135 @@ static void test_anchor_after_all(void **state)
 	tu_rmtree(dir);
 }
 
+/* One of a published version's phases in the tracker's report of it
+ * (timeline.publish.phases_ms): its ms, or -1 when it is not there. */
+static json_int_t phase_ms(json_t *pub, const char *name)
+{
+	size_t i;
+	json_t *e;
+
+	json_array_foreach(json_object_get(pub, "phases_ms"), i, e)
+		if (strcmp(json_string_value(json_array_get(e, 0)), name) == 0)
+			return json_integer_value(json_array_get(e, 1));
+	return -1;
+}
+
+/* Its phases add up to its total. */
+static void phases_add_up(json_t *pub)
+{
+	json_int_t sum = 0;
+	size_t i;
+	json_t *e;
+
+	assert_non_null(pub);
+	json_array_foreach(json_object_get(pub, "phases_ms"), i, e)
+		sum += json_integer_value(json_array_get(e, 1));
+	assert_int_equal(sum, json_integer_value(json_object_get(pub, "total_ms")));
+}
+
+/*
+ * A delta that cannot pay is not encoded to the end: v3's bytes are noise
+ * (an update that changes the whole model), so its delta's output passes
+ * TESSERA_DELTA_MAX_PERCENT (the default 50 %) of the anchor about half way
+ * through its input, and every parcel's encode stops there; the version
+ * goes as an anchor, and the publisher's line and the report the tracker
+ * got with the offer (the version's timeline) say it was tried, discarded,
+ * stopped early, where and why, its phases adding up to the total. v2, a
+ * delta that pays, says kept. Counted in bytes encoded, never in time.
+ */
+static void test_delta_stops_early(void **state)
+{
+	char dir[256], mdir[300], bin[512], report[512], path[600];
+	struct proto_synth_opts o = {.bytes = MODEL_BYTES, .steps = 2, .lr = 1e-6, .seed = 5,
+				     .threads = 2};
+	struct proto_err err;
+	uint8_t *buf;
+	size_t len;
+
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	snprintf(mdir, sizeof(mdir), "%s/model", dir);
+	assert_int_equal(mkdir(mdir, 0755), 0);
+	assert_int_equal(proto_synth_run(mdir, &o, NULL, NULL, &err), 0);
+	/* The last step's tensors become noise: every byte after the header. */
+	snprintf(path, sizeof(path), "%s/v2.safetensors", mdir);
+	assert_int_equal(proto_read_file(path, 64 << 20, &buf, &len, &err), 0);
+	uint64_t hlen = 0, x = 0x2545f4914f6cdd1dull;
+	memcpy(&hlen, buf, 8);
+	assert_true(8 + hlen < len);
+	for (size_t i = 8 + hlen; i < len; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		buf[i] = (uint8_t)(x >> 24);
+	}
+	FILE *fp = fopen(path, "wb");
+	assert_non_null(fp);
+	assert_int_equal(fwrite(buf, 1, len, fp), len);
+	assert_int_equal(fclose(fp), 0);
+	free(buf);
+	tu_bin(bin, sizeof(bin), "tessera");
+	snprintf(report, sizeof(report), "%s/report.json", dir);
+	/* Chunks of 2^16 elements: the encodes stop within a few of the
+	 * budget whatever the model's tensor sizes. */
+	assert_int_equal(tu_sh("TESSERA_DELTA_CHUNK=65536 %s cluster --model-dir %s --versions 3 "
+			       "--replica tp2 --replica tp1 --keep %s/run --report %s > %s/out 2>&1 "
+			       "|| cat %s/out",
+			       bin, mdir, dir, report, dir, dir),
+			 0);
+	json_t *vs, *j = cluster_report(report, 3, &vs);
+	static const char *kinds[] = {"anchor", "delta", "anchor"};
+	for (size_t i = 0; i < 3; i++) {
+		json_t *v = json_array_get(vs, i), *r;
+		size_t k;
+		assert_string_equal(json_string_value(json_object_get(v, "kind")), kinds[i]);
+		json_array_foreach(json_object_get(v, "replicas"), k, r)
+			assert_true(json_is_true(json_object_get(r, "digest_ok")));
+		phases_add_up(json_object_get(json_object_get(v, "timeline"), "publish"));
+	}
+	/* v1: an anchor, no delta tried. */
+	json_t *p1 = json_object_get(json_object_get(json_array_get(vs, 0), "timeline"), "publish");
+	assert_null(json_object_get(p1, "delta"));
+	assert_true(phase_ms(p1, "snapshot") >= 0 && phase_ms(p1, "gather+hash") >= 0);
+	assert_true(phase_ms(p1, "sign") >= 0 && phase_ms(p1, "publish") >= 0);
+	/* v2: a delta kept, encoded whole; nothing gathered after it. */
+	json_t *p2 = json_object_get(json_object_get(json_array_get(vs, 1), "timeline"), "publish");
+	json_t *d2 = json_object_get(p2, "delta");
+	assert_true(json_is_true(json_object_get(d2, "tried")));
+	assert_true(json_is_true(json_object_get(d2, "kept")));
+	assert_true(json_is_false(json_object_get(d2, "stopped_early")));
+	assert_true(json_real_value(json_object_get(d2, "percent")) < 10.0);
+	assert_int_equal(json_integer_value(json_object_get(d2, "encode_ms")),
+			 phase_ms(p2, "delta encode"));
+	assert_int_equal(phase_ms(p2, "gather+hash"), -1);
+	/* v3: tried, stopped at the budget and discarded: gathered as an
+	 * anchor after it. */
+	json_t *p3 = json_object_get(json_object_get(json_array_get(vs, 2), "timeline"), "publish");
+	json_t *d3 = json_object_get(p3, "delta");
+	assert_true(json_is_true(json_object_get(d3, "tried")));
+	assert_true(json_is_false(json_object_get(d3, "kept")));
+	assert_true(json_is_true(json_object_get(d3, "stopped_early")));
+	double pct = json_real_value(json_object_get(d3, "percent"));
+	assert_true(pct >= 50.0 && pct < 60.0);
+	assert_true(phase_ms(p3, "delta encode") >= 0 && phase_ms(p3, "gather+hash") >= 0);
+	const char *why = json_string_value(json_object_get(d3, "why"));
+	assert_non_null(why);
+	assert_non_null(strstr(why, "its output passed 50 % of the anchor after encoding "));
+	/* ... about half of its input: noise codes to about its own size. */
+	const char *at = strrchr(why, '(');
+	assert_non_null(at);
+	int in_pct = atoi(at + 1);
+	assert_true(in_pct >= 40 && in_pct <= 70);
+	json_decref(j);
+	/* The publisher's line names every phase and what became of the delta. */
+	snprintf(path, sizeof(path), "%s/run/publisher.log", dir);
+	assert_true(file_has(path, "published v2 delta "));
+	assert_true(file_has(path, ": kept, it is "));
+	assert_true(file_has(path, "published v3 anchor "));
+	assert_true(file_has(path, ": discarded (stopped early), its output passed 50 % of the "
+				   "anchor after encoding "));
+	assert_true(file_has(path, "gather+hash "));
+	assert_true(file_has(path, ", offer "));
+	tu_rmtree(dir);
+}
+
 /* ---- one node, one publisher, driven step by step -------------------------- */
 
 struct env {
@@ -1301,6 +1430,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_delta_cluster),
 		cmocka_unit_test(test_anchor_after_all),
+		cmocka_unit_test(test_delta_stops_early),
 		cmocka_unit_test_setup_teardown(test_corrupted_parent, env_setup_no_standby,
 						env_teardown),
 		cmocka_unit_test_setup_teardown(test_first_delta_after_anchor, env_setup_anchor,

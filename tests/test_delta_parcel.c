@@ -229,6 +229,78 @@ static void test_fill_and_limit(void **state)
 	fx_fini(&f);
 }
 
+/* A budget of coded bytes shared by encodes (the publisher's: half of the
+ * version's raw bytes) stops an encode once its output passes it, having
+ * read only part of its child: a child that changes every byte into noise
+ * codes to about its own size, so it stops near half its input, not at the
+ * end. The stop is counted in bytes scanned and coded, never in time. An
+ * encode that shares a budget already passed stops before it reads a
+ * byte; a delta that pays is not touched by the budget (the same bytes as
+ * without one, and its coded bytes counted). */
+static void test_budget(void **state)
+{
+	struct fx f;
+
+	fx_init(&f, "tp2");
+	for (unsigned threads = 1; threads <= 2; threads++) {
+		struct pdelta pd;
+		struct proto_err err = {{0}};
+		uint8_t *enc = NULL, *dense = NULL;
+		size_t len = 0;
+		uint64_t state64 = 0x9e3779b97f4a7c15ull;
+
+		pd_init(&f, 0, false, &pd);
+		uint64_t bytes = pd.pc->bytes;
+		assert_true(bytes >= (256u << 10));
+		dense = malloc(bytes + 1);
+		assert_non_null(dense);
+		for (uint64_t i = 0; i < bytes; i++) { /* noise: no coding can shrink it */
+			state64 = state64 * 6364136223846793005ull + 1442695040888963407ull;
+			dense[i] = (uint8_t)(state64 >> 56);
+		}
+		struct proto_delta_budget b = {.limit = bytes / 2};
+		struct proto_delta_opts o = {.threads = threads, .chunk_elems = 1000, .budget = &b};
+		assert_int_equal(proto_dparcel_encode(&pd.dp, pd.par, dense, &o, &enc, &len, NULL,
+						      &err), -E2BIG);
+		assert_null(enc);
+		assert_non_null(strstr(err.msg, "passed the budget"));
+		assert_true(atomic_load(&b.over));
+		assert_true(atomic_load(&b.out) > b.limit);
+		/* Stopped near half its input: at most a chunk (2000 bytes)
+		 * per thread past it, never the whole parcel. */
+		uint64_t in = atomic_load(&b.in);
+		assert_true(in > 0);
+		assert_true(in <= bytes / 2 + 2 * 2000 * threads);
+		assert_true(in < bytes * 6 / 10);
+		/* Another encode on the same budget reads nothing. */
+		assert_int_equal(proto_dparcel_encode(&pd.dp, pd.par, pd.chi, &o, &enc, &len, NULL,
+						      &err), -E2BIG);
+		assert_null(enc);
+		assert_int_equal(atomic_load(&b.in), in);
+		/* The sparse child (an element in 61 changed) pays: encoded
+		 * whole under a fresh budget, the same bytes as without one. */
+		struct proto_delta_budget fresh = {.limit = bytes / 2};
+		o.budget = &fresh;
+		uint8_t *enc2 = NULL;
+		size_t len2 = 0;
+		struct proto_delta_opts plain = {.threads = threads, .chunk_elems = 1000};
+		assert_int_equal(proto_dparcel_encode(&pd.dp, pd.par, pd.chi, &o, &enc, &len, NULL,
+						      &err), 0);
+		assert_int_equal(proto_dparcel_encode(&pd.dp, pd.par, pd.chi, &plain, &enc2, &len2,
+						      NULL, &err), 0);
+		assert_int_equal(len, len2);
+		assert_memory_equal(enc, enc2, len);
+		assert_false(atomic_load(&fresh.over));
+		assert_int_equal(atomic_load(&fresh.in), bytes);
+		assert_true(atomic_load(&fresh.out) > 0 && atomic_load(&fresh.out) < len);
+		free(enc);
+		free(enc2);
+		free(dense);
+		pd_fini(&pd);
+	}
+	fx_fini(&f);
+}
+
 /* Where a piece lies in a source rank's memory: one stretch, or not. */
 struct stretch {
 	uint64_t at, end;
@@ -886,6 +958,7 @@ int main(void)
 		cmocka_unit_test(test_roundtrip),
 		cmocka_unit_test(test_known_sums),
 		cmocka_unit_test(test_fill_and_limit),
+		cmocka_unit_test(test_budget),
 		cmocka_unit_test(test_encode_at),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_apply_trusted),

@@ -3261,6 +3261,103 @@ static void test_timeline(void **state)
 	trk_reply_fini(&r);
 }
 
+/* The publisher's report of a version's export comes with its offer
+ * ("publish") and shows, as it came, in the version's timeline and its
+ * entry of the status; a version without one shows none; a later offer
+ * without one keeps it. A node cannot send one, and a bad one (the
+ * tracker-bad-offers-publish-* corpus, each field) is refused whole with
+ * one line, the offer with it. */
+static void test_publish_report(void **state)
+{
+	struct fx *f = *state;
+	struct trk_reply r;
+	char b[2048];
+	const char *pub =
+		"{\"total_ms\":6120,\"phases_ms\":[[\"snapshot\",712],[\"wait\",0],"
+		"[\"delta encode\",950],[\"gather+hash\",4227],[\"sign\",40],[\"publish\",12]],"
+		"\"delta\":{\"tried\":true,\"kept\":false,\"encode_ms\":950,\"percent\":50.1,"
+		"\"stopped_early\":true,\"why\":\"its output passed 50 % of the anchor after "
+		"31 % of its bytes\"}}";
+
+	populate(f);
+	register_node_ok(f, "B", 0, TP1);
+	snprintf(b, sizeof(b), "{\"id\":\"%s\",\"version\":1,\"parcels\":[],\"publish\":%s}",
+		 f->pub_id, pub);
+	assert_int_equal(post(f, TRK_API "/offers", b, &r), 200);
+	trk_reply_fini(&r);
+	json_t *want = json_loads(pub, 0, NULL);
+	assert_non_null(want);
+	assert_int_equal(get(f, TRK_API "/versions/1/timeline", &r), 200);
+	assert_true(json_equal(json_object_get(r.json, "publish"), want));
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions/2/timeline", &r), 200);
+	assert_null(json_object_get(r.json, "publish"));
+	trk_reply_fini(&r);
+	/* The status: each version's entry, newest first. */
+	assert_int_equal(get(f, TRK_API "/status", &r), 200);
+	json_t *vs = json_object_get(r.json, "versions");
+	assert_int_equal(json_array_size(vs), 2);
+	assert_null(json_object_get(json_array_get(vs, 0), "publish"));
+	assert_true(json_equal(json_object_get(json_array_get(vs, 1), "publish"), want));
+	trk_reply_fini(&r);
+	/* An anchor tried as nothing else: no delta member. */
+	snprintf(b, sizeof(b),
+		 "{\"id\":\"%s\",\"version\":2,\"parcels\":[],\"publish\":{\"total_ms\":5,"
+		 "\"phases_ms\":[[\"snapshot\",1],[\"gather+hash\",4]]}}", f->pub_id);
+	assert_int_equal(post(f, TRK_API "/offers", b, &r), 200);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions/2/timeline", &r), 200);
+	json_t *p2 = json_object_get(r.json, "publish");
+	assert_int_equal(jget_u64(p2, "total_ms"), 5);
+	assert_int_equal(json_array_size(json_object_get(p2, "phases_ms")), 2);
+	assert_null(json_object_get(p2, "delta"));
+	trk_reply_fini(&r);
+	/* Offered again without one: the report stays. */
+	snprintf(b, sizeof(b), "{\"id\":\"%s\",\"version\":1,\"parcels\":[]}", f->pub_id);
+	assert_int_equal(post(f, TRK_API "/offers", b, &r), 200);
+	trk_reply_fini(&r);
+	assert_int_equal(get(f, TRK_API "/versions/1/timeline", &r), 200);
+	assert_true(json_equal(json_object_get(r.json, "publish"), want));
+	trk_reply_fini(&r);
+	/* A node's offer with one is refused, and so are bad ones, each
+	 * with the field named in one line. */
+	char *before = status_snapshot(f);
+	snprintf(b, sizeof(b), "{\"id\":\"B/0\",\"version\":1,\"parcels\":[],\"publish\":%s}", pub);
+	assert_int_equal(post(f, TRK_API "/offers", b, &r), 400);
+	assert_non_null(strstr(json_string_value(json_object_get(r.json, "error")),
+			       "only a publisher"));
+	trk_reply_fini(&r);
+	static const struct {
+		const char *publish, *says;
+	} bad[] = {
+		{"{\"total_ms\":-1,\"phases_ms\":[]}", "publish.total_ms: must be in 0.."},
+		{"{\"total_ms\":9,\"phases_ms\":[[\"x\",1],[\"x\",1],[\"x\",1],[\"x\",1],[\"x\",1],"
+		 "[\"x\",1],[\"x\",1],[\"x\",1],[\"x\",1]]}", "publish.phases_ms: must be an array of at most 8"},
+		{"{\"total_ms\":9,\"phases_ms\":[[\"aaaaaaaaaaaaaaaaaaaaaaaaa\",1]]}",
+		 "publish.phases_ms[0]: the name must be 1..24 bytes"},
+		{"{\"total_ms\":9,\"phases_ms\":[[\"x\",1],[\"Sign\",1]]}",
+		 "publish.phases_ms[1]: the name may hold only"},
+		{"{\"total_ms\":9,\"phases_ms\":[[\"x\",10]]}", "add up to 10 ms, more than total_ms"},
+		{"{\"total_ms\":9,\"phases_ms\":[],\"delta\":{\"tried\":true,\"kept\":true,"
+		 "\"encode_ms\":1,\"percent\":\"1\",\"stopped_early\":false,\"why\":\"w\"}}",
+		 "publish.delta.percent: must be a number"},
+	};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad); i++) {
+		snprintf(b, sizeof(b), "{\"id\":\"%s\",\"version\":2,\"parcels\":[],\"publish\":%s}",
+			 f->pub_id, bad[i].publish);
+		assert_int_equal(post(f, TRK_API "/offers", b, &r), 400);
+		const char *e = json_string_value(json_object_get(r.json, "error"));
+		if (e == NULL || strstr(e, bad[i].says) == NULL)
+			fail_msg("case %zu: got '%s', want '%s'", i, e ? e : "", bad[i].says);
+		trk_reply_fini(&r);
+	}
+	char *after = status_snapshot(f);
+	assert_string_equal(before, after);
+	free(before);
+	free(after);
+	json_decref(want);
+}
+
 /* A node names its layout ("tp2", a file's name); the status shows the name
  * of the first node that gave one, the page shows it instead of a digest. */
 static void test_layout_names(void **state)
@@ -4624,6 +4721,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_sources_shared, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_status_outputs, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_timeline, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_publish_report, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_layout_names, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_status_pages, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_client, setup_open, teardown),

@@ -391,6 +391,45 @@ struct trk_offer {
 	bool partial;
 	uint64_t have_addr, have_key;
 };
+/*
+ * What a publisher's export of a version cost, phase by phase, as its offer
+ * carries it ("publish", tracker/API.md) and the tracker shows it with the
+ * version: the time from the export request to the offer, in phases named
+ * by the publisher that add up to total_ms, and the delta it tried, if
+ * any: kept or discarded, what its encode cost, how large it was (or where
+ * it stopped) as a percent of the anchor, and why.
+ */
+#define TRK_PHASES_MAX 8             /* phases in one report */
+#define TRK_PHASE_NAME_MAX 24        /* bytes of a phase's name: [a-z0-9 +-] */
+#define TRK_PUBLISH_WHY_MAX 240      /* bytes of the delta's why */
+#define TRK_PUBLISH_MS_MAX 604800000 /* a week: no phase takes longer */
+#define TRK_PUBLISH_PERCENT_MAX 1000 /* a delta ten times the anchor's size */
+struct trk_phase {
+	char name[TRK_PHASE_NAME_MAX + 1];
+	uint64_t ms;
+};
+struct trk_publish_report {
+	uint64_t total_ms;
+	uint32_t nphases;
+	struct trk_phase phases[TRK_PHASES_MAX];
+	bool delta_tried; /* else nothing below is sent */
+	bool delta_kept, delta_stopped_early;
+	uint64_t delta_encode_ms;
+	double delta_percent;
+	char delta_why[TRK_PUBLISH_WHY_MAX + 1];
+};
+/* Appends a phase (name cut to TRK_PHASE_NAME_MAX bytes); false when the
+ * report holds TRK_PHASES_MAX already (nothing added). */
+bool trk_publish_report_add(struct trk_publish_report *r, const char *name, uint64_t ms);
+/* The report as JSON (tracker/API.md); new reference, NULL on ENOMEM. */
+json_t *trk_publish_report_json(const struct trk_publish_report *r);
+/* Parses and checks a report from outside bytes: types, at most
+ * TRK_PHASES_MAX phases with names of [a-z0-9 +-], times up to
+ * TRK_PUBLISH_MS_MAX that add up to at most total_ms, the delta's fields.
+ * 0, or -EINVAL with err saying which field in one line ("publish..."
+ * prefixed); *out is written only on success. */
+int trk_publish_report_parse(json_t *j, struct trk_publish_report *out, struct proto_err *err);
+
 /* POST /offers: replaces id's offers for version (n == 0 withdraws them). */
 int trk_client_offer(struct trk_client *c, const char *id, uint64_t version,
 		     const struct trk_offer *parcels, size_t n,
@@ -402,10 +441,13 @@ int trk_client_offer_timed(struct trk_client *c, const char *id, uint64_t versio
 			   trk_client_cb cb, void *arg);
 /* The same with a node's slot (NULL: none): its whole rank memory, for
  * readers of other layouts (GET /holders); its addr, key and len are sent,
- * and, for a partial slot, its have-map's addr and key. */
+ * and, for a partial slot, its have-map's addr and key. A publisher sends
+ * its report of the version's export (NULL: none) as "publish", for the
+ * version's timeline. */
 int trk_client_offer_slot(struct trk_client *c, const char *id, uint64_t version,
-			  uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
-			  const struct trk_offer *slot, trk_client_cb cb, void *arg);
+			  uint64_t snapshot_ms, const struct trk_publish_report *report,
+			  const struct trk_offer *parcels, size_t n, const struct trk_offer *slot,
+			  trk_client_cb cb, void *arg);
 /* GET /sources?version=&layout=&src_rank=&dst_rank=. */
 int trk_client_sources(struct trk_client *c, uint64_t version,
 		       const uint8_t layout[PROTO_HASH_BYTES], uint32_t src_rank,

@@ -16,6 +16,7 @@
 #include "node/publisher/publisher.h"
 #include "proto/config.h"
 #include "proto/proto.h"
+#include "tracker/tracker.h"
 
 static void publish_usage(FILE *f)
 {
@@ -126,6 +127,26 @@ struct app {
 	struct node_pub_metrics pm;
 };
 
+/* A published version's line: every phase from the request to the offer,
+ * adding up to the total, and the delta tried (kept or discarded, and
+ * why) beside its encode's. */
+static void print_phases(const struct node_pub_result *r, const char *size)
+{
+	const struct trk_publish_report *rep = r->report;
+
+	printf("published v%llu %s %s in %llu ms (", (unsigned long long)r->version,
+	       r->delta ? "delta" : "anchor", size, (unsigned long long)rep->total_ms);
+	for (uint32_t i = 0; i < rep->nphases; i++) {
+		printf("%s%s %llu ms", i ? ", " : "", rep->phases[i].name,
+		       (unsigned long long)rep->phases[i].ms);
+		if (rep->delta_tried && strcmp(rep->phases[i].name, "delta encode") == 0)
+			printf(": %s%s, %s", rep->delta_kept ? "kept" : "discarded",
+			       rep->delta_stopped_early ? " (stopped early)" : "", rep->delta_why);
+	}
+	printf("; %llu page faults)\n", (unsigned long long)r->faults);
+	fflush(stdout);
+}
+
 static void print_result(const struct node_pub_result *r)
 {
 	double mib = (double)r->wire_bytes / (1024.0 * 1024.0);
@@ -144,6 +165,10 @@ static void print_result(const struct node_pub_result *r)
 			 (unsigned long long)(r->encode_ns / 1000000));
 	snprintf(wait + strlen(wait), sizeof(wait) - strlen(wait), ", %llu page faults",
 		 (unsigned long long)r->faults);
+	if (r->report != NULL) {
+		print_phases(r, size);
+		return;
+	}
 	printf("%s v%llu %s %s in %llu ms (snapshot %llu ms, gather+hash %llu ms%s)\n",
 	       r->leader ? "published" : "offered", (unsigned long long)r->version,
 	       r->delta ? "delta" : "anchor", size,

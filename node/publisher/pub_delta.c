@@ -196,12 +196,12 @@ unsigned node__pub_delta_threads(size_t nranks)
 
 void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32_t chunk_size,
 				 unsigned threads, const uint8_t *block,
-				 struct proto_delta_scratch **keep)
+				 struct proto_delta_scratch **keep, struct proto_delta_budget *budget)
 {
 	struct proto_dparcel dp;
 	struct proto_delta_stats st;
 	struct proto_delta_opts o = {.threads = threads, .parent_sums = it->parent_sums,
-				     .keep = keep};
+				     .keep = keep, .budget = budget};
 	struct enc_ctx cn = {.p = p, .it = it, .dp = &dp, .block = block, .parent = it->parent,
 			     .sum = 0, .in_place = 0};
 	const uint8_t **pd = NULL, **cd = NULL;
@@ -219,6 +219,11 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32
 	if (it->pc->bytes == 0) {
 		it->canary = 0;
 		return;
+	}
+	/* Another parcel's output passed the version's budget: none is sent. */
+	if (budget != NULL && atomic_load(&budget->over)) {
+		it->enc_rc = -E2BIG;
+		goto done;
 	}
 	it->enc_rc = proto_dparcel_build(&p->model, &it->sl->plan, it->pc, &it->sl->layout, &dp,
 					 &err);
@@ -262,7 +267,13 @@ done:
 		it->sums = NULL;
 		it->enc_rc = 0;
 		it->wire = it->pc->bytes; /* as the anchor: place() refuses it */
-		it->dense = true;
+		/* Past the budget (this parcel's output or another's), or more
+		 * elements changed than max_changed: then the other parcels
+		 * stop too, the version goes as an anchor anyway. */
+		it->stopped = budget != NULL && atomic_load(&budget->over);
+		it->dense = !it->stopped;
+		if (budget != NULL)
+			atomic_store(&budget->over, true);
 		return;
 	}
 	if (it->enc_rc != 0) {
@@ -300,34 +311,83 @@ static void back_to_raw(struct pub_export *ex)
 	}
 }
 
+/* The version's raw bytes: what its parcels weigh as an anchor. */
+static uint64_t raw_bytes(const struct pub_export *ex)
+{
+	uint64_t raw = 0;
+
+	for (size_t i = 0; i < ex->pv->nparts; i++)
+		for (size_t j = 0; j < ex->pv->parts[i].nitems; j++)
+			raw += ex->pv->parts[i].items[j].pc->bytes;
+	return raw;
+}
+
+/*
+ * A delta that cannot pay is not encoded to the end: its budget is
+ * TESSERA_DELTA_MAX_PERCENT of the version's raw bytes, which the encodes
+ * of all its parcels share, on every thread; once their coded bytes pass
+ * it they all stop and the version goes as an anchor. An update that
+ * changes the whole model then costs the encode of about that share of
+ * it, not all of it.
+ */
+void node__pub_delta_begin(struct pub_export *ex)
+{
+	uint64_t raw = raw_bytes(ex), pct = proto_param(PROTO_PARAM_DELTA_MAX_PERCENT);
+
+	memset(&ex->budget, 0, sizeof(ex->budget));
+	ex->budget.limit = raw / 100 * pct + raw % 100 * pct / 100;
+	ex->delta_tried = true;
+}
+
+static double mib(uint64_t b)
+{
+	return (double)b / (1024.0 * 1024.0);
+}
+
 int node__pub_delta_place(struct node_pub *p, struct pub_export *ex, struct proto_err *err)
 {
-	uint64_t wire = 0, raw = 0;
-	bool failed = false, dense = false;
+	uint64_t wire = 0, raw = raw_bytes(ex), pct = proto_param(PROTO_PARAM_DELTA_MAX_PERCENT);
+	uint64_t in = atomic_load(&ex->budget.in), out = atomic_load(&ex->budget.out);
+	bool failed = false, dense = false, stopped = false;
 
 	for (size_t i = 0; i < ex->pv->nparts; i++)
 		for (size_t j = 0; j < ex->pv->parts[i].nitems; j++) {
 			const struct pub_item *it = &ex->pv->parts[i].items[j];
 			failed |= it->enc_rc != 0;
 			dense |= it->dense;
+			stopped |= it->stopped;
 			wire += it->wire;
-			raw += it->pc->bytes;
 		}
 	ex->raw_bytes = raw;
-	if (failed || dense || wire * 100 > raw * proto_param(PROTO_PARAM_DELTA_MAX_PERCENT)) {
+	ex->delta_stopped = !failed && (dense || stopped);
+	/* Its size as a percent of the anchor: where it stopped, else whole. */
+	ex->delta_percent = raw == 0 ? 0.0 : 100.0 * (double)(failed || dense || stopped ? out : wire) /
+						     (double)raw;
+	if (failed || dense || stopped || wire * 100 > raw * pct) {
 		if (failed)
-			snprintf(ex->why, sizeof(ex->why), "a parcel's delta could not be encoded");
+			snprintf(ex->delta_why, sizeof(ex->delta_why),
+				 "a parcel's delta could not be encoded");
 		else if (dense)
-			snprintf(ex->why, sizeof(ex->why),
-				 "a parcel changed too much for a delta (counted while encoding)");
+			snprintf(ex->delta_why, sizeof(ex->delta_why),
+				 "a parcel changed too much for a delta (more than 2 x %llu %% of its "
+				 "elements, counted while encoding)", (unsigned long long)pct);
+		else if (stopped)
+			snprintf(ex->delta_why, sizeof(ex->delta_why),
+				 "its output passed %llu %% of the anchor after encoding %.1f of %.1f MiB "
+				 "(%.0f %%)", (unsigned long long)pct, mib(in), mib(raw),
+				 raw ? 100.0 * (double)in / (double)raw : 0.0);
 		else
-			snprintf(ex->why, sizeof(ex->why),
-				 "the delta would be %.1f %% of the anchor (more than TESSERA_DELTA_MAX_PERCENT)",
-				 raw ? 100.0 * (double)wire / (double)raw : 0.0);
+			snprintf(ex->delta_why, sizeof(ex->delta_why),
+				 "it was %.1f %% of the anchor, more than %llu %% "
+				 "(TESSERA_DELTA_MAX_PERCENT)", ex->delta_percent, (unsigned long long)pct);
+		snprintf(ex->why, sizeof(ex->why), "%s", ex->delta_why);
 		back_to_raw(ex);
 		ex->delta = false;
 		return 1;
 	}
+	snprintf(ex->delta_why, sizeof(ex->delta_why),
+		 "it is %.1f %% of the anchor, at most %llu %% (TESSERA_DELTA_MAX_PERCENT)",
+		 ex->delta_percent, (unsigned long long)pct);
 	for (size_t i = 0; i < ex->pv->nparts; i++) {
 		struct pub_part *pt = &ex->pv->parts[i];
 		node__pub_part_layout(pt, ex->nlayouts);

@@ -118,6 +118,12 @@ static void ex_finish(struct node_pub *p)
 	r.encode_ns = ex->encode_ns;
 	r.anchor_bytes = ex->raw_bytes;
 	r.faults = proto_process_faults() - ex->faults0;
+	/* A fresh leader export's phases, the offer's with them. */
+	struct trk_publish_report report;
+	if (!ex->failed && ex->pv != NULL && ex->pv->has_report) {
+		node__pub_report(ex, now, true, &report);
+		r.report = &report;
+	}
 	if (ex->addendum) {
 		if (ex->failed) {
 			LOG_WARN("version %llu not extended: %s", (unsigned long long)ex->version,
@@ -416,6 +422,8 @@ static void ex_gather_start(struct node_pub *p)
 	if (why == NULL && !node__pub_delta_link(p, ex))
 		why = "a serving layout the parent export does not have";
 	ex->delta = why == NULL;
+	if (ex->delta)
+		node__pub_delta_begin(ex);
 	if (!ex->delta && !ex->verify && !ex->addendum && p->delta_skip > 0)
 		p->delta_skip--;
 	ex->since_anchor = ex->delta ? p->parent->since_anchor + 1 : 0;
@@ -450,6 +458,7 @@ static void ex_gather_start(struct node_pub *p)
 		j->delta = ex->delta;
 		j->sums = !ex->delta && !ex->verify && !ex->addendum && node__pub_keeps_parent(p);
 		j->threads = node__pub_delta_threads(ex->njobs);
+		j->budget = ex->delta ? &ex->budget : NULL;
 		/* An addendum takes no snapshot. A trainer's buffers hold its
 		 * next weights by now, so its new parcels are gathered from
 		 * the version as served; a synthetic or file source still
@@ -468,6 +477,7 @@ static void ex_gather_start(struct node_pub *p)
 				 "rebuilding it from the source",
 				 (unsigned long long)ex->version, j->rank);
 	}
+	ex->gather0_ns = proto_now_ns();
 	ex_launch(p, PUB_JOB_GATHER);
 }
 
@@ -476,6 +486,12 @@ static void ex_gathered(struct node_pub *p)
 	struct pub_export *ex = p->ex;
 	struct proto_err err = {{0}};
 	int rc;
+
+	/* (A delta found too large is gathered again as an anchor: then
+	 * this runs twice, the gather's end is the second's.) */
+	ex->gathered_ns = proto_now_ns();
+	if (ex->delta)
+		ex->encode_end_ns = ex->gathered_ns;
 
 	ex->hash_ns = proto_now_ns() - ex->phase_ns;
 	ex->su.hashed = proto_wall_ms();
@@ -535,6 +551,8 @@ static void ex_gathered(struct node_pub *p)
 			LOG_INFO("version %llu: an anchor after all: %s (no delta tried for the next %u "
 				 "versions)",
 				 (unsigned long long)ex->version, ex->why, p->delta_skip);
+			for (size_t i = 0; i < ex->njobs; i++)
+				ex->jobs[i].budget = NULL;
 			for (size_t i = 0; i < ex->pv->nparts; i++) {
 				struct pub_part *pt = &ex->pv->parts[i];
 				if (node__pub_part_raw(pt, ex->nlayouts, ex->chunk_size) != 0) {
@@ -598,10 +616,16 @@ static void on_ex_publish(const struct trk_answer *a, void *arg)
 	struct pub_export *ex = p->ex;
 
 	ex->su.answered = proto_wall_ms();
+	ex->answered_ns = proto_now_ns();
 	if (!ex_answered(p))
 		return;
 	if (a->status == 200 || a->status == 201) {
 		node__pub_fixed(p, true);
+		/* Its phases so far go to the tracker with the offer. */
+		if (ex->req != NULL) {
+			node__pub_report(ex, 0, false, &ex->pv->report);
+			ex->pv->has_report = true;
+		}
 		memcpy(p->prev_digest, ex->m.digest, PROTO_HASH_BYTES);
 		node__pub_parent_commit(p, ex);
 		node__pub_canary_post(p, ex);
@@ -692,8 +716,10 @@ static void ex_request(struct node_pub *p)
 	}
 	if (rc == 0) {
 		ex->req_busy = true;
-		if (ex->phase == EX_PUBLISH && ex->su.sent == 0)
+		if (ex->phase == EX_PUBLISH && ex->su.sent == 0) {
 			ex->su.sent = proto_wall_ms();
+			ex->sent_ns = proto_now_ns();
+		}
 	} else {
 		ex_retry(p, RETRY_MS);
 	}
@@ -751,7 +777,8 @@ void node__pub_on_wake(evutil_socket_t fd, short what, void *arg)
 	ex_join(p, ex);
 	if (ex->jobs_left == 0 && ex->phase == EX_PREP && !ex->snap_done) {
 		ex->snap_done = true;
-		ex->snapshot_ns = proto_now_ns() - ex->phase_ns;
+		ex->snap_end_ns = proto_now_ns();
+		ex->snapshot_ns = ex->snap_end_ns - ex->phase_ns;
 		ex->cpu_snap = proto_process_cpu_ns();
 		/* For the version's timeline: the leader's fresh exports only
 		 * (not a rebuild after a restart). */

@@ -20,6 +20,7 @@
  *   pub_restore.c  a rank's memory rebuilt from the parcels it served;
  *   pub_delta.c    delta versions: the parent export, when to send an
  *                  anchor, encoding each parcel, laying the deltas out;
+ *   pub_report.c   what a version's export cost, phase by phase;
  *   pub_canary.c   the expected canary scores of a version;
  *   pub_serve.c    served versions: their regions, offers list, freeing;
  *   pub_part.c     a rank's part of a version: its parcels, where each
@@ -49,6 +50,7 @@
 #include "node/publisher/publisher.h"
 #include "proto/proto.h"
 #include "proto/checkpoint.h"
+#include "proto/delta.h"
 #include "proto/pool.h"
 #include "proto/safetensors.h"
 #include "tracker/tracker.h"
@@ -91,6 +93,9 @@ struct pub_item {
 	uint64_t in_place;
 	int enc_rc;             /* the encoder's result */
 	bool dense;             /* changed too much to encode (encoding stopped) */
+	/* Its encode stopped (or was not begun) because the version's delta
+	 * passed its budget (pub_export.budget), here or in another parcel. */
+	bool stopped;
 	/* The parcel's part of its destination rank's canary score
 	 * (proto/canary.h), from its raw payload (worker; a delta's from its
 	 * encoder's changes). */
@@ -138,6 +143,10 @@ struct pub_version {
 	struct node_pub *p;
 	uint64_t version, created_ms;
 	uint64_t snapshot_ms; /* wall clock when the snapshot was complete */
+	/* What its export cost, phase by phase, up to its offer (a leader's
+	 * fresh export): sent with the offer, for the version's timeline. */
+	struct trk_publish_report report;
+	bool has_report;
 	struct pub_part *parts;
 	size_t nparts;
 	struct pub_vlayout *layouts; /* the export's layouts, in its order */
@@ -219,6 +228,9 @@ struct pub_job {
 	struct pub_rsrc *rs;
 	size_t nrs;
 	unsigned threads;  /* for the encoder */
+	/* The version's budget of delta bytes, shared by every parcel's
+	 * encode (the export's); NULL when no delta is tried. */
+	struct proto_delta_budget *budget;
 	uint64_t encode_ns; /* a delta's encode, with the gather it does */
 	uint64_t cpu_ns;    /* the CPU time of that (this thread's only) */
 	/* The encoder's scratch, kept from parcel to parcel while the job
@@ -276,9 +288,25 @@ struct pub_export {
 	/* Deltas (pub_delta.c). */
 	bool delta;            /* parcels encoded against the parent export */
 	bool copying;          /* a delta too large: the anchor is being hashed */
-	char why[128];         /* why this export is an anchor */
+	char why[200];         /* why this export is an anchor */
 	uint32_t since_anchor; /* versions since the last anchor (0: this one) */
 	uint64_t encode_ns, raw_bytes;
+	/* The delta tried (pub_delta.c): its budget, TESSERA_DELTA_MAX_PERCENT
+	 * of the version's raw bytes, which stops every parcel's encode once
+	 * their output together passes it; what became of it, for the
+	 * version's report: kept or not, stopped early, its size (or where it
+	 * stopped) as a percent of the anchor, and why, in words. */
+	struct proto_delta_budget budget;
+	bool delta_tried, delta_stopped;
+	double delta_percent;
+	char delta_why[200];
+	/* Monotonic ns at which each phase of a fresh export ended (0: not
+	 * passed): the snapshot, the wait for the tracker (layouts, the
+	 * retention check) that ends when the gather begins, the delta's
+	 * encode, the gather and hash, the publish request sent (sign, and
+	 * serving the buffers) and answered; the offer ends the export. The
+	 * version's report is made of them (pub_report.c). */
+	uint64_t snap_end_ns, gather0_ns, encode_end_ns, gathered_ns, sent_ns, answered_ns;
 	size_t recycled;       /* snapshot blocks there before it (not mapped afresh) */
 	struct pub_parent *next_parent; /* becomes p->parent once published */
 	/* The expected canary scores of the export's layouts (leader, built
@@ -568,15 +596,22 @@ unsigned node__pub_delta_threads(size_t nranks);
  * thread's room (in cache) right before the scan.
  * Takes its canary part from the encoder's changes and hashes the delta's
  * chunks. keep: the encoder's scratch kept from item to item
- * (proto_delta_opts.keep). Cannot fail: the item's enc_rc says how it went
- * (-ENOMEM, a failed encode, or dense: the version then goes as an
- * anchor). */
+ * (proto_delta_opts.keep). budget: the version's, which every parcel's
+ * encode shares (proto_delta_opts.budget): past it, or once another parcel
+ * passed it, the item stops (it->stopped) without reading more. Cannot
+ * fail: the item's enc_rc says how it went (-ENOMEM, a failed encode, or
+ * dense or stopped: the version then goes as an anchor). */
 void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32_t chunk_size,
 				 unsigned threads, const uint8_t *block,
-				 struct proto_delta_scratch **keep);
+				 struct proto_delta_scratch **keep, struct proto_delta_budget *budget);
+/* Loop: starts ex's delta: its budget (TESSERA_DELTA_MAX_PERCENT of the
+ * version's raw bytes) for the encodes to share. Cannot fail. */
+void node__pub_delta_begin(struct pub_export *ex);
 /* Loop: lays the encoded deltas out in each part's export buffer. 1 when
- * the deltas are too large (or one failed): ex is then an anchor (served
- * offsets reset to the raw layout); 0 when placed; -ENOMEM. */
+ * the deltas are too large (or one failed, or they stopped at the
+ * budget): ex is then an anchor (served offsets reset to the raw layout);
+ * 0 when placed; -ENOMEM. Either way ex->delta_why and delta_percent say
+ * what became of the delta. */
 int node__pub_delta_place(struct node_pub *p, struct pub_export *ex, struct proto_err *err);
 /* Takes the snapshot blocks of ex's parts as the next parent export (kept
  * in ex->next_parent until the version is published; the next snapshot is
@@ -589,6 +624,15 @@ void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex);
 /* The snapshot of trainer rank kept as the parent export, when that is
  * version v, else NULL; read only (it is the next delta's parent). */
 uint8_t *node__pub_parent_block(const struct node_pub *p, uint64_t v, uint32_t rank);
+
+/* ---- pub_report.c: what a version's export cost ------------------------------------ */
+
+/* Fills r with ex's phases from the request to end_ns, which add up to
+ * r->total_ms, and the delta it tried: with offer, the offer's phase ends
+ * at end_ns (the version's line); without, the report ends when the
+ * publish was answered (what the offer carries). Cannot fail. */
+void node__pub_report(const struct pub_export *ex, uint64_t end_ns, bool offer,
+		      struct trk_publish_report *r);
 
 /* ---- pub_canary.c: expected canary scores --------------------------------------- */
 

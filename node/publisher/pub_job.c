@@ -32,7 +32,7 @@ static void job_delta(struct pub_job *j)
 
 	for (size_t i = 0; i < pt->nitems && !atomic_load(&j->p->abort); i++)
 		node__pub_delta_encode_item(j->p, &pt->items[i], j->chunk_size, j->threads, j->block,
-					    &j->scratch);
+					    &j->scratch, j->budget);
 	j->encode_ns = proto_now_ns() - t0;
 	/* With more than one encoder thread the others' CPU is not in it. */
 	j->cpu_ns = proto_thread_cpu_ns() - c0;

@@ -153,14 +153,15 @@ void node__pub_sync_offers(struct node_pub *p)
 		if (p->dead || (pv->so.offered && !pv->releasing && !layouts_to_drop(pv)))
 			continue;
 		if (pv->releasing) {
-			rc = node_serve_offer_send(p->trk, p->id, &pv->so, p->reg_gen, 0, NULL, 0,
-						   NULL, on_offer, pv);
+			rc = node_serve_offer_send(p->trk, p->id, &pv->so, p->reg_gen, 0, NULL, NULL,
+						   0, NULL, on_offer, pv);
 		} else {
 			struct trk_offer *live;
 			if ((rc = offers_live(pv, &live, &pv->nsent)) == 0) {
 				rc = node_serve_offer_send(p->trk, p->id, &pv->so, p->reg_gen,
-							   pv->snapshot_ms, live, pv->nsent, NULL,
-							   on_offer, pv);
+							   pv->snapshot_ms,
+							   pv->has_report ? &pv->report : NULL,
+							   live, pv->nsent, NULL, on_offer, pv);
 				free(live);
 			}
 			if (rc != 0) /* not sent: try the drop again next time */

@@ -98,6 +98,8 @@ struct node_pub_opts {
 int node_pub_new(struct event_base *base, const struct node_pub_opts *o,
 		 struct node_pub **out, struct proto_err *err);
 
+struct trk_publish_report; /* tracker/tracker.h */
+
 /* What one export gave (valid during the callback). */
 struct node_pub_result {
 	int status;          /* 0 or a negative errno */
@@ -115,6 +117,11 @@ struct node_pub_result {
 	/* Page faults the publisher process took from the request to now: after
 	 * the first version, its buffers are reused and fault no more. */
 	uint64_t faults;
+	/* A published version's phases from the request to its offer, which
+	 * add up to its total_ms, and the delta tried (tracker/tracker.h); the
+	 * tracker got them with the offer, but for the offer's own. NULL for
+	 * a version only checked and offered, or one that failed. */
+	const struct trk_publish_report *report;
 };
 typedef void (*node_pub_cb)(void *arg, const struct node_pub_result *r);
 

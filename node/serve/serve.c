@@ -63,14 +63,16 @@ void node_serve_offer_fill(struct trk_offer *o, const uint8_t *layout, uint32_t 
 }
 
 int node_serve_offer_send(struct trk_client *trk, const char *id, struct node_serve_offer *so,
-			  uint64_t gen, uint64_t snapshot_ms, const struct trk_offer *list, size_t n,
-			  const struct trk_offer *slot, trk_client_cb cb, void *arg)
+			  uint64_t gen, uint64_t snapshot_ms, const struct trk_publish_report *report,
+			  const struct trk_offer *list, size_t n, const struct trk_offer *slot,
+			  trk_client_cb cb, void *arg)
 {
 	int rc;
 
 	if (so->busy)
 		return -EBUSY;
-	rc = trk_client_offer_slot(trk, id, so->version, snapshot_ms, list, n, slot, cb, arg);
+	rc = trk_client_offer_slot(trk, id, so->version, snapshot_ms, report, list, n, slot, cb,
+				   arg);
 	if (rc == 0) {
 		so->busy = true;
 		so->gen = gen;

@@ -64,13 +64,14 @@ struct node_serve_offer {
 
 /* Sends so's offer (n parcels; n == 0 and no slot withdraws it; slot: a
  * node's whole rank memory, NULL: none, see trk_client_offer_slot) with the
- * snapshot time (0: none) under registration gen; cb runs once with the
- * answer. -EBUSY
- * when one is in flight; other negative errno when it could not start (cb
+ * snapshot time (0: none) and a publisher's report (NULL: none) under
+ * registration gen; cb runs once with the answer. -EBUSY when one is in
+ * flight; other negative errno when it could not start (cb
  * is then not called). */
 int node_serve_offer_send(struct trk_client *trk, const char *id, struct node_serve_offer *so,
-			  uint64_t gen, uint64_t snapshot_ms, const struct trk_offer *list, size_t n,
-			  const struct trk_offer *slot, trk_client_cb cb, void *arg);
+			  uint64_t gen, uint64_t snapshot_ms, const struct trk_publish_report *report,
+			  const struct trk_offer *list, size_t n, const struct trk_offer *slot,
+			  trk_client_cb cb, void *arg);
 
 /* What an answer to so's request means, to be called first in its
  * callback: clears busy; returns 1 when accepted, 0 when the tracker no

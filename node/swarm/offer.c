@@ -240,7 +240,7 @@ void swarm__offer(struct swarm *sw, struct fetch *f)
 	}
 
 	*t = (struct swarm_ticket){sw, f->version, true};
-	if (node_serve_offer_send(sw->x->o.trk, sw->x->o.id, &f->so, sw->reg_gen, 0, list, k,
+	if (node_serve_offer_send(sw->x->o.trk, sw->x->o.id, &f->so, sw->reg_gen, 0, NULL, list, k,
 				  swarm_xl_offer_slot(sw, f), on_offer, t) != 0)
 		t->used = false;
 	free(list);

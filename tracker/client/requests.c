@@ -363,12 +363,13 @@ int trk_client_offer_timed(struct trk_client *c, const char *id, uint64_t versio
 			   uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
 			   trk_client_cb cb, void *arg)
 {
-	return trk_client_offer_slot(c, id, version, snapshot_ms, parcels, n, NULL, cb, arg);
+	return trk_client_offer_slot(c, id, version, snapshot_ms, NULL, parcels, n, NULL, cb, arg);
 }
 
 int trk_client_offer_slot(struct trk_client *c, const char *id, uint64_t version,
-			  uint64_t snapshot_ms, const struct trk_offer *parcels, size_t n,
-			  const struct trk_offer *so, trk_client_cb cb, void *arg)
+			  uint64_t snapshot_ms, const struct trk_publish_report *report,
+			  const struct trk_offer *parcels, size_t n, const struct trk_offer *so,
+			  trk_client_cb cb, void *arg)
 {
 	json_t *arr = json_array(), *slot = NULL;
 
@@ -410,6 +411,11 @@ int trk_client_offer_slot(struct trk_client *c, const char *id, uint64_t version
 	json_decref(slot);
 	if (o != NULL && snapshot_ms != 0 &&
 	    json_object_set_new(o, "snapshot_ms", json_integer((json_int_t)snapshot_ms)) != 0) {
+		json_decref(o);
+		o = NULL;
+	}
+	if (o != NULL && report != NULL &&
+	    json_object_set_new(o, "publish", trk_publish_report_json(report)) != 0) {
 		json_decref(o);
 		o = NULL;
 	}

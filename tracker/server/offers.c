@@ -96,13 +96,16 @@ void trk__handle_offers(struct trk_call *c)
 	struct proto_manifest *owned = NULL;
 	struct trk_offer *list = NULL, slot = {.len = 0};
 	json_t *js = json_object_get(c->json, "slot");
+	json_t *jr = json_object_get(c->json, "publish");
+	struct trk_publish_report report;
 	struct trk_publisher *p;
 	struct trk_node *n;
 	size_t cnt;
 
 	if (trk__get_str(c->json, "id", true, TRK_ID_MAX - 1, &id, &err) != 0 ||
 	    trk__get_u64(c->json, "version", true, UINT64_MAX, &version, &err) != 0 ||
-	    trk__get_u64(c->json, "snapshot_ms", false, TRK__WALL_MS_MAX, &snapshot_ms, &err) != 0) {
+	    trk__get_u64(c->json, "snapshot_ms", false, TRK__WALL_MS_MAX, &snapshot_ms, &err) != 0 ||
+	    (jr != NULL && trk_publish_report_parse(jr, &report, &err) != 0)) {
 		trk__fail(c, 400, "%s", err.msg);
 		return;
 	}
@@ -115,6 +118,10 @@ void trk__handle_offers(struct trk_call *c)
 	p = n == NULL ? trk__publisher_find(r, id) : NULL;
 	if ((n == NULL || !n->alive) && (p == NULL || !p->alive)) {
 		trk__fail(c, 404, "%s is unknown or its lease expired: register again", id);
+		return;
+	}
+	if (jr != NULL && p == NULL) {
+		trk__fail(c, 400, "publish: only a publisher reports an export");
 		return;
 	}
 	if (trk__versions_manifest(c->s->vs, version, &m, &owned, &err) != 0) {
@@ -164,6 +171,8 @@ void trk__handle_offers(struct trk_call *c)
 	trk__registry_swarm_changed(r);
 	if (p != NULL && snapshot_ms != 0)
 		trk__timeline_snapshot(r->tl, version, snapshot_ms);
+	if (p != NULL && jr != NULL)
+		trk__timeline_publish(r->tl, version, &report);
 	list = NULL;
 	trk__reply_json(c, 200, json_pack("{s:I,s:I}", "version", (json_int_t)version,
 					  "parcels", (json_int_t)cnt));

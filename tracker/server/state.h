@@ -626,8 +626,15 @@ void trk__timeline_rank(struct trk_timeline *tl, uint64_t v, const char *replica
 /* The replica became complete (prepared) or activated at v. */
 void trk__timeline_replica(struct trk_timeline *tl, uint64_t v, const char *replica,
 			   uint32_t nranks, bool activated, uint64_t now_ms);
+/* The publisher's report of v's export (checked by the caller): the last
+ * one sent replaces the one before. */
+void trk__timeline_publish(struct trk_timeline *tl, uint64_t v,
+			   const struct trk_publish_report *r);
 /* GET /versions/V/timeline's object for ver (new reference; NULL: no memory). */
 json_t *trk__timeline_json(struct trk_timeline *tl, const struct trk_version *ver);
+/* Sets "publish", the report of v's export, in o (nothing when there is
+ * none); nonzero on ENOMEM. */
+int trk__timeline_set_publish(struct trk_timeline *tl, uint64_t v, json_t *o);
 
 /* ---- canary.c: expected and live canary scores ---- */
 

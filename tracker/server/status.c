@@ -40,6 +40,7 @@ json_t *trk__status_json(struct trk_server *s, struct trk_status_page *pg)
 				trk__registry_version_replicas(s->reg, v->version, true,
 							       STATUS_NAMES, &na));
 		bad |= trk__set(e, "active_count", trk__jint(na));
+		bad |= trk__timeline_set_publish(s->reg->tl, v->version, e);
 		bad |= json_array_append_new(arr, e) != 0;
 	}
 	if (!bad) {

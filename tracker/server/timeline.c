@@ -23,6 +23,8 @@ struct trk_tl_replica {
 struct trk_tl_version {
 	uint64_t version; /* 0: an unused slot */
 	uint64_t snapshot_ms;
+	bool has_publish;
+	struct trk_publish_report publish; /* the publisher's report of its export */
 	struct trk_tl_replica *reps;
 	size_t nreps;
 	struct trk_tl_rank *ranks;
@@ -117,6 +119,26 @@ void trk__timeline_snapshot(struct trk_timeline *tl, uint64_t v, uint64_t snapsh
 		s->snapshot_ms = snapshot_ms;
 }
 
+void trk__timeline_publish(struct trk_timeline *tl, uint64_t v,
+			   const struct trk_publish_report *r)
+{
+	struct trk_tl_version *s = slot(tl, v, true);
+
+	if (s == NULL)
+		return;
+	s->publish = *r;
+	s->has_publish = true;
+}
+
+int trk__timeline_set_publish(struct trk_timeline *tl, uint64_t v, json_t *o)
+{
+	struct trk_tl_version *s = slot(tl, v, false);
+
+	if (s == NULL || !s->has_publish)
+		return 0;
+	return trk__set(o, "publish", trk_publish_report_json(&s->publish));
+}
+
 void trk__timeline_rank(struct trk_timeline *tl, uint64_t v, const char *replica,
 			uint32_t nranks, uint32_t rank, enum trk_rank_state st,
 			uint64_t first_byte_ms, uint64_t last_byte_ms, uint64_t from_trainer,
@@ -209,7 +231,7 @@ json_t *trk__timeline_json(struct trk_timeline *tl, const struct trk_version *ve
 		qsort(by, nby, sizeof(*by), cmp_rank_entry);
 	}
 	if (o == NULL || reps == NULL || json_object_set_new(o, "replicas", reps) != 0 ||
-	    (nby > 0 && by == NULL)) {
+	    (nby > 0 && by == NULL) || trk__timeline_set_publish(tl, ver->version, o) != 0) {
 		free(by);
 		json_decref(o);
 		return NULL;
