@@ -86,10 +86,10 @@ static void test_phases(void **state)
 	has(h, "<a href=\"/versions/3\">");
 	has(h, "v2: delta kept at 4.5 % of the anchor");
 	has(h, "v3: delta <b>discarded</b> at 68.2 %");
-	/* One scale, 610 px for the longest (22 s): v3's snapshot (700 ms)
-	 * 19.4 px, v2's (500 ms) 13.9 px. */
-	has(h, "x=\"60.0\" y=\"8\" width=\"19.4\"");
-	has(h, "x=\"60.0\" y=\"28\" width=\"13.9\"");
+	/* One scale, 550 px for the longest (22 s): v3's snapshot (700 ms)
+	 * 17.5 px, v2's (500 ms) 12.5 px. */
+	has(h, "x=\"60.0\" y=\"8\" width=\"17.5\"");
+	has(h, "x=\"60.0\" y=\"28\" width=\"12.5\"");
 	free(h);
 	json_decref(vs);
 

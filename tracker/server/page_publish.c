@@ -75,7 +75,7 @@ void trk__page_publishers(struct evbuffer *b, json_t *st)
 
 #define PH_W 760
 #define PH_LABEL 60
-#define PH_RIGHT 90
+#define PH_RIGHT 150
 #define PH_ROW 20
 #define PH_BAR 12
 #define PH_ROWS 8 /* versions drawn at most */
