@@ -71,15 +71,73 @@ static void test_updating_or_behind(void **state)
 	/* Its own usual update time is the measure when longer. */
 	in.usual_ms = 10000;
 	judge(&in, &o, TRK_RSTATE_UPDATING, "fetching v8");
-	/* The slowest rank sets the finish; an unknown rate, no finish. */
+	/* The finish is the bytes left at the replica's rate: 8 MB at 3 MB/s. */
 	in.usual_ms = 0;
 	in.lag_ms = 100;
 	r[1].rate_bps = 1 * MB;
-	judge(&in, &o, TRK_RSTATE_UPDATING, "expected in 4.0 s");
+	judge(&in, &o, TRK_RSTATE_UPDATING, "expected in 2.7 s");
+	/* One rank's rate unknown: the other's is the replica's. */
 	r[1].rate_bps = 0;
 	judge(&in, &o, TRK_RSTATE_UPDATING, "fetching v8 at 2.0 MB/s");
+	assert_int_equal(o.eta_ms, 4000);
+	/* No rate at all: no finish, and none is made up. */
+	r[0].rate_bps = 0;
+	judge(&in, &o, TRK_RSTATE_UPDATING, "50 % done, no rate yet");
 	assert_int_equal(o.eta_ms, UINT64_MAX);
 	assert_null(strstr(o.why, "expected"));
+}
+
+/* The total is the whole replica's from the start: a rank not reporting
+ * yet counts its parcels' size, one that holds the version counts done,
+ * so "% done" never goes back as ranks report or finish. */
+static void test_progress_whole_replica(void **state)
+{
+	struct trk_rs_in in;
+	struct trk_rs_rank r[2];
+	struct trk_rs_out o;
+
+	base(&in, r);
+	in.want_version = 8;
+	in.sized = true;
+	r[0].want_bytes = r[1].want_bytes = 8 * MB;
+	r[1].reported = false; /* not reported yet */
+	judge(&in, &o, TRK_RSTATE_UPDATING, "fetching v8 at 2.0 MB/s");
+	assert_int_equal(o.total, 16 * MB);
+	assert_int_equal(o.done, 4 * MB);
+	assert_int_equal(o.eta_ms, 6000); /* 12 MB left at 2 MB/s */
+	assert_non_null(strstr(o.why, "25 % done, expected in 6.0 s"));
+	/* Rank 1 reports: the total stays; rank 0 holds it whole: done. */
+	r[1].reported = true;
+	r[1].done = 1 * MB;
+	judge(&in, &o, TRK_RSTATE_UPDATING, "31 % done");
+	assert_int_equal(o.total, 16 * MB);
+	r[0].state = TRK_STATE_VERIFIED;
+	r[0].done = 8 * MB;
+	judge(&in, &o, TRK_RSTATE_UPDATING, "56 % done, expected in 3.5 s");
+	assert_int_equal(o.total, 16 * MB);
+
+	/* Not sized, a rank not reporting: no total, no share, no finish. */
+	base(&in, r);
+	r[1].reported = false;
+	judge(&in, &o, TRK_RSTATE_UPDATING, "fetching v8 at 2.0 MB/s (25 % from the trainer, "
+					    "75 % from peers), 1 of 2 ranks reporting");
+	assert_int_equal(o.total, 0);
+	assert_int_equal(o.eta_ms, UINT64_MAX);
+	assert_int_equal(o.reporting, 1);
+	assert_null(strstr(o.why, "% done"));
+
+	/* The first report, nothing measured yet: no "expected in 0.0 s". */
+	base(&in, r);
+	for (int i = 0; i < 2; i++) {
+		r[i].done = r[i].from_trainer = r[i].from_peers = r[i].rate_bps = 0;
+		r[i].total = 0;
+	}
+	judge(&in, &o, TRK_RSTATE_UPDATING, "fetching v8, 2 of 2 ranks reporting, no rate yet");
+	in.want_version = 8;
+	in.sized = true;
+	r[0].want_bytes = r[1].want_bytes = 8 * MB;
+	judge(&in, &o, TRK_RSTATE_UPDATING, "fetching v8, 0 % done, no rate yet");
+	assert_int_equal(o.eta_ms, UINT64_MAX);
 }
 
 static void test_current_failed_gone(void **state)
@@ -103,14 +161,25 @@ static void test_current_failed_gone(void **state)
 	judge(&in, &o, TRK_RSTATE_BEHIND,
 	      "rank 1 (B/1) failed: v8: in-place install of v8 failed; trying again: fetching v8");
 
-	/* A dead node: behind, naming it; every node dead: gone. */
+	/* A rank gone: behind, naming it and why it went (its own words: it
+	 * left; its lease expired, counted from its last heartbeat); every
+	 * rank gone: gone. */
 	base(&in, r);
 	r[1].alive = false;
-	r[1].gone_ms = 12300;
-	judge(&in, &o, TRK_RSTATE_BEHIND, "rank 1 (B/1) is dead: no heartbeat for 12.3 s; "
-					  "fetching v8");
+	r[1].gone_ms = 14300;
+	r[1].beat_ms = 14800;
+	r[1].gone_why = "left";
+	judge(&in, &o, TRK_RSTATE_BEHIND, "rank 1 (B/1) left 14 s ago; fetching v8");
+	r[1].gone_why = "lease expired";
+	r[1].gone_ms = 4000;
+	r[1].beat_ms = 9200;
+	judge(&in, &o, TRK_RSTATE_BEHIND,
+	      "rank 1 (B/1): lease expired, last heartbeat 9.2 s ago; fetching v8");
 	r[0].alive = false;
-	judge(&in, &o, TRK_RSTATE_GONE, "no rank alive: rank 0 (B/0) is dead");
+	r[0].gone_why = "left";
+	r[0].gone_ms = 3000;
+	judge(&in, &o, TRK_RSTATE_GONE, "no rank alive: rank 0 (B/0) left 3.0 s ago");
+	assert_null(strstr(o.why, "heartbeat"));
 	base(&in, r);
 	r[0].present = r[0].alive = false;
 	r[0].id = NULL;
@@ -119,7 +188,19 @@ static void test_current_failed_gone(void **state)
 	base(&in, r);
 	in.active = 8;
 	r[0].alive = false;
-	judge(&in, &o, TRK_RSTATE_BEHIND, "is dead");
+	judge(&in, &o, TRK_RSTATE_BEHIND, "rank 0 (B/0): gone");
+
+	/* No version published yet: nothing to be behind, never "v0". */
+	base(&in, r);
+	in.latest = in.active = in.target = 0;
+	r[0].reported = r[1].reported = false;
+	judge(&in, &o, TRK_RSTATE_CURRENT, "no version published yet");
+	assert_null(strstr(o.why, "v0"));
+	/* Joined late, holding none: it says so, and what it waits for. */
+	in.latest = in.target = 24;
+	judge(&in, &o, TRK_RSTATE_BEHIND,
+	      "none active yet; waiting for sources: no rank has started v24 yet");
+	assert_null(strstr(o.why, "v0"));
 }
 
 static void test_behind_reasons(void **state)
@@ -195,6 +276,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_updating_or_behind),
+		cmocka_unit_test(test_progress_whole_replica),
 		cmocka_unit_test(test_current_failed_gone),
 		cmocka_unit_test(test_behind_reasons),
 		cmocka_unit_test(test_rate_window),

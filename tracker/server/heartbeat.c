@@ -78,6 +78,7 @@ static bool node_renew(struct trk_registry *r, struct trk_node *n, uint64_t now,
 		n->pins_ms = proto_wall_ms();
 	}
 	n->expires_ns = now + trk__registry_lease_ns(r);
+	n->beat_ms = proto_wall_ms();
 	return true;
 }
 

@@ -155,12 +155,14 @@ void trk__handle_nodes(struct trk_call *c)
 	n->rank = (uint32_t)rank;
 	n->layout = sl;
 	n->alive = true;
+	n->gone_why = NULL;
 	n->last = -1;
 	n->registered_ms = proto_wall_ms();
 	trk__session_new(n->session);
 	n->has_stmt_key = have_sk;
 	memcpy(n->stmt_key, sk, have_sk ? sizeof(sk) : 0);
 	n->expires_ns = proto_now_ns() + trk__registry_lease_ns(r);
+	n->beat_ms = proto_wall_ms();
 	trk__registry_lease_granted(r, n->expires_ns);
 	if (rep == NULL) {
 		rep = new_rep;

@@ -171,6 +171,7 @@ void trk__node_gone(struct trk_registry *r, struct trk_node *n, uint64_t now_ms,
 	trk__registry_members_changed(r);
 	n->alive = false;
 	n->gone_ms = now_ms;
+	n->gone_why = why;
 	LOG_INFO("node %s gone (%s)", n->id, why);
 }
 

@@ -175,6 +175,30 @@ static bool latest_covers(struct trk_server *s, const struct trk_replica *rep)
 	return yes;
 }
 
+/* Each rank's wire bytes of v in rep's layout (its parcels, the manifest's
+ * or an addendum's) into ranks[].want_bytes; false when v or its parcels
+ * for the layout are not known here. */
+static bool size_ranks(struct trk_server *s, const struct trk_replica *rep, uint64_t v,
+		       struct trk_rs_rank *ranks, uint32_t nranks)
+{
+	const struct proto_manifest *m;
+	const struct proto_mlayout *ml;
+	struct proto_manifest *owned = NULL;
+	struct proto_err err = {{0}};
+
+	if (v == 0 || rep->layout == NULL || trk__versions_manifest(s->vs, v, &m, &owned, &err) != 0)
+		return false;
+	ml = trk__version_layout(s, v, m, rep->layout->digest);
+	for (uint32_t i = 0; ml != NULL && i < ml->nparcels; i++)
+		if (ml->parcels[i].dst_rank < nranks)
+			ranks[ml->parcels[i].dst_rank].want_bytes += ml->parcels[i].wire_bytes;
+	if (owned != NULL) {
+		proto_manifest_fini(owned);
+		free(owned);
+	}
+	return ml != NULL;
+}
+
 void trk__replica_state(struct trk_server *s, const struct trk_replica *rep, uint64_t now_ms,
 			struct trk_rs_out *out)
 {
@@ -212,6 +236,8 @@ void trk__replica_state(struct trk_server *s, const struct trk_replica *rep, uin
 		k->alive = n->alive;
 		k->id = n->id;
 		k->gone_ms = !n->alive && now_ms > n->gone_ms ? now_ms - n->gone_ms : 0;
+		k->gone_why = n->alive ? NULL : n->gone_why;
+		k->beat_ms = n->beat_ms != 0 && now_ms > n->beat_ms ? now_ms - n->beat_ms : 0;
 		k->error = n->error;
 		if (e == NULL)
 			continue;
@@ -224,7 +250,14 @@ void trk__replica_state(struct trk_server *s, const struct trk_replica *rep, uin
 		k->from_peers = e->from_peers;
 		k->rate_bps = trk__rate_bps(&e->rate, now_ms);
 		k->still_ms = trk__rate_still_ms(&e->rate, now_ms);
+		if (n->alive && e->state == TRK_STATE_FETCHING && e->version > in.active)
+			in.want_version = PROTO_MAX(in.want_version, e->version);
 	}
+	/* The version fetched (as rstate.c finds it), sized from its parcels. */
+	if (in.want_version == 0)
+		in.want_version = in.target != 0 ? in.target : in.latest;
+	in.sized = in.want_version > in.active &&
+		   size_ranks(s, rep, in.want_version, ranks, in.nranks) && in.nranks == rep->nranks;
 	/* Only a replica that lacks the latest asks whether it can have it. */
 	in.uncovered = rep->active < in.latest && !latest_covers(s, rep);
 	trk__rstate_judge(&in, out);
@@ -241,15 +274,21 @@ int trk__replica_state_json(struct trk_server *s, const struct trk_replica *rep,
 	trk__replica_state(s, rep, now_ms, &st);
 	bad |= trk__set(o, "state", json_string(trk__rstate_name(st.state)));
 	bad |= trk__set(o, "why", json_string(st.why));
+	/* Unknown is null: a total no rank's report or the version gives, a
+	 * rate not measured yet, a finish without both. */
 	if (st.fetching != 0)
 		bad |= trk__set(o, "fetch",
-				json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "version",
+				json_pack("{s:I,s:I,s:o,s:I,s:I,s:o,s:o,s:I,s:I}", "version",
 					  (json_int_t)st.fetching, "bytes_done", (json_int_t)st.done,
-					  "bytes_total", (json_int_t)st.total, "bytes_from_trainer",
-					  (json_int_t)st.from_trainer, "bytes_from_peers",
-					  (json_int_t)st.from_peers, "rate_bps",
-					  (json_int_t)st.rate_bps, "eta_ms",
+					  "bytes_total",
+					  st.total != 0 ? trk__jint(st.total) : json_null(),
+					  "bytes_from_trainer", (json_int_t)st.from_trainer,
+					  "bytes_from_peers", (json_int_t)st.from_peers, "rate_bps",
+					  st.rate_bps != 0 ? trk__jint(st.rate_bps) : json_null(),
+					  "eta_ms",
 					  st.eta_ms == UINT64_MAX ? json_null() :
-								    trk__jint(st.eta_ms)));
+								    trk__jint(st.eta_ms),
+					  "ranks_reporting", (json_int_t)st.reporting, "nranks",
+					  (json_int_t)rep->nranks));
 	return bad;
 }

@@ -242,6 +242,8 @@ struct trk_node {
 	struct trk_slayout *layout;
 	bool alive;
 	uint64_t expires_ns, registered_ms, gone_ms, report_ms;
+	uint64_t beat_ms;    /* wall clock of its last lease renewal (registration, heartbeat) */
+	const char *gone_why; /* why it went ("left", "lease expired"): a static string */
 	uint64_t active; /* last version this rank reported active */
 	struct trk_nver vers[TRK__NODE_VERSIONS];
 	size_t nvers;
@@ -368,7 +370,8 @@ uint64_t trk__registry_lease_ns(const struct trk_registry *r);
 /* A lease was granted that ends at exp_ns (registrations; heartbeats only
  * extend leases and need not call this). */
 void trk__registry_lease_granted(struct trk_registry *r, uint64_t exp_ns);
-/* n is gone (its lease ran out, or it left) at now_ms; why is logged. */
+/* n is gone (its lease ran out, or it left) at now_ms; why (a string that
+ * outlives n) is logged and kept for the status page. */
 void trk__node_gone(struct trk_registry *r, struct trk_node *n, uint64_t now_ms, const char *why);
 /* Expires leases that ran out by now, prunes long-gone entries and re-derives
  * every replica's target. Called before every request and by a timer, it
@@ -490,12 +493,16 @@ struct trk_rs_rank {
 	bool present, alive;  /* registered; its lease holds */
 	const char *id;       /* NULL: none */
 	uint64_t gone_ms;     /* not alive: for how long */
+	const char *gone_why; /* not alive: why ("left", "lease expired"; NULL: not known) */
+	uint64_t beat_ms;     /* since its last heartbeat (0: not known) */
 	bool reported;        /* the fields below come from its last report */
 	enum trk_rank_state state;
 	uint64_t version, done, total, from_trainer, from_peers;
 	uint64_t rate_bps;    /* over a recent window; 0: not known */
 	uint64_t still_ms;    /* since its bytes last grew */
 	const char *error;    /* its last failure ("" or NULL: none) */
+	uint64_t want_bytes;  /* its parcels' wire bytes at the version the replica
+			       * fetches (trk_rs_in.want_version), when sized */
 };
 
 struct trk_rs_in {
@@ -506,6 +513,11 @@ struct trk_rs_in {
 			       * this or usual_ms */
 	uint64_t stall_ms;    /* TESSERA_NO_PROGRESS_MS */
 	bool uncovered;       /* the latest version has no parcels for its layout */
+	/* The version the ranks fetch (the highest one fetching above active,
+	 * else the target) and whether every rank's want_bytes is its size
+	 * there (from the version's manifest or an addendum). */
+	uint64_t want_version;
+	bool sized;
 	uint32_t nranks;
 	const struct trk_rs_rank *ranks;
 };
@@ -513,10 +525,14 @@ struct trk_rs_in {
 struct trk_rs_out {
 	enum trk_rstate state;
 	char why[512];        /* one line, without the state's name */
-	/* The current fetch, summed over the ranks fetching above the active
-	 * version (fetching 0: none). */
+	/* The current fetch of the version fetching (0: none), over the whole
+	 * replica: done counts a rank that holds it whole; total is every
+	 * rank's parcels (0 when not known: a rank not reporting and the
+	 * version not sized); rate_bps is the fetching ranks' summed (0: not
+	 * known). */
 	uint64_t fetching, done, total, from_trainer, from_peers, rate_bps;
-	uint64_t eta_ms;      /* the slowest rank's; UINT64_MAX: not known */
+	uint32_t reporting;   /* ranks that reported the version fetching or held */
+	uint64_t eta_ms;      /* (total - done) / rate_bps; UINT64_MAX: not known */
 	uint64_t still_ms;    /* the longest a fetching rank made no progress */
 	uint32_t still_rank;
 };
