@@ -109,13 +109,20 @@ static void test_publisher_clock(void **state)
 		"\"interval_median_ms\":1600,\"interval_last_ms\":1400,\"since_last_ms\":10500,"
 		"\"late\":true}},{\"id\":\"pub-2\",\"alive\":true,\"ranks\":[],\"offered_versions\":[],"
 		"\"clock\":{\"every_ms\":1500,\"interval_median_ms\":1500,\"interval_last_ms\":1500,"
-		"\"since_last_ms\":700,\"late\":false}}],\"versions\":[]}");
+		"\"since_last_ms\":700,\"late\":false}},{\"id\":\"pub-3\",\"alive\":true,"
+		"\"ranks\":[],\"offered_versions\":[],\"clock\":{\"every_ms\":8000,"
+		"\"interval_median_ms\":24300,\"interval_last_ms\":24000,\"since_last_ms\":3000,"
+		"\"late\":false,\"slow\":true}}],\"versions\":[]}");
 	char *h = render((void (*)(struct evbuffer *, json_t *))trk__page_publishers, st);
 
 	has(h, "<td class=\"late\">every 1.5 s; versions every 1.6 s (median), the last after 1.4 s; "
 	       "the last 10.5 s ago &mdash; <b>late: 7.0&times; its clock</b></td>");
 	has(h, "<td class=\"\">every 1.5 s; versions every 1.5 s (median), the last after 1.5 s; "
 	       "the last 0.7 s ago</td>");
+	/* Versions that come, but three clocks apart: slow, with the figure. */
+	has(h, "<td class=\"late\">every 8.0 s; versions every 24.3 s (median), the last after "
+	       "24.0 s; the last 3.0 s ago &mdash; <b>slow: versions every 3.0&times; its "
+	       "clock</b></td>");
 	free(h);
 	json_decref(st);
 }
@@ -149,7 +156,17 @@ static void test_replica_state(void **state)
 	has(h, "<td class=\"active\">v2 ok</td>");
 	has(h, "<td class=\"old\">v1 probed, not the live version</td>");
 	lacks(h, "v1 ok");
-	has(h, "1 current, 0 updating, 1 behind");
+	has(h, "2 replicas: 1 current, 0 updating, 1 behind");
+	/* The replica's state and its ranks' are two columns, named apart. */
+	has(h, "<th>replica state</th>");
+	has(h, "<th>rank state</th>");
+	lacks(h, "<th>state</th>");
+	free(h);
+	json_decref(st);
+	/* One replica is one, not "1 replicas". */
+	st = parse("{\"replicas_total\":1,\"replicas_by_state\":{\"current\":1},\"replicas\":[]}");
+	h = render(render_replicas, st);
+	has(h, "1 replica: 1 current");
 	free(h);
 	json_decref(st);
 }
@@ -233,6 +250,22 @@ static void test_shared_scale(void **state)
 	p = render(trk__page_version, t1);
 	has(p, "The publisher sent no phases for this version.");
 	lacks(p, "<svg class=\"phases\"");
+	/* Its parent (an anchor has none: "-", never 0), digest, whether dropped;
+	 * each clock said. */
+	has(p, "parent - (none)");
+	lacks(p, "parent 0");
+	has(p, "&middot; served");
+	has(p, "on the publisher's clock, to the tracker's acceptance");
+	free(p);
+	json_object_set_new(t1, "parent", json_integer(3));
+	json_object_set_new(t1, "digest", json_string("ab12"));
+	json_object_set_new(t1, "dropped", json_true());
+	json_object_set_new(t1, "publish", parse(PUBLISH_KEPT));
+	p = render(trk__page_version, t1);
+	has(p, "parent <a href=\"/versions/3\">v3</a>");
+	has(p, "digest <code>ab12</code>");
+	has(p, "<b>dropped</b>");
+	has(p, "<th>in all, from the export request to the offer (the publisher's clock)</th>");
 	free(p);
 	json_decref(t1);
 	json_decref(t2);

@@ -166,6 +166,13 @@ void trk__reply_raw(struct trk_call *c, int code, const char *ctype,
 	send_buf(c->s, c->req, c->out, code, ctype, buf, len);
 }
 
+/* The pages a browser asks for (the status page, a version's page): their
+ * errors are one line of text, not JSON. */
+static bool html_route(const char *path)
+{
+	return path != NULL && (strcmp(path, "/") == 0 || strncmp(path, "/versions/", 10) == 0);
+}
+
 static void vfail(struct trk_call *c, int level, int code, const char *fmt, va_list ap)
 {
 	char msg[600];
@@ -176,6 +183,13 @@ static void vfail(struct trk_call *c, int level, int code, const char *fmt, va_l
 			*p = ' ';
 	proto_log(level, __FILE__, __LINE__, "%s %s -> %d %s", c->post ? "POST" : "GET", c->path,
 		  code, msg);
+	if (html_route(c->path)) {
+		size_t n = strlen(msg);
+		if (n + 1 < sizeof(msg))
+			msg[n++] = '\n';
+		trk__reply_raw(c, code, "text/plain; charset=utf-8", (const uint8_t *)msg, n);
+		return;
+	}
 	trk__reply_json(c, code, json_pack("{s:s}", "error", msg));
 }
 

@@ -96,13 +96,18 @@ static void version_row(struct evbuffer *b, json_t *v, json_t *now, json_t *mode
 			    (long long)json_integer_value(json_object_get(v, "version")),
 			    (long long)json_integer_value(json_object_get(v, "version")));
 	trk__html_cell(b, v, "kind");
-	trk__html_cell(b, v, "parent");
+	/* An anchor's parent is none: "-", not 0. */
+	if (json_integer_value(json_object_get(v, "parent")) > 0)
+		trk__html_cell(b, v, "parent");
+	else
+		evbuffer_add_printf(b, "<td>-</td>");
 	human_bytes(b, model_bytes);
 	evbuffer_add_printf(b, "<td>");
 	trk__html_bytes(b, json_object_get(v, "wire_bytes"));
 	evbuffer_add_printf(b, " (");
 	trk__html_json(b, json_object_get(v, "layouts"));
-	evbuffer_add_printf(b, " layouts");
+	evbuffer_add_printf(b, " layout%s",
+			    json_integer_value(json_object_get(v, "layouts")) == 1 ? "" : "s");
 	if (json_array_size(json_object_get(v, "addenda")) > 0)
 		evbuffer_add_printf(b, ", %zu added by addenda",
 				    json_array_size(json_object_get(v, "addenda")));
@@ -129,7 +134,7 @@ static void page_versions(struct evbuffer *b, json_t *st)
 {
 	static const char head[] =
 		"<table><tr><th>version</th><th>kind</th><th>parent</th><th>model</th>"
-		"<th>on the wire</th><th>published</th><th>complete on</th><th>active on</th>"
+		"<th>on the wire</th><th>published</th><th>complete now on</th><th>active now on</th>"
 		"<th>from trainer</th><th>from peers</th><th>retain</th><th>digest</th></tr>";
 	json_t *vs = json_object_get(st, "versions"), *now = json_object_get(st, "now_ms");
 	json_t *mb = json_object_get(st, "model_bytes"), *v;

@@ -13,13 +13,15 @@ static double s_of(json_t *o, const char *key)
 }
 
 /* "every 1.5 s; got out every 1.6 s (median), last 1.4 s, 0.3 s ago", a
- * late one in colour with how many clocks it missed. */
+ * late one in colour with how many clocks it missed, a slow one with how
+ * many clocks its versions take. */
 static void clock_cell(struct evbuffer *b, json_t *ck)
 {
 	bool late = json_is_true(json_object_get(ck, "late"));
+	bool slow = json_is_true(json_object_get(ck, "slow"));
 	json_t *every = json_object_get(ck, "every_ms");
 
-	evbuffer_add_printf(b, "<td class=\"%s\">", late ? "late" : "");
+	evbuffer_add_printf(b, "<td class=\"%s\">", late || slow ? "late" : "");
 	if (!json_is_object(ck)) {
 		evbuffer_add_printf(b, "-</td>");
 		return;
@@ -39,6 +41,10 @@ static void clock_cell(struct evbuffer *b, json_t *ck)
 					    (double)json_integer_value(every));
 	else if (late)
 		evbuffer_add_printf(b, " &mdash; <b>late: no version yet</b>");
+	if (slow && json_integer_value(every) > 0)
+		evbuffer_add_printf(b, " &mdash; <b>slow: versions every %.1f&times; its clock</b>",
+				    (double)json_integer_value(json_object_get(ck, "interval_median_ms")) /
+					    (double)json_integer_value(every));
 	evbuffer_add_printf(b, "</td>");
 }
 

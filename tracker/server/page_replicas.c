@@ -17,7 +17,8 @@ static void heading(struct evbuffer *b, json_t *st, const struct trk_status_page
 	uint64_t total = (uint64_t)json_integer_value(json_object_get(st, "replicas_total"));
 	uint64_t shown = json_array_size(json_object_get(st, "replicas"));
 
-	evbuffer_add_printf(b, "<h2>Replicas</h2><p>%" PRIu64 " replicas:", total);
+	evbuffer_add_printf(b, "<h2>Replicas</h2><p>%" PRIu64 " replica%s:", total,
+			    total == 1 ? "" : "s");
 	for (size_t i = 0; i < PROTO_ARRAY_LEN(states); i++)
 		evbuffer_add_printf(b, "%s %lld %s", i ? "," : "",
 				    (long long)json_integer_value(json_object_get(by, states[i])),
@@ -185,10 +186,10 @@ void trk__page_replicas(struct evbuffer *b, json_t *st, const struct trk_status_
 	size_t i, j;
 
 	heading(b, st, pg);
-	evbuffer_add_printf(b, "<table><tr><th>replica</th><th>layout</th><th>state</th>"
+	evbuffer_add_printf(b, "<table><tr><th>replica</th><th>layout</th><th>replica state</th>"
 			       "<th>active</th><th>target</th><th>lag</th><th>complete at</th>"
 			       "<th>rank</th><th>node</th>"
-			       "<th>host</th><th>state</th><th>version</th><th>progress</th>"
+			       "<th>host</th><th>rank state</th><th>version</th><th>progress</th>"
 			       "<th>canary</th><th>error</th></tr>");
 	json_array_foreach(json_object_get(st, "replicas"), i, v) {
 		json_t *ranks = json_object_get(v, "ranks");

@@ -73,7 +73,8 @@ static void phases_table(struct evbuffer *b, json_t *pub)
 		evbuffer_add_printf(b, "</td><td>%.3f s</td></tr>",
 				    (double)json_integer_value(json_array_get(ph, 1)) / 1000.0);
 	}
-	evbuffer_add_printf(b, "<tr><th>in all</th><th>%.3f s</th></tr></table>",
+	evbuffer_add_printf(b, "<tr><th>in all, from the export request to the offer (the "
+			       "publisher's clock)</th><th>%.3f s</th></tr></table>",
 			    (double)json_integer_value(json_object_get(pub, "total_ms")) / 1000.0);
 }
 
@@ -93,8 +94,24 @@ void trk__page_version(struct evbuffer *b, json_t *tl)
 	evbuffer_add_printf(b, ", from peers ");
 	trk__html_bytes(b, json_object_get(tl, "bytes_from_peers"));
 	if (asked != 0 && pub >= asked)
-		evbuffer_add_printf(b, " &middot; published %.3f s after its export was asked",
+		evbuffer_add_printf(b, " &middot; published %.3f s after its export was asked "
+				       "(from the manifest's time, on the publisher's clock, to the "
+				       "tracker's acceptance, on its own)",
 				    (double)(pub - asked) / 1000.0);
+	/* Its place in the chain, its identity, and whether it is still served. */
+	evbuffer_add_printf(b, "</p><p>parent ");
+	if (json_integer_value(json_object_get(tl, "parent")) > 0)
+		evbuffer_add_printf(b, "<a href=\"/versions/%lld\">v%lld</a>",
+				    (long long)json_integer_value(json_object_get(tl, "parent")),
+				    (long long)json_integer_value(json_object_get(tl, "parent")));
+	else
+		evbuffer_add_printf(b, "- (none)");
+	evbuffer_add_printf(b, " &middot; digest <code>");
+	trk__html_json(b, json_object_get(tl, "digest"));
+	evbuffer_add_printf(b, "</code> &middot; %s",
+			    json_is_true(json_object_get(tl, "dropped")) ?
+				    "<b>dropped</b>: no live publisher serves its parcels" :
+				    "served");
 	evbuffer_add_printf(b, " &middot; <a href=\"/\">status page</a> &middot; "
 			       "<a href=\"" TRK_API "/versions/%lld/timeline\">JSON</a></p>", v);
 	evbuffer_add_printf(b, "<h2>Timeline</h2>");
@@ -115,8 +132,9 @@ void trk__handle_version_page(struct trk_call *c, const char *num)
 	json_t *tl;
 	char title[64];
 
-	if (proto_parse_u64(num, 1, UINT64_MAX, &v) != 0) {
-		trk__fail(c, 400, "version '%.40s' is not a positive integer", num);
+	if (num[0] == '0' || proto_parse_u64(num, 1, UINT64_MAX, &v) != 0) {
+		trk__fail(c, 400, "version '%.40s' is not a positive integer without leading zeros",
+			  num);
 		return;
 	}
 	ver = trk__versions_find(c->s->vs, v);
@@ -128,7 +146,10 @@ void trk__handle_version_page(struct trk_call *c, const char *num)
 	b = evbuffer_new();
 	if (tl == NULL || b == NULL ||
 	    trk__set(tl, "bytes_from_trainer", trk__jint(ver->bytes_from_trainer)) ||
-	    trk__set(tl, "bytes_from_peers", trk__jint(ver->bytes_from_peers))) {
+	    trk__set(tl, "bytes_from_peers", trk__jint(ver->bytes_from_peers)) ||
+	    trk__set(tl, "parent", trk__jint(ver->parent)) ||
+	    trk__set(tl, "digest", trk__json_hex(ver->digest, PROTO_HASH_BYTES)) ||
+	    trk__set(tl, "dropped", json_boolean(trk__version_dropped(c->s, v)))) {
 		json_decref(tl);
 		if (b != NULL)
 			evbuffer_free(b);

@@ -222,7 +222,8 @@ static int cmp_u64(const void *a, const void *b)
 
 /* The versions the trainer got out, against a publisher's clock: the
  * intervals between the newest publications (median and last), the time
- * since the last, and whether that is past twice the clock (late). */
+ * since the last, whether that is past twice the clock (late) and whether
+ * the median is past one and a half times it (slow). */
 #define CLOCK_VERSIONS 16
 static json_t *clock_json(struct trk_server *s, const struct trk_publisher *p, uint64_t now)
 {
@@ -245,11 +246,15 @@ static json_t *clock_json(struct trk_server *s, const struct trk_publisher *p, u
 	uint64_t quiet = last_pub > p->registered_ms ? since :
 			 now > p->registered_ms ? now - p->registered_ms : 0;
 	bool late = p->alive && p->every_ms != 0 && quiet > 2 * p->every_ms;
+	/* Slow: its versions come, but further apart than its clock (the
+	 * median of two intervals or more past 1.5 times it). */
+	bool slow = p->alive && p->every_ms != 0 && k >= 2 && 2 * iv[k / 2] > 3 * p->every_ms;
 	bad |= trk__set(o, "every_ms", p->every_ms ? trk__jint(p->every_ms) : json_null());
 	bad |= trk__set(o, "interval_median_ms", k ? trk__jint(iv[k / 2]) : json_null());
 	bad |= trk__set(o, "interval_last_ms", k ? trk__jint(last_iv) : json_null());
 	bad |= trk__set(o, "since_last_ms", last_pub ? trk__jint(since) : json_null());
 	bad |= trk__set(o, "late", json_boolean(late));
+	bad |= trk__set(o, "slow", json_boolean(slow));
 	if (bad) {
 		json_decref(o);
 		return NULL;
