@@ -92,6 +92,8 @@ static void behind_why(json_t *rep, uint64_t target, char *out, size_t len)
 				 done * 100 / total);
 		else if (strcmp(st, "active") == 0)
 			snprintf(what, sizeof(what), "holds v%" PRIu64, v);
+		else if (v == 0) /* no version reported yet: never "v0" */
+			snprintf(what, sizeof(what), "%s, no version yet", st);
 		else
 			snprintf(what, sizeof(what), "%s v%" PRIu64, st, v);
 		n += (size_t)snprintf(out + n, n < len ? len - n : 0, "%srank %d %s", n ? ", " : "",
@@ -167,9 +169,9 @@ void agent_rlog_sync(struct node_agent *a, json_t *rep, uint64_t target)
 		r->behind_max = lag;
 		behind_why(rep, target, why, sizeof(why));
 		if (active == 0)
-			LOG_NOTE("replica %s: %" PRIu64 " versions behind (none active yet, latest v%" PRIu64
-				 "; working on v%" PRIu64 ": %s)",
-				 a->o.replica, lag, latest, target, why);
+			LOG_NOTE("replica %s: joined at v%" PRIu64 ", fetching v%" PRIu64
+				 " (none active yet: %s)",
+				 a->o.replica, latest, target ? target : latest, why);
 		else
 			LOG_NOTE("replica %s: falls behind, %" PRIu64 " versions (active v%" PRIu64
 				 ", latest v%" PRIu64 "; working on v%" PRIu64 ": %s)",
