@@ -9,7 +9,8 @@
 # PREFIX/include       tessera_client.h
 # PREFIX/lib/systemd/system  the units of deploy/systemd, their paths moved
 #                      to PREFIX
-# PREFIX/share/doc/tessera   README.md (the units' Documentation=)
+# PREFIX/share/doc/tessera   README.md (the units' Documentation=), installed-dirs
+#                      (the directories install made, for uninstall)
 # PYTHONDIR            the `tessera` Python package, pip-installed from
 #                      node/python with the client built into it (default
 #                      PREFIX/lib/pythonX.Y/dist-packages: on Debian's
@@ -37,8 +38,20 @@ $(CLIENT_PC): node/client/tessera-client.pc.in proto/cli.h
 	@mkdir -p $(dir $@)
 	sed 's/@VERSION@/$(RELEASE)/' $< >$@
 
+# The directories install made (none of them there before), recorded
+# without DESTDIR in INST_DIRS_MADE: uninstall removes those left empty,
+# never one that was there already (/usr/local/bin on a fresh system).
+INST_DIRS      = $(INST_BIN) $(INST_LIB)/pkgconfig $(INST_INC) $(INST_UNITS) $(INST_DOC) \
+                 $(DESTDIR)$(PYTHONDIR)
+INST_DIRS_MADE = $(INST_DOC)/installed-dirs
+
 install: $(BINS) $(CLIENT_LIBS) $(CLIENT_PC)
-	install -d $(INST_BIN) $(INST_LIB)/pkgconfig $(INST_INC) $(INST_UNITS) $(INST_DOC)
+	@for d in $(INST_DIRS); do \
+		while [ ! -d "$$d" ]; do echo "$${d#$(DESTDIR)}"; d=$$(dirname "$$d"); done; \
+	done | grep -v '^$$' | sort -u >$(BUILD)/install-dirs-new
+	install -d $(INST_DIRS)
+	@cat $(BUILD)/install-dirs-new $$(test -f $(INST_DIRS_MADE) && echo $(INST_DIRS_MADE)) | \
+		sort -u >$(BUILD)/install-dirs && install -m 0644 $(BUILD)/install-dirs $(INST_DIRS_MADE)
 	install -m 0755 $(BINS) $(INST_BIN)/
 	install -m 0644 $(BUILD)/lib/libtessera-client.a $(INST_LIB)/
 	install -m 0755 $(BUILD)/lib/libtessera-client.so $(INST_LIB)/libtessera-client.so.$(RELEASE)
@@ -54,6 +67,16 @@ install: $(BINS) $(CLIENT_LIBS) $(CLIENT_PC)
 	install -m 0644 README.md $(INST_DOC)/
 	$(PYTHON3) -m pip install -q $(PIP_LOCAL) --upgrade --target $(DESTDIR)$(PYTHONDIR) node/python
 	@echo "installed tessera $(RELEASE) in $(DESTDIR)$(PREFIX) (Python package in $(DESTDIR)$(PYTHONDIR))"
+	@# The loader's cache, for a prefix it searches (/usr/local): as root,
+	@# installing for this system (no DESTDIR). Another prefix needs the
+	@# program's rpath or LD_LIBRARY_PATH (node/client/README.md).
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null && \
+	    ldconfig -v -N -X 2>/dev/null | grep -q "^$(PREFIX)/lib:"; then \
+		ldconfig && echo "ran ldconfig: $(PREFIX)/lib is in the loader's path"; \
+	else \
+		echo "$(PREFIX)/lib is not in the loader's cache: link with -Wl,-rpath,$(PREFIX)/lib" \
+		     "or set LD_LIBRARY_PATH (node/client/README.md)"; \
+	fi
 
 uninstall:
 	rm -f $(addprefix $(INST_BIN)/,$(notdir $(BINS))) \
@@ -61,7 +84,16 @@ uninstall:
 	      $(INST_LIB)/pkgconfig/tessera-client.pc $(INST_INC)/tessera_client.h \
 	      $(addprefix $(INST_UNITS)/,$(notdir $(UNITS))) $(INST_DOC)/README.md
 	rm -rf $(DESTDIR)$(PYTHONDIR)/tessera $(DESTDIR)$(PYTHONDIR)/tessera-*.dist-info
-	-rmdir $(INST_DOC) 2>/dev/null
+	@n=0; if [ -f $(INST_DIRS_MADE) ]; then \
+		made=$$(sort -r $(INST_DIRS_MADE)); rm -f $(INST_DIRS_MADE); \
+		for d in $$made; do \
+			[ -d "$(DESTDIR)$$d" ] || continue; \
+			rmdir --ignore-fail-on-non-empty "$(DESTDIR)$$d"; \
+			[ -d "$(DESTDIR)$$d" ] || n=$$((n + 1)); \
+		done; \
+	fi; \
+	echo "removed tessera from $(DESTDIR)$(PREFIX) (Python package from $(DESTDIR)$(PYTHONDIR));" \
+	     "$$n empty directories it had made"
 
 # The tests' Python: pip installs node/python again whenever the package or
 # the client changes.

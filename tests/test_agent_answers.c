@@ -200,10 +200,95 @@ static void test_note_fresh(void **state)
 	free(a);
 }
 
+/* What sync() said: agent_rlog_sync's lines (stderr, caught in a file);
+ * the caller frees. */
+static char *rlog_said(struct node_agent *a, const char *rep_json, uint64_t target)
+{
+	char path[] = "/tmp/tessera-rlog-XXXXXX";
+	int fd = mkstemp(path), saved = dup(2);
+	json_error_t jerr;
+	json_t *rep = json_loads(rep_json, 0, &jerr);
+	char *out = calloc(1, 4096);
+
+	assert_true(fd >= 0 && saved >= 0);
+	assert_non_null(rep);
+	assert_non_null(out);
+	fflush(stderr);
+	assert_true(dup2(fd, 2) >= 0);
+	agent_rlog_sync(a, rep, target);
+	fflush(stderr);
+	assert_true(dup2(saved, 2) >= 0);
+	close(saved);
+	assert_true(pread(fd, out, 4095, 0) >= 0);
+	close(fd);
+	unlink(path);
+	json_decref(rep);
+	return out;
+}
+
+/* The replica's lines: "behind for" counts from the publish of the first
+ * version it lacked (a node stopped 25 s notices late); a replica that
+ * joins late is not behind until a version after the one it joined at is
+ * out, and never names v0. */
+static void test_replica_lines(void **state)
+{
+	struct node_agent *a = calloc(1, sizeof(*a));
+	uint64_t now = 1700000000000ull;
+	struct trk_version_info vi[2] = {{.version = 4, .published_ms = now - 25000},
+					 {.version = 5, .published_ms = now - 20000}};
+	char *s;
+	double behind = 0;
+
+	(void)state;
+	assert_non_null(a);
+	proto_log_set_level(PROTO_LOG_NOTE);
+	assert_int_equal(agent_lag_versions(3, 5, 0), 2);
+	assert_int_equal(agent_lag_versions(0, 24, 24), 1);
+	assert_int_equal(agent_lag_versions(0, 25, 24), 2);
+	assert_int_equal(agent_lag_versions(0, 20, 24), 1);
+
+	a->o.replica = "A";
+	a->layout.nranks = 2;
+	agent_rlog_published(a, vi, 2, now);
+	s = rlog_said(a, "{\"active\":3,\"lag_versions\":2,\"ranks\":[{\"rank\":0,\"state\":"
+			 "\"active\",\"version\":3,\"alive\":true,\"id\":\"A/0\"}]}", 5);
+	assert_non_null(strstr(s, "replica A: falls behind, 2 versions (active v3, latest v5"));
+	free(s);
+	s = rlog_said(a, "{\"active\":5,\"lag_versions\":0,\"ranks\":[]}", 5);
+	const char *at = strstr(s, "replica A: caught up: v5 active, the latest (behind for ");
+	assert_non_null(at);
+	assert_int_equal(sscanf(at + strlen("replica A: caught up: v5 active, the latest (behind for "),
+				"%lf", &behind), 1);
+	assert_true(behind >= 25.0);
+	assert_non_null(strstr(s, "since v4's publish; 2 versions at most)"));
+	free(s);
+
+	/* B joins at v24, holding none: not behind until v25 is out. */
+	memset(a, 0, sizeof(*a));
+	a->o.replica = "B";
+	a->layout.nranks = 1;
+	s = rlog_said(a, "{\"active\":0,\"lag_versions\":24,\"ranks\":[{\"rank\":0,\"state\":"
+			 "\"registered\",\"version\":0,\"alive\":true,\"id\":\"B/0\"}]}", 24);
+	assert_string_equal(s, "");
+	free(s);
+	s = rlog_said(a, "{\"active\":0,\"lag_versions\":25,\"ranks\":[{\"rank\":0,\"state\":"
+			 "\"registered\",\"version\":0,\"alive\":true,\"id\":\"B/0\"}]}", 25);
+	assert_non_null(strstr(s, "replica B: falls behind, none active yet (joined at v24, "
+				  "latest v25; working on v25: rank 0 registered)"));
+	assert_null(strstr(s, "v0"));
+	free(s);
+	s = rlog_said(a, "{\"active\":25,\"lag_versions\":0,\"ranks\":[]}", 25);
+	assert_non_null(strstr(s, "replica B: caught up: v25 active, the latest ("));
+	assert_non_null(strstr(s, "s after it joined at v24; 2 versions behind at most)"));
+	free(s);
+	free(a);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_note_fresh),
+		cmocka_unit_test(test_replica_lines),
 		cmocka_unit_test_setup_teardown(test_stale_parent_answer, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -70,10 +70,11 @@ static int teardown(void **state)
 	return 0;
 }
 
-static void on_gone(void *arg, const char *id)
+static void on_gone(void *arg, const char (*ids)[TRK_ID_MAX], size_t n)
 {
 	struct env *e = arg;
-	e->gone++;
+	e->gone += (int)n;
+	(void)ids;
 }
 
 /* Whether the tracker holds A/0 alive. */

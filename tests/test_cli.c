@@ -343,6 +343,30 @@ static void test_cluster_bad_mode_and_late(void **state)
 	}
 }
 
+/* A command that writes a file says so in one line on stderr (starting
+ * with want) and prints nothing on stdout, which is for machine output. */
+static void said_wrote(struct env *e, const char *want)
+{
+	char *out = slurp(e->out), *err = slurp(e->err);
+
+	assert_string_equal(out, "");
+	assert_non_null(strchr(err, '\n'));
+	assert_string_equal(strchr(err, '\n') + 1, "");
+	if (strncmp(err, want, strlen(want)) != 0)
+		fail_msg("said '%s', want '%s...'", err, want);
+	free(out);
+	free(err);
+}
+
+/* `tessera synth` writes its versions and says so in one line. */
+static void test_synth_says_one_line(void **state)
+{
+	struct env *e = *state;
+
+	assert_int_equal(run(e, &cmds[6], "--synthetic-mb 0.25 --steps 2 --threads 1 -o syn"), 0);
+	said_wrote(e, "tessera synth: wrote syn/v0..v2.safetensors: ");
+}
+
 /* `tessera model` writes the spec a node takes: the same digest as the
  * synthetic model the publisher builds for the same size. */
 static void test_model_command(void **state)
@@ -353,6 +377,7 @@ static void test_model_command(void **state)
 	char path[600];
 
 	assert_int_equal(run(e, &cmds[8], "--synthetic-mb 2 -o m.json"), 0);
+	said_wrote(e, "tessera model: wrote m.json ");
 	snprintf(path, sizeof(path), "%s/m.json", e->dir);
 	proto_model_init(&a);
 	assert_int_equal(proto_model_load(path, &a, &err), 0);
@@ -398,6 +423,7 @@ int main(void)
 		cmocka_unit_test(test_cluster_bad_mode_and_late),
 		cmocka_unit_test(test_node_bad_attach_perm),
 		cmocka_unit_test(test_model_command),
+		cmocka_unit_test(test_synth_says_one_line),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -4,7 +4,9 @@
 # against each installed tessera-client.pc (shared and static) checks the
 # version and error API; the Python package is pip-installed from the tree
 # into a fresh virtual environment, imported and used, and so is the copy
-# `make install` put in the prefix; `make uninstall` leaves no file behind.
+# `make install` put in the prefix; a program built with the rpath runs
+# without LD_LIBRARY_PATH; `make uninstall` leaves nothing behind, not the
+# directories install made, but keeps one that was there before.
 # Needs nothing beyond deploy/install-deps.sh (no network). `make test`
 # sets TESSERA_ROOT and TESSERA_BUILD.
 set -eu
@@ -23,6 +25,8 @@ release=$(sed -n 's/^#define PROTO_RELEASE "\(.*\)"/\1/p' "$root/proto/cli.h")
 pyver=$($py -c 'import sys; print("python%d.%d" % sys.version_info[:2])')
 
 echo "== make install PREFIX=$tmp/prefix, and PREFIX=/opt/tessera DESTDIR=$tmp/stage"
+# A directory that was there before: uninstall keeps it.
+mkdir -p "$tmp/prefix/share"
 make -s -C "$root" BUILD="$build" install PREFIX="$tmp/prefix" >"$tmp/install.log" 2>&1 ||
 	{ cat "$tmp/install.log"; fail "make install failed"; }
 make -s -C "$root" BUILD="$build" install PREFIX=/opt/tessera DESTDIR="$tmp/stage" \
@@ -76,6 +80,13 @@ for where in "$tmp/prefix" "$tmp/stage/opt/tessera"; do
 	readelf -d "$tmp/probe-shared" | grep -q 'NEEDED.*\[libtessera-client\.so\.0\]' ||
 		fail "probe-shared does not need libtessera-client.so.0"
 	LD_LIBRARY_PATH=$libdir "$tmp/probe-shared" "$release" "$tmp/no.sock"
+	# As node/client/README.md says: a prefix outside the loader's path
+	# runs with the rpath, no LD_LIBRARY_PATH.
+	# shellcheck disable=SC2046
+	cc $(pc --cflags) "$tmp/probe.c" $(pc --libs) -Wl,-rpath,"$libdir" -o "$tmp/probe-rpath" ||
+		fail "cannot build with the rpath"
+	env -u LD_LIBRARY_PATH "$tmp/probe-rpath" "$release" "$tmp/no.sock" ||
+		fail "the program built with -Wl,-rpath,$libdir does not run"
 	# shellcheck disable=SC2046
 	cc $(pc --cflags) "$tmp/probe.c" -Wl,-Bstatic $(pc --libs-only-L --libs-only-l) -Wl,-Bdynamic \
 		$(pc --static --libs-only-other) -o "$tmp/probe-static" ||
@@ -120,6 +131,11 @@ echo "== the package make install put in the prefix"
 echo "== make uninstall"
 make -s -C "$root" BUILD="$build" uninstall PREFIX="$tmp/prefix" >"$tmp/uninstall.log" 2>&1 ||
 	{ cat "$tmp/uninstall.log"; fail "make uninstall failed"; }
-left=$(find "$tmp/prefix" ! -type d)
+left=$(find "$tmp/prefix" -mindepth 1 ! -path "$tmp/prefix/share")
 [ -z "$left" ] || fail "make uninstall left: $left"
+[ -d "$tmp/prefix/share" ] || fail "make uninstall removed share/, which install had not made"
+grep -q "^removed tessera from $tmp/prefix .* empty directories it had made$" "$tmp/uninstall.log" ||
+	{ cat "$tmp/uninstall.log"; fail "make uninstall did not say what it removed in one line"; }
+[ "$(wc -l <"$tmp/uninstall.log")" -eq 1 ] ||
+	{ cat "$tmp/uninstall.log"; fail "make uninstall said more than one line"; }
 echo "test_install: ok"

@@ -282,7 +282,12 @@ static void test_cli(void **state)
 	assert_int_equal(mode_of(p), 0644);
 	char hex[2 * PROTO_PK_BYTES + 1];
 	sodium_bin2hex(hex, sizeof(hex), pk, sizeof(pk));
-	assert_int_equal(tu_sh("grep -q 'public key %s' '%s'", hex, out), 0);
+	/* The public key alone on stdout (machine output), the message on
+	 * stderr, one line. */
+	assert_int_equal(tu_sh("test \"$(cat '%s')\" = '%s'", out, hex), 0);
+	assert_int_equal(lines_in(err), 1);
+	assert_int_equal(tu_sh("grep -q '^tessera keygen: wrote .*trainer.key and .*trainer.pub$' '%s'",
+			       err), 0);
 
 	/* Existing files are kept unless --force. */
 	assert_int_equal(tu_sh("'%s' keygen -o '%s' >'%s' 2>'%s'", bin, pre, out, err), 1);
@@ -299,6 +304,9 @@ static void test_cli(void **state)
 	path_in(c, p, sizeof(p), "cluster");
 	assert_int_equal(tu_sh("'%s' keygen --cluster -o '%s' >'%s' 2>'%s'", bin, p, out, err), 0);
 	assert_int_equal(mode_of(p), 0600);
+	assert_int_equal(tu_sh("test ! -s '%s'", out), 0);
+	assert_int_equal(lines_in(err), 1);
+	assert_int_equal(tu_sh("grep -q '^tessera keygen: wrote cluster key ' '%s'", err), 0);
 	uint8_t ck[PROTO_CLUSTER_KEY_BYTES];
 	assert_int_equal(proto_key_load_cluster(p, ck, &e), 0);
 	assert_int_equal(tu_sh("'%s' keygen --cluster -o '%s' >'%s' 2>'%s'", bin, p, out, err), 1);

@@ -5,8 +5,11 @@
  * process logs a warning or an error; the replica says each activation in
  * exactly one line (its rank 0 speaks for it), and when it is held back
  * (its node stopped while two versions go out) one line that it falls
- * behind and one that it caught up. Nothing here waits on a clock: each
- * step waits for what the tracker says, bounded only against a hang. */
+ * behind and one that it caught up, behind at least as long as it was
+ * stopped after the first version it lacked went out. Nothing here waits
+ * on a clock: each step waits for what the tracker says, bounded only
+ * against a hang (the one sleep holds the stopped node, so that the lower
+ * bound on "behind for" would catch a count from when it noticed). */
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -215,14 +218,31 @@ static void test_default_level(void **state)
 	assert_int_equal(count(e->node.log, "falls behind"), 0);
 
 	/* Held back: the node stopped while v4 and v5 go out (its lease
-	 * holds). Back, it is two versions behind until it activates v5. */
+	 * holds), and a while after. Back, it is two versions behind until it
+	 * activates v5, and says it was behind since v4's publish: at least
+	 * from when v4's export was answered (published) to SIGCONT, a lower
+	 * bound, not the time it took once resumed. */
 	assert_int_equal(kill(e->node.pid, SIGSTOP), 0);
 	export_one(e, 4);
+	uint64_t published4 = proto_now_ns() / 1000000;
 	export_one(e, 5);
+	usleep(3000000); /* stopped long enough for "since it noticed" to fall short */
+	uint64_t stopped = proto_now_ns() / 1000000 - published4;
 	assert_int_equal(kill(e->node.pid, SIGCONT), 0);
 	assert_true(tu_wait_active(e->trk, "A", 5, WAIT_MS));
 	assert_true(wait_log(e->node.log, "replica A: v5 active ("));
-	assert_true(wait_log(e->node.log, "replica A: caught up: v5 active, the latest"));
+	const char *cu = "replica A: caught up: v5 active, the latest (behind for ";
+	assert_true(wait_log(e->node.log, cu));
+	char *log = slurp(e->node.log);
+	double behind = 0;
+	assert_non_null(log);
+	assert_int_equal(sscanf(strstr(log, cu) + strlen(cu), "%lf", &behind), 1);
+	free(log);
+	/* Printed to 0.1 s; the node's estimate of v4's publish may be late
+	 * by the watch answer's trip. */
+	if (behind + 0.1 < (double)stopped / 1000.0)
+		fail_msg("behind for %.1f s, but stopped %.1f s after v4 was published", behind,
+			 (double)stopped / 1000.0);
 	node_proc_stop(&e->node, 5000);
 	node_proc_stop(&e->publisher, 5000);
 	node_proc_stop(&e->tracker, 5000);

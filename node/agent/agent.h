@@ -105,8 +105,10 @@ struct node_agent;
  * false when a is not registered or is leaving (nothing to renew). */
 struct trk_hb_node;
 bool node_agent_heartbeat_entry(struct node_agent *a, struct trk_hb_node *e);
-/* The tracker answered that a's lease ran out: a registers again. */
-void node_agent_lease_lost(struct node_agent *a);
+/* The tracker answered that a's lease ran out: a registers again. True
+ * when it does (false: not registered, or leaving); the caller says so,
+ * once for all the ranks it carries. Cannot fail. */
+bool node_agent_lease_lost(struct node_agent *a);
 
 /* Loads keys, model and layout, opens the store and registers its read
  * buffers with the shared endpoint; nothing is sent yet (node_agent_start).

@@ -139,7 +139,11 @@ struct agent_chain {
  * one is out: it did not activate a version before the next came. */
 #define AGENT_BEHIND_VERSIONS 2
 struct agent_rlog_pub {
-	uint64_t version, mono_ms; /* when it was published, on node_now_ms's clock */
+	uint64_t version; /* 0: an empty slot */
+	/* When it was published: on node_now_ms's clock (UINT64_MAX: not
+	 * known yet), the earliest estimate of any answer; and on the
+	 * tracker's (its published_ms), for the estimates of later answers. */
+	uint64_t mono_ms, tracker_ms;
 };
 struct agent_rlog {
 	struct agent_rlog_pub pub[AGENT_RLOG_PUBLISHED];
@@ -149,9 +153,14 @@ struct agent_rlog {
 	 * active on it. */
 	uint64_t said_v, own_trainer, own_peers;
 	char how[8], when[64];
-	/* Said behind (since behind_ms, at most behind_max versions). */
+	/* Said behind: noticed at behind_ms, at most behind_max versions;
+	 * behind_from is the first version it lacked (0: none active, it
+	 * joined), whose publish time is when it really fell behind. */
 	bool behind;
-	uint64_t behind_ms, behind_max;
+	uint64_t behind_ms, behind_max, behind_from;
+	/* A replica with none active: the latest version when it first saw
+	 * one (its first chance), and when (node_now_ms). */
+	uint64_t joined_v, joined_ms;
 };
 
 struct node_agent {
@@ -405,6 +414,11 @@ enum agent_lag_event {
  * AGENT_BEHIND_VERSIONS or more, caught up at 0: one line each way, not
  * one per version while behind. */
 enum agent_lag_event agent_lag_event(bool behind, uint64_t lag_versions);
+/* The lag the policy is given, pure: latest - active; for a replica with
+ * none active (active 0) that joined at joined_v, counted as if it held
+ * joined_v - 1 (at least 1): it is not behind until a version after the
+ * one it joined at is out. */
+uint64_t agent_lag_versions(uint64_t active, uint64_t latest, uint64_t joined_v);
 /* A watch answer (the tracker's versions, its clock now_ms): their publish
  * times, kept for the activation line. Cannot fail. */
 void agent_rlog_published(struct node_agent *a, const struct trk_version_info *vs, size_t n,

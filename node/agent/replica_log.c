@@ -22,6 +22,15 @@ enum agent_lag_event agent_lag_event(bool behind, uint64_t lag_versions)
 	return AGENT_LAG_NONE;
 }
 
+uint64_t agent_lag_versions(uint64_t active, uint64_t latest, uint64_t joined_v)
+{
+	if (active != 0)
+		return latest > active ? latest - active : 0;
+	if (joined_v == 0)
+		return latest;
+	return latest >= joined_v ? latest - joined_v + 1 : 1;
+}
+
 static bool speaks(const struct node_agent *a)
 {
 	return a->o.rank == 0;
@@ -39,13 +48,24 @@ void agent_rlog_published(struct node_agent *a, const struct trk_version_info *v
 		bool known = false;
 		for (size_t k = 0; k < AGENT_RLOG_PUBLISHED && !known; k++)
 			known = r->pub[k].version == vs[i].version;
-		if (known || vs[i].published_ms == 0 || vs[i].published_ms > now_ms)
+		if (known || vs[i].published_ms == 0)
 			continue;
-		/* On this node's monotonic clock: the tracker's wall clock is
-		 * used only for an age, never compared with ours. */
-		uint64_t age = now_ms - vs[i].published_ms;
-		r->pub[r->next] = (struct agent_rlog_pub){vs[i].version, mono > age ? mono - age : 0};
+		r->pub[r->next] = (struct agent_rlog_pub){vs[i].version, UINT64_MAX, vs[i].published_ms};
 		r->next = (r->next + 1) % AGENT_RLOG_PUBLISHED;
+	}
+	/* On this node's monotonic clock: the tracker's wall clock is used
+	 * only for ages (its now_ms - its published_ms), never compared with
+	 * ours. An answer read late (the node was stopped, its loop busy)
+	 * makes a publish look later than it was, never earlier: each
+	 * version keeps the earliest estimate any answer gives, this one's
+	 * for versions it does not list too (a stopped node reads the answer
+	 * that woke it late, and the next, fresh one lists only newer
+	 * versions). */
+	for (size_t k = 0; k < AGENT_RLOG_PUBLISHED; k++) {
+		struct agent_rlog_pub *e = &r->pub[k];
+		if (e->version == 0 || e->tracker_ms > now_ms || now_ms - e->tracker_ms >= mono)
+			continue;
+		e->mono_ms = PROTO_MIN(e->mono_ms, mono - (now_ms - e->tracker_ms));
 	}
 }
 
@@ -87,13 +107,13 @@ static void behind_why(json_t *rep, uint64_t target, char *out, size_t len)
 				 json_is_null(json_object_get(rk, "id")) ? "never registered" : "gone");
 		else if (v == target && (strcmp(st, "verified") == 0 || strcmp(st, "active") == 0))
 			continue;
-		else if (strcmp(st, "fetching") == 0 && total > 0)
+		else if (strcmp(st, "fetching") == 0 && total > 0 && v != 0)
 			snprintf(what, sizeof(what), "fetching v%" PRIu64 " (%" PRIu64 "%%)", v,
 				 done * 100 / total);
-		else if (strcmp(st, "active") == 0)
+		else if (strcmp(st, "active") == 0 && v != 0)
 			snprintf(what, sizeof(what), "holds v%" PRIu64, v);
-		else if (v == 0) /* no version reported yet: never "v0" */
-			snprintf(what, sizeof(what), "%s, no version yet", st);
+		else if (v == 0) /* registered, no version yet */
+			snprintf(what, sizeof(what), "%s", st);
 		else
 			snprintf(what, sizeof(what), "%s v%" PRIu64, st, v);
 		n += (size_t)snprintf(out + n, n < len ? len - n : 0, "%srank %d %s", n ? ", " : "",
@@ -146,6 +166,22 @@ static void say_activated(struct node_agent *a, json_t *rep)
 	r->said_v = 0;
 }
 
+/* When the replica really fell behind: the publish of the first version
+ * it lacked (on our clock, agent_rlog_published), else when it was
+ * noticed. A node stopped or cut off notices late: the publish says the
+ * truth. */
+static uint64_t behind_since(const struct agent_rlog *r, bool *published)
+{
+	*published = false;
+	for (size_t k = 0; k < AGENT_RLOG_PUBLISHED; k++)
+		if (r->pub[k].version == r->behind_from && r->pub[k].mono_ms != UINT64_MAX &&
+		    r->pub[k].mono_ms <= r->behind_ms) {
+			*published = true;
+			return r->pub[k].mono_ms;
+		}
+	return r->behind_ms;
+}
+
 void agent_rlog_sync(struct node_agent *a, json_t *rep, uint64_t target)
 {
 	struct agent_rlog *r = &a->rlog;
@@ -160,18 +196,24 @@ void agent_rlog_sync(struct node_agent *a, json_t *rep, uint64_t target)
 		say_activated(a, rep);
 	if (!json_is_integer(json_object_get(rep, "lag_versions")))
 		return;
-	lag = (uint64_t)json_integer_value(json_object_get(rep, "lag_versions"));
-	latest = active + lag;
+	latest = active + (uint64_t)json_integer_value(json_object_get(rep, "lag_versions"));
+	/* Holding none, it had its first chance at the latest it saw then. */
+	if (active == 0 && r->joined_v == 0 && latest != 0) {
+		r->joined_v = latest;
+		r->joined_ms = node_now_ms();
+	}
+	lag = agent_lag_versions(active, latest, r->joined_v);
 	switch (agent_lag_event(r->behind, lag)) {
 	case AGENT_LAG_BEHIND:
 		r->behind = true;
 		r->behind_ms = node_now_ms();
 		r->behind_max = lag;
+		r->behind_from = active != 0 ? active + 1 : 0;
 		behind_why(rep, target, why, sizeof(why));
 		if (active == 0)
-			LOG_NOTE("replica %s: joined at v%" PRIu64 ", fetching v%" PRIu64
-				 " (none active yet: %s)",
-				 a->o.replica, latest, target ? target : latest, why);
+			LOG_NOTE("replica %s: falls behind, none active yet (joined at v%" PRIu64
+				 ", latest v%" PRIu64 "; working on v%" PRIu64 ": %s)",
+				 a->o.replica, r->joined_v, latest, target, why);
 		else
 			LOG_NOTE("replica %s: falls behind, %" PRIu64 " versions (active v%" PRIu64
 				 ", latest v%" PRIu64 "; working on v%" PRIu64 ": %s)",
@@ -179,15 +221,34 @@ void agent_rlog_sync(struct node_agent *a, json_t *rep, uint64_t target)
 		break;
 	case AGENT_LAG_CAUGHT_UP:
 		r->behind = false;
-		LOG_NOTE("replica %s: caught up: v%" PRIu64 " active, the latest (behind for %.1f s, "
-			 "%" PRIu64 " versions at most)",
-			 a->o.replica, active, (double)(node_now_ms() - r->behind_ms) / 1000.0,
-			 r->behind_max);
+		if (r->behind_from == 0)
+			LOG_NOTE("replica %s: caught up: v%" PRIu64 " active, the latest ("
+				 "%.1f s after it joined at v%" PRIu64 "; %" PRIu64
+				 " versions behind at most)",
+				 a->o.replica, active,
+				 (double)(node_now_ms() - r->joined_ms) / 1000.0, r->joined_v,
+				 r->behind_max);
+		else {
+			bool published;
+			uint64_t since = behind_since(r, &published);
+			char from[48];
+			if (published)
+				snprintf(from, sizeof(from), "since v%" PRIu64 "'s publish",
+					 r->behind_from);
+			else /* its publish time unknown */
+				snprintf(from, sizeof(from), "since it was seen");
+			LOG_NOTE("replica %s: caught up: v%" PRIu64 " active, the latest (behind for "
+				 "%.1f s, %s; %" PRIu64 " versions at most)",
+				 a->o.replica, active, (double)(node_now_ms() - since) / 1000.0, from,
+				 r->behind_max);
+		}
 		break;
 	case AGENT_LAG_NONE:
 		r->behind_max = PROTO_MAX(r->behind_max, lag);
 		break;
 	}
+	if (active != 0 && !r->behind) /* should it hold none again, it joins again */
+		r->joined_v = 0;
 }
 
 void agent_rlog_activated(struct node_agent *a, uint64_t version, const char *how,
@@ -205,7 +266,7 @@ void agent_rlog_activated(struct node_agent *a, uint64_t version, const char *ho
 	r->own_trainer = from_trainer;
 	r->own_peers = from_peers;
 	for (size_t k = 0; k < AGENT_RLOG_PUBLISHED && !known; k++)
-		if (r->pub[k].version == version && r->pub[k].mono_ms != 0) {
+		if (r->pub[k].version == version && r->pub[k].mono_ms != UINT64_MAX) {
 			snprintf(r->when, sizeof(r->when), "%.2f s after its publish",
 				 (double)(node_now_ms() - r->pub[k].mono_ms) / 1000.0);
 			known = true;

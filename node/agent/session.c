@@ -257,16 +257,16 @@ static void arm_heartbeat(struct node_agent *a)
 		node_arm(a->heartbeat_ev, PROTO_MAX(a->lease_ms / 3, 100));
 }
 
-void node_agent_lease_lost(struct node_agent *a)
+bool node_agent_lease_lost(struct node_agent *a)
 {
 	/* Expired or the tracker restarted: register again. */
 	if (a->leaving || !a->registered)
-		return;
-	LOG_WARN("node %s: lease lost; registering again", a->node_id);
+		return false;
 	a->registered = false;
 	proto_metrics_set(a->am.m, a->am.registered, 0);
 	node_rank_metrics_health(&a->am, false, "lease lost; registering again");
 	agent_start_register(a);
+	return true;
 }
 
 static void on_heartbeat(const struct trk_answer *ans, void *arg)
@@ -274,7 +274,8 @@ static void on_heartbeat(const struct trk_answer *ans, void *arg)
 	struct node_agent *a = arg;
 
 	if (ans->status == 404) {
-		node_agent_lease_lost(a);
+		if (node_agent_lease_lost(a))
+			LOG_WARN("lease lost for rank %s; registering again", a->node_id);
 		return;
 	}
 	arm_heartbeat(a);

@@ -206,9 +206,10 @@ int node_cmd_delta(int argc, char **argv)
 			fprintf(stderr, "tessera delta encode: %s\n", err.msg);
 			return 1;
 		}
-		printf("%s: %llu bytes; %llu of %llu elements changed (%.3f%%), %.3f bytes per "
-		       "changed element\n",
-		       out, (unsigned long long)st.bytes, (unsigned long long)st.nchanged,
+		fprintf(stderr,
+			"tessera delta encode: wrote %s: %llu bytes; %llu of %llu elements changed "
+			"(%.3f%%), %.3f bytes per changed element\n",
+			out, (unsigned long long)st.bytes, (unsigned long long)st.nchanged,
 		       (unsigned long long)st.nelem,
 		       st.nelem ? 100.0 * (double)st.nchanged / (double)st.nelem : 0.0,
 		       per(st.bytes, st.nchanged));
@@ -221,6 +222,7 @@ int node_cmd_delta(int argc, char **argv)
 			fprintf(stderr, "tessera delta apply: %s\n", err.msg);
 			return 1;
 		}
+		fprintf(stderr, "tessera delta apply: wrote %s (%s on %s)\n", out, delta, parent);
 		return 0;
 	}
 	if (child == NULL)

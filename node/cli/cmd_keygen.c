@@ -86,7 +86,7 @@ int node_cmd_keygen(int argc, char **argv)
 			fprintf(stderr, "tessera keygen: %s\n", err.msg);
 			return 1;
 		}
-		printf("wrote cluster key %s\n", out);
+		fprintf(stderr, "tessera keygen: wrote cluster key %s\n", out);
 		return 0;
 	}
 
@@ -113,7 +113,10 @@ int node_cmd_keygen(int argc, char **argv)
 			return 1;
 		}
 		sodium_bin2hex(hex, sizeof(hex), pk, sizeof(pk));
-		printf("wrote %s and %s\npublic key %s\n", sec, pub, hex);
+		/* The message to stderr; the public key, machine output, alone
+		 * on stdout (PUB=$(tessera keygen -o trainer)). */
+		fprintf(stderr, "tessera keygen: wrote %s and %s\n", sec, pub);
+		printf("%s\n", hex);
 	}
 	return 0;
 }

@@ -142,12 +142,21 @@ int node_cmd_synth(int argc, char **argv)
 		free(changed);
 		return 1;
 	}
-	printf("wrote %s/v0..v%llu.safetensors: %llu BF16 elements (%.1f MiB) each\n", dir,
-	       (unsigned long long)steps, (unsigned long long)nelem,
-	       (double)nelem * 2 / 1048576.0);
-	for (uint64_t k = 1; k <= steps; k++)
-		printf("step %llu: %llu changed (%.3f%%)\n", (unsigned long long)k,
-		       (unsigned long long)changed[k], 100.0 * (double)changed[k] / (double)nelem);
+	/* One line, to stderr as every command's message: the steps'
+	 * changes as their range. */
+	uint64_t lo = UINT64_MAX, hi = 0;
+	for (uint64_t k = 1; k <= steps; k++) {
+		lo = PROTO_MIN(lo, changed[k]);
+		hi = PROTO_MAX(hi, changed[k]);
+	}
+	if (steps == 0)
+		lo = 0;
+	fprintf(stderr,
+		"tessera synth: wrote %s/v0..v%llu.safetensors: %llu BF16 elements (%.1f MiB) each; "
+		"%.3f..%.3f%% of them changed per step\n",
+		dir, (unsigned long long)steps, (unsigned long long)nelem,
+		(double)nelem * 2 / 1048576.0, nelem ? 100.0 * (double)lo / (double)nelem : 0.0,
+		nelem ? 100.0 * (double)hi / (double)nelem : 0.0);
 	free(changed);
 	return 0;
 }

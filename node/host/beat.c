@@ -134,8 +134,8 @@ static void on_gone(evutil_socket_t fd, short what, void *arg)
 	memcpy(lost, b->lost, n * sizeof(lost[0]));
 	b->nlost = 0;
 	pthread_mutex_unlock(&b->mu);
-	for (size_t i = 0; i < n; i++)
-		b->gone(b->arg, lost[i]);
+	if (n > 0)
+		b->gone(b->arg, (const char(*)[TRK_ID_MAX])lost, n);
 }
 
 int node_beat_new(struct event_base *base, const char *url, const uint8_t *cluster_key,

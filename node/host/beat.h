@@ -28,8 +28,9 @@
 
 struct node_beat;
 
-/* Called on base's thread for each rank the tracker answered as gone. */
-typedef void (*node_beat_gone_cb)(void *arg, const char *id);
+/* Called on base's thread with the n ranks one heartbeat's answer named
+ * gone (ids[0..n-1], borrowed for the call), n >= 1. */
+typedef void (*node_beat_gone_cb)(void *arg, const char (*ids)[TRK_ID_MAX], size_t n);
 
 /*
  * Starts the thread: its client speaks to url (cluster_key NULL: unsigned;

@@ -47,14 +47,26 @@ static void arm_feed(struct node_host *h)
 	evtimer_add(h->hb_ev, &tv);
 }
 
-/* A rank the tracker no longer knows registers again. */
-static void on_gone(void *arg, const char *id)
+/* The ranks the tracker no longer knows register again: one line for the
+ * process, naming them, not one per rank. */
+static void on_gone(void *arg, const char (*ids)[TRK_ID_MAX], size_t n)
 {
 	struct node_host *h = arg;
+	char names[256] = "";
+	size_t len = 0, lost = 0;
 
 	for (size_t i = 0; i < h->n; i++)
-		if (strcmp(id, h->ids[i]) == 0)
-			node_agent_lease_lost(h->agents[i]);
+		for (size_t k = 0; k < n; k++)
+			if (strcmp(ids[k], h->ids[i]) == 0 && node_agent_lease_lost(h->agents[i])) {
+				if (len < sizeof(names))
+					len += (size_t)snprintf(names + len, sizeof(names) - len,
+								"%s%s", lost ? ", " : "", ids[k]);
+				lost++;
+				break;
+			}
+	if (lost > 0)
+		LOG_WARN("lease lost for %s %s; registering again", lost > 1 ? "ranks" : "rank",
+			 names);
 }
 
 /* The registered ranks and their pins, for the beat's next heartbeats. */

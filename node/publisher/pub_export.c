@@ -316,6 +316,8 @@ static void on_ex_layouts(const struct trk_answer *a, void *arg)
 		return;
 	}
 	arr = json_object_get(a->json, "layouts");
+	if (json_array_size(arr) > 0)
+		p->layouts_seen = true;
 	json_array_foreach(arr, i, e) {
 		struct pub_layout *sl = node__pub_layout_absorb(p, e);
 		if (!ex->verify && sl != NULL && !sl->bad &&
@@ -360,6 +362,8 @@ static void on_ex_layouts(const struct trk_answer *a, void *arg)
 		ex_fail(p, ENOENT, "none of the layouts to add is registered now");
 	} else if (ex->nlayouts == 0) {
 		uint64_t now = proto_now_ns() / 1000000;
+		if (!ex->verify)
+			ex->waited_node = true;
 		if (!ex->verify && !p->layouts_waiting) {
 			p->layouts_waiting = true;
 			p->layouts_wait_ms = now;
@@ -371,10 +375,20 @@ static void on_ex_layouts(const struct trk_answer *a, void *arg)
 		if (!ex->verify && !p->layouts_warned &&
 		    now - p->layouts_wait_ms >= proto_param(PROTO_PARAM_WAIT_NOTICE_MS)) {
 			p->layouts_warned = true;
-			LOG_WARN("no node has registered a serving layout for %llu s: version %llu waits "
-				 "for one to register (said once)",
-				 (unsigned long long)(now - p->layouts_wait_ms) / 1000,
-				 (unsigned long long)ex->version);
+			/* A node that had registered one and lost its lease (stopped,
+			 * cut off) took its layout with it: say that, not "none
+			 * registered". */
+			if (p->layouts_seen)
+				LOG_WARN("no node alive has a serving layout for %llu s (the leases of "
+					 "all that registered one lapsed): version %llu waits for one "
+					 "to register (said once)",
+					 (unsigned long long)(now - p->layouts_wait_ms) / 1000,
+					 (unsigned long long)ex->version);
+			else
+				LOG_WARN("no node has registered a serving layout for %llu s: version "
+					 "%llu waits for one to register (said once)",
+					 (unsigned long long)(now - p->layouts_wait_ms) / 1000,
+					 (unsigned long long)ex->version);
 		}
 		ex_retry(p, LAYOUTS_RETRY_MS);
 	} else {

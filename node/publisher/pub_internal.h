@@ -307,6 +307,9 @@ struct pub_export {
 	 * serving the buffers) and answered; the offer ends the export. The
 	 * version's report is made of them (pub_report.c). */
 	uint64_t snap_end_ns, gather0_ns, encode_end_ns, gathered_ns, sent_ns, answered_ns;
+	/* It waited for a node to register a serving layout (the tracker had
+	 * none): its wait is named for that, not for the tracker. */
+	bool waited_node;
 	size_t recycled;       /* snapshot blocks there before it (not mapped afresh) */
 	struct pub_parent *next_parent; /* becomes p->parent once published */
 	/* The expected canary scores of the export's layouts (leader, built
@@ -385,6 +388,7 @@ struct node_pub {
 	bool reg_warned, layouts_waiting;
 	bool layouts_warned;      /* the wait for a serving layout was said at warn */
 	uint64_t layouts_wait_ms; /* since when it waits for one (monotonic) */
+	bool layouts_seen; /* the tracker has listed a serving layout before */
 	/* The leader's watch for replicas coming alive (a layout to extend
 	 * the latest version for): in flight; the tracker's layouts_rev and
 	 * latest version it last told; a check to make once the one in

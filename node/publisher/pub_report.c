@@ -9,7 +9,9 @@
  * each phase runs from the end of the one before to its own end (the
  * stamps in pub_export), counted in whole ms from the request, so that
  * the phases add up to total_ms exactly. Waits that took no time (queued
- * behind another export, for the tracker) are left out; so is the gather
+ * behind another export, for the tracker) are left out; the wait after the
+ * snapshot is "wait for a node" when no node had a serving layout
+ * registered (the tracker was not what it waited on); so is the gather
  * of a delta that was kept (its encode hashed it). With offer, the last
  * phase is the offer, ending at end_ns; else the report ends when the
  * publish was answered: what the offer carries to the tracker.
@@ -24,7 +26,7 @@ void node__pub_report(const struct pub_export *ex, uint64_t end_ns, bool offer,
 	} b[] = {
 		{"queued", ex->start_ns, true},
 		{"snapshot", ex->snap_end_ns, false},
-		{"wait for tracker", ex->gather0_ns, true},
+		{ex->waited_node ? "wait for a node" : "wait for tracker", ex->gather0_ns, true},
 		{"delta encode", ex->delta_tried ? ex->encode_end_ns : 0, false},
 		{"gather+hash", ex->gathered_ns, ex->delta},
 		{"sign", ex->sent_ns, false},

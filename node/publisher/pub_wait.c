@@ -42,8 +42,10 @@ static void running_why(const struct node_pub *p, const struct pub_export *ex,
 			    "version %llu waits for its signed manifest at the tracker", v);
 		else if (ex->need == NEED_LAYOUTS && p->layouts_waiting)
 			say(w, NODE_PUB_WAIT_LAYOUTS, ex->version,
-			    "no node has registered a serving layout yet (version %llu waits for one, "
-			    "%llu s so far)",
+			    "%s (version %llu waits for one, %llu s so far)",
+			    p->layouts_seen ? "no node alive has a serving layout: the leases of all "
+					      "that registered one lapsed"
+					    : "no node has registered a serving layout yet",
 			    v, (unsigned long long)(proto_now_ns() / 1000000 - p->layouts_wait_ms) / 1000);
 		else if (ex->need == NEED_LAYOUTS)
 			say(w, NODE_PUB_WAIT_TRACKER, ex->version,
