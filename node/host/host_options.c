@@ -58,18 +58,28 @@ static int serve_check(const char *v, struct proto_err *err)
 	return rc;
 }
 
-static int attach_mode_check(const char *v, struct proto_err *err)
+/* --attach-mode and --attach-group through node_perm_parse; the reason
+ * without its "--attach-mode VALUE: ", which the caller says. */
+static int perm_check(const char *mode, const char *group, struct proto_err *err)
 {
 	struct node_perm p;
+	struct proto_err why;
+	int rc = node_perm_parse(mode, group, "--attach-mode", "--attach-group", &p, &why);
+	const char *reason = strstr(why.msg, ": ");
 
-	return node_perm_parse(v, NULL, "attach-mode", "attach-group", &p, err);
+	if (rc == 0)
+		return 0;
+	return proto_errf(err, -rc, "%s", reason != NULL ? reason + 2 : why.msg);
+}
+
+static int attach_mode_check(const char *v, struct proto_err *err)
+{
+	return perm_check(v, NULL, err);
 }
 
 static int attach_group_check(const char *v, struct proto_err *err)
 {
-	struct node_perm p;
-
-	return node_perm_parse(NULL, v, "attach-mode", "attach-group", &p, err);
+	return perm_check(NULL, v, err);
 }
 
 const struct proto_config_value node_host_config_values[] = {

@@ -11,6 +11,7 @@
 
 #include "proto/config.h"
 #include "proto/log.h"
+#include "proto/optval.h"
 #include "proto/params.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
