@@ -134,7 +134,14 @@ const { parseAllDocuments } = await import(process.argv[1]);
 const fs = await import("node:fs");
 for (const d of parseAllDocuments(fs.readFileSync(process.argv[2], "utf8")))
 	if (d.toJS()?.kind === "ConfigMap") process.stdout.write(d.toJS().data["tessera.ini"]);
-' --input-type=module "$PWD/$CHECK/node_modules/yaml/dist/index.js" deploy/k8s/config.yaml >"$T/tessera.ini"
+' --input-type=module "$PWD/$CHECK/node_modules/yaml/dist/index.js" deploy/k8s/config.yaml >"$T/cm.ini"
+# Its key and model files must exist to pass: made under $T/etc, which the
+# file names in place of /etc (the pod's mounts).
+mkdir -p "$T/etc/tessera/keys" "$T/etc/tessera/model"
+"$BIN/tessera" keygen -o "$T/etc/tessera/keys/trainer" --force >/dev/null &&
+	"$BIN/tessera" keygen --cluster -o "$T/etc/tessera/keys/cluster.key" --force >/dev/null
+: >"$T/etc/tessera/model/model.json"
+sed "s|/etc/tessera/|$T/etc/tessera/|g" "$T/cm.ini" >"$T/tessera.ini"
 if "$BIN/tessera" config check "$T/tessera.ini" >/dev/null 2>"$T/cfg.log" &&
 	"$BIN/tessera-tracker" --config "$T/tessera.ini" --help >/dev/null 2>>"$T/cfg.log" &&
 	"$BIN/tessera-node" --config "$T/tessera.ini" --help >/dev/null 2>>"$T/cfg.log"; then

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "proto/log.h"
@@ -317,97 +318,202 @@ static bool is_program_section(const char *s)
 	return false;
 }
 
-/*
- * Checks every entry: [log] and [params] fully; program sections against the
- * schema given for them (a section without one is accepted unchecked: it is
- * another program's).
- */
-static int file_check(const struct config_file *cf, const struct proto_config_schema *schemas,
-		      size_t nschemas, struct config_values *cv, struct proto_err *err)
+static const struct proto_config_schema *schema_of(const char *section,
+						   const struct proto_config_schema *schemas,
+						   size_t nschemas)
 {
-	*cv = (struct config_values){.level = -1, .format = -1};
-	for (size_t i = 0; i < cf->n; i++) {
-		const struct config_entry *e = &cf->e[i];
-		if (strcmp(e->section, "log") == 0) {
-			enum proto_log_format fmt;
-			if (strcmp(e->key, "level") == 0) {
-				if (proto_log_parse_level(e->value, &cv->level) != 0)
-					return proto_errf(err, EINVAL,
-							  "%s:%d: [log] level '%s' is not one of "
-							  "err, warn, note, info, debug",
-							  cf->path, e->line, e->value);
-			} else if (strcmp(e->key, "format") == 0) {
-				if (proto_log_parse_format(e->value, &fmt) != 0)
-					return proto_errf(err, EINVAL,
-							  "%s:%d: [log] format '%s' is not text or json",
-							  cf->path, e->line, e->value);
-				cv->format = (int)fmt;
-			} else {
-				const char *best = NULL;
-				size_t dist = SIZE_MAX;
-				nearest(e->key, "level", &best, &dist);
-				nearest(e->key, "format", &best, &dist);
-				return proto_errf(err, EINVAL, "%s:%d: unknown key '%s' in [log]%s",
-						  cf->path, e->line, e->key,
-						  suggest(best, false, " (level, format)"));
-			}
-		} else if (strcmp(e->section, "params") == 0) {
-			enum proto_param_id id;
-			uint64_t v;
-			if (param_find(e->key, &id) != 0)
-				return proto_errf(err, EINVAL, "%s:%d: unknown key '%s' in [params]%s",
-						  cf->path, e->line, e->key,
-						  suggest(nearest_param(e->key), false,
-							  " (the tunables: `tessera config params`)"));
-			if (proto_parse_u64(e->value, proto_param_min(id), UINT64_MAX, &v) != 0)
+	for (size_t k = 0; k < nschemas; k++)
+		if (strcmp(schemas[k].section, section) == 0)
+			return &schemas[k];
+	return NULL;
+}
+
+/* "; [tracker] takes it" (or "; [node] and [publish] take it") when a
+ * section other than here takes key: [log], [params] or a program section
+ * of schemas; else NULL. Static storage: use before the next call. */
+static const char *elsewhere(const char *key, const char *here,
+			     const struct proto_config_schema *schemas, size_t nschemas)
+{
+	static char buf[160];
+	const char *sect[8];
+	enum proto_param_id id;
+	size_t n = 0, len;
+
+	if (strcmp(here, "log") != 0 && (key_eq(key, "level") || key_eq(key, "format")))
+		sect[n++] = "log";
+	if (strcmp(here, "params") != 0 && param_find(key, &id) == 0)
+		sect[n++] = "params";
+	for (size_t k = 0; k < nschemas && n < PROTO_ARRAY_LEN(sect); k++)
+		if (strcmp(schemas[k].section, here) != 0 && schemas[k].opts != NULL &&
+		    find_opt(schemas[k].opts, key) != NULL)
+			sect[n++] = schemas[k].section;
+	if (n == 0)
+		return NULL;
+	len = (size_t)snprintf(buf, sizeof(buf), ";");
+	for (size_t k = 0; k < n && len < sizeof(buf); k++)
+		len += (size_t)snprintf(buf + len, sizeof(buf) - len, "%s[%s]",
+					k == 0 ? " " : k + 1 == n ? " and " : ", ", sect[k]);
+	if (len < sizeof(buf))
+		snprintf(buf + len, sizeof(buf) - len, n == 1 ? " takes it" : " take it");
+	return buf;
+}
+
+/* The [params] key of a tunable spelt as its environment variable
+ * (TESSERA_CHUNK_SIZE), or NULL. */
+static const char *param_by_env(const char *key)
+{
+	for (int i = 0; i < PROTO_PARAM_COUNT; i++)
+		if (strcasecmp(key, proto_param_env((enum proto_param_id)i)) == 0)
+			return proto_param_name((enum proto_param_id)i);
+	return NULL;
+}
+
+/* [log] and [params]: checked and decoded into cv. */
+static int entry_check_shared(const struct config_file *cf, const struct config_entry *e,
+			      const struct proto_config_schema *schemas, size_t nschemas,
+			      struct config_values *cv, struct proto_err *err)
+{
+	if (strcmp(e->section, "log") == 0) {
+		enum proto_log_format fmt;
+		const char *best = NULL, *other;
+		size_t dist = SIZE_MAX;
+		if (strcmp(e->key, "level") == 0) {
+			if (proto_log_parse_level(e->value, &cv->level) != 0)
 				return proto_errf(err, EINVAL,
-						  "%s:%d: [params] %s = '%s' is not a whole number of "
-						  "at least %llu",
-						  cf->path, e->line, e->key, e->value,
-						  (unsigned long long)proto_param_min(id));
-			cv->param[id] = v;
-			cv->param_set[id] = true;
-		} else if (is_program_section(e->section)) {
-			const struct proto_config_schema *sc = NULL;
-			for (size_t k = 0; k < nschemas; k++)
-				if (strcmp(schemas[k].section, e->section) == 0)
-					sc = &schemas[k];
-			if (sc == NULL)
-				continue;
-			const struct option *o = find_opt(sc->opts, e->key);
-			bool b;
-			if (is_reserved(e->key))
-				return proto_errf(err, EINVAL,
-						  "%s:%d: [%s] cannot set '%s' (the log's settings "
-						  "go in [log]; --config, --help and --version only "
-						  "on the command line)",
-						  cf->path, e->line, e->section, e->key);
-			if (o == NULL)
-				return proto_errf(err, EINVAL, "%s:%d: unknown key '%s' in [%s]%s",
-						  cf->path, e->line, e->key, e->section,
-						  suggest(nearest_opt(sc->opts, e->key), false,
-							  " (the program's long options: --help)"));
-			if (o->has_arg == no_argument && parse_bool(e->value, &b) != 0)
-				return proto_errf(err, EINVAL,
-						  "%s:%d: [%s] %s takes true or false, not '%s'",
-						  cf->path, e->line, e->section, e->key, e->value);
-			if (o->has_arg == required_argument && e->value[0] == '\0')
-				return proto_errf(err, EINVAL, "%s:%d: [%s] %s needs a value",
-						  cf->path, e->line, e->section, e->key);
-		} else {
-			const char *best = NULL;
-			size_t dist = SIZE_MAX;
-			nearest(e->section, "log", &best, &dist);
-			nearest(e->section, "params", &best, &dist);
-			for (size_t k = 0; proto_config_sections[k] != NULL; k++)
-				nearest(e->section, proto_config_sections[k], &best, &dist);
-			return proto_errf(err, EINVAL, "%s:%d: unknown section [%s]%s", cf->path,
-					  e->line, e->section,
-					  suggest(best, true,
-						  " (log, params, tracker, node, publish)"));
+						  "%s:%d: [log] level = %s: not one of "
+						  "err, warn, note, info, debug",
+						  cf->path, e->line, e->value);
+			return 0;
 		}
+		if (strcmp(e->key, "format") == 0) {
+			if (proto_log_parse_format(e->value, &fmt) != 0)
+				return proto_errf(err, EINVAL,
+						  "%s:%d: [log] format = %s: not text or json",
+						  cf->path, e->line, e->value);
+			cv->format = (int)fmt;
+			return 0;
+		}
+		if ((other = elsewhere(e->key, "log", schemas, nschemas)) != NULL)
+			return proto_errf(err, EINVAL, "%s:%d: unknown key '%s' in [log]%s",
+					  cf->path, e->line, e->key, other);
+		nearest(e->key, "level", &best, &dist);
+		nearest(e->key, "format", &best, &dist);
+		return proto_errf(err, EINVAL, "%s:%d: unknown key '%s' in [log]%s", cf->path,
+				  e->line, e->key, suggest(best, false, " (level, format)"));
+	}
+	/* [params] */
+	enum proto_param_id id;
+	uint64_t v;
+	const char *as, *other;
+	if (param_find(e->key, &id) != 0) {
+		if ((as = param_by_env(e->key)) != NULL)
+			return proto_errf(err, EINVAL,
+					  "%s:%d: unknown key '%s' in [params]; that is the "
+					  "environment variable, the key here is '%s'",
+					  cf->path, e->line, e->key, as);
+		if ((other = elsewhere(e->key, "params", schemas, nschemas)) != NULL)
+			return proto_errf(err, EINVAL, "%s:%d: unknown key '%s' in [params]%s",
+					  cf->path, e->line, e->key, other);
+		return proto_errf(err, EINVAL, "%s:%d: unknown key '%s' in [params]%s", cf->path,
+				  e->line, e->key,
+				  suggest(nearest_param(e->key), false,
+					  " (the tunables: `tessera config params`)"));
+	}
+	if (proto_param_parse(id, e->value, &v) != 0)
+		return proto_errf(err, EINVAL,
+				  "%s:%d: [params] %s = %s: not a whole number of at least %llu",
+				  cf->path, e->line, e->key, e->value,
+				  (unsigned long long)proto_param_min(id));
+	cv->param[id] = v;
+	cv->param_set[id] = true;
+	return 0;
+}
+
+/*
+ * One entry: [log] and [params] fully; program sections against the schema
+ * given for them (a section without one is accepted unchecked: it is
+ * another program's), each value through its check.
+ */
+static int entry_check(const struct config_file *cf, const struct config_entry *e,
+		       const struct proto_config_schema *schemas, size_t nschemas,
+		       struct config_values *cv, struct proto_err *err)
+{
+	const struct proto_config_schema *sc;
+	const struct option *o;
+	struct proto_err why;
+	const char *other;
+	bool b;
+	int rc;
+
+	if (strcmp(e->section, "log") == 0 || strcmp(e->section, "params") == 0)
+		return entry_check_shared(cf, e, schemas, nschemas, cv, err);
+	if (!is_program_section(e->section)) {
+		const char *best = NULL;
+		size_t dist = SIZE_MAX;
+		nearest(e->section, "log", &best, &dist);
+		nearest(e->section, "params", &best, &dist);
+		for (size_t k = 0; proto_config_sections[k] != NULL; k++)
+			nearest(e->section, proto_config_sections[k], &best, &dist);
+		return proto_errf(err, EINVAL, "%s:%d: unknown section [%s]%s", cf->path, e->line,
+				  e->section,
+				  suggest(best, true, " (log, params, tracker, node, publish)"));
+	}
+	if ((sc = schema_of(e->section, schemas, nschemas)) == NULL)
+		return 0;
+	if (is_reserved(e->key))
+		return proto_errf(err, EINVAL,
+				  "%s:%d: [%s] cannot set '%s' (the log's settings go in [log]; "
+				  "--config, --help and --version only on the command line)",
+				  cf->path, e->line, e->section, e->key);
+	o = find_opt(sc->opts, e->key);
+	if (o == NULL) {
+		if ((other = elsewhere(e->key, e->section, schemas, nschemas)) != NULL)
+			return proto_errf(err, EINVAL, "%s:%d: unknown key '%s' in [%s]%s",
+					  cf->path, e->line, e->key, e->section, other);
+		return proto_errf(err, EINVAL, "%s:%d: unknown key '%s' in [%s]%s", cf->path,
+				  e->line, e->key, e->section,
+				  suggest(nearest_opt(sc->opts, e->key), false,
+					  " (the program's long options: --help)"));
+	}
+	if (o->has_arg == no_argument && parse_bool(e->value, &b) != 0)
+		return proto_errf(err, EINVAL, "%s:%d: [%s] %s takes true or false, not '%s'",
+				  cf->path, e->line, e->section, e->key, e->value);
+	if (o->has_arg == required_argument && e->value[0] == '\0')
+		return proto_errf(err, EINVAL, "%s:%d: [%s] %s needs a value", cf->path, e->line,
+				  e->section, e->key);
+	for (const struct proto_config_value *v = sc->values; v != NULL && v->key != NULL; v++) {
+		if (!key_eq(v->key, o->name) || o->has_arg == no_argument)
+			continue;
+		if ((rc = v->check(e->value, &why)) != 0)
+			return proto_errf(err, rc < 0 ? -rc : EINVAL, "%s:%d: [%s] %s = %s: %s",
+					  cf->path, e->line, e->section, e->key, e->value, why.msg);
 	}
 	return 0;
+}
+
+/* Checks every entry into cv. Without report, stops at the first error;
+ * with it, prints every error there, one line each. Returns the first. */
+static int file_check(const struct config_file *cf, const struct proto_config_schema *schemas,
+		      size_t nschemas, struct config_values *cv, FILE *report,
+		      struct proto_err *err)
+{
+	struct proto_err one;
+	int rc, first = 0;
+
+	*cv = (struct config_values){.level = -1, .format = -1};
+	for (size_t i = 0; i < cf->n; i++) {
+		if ((rc = entry_check(cf, &cf->e[i], schemas, nschemas, cv, &one)) == 0)
+			continue;
+		if (first == 0) {
+			first = rc;
+			if (err != NULL)
+				*err = one;
+		}
+		if (report == NULL)
+			break;
+		fprintf(report, "%s\n", one.msg);
+	}
+	return first;
 }
 
 void proto_config_reset(void)
@@ -466,11 +572,12 @@ static char *format_opt(const char *key, const char *value)
 	return asprintf(&s, "--%s=%s", key, value) < 0 ? NULL : s;
 }
 
-int proto_config_args(const char *section, const struct option *opts, int *argc,
-		      char ***argv, struct proto_err *err)
+int proto_config_args(const struct proto_config_schema *schema, int *argc, char ***argv,
+		      struct proto_err *err)
 {
 	const char *path = NULL, *fmt_s = NULL, *level_s = NULL;
-	struct proto_config_schema schema = {section, opts};
+	const char *section = schema->section;
+	const struct option *opts = schema->opts;
 	struct config_file cf = {0};
 	struct config_values cv = {.level = -1, .format = -1};
 	char **nv = NULL;
@@ -506,7 +613,7 @@ int proto_config_args(const char *section, const struct option *opts, int *argc,
 	if (path != NULL) {
 		rc = file_read(path, &cf, err);
 		if (rc == 0)
-			rc = file_check(&cf, &schema, 1, &cv, err);
+			rc = file_check(&cf, schema, 1, &cv, NULL, err);
 		if (rc != 0)
 			goto out;
 	}
@@ -570,12 +677,12 @@ int proto_config_file_args(void)
 	return made_nfile;
 }
 
-void proto_config_cli(const char *prog, const char *section, const struct option *opts,
-		      int *argc, char ***argv)
+void proto_config_cli(const char *prog, const struct proto_config_schema *schema, int *argc,
+		      char ***argv)
 {
 	struct proto_err err;
 
-	if (proto_config_args(section, opts, argc, argv, &err) != 0) {
+	if (proto_config_args(schema, argc, argv, &err) != 0) {
 		fprintf(stderr, "%s: %s\n", prog, err.msg);
 		exit(2);
 	}
@@ -586,24 +693,62 @@ static const char *source_name(enum proto_param_source s)
 	return s == PROTO_PARAM_FROM_ENV ? "environment" : s == PROTO_PARAM_FROM_FILE ? "file" : "default";
 }
 
+/* Every TESSERA_ tunable the environment sets to what the programs ignore,
+ * as they warn of it; one line each on errs. Returns the first error. */
+static int env_check(FILE *errs, struct proto_err *err)
+{
+	int first = 0;
+
+	for (int i = 0; i < PROTO_PARAM_COUNT; i++) {
+		enum proto_param_id id = (enum proto_param_id)i;
+		const char *s = getenv(proto_param_env(id));
+		struct proto_err one;
+		uint64_t v;
+		if (s == NULL || proto_param_parse(id, s, &v) == 0)
+			continue;
+		proto_errf(&one, EINVAL,
+			   "environment: %s=%s is not a number of at least %llu (the programs "
+			   "ignore it)",
+			   proto_param_env(id), s, (unsigned long long)proto_param_min(id));
+		if (first == 0) {
+			first = -EINVAL;
+			if (err != NULL)
+				*err = one;
+		}
+		if (errs != NULL)
+			fprintf(errs, "%s\n", one.msg);
+	}
+	return first;
+}
+
 int proto_config_check(const char *path, const struct proto_config_schema *schemas,
-		       size_t nschemas, FILE *out, struct proto_err *err)
+		       size_t nschemas, FILE *out, FILE *errs, struct proto_err *err)
 {
 	struct config_file cf;
 	struct config_values cv;
-	int rc, level = PROTO_LOG_NOTE;
+	int rc, erc, level = PROTO_LOG_NOTE;
 
 	for (size_t i = 0; proto_config_sections[i] != NULL; i++) {
 		bool have = false;
 		for (size_t k = 0; k < nschemas; k++)
 			have |= strcmp(schemas[k].section, proto_config_sections[i]) == 0;
-		if (!have)
-			return proto_errf(err, EINVAL, "no schema for [%s]", proto_config_sections[i]);
+		if (!have) {
+			rc = proto_errf(err, EINVAL, "no schema for [%s]", proto_config_sections[i]);
+			if (errs != NULL)
+				fprintf(errs, "%s\n", err->msg);
+			return rc;
+		}
 	}
 	rc = file_read(path, &cf, err);
-	if (rc != 0)
+	if (rc != 0) {
+		if (errs != NULL)
+			fprintf(errs, "%s\n", err->msg);
 		return rc;
-	rc = file_check(&cf, schemas, nschemas, &cv, err);
+	}
+	rc = file_check(&cf, schemas, nschemas, &cv, errs, err);
+	erc = env_check(errs, rc == 0 ? err : NULL);
+	if (rc == 0)
+		rc = erc;
 	if (rc != 0)
 		goto out;
 	if (getenv("TESSERA_LOG") != NULL)
@@ -621,7 +766,7 @@ int proto_config_check(const char *path, const struct proto_config_schema *schem
 			cv.param_set[id] ? PROTO_PARAM_FROM_FILE : PROTO_PARAM_FROM_DEFAULT;
 		const char *env = getenv(proto_param_env(p));
 		uint64_t ev;
-		if (env != NULL && proto_parse_u64(env, proto_param_min(p), UINT64_MAX, &ev) == 0) {
+		if (env != NULL && proto_param_parse(p, env, &ev) == 0) {
 			v = ev;
 			src = PROTO_PARAM_FROM_ENV;
 		}

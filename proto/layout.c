@@ -820,6 +820,19 @@ static const char tp_rules[] =
 	"{\"match\":\"lm_head.weight\",\"split\":0},"
 	"{\"match\":\"*\",\"replicate\":true}]";
 
+int proto_layout_builtin_parse(const char *name, uint64_t *ranks, struct proto_err *err)
+{
+	uint64_t n;
+
+	if (!(strncmp(name, "tp", 2) == 0 && proto_parse_u64(name + 2, 1, 4096, &n) == 0) &&
+	    !(strncmp(name, "fsdp", 4) == 0 && proto_parse_u64(name + 4, 1, 65536, &n) == 0))
+		return proto_errf(err, EINVAL,
+				  "layout %s: not a built-in (tpN or fsdpN) nor a layout file", name);
+	if (ranks != NULL)
+		*ranks = n;
+	return 0;
+}
+
 int proto_layout_builtin(const struct proto_model *m, const char *name,
 			 struct proto_layout *out, struct proto_err *err)
 {
@@ -828,12 +841,12 @@ int proto_layout_builtin(const struct proto_model *m, const char *name,
 	int rc;
 
 	memset(out, 0, sizeof(*out));
-	if (strncmp(name, "tp", 2) == 0 && proto_parse_u64(name + 2, 1, 4096, &n) == 0)
+	if ((rc = proto_layout_builtin_parse(name, &n, err)) != 0)
+		return rc;
+	if (name[0] == 't')
 		rules = json_loads(tp_rules, 0, NULL);
-	else if (strncmp(name, "fsdp", 4) == 0 && proto_parse_u64(name + 4, 1, 65536, &n) == 0)
-		rules = json_pack("[{s:s,s:i}]", "match", "*", "split", 0);
 	else
-		return proto_errf(err, EINVAL, "layout %s: not a built-in (tpN or fsdpN)", name);
+		rules = json_pack("[{s:s,s:i}]", "match", "*", "split", 0);
 	root = json_pack("{s:I,s:o}", "ranks", (json_int_t)n, "tensors", rules);
 	if (root == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");

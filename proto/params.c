@@ -35,7 +35,7 @@ static const char *env_value(enum proto_param_id id, uint64_t *v)
 
 	if (s == NULL)
 		return NULL;
-	if (proto_parse_u64(s, proto_param_min(id), UINT64_MAX, v) != 0) {
+	if (proto_param_parse(id, s, v) != 0) {
 		LOG_WARN("%s=%s is not a number of at least %llu; ignored", d->env, s,
 			 (unsigned long long)proto_param_min(id));
 		return NULL;
@@ -167,6 +167,11 @@ uint64_t proto_param_min(enum proto_param_id id)
 		       id == PROTO_PARAM_HUGE_PAGES
 		       ? 0
 		       : 1;
+}
+
+int proto_param_parse(enum proto_param_id id, const char *s, uint64_t *v)
+{
+	return proto_parse_u64(s, proto_param_min(id), UINT64_MAX, v);
 }
 
 enum proto_param_source proto_param_source(enum proto_param_id id)

@@ -339,6 +339,10 @@ const char *proto_param_env(enum proto_param_id id);
 const char *proto_param_doc(enum proto_param_id id);
 uint64_t proto_param_default(enum proto_param_id id);
 uint64_t proto_param_min(enum proto_param_id id);
+/* A value for id, from the environment or a file's [params]: a whole number
+ * of at least proto_param_min(id). 0, or -EINVAL (*v unspecified). The one
+ * rule both sources go through. */
+int proto_param_parse(enum proto_param_id id, const char *s, uint64_t *v);
 enum proto_param_source proto_param_source(enum proto_param_id id);
 
 /* The id named name (as proto_param_name() spells it); -ENOENT if none. */

@@ -8,6 +8,7 @@
 #include "proto/log.h"
 #include "proto/addendum.h"
 #include "proto/manifest.h"
+#include "proto/optval.h"
 #include "proto/params.h"
 #include "proto/plan.h"
 #include "proto/spec.h"

@@ -177,6 +177,9 @@ int proto_layout_open(const struct proto_model *m, const char *arg,
  * as FSDP2 does) and "tpN" (Megatron rules for Llama-style names: fused
  * qkv_proj and gate_up_proj and embeddings/lm_head split on dim 0, o_proj
  * and down_proj on dim 1, the rest replicated). */
+/* Whether name is a built-in's name: 0 with its ranks in *ranks (when not
+ * NULL), or -EINVAL with a one-line error. */
+int proto_layout_builtin_parse(const char *name, uint64_t *ranks, struct proto_err *err);
 int proto_layout_builtin(const struct proto_model *m, const char *name,
 			 struct proto_layout *out, struct proto_err *err);
 

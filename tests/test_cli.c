@@ -317,7 +317,8 @@ static void test_node_bad_attach_perm(void **state)
 	snprintf(args, sizeof(args), "%s --config n.ini", base);
 	assert_int_equal(run(e, &cmds[1], args), 2);
 	char *err = slurp(e->err);
-	assert_string_equal(err, "tessera-node: --attach-mode 8: want octal permission bits, 0000 to 0777 (0660)\n");
+	assert_string_equal(err, "tessera-node: n.ini:3: [node] attach-mode = 8: want octal permission "
+				 "bits, 0000 to 0777 (0660)\n");
 	free(err);
 }
 

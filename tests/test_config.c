@@ -18,9 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "node/cli/cmd.h"
+#include "node/host/host.h"
 #include "proto/config.h"
 #include "proto/proto.h"
 #include "tests/testutil.h"
+#include "tracker/tracker.h"
 
 /* A program's table, as tessera-node's. */
 static const struct option node_opts[] = {
@@ -32,9 +35,29 @@ static const struct option node_opts[] = {
 	{"expose", required_argument, NULL, 'e'},
 	{"verbose", no_argument, NULL, 'v'},
 	{"trainer-pubkey", required_argument, NULL, 'p'},
+	{"ranks", required_argument, NULL, 'R'},
+	{"store", required_argument, NULL, 's'},
 	{"help", no_argument, NULL, 'h'},
 	{NULL, 0, NULL, 0},
 };
+
+/* As tessera-node checks its section: these keys, its values' parsers. */
+static const struct proto_config_schema node_schema = {"node", node_opts,
+						      node_host_config_values};
+
+/* Parts of the other programs' tables, with their values' parsers. */
+static const struct option tracker_opts[] = {
+	{"listen", required_argument, NULL, 'l'},
+	{NULL, 0, NULL, 0},
+};
+static const struct option publish_opts[] = {
+	{"every", required_argument, NULL, 'e'},
+	{NULL, 0, NULL, 0},
+};
+static const struct proto_config_schema tracker_schema = {"tracker", tracker_opts,
+							 trk_config_values};
+static const struct proto_config_schema publish_schema = {"publish", publish_opts,
+							 node_publish_config_values};
 
 static void check_one_line(const char *msg, const char *name)
 {
@@ -70,8 +93,13 @@ static void bad_lib(const char *path, const char *name)
 	char **argv = argv0;
 	int argc = 5, level = proto_log_level();
 	struct proto_err err = {{0}};
+	/* bad-config-tracker-* and bad-config-publish-* are those programs'. */
+	const struct proto_config_schema *schema =
+		strncmp(name, "bad-config-tracker-", 19) == 0   ? &tracker_schema
+		: strncmp(name, "bad-config-publish-", 19) == 0 ? &publish_schema
+								: &node_schema;
 
-	if (proto_config_args("node", node_opts, &argc, &argv, &err) == 0)
+	if (proto_config_args(schema, &argc, &argv, &err) == 0)
 		fail_msg("%s was accepted", name);
 	check_one_line(err.msg, name);
 	/* Nothing applied: the vector, the tunables and the log level. */
@@ -105,12 +133,12 @@ static void bad_check(const char *path, const char *name)
 
 static void test_bad_configs_lib(void **state)
 {
-	assert_true(for_each_bad(bad_lib) >= 18);
+	assert_true(for_each_bad(bad_lib) >= 27);
 }
 
 static void test_bad_configs_check(void **state)
 {
-	assert_true(for_each_bad(bad_check) >= 18);
+	assert_true(for_each_bad(bad_check) >= 27);
 }
 
 /* A program refuses a bad file at start-up with status 2 before anything. */
@@ -141,7 +169,7 @@ static void test_file_then_flags(void **state)
 	char **argv = argv0;
 	int argc = 8, c;
 	unsetenv("TESSERA_CHUNK_SIZE");
-	assert_int_equal(proto_config_args("node", node_opts, &argc, &argv, &err), 0);
+	assert_int_equal(proto_config_args(&node_schema, &argc, &argv, &err), 0);
 	/* argv0, the file's three options, the line's --rank 7 -- --config. */
 	assert_int_equal(argc, 8);
 	assert_string_equal(argv[0], "tessera-node");
@@ -186,6 +214,22 @@ static void test_file_then_flags(void **state)
 	tu_rmtree(dir);
 }
 
+/* Makes in dir the files good-config-full.ini and test_spellings name:
+ * keys (trainer, t, cluster, c), the TLS files and model (empty: their
+ * check is that they can be read) and the versions directory. */
+static void make_files(const char *dir)
+{
+	char bin[4096];
+
+	tu_bin(bin, sizeof(bin), "tessera");
+	assert_int_equal(tu_sh("cd %s && %s keygen -o trainer >/dev/null && %s keygen -o t >/dev/null"
+			       " && %s keygen --cluster -o cluster.key >/dev/null"
+			       " && cp cluster.key c.key && touch tracker.pem tracker.key ca.pem"
+			       " model.json && mkdir -p versions",
+			       dir, bin, bin, bin),
+			 0);
+}
+
 /* Writes text to DIR/t.ini and returns what proto_config_args says of it
  * for tessera-node (0 or a negative errno, err filled). */
 static int config_text(const char *dir, const char *text, int *argc, char ***argv,
@@ -202,7 +246,7 @@ static int config_text(const char *dir, const char *text, int *argc, char ***arg
 	argv0[3] = NULL;
 	*argv = argv0;
 	*argc = 3;
-	return proto_config_args("node", node_opts, argc, argv, err);
+	return proto_config_args(&node_schema, argc, argv, err);
 }
 
 /* The message for text, which must be refused, and nothing applied. */
@@ -229,7 +273,13 @@ static void test_spellings(void **state)
 	char **argv;
 	int argc;
 
+	char cwd[4096];
+
 	tu_mkdtemp(dir, sizeof(dir));
+	make_files(dir);
+	/* Key files are read where the program runs: here, in dir. */
+	assert_non_null(getcwd(cwd, sizeof(cwd)));
+	assert_int_equal(chdir(dir), 0);
 	unsetenv("TESSERA_CHUNK_SIZE");
 	assert_int_equal(config_text(dir, "[node]\ntrainer_pubkey = t.pub\n[params]\n"
 					  "chunk-size = 65536\n",
@@ -294,6 +344,7 @@ static void test_spellings(void **state)
 	assert_int_equal(tu_write(path, "[node]\ntrainer_pubky = t.pub\n"), 0);
 	assert_int_equal(tu_sh("%s --config '%s' --help >/dev/null 2>%s/err", bin, path, dir), 2);
 	assert_int_equal(tu_sh("grep -qF \"did you mean 'trainer-pubkey'?\" %s/err", dir), 0);
+	assert_int_equal(chdir(cwd), 0);
 	tu_rmtree(dir);
 }
 
@@ -380,36 +431,44 @@ static void test_missing_values(void **state)
 	char **argv = a1;
 	int argc = 2;
 
-	assert_true(proto_config_args("node", node_opts, &argc, &argv, &err) < 0);
+	assert_true(proto_config_args(&node_schema, &argc, &argv, &err) < 0);
 	assert_non_null(strstr(err.msg, "--config needs a value"));
 	argv = a2;
 	argc = 3;
-	assert_true(proto_config_args("node", node_opts, &argc, &argv, &err) < 0);
+	assert_true(proto_config_args(&node_schema, &argc, &argv, &err) < 0);
 	assert_non_null(strstr(err.msg, "xml"));
 }
 
 /* Every key `tessera config check` knows is one the program takes. */
 static void test_programs_take_every_key(void **state)
 {
-	char bin[4096], path[4096];
+	char bin[4096], path[4096], dir[4096];
 
+	/* Its paths name files that must exist: made in dir, run from there. */
+	tu_mkdtemp(dir, sizeof(dir));
+	make_files(dir);
 	tu_data(path, sizeof(path), "good-config-full.ini");
-	assert_int_equal(tu_sh("%s config check '%s' >/dev/null", tu_bin(bin, sizeof(bin), "tessera"),
-			       path), 0);
-	assert_int_equal(tu_sh("%s --config '%s' --help >/dev/null",
+	assert_int_equal(tu_sh("cd %s && %s config check '%s' >/dev/null", dir,
+			       tu_bin(bin, sizeof(bin), "tessera"), path), 0);
+	assert_int_equal(tu_sh("cd %s && %s --config '%s' --help >/dev/null", dir,
 			       tu_bin(bin, sizeof(bin), "tessera-tracker"), path), 0);
-	assert_int_equal(tu_sh("%s --config '%s' --help >/dev/null",
+	assert_int_equal(tu_sh("cd %s && %s --config '%s' --help >/dev/null", dir,
 			       tu_bin(bin, sizeof(bin), "tessera-node"), path), 0);
-	assert_int_equal(tu_sh("%s publish --config '%s' --help >/dev/null",
+	assert_int_equal(tu_sh("cd %s && %s publish --config '%s' --help >/dev/null", dir,
 			       tu_bin(bin, sizeof(bin), "tessera"), path), 0);
-	assert_int_equal(tu_sh("%s config check '%s' | grep -q '^chunk_size = 1048576 .*(file;'",
-			       tu_bin(bin, sizeof(bin), "tessera"), path), 0);
+	assert_int_equal(tu_sh("cd %s && %s config check '%s' | grep -q '^chunk_size = 1048576 .*(file;'",
+			       dir, tu_bin(bin, sizeof(bin), "tessera"), path), 0);
+	/* Elsewhere the same file is refused: its key files are missing. */
+	assert_int_equal(tu_sh("cd / && %s config check '%s' >/dev/null 2>&1",
+			       tu_bin(bin, sizeof(bin), "tessera"), path), 1);
+	tu_rmtree(dir);
 }
 
 /* Every long option a program lists in its --help is a key `tessera config
  * check` takes in that program's section (its copy of the tables had lost
  * `ranks`, `serve`, `attach`, `install`, `anchor-every` and `trainer`, and
- * refused the `ranks = 0-7` deploy/ suggests). */
+ * refused the `ranks = 0-7` deploy/ suggests). The value 'x' may be refused,
+ * as a value, never the key. */
 static void test_check_knows_every_flag(void **state)
 {
 	static const char *progs[][2] = {
@@ -429,12 +488,138 @@ static void test_check_knows_every_flag(void **state)
 			       " | sed 's/.*--//' | sort -u); do"
 			       " case $k in help|version|config|log-level|log-format) continue;; esac;"
 			       " n=$((n + 1)); printf '[%s]\\n%%s = x\\n' $k > %s/k.ini;"
-			       " %s config check %s/k.ini >/dev/null ||"
+			       " %s config check %s/k.ini >/dev/null 2>%s/e;"
+			       " ! grep -q 'unknown key' %s/e ||"
 			       " { echo \"config check refuses [%s] $k\"; exit 1; }; done; [ $n -ge 5 ]",
-			       prog, progs[i][1], dir, tu_bin(bin, sizeof(bin), "tessera"), dir,
-			       progs[i][1]);
+			       prog, progs[i][1], dir, tu_bin(bin, sizeof(bin), "tessera"), dir, dir,
+			       dir, progs[i][1]);
 		assert_int_equal(rc, 0);
 	}
+	tu_rmtree(dir);
+}
+
+/* Every value goes through the parser its program applies; `tessera config
+ * check` reports every bad one, FILE:LINE: [section] key = value: reason,
+ * a line each, with the hints for keys in the wrong place, and the
+ * TESSERA_* variables the programs would ignore. */
+static void test_values_checked(void **state)
+{
+	char bin[4096], dir[4096], path[4096];
+
+	tu_mkdtemp(dir, sizeof(dir));
+	snprintf(path, sizeof(path), "%s/v.ini", dir);
+	tu_bin(bin, sizeof(bin), "tessera");
+	assert_int_equal(tu_write(path, "[node]\nranks = 0-x\nlayout = tp3x\nstore = gpu\n"
+					"tracker = 127.0.0.1:7400\nlisten = 127.0.0.1:7070\n"
+					"trainer-pubkey = /nonexistent/t.pub\n"
+					"[publish]\nevery = soon\nranks = 0,\n"
+					"[tracker]\nlisten = 7400\n"
+					"[params]\nTESSERA_CHUNK_SIZE = 65536\nlease_ms = abc\n"),
+			 0);
+	assert_int_equal(tu_sh("env -u TESSERA_LEASE_MS %s config check '%s' >%s/out 2>%s/err", bin,
+			       path, dir, dir),
+			 1);
+	static const char *const lines[] = {
+		"v.ini:2: [node] ranks = 0-x: want R, R-S or a comma list of those",
+		"v.ini:3: [node] layout = tp3x: not a built-in (tpN or fsdpN) nor a layout file",
+		"v.ini:4: [node] store = gpu: want host, cuda, cuda:DEVICE or auto",
+		"v.ini:5: [node] tracker = 127.0.0.1:7400: want http://HOST:PORT or https://",
+		"v.ini:6: unknown key 'listen' in [node]; [tracker] takes it",
+		"v.ini:7: [node] trainer-pubkey = /nonexistent/t.pub: ",
+		"v.ini:9: [publish] every = soon: want 1..86400000 ms",
+		"v.ini:10: [publish] ranks = 0,: want a list like 0,1 or 0-3",
+		"v.ini:12: [tracker] listen = 7400: want HOST:PORT",
+		"v.ini:14: unknown key 'TESSERA_CHUNK_SIZE' in [params]; that is the environment "
+		"variable, the key here is 'chunk_size'",
+		"v.ini:15: [params] lease_ms = abc: not a whole number of at least 1",
+	};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(lines); i++)
+		if (tu_sh("grep -qF -- \"%s\" %s/err", lines[i], dir) != 0)
+			fail_msg("no line '%s' in the check's errors", lines[i]);
+	assert_int_equal(tu_sh("[ $(wc -l < %s/err) -eq %zu ] && [ ! -s %s/out ]", dir,
+			       PROTO_ARRAY_LEN(lines), dir),
+			 0);
+	/* Another section's key in [params], a tunable in a program's. */
+	assert_int_equal(tu_write(path, "[params]\nlisten = 1\n[tracker]\nchunk_size = 1\n"), 0);
+	assert_int_equal(tu_sh("%s config check '%s' 2>%s/err >/dev/null", bin, path, dir), 1);
+	assert_int_equal(tu_sh("grep -qF \"v.ini:2: unknown key 'listen' in [params]; [tracker] "
+			       "takes it\" %s/err && grep -qF \"v.ini:4: unknown key 'chunk_size' in "
+			       "[tracker]; [params] takes it\" %s/err",
+			       dir, dir),
+			 0);
+	/* The environment, as the programs read it: refused, rc 1. */
+	assert_int_equal(tu_write(path, "[log]\nlevel = info\n"), 0);
+	assert_int_equal(tu_sh("TESSERA_LEASE_MS=abc %s config check '%s' 2>%s/err >/dev/null", bin,
+			       path, dir),
+			 1);
+	assert_int_equal(tu_sh("[ $(wc -l < %s/err) -eq 1 ] && grep -qF 'TESSERA_LEASE_MS=abc is "
+			       "not a number of at least 1' %s/err",
+			       dir, dir),
+			 0);
+	assert_int_equal(tu_sh("TESSERA_LEASE_MS=9000 %s config check '%s' 2>/dev/null | "
+			       "grep -q '^lease_ms = 9000 .*(environment;'",
+			       bin, path),
+			 0);
+	tu_rmtree(dir);
+}
+
+/* A program given a file with a bad value refuses it at start with the
+ * check's line, status 2, before it opens anything (no `metrics on`, no
+ * fabric line). */
+static void test_program_refuses_values(void **state)
+{
+	char bin[4096], dir[4096], path[4096];
+
+	tu_mkdtemp(dir, sizeof(dir));
+	make_files(dir);
+	snprintf(path, sizeof(path), "%s/v.ini", dir);
+	static const struct {
+		const char *text, *line;
+	} cases[] = {
+		{"[node]\nranks = 0-x\n", "v.ini:2: [node] ranks = 0-x: want R, R-S"},
+		{"[node]\nlayout = tp3x\n", "v.ini:2: [node] layout = tp3x: not a built-in"},
+		{"[node]\nstore = gpu\n", "v.ini:2: [node] store = gpu: want host"},
+		{"[node]\ntracker = 127.0.0.1:7400\n", "v.ini:2: [node] tracker = 127.0.0.1:7400: want"},
+	};
+	tu_bin(bin, sizeof(bin), "tessera-node");
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(cases); i++) {
+		assert_int_equal(tu_write(path, cases[i].text), 0);
+		/* Everything else given, so that only the value stops it. */
+		int rc = tu_sh("cd %s && timeout 20 %s --config v.ini --tracker http://127.0.0.1:9"
+			       " --replica A --rank 0 --layout tp1 --model model.json"
+			       " --trainer-pubkey trainer.pub --log-level info >out 2>err",
+			       dir, bin);
+		assert_int_equal(rc, 2);
+		if (tu_sh("grep -qF \"tessera-node: %s\" %s/err", cases[i].line, dir) != 0)
+			fail_msg("case %zu: the node's refusal is not '%s'", i, cases[i].line);
+		assert_int_equal(tu_sh("[ ! -s %s/out ] && [ $(wc -l < %s/err) -eq 1 ]", dir, dir), 0);
+	}
+	/* The command line's values too, before the metrics listener. */
+	assert_int_equal(tu_sh("cd %s && timeout 20 %s --tracker 127.0.0.1:7400 --replica A --rank 0"
+			       " --layout tp3x --model model.json --trainer-pubkey trainer.pub"
+			       " >out 2>err",
+			       dir, bin),
+			 2);
+	assert_int_equal(tu_sh("[ ! -s %s/out ] && grep -qF 'tessera-node: --tracker 127.0.0.1:7400: "
+			       "want http://' %s/err",
+			       dir, dir),
+			 0);
+	assert_int_equal(tu_write(path, "[tracker]\nlisten = 7400\n"), 0);
+	assert_int_equal(tu_sh("cd %s && timeout 20 %s --config v.ini --state st >out 2>err", dir,
+			       tu_bin(bin, sizeof(bin), "tessera-tracker")),
+			 2);
+	assert_int_equal(tu_sh("[ ! -s %s/out ] && [ ! -e %s/st ] && grep -qF 'tessera-tracker: "
+			       "v.ini:2: [tracker] listen = 7400: want HOST:PORT' %s/err",
+			       dir, dir, dir),
+			 0);
+	assert_int_equal(tu_write(path, "[publish]\nevery = soon\n"), 0);
+	assert_int_equal(tu_sh("cd %s && timeout 20 %s publish --config v.ini >out 2>err", dir,
+			       tu_bin(bin, sizeof(bin), "tessera")),
+			 2);
+	assert_int_equal(tu_sh("grep -qF 'tessera publish: v.ini:2: [publish] every = soon: want "
+			       "1..86400000 ms' %s/err",
+			       dir),
+			 0);
 	tu_rmtree(dir);
 }
 
@@ -463,6 +648,8 @@ int main(void)
 		cmocka_unit_test(test_zero_means_off),
 		cmocka_unit_test(test_programs_take_every_key),
 		cmocka_unit_test(test_check_knows_every_flag),
+		cmocka_unit_test(test_values_checked),
+		cmocka_unit_test(test_program_refuses_values),
 		cmocka_unit_test(test_params_table_committed),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

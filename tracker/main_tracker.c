@@ -97,7 +97,8 @@ int main(int argc, char **argv)
 
 	proto_cli_setup();
 	proto_log_setup("tracker", -1);
-	proto_config_cli("tessera-tracker", "tracker", opts, &argc, &argv);
+	static const struct proto_config_schema schema = {"tracker", opts, trk_config_values};
+	proto_config_cli("tessera-tracker", &schema, &argc, &argv);
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":l:s:k:p:h", opts, NULL)) != -1) {
 		switch (c) {

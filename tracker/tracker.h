@@ -38,6 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto/config.h"
 #include "proto/manifest.h"
 #include "proto/util.h"
 
@@ -141,6 +142,18 @@ struct trk_answer {
 	bool fix;
 };
 typedef void (*trk_client_cb)(const struct trk_answer *a, void *arg);
+
+/* Whether url is a tracker URL trk_client_new takes (http:// or https://,
+ * a host, an optional port and path): 0, or -EINVAL with the reason in err.
+ * The same check trk_client_new makes; the configuration check calls it. */
+int trk_url_check(const char *url, struct proto_err *err);
+
+/* Whether v is an address tessera-tracker --listen takes (HOST:PORT): 0, or
+ * -EINVAL with the reason in err. */
+int trk_listen_check(const char *v, struct proto_err *err);
+
+/* The checks of [tracker]'s values: the parsers tessera-tracker applies. */
+extern const struct proto_config_value trk_config_values[];
 
 /*
  * A client bound to an event_base (NULL: the client makes a private one, for

@@ -267,25 +267,13 @@ static void on_request(struct evhttp_request *req, void *arg)
 }
 
 /* "host:port" or "[v6]:port" into host (without brackets) and port. */
-static int split(const char *listen, char *host, size_t hlen, uint16_t *port)
+int node_metrics_addr_check(const char *v, struct proto_err *err)
 {
-	const char *colon = strrchr(listen, ':');
-	uint64_t p;
+	char host[256];
+	uint16_t port;
 
-	if (colon == NULL || colon == listen || proto_parse_u64(colon + 1, 0, 65535, &p) != 0)
-		return -EINVAL;
-	size_t n = (size_t)(colon - listen);
-	if (listen[0] == '[') {
-		if (n < 3 || listen[n - 1] != ']')
-			return -EINVAL;
-		listen++;
-		n -= 2;
-	}
-	if (n >= hlen)
-		return -EINVAL;
-	memcpy(host, listen, n);
-	host[n] = '\0';
-	*port = (uint16_t)p;
+	if (strcmp(v, "off") != 0 && proto_hostport_parse(v, host, sizeof(host), &port) != 0)
+		return proto_errf(err, EINVAL, "want HOST:PORT or off");
 	return 0;
 }
 
@@ -301,7 +289,7 @@ int node_metrics_http_new(struct event_base *base, const char *listen, const str
 	int rc;
 
 	*out = NULL;
-	if (split(listen, host, sizeof(host), &port) != 0)
+	if (proto_hostport_parse(listen, host, sizeof(host), &port) != 0)
 		return proto_errf(err, EINVAL, "--metrics %s is not HOST:PORT (or off)", listen);
 	s = calloc(1, sizeof(*s));
 	if (s == NULL)

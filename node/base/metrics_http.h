@@ -15,6 +15,10 @@
 struct event_base;
 struct node_metrics_http;
 
+/* Whether v is what --metrics takes (HOST:PORT or off): 0, or -EINVAL with
+ * the reason in err. node_metrics_http_new parses it alike. */
+int node_metrics_addr_check(const char *v, struct proto_err *err);
+
 /* Listens on listen ("HOST:PORT", "[V6]:PORT"; port 0 picks a free one) and
  * serves m, which must outlive the server. On failure *out is NULL and err
  * says why. */

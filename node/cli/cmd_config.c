@@ -6,8 +6,10 @@
 #include <string.h>
 
 #include "node/cli/cmd.h"
+#include "node/host/host.h"
 #include "proto/config.h"
 #include "proto/proto.h"
+#include "tracker/tracker.h"
 
 /*
  * The options each program takes from its section. The programs check their
@@ -82,7 +84,11 @@ static void config_usage(FILE *f)
 		"effective values: [log] level and format, every tunable of [params] with\n"
 		"where its value comes from (default, file, or the environment, which\n"
 		"wins over the file), and the options of [tracker], [node] and [publish].\n"
-		"Exits 0 when the file is valid, 1 with a one-line FILE:LINE error when not.\n"
+		"Every value goes through the parser its program applies (rank lists,\n"
+		"layouts, stores, durations, URLs, addresses, numbers, key files, which\n"
+		"must exist), and so does every TESSERA_* tunable of the environment.\n"
+		"Exits 0 when all is valid, 1 when not, with one line per error\n"
+		"(FILE:LINE: [section] key = value: reason) on stderr.\n"
 		"\n"
 		"`params` prints every tunable (environment variable, [params] name,\n"
 		"default, meaning) as a Markdown table: proto/PARAMS.md is its output.\n");
@@ -143,9 +149,9 @@ static void print_params(FILE *f)
 int node_cmd_config(int argc, char **argv)
 {
 	static const struct proto_config_schema schemas[] = {
-		{"tracker", tracker_opts},
-		{"node", node_opts},
-		{"publish", publish_opts},
+		{"tracker", tracker_opts, trk_config_values},
+		{"node", node_opts, node_host_config_values},
+		{"publish", publish_opts, node_publish_config_values},
 	};
 	struct proto_err err;
 
@@ -161,9 +167,8 @@ int node_cmd_config(int argc, char **argv)
 		config_usage(stderr);
 		return 2;
 	}
-	if (proto_config_check(argv[2], schemas, PROTO_ARRAY_LEN(schemas), stdout, &err) != 0) {
-		fprintf(stderr, "tessera config: %s\n", err.msg);
+	/* Every error is a line of its own on stderr ("FILE:LINE: ..."). */
+	if (proto_config_check(argv[2], schemas, PROTO_ARRAY_LEN(schemas), stdout, stderr, &err) != 0)
 		return 1;
-	}
 	return 0;
 }

@@ -297,30 +297,12 @@ static int parse_ranks(const char *s, uint32_t **out, size_t *n)
 {
 	uint32_t *r = NULL;
 	size_t cnt = 0, cap = 0;
-	char buf[32];
+	uint64_t lo, hi;
+	int more;
 
 	*out = NULL;
 	*n = 0;
-	while (*s) {
-		const char *comma = strchr(s, ',');
-		size_t len = comma ? (size_t)(comma - s) : strlen(s);
-		uint64_t lo, hi;
-		char *dash;
-		if (len == 0 || len >= sizeof(buf))
-			goto bad;
-		memcpy(buf, s, len);
-		buf[len] = 0;
-		dash = strchr(buf, '-');
-		if (dash != NULL) {
-			*dash = 0;
-			if (proto_parse_u64(buf, 0, PROTO_MAX_RANKS - 1, &lo) != 0 ||
-			    proto_parse_u64(dash + 1, 0, PROTO_MAX_RANKS - 1, &hi) != 0 || hi < lo)
-				goto bad;
-		} else if (proto_parse_u64(buf, 0, PROTO_MAX_RANKS - 1, &lo) == 0) {
-			hi = lo;
-		} else {
-			goto bad;
-		}
+	while ((more = proto_ranks_next(&s, PROTO_MAX_RANKS - 1, &lo, &hi)) == 1) {
 		for (uint64_t v = lo; v <= hi; v++) {
 			if (cnt == cap) {
 				size_t nc = cap ? 2 * cap : 8;
@@ -332,11 +314,8 @@ static int parse_ranks(const char *s, uint32_t **out, size_t *n)
 			}
 			r[cnt++] = (uint32_t)v;
 		}
-		s += len + (comma != NULL);
-		if (comma != NULL && *s == 0)
-			goto bad;
 	}
-	if (cnt == 0)
+	if (more < 0 || cnt == 0)
 		goto bad;
 	*out = r;
 	*n = cnt;
@@ -345,6 +324,80 @@ bad:
 	free(r);
 	return -EINVAL;
 }
+
+/* The parsers of the numbers publish takes, each used by its flag and by
+ * its configuration key (node_publish_config_values below). */
+static int versions_parse(const char *s, uint64_t *v)
+{
+	return proto_parse_u64(s, 0, 1000000000, v);
+}
+
+static int every_parse(const char *s, uint64_t *v)
+{
+	return proto_parse_u64(s, 1, 86400000, v);
+}
+
+static int anchor_every_parse(const char *s, uint64_t *v)
+{
+	return proto_parse_u64(s, 1, UINT32_MAX, v);
+}
+
+static int ranks_check(const char *s, struct proto_err *err)
+{
+	uint32_t *r;
+	size_t n;
+
+	if (parse_ranks(s, &r, &n) != 0)
+		return proto_errf(err, EINVAL, "want a list like 0,1 or 0-3 (ranks below %d)",
+				  PROTO_MAX_RANKS);
+	free(r);
+	return 0;
+}
+
+static int synthetic_mb_check(const char *s, struct proto_err *err)
+{
+	uint64_t b;
+
+	return proto_cli_parse_mib(s, &b) == 0 ? 0 : proto_errf(err, EINVAL, "want a positive size, MiB");
+}
+
+static int versions_check(const char *s, struct proto_err *err)
+{
+	uint64_t v;
+
+	return versions_parse(s, &v) == 0 ? 0 : proto_errf(err, EINVAL, "want 0..1e9");
+}
+
+static int every_check(const char *s, struct proto_err *err)
+{
+	uint64_t v;
+
+	return every_parse(s, &v) == 0 ? 0 : proto_errf(err, EINVAL, "want 1..86400000 ms");
+}
+
+static int anchor_every_check(const char *s, struct proto_err *err)
+{
+	uint64_t v;
+
+	return anchor_every_parse(s, &v) == 0 ? 0 : proto_errf(err, EINVAL, "want 1..%u", UINT32_MAX);
+}
+
+const struct proto_config_value node_publish_config_values[] = {
+	{"tracker", trk_url_check},
+	{"key", proto_optval_secret_key},
+	{"cluster-key", proto_optval_cluster_key},
+	{"synthetic-mb", synthetic_mb_check},
+	{"seed", proto_optval_u64},
+	{"model-dir", proto_optval_dir},
+	{"layout", proto_optval_layout},
+	{"ranks", ranks_check},
+	{"versions", versions_check},
+	{"every", every_check},
+	{"anchor-every", anchor_every_check},
+	{"metrics", node_metrics_addr_check},
+	{"tls-ca", proto_optval_file},
+	{NULL, NULL},
+};
 
 int node_cmd_publish(int argc, char **argv)
 {
@@ -383,7 +436,9 @@ int node_cmd_publish(int argc, char **argv)
 	int c, rc = 2;
 
 	proto_log_setup("tessera-publish", -1);
-	proto_config_cli("tessera publish", "publish", opts, &argc, &argv);
+	static const struct proto_config_schema schema = {"publish", opts,
+							   node_publish_config_values};
+	proto_config_cli("tessera publish", &schema, &argc, &argv);
 	optind = 1;
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
@@ -437,14 +492,14 @@ int node_cmd_publish(int argc, char **argv)
 			po.fabric_iface = optarg;
 			break;
 		case 'V':
-			if (proto_parse_u64(optarg, 0, 1000000000, &a.versions) != 0) {
+			if (versions_parse(optarg, &a.versions) != 0) {
 				fprintf(stderr, "tessera publish: --versions wants 0..1e9, not '%s'\n", optarg);
 				goto out;
 			}
 			a.have_versions = true;
 			break;
 		case 'e':
-			if (proto_parse_u64(optarg, 1, 86400000, &every_ms) != 0) {
+			if (every_parse(optarg, &every_ms) != 0) {
 				fprintf(stderr, "tessera publish: --every wants 1..86400000 ms, not '%s'\n",
 					optarg);
 				goto out;
@@ -463,7 +518,7 @@ int node_cmd_publish(int argc, char **argv)
 			break;
 		case 'A': {
 			uint64_t k;
-			if (proto_parse_u64(optarg, 1, UINT32_MAX, &k) != 0) {
+			if (anchor_every_parse(optarg, &k) != 0) {
 				fprintf(stderr, "tessera publish: --anchor-every wants 1..%u, not '%s'\n",
 					UINT32_MAX, optarg);
 				rc = 2;

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "node/agent/agent.h"
+#include "proto/config.h"
 #include "proto/util.h"
 
 /* Ranks one process serves at most: the tracker client remembers 64 node
@@ -118,5 +119,13 @@ struct node_host_watch;
 int node_host_watch_new(struct trk_client *trk, struct node_host_watch **out);
 int node_host_watch_ask(void *ctx, uint64_t after, uint32_t wait_ms, trk_client_cb cb, void *arg);
 void node_host_watch_free(struct node_host_watch *w);
+
+/* tessera-node's values: --rank R (0..65535) and --install double|in-place.
+ * 0, or -EINVAL with the reason in err (*rank, *inplace unchanged). */
+int node_host_rank_parse(const char *v, uint64_t *rank, struct proto_err *err);
+int node_host_install_parse(const char *v, bool *inplace, struct proto_err *err);
+
+/* The checks of [node]'s values: the parsers tessera-node applies. */
+extern const struct proto_config_value node_host_config_values[];
 
 #endif

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/optval.h"
 #include "tracker/tracker.h"
 
 /* As the tracker takes them: 1..TRK_REPLICA_MAX of [A-Za-z0-9._-]. */
@@ -27,21 +28,6 @@ static bool listed(const struct node_host_rank *r, size_t n, const char *replica
 	return false;
 }
 
-/* One number of a rank list: digits only, 0..65535. */
-static int rank_num(const char *s, size_t n, uint64_t *out)
-{
-	char buf[8];
-
-	if (n == 0 || n >= sizeof(buf))
-		return -EINVAL;
-	for (size_t i = 0; i < n; i++)
-		if (!isdigit((unsigned char)s[i]))
-			return -EINVAL;
-	memcpy(buf, s, n);
-	buf[n] = '\0';
-	return proto_parse_u64(buf, 0, 65535, out);
-}
-
 int node_host_ranks_add(struct node_host_ranks *l, const char *replica, const char *ranks,
 			const char *layout, struct proto_err *err)
 {
@@ -53,17 +39,12 @@ int node_host_ranks_add(struct node_host_ranks *l, const char *replica, const ch
 		return proto_errf(err, EINVAL, "replica '%s': want 1..%d of [A-Za-z0-9._-]", replica,
 				  TRK_REPLICA_MAX);
 	for (;;) {
-		size_t item = strcspn(p, ","), dash = strcspn(p, "-");
 		uint64_t lo, hi;
-		if (dash < item) {
-			if (rank_num(p, dash, &lo) != 0 || rank_num(p + dash + 1, item - dash - 1, &hi) != 0 ||
-			    hi < lo)
-				goto bad;
-		} else if (rank_num(p, item, &lo) == 0) {
-			hi = lo;
-		} else {
+		int more = proto_ranks_next(&p, 65535, &lo, &hi);
+		if (more < 0 || (more == 0 && l->n == n0))
 			goto bad;
-		}
+		if (more == 0)
+			return 0;
 		for (uint64_t k = lo; k <= hi; k++) {
 			if (listed(l->r, l->n, replica, (uint32_t)k)) {
 				rc = proto_errf(err, EINVAL, "replica %s rank %u is given twice", replica,
@@ -90,9 +71,6 @@ int node_host_ranks_add(struct node_host_ranks *l, const char *replica, const ch
 			}
 			l->n++;
 		}
-		if (p[item] == '\0')
-			return 0;
-		p += item + 1;
 	}
 bad:
 	rc = proto_errf(err, EINVAL, "replica %s: ranks '%s': want R, R-S or a comma list of those",

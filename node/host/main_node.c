@@ -10,6 +10,8 @@
 #include "node/agent/agent.h"
 #include "node/host/host.h"
 #include "node/serve/perm.h"
+#include "node/store/store.h"
+#include "tracker/tracker.h"
 #include "node/base/metrics_http.h"
 #include "proto/config.h"
 #include "proto/proto.h"
@@ -229,7 +231,8 @@ int main(int argc, char **argv)
 
 	proto_cli_setup();
 	proto_log_setup("tessera-node", -1);
-	proto_config_cli("tessera-node", "node", opts, &argc, &argv);
+	static const struct proto_config_schema schema = {"node", opts, node_host_config_values};
+	proto_config_cli("tessera-node", &schema, &argc, &argv);
 	nfile = proto_config_file_args();
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
@@ -239,8 +242,8 @@ int main(int argc, char **argv)
 		case 'k':
 		case 'R':
 		case 'S':
-			if (c == 'k' && proto_parse_u64(optarg, 0, 65535, &(uint64_t){0}) != 0) {
-				fprintf(stderr, "tessera-node: --rank %s is not a rank\n", optarg);
+			if (c == 'k' && node_host_rank_parse(optarg, &(uint64_t){0}, &err) != 0) {
+				fprintf(stderr, "tessera-node: --rank %s: %s\n", optarg, err.msg);
 				return 2;
 			}
 			if (nro == PROTO_ARRAY_LEN(ro)) {
@@ -264,12 +267,10 @@ int main(int argc, char **argv)
 		case 'a': attach_mode = optarg; break;
 		case 'g': attach_group = optarg; break;
 		case 'I':
-			if (strcmp(optarg, "double") != 0 && strcmp(optarg, "in-place") != 0) {
-				fprintf(stderr, "tessera-node: --install %s: want double or in-place\n",
-					optarg);
+			if (node_host_install_parse(optarg, &o.install_inplace, &err) != 0) {
+				fprintf(stderr, "tessera-node: --install %s: %s\n", optarg, err.msg);
 				return 2;
 			}
-			o.install_inplace = strcmp(optarg, "in-place") == 0;
 			break;
 		case 'H': o.host = optarg; break;
 		case 'M': metrics_at = optarg; break;
@@ -312,6 +313,20 @@ int main(int argc, char **argv)
 		if (ranks.r[i].layout == NULL) {
 			node_host_ranks_fini(&ranks);
 			return proto_cli_missing("tessera-node", "--layout");
+		}
+	/* Values that would fail only once the metrics listener and the fabric
+	 * are up: refused now, by the parsers the agent applies later. */
+	const struct {
+		const char *flag, *v;
+		proto_config_check_fn check;
+	} early[] = {{"--tracker", o.tracker_url, trk_url_check},
+		     {"--layout", o.layout, proto_optval_layout},
+		     {"--store", o.store, node_store_name_check}};
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(early); i++)
+		if (early[i].v != NULL && early[i].check(early[i].v, &err) != 0) {
+			fprintf(stderr, "tessera-node: %s %s: %s\n", early[i].flag, early[i].v, err.msg);
+			node_host_ranks_fini(&ranks);
+			return 2;
 		}
 	/* Log lines say whom they speak for: "A/0", or every rank served. */
 	char ident[128] = "";

@@ -13,6 +13,28 @@
 
 extern const struct node_store_ops node_store_host_ops;
 
+/* What a store name asks for: 0 host or auto, 1 cuda (device *dev), -EINVAL
+ * none of those. */
+static int store_kind(const char *name, uint64_t *dev)
+{
+	*dev = 0;
+	if (strcmp(name, "host") == 0 || strcmp(name, "auto") == 0)
+		return 0;
+	if (strncmp(name, "cuda", 4) == 0 &&
+	    (name[4] == '\0' || (name[4] == ':' && proto_parse_u64(name + 5, 0, 1023, dev) == 0)))
+		return 1;
+	return -EINVAL;
+}
+
+int node_store_name_check(const char *name, struct proto_err *err)
+{
+	uint64_t dev;
+
+	if (store_kind(name, &dev) < 0)
+		return proto_errf(err, EINVAL, "want host, cuda, cuda:DEVICE or auto");
+	return 0;
+}
+
 int node_store_open(const char *name, struct node_store *out, struct proto_err *err)
 {
 	memset(out, 0, sizeof(*out));
@@ -23,9 +45,9 @@ int node_store_open(const char *name, struct node_store *out, struct proto_err *
 		return 0;
 	/* "cuda:N": device N (checked against those visible below). */
 	uint64_t dev = 0;
-	bool cuda = strncmp(name, "cuda", 4) == 0 &&
-		    (name[4] == '\0' || (name[4] == ':' && proto_parse_u64(name + 5, 0, 1023, &dev) == 0));
-	if (!cuda && strcmp(name, "auto") != 0)
+	int kind = store_kind(name, &dev);
+	bool cuda = kind == 1;
+	if (kind < 0)
 		return proto_errf(err, EINVAL, "store %s: want host, cuda, cuda:DEVICE or auto", name);
 #ifdef TESSERA_CUDA
 	char why[256];

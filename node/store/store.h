@@ -97,6 +97,10 @@ struct node_store {
 	pthread_mutex_t mu;
 };
 
+/* Whether name is a store node_store_open takes (host, cuda, cuda:N, auto),
+ * without opening it: 0, or -EINVAL with the reason in err. */
+int node_store_name_check(const char *name, struct proto_err *err);
+
 /*
  * Opens a store by name: "host", "cuda" or "cuda:N" for device N (fails when
  * built without CUDA or no such device is visible, err says which) or "auto" (cuda when possible, else host

@@ -11,6 +11,7 @@
 
 #include "proto/config.h"
 #include "proto/log.h"
+#include "proto/optval.h"
 #include "proto/params.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -34,8 +35,10 @@ static void fzf_cleanup(void)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+	static const struct proto_config_value values[] = {
+		{"listen", proto_optval_hostport}, {"rank", proto_optval_ranks}, {NULL, NULL}};
 	static const struct proto_config_schema schemas[] = {
-		{"tracker", fzf_opts}, {"node", fzf_opts}, {"publish", NULL}};
+		{"tracker", fzf_opts, values}, {"node", fzf_opts, values}, {"publish", NULL, NULL}};
 	struct proto_err err;
 	FILE *f;
 
@@ -53,14 +56,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	f = fopen(fzf_path, "w");
 	if (f == NULL || fwrite(data, 1, size, f) != size || fclose(f) != 0)
 		abort();
-	if (proto_config_check(fzf_path, schemas, 3, fzf_null, &err) != 0 &&
+	if (proto_config_check(fzf_path, schemas, 3, fzf_null, fzf_null, &err) != 0 &&
 	    (err.msg[0] == 0 || strchr(err.msg, '\n') != NULL))
 		abort(); /* a refusal says why in one line */
 	{
 		char *args[] = {"fuzz", "--config", fzf_path, "--listen", "x", NULL};
 		char **argv = args;
 		int argc = 5;
-		if (proto_config_args("node", fzf_opts, &argc, &argv, &err) == 0) {
+		if (proto_config_args(&schemas[1], &argc, &argv, &err) == 0) {
 			if (argc < 3 || strcmp(argv[0], "fuzz") != 0 ||
 			    strcmp(argv[argc - 1], "x") != 0 || argv[argc] != NULL)
 				abort();

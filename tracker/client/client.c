@@ -130,6 +130,32 @@ static void keep_session(struct trk_client *c, json_t *answer)
 
 static void on_fail(struct trk__creq *r, void *arg);
 
+/* The URL if it is one of a tracker (scheme http or https, a host), else NULL. */
+static struct evhttp_uri *url_parse(const char *url)
+{
+	struct evhttp_uri *u = evhttp_uri_parse(url);
+	const char *scheme = u ? evhttp_uri_get_scheme(u) : NULL;
+	const char *host = u ? evhttp_uri_get_host(u) : NULL;
+
+	if (u != NULL && (scheme == NULL ||
+			  (strcmp(scheme, "http") != 0 && strcmp(scheme, "https") != 0) ||
+			  host == NULL || host[0] == 0)) {
+		evhttp_uri_free(u);
+		u = NULL;
+	}
+	return u;
+}
+
+int trk_url_check(const char *url, struct proto_err *err)
+{
+	struct evhttp_uri *u = url_parse(url);
+
+	if (u == NULL)
+		return proto_errf(err, EINVAL, "want http://HOST:PORT or https://HOST:PORT");
+	evhttp_uri_free(u);
+	return 0;
+}
+
 int trk_client_new(struct event_base *base, const char *url,
 		   const uint8_t *cluster_key, struct trk_client **out,
 		   struct proto_err *err)
@@ -148,16 +174,14 @@ int trk_client_new(struct event_base *base, const char *url,
 	TAILQ_INIT(&c->pending);
 	c->timeout_ms = DEFAULT_TIMEOUT_MS;
 	c->parse_max = SIZE_MAX;
-	u = evhttp_uri_parse(url);
-	scheme = u ? evhttp_uri_get_scheme(u) : NULL;
-	host = u ? evhttp_uri_get_host(u) : NULL;
-	if (u == NULL || scheme == NULL ||
-	    (strcmp(scheme, "http") != 0 && strcmp(scheme, "https") != 0) ||
-	    host == NULL || host[0] == 0) {
+	u = url_parse(url);
+	if (u == NULL) {
 		rc = proto_errf(err, EINVAL,
 				"tracker URL '%s': want http://HOST:PORT or https://HOST:PORT", url);
 		goto fail;
 	}
+	scheme = evhttp_uri_get_scheme(u);
+	host = evhttp_uri_get_host(u);
 	if (strcmp(scheme, "https") == 0 &&
 	    (rc = trk__tls_client_ctx(NULL, &c->tls, err)) != 0)
 		goto fail;

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 
 #include "proto/log.h"
+#include "proto/optval.h"
 #include "proto/params.h"
 #include "tracker/server/internal.h"
 
@@ -26,25 +27,13 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 /* Splits "host:port" or "[v6]:port" into host (in buf) and port. */
-static int parse_listen(const char *spec, char *host, size_t hostlen,
-			uint16_t *port, struct proto_err *err)
+int trk_listen_check(const char *v, struct proto_err *err)
 {
-	const char *colon = strrchr(spec, ':'), *h = spec;
-	size_t hl;
-	uint64_t p;
+	char host[256];
+	uint16_t port;
 
-	if (colon == NULL || proto_parse_u64(colon + 1, 0, 65535, &p) != 0)
-		return proto_errf(err, EINVAL, "--listen %s: want HOST:PORT", spec);
-	hl = (size_t)(colon - spec);
-	if (hl >= 2 && spec[0] == '[' && spec[hl - 1] == ']') {
-		h++;
-		hl -= 2;
-	}
-	if (hl == 0 || hl >= hostlen)
-		return proto_errf(err, EINVAL, "--listen %s: bad host", spec);
-	memcpy(host, h, hl);
-	host[hl] = 0;
-	*port = (uint16_t)p;
+	if (proto_hostport_parse(v, host, sizeof(host), &port) != 0)
+		return proto_errf(err, EINVAL, "want HOST:PORT");
 	return 0;
 }
 
@@ -109,8 +98,8 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 	*out = NULL;
 	if (sodium_init() < 0)
 		return proto_errf(err, EIO, "libsodium failed to initialise");
-	if ((rc = parse_listen(o->listen, host, sizeof(host), &port, err)) != 0)
-		return rc;
+	if (proto_hostport_parse(o->listen, host, sizeof(host), &port) != 0)
+		return proto_errf(err, EINVAL, "--listen %s: want HOST:PORT", o->listen);
 	/* Three priorities, before any event of ours: everything at the
 	 * middle one (libevent's default for new events), held watches'
 	 * connections and their wake-ups below it (conns.c, watches.c). */
