@@ -127,8 +127,11 @@ LAYERS_node/rebuild   := node/fetch node/serve node/store node/base proto
 LAYERS_node/agent     := node/swarm node/rebuild node/fetch node/serve node/store node/base \
                          $(TRACKER_CLIENT) fabric proto
 LAYERS_node/publisher := node/serve node/base $(TRACKER_CLIENT) fabric proto
-LAYERS_node/host      := node/agent node/base $(TRACKER_CLIENT) fabric proto
-LAYERS_node/cli       := node/publisher node/serve node/base $(TRACKER_CLIENT) proto
+LAYERS_node/host      := node/agent node/serve node/store node/base $(TRACKER_CLIENT) fabric proto
+# `tessera config check` checks a file for every program with each one's
+# table of option parsers (node/host's, tracker/server's).
+LAYERS_node/cli       := node/host node/publisher node/serve node/base tracker/server \
+                         $(TRACKER_CLIENT) proto
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 LINK_ORDER := $(addprefix node/,$(call reverse,$(NODE_DIRS))) \
               $(addprefix tracker/,$(call reverse,$(TRACKER_DIRS))) fabric proto
