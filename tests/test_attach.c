@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "node/serve/attach.h"
+#include "node/serve/attach_reap.h"
 #include "node/cli/proc.h"
 #include "node/client/tessera_client.h"
 #include "node/client/wire.h"
@@ -964,6 +965,39 @@ static void test_unread_replies_bounded(void **state)
  * TESSERA_ATTACH_RETAINED (4) retired versions stay; the client is dropped
  * with the reason. Before, every version stayed (+31 MiB each in the issue).
  */
+/* The reaper counts the slots it was handed until it has freed them: one
+ * waiting out a grace stays counted (a minute: never reached here), is
+ * freed at stop; with TESSERA_ATTACH_FREE_GRACE_MS=0 (no grace, taken
+ * since 0 means none) the count drops to 0 once the worker has run. */
+static void test_reaper_pending(void **state)
+{
+	struct node_store store;
+	struct node_reaper *r;
+	struct node_slot *s;
+
+	assert_int_equal(node_store_open("host", &store, NULL), 0);
+	assert_int_equal(node_reaper_pending(NULL), 0);
+	setenv("TESSERA_ATTACH_FREE_GRACE_MS", "60000", 1);
+	assert_int_equal(node_reaper_new(&store, &r), 0);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(node_slot_new(&store, 1 + (uint64_t)i, 4096, &s, NULL), 0);
+		node_reaper_free(r, &store, s);
+	}
+	assert_int_equal(node_reaper_pending(r), 2);
+	node_reaper_stop(r); /* frees both now (ASan finds them otherwise) */
+
+	setenv("TESSERA_ATTACH_FREE_GRACE_MS", "0", 1);
+	assert_int_equal(proto_param(PROTO_PARAM_ATTACH_FREE_GRACE_MS), 0);
+	assert_int_equal(node_reaper_new(&store, &r), 0);
+	assert_int_equal(node_slot_new(&store, 3, 4096, &s, NULL), 0);
+	node_reaper_free(r, &store, s);
+	for (int i = 0; i < 30000 && node_reaper_pending(r) > 0; i++)
+		usleep(1000);
+	assert_int_equal(node_reaper_pending(r), 0);
+	node_reaper_stop(r);
+	unsetenv("TESSERA_ATTACH_FREE_GRACE_MS");
+}
+
 static void test_retained_bounded(void **state)
 {
 	struct env *e = *state;
@@ -1570,6 +1604,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_in_place_holds_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_guard, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unread_replies_bounded, setup, teardown),
+		cmocka_unit_test(test_reaper_pending),
 		cmocka_unit_test_setup_teardown(test_retained_bounded, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cuda_handle, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_client_refuses_bad_node, setup, teardown),

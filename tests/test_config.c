@@ -412,7 +412,8 @@ static void test_param_follows_env(void **state)
 static void test_zero_means_off(void **state)
 {
 	static const enum proto_param_id ids[] = {PROTO_PARAM_DELTA_WARM, PROTO_PARAM_DELTA_SCRUB,
-						  PROTO_PARAM_DELTA_STANDBY_QUIET_MS};
+						  PROTO_PARAM_DELTA_STANDBY_QUIET_MS,
+						  PROTO_PARAM_ATTACH_FREE_GRACE_MS};
 
 	for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
 		assert_int_equal(proto_param_min(ids[i]), 0);

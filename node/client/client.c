@@ -15,6 +15,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "node/client/client_internal.h"
 #include "node/client/wire.h"
 #include "proto/cli.h" /* PROTO_RELEASE only: the library links nothing of tessera */
 
@@ -507,19 +508,26 @@ static int on_attached(tessera_client *c, const uint8_t *p, uint32_t len)
 
 /* ---- the API -------------------------------------------------------------------- */
 
-/* Connects and attaches speaking protocol proto (flags: protocol 3). */
-static int attach_as(tessera_client *c, const char *path, const char *replica, uint32_t rank,
-		     uint16_t proto, unsigned flags)
+/* Where a client connects: a socket path, or (tsr__attach_with) a
+ * function that makes each connection. */
+struct dialer {
+	const char *path;
+	int (*connect)(void *arg);
+	void *arg;
+};
+
+/* Opens a connection to the node into c->fd; 0, or fails c saying why. */
+static int dial(tessera_client *c, const struct dialer *d)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	uint8_t req[8 + TSR_WIRE_NAME_MAX + 4];
-	size_t rlen = strlen(replica);
-	const uint8_t *p;
-	uint32_t len;
-	int rc;
 
-	memcpy(sa.sun_path, path, strlen(path) + 1);
-	c->proto = proto;
+	if (d->connect != NULL) {
+		c->fd = d->connect(d->arg);
+		if (c->fd < 0)
+			return fail(c, -c->fd, "tessera client: cannot connect: %s", strerror(-c->fd));
+		return 0;
+	}
+	memcpy(sa.sun_path, d->path, strlen(d->path) + 1);
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
 		int e = errno;
@@ -527,15 +535,31 @@ static int attach_as(tessera_client *c, const char *path, const char *replica, u
 		 * socket nobody listens on was left by a node that died (one
 		 * that stops removes its socket and its activation record). */
 		struct stat st;
-		if (e == ECONNREFUSED && lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+		if (e == ECONNREFUSED && lstat(d->path, &st) == 0 && S_ISSOCK(st.st_mode))
 			return fail(c, e, "tessera client: cannot connect to %s: no node listens there (a "
 				    "socket left by a node that stopped without cleaning up; restart the "
-				    "node)", path);
+				    "node)", d->path);
 		if (e == ENOENT)
 			return fail(c, e, "tessera client: cannot connect to %s: no such socket (the node "
-				    "is not started, has stopped, or was given another --attach)", path);
-		return fail(c, e, "tessera client: cannot connect to %s: %s", path, strerror(e));
+				    "is not started, has stopped, or was given another --attach)", d->path);
+		return fail(c, e, "tessera client: cannot connect to %s: %s", d->path, strerror(e));
 	}
+	return 0;
+}
+
+/* Connects and attaches speaking protocol proto (flags: protocol 3). */
+static int attach_as(tessera_client *c, const struct dialer *d, const char *replica, uint32_t rank,
+		     uint16_t proto, unsigned flags)
+{
+	uint8_t req[8 + TSR_WIRE_NAME_MAX + 4];
+	size_t rlen = strlen(replica);
+	const uint8_t *p;
+	uint32_t len;
+	int rc;
+
+	c->proto = proto;
+	if ((rc = dial(c, d)) != 0)
+		return rc;
 	tsr_put16(req, proto);
 	tsr_put16(req + 2, (uint16_t)rlen);
 	tsr_put32(req + 4, rank);
@@ -549,8 +573,8 @@ static int attach_as(tessera_client *c, const char *path, const char *replica, u
 	return on_attached(c, p, len);
 }
 
-API int tessera_attach_flags(const char *path, const char *replica, uint32_t rank, int timeout_ms,
-			     unsigned flags, tessera_client **out, char *err, size_t errlen)
+static int attach_new(const struct dialer *d, const char *replica, uint32_t rank, int timeout_ms,
+		      unsigned flags, tessera_client **out, char *err, size_t errlen)
 {
 	size_t rlen = replica ? strlen(replica) : 0;
 	tessera_client *c;
@@ -564,7 +588,8 @@ API int tessera_attach_flags(const char *path, const char *replica, uint32_t ran
 	}
 	c->fd = -1;
 	c->timeout_ms = timeout_ms;
-	if (path == NULL || strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+	if (d->connect == NULL &&
+	    (d->path == NULL || strlen(d->path) >= sizeof(((struct sockaddr_un *)0)->sun_path))) {
 		rc = fail(c, ENAMETOOLONG, "tessera client: socket path too long");
 		goto fail;
 	}
@@ -576,7 +601,7 @@ API int tessera_attach_flags(const char *path, const char *replica, uint32_t ran
 		rc = fail(c, EINVAL, "tessera client: unknown attach flags 0x%x", flags & ~TESSERA_HOLD);
 		goto fail;
 	}
-	rc = attach_as(c, path, replica, rank, TSR_WIRE_PROTOCOL, flags);
+	rc = attach_as(c, d, replica, rank, TSR_WIRE_PROTOCOL, flags);
 	/* A node of an earlier release speaks protocol 2: attach as such
 	 * (then nothing is held and tensors have no pieces). */
 	if (rc == -ECONNREFUSED && strstr(c->err, "this node speaks 1 and 2") != NULL) {
@@ -584,7 +609,7 @@ API int tessera_attach_flags(const char *path, const char *replica, uint32_t ran
 		c->fd = -1;
 		c->broken = false;
 		c->inlen = c->consumed = 0;
-		rc = attach_as(c, path, replica, rank, 2, 0);
+		rc = attach_as(c, d, replica, rank, 2, 0);
 	}
 	if (rc != 0)
 		goto fail;
@@ -597,6 +622,22 @@ fail:
 	snprintf(err, errlen, "%s", c->err);
 	tessera_detach(c);
 	return rc < 0 ? rc : -EPROTO;
+}
+
+API int tessera_attach_flags(const char *path, const char *replica, uint32_t rank, int timeout_ms,
+			     unsigned flags, tessera_client **out, char *err, size_t errlen)
+{
+	struct dialer d = {.path = path};
+
+	return attach_new(&d, replica, rank, timeout_ms, flags, out, err, errlen);
+}
+
+int tsr__attach_with(int (*connect)(void *arg), void *arg, const char *replica, uint32_t rank,
+		     int timeout_ms, unsigned flags, tessera_client **out, char *err, size_t errlen)
+{
+	struct dialer d = {.connect = connect, .arg = arg};
+
+	return attach_new(&d, replica, rank, timeout_ms, flags, out, err, errlen);
 }
 
 API int tessera_attach(const char *path, const char *replica, uint32_t rank, int timeout_ms,

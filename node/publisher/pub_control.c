@@ -228,6 +228,12 @@ static int say_with_fd(struct ctl_client *c, const char *line, int fd)
 
 	if (evbuffer_get_length(out) != 0)
 		return -EAGAIN;
+	if (bufferevent_getfd(c->bev) < 0) {
+		/* A connection with no socket (a bufferevent pair, as the fuzz
+		 * target makes: node_pub__control_adopt) carries no descriptor. */
+		bufferevent_write(c->bev, line, n);
+		return 0;
+	}
 	memset(&cm, 0, sizeof(cm));
 	cm.h.cmsg_level = SOL_SOCKET;
 	cm.h.cmsg_type = SCM_RIGHTS;
@@ -589,24 +595,35 @@ static void on_ctl_event(struct bufferevent *bev, short what, void *arg)
 		client_gone(c);
 }
 
-static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
-		      int salen, void *arg)
+int node_pub__control_adopt(struct node_pub_control *pc, struct bufferevent *bev)
 {
-	struct node_pub_control *pc = arg;
 	struct ctl_client *c = calloc(1, sizeof(*c));
 
-	if (c == NULL || (c->bev = bufferevent_socket_new(pc->base, fd, BEV_OPT_CLOSE_ON_FREE)) == NULL) {
-		LOG_WARN("control: out of memory; connection refused");
-		free(c);
-		evutil_closesocket(fd);
-		return;
-	}
+	if (c == NULL)
+		return -ENOMEM;
 	c->pc = pc;
+	c->bev = bev;
 	c->rank = -1;
 	c->next = pc->clients;
 	pc->clients = c;
 	bufferevent_setcb(c->bev, on_ctl_read, on_ctl_write, on_ctl_event, c);
 	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+	return 0;
+}
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
+		      int salen, void *arg)
+{
+	struct node_pub_control *pc = arg;
+	struct bufferevent *bev = bufferevent_socket_new(pc->base, fd, BEV_OPT_CLOSE_ON_FREE);
+
+	if (bev == NULL || node_pub__control_adopt(pc, bev) != 0) {
+		LOG_WARN("control: out of memory; connection refused");
+		if (bev != NULL)
+			bufferevent_free(bev);
+		else
+			evutil_closesocket(fd);
+	}
 }
 
 int node_pub_control_new(struct event_base *base, const char *path, struct node_pub *pub,

@@ -62,6 +62,7 @@
 #ifndef NODE_PUB_CONTROL_H
 #define NODE_PUB_CONTROL_H
 
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 
 #include "node/publisher/publisher.h"
@@ -88,5 +89,11 @@ int node_pub_control_new(struct event_base *base, const char *path, struct node_
 			 struct proto_err *err);
 /* Closes every connection and the socket, removes its file. NULL is fine. */
 void node_pub_control_free(struct node_pub_control *pc);
+/* Takes bev (connected to a client; freed with the connection) as one
+ * more connection, as an accepted one is; -ENOMEM leaves bev to the
+ * caller. The fuzz target hands it one end of a bufferevent pair, which
+ * carries no descriptor: "trainer R" is then answered without the buffer's
+ * memfd. */
+int node_pub__control_adopt(struct node_pub_control *pc, struct bufferevent *bev);
 
 #endif

@@ -1188,6 +1188,11 @@ void node_attach_retire(struct node_attach *at, struct node_store *store, struct
 	ver_check_all(at); /* arms the scan */
 }
 
+size_t node_attach_reaping(const struct node_attach *at)
+{
+	return node_reaper_pending(at->reaper);
+}
+
 size_t node_attach_queued(const struct node_attach *at)
 {
 	size_t n = 0;

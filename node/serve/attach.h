@@ -109,6 +109,8 @@ uint32_t node_attach_pins(const struct node_attach *at, uint64_t v);
 uint32_t node_attach_clients(const struct node_attach *at);
 /* Retired slots still alive because requests pin them. */
 uint32_t node_attach_retained(const struct node_attach *at);
+/* Retired slots handed to the reaper and not freed yet (attach_reap.h). */
+size_t node_attach_reaping(const struct node_attach *at);
 /* Reply bytes queued for clients that have not read them yet. A client
  * whose unread replies pass 64 KiB is not read until it reads them. */
 size_t node_attach_queued(const struct node_attach *at);

@@ -24,6 +24,7 @@ struct node_reaper {
 	pthread_cond_t cv;
 	struct reap_item *head, **tail;
 	uint64_t grace_ns;
+	size_t pending; /* handed over, not yet freed */
 	bool stop;
 };
 
@@ -56,6 +57,7 @@ static void *reaper_main(void *arg)
 		node_slot_free(r->store, it->slot);
 		free(it);
 		pthread_mutex_lock(&r->mu);
+		r->pending--;
 	}
 	pthread_mutex_unlock(&r->mu);
 	return NULL;
@@ -99,8 +101,21 @@ void node_reaper_free(struct node_reaper *r, struct node_store *store, struct no
 	pthread_mutex_lock(&r->mu);
 	*r->tail = it;
 	r->tail = &it->next;
+	r->pending++;
 	pthread_cond_signal(&r->cv);
 	pthread_mutex_unlock(&r->mu);
+}
+
+size_t node_reaper_pending(struct node_reaper *r)
+{
+	size_t n;
+
+	if (r == NULL)
+		return 0;
+	pthread_mutex_lock(&r->mu);
+	n = r->pending;
+	pthread_mutex_unlock(&r->mu);
+	return n;
 }
 
 void node_reaper_stop(struct node_reaper *r)

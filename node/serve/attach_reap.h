@@ -18,6 +18,9 @@ int node_reaper_new(struct node_store *store, struct node_reaper **out);
 /* Takes slot of store (NULL is fine) and frees it on the worker; with r
  * NULL, or when out of memory, frees it now. Cannot fail. */
 void node_reaper_free(struct node_reaper *r, struct node_store *store, struct node_slot *slot);
+/* Slots handed to r and not yet freed (waiting out the grace, or being
+ * freed). NULL is fine (0). */
+size_t node_reaper_pending(struct node_reaper *r);
 /* Frees what is still queued, stops the worker. NULL is fine. */
 void node_reaper_stop(struct node_reaper *r);
 

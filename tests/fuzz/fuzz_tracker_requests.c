@@ -1,18 +1,28 @@
 /* libFuzzer target: the tracker's request handlers (every GET and POST
- * endpoint: JSON bodies, query strings, path parameters), driven in-process
- * through the guard's verdict on the head (trk__head_verdict) and the
- * router past evhttp's parse (trk__route_request, with no connection)
- * against a tracker that holds a model, two versions, a publisher and a
- * replica of two ranks.
+ * endpoint: JSON bodies, query strings, path parameters) and its checks of
+ * who may ask (the cluster key's signatures, the sessions of registered
+ * nodes and publishers), driven in-process through the guard's verdict on
+ * the head (trk__head_verdict) and the router past evhttp's parse
+ * (trk__route_request, with no connection) against a keyed tracker that
+ * holds a model, two versions, a publisher and a replica of two ranks.
  *
  * Input: up to 12 requests separated by NUL bytes. In each, the first byte
- * picks the endpoint, the bytes up to the first newline are its query (or
- * path parameter), the rest its body; @MODEL@, @TL@, @TP2@, @PUB@, @D1@
- * stand for the model and layout digests, the publisher id and version 1's
- * digest. The soft state is rebuilt before every input that may have
- * changed it, so a finding replays alone. A 5xx answer, or no answer at
+ * b picks the endpoint (b % 16) and how it is signed (m = b / 16): m & 3
+ * the session presented (0 none; 1 the one of the node or publisher the
+ * body names; 2 node A/0's; 3 the publisher's), m >> 2 the Authorization
+ * (0 signed with the cluster key; 1 none; 2 signed, then altered as the
+ * next byte says: a digit of the mac or the head mac, a stale or future
+ * timestamp, another epoch, a body length other than the one sent, the
+ * same request sent twice, another URI; 3 the bytes up to the first
+ * newline, as they are). Then the bytes up to the (next) newline are its
+ * query (or path parameter), the rest its body; @MODEL@, @TL@, @TP2@,
+ * @PUB@, @D1@ stand for the model and layout digests, the publisher id and
+ * version 1's digest. The soft state is rebuilt before every input that
+ * may have changed it, so a finding replays alone (the signatures seen are
+ * forgotten after every input that sent one). A 5xx answer, no answer at
  * all to anything but a watch (which the tracker may hold: it is then
- * reported held, never waited for), is a finding. */
+ * reported held, never waited for), or a POST or /sources query accepted
+ * without a valid signature (or accepted twice) is a finding. */
 #include <ftw.h>
 #include <sodium.h>
 #include <stdint.h>
@@ -67,6 +77,23 @@ static struct event_base *base;
 static struct trk_server *srv;
 static char state_dir[512];
 static char hex_model[65], hex_tl[65], hex_tp2[65], hex_d1[65], pub_id[40];
+static const uint8_t cluster_key[PROTO_CLUSTER_KEY_BYTES] = {'f', 'u', 'z', 'z', 7};
+/* The sessions of the publisher and of nodes A/0 and A/1, as registered. */
+static char ses_pub[2 * TRK_SESSION_BYTES + 1], ses_a0[2 * TRK_SESSION_BYTES + 1],
+	ses_a1[2 * TRK_SESSION_BYTES + 1];
+/* A request was signed in this input: its mac is remembered. */
+static bool signed_any;
+
+/* How a request is signed (the input's m, above). */
+enum { SIGN_OK, SIGN_NONE, SIGN_ALTERED, SIGN_RAW };
+enum { SES_NONE, SES_NAMED, SES_A0, SES_PUB };
+struct sig {
+	int how, session;
+	uint8_t alter;       /* SIGN_ALTERED: which change */
+	const char *raw;     /* SIGN_RAW: the header's value */
+	size_t raw_len;
+};
+static const struct sig signed_named = {SIGN_OK, SES_NAMED, 0, NULL, 0};
 
 static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
 {
@@ -93,7 +120,7 @@ struct answer {
 /* What the connection guard answers the head of this request before its
  * body (trk__head_verdict: 0 to read on); a head too long for the guard
  * is answered 400 there. */
-static int head_verdict(const char *method, const char *uri, size_t blen)
+static int head_verdict(const char *method, const char *uri, size_t blen, const char *auth)
 {
 	struct trk_head h = {.content_length = strcmp(method, "POST") == 0 ? (int64_t)blen : -1};
 	char msg[300];
@@ -103,7 +130,68 @@ static int head_verdict(const char *method, const char *uri, size_t blen)
 		return 400;
 	snprintf(h.method, sizeof(h.method), "%s", method);
 	snprintf(h.uri, sizeof(h.uri), "%s", uri);
+	if (auth != NULL) {
+		h.has_auth = true;
+		snprintf(h.auth, sizeof(h.auth), "%s", auth); /* truncated as the guard does */
+	}
 	return trk__head_verdict(srv, &h, &authed, &routine, msg, sizeof(msg));
+}
+
+/* The session sig presents for a request with this body (NULL: none). */
+static const char *session_for(const struct sig *sig, const char *body, size_t n)
+{
+	switch (sig->session) {
+	case SES_A0: return ses_a0;
+	case SES_PUB: return ses_pub;
+	case SES_NAMED:
+		if (pub_id[0] != 0 && memmem(body, n, pub_id, strlen(pub_id)) != NULL)
+			return ses_pub;
+		if (memmem(body, n, "A/1", 3) != NULL ||
+		    (memmem(body, n, "\"replica\":\"A\"", 13) != NULL &&
+		     memmem(body, n, "\"rank\":1", 8) != NULL))
+			return ses_a1;
+		return ses_a0;
+	default: return NULL;
+	}
+}
+
+/* The Authorization value sig gives the request (false: none) into buf. */
+static bool authorization(const struct sig *sig, const char *method, const char *uri,
+			  const void *body, size_t blen, char *buf, size_t cap)
+{
+	uint64_t now = proto_wall_ms() / 1000, win = proto_param(PROTO_PARAM_AUTH_WINDOW_S);
+	const char *epoch = trk__auth_epoch(srv->auth);
+	unsigned kind = sig->alter % 8, at = sig->alter / 8;
+	char *p;
+
+	switch (sig->how) {
+	case SIGN_NONE: return false;
+	case SIGN_RAW:
+		snprintf(buf, cap, "%.*s", (int)PROTO_MIN(sig->raw_len, cap - 1), sig->raw);
+		return true;
+	case SIGN_OK: break;
+	default:
+		if (kind == 2)
+			now -= 2 * win + 1;
+		else if (kind == 3)
+			now += 2 * win + 1;
+		else if (kind == 4)
+			epoch = "0000000000000000"; /* another instance's */
+		else if (kind == 5 && blen > 0)
+			blen--;
+		else if (kind == 5)
+			body = "x", blen = 1;
+		else if (kind == 7)
+			uri = TRK_API "/other";
+	}
+	signed_any = true;
+	if (trk_auth_header(cluster_key, method, uri, now, epoch, body, blen, buf, cap) != 0)
+		abort();
+	if (sig->how == SIGN_ALTERED && kind < 2) { /* a digit of the mac, or of hdr */
+		p = strstr(buf, kind == 0 ? "mac=" : "hdr=") + 4 + at % (2 * TRK_AUTH_MAC_BYTES);
+		*p = *p == '0' ? '1' : '0';
+	}
+	return true;
 }
 
 /* Hands one request to the router as evhttp would after parsing it (the
@@ -111,7 +199,7 @@ static int head_verdict(const char *method, const char *uri, size_t blen)
  * as NULL, and is answered 400 there as evhttp would). The body is copied
  * to a buffer of its exact size, so that a read past it is caught. */
 static void route(const char *method, const char *uri, const char *ctype, const void *body,
-		  size_t blen, struct answer *a)
+		  size_t blen, const char *auth, const char *ses, struct answer *a)
 {
 	struct evkeyvalq headers;
 	struct evhttp_uri *u = evhttp_uri_parse_with_flags(uri, EVHTTP_URI_NONCONFORMANT);
@@ -132,7 +220,9 @@ static void route(const char *method, const char *uri, const char *ctype, const 
 		abort();
 	TAILQ_INIT(&headers);
 	if (evhttp_add_header(&headers, "Host", "t") != 0 ||
-	    evhttp_add_header(&headers, "Content-Type", ctype) != 0)
+	    evhttp_add_header(&headers, "Content-Type", ctype) != 0 ||
+	    (ses != NULL && evhttp_add_header(&headers, TRK_SESSION_HEADER, ses) != 0) ||
+	    (auth != NULL && evhttp_add_header(&headers, "Authorization", auth) != 0))
 		abort();
 	memcpy(copy, body, blen);
 	if (blen > 0 && evbuffer_add_reference(in, copy, blen, NULL, NULL) != 0)
@@ -151,19 +241,23 @@ static void route(const char *method, const char *uri, const char *ctype, const 
 
 /* One request as the tracker takes it: judged by its head, then routed. */
 static void request(const char *method, const char *uri, const char *ctype, const void *body,
-		    size_t blen, struct answer *a)
+		    size_t blen, const struct sig *sig, struct answer *a)
 {
-	a->status = head_verdict(method, uri, blen);
+	char auth[400];
+	bool has_auth = authorization(sig, method, uri, body, blen, auth, sizeof(auth));
+	const char *ses = session_for(sig, body, blen);
+
+	a->status = head_verdict(method, uri, blen, has_auth ? auth : NULL);
 	if (a->status != 0)
 		snprintf(a->body, sizeof(a->body), "refused before the body");
 	else
-		route(method, uri, ctype, body, blen, a);
+		route(method, uri, ctype, body, blen, has_auth ? auth : NULL, ses, a);
 }
 
 static void post_ok(const char *path, const char *ctype, const void *body, size_t len,
 		    struct answer *a)
 {
-	request("POST", path, ctype, body, len, a);
+	request("POST", path, ctype, body, len, &signed_named, a);
 	if (a->status / 100 != 2) {
 		fprintf(stderr, "setup: POST %s: %d %s\n", path, a->status, a->body);
 		abort();
@@ -230,6 +324,7 @@ static void register_publisher(void)
 		 RANKS);
 	post_ok(TRK_API "/publishers", "application/json", body, strlen(body), &a);
 	json_hex_field(a.body, "publisher_id", pub_id, sizeof(pub_id));
+	json_hex_field(a.body, "session", ses_pub, sizeof(ses_pub));
 }
 
 static void setup_once(void)
@@ -238,7 +333,8 @@ static void setup_once(void)
 	struct proto_layout tl, tp2;
 	struct proto_err err;
 	uint8_t pk[PROTO_PK_BYTES], sk[PROTO_SK_BYTES], d1[32], d2[32];
-	struct trk_server_opts o = {.listen = "127.0.0.1:0", .state_dir = state_dir};
+	struct trk_server_opts o = {.listen = "127.0.0.1:0", .state_dir = state_dir,
+				    .cluster_key = cluster_key};
 
 	if (sodium_init() < 0)
 		abort();
@@ -281,10 +377,21 @@ static struct {
 	uint64_t swarm_gen, members_gen, at_ns;
 } base_state;
 
+/* A fresh replay cache (and epoch): the macs sent so far are forgotten. */
+static void forget_signatures(void)
+{
+	trk__auth_free(srv->auth);
+	if (trk__auth_new(cluster_key, proto_param(PROTO_PARAM_AUTH_WINDOW_S), &srv->auth) != 0)
+		abort();
+	signed_any = false;
+}
+
 static void reset(void)
 {
 	char body[2048];
 	struct answer a;
+
+	forget_signatures(); /* its requests are the same every time */
 
 	trk__registry_free(srv->reg);
 	if (trk__registry_new(srv, &srv->reg) != 0)
@@ -296,6 +403,7 @@ static void reset(void)
 			 "\"fabric_addr\":\"ab0%d\",\"layout\":%s,\"model_digest\":\"%s\"}",
 			 r, r, TP2, hex_model);
 		post_ok(TRK_API "/nodes", "application/json", body, strlen(body), &a);
+		json_hex_field(a.body, "session", r ? ses_a1 : ses_a0, sizeof(ses_a0));
 	}
 	snprintf(body, sizeof(body),
 		 "{\"id\":\"%s\",\"version\":1,\"parcels\":[{\"layout\":\"%s\",\"src_rank\":0,"
@@ -364,18 +472,44 @@ static void encode(const char *q, size_t n, char *out, size_t cap)
 	out[o] = 0;
 }
 
+/* Whether a request signed as sig must be refused: a POST, or a query
+ * of memory keys, without a valid signature. */
+static bool must_refuse(unsigned r, const struct sig *sig)
+{
+	return (strcmp(routes[r].method, "POST") == 0 || r == 1) &&
+	       (sig->how == SIGN_NONE || sig->how == SIGN_RAW ||
+		(sig->how == SIGN_ALTERED && sig->alter % 8 != 6));
+}
+
 static void one(const uint8_t *rec, size_t n)
 {
 	char uri[4096], q[2048];
 	const uint8_t *nl;
 	size_t qn, bn;
 	struct answer a;
+	struct sig sig = {0};
 
 	if (n == 0)
 		return;
-	unsigned r = rec[0] % NROUTES;
+	unsigned r = rec[0] % NROUTES, m = rec[0] / NROUTES;
+	sig.how = (int)(m >> 2);
+	sig.session = (int)(m & 3);
 	rec++;
 	n--;
+	if (sig.how == SIGN_ALTERED && n > 0) {
+		sig.alter = rec[0];
+		rec++;
+		n--;
+	} else if (sig.how == SIGN_RAW) {
+		nl = memchr(rec, '\n', n);
+		sig.raw = (const char *)rec;
+		sig.raw_len = nl ? (size_t)(nl - rec) : n;
+		/* evhttp takes no header value holding a CR (nor a NUL) */
+		if (memchr(rec, '\r', sig.raw_len) != NULL)
+			return;
+		rec += nl ? sig.raw_len + 1 : n;
+		n -= nl ? sig.raw_len + 1 : n;
+	}
 	nl = memchr(rec, '\n', n);
 	qn = nl ? (size_t)(nl - rec) : n;
 	char *qs = subst(rec, PROTO_MIN(qn, 1024), &qn);
@@ -386,15 +520,33 @@ static void one(const uint8_t *rec, size_t n)
 			 routes[r].suffix ? routes[r].suffix : "");
 	else
 		snprintf(uri, sizeof(uri), "%s%s%s", routes[r].path, qn ? "?" : "", q);
-	request(routes[r].method, uri,
-		strcmp(routes[r].path, TRK_API "/versions") == 0 ? "application/octet-stream" :
-								 "application/json",
-		body, strcmp(routes[r].method, "POST") == 0 ? bn : 0, &a);
+	const char *ctype = strcmp(routes[r].path, TRK_API "/versions") == 0 ?
+				    "application/octet-stream" :
+				    "application/json";
+	size_t blen = strcmp(routes[r].method, "POST") == 0 ? bn : 0;
+	bool replay = sig.how == SIGN_ALTERED && sig.alter % 8 == 6;
+	if (replay)
+		sig.how = SIGN_OK; /* the same request, twice */
+	uint64_t s0 = proto_wall_ms() / 1000;
+	request(routes[r].method, uri, ctype, body, blen, &sig, &a);
 	if (strcmp(routes[r].method, "POST") == 0 && a.status / 100 == 2)
 		base_state.dirty = true;
-	if (a.status >= 500 || (a.status == 0 && r != 0)) {
-		fprintf(stderr, "%s %s: %d %s\n", routes[r].method, uri, a.status, a.body);
+	if (a.status >= 500 || (a.status == 0 && r != 0) ||
+	    (must_refuse(r, &sig) && a.status / 100 == 2)) {
+		fprintf(stderr, "%s %s (signed %d/%u): %d %s\n", routes[r].method, uri, sig.how,
+			sig.alter, a.status, a.body);
 		abort();
+	}
+	if (replay && (strcmp(routes[r].method, "POST") == 0 || r == 1)) {
+		/* Within the same second the header is the same: a replay. */
+		request(routes[r].method, uri, ctype, body, blen, &sig, &a);
+		if (a.status / 100 == 2 && proto_wall_ms() / 1000 == s0) {
+			fprintf(stderr, "%s %s: a replayed signature was accepted: %d %s\n",
+				routes[r].method, uri, a.status, a.body);
+			abort();
+		}
+		if (a.status >= 500)
+			abort();
 	}
 	free(qs);
 	free(body);
@@ -420,5 +572,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	 * (more mallocs than frees) would otherwise take for a leak. */
 	if (base_state_changed())
 		reset();
+	if (signed_any) /* each input replays alone */
+		forget_signatures();
 	return 0;
 }
