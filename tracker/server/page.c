@@ -204,13 +204,6 @@ void trk__handle_page(struct trk_call *c)
 	}
 	evbuffer_add_printf(b, "</table><p><a href=\"" TRK_API "/status\">JSON</a> &middot; "
 			       "<a href=\"/metrics\">metrics</a></p></body></html>\n");
-
-	size_t len = evbuffer_get_length(b);
-	const uint8_t *p = evbuffer_pullup(b, -1);
-	if (p == NULL)
-		trk__fail(c, 500, "out of memory");
-	else
-		trk__reply_raw(c, 200, "text/html; charset=utf-8", p, len);
-	evbuffer_free(b);
+	trk__html_reply(c, b);
 	json_decref(st);
 }

@@ -28,6 +28,9 @@ void trk__html_bytes(struct evbuffer *b, json_t *v);
 uint64_t trk__html_ms(json_t *o, const char *key);
 /* The CSS and head every page starts with; refresh: seconds, 0: none. */
 void trk__html_head(struct evbuffer *b, const char *title, int refresh);
+/* Answers c with the page in b (200, text/html; 500 on out of memory)
+ * and frees b. */
+void trk__html_reply(struct trk_call *c, struct evbuffer *b);
 
 /* ---- page_chart.c: update timelines on one time scale ---- */
 

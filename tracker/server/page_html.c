@@ -95,3 +95,15 @@ void trk__html_head(struct evbuffer *b, const char *title, int refresh)
 	trk__html_esc(b, title);
 	evbuffer_add_printf(b, "</title><style>%s</style></head><body>", css);
 }
+
+void trk__html_reply(struct trk_call *c, struct evbuffer *b)
+{
+	size_t len = evbuffer_get_length(b);
+	const uint8_t *p = evbuffer_pullup(b, -1);
+
+	if (p == NULL)
+		trk__fail(c, 500, "out of memory");
+	else
+		trk__reply_raw(c, 200, "text/html; charset=utf-8", p, len);
+	evbuffer_free(b);
+}

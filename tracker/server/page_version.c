@@ -160,12 +160,6 @@ void trk__handle_version_page(struct trk_call *c, const char *num)
 	trk__html_head(b, title, 2);
 	trk__page_version(b, tl);
 	evbuffer_add_printf(b, "</body></html>\n");
-	size_t len = evbuffer_get_length(b);
-	const uint8_t *p = evbuffer_pullup(b, -1);
-	if (p == NULL)
-		trk__fail(c, 500, "out of memory");
-	else
-		trk__reply_raw(c, 200, "text/html; charset=utf-8", p, len);
-	evbuffer_free(b);
+	trk__html_reply(c, b);
 	json_decref(tl);
 }
