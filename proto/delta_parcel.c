@@ -45,6 +45,7 @@ int proto_dparcel_build(const struct proto_model *m, const struct proto_plan *p,
 	int rc;
 
 	memset(out, 0, sizeof(*out));
+	m = proto_layout_model(m, dst);
 	proto_model_init(&out->model);
 	for (uint64_t s = pc->seg0; s < pc->seg0 + pc->nsegs; s++) {
 		const struct proto_segment *sg = &p->segs[s];

@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 
 #include "proto/box.h"
+#include "proto/fp8.h"
+#include "proto/layout_fp8.h"
 #include "proto/params.h"
 #include "proto/spec.h"
 
@@ -29,6 +31,10 @@ void proto_layout_fini(struct proto_layout *l)
 		free(l->ranks[r].locals);
 	}
 	free(l->ranks);
+	if (l->model != NULL) {
+		proto_model_fini(l->model);
+		free(l->model);
+	}
 	memset(l, 0, sizeof(*l));
 }
 
@@ -429,6 +435,7 @@ static int subst(char *out, size_t len, const char *tmpl, const char *cap)
 struct rule_ctx {
 	const struct proto_model *m;
 	struct proto_layout *l;
+	uint32_t nbase; /* tensors a rule may place (an FP8 layout's scales follow) */
 	bool *placed;
 	const char *where; /* "file: tensors[i]" */
 	struct proto_err *err;
@@ -585,7 +592,7 @@ static int apply_fuse(struct rule_ctx *c, json_t *rule, uint32_t ti, const char 
 		if (tmpl == NULL || subst(name, sizeof(name), tmpl, cap) != 0)
 			return proto_errf(c->err, EINVAL, "%s.fuse[%zu]: not a tensor name", c->where, k);
 		idx = proto_model_find(c->m, name);
-		if (idx < 0)
+		if (idx < 0 || idx >= c->nbase)
 			return proto_errf(c->err, EINVAL, "%s.fuse[%zu]: %s is not in the model",
 					  c->where, k, name);
 		if (c->placed[idx])
@@ -604,7 +611,7 @@ static int parse_shorthand(const struct proto_model *m, json_t *root, const char
 	json_t *rules = json_object_get(root, "tensors");
 	char where[512];
 	uint64_t nranks;
-	struct rule_ctx c = {.m = m, .l = l, .where = where, .err = err};
+	struct rule_ctx c = {.m = m, .l = l, .nbase = l->nbase, .where = where, .err = err};
 	int rc;
 
 	if (get_u64(json_object_get(root, "ranks"), &nranks) != 0)
@@ -631,7 +638,7 @@ static int parse_shorthand(const struct proto_model *m, json_t *root, const char
 		}
 		if (exact != NULL) {
 			int64_t ti = proto_model_find(m, exact);
-			if (ti < 0) {
+			if (ti < 0 || ti >= c.nbase) {
 				rc = proto_errf(err, EINVAL, "%s.tensor: %s is not in the model", where, exact);
 				goto out;
 			}
@@ -643,7 +650,7 @@ static int parse_shorthand(const struct proto_model *m, json_t *root, const char
 				goto out;
 			continue;
 		}
-		for (uint32_t ti = 0; ti < m->ntensors; ti++) {
+		for (uint32_t ti = 0; ti < c.nbase; ti++) {
 			if (c.placed[ti] || fnmatch(pat, m->tensors[ti].name, 0) != 0)
 				continue;
 			rc = fuse ? apply_fuse(&c, rule, ti, pat) : apply_rule(&c, rule, &ti, 1, NULL);
@@ -651,7 +658,7 @@ static int parse_shorthand(const struct proto_model *m, json_t *root, const char
 				goto out;
 		}
 	}
-	for (uint32_t ti = 0; ti < m->ntensors; ti++) {
+	for (uint32_t ti = 0; ti < c.nbase; ti++) {
 		if (!c.placed[ti] && m->tensors[ti].nelem > 0) {
 			rc = proto_errf(err, EINVAL, "%s: tensor %s is placed by no rule", what,
 					m->tensors[ti].name);
@@ -675,12 +682,16 @@ int proto_layout_from_json(const struct proto_model *m, json_t *root, const char
 	memset(out, 0, sizeof(*out));
 	if (!json_is_object(root))
 		return proto_errf(err, EINVAL, "%s: a layout must be a JSON object", what);
-	if (json_is_array(ranks))
+	rc = proto__layout_fp8_model(m, root, what, out, err);
+	m = proto_layout_model(m, out);
+	if (rc == 0 && json_is_array(ranks))
 		rc = parse_explicit(m, ranks, what, out, err);
-	else if (json_is_integer(ranks))
+	else if (rc == 0 && json_is_integer(ranks))
 		rc = parse_shorthand(m, root, what, out, err);
-	else
+	else if (rc == 0)
 		rc = proto_errf(err, EINVAL, "%s: ranks must be a count or an array", what);
+	if (rc == 0)
+		rc = proto__layout_fp8_scales(out, what, err);
 	if (rc == 0)
 		rc = layout_finish(m, out, what, err);
 	if (rc != 0)
@@ -731,11 +742,16 @@ json_t *proto_layout_to_json(const struct proto_model *m, const struct proto_lay
 {
 	json_t *ranks = json_array();
 
+	m = proto_layout_model(m, l);
 	for (uint32_t r = 0; r < l->nranks; r++) {
 		json_t *locals = json_array();
 		for (uint32_t i = 0; i < l->ranks[r].nlocals; i++) {
 			const struct proto_local *lt = &l->ranks[r].locals[i];
-			json_t *pieces = json_array(), *shape = json_array();
+			json_t *pieces, *shape;
+			if (lt->scales)
+				continue; /* derived from the local before */
+			pieces = json_array();
+			shape = json_array();
 			for (uint32_t k = 0; k < lt->npieces; k++) {
 				const struct proto_piece *p = &lt->pieces[k];
 				const char *tn = m->tensors[p->tensor].name;
@@ -755,6 +771,9 @@ json_t *proto_layout_to_json(const struct proto_model *m, const struct proto_lay
 		}
 		json_array_append_new(ranks, json_pack("{s:o}", "tensors", locals));
 	}
+	if (l->model != NULL)
+		return json_pack("{s:o,s:s,s:o}", "ranks", ranks, "transform", PROTO_FP8_TRANSFORM,
+				 "quantize", proto__layout_fp8_json(l));
 	return json_pack("{s:o}", "ranks", ranks);
 }
 
@@ -766,6 +785,7 @@ int proto_layout_check_complete(const struct proto_model *m, const struct proto_
 	struct proto_boxes unc = {0}, next = {0}, pb = {0};
 	int rc = 0;
 
+	m = proto_layout_model(m, l);
 	for (uint32_t ti = 0; ti < m->ntensors && rc == 0; ti++) {
 		const struct proto_tensor *t = &m->tensors[ti];
 		struct proto_box full;
@@ -820,34 +840,60 @@ static const char tp_rules[] =
 	"{\"match\":\"lm_head.weight\",\"split\":0},"
 	"{\"match\":\"*\",\"replicate\":true}]";
 
+/* "tpN" or "fsdpN", and whether ":fp8" follows (tpN only). */
+static int builtin_split(const char *name, uint64_t *ranks, bool *fp8, struct proto_err *err)
+{
+	char base[32];
+	const char *colon = strchr(name, ':');
+	size_t len = colon != NULL ? (size_t)(colon - name) : strlen(name);
+	uint64_t n;
+
+	*fp8 = colon != NULL && strcmp(colon, ":fp8") == 0 && strncmp(name, "tp", 2) == 0;
+	if (len >= sizeof(base) || (colon != NULL && !*fp8))
+		goto bad;
+	memcpy(base, name, len);
+	base[len] = 0;
+	if (!(strncmp(base, "tp", 2) == 0 && proto_parse_u64(base + 2, 1, 4096, &n) == 0) &&
+	    !(strncmp(base, "fsdp", 4) == 0 && proto_parse_u64(base + 4, 1, 65536, &n) == 0))
+		goto bad;
+	*ranks = n;
+	return 0;
+bad:
+	return proto_errf(err, EINVAL,
+			  "layout %s: not a built-in (tpN, tpN:fp8 or fsdpN) nor a layout file", name);
+}
+
 int proto_layout_builtin_parse(const char *name, uint64_t *ranks, struct proto_err *err)
 {
 	uint64_t n;
+	bool fp8;
+	int rc = builtin_split(name, &n, &fp8, err);
 
-	if (!(strncmp(name, "tp", 2) == 0 && proto_parse_u64(name + 2, 1, 4096, &n) == 0) &&
-	    !(strncmp(name, "fsdp", 4) == 0 && proto_parse_u64(name + 4, 1, 65536, &n) == 0))
-		return proto_errf(err, EINVAL,
-				  "layout %s: not a built-in (tpN or fsdpN) nor a layout file", name);
-	if (ranks != NULL)
+	if (rc == 0 && ranks != NULL)
 		*ranks = n;
-	return 0;
+	return rc;
 }
 
 int proto_layout_builtin(const struct proto_model *m, const char *name,
 			 struct proto_layout *out, struct proto_err *err)
 {
 	uint64_t n;
+	bool fp8;
 	json_t *root, *rules;
 	int rc;
 
 	memset(out, 0, sizeof(*out));
-	if ((rc = proto_layout_builtin_parse(name, &n, err)) != 0)
+	if ((rc = builtin_split(name, &n, &fp8, err)) != 0)
 		return rc;
 	if (name[0] == 't')
 		rules = json_loads(tp_rules, 0, NULL);
 	else
 		rules = json_pack("[{s:s,s:i}]", "match", "*", "split", 0);
 	root = json_pack("{s:I,s:o}", "ranks", (json_int_t)n, "tensors", rules);
+	if (root != NULL && fp8 && json_object_set_new(root, "transform", json_string(PROTO_FP8_TRANSFORM)) != 0) {
+		json_decref(root);
+		root = NULL;
+	}
 	if (root == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
 	rc = proto_layout_from_json(m, root, name, out, err);
@@ -887,13 +933,13 @@ uint64_t proto_local_elem_offset(const struct proto_model *m, const struct proto
 	return p->base + off;
 }
 
-void proto_layout_fill_rank(const struct proto_model *m, const struct proto_layout *l,
-			    uint32_t rank, proto_tensor_source source, void *arg, uint8_t *block)
+void proto_layout_walk_rank(const struct proto_model *m, const struct proto_layout *l,
+			    uint32_t rank, int64_t only, proto_layout_walk_fn fn, void *arg)
 {
 	const struct proto_rank *rk = &l->ranks[rank];
 	struct proto_boxes bx = {0};
 
-	memset(block, 0, rk->nbytes);
+	m = proto_layout_model(m, l);
 	for (uint32_t i = 0; i < rk->nlocals; i++) {
 		const struct proto_local *lt = &rk->locals[i];
 		size_t es = proto_dtype_size(lt->dtype);
@@ -903,6 +949,8 @@ void proto_layout_fill_rank(const struct proto_model *m, const struct proto_layo
 			uint32_t n = t->ndim;
 			uint64_t x[PROTO_MAX_DIMS];
 
+			if (only >= 0 && p->tensor != (uint64_t)only)
+				continue;
 			/* Each box, walked in runs along its last dimension: those
 			 * are contiguous in the logical tensor and in the local. */
 			bx.n = 0;
@@ -919,8 +967,8 @@ void proto_layout_fill_rank(const struct proto_model *m, const struct proto_layo
 					uint64_t flat = 0;
 					for (uint32_t d = 0; d < n; d++)
 						flat = flat * t->shape[d] + x[d];
-					source(arg, p->tensor, flat, run,
-					       block + lt->offset + proto_local_elem_offset(m, lt, p, x) * es);
+					fn(arg, p->tensor, flat, run,
+					   lt->offset + proto_local_elem_offset(m, lt, p, x) * es);
 					uint32_t d = n ? n - 1 : 0;
 					bool done = true;
 					while (d > 0) {
@@ -938,4 +986,25 @@ void proto_layout_fill_rank(const struct proto_model *m, const struct proto_layo
 		}
 	}
 	proto_boxes_fini(&bx);
+}
+
+struct fill {
+	proto_tensor_source source;
+	void *arg;
+	uint8_t *block;
+};
+
+static void fill_run(void *arg, uint32_t tensor, uint64_t first, uint64_t count, uint64_t at)
+{
+	struct fill *f = arg;
+	f->source(f->arg, tensor, first, count, f->block + at);
+}
+
+void proto_layout_fill_rank(const struct proto_model *m, const struct proto_layout *l,
+			    uint32_t rank, proto_tensor_source source, void *arg, uint8_t *block)
+{
+	struct fill f = {.source = source, .arg = arg, .block = block};
+
+	memset(block, 0, l->ranks[rank].nbytes);
+	proto_layout_walk_rank(m, l, rank, -1, fill_run, &f);
 }

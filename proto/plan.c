@@ -301,12 +301,19 @@ int proto_plan_build(const struct proto_model *m, const struct proto_layout *src
 		     const struct proto_layout *dst, struct proto_plan *out,
 		     struct proto_err *err)
 {
-	struct builder b = {.m = m, .src = src, .dst = dst};
+	struct builder b = {.src = src, .dst = dst};
 	struct holder *h = NULL;
 	uint64_t *hstart = NULL;
 	int rc;
 
 	memset(out, 0, sizeof(*out));
+	/* An FP8 layout's pieces index its own model: both sides must. */
+	if (memcmp(proto_layout_model(m, src)->digest, proto_layout_model(m, dst)->digest,
+		   sizeof(m->digest)) != 0)
+		return proto_errf(err, EINVAL, "plan: the layouts serve different models "
+				  "(one is transformed to FP8, proto_layout_fp8_source)");
+	m = proto_layout_model(m, dst);
+	b.m = m;
 	if (index_holders(m, src, &h, &hstart) != 0)
 		return proto_errf(err, ENOMEM, "plan: out of memory");
 	for (uint32_t j = 0; j < dst->nranks; j++) {
@@ -414,6 +421,7 @@ json_t *proto_plan_to_json(const struct proto_plan *p, const struct proto_model 
 {
 	json_t *parcels = json_array();
 
+	m = proto_layout_model(m, dst);
 	for (uint32_t i = 0; i < p->nparcels; i++) {
 		const struct proto_parcel *pc = &p->parcels[i];
 		json_t *segs = json_array();

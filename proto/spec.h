@@ -131,6 +131,10 @@ struct proto_local {
 	uint64_t offset; /* byte offset of this local tensor in its rank's block */
 	uint32_t npieces;
 	struct proto_piece *pieces;
+	/* The FP32 scales of the FP8 local before it (fp8_e4m3_block128,
+	 * proto/fp8.h): derived from that local's pieces, never written in
+	 * the layout's JSON. */
+	bool scales;
 };
 
 struct proto_rank {
@@ -143,7 +147,21 @@ struct proto_layout {
 	uint32_t nranks;
 	struct proto_rank *ranks;
 	uint8_t digest[32]; /* BLAKE2b-256 of the explicit JSON form */
+	/* A layout that serves some tensors as block-scaled FP8 ("transform":
+	 * "fp8_e4m3_block128", proto/fp8.h): the model its pieces index, owned:
+	 * the cluster's model with those tensors as FP8 (same indices) and a
+	 * "<name>_scale_inv" FP32 tensor per quantized tensor appended after
+	 * the nbase tensors of the cluster's model. NULL: the cluster's model. */
+	struct proto_model *model;
+	uint32_t nbase;
 };
+
+/* The model a layout's pieces index: its own (FP8) or the cluster's m. */
+static inline const struct proto_model *proto_layout_model(const struct proto_model *m,
+							   const struct proto_layout *l)
+{
+	return l->model != NULL ? l->model : m;
+}
 
 /* Parses a layout (explicit or shorthand) against a model and validates it:
  * boxes in range, no overlap inside a local tensor, matching dtypes and
@@ -176,7 +194,8 @@ int proto_layout_open(const struct proto_model *m, const char *arg,
 /* Built-in layouts: "fsdpN" (each rank an equal dim-0 share of every tensor,
  * as FSDP2 does) and "tpN" (Megatron rules for Llama-style names: fused
  * qkv_proj and gate_up_proj and embeddings/lm_head split on dim 0, o_proj
- * and down_proj on dim 1, the rest replicated). */
+ * and down_proj on dim 1, the rest replicated). "tpN:fp8" is tpN serving
+ * the linear projections (2-D BF16 "*_proj.weight") as fp8_e4m3_block128. */
 /* Whether name is a built-in's name: 0 with its ranks in *ranks (when not
  * NULL), or -EINVAL with a one-line error. */
 int proto_layout_builtin_parse(const char *name, uint64_t *ranks, struct proto_err *err);
@@ -195,6 +214,58 @@ void proto_layout_fill_rank(const struct proto_model *m,
 			    const struct proto_layout *l, uint32_t rank,
 			    proto_tensor_source source, void *arg,
 			    uint8_t *block);
+
+/*
+ * FP8 serving layouts (proto/layout_fp8.c). A layout's JSON (either form)
+ * may say "transform": "fp8_e4m3_block128" and "quantize": [name or glob,
+ * ...] (default ["*_proj.weight"]; globs take the 2-D BF16 tensors they
+ * match, a name must be one). Each quantized tensor's local is FP8 and is
+ * followed by "<local>_scale_inv", its block scales split as it is; a piece
+ * must start on a multiple of 128 on both dims and end on one or at the
+ * tensor's edge (and only the last piece of a local may end on a partial
+ * block along its concat dim), else the layout is refused naming the tensor
+ * and the split.
+ */
+/* Whether l serves some tensors transformed (FP8). */
+static inline bool proto_layout_transformed(const struct proto_layout *l)
+{
+	return l->model != NULL;
+}
+/* The layout a plan into an FP8 layout dst is made from: one rank holding
+ * every tensor of dst's model whole (the quantized ones as FP8 with their
+ * scales), which a publisher fills by quantizing the trainer's export. Its
+ * model has dst's model's digest. */
+int proto_layout_fp8_source(const struct proto_model *m, const struct proto_layout *dst,
+			    struct proto_layout *out, struct proto_err *err);
+
+/* Fills the block of an FP8 source layout src8 (proto_layout_fp8_source)
+ * from the logical tensors of the cluster's model m: bytes(arg, t, scratch)
+ * returns tensor t's row-major bytes, its own or written into scratch
+ * (room for the largest tensor); quantized tensors are quantized on up to
+ * threads threads (proto/fp8.h), the others copied. abort (may be NULL) is
+ * looked at between tensors. 0, or -EDOM when a quantized tensor holds a
+ * NaN or an infinity (err names it and the element), -ENOMEM, -ECANCELED. */
+typedef const uint8_t *(*proto_tensor_bytes)(void *arg, uint32_t t, uint8_t *scratch);
+int proto_layout_fp8_fill(const struct proto_model *m, const struct proto_layout *src8,
+			  proto_tensor_bytes bytes, void *arg, unsigned threads,
+			  const _Atomic bool *abort, uint8_t *block, struct proto_err *err);
+
+/* A whole rank block of FP8 layout l (what its node must hold), from the
+ * cluster model's logical tensors as proto_layout_fp8_fill takes them: the
+ * quantized source is made and l's rank filled from it. For checks and
+ * tests (it holds the quantized model in memory while it works). */
+int proto_layout_fp8_fill_rank(const struct proto_model *m, const struct proto_layout *l,
+			       uint32_t rank, proto_tensor_bytes bytes, void *arg, uint8_t *block,
+			       struct proto_err *err);
+
+/* Walks a rank's elements (of tensor `only`, or all for -1) in runs that
+ * are contiguous both in the logical tensor and in the rank's block:
+ * fn(arg, tensor, first, count, at) for elements [first, first+count) of
+ * the tensor (row-major) lying at byte offset at of the block. */
+typedef void (*proto_layout_walk_fn)(void *arg, uint32_t tensor, uint64_t first, uint64_t count,
+				     uint64_t at);
+void proto_layout_walk_rank(const struct proto_model *m, const struct proto_layout *l,
+			    uint32_t rank, int64_t only, proto_layout_walk_fn fn, void *arg);
 
 /* Row-major element offset of a piece element inside its local tensor. */
 uint64_t proto_local_elem_offset(const struct proto_model *m,

@@ -180,7 +180,8 @@ int node_agent_new(struct event_base *base, const struct node_agent_opts *o,
 			.spec = &a->layout.ranks[o->rank],
 			.layout_digest = a->layout.digest,
 			.store = &a->store,
-			.model = &a->model,
+			/* An FP8 layout's pieces index its own model. */
+			.model = proto_layout_model(&a->model, &a->layout),
 			.in_place = o->install_inplace,
 			.perm = o->attach_perm,
 		};

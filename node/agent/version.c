@@ -306,7 +306,18 @@ static int plan_from_layouts(struct node_agent *a, const struct trk_answer *ans,
 	if (a->have_plan)
 		proto_plan_fini(&a->plan);
 	a->have_plan = false;
-	rc = proto_plan_build(&a->model, &tl, &a->layout, &a->plan, err);
+	if (proto_layout_transformed(&a->layout)) {
+		/* An FP8 layout's parcels come from the publisher's quantized
+		 * source of the trainer's export, not its ranks' bytes. */
+		struct proto_layout src;
+		rc = proto_layout_fp8_source(&a->model, &a->layout, &src, err);
+		if (rc == 0) {
+			rc = proto_plan_build(&a->model, &src, &a->layout, &a->plan, err);
+			proto_layout_fini(&src);
+		}
+	} else {
+		rc = proto_plan_build(&a->model, &tl, &a->layout, &a->plan, err);
+	}
 	if (rc == 0) {
 		a->have_plan = true;
 		memcpy(a->plan_src, tl.digest, PROTO_HASH_BYTES);

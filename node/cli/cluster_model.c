@@ -11,9 +11,34 @@
 #include "proto/fixture.h"
 #include "proto/proto.h"
 
+/* A version's logical tensors, for an FP8 layout's expected bytes. */
+struct logical {
+	struct cluster *c;
+	const struct proto_ckpt *ck; /* NULL: the synthetic model */
+	uint64_t v;
+	int rc;
+	struct proto_err *err;
+};
+
+static const uint8_t *logical_bytes(void *arg, uint32_t t, uint8_t *scratch)
+{
+	struct logical *g = arg;
+	const struct proto_tensor *x = &g->c->model.tensors[t];
+
+	if (g->ck == NULL)
+		proto_fixture_fill(&g->c->model, g->c->seed, g->v, t, 0, x->nelem, scratch);
+	else if (g->rc == 0)
+		g->rc = proto_ckpt_read(g->ck, t, 0, x->nbytes, scratch, g->err);
+	return scratch;
+}
+
 int node__cluster_expected_block(struct cluster *c, const struct proto_layout *l, uint32_t rank,
 				 uint64_t v, uint8_t *block, struct proto_err *err)
 {
+	struct logical g = {.c = c, .v = v, .err = err};
+
+	if (c->model_dir == NULL && proto_layout_transformed(l))
+		return proto_layout_fp8_fill_rank(&c->model, l, rank, logical_bytes, &g, block, err);
 	if (c->model_dir == NULL) {
 		proto_fixture_fill_rank(&c->model, l, rank, c->seed, v, block);
 		return 0;
@@ -31,7 +56,14 @@ int node__cluster_expected_block(struct cluster *c, const struct proto_layout *l
 	}
 	/* By pread, as the publisher reads it: a file cut short since is an
 	 * error here, not a SIGBUS from its mapping. */
-	rc = proto_ckpt_fill_rank(&ck, &ck.model, NULL, l, rank, block, err);
+	g.ck = &ck;
+	if (proto_layout_transformed(l)) {
+		rc = proto_layout_fp8_fill_rank(&c->model, l, rank, logical_bytes, &g, block, err);
+		if (rc == 0)
+			rc = g.rc;
+	} else {
+		rc = proto_ckpt_fill_rank(&ck, &ck.model, NULL, l, rank, block, err);
+	}
 	if (rc != 0)
 		proto_err_prefix(err, "%s", c->ckpts[v - 1]);
 	proto_ckpt_fini(&ck);

@@ -75,12 +75,15 @@ bool node__pub_delta_link(struct node_pub *p, struct pub_export *ex)
 			struct pub_item *it = &pt->items[j];
 			it->parent = NULL;
 			it->parent_sums = NULL;
+			/* An FP8 layout's parent is its quantized source's. */
+			const uint8_t *pb = it->sl->q != NULL ? node__pub_q_block(it->sl->q, pp->version)
+							      : pr != NULL ? pr->block : NULL;
 			for (size_t k = 0; pr != NULL && k < pr->nitems; k++) {
 				const struct pub_pitem *q = &pr->items[k];
 				if (q->src == it->pc->src_rank && q->dst == it->pc->dst_rank &&
-				    q->bytes == it->pc->bytes && pr->block != NULL &&
+				    q->bytes == it->pc->bytes && pb != NULL &&
 				    memcmp(q->layout, it->sl->digest, PROTO_HASH_BYTES) == 0) {
-					it->parent = pr->block;
+					it->parent = pb;
 					it->parent_canary = q->canary;
 					it->parent_sums = q->sums;
 				}
@@ -171,15 +174,15 @@ static void on_locate(void *arg, uint32_t t, uint64_t base, uint64_t n, uint8_t 
 	uint64_t off = pp->pay_off + base * pp->elsize, len = n * pp->elsize;
 	struct src_run sr = {.ok = true};
 
-	proto_parcel_src_spans(&it->sl->plan, it->pc, &c->p->tl, off, len, src_span, &sr);
+	proto_parcel_src_spans(&it->sl->plan, it->pc, it->sl->src, off, len, src_span, &sr);
 	if (sr.ok && sr.any && sr.end - sr.at == len) {
 		*a = c->parent + sr.at;
 		*b = c->block + sr.at;
 		atomic_fetch_add(&c->in_place, len);
 		return;
 	}
-	proto_parcel_gather(&it->sl->plan, it->pc, &c->p->tl, c->block, off, len, room);
-	proto_parcel_gather(&it->sl->plan, it->pc, &c->p->tl, c->parent, off, len, room + len);
+	proto_parcel_gather(&it->sl->plan, it->pc, it->sl->src, c->block, off, len, room);
+	proto_parcel_gather(&it->sl->plan, it->pc, it->sl->src, c->parent, off, len, room + len);
 	*b = room;
 	*a = room + len;
 }

@@ -83,6 +83,7 @@ void node__pub_ex_free(struct node_pub *p, struct pub_export *ex)
 	json_decref(ex->canary);
 	free(ex->mbuf);
 	free(ex->layouts);
+	free(ex->tl_blocks);
 	free(ex->jobs);
 	free(ex->req);
 	free(ex);
@@ -452,6 +453,15 @@ static void ex_gather_start(struct node_pub *p)
 			return;
 		}
 	}
+	/* FP8 layouts are quantized from every rank's memory of the version:
+	 * the snapshots, or for an addendum those kept with the parent. */
+	ex->tl_blocks = calloc(p->tl.nranks + 1, sizeof(*ex->tl_blocks));
+	if (ex->tl_blocks == NULL) {
+		ex_fail(p, ENOMEM, "out of memory");
+		return;
+	}
+	for (uint32_t r = 0; r < p->tl.nranks; r++)
+		ex->tl_blocks[r] = ex->addendum ? node__pub_parent_block(p, ex->version, r) : p->blocks[r];
 	if (ex->addendum)
 		LOG_INFO("version %llu: %s", (unsigned long long)ex->version, ex->why);
 	else if (!ex->verify) {
@@ -468,6 +478,8 @@ static void ex_gather_start(struct node_pub *p)
 	for (size_t i = 0; i < ex->njobs; i++) {
 		struct pub_job *j = &ex->jobs[i];
 		j->part = &pv->parts[i];
+		j->tl_blocks = ex->tl_blocks;
+		j->q_keep = p->parent != NULL ? p->parent->version : 0;
 		j->chunk_size = ex->chunk_size;
 		j->delta = ex->delta;
 		j->sums = !ex->delta && !ex->verify && !ex->addendum && node__pub_keeps_parent(p);

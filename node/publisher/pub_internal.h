@@ -29,6 +29,8 @@
  *   pub_source.c   where a version's bytes come from (fixture or model dir);
  *   pub_trainer.c  the trainer source: a shared buffer per trainer rank;
  *   pub_layout.c   the serving layouts and their plans, cached by digest;
+ *   pub_quant.c    FP8 serving layouts: the quantized source their plans
+ *                  read, filled from the snapshots once per version;
  *   pub_wait.c     why an export is not done yet, for whoever waits on it.
  * pub_control.c (the control socket) and pub_metrics.c (its series) sit
  * on the face, publisher.h, as any caller does. Everything here is for
@@ -58,13 +60,34 @@
 #define PUB_ALIGN 4096u           /* parcels start page-aligned in a buffer */
 #define RETRY_MS 500              /* tracker unreachable: try again */
 
+/*
+ * The quantized source of FP8 serving layouts whose model has this digest
+ * (pub_quant.c): one rank holding every tensor whole, the quantized ones
+ * as FP8 with their scales (proto_layout_fp8_source), filled from every
+ * trainer rank's snapshot once per version, on the gather's threads. Its
+ * plans' parcels all come from trainer rank 0's part. Two blocks take
+ * turns: the one kept with the parent export (deltas read it) and the one
+ * a version is quantized into.
+ */
+struct pub_q {
+	uint8_t digest[PROTO_HASH_BYTES]; /* its model's */
+	struct proto_layout src;
+	uint8_t *blk[2];
+	size_t cap;
+	uint64_t ver[2]; /* the version each block holds, 0: none */
+	struct pub_q *next;
+};
+
 /* A serving layout and the plan trainer layout -> it, by digest. A layout
- * that failed to parse or plan stays cached as bad (warned about once). */
+ * that failed to parse or plan stays cached as bad (warned about once).
+ * An FP8 layout's plan is made from its quantized source (q) instead. */
 struct pub_layout {
 	uint8_t digest[PROTO_HASH_BYTES];
 	bool bad;
 	struct proto_layout layout;
 	struct proto_plan plan;
+	const struct proto_layout *src; /* the plan's source: &p->tl or &q->src */
+	struct pub_q *q;                /* NULL: not transformed */
 	struct pub_layout *next;
 };
 
@@ -72,6 +95,9 @@ struct pub_layout {
 struct pub_item {
 	const struct pub_layout *sl;
 	const struct proto_parcel *pc;
+	/* Its source rank's memory: the rank's snapshot, or an FP8 layout's
+	 * quantized block (set by the job before it reads). */
+	const uint8_t *block;
 	uint32_t li, pi; /* layout index in the export, parcel index in its plan */
 	uint64_t off;    /* in the rank's export buffer */
 	uint32_t nchunks;
@@ -227,6 +253,11 @@ struct pub_job {
 	bool restore, restored;
 	struct pub_rsrc *rs;
 	size_t nrs;
+	/* Every trainer rank's memory of the version (the export's), which
+	 * FP8 layouts' quantized sources are made from (pub_quant.c), and the
+	 * version whose quantized block they keep (the parent's). */
+	uint8_t *const *tl_blocks;
+	uint64_t q_keep;
 	unsigned threads;  /* for the encoder */
 	/* The version's budget of delta bytes, shared by every parcel's
 	 * encode (the export's); NULL when no delta is tried. */
@@ -257,6 +288,7 @@ struct pub_export {
 	char error[512];
 	struct pub_job *jobs;
 	size_t njobs, jobs_left;
+	uint8_t **tl_blocks; /* per trainer rank: its memory of the version (pub_job.tl_blocks) */
 	bool req_busy; /* a tracker request of this export is in flight */
 	bool snap_done;
 	unsigned tries;
@@ -423,6 +455,7 @@ struct node_pub {
 	uint32_t delta_backoff, delta_skip;
 
 	struct pub_layout *layouts;
+	struct pub_q *qs; /* FP8 layouts' quantized sources (pub_quant.c) */
 	struct pub_version *versions;
 	struct pub_req *queue, **queue_tail;
 	size_t nqueue;
@@ -628,6 +661,24 @@ void node__pub_parent_commit(struct node_pub *p, struct pub_export *ex);
 /* The snapshot of trainer rank kept as the parent export, when that is
  * version v, else NULL; read only (it is the next delta's parent). */
 uint8_t *node__pub_parent_block(const struct node_pub *p, uint64_t v, uint32_t rank);
+
+/* ---- pub_quant.c: FP8 layouts' quantized sources -------------------------------------- */
+
+/* The quantized source of FP8 layout dst (made once per model digest). NULL
+ * with err on ENOMEM or a model the trainer layout cannot fill. */
+struct pub_q *node__pub_q_get(struct node_pub *p, const struct proto_layout *dst,
+			      struct proto_err *err);
+/* The block of q holding version v, or NULL. */
+const uint8_t *node__pub_q_block(const struct pub_q *q, uint64_t v);
+/* Worker: quantizes version v into q's block that does not hold keep (the
+ * parent's version), from every trainer rank's memory blocks[r], on
+ * threads. 0, or -EDOM (a NaN or an infinity: err names the tensor and
+ * element), -ENOMEM. */
+int node__pub_quantize(const struct node_pub *p, struct pub_q *q, uint64_t v, uint64_t keep,
+		       uint8_t *const *blocks, unsigned threads, const atomic_bool *abort,
+		       struct proto_err *err);
+/* Frees every quantized source. */
+void node__pub_q_free_all(struct node_pub *p);
 
 /* ---- pub_report.c: what a version's export cost ------------------------------------ */
 

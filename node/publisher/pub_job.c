@@ -31,8 +31,8 @@ static void job_delta(struct pub_job *j)
 	uint64_t t0 = proto_now_ns(), c0 = proto_thread_cpu_ns();
 
 	for (size_t i = 0; i < pt->nitems && !atomic_load(&j->p->abort); i++)
-		node__pub_delta_encode_item(j->p, &pt->items[i], j->chunk_size, j->threads, j->block,
-					    &j->scratch, j->budget);
+		node__pub_delta_encode_item(j->p, &pt->items[i], j->chunk_size, j->threads,
+					    pt->items[i].block, &j->scratch, j->budget);
 	j->encode_ns = proto_now_ns() - t0;
 	/* With more than one encoder thread the others' CPU is not in it. */
 	j->cpu_ns = proto_thread_cpu_ns() - c0;
@@ -103,7 +103,7 @@ static int gather_stripe(void *arg, unsigned slot, uint64_t i)
 		proto_chunk_hash_init(&st);
 		for (uint64_t o = 0; o < clen; o += HASH_STEP) {
 			uint64_t n = PROTO_MIN(HASH_STEP, clen - o);
-			proto_parcel_gather(&it->sl->plan, it->pc, &j->p->tl, j->block, c0 + o, n,
+			proto_parcel_gather(&it->sl->plan, it->pc, it->sl->src, it->block, c0 + o, n,
 					    pay + c0 + o);
 			proto_chunk_hash_update(&st, pay + c0 + o, n);
 		}
@@ -140,6 +140,39 @@ static void gather_sums(struct pub_job *j)
 	}
 }
 
+/*
+ * Where each item reads its source: its rank's memory, or for an FP8
+ * layout its quantized source, made here first from every rank's memory
+ * of the version (FP8 parcels all come from trainer rank 0's part, so one
+ * job makes it, while the others gather). 0, or the quantizer's error (a
+ * NaN or an infinity in a quantized tensor fails the version).
+ */
+static int job_sources(struct pub_job *j)
+{
+	struct pub_part *pt = j->part;
+
+	for (size_t i = 0; i < pt->nitems; i++) {
+		struct pub_item *it = &pt->items[i];
+		struct pub_q *q = it->sl->q;
+		it->block = j->block;
+		if (q == NULL)
+			continue;
+		for (uint32_t r = 0; r < j->p->tl.nranks && node__pub_q_block(q, j->version) == NULL;
+		     r++)
+			if (j->tl_blocks[r] == NULL)
+				return proto_errf(&j->err, ENOENT,
+						  "version %llu: its FP8 source is gone (rank %u's memory "
+						  "of it is no longer kept); FP8 replicas wait for the next",
+						  (unsigned long long)j->version, r);
+		int rc = node__pub_quantize(j->p, q, j->version, j->q_keep, j->tl_blocks, j->threads,
+					    &j->p->abort, &j->err);
+		if (rc != 0)
+			return rc;
+		it->block = node__pub_q_block(q, j->version);
+	}
+	return 0;
+}
+
 /* Gathers, hashes and scores every parcel of the part on j->threads. */
 static void job_gather(struct pub_job *j)
 {
@@ -158,6 +191,8 @@ static void job_gather(struct pub_job *j)
 		    (j->rc = node__pub_source_fill(p, j->rank, j->version, j->block, &j->err)) != 0)
 			return;
 	}
+	if ((j->rc = job_sources(j)) != 0)
+		return;
 	if (j->delta) {
 		job_delta(j);
 		return;

@@ -42,11 +42,23 @@ struct pub_layout *node__pub_layout_absorb(struct node_pub *p, json_t *e)
 		LOG_WARN("%s: its digest is not the one the tracker gave (not served)", what);
 		proto_layout_fini(&sl->layout);
 		sl->bad = true;
-	} else if (proto_plan_build(&p->model, &p->tl, &sl->layout, &sl->plan, &err) != 0) {
+	} else if (proto_layout_transformed(&sl->layout) && p->nhosted != p->tl.nranks) {
+		LOG_WARN("%s: serves FP8, which this publisher quantizes only when it hosts every "
+			 "trainer rank (not served)", what);
+		proto_layout_fini(&sl->layout);
+		sl->bad = true;
+	} else if (proto_layout_transformed(&sl->layout) &&
+		   (sl->q = node__pub_q_get(p, &sl->layout, &err)) == NULL) {
+		LOG_WARN("%s: its FP8 source: %s (not served)", what, err.msg);
+		proto_layout_fini(&sl->layout);
+		sl->bad = true;
+	} else if (proto_plan_build(&p->model, sl->q != NULL ? &sl->q->src : &p->tl, &sl->layout,
+				    &sl->plan, &err) != 0) {
 		LOG_WARN("%s: cannot plan from the trainer layout: %s (not served)", what, err.msg);
 		proto_layout_fini(&sl->layout);
 		sl->bad = true;
 	} else {
+		sl->src = sl->q != NULL ? &sl->q->src : &p->tl;
 		LOG_INFO("%s: %u parcels, %llu bytes mapped", what, sl->plan.nparcels,
 			 (unsigned long long)sl->plan.mapped_bytes);
 	}

@@ -48,8 +48,9 @@ int node__pub_restore_sources(struct node_pub *p, uint64_t v, uint32_t rank,
 				continue;
 			const struct pub_slice *sc = &pt->slices[li];
 			const struct pub_layout *sl = node__pub_layout_find(p, o->layout);
+			/* An FP8 layout's parcels are not the rank's bytes. */
 			const struct proto_parcel *pc =
-				sl != NULL && !sl->bad ? proto_plan_parcel(&sl->plan, o->src_rank, o->dst_rank)
+				sl != NULL && !sl->bad && sl->q == NULL ? proto_plan_parcel(&sl->plan, o->src_rank, o->dst_rank)
 						       : NULL;
 			struct fab_rkey rk;
 			fab_mr_rkey(sc->mr, &rk);
@@ -131,7 +132,8 @@ bool node__pub_restore(const struct node_pub *p, uint32_t rank, const struct pub
 					       cover_mark, &cv);
 		cv.ok = !cv.bad;
 		for (size_t k = 0; k < pt->nitems && cv.ok; k++)
-			proto_parcel_src_spans(&pt->items[k].sl->plan, pt->items[k].pc, &p->tl, 0,
+			if (pt->items[k].sl->q == NULL) /* FP8: from its quantized source */
+				proto_parcel_src_spans(&pt->items[k].sl->plan, pt->items[k].pc, &p->tl, 0,
 					       pt->items[k].pc->bytes, cover_check, &cv);
 	}
 	free(cv.bits);

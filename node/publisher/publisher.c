@@ -641,6 +641,7 @@ void node_pub_free(struct node_pub *p)
 		}
 		free(sl);
 	}
+	node__pub_q_free_all(p);
 	for (uint32_t r2 = 0; p->have_tl && r2 < p->tl.nranks; r2++) {
 		if (p->blocks != NULL && p->blocks[r2] != NULL)
 			munmap(p->blocks[r2], p->block_cap[r2]);

@@ -292,6 +292,16 @@ static void layout_ready(struct swarm *sw, struct xl_layout *l, json_t *form)
 		l->state = -1;
 		return;
 	}
+	/* A layout that serves other bytes (FP8 against BF16, or another
+	 * quantization) holds nothing of ours. */
+	if (memcmp(proto_layout_model(sw->o.model, &l->l)->digest,
+		   proto_layout_model(sw->o.model, sw->x->o.layout)->digest, PROTO_HASH_BYTES) != 0) {
+		LOG_DEBUG("node %s: holder layout %s serves another model (FP8 or not); not used",
+			  sw->x->o.id, hex);
+		proto_layout_fini(&l->l);
+		l->state = -1;
+		return;
+	}
 	if (memcmp(l->l.digest, l->digest, PROTO_HASH_BYTES) != 0 ||
 	    proto_layout_check_complete(sw->o.model, &l->l, &err) != 0 ||
 	    proto_plan_build(sw->o.model, &l->l, sw->x->o.layout, &hp, &err) != 0) {

@@ -84,10 +84,19 @@ void trk__handle_holders(struct trk_call *c)
 	 * copy) reads its own layout's complete holders too. */
 	const struct trk_version *tv = trk__versions_find(c->s->vs, version);
 	bool delta = tv != NULL && tv->kind == PROTO_KIND_DELTA;
+	/* Layouts serving other bytes (FP8 against BF16) hold nothing of the
+	 * asker's: only those over the same model are listed. */
+	const struct proto_model *mine = &r->model;
+	for (const struct trk_slayout *sl = r->layouts; sl != NULL; sl = sl->next)
+		if (memcmp(sl->digest, layout, PROTO_HASH_BYTES) == 0)
+			mine = proto_layout_model(&r->model, &sl->l);
 	for (struct trk_replica *rep = r->reps; rep != NULL && !oom; rep = rep->next) {
 		json_t *h;
 		bool same = memcmp(rep->layout->digest, layout, PROTO_HASH_BYTES) == 0;
 		if (same && !delta)
+			continue;
+		if (memcmp(proto_layout_model(&r->model, &rep->layout->l)->digest, mine->digest,
+			   PROTO_HASH_BYTES) != 0)
 			continue;
 		if (same) {
 			if ((h = holder_json(rep, version, &oom)) != NULL &&

@@ -1,0 +1,389 @@
+/* FP8 serving layouts: the transformed model, the scale locals, the checks
+ * on splits, the source layout a plan into one is made from. */
+#include <errno.h>
+#include <fnmatch.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/fp8.h"
+#include "proto/layout_fp8.h"
+#include "proto/pool.h"
+#include "proto/spec.h"
+
+#define QUANTIZE_MAX 1024 /* entries of "quantize" */
+#define SCALE_SUFFIX "_scale_inv"
+
+static bool is_glob(const char *s)
+{
+	return strpbrk(s, "*?[") != NULL;
+}
+
+static bool quantizable(const struct proto_tensor *t)
+{
+	return t->dtype == PROTO_DT_BF16 && t->ndim == 2 && t->nelem > 0;
+}
+
+/* Marks in q the tensors "quantize" names (default: the projections). */
+static int pick(const struct proto_model *m, json_t *list, const char *what, bool *q,
+		struct proto_err *err)
+{
+	static const char *const dflt[] = {"*_proj.weight"};
+	size_t n = list != NULL ? json_array_size(list) : 1;
+
+	if (list != NULL && (!json_is_array(list) || n == 0 || n > QUANTIZE_MAX))
+		return proto_errf(err, EINVAL, "%s.quantize: want 1..%d tensor names or globs", what,
+				  QUANTIZE_MAX);
+	for (size_t i = 0; i < n; i++) {
+		const char *s = list != NULL ? json_string_value(json_array_get(list, i)) : dflt[0];
+		if (s == NULL || s[0] == 0 || strlen(s) >= PROTO_NAME_MAX)
+			return proto_errf(err, EINVAL, "%s.quantize[%zu]: not a tensor name", what, i);
+		if (!is_glob(s)) {
+			int64_t t = proto_model_find(m, s);
+			if (t < 0)
+				return proto_errf(err, EINVAL, "%s.quantize[%zu]: %s is not in the model",
+						  what, i, s);
+			if (!quantizable(&m->tensors[t]))
+				return proto_errf(err, EINVAL,
+						  "%s.quantize[%zu]: %s is %s with %u dims; "
+						  PROTO_FP8_TRANSFORM " takes 2-D bf16 tensors",
+						  what, i, s, proto_dtype_name(m->tensors[t].dtype),
+						  m->tensors[t].ndim);
+			q[t] = true;
+			continue;
+		}
+		for (uint32_t t = 0; t < m->ntensors; t++)
+			if (quantizable(&m->tensors[t]) && fnmatch(s, m->tensors[t].name, 0) == 0)
+				q[t] = true;
+	}
+	return 0;
+}
+
+int proto__layout_fp8_model(const struct proto_model *m, json_t *root, const char *what,
+			    struct proto_layout *l, struct proto_err *err)
+{
+	json_t *tr = json_object_get(root, "transform"), *list = json_object_get(root, "quantize");
+	struct proto_model *m8;
+	bool *q;
+	uint32_t nq = 0;
+	int rc;
+
+	l->nbase = m->ntensors;
+	if (tr == NULL && list == NULL)
+		return 0;
+	if (!json_is_string(tr) || strcmp(json_string_value(tr), PROTO_FP8_TRANSFORM) != 0)
+		return proto_errf(err, EINVAL, "%s.transform: the only one is \"" PROTO_FP8_TRANSFORM "\"",
+				  what);
+	q = calloc(m->ntensors + 1, sizeof(*q));
+	m8 = calloc(1, sizeof(*m8));
+	if (q == NULL || m8 == NULL) {
+		free(q);
+		free(m8);
+		return proto_errf(err, ENOMEM, "%s: out of memory", what);
+	}
+	proto_model_init(m8);
+	if ((rc = pick(m, list, what, q, err)) != 0)
+		goto out;
+	for (uint32_t t = 0; t < m->ntensors && rc == 0; t++) {
+		const struct proto_tensor *x = &m->tensors[t];
+		nq += q[t];
+		rc = proto_model_add(m8, x->name, q[t] ? PROTO_DT_FP8_E4M3 : x->dtype, x->ndim,
+				     x->shape, err);
+	}
+	if (rc == 0 && nq == 0)
+		rc = proto_errf(err, EINVAL, "%s: " PROTO_FP8_TRANSFORM " quantizes no tensor "
+				"(quantize names none of the model's 2-D bf16 tensors)", what);
+	for (uint32_t t = 0; t < m->ntensors && rc == 0; t++) {
+		char name[PROTO_NAME_MAX + sizeof(SCALE_SUFFIX)];
+		const struct proto_tensor *x = &m->tensors[t];
+		uint64_t shape[2] = {proto_fp8_blocks(x->shape[0]), proto_fp8_blocks(x->shape[1])};
+		if (!q[t])
+			continue;
+		snprintf(name, sizeof(name), "%s" SCALE_SUFFIX, x->name);
+		if (proto_model_find(m, name) >= 0)
+			rc = proto_errf(err, EINVAL, "%s: cannot quantize %s: the model has a tensor %s already",
+					what, x->name, name);
+		else
+			rc = proto_model_add(m8, name, PROTO_DT_FP32, 2, shape, err);
+	}
+	if (rc == 0)
+		rc = proto_model_finish(m8, err);
+	if (rc == 0) {
+		l->model = m8;
+		m8 = NULL;
+	}
+out:
+	if (m8 != NULL) {
+		proto_model_fini(m8);
+		free(m8);
+	}
+	free(q);
+	return rc;
+}
+
+/* The scale tensor of tensor t of l's model, or -1: t is not quantized. */
+static int64_t scale_of(const struct proto_layout *l, uint32_t t)
+{
+	char name[PROTO_NAME_MAX + sizeof(SCALE_SUFFIX)];
+	int64_t s;
+
+	if (l->model == NULL || t >= l->nbase)
+		return -1;
+	snprintf(name, sizeof(name), "%s" SCALE_SUFFIX, l->model->tensors[t].name);
+	s = proto_model_find(l->model, name);
+	return s >= (int64_t)l->nbase ? s : -1;
+}
+
+/* Whether a piece of a quantized tensor splits it on block edges; else
+ * says which split cuts a block. */
+static int check_piece(const struct proto_layout *l, const struct proto_local *lt, uint32_t k,
+		       const char *where, struct proto_err *err)
+{
+	const struct proto_piece *p = &lt->pieces[k];
+	const struct proto_tensor *t = &l->model->tensors[p->tensor];
+
+	if (p->flat)
+		return proto_errf(err, EINVAL,
+				  "%s: %s is split flat; " PROTO_FP8_TRANSFORM " needs box splits on "
+				  "multiples of 128", where, t->name);
+	for (uint32_t d = 0; d < 2; d++) {
+		uint64_t lo = p->box.lo[d], hi = p->box.hi[d];
+		bool last = k + 1 == lt->npieces || d != lt->concat_dim;
+		if (lo % PROTO_FP8_BLOCK != 0 || (hi % PROTO_FP8_BLOCK != 0 && !(last && hi == t->shape[d])))
+			return proto_errf(err, EINVAL,
+					  "%s: %s split [%llu, %llu) on dim %u (of %llu) cuts a 128-block; "
+					  PROTO_FP8_TRANSFORM " needs splits on multiples of 128",
+					  where, t->name, (unsigned long long)lo, (unsigned long long)hi, d,
+					  (unsigned long long)t->shape[d]);
+	}
+	return 0;
+}
+
+/* The scale local of quantized local lt (name and pieces; finished later). */
+static int scale_local(const struct proto_layout *l, const struct proto_local *lt,
+		       struct proto_local *out, struct proto_err *err)
+{
+	char name[PROTO_NAME_MAX + sizeof(SCALE_SUFFIX)];
+
+	memset(out, 0, sizeof(*out));
+	snprintf(name, sizeof(name), "%s" SCALE_SUFFIX, lt->name);
+	if (strlen(name) >= PROTO_NAME_MAX)
+		return proto_errf(err, EINVAL, "%s: the name of its scales is too long", lt->name);
+	out->name = strdup(name);
+	out->pieces = calloc(lt->npieces, sizeof(*out->pieces));
+	if (out->name == NULL || out->pieces == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	out->concat_dim = lt->concat_dim;
+	out->scales = true;
+	out->npieces = lt->npieces;
+	for (uint32_t k = 0; k < lt->npieces; k++) {
+		const struct proto_piece *p = &lt->pieces[k];
+		struct proto_piece *s = &out->pieces[k];
+		s->tensor = (uint32_t)scale_of(l, p->tensor);
+		for (uint32_t d = 0; d < 2; d++) {
+			s->box.lo[d] = p->box.lo[d] / PROTO_FP8_BLOCK;
+			s->box.hi[d] = proto_fp8_blocks(p->box.hi[d]);
+		}
+	}
+	return 0;
+}
+
+int proto__layout_fp8_scales(struct proto_layout *l, const char *what, struct proto_err *err)
+{
+	char where[PROTO_NAME_MAX + 256];
+
+	for (uint32_t r = 0; r < l->nranks && l->model != NULL; r++) {
+		struct proto_rank *rk = &l->ranks[r];
+		uint32_t nq = 0, n = 0;
+		struct proto_local *v;
+
+		for (uint32_t i = 0; i < rk->nlocals; i++) {
+			const struct proto_local *lt = &rk->locals[i];
+			bool q = lt->npieces > 0 && scale_of(l, lt->pieces[0].tensor) >= 0;
+			snprintf(where, sizeof(where), "%s: ranks[%u].tensors[%u] (%s)", what, r, i, lt->name);
+			for (uint32_t k = 0; k < lt->npieces; k++) {
+				if (lt->pieces[k].tensor >= l->nbase)
+					return proto_errf(err, EINVAL,
+							  "%s: %s is derived (scales follow their tensor), "
+							  "a layout does not place it", where,
+							  l->model->tensors[lt->pieces[k].tensor].name);
+				if ((scale_of(l, lt->pieces[k].tensor) >= 0) != q)
+					return proto_errf(err, EINVAL,
+							  "%s: joins quantized and unquantized tensors", where);
+				if (q && check_piece(l, lt, k, where, err) != 0)
+					return -EINVAL;
+			}
+			nq += q;
+		}
+		v = calloc((size_t)rk->nlocals + nq + 1, sizeof(*v));
+		if (v == NULL)
+			return proto_errf(err, ENOMEM, "%s: out of memory", what);
+		for (uint32_t i = 0; i < rk->nlocals; i++) {
+			const struct proto_local *lt = &rk->locals[i];
+			v[n++] = *lt;
+			if (lt->npieces > 0 && scale_of(l, lt->pieces[0].tensor) >= 0 &&
+			    scale_local(l, lt, &v[n++], err) != 0) {
+				/* The locals moved to v are rk's still: free only v's own. */
+				free(v[n - 1].name);
+				free(v[n - 1].pieces);
+				free(v);
+				return -ENOMEM;
+			}
+		}
+		free(rk->locals);
+		rk->locals = v;
+		rk->nlocals = n;
+	}
+	return 0;
+}
+
+json_t *proto__layout_fp8_json(const struct proto_layout *l)
+{
+	json_t *names = json_array();
+
+	for (uint32_t t = 0; t < l->nbase && names != NULL; t++)
+		if (scale_of(l, t) >= 0)
+			json_array_append_new(names, json_string(l->model->tensors[t].name));
+	return names;
+}
+
+int proto_layout_fp8_source(const struct proto_model *m, const struct proto_layout *dst,
+			    struct proto_layout *out, struct proto_err *err)
+{
+	json_t *root;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if (dst->model == NULL)
+		return proto_errf(err, EINVAL, "the layout transforms nothing");
+	root = json_pack("{s:i,s:s,s:o,s:[{s:s,s:b}]}", "ranks", 1, "transform", PROTO_FP8_TRANSFORM,
+			 "quantize", proto__layout_fp8_json(dst), "tensors", "match", "*", "replicate",
+			 1);
+	if (root == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	rc = proto_layout_from_json(m, root, "the FP8 source", out, err);
+	json_decref(root);
+	if (rc == 0 && memcmp(out->model->digest, dst->model->digest, sizeof(out->model->digest)) != 0) {
+		proto_layout_fini(out);
+		rc = proto_errf(err, EINVAL, "the FP8 source's model differs from the layout's");
+	}
+	return rc;
+}
+
+struct qjob {
+	const uint8_t *src;
+	uint64_t rows, cols;
+	uint8_t *q;
+	float *scale;
+	_Atomic int rc;
+	_Atomic uint64_t bad;
+};
+
+static int quant_rows(void *arg, unsigned slot, uint64_t br)
+{
+	struct qjob *j = arg;
+	uint64_t bad;
+
+	(void)slot;
+	if (proto_fp8_quantize_rows(j->src, j->rows, j->cols, br, j->q, j->scale, &bad) != 0) {
+		atomic_store(&j->bad, bad);
+		atomic_store(&j->rc, -EDOM);
+		return 1;
+	}
+	return 0;
+}
+
+int proto_layout_fp8_fill(const struct proto_model *m, const struct proto_layout *src8,
+			  proto_tensor_bytes bytes, void *arg, unsigned threads,
+			  const _Atomic bool *abort, uint8_t *block, struct proto_err *err)
+{
+	const struct proto_rank *rk = &src8->ranks[0];
+	uint64_t most = 0;
+	uint8_t *scratch;
+	int rc = 0;
+
+	for (uint32_t t = 0; t < m->ntensors; t++)
+		most = most > m->tensors[t].nbytes ? most : m->tensors[t].nbytes;
+	if ((scratch = malloc(most + 1)) == NULL)
+		return proto_errf(err, ENOMEM, "out of memory");
+	for (uint32_t i = 0; i < rk->nlocals && rc == 0; i++) {
+		const struct proto_local *lt = &rk->locals[i];
+		const struct proto_local *sc =
+			i + 1 < rk->nlocals && rk->locals[i + 1].scales ? &rk->locals[i + 1] : NULL;
+		uint32_t t = lt->pieces[0].tensor;
+		const struct proto_tensor *x = &m->tensors[t];
+		const uint8_t *b;
+
+		if (abort != NULL && atomic_load(abort)) {
+			rc = proto_errf(err, ECANCELED, "stopped");
+			break;
+		}
+		if (lt->scales)
+			continue;
+		if (sc == NULL) { /* served as it is */
+			if ((b = bytes(arg, t, block + lt->offset)) != block + lt->offset)
+				memcpy(block + lt->offset, b, x->nbytes);
+			continue;
+		}
+		struct qjob j = {.src = bytes(arg, t, scratch), .rows = x->shape[0],
+				 .cols = x->shape[1], .q = block + lt->offset,
+				 .scale = (float *)(void *)(block + sc->offset)};
+		proto_pool_for(proto_fp8_blocks(x->shape[0]), threads, quant_rows, &j);
+		if (atomic_load(&j.rc) != 0) {
+			uint64_t bad = atomic_load(&j.bad);
+			rc = proto_errf(err, EDOM,
+					"tensor %s: element [%llu, %llu] is %s; it cannot be quantized to FP8 "
+					"(" PROTO_FP8_TRANSFORM ")",
+					x->name, (unsigned long long)(bad / x->shape[1]),
+					(unsigned long long)(bad % x->shape[1]),
+					proto_fp8_nonfinite_name(j.src + bad * 2));
+		}
+	}
+	free(scratch);
+	return rc;
+}
+
+struct from_src {
+	const struct proto_model *m8;
+	const struct proto_layout *src;
+	const uint8_t *block;
+};
+
+static void from_src(void *arg, uint32_t tensor, uint64_t first, uint64_t count, uint8_t *out)
+{
+	const struct from_src *f = arg;
+	const struct proto_rank *rk = &f->src->ranks[0];
+	size_t es = proto_dtype_size(f->m8->tensors[tensor].dtype);
+
+	for (uint32_t i = 0; i < rk->nlocals; i++)
+		if (rk->locals[i].pieces[0].tensor == tensor) {
+			memcpy(out, f->block + rk->locals[i].offset + first * es, count * es);
+			return;
+		}
+}
+
+int proto_layout_fp8_fill_rank(const struct proto_model *m, const struct proto_layout *l,
+			       uint32_t rank, proto_tensor_bytes bytes, void *arg, uint8_t *block,
+			       struct proto_err *err)
+{
+	struct proto_layout src;
+	uint8_t *sb;
+	int rc = proto_layout_fp8_source(m, l, &src, err);
+
+	if (rc != 0)
+		return rc;
+	sb = calloc(1, src.ranks[0].nbytes + 1);
+	if (sb == NULL) {
+		proto_layout_fini(&src);
+		return proto_errf(err, ENOMEM, "out of memory");
+	}
+	rc = proto_layout_fp8_fill(m, &src, bytes, arg, 1, NULL, sb, err);
+	if (rc == 0) {
+		struct from_src f = {.m8 = l->model, .src = &src, .block = sb};
+		proto_layout_fill_rank(m, l, rank, from_src, &f, block);
+	}
+	free(sb);
+	proto_layout_fini(&src);
+	return rc;
+}
