@@ -104,7 +104,9 @@ int proto_synth_model(uint64_t bytes, struct proto_model *m, struct proto_err *e
 {
 	double p = (double)bytes / 2;
 	uint64_t d = 64 * (uint64_t)PROTO_MAX(1.0, floor(sqrt(p / 128) / 64 + 0.5));
-	uint64_t ff = 64 * ((8 * d / 3 + 63) / 64), kv = d >= 256 ? d / 4 : d;
+	/* The FFN width rounded to 256, as Llama's are: two-way tensor parallel
+	 * shards then start on 128-element blocks (FP8 serving layouts). */
+	uint64_t ff = 256 * ((8 * d / 3 + 255) / 256), kv = d >= 256 ? d / 4 : d;
 	uint64_t vocab = PROTO_MIN((uint64_t)32000, PROTO_MAX((uint64_t)256, 16 * d));
 	uint64_t per_layer = 2 * d * d + 2 * kv * d + 3 * d * ff + 2 * d;
 	double rest = p - 2.0 * (double)(vocab * d) - (double)d;

@@ -13,11 +13,13 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "proto/fixture.h"
 #include "proto/fp8.h"
 #include "proto/plan.h"
 #include "proto/spec.h"
+#include "tests/fp8test.h"
 #include "tests/testutil.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -207,12 +209,132 @@ static void test_nonfinite(void **state)
 	assert_int_equal(proto_fp8_quantize_rows((uint8_t *)x, 200, 3, 1, q, s, &bad), -EDOM);
 }
 
+static const struct proto_local *find_local(const struct proto_layout *l, uint32_t r, const char *name)
+{
+	for (uint32_t i = 0; i < l->ranks[r].nlocals; i++)
+		if (strcmp(l->ranks[r].locals[i].name, name) == 0)
+			return &l->ranks[r].locals[i];
+	return NULL;
+}
+
+static void test_layout(void **state)
+{
+	struct proto_model m;
+	struct proto_layout l, again, src, bf;
+	struct proto_plan p;
+	struct proto_err err;
+	const struct proto_local *qkv, *sc, *emb, *down, *dsc;
+
+	(void)state;
+	fp8t_model(&m, false);
+	if (proto_layout_builtin(&m, "tp2:fp8", &l, &err) != 0)
+		fail_msg("%s", err.msg);
+	assert_true(proto_layout_transformed(&l));
+	assert_int_equal(l.model->ntensors, m.ntensors + 7); /* a scale per projection */
+	for (uint32_t r = 0; r < 2; r++) {
+		qkv = find_local(&l, r, "model.layers.0.self_attn.qkv_proj.weight");
+		sc = find_local(&l, r, "model.layers.0.self_attn.qkv_proj.weight_scale_inv");
+		assert_non_null(qkv);
+		assert_non_null(sc);
+		assert_int_equal(qkv->dtype, PROTO_DT_FP8_E4M3);
+		assert_int_equal(qkv->shape[0], 384);
+		assert_int_equal(qkv->nbytes, 384 * 256);
+		assert_ptr_equal(sc, qkv + 1); /* right after its tensor */
+		assert_true(sc->scales);
+		assert_int_equal(sc->dtype, PROTO_DT_FP32);
+		assert_int_equal(sc->shape[0], 3);
+		assert_int_equal(sc->shape[1], 2);
+		down = find_local(&l, r, "model.layers.0.mlp.down_proj.weight");
+		dsc = find_local(&l, r, "model.layers.0.mlp.down_proj.weight_scale_inv");
+		assert_int_equal(down->shape[1], 384);
+		assert_int_equal(dsc->shape[0], 2);
+		assert_int_equal(dsc->shape[1], 3);
+		assert_int_equal(dsc->pieces[0].box.lo[1], r * 3);
+		emb = find_local(&l, r, "model.embed_tokens.weight");
+		assert_int_equal(emb->dtype, PROTO_DT_BF16); /* embeddings stay BF16 */
+		assert_null(find_local(&l, r, "model.embed_tokens.weight_scale_inv"));
+	}
+	assert_int_equal(proto_layout_check_complete(&m, &l, &err), 0);
+	/* The explicit form names the transform, not the scales, and parses
+	 * back to the same layout. */
+	json_t *j = proto_layout_to_json(&m, &l);
+	assert_non_null(json_object_get(j, "quantize"));
+	assert_int_equal(proto_layout_from_json(&m, j, "again", &again, &err), 0);
+	assert_memory_equal(again.digest, l.digest, 32);
+	assert_int_equal(again.ranks[1].nlocals, l.ranks[1].nlocals);
+	json_decref(j);
+	/* Planned from the quantized source; a BF16 layout is not a source. */
+	assert_int_equal(proto_layout_builtin(&m, "tp2", &bf, &err), 0);
+	assert_int_not_equal(memcmp(bf.digest, l.digest, 32), 0);
+	assert_int_equal(proto_plan_build(&m, &bf, &l, &p, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, "different models"));
+	assert_int_equal(proto_layout_fp8_source(&m, &l, &src, &err), 0);
+	assert_int_equal(src.nranks, 1);
+	if (proto_plan_build(&m, &src, &l, &p, &err) != 0)
+		fail_msg("%s", err.msg);
+	assert_int_equal(p.mapped_bytes, p.retained_bytes); /* every byte, once */
+	assert_true(p.retained_bytes > 0);
+	proto_plan_fini(&p);
+	proto_layout_fini(&src);
+	proto_layout_fini(&bf);
+	proto_layout_fini(&again);
+	proto_layout_fini(&l);
+	proto_model_fini(&m);
+}
+
+/* Refusals: one line each, naming what to change. */
+static void test_layout_refused(void **state)
+{
+	static const struct {
+		const char *json, *want;
+	} bad[] = {
+		{"{\"ranks\":2,\"transform\":\"fp8_e4m3_block128\",\"tensors\":[{\"match\":\"*\",\"split\":0}]}",
+		 "model.layers.0.self_attn.q_proj.weight split [0, 100) on dim 0 (of 200) cuts a 128-block"},
+		{"{\"ranks\":1,\"transform\":\"fp8_e5m2\",\"tensors\":[{\"match\":\"*\",\"replicate\":true}]}",
+		 "the only one is"},
+		{"{\"ranks\":1,\"transform\":\"fp8_e4m3_block128\",\"quantize\":[\"model.norm.weight\"],"
+		 "\"tensors\":[{\"match\":\"*\",\"replicate\":true}]}",
+		 "takes 2-D bf16 tensors"},
+		{"{\"ranks\":1,\"transform\":\"fp8_e4m3_block128\",\"quantize\":[\"nope*\"],"
+		 "\"tensors\":[{\"match\":\"*\",\"replicate\":true}]}",
+		 "quantizes no tensor"},
+		{"{\"ranks\":2,\"transform\":\"fp8_e4m3_block128\",\"tensors\":[{\"match\":\"*\",\"flat\":true}]}",
+		 "is split flat"},
+		{"{\"ranks\":1,\"transform\":\"fp8_e4m3_block128\",\"tensors\":["
+		 "{\"tensor\":\"model.layers.0.self_attn.q_proj.weight_scale_inv\",\"replicate\":true},"
+		 "{\"match\":\"*\",\"replicate\":true}]}",
+		 "is not in the model"},
+	};
+	struct proto_model m;
+	struct proto_layout l;
+	struct proto_err err;
+
+	(void)state;
+	fp8t_model(&m, true);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		memset(&err, 0, sizeof(err));
+		assert_int_not_equal(proto_layout_parse(&m, bad[i].json, strlen(bad[i].json), "l", &l, &err), 0);
+		if (strstr(err.msg, bad[i].want) == NULL || strchr(err.msg, '\n') != NULL)
+			fail_msg("case %zu: %s (want \"%s\")", i, err.msg, bad[i].want);
+		assert_null(l.model);
+		assert_int_equal(l.nranks, 0);
+	}
+	/* The built-in says the same. */
+	assert_int_not_equal(proto_layout_builtin(&m, "tp2:fp8", &l, &err), 0);
+	assert_non_null(strstr(err.msg, "cuts a 128-block"));
+	assert_int_not_equal(proto_layout_builtin(&m, "fsdp2:fp8", &l, &err), 0);
+	assert_int_not_equal(proto_layout_builtin(&m, "tp2:fp16", &l, &err), 0);
+	proto_model_fini(&m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_codes),
 		cmocka_unit_test(test_reference),
 		cmocka_unit_test(test_nonfinite),
+		cmocka_unit_test(test_layout),
+		cmocka_unit_test(test_layout_refused),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
