@@ -72,6 +72,9 @@ int proto__layout_fp8_model(const struct proto_model *m, json_t *root, const cha
 	l->nbase = m->ntensors;
 	if (tr == NULL && list == NULL)
 		return 0;
+	if (tr == NULL)
+		return proto_errf(err, EINVAL, "%s.quantize: goes with \"transform\": \"" PROTO_FP8_TRANSFORM "\"",
+				  what);
 	if (!json_is_string(tr) || strcmp(json_string_value(tr), PROTO_FP8_TRANSFORM) != 0)
 		return proto_errf(err, EINVAL, "%s.transform: the only one is \"" PROTO_FP8_TRANSFORM "\"",
 				  what);

@@ -180,7 +180,7 @@ static bool file_has(const char *path, const char *s)
 static void test_fp8_nan_fails_the_version(void **state)
 {
 	char dir[256], mdir[300], url[256], key[512], pub[512], model[600], expose[600],
-		state_dir[600], bin[512], log[600];
+		state_dir[600], bin[512], log[600], att0[600], att1[600], ck[600], script[600];
 	struct node_proc tracker = {0}, publisher = {0}, nodes[4] = {{0}};
 	struct trk_client *trk = NULL;
 	struct proto_model m;
@@ -202,8 +202,10 @@ static void test_fp8_nan_fails_the_version(void **state)
 	assert_int_equal(trk_client_new(NULL, url, NULL, &trk, &err), 0);
 	tu_start_node(&nodes[0], dir, url, "A", "0", "tp2", model, pub, expose, NULL, "node-A0");
 	tu_start_node(&nodes[1], dir, url, "A", "1", "tp2", model, pub, expose, NULL, "node-A1");
-	tu_start_node(&nodes[2], dir, url, "B", "0", "tp2:fp8", model, pub, expose, NULL, "node-B0");
-	tu_start_node(&nodes[3], dir, url, "B", "1", "tp2:fp8", model, pub, expose, NULL, "node-B1");
+	snprintf(att0, sizeof(att0), "%s/B-0.sock", dir);
+	snprintf(att1, sizeof(att1), "%s/B-1.sock", dir);
+	tu_start_node(&nodes[2], dir, url, "B", "0", "tp2:fp8", model, pub, expose, att0, "node-B0");
+	tu_start_node(&nodes[3], dir, url, "B", "1", "tp2:fp8", model, pub, expose, att1, "node-B1");
 	tu_bin(bin, sizeof(bin), "tessera");
 	snprintf(log, sizeof(log), "%s/publisher.log", dir);
 	char *argv[] = {bin, "publish", "--tracker", url, "--key", key, "--model-dir", mdir,
@@ -217,6 +219,17 @@ static void test_fp8_nan_fails_the_version(void **state)
 		usleep(100000);
 	assert_true(file_has(log, "tensor model.layers.0.self_attn.q_proj.weight: element [3, 232] is NaN; "
 				  "it cannot be quantized to FP8 (fp8_e4m3_block128)"));
+	/* Each FP8 rank, read through the attach API (the Python client), holds
+	 * the numpy reference's quantization of v2, byte for byte. */
+	const char *py = tu_python();
+	snprintf(ck, sizeof(ck), "%s/v2.safetensors", mdir);
+	tu_src(script, sizeof(script), "tests/py/attach_fp8.py");
+	if (py == NULL) {
+		print_message("the attach check needs TESSERA_PYTHON (make test sets it)\n");
+	} else {
+		assert_int_equal(tu_sh("%s %s %s B 0 2 %s", py, script, att0, ck), 0);
+		assert_int_equal(tu_sh("%s %s %s B 1 2 %s", py, script, att1, ck), 0);
+	}
 	/* Some ticks later nothing moved. */
 	usleep(1500000);
 	assert_int_equal(tu_replica_active(trk, "A"), 2);

@@ -68,7 +68,22 @@ int node_cmd_plan(int argc, char **argv)
 		return proto_cli_missing("tessera plan", model == NULL ? "--model" : from == NULL ? "--from" : "--to");
 	proto_model_init(&m);
 	if (proto_model_load(model, &m, &err) != 0 || proto_layout_open(&m, from, &src, &err) != 0 ||
-	    proto_layout_open(&m, to, &dst, &err) != 0 || proto_plan_build(&m, &src, &dst, &plan, &err) != 0) {
+	    proto_layout_open(&m, to, &dst, &err) != 0) {
+		fprintf(stderr, "tessera plan: %s\n", err.msg);
+		goto out;
+	}
+	/* Into an FP8 layout from a trainer's: its parcels come from the
+	 * publisher's quantized source, as the publisher plans them. */
+	if (proto_layout_transformed(&dst) && !proto_layout_transformed(&src)) {
+		proto_layout_fini(&src);
+		if (proto_layout_fp8_source(&m, &dst, &src, &err) != 0) {
+			fprintf(stderr, "tessera plan: %s\n", err.msg);
+			goto out;
+		}
+		fprintf(stderr, "tessera plan: %s serves FP8: planned from the publisher's quantized "
+			"source (one rank, every tensor whole), as it serves it\n", to);
+	}
+	if (proto_plan_build(&m, &src, &dst, &plan, &err) != 0) {
 		fprintf(stderr, "tessera plan: %s\n", err.msg);
 		goto out;
 	}

@@ -503,6 +503,15 @@ static int on_attached(tessera_client *c, const uint8_t *p, uint32_t len)
 	}
 	if (r.left != 0)
 		return broke(c, EPROTO, "malformed tensor table");
+	/* An FP8 serving layout places each quantized tensor's scales right
+	 * after it (proto/spec.h). */
+	for (uint32_t i = 0; i + 1 < n; i++) {
+		struct tessera_tensor *t = &c->tensors[i], *s = &c->tensors[i + 1];
+		size_t nl = strlen(t->name);
+		if (strcmp(t->dtype, "fp8_e4m3") == 0 && strcmp(s->dtype, "fp32") == 0 &&
+		    strncmp(s->name, t->name, nl) == 0 && strcmp(s->name + nl, "_scale_inv") == 0)
+			t->scale = s->name;
+	}
 	return 0;
 }
 

@@ -71,6 +71,11 @@ struct tessera_tensor {
 	uint32_t concat_dim;
 	uint32_t npieces;
 	const struct tessera_piece *pieces;
+	/* An FP8 tensor served block-scaled (fp8_e4m3_block128: one FP32
+	 * scale per 128 x 128 block, dequantized as value * scale): the name of
+	 * the local tensor holding its scales, "<name>_scale_inv", shaped
+	 * ceil(rows/128) x ceil(cols/128); NULL for any other tensor. */
+	const char *scale;
 };
 
 /* A version as the node sent it. */

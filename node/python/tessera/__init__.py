@@ -76,6 +76,7 @@ class _Tensor(ctypes.Structure):
         ("concat_dim", ctypes.c_uint32),
         ("npieces", ctypes.c_uint32),
         ("pieces", ctypes.POINTER(_Piece)),
+        ("scale", ctypes.c_char_p),
     ]
 
 
@@ -255,14 +256,19 @@ class Piece:
 class Tensor:
     """One local tensor of the rank: where it lies in a version's memory,
     and where it comes from (pieces, in order along concat_dim; empty when
-    the node does not say)."""
+    the node does not say). An FP8 tensor of a block-scaled serving layout
+    (fp8_e4m3_block128) names its scales' tensor in `scale` (FP32, one per
+    128 x 128 block, "<name>_scale_inv"; dequantize as value * scale); None
+    otherwise. Its numpy view is uint8 (numpy has no FP8), its torch view
+    float8_e4m3fn where the torch in use has it."""
 
-    __slots__ = ("name", "dtype", "shape", "offset", "nbytes", "concat_dim", "pieces")
+    __slots__ = ("name", "dtype", "shape", "offset", "nbytes", "concat_dim", "pieces", "scale")
 
-    def __init__(self, name, dtype, shape, offset, nbytes, concat_dim=0, pieces=()):
+    def __init__(self, name, dtype, shape, offset, nbytes, concat_dim=0, pieces=(), scale=None):
         self.name, self.dtype, self.shape = name, dtype, shape
         self.offset, self.nbytes = offset, nbytes
         self.concat_dim, self.pieces = concat_dim, list(pieces)
+        self.scale = scale
 
     def __repr__(self):
         return "Tensor(%r, %s, %r, offset=%d)" % (self.name, self.dtype, self.shape, self.offset)
@@ -396,7 +402,8 @@ class Client:
             t = self._lib.tessera_tensor(self._c, i).contents
             self.tensors.append(Tensor(t.name.decode(), t.dtype.decode(),
                                        tuple(t.shape[d] for d in range(t.ndim)),
-                                       t.offset, t.nbytes, t.concat_dim, _pieces(t)))
+                                       t.offset, t.nbytes, t.concat_dim, _pieces(t),
+                                       t.scale.decode() if t.scale else None))
         self._by_name = {t.name: t for t in self.tensors}
 
     def _check(self, rc):
