@@ -191,7 +191,7 @@ $(BUILD)/asan/libtessera-client.a: $(patsubst %.c,$(BUILD)/asan/%.o,$(CLIENT_SRC
 include deploy/install.mk
 
 .PHONY: all test bench bench-delta bench-delta-net bench-steady bench-tracker bench-activate run-bench-activate demo demo-netns fuzz clean deps help \
-        bench-anchor run-bench-anchor \
+        bench-anchor run-bench-anchor bench-fp8 run-bench-fp8 \
         check run-bench run-bench-delta run-bench-delta-net run-bench-steady run-demo run-demo-netns run-fuzz \
         check-deploy run-check-deploy run-bench-tracker check-page run-check-page \
         bench-fanout bench-elastic run-bench-fanout run-bench-elastic gpu-check \
@@ -208,7 +208,7 @@ $(BUILD)/rel/layers.ok: $(rel_LIBS) tests/check-layers.sh
 # The user-facing targets install missing dependencies first, then re-enter
 # make so that pkg-config sees the freshly installed packages.
 test bench bench-delta bench-delta-net bench-steady bench-tracker bench-activate bench-anchor demo demo-netns fuzz \
-check-page bench-fanout bench-elastic: deps
+check-page bench-fanout bench-elastic bench-fp8: deps
 	@$(MAKE) --no-print-directory $(if $(filter test,$@),check,run-$@)
 
 define program
@@ -306,6 +306,13 @@ run-bench-delta: $(BUILD)/bench/bench_delta
 # into $(BUILD)/bench-delta-net), replicas tp2 tp2 tp1, anchors every 10.
 run-bench-delta-net: $(BUILD)/bench/bench_delta_net $(BINS)
 	$(BUILD)/bench/bench_delta_net $(abspath $(BUILD)/bin) $(BUILD)/bench-delta-net
+
+# FP8 serving against BF16 (tests/bench/bench_fp8.c): the quantizer's time
+# per GiB against memcpy, the delta density in both domains, and the bytes
+# of tp2, tp2:fp8 and an all-2-D FP8 replica per version of a 256 MiB synth
+# model (generated once into $(BUILD)/bench-fp8).
+run-bench-fp8: $(BUILD)/bench/bench_fp8 $(BINS)
+	$(BUILD)/bench/bench_fp8 $(abspath $(BUILD)/bin) $(BUILD)/bench-fp8
 
 # The second of two anchors of a 1 GiB synth model (generated once into
 # $(BUILD)/bench-anchor) to one tp1 replica on loopback, three runs of fresh

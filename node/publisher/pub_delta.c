@@ -232,6 +232,9 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32
 					 &err);
 	if (it->enc_rc != 0)
 		goto done;
+	it->elems = 0;
+	for (uint32_t i = 0; i < dp.npieces; i++)
+		it->elems += dp.pieces[i].len / dp.pieces[i].elsize;
 	/* Kept for the next version's encode against this one: its parent
 	 * sums (no sums on out of memory: summed there). */
 	it->sums = calloc(PROTO_MAX(dp.npieces, 1), sizeof(*it->sums));
@@ -347,6 +350,36 @@ static double mib(uint64_t b)
 	return (double)b / (1024.0 * 1024.0);
 }
 
+/* The delta's density by layout: an FP8 layout's (changed FP8 values and
+ * scales) beside the BF16 ones' of the same step. */
+static void log_density(const struct pub_export *ex)
+{
+	char line[1024];
+	int n = 0;
+
+	for (size_t li = 0; li < ex->nlayouts && n < (int)sizeof(line) - 160; li++) {
+		uint64_t changed = 0, elems = 0, wire = 0;
+		char hex[2 * PROTO_HASH_BYTES + 1];
+		sodium_bin2hex(hex, sizeof(hex), ex->layouts[li]->digest, PROTO_HASH_BYTES);
+		for (size_t i = 0; i < ex->pv->nparts; i++)
+			for (size_t j = 0; j < ex->pv->parts[i].nitems; j++) {
+				const struct pub_item *it = &ex->pv->parts[i].items[j];
+				if (it->li != li)
+					continue;
+				changed += it->changed;
+				elems += it->elems;
+				wire += it->wire;
+			}
+		n += snprintf(line + n, sizeof(line) - (size_t)n,
+			      "%s layout %.8s (%s): %.3f %% of %llu elements changed, %.1f KiB",
+			      li ? ";" : "", hex,
+			      ex->layouts[li]->q != NULL ? "fp8" : "as trained",
+			      elems ? 100.0 * (double)changed / (double)elems : 0.0,
+			      (unsigned long long)elems, (double)wire / 1024.0);
+	}
+	LOG_INFO("version %llu: its delta by layout:%s", (unsigned long long)ex->version, line);
+}
+
 int node__pub_delta_place(struct node_pub *p, struct pub_export *ex, struct proto_err *err)
 {
 	uint64_t wire = 0, raw = raw_bytes(ex), pct = proto_param(PROTO_PARAM_DELTA_MAX_PERCENT);
@@ -391,6 +424,7 @@ int node__pub_delta_place(struct node_pub *p, struct pub_export *ex, struct prot
 	snprintf(ex->delta_why, sizeof(ex->delta_why),
 		 "it is %.1f %% of the anchor, at most %llu %% (TESSERA_DELTA_MAX_PERCENT)",
 		 ex->delta_percent, (unsigned long long)pct);
+	log_density(ex);
 	for (size_t i = 0; i < ex->pv->nparts; i++) {
 		struct pub_part *pt = &ex->pv->parts[i];
 		node__pub_part_layout(pt, ex->nlayouts);

@@ -114,6 +114,7 @@ struct pub_item {
 	uint64_t *sums; /* this payload's piece checksums (encoder), or NULL */
 	uint8_t *enc;           /* the encoded delta (worker), until placed */
 	uint64_t changed;       /* elements the delta changes */
+	uint64_t elems;         /* elements of the parcel (its delta's pieces) */
 	/* The bytes its encode read where they lie, not gathered (a dense
 	 * chunk's parent, read again for its checksum, counts twice). */
 	uint64_t in_place;
