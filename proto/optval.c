@@ -148,7 +148,7 @@ int proto_optval_layout(const char *v, struct proto_err *err)
 	if (proto_layout_arg_is_file(v))
 		return proto_optval_file(v, err);
 	if (proto_layout_builtin_parse(v, NULL, NULL) != 0)
-		return proto_errf(err, EINVAL, "not a built-in (tpN or fsdpN) nor a layout file");
+		return proto_errf(err, EINVAL, "not a built-in (tpN, tpN:fp8 or fsdpN) nor a layout file");
 	return 0;
 }
 

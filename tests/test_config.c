@@ -522,7 +522,7 @@ static void test_values_checked(void **state)
 			 1);
 	static const char *const lines[] = {
 		"v.ini:2: [node] ranks = 0-x: want R, R-S or a comma list of those",
-		"v.ini:3: [node] layout = tp3x: not a built-in (tpN or fsdpN) nor a layout file",
+		"v.ini:3: [node] layout = tp3x: not a built-in (tpN, tpN:fp8 or fsdpN) nor a layout file",
 		"v.ini:4: [node] store = gpu: want host, cuda, cuda:DEVICE or auto",
 		"v.ini:5: [node] tracker = 127.0.0.1:7400: want http://HOST:PORT or https://",
 		"v.ini:6: unknown key 'listen' in [node]; [tracker] takes it",

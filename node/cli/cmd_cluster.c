@@ -21,10 +21,10 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: tessera cluster [--trainer-ranks K] [--trainer-layout FILE]\n"
-		"                       [--replica tpN|FILE]... [--synthetic-mb N | --model-dir DIR]\n"
+		"                       [--replica tpN[:fp8]|FILE]... [--synthetic-mb N | --model-dir DIR]\n"
 		"                       [--versions V] [--provider NAME] [--seed S]\n"
 		"                       [--report FILE] [--keep DIR] [--mode fanout|star]\n"
-		"                       [--late-replica tpN|FILE]...\n"
+		"                       [--late-replica tpN[:fp8]|FILE]...\n"
 		"                       [--every MS [--stagger MS] [--duration S]]\n"
 		"                       [--anchor-every K]\n"
 		"\n"
@@ -36,7 +36,7 @@ static void usage(FILE *f)
 		"\n"
 		"      --trainer-ranks K    trainer ranks the publisher hosts (default 2)\n"
 		"      --trainer-layout L   trainer layout file or built-in (default fsdpK)\n"
-		"      --replica L          one replica of layout L, tpN or a layout file;\n"
+		"      --replica L          one replica of layout L, tpN, tpN:fp8 or a file;\n"
 		"                           repeat for more (default: tp2 tp2 tp1)\n"
 		"      --synthetic-mb N     a synthetic model of about N MiB, whole layers\n"
 		"                           (default 256; --model-mb: deprecated)\n"

@@ -16,7 +16,7 @@ static void usage(FILE *f)
 		   "\n"
 		   "      --model M.json   the model spec JSON (`tessera model` writes one)\n"
 		   "      --from L         source (trainer) layout: a layout file or a\n"
-		   "                       built-in (tpN, fsdpN)\n"
+		   "                       built-in (tpN, tpN:fp8, fsdpN)\n"
 		   "      --to L           destination (serving) layout, the same forms\n"
 		   "      --json           the whole plan as JSON instead of a table\n"
 		   "  -h, --help           this text\n");

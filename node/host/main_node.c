@@ -53,7 +53,7 @@ static void usage(FILE *f)
 		"                             with an optional @LAYOUT (A/0-3@tp4 B/0@tp1),\n"
 		"                             separated by spaces or ';'\n"
 		"      --layout L             the replicas' serving layout: a layout file\n"
-		"                             or a built-in (tpN)\n"
+		"                             or a built-in (tpN, tpN:fp8: FP8)\n"
 		"      --model M.json         the model spec JSON the publisher serves\n"
 		"                             (`tessera model` writes it)\n"
 		"      --trainer-pubkey FILE  verify manifests with this key\n"
