@@ -1,8 +1,11 @@
-/* libFuzzer target: the layout parser (explicit and shorthand JSON) against
- * a small fixed model, then completeness and planning on what it accepts. */
+/* libFuzzer target: the layout parser (explicit and shorthand JSON, FP8
+ * transforms too) against a small fixed model, then completeness and
+ * planning on what it accepts. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "proto/plan.h"
 #include "proto/spec.h"
@@ -38,13 +41,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (l.nranks <= 64) {
 		if (proto_plan_build(&m, &l, &whole, &p, &err) == 0)
 			proto_plan_fini(&p);
+		/* An FP8 layout is planned from its quantized source; its
+		 * explicit form (transform and quantize, scales left out)
+		 * parses back to the same layout. */
+		struct proto_layout src = {0}, back;
+		if (proto_layout_transformed(&l)) {
+			json_t *j = proto_layout_to_json(&m, &l);
+			if (j == NULL || proto_layout_from_json(&m, j, "back", &back, &err) != 0 ||
+			    memcmp(back.digest, l.digest, sizeof(l.digest)) != 0)
+				abort();
+			json_decref(j);
+			proto_layout_fini(&back);
+			if (proto_layout_fp8_source(&m, &l, &src, &err) != 0)
+				abort();
+		}
 		if (proto_layout_check_complete(&m, &l, &err) == 0 &&
-		    proto_plan_build(&m, &whole, &l, &p, &err) == 0) {
+		    proto_plan_build(&m, src.nranks ? &src : &whole, &l, &p, &err) == 0) {
 			/* Mapped delivery: a destination receives what it keeps. */
 			if (p.mapped_bytes != p.retained_bytes)
 				abort();
 			proto_plan_fini(&p);
 		}
+		proto_layout_fini(&src);
 	}
 	proto_layout_fini(&l);
 	return 0;
