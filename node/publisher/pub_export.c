@@ -480,6 +480,7 @@ static void ex_gather_start(struct node_pub *p)
 		j->part = &pv->parts[i];
 		j->tl_blocks = ex->tl_blocks;
 		j->q_keep = p->parent != NULL ? p->parent->version : 0;
+		j->q_reuse = ex->addendum;
 		j->chunk_size = ex->chunk_size;
 		j->delta = ex->delta;
 		j->sums = !ex->delta && !ex->verify && !ex->addendum && node__pub_keeps_parent(p);

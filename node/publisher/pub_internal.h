@@ -75,6 +75,7 @@ struct pub_q {
 	uint8_t *blk[2];
 	size_t cap;
 	uint64_t ver[2]; /* the version each block holds, 0: none */
+	const void *made_by; /* the job that made the last (compared, never read) */
 	struct pub_q *next;
 };
 
@@ -259,6 +260,7 @@ struct pub_job {
 	 * version whose quantized block they keep (the parent's). */
 	uint8_t *const *tl_blocks;
 	uint64_t q_keep;
+	bool q_reuse; /* an addendum: a quantized block of the version is it */
 	unsigned threads;  /* for the encoder */
 	/* The version's budget of delta bytes, shared by every parcel's
 	 * encode (the export's); NULL when no delta is tried. */
@@ -673,11 +675,14 @@ struct pub_q *node__pub_q_get(struct node_pub *p, const struct proto_layout *dst
 const uint8_t *node__pub_q_block(const struct pub_q *q, uint64_t v);
 /* Worker: quantizes version v into q's block that does not hold keep (the
  * parent's version), from every trainer rank's memory blocks[r], on
- * threads. 0, or -EDOM (a NaN or an infinity: err names the tensor and
+ * threads; reuse: a block already holding v is taken as it is (an
+ * addendum: v's snapshots are the kept ones it was made from), else v is
+ * quantized again (a fresh export of v takes a fresh snapshot, which may
+ * differ). 0, or -EDOM (a NaN or an infinity: err names the tensor and
  * element), -ENOMEM. */
 int node__pub_quantize(const struct node_pub *p, struct pub_q *q, uint64_t v, uint64_t keep,
-		       uint8_t *const *blocks, unsigned threads, const atomic_bool *abort,
-		       struct proto_err *err);
+		       bool reuse, uint8_t *const *blocks, unsigned threads,
+		       const atomic_bool *abort, struct proto_err *err);
 /* Frees every quantized source. */
 void node__pub_q_free_all(struct node_pub *p);
 

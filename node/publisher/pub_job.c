@@ -157,17 +157,19 @@ static int job_sources(struct pub_job *j)
 		it->block = j->block;
 		if (q == NULL)
 			continue;
-		for (uint32_t r = 0; r < j->p->tl.nranks && node__pub_q_block(q, j->version) == NULL;
-		     r++)
+		/* Made once per job: this job's earlier item of that source did. */
+		bool have = (q->made_by == j || j->q_reuse) && node__pub_q_block(q, j->version) != NULL;
+		for (uint32_t r = 0; r < j->p->tl.nranks && !have; r++)
 			if (j->tl_blocks[r] == NULL)
 				return proto_errf(&j->err, ENOENT,
 						  "version %llu: its FP8 source is gone (rank %u's memory "
 						  "of it is no longer kept); FP8 replicas wait for the next",
 						  (unsigned long long)j->version, r);
-		int rc = node__pub_quantize(j->p, q, j->version, j->q_keep, j->tl_blocks, j->threads,
-					    &j->p->abort, &j->err);
+		int rc = have ? 0 : node__pub_quantize(j->p, q, j->version, j->q_keep, j->q_reuse,
+						       j->tl_blocks, j->threads, &j->p->abort, &j->err);
 		if (rc != 0)
 			return rc;
+		q->made_by = j;
 		it->block = node__pub_q_block(q, j->version);
 	}
 	return 0;

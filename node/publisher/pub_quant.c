@@ -135,14 +135,18 @@ static const uint8_t *qsrc_bytes(void *arg, uint32_t t, uint8_t *scratch)
 }
 
 int node__pub_quantize(const struct node_pub *p, struct pub_q *q, uint64_t v, uint64_t keep,
-		       uint8_t *const *blocks, unsigned threads, const atomic_bool *abort,
-		       struct proto_err *err)
+		       bool reuse, uint8_t *const *blocks, unsigned threads,
+		       const atomic_bool *abort, struct proto_err *err)
 {
 	struct qsrc s = {.p = p, .blocks = blocks};
-	int w = q->ver[0] == keep && keep != 0 ? 1 : 0, rc;
+	int w, rc;
 
-	if (node__pub_q_block(q, v) != NULL)
-		return 0; /* quantized already (an addendum of a kept version) */
+	if (reuse && node__pub_q_block(q, v) != NULL)
+		return 0;
+	for (int i = 0; i < 2; i++)
+		if (q->ver[i] == v && v != keep)
+			q->ver[i] = 0; /* an earlier try of v: not this snapshot's */
+	w = q->ver[0] == keep && keep != 0 ? 1 : 0;
 	if (q->blk[w] == NULL && (q->blk[w] = node_serve_map(q->cap)) == NULL)
 		return proto_errf(err, ENOMEM, "cannot map the %zu-byte FP8 source", q->cap);
 	q->ver[w] = 0; /* until it is whole */
