@@ -51,9 +51,15 @@ static int pick(const struct proto_model *m, json_t *list, const char *what, boo
 			q[t] = true;
 			continue;
 		}
+		bool any = false;
 		for (uint32_t t = 0; t < m->ntensors; t++)
 			if (quantizable(&m->tensors[t]) && fnmatch(s, m->tensors[t].name, 0) == 0)
-				q[t] = true;
+				any = q[t] = true;
+		/* A typo is not quietly a smaller set (the default's own
+		 * pattern may match nothing: then no tensor is, below). */
+		if (!any && list != NULL)
+			return proto_errf(err, EINVAL, "%s.quantize[%zu]: %s matches none of the model's "
+					  "2-D bf16 tensors", what, i, s);
 	}
 	return 0;
 }
@@ -70,6 +76,15 @@ int proto__layout_fp8_model(const struct proto_model *m, json_t *root, const cha
 	l->nbase = m->ntensors;
 	if (tr == NULL && list == NULL)
 		return 0;
+	/* A misspelt key would quietly serve other tensors than asked. */
+	const char *key;
+	json_t *val;
+	json_object_foreach(root, key, val) {
+		if (strcmp(key, "ranks") != 0 && strcmp(key, "tensors") != 0 &&
+		    strcmp(key, "transform") != 0 && strcmp(key, "quantize") != 0)
+			return proto_errf(err, EINVAL, "%s.%s: not a layout key (ranks, tensors, "
+					  "transform, quantize)", what, key);
+	}
 	if (tr == NULL)
 		return proto_errf(err, EINVAL, "%s.quantize: goes with \"transform\": \"" PROTO_FP8_TRANSFORM "\"",
 				  what);
@@ -154,7 +169,8 @@ static int check_piece(const struct proto_layout *l, const struct proto_local *l
 		if (lo % PROTO_FP8_BLOCK != 0 || (hi % PROTO_FP8_BLOCK != 0 && !(last && hi == t->shape[d])))
 			return proto_errf(err, EINVAL,
 					  "%s: %s split [%llu, %llu) on dim %u (of %llu) cuts a 128-block; "
-					  PROTO_FP8_TRANSFORM " needs splits on multiples of 128",
+					  PROTO_FP8_TRANSFORM " needs splits on multiples of 128 (fewer "
+					  "ranks, that tensor replicated, or left out of \"quantize\")",
 					  where, t->name, (unsigned long long)lo, (unsigned long long)hi, d,
 					  (unsigned long long)t->shape[d]);
 	}
@@ -211,7 +227,12 @@ int proto__layout_fp8_scales(struct proto_layout *l, const char *what, struct pr
 							  l->model->tensors[lt->pieces[k].tensor].name);
 				if ((scale_of(l, lt->pieces[k].tensor) >= 0) != q)
 					return proto_errf(err, EINVAL,
-							  "%s: joins quantized and unquantized tensors", where);
+							  "%s: joins %s (%s) and %s (%s); quantize both or "
+							  "neither", where,
+							  l->model->tensors[lt->pieces[0].tensor].name,
+							  q ? "quantized" : "not quantized",
+							  l->model->tensors[lt->pieces[k].tensor].name,
+							  q ? "not quantized" : "quantized");
 				if (q && check_piece(l, lt, k, where, err) != 0)
 					return -EINVAL;
 			}

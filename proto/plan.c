@@ -310,8 +310,8 @@ int proto_plan_build(const struct proto_model *m, const struct proto_layout *src
 	/* An FP8 layout's pieces index its own model: both sides must. */
 	if (memcmp(proto_layout_model(m, src)->digest, proto_layout_model(m, dst)->digest,
 		   sizeof(m->digest)) != 0)
-		return proto_errf(err, EINVAL, "plan: the layouts serve different models "
-				  "(one is transformed to FP8, proto_layout_fp8_source)");
+		return proto_errf(err, EINVAL, "plan: the layouts serve different models (one serves FP8: "
+				  "it is planned from the publisher's quantized source, not another layout)");
 	m = proto_layout_model(m, dst);
 	b.m = m;
 	if (index_holders(m, src, &h, &hstart) != 0)

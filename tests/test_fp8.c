@@ -297,7 +297,7 @@ static void test_layout_refused(void **state)
 		 "takes 2-D bf16 tensors"},
 		{"{\"ranks\":1,\"transform\":\"fp8_e4m3_block128\",\"quantize\":[\"nope*\"],"
 		 "\"tensors\":[{\"match\":\"*\",\"replicate\":true}]}",
-		 "quantizes no tensor"},
+		 "nope* matches none of the model's 2-D bf16 tensors"},
 		{"{\"ranks\":2,\"transform\":\"fp8_e4m3_block128\",\"tensors\":[{\"match\":\"*\",\"flat\":true}]}",
 		 "is split flat"},
 		{"{\"ranks\":1,\"transform\":\"fp8_e4m3_block128\",\"tensors\":["

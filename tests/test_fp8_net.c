@@ -219,6 +219,15 @@ static void test_fp8_nan_fails_the_version(void **state)
 		usleep(100000);
 	assert_true(file_has(log, "tensor model.layers.0.self_attn.q_proj.weight: element [3, 232] is NaN; "
 				  "it cannot be quantized to FP8 (fp8_e4m3_block128)"));
+	/* The tracker says which replica serves FP8, and in which layout. */
+	json_t *rb = tu_get_json(trk, TRK_API "/replicas/B"), *ra = tu_get_json(trk, TRK_API "/replicas/A");
+	assert_non_null(rb);
+	assert_non_null(ra);
+	assert_string_equal(json_string_value(json_object_get(rb, "layout_name")), "tp2:fp8");
+	assert_string_equal(json_string_value(json_object_get(rb, "transform")), "fp8_e4m3_block128");
+	assert_true(json_is_null(json_object_get(ra, "transform")));
+	json_decref(ra);
+	json_decref(rb);
 	/* Each FP8 rank, read through the attach API (the Python client), holds
 	 * the numpy reference's quantization of v2, byte for byte. */
 	const char *py = tu_python();

@@ -6,9 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The name the status page shows for our layout: a built-in's own ("tp2"),
- * a file's name without directory and .json; "" when it has other
- * characters than the tracker takes ([A-Za-z0-9._-]). */
+/* The name the status page shows for our layout: a built-in's own ("tp2",
+ * "tp2:fp8"), a file's name without directory and .json; "" when it has
+ * other characters than the tracker takes ([A-Za-z0-9._:-]). */
 static void layout_name(const char *arg, char *out, size_t len)
 {
 	const char *base = strrchr(arg, '/');
@@ -23,7 +23,7 @@ static void layout_name(const char *arg, char *out, size_t len)
 		return;
 	for (size_t i = 0; i < n; i++)
 		if (!isalnum((unsigned char)base[i]) && base[i] != '-' && base[i] != '_' &&
-		    base[i] != '.')
+		    base[i] != '.' && base[i] != ':')
 			return;
 	memcpy(out, base, n);
 	out[n] = 0;

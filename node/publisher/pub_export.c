@@ -319,8 +319,10 @@ static void on_ex_layouts(const struct trk_answer *a, void *arg)
 	arr = json_object_get(a->json, "layouts");
 	if (json_array_size(arr) > 0)
 		p->layouts_seen = true;
+	ex->unservable = 0;
 	json_array_foreach(arr, i, e) {
 		struct pub_layout *sl = node__pub_layout_absorb(p, e);
+		ex->unservable += sl != NULL && sl->bad;
 		if (!ex->verify && sl != NULL && !sl->bad &&
 		    (!ex->addendum || node__pub_addendum_wants(p, sl)) && ex_add_layout(ex, sl) != 0) {
 			ex_fail(p, ENOMEM, "out of memory");
@@ -379,7 +381,13 @@ static void on_ex_layouts(const struct trk_answer *a, void *arg)
 			/* A node that had registered one and lost its lease (stopped,
 			 * cut off) took its layout with it: say that, not "none
 			 * registered". */
-			if (p->layouts_seen)
+			if (ex->unservable > 0)
+				LOG_WARN("the tracker lists %u serving layout%s that this publisher "
+					 "cannot serve (said above, at warn) and none it can: version "
+					 "%llu waits for one it can (said once)",
+					 ex->unservable, ex->unservable == 1 ? "" : "s",
+					 (unsigned long long)ex->version);
+			else if (p->layouts_seen)
 				LOG_WARN("no node alive has a serving layout for %llu s (the leases of "
 					 "all that registered one lapsed): version %llu waits for one "
 					 "to register (said once)",

@@ -345,6 +345,7 @@ struct pub_export {
 	/* It waited for a node to register a serving layout (the tracker had
 	 * none): its wait is named for that, not for the tracker. */
 	bool waited_node;
+	unsigned unservable; /* layouts the tracker listed that this publisher cannot serve */
 	size_t recycled;       /* snapshot blocks there before it (not mapped afresh) */
 	struct pub_parent *next_parent; /* becomes p->parent once published */
 	/* The expected canary scores of the export's layouts (leader, built

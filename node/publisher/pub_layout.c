@@ -22,7 +22,7 @@ struct pub_layout *node__pub_layout_absorb(struct node_pub *p, json_t *e)
 	uint8_t d[PROTO_HASH_BYTES];
 	struct pub_layout *sl;
 	struct proto_err err = {{0}};
-	char what[96];
+	char what[200];
 
 	if (proto_parse_hex(dh, d, sizeof(d)) != 0 || !json_is_object(jl)) {
 		LOG_WARN("tracker /layouts: an entry without a digest or layout");
@@ -34,7 +34,18 @@ struct pub_layout *node__pub_layout_absorb(struct node_pub *p, json_t *e)
 	if (sl == NULL)
 		return NULL;
 	memcpy(sl->digest, d, sizeof(d));
-	snprintf(what, sizeof(what), "serving layout %.16s", dh);
+	/* Named by the replicas on it, as people know them. */
+	json_t *names = json_object_get(e, "replicas"), *nv;
+	size_t k;
+	int n = snprintf(what, sizeof(what), "serving layout %.16s", dh);
+	json_array_foreach(names, k, nv) {
+		const char *rn = json_string_value(nv);
+		if (rn == NULL || n >= (int)sizeof(what) - 40)
+			break;
+		n += snprintf(what + n, sizeof(what) - (size_t)n, "%s%.32s", k ? ", " : " (replica ", rn);
+	}
+	if (json_array_size(names) > 0 && n < (int)sizeof(what) - 2)
+		snprintf(what + n, sizeof(what) - (size_t)n, ")");
 	if (proto_layout_from_json(&p->model, jl, what, &sl->layout, &err) != 0) {
 		LOG_WARN("%s (not served)", err.msg);
 		sl->bad = true;

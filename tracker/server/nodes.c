@@ -72,8 +72,8 @@ void trk__handle_nodes(struct trk_call *c)
 		trk__fail(c, 400, "replica: want 1..%d of [A-Za-z0-9._-]", TRK_REPLICA_MAX);
 		goto out;
 	}
-	if (lname != NULL && !trk__replica_name_valid(lname)) {
-		trk__fail(c, 400, "layout_name: want 1..%d of [A-Za-z0-9._-]", TRK_REPLICA_MAX);
+	if (lname != NULL && !trk__layout_name_valid(lname)) {
+		trk__fail(c, 400, "layout_name: want 1..%d of [A-Za-z0-9._:-]", TRK_REPLICA_MAX);
 		goto out;
 	}
 	if (get_opt_hex(c->json, "layout_digest", ld, sizeof(ld), &have_ld, &err) != 0 ||

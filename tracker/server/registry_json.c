@@ -1,4 +1,5 @@
 /* The registry as JSON: replicas, serving layouts, the soft half of /status. */
+#include "proto/fp8.h"
 #include "tracker/server/internal.h"
 
 /* ---- JSON helpers ---------------------------------------------------------- */
@@ -106,6 +107,9 @@ static json_t *replica_json(struct trk_registry *r, const struct trk_replica *re
 		bad |= trk__set(o, "layout_name", rep->layout->name[0] ?
 							  json_string(rep->layout->name) :
 							  json_null());
+		/* What it serves transformed (FP8), or null: as trained. */
+		bad |= trk__set(o, "transform", proto_layout_transformed(&rep->layout->l) ?
+							json_string(PROTO_FP8_TRANSFORM) : json_null());
 		bad |= trk__set(o, "nranks", json_integer(rep->nranks));
 		bad |= trk__set(o, "alive", json_boolean(trk__replica_alive(rep)));
 		bad |= trk__set(o, "incomplete", json_boolean(!trk__replica_whole(rep)));

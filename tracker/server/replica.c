@@ -9,7 +9,8 @@
 #include "proto/params.h"
 #include "tracker/server/internal.h"
 
-bool trk__replica_name_valid(const char *s)
+/* 1..TRK_REPLICA_MAX of [A-Za-z0-9._-], and ':' where colon says. */
+static bool name_valid(const char *s, bool colon)
 {
 	size_t n = strlen(s);
 
@@ -18,10 +19,21 @@ bool trk__replica_name_valid(const char *s)
 	for (size_t i = 0; i < n; i++) {
 		char c = s[i];
 		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-		      (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.'))
+		      (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.' ||
+		      (colon && c == ':')))
 			return false;
 	}
 	return true;
+}
+
+bool trk__replica_name_valid(const char *s)
+{
+	return name_valid(s, false);
+}
+
+bool trk__layout_name_valid(const char *s)
+{
+	return name_valid(s, true); /* "tp2:fp8" */
 }
 
 struct trk_nver *trk__node_version(struct trk_node *n, uint64_t v)

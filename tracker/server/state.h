@@ -434,6 +434,8 @@ void trk__slayout_cache_clear(struct trk_registry *r);
 
 /* 1..TRK_REPLICA_MAX of [A-Za-z0-9._-]. */
 bool trk__replica_name_valid(const char *s);
+/* The same for a layout's name, which may hold ':' too ("tp2:fp8"). */
+bool trk__layout_name_valid(const char *s);
 /* n's state entry for v, or NULL. */
 struct trk_nver *trk__node_version(struct trk_node *n, uint64_t v);
 /* n is alive and reported v verified or active. NULL n is false. */
