@@ -219,6 +219,20 @@ static void test_fp8_nan_fails_the_version(void **state)
 		usleep(100000);
 	assert_true(file_has(log, "tensor model.layers.0.self_attn.q_proj.weight: element [3, 232] is NaN; "
 				  "it cannot be quantized to FP8 (fp8_e4m3_block128)"));
+	/* The activation record names each FP8 tensor's scales. */
+	char rec[700];
+	snprintf(rec, sizeof(rec), "%s/B-0.json", expose);
+	json_t *xr = tu_load_json(rec), *xt;
+	size_t xi, nscale = 0;
+	assert_non_null(xr);
+	json_array_foreach(json_object_get(xr, "locals"), xi, xt) {
+		const char *sn = json_string_value(json_object_get(xt, "scale"));
+		const char *dt = json_string_value(json_object_get(xt, "dtype"));
+		assert_true((sn != NULL) == (strcmp(dt, "fp8_e4m3") == 0));
+		nscale += sn != NULL;
+	}
+	assert_int_equal(nscale, 4); /* qkv, o, gate_up, down */
+	json_decref(xr);
 	/* The tracker says which replica serves FP8, and in which layout. */
 	json_t *rb = tu_get_json(trk, TRK_API "/replicas/B"), *ra = tu_get_json(trk, TRK_API "/replicas/A");
 	assert_non_null(rb);

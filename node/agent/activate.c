@@ -55,10 +55,13 @@ static char *record_text(struct node_agent *a, struct node_slot *slot, uint64_t 
 		json_t *shape = json_array();
 		for (uint32_t d = 0; d < l->ndim; d++)
 			json_array_append_new(shape, json_integer((json_int_t)l->shape[d]));
-		json_array_append_new(locals, json_pack("{s:s,s:I,s:I,s:s,s:o}", "name", l->name,
-							"offset", (json_int_t)l->offset, "nbytes",
-							(json_int_t)l->nbytes, "dtype",
-							proto_dtype_name(l->dtype), "shape", shape));
+		json_t *e = json_pack("{s:s,s:I,s:I,s:s,s:o}", "name", l->name, "offset",
+				      (json_int_t)l->offset, "nbytes", (json_int_t)l->nbytes, "dtype",
+				      proto_dtype_name(l->dtype), "shape", shape);
+		/* An FP8 local's block scales follow it (proto/spec.h): named. */
+		if (e != NULL && i + 1 < rk->nlocals && rk->locals[i + 1].scales)
+			json_object_set_new(e, "scale", json_string(rk->locals[i + 1].name));
+		json_array_append_new(locals, e);
 	}
 	char hex[2 * PROTO_HASH_BYTES + 1], mhex[2 * PROTO_HASH_BYTES + 1];
 	sodium_bin2hex(hex, sizeof(hex), a->layout.digest, PROTO_HASH_BYTES);
