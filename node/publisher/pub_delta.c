@@ -125,6 +125,8 @@ struct enc_ctx {
 	const uint8_t *block, *parent; /* the version's and the parent's snapshots */
 	_Atomic uint64_t sum;          /* wrapping, like the score */
 	_Atomic uint64_t in_place;     /* bytes read where they lie */
+	const uint8_t *scales;         /* per piece: an FP8 layout's scales; NULL: none */
+	_Atomic uint64_t changed_scales;
 };
 
 static void on_changes(void *arg, uint32_t t, uint64_t base, const uint32_t *pos, size_t k,
@@ -135,6 +137,35 @@ static void on_changes(void *arg, uint32_t t, uint64_t base, const uint32_t *pos
 
 	atomic_fetch_add(&c->sum, proto_canary_map_changes(c->map, pp->pay_off + base * pp->elsize,
 							   pp->elsize, pos, k, parent, child));
+	if (c->scales != NULL && c->scales[t])
+		atomic_fetch_add(&c->changed_scales, k);
+}
+
+/* Which of dp's pieces are an FP8 layout's scales (the destination local
+ * holding each; locals lie in offset order). NULL: none, or no memory
+ * (then the scales are counted with the values). */
+static uint8_t *scale_pieces(const struct pub_item *it, const struct proto_dparcel *dp,
+			     uint64_t *elems)
+{
+	const struct proto_rank *rk = &it->sl->layout.ranks[it->pc->dst_rank];
+	uint8_t *v;
+
+	*elems = 0;
+	if (it->sl->q == NULL || (v = calloc(dp->npieces + 1, 1)) == NULL)
+		return NULL;
+	for (uint32_t t = 0; t < dp->npieces; t++) {
+		uint32_t lo = 0, hi = rk->nlocals;
+		while (hi - lo > 1) { /* the last local starting at or before it */
+			uint32_t mid = (lo + hi) / 2;
+			if (rk->locals[mid].offset <= dp->pieces[t].dst_off)
+				lo = mid;
+			else
+				hi = mid;
+		}
+		v[t] = rk->nlocals > 0 && rk->locals[lo].scales;
+		*elems += v[t] ? dp->pieces[t].len / dp->pieces[t].elsize : 0;
+	}
+	return v;
 }
 
 /* Where a stretch lies in the source rank's memory: at is its first byte's
@@ -235,6 +266,7 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32
 	it->elems = 0;
 	for (uint32_t i = 0; i < dp.npieces; i++)
 		it->elems += dp.pieces[i].len / dp.pieces[i].elsize;
+	cn.scales = scale_pieces(it, &dp, &it->scale_elems);
 	/* Kept for the next version's encode against this one: its parent
 	 * sums (no sums on out of memory: summed there). */
 	it->sums = calloc(PROTO_MAX(dp.npieces, 1), sizeof(*it->sums));
@@ -263,6 +295,8 @@ void node__pub_delta_encode_item(struct node_pub *p, struct pub_item *it, uint32
 	}
 	free(pd);
 	free(cd);
+	free((void *)cn.scales);
+	it->changed_scales = atomic_load(&cn.changed_scales);
 	proto_dparcel_fini(&dp);
 	proto_canary_map_free(map);
 	it->canary = it->parent_canary + atomic_load(&cn.sum);
@@ -358,7 +392,7 @@ static void log_density(const struct pub_export *ex)
 	int n = 0;
 
 	for (size_t li = 0; li < ex->nlayouts && n < (int)sizeof(line) - 160; li++) {
-		uint64_t changed = 0, elems = 0, wire = 0;
+		uint64_t changed = 0, elems = 0, wire = 0, sc = 0, se = 0;
 		char hex[2 * PROTO_HASH_BYTES + 1];
 		sodium_bin2hex(hex, sizeof(hex), ex->layouts[li]->digest, PROTO_HASH_BYTES);
 		for (size_t i = 0; i < ex->pv->nparts; i++)
@@ -369,13 +403,18 @@ static void log_density(const struct pub_export *ex)
 				changed += it->changed;
 				elems += it->elems;
 				wire += it->wire;
+				sc += it->changed_scales;
+				se += it->scale_elems;
 			}
 		n += snprintf(line + n, sizeof(line) - (size_t)n,
-			      "%s layout %.8s (%s): %.3f %% of %llu elements changed, %.1f KiB",
-			      li ? ";" : "", hex,
+			      "%s layout %.8s (%s): %.3f %% of %llu %s changed", li ? ";" : "", hex,
 			      ex->layouts[li]->q != NULL ? "fp8" : "as trained",
-			      elems ? 100.0 * (double)changed / (double)elems : 0.0,
-			      (unsigned long long)elems, (double)wire / 1024.0);
+			      elems > se ? 100.0 * (double)(changed - sc) / (double)(elems - se) : 0.0,
+			      (unsigned long long)(elems - se), se ? "values" : "elements");
+		if (se > 0)
+			n += snprintf(line + n, sizeof(line) - (size_t)n, ", %.3f %% of %llu scales",
+				      100.0 * (double)sc / (double)se, (unsigned long long)se);
+		n += snprintf(line + n, sizeof(line) - (size_t)n, ", %.1f KiB", (double)wire / 1024.0);
 	}
 	LOG_INFO("version %llu: its delta by layout:%s", (unsigned long long)ex->version, line);
 }

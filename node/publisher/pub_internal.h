@@ -116,6 +116,7 @@ struct pub_item {
 	uint8_t *enc;           /* the encoded delta (worker), until placed */
 	uint64_t changed;       /* elements the delta changes */
 	uint64_t elems;         /* elements of the parcel (its delta's pieces) */
+	uint64_t changed_scales, scale_elems; /* of those, an FP8 layout's scales */
 	/* The bytes its encode read where they lie, not gathered (a dense
 	 * chunk's parent, read again for its checksum, counts twice). */
 	uint64_t in_place;
