@@ -193,6 +193,54 @@ static int local_finish(const struct proto_model *m, struct proto_local *l,
 	return 0;
 }
 
+static json_t *rank_json(const struct proto_model *m, const struct proto_layout *l, uint32_t r);
+
+/* Hashes what json_dumps(proto_layout_to_json(m, l), JSON_COMPACT |
+ * JSON_SORT_KEYS) writes, a rank at a time: a layout of many ranks never
+ * holds its whole JSON (tens of times its own size) at once. Keys sorted:
+ * "quantize", "ranks", "transform". */
+static int layout_digest(const struct proto_model *m, struct proto_layout *l, const char *what,
+			 struct proto_err *err)
+{
+	crypto_generichash_state st;
+	char *txt = NULL;
+	json_t *j;
+
+	crypto_generichash_init(&st, NULL, 0, sizeof(l->digest));
+	if (l->model != NULL) {
+		j = proto__layout_fp8_json(l);
+		txt = j != NULL ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+		json_decref(j);
+		if (txt == NULL)
+			return proto_errf(err, ENOMEM, "%s: out of memory", what);
+		crypto_generichash_update(&st, (const uint8_t *)"{\"quantize\":", 12);
+		crypto_generichash_update(&st, (const uint8_t *)txt, strlen(txt));
+		crypto_generichash_update(&st, (const uint8_t *)",\"ranks\":[", 10);
+		free(txt);
+	} else {
+		crypto_generichash_update(&st, (const uint8_t *)"{\"ranks\":[", 10);
+	}
+	for (uint32_t r = 0; r < l->nranks; r++) {
+		j = rank_json(m, l, r);
+		txt = j != NULL ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+		json_decref(j);
+		if (txt == NULL)
+			return proto_errf(err, ENOMEM, "%s: out of memory", what);
+		if (r > 0)
+			crypto_generichash_update(&st, (const uint8_t *)",", 1);
+		crypto_generichash_update(&st, (const uint8_t *)txt, strlen(txt));
+		free(txt);
+	}
+	if (l->model != NULL) {
+		static const char tail[] = "],\"transform\":\"" PROTO_FP8_TRANSFORM "\"}";
+		crypto_generichash_update(&st, (const uint8_t *)tail, sizeof(tail) - 1);
+	} else {
+		crypto_generichash_update(&st, (const uint8_t *)"]}", 2);
+	}
+	crypto_generichash_final(&st, l->digest, sizeof(l->digest));
+	return 0;
+}
+
 static const struct proto_layout *sort_layout_rank;
 static uint32_t sort_rank;
 
@@ -243,15 +291,7 @@ static int layout_finish(const struct proto_model *m, struct proto_layout *l,
 		}
 		free(idx);
 	}
-	json_t *j = proto_layout_to_json(m, l);
-	char *txt = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-	json_decref(j);
-	if (txt == NULL)
-		return proto_errf(err, ENOMEM, "%s: out of memory", what);
-	crypto_generichash(l->digest, sizeof(l->digest), (const uint8_t *)txt, strlen(txt),
-			   NULL, 0);
-	free(txt);
-	return 0;
+	return layout_digest(m, l, what, err);
 }
 
 /* ---- explicit form ------------------------------------------------------ */
@@ -738,39 +778,44 @@ static json_t *box_json(const struct proto_box *b, uint32_t ndim)
 	return a;
 }
 
+/* Rank r's element of the explicit form: {"tensors": [...]}. m: l's model. */
+static json_t *rank_json(const struct proto_model *m, const struct proto_layout *l, uint32_t r)
+{
+	json_t *locals = json_array();
+	for (uint32_t i = 0; i < l->ranks[r].nlocals; i++) {
+		const struct proto_local *lt = &l->ranks[r].locals[i];
+		json_t *pieces, *shape;
+		if (lt->scales)
+			continue; /* derived from the local before */
+		pieces = json_array();
+		shape = json_array();
+		for (uint32_t k = 0; k < lt->npieces; k++) {
+			const struct proto_piece *p = &lt->pieces[k];
+			const char *tn = m->tensors[p->tensor].name;
+			json_array_append_new(
+				pieces, p->flat ? json_pack("{s:s,s:[I,I]}", "tensor", tn, "flat",
+							    (json_int_t)p->box.lo[0],
+							    (json_int_t)p->box.hi[0])
+						: json_pack("{s:s,s:o}", "tensor", tn, "box",
+							    box_json(&p->box, m->tensors[p->tensor].ndim)));
+		}
+		for (uint32_t d = 0; d < lt->ndim; d++)
+			json_array_append_new(shape, json_integer((json_int_t)lt->shape[d]));
+		json_array_append_new(locals, json_pack("{s:s,s:i,s:s,s:o,s:o}", "name", lt->name,
+							"concat_dim", (int)lt->concat_dim, "dtype",
+							proto_dtype_name(lt->dtype), "shape", shape,
+							"pieces", pieces));
+	}
+	return json_pack("{s:o}", "tensors", locals);
+}
+
 json_t *proto_layout_to_json(const struct proto_model *m, const struct proto_layout *l)
 {
 	json_t *ranks = json_array();
 
 	m = proto_layout_model(m, l);
-	for (uint32_t r = 0; r < l->nranks; r++) {
-		json_t *locals = json_array();
-		for (uint32_t i = 0; i < l->ranks[r].nlocals; i++) {
-			const struct proto_local *lt = &l->ranks[r].locals[i];
-			json_t *pieces, *shape;
-			if (lt->scales)
-				continue; /* derived from the local before */
-			pieces = json_array();
-			shape = json_array();
-			for (uint32_t k = 0; k < lt->npieces; k++) {
-				const struct proto_piece *p = &lt->pieces[k];
-				const char *tn = m->tensors[p->tensor].name;
-				json_array_append_new(
-					pieces, p->flat ? json_pack("{s:s,s:[I,I]}", "tensor", tn, "flat",
-								    (json_int_t)p->box.lo[0],
-								    (json_int_t)p->box.hi[0])
-							: json_pack("{s:s,s:o}", "tensor", tn, "box",
-								    box_json(&p->box, m->tensors[p->tensor].ndim)));
-			}
-			for (uint32_t d = 0; d < lt->ndim; d++)
-				json_array_append_new(shape, json_integer((json_int_t)lt->shape[d]));
-			json_array_append_new(locals, json_pack("{s:s,s:i,s:s,s:o,s:o}", "name", lt->name,
-								"concat_dim", (int)lt->concat_dim, "dtype",
-								proto_dtype_name(lt->dtype), "shape", shape,
-								"pieces", pieces));
-		}
-		json_array_append_new(ranks, json_pack("{s:o}", "tensors", locals));
-	}
+	for (uint32_t r = 0; r < l->nranks; r++)
+		json_array_append_new(ranks, rank_json(m, l, r));
 	if (l->model != NULL)
 		return json_pack("{s:o,s:s,s:o}", "ranks", ranks, "transform", PROTO_FP8_TRANSFORM,
 				 "quantize", proto__layout_fp8_json(l));

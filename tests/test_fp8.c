@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 #include <jansson.h>
+#include <sodium.h>
 
 #include "proto/fixture.h"
 #include "proto/fp8.h"
@@ -259,6 +260,12 @@ static void test_layout(void **state)
 	 * back to the same layout. */
 	json_t *j = proto_layout_to_json(&m, &l);
 	assert_non_null(json_object_get(j, "quantize"));
+	/* The digest (hashed a rank at a time) is that of the whole form. */
+	char *txt = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+	uint8_t d[32];
+	crypto_generichash(d, sizeof(d), (const uint8_t *)txt, strlen(txt), NULL, 0);
+	assert_memory_equal(d, l.digest, 32);
+	free(txt);
 	assert_int_equal(proto_layout_from_json(&m, j, "again", &again, &err), 0);
 	assert_memory_equal(again.digest, l.digest, 32);
 	assert_int_equal(again.ranks[1].nlocals, l.ranks[1].nlocals);
@@ -266,6 +273,12 @@ static void test_layout(void **state)
 	/* Planned from the quantized source; a BF16 layout is not a source. */
 	assert_int_equal(proto_layout_builtin(&m, "tp2", &bf, &err), 0);
 	assert_int_not_equal(memcmp(bf.digest, l.digest, 32), 0);
+	j = proto_layout_to_json(&m, &bf); /* and a BF16 layout's digest, the same way */
+	txt = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+	crypto_generichash(d, sizeof(d), (const uint8_t *)txt, strlen(txt), NULL, 0);
+	assert_memory_equal(d, bf.digest, 32);
+	free(txt);
+	json_decref(j);
 	assert_int_equal(proto_plan_build(&m, &bf, &l, &p, &err), -EINVAL);
 	assert_non_null(strstr(err.msg, "different models"));
 	assert_int_equal(proto_layout_fp8_source(&m, &l, &src, &err), 0);
