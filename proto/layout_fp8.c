@@ -166,6 +166,13 @@ static int check_piece(const struct proto_layout *l, const struct proto_local *l
 	for (uint32_t d = 0; d < 2; d++) {
 		uint64_t lo = p->box.lo[d], hi = p->box.hi[d];
 		bool last = k + 1 == lt->npieces || d != lt->concat_dim;
+		if (lo % PROTO_FP8_BLOCK == 0 && hi == t->shape[d] && hi % PROTO_FP8_BLOCK != 0 && !last)
+			return proto_errf(err, EINVAL,
+					  "%s: %s ends on a partial 128-block (%llu on dim %u) and more "
+					  "tensors are fused after it: the fused tensor's blocks would mix "
+					  "two tensors; serve it unfused (a layout file without that fuse "
+					  "rule) or leave it out of \"quantize\"",
+					  where, t->name, (unsigned long long)t->shape[d], d);
 		if (lo % PROTO_FP8_BLOCK != 0 || (hi % PROTO_FP8_BLOCK != 0 && !(last && hi == t->shape[d])))
 			return proto_errf(err, EINVAL,
 					  "%s: %s split [%llu, %llu) on dim %u (of %llu) cuts a 128-block; "
