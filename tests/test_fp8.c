@@ -335,6 +335,10 @@ static void test_layout_refused(void **state)
 	/* The built-in says the same. */
 	assert_int_not_equal(proto_layout_builtin(&m, "tp2:fp8", &l, &err), 0);
 	assert_non_null(strstr(err.msg, "cuts a 128-block"));
+	/* tp1 cuts nothing, but q (200 rows) is fused before k and v. */
+	assert_int_not_equal(proto_layout_builtin(&m, "tp1:fp8", &l, &err), 0);
+	assert_non_null(strstr(err.msg, "ends on a partial 128-block (200 on dim 0) and more tensors "
+				       "are fused after it"));
 	assert_int_not_equal(proto_layout_builtin(&m, "fsdp2:fp8", &l, &err), 0);
 	assert_int_not_equal(proto_layout_builtin(&m, "tp2:fp16", &l, &err), 0);
 	proto_model_fini(&m);
