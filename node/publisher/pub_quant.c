@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "proto/box.h"
-#include "proto/pool.h"
 
 struct pub_q *node__pub_q_get(struct node_pub *p, const struct proto_layout *dst,
 			      struct proto_err *err)
