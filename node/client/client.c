@@ -887,7 +887,8 @@ API int tessera_release(tessera_client *c, const struct tessera_pin *pin)
 		return fail(c, EINVAL, "tessera client: pin %llu is not held",
 			    (unsigned long long)pin->id);
 	if (pin->id & PAGE_PIN) {
-		if (v->entry == TSR_ENTRY_NONE || c->page == NULL)
+		/* A page pin needs both pages (a node may have sent only one). */
+		if (v->entry == TSR_ENTRY_NONE || c->page == NULL || c->epoch == NULL)
 			return fail(c, EINVAL, "tessera client: pin %llu is not held",
 				    (unsigned long long)pin->id);
 		__atomic_fetch_sub(page_pin(c, v->entry), 1, __ATOMIC_SEQ_CST);
