@@ -56,35 +56,52 @@ static bool key_eq(const char *a, const char *b)
 #define KEY_CMP_MAX 64
 
 /* Edit distance between two keys ('-' and '_' alike), or KEY_CMP_MAX when
- * either is longer than that. */
-static size_t key_distance(const char *a, const char *b)
+ * either is longer than that; past limit, only that it is past: limit + 1
+ * (the rows' least value never falls, so the walk stops once it is past). */
+static size_t key_distance(const char *a, const char *b, size_t limit)
 {
 	size_t la = strlen(a), lb = strlen(b), row[KEY_CMP_MAX + 1];
 
 	if (la > KEY_CMP_MAX || lb > KEY_CMP_MAX)
 		return KEY_CMP_MAX;
+	if ((la > lb ? la - lb : lb - la) > limit)
+		return limit + 1;
 	for (size_t j = 0; j <= lb; j++)
 		row[j] = j;
 	for (size_t i = 1; i <= la; i++) {
-		size_t diag = row[0];
-		row[0] = i;
+		size_t diag = row[0], least;
+		least = row[0] = i;
 		for (size_t j = 1; j <= lb; j++) {
 			char x = a[i - 1] == '_' ? '-' : a[i - 1], y = b[j - 1] == '_' ? '-' : b[j - 1];
 			size_t sub = diag + (x != y), up = row[j] + 1, left = row[j - 1] + 1;
 			diag = row[j];
 			row[j] = sub < up ? (sub < left ? sub : left) : (up < left ? up : left);
+			if (row[j] < least)
+				least = row[j];
 		}
+		if (least > limit)
+			return limit + 1;
 	}
 	return row[lb];
 }
 
 /* Keeps in *best the candidate nearest to key, if near enough to be a
- * misspelling of it (at most 2 edits, or a quarter of its length). */
+ * misspelling of it (at most 2 edits, or a quarter of its length) and
+ * nearer than *best. The distance is only computed up to that bound: an
+ * unknown key is measured against every option and tunable, and a file
+ * may hold a thousand of them. */
 static void nearest(const char *key, const char *cand, const char **best, size_t *dist)
 {
-	size_t d = key_distance(key, cand), len = strlen(cand);
+	size_t len = strlen(cand), cut = len / 4 > 2 ? len / 4 : 2, d;
 
-	if ((d <= 2 || d * 4 <= len) && d < len && d < *dist) {
+	if (len == 0 || *dist == 0)
+		return;
+	if (cut > len - 1)
+		cut = len - 1;
+	if (cut > *dist - 1)
+		cut = *dist - 1;
+	d = key_distance(key, cand, cut);
+	if (d <= cut) {
 		*best = cand;
 		*dist = d;
 	}

@@ -14,9 +14,12 @@
 #include <unistd.h>
 
 /* Reads and drops what is there (closing passed descriptors), without
- * waiting; false at the end of the stream or on an error. */
-static inline bool fz_drain(int fd)
+ * waiting: how many bytes it read, or -1 at the end of the stream or on
+ * an error. */
+static inline ssize_t fz_drain(int fd)
 {
+	ssize_t got = 0;
+
 	for (;;) {
 		uint8_t buf[4096];
 		union {
@@ -37,9 +40,10 @@ static inline bool fz_drain(int fd)
 			}
 		}
 		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
-			return false;
+			return -1;
 		if (n < 0)
-			return true;
+			return got;
+		got += n;
 	}
 }
 
