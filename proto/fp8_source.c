@@ -58,17 +58,25 @@ static int quant_rows(void *arg, unsigned slot, uint64_t br)
 
 int proto_layout_fp8_fill(const struct proto_model *m, const struct proto_layout *src8,
 			  proto_tensor_bytes bytes, void *arg, unsigned threads,
-			  const _Atomic bool *abort, uint8_t *block, struct proto_err *err)
+			  const _Atomic bool *abort, struct proto_fp8_scratch *keep, uint8_t *block,
+			  struct proto_err *err)
 {
 	const struct proto_rank *rk = &src8->ranks[0];
-	uint64_t most = 0;
+	struct proto_fp8_scratch once = {0}, *sk = keep != NULL ? keep : &once;
+	uint64_t most = 1;
 	uint8_t *scratch;
 	int rc = 0;
 
 	for (uint32_t t = 0; t < m->ntensors; t++)
 		most = most > m->tensors[t].nbytes ? most : m->tensors[t].nbytes;
-	if ((scratch = malloc(most + 1)) == NULL)
-		return proto_errf(err, ENOMEM, "out of memory");
+	if (sk->cap < most) {
+		free(sk->p);
+		sk->cap = 0;
+		if ((sk->p = malloc(most)) == NULL)
+			return proto_errf(err, ENOMEM, "out of memory");
+		sk->cap = most;
+	}
+	scratch = sk->p;
 	for (uint32_t i = 0; i < rk->nlocals && rc == 0; i++) {
 		const struct proto_local *lt = &rk->locals[i];
 		const struct proto_local *sc =
@@ -102,27 +110,22 @@ int proto_layout_fp8_fill(const struct proto_model *m, const struct proto_layout
 					proto_fp8_nonfinite_name(j.src + bad * 2));
 		}
 	}
-	free(scratch);
+	free(once.p);
 	return rc;
 }
 
 struct from_src {
 	const struct proto_model *m8;
-	const struct proto_layout *src;
+	const uint64_t *at; /* per tensor: its local's offset in block */
 	const uint8_t *block;
 };
 
 static void from_src(void *arg, uint32_t tensor, uint64_t first, uint64_t count, uint8_t *out)
 {
 	const struct from_src *f = arg;
-	const struct proto_rank *rk = &f->src->ranks[0];
 	size_t es = proto_dtype_size(f->m8->tensors[tensor].dtype);
 
-	for (uint32_t i = 0; i < rk->nlocals; i++)
-		if (rk->locals[i].pieces[0].tensor == tensor) {
-			memcpy(out, f->block + rk->locals[i].offset + first * es, count * es);
-			return;
-		}
+	memcpy(out, f->block + f->at[tensor] + first * es, count * es);
 }
 
 int proto_layout_fp8_fill_rank(const struct proto_model *m, const struct proto_layout *l,
@@ -136,15 +139,22 @@ int proto_layout_fp8_fill_rank(const struct proto_model *m, const struct proto_l
 	if (rc != 0)
 		return rc;
 	sb = calloc(1, src.ranks[0].nbytes + 1);
-	if (sb == NULL) {
+	uint64_t *at = calloc(l->model->ntensors + 1, sizeof(*at));
+	if (sb == NULL || at == NULL) {
+		free(sb);
+		free(at);
 		proto_layout_fini(&src);
 		return proto_errf(err, ENOMEM, "out of memory");
 	}
-	rc = proto_layout_fp8_fill(m, &src, bytes, arg, 1, NULL, sb, err);
+	/* The source holds every tensor whole, one local each. */
+	for (uint32_t i = 0; i < src.ranks[0].nlocals; i++)
+		at[src.ranks[0].locals[i].pieces[0].tensor] = src.ranks[0].locals[i].offset;
+	rc = proto_layout_fp8_fill(m, &src, bytes, arg, 1, NULL, NULL, sb, err);
 	if (rc == 0) {
-		struct from_src f = {.m8 = l->model, .src = &src, .block = sb};
+		struct from_src f = {.m8 = l->model, .at = at, .block = sb};
 		proto_layout_fill_rank(m, l, rank, from_src, &f, block);
 	}
+	free(at);
 	free(sb);
 	proto_layout_fini(&src);
 	return rc;

@@ -241,14 +241,22 @@ int proto_layout_fp8_source(const struct proto_model *m, const struct proto_layo
 /* Fills the block of an FP8 source layout src8 (proto_layout_fp8_source)
  * from the logical tensors of the cluster's model m: bytes(arg, t, scratch)
  * returns tensor t's row-major bytes, its own or written into scratch
- * (room for the largest tensor); quantized tensors are quantized on up to
+ * (room for the largest tensor: keep's, or one made for the call when keep
+ * is NULL); quantized tensors are quantized on up to
  * threads threads (proto/fp8.h), the others copied. abort (may be NULL) is
  * looked at between tensors. 0, or -EDOM when a quantized tensor holds a
  * NaN or an infinity (err names it and the element), -ENOMEM, -ECANCELED. */
 typedef const uint8_t *(*proto_tensor_bytes)(void *arg, uint32_t t, uint8_t *scratch);
+/* The scratch a caller keeps from fill to fill (grown as needed, freed
+ * with free(p)): its pages are touched once, not per version. */
+struct proto_fp8_scratch {
+	uint8_t *p;
+	size_t cap;
+};
 int proto_layout_fp8_fill(const struct proto_model *m, const struct proto_layout *src8,
 			  proto_tensor_bytes bytes, void *arg, unsigned threads,
-			  const _Atomic bool *abort, uint8_t *block, struct proto_err *err);
+			  const _Atomic bool *abort, struct proto_fp8_scratch *keep, uint8_t *block,
+			  struct proto_err *err);
 
 /* A whole rank block of FP8 layout l (what its node must hold), from the
  * cluster model's logical tensors as proto_layout_fp8_fill takes them: the

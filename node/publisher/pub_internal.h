@@ -75,6 +75,7 @@ struct pub_q {
 	uint8_t *blk[2];
 	size_t cap;
 	uint64_t ver[2]; /* the version each block holds, 0: none */
+	struct proto_fp8_scratch scratch; /* a tensor gathered whole, kept */
 	const void *made_by; /* the job that made the last (compared, never read) */
 	struct pub_q *next;
 };

@@ -47,6 +47,7 @@ void node__pub_q_free_all(struct node_pub *p)
 		for (int i = 0; i < 2; i++)
 			node_serve_unmap(q->blk[i], q->cap);
 		proto_layout_fini(&q->src);
+		free(q->scratch.p);
 		free(q);
 	}
 }
@@ -149,7 +150,8 @@ int node__pub_quantize(const struct node_pub *p, struct pub_q *q, uint64_t v, ui
 	if (q->blk[w] == NULL && (q->blk[w] = node_serve_map(q->cap)) == NULL)
 		return proto_errf(err, ENOMEM, "cannot map the %zu-byte FP8 source", q->cap);
 	q->ver[w] = 0; /* until it is whole */
-	rc = proto_layout_fp8_fill(&p->model, &q->src, qsrc_bytes, &s, threads, abort, q->blk[w], err);
+	rc = proto_layout_fp8_fill(&p->model, &q->src, qsrc_bytes, &s, threads, abort, &q->scratch,
+				   q->blk[w], err);
 	if (rc == 0)
 		q->ver[w] = v;
 	return rc;

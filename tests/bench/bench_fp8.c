@@ -174,7 +174,7 @@ int main(int argc, char **argv)
 	double tq[REPS], tc[REPS];
 	for (int i = 0; i < REPS; i++) {
 		double t0 = now_ms();
-		if (proto_layout_fp8_fill(m, &src, version_bytes, &ver[1], threads, NULL, blk, &err) != 0) {
+		if (proto_layout_fp8_fill(m, &src, version_bytes, &ver[1], threads, NULL, NULL, blk, &err) != 0) {
 			fprintf(stderr, "bench_fp8: %s\n", err.msg);
 			goto out;
 		}
@@ -195,10 +195,10 @@ int main(int argc, char **argv)
 
 	/* 2. density per step. */
 	uint8_t *prev = calloc(1, src.ranks[0].nbytes + 1);
-	proto_layout_fp8_fill(m, &src, version_bytes, &ver[0], threads, NULL, prev, &err);
+	proto_layout_fp8_fill(m, &src, version_bytes, &ver[0], threads, NULL, NULL, prev, &err);
 	for (int v = 1; v < VERSIONS; v++) {
 		uint64_t ch_q = 0, n_q = 0, ch_all = 0, n_all = 0, ch8 = 0, ch_s = 0, n_s = 0;
-		proto_layout_fp8_fill(m, &src, version_bytes, &ver[v], threads, NULL, blk, &err);
+		proto_layout_fp8_fill(m, &src, version_bytes, &ver[v], threads, NULL, NULL, blk, &err);
 		for (uint32_t t = 0; t < m->ntensors; t++) {
 			const uint16_t *a = (const uint16_t *)(const void *)ver[v - 1].data[t];
 			const uint16_t *b = (const uint16_t *)(const void *)ver[v].data[t];
