@@ -26,8 +26,10 @@
 #                                [--measure-link MB] [--keep DIR] [--links FILE]
 #                                [--model-dir DIR] [--anchor-every K]
 #                                [--tracker-net mgmt|data]
+#                                [--sites N|LIST [--wan-rate R] [--wan-cut S]]
 #   --replica L   a replica's layout, tpN or a layout file (repeatable;
-#                 default tp2 tp2 tp1)
+#                 default tp2 tp2 tp1); L@SITE puts it in site SITE (with
+#                 --sites)
 #   --late-replica L  a replica started once every other one is active on
 #                 the last version (repeatable); its activation time counts
 #                 from its registration
@@ -74,6 +76,27 @@
 #   --tracker-net N  mgmt (default): the tracker on its own host, on the
 #                 unshaped management network; data: on host 0, behind the
 #                 publisher's shaped link (control and data share it)
+#   --sites N|LIST  hosts in sites: N (2..26) sites named A, B, ... or a
+#                 comma list of names; the publisher (and the tracker, on
+#                 the management network) in the first, replicas as named
+#                 (L@SITE) or round-robin. Each site is a bridge of its own
+#                 at --rate; every other site is joined to the first by a
+#                 wide-area link shaped to --wan-rate each way, and every
+#                 process is told its site (--site). The report gives per
+#                 version wan_bytes (per site, "in" from the first site and
+#                 "out" to it, from the links' counters over the version's
+#                 window: its export to the next one's, or the run's end)
+#                 and per replica its site and bytes_from_other_sites
+#   --wan-rate R  tbf rate of the wide-area links (default 100mbit)
+#   --wan-cut S   take every wide-area link down just before version 2 (or
+#                 the only one) is exported, for S seconds, then up again:
+#                 the sites beyond keep serving what they hold (the tracker,
+#                 on the management network, stays reachable) and catch up
+#                 when the link returns; the report's wan_cut gives the
+#                 wall-clock ms of "down" and "up"
+#   --unnamed-sites  with --sites: the same hosts and links, but no process
+#                 is told its site (one swarm across the wide-area links:
+#                 what tessera did before sites, for comparison)
 #
 # Exit status: 0 when every replica activated the last version; 3 when all
 # but some late replicas did (the report and a line say which); else 1.
@@ -100,11 +123,15 @@ TRACKER_NET=mgmt
 MGMT=10.78.0 # the management network: host i is .i+1, the tracker .254
 LAYOUTS=()
 LATE=()
+SITES_ARG=""
+WAN_RATE=100mbit
+WAN_CUT=0
+UNNAMED=0
 
 die() { echo "netns-cluster: $*" >&2; exit 1; }
 
 while [ $# -gt 0 ]; do
-	[ $# -ge 2 ] || case "$1" in -h|--help) ;; *) die "$1 wants a value" ;; esac
+	[ $# -ge 2 ] || case "$1" in -h|--help|--unnamed-sites) ;; *) die "$1 wants a value" ;; esac
 	case "$1" in
 	--replica) LAYOUTS+=("$2"); shift 2 ;;
 	--late-replica) LATE+=("$2"); shift 2 ;;
@@ -123,6 +150,10 @@ while [ $# -gt 0 ]; do
 	--model-dir) MODEL_DIR=$(realpath "$2"); shift 2 ;;
 	--anchor-every) ANCHOR_EVERY=$2; shift 2 ;;
 	--tracker-net) TRACKER_NET=$2; shift 2 ;;
+	--sites) SITES_ARG=$2; shift 2 ;;
+	--wan-rate) WAN_RATE=$2; shift 2 ;;
+	--wan-cut) WAN_CUT=$2; shift 2 ;;
+	--unnamed-sites) UNNAMED=1; shift ;;
 	-h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option '$1' (see --help)" ;;
 	esac
@@ -137,7 +168,7 @@ case "$TRACKER_NET" in
 mgmt|data) ;;
 *) die "--tracker-net wants mgmt or data, not '$TRACKER_NET'" ;;
 esac
-for n in "$MB" "$VERSIONS" "$EVERY" "$TIMEOUT" "$LINK_MB" ${LATE_TIMEOUT:+"$LATE_TIMEOUT"}; do
+for n in "$MB" "$VERSIONS" "$EVERY" "$TIMEOUT" "$LINK_MB" "$WAN_CUT" ${LATE_TIMEOUT:+"$LATE_TIMEOUT"}; do
 	[[ "$n" =~ ^[0-9]+$ ]] || die "'$n' is not a number"
 done
 [ "$VERSIONS" -ge 1 ] || die "--versions wants at least 1"
@@ -156,6 +187,42 @@ NLATE=${#LATE[@]}
 ALL=("${LAYOUTS[@]}" "${LATE[@]}")
 NHOST=$((NREP + NLATE)) # replica hosts: 1..NREP, then the late ones
 [ "$NHOST" -le 200 ] || die "at most 200 replica hosts"
+# Sites: SITES[k] the names (the first the trainer's), SITE_OF[host].
+SITES=()
+declare -A SITE_OF
+if [ -n "$SITES_ARG" ]; then
+	if [[ "$SITES_ARG" =~ ^[0-9]+$ ]]; then
+		[ "$SITES_ARG" -ge 2 ] && [ "$SITES_ARG" -le 26 ] || die "--sites N wants 2..26"
+		for k in $(seq 0 $((SITES_ARG - 1))); do SITES+=("$(printf "\\$(printf %o $((65 + k)))")"); done
+	else
+		IFS=, read -r -a SITES <<<"$SITES_ARG"
+	fi
+	for sname in "${SITES[@]}"; do
+		[[ "$sname" =~ ^[A-Za-z0-9._-]{1,8}$ ]] || die "site '$sname': want 1..8 of [A-Za-z0-9._-]"
+	done
+	[ ${#SITES[@]} -ge 2 ] || die "--sites wants two sites or more"
+	SITE_OF[0]=${SITES[0]}
+	for i in $(seq 1 "$NHOST"); do
+		l=${ALL[$((i - 1))]}
+		if [[ "$l" == *@* ]]; then
+			SITE_OF[$i]=${l##*@}
+			ALL[$((i - 1))]=${l%@*}
+			printf '%s\n' "${SITES[@]}" | grep -qx "${SITE_OF[$i]}" ||
+				die "replica $l: no site '${SITE_OF[$i]}' in --sites"
+		else
+			SITE_OF[$i]=${SITES[$(((i - 1) % ${#SITES[@]}))]}
+		fi
+	done
+	LAYOUTS=("${ALL[@]:0:$NREP}")
+	LATE=("${ALL[@]:$NREP}")
+else
+	for l in "${ALL[@]}"; do [[ "$l" != *@* ]] || die "replica $l: a site needs --sites"; done
+	[ "$WAN_CUT" -eq 0 ] || die "--wan-cut needs --sites"
+fi
+# The --site a process is given (none without sites, or with --unnamed-sites).
+site_args() { # host
+	[ -n "$SITES_ARG" ] && [ "$UNNAMED" -eq 0 ] && echo "--site ${SITE_OF[$1]}" || true
+}
 
 DIR=$(mktemp -d -t tessera-netns.XXXXXX)
 PIDS=()
@@ -236,9 +303,29 @@ ip -n $PFX-sw link add br0 type bridge
 ip -n $PFX-sw link set br0 up
 ip -n $PFX-sw link add br1 type bridge # management: not shaped
 ip -n $PFX-sw link set br1 up
-shape() { # namespace device
-	ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$RATE" burst 1mb latency 400ms
+shape() { # namespace device [rate]
+	ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "${3:-$RATE}" burst 1mb latency 400ms
 }
+# Sites: the first is br0; each other site k a bridge bs<k>, joined to br0
+# by the veth pair wa<k> (in br0) - wb<k> (in bs<k>), both ends shaped to
+# the wide-area rate: wa<k>'s sent bytes crossed into site k, wb<k>'s out.
+site_bridge() { # site name -> its bridge
+	local k
+	for k in "${!SITES[@]}"; do
+		[ "${SITES[$k]}" != "$1" ] || { [ "$k" -eq 0 ] && echo br0 || echo "bs$k"; return; }
+	done
+}
+for k in $(seq 1 $((${#SITES[@]} - 1))); do
+	ip -n $PFX-sw link add "bs$k" type bridge
+	ip -n $PFX-sw link set "bs$k" up
+	ip -n $PFX-sw link add "wa$k" type veth peer name "wb$k"
+	ip -n $PFX-sw link set "wa$k" master br0
+	ip -n $PFX-sw link set "wb$k" master "bs$k"
+	ip -n $PFX-sw link set "wa$k" up
+	ip -n $PFX-sw link set "wb$k" up
+	shape $PFX-sw "wa$k" "$WAN_RATE"
+	shape $PFX-sw "wb$k" "$WAN_RATE"
+done
 for i in $(seq 0 "$NHOST"); do
 	ns=$PFX-h$i
 	ip netns add "$ns"
@@ -246,7 +333,7 @@ for i in $(seq 0 "$NHOST"); do
 	ip link add eth0 netns "$ns" type veth peer name "p$i" netns $PFX-sw
 	ip -n "$ns" addr add "$NET.$((i + 1))/24" dev eth0
 	ip -n "$ns" link set eth0 up
-	ip -n $PFX-sw link set "p$i" master br0
+	ip -n $PFX-sw link set "p$i" master "$([ -z "$SITES_ARG" ] && echo br0 || site_bridge "${SITE_OF[$i]}")"
 	ip -n $PFX-sw link set "p$i" up
 	shape "$ns" eth0
 	shape $PFX-sw "p$i"
@@ -264,6 +351,32 @@ ip -n $PFX-ht addr add "$MGMT.254/24" dev mgmt0
 ip -n $PFX-ht link set mgmt0 up
 ip -n $PFX-sw link set mt master br1
 ip -n $PFX-sw link set mt up
+# The wide-area links' byte counters, every 100 ms from here on (before
+# anything crosses, so that a version's window starts before its bytes):
+# "ms in1 out1 in2 out2 ..." for sites 1.. (into the site from the first,
+# out of it).
+# Counters of the switch's ports, read from the switch namespace's sysfs by
+# one process (a tc per sample fell behind on a loaded machine): a line
+# "ms c1 c2 ..." every 100 ms, forever.
+sample_counters() { # sysfs file...
+	exec ip netns exec "$PFX-sw" python3 -c '
+import sys, time
+while True:
+	row = [str(int(time.time() * 1000))]
+	for f in sys.argv[1:]:
+		with open(f) as fd:
+			row.append(fd.read().strip())
+	print(" ".join(row), flush=True)
+	time.sleep(0.1)' "$@"
+}
+if [ -n "$SITES_ARG" ]; then
+	WAN_FILES=()
+	for k in $(seq 1 $((${#SITES[@]} - 1))); do
+		WAN_FILES+=("/sys/class/net/wa$k/statistics/tx_bytes" "/sys/class/net/wb$k/statistics/tx_bytes")
+	done
+	sample_counters "${WAN_FILES[@]}" >"$DIR/wan.tsv" 2>/dev/null &
+	PIDS+=($!)
+fi
 on() { # host command...
 	local h=$1
 	shift
@@ -349,7 +462,7 @@ SOURCE=(--synthetic-mb "$MB")
 [ -z "$ANCHOR_EVERY" ] || SOURCE+=(--anchor-every "$ANCHOR_EVERY")
 start 0 publisher.log "$BIN/tessera" publish --tracker "$TRK" --key "$DIR/trainer.key" \
 	--cluster-key "$DIR/cluster.key" "${SOURCE[@]}" --layout fsdp2 \
-	--control "$DIR/publisher.sock"
+	--control "$DIR/publisher.sock" $(site_args 0)
 PUB_PID=$!
 model_known() {
 	on 0 curl -sf --max-time 5 "$TRK/api/v1/layouts" | jq -e '.model' >"$DIR/model.json" 2>/dev/null
@@ -386,13 +499,19 @@ start_replica() { # host (replica R<host>, layout ALL[host-1])
 	start "$i" "node-R$i.log" env TESSERA_FANOUT=$FANOUT "$BIN/tessera-node" \
 		--tracker "$TRK" --replica "R$i" --ranks "0-$((ranks - 1))" --layout "$layout" \
 		--model "$DIR/model.json" --trainer-pubkey "$DIR/trainer.pub" \
-		--cluster-key "$DIR/cluster.key" --host "host$i" --store host
+		--cluster-key "$DIR/cluster.key" --host "host$i" --store host $(site_args "$i")
 	NODE_PIDS[$i]+=" $!"
 }
 for i in $(seq 1 "$NREP"); do start_replica "$i"; done
 echo "netns-cluster: $((NHOST + 1)) hosts on $NET.0/24, links shaped to $RATE each way;" \
 	"replicas ${LAYOUTS[*]}${LATE[*]:+, late ${LATE[*]}}; $MODE;" \
-	"$VERSIONS versions of a $MB MiB model every $EVERY ms"
+	"$VERSIONS versions of $([ -n "$MODEL_DIR" ] && echo "the model in $MODEL_DIR" || echo "a $MB MiB model") every $EVERY ms"
+if [ -n "$SITES_ARG" ]; then
+	echo "netns-cluster: sites ${SITES[*]} (trainer in ${SITES[0]}$([ "$UNNAMED" -eq 0 ] ||
+		echo ", sites not told to the processes")); replicas" \
+		"$(for i in $(seq 1 "$NHOST"); do printf 'R%s@%s ' "$i" "${SITE_OF[$i]}"; done)-" \
+		"wide-area links $WAN_RATE each way"
+fi
 
 # Each poll keeps every rank's counters, so that versions the ranks have
 # moved past still have theirs: replica rank version trainer peers
@@ -401,7 +520,8 @@ poll() {
 	status || return 1
 	jq -r '.replicas[] | .replica as $r | .ranks[] | select(.version > 0)
 		| [$r, .rank, .version, .bytes_from_trainer // 0, .bytes_from_peers // 0,
-		   .duplicate_bytes // 0, .refetched_bytes // 0, .registered_ms // 0] | @tsv' \
+		   .duplicate_bytes // 0, .refetched_bytes // 0, .registered_ms // 0,
+		   .bytes_from_other_sites // 0] | @tsv' \
 		"$DIR/status.json" >>"$DIR/counters.tsv"
 }
 active_count() { # version, replicas named in the rest
@@ -432,34 +552,38 @@ line = s.makefile().readline().strip()
 print(line)
 sys.exit(0 if line.startswith("published ") else 1)' "$DIR/publisher.sock"
 }
-# Bytes through the switch's ports, read from the switch namespace's sysfs
-# by one process (a tc per sample fell behind on a loaded machine):
-# received from host 0 (the trainer's uplink, after its shaping), sent
-# toward each replica host (its downlink), received from each (its uplink).
+# Bytes through the switch's ports: received from host 0 (the trainer's
+# uplink, after its shaping), sent toward each replica host (its downlink),
+# received from each (its uplink).
 sample_links() {
-	exec ip netns exec "$PFX-sw" python3 -c '
-import sys, time
-n = int(sys.argv[1])
-files = ["/sys/class/net/p0/statistics/rx_bytes"] + \
-	["/sys/class/net/p%d/statistics/tx_bytes" % i for i in range(1, n + 1)] + \
-	["/sys/class/net/p%d/statistics/rx_bytes" % i for i in range(1, n + 1)]
-while True:
-	row = [str(int(time.time() * 1000))]
-	for f in files:
-		with open(f) as fd:
-			row.append(fd.read().strip())
-	print(" ".join(row), flush=True)
-	time.sleep(0.1)' "$NHOST"
+	local i files=(/sys/class/net/p0/statistics/rx_bytes)
+	for i in $(seq 1 "$NHOST"); do files+=("/sys/class/net/p$i/statistics/tx_bytes"); done
+	for i in $(seq 1 "$NHOST"); do files+=("/sys/class/net/p$i/statistics/rx_bytes"); done
+	sample_counters "${files[@]}"
 }
 if [ -n "$LINKS" ]; then
 	sample_links >"$LINKS" 2>/dev/null &
 	PIDS+=($!)
 fi
+# --wan-cut: every wide-area link down just before version 2 (or 1) is
+# exported, for WAN_CUT s: the fabric's traffic across it stops, the tracker
+# (on the management network) stays reachable.
+CUT_V=$([ "$VERSIONS" -ge 2 ] && echo 2 || echo 1)
+wan_links() { # up|down
+	local k
+	for k in $(seq 1 $((${#SITES[@]} - 1))); do ip -n "$PFX-sw" link set "wa$k" "$1"; done
+}
 (
 	for v in $(seq 1 "$VERSIONS"); do
 		[ "$v" -eq 1 ] || sleep "$(awk -v ms="$EVERY" 'BEGIN { print ms / 1000 }')"
+		if [ "$WAN_CUT" -gt 0 ] && [ "$v" -eq "$CUT_V" ]; then
+			wan_links down
+			echo "down $(date +%s%3N)" >>"$DIR/cut.log"
+			(sleep "$WAN_CUT"; wan_links up; echo "up $(date +%s%3N)" >>"$DIR/cut.log") &
+		fi
 		export_version || exit 1
 	done
+	wait
 ) >"$DIR/exports.log" 2>&1 &
 PIDS+=($!)
 INITIAL=()
@@ -522,10 +646,44 @@ REPS=$(for i in $(seq 1 "$NHOST"); do
 	jq -cn --arg r "R$i" --arg l "${ALL[$((i - 1))]}" --argjson late "$([ "$i" -gt "$NREP" ] &&
 		echo true || echo false)" --argjson lost "$(cat "$DIR"/node-R$i.log 2>/dev/null |
 		grep -c 'lease lost' || true)" --argjson cpu "$(cpu_ms ${NODE_PIDS[$i]:-})" \
-		--argjson rx "$(($(rx_bytes "$i") - ${RX0[$i]:-0}))" \
+		--argjson rx "$(($(rx_bytes "$i") - ${RX0[$i]:-0}))" --arg site "${SITE_OF[$i]:-}" \
 		'{replica: $r, layout: $l, late: $late, leases_lost: $lost, cpu_ms: $cpu,
-		  data_rx_bytes: $rx}'
+		  data_rx_bytes: $rx, site: (if $site == "" then null else $site end)}'
 done | jq -cs .)
+# What crossed each wide-area link per version: its window runs from its
+# export (the manifest's creation) to the next version's, the last to the
+# run's end. {} without sites.
+python3 -c '
+import json, sys
+sites = sys.argv[3].split()
+rows = []
+try:
+	rows = [list(map(int, l.split())) for l in open(sys.argv[1]) if l.strip()]
+except OSError:
+	pass
+created = {}
+for l in open(sys.argv[2]):
+	f = l.split()
+	if len(f) >= 3 and f[0] == "published":
+		created[int(f[1])] = int(f[2])
+def at(ms):  # the counters of the last sample at or before ms (else the first)
+	best = rows[0]
+	for r in rows:
+		if r[0] > ms:
+			break
+		best = r
+	return best
+out = {}
+vs = sorted(created)
+for j, v in enumerate(vs):
+	if not rows or len(sites) < 2:
+		out[str(v)] = {}
+		continue
+	a = at(created[v])
+	b = at(created[vs[j + 1]]) if j + 1 < len(vs) else rows[-1]
+	out[str(v)] = {sites[k]: {"in": b[2 * k - 1] - a[2 * k - 1], "out": b[2 * k] - a[2 * k]}
+		       for k in range(1, len(sites))}
+print(json.dumps(out))' "$DIR/wan.tsv" "$DIR/exports.log" "${SITES[*]:-}" >"$DIR/wan.json"
 PUB_CPU=$(cpu_ms "$PUB_PID")
 TRK_CPU=$(cpu_ms "$TRK_PID")
 LOAD=$(cut -d' ' -f1 /proc/loadavg)
@@ -542,15 +700,18 @@ jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
 	--argjson vmax "$VERSIONS" --argjson wall "$((SECONDS * 1000))" \
 	--argjson bps "$(rate_bps "$RATE")" --argjson link "$LINK_BPS" \
 	--argjson pubcpu "$PUB_CPU" --argjson trkcpu "$TRK_CPU" --argjson load "$LOAD" \
+	--slurpfile wan "$DIR/wan.json" --argjson unnamed "$UNNAMED" \
+	--arg wanrate "$([ -z "$SITES_ARG" ] || rate_bps "$WAN_RATE")" \
+	--rawfile cut "$( [ -f "$DIR/cut.log" ] || : >"$DIR/cut.log"; echo "$DIR/cut.log")" \
 	--slurpfile tl <(for v in $(seq 1 "$VERSIONS"); do cat "$DIR/timeline-$v.json"; echo; done) '
 	# rank counters: the highest seen per (replica, rank, version)
 	($cnt | split("\n") | map(select(length > 0) | split("\t")
 		| {r: .[0], k: .[1], v: (.[2] | tonumber), ft: (.[3] | tonumber),
 		   fp: (.[4] | tonumber), dup: (.[5] | tonumber), ref: (.[6] | tonumber),
-		   reg: (.[7] | tonumber)})) as $rows
+		   reg: (.[7] | tonumber), far: ((.[8] // "0") | tonumber)})) as $rows
 	| ($rows | group_by([.r, .k, .v]) | map({r: .[0].r, k: .[0].k, v: .[0].v,
 		ft: (map(.ft) | max), fp: (map(.fp) | max), dup: (map(.dup) | max),
-		ref: (map(.ref) | max)})) as $ranks
+		ref: (map(.ref) | max), far: (map(.far) | max)})) as $ranks
 	| ($rows | map(select(.reg > 0)) | group_by(.r)
 		| map({key: .[0].r, value: (map(.reg) | min)}) | from_entries) as $reg
 	# the lines "published V CREATED KIND WIRE ANCHOR ENCODE_US" of the exports
@@ -562,11 +723,16 @@ jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
 	| {ok: $ok, mode: $mode, wall_ms: $wall, link_rate_bps: $bps,
 	   link_bytes_per_s: $link, publisher_cpu_ms: $pubcpu, tracker_cpu_ms: $trkcpu,
 	   loadavg_1m: $load,
+	   sites_named: ($wan[0] | length > 0 and $unnamed == 0),
+	   wan_rate_bps: (if $wanrate == "" then null else ($wanrate | tonumber) end),
+	   wan_cut: ($cut | split("\n") | map(select(length > 0) | split(" ")
+		| {key: .[0], value: (.[1] | tonumber)}) | from_entries),
 	   versions: [range(1; $vmax + 1) as $v
 		| (($s.versions | map(select(.version == $v)) | .[0]) // {}) as $sv
 		| ((if $v == $vmax then $w1[0] else $s end).versions
 		   | map(select(.version == $v)) | .[0] // {}) as $tot
 		| {version: $v, kind: ($sv.kind // "anchor"), payload_bytes: ($sv.wire_bytes // 0),
+		   created_ms: ($sv.created_ms // null),
 		   trainer_upload_bytes: ($tot.bytes_from_trainer // 0),
 		   peer_upload_bytes: ($tot.bytes_from_peers // 0),
 		   duplicate_bytes: ($tot.duplicate_bytes // 0),
@@ -585,12 +751,19 @@ jq -n --slurpfile st "$DIR/status.json" --slurpfile w1 "$DIR/first-wave.json" \
 				bytes_from_trainer: ($rk | map(.ft) | add // 0),
 				bytes_from_peers: ($rk | map(.fp) | add // 0),
 				duplicate_bytes: ($rk | map(.dup) | add // 0),
-				refetched_bytes: ($rk | map(.ref) | add // 0)}],
+				refetched_bytes: ($rk | map(.ref) | add // 0),
+				bytes_from_other_sites: ($rk | map(.far) | add // 0)}],
+		   wan_bytes: ($wan[0][$v | tostring] // {}),
 		   timeline: $tl[$v - 1]}]}' >"$DIR/report.json"
 [ -z "$REPORT" ] || cp "$DIR/report.json" "$REPORT"
 
+# What one replica of each site holds (its layout's bytes, the smallest).
+ANCHORSITE=$(for i in $(seq 1 "$NHOST"); do
+	jq -cn --arg s "${SITE_OF[$i]:-}" --argjson n "$(echo "$ANCHORS" | jq ".[$((i - 1))]")" \
+		'{site: $s, need: $n}'
+done | jq -cs 'group_by(.site) | map({site: .[0].site, need: (map(.need) | min)})')
 jq -r --argjson vmax "$VERSIONS" --argjson pub "$PUB_CPU" --argjson trk "$TRK_CPU" \
-	--argjson load "$LOAD" \
+	--argjson load "$LOAD" --argjson anchorsite "$ANCHORSITE" \
 	--argjson ncpu "$(nproc)" '.link_rate_bps as $bps | .versions[] | . as $v
 	| ([.replicas[] | select(.late | not) | .t_activate_ms // empty]) as $t
 	| "v\(.version): \(.trainer_upload_bytes / 1048576 | floor) MiB from the trainer, "
@@ -605,6 +778,12 @@ jq -r --argjson vmax "$VERSIONS" --argjson pub "$PUB_CPU" --argjson trk "$TRK_CP
 	       + " Mbit/s = \(.trainer_upload_bytes * 8 / (($t | max) / 1000) / $bps * 100
 	                    | floor / 100) of the link"
 	     else "" end),
+	  (.wan_bytes | to_entries[] | . as $w
+	   | ([$anchorsite[] | select(.site == $w.key)] | .[0].need // 0) as $need
+	   | "  wide-area link to \($w.key): \($w.value.in / 1048576 * 100 | floor / 100) MiB in,"
+	   + " \($w.value.out / 1048576 * 100 | floor / 100) MiB out"
+	   + (if $need > 0 then " (\($w.value.in / $need * 100 | floor / 100) x what one replica of"
+	      + " \($w.key) holds)" else "" end)),
 	  (.replicas[] | select(.late) | "  late \(.replica) (\(.layout)): "
 	   + (if .activated then "active on v\($v.version) \(.t_activate_ms / 1000)s after it registered"
 	      else "DID NOT activate v\($v.version) within the time bound" end)

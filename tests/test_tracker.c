@@ -2742,6 +2742,113 @@ static void test_replica_target(void **state)
 
 /* ---- offers and sources -------------------------------------------------------------------- */
 
+/* The sources of parcel 0 -> 1 of v1 as site asks for them (NULL: no
+ * site), the answer's JSON kept in r. */
+static void site_sources(struct fx *f, const char *site, struct trk_reply *r)
+{
+	char path[400];
+
+	snprintf(path, sizeof(path), TRK_API "/sources?version=1&layout=%s&src_rank=0&dst_rank=1%s%s",
+		 HEX(f->tp2.digest), site ? "&site=" : "", site ? site : "");
+	assert_int_equal(get(f, path, r), 200);
+}
+
+/* Ids of the answer's peers (kind peer), joined with spaces, in id order. */
+static void peer_ids(json_t *answer, char *out, size_t cap)
+{
+	const char *ids[8];
+	size_t n = 0, i, len = 0;
+	json_t *s;
+
+	json_array_foreach(json_object_get(answer, "sources"), i, s)
+		if (strcmp(json_string_value(json_object_get(s, "kind")), "peer") == 0 && n < 8)
+			ids[n++] = json_string_value(json_object_get(s, "id"));
+	for (size_t a = 0; a < n; a++)
+		for (size_t c = a + 1; c < n; c++)
+			if (strcmp(ids[c], ids[a]) < 0) {
+				const char *t = ids[a];
+				ids[a] = ids[c];
+				ids[c] = t;
+			}
+	out[0] = 0;
+	for (size_t a = 0; a < n; a++)
+		len += (size_t)snprintf(out + len, cap - len, "%s%s", a ? " " : "", ids[a]);
+}
+
+/* Sites: a node's /sources is its site's swarm and peers, the publishers
+ * wherever they are; a parcel no publisher offers lists every site's
+ * peers (not as members), so that it stays reachable; sources say their
+ * site; /status sums replicas per site. */
+static void test_sources_sites(void **state)
+{
+	struct fx *f = *state;
+	static const struct {
+		const char *rep, *site;
+	} nodes[] = {{"X", "east"}, {"Y", "west"}, {"Z", "west"}};
+	struct trk_reply r;
+	char b[2048], ids[128];
+
+	register_publisher(f);
+	publish_two(f);
+	for (size_t i = 0; i < PROTO_ARRAY_LEN(nodes); i++) {
+		char *nb = node_body(f, nodes[i].rep, 1, "h", TP2, NULL), id[16];
+		nb[strlen(nb) - 1] = 0; /* its closing brace: the site follows */
+		snprintf(b, sizeof(b), "%s,\"site\":\"%s\"}", nb, nodes[i].site);
+		free(nb);
+		assert_int_equal(post(f, TRK_API "/nodes", b, &r), 200);
+		trk_reply_fini(&r);
+		snprintf(id, sizeof(id), "%s/1", nodes[i].rep);
+		offer_body(b, sizeof(b), id, 1, HEX(f->tp2.digest), 0, 1, 101);
+		assert_int_equal(post(f, TRK_API "/offers", b, &r), 200);
+		trk_reply_fini(&r);
+	}
+	/* No publisher offers the parcel: west reads east's peer too, but its
+	 * swarm (who splits the trainer's chunks) is west's. */
+	site_sources(f, "west", &r);
+	peer_ids(r.json, ids, sizeof(ids));
+	assert_string_equal(ids, "X/1 Y/1 Z/1");
+	assert_int_equal(json_array_size(json_object_get(r.json, "members")), 2);
+	trk_reply_fini(&r);
+
+	/* The publisher offers it: each site's peers, and the publisher. */
+	pub_offer(f, 1, 4);
+	site_sources(f, "west", &r);
+	peer_ids(r.json, ids, sizeof(ids));
+	assert_string_equal(ids, "Y/1 Z/1");
+	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 3);
+	json_t *members = json_object_get(r.json, "members");
+	assert_int_equal(json_array_size(members), 2);
+	assert_string_equal(json_string_value(json_array_get(members, 0)), "Y/1");
+	json_t *src;
+	size_t i;
+	json_array_foreach(json_object_get(r.json, "sources"), i, src)
+		if (json_is_string(json_object_get(src, "site")))
+			assert_string_equal(json_string_value(json_object_get(src, "site")), "west");
+	trk_reply_fini(&r);
+	site_sources(f, "east", &r);
+	peer_ids(r.json, ids, sizeof(ids));
+	assert_string_equal(ids, "X/1");
+	trk_reply_fini(&r);
+	/* A node that names no site is in the unnamed one: none of these. */
+	site_sources(f, NULL, &r);
+	peer_ids(r.json, ids, sizeof(ids));
+	assert_string_equal(ids, "");
+	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 1);
+	trk_reply_fini(&r);
+
+	/* The status sums them per site, by name. */
+	assert_int_equal(get(f, TRK_API "/status", &r), 200);
+	json_t *sites = json_object_get(r.json, "sites");
+	assert_int_equal(json_array_size(sites), 3); /* the publisher's (unnamed), east, west */
+	assert_true(json_is_null(json_object_get(json_array_get(sites, 0), "site")));
+	assert_int_equal(json_integer_value(json_object_get(json_array_get(sites, 0),
+							    "publishers_alive")), 1);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(sites, 2), "site")),
+			    "west");
+	assert_int_equal(json_integer_value(json_object_get(json_array_get(sites, 2), "replicas")), 2);
+	trk_reply_fini(&r);
+}
+
 static void test_sources(void **state)
 {
 	struct fx *f = *state;
@@ -2893,6 +3000,13 @@ static void test_sources(void **state)
 		"\"fabric_addr\":\"aa\",\"addr\":1,\"key\":\"1\",\"len\":1}]}",
 		"{\"sources\":[{\"kind\":\"alien\",\"id\":\"a\",\"host\":\"h\",\"provider\":\"p\","
 		"\"fabric_addr\":\"aa\",\"addr\":\"1\",\"key\":\"1\",\"len\":1}]}",
+		/* a site that is not a name, or not a string */
+		"{\"sources\":[{\"kind\":\"peer\",\"id\":\"a\",\"host\":\"h\",\"provider\":\"p\","
+		"\"fabric_addr\":\"aa\",\"addr\":\"1\",\"key\":\"1\",\"len\":1,\"site\":\"a b\"}]}",
+		"{\"sources\":[{\"kind\":\"peer\",\"id\":\"a\",\"host\":\"h\",\"provider\":\"p\","
+		"\"fabric_addr\":\"aa\",\"addr\":\"1\",\"key\":\"1\",\"len\":1,\"site\":\"\"}]}",
+		"{\"sources\":[{\"kind\":\"peer\",\"id\":\"a\",\"host\":\"h\",\"provider\":\"p\","
+		"\"fabric_addr\":\"aa\",\"addr\":\"1\",\"key\":\"1\",\"len\":1,\"site\":3}]}",
 	};
 	for (size_t i = 0; i < PROTO_ARRAY_LEN(bad_answers); i++) {
 		json_t *j = json_loads(bad_answers[i], 0, NULL);
@@ -4737,6 +4851,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_chain_retention, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources_kept, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_sources_sites, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources_batch, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources_shared, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_status_outputs, setup_open, teardown),

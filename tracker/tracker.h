@@ -47,6 +47,7 @@
 #define TRK_WAIT_MAX_MS 30000     /* longest long-poll the tracker holds */
 #define TRK_ID_MAX 128            /* longest node or publisher id, bytes */
 #define TRK_REPLICA_MAX 64        /* longest replica name, bytes */
+#define TRK_SITE_MAX 32           /* longest site name, bytes */
 #define TRK_AUTH_MAC_BYTES 32     /* crypto_auth_BYTES */
 #define TRK_EPOCH_BYTES 8         /* a tracker instance's random epoch */
 #define TRK_SESSION_BYTES 32      /* a node's session credential */
@@ -190,6 +191,12 @@ void trk_client_keep_session(struct trk_client *c, const char *id, const char *s
  * (json NULL, the raw body given): for a load generator that does not read
  * them (make bench-tracker). Default: every answer is parsed. */
 void trk_client_set_parse_max(struct trk_client *c, size_t bytes);
+/* The site c's nodes or publisher are in (--site; NULL or "": the unnamed
+ * site). Registrations then say it, and source and holder queries ask for
+ * the site's view: its own members, publishers wherever they are
+ * (tracker/API.md, "Sites"). -EINVAL for a name trk_site_valid refuses. */
+int trk_client_set_site(struct trk_client *c, const char *site);
+const char *trk_client_site(const struct trk_client *c); /* "" when unnamed */
 /*
  * The chain guard. A client remembers the chain its answers announced
  * (TRK_CHAIN_HEADER): the cluster id and the highest version with its
@@ -324,6 +331,13 @@ enum trk_rank_state {
 	TRK_STATE_FAILED,
 	TRK_STATE_COUNT
 };
+/* A site's name (--site): 1..TRK_SITE_MAX of [A-Za-z0-9._-]. Nodes and
+ * publishers that name none are in the unnamed site (""): one site. */
+bool trk_site_valid(const char *s);
+bool trk_site_same(const char *a, const char *b); /* NULL is the unnamed site */
+/* --site's value check (a proto_config_value parser): one line in err. */
+int trk_site_check(const char *v, struct proto_err *err);
+
 /* "fetching", "verified", "active", "failed"; parse returns -EINVAL else. */
 const char *trk_state_name(enum trk_rank_state s);
 int trk_state_parse(const char *s, enum trk_rank_state *out);
@@ -336,6 +350,9 @@ struct trk_state_report {
 	uint64_t bytes_from_trainer, bytes_from_peers;
 	/* Bytes received that were not needed, and bytes asked for again. */
 	uint64_t duplicate_bytes, refetched_bytes;
+	/* Of bytes_from_trainer and _peers, those from sources in another site
+	 * (sent when not 0). */
+	uint64_t bytes_from_other_sites;
 	/* When this version's first and (so far) last chunk arrived, node
 	 * wall clock ms; 0: not yet (not sent). */
 	uint64_t first_byte_ms, last_byte_ms;
@@ -521,6 +538,7 @@ struct trk_source {
 	/* A /holders rank whose slot is partial: where its have-map is. */
 	bool partial;
 	uint64_t have_addr, have_key;
+	char site[TRK_SITE_MAX + 1]; /* where it is ("": the unnamed site) */
 };
 /* Parses a /sources answer into a malloc'ed array (trk_sources_free frees it).
  * -EINVAL on a malformed answer; *out is then NULL. */

@@ -82,6 +82,7 @@ struct node_agent_opts {
 	const char *trainer_pubkey;
 	const char *cluster_key;   /* NULL: unsigned requests */
 	const char *tls_ca;        /* CA file for an https:// tracker (NULL: system's) */
+	const char *site;          /* where the host is (--site; NULL: the unnamed site) */
 	const char *provider;      /* NULL: tcp;ofi_rxm */
 	/* The interface the fabric endpoints bind (--fabric-iface); NULL: the
 	 * one the route to the tracker leaves from (node/base/fabiface.h). */

@@ -495,6 +495,7 @@ bool agent_chain_step_done(struct node_agent *a)
 	c->from_peers += f->from_peers;
 	c->duplicate += f->duplicate;
 	c->refetched += f->refetched;
+	c->from_other_sites += f->from_other_sites;
 	LOG_INFO("node %s: chain step v%" PRIu64 " of %u built (%s, %" PRIu64 " wire bytes)",
 		 a->node_id, f->version, c->nsteps, f->delta ? "by delta from the step before" : "whole",
 		 f->bytes_done);

@@ -115,7 +115,7 @@ struct agent_chain {
 	uint64_t slot_version;
 	uint8_t slot_digest[PROTO_HASH_BYTES];
 	/* What the finished steps took (reported with the target's). */
-	uint64_t done, from_trainer, from_peers, duplicate, refetched;
+	uint64_t done, from_trainer, from_peers, duplicate, refetched, from_other_sites;
 	/* Planning: the manifests are walked back from the target's parent. */
 	bool planning;
 	uint64_t walk_v;

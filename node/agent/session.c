@@ -89,6 +89,7 @@ void agent_report(struct node_agent *a, uint64_t version, enum trk_rank_state st
 		r.bytes_from_peers = f->from_peers + (chained ? c->from_peers : 0);
 		r.duplicate_bytes = f->duplicate + (chained ? c->duplicate : 0);
 		r.refetched_bytes = f->refetched + (chained ? c->refetched : 0);
+		r.bytes_from_other_sites = f->from_other_sites + (chained ? c->from_other_sites : 0);
 		r.first_byte_ms = f->first_byte_ms;
 		r.last_byte_ms = f->last_byte_ms;
 		r.nbanned = fetch_bans(f, banned, BANS_MAX);

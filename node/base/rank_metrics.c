@@ -20,7 +20,8 @@ int node_rank_metrics_init(struct node_rank_metrics *am, struct proto_metrics *m
 
 	*am = (struct node_rank_metrics){
 		.active_version = -1, .serving_bytes = -1, .registered = -1,
-		.fetched_trainer = -1, .fetched_peer = -1, .fetched_peer_slot = -1, .read_runs = -1,
+		.fetched_trainer = -1, .fetched_peer = -1, .fetched_peer_slot = -1, .fetched_far = -1,
+		.read_runs = -1,
 		.failed_hash = -1,
 		.failed_read = -1, .stalled = -1, .activations = -1, .refused = -1,
 		.activation_seconds = -1, .unbacked_claims = -1, .duplicate = -1, .banned = -1,
@@ -49,6 +50,10 @@ int node_rank_metrics_init(struct node_rank_metrics *am, struct proto_metrics *m
 		m, "tessera_node_peer_slot_bytes_total", lbl(b, sizeof(b), who, NULL),
 		"Verified bytes gathered straight from peers' version slots (of the peer bytes: "
 		"chunks the peer copied nowhere else).");
+	t.fetched_far = proto_metrics_counter(
+		m, "tessera_node_fetched_other_sites_bytes_total", lbl(b, sizeof(b), who, NULL),
+		"Verified bytes fetched from sources in another site (--site): what crossed the "
+		"wide-area link to this rank.");
 	t.read_runs = proto_metrics_counter(
 		m, "tessera_node_read_runs_total", lbl(b, sizeof(b), who, NULL),
 		"Reads from a publisher that took several chunks at once (a fast link, "
@@ -112,7 +117,7 @@ int node_rank_metrics_init(struct node_rank_metrics *am, struct proto_metrics *m
 						  lbl(b, sizeof(b), who, "what=\"slot\""), ahead);
 	t.health = proto_metrics_health_part(m, part);
 	const int hs[] = {t.active_version, t.serving_bytes, t.registered, t.fetched_trainer,
-			  t.fetched_peer, t.fetched_peer_slot, t.read_runs, t.failed_hash, t.failed_read, t.stalled,
+			  t.fetched_peer, t.fetched_peer_slot, t.fetched_far, t.read_runs, t.failed_hash, t.failed_read, t.stalled,
 			  t.activations, t.refused, t.activation_seconds, t.unbacked_claims,
 			  t.duplicate, t.banned, t.offered_parcels, t.unowned_trainer,
 			  t.seed_parcels, t.budget_refusals, t.delta_versions,

@@ -12,7 +12,7 @@
 struct node_rank_metrics {
 	struct proto_metrics *m; /* NULL: nothing is measured */
 	int active_version, serving_bytes, registered;
-	int fetched_trainer, fetched_peer, fetched_peer_slot, read_runs;
+	int fetched_trainer, fetched_peer, fetched_peer_slot, fetched_far, read_runs;
 	int failed_hash, failed_read, stalled;
 	int activations, refused, activation_seconds;
 	int unbacked_claims;

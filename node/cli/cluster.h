@@ -18,6 +18,7 @@
 
 #include "node/cli/proc.h"
 #include "proto/proto.h"
+#include "tracker/tracker.h"
 
 struct trk_client;
 
@@ -26,6 +27,7 @@ struct trk_client;
 struct cluster_replica {
 	char name[8];
 	char layout_arg[1024];
+	char site[TRK_SITE_MAX + 1]; /* L@SITE ("": the trainer's) */
 	struct proto_layout layout;
 	struct node_proc *procs; /* one per rank */
 	uint32_t started;        /* ranks 0..started-1 were spawned */
@@ -37,7 +39,7 @@ struct cluster_replica {
 	bool late;
 	uint64_t registered_ms;
 	/* Its ranks' counters for the version, from the tracker. */
-	uint64_t from_trainer, from_peers, duplicate, refetched;
+	uint64_t from_trainer, from_peers, duplicate, refetched, from_other_sites;
 	/* Its ranks' live canary scores against the publisher's: 1 all match,
 	 * 0 one does not, -1 no verdict (node__cluster_probe_replica). */
 	int canary_ok;
@@ -54,6 +56,9 @@ struct cluster {
 	/* --every: publish on a clock for duration_s; stagger a replica's ranks */
 	uint64_t every_ms, stagger_ms, duration_s;
 	uint64_t anchor_every; /* 0: the publisher's default */
+	/* --trainer-site, or "A" when a replica names a site: the publisher's
+	 * site, and that of replicas that name none ("": one site). */
+	char trainer_site[TRK_SITE_MAX + 1];
 	struct cluster_replica reps[MAX_REPLICAS];
 	uint32_t nreps;
 	/* running */

@@ -116,7 +116,11 @@ int node__cluster_start_rank(struct cluster *c, struct cluster_replica *r, struc
 	char *nargv[] = {bin, "--tracker", c->url, "--replica", r->name, "--rank", rank,
 			 "--layout", r->layout_arg, "--model", model, "--trainer-pubkey", pub,
 			 "--cluster-key", ckey, "--provider", (char *)c->provider, "--expose",
-			 expose, "--store", "host", "--attach", sock, NULL};
+			 expose, "--store", "host", "--attach", sock, NULL, NULL, NULL};
+	if (r->site[0] != 0) {
+		nargv[PROTO_ARRAY_LEN(nargv) - 3] = "--site";
+		nargv[PROTO_ARRAY_LEN(nargv) - 2] = r->site;
+	}
 	/* The mode is the nodes' alone: set for the spawn, then put back. */
 	const char *was = getenv("TESSERA_FANOUT");
 	char *saved = was ? strdup(was) : NULL;
@@ -204,6 +208,10 @@ int node__cluster_start_all(struct cluster *c, struct proto_err *err)
 		snprintf(every, sizeof(every), "%" PRIu64, c->every_ms);
 		pargv[n++] = "--every";
 		pargv[n++] = every;
+	}
+	if (c->trainer_site[0] != 0) {
+		pargv[n++] = "--site";
+		pargv[n++] = c->trainer_site;
 	}
 	if (c->model_dir) {
 		pargv[n++] = "--model-dir";

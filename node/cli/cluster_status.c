@@ -60,7 +60,7 @@ void node__cluster_replica_counters(json_t *st, struct cluster_replica *r, uint6
 	json_t *rk;
 	size_t k;
 
-	r->from_trainer = r->from_peers = r->duplicate = r->refetched = 0;
+	r->from_trainer = r->from_peers = r->duplicate = r->refetched = r->from_other_sites = 0;
 	json_t *rep = node__cluster_find_replica(st, r->name);
 	json_array_foreach(json_object_get(rep, "ranks"), k, rk)
 	{
@@ -73,5 +73,7 @@ void node__cluster_replica_counters(json_t *st, struct cluster_replica *r, uint6
 		r->from_peers += (uint64_t)json_integer_value(json_object_get(rk, "bytes_from_peers"));
 		r->duplicate += (uint64_t)json_integer_value(json_object_get(rk, "duplicate_bytes"));
 		r->refetched += (uint64_t)json_integer_value(json_object_get(rk, "refetched_bytes"));
+		r->from_other_sites +=
+			(uint64_t)json_integer_value(json_object_get(rk, "bytes_from_other_sites"));
 	}
 }

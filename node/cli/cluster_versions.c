@@ -85,20 +85,39 @@ static int wait_wave(struct cluster *c, uint64_t v, uint64_t created, bool late,
 /* The report's entry for replica r at version v. */
 static json_t *replica_entry(const struct cluster_replica *r, uint64_t v)
 {
-	printf("  v%" PRIu64 " %sreplica %s (%s): %s after %" PRIu64 " ms%s, %" PRIu64
+	printf("  v%" PRIu64 " %sreplica %s (%s%s%s): %s after %" PRIu64 " ms%s, %" PRIu64
 	       " bytes from the trainer, %" PRIu64 " from peers, bytes %s, canary %s\n",
-	       v, r->late ? "late " : "", r->name, r->layout_arg,
+	       v, r->late ? "late " : "", r->name, r->layout_arg, r->site[0] ? "@" : "", r->site,
 	       r->activated ? "active" : "NOT active", r->t_activate_ms,
 	       r->late ? " from its registration" : "", r->from_trainer, r->from_peers,
 	       r->digest_ok ? "ok" : "WRONG",
 	       r->canary_ok == 1 ? "ok" : r->canary_ok == 0 ? "MISMATCH" : "unknown");
-	return json_pack("{s:s,s:s,s:b,s:b,s:I,s:b,s:o,s:I,s:I,s:I,s:I}", "replica", r->name,
+	return json_pack("{s:s,s:s,s:b,s:b,s:I,s:b,s:o,s:I,s:I,s:I,s:I,s:o,s:I}", "replica", r->name,
 			 "layout", r->layout_arg, "late", r->late, "activated", r->activated,
 			 "t_activate_ms", (json_int_t)r->t_activate_ms, "digest_ok", r->digest_ok,
 			 "canary_ok", r->canary_ok < 0 ? json_null() : json_boolean(r->canary_ok),
 			 "bytes_from_trainer", (json_int_t)r->from_trainer, "bytes_from_peers",
 			 (json_int_t)r->from_peers, "duplicate_bytes", (json_int_t)r->duplicate,
-			 "refetched_bytes", (json_int_t)r->refetched);
+			 "refetched_bytes", (json_int_t)r->refetched, "site",
+			 r->site[0] ? json_string(r->site) : json_null(), "bytes_from_other_sites",
+			 (json_int_t)r->from_other_sites);
+}
+
+/* What crossed into each site for v: its replicas' bytes from sources in
+ * other sites ({} with one site). */
+static json_t *site_bytes(const struct cluster *c)
+{
+	json_t *o = json_object();
+
+	for (uint32_t r = 0; o != NULL && r < c->nreps; r++) {
+		const struct cluster_replica *re = &c->reps[r];
+		if (re->late || re->site[0] == 0)
+			continue;
+		json_int_t had = json_integer_value(json_object_get(o, re->site));
+		json_object_set_new(o, re->site,
+				    json_integer(had + (json_int_t)re->from_other_sites));
+	}
+	return o;
 }
 
 int node__cluster_run_version(struct cluster *c, uint64_t want_v)
@@ -185,6 +204,25 @@ int node__cluster_run_version(struct cluster *c, uint64_t want_v)
 	json_object_set_new(entry, "wire_bytes", json_integer((json_int_t)wire_all));
 	json_object_set_new(entry, "anchor_bytes", json_integer((json_int_t)anchor_all));
 	json_object_set_new(entry, "encode_ms", json_real((double)x.encode_us / 1000.0));
+	json_t *far = site_bytes(c), *fv;
+	const char *site;
+	json_object_foreach(far, site, fv) {
+		uint64_t need = UINT64_MAX; /* what the site's smallest replica holds */
+		for (uint32_t r = 0; r < c->nreps; r++) {
+			uint64_t full = 0;
+			if (c->reps[r].late || strcmp(c->reps[r].site, site) != 0)
+				continue;
+			for (uint32_t q = 0; q < c->reps[r].layout.nranks; q++)
+				full += c->reps[r].layout.ranks[q].nbytes;
+			need = PROTO_MIN(need, full);
+		}
+		if (json_integer_value(fv) > 0 && need != UINT64_MAX && need > 0)
+			printf("  v%" PRIu64 " into site %s from other sites: %" PRIu64
+			       " bytes, %.2f x what one of its replicas holds\n",
+			       v, site, (uint64_t)json_integer_value(fv),
+			       (double)json_integer_value(fv) / (double)need);
+	}
+	json_object_set_new(entry, "bytes_from_other_sites", far);
 	json_array_append_new(c->out_versions, entry);
 	return ok ? 0 : -EBADMSG;
 }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include "fabric/fab.h"
@@ -26,7 +27,7 @@ static void usage(FILE *f)
 		"                       [--report FILE] [--keep DIR] [--mode fanout|star]\n"
 		"                       [--late-replica tpN[:fp8]|FILE]...\n"
 		"                       [--every MS [--stagger MS] [--duration S]]\n"
-		"                       [--anchor-every K]\n"
+		"                       [--anchor-every K] [--trainer-site NAME]\n"
 		"\n"
 		"Starts a tracker, a publisher hosting K trainer ranks and one node agent per\n"
 		"replica rank as separate processes on loopback, publishes V versions, checks\n"
@@ -37,7 +38,12 @@ static void usage(FILE *f)
 		"      --trainer-ranks K    trainer ranks the publisher hosts (default 2)\n"
 		"      --trainer-layout L   trainer layout file or built-in (default fsdpK)\n"
 		"      --replica L          one replica of layout L, tpN, tpN:fp8 or a file;\n"
-		"                           repeat for more (default: tp2 tp2 tp1)\n"
+		"                           repeat for more (default: tp2 tp2 tp1); L@SITE\n"
+		"                           puts it in site SITE (told to its nodes)\n"
+		"      --trainer-site NAME  the publisher's site, and that of replicas that\n"
+		"                           name none (default A once a replica names one;\n"
+		"                           the report then gives each version's\n"
+		"                           bytes_from_other_sites per site)\n"
 		"      --synthetic-mb N     a synthetic model of about N MiB, whole layers\n"
 		"                           (default 256; --model-mb: deprecated)\n"
 		"      --model-dir DIR      the weights of `tessera publish --model-dir`:\n"
@@ -77,6 +83,27 @@ static void usage(FILE *f)
 		"  -h, --help               this text\n");
 }
 
+/* --replica L[@SITE] into r (a layout file whose name holds '@' stays
+ * whole); 2 after saying why on stderr. */
+static int replica_arg(struct cluster_replica *r, const char *arg)
+{
+	const char *at = strrchr(arg, '@');
+	struct proto_err err;
+
+	if (at != NULL && strchr(at, '/') == NULL && access(arg, F_OK) != 0) {
+		if (trk_site_check(at + 1, &err) != 0) {
+			fprintf(stderr, "tessera cluster: --replica %s: site %s: %s\n", arg, at + 1,
+				err.msg);
+			return 2;
+		}
+		snprintf(r->site, sizeof(r->site), "%s", at + 1);
+		snprintf(r->layout_arg, sizeof(r->layout_arg), "%.*s", (int)(at - arg), arg);
+		return 0;
+	}
+	snprintf(r->layout_arg, sizeof(r->layout_arg), "%s", arg);
+	return 0;
+}
+
 static int parse_args(struct cluster *c, int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -98,9 +125,11 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 		{"stagger", required_argument, NULL, 'S'},
 		{"duration", required_argument, NULL, 'd'},
 		{"anchor-every", required_argument, NULL, 'A'},
+		{"trainer-site", required_argument, NULL, 'W'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
 	uint64_t k = 2;
+	struct proto_err err;
 	int ch;
 
 	c->model_mb = 256;
@@ -122,9 +151,18 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 				fprintf(stderr, "tessera cluster: at most %d replicas\n", MAX_REPLICAS);
 				return 2;
 			}
-			snprintf(c->reps[c->nreps].layout_arg, sizeof(c->reps[0].layout_arg), "%s", optarg);
+			if (replica_arg(&c->reps[c->nreps], optarg) != 0)
+				return 2;
 			c->reps[c->nreps].late = ch == 'L';
 			c->nreps++;
+			break;
+		case 'W':
+			if (trk_site_check(optarg, &err) != 0) {
+				fprintf(stderr, "tessera cluster: --trainer-site %s: %s\n", optarg,
+					err.msg);
+				return 2;
+			}
+			snprintf(c->trainer_site, sizeof(c->trainer_site), "%s", optarg);
 			break;
 		case 'F':
 			if (strcmp(optarg, "fanout") != 0 && strcmp(optarg, "star") != 0) {
@@ -191,6 +229,14 @@ static int parse_args(struct cluster *c, int argc, char **argv)
 	}
 	for (uint32_t i = 0; i < c->nreps; i++)
 		snprintf(c->reps[i].name, sizeof(c->reps[i].name), "%c", 'A' + i);
+	/* Sites: once one is named, the trainer and the replicas naming none
+	 * are in the trainer's. */
+	for (uint32_t i = 0; i < c->nreps && c->trainer_site[0] == 0; i++)
+		if (c->reps[i].site[0] != 0)
+			snprintf(c->trainer_site, sizeof(c->trainer_site), "A");
+	for (uint32_t i = 0; i < c->nreps; i++)
+		if (c->reps[i].site[0] == 0)
+			snprintf(c->reps[i].site, sizeof(c->reps[i].site), "%s", c->trainer_site);
 	return 0;
 }
 

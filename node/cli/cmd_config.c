@@ -49,6 +49,7 @@ static const struct option node_opts[] = {
 	{"host", required_argument, NULL, 0},
 	{"metrics", required_argument, NULL, 0},
 	{"tls-ca", required_argument, NULL, 0},
+	{"site", required_argument, NULL, 0},
 	{NULL, 0, NULL, 0},
 };
 
@@ -70,6 +71,7 @@ static const struct option publish_opts[] = {
 	{"trainer", required_argument, NULL, 0},
 	{"metrics", required_argument, NULL, 0},
 	{"tls-ca", required_argument, NULL, 0},
+	{"site", required_argument, NULL, 0},
 	{NULL, 0, NULL, 0},
 };
 

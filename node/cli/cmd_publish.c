@@ -29,7 +29,7 @@ static void publish_usage(FILE *f)
 		"                       [--versions V] [--every MS]\n"
 		"                       [--anchor-every K]\n"
 		"                       [--control PATH] [--config FILE]\n"
-		"                       [--tls-ca FILE]\n"
+		"                       [--tls-ca FILE] [--site NAME]\n"
 		"                       [--log-format text|json] [--log-level LEVEL]\n"
 		"                       [--metrics HOST:PORT|off]\n"
 		"\n"
@@ -101,6 +101,9 @@ static void publish_usage(FILE *f)
 		"      --tracker URL      http://HOST:PORT (https:// with TLS)\n"
 		"      --tls-ca FILE      verify an https:// tracker against these PEM CA\n"
 		"                         certificates (default: the system's)\n"
+		"      --site NAME        the site (data centre, cloud region) the trainer\n"
+		"                         is in (default: one site); each site's replicas\n"
+		"                         read one copy of a version from it\n"
 		"      --key FILE         trainer secret key (tessera keygen)\n"
 		"      --cluster-key FILE sign tracker requests with this cluster key\n"
 		"      --config FILE      the [publish] section gives options (flags\n"
@@ -396,6 +399,7 @@ const struct proto_config_value node_publish_config_values[] = {
 	{"anchor-every", anchor_every_check},
 	{"metrics", node_metrics_addr_check},
 	{"tls-ca", proto_optval_file},
+	{"site", trk_site_check},
 	{NULL, NULL},
 };
 
@@ -419,6 +423,7 @@ int node_cmd_publish(int argc, char **argv)
 		{"trainer", required_argument, NULL, 'T'},
 		{"metrics", required_argument, NULL, 'M'},
 		{"tls-ca", required_argument, NULL, 'a'},
+		{"site", required_argument, NULL, 'W'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -454,6 +459,13 @@ int node_cmd_publish(int argc, char **argv)
 			break;
 		case 'a':
 			po.tls_ca = optarg;
+			break;
+		case 'W':
+			if (trk_site_check(optarg, &err) != 0) {
+				fprintf(stderr, "tessera publish: --site %s: %s\n", optarg, err.msg);
+				goto out;
+			}
+			po.site = optarg;
 			break;
 		case 'm':
 			if (proto_cli_parse_mib(optarg, &po.synthetic_bytes) != 0) {

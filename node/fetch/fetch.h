@@ -186,6 +186,7 @@ struct fetch_read {
 	uint32_t parcel, chunk, slot, len;
 	uint32_t src_idx, src_epoch; /* srcs[src_idx] while the epoch holds */
 	bool src_peer;
+	bool src_far; /* its source is in another site than ours */
 	struct fetch_source *hp; /* its source's host record, given back at landing */
 	bool xl; /* assembled from a cross-layout holder (node/swarm/xl_read.c) */
 	char src_id[TRK_ID_MAX]; /* the source's id (bans outlive source lists) */
@@ -228,6 +229,7 @@ struct fetch {
 	struct fetch_parcel *parcels;
 	uint32_t nparcels;
 	uint64_t bytes_total, bytes_done, from_trainer, from_peers;
+	uint64_t from_other_sites; /* of those, from sources in another site */
 	uint64_t refetched; /* bytes requested again (failed, bad or moved reads) */
 	bool trainer_late;  /* a read of the trainer's last wave is late (picker.c) */
 	uint64_t peer_bytes; /* in flight from peers, as trainer_late was judged */

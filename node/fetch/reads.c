@@ -170,6 +170,10 @@ static void on_verified(struct node_vjob *job, void *arg)
 		f->from_peers += c->size;
 	else
 		f->from_trainer += c->size;
+	if (rd->src_far) {
+		f->from_other_sites += c->size;
+		proto_metrics_add(x->o.am->m, x->o.am->fetched_far, c->size);
+	}
 	if (!rd->src_peer && x->fanout && !p->mine[rd->chunk])
 		proto_metrics_add(x->o.am->m, x->o.am->unowned_trainer, c->size);
 	if (f->bytes_done == f->bytes_total) {
@@ -366,6 +370,8 @@ int fetch_read_post(struct fetcher *x, uint32_t pi, uint32_t c, struct fetch_sou
 					  .slot = (uint32_t)slot + k, .len = p->mp->chunks[c + k].size,
 					  .src_idx = (uint32_t)(s - p->srcs), .src_epoch = p->src_epoch,
 					  .src_peer = s->info.peer, .started_ms = node_now_ms(),
+					  .src_far = !trk_site_same(s->info.site,
+								    trk_client_site(x->o.trk)),
 					  .run = k == 0 ? n : 0, .busy = true, .in_fabric = true,
 					  .gen = x->gen, .hp = s->hp};
 		snprintf(rk->src_id, sizeof(rk->src_id), "%s", s->info.id);

@@ -140,6 +140,9 @@ static int open_shared(struct node_host *h, const struct node_agent_opts *o,
 	sodium_memzero(ckey, sizeof(ckey));
 	if (rc == 0 && o->tls_ca != NULL)
 		rc = trk_client_set_tls_ca(h->shared.trk, o->tls_ca, err);
+	if (rc == 0 && trk_client_set_site(h->shared.trk, o->site) != 0)
+		rc = proto_errf(err, EINVAL, "--site %s: want 1..%d of [A-Za-z0-9._-]", o->site,
+				TRK_SITE_MAX);
 	if (rc != 0)
 		return rc;
 	trk_client_on_chain_lost(h->shared.trk, on_chain_lost, h);

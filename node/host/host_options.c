@@ -93,6 +93,7 @@ const struct proto_config_value node_host_config_values[] = {
 	{"trainer-pubkey", proto_optval_pubkey},
 	{"cluster-key", proto_optval_cluster_key},
 	{"tls-ca", proto_optval_file},
+	{"site", trk_site_check},
 	{"store", node_store_name_check},
 	{"attach-mode", attach_mode_check},
 	{"attach-group", attach_group_check},

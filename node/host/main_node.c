@@ -21,7 +21,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: tessera-node --tracker URL --replica ID --rank R --layout L\n"
 		"                    --model M.json --trainer-pubkey FILE [--cluster-key FILE]\n"
-		"                    [--tls-ca FILE]\n"
+		"                    [--tls-ca FILE] [--site NAME]\n"
 		"                    [--provider NAME] [--fabric-iface NAME] [--store host|cuda[:DEV]|auto] [--expose DIR]\n"
 		"                    [--attach SOCK [--attach-mode MODE] [--attach-group GROUP]]\n"
 		"                    [--install double|in-place]\n"
@@ -60,6 +60,10 @@ static void usage(FILE *f)
 		"      --cluster-key FILE     sign tracker requests with this cluster key\n"
 		"      --tls-ca FILE          verify an https:// tracker against these PEM\n"
 		"                             CA certificates (default: the system's)\n"
+		"      --site NAME            the site (data centre, cloud region) this\n"
+		"                             host is in: a site's replicas share one copy\n"
+		"                             of each version from the publishers and relay\n"
+		"                             it among themselves (default: one site)\n"
 		"      --provider NAME        libfabric provider (default tcp;ofi_rxm)\n"
 		"      --fabric-iface NAME    the network interface the fabric endpoint\n"
 		"                             binds (default: the one the route to the\n"
@@ -201,6 +205,7 @@ int main(int argc, char **argv)
 		{"trainer-pubkey", required_argument, NULL, 'p'},
 		{"cluster-key", required_argument, NULL, 'c'},
 		{"tls-ca", required_argument, NULL, 'T'},
+		{"site", required_argument, NULL, 'W'},
 		{"provider", required_argument, NULL, 'P'},
 		{"fabric-iface", required_argument, NULL, 'F'},
 		{"store", required_argument, NULL, 's'},
@@ -259,6 +264,13 @@ int main(int argc, char **argv)
 		case 'p': o.trainer_pubkey = optarg; break;
 		case 'c': o.cluster_key = optarg; break;
 		case 'T': o.tls_ca = optarg; break;
+		case 'W':
+			if (trk_site_check(optarg, &err) != 0) {
+				fprintf(stderr, "tessera-node: --site %s: %s\n", optarg, err.msg);
+				return 2;
+			}
+			o.site = optarg;
+			break;
 		case 'P': o.provider = optarg; break;
 		case 'F': o.fabric_iface = optarg; break;
 		case 's': o.store = optarg; break;

@@ -483,6 +483,11 @@ int node_pub_new(struct event_base *base, const struct node_pub_opts *o, struct 
 	/* The loop's side. */
 	if ((rc = trk_client_new(base, o->tracker_url, o->cluster_key, &p->trk, err)) != 0)
 		goto fail;
+	if (trk_client_set_site(p->trk, o->site) != 0) {
+		rc = proto_errf(err, EINVAL, "--site %s: want 1..%d of [A-Za-z0-9._-]", o->site,
+				TRK_SITE_MAX);
+		goto fail;
+	}
 	if (o->tls_ca != NULL && (rc = trk_client_set_tls_ca(p->trk, o->tls_ca, err)) != 0)
 		goto fail;
 	trk_client_on_chain_lost(p->trk, on_chain_lost, p);

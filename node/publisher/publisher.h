@@ -47,6 +47,7 @@ struct node_pub_opts {
 	const char *tracker_url;    /* "http://HOST:PORT" */
 	const uint8_t *cluster_key; /* PROTO_CLUSTER_KEY_BYTES, or NULL */
 	const char *tls_ca;         /* CA file for an https:// tracker (NULL: system's) */
+	const char *site;           /* where the trainer is (--site; NULL: the unnamed site) */
 	const uint8_t *sk;          /* PROTO_SK_BYTES trainer secret key */
 	/* Source of weights: synthetic_bytes > 0 for the fixture model of that
 	 * size (version v's bytes from proto_fixture_fill_rank with seed), else

@@ -126,6 +126,15 @@ int trk_sources_parse(json_t *answer, struct trk_source **out, size_t *n,
 			goto fail;
 		}
 		x->partial = hv != NULL;
+		json_t *sv = json_object_get(e, "site");
+		if (sv != NULL && !json_is_null(sv) &&
+		    (!json_is_string(sv) || !trk_site_valid(json_string_value(sv)))) {
+			rc = proto_errf(err, EINVAL, "sources[%zu].site: want 1..%d of [A-Za-z0-9._-]",
+					i, TRK_SITE_MAX);
+			goto fail;
+		}
+		if (json_is_string(sv))
+			memcpy(x->site, json_string_value(sv), strlen(json_string_value(sv)) + 1);
 		if (hl == 0 || hl % 2 != 0 ||
 		    (x->fabric_addr = malloc(hl / 2)) == NULL ||
 		    sodium_hex2bin(x->fabric_addr, hl / 2, hex, hl, NULL,

@@ -67,6 +67,7 @@ struct trk_client {
 	uint8_t key[PROTO_CLUSTER_KEY_BYTES];
 	uint32_t timeout_ms;
 	size_t parse_max; /* 2xx JSON answers longer than this are not parsed */
+	char site[TRK_SITE_MAX + 1]; /* where its nodes or publisher are ("": unnamed) */
 	char epoch[2 * TRK_EPOCH_BYTES + 1]; /* the tracker's, last seen */
 	/* The chain seen (TRK_CHAIN_HEADER): see trk_client_on_chain_lost. */
 	struct {
@@ -272,6 +273,19 @@ void trk_client_free(struct trk_client *c)
 void trk_client_set_parse_max(struct trk_client *c, size_t bytes)
 {
 	c->parse_max = bytes;
+}
+
+int trk_client_set_site(struct trk_client *c, const char *site)
+{
+	if (site != NULL && site[0] != 0 && !trk_site_valid(site))
+		return -EINVAL;
+	snprintf(c->site, sizeof(c->site), "%s", site != NULL ? site : "");
+	return 0;
+}
+
+const char *trk_client_site(const struct trk_client *c)
+{
+	return c->site;
 }
 
 void trk_client_set_timeout(struct trk_client *c, uint32_t ms)

@@ -41,6 +41,20 @@ static json_t *u64s(uint64_t v)
 	return json_string(b);
 }
 
+/* body with the client's site said ("site"), when it names one; NULL (body
+ * freed) when out of memory. */
+static json_t *with_site(const struct trk_client *c, json_t *body)
+{
+	const char *site = trk_client_site(c);
+
+	if (body != NULL && site[0] != 0 &&
+	    json_object_set_new(body, "site", json_string(site)) != 0) {
+		json_decref(body);
+		body = NULL;
+	}
+	return body;
+}
+
 static json_t *rank_addr(const struct trk_rank_addr *a)
 {
 	return json_pack("{s:I,s:s,s:s,s:s}", "rank", (json_int_t)a->rank, "host",
@@ -68,7 +82,7 @@ int trk_client_register_publisher(struct trk_client *c, json_t *model,
 		json_decref(body);
 		body = NULL;
 	}
-	return post_new(c, TRK_API "/publishers", body, cb, arg);
+	return post_new(c, TRK_API "/publishers", with_site(c, body), cb, arg);
 }
 
 /* A registration sent by layout digest, with its full body kept for a
@@ -128,7 +142,7 @@ int trk_client_register_node(struct trk_client *c, const struct trk_node_reg *r,
 		json_decref(o);
 		o = NULL;
 	}
-	if (o == NULL)
+	if ((o = with_site(c, o)) == NULL)
 		return -ENOMEM;
 	if (r->layout_digest == NULL) {
 		if (json_object_set(o, "layout", r->layout) != 0) {
@@ -315,6 +329,12 @@ int trk_client_report_state(struct trk_client *c,
 			      (json_int_t)r->duplicate_bytes, "refetched_bytes",
 			      (json_int_t)r->refetched_bytes);
 
+	if (o != NULL && r->bytes_from_other_sites != 0 &&
+	    json_object_set_new(o, "bytes_from_other_sites",
+				json_integer((json_int_t)r->bytes_from_other_sites)) != 0) {
+		json_decref(o);
+		o = NULL;
+	}
 	if (o != NULL && r->error != NULL &&
 	    json_object_set_new(o, "error", json_string(r->error)) != 0) {
 		json_decref(o);
@@ -439,9 +459,10 @@ int trk_client_sources_key(struct trk_client *c, const struct trk_parcel_key *k,
 
 	sodium_bin2hex(hex, sizeof(hex), k->layout, PROTO_HASH_BYTES);
 	snprintf(path, sizeof(path),
-		 TRK_API "/sources?version=%llu&layout=%s&src_rank=%u&dst_rank=%u%s%.*s",
+		 TRK_API "/sources?version=%llu&layout=%s&src_rank=%u&dst_rank=%u%s%.*s%s%s",
 		 (unsigned long long)k->version, hex, k->src_rank, k->dst_rank,
-		 k->members_tag[0] ? "&members_tag=" : "", TRK_MEMBERS_TAG_HEX, k->members_tag);
+		 k->members_tag[0] ? "&members_tag=" : "", TRK_MEMBERS_TAG_HEX, k->members_tag,
+		 trk_client_site(c)[0] ? "&site=" : "", trk_client_site(c));
 	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
 }
 
@@ -476,7 +497,7 @@ static int sources_batch(struct trk_client *c, const struct trk_parcel_key *keys
 		json_decref(body);
 		body = NULL;
 	}
-	return post_new(c, TRK_API "/sources", body, cb, arg);
+	return post_new(c, TRK_API "/sources", with_site(c, body), cb, arg);
 }
 
 int trk_client_sources_batch(struct trk_client *c, const struct trk_parcel_key *keys, size_t n,
@@ -494,7 +515,13 @@ int trk_client_sources_shared(struct trk_client *c, const struct trk_parcel_key 
 int trk_client_holders(struct trk_client *c, uint64_t version,
 		       const uint8_t layout[PROTO_HASH_BYTES], trk_client_cb cb, void *arg)
 {
-	return get_version_layout(c, "/holders", version, layout, cb, arg);
+	char path[240], hex[2 * PROTO_HASH_BYTES + 1];
+	const char *site = trk_client_site(c);
+
+	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
+	snprintf(path, sizeof(path), TRK_API "/holders?version=%llu&layout=%s%s%s",
+		 (unsigned long long)version, hex, site[0] ? "&site=" : "", site);
+	return trk_client_request(c, "GET", path, NULL, NULL, 0, 0, cb, arg);
 }
 
 int trk_client_layouts(struct trk_client *c, trk_client_cb cb, void *arg)

@@ -42,8 +42,9 @@ static json_t *holder_json(const struct trk_replica *rep, uint64_t v, bool *oom)
 		goto oom;
 	for (uint32_t r = 0; r < rep->nranks; r++) {
 		const struct trk_node *n = rep->ranks[r];
-		if (json_array_append_new(ranks, trk__source_json(true, n->id, n->host, n->provider, n->addr,
-								 trk__offers_slot(&n->offers, v))) != 0) {
+		if (json_array_append_new(ranks,
+					  trk__source_json(true, n->id, n->site, n->host, n->provider,
+							   n->addr, trk__offers_slot(&n->offers, v))) != 0) {
 			json_decref(ranks);
 			goto oom;
 		}
@@ -78,6 +79,11 @@ void trk__handle_holders(struct trk_call *c)
 	}
 	if (trk__query_layout_known(c, version, layout) != 0)
 		goto out;
+	const char *site = trk__query_str(c, "site");
+	if (site != NULL && !trk_site_valid(site)) {
+		trk__fail(c, 400, "site: want 1..%d of [A-Za-z0-9._-]", TRK_SITE_MAX);
+		goto out;
+	}
 	/* The asker's own layout is left out: its peers there are its
 	 * parcels' swarm (GET /sources). Not for a delta: its swarm serves
 	 * the delta's encoded parcels, so a node fetching it whole (a raw
@@ -97,6 +103,10 @@ void trk__handle_holders(struct trk_call *c)
 			continue;
 		if (memcmp(proto_layout_model(&r->model, &rep->layout->l)->digest, mine->digest,
 			   PROTO_HASH_BYTES) != 0)
+			continue;
+		/* A site reads other layouts from its own replicas: what crosses
+		 * to it comes from the publishers, once (sources.c). */
+		if (!trk_site_same(trk__replica_site(rep), site))
 			continue;
 		if (same) {
 			if ((h = holder_json(rep, version, &oom)) != NULL &&

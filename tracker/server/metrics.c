@@ -66,6 +66,30 @@ static void replica_metrics(struct proto_metrics *m, struct trk_server *s, bool 
 	}
 }
 
+/* Per site: its live replicas, those on the latest version, its live
+ * publishers; and per version, what its nodes took from other sites. Site
+ * names need no escaping ([A-Za-z0-9._-]); the unnamed site is site="". */
+static void site_metrics(struct proto_metrics *m, struct trk_server *s, bool *bad)
+{
+	json_t *sites = trk__sites_json(s), *e;
+	char l[TRK_SITE_MAX + 16];
+	size_t i;
+
+	*bad |= sites == NULL;
+	json_array_foreach(sites, i, e) {
+		const char *name = json_string_value(json_object_get(e, "site"));
+		snprintf(l, sizeof(l), "site=\"%s\"", name != NULL ? name : "");
+		gauge(m, "tessera_tracker_site_replicas", l, "Live replicas per site (--site).",
+		      (uint64_t)json_integer_value(json_object_get(e, "replicas_alive")), bad);
+		gauge(m, "tessera_tracker_site_replicas_current", l,
+		      "Live replicas per site active on the latest version.",
+		      (uint64_t)json_integer_value(json_object_get(e, "replicas_current")), bad);
+		gauge(m, "tessera_tracker_site_publishers", l, "Live publishers per site.",
+		      (uint64_t)json_integer_value(json_object_get(e, "publishers_alive")), bad);
+	}
+	json_decref(sites);
+}
+
 static void versions_metrics(struct proto_metrics *m, const struct trk_versions *vs, bool *bad)
 {
 	static const char by_kind[] = "Versions in the log, by kind.";
@@ -159,6 +183,7 @@ static void fill(struct proto_metrics *m, struct trk_server *s, bool *bad)
 	gauge(m, "tessera_tracker_replicas", "state=\"partial\"", replicas, k.replicas_partial, bad);
 	gauge(m, "tessera_tracker_replicas", "state=\"gone\"", replicas, k.replicas_gone, bad);
 	replica_metrics(m, s, bad);
+	site_metrics(m, s, bad);
 	gauge(m, "tessera_tracker_nodes", "state=\"alive\"", nodes, k.nodes_alive, bad);
 	gauge(m, "tessera_tracker_nodes", "state=\"gone\"", nodes, k.nodes_gone, bad);
 	gauge(m, "tessera_tracker_publishers", NULL, "Publishers with a live lease.",
@@ -167,6 +192,9 @@ static void fill(struct proto_metrics *m, struct trk_server *s, bool *bad)
 		k.bytes_from_trainer, bad);
 	counter(m, "tessera_tracker_reported_fetched_bytes_total", "source=\"peer\"", fetched,
 		k.bytes_from_peers, bad);
+	counter(m, "tessera_tracker_reported_other_sites_bytes_total", NULL,
+		"Of the bytes nodes reported fetching, those from sources in another site "
+		"(what crossed wide-area links).", k.bytes_from_other_sites, bad);
 	counter(m, "tessera_tracker_activations_total", NULL, "Replica activations since start.",
 		k.activations, bad);
 	canary_metrics(m, s, bad);

@@ -44,7 +44,7 @@ void trk__handle_nodes(struct trk_call *c)
 {
 	struct trk_registry *r = c->s->reg;
 	struct proto_err err = {{0}};
-	const char *replica = NULL, *host = NULL, *provider = NULL, *lname = NULL;
+	const char *replica = NULL, *host = NULL, *provider = NULL, *lname = NULL, *site = NULL;
 	uint64_t rank = 0;
 	uint8_t md[PROTO_HASH_BYTES], ld[PROTO_HASH_BYTES], sk[TRK_STMT_PK_BYTES];
 	bool have_ld = false, have_sk = false;
@@ -64,8 +64,13 @@ void trk__handle_nodes(struct trk_call *c)
 	    trk__get_hexvar(c->json, "fabric_addr", TRK__FABRIC_ADDR_MAX, &addr,
 			    &err) != 0 ||
 	    trk__get_hex(c->json, "model_digest", md, sizeof(md), &err) != 0 ||
-	    trk__get_str(c->json, "layout_name", false, TRK_REPLICA_MAX, &lname, &err) != 0) {
+	    trk__get_str(c->json, "layout_name", false, TRK_REPLICA_MAX, &lname, &err) != 0 ||
+	    trk__get_str(c->json, "site", false, TRK_SITE_MAX, &site, &err) != 0) {
 		trk__fail(c, 400, "%s", err.msg);
+		goto out;
+	}
+	if (site != NULL && !trk_site_valid(site)) {
+		trk__fail(c, 400, "site: want 1..%d of [A-Za-z0-9._-]", TRK_SITE_MAX);
 		goto out;
 	}
 	if (!trk__replica_name_valid(replica)) {
@@ -152,6 +157,7 @@ void trk__handle_nodes(struct trk_call *c)
 	n->addr = addr;
 	addr = NULL;
 	snprintf(n->id, sizeof(n->id), "%s/%llu", replica, (unsigned long long)rank);
+	snprintf(n->site, sizeof(n->site), "%s", site != NULL ? site : "");
 	n->rank = (uint32_t)rank;
 	n->layout = sl;
 	n->alive = true;
@@ -278,7 +284,7 @@ void trk__handle_node_state(struct trk_call *c)
 	/* Absent counters keep their last reported value. */
 	const uint64_t ABSENT = UINT64_MAX;
 	uint64_t version = 0, done = ABSENT, total = ABSENT, ft = ABSENT, fp = ABSENT;
-	uint64_t dup = ABSENT, refetched = ABSENT, seq = 0;
+	uint64_t dup = ABSENT, refetched = ABSENT, far = ABSENT, seq = 0;
 	uint64_t first_ms = 0, last_ms = 0; /* the node's clock; 0: not yet */
 	char banned[TRK__ERROR_MAX + 1] = "";
 	json_t *jban = json_object_get(c->json, "banned");
@@ -299,6 +305,7 @@ void trk__handle_node_state(struct trk_call *c)
 	    trk__get_u64(c->json, "bytes_from_peers", false, ABSENT - 1, &fp, &err) != 0 ||
 	    trk__get_u64(c->json, "duplicate_bytes", false, ABSENT - 1, &dup, &err) != 0 ||
 	    trk__get_u64(c->json, "refetched_bytes", false, ABSENT - 1, &refetched, &err) != 0 ||
+	    trk__get_u64(c->json, "bytes_from_other_sites", false, ABSENT - 1, &far, &err) != 0 ||
 	    trk__get_u64(c->json, "first_byte_ms", false, TRK__WALL_MS_MAX, &first_ms, &err) != 0 ||
 	    trk__get_u64(c->json, "last_byte_ms", false, TRK__WALL_MS_MAX, &last_ms, &err) != 0 ||
 	    trk__get_str(c->json, "how", false, 7, &how, &err) != 0 ||
@@ -410,12 +417,15 @@ void trk__handle_node_state(struct trk_call *c)
 	fp = fp == ABSENT ? e->from_peers : fp;
 	dup = dup == ABSENT ? e->duplicate : dup;
 	refetched = refetched == ABSENT ? e->refetched : refetched;
+	far = far == ABSENT ? e->from_other_sites : far;
 	ver->bytes_from_trainer += grow(e->from_trainer, ft);
 	ver->bytes_from_peers += grow(e->from_peers, fp);
 	ver->duplicate_bytes += grow(e->duplicate, dup);
 	ver->refetched_bytes += grow(e->refetched, refetched);
+	ver->bytes_from_other_sites += grow(e->from_other_sites, far);
 	r->bytes_from_trainer += grow(e->from_trainer, ft);
 	r->bytes_from_peers += grow(e->from_peers, fp);
+	r->bytes_from_other_sites += grow(e->from_other_sites, far);
 	e->state = st;
 	e->has_sig = have_sig && (st == TRK_STATE_VERIFIED || st == TRK_STATE_ACTIVE);
 	memcpy(e->sig, sig, e->has_sig ? sizeof(sig) : 0);
@@ -433,6 +443,7 @@ void trk__handle_node_state(struct trk_call *c)
 	e->from_peers = fp;
 	e->duplicate = dup;
 	e->refetched = refetched;
+	e->from_other_sites = far;
 	if (jban != NULL && !json_is_null(jban))
 		snprintf(e->banned, sizeof(e->banned), "%s", banned);
 	n->last = (int)(e - n->vers);

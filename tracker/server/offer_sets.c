@@ -66,9 +66,8 @@ const struct trk_offer *trk__offers_find(struct trk_offers *o, uint64_t v, const
 	return NULL;
 }
 
-json_t *trk__source_json(bool peer, const char *id, const char *host,
-			   const char *provider, const char *addr,
-			   const struct trk_offer *o)
+json_t *trk__source_json(bool peer, const char *id, const char *site, const char *host,
+			 const char *provider, const char *addr, const struct trk_offer *o)
 {
 	char a[24], k[24];
 
@@ -79,6 +78,10 @@ json_t *trk__source_json(bool peer, const char *id, const char *host,
 	j = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:I}", "kind", peer ? "peer" : "publisher", "id",
 		      id, "host", host, "provider", provider, "fabric_addr", addr, "addr", a, "key", k,
 		      "len", (json_int_t)o->len);
+	if (j != NULL && site[0] != 0 && json_object_set_new(j, "site", json_string(site)) != 0) {
+		json_decref(j);
+		return NULL;
+	}
 	if (j != NULL && o->partial) {
 		snprintf(a, sizeof(a), "%llu", (unsigned long long)o->have_addr);
 		snprintf(k, sizeof(k), "%llu", (unsigned long long)o->have_key);

@@ -79,7 +79,7 @@ static const char css[] =
 	"td,th{border:1px solid #ccc;padding:2px 8px;text-align:left;vertical-align:top}"
 	"th{background:#eee}.active{color:#070;font-weight:bold}"
 	".gone,.gone td{color:#aaa;background:#f4f4f4;font-weight:normal}"
-	".gone progress{opacity:.4}.failed{color:#b00}progress{width:8em}"
+	".gone progress{opacity:.4}.failed{color:#b00}tr.site th{text-align:left;background:#e8eef6}progress{width:8em}"
 	"summary{cursor:pointer;margin-bottom:.5em}.tl{margin-bottom:.8em}"
 	"td.st-current{background:#e3f4e3}td.st-updating{background:#e3eefa}"
 	"td.st-behind{background:#fdf0d5}td.st-failed{background:#f9dcdc}"

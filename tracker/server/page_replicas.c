@@ -180,20 +180,41 @@ static void rank_cells(struct evbuffer *b, json_t *e)
 	evbuffer_add_printf(b, "</td>");
 }
 
-void trk__page_replicas(struct evbuffer *b, json_t *st, const struct trk_status_page *pg)
+/* Whether replica v is in site (NULL: the unnamed site). */
+static bool in_site(json_t *v, const char *site)
+{
+	const char *s = json_string_value(json_object_get(v, "site"));
+
+	return strcmp(s != NULL ? s : "", site != NULL ? site : "") == 0;
+}
+
+/* A site's heading row: its name, its replicas (alive, current) and its
+ * publishers. */
+static void site_row(struct evbuffer *b, json_t *site)
+{
+	const char *name = json_string_value(json_object_get(site, "site"));
+
+	evbuffer_add_printf(b, "<tr class=\"site\"><th colspan=\"15\">site ");
+	trk__html_esc(b, name != NULL ? name : "(unnamed)");
+	evbuffer_add_printf(b, ": %lld replicas, %lld alive, %lld on the latest version; "
+			       "%lld publishers</th></tr>",
+			    (long long)json_integer_value(json_object_get(site, "replicas")),
+			    (long long)json_integer_value(json_object_get(site, "replicas_alive")),
+			    (long long)json_integer_value(json_object_get(site, "replicas_current")),
+			    (long long)json_integer_value(json_object_get(site, "publishers_alive")));
+}
+
+/* The rows of the replicas in site (all of them when !only). */
+static void replica_rows(struct evbuffer *b, json_t *st, bool only, const char *site)
 {
 	json_t *v, *e;
 	size_t i, j;
 
-	heading(b, st, pg);
-	evbuffer_add_printf(b, "<table><tr><th>replica</th><th>layout</th><th>replica state</th>"
-			       "<th>active</th><th>target</th><th>lag</th><th>complete at</th>"
-			       "<th>rank</th><th>node</th>"
-			       "<th>host</th><th>rank state</th><th>version</th><th>progress</th>"
-			       "<th>canary</th><th>error</th></tr>");
 	json_array_foreach(json_object_get(st, "replicas"), i, v) {
 		json_t *ranks = json_object_get(v, "ranks");
 		size_t rows = json_array_size(ranks);
+		if (only && !in_site(v, site))
+			continue;
 		json_array_foreach(ranks, j, e) {
 			bool alive = json_is_true(json_object_get(e, "alive"));
 			const char *state = json_string_value(json_object_get(e, "state"));
@@ -206,6 +227,29 @@ void trk__page_replicas(struct evbuffer *b, json_t *st, const struct trk_status_
 			rank_cells(b, e);
 			evbuffer_add_printf(b, "</tr>");
 		}
+	}
+}
+
+void trk__page_replicas(struct evbuffer *b, json_t *st, const struct trk_status_page *pg)
+{
+	json_t *sites = json_object_get(st, "sites"), *site;
+	size_t k;
+	/* Grouped by site once one is named; else one table as before. */
+	bool grouped = json_array_size(sites) > 1 ||
+		       (json_array_size(sites) == 1 &&
+			json_is_string(json_object_get(json_array_get(sites, 0), "site")));
+
+	heading(b, st, pg);
+	evbuffer_add_printf(b, "<table><tr><th>replica</th><th>layout</th><th>replica state</th>"
+			       "<th>active</th><th>target</th><th>lag</th><th>complete at</th>"
+			       "<th>rank</th><th>node</th>"
+			       "<th>host</th><th>rank state</th><th>version</th><th>progress</th>"
+			       "<th>canary</th><th>error</th></tr>");
+	if (!grouped)
+		replica_rows(b, st, false, NULL);
+	json_array_foreach(grouped ? sites : NULL, k, site) {
+		site_row(b, site);
+		replica_rows(b, st, true, json_string_value(json_object_get(site, "site")));
 	}
 	evbuffer_add_printf(b, "</table>");
 }

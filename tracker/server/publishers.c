@@ -58,6 +58,7 @@ void trk__handle_publishers(struct trk_call *c)
 	struct trk_version *latest;
 	uint8_t rid[8];
 	uint64_t every_ms = 0;
+	const char *site = NULL;
 
 	proto_model_init(&model);
 	memset(&layout, 0, sizeof(layout));
@@ -80,6 +81,11 @@ void trk__handle_publishers(struct trk_call *c)
 	    (json_object_get(c->json, "every_ms") != NULL &&
 	     !json_is_null(json_object_get(c->json, "every_ms")) && every_ms == 0)) {
 		trk__fail(c, 400, "every_ms: want 1..%u ms", TRK__EVERY_MS_MAX);
+		goto out;
+	}
+	if (trk__get_str(c->json, "site", false, TRK_SITE_MAX, &site, &err) != 0 ||
+	    (site != NULL && !trk_site_valid(site))) {
+		trk__fail(c, 400, "site: want 1..%d of [A-Za-z0-9._-]", TRK_SITE_MAX);
 		goto out;
 	}
 	if (proto_model_from_json(jm, "model", &model, &err) != 0) {
@@ -203,6 +209,7 @@ void trk__handle_publishers(struct trk_call *c)
 	p->alive = true;
 	p->registered_ms = proto_wall_ms();
 	p->every_ms = every_ms;
+	snprintf(p->site, sizeof(p->site), "%s", site != NULL ? site : "");
 	p->expires_ns = proto_now_ns() + trk__registry_lease_ns(r);
 	trk__registry_lease_granted(r, p->expires_ns);
 	trk__registry_changed(r);

@@ -332,6 +332,7 @@ void trk__registry_counts(struct trk_registry *r, struct trk_counts *out)
 	}
 	out->bytes_from_trainer = r->bytes_from_trainer;
 	out->bytes_from_peers = r->bytes_from_peers;
+	out->bytes_from_other_sites = r->bytes_from_other_sites;
 	out->activations = r->act_total;
 	out->layout_cache_hits = r->forms_hits;
 	out->layout_cache_misses = r->forms_misses;

@@ -45,6 +45,7 @@ static json_t *rank_json(const struct trk_replica *rep, uint32_t rank, bool full
 	/* Where those bytes came from (a chain's steps included). */
 	bad |= trk__set(o, "bytes_from_trainer", trk__jint(e ? e->from_trainer : 0));
 	bad |= trk__set(o, "bytes_from_peers", trk__jint(e ? e->from_peers : 0));
+	bad |= trk__set(o, "bytes_from_other_sites", trk__jint(e ? e->from_other_sites : 0));
 	bad |= trk__set(o, "active", trk__jint(n->active));
 	/* How the rank got the version it reports on: rebuilt from its parent
 	 * by delta, or full parcels (absent until it is built). */
@@ -102,6 +103,9 @@ static json_t *replica_json(struct trk_registry *r, const struct trk_replica *re
 	}
 	if (!bad) {
 		bad |= trk__set(o, "replica", json_string(rep->name));
+		/* Where it is: null for the unnamed site. */
+		bad |= trk__set(o, "site", trk__replica_site(rep)[0] ?
+						   json_string(trk__replica_site(rep)) : json_null());
 		bad |= trk__set(o, "layout_digest",
 				trk__json_hex(rep->layout->digest, PROTO_HASH_BYTES));
 		bad |= trk__set(o, "layout_name", rep->layout->name[0] ?
@@ -254,6 +258,7 @@ static json_t *clock_json(struct trk_server *s, const struct trk_publisher *p, u
 	 * median of two intervals or more past 1.5 times it). */
 	bool slow = p->alive && p->every_ms != 0 && k >= 2 && 2 * iv[k / 2] > 3 * p->every_ms;
 	bad |= trk__set(o, "every_ms", p->every_ms ? trk__jint(p->every_ms) : json_null());
+	bad |= trk__set(o, "site", p->site[0] ? json_string(p->site) : json_null());
 	bad |= trk__set(o, "interval_median_ms", k ? trk__jint(iv[k / 2]) : json_null());
 	bad |= trk__set(o, "interval_last_ms", k ? trk__jint(last_iv) : json_null());
 	bad |= trk__set(o, "since_last_ms", last_pub ? trk__jint(since) : json_null());
@@ -331,6 +336,7 @@ json_t *trk__registry_status(struct trk_registry *r, struct trk_status_page *pg)
 	}
 	trk__registry_counts(r, &cnt);
 	if (!bad) {
+		bad |= trk__set(o, "sites", trk__sites_json(r->s));
 		bad |= trk__set(o, "model_digest",
 				r->have_model ? trk__json_hex(r->model.digest,
 							      PROTO_HASH_BYTES) :

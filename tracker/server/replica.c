@@ -26,6 +26,14 @@ static bool name_valid(const char *s, bool colon)
 	return true;
 }
 
+const char *trk__replica_site(const struct trk_replica *rep)
+{
+	for (uint32_t r = 0; r < rep->nranks; r++)
+		if (rep->ranks[r] != NULL)
+			return rep->ranks[r]->site;
+	return "";
+}
+
 bool trk__replica_name_valid(const char *s)
 {
 	return name_valid(s, false);

@@ -25,13 +25,42 @@ int trk__query_layout_known(struct trk_call *c, uint64_t version,
 
 /* ---- GET /sources ------------------------------------------------------------ */
 
+/* Adds the peers of other sites than k's that offer parcel k to e
+ * (sources only: the swarm, whose members share the trainer's chunks, is
+ * the site's). 0 or -ENOMEM. */
+static int add_far_peers(struct trk_registry *r, const struct trk_srckey *k,
+			 struct trk_srcentry *e)
+{
+	for (struct trk_replica *rep = r->reps; rep; rep = rep->next) {
+		struct trk_node *n;
+		const struct trk_offer *o;
+		if (k->dst >= rep->nranks ||
+		    memcmp(rep->layout->digest, k->layout, PROTO_HASH_BYTES) != 0 ||
+		    (n = rep->ranks[k->dst]) == NULL || !n->alive || trk_site_same(n->site, k->site))
+			continue;
+		o = trk__offers_find(&n->offers, k->version, k->layout, k->src, k->dst);
+		if (o != NULL && trk__srcache_add_source(e, trk__source_json(true, n->id, n->site,
+									    n->host, n->provider,
+									    n->addr, o),
+							 true) != 0)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
 /* Fills e with the answer for parcel k: the swarm's members, its peers that
- * offer the parcel, then the publishers that do. 0 or -ENOMEM. */
+ * offer the parcel, then the publishers that do. The swarm is the asker's
+ * site's (k->site): what crosses between sites is what the publishers
+ * send each site, once, its members sharing the trainer's chunks among
+ * themselves, and every later copy is relayed inside the site. A parcel
+ * no publisher offers (retired, or its publisher gone) is listed with the
+ * peers of every site, so that a version stays reachable. 0 or -ENOMEM. */
 static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 			 struct trk_srcentry *e)
 {
 	json_t *members = NULL, *reps = NULL;
-	int rc = trk__srcache_members_copy(r->srcache, e, k->layout, k->dst, r->members_gen);
+	bool published = false;
+	int rc = trk__srcache_members_copy(r->srcache, e, k, r->members_gen);
 	bool kept = rc == 0;
 
 	if (rc == -ENOMEM)
@@ -53,7 +82,7 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 		    memcmp(rep->layout->digest, k->layout, PROTO_HASH_BYTES) != 0)
 			continue;
 		n = rep->ranks[k->dst];
-		if (n == NULL || !n->alive)
+		if (n == NULL || !n->alive || !trk_site_same(n->site, k->site))
 			continue;
 		/* n->id is "<replica>/<dst>" (nodes.c): reps names the
 		 * same members for a batch that shares them. */
@@ -62,8 +91,8 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 			goto out;
 		o = trk__offers_find(&n->offers, k->version, k->layout, k->src, k->dst);
 		if (o != NULL &&
-		    trk__srcache_add_source(e, trk__source_json(true, n->id, n->host, n->provider,
-							   n->addr, o), true) != 0)
+		    trk__srcache_add_source(e, trk__source_json(true, n->id, n->site, n->host,
+							   n->provider, n->addr, o), true) != 0)
 			goto out;
 	}
 	for (struct trk_publisher *p = r->pubs; p; p = p->next) {
@@ -73,18 +102,22 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 		o = trk__offers_find(&p->offers, k->version, k->layout, k->src, k->dst);
 		if (o == NULL)
 			continue;
+		published = true;
 		for (size_t i = 0; i < p->nranks; i++)
 			if (p->ranks[i].rank == o->src_rank &&
-			    trk__srcache_add_source(e, trk__source_json(false, p->id, p->ranks[i].host,
+			    trk__srcache_add_source(e, trk__source_json(false, p->id, p->site,
+								   p->ranks[i].host,
 								   p->ranks[i].provider,
 								   p->ranks[i].addr, o),
 						    false) != 0)
 				goto out;
 	}
+	if (!published && add_far_peers(r, k, e) != 0)
+		goto out;
 	if (!kept) {
 		if ((rc = trk__srcache_set_members(e, members, reps)) != 0)
 			goto out;
-		trk__srcache_members_keep(r->srcache, e, k->layout, k->dst, r->members_gen);
+		trk__srcache_members_keep(r->srcache, e, k, r->members_gen);
 	}
 	rc = 0;
 	trk__srcache_set_ready(e);
@@ -160,8 +193,14 @@ void trk__handle_sources(struct trk_call *c)
 		trk__fail(c, 400, "members_tag: want %d hex digits", TRK_MEMBERS_TAG_HEX);
 		return;
 	}
+	const char *site = trk__query_str(c, "site");
+	if (site != NULL && !trk_site_valid(site)) {
+		trk__fail(c, 400, "site: want 1..%d of [A-Za-z0-9._-]", TRK_SITE_MAX);
+		return;
+	}
 	if (trk__query_layout_known(c, version, k.layout) != 0)
 		return;
+	snprintf(k.site, sizeof(k.site), "%s", site != NULL ? site : "");
 	k.version = version;
 	k.src = (uint32_t)src;
 	k.dst = (uint32_t)dst;
@@ -231,6 +270,12 @@ void trk__handle_sources_batch(struct trk_call *c)
 		trk__fail(c, 400, "shared_members: want true or false");
 		return;
 	}
+	json_t *site = json_object_get(c->json, "site");
+	if (site != NULL && !json_is_null(site) &&
+	    (!json_is_string(site) || !trk_site_valid(json_string_value(site)))) {
+		trk__fail(c, 400, "site: want 1..%d of [A-Za-z0-9._-]", TRK_SITE_MAX);
+		return;
+	}
 	n = json_array_size(arr);
 	json_array_foreach(arr, at, p) {
 		memset(&keys[at], 0, sizeof(keys[at]));
@@ -238,6 +283,8 @@ void trk__handle_sources_batch(struct trk_call *c)
 			trk__fail(c, 400, "%s", err.msg);
 			return;
 		}
+		if (json_is_string(site))
+			snprintf(keys[at].site, sizeof(keys[at].site), "%s", json_string_value(site));
 	}
 	/* Each answer as GET /sources gives it; an unknown version is that
 	 * parcel's error, not the request's. Shared, each replicas list once. */

@@ -60,6 +60,7 @@ struct trk_srcmembers {
 	uint64_t gen, last_use;
 	uint8_t layout[PROTO_HASH_BYTES];
 	uint32_t dst;
+	char site[TRK_SITE_MAX + 1];
 	char *members, *reps;
 	char tag[TRK_MEMBERS_TAG_HEX + 1], rtag[TRK_MEMBERS_TAG_HEX + 1];
 };
@@ -107,7 +108,7 @@ void trk__srcache_free(struct trk_srcache *sc)
 static bool key_eq(const struct trk_srckey *a, const struct trk_srckey *b)
 {
 	return a->version == b->version && a->src == b->src && a->dst == b->dst &&
-	       memcmp(a->layout, b->layout, PROTO_HASH_BYTES) == 0;
+	       memcmp(a->layout, b->layout, PROTO_HASH_BYTES) == 0 && strcmp(a->site, b->site) == 0;
 }
 
 struct trk_srcentry *trk__srcache_get(struct trk_srcache *sc, const struct trk_srckey *k,
@@ -162,20 +163,20 @@ int trk__srcache_set_members(struct trk_srcentry *e, json_t *members, json_t *re
 	return 0;
 }
 
-static struct trk_srcmembers *members_find(struct trk_srcache *sc,
-					   const uint8_t layout[PROTO_HASH_BYTES], uint32_t dst)
+static struct trk_srcmembers *members_find(struct trk_srcache *sc, const struct trk_srckey *k)
 {
 	for (size_t i = 0; i < ENTRIES; i++)
-		if (sc->m[i].used && sc->m[i].dst == dst &&
-		    memcmp(sc->m[i].layout, layout, PROTO_HASH_BYTES) == 0)
+		if (sc->m[i].used && sc->m[i].dst == k->dst &&
+		    memcmp(sc->m[i].layout, k->layout, PROTO_HASH_BYTES) == 0 &&
+		    strcmp(sc->m[i].site, k->site) == 0)
 			return &sc->m[i];
 	return NULL;
 }
 
 int trk__srcache_members_copy(struct trk_srcache *sc, struct trk_srcentry *e,
-			      const uint8_t layout[PROTO_HASH_BYTES], uint32_t dst, uint64_t gen)
+			      const struct trk_srckey *k, uint64_t gen)
 {
-	struct trk_srcmembers *m = members_find(sc, layout, dst);
+	struct trk_srcmembers *m = members_find(sc, k);
 
 	if (m == NULL || m->gen != gen)
 		return -ENOENT;
@@ -189,9 +190,9 @@ int trk__srcache_members_copy(struct trk_srcache *sc, struct trk_srcentry *e,
 }
 
 void trk__srcache_members_keep(struct trk_srcache *sc, const struct trk_srcentry *e,
-			       const uint8_t layout[PROTO_HASH_BYTES], uint32_t dst, uint64_t gen)
+			       const struct trk_srckey *k, uint64_t gen)
 {
-	struct trk_srcmembers *m = members_find(sc, layout, dst);
+	struct trk_srcmembers *m = members_find(sc, k);
 	char *members, *reps;
 
 	if (m == NULL) {
@@ -205,7 +206,7 @@ void trk__srcache_members_keep(struct trk_srcache *sc, const struct trk_srcentry
 	free(m->members);
 	free(m->reps);
 	*m = (struct trk_srcmembers){.used = members != NULL && reps != NULL, .gen = gen,
-				     .last_use = sc->tick, .dst = dst,
+				     .last_use = sc->tick, .dst = k->dst,
 				     .members = members, .reps = reps};
 	if (!m->used) {
 		free(members);
@@ -213,7 +214,8 @@ void trk__srcache_members_keep(struct trk_srcache *sc, const struct trk_srcentry
 		m->members = m->reps = NULL;
 		return;
 	}
-	memcpy(m->layout, layout, PROTO_HASH_BYTES);
+	memcpy(m->layout, k->layout, PROTO_HASH_BYTES);
+	memcpy(m->site, k->site, sizeof(m->site));
 	memcpy(m->tag, e->tag, sizeof(m->tag));
 	memcpy(m->rtag, e->rtag, sizeof(m->rtag));
 }

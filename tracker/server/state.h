@@ -54,6 +54,7 @@ struct trk_version {
 	/* Summed from node reports (soft). */
 	uint64_t bytes_from_trainer, bytes_from_peers;
 	uint64_t duplicate_bytes, refetched_bytes;
+	uint64_t bytes_from_other_sites; /* received from sources in another site */
 	bool offered; /* a publisher offered it at some time (soft) */
 	/* Cache of the newest versions: raw bytes and decoded manifest. */
 	uint8_t *raw;
@@ -198,6 +199,7 @@ struct trk_prank {
 
 struct trk_publisher {
 	char id[32];
+	char site[TRK_SITE_MAX + 1]; /* where it is ("": the unnamed site) */
 	char session[2 * TRK_SESSION_BYTES + 1]; /* its credential (hex), from registration */
 	bool alive;
 	uint64_t expires_ns, registered_ms, gone_ms;
@@ -223,6 +225,7 @@ struct trk_nver {
 	char how[8]; /* "delta", "chain" or "full" once built ("" until then) */
 	uint64_t done, total, from_trainer, from_peers;
 	uint64_t duplicate, refetched; /* bytes received twice, asked again */
+	uint64_t from_other_sites; /* bytes received from sources in another site */
 	uint64_t first_ms; /* wall time of the first report of this version */
 	/* The rank's signed statement that it holds the version (wire/statement.c),
 	 * kept while it reports it verified or active. */
@@ -236,6 +239,7 @@ struct trk_replica;
 
 struct trk_node {
 	char id[TRK_ID_MAX];
+	char site[TRK_SITE_MAX + 1]; /* where it is ("": the unnamed site) */
 	struct trk_replica *rep;
 	uint32_t rank;
 	char *host, *provider, *addr;
@@ -328,7 +332,7 @@ struct trk_registry {
 	struct trk_activation act[TRK__ACTIVATIONS_MAX];
 	size_t act_n, act_next;
 	uint64_t act_total;
-	uint64_t bytes_from_trainer, bytes_from_peers;
+	uint64_t bytes_from_trainer, bytes_from_peers, bytes_from_other_sites;
 	struct trk_timeline *tl; /* per-version update timelines */
 	/* The next full sweep is due at this monotonic time (ns): the earliest
 	 * lease end or prune time seen by the last sweep, at most one sweep
@@ -397,7 +401,7 @@ struct trk_counts {
 	 * (rstate.c), a rank not alive, none alive. */
 	uint64_t replicas_current, replicas_updating, replicas_failed, replicas_behind,
 		replicas_partial, replicas_gone;
-	uint64_t bytes_from_trainer, bytes_from_peers, activations;
+	uint64_t bytes_from_trainer, bytes_from_peers, bytes_from_other_sites, activations;
 	uint64_t layout_cache_hits, layout_cache_misses;
 };
 void trk__registry_counts(struct trk_registry *r, struct trk_counts *out);
@@ -442,6 +446,13 @@ struct trk_nver *trk__node_version(struct trk_node *n, uint64_t v);
 bool trk__node_holds(struct trk_node *n, uint64_t v);
 /* Some rank of rep is alive. */
 bool trk__replica_alive(const struct trk_replica *rep);
+/* The site rep's ranks said at registration (its first registered rank's;
+ * "" for the unnamed site). */
+const char *trk__replica_site(const struct trk_replica *rep);
+/* sites.c: per site (by name, the unnamed one, null, first): its replicas,
+ * those alive and current, its live publishers. A new array, NULL on
+ * ENOMEM. */
+json_t *trk__sites_json(struct trk_server *s);
 /* Every rank of rep registered and alive: only such a replica counts as
  * holding (or being active at) a version. */
 bool trk__replica_whole(const struct trk_replica *rep);
@@ -555,8 +566,8 @@ const struct trk_offer *trk__offers_find(struct trk_offers *o, uint64_t v, const
 /* The slot a holder offers for version v (NULL: none). */
 const struct trk_offer *trk__offers_slot(const struct trk_offers *o, uint64_t v);
 /* One /sources entry (new reference; NULL on ENOMEM). */
-json_t *trk__source_json(bool peer, const char *id, const char *host, const char *provider,
-			 const char *addr, const struct trk_offer *o);
+json_t *trk__source_json(bool peer, const char *id, const char *site, const char *host,
+			 const char *provider, const char *addr, const struct trk_offer *o);
 
 /* ---- srcache.c: /sources answers kept per swarm state ---- */
 
@@ -564,6 +575,7 @@ struct trk_srckey {
 	uint64_t version;
 	uint8_t layout[PROTO_HASH_BYTES];
 	uint32_t src, dst;
+	char site[TRK_SITE_MAX + 1]; /* the asker's: its site's view */
 };
 int trk__srcache_new(struct trk_srcache **out);
 void trk__srcache_free(struct trk_srcache *sc); /* NULL is fine */
@@ -590,15 +602,16 @@ void trk__srcache_set_ready(struct trk_srcentry *e);
  * must carry that list), else listed. */
 char *trk__srcache_render(struct trk_srcentry *e, const char *tag, bool shared, bool *listed,
 			  size_t *len);
-/* The members of rank dst's swarm of layout (what set_members stored for
- * it), kept across versions while the registry's members generation stays
- * gen: copied into e (0), or -ENOENT (build them), -ENOMEM. */
+/* The members of rank k->dst's swarm of k->layout in k->site (what
+ * set_members stored for it), kept across versions while the registry's
+ * members generation stays gen: copied into e (0), or -ENOENT (build
+ * them), -ENOMEM. */
 int trk__srcache_members_copy(struct trk_srcache *sc, struct trk_srcentry *e,
-			      const uint8_t layout[PROTO_HASH_BYTES], uint32_t dst, uint64_t gen);
-/* Keeps e's members (set by set_members) for layout and dst at members
+			      const struct trk_srckey *k, uint64_t gen);
+/* Keeps e's members (set by set_members) for k's swarm at members
  * generation gen; nothing kept on ENOMEM (the next build makes them). */
 void trk__srcache_members_keep(struct trk_srcache *sc, const struct trk_srcentry *e,
-			       const uint8_t layout[PROTO_HASH_BYTES], uint32_t dst, uint64_t gen);
+			       const struct trk_srckey *k, uint64_t gen);
 /* Queries answered from an entry / that built one, for /metrics. */
 void trk__srcache_stats(const struct trk_srcache *sc, uint64_t *hits, uint64_t *misses);
 

@@ -30,6 +30,7 @@ json_t *trk__status_json(struct trk_server *s, struct trk_status_page *pg)
 		bad |= trk__set(e, "bytes_from_peers", trk__jint(v->bytes_from_peers));
 		bad |= trk__set(e, "duplicate_bytes", trk__jint(v->duplicate_bytes));
 		bad |= trk__set(e, "refetched_bytes", trk__jint(v->refetched_bytes));
+		bad |= trk__set(e, "bytes_from_other_sites", trk__jint(v->bytes_from_other_sites));
 		bad |= trk__set(e, "layouts", json_integer(v->nlayouts));
 		uint64_t nc, na;
 		bad |= trk__set(e, "complete",
