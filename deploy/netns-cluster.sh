@@ -26,7 +26,8 @@
 #                                [--measure-link MB] [--keep DIR] [--links FILE]
 #                                [--model-dir DIR] [--anchor-every K]
 #                                [--tracker-net mgmt|data]
-#                                [--sites N|LIST [--wan-rate R] [--wan-cut S]]
+#                                [--sites N|LIST [--wan-rate R] [--wan-cut S]
+#                                 [--unnamed-sites]]
 #   --replica L   a replica's layout, tpN or a layout file (repeatable;
 #                 default tp2 tp2 tp1); L@SITE puts it in site SITE (with
 #                 --sites)
