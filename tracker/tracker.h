@@ -163,7 +163,16 @@ extern const struct proto_config_value trk_config_values[];
  * trk_client_set_tls_ca names a CA file).
  * cluster_key may be NULL (unsigned POSTs). The client keeps no pointer to its
  * arguments. On failure *out is NULL.
+ *
+ * url may list up to TRK_CLIENT_URLS_MAX trackers, "URL,URL,..." (all http://
+ * or all https://): trackers that serve the same chain (a standby started on
+ * the state of one that died). The client asks the first; when one does not
+ * answer at all (connection refused or reset, a timeout), it asks the next
+ * from then on, and sends the request that failed there, once per other
+ * tracker. The chain guard below holds across them: a tracker of another
+ * chain, or one behind the chain seen, is refused as ever.
  */
+#define TRK_CLIENT_URLS_MAX 8
 int trk_client_new(struct event_base *base, const char *url,
 		   const uint8_t *cluster_key, struct trk_client **out,
 		   struct proto_err *err);

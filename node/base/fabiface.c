@@ -112,11 +112,15 @@ static void name_of(const struct sockaddr *sa, char *name, size_t cap)
 	freeifaddrs(all);
 }
 
-/* The local address of the route to the tracker's host: a UDP socket
- * connected to it sends nothing, the kernel only picks the source. */
+/* The local address of the route to the tracker's host (the first of a
+ * list): a UDP socket connected to it sends nothing, the kernel only picks
+ * the source. */
 static bool by_route(const char *tracker_url, struct node_fabiface *out)
 {
-	struct evhttp_uri *u = evhttp_uri_parse(tracker_url);
+	char first[1024];
+
+	snprintf(first, sizeof(first), "%.*s", (int)strcspn(tracker_url, ","), tracker_url);
+	struct evhttp_uri *u = evhttp_uri_parse(first);
 	const char *host = u ? evhttp_uri_get_host(u) : NULL;
 	struct addrinfo hints = {.ai_socktype = SOCK_DGRAM}, *res = NULL;
 	struct sockaddr_storage local;

@@ -30,6 +30,9 @@
 /* How a request came to be sent again. */
 #define SENT_AGAIN_EPOCH 1u  /* signed again for the tracker's new epoch */
 #define SENT_AGAIN_STALE 2u  /* its kept-open connection had been closed */
+/* Sent to the next tracker of the list (bits 4..: how many times). */
+#define SENT_AGAIN_NEXT 16u
+#define SENT_AGAIN_NEXTS(again) ((again) / SENT_AGAIN_NEXT)
 
 struct pending {
 	struct trk_client *c;
@@ -47,6 +50,7 @@ struct pending {
 	 * kept-open one turns out closed. */
 	bool sign, registers;
 	unsigned again; /* SENT_AGAIN_* bits of this request's past */
+	size_t target;  /* the tracker of the list it went to */
 	char epoch_used[2 * TRK_EPOCH_BYTES + 1];
 	char method[8], ctype[64];
 	char *path_query;
@@ -56,8 +60,20 @@ struct pending {
 	TAILQ_ENTRY(pending) link;
 };
 
+/* One tracker of a client's list (--tracker URL,URL,...). */
+struct target {
+	char host[256];
+	int port;
+	char prefix[256];
+};
+
 struct trk_client {
 	struct event_base *base;
+	/* The trackers it may ask, in order (one unless a list was given), and
+	 * the one it asks now, whose host, port and prefix are below. */
+	struct target targets[TRK_CLIENT_URLS_MAX];
+	size_t ntargets, cur;
+	bool moving; /* moved on since the last tracker that answered (said once) */
 	bool own_base;
 	struct ssl_ctx_st *tls; /* https:// URLs: verifies the tracker (wire/tls.c) */
 	char host[256];
@@ -147,14 +163,92 @@ static struct evhttp_uri *url_parse(const char *url)
 	return u;
 }
 
+/* The list's URLs (comma-separated) as targets; *https set by the first.
+ * -EINVAL (err: why) for a bad URL, more than TRK_CLIENT_URLS_MAX, or
+ * schemes that differ. */
+static int parse_targets(const char *list, struct target *t, size_t *n, bool *https,
+			 struct proto_err *err)
+{
+	const char *at = list;
+
+	*n = 0;
+	do {
+		const char *end = strchr(at, ',');
+		size_t len = end != NULL ? (size_t)(end - at) : strlen(at);
+		char url[1024];
+		struct evhttp_uri *u;
+
+		if (*n == TRK_CLIENT_URLS_MAX)
+			return proto_errf(err, EINVAL, "at most %d trackers", TRK_CLIENT_URLS_MAX);
+		snprintf(url, sizeof(url), "%.*s", (int)PROTO_MIN(len, sizeof(url) - 1), at);
+		if (len >= sizeof(url) || (u = url_parse(url)) == NULL)
+			return proto_errf(err, EINVAL, "'%s': want http://HOST:PORT or https://HOST:PORT%s",
+					  url, *n > 0 || end != NULL ? " (a list: URL,URL)" : "");
+		bool tls = strcmp(evhttp_uri_get_scheme(u), "https") == 0;
+		if (*n > 0 && tls != *https) {
+			evhttp_uri_free(u);
+			return proto_errf(err, EINVAL, "'%s': every tracker of the list is http:// or "
+					  "every one https://", url);
+		}
+		*https = tls;
+		struct target *x = &t[(*n)++];
+		snprintf(x->host, sizeof(x->host), "%s", evhttp_uri_get_host(u));
+		/* evhttp wants a v6 address without its brackets. */
+		if (x->host[0] == '[') {
+			size_t hl = strlen(x->host);
+			memmove(x->host, x->host + 1, hl);
+			if (hl >= 2 && x->host[hl - 2] == ']')
+				x->host[hl - 2] = 0;
+		}
+		x->port = evhttp_uri_get_port(u) > 0 ? evhttp_uri_get_port(u) : tls ? 443 : 80;
+		const char *path = evhttp_uri_get_path(u);
+		snprintf(x->prefix, sizeof(x->prefix), "%s", path ? path : "");
+		while (x->prefix[0] && x->prefix[strlen(x->prefix) - 1] == '/')
+			x->prefix[strlen(x->prefix) - 1] = 0;
+		evhttp_uri_free(u);
+		at = end != NULL ? end + 1 : NULL;
+	} while (at != NULL);
+	return 0;
+}
+
 int trk_url_check(const char *url, struct proto_err *err)
 {
-	struct evhttp_uri *u = url_parse(url);
+	struct target t[TRK_CLIENT_URLS_MAX];
+	struct proto_err why;
+	size_t n;
+	bool https = false;
 
-	if (u == NULL)
-		return proto_errf(err, EINVAL, "want http://HOST:PORT or https://HOST:PORT");
-	evhttp_uri_free(u);
+	if (parse_targets(url, t, &n, &https, &why) != 0)
+		return proto_errf(err, EINVAL, "%s", strstr(why.msg, ": want") != NULL ?
+					    "want http://HOST:PORT or https://HOST:PORT (a list: URL,URL)" :
+					    why.msg);
 	return 0;
+}
+
+/* Makes target i the one asked. */
+static void use_target(struct trk_client *c, size_t i)
+{
+	c->cur = i;
+	memcpy(c->host, c->targets[i].host, sizeof(c->host));
+	c->port = c->targets[i].port;
+	memcpy(c->prefix, c->targets[i].prefix, sizeof(c->prefix));
+}
+
+/* A tracker of the list did not answer at all: the next one is asked from
+ * now on (and what it did not answer is sent there). */
+static void next_target(struct trk_client *c, const char *why)
+{
+	char was[300];
+
+	snprintf(was, sizeof(was), "%s:%d", c->host, c->port);
+	use_target(c, (c->cur + 1) % c->ntargets);
+	trk__cconns_retarget(c->cc, c->host, c->port);
+	if (!c->moving)
+		LOG_WARN("tracker %s: %s; asking %s:%d (tracker %zu of %zu) from now on", was, why,
+			 c->host, c->port, c->cur + 1, c->ntargets);
+	else /* none of the list answers yet: said once */
+		LOG_DEBUG("tracker %s: %s; asking %s:%d", was, why, c->host, c->port);
+	c->moving = true;
 }
 
 int trk_client_new(struct event_base *base, const char *url,
@@ -162,8 +256,7 @@ int trk_client_new(struct event_base *base, const char *url,
 		   struct proto_err *err)
 {
 	struct trk_client *c;
-	struct evhttp_uri *u = NULL;
-	const char *scheme, *host, *path;
+	bool https = false;
 	int rc;
 
 	*out = NULL;
@@ -175,30 +268,13 @@ int trk_client_new(struct event_base *base, const char *url,
 	TAILQ_INIT(&c->pending);
 	c->timeout_ms = DEFAULT_TIMEOUT_MS;
 	c->parse_max = SIZE_MAX;
-	u = url_parse(url);
-	if (u == NULL) {
-		rc = proto_errf(err, EINVAL,
-				"tracker URL '%s': want http://HOST:PORT or https://HOST:PORT", url);
+	if ((rc = parse_targets(url, c->targets, &c->ntargets, &https, err)) != 0) {
+		proto_err_prefix(err, "tracker URL");
 		goto fail;
 	}
-	scheme = evhttp_uri_get_scheme(u);
-	host = evhttp_uri_get_host(u);
-	if (strcmp(scheme, "https") == 0 &&
-	    (rc = trk__tls_client_ctx(NULL, &c->tls, err)) != 0)
+	if (https && (rc = trk__tls_client_ctx(NULL, &c->tls, err)) != 0)
 		goto fail;
-	snprintf(c->host, sizeof(c->host), "%s", host);
-	/* evhttp wants a v6 address without its brackets. */
-	if (c->host[0] == '[') {
-		size_t n = strlen(c->host);
-		memmove(c->host, c->host + 1, n);
-		if (n >= 2 && c->host[n - 2] == ']')
-			c->host[n - 2] = 0;
-	}
-	c->port = evhttp_uri_get_port(u) > 0 ? evhttp_uri_get_port(u) : c->tls ? 443 : 80;
-	path = evhttp_uri_get_path(u);
-	snprintf(c->prefix, sizeof(c->prefix), "%s", path ? path : "");
-	while (c->prefix[0] && c->prefix[strlen(c->prefix) - 1] == '/')
-		c->prefix[strlen(c->prefix) - 1] = 0;
+	use_target(c, 0);
 	if (cluster_key != NULL) {
 		memcpy(c->key, cluster_key, sizeof(c->key));
 		c->have_key = true;
@@ -216,12 +292,9 @@ int trk_client_new(struct event_base *base, const char *url,
 		rc = proto_errf(err, ENOMEM, "out of memory");
 		goto fail;
 	}
-	evhttp_uri_free(u);
 	*out = c;
 	return 0;
 fail:
-	if (u != NULL)
-		evhttp_uri_free(u);
 	if (c->own_base && c->base != NULL)
 		event_base_free(c->base);
 	trk__tls_ctx_free(c->tls);
@@ -476,6 +549,11 @@ static void on_done(struct evhttp_request *req, void *arg)
 	trk__cconns_done(c->cc, &p->cr, a.status != 0);
 	if (a.status != 0)
 		learn_epoch(c, req);
+	if (a.status != 0 && c->moving && p->target == c->cur) {
+		c->moving = false;
+		LOG_NOTE("tracker %s:%d (%zu of %zu) answers", c->host, c->port, c->cur + 1,
+			 c->ntargets);
+	}
 	/* Signed for an epoch the tracker does not have: sign again, once. */
 	if (a.status == 401 && p->sign && !(p->again & SENT_AGAIN_EPOCH) &&
 	    strcmp(c->epoch, p->epoch_used) != 0 && send_again(p, SENT_AGAIN_EPOCH) == 0) {
@@ -515,6 +593,22 @@ static void on_done(struct evhttp_request *req, void *arg)
 		} else {
 			snprintf(msg, sizeof(msg), "tracker %s:%d: %s", c->host, c->port,
 				 strerror(-a.status));
+		}
+		/* A tracker that does not answer at all: the next of the list,
+		 * this request sent there (once per other tracker). Its chain
+		 * checks stay: a tracker of another chain is refused as ever. */
+		if (c->ntargets > 1 && !tls_failed && a.status != -ECANCELED &&
+		    a.status != -EMSGSIZE) {
+			if (p->target == c->cur) /* not yet moved on by another request */
+				next_target(c, strerror(-a.status));
+			unsigned nexts = SENT_AGAIN_NEXTS(p->again) + 1;
+			if (nexts < c->ntargets &&
+			    start_request(c, p->method, p->path_query, p->ctype, p->body, p->len,
+					  p->timeout_ms, p->cb, p->arg, p->arg_free,
+					  (p->again % SENT_AGAIN_NEXT) | nexts * SENT_AGAIN_NEXT) == 0) {
+				pending_free(p);
+				return;
+			}
 		}
 		a.body = (const uint8_t *)"";
 	} else {
@@ -612,6 +706,7 @@ static int start_request(struct trk_client *c, const char *method,
 	if (p == NULL)
 		return -ENOMEM;
 	p->c = c;
+	p->target = c->cur;
 	p->cb = cb;
 	p->arg = arg;
 	p->arg_free = arg_free;

@@ -377,6 +377,19 @@ void trk__cconns_cancel(struct trk__cconns *cc, struct trk__creq *r)
 	}
 }
 
+void trk__cconns_retarget(struct trk__cconns *cc, const char *host, int port)
+{
+	struct trk__lane *l;
+
+	snprintf(cc->host, sizeof(cc->host), "%s", host);
+	cc->port = port;
+	/* Open connections lead to the old tracker: each is dropped before
+	 * its next request (one carrying a request finishes it first). */
+	cc->main.broken |= cc->main.conn != NULL;
+	TAILQ_FOREACH(l, &cc->polls, link)
+		l->broken |= l->conn != NULL;
+}
+
 size_t trk__cconns_open(const struct trk__cconns *cc)
 {
 	const struct trk__lane *l;

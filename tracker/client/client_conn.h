@@ -86,6 +86,9 @@ void trk__cconns_cancel(struct trk__cconns *cc, struct trk__creq *r);
 /* Closes every connection (requests on them are freed, no callbacks).
  * Cancel the queued requests first. NULL is fine. */
 void trk__cconns_free(struct trk__cconns *cc);
+/* New connections go to host:port from now on; those open are dropped
+ * before their next request. */
+void trk__cconns_retarget(struct trk__cconns *cc, const char *host, int port);
 /* Connections open now (tests, metrics). */
 size_t trk__cconns_open(const struct trk__cconns *cc);
 
