@@ -30,11 +30,10 @@
 #define WAIT_MS 120000 /* generous: the machine is shared and slow */
 
 struct env {
-	char dir[256], state[512], model[512], key[512], pub[512], ckey[512], expose[512];
-	char sock[512], url1[256], url2[256], urls[520];
+	struct tu_hand h; /* its files */
+	char url1[256], url2[256], urls[520];
 	struct node_proc t1, t2, publisher, node;
 	struct trk_client *trk; /* to the second tracker */
-	uint8_t cluster_key[PROTO_CLUSTER_KEY_BYTES];
 	struct proto_model m;
 };
 
@@ -52,59 +51,30 @@ static int free_port(void)
 	return ntohs(a.sin_port);
 }
 
-/* Starts a tracker on listen (its URL into url), its log tracker-<tag>.log. */
-static void start_tracker(struct env *e, struct node_proc *p, const char *listen, const char *tag,
-			  char *url, size_t cap)
-{
-	char bin[512], log[512], line[256];
-
-	tu_bin(bin, sizeof(bin), "tessera-tracker");
-	snprintf(log, sizeof(log), "%s/tracker-%s.log", e->dir, tag);
-	char *argv[] = {bin, "--listen", (char *)listen, "--state", e->state, "--trainer-pubkey",
-			e->pub, "--cluster-key", e->ckey, "--log-level", "info", NULL};
-	assert_int_equal(node_proc_spawn(p, tag, argv, log), 0);
-	assert_int_equal(node_proc_wait_line(p, "listening on ", line, sizeof(line), 20000), 0);
-	snprintf(url, cap, "%s", line);
-}
-
 static int setup(void **state)
 {
 	struct env *e = calloc(1, sizeof(*e));
-	struct proto_err err;
 	char bin[512], log[512], listen2[64];
 
 	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
-	assert_non_null(tu_mkdtemp(e->dir, sizeof(e->dir)));
-	snprintf(e->state, sizeof(e->state), "%s/state", e->dir);
-	snprintf(e->model, sizeof(e->model), "%s/model.json", e->dir);
-	snprintf(e->expose, sizeof(e->expose), "%s/expose", e->dir);
-	snprintf(e->ckey, sizeof(e->ckey), "%s/cluster.key", e->dir);
-	snprintf(e->key, sizeof(e->key), "%s/trainer.key", e->dir);
-	snprintf(e->pub, sizeof(e->pub), "%s/trainer.pub", e->dir);
-	snprintf(e->sock, sizeof(e->sock), "%s/ctl.sock", e->dir);
-	mkdir(e->expose, 0755);
-	assert_int_equal(proto_keygen(e->key, e->pub, &err), 0);
-	assert_int_equal(proto_cluster_keygen(e->ckey, &err), 0);
-	assert_int_equal(proto_key_load_cluster(e->ckey, e->cluster_key, &err), 0);
-	assert_int_equal(proto_fixture_model(4u << 20, &e->m, &err), 0);
-	tu_write_model(&e->m, e->model);
+	tu_hand_files(&e->h, 4, &e->m);
 
-	start_tracker(e, &e->t1, "127.0.0.1:0", "1", e->url1, sizeof(e->url1));
+	tu_hand_tracker(&e->t1, &e->h, "127.0.0.1:0", "1", e->url1, sizeof(e->url1));
 	snprintf(listen2, sizeof(listen2), "127.0.0.1:%d", free_port());
 	snprintf(e->url2, sizeof(e->url2), "http://%s", listen2);
 	snprintf(e->urls, sizeof(e->urls), "%s,%s", e->url1, e->url2);
 
 	tu_bin(bin, sizeof(bin), "tessera");
-	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
-	char *pargv[] = {bin, "publish", "--tracker", e->urls, "--key", e->key, "--cluster-key",
-			 e->ckey, "--synthetic-mb", "4", "--layout", "fsdp2", "--log-level", "info",
-			 "--control", e->sock, NULL};
+	snprintf(log, sizeof(log), "%s/publisher.log", e->h.dir);
+	char *pargv[] = {bin, "publish", "--tracker", e->urls, "--key", e->h.key, "--cluster-key",
+			 e->h.ckey, "--synthetic-mb", "4", "--layout", "fsdp2", "--log-level", "info",
+			 "--control", e->h.sock, NULL};
 	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", pargv, log), 0);
 	tu_bin(bin, sizeof(bin), "tessera-node");
-	snprintf(log, sizeof(log), "%s/node-A.log", e->dir);
+	snprintf(log, sizeof(log), "%s/node-A.log", e->h.dir);
 	char *nargv[] = {bin, "--tracker", e->urls, "--replica", "A", "--rank", "0", "--layout",
-			 "tp1", "--model", e->model, "--trainer-pubkey", e->pub, "--cluster-key",
-			 e->ckey, "--expose", e->expose, "--store", "host", "--log-level", "info", NULL};
+			 "tp1", "--model", e->h.model, "--trainer-pubkey", e->h.pub, "--cluster-key",
+			 e->h.ckey, "--expose", e->h.expose, "--store", "host", "--log-level", "info", NULL};
 	assert_int_equal(node_proc_spawn(&e->node, "node", nargv, log), 0);
 	*state = e;
 	return 0;
@@ -117,7 +87,7 @@ static int teardown(void **state)
 	node_proc_stop(&e->node, 5000);
 	node_proc_stop(&e->publisher, 5000);
 	node_proc_stop(&e->t1, 5000);
-	tu_cluster_down(NULL, 0, &e->t2, e->trk, &e->t2, &e->m, e->dir);
+	tu_cluster_down(NULL, 0, &e->t2, e->trk, &e->t2, &e->m, e->h.dir);
 	free(e);
 	return 0;
 }
@@ -129,25 +99,25 @@ static void failover(void **state)
 	struct proto_err err;
 	char listen2[64], url[256];
 
-	assert_int_equal(trk_client_new(NULL, e->url1, e->cluster_key, &t1, &err), 0);
+	assert_int_equal(trk_client_new(NULL, e->url1, e->h.cluster_key, &t1, &err), 0);
 	if (!tu_wait_alive(t1, "A", 1, WAIT_MS))
-		fail_msg("replica A did not register (see %s)", e->dir);
-	tu_control_export(e->sock, 1);
+		fail_msg("replica A did not register (see %s)", e->h.dir);
+	tu_control_export(e->h.sock, 1);
 	if (!tu_wait_active(t1, "A", 1, WAIT_MS))
-		fail_msg("replica A did not activate v1 (see %s)", e->dir);
+		fail_msg("replica A did not activate v1 (see %s)", e->h.dir);
 	trk_client_free(t1);
 
 	/* The first tracker dies; a standby starts on its state. */
 	node_proc_kill(&e->t1);
 	snprintf(listen2, sizeof(listen2), "%s", e->url2 + strlen("http://"));
-	start_tracker(e, &e->t2, listen2, "2", url, sizeof(url));
+	tu_hand_tracker(&e->t2, &e->h, listen2, "2", url, sizeof(url));
 	assert_string_equal(url, e->url2);
-	assert_int_equal(trk_client_new(NULL, e->url2, e->cluster_key, &e->trk, &err), 0);
+	assert_int_equal(trk_client_new(NULL, e->url2, e->h.cluster_key, &e->trk, &err), 0);
 
 	/* Version 2 goes out through it, and the node activates it. */
-	tu_control_export(e->sock, 2);
+	tu_control_export(e->h.sock, 2);
 	if (!tu_wait_active(e->trk, "A", 2, WAIT_MS))
-		fail_msg("replica A did not activate v2 through the second tracker (see %s)", e->dir);
+		fail_msg("replica A did not activate v2 through the second tracker (see %s)", e->h.dir);
 	json_t *v = tu_get_json(e->trk, TRK_API "/versions?after=0");
 	assert_non_null(v);
 	assert_int_equal(json_array_size(json_object_get(v, "versions")), 2);

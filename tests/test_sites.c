@@ -36,12 +36,11 @@
 #define NODES_MAX 5
 
 struct env {
-	char dir[256], state[512], model[512], key[512], pub[512], ckey[512], expose[512];
-	char sock[512], url[256];
+	struct tu_hand h; /* its files */
+	char url[256];
 	struct node_proc tracker, publisher, nodes[NODES_MAX];
 	int nnodes;
 	struct trk_client *trk; /* signed with the cluster key */
-	uint8_t cluster_key[PROTO_CLUSTER_KEY_BYTES];
 	struct proto_model m;
 	uint64_t need; /* what one tp1 replica holds: the model's bytes */
 };
@@ -53,10 +52,10 @@ static void start_node(struct env *e, const char *replica, const char *site)
 
 	assert_true(i < NODES_MAX);
 	tu_bin(bin, sizeof(bin), "tessera-node");
-	snprintf(log, sizeof(log), "%s/node-%s.log", e->dir, replica);
+	snprintf(log, sizeof(log), "%s/node-%s.log", e->h.dir, replica);
 	char *argv[] = {bin, "--tracker", e->url, "--replica", (char *)replica, "--rank", "0",
-			"--layout", "tp1", "--model", e->model, "--trainer-pubkey", e->pub,
-			"--cluster-key", e->ckey, "--expose", e->expose, "--store", "host",
+			"--layout", "tp1", "--model", e->h.model, "--trainer-pubkey", e->h.pub,
+			"--cluster-key", e->h.ckey, "--expose", e->h.expose, "--store", "host",
 			"--log-level", "info", "--site", (char *)site, NULL};
 	assert_int_equal(node_proc_spawn(&e->nodes[i], replica, argv, log), 0);
 }
@@ -65,47 +64,27 @@ static int setup(void **state)
 {
 	struct env *e = calloc(1, sizeof(*e));
 	struct proto_err err;
-	char bin[512], log[512], line[256], mb[16];
+	char bin[512], log[512], mb[16];
 
 	/* Every node's fetch capped (the site's LAN and the WAN alike), so
 	 * that a version lasts long enough to kill a relay in its middle. */
 	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
 	setenv("TESSERA_FETCH_MBPS", "40", 1);
-	assert_non_null(tu_mkdtemp(e->dir, sizeof(e->dir)));
-	snprintf(e->state, sizeof(e->state), "%s/state", e->dir);
-	snprintf(e->model, sizeof(e->model), "%s/model.json", e->dir);
-	snprintf(e->expose, sizeof(e->expose), "%s/expose", e->dir);
-	snprintf(e->ckey, sizeof(e->ckey), "%s/cluster.key", e->dir);
-	snprintf(e->key, sizeof(e->key), "%s/trainer.key", e->dir);
-	snprintf(e->pub, sizeof(e->pub), "%s/trainer.pub", e->dir);
-	snprintf(e->sock, sizeof(e->sock), "%s/ctl.sock", e->dir);
-	mkdir(e->expose, 0755);
-	assert_int_equal(proto_keygen(e->key, e->pub, &err), 0);
-	assert_int_equal(proto_cluster_keygen(e->ckey, &err), 0);
-	assert_int_equal(proto_key_load_cluster(e->ckey, e->cluster_key, &err), 0);
-	assert_int_equal(proto_fixture_model((uint64_t)MODEL_MB << 20, &e->m, &err), 0);
-	tu_write_model(&e->m, e->model);
+	tu_hand_files(&e->h, MODEL_MB, &e->m);
 	for (size_t i = 0; i < e->m.ntensors; i++)
 		e->need += e->m.tensors[i].nbytes;
 
-	tu_bin(bin, sizeof(bin), "tessera-tracker");
-	snprintf(log, sizeof(log), "%s/tracker.log", e->dir);
-	char *targv[] = {bin, "--listen", "127.0.0.1:0", "--state", e->state, "--trainer-pubkey",
-			 e->pub, "--cluster-key", e->ckey, "--log-level", "info", NULL};
-	assert_int_equal(node_proc_spawn(&e->tracker, "tracker", targv, log), 0);
-	assert_int_equal(node_proc_wait_line(&e->tracker, "listening on ", line, sizeof(line), 20000),
-			 0);
-	snprintf(e->url, sizeof(e->url), "%s", line);
-	assert_int_equal(trk_client_new(NULL, e->url, e->cluster_key, &e->trk, &err), 0);
+	tu_hand_tracker(&e->tracker, &e->h, "127.0.0.1:0", "tracker", e->url, sizeof(e->url));
+	assert_int_equal(trk_client_new(NULL, e->url, e->h.cluster_key, &e->trk, &err), 0);
 
 	tu_bin(bin, sizeof(bin), "tessera");
-	snprintf(log, sizeof(log), "%s/publisher.log", e->dir);
+	snprintf(log, sizeof(log), "%s/publisher.log", e->h.dir);
 	snprintf(mb, sizeof(mb), "%d", MODEL_MB);
-	char *pargv[] = {bin, "publish", "--tracker", e->url, "--key", e->key, "--cluster-key",
-			 e->ckey, "--synthetic-mb", mb, "--layout", "fsdp2", "--log-level", "info",
-			 "--control", e->sock, "--site", "A", "--anchor-every", "1", NULL};
+	char *pargv[] = {bin, "publish", "--tracker", e->url, "--key", e->h.key, "--cluster-key",
+			 e->h.ckey, "--synthetic-mb", mb, "--layout", "fsdp2", "--log-level", "info",
+			 "--control", e->h.sock, "--site", "A", "--anchor-every", "1", NULL};
 	assert_int_equal(node_proc_spawn(&e->publisher, "publisher", pargv, log), 0);
-	close(tu_control_connect(e->sock));
+	close(tu_control_connect(e->h.sock));
 
 	start_node(e, "A", "A");
 	start_node(e, "B1", "B");
@@ -114,7 +93,7 @@ static int setup(void **state)
 	static const char *names[] = {"A", "B1", "B2", "B3"};
 	for (size_t i = 0; i < 4; i++)
 		if (!tu_wait_alive(e->trk, names[i], 1, WAIT_MS))
-			fail_msg("replica %s did not register (see %s)", names[i], e->dir);
+			fail_msg("replica %s did not register (see %s)", names[i], e->h.dir);
 	*state = e;
 	return 0;
 }
@@ -124,7 +103,7 @@ static int teardown(void **state)
 	struct env *e = *state;
 
 	tu_cluster_down(e->nodes, (size_t)e->nnodes, &e->publisher, e->trk, &e->tracker, &e->m,
-			e->dir);
+			e->h.dir);
 	unsetenv("TESSERA_FETCH_MBPS");
 	free(e);
 	return 0;
@@ -171,7 +150,7 @@ static struct took took(struct env *e, const char *name, uint64_t v)
 static void wait_active(struct env *e, const char *name, uint64_t v)
 {
 	if (!tu_wait_active(e->trk, name, v, WAIT_MS))
-		fail_msg("replica %s did not activate v%" PRIu64 " (see %s)", name, v, e->dir);
+		fail_msg("replica %s did not activate v%" PRIu64 " (see %s)", name, v, e->h.dir);
 }
 
 /* B's replicas' bytes from outside B (a sum), checked to come from the
@@ -199,7 +178,7 @@ static void one_copy_crosses(void **state)
 	struct env *e = *state;
 	static const char *const b[] = {"B1", "B2", "B3"};
 
-	tu_control_export(e->sock, 1);
+	tu_control_export(e->h.sock, 1);
 	wait_active(e, "A", 1);
 	for (size_t i = 0; i < 3; i++)
 		wait_active(e, b[i], 1);
@@ -259,9 +238,9 @@ static void relay_dies(void **state)
 	struct env *e = *state;
 	static const char *const b[] = {"B2", "B3"};
 
-	tu_control_export(e->sock, 1);
+	tu_control_export(e->h.sock, 1);
 	wait_active(e, "B1", 1);
-	tu_control_export(e->sock, 2);
+	tu_control_export(e->h.sock, 2);
 	/* Killed once it holds some of v2 and before it holds all of it. */
 	bool killed = false;
 	for (int waited = 0; waited < WAIT_MS && !killed; waited += 20) {

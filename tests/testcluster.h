@@ -256,4 +256,53 @@ static inline void tu_run_files(struct tu_run_files *f, const char *dir)
 	proto_model_fini(&m);
 }
 
+/* The files of a cluster started by hand in a new temporary directory:
+ * its state directory, model spec (of a fixture model of mb MiB, written
+ * and kept in *m), expose directory (made), a fresh cluster key (loaded
+ * into cluster_key) and trainer key pair, and the publisher's control
+ * socket. */
+struct tu_hand {
+	char dir[256], state[512], model[512], expose[512], ckey[512], key[512], pub[512];
+	char sock[512];
+	uint8_t cluster_key[PROTO_CLUSTER_KEY_BYTES];
+};
+
+static inline void tu_hand_files(struct tu_hand *h, uint64_t mb, struct proto_model *m)
+{
+	struct proto_err err;
+
+	assert_non_null(tu_mkdtemp(h->dir, sizeof(h->dir)));
+	snprintf(h->state, sizeof(h->state), "%s/state", h->dir);
+	snprintf(h->model, sizeof(h->model), "%s/model.json", h->dir);
+	snprintf(h->expose, sizeof(h->expose), "%s/expose", h->dir);
+	snprintf(h->ckey, sizeof(h->ckey), "%s/cluster.key", h->dir);
+	snprintf(h->key, sizeof(h->key), "%s/trainer.key", h->dir);
+	snprintf(h->pub, sizeof(h->pub), "%s/trainer.pub", h->dir);
+	snprintf(h->sock, sizeof(h->sock), "%s/ctl.sock", h->dir);
+	mkdir(h->expose, 0755);
+	assert_int_equal(proto_keygen(h->key, h->pub, &err), 0);
+	assert_int_equal(proto_cluster_keygen(h->ckey, &err), 0);
+	assert_int_equal(proto_key_load_cluster(h->ckey, h->cluster_key, &err), 0);
+	assert_int_equal(proto_fixture_model(mb << 20, m, &err), 0);
+	tu_write_model(m, h->model);
+}
+
+/* Starts tessera-tracker of h's cluster (its state, trainer key, cluster
+ * key) on listen ("127.0.0.1:0": any port), its log h->dir/tracker-<tag>.log,
+ * and writes its URL into url. */
+static inline void tu_hand_tracker(struct node_proc *p, const struct tu_hand *h, const char *listen,
+				   const char *tag, char *url, size_t cap)
+{
+	char bin[512], log[600], line[256];
+
+	tu_bin(bin, sizeof(bin), "tessera-tracker");
+	snprintf(log, sizeof(log), "%s/tracker-%s.log", h->dir, tag);
+	char *argv[] = {bin, "--listen", (char *)listen, "--state", (char *)h->state,
+			"--trainer-pubkey", (char *)h->pub, "--cluster-key", (char *)h->ckey,
+			"--log-level", "info", NULL};
+	assert_int_equal(node_proc_spawn(p, tag, argv, log), 0);
+	assert_int_equal(node_proc_wait_line(p, "listening on ", line, sizeof(line), 20000), 0);
+	snprintf(url, cap, "%s", line);
+}
+
 #endif
