@@ -103,6 +103,16 @@ static json_t *replica_entry(const struct cluster_replica *r, uint64_t v)
 			 (json_int_t)r->from_other_sites);
 }
 
+/* What replica r's ranks hold: a version's cost to it as an anchor. */
+static uint64_t replica_bytes(const struct cluster_replica *r)
+{
+	uint64_t n = 0;
+
+	for (uint32_t q = 0; q < r->layout.nranks; q++)
+		n += r->layout.ranks[q].nbytes;
+	return n;
+}
+
 /* What crossed into each site for v: its replicas' bytes from sources in
  * other sites ({} with one site). */
 static json_t *site_bytes(const struct cluster *c)
@@ -174,12 +184,9 @@ int node__cluster_run_version(struct cluster *c, uint64_t want_v)
 	 * the same version costs as an anchor (every replica's full parcels). */
 	uint64_t wire_all = 0, anchor_all = 0;
 	for (uint32_t r = 0; r < c->nreps; r++) {
-		uint64_t full = 0;
 		if (c->reps[r].late)
 			continue; /* as in wire_all */
-		for (uint32_t q = 0; q < c->reps[r].layout.nranks; q++)
-			full += c->reps[r].layout.ranks[q].nbytes;
-		anchor_all += full;
+		anchor_all += replica_bytes(&c->reps[r]);
 	}
 	wire_all = from_trainer + from_peers;
 	printf("  v%" PRIu64 " %s: %" PRIu64 " wire bytes for all replicas, %.2f %% of an anchor"
@@ -208,14 +215,9 @@ int node__cluster_run_version(struct cluster *c, uint64_t want_v)
 	const char *site;
 	json_object_foreach(far, site, fv) {
 		uint64_t need = UINT64_MAX; /* what the site's smallest replica holds */
-		for (uint32_t r = 0; r < c->nreps; r++) {
-			uint64_t full = 0;
-			if (c->reps[r].late || strcmp(c->reps[r].site, site) != 0)
-				continue;
-			for (uint32_t q = 0; q < c->reps[r].layout.nranks; q++)
-				full += c->reps[r].layout.ranks[q].nbytes;
-			need = PROTO_MIN(need, full);
-		}
+		for (uint32_t r = 0; r < c->nreps; r++)
+			if (!c->reps[r].late && strcmp(c->reps[r].site, site) == 0)
+				need = PROTO_MIN(need, replica_bytes(&c->reps[r]));
 		if (json_integer_value(fv) > 0 && need != UINT64_MAX && need > 0)
 			printf("  v%" PRIu64 " into site %s from other sites: %" PRIu64
 			       " bytes, %.2f x what one of its replicas holds\n",

@@ -25,27 +25,13 @@ int trk__query_layout_known(struct trk_call *c, uint64_t version,
 
 /* ---- GET /sources ------------------------------------------------------------ */
 
-/* Adds the peers of other sites than k's that offer parcel k to e
- * (sources only: the swarm, whose members share the trainer's chunks, is
- * the site's). 0 or -ENOMEM. */
-static int add_far_peers(struct trk_registry *r, const struct trk_srckey *k,
-			 struct trk_srcentry *e)
+/* Whether a live publisher offers parcel k. */
+static bool published(struct trk_registry *r, const struct trk_srckey *k)
 {
-	for (struct trk_replica *rep = r->reps; rep; rep = rep->next) {
-		struct trk_node *n;
-		const struct trk_offer *o;
-		if (k->dst >= rep->nranks ||
-		    memcmp(rep->layout->digest, k->layout, PROTO_HASH_BYTES) != 0 ||
-		    (n = rep->ranks[k->dst]) == NULL || !n->alive || trk_site_same(n->site, k->site))
-			continue;
-		o = trk__offers_find(&n->offers, k->version, k->layout, k->src, k->dst);
-		if (o != NULL && trk__srcache_add_source(e, trk__source_json(true, n->id, n->site,
-									    n->host, n->provider,
-									    n->addr, o),
-							 true) != 0)
-			return -ENOMEM;
-	}
-	return 0;
+	for (struct trk_publisher *p = r->pubs; p; p = p->next)
+		if (p->alive && trk__offers_find(&p->offers, k->version, k->layout, k->src, k->dst) != NULL)
+			return true;
+	return false;
 }
 
 /* Fills e with the answer for parcel k: the swarm's members, its peers that
@@ -54,12 +40,13 @@ static int add_far_peers(struct trk_registry *r, const struct trk_srckey *k,
  * send each site, once, its members sharing the trainer's chunks among
  * themselves, and every later copy is relayed inside the site. A parcel
  * no publisher offers (retired, or its publisher gone) is listed with the
- * peers of every site, so that a version stays reachable. 0 or -ENOMEM. */
+ * peers of every site (not as members), so that a version stays
+ * reachable. 0 or -ENOMEM. */
 static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 			 struct trk_srcentry *e)
 {
 	json_t *members = NULL, *reps = NULL;
-	bool published = false;
+	bool anywhere = !published(r, k);
 	int rc = trk__srcache_members_copy(r->srcache, e, k, r->members_gen);
 	bool kept = rc == 0;
 
@@ -82,12 +69,16 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 		    memcmp(rep->layout->digest, k->layout, PROTO_HASH_BYTES) != 0)
 			continue;
 		n = rep->ranks[k->dst];
-		if (n == NULL || !n->alive || !trk_site_same(n->site, k->site))
+		if (n == NULL || !n->alive)
+			continue;
+		bool here = trk_site_same(n->site, k->site);
+		if (!here && !anywhere)
 			continue;
 		/* n->id is "<replica>/<dst>" (nodes.c): reps names the
 		 * same members for a batch that shares them. */
-		if (!kept && (json_array_append_new(members, json_string(n->id)) != 0 ||
-			      json_array_append_new(reps, json_string(rep->name)) != 0))
+		if (here && !kept &&
+		    (json_array_append_new(members, json_string(n->id)) != 0 ||
+		     json_array_append_new(reps, json_string(rep->name)) != 0))
 			goto out;
 		o = trk__offers_find(&n->offers, k->version, k->layout, k->src, k->dst);
 		if (o != NULL &&
@@ -102,7 +93,6 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 		o = trk__offers_find(&p->offers, k->version, k->layout, k->src, k->dst);
 		if (o == NULL)
 			continue;
-		published = true;
 		for (size_t i = 0; i < p->nranks; i++)
 			if (p->ranks[i].rank == o->src_rank &&
 			    trk__srcache_add_source(e, trk__source_json(false, p->id, p->site,
@@ -112,8 +102,6 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 						    false) != 0)
 				goto out;
 	}
-	if (!published && add_far_peers(r, k, e) != 0)
-		goto out;
 	if (!kept) {
 		if ((rc = trk__srcache_set_members(e, members, reps)) != 0)
 			goto out;
