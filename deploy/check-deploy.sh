@@ -96,7 +96,7 @@ else
 fi
 
 # ---- Kubernetes ----------------------------------------------------------------------
-if node "$CHECK/check-k8s.mjs" deploy/k8s/*.yaml deploy/k8s/cuda/*.yaml >"$T/k8s.log" 2>&1; then
+if node "$CHECK/check-k8s.mjs" deploy/k8s/*.yaml deploy/k8s/cuda/*.yaml deploy/k8s/ha/*.yaml >"$T/k8s.log" 2>&1; then
 	ok "$(tail -n 1 "$T/k8s.log")"
 else
 	bad "deploy/k8s: $(cat "$T/k8s.log")"

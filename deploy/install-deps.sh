@@ -11,7 +11,7 @@ set -eu
 PKGS="build-essential pkg-config libfabric-dev libfabric-bin libsodium-dev \
 libzstd-dev libevent-dev libssl-dev openssl libcmocka-dev libjansson-dev libinih-dev iproute2 curl jq \
 clang libclang-rt-dev python3 python3-numpy python3-torch librust-blake3-dev \
-python3-pip python3-setuptools python3-wheel python3-venv"
+python3-pip python3-setuptools python3-wheel python3-venv etcd-server etcd-client"
 
 deploy_check=0
 if [ "${1:-}" = "--deploy-check" ]; then

@@ -68,15 +68,58 @@ int proto_cluster_keygen(const char *path, struct proto_err *err)
 }
 
 /*
- * Reads path and parses exactly "<prefix> <2n hex digits>" with at most one
- * trailing newline into key. On failure key is zeroed and err names the file.
+ * Parses exactly "<prefix> <2n hex digits>" with at most one trailing
+ * newline from buf (named name in errors) into key. On failure key is
+ * zeroed.
  */
+static int key_parse(const uint8_t *buf, size_t len, const char *name, const char *prefix,
+		     const char *what, uint8_t *key, size_t n, struct proto_err *err)
+{
+	size_t pl = strlen(prefix), hexlen, got = 0;
+	const char *hex, *end = NULL;
+	int rc;
+
+	memset(key, 0, n);
+	if (len > 0 && buf[len - 1] == '\n')
+		len--;
+	if (len < pl + 1 || memcmp(buf, prefix, pl) != 0 || buf[pl] != ' ') {
+		rc = proto_errf(err, EINVAL,
+				"%s: not a %s file (expected one line \"%s <hex>\")",
+				name, what, prefix);
+		goto out;
+	}
+	hex = (const char *)buf + pl + 1;
+	hexlen = len - pl - 1;
+	if (memchr(hex, '\n', hexlen) != NULL) {
+		rc = proto_errf(err, EINVAL, "%s: extra content after the key line",
+				name);
+		goto out;
+	}
+	if (hexlen != 2 * n) {
+		rc = proto_errf(err, EINVAL,
+				"%s: key has %zu characters, expected %zu hex digits",
+				name, hexlen, 2 * n);
+		goto out;
+	}
+	if (sodium_hex2bin(key, n, hex, hexlen, NULL, &got, &end) != 0 ||
+	    got != n || end != hex + hexlen) {
+		rc = proto_errf(err, EINVAL, "%s: bad hex digit at column %zu", name,
+				(size_t)((end != NULL ? end : hex) - (const char *)buf) + 1);
+		goto out;
+	}
+	rc = 0;
+out:
+	if (rc != 0)
+		sodium_memzero(key, n);
+	return rc;
+}
+
+/* Reads path and parses it (key_parse); err names the file. */
 static int key_read(const char *path, const char *prefix, const char *what,
 		    uint8_t *key, size_t n, struct proto_err *err)
 {
 	uint8_t *buf = NULL;
-	size_t len, pl = strlen(prefix), hexlen, got = 0;
-	const char *hex, *end = NULL;
+	size_t len;
 	int rc;
 
 	memset(key, 0, n);
@@ -85,37 +128,7 @@ static int key_read(const char *path, const char *prefix, const char *what,
 	rc = proto_read_file(path, KEY_FILE_MAX, &buf, &len, err);
 	if (rc != 0)
 		return rc;
-	if (len > 0 && buf[len - 1] == '\n')
-		len--;
-	if (len < pl + 1 || memcmp(buf, prefix, pl) != 0 || buf[pl] != ' ') {
-		rc = proto_errf(err, EINVAL,
-				"%s: not a %s file (expected one line \"%s <hex>\")",
-				path, what, prefix);
-		goto out;
-	}
-	hex = (const char *)buf + pl + 1;
-	hexlen = len - pl - 1;
-	if (memchr(hex, '\n', hexlen) != NULL) {
-		rc = proto_errf(err, EINVAL, "%s: extra content after the key line",
-				path);
-		goto out;
-	}
-	if (hexlen != 2 * n) {
-		rc = proto_errf(err, EINVAL,
-				"%s: key has %zu characters, expected %zu hex digits",
-				path, hexlen, 2 * n);
-		goto out;
-	}
-	if (sodium_hex2bin(key, n, hex, hexlen, NULL, &got, &end) != 0 ||
-	    got != n || end != hex + hexlen) {
-		rc = proto_errf(err, EINVAL, "%s: bad hex digit at column %zu", path,
-				(size_t)((end != NULL ? end : hex) - (const char *)buf) + 1);
-		goto out;
-	}
-	rc = 0;
-out:
-	if (rc != 0)
-		sodium_memzero(key, n);
+	rc = key_parse(buf, len, path, prefix, what, key, n, err);
 	sodium_memzero(buf, len);
 	free(buf);
 	return rc;
@@ -167,6 +180,13 @@ int proto_key_load_public(const char *path, uint8_t pk[PROTO_PK_BYTES],
 {
 	return key_read(path, KEY_PUBLIC_PREFIX, "tessera Ed25519 public key", pk,
 			PROTO_PK_BYTES, err);
+}
+
+int proto_key_parse_public(const uint8_t *buf, size_t len, const char *name,
+			   uint8_t pk[PROTO_PK_BYTES], struct proto_err *err)
+{
+	return key_parse(buf, len, name, KEY_PUBLIC_PREFIX, "tessera Ed25519 public key", pk,
+			 PROTO_PK_BYTES, err);
 }
 
 int proto_key_load_cluster(const char *path,

@@ -164,6 +164,10 @@ int proto_key_load_secret(const char *path, uint8_t sk[PROTO_SK_BYTES],
 			  struct proto_err *err);
 int proto_key_load_public(const char *path, uint8_t pk[PROTO_PK_BYTES],
 			  struct proto_err *err);
+/* The public key file's form from a buffer (a store's value), name naming
+ * it in errors. */
+int proto_key_parse_public(const uint8_t *buf, size_t len, const char *name,
+			   uint8_t pk[PROTO_PK_BYTES], struct proto_err *err);
 int proto_key_load_cluster(const char *path,
 			   uint8_t key[PROTO_CLUSTER_KEY_BYTES],
 			   struct proto_err *err);

@@ -706,7 +706,7 @@ static void test_healthz(void **state)
 	assert_int_equal(rename(f->srv.state, gone), 0);
 	assert_int_equal(trk_client_call(f->c, "GET", "/healthz", NULL, NULL, 0, &r), 0);
 	assert_int_equal(r.status, 503);
-	snprintf(want, sizeof(want), "state directory %s/versions: cannot create a file: %s\n",
+	snprintf(want, sizeof(want), "state directory %s: cannot create a file: %s\n",
 		 f->srv.state, strerror(ENOENT));
 	assert_string_equal((char *)r.body, want);
 	trk_reply_fini(&r);

@@ -2,6 +2,7 @@
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <event2/event.h>
@@ -13,9 +14,11 @@
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: tessera-tracker --listen HOST:PORT --state DIR\n"
+		"usage: tessera-tracker --listen HOST:PORT (--state DIR | --store URL)\n"
 		"                       [--cluster-key FILE] [--trainer-pubkey FILE]\n"
 		"                       [--tls-cert FILE --tls-key FILE]\n"
+		"                       [--etcd-ca FILE] [--etcd-cert FILE --etcd-key FILE]\n"
+		"                       [--leader-ttl SECONDS]\n"
 		"                       [--config FILE] [--log-format text|json]\n"
 		"                       [--log-level err|warn|note|info|debug]\n"
 		"\n"
@@ -24,7 +27,18 @@ static void usage(FILE *f)
 		"picks a free one).\n"
 		"\n"
 		"  -l, --listen HOST:PORT      address to serve HTTP on\n"
-		"  -s, --state DIR             durable version log (created if missing)\n"
+		"  -s, --state DIR             durable version log (created if missing);\n"
+		"                              with --store, only the store's cluster id\n"
+		"                              is remembered there (and checked)\n"
+		"      --store URL             keep the durable state in etcd instead:\n"
+		"                              etcd://HOST:PORT[,HOST:PORT...][/NAME]\n"
+		"                              (etcds:// for TLS); the trackers of one\n"
+		"                              store elect a leader, the others stand by\n"
+		"      --etcd-ca FILE          etcds://: the CA of etcd's certificates\n"
+		"      --etcd-cert FILE        etcds://: a client certificate (PEM), with\n"
+		"      --etcd-key FILE         its key\n"
+		"      --leader-ttl SECONDS    the leader's lease in etcd: a standby takes\n"
+		"                              over within about 4/3 of it (default 5)\n"
 		"  -k, --cluster-key FILE      authenticate POSTs with this key\n"
 		"                              (without it, POSTs are open)\n"
 		"  -p, --trainer-pubkey FILE   verify manifests with this key (without\n"
@@ -81,12 +95,18 @@ int main(int argc, char **argv)
 		{"trainer-pubkey", required_argument, NULL, 'p'},
 		{"tls-cert", required_argument, NULL, 'C'},
 		{"tls-key", required_argument, NULL, 'K'},
+		{"store", required_argument, NULL, 'S'},
+		{"etcd-ca", required_argument, NULL, 'A'},
+		{"etcd-cert", required_argument, NULL, 'E'},
+		{"etcd-key", required_argument, NULL, 'Y'},
+		{"leader-ttl", required_argument, NULL, 'T'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, 'V'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *listen = NULL, *state = NULL, *ckey = NULL, *pkey = NULL;
-	const char *tls_cert = NULL, *tls_key = NULL;
+	const char *tls_cert = NULL, *tls_key = NULL, *store = NULL;
+	const char *etcd_ca = NULL, *etcd_cert = NULL, *etcd_key = NULL, *ttl = NULL;
 	uint8_t cluster[PROTO_CLUSTER_KEY_BYTES], pk[PROTO_PK_BYTES];
 	struct trk_server_opts o = {0};
 	struct proto_err err = {{0}};
@@ -108,6 +128,11 @@ int main(int argc, char **argv)
 		case 'p': pkey = optarg; break;
 		case 'C': tls_cert = optarg; break;
 		case 'K': tls_key = optarg; break;
+		case 'S': store = optarg; break;
+		case 'A': etcd_ca = optarg; break;
+		case 'E': etcd_cert = optarg; break;
+		case 'Y': etcd_key = optarg; break;
+		case 'T': ttl = optarg; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': proto_cli_version("tessera-tracker"); return 0;
 		default: return proto_cli_bad_option("tessera-tracker", c, argv);
@@ -117,8 +142,17 @@ int main(int argc, char **argv)
 		return proto_cli_extra("tessera-tracker", argv[optind]);
 	if (listen == NULL)
 		return proto_cli_missing("tessera-tracker", "--listen");
-	if (state == NULL)
-		return proto_cli_missing("tessera-tracker", "--state");
+	if (state == NULL && store == NULL)
+		return proto_cli_missing("tessera-tracker", "--state (or --store)");
+	if (ttl != NULL && trk_leader_ttl_check(ttl, &err) != 0) {
+		fprintf(stderr, "tessera-tracker: --leader-ttl %s: %s\n", ttl, err.msg);
+		return 2;
+	}
+	if (store == NULL && (etcd_ca || etcd_cert || etcd_key || ttl)) {
+		fprintf(stderr, "tessera-tracker: --etcd-ca, --etcd-cert, --etcd-key and "
+			"--leader-ttl go with --store\n");
+		return 2;
+	}
 	if ((tls_cert == NULL) != (tls_key == NULL)) {
 		fprintf(stderr, "tessera-tracker: --tls-cert and --tls-key go together\n");
 		return 2;
@@ -139,6 +173,11 @@ int main(int argc, char **argv)
 	o.trainer_pk = pkey ? pk : NULL;
 	o.tls_cert = tls_cert;
 	o.tls_key = tls_key;
+	o.store = store;
+	o.etcd_ca = etcd_ca;
+	o.etcd_cert = etcd_cert;
+	o.etcd_key = etcd_key;
+	o.leader_ttl_s = ttl != NULL ? (unsigned)strtoul(ttl, NULL, 10) : 0;
 	base = tracker_base();
 	if (base == NULL) {
 		fprintf(stderr, "tessera-tracker: event_base_new failed\n");
@@ -157,7 +196,7 @@ int main(int argc, char **argv)
 	}
 	printf("listening on %s\n", trk_server_url(s));
 	fflush(stdout);
-	rc = event_base_dispatch(base) < 0 ? 1 : 0;
+	rc = event_base_dispatch(base) < 0 ? 1 : trk_server_exit_code(s);
 out:
 	if (sigterm != NULL)
 		event_free(sigterm);

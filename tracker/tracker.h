@@ -53,6 +53,9 @@
 #define TRK_SESSION_BYTES 32      /* a node's session credential */
 #define TRK_SESSION_HEADER "X-Tessera-Session"
 #define TRK_EPOCH_HEADER "X-Tessera-Epoch" /* on every answer, when keyed */
+/* On a standby tracker's 503s: the leading tracker's URL (empty when not
+ * known). A client with a list of trackers asks the next one. */
+#define TRK_STANDBY_HEADER "X-Tessera-Standby"
 #define TRK_CLUSTER_ID_BYTES 16   /* a chain's random identity */
 /* On every answer: "CLUSTER INSTANCE LATEST DIGEST", the chain's identity,
  * the tracker process's random instance, its latest version and that
@@ -74,6 +77,13 @@ struct trk_server_opts {
 	/* Both set: serve HTTPS only, with this PEM certificate chain and key
 	 * (one set alone is refused). */
 	const char *tls_cert, *tls_key;
+	/* etcd://HOST:PORT[,...][/NAME] (etcds:// with TLS): the durable
+	 * state lives there, shared by every tracker given the same store;
+	 * one leads, the others stand by. state_dir then only remembers the
+	 * store's cluster id (and may be NULL). NULL: state_dir holds it all. */
+	const char *store;
+	const char *etcd_ca, *etcd_cert, *etcd_key; /* etcds:// (wire/etcd.h) */
+	unsigned leader_ttl_s; /* the leader's lease; 0: 5 s */
 };
 
 /*
@@ -89,6 +99,9 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 /* "http://HOST:PORT" ("https://" with TLS) with the port actually bound.
  * Owned by the server. */
 const char *trk_server_url(const struct trk_server *s);
+/* 0 after a loop that ended on a signal; 3 when the tracker stopped
+ * because it may have lost the lead to another (server/lead.c). */
+int trk_server_exit_code(const struct trk_server *s);
 /* Closes the listener, drops held long-polls and frees everything. Must run
  * on the loop's thread, with the loop not dispatching a tracker callback.
  * NULL is fine. */
@@ -152,6 +165,9 @@ int trk_url_check(const char *url, struct proto_err *err);
 /* Whether v is an address tessera-tracker --listen takes (HOST:PORT): 0, or
  * -EINVAL with the reason in err. */
 int trk_listen_check(const char *v, struct proto_err *err);
+/* --store URL (etcd://...), --leader-ttl SECONDS. */
+int trk_store_check(const char *v, struct proto_err *err);
+int trk_leader_ttl_check(const char *v, struct proto_err *err);
 
 /* The checks of [tracker]'s values: the parsers tessera-tracker applies. */
 extern const struct proto_config_value trk_config_values[];

@@ -25,6 +25,11 @@ static const struct option tracker_opts[] = {
 	{"trainer-pubkey", required_argument, NULL, 0},
 	{"tls-cert", required_argument, NULL, 0},
 	{"tls-key", required_argument, NULL, 0},
+	{"store", required_argument, NULL, 0},
+	{"etcd-ca", required_argument, NULL, 0},
+	{"etcd-cert", required_argument, NULL, 0},
+	{"etcd-key", required_argument, NULL, 0},
+	{"leader-ttl", required_argument, NULL, 0},
 	{NULL, 0, NULL, 0},
 };
 

@@ -521,6 +521,25 @@ static const char *too_long(struct pending *p, char *buf, size_t cap, int *statu
 	return buf;
 }
 
+/* p was not answered by the tracker asked (it is down, or stands by):
+ * the next of the list is asked from now on, and p sent there (once per
+ * other tracker). True when p went; false when the list is used up. */
+static bool send_to_next(struct trk_client *c, struct pending *p, const char *why)
+{
+	unsigned nexts = SENT_AGAIN_NEXTS(p->again) + 1;
+
+	if (p->target == c->cur) /* not yet moved on by another request */
+		next_target(c, why);
+	if (nexts < c->ntargets &&
+	    start_request(c, p->method, p->path_query, p->ctype, p->body, p->len, p->timeout_ms,
+			  p->cb, p->arg, p->arg_free,
+			  (p->again % SENT_AGAIN_NEXT) | nexts * SENT_AGAIN_NEXT) == 0) {
+		pending_free(p);
+		return true;
+	}
+	return false;
+}
+
 static void on_done(struct evhttp_request *req, void *arg)
 {
 	struct pending *p = arg;
@@ -547,9 +566,17 @@ static void on_done(struct evhttp_request *req, void *arg)
 			  bufferevent_socket_get_dns_error(trk__cconns_bev(&p->cr)) : 0;
 	/* Its connection is free for the next request (or dropped). */
 	trk__cconns_done(c->cc, &p->cr, a.status != 0);
-	if (a.status != 0)
+	/* A standby tracker (another of its store leads): the next of the
+	 * list, as for one that is down. Its answer says nothing of the
+	 * chain. */
+	bool standby = a.status == 503 && c->ntargets > 1 &&
+		       evhttp_find_header(evhttp_request_get_input_headers(req),
+					  TRK_STANDBY_HEADER) != NULL;
+	if (standby && send_to_next(c, p, "standing by"))
+		return;
+	if (a.status != 0 && !standby)
 		learn_epoch(c, req);
-	if (a.status != 0 && c->moving && p->target == c->cur) {
+	if (a.status != 0 && !standby && c->moving && p->target == c->cur) {
 		c->moving = false;
 		LOG_NOTE("tracker %s:%d (%zu of %zu) answers", c->host, c->port, c->cur + 1,
 			 c->ntargets);
@@ -598,18 +625,8 @@ static void on_done(struct evhttp_request *req, void *arg)
 		 * this request sent there (once per other tracker). Its chain
 		 * checks stay: a tracker of another chain is refused as ever. */
 		if (c->ntargets > 1 && !tls_failed && a.status != -ECANCELED &&
-		    a.status != -EMSGSIZE) {
-			if (p->target == c->cur) /* not yet moved on by another request */
-				next_target(c, strerror(-a.status));
-			unsigned nexts = SENT_AGAIN_NEXTS(p->again) + 1;
-			if (nexts < c->ntargets &&
-			    start_request(c, p->method, p->path_query, p->ctype, p->body, p->len,
-					  p->timeout_ms, p->cb, p->arg, p->arg_free,
-					  (p->again % SENT_AGAIN_NEXT) | nexts * SENT_AGAIN_NEXT) == 0) {
-				pending_free(p);
-				return;
-			}
-		}
+		    a.status != -EMSGSIZE && send_to_next(c, p, strerror(-a.status)))
+			return;
 		a.body = (const uint8_t *)"";
 	} else {
 		struct evbuffer *in = evhttp_request_get_input_buffer(req);

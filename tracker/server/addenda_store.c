@@ -21,11 +21,11 @@
  * addendum for that layout (proto/addendum.h) and POSTs it here. The tracker
  * checks it against the trainer key and the version's manifest, stores it
  * durably next to the version, accepts offers of its parcels, and hands it
- * to nodes. On disk:
+ * to nodes. In the store (store.h):
  *   addenda/<20-digit version>-<layout digest hex>.addendum  the signed bytes
- * written temp-fsync-rename before the publisher hears 201, every one
- * verified again (signature and binding) when the tracker starts; a damaged
- * one stops it with the file's name, as a damaged manifest does.
+ * durable before the publisher hears 201, every one verified again
+ * (signature and binding) when the tracker loads them; a damaged one stops
+ * it with the key's name, as a damaged manifest does.
  */
 #define ADDENDA_DIR "addenda"
 #define ADDENDA_PER_VERSION 16 /* layouts added to one version at most */
@@ -46,22 +46,18 @@ struct copy_want {
 };
 
 struct trk_addenda {
-	char *dir;
 	struct trk_addendum *e;
 	size_t n, cap;
 	struct copy_want wants[COPY_WANTS];
 	size_t next_want; /* the slot the next new want takes (oldest first) */
 };
 
-static int entry_path(const struct trk_addenda *ad, uint64_t v, const uint8_t *layout,
-		      char *buf, size_t len)
+static void entry_key(uint64_t v, const uint8_t *layout, char *buf, size_t len)
 {
 	char hex[2 * PROTO_HASH_BYTES + 1];
-	int n;
 
 	sodium_bin2hex(hex, sizeof(hex), layout, PROTO_HASH_BYTES);
-	n = snprintf(buf, len, "%s/%020llu-%s.addendum", ad->dir, (unsigned long long)v, hex);
-	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+	snprintf(buf, len, ADDENDA_DIR "/%020llu-%s.addendum", (unsigned long long)v, hex);
 }
 
 static struct trk_addendum *find(struct trk_addenda *ad, uint64_t v, const uint8_t *layout)
@@ -139,83 +135,67 @@ static int verify(struct trk_server *s, const uint8_t *buf, size_t len,
 
 /* ---- lifetime ---------------------------------------------------------- */
 
-static int load_one(struct trk_server *s, struct trk_addenda *ad, const char *name,
-		    struct proto_err *err)
+struct load {
+	struct trk_server *s;
+	struct trk_addenda *ad;
+	struct proto_err *err;
+};
+
+static int load_one(const char *name, void *arg)
 {
-	char path[4096];
+	struct load *l = arg;
+	char key[600], where[800];
 	uint8_t *buf = NULL;
-	size_t len = 0;
+	size_t len = 0, n = strlen(name);
 	struct proto_addendum a;
-	struct stat st;
 	int rc;
 
-	snprintf(path, sizeof(path), "%s/%s", ad->dir, name);
-	if ((rc = proto_read_file(path, proto_param(PROTO_PARAM_MANIFEST_MAX), &buf, &len,
-				  err)) != 0)
+	if (n <= 9 || strcmp(name + n - 9, ".addendum") != 0)
+		return 0;
+	snprintf(key, sizeof(key), ADDENDA_DIR "/%s", name);
+	snprintf(where, sizeof(where), "%s: %s", trk__store_name(l->s->st), key);
+	if ((rc = trk__store_get(l->s->st, key, proto_param(PROTO_PARAM_MANIFEST_MAX), &buf, &len,
+				 l->err)) != 0) {
+		if (rc == -ENOENT)
+			proto_errf(l->err, ENOENT, "%s: gone while loading", where);
 		return rc;
-	if (verify(s, buf, len, &a, err) != 0) {
+	}
+	if (verify(l->s, buf, len, &a, l->err) != 0) {
 		free(buf);
-		proto_err_prefix(err, "%s", path);
+		proto_err_prefix(l->err, "%s", where);
 		return -EINVAL;
 	}
-	if (find(ad, a.version, a.layout.layout_digest) != NULL) {
+	if (find(l->ad, a.version, a.layout.layout_digest) != NULL) {
 		proto_addendum_fini(&a);
 		free(buf);
-		return proto_errf(err, EINVAL, "%s: a second addendum for its version and layout",
-				  path);
+		return proto_errf(l->err, EINVAL, "%s: a second addendum for its version and layout",
+				  where);
 	}
-	if (append(ad, buf, len, &a, stat(path, &st) == 0 ? (uint64_t)st.st_mtime * 1000 : 0) != 0) {
+	/* When it came is not kept: its version's publication, a lower bound. */
+	const struct trk_version *v = trk__versions_find(l->s->vs, a.version);
+	if (append(l->ad, buf, len, &a, v != NULL ? v->published_ms : 0) != 0) {
 		proto_addendum_fini(&a);
 		free(buf);
-		return proto_errf(err, ENOMEM, "out of memory");
+		return proto_errf(l->err, ENOMEM, "out of memory");
 	}
 	return 0;
 }
 
-int trk__addenda_open(struct trk_server *s, const char *state_dir, struct trk_addenda **out,
-		      struct proto_err *err)
+int trk__addenda_open(struct trk_server *s, struct trk_addenda **out, struct proto_err *err)
 {
 	struct trk_addenda *ad = calloc(1, sizeof(*ad));
-	size_t n;
-	DIR *d;
-	struct dirent *e;
-	int rc = 0;
+	struct load l = {s, ad, err};
+	int rc;
 
 	*out = NULL;
 	if (ad == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
-	n = strlen(state_dir) + sizeof(ADDENDA_DIR) + 2;
-	ad->dir = malloc(n);
-	if (ad->dir == NULL) {
-		free(ad);
-		return proto_errf(err, ENOMEM, "out of memory");
+	if ((rc = trk__store_list(s->st, ADDENDA_DIR, load_one, &l, err)) != 0) {
+		trk__addenda_free(ad);
+		return rc;
 	}
-	snprintf(ad->dir, n, "%s/%s", state_dir, ADDENDA_DIR);
-	if ((rc = proto_mkdir_p(ad->dir, err)) != 0)
-		goto fail;
-	d = opendir(ad->dir);
-	if (d == NULL) {
-		rc = proto_errf(err, errno, "%s: %s", ad->dir, strerror(errno));
-		goto fail;
-	}
-	while (rc == 0 && (e = readdir(d)) != NULL) {
-		size_t l = strlen(e->d_name);
-		if (strstr(e->d_name, ".tmp.") != NULL) {
-			char p[4096];
-			snprintf(p, sizeof(p), "%s/%s", ad->dir, e->d_name);
-			unlink(p);
-		} else if (l > 9 && strcmp(e->d_name + l - 9, ".addendum") == 0) {
-			rc = load_one(s, ad, e->d_name, err);
-		}
-	}
-	closedir(d);
-	if (rc != 0)
-		goto fail;
 	*out = ad;
 	return 0;
-fail:
-	trk__addenda_free(ad);
-	return rc;
 }
 
 void trk__addenda_free(struct trk_addenda *ad)
@@ -227,7 +207,6 @@ void trk__addenda_free(struct trk_addenda *ad)
 		proto_addendum_fini(&ad->e[i].a);
 	}
 	free(ad->e);
-	free(ad->dir);
 	free(ad);
 }
 
@@ -337,7 +316,7 @@ int trk__addenda_add(struct trk_server *s, const uint8_t *buf, size_t len,
 	struct trk_addenda *ad = s->ad;
 	struct proto_addendum a;
 	const struct trk_addendum *old;
-	char path[4096], hex[2 * PROTO_HASH_BYTES + 1];
+	char key[600], hex[2 * PROTO_HASH_BYTES + 1];
 	uint8_t *copy;
 	uint64_t now = proto_wall_ms();
 	int code, rc;
@@ -364,27 +343,19 @@ int trk__addenda_add(struct trk_server *s, const uint8_t *buf, size_t len,
 		return 409;
 	}
 	copy = malloc(PROTO_MAX(len, 1));
-	if (copy == NULL || entry_path(ad, a.version, a.layout.layout_digest, path, sizeof(path)) != 0) {
+	if (copy == NULL) {
 		free(copy);
 		proto_addendum_fini(&a);
 		proto_errf(err, ENOMEM, "out of memory");
 		return 500;
 	}
 	memcpy(copy, buf, len);
+	entry_key(a.version, a.layout.layout_digest, key, sizeof(key));
 	/* Durable before the answer. */
-	rc = proto_write_file_atomic(path, buf, len, 0644, err);
-	if (rc == 0) {
-		int fd = open(ad->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (fd < 0 || fsync(fd) != 0)
-			rc = proto_errf(err, EIO, "%s: fsync: %s", ad->dir, strerror(errno));
-		if (fd >= 0)
-			close(fd);
-		if (rc != 0)
-			unlink(path);
-	}
+	rc = trk__store_put(s->st, key, buf, len, err);
 	if (rc != 0 || append(ad, copy, len, &a, now) != 0) {
 		if (rc == 0) {
-			unlink(path);
+			trk__store_remove(s->st, key, NULL);
 			proto_errf(err, ENOMEM, "out of memory");
 		}
 		LOG_ERR("storing an addendum of version %llu: %s", (unsigned long long)a.version,

@@ -53,7 +53,7 @@ static void send_buf(struct trk_server *s, struct evhttp_request *req, struct tr
 			code = 500;
 		out->len = out->body != NULL ? len : 0;
 		snprintf(out->ctype, sizeof(out->ctype), "%s", ctype);
-		if (s->vs != NULL)
+		if (s->vs != NULL && !s->standby)
 			trk__versions_chain(s->vs, out->chain, sizeof(out->chain));
 		count_answer(s, code);
 		out->code = code;
@@ -63,9 +63,12 @@ static void send_buf(struct trk_server *s, struct evhttp_request *req, struct tr
 	buffer = evbuffer_new();
 	evhttp_add_header(h, "Content-Type", ctype);
 	evhttp_add_header(h, "Cache-Control", "no-store");
-	if (s->auth != NULL)
+	if (s->auth != NULL && !s->standby)
 		evhttp_add_header(h, TRK_EPOCH_HEADER, trk__auth_epoch(s->auth));
-	if (s->vs != NULL) {
+	if (s->standby)
+		evhttp_add_header(h, TRK_STANDBY_HEADER, trk__lead_leader(s->lead));
+	else if (s->vs != NULL) {
+		/* A standby's chain may be behind the leader's: never shown. */
 		char chain[TRK_CHAIN_MAX];
 		trk__versions_chain(s->vs, chain, sizeof(chain));
 		evhttp_add_header(h, TRK_CHAIN_HEADER, chain);

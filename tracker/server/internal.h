@@ -15,6 +15,7 @@
 
 #include "proto/util.h"
 #include "tracker/server/state.h"
+#include "tracker/server/store.h"
 #include "tracker/tracker.h"
 #include "tracker/wire/tls.h"
 
@@ -30,6 +31,7 @@ struct trk_server {
 	char url[300];
 	uint64_t lease_ms;
 	struct trk_auth *auth; /* NULL: POSTs are not authenticated */
+	struct trk_store *st; /* where durable state lives (store.c) */
 	struct trk_versions *vs;
 	struct trk_registry *reg;
 	uint64_t started_ms;
@@ -41,7 +43,26 @@ struct trk_server {
 	struct trk_addenda *ad;    /* layouts added to published versions */
 	struct ssl_ctx_st *tls;    /* NULL: plain HTTP (wire/tls.c) */
 	struct trk_canary *canary; /* expected canary scores (canary.c) */
+	/* Several trackers on one etcd store (lead.c); NULL: this one alone. */
+	struct trk_lead *lead;
+	bool standby;           /* another leads: every request is handed on */
+	uint64_t lead_since_ms; /* took over from another (0: led from the start) */
+	int exit_code;          /* why the loop was broken (trk_server_exit_code) */
+	bool trainer_pk_set;
+	uint8_t trainer_pk[PROTO_PK_BYTES]; /* --trainer-pubkey, for a reload */
 };
+
+/* ---- lead.c: one leader among the trackers of a store ---- */
+
+struct trk_lead;
+/* Takes a lease on the store's etcd and leads, or stands by (s->standby),
+ * trying again every ttl_s / 3 seconds. */
+int trk__lead_new(struct trk_server *s, unsigned ttl_s, struct trk_lead **out,
+		  struct proto_err *err);
+/* The leader's URL as last read ("" before any). */
+const char *trk__lead_leader(const struct trk_lead *l);
+/* Gives the lead up (the lease revoked) and frees. NULL is fine. */
+void trk__lead_free(struct trk_lead *l);
 
 /* A request as the router takes it once evhttp parsed it: its method, URI
  * (as sent, and parsed), headers and body. Borrowed for one call. */

@@ -257,6 +257,13 @@ void trk__route_request(struct trk_server *s, const struct trk_request *r,
 		trk__fail(c, 405, "only GET, HEAD and POST are served");
 		return;
 	}
+	/* A standby hands everything on but its metrics (and its health,
+	 * which says so). */
+	if (s->standby && strcmp(c->path, "/metrics") != 0 && strcmp(c->path, "/healthz") != 0) {
+		trk__fail_routine(c, 503, "standby: the leading tracker is %s",
+				  trk__lead_leader(s->lead)[0] ? trk__lead_leader(s->lead) : "not known yet");
+		return;
+	}
 	if (evhttp_uri_get_query(uri) != NULL &&
 	    evhttp_parse_query_str(evhttp_uri_get_query(uri), &c->query) != 0) {
 		trk__fail(c, 400, "malformed query string");

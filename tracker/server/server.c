@@ -17,6 +17,7 @@
 #include "proto/optval.h"
 #include "proto/params.h"
 #include "tracker/server/internal.h"
+#include "tracker/wire/etcd.h"
 
 #define MAX_HEADERS_SIZE (16u << 10) /* request line and headers, bytes */
 
@@ -87,6 +88,92 @@ static int listen_on(struct trk_server *s, const char *host, uint16_t port,
 	return 0;
 }
 
+/* The cluster id a store holds: 0 with id filled, -ENOENT, or an error. */
+static int stored_cluster(struct trk_store *st, char *id, size_t cap, struct proto_err *err)
+{
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	int rc = trk__store_get(st, "cluster.id", 64, &buf, &len, err);
+
+	if (rc == 0) {
+		snprintf(id, cap, "%.*s", (int)strcspn((char *)buf, "\n"), (char *)buf);
+		free(buf);
+	}
+	return rc;
+}
+
+/*
+ * An etcd store and a state directory: the directory remembers the cluster
+ * id of the store it served. A store with another id, or an empty store
+ * while the directory remembers one (etcd wiped, or the wrong endpoints),
+ * is refused: serving it would start a new chain under the old one's
+ * nodes. The id is remembered after the versions are loaded (remember).
+ */
+static int check_memory(struct trk_server *s, const char *dir, char *mem, size_t cap,
+			struct proto_err *err)
+{
+	struct trk_store *d = NULL;
+	char id[80];
+	int rc, drc;
+
+	mem[0] = 0;
+	if ((rc = trk__store_open_dir(dir, &d, err)) != 0)
+		return rc;
+	drc = stored_cluster(d, mem, cap, err);
+	trk__store_free(d);
+	if (drc != 0 && drc != -ENOENT)
+		return drc;
+	rc = stored_cluster(s->st, id, sizeof(id), err);
+	if (rc != 0 && rc != -ENOENT)
+		return rc;
+	if (drc == 0 && rc == -ENOENT)
+		return proto_errf(err, EINVAL, "%s is empty, but the state directory %s served "
+				  "cluster %s from a store: a wiped etcd or the wrong endpoints? "
+				  "(restore etcd, or start a new chain with an empty --state)",
+				  trk__store_name(s->st), dir, mem);
+	if (drc == 0 && strcmp(id, mem) != 0)
+		return proto_errf(err, EINVAL, "%s holds cluster %s, the state directory %s "
+				  "served cluster %s: another cluster's store? (fix --store, "
+				  "or start with an empty --state)", trk__store_name(s->st), id, dir,
+				  mem);
+	return 0;
+}
+
+static int open_store(struct trk_server *s, const struct trk_server_opts *o,
+		      struct proto_err *err)
+{
+	struct trk_etcd_opts eo = {o->store, o->etcd_ca, o->etcd_cert, o->etcd_key, 0};
+	struct trk_etcd *e = NULL;
+	char mem[80] = "";
+	int rc;
+
+	if (o->store == NULL) {
+		if ((rc = trk__store_open_dir(o->state_dir, &s->st, err)) != 0)
+			return rc;
+		return trk__versions_open(s->st, o->trainer_pk, &s->vs, err);
+	}
+	if ((rc = trk_etcd_new(&eo, &e, err)) != 0 ||
+	    (rc = trk__store_open_etcd(e, &s->st, err)) != 0) {
+		proto_err_prefix(err, "--store");
+		return rc;
+	}
+	if (o->state_dir != NULL && (rc = check_memory(s, o->state_dir, mem, sizeof(mem), err)) != 0)
+		return rc;
+	if ((rc = trk__versions_open(s->st, o->trainer_pk, &s->vs, err)) != 0)
+		return rc;
+	if (o->state_dir != NULL && mem[0] == 0) {
+		struct trk_store *d = NULL;
+		char line[80];
+		snprintf(line, sizeof(line), "%s\n", trk__versions_cluster(s->vs));
+		if ((rc = trk__store_open_dir(o->state_dir, &d, err)) == 0)
+			rc = trk__store_put(d, "cluster.id", line, strlen(line), err);
+		trk__store_free(d);
+		if (rc != 0)
+			return rc;
+	}
+	return 0;
+}
+
 int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 		   struct trk_server **out, struct proto_err *err)
 {
@@ -150,9 +237,13 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 		proto_err_prefix(err, "cannot listen on %s", o->listen);
 		goto fail;
 	}
-	if ((rc = trk__versions_open(o->state_dir, o->trainer_pk, &s->vs, err)) != 0)
+	if (o->trainer_pk != NULL) {
+		memcpy(s->trainer_pk, o->trainer_pk, PROTO_PK_BYTES);
+		s->trainer_pk_set = true;
+	}
+	if ((rc = open_store(s, o, err)) != 0)
 		goto fail;
-	if ((rc = trk__addenda_open(s, o->state_dir, &s->ad, err)) != 0)
+	if ((rc = trk__addenda_open(s, &s->ad, err)) != 0)
 		goto fail;
 	if ((rc = trk__canary_new(&s->canary)) != 0) {
 		proto_errf(err, -rc, "out of memory");
@@ -176,6 +267,11 @@ int trk_server_new(struct event_base *base, const struct trk_server_opts *o,
 	}
 	snprintf(s->url, sizeof(s->url), strchr(host, ':') ? "%s://[%s]:%u" : "%s://%s:%u",
 		 s->tls != NULL ? "https" : "http", host, (unsigned)port);
+	if (o->store != NULL &&
+	    (rc = trk__lead_new(s, o->leader_ttl_s ? o->leader_ttl_s : 5, &s->lead, err)) != 0) {
+		proto_err_prefix(err, "--store");
+		goto fail;
+	}
 	s->sweep_ev = event_new(base, -1, EV_PERSIST, sweep_cb, s);
 	if (s->sweep_ev == NULL) {
 		rc = proto_errf(err, ENOMEM, "out of memory");
@@ -193,6 +289,11 @@ fail:
 	return rc;
 }
 
+int trk_server_exit_code(const struct trk_server *s)
+{
+	return s->exit_code;
+}
+
 const char *trk_server_url(const struct trk_server *s)
 {
 	return s->url;
@@ -204,6 +305,7 @@ void trk_server_free(struct trk_server *s)
 		return;
 	if (s->sweep_ev != NULL)
 		event_free(s->sweep_ev);
+	trk__lead_free(s->lead);
 	/* Held long-polls first: evhttp_free frees their requests. */
 	if (s->w != NULL)
 		trk__watches_drop(s->w);
@@ -215,6 +317,7 @@ void trk_server_free(struct trk_server *s)
 	trk__canary_free(s->canary);
 	trk__watches_free(s->w);
 	trk__versions_free(s->vs);
+	trk__store_free(s->st);
 	trk__auth_free(s->auth);
 	trk__tls_ctx_free(s->tls);
 	free(s);

@@ -62,9 +62,12 @@ struct trk_version {
 	struct proto_manifest *m;
 };
 
-/* Opens (creating) state_dir and loads its log; trainer_pk NULL means the
- * pinned key (if any). On failure *out is NULL and err says why. */
-int trk__versions_open(const char *state_dir, const uint8_t *trainer_pk,
+struct trk_store;
+
+/* Loads the log from st (the server's store), making a cluster id in an
+ * empty one; trainer_pk NULL means the pinned key (if any). On failure
+ * *out is NULL and err says why. */
+int trk__versions_open(struct trk_store *st, const uint8_t *trainer_pk,
 		       struct trk_versions **out, struct proto_err *err);
 /* NULL is fine. */
 void trk__versions_free(struct trk_versions *vs);
@@ -114,20 +117,15 @@ int trk__versions_manifest(struct trk_versions *vs, uint64_t v,
 int trk__versions_read_raw(struct trk_versions *vs, const struct trk_version *r, uint8_t **buf,
 			   size_t *len, struct proto_err *err);
 bool trk__versions_pinned(const struct trk_versions *vs);
-/* Whether a version could be written now: creates, writes a byte to and
- * removes a file in the state directory's versions/ (named as a temporary
- * file, which a restart removes). 0, or a negative errno with err naming
- * the directory and why (/healthz). Leaves nothing behind. */
-int trk__versions_probe(const struct trk_versions *vs, struct proto_err *err);
 /* The trainer key versions are checked with; NULL before one is known. */
 const uint8_t *trk__versions_pk(const struct trk_versions *vs);
 
 /* ---- addenda_store.c: layouts added to published versions ---- */
 
 /* Loads (verifying each against the trainer key and its version's
- * manifest) the addenda stored under state_dir; s->vs must be open. On
- * failure *out is NULL and err names the damaged file. */
-int trk__addenda_open(struct trk_server *s, const char *state_dir, struct trk_addenda **out,
+ * manifest) the addenda in s->st; s->vs must be open. On failure *out is
+ * NULL and err names the damaged one. */
+int trk__addenda_open(struct trk_server *s, struct trk_addenda **out,
 		      struct proto_err *err);
 void trk__addenda_free(struct trk_addenda *ad);
 /* Checks a posted addendum (signature, binding to its version's manifest)

@@ -20,21 +20,21 @@
 #include "tracker/server/internal.h"
 
 /*
- * On disk, under the state directory:
+ * In the store (a state directory's files, or etcd's keys; store.h):
  *   versions/<20-digit v>.manifest  the signed manifest bytes, as published
  *   versions/<20-digit v>.json      {"published_ms":..} (tracker time)
  *   trainer.pub                     the pinned trainer key (without
  *                                   --trainer-pubkey), in the key file form
  *   cluster.id                      the chain's identity: 32 hex digits and
  *                                   a newline, random, made with a fresh state
- * Each file is written temp-fsync-rename and the directory fsynced before the
- * publisher hears 201. The chain is re-verified on every start.
+ * Each is durable before the publisher hears 201; a version's manifest is
+ * created, never overwritten (of two trackers on one etcd that both take
+ * version v, one is refused). The chain is re-verified on every load.
  */
 #define CACHE_VERSIONS 8 /* newest versions kept decoded in memory */
 
 struct trk_versions {
-	char *dir;            /* state dir */
-	char *vdir;           /* state dir/versions */
+	struct trk_store *st; /* the server's */
 	bool have_pk, pinned; /* pinned: the key came from the pin file / first */
 	uint8_t pk[PROTO_PK_BYTES];
 	char cluster[2 * TRK_CLUSTER_ID_BYTES + 1]; /* cluster.id, hex */
@@ -48,32 +48,9 @@ struct trk_versions {
 	uint64_t built_delta, built_chain, built_full, anchor_requests;
 };
 
-static char *path_join(const char *a, const char *b)
+static void version_key(uint64_t v, const char *ext, char *buf, size_t len)
 {
-	size_t n = strlen(a) + strlen(b) + 2;
-	char *p = malloc(n);
-	if (p != NULL)
-		snprintf(p, n, "%s/%s", a, b);
-	return p;
-}
-
-static int version_path(const struct trk_versions *vs, uint64_t v,
-			const char *ext, char *buf, size_t len)
-{
-	int n = snprintf(buf, len, "%s/%020llu.%s", vs->vdir,
-			 (unsigned long long)v, ext);
-	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
-}
-
-static int fsync_dir(const char *dir)
-{
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = 0;
-	if (fd < 0)
-		return -errno;
-	if (fsync(fd) != 0)
-		rc = -errno;
-	close(fd);
-	return rc;
+	snprintf(buf, len, "versions/%020llu.%s", (unsigned long long)v, ext);
 }
 
 static void version_drop_cache(struct trk_version *v)
@@ -165,37 +142,32 @@ static int write_pin(struct trk_versions *vs, const uint8_t *pk,
 		     struct proto_err *err)
 {
 	char line[128], hex[2 * PROTO_PK_BYTES + 1];
-	char *path = path_join(vs->dir, "trainer.pub");
-	int rc;
 
-	if (path == NULL)
-		return proto_errf(err, ENOMEM, "out of memory");
 	trk__hex(pk, PROTO_PK_BYTES, hex);
 	snprintf(line, sizeof(line), "tessera-ed25519-public %s\n", hex);
-	rc = proto_write_file_atomic(path, line, strlen(line), 0644, err);
-	if (rc == 0)
-		rc = fsync_dir(vs->dir);
-	free(path);
-	return rc;
+	return trk__store_put(vs->st, "trainer.pub", line, strlen(line), err);
 }
 
 /* Loads one stored version: its manifest (verified with the key) and meta. */
 static int load_one(struct trk_versions *vs, uint64_t v, struct proto_err *err)
 {
-	char path[4096];
+	char path[600], key[64];
 	uint8_t *buf = NULL, *meta = NULL;
 	size_t len = 0, mlen = 0;
 	struct trk_version r = {0};
 	struct proto_manifest *m = calloc(1, sizeof(*m));
-	struct stat st;
 	int rc;
 
 	if (m == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
-	if ((rc = version_path(vs, v, "manifest", path, sizeof(path))) != 0 ||
-	    (rc = proto_read_file(path, proto_param(PROTO_PARAM_MANIFEST_MAX), &buf,
-				  &len, err)) != 0)
+	version_key(v, "manifest", key, sizeof(key));
+	snprintf(path, sizeof(path), "%s: %s", trk__store_name(vs->st), key);
+	if ((rc = trk__store_get(vs->st, key, proto_param(PROTO_PARAM_MANIFEST_MAX), &buf, &len,
+				 err)) != 0) {
+		if (rc == -ENOENT)
+			proto_errf(err, ENOENT, "%s: gone while loading", path);
 		goto fail;
+	}
 	if (!vs->have_pk) {
 		/* Stored versions but no pin (a crash between the first version
 		 * and its pin): the first version's signer is the pin. */
@@ -222,9 +194,9 @@ static int load_one(struct trk_versions *vs, uint64_t v, struct proto_err *err)
 		goto fail;
 	}
 	fill_record(&r, m);
-	r.published_ms = stat(path, &st) == 0 ? (uint64_t)st.st_mtime * 1000 : 0;
-	if (version_path(vs, v, "json", path, sizeof(path)) == 0 &&
-	    proto_read_file(path, 4096, &meta, &mlen, NULL) == 0) {
+	r.published_ms = m->created_ms; /* without its record: the trainer's time */
+	version_key(v, "json", key, sizeof(key));
+	if (trk__store_get(vs->st, key, 4096, &meta, &mlen, NULL) == 0) {
 		json_t *j = json_loadb((const char *)meta, mlen, 0, NULL);
 		json_t *p = json_object_get(j, "published_ms");
 		if (json_is_integer(p) && json_integer_value(p) > 0)
@@ -247,169 +219,135 @@ fail:
 	return rc;
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
+/* The versions of a store listing: versions/<20 digits>.manifest. */
+struct scan {
+	uint64_t *list;
+	size_t n, cap;
+};
 
-/* Lists versions/<20 digits>.manifest in increasing order; stray temporary
- * files of an interrupted write are removed. */
-static int scan(struct trk_versions *vs, uint64_t **out, size_t *n,
-		struct proto_err *err)
+static int scan_one(const char *name, void *arg)
 {
-	DIR *d = opendir(vs->vdir);
-	struct dirent *e;
-	uint64_t *list = NULL;
-	size_t cnt = 0, cap = 0;
+	struct scan *sc = arg;
+	char num[21];
+	uint64_t v;
 
-	*out = NULL;
-	*n = 0;
-	if (d == NULL)
-		return proto_errf(err, errno, "%s: %s", vs->vdir, strerror(errno));
-	while ((e = readdir(d)) != NULL) {
-		char num[21];
-		uint64_t v;
-		if (strstr(e->d_name, ".tmp.") != NULL) {
-			char p[4096];
-			snprintf(p, sizeof(p), "%s/%s", vs->vdir, e->d_name);
-			unlink(p);
-			continue;
-		}
-		if (strlen(e->d_name) != 20 + strlen(".manifest") ||
-		    strcmp(e->d_name + 20, ".manifest") != 0)
-			continue;
-		memcpy(num, e->d_name, 20);
-		num[20] = 0;
-		if (proto_parse_u64(num, 1, UINT64_MAX, &v) != 0)
-			continue;
-		if (cnt == cap) {
-			cap = cap ? 2 * cap : 64;
-			uint64_t *nl = realloc(list, cap * sizeof(*nl));
-			if (nl == NULL) {
-				free(list);
-				closedir(d);
-				return proto_errf(err, ENOMEM, "out of memory");
-			}
-			list = nl;
-		}
-		list[cnt++] = v;
+	if (strlen(name) != 20 + strlen(".manifest") || strcmp(name + 20, ".manifest") != 0)
+		return 0;
+	memcpy(num, name, 20);
+	num[20] = 0;
+	if (proto_parse_u64(num, 1, UINT64_MAX, &v) != 0)
+		return 0;
+	if (sc->n == sc->cap) {
+		size_t cap = sc->cap ? 2 * sc->cap : 64;
+		uint64_t *nl = realloc(sc->list, cap * sizeof(*nl));
+		if (nl == NULL)
+			return -ENOMEM;
+		sc->list = nl;
+		sc->cap = cap;
 	}
-	closedir(d);
-	if (cnt > 1)
-		qsort(list, cnt, sizeof(*list), cmp_u64);
-	*out = list;
-	*n = cnt;
+	sc->list[sc->n++] = v; /* in name order: increasing */
 	return 0;
 }
 
-/* Loads state_dir/cluster.id, or makes one when absent (fresh is true when
- * the state holds no versions either). A malformed file is refused. */
-static int load_cluster_id(struct trk_versions *vs, bool fresh,
-			   struct proto_err *err)
+/* Loads the cluster id, or makes one when absent (fresh is true when the
+ * store holds no versions either). A malformed one is refused. */
+static int load_cluster_id(struct trk_versions *vs, bool fresh, struct proto_err *err)
 {
-	char *path = path_join(vs->dir, "cluster.id");
 	const size_t hex = 2 * TRK_CLUSTER_ID_BYTES;
+	const char *where = trk__store_name(vs->st);
 	uint8_t *buf = NULL, id[TRK_CLUSTER_ID_BYTES];
 	size_t len = 0;
-	struct stat st;
-	int rc = 0;
+	int rc;
 
-	if (path == NULL)
-		return proto_errf(err, ENOMEM, "out of memory");
-	if (stat(path, &st) == 0) {
-		if ((rc = proto_read_file(path, 64, &buf, &len, err)) != 0)
-			goto out;
-		if (len < hex || len > hex + 1 ||
-		    strspn((char *)buf, "0123456789abcdef") != hex ||
-		    (len == hex + 1 && buf[hex] != '\n')) {
-			rc = proto_errf(err, EINVAL,
-					"%s: corrupt cluster id (want %zu hex digits "
-					"and a newline); restore it, or start a new "
-					"chain on an empty state directory",
-					path, hex);
-			goto out;
+	for (int tries = 0; tries < 2; tries++) {
+		rc = trk__store_get(vs->st, "cluster.id", 64, &buf, &len, err);
+		if (rc == 0) {
+			if (len < hex || len > hex + 1 ||
+			    strspn((char *)buf, "0123456789abcdef") != hex ||
+			    (len == hex + 1 && buf[hex] != '\n')) {
+				rc = proto_errf(err, EINVAL,
+						"%s: cluster.id: corrupt cluster id (want %zu hex digits and a "
+						"newline); restore it, or start a new chain on an "
+						"empty store", where, hex);
+			} else {
+				memcpy(vs->cluster, buf, hex);
+				vs->cluster[hex] = 0;
+			}
+			free(buf);
+			return rc;
 		}
-		memcpy(vs->cluster, buf, hex);
+		if (rc != -ENOENT)
+			return rc;
+		randombytes_buf(id, sizeof(id));
+		sodium_bin2hex(vs->cluster, sizeof(vs->cluster), id, sizeof(id));
+		vs->cluster[hex] = '\n';
+		rc = trk__store_create(vs->st, "cluster.id", vs->cluster, hex + 1, err);
 		vs->cluster[hex] = 0;
-		goto out;
+		if (rc == -EEXIST)
+			continue; /* another tracker on the store made it first */
+		if (rc != 0)
+			return rc;
+		if (fresh)
+			LOG_NOTE("new state in %s: cluster id %s, no versions (a new chain: "
+				 "publishers and nodes that saw another refuse this tracker "
+				 "until restarted)", where, vs->cluster);
+		else
+			LOG_WARN("state in %s has versions but no cluster id: new cluster id %s",
+				 where, vs->cluster);
+		return 0;
 	}
-	randombytes_buf(id, sizeof(id));
-	sodium_bin2hex(vs->cluster, sizeof(vs->cluster), id, sizeof(id));
-	vs->cluster[hex] = '\n';
-	rc = proto_write_file_atomic(path, vs->cluster, hex + 1, 0644, err);
-	vs->cluster[hex] = 0;
-	if (rc != 0)
-		goto out;
-	if ((rc = fsync_dir(vs->dir)) != 0) {
-		rc = proto_errf(err, -rc, "%s: %s", vs->dir, strerror(-rc));
-		goto out;
-	}
-	if (fresh)
-		LOG_NOTE("new state in %s: cluster id %s, no versions (a new "
-			 "chain: publishers and nodes that saw another refuse "
-			 "this tracker until restarted)",
-			 vs->dir, vs->cluster);
-	else
-		LOG_WARN("state in %s has versions but no cluster id: new "
-			 "cluster id %s", vs->dir, vs->cluster);
-out:
-	free(buf);
-	free(path);
-	return rc;
+	return proto_errf(err, EIO, "%s: cluster.id: made and gone again", where);
 }
 
-int trk__versions_open(const char *state_dir, const uint8_t *trainer_pk,
+int trk__versions_open(struct trk_store *st, const uint8_t *trainer_pk,
 		       struct trk_versions **out, struct proto_err *err)
 {
 	struct trk_versions *vs = calloc(1, sizeof(*vs));
-	uint64_t *list = NULL;
-	size_t nlist = 0;
-	char *pin = NULL;
-	struct stat st;
+	struct scan sc = {0};
+	uint8_t *pin = NULL;
+	size_t pinlen = 0;
+	char name[700];
 	int rc;
 
 	*out = NULL;
 	if (vs == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
-	vs->dir = strdup(state_dir);
-	vs->vdir = path_join(state_dir, "versions");
-	pin = path_join(state_dir, "trainer.pub");
-	if (vs->dir == NULL || vs->vdir == NULL || pin == NULL) {
-		rc = proto_errf(err, ENOMEM, "out of memory");
-		goto fail;
-	}
-	if ((rc = proto_mkdir_p(vs->vdir, err)) != 0)
-		goto fail;
+	vs->st = st;
 	if (trainer_pk != NULL) {
 		memcpy(vs->pk, trainer_pk, PROTO_PK_BYTES);
 		vs->have_pk = true;
-	} else if (stat(pin, &st) == 0) {
-		if ((rc = proto_key_load_public(pin, vs->pk, err)) != 0)
+	} else if ((rc = trk__store_get(st, "trainer.pub", 4096, &pin, &pinlen, err)) == 0) {
+		snprintf(name, sizeof(name), "%s: trainer.pub", trk__store_name(st));
+		rc = proto_key_parse_public(pin, pinlen, name, vs->pk, err);
+		free(pin);
+		if (rc != 0)
 			goto fail;
 		vs->have_pk = vs->pinned = true;
-	}
-	if ((rc = scan(vs, &list, &nlist, err)) != 0)
+	} else if (rc != -ENOENT) {
 		goto fail;
-	for (size_t i = 0; i < nlist; i++)
-		if ((rc = load_one(vs, list[i], err)) != 0)
+	}
+	if ((rc = trk__store_list(st, "versions", scan_one, &sc, err)) != 0) {
+		if (rc == -ENOMEM)
+			proto_errf(err, ENOMEM, "out of memory");
+		goto fail;
+	}
+	for (size_t i = 0; i < sc.n; i++)
+		if ((rc = load_one(vs, sc.list[i], err)) != 0)
 			goto fail;
-	if ((rc = load_cluster_id(vs, nlist == 0, err)) != 0)
+	if ((rc = load_cluster_id(vs, sc.n == 0, err)) != 0)
 		goto fail;
 	{
 		uint8_t inst[TRK_EPOCH_BYTES];
 		randombytes_buf(inst, sizeof(inst));
 		sodium_bin2hex(vs->instance, sizeof(vs->instance), inst, sizeof(inst));
 	}
-	free(list);
-	free(pin);
+	free(sc.list);
 	if (!vs->have_pk)
 		LOG_WARN("no --trainer-pubkey: the signer of the first version will be pinned");
 	*out = vs;
 	return 0;
 fail:
-	free(list);
-	free(pin);
+	free(sc.list);
 	trk__versions_free(vs);
 	return rc;
 }
@@ -421,29 +359,7 @@ void trk__versions_free(struct trk_versions *vs)
 	for (size_t i = 0; i < vs->n; i++)
 		version_drop_cache(&vs->v[i]);
 	free(vs->v);
-	free(vs->dir);
-	free(vs->vdir);
 	free(vs);
-}
-
-int trk__versions_probe(const struct trk_versions *vs, struct proto_err *err)
-{
-	char path[4096];
-	int fd, e = 0;
-
-	snprintf(path, sizeof(path), "%s/.healthz.tmp.XXXXXX", vs->vdir);
-	fd = mkstemp(path);
-	if (fd < 0)
-		return proto_errf(err, errno, "state directory %s: cannot create a file: %s",
-				  vs->vdir, strerror(errno));
-	if (write(fd, "x", 1) != 1)
-		e = errno != 0 ? errno : EIO;
-	close(fd);
-	unlink(path);
-	if (e != 0)
-		return proto_errf(err, e, "state directory %s: cannot write: %s", vs->vdir,
-				  strerror(e));
-	return 0;
 }
 
 bool trk__versions_pinned(const struct trk_versions *vs)
@@ -546,20 +462,22 @@ void trk__versions_chain(const struct trk_versions *vs, char *buf, size_t len)
 int trk__versions_read_raw(struct trk_versions *vs, const struct trk_version *r, uint8_t **buf,
 			   size_t *len, struct proto_err *err)
 {
-	char path[4096];
+	char key[64];
 	uint8_t d[PROTO_HASH_BYTES];
 	int rc;
 
-	if ((rc = version_path(vs, r->version, "manifest", path, sizeof(path))) != 0)
-		return proto_errf(err, -rc, "path too long");
-	if ((rc = proto_read_file(path, proto_param(PROTO_PARAM_MANIFEST_MAX), buf,
-				  len, err)) != 0)
+	version_key(r->version, "manifest", key, sizeof(key));
+	rc = trk__store_get(vs->st, key, proto_param(PROTO_PARAM_MANIFEST_MAX), buf, len, err);
+	if (rc == -ENOENT)
+		return proto_errf(err, ENOENT, "%s: %s: gone", trk__store_name(vs->st), key);
+	if (rc != 0)
 		return rc;
 	crypto_generichash(d, sizeof(d), *buf, *len, NULL, 0);
 	if (memcmp(d, r->digest, sizeof(d)) != 0) {
 		free(*buf);
 		*buf = NULL;
-		return proto_errf(err, EIO, "%s: digest changed on disk", path);
+		return proto_errf(err, EIO, "%s: %s: digest changed in the store",
+				  trk__store_name(vs->st), key);
 	}
 	return 0;
 }
@@ -600,34 +518,33 @@ int trk__versions_manifest(struct trk_versions *vs, uint64_t v,
 	return 0;
 }
 
-/* Writes the manifest and its meta record; on failure neither is left. */
+/* Writes the manifest (created: -EEXIST when the version is taken) and
+ * its meta record; on failure neither is left. */
 static int store(struct trk_versions *vs, const struct proto_manifest *m,
 		 const uint8_t *buf, size_t len, uint64_t published_ms,
 		 struct proto_err *err)
 {
-	char mpath[4096], jpath[4096], meta[64];
+	char mkey[64], jkey[64], meta[64];
 	int rc;
 
-	if ((rc = version_path(vs, m->version, "manifest", mpath, sizeof(mpath))) != 0 ||
-	    (rc = version_path(vs, m->version, "json", jpath, sizeof(jpath))) != 0)
-		return proto_errf(err, -rc, "state path too long");
+	version_key(m->version, "manifest", mkey, sizeof(mkey));
+	version_key(m->version, "json", jkey, sizeof(jkey));
 	snprintf(meta, sizeof(meta), "{\"published_ms\":%llu}\n",
 		 (unsigned long long)published_ms);
-	if ((rc = proto_write_file_atomic(mpath, buf, len, 0644, err)) != 0)
+	if ((rc = trk__store_create(vs->st, mkey, buf, len, err)) != 0) {
+		if (rc == -EEXIST)
+			proto_errf(err, EEXIST, "version %llu was stored meanwhile by another "
+				   "tracker of %s", (unsigned long long)m->version,
+				   trk__store_name(vs->st));
 		return rc;
-	if ((rc = proto_write_file_atomic(jpath, meta, strlen(meta), 0644, err)) != 0)
-		goto fail;
-	if ((rc = fsync_dir(vs->vdir)) != 0) {
-		proto_errf(err, -rc, "%s: fsync: %s", vs->vdir, strerror(-rc));
-		goto fail;
 	}
-	if (!vs->have_pk && (rc = write_pin(vs, m->signer, err)) != 0)
-		goto fail;
+	if ((rc = trk__store_put(vs->st, jkey, meta, strlen(meta), err)) != 0 ||
+	    (!vs->have_pk && (rc = write_pin(vs, m->signer, err)) != 0)) {
+		trk__store_remove(vs->st, jkey, NULL);
+		trk__store_remove(vs->st, mkey, NULL);
+		return rc;
+	}
 	return 0;
-fail:
-	unlink(jpath);
-	unlink(mpath);
-	return rc;
 }
 
 int trk__versions_append(struct trk_versions *vs, struct proto_manifest *m, const uint8_t *raw,
@@ -644,11 +561,12 @@ int trk__versions_append(struct trk_versions *vs, struct proto_manifest *m, cons
 		return proto_errf(err, ENOMEM, "out of memory");
 	memcpy(copy, raw, len);
 	/* Durable before the answer. */
-	if (store(vs, m, raw, len, r.published_ms, err) != 0) {
+	int rc = store(vs, m, raw, len, r.published_ms, err);
+	if (rc != 0) {
 		LOG_ERR("storing version %llu: %s", (unsigned long long)m->version, err->msg);
 		proto_err_prefix(err, "cannot store the version");
 		free(copy);
-		return -EIO;
+		return rc == -EEXIST ? -EEXIST : -EIO;
 	}
 	r.raw = copy;
 	r.rawlen = len;

@@ -122,8 +122,8 @@ void trk__handle_publish(struct trk_call *c)
 			goto out;
 		}
 	}
-	if (trk__versions_append(vs, m, c->body, c->len, &err) != 0) {
-		trk__fail(c, 500, "%s", err.msg);
+	if ((code = trk__versions_append(vs, m, c->body, c->len, &err)) != 0) {
+		trk__fail(c, code == -EEXIST ? 409 : 500, "%s", err.msg);
 		goto out;
 	}
 	latest = trk__versions_find(vs, m->version);

@@ -136,6 +136,24 @@ int trk__tls_client_ctx(const char *ca_file, struct ssl_ctx_st **out,
 	return 0;
 }
 
+int trk__tls_client_cert(struct ssl_ctx_st *ctx, const char *cert, const char *key,
+			 struct proto_err *err)
+{
+	char why[256];
+
+	if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {
+		ssl_error_line(why, sizeof(why));
+		return proto_errf(err, EINVAL, "%s: no PEM certificate: %s", cert, why);
+	}
+	if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 ||
+	    SSL_CTX_check_private_key(ctx) != 1) {
+		ssl_error_line(why, sizeof(why));
+		return proto_errf(err, EINVAL, "%s: not the private key of %s: %s", key, cert,
+				  why);
+	}
+	return 0;
+}
+
 void trk__tls_ctx_free(struct ssl_ctx_st *ctx)
 {
 	SSL_CTX_free(ctx);

@@ -21,6 +21,11 @@ int trk__tls_server_ctx(const char *cert, const char *key, struct ssl_ctx_st **o
  * system's trust store when NULL. 0 or a negative errno with err set. */
 int trk__tls_client_ctx(const char *ca_file, struct ssl_ctx_st **out,
 			struct proto_err *err);
+/* Presents cert (a PEM chain) with its PEM key from a client context (a
+ * store that asks for client certificates). 0 or a negative errno with err
+ * set naming the file. */
+int trk__tls_client_cert(struct ssl_ctx_st *ctx, const char *cert, const char *key,
+			 struct proto_err *err);
 /* NULL is fine. */
 void trk__tls_ctx_free(struct ssl_ctx_st *ctx);
 /* Bufferevents without a socket yet (evhttp sets it), closing it when
