@@ -377,12 +377,11 @@ static struct {
 	uint64_t swarm_gen, members_gen, at_ns;
 } base_state;
 
-/* A fresh replay cache (and epoch): the macs sent so far are forgotten. */
+/* An empty replay cache: the macs sent so far are forgotten (in place: a
+ * new cache would cost a large calloc per input). */
 static void forget_signatures(void)
 {
-	trk__auth_free(srv->auth);
-	if (trk__auth_new(cluster_key, proto_param(PROTO_PARAM_AUTH_WINDOW_S), &srv->auth) != 0)
-		abort();
+	trk__auth_forget(srv->auth);
 	signed_any = false;
 }
 
@@ -425,23 +424,35 @@ static bool base_state_changed(void)
 	       proto_now_ns() - base_state.at_ns > 1000000000ull;
 }
 
-/* Copies in[0..n) with the placeholders replaced; malloc'ed, *outn set. */
+/* Copies in[0..n) with the placeholders replaced; malloc'ed, *outn set.
+ * Only an '@' can start one, so the bytes between are copied in runs. */
 static char *subst(const uint8_t *in, size_t n, size_t *outn)
 {
 	const char *kv[][2] = {{"@MODEL@", hex_model}, {"@TL@", hex_tl}, {"@TP2@", hex_tp2},
 			       {"@PUB@", pub_id},      {"@D1@", hex_d1}};
-	char *out = malloc(n * 16 + 1); /* @TL@: 4 bytes become 64 */
-	size_t o = 0;
+	size_t cap = n + 1, o = 0;
+	const uint8_t *at;
+	char *out;
 
-	if (out == NULL)
+	for (size_t i = 0; (at = memchr(in + i, '@', n - i)) != NULL; i = (size_t)(at - in) + 1)
+		cap += 64; /* a value is at most 64 bytes */
+	if ((out = malloc(cap)) == NULL)
 		abort();
 	for (size_t i = 0; i < n;) {
-		size_t k;
+		size_t k, run;
+
+		at = memchr(in + i, '@', n - i);
+		run = at != NULL ? (size_t)(at - (in + i)) : n - i;
+		memcpy(out + o, in + i, run);
+		o += run;
+		i += run;
+		if (i == n)
+			break;
 		for (k = 0; k < sizeof(kv) / sizeof(kv[0]); k++) {
-			size_t kl = strlen(kv[k][0]);
+			size_t kl = strlen(kv[k][0]), vl = strlen(kv[k][1]);
 			if (n - i >= kl && memcmp(in + i, kv[k][0], kl) == 0) {
-				memcpy(out + o, kv[k][1], strlen(kv[k][1]));
-				o += strlen(kv[k][1]);
+				memcpy(out + o, kv[k][1], vl);
+				o += vl;
 				i += kl;
 				break;
 			}

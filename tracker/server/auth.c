@@ -59,10 +59,7 @@ void trk__auth_free(struct trk_auth *a)
 {
 	if (a == NULL)
 		return;
-	for (struct seen *e = a->head, *next; e != NULL; e = next) {
-		next = e->fifo_next;
-		free(e);
-	}
+	trk__auth_forget(a);
 	sodium_memzero(a->key, sizeof(a->key));
 	free(a);
 }
@@ -86,6 +83,16 @@ static void expire(struct trk_auth *a, uint64_t now_s)
 			a->tail = NULL;
 		free(e);
 	}
+}
+
+void trk__auth_forget(struct trk_auth *a)
+{
+	for (struct seen *e = a->head, *next; e != NULL; e = next) {
+		next = e->fifo_next;
+		a->buckets[bucket_of(e->mac)] = NULL; /* every entry is in the FIFO */
+		free(e);
+	}
+	a->head = a->tail = NULL;
 }
 
 static bool seen_before(struct trk_auth *a, const uint8_t *mac)

@@ -189,6 +189,9 @@ int trk__head_parse(const uint8_t *buf, size_t len, struct trk_head *out);
 int trk__auth_new(const uint8_t key[PROTO_CLUSTER_KEY_BYTES], uint64_t window_s,
 		  struct trk_auth **out);
 void trk__auth_free(struct trk_auth *a);
+/* Forgets every mac seen (key, window and epoch stay): the fuzz harness
+ * starts each input with an empty replay cache. Cannot fail. */
+void trk__auth_forget(struct trk_auth *a);
 /* This instance's epoch (hex; NULL when a is NULL). Borrowed. */
 const char *trk__auth_epoch(const struct trk_auth *a);
 /* 0 when header is a valid, fresh, unreplayed signature of the request (the
