@@ -195,7 +195,7 @@ include deploy/install.mk
         check run-bench run-bench-delta run-bench-delta-net run-bench-steady run-demo run-demo-netns run-fuzz \
         check-deploy run-check-deploy run-bench-tracker check-page run-check-page \
         bench-fanout bench-elastic run-bench-fanout run-bench-elastic gpu-check \
-        bench-sites run-bench-sites \
+        bench-sites run-bench-sites bench-etcd run-bench-etcd \
         install uninstall venv
 # The last line of `make`: what it built.
 all: $(BINS) $(CLIENT_LIBS) $(BUILD)/rel/layers.ok
@@ -209,7 +209,7 @@ $(BUILD)/rel/layers.ok: $(rel_LIBS) tests/check-layers.sh
 # The user-facing targets install missing dependencies first, then re-enter
 # make so that pkg-config sees the freshly installed packages.
 test bench bench-delta bench-delta-net bench-steady bench-tracker bench-activate bench-anchor demo demo-netns fuzz \
-check-page bench-fanout bench-elastic bench-fp8 bench-sites: deps
+check-page bench-fanout bench-elastic bench-fp8 bench-sites bench-etcd: deps
 	@$(MAKE) --no-print-directory $(if $(filter test,$@),check,run-$@)
 
 define program
@@ -282,6 +282,11 @@ run-bench-elastic: $(BINS)
 # (tests/bench/bench_sites.sh).
 run-bench-sites: $(BINS)
 	BIN=$(BUILD)/bin tests/bench/bench_sites.sh
+# Trackers on a three-member etcd on loopback: a version's store cost
+# against a state directory's, the takeover after the leader is killed
+# (tests/bench/bench_etcd.sh).
+run-bench-etcd: $(BINS)
+	BIN=$(BUILD)/bin tests/bench/bench_etcd.sh
 
 # Replicas tp2 tp2 tp1, a 128 MiB model, a version every second for 60 s.
 run-bench-steady: $(BUILD)/bench/bench_steady $(BINS)

@@ -170,6 +170,11 @@ static void fill(struct proto_metrics *m, struct trk_server *s, bool *bad)
 
 	trk__registry_counts(s->reg, &k);
 	trk__srcache_stats(s->reg->srcache, &sh, &sm);
+	/* A standby's chain is as of its start (or its last takeover). */
+	gauge(m, "tessera_tracker_leading", NULL,
+	      "1 when this tracker answers (alone, or leading the trackers of its store); 0 "
+	      "while it stands by and the version counts below are not current.",
+	      s->standby ? 0 : 1, bad);
 	gauge(m, "tessera_tracker_versions", NULL, "Versions in the log.", trk__versions_count(s->vs),
 	      bad);
 	gauge(m, "tessera_tracker_latest_version", NULL, "Newest version number.",
