@@ -49,19 +49,6 @@ struct env {
 	uint64_t latest_ms, active_ms[2], gap_publish_ms, gap_active_ms[2];
 };
 
-static int free_port(void)
-{
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-	assert_true(fd >= 0);
-	assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-	assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-	close(fd);
-	return ntohs(a.sin_port);
-}
-
 static bool have_etcd(void)
 {
 	return system("command -v etcd >/dev/null 2>&1") == 0;
@@ -183,8 +170,8 @@ static int setup(void **state)
 	setenv("TESSERA_CHUNK_SIZE", "65536", 1);
 	tu_hand_files(&e->h, 4, &e->m);
 	for (int i = 0; i < MEMBERS; i++) {
-		e->client_port[i] = free_port();
-		e->peer_port[i] = free_port();
+		e->client_port[i] = tu_free_port();
+		e->peer_port[i] = tu_free_port();
 		char one[32];
 		snprintf(one, sizeof(one), "%s127.0.0.1:%d", i ? "," : "", e->client_port[i]);
 		strncat(e->endpoints, one, sizeof(e->endpoints) - strlen(e->endpoints) - 1);
@@ -194,7 +181,7 @@ static int setup(void **state)
 		start_member(e, i);
 	wait_etcd(e);
 	for (int i = 0; i < 2; i++) {
-		snprintf(e->listen[i], sizeof(e->listen[i]), "127.0.0.1:%d", free_port());
+		snprintf(e->listen[i], sizeof(e->listen[i]), "127.0.0.1:%d", tu_free_port());
 		snprintf(e->url[i], sizeof(e->url[i]), "http://127.0.0.1:%s",
 			 strchr(e->listen[i], ':') + 1);
 	}
@@ -407,10 +394,76 @@ static void store_checks(void **state)
 	}
 }
 
+/* etcds:// with client certificates: an etcd member that asks for them
+ * serves a tracker that presents one, and refuses one that does not, which
+ * exits in one line naming the flags to check. */
+static void tls_store(void **state)
+{
+	struct env *e = *state;
+	char path[256] = "", dir[300], curl[64], purl[64], cluster[100], data[400], log[400];
+	char args[1400], out[600];
+	struct node_proc member = {0};
+	int cp = tu_free_port(), pp = tu_free_port();
+
+	if (e == NULL) {
+		print_message("skipped: etcd is not installed\n");
+		skip();
+	}
+	snprintf(dir, sizeof(dir), "%s/tls", e->h.dir);
+	mkdir(dir, 0755);
+	tu_make_ca(dir, "ca");
+	tu_make_cert(dir, "server", "127.0.0.1");
+	tu_make_cert(dir, "client", "127.0.0.1");
+	FILE *w = popen("command -v etcd", "r");
+	assert_non_null(w);
+	assert_non_null(fgets(path, sizeof(path), w));
+	pclose(w);
+	path[strcspn(path, "\n")] = 0;
+	snprintf(curl, sizeof(curl), "https://127.0.0.1:%d", cp);
+	snprintf(purl, sizeof(purl), "http://127.0.0.1:%d", pp);
+	snprintf(cluster, sizeof(cluster), "s=%s", purl);
+	snprintf(data, sizeof(data), "%s/data", dir);
+	snprintf(log, sizeof(log), "%s/etcd.log", dir);
+	char cert[400], key[400], ca[400];
+	snprintf(cert, sizeof(cert), "%s/server.pem", dir);
+	snprintf(key, sizeof(key), "%s/server.key", dir);
+	snprintf(ca, sizeof(ca), "%s/ca.pem", dir);
+	char *argv[] = {path, "--name", "s", "--data-dir", data, "--listen-client-urls", curl,
+			"--advertise-client-urls", curl, "--listen-peer-urls", purl,
+			"--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
+			"--cert-file", cert, "--key-file", key, "--client-cert-auth",
+			"--trusted-ca-file", ca, "--logger", "zap", "--log-level", "warn", NULL};
+	assert_int_equal(node_proc_spawn(&member, "etcd-tls", argv, log), 0);
+	/* With the client certificate: it serves (until timeout stops it). */
+	snprintf(args, sizeof(args), "--store etcds://127.0.0.1:%d/tls --etcd-ca %s "
+		 "--etcd-cert %s/client.pem --etcd-key %s/client.key", cp, ca, dir, dir);
+	char cmd[2000], bin[512];
+	tu_bin(bin, sizeof(bin), "tessera-tracker");
+	int ok = 1;
+	for (int t = 0; t < 100 && ok != 0; t++) {
+		snprintf(cmd, sizeof(cmd), "timeout 3 %s --listen 127.0.0.1:0 %s 2>&1 | "
+			 "grep -q 'leading the trackers'", bin, args);
+		if ((ok = system(cmd)) != 0)
+			usleep(200000); /* the member may still be starting */
+	}
+	assert_int_equal(ok, 0);
+	/* Without it: refused in one line, naming the flags. */
+	snprintf(args, sizeof(args), "--store etcds://127.0.0.1:%d/tls --etcd-ca %s", cp, ca);
+	assert_int_not_equal(tracker_exit(e, args, out, sizeof(out)), 0);
+	if (strstr(out, "check --etcd-ca, --etcd-cert and --etcd-key") == NULL)
+		fail_msg("without a client certificate: '%s'", out);
+	/* A plain etcd:// URL with certificates is refused before anything. */
+	snprintf(args, sizeof(args), "--store etcd://127.0.0.1:%d/tls --etcd-ca %s", cp, ca);
+	assert_int_not_equal(tracker_exit(e, args, out, sizeof(out)), 0);
+	assert_non_null(strstr(out, "want an etcds:// store"));
+	node_proc_stop(&member, 5000);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(store_checks, setup, teardown),
+		cmocka_unit_test_setup_teardown(tls_store, setup, teardown),
 		cmocka_unit_test_setup_teardown(kills, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

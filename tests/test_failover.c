@@ -37,20 +37,6 @@ struct env {
 	struct proto_model m;
 };
 
-/* A TCP port on 127.0.0.1 that nothing listens on now. */
-static int free_port(void)
-{
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-	assert_true(fd >= 0);
-	assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-	assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-	close(fd);
-	return ntohs(a.sin_port);
-}
-
 static int setup(void **state)
 {
 	struct env *e = calloc(1, sizeof(*e));
@@ -60,7 +46,7 @@ static int setup(void **state)
 	tu_hand_files(&e->h, 4, &e->m);
 
 	tu_hand_tracker(&e->t1, &e->h, "127.0.0.1:0", "1", e->url1, sizeof(e->url1));
-	snprintf(listen2, sizeof(listen2), "127.0.0.1:%d", free_port());
+	snprintf(listen2, sizeof(listen2), "127.0.0.1:%d", tu_free_port());
 	snprintf(e->url2, sizeof(e->url2), "http://%s", listen2);
 	snprintf(e->urls, sizeof(e->urls), "%s,%s", e->url1, e->url2);
 

@@ -23,29 +23,6 @@ struct env {
 	struct trk_client *trk;
 };
 
-/* A CA (key and self-signed certificate) named prefix.{key,pem} in dir. */
-static void make_ca(const char *dir, const char *prefix)
-{
-	assert_int_equal(tu_sh("cd %s && openssl req -x509 -newkey ec -pkeyopt "
-			       "ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=%s-ca "
-			       "-keyout %s.key -out %s.pem > openssl.log 2>&1",
-			       dir, prefix, prefix, prefix),
-			 0);
-}
-
-/* A server certificate for IP address ip, signed by ca.{key,pem}. */
-static void make_cert(const char *dir, const char *prefix, const char *ip)
-{
-	assert_int_equal(tu_sh("cd %s && printf 'subjectAltName=IP:%s\\n' > %s.ext && "
-			       "openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
-			       "-subj /CN=tracker -keyout %s.key -out %s.csr >> openssl.log 2>&1 && "
-			       "openssl x509 -req -in %s.csr -CA ca.pem -CAkey ca.key "
-			       "-CAcreateserial -days 2 -extfile %s.ext -out %s.pem "
-			       ">> openssl.log 2>&1",
-			       dir, ip, prefix, prefix, prefix, prefix, prefix, prefix),
-			 0);
-}
-
 static int setup(void **state)
 {
 	struct env *e = calloc(1, sizeof(*e));
@@ -53,10 +30,10 @@ static int setup(void **state)
 
 	if (e == NULL || tu_mkdtemp(e->dir, sizeof(e->dir)) == NULL)
 		return 1;
-	make_ca(e->dir, "ca");
-	make_ca(e->dir, "other");
-	make_cert(e->dir, "tracker", "127.0.0.1");
-	make_cert(e->dir, "wronghost", "127.0.0.9");
+	tu_make_ca(e->dir, "ca");
+	tu_make_ca(e->dir, "other");
+	tu_make_cert(e->dir, "tracker", "127.0.0.1");
+	tu_make_cert(e->dir, "wronghost", "127.0.0.9");
 	snprintf(e->ca, sizeof(e->ca), "%s/ca.pem", e->dir);
 	snprintf(e->other_ca, sizeof(e->other_ca), "%s/other.pem", e->dir);
 	snprintf(e->cert, sizeof(e->cert), "%s/tracker.pem", e->dir);

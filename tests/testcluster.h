@@ -4,6 +4,8 @@
 #define TESTS_TESTCLUSTER_H
 
 #include <jansson.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -303,6 +305,44 @@ static inline void tu_hand_tracker(struct node_proc *p, const struct tu_hand *h,
 	assert_int_equal(node_proc_spawn(p, tag, argv, log), 0);
 	assert_int_equal(node_proc_wait_line(p, "listening on ", line, sizeof(line), 20000), 0);
 	snprintf(url, cap, "%s", line);
+}
+
+/* A TCP port on 127.0.0.1 that nothing listens on now. */
+static inline int tu_free_port(void)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	assert_true(fd >= 0);
+	assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	close(fd);
+	return ntohs(a.sin_port);
+}
+
+/* A CA (key and self-signed certificate) named prefix.{key,pem} in dir. */
+static inline void tu_make_ca(const char *dir, const char *prefix)
+{
+	assert_int_equal(tu_sh("cd %s && openssl req -x509 -newkey ec -pkeyopt "
+			       "ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=%s-ca "
+			       "-keyout %s.key -out %s.pem > openssl.log 2>&1",
+			       dir, prefix, prefix, prefix),
+			 0);
+}
+
+/* A certificate for IP address ip (a server's, or a client's), named
+ * prefix.{key,pem} in dir, signed by dir's ca.{key,pem}. */
+static inline void tu_make_cert(const char *dir, const char *prefix, const char *ip)
+{
+	assert_int_equal(tu_sh("cd %s && printf 'subjectAltName=IP:%s\\n' > %s.ext && "
+			       "openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
+			       "-subj /CN=tracker -keyout %s.key -out %s.csr >> openssl.log 2>&1 && "
+			       "openssl x509 -req -in %s.csr -CA ca.pem -CAkey ca.key "
+			       "-CAcreateserial -days 2 -extfile %s.ext -out %s.pem "
+			       ">> openssl.log 2>&1",
+			       dir, ip, prefix, prefix, prefix, prefix, prefix, prefix),
+			 0);
 }
 
 #endif

@@ -66,7 +66,7 @@ static void send_buf(struct trk_server *s, struct evhttp_request *req, struct tr
 	if (s->auth != NULL && !s->standby)
 		evhttp_add_header(h, TRK_EPOCH_HEADER, trk__auth_epoch(s->auth));
 	if (s->standby)
-		evhttp_add_header(h, TRK_STANDBY_HEADER, trk__lead_leader(s->lead));
+		evhttp_add_header(h, TRK_STANDBY_HEADER, s->leader);
 	else if (s->vs != NULL) {
 		/* A standby's chain may be behind the leader's: never shown. */
 		char chain[TRK_CHAIN_MAX];

@@ -15,7 +15,7 @@ void trk__handle_healthz(struct trk_call *c)
 
 	if (c->s->standby)
 		proto_errf(&err, EAGAIN, "standby: the leading tracker is %s",
-			   trk__lead_leader(c->s->lead)[0] ? trk__lead_leader(c->s->lead) : "not known yet");
+			   c->s->leader[0] ? c->s->leader : "not known yet");
 	if (err.msg[0] != 0 || trk__store_probe(c->s->st, &err) != 0) {
 		size_t n = strlen(err.msg);
 		memcpy(line, err.msg, n);

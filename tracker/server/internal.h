@@ -46,6 +46,7 @@ struct trk_server {
 	/* Several trackers on one etcd store (lead.c); NULL: this one alone. */
 	struct trk_lead *lead;
 	bool standby;           /* another leads: every request is handed on */
+	char leader[300];       /* the leader's URL as last read ("": not known) */
 	uint64_t lead_since_ms; /* took over from another (0: led from the start) */
 	int exit_code;          /* why the loop was broken (trk_server_exit_code) */
 	bool trainer_pk_set;
@@ -59,8 +60,6 @@ struct trk_lead;
  * trying again every ttl_s / 3 seconds. */
 int trk__lead_new(struct trk_server *s, unsigned ttl_s, struct trk_lead **out,
 		  struct proto_err *err);
-/* The leader's URL as last read ("" before any). */
-const char *trk__lead_leader(const struct trk_lead *l);
 /* Gives the lead up (the lease revoked) and frees. NULL is fine. */
 void trk__lead_free(struct trk_lead *l);
 

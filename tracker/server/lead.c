@@ -38,7 +38,6 @@ struct trk_lead {
 	unsigned ttl_s;
 	int64_t lease;
 	uint64_t renewed_ns; /* the last renewal that etcd answered */
-	char leader[300];    /* the leader's URL as a standby last read it */
 };
 
 /* Loads the chain again from the store (taking over: the leader that was
@@ -90,9 +89,9 @@ static int campaign(struct trk_lead *l, struct proto_err *err)
 			     err);
 	if (rc == -EEXIST) {
 		l->s->standby = true;
-		if (cur != NULL && strcmp((char *)cur, l->leader) != 0) {
-			snprintf(l->leader, sizeof(l->leader), "%s", (char *)cur);
-			LOG_NOTE("standing by: %s leads (on %s)", l->leader, trk_etcd_url(l->e));
+		if (cur != NULL && strcmp((char *)cur, l->s->leader) != 0) {
+			snprintf(l->s->leader, sizeof(l->s->leader), "%s", (char *)cur);
+			LOG_NOTE("standing by: %s leads (on %s)", l->s->leader, trk_etcd_url(l->e));
 		}
 		free(cur);
 		return 0;
@@ -108,11 +107,11 @@ static int campaign(struct trk_lead *l, struct proto_err *err)
 		l->s->standby = false;
 		l->s->lead_since_ms = proto_wall_ms();
 		LOG_NOTE("leading now (after %s): %zu versions, the latest %llu, loaded in %.0f ms",
-			 l->leader[0] ? l->leader : "no leader", trk__versions_count(l->s->vs),
+			 l->s->leader[0] ? l->s->leader : "no leader", trk__versions_count(l->s->vs),
 			 (unsigned long long)trk__versions_latest(l->s->vs),
 			 (double)(proto_now_ns() - t0) / 1e6);
 	}
-	snprintf(l->leader, sizeof(l->leader), "%s", l->s->url);
+	snprintf(l->s->leader, sizeof(l->s->leader), "%s", l->s->url);
 	return 0;
 }
 
@@ -182,11 +181,6 @@ int trk__lead_new(struct trk_server *s, unsigned ttl_s, struct trk_lead **out,
 fail:
 	trk__lead_free(l);
 	return rc;
-}
-
-const char *trk__lead_leader(const struct trk_lead *l)
-{
-	return l != NULL ? l->leader : "";
 }
 
 void trk__lead_free(struct trk_lead *l)

@@ -261,7 +261,7 @@ void trk__route_request(struct trk_server *s, const struct trk_request *r,
 	 * which says so). */
 	if (s->standby && strcmp(c->path, "/metrics") != 0 && strcmp(c->path, "/healthz") != 0) {
 		trk__fail_routine(c, 503, "standby: the leading tracker is %s",
-				  trk__lead_leader(s->lead)[0] ? trk__lead_leader(s->lead) : "not known yet");
+				  s->leader[0] ? s->leader : "not known yet");
 		return;
 	}
 	if (evhttp_uri_get_query(uri) != NULL &&

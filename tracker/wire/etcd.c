@@ -182,6 +182,7 @@ static int call(struct trk_etcd *e, const char *path, const json_t *req, json_t 
 {
 	char *body = json_dumps(req, JSON_COMPACT);
 	char whys[512] = "";
+	bool tls_failed = false;
 	int rc = -EIO;
 
 	*out = NULL;
@@ -252,14 +253,16 @@ static int call(struct trk_etcd *e, const char *path, const json_t *req, json_t 
 			snprintf(c.why, sizeof(c.why), "HTTP %d: %s", c.status, m ? m : "unavailable");
 		}
 		json_decref(j);
+		tls_failed |= strncmp(c.why, "TLS", 3) == 0;
 		size_t w = strlen(whys);
 		snprintf(whys + w, sizeof(whys) - w, "%s%s:%u %s", w ? "; " : "", ep->host,
 			 (unsigned)ep->port, c.why);
 	}
 	free(body);
 	if (rc == -EIO)
-		proto_errf(err, EIO, "etcd: no endpoint answered %s in %u ms (%s)", path,
-			   e->timeout_ms, whys);
+		proto_errf(err, EIO, "etcd: no endpoint answered %s in %u ms (%s)%s", path,
+			   e->timeout_ms, whys,
+			   tls_failed ? ": check --etcd-ca, --etcd-cert and --etcd-key" : "");
 	return rc;
 }
 
