@@ -193,8 +193,9 @@ SITES=()
 declare -A SITE_OF
 if [ -n "$SITES_ARG" ]; then
 	if [[ "$SITES_ARG" =~ ^[0-9]+$ ]]; then
-		[ "$SITES_ARG" -ge 2 ] && [ "$SITES_ARG" -le 26 ] || die "--sites N wants 2..26"
-		for k in $(seq 0 $((SITES_ARG - 1))); do SITES+=("$(printf "\\$(printf %o $((65 + k)))")"); done
+		if [ "$SITES_ARG" -lt 2 ] || [ "$SITES_ARG" -gt 26 ]; then die "--sites N wants 2..26"; fi
+		LETTERS=ABCDEFGHIJKLMNOPQRSTUVWXYZ
+		for k in $(seq 0 $((SITES_ARG - 1))); do SITES+=("${LETTERS:k:1}"); done
 	else
 		IFS=, read -r -a SITES <<<"$SITES_ARG"
 	fi
@@ -207,7 +208,7 @@ if [ -n "$SITES_ARG" ]; then
 		l=${ALL[$((i - 1))]}
 		if [[ "$l" == *@* ]]; then
 			SITE_OF[$i]=${l##*@}
-			ALL[$((i - 1))]=${l%@*}
+			ALL[i - 1]=${l%@*}
 			printf '%s\n' "${SITES[@]}" | grep -qx "${SITE_OF[$i]}" ||
 				die "replica $l: no site '${SITE_OF[$i]}' in --sites"
 		else
@@ -221,8 +222,9 @@ else
 	[ "$WAN_CUT" -eq 0 ] || die "--wan-cut needs --sites"
 fi
 # The --site a process is given (none without sites, or with --unnamed-sites).
-site_args() { # host
-	[ -n "$SITES_ARG" ] && [ "$UNNAMED" -eq 0 ] && echo "--site ${SITE_OF[$1]}" || true
+site_args() { # host: SITE_ARGS, the flag that names its site (none unnamed)
+	SITE_ARGS=()
+	if [ -n "$SITES_ARG" ] && [ "$UNNAMED" -eq 0 ]; then SITE_ARGS=(--site "${SITE_OF[$1]}"); fi
 }
 
 DIR=$(mktemp -d -t tessera-netns.XXXXXX)
@@ -334,7 +336,8 @@ for i in $(seq 0 "$NHOST"); do
 	ip link add eth0 netns "$ns" type veth peer name "p$i" netns $PFX-sw
 	ip -n "$ns" addr add "$NET.$((i + 1))/24" dev eth0
 	ip -n "$ns" link set eth0 up
-	ip -n $PFX-sw link set "p$i" master "$([ -z "$SITES_ARG" ] && echo br0 || site_bridge "${SITE_OF[$i]}")"
+	if [ -z "$SITES_ARG" ]; then bridge=br0; else bridge=$(site_bridge "${SITE_OF[$i]}"); fi
+	ip -n $PFX-sw link set "p$i" master "$bridge"
 	ip -n $PFX-sw link set "p$i" up
 	shape "$ns" eth0
 	shape $PFX-sw "p$i"
@@ -461,9 +464,10 @@ wait_for "the tracker" status
 SOURCE=(--synthetic-mb "$MB")
 [ -z "$MODEL_DIR" ] || SOURCE=(--model-dir "$MODEL_DIR")
 [ -z "$ANCHOR_EVERY" ] || SOURCE+=(--anchor-every "$ANCHOR_EVERY")
+site_args 0
 start 0 publisher.log "$BIN/tessera" publish --tracker "$TRK" --key "$DIR/trainer.key" \
 	--cluster-key "$DIR/cluster.key" "${SOURCE[@]}" --layout fsdp2 \
-	--control "$DIR/publisher.sock" $(site_args 0)
+	--control "$DIR/publisher.sock" "${SITE_ARGS[@]}"
 PUB_PID=$!
 model_known() {
 	on 0 curl -sf --max-time 5 "$TRK/api/v1/layouts" | jq -e '.model' >"$DIR/model.json" 2>/dev/null
@@ -497,10 +501,11 @@ start_replica() { # host (replica R<host>, layout ALL[host-1])
 	# One process for every rank of the host, as a host is deployed: its
 	# ranks register together (one process per rank would start them
 	# seconds apart on a loaded machine, each opening its own fabric).
+	site_args "$i"
 	start "$i" "node-R$i.log" env TESSERA_FANOUT=$FANOUT "$BIN/tessera-node" \
 		--tracker "$TRK" --replica "R$i" --ranks "0-$((ranks - 1))" --layout "$layout" \
 		--model "$DIR/model.json" --trainer-pubkey "$DIR/trainer.pub" \
-		--cluster-key "$DIR/cluster.key" --host "host$i" --store host $(site_args "$i")
+		--cluster-key "$DIR/cluster.key" --host "host$i" --store host "${SITE_ARGS[@]}"
 	NODE_PIDS[$i]+=" $!"
 }
 for i in $(seq 1 "$NREP"); do start_replica "$i"; done
