@@ -27,7 +27,8 @@ struct cmd {
 static const struct cmd cmds[] = {
 	{"tessera-tracker", NULL, "tessera-tracker",
 	 {"listen", "state", "cluster-key", "trainer-pubkey", "config", "log-format", "log-level", "help",
-	  "version", "tls-cert", "tls-key"}, "--listen", {NULL}},
+	  "version", "tls-cert", "tls-key", "store", "etcd-ca", "etcd-cert", "etcd-key",
+	  "leader-ttl"}, "--listen", {NULL}},
 	{"tessera-node", NULL, "tessera-node",
 	 {"tracker", "replica", "rank", "layout", "model", "trainer-pubkey", "cluster-key",
 	  "provider", "store", "expose", "attach", "install", "host", "metrics", "config", "log-format", "log-level", "help",
@@ -212,7 +213,7 @@ static void test_required_flag_named(void **state)
 	free(err);
 	assert_int_equal(run(e, &cmds[0], "--listen 127.0.0.1:0"), 2);
 	err = slurp(e->err);
-	assert_string_equal(err, "tessera-tracker: --state is required (see --help)\n");
+	assert_string_equal(err, "tessera-tracker: --state (or --store) is required (see --help)\n");
 	free(err);
 	assert_int_equal(run(e, &cmds[2], "--model m.json --from tp2"), 2);
 	err = slurp(e->err);
