@@ -10,7 +10,9 @@
  * and an empty store its state directory remembers. Skipped, saying so,
  * when etcd is not installed. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,6 +29,8 @@
 #include "tracker/tracker.h"
 #include "tests/testutil.h"
 #include "tests/testcluster.h"
+#include "tracker/server/store.h"
+#include "tracker/wire/etcd.h"
 
 #define WAIT_MS 120000 /* generous: the machine is shared and slow */
 #define MEMBERS 3
@@ -335,6 +339,24 @@ static void kills(void **state)
 	start_tracker(e, 0);
 	wait_both(e, at + 2, "after the restarts");
 	assert_false(healthy(e->url[0]));
+
+	/* The leader freezes past its lease (a long GC-like pause, a VM
+	 * migration): the standby takes over; woken, the old leader finds its
+	 * lease gone and stops (status 3) instead of answering beside it. */
+	at = e->latest;
+	kill(e->trk[1].pid, SIGSTOP);
+	for (int w = 0; w < WAIT_MS && !healthy(e->url[0]); w += 50)
+		usleep(50000);
+	assert_true(healthy(e->url[0]));
+	kill(e->trk[1].pid, SIGCONT);
+	for (int w = 0; w < 20000 && node_proc_alive(&e->trk[1]); w += 50)
+		usleep(50000);
+	assert_false(node_proc_alive(&e->trk[1]));
+	char lines[600];
+	snprintf(lines, sizeof(lines), "grep -q 'my leader lease has ended: stopping' %s/tracker-1.log",
+		 e->h.dir);
+	assert_int_equal(system(lines), 0);
+	wait_both(e, at + 2, "after the frozen leader");
 	assert_true(node_proc_alive(&e->publisher));
 	for (int k = 0; k < 3; k++)
 		assert_true(node_proc_alive(&e->nodes[k]));
@@ -467,11 +489,55 @@ static void tls_store(void **state)
 	node_proc_stop(&member, 5000);
 }
 
+/* The fence, against the real etcd: a write under a lease that no longer
+ * holds the leader key is refused (-EPERM), whatever the key written. */
+static void fence(void **state)
+{
+	struct env *e = *state;
+	struct trk_etcd_opts o = {.url = e != NULL ? e->store : ""};
+	struct trk_etcd *c = NULL;
+	struct trk_store *st = NULL;
+	struct proto_err err;
+	int64_t a = 0, b = 0;
+
+	if (e == NULL) {
+		print_message("skipped: etcd is not installed\n");
+		skip();
+	}
+	assert_int_equal(trk_etcd_new(&o, &c, &err), 0);
+	assert_int_equal(trk__store_open_etcd(c, &st, &err), 0);
+	assert_int_equal(trk_etcd_lease_grant(c, 30, &a, &err), 0);
+	assert_int_equal(trk_etcd_lease_grant(c, 30, &b, &err), 0);
+	struct trk_etcd_if new_only = {.absent = true};
+	assert_int_equal(trk_etcd_put_if(c, "leader", "a", 1, a, &new_only, &err), 0);
+	assert_int_equal(trk_etcd_put_if(c, "leader", "b", 1, b, &new_only, &err), -EEXIST);
+	trk__store_fence(st, "leader", a);
+	assert_int_equal(trk__store_put(st, "k1", "x", 1, &err), 0);
+	assert_int_equal(trk__store_create(st, "k2", "x", 1, &err), 0);
+	assert_int_equal(trk__store_create(st, "k2", "y", 1, &err), -EEXIST);
+	/* a's lease ends; b leads. */
+	assert_int_equal(trk_etcd_lease_revoke(c, a, &err), 0);
+	assert_int_equal(trk_etcd_put_if(c, "leader", "b", 1, b, &new_only, &err), 0);
+	assert_int_equal(trk__store_put(st, "k1", "z", 1, &err), -EPERM);
+	assert_non_null(strstr(err.msg, "no longer held"));
+	assert_int_equal(trk__store_create(st, "k3", "z", 1, &err), -EPERM);
+	uint8_t *v = NULL;
+	size_t n = 0;
+	assert_int_equal(trk__store_get(st, "k1", 16, &v, &n, &err), 0);
+	assert_memory_equal(v, "x", 1);
+	free(v);
+	assert_int_equal(trk__store_get(st, "k3", 16, &v, &n, &err), -ENOENT);
+	trk__store_fence(st, "leader", b);
+	assert_int_equal(trk__store_put(st, "k1", "w", 1, &err), 0);
+	trk__store_free(st);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(store_checks, setup, teardown),
 		cmocka_unit_test_setup_teardown(tls_store, setup, teardown),
+		cmocka_unit_test_setup_teardown(fence, setup, teardown),
 		cmocka_unit_test_setup_teardown(kills, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

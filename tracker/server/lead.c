@@ -27,8 +27,11 @@
  * A leader that finds its lease gone, or cannot renew it for a ttl, may
  * have been succeeded: it stops (exit status 3) rather than answer beside
  * the new leader; its supervisor starts it again, as a standby. Writes
- * are fenced besides: a version is created in etcd, never overwritten, so
- * of two trackers that both take version v one is refused (409).
+ * are fenced besides: every write of the leader is an etcd transaction
+ * that holds only while the key "leader" is held under its lease, so a
+ * leader that was frozen past its lease and wakes up has every write
+ * refused (503) until it notices and stops; and a version is created,
+ * never overwritten.
  */
 
 struct trk_lead {
@@ -85,7 +88,8 @@ static int campaign(struct trk_lead *l, struct proto_err *err)
 	size_t len = 0;
 	int rc;
 
-	rc = trk_etcd_create(l->e, "leader", l->s->url, strlen(l->s->url), l->lease, &cur, &len,
+	struct trk_etcd_if only_new = {.absent = true, .cur = &cur, .curlen = &len};
+	rc = trk_etcd_put_if(l->e, "leader", l->s->url, strlen(l->s->url), l->lease, &only_new,
 			     err);
 	if (rc == -EEXIST) {
 		l->s->standby = true;
@@ -106,6 +110,7 @@ static int campaign(struct trk_lead *l, struct proto_err *err)
 		}
 		l->s->standby = false;
 		l->s->lead_since_ms = proto_wall_ms();
+		trk__store_fence(l->s->st, "leader", l->lease);
 		LOG_NOTE("leading now (after %s): %zu versions, the latest %llu, loaded in %.0f ms",
 			 l->s->leader[0] ? l->s->leader : "no leader", trk__versions_count(l->s->vs),
 			 (unsigned long long)trk__versions_latest(l->s->vs),
@@ -169,6 +174,8 @@ int trk__lead_new(struct trk_server *s, unsigned ttl_s, struct trk_lead **out,
 	l->renewed_ns = proto_now_ns();
 	if ((rc = campaign(l, err)) != 0)
 		goto fail;
+	if (!s->standby)
+		trk__store_fence(s->st, "leader", l->lease);
 	if (!s->standby)
 		LOG_NOTE("leading the trackers of %s", trk_etcd_url(l->e));
 	l->tick = event_new(s->base, -1, EV_PERSIST, on_tick, l);

@@ -29,6 +29,8 @@
 struct trk_store {
 	char *dir;           /* a state directory, or */
 	struct trk_etcd *e;  /* an etcd store */
+	char fence_key[64];  /* writes only while this key is held under */
+	int64_t fence_lease; /* this lease ("": unfenced) */
 	char name[700];
 };
 
@@ -146,8 +148,11 @@ static int etcd_write(struct trk_store *st, const char *key, const uint8_t *buf,
 			return proto_errf(err, ENOMEM, "out of memory");
 		vlen = (size_t)snprintf((char *)val, 160, "p%zu %zu %s", parts, len, hex);
 	}
-	rc = create ? trk_etcd_create(st->e, key, val, vlen, 0, NULL, NULL, err)
-		    : trk_etcd_put(st->e, key, val, vlen, 0, err);
+	struct trk_etcd_if cond = {.absent = create,
+				   .fence_key = st->fence_key[0] ? st->fence_key : NULL,
+				   .fence_lease = st->fence_lease};
+	rc = create || cond.fence_key != NULL ? trk_etcd_put_if(st->e, key, val, vlen, 0, &cond, err)
+					      : trk_etcd_put(st->e, key, val, vlen, 0, err);
 	free(val);
 	return rc;
 }
@@ -211,6 +216,12 @@ static int etcd_read(struct trk_store *st, const char *key, size_t cap, uint8_t 
 }
 
 /* ---- the interface ------------------------------------------------------ */
+
+void trk__store_fence(struct trk_store *st, const char *key, int64_t lease)
+{
+	snprintf(st->fence_key, sizeof(st->fence_key), "%s", key);
+	st->fence_lease = lease;
+}
 
 int trk__store_get(struct trk_store *st, const char *key, size_t cap, uint8_t **buf,
 		   size_t *len, struct proto_err *err)

@@ -40,6 +40,10 @@ int trk__store_put(struct trk_store *st, const char *key, const void *buf, size_
  * transaction: of two trackers writing the same version, one wins). */
 int trk__store_create(struct trk_store *st, const char *key, const void *buf, size_t len,
 		      struct proto_err *err);
+/* From now on every write to an etcd store is fenced: it is made only
+ * while key (the leader key) is held under lease, else refused -EPERM
+ * (this tracker was succeeded). No effect on a directory. */
+void trk__store_fence(struct trk_store *st, const char *key, int64_t lease);
 /* Removes key (a write undone); absent is fine. */
 int trk__store_remove(struct trk_store *st, const char *key, struct proto_err *err);
 /* Calls fn with the name (after "dir/") of every key under dir/, in name

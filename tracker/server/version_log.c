@@ -566,7 +566,7 @@ int trk__versions_append(struct trk_versions *vs, struct proto_manifest *m, cons
 		LOG_ERR("storing version %llu: %s", (unsigned long long)m->version, err->msg);
 		proto_err_prefix(err, "cannot store the version");
 		free(copy);
-		return rc == -EEXIST ? -EEXIST : -EIO;
+		return rc == -EEXIST || rc == -EPERM ? rc : -EIO;
 	}
 	r.raw = copy;
 	r.rawlen = len;

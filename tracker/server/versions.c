@@ -123,7 +123,8 @@ void trk__handle_publish(struct trk_call *c)
 		}
 	}
 	if ((code = trk__versions_append(vs, m, c->body, c->len, &err)) != 0) {
-		trk__fail(c, code == -EEXIST ? 409 : 500, "%s", err.msg);
+		/* -EPERM: another tracker of the store leads now. */
+		trk__fail(c, code == -EEXIST ? 409 : code == -EPERM ? 503 : 500, "%s", err.msg);
 		goto out;
 	}
 	latest = trk__versions_find(vs, m->version);

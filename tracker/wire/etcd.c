@@ -388,38 +388,62 @@ int trk_etcd_delete(struct trk_etcd *e, const char *key, struct proto_err *err)
 	return rc;
 }
 
-int trk_etcd_create(struct trk_etcd *e, const char *key, const void *val, size_t len,
-		    int64_t lease, uint8_t **cur, size_t *curlen, struct proto_err *err)
+int trk_etcd_put_if(struct trk_etcd *e, const char *key, const void *val, size_t len,
+		    int64_t lease, const struct trk_etcd_if *cond, struct proto_err *err)
 {
-	json_t *req, *ans = NULL, *cmp, *put, *get;
+	json_t *req, *ans = NULL, *cmp = json_array(), *fail = json_array(), *rs;
+	char lease_s[24];
 	int rc;
 
-	if (cur != NULL) {
-		*cur = NULL;
-		*curlen = 0;
+	if (cond->cur != NULL) {
+		*cond->cur = NULL;
+		*cond->curlen = 0;
 	}
-	/* compare: the key's create revision is 0 (it does not exist). */
-	cmp = json_pack("{s:o, s:s, s:s, s:s}", "key", b64_key(e, key), "target", "CREATE",
-			"result", "EQUAL", "create_revision", "0");
-	put = json_pack("{s:o}", "request_put", put_request(e, key, val, len, lease));
-	get = json_pack("{s:{s:o}}", "request_range", "key", b64_key(e, key));
-	req = json_pack("{s:[o], s:[o], s:[o]}", "compare", cmp, "success", put, "failure", get);
+	/* The key's create revision is 0 (it does not exist); the fence's
+	 * lease is ours. On failure both are read back to say which. */
+	if (cond->absent)
+		json_array_append_new(cmp, json_pack("{s:o, s:s, s:s, s:s}", "key", b64_key(e, key),
+						     "target", "CREATE", "result", "EQUAL",
+						     "create_revision", "0"));
+	json_array_append_new(fail, json_pack("{s:{s:o}}", "request_range", "key", b64_key(e, key)));
+	if (cond->fence_key != NULL) {
+		snprintf(lease_s, sizeof(lease_s), "%lld", (long long)cond->fence_lease);
+		json_array_append_new(cmp, json_pack("{s:o, s:s, s:s, s:s}", "key",
+						     b64_key(e, cond->fence_key), "target", "LEASE",
+						     "result", "EQUAL", "lease", lease_s));
+		json_array_append_new(fail, json_pack("{s:{s:o}}", "request_range", "key",
+						      b64_key(e, cond->fence_key)));
+	}
+	req = json_pack("{s:o, s:[{s:o}], s:o}", "compare", cmp, "success", "request_put",
+			put_request(e, key, val, len, lease), "failure", fail);
 	if (req == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
 	rc = call(e, "/v3/kv/txn", req, &ans, err);
 	json_decref(req);
 	if (rc != 0)
 		return rc;
-	if (!json_is_true(json_object_get(ans, "succeeded"))) {
+	if (json_is_true(json_object_get(ans, "succeeded"))) {
+		json_decref(ans);
+		return 0;
+	}
+	rs = json_object_get(ans, "responses");
+#define KV_OF(i)                                                                                  \
+	json_array_get(json_object_get(json_object_get(json_array_get(rs, i), "response_range"), \
+				       "kvs"),                                                    \
+		       0)
+	json_t *have = KV_OF(0), *fence = cond->fence_key != NULL ? KV_OF(1) : NULL;
+#undef KV_OF
+	if (cond->fence_key != NULL &&
+	    (fence == NULL || jint(json_object_get(fence, "lease")) != cond->fence_lease)) {
+		rc = proto_errf(err, EPERM, "%s is no longer held by this tracker's lease",
+				cond->fence_key);
+	} else if (have != NULL) {
 		rc = -EEXIST;
-		if (cur != NULL) {
-			json_t *r = json_array_get(json_object_get(ans, "responses"), 0);
-			json_t *kv = json_array_get(
-				json_object_get(json_object_get(r, "response_range"), "kvs"), 0);
-			if (kv != NULL && unb64(json_object_get(kv, "value"), ANSWER_MAX, cur, curlen,
-						err) != 0)
-				rc = -EPROTO;
-		}
+		if (cond->cur != NULL &&
+		    unb64(json_object_get(have, "value"), ANSWER_MAX, cond->cur, cond->curlen, err) != 0)
+			rc = -EPROTO;
+	} else {
+		rc = proto_errf(err, EPROTO, "etcd: a transaction failed for no reason it shows");
 	}
 	json_decref(ans);
 	return rc;

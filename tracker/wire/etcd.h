@@ -44,11 +44,16 @@ int trk_etcd_get(struct trk_etcd *e, const char *key, size_t cap, uint8_t **val,
 /* Puts key = val, attached to lease (0: none). */
 int trk_etcd_put(struct trk_etcd *e, const char *key, const void *val, size_t len,
 		 int64_t lease, struct proto_err *err);
-/* Puts key = val only if key does not exist, in one transaction; -EEXIST
- * otherwise, with the present value in *cur (malloc'ed) when cur is not
- * NULL. */
-int trk_etcd_create(struct trk_etcd *e, const char *key, const void *val, size_t len,
-		    int64_t lease, uint8_t **cur, size_t *curlen, struct proto_err *err);
+/* A put under conditions, in one transaction: */
+struct trk_etcd_if {
+	bool absent;            /* key does not exist yet (else -EEXIST) */
+	const char *fence_key;  /* and fence_key is held under fence_lease (else */
+	int64_t fence_lease;    /* -EPERM: another holds it; NULL: no fence) */
+	uint8_t **cur;          /* -EEXIST: key's present value (malloc'ed) here */
+	size_t *curlen;
+};
+int trk_etcd_put_if(struct trk_etcd *e, const char *key, const void *val, size_t len,
+		    int64_t lease, const struct trk_etcd_if *cond, struct proto_err *err);
 /* Deletes key (absent is fine). */
 int trk_etcd_delete(struct trk_etcd *e, const char *key, struct proto_err *err);
 /* Calls fn with every key (relative, NUL-terminated) under prefix, in
