@@ -357,6 +357,24 @@ static void kills(void **state)
 		 e->h.dir);
 	assert_int_equal(system(lines), 0);
 	wait_both(e, at + 2, "after the frozen leader");
+
+	/* The leader key deleted by hand: the standby takes it, and the
+	 * leader that lost it stops rather than lead beside it. */
+	at = e->latest;
+	start_tracker(e, 1);
+	struct trk_etcd_opts eo = {.url = e->store};
+	struct trk_etcd *etcd = NULL;
+	struct proto_err err;
+	assert_int_equal(trk_etcd_new(&eo, &etcd, &err), 0);
+	assert_int_equal(trk_etcd_delete(etcd, "leader", &err), 0);
+	trk_etcd_free(etcd);
+	for (int w = 0; w < 20000 && node_proc_alive(&e->trk[0]); w += 50)
+		usleep(50000);
+	assert_false(node_proc_alive(&e->trk[0]));
+	snprintf(lines, sizeof(lines), "grep -q 'the leader key is no longer mine' %s/tracker-0.log",
+		 e->h.dir);
+	assert_int_equal(system(lines), 0);
+	wait_both(e, at + 2, "after the leader key was deleted");
 	assert_true(node_proc_alive(&e->publisher));
 	for (int k = 0; k < 3; k++)
 		assert_true(node_proc_alive(&e->nodes[k]));
@@ -412,7 +430,18 @@ static void store_checks(void **state)
 	/* Another cluster's store: refused. */
 	snprintf(args, sizeof(args), "--store etcd://%s/two --state %s", e->endpoints, mem);
 	assert_int_not_equal(tracker_exit(e, args, out, sizeof(out)), 0);
-	assert_non_null(strstr(out, "is empty, but the state directory"));
+	assert_non_null(strstr(out, "has no cluster id, but the state directory"));
+	/* The directory without --store: not a state of its own. */
+	snprintf(args, sizeof(args), "--state %s", mem);
+	assert_int_not_equal(tracker_exit(e, args, out, sizeof(out)), 0);
+	if (strstr(out, "belongs to a tracker on the store") == NULL)
+		fail_msg("--state alone: '%s'", out);
+	/* Another cluster key than the store's first tracker used: refused. */
+	snprintf(args, sizeof(args), "--store etcd://%s/one --cluster-key %s", e->endpoints,
+		 e->h.ckey);
+	assert_int_not_equal(tracker_exit(e, args, out, sizeof(out)), 0);
+	if (strstr(out, "give every tracker of a store the same --cluster-key") == NULL)
+		fail_msg("another cluster key: '%s'", out);
 	/* Bad URLs: one line, status 2, before anything starts. */
 	static const char *const bad[] = {"http://127.0.0.1:1", "etcd://", "etcd://h:1/a/b",
 					  "etcd://127.0.0.1:99999", "etcd://127.0.0.1:1/"};

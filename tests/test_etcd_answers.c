@@ -18,6 +18,9 @@
 #include <cmocka.h>
 #include <sodium.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "tracker/server/store.h"
 #include "tracker/wire/etcd.h"
@@ -211,6 +214,37 @@ static void bad_values(void **state)
 	trk__store_free(st);
 }
 
+/* A member that takes the connection and never answers (or trickles):
+ * the call ends at its deadline, whole, not per read. */
+static void silent_member(void **state)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t alen = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	char url[64];
+	struct trk_etcd_opts o = {.url = url, .timeout_ms = 300};
+	struct trk_etcd *e = NULL;
+	struct proto_err err;
+	uint8_t *val = NULL;
+	size_t len = 0;
+	struct timespec t0, t1;
+
+	(void)state;
+	assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(listen(fd, 4), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &alen), 0);
+	snprintf(url, sizeof(url), "etcd://127.0.0.1:%d", ntohs(a.sin_port));
+	assert_int_equal(trk_etcd_new(&o, &e, &err), 0);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	assert_int_equal(trk_etcd_get(e, "k", 16, &val, &len, &err), -EIO);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	assert_non_null(strstr(err.msg, "no answer in 300 ms"));
+	/* Bounded: the deadline, not the machine's TCP timeouts. */
+	assert_true(t1.tv_sec - t0.tv_sec < 10);
+	trk_etcd_free(e);
+	close(fd);
+}
+
 int main(void)
 {
 	/* The fake gateway's loop is stopped from the test's thread. */
@@ -219,6 +253,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(bad_gets, setup, teardown),
 		cmocka_unit_test_setup_teardown(bad_keys, setup, teardown),
 		cmocka_unit_test_setup_teardown(bad_values, setup, teardown),
+		cmocka_unit_test(silent_member),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -60,6 +60,9 @@ struct trk_lead;
  * trying again every ttl_s / 3 seconds. */
 int trk__lead_new(struct trk_server *s, unsigned ttl_s, struct trk_lead **out,
 		  struct proto_err *err);
+/* Stops the tracker (status 3) for why: it may no longer lead, or the
+ * store holds what it did not write; a restart loads the store again. */
+void trk__lead_stop(struct trk_server *s, const char *why);
 /* Gives the lead up (the lease revoked) and frees. NULL is fine. */
 void trk__lead_free(struct trk_lead *l);
 

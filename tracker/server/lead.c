@@ -40,7 +40,8 @@ struct trk_lead {
 	struct event *tick;
 	unsigned ttl_s;
 	int64_t lease;
-	uint64_t renewed_ns; /* the last renewal that etcd answered */
+	uint64_t renewed_ns; /* when the last renewal etcd answered was sent */
+	bool said_no_lease;  /* a leader key without a lease, said once */
 };
 
 /* Loads the chain again from the store (taking over: the leader that was
@@ -74,11 +75,16 @@ static int reload(struct trk_server *s, struct proto_err *err)
 	return 0;
 }
 
-static void stop(struct trk_lead *l, const char *why)
+void trk__lead_stop(struct trk_server *s, const char *why)
 {
 	LOG_ERR("%s: stopping (restart me: I come back as a standby)", why);
-	l->s->exit_code = 3;
-	event_base_loopbreak(l->s->base);
+	s->exit_code = 3;
+	event_base_loopbreak(s->base);
+}
+
+static void stop(struct trk_lead *l, const char *why)
+{
+	trk__lead_stop(l->s, why);
 }
 
 /* A standby's try: create the key, or learn who leads. */
@@ -92,7 +98,14 @@ static int campaign(struct trk_lead *l, struct proto_err *err)
 	rc = trk_etcd_put_if(l->e, "leader", l->s->url, strlen(l->s->url), l->lease, &only_new,
 			     err);
 	if (rc == -EEXIST) {
+		int64_t held = 0;
 		l->s->standby = true;
+		if (!l->said_no_lease && trk_etcd_lease_of(l->e, "leader", &held, NULL) == 0 &&
+		    held == 0) {
+			l->said_no_lease = true;
+			LOG_WARN("the leader key of %s has no lease (put by hand?): no tracker can "
+				 "take the lead until it is deleted", trk_etcd_url(l->e));
+		}
 		if (cur != NULL && strcmp((char *)cur, l->s->leader) != 0) {
 			snprintf(l->s->leader, sizeof(l->s->leader), "%s", (char *)cur);
 			LOG_NOTE("standing by: %s leads (on %s)", l->s->leader, trk_etcd_url(l->e));
@@ -120,14 +133,33 @@ static int campaign(struct trk_lead *l, struct proto_err *err)
 	return 0;
 }
 
+/* Whether the key "leader" is still held by our lease (deleted by hand, or
+ * taken after a lapse we did not see): 1 yes, 0 no, <0 unknown (etcd). */
+static int still_mine(struct trk_lead *l, struct proto_err *err)
+{
+	int64_t held = 0;
+	int rc = trk_etcd_lease_of(l->e, "leader", &held, err);
+
+	if (rc == -ENOENT)
+		return 0;
+	return rc < 0 ? rc : held == l->lease;
+}
+
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
 	struct trk_lead *l = arg;
 	struct proto_err err = {{0}};
+	/* The lease runs from when etcd got the renewal: from before it was
+	 * sent, as far as this tracker can tell. */
+	uint64_t sent = proto_now_ns();
 	int rc = trk_etcd_lease_keepalive(l->e, l->lease, &err);
 
 	if (rc == 0) {
-		l->renewed_ns = proto_now_ns();
+		l->renewed_ns = sent;
+		if (!l->s->standby && still_mine(l, &err) == 0) {
+			stop(l, "the leader key is no longer mine (deleted, or taken)");
+			return;
+		}
 	} else if (rc == -ENOENT) {
 		if (!l->s->standby) {
 			stop(l, "my leader lease has ended");
@@ -139,9 +171,11 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 			return;
 		}
 		l->renewed_ns = proto_now_ns();
-	} else if (proto_now_ns() - l->renewed_ns > (uint64_t)l->ttl_s * 1000000000u) {
+	} else if (proto_now_ns() - l->renewed_ns > (uint64_t)l->ttl_s * 2000000000u / 3) {
+		/* A leader steps down before its lease can have ended (the next
+		 * tick would come past it): no moment with two leaders. */
 		if (!l->s->standby) {
-			stop(l, "cannot renew my leader lease for a lease's time");
+			stop(l, "cannot renew my leader lease: stopping before it can end");
 			return;
 		}
 		LOG_WARN("standby: %s", err.msg);

@@ -127,8 +127,8 @@ static int check_memory(struct trk_server *s, const char *dir, char *mem, size_t
 	if (rc != 0 && rc != -ENOENT)
 		return rc;
 	if (drc == 0 && rc == -ENOENT)
-		return proto_errf(err, EINVAL, "%s is empty, but the state directory %s served "
-				  "cluster %s from a store: a wiped etcd or the wrong endpoints? "
+		return proto_errf(err, EINVAL, "%s has no cluster id, but the state directory %s remembers "
+				  "cluster %s: a wiped etcd or the wrong endpoints? "
 				  "(restore etcd, or start a new chain with an empty --state)",
 				  trk__store_name(s->st), dir, mem);
 	if (drc == 0 && strcmp(id, mem) != 0)
@@ -139,17 +139,59 @@ static int check_memory(struct trk_server *s, const char *dir, char *mem, size_t
 	return 0;
 }
 
+/* Every tracker of a store authenticates with the same cluster key (or
+ * none): its fingerprint (a hash of it: nothing to sign with) is kept in
+ * the store by the first, and another refused before it can lead. */
+static int check_cluster_key(struct trk_server *s, const uint8_t *key, struct proto_err *err)
+{
+	uint8_t fp[16], *have = NULL;
+	char hex[2 * sizeof(fp) + 2] = "none\n";
+	size_t len = 0;
+	int rc;
+
+	if (key != NULL) {
+		crypto_generichash(fp, sizeof(fp), key, PROTO_CLUSTER_KEY_BYTES,
+				   (const uint8_t *)"tessera cluster key fingerprint", 31);
+		sodium_bin2hex(hex, sizeof(hex), fp, sizeof(fp));
+		strcat(hex, "\n");
+	}
+	rc = trk__store_create(s->st, "cluster-key.fp", hex, strlen(hex), err);
+	if (rc != -EEXIST)
+		return rc;
+	if ((rc = trk__store_get(s->st, "cluster-key.fp", 64, &have, &len, err)) != 0)
+		return rc;
+	if (len != strlen(hex) || memcmp(have, hex, len) != 0)
+		rc = proto_errf(err, EINVAL, "the trackers of %s use %s: give every tracker of a "
+				"store the same --cluster-key", trk__store_name(s->st),
+				key == NULL ? "a --cluster-key, this one none" :
+				strncmp((char *)have, "none", 4) == 0 ? "no --cluster-key" :
+									"another --cluster-key");
+	free(have);
+	return rc;
+}
+
 static int open_store(struct trk_server *s, const struct trk_server_opts *o,
 		      struct proto_err *err)
 {
 	struct trk_etcd_opts eo = {o->store, o->etcd_ca, o->etcd_cert, o->etcd_key, 0};
 	struct trk_etcd *e = NULL;
+	uint8_t *was = NULL;
+	size_t len = 0;
 	char mem[80] = "";
 	int rc;
 
 	if (o->store == NULL) {
 		if ((rc = trk__store_open_dir(o->state_dir, &s->st, err)) != 0)
 			return rc;
+		/* The memory of a tracker on etcd is no state of its own. */
+		if (trk__store_get(s->st, "store.url", 1024, &was, &len, NULL) == 0) {
+			rc = proto_errf(err, EINVAL, "the state directory %s belongs to a tracker "
+					"on the store %.*s: give --store (or start on an "
+					"empty --state)", o->state_dir,
+					(int)strcspn((char *)was, "\n"), (char *)was);
+			free(was);
+			return rc;
+		}
 		return trk__versions_open(s->st, o->trainer_pk, &s->vs, err);
 	}
 	if ((rc = trk_etcd_new(&eo, &e, err)) != 0 ||
@@ -159,13 +201,16 @@ static int open_store(struct trk_server *s, const struct trk_server_opts *o,
 	}
 	if (o->state_dir != NULL && (rc = check_memory(s, o->state_dir, mem, sizeof(mem), err)) != 0)
 		return rc;
-	if ((rc = trk__versions_open(s->st, o->trainer_pk, &s->vs, err)) != 0)
+	if ((rc = check_cluster_key(s, o->cluster_key, err)) != 0 ||
+	    (rc = trk__versions_open(s->st, o->trainer_pk, &s->vs, err)) != 0)
 		return rc;
 	if (o->state_dir != NULL && mem[0] == 0) {
 		struct trk_store *d = NULL;
-		char line[80];
+		char line[80], url[700];
 		snprintf(line, sizeof(line), "%s\n", trk__versions_cluster(s->vs));
-		if ((rc = trk__store_open_dir(o->state_dir, &d, err)) == 0)
+		snprintf(url, sizeof(url), "%s\n", trk__store_name(s->st));
+		if ((rc = trk__store_open_dir(o->state_dir, &d, err)) == 0 &&
+		    (rc = trk__store_put(d, "store.url", url, strlen(url), err)) == 0)
 			rc = trk__store_put(d, "cluster.id", line, strlen(line), err);
 		trk__store_free(d);
 		if (rc != 0)

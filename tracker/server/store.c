@@ -165,8 +165,11 @@ static int etcd_read(struct trk_store *st, const char *key, size_t cap, uint8_t 
 	size_t vlen, parts, len, at = 0;
 	int rc;
 
-	if ((rc = trk_etcd_get(st->e, key, cap + 1, &val, &vlen, err)) != 0)
+	if ((rc = trk_etcd_get(st->e, key, cap + 1, &val, &vlen, err)) != 0) {
+		if (rc != -ENOENT && rc != -EIO)
+			proto_err_prefix(err, "%s %s", st->name, key);
 		return rc;
+	}
 	if (vlen >= 1 && val[0] == 'v') {
 		memmove(val, val + 1, vlen); /* with the NUL past the end */
 		*out = val;

@@ -278,6 +278,12 @@ static int load_cluster_id(struct trk_versions *vs, bool fresh, struct proto_err
 		}
 		if (rc != -ENOENT)
 			return rc;
+		/* Shared by trackers that each remember it: a store with
+		 * versions and no id lost it; a new one would fork the chain. */
+		if (!fresh && trk__store_etcd(vs->st) != NULL)
+			return proto_errf(err, EINVAL, "%s holds versions but no cluster.id: restore "
+					  "it (etcdctl put), or start a new chain on an empty store",
+					  where);
 		randombytes_buf(id, sizeof(id));
 		sodium_bin2hex(vs->cluster, sizeof(vs->cluster), id, sizeof(id));
 		vs->cluster[hex] = '\n';

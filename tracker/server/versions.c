@@ -123,8 +123,16 @@ void trk__handle_publish(struct trk_call *c)
 		}
 	}
 	if ((code = trk__versions_append(vs, m, c->body, c->len, &err)) != 0) {
-		/* -EPERM: another tracker of the store leads now. */
+		/* -EPERM: another tracker of the store leads now; -EEXIST: the
+		 * store holds a version this tracker did not write (a write that
+		 * timed out but landed, or one by hand). Either way its memory
+		 * is not the store's: it stops, and the tracker that leads next
+		 * loads the store. */
 		trk__fail(c, code == -EEXIST ? 409 : code == -EPERM ? 503 : 500, "%s", err.msg);
+		if (code == -EEXIST || code == -EPERM)
+			trk__lead_stop(c->s, code == -EPERM ? "a write was refused: another tracker "
+							      "leads the store"
+							    : "the store holds a version I did not write");
 		goto out;
 	}
 	latest = trk__versions_find(vs, m->version);

@@ -41,10 +41,13 @@ struct trk_etcd {
 	struct ssl_ctx_st *tls;
 	unsigned timeout_ms;
 	struct event_base *base;
+	/* Kept open between calls (HTTP/1.1 keep-alive), one per endpoint;
+	 * dropped when a call on it fails. */
+	struct evhttp_connection *conn[TRK_ETCD_ENDPOINTS_MAX];
 };
 
 struct call {
-	bool done;
+	bool done, late, answered; /* answered: evhttp called back (req is gone) */
 	int status;
 	struct evbuffer *body;
 	char why[160];
@@ -54,8 +57,9 @@ struct call {
 static int name_ok(const char *s)
 {
 	size_t n = strlen(s);
-	return n >= 1 && n <= 64 && strspn(s, "abcdefghijklmnopqrstuvwxyz"
-					      "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == n;
+	return n >= 1 && n <= 64 && strcmp(s, ".") != 0 && strcmp(s, "..") != 0 &&
+	       strspn(s, "abcdefghijklmnopqrstuvwxyz"
+			 "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == n;
 }
 
 int trk_etcd_new(const struct trk_etcd_opts *o, struct trk_etcd **out, struct proto_err *err)
@@ -93,6 +97,10 @@ int trk_etcd_new(const struct trk_etcd_opts *o, struct trk_etcd **out, struct pr
 	if (e == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
 	e->timeout_ms = o->timeout_ms ? o->timeout_ms : 2000;
+	if (list[0] == ',' || strstr(list, ",,") != NULL || (list[0] && list[strlen(list) - 1] == ',')) {
+		rc = proto_errf(err, EINVAL, "%s: an empty endpoint in the list", o->url);
+		goto fail;
+	}
 	for (char *save = NULL, *t = strtok_r(list, ",", &save); t != NULL;
 	     t = strtok_r(NULL, ",", &save)) {
 		if (e->n == TRK_ETCD_ENDPOINTS_MAX) {
@@ -140,6 +148,9 @@ void trk_etcd_free(struct trk_etcd *e)
 {
 	if (e == NULL)
 		return;
+	for (size_t i = 0; i < e->n; i++)
+		if (e->conn[i] != NULL)
+			evhttp_connection_free(e->conn[i]);
 	trk__tls_ctx_free(e->tls);
 	if (e->base != NULL)
 		event_base_free(e->base);
@@ -155,14 +166,41 @@ static void on_answer(struct evhttp_request *req, void *arg)
 {
 	struct call *c = arg;
 
-	c->done = true;
+	c->done = c->answered = true;
 	if (req == NULL || evhttp_request_get_response_code(req) == 0) {
 		if (c->bev == NULL || !trk__tls_failure(c->bev, c->why, sizeof(c->why)))
-			snprintf(c->why, sizeof(c->why), "no answer");
+			snprintf(c->why, sizeof(c->why), "connection refused or closed");
 		return;
 	}
 	c->status = evhttp_request_get_response_code(req);
 	evbuffer_add_buffer(c->body, evhttp_request_get_input_buffer(req));
+}
+
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+	struct call *c = arg;
+
+	c->done = c->late = true;
+}
+
+/* Endpoint i's connection, made when there is none. */
+static struct evhttp_connection *conn_of(struct trk_etcd *e, size_t i)
+{
+	const struct endpoint *ep = &e->ep[i];
+	struct bufferevent *bev = NULL;
+
+	if (e->conn[i] != NULL)
+		return e->conn[i];
+	if (e->tls != NULL && (bev = trk__tls_client_bev(e->tls, e->base, ep->host)) == NULL)
+		return NULL;
+	e->conn[i] = evhttp_connection_base_bufferevent_new(e->base, NULL, bev, ep->host, ep->port);
+	if (e->conn[i] != NULL) {
+		/* Per read or write; the call's deadline (call) comes first. */
+		struct timeval tv = {2 * e->timeout_ms / 1000, (2 * e->timeout_ms % 1000) * 1000};
+		evhttp_connection_set_timeout_tv(e->conn[i], &tv);
+		evhttp_connection_set_max_body_size(e->conn[i], ANSWER_MAX);
+	}
+	return e->conn[i];
 }
 
 /* gRPC codes that say "this member cannot serve now; another may". */
@@ -174,8 +212,9 @@ static bool retry_elsewhere(int status, const json_t *j)
 
 /*
  * POSTs req (JSON) to path on one endpoint after another, starting with the
- * last that answered, until one answers for itself. *out: the answer's
- * JSON object (HTTP 200).
+ * last that answered, until one answers for itself, each within
+ * timeout_ms all told (a member that trickles its answer is cut off too).
+ * *out: the answer's JSON object (HTTP 200).
  */
 static int call(struct trk_etcd *e, const char *path, const json_t *req, json_t **out,
 		struct proto_err *err)
@@ -189,44 +228,48 @@ static int call(struct trk_etcd *e, const char *path, const json_t *req, json_t 
 	if (body == NULL)
 		return proto_errf(err, ENOMEM, "out of memory");
 	for (size_t k = 0; k < e->n; k++) {
-		const struct endpoint *ep = &e->ep[(e->cur + k) % e->n];
+		size_t i = (e->cur + k) % e->n;
+		const struct endpoint *ep = &e->ep[i];
 		struct call c = {.body = evbuffer_new()};
-		struct evhttp_connection *conn = NULL;
+		struct evhttp_connection *conn = conn_of(e, i);
 		struct evhttp_request *r = NULL;
 		struct timeval tv = {e->timeout_ms / 1000, (e->timeout_ms % 1000) * 1000};
+		struct event *deadline = evtimer_new(e->base, on_deadline, &c);
 		char host[300];
 		json_t *j = NULL;
 
-		if (c.body == NULL) {
-			rc = proto_errf(err, ENOMEM, "out of memory");
-			break;
-		}
-		if (e->tls != NULL)
-			c.bev = trk__tls_client_bev(e->tls, e->base, ep->host);
-		conn = evhttp_connection_base_bufferevent_new(e->base, NULL, c.bev, ep->host,
-							      ep->port);
-		r = conn != NULL ? evhttp_request_new(on_answer, &c) : NULL;
+		r = conn != NULL && c.body != NULL && deadline != NULL ?
+			    evhttp_request_new(on_answer, &c) : NULL;
 		if (r == NULL) {
-			if (conn != NULL)
-				evhttp_connection_free(conn);
-			evbuffer_free(c.body);
+			if (deadline != NULL)
+				event_free(deadline);
+			if (c.body != NULL)
+				evbuffer_free(c.body);
 			rc = proto_errf(err, ENOMEM, "out of memory");
 			break;
 		}
-		evhttp_connection_set_timeout_tv(conn, &tv);
-		evhttp_connection_set_max_body_size(conn, ANSWER_MAX);
+		c.bev = evhttp_connection_get_bufferevent(conn);
 		snprintf(host, sizeof(host), strchr(ep->host, ':') ? "[%s]:%u" : "%s:%u", ep->host,
 			 (unsigned)ep->port);
 		evhttp_add_header(evhttp_request_get_output_headers(r), "Host", host);
 		evhttp_add_header(evhttp_request_get_output_headers(r), "Content-Type",
 				  "application/json");
 		evbuffer_add(evhttp_request_get_output_buffer(r), body, strlen(body));
+		evtimer_add(deadline, &tv);
 		if (evhttp_make_request(conn, r, EVHTTP_REQ_POST, path) != 0)
 			snprintf(c.why, sizeof(c.why), "cannot send");
 		else
 			while (!c.done && event_base_loop(e->base, EVLOOP_ONCE) == 0)
 				;
-		evhttp_connection_free(conn);
+		event_free(deadline);
+		if (c.late && !c.answered) {
+			evhttp_cancel_request(r);
+			snprintf(c.why, sizeof(c.why), "no answer in %u ms", e->timeout_ms);
+		}
+		if (c.status == 0) { /* a connection that failed is made anew */
+			evhttp_connection_free(conn);
+			e->conn[i] = NULL;
+		}
 		if (c.status != 0) {
 			size_t n = evbuffer_get_length(c.body);
 			j = json_loadb((const char *)evbuffer_pullup(c.body, -1), n, 0, NULL);
@@ -260,8 +303,7 @@ static int call(struct trk_etcd *e, const char *path, const json_t *req, json_t 
 	}
 	free(body);
 	if (rc == -EIO)
-		proto_errf(err, EIO, "etcd: no endpoint answered %s in %u ms (%s)%s", path,
-			   e->timeout_ms, whys,
+		proto_errf(err, EIO, "etcd: no endpoint answered %s (%s)%s", path, whys,
 			   tls_failed ? ": check --etcd-ca, --etcd-cert and --etcd-key" : "");
 	return rc;
 }
@@ -361,6 +403,27 @@ int trk_etcd_get(struct trk_etcd *e, const char *key, size_t cap, uint8_t **val,
 		rc = -ENOENT;
 	else
 		rc = unb64(json_object_get(kv, "value"), cap, val, len, err);
+	json_decref(ans);
+	return rc;
+}
+
+int trk_etcd_lease_of(struct trk_etcd *e, const char *key, int64_t *lease, struct proto_err *err)
+{
+	json_t *req = json_object(), *ans = NULL, *kv;
+	int rc;
+
+	*lease = 0;
+	json_object_set_new(req, "key", b64_key(e, key));
+	json_object_set_new(req, "keys_only", json_true());
+	rc = call(e, "/v3/kv/range", req, &ans, err);
+	json_decref(req);
+	if (rc != 0)
+		return rc;
+	kv = json_array_get(json_object_get(ans, "kvs"), 0);
+	if (kv == NULL)
+		rc = -ENOENT;
+	else
+		*lease = jint(json_object_get(kv, "lease"));
 	json_decref(ans);
 	return rc;
 }

@@ -41,6 +41,8 @@ const char *trk_etcd_url(const struct trk_etcd *e);
 /* *val (malloc'ed, NUL past len) and *len; cap bounds the value. */
 int trk_etcd_get(struct trk_etcd *e, const char *key, size_t cap, uint8_t **val, size_t *len,
 		 struct proto_err *err);
+/* The lease key is attached to (0: none); -ENOENT when key is absent. */
+int trk_etcd_lease_of(struct trk_etcd *e, const char *key, int64_t *lease, struct proto_err *err);
 /* Puts key = val, attached to lease (0: none). */
 int trk_etcd_put(struct trk_etcd *e, const char *key, const void *val, size_t len,
 		 int64_t lease, struct proto_err *err);
