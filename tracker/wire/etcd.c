@@ -385,47 +385,55 @@ static json_t *put_request(const struct trk_etcd *e, const char *key, const void
 	return r;
 }
 
+/* Reads key (its value too unless keys_only): *ans (the caller drops it)
+ * and its kv in *kv, or -ENOENT. */
+static int range_one(struct trk_etcd *e, const char *key, bool keys_only, json_t **ans,
+		     json_t **kv, struct proto_err *err)
+{
+	json_t *req = json_object();
+	int rc;
+
+	json_object_set_new(req, "key", b64_key(e, key));
+	if (keys_only)
+		json_object_set_new(req, "keys_only", json_true());
+	rc = call(e, "/v3/kv/range", req, ans, err);
+	json_decref(req);
+	if (rc != 0)
+		return rc;
+	*kv = json_array_get(json_object_get(*ans, "kvs"), 0);
+	if (*kv != NULL)
+		return 0;
+	json_decref(*ans);
+	*ans = NULL;
+	return -ENOENT;
+}
+
 int trk_etcd_get(struct trk_etcd *e, const char *key, size_t cap, uint8_t **val, size_t *len,
 		 struct proto_err *err)
 {
-	json_t *req = json_object(), *ans = NULL, *kv;
+	json_t *ans = NULL, *kv = NULL;
 	int rc;
 
 	*val = NULL;
 	*len = 0;
-	json_object_set_new(req, "key", b64_key(e, key));
-	rc = call(e, "/v3/kv/range", req, &ans, err);
-	json_decref(req);
-	if (rc != 0)
+	if ((rc = range_one(e, key, false, &ans, &kv, err)) != 0)
 		return rc;
-	kv = json_array_get(json_object_get(ans, "kvs"), 0);
-	if (kv == NULL)
-		rc = -ENOENT;
-	else
-		rc = unb64(json_object_get(kv, "value"), cap, val, len, err);
+	rc = unb64(json_object_get(kv, "value"), cap, val, len, err);
 	json_decref(ans);
 	return rc;
 }
 
 int trk_etcd_lease_of(struct trk_etcd *e, const char *key, int64_t *lease, struct proto_err *err)
 {
-	json_t *req = json_object(), *ans = NULL, *kv;
+	json_t *ans = NULL, *kv = NULL;
 	int rc;
 
 	*lease = 0;
-	json_object_set_new(req, "key", b64_key(e, key));
-	json_object_set_new(req, "keys_only", json_true());
-	rc = call(e, "/v3/kv/range", req, &ans, err);
-	json_decref(req);
-	if (rc != 0)
+	if ((rc = range_one(e, key, true, &ans, &kv, err)) != 0)
 		return rc;
-	kv = json_array_get(json_object_get(ans, "kvs"), 0);
-	if (kv == NULL)
-		rc = -ENOENT;
-	else
-		*lease = jint(json_object_get(kv, "lease"));
+	*lease = jint(json_object_get(kv, "lease"));
 	json_decref(ans);
-	return rc;
+	return 0;
 }
 
 int trk_etcd_put(struct trk_etcd *e, const char *key, const void *val, size_t len,
@@ -552,12 +560,22 @@ int trk_etcd_keys(struct trk_etcd *e, const char *prefix,
 	return rc;
 }
 
-int trk_etcd_lease_grant(struct trk_etcd *e, unsigned ttl_s, int64_t *id, struct proto_err *err)
+/* POSTs {key: n} to path: the answer in *ans (the caller drops it). */
+static int call_int(struct trk_etcd *e, const char *path, const char *key, int64_t n,
+		    json_t **ans, struct proto_err *err)
 {
-	json_t *req = json_pack("{s:I}", "TTL", (json_int_t)ttl_s), *ans = NULL;
-	int rc = call(e, "/v3/lease/grant", req, &ans, err);
+	json_t *req = json_pack("{s:I}", key, (json_int_t)n);
+	int rc = req != NULL ? call(e, path, req, ans, err) : proto_errf(err, ENOMEM, "out of memory");
 
 	json_decref(req);
+	return rc;
+}
+
+int trk_etcd_lease_grant(struct trk_etcd *e, unsigned ttl_s, int64_t *id, struct proto_err *err)
+{
+	json_t *ans = NULL;
+	int rc = call_int(e, "/v3/lease/grant", "TTL", ttl_s, &ans, err);
+
 	if (rc != 0)
 		return rc;
 	*id = jint(json_object_get(ans, "ID"));
@@ -571,10 +589,9 @@ int trk_etcd_lease_grant(struct trk_etcd *e, unsigned ttl_s, int64_t *id, struct
 
 int trk_etcd_lease_keepalive(struct trk_etcd *e, int64_t id, struct proto_err *err)
 {
-	json_t *req = json_pack("{s:I}", "ID", (json_int_t)id), *ans = NULL;
-	int rc = call(e, "/v3/lease/keepalive", req, &ans, err);
+	json_t *ans = NULL;
+	int rc = call_int(e, "/v3/lease/keepalive", "ID", id, &ans, err);
 
-	json_decref(req);
 	if (rc != 0)
 		return rc;
 	/* An expired lease comes back without a TTL (or 0). */
@@ -586,10 +603,9 @@ int trk_etcd_lease_keepalive(struct trk_etcd *e, int64_t id, struct proto_err *e
 
 int trk_etcd_lease_revoke(struct trk_etcd *e, int64_t id, struct proto_err *err)
 {
-	json_t *req = json_pack("{s:I}", "ID", (json_int_t)id), *ans = NULL;
-	int rc = call(e, "/v3/lease/revoke", req, &ans, err);
+	json_t *ans = NULL;
+	int rc = call_int(e, "/v3/lease/revoke", "ID", id, &ans, err);
 
-	json_decref(req);
 	json_decref(ans);
 	return rc;
 }
