@@ -38,7 +38,7 @@ static void usage(FILE *f)
 		"      --etcd-cert FILE        etcds://: a client certificate (PEM), with\n"
 		"      --etcd-key FILE         its key\n"
 		"      --leader-ttl SECONDS    the leader's lease in etcd: a standby takes\n"
-		"                              over within about 4/3 of it (default 5)\n"
+		"                              over within about one (default 5)\n"
 		"  -k, --cluster-key FILE      authenticate POSTs with this key\n"
 		"                              (without it, POSTs are open)\n"
 		"  -p, --trainer-pubkey FILE   verify manifests with this key (without\n"

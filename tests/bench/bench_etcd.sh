@@ -9,8 +9,8 @@
 #   2. Takeover: two trackers on the store, lease BENCH_ETCD_TTL s; the
 #      leader is killed (SIGKILL) BENCH_ETCD_KILLS times, each time started
 #      again as a standby; the time from the kill until the other answers
-#      /healthz 200, its median against the bound 4/3 x the lease (a lease
-#      ends, then a standby's next try comes within a third of it). The same
+#      /healthz 200, its median against the lease (the goal: a standby leads
+#      within a lease of the leader's death). The same
 #      with SIGTERM (a clean stop revokes the lease: no lease to wait out).
 # Every wait is bounded; everything started is stopped on exit.
 set -uo pipefail
@@ -153,6 +153,6 @@ kill_ms=$(cat "$OUT/KILL.ms")
 term_ms=$(cat "$OUT/TERM.ms")
 kmed=$(echo "$kill_ms" | median)
 tmed=$(echo "$term_ms" | median)
-bound=$((TTL * 4000 / 3))
-echo "bench-etcd: takeover after SIGKILL (lease ${TTL} s), $KILLS kills: $(echo "$kill_ms" | tr '\n' ' ')ms; median ${kmed} ms = $(awk -v a="$kmed" -v b="$bound" 'BEGIN {printf "%.2f", a / b}') x the bound 4/3 x lease (${bound} ms)"
+bound=$((TTL * 1000))
+echo "bench-etcd: takeover after SIGKILL (lease ${TTL} s), $KILLS kills: $(echo "$kill_ms" | tr '\n' ' ')ms; median ${kmed} ms = $(awk -v a="$kmed" -v b="$bound" 'BEGIN {printf "%.2f", a / b}') x the lease (${bound} ms)"
 echo "bench-etcd: takeover after SIGTERM (lease revoked), $KILLS stops: $(echo "$term_ms" | tr '\n' ' ')ms; median ${tmed} ms"

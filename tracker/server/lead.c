@@ -17,10 +17,10 @@
  * every request but /metrics with 503 and X-Tessera-Standby: <leader URL>
  * (clients with a list of trackers move on to the next), and /healthz
  * with 503 "standby" (not ready, so a Service or load balancer sends
- * nothing there). A standby tries to create the key on every tick: when
- * the leader's lease ends (it died, or lost etcd for a ttl), the key goes
- * with it and the first standby to create it leads, within ttl + ttl/3 of
- * the leader's last renewal. It loads the chain from the store again
+ * nothing there). A standby reads the key every ttl/10: when the leader's
+ * lease ends (it died, or lost etcd), the key goes with it and the first
+ * standby to create it leads, within about a lease of the leader's death
+ * (on_tick). It loads the chain from the store again
  * before it answers anything; soft state (node leases, offers, who holds
  * what) starts empty and fills from the heartbeats and offers that come.
  *
@@ -42,6 +42,8 @@ struct trk_lead {
 	int64_t lease;
 	uint64_t renewed_ns; /* when the last renewal etcd answered was sent */
 	bool said_no_lease;  /* a leader key without a lease, said once */
+	uint64_t renew_tried_ns; /* the last renewal tried */
+	int64_t seen_lease;      /* the leader key's lease when a standby last looked */
 };
 
 /* Loads the chain again from the store (taking over: the leader that was
@@ -145,9 +147,10 @@ static int still_mine(struct trk_lead *l, struct proto_err *err)
 	return rc < 0 ? rc : held == l->lease;
 }
 
-static void on_tick(evutil_socket_t fd, short what, void *arg)
+/* Renews the lease (every ttl/3): false when the tracker stops, or etcd
+ * did not answer. */
+static bool renew(struct trk_lead *l)
 {
-	struct trk_lead *l = arg;
 	struct proto_err err = {{0}};
 	/* The lease runs from when etcd got the renewal: from before it was
 	 * sent, as far as this tracker can tell. */
@@ -158,17 +161,17 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 		l->renewed_ns = sent;
 		if (!l->s->standby && still_mine(l, &err) == 0) {
 			stop(l, "the leader key is no longer mine (deleted, or taken)");
-			return;
+			return false;
 		}
 	} else if (rc == -ENOENT) {
 		if (!l->s->standby) {
 			stop(l, "my leader lease has ended");
-			return;
+			return false;
 		}
 		/* A standby's lease ended (etcd was away): a new one. */
 		if (trk_etcd_lease_grant(l->e, l->ttl_s, &l->lease, &err) != 0) {
 			LOG_WARN("standby: no new lease: %s", err.msg);
-			return;
+			return false;
 		}
 		l->renewed_ns = proto_now_ns();
 	} else if (proto_now_ns() - l->renewed_ns > (uint64_t)l->ttl_s * 2000000000u / 3) {
@@ -176,16 +179,44 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 		 * tick would come past it): no moment with two leaders. */
 		if (!l->s->standby) {
 			stop(l, "cannot renew my leader lease: stopping before it can end");
-			return;
+			return false;
 		}
 		LOG_WARN("standby: %s", err.msg);
-		return;
+		return false;
 	} else {
 		LOG_WARN("%s: renewing the lease: %s", l->s->standby ? "standby" : "leader",
 			 err.msg);
-		return;
+		return false;
 	}
-	if (l->s->standby && campaign(l, &err) != 0)
+	return true;
+}
+
+/* Every ttl/10: the lease renewed when a third of it has gone by; a
+ * standby reads the leader key (a linearizable read, no raft entry) and
+ * tries for it when it is gone or another's lease holds it now. The lease
+ * ends in etcd at most ttl after the leader's last renewal, so a standby
+ * leads within about ttl + ttl/10 (plus etcd's own expiry sweep, 0.5 s)
+ * of the kill. */
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+	struct trk_lead *l = arg;
+	struct proto_err err = {{0}};
+	uint64_t now = proto_now_ns();
+	int64_t held = 0;
+	int rc;
+
+	if (now - l->renew_tried_ns >= (uint64_t)l->ttl_s * 1000000000u / 3) {
+		l->renew_tried_ns = now;
+		if (!renew(l))
+			return;
+	}
+	if (!l->s->standby)
+		return;
+	rc = trk_etcd_lease_of(l->e, "leader", &held, &err);
+	if ((rc == 0 && held == l->seen_lease) || (rc != 0 && rc != -ENOENT))
+		return; /* the same leader; or etcd away (the renewal says so) */
+	l->seen_lease = rc == 0 ? held : 0;
+	if (campaign(l, &err) != 0)
 		LOG_WARN("standby: cannot take the lead: %s", err.msg);
 }
 
@@ -193,7 +224,7 @@ int trk__lead_new(struct trk_server *s, unsigned ttl_s, struct trk_lead **out,
 		  struct proto_err *err)
 {
 	struct trk_lead *l = calloc(1, sizeof(*l));
-	uint64_t every_ms = ttl_s * 1000u / 3;
+	uint64_t every_ms = PROTO_MAX(ttl_s * 1000u / 10, 100);
 	struct timeval tv = {(time_t)(every_ms / 1000), (suseconds_t)(every_ms % 1000) * 1000};
 	int rc;
 
@@ -205,7 +236,7 @@ int trk__lead_new(struct trk_server *s, unsigned ttl_s, struct trk_lead **out,
 	l->ttl_s = ttl_s;
 	if ((rc = trk_etcd_lease_grant(l->e, ttl_s, &l->lease, err)) != 0)
 		goto fail;
-	l->renewed_ns = proto_now_ns();
+	l->renewed_ns = l->renew_tried_ns = proto_now_ns();
 	if ((rc = campaign(l, err)) != 0)
 		goto fail;
 	if (!s->standby)
