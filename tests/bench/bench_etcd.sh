@@ -23,6 +23,7 @@ ETCD=$(command -v etcd) || { echo "bench-etcd: etcd is not installed (deploy/ins
 OUT=$(mktemp -d -t tessera-bench-etcd.XXXXXX)
 PIDS=()
 cleanup() {
+	exec 2>/dev/null # not the shell's "Killed" for each
 	for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
 	wait 2>/dev/null
 	rm -rf "$OUT"
@@ -86,10 +87,11 @@ store_run() { # kind tracker-args...: the publisher's publish ms, one per versio
 	local kind=$1 listen
 	shift
 	listen=127.0.0.1:$(port)
-	local t n p
+	local t n p got
 	t=$(tracker "t-$kind" "$listen" "$@")
 	PIDS+=("$t")
-	wait_line "$OUT/t-$kind.log" "listening on" || { echo "bench-etcd: tracker ($kind) did not start"; exit 1; }
+	wait_line "$OUT/t-$kind.log" "listening on" ||
+		{ echo "bench-etcd: tracker ($kind) did not start:" >&2; tail -n 3 "$OUT/t-$kind.log" >&2; exit 1; }
 	mkdir -p "$OUT/expose-$kind"
 	"$BIN/tessera" publish --tracker "http://$listen" --key "$OUT/trainer.key" --cluster-key "$OUT/cluster.key" \
 		--synthetic-mb 4 --layout fsdp2 --every 300 --versions "$VERSIONS" --log-level warn \
@@ -102,7 +104,8 @@ store_run() { # kind tracker-args...: the publisher's publish ms, one per versio
 	n=$!
 	PIDS+=("$n")
 	for _ in $(seq 1200); do
-		[ "$(grep -c '^published v' "$OUT/pub-$kind.log")" -ge "$VERSIONS" ] && break
+		got=$(grep -c '^published v' "$OUT/pub-$kind.log" 2>/dev/null)
+		[ "${got:-0}" -ge "$VERSIONS" ] && break
 		sleep 0.1
 	done
 	kill "$n" "$p" "$t" 2>/dev/null
@@ -111,8 +114,10 @@ store_run() { # kind tracker-args...: the publisher's publish ms, one per versio
 }
 "$BIN/tessera" model --synthetic-mb 4 -o "$OUT/model.json" >"$OUT/model.log" 2>&1 ||
 	{ echo "bench-etcd: tessera model failed"; cat "$OUT/model.log"; exit 1; }
-dir_ms=$(store_run dir --state "$OUT/state" | median)
-etcd_ms=$(store_run etcd --store "etcd://$endpoints/bench" | median)
+store_run dir --state "$OUT/state" >"$OUT/dir.ms" || exit 1
+store_run etcd --store "etcd://$endpoints/bench" >"$OUT/etcd.ms" || exit 1
+dir_ms=$(median <"$OUT/dir.ms")
+etcd_ms=$(median <"$OUT/etcd.ms")
 echo "bench-etcd: a version stored, median of $VERSIONS: state directory ${dir_ms} ms, etcd (3 members) ${etcd_ms} ms; ratio $(awk -v a="$etcd_ms" -v b="$dir_ms" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}')"
 
 # ---- 2. takeover --------------------------------------------------------------------
