@@ -221,7 +221,7 @@ static int call(struct trk_etcd *e, const char *path, const json_t *req, json_t 
 {
 	char *body = json_dumps(req, JSON_COMPACT);
 	char whys[512] = "";
-	bool tls_failed = false;
+	bool tls_failed = false, tls_closed = false;
 	int rc = -EIO;
 
 	*out = NULL;
@@ -297,6 +297,9 @@ static int call(struct trk_etcd *e, const char *path, const json_t *req, json_t 
 		}
 		json_decref(j);
 		tls_failed |= strncmp(c.why, "TLS", 3) == 0;
+		/* A member that refuses our certificate may close before its
+		 * alert is read (TLS 1.3 checks it after the handshake). */
+		tls_closed |= e->tls != NULL && c.status == 0 && !c.late;
 		size_t w = strlen(whys);
 		snprintf(whys + w, sizeof(whys) - w, "%s%s:%u %s", w ? "; " : "", ep->host,
 			 (unsigned)ep->port, c.why);
@@ -304,7 +307,8 @@ static int call(struct trk_etcd *e, const char *path, const json_t *req, json_t 
 	free(body);
 	if (rc == -EIO)
 		proto_errf(err, EIO, "etcd: no endpoint answered %s (%s)%s", path, whys,
-			   tls_failed ? ": check --etcd-ca, --etcd-cert and --etcd-key" : "");
+			   tls_failed ? ": check --etcd-ca, --etcd-cert and --etcd-key" :
+			   tls_closed ? " (if etcd is up: check --etcd-ca, --etcd-cert and --etcd-key)" : "");
 	return rc;
 }
 
