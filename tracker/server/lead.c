@@ -20,13 +20,14 @@
  * nothing there). A standby reads the key every ttl/10: when the leader's
  * lease ends (it died, or lost etcd), the key goes with it and the first
  * standby to create it leads, within about a lease of the leader's death
- * (on_tick). It loads the chain from the store again
- * before it answers anything; soft state (node leases, offers, who holds
- * what) starts empty and fills from the heartbeats and offers that come.
+ * (on_tick). It loads the chain from the store again before it answers
+ * anything; soft state (node leases, offers, who holds what) starts empty
+ * and fills from the heartbeats and offers that come.
  *
- * A leader that finds its lease gone, or cannot renew it for a ttl, may
- * have been succeeded: it stops (exit status 3) rather than answer beside
- * the new leader; its supervisor starts it again, as a standby. Writes
+ * A leader that finds its lease gone, the key gone or another's, or cannot
+ * renew for 2/3 of a ttl, may have been succeeded: it stops (exit status
+ * 3) rather than answer beside the new leader; its supervisor starts it
+ * again, as a standby. Writes
  * are fenced besides: every write of the leader is an etcd transaction
  * that holds only while the key "leader" is held under its lease, so a
  * leader that was frozen past its lease and wakes up has every write
@@ -40,10 +41,10 @@ struct trk_lead {
 	struct event *tick;
 	unsigned ttl_s;
 	int64_t lease;
-	uint64_t renewed_ns; /* when the last renewal etcd answered was sent */
-	bool said_no_lease;  /* a leader key without a lease, said once */
+	uint64_t renewed_ns;     /* when the last renewal etcd answered was sent */
 	uint64_t renew_tried_ns; /* the last renewal tried */
 	int64_t seen_lease;      /* the leader key's lease when a standby last looked */
+	bool said_no_lease;      /* a leader key without a lease, said once */
 };
 
 /* Loads the chain again from the store (taking over: the leader that was
