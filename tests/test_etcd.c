@@ -58,6 +58,17 @@ static bool have_etcd(void)
 	return system("command -v etcd >/dev/null 2>&1") == 0;
 }
 
+/* etcd's full path: node_proc_spawn execs argv[0] as given. */
+static void etcd_path(char *path, size_t cap)
+{
+	FILE *w = popen("command -v etcd", "r");
+
+	assert_non_null(w);
+	assert_non_null(fgets(path, (int)cap, w));
+	pclose(w);
+	path[strcspn(path, "\n")] = 0;
+}
+
 static void start_member(struct env *e, int i)
 {
 	char name[8], data[600], curl[64], purl[64], cluster[400] = "", log[600];
@@ -72,13 +83,8 @@ static void start_member(struct env *e, int i)
 	snprintf(curl, sizeof(curl), "http://127.0.0.1:%d", e->client_port[i]);
 	snprintf(purl, sizeof(purl), "http://127.0.0.1:%d", e->peer_port[i]);
 	snprintf(log, sizeof(log), "%s/etcd-%d.log", e->h.dir, i);
-	/* The full path: node_proc_spawn execs argv[0] as given. */
-	FILE *w = popen("command -v etcd", "r");
-	char path[256] = "";
-	assert_non_null(w);
-	assert_non_null(fgets(path, sizeof(path), w));
-	pclose(w);
-	path[strcspn(path, "\n")] = 0;
+	char path[256];
+	etcd_path(path, sizeof(path));
 	char *argv[] = {path, "--name", name, "--data-dir", data, "--listen-client-urls", curl,
 			"--advertise-client-urls", curl, "--listen-peer-urls", purl,
 			"--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
@@ -475,11 +481,7 @@ static void tls_store(void **state)
 	tu_make_ca(dir, "ca");
 	tu_make_cert(dir, "server", "127.0.0.1");
 	tu_make_cert(dir, "client", "127.0.0.1");
-	FILE *w = popen("command -v etcd", "r");
-	assert_non_null(w);
-	assert_non_null(fgets(path, sizeof(path), w));
-	pclose(w);
-	path[strcspn(path, "\n")] = 0;
+	etcd_path(path, sizeof(path));
 	snprintf(curl, sizeof(curl), "https://127.0.0.1:%d", cp);
 	snprintf(purl, sizeof(purl), "http://127.0.0.1:%d", pp);
 	snprintf(cluster, sizeof(cluster), "s=%s", purl);

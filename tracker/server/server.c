@@ -153,7 +153,8 @@ static int check_cluster_key(struct trk_server *s, const uint8_t *key, struct pr
 		crypto_generichash(fp, sizeof(fp), key, PROTO_CLUSTER_KEY_BYTES,
 				   (const uint8_t *)"tessera cluster key fingerprint", 31);
 		sodium_bin2hex(hex, sizeof(hex), fp, sizeof(fp));
-		strcat(hex, "\n");
+		hex[2 * sizeof(fp)] = '\n'; /* the room sodium's NUL took, NUL after */
+		hex[2 * sizeof(fp) + 1] = 0;
 	}
 	rc = trk__store_create(s->st, "cluster-key.fp", hex, strlen(hex), err);
 	if (rc != -EEXIST)
