@@ -195,10 +195,10 @@ include deploy/install.mk
         check run-bench run-bench-delta run-bench-delta-net run-bench-steady run-demo run-demo-netns run-fuzz \
         check-deploy run-check-deploy run-bench-tracker check-page run-check-page \
         bench-fanout bench-elastic run-bench-fanout run-bench-elastic gpu-check \
-        bench-sites run-bench-sites bench-etcd run-bench-etcd \
+        bench-sites run-bench-sites bench-etcd run-bench-etcd bench-sim run-bench-sim \
         install uninstall venv
 # The last line of `make`: what it built.
-all: $(BINS) $(CLIENT_LIBS) $(BUILD)/rel/layers.ok
+all: $(BINS) $(CLIENT_LIBS) $(BUILD)/rel/layers.ok $(BUILD)/sim/tessera-sim
 	@echo "built tessera $(RELEASE) in $(BUILD): $(words $(BINS)) programs ($(notdir $(BINS))), libtessera-client, \
 	$(if $(NVCC),CUDA store (nvcc $$($(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')),without CUDA ($(NO_CUDA_WHY)))"
 
@@ -209,7 +209,7 @@ $(BUILD)/rel/layers.ok: $(rel_LIBS) tests/check-layers.sh
 # The user-facing targets install missing dependencies first, then re-enter
 # make so that pkg-config sees the freshly installed packages.
 test bench bench-delta bench-delta-net bench-steady bench-tracker bench-activate bench-anchor demo demo-netns fuzz \
-check-page bench-fanout bench-elastic bench-fp8 bench-sites bench-etcd: deps
+check-page bench-fanout bench-elastic bench-fp8 bench-sites bench-etcd bench-sim: deps
 	@$(MAKE) --no-print-directory $(if $(filter test,$@),check,run-$@)
 
 define program
@@ -238,6 +238,18 @@ $(BUILD)/asan/tests/%: $(BUILD)/asan/tests/%.o $(BUILD)/asan/tests/filter.o $(as
 	$(CC) $(BASEFLAGS) $(SANFLAGS) $< $(BUILD)/asan/tests/filter.o $(asan_LIBS) $(BUILD)/asan/libtessera-client.a \
 	      $(ALL_LIBS) $(CMOCKA_LIBS) -o $@
 
+# The fanout simulator (tests/sim/): node/fetch's fetchers on simulated time,
+# links and CPUs. tessera-sim runs a scenario; test_sim links it too.
+SIM_SRCS := tests/sim/sim.c
+$(BUILD)/sim/tessera-sim: $(BUILD)/rel/tests/sim/tessera_sim.o $(SIM_SRCS:%.c=$(BUILD)/rel/%.o) \
+		$(rel_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(BASEFLAGS) $(OPTFLAGS) $(filter %.o,$^) $(rel_LIBS) $(ALL_LIBS) -lm -o $@
+$(BUILD)/asan/tests/test_sim: $(BUILD)/asan/tests/test_sim.o $(BUILD)/asan/tests/filter.o \
+		$(SIM_SRCS:%.c=$(BUILD)/asan/%.o) $(asan_LIBS) $(BUILD)/asan/libtessera-client.a
+	$(CC) $(BASEFLAGS) $(SANFLAGS) $(filter %.o,$^) $(asan_LIBS) $(BUILD)/asan/libtessera-client.a \
+	      $(ALL_LIBS) $(CMOCKA_LIBS) -o $@
+
 # tests/test_X.sh: a test that is a script (run from the tree).
 TEST_SCRIPTS := $(wildcard tests/test_*.sh)
 T ?=
@@ -251,7 +263,8 @@ TEST_ENV := ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0:abort_on_error=1 \
             TESSERA_ROOT=$(abspath .) TESSERA_BUILD=$(BUILD) \
             TESSERA_ASAN_BIN=$(abspath $(BUILD)/asan/bin)
 
-check: $(RUN_TESTS) $(BINS) $(CLIENT_LIBS) $(CLIENT_PC) $(VENV)/installed $(BUILD)/asan/bin/tessera-node
+check: $(RUN_TESTS) $(BINS) $(CLIENT_LIBS) $(CLIENT_PC) $(VENV)/installed $(BUILD)/asan/bin/tessera-node \
+       $(BUILD)/sim/tessera-sim
 	@TEST_ENV='$(TEST_ENV)' tests/run.sh $(RUN_TESTS)
 
 # ---- benchmarks and fuzzers -----------------------------------------------
@@ -287,6 +300,12 @@ run-bench-sites: $(BINS)
 # (tests/bench/bench_etcd.sh).
 run-bench-etcd: $(BINS)
 	BIN=$(BUILD)/bin tests/bench/bench_etcd.sh
+
+# The simulator's scenarios: calibration against the testbed, then N = 100
+# to 10 000, churn, stragglers, mixed layouts; an SVG of T/(S/b) against N
+# (tests/bench/bench_sim.sh; BENCH_SIM_MAX_N caps N).
+run-bench-sim: $(BUILD)/sim/tessera-sim
+	SIM=$(BUILD)/sim/tessera-sim OUT=$(BUILD)/bench-sim tests/bench/bench_sim.sh
 
 # Replicas tp2 tp2 tp1, a 128 MiB model, a version every second for 60 s.
 run-bench-steady: $(BUILD)/bench/bench_steady $(BINS)

@@ -73,6 +73,10 @@ int proto_mkdir_p(const char *dir, struct proto_err *err);
 /* Monotonic clock in nanoseconds; wall clock in milliseconds since epoch. */
 uint64_t proto_now_ns(void);
 uint64_t proto_wall_ms(void);
+/* Replaces the monotonic clock with fn (NULL: the system's again): the
+ * simulator (tests/sim/) runs the node's decisions on simulated time.
+ * Not for concurrent use: set it before any thread reads the clock. */
+void proto_clock_set(uint64_t (*fn)(void));
 /* CPU time so far, nanoseconds: the calling thread's, or the whole
  * process's (every thread's). 0 when the clock cannot be read. */
 uint64_t proto_thread_cpu_ns(void);

@@ -221,7 +221,7 @@ void trk_client_set_parse_max(struct trk_client *c, size_t bytes);
  * the site's view: its own members, publishers wherever they are
  * (tracker/API.md, "Sites"). -EINVAL for a name trk_site_valid refuses. */
 int trk_client_set_site(struct trk_client *c, const char *site);
-const char *trk_client_site(const struct trk_client *c); /* "" when unnamed */
+const char *trk_client_site(const struct trk_client *c); /* "" when unnamed (or c NULL) */
 /*
  * The chain guard. A client remembers the chain its answers announced
  * (TRK_CHAIN_HEADER): the cluster id and the highest version with its

@@ -315,6 +315,23 @@ struct fetch_hooks {
 	void (*banned)(void *agent);
 };
 
+/*
+ * How a read's bytes travel and are checked, when not over the fabric and
+ * the verifier's workers: the simulator (tests/sim/) runs the fetcher
+ * whole on simulated links and CPUs through it. Both calls answer later,
+ * on the loop, never from inside themselves.
+ */
+struct fetch_transport {
+	void *ctx;
+	/* Posts rd, the first of rd->run reads of chunks laid end to end
+	 * (len bytes in all), from s: 0, then fetch_read_landed for each of
+	 * them; or -errno, nothing out. */
+	int (*read)(void *ctx, struct fetcher *x, struct fetch_read *rd, struct fetch_source *s,
+		    uint32_t len);
+	/* Hashes rd's landed chunk: fetch_read_verified(rd, ok) later. */
+	void (*verify)(void *ctx, struct fetcher *x, struct fetch_read *rd);
+};
+
 /* What the fetcher needs of its rank, set once by the agent. */
 struct fetcher_opts {
 	struct event_base *base;
@@ -333,6 +350,8 @@ struct fetcher_opts {
 	void *sources_ctx;
 	struct node_rank_metrics *am; /* the rank's series (not NULL; its registry may be) */
 	struct fetch_hooks hooks;
+	/* NULL: reads go over fab and are hashed by the verifier's workers. */
+	const struct fetch_transport *tx;
 };
 
 /* The per-rank fetching machinery: the read pool and the current fetch. */
@@ -501,6 +520,8 @@ void fetch_read_started(struct fetcher *x, uint32_t pi, uint32_t c, uint32_t len
 /* A read's bytes are in its bounce slot (status 0) or it failed: on to
  * verification, or back to the pool. */
 void fetch_read_landed(struct fetch_read *rd, int status);
+/* The verdict on rd's chunk, hashed (ok: it matched the manifest). */
+void fetch_read_verified(struct fetch_read *rd, bool ok);
 /* Posts a read of chunk c of parcel pi from s (a publisher or a peer)
  * into a claimed slot: 0, or an error (s failed, the slot freed). From a
  * publisher on a fast link the read may take the chunks after c too

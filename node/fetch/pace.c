@@ -96,6 +96,10 @@ bool fetch_source_ready(struct fetcher *x, struct fetch_source *s, uint64_t now)
 {
 	if (s->fa_valid)
 		return true;
+	if (x->o.tx != NULL) { /* reads that do not go over the fabric need no handle */
+		s->fa_valid = true;
+		return true;
+	}
 	if (fab_av_insert(x->o.fab, s->info.fabric_addr, s->info.fabric_addr_len, &s->fa) != 0) {
 		s->bad_until_ms = now + BAD_SOURCE_MS;
 		return false;
@@ -162,7 +166,7 @@ void fetch_source_failed(struct fetcher *x, struct fetch_source *s)
 	s->bad_until_ms = node_now_ms() + BAD_SOURCE_MS;
 	/* tcp;ofi_rxm drops the connection on an error: start afresh. */
 	conn_drop(x, s);
-	if (s->fa_valid) {
+	if (s->fa_valid && x->o.fab != NULL) {
 		fab_av_remove(x->o.fab, s->fa);
 		s->fa_valid = false;
 	}

@@ -45,7 +45,8 @@ void fetch_pump(struct fetcher *x)
 				return; /* no read slot free, or over the rate cap */
 		}
 	}
-	node_fabloop_kick(x->o.fl);
+	if (x->o.fl != NULL)
+		node_fabloop_kick(x->o.fl);
 }
 
 /* A source is silent when none of its reads completed for its patience (a

@@ -92,6 +92,11 @@ void fetch_read_landed(struct fetch_read *rd, int status)
 		f->first_byte_ms = f->last_byte_ms;
 		startup_log(x, f);
 	}
+	if (x->o.tx != NULL) {
+		x->o.tx->verify(x->o.tx->ctx, x, rd);
+		fetch_pump(x);
+		return;
+	}
 	rd->job = (struct node_vjob){
 		.buf = x->bounce + (size_t)rd->slot * x->chunk_size,
 		.len = c->size,
@@ -119,8 +124,13 @@ void fetch_read_landed(struct fetch_read *rd, int status)
 /* Back on the loop from a verifier's worker: the verdict on one chunk. */
 static void on_verified(struct node_vjob *job, void *arg)
 {
-	struct fetch_read *rd = proto_container_of(job, struct fetch_read, job);
-	struct fetcher *x = arg;
+	(void)arg;
+	fetch_read_verified(proto_container_of(job, struct fetch_read, job), job->ok);
+}
+
+void fetch_read_verified(struct fetch_read *rd, bool ok)
+{
+	struct fetcher *x = rd->x;
 	struct fetch *f = x->f;
 
 	rd->busy = false;
@@ -130,7 +140,7 @@ static void on_verified(struct node_vjob *job, void *arg)
 	}
 	struct fetch_parcel *p = &f->parcels[rd->parcel];
 	const struct proto_chunk *c = &p->mp->chunks[rd->chunk];
-	if (!job->ok) {
+	if (!ok) {
 		/* Never trust the bytes: discard, set the source aside, refetch. */
 		proto_log(f->bad_chunks++ == 0 ? PROTO_LOG_WARN : PROTO_LOG_DEBUG, __FILE__, __LINE__,
 			  "node %s: v%" PRIu64 " chunk %u of parcel %u<-%u from %s failed its hash; "
@@ -378,7 +388,8 @@ int fetch_read_post(struct fetcher *x, uint32_t pi, uint32_t c, struct fetch_sou
 	}
 	struct fetch_read *rd = &x->reads[slot];
 	struct fab_rkey rk = {s->info.addr, s->info.key, s->info.len};
-	int rc = s->info.peer ? post_peer(x, rd, s, p)
+	int rc = x->o.tx != NULL ? x->o.tx->read(x->o.tx->ctx, x, rd, s, len)
+		 : s->info.peer ? post_peer(x, rd, s, p)
 			      : fab_read(x->o.fab, &rd->op, x->bounce_mr, (size_t)slot * x->chunk_size,
 					 len, s->fa, &rk, (uint64_t)c * f->man.chunk_size, on_read);
 	if (rc != 0) {

@@ -358,7 +358,7 @@ int trk_client_set_site(struct trk_client *c, const char *site)
 
 const char *trk_client_site(const struct trk_client *c)
 {
-	return c->site;
+	return c != NULL ? c->site : "";
 }
 
 void trk_client_set_timeout(struct trk_client *c, uint32_t ms)

@@ -1,0 +1,192 @@
+/* The fanout simulator (tests/sim/): a small calibration case runs to the
+ * end, gives the same figures twice for a seed, and the physics it models
+ * holds (a star takes N x S/b, every chunk leaves the trainer once in
+ * fanout); bad configurations and command lines are refused in one line. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "proto/log.h"
+#include "tests/sim/sim.h"
+#include "tests/testutil.h"
+
+/* 8 tp1 replicas of a 16 MiB model on 100 Mbit/s links (the trainer's
+ * too): an anchor, then a delta of 1 %. */
+static void small(struct sim_cfg *c)
+{
+	sim_cfg_default(c);
+	c->model_bytes = 16u << 20;
+	c->versions = 2;
+	c->max_sim_s = 120;
+}
+
+static void same(const struct sim_result *a, const struct sim_result *b)
+{
+	assert_int_equal(a->nversions, b->nversions);
+	assert_int_equal(a->events, b->events);
+	for (uint32_t v = 0; v < a->nversions; v++) {
+		assert_true(a->v[v].t_last_s == b->v[v].t_last_s);
+		assert_true(a->v[v].t_p50_s == b->v[v].t_p50_s);
+		assert_int_equal(a->v[v].trainer_bytes, b->v[v].trainer_bytes);
+		assert_int_equal(a->v[v].duplicate_bytes, b->v[v].duplicate_bytes);
+		assert_int_equal(a->v[v].tracker_requests, b->v[v].tracker_requests);
+	}
+}
+
+/* Fanout: every replica gets both versions, each chunk leaves the trainer
+ * about once, the last replica within 1.5 x S/b (the testbed's goal at
+ * N = 8; its runs give 1.05-1.14); the same figures again for the seed. */
+static void test_sim_fanout_deterministic(void **state)
+{
+	struct sim_cfg c;
+	struct sim_result r1, r2;
+	struct proto_err err;
+	char line[512];
+
+	small(&c);
+	assert_int_equal(sim_run(&c, &r1, &err), 0);
+	assert_int_equal(sim_run(&c, &r2, &err), 0);
+	same(&r1, &r2);
+	assert_int_equal(r1.nversions, 2);
+	for (uint32_t v = 0; v < 2; v++) {
+		const struct sim_version *sv = &r1.v[v];
+		double sb = (double)sv->wire_bytes / c.link_bps;
+		sim_line(&c, &r1, v, line, sizeof(line));
+		print_message("%s\n", line);
+		assert_int_equal(sv->done, c.replicas);
+		assert_int_equal(sv->received_bytes, (uint64_t)c.replicas * sv->wire_bytes);
+		assert_true(sv->trainer_bytes >= sv->wire_bytes);
+		assert_true(sv->trainer_bytes <= sv->wire_bytes + sv->wire_bytes / 10);
+		assert_true(sv->t_last_s >= sb && sv->t_last_s <= 1.5 * sb + 0.5);
+	}
+	assert_true(r1.v[1].wire_bytes < r1.v[0].wire_bytes / 50);
+	/* Another seed: a run of its own, complete all the same. */
+	c.seed = 7;
+	assert_int_equal(sim_run(&c, &r2, &err), 0);
+	assert_int_equal(r2.v[0].done, c.replicas);
+}
+
+/* A star: the trainer's link carries every copy, N x S/b. */
+static void test_sim_star(void **state)
+{
+	struct sim_cfg c;
+	struct sim_result r;
+	struct proto_err err;
+
+	small(&c);
+	c.versions = 1;
+	c.star = true;
+	assert_int_equal(sim_run(&c, &r, &err), 0);
+	double sb = (double)r.v[0].wire_bytes / c.link_bps;
+	assert_int_equal(r.v[0].trainer_bytes, (uint64_t)c.replicas * r.v[0].wire_bytes);
+	assert_true(r.v[0].t_last_s >= 0.98 * c.replicas * sb);
+	assert_true(r.v[0].t_last_s <= 1.05 * c.replicas * sb);
+}
+
+/* Mixed layouts, a straggler and churn: it still ends, every replica that
+ * stayed has the version, and the trainer sends each layout's swarm its
+ * bytes about once. */
+static void test_sim_mixed_churn(void **state)
+{
+	struct sim_cfg c;
+	struct sim_result r;
+	struct proto_err err;
+
+	small(&c);
+	c.versions = 1;
+	c.replicas = 12;
+	c.tp[0] = 1;
+	c.tp[1] = 2;
+	c.tp[2] = 4;
+	c.ntp = 3;
+	c.stragglers = 0.1;
+	c.churn = 0.2;
+	assert_int_equal(sim_run(&c, &r, &err), 0);
+	assert_true(r.v[0].stayed >= c.replicas - 3);
+	assert_true(r.v[0].trainer_bytes <= 3 * r.v[0].wire_bytes + r.v[0].wire_bytes / 2);
+}
+
+static void test_sim_bad_config(void **state)
+{
+	struct sim_cfg c;
+	struct sim_result r;
+	struct proto_err err;
+
+	small(&c);
+	c.replicas = 0;
+	assert_int_equal(sim_run(&c, &r, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, "sim:"));
+	small(&c);
+	c.model_bytes = 1000;
+	assert_int_equal(sim_run(&c, &r, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, "64 KiB"));
+	small(&c);
+	c.tp[0] = 3;
+	assert_int_equal(sim_run(&c, &r, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, "tp3"));
+	/* Too little simulated time: it says so, and where it stopped. */
+	small(&c);
+	c.max_sim_s = 1;
+	assert_int_equal(sim_run(&c, &r, &err), -ETIMEDOUT);
+	assert_non_null(strstr(err.msg, "not done"));
+}
+
+/* tessera-sim's command line: bad values get exit 2 and one line naming
+ * the flag. */
+static void test_sim_cli(void **state)
+{
+	static const char *bad[][2] = {
+		{"--replicas 0", "--replicas"},      {"--layouts tp3", "--layouts"},
+		{"--layouts tp1,tp9", "--layouts"},   {"--link-mbps -1", "--link-mbps"},
+		{"--churn 2", "--churn"},            {"--model-mib 1.01", "--model-mib"},
+		{"--bogus", "unknown option"},       {"--replicas", "--replicas"},
+	};
+	char sim[512], dir[512], cmd[2048], out[4096];
+	const char *build = getenv("TESSERA_BUILD");
+
+	snprintf(sim, sizeof(sim), "%s/%s/sim/tessera-sim", getenv("TESSERA_ROOT") ?: ".",
+		 build ? build : "build");
+	if (access(sim, X_OK) != 0) {
+		print_message("skip: %s not built (make builds it)\n", sim);
+		skip();
+	}
+	assert_non_null(tu_mkdtemp(dir, sizeof(dir)));
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		snprintf(cmd, sizeof(cmd), "%s %s > %s/out 2> %s/err", sim, bad[i][0], dir, dir);
+		assert_int_equal(tu_sh("%s", cmd), 2);
+		snprintf(cmd, sizeof(cmd), "%s/err", dir);
+		FILE *f = fopen(cmd, "r");
+		assert_non_null(f);
+		size_t n = fread(out, 1, sizeof(out) - 1, f);
+		fclose(f);
+		out[n] = 0;
+		print_message("%s -> %s", bad[i][0], out);
+		assert_non_null(strstr(out, bad[i][1]));
+	}
+	/* A good one: a line per version. */
+	snprintf(cmd, sizeof(cmd), "%s --replicas 4 --model-mib 4 --versions 2 > %s/out 2> %s/err",
+		 sim, dir, dir);
+	assert_int_equal(tu_sh("%s", cmd), 0);
+	assert_int_equal(tu_sh("test $(grep -c '^N=4 tp1 ' %s/out) -eq 2", dir), 0);
+	tu_rmtree(dir);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_sim_fanout_deterministic),
+		cmocka_unit_test(test_sim_star),
+		cmocka_unit_test(test_sim_mixed_churn),
+		cmocka_unit_test(test_sim_bad_config),
+		cmocka_unit_test(test_sim_cli),
+	};
+	proto_log_setup("test_sim", PROTO_LOG_ERR);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
