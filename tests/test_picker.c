@@ -588,6 +588,67 @@ static void test_picker_rarest_first(void **state)
 	assert_null(fetch_pick(x, 0, &c, &want));
 }
 
+/*
+ * Sources matched to members once per members list (fetch_owners, by a
+ * sort of the members' names): each peer gets its member's index (the
+ * first of two equal names), a peer outside the swarm and a publisher
+ * none; a recount then marks the same owners as serving as matching by
+ * name does (members_epoch 0: the name path, as hand-built parcels take).
+ */
+static void test_picker_members_matched(void **state)
+{
+	enum { N = 64 };
+	json_t *ans = json_pack("{s:[s,s,s,s,s]}", "members", "R5/0", "R2/0", "R3/0", "R2/0", "R9/0");
+	static const char *ids[] = {"R9/0", "R2/0", "X/0", "R3/0", "R3/0"};
+	static const bool peer[] = {true, true, true, true, false};
+	const uint32_t want[] = {4, 1, UINT32_MAX, 2, UINT32_MAX};
+	struct fetcher x = {0};
+	struct fetch f = {0};
+	struct fetch_parcel p = {0};
+	struct proto_mparcel mp = {.nchunks = N};
+	struct fetch_source srcs[5];
+	uint8_t have[5][2 * N / 8], mine[N], st[N], busy[N], on[N], on2[N], standin[N];
+	uint16_t avail[N];
+	uint64_t busy_ms[N];
+	uint32_t owner[N];
+
+	x.fanout = true;
+	x.f = &f;
+	x.o.id = "R1/0";
+	x.o.am = &no_metrics;
+	f.parcels = &p;
+	f.nparcels = 1;
+	memset(srcs, 0, sizeof(srcs));
+	memset(have, 0xff, sizeof(have));
+	for (int i = 0; i < 5; i++) {
+		srcs[i].info.peer = peer[i];
+		snprintf(srcs[i].info.id, sizeof(srcs[i].info.id), "%s", ids[i]);
+		srcs[i].have = have[i];
+	}
+	memset(st, 0, sizeof(st));
+	p = (struct fetch_parcel){.mp = &mp, .srcs = srcs, .nsrcs = 5, .state = st, .mine = mine,
+				  .peer_busy = busy, .owner_on = on, .standin = standin,
+				  .avail = avail, .busy_ms = busy_ms, .owner = owner};
+	fetch_owners(&x, &f, 0, ans);
+	assert_int_equal(p.nmembers, 5);
+	assert_int_not_equal(p.members_epoch, 0);
+	for (int i = 0; i < 5; i++) {
+		assert_int_equal(srcs[i].member_epoch, p.members_epoch);
+		assert_int_equal(fetch_source_member(&p, &srcs[i]), want[i]);
+	}
+	fetch_recount(&f, &p);
+	memcpy(on2, on, sizeof(on));
+	p.members_epoch = 0; /* by name */
+	for (int i = 0; i < 5; i++)
+		assert_int_equal(fetch_source_member(&p, &srcs[i]), want[i]);
+	fetch_recount(&f, &p);
+	assert_memory_equal(on, on2, sizeof(on));
+	/* Owners R9/0, R2/0 and R3/0 serve; R5/0 is not listed. */
+	for (uint32_t c = 0; c < N; c++)
+		assert_int_equal(on[c], owner[c] == 1 || owner[c] == 2 || owner[c] == 4);
+	free(p.members);
+	json_decref(ans);
+}
 
 int main(void)
 {
@@ -599,6 +660,7 @@ int main(void)
 		cmocka_unit_test(test_picker_fresh_first_read),
 		cmocka_unit_test(test_picker_peer_queues),
 		cmocka_unit_test(test_picker_rarest_first),
+		cmocka_unit_test(test_picker_members_matched),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -125,6 +125,10 @@ struct fetch_source {
 	/* The pacing record every source on its host shares (pace.c): rate,
 	 * window and silence are its; NULL: paced on its own. */
 	struct fetch_source *hp;
+	/* Its index in the parcel's members (UINT32_MAX: none), as matched
+	 * by name when its members were last taken: valid while member_epoch
+	 * is the parcel's members_epoch (fetch_source_member). */
+	uint32_t member, member_epoch;
 };
 
 /* The pacing s follows: its host's, or its own. */
@@ -171,6 +175,7 @@ struct fetch_parcel {
 	bool ahead;           /* we hold more of it than the median peer's page shows */
 	char (*members)[TRK_ID_MAX]; /* its swarm as the tracker last listed it */
 	uint32_t nmembers;
+	uint32_t members_epoch; /* bumped when members are taken and matched to srcs (0: never) */
 	bool seed;           /* we read it from the trainer (TESSERA_PUB_UPLOAD_READERS) */
 	uint32_t nowners;    /* seed readers sharing its trainer's chunks, us included */
 	uint8_t *wire;  /* a delta parcel's bytes (wires.c), else NULL */

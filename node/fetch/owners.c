@@ -51,8 +51,15 @@ void fetch_budget_share(const struct fetcher *x, const struct fetch_parcel *p,
 			 struct fetch_source *s)
 {
 	uint32_t salt = id_hash32(s->info.id), above = 0, readers = 1; /* us */
-	uint64_t me = hrw(x->o.id, 0, salt);
+	uint64_t me;
 	bool was = s->up_refused;
+
+	if (s->up_peers == 0 && s->up_mbps == 0) { /* no budget: nothing to weigh */
+		s->up_refused = false;
+		s->up_bps = 0;
+		return;
+	}
+	me = hrw(x->o.id, 0, salt);
 
 	for (uint32_t k = 0; k < p->nmembers; k++) {
 		if (strcmp(p->members[k], s->info.id) == 0 || strcmp(p->members[k], x->o.id) == 0)
@@ -152,21 +159,21 @@ void fetch_recount(const struct fetch *f, struct fetch_parcel *p)
 	p->ahead = ahead_of_swarm(f, p, now);
 	/* Owners that serve the parcel (their page was read) are on their
 	 * chunks; the others' chunks are anyone's once we are hungry. Which
-	 * members serve is found once per recount (a name compared per
-	 * source and member), not once per chunk: recount runs on every
-	 * have-page answer, and at N = 16 (perf, transfer window) recount and
-	 * strcmp were 3.3 % of a node's loop-thread samples. */
+	 * members serve is found once per recount, by each source's member
+	 * index (fetch_source_member), not once per chunk: recount runs on
+	 * every have-page answer. (A name compared per source and member cost
+	 * O(N^2) per recount: at N = 60, simulated, strcmp was 11 % of the
+	 * nodes' time.) */
 	uint8_t few[64], *on = p->nmembers <= sizeof(few) ? few : calloc(p->nmembers, 1);
 	if (on == NULL)
 		return; /* none counts as serving until the next recount */
 	memset(on, 0, PROTO_MIN(p->nmembers, sizeof(few)));
 	for (size_t j = 0; j < p->nsrcs; j++) {
 		const struct fetch_source *s = &p->srcs[j];
-		if (!s->info.peer || s->have == NULL || s->bad_until_ms > now)
-			continue;
-		for (uint32_t k = 0; k < p->nmembers; k++)
-			if (!on[k] && strcmp(s->info.id, p->members[k]) == 0)
-				on[k] = 1;
+		uint32_t k;
+		if (s->info.peer && s->have != NULL && s->bad_until_ms <= now &&
+		    (k = fetch_source_member(p, s)) != UINT32_MAX)
+			on[k] = 1;
 	}
 	for (uint32_t c = 0; c < n; c++)
 		p->owner_on[c] = p->owner[c] < p->nmembers && on[p->owner[c]];
@@ -184,6 +191,61 @@ static uint64_t hrw(const char *id, uint32_t pi, uint32_t c)
 	h ^= h >> 29; /* FNV's low bits mix poorly: finish like splitmix */
 	h *= 0xbf58476d1ce4e5b9ull;
 	return h ^ (h >> 32);
+}
+
+uint32_t fetch_source_member(const struct fetch_parcel *p, const struct fetch_source *s)
+{
+	if (p->members_epoch != 0 && s->member_epoch == p->members_epoch)
+		return s->member;
+	for (uint32_t k = 0; s->info.peer && k < p->nmembers; k++)
+		if (strcmp(s->info.id, p->members[k]) == 0)
+			return k;
+	return UINT32_MAX;
+}
+
+static int cmp_member(const void *x, const void *y, void *arg)
+{
+	const char(*m)[TRK_ID_MAX] = arg;
+	uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+	int c = strcmp(m[a], m[b]);
+
+	return c != 0 ? c : (a > b) - (a < b); /* equal names: the first member first */
+}
+
+/* Matches p's sources to its members by name: members sorted once, each
+ * source found by binary search (the first of equal names), O((members +
+ * sources) log members). Without memory, none is matched: lookups go by
+ * name (fetch_source_member). */
+static void match_members(struct fetch_parcel *p)
+{
+	uint32_t *ix = p->nmembers > 0 ? malloc(p->nmembers * sizeof(*ix)) : NULL;
+
+	if (++p->members_epoch == 0)
+		p->members_epoch = 1;
+	if (ix == NULL && p->nmembers > 0) {
+		p->members_epoch = 0;
+		return;
+	}
+	for (uint32_t k = 0; k < p->nmembers; k++)
+		ix[k] = k;
+	qsort_r(ix, p->nmembers, sizeof(*ix), cmp_member, p->members);
+	for (size_t j = 0; j < p->nsrcs; j++) {
+		struct fetch_source *s = &p->srcs[j];
+		uint32_t lo = 0, hi = p->nmembers;
+		while (s->info.peer && lo < hi) {
+			uint32_t mid = lo + (hi - lo) / 2;
+			if (strcmp(p->members[ix[mid]], s->info.id) < 0)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		s->member = s->info.peer && lo < p->nmembers &&
+					    strcmp(p->members[ix[lo]], s->info.id) == 0
+				    ? ix[lo]
+				    : UINT32_MAX;
+		s->member_epoch = p->members_epoch;
+	}
+	free(ix);
 }
 
 static bool is_member(const struct fetch_parcel *p, const char *id)
@@ -282,6 +344,7 @@ void fetch_owners(const struct fetcher *x, struct fetch *f, uint32_t pi, json_t 
 	uint8_t *seed;
 
 	take_members(p, answer);
+	match_members(p);
 	for (size_t k = 0; k < p->nsrcs; k++)
 		if (p->srcs[k].info.peer && !p->srcs[k].self)
 			fetch_budget_share(x, p, &p->srcs[k]); /* the members changed */

@@ -313,7 +313,7 @@ static bool page_since(const struct fetch_parcel *p, uint32_t k, uint64_t after)
 {
 	for (size_t j = 0; j < p->nsrcs; j++) {
 		const struct fetch_source *s = &p->srcs[j];
-		if (s->info.peer && s->have != NULL && strcmp(s->info.id, p->members[k]) == 0)
+		if (s->info.peer && s->have != NULL && fetch_source_member(p, s) == k)
 			return s->have_page_ms >= after;
 	}
 	return false;

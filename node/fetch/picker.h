@@ -64,6 +64,10 @@ void fetch_budget_share(const struct fetcher *x, const struct fetch_parcel *p,
 			struct fetch_source *s);
 /* s's budget has room for a read of len bytes now (chunk: our chunk size). */
 bool fetch_budget_room(struct fetch_source *s, uint64_t len, uint64_t chunk);
+/* The index in p's members of source s (a peer listed under a member's
+ * id), or UINT32_MAX: as fetch_owners matched them (members sorted once,
+ * not a name compared per member and source), else by name. */
+uint32_t fetch_source_member(const struct fetch_parcel *p, const struct fetch_source *s);
 /* Where member id's walk over the n chunks of parcel pi starts. */
 uint32_t fetch_start_point(const char *id, uint32_t pi, uint32_t n);
 

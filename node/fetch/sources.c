@@ -84,17 +84,27 @@ static void memo_members(struct fetcher *x, const uint8_t *layout, uint32_t src,
  * it as a source: its offer reached the tracker after our /sources. */
 static bool owner_unlisted(const struct fetch_parcel *p)
 {
-	for (uint32_t c = 0; p->owner != NULL && c < p->mp->nchunks; c++) {
-		uint32_t k = p->owner[c];
-		bool listed = false;
-		if (p->state[c] != CHUNK_TODO || k >= p->nmembers)
-			continue;
-		for (size_t j = 0; j < p->nsrcs && !listed; j++)
-			listed = p->srcs[j].info.peer && strcmp(p->srcs[j].info.id, p->members[k]) == 0;
-		if (!listed)
-			return true;
+	uint8_t few[64], *listed;
+	bool unlisted = false;
+
+	if (p->owner == NULL || p->nmembers == 0)
+		return false;
+	/* Which members are listed: once per source, not per chunk (it runs
+	 * on every tick; per chunk and source it was O(chunks x N)). */
+	listed = p->nmembers <= sizeof(few) ? few : calloc(p->nmembers, 1);
+	if (listed == NULL)
+		return false; /* asked at the usual period */
+	memset(listed, 0, PROTO_MIN(p->nmembers, sizeof(few)));
+	for (size_t j = 0; j < p->nsrcs; j++) {
+		uint32_t k = fetch_source_member(p, &p->srcs[j]);
+		if (k != UINT32_MAX)
+			listed[k] = 1;
 	}
-	return false;
+	for (uint32_t c = 0; c < p->mp->nchunks && !unlisted; c++)
+		unlisted = p->state[c] == CHUNK_TODO && p->owner[c] < p->nmembers && !listed[p->owner[c]];
+	if (listed != few)
+		free(listed);
+	return unlisted;
 }
 
 /* The same race with the peers: a member's offer can reach the tracker

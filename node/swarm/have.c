@@ -122,13 +122,13 @@ static bool waits_on_peers(const struct fetch_parcel *p)
 /* Whether s fetches (its last page's busy bits) or owns a chunk we wait for. */
 static bool fetches_ours(const struct fetch_parcel *p, const struct fetch_source *s)
 {
-	uint32_t n = p->mp->nchunks, bl = (n + 7) / 8;
+	uint32_t n = p->mp->nchunks, bl = (n + 7) / 8, k = fetch_source_member(p, s);
 
 	for (uint32_t c = 0; c < n; c++) {
 		if (p->state[c] != 0 || p->avail[c] != 0)
 			continue;
 		if ((s->have != NULL && proto_have_bit(s->have + bl, c)) ||
-		    (p->owner[c] < p->nmembers && strcmp(p->members[p->owner[c]], s->info.id) == 0))
+		    (k != UINT32_MAX && p->owner[c] == k))
 			return true;
 	}
 	return false;
