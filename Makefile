@@ -240,11 +240,11 @@ $(BUILD)/asan/tests/%: $(BUILD)/asan/tests/%.o $(BUILD)/asan/tests/filter.o $(as
 
 # The fanout simulator (tests/sim/): node/fetch's fetchers on simulated time,
 # links and CPUs. tessera-sim runs a scenario; test_sim links it too.
-SIM_SRCS := tests/sim/sim.c
+SIM_SRCS := tests/sim/sim.c tests/sim/sim_net.c
 $(BUILD)/sim/tessera-sim: $(BUILD)/rel/tests/sim/tessera_sim.o $(SIM_SRCS:%.c=$(BUILD)/rel/%.o) \
 		$(rel_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(BASEFLAGS) $(OPTFLAGS) $(filter %.o,$^) $(rel_LIBS) $(ALL_LIBS) -lm -o $@
+	$(CC) $(BASEFLAGS) $(OPTFLAGS) $(filter %.o,$^) $(rel_LIBS) $(ALL_LIBS) -o $@
 $(BUILD)/asan/tests/test_sim: $(BUILD)/asan/tests/test_sim.o $(BUILD)/asan/tests/filter.o \
 		$(SIM_SRCS:%.c=$(BUILD)/asan/%.o) $(asan_LIBS) $(BUILD)/asan/libtessera-client.a
 	$(CC) $(BASEFLAGS) $(SANFLAGS) $(filter %.o,$^) $(asan_LIBS) $(BUILD)/asan/libtessera-client.a \

@@ -1,0 +1,326 @@
+/* What the simulator replaces (tests/sim/sim.h): the fabric and the
+ * verifier (links and CPUs as queues), have-page reads, and the tracker's
+ * /sources answers; and its events. */
+#include "tests/sim/sim_internal.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "node/fetch/picker.h"
+#include "proto/have.h"
+
+static bool ev_before(const struct ev *x, const struct ev *y)
+{
+	return x->t != y->t ? x->t < y->t : x->seq < y->seq;
+}
+
+uint64_t sim__clock_ns;
+
+uint64_t sim__now(void)
+{
+	return sim__clock_ns;
+}
+
+uint64_t sim__rnd(struct sim *s)
+{
+	uint64_t z = (s->rng += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+double sim__rnd01(struct sim *s)
+{
+	return (double)(sim__rnd(s) >> 11) / 9007199254740992.0;
+}
+
+void sim__push(struct sim *s, struct ev e)
+{
+	struct heap *h = &s->h;
+
+	if (h->n == h->cap) {
+		size_t cap = h->cap ? 2 * h->cap : 4096;
+		struct ev *v = realloc(h->v, cap * sizeof(*v));
+		if (v == NULL) {
+			s->failed = -ENOMEM;
+			return;
+		}
+		h->v = v;
+		h->cap = cap;
+	}
+	e.seq = s->seq++;
+	size_t i = h->n++;
+	while (i > 0 && ev_before(&e, &h->v[(i - 1) / 2])) {
+		h->v[i] = h->v[(i - 1) / 2];
+		i = (i - 1) / 2;
+	}
+	h->v[i] = e;
+}
+
+struct ev sim__pop(struct sim *s)
+{
+	struct heap *h = &s->h;
+	struct ev top = h->v[0], last = h->v[--h->n];
+	size_t i = 0;
+
+	for (;;) {
+		size_t k = 2 * i + 1;
+		if (k >= h->n)
+			break;
+		if (k + 1 < h->n && ev_before(&h->v[k + 1], &h->v[k]))
+			k++;
+		if (!ev_before(&h->v[k], &last))
+			break;
+		h->v[i] = h->v[k];
+		i = k;
+	}
+	if (h->n > 0)
+		h->v[i] = last;
+	return top;
+}
+
+void sim__at(struct sim *s, uint64_t t, uint32_t kind, uint32_t a, uint32_t b)
+{
+	sim__push(s, (struct ev){.t = t, .kind = kind, .a = a, .b = b});
+}
+
+uint64_t sim__ns(double seconds)
+{
+	return seconds <= 0 ? 0 : (uint64_t)llround(seconds * 1e9);
+}
+
+uint64_t sim__latency(const struct sim *s)
+{
+	return sim__ns(s->c->latency_ms / 1e3);
+}
+
+/* ---- the tracker's /sources answers ------------------------------------------ */
+
+static void hex_addr(uint32_t v, char out[9])
+{
+	snprintf(out, 9, "%08x", v);
+}
+
+static json_t *source_json(bool peer, const char *id, const char *host, uint32_t addr_id,
+			   uint64_t len)
+{
+	char fa[9], key[24];
+
+	hex_addr(addr_id, fa);
+	snprintf(key, sizeof(key), "%u", addr_id);
+	return json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:I}", "kind", peer ? "peer" : "publisher", "id",
+			 id, "host", host, "provider", "sim", "fabric_addr", fa, "addr", "4096", "key",
+			 key, "len", (json_int_t)len);
+}
+
+/* The tracker's answer for k, as tracker/server/sources.c builds it. */
+static json_t *sources_answer(struct sim *s, const struct trk_parcel_key *k)
+{
+	json_t *members = json_array(), *srcs = json_array();
+	uint32_t *peers = calloc(s->nhosts + 1, sizeof(*peers)), np = 0;
+	uint64_t len = 0;
+	char host[32];
+
+	if (members == NULL || srcs == NULL || peers == NULL)
+		goto fail;
+	for (uint32_t hi = 0; hi < s->nhosts; hi++) {
+		const struct host *h = &s->hosts[hi];
+		const struct layout *L = &s->lay[h->layout];
+		if (!h->alive || !h->joined || memcmp(L->l.digest, k->layout, PROTO_HASH_BYTES) != 0 ||
+		    k->dst_rank >= L->l.nranks)
+			continue;
+		const struct rank *rk = &s->ranks[h->rank0 + k->dst_rank];
+		json_array_append_new(members, json_string(rk->id));
+		if (rk->fetching && rk->x.f != NULL && rk->x.f->version == k->version)
+			peers[np++] = h->rank0 + k->dst_rank;
+	}
+	for (uint32_t i = np; i > 1; i--) { /* shuffled per answer, as srcache.c does */
+		uint32_t j = (uint32_t)(sim__rnd(s) % i), t = peers[i - 1];
+		peers[i - 1] = peers[j];
+		peers[j] = t;
+	}
+	for (uint32_t li = 0; li < s->nlay; li++)
+		if (memcmp(s->lay[li].l.digest, k->layout, PROTO_HASH_BYTES) == 0)
+			for (uint32_t i = 0; i < s->lay[li].ml.nparcels; i++)
+				if (s->lay[li].ml.parcels[i].dst_rank == k->dst_rank)
+					len = s->lay[li].ml.parcels[i].wire_bytes;
+	for (uint32_t i = 0; i < np; i++) {
+		snprintf(host, sizeof(host), "h%u", s->ranks[peers[i]].host);
+		json_array_append_new(srcs, source_json(true, s->ranks[peers[i]].id, host,
+							peers[i] + 1, len));
+	}
+	json_array_append_new(srcs, source_json(false, "trainer", "trainer", 0, len));
+	free(peers);
+	return json_pack("{s:o,s:o}", "members", members, "sources", srcs);
+fail:
+	free(peers);
+	json_decref(members);
+	json_decref(srcs);
+	return NULL;
+}
+
+int sim__ask_sources(void *ctx, const struct trk_parcel_key *k, trk_client_cb cb, void *arg)
+{
+	struct rank *rk = ctx;
+	struct sim *s = (struct sim *)rk->x.o.hooks.agent;
+	struct sources_req *q = malloc(sizeof(*q));
+
+	if (q == NULL)
+		return -ENOMEM;
+	*q = (struct sources_req){cb, arg, *k};
+	s->r->v[s->vi].tracker_requests++;
+	sim__push(s, (struct ev){.t = sim__clock_ns + 2 * sim__latency(s), .kind = E_SOURCES,
+			    .a = (uint32_t)(rk - s->ranks), .p = q});
+	return 0;
+}
+
+void sim__sources_due(struct sim *s, struct ev *e)
+{
+	struct sources_req *q = e->p;
+	json_t *j = sources_answer(s, &q->k);
+	struct trk_answer a = {.status = j != NULL ? 200 : 503, .json = j, .error = "no memory"};
+
+	q->cb(&a, q->arg);
+	json_decref(j);
+	free(q);
+}
+
+/* ---- links and CPUs: the transport ----------------------------------------- */
+
+/* The rank a source is (peers' ids are "R<host>/<rank>", their key the
+ * rank's index + 1); UINT32_MAX: the publisher. */
+static uint32_t source_rank(const struct fetch_source *src)
+{
+	return src->info.peer ? (uint32_t)src->info.key - 1 : UINT32_MAX;
+}
+
+/* A read crosses its source's uplink, then its reader's downlink: each a
+ * queue served in order sim__at its rate. The downlink takes reads in the order
+ * their uplinks finish (E_UPLINK), and a chunk flows through both sim__at once
+ * (cut-through): it is done when its uplink is and its downlink has moved
+ * it after what came before. */
+int sim__tx_read(void *ctx, struct fetcher *x, struct fetch_read *rd, struct fetch_source *src,
+		   uint32_t len)
+{
+	struct sim *s = ctx;
+	struct rank *rk = proto_container_of(x, struct rank, x);
+	uint32_t from = source_rank(src);
+	uint64_t t = sim__clock_ns + sim__latency(s);
+	struct ev e = {.kind = E_UPLINK, .a = (uint32_t)(rk - s->ranks),
+		       .b = (uint32_t)(rd - x->reads), .gen = x->gen, .len = len};
+	struct host *up;
+
+	if (from == UINT32_MAX) {
+		up = &s->hosts[s->max_hosts]; /* the trainer */
+		s->r->v[s->vi].trainer_bytes += len;
+	} else {
+		up = &s->hosts[s->ranks[from].host];
+	}
+	if (!up->alive) { /* a host that is gone: the connection fails */
+		e.kind = E_READ;
+		e.t = t + sim__latency(s);
+		e.status = -EIO;
+		sim__push(s, e);
+		return 0;
+	}
+	e.t0 = PROTO_MAX(t, up->up_free);
+	e.t = up->up_free = e.t0 + sim__ns(len / up->up_bps);
+	if (from == UINT32_MAX)
+		s->r->v[s->vi].trainer_s = (double)(e.t - s->v_start) / 1e9;
+	sim__push(s, e);
+	return 0;
+}
+
+void sim__uplink(struct sim *s, struct ev *e)
+{
+	struct host *me = &s->hosts[s->ranks[e->a].host];
+	uint64_t start = PROTO_MAX(e->t0, me->down_free);
+
+	me->down_free = PROTO_MAX(e->t, start + sim__ns(e->len / me->down_bps));
+	e->kind = E_READ;
+	e->t = me->down_free + sim__latency(s);
+	sim__push(s, *e);
+}
+
+void sim__tx_verify(void *ctx, struct fetcher *x, struct fetch_read *rd)
+{
+	struct sim *s = ctx;
+	struct rank *rk = proto_container_of(x, struct rank, x);
+
+	rk->cpu_free = PROTO_MAX(rk->cpu_free, sim__clock_ns) + sim__ns(rd->len * s->c->cpu_ns_per_byte / 1e9);
+	sim__push(s, (struct ev){.t = rk->cpu_free, .kind = E_VERIFIED, .a = (uint32_t)(rk - s->ranks),
+			    .b = (uint32_t)(rd - x->reads), .gen = rd->gen});
+}
+
+void sim__read_done(struct sim *s, const struct ev *e)
+{
+	struct fetcher *x = &s->ranks[e->a].x;
+	struct fetch_read *rd = &x->reads[e->b];
+	uint32_t n = PROTO_MAX(rd->run, 1u);
+
+	for (uint32_t k = 0; k < n; k++) /* as reads.c's on_read: each chunk lands */
+		fetch_read_landed(&x->reads[e->b + k], e->status);
+}
+
+void sim__verified(struct sim *s, const struct ev *e)
+{
+	struct fetcher *x = &s->ranks[e->a].x;
+	struct fetch_read *rd = &x->reads[e->b];
+
+	if (rd->busy && rd->gen == e->gen)
+		fetch_read_verified(rd, true);
+}
+
+/* ---- have-pages --------------------------------------------------------------- */
+
+/* Reads the pages of the peers rk lists for each parcel, as they are now,
+ * and hands them to the fetcher as node/swarm/have.c does an answer. */
+void sim__read_pages(struct sim *s, struct rank *rk)
+{
+	struct fetch *f = rk->x.f;
+	uint64_t now = node_now_ms();
+
+	for (uint32_t pi = 0; f != NULL && pi < f->nparcels; pi++) {
+		struct fetch_parcel *p = &f->parcels[pi];
+		uint32_t n = p->mp->nchunks, bl = (n + 7) / 8, read = 0;
+		if (p->done == n)
+			continue;
+		for (size_t k = 0; k < p->nsrcs; k++) {
+			struct fetch_source *src = &p->srcs[k];
+			uint32_t from = source_rank(src);
+			struct proto_have h;
+			struct proto_err err;
+			if (!src->info.peer || src->self || src->bad_until_ms > now ||
+			    fetch_banned(f, src->info.id) || from >= s->nranks)
+				continue;
+			const struct rank *pr = &s->ranks[from];
+			const struct fetch *pf = pr->x.f;
+			if (!s->hosts[pr->host].alive || pf == NULL || pf->version != f->version ||
+			    pi >= pf->nparcels || pf->parcels[pi].held == NULL) {
+				fetch_source_failed(&rk->x, src);
+				continue;
+			}
+			if (proto_have_parse(pf->parcels[pi].held, proto_have_bytes(n), &h, &err) != 0)
+				continue;
+			if (src->have == NULL && (src->have = malloc(2 * (size_t)bl)) == NULL)
+				continue;
+			memcpy(src->have, h.have, bl);
+			memcpy(src->have + bl, h.busy, bl);
+			src->have_ms = src->have_page_ms = now;
+			fetch_source_answered(src, now);
+			if (h.upload_peers != src->up_peers || h.upload_mbps != src->up_mbps) {
+				src->up_peers = h.upload_peers;
+				src->up_mbps = h.upload_mbps;
+				fetch_budget_share(&rk->x, p, src);
+			}
+			read++;
+		}
+		if (read > 0)
+			fetch_recount(f, p);
+	}
+}
+
