@@ -544,7 +544,7 @@ int sim_run(const struct sim_cfg *c, struct sim_result *r, struct proto_err *err
 	}
 	rc = s.failed != 0 ? proto_errf(err, -s.failed, "sim: out of memory") : 0;
 	if (rc == 0 && (r->nversions != c->versions || s.v_live))
-		rc = proto_errf(err, EPROTO, "sim: stopped sim__at v%u", s.vi + 1);
+		rc = proto_errf(err, EPROTO, "sim: stopped at v%u", s.vi + 1);
 out:
 	sim_free(&s);
 	proto_clock_set(NULL);
@@ -561,7 +561,7 @@ void sim_line(const struct sim_cfg *c, const struct sim_result *r, uint32_t v, c
 	size_t o = 0;
 
 	if (sv->t_slow_s > 0)
-		snprintf(slow, sizeof(slow), " stragglers=%.2f (sim__at b/10: %.2f)", sv->t_slow_s / sb,
+		snprintf(slow, sizeof(slow), " stragglers=%.2f (at b/10: %.2f)", sv->t_slow_s / sb,
 			 sv->t_slow_s / sb / 10);
 
 	for (uint32_t i = 0; i < c->ntp; i++)

@@ -199,8 +199,8 @@ static uint32_t source_rank(const struct fetch_source *src)
 }
 
 /* A read crosses its source's uplink, then its reader's downlink: each a
- * queue served in order sim__at its rate. The downlink takes reads in the order
- * their uplinks finish (E_UPLINK), and a chunk flows through both sim__at once
+ * queue served in order at its rate. The downlink takes reads in the order
+ * their uplinks finish (E_UPLINK), and a chunk flows through both at once
  * (cut-through): it is done when its uplink is and its downlink has moved
  * it after what came before. */
 int sim__tx_read(void *ctx, struct fetcher *x, struct fetch_read *rd, struct fetch_source *src,
@@ -251,7 +251,8 @@ void sim__tx_verify(void *ctx, struct fetcher *x, struct fetch_read *rd)
 	struct sim *s = ctx;
 	struct rank *rk = proto_container_of(x, struct rank, x);
 
-	rk->cpu_free = PROTO_MAX(rk->cpu_free, sim__clock_ns) + sim__ns(rd->len * s->c->cpu_ns_per_byte / 1e9);
+	rk->cpu_free = PROTO_MAX(rk->cpu_free, sim__clock_ns) +
+		       sim__ns(rd->len * s->c->cpu_ns_per_byte / 1e9);
 	sim__push(s, (struct ev){.t = rk->cpu_free, .kind = E_VERIFIED, .a = (uint32_t)(rk - s->ranks),
 			    .b = (uint32_t)(rd - x->reads), .gen = rd->gen});
 }
