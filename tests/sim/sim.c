@@ -50,9 +50,16 @@ static int setup_model(struct sim *s, struct proto_err *err)
 	return 0;
 }
 
-/* Layout li's manifest parcels for version vi: the anchor's raw, a
- * delta's encoded in delta_ratio of the bytes. Chunk hashes are not
- * checked here (the verifier is modelled), so they stay zero. */
+/* A parcel's bytes on the wire: the anchor's all, a delta's delta_ratio
+ * of them (a byte at least). */
+static uint64_t wire_of(const struct sim *s, uint64_t bytes, bool delta)
+{
+	return delta ? PROTO_MAX((uint64_t)llround((double)bytes * s->c->delta_ratio), 1) : bytes;
+}
+
+/* L's manifest parcels for the current version: the anchor's raw, a
+ * delta's encoded. Chunk hashes are not checked here (the verifier is
+ * modelled), so they stay zero. */
 static int manifest(struct sim *s, struct layout *L, bool delta)
 {
 	const struct proto_plan *pl = &L->plan;
@@ -64,11 +71,8 @@ static int manifest(struct sim *s, struct layout *L, bool delta)
 	memcpy(L->ml.layout_digest, L->l.digest, PROTO_HASH_BYTES);
 	L->ml.nparcels = pl->nparcels;
 	L->ml.parcels = calloc(pl->nparcels, sizeof(*L->ml.parcels));
-	for (uint32_t i = 0; i < pl->nparcels; i++) {
-		uint64_t wire = delta ? (uint64_t)llround((double)pl->parcels[i].bytes * s->c->delta_ratio)
-				      : pl->parcels[i].bytes;
-		nchunks += (uint32_t)((PROTO_MAX(wire, 1) + s->chunk - 1) / s->chunk);
-	}
+	for (uint32_t i = 0; i < pl->nparcels; i++)
+		nchunks += (uint32_t)((wire_of(s, pl->parcels[i].bytes, delta) + s->chunk - 1) / s->chunk);
 	L->chunks = calloc(PROTO_MAX(nchunks, 1), sizeof(*L->chunks));
 	if (L->ml.parcels == NULL || L->chunks == NULL)
 		return -ENOMEM;
@@ -76,8 +80,7 @@ static int manifest(struct sim *s, struct layout *L, bool delta)
 	for (uint32_t i = 0; i < pl->nparcels; i++) {
 		struct proto_mparcel *mp = &L->ml.parcels[i];
 		uint64_t bytes = pl->parcels[i].bytes;
-		uint64_t wire = delta ? PROTO_MAX((uint64_t)llround((double)bytes * s->c->delta_ratio), 1)
-				      : bytes;
+		uint64_t wire = wire_of(s, bytes, delta);
 		*mp = (struct proto_mparcel){.src_rank = pl->parcels[i].src_rank,
 					     .dst_rank = pl->parcels[i].dst_rank, .bytes = bytes,
 					     .encoding = delta ? PROTO_ENC_DELTA : PROTO_ENC_RAW,
