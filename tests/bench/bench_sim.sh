@@ -100,8 +100,9 @@ def svg(path, title, xlabel, ylabel, series, xlog, ylog=False):
          f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H-B}" stroke="black"/>',
          f'<text x="{W/2}" y="{H-12}" text-anchor="middle">{xlabel}</text>',
          f'<text x="16" y="{H/2}" text-anchor="middle" transform="rotate(-90 16 {H/2})">{ylabel}</text>']
-    for x in sorted(set(xs)) if xlog else []:
-        o.append(f'<text x="{px(x):.1f}" y="{H-B+16}" text-anchor="middle">{x:g}</text>')
+    xt = sorted(set(xs)) if xlog else [x0 + (x1 - x0) * k / 5 for k in range(6)]
+    for x in xt:
+        o.append(f'<text x="{px(x):.1f}" y="{H-B+16}" text-anchor="middle">{x:.3g}</text>')
     for k in range(6):
         v = y0 + (y1 - y0) * k / 5
         v = 10 ** v if ylog else v
