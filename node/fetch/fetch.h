@@ -512,6 +512,8 @@ void fetch_mark(struct fetch_parcel *p, uint32_t c, int what);
  * with no other read of it out, it is to fetch again. */
 void fetch_chunk_idle(struct fetch_parcel *p, uint32_t c);
 
+/* The read pool's sizes from the tunables: chunk_size, max_inflight, nreads. */
+void fetch_pool_size(struct fetcher *x);
 int fetch__pool_init(struct fetcher *x, struct proto_err *err);
 void fetch__pool_fini(struct fetcher *x);
 
@@ -559,6 +561,10 @@ void fetch_reads_follow(struct fetcher *x, const struct fetch_parcel *p, const u
 			struct fetch_source *ns);
 /* Asks the tracker for parcel pi's sources, unless asked lately. */
 void fetch_want_sources(struct fetcher *x, uint32_t pi);
+/* Asks the tracker again for parcel pi's sources while it lacks chunks,
+ * once its period is up (fetch_sources_gap): members join the swarm as
+ * they offer. Whether it lists peers (other than us). */
+bool fetch_sources_refresh(struct fetcher *x, uint32_t pi, uint64_t now);
 /* How soon after its last /sources parcel p of f may ask again, as of now.
  * Cannot fail. */
 uint64_t fetch_sources_gap(const struct fetch *f, const struct fetch_parcel *p, bool peers,

@@ -3,6 +3,7 @@
  * their upload budgets: the picker's inputs, kept per parcel. */
 #include "node/fetch/picker.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +100,27 @@ bool fetch_budget_room(struct fetch_source *s, uint64_t len, uint64_t chunk)
 
 /* ---- what peers hold -------------------------------------------------------- */
 
+int fetch_source_page(const struct fetcher *x, const struct fetch_parcel *p,
+		      struct fetch_source *s, const struct proto_have *h)
+{
+	uint32_t bl = (p->mp->nchunks + 7) / 8;
+
+	if (s->have == NULL && (s->have = malloc(2 * (size_t)bl)) == NULL)
+		return -ENOMEM;
+	memcpy(s->have, h->have, bl);
+	memcpy(s->have + bl, h->busy, bl);
+	s->have_page_ms = s->have_ms; /* this read's: none other was out */
+	fetch_source_answered(s, s->have_ms); /* alive: congested, if its chunks are late */
+	s->slot_rk = (struct fab_rkey){h->slot_addr, h->slot_key, h->slot_len};
+	s->slot_ranges = h->slot_ranges;
+	if (h->upload_peers != s->up_peers || h->upload_mbps != s->up_mbps) {
+		s->up_peers = h->upload_peers;
+		s->up_mbps = h->upload_mbps;
+		fetch_budget_share(x, p, s);
+	}
+	return 0;
+}
+
 static int cmp_u32(const void *x, const void *y)
 {
 	uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
@@ -164,17 +186,9 @@ void fetch_recount(const struct fetch *f, struct fetch_parcel *p)
 	 * every have-page answer. (A name compared per source and member cost
 	 * O(N^2) per recount: at N = 60, simulated, strcmp was 11 % of the
 	 * nodes' time.) */
-	uint8_t few[64], *on = p->nmembers <= sizeof(few) ? few : calloc(p->nmembers, 1);
+	uint8_t few[MEMBERS_FEW], *on = fetch_members_listed(p, true, now, few);
 	if (on == NULL)
 		return; /* none counts as serving until the next recount */
-	memset(on, 0, PROTO_MIN(p->nmembers, sizeof(few)));
-	for (size_t j = 0; j < p->nsrcs; j++) {
-		const struct fetch_source *s = &p->srcs[j];
-		uint32_t k;
-		if (s->info.peer && s->have != NULL && s->bad_until_ms <= now &&
-		    (k = fetch_source_member(p, s)) != UINT32_MAX)
-			on[k] = 1;
-	}
 	for (uint32_t c = 0; c < n; c++)
 		p->owner_on[c] = p->owner[c] < p->nmembers && on[p->owner[c]];
 	if (on != few)
@@ -201,6 +215,24 @@ uint32_t fetch_source_member(const struct fetch_parcel *p, const struct fetch_so
 		if (strcmp(s->info.id, p->members[k]) == 0)
 			return k;
 	return UINT32_MAX;
+}
+
+uint8_t *fetch_members_listed(const struct fetch_parcel *p, bool serving, uint64_t now,
+			      uint8_t few[MEMBERS_FEW])
+{
+	uint8_t *on = p->nmembers <= MEMBERS_FEW ? few : calloc(p->nmembers, 1);
+
+	if (on == NULL)
+		return NULL;
+	memset(on, 0, PROTO_MIN(p->nmembers, MEMBERS_FEW));
+	for (size_t j = 0; j < p->nsrcs; j++) {
+		const struct fetch_source *s = &p->srcs[j];
+		uint32_t k;
+		if ((!serving || (s->have != NULL && s->bad_until_ms <= now)) &&
+		    (k = fetch_source_member(p, s)) != UINT32_MAX)
+			on[k] = 1;
+	}
+	return on;
 }
 
 static int cmp_member(const void *x, const void *y, void *arg)

@@ -166,10 +166,7 @@ void fetch_source_failed(struct fetcher *x, struct fetch_source *s)
 	s->bad_until_ms = node_now_ms() + BAD_SOURCE_MS;
 	/* tcp;ofi_rxm drops the connection on an error: start afresh. */
 	conn_drop(x, s);
-	if (s->fa_valid && x->o.fab != NULL) {
-		fab_av_remove(x->o.fab, s->fa);
-		s->fa_valid = false;
-	}
+	fetch_source_release(x, s);
 }
 
 bool fetch_source_usable(const struct fetcher *x, const struct fetch *f,

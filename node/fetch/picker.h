@@ -55,6 +55,13 @@ uint32_t fetch_pick_steal(const struct fetcher *x, uint32_t pi);
  * peers listed, when the answer names none), who reads from the trainer
  * (seed readers) and for whom we stand in. */
 void fetch_owners(const struct fetcher *x, struct fetch *f, uint32_t pi, json_t *answer);
+/* Takes peer s's have-page h (parsed, and checked against p: version,
+ * chunks, ranks), answer to the read posted at s->have_ms: its have and
+ * busy bits, that it was alive then, where it serves its chunks from, its
+ * upload budget. 0, or -ENOMEM (the page is not taken). The recount is
+ * the caller's. */
+int fetch_source_page(const struct fetcher *x, const struct fetch_parcel *p,
+		      struct fetch_source *s, const struct proto_have *h);
 /* Counts, per chunk of p, the usable peers holding it and whether one is
  * fetching it, from their last have-pages; whether we are ahead of them. */
 void fetch_recount(const struct fetch *f, struct fetch_parcel *p);
@@ -68,6 +75,13 @@ bool fetch_budget_room(struct fetch_source *s, uint64_t len, uint64_t chunk);
  * id), or UINT32_MAX: as fetch_owners matched them (members sorted once,
  * not a name compared per member and source), else by name. */
 uint32_t fetch_source_member(const struct fetch_parcel *p, const struct fetch_source *s);
+/* Which of p's members have a source in its list (serving: one whose
+ * have-page was read and that does not rest at now), a byte each, in few
+ * when they fit (MEMBERS_FEW), else allocated: the caller frees a result
+ * that is not few. NULL when out of memory. */
+#define MEMBERS_FEW 64
+uint8_t *fetch_members_listed(const struct fetch_parcel *p, bool serving, uint64_t now,
+			      uint8_t few[MEMBERS_FEW]);
 /* Where member id's walk over the n chunks of parcel pi starts. */
 uint32_t fetch_start_point(const char *id, uint32_t pi, uint32_t n);
 

@@ -13,6 +13,8 @@
 /* A read completed: failures are retried elsewhere, data goes to a worker
  * to be hashed and scattered (on_verified picks it up). */
 static void startup_log(const struct fetcher *x, const struct fetch *f);
+static void verify_on_workers(struct fetcher *x, struct fetch *f, struct fetch_parcel *p,
+			      struct fetch_read *rd);
 static uint32_t chunk_spans(const struct fetcher *x, const struct fetch *f,
 			    const struct fetch_parcel *p, uint32_t c,
 			    struct proto_span sp[GATHER_RANGES]);
@@ -64,7 +66,6 @@ void fetch_read_landed(struct fetch_read *rd, int status)
 		return;
 	}
 	struct fetch_parcel *p = &f->parcels[rd->parcel];
-	const struct proto_chunk *c = &p->mp->chunks[rd->chunk];
 
 	p->nlive[rd->chunk]--;
 	if (status == 0 && p->state[rd->chunk] != CHUNK_READING) {
@@ -92,11 +93,21 @@ void fetch_read_landed(struct fetch_read *rd, int status)
 		f->first_byte_ms = f->last_byte_ms;
 		startup_log(x, f);
 	}
-	if (x->o.tx != NULL) {
+	if (x->o.tx != NULL)
 		x->o.tx->verify(x->o.tx->ctx, x, rd);
-		fetch_pump(x);
-		return;
-	}
+	else
+		verify_on_workers(x, f, p, rd);
+	fetch_pump(x);
+}
+
+/* Hands rd's landed chunk of p to the verifier's workers: hashed, then
+ * scattered into the slot (or kept in the delta's wire) and copied after
+ * the have-page when served from there. */
+static void verify_on_workers(struct fetcher *x, struct fetch *f, struct fetch_parcel *p,
+			      struct fetch_read *rd)
+{
+	const struct proto_chunk *c = &p->mp->chunks[rd->chunk];
+
 	rd->job = (struct node_vjob){
 		.buf = x->bounce + (size_t)rd->slot * x->chunk_size,
 		.len = c->size,
@@ -118,13 +129,11 @@ void fetch_read_landed(struct fetch_read *rd, int status)
 	};
 	rd->vslot = f->slot;
 	node_verifier_submit(x->verifier, &rd->job);
-	fetch_pump(x);
 }
 
 /* Back on the loop from a verifier's worker: the verdict on one chunk. */
 static void on_verified(struct node_vjob *job, void *arg)
 {
-	(void)arg;
 	fetch_read_verified(proto_container_of(job, struct fetch_read, job), job->ok);
 }
 
@@ -420,6 +429,13 @@ void fetch_reads_abandon(struct fetcher *x)
 			x->reads[i].abandoned = true;
 }
 
+void fetch_pool_size(struct fetcher *x)
+{
+	x->chunk_size = (uint32_t)PROTO_MIN(proto_param(PROTO_PARAM_CHUNK_SIZE), PROTO_CHUNK_SIZE_MAX);
+	x->max_inflight = (uint32_t)PROTO_MAX(1, PROTO_MIN(proto_param(PROTO_PARAM_INFLIGHT), 256));
+	x->nreads = 2 * x->max_inflight;
+}
+
 /* The pool: twice the reads in flight as slots, so reads moved off a
  * silent source keep their slots while replacements go out; the buffers,
  * reused for every chunk, mapped populated and registered once. */
@@ -427,9 +443,7 @@ int fetch__pool_init(struct fetcher *x, struct proto_err *err)
 {
 	int rc;
 
-	x->chunk_size = (uint32_t)PROTO_MIN(proto_param(PROTO_PARAM_CHUNK_SIZE), PROTO_CHUNK_SIZE_MAX);
-	x->max_inflight = (uint32_t)PROTO_MAX(1, PROTO_MIN(proto_param(PROTO_PARAM_INFLIGHT), 256));
-	x->nreads = 2 * x->max_inflight;
+	fetch_pool_size(x);
 	x->reads = calloc(x->nreads, sizeof(*x->reads));
 	x->bounce_len = ((size_t)x->nreads * x->chunk_size + 4095) / 4096 * 4096;
 	x->bounce = mmap(NULL, x->bounce_len, PROT_READ | PROT_WRITE,

@@ -84,22 +84,15 @@ static void memo_members(struct fetcher *x, const uint8_t *layout, uint32_t src,
  * it as a source: its offer reached the tracker after our /sources. */
 static bool owner_unlisted(const struct fetch_parcel *p)
 {
-	uint8_t few[64], *listed;
+	uint8_t few[MEMBERS_FEW], *listed;
 	bool unlisted = false;
 
 	if (p->owner == NULL || p->nmembers == 0)
 		return false;
 	/* Which members are listed: once per source, not per chunk (it runs
 	 * on every tick; per chunk and source it was O(chunks x N)). */
-	listed = p->nmembers <= sizeof(few) ? few : calloc(p->nmembers, 1);
-	if (listed == NULL)
+	if ((listed = fetch_members_listed(p, false, 0, few)) == NULL)
 		return false; /* asked at the usual period */
-	memset(listed, 0, PROTO_MIN(p->nmembers, sizeof(few)));
-	for (size_t j = 0; j < p->nsrcs; j++) {
-		uint32_t k = fetch_source_member(p, &p->srcs[j]);
-		if (k != UINT32_MAX)
-			listed[k] = 1;
-	}
 	for (uint32_t c = 0; c < p->mp->nchunks && !unlisted; c++)
 		unlisted = p->state[c] == CHUNK_TODO && p->owner[c] < p->nmembers && !listed[p->owner[c]];
 	if (listed != few)
@@ -122,6 +115,18 @@ uint64_t fetch_sources_gap(const struct fetch *f, const struct fetch_parcel *p, 
 	if (now - f->started_ms < SOURCES_EARLY_FOR_MS && (!publisher || owner_unlisted(p)))
 		return SOURCES_EARLY_MS;
 	return peers ? SWARM_REFRESH_MS : SOURCES_MIN_MS;
+}
+
+bool fetch_sources_refresh(struct fetcher *x, uint32_t pi, uint64_t now)
+{
+	const struct fetch_parcel *p = &x->f->parcels[pi];
+	bool peers = false;
+
+	for (size_t k = 0; k < p->nsrcs; k++)
+		peers |= p->srcs[k].info.peer && !p->srcs[k].self;
+	if (p->done < p->mp->nchunks && now - p->sources_ms >= fetch_sources_gap(x->f, p, peers, now))
+		fetch_want_sources(x, pi);
+	return peers;
 }
 
 void fetch_want_sources(struct fetcher *x, uint32_t pi)

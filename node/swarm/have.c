@@ -39,7 +39,7 @@ static void on_have(struct fab_op *op, int status)
 	if (hr->src_epoch != p->src_epoch || hr->src_idx >= p->nsrcs)
 		return; /* the source list changed: the next poll asks again */
 	struct fetch_source *s = &p->srcs[hr->src_idx];
-	uint32_t n = p->mp->nchunks, bl = (n + 7) / 8;
+	uint32_t n = p->mp->nchunks;
 	s->have_busy = false;
 	if (status != 0) {
 		LOG_DEBUG("node %s: have-page of %s: read failed: %d", sw->x->o.id, s->info.id, status);
@@ -65,21 +65,10 @@ static void on_have(struct fab_op *op, int status)
 		(void)fetch_bad_peer(sw->x, f, s->info.id);
 		return;
 	}
-	if (s->have == NULL && (s->have = malloc(2 * (size_t)bl)) == NULL)
+	if (fetch_source_page(sw->x, p, s, &h) != 0)
 		return;
-	memcpy(s->have, h.have, bl);
-	s->have_page_ms = s->have_ms; /* this read's: none other was out */
-	fetch_source_answered(s, s->have_ms); /* alive: congested, if its chunks are late */
-	memcpy(s->have + bl, h.busy, bl);
 	if (f->su.have == 0)
 		f->su.have = proto_wall_ms();
-	s->slot_rk = (struct fab_rkey){h.slot_addr, h.slot_key, h.slot_len};
-	s->slot_ranges = h.slot_ranges;
-	if (h.upload_peers != s->up_peers || h.upload_mbps != s->up_mbps) {
-		s->up_peers = h.upload_peers;
-		s->up_mbps = h.upload_mbps;
-		fetch_budget_share(sw->x, p, s);
-	}
 	fetch_recount(f, p);
 	fetch_pump(sw->x);
 	chase_arm(sw);
@@ -233,14 +222,7 @@ void swarm_tick(struct swarm *sw)
 		return;
 	for (uint32_t pi = 0; pi < f->nparcels; pi++) {
 		struct fetch_parcel *p = &f->parcels[pi];
-		bool peers = false;
-		/* Members join the swarm as they offer: ask again for sources
-		 * (often while we know no peer or no publisher yet, else every
-		 * SWARM_REFRESH_MS: fetch_sources_gap). */
-		for (size_t k = 0; k < p->nsrcs; k++)
-			peers |= p->srcs[k].info.peer && !p->srcs[k].self;
-		if (p->done < p->mp->nchunks && now - p->sources_ms >= fetch_sources_gap(f, p, peers, now))
-			fetch_want_sources(sw->x, pi);
+		bool peers = fetch_sources_refresh(sw->x, pi, now);
 		if (p->done < p->mp->nchunks && peers)
 			fetch_recount(f, p); /* peers that rest or were banned since */
 		poll_haves(sw, f, pi, now);

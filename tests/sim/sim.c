@@ -94,11 +94,6 @@ static int manifest(struct sim *s, struct layout *L, bool delta)
 
 /* ---- a rank's version ------------------------------------------------------- */
 
-static void hook_complete(void *agent)
-{
-	(void)agent; /* the tick after the verdict sees f->complete */
-}
-
 static void hook_sources_changed(void *swarm, uint32_t pi)
 {
 	struct rank *rk = swarm;
@@ -180,15 +175,9 @@ static void rank_tick(struct sim *s, struct rank *rk)
 	if (f == NULL || !rk->fetching)
 		return;
 	if (!f->complete) {
-		for (uint32_t pi = 0; pi < f->nparcels; pi++) {
-			struct fetch_parcel *p = &f->parcels[pi];
-			bool peers = false;
-			for (size_t k = 0; k < p->nsrcs; k++)
-				peers |= p->srcs[k].info.peer && !p->srcs[k].self;
-			if (p->done < p->mp->nchunks &&
-			    now - p->sources_ms >= fetch_sources_gap(f, p, peers, now))
-				fetch_want_sources(&rk->x, pi);
-		}
+		/* As the swarm's tick: sources asked again, pages read. */
+		for (uint32_t pi = 0; pi < f->nparcels && rk->x.fanout; pi++)
+			fetch_sources_refresh(&rk->x, pi, now);
 		if (rk->x.fanout)
 			sim__read_pages(s, rk);
 		fetch_tick(&rk->x);
@@ -209,7 +198,7 @@ static int add_replica(struct sim *s, uint32_t layout)
 	bool slow = sim__rnd01(s) < s->c->stragglers;
 	double bps = s->c->link_bps / (slow ? 10 : 1);
 	*h = (struct host){.up_bps = bps, .down_bps = bps, .layout = layout, .rank0 = s->nranks,
-			   .alive = true, .joined = true, .slow = slow};
+			   .alive = true, .slow = slow};
 	for (uint32_t r = 0; r < tp; r++) {
 		struct rank *rk = &s->ranks[s->nranks++];
 		rk->host = hi;
@@ -220,17 +209,14 @@ static int add_replica(struct sim *s, uint32_t layout)
 					 .sources = sim__ask_sources, .sources_ctx = rk, .am = &s->am,
 					 .tx = &s->tx,
 					 .hooks = {.swarm = rk, .sources_changed = hook_sources_changed,
-						   .agent = s, .complete = hook_complete}};
+						   .agent = s}};
 		rk->x.o = o;
 		rk->x.fanout = !s->c->star;
-		rk->x.chunk_size = s->chunk;
-		rk->x.max_inflight = (uint32_t)PROTO_MAX(1, PROTO_MIN(proto_param(PROTO_PARAM_INFLIGHT), 256));
-		rk->x.nreads = 2 * rk->x.max_inflight;
+		fetch_pool_size(&rk->x);
 		rk->x.reads = calloc(rk->x.nreads, sizeof(*rk->x.reads));
 		if (rk->x.reads == NULL)
 			return -ENOMEM;
-		rk->tick_phase = sim__rnd(s) % s->tick_ns;
-		sim__push(s, (struct ev){.t = sim__clock_ns + rk->tick_phase, .kind = E_TICK,
+		sim__push(s, (struct ev){.t = sim__clock_ns + sim__rnd(s) % s->tick_ns, .kind = E_TICK,
 				    .a = (uint32_t)(rk - s->ranks)});
 	}
 	return 0;
@@ -314,9 +300,9 @@ static void version_check(struct sim *s)
 	for (uint32_t hi = 0; hi < s->nhosts; hi++) {
 		const struct host *h = &s->hosts[hi];
 		sv->done += h->done_ns != 0;
-		double ht = (double)(h->done_ns - s->v_start) / 1e9;
 		if (!h->stayed || !h->alive || h->done_ns == 0)
 			continue;
+		double ht = (double)(h->done_ns - s->v_start) / 1e9;
 		sv->stayed++;
 		if (h->slow)
 			sv->t_slow_s = PROTO_MAX(sv->t_slow_s, ht);
@@ -350,7 +336,7 @@ static void rank_progress(struct sim *s, struct rank *rk)
 	if (!s->v_live || f == NULL || !f->complete || f->version != s->vi + 1 || h->done_ns != 0 ||
 	    rk->fetching == false)
 		return;
-	/* Counted once per rank: its ready flag is the fetch's completeness. */
+	/* The replica is done when every rank's fetch is complete. */
 	uint32_t left = 0;
 	for (uint32_t r = 0; r < s->lay[h->layout].l.nranks; r++) {
 		const struct fetch *g = s->ranks[h->rank0 + r].x.f;
@@ -506,7 +492,6 @@ int sim_run(const struct sim_cfg *c, struct sim_result *r, struct proto_err *err
 	uint64_t t0 = proto_now_ns();
 	sim__clock_ns = 1000000000ull; /* a second in: node_now_ms() - x stays positive */
 	proto_clock_set(sim__now);
-	s.chunk = (uint32_t)PROTO_MIN(proto_param(PROTO_PARAM_CHUNK_SIZE), PROTO_CHUNK_SIZE_MAX);
 	s.tick_ns = proto_param(PROTO_PARAM_HAVE_POLL_MS) * 1000000ull;
 	s.tx = (struct fetch_transport){.ctx = &s, .read = sim__tx_read, .verify = sim__tx_verify};
 	for (uint32_t i = 0; i < c->ntp; i++)
@@ -528,6 +513,7 @@ int sim_run(const struct sim_cfg *c, struct sim_result *r, struct proto_err *err
 			proto_errf(err, ENOMEM, "sim: no memory for replica %u", i);
 			goto out;
 		}
+	s.chunk = s.ranks[0].x.chunk_size; /* every rank's read pool (fetch_pool_size) */
 	sim__at(&s, sim__clock_ns, E_VERSION, 0, 0);
 	uint64_t limit = sim__clock_ns + sim__ns(c->max_sim_s);
 	while (s.h.n > 0 && s.failed == 0) {

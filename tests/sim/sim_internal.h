@@ -44,7 +44,7 @@ struct host {
 	double up_bps, down_bps;
 	uint64_t up_free, down_free; /* when its queues are next free, ns */
 	uint32_t layout, rank0;      /* its ranks: ranks[rank0 .. rank0 + tp) */
-	bool alive, joined;
+	bool alive;
 	bool stayed;                 /* alive through the whole current version */
 	bool slow;                   /* a straggler: its link is a tenth */
 	uint64_t done_ns;            /* its last rank completed the version (0: not yet) */
@@ -56,7 +56,6 @@ struct rank {
 	char id[TRK_ID_MAX];
 	uint32_t host, rank, layout;
 	uint64_t cpu_free;
-	uint64_t tick_phase; /* ns within a tick period */
 	bool fetching;       /* a fetch of the current version is under way or done */
 };
 

@@ -100,17 +100,12 @@ uint64_t sim__latency(const struct sim *s)
 
 /* ---- the tracker's /sources answers ------------------------------------------ */
 
-static void hex_addr(uint32_t v, char out[9])
-{
-	snprintf(out, 9, "%08x", v);
-}
-
 static json_t *source_json(bool peer, const char *id, const char *host, uint32_t addr_id,
 			   uint64_t len)
 {
 	char fa[9], key[24];
 
-	hex_addr(addr_id, fa);
+	snprintf(fa, sizeof(fa), "%08x", addr_id);
 	snprintf(key, sizeof(key), "%u", addr_id);
 	return json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:I}", "kind", peer ? "peer" : "publisher", "id",
 			 id, "host", host, "provider", "sim", "fabric_addr", fa, "addr", "4096", "key",
@@ -130,7 +125,7 @@ static json_t *sources_answer(struct sim *s, const struct trk_parcel_key *k)
 	for (uint32_t hi = 0; hi < s->nhosts; hi++) {
 		const struct host *h = &s->hosts[hi];
 		const struct layout *L = &s->lay[h->layout];
-		if (!h->alive || !h->joined || memcmp(L->l.digest, k->layout, PROTO_HASH_BYTES) != 0 ||
+		if (!h->alive || memcmp(L->l.digest, k->layout, PROTO_HASH_BYTES) != 0 ||
 		    k->dst_rank >= L->l.nranks)
 			continue;
 		const struct rank *rk = &s->ranks[h->rank0 + k->dst_rank];
@@ -212,14 +207,9 @@ int sim__tx_read(void *ctx, struct fetcher *x, struct fetch_read *rd, struct fet
 	uint64_t t = sim__clock_ns + sim__latency(s);
 	struct ev e = {.kind = E_UPLINK, .a = (uint32_t)(rk - s->ranks),
 		       .b = (uint32_t)(rd - x->reads), .gen = x->gen, .len = len};
-	struct host *up;
+	bool trainer = from == UINT32_MAX;
+	struct host *up = &s->hosts[trainer ? s->max_hosts : s->ranks[from].host];
 
-	if (from == UINT32_MAX) {
-		up = &s->hosts[s->max_hosts]; /* the trainer */
-		s->r->v[s->vi].trainer_bytes += len;
-	} else {
-		up = &s->hosts[s->ranks[from].host];
-	}
 	if (!up->alive) { /* a host that is gone: the connection fails */
 		e.kind = E_READ;
 		e.t = t + sim__latency(s);
@@ -229,8 +219,10 @@ int sim__tx_read(void *ctx, struct fetcher *x, struct fetch_read *rd, struct fet
 	}
 	e.t0 = PROTO_MAX(t, up->up_free);
 	e.t = up->up_free = e.t0 + sim__ns(len / up->up_bps);
-	if (from == UINT32_MAX)
+	if (trainer) {
+		s->r->v[s->vi].trainer_bytes += len;
 		s->r->v[s->vi].trainer_s = (double)(e.t - s->v_start) / 1e9;
+	}
 	sim__push(s, e);
 	return 0;
 }
@@ -279,7 +271,8 @@ void sim__verified(struct sim *s, const struct ev *e)
 /* ---- have-pages --------------------------------------------------------------- */
 
 /* Reads the pages of the peers rk lists for each parcel, as they are now,
- * and hands them to the fetcher as node/swarm/have.c does an answer. */
+ * and hands them to the fetcher as node/swarm/have.c does an answer
+ * (fetch_source_page, then one recount per parcel). */
 void sim__read_pages(struct sim *s, struct rank *rk)
 {
 	struct fetch *f = rk->x.f;
@@ -287,7 +280,7 @@ void sim__read_pages(struct sim *s, struct rank *rk)
 
 	for (uint32_t pi = 0; f != NULL && pi < f->nparcels; pi++) {
 		struct fetch_parcel *p = &f->parcels[pi];
-		uint32_t n = p->mp->nchunks, bl = (n + 7) / 8, read = 0;
+		uint32_t n = p->mp->nchunks, read = 0;
 		if (p->done == n)
 			continue;
 		for (size_t k = 0; k < p->nsrcs; k++) {
@@ -305,20 +298,10 @@ void sim__read_pages(struct sim *s, struct rank *rk)
 				fetch_source_failed(&rk->x, src);
 				continue;
 			}
-			if (proto_have_parse(pf->parcels[pi].held, proto_have_bytes(n), &h, &err) != 0)
-				continue;
-			if (src->have == NULL && (src->have = malloc(2 * (size_t)bl)) == NULL)
-				continue;
-			memcpy(src->have, h.have, bl);
-			memcpy(src->have + bl, h.busy, bl);
-			src->have_ms = src->have_page_ms = now;
-			fetch_source_answered(src, now);
-			if (h.upload_peers != src->up_peers || h.upload_mbps != src->up_mbps) {
-				src->up_peers = h.upload_peers;
-				src->up_mbps = h.upload_mbps;
-				fetch_budget_share(&rk->x, p, src);
-			}
-			read++;
+			src->have_ms = now; /* read and answered at once */
+			if (proto_have_parse(pf->parcels[pi].held, proto_have_bytes(n), &h, &err) == 0 &&
+			    fetch_source_page(&rk->x, p, src, &h) == 0)
+				read++;
 		}
 		if (read > 0)
 			fetch_recount(f, p);
