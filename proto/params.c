@@ -164,7 +164,8 @@ uint64_t proto_param_min(enum proto_param_id id)
 	return param_defs[id].def == 0 || id == PROTO_PARAM_FANOUT || id == PROTO_PARAM_DELTA_ROTATE ||
 		       id == PROTO_PARAM_CHAIN_FULL || id == PROTO_PARAM_DELTA_WARM ||
 		       id == PROTO_PARAM_DELTA_SCRUB || id == PROTO_PARAM_DELTA_STANDBY_QUIET_MS ||
-		       id == PROTO_PARAM_HUGE_PAGES || id == PROTO_PARAM_ATTACH_FREE_GRACE_MS
+		       id == PROTO_PARAM_HUGE_PAGES || id == PROTO_PARAM_ATTACH_FREE_GRACE_MS ||
+		       id == PROTO_PARAM_SWARM_PEERS || id == PROTO_PARAM_SWARM_MEMBERS
 		       ? 0
 		       : 1;
 }

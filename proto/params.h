@@ -301,6 +301,18 @@
 	 * dropping a peer sends its share of chunks to the trainer, and dropping \
 	 * the publisher leaves no source. */ \
 	X(PEER_GRACE_MS, "TESSERA_PEER_GRACE_MS", 6000, "an unlisted peer or publisher stays a source this long while it answers, ms") \
+	/* Bounded swarm views (tracker/NOTES.md, "Swarms of thousands"): a \
+	 * /sources answer lists at most this many of the swarm's peers, a \
+	 * fresh random sample each time (and says of how many); a node keeps \
+	 * the peers it has while they answer and takes new ones up to this \
+	 * many. 0: all of them. */ \
+	X(SWARM_PEERS, "TESSERA_SWARM_PEERS", 64, "peers per /sources answer and kept per parcel in a larger swarm (0: all)") \
+	/* A swarm's members, the owners of the trainer's chunks, listed at \
+	 * most: the replicas of the layout that rank highest by a hash of \
+	 * their name and the layout (the same ones for every rank and version \
+	 * while they live). A node the list leaves out reads the trainer's \
+	 * chunks from peers only. 0: all of them. */ \
+	X(SWARM_MEMBERS, "TESSERA_SWARM_MEMBERS", 256, "tracker: a swarm's members (owners of the trainer's chunks) listed at most (0: all)") \
 	/* An in-place install decodes and verifies a delta's changes on this \
 	 * many threads before it pauses admission, then writes them on the \
 	 * same threads while paused (0: one per online CPU, at most 8). */ \

@@ -24,13 +24,16 @@ static struct node_rank_metrics no_metrics; /* no registry: updates are no-ops *
  * than its even share (62 chunks: 8 each at most), which unbounded
  * rendezvous hashing did not keep (shares of 11 to 29 of 124 chunks).
  * With a member banned, the seven others share the chunks the same way.
+ * Nodes n - listed .. n - 1 compute theirs from a list that leaves them
+ * out (a larger swarm's, TESSERA_SWARM_MEMBERS).
  */
-static void owners_of(int n, int banned, uint32_t nchunks, uint8_t *mine)
+static void owners_of(int n, int listed, int banned, uint32_t nchunks, uint8_t *mine,
+		      bool *seed)
 {
 	json_t *ans = json_pack("{s:[]}", "members");
 	char id[TRK_ID_MAX];
 
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; i < listed; i++) {
 		snprintf(id, sizeof(id), "R%d/0", i + 1);
 		json_array_append_new(json_object_get(ans, "members"), json_string(id));
 	}
@@ -61,6 +64,7 @@ static void owners_of(int n, int banned, uint32_t nchunks, uint8_t *mine)
 		p.owner = calloc(nchunks, sizeof(*p.owner));
 		assert_non_null(p.owner);
 		fetch_owners(&x, x.f, 0, ans);
+		seed[i] = p.seed;
 		free(p.owner);
 		free(p.members);
 	}
@@ -70,11 +74,12 @@ static void owners_of(int n, int banned, uint32_t nchunks, uint8_t *mine)
 static void test_picker_owners_even(void **state)
 {
 	enum { N = 8, CHUNKS = 62 };
-	uint8_t mine[N * CHUNKS];
+	uint8_t mine[(N + 3) * CHUNKS];
+	bool seed[N + 3];
 
 	for (int banned = -1; banned < 1; banned++) {
 		int share = banned < 0 ? (CHUNKS + N - 1) / N : (CHUNKS + N - 2) / (N - 1);
-		owners_of(N, banned, CHUNKS, mine);
+		owners_of(N, N, banned, CHUNKS, mine, seed);
 		for (int c = 0; c < CHUNKS; c++) {
 			int owners = 0;
 			for (int i = 0; i < N; i++)
@@ -88,6 +93,20 @@ static void test_picker_owners_even(void **state)
 			if (i != banned)
 				assert_true(own <= share);
 		}
+	}
+	/* Three more nodes the list leaves out: no seed readers, they own
+	 * nothing, and the listed eight still own every chunk once. */
+	owners_of(N + 3, N, -1, CHUNKS, mine, seed);
+	for (int c = 0; c < CHUNKS; c++) {
+		int owners = 0;
+		for (int i = 0; i < N + 3; i++)
+			owners += mine[i * CHUNKS + c];
+		assert_int_equal(owners, 1);
+	}
+	for (int i = 0; i < N + 3; i++) {
+		assert_true(seed[i] == (i < N));
+		for (int c = 0; i >= N && c < CHUNKS; c++)
+			assert_false(mine[i * CHUNKS + c]);
 	}
 }
 

@@ -73,6 +73,41 @@ static void test_sim_fanout_deterministic(void **state)
 	assert_int_equal(r2.v[0].done, c.replicas);
 }
 
+/* A swarm listed bounded (TESSERA_SWARM_PEERS, TESSERA_SWARM_MEMBERS):
+ * 24 replicas, answers of 6 peers and 8 members. Every replica gets both
+ * versions though most never list most others; the 16 left out of the
+ * members read nothing from the trainer, which sends each chunk about
+ * once; the same figures twice. */
+static void test_sim_bounded_views(void **state)
+{
+	struct sim_cfg c;
+	struct sim_result r1, r2;
+	struct proto_err err;
+	char line[512];
+
+	small(&c);
+	c.replicas = 24;
+	setenv("TESSERA_SWARM_PEERS", "6", 1);
+	setenv("TESSERA_SWARM_MEMBERS", "8", 1);
+	assert_int_equal(sim_run(&c, &r1, &err), 0);
+	assert_int_equal(sim_run(&c, &r2, &err), 0);
+	unsetenv("TESSERA_SWARM_PEERS");
+	unsetenv("TESSERA_SWARM_MEMBERS");
+	same(&r1, &r2);
+	for (uint32_t v = 0; v < 2; v++) {
+		const struct sim_version *sv = &r1.v[v];
+		sim_line(&c, &r1, v, line, sizeof(line));
+		print_message("%s\n", line);
+		assert_int_equal(sv->done, c.replicas);
+		assert_int_equal(sv->received_bytes, (uint64_t)c.replicas * sv->wire_bytes);
+		assert_true(sv->trainer_bytes >= sv->wire_bytes);
+		assert_true(sv->trainer_bytes <= sv->wire_bytes + sv->wire_bytes / 10);
+	}
+	/* Sampled: the same run as listing all differs (its events). */
+	assert_int_equal(sim_run(&c, &r2, &err), 0);
+	assert_true(r1.events != r2.events);
+}
+
 /* A star: the trainer's link carries every copy, N x S/b. */
 static void test_sim_star(void **state)
 {
@@ -182,6 +217,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_sim_fanout_deterministic),
+		cmocka_unit_test(test_sim_bounded_views),
 		cmocka_unit_test(test_sim_star),
 		cmocka_unit_test(test_sim_mixed_churn),
 		cmocka_unit_test(test_sim_bad_config),

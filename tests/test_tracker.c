@@ -4083,6 +4083,74 @@ static void test_sources_members_only(void **state)
 	}
 }
 
+/*
+ * Bounded swarm views (TESSERA_SWARM_PEERS, TESSERA_SWARM_MEMBERS): six
+ * replicas offer a parcel. With a cap of two peers an answer lists two, a
+ * fresh sample each time (sixty answers see all six), and says
+ * "peers_of":6; with a cap of three members it lists the three replicas of
+ * highest weight, the same in every answer. Without the caps, all.
+ */
+static void test_sources_bounded(void **state)
+{
+	struct fx *f = *state;
+	enum { N = 6 };
+	struct trk_reply r;
+	char b[1200], path[300], id[16];
+	uint64_t w[N];
+	bool top[N], seen[N] = {false};
+
+	register_publisher(f);
+	publish_two(f);
+	for (int i = 0; i < N; i++) {
+		snprintf(id, sizeof(id), "R%d", i);
+		register_node_ok(f, id, 1, TP2);
+		snprintf(id, sizeof(id), "R%d/1", i);
+		offer_body(b, sizeof(b), id, 1, HEX(f->tp2.digest), 0, 1, 101);
+		assert_int_equal(post(f, TRK_API "/offers", b, &r), 200);
+		trk_reply_fini(&r);
+		snprintf(id, sizeof(id), "R%d", i);
+		w[i] = trk_member_weight(id, f->tp2.digest);
+	}
+	assert_int_equal(trk_members_top(w, N, 3, top), 0);
+	snprintf(path, sizeof(path), TRK_API "/sources?version=1&layout=%s&src_rank=0&dst_rank=1",
+		 HEX(f->tp2.digest));
+	setenv("TESSERA_SWARM_PEERS", "2", 1);
+	setenv("TESSERA_SWARM_MEMBERS", "3", 1);
+	for (int k = 0; k < 60; k++) {
+		json_t *srcs, *members, *v;
+		size_t i;
+		assert_int_equal(get(f, path, &r), 200);
+		srcs = json_object_get(r.json, "sources");
+		members = json_object_get(r.json, "members");
+		assert_int_equal(json_array_size(srcs), 2);
+		assert_int_equal(json_integer_value(json_object_get(r.json, "peers_of")), N);
+		json_array_foreach(srcs, i, v) {
+			int at = -1;
+			assert_int_equal(sscanf(json_string_value(json_object_get(v, "id")), "R%d/1", &at), 1);
+			assert_true(at >= 0 && at < N);
+			seen[at] = true;
+		}
+		assert_int_equal(json_array_size(members), 3);
+		json_array_foreach(members, i, v) {
+			int at = -1;
+			assert_int_equal(sscanf(json_string_value(v), "R%d/1", &at), 1);
+			assert_true(at >= 0 && at < N && top[at]);
+		}
+		trk_reply_fini(&r);
+	}
+	for (int i = 0; i < N; i++)
+		assert_true(seen[i]);
+	/* Uncapped (the members list is built again when one joins). */
+	unsetenv("TESSERA_SWARM_PEERS");
+	unsetenv("TESSERA_SWARM_MEMBERS");
+	register_node_ok(f, "R6", 1, TP2);
+	assert_int_equal(get(f, path, &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), N);
+	assert_null(json_object_get(r.json, "peers_of"));
+	assert_int_equal(json_array_size(json_object_get(r.json, "members")), N + 1);
+	trk_reply_fini(&r);
+}
+
 /* A signed request captured before a restart is refused after it: the
  * signature covers the instance's epoch. A client learns the new epoch from
  * the refusal and signs again. */
@@ -4861,6 +4929,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_status_pages, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_client, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_binary, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_sources_bounded, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources_members_only, setup_keyed,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_replay_after_restart, setup_keyed,

@@ -363,6 +363,14 @@ bool trk_site_same(const char *a, const char *b); /* NULL is the unnamed site */
 /* --site's value check (a proto_config_value parser): one line in err. */
 int trk_site_check(const char *v, struct proto_err *err);
 
+/* Bounded swarm views (TESSERA_SWARM_MEMBERS; tracker/NOTES.md, "Swarms
+ * of thousands"). A swarm larger than its members cap lists the replicas
+ * of highest weight: a hash of the replica's name keyed by the layout. */
+uint64_t trk_member_weight(const char *replica, const uint8_t layout[PROTO_HASH_BYTES]);
+/* Sets keep[i] for the m heaviest of n weights (ties: the lower index
+ * first), for all of them when m is 0 or n <= m; -1 without memory. */
+int trk_members_top(const uint64_t *w, size_t n, size_t m, bool *keep);
+
 /* "fetching", "verified", "active", "failed"; parse returns -EINVAL else. */
 const char *trk_state_name(enum trk_rank_state s);
 int trk_state_parse(const char *s, enum trk_rank_state *out);

@@ -169,11 +169,17 @@ void fetch_recount(const struct fetch *f, struct fetch_parcel *p)
 		if (s->have == NULL || s->self || s->bad_until_ms > now ||
 		    fetch_banned(f, s->info.id))
 			continue;
-		for (uint32_t c = 0; c < n; c++) {
-			if (!s->up_refused && proto_have_bit(s->have, c))
-				p->avail[c]++;
-			if (proto_have_bit(s->have + bl, c))
-				p->peer_busy[c] = 1;
+		/* A byte of each bitmap at a time, zero bytes skipped: recount
+		 * runs per page read, and per chunk and source it was a fifth
+		 * of a simulated node's time (N = 256, sampled swarm). */
+		for (uint32_t b = 0; b < bl; b++) {
+			uint8_t held = s->up_refused ? 0 : s->have[b], busy = s->have[bl + b];
+			if ((held | busy) == 0)
+				continue;
+			for (uint32_t j = 0, c = 8 * b; j < 8 && c < n; j++, c++) {
+				p->avail[c] += (held >> j) & 1;
+				p->peer_busy[c] |= (busy >> j) & 1;
+			}
 		}
 	}
 	for (uint32_t c = 0; c < n; c++)
@@ -189,6 +195,13 @@ void fetch_recount(const struct fetch *f, struct fetch_parcel *p)
 	uint8_t few[MEMBERS_FEW], *on = fetch_members_listed(p, true, now, few);
 	if (on == NULL)
 		return; /* none counts as serving until the next recount */
+	/* A sampled swarm's members are mostly not our sources: the tracker
+	 * listing one says it lives, and its chunks stay its own. */
+	uint8_t few2[MEMBERS_FEW], *src = p->sampled ? fetch_members_listed(p, false, 0, few2) : NULL;
+	for (uint32_t k = 0; src != NULL && k < p->nmembers; k++)
+		on[k] |= !src[k];
+	if (src != NULL && src != few2)
+		free(src);
 	for (uint32_t c = 0; c < n; c++)
 		p->owner_on[c] = p->owner[c] < p->nmembers && on[p->owner[c]];
 	if (on != few)
@@ -289,7 +302,9 @@ static bool is_member(const struct fetch_parcel *p, const char *id)
 }
 
 /* The members the answer lists, and the peers kept while unlisted
- * (sources.c, keep_unlisted): their chunks stay theirs. */
+ * (sources.c, keep_unlisted): their chunks stay theirs. Not when the
+ * answer lists a sample of the peers: a peer left out of it is not gone,
+ * and the members are the tracker's list alone, the same at every node. */
 static void take_members(struct fetch_parcel *p, json_t *answer)
 {
 	json_t *list = json_object_get(answer, "members"), *v;
@@ -308,7 +323,7 @@ static void take_members(struct fetch_parcel *p, json_t *answer)
 		if (id != NULL && id[0] != 0 && strlen(id) < TRK_ID_MAX)
 			snprintf(p->members[p->nmembers++], TRK_ID_MAX, "%s", id);
 	}
-	for (size_t k = 0; k < p->nsrcs && p->nmembers < MEMBERS_MAX; k++)
+	for (size_t k = 0; k < p->nsrcs && p->nmembers < MEMBERS_MAX && !p->sampled; k++)
 		if (p->srcs[k].unlisted_ms != 0 && !is_member(p, p->srcs[k].info.id))
 			snprintf(p->members[p->nmembers++], TRK_ID_MAX, "%s", p->srcs[k].info.id);
 }
@@ -342,6 +357,11 @@ static void seed_gauge(const struct fetcher *x, const struct fetch *f)
  * fetch_pick), and once the tracker stops listing it, to the next
  * member in line. The cap is kept by the readers, not the trainer: reads
  * are one-sided.
+ *
+ * A node the members list leaves out (a swarm larger than
+ * TESSERA_SWARM_MEMBERS: the tracker lists the members of highest
+ * weight; or a node whose lease lapsed) reads none of the trainer's
+ * chunks as their owner: the others do not count it among the owners.
  */
 #define SEED_SALT UINT32_MAX
 
@@ -351,12 +371,15 @@ static void pick_seeds(const struct fetcher *x, const struct fetch *f, uint32_t 
 	uint64_t cap = proto_param(PROTO_PARAM_PUB_UPLOAD_READERS), *sc, cut, me;
 	uint32_t n = 0;
 
+	bool member = p->nmembers == 0 || is_member(p, x->o.id);
+
 	memset(seed, 1, PROTO_MAX(p->nmembers, 1));
-	p->seed = true;
+	p->seed = member;
 	if (cap == 0 || p->nmembers < cap || (sc = malloc((p->nmembers + 1) * sizeof(*sc))) == NULL)
 		return;
 	me = hrw(x->o.id, pi, SEED_SALT);
-	sc[n++] = me;
+	if (member)
+		sc[n++] = me;
 	for (uint32_t k = 0; k < p->nmembers; k++)
 		if (strcmp(p->members[k], x->o.id) != 0 && !fetch_banned(f, p->members[k]))
 			sc[n++] = hrw(p->members[k], pi, SEED_SALT);
@@ -365,15 +388,33 @@ static void pick_seeds(const struct fetcher *x, const struct fetch *f, uint32_t 
 		cut = sc[cap - 1];
 		for (uint32_t k = 0; k < p->nmembers; k++)
 			seed[k] = hrw(p->members[k], pi, SEED_SALT) >= cut;
-		p->seed = me >= cut;
+		p->seed = member && me >= cut;
 	}
 	free(sc);
+}
+
+/* What the owner split below depends on, hashed: the members in order,
+ * which of them are banned, the seed readers' cap. 0: nothing to go by
+ * (no members: the split follows the sources). */
+static uint64_t owners_key(const struct fetch *f, const struct fetch_parcel *p)
+{
+	uint64_t h = 1469598103934665603ull ^ proto_param(PROTO_PARAM_PUB_UPLOAD_READERS);
+
+	if (p->nmembers == 0)
+		return 0;
+	for (uint32_t k = 0; k < p->nmembers; k++) {
+		for (const char *q = p->members[k]; *q; q++)
+			h = (h ^ (uint8_t)*q) * 1099511628211ull;
+		h = (h ^ (fetch_banned(f, p->members[k]) ? 0x100u : 0x200u)) * 1099511628211ull;
+	}
+	return h | 1;
 }
 
 void fetch_owners(const struct fetcher *x, struct fetch *f, uint32_t pi, json_t *answer)
 {
 	struct fetch_parcel *p = &f->parcels[pi];
 	uint8_t *seed;
+	uint64_t key;
 
 	take_members(p, answer);
 	match_members(p);
@@ -384,8 +425,15 @@ void fetch_owners(const struct fetcher *x, struct fetch *f, uint32_t pi, json_t 
 		memset(p->mine, 1, p->mp->nchunks);
 		return;
 	}
+	/* The same members as last time (most answers: they change when a
+	 * replica joins or leaves): the same owners. The split is chunks x
+	 * members hashes; per answer, every second, it was a tenth of a
+	 * simulated node's time at 256 members. */
+	if ((key = owners_key(f, p)) != 0 && key == p->owners_key)
+		return;
 	if ((seed = malloc(PROTO_MAX(p->nmembers, 1))) == NULL)
 		return; /* the owners stay as they were */
+	p->owners_key = key;
 	pick_seeds(x, f, pi, seed);
 	/* Owners' loads, to keep the trainer's chunks even (see above);
 	 * without room for them, unbounded rendezvous as before. */

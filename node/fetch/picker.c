@@ -62,6 +62,18 @@ static bool trainer_late(const struct fetcher *x, uint64_t *peer_bytes, uint64_t
 	bool late = false;
 
 	*peer_bytes = 0;
+	/* Only with a publisher read out (its host's count; publishers are
+	 * a few sources): a node that reads the trainer's chunks from peers
+	 * alone, as most do in a large swarm, skips the walk over its read
+	 * slots (each a few KiB: the walk missed the cache on every slot and
+	 * was a quarter of fetch_pick's time, simulated N = 256). */
+	bool pub_out = false;
+	for (uint32_t pi = 0; pi < f->nparcels && !pub_out; pi++)
+		for (size_t k = 0; k < f->parcels[pi].nsrcs && !pub_out; k++)
+			pub_out = !f->parcels[pi].srcs[k].info.peer &&
+				  fetch_pace(&f->parcels[pi].srcs[k])->inflight_reads > 0;
+	if (!pub_out)
+		return false;
 	for (uint32_t i = 0; i < x->nreads; i++) {
 		const struct fetch_read *rd = &x->reads[i];
 		if (!rd->in_fabric || rd->abandoned || rd->gen != x->gen || rd->parcel >= f->nparcels)
@@ -325,7 +337,12 @@ uint32_t fetch_pick_steal(const struct fetcher *x, uint32_t pi)
 	uint32_t n = p->mp->nchunks, best = UINT32_MAX, *left;
 	uint64_t now = node_now_ms(), fresh = STEAL_FRESH_MS(proto_param(PROTO_PARAM_HAVE_POLL_MS));
 
+	/* No owner holds STEAL_LEFT chunks when the even split gives each
+	 * fewer (fetch_owners caps every owner's load at it): a swarm with
+	 * more members than chunks, where the walk below over the members at
+	 * every pick was a third of a simulated node's time (N = 256). */
 	if (!x->fanout || !p->seed || p->nmembers == 0 || p->standin == NULL ||
+	    (n + PROTO_MAX(p->nowners, 1) - 1) / PROTO_MAX(p->nowners, 1) < STEAL_LEFT ||
 	    (left = calloc(p->nmembers, sizeof(*left))) == NULL)
 		return UINT32_MAX;
 	for (uint32_t c = 0; c < n; c++)

@@ -81,13 +81,14 @@ static void memo_members(struct fetcher *x, const uint8_t *layout, uint32_t src,
  * the usual periods: SOURCES_MIN_MS, or SWARM_REFRESH_MS when it knows
  * peers (NOTES.md, "Source lists"). */
 /* Whether a member owns a chunk p still needs but the tracker did not list
- * it as a source: its offer reached the tracker after our /sources. */
+ * it as a source: its offer reached the tracker after our /sources. (A
+ * sampled answer lists most members not: no race to chase.) */
 static bool owner_unlisted(const struct fetch_parcel *p)
 {
 	uint8_t few[MEMBERS_FEW], *listed;
 	bool unlisted = false;
 
-	if (p->owner == NULL || p->nmembers == 0)
+	if (p->owner == NULL || p->nmembers == 0 || p->sampled)
 		return false;
 	/* Which members are listed: once per source, not per chunk (it runs
 	 * on every tick; per chunk and source it was O(chunks x N)). */
@@ -194,17 +195,43 @@ void fetch_reads_follow(struct fetcher *x, const struct fetch_parcel *p, const u
 		x->o.hooks.sources_moved(x->o.hooks.swarm, p, moved, ns);
 }
 
+/* In a sampled swarm (the answer lists TESSERA_SWARM_PEERS of them), a
+ * peer the sample leaves out is not gone: it stays while it answers, with
+ * no grace period, up to TESSERA_SWARM_PEERS peers in all (those with
+ * reads of ours out first). Each answer brings a few new peers in
+ * (sample_room) and as many old ones go: each node keeps a bounded random
+ * set of peers, as a BitTorrent client keeps its connections, that still
+ * changes, so that a peer that started late (a member whose chunks only
+ * it holds yet) is found. */
 static size_t keep_unlisted(struct fetcher *x, const struct fetch *f,
 			    struct fetch_parcel *p, struct fetch_source *ns, size_t n, uint32_t *moved)
 {
 	uint64_t now = node_now_ms(), grace = proto_param(PROTO_PARAM_PEER_GRACE_MS);
+	uint64_t cap = p->sampled ? proto_param(PROTO_PARAM_SWARM_PEERS) : 0, peers = 0;
+	bool *over = NULL; /* sampled: unlisted peers past the cap, dropped */
 	size_t k = n;
 
+	if (cap != 0 && (over = calloc(p->nsrcs + 1, sizeof(*over))) != NULL) {
+		for (size_t i = 0; i < n; i++)
+			peers += ns[i].info.peer && !ns[i].self;
+		for (int busy = 1; busy >= 0; busy--) /* those with reads of ours out first */
+			for (size_t j = 0; j < p->nsrcs; j++) {
+				const struct fetch_source *o = &p->srcs[j];
+				if (moved[j] != 0 || !o->info.peer || o->self ||
+				    (fetch_pace(o)->inflight_reads > 0) != busy)
+					continue;
+				if (peers >= cap)
+					over[j] = true;
+				else
+					peers++;
+			}
+	}
 	for (size_t j = 0; j < p->nsrcs; j++) {
 		struct fetch_source *o = &p->srcs[j];
-		if (moved[j] != 0 || o->self || o->bad_until_ms > now ||
+		if (moved[j] != 0 || (over != NULL && over[j]) || o->self || o->bad_until_ms > now ||
 		    (o->info.peer && (o->have == NULL || fetch_banned(f, o->info.id))) ||
-		    (o->unlisted_ms != 0 && now - o->unlisted_ms >= grace))
+		    (o->unlisted_ms != 0 && now - o->unlisted_ms >= grace &&
+		     !(over != NULL && o->info.peer)))
 			continue;
 		if (o->unlisted_ms == 0)
 			LOG_DEBUG("node %s: %s %s no longer listed; kept while it answers", x->o.id,
@@ -217,7 +244,47 @@ static size_t keep_unlisted(struct fetcher *x, const struct fetch *f,
 		o->info.fabric_addr = NULL;
 		moved[j] = (uint32_t)++k;
 	}
+	free(over);
 	return k - n;
+}
+
+static bool same_source(const struct fetch_source *o, const struct trk_source *s)
+{
+	return o->info.fabric_addr_len == s->fabric_addr_len &&
+	       memcmp(o->info.fabric_addr, s->fabric_addr, s->fabric_addr_len) == 0 &&
+	       o->info.key == s->key && o->info.addr == s->addr;
+}
+
+/* A sampled answer's peers we do not know yet, past TESSERA_SWARM_PEERS
+ * with those we have: dropped from s (n of them), the rest kept in order;
+ * but SAMPLE_NEW(cap) of them come in anyway, for as many old ones
+ * (keep_unlisted). */
+#define SAMPLE_NEW(cap) PROTO_MAX((cap) / 16, 1)
+
+static size_t sample_room(struct fetcher *x, const struct fetch_parcel *p, struct trk_source *s,
+			  size_t n)
+{
+	uint64_t now = node_now_ms(), cap = proto_param(PROTO_PARAM_SWARM_PEERS), have = 0;
+	uint64_t extra = cap == 0 ? 0 : SAMPLE_NEW(cap);
+	size_t w = 0;
+
+	for (size_t j = 0; j < p->nsrcs; j++)
+		have += p->srcs[j].info.peer && !p->srcs[j].self && p->srcs[j].bad_until_ms <= now &&
+			!fetch_banned(x->f, p->srcs[j].info.id);
+	for (size_t i = 0; i < n; i++) {
+		bool known = !s[i].peer || strcmp(s[i].id, x->o.id) == 0;
+		for (size_t j = 0; j < p->nsrcs && !known; j++)
+			known = same_source(&p->srcs[j], &s[i]);
+		if (!known && cap != 0 && have >= cap && extra == 0) {
+			free(s[i].fabric_addr);
+			continue;
+		}
+		if (!known && cap != 0 && have >= cap)
+			extra--;
+		have += !known;
+		s[w++] = s[i];
+	}
+	return w;
 }
 
 static void on_sources(const struct trk_answer *ans, void *arg)
@@ -273,15 +340,16 @@ static void on_sources(const struct trk_answer *ans, void *arg)
 		s[kept++] = s[i];
 	}
 	n = kept;
+	p->sampled = json_integer_value(json_object_get(ans->json, "peers_of")) > 0;
+	if (p->sampled)
+		n = sample_room(x, p, s, n);
 	for (size_t i = 0; i < n; i++) {
 		ns[i].info = s[i];
 		ns[i].listed_ms = node_now_ms(); /* unless known before (below) */
 		ns[i].self = s[i].peer && strcmp(s[i].id, x->o.id) == 0;
 		for (size_t j = 0; j < p->nsrcs; j++) {
 			struct fetch_source *o = &p->srcs[j];
-			if (moved[j] == 0 && o->info.fabric_addr_len == s[i].fabric_addr_len &&
-			    memcmp(o->info.fabric_addr, s[i].fabric_addr, s[i].fabric_addr_len) == 0 &&
-			    o->info.key == s[i].key && o->info.addr == s[i].addr) {
+			if (moved[j] == 0 && same_source(o, &s[i])) {
 				struct trk_source info = ns[i].info;
 				ns[i] = *o; /* handle, rest period, pacing, have-page */
 				ns[i].info = info;

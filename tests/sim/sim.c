@@ -199,12 +199,18 @@ static int add_replica(struct sim *s, uint32_t layout)
 	double bps = s->c->link_bps / (slow ? 10 : 1);
 	*h = (struct host){.up_bps = bps, .down_bps = bps, .layout = layout, .rank0 = s->nranks,
 			   .alive = true, .slow = slow};
+	s->members_gen++;
 	for (uint32_t r = 0; r < tp; r++) {
 		struct rank *rk = &s->ranks[s->nranks++];
 		rk->host = hi;
 		rk->rank = r;
 		rk->layout = layout;
 		snprintf(rk->id, sizeof(rk->id), "R%u/%u", hi, r);
+		if (r == 0) { /* the replica's name, "R<host>" */
+			char name[24];
+			snprintf(name, sizeof(name), "R%u", hi);
+			h->weight = trk_member_weight(name, s->lay[layout].l.digest);
+		}
 		struct fetcher_opts o = {.id = rk->id, .rank = r, .layout = &s->lay[layout].l,
 					 .sources = sim__ask_sources, .sources_ctx = rk, .am = &s->am,
 					 .tx = &s->tx,
@@ -429,6 +435,7 @@ static void dispatch(struct sim *s, struct ev *e)
 			break;
 		h->alive = false;
 		h->stayed = false;
+		s->members_gen++;
 		for (uint32_t r = 0; r < s->lay[h->layout].l.nranks; r++)
 			end_fetch(&s->ranks[h->rank0 + r]);
 		version_check(s);
@@ -474,6 +481,7 @@ static void sim_free(struct sim *s)
 	proto_layout_fini(&s->trainer);
 	proto_model_fini(&s->model);
 	free(s->h.v);
+	sim__members_free(s);
 	free(s->hosts);
 	free(s->ranks);
 }

@@ -48,6 +48,7 @@ struct host {
 	bool stayed;                 /* alive through the whole current version */
 	bool slow;                   /* a straggler: its link is a tenth */
 	uint64_t done_ns;            /* its last rank completed the version (0: not yet) */
+	uint64_t weight;             /* trk_member_weight of its replica name and layout */
 };
 
 /* One rank of a replica: a node agent's fetcher. */
@@ -92,6 +93,8 @@ struct sim {
 	uint64_t v_start;    /* its export, ns */
 	bool v_live;
 	uint64_t tick_ns;
+	uint64_t members_gen;                       /* bumped when a replica joins or leaves */
+	struct sim_members *members;                /* the tracker's members lists, kept */
 	struct fetch_transport tx;
 	struct node_rank_metrics am;
 	int failed;          /* -errno: stop */
@@ -103,6 +106,8 @@ uint64_t sim__now(void);
 
 /* ---- sim_net.c ---- */
 
+/* The tracker's members lists as kept (sources_answer), freed. */
+void sim__members_free(struct sim *s);
 /* Events, in time order (ties: in the order pushed). */
 void sim__push(struct sim *s, struct ev e);
 struct ev sim__pop(struct sim *s);

@@ -112,45 +112,124 @@ static json_t *source_json(bool peer, const char *id, const char *host, uint32_t
 			 key, "len", (json_int_t)len);
 }
 
-/* The tracker's answer for k, as tracker/server/sources.c builds it. */
+/* A swarm's members list as the tracker keeps it until a replica joins or
+ * leaves (srcache.c): rank dst of the live replicas of layout li, the
+ * TESSERA_SWARM_MEMBERS of highest weight in a larger swarm, chosen by
+ * the tracker's own trk_members_top. */
+struct sim_members {
+	uint32_t li, dst;
+	uint64_t gen;
+	json_t *list;
+	struct sim_members *next;
+};
+
+void sim__members_free(struct sim *s)
+{
+	for (struct sim_members *m = s->members, *nx; m != NULL; m = nx) {
+		nx = m->next;
+		json_decref(m->list);
+		free(m);
+	}
+	s->members = NULL;
+}
+
+static json_t *members_list(struct sim *s, uint32_t li, uint32_t dst)
+{
+	struct sim_members *m;
+	uint32_t *hs = NULL, n = 0;
+	uint64_t *w = NULL;
+	bool *keep = NULL;
+
+	for (m = s->members; m != NULL && (m->li != li || m->dst != dst); m = m->next)
+		;
+	if (m != NULL && m->gen == s->members_gen)
+		return m->list;
+	if (m == NULL) {
+		if ((m = calloc(1, sizeof(*m))) == NULL)
+			return NULL;
+		*m = (struct sim_members){.li = li, .dst = dst, .next = s->members};
+		s->members = m;
+	}
+	json_decref(m->list);
+	m->list = json_array();
+	hs = malloc((s->nhosts + 1) * sizeof(*hs));
+	w = malloc((s->nhosts + 1) * sizeof(*w));
+	keep = malloc((s->nhosts + 1) * sizeof(*keep));
+	if (m->list == NULL || hs == NULL || w == NULL || keep == NULL)
+		goto fail;
+	for (uint32_t hi = 0; hi < s->nhosts; hi++)
+		if (s->hosts[hi].alive && memcmp(s->lay[s->hosts[hi].layout].l.digest,
+						 s->lay[li].l.digest, PROTO_HASH_BYTES) == 0) {
+			w[n] = s->hosts[hi].weight;
+			hs[n++] = hi;
+		}
+	if (trk_members_top(w, n, (size_t)proto_param(PROTO_PARAM_SWARM_MEMBERS), keep) != 0)
+		goto fail;
+	for (uint32_t i = 0; i < n; i++)
+		if (keep[i] && json_array_append_new(m->list, json_string(
+					s->ranks[s->hosts[hs[i]].rank0 + dst].id)) != 0)
+			goto fail;
+	m->gen = s->members_gen;
+	free(hs);
+	free(w);
+	free(keep);
+	return m->list;
+fail:
+	json_decref(m->list);
+	m->list = NULL;
+	free(hs);
+	free(w);
+	free(keep);
+	return NULL;
+}
+
+/* The tracker's answer for k, as tracker/server/sources.c builds it (and
+ * srcache.c renders it: a larger swarm's peers sampled). */
 static json_t *sources_answer(struct sim *s, const struct trk_parcel_key *k)
 {
-	json_t *members = json_array(), *srcs = json_array();
-	uint32_t *peers = calloc(s->nhosts + 1, sizeof(*peers)), np = 0;
-	uint64_t len = 0;
+	json_t *members = NULL, *srcs = json_array(), *out;
+	uint32_t *peers = calloc(s->nhosts + 1, sizeof(*peers)), np = 0, li = UINT32_MAX, show;
+	uint64_t len = 0, cap = proto_param(PROTO_PARAM_SWARM_PEERS);
 	char host[32];
+	bool lay[SIM_LAYOUTS_MAX] = {0}; /* the layouts that are k's (a tp given twice) */
 
-	if (members == NULL || srcs == NULL || peers == NULL)
+	for (uint32_t i = 0; i < s->nlay; i++)
+		if (memcmp(s->lay[i].l.digest, k->layout, PROTO_HASH_BYTES) == 0 &&
+		    k->dst_rank < s->lay[i].l.nranks) {
+			lay[i] = true;
+			li = li == UINT32_MAX ? i : li;
+		}
+	if (srcs == NULL || peers == NULL || li == UINT32_MAX ||
+	    (members = json_incref(members_list(s, li, k->dst_rank))) == NULL)
 		goto fail;
 	for (uint32_t hi = 0; hi < s->nhosts; hi++) {
 		const struct host *h = &s->hosts[hi];
-		const struct layout *L = &s->lay[h->layout];
-		if (!h->alive || memcmp(L->l.digest, k->layout, PROTO_HASH_BYTES) != 0 ||
-		    k->dst_rank >= L->l.nranks)
-			continue;
 		const struct rank *rk = &s->ranks[h->rank0 + k->dst_rank];
-		json_array_append_new(members, json_string(rk->id));
-		if (rk->fetching && rk->x.f != NULL && rk->x.f->version == k->version)
+		if (h->alive && lay[h->layout] && rk->fetching && rk->x.f != NULL &&
+		    rk->x.f->version == k->version)
 			peers[np++] = h->rank0 + k->dst_rank;
 	}
-	for (uint32_t i = np; i > 1; i--) { /* shuffled per answer, as srcache.c does */
-		uint32_t j = (uint32_t)(sim__rnd(s) % i), t = peers[i - 1];
-		peers[i - 1] = peers[j];
+	/* A fresh random order; past TESSERA_SWARM_PEERS, a sample. */
+	show = cap != 0 && np > cap ? (uint32_t)cap : np;
+	for (uint32_t i = 0; i < show && i + 1 < np; i++) {
+		uint32_t j = i + (uint32_t)(sim__rnd(s) % (np - i)), t = peers[i];
+		peers[i] = peers[j];
 		peers[j] = t;
 	}
-	for (uint32_t li = 0; li < s->nlay; li++)
-		if (memcmp(s->lay[li].l.digest, k->layout, PROTO_HASH_BYTES) == 0)
-			for (uint32_t i = 0; i < s->lay[li].ml.nparcels; i++)
-				if (s->lay[li].ml.parcels[i].dst_rank == k->dst_rank)
-					len = s->lay[li].ml.parcels[i].wire_bytes;
-	for (uint32_t i = 0; i < np; i++) {
+	for (uint32_t i = 0; i < s->lay[li].ml.nparcels; i++)
+		if (s->lay[li].ml.parcels[i].dst_rank == k->dst_rank)
+			len = s->lay[li].ml.parcels[i].wire_bytes;
+	for (uint32_t i = 0; i < show; i++) {
 		snprintf(host, sizeof(host), "h%u", s->ranks[peers[i]].host);
 		json_array_append_new(srcs, source_json(true, s->ranks[peers[i]].id, host,
 							peers[i] + 1, len));
 	}
 	json_array_append_new(srcs, source_json(false, "trainer", "trainer", 0, len));
 	free(peers);
-	return json_pack("{s:o,s:o}", "members", members, "sources", srcs);
+	out = json_pack("{s:o,s:o}", "members", members, "sources", srcs);
+	if (out != NULL && show < np)
+		json_object_set_new(out, "peers_of", json_integer(np));
+	return out;
 fail:
 	free(peers);
 	json_decref(members);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/params.h"
 #include "tracker/server/internal.h"
 
 int trk__query_layout_known(struct trk_call *c, uint64_t version,
@@ -42,16 +43,66 @@ static bool published(struct trk_registry *r, const struct trk_srckey *k)
  * no publisher offers (retired, or its publisher gone) is listed with the
  * peers of every site (not as members), so that a version stays
  * reachable. 0 or -ENOMEM. */
+/* rank k->dst of replica rep, if it is a live member of k's swarm in the
+ * asker's site (here) or, for a parcel no publisher offers, anywhere. */
+static struct trk_node *swarm_node(const struct trk_replica *rep, const struct trk_srckey *k,
+				   bool anywhere, bool *here)
+{
+	struct trk_node *n;
+
+	if (k->dst >= rep->nranks || memcmp(rep->layout->digest, k->layout, PROTO_HASH_BYTES) != 0)
+		return NULL;
+	n = rep->ranks[k->dst];
+	if (n == NULL || !n->alive)
+		return NULL;
+	*here = trk_site_same(n->site, k->site);
+	return *here || anywhere ? n : NULL;
+}
+
+/* Which of the swarm's members (the replicas listed here, in registry
+ * order) the answer lists: the TESSERA_SWARM_MEMBERS of highest weight
+ * (trk_member_weight), all of them in a smaller swarm. *out is NULL for
+ * all, else malloc'ed, one flag per member in order. */
+static int members_cut(struct trk_registry *r, const struct trk_srckey *k, bool **out)
+{
+	size_t cap = (size_t)proto_param(PROTO_PARAM_SWARM_MEMBERS), n = 0, i = 0;
+	uint64_t *w = NULL;
+	bool here;
+	int rc = -ENOMEM;
+
+	*out = NULL;
+	for (struct trk_replica *rep = r->reps; rep; rep = rep->next)
+		n += swarm_node(rep, k, false, &here) != NULL;
+	if (cap == 0 || n <= cap)
+		return 0;
+	if ((w = malloc(n * sizeof(*w))) == NULL || (*out = malloc(n * sizeof(**out))) == NULL)
+		goto out;
+	for (struct trk_replica *rep = r->reps; rep; rep = rep->next)
+		if (swarm_node(rep, k, false, &here) != NULL)
+			w[i++] = trk_member_weight(rep->name, k->layout);
+	rc = trk_members_top(w, n, cap, *out) == 0 ? 0 : -ENOMEM;
+out:
+	free(w);
+	if (rc != 0) {
+		free(*out);
+		*out = NULL;
+	}
+	return rc;
+}
+
 static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 			 struct trk_srcentry *e)
 {
 	json_t *members = NULL, *reps = NULL;
-	bool anywhere = !published(r, k);
+	bool anywhere = !published(r, k), *listed = NULL;
 	int rc = trk__srcache_members_copy(r->srcache, e, k, r->members_gen);
 	bool kept = rc == 0;
+	size_t mi = 0;
 
 	if (rc == -ENOMEM)
 		return rc;
+	if (!kept && members_cut(r, k, &listed) != 0)
+		return -ENOMEM;
 	rc = -ENOMEM;
 	/* Members as kept since the last registration or node gone, else
 	 * listed again below. */
@@ -63,23 +114,18 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 	 * offers a parcel while it is still fetching it: which chunks it
 	 * holds, its peers read from its have-page (proto/have.h). */
 	for (struct trk_replica *rep = r->reps; rep; rep = rep->next) {
-		struct trk_node *n;
 		const struct trk_offer *o;
-		if (k->dst >= rep->nranks ||
-		    memcmp(rep->layout->digest, k->layout, PROTO_HASH_BYTES) != 0)
-			continue;
-		n = rep->ranks[k->dst];
-		if (n == NULL || !n->alive)
-			continue;
-		bool here = trk_site_same(n->site, k->site);
-		if (!here && !anywhere)
+		bool here = false;
+		struct trk_node *n = swarm_node(rep, k, anywhere, &here);
+		if (n == NULL)
 			continue;
 		/* n->id is "<replica>/<dst>" (nodes.c): reps names the
 		 * same members for a batch that shares them. */
-		if (here && !kept &&
+		if (here && !kept && (listed == NULL || listed[mi]) &&
 		    (json_array_append_new(members, json_string(n->id)) != 0 ||
 		     json_array_append_new(reps, json_string(rep->name)) != 0))
 			goto out;
+		mi += here;
 		o = trk__offers_find(&n->offers, k->version, k->layout, k->src, k->dst);
 		if (o != NULL &&
 		    trk__srcache_add_source(e, trk__source_json(true, n->id, n->site, n->host,
@@ -110,6 +156,7 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 	rc = 0;
 	trk__srcache_set_ready(e);
 out:
+	free(listed);
 	json_decref(members);
 	json_decref(reps);
 	return rc;

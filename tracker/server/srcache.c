@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/params.h"
 #include "tracker/server/internal.h"
 
 /*
@@ -288,12 +289,12 @@ char *trk__srcache_render(struct trk_srcentry *e, const char *tag, bool shared, 
 {
 	/* The tag first: a reader that keeps it finds it without parsing. */
 	static const char head[] = "{\"members_tag\":\"", head2[] = "\",\"sources\":[",
-			  mid[] = "],\"members\":", same[] = "],\"members_same\":true",
-			  of[] = "],\"members_of\":\"", tail[] = "}\n";
+			  mid[] = ",\"members\":", same[] = ",\"members_same\":true",
+			  of[] = ",\"members_of\":\"", tail[] = "}\n";
 	bool keep = tag != NULL && strcmp(tag, e->tag) == 0;
 	size_t n = sizeof(head) + sizeof(e->tag) + sizeof(head2) + sizeof(mid) + sizeof(same) +
-		   sizeof(of) + sizeof(e->rtag) + sizeof(tail) + e->bytes,
-	       at = 0;
+		   sizeof(of) + sizeof(e->rtag) + sizeof(tail) + e->bytes + 48,
+	       at = 0, cap = (size_t)proto_param(PROTO_PARAM_SWARM_PEERS), np = e->npeers;
 	char *out = malloc(n);
 	uint64_t seed;
 
@@ -302,9 +303,13 @@ char *trk__srcache_render(struct trk_srcentry *e, const char *tag, bool shared, 
 	randombytes_buf(&seed, sizeof(seed));
 	for (size_t i = 0; i < e->nsrc; i++)
 		e->order[i] = i;
-	for (size_t i = e->npeers; i > 1; i--) {
-		size_t j = (size_t)(splitmix(&seed) % i), t = e->order[i - 1];
-		e->order[i - 1] = e->order[j];
+	/* The peers in a fresh random order; past TESSERA_SWARM_PEERS, a
+	 * random sample of that many (the first of a partial shuffle). */
+	if (cap != 0 && np > cap)
+		np = cap;
+	for (size_t i = 0; i < np && i + 1 < e->npeers; i++) {
+		size_t j = i + (size_t)(splitmix(&seed) % (e->npeers - i)), t = e->order[i];
+		e->order[i] = e->order[j];
 		e->order[j] = t;
 	}
 	memcpy(out, head, sizeof(head) - 1);
@@ -313,13 +318,18 @@ char *trk__srcache_render(struct trk_srcentry *e, const char *tag, bool shared, 
 	at += strlen(e->tag);
 	memcpy(out + at, head2, sizeof(head2) - 1);
 	at += sizeof(head2) - 1;
-	for (size_t i = 0; i < e->nsrc; i++) {
+	for (size_t i = 0, w = 0; i < e->nsrc; i++) {
 		size_t k = e->order[i];
-		if (i > 0)
+		if (i >= np && i < e->npeers)
+			continue; /* not in the sample */
+		if (w++ > 0)
 			out[at++] = ',';
 		memcpy(out + at, e->src[k], e->srclen[k]);
 		at += e->srclen[k];
 	}
+	out[at++] = ']';
+	if (np < e->npeers) /* how many the sample was drawn from */
+		at += (size_t)snprintf(out + at, n - at, ",\"peers_of\":%zu", e->npeers);
 	*listed = !keep && shared;
 	if (keep) {
 		memcpy(out + at, same, sizeof(same) - 1);
