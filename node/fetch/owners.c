@@ -195,13 +195,20 @@ void fetch_recount(const struct fetch *f, struct fetch_parcel *p)
 	uint8_t few[MEMBERS_FEW], *on = fetch_members_listed(p, true, now, few);
 	if (on == NULL)
 		return; /* none counts as serving until the next recount */
-	/* A sampled swarm's members are mostly not our sources: the tracker
-	 * listing one says it lives, and its chunks stay its own. */
-	uint8_t few2[MEMBERS_FEW], *src = p->sampled ? fetch_members_listed(p, false, 0, few2) : NULL;
-	for (uint32_t k = 0; src != NULL && k < p->nmembers; k++)
-		on[k] |= !src[k];
-	if (src != NULL && src != few2)
-		free(src);
+	/* A sampled swarm's members are mostly not our sources, and the ones
+	 * that are come and go (sample_room): the tracker listing one says
+	 * it lives, and its chunks stay its own unless it rests after a
+	 * failed read. (Counting a member new to our list, its page not read
+	 * yet, as not serving sent hungry nodes to the trainer for its
+	 * chunks: 1.23 x S from the trainer, simulated N = 1 000.) */
+	if (p->sampled) {
+		memset(on, 1, p->nmembers);
+		for (size_t j = 0; j < p->nsrcs; j++) {
+			uint32_t k = fetch_source_member(p, &p->srcs[j]);
+			if (k != UINT32_MAX && p->srcs[j].bad_until_ms > now)
+				on[k] = 0;
+		}
+	}
 	for (uint32_t c = 0; c < n; c++)
 		p->owner_on[c] = p->owner[c] < p->nmembers && on[p->owner[c]];
 	if (on != few)

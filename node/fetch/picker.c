@@ -63,16 +63,20 @@ static bool trainer_late(const struct fetcher *x, uint64_t *peer_bytes, uint64_t
 
 	*peer_bytes = 0;
 	/* Only with a publisher read out (its host's count; publishers are
-	 * a few sources): a node that reads the trainer's chunks from peers
-	 * alone, as most do in a large swarm, skips the walk over its read
-	 * slots (each a few KiB: the walk missed the cache on every slot and
-	 * was a quarter of fetch_pick's time, simulated N = 256). */
-	bool pub_out = false;
+	 * a few sources) and a parcel in its last wave: otherwise none is
+	 * late, and the walk over the read slots is skipped (each a few KiB:
+	 * the walk missed the cache on every slot and was a quarter of
+	 * fetch_pick's time, simulated N = 256; a node that reads the
+	 * trainer's chunks from peers alone, as most do in a large swarm, or
+	 * an owner early in its share has no such read). */
+	bool pub_out = false, wave = false;
 	for (uint32_t pi = 0; pi < f->nparcels && !pub_out; pi++)
 		for (size_t k = 0; k < f->parcels[pi].nsrcs && !pub_out; k++)
 			pub_out = !f->parcels[pi].srcs[k].info.peer &&
 				  fetch_pace(&f->parcels[pi].srcs[k])->inflight_reads > 0;
-	if (!pub_out)
+	for (uint32_t pi = 0; pi < f->nparcels && pub_out && !wave; pi++)
+		wave = last_wave(&f->parcels[pi]);
+	if (!wave)
 		return false;
 	for (uint32_t i = 0; i < x->nreads; i++) {
 		const struct fetch_read *rd = &x->reads[i];
@@ -336,6 +340,7 @@ uint32_t fetch_pick_steal(const struct fetcher *x, uint32_t pi)
 	const struct fetch_parcel *p = &x->f->parcels[pi];
 	uint32_t n = p->mp->nchunks, best = UINT32_MAX, *left;
 	uint64_t now = node_now_ms(), fresh = STEAL_FRESH_MS(proto_param(PROTO_PARAM_HAVE_POLL_MS));
+	uint8_t *ours; /* per member: we stand in for one of its chunks */
 
 	/* No owner holds STEAL_LEFT chunks when the even split gives each
 	 * fewer (fetch_owners caps every owner's load at it): a swarm with
@@ -345,18 +350,26 @@ uint32_t fetch_pick_steal(const struct fetcher *x, uint32_t pi)
 	    (n + PROTO_MAX(p->nowners, 1) - 1) / PROTO_MAX(p->nowners, 1) < STEAL_LEFT ||
 	    (left = calloc(p->nmembers, sizeof(*left))) == NULL)
 		return UINT32_MAX;
+	if ((ours = calloc(p->nmembers, 1)) == NULL) {
+		free(left);
+		return UINT32_MAX;
+	}
 	for (uint32_t c = 0; c < n; c++)
 		if (!p->mine[c] && p->owner[c] < p->nmembers && p->owner_on[c] &&
-		    pub_wanted(p, c, false, 0, false))
+		    pub_wanted(p, c, false, 0, false)) {
 			left[p->owner[c]]++;
+			ours[p->owner[c]] |= p->standin[c];
+		}
 	/* The owners with the most left first (the first of them in members
 	 * on a tie): the first walk that finds a chunk ends it, not one walk
-	 * of the chunks per owner. Each pass sets one owner's count to 0,
-	 * below STEAL_LEFT: the loop ends. */
+	 * of the chunks per owner. Only owners we stand in for are walked
+	 * (no other walk can find one: with hundreds of members, walking
+	 * every owner was most of a simulated node's time). Each pass sets
+	 * one owner's count to 0, below STEAL_LEFT: the loop ends. */
 	while (best == UINT32_MAX) {
 		uint32_t k = UINT32_MAX, skip, rot;
 		for (uint32_t j = 0; j < p->nmembers; j++)
-			if (left[j] >= STEAL_LEFT && (k == UINT32_MAX || left[j] > left[k]))
+			if (ours[j] && left[j] >= STEAL_LEFT && (k == UINT32_MAX || left[j] > left[k]))
 				k = j;
 		if (k == UINT32_MAX)
 			break;
@@ -378,6 +391,7 @@ uint32_t fetch_pick_steal(const struct fetcher *x, uint32_t pi)
 				best = c;
 		}
 	}
+	free(ours);
 	free(left);
 	return best;
 }
