@@ -154,6 +154,34 @@ static bool ahead_of_swarm(const struct fetch *f, const struct fetch_parcel *p, 
 	return med != UINT32_MAX && p->done > med + AHEAD_CHUNKS(n);
 }
 
+/* A byte of a have-page added to eight chunks' counts (avail[0..7]) and
+ * busy flags at once: each nibble's bits spread into four lanes by one
+ * multiplication (copies 15 or 7 bits apart do not overlap: no carries).
+ * The lanes are little-endian words; elsewhere, bit by bit. */
+static void add_byte(uint16_t *avail, uint8_t *busy, uint8_t held, uint8_t fetching)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	const uint64_t by16 = 1 | 1ull << 15 | 1ull << 30 | 1ull << 45, lane16 = 0x0001000100010001ull;
+	const uint32_t by8 = 1 | 1u << 7 | 1u << 14 | 1u << 21, lane8 = 0x01010101u;
+	uint64_t a[2];
+	uint32_t b[2];
+
+	memcpy(a, avail, sizeof(a));
+	a[0] += ((uint64_t)(held & 15) * by16) & lane16;
+	a[1] += ((uint64_t)(held >> 4) * by16) & lane16;
+	memcpy(avail, a, sizeof(a));
+	memcpy(b, busy, sizeof(b));
+	b[0] |= ((uint32_t)(fetching & 15) * by8) & lane8;
+	b[1] |= ((uint32_t)(fetching >> 4) * by8) & lane8;
+	memcpy(busy, b, sizeof(b));
+#else
+	for (uint32_t j = 0; j < 8; j++) {
+		avail[j] += (held >> j) & 1;
+		busy[j] |= (fetching >> j) & 1;
+	}
+#endif
+}
+
 /* Counts, per chunk, the usable peers holding it and whether one is
  * fetching it, from their last have-pages. */
 void fetch_recount(const struct fetch *f, struct fetch_parcel *p)
@@ -176,6 +204,10 @@ void fetch_recount(const struct fetch *f, struct fetch_parcel *p)
 			uint8_t held = s->up_refused ? 0 : s->have[b], busy = s->have[bl + b];
 			if ((held | busy) == 0)
 				continue;
+			if (8 * b + 8 <= n) {
+				add_byte(&p->avail[8 * b], &p->peer_busy[8 * b], held, busy);
+				continue;
+			}
 			for (uint32_t j = 0, c = 8 * b; j < 8 && c < n; j++, c++) {
 				p->avail[c] += (held >> j) & 1;
 				p->peer_busy[c] |= (busy >> j) & 1;

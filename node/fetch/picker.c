@@ -508,8 +508,14 @@ struct fetch_source *fetch_pick(struct fetcher *x, uint32_t pi, uint32_t *chunk,
 		if (now - started < PROTO_MAX(ENDGAME_MS, 2 * fetch_source_queue_ms(
 								  cur, cur != NULL ? fetch_pace(cur)->inflight_bytes : 0)))
 			continue;
+		/* From the trainer too, unless we are one of many that read it
+		 * only from peers (a sampled swarm's non-member): there every
+		 * late tail read went to the trainer as well (N = 500,
+		 * simulated: 9 % of S more from the trainer, none of it
+		 * needed); a read whose source fails comes back to the passes
+		 * above. */
 		if ((s = holder(x, p, c, true, cur, now)) != NULL ||
-		    (s = holder(x, p, c, false, cur, now)) != NULL) {
+		    ((!p->sampled || p->seed) && (s = holder(x, p, c, false, cur, now)) != NULL)) {
 			LOG_DEBUG("node %s: parcel %u: endgame: chunk %u out %" PRIu64 " ms, also from %s",
 				  x->o.id, pi, c, now - started, s->info.id);
 			*chunk = c;
