@@ -197,14 +197,19 @@ struct fetch_read {
 	struct fetch_source *hp; /* its source's host record, given back at landing */
 	bool xl; /* assembled from a cross-layout holder (node/swarm/xl_read.c) */
 	char src_id[TRK_ID_MAX]; /* the source's id (bans outlive source lists) */
-	/* A chunk gathered from a peer's slot: its ranges, the reads that
-	 * take them (each lands after the one before), how many are still
-	 * out and the first failure; it lands when the last completes. */
-	struct fab_seg segs[GATHER_RANGES];
-	struct fetch_gather {
-		struct fab_op op;
-		struct fetch_read *rd;
-	} gops[GATHER_RANGES];
+	/* A chunk gathered from a peer's slot: its ranges and the reads that
+	 * take them (each lands after the one before), in a block the slot
+	 * gets at its first gather and keeps (7 KiB: kept inline, it made
+	 * every slot that large, and a walk over the slots touched a page
+	 * per slot); how many are still out and the first failure; it lands
+	 * when the last completes. */
+	struct fetch_gather_set {
+		struct fab_seg segs[GATHER_RANGES];
+		struct fetch_gather {
+			struct fab_op op;
+			struct fetch_read *rd;
+		} gops[GATHER_RANGES];
+	} *g;
 	uint32_t gleft;
 	int gstatus;
 	bool gathered; /* from the peer's slot (those reads) */
@@ -516,6 +521,8 @@ void fetch_chunk_idle(struct fetch_parcel *p, uint32_t c);
 
 /* The read pool's sizes from the tunables: chunk_size, max_inflight, nreads. */
 void fetch_pool_size(struct fetcher *x);
+/* Frees x->reads and what its slots hold (NULL after). */
+void fetch_reads_free(struct fetcher *x);
 int fetch__pool_init(struct fetcher *x, struct proto_err *err);
 void fetch__pool_fini(struct fetcher *x);
 

@@ -340,16 +340,18 @@ static int post_peer(struct fetcher *x, struct fetch_read *rd, const struct fetc
 				(uint64_t)rd->chunk * f->man.chunk_size, on_read);
 	if (n == 0 || n > GATHER_RANGES)
 		return -EMSGSIZE; /* more ranges than we gather */
+	if (rd->g == NULL && (rd->g = malloc(sizeof(*rd->g))) == NULL)
+		return -ENOMEM;
 	for (uint32_t i = 0; i < n; i++)
-		rd->segs[i] = (struct fab_seg){sp[i].dst_off, sp[i].len};
+		rd->g->segs[i] = (struct fab_seg){sp[i].dst_off, sp[i].len};
 	rd->gstatus = 0;
 	rd->gathered = true;
 	rd->gleft = (n + per - 1) / per;
 	for (uint32_t i = 0; i < n; i += per, nops++) {
 		uint32_t k = PROTO_MIN(per, n - i);
-		rd->gops[nops].rd = rd;
-		int rc = fab_readv(x->o.fab, &rd->gops[nops].op, x->bounce_mr, at, s->fa, &s->slot_rk,
-				   rd->segs + i, k, on_gather);
+		rd->g->gops[nops].rd = rd;
+		int rc = fab_readv(x->o.fab, &rd->g->gops[nops].op, x->bounce_mr, at, s->fa,
+				   &s->slot_rk, rd->g->segs + i, k, on_gather);
 		if (rc != 0 && nops == 0)
 			return rc;
 		if (rc != 0) { /* those out land, failed */
@@ -358,7 +360,7 @@ static int post_peer(struct fetcher *x, struct fetch_read *rd, const struct fetc
 			return 0;
 		}
 		for (uint32_t j = 0; j < k; j++)
-			at += rd->segs[i + j].len;
+			at += rd->g->segs[i + j].len;
 	}
 	return 0;
 }
@@ -385,7 +387,7 @@ int fetch_read_post(struct fetcher *x, uint32_t pi, uint32_t c, struct fetch_sou
 	}
 	for (uint32_t k = 0; k < n; k++) {
 		struct fetch_read *rk = &x->reads[slot + k];
-		*rk = (struct fetch_read){.x = x, .parcel = pi, .chunk = c + k,
+		*rk = (struct fetch_read){.g = rk->g, .x = x, .parcel = pi, .chunk = c + k,
 					  .slot = (uint32_t)slot + k, .len = p->mp->chunks[c + k].size,
 					  .src_idx = (uint32_t)(s - p->srcs), .src_epoch = p->src_epoch,
 					  .src_peer = s->info.peer, .started_ms = node_now_ms(),
@@ -471,6 +473,13 @@ void fetch__pool_fini(struct fetcher *x)
 	if (x->bounce != NULL)
 		munmap(x->bounce, x->bounce_len);
 	x->bounce = NULL;
+	fetch_reads_free(x);
+}
+
+void fetch_reads_free(struct fetcher *x)
+{
+	for (uint32_t i = 0; x->reads != NULL && i < x->nreads; i++)
+		free(x->reads[i].g);
 	free(x->reads);
 	x->reads = NULL;
 }

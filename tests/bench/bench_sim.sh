@@ -6,11 +6,15 @@
 #   1. calibration: the scenarios of `make bench-fanout` (128 MiB, N = 8 and
 #      16 on 100 Mbit/s links, fanout and star; N = 8 on 1 Gbit/s) beside
 #      the testbed's medians as last measured (tests/sim/README.md);
-#   2. scale: T/(S/b) against N for fanout and star, N doubling from 8 to
-#      BENCH_SIM_MAX_N (default 256; star to BENCH_SIM_STAR_MAX_N, default
-#      64: it is N x S/b exactly, and its simulated time grows as N), and
-#      the fluid bound (1.0: every downlink full from the start);
-#   3. scenarios at N = BENCH_SIM_SCEN_N (default 64): churn (10 % leave,
+#   2. scale: T/(S/b) against N for fanout and star, N in BENCH_SIM_NS
+#      (default 8 16 32 64 128 256 512 1000; add 10000 for the largest,
+#      about half an hour here; star to BENCH_SIM_STAR_MAX_N, default 64:
+#      it is N x S/b exactly, and its simulated time grows as N), the
+#      fluid bound (1.0: every downlink full from the start) and the
+#      optimal chunked broadcast (C + ceil(log2 N) - 1 chunk times for C
+#      chunks, every uplink the same: what an ideal BitTorrent-like swarm
+#      could reach);
+#   3. scenarios at N = BENCH_SIM_SCEN_N (default 256): churn (10 % leave,
 #      10 % join), stragglers (5 % of links at a tenth), a trainer uplink
 #      4 x a replica's, mixed layouts (tp1/tp2/tp4/tp8), an anchor and 3
 #      deltas of 1 %.
@@ -21,9 +25,10 @@ set -uo pipefail
 
 SIM=${SIM:-build/sim/tessera-sim}
 OUT=${OUT:-build/bench-sim}
-MAXN=${BENCH_SIM_MAX_N:-256}
+NS=${BENCH_SIM_NS:-8 16 32 64 128 256 512 1000}
 STARMAX=${BENCH_SIM_STAR_MAX_N:-64}
-SCEN_N=${BENCH_SIM_SCEN_N:-64}
+SCEN_N=${BENCH_SIM_SCEN_N:-256}
+CHUNKS=1024 # 128 MiB in the node's 128 KiB chunks
 mkdir -p "$OUT"
 [ -x "$SIM" ] || { echo "bench-sim: $SIM is not built (make $SIM)"; exit 1; }
 
@@ -54,19 +59,18 @@ run cal8g --replicas 8 --link-mbps 1000
 echo "   testbed N=8 1 Gbit/s fanout: 1.60 (9 processes on 2 cores: CPU-bound, not modelled)"
 
 echo "== scale: T/(S/b) against N (128 MiB, 100 Mbit/s, trainer link = replica link)"
-printf 'n\tfanout\tstar\tideal\n' >"$OUT/scale.tsv"
-n=8
+printf 'n\tfanout\tstar\tideal\tbroadcast\n' >"$OUT/scale.tsv"
 big=""
-while [ "$n" -le "$MAXN" ]; do
+for n in $NS; do
 	run "fan$n" --replicas "$n" --curve "$OUT/curve$n.txt" || break
 	star=""
 	if [ "$n" -le "$STARMAX" ]; then
 		run "star$n" --replicas "$n" --star || break
 		star=$(ratio "star$n")
 	fi
-	printf '%s\t%s\t%s\t1.00\n' "$n" "$(ratio "fan$n")" "$star" >>"$OUT/scale.tsv"
+	bc=$(python3 -c "import math; print('%.3f' % (1 + (math.ceil(math.log2($n)) - 1) / $CHUNKS))")
+	printf '%s\t%s\t%s\t1.00\t%s\n' "$n" "$(ratio "fan$n")" "$star" "$bc" >>"$OUT/scale.tsv"
 	big=$n
-	n=$((n * 2))
 done
 
 echo "== scenarios at N=$SCEN_N (128 MiB, 100 Mbit/s)"
@@ -120,10 +124,12 @@ num = lambda s: float(s) if s else None
 fan = [(int(r[0]), num(r[1])) for r in rows if num(r[1]) is not None]
 star = [(int(r[0]), num(r[2])) for r in rows if num(r[2]) is not None]
 ideal = [(int(r[0]), 1.0) for r in rows]
+bcast = [(int(r[0]), num(r[4])) for r in rows]
 # BitTorrent: the testbed's measurement at N = 8 (100 Mbit/s, 128 MiB), a point.
 svg(f"{out}/scale.svg", "last replica, T / (S/b), 128 MiB anchor, 100 Mbit/s links",
     "replicas (N)", "T / (S/b), log scale", [("fanout (simulated)", fan, "#1f77b4"),
     ("star (simulated)", star, "#d62728"), ("fluid bound (every downlink full)", ideal, "#2ca02c"),
+    ("optimal chunked broadcast (C + log2 N - 1 chunk times)", bcast, "#ff7f0e"),
     ("BitTorrent, testbed N = 8 (measured)", [(8, 1.80)], "#9467bd")], True, True)
 if big:
     t = sorted(float(l.split()[2]) for l in open(f"{out}/curve{big}.txt"))

@@ -470,7 +470,7 @@ static void sim_free(struct sim *s)
 		fetch_hosts_fini(&s->ranks[i].x);
 		fetch_wires_fini(&s->ranks[i].x);
 		json_decref(s->ranks[i].x.members_memo);
-		free(s->ranks[i].x.reads);
+		fetch_reads_free(&s->ranks[i].x);
 	}
 	for (uint32_t i = 0; i < s->nlay; i++) {
 		free(s->lay[i].ml.parcels);
