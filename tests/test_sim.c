@@ -27,6 +27,21 @@ static void small(struct sim_cfg *c)
 	c->max_sim_s = 120;
 }
 
+/* Every replica got version v whole, the trainer sent it about once; its
+ * line printed. */
+static void delivered_once(const struct sim_cfg *c, const struct sim_result *r, uint32_t v)
+{
+	const struct sim_version *sv = &r->v[v];
+	char line[512];
+
+	sim_line(c, r, v, line, sizeof(line));
+	print_message("%s\n", line);
+	assert_int_equal(sv->done, c->replicas);
+	assert_int_equal(sv->received_bytes, (uint64_t)c->replicas * sv->wire_bytes);
+	assert_true(sv->trainer_bytes >= sv->wire_bytes);
+	assert_true(sv->trainer_bytes <= sv->wire_bytes + sv->wire_bytes / 10);
+}
+
 static void same(const struct sim_result *a, const struct sim_result *b)
 {
 	assert_int_equal(a->nversions, b->nversions);
@@ -48,7 +63,6 @@ static void test_sim_fanout_deterministic(void **state)
 	struct sim_cfg c;
 	struct sim_result r1, r2;
 	struct proto_err err;
-	char line[512];
 
 	small(&c);
 	assert_int_equal(sim_run(&c, &r1, &err), 0);
@@ -58,12 +72,7 @@ static void test_sim_fanout_deterministic(void **state)
 	for (uint32_t v = 0; v < 2; v++) {
 		const struct sim_version *sv = &r1.v[v];
 		double sb = (double)sv->wire_bytes / c.link_bps;
-		sim_line(&c, &r1, v, line, sizeof(line));
-		print_message("%s\n", line);
-		assert_int_equal(sv->done, c.replicas);
-		assert_int_equal(sv->received_bytes, (uint64_t)c.replicas * sv->wire_bytes);
-		assert_true(sv->trainer_bytes >= sv->wire_bytes);
-		assert_true(sv->trainer_bytes <= sv->wire_bytes + sv->wire_bytes / 10);
+		delivered_once(&c, &r1, v);
 		assert_true(sv->t_last_s >= sb && sv->t_last_s <= 1.5 * sb + 0.5);
 	}
 	assert_true(r1.v[1].wire_bytes < r1.v[0].wire_bytes / 50);
@@ -83,7 +92,6 @@ static void test_sim_bounded_views(void **state)
 	struct sim_cfg c;
 	struct sim_result r1, r2;
 	struct proto_err err;
-	char line[512];
 
 	small(&c);
 	c.replicas = 24;
@@ -94,15 +102,8 @@ static void test_sim_bounded_views(void **state)
 	unsetenv("TESSERA_SWARM_PEERS");
 	unsetenv("TESSERA_SWARM_MEMBERS");
 	same(&r1, &r2);
-	for (uint32_t v = 0; v < 2; v++) {
-		const struct sim_version *sv = &r1.v[v];
-		sim_line(&c, &r1, v, line, sizeof(line));
-		print_message("%s\n", line);
-		assert_int_equal(sv->done, c.replicas);
-		assert_int_equal(sv->received_bytes, (uint64_t)c.replicas * sv->wire_bytes);
-		assert_true(sv->trainer_bytes >= sv->wire_bytes);
-		assert_true(sv->trainer_bytes <= sv->wire_bytes + sv->wire_bytes / 10);
-	}
+	for (uint32_t v = 0; v < 2; v++)
+		delivered_once(&c, &r1, v);
 	/* Sampled: the same run as listing all differs (its events). */
 	assert_int_equal(sim_run(&c, &r2, &err), 0);
 	assert_true(r1.events != r2.events);
