@@ -306,7 +306,7 @@
 	 * fresh random sample each time (and says of how many); a node keeps \
 	 * the peers it has while they answer and takes new ones up to this \
 	 * many. 0: all of them. */ \
-	X(SWARM_PEERS, "TESSERA_SWARM_PEERS", 64, "peers per /sources answer and kept per parcel in a larger swarm (0: all)") \
+	X(SWARM_PEERS, "TESSERA_SWARM_PEERS", 32, "peers per /sources answer and kept per parcel in a larger swarm (0: all)") \
 	/* A swarm's members, the owners of the trainer's chunks, listed at \
 	 * most: the replicas of the layout that rank highest by a hash of \
 	 * their name and the layout (the same ones for every rank and version \
