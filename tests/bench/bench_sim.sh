@@ -106,7 +106,8 @@ def svg(path, title, xlabel, ylabel, series, xlog, ylog=False):
          f'<text x="16" y="{H/2}" text-anchor="middle" transform="rotate(-90 16 {H/2})">{ylabel}</text>']
     xt = sorted(set(xs)) if xlog else [x0 + (x1 - x0) * k / 5 for k in range(6)]
     for x in xt:
-        o.append(f'<text x="{px(x):.1f}" y="{H-B+16}" text-anchor="middle">{x:.3g}</text>')
+        lab = f"{int(x)}" if float(x).is_integer() else f"{x:.3g}"
+        o.append(f'<text x="{px(x):.1f}" y="{H-B+16}" text-anchor="middle">{lab}</text>')
     for k in range(6):
         v = y0 + (y1 - y0) * k / 5
         v = 10 ** v if ylog else v
@@ -117,7 +118,8 @@ def svg(path, title, xlabel, ylabel, series, xlog, ylog=False):
         o.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{d}"/>')
         for x, y in pts if len(pts) == 1 else []:
             o.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="{color}"/>')
-        o.append(f'<text x="{L+10}" y="{T+16+16*i}" fill="{color}">{name}</text>')
+        # The legend in the lower middle, clear of the star's line.
+        o.append(f'<text x="{L+(W-L-R)*0.36:.0f}" y="{T+(H-B-T)*0.42+16*i:.0f}" fill="{color}">{name}</text>')
     o.append("</svg>")
     open(path, "w").write("\n".join(o) + "\n")
 num = lambda s: float(s) if s else None
