@@ -24,15 +24,18 @@ static struct node_rank_metrics no_metrics; /* no registry: updates are no-ops *
  * than its even share (62 chunks: 8 each at most), which unbounded
  * rendezvous hashing did not keep (shares of 11 to 29 of 124 chunks).
  * With a member banned, the seven others share the chunks the same way.
- * Nodes n - listed .. n - 1 compute theirs from a list that leaves them
- * out (a larger swarm's, TESSERA_SWARM_MEMBERS).
+ * Nodes listed .. n - 1 compute theirs from a list that leaves them out
+ * (cut: a larger swarm's, TESSERA_SWARM_MEMBERS, "members_cut"; else a
+ * whole list, as while their leases lapsed).
  */
-static void owners_of(int n, int listed, int banned, uint32_t nchunks, uint8_t *mine,
+static void owners_of(int n, int listed, bool cut, int banned, uint32_t nchunks, uint8_t *mine,
 		      bool *seed)
 {
 	json_t *ans = json_pack("{s:[]}", "members");
 	char id[TRK_ID_MAX];
 
+	if (cut)
+		json_object_set_new(ans, "members_cut", json_true());
 	for (int i = 0; i < listed; i++) {
 		snprintf(id, sizeof(id), "R%d/0", i + 1);
 		json_array_append_new(json_object_get(ans, "members"), json_string(id));
@@ -79,7 +82,7 @@ static void test_picker_owners_even(void **state)
 
 	for (int banned = -1; banned < 1; banned++) {
 		int share = banned < 0 ? (CHUNKS + N - 1) / N : (CHUNKS + N - 2) / (N - 1);
-		owners_of(N, N, banned, CHUNKS, mine, seed);
+		owners_of(N, N, false, banned, CHUNKS, mine, seed);
 		for (int c = 0; c < CHUNKS; c++) {
 			int owners = 0;
 			for (int i = 0; i < N; i++)
@@ -94,9 +97,13 @@ static void test_picker_owners_even(void **state)
 				assert_true(own <= share);
 		}
 	}
-	/* Three more nodes the list leaves out: no seed readers, they own
+	/* A node left out of a whole list (its lease lapsed) still reads
+	 * its share (its peers keep it as a member while it answers). */
+	owners_of(N + 1, N, false, -1, CHUNKS, mine, seed);
+	assert_true(seed[N]);
+	/* Three more nodes a cut list leaves out: no seed readers, they own
 	 * nothing, and the listed eight still own every chunk once. */
-	owners_of(N + 3, N, -1, CHUNKS, mine, seed);
+	owners_of(N + 3, N, true, -1, CHUNKS, mine, seed);
 	for (int c = 0; c < CHUNKS; c++) {
 		int owners = 0;
 		for (int i = 0; i < N + 3; i++)

@@ -4131,6 +4131,7 @@ static void test_sources_bounded(void **state)
 			seen[at] = true;
 		}
 		assert_int_equal(json_array_size(members), 3);
+		assert_true(json_is_true(json_object_get(r.json, "members_cut")));
 		json_array_foreach(members, i, v) {
 			int at = -1;
 			assert_int_equal(sscanf(json_string_value(v), "R%d/1", &at), 1);
@@ -4147,6 +4148,7 @@ static void test_sources_bounded(void **state)
 	assert_int_equal(get(f, path, &r), 200);
 	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), N);
 	assert_null(json_object_get(r.json, "peers_of"));
+	assert_null(json_object_get(r.json, "members_cut"));
 	assert_int_equal(json_array_size(json_object_get(r.json, "members")), N + 1);
 	trk_reply_fini(&r);
 }

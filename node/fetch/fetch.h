@@ -179,6 +179,7 @@ struct fetch_parcel {
 	bool seed;           /* we read it from the trainer (TESSERA_PUB_UPLOAD_READERS) */
 	uint32_t nowners;    /* seed readers sharing its trainer's chunks, us included */
 	bool sampled;        /* the tracker lists a sample of its peers (TESSERA_SWARM_PEERS) */
+	bool members_cut;    /* ... and only some of its members (TESSERA_SWARM_MEMBERS) */
 	uint64_t owners_key; /* what owner/mine/standin were split by (owners.c; 0: none) */
 	uint8_t *wire;  /* a delta parcel's bytes (wires.c), else NULL */
 	uint8_t landed; /* a delta parcel's wire is whole, for the apply (atomic) */

@@ -342,8 +342,9 @@ static bool is_member(const struct fetch_parcel *p, const char *id)
 
 /* The members the answer lists, and the peers kept while unlisted
  * (sources.c, keep_unlisted): their chunks stay theirs. Not when the
- * answer lists a sample of the peers: a peer left out of it is not gone,
- * and the members are the tracker's list alone, the same at every node. */
+ * answer lists a sample of the peers or some of the members: a peer left
+ * out of it is not gone, and the members are the tracker's list alone,
+ * the same at every node. */
 static void take_members(struct fetch_parcel *p, json_t *answer)
 {
 	json_t *list = json_object_get(answer, "members"), *v;
@@ -352,6 +353,7 @@ static void take_members(struct fetch_parcel *p, json_t *answer)
 	free(p->members);
 	p->members = NULL;
 	p->nmembers = 0;
+	p->members_cut = json_is_true(json_object_get(answer, "members_cut"));
 	if (n == 0 || (p->members = calloc(PROTO_MIN(n + p->nsrcs, MEMBERS_MAX),
 					   sizeof(*p->members))) == NULL)
 		return;
@@ -362,7 +364,8 @@ static void take_members(struct fetch_parcel *p, json_t *answer)
 		if (id != NULL && id[0] != 0 && strlen(id) < TRK_ID_MAX)
 			snprintf(p->members[p->nmembers++], TRK_ID_MAX, "%s", id);
 	}
-	for (size_t k = 0; k < p->nsrcs && p->nmembers < MEMBERS_MAX && !p->sampled; k++)
+	for (size_t k = 0; k < p->nsrcs && p->nmembers < MEMBERS_MAX && !p->sampled && !p->members_cut;
+	     k++)
 		if (p->srcs[k].unlisted_ms != 0 && !is_member(p, p->srcs[k].info.id))
 			snprintf(p->members[p->nmembers++], TRK_ID_MAX, "%s", p->srcs[k].info.id);
 }
@@ -397,10 +400,12 @@ static void seed_gauge(const struct fetcher *x, const struct fetch *f)
  * member in line. The cap is kept by the readers, not the trainer: reads
  * are one-sided.
  *
- * A node the members list leaves out (a swarm larger than
+ * A node a cut members list leaves out (a swarm larger than
  * TESSERA_SWARM_MEMBERS: the tracker lists the members of highest
- * weight; or a node whose lease lapsed) reads none of the trainer's
- * chunks as their owner: the others do not count it among the owners.
+ * weight and says "members_cut") reads none of the trainer's chunks as
+ * their owner: the others do not count it among the owners. Out of a
+ * whole list (its lease lapsed, its peers keep it as a member for a
+ * grace period: keep_unlisted) it still does.
  */
 #define SEED_SALT UINT32_MAX
 
@@ -410,7 +415,7 @@ static void pick_seeds(const struct fetcher *x, const struct fetch *f, uint32_t 
 	uint64_t cap = proto_param(PROTO_PARAM_PUB_UPLOAD_READERS), *sc, cut, me;
 	uint32_t n = 0;
 
-	bool member = p->nmembers == 0 || is_member(p, x->o.id);
+	bool member = p->nmembers == 0 || !p->members_cut || is_member(p, x->o.id);
 
 	memset(seed, 1, PROTO_MAX(p->nmembers, 1));
 	p->seed = member;

@@ -120,6 +120,7 @@ struct sim_members {
 	uint32_t li, dst;
 	uint64_t gen;
 	json_t *list;
+	bool cut; /* the swarm has more (answers say "members_cut") */
 	struct sim_members *next;
 };
 
@@ -133,7 +134,7 @@ void sim__members_free(struct sim *s)
 	s->members = NULL;
 }
 
-static json_t *members_list(struct sim *s, uint32_t li, uint32_t dst)
+static json_t *members_list(struct sim *s, uint32_t li, uint32_t dst, bool *cut)
 {
 	struct sim_members *m;
 	uint32_t *hs = NULL, n = 0;
@@ -142,8 +143,10 @@ static json_t *members_list(struct sim *s, uint32_t li, uint32_t dst)
 
 	for (m = s->members; m != NULL && (m->li != li || m->dst != dst); m = m->next)
 		;
-	if (m != NULL && m->gen == s->members_gen)
+	if (m != NULL && m->gen == s->members_gen) {
+		*cut = m->cut;
 		return m->list;
+	}
 	if (m == NULL) {
 		if ((m = calloc(1, sizeof(*m))) == NULL)
 			return NULL;
@@ -163,8 +166,10 @@ static json_t *members_list(struct sim *s, uint32_t li, uint32_t dst)
 			w[n] = s->hosts[hi].weight;
 			hs[n++] = hi;
 		}
-	if (trk_members_top(w, n, (size_t)proto_param(PROTO_PARAM_SWARM_MEMBERS), keep) != 0)
+	size_t cap = (size_t)proto_param(PROTO_PARAM_SWARM_MEMBERS);
+	if (trk_members_top(w, n, cap, keep) != 0)
 		goto fail;
+	*cut = m->cut = cap != 0 && n > cap;
 	for (uint32_t i = 0; i < n; i++)
 		if (keep[i] && json_array_append_new(m->list, json_string(
 					s->ranks[s->hosts[hs[i]].rank0 + dst].id)) != 0)
@@ -192,6 +197,7 @@ static json_t *sources_answer(struct sim *s, const struct trk_parcel_key *k)
 	uint64_t len = 0, cap = proto_param(PROTO_PARAM_SWARM_PEERS);
 	char host[32];
 	bool lay[SIM_LAYOUTS_MAX] = {0}; /* the layouts that are k's (a tp given twice) */
+	bool cut = false;
 
 	for (uint32_t i = 0; i < s->nlay; i++)
 		if (memcmp(s->lay[i].l.digest, k->layout, PROTO_HASH_BYTES) == 0 &&
@@ -200,7 +206,7 @@ static json_t *sources_answer(struct sim *s, const struct trk_parcel_key *k)
 			li = li == UINT32_MAX ? i : li;
 		}
 	if (srcs == NULL || peers == NULL || li == UINT32_MAX ||
-	    (members = json_incref(members_list(s, li, k->dst_rank))) == NULL)
+	    (members = json_incref(members_list(s, li, k->dst_rank, &cut))) == NULL)
 		goto fail;
 	for (uint32_t hi = 0; hi < s->nhosts; hi++) {
 		const struct host *h = &s->hosts[hi];
@@ -229,6 +235,8 @@ static json_t *sources_answer(struct sim *s, const struct trk_parcel_key *k)
 	out = json_pack("{s:o,s:o}", "members", members, "sources", srcs);
 	if (out != NULL && show < np)
 		json_object_set_new(out, "peers_of", json_integer(np));
+	if (out != NULL && cut)
+		json_object_set_new(out, "members_cut", json_true());
 	return out;
 fail:
 	free(peers);

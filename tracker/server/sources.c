@@ -149,7 +149,7 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 				goto out;
 	}
 	if (!kept) {
-		if ((rc = trk__srcache_set_members(e, members, reps)) != 0)
+		if ((rc = trk__srcache_set_members(e, members, reps, listed != NULL)) != 0)
 			goto out;
 		trk__srcache_members_keep(r->srcache, e, k, r->members_gen);
 	}

@@ -46,6 +46,7 @@ struct trk_srcentry {
 	uint64_t gen, last_use;
 	struct trk_srckey key;
 	char *members;           /* the JSON array */
+	bool cut;                /* the swarm has more members than it lists */
 	char tag[TRK_MEMBERS_TAG_HEX + 1]; /* its short hash, hex */
 	char *reps;              /* the members' replica names, a JSON array */
 	char rtag[TRK_MEMBERS_TAG_HEX + 1]; /* its short hash, hex */
@@ -63,6 +64,7 @@ struct trk_srcmembers {
 	uint32_t dst;
 	char site[TRK_SITE_MAX + 1];
 	char *members, *reps;
+	bool cut;
 	char tag[TRK_MEMBERS_TAG_HEX + 1], rtag[TRK_MEMBERS_TAG_HEX + 1];
 };
 
@@ -82,7 +84,7 @@ static void entry_clear(struct trk_srcentry *e)
 	e->members = e->reps = NULL;
 	e->npeers = e->nsrc = 0;
 	e->bytes = 0;
-	e->used = e->ready = false;
+	e->used = e->ready = e->cut = false;
 }
 
 int trk__srcache_new(struct trk_srcache **out)
@@ -155,8 +157,9 @@ static char *dump_tagged(json_t *a, char tag[TRK_MEMBERS_TAG_HEX + 1])
 	return t;
 }
 
-int trk__srcache_set_members(struct trk_srcentry *e, json_t *members, json_t *reps)
+int trk__srcache_set_members(struct trk_srcentry *e, json_t *members, json_t *reps, bool cut)
 {
+	e->cut = cut;
 	if ((e->members = dump_tagged(members, e->tag)) == NULL ||
 	    (e->reps = dump_tagged(reps, e->rtag)) == NULL)
 		return -ENOMEM;
@@ -186,6 +189,7 @@ int trk__srcache_members_copy(struct trk_srcache *sc, struct trk_srcentry *e,
 		return -ENOMEM;
 	memcpy(e->tag, m->tag, sizeof(e->tag));
 	memcpy(e->rtag, m->rtag, sizeof(e->rtag));
+	e->cut = m->cut;
 	e->bytes += strlen(e->members);
 	return 0;
 }
@@ -207,7 +211,7 @@ void trk__srcache_members_keep(struct trk_srcache *sc, const struct trk_srcentry
 	free(m->members);
 	free(m->reps);
 	*m = (struct trk_srcmembers){.used = members != NULL && reps != NULL, .gen = gen,
-				     .last_use = sc->tick, .dst = k->dst,
+				     .last_use = sc->tick, .dst = k->dst, .cut = e->cut,
 				     .members = members, .reps = reps};
 	if (!m->used) {
 		free(members);
@@ -330,6 +334,8 @@ char *trk__srcache_render(struct trk_srcentry *e, const char *tag, bool shared, 
 	out[at++] = ']';
 	if (np < e->npeers) /* how many the sample was drawn from */
 		at += (size_t)snprintf(out + at, n - at, ",\"peers_of\":%zu", e->npeers);
+	if (e->cut) /* with the list or without it (members_same, members_of) */
+		at += (size_t)snprintf(out + at, n - at, ",\"members_cut\":true");
 	*listed = !keep && shared;
 	if (keep) {
 		memcpy(out + at, same, sizeof(same) - 1);

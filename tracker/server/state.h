@@ -585,8 +585,9 @@ struct trk_srcentry *trk__srcache_get(struct trk_srcache *sc, const struct trk_s
 				      uint64_t gen);
 bool trk__srcache_ready(const struct trk_srcentry *e);
 /* Stores the rendered members array and the array of their replicas'
- * names (both borrowed); -ENOMEM. */
-int trk__srcache_set_members(struct trk_srcentry *e, json_t *members, json_t *reps);
+ * names (both borrowed), and whether the swarm had more members (cut:
+ * answers say "members_cut"); -ENOMEM. */
+int trk__srcache_set_members(struct trk_srcentry *e, json_t *members, json_t *reps, bool cut);
 /* The replica names' array as text and its tag (*rtag): the entry's, valid
  * until the entry is next got. */
 const char *trk__srcache_replicas(const struct trk_srcentry *e, const char **rtag);
