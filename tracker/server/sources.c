@@ -35,14 +35,6 @@ static bool published(struct trk_registry *r, const struct trk_srckey *k)
 	return false;
 }
 
-/* Fills e with the answer for parcel k: the swarm's members, its peers that
- * offer the parcel, then the publishers that do. The swarm is the asker's
- * site's (k->site): what crosses between sites is what the publishers
- * send each site, once, its members sharing the trainer's chunks among
- * themselves, and every later copy is relayed inside the site. A parcel
- * no publisher offers (retired, or its publisher gone) is listed with the
- * peers of every site (not as members), so that a version stays
- * reachable. 0 or -ENOMEM. */
 /* rank k->dst of replica rep, if it is a live member of k's swarm in the
  * asker's site (here) or, for a parcel no publisher offers, anywhere. */
 static struct trk_node *swarm_node(const struct trk_replica *rep, const struct trk_srckey *k,
@@ -90,6 +82,14 @@ out:
 	return rc;
 }
 
+/* Fills e with the answer for parcel k: the swarm's members, its peers that
+ * offer the parcel, then the publishers that do. The swarm is the asker's
+ * site's (k->site): what crosses between sites is what the publishers
+ * send each site, once, its members sharing the trainer's chunks among
+ * themselves, and every later copy is relayed inside the site. A parcel
+ * no publisher offers (retired, or its publisher gone) is listed with the
+ * peers of every site (not as members), so that a version stays
+ * reachable. 0 or -ENOMEM. */
 static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 			 struct trk_srcentry *e)
 {

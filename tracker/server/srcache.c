@@ -262,6 +262,7 @@ int trk__srcache_add_source(struct trk_srcentry *e, json_t *src, bool peer)
 		return -EINVAL;
 	}
 	e->srclen[e->nsrc] = strlen(t);
+	e->order[e->nsrc] = e->nsrc; /* the render shuffles the peers' part in place */
 	e->src[e->nsrc++] = t;
 	e->npeers += peer;
 	e->bytes += strlen(t) + 1;
@@ -305,10 +306,11 @@ char *trk__srcache_render(struct trk_srcentry *e, const char *tag, bool shared, 
 	if (out == NULL)
 		return NULL;
 	randombytes_buf(&seed, sizeof(seed));
-	for (size_t i = 0; i < e->nsrc; i++)
-		e->order[i] = i;
 	/* The peers in a fresh random order; past TESSERA_SWARM_PEERS, a
-	 * random sample of that many (the first of a partial shuffle). */
+	 * random sample of that many: the first of a partial shuffle of
+	 * order, a permutation of the peers kept from the last render (any
+	 * permutation shuffled gives a uniform sample), so that an answer
+	 * costs the peers it lists, not the swarm's. */
 	if (cap != 0 && np > cap)
 		np = cap;
 	for (size_t i = 0; i < np && i + 1 < e->npeers; i++) {
@@ -322,11 +324,10 @@ char *trk__srcache_render(struct trk_srcentry *e, const char *tag, bool shared, 
 	at += strlen(e->tag);
 	memcpy(out + at, head2, sizeof(head2) - 1);
 	at += sizeof(head2) - 1;
-	for (size_t i = 0, w = 0; i < e->nsrc; i++) {
-		size_t k = e->order[i];
-		if (i >= np && i < e->npeers)
-			continue; /* not in the sample */
-		if (w++ > 0)
+	for (size_t i = 0; i < np + (e->nsrc - e->npeers); i++) {
+		/* The sample, then the publishers (after the peers, in order). */
+		size_t k = i < np ? e->order[i] : e->npeers + (i - np);
+		if (i > 0)
 			out[at++] = ',';
 		memcpy(out + at, e->src[k], e->srclen[k]);
 		at += e->srclen[k];
