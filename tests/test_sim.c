@@ -109,6 +109,44 @@ static void test_sim_bounded_views(void **state)
 	assert_true(r1.events != r2.events);
 }
 
+/* Members that keep up (TESSERA_SWARM_SLOW): 128 replicas, 5 % of them
+ * on links at a tenth, two anchors of 64 MiB. In the first the slow ones
+ * own trainer chunks and hold the others past 2 x S/b; the tracker then
+ * leaves them out of the members, and the others get the second within
+ * 1.5 x S/b. With the rule off, the second is as slow as the first.
+ * Simulated time: deterministic for the seed. */
+static void test_sim_slow_members(void **state)
+{
+	struct sim_cfg c;
+	struct sim_result r;
+	struct proto_err err;
+
+	sim_cfg_default(&c);
+	c.replicas = 128;
+	c.model_bytes = 64u << 20;
+	c.versions = 2;
+	c.anchors = true;
+	c.stragglers = 0.05;
+	c.seed = 1;
+	c.max_sim_s = 300;
+	assert_int_equal(sim_run(&c, &r, &err), 0);
+	double sb = (double)r.v[0].wire_bytes / c.link_bps;
+	assert_int_equal(r.v[1].wire_bytes, r.v[0].wire_bytes);
+	assert_true(r.v[0].t_slow_s > 0); /* there are stragglers */
+	for (uint32_t v = 0; v < 2; v++) {
+		char line[512];
+		sim_line(&c, &r, v, line, sizeof(line));
+		print_message("%s\n", line);
+		assert_int_equal(r.v[v].done, c.replicas);
+	}
+	assert_true(r.v[0].t_last_s > 2 * sb);
+	assert_true(r.v[1].t_last_s <= 1.5 * sb);
+	setenv("TESSERA_SWARM_SLOW", "0", 1);
+	assert_int_equal(sim_run(&c, &r, &err), 0);
+	unsetenv("TESSERA_SWARM_SLOW");
+	assert_true(r.v[1].t_last_s > 2 * sb);
+}
+
 /* A star: the trainer's link carries every copy, N x S/b. */
 static void test_sim_star(void **state)
 {
@@ -219,6 +257,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_sim_fanout_deterministic),
 		cmocka_unit_test(test_sim_bounded_views),
+		cmocka_unit_test(test_sim_slow_members),
 		cmocka_unit_test(test_sim_star),
 		cmocka_unit_test(test_sim_mixed_churn),
 		cmocka_unit_test(test_sim_bad_config),

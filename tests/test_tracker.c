@@ -4096,8 +4096,8 @@ static void test_sources_bounded(void **state)
 	enum { N = 6 };
 	struct trk_reply r;
 	char b[1200], path[300], id[16];
-	uint64_t w[N];
-	bool top[N], seen[N] = {false};
+	uint64_t w[N], bps[N] = {0};
+	bool top[N], seen[N] = {false}, cut = false;
 
 	register_publisher(f);
 	publish_two(f);
@@ -4111,7 +4111,8 @@ static void test_sources_bounded(void **state)
 		snprintf(id, sizeof(id), "R%d", i);
 		w[i] = trk_member_weight(id, f->tp2.digest);
 	}
-	assert_int_equal(trk_members_top(w, N, 3, top), 0);
+	assert_int_equal(trk_members_pick(w, bps, N, 3, 4, top, &cut), 0);
+	assert_true(cut);
 	snprintf(path, sizeof(path), TRK_API "/sources?version=1&layout=%s&src_rank=0&dst_rank=1",
 		 HEX(f->tp2.digest));
 	setenv("TESSERA_SWARM_PEERS", "2", 1);
@@ -4151,6 +4152,90 @@ static void test_sources_bounded(void **state)
 	assert_null(json_object_get(r.json, "members_cut"));
 	assert_int_equal(json_array_size(json_object_get(r.json, "members")), N + 1);
 	trk_reply_fini(&r);
+}
+
+/*
+ * Members that keep up (TESSERA_SWARM_SLOW): five replicas fetched version
+ * 1, one of them at a millionth of the others' rate (its report's bytes
+ * over the same wall time). Once version 3 is published, its swarm's
+ * members are the four others, and answers say "members_cut": the slow
+ * one reads from peers only. Off (0), all five again. trk_members_pick
+ * alone: unknown rates count as keeping up, the cap applies to the rest.
+ */
+static void state_body(char *b, size_t n, const char *id, uint64_t v, const char *state,
+		       uint64_t total)
+{
+	snprintf(b, n,
+		 "{\"id\":\"%s\",\"version\":%llu,\"state\":\"%s\",\"bytes_done\":%llu,"
+		 "\"bytes_total\":%llu,\"bytes_from_trainer\":0,\"bytes_from_peers\":0}",
+		 id, (unsigned long long)v, state, (unsigned long long)total,
+		 (unsigned long long)total);
+}
+
+static void test_sources_slow_members(void **state)
+{
+	struct fx *f = *state;
+	enum { N = 5 };
+	struct trk_reply r;
+	char b[1200], path[300], id[16];
+	uint8_t *buf, d3[PROTO_HASH_BYTES];
+	size_t len;
+	json_t *members, *v;
+	size_t i;
+
+	register_publisher(f);
+	publish_two(f);
+	for (int k = 0; k < N; k++) {
+		snprintf(id, sizeof(id), "R%d", k);
+		register_node_ok(f, id, 1, TP2);
+		snprintf(id, sizeof(id), "R%d/1", k);
+		/* R4's fetch moved a millionth of the others' bytes. */
+		uint64_t total = k == N - 1 ? 1000 : 1000000000;
+		state_body(b, sizeof(b), id, 1, "fetching", total);
+		assert_int_equal(post(f, TRK_API "/nodes/state", b, &r), 200);
+		trk_reply_fini(&r);
+		state_body(b, sizeof(b), id, 1, "verified", total);
+		assert_int_equal(post(f, TRK_API "/nodes/state", b, &r), 200);
+		trk_reply_fini(&r);
+	}
+	/* Judged when a version is published. */
+	make_manifest(f, &(struct mopts){.version = 3, .parent = 2, .parent_digest = f->d2}, &buf,
+		      &len, d3);
+	assert_int_equal(publish(f, buf, len, &r), 201);
+	trk_reply_fini(&r);
+	free(buf);
+	snprintf(path, sizeof(path), TRK_API "/sources?version=3&layout=%s&src_rank=0&dst_rank=1",
+		 HEX(f->tp2.digest));
+	assert_int_equal(get(f, path, &r), 200);
+	members = json_object_get(r.json, "members");
+	assert_int_equal(json_array_size(members), N - 1);
+	json_array_foreach(members, i, v)
+		assert_string_not_equal(json_string_value(v), "R4/1");
+	assert_true(json_is_true(json_object_get(r.json, "members_cut")));
+	trk_reply_fini(&r);
+	/* Off: all of them (the list is built again when one joins). */
+	setenv("TESSERA_SWARM_SLOW", "0", 1);
+	register_node_ok(f, "R5", 1, TP2);
+	assert_int_equal(get(f, path, &r), 200);
+	unsetenv("TESSERA_SWARM_SLOW");
+	assert_int_equal(json_array_size(json_object_get(r.json, "members")), N + 1);
+	assert_null(json_object_get(r.json, "members_cut"));
+	trk_reply_fini(&r);
+
+	/* Unknown rates (0) keep up; of those that do, the heaviest two. */
+	uint64_t w[6] = {60, 50, 40, 30, 20, 10}, bps[6] = {0, 100, 1, 100, 0, 100};
+	bool keep[6], cut = false;
+	assert_int_equal(trk_members_pick(w, bps, 6, 0, 4, keep, &cut), 0);
+	assert_true(cut);
+	for (int k = 0; k < 6; k++)
+		assert_int_equal(keep[k], k != 2);
+	assert_int_equal(trk_members_pick(w, bps, 6, 2, 4, keep, &cut), 0);
+	for (int k = 0; k < 6; k++)
+		assert_int_equal(keep[k], k < 2);
+	assert_int_equal(trk_members_pick(w, bps, 6, 0, 0, keep, &cut), 0);
+	assert_false(cut);
+	assert_int_equal(trk_members_pick(w, bps, 6, 0, 200, keep, &cut), 0); /* under 1/2 */
+	assert_false(cut);
 }
 
 /* A signed request captured before a restart is refused after it: the
@@ -4932,6 +5017,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_client, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_binary, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources_bounded, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_sources_slow_members, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources_members_only, setup_keyed,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_replay_after_restart, setup_keyed,

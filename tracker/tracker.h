@@ -363,13 +363,18 @@ bool trk_site_same(const char *a, const char *b); /* NULL is the unnamed site */
 /* --site's value check (a proto_config_value parser): one line in err. */
 int trk_site_check(const char *v, struct proto_err *err);
 
-/* Bounded swarm views (TESSERA_SWARM_MEMBERS; tracker/NOTES.md, "Swarms
- * of thousands"). A swarm larger than its members cap lists the replicas
+/* Bounded swarm views (TESSERA_SWARM_MEMBERS, TESSERA_SWARM_SLOW;
+ * tracker/NOTES.md, "Swarms of thousands"). A swarm lists as members the
+ * replicas that keep up, and of a larger swarm than its members cap those
  * of highest weight: a hash of the replica's name keyed by the layout. */
 uint64_t trk_member_weight(const char *replica, const uint8_t layout[PROTO_HASH_BYTES]);
-/* Sets keep[i] for the m heaviest of n weights (ties: the lower index
- * first), for all of them when m is 0 or n <= m; -1 without memory. */
-int trk_members_top(const uint64_t *w, size_t n, size_t m, bool *keep);
+/* Which of n replicas are members: bps[i] is replica i's rate in its last
+ * fetch (0: not known) and w[i] its weight. Those under 1/slow of the
+ * median known rate are left out (slow 0: none), then of the rest the m heaviest are kept (ties: the
+ * lower index first; m 0: all). Sets keep[i], and *cut when one is left
+ * out; -1 without memory. */
+int trk_members_pick(const uint64_t *w, const uint64_t *bps, size_t n, size_t m, uint64_t slow,
+		     bool *keep, bool *cut);
 
 /* "fetching", "verified", "active", "failed"; parse returns -EINVAL else. */
 const char *trk_state_name(enum trk_rank_state s);

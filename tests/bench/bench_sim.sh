@@ -15,7 +15,9 @@
 #      chunks, every uplink the same: what an ideal BitTorrent-like swarm
 #      could reach);
 #   3. scenarios at N = BENCH_SIM_SCEN_N (default 256): churn (10 % leave,
-#      10 % join), stragglers (5 % of links at a tenth), a trainer uplink
+#      10 % join), stragglers (5 % of links at a tenth; two anchors: the
+#      second's members are the replicas that kept up with the first,
+#      TESSERA_SWARM_SLOW), a trainer uplink
 #      4 x a replica's, mixed layouts (tp1/tp2/tp4/tp8), an anchor and 3
 #      deltas of 1 %.
 # Writes into OUT (default build/bench-sim): scale.tsv, scale.svg (T/(S/b)
@@ -75,7 +77,7 @@ done
 
 echo "== scenarios at N=$SCEN_N (128 MiB, 100 Mbit/s)"
 run churn --replicas "$SCEN_N" --churn 0.1
-run stragglers --replicas "$SCEN_N" --stragglers 0.05
+run stragglers --replicas "$SCEN_N" --stragglers 0.05 --anchors --versions 2
 run trainer4x --replicas "$SCEN_N" --trainer-x 4
 run mixed --replicas "$SCEN_N" --layouts tp1,tp2,tp4,tp8
 run deltas --replicas "$SCEN_N" --versions 4 --delta-ratio 0.01

@@ -159,6 +159,7 @@ static void start_fetch(struct sim *s, struct rank *rk)
 	}
 	fetch_begin(&rk->x, f);
 	rk->fetching = true;
+	rk->fetch_ns = sim__clock_ns;
 	for (uint32_t pi = 0; pi < f->nparcels; pi++)
 		fetch_want_sources(&rk->x, pi);
 }
@@ -251,7 +252,8 @@ static void version_begin(struct sim *s, uint32_t vi)
 
 	s->vi = vi;
 	s->r->nversions = vi + 1;
-	sv->delta = vi > 0;
+	sv->delta = vi > 0 && !s->c->anchors;
+	s->members_gen++; /* the tracker chooses members afresh per version */
 	for (uint32_t li = 0; li < s->nlay; li++)
 		if (manifest(s, &s->lay[li], sv->delta) != 0) {
 			s->failed = -ENOMEM;
@@ -351,6 +353,10 @@ static void rank_progress(struct sim *s, struct rank *rk)
 	if (left > 0)
 		return;
 	h->done_ns = sim__clock_ns;
+	/* The tracker's record of its rate: the last rank's bytes over the
+	 * time from its first report (its fetch's start) to verified. */
+	h->fetch_bps = (uint64_t)((double)f->bytes_total * 1e9 /
+				  (double)PROTO_MAX(sim__clock_ns - rk->fetch_ns, 1));
 	if (s->c->curve != NULL)
 		fprintf(s->c->curve, "%u %u %.4f\n", s->vi + 1, rk->host,
 			(double)(sim__clock_ns - s->v_start) / 1e9);

@@ -41,6 +41,7 @@ struct sim_cfg {
 	uint32_t ntp;
 	uint64_t model_bytes;   /* the anchor's bytes */
 	uint32_t versions;      /* the first an anchor, the others deltas */
+	bool anchors;           /* ... or anchors too */
 	double delta_ratio;     /* a delta's wire bytes over the anchor's */
 	double link_bps;        /* each replica host's link, each direction, bytes/s */
 	double trainer_bps;     /* the publisher's uplink, bytes/s */

@@ -49,6 +49,7 @@ struct host {
 	bool slow;                   /* a straggler: its link is a tenth */
 	uint64_t done_ns;            /* its last rank completed the version (0: not yet) */
 	uint64_t weight;             /* trk_member_weight of its replica name and layout */
+	uint64_t fetch_bps;          /* its last fetch's rate, as the tracker has it (0: none) */
 };
 
 /* One rank of a replica: a node agent's fetcher. */
@@ -58,6 +59,7 @@ struct rank {
 	uint32_t host, rank, layout;
 	uint64_t cpu_free;
 	bool fetching;       /* a fetch of the current version is under way or done */
+	uint64_t fetch_ns;   /* ... since then */
 };
 
 /* The /sources request a rank has out (the tracker's answer comes later). */

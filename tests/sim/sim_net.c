@@ -114,8 +114,9 @@ static json_t *source_json(bool peer, const char *id, const char *host, uint32_t
 
 /* A swarm's members list as the tracker keeps it until a replica joins or
  * leaves (srcache.c): rank dst of the live replicas of layout li, the
- * TESSERA_SWARM_MEMBERS of highest weight in a larger swarm, chosen by
- * the tracker's own trk_members_top. */
+ * ones that kept up in their last fetch (TESSERA_SWARM_SLOW), and of a
+ * larger swarm the TESSERA_SWARM_MEMBERS of highest weight, chosen by the
+ * tracker's own trk_members_pick. */
 struct sim_members {
 	uint32_t li, dst;
 	uint64_t gen;
@@ -138,7 +139,7 @@ static json_t *members_list(struct sim *s, uint32_t li, uint32_t dst, bool *cut)
 {
 	struct sim_members *m;
 	uint32_t *hs = NULL, n = 0;
-	uint64_t *w = NULL;
+	uint64_t *w = NULL, *bps = NULL;
 	bool *keep = NULL;
 
 	for (m = s->members; m != NULL && (m->li != li || m->dst != dst); m = m->next)
@@ -157,19 +158,21 @@ static json_t *members_list(struct sim *s, uint32_t li, uint32_t dst, bool *cut)
 	m->list = json_array();
 	hs = malloc((s->nhosts + 1) * sizeof(*hs));
 	w = malloc((s->nhosts + 1) * sizeof(*w));
+	bps = malloc((s->nhosts + 1) * sizeof(*bps));
 	keep = malloc((s->nhosts + 1) * sizeof(*keep));
-	if (m->list == NULL || hs == NULL || w == NULL || keep == NULL)
+	if (m->list == NULL || hs == NULL || w == NULL || bps == NULL || keep == NULL)
 		goto fail;
 	for (uint32_t hi = 0; hi < s->nhosts; hi++)
 		if (s->hosts[hi].alive && memcmp(s->lay[s->hosts[hi].layout].l.digest,
 						 s->lay[li].l.digest, PROTO_HASH_BYTES) == 0) {
 			w[n] = s->hosts[hi].weight;
+			bps[n] = s->hosts[hi].fetch_bps;
 			hs[n++] = hi;
 		}
-	size_t cap = (size_t)proto_param(PROTO_PARAM_SWARM_MEMBERS);
-	if (trk_members_top(w, n, cap, keep) != 0)
+	if (trk_members_pick(w, bps, n, (size_t)proto_param(PROTO_PARAM_SWARM_MEMBERS),
+			     proto_param(PROTO_PARAM_SWARM_SLOW), keep, &m->cut) != 0)
 		goto fail;
-	*cut = m->cut = cap != 0 && n > cap;
+	*cut = m->cut;
 	for (uint32_t i = 0; i < n; i++)
 		if (keep[i] && json_array_append_new(m->list, json_string(
 					s->ranks[s->hosts[hs[i]].rank0 + dst].id)) != 0)
@@ -177,6 +180,7 @@ static json_t *members_list(struct sim *s, uint32_t li, uint32_t dst, bool *cut)
 	m->gen = s->members_gen;
 	free(hs);
 	free(w);
+	free(bps);
 	free(keep);
 	return m->list;
 fail:
@@ -184,6 +188,7 @@ fail:
 	m->list = NULL;
 	free(hs);
 	free(w);
+	free(bps);
 	free(keep);
 	return NULL;
 }

@@ -12,11 +12,13 @@ static void usage(FILE *out)
 {
 	fprintf(out,
 		"usage: tessera-sim [--replicas N] [--layouts tp1[,tp2,...]] [--model-mib M]\n"
-		"                   [--versions V] [--delta-ratio R] [--link-mbps B] [--trainer-x K]\n"
-		"                   [--latency-ms L] [--cpu-ns-per-byte C] [--stragglers F]\n"
-		"                   [--churn F] [--star] [--seed S] [--max-sim-s T] [--curve FILE]\n"
-		"  One anchor, then V-1 deltas of R of its bytes; replicas get the layouts in\n"
-		"  turn; the trainer's uplink is K times a replica's link (default 1).\n"
+		"                   [--versions V] [--delta-ratio R] [--anchors] [--link-mbps B]\n"
+		"                   [--trainer-x K] [--latency-ms L] [--cpu-ns-per-byte C]\n"
+		"                   [--stragglers F] [--churn F] [--star] [--seed S] [--max-sim-s T]\n"
+		"                   [--curve FILE]\n"
+		"  One anchor, then V-1 deltas of R of its bytes (--anchors: V anchors);\n"
+		"  replicas get the layouts in turn; the trainer's uplink is K times a\n"
+		"  replica's link (default 1).\n"
 		"  Node parameters come from the environment (TESSERA_*), as for tessera-node.\n");
 }
 
@@ -78,6 +80,9 @@ int main(int argc, char **argv)
 			return 0;
 		} else if (strcmp(a, "--star") == 0) {
 			c.star = true;
+			continue;
+		} else if (strcmp(a, "--anchors") == 0) {
+			c.anchors = true;
 			continue;
 		} else if (strcmp(a, "--replicas") == 0 && (rc = num(a, v, 1, 100000, &d)) == 0) {
 			c.replicas = (uint32_t)d;

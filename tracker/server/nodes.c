@@ -407,12 +407,17 @@ void trk__handle_node_state(struct trk_call *c)
 		e->version = version;
 		e->first_ms = proto_wall_ms();
 	}
-	/* How long a rank takes to fetch a version, for the disagreement note. */
-	if (st == TRK_STATE_VERIFIED && e->state != TRK_STATE_VERIFIED &&
-	    e->state != TRK_STATE_ACTIVE)
-		n->rep->fetch_ms = proto_wall_ms() - e->first_ms;
 	done = done == ABSENT ? e->done : done;
 	total = total == ABSENT ? e->total : total;
+	/* How long a rank takes to fetch a version, for the disagreement
+	 * note, and at what rate, for whether it keeps up with its swarm
+	 * (members_cut in sources.c). */
+	if (st == TRK_STATE_VERIFIED && e->state != TRK_STATE_VERIFIED &&
+	    e->state != TRK_STATE_ACTIVE) {
+		uint64_t ms = n->rep->fetch_ms = proto_wall_ms() - e->first_ms;
+		ms = PROTO_MAX(ms, 1); /* bytes * 1000 / ms, without overflow */
+		n->rep->fetch_bps = total / ms * 1000 + total % ms * 1000 / ms;
+	}
 	ft = ft == ABSENT ? e->from_trainer : ft;
 	fp = fp == ABSENT ? e->from_peers : fp;
 	dup = dup == ABSENT ? e->duplicate : dup;

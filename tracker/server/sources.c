@@ -52,30 +52,37 @@ static struct trk_node *swarm_node(const struct trk_replica *rep, const struct t
 }
 
 /* Which of the swarm's members (the replicas listed here, in registry
- * order) the answer lists: the TESSERA_SWARM_MEMBERS of highest weight
- * (trk_member_weight), all of them in a smaller swarm. *out is NULL for
- * all, else malloc'ed, one flag per member in order. */
+ * order) the answer lists: those that kept up in their last fetch
+ * (TESSERA_SWARM_SLOW), and of a larger swarm the TESSERA_SWARM_MEMBERS
+ * of highest weight (trk_member_weight). *out is NULL for all, else
+ * malloc'ed, one flag per member in order. */
 static int members_cut(struct trk_registry *r, const struct trk_srckey *k, bool **out)
 {
 	size_t cap = (size_t)proto_param(PROTO_PARAM_SWARM_MEMBERS), n = 0, i = 0;
-	uint64_t *w = NULL;
-	bool here;
+	uint64_t *w = NULL, *bps = NULL;
+	bool here, cut = false;
 	int rc = -ENOMEM;
 
 	*out = NULL;
 	for (struct trk_replica *rep = r->reps; rep; rep = rep->next)
 		n += swarm_node(rep, k, false, &here) != NULL;
-	if (cap == 0 || n <= cap)
+	if (n == 0)
 		return 0;
-	if ((w = malloc(n * sizeof(*w))) == NULL || (*out = malloc(n * sizeof(**out))) == NULL)
+	if ((w = malloc(n * sizeof(*w))) == NULL || (bps = malloc(n * sizeof(*bps))) == NULL ||
+	    (*out = malloc(n * sizeof(**out))) == NULL)
 		goto out;
 	for (struct trk_replica *rep = r->reps; rep; rep = rep->next)
-		if (swarm_node(rep, k, false, &here) != NULL)
+		if (swarm_node(rep, k, false, &here) != NULL) {
+			bps[i] = rep->fetch_bps;
 			w[i++] = trk_member_weight(rep->name, k->layout);
-	rc = trk_members_top(w, n, cap, *out) == 0 ? 0 : -ENOMEM;
+		}
+	rc = trk_members_pick(w, bps, n, cap, proto_param(PROTO_PARAM_SWARM_SLOW), *out, &cut) == 0
+		     ? 0
+		     : -ENOMEM;
 out:
 	free(w);
-	if (rc != 0) {
+	free(bps);
+	if (rc != 0 || !cut) {
 		free(*out);
 		*out = NULL;
 	}

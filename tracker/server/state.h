@@ -283,6 +283,7 @@ struct trk_replica {
 	uint64_t target, target_ms;
 	uint64_t created_ms;
 	uint64_t fetch_ms;       /* last first-report -> verified time of a rank */
+	uint64_t fetch_bps;      /* that fetch's bytes over that time (0: not known) */
 	uint64_t update_ms;      /* its last activation's time since that version's publication */
 	uint64_t disagree_ms;    /* ranks hold different versions since (0: agree) */
 	bool disagree_logged;

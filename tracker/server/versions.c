@@ -137,6 +137,9 @@ void trk__handle_publish(struct trk_call *c)
 	}
 	latest = trk__versions_find(vs, m->version);
 	m = NULL; /* the log's now */
+	/* Its swarms' members are chosen afresh: who kept up with the last
+	 * version (TESSERA_SWARM_SLOW; sources.c). */
+	trk__registry_members_changed(c->s->reg);
 	trk__reply_json(c, 201, json_pack("{s:I,s:o}", "version",
 					  (json_int_t)latest->version, "digest",
 					  trk__json_hex(latest->digest, PROTO_HASH_BYTES)));
