@@ -187,6 +187,42 @@ static void test_sim_mixed_churn(void **state)
 	assert_true(r.v[0].trainer_bytes <= 3 * r.v[0].wire_bytes + r.v[0].wire_bytes / 2);
 }
 
+/* Two sites (the replicas in turn, the trainer in the first): each site's
+ * swarm reads the trainer's chunks about once, so the trainer sends about
+ * two copies and one crosses into the other site; with the trainer's link
+ * twice a replica's, the last replica within 1.5 x S/b. */
+static void test_sim_sites(void **state)
+{
+	struct sim_cfg c;
+	struct sim_result r;
+	struct proto_err err;
+	char line[512];
+
+	small(&c);
+	c.replicas = 8;
+	c.sites = 2;
+	c.trainer_bps = 2 * c.link_bps;
+	assert_int_equal(sim_run(&c, &r, &err), 0);
+	for (uint32_t v = 0; v < 2; v++) {
+		const struct sim_version *sv = &r.v[v];
+		double sb = (double)sv->wire_bytes / c.link_bps;
+		sim_line(&c, &r, v, line, sizeof(line));
+		print_message("%s\n", line);
+		assert_int_equal(sv->done, c.replicas);
+		assert_true(sv->trainer_bytes >= 2 * sv->wire_bytes);
+		assert_true(sv->trainer_bytes <= 2 * sv->wire_bytes + sv->wire_bytes / 5);
+		assert_true(sv->wan_bytes >= sv->wire_bytes);
+		assert_true(sv->wan_bytes <= sv->wire_bytes + sv->wire_bytes / 10);
+		if (v == 0)
+			assert_true(sv->t_last_s <= 1.5 * sb);
+	}
+	assert_non_null(strstr(line, " sites=2 wan/S="));
+	/* One site: nothing crosses. */
+	c.sites = 1;
+	assert_int_equal(sim_run(&c, &r, &err), 0);
+	assert_int_equal(r.v[0].wan_bytes, 0);
+}
+
 static void test_sim_bad_config(void **state)
 {
 	struct sim_cfg c;
@@ -205,6 +241,10 @@ static void test_sim_bad_config(void **state)
 	c.tp[0] = 3;
 	assert_int_equal(sim_run(&c, &r, &err), -EINVAL);
 	assert_non_null(strstr(err.msg, "tp3"));
+	small(&c);
+	c.sites = SIM_SITES_MAX + 1;
+	assert_int_equal(sim_run(&c, &r, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, "sites"));
 	/* Too little simulated time: it says so, and where it stopped. */
 	small(&c);
 	c.max_sim_s = 1;
@@ -221,6 +261,7 @@ static void test_sim_cli(void **state)
 		{"--layouts tp1,tp9", "--layouts"},   {"--link-mbps -1", "--link-mbps"},
 		{"--churn 2", "--churn"},            {"--model-mib 1.01", "--model-mib"},
 		{"--bogus", "unknown option"},       {"--replicas", "--replicas"},
+		{"--sites 0", "--sites"},            {"--wan-mbps x", "--wan-mbps"},
 	};
 	char sim[512], dir[512], cmd[2048], out[4096];
 	const char *build = getenv("TESSERA_BUILD");
@@ -260,6 +301,7 @@ int main(void)
 		cmocka_unit_test(test_sim_slow_members),
 		cmocka_unit_test(test_sim_star),
 		cmocka_unit_test(test_sim_mixed_churn),
+		cmocka_unit_test(test_sim_sites),
 		cmocka_unit_test(test_sim_bad_config),
 		cmocka_unit_test(test_sim_cli),
 	};

@@ -4,7 +4,8 @@
 #   N=100 tp1 anchor: T/(S/b)=1.30 p50=1.29 p99=1.30 trainer_upload/S=1.00 dup=0.0% tracker_req/s=106
 # with the run's wall time, in three parts:
 #   1. calibration: the scenarios of `make bench-fanout` (128 MiB, N = 8 and
-#      16 on 100 Mbit/s links, fanout and star; N = 8 on 1 Gbit/s) beside
+#      16 on 100 Mbit/s links, fanout and star; N = 8 on 1 Gbit/s) and of
+#      `make bench-sites` (two sites, 1 Gbit/s inside, 100 Mbit/s between) beside
 #      the testbed's medians as last measured (tests/sim/README.md);
 #   2. scale: T/(S/b) against N for fanout and star, N in BENCH_SIM_NS
 #      (default 8 16 32 64 128 256 512 1000; add 10000 for the largest,
@@ -18,8 +19,9 @@
 #      10 % join), stragglers (5 % of links at a tenth; two anchors: the
 #      second's members are the replicas that kept up with the first,
 #      TESSERA_SWARM_SLOW), a trainer uplink
-#      4 x a replica's, mixed layouts (tp1/tp2/tp4/tp8), an anchor and 3
-#      deltas of 1 %.
+#      4 x a replica's, mixed layouts (tp1/tp2/tp4/tp8), two sites (the
+#      replicas in turn; the trainer's link carries a copy per site: once
+#      as fast as a replica's, once twice), an anchor and 3 deltas of 1 %.
 # Writes into OUT (default build/bench-sim): scale.tsv, scale.svg (T/(S/b)
 # against N) and curve.svg (per-replica completion of the largest fanout
 # run). Simulated time is deterministic; only the wall times vary.
@@ -59,6 +61,9 @@ run cal16s --replicas 16 --star
 echo "   testbed stars: 1.00 x N (8.00 and 16.00 here)"
 run cal8g --replicas 8 --link-mbps 1000
 echo "   testbed N=8 1 Gbit/s fanout: 1.60 (9 processes on 2 cores: CPU-bound, not modelled)"
+run calsites --replicas 12 --sites 2 --link-mbps 1000 --wan-mbps 100
+echo "   testbed (make bench-sites; 4 replicas in A, 8 in B here 6 and 6): 1.01 x S into B, B's"
+echo "   last active 11.4 s = 10.6 x S/b at 1 Gbit/s, the last replica here is B's"
 
 echo "== scale: T/(S/b) against N (128 MiB, 100 Mbit/s, trainer link = replica link)"
 printf 'n\tfanout\tstar\tideal\tbroadcast\n' >"$OUT/scale.tsv"
@@ -80,6 +85,8 @@ run churn --replicas "$SCEN_N" --churn 0.1
 run stragglers --replicas "$SCEN_N" --stragglers 0.05 --anchors --versions 2
 run trainer4x --replicas "$SCEN_N" --trainer-x 4
 run mixed --replicas "$SCEN_N" --layouts tp1,tp2,tp4,tp8
+run sites --replicas "$SCEN_N" --sites 2
+run sites-trainer2x --replicas "$SCEN_N" --sites 2 --trainer-x 2
 run deltas --replicas "$SCEN_N" --versions 4 --delta-ratio 0.01
 
 python3 - "$OUT" "$big" <<'EOF'

@@ -199,7 +199,8 @@ static int add_replica(struct sim *s, uint32_t layout)
 	bool slow = sim__rnd01(s) < s->c->stragglers;
 	double bps = s->c->link_bps / (slow ? 10 : 1);
 	*h = (struct host){.up_bps = bps, .down_bps = bps, .layout = layout, .rank0 = s->nranks,
-			   .alive = true, .slow = slow};
+			   .alive = true, .slow = slow,
+			   .site = s->c->sites > 1 ? hi % s->c->sites : 0};
 	s->members_gen++;
 	for (uint32_t r = 0; r < tp; r++) {
 		struct rank *rk = &s->ranks[s->nranks++];
@@ -500,9 +501,11 @@ int sim_run(const struct sim_cfg *c, struct sim_result *r, struct proto_err *err
 
 	memset(r, 0, sizeof(*r));
 	if (c->replicas == 0 || c->ntp == 0 || c->ntp > SIM_LAYOUTS_MAX || c->versions == 0 ||
-	    c->versions > SIM_VERSIONS_MAX || !(c->link_bps > 0) || !(c->trainer_bps > 0))
-		return proto_errf(err, EINVAL, "sim: want replicas, 1-%d layouts, 1-%d versions and "
-				  "positive link rates", SIM_LAYOUTS_MAX, SIM_VERSIONS_MAX);
+	    c->versions > SIM_VERSIONS_MAX || !(c->link_bps > 0) || !(c->trainer_bps > 0) ||
+	    c->sites > SIM_SITES_MAX || !(c->wan_bps >= 0) || !(c->wan_latency_ms >= 0))
+		return proto_errf(err, EINVAL, "sim: want replicas, 1-%d layouts, 1-%d versions, "
+				  "at most %d sites and positive link rates", SIM_LAYOUTS_MAX,
+				  SIM_VERSIONS_MAX, SIM_SITES_MAX);
 	uint64_t t0 = proto_now_ns();
 	sim__clock_ns = 1000000000ull; /* a second in: node_now_ms() - x stays positive */
 	proto_clock_set(sim__now);
@@ -560,22 +563,25 @@ void sim_line(const struct sim_cfg *c, const struct sim_result *r, uint32_t v, c
 {
 	const struct sim_version *sv = &r->v[v];
 	double sb = (double)sv->wire_bytes / c->link_bps;
-	char lay[64] = "", slow[64] = "";
+	char lay[64] = "", slow[64] = "", sites[64] = "";
 	size_t o = 0;
 
 	if (sv->t_slow_s > 0)
 		snprintf(slow, sizeof(slow), " stragglers=%.2f (at b/10: %.2f)", sv->t_slow_s / sb,
 			 sv->t_slow_s / sb / 10);
+	if (c->sites > 1) /* copies of S into each other site */
+		snprintf(sites, sizeof(sites), " sites=%u wan/S=%.2f", c->sites,
+			 (double)sv->wan_bytes / (double)sv->wire_bytes / (c->sites - 1));
 
 	for (uint32_t i = 0; i < c->ntp; i++)
 		o += (size_t)snprintf(lay + o, sizeof(lay) - PROTO_MIN(o, sizeof(lay)), "%stp%u",
 				      i ? "/" : "", c->tp[i]);
 	snprintf(out, cap,
 		 "N=%u %s %s%s: T/(S/b)=%.2f p50=%.2f p99=%.2f trainer_upload/S=%.2f dup=%.1f%% "
-		 "tracker_req/s=%.0f%s",
+		 "tracker_req/s=%.0f%s%s",
 		 c->replicas, lay, sv->delta ? "delta" : "anchor", c->star ? " star" : "",
 		 sv->t_last_s / sb, sv->t_p50_s / sb, sv->t_p99_s / sb,
 		 (double)sv->trainer_bytes / (double)sv->wire_bytes,
 		 sv->received_bytes ? 100.0 * (double)sv->duplicate_bytes / (double)sv->received_bytes : 0,
-		 sv->span_s > 0 ? (double)sv->tracker_requests / sv->span_s : 0, slow);
+		 sv->span_s > 0 ? (double)sv->tracker_requests / sv->span_s : 0, sites, slow);
 }

@@ -32,6 +32,7 @@
 
 #define SIM_LAYOUTS_MAX 4 /* tp1, tp2, tp4, tp8 */
 #define SIM_VERSIONS_MAX 16
+#define SIM_SITES_MAX 16
 
 struct sim_cfg {
 	uint32_t replicas;
@@ -49,6 +50,12 @@ struct sim_cfg {
 	double cpu_ns_per_byte; /* a rank's hashing cost */
 	double stragglers;      /* share of replica hosts whose link is a tenth */
 	double churn;           /* share of replicas that leave, and as many that join, per version */
+	/* Sites (tracker/API.md, "Sites"): replicas in turn in sites 0..sites-1
+	 * (0, 1: one site), the trainer in site 0; what the trainer sends
+	 * another site crosses that site's wide-area link (wan_bps, 0: as
+	 * fast as the trainer's; wan_latency_ms more each way). */
+	uint32_t sites;
+	double wan_bps, wan_latency_ms;
 	bool star;              /* peers are not sources (TESSERA_FANOUT=0) */
 	uint64_t seed;
 	double max_sim_s;       /* a version not done by then ends the run */
@@ -65,6 +72,7 @@ struct sim_version {
 	double t_last_s, t_p50_s, t_p99_s, t_slow_s;
 	uint32_t done, stayed;   /* replicas done; those that stayed (stragglers too) */
 	uint64_t trainer_bytes;  /* sent by the publisher */
+	uint64_t wan_bytes;      /* ... of them, into other sites than the trainer's */
 	uint64_t duplicate_bytes; /* received twice (fetch.duplicate), all ranks */
 	uint64_t received_bytes; /* verified, all ranks */
 	uint64_t tracker_requests;

@@ -50,6 +50,7 @@ struct host {
 	uint64_t done_ns;            /* its last rank completed the version (0: not yet) */
 	uint64_t weight;             /* trk_member_weight of its replica name and layout */
 	uint64_t fetch_bps;          /* its last fetch's rate, as the tracker has it (0: none) */
+	uint32_t site;
 };
 
 /* One rank of a replica: a node agent's fetcher. */
@@ -67,6 +68,7 @@ struct sources_req {
 	trk_client_cb cb;
 	void *arg;
 	struct trk_parcel_key k;
+	uint32_t site; /* the asker's: the swarm answered is that site's */
 };
 
 /* A serving layout's plan, and per version its manifest's parcels. */
@@ -95,6 +97,7 @@ struct sim {
 	uint64_t v_start;    /* its export, ns */
 	bool v_live;
 	uint64_t tick_ns;
+	uint64_t wan_free[SIM_SITES_MAX]; /* when each site's wide-area link is next free, ns */
 	uint64_t members_gen;                       /* bumped when a replica joins or leaves */
 	struct sim_members *members;                /* the tracker's members lists, kept */
 	struct fetch_transport tx;

@@ -113,12 +113,13 @@ static json_t *source_json(bool peer, const char *id, const char *host, uint32_t
 }
 
 /* A swarm's members list as the tracker keeps it until a replica joins or
- * leaves (srcache.c): rank dst of the live replicas of layout li, the
+ * leaves (srcache.c): rank dst of the live replicas of layout li in the
+ * site, the
  * ones that kept up in their last fetch (TESSERA_SWARM_SLOW), and of a
  * larger swarm the TESSERA_SWARM_MEMBERS of highest weight, chosen by the
  * tracker's own trk_members_pick. */
 struct sim_members {
-	uint32_t li, dst;
+	uint32_t li, dst, site;
 	uint64_t gen;
 	json_t *list;
 	bool cut; /* the swarm has more (answers say "members_cut") */
@@ -135,14 +136,15 @@ void sim__members_free(struct sim *s)
 	s->members = NULL;
 }
 
-static json_t *members_list(struct sim *s, uint32_t li, uint32_t dst, bool *cut)
+static json_t *members_list(struct sim *s, uint32_t li, uint32_t dst, uint32_t site, bool *cut)
 {
 	struct sim_members *m;
 	uint32_t *hs = NULL, n = 0;
 	uint64_t *w = NULL, *bps = NULL;
 	bool *keep = NULL;
 
-	for (m = s->members; m != NULL && (m->li != li || m->dst != dst); m = m->next)
+	for (m = s->members; m != NULL && (m->li != li || m->dst != dst || m->site != site);
+	     m = m->next)
 		;
 	if (m != NULL && m->gen == s->members_gen) {
 		*cut = m->cut;
@@ -151,7 +153,7 @@ static json_t *members_list(struct sim *s, uint32_t li, uint32_t dst, bool *cut)
 	if (m == NULL) {
 		if ((m = calloc(1, sizeof(*m))) == NULL)
 			return NULL;
-		*m = (struct sim_members){.li = li, .dst = dst, .next = s->members};
+		*m = (struct sim_members){.li = li, .dst = dst, .site = site, .next = s->members};
 		s->members = m;
 	}
 	json_decref(m->list);
@@ -163,8 +165,9 @@ static json_t *members_list(struct sim *s, uint32_t li, uint32_t dst, bool *cut)
 	if (m->list == NULL || hs == NULL || w == NULL || bps == NULL || keep == NULL)
 		goto fail;
 	for (uint32_t hi = 0; hi < s->nhosts; hi++)
-		if (s->hosts[hi].alive && memcmp(s->lay[s->hosts[hi].layout].l.digest,
-						 s->lay[li].l.digest, PROTO_HASH_BYTES) == 0) {
+		if (s->hosts[hi].alive && s->hosts[hi].site == site &&
+		    memcmp(s->lay[s->hosts[hi].layout].l.digest, s->lay[li].l.digest,
+			   PROTO_HASH_BYTES) == 0) {
 			w[n] = s->hosts[hi].weight;
 			bps[n] = s->hosts[hi].fetch_bps;
 			hs[n++] = hi;
@@ -193,9 +196,10 @@ fail:
 	return NULL;
 }
 
-/* The tracker's answer for k, as tracker/server/sources.c builds it (and
- * srcache.c renders it: a larger swarm's peers sampled). */
-static json_t *sources_answer(struct sim *s, const struct trk_parcel_key *k)
+/* The tracker's answer for k asked from site, as tracker/server/sources.c
+ * builds it (and srcache.c renders it: a larger swarm's peers sampled):
+ * the site's swarm, the publisher wherever it is. */
+static json_t *sources_answer(struct sim *s, const struct trk_parcel_key *k, uint32_t site)
 {
 	json_t *members = NULL, *srcs = json_array(), *out;
 	uint32_t *peers = calloc(s->nhosts + 1, sizeof(*peers)), np = 0, li = UINT32_MAX, show;
@@ -211,12 +215,12 @@ static json_t *sources_answer(struct sim *s, const struct trk_parcel_key *k)
 			li = li == UINT32_MAX ? i : li;
 		}
 	if (srcs == NULL || peers == NULL || li == UINT32_MAX ||
-	    (members = json_incref(members_list(s, li, k->dst_rank, &cut))) == NULL)
+	    (members = json_incref(members_list(s, li, k->dst_rank, site, &cut))) == NULL)
 		goto fail;
 	for (uint32_t hi = 0; hi < s->nhosts; hi++) {
 		const struct host *h = &s->hosts[hi];
 		const struct rank *rk = &s->ranks[h->rank0 + k->dst_rank];
-		if (h->alive && lay[h->layout] && rk->fetching && rk->x.f != NULL &&
+		if (h->alive && h->site == site && lay[h->layout] && rk->fetching && rk->x.f != NULL &&
 		    rk->x.f->version == k->version)
 			peers[np++] = h->rank0 + k->dst_rank;
 	}
@@ -258,7 +262,7 @@ int sim__ask_sources(void *ctx, const struct trk_parcel_key *k, trk_client_cb cb
 
 	if (q == NULL)
 		return -ENOMEM;
-	*q = (struct sources_req){cb, arg, *k};
+	*q = (struct sources_req){cb, arg, *k, s->hosts[rk->host].site};
 	s->r->v[s->vi].tracker_requests++;
 	sim__push(s, (struct ev){.t = sim__clock_ns + 2 * sim__latency(s), .kind = E_SOURCES,
 			    .a = (uint32_t)(rk - s->ranks), .p = q});
@@ -268,7 +272,7 @@ int sim__ask_sources(void *ctx, const struct trk_parcel_key *k, trk_client_cb cb
 void sim__sources_due(struct sim *s, struct ev *e)
 {
 	struct sources_req *q = e->p;
-	json_t *j = sources_answer(s, &q->k);
+	json_t *j = sources_answer(s, &q->k, q->site);
 	struct trk_answer a = {.status = j != NULL ? 200 : 503, .json = j, .error = "no memory"};
 
 	q->cb(&a, q->arg);
@@ -289,7 +293,9 @@ static uint32_t source_rank(const struct fetch_source *src)
  * queue served in order at its rate. The downlink takes reads in the order
  * their uplinks finish (E_UPLINK), and a chunk flows through both at once
  * (cut-through): it is done when its uplink is and its downlink has moved
- * it after what came before. */
+ * it after what came before. A read of the trainer from another site also
+ * crosses that site's wide-area link between the two, in the order the
+ * trainer sends, and its latency each way. */
 int sim__tx_read(void *ctx, struct fetcher *x, struct fetch_read *rd, struct fetch_source *src,
 		   uint32_t len)
 {
@@ -309,11 +315,24 @@ int sim__tx_read(void *ctx, struct fetcher *x, struct fetch_read *rd, struct fet
 		sim__push(s, e);
 		return 0;
 	}
+	uint32_t site = s->hosts[rk->host].site;
+	if (trainer && site != 0)
+		t += sim__ns(s->c->wan_latency_ms / 1e3);
 	e.t0 = PROTO_MAX(t, up->up_free);
 	e.t = up->up_free = e.t0 + sim__ns(len / up->up_bps);
 	if (trainer) {
 		s->r->v[s->vi].trainer_bytes += len;
 		s->r->v[s->vi].trainer_s = (double)(e.t - s->v_start) / 1e9;
+	}
+	if (trainer && site != 0) {
+		uint64_t *wan = &s->wan_free[site];
+		if (s->c->wan_bps > 0) {
+			e.t0 = PROTO_MAX(e.t0, *wan);
+			e.t = *wan = PROTO_MAX(e.t, e.t0 + sim__ns(len / s->c->wan_bps));
+		}
+		e.t0 += sim__ns(s->c->wan_latency_ms / 1e3); /* the far end's flow, later */
+		e.t += sim__ns(s->c->wan_latency_ms / 1e3);
+		s->r->v[s->vi].wan_bytes += len;
 	}
 	sim__push(s, e);
 	return 0;

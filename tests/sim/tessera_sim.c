@@ -14,11 +14,14 @@ static void usage(FILE *out)
 		"usage: tessera-sim [--replicas N] [--layouts tp1[,tp2,...]] [--model-mib M]\n"
 		"                   [--versions V] [--delta-ratio R] [--anchors] [--link-mbps B]\n"
 		"                   [--trainer-x K] [--latency-ms L] [--cpu-ns-per-byte C]\n"
-		"                   [--stragglers F] [--churn F] [--star] [--seed S] [--max-sim-s T]\n"
+		"                   [--stragglers F] [--churn F] [--sites K] [--wan-mbps W]\n"
+		"                   [--wan-latency-ms L] [--star] [--seed S] [--max-sim-s T]\n"
 		"                   [--curve FILE]\n"
 		"  One anchor, then V-1 deltas of R of its bytes (--anchors: V anchors);\n"
-		"  replicas get the layouts in turn; the trainer's uplink is K times a\n"
-		"  replica's link (default 1).\n"
+		"  replicas get the layouts in turn, and the sites in turn (the trainer is in\n"
+		"  the first; another site reads it over its wide-area link, W Mbit/s, 0:\n"
+		"  no cap, L ms more each way); the trainer's uplink is K times a replica's\n"
+		"  link (default 1).\n"
 		"  Node parameters come from the environment (TESSERA_*), as for tessera-node.\n");
 }
 
@@ -106,6 +109,12 @@ int main(int argc, char **argv)
 			c.stragglers = d;
 		} else if (strcmp(a, "--churn") == 0 && (rc = num(a, v, 0, 1, &d)) == 0) {
 			c.churn = d;
+		} else if (strcmp(a, "--sites") == 0 && (rc = num(a, v, 1, SIM_SITES_MAX, &d)) == 0) {
+			c.sites = (uint32_t)d;
+		} else if (strcmp(a, "--wan-mbps") == 0 && (rc = num(a, v, 0, 1e7, &d)) == 0) {
+			c.wan_bps = d * 1e6 / 8;
+		} else if (strcmp(a, "--wan-latency-ms") == 0 && (rc = num(a, v, 0, 10000, &d)) == 0) {
+			c.wan_latency_ms = d;
 		} else if (strcmp(a, "--seed") == 0 && (rc = num(a, v, 0, 1e15, &d)) == 0) {
 			c.seed = (uint64_t)d;
 		} else if (strcmp(a, "--max-sim-s") == 0 && (rc = num(a, v, 1, 1e7, &d)) == 0) {
