@@ -35,6 +35,23 @@ static bool published(struct trk_registry *r, const struct trk_srckey *k)
 	return false;
 }
 
+/* Whether a live publisher is about to offer k's version: it offers none
+ * as new yet (it published the manifest and posts its offers next). Such
+ * a version is not retired: its parcels are not listed from every site
+ * meanwhile (the asker would keep reading other sites' peers it was
+ * given for the grace period an unlisted peer keeps). */
+static bool awaited(struct trk_registry *r, const struct trk_srckey *k)
+{
+	for (struct trk_publisher *p = r->pubs; p; p = p->next) {
+		bool newer = false;
+		for (size_t i = 0; i < p->offers.n && !newer; i++)
+			newer = p->offers.sets[i].version >= k->version;
+		if (p->alive && !newer)
+			return true;
+	}
+	return false;
+}
+
 /* rank k->dst of replica rep, if it is a live member of k's swarm in the
  * asker's site (here) or, for a parcel no publisher offers, anywhere. */
 static struct trk_node *swarm_node(const struct trk_replica *rep, const struct trk_srckey *k,
@@ -101,7 +118,7 @@ static int build_sources(struct trk_registry *r, const struct trk_srckey *k,
 			 struct trk_srcentry *e)
 {
 	json_t *members = NULL, *reps = NULL;
-	bool anywhere = !published(r, k), *listed = NULL;
+	bool anywhere = !published(r, k) && !awaited(r, k), *listed = NULL;
 	int rc = trk__srcache_members_copy(r->srcache, e, k, r->members_gen);
 	bool kept = rc == 0;
 	size_t mi = 0;
