@@ -2744,13 +2744,19 @@ static void test_replica_target(void **state)
 
 /* The sources of parcel 0 -> 1 of v1 as site asks for them (NULL: no
  * site), the answer's JSON kept in r. */
-static void site_sources(struct fx *f, const char *site, struct trk_reply *r)
+static void site_sources_v(struct fx *f, uint64_t v, const char *site, struct trk_reply *r)
 {
 	char path[400];
 
-	snprintf(path, sizeof(path), TRK_API "/sources?version=1&layout=%s&src_rank=0&dst_rank=1%s%s",
-		 HEX(f->tp2.digest), site ? "&site=" : "", site ? site : "");
+	snprintf(path, sizeof(path),
+		 TRK_API "/sources?version=%llu&layout=%s&src_rank=0&dst_rank=1%s%s",
+		 (unsigned long long)v, HEX(f->tp2.digest), site ? "&site=" : "", site ? site : "");
 	assert_int_equal(get(f, path, r), 200);
+}
+
+static void site_sources(struct fx *f, const char *site, struct trk_reply *r)
+{
+	site_sources_v(f, 1, site, r);
 }
 
 /* Ids of the answer's peers (kind peer), joined with spaces, in id order. */
@@ -2800,18 +2806,31 @@ static void test_sources_sites(void **state)
 		assert_int_equal(post(f, TRK_API "/nodes", b, &r), 200);
 		trk_reply_fini(&r);
 		snprintf(id, sizeof(id), "%s/1", nodes[i].rep);
-		offer_body(b, sizeof(b), id, 1, HEX(f->tp2.digest), 0, 1, 101);
-		assert_int_equal(post(f, TRK_API "/offers", b, &r), 200);
-		trk_reply_fini(&r);
+		for (int v = 1; v <= 2; v++) {
+			offer_body(b, sizeof(b), id, v, HEX(f->tp2.digest), 0, 1, 101);
+			assert_int_equal(post(f, TRK_API "/offers", b, &r), 200);
+			trk_reply_fini(&r);
+		}
 	}
-	/* Published, the publisher's offers not in yet: west's peers only (it
-	 * read east's peers, and kept them a while, before: a copy crossed
-	 * per replica; test_sites saw it under load). */
-	site_sources(f, "west", &r);
+	/* The latest version published, the publisher's offers not in yet:
+	 * west's peers only (it read east's peers, and kept them a while,
+	 * before: a copy crossed per replica; test_sites saw it under load).
+	 * An older one it offers nothing of: as a retired one, below. */
+	site_sources_v(f, 2, "west", &r);
 	peer_ids(r.json, ids, sizeof(ids));
 	assert_string_equal(ids, "Y/1 Z/1");
 	assert_int_equal(json_array_size(json_object_get(r.json, "sources")), 2);
 	assert_int_equal(json_array_size(json_object_get(r.json, "members")), 2);
+	trk_reply_fini(&r);
+	site_sources(f, "west", &r);
+	peer_ids(r.json, ids, sizeof(ids));
+	assert_string_equal(ids, "X/1 Y/1 Z/1");
+	trk_reply_fini(&r);
+	/* Offering version 1, version 2 is still awaited. */
+	pub_offer(f, 1, 4);
+	site_sources_v(f, 2, "west", &r);
+	peer_ids(r.json, ids, sizeof(ids));
+	assert_string_equal(ids, "Y/1 Z/1");
 	trk_reply_fini(&r);
 
 	/* The publisher offers it: each site's peers, and the publisher. */

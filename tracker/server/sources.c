@@ -36,17 +36,19 @@ static bool published(struct trk_registry *r, const struct trk_srckey *k)
 }
 
 /* Whether a live publisher is about to offer k's version: it offers none
- * as new yet (it published the manifest and posts its offers next). Such
- * a version is not retired: its parcels are not listed from every site
- * meanwhile (the asker would keep reading other sites' peers it was
- * given for the grace period an unlisted peer keeps). */
+ * as new yet (it published the manifest and posts its offers next), or,
+ * offering nothing yet (just started), it is the latest. Such a version
+ * is not retired: its parcels are not listed from every site meanwhile
+ * (the asker would keep reading other sites' peers it was given for the
+ * grace period an unlisted peer keeps). */
 static bool awaited(struct trk_registry *r, const struct trk_srckey *k)
 {
 	for (struct trk_publisher *p = r->pubs; p; p = p->next) {
 		bool newer = false;
 		for (size_t i = 0; i < p->offers.n && !newer; i++)
 			newer = p->offers.sets[i].version >= k->version;
-		if (p->alive && !newer)
+		if (p->alive && !newer &&
+		    (p->offers.n > 0 || k->version >= trk__versions_latest(r->s->vs)))
 			return true;
 	}
 	return false;
