@@ -166,7 +166,7 @@ uint64_t proto_param_min(enum proto_param_id id)
 		       id == PROTO_PARAM_DELTA_SCRUB || id == PROTO_PARAM_DELTA_STANDBY_QUIET_MS ||
 		       id == PROTO_PARAM_HUGE_PAGES || id == PROTO_PARAM_ATTACH_FREE_GRACE_MS ||
 		       id == PROTO_PARAM_SWARM_PEERS || id == PROTO_PARAM_SWARM_MEMBERS ||
-		       id == PROTO_PARAM_SWARM_SLOW
+		       id == PROTO_PARAM_SWARM_SLOW || id == PROTO_PARAM_HERD_READERS
 		       ? 0
 		       : 1;
 }

@@ -185,6 +185,11 @@
 	 * rate to it delivers in this many ms (one chunk at least, PEER_INFLIGHT \
 	 * at most). A peer answers its readers in turn: a deeper queue only makes \
 	 * every other chunk wait (node/fetch/picker.c). */ \
+	/* Rarest first in turns: a chunk that avail of a reader's peers hold \
+	 * is read from them by about avail x this many of the readers that \
+	 * list them at once, the others taking it once more hold it \
+	 * (node/fetch/picker.c, herds). 0: every reader at once. */ \
+	X(HERD_READERS, "TESSERA_HERD_READERS", 8, "readers of a chunk at once per peer holding it (0: all)") \
 	X(PEER_TARGET_MS, "TESSERA_PEER_TARGET_MS", 500, "bytes queued per peer, as ms of its measured rate") \
 	/* A reader ahead of its swarm reads from at most this many peers at once, \
 	 * leaving the others' uplinks to the readers behind (node/fetch/ \

@@ -615,6 +615,71 @@ static void test_picker_rarest_first(void **state)
 }
 
 /*
+ * Rarest first in turns (herd_turn): R2 alone holds chunks 0-19, all
+ * three peers 40-49. Every reader may take a chunk of three holders; one
+ * of R2's alone only in its turn, with TESSERA_HERD_READERS=1 about one
+ * in three. So fewer than 20 of them come before 40-49, and the others
+ * not while a read of ours is out; with none out and nothing else to
+ * read, they come all the same. With the turns off (0), all 20 first.
+ */
+static uint32_t herd_rig(struct rig *r, uint64_t now)
+{
+	uint8_t(*have)[2 * QN / 8] = r->q.have;
+
+	rig_init(r, now);
+	for (uint32_t i = 0; i < 20; i++)
+		have[0][i / 8] |= (uint8_t)(1u << (i % 8));
+	for (uint32_t i = 40; i < 50; i++)
+		have[0][i / 8] = have[1][i / 8] = have[2][i / 8] |= (uint8_t)(1u << (i % 8));
+	for (uint32_t i = 50; i < QN; i++) /* held here already: the peers have what we lack */
+		r->q.st[i] = CHUNK_DONE;
+	r->f.fresh_until_ms = UINT64_MAX; /* no publisher pass */
+	fetch_recount(&r->f, &r->q.p);
+	assert_int_equal(r->q.avail[0], 1);
+	assert_int_equal(r->q.avail[40], 3);
+	/* Picks, each posted (reading); how many of 0-19 before the first of 40-49. */
+	uint32_t c = UINT32_MAX, before = 0;
+	bool want, seen = false;
+	for (int k = 0; k < 30; k++) {
+		if (fetch_pick(&r->x, 0, &c, &want) == NULL)
+			break;
+		assert_int_equal(r->q.st[c], CHUNK_TODO);
+		r->q.st[c] = CHUNK_READING;
+		seen |= c >= 40;
+		before += !seen && c < 20;
+	}
+	return before;
+}
+
+static void test_picker_herd_turns(void **state)
+{
+	uint64_t now = node_now_ms();
+	uint32_t c = UINT32_MAX, left = 0;
+	struct rig r;
+	bool want;
+
+	setenv("TESSERA_HERD_READERS", "1", 1);
+	uint32_t before = herd_rig(&r, now);
+	assert_true(before > 0 && before < 20);
+	for (uint32_t i = 0; i < 20; i++)
+		left += r.q.st[i] == CHUNK_TODO;
+	assert_true(left > 0); /* not our turn, and reads of ours are out */
+	for (uint32_t i = 40; i < 50; i++)
+		assert_int_equal(r.q.st[i], CHUNK_READING);
+	/* Every read of ours lands: the rest, out of turn, one by one. */
+	for (uint32_t i = 0; i < 50; i++)
+		if (r.q.st[i] == CHUNK_READING)
+			r.q.st[i] = CHUNK_DONE;
+	assert_ptr_equal(fetch_pick(&r.x, 0, &c, &want), &r.q.srcs[0]);
+	assert_true(c < 20);
+	unsetenv("TESSERA_HERD_READERS");
+
+	setenv("TESSERA_HERD_READERS", "0", 1);
+	assert_int_equal(herd_rig(&r, now), 20);
+	unsetenv("TESSERA_HERD_READERS");
+}
+
+/*
  * Sources matched to members once per members list (fetch_owners, by a
  * sort of the members' names): each peer gets its member's index (the
  * first of two equal names), a peer outside the swarm and a publisher
@@ -686,6 +751,7 @@ int main(void)
 		cmocka_unit_test(test_picker_fresh_first_read),
 		cmocka_unit_test(test_picker_peer_queues),
 		cmocka_unit_test(test_picker_rarest_first),
+		cmocka_unit_test(test_picker_herd_turns),
 		cmocka_unit_test(test_picker_members_matched),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
