@@ -619,8 +619,9 @@ static void test_picker_rarest_first(void **state)
  * three peers 40-49. Every reader may take a chunk of three holders; one
  * of R2's alone only in its turn, with TESSERA_HERD_READERS=1 about one
  * in three. So fewer than 20 of them come before 40-49, and the others
- * not while a read of ours is out; with none out and nothing else to
- * read, they come all the same. With the turns off (0), all 20 first.
+ * not while reads of ours are out (more than HERD_OUT); with none out
+ * and nothing else to read, they come all the same. With the turns off
+ * (0), all 20 first.
  */
 static uint32_t herd_rig(struct rig *r, uint64_t now)
 {
@@ -663,7 +664,7 @@ static void test_picker_herd_turns(void **state)
 	assert_true(before > 0 && before < 20);
 	for (uint32_t i = 0; i < 20; i++)
 		left += r.q.st[i] == CHUNK_TODO;
-	assert_true(left > 0); /* not our turn, and reads of ours are out */
+	assert_true(left > 0); /* not our turn, and ten reads of ours are out */
 	for (uint32_t i = 40; i < 50; i++)
 		assert_int_equal(r.q.st[i], CHUNK_READING);
 	/* Every read of ours lands: the rest, out of turn, one by one. */

@@ -16,8 +16,9 @@
  * Per parcel, in order:
  *   1. rarest first among chunks some usable peer holds (fewest holders;
  *      among equals the first from our own starting point), each in our
- *      turn (about TESSERA_HERD_READERS readers per holder at once; out of
- *      turn only with nothing else to read and no read out), from the
+ *      turn (about TESSERA_HERD_READERS readers per holder at once, in
+ *      parcels of HERD_MIN_CHUNKS or more; out of turn only with nothing
+ *      else to read and at most HERD_OUT reads out), from the
  *      holder whose queue of our reads empties first, within its window
  *      and its upload budget;
  *   2. from a publisher, a chunk no peer holds or fetches, among those we
