@@ -244,8 +244,9 @@ static struct fetch_source *pick_holder(struct fetcher *x, struct fetch_parcel *
  * about TESSERA_HERD_READERS readers per holder, chosen by a hash of the
  * reader and the chunk among the peers it lists (each of them lists about
  * as many readers as we list peers); the others read the chunk once more
- * hold it, or when they have nothing else to read and (about) no read of
- * the parcel out. */
+ * hold it, or when they have nothing else to read and at most HERD_OUT
+ * reads of the parcel out. */
+
 /* Out of turn with at most this many reads of the parcel out: with none
  * (waiting for the last read to land first), a 1 % delta took 2.5 s
  * where it took 1.3 s without turns (simulated, N = 256, S/b 0.11 s);
