@@ -52,8 +52,8 @@ struct sim_cfg {
 	double churn;           /* share of replicas that leave, and as many that join, per version */
 	/* Sites (tracker/API.md, "Sites"): replicas in turn in sites 0..sites-1
 	 * (0, 1: one site), the trainer in site 0; what the trainer sends
-	 * another site crosses that site's wide-area link (wan_bps, 0: as
-	 * fast as the trainer's; wan_latency_ms more each way). */
+	 * another site crosses that site's wide-area link (wan_bps, 0: no
+	 * cap; wan_latency_ms more each way). */
 	uint32_t sites;
 	double wan_bps, wan_latency_ms;
 	bool star;              /* peers are not sources (TESSERA_FANOUT=0) */
