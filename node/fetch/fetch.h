@@ -131,6 +131,18 @@ struct fetch_source {
 	uint32_t member, member_epoch;
 };
 
+/* FNV-1a of the string s from h (FETCH_FNV_BASIS, or it varied by a
+ * parcel or chunk): the node ids' hashes the picker and the owner split
+ * agree on across nodes. Its low bits mix poorly: finish it before a
+ * modulus of a small number. */
+#define FETCH_FNV_BASIS 1469598103934665603ull
+static inline uint64_t fetch_fnv(uint64_t h, const char *s)
+{
+	for (; *s; s++)
+		h = (h ^ (uint8_t)*s) * 1099511628211ull;
+	return h;
+}
+
 /* The pacing s follows: its host's, or its own. */
 static inline struct fetch_source *fetch_pace(const struct fetch_source *s)
 {

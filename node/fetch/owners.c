@@ -12,10 +12,8 @@ static uint64_t hrw(const char *id, uint32_t pi, uint32_t c);
 
 uint32_t fetch_start_point(const char *id, uint32_t pi, uint32_t n)
 {
-	uint64_t h = 1469598103934665603ull ^ pi;
+	uint64_t h = fetch_fnv(FETCH_FNV_BASIS ^ pi, id);
 
-	for (const char *c = id; *c; c++)
-		h = (h ^ (uint8_t)*c) * 1099511628211ull;
 	return n == 0 ? 0 : (uint32_t)(h % n);
 }
 
@@ -250,10 +248,8 @@ void fetch_recount(const struct fetch *f, struct fetch_parcel *p)
 /* Rendezvous weight of member id for chunk c of parcel pi. */
 static uint64_t hrw(const char *id, uint32_t pi, uint32_t c)
 {
-	uint64_t h = 1469598103934665603ull ^ ((uint64_t)pi << 32 | c);
+	uint64_t h = fetch_fnv(FETCH_FNV_BASIS ^ ((uint64_t)pi << 32 | c), id);
 
-	for (const char *q = id; *q; q++)
-		h = (h ^ (uint8_t)*q) * 1099511628211ull;
 	h ^= h >> 29; /* FNV's low bits mix poorly: finish like splitmix */
 	h *= 0xbf58476d1ce4e5b9ull;
 	return h ^ (h >> 32);
@@ -442,15 +438,12 @@ static void pick_seeds(const struct fetcher *x, const struct fetch *f, uint32_t 
  * (no members: the split follows the sources). */
 static uint64_t owners_key(const struct fetch *f, const struct fetch_parcel *p)
 {
-	uint64_t h = 1469598103934665603ull ^ proto_param(PROTO_PARAM_PUB_UPLOAD_READERS);
+	uint64_t h = FETCH_FNV_BASIS ^ proto_param(PROTO_PARAM_PUB_UPLOAD_READERS);
 
 	if (p->nmembers == 0)
 		return 0;
-	for (uint32_t k = 0; k < p->nmembers; k++) {
-		for (const char *q = p->members[k]; *q; q++)
-			h = (h ^ (uint8_t)*q) * 1099511628211ull;
-		h = (h ^ (fetch_banned(f, p->members[k]) ? 0x100u : 0x200u)) * 1099511628211ull;
-	}
+	for (uint32_t k = 0; k < p->nmembers; k++) /* a name, then whether it is banned */
+		h = fetch_fnv(fetch_fnv(h, p->members[k]), fetch_banned(f, p->members[k]) ? "b" : "-");
 	return h | 1;
 }
 

@@ -259,15 +259,6 @@ static struct fetch_source *pick_holder(struct fetcher *x, struct fetch_parcel *
  * 2.45 without; 2.33, 2.36, 2.32 with turns from 32 chunks on). */
 #define HERD_MIN_CHUNKS 32
 
-static uint64_t herd_seed(const char *id, uint32_t pi)
-{
-	uint64_t h = 0x9e3779b97f4a7c15ull ^ pi;
-
-	for (const char *q = id; *q; q++)
-		h = (h ^ (uint8_t)*q) * 1099511628211ull;
-	return h;
-}
-
 static bool herd_turn(uint64_t seed, uint32_t c, uint32_t avail, uint32_t npeers, uint64_t herd)
 {
 	uint64_t share = (uint64_t)avail * herd;
@@ -475,7 +466,8 @@ struct fetch_source *fetch_pick(struct fetcher *x, uint32_t pi, uint32_t *chunk,
 	for (size_t k = 0; k < p->nsrcs; k++)
 		npeers += p->srcs[k].info.peer && p->srcs[k].have != NULL && !p->srcs[k].self;
 	bool paged = npeers > 0;
-	uint64_t seed = paged ? herd_seed(x->o.id, pi) : 0, herd = proto_param(PROTO_PARAM_HERD_READERS);
+	uint64_t seed = paged ? fetch_fnv(0x9e3779b97f4a7c15ull ^ pi, x->o.id) : 0;
+	uint64_t herd = proto_param(PROTO_PARAM_HERD_READERS);
 	if (n < HERD_MIN_CHUNKS)
 		herd = 0; /* every reader wants the same few chunks: no turns */
 	if (!paged) {
