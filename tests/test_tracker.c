@@ -4190,9 +4190,10 @@ static void test_sources_bounded(void **state)
 /*
  * Members that keep up (TESSERA_SWARM_SLOW): five replicas fetched version
  * 1, one of them at a millionth of the others' rate (its report's bytes
- * over the same wall time). Once version 3 is published, its swarm's
- * members are the four others, and answers say "members_cut": the slow
- * one reads from peers only. Off (0), all five again. trk_members_pick
+ * over the same wall time); a sixth, Q, finished none, its fetch under
+ * way slower still. Once version 3 is published, its swarm's members are
+ * the four others, and answers say "members_cut": the slow ones read
+ * from peers only. Off (0), all five again. trk_members_pick
  * alone: unknown rates count as keeping up, the cap applies to the rest.
  */
 static void state_body(char *b, size_t n, const char *id, uint64_t v, const char *state,
@@ -4231,6 +4232,20 @@ static void test_sources_slow_members(void **state)
 		assert_int_equal(post(f, TRK_API "/nodes/state", b, &r), 200);
 		trk_reply_fini(&r);
 	}
+	/* Q finished nothing yet: its fetch under way moved 1000 bytes in a
+	 * quarter of a second or more (its reports' samples), a rate the
+	 * others' dwarf. */
+	register_node_ok(f, "Q", 1, TP2);
+	for (int k = 0; k < 2; k++) {
+		snprintf(b, sizeof(b),
+			 "{\"id\":\"Q/1\",\"version\":1,\"state\":\"fetching\",\"bytes_done\":%d,"
+			 "\"bytes_total\":1000000000,\"bytes_from_trainer\":0,\"bytes_from_peers\":0}",
+			 k * 1000);
+		assert_int_equal(post(f, TRK_API "/nodes/state", b, &r), 200);
+		trk_reply_fini(&r);
+		if (k == 0)
+			usleep(250 * 1000); /* the tracker's samples are 200 ms apart at least */
+	}
 	/* Judged when a version is published. */
 	make_manifest(f, &(struct mopts){.version = 3, .parent = 2, .parent_digest = f->d2}, &buf,
 		      &len, d3);
@@ -4242,8 +4257,10 @@ static void test_sources_slow_members(void **state)
 	assert_int_equal(get(f, path, &r), 200);
 	members = json_object_get(r.json, "members");
 	assert_int_equal(json_array_size(members), N - 1);
-	json_array_foreach(members, i, v)
+	json_array_foreach(members, i, v) {
 		assert_string_not_equal(json_string_value(v), "R4/1");
+		assert_string_not_equal(json_string_value(v), "Q/1");
+	}
 	assert_true(json_is_true(json_object_get(r.json, "members_cut")));
 	trk_reply_fini(&r);
 	/* Off: all of them (the list is built again when one joins). */
@@ -4251,7 +4268,7 @@ static void test_sources_slow_members(void **state)
 	register_node_ok(f, "R5", 1, TP2);
 	assert_int_equal(get(f, path, &r), 200);
 	unsetenv("TESSERA_SWARM_SLOW");
-	assert_int_equal(json_array_size(json_object_get(r.json, "members")), N + 1);
+	assert_int_equal(json_array_size(json_object_get(r.json, "members")), N + 2);
 	assert_null(json_object_get(r.json, "members_cut"));
 	trk_reply_fini(&r);
 

@@ -70,6 +70,21 @@ static struct trk_node *swarm_node(const struct trk_replica *rep, const struct t
 	return *here || anywhere ? n : NULL;
 }
 
+/* A replica's rate for the members rule: its last fetch's (nodes.c), or,
+ * before it finished one, the fetch its rank n has under way as its
+ * reports show it: a replica too slow to finish any version (32 MiB
+ * every 5 s on a 5 Mbit/s link, by hand in namespaces) stayed unknown,
+ * counted as keeping up, and owned trainer chunks for good. 0: not
+ * known. */
+static uint64_t member_rate(const struct trk_replica *rep, const struct trk_node *n)
+{
+	const struct trk_nver *e = n->last >= 0 ? &n->vers[n->last] : NULL;
+
+	if (rep->fetch_bps != 0 || e == NULL || e->state != TRK_STATE_FETCHING)
+		return rep->fetch_bps;
+	return trk__rate_bps(&e->rate, proto_wall_ms());
+}
+
 /* Which of the swarm's members (the replicas listed here, in registry
  * order) the answer lists: those that kept up in their last fetch
  * (TESSERA_SWARM_SLOW), and of a larger swarm the TESSERA_SWARM_MEMBERS
@@ -90,11 +105,13 @@ static int members_cut(struct trk_registry *r, const struct trk_srckey *k, bool 
 	if ((w = malloc(n * sizeof(*w))) == NULL || (bps = malloc(n * sizeof(*bps))) == NULL ||
 	    (*out = malloc(n * sizeof(**out))) == NULL)
 		goto out;
-	for (struct trk_replica *rep = r->reps; rep; rep = rep->next)
-		if (swarm_node(rep, k, false, &here) != NULL) {
-			bps[i] = rep->fetch_bps;
+	for (struct trk_replica *rep = r->reps; rep; rep = rep->next) {
+		const struct trk_node *node = swarm_node(rep, k, false, &here);
+		if (node != NULL) {
+			bps[i] = member_rate(rep, node);
 			w[i++] = trk_member_weight(rep->name, k->layout);
 		}
+	}
 	rc = trk_members_pick(w, bps, n, cap, proto_param(PROTO_PARAM_SWARM_SLOW), *out, &cut) == 0
 		     ? 0
 		     : -ENOMEM;
