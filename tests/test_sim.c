@@ -52,7 +52,21 @@ static void same(const struct sim_result *a, const struct sim_result *b)
 		assert_int_equal(a->v[v].trainer_bytes, b->v[v].trainer_bytes);
 		assert_int_equal(a->v[v].duplicate_bytes, b->v[v].duplicate_bytes);
 		assert_int_equal(a->v[v].tracker_requests, b->v[v].tracker_requests);
+		assert_true(a->v[v].down_idle == b->v[v].down_idle);
+		assert_true(a->v[v].spread_all == b->v[v].spread_all);
 	}
+}
+
+/* Where the time over S/b went: a downlink idles at most the last
+ * replica's time over S/b (mean over replicas), and a chunk reaches half
+ * the replicas no later than all of them. */
+static void accounted(const struct sim_cfg *c, const struct sim_result *r, uint32_t v)
+{
+	const struct sim_version *sv = &r->v[v];
+	double sb = (double)sv->wire_bytes / c->link_bps;
+
+	assert_true(sv->down_idle >= 0 && sv->down_idle <= sv->t_last_s / sb - 1 + 0.01);
+	assert_true(sv->spread_half > 0 && sv->spread_half <= sv->spread_all);
 }
 
 /* Fanout: every replica gets both versions, each chunk leaves the trainer
@@ -73,6 +87,7 @@ static void test_sim_fanout_deterministic(void **state)
 		const struct sim_version *sv = &r1.v[v];
 		double sb = (double)sv->wire_bytes / c.link_bps;
 		delivered_once(&c, &r1, v);
+		accounted(&c, &r1, v);
 		assert_true(sv->t_last_s >= sb && sv->t_last_s <= 1.5 * sb + 0.5);
 	}
 	assert_true(r1.v[1].wire_bytes < r1.v[0].wire_bytes / 50);
@@ -162,6 +177,11 @@ static void test_sim_star(void **state)
 	assert_int_equal(r.v[0].trainer_bytes, (uint64_t)c.replicas * r.v[0].wire_bytes);
 	assert_true(r.v[0].t_last_s >= 0.98 * c.replicas * sb);
 	assert_true(r.v[0].t_last_s <= 1.05 * c.replicas * sb);
+	/* The trainer's link sends a chunk's copies one after another, and
+	 * each replica's downlink waits for its turn on it most of the time. */
+	accounted(&c, &r, 0);
+	assert_true(r.v[0].spread_all >= c.replicas - 1);
+	assert_true(r.v[0].down_idle >= c.replicas / 2.0 - 1);
 }
 
 /* Mixed layouts, a straggler and churn: it still ends, every replica that

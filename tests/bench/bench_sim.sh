@@ -15,7 +15,13 @@
 #      optimal chunked broadcast (C + ceil(log2 N) - 1 chunk times for C
 #      chunks, every uplink the same: what an ideal BitTorrent-like swarm
 #      could reach);
-#   3. scenarios at N = BENCH_SIM_SCEN_N (default 256): churn (10 % leave,
+#   3. the model's size: the same swarm (N = BENCH_SIM_SIZE_N, default
+#      256) with anchors of BENCH_SIM_SIZES MiB (default 128 512; 1024 takes
+#      4 minutes here, and 20 at N = 1000): T/(S/b) and the time over
+#      S/b in seconds and in chunk times, which stays about the same as S
+#      grows (tests/sim/README.md, "Where the time over S/b goes"), with
+#      each run's downlink idle time and chunk spread;
+#   4. scenarios at N = BENCH_SIM_SCEN_N (default 256): churn (10 % leave,
 #      10 % join), stragglers (5 % of links at a tenth; two anchors: the
 #      second's members are the replicas that kept up with the first,
 #      TESSERA_SWARM_SLOW), a trainer uplink
@@ -32,6 +38,8 @@ OUT=${OUT:-build/bench-sim}
 NS=${BENCH_SIM_NS:-8 16 32 64 128 256 512 1000}
 STARMAX=${BENCH_SIM_STAR_MAX_N:-64}
 SCEN_N=${BENCH_SIM_SCEN_N:-256}
+SIZE_N=${BENCH_SIM_SIZE_N:-256}
+SIZES=${BENCH_SIM_SIZES:-128 512}
 CHUNKS=1024 # 128 MiB in the node's 128 KiB chunks
 mkdir -p "$OUT"
 [ -x "$SIM" ] || { echo "bench-sim: $SIM is not built (make $SIM)"; exit 1; }
@@ -78,6 +86,14 @@ for n in $NS; do
 	bc=$(python3 -c "import math; print('%.3f' % (1 + (math.ceil(math.log2($n)) - 1) / $CHUNKS))")
 	printf '%s\t%s\t%s\t1.00\t%s\n' "$n" "$(ratio "fan$n")" "$star" "$bc" >>"$OUT/scale.tsv"
 	big=$n
+done
+
+echo "== the model's size: N=$SIZE_N, 100 Mbit/s; the time over S/b (128 KiB chunk times)"
+for mib in $SIZES; do
+	TESSERA_SIM_DETAIL=1 run "size$mib" --replicas "$SIZE_N" --model-mib "$mib" || break
+	awk -v mib="$mib" '/^  v1:/ { over = $6 - $3;
+			printf "   %s MiB: T - S/b = %.2f s = %.0f chunk times\n", mib, over,
+				over / (131072 * 8 / 100e6) }' "$OUT/size$mib.out"
 done
 
 echo "== scenarios at N=$SCEN_N (128 MiB, 100 Mbit/s)"

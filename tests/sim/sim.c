@@ -247,6 +247,59 @@ static double expected_s(const struct sim *s)
 	return (double)replica_wire(&s->lay[0]) / s->c->link_bps;
 }
 
+/* Counts the copies of layout 0's parcel 0 afresh (sim_spread). */
+static int spread_begin(struct sim *s)
+{
+	struct sim_spread *sp = &s->spread;
+	uint32_t n = s->lay[0].ml.parcels[0].nchunks;
+
+	if (n > sp->nchunks) {
+		free(sp->copies);
+		free(sp->first);
+		free(sp->half);
+		free(sp->all);
+		sp->copies = calloc(n, sizeof(*sp->copies));
+		sp->first = calloc(n, sizeof(*sp->first));
+		sp->half = calloc(n, sizeof(*sp->half));
+		sp->all = calloc(n, sizeof(*sp->all));
+		sp->nchunks = 0;
+		if (sp->copies == NULL || sp->first == NULL || sp->half == NULL || sp->all == NULL)
+			return -ENOMEM;
+	}
+	sp->nchunks = n;
+	memset(sp->copies, 0, n * sizeof(*sp->copies));
+	memset(sp->half, 0, n * sizeof(*sp->half));
+	memset(sp->all, 0, n * sizeof(*sp->all));
+	sp->want = 0;
+	for (uint32_t hi = 0; hi < s->nhosts; hi++)
+		sp->want += s->hosts[hi].alive && s->hosts[hi].layout == 0 && !s->hosts[hi].slow;
+	return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* The median over the chunks that reached their mark (at[c] != 0) of the
+ * time from their first copy, in chunk times at b; 0: none did. */
+static double spread_median(const struct sim *s, const uint64_t *at, double *t)
+{
+	const struct sim_spread *sp = &s->spread;
+	double tau = (double)s->chunk / s->c->link_bps;
+	uint32_t n = 0;
+
+	for (uint32_t c = 0; c < sp->nchunks; c++)
+		if (at[c] != 0)
+			t[n++] = (double)(at[c] - sp->first[c]) / 1e9 / tau;
+	if (n == 0)
+		return 0;
+	qsort(t, n, sizeof(*t), cmp_double);
+	return t[(n - 1) / 2];
+}
+
 static void version_begin(struct sim *s, uint32_t vi)
 {
 	struct sim_version *sv = &s->r->v[vi];
@@ -266,7 +319,12 @@ static void version_begin(struct sim *s, uint32_t vi)
 	for (uint32_t hi = 0; hi < s->nhosts; hi++) {
 		struct host *h = &s->hosts[hi];
 		h->done_ns = 0;
+		h->down_busy_ns = 0;
 		h->stayed = h->alive;
+	}
+	if (spread_begin(s) != 0) {
+		s->failed = -ENOMEM;
+		return;
 	}
 	/* Each rank hears of it within 0-20 ms (the tracker's watch answers). */
 	for (uint32_t i = 0; i < s->nranks; i++)
@@ -279,13 +337,6 @@ static void version_begin(struct sim *s, uint32_t vi)
 		sim__at(s, when, E_LEAVE, (uint32_t)(sim__rnd(s) % s->nhosts), 0);
 		sim__at(s, sim__clock_ns + (uint64_t)(sim__rnd01(s) * sim__ns(expected_s(s))), E_JOIN, 0, 0);
 	}
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
 }
 
 /* The version ends when every live replica has it: its figures, then the
@@ -302,7 +353,7 @@ static void version_check(struct sim *s)
 		if (s->hosts[hi].alive && s->hosts[hi].done_ns == 0)
 			return;
 	s->v_live = false;
-	if ((t = calloc(s->nhosts + 1, sizeof(*t))) == NULL) {
+	if ((t = calloc(PROTO_MAX(s->nhosts, s->spread.nchunks) + 1, sizeof(*t))) == NULL) {
 		s->failed = -ENOMEM;
 		return;
 	}
@@ -313,11 +364,15 @@ static void version_check(struct sim *s)
 			continue;
 		double ht = (double)(h->done_ns - s->v_start) / 1e9;
 		sv->stayed++;
-		if (h->slow)
+		if (h->slow) {
 			sv->t_slow_s = PROTO_MAX(sv->t_slow_s, ht);
-		else
-			t[n++] = ht;
+			continue;
+		}
+		t[n++] = ht;
+		sv->down_idle += ht - (double)h->down_busy_ns / 1e9;
 	}
+	if (n > 0)
+		sv->down_idle /= (double)n * (double)sv->wire_bytes / s->c->link_bps;
 	qsort(t, n, sizeof(*t), cmp_double);
 	if (n > 0) {
 		sv->t_last_s = t[n - 1];
@@ -325,6 +380,8 @@ static void version_check(struct sim *s)
 		sv->t_p99_s = t[(uint32_t)floor(0.99 * (n - 1))];
 	}
 	sv->span_s = (double)(sim__clock_ns - s->v_start) / 1e9;
+	sv->spread_half = spread_median(s, s->spread.half, t);
+	sv->spread_all = spread_median(s, s->spread.all, t);
 	for (uint32_t i = 0; i < s->nranks; i++) {
 		const struct fetch *f = s->ranks[i].x.f;
 		if (f != NULL && f->version == s->vi + 1) {
@@ -489,6 +546,10 @@ static void sim_free(struct sim *s)
 	proto_model_fini(&s->model);
 	free(s->h.v);
 	sim__members_free(s);
+	free(s->spread.copies);
+	free(s->spread.first);
+	free(s->spread.half);
+	free(s->spread.all);
 	free(s->hosts);
 	free(s->ranks);
 }

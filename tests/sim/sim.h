@@ -78,6 +78,13 @@ struct sim_version {
 	uint64_t tracker_requests;
 	double span_s;           /* export to the last replica done */
 	double trainer_s;        /* export to the trainer's last byte sent */
+	/* Where the time over S/b goes: the replicas' downlinks idle before
+	 * they were done (mean over those that stayed, stragglers apart, x
+	 * S/b), and how long a chunk took from its first copy at a replica to
+	 * half and to all of them (stragglers apart; median over the chunks
+	 * of the first layout's first parcel, in chunk times at b). */
+	double down_idle;
+	double spread_half, spread_all;
 };
 
 struct sim_result {

@@ -51,6 +51,7 @@ struct host {
 	uint64_t weight;             /* trk_member_weight of its replica name and layout */
 	uint64_t fetch_bps;          /* its last fetch's rate, as the tracker has it (0: none) */
 	uint32_t site;
+	uint64_t down_busy_ns;       /* the current version's bytes over its downlink, as time */
 };
 
 /* One rank of a replica: a node agent's fetcher. */
@@ -102,6 +103,14 @@ struct sim {
 	struct sim_members *members;                /* the tracker's members lists, kept */
 	struct fetch_transport tx;
 	struct node_rank_metrics am;
+	/* The current version's chunks of layout 0's parcel 0, as its
+	 * replicas (their rank 0) verify them: copies so far, and when the
+	 * first, half and all of them were had (sim_version.spread_*). */
+	struct sim_spread {
+		uint32_t nchunks, want; /* want: layout 0's replicas alive at the export, stragglers apart */
+		uint32_t *copies;
+		uint64_t *first, *half, *all;
+	} spread;
 	int failed;          /* -errno: stop */
 };
 

@@ -344,6 +344,7 @@ void sim__uplink(struct sim *s, struct ev *e)
 	uint64_t start = PROTO_MAX(e->t0, me->down_free);
 
 	me->down_free = PROTO_MAX(e->t, start + sim__ns(e->len / me->down_bps));
+	me->down_busy_ns += sim__ns(e->len / me->down_bps);
 	e->kind = E_READ;
 	e->t = me->down_free + sim__latency(s);
 	sim__push(s, *e);
@@ -370,13 +371,34 @@ void sim__read_done(struct sim *s, const struct ev *e)
 		fetch_read_landed(&x->reads[e->b + k], e->status);
 }
 
+/* A copy of chunk c of layout 0's parcel 0 verified now (sim_spread). */
+static void spread_copy(struct sim *s, uint32_t c)
+{
+	struct sim_spread *sp = &s->spread;
+
+	if (c >= sp->nchunks)
+		return;
+	uint32_t k = ++sp->copies[c];
+	if (k == 1)
+		sp->first[c] = sim__clock_ns;
+	if (k == (sp->want + 1) / 2)
+		sp->half[c] = sim__clock_ns;
+	if (k == sp->want)
+		sp->all[c] = sim__clock_ns;
+}
+
 void sim__verified(struct sim *s, const struct ev *e)
 {
+	const struct rank *rk = &s->ranks[e->a];
 	struct fetcher *x = &s->ranks[e->a].x;
 	struct fetch_read *rd = &x->reads[e->b];
 
-	if (rd->busy && rd->gen == e->gen)
-		fetch_read_verified(rd, true);
+	if (!rd->busy || rd->gen != e->gen)
+		return;
+	if (rk->layout == 0 && rk->rank == 0 && !s->hosts[rk->host].slow && rd->parcel == 0 && x->f != NULL &&
+	    x->f->version == s->vi + 1 && x->f->parcels[0].state[rd->chunk] != CHUNK_DONE)
+		spread_copy(s, rd->chunk); /* a duplicate (endgame) is no new copy */
+	fetch_read_verified(rd, true);
 }
 
 /* ---- have-pages --------------------------------------------------------------- */

@@ -150,9 +150,12 @@ int main(int argc, char **argv)
 		sim_line(&c, &r, v, line, sizeof(line));
 		printf("%s\n", line);
 		if (getenv("TESSERA_SIM_DETAIL") != NULL)
-			printf("  v%u: S/b %.2f s, last %.2f s, trainer's last byte %.2f s, %u replicas done\n",
+			printf("  v%u: S/b %.2f s, last %.2f s, trainer's last byte %.2f s, %u replicas done;"
+			       " downlinks idle %.3f x S/b (mean); a chunk from its first copy to half"
+			       " the replicas %.1f, to all %.1f chunk times (median)\n",
 			       v + 1, (double)r.v[v].wire_bytes / c.link_bps, r.v[v].t_last_s,
-			       r.v[v].trainer_s, r.v[v].done);
+			       r.v[v].trainer_s, r.v[v].done, r.v[v].down_idle, r.v[v].spread_half,
+			       r.v[v].spread_all);
 	}
 	fprintf(stderr, "tessera-sim: %llu events in %.1f s\n", (unsigned long long)r.events, r.wall_s);
 	if (rc != 0) {
