@@ -318,12 +318,12 @@
 	 * while they live). A node the list leaves out reads the trainer's \
 	 * chunks from peers only. 0: all of them. */ \
 	X(SWARM_MEMBERS, "TESSERA_SWARM_MEMBERS", 256, "tracker: a swarm's members (owners of the trainer's chunks) listed at most (0: all)") \
-	/* Members that keep up: a replica whose last fetch ran at under 1/X \
-	 * of its swarm's median rate is not listed as a member (it reads \
-	 * from peers only), so that a slow link does not hold the trainer's \
-	 * chunks its peers wait for. Judged when a version is published. \
-	 * 0: every replica may be a member. */ \
-	X(SWARM_SLOW, "TESSERA_SWARM_SLOW", 4, "tracker: a replica whose last fetch ran under 1/X of its swarm's median rate is no member (0: off)") \
+	/* Members that keep up: a replica whose last fetch's highest rate \
+	 * (its progress reports') was under 1/X of its swarm's median is \
+	 * not listed as a member (it reads from peers only), so that a slow \
+	 * link does not hold the trainer's chunks its peers wait for. Judged \
+	 * when a version is published. 0: every replica may be a member. */ \
+	X(SWARM_SLOW, "TESSERA_SWARM_SLOW", 4, "tracker: a replica whose last fetch's highest rate was under 1/X of its swarm's median is no member (0: off)") \
 	/* An in-place install decodes and verifies a delta's changes on this \
 	 * many threads before it pauses admission, then writes them on the \
 	 * same threads while paused (0: one per online CPU, at most 8). */ \

@@ -272,6 +272,34 @@ static void test_rate_window(void **state)
 	assert_int_equal(trk__rate_bps(&r, t + 12000), 3 * MB);
 }
 
+/* What a fetch says of a rank's link (trk__fetch_bps, the members rule):
+ * the highest rate its reports showed, not its bytes over its time. A
+ * rank its swarm kept waiting (10 MB/s for a second, then nothing for 9)
+ * fetched at 10 MB/s; one at 0.5 MB/s throughout, at 0.5, though over
+ * the whole fetch it did half as much as the other, not a twentieth.
+ * With fewer than two reports, bytes over time; a fetch started over
+ * forgets its old peak. */
+static void test_rate_peak(void **state)
+{
+	struct trk_rate a = {0}, s = {0}, one = {0};
+	uint64_t t = 1000000, bytes = 0;
+
+	for (int i = 0; i <= 20; i++) {
+		trk__rate_sample(&a, t + 500 * (uint64_t)i, i <= 2 ? 5 * MB * (uint64_t)i : 10 * MB);
+		trk__rate_sample(&s, t + 500 * (uint64_t)i, bytes);
+		bytes += MB / 4;
+	}
+	assert_int_equal(trk__fetch_bps(&a, 10 * MB, 10000), 10 * MB);
+	assert_int_equal(trk__fetch_bps(&s, 5 * MB, 10000), MB / 2);
+	assert_true(trk__rate_bps(&a, t + 10000) < MB); /* the window's rate: the wait */
+	trk__rate_sample(&one, t, 0);
+	assert_int_equal(trk__fetch_bps(&one, 3 * MB, 2000), 3 * MB / 2);
+	assert_int_equal(trk__fetch_bps(&one, 1000, 0), 1000 * 1000); /* 0 ms counts as 1 */
+	trk__rate_sample(&a, t + 11000, 0);
+	trk__rate_sample(&a, t + 12000, MB);
+	assert_int_equal(trk__fetch_bps(&a, MB, 1000), MB);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -280,6 +308,7 @@ int main(void)
 		cmocka_unit_test(test_current_failed_gone),
 		cmocka_unit_test(test_behind_reasons),
 		cmocka_unit_test(test_rate_window),
+		cmocka_unit_test(test_rate_peak),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -129,6 +129,11 @@ static void test_sim_bounded_views(void **state)
  * own trainer chunks and hold the others past 2 x S/b; the tracker then
  * leaves them out of the members, and the others get the second within
  * 1.5 x S/b. With the rule off, the second is as slow as the first.
+ * A small swarm (24 replicas of 16 MiB, two links at a tenth) that the
+ * slow ones drag down as a whole: by their whole fetch they kept up with
+ * the others (at 1/3 of their rate), by the highest rate their reports
+ * showed (trk__fetch_bps) they did not, and the second anchor comes
+ * within 1.5 x S/b (6.8 x with the rule off).
  * Simulated time: deterministic for the seed. */
 static void test_sim_slow_members(void **state)
 {
@@ -160,6 +165,19 @@ static void test_sim_slow_members(void **state)
 	assert_int_equal(sim_run(&c, &r, &err), 0);
 	unsetenv("TESSERA_SWARM_SLOW");
 	assert_true(r.v[1].t_last_s > 2 * sb);
+
+	c.replicas = 24;
+	c.model_bytes = 16u << 20;
+	c.stragglers = 2.0 / 24;
+	assert_int_equal(sim_run(&c, &r, &err), 0);
+	sb = (double)r.v[0].wire_bytes / c.link_bps;
+	assert_true(r.v[0].t_slow_s > 0);
+	assert_true(r.v[0].t_last_s > 3 * sb);
+	assert_true(r.v[1].t_last_s <= 1.5 * sb);
+	setenv("TESSERA_SWARM_SLOW", "0", 1);
+	assert_int_equal(sim_run(&c, &r, &err), 0);
+	unsetenv("TESSERA_SWARM_SLOW");
+	assert_true(r.v[1].t_last_s > 3 * sb);
 }
 
 /* A star: the trainer's link carries every copy, N x S/b. */

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "node/fetch/fetch.h"
+#include "node/agent/internal.h" /* REPORT_MS: how often a rank reports progress */
 #include "node/fetch/picker.h"
 #include "proto/have.h"
 #include "proto/log.h"
@@ -160,6 +161,9 @@ static void start_fetch(struct sim *s, struct rank *rk)
 	fetch_begin(&rk->x, f);
 	rk->fetching = true;
 	rk->fetch_ns = sim__clock_ns;
+	rk->rate = (struct trk_rate){0};
+	trk__rate_sample(&rk->rate, node_now_ms(), 0);
+	rk->report_ms = node_now_ms();
 	for (uint32_t pi = 0; pi < f->nparcels; pi++)
 		fetch_want_sources(&rk->x, pi);
 }
@@ -175,6 +179,10 @@ static void rank_tick(struct sim *s, struct rank *rk)
 			    .a = (uint32_t)(rk - s->ranks)});
 	if (f == NULL || !rk->fetching)
 		return;
+	if (!f->complete && now - rk->report_ms >= REPORT_MS) {
+		trk__rate_sample(&rk->rate, now, f->bytes_done);
+		rk->report_ms = now;
+	}
 	if (!f->complete) {
 		/* As the swarm's tick: sources asked again, pages read. */
 		for (uint32_t pi = 0; pi < f->nparcels && rk->x.fanout; pi++)
@@ -411,10 +419,11 @@ static void rank_progress(struct sim *s, struct rank *rk)
 	if (left > 0)
 		return;
 	h->done_ns = sim__clock_ns;
-	/* The tracker's record of its rate: the last rank's bytes over the
-	 * time from its first report (its fetch's start) to verified. */
-	h->fetch_bps = (uint64_t)((double)f->bytes_total * 1e9 /
-				  (double)PROTO_MAX(sim__clock_ns - rk->fetch_ns, 1));
+	/* The tracker's record of its rate (tracker/server/nodes.c): the last
+	 * rank's, from its progress reports, its first one at its fetch's
+	 * start. */
+	h->fetch_bps = trk__fetch_bps(&rk->rate, f->bytes_total,
+				      (sim__clock_ns - rk->fetch_ns) / 1000000);
 	if (s->c->curve != NULL)
 		fprintf(s->c->curve, "%u %u %.4f\n", s->vi + 1, rk->host,
 			(double)(sim__clock_ns - s->v_start) / 1e9);

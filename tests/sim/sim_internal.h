@@ -8,6 +8,7 @@
 #include "proto/plan.h"
 #include "proto/spec.h"
 #include "tests/sim/sim.h"
+#include "tracker/server/state.h"
 
 /* ---- events ---- */
 
@@ -62,6 +63,8 @@ struct rank {
 	uint64_t cpu_free;
 	bool fetching;       /* a fetch of the current version is under way or done */
 	uint64_t fetch_ns;   /* ... since then */
+	struct trk_rate rate; /* the tracker's record of its progress reports (rate.c) */
+	uint64_t report_ms;  /* its last report, as node/agent's every REPORT_MS */
 };
 
 /* The /sources request a rank has out (the tracker's answer comes later). */

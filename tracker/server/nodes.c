@@ -414,9 +414,8 @@ void trk__handle_node_state(struct trk_call *c)
 	 * (members_cut in sources.c). */
 	if (st == TRK_STATE_VERIFIED && e->state != TRK_STATE_VERIFIED &&
 	    e->state != TRK_STATE_ACTIVE) {
-		uint64_t ms = n->rep->fetch_ms = proto_wall_ms() - e->first_ms;
-		ms = PROTO_MAX(ms, 1); /* bytes * 1000 / ms, without overflow */
-		n->rep->fetch_bps = total / ms * 1000 + total % ms * 1000 / ms;
+		n->rep->fetch_ms = proto_wall_ms() - e->first_ms;
+		n->rep->fetch_bps = trk__fetch_bps(&e->rate, total, n->rep->fetch_ms);
 	}
 	ft = ft == ABSENT ? e->from_trainer : ft;
 	fp = fp == ABSENT ? e->from_peers : fp;

@@ -16,18 +16,29 @@ void trk__rate_sample(struct trk_rate *r, uint64_t now_ms, uint64_t bytes)
 	uint32_t last = at(r->n + TRK__RATE_SAMPLES - 1);
 
 	/* Fewer bytes than before: the fetch started over; so does the rate. */
-	if (r->n > 0 && (bytes < r->bytes[last] || now_ms < r->ms[last]))
+	if (r->n > 0 && (bytes < r->bytes[last] || now_ms < r->ms[last])) {
 		r->n = 0;
+		r->peak_bps = 0;
+	}
 	if (r->n == 0 || bytes > r->bytes[last])
 		r->grew_ms = now_ms;
 	if (r->n > 1 && now_ms - r->ms[last] < RATE_SPACING_MS) {
 		r->ms[last] = now_ms;
 		r->bytes[last] = bytes;
-		return;
+	} else {
+		r->ms[at(r->n)] = now_ms;
+		r->bytes[at(r->n)] = bytes;
+		r->n++;
 	}
-	r->ms[at(r->n)] = now_ms;
-	r->bytes[at(r->n)] = bytes;
-	r->n++;
+	r->peak_bps = PROTO_MAX(r->peak_bps, trk__rate_bps(r, now_ms));
+}
+
+uint64_t trk__fetch_bps(const struct trk_rate *r, uint64_t bytes, uint64_t ms)
+{
+	if (r->peak_bps != 0)
+		return r->peak_bps;
+	ms = PROTO_MAX(ms, 1); /* bytes * 1000 / ms, without overflow */
+	return bytes / ms * 1000 + bytes % ms * 1000 / ms;
 }
 
 uint64_t trk__rate_bps(const struct trk_rate *r, uint64_t now_ms)

@@ -70,19 +70,19 @@ static struct trk_node *swarm_node(const struct trk_replica *rep, const struct t
 	return *here || anywhere ? n : NULL;
 }
 
-/* A replica's rate for the members rule: its last fetch's (nodes.c), or,
- * before it finished one, the fetch its rank n has under way as its
- * reports show it: a replica too slow to finish any version (32 MiB
- * every 5 s on a 5 Mbit/s link, by hand in namespaces) stayed unknown,
- * counted as keeping up, and owned trainer chunks for good. 0: not
- * known. */
+/* A replica's rate for the members rule: its last fetch's (nodes.c,
+ * trk__fetch_bps), or, before it finished one, the highest its rank n's
+ * reports showed in the fetch under way: a replica too slow to finish any
+ * version (32 MiB every 5 s on a 5 Mbit/s link, by hand in namespaces)
+ * stayed unknown, counted as keeping up, and owned trainer chunks for
+ * good. 0: not known. */
 static uint64_t member_rate(const struct trk_replica *rep, const struct trk_node *n)
 {
 	const struct trk_nver *e = n->last >= 0 ? &n->vers[n->last] : NULL;
 
 	if (rep->fetch_bps != 0 || e == NULL || e->state != TRK_STATE_FETCHING)
 		return rep->fetch_bps;
-	return trk__rate_bps(&e->rate, proto_wall_ms());
+	return e->rate.peak_bps;
 }
 
 /* Which of the swarm's members (the replicas listed here, in registry

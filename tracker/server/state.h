@@ -215,6 +215,7 @@ struct trk_rate {
 	uint64_t ms[TRK__RATE_SAMPLES], bytes[TRK__RATE_SAMPLES];
 	uint32_t n;       /* samples taken since the fetch (re)started */
 	uint64_t grew_ms; /* when the bytes last grew */
+	uint64_t peak_bps; /* the highest trk__rate_bps at a sample since then */
 };
 
 struct trk_nver {
@@ -283,7 +284,7 @@ struct trk_replica {
 	uint64_t target, target_ms;
 	uint64_t created_ms;
 	uint64_t fetch_ms;       /* last first-report -> verified time of a rank */
-	uint64_t fetch_bps;      /* that fetch's bytes over that time (0: not known) */
+	uint64_t fetch_bps;      /* that fetch's rate (trk__fetch_bps; 0: not known) */
 	uint64_t update_ms;      /* its last activation's time since that version's publication */
 	uint64_t disagree_ms;    /* ranks hold different versions since (0: agree) */
 	bool disagree_logged;
@@ -487,6 +488,15 @@ void trk__rate_sample(struct trk_rate *r, uint64_t now_ms, uint64_t bytes);
 uint64_t trk__rate_bps(const struct trk_rate *r, uint64_t now_ms);
 /* How long the bytes have not grown (0: no sample). */
 uint64_t trk__rate_still_ms(const struct trk_rate *r, uint64_t now_ms);
+/* How fast a rank can fetch, from the fetch r sampled (bytes in ms): the
+ * highest rate its reports showed, or, with fewer than two reports, its
+ * bytes over its time. What keeping up with a swarm is judged by
+ * (members_cut, sources.c): a replica's time over a fetch counts the
+ * waits its swarm put it through, the highest rate only its link. In a
+ * swarm that 5 % of links at a tenth slowed as a whole (simulated, 64
+ * replicas), those were at 1/3 of the others' whole-fetch rate and stayed
+ * members; by their highest, at 1/10. */
+uint64_t trk__fetch_bps(const struct trk_rate *r, uint64_t bytes, uint64_t ms);
 
 /* ---- rstate.c: a replica's state, and why (a pure rule) ---- */
 
