@@ -135,11 +135,32 @@ static void test_sim_bounded_views(void **state)
  * showed (trk__fetch_bps) they did not, and the second anchor comes
  * within 1.5 x S/b (6.8 x with the rule off).
  * Simulated time: deterministic for the seed. */
+static void slow_members(const struct sim_cfg *c, double first_over)
+{
+	struct sim_result r;
+	struct proto_err err;
+
+	assert_int_equal(sim_run(c, &r, &err), 0);
+	double sb = (double)r.v[0].wire_bytes / c->link_bps;
+	assert_int_equal(r.v[1].wire_bytes, r.v[0].wire_bytes);
+	assert_true(r.v[0].t_slow_s > 0); /* there are stragglers */
+	for (uint32_t v = 0; v < 2; v++) {
+		char line[512];
+		sim_line(c, &r, v, line, sizeof(line));
+		print_message("%s\n", line);
+		assert_int_equal(r.v[v].done, c->replicas);
+	}
+	assert_true(r.v[0].t_last_s > first_over * sb);
+	assert_true(r.v[1].t_last_s <= 1.5 * sb);
+	setenv("TESSERA_SWARM_SLOW", "0", 1);
+	assert_int_equal(sim_run(c, &r, &err), 0);
+	unsetenv("TESSERA_SWARM_SLOW");
+	assert_true(r.v[1].t_last_s > first_over * sb);
+}
+
 static void test_sim_slow_members(void **state)
 {
 	struct sim_cfg c;
-	struct sim_result r;
-	struct proto_err err;
 
 	sim_cfg_default(&c);
 	c.replicas = 128;
@@ -149,35 +170,11 @@ static void test_sim_slow_members(void **state)
 	c.stragglers = 0.05;
 	c.seed = 1;
 	c.max_sim_s = 300;
-	assert_int_equal(sim_run(&c, &r, &err), 0);
-	double sb = (double)r.v[0].wire_bytes / c.link_bps;
-	assert_int_equal(r.v[1].wire_bytes, r.v[0].wire_bytes);
-	assert_true(r.v[0].t_slow_s > 0); /* there are stragglers */
-	for (uint32_t v = 0; v < 2; v++) {
-		char line[512];
-		sim_line(&c, &r, v, line, sizeof(line));
-		print_message("%s\n", line);
-		assert_int_equal(r.v[v].done, c.replicas);
-	}
-	assert_true(r.v[0].t_last_s > 2 * sb);
-	assert_true(r.v[1].t_last_s <= 1.5 * sb);
-	setenv("TESSERA_SWARM_SLOW", "0", 1);
-	assert_int_equal(sim_run(&c, &r, &err), 0);
-	unsetenv("TESSERA_SWARM_SLOW");
-	assert_true(r.v[1].t_last_s > 2 * sb);
-
+	slow_members(&c, 2);
 	c.replicas = 24;
 	c.model_bytes = 16u << 20;
 	c.stragglers = 2.0 / 24;
-	assert_int_equal(sim_run(&c, &r, &err), 0);
-	sb = (double)r.v[0].wire_bytes / c.link_bps;
-	assert_true(r.v[0].t_slow_s > 0);
-	assert_true(r.v[0].t_last_s > 3 * sb);
-	assert_true(r.v[1].t_last_s <= 1.5 * sb);
-	setenv("TESSERA_SWARM_SLOW", "0", 1);
-	assert_int_equal(sim_run(&c, &r, &err), 0);
-	unsetenv("TESSERA_SWARM_SLOW");
-	assert_true(r.v[1].t_last_s > 3 * sb);
+	slow_members(&c, 3);
 }
 
 /* A star: the trainer's link carries every copy, N x S/b. */
