@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "node/fetch/fetch.h"
 #include "node/agent/internal.h" /* REPORT_MS: how often a rank reports progress */
+#include "node/fetch/fetch.h"
 #include "node/fetch/picker.h"
 #include "proto/have.h"
 #include "proto/log.h"
