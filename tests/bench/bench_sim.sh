@@ -7,7 +7,8 @@
 #      16 on 100 Mbit/s links, fanout and star; N = 8 on 1 Gbit/s) and of
 #      `make bench-sites` (two sites, 1 Gbit/s inside, 100 Mbit/s between) beside
 #      the testbed's medians as last measured (tests/sim/README.md);
-#   2. scale: T/(S/b) against N for fanout and star, N in BENCH_SIM_NS
+#   2. scale: T/(S/b) against N for fanout and star (fanout with where its
+#      time over S/b went: downlinks idle, a chunk's spread), N in BENCH_SIM_NS
 #      (default 8 16 32 64 128 256 512 1000; add 10000 for the largest,
 #      about half an hour here; star to BENCH_SIM_STAR_MAX_N, default 64:
 #      it is N x S/b exactly, and its simulated time grows as N), the
@@ -77,7 +78,7 @@ echo "== scale: T/(S/b) against N (128 MiB, 100 Mbit/s, trainer link = replica l
 printf 'n\tfanout\tstar\tideal\tbroadcast\n' >"$OUT/scale.tsv"
 big=""
 for n in $NS; do
-	run "fan$n" --replicas "$n" --curve "$OUT/curve$n.txt" || break
+	TESSERA_SIM_DETAIL=1 run "fan$n" --replicas "$n" --curve "$OUT/curve$n.txt" || break
 	star=""
 	if [ "$n" -le "$STARMAX" ]; then
 		run "star$n" --replicas "$n" --star || break

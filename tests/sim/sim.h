@@ -82,7 +82,8 @@ struct sim_version {
 	 * they were done (mean over those that stayed, stragglers apart, x
 	 * S/b), and how long a chunk took from its first copy at a replica to
 	 * half and to all of them (stragglers apart; median over the chunks
-	 * of the first layout's first parcel, in chunk times at b). */
+	 * of the first layout's first parcel, in chunk times at b; "all" are
+	 * as many as were alive at the export: with churn, joiners count). */
 	double down_idle;
 	double spread_half, spread_all;
 };
