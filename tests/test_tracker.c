@@ -4288,6 +4288,64 @@ static void test_sources_slow_members(void **state)
 	assert_false(cut);
 }
 
+/*
+ * Members judged by their first reports (TRK_MEMBERS_REJUDGE_MS): five
+ * replicas that never finished a fetch are all members of version 2's
+ * swarm; they report their fetch of it, S at a millionth of the others'
+ * rate. With no version published, joined or left since, the members are
+ * chosen again once those rates are known: S is left out.
+ */
+static void test_sources_first_rates(void **state)
+{
+	struct fx *f = *state;
+	enum { N = 5 };
+	const char *ids[N] = {"R0", "R1", "R2", "R3", "S"};
+	struct trk_reply r;
+	char b[1200], path[300], id[16];
+	size_t n = 0;
+	bool s_listed = true;
+
+	register_publisher(f);
+	publish_two(f);
+	for (int k = 0; k < N; k++)
+		register_node_ok(f, ids[k], 1, TP2);
+	snprintf(path, sizeof(path), TRK_API "/sources?version=2&layout=%s&src_rank=0&dst_rank=1",
+		 HEX(f->tp2.digest));
+	assert_int_equal(get(f, path, &r), 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "members")), N);
+	trk_reply_fini(&r);
+	for (int t = 0; t < 2; t++) {
+		for (int k = 0; k < N; k++) {
+			snprintf(id, sizeof(id), "%s/1", ids[k]);
+			snprintf(b, sizeof(b),
+				 "{\"id\":\"%s\",\"version\":2,\"state\":\"fetching\",\"bytes_done\":%d,"
+				 "\"bytes_total\":1000000000,\"bytes_from_trainer\":0,"
+				 "\"bytes_from_peers\":0}",
+				 id, t * (k == N - 1 ? 1000 : 100000000));
+			assert_int_equal(post(f, TRK_API "/nodes/state", b, &r), 200);
+			trk_reply_fini(&r);
+		}
+		if (t == 0)
+			usleep(250 * 1000); /* the tracker's samples are 200 ms apart at least */
+	}
+	/* The tracker's sweep chooses them again (every few hundred ms). */
+	for (int tries = 0; tries < 100 && s_listed; tries++) {
+		json_t *v;
+		size_t i;
+		usleep(50 * 1000);
+		assert_int_equal(get(f, path, &r), 200);
+		n = json_array_size(json_object_get(r.json, "members"));
+		s_listed = false;
+		json_array_foreach(json_object_get(r.json, "members"), i, v)
+			s_listed |= strcmp(json_string_value(v), "S/1") == 0;
+		if (!s_listed)
+			assert_true(json_is_true(json_object_get(r.json, "members_cut")));
+		trk_reply_fini(&r);
+	}
+	assert_false(s_listed);
+	assert_int_equal(n, N - 1);
+}
+
 /* A signed request captured before a restart is refused after it: the
  * signature covers the instance's epoch. A client learns the new epoch from
  * the refusal and signs again. */
@@ -5068,6 +5126,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_binary, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources_bounded, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources_slow_members, setup_open, teardown),
+		cmocka_unit_test_setup_teardown(test_sources_first_rates, setup_open, teardown),
 		cmocka_unit_test_setup_teardown(test_sources_members_only, setup_keyed,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_replay_after_restart, setup_keyed,

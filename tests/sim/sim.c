@@ -180,8 +180,17 @@ static void rank_tick(struct sim *s, struct rank *rk)
 	if (f == NULL || !rk->fetching)
 		return;
 	if (!f->complete && now - rk->report_ms >= REPORT_MS) {
+		/* Its progress report, as tracker/server/nodes.c takes it. */
+		bool known = rk->rate.peak_bps != 0;
 		trk__rate_sample(&rk->rate, now, f->bytes_done);
 		rk->report_ms = now;
+		s->rates_new |= !known && rk->rate.peak_bps != 0 && s->hosts[rk->host].fetch_bps == 0;
+	}
+	/* The tracker's sweep (registry.c): members chosen again. */
+	if (s->rates_new && now >= s->rates_judged_ms + TRK_MEMBERS_REJUDGE_MS) {
+		s->rates_new = false;
+		s->rates_judged_ms = now;
+		s->members_gen++;
 	}
 	if (!f->complete) {
 		/* As the swarm's tick: sources asked again, pages read. */

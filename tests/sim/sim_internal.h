@@ -103,6 +103,8 @@ struct sim {
 	uint64_t tick_ns;
 	uint64_t wan_free[SIM_SITES_MAX]; /* when each site's wide-area link is next free, ns */
 	uint64_t members_gen;                       /* bumped when a replica joins or leaves */
+	bool rates_new;           /* as the tracker's registry (TRK_MEMBERS_REJUDGE_MS) */
+	uint64_t rates_judged_ms;
 	struct sim_members *members;                /* the tracker's members lists, kept */
 	struct fetch_transport tx;
 	struct node_rank_metrics am;

@@ -169,7 +169,11 @@ static json_t *members_list(struct sim *s, uint32_t li, uint32_t dst, uint32_t s
 		    memcmp(s->lay[s->hosts[hi].layout].l.digest, s->lay[li].l.digest,
 			   PROTO_HASH_BYTES) == 0) {
 			w[n] = s->hosts[hi].weight;
-			bps[n] = s->hosts[hi].fetch_bps;
+			/* member_rate (tracker/server/sources.c): its last
+			 * fetch's, else the highest so far of the one under way. */
+			bps[n] = s->hosts[hi].fetch_bps != 0
+					 ? s->hosts[hi].fetch_bps
+					 : s->ranks[s->hosts[hi].rank0 + dst].rate.peak_bps;
 			hs[n++] = hi;
 		}
 	if (trk_members_pick(w, bps, n, (size_t)proto_param(PROTO_PARAM_SWARM_MEMBERS),

@@ -327,6 +327,11 @@ struct trk_registry {
 	 * gone, the model dropped), not by offers: members lists are kept
 	 * against it (srcache.c), across versions. */
 	uint64_t members_gen;
+	/* A replica without a finished fetch had its first rate (its
+	 * reports'): members are chosen again at the next sweep at least
+	 * TRK_MEMBERS_REJUDGE_MS after the last such choice. */
+	bool rates_new;
+	uint64_t rates_judged_ms;
 	struct trk_srcache *srcache;
 	uint64_t src_batches, src_batched; /* POST /sources: requests, parcels */
 	struct trk_activation act[TRK__ACTIVATIONS_MAX];
