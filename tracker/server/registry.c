@@ -213,15 +213,16 @@ static uint64_t prune_at(uint64_t now, uint64_t now_ms, uint64_t gone_ms,
 
 void trk__registry_sweep(struct trk_registry *r)
 {
-	uint64_t now = proto_now_ns(), now_ms = proto_wall_ms(), prune_ms, due;
+	uint64_t now = proto_now_ns(), now_ms, prune_ms, due;
 
-	if (r->rates_new && now_ms >= r->rates_judged_ms + TRK_MEMBERS_REJUDGE_MS) {
+	if (r->rates_new && now >= r->rates_judged_ns + TRK_MEMBERS_REJUDGE_MS * 1000000ull) {
 		r->rates_new = false;
-		r->rates_judged_ms = now_ms;
+		r->rates_judged_ns = now;
 		trk__registry_members_changed(r);
 	}
 	if (now < r->sweep_due_ns)
 		return;
+	now_ms = proto_wall_ms();
 	prune_ms = PRUNE_LEASES * r->s->lease_ms;
 	due = now + trk__registry_sweep_period_ns(r);
 	/* Every replica's target once a period (what moves with time alone,

@@ -331,7 +331,7 @@ struct trk_registry {
 	 * reports'): members are chosen again at the next sweep at least
 	 * TRK_MEMBERS_REJUDGE_MS after the last such choice. */
 	bool rates_new;
-	uint64_t rates_judged_ms;
+	uint64_t rates_judged_ns; /* monotonic */
 	struct trk_srcache *srcache;
 	uint64_t src_batches, src_batched; /* POST /sources: requests, parcels */
 	struct trk_activation act[TRK__ACTIVATIONS_MAX];
