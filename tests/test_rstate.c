@@ -283,12 +283,14 @@ static void test_rate_peak(void **state)
 {
 	struct trk_rate a = {0}, s = {0}, one = {0};
 	uint64_t t = 1000000, bytes = 0;
+	int first = 0;
 
 	for (int i = 0; i <= 20; i++) {
 		trk__rate_sample(&a, t + 500 * (uint64_t)i, i <= 2 ? 5 * MB * (uint64_t)i : 10 * MB);
-		trk__rate_sample(&s, t + 500 * (uint64_t)i, bytes);
+		first += trk__rate_sample(&s, t + 500 * (uint64_t)i, bytes); /* its first rate: once */
 		bytes += MB / 4;
 	}
+	assert_int_equal(first, 1);
 	assert_int_equal(trk__fetch_bps(&a, 10 * MB, 10000), 10 * MB);
 	assert_int_equal(trk__fetch_bps(&s, 5 * MB, 10000), MB / 2);
 	assert_true(trk__rate_bps(&a, t + 10000) < MB); /* the window's rate: the wait */
@@ -296,8 +298,18 @@ static void test_rate_peak(void **state)
 	assert_int_equal(trk__fetch_bps(&one, 3 * MB, 2000), 3 * MB / 2);
 	assert_int_equal(trk__fetch_bps(&one, 1000, 0), 1000 * 1000); /* 0 ms counts as 1 */
 	trk__rate_sample(&a, t + 11000, 0);
-	trk__rate_sample(&a, t + 12000, MB);
+	assert_true(trk__rate_sample(&a, t + 12000, MB)); /* started over: a first rate again */
 	assert_int_equal(trk__fetch_bps(&a, MB, 1000), MB);
+	/* Members chosen again on first rates: at most once a second. */
+	bool fresh = false;
+	uint64_t judged = 0, now = 5000;
+	assert_false(trk__members_rejudge(&fresh, &judged, now));
+	fresh = true;
+	assert_true(trk__members_rejudge(&fresh, &judged, now));
+	assert_false(fresh);
+	fresh = true;
+	assert_false(trk__members_rejudge(&fresh, &judged, now + TRK_MEMBERS_REJUDGE_MS - 1));
+	assert_true(trk__members_rejudge(&fresh, &judged, now + TRK_MEMBERS_REJUDGE_MS));
 }
 
 int main(void)

@@ -375,12 +375,6 @@ uint64_t trk_member_weight(const char *replica, const uint8_t layout[PROTO_HASH_
  * out; -1 without memory. */
 int trk_members_pick(const uint64_t *w, const uint64_t *bps, size_t n, size_t m, uint64_t slow,
 		     bool *keep, bool *cut);
-/* Members are chosen again when a version is published, a replica joins
- * or leaves, and, at most this often, when the rate of a replica that
- * never finished a fetch becomes known (its first fetch's reports): a
- * slow link that owns trainer chunks in the first version it fetches
- * holds its readers for the whole version otherwise. */
-#define TRK_MEMBERS_REJUDGE_MS 1000
 
 /* "fetching", "verified", "active", "failed"; parse returns -EINVAL else. */
 const char *trk_state_name(enum trk_rank_state s);

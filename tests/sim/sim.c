@@ -181,17 +181,14 @@ static void rank_tick(struct sim *s, struct rank *rk)
 		return;
 	if (!f->complete && now - rk->report_ms >= REPORT_MS) {
 		/* Its progress report, as tracker/server/nodes.c takes it. */
-		bool known = rk->rate.peak_bps != 0;
-		trk__rate_sample(&rk->rate, now, f->bytes_done);
+		if (trk__rate_sample(&rk->rate, now, f->bytes_done) &&
+		    s->hosts[rk->host].fetch_bps == 0)
+			s->rates_new = true;
 		rk->report_ms = now;
-		s->rates_new |= !known && rk->rate.peak_bps != 0 && s->hosts[rk->host].fetch_bps == 0;
 	}
 	/* The tracker's sweep (registry.c): members chosen again. */
-	if (s->rates_new && now >= s->rates_judged_ms + TRK_MEMBERS_REJUDGE_MS) {
-		s->rates_new = false;
-		s->rates_judged_ms = now;
+	if (trk__members_rejudge(&s->rates_new, &s->rates_judged_ms, now))
 		s->members_gen++;
-	}
 	if (!f->complete) {
 		/* As the swarm's tick: sources asked again, pages read. */
 		for (uint32_t pi = 0; pi < f->nparcels && rk->x.fanout; pi++)
@@ -270,23 +267,16 @@ static int spread_begin(struct sim *s)
 	struct sim_spread *sp = &s->spread;
 	uint32_t n = s->lay[0].ml.parcels[0].nchunks;
 
-	if (n > sp->nchunks) {
-		free(sp->copies);
-		free(sp->first);
-		free(sp->half);
-		free(sp->all);
-		sp->copies = calloc(n, sizeof(*sp->copies));
-		sp->first = calloc(n, sizeof(*sp->first));
-		sp->half = calloc(n, sizeof(*sp->half));
-		sp->all = calloc(n, sizeof(*sp->all));
-		sp->nchunks = 0;
-		if (sp->copies == NULL || sp->first == NULL || sp->half == NULL || sp->all == NULL)
+	sp->nchunks = 0;
+	if (n > sp->cap) {
+		struct sim_chunk_spread *c = realloc(sp->c, n * sizeof(*c));
+		if (c == NULL)
 			return -ENOMEM;
+		sp->c = c;
+		sp->cap = n;
 	}
+	memset(sp->c, 0, n * sizeof(*sp->c));
 	sp->nchunks = n;
-	memset(sp->copies, 0, n * sizeof(*sp->copies));
-	memset(sp->half, 0, n * sizeof(*sp->half));
-	memset(sp->all, 0, n * sizeof(*sp->all));
 	sp->want = 0;
 	for (uint32_t hi = 0; hi < s->nhosts; hi++)
 		sp->want += s->hosts[hi].alive && s->hosts[hi].layout == 0 && !s->hosts[hi].slow;
@@ -300,17 +290,20 @@ static int cmp_double(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* The median over the chunks that reached their mark (at[c] != 0) of the
- * time from their first copy, in chunk times at b; 0: none did. */
-static double spread_median(const struct sim *s, const uint64_t *at, double *t)
+/* The median over the chunks that reached half (all: every one) of the
+ * replicas of the time from their first copy, in chunk times at b; 0:
+ * none did. t: room for a value per chunk. */
+static double spread_median(const struct sim *s, bool all, double *t)
 {
 	const struct sim_spread *sp = &s->spread;
 	double tau = (double)s->chunk / s->c->link_bps;
 	uint32_t n = 0;
 
-	for (uint32_t c = 0; c < sp->nchunks; c++)
-		if (at[c] != 0)
-			t[n++] = (double)(at[c] - sp->first[c]) / 1e9 / tau;
+	for (uint32_t c = 0; c < sp->nchunks; c++) {
+		uint64_t at = all ? sp->c[c].all : sp->c[c].half;
+		if (at != 0)
+			t[n++] = (double)(at - sp->c[c].first) / 1e9 / tau;
+	}
 	if (n == 0)
 		return 0;
 	qsort(t, n, sizeof(*t), cmp_double);
@@ -397,8 +390,8 @@ static void version_check(struct sim *s)
 		sv->t_p99_s = t[(uint32_t)floor(0.99 * (n - 1))];
 	}
 	sv->span_s = (double)(sim__clock_ns - s->v_start) / 1e9;
-	sv->spread_half = spread_median(s, s->spread.half, t);
-	sv->spread_all = spread_median(s, s->spread.all, t);
+	sv->spread_half = spread_median(s, false, t);
+	sv->spread_all = spread_median(s, true, t);
 	for (uint32_t i = 0; i < s->nranks; i++) {
 		const struct fetch *f = s->ranks[i].x.f;
 		if (f != NULL && f->version == s->vi + 1) {
@@ -564,10 +557,7 @@ static void sim_free(struct sim *s)
 	proto_model_fini(&s->model);
 	free(s->h.v);
 	sim__members_free(s);
-	free(s->spread.copies);
-	free(s->spread.first);
-	free(s->spread.half);
-	free(s->spread.all);
+	free(s->spread.c);
 	free(s->hosts);
 	free(s->ranks);
 }

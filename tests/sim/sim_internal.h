@@ -112,9 +112,12 @@ struct sim {
 	 * replicas (their rank 0) verify them: copies so far, and when the
 	 * first, half and all of them were had (sim_version.spread_*). */
 	struct sim_spread {
-		uint32_t nchunks, want; /* want: layout 0's replicas alive at the export, stragglers apart */
-		uint32_t *copies;
-		uint64_t *first, *half, *all;
+		uint32_t nchunks, cap;
+		uint32_t want; /* layout 0's replicas alive at the export, stragglers apart */
+		struct sim_chunk_spread {
+			uint32_t copies;
+			uint64_t first, half, all; /* ns (0: not yet) */
+		} *c;
 	} spread;
 	int failed;          /* -errno: stop */
 };

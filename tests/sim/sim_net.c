@@ -345,10 +345,10 @@ int sim__tx_read(void *ctx, struct fetcher *x, struct fetch_read *rd, struct fet
 void sim__uplink(struct sim *s, struct ev *e)
 {
 	struct host *me = &s->hosts[s->ranks[e->a].host];
-	uint64_t start = PROTO_MAX(e->t0, me->down_free);
+	uint64_t start = PROTO_MAX(e->t0, me->down_free), busy = sim__ns(e->len / me->down_bps);
 
-	me->down_free = PROTO_MAX(e->t, start + sim__ns(e->len / me->down_bps));
-	me->down_busy_ns += sim__ns(e->len / me->down_bps);
+	me->down_free = PROTO_MAX(e->t, start + busy);
+	me->down_busy_ns += busy;
 	e->kind = E_READ;
 	e->t = me->down_free + sim__latency(s);
 	sim__push(s, *e);
@@ -382,13 +382,14 @@ static void spread_copy(struct sim *s, uint32_t c)
 
 	if (c >= sp->nchunks)
 		return;
-	uint32_t k = ++sp->copies[c];
+	struct sim_chunk_spread *cs = &sp->c[c];
+	uint32_t k = ++cs->copies;
 	if (k == 1)
-		sp->first[c] = sim__clock_ns;
+		cs->first = sim__clock_ns;
 	if (k == (sp->want + 1) / 2)
-		sp->half[c] = sim__clock_ns;
+		cs->half = sim__clock_ns;
 	if (k == sp->want)
-		sp->all[c] = sim__clock_ns;
+		cs->all = sim__clock_ns;
 }
 
 void sim__verified(struct sim *s, const struct ev *e)
@@ -399,9 +400,11 @@ void sim__verified(struct sim *s, const struct ev *e)
 
 	if (!rd->busy || rd->gen != e->gen)
 		return;
-	if (rk->layout == 0 && rk->rank == 0 && !s->hosts[rk->host].slow && rd->parcel == 0 && x->f != NULL &&
-	    x->f->version == s->vi + 1 && x->f->parcels[0].state[rd->chunk] != CHUNK_DONE)
-		spread_copy(s, rd->chunk); /* a duplicate (endgame) is no new copy */
+	/* A duplicate (endgame) is no new copy. */
+	if (rk->layout == 0 && rk->rank == 0 && !s->hosts[rk->host].slow && rd->parcel == 0 &&
+	    x->f != NULL && x->f->version == s->vi + 1 &&
+	    x->f->parcels[0].state[rd->chunk] != CHUNK_DONE)
+		spread_copy(s, rd->chunk);
 	fetch_read_verified(rd, true);
 }
 

@@ -439,12 +439,10 @@ void trk__handle_node_state(struct trk_call *c)
 		snprintf(e->how, sizeof(e->how), "%s", how);
 	if (json_is_true(jneed))
 		trk__versions_want_anchor(c->s->vs, version);
-	if (st == TRK_STATE_FETCHING) {
-		bool known = e->rate.peak_bps != 0;
-		trk__rate_sample(&e->rate, proto_wall_ms(), done);
-		/* Its first rate, where none judged it before (members_cut). */
-		c->s->reg->rates_new |= !known && e->rate.peak_bps != 0 && n->rep->fetch_bps == 0;
-	}
+	/* Its first rate, where none judged it before (members_cut). */
+	if (st == TRK_STATE_FETCHING && trk__rate_sample(&e->rate, proto_wall_ms(), done) &&
+	    n->rep->fetch_bps == 0)
+		c->s->reg->rates_new = true;
 	e->done = done;
 	e->total = total;
 	e->from_trainer = ft;

@@ -11,8 +11,10 @@ static uint32_t at(uint32_t i)
 	return i % TRK__RATE_SAMPLES;
 }
 
-void trk__rate_sample(struct trk_rate *r, uint64_t now_ms, uint64_t bytes)
+bool trk__rate_sample(struct trk_rate *r, uint64_t now_ms, uint64_t bytes)
 {
+	bool known;
+
 	uint32_t last = at(r->n + TRK__RATE_SAMPLES - 1);
 
 	/* Fewer bytes than before: the fetch started over; so does the rate. */
@@ -30,7 +32,18 @@ void trk__rate_sample(struct trk_rate *r, uint64_t now_ms, uint64_t bytes)
 		r->bytes[at(r->n)] = bytes;
 		r->n++;
 	}
+	known = r->peak_bps != 0;
 	r->peak_bps = PROTO_MAX(r->peak_bps, trk__rate_bps(r, now_ms));
+	return !known && r->peak_bps != 0;
+}
+
+bool trk__members_rejudge(bool *rates_new, uint64_t *judged_ms, uint64_t now_ms)
+{
+	if (!*rates_new || now_ms < *judged_ms + TRK_MEMBERS_REJUDGE_MS)
+		return false;
+	*rates_new = false;
+	*judged_ms = now_ms;
+	return true;
 }
 
 uint64_t trk__fetch_bps(const struct trk_rate *r, uint64_t bytes, uint64_t ms)

@@ -215,11 +215,8 @@ void trk__registry_sweep(struct trk_registry *r)
 {
 	uint64_t now = proto_now_ns(), now_ms, prune_ms, due;
 
-	if (r->rates_new && now >= r->rates_judged_ns + TRK_MEMBERS_REJUDGE_MS * 1000000ull) {
-		r->rates_new = false;
-		r->rates_judged_ns = now;
+	if (trk__members_rejudge(&r->rates_new, &r->rates_judged_ms, now / 1000000))
 		trk__registry_members_changed(r);
-	}
 	if (now < r->sweep_due_ns)
 		return;
 	now_ms = proto_wall_ms();

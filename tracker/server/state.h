@@ -328,10 +328,10 @@ struct trk_registry {
 	 * against it (srcache.c), across versions. */
 	uint64_t members_gen;
 	/* A replica without a finished fetch had its first rate (its
-	 * reports'): members are chosen again at the next sweep at least
-	 * TRK_MEMBERS_REJUDGE_MS after the last such choice. */
+	 * reports'): members are chosen again at a sweep (rate.c,
+	 * trk__members_rejudge). */
 	bool rates_new;
-	uint64_t rates_judged_ns; /* monotonic */
+	uint64_t rates_judged_ms; /* monotonic */
 	struct trk_srcache *srcache;
 	uint64_t src_batches, src_batched; /* POST /sources: requests, parcels */
 	struct trk_activation act[TRK__ACTIVATIONS_MAX];
@@ -487,8 +487,9 @@ int trk__replica_state_json(struct trk_server *s, const struct trk_replica *rep,
 
 /* ---- rate.c: a rank's fetch rate over a recent window ---- */
 
-/* A report said bytes done at now_ms. Cannot fail. */
-void trk__rate_sample(struct trk_rate *r, uint64_t now_ms, uint64_t bytes);
+/* A report said bytes done at now_ms; true when it gave the fetch its
+ * first rate (peak_bps). Cannot fail. */
+bool trk__rate_sample(struct trk_rate *r, uint64_t now_ms, uint64_t bytes);
 /* Bytes per second over about the last five seconds (0: not known). */
 uint64_t trk__rate_bps(const struct trk_rate *r, uint64_t now_ms);
 /* How long the bytes have not grown (0: no sample). */
@@ -502,6 +503,14 @@ uint64_t trk__rate_still_ms(const struct trk_rate *r, uint64_t now_ms);
  * replicas), those were at 1/3 of the others' whole-fetch rate and stayed
  * members; by their highest, at 1/10. */
 uint64_t trk__fetch_bps(const struct trk_rate *r, uint64_t bytes, uint64_t ms);
+/* Members are chosen again when a version is published, a replica joins
+ * or leaves, and, at most this often, when a replica that never finished
+ * a fetch has its first rate (*rates_new, set on that report): a slow
+ * link that owns trainer chunks in the first version it fetches holds its
+ * readers for the whole version otherwise. True when they are to be
+ * chosen again now (monotonic ms), *judged_ms the last time. */
+#define TRK_MEMBERS_REJUDGE_MS 1000
+bool trk__members_rejudge(bool *rates_new, uint64_t *judged_ms, uint64_t now_ms);
 
 /* ---- rstate.c: a replica's state, and why (a pure rule) ---- */
 
